@@ -1,0 +1,1 @@
+"""moebench.kernels: the modular MoE layer under test (installed from ./kernels)."""

@@ -1,0 +1,385 @@
+"""The modular MoE kernel contract: PrepareFinalize, Experts, WeightAndReduce.
+
+Shape legend (suffixes on tensor names):
+  T  tokens on this rank (the layer's input rows)
+  M  token rows the experts see after dispatch (standard layout)
+  P  top-k (pairs per token)
+  K  hidden size
+  N  width of the gate/up projection = 2 * I
+  I  intermediate size per expert
+  E  local experts on this rank
+  X  max tokens per expert in the batched layout
+  G  number of 1x128 activation-scale groups along K (= K / 128)
+
+Kernels never import moebench: this package is the system under test.
+"""
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
+
+import torch
+
+
+class ActivationFormat(str, enum.Enum):
+    STANDARD = "standard"  # [M, K] rows + topk ids per row
+    BATCHED = "batched"  # [E, X, K] per-expert buffers + per-expert counts
+
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How weights and activations are represented.
+
+    bf16:        bf16 everywhere.
+    fp8_block:   fp8 e4m3 weights with one fp32 scale per 128x128 block,
+                 activations fp8 with one fp32 scale per 1x128 group.
+    fp8_tensor:  fp8 weights with one scale per expert matrix, activations fp8
+                 with one dynamic scale per tensor.
+    """
+
+    name: str = "bf16"
+    block_n: int = 128
+    block_k: int = 128
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.name.startswith("fp8")
+
+    @property
+    def is_block(self) -> bool:
+        return self.name == "fp8_block"
+
+    @property
+    def act_bytes(self) -> int:
+        return 1 if self.is_fp8 else 2
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Sizes of one MoE layer (global view)."""
+
+    hidden: int  # K
+    intermediate: int  # I (per routed expert)
+    num_experts: int  # global routed experts
+    topk: int
+    num_shared_experts: int = 0
+    shared_intermediate: int = 0  # I of one shared expert
+
+    @property
+    def n(self) -> int:
+        return 2 * self.intermediate
+
+
+@dataclass
+class KernelContext:
+    """What a PrepareFinalize / Experts needs to know about where it runs."""
+
+    shape: LayerShape
+    quant: QuantSpec
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None  # torch.distributed process group, None for one rank
+    simulate_ep: int = 1  # local backends: keep 1/simulate_ep of the experts
+    max_tokens_per_rank: int = 512  # batched buffers' cap
+    options: dict = field(default_factory=dict)  # backend / experts specific knobs
+
+    @property
+    def ep_size(self) -> int:
+        return self.world_size if self.world_size > 1 else self.simulate_ep
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.shape.num_experts // self.ep_size
+
+    @property
+    def first_local_expert(self) -> int:
+        """Global id of local expert 0 (simulate_ep keeps rank 0's share)."""
+        return self.rank * self.num_local_experts if self.world_size > 1 else 0
+
+
+@dataclass
+class ExpertWeights:
+    """This rank's routed experts. Weights are bf16 or fp8 (with fp32 scales)."""
+
+    w13_ENK: torch.Tensor  # gate rows [0, I), up rows [I, 2I)
+    w2_EKI: torch.Tensor
+    w13_scale: Optional[torch.Tensor]  # fp8_block [E, N/128, K/128]; fp8_tensor [E]
+    w2_scale: Optional[torch.Tensor]  # fp8_block [E, K/128, I/128]; fp8_tensor [E]
+    quant: QuantSpec
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.w13_ENK.shape[0]
+
+    def nbytes_per_expert(self) -> int:
+        """Bytes of one expert's weights and scales."""
+        n = self.w13_ENK[0].numel() * self.w13_ENK.element_size()
+        n += self.w2_EKI[0].numel() * self.w2_EKI.element_size()
+        for s in (self.w13_scale, self.w2_scale):
+            if s is not None:
+                n += s[0].numel() * s.element_size()
+        return n
+
+
+@dataclass
+class PreparedTokens:
+    """What prepare hands to the experts.
+
+    standard: x [M, K] (bf16 or fp8), x_scale [M, G] / [1] / None,
+              topk_ids_MP local expert ids with -1 for pairs not on this rank,
+              topk_weights_MP.
+    batched:  x [E, X, K], x_scale [E, X, G] / [1] / None,
+              expert_num_tokens_E valid rows per expert.
+    handle:   backend-private state the finalize needs (e.g. slot -> (token, k)).
+    """
+
+    x: torch.Tensor
+    x_scale: Optional[torch.Tensor]
+    topk_ids_MP: Optional[torch.Tensor] = None
+    topk_weights_MP: Optional[torch.Tensor] = None
+    expert_num_tokens_E: Optional[torch.Tensor] = None
+    handle: Any = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.x.shape[0]
+
+
+# ----------------------------------------------------------------------------
+# Top-k weight-and-reduce strategies
+
+
+class WeightAndReduce(ABC):
+    """Turns the experts' output into [M, K] rows weighted by top-k weights."""
+
+    name: ClassVar[str] = "base"
+
+    @abstractmethod
+    def apply(
+        self,
+        out_MK: Optional[torch.Tensor],
+        expert_out: torch.Tensor,
+        topk_weights_MP: torch.Tensor,
+        topk_ids_MP: torch.Tensor,
+        prepared: PreparedTokens,
+    ) -> torch.Tensor: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NoOp(WeightAndReduce):
+    """The experts already weighted and summed: expert_out is [M, K]."""
+
+    name = "noop"
+
+    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
+        if out_MK is None:
+            return expert_out
+        if out_MK.data_ptr() != expert_out.data_ptr():
+            out_MK.copy_(expert_out)
+        return out_MK
+
+
+class Contiguous(WeightAndReduce):
+    """expert_out is [M, P, K] per-(token, k) rows; pairs not on this rank must
+    be zero rows or carry id -1 (their weight is dropped)."""
+
+    name = "contiguous"
+
+    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
+        M, P, K = expert_out.shape
+        w = topk_weights_MP.to(torch.float32)
+        w = torch.where(topk_ids_MP >= 0, w, torch.zeros_like(w))
+        # weighted sum over k in fp32, one pass: [M, 1, P] @ [M, P, K]
+        red = torch.bmm(w.unsqueeze(1).to(expert_out.dtype), expert_out).squeeze(1)
+        if out_MK is None:
+            return red
+        out_MK.copy_(red)
+        return out_MK
+
+
+class Batched(WeightAndReduce):
+    """expert_out is [E, X, K]; prepared.handle.slot_token_EX / slot_k_EX say which
+    (token, k) each valid row belongs to (-1 for padding). Rows are weighted and
+    scatter-added into [M, K]."""
+
+    name = "batched"
+
+    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
+        h = prepared.handle
+        tok = h.slot_token_EX.reshape(-1)
+        kk = h.slot_k_EX.reshape(-1)
+        valid = tok >= 0
+        tok_v = tok[valid]
+        rows = expert_out.reshape(-1, expert_out.shape[-1])[valid].to(torch.float32)
+        w = topk_weights_MP[tok_v, kk[valid]].to(torch.float32)
+        acc = torch.zeros(h.num_tokens, expert_out.shape[-1], dtype=torch.float32, device=expert_out.device)
+        acc.index_add_(0, tok_v, rows * w.unsqueeze(1))
+        if out_MK is None:
+            return acc.to(expert_out.dtype)
+        out_MK.copy_(acc)
+        return out_MK
+
+
+class Delegate(WeightAndReduce):
+    """Let the finalize apply its own default (e.g. the combine kernel reduces)."""
+
+    name = "delegate"
+
+    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
+        raise AssertionError("Delegate must be resolved by the PrepareFinalize")
+
+
+def resolve_weight_and_reduce(wr: WeightAndReduce, default: WeightAndReduce) -> WeightAndReduce:
+    """A finalize's choice for Delegate; anything else stands."""
+    return default if isinstance(wr, Delegate) else wr
+
+
+@dataclass
+class BatchedHandle:
+    """Where each row of a batched [E, X, K] buffer came from (-1: padding)."""
+
+    slot_token_EX: torch.Tensor  # row index into the dispatched token rows
+    slot_k_EX: torch.Tensor  # which of the token's top-k pairs
+    num_tokens: int  # rows of the dispatched token matrix
+    extra: Any = None  # backend-private
+
+
+# ----------------------------------------------------------------------------
+# Phase markers: the harness passes a recorder; the default costs nothing.
+
+
+class _NullPhases:
+    """No-op phase recorder (zero cost when measurement is off)."""
+
+    import contextlib as _cl
+
+    _null = _cl.nullcontext()
+
+    def __call__(self, name: str):
+        return self._null
+
+
+NULL_PHASES = _NullPhases()
+
+
+# ----------------------------------------------------------------------------
+
+
+Receiver = Callable[[], Any]
+
+
+class PrepareFinalize(ABC):
+    """Quantize + dispatch tokens in, weight-and-reduce + combine them out."""
+
+    activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
+    # which quant formats the dispatch can carry; others dispatch bf16 and the
+    # experts quantize after dispatch
+    carries_fp8: ClassVar[bool] = False
+    # whether forward() may be captured into a CUDA graph
+    graph_capturable: ClassVar[bool] = False
+
+    def __init__(self, ctx: KernelContext):
+        self.ctx = ctx
+        self.phases = NULL_PHASES
+
+    @classmethod
+    def supports(cls, combo: dict) -> Optional[str]:
+        """Reason this backend cannot run `combo` (a plain dict), or None."""
+        return None
+
+    @abstractmethod
+    def prepare_async(
+        self,
+        hidden_TK: torch.Tensor,
+        topk_weights_TP: torch.Tensor,
+        topk_ids_TP: torch.Tensor,
+        quant: Optional[QuantSpec],
+    ) -> Callable[[], PreparedTokens]:
+        """Launch the dispatch; the returned receiver waits for it."""
+
+    def prepare(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant) -> PreparedTokens:
+        return self.prepare_async(hidden_TK, topk_weights_TP, topk_ids_TP, quant)()
+
+    @abstractmethod
+    def finalize_async(
+        self,
+        out_TK: torch.Tensor,
+        expert_out: torch.Tensor,
+        prepared: PreparedTokens,
+        weight_and_reduce: WeightAndReduce,
+    ) -> Receiver:
+        """Weight-and-reduce if asked, launch the combine into out_TK; the
+        returned receiver waits for it."""
+
+    def finalize(self, out_TK, expert_out, prepared, weight_and_reduce) -> None:
+        self.finalize_async(out_TK, expert_out, prepared, weight_and_reduce)()
+
+    def comm_bytes(self, num_tokens: int, prepared: PreparedTokens) -> int:
+        """Bytes this rank sends + receives in dispatch + combine (0 on one rank)."""
+        return 0
+
+    def max_rows(self, num_tokens: int) -> int:
+        """Upper bound of M (standard) or X (batched) for workspace planning."""
+        return num_tokens
+
+    def close(self) -> None:
+        """Release communication buffers."""
+
+
+class Experts(ABC):
+    """Grouped expert GEMMs: gate/up, SiLU-and-mul, down, optional reduce."""
+
+    activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
+
+    def __init__(self, weights: ExpertWeights, reduction: str, ctx: KernelContext):
+        assert reduction in ("experts", "finalize"), reduction
+        self.w = weights
+        self.reduction = reduction
+        self.ctx = ctx
+        self.phases = NULL_PHASES
+
+    @classmethod
+    def supports(cls, combo: dict) -> Optional[str]:
+        return None
+
+    @property
+    def input_quant(self) -> Optional[QuantSpec]:
+        """Quantization the experts want their input in (None: bf16)."""
+        return self.w.quant if self.w.quant.is_fp8 else None
+
+    @abstractmethod
+    def workspace_shapes(
+        self, M: int, N: int, K: int, topk: int, num_local_experts: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(workspace13, workspace2, output) shapes, elements of `workspace_dtype`.
+
+        M is rows after dispatch (standard) or max tokens per expert (batched).
+        """
+
+    workspace_dtype: ClassVar[torch.dtype] = torch.bfloat16
+
+    def transient_bytes(self, M: int, N: int, K: int, topk: int, num_local_experts: int) -> int:
+        """Bytes allocated inside apply() beyond the declared workspaces."""
+        return 0
+
+    def finalize_weight_and_reduce(self) -> WeightAndReduce:
+        return NoOp() if self.reduction == "experts" else Delegate()
+
+    @abstractmethod
+    def apply(
+        self,
+        output: torch.Tensor,
+        prepared: PreparedTokens,
+        workspace13: torch.Tensor,
+        workspace2: torch.Tensor,
+    ) -> None:
+        """Compute into `output` (shape from workspace_shapes)."""

@@ -1,0 +1,183 @@
+"""MoEKernel: prepare -> experts -> finalize, with shared experts overlapped.
+
+Legend: T tokens on this rank, P top-k, K hidden, S shared-expert width,
+M rows after dispatch (standard), E local experts, X max rows per expert (batched).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .interfaces import (
+    NULL_PHASES,
+    ActivationFormat,
+    Experts,
+    PreparedTokens,
+    PrepareFinalize,
+)
+from .reference import silu_and_mul
+
+OVERLAP_MODES = ("none", "dispatch", "combine")
+
+
+class SharedExperts:
+    """The shared experts fused into one MLP (widths of all shared experts summed).
+
+    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; torch matmuls."""
+
+    def __init__(self, w13_NK: torch.Tensor, w2_KS: torch.Tensor):
+        self.w13_NK = w13_NK
+        self.w2_KS = w2_KS
+
+    def __call__(self, x_TK: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.linear(x_TK, self.w13_NK)
+        return torch.nn.functional.linear(silu_and_mul(h), self.w2_KS)
+
+    def transient_bytes(self, T: int) -> int:
+        """gate/up [T, 2S] + activation [T, S] + output [T, K], bf16."""
+        S2, K = self.w13_NK.shape
+        return 2 * T * (S2 + S2 // 2 + K)
+
+    def flops(self, T: int) -> int:
+        """2 * T * (2S * K + K * S): gate/up then down."""
+        S2, K = self.w13_NK.shape
+        return 2 * T * (S2 * K + K * (S2 // 2))
+
+
+class MoEKernel:
+    """One modular MoE layer: a PrepareFinalize and an Experts, plus shared experts.
+
+    forward() emits one phase range per step through `self.phases` (the harness
+    installs a recorder that adds NVTX, record_function and CUDA events; the
+    default records nothing) and reuses workspaces across calls.
+    """
+
+    def __init__(
+        self,
+        prepare_finalize: PrepareFinalize,
+        experts: Experts,
+        shared_experts: Optional[SharedExperts] = None,
+        overlap: str = "none",
+    ):
+        if overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap={overlap!r}; valid: {OVERLAP_MODES}")
+        if prepare_finalize.activation_format != experts.activation_format:
+            raise ValueError(
+                f"{type(prepare_finalize).__name__} produces the {prepare_finalize.activation_format.value} "
+                f"layout but {type(experts).__name__} reads {experts.activation_format.value}"
+            )
+        self.pf = prepare_finalize
+        self.experts = experts
+        self.shared = shared_experts
+        self.overlap = overlap
+        self._phases = NULL_PHASES
+        self._ws: dict[str, torch.Tensor] = {}
+
+    # -- phases ---------------------------------------------------------------
+    @property
+    def phases(self):
+        return self._phases
+
+    @phases.setter
+    def phases(self, rec):
+        self._phases = rec
+        self.pf.phases = rec
+        self.experts.phases = rec
+
+    # -- workspaces -----------------------------------------------------------
+    def _dims(self, rows: int) -> tuple[int, int, int, int, int]:
+        s = self.pf.ctx.shape
+        return rows, s.n, s.hidden, s.topk, self.pf.ctx.num_local_experts
+
+    def workspace_bytes(self, num_tokens: int) -> int:
+        """Analytic bytes of (workspace13, workspace2, output) at the planned size."""
+        shapes = self.experts.workspace_shapes(*self._dims(self.pf.max_rows(num_tokens)))
+        esize = torch.empty((), dtype=self.experts.workspace_dtype).element_size()
+        return sum(math.prod(sh) for sh in shapes) * esize
+
+    def analytic_peak_bytes(self, num_tokens: int, with_shared: bool = True) -> int:
+        """Workspaces + declared transients of experts and shared experts + the layer output."""
+        dims = self._dims(self.pf.max_rows(num_tokens))
+        n = self.workspace_bytes(num_tokens) + self.experts.transient_bytes(*dims)
+        n += num_tokens * self.pf.ctx.shape.hidden * 2  # the layer output [T, K] bf16
+        if with_shared and self.shared is not None:
+            n += self.shared.transient_bytes(num_tokens)
+        return n
+
+    def clear_workspaces(self) -> None:
+        self._ws.clear()
+
+    def _workspace(self, key: str, shape: tuple[int, ...], max_shape: tuple[int, ...], device) -> torch.Tensor:
+        """A view of `shape` on a flat buffer sized for `max_shape` (allocated once)."""
+        need = math.prod(max_shape)
+        buf = self._ws.get(key)
+        if buf is None or buf.numel() < max(need, math.prod(shape)):
+            buf = torch.empty(max(need, math.prod(shape)), dtype=self.experts.workspace_dtype, device=device)
+            self._ws[key] = buf
+        return buf[: math.prod(shape)].view(shape)
+
+    def _workspaces(self, prepared: PreparedTokens, num_tokens: int):
+        if self.experts.activation_format == ActivationFormat.BATCHED:
+            rows = prepared.x.shape[1]
+        else:
+            rows = prepared.x.shape[0]
+        shapes = self.experts.workspace_shapes(*self._dims(rows))
+        max_shapes = self.experts.workspace_shapes(*self._dims(self.pf.max_rows(num_tokens)))
+        dev = prepared.x.device
+        ws13 = self._workspace("ws13", shapes[0], max_shapes[0], dev)
+        ws2 = self._workspace("ws2", shapes[1], max_shapes[1], dev)
+        # the output never aliases a workspace the experts still read
+        out = self._workspace("out", shapes[2], max_shapes[2], dev)
+        return ws13, ws2, out
+
+    # -- forward --------------------------------------------------------------
+    def forward(
+        self,
+        hidden_TK: torch.Tensor,
+        topk_weights_TP: torch.Tensor,
+        topk_ids_TP: torch.Tensor,
+        with_shared: bool = True,
+    ) -> torch.Tensor:
+        """Routed experts (+ shared experts) output [T, K] bf16."""
+        ph = self._phases
+        shared = self.shared if with_shared else None
+        quant = self.experts.input_quant
+        shared_out = None
+        T = hidden_TK.shape[0]
+
+        if shared is not None and self.overlap == "dispatch":
+            receive = self.pf.prepare_async(hidden_TK, topk_weights_TP, topk_ids_TP, quant)
+            with ph("shared_experts"):
+                shared_out = shared(hidden_TK)
+            prepared = receive()
+        else:
+            prepared = self.pf.prepare(hidden_TK, topk_weights_TP, topk_ids_TP, quant)
+
+        ws13, ws2, expert_out = self._workspaces(prepared, T)
+        with ph("experts"):
+            self.experts.apply(expert_out, prepared, ws13, ws2)
+
+        out_TK = torch.empty(T, hidden_TK.shape[1], dtype=torch.bfloat16, device=hidden_TK.device)
+        wr = self.experts.finalize_weight_and_reduce()
+        with ph("finalize"):
+            if shared is not None and self.overlap == "combine":
+                receive = self.pf.finalize_async(out_TK, expert_out, prepared, wr)
+                with ph("shared_experts"):
+                    shared_out = shared(hidden_TK)
+                receive()
+            else:
+                self.pf.finalize(out_TK, expert_out, prepared, wr)
+
+        if shared is not None and shared_out is None:
+            with ph("shared_experts"):
+                shared_out = shared(hidden_TK)
+        if shared_out is not None:
+            out_TK.add_(shared_out)
+        return out_TK
+
+    __call__ = forward
+
+    def close(self) -> None:
+        self.pf.close()

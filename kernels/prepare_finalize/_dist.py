@@ -1,0 +1,63 @@
+"""torch.distributed plumbing shared by the naive / allgather_rs / naive_batched
+backends: async collectives behind receivers, phase ranges that span launch ->
+receive (so shared experts run inside the communication's window).
+
+Legend: T tokens per rank, W ranks, K hidden, P top-k.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def comm_view(t: torch.Tensor) -> torch.Tensor:
+    """fp8 travels as bytes (not every process-group backend knows fp8)."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
+class OpenRange:
+    """A phase range entered now and exited by whoever receives."""
+
+    def __init__(self, phases, name: str):
+        self.cm = phases(name)
+        self.cm.__enter__()
+
+    def close(self) -> None:
+        if self.cm is not None:
+            self.cm.__exit__(None, None, None)
+            self.cm = None
+
+
+def all_gather_rows(tensors: list[torch.Tensor], group, world_size: int) -> tuple[list[torch.Tensor], list]:
+    """Launch all-gathers of each [T, ...] tensor into [W*T, ...]; returns (outputs, works)."""
+    outs, works = [], []
+    for t in tensors:
+        t = t.contiguous()
+        out = torch.empty((world_size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+        works.append(dist.all_gather_into_tensor(comm_view(out), comm_view(t), group=group, async_op=True))
+        outs.append(out)
+    return outs, works
+
+
+def broadcast_rows(tensors: list[torch.Tensor], group, world_size: int, rank: int) -> tuple[list[torch.Tensor], list]:
+    """vLLM's naive dispatch: every rank broadcasts its rows to all; returns ([W*T, ...], works)."""
+    outs, works = [], []
+    for t in tensors:
+        T = t.shape[0]
+        out = torch.empty((world_size * T, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        out[rank * T : (rank + 1) * T].copy_(t)
+        for src in range(world_size):
+            src_global = dist.get_global_rank(group, src) if group is not None and group != dist.group.WORLD else src
+            works.append(dist.broadcast(comm_view(out[src * T : (src + 1) * T]), src_global, group=group, async_op=True))
+        outs.append(out)
+    return outs, works
+
+
+def wait_all(works) -> None:
+    for w in works:
+        w.wait()
+
+
+def row_bytes(hidden: int, act_bytes: int, topk: int, scale_bytes: int = 0) -> int:
+    """Bytes one token carries in the dispatch: activations (+ scales), ids (int64), weights (fp32)."""
+    return hidden * act_bytes + scale_bytes + topk * (8 + 4)

@@ -1,0 +1,42 @@
+"""One rank, standard layout: no communication (vLLM's MoEPrepareAndFinalizeNoEP).
+
+With simulate_ep=N the rank keeps experts [0, E/N) and only the pairs routed to
+them, so one GPU measures the per-rank expert work of an EP-N deployment.
+"""
+from __future__ import annotations
+
+from ..interfaces import (
+    ActivationFormat,
+    Contiguous,
+    NoOp,
+    PreparedTokens,
+    PrepareFinalize,
+    resolve_weight_and_reduce,
+)
+from ..quant import quant_activations
+from ..registry import register_backend
+from ._common import localize_ids
+
+
+@register_backend("local")
+class LocalPrepareFinalize(PrepareFinalize):
+    activation_format = ActivationFormat.STANDARD
+    carries_fp8 = True
+    graph_capturable = True
+
+    def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
+        with self.phases("prepare"):
+            x, scale = quant_activations(hidden_TK, quant)
+            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts)
+        prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
+        return lambda: prepared
+
+    def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
+        wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
+        if isinstance(wr, NoOp):
+            with self.phases("combine"):  # nothing to communicate: a copy
+                out_TK.copy_(expert_out)
+        else:
+            with self.phases("weight_reduce"):
+                wr.apply(out_TK, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
+        return lambda: None

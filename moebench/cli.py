@@ -1,0 +1,137 @@
+"""moebench sweep|run|list|report|compare|trace|env
+
+Bad input (unknown option, malformed results, a world size the machine lacks)
+exits with code 2 and a message that says what to do, before any work starts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
+(workload.tokens_per_rank=[16,64]) and, in a sweep, comma lists (reduction=experts,finalize).
+Groups: backend experts reduction overlap model quant workload runner trace."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moebench", description="Benchmark modular MoE layer kernels.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("sweep", help="run every valid combination of the given axes", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("overrides", nargs="*")
+    s.add_argument("--sweep", default="default", help="named sweep in sweeps/ (or a path); default: %(default)s")
+    s.add_argument("--out", help="run directory (default: runs/<sweep>[-<hash of overrides>])")
+    s.add_argument("--redo", default="none", choices=("none", "failed", "all"),
+                   help="re-run stored rows: none (resume), failed (failed|timeout|oom), all")
+    s.add_argument("--dry-run", action="store_true", help="plan only: print what would run")
+
+    r = sub.add_parser("run", help="run one combination and print its rows", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("overrides", nargs="*")
+    r.add_argument("--out", help="run directory (default: runs/run-<hash>)")
+
+    ls = sub.add_parser("list", help="list the combinations a sweep would run, with validity")
+    ls.add_argument("overrides", nargs="*")
+    ls.add_argument("--sweep", default="default")
+    ls.add_argument("--json", action="store_true")
+
+    rp = sub.add_parser("report", help="markdown report + plots of a run, or a baseline comparison")
+    rp.add_argument("run", nargs="?")
+    rp.add_argument("--baseline")
+    rp.add_argument("--candidate")
+    rp.add_argument("--out", help="report directory (default: <run>/report)")
+    rp.add_argument("--threshold", type=float, default=1.05, help="ratio a change must pass to count (default 1.05)")
+    rp.add_argument("--format", default="md", choices=("md",))
+
+    cp = sub.add_parser("compare", help="compare two runs (same as report --baseline A --candidate B)")
+    cp.add_argument("baseline")
+    cp.add_argument("candidate")
+    cp.add_argument("--out")
+    cp.add_argument("--threshold", type=float, default=1.05)
+
+    tr = sub.add_parser("trace", help="phase timeline and overlap from a run's traces or a trace file")
+    tr.add_argument("target")
+    tr.add_argument("--plot", action="store_true", help="write a timeline PNG next to each trace")
+    tr.add_argument("--out")
+
+    ev = sub.add_parser("env", help="this machine, its libraries and which entries are usable here")
+    ev.add_argument("--json", action="store_true")
+    return p
+
+
+def _list(args) -> int:
+    from .plan import plan
+
+    combos, _ = plan(args.overrides, args.sweep)
+    if args.json:
+        print(json.dumps([{
+            "key": c.key, "label": c.label, "overrides": c.overrides, "status": "skipped" if c.reason else "valid",
+            "reason": c.reason, "tokens": c.tokens, "skipped_tokens": {str(k): v for k, v in c.token_reasons.items()},
+        } for c in combos], indent=2))
+        return 0
+    valid = [c for c in combos if not c.reason]
+    for c in combos:
+        state = "valid  " if not c.reason else "skipped"
+        extra = f"  ({c.reason})" if c.reason else ""
+        if c.token_reasons and not c.reason:
+            extra = "  (skipped tokens: " + "; ".join(f"{t}: {r}" for t, r in c.token_reasons.items()) + ")"
+        print(f"{state} {c.label}{extra}")
+    print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")
+    return 0
+
+
+def _run_one(args) -> int:
+    from .plan import plan
+    from .store import RunStore
+    from .sweep import execute
+
+    combos, _ = plan(args.overrides, None)
+    if len(combos) != 1:
+        raise ValueError(f"`moebench run` takes one combination; these overrides give {len(combos)}: use `moebench sweep`")
+    run_dir, counts = execute(args.overrides, None, args.out or None, redo="all")
+    df = RunStore(run_dir).load()
+    df = df[df["combo_key"] == combos[0].key]
+    cols = ["tokens_per_rank", "status", "latency_us_median", "latency_us_p20", "latency_us_p80", "rel_err", "reason"]
+    print(df[cols].to_markdown(index=False) if hasattr(df, "to_markdown") else df[cols].to_string(index=False))
+    return 0 if set(df["status"]) <= {"ok", "skipped"} else 1
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "sweep":
+            from .sweep import execute
+
+            _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run)
+            return 0
+        if args.cmd == "run":
+            return _run_one(args)
+        if args.cmd == "list":
+            return _list(args)
+        if args.cmd in ("report", "compare"):
+            from .report.markdown import report_command
+
+            if args.cmd == "compare":
+                return report_command(None, args.baseline, args.candidate, args.out, args.threshold, "md")
+            if not args.run and not (args.baseline and args.candidate):
+                raise ValueError("give a run directory, or --baseline A --candidate B")
+            return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format)
+        if args.cmd == "trace":
+            from .traces.cli import trace_command
+
+            return trace_command(args.target, args.plot, args.out)
+        if args.cmd == "env":
+            from .env import env_command
+
+            return env_command(args.json)
+    except ValueError as e:
+        print(f"moebench {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Environment fingerprint (env.json) and `moebench env`: what this machine is,
+which libraries it has, and which entries are usable here (and if not, why and
+how to fix it)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from .paths import REPO_ROOT
+
+LIBRARIES = {
+    # import name: (distribution names to ask for a version, how to install)
+    "deep_ep": (("deep_ep", "deep-ep"), "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'Optional libraries'"),
+    "deep_gemm": (("deep_gemm", "deep-gemm", "deepinfer-gemm"), "pip install deepinfer-gemm (builds DeepGEMM; needs libdw-dev headers and CXX=/usr/bin/g++); see README"),
+    "pplx_kernels": (("pplx_kernels", "pplx-kernels"), "build github.com/ppl-ai/pplx-kernels against NVSHMEM; see README"),
+    "nvtx": (("nvtx",), "pip install nvtx"),
+}
+ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "CUDA_", "TORCH_", "TRITON_", "PYTORCH_", "OMP_", "MOEBENCH_")
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        return ""
+
+
+def library_version(name: str) -> str | None:
+    """Installed version of an optional library, or None when it does not import."""
+    dists, _ = LIBRARIES[name]
+    try:
+        mod = __import__(name)
+    except Exception:
+        return None
+    for d in dists:
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return getattr(mod, "__version__", "unknown")
+
+
+def git_info() -> dict:
+    sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    dirty = bool(_run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]))
+    return {"git_sha": sha or "unknown", "git_dirty": dirty}
+
+
+def fingerprint() -> dict:
+    """GPU, driver, CUDA, NCCL, torch, triton, library versions, clocks, env vars, git."""
+    import torch
+
+    info: dict = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:
+        info["triton"] = None
+    for lib in LIBRARIES:
+        info[lib] = library_version(lib)
+    if info["gpu_count"]:
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(info["gpu_count"])]
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            info["nccl"] = None
+        if shutil.which("nvidia-smi"):
+            info["nvidia_smi"] = _run([
+                "nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu",
+                "--format=csv,noheader",
+            ]).splitlines()
+            info["topology"] = _run(["nvidia-smi", "topo", "-m"])
+    else:
+        info["gpu"] = "cpu"
+    info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    info.update(git_info())
+    return info
+
+
+def env_id(info: dict) -> str:
+    """Short id of what changes the numbers (not the hostname or the git sha)."""
+    keys = ("gpu", "gpu_count", "torch", "cuda", "nccl", "triton", "deep_ep", "deep_gemm", "pplx_kernels", "python")
+    return hashlib.sha1(json.dumps({k: info.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def usable_entries(device: str, world_size: int) -> list[dict]:
+    """Every registered backend / experts entry and why it is not usable here."""
+    from .kernels import registry
+
+    registry.discover()
+    probe = {
+        "device": device, "world_size": world_size, "quant": "bf16", "hidden": 2048, "intermediate": 1408,
+        "num_experts": 64, "topk": 6, "reduction": "finalize", "overlap": "none", "simulate_ep": 1,
+        "max_tokens_per_rank": 512, "num_sms": 24, "deepgemm_min_tokens": 256, "tokens_per_rank": [64],
+    }
+    out = []
+    for kind, table in (("backend", registry.BACKENDS), ("experts", registry.EXPERTS)):
+        for name, cls in sorted(table.items()):
+            combo = dict(probe, backend=name if kind == "backend" else "local", experts=name if kind == "experts" else "torch")
+            if name.startswith("deepgemm"):
+                combo["quant"] = "fp8_block"
+            if kind == "backend" and name.startswith("local"):
+                combo["world_size"] = 1
+            out.append({"kind": kind, "name": name, "layout": cls.activation_format.value, "reason": cls.supports(combo)})
+    for group, name in (("backend", p.stem) for p in sorted((REPO_ROOT / "conf" / "backend").glob("*.yaml"))):
+        if name not in registry.BACKENDS:
+            out.append({"kind": "backend", "name": name, "layout": "?", "reason": "no implementation in this build yet"})
+    for name in (p.stem for p in sorted((REPO_ROOT / "conf" / "experts").glob("*.yaml"))):
+        if name not in registry.EXPERTS:
+            out.append({"kind": "experts", "name": name, "layout": "?", "reason": "no implementation in this build yet"})
+    return out
+
+
+def env_command(as_json: bool) -> int:
+    info = fingerprint()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ws = max(2, info["gpu_count"]) if device == "cuda" else 2
+    entries = usable_entries(device, min(ws, info["gpu_count"]) if device == "cuda" else 2)
+    if as_json:
+        print(json.dumps({"env": info, "env_id": env_id(info), "entries": entries}, indent=2, default=str))
+        return 0
+    print(f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}")
+    print(f"gpu       {info['gpu']} x{info['gpu_count']}" + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)"))
+    print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
+    print(f"git       {info['git_sha'][:12]}{' (dirty)' if info['git_dirty'] else ''}   env_id {env_id(info)}")
+    print()
+    print("optional libraries:")
+    for lib, (_, how) in LIBRARIES.items():
+        v = info.get(lib)
+        print(f"  {lib:<13} {v if v else 'missing -> ' + how}")
+    print()
+    print(f"entries on this machine (device={device}):")
+    for e in entries:
+        state = "usable" if not e["reason"] else f"not usable: {e['reason']}"
+        print(f"  {e['kind']:<8} {e['name']:<20} {e['layout']:<9} {state}")
+    return 0

@@ -1,0 +1,107 @@
+"""One tidy row per (combination, tokens per rank), aggregated over ranks:
+the max over ranks for latency (per sample, since ranks start each sample
+together), per-rank values kept in list columns."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from . import SCHEMA_VERSION
+from .plan import Combination
+
+STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
+PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine")
+NAN = float("nan")
+
+
+def identity(c: Combination, tokens: int) -> dict:
+    k = c.combo
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "combo_key": c.key,
+        "label": c.label,
+        "backend": k["backend"], "experts": k["experts"], "reduction": k["reduction"], "overlap": k["overlap"],
+        "model": k["model"], "num_experts": k["num_experts"], "topk": k["topk"], "hidden": k["hidden"],
+        "intermediate": k["intermediate"], "quant": k["quant"], "world_size": k["world_size"],
+        "simulate_ep": k["simulate_ep"], "tokens_per_rank": int(tokens), "routing": k["routing"],
+        "seed": k["seed"], "timing_mode": k["timing_mode"], "device": k["device"],
+        "overrides": " ".join(c.overrides),
+    }
+
+
+def _elementwise_max(lists: list[list[float]]) -> list[float]:
+    n = min(len(x) for x in lists)
+    return [max(x[i] for x in lists) for i in range(n)]
+
+
+def _q(xs: list[float], p: float) -> float:
+    return float(np.percentile(xs, p)) if xs else NAN
+
+
+def _max(ranks: list[dict], key: str) -> float:
+    vals = [r[key] for r in ranks if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+    return float(max(vals)) if vals else NAN
+
+
+def _mean(ranks: list[dict], key: str) -> float:
+    vals = [r[key] for r in ranks if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+    return float(sum(vals) / len(vals)) if vals else NAN
+
+
+def empty_measurements() -> dict:
+    row = {
+        "status": None, "reason": "", "rel_err": NAN,
+        "latency_us_median": NAN, "latency_us_p20": NAN, "latency_us_p80": NAN,
+        "samples_us": [], "latency_us_per_rank": [],
+        "shared_us": NAN, "latency_no_shared_us": NAN, "shared_exposed_us": NAN,
+        "overlap_fraction": NAN, "trace_overlap_fraction": NAN,
+        "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
+        "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
+        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "",
+    }
+    for p in PHASES:
+        row[f"{p}_us"] = NAN
+    return row
+
+
+def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dict, rel_err: float = NAN) -> dict:
+    """A row without measurements (skipped / failed / timeout / oom)."""
+    assert status in STATUSES, status
+    row = {**identity(c, tokens), **empty_measurements(), **meta}
+    row.update(status=status, reason=reason, rel_err=rel_err)
+    return row
+
+
+def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> dict:
+    """Aggregate the per-rank results of one (combination, tokens)."""
+    row = {**identity(c, tokens), **empty_measurements(), **meta}
+    row["rel_err"] = _max(ranks, "rel_err")
+    bad = [r for r in ranks if r.get("status") != "ok"]
+    if bad:
+        row.update(status=bad[0].get("status", "failed"), reason=bad[0].get("reason", ""))
+        return row
+    row["status"] = "ok"
+    row["timing_mode"] = ranks[0].get("timing_mode", row["timing_mode"])
+    samples = _elementwise_max([r["samples_us"] for r in ranks])
+    row["samples_us"] = samples
+    row["latency_us_median"] = _q(samples, 50)
+    row["latency_us_p20"] = _q(samples, 20)
+    row["latency_us_p80"] = _q(samples, 80)
+    row["latency_us_per_rank"] = [_q(r["samples_us"], 50) for r in ranks]
+    for p in PHASES:
+        row[f"{p}_us"] = _max(ranks, p)
+    if all("shared_samples_us" in r for r in ranks):
+        row["shared_us"] = _q(_elementwise_max([r["shared_samples_us"] for r in ranks]), 50)
+        row["latency_no_shared_us"] = _q(_elementwise_max([r["no_shared_samples_us"] for r in ranks]), 50)
+        # overlap by ablation (DESIGN.md): what the shared experts add to the layer
+        row["shared_exposed_us"] = row["latency_us_median"] - row["latency_no_shared_us"]
+        if row["shared_us"] > 0:
+            row["overlap_fraction"] = min(1.0, max(0.0, 1.0 - row["shared_exposed_us"] / row["shared_us"]))
+    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes"):
+        row[k] = _max(ranks, k)
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "expert_flops", "expert_bytes"):
+        row[k] = _mean(ranks, k)
+    row["trace_path"] = ranks[0].get("trace_path", "")
+    return row

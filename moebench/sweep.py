@@ -1,0 +1,146 @@
+"""`moebench sweep` / `moebench run`: plan, skip what is stored, launch, write
+rows as each combination ends, stop cleanly on Ctrl-C."""
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from . import env as envmod
+from .launch import Finished, Launcher
+from .plan import Combination, default_runs_dir, plan, run_name
+from .rows import measured_row, outcome_row
+from .store import RunStore
+
+
+class _Progress:
+    """tqdm bar over combinations with ETA (plain lines when not a terminal)."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="combo", dynamic_ncols=True, file=sys.stderr, disable=total == 0)
+
+    def update(self, label: str, statuses: Counter) -> None:
+        self.bar.set_postfix_str(f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())), refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Stop:
+    """First Ctrl-C: stop after the current combination. Second: abort now."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = None
+
+    def __enter__(self):
+        self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nmoebench: stopping after the current combination (Ctrl-C again to abort now)", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self._old)
+
+
+def _meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
+    return {
+        "run_id": run_id, "sweep": sweep, "gpu": info.get("gpu"), "git_sha": info.get("git_sha"),
+        "env_id": env_id, "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def rows_for(fin: Finished, meta: dict) -> list[dict]:
+    """Rows of one finished combination: measured, or failed/timeout/oom."""
+    c, rows = fin.combo, []
+    ws = c.combo["world_size"]
+    failed_at = fin.failure.get("tokens") if fin.failure else None
+    for t in fin.tokens:
+        ranks = fin.results.get(t, {})
+        if len(ranks) == ws:
+            rows.append(measured_row(c, t, [ranks[r] for r in sorted(ranks)], meta))
+        elif fin.failure:
+            st, why = fin.failure["status"], fin.failure["reason"]
+            if failed_at is not None and t != failed_at:
+                st, why = "failed", f"not run: tokens_per_rank={failed_at} failed first ({why})"
+            rows.append(outcome_row(c, t, st, why, meta))
+        else:
+            rows.append(outcome_row(c, t, "failed", "no result from every rank", meta))
+    return rows
+
+
+def execute(
+    cli_overrides: list[str],
+    sweep: Optional[str],
+    out: Optional[str],
+    redo: str = "none",
+    dry_run: bool = False,
+    quiet: bool = False,
+) -> tuple[Path, Counter]:
+    """Plan and run; returns the run directory and the status counts of this invocation."""
+    combos, sweep_data = plan(cli_overrides, sweep)
+    run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
+    store = RunStore(run_dir)
+    info = envmod.fingerprint()
+    eid = envmod.env_id(info)
+    run_id = uuid.uuid4().hex[:10]
+    meta = _meta(run_id, sweep_data["name"], info, eid)
+
+    skipped: list[dict] = []
+    work: list[tuple[Combination, list[int]]] = []
+    stored = store.stored()
+    already = 0
+    for c in combos:
+        for t, why in sorted(c.token_reasons.items()):
+            skipped.append(outcome_row(c, t, "skipped", why, meta))
+        if c.reason:
+            skipped.extend(outcome_row(c, t, "skipped", c.reason, meta) for t in c.tokens)
+            continue
+        todo = store.todo_tokens(c.key, c.runnable_tokens, redo, stored)
+        already += len(c.runnable_tokens) - len(todo)
+        if todo:
+            work.append((c, todo))
+    counts = Counter({"skipped": len(skipped)})
+    log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
+    log(
+        f"moebench: {len(combos)} combinations, {len(work)} to run, "
+        f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
+    )
+    if dry_run:
+        return run_dir, counts
+    store.write_json("env.json", {**info, "env_id": eid})
+    store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides, "run_id": run_id})
+    store.write_skipped(skipped)
+
+    progress = _Progress(0 if quiet else len(work))
+
+    def on_finished(fin: Finished) -> None:
+        rows = rows_for(fin, dict(meta, timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
+        store.write_rows(fin.combo.key, rows)
+        counts.update(r["status"] for r in rows)
+        for r in rows:
+            if r["status"] in ("failed", "timeout", "oom", "incorrect"):
+                log(f"  {r['status']}: {fin.combo.label} T={r['tokens_per_rank']}: {r['reason']}")
+        progress.update(fin.combo.label, counts)
+
+    with _Stop() as stop:
+        try:
+            Launcher(str(run_dir), on_finished, should_stop=lambda: stop.requested).run(work)
+        finally:
+            progress.close()
+    summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    log(f"moebench: {summary} (this invocation); results in {run_dir}")
+    if stop.requested:
+        log(f"moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")
+    return run_dir, counts

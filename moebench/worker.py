@@ -1,0 +1,275 @@
+"""Per rank: build the layer, check it against the reference, time it, measure
+memory, mark phases. Workers read a fully resolved plain config (never
+@hydra.main in a rank) and report through a queue to launch.py."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from contextlib import nullcontext
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import memory, timing
+from .kernels import registry
+from .kernels.interfaces import NULL_PHASES, ActivationFormat, KernelContext, LayerShape, QuantSpec
+from .kernels.modular import MoEKernel
+from .kernels.reference import reference_moe, rel_err
+from .plan import TOLERANCE
+from .workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
+
+
+# ---------------------------------------------------------------------------
+# derived figures, per rank (DESIGN.md "Derived figures")
+
+
+def expert_flops(pairs: int, hidden: int, intermediate: int) -> int:
+    """2 * pairs * 3 * K * I: one multiply-add per weight element for each
+    token-expert pair, in 3 matmuls (gate, up, down)."""
+    return 2 * pairs * 3 * hidden * intermediate
+
+
+def expert_bytes(
+    hit_experts: int, bytes_per_expert: int, rows_in: int, rows_out: int, hidden: int, act_bytes: int
+) -> int:
+    """Fewest bytes the experts must move: the weights and scales of every
+    local expert the routing hit, read once + activations in (rows_in * K at
+    the input precision) + outputs (rows_out * K bf16)."""
+    return hit_experts * bytes_per_expert + rows_in * hidden * act_bytes + rows_out * hidden * 2
+
+
+def _rate(amount: float, us: float, unit: float) -> float:
+    if not us or us != us or us <= 0:
+        return float("nan")
+    return amount / (us * 1e-6) / unit
+
+
+# ---------------------------------------------------------------------------
+
+
+def _all_max(value: float, group, device) -> float:
+    if group is None:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def _barrier_fn(group, device):
+    if group is None:
+        return None
+
+    def barrier():
+        if device.type == "cuda":
+            dist.barrier(group=group, device_ids=[device.index])
+        else:
+            dist.barrier(group=group)
+
+    return barrier
+
+
+def _median(xs: list[float]) -> float:
+    return timing.Samples(xs).median if xs else float("nan")
+
+
+def _routing_counts(kernel: MoEKernel, x, w, ids) -> dict:
+    """Pairs, rows and experts this rank's experts process (outside timing)."""
+    prepared = kernel.pf.prepare(x, w, ids, kernel.experts.input_quant)
+    if kernel.experts.activation_format == ActivationFormat.BATCHED:
+        counts = prepared.expert_num_tokens_E.long()
+        pairs = int(counts.sum())
+        hit = int((counts > 0).sum())
+        rows_in, rows_out = pairs, pairs
+    else:
+        local = prepared.topk_ids_MP
+        pairs = int((local >= 0).sum())
+        hit = int(torch.unique(local[local >= 0]).numel())
+        rows_in = int(((local >= 0).any(dim=1)).sum())
+        rows_out = rows_in if kernel.experts.reduction == "experts" else pairs
+    comm = kernel.pf.comm_bytes(x.shape[0], prepared)
+    return {"pairs": pairs, "hit": hit, "rows_in": rows_in, "rows_out": rows_out, "comm_bytes": comm}
+
+
+def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush) -> dict:
+    per_phase: dict[str, list[float]] = {}
+    kernel.phases = rec
+    try:
+        for _ in range(reps):
+            if flush is not None:
+                flush()
+            if barrier is not None:
+                barrier()
+            rec.reset()
+            fn()
+            for name, us in rec.durations_us().items():
+                per_phase.setdefault(name, []).append(us)
+    finally:
+        kernel.phases = NULL_PHASES
+    return {name: _median(v) for name, v in per_phase.items()}
+
+
+def _make_recorder(device, nvtx: bool):
+    from .traces.nvtx import make_phase_recorder
+
+    return make_phase_recorder(nvtx=nvtx, record_function=True, cuda_events=True, device=device)
+
+
+def run_combination(task: dict, rank: int, world_size: int, group, device: torch.device, run_dir: str) -> Iterator:
+    """Yield (tokens, per-rank result dict) for each token count of one combination."""
+    cfg, combo = task["cfg"], task["combo"]
+    m, r, extra = cfg["model"], cfg["runner"], cfg.get("extra", {})
+    # fault injection for the harness's own tests (a hang, a crash on one rank)
+    if extra.get("sleep_s"):
+        time.sleep(float(extra["sleep_s"]))
+    if extra.get("raise_on_rank") is not None and int(extra["raise_on_rank"]) == rank:
+        raise RuntimeError(f"injected failure on rank {rank}")
+
+    shape = LayerShape(
+        hidden=m["hidden"], intermediate=m["intermediate"], num_experts=m["num_experts"], topk=m["topk"],
+        num_shared_experts=m["num_shared_experts"], shared_intermediate=m["shared_intermediate"],
+    )
+    quant = QuantSpec(cfg["quant"]["name"])
+    ctx = KernelContext(
+        shape=shape, quant=quant, device=device, rank=rank, world_size=world_size, group=group,
+        simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
+        options={"num_sms": combo["num_sms"], "deepgemm_min_tokens": combo["deepgemm_min_tokens"]},
+    )
+    seed = combo["seed"]
+    weights = build_expert_weights(ctx, seed)
+    pf = registry.get_backend(combo["backend"])(ctx)
+    experts = registry.get_experts(combo["experts"])(weights, combo["reduction"], ctx)
+    shared = build_shared(shape, seed, device)
+    kernel = MoEKernel(pf, experts, shared, combo["overlap"])
+    setup_used = memory.device_used_bytes(device)
+    barrier = _barrier_fn(group, device)
+    flush = timing.L2Flusher(device) if device.type == "cuda" and r["l2_flush"] else None
+    ref_weights = reference_expert_fn(shape, quant, seed, device)
+    kept = range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
+    shared_ref = (shared.w13_NK.float(), shared.w2_KS.float()) if shared is not None else None
+    rec = _make_recorder(device, nvtx=combo.get("trace") in ("nvtx", "nsys"))
+    tol = TOLERANCE[quant.name]
+    routing = (combo["routing"], combo["skew"], seed, rank)
+
+    try:
+        for T in task["tokens"]:
+            task["current_tokens"] = T
+            res: dict = {"rank": rank}
+            # correct first: fresh random data, compared with the float32 reference
+            x, w, ids = make_inputs(shape, T, *routing, salt=1, device=device)
+            err = float("nan")
+            if r["check"]:
+                y = kernel(x, w, ids)
+                err = rel_err(y, reference_moe(x, w, ids, ref_weights, kept, shared_ref))
+                err = _all_max(err if err == err else float("inf"), group, device)
+            res["rel_err"] = err
+            if r["check"] and not err <= tol:
+                res["status"] = "incorrect"
+                res["reason"] = f"rel_err {err:.3g} > {tol:g} ({quant.name})"
+                yield T, res
+                continue
+
+            x, w, ids = make_inputs(shape, T, *routing, salt=2, device=device)
+            fn = lambda: kernel(x, w, ids)  # noqa: E731
+            use_graph = r["timing"] == "graph" and T <= r["graph_max_tokens"]
+            mode = "graph" if use_graph else ("profiler" if r["timing"] == "profiler" else "events")
+            res["timing_mode"] = mode
+            timer = timing.time_graph if use_graph else timing.time_samples
+            s = timer(fn, device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
+            res["samples_us"] = s.us
+            res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush))
+            if shared is not None:
+                s_ns = timer(lambda: kernel(x, w, ids, with_shared=False), device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
+                res["no_shared_samples_us"] = s_ns.us
+                s_sh = timer(lambda: shared(x), device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
+                res["shared_samples_us"] = s_sh.us
+            if r["memory"]:
+                res["workspace_bytes_analytic"] = kernel.workspace_bytes(T)
+                res["analytic_peak_bytes"] = kernel.analytic_peak_bytes(T)
+                peak = memory.forward_peak_bytes(fn, device, kernel.clear_workspaces)
+                res["workspace_bytes_peak"] = peak
+                if peak is not None and setup_used is not None and task.get("baseline_used") is not None:
+                    res["device_bytes_peak"] = setup_used - task["baseline_used"] + peak
+            counts = _routing_counts(kernel, x, w, ids)
+            exp_us = res.get("experts", float("nan"))
+            res["tflops"] = _rate(expert_flops(counts["pairs"], shape.hidden, shape.intermediate), exp_us, 1e12)
+            nbytes = expert_bytes(counts["hit"], weights.nbytes_per_expert(), counts["rows_in"], counts["rows_out"], shape.hidden, quant.act_bytes)
+            res["hbm_gbps"] = _rate(nbytes, exp_us, 1e9)
+            res["expert_bytes"] = nbytes
+            res["expert_flops"] = expert_flops(counts["pairs"], shape.hidden, shape.intermediate)
+            comm_us = res.get("dispatch", 0.0) + res.get("combine", 0.0)
+            res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if counts["comm_bytes"] else float("nan")
+            if combo.get("trace") in ("torch", "nsys"):
+                res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier))
+            res["status"] = "ok"
+            yield T, res
+    finally:
+        kernel.close()
+
+
+def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier) -> dict:
+    from .traces import torch_trace
+
+    path = torch_trace.trace_path(os.path.join(run_dir, trace_cfg["dir"]), task["key"], rank, T)
+    rec = _make_recorder(torch.device("cpu"), nvtx=True)  # record_function ranges only
+    kernel.phases = rec
+    try:
+        torch_trace.capture(fn, path, samples=trace_cfg["samples"], combo_key=task["key"], barrier=barrier)
+    finally:
+        kernel.phases = NULL_PHASES
+    out = {"trace_path": os.path.relpath(path, run_dir)}
+    try:
+        from .traces.analyze import overlap_from_trace
+
+        frac = overlap_from_trace(path)
+        if frac is not None:
+            out["trace_overlap_fraction"] = frac
+    except Exception as e:  # a trace we cannot parse still leaves the row
+        out["trace_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+# ---------------------------------------------------------------------------
+
+
+def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list, queue, run_dir: str) -> None:
+    """Entry point of one rank: run `tasks` in order, report each result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when to stop
+    idx: Optional[int] = None
+    task: dict = {}
+    try:
+        if device_kind == "cuda":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+            torch.zeros(1, device=device)  # create the context before the baseline
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        group = None
+        if world_size > 1:
+            kw = {"device_id": device} if device_kind == "cuda" else {}
+            dist.init_process_group(
+                "nccl" if device_kind == "cuda" else "gloo",
+                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, **kw,
+            )
+            group = dist.group.WORLD
+        baseline = memory.device_used_bytes(device)
+        for idx, task in tasks:
+            task = dict(task, baseline_used=baseline)
+            queue.put(("start", idx, rank, None))
+            for tokens, res in run_combination(task, rank, world_size, group, device, run_dir):
+                queue.put(("result", idx, rank, (tokens, res)))
+            queue.put(("done", idx, rank, None))
+        queue.put(("exit", None, rank, None))
+        if group is not None:
+            dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - everything becomes a row
+        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+        msg = f"{type(e).__name__}: {e}".strip()
+        queue.put(("error", idx, rank, {"status": "oom" if oom else "failed", "reason": msg[:500],
+                                         "tokens": task.get("current_tokens"), "traceback": traceback.format_exc()[-4000:]}))
+    finally:
+        queue.close()
+        queue.join_thread()
