@@ -337,24 +337,22 @@ def validate_tokens(combo: dict, tokens: int) -> Optional[str]:
 
 
 def check_world_size(combos: list[Combination]) -> None:
-    """Refuse a world size the machine lacks, with the numbers, before any work."""
-    need = max((c.combo["world_size"] for c in combos if c.combo["device"] == "cuda" and not c.reason), default=0)
-    if need:
-        import torch
-
-        have = torch.cuda.device_count()
-        if need > have:
-            raise ValueError(
-                f"runner.world_size={need} needs {need} GPUs (one rank per GPU) but this machine has {have}: "
-                f"set runner.world_size<={have} or run on a larger machine"
-            )
+    """Refuse a device or world size the machine lacks, with the numbers, before any work."""
     if any(c.combo["device"] not in ("cpu", "cuda") for c in combos):
         raise ValueError("runner.device must be auto, cpu or cuda")
-    if any(c.combo["device"] == "cuda" for c in combos):
-        import torch
+    cuda = [c for c in combos if c.combo["device"] == "cuda" and not c.reason]
+    if not cuda:
+        return
+    import torch
 
-        if not torch.cuda.is_available():
-            raise ValueError("runner.device=cuda but no CUDA GPU is visible: use runner.device=cpu or auto")
+    if not torch.cuda.is_available():
+        raise ValueError("runner.device=cuda but no CUDA GPU is visible: use runner.device=cpu or auto")
+    need, have = max(c.combo["world_size"] for c in cuda), torch.cuda.device_count()
+    if need > have:
+        raise ValueError(
+            f"runner.world_size={need} needs {need} GPUs (one rank per GPU) but this machine has {have}: "
+            f"set runner.world_size<={have} or run on a larger machine"
+        )
 
 
 def plan(cli_overrides: list[str], sweep: Optional[str] = None) -> tuple[list[Combination], dict]:

@@ -1,0 +1,198 @@
+"""Load a results run (as written by moebench/store.py) into one tidy DataFrame.
+
+A run is a directory ``<run>/rows/*.parquet`` (one file per finished combination, one
+row per tokens_per_rank) with ``<run>/env.json`` beside it. ``load_run`` also accepts a
+single ``.parquet`` file or a plain directory of parquet files.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# Identity of a row (DESIGN.md "What one combination produces").
+IDENTITY_COLUMNS = [
+    "schema_version", "run_id", "sweep", "backend", "experts", "reduction", "overlap",
+    "model", "num_experts", "topk", "hidden", "intermediate", "quant", "world_size",
+    "simulate_ep", "tokens_per_rank", "routing", "seed", "timing_mode",
+]
+OUTCOME_COLUMNS = ["status", "reason", "rel_err"]
+LATENCY_COLUMNS = ["latency_us_median", "latency_us_p20", "latency_us_p80"]
+PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us"]
+OVERLAP_COLUMNS = [
+    "shared_us", "latency_no_shared_us", "shared_exposed_us", "overlap_fraction",
+    "trace_overlap_fraction",
+]
+MEMORY_COLUMNS = ["workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak"]
+RATE_COLUMNS = ["tflops", "hbm_gbps", "nvlink_gbps"]
+PROVENANCE_COLUMNS = ["trace_path", "gpu", "git_sha", "env_id", "timestamp"]
+
+# A file lacking any of these is malformed: no table can be drawn without them. The
+# other columns are optional (filled with NaN / None) so that a report still renders rows
+# from an older or newer schema version.
+REQUIRED_COLUMNS = ["backend", "experts", "reduction", "overlap", "model", "quant",
+                    "world_size", "tokens_per_rank", "status"] + LATENCY_COLUMNS
+OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUMNS
+                    + RATE_COLUMNS)
+
+# Columns that name a combination in tables and plots, in display order. The first
+# seven are always shown; the rest only when they vary within the run.
+COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
+EXTRA_COMBO_COLUMNS = ["simulate_ep", "num_experts", "topk", "hidden", "intermediate",
+                       "routing", "seed", "timing_mode", "device"]
+# Key columns of a combination without tokens (what combo_key identifies).
+KEY_COLUMNS = [c for c in IDENTITY_COLUMNS
+               if c not in ("schema_version", "run_id", "sweep", "tokens_per_rank")]
+SHORT_NAMES = {"world_size": "world", "simulate_ep": "sim_ep", "num_experts": "E",
+               "intermediate": "inter", "timing_mode": "timing", "reduction": "red",
+               "overlap": "ovl"}
+
+
+def _parquet_files(path: Path) -> tuple[list[Path], Path | None]:
+    """Return (parquet files, run directory holding env.json or None) for ``path``."""
+    if not path.exists():
+        raise ValueError(f"results path {path} does not exist: pass a run directory "
+                         "(with rows/*.parquet), a directory of .parquet files or one file")
+    if path.is_file():
+        run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
+        return [path], run_dir
+    rows_dir = path / "rows"
+    files = sorted(rows_dir.glob("*.parquet")) if rows_dir.is_dir() else []
+    if not files:
+        files = sorted(path.glob("*.parquet"))
+    if not files:
+        raise ValueError(f"no results in {path}: expected {rows_dir}/*.parquet (run a sweep "
+                         "first, e.g. `moebench sweep ...`, or point at its output directory)")
+    return files, path
+
+
+def read_rows_file(path: str | Path) -> pd.DataFrame:
+    """Read one parquet results file; raise ValueError naming it if it is malformed."""
+    path = Path(path)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise ValueError(f"malformed results file {path}: cannot read it as parquet "
+                         f"({type(exc).__name__}: {exc}); delete it and re-run that "
+                         "combination") from exc
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"malformed results file {path}: missing columns {missing}; "
+                         "it was not written by moebench's store (or by an incompatible "
+                         "version): delete it and re-run that combination")
+    return df
+
+
+def read_env(run_dir: Path | None) -> dict:
+    """Return the env.json fingerprint of a run directory ({} if there is none)."""
+    if run_dir is None or not (run_dir / "env.json").is_file():
+        return {}
+    try:
+        return json.loads((run_dir / "env.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"malformed env file {run_dir / 'env.json'}: {exc}; fix or delete "
+                         "it") from exc
+
+
+def ensure_combo_key(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``combo_key`` (combination id without tokens) where the store did not."""
+    if "combo_key" in df.columns and not df["combo_key"].isna().any():
+        return df
+    derived = df[KEY_COLUMNS].apply(lambda r: "/".join(fmt_value(v) for v in r), axis=1)
+    if "combo_key" in df.columns:
+        derived = df["combo_key"].where(df["combo_key"].notna(), derived)
+    return df.assign(combo_key=derived)
+
+
+def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
+    """Load a run: (one row per combination x tokens_per_rank, env fingerprint dict).
+
+    Times are in µs, memory in bytes, as stored. Optional numeric columns that are absent
+    are added as NaN. Rows are sorted by combination then tokens_per_rank. Raises
+    ValueError (what to do included) for a missing path, no rows or a malformed file.
+    """
+    files, run_dir = _parquet_files(Path(path))
+    frames = [read_rows_file(f) for f in files]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        raise ValueError(f"no rows in {path}: every parquet file is empty; re-run the sweep")
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
+    for col in OPTIONAL_NUMERIC:
+        if col not in df.columns:
+            df[col] = np.nan
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    # Plain float64 (NaN, never pd.NA) so that numpy predicates work on every cell.
+    for col in LATENCY_COLUMNS + ["tokens_per_rank"]:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    if df["tokens_per_rank"].notna().all():
+        df["tokens_per_rank"] = df["tokens_per_rank"].astype("int64")
+    for col in IDENTITY_COLUMNS + PROVENANCE_COLUMNS:
+        if col not in df.columns:
+            df[col] = None
+    df["reason"] = df["reason"].fillna("") if "reason" in df.columns else ""
+    if "samples_us" not in df.columns:
+        df["samples_us"] = None
+    df = ensure_combo_key(df)
+    order = [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns]
+    df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last",
+                        kind="stable").reset_index(drop=True)
+    return df, read_env(run_dir)
+
+
+def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (combo_key, tokens_per_rank): the last written (by timestamp)."""
+    if "timestamp" in df.columns and df["timestamp"].notna().any():
+        order = df["timestamp"].map(fmt_value).argsort(kind="stable")  # "-" (none) sorts first
+        df = df.iloc[order]
+    out = df.drop_duplicates(["combo_key", "tokens_per_rank"], keep="last")
+    return out.sort_index()
+
+
+def varying(df: pd.DataFrame, columns: list[str]) -> list[str]:
+    """Columns (of ``columns``) that take more than one value in ``df`` (NaN counts)."""
+    return [c for c in columns if c in df.columns and df[c].map(fmt_value).nunique() > 1]
+
+
+def display_columns(df: pd.DataFrame) -> list[str]:
+    """Combination columns a table shows: the core seven plus extras that vary."""
+    return COMBO_COLUMNS + varying(df, EXTRA_COMBO_COLUMNS)
+
+
+def constant_caption(df: pd.DataFrame) -> str:
+    """'routing=uniform, seed=0, ...' for the extra combination columns that do not vary."""
+    parts = []
+    vary = varying(df, EXTRA_COMBO_COLUMNS)
+    for c in EXTRA_COMBO_COLUMNS:
+        if c in df.columns and c not in vary and len(df) and fmt_value(df[c].iloc[0]) != "-":
+            parts.append(f"{c}={fmt_value(df[c].iloc[0])}")
+    return ", ".join(parts)
+
+
+def fmt_value(v) -> str:
+    """Identity value as text: integral floats without '.0', NaN as '-'."""
+    if v is None or (np.isscalar(v) and pd.isna(v)) or v is pd.NA:
+        return "-"
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def combo_labels(df: pd.DataFrame) -> pd.Series:
+    """Short label per row naming its combination: 'backend/experts red=.. ovl=..'.
+
+    Only columns that vary within ``df`` (besides backend/experts) enter the label, so
+    labels stay short and still tell the lines of a plot apart.
+    """
+    extra = varying(df, [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS
+                         if c not in ("backend", "experts")])
+
+    def label(row) -> str:
+        parts = [f"{row['backend']}/{row['experts']}"]
+        parts += [f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}" for c in extra]
+        return " ".join(parts)
+
+    if not len(df):
+        return pd.Series([], dtype=object)
+    return df.apply(label, axis=1)

@@ -1,0 +1,231 @@
+"""Markdown tables over a run's rows (see load.load_run).
+
+The latency table is laid out like ``torch.utils.benchmark.Compare``: one row per
+combination, one column per tokens_per_rank, each cell ``median (p20–p80)`` in µs, the
+fastest combination of each workload (model, quant-independent, world size) in bold.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .load import (MEMORY_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns,
+                   fmt_value, latest_rows)
+
+MIB = 1024.0 * 1024.0
+MAX_REASON_CHARS = 160
+
+
+def md_escape(text) -> str:
+    """Text safe for one markdown table cell (pipes escaped, newlines flattened)."""
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def md_table(headers: list[str], rows: list[list], align: list[str] | None = None) -> str:
+    """A GitHub markdown table; ``align`` holds 'l' or 'r' per column (default: l)."""
+    align = align or ["l"] * len(headers)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |",
+             "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(md_escape(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_us(x: float) -> str:
+    """A time in µs with ~4 significant digits (412.3, 41.23, 4.123); NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:.0f}"
+    if abs(x) >= 100:
+        return f"{x:.1f}"
+    if abs(x) >= 10:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def fmt_short(x: float) -> str:
+    """A bound of an interval, one digit less precise than fmt_us (405, 40.5, 4.05)."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def fmt_interval(median: float, p20: float, p80: float) -> str:
+    """'412.3 (405–420)': median with its p20–p80 interval, all in µs."""
+    if not np.isfinite(median):
+        return "-"
+    if not (np.isfinite(p20) and np.isfinite(p80)):
+        return fmt_us(median)
+    return f"{fmt_us(median)} ({fmt_short(p20)}–{fmt_short(p80)})"
+
+
+def fmt_mib(nbytes: float) -> str:
+    """Bytes as MiB (1 decimal above 100 MiB, 3 below 1 MiB, else 2); NaN as '-'."""
+    if nbytes is None or not np.isfinite(nbytes):
+        return "-"
+    mib = nbytes / MIB
+    return f"{mib:.1f}" if abs(mib) >= 100 else f"{mib:.2f}" if abs(mib) >= 1 else f"{mib:.3f}"
+
+
+def fmt_frac(x: float) -> str:
+    """A fraction in [0, 1] as a percentage; NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    return f"{100 * x:.0f}%"
+
+
+def _combo_cells(row, cols: list[str]) -> list[str]:
+    return [fmt_value(row[c]) for c in cols]
+
+
+def _caption(df: pd.DataFrame, unit: str) -> str:
+    extra = constant_caption(df)
+    return unit + (f" All rows: {extra}." if extra else "")
+
+
+def latency_table(df: pd.DataFrame) -> str:
+    """Median latency (µs) with p20–p80 per combination (rows) x tokens_per_rank (cols).
+
+    Non-ok rows show their status; combinations with no ok row are left out (the status
+    summary lists them). The fastest ok cell of each (model, world_size) group and token
+    count is bold.
+    """
+    df = latest_rows(df)
+    df = df[df["tokens_per_rank"].notna()]
+    ok_keys = set(df.loc[df["status"] == "ok", "combo_key"])
+    df = df[df["combo_key"].isin(ok_keys)]
+    if not len(df):
+        return "_No ok rows to tabulate._"
+    tokens = sorted(int(t) for t in df["tokens_per_rank"].unique())
+    cols = display_columns(df)
+    # Fastest per workload: the same model and world size see the same tokens.
+    ok = df[df["status"] == "ok"]
+    best = ok.groupby(["model", "world_size", "tokens_per_rank"])["latency_us_median"].min()
+    rows = []
+    for key, g in df.groupby("combo_key", sort=False):
+        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        cells = []
+        for t in tokens:
+            r = by_t.get(t)
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(str(r["status"]))
+            else:
+                cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
+                                    r["latency_us_p80"])
+                if r["latency_us_median"] == best.get((r["model"], r["world_size"], t)):
+                    cell = f"**{cell}**"
+                cells.append(cell)
+        rows.append(_combo_cells(g.iloc[0], cols) + cells)
+    table = md_table(cols + [str(t) for t in tokens], rows,
+                     ["l"] * len(cols) + ["r"] * len(tokens))
+    caption = _caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
+                           "max over ranks; columns are tokens per rank; bold is the fastest "
+                           "per model and world size.")
+    return f"{table}\n\n{caption}"
+
+
+def status_table(df: pd.DataFrame) -> str:
+    """Counts per status: rows and distinct combinations."""
+    g = df.groupby("status", sort=True)
+    counts = pd.DataFrame({"rows": g.size(), "combinations": g["combo_key"].nunique()})
+    order = ["ok", "skipped", "failed", "timeout", "oom", "incorrect"]
+    statuses = [s for s in order if s in counts.index] + \
+               [s for s in counts.index if s not in order]
+    rows = [[s, int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
+            for s in statuses]
+    rows.append(["total", len(df), df["combo_key"].nunique()])
+    return md_table(["status", "rows", "combinations"], rows, ["l", "r", "r"])
+
+
+def reasons_table(df: pd.DataFrame) -> str:
+    """Non-ok rows grouped by (status, reason): count and the combinations concerned."""
+    bad = df[df["status"] != "ok"]
+    if not len(bad):
+        return "_All rows are ok._"
+    rows = []
+    for (status, reason), g in bad.groupby(["status", bad["reason"].fillna("")], sort=True):
+        combos = sorted({f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}"
+                         for r in g.itertuples()})
+        shown = ", ".join(combos[:4]) + (f" (+{len(combos) - 4} more)" if len(combos) > 4 else "")
+        text = str(reason) or "(no reason given)"
+        if len(text) > MAX_REASON_CHARS:
+            text = text[:MAX_REASON_CHARS - 1] + "…"
+        rows.append([status, text, len(g), g["combo_key"].nunique(), shown])
+    return md_table(["status", "reason", "rows", "combinations", "backend/experts/red/ovl/quant"],
+                    rows, ["l", "l", "r", "r", "l"])
+
+
+def phase_table(df: pd.DataFrame) -> str:
+    """Per-phase times (µs) of ok rows: prepare, dispatch, experts, weight_reduce, combine.
+
+    'sum' adds the phases; it can differ from the median end-to-end latency (gaps between
+    phases, shared experts, or overlap between phases).
+    """
+    df = latest_rows(df)
+    ok = df[(df["status"] == "ok") & df[PHASE_COLUMNS].notna().any(axis=1)]
+    if not len(ok):
+        return "_No per-phase times in this run._"
+    cols = display_columns(ok)
+    rows = []
+    for _, r in ok.iterrows():
+        phases = [r[c] for c in PHASE_COLUMNS]
+        total = float(np.nansum(phases))
+        rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
+                    + [fmt_us(p) for p in phases] + [fmt_us(total),
+                                                     fmt_us(r["latency_us_median"])])
+    headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + \
+              ["sum", "median"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
+    return f"{table}\n\n" + _caption(ok, "Times are in µs.")
+
+
+def memory_table(df: pd.DataFrame) -> str:
+    """Workspace (analytic and allocator peak) and device peak memory in MiB, ok rows."""
+    df = latest_rows(df)
+    ok = df[(df["status"] == "ok") & df[MEMORY_COLUMNS].notna().any(axis=1)]
+    if not len(ok):
+        return "_No memory measurements in this run._"
+    cols = display_columns(ok)
+    rows = []
+    for _, r in ok.iterrows():
+        ratio = r["workspace_bytes_peak"] / r["workspace_bytes_analytic"] \
+            if r["workspace_bytes_analytic"] else np.nan
+        rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
+                    + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
+                    + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
+    headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
+                      "device peak MiB", "peak / analytic"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
+    return f"{table}\n\n" + _caption(ok, "Memory in MiB (2^20 bytes).")
+
+
+def overlap_table(df: pd.DataFrame) -> str:
+    """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank.
+
+    shared = shared experts alone (µs); exposed = latency − latency without shared experts
+    (µs); overlap = clamp(1 − exposed / shared, 0, 1); trace = the same from a trace.
+    """
+    df = latest_rows(df)
+    rows_df = df[(df["status"] == "ok") & (df["overlap"].fillna("none").astype(str) != "none")]
+    if not len(rows_df):
+        return "_No rows with shared-expert overlap (overlap=dispatch|combine) in this run._"
+    cols = display_columns(rows_df)
+    rows = []
+    for _, r in rows_df.iterrows():
+        rows.append(_combo_cells(r, cols) + [
+            fmt_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
+            fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
+            fmt_us(r["shared_exposed_us"]), fmt_frac(r["overlap_fraction"]),
+            fmt_frac(r["trace_overlap_fraction"])])
+    headers = cols + ["tokens", "latency", "no shared", "shared", "exposed", "overlap",
+                      "trace overlap"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
+    return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
+                                               "the shared experts' time hidden.")

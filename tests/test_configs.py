@@ -1,0 +1,49 @@
+"""Every option of every group composes; typos fail at compose time; the fast
+composer agrees with Hydra's compose()."""
+from __future__ import annotations
+
+import pytest
+
+from moebench import plan
+from moebench.schema import GROUPS
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_composes(group):
+    options = plan.group_options(group)
+    assert options, f"conf/{group} is empty"
+    for opt in options:
+        cfg = plan.compose_config([f"{group}={opt}"])
+        assert set(cfg) >= set(GROUPS)
+        if "name" in cfg[group]:
+            assert cfg[group]["name"] == opt, f"conf/{group}/{opt}.yaml must say name: {opt}"
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["backend=naive", "experts=torch", "model=deepseek_v3", "quant=fp8_block", "workload.tokens_per_rank=[1,2]"],
+    ["backend=local", "backend.simulate_ep=8", "runner.reps=3", "trace=torch", "+extra.sleep_s=1"],
+])
+def test_fast_compose_matches_hydra(overrides):
+    assert plan.compose_config(overrides) == plan.compose_with_hydra(overrides)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["backend=nccl_magic"], ["unknown backend", "allgather_rs", "local"]),
+    (["model.hiden=3"], ["unknown config key", "model.hiden"]),
+    (["model.hidden=abc"], ["abc"]),
+    (["nosuchgroup=1"], ["unknown config key"]),
+    (["runner.world_size=two"], ["two"]),
+])
+def test_bad_overrides_are_clear(bad, words):
+    with pytest.raises(ValueError) as e:
+        plan.compose_config(bad)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_model_shapes_are_real():
+    v3 = plan.compose_config(["model=deepseek_v3"])["model"]
+    assert (v3["hidden"], v3["intermediate"], v3["num_experts"], v3["topk"]) == (7168, 2048, 256, 8)
+    q = plan.compose_config(["model=qwen3_30b_a3b"])["model"]
+    assert (q["hidden"], q["intermediate"], q["num_experts"], q["topk"], q["num_shared_experts"]) == (2048, 768, 128, 8, 0)

@@ -1,0 +1,93 @@
+"""Planning: sweep expansion with Hydra's override parser, sweep files, the
+validity rules of DESIGN.md and refusals before any work starts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moebench import plan
+
+ISSUE_SWEEP = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
+               "workload.tokens_per_rank=[16,64]", "model=tiny", "quant=bf16"]
+
+
+def reasons(overrides):
+    combos, _ = plan.plan(overrides, "default")
+    return {c.label: c.reason for c in combos}
+
+
+def test_issue_sweep_expands_to_four_combinations_of_two_tokens():
+    combos, _ = plan.plan(ISSUE_SWEEP, "default")
+    assert len(combos) == 4 and all(c.reason is None for c in combos)
+    assert sorted((c.combo["reduction"], c.combo["overlap"]) for c in combos) == [
+        ("experts", "combine"), ("experts", "none"), ("finalize", "combine"), ("finalize", "none")]
+    assert all(c.tokens == [16, 64] for c in combos)
+    assert len({c.key for c in combos}) == 4
+
+
+def test_cli_overrides_replace_sweep_file_values():
+    combos, sweep = plan.plan(["backend=local", "experts=torch", "quant=bf16"], "default")
+    assert sweep["name"] == "default"
+    # reduction x overlap still come from the sweep file
+    assert len(combos) == 2 * 3
+    assert {c.combo["model"] for c in combos} == {"tiny"}
+
+
+def test_validity_rules_give_reasons():
+    r = plan.validate
+    base = plan.flat_combo(plan.compose_config(["backend=local", "experts=torch", "model=tiny"]))
+    assert r(base) is None
+    assert "layouts differ" in r({**base, "experts": "torch_batched"})
+    assert "only reduction=finalize" in r({**base, "backend": "local_batched", "experts": "torch_batched", "reduction": "experts"})
+    nosh = {**base, "num_shared_experts": 0, "overlap": "dispatch"}
+    assert "needs shared experts" in r(nosh)
+    assert "world_size >= 2" in r({**base, "backend": "naive", "world_size": 1})
+    assert "does not divide" in r({**base, "simulate_ep": 3})
+    assert "simulate_ep applies to local backends only" in r({**base, "backend": "naive", "world_size": 2, "simulate_ep": 2})
+    assert "multiples of 128" in r({**base, "quant": "fp8_block", "hidden": 2880, "intermediate": 2880})
+    assert "graph" in r({**base, "timing_mode": "graph", "device": "cpu"})
+    # a batched backend's buffer cap applies per token count
+    b = {**base, "backend": "local_batched", "experts": "torch_batched", "reduction": "finalize"}
+    assert plan.validate_tokens(b, 512) is None
+    assert "max_tokens_per_rank=512" in plan.validate_tokens(b, 513)
+
+
+def test_missing_library_entries_are_skipped_with_how_to_install():
+    rs = reasons(["backend=deepep_ht", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16"])
+    (why,) = rs.values()
+    assert why and ("deep_ep" in why or "CUDA" in why or "cuda" in why)
+
+
+def test_default_sweep_on_cpu_counts():
+    combos, _ = plan.plan([], "default")
+    if torch.cuda.is_available():
+        pytest.skip("counts are for a machine without a GPU")
+    valid = [c for c in combos if not c.reason]
+    assert len(combos) == 8 * 7 * 2 * 3 * 3
+    by_backend = {}
+    for c in valid:
+        by_backend[c.combo["backend"]] = by_backend.get(c.combo["backend"], 0) + 1
+    # torch experts on the CPU backends (README states these counts)
+    triton_valid = sum(1 for c in valid if c.combo["experts"].startswith("triton"))
+    assert by_backend.get("local", 0) - sum(1 for c in valid if c.combo["backend"] == "local" and c.combo["experts"] != "torch") == 18
+    assert len(valid) - triton_valid == 72
+
+
+def test_world_size_beyond_the_gpus_is_refused_with_the_numbers(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"runner.world_size=4 needs 4 GPUs .* has 2"):
+        plan.plan(["backend=naive", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16",
+                   "runner.device=cuda", "runner.world_size=4"], "default")
+
+
+def test_cuda_without_a_gpu_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        plan.plan(["backend=local", "experts=torch", "runner.device=cuda"], None)
+
+
+def test_unknown_sweep_names_the_valid_ones():
+    with pytest.raises(ValueError, match="default"):
+        plan.load_sweep("nope")
