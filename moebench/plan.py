@@ -31,7 +31,7 @@ IDENTITY_KEYS = (
     "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
     "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
-    "seed", "timing_mode", "device",
+    "seed", "timing_mode", "device", "extra",
 )
 
 
@@ -222,7 +222,7 @@ def expand(sweep_overrides: dict, cli_overrides: list[str]) -> list[list[str]]:
     for raw in merged.values():
         ov = parser.parse_overrides([raw])[0]
         if ov.is_sweep_override():
-            key = ov.key_or_group
+            key = ov.get_key_element()  # keeps a leading '+'
             axes.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
         else:
             axes.append([raw])
@@ -270,6 +270,7 @@ def flat_combo(cfg: dict) -> dict:
         "timing_mode": r["timing"],
         "device": resolve_device(r["device"]),
         "trace": cfg["trace"]["name"],
+        "extra": dict(cfg.get("extra", {})),
     }
 
 

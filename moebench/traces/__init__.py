@@ -1,0 +1,34 @@
+"""Traces: NVTX / record_function phase ranges, torch-profiler and nsys capture, parsing, overlap.
+
+Harness entry points (imported lazily, so `moebench trace` does not pay for torch):
+- `make_phase_recorder(nvtx, record_function, cuda_events, device)`, `combo_range(key)`,
+  `sample_range(i)`                                   (moebench.traces.nvtx)
+- `capture(fn, path, warmup)`, `trace_path(trace_dir, combo_key, rank, tokens)`
+                                                      (moebench.traces.torch_trace)
+- `nsys_available()`, `nsys_command(argv, output, combo_key)`, `NSYS_MISSING`
+                                                      (moebench.traces.nsys)
+- `overlap_from_trace(path)`, `trace_row(path)` (moebench.traces.analyze);
+  `summarize_file(path)` -> [TraceSummary]; `.as_row()` gives `trace_overlap_fraction` etc.
+- `trace_command(target, plot, out)`                  (moebench.traces.cli)
+"""
+import importlib
+
+_EXPORTS = {
+    "find_traces": "cli", "load_traces": "cli", "summarize_file": "cli", "trace_command": "cli",
+    "TraceSummary": "metrics", "summarize": "metrics", "to_markdown": "metrics",
+    "COMM_PATTERNS": "model", "DOMAIN": "model", "PHASES": "model", "Kernel": "model", "Range": "model",
+    "Trace": "model", "is_comm_kernel": "model",
+    "NSYS_MISSING": "nsys", "nsys_available": "nsys", "nsys_command": "nsys", "parse_nsys_sqlite": "nsys",
+    "PhaseRecorder": "nvtx", "combo_range": "nvtx", "make_phase_recorder": "nvtx", "sample_range": "nvtx",
+    "capture": "torch_trace", "parse_torch_trace": "torch_trace", "trace_path": "torch_trace",
+    "plot_timeline": "timeline",
+    "overlap_from_trace": "analyze", "trace_row": "analyze",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'moebench.traces' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"moebench.traces.{mod}"), name)

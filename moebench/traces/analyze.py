@@ -1,0 +1,25 @@
+"""One-call trace figures for the worker: the overlap fraction and the `trace_*` row columns."""
+from __future__ import annotations
+
+from typing import Optional
+
+from moebench.traces.cli import load_traces
+from moebench.traces.metrics import summarize
+
+
+def trace_row(path) -> dict:
+    """`TraceSummary.as_row()` of a trace file (the first process of an nsys report):
+    `trace_overlap_fraction`, `trace_shared_us`, `trace_comm_us`, `trace_overlap_us`,
+    `trace_shared_exposed_us`, `trace_<phase>_cpu_us`, `trace_<phase>_gpu_us` (µs; None where absent).
+    Raises ValueError for an unreadable file.
+    """
+    return summarize(load_traces(path)[0]).as_row()
+
+
+def overlap_from_trace(path) -> Optional[float]:
+    """Median over samples of |shared-expert kernels ∩ communication kernels| / |shared-expert kernels|.
+
+    None when the trace has no shared-expert GPU kernels (CPU traces, overlap=none
+    without shared experts). Raises ValueError for an unreadable file.
+    """
+    return trace_row(path)["trace_overlap_fraction"]

@@ -1,0 +1,104 @@
+"""`moebench trace RUN_OR_FILE [--plot] [--out DIR]`: phases, streams and overlap of traces.
+
+A target is a trace file (`.json`, `.json.gz` from torch; `.sqlite` from `nsys
+export`) or a run directory, in which case every trace under `<run>/traces/`
+(or under the directory itself when it has no `traces/`) is read. Bad input
+raises ValueError (the CLI turns it into exit code 2).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+from moebench.traces.metrics import TraceSummary, summarize, to_markdown
+from moebench.traces.model import Trace
+from moebench.traces.nsys import nsys_processes, parse_nsys_sqlite
+from moebench.traces.torch_trace import parse_torch_trace
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
+
+
+def is_trace_file(path) -> bool:
+    name = Path(path).name
+    return name.endswith(TRACE_SUFFIXES) and not name.endswith((".timeline.json",))
+
+
+def find_traces(target) -> list:
+    """Trace files of `target`: itself if a file, else those under `<target>/traces/` (recursively)."""
+    p = Path(target)
+    if not p.exists():
+        raise ValueError(f"{p}: no such file or directory (give a trace file or a run directory)")
+    if p.is_file():
+        if not is_trace_file(p):
+            raise ValueError(f"{p}: not a trace file (expected {', '.join(TRACE_SUFFIXES)})")
+        return [p]
+    root = p / "traces" if (p / "traces").is_dir() else p
+    found = sorted(f for f in root.rglob("*") if f.is_file() and is_trace_file(f))
+    if not found:
+        reps = sorted(root.rglob("*.nsys-rep"))
+        hint = (f"; {len(reps)} .nsys-rep report(s) found: export them with "
+                "`nsys export --type sqlite <report>`") if reps else ""
+        raise ValueError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite) under {root}{hint}")
+    return found
+
+
+def load_traces(path) -> list:
+    """Parsed `Trace`s of one file: one for a torch trace, one per process (rank) for nsys."""
+    path = Path(path)
+    if path.name.endswith(".sqlite"):
+        pids = nsys_processes(path)
+        if len(pids) <= 1:
+            return [parse_nsys_sqlite(path)]
+        return [parse_nsys_sqlite(path, pid=p) for p in pids]
+    return [parse_torch_trace(path)]
+
+
+def summarize_file(path) -> list:
+    """[TraceSummary] of one trace file (see `load_traces`)."""
+    return [summarize(t) for t in load_traces(path)]
+
+
+def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path]) -> Path:
+    name = Path(trace.source.split("#")[0]).name
+    suffix = trace.source.split("#")[1] if "#" in trace.source else ""
+    base = f"{name}{'.' + suffix if suffix else ''}.timeline.png"
+    if out is None:
+        return path.parent / base
+    rel = path.parent.relative_to(root) if root is not None and path.is_relative_to(root) else Path()
+    return Path(out) / rel / base
+
+
+def trace_command(target: str, plot: bool = False, out: Optional[str] = None) -> int:
+    """Print per-phase durations, the stream timeline and shared/comm overlap of `target`.
+
+    plot: also write `<trace>.timeline.png` next to each trace (or under `out`,
+    mirroring the layout below the run's traces/ folder) and print its path.
+    Returns 0; raises ValueError for a missing path or an unreadable trace file
+    (in a run directory, unreadable traces are reported on stderr and skipped
+    unless none is readable).
+    """
+    files = find_traces(target)
+    tp = Path(target)
+    root = None if tp.is_file() else (tp / "traces" if (tp / "traces").is_dir() else tp)
+    errors = []
+    for f in files:
+        try:
+            traces = load_traces(f)
+        except ValueError as e:
+            if root is None:
+                raise
+            errors.append(str(e))
+            print(f"skipped: {e}", file=sys.stderr)
+            continue
+        for trace in traces:
+            summary: TraceSummary = summarize(trace)
+            print(to_markdown(summary))
+            if plot:
+                from moebench.traces.timeline import plot_timeline
+
+                png = plot_timeline(trace, _plot_path(trace, f, out, root))
+                print(f"timeline: {png}\n")
+    if errors and len(errors) == len(files):
+        raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
+    return 0

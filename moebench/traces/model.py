@@ -1,0 +1,199 @@
+"""The trace representation shared by the torch-profiler and nsys parsers.
+
+Both parsers produce a `Trace`: CPU-side annotated ranges (record_function or
+NVTX), GPU activities (kernels, memcpy, memset) with the thread and time of the
+CPU call that launched them, and GPU-side annotation ranges where the source has
+them. `attribute()` then tags each GPU activity with the moebench phases whose
+CPU range encloses its launch (innermost last), its `sample/<i>` and its
+`combo/<key>`, so that every metric downstream has one code path.
+
+All times are µs on the trace's own clock (torch: µs since the epoch; nsys: ns
+since session start / 1000); only differences are meaningful.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+# The phase names (NVTX domain `moebench` and torch.profiler.record_function).
+PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "finalize", "combine", "shared_experts")
+DOMAIN = "moebench"
+COMBO_PREFIX = "combo/"
+SAMPLE_PREFIX = "sample/"
+SHARED_PHASE = "shared_experts"
+
+# Communication kernels (matched case-insensitively anywhere in the kernel name).
+COMM_PATTERNS = (
+    r"nccl",  # ncclDevKernel_*, ncclKernel_*
+    r"deep_ep::",  # DeepEP intranode / internode / low-latency dispatch and combine
+    r"pplx",  # pplx-kernels dispatch / combine
+    r"symm(etric)?_?mem",  # torch symmetric memory
+    r"multimem",  # symmetric memory multimem all-reduce
+    r"(one|two)_shot_all_reduce",
+    r"cross_device_reduce",  # vLLM custom all-reduce
+    r"nvshmem",
+    r"Memcpy PtoP",  # peer-to-peer copies (torch names)
+)
+_COMM_RE = re.compile("|".join(f"(?:{p})" for p in COMM_PATTERNS), re.IGNORECASE)
+
+
+def is_comm_kernel(name: str, pattern: Optional[re.Pattern] = None) -> bool:
+    """True when a GPU activity's name is a communication kernel (NCCL, DeepEP, pplx, symm-mem)."""
+    return bool((pattern or _COMM_RE).search(name))
+
+
+@dataclass
+class Range:
+    """An annotated CPU range (record_function / NVTX push-pop), times in µs."""
+
+    name: str
+    start_us: float
+    end_us: float
+    thread: str  # "pid/tid" (torch) or the nsys globalTid
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class Kernel:
+    """One GPU activity (kernel, memcpy or memset), times in µs.
+
+    `launch_thread` / `launch_us` locate the CPU launch call (None when the trace
+    lacks it); `phases` (outermost first), `sample` and `combo` are filled by
+    `attribute()`.
+    """
+
+    name: str
+    start_us: float
+    end_us: float
+    device: int
+    stream: int
+    correlation: Optional[int] = None
+    kind: str = "kernel"  # kernel | memcpy | memset
+    launch_thread: Optional[str] = None
+    launch_us: Optional[float] = None
+    phases: tuple = ()
+    sample: Optional[int] = None
+    combo: Optional[str] = None
+    comm: bool = False
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+    @property
+    def lane(self) -> str:
+        return f"dev{self.device}/s{self.stream}"
+
+    @property
+    def phase(self) -> Optional[str]:
+        """Innermost enclosing moebench phase, or None."""
+        return self.phases[-1] if self.phases else None
+
+    @property
+    def shared(self) -> bool:
+        """Launched inside a `shared_experts` range (and not a communication kernel)."""
+        return SHARED_PHASE in self.phases and not self.comm
+
+
+@dataclass
+class Trace:
+    """One parsed trace file (one rank, one combination, one token count)."""
+
+    source: str
+    fmt: str  # "torch" | "nsys"
+    ranges: list = field(default_factory=list)  # [Range], CPU side
+    kernels: list = field(default_factory=list)  # [Kernel]
+    gpu_ranges: list = field(default_factory=list)  # [(name, start_us, end_us, lane)] GPU-side annotations
+    notes: list = field(default_factory=list)  # what the parser had to skip or guess
+
+    def phase_ranges(self) -> list:
+        return [r for r in self.ranges if r.name in PHASES]
+
+    def sample_ranges(self) -> list:
+        """`sample/<i>` ranges sorted by start, as (index, Range)."""
+        out = []
+        for r in self.ranges:
+            if r.name.startswith(SAMPLE_PREFIX):
+                try:
+                    out.append((int(r.name[len(SAMPLE_PREFIX):]), r))
+                except ValueError:
+                    continue
+        return sorted(out, key=lambda x: x[1].start_us)
+
+    def combos(self) -> list:
+        return sorted({r.name[len(COMBO_PREFIX):] for r in self.ranges if r.name.startswith(COMBO_PREFIX)})
+
+    def t0_us(self) -> float:
+        """Earliest timestamp in the trace (µs), the origin of relative times."""
+        starts = [r.start_us for r in self.ranges] + [k.start_us for k in self.kernels]
+        starts += [k.launch_us for k in self.kernels if k.launch_us is not None]
+        return min(starts) if starts else 0.0
+
+
+def _enclosing(ranges: Iterable[Range], queries: list) -> dict:
+    """For (key, thread, t_us) queries: key -> names of the ranges on `thread` enclosing t, outermost first.
+
+    A sweep over open/query/close points per thread; at equal times ranges open
+    before queries and queries come before closes, so a launch at the very edge of
+    a range belongs to it.
+    """
+    points: dict = {}
+    for r in ranges:
+        # outer (longer) ranges open first at equal start so the stack stays nested
+        points.setdefault(r.thread, []).append((r.start_us, 0, -r.end_us, r))
+        points.setdefault(r.thread, []).append((r.end_us, 2, 0.0, r))
+    for key, thread, t in queries:
+        points.setdefault(thread, []).append((t, 1, 0.0, key))
+    out = {}
+    for pts in points.values():
+        pts.sort(key=lambda p: (p[0], p[1], p[2]))
+        active: list = []
+        for _, what, _, obj in pts:
+            if what == 0:
+                active.append(obj)
+            elif what == 2:
+                # non-nested (start/end) ranges may close out of order
+                for i in range(len(active) - 1, -1, -1):
+                    if active[i] is obj:
+                        del active[i]
+                        break
+            else:
+                out[obj] = tuple(r.name for r in active)
+    return out
+
+
+def attribute(trace: Trace, comm_pattern: Optional[re.Pattern] = None) -> Trace:
+    """Tag every GPU activity with its phases, sample index, combo key and comm flag (in place).
+
+    Phases: the moebench phase ranges on the launching thread that enclose the
+    launch call, outermost first (so `kernel.phase`, the last, is the innermost).
+    Sample: the `sample/<i>` range containing the launch time (any thread; samples
+    never overlap within a rank). Activities without a launch record keep no phase
+    and are assigned to samples by their own start time.
+    """
+    structural = [r for r in trace.ranges if r.name in PHASES or r.name.startswith(COMBO_PREFIX)]
+    queries = [(i, k.launch_thread, k.launch_us) for i, k in enumerate(trace.kernels) if k.launch_us is not None]
+    enclosing = _enclosing(structural, queries)
+    samples = trace.sample_ranges()
+    starts = [r.start_us for _, r in samples]
+    for i, k in enumerate(trace.kernels):
+        names = enclosing.get(i, ())
+        k.phases = tuple(n for n in names if n in PHASES)
+        combos = [n for n in names if n.startswith(COMBO_PREFIX)]
+        k.combo = combos[-1][len(COMBO_PREFIX):] if combos else None
+        k.comm = is_comm_kernel(k.name, comm_pattern)
+        k.sample = sample_at(samples, starts, k.launch_us if k.launch_us is not None else k.start_us)
+    return trace
+
+
+def sample_at(samples: list, starts: list, t_us: float) -> Optional[int]:
+    """Index of the `sample/<i>` range containing t (µs), or None."""
+    j = bisect.bisect_right(starts, t_us) - 1
+    if j >= 0 and samples[j][1].start_us <= t_us <= samples[j][1].end_us:
+        return samples[j][0]
+    return None

@@ -1,0 +1,188 @@
+"""Phase ranges: NVTX (domain `moebench`), torch record_function, and per-phase timing.
+
+The harness installs `make_phase_recorder(...)` on a `MoEKernel` (`kernel.phases =
+rec`); the kernel then calls `with rec("experts"): ...` around each phase. Every
+range is emitted with the same name to NVTX (for nsys) and to
+`torch.profiler.record_function` (for torch traces), nested under
+`combo_range(key)` and, per timed forward, `sample_range(i)`.
+
+The `nvtx` package is optional: without it no NVTX range is emitted (one warning).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from moebench.traces.model import COMBO_PREFIX, DOMAIN, SAMPLE_PREFIX
+
+log = logging.getLogger(__name__)
+
+_NVTX_DOMAIN = None  # the nvtx Domain object, resolved once
+_NVTX_WARNED = False
+
+
+def nvtx_domain():
+    """The `moebench` NVTX domain, or None when the `nvtx` package is absent."""
+    global _NVTX_DOMAIN, _NVTX_WARNED
+    if _NVTX_DOMAIN is None:
+        try:
+            import nvtx  # optional: pip install nvtx
+        except ImportError:
+            if not _NVTX_WARNED:
+                log.warning("the nvtx package is not installed: no NVTX ranges (pip install nvtx)")
+                _NVTX_WARNED = True
+            return None
+        _NVTX_DOMAIN = nvtx.get_domain(DOMAIN)
+    return _NVTX_DOMAIN
+
+
+class _Range:
+    """Context manager for one phase range (a class: cheaper than a generator)."""
+
+    __slots__ = ("rec", "name", "rf", "mark")
+
+    def __init__(self, rec: "PhaseRecorder", name: str):
+        self.rec = rec
+        self.name = name
+        self.rf = None
+        self.mark = None
+
+    def __enter__(self):
+        rec = self.rec
+        if rec._domain is not None:
+            rec._domain.push_range(rec._attributes(self.name))
+        if rec.record_function:
+            self.rf = torch.profiler.record_function(self.name)
+            self.rf.__enter__()
+        # timing innermost, so it measures the phase and not the annotations
+        if rec._cuda_timing:
+            self.mark = torch.cuda.Event(enable_timing=True)
+            self.mark.record()
+        elif rec.timing:
+            self.mark = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc):
+        rec = self.rec
+        if rec._cuda_timing:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            rec.events.append((self.name, self.mark, end))
+        elif rec.timing:
+            rec.events.append((self.name, self.mark, time.perf_counter_ns()))
+        if self.rf is not None:
+            self.rf.__exit__(*exc)
+        if rec._domain is not None:
+            rec._domain.pop_range()
+        return False
+
+
+class PhaseRecorder:
+    """`rec(name)` -> context manager emitting NVTX + record_function + timing for one phase.
+
+    `rec.events` holds (name, start, end): CUDA events on a CUDA device, else
+    `time.perf_counter_ns()` integers. `durations_us()` sums them per phase (µs).
+    """
+
+    def __init__(self, nvtx: bool, record_function: bool, cuda_events: bool, device=None):
+        self.record_function = bool(record_function)
+        self.timing = bool(cuda_events)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = dev
+        self._cuda_timing = self.timing and dev.type == "cuda"
+        self._domain = nvtx_domain() if nvtx else None
+        self._attr_cache: dict = {}
+        self.events: list = []
+
+    def _attributes(self, name: str):
+        a = self._attr_cache.get(name)
+        if a is None:
+            a = self._attr_cache[name] = self._domain.get_event_attributes(message=name)
+        return a
+
+    def __call__(self, name: str) -> _Range:
+        return _Range(self, name)
+
+    def reset(self) -> None:
+        """Forget the recorded events (call before each timed sample)."""
+        self.events.clear()
+
+    def durations_us(self) -> dict:
+        """Phase name -> summed duration (µs) of the events since the last reset.
+
+        On CUDA this synchronizes the device first (events must have completed).
+        """
+        out: dict = {}
+        if self._cuda_timing:
+            if self.events:
+                torch.cuda.synchronize(self.device)
+            for name, start, end in self.events:
+                out[name] = out.get(name, 0.0) + start.elapsed_time(end) * 1e3  # ms -> µs
+        else:
+            for name, t0, t1 in self.events:
+                out[name] = out.get(name, 0.0) + (t1 - t0) / 1e3  # ns -> µs
+        return out
+
+    def counts(self) -> dict:
+        """Phase name -> number of ranges recorded since the last reset."""
+        out: dict = {}
+        for name, _, _ in self.events:
+            out[name] = out.get(name, 0) + 1
+        return out
+
+
+def make_phase_recorder(nvtx: bool, record_function: bool, cuda_events: bool, device=None):
+    """The recorder the harness installs on a kernel; `NULL_PHASES` (free) when everything is off.
+
+    nvtx: NVTX ranges in domain `moebench` (needs the `nvtx` package);
+    record_function: torch.profiler.record_function ranges (for torch traces);
+    cuda_events: per-phase timing (CUDA events on a CUDA `device`, host clock otherwise).
+    """
+    if not (nvtx or record_function or cuda_events):
+        from moebench.kernels.interfaces import NULL_PHASES
+
+        return NULL_PHASES
+    return PhaseRecorder(nvtx, record_function, cuda_events, device)
+
+
+@contextlib.contextmanager
+def named_range(name: str, nvtx: bool = True, record_function: bool = True):
+    """NVTX (domain moebench) + record_function range `name`, no timing."""
+    dom = nvtx_domain() if nvtx else None
+    if dom is not None:
+        dom.push_range(dom.get_event_attributes(message=name))
+    try:
+        if record_function:
+            with torch.profiler.record_function(name):
+                yield
+        else:
+            yield
+    finally:
+        if dom is not None:
+            dom.pop_range()
+
+
+def combo_range(key: str, nvtx: bool = True, record_function: bool = True):
+    """The outer `combo/<key>` range around everything measured for one combination."""
+    return named_range(f"{COMBO_PREFIX}{key}", nvtx, record_function)
+
+
+def sample_range(i: int, nvtx: bool = True, record_function: bool = True):
+    """The `sample/<i>` range around one timed forward (the unit of per-sample trace metrics)."""
+    return named_range(f"{SAMPLE_PREFIX}{i}", nvtx, record_function)
+
+
+def phase_recorder_for(trace_mode: str, device, cuda_events: bool = True) -> Optional[object]:
+    """Recorder for a `trace` config value: none | nvtx | torch | nsys (cuda_events: per-phase timing)."""
+    if trace_mode not in ("none", "nvtx", "torch", "nsys"):
+        raise ValueError(f"trace={trace_mode!r}; valid: none, nvtx, torch, nsys")
+    return make_phase_recorder(
+        nvtx=trace_mode in ("nvtx", "nsys"),
+        record_function=trace_mode == "torch",
+        cuda_events=cuda_events,
+        device=device,
+    )

@@ -1,0 +1,196 @@
+"""torch.profiler capture and the Chrome/Perfetto JSON trace parser.
+
+Capture: `capture(fn, path, warmup, samples, combo_key, barrier)` runs `fn` under
+`torch.profiler.profile` (CPU, plus CUDA when available), one `sample/<i>` range per
+call inside `combo/<key>`, and writes `export_chrome_trace` to `path` (gzipped when
+it ends in `.gz`). Paths follow `trace_path(trace_dir, combo_key, rank, tokens)`.
+
+Parse: `parse_torch_trace(path)` reads what torch (Kineto) writes: `traceEvents`
+with `ph: "X"` complete events, `ts`/`dur` in µs;
+- `cat: "user_annotation"`: record_function ranges on CPU threads (pid, tid);
+- `cat: "gpu_user_annotation"`: the same names on GPU lanes (pid = device, tid = stream);
+- `cat: "kernel" | "gpu_memcpy" | "gpu_memset"`: GPU activities, args `device`,
+  `stream`, `correlation`;
+- `cat: "cuda_runtime" | "cuda_driver"`: launch calls (`cudaLaunchKernel`,
+  `cuLaunchKernelEx`, `cudaGraphLaunch`, ...), args `correlation`;
+- `ph: "s"/"f"`, `cat: "ac2g"`: launch -> GPU flow arrows (id = correlation), used
+  only when a GPU event lacks its `correlation` arg.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Optional
+
+from moebench.traces.model import Kernel, Range, Trace, attribute
+
+_GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
+
+
+def trace_path(trace_dir, combo_key: str, rank: int, tokens: int, gzip_: bool = False) -> Path:
+    """`{trace_dir}/{combo_key}/rank{rank}_T{tokens}.json[.gz]`."""
+    name = f"rank{rank}_T{tokens}.json" + (".gz" if gzip_ else "")
+    return Path(trace_dir) / combo_key / name
+
+
+def capture(
+    fn: Callable[[], object],
+    path,
+    warmup: int = 1,
+    samples: int = 1,
+    combo_key: Optional[str] = None,
+    barrier: Optional[Callable[[], object]] = None,
+    mark_samples: bool = True,
+    cuda: Optional[bool] = None,
+) -> Path:
+    """Run `fn` `warmup` times untraced, then `samples` times under torch.profiler; write the trace.
+
+    Each traced call runs inside `sample_range(i)` (unless `mark_samples=False`,
+    for an `fn` that marks its own samples), all inside `combo_range(combo_key)`
+    when a key is given; `barrier` (e.g. the ranks' barrier) runs before each
+    sample, outside its range. cuda: also record CUDA activity (default: when CUDA
+    is available). Returns the written path (a `.gz` suffix writes gzipped JSON).
+    """
+    import contextlib
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from moebench.traces.nvtx import combo_range, sample_range
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    outer = combo_range(combo_key) if combo_key is not None else contextlib.nullcontext()
+    with profile(activities=activities, record_shapes=False) as prof:
+        with outer:
+            for i in range(samples):
+                if barrier is not None:
+                    barrier()
+                with sample_range(i) if mark_samples else contextlib.nullcontext():
+                    fn()
+        if cuda:
+            torch.cuda.synchronize()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        tmp = path.with_name(path.name[:-3] + f".tmp{os.getpid()}")
+        prof.export_chrome_trace(str(tmp))
+        with open(tmp, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.unlink()
+    else:
+        prof.export_chrome_trace(str(path))
+    return path
+
+
+def load_json(path) -> dict:
+    """The JSON object of a `.json` or `.json.gz` trace (ValueError when unreadable)."""
+    path = Path(path)
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON trace ({e})") from e
+    if isinstance(data, list):  # the bare-array Chrome format
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ValueError(f"{path}: no 'traceEvents' list: not a Chrome/Perfetto trace")
+    return data
+
+
+def _num(v, default=None):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def _int(v, default=None):
+    """int(v); also the trailing number of labels like "stream 7" (older Kineto lanes)."""
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        m = re.search(r"(-?\d+)\s*$", v) if isinstance(v, str) else None
+        return int(m.group(1)) if m else default
+
+
+def _device_stream(ev: dict, args: dict) -> tuple:
+    """(device, stream) of a GPU-lane event: its args, else its lane (pid = device, tid = stream)."""
+    return _int(args.get("device"), _int(ev.get("pid"), 0)), _int(args.get("stream"), _int(ev.get("tid"), 0))
+
+
+def parse_torch_trace(path) -> Trace:
+    """Parse a torch-profiler Chrome trace into an attributed `Trace` (times in µs)."""
+    data = load_json(path)
+    trace = Trace(source=str(path), fmt="torch")
+    launches: dict = {}  # correlation -> (thread, ts)
+    flows_out: dict = {}  # flow id -> (thread, ts) of the launch side
+    flows_in: dict = {}  # (pid, tid, ts) of the GPU side -> flow id
+    gpu_events = []
+    for ev in data["traceEvents"]:
+        if not isinstance(ev, dict):
+            continue
+        ph, cat = ev.get("ph"), ev.get("cat", "")
+        if ph in ("s", "f") and cat == "ac2g":
+            key = ev.get("id")
+            if ph == "s":
+                flows_out[key] = (f"{ev.get('pid')}/{ev.get('tid')}", _num(ev.get("ts"), 0.0))
+            else:
+                flows_in[(str(ev.get("pid")), str(ev.get("tid")), _num(ev.get("ts")))] = key
+            continue
+        if ph != "X":
+            continue
+        ts, dur = _num(ev.get("ts")), _num(ev.get("dur"), 0.0)
+        if ts is None:
+            continue
+        args = ev.get("args") or {}
+        name = str(ev.get("name", ""))
+        if cat == "user_annotation":
+            trace.ranges.append(Range(name, ts, ts + dur, f"{ev.get('pid')}/{ev.get('tid')}"))
+        elif cat == "gpu_user_annotation":
+            dev, stream = _device_stream(ev, args)
+            trace.gpu_ranges.append((name, ts, ts + dur, f"dev{dev}/s{stream}"))
+        elif cat in _GPU_KIND:
+            gpu_events.append((ev, cat, name, ts, dur, args))
+        elif cat in _LAUNCH_CATS:
+            corr = _int(args.get("correlation"))
+            if corr is not None:
+                launches[corr] = (f"{ev.get('pid')}/{ev.get('tid')}", ts)
+    missing = 0
+    for ev, cat, name, ts, dur, args in gpu_events:
+        corr = _int(args.get("correlation"))
+        launch = launches.get(corr) if corr is not None else None
+        if launch is None:
+            key = flows_in.get((str(ev.get("pid")), str(ev.get("tid")), ts))
+            launch = flows_out.get(key) if key is not None else None
+        if launch is None:
+            missing += 1
+        dev, stream = _device_stream(ev, args)
+        trace.kernels.append(
+            Kernel(
+                name=name,
+                start_us=ts,
+                end_us=ts + dur,
+                device=dev,
+                stream=stream,
+                correlation=corr,
+                kind=_GPU_KIND[cat],
+                launch_thread=launch[0] if launch else None,
+                launch_us=launch[1] if launch else None,
+            )
+        )
+    if missing:
+        trace.notes.append(f"{missing} GPU activities without a launch record: no phase for them")
+    trace.kernels.sort(key=lambda k: k.start_us)
+    return attribute(trace)

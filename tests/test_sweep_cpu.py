@@ -1,0 +1,185 @@
+"""The CPU pipeline end to end: 1-rank and 2-rank (gloo) sweeps, isolation
+(timeout, crash), resume, clean stop, and bad input."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moebench import cli
+from moebench.plan import TOLERANCE
+from moebench.store import RunStore
+from moebench.sweep import execute
+
+QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=2"]
+
+
+@pytest.fixture(autouse=True)
+def no_interpreter(monkeypatch):
+    # these tests cover the harness; Triton entries are covered by test_triton_kernels.py
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def children() -> list[int]:
+    """Live child processes of this one (zombies and multiprocessing's own
+    resource tracker, which lives as long as the parent, excluded)."""
+    me, kids = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == me and fields[0] != "Z":
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+            if b"resource_tracker" not in cmd:
+                kids.append(int(d.name))
+    return kids
+
+
+def test_issue_sweep_writes_exactly_eight_rows(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = cli.main(["sweep", "backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
+                   "workload.tokens_per_rank=[16,64]", "model=tiny", "quant=bf16", *QUICK, "--out", str(out)])
+    assert rc == 0
+    df = RunStore(out).load()
+    assert len(df) == 8 and set(df["status"]) == {"ok"}
+    assert (df["rel_err"] <= TOLERANCE["bf16"]).all()
+    assert (df["latency_us_p20"] <= df["latency_us_median"]).all() and (df["latency_us_median"] <= df["latency_us_p80"]).all()
+    assert df["samples_us"].map(len).eq(3).all()
+    assert df["experts_us"].notna().all() and df["shared_us"].gt(0).all()
+    # reduction=finalize has a separate weight-and-reduce step, reduction=experts does not
+    assert df[df.reduction == "finalize"]["weight_reduce_us"].notna().all()
+    assert df[df.reduction == "experts"]["weight_reduce_us"].isna().all()
+    assert (out / "env.json").exists()
+    assert children() == []
+    rc = cli.main(["report", str(out)])
+    assert rc == 0
+    assert "local" in capsys.readouterr().out
+
+
+def test_two_gloo_ranks_every_ep_backend_matches_the_reference(tmp_path):
+    run_dir, counts = execute(
+        ["backend=naive,allgather_rs,naive_batched", "experts=torch,torch_batched", "reduction=experts,finalize",
+         "overlap=none,dispatch,combine", "quant=bf16,fp8_block,fp8_tensor", "model=tiny",
+         "workload.tokens_per_rank=[1,9]", *QUICK, "runner.memory=false"],
+        "default", str(tmp_path / "ep"), quiet=True,
+    )
+    df = RunStore(run_dir).load()
+    ok = df[df.status == "ok"]
+    assert len(ok) == 2 * (6 + 6 + 3) * 3, df[df.status != "skipped"][["label", "status", "reason"]]
+    assert set(df.status) == {"ok", "skipped"}
+    assert (ok.world_size == 2).all()
+    for q, tol in TOLERANCE.items():
+        assert (ok[ok.quant == q].rel_err <= tol).all()
+    # communication phases were measured on the EP backends
+    assert ok.dispatch_us.notna().all() and ok.combine_us.notna().all()
+    assert ok.latency_us_per_rank.map(len).eq(2).all()
+    assert children() == []
+
+
+def test_routings_and_seeds_across_ranks(tmp_path):
+    run_dir, _ = execute(
+        ["backend=allgather_rs,naive_batched", "experts=torch,torch_batched", "reduction=finalize", "overlap=none",
+         "quant=bf16", "model=tiny", "workload.routing=uniform,balanced,zipf", "workload.seed=0,7",
+         "workload.tokens_per_rank=[3]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"],
+        "default", str(tmp_path / "rs"), quiet=True,
+    )
+    ok = RunStore(run_dir).load().query("status == 'ok'")
+    assert len(ok) == 2 * 3 * 2 and (ok.rel_err <= 2e-2).all()
+
+
+def test_timeout_and_crash_become_rows_and_the_sweep_goes_on(tmp_path):
+    run_dir, counts = execute(
+        ["backend=naive", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
+         "workload.tokens_per_rank=[4]", "+extra.sleep_s=0,60", "runner.timeout_s=5", *QUICK],
+        None, str(tmp_path / "t"), quiet=True,
+    )
+    df = RunStore(run_dir).load().set_index(df_key := "overrides")
+    assert sorted(df.status) == ["ok", "timeout"]
+    assert "no result within 5 s" in df[df.status == "timeout"].reason.iloc[0]
+    assert children() == []
+    run_dir, _ = execute(
+        ["backend=naive", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
+         "workload.tokens_per_rank=[4,8]", "+extra.raise_on_rank=1,-1", *QUICK],
+        None, str(tmp_path / "f"), quiet=True,
+    )
+    df = RunStore(run_dir).load()
+    failed = df[df.status == "failed"]
+    assert len(failed) == 2 and len(df[df.status == "ok"]) == 2
+    assert failed.reason.str.contains("rank 1: RuntimeError: injected failure on rank 1").all()
+    assert children() == []
+
+
+def test_interrupted_sweep_resumes_without_redoing_anything(tmp_path):
+    out = tmp_path / "resume"
+    args = [sys.executable, "-m", "moebench.cli", "sweep", "backend=local,naive", "experts=torch",
+            "reduction=experts,finalize", "overlap=none,combine", "quant=bf16", "model=tiny",
+            "workload.tokens_per_rank=[4]", *QUICK, "--out", str(out)]
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+    rows = out / "rows"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (rows.exists() and len([f for f in rows.glob("*-T*.parquet")]) >= 1):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    assert "stopping after the current combination" in err and "Re-run the same command to resume" in err
+    first = {f.name: f.stat().st_mtime_ns for f in rows.glob("*-T*.parquet")}
+    assert 1 <= len(first) < 8
+    r2 = subprocess.run(args, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    assert r2.returncode == 0, r2.stderr
+    assert f"{8 - len(first)} to run" in r2.stderr and f"{len(first)} rows already stored" in r2.stderr
+    after = {f.name: f.stat().st_mtime_ns for f in rows.glob("*-T*.parquet")}
+    assert len(after) == 8
+    assert all(after[k] == v for k, v in first.items()), "a stored combination was redone"
+    r3 = subprocess.run(args, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert "0 to run" in r3.stderr
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["sweep", "backend=nope"], ["unknown backend='nope'", "allgather_rs"]),
+    (["run", "experts=torch", "model.hidden=abc"], ["abc"]),
+    (["run", "reduction=experts,finalize"], ["one combination"]),
+    (["list", "--sweep", "nope"], ["no sweep 'nope'"]),
+    (["report", "/nonexistent/run"], ["/nonexistent/run"]),
+])
+def test_bad_input_exits_2_before_any_work(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_explicit_invalid_combination_is_a_skipped_row(tmp_path):
+    run_dir, counts = execute(["backend=local", "experts=torch_batched", "model=tiny"], None, str(tmp_path / "s"), quiet=True)
+    df = RunStore(run_dir).load()
+    assert set(df.status) == {"skipped"} and df.reason.str.contains("layouts differ").all()
+
+
+def test_list_json(capsys):
+    import json
+
+    assert cli.main(["list", "--json", "backend=local", "experts=torch,torch_batched", "quant=bf16"]) == 0
+    items = json.loads(capsys.readouterr().out)
+    assert {i["status"] for i in items} == {"valid", "skipped"}
+    assert all(i["reason"] for i in items if i["status"] == "skipped")
+
+
+@pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parent.parent / "sweeps").glob("*.yaml")))
+def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
+    run_dir, counts = execute(["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0",
+                               "runner.phase_reps=1", "runner.memory=false", "overlap=none"],
+                              sweep, str(tmp_path / sweep), quiet=True)
+    df = RunStore(run_dir).load()
+    assert len(df) > 0 and set(df.status) <= {"ok", "skipped"}, df[["label", "status", "reason"]]
