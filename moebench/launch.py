@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import shlex
+import sys
+from pathlib import Path
 import signal
 import socket
 import time
@@ -84,6 +87,9 @@ class Launcher:
         ws, device = c0.combo["world_size"], c0.combo["device"]
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
+        wrapper = self._nsys_wrapper(work)
+        if wrapper:
+            ctx.set_executable(wrapper)
         payload = [
             (i, {"key": c.key, "cfg": c.cfg, "combo": c.combo, "tokens": toks}) for i, (c, toks) in enumerate(work)
         ]
@@ -92,8 +98,12 @@ class Launcher:
             ctx.Process(target=rank_main, args=(r, ws, device, port, payload, q, self.run_dir), daemon=True)
             for r in range(ws)
         ]
-        for p in procs:
-            p.start()
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            if wrapper:
+                ctx.set_executable(sys.executable)
         current = 0
         fin = Finished(work[0][0], work[0][1])
         done_ranks: set[int] = set()
@@ -162,6 +172,23 @@ class Launcher:
         finally:
             _kill(procs)
             q.close()
+
+    def _nsys_wrapper(self, work) -> Optional[str]:
+        """With trace=nsys and nsys on PATH, ranks start under `nsys profile`
+        (a wrapper script as the spawn executable); one report per rank process."""
+        if not any(c.combo.get("trace") == "nsys" for c, _ in work):
+            return None
+        from .traces.nsys import nsys_available, nsys_prefix
+
+        if not nsys_available():
+            return None  # the worker writes torch traces; sweep.py said why
+        out_dir = Path(self.run_dir) / "traces" / "nsys"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        script = out_dir / "rank_under_nsys.sh"
+        prefix = " ".join(shlex.quote(a) for a in nsys_prefix(out_dir / "ranks_%p"))
+        script.write_text(f"#!/bin/sh\nexec {prefix} {shlex.quote(sys.executable)} \"$@\"\n")
+        script.chmod(0o755)
+        return str(script)
 
     @staticmethod
     def _join(procs, q, ws, exited) -> None:

@@ -117,6 +117,11 @@ def execute(
         f"moebench: {len(combos)} combinations, {len(work)} to run, "
         f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
     )
+    if any(c.combo["trace"] == "nsys" and not c.reason for c in combos):
+        from .traces.nsys import NSYS_MISSING, nsys_available
+
+        if not nsys_available():
+            log(f"moebench: {NSYS_MISSING}")
     if dry_run:
         return run_dir, counts
     store.write_json("env.json", {**info, "env_id": eid})

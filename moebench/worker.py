@@ -111,10 +111,36 @@ def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush) -> dic
     return {name: _median(v) for name, v in per_phase.items()}
 
 
+def _combo_range(key: str):
+    from .traces.nvtx import combo_range
+
+    return combo_range(key)
+
+
 def _make_recorder(device, nvtx: bool):
     from .traces.nvtx import make_phase_recorder
 
     return make_phase_recorder(nvtx=nvtx, record_function=True, cuda_events=True, device=device)
+
+
+def build_layer(cfg: dict, combo: dict, rank: int, world_size: int, group, device: torch.device):
+    """(KernelContext, ExpertWeights, MoEKernel) of one combination, as every rank builds it."""
+    m = cfg["model"]
+    shape = LayerShape(
+        hidden=m["hidden"], intermediate=m["intermediate"], num_experts=m["num_experts"], topk=m["topk"],
+        num_shared_experts=m["num_shared_experts"], shared_intermediate=m["shared_intermediate"],
+    )
+    quant = QuantSpec(cfg["quant"]["name"])
+    ctx = KernelContext(
+        shape=shape, quant=quant, device=device, rank=rank, world_size=world_size, group=group,
+        simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
+        options={"num_sms": combo["num_sms"], "deepgemm_min_tokens": combo["deepgemm_min_tokens"]},
+    )
+    weights = build_expert_weights(ctx, combo["seed"])
+    pf = registry.get_backend(combo["backend"])(ctx)
+    experts = registry.get_experts(combo["experts"])(weights, combo["reduction"], ctx)
+    shared = build_shared(shape, combo["seed"], device)
+    return ctx, weights, MoEKernel(pf, experts, shared, combo["overlap"])
 
 
 def run_combination(task: dict, rank: int, world_size: int, group, device: torch.device, run_dir: str) -> Iterator:
@@ -127,22 +153,8 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
     if extra.get("raise_on_rank") is not None and int(extra["raise_on_rank"]) == rank:
         raise RuntimeError(f"injected failure on rank {rank}")
 
-    shape = LayerShape(
-        hidden=m["hidden"], intermediate=m["intermediate"], num_experts=m["num_experts"], topk=m["topk"],
-        num_shared_experts=m["num_shared_experts"], shared_intermediate=m["shared_intermediate"],
-    )
-    quant = QuantSpec(cfg["quant"]["name"])
-    ctx = KernelContext(
-        shape=shape, quant=quant, device=device, rank=rank, world_size=world_size, group=group,
-        simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
-        options={"num_sms": combo["num_sms"], "deepgemm_min_tokens": combo["deepgemm_min_tokens"]},
-    )
-    seed = combo["seed"]
-    weights = build_expert_weights(ctx, seed)
-    pf = registry.get_backend(combo["backend"])(ctx)
-    experts = registry.get_experts(combo["experts"])(weights, combo["reduction"], ctx)
-    shared = build_shared(shape, seed, device)
-    kernel = MoEKernel(pf, experts, shared, combo["overlap"])
+    ctx, weights, kernel = build_layer(cfg, combo, rank, world_size, group, device)
+    shape, quant, shared, seed = ctx.shape, ctx.quant, kernel.shared, combo["seed"]
     setup_used = memory.device_used_bytes(device)
     barrier = _barrier_fn(group, device)
     flush = timing.L2Flusher(device) if device.type == "cuda" and r["l2_flush"] else None
@@ -201,12 +213,18 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             res["expert_flops"] = expert_flops(counts["pairs"], shape.hidden, shape.intermediate)
             comm_us = res.get("dispatch", 0.0) + res.get("combine", 0.0)
             res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if counts["comm_bytes"] else float("nan")
-            if combo.get("trace") in ("torch", "nsys"):
+            if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not _nsys()):
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier))
             res["status"] = "ok"
             yield T, res
     finally:
         kernel.close()
+
+
+def _nsys() -> bool:
+    from .traces.nsys import nsys_available
+
+    return nsys_available()
 
 
 def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier) -> dict:
@@ -259,8 +277,10 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
         for idx, task in tasks:
             task = dict(task, baseline_used=baseline)
             queue.put(("start", idx, rank, None))
-            for tokens, res in run_combination(task, rank, world_size, group, device, run_dir):
-                queue.put(("result", idx, rank, (tokens, res)))
+            marked = task["combo"].get("trace") in ("nvtx", "nsys")
+            with _combo_range(task["key"]) if marked else nullcontext():
+                for tokens, res in run_combination(task, rank, world_size, group, device, run_dir):
+                    queue.put(("result", idx, rank, (tokens, res)))
             queue.put(("done", idx, rank, None))
         queue.put(("exit", None, rank, None))
         if group is not None:

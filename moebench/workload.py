@@ -44,14 +44,19 @@ def build_expert_weights(ctx: KernelContext, seed: int) -> ExpertWeights:
 def reference_expert_fn(shape: LayerShape, quant: QuantSpec, seed: int, device):
     """e -> fp32 (w13, w2) exactly as the layer stores them (dequantized fp8)."""
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    # keep every expert only while all of them fit in 2 GiB of fp32 (DeepSeek-V3 needs 45 GB)
+    keep = shape.num_experts * 3 * shape.hidden * shape.intermediate * 4 <= 2 * 2**30
 
     def fn(e: int):
-        if e not in cache:
-            w13, w2 = expert_weights_bf16(shape, e, seed, device)
-            q13, s13 = quant_weights(w13.unsqueeze(0), quant)
-            q2, s2 = quant_weights(w2.unsqueeze(0), quant)
-            cache[e] = (dequant_weight(q13, s13, quant)[0], dequant_weight(q2, s2, quant)[0])
-        return cache[e]
+        if e in cache:
+            return cache[e]
+        w13, w2 = expert_weights_bf16(shape, e, seed, device)
+        q13, s13 = quant_weights(w13.unsqueeze(0), quant)
+        q2, s2 = quant_weights(w2.unsqueeze(0), quant)
+        out = (dequant_weight(q13, s13, quant)[0], dequant_weight(q2, s2, quant)[0])
+        if keep:
+            cache[e] = out
+        return out
 
     return fn
 
