@@ -1,0 +1,47 @@
+"""Batched-layout experts on our own Triton kernels: read the [E, X, K] buffers
+and expert_num_tokens_E exactly as DeepEP low-latency / pplx produce them (no
+re-layout, no sort); each expert's first n_e rows are computed, rows past n_e
+are left unwritten (the finalize reads only counted rows).
+
+Legend: E local experts, X rows per expert, K hidden, N = 2I.
+"""
+from __future__ import annotations
+
+from ..interfaces import ActivationFormat, Experts
+from ..registry import register_experts
+from ..triton.moe import fused_moe_batched
+from .triton import TritonConfigMixin, triton_unsupported
+
+
+@register_experts("triton_batched")
+class TritonBatchedExperts(TritonConfigMixin, Experts):
+    activation_format = ActivationFormat.BATCHED
+
+    @classmethod
+    def supports(cls, combo):
+        if combo.get("reduction") == "experts":
+            return "batched experts return per-expert rows: the finalize weights and sums (reduction=finalize)"
+        return triton_unsupported(combo)
+
+    def __init__(self, weights, reduction, ctx):
+        if reduction != "finalize":
+            raise ValueError("triton_batched supports reduction=finalize only (the batched combine reduces)")
+        super().__init__(weights, reduction, ctx)
+
+    def workspace_shapes(self, M, N, K, topk, num_local_experts):
+        # M is X, the rows of each expert's buffer; fp8 modes keep the fp8
+        # activation and its scales in ws2's bytes
+        E = num_local_experts
+        return (E, M, N), (E, M, N // 2), (E, M, K)
+
+    def transient_bytes(self, M, N, K, topk, num_local_experts):
+        """A [4] fp32 amax/scale scratch for fp8_tensor. Not counted: the fp8 copy
+        of a bf16 input, made only behind a dispatch that cannot carry fp8."""
+        return 512 if self.w.quant.is_fp8 and not self.w.quant.is_block else 0
+
+    def apply(self, output, prepared, workspace13, workspace2):
+        x = prepared.x
+        fused_moe_batched(
+            x, prepared.x_scale, prepared.expert_num_tokens_E, self.w,
+            output, workspace13, workspace2, self._config(x.shape[1], self.ctx.shape.topk),
+        )

@@ -1,0 +1,175 @@
+"""SiLU-and-mul between the expert GEMMs, fused with the fp8 quantization the
+down GEMM needs, plus the zeroing of rows no local expert wrote.
+
+act = SiLU(h[:, :I]) * h[:, I:] (gate = first I columns, up = last I, as
+reference.py), computed in fp32 from the bf16 gate/up rows, then:
+  MODE_BF16     stored bf16;
+  MODE_AMAX     not stored: its absolute max is atomically maxed into amax[0]
+                (pass 1 of per-tensor quant: recomputing SiLU costs the same
+                bytes as storing and re-reading a bf16 copy, and needs no buffer);
+  MODE_TENSOR   quantized with scale = amax / 448 (pass 2), scale stored once;
+  MODE_GROUP    quantized per 1 x GROUP group, fp32 scales [rows, I / GROUP].
+Only rows that hold a pair are read: sorted slots (standard) or the first
+expert_num_tokens_E rows of each expert (batched); other rows may be garbage
+and would poison a per-tensor amax.
+
+Legend: rows = pairs (standard) or E * X (batched), N = 2I gate/up width.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..interfaces import FP8_MAX
+from .common import cast_out, interpreting, to_fp8
+from .quant import EPS
+
+MODE_BF16, MODE_AMAX, MODE_TENSOR, MODE_GROUP = 0, 1, 2, 3
+
+
+@triton.jit
+def _silu_mul_kernel(
+    h_ptr,  # [rows, 2I] bf16
+    out_ptr,  # [rows, I] bf16 or fp8
+    scale_ptr,  # MODE_GROUP: [rows, I / BLOCK_C]; MODE_TENSOR: [1]
+    amax_ptr,  # [1] fp32
+    sorted_ids_ptr,
+    num_post_ptr,
+    num_valid,
+    counts_ptr,
+    X,
+    I,
+    stride_hm,
+    stride_om,
+    stride_sm,
+    stride_sg,
+    BATCHED: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    if MODE == 2:
+        scale = tl.maximum(tl.load(amax_ptr), EPS) / FP8_MAX
+        if (pid_r == 0) & (pid_c == 0):  # before any early exit: the GEMM reads it
+            tl.store(scale_ptr, scale)
+    if BATCHED:
+        num_rblk = tl.cdiv(X, BLOCK_R)
+        e = pid_r // num_rblk
+        r0 = (pid_r % num_rblk) * BLOCK_R
+        n_e = tl.load(counts_ptr + e)
+        if r0 >= n_e:
+            return
+        r = r0 + tl.arange(0, BLOCK_R)
+        valid = r < n_e
+        rows = e.to(tl.int64) * X + r
+    else:
+        num_post = tl.load(num_post_ptr)
+        if pid_r * BLOCK_R >= num_post:
+            return
+        slot = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows = tl.load(sorted_ids_ptr + slot, mask=slot < num_post, other=num_valid).to(tl.int64)
+        valid = rows < num_valid
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = valid[:, None] & (cols[None, :] < I)
+    h_ptrs = h_ptr + rows[:, None] * stride_hm + cols[None, :]
+    g = tl.load(h_ptrs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptrs + I, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    o_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    if MODE == 0:
+        tl.store(o_ptrs, cast_out(y, out_ptr.dtype.element_ty, EXACT_ROUND), mask=mask)
+    elif MODE == 1:
+        tl.atomic_max(amax_ptr, tl.max(tl.abs(y)), sem="relaxed")
+    elif MODE == 2:
+        q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
+        tl.store(o_ptrs, to_fp8(q, out_ptr.dtype.element_ty, EXACT_ROUND), mask=mask)
+    else:
+        s = tl.maximum(tl.max(tl.abs(y), axis=1), EPS) / FP8_MAX
+        q = tl.clamp(y / s[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(o_ptrs, to_fp8(q, out_ptr.dtype.element_ty, EXACT_ROUND), mask=mask)
+        tl.store(scale_ptr + rows * stride_sm + pid_c * stride_sg, s, mask=valid)
+
+
+def silu_and_mul(
+    h: torch.Tensor,
+    out: torch.Tensor,
+    mode: int = MODE_BF16,
+    scale: Optional[torch.Tensor] = None,
+    amax: Optional[torch.Tensor] = None,
+    *,
+    sorted_ids: Optional[torch.Tensor] = None,
+    num_post: Optional[torch.Tensor] = None,
+    num_pairs: int = 0,
+    expert_num_tokens: Optional[torch.Tensor] = None,
+    group: int = 128,
+    block_r: int = 16,
+) -> None:
+    """out[row] = SiLU(h[row, :I]) * h[row, I:] (quantized as `mode` says).
+
+    Rows: standard layout via (sorted_ids, num_post, num_pairs) from align.py,
+    h [pairs, 2I]; batched via expert_num_tokens [E], h [E, X, 2I]. MODE_AMAX
+    needs amax zeroed first and writes nothing else.
+    """
+    batched = expert_num_tokens is not None
+    I = h.shape[-1] // 2
+    h2 = h.reshape(-1, h.shape[-1])
+    o2 = out.reshape(-1, out.shape[-1])
+    assert h2.stride(-1) == 1 and o2.stride(-1) == 1 and out.shape[-1] == I
+    block_c = group if mode == MODE_GROUP else min(256, triton.next_power_of_2(I))
+    if mode == MODE_GROUP:
+        assert I % group == 0, f"I={I} is not a multiple of the group {group}"
+        s_m, s_g = scale.reshape(-1, scale.shape[-1]).stride()
+    else:
+        s_m, s_g = 0, 0
+    if batched:
+        E, X = h.shape[0], h.shape[1]
+        num_rblk = E * triton.cdiv(X, block_r)
+        ids, post, counts = h2, h2, expert_num_tokens
+    else:
+        X = 0
+        num_rblk = triton.cdiv(sorted_ids.numel(), block_r)
+        ids, post, counts = sorted_ids, num_post, sorted_ids
+    if mode == MODE_TENSOR:  # the store of the scale sits in program (0, 0)
+        num_rblk = max(num_rblk, 1)
+    if num_rblk == 0:
+        return
+    dummy = h2
+    _silu_mul_kernel[(num_rblk, triton.cdiv(I, block_c))](
+        h2, o2,
+        scale if scale is not None else dummy, amax if amax is not None else dummy,
+        ids, post, num_pairs, counts, X, I,
+        h2.stride(0), o2.stride(0), s_m, s_g,
+        BATCHED=batched, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
+        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+    )
+
+
+@triton.jit
+def _zero_rows_kernel(out_ptr, ids_ptr, num_rows, num_experts, K, stride_om, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ids = tl.load(ids_ptr + r, mask=r < num_rows, other=0)
+    drop = (r < num_rows) & ((ids < 0) | (ids >= num_experts))
+    zeros = tl.zeros((BLOCK_R, BLOCK_C), dtype=out_ptr.dtype.element_ty)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_om + c[None, :], zeros, mask=drop[:, None] & (c[None, :] < K))
+
+
+def zero_nonlocal_rows(out_RK: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Zero out_RK[pair] for every pair whose expert id is not local (-1)."""
+    ids = topk_ids.reshape(-1)
+    R, K = out_RK.shape
+    assert ids.numel() == R and out_RK.stride(1) == 1
+    if R == 0:
+        return
+    block_r, block_c = 16, 256
+    _zero_rows_kernel[(triton.cdiv(R, block_r), triton.cdiv(K, block_c))](
+        out_RK, ids, R, num_experts, K, out_RK.stride(0), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
+    )

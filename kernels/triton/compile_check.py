@@ -1,0 +1,129 @@
+"""Compile every fused-MoE Triton kernel for a CUDA target without a GPU.
+
+The CPU interpreter runs kernels as numpy and never sees Triton's frontend type
+checks or the GPU passes (layouts, pipelining, wgmma), so a kernel can pass
+every interpreter test and still fail to compile on the GPU. This lowers each
+kernel, in the variants the experts launch, down to a cubin for the target
+(ptxas ships with the triton wheel), with the divisibility hints a real launch
+gets, so the software pipeliner runs too.
+
+    python -m moebench.kernels.triton.compile_check [--arch 90] [--quick]
+
+Must run without TRITON_INTERPRET=1 (the kernels must be JIT functions).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# unit strides: a launch specializes integer args equal to 1 into constants
+_UNIT = dict(stride_ak=1, stride_bk=1, stride_cn=1)
+# pointer / stride args that a real launch would see 16-divisible (unit strides excluded)
+_DIV16_EXCLUDE = ("_ak", "_bk", "_cn", "_ask", "_bsk", "_bsn", "_asm", "_bse", "_sg")
+
+
+def _compile(fn, types: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    sig = {n: ("constexpr" if n in consts else types[n]) for n in names}
+    constexprs = {(names.index(k),): v for k, v in consts.items()}
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]]
+        for n, t in types.items()
+        if n not in consts and (t.startswith("*") or n.startswith("stride")) and not n.endswith(_DIV16_EXCLUDE)
+    }
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def _gemm_types(a: str, c: str, scale: str) -> dict:
+    t = dict(a_ptr=a, b_ptr=a, c_ptr=c, a_scale_ptr=scale, b_scale_ptr=scale, topk_weights_ptr="*fp32",
+             sorted_ids_ptr="*i32", expert_ids_ptr="*i32", num_post_ptr="*i32", N="i32", EM="i32", num_valid="i32")
+    for s in ("am", "ak", "be", "bn", "bk", "cm", "cn", "asm", "ask", "bse", "bsn", "bsk"):
+        t[f"stride_{s}"] = "i32"
+    return t
+
+
+def _batched_types(a: str, scale: str) -> dict:
+    t = dict(a_ptr=a, b_ptr=a, c_ptr="*bf16", a_scale_ptr=scale, b_scale_ptr=scale, expert_num_tokens_ptr="*i32", N="i32", X="i32")
+    for s in ("ae", "am", "ak", "be", "bn", "bk", "ce", "cm", "cn", "ase", "asm", "ask", "bse", "bsn", "bsk"):
+        t[f"stride_{s}"] = "i32"
+    return t
+
+
+def variants(quick: bool):
+    """(name, fn, types, constexprs, num_warps, num_stages) of every kernel variant."""
+    from . import activation, align, gemm, quant
+
+    quants = [("bf16", 0, "*bf16", "*bf16", 64), ("fp8_tensor", 1, "*fp8e4nv", "*fp32", 128), ("fp8_block", 2, "*fp8e4nv", "*fp32", 128)]
+    tiles = [(16, 64, 4, 4)] if quick else [(16, 64, 4, 4), (64, 128, 3, 4), (128, 128, 3, 8)]
+    out = []
+    ids = dict(ids_ptr="*i64", meta_ptr="*i32", num_pairs="i32", num_experts="i32")
+    out.append(("align_count", align._align_count_kernel, dict(ids, expert_ids_ptr="*i32", num_blocks="i32"),
+                dict(BLOCK_M=16, NUM_BINS=256, CHUNK=1024, BLOCK_B=32), 4, 1))
+    out.append(("align_scatter", align._align_scatter_kernel, dict(ids, sorted_ids_ptr="*i32", num_pair_programs="i32"),
+                dict(BLOCK_M=16, BLOCK=256), 4, 1))
+    for qname, q, a, scale, bk in quants:
+        for bm, bn, stages, warps in tiles:
+            for atomic in (False, True):
+                consts = dict(K=2048, A_ROW_DIV=1 if atomic else 8, C_ROW_DIV=8 if atomic else 1, MUL_ROUTED_WEIGHT=atomic,
+                              ATOMIC_ADD=atomic, QUANT=q, GROUP_N=128, GROUP_K=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
+                              BLOCK_SIZE_K=bk, GROUP_SIZE_M=8, INTERPRET=False, **_UNIT)
+                c = "*fp32" if atomic else "*bf16"
+                out.append((f"fused_moe {qname} {bm}x{bn}x{bk} {'atomic' if atomic else 'store'}", gemm.fused_moe_kernel,
+                            _gemm_types(a, c, scale), consts, warps, stages))
+        out.append((f"batched_moe {qname}", gemm.batched_moe_kernel, _batched_types(a, scale),
+                    dict(K=7168, QUANT=q, GROUP_N=128, GROUP_K=128, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=bk,
+                         GROUP_SIZE_M=1, INTERPRET=False, **_UNIT), 4, 4))
+    silu = dict(h_ptr="*bf16", scale_ptr="*fp32", amax_ptr="*fp32", sorted_ids_ptr="*i32", num_post_ptr="*i32", num_valid="i32",
+                counts_ptr="*i32", X="i32", I="i32", stride_hm="i32", stride_om="i32", stride_sm="i32", stride_sg="i32")
+    for mode in range(4):
+        for batched in (False, True):
+            out.append((f"silu_mul mode={mode} batched={batched}", activation._silu_mul_kernel,
+                        dict(silu, out_ptr="*bf16" if mode == 0 else "*fp8e4nv"),
+                        dict(BATCHED=batched, MODE=mode, BLOCK_R=16, BLOCK_C=128 if mode == 3 else 256, FP8_MAX=448.0,
+                             EPS=1e-10, EXACT_ROUND=False), 4, 1))
+    out.append(("zero_rows", activation._zero_rows_kernel,
+                dict(out_ptr="*bf16", ids_ptr="*i64", num_rows="i32", num_experts="i32", K="i32", stride_om="i32"),
+                dict(BLOCK_R=16, BLOCK_C=256), 4, 1))
+    for rc in (False, True):
+        out.append((f"group_quant counts={rc}", quant._group_quant_kernel,
+                    dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", counts_ptr="*i32", R="i32", X="i32", stride_xr="i32",
+                         stride_qr="i32", stride_sr="i32", stride_sg="i32"),
+                    dict(ROW_COUNTS=rc, BLOCK_R=16, GROUP=128, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
+        out.append((f"amax counts={rc}", quant._amax_kernel,
+                    dict(x_ptr="*bf16", amax_ptr="*fp32", counts_ptr="*i32", R="i32", K="i32", X="i32", stride_xr="i32"),
+                    dict(ROW_COUNTS=rc, BLOCK_R=16, BLOCK_C=256), 4, 1))
+        out.append((f"tensor_quant counts={rc}", quant._tensor_quant_kernel,
+                    dict(x_ptr="*bf16", q_ptr="*fp8e4nv", amax_ptr="*fp32", scale_ptr="*fp32", counts_ptr="*i32", R="i32",
+                         K="i32", X="i32", stride_xr="i32", stride_qr="i32"),
+                    dict(ROW_COUNTS=rc, BLOCK_R=16, BLOCK_C=256, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, default=90, help="compute capability x10 (90 = H100/H200)")
+    p.add_argument("--quick", action="store_true", help="one tile config per kernel")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter replaces the JIT functions", file=sys.stderr)
+        return 2
+    failed = 0
+    for name, fn, types, consts, warps, stages in variants(args.quick):
+        try:
+            k = _compile(fn, types, consts, args.arch, warps, stages)
+            print(f"ok    {name}  (shared memory {k.metadata.shared} B)")
+        except Exception as e:  # report every failing kernel, not only the first
+            failed += 1
+            print(f"FAIL  {name}: {type(e).__name__}: {e}")
+    print(f"{failed} of {len(variants(args.quick))} kernel variants failed for sm_{args.arch}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

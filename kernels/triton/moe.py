@@ -1,0 +1,206 @@
+"""The fused-MoE pipelines the `triton` / `triton_batched` experts run, as plain
+functions (the tuner and benchmarks call them directly).
+
+standard:  align pairs by expert -> [quantize x if it came bf16] -> gate/up GEMM
+           into ws13 [pairs, N] -> SiLU-and-mul (+ fp8 quant) into ws2 -> down GEMM:
+             reduction="experts":  rows x top-k weight, atomically added into an
+                                   fp32 [M, K] accumulator living in ws13 (free by
+                                   then), cast into output [M, K] bf16;
+             reduction="finalize": rows stored unweighted into output [M*P, K],
+                                   rows of non-local pairs zeroed.
+batched:   the same on [E, X, K] buffers with per-expert counts, no sort.
+
+Workspace bytes are reused in place (all on one stream, so each use ends
+before the next starts): in fp8 modes ws2 holds the fp8 activation and its
+scales (the bf16 activation is never stored), and a bf16 input the experts
+must quantize lands in ws2 too, before the activation needs it.
+
+Legend: M token rows, P top-k, R = M*P pairs, K hidden, N = 2I, E local experts,
+X rows per expert (batched), G = I / 128 activation-scale groups.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..interfaces import FP8_DTYPE, ExpertWeights
+from .activation import MODE_AMAX, MODE_BF16, MODE_GROUP, MODE_TENSOR, silu_and_mul, zero_nonlocal_rows
+from .align import align_scratch_numel, moe_align_block_size
+from .gemm import QUANT_BLOCK, QUANT_NONE, QUANT_TENSOR, invoke_batched_moe_gemm, invoke_fused_moe_gemm, quant_mode
+from .quant import per_tensor_quant_fp8, per_token_group_quant_fp8
+
+ALLOC_ROUND = 512  # CUDA caching allocator block granularity (bytes)
+
+
+def alloc_bytes(nbytes: int) -> int:
+    """Bytes the caching allocator takes for a request of nbytes."""
+    return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND if nbytes > 0 else 0
+
+
+def _align16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _carve(flat_u8: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A `dtype` view of `shape` at byte `offset` of a flat uint8 buffer."""
+    esize = dtype.itemsize
+    n = math.prod(shape)
+    assert offset % esize == 0 and offset + n * esize <= flat_u8.numel(), (offset, n, esize, flat_u8.numel())
+    return flat_u8[offset : offset + n * esize].view(dtype).view(shape)
+
+
+def _bytes(ws: torch.Tensor) -> torch.Tensor:
+    assert ws.is_contiguous(), "workspaces must be contiguous"
+    return ws.reshape(-1).view(torch.uint8)
+
+
+def input_quant_bytes(rows: int, K: int, quant) -> int:
+    """Bytes of an fp8 copy of `rows` x K activations plus their scales (16-aligned)."""
+    n = _align16(rows * K)
+    if quant.is_block:
+        n += rows * (K // quant.block_k) * 4
+    return n
+
+
+def _quantize_input(x, quant, space_u8: Optional[torch.Tensor], fscratch, expert_num_tokens=None):
+    """bf16 activations -> fp8 (+ scales) when the dispatch did not carry fp8.
+    Written into `space_u8` when it is large enough, else into new tensors."""
+    K = x.shape[-1]
+    rows = x.numel() // K if K else 0
+    need = input_quant_bytes(rows, K, quant)
+    if space_u8 is not None and space_u8.numel() >= need:
+        xq = _carve(space_u8, 0, tuple(x.shape), FP8_DTYPE)
+        xs = _carve(space_u8, _align16(rows * K), (*x.shape[:-1], K // quant.block_k), torch.float32) if quant.is_block else None
+    else:
+        xq = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+        xs = None
+    if quant.is_block:
+        return per_token_group_quant_fp8(x, quant.block_k, out=xq, out_scale=xs, expert_num_tokens=expert_num_tokens)
+    return per_tensor_quant_fp8(x, out=xq, scale=fscratch[3:4], amax=fscratch[2:3], expert_num_tokens=expert_num_tokens)
+
+
+def _activation(h, ws2, quant, fscratch, **rows):
+    """SiLU-and-mul of h [..., 2I] into ws2 -> (act [..., I], act_scale or None)."""
+    shape = (*h.shape[:-1], h.shape[-1] // 2)
+    mode = quant_mode(quant)
+    if mode == QUANT_NONE:
+        act = ws2.reshape(-1)[: math.prod(shape)].view(shape)
+        silu_and_mul(h, act, MODE_BF16, **rows)
+        return act, None
+    u8 = _bytes(ws2)
+    n = math.prod(shape)
+    act = _carve(u8, 0, shape, FP8_DTYPE)
+    if mode == QUANT_BLOCK:
+        g = quant.block_k
+        scale = _carve(u8, _align16(n), (*shape[:-1], shape[-1] // g), torch.float32)
+        silu_and_mul(h, act, MODE_GROUP, scale=scale, group=g, **rows)
+        return act, scale
+    amax, scale = fscratch[0:1], fscratch[1:2]
+    amax.zero_()
+    silu_and_mul(h, act, MODE_AMAX, amax=amax, **rows)
+    silu_and_mul(h, act, MODE_TENSOR, scale=scale, amax=amax, **rows)
+    return act, scale
+
+
+def _group_shape(quant) -> tuple[int, int]:
+    return (quant.block_n, quant.block_k)
+
+
+def standard_scratch_numel(M: int, topk: int, num_experts: int, block_m: int) -> int:
+    """int32 elements of the one scratch tensor `fused_moe_standard` allocates
+    (sort indices, block experts, meta, and 4 fp32 amax / scale slots)."""
+    return align_scratch_numel(M * topk, num_experts, block_m) + 4
+
+
+def fused_moe_standard(
+    x: torch.Tensor,
+    x_scale: Optional[torch.Tensor],
+    topk_ids_MP: torch.Tensor,
+    topk_weights_MP: torch.Tensor,
+    w: ExpertWeights,
+    output: torch.Tensor,
+    ws13: torch.Tensor,
+    ws2: torch.Tensor,
+    config: dict,
+    reduction: str,
+) -> None:
+    """Standard-layout MoE experts into `output`: [M, K] (reduction="experts",
+    weighted and summed over top-k) or [M, P, K] (reduction="finalize",
+    unweighted, zero rows for non-local pairs). x [M, K] bf16 or fp8 with
+    x_scale [M, K/128] / [1]; ws13 >= R*N and ws2 >= R*I bf16 elements."""
+    quant = w.quant
+    M, P = topk_ids_MP.shape
+    E, N, K = w.w13_ENK.shape
+    R = M * P
+    if R == 0:
+        return
+    bm = config["BLOCK_SIZE_M"]
+    scratch = torch.empty(standard_scratch_numel(M, P, E, bm), dtype=torch.int32, device=x.device)
+    sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids_MP, E, bm, scratch)
+    fscratch = scratch[-4:].view(torch.float32)
+    mode = quant_mode(quant)
+    if mode != QUANT_NONE and x.dtype != FP8_DTYPE:
+        x, x_scale = _quantize_input(x, quant, _bytes(ws2), fscratch)
+    assert (x.dtype == FP8_DTYPE) == (mode != QUANT_NONE), (x.dtype, quant)
+    gs = _group_shape(quant)
+    h = ws13.reshape(-1)[: R * N].view(R, N)
+    invoke_fused_moe_gemm(
+        x, x_scale, w.w13_ENK, w.w13_scale, h, sorted_ids, expert_ids, num_post, R, config,
+        quant=mode, a_row_div=P, group_shape=gs,
+    )
+    act, act_scale = _activation(h, ws2, quant, fscratch, sorted_ids=sorted_ids, num_post=num_post, num_pairs=R)
+    if reduction == "experts":
+        assert output.shape == (M, K), output.shape
+        u8 = _bytes(ws13)
+        if u8.numel() >= 4 * M * K:  # gate/up rows are consumed: reuse their bytes
+            acc = _carve(u8, 0, (M, K), torch.float32)
+        else:
+            acc = torch.empty(M, K, dtype=torch.float32, device=x.device)
+        acc.zero_()
+        invoke_fused_moe_gemm(
+            act, act_scale, w.w2_EKI, w.w2_scale, acc, sorted_ids, expert_ids, num_post, R, config,
+            quant=mode, a_row_div=1, c_row_div=P, topk_weights=topk_weights_MP.reshape(-1),
+            atomic_add=True, group_shape=gs,
+        )
+        output.copy_(acc)
+    else:
+        assert output.shape == (M, P, K), output.shape
+        out = output.view(R, K)
+        invoke_fused_moe_gemm(
+            act, act_scale, w.w2_EKI, w.w2_scale, out, sorted_ids, expert_ids, num_post, R, config,
+            quant=mode, a_row_div=1, group_shape=gs,
+        )
+        zero_nonlocal_rows(out, topk_ids_MP, E)
+
+
+def fused_moe_batched(
+    x: torch.Tensor,
+    x_scale: Optional[torch.Tensor],
+    expert_num_tokens_E: torch.Tensor,
+    w: ExpertWeights,
+    output: torch.Tensor,
+    ws13: torch.Tensor,
+    ws2: torch.Tensor,
+    config: dict,
+) -> None:
+    """Batched-layout MoE experts: output[e, :n_e] = down(SiLU-and-mul(gate/up(x[e, :n_e]))),
+    unweighted; rows past n_e = expert_num_tokens_E[e] are left unwritten.
+    x [E, X, K] bf16 or fp8 with x_scale [E, X, K/128] / [1]; ws13 [E, X, N], ws2 [E, X, I]."""
+    quant = w.quant
+    E, X, K = x.shape
+    N = w.w13_ENK.shape[1]
+    if E == 0 or X == 0:
+        return
+    mode = quant_mode(quant)
+    fscratch = torch.empty(4, dtype=torch.float32, device=x.device) if mode == QUANT_TENSOR else None
+    if mode != QUANT_NONE and x.dtype != FP8_DTYPE:
+        # ws2 is too small for [E, X, K] whenever K > 2I: a separate (transient) copy
+        x, x_scale = _quantize_input(x, quant, None, fscratch, expert_num_tokens=expert_num_tokens_E)
+    assert (x.dtype == FP8_DTYPE) == (mode != QUANT_NONE), (x.dtype, quant)
+    gs = _group_shape(quant)
+    h = ws13.reshape(-1)[: E * X * N].view(E, X, N)
+    invoke_batched_moe_gemm(x, x_scale, w.w13_ENK, w.w13_scale, h, expert_num_tokens_E, config, quant=mode, group_shape=gs)
+    act, act_scale = _activation(h, ws2, quant, fscratch, expert_num_tokens=expert_num_tokens_E)
+    invoke_batched_moe_gemm(act, act_scale, w.w2_EKI, w.w2_scale, output, expert_num_tokens_E, config, quant=mode, group_shape=gs)

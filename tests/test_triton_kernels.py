@@ -1,0 +1,290 @@
+"""The `triton` / `triton_batched` experts and their kernels, checked against the
+float32 reference; on a machine without CUDA through Triton's interpreter.
+
+Shapes are tiny (K=256, I=128, E=8, P=2, T<=16) and tile configs large enough
+that each kernel runs a handful of programs: the interpreter is slow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # before any @triton.jit kernel is defined
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from moebench.kernels.interfaces import (  # noqa: E402
+    FP8_DTYPE,
+    ExpertWeights,
+    KernelContext,
+    LayerShape,
+    QuantSpec,
+)
+from moebench.kernels.modular import MoEKernel  # noqa: E402
+from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize  # noqa: E402
+from moebench.kernels.prepare_finalize.local_batched import LocalBatchedPrepareFinalize  # noqa: E402
+from moebench.kernels.quant import (  # noqa: E402
+    dequant_weight,
+    quant_fp8_per_tensor,
+    quant_fp8_per_token_group,
+    quant_weights,
+)
+from moebench.kernels.reference import reference_moe, rel_err, silu_and_mul  # noqa: E402
+from moebench.kernels.registry import get_experts  # noqa: E402
+from moebench.kernels.triton import config as tconfig  # noqa: E402
+from moebench.kernels.triton.activation import silu_and_mul as triton_silu_and_mul  # noqa: E402
+from moebench.kernels.triton.align import moe_align_block_size  # noqa: E402
+from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}
+K, I, E, P, T = 256, 128, 8, 2, 16
+# few programs per launch; BLOCK_K 64 puts two K tiles in one 128-wide scale group
+CFG = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=2, num_warps=4, num_stages=2)
+CFG_BK64 = dict(CFG, BLOCK_SIZE_K=64)
+
+
+def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed: int = 0, K: int = K, I: int = I):
+    """(ctx, local ExpertWeights, e -> fp32 dequantized (w13, w2) of global expert e)."""
+    q = QuantSpec(quant)
+    ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep, options={})
+    if config is not None:
+        ctx.options["triton_config"] = config
+    g = torch.Generator().manual_seed(seed)
+    w13 = (torch.randn(E, 2 * I, K, generator=g) * K**-0.5).to(DEV)
+    w2 = (torch.randn(E, K, I, generator=g) * I**-0.5).to(DEV)
+    a, sa = quant_weights(w13, q)
+    b, sb = quant_weights(w2, q)
+
+    def ref_weights(e):
+        s13 = None if sa is None else sa[e : e + 1]
+        s2 = None if sb is None else sb[e : e + 1]
+        return dequant_weight(a[e : e + 1], s13, q)[0], dequant_weight(b[e : e + 1], s2, q)[0]
+
+    n = ctx.num_local_experts
+    loc = lambda s: None if s is None else s[:n].contiguous()  # noqa: E731
+    w = ExpertWeights(a[:n].contiguous(), b[:n].contiguous(), loc(sa), loc(sb), q)
+    return ctx, w, ref_weights
+
+
+def make_inputs(routing: str, num_tokens: int = T, seed: int = 1, K: int = K):
+    """hidden [T, K] bf16, topk weights [T, P] fp32, topk ids [T, P] int64.
+
+    uniform: random distinct experts; skewed: every token's first pair on expert 0
+    and expert E-1 never chosen (an expert with no token)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, K, generator=g).to(torch.bfloat16)
+    logits = torch.randn(num_tokens, E, generator=g)
+    if routing == "skewed":
+        logits[:, 0] += 100.0
+        logits[:, E - 1] -= 100.0
+    ids = torch.topk(logits, P, dim=1).indices
+    w = torch.rand(num_tokens, P, generator=g) + 0.1
+    w = w / w.sum(1, keepdim=True)
+    return x.to(DEV), w.to(DEV), ids.to(DEV)
+
+
+def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I):
+    """Experts.apply on NaN-filled workspaces, then the backend's finalize -> rel_err vs reference."""
+    ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I)
+    batched = layout == "batched"
+    pf = (LocalBatchedPrepareFinalize if batched else LocalPrepareFinalize)(ctx)
+    experts = get_experts("triton_batched" if batched else "triton")(w, reduction, ctx)
+    x, tw, ids = make_inputs(routing, K=K)
+    # prequant=False: the dispatch carries bf16 and the experts quantize
+    prepared = pf.prepare(x, tw, ids, experts.input_quant if prequant else None)
+    rows = prepared.x.shape[1] if batched else prepared.x.shape[0]
+    shapes = experts.workspace_shapes(rows, 2 * I, K, P, ctx.num_local_experts)
+    # NaN everywhere: anything read before it is written poisons the result
+    ws13, ws2, out = (torch.full(s, float("nan"), dtype=torch.bfloat16, device=DEV) for s in shapes)
+    experts.apply(out, prepared, ws13, ws2)
+    if not batched and reduction == "finalize":
+        local = prepared.topk_ids_MP.reshape(-1) >= 0
+        rows_RK = out.view(-1, K)
+        assert torch.isfinite(rows_RK).all()
+        assert (rows_RK[~local] == 0).all(), "rows of non-local pairs must be zero"
+    y = torch.empty(T, K, dtype=torch.bfloat16, device=DEV)
+    pf.finalize(y, out, prepared, experts.finalize_weight_and_reduce())
+    ref = reference_moe(x, tw, ids, ref_weights, kept_experts=range(ctx.num_local_experts))
+    return rel_err(y, ref)
+
+
+# -- end to end ---------------------------------------------------------------
+
+STANDARD_CASES = [
+    # (quant, reduction, simulate_ep, routing, prequant, config)
+    ("bf16", "experts", 1, "skewed", True, CFG),
+    ("bf16", "experts", 2, "uniform", True, CFG),  # non-local pairs in the atomic reduce
+    ("bf16", "finalize", 2, "uniform", True, None),  # the default heuristic config
+    ("fp8_block", "experts", 1, "skewed", True, CFG_BK64),
+    ("fp8_block", "finalize", 2, "uniform", False, CFG),  # experts quantize a bf16 input
+    ("fp8_tensor", "experts", 2, "skewed", False, CFG),
+    ("fp8_tensor", "finalize", 1, "uniform", True, CFG),
+]
+
+
+@pytest.mark.parametrize("quant,reduction,simulate_ep,routing,prequant,config", STANDARD_CASES)
+def test_standard_matches_reference(quant, reduction, simulate_ep, routing, prequant, config):
+    err = run_layer("standard", quant, reduction, simulate_ep, routing, prequant, config)
+    assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+
+
+BATCHED_CASES = [
+    ("bf16", 2, "skewed", True),
+    ("fp8_block", 1, "skewed", True),
+    ("fp8_block", 2, "uniform", False),
+    ("fp8_tensor", 2, "skewed", True),
+    ("fp8_tensor", 1, "uniform", False),
+]
+
+
+@pytest.mark.parametrize("quant,simulate_ep,routing,prequant", BATCHED_CASES)
+def test_batched_matches_reference(quant, simulate_ep, routing, prequant):
+    err = run_layer("batched", quant, "finalize", simulate_ep, routing, prequant)
+    assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+
+
+@pytest.mark.parametrize("layout,reduction,quant", [("standard", "experts", "bf16"), ("batched", "finalize", "fp8_tensor")])
+def test_sizes_off_the_tile_grid(layout, reduction, quant):
+    """K=200, I=72: masked K tiles, N (144, 200) not a multiple of BLOCK_N, I not of the SiLU tile."""
+    err = run_layer(layout, quant, reduction, simulate_ep=2, routing="skewed", K=200, I=72)
+    assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+
+
+@pytest.mark.parametrize("layout,reduction", [("standard", "experts"), ("standard", "finalize"), ("batched", "finalize")])
+def test_moe_kernel_forward(layout, reduction):
+    """Through MoEKernel (its own workspaces), fp8_block, simulate_ep=2."""
+    ctx, w, ref_weights = make_layer("fp8_block", simulate_ep=2)
+    pf = (LocalBatchedPrepareFinalize if layout == "batched" else LocalPrepareFinalize)(ctx)
+    experts = get_experts("triton_batched" if layout == "batched" else "triton")(w, reduction, ctx)
+    x, tw, ids = make_inputs("skewed")
+    y = MoEKernel(pf, experts)(x, tw, ids)
+    ref = reference_moe(x, tw, ids, ref_weights, kept_experts=range(ctx.num_local_experts))
+    assert rel_err(y, ref) <= TOL["fp8_block"]
+
+
+# -- kernels ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_align_block_size(block_m):
+    g = torch.Generator().manual_seed(3)
+    num_e = 6
+    ids = torch.randint(-1, num_e - 1, (13, 3), generator=g)  # -1 pairs, expert 5 empty
+    ids[:8, 0] = 0  # skewed
+    sorted_ids, expert_ids, num_post = moe_align_block_size(ids.to(DEV), num_e, block_m)
+    n = int(num_post)
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat[flat >= 0], minlength=num_e)
+    assert n == int(((counts + block_m - 1) // block_m * block_m).sum())
+    seen = []
+    for b in range(n // block_m):
+        e = int(expert_ids[b])
+        assert 0 <= e < num_e and counts[e] > 0
+        for pair in sorted_ids[b * block_m : (b + 1) * block_m].tolist():
+            if pair != flat.numel():  # padding sentinel
+                assert int(flat[pair]) == e
+                seen.append(pair)
+    assert sorted(seen) == torch.nonzero(flat >= 0).squeeze(1).tolist()
+
+
+def test_activation_quant_matches_torch():
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(24, 256, generator=g) * 3).to(torch.bfloat16).to(DEV)
+    q, s = per_token_group_quant_fp8(x)
+    q_ref, s_ref = quant_fp8_per_token_group(x)
+    torch.testing.assert_close(s, s_ref)
+    assert q.dtype == FP8_DTYPE and (q.float() == q_ref.float()).float().mean() > 0.999
+    q, s = per_tensor_quant_fp8(x)
+    q_ref, s_ref = quant_fp8_per_tensor(x)
+    torch.testing.assert_close(s, s_ref)
+    assert (q.float() == q_ref.float()).float().mean() > 0.999
+
+
+def test_silu_and_mul_matches_reference():
+    g = torch.Generator().manual_seed(5)
+    rows, block_m = 20, 16
+    h = torch.randn(rows, 2 * I, generator=g).to(torch.bfloat16).to(DEV)
+    ids = torch.zeros(rows, 1, dtype=torch.long, device=DEV)
+    ids[3] = -1  # not local: its row must not be touched
+    sorted_ids, _, num_post = moe_align_block_size(ids, 1, block_m)
+    out = torch.full((rows, I), 7.0, dtype=torch.bfloat16, device=DEV)
+    triton_silu_and_mul(h, out, sorted_ids=sorted_ids, num_post=num_post, num_pairs=rows)
+    ref = silu_and_mul(h.float())
+    keep = torch.arange(rows, device=DEV) != 3
+    assert rel_err(out[keep], ref[keep]) < 1e-2
+    assert (out[3] == 7.0).all()
+
+
+def test_kernels_compile_for_sm90():
+    """The interpreter skips Triton's frontend checks and GPU passes: lower every
+    kernel variant to an sm_90 cubin (no GPU needed; ptxas ships with triton)."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "moebench.kernels.triton.compile_check", "--quick", "--arch", "90"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+
+# -- configs, validity, workspaces --------------------------------------------
+
+
+def test_config_file_name_matches_vllm():
+    name = tconfig.config_file_name(128, 768, "fp8_w8a8", [128, 128], device="NVIDIA H200")
+    assert name == "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert tconfig.config_file_name(32, 2048, None, None, device="NVIDIA_H200") == "E=32,N=2048,device_name=NVIDIA_H200.json"
+    assert tconfig.config_file_name(8, 128, "fp8_w8a8", None, device="x") == "E=8,N=128,device_name=x,dtype=fp8_w8a8.json"
+
+
+def test_config_lookup_nearest(tmp_path, monkeypatch):
+    def entry(bm):
+        return dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+
+    data = {"1": entry(16), "64": entry(32), "1024": entry(128)}
+    name = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128], device="testgpu")
+    (tmp_path / name).write_text(json.dumps(data))
+    monkeypatch.setenv(tconfig.CONFIG_DIR_ENV, str(tmp_path))
+    get = lambda m: tconfig.get_config(8, 128, m, "fp8_w8a8", [128, 128], device="testgpu")  # noqa: E731
+    assert get(1)["BLOCK_SIZE_M"] == 16
+    assert get(40)["BLOCK_SIZE_M"] == 32
+    assert get(600)["BLOCK_SIZE_M"] == 128
+    assert get(5000)["BLOCK_SIZE_M"] == 128
+    assert get(64)["BLOCK_SIZE_K"] == 128  # capped to the 128-wide scale group
+    # no file: the heuristic (small M memory-bound, large M compute-bound)
+    small = tconfig.get_config(128, 768, 16, None, None, device="nowhere")
+    large = tconfig.get_config(128, 768, 16384, None, None, device="nowhere")
+    assert small["BLOCK_SIZE_M"] <= 32 and large["BLOCK_SIZE_M"] >= 64 and large["BLOCK_SIZE_N"] == 128
+
+
+def test_supports(monkeypatch):
+    combo = dict(backend="local", experts="triton", reduction="experts", overlap="none", quant="bf16",
+                 model="tiny", device="cpu", hidden=256, intermediate=128, num_experts=8, topk=2)
+    cls, bcls = get_experts("triton"), get_experts("triton_batched")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "CUDA" in cls.supports(combo)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cls.supports(combo) is None
+    assert cls.supports(dict(combo, quant="fp8_block", intermediate=96)) is not None
+    assert cls.supports(dict(combo, quant="fp8_tensor", intermediate=96)) is None
+    assert "finalize" in bcls.supports(combo)
+    assert bcls.supports(dict(combo, reduction="finalize")) is None
+
+
+def test_workspace_shapes_and_reduction_saving():
+    ctx, w, _ = make_layer("bf16", config=None)
+    ex = get_experts("triton")(w, "experts", ctx)
+    fin = get_experts("triton")(w, "finalize", ctx)
+    Mt, N, topk = 64, 2 * I, 8
+    bytes_of = lambda e: sum(torch.Size(s).numel() for s in e.workspace_shapes(Mt, N, K, topk, E)) * 2  # noqa: E731
+    assert ex.workspace_shapes(Mt, N, K, topk, E) == ((Mt * topk, N), (Mt * topk, I), (Mt, K))
+    assert fin.workspace_shapes(Mt, N, K, topk, E)[2] == (Mt, topk, K)
+    assert bytes_of(fin) - bytes_of(ex) == Mt * (topk - 1) * K * 2
+    # K <= P * I: the fp32 reduce accumulator lives in ws13, so only the sort scratch is transient
+    assert 0 < ex.transient_bytes(Mt, N, K, topk, E) == fin.transient_bytes(Mt, N, K, topk, E) < 64 * 1024
+    bat = get_experts("triton_batched")(w, "finalize", ctx)
+    assert bat.workspace_shapes(32, N, K, topk, E) == ((E, 32, N), (E, 32, I), (E, 32, K))
