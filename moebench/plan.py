@@ -310,11 +310,15 @@ def validate(combo: dict) -> Optional[str]:
         return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo['hidden']}, {combo['intermediate']})"
     if e.startswith("deepgemm") and q != "fp8_block":
         return f"experts={e} (DeepGEMM) needs quant=fp8_block"
+    if combo["timing_mode"] == "profiler" and combo["device"] != "cuda":
+        return "timing=profiler reports GPU kernel durations: it needs CUDA"
     if combo["timing_mode"] == "graph":
         if combo["device"] != "cuda":
             return "timing=graph needs CUDA"
         if not B.graph_capturable:
             return f"backend={b} cannot be captured in a CUDA graph: use runner.timing=events"
+        if not X.graph_capturable:
+            return f"experts={e} syncs the host (data-dependent sizes): no CUDA graph; use runner.timing=events"
     for cls in (B, X):
         reason = cls.supports(combo)
         if reason:

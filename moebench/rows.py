@@ -104,4 +104,6 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "expert_flops", "expert_bytes"):
         row[k] = _mean(ranks, k)
     row["trace_path"] = ranks[0].get("trace_path", "")
+    if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
+        row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]
     return row

@@ -66,23 +66,41 @@ def time_samples(
     around: Optional[Callable[[int], object]] = None,
 ) -> Samples:
     """Time fn() `reps` times after `warmup` calls: CUDA events on a GPU, the
-    monotonic clock on CPU. Before each sample: flush (L2), then barrier (all
-    ranks start together). `around(i)` may return a context manager wrapping
-    sample i (e.g. an NVTX `sample/<i>` range)."""
+    monotonic clock on CPU. One GPU rank: samples are enqueued back to back
+    (each after an L2 flush) and read once. Several ranks: before each sample
+    a barrier (all ranks start together), then the L2 flush, then the start
+    event, with no host sync in between. `around(i)` may return a context
+    manager wrapping sample i (e.g. an NVTX `sample/<i>` range)."""
     for _ in range(warmup):
         fn()
     _sync(device)
     out: list[float] = []
     cuda = device.type == "cuda"
+    if cuda and barrier is None and around is None:
+        # one rank: enqueue every sample back to back and read the events once,
+        # as do_bench does (no host sync between samples: the GPU never idles)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if flush is not None:
+                flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize(device)
+        return Samples([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
     if cuda:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
     for i in range(reps):
-        if flush is not None:
-            flush()
         if barrier is not None:
-            barrier()
-        _sync(device)
+            barrier()  # ranks start together (NCCL's barrier also drains the GPU)
+        else:
+            _sync(device)
+        if flush is not None:
+            # the flush keeps the GPU busy while the host enqueues the sample, so
+            # the host's launch latency is hidden as in do_bench (no sync after it)
+            flush()
         ctx = around(i) if around is not None else None
         if ctx is not None:
             ctx.__enter__()
@@ -121,3 +139,42 @@ def time_graph(
     with torch.cuda.graph(graph):
         fn()
     return time_samples(graph.replay, device, reps, warmup, barrier=barrier, flush=flush)
+
+
+def profile_kernels(
+    fn: Callable[[], object],
+    path: str,
+    samples: int,
+    barrier: Optional[Callable[[], None]] = None,
+    flush: Optional[Callable[[], None]] = None,
+) -> dict:
+    """Profiler mode: kernel durations per phase, what library benchmarks report.
+
+    Runs `samples` forwards under torch.profiler (phase ranges must be on), writes
+    the trace to `path`, and returns medians over samples (µs):
+    `<phase>` = busy GPU time of the kernels launched inside the phase, and
+    `kernels` = {kernel name: median summed duration per sample} for the
+    communication kernels (e.g. DeepEP's notify_dispatch / dispatch / combine).
+    """
+    from .traces.cli import load_traces
+    from .traces.metrics import summarize
+    from .traces.model import is_comm_kernel
+    from .traces.torch_trace import capture
+
+    def before():
+        if barrier is not None:
+            barrier()
+        if flush is not None:
+            flush()
+
+    capture(fn, path, warmup=1, samples=samples, barrier=before)
+    trace = load_traces(path)[0]
+    out = {name: p.gpu_us for name, p in summarize(trace).phases.items() if p.gpu_us is not None}
+    per_name: dict[str, dict[int, float]] = {}
+    for k in trace.kernels:
+        if k.sample is None or not is_comm_kernel(k.name):
+            continue
+        d = per_name.setdefault(k.name, {})
+        d[k.sample] = d.get(k.sample, 0.0) + (k.end_us - k.start_us)
+    out["kernels"] = {n: float(np.median(list(v.values()))) for n, v in per_name.items()}
+    return out

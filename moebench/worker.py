@@ -3,6 +3,7 @@ memory, mark phases. Workers read a fully resolved plain config (never
 @hydra.main in a rank) and report through a queue to launch.py."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -98,10 +99,10 @@ def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush) -> dic
     kernel.phases = rec
     try:
         for _ in range(reps):
-            if flush is not None:
-                flush()
             if barrier is not None:
                 barrier()
+            if flush is not None:
+                flush()
             rec.reset()
             fn()
             for name, us in rec.durations_us().items():
@@ -192,6 +193,8 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             s = timer(fn, device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
             res["samples_us"] = s.us
             res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush))
+            if mode == "profiler":
+                res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush))
             if shared is not None:
                 s_ns = timer(lambda: kernel(x, w, ids, with_shared=False), device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
                 res["no_shared_samples_us"] = s_ns.us
@@ -219,6 +222,20 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             yield T, res
     finally:
         kernel.close()
+
+
+def _profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush) -> dict:
+    """Phase times from kernel durations (torch profiler), replacing the event-based ones."""
+    from .traces import torch_trace
+
+    path = torch_trace.trace_path(os.path.join(run_dir, "traces", "profiler"), task["key"], rank, T, gzip_=True)
+    kernel.phases = _make_recorder(torch.device("cpu"), nvtx=False)  # record_function ranges only
+    try:
+        prof = timing.profile_kernels(fn, str(path), samples=max(3, min(r["reps"], 20)), barrier=barrier, flush=flush)
+    finally:
+        kernel.phases = NULL_PHASES
+    kernels = prof.pop("kernels")
+    return {**prof, "kernel_us": json.dumps(kernels, sort_keys=True), "profiler_trace_path": os.path.relpath(path, run_dir)}
 
 
 def _nsys() -> bool:
