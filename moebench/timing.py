@@ -64,13 +64,16 @@ def time_samples(
     barrier: Optional[Callable[[], None]] = None,
     flush: Optional[Callable[[], None]] = None,
     around: Optional[Callable[[int], object]] = None,
+    align: Optional[Callable[[], None]] = None,
 ) -> Samples:
     """Time fn() `reps` times after `warmup` calls: CUDA events on a GPU, the
     monotonic clock on CPU. One GPU rank: samples are enqueued back to back
     (each after an L2 flush) and read once. Several ranks: before each sample
     a barrier (all ranks start together), then the L2 flush, then the start
     event, with no host sync in between. `around(i)` may return a context
-    manager wrapping sample i (e.g. an NVTX `sample/<i>` range)."""
+    manager wrapping sample i (e.g. an NVTX `sample/<i>` range). `align` (e.g. a
+    one-element all-reduce on the GPU) runs after the flush, so the ranks' start
+    events fire together on the devices rather than when each host gets there."""
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -101,6 +104,8 @@ def time_samples(
             # the flush keeps the GPU busy while the host enqueues the sample, so
             # the host's launch latency is hidden as in do_bench (no sync after it)
             flush()
+        if align is not None:
+            align()
         ctx = around(i) if around is not None else None
         if ctx is not None:
             ctx.__enter__()
@@ -126,6 +131,7 @@ def time_graph(
     warmup: int,
     barrier: Optional[Callable[[], None]] = None,
     flush: Optional[Callable[[], None]] = None,
+    align: Optional[Callable[[], None]] = None,
 ) -> Samples:
     """Capture fn() once in a CUDA graph and time its replays (launch gaps removed)."""
     s = torch.cuda.Stream(device)
@@ -138,7 +144,7 @@ def time_graph(
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return time_samples(graph.replay, device, reps, warmup, barrier=barrier, flush=flush)
+    return time_samples(graph.replay, device, reps, warmup, barrier=barrier, flush=flush, align=align)
 
 
 def profile_kernels(

@@ -72,6 +72,15 @@ def _barrier_fn(group, device):
     return barrier
 
 
+def _align_fn(group, device):
+    """A one-element all-reduce on the GPU: the ranks' devices leave it together,
+    so each sample's start event fires at the same moment on every rank."""
+    if group is None or device.type != "cuda":
+        return None
+    one = torch.zeros(1, device=device)
+    return lambda: dist.all_reduce(one, group=group)
+
+
 def _median(xs: list[float]) -> float:
     return timing.Samples(xs).median if xs else float("nan")
 
@@ -94,7 +103,7 @@ def _routing_counts(kernel: MoEKernel, x, w, ids) -> dict:
     return {"pairs": pairs, "hit": hit, "rows_in": rows_in, "rows_out": rows_out, "comm_bytes": comm}
 
 
-def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush) -> dict:
+def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush, align=None) -> dict:
     per_phase: dict[str, list[float]] = {}
     kernel.phases = rec
     try:
@@ -103,6 +112,8 @@ def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush) -> dic
                 barrier()
             if flush is not None:
                 flush()
+            if align is not None:
+                align()
             rec.reset()
             fn()
             for name, us in rec.durations_us().items():
@@ -159,6 +170,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
     setup_used = memory.device_used_bytes(device)
     barrier = _barrier_fn(group, device)
     flush = timing.L2Flusher(device) if device.type == "cuda" and r["l2_flush"] else None
+    align = _align_fn(group, device)
     ref_weights = reference_expert_fn(shape, quant, seed, device)
     kept = range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float()) if shared is not None else None
@@ -190,15 +202,15 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             mode = "graph" if use_graph else ("profiler" if r["timing"] == "profiler" else "events")
             res["timing_mode"] = mode
             timer = timing.time_graph if use_graph else timing.time_samples
-            s = timer(fn, device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
+            s = timer(fn, device, r["reps"], r["warmup"], barrier=barrier, flush=flush, align=align)
             res["samples_us"] = s.us
-            res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush))
+            res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align))
             if mode == "profiler":
                 res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush))
             if shared is not None:
-                s_ns = timer(lambda: kernel(x, w, ids, with_shared=False), device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
+                s_ns = timer(lambda: kernel(x, w, ids, with_shared=False), device, r["reps"], r["warmup"], barrier=barrier, flush=flush, align=align)
                 res["no_shared_samples_us"] = s_ns.us
-                s_sh = timer(lambda: shared(x), device, r["reps"], r["warmup"], barrier=barrier, flush=flush)
+                s_sh = timer(lambda: shared(x), device, r["reps"], r["warmup"], barrier=barrier, flush=flush, align=align)
                 res["shared_samples_us"] = s_sh.us
             if r["memory"]:
                 res["workspace_bytes_analytic"] = kernel.workspace_bytes(T)

@@ -82,10 +82,17 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     flush = timing.L2Flusher(dev)
     for name, fn in (("triton gemm", gemm), ("moe layer", layer)):
         ours1 = timing.time_samples(fn, dev, reps=100, warmup=10, flush=flush)
-        ours2 = timing.time_samples(fn, dev, reps=100, warmup=10, flush=flush)
-        ref = do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3  # ms -> µs
-        print(f"{name}: moebench {ours1.median:.1f} / {ours2.median:.1f} µs (p80/p20 {ours1.p80 / ours1.p20:.3f}), do_bench {ref:.1f} µs")
+        ours2 = timing.time_samples(fn, dev, reps=100, warmup=10, flush=flush)  # same thermal state
+        # do_bench over about the same wall time as our 100 samples: a 300 ms window of
+        # back-to-back GEMMs runs ~7% slower on the H200 (sustained load lowers the clock)
+        window_ms = max(5.0, 100 * ours1.median * 1e-3)
+        ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
+        ref_long = do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3
+        ours_long = timing.time_samples(fn, dev, reps=max(100, int(300e3 / ours1.median)), warmup=10, flush=flush)
+        print(f"{name}: moebench {ours1.median:.1f} / {ours2.median:.1f} µs (p80/p20 {ours1.p80 / ours1.p20:.3f}), "
+              f"do_bench {ref:.1f} µs ({window_ms:.0f} ms window); over 300 ms: moebench {ours_long.median:.1f}, do_bench {ref_long:.1f}")
         assert _rel(ours1.median, ref) <= 0.05, (name, ours1.median, ref)
+        assert _rel(ours_long.median, ref_long) <= 0.05, (name, ours_long.median, ref_long)
         assert _rel(ours1.median, ours2.median) <= 0.03, (name, ours1.median, ours2.median)
         if ours1.median > 50:
             assert ours1.p80 / ours1.p20 <= 1.05, (name, ours1.p20, ours1.p80)
@@ -99,25 +106,35 @@ def _allgather_rank(rank, port, q):
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, device_id=dev)
-    inp = torch.randn(32 * 2**20 // 2, device=dev, dtype=torch.bfloat16)  # 32 MiB per rank
+    inp = torch.randn(64 * 2**20 // 2, device=dev, dtype=torch.bfloat16)  # 64 MiB per rank
     out = torch.empty(2 * inp.numel(), device=dev, dtype=torch.bfloat16)
     fn = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
     barrier = lambda: dist.barrier(device_ids=[rank])  # noqa: E731
-    ours = timing.time_samples(fn, dev, reps=50, warmup=10, barrier=barrier)
-    ours2 = timing.time_samples(fn, dev, reps=50, warmup=10, barrier=barrier)
-    # an independent event timing: plain loop, its own events
-    ind = []
-    for _ in range(50):
-        dist.barrier(device_ids=[rank])
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+    flush = timing.L2Flusher(dev)
+    one = torch.zeros(1, device=dev)
+    align = lambda: dist.all_reduce(one)  # noqa: E731
+
+    def independent():
+        # the same method written out by hand: barrier, flush, events around the call
+        ts = []
+        for _ in range(50):
+            dist.barrier(device_ids=[rank])
+            flush.buf.zero_()
+            dist.all_reduce(one)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) * 1e3)
+        return sorted(ts)[len(ts) // 2]
+
+    for _ in range(30):  # warm NCCL's channels and the clocks before any figure counts
         fn()
-        e.record()
-        e.synchronize()
-        ind.append(s.elapsed_time(e) * 1e3)
-    ind.sort()
-    q.put((rank, ours.median, ours2.median, ind[len(ind) // 2], ours.p20, ours.p80))
+    ours = timing.time_samples(fn, dev, reps=50, warmup=10, barrier=barrier, flush=flush, align=align)
+    ours2 = timing.time_samples(fn, dev, reps=50, warmup=10, barrier=barrier, flush=flush, align=align)
+    ind = independent()
+    q.put((rank, ours.median, ours2.median, ind, ours.p20, ours.p80))
     dist.destroy_process_group()
 
 
