@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -48,9 +49,13 @@ def library_version(name: str) -> str | None:
 
 
 def git_info() -> dict:
-    sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    """The checkout's commit and dirty flag; MOEBENCH_GIT_SHA names the commit of a
+    copied tree without its history (e.g. a working tree shipped to a GPU machine)."""
+    sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "-q", "HEAD"])
+    if not re.fullmatch(r"[0-9a-f]{40}", sha or ""):
+        return {"git_sha": os.environ.get("MOEBENCH_GIT_SHA", "unknown"), "git_dirty": None}
     dirty = bool(_run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]))
-    return {"git_sha": sha or "unknown", "git_dirty": dirty}
+    return {"git_sha": sha, "git_dirty": dirty}
 
 
 def fingerprint() -> dict:
