@@ -198,11 +198,14 @@ class Contiguous(WeightAndReduce):
         M, P, K = expert_out.shape
         w = topk_weights_MP.to(torch.float32)
         w = torch.where(topk_ids_MP >= 0, w, torch.zeros_like(w))
-        # weighted sum over k in fp32, one pass: [M, 1, P] @ [M, P, K]
-        red = torch.bmm(w.unsqueeze(1).to(expert_out.dtype), expert_out).squeeze(1)
+        # weighted sum over k, one pass: [M, 1, P] @ [M, P, K] (fp32 accumulate)
+        w_M1P = w.unsqueeze(1).to(expert_out.dtype)
         if out_MK is None:
-            return red
-        out_MK.copy_(red)
+            return torch.bmm(w_M1P, expert_out).squeeze(1)
+        if out_MK.dtype == expert_out.dtype and out_MK.is_contiguous():
+            torch.bmm(w_M1P, expert_out, out=out_MK.view(M, 1, K))  # no [M, K] temporary
+        else:
+            out_MK.copy_(torch.bmm(w_M1P, expert_out).squeeze(1))
         return out_MK
 
 
@@ -331,6 +334,14 @@ class PrepareFinalize(ABC):
         """Upper bound of M (standard) or X (batched) for workspace planning."""
         return num_tokens
 
+    def prepared_bytes(self, num_tokens: int, quant: Optional[QuantSpec]) -> int:
+        """Bytes prepare allocates that live through the forward (default: the
+        quantized copy of the dispatched rows, fp8 + fp32 group scales)."""
+        if quant is None or not quant.is_fp8:
+            return 0
+        rows, K = self.max_rows(num_tokens), self.ctx.shape.hidden
+        return rows * K + (rows * (K // quant.block_k) * 4 if quant.is_block else 4)
+
     def close(self) -> None:
         """Release communication buffers."""
 
@@ -339,6 +350,8 @@ class Experts(ABC):
     """Grouped expert GEMMs: gate/up, SiLU-and-mul, down, optional reduce."""
 
     activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
+    # apply() never syncs the host, so a forward may be captured in a CUDA graph
+    graph_capturable: ClassVar[bool] = False
 
     def __init__(self, weights: ExpertWeights, reduction: str, ctx: KernelContext):
         assert reduction in ("experts", "finalize"), reduction

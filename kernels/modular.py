@@ -98,9 +98,10 @@ class MoEKernel:
         return sum(math.prod(sh) for sh in shapes) * esize
 
     def analytic_peak_bytes(self, num_tokens: int, with_shared: bool = True) -> int:
-        """Workspaces + declared transients of experts and shared experts + the layer output."""
+        """Workspaces + declared transients of experts, prepare and shared experts + the layer output."""
         dims = self._dims(self.pf.max_rows(num_tokens))
         n = self.workspace_bytes(num_tokens) + self.experts.transient_bytes(*dims)
+        n += self.pf.prepared_bytes(num_tokens, self.experts.input_quant)
         n += num_tokens * self.pf.ctx.shape.hidden * 2  # the layer output [T, K] bf16
         if with_shared and self.shared is not None:
             n += self.shared.transient_bytes(num_tokens)

@@ -12,7 +12,6 @@ import re
 import shutil
 import socket
 import subprocess
-from pathlib import Path
 
 from .paths import REPO_ROOT
 

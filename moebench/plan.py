@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from . import paths
-from .schema import GROUP_SCHEMAS, GROUPS, MoeBenchConf, register_schemas
+from .schema import GROUP_SCHEMAS, GROUPS, register_schemas
 
 LOCAL_BACKENDS = ("local", "local_batched")
 NVSHMEM_BACKENDS = ("deepep_ll", "pplx")  # each initialises NVSHMEM once per process

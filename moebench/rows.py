@@ -4,7 +4,6 @@ together), per-rank values kept in list columns."""
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 

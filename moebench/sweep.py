@@ -147,5 +147,5 @@ def execute(
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     log(f"moebench: {summary} (this invocation); results in {run_dir}")
     if stop.requested:
-        log(f"moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")
+        log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")
     return run_dir, counts

@@ -158,7 +158,7 @@ def build_layer(cfg: dict, combo: dict, rank: int, world_size: int, group, devic
 def run_combination(task: dict, rank: int, world_size: int, group, device: torch.device, run_dir: str) -> Iterator:
     """Yield (tokens, per-rank result dict) for each token count of one combination."""
     cfg, combo = task["cfg"], task["combo"]
-    m, r, extra = cfg["model"], cfg["runner"], cfg.get("extra", {})
+    r, extra = cfg["runner"], cfg.get("extra", {})
     # fault injection for the harness's own tests (a hang, a crash on one rank)
     if extra.get("sleep_s"):
         time.sleep(float(extra["sleep_s"]))

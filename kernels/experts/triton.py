@@ -70,6 +70,7 @@ class TritonConfigMixin:
 @register_experts("triton")
 class TritonExperts(TritonConfigMixin, Experts):
     activation_format = ActivationFormat.STANDARD
+    graph_capturable = True
 
     @classmethod
     def supports(cls, combo):

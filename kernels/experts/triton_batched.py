@@ -16,6 +16,7 @@ from .triton import TritonConfigMixin, triton_unsupported
 @register_experts("triton_batched")
 class TritonBatchedExperts(TritonConfigMixin, Experts):
     activation_format = ActivationFormat.BATCHED
+    graph_capturable = True
 
     @classmethod
     def supports(cls, combo):

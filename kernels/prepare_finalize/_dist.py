@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..interfaces import FP8_MAX, PrepareFinalize
+from ..quant import quant_activations, quant_fp8_with_scale
+
 
 def comm_view(t: torch.Tensor) -> torch.Tensor:
     """fp8 travels as bytes (not every process-group backend knows fp8)."""
@@ -61,3 +64,52 @@ def wait_all(works) -> None:
 def row_bytes(hidden: int, act_bytes: int, topk: int, scale_bytes: int = 0) -> int:
     """Bytes one token carries in the dispatch: activations (+ scales), ids (int64), weights (fp32)."""
     return hidden * act_bytes + scale_bytes + topk * (8 + 4)
+
+
+class EPPrepareFinalize(PrepareFinalize):
+    """Base of the torch.distributed EP backends: W ranks, each sees W*T rows."""
+
+    @classmethod
+    def supports(cls, combo):
+        if combo.get("world_size", 1) < 2:
+            return f"{cls.registry_name} is an EP backend: runner.world_size >= 2"
+        return None
+
+    def max_rows(self, num_tokens: int) -> int:
+        return num_tokens * self.ctx.world_size
+
+    def gather_quantized(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
+        """Quantize locally (a per-tensor scale agreed over ranks), launch the
+        all-gathers; the receiver returns (x [M, K], scale, weights [M, P], ids [M, P])."""
+        ctx = self.ctx
+        per_tensor = quant is not None and quant.is_fp8 and not quant.is_block
+        with self.phases("prepare"):
+            if per_tensor:
+                # one dynamic scale for the whole dispatched tensor: the max over ranks
+                amax = hidden_TK.abs().amax().float().reshape(1)
+                dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=ctx.group)
+                x, scale = quant_fp8_with_scale(hidden_TK, amax / FP8_MAX)
+            else:
+                x, scale = quant_activations(hidden_TK, quant)
+        gather_scale = scale is not None and not per_tensor
+        send = [x, topk_weights_TP, topk_ids_TP] + ([scale] if gather_scale else [])
+        rng = OpenRange(self.phases, "dispatch")
+        outs, works = all_gather_rows(send, ctx.group, ctx.world_size)
+
+        def receive():
+            wait_all(works)
+            rng.close()
+            return outs[0], (outs[3] if gather_scale else scale), outs[1], outs[2]
+
+        return receive
+
+    def reduce_scatter_async(self, out_TK, partial_MK):
+        """Launch the reduce-scatter of the partial outputs into out_TK; returns the receiver."""
+        rng = OpenRange(self.phases, "combine")
+        work = dist.reduce_scatter_tensor(out_TK, partial_MK.contiguous(), group=self.ctx.group, async_op=True)
+
+        def receive():
+            work.wait()
+            rng.close()
+
+        return receive

@@ -7,29 +7,19 @@ Legend: T tokens per rank, W ranks, M = W*T rows after dispatch, K hidden, P top
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
-from ..interfaces import ActivationFormat, Contiguous, NoOp, PreparedTokens, PrepareFinalize, resolve_weight_and_reduce
+from ..interfaces import ActivationFormat, Contiguous, NoOp, PreparedTokens, resolve_weight_and_reduce
 from ..quant import quant_activations
 from ..registry import register_backend
 from ._common import localize_ids
-from ._dist import OpenRange, broadcast_rows, row_bytes, wait_all
+from ._dist import EPPrepareFinalize, OpenRange, broadcast_rows, row_bytes, wait_all
 
 
 @register_backend("naive")
-class NaivePrepareFinalize(PrepareFinalize):
+class NaivePrepareFinalize(EPPrepareFinalize):
     activation_format = ActivationFormat.STANDARD
     carries_fp8 = False
-
-    @classmethod
-    def supports(cls, combo):
-        if combo.get("world_size", 1) < 2:
-            return "naive is an EP backend: runner.world_size >= 2"
-        return None
-
-    def max_rows(self, num_tokens: int) -> int:
-        return num_tokens * self.ctx.world_size
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx
