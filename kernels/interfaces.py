@@ -198,7 +198,8 @@ class Contiguous(WeightAndReduce):
         M, P, K = expert_out.shape
         w = topk_weights_MP.to(torch.float32)
         w = torch.where(topk_ids_MP >= 0, w, torch.zeros_like(w))
-        # weighted sum over k, one pass: [M, 1, P] @ [M, P, K] (fp32 accumulate)
+        # weighted sum over k, one pass: [M, 1, P] @ [M, P, K]; the weights are
+        # rounded to the rows' dtype (bf16), the bmm accumulates in fp32
         w_M1P = w.unsqueeze(1).to(expert_out.dtype)
         if out_MK is None:
             return torch.bmm(w_M1P, expert_out).squeeze(1)
@@ -343,7 +344,12 @@ class PrepareFinalize(ABC):
         return rows * K + (rows * (K // quant.block_k) * 4 if quant.is_block else 4)
 
     def close(self) -> None:
-        """Release communication buffers."""
+        """Release this instance's resources (buffers shared across a group stay)."""
+
+    @classmethod
+    def release_group(cls, group) -> None:
+        """Free what instances cached for `group` (collective: every rank calls it
+        before the process group is destroyed)."""
 
 
 class Experts(ABC):

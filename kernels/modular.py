@@ -36,9 +36,9 @@ class SharedExperts:
         return torch.nn.functional.linear(silu_and_mul(h), self.w2_KS)
 
     def transient_bytes(self, T: int) -> int:
-        """gate/up [T, 2S] + activation [T, S] + output [T, K], bf16."""
+        """gate/up [T, 2S] + SiLU(gate) [T, S] + activation [T, S] + output [T, K], bf16."""
         S2, K = self.w13_NK.shape
-        return 2 * T * (S2 + S2 // 2 + K)
+        return 2 * T * (S2 + S2 + K)
 
     def flops(self, T: int) -> int:
         """2 * T * (2S * K + K * S): gate/up then down."""

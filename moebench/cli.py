@@ -95,7 +95,7 @@ def _run_one(args) -> int:
     df = RunStore(run_dir).load()
     df = df[df["combo_key"] == combos[0].key]
     cols = ["tokens_per_rank", "status", "latency_us_median", "latency_us_p20", "latency_us_p80", "rel_err", "reason"]
-    print(df[cols].to_markdown(index=False) if hasattr(df, "to_markdown") else df[cols].to_string(index=False))
+    print(df[cols].to_string(index=False))
     return 0 if set(df["status"]) <= {"ok", "skipped"} else 1
 
 

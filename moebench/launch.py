@@ -42,7 +42,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of `pid` (Linux /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def _kill(procs) -> None:
+    """Terminate the ranks and anything they started (e.g. a rank under nsys)."""
+    for p in procs:
+        if p.is_alive() and p.pid:
+            for c in _descendants(p.pid):
+                try:
+                    os.kill(c, signal.SIGKILL)
+                except OSError:
+                    pass
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -53,6 +80,50 @@ def _kill(procs) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
+
+
+class _GroupState:
+    """Messages of one process group, kept per combination index: ranks report
+    through one queue, each with its own feeder thread, so a fast rank's message
+    for combination i+1 may arrive before a slow rank's "done" for i."""
+
+    def __init__(self, work, world_size: int):
+        self.ws = world_size
+        self.fins = [Finished(c, toks) for c, toks in work]
+        self.done: dict[int, set] = {}
+        self.exited: set[int] = set()
+        self.current = 0
+        self.failure: Optional[dict] = None
+
+    def take(self, msg) -> None:
+        kind, idx, rank, data = msg
+        if kind == "result":
+            tokens, res = data
+            self.fins[idx].results.setdefault(tokens, {})[rank] = res
+        elif kind == "done":
+            self.done.setdefault(idx, set()).add(rank)
+        elif kind == "exit":
+            self.exited.add(rank)
+        elif kind == "error" and self.failure is None:
+            self.failure = {**data, "reason": f"rank {rank}: {data['reason']}"}
+
+    def pop_finished(self) -> list[Finished]:
+        """Combinations every rank has finished, in order."""
+        out = []
+        while self.current < len(self.fins) and len(self.done.get(self.current, ())) == self.ws:
+            out.append(self.fins[self.current])
+            self.current += 1
+        return out
+
+
+def _drain(q, st: _GroupState, wait_s: float = 0.5) -> None:
+    """Take the messages still in flight (an error, a last result)."""
+    time.sleep(wait_s)
+    try:
+        while True:
+            st.take(q.get_nowait())
+    except queue_mod.Empty:
+        pass
 
 
 class Launcher:
@@ -104,71 +175,56 @@ class Launcher:
         finally:
             if wrapper:
                 ctx.set_executable(sys.executable)
-        current = 0
-        fin = Finished(work[0][0], work[0][1])
-        done_ranks: set[int] = set()
-        exited: set[int] = set()
+        st = _GroupState(work, ws)
         deadline = time.monotonic() + STARTUP_S + work[0][0].cfg["runner"]["timeout_s"]
         try:
             while True:
                 try:
-                    kind, idx, rank, data = q.get(timeout=0.5)
+                    msg = q.get(timeout=0.5)
                 except queue_mod.Empty:
-                    kind = None
+                    msg = None
                 now = time.monotonic()
-                if kind == "start" and idx == current:
-                    deadline = now + work[current][0].cfg["runner"]["timeout_s"]
-                elif kind == "result":
-                    tokens, res = data
-                    fin.results.setdefault(tokens, {})[rank] = res
-                elif kind == "done":
-                    done_ranks.add(rank)
-                    if len(done_ranks) == ws:
-                        self.on_finished(fin)
-                        current += 1
-                        done_ranks = set()
-                        if current == len(work):
-                            self._join(procs, q, ws, exited)
+                if msg is not None:
+                    kind, idx, rank, _ = msg
+                    st.take(msg)
+                    if kind == "start" and idx == st.current:
+                        deadline = now + work[idx][0].cfg["runner"]["timeout_s"]
+                    if kind != "error":
+                        before = st.current
+                        for fin in st.pop_finished():
+                            self.on_finished(fin)
+                        if st.current == len(work):
+                            self._join(procs)
                             return []
-                        fin = Finished(work[current][0], work[current][1])
-                        deadline = now + STARTUP_S + work[current][0].cfg["runner"]["timeout_s"]
-                        if self.should_stop():
-                            _kill(procs)
-                            return work[current:]
-                elif kind == "error":
-                    fin.failure = {**data, "reason": f"rank {rank}: {data['reason']}"}
-                    _kill(procs)
+                        if st.current != before:
+                            deadline = now + STARTUP_S + work[st.current][0].cfg["runner"]["timeout_s"]
+                            if self.should_stop():
+                                _kill(procs)
+                                return work[st.current :]
+                        continue
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and r not in st.exited]
+                if st.failure is None and not dead and now <= deadline:
+                    continue
+                # a rank failed, died or timed out: collect what is in flight, then kill the group
+                _drain(q, st)
+                for fin in st.pop_finished():
                     self.on_finished(fin)
-                    return work[current + 1 :]
-                elif kind == "exit":
-                    exited.add(rank)
-                if kind is None:
-                    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and r not in exited]
-                    if dead:
-                        time.sleep(0.5)  # an error message may still be in flight
-                        try:
-                            while True:
-                                kind, idx, rank, data = q.get_nowait()
-                                if kind == "result":
-                                    fin.results.setdefault(data[0], {})[rank] = data[1]
-                                elif kind == "error":
-                                    fin.failure = {**data, "reason": f"rank {rank}: {data['reason']}"}
-                                    break
-                        except queue_mod.Empty:
-                            pass
-                        if fin.failure is None:
-                            r, code = dead[0]
-                            sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
-                            fin.failure = {"status": "failed", "reason": f"rank {r} died with exit code {code}{sig}", "tokens": None}
-                        _kill(procs)
-                        self.on_finished(fin)
-                        return work[current + 1 :]
-                    if now > deadline:
-                        _kill(procs)
-                        t = work[current][0].cfg["runner"]["timeout_s"]
-                        fin.failure = {"status": "timeout", "reason": f"no result within {t:g} s: the process group was killed", "tokens": None}
-                        self.on_finished(fin)
-                        return work[current + 1 :]
+                if st.current == len(work):
+                    self._join(procs)
+                    return []
+                fin = st.fins[st.current]
+                if st.failure is not None:
+                    fin.failure = st.failure
+                elif dead:
+                    r, code = dead[0]
+                    sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
+                    fin.failure = {"status": "failed", "reason": f"rank {r} died with exit code {code}{sig}", "tokens": None}
+                else:
+                    t = work[st.current][0].cfg["runner"]["timeout_s"]
+                    fin.failure = {"status": "timeout", "reason": f"no result within {t:g} s: the process group was killed", "tokens": None}
+                _kill(procs)
+                self.on_finished(fin)
+                return work[st.current + 1 :]
         finally:
             _kill(procs)
             q.close()
@@ -191,7 +247,7 @@ class Launcher:
         return str(script)
 
     @staticmethod
-    def _join(procs, q, ws, exited) -> None:
+    def _join(procs) -> None:
         deadline = time.monotonic() + EXIT_GRACE_S
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))

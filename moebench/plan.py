@@ -31,7 +31,7 @@ IDENTITY_KEYS = (
     "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
     "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
-    "seed", "timing_mode", "device", "extra",
+    "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
 )
 
 
@@ -193,9 +193,15 @@ def load_sweep(name_or_path: str) -> dict:
     if not p.exists():
         valid = sorted(x.stem for x in paths.sweeps_dir().glob("*.yaml"))
         raise ValueError(f"no sweep {name_or_path!r}; named sweeps: {', '.join(valid)}")
-    data = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(data.get("overrides", {}), dict):
-        raise ValueError(f"{p}: 'overrides' must be a mapping of key -> value(s)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("overrides", {}), dict):
+        raise ValueError(f"{p}: expected a mapping with 'description' and 'overrides: {{key: value(s)}}'")
+    bad = [k for k, v in data.get("overrides", {}).items() if isinstance(v, dict)]
+    if bad:
+        raise ValueError(f"{p}: overrides {bad} must be a value, a comma list or a [list], not a mapping")
     data.setdefault("overrides", {})
     data["name"] = p.stem
     return data
@@ -220,7 +226,10 @@ def expand(sweep_overrides: dict, cli_overrides: list[str]) -> list[list[str]]:
         merged[ov.key_or_group] = raw
     axes: list[list[str]] = []
     for raw in merged.values():
-        ov = parser.parse_overrides([raw])[0]
+        try:
+            ov = parser.parse_overrides([raw])[0]
+        except HydraException as e:
+            raise ValueError(f"cannot parse override {raw!r}: {e}") from None
         if ov.is_sweep_override():
             key = ov.get_key_element()  # keeps a leading '+'
             axes.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
@@ -268,10 +277,38 @@ def flat_combo(cfg: dict) -> dict:
         "seed": cfg["workload"]["seed"],
         "tokens_per_rank": list(cfg["workload"]["tokens_per_rank"]),
         "timing_mode": r["timing"],
+        "graph_max_tokens": r["graph_max_tokens"],
+        "l2_flush": r["l2_flush"],
         "device": resolve_device(r["device"]),
         "trace": cfg["trace"]["name"],
         "extra": dict(cfg.get("extra", {})),
     }
+
+
+CHOICES = {
+    ("workload", "routing"): ("uniform", "balanced", "zipf"),
+    ("runner", "timing"): ("events", "graph", "profiler"),
+    ("runner", "device"): ("auto", "cpu", "cuda"),
+}
+POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "world_size"), ("runner", "phase_reps"),
+            ("model", "hidden"), ("model", "intermediate"), ("model", "num_experts"), ("model", "topk"),
+            ("backend", "simulate_ep"), ("backend", "max_tokens_per_rank"))
+
+
+def check_values(cfg: dict) -> None:
+    """Bad values in a composed config: a clear error before any work starts."""
+    for (g, k), valid in CHOICES.items():
+        if cfg[g][k] not in valid:
+            raise ValueError(f"{g}.{k}={cfg[g][k]!r}; valid: {', '.join(valid)}")
+    for g, k in POSITIVE:
+        if not cfg[g][k] > 0:
+            raise ValueError(f"{g}.{k}={cfg[g][k]!r} must be > 0")
+    for k in ("warmup",):
+        if cfg["runner"][k] < 0:
+            raise ValueError(f"runner.{k}={cfg['runner'][k]!r} must be >= 0")
+    m = cfg["model"]
+    if m["topk"] > m["num_experts"]:
+        raise ValueError(f"model.topk={m['topk']} exceeds model.num_experts={m['num_experts']}")
 
 
 def validate(combo: dict) -> Optional[str]:
@@ -312,13 +349,6 @@ def validate(combo: dict) -> Optional[str]:
         return f"experts={e} (DeepGEMM) needs quant=fp8_block"
     if combo["timing_mode"] == "profiler" and combo["device"] != "cuda":
         return "timing=profiler reports GPU kernel durations: it needs CUDA"
-    if combo["timing_mode"] == "graph":
-        if combo["device"] != "cuda":
-            return "timing=graph needs CUDA"
-        if not B.graph_capturable:
-            return f"backend={b} cannot be captured in a CUDA graph: use runner.timing=events"
-        if not X.graph_capturable:
-            return f"experts={e} syncs the host (data-dependent sizes): no CUDA graph; use runner.timing=events"
     for cls in (B, X):
         reason = cls.supports(combo)
         if reason:
@@ -330,7 +360,15 @@ def validate_tokens(combo: dict, tokens: int) -> Optional[str]:
     """Reason one token count cannot run (e.g. over a batched buffer's cap)."""
     from .kernels import registry
 
-    B = registry.BACKENDS[combo["backend"]]
+    B, X = registry.BACKENDS[combo["backend"]], registry.EXPERTS[combo["experts"]]
+    if combo["timing_mode"] == "graph" and tokens <= combo["graph_max_tokens"]:
+        # above graph_max_tokens, graph mode times with events
+        if combo["device"] != "cuda":
+            return "timing=graph needs CUDA"
+        if not B.graph_capturable:
+            return f"backend={combo['backend']} cannot be captured in a CUDA graph: use runner.timing=events"
+        if not X.graph_capturable:
+            return f"experts={combo['experts']} syncs the host (data-dependent sizes): no CUDA graph; use runner.timing=events"
     if tokens < 1:
         return f"tokens_per_rank={tokens} must be >= 1"
     if B.activation_format.value == "batched" and tokens > combo["max_tokens_per_rank"]:
@@ -367,6 +405,7 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None) -> tuple[list[Co
     seen = set()
     for ovs in expand(sweep_data["overrides"], cli_overrides):
         cfg = compose_config(ovs)
+        check_values(cfg)
         c = Combination(cfg=cfg, overrides=ovs, combo=flat_combo(cfg))
         if c.key in seen:  # e.g. local backends with different world sizes
             continue

@@ -39,13 +39,17 @@ def _q(xs: list[float], p: float) -> float:
     return float(np.percentile(xs, p)) if xs else NAN
 
 
+def _values(ranks: list[dict], key: str) -> list:
+    return [r[key] for r in ranks if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+
+
 def _max(ranks: list[dict], key: str) -> float:
-    vals = [r[key] for r in ranks if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+    vals = _values(ranks, key)
     return float(max(vals)) if vals else NAN
 
 
 def _mean(ranks: list[dict], key: str) -> float:
-    vals = [r[key] for r in ranks if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+    vals = _values(ranks, key)
     return float(sum(vals) / len(vals)) if vals else NAN
 
 
@@ -102,6 +106,8 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
         row[k] = _max(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "expert_flops", "expert_bytes"):
         row[k] = _mean(ranks, k)
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps"):  # derived per rank (DESIGN.md); the row holds the mean
+        row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
     row["trace_path"] = ranks[0].get("trace_path", "")
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
         row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]

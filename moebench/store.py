@@ -66,14 +66,18 @@ class RunStore:
 
     def stored(self) -> dict[str, dict[int, str]]:
         """combo_key -> {tokens: status} of the measured (not skipped) rows."""
-        out: dict[str, dict[int, str]] = {}
+        frames = []
         for p in self.row_files():
             try:
-                df = pd.read_parquet(p, columns=["combo_key", "tokens_per_rank", "status"])
+                frames.append(pd.read_parquet(p, columns=["combo_key", "tokens_per_rank", "status", "timestamp"]))
             except Exception:  # a torn file is redone, not trusted
                 continue
-            for key, t, st in df.itertuples(index=False):
-                out.setdefault(key, {})[int(t)] = st
+        out: dict[str, dict[int, str]] = {}
+        if not frames:
+            return out
+        df = pd.concat(frames, ignore_index=True).sort_values("timestamp", kind="stable")
+        for key, t, st, _ in df.itertuples(index=False):  # the newest row of each wins
+            out.setdefault(key, {})[int(t)] = st
         return out
 
     def todo_tokens(self, combo_key: str, tokens: Iterable[int], redo: str, stored=None) -> list[int]:

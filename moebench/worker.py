@@ -3,6 +3,7 @@ memory, mark phases. Workers read a fully resolved plain config (never
 @hydra.main in a rank) and report through a queue to launch.py."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -165,6 +166,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
     if extra.get("raise_on_rank") is not None and int(extra["raise_on_rank"]) == rank:
         raise RuntimeError(f"injected failure on rank {rank}")
 
+    _release_cached(device)  # a previous combination's cached blocks must not count as ours
     ctx, weights, kernel = build_layer(cfg, combo, rank, world_size, group, device)
     shape, quant, shared, seed = ctx.shape, ctx.quant, kernel.shared, combo["seed"]
     setup_used = memory.device_used_bytes(device)
@@ -226,8 +228,11 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             res["hbm_gbps"] = _rate(nbytes, exp_us, 1e9)
             res["expert_bytes"] = nbytes
             res["expert_flops"] = expert_flops(counts["pairs"], shape.hidden, shape.intermediate)
+            # the dispatch / combine windows hold the shared experts when they overlap
+            # them, so a link rate is only defined for overlap=none
             comm_us = res.get("dispatch", 0.0) + res.get("combine", 0.0)
-            res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if counts["comm_bytes"] else float("nan")
+            linked = counts["comm_bytes"] and combo["overlap"] == "none"
+            res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if linked else float("nan")
             if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not _nsys()):
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier))
             res["status"] = "ok"
@@ -248,6 +253,13 @@ def _profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush) -> d
         kernel.phases = NULL_PHASES
     kernels = prof.pop("kernels")
     return {**prof, "kernel_us": json.dumps(kernels, sort_keys=True), "profiler_trace_path": os.path.relpath(path, run_dir)}
+
+
+def _release_cached(device: torch.device) -> None:
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 def _nsys() -> bool:
@@ -303,7 +315,9 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
             )
             group = dist.group.WORLD
         baseline = memory.device_used_bytes(device)
+        backends = set()
         for idx, task in tasks:
+            backends.add(task["combo"]["backend"])
             task = dict(task, baseline_used=baseline)
             queue.put(("start", idx, rank, None))
             marked = task["combo"].get("trace") in ("nvtx", "nsys")
@@ -313,6 +327,8 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
             queue.put(("done", idx, rank, None))
         queue.put(("exit", None, rank, None))
         if group is not None:
+            for name in sorted(backends):  # collective: every rank releases the same backends
+                registry.get_backend(name).release_group(group)
             dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()

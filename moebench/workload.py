@@ -88,9 +88,8 @@ def make_inputs(
     x = torch.randn(T, shape.hidden, generator=g).to(torch.bfloat16)
     if routing == "balanced":
         start = rank * T * P
-        base = (torch.arange(T * P) + start).reshape(T, P)
-        ids = (base % E) if P <= E else base % E
-        # distinct within a token because P <= E and consecutive
+        # P consecutive ids per token: distinct within a token since P <= E
+        ids = (torch.arange(T * P) + start).reshape(T, P) % E
     else:
         if routing == "uniform":
             probs = torch.ones(T, E)

@@ -45,7 +45,10 @@ def test_validity_rules_give_reasons():
     assert "does not divide" in r({**base, "simulate_ep": 3})
     assert "simulate_ep applies to local backends only" in r({**base, "backend": "naive", "world_size": 2, "simulate_ep": 2})
     assert "multiples of 128" in r({**base, "quant": "fp8_block", "hidden": 2880, "intermediate": 2880})
-    assert "graph" in r({**base, "timing_mode": "graph", "device": "cpu"})
+    g = {**base, "timing_mode": "graph", "graph_max_tokens": 256}
+    assert "needs CUDA" in plan.validate_tokens(g, 16)
+    assert "syncs the host" in plan.validate_tokens({**g, "device": "cuda"}, 256)
+    assert plan.validate_tokens({**g, "device": "cuda"}, 257) is None  # events above graph_max_tokens
     # a batched backend's buffer cap applies per token count
     b = {**base, "backend": "local_batched", "experts": "torch_batched", "reduction": "finalize"}
     assert plan.validate_tokens(b, 512) is None
@@ -91,3 +94,29 @@ def test_cuda_without_a_gpu_is_refused():
 def test_unknown_sweep_names_the_valid_ones():
     with pytest.raises(ValueError, match="default"):
         plan.load_sweep("nope")
+
+
+def test_sweep_axes_outside_identity_still_give_distinct_combinations():
+    combos, _ = plan.plan(["backend=local", "experts=torch", "trace=none,torch", "runner.l2_flush=true,false"], None)
+    assert len({c.key for c in combos}) == 4
+
+
+@pytest.mark.parametrize("text, words", [
+    ("overrides: [1, 2", "not valid YAML"),
+    ("- a\n- b\n", "expected a mapping"),
+    ("overrides:\n  backend: {a: 1}\n", "not a mapping"),
+])
+def test_malformed_sweep_files_are_clear(tmp_path, text, words):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=words):
+        plan.plan([], str(p))
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["workload.routing=foo"], "valid: uniform"), (["model.topk=9"], "exceeds"),
+    (["runner.timing=grpah"], "valid: events"), (["runner.reps=0"], "must be > 0"),
+])
+def test_bad_values_are_refused_before_work(bad, words):
+    with pytest.raises(ValueError, match=words):
+        plan.plan(["backend=local", "experts=torch", *bad], None)

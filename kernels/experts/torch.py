@@ -12,7 +12,6 @@ import torch
 
 from ..interfaces import ActivationFormat, Experts
 from ..quant import dequant_activations, dequant_weight
-from ..reference import silu_and_mul
 from ..registry import register_experts
 
 
@@ -49,8 +48,12 @@ class TorchExperts(Experts):
         return (M * topk, K), (M * topk, N // 2), out
 
     def transient_bytes(self, M, N, K, topk, num_local_experts):
-        # grouped_mm outputs: gate/up [M*P, N] and down [M*P, K], bf16; sort indices
-        return 2 * M * topk * (N + K) + 8 * 4 * M * topk
+        # grouped_mm outputs: gate/up [M*P, N] and down [M*P, K], bf16; sort indices;
+        # reduction=experts: the fp32 accumulator [M, K] and weighted rows [M*P, K] fp32
+        n = 2 * M * topk * (N + K) + 8 * 4 * M * topk
+        if self.reduction == "experts":
+            n += 4 * M * K + 4 * M * topk * K * 2  # y.float() and its weighted product
+        return n
 
     def apply(self, output, prepared, workspace13, workspace2):
         x_MK = bf16_input(prepared)

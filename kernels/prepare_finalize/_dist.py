@@ -78,6 +78,15 @@ class EPPrepareFinalize(PrepareFinalize):
     def max_rows(self, num_tokens: int) -> int:
         return num_tokens * self.ctx.world_size
 
+    def prepared_bytes(self, num_tokens, quant) -> int:
+        """The gathered rows [W*T, K] (at the dispatched precision, + scales), their
+        top-k ids (int64) and weights (fp32), live through the forward."""
+        rows, s = self.max_rows(num_tokens), self.ctx.shape
+        fp8 = quant is not None and quant.is_fp8
+        act = 0 if (fp8 and self.carries_fp8) else rows * s.hidden * 2  # bf16 rows travel
+        act += super().prepared_bytes(num_tokens, quant)  # the fp8 copy, where there is one
+        return act + rows * s.topk * (8 + 4)
+
     def gather_quantized(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         """Quantize locally (a per-tensor scale agreed over ranks), launch the
         all-gathers; the receiver returns (x [M, K], scale, weights [M, P], ids [M, P])."""

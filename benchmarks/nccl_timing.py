@@ -1,0 +1,72 @@
+"""moebench's multi-rank timing against a hand-written event loop, on an NCCL
+all-gather (2 GPUs). A benchmark, not a test: on the lent 2 x H200 machine the
+spread between consecutive sets of samples is 3-20 % (docs/perf-notes.md).
+
+    python benchmarks/nccl_timing.py [--mib 64] [--reps 50]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from moebench import timing
+from moebench.launch import free_port
+
+
+def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, device_id=dev)
+    inp = torch.randn(mib * 2**20 // 2, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(2 * inp.numel(), device=dev, dtype=torch.bfloat16)
+    fn = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+    barrier = lambda: dist.barrier(device_ids=[rank])  # noqa: E731
+    flush = timing.L2Flusher(dev)
+    one = torch.zeros(1, device=dev)
+    align = lambda: dist.all_reduce(one)  # noqa: E731
+
+    def by_hand() -> float:
+        # the same method written out: barrier, flush, device-side align, events
+        ts = []
+        for _ in range(reps):
+            dist.barrier(device_ids=[rank])
+            flush.buf.zero_()
+            dist.all_reduce(one)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) * 1e3)
+        return timing.Samples(ts).median
+
+    for _ in range(30):
+        fn()
+    a = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align)
+    b = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align)
+    q.put((rank, a.median, b.median, by_hand(), a.p80 / a.p20))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=64, help="MiB each rank contributes")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, port, args.mib, args.reps, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for rank, m1, m2, hand, spread in sorted(q.get(timeout=300) for _ in procs):
+        print(f"rank {rank}: moebench {m1:.1f} / {m2:.1f} µs, by hand {hand:.1f} µs, p80/p20 {spread:.3f}")
+    for p in procs:
+        p.join(60)
+
+
+if __name__ == "__main__":
+    main()
