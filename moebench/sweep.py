@@ -15,6 +15,7 @@ from .launch import Finished, Launcher
 from .plan import Combination, default_runs_dir, plan, run_name
 from .rows import measured_row, outcome_row
 from .store import RunStore
+from .timing import NOISY_SPREAD
 
 
 class _Progress:
@@ -137,6 +138,10 @@ def execute(
         for r in rows:
             if r["status"] in ("failed", "timeout", "oom", "incorrect"):
                 log(f"  {r['status']}: {fin.combo.label} T={r['tokens_per_rank']}: {r['reason']}")
+            elif r["status"] == "ok" and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
+                spread = r["latency_us_p80"] / r["latency_us_p20"]
+                log(f"  wide spread: {fin.combo.label} T={r['tokens_per_rank']}: p80/p20 = {spread:.2f} "
+                    f"over {len(r['samples_us'])} samples (more runner.reps, or a quieter machine)")
         progress.update(fin.combo.label, counts)
 
     with _Stop() as stop:

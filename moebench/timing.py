@@ -4,14 +4,14 @@ before each sample."""
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
+NOISY_SPREAD = 1.10  # p80/p20 above this is reported as a wide spread
 
 
 @dataclass
@@ -35,10 +35,10 @@ class Samples:
     def p80(self) -> float:
         return self.q(80)
 
-    def warn_if_noisy(self, what: str, limit: float = 1.10) -> None:
-        """Warn when p80/p20 exceeds `limit` (as torch.utils.benchmark does for IQR)."""
-        if self.us and self.p20 > 0 and self.p80 / self.p20 > limit:
-            warnings.warn(f"{what}: wide spread p80/p20 = {self.p80 / self.p20:.2f} over {len(self.us)} samples")
+    @property
+    def spread(self) -> float:
+        """p80 / p20 (1.0 = no spread)."""
+        return self.p80 / self.p20 if self.us and self.p20 > 0 else float("nan")
 
 
 class L2Flusher:
@@ -63,77 +63,85 @@ def time_samples(
     warmup: int,
     barrier: Optional[Callable[[], None]] = None,
     flush: Optional[Callable[[], None]] = None,
-    around: Optional[Callable[[int], object]] = None,
     align: Optional[Callable[[], None]] = None,
+    graph: bool = False,
 ) -> Samples:
-    """Time fn() `reps` times after `warmup` calls: CUDA events on a GPU, the
-    monotonic clock on CPU. One GPU rank: samples are enqueued back to back
-    (each after an L2 flush) and read once. Several ranks: before each sample
-    a barrier (all ranks start together), then the L2 flush, then the start
-    event, with no host sync in between. `around(i)` may return a context
-    manager wrapping sample i (e.g. an NVTX `sample/<i>` range). `align` (e.g. a
-    one-element all-reduce on the GPU) runs after the flush, so the ranks' start
-    events fire together on the devices rather than when each host gets there."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    out: list[float] = []
-    cuda = device.type == "cuda"
-    if cuda and barrier is None and around is None:
-        # one rank: enqueue every sample back to back and read the events once,
-        # as do_bench does (no host sync between samples: the GPU never idles)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            if flush is not None:
-                flush()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize(device)
-        return Samples([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
-    if cuda:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-    for i in range(reps):
-        if barrier is not None:
-            barrier()  # ranks start together (NCCL's barrier also drains the GPU)
-        else:
-            _sync(device)
-        if flush is not None:
-            # the flush keeps the GPU busy while the host enqueues the sample, so
-            # the host's launch latency is hidden as in do_bench (no sync after it)
-            flush()
-        if align is not None:
-            align()
-        ctx = around(i) if around is not None else None
-        if ctx is not None:
-            ctx.__enter__()
-        if cuda:
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter_ns()
-            fn()
-            out.append((time.perf_counter_ns() - t0) / 1e3)
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
-    return Samples(out)
+    """Time fn() `reps` times after `warmup` calls (see time_interleaved)."""
+    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph)[0]
 
 
-def time_graph(
-    fn: Callable[[], object],
+def time_interleaved(
+    fns: Sequence[Callable[[], object]],
     device: torch.device,
     reps: int,
     warmup: int,
     barrier: Optional[Callable[[], None]] = None,
     flush: Optional[Callable[[], None]] = None,
     align: Optional[Callable[[], None]] = None,
-) -> Samples:
-    """Capture fn() once in a CUDA graph and time its replays (launch gaps removed)."""
+    graph: bool = False,
+) -> list[Samples]:
+    """Time several callables with their samples interleaved (A B C A B C ...),
+    so that drift (clocks, temperature, other tenants of the host) hits them
+    alike, which an ablation (the layer with and without its shared experts)
+    needs; one Samples per callable, µs.
+
+    CUDA events on a GPU, the monotonic clock on CPU. One GPU rank: samples are
+    enqueued back to back, each after an L2 flush, and read once (as do_bench
+    does: the GPU never idles, the host's launch latency is hidden). Several
+    ranks: before each sample a barrier (all ranks start together), the L2
+    flush, then `align` (e.g. a one-element all-reduce on the GPU, so that the
+    ranks' start events fire together on the devices rather than when each
+    host gets there), then the start event, with no host sync in between.
+    graph=True captures each callable in a CUDA graph and times its replays.
+    """
+    if graph:
+        fns = [_capture(fn, device, warmup) for fn in fns]
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    _sync(device)
+    cuda = device.type == "cuda"
+    if cuda and barrier is None:
+        ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for _ in fns]
+        for i in range(reps):
+            for j, fn in enumerate(fns):
+                if flush is not None:
+                    flush()
+                ev[j][i][0].record()
+                fn()
+                ev[j][i][1].record()
+        torch.cuda.synchronize(device)
+        return [Samples([s.elapsed_time(e) * 1e3 for s, e in evs]) for evs in ev]
+    out: list[list[float]] = [[] for _ in fns]
+    if cuda:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+    for i in range(reps):
+        for j, fn in enumerate(fns):
+            if barrier is not None:
+                barrier()  # ranks start together (NCCL's barrier also drains the GPU)
+            else:
+                _sync(device)
+            if flush is not None:
+                flush()  # keeps the GPU busy while the host enqueues the sample
+            if align is not None:
+                align()
+            if cuda:
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out[j].append(start.elapsed_time(end) * 1e3)
+            else:
+                t0 = time.perf_counter_ns()
+                fn()
+                out[j].append((time.perf_counter_ns() - t0) / 1e3)
+    return [Samples(o) for o in out]
+
+
+def _capture(fn: Callable[[], object], device: torch.device, warmup: int) -> Callable[[], None]:
+    """fn() captured once in a CUDA graph; returns its replay (launch gaps removed)."""
     s = torch.cuda.Stream(device)
     s.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(s):  # warm up outside the capture (allocator, autotuning)
@@ -141,10 +149,10 @@ def time_graph(
             fn()
     torch.cuda.current_stream(device).wait_stream(s)
     _sync(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
         fn()
-    return time_samples(graph.replay, device, reps, warmup, barrier=barrier, flush=flush, align=align)
+    return g.replay
 
 
 def profile_kernels(

@@ -203,17 +203,20 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             use_graph = r["timing"] == "graph" and T <= r["graph_max_tokens"]
             mode = "graph" if use_graph else ("profiler" if r["timing"] == "profiler" else "events")
             res["timing_mode"] = mode
-            timer = timing.time_graph if use_graph else timing.time_samples
-            s = timer(fn, device, r["reps"], r["warmup"], barrier=barrier, flush=flush, align=align)
-            res["samples_us"] = s.us
+            # the layer, and for the ablation the layer without its shared experts and
+            # the shared experts alone, with their samples interleaved
+            fns = [fn]
+            if shared is not None:
+                fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: shared(x)]
+            timed = timing.time_interleaved(fns, device, r["reps"], r["warmup"], barrier=barrier, flush=flush,
+                                            align=align, graph=use_graph)
+            res["samples_us"] = timed[0].us
             res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align))
             if mode == "profiler":
                 res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush))
             if shared is not None:
-                s_ns = timer(lambda: kernel(x, w, ids, with_shared=False), device, r["reps"], r["warmup"], barrier=barrier, flush=flush, align=align)
-                res["no_shared_samples_us"] = s_ns.us
-                s_sh = timer(lambda: shared(x), device, r["reps"], r["warmup"], barrier=barrier, flush=flush, align=align)
-                res["shared_samples_us"] = s_sh.us
+                res["no_shared_samples_us"] = timed[1].us
+                res["shared_samples_us"] = timed[2].us
             if r["memory"]:
                 res["workspace_bytes_analytic"] = kernel.workspace_bytes(T)
                 res["analytic_peak_bytes"] = kernel.analytic_peak_bytes(T)

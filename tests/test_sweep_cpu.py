@@ -220,3 +220,18 @@ def test_group_state_takes_messages_out_of_order():
     (fin,) = st.pop_finished()
     assert fin.combo is combos[0] and fin.results[8][1]["who"] == "rank1-combo0" and 0 not in fin.results.get(8, {})
     assert st.fins[1].results[8][0]["who"] == "rank0-combo1" and st.current == 1
+
+
+def test_interleaved_timing_keeps_order_and_counts():
+    import torch
+
+    from moebench import timing
+
+    calls = []
+    fns = [lambda: calls.append("a"), lambda: calls.append("b")]
+    a, b = timing.time_interleaved(fns, torch.device("cpu"), reps=4, warmup=1)
+    assert len(a.us) == len(b.us) == 4 and all(t > 0 for t in a.us + b.us)
+    assert calls == ["a", "b"] * 5  # warm-up, then A B A B ...
+    slow = timing.time_samples(lambda: sum(range(20000)), torch.device("cpu"), reps=5, warmup=0)
+    fast = timing.time_samples(lambda: None, torch.device("cpu"), reps=5, warmup=0)
+    assert slow.median > fast.median and slow.p20 <= slow.median <= slow.p80
