@@ -147,10 +147,6 @@ class PreparedTokens:
     expert_num_tokens_E: Optional[torch.Tensor] = None
     handle: Any = None
 
-    @property
-    def num_rows(self) -> int:
-        return self.x.shape[0]
-
 
 # ----------------------------------------------------------------------------
 # Top-k weight-and-reduce strategies

@@ -40,11 +40,6 @@ class SharedExperts:
         S2, K = self.w13_NK.shape
         return 2 * T * (S2 + S2 + K)
 
-    def flops(self, T: int) -> int:
-        """2 * T * (2S * K + K * S): gate/up then down."""
-        S2, K = self.w13_NK.shape
-        return 2 * T * (S2 * K + K * (S2 // 2))
-
 
 class MoEKernel:
     """One modular MoE layer: a PrepareFinalize and an Experts, plus shared experts.

@@ -112,17 +112,6 @@ def _defaults() -> dict:
     return out
 
 
-def _check_group_values(overrides: list[str]) -> None:
-    """Unknown option values name the valid ones."""
-    for ov in OverridesParser.create().parse_overrides(overrides):
-        key = ov.key_or_group
-        if key not in GROUPS:
-            continue
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-        for v in values:
-            _group_node(key, v)
-
-
 def compose_config(overrides: list[str]) -> dict:
     """Compose one combination's config (no sweep values) into plain containers.
 

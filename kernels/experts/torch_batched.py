@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..interfaces import ActivationFormat, Experts
-from ..quant import dequant_activations
 from ..registry import register_experts
-from .torch import bf16_weights
+from .torch import bf16_input, bf16_weights
 
 
 @register_experts("torch_batched")
@@ -34,9 +33,7 @@ class TorchBatchedExperts(Experts):
         return (E, M, N), (E, M, N // 2), (E, M, K)
 
     def apply(self, output, prepared, workspace13, workspace2):
-        x = prepared.x
-        if x.dtype != torch.bfloat16:
-            x = dequant_activations(x, prepared.x_scale, None).to(torch.bfloat16)
+        x = bf16_input(prepared)
         # padding rows are uninitialized: clear them so no NaN reaches the output buffer
         X = x.shape[1]
         valid_EX = torch.arange(X, device=x.device)[None, :] < prepared.expert_num_tokens_E[:, None]

@@ -32,6 +32,7 @@ from ..quant import quant_activations
 from ..registry import register_backend
 from . import _deepep
 from ._deepep import release_buffers
+from ._dist import OpenRange
 
 DEFAULT_NUM_SMS = 24  # DeepEP's tests and README use 24 SMs for the HT kernels
 # intranode dispatch stages half a row per warp in 8 KiB of shared memory (TMA),
@@ -114,12 +115,6 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
         return None
 
     # -- prepare ----------------------------------------------------------------
-    def _span(self, name: str):
-        """Open a phase range now; the receiver closes it (launch -> receive)."""
-        cm = self.phases(name)
-        cm.__enter__()
-        return cm
-
     def _launch_dispatch(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant, async_finish: bool):
         assert hidden_TK.dtype == torch.bfloat16, "deepep_ht dispatches bf16 (or fp8_block) rows"
         ht = self._ht
@@ -134,7 +129,7 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
             w_TP = topk_weights_TP.to(torch.float32).contiguous()
             # runs on DeepEP's stream; the current stream waits for it (async_finish=False)
             n_rank, n_rdma, n_expert, in_rank_TR, _ = ht.buffer.get_dispatch_layout(ids_TP, self.ctx.shape.num_experts)
-        span = self._span("dispatch")
+        span = OpenRange(self.phases, "dispatch")  # launch -> receive
         recv, recv_ids_MP, recv_w_MP, per_expert, handle, event = ht.buffer.dispatch(
             payload,
             num_tokens_per_rank=n_rank,
@@ -154,7 +149,7 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
         def receive() -> PreparedTokens:
             if async_finish:
                 event.current_stream_wait()
-            span.__exit__(None, None, None)
+            span.close()
             x_MK, scale = recv if block else (recv, None)
             if quant is not None and quant.is_fp8 and not block:
                 # fp8_tensor: one scale over the received rows of all ranks
@@ -193,7 +188,7 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
                 x_MK = wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
         if x_MK.dtype != torch.bfloat16 or not x_MK.is_contiguous():
             x_MK = x_MK.to(torch.bfloat16).contiguous()
-        span = self._span("combine")
+        span = OpenRange(self.phases, "combine")  # launch -> receive
         combined_TK, _, event = ht.buffer.combine(
             x_MK, prepared.handle.deepep, config=ht.combine_config, async_finish=async_finish
         )
@@ -202,7 +197,7 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
             if async_finish:
                 event.current_stream_wait()
             out_TK.copy_(combined_TK)
-            span.__exit__(None, None, None)
+            span.close()
 
         return receive
 

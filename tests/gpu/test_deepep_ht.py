@@ -117,7 +117,7 @@ def _check_prepared(pf, ctx, x, w, ids, quant):
     prep = pf.prepare(x, w, ids, quant if quant.is_fp8 else None)
     E, R, r = ctx.num_local_experts, ctx.world_size, ctx.rank
     ids_MP = prep.topk_ids_MP
-    M = prep.num_rows
+    M = prep.x.shape[0]
     ok_range = bool(((ids_MP >= -1) & (ids_MP < E)).all())
     # pairs routed to this rank's experts, counted from every rank's own ids
     owner_TP = ids // E
