@@ -1,4 +1,4 @@
-"""moebench sweep|run|list|report|compare|trace|env
+"""moebench sweep|run|list|report|compare|trace|tune|env
 
 Bad input (unknown option, malformed results, a world size the machine lacks)
 exits with code 2 and a message that says what to do, before any work starts.
@@ -57,6 +57,15 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--plot", action="store_true", help="write a timeline PNG next to each trace")
     tr.add_argument("--out")
 
+    tu = sub.add_parser("tune", help="Triton tile search for one layer, or the best combination per size of a run",
+                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tu.add_argument("overrides", nargs="*", help="one combination with experts=triton backend=local")
+    tu.add_argument("--space", default="default", help="search space: default or small (default: %(default)s)")
+    tu.add_argument("--reps", type=int, default=20, help="timed samples per config")
+    tu.add_argument("--out", help="output directory (default: runs/tune-<hash>)")
+    tu.add_argument("--install", action="store_true", help="also copy the config file into kernels/configs/")
+    tu.add_argument("--results", help="instead: the fastest combination per token count of this run directory")
+
     ev = sub.add_parser("env", help="this machine, its libraries and which entries are usable here")
     ev.add_argument("--json", action="store_true")
     return p
@@ -99,6 +108,30 @@ def _run_one(args) -> int:
     return 0 if set(df["status"]) <= {"ok", "skipped"} else 1
 
 
+def _tune(args) -> int:
+    from pathlib import Path
+
+    if args.results:
+        from .report.load import load_run
+        from .tune.best import best_per_size
+
+        df, _ = load_run(args.results)
+        print(best_per_size(df).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        return 0
+    from .plan import default_runs_dir, run_name
+    from .tune.search import summary, tune, write
+
+    if args.reps < 1:
+        raise ValueError("--reps must be >= 1")
+    info, results = tune(args.overrides, args.space, args.reps)
+    out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", args.overrides)
+    path = write(info, results, out, install=args.install)
+    print(summary(results))
+    print(f"\nconfigs: {path}  (all trials: {out / 'tune.json'}); use them with "
+          f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -123,6 +156,8 @@ def main(argv=None) -> int:
             from .traces.cli import trace_command
 
             return trace_command(args.target, args.plot, args.out)
+        if args.cmd == "tune":
+            return _tune(args)
         if args.cmd == "env":
             from .env import env_command
 

@@ -1,0 +1,192 @@
+"""Triton config search for the `triton` experts: for each token count, every
+candidate tile config is checked against the float32 reference, then its
+experts phase is timed; the fastest correct one is written in vLLM's file
+format (kernels/triton/config.py), so the harness and vLLM both pick it up.
+
+Legend: T tokens, E local experts, I intermediate, K hidden, P top-k.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .. import plan as planmod
+from .. import timing
+from ..kernels.reference import reference_moe, rel_err
+from ..kernels.triton.config import (
+    CONFIG_DIR,
+    config_block_shape,
+    config_dtype,
+    config_file_name,
+    default_config,
+)
+from ..plan import TOLERANCE
+from ..worker import build_layer
+from ..workload import make_inputs, reference_expert_fn
+
+# The search spaces, vLLM's axes. "small" is for the Triton interpreter and smoke runs.
+SPACES = {
+    "small": dict(BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]),
+    "default": dict(BLOCK_SIZE_M=[16, 32, 64, 128], BLOCK_SIZE_N=[64, 128, 256], BLOCK_SIZE_K=[64, 128],
+                    GROUP_SIZE_M=[1, 16], num_warps=[4, 8], num_stages=[3, 4, 5]),
+}
+
+
+def candidates(space: str, tokens: int, topk: int, num_local_experts: int) -> list[dict]:
+    """The space's configs, less BLOCK_SIZE_M tiles far larger than an expert's
+    average rows (T * P / E, padded to 16): they only compute padding."""
+    if space not in SPACES:
+        raise ValueError(f"--space {space!r}; valid: {', '.join(SPACES)}")
+    axes = SPACES[space]
+    rows = max(16, tokens * topk / max(1, num_local_experts))
+    out = []
+    for values in itertools.product(*axes.values()):
+        cfg = dict(zip(axes, values))
+        if cfg["BLOCK_SIZE_M"] > 2 * rows and cfg["BLOCK_SIZE_M"] > min(axes["BLOCK_SIZE_M"]):
+            continue
+        out.append(cfg)
+    return out
+
+
+@dataclass
+class Trial:
+    config: dict
+    us: float = float("nan")  # median µs of the experts phase
+    rel_err: float = float("nan")
+    error: str = ""
+
+
+@dataclass
+class TokenResult:
+    tokens: int
+    default: Trial
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def best(self) -> Optional[Trial]:
+        ok = [t for t in self.trials if not t.error]
+        return min(ok, key=lambda t: t.us) if ok else None
+
+
+def _one_layer(overrides: list[str]):
+    """The composed config of the one combination being tuned."""
+    combos, _ = planmod.plan(overrides, None)
+    if len(combos) != 1:
+        raise ValueError(f"`moebench tune` takes one combination; these overrides give {len(combos)}")
+    c = combos[0]
+    if c.combo["experts"] != "triton" or c.combo["backend"] not in ("local",):
+        raise ValueError("moebench tune searches the Triton experts' tiles on one GPU: use experts=triton backend=local "
+                         "(backend.simulate_ep=N for an EP-N rank's share)")
+    if c.reason:
+        raise ValueError(f"this combination cannot run here: {c.reason}")
+    return c
+
+
+def tune(
+    overrides: list[str],
+    space: str = "default",
+    reps: int = 20,
+    warmup: int = 3,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> tuple[dict, list[TokenResult]]:
+    """Search tiles for each of workload.tokens_per_rank; returns (layer info, results)."""
+    c = _one_layer(list(overrides) + ["overlap=none", "reduction=experts"])
+    device = torch.device("cuda" if c.combo["device"] == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ctx, weights, kernel = build_layer(c.cfg, c.combo, 0, 1, None, device)
+    experts, shape, quant = kernel.experts, ctx.shape, ctx.quant
+    E, I, P = ctx.num_local_experts, shape.intermediate, shape.topk
+    tol = TOLERANCE[quant.name]
+    ref_w = reference_expert_fn(shape, quant, c.combo["seed"], device)
+    kept = range(0, E) if ctx.simulate_ep > 1 else None
+    flush = timing.L2Flusher(device) if device.type == "cuda" else None
+    results = []
+    for T in c.tokens:
+        x, w, ids = make_inputs(shape, T, c.combo["routing"], c.combo["skew"], c.combo["seed"], 0, 7, device)
+        ref = reference_moe(x, w, ids, ref_w, kept)
+        prepared = kernel.pf.prepare(x, w, ids, experts.input_quant)
+        dims = kernel._dims(prepared.x.shape[0])
+        ws13, ws2, out = (torch.empty(s, dtype=experts.workspace_dtype, device=device) for s in experts.workspace_shapes(*dims))
+        final = torch.empty(T, shape.hidden, dtype=torch.bfloat16, device=device)
+
+        def trial(cfg: dict) -> Trial:
+            experts.ctx.options["triton_config"] = cfg
+            experts.__dict__.pop("_config_cache", None)
+            t = Trial(config=dict(cfg))
+            try:
+                experts.apply(out, prepared, ws13, ws2)
+                kernel.pf.finalize(final, out, prepared, experts.finalize_weight_and_reduce())
+                t.rel_err = rel_err(final, ref)
+                if not t.rel_err <= tol:
+                    t.error = f"incorrect: rel_err {t.rel_err:.3g} > {tol:g}"
+                    return t
+                s = timing.time_samples(lambda: experts.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush)
+                t.us = s.median
+            except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
+                t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            return t
+
+        base = default_config(T, E, I, config_dtype(quant.name), config_block_shape(quant.name), P)
+        res = TokenResult(tokens=T, default=trial(base))
+        res.trials.append(res.default)  # the heuristic competes too: tuning never makes it worse
+        cands = [cfg for cfg in candidates(space, T, P, E) if cfg != base]
+        for i, cfg in enumerate(cands):
+            res.trials.append(trial(cfg))
+            if (i + 1) % 10 == 0 or i + 1 == len(cands):
+                b = res.best
+                log(f"tune T={T}: {i + 1}/{len(cands)} configs, best {b.us:.1f} µs" if b else f"tune T={T}: {i + 1}/{len(cands)}")
+        results.append(res)
+    experts.ctx.options.pop("triton_config", None)
+    info = {
+        "E": E, "N": I, "dtype": config_dtype(quant.name), "block_shape": config_block_shape(quant.name),
+        "model": c.combo["model"], "quant": quant.name, "simulate_ep": ctx.simulate_ep, "device": device.type,
+        "overrides": c.overrides, "space": space, "reps": reps,
+    }
+    return info, results
+
+
+def write(info: dict, results: list[TokenResult], out_dir: Path, install: bool = False) -> Path:
+    """<out>/configs/<vLLM name>.json (best config per token count) and <out>/tune.json (every trial)."""
+    best = {str(r.tokens): r.best.config for r in results if r.best}
+    if not best:
+        raise ValueError("no candidate config ran correctly: nothing to write (see tune.json)")
+    name = config_file_name(info["E"], info["N"], info["dtype"], info["block_shape"])
+    cfg_dir = out_dir / "configs"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    path = cfg_dir / name
+    path.write_text(json.dumps(best, indent=2, sort_keys=True) + "\n")
+    detail = {
+        "layer": info,
+        "results": [
+            {"tokens": r.tokens, "default": vars(r.default), "best": vars(r.best) if r.best else None,
+             "trials": [vars(t) for t in r.trials]}
+            for r in results
+        ],
+    }
+    (out_dir / "tune.json").write_text(json.dumps(detail, indent=2, default=str) + "\n")
+    if install:
+        shutil.copy(path, CONFIG_DIR / name)
+    return path
+
+
+def summary(results: list[TokenResult]) -> str:
+    """Markdown: per token count, the heuristic's time, the best config and its speed-up."""
+    lines = ["| tokens | heuristic µs | best µs | speed-up | best config | configs ok / tried |", "|---:|---:|---:|---:|---|---:|"]
+    for r in results:
+        b = r.best
+        ok = sum(1 for t in r.trials if not t.error)
+        if b is None:
+            lines.append(f"| {r.tokens} | {r.default.us:.1f} | – | – | none ran | 0 / {len(r.trials)} |")
+            continue
+        cfg = " ".join(f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={v}" for k, v in b.config.items())
+        speedup = r.default.us / b.us if r.default.us == r.default.us else float("nan")
+        lines.append(f"| {r.tokens} | {r.default.us:.1f} | {b.us:.1f} | {speedup:.2f}x | {cfg} | {ok} / {len(r.trials)} |")
+    return "\n".join(lines)
