@@ -180,6 +180,7 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05) 
         "## Shared-expert overlap", tables.overlap_table(df),
         _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
         "## Memory", tables.memory_table(df),
+        "## Experts against the roofline", tables.roofline_table(df),
         _image(plots.plot_workspace(df, out / "workspace.png"), "workspace per reduction"),
     ]
     path = out / "report.md"

@@ -195,13 +195,17 @@ def memory_table(df: pd.DataFrame) -> str:
     cols = display_columns(ok)
     rows = []
     for _, r in ok.iterrows():
-        ratio = r["workspace_bytes_peak"] / r["workspace_bytes_analytic"] \
-            if r["workspace_bytes_analytic"] else np.nan
+        # the peak of a whole forward against what the layer declares for it:
+        # workspaces + transients + the layer output (older rows: workspaces only)
+        declared = r.get("analytic_peak_bytes", np.nan)
+        if not (isinstance(declared, (int, float)) and np.isfinite(declared) and declared > 0):
+            declared = r["workspace_bytes_analytic"]
+        ratio = r["workspace_bytes_peak"] / declared if declared else np.nan
         rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
                     + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
                     + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
     headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
-                      "device peak MiB", "peak / analytic"]
+                      "device peak MiB", "peak / declared"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
     return f"{table}\n\n" + _caption(ok, "Memory in MiB (2^20 bytes).")
 
@@ -229,3 +233,32 @@ def overlap_table(df: pd.DataFrame) -> str:
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
     return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
                                                "the shared experts' time hidden.")
+
+
+def roofline_table(df: pd.DataFrame) -> str:
+    """The experts phase against its roofline floor (GPU rows): floor = max(expert
+    bytes / copy bandwidth, expert FLOPs / GEMM peak) with the H200 ceilings of
+    report/roofline.py; `% of floor` = floor / experts_us (100 = at the floor)."""
+    from .roofline import add_floor
+
+    df = latest_rows(df)
+    need = {"expert_bytes", "expert_flops", "experts_us"}
+    if not need <= set(df.columns):
+        return "_No roofline figures in this run._"
+    ok = df[(df["status"] == "ok") & (df.get("device", "cuda") == "cuda") & df["experts_us"].notna()
+            & df["expert_bytes"].notna()]
+    if not len(ok):
+        return "_No GPU rows with an experts phase in this run._"
+    ok = add_floor(ok)
+    cols = display_columns(ok)
+    rows = [_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
+                                     f"{r['experts_us']:.1f}", f"{r['floor_us']:.1f}",
+                                     r["bound"], f"{r['experts_pct_of_floor']:.0f} %", f"{r['tflops']:.1f}",
+                                     f"{r['hbm_gbps']:.0f}"]
+            for _, r in ok.iterrows()]
+    headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "TFLOP/s", "GB/s"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r"])
+    return f"{table}\n\n" + _caption(ok, (
+        "Floor with the H200 ceilings (4.0 TB/s copy; 779 / 1407 TFLOP/s bf16 / fp8). `experts µs` comes from "
+        "phase events around an eager forward, which include host launch gaps at small sizes; in graph timing "
+        "mode compare `layer µs` (graph replays, whole layer) with the floor."))
