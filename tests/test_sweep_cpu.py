@@ -235,3 +235,31 @@ def test_interleaved_timing_keeps_order_and_counts():
     slow = timing.time_samples(lambda: sum(range(20000)), torch.device("cpu"), reps=5, warmup=0)
     fast = timing.time_samples(lambda: None, torch.device("cpu"), reps=5, warmup=0)
     assert slow.median > fast.median and slow.p20 <= slow.median <= slow.p80
+
+
+def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
+    """With `nsys` on PATH the ranks are spawned through `nsys profile ... python`.
+    A stand-in `nsys` (this machine has none) records its arguments and execs
+    the rank, so the launch path is exercised; the parser is tested on an export."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'shift  # profile\n'
+        'out=""\n'
+        'while [ "$#" -gt 0 ]; do case "$1" in -o) out="$2"; shift 2; break;; *) shift;; esac; done\n'
+        'out=$(echo "$out" | sed "s/%p/$$/")  # nsys expands %p to the process id\n'
+        'echo "$$" > "$out.ran"\n'
+        'exec "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=experts", "overlap=combine", "quant=bf16",
+                          "trace=nsys", "workload.tokens_per_rank=[4]", *QUICK], None, str(tmp_path / "n"), quiet=True)
+    df = RunStore(run_dir).load()
+    assert list(df.status) == ["ok"]
+    ran = list((run_dir / "traces" / "nsys").glob("ranks_*.ran"))
+    assert len(ran) == 2, "both ranks started under nsys"
+    assert not list((run_dir / "traces").rglob("*.json")), "no torch-trace fallback when nsys exists"
+    assert children() == []
