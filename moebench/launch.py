@@ -22,6 +22,7 @@ from .worker import rank_main
 
 STARTUP_S = 180.0  # process start, imports, process-group init (on top of a combination's timeout)
 EXIT_GRACE_S = 30.0
+NSYS_EXIT_GRACE_S = 600.0  # nsys writes its report and SQLite export after the rank exits
 # never enable NVLink multicast on shared machines
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -94,6 +95,7 @@ class _GroupState:
         self.exited: set[int] = set()
         self.current = 0
         self.failure: Optional[dict] = None
+        self.failure_idx: Optional[int] = None  # which combination the error came from
 
     def take(self, msg) -> None:
         kind, idx, rank, data = msg
@@ -106,6 +108,7 @@ class _GroupState:
             self.exited.add(rank)
         elif kind == "error" and self.failure is None:
             self.failure = {**data, "reason": f"rank {rank}: {data['reason']}"}
+            self.failure_idx = idx
 
     def pop_finished(self) -> list[Finished]:
         """Combinations every rank has finished, in order."""
@@ -139,7 +142,9 @@ class Launcher:
     def run(self, work: list[tuple[Combination, list[int]]]) -> None:
         """Group consecutive work of one family into a process group; after a
         failure or timeout the group is killed and restarted for the rest."""
-        work = sorted(work, key=lambda w: w[0].family)
+        # stable: families together, and inside one the same hidden size adjacent
+        # (backends that cache buffers per size, e.g. DeepEP, reuse them)
+        work = sorted(work, key=lambda w: (w[0].family, w[0].combo["hidden"]))
         i = 0
         while i < len(work) and not self.should_stop():
             fam = work[i][0].family
@@ -194,7 +199,7 @@ class Launcher:
                         for fin in st.pop_finished():
                             self.on_finished(fin)
                         if st.current == len(work):
-                            self._join(procs)
+                            self._join(procs, NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
                             return []
                         if st.current != before:
                             deadline = now + STARTUP_S + work[st.current][0].cfg["runner"]["timeout_s"]
@@ -210,9 +215,14 @@ class Launcher:
                 for fin in st.pop_finished():
                     self.on_finished(fin)
                 if st.current == len(work):
-                    self._join(procs)
+                    self._join(procs, NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
                     return []
-                fin = st.fins[st.current]
+                bad = st.current
+                if st.failure is not None and st.failure_idx is not None and st.failure_idx > st.current:
+                    # a fast rank failed in a later combination while this one's last
+                    # "done" was still in flight: blame the one that failed, redo this one
+                    bad = st.failure_idx
+                fin = st.fins[bad]
                 if st.failure is not None:
                     fin.failure = st.failure
                 elif dead:
@@ -224,7 +234,7 @@ class Launcher:
                     fin.failure = {"status": "timeout", "reason": f"no result within {t:g} s: the process group was killed", "tokens": None}
                 _kill(procs)
                 self.on_finished(fin)
-                return work[st.current + 1 :]
+                return work[st.current : bad] + work[bad + 1 :]
         finally:
             _kill(procs)
             q.close()
@@ -247,7 +257,7 @@ class Launcher:
         return str(script)
 
     @staticmethod
-    def _join(procs) -> None:
-        deadline = time.monotonic() + EXIT_GRACE_S
+    def _join(procs, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))

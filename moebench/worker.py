@@ -328,11 +328,11 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
                 for tokens, res in run_combination(task, rank, world_size, group, device, run_dir):
                     queue.put(("result", idx, rank, (tokens, res)))
             queue.put(("done", idx, rank, None))
-        queue.put(("exit", None, rank, None))
         if group is not None:
             for name in sorted(backends):  # collective: every rank releases the same backends
                 registry.get_backend(name).release_group(group)
             dist.destroy_process_group()
+        queue.put(("exit", None, rank, None))
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
         msg = f"{type(e).__name__}: {e}".strip()

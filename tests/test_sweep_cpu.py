@@ -220,6 +220,8 @@ def test_group_state_takes_messages_out_of_order():
     (fin,) = st.pop_finished()
     assert fin.combo is combos[0] and fin.results[8][1]["who"] == "rank1-combo0" and 0 not in fin.results.get(8, {})
     assert st.fins[1].results[8][0]["who"] == "rank0-combo1" and st.current == 1
+    st.take(("error", 1, 0, {"status": "oom", "reason": "CUDA out of memory", "tokens": 8}))
+    assert st.failure_idx == 1 and st.failure["reason"] == "rank 0: CUDA out of memory"
 
 
 def test_interleaved_timing_keeps_order_and_counts():
@@ -263,3 +265,15 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     assert len(ran) == 2, "both ranks started under nsys"
     assert not list((run_dir / "traces").rglob("*.json")), "no torch-trace fallback when nsys exists"
     assert children() == []
+
+
+def test_triton_roofline_sweep_plans_graph_rows_per_token_count():
+    """Its graph timing: torch experts (host syncs) skip the sizes timed as graph
+    replays and run above graph_max_tokens with events."""
+    from moebench.plan import plan
+
+    combos, _ = plan(["runner.device=cpu"], "triton_roofline")
+    torch_rows = [c for c in combos if c.combo["experts"] == "torch" and not c.reason]
+    assert torch_rows and all(c.combo["timing_mode"] == "graph" for c in torch_rows)
+    for c in torch_rows:
+        assert set(c.token_reasons) == {16, 64, 256} and c.runnable_tokens == [16384]

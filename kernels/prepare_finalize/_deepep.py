@@ -94,6 +94,9 @@ def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int) -> HTBuffer:
     hit = _BUFFERS.get(key)
     if hit is not None and hit.group is group:
         return hit
+    # one buffer per group: free another size's buffer first, so a combination's
+    # device memory holds only its own (every rank reaches this point in the same order)
+    release_buffers(group)
     dispatch_cfg, combine_cfg = ht_configs(world_size, num_sms)
     # bytes: the larger of DeepEP's own size hints for the two configs (README's get_buffer)
     num_nvl_bytes = max(c.get_nvl_buffer_size_hint(hidden_bytes, world_size) for c in (dispatch_cfg, combine_cfg))

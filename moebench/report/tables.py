@@ -260,5 +260,5 @@ def roofline_table(df: pd.DataFrame) -> str:
     table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r"])
     return f"{table}\n\n" + _caption(ok, (
         "Floor with the H200 ceilings (4.0 TB/s copy; 779 / 1407 TFLOP/s bf16 / fp8). `experts µs` comes from "
-        "phase events around an eager forward, which include host launch gaps at small sizes; in graph timing "
-        "mode compare `layer µs` (graph replays, whole layer) with the floor."))
+        "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
+        "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer)."))

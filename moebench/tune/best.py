@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-GROUP = ["model", "quant", "world_size", "tokens_per_rank"]
+# what must match for two rows to compete (everything but the four axes being ranked)
+GROUP = ["model", "quant", "world_size", "simulate_ep", "routing", "timing_mode", "device", "tokens_per_rank"]
 SHOW = ["backend", "experts", "reduction", "overlap", "latency_us_median", "latency_us_p20", "latency_us_p80"]
 
 
@@ -14,10 +15,11 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"].sort_values("latency_us_median")
     if ok.empty:
         raise ValueError("no ok rows in this run: nothing to rank")
+    group = [c for c in GROUP if c in ok.columns]
     rows = []
-    for key, g in ok.groupby(GROUP, sort=True):
+    for key, g in ok.groupby(group, sort=True, dropna=False):
         first = g.iloc[0]
-        row = dict(zip(GROUP, key)) | {k: first[k] for k in SHOW}
+        row = dict(zip(group, key)) | {k: first[k] for k in SHOW}
         row["runner_up_us"] = g.iloc[1]["latency_us_median"] if len(g) > 1 else float("nan")
         row["margin"] = row["runner_up_us"] / first["latency_us_median"]
         row["clear_win"] = bool(len(g) > 1 and g.iloc[1]["latency_us_p20"] > first["latency_us_p80"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..kernels.triton.config import (
     config_block_shape,
     config_dtype,
     config_file_name,
-    default_config,
+    get_config,
 )
 from ..plan import TOLERANCE
 from ..worker import build_layer
@@ -39,13 +38,13 @@ SPACES = {
 }
 
 
-def candidates(space: str, tokens: int, topk: int, num_local_experts: int) -> list[dict]:
+def candidates(space: str, tokens: int, topk: int, num_experts: int) -> list[dict]:
     """The space's configs, less BLOCK_SIZE_M tiles far larger than an expert's
-    average rows (T * P / E, padded to 16): they only compute padding."""
+    average rows (T * P / E over all E experts, at least 16): they only compute padding."""
     if space not in SPACES:
         raise ValueError(f"--space {space!r}; valid: {', '.join(SPACES)}")
     axes = SPACES[space]
-    rows = max(16, tokens * topk / max(1, num_local_experts))
+    rows = max(16, tokens * topk / max(1, num_experts))
     out = []
     for values in itertools.product(*axes.values()):
         cfg = dict(zip(axes, values))
@@ -121,6 +120,8 @@ def tune(
             experts.ctx.options["triton_config"] = cfg
             experts.__dict__.pop("_config_cache", None)
             t = Trial(config=dict(cfg))
+            out.fill_(float("nan"))  # a tile that skips rows must not pass on the last trial's output
+            final.fill_(float("nan"))
             try:
                 experts.apply(out, prepared, ws13, ws2)
                 kernel.pf.finalize(final, out, prepared, experts.finalize_weight_and_reduce())
@@ -134,10 +135,11 @@ def tune(
                 t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             return t
 
-        base = default_config(T, E, I, config_dtype(quant.name), config_block_shape(quant.name), P)
+        # what the harness runs today (an installed file, else the heuristic) competes too
+        base = get_config(E, I, T, config_dtype(quant.name), config_block_shape(quant.name), P)
         res = TokenResult(tokens=T, default=trial(base))
-        res.trials.append(res.default)  # the heuristic competes too: tuning never makes it worse
-        cands = [cfg for cfg in candidates(space, T, P, E) if cfg != base]
+        res.trials.append(res.default)  # so tuning never makes it worse
+        cands = [cfg for cfg in candidates(space, T, P, shape.num_experts) if cfg != base]
         for i, cfg in enumerate(cands):
             res.trials.append(trial(cfg))
             if (i + 1) % 10 == 0 or i + 1 == len(cands):
@@ -172,14 +174,17 @@ def write(info: dict, results: list[TokenResult], out_dir: Path, install: bool =
         ],
     }
     (out_dir / "tune.json").write_text(json.dumps(detail, indent=2, default=str) + "\n")
-    if install:
-        shutil.copy(path, CONFIG_DIR / name)
+    if install:  # merge: keep the installed file's other token counts
+        target = CONFIG_DIR / name
+        merged = json.loads(target.read_text()) if target.exists() else {}
+        merged.update(best)
+        target.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: int(kv[0]))), indent=2) + "\n")
     return path
 
 
 def summary(results: list[TokenResult]) -> str:
-    """Markdown: per token count, the heuristic's time, the best config and its speed-up."""
-    lines = ["| tokens | heuristic µs | best µs | speed-up | best config | configs ok / tried |", "|---:|---:|---:|---:|---|---:|"]
+    """Markdown: per token count, the current config's time, the best config and its speed-up."""
+    lines = ["| tokens | current µs | best µs | speed-up | best config | configs ok / tried |", "|---:|---:|---:|---:|---|---:|"]
     for r in results:
         b = r.best
         ok = sum(1 for t in r.trials if not t.error)
