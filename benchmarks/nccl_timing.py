@@ -28,6 +28,11 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
     one = torch.zeros(1, device=dev)
     align = lambda: dist.all_reduce(one)  # noqa: E731
 
+    def agree(v: float) -> float:
+        t = torch.tensor([v], dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
     def by_hand() -> float:
         # the same method written out: barrier, flush, device-side align, events
         ts = []
@@ -45,8 +50,10 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
 
     for _ in range(30):
         fn()
-    a = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align)
-    b = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align)
+    a = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align,
+                            warmup_ms=200, agree=agree)
+    b = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align,
+                            warmup_ms=200, agree=agree)
     q.put((rank, a.median, b.median, by_hand(), a.p80 / a.p20))
     dist.destroy_process_group()
 

@@ -66,6 +66,7 @@ class RunnerConf:
     graph_max_tokens: int = 256  # graph mode above this many tokens falls back to events
     reps: int = 30
     warmup: int = 5
+    warmup_ms: float = 200.0  # GPU: keep calling this long after warmup, so samples see the sustained clock
     phase_reps: int = 10  # extra samples with phase events recorded
     l2_flush: bool = True
     timeout_s: float = 600.0  # per combination, all token counts together

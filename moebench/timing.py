@@ -3,6 +3,7 @@ samples with median / p20 / p80, an L2 flush between samples, ranks barriered
 before each sample."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -65,9 +66,11 @@ def time_samples(
     flush: Optional[Callable[[], None]] = None,
     align: Optional[Callable[[], None]] = None,
     graph: bool = False,
+    warmup_ms: float = 0.0,
+    agree: Optional[Callable[[float], float]] = None,
 ) -> Samples:
     """Time fn() `reps` times after `warmup` calls (see time_interleaved)."""
-    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph)[0]
+    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph, warmup_ms, agree)[0]
 
 
 def time_interleaved(
@@ -79,6 +82,8 @@ def time_interleaved(
     flush: Optional[Callable[[], None]] = None,
     align: Optional[Callable[[], None]] = None,
     graph: bool = False,
+    warmup_ms: float = 0.0,
+    agree: Optional[Callable[[float], float]] = None,
 ) -> list[Samples]:
     """Time several callables with their samples interleaved (A B C A B C ...),
     so that drift (clocks, temperature, other tenants of the host) hits them
@@ -92,7 +97,18 @@ def time_interleaved(
     flush, then `align` (e.g. a one-element all-reduce on the GPU, so that the
     ranks' start events fire together on the devices rather than when each
     host gets there), then the start event, with no host sync in between.
+    As the barrier leaves the GPU idle, a short callable would be timed with its
+    host launch latency in it (a ~50 µs shared expert read 105-250 µs over 2
+    ranks): so each callable's host enqueue time is measured once behind a
+    busy GPU, and the GPU gets that much head start (a spin kernel between
+    `align` and the start event), unless the callable syncs the host anyway.
     graph=True captures each callable in a CUDA graph and times its replays.
+
+    warmup_ms (GPU only): after the `warmup` calls, keep calling for about this
+    long, so that sampling starts at the clock the GPU sustains under this load
+    rather than at its idle boost (an H200 runs a GEMM ~10% faster in its first
+    tens of ms than after ~100 ms: docs/perf-notes.md). With several ranks,
+    `agree` (a max over the ranks) makes them run the same number of calls.
     """
     if graph:
         fns = [_capture(fn, device, warmup) for fn in fns]
@@ -100,7 +116,12 @@ def time_interleaved(
         for fn in fns:
             fn()
     _sync(device)
+    if warmup_ms > 0 and device.type == "cuda":
+        _warm_for(fns, device, warmup_ms, flush, agree)
     cuda = device.type == "cuda"
+    lead = [0] * len(fns)
+    if cuda and barrier is not None:
+        lead = [_lead_cycles(fn, device, agree) for fn in fns]
     if cuda and barrier is None:
         ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for _ in fns]
@@ -128,6 +149,8 @@ def time_interleaved(
             if align is not None:
                 align()
             if cuda:
+                if lead[j]:
+                    torch.cuda._sleep(lead[j])  # the host enqueues fn while the GPU spins
                 start.record()
                 fn()
                 end.record()
@@ -138,6 +161,68 @@ def time_interleaved(
                 fn()
                 out[j].append((time.perf_counter_ns() - t0) / 1e3)
     return [Samples(o) for o in out]
+
+
+_CYCLES_PER_US: dict = {}
+HOST_SYNCS_US = 15_000.0  # a callable whose enqueue outlasts a 20 ms busy GPU waits on it
+
+
+def _cycles_per_us(device: torch.device) -> float:
+    """Clock cycles per µs of torch.cuda._sleep's spin, measured once per device."""
+    if device not in _CYCLES_PER_US:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        _CYCLES_PER_US[device] = 10_000_000 / (a.elapsed_time(b) * 1e3)
+    return _CYCLES_PER_US[device]
+
+
+def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int = 3) -> float:
+    """Median host time of calling fn() while the GPU has ~20 ms of work queued,
+    so no launch waits for the GPU: fn's pure enqueue cost. A result above
+    HOST_SYNCS_US means fn waits on the GPU (e.g. reads a count back)."""
+    cyc = _cycles_per_us(device)
+    out = []
+    for _ in range(tries):
+        torch.cuda._sleep(int(20_000 * cyc))
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+        _sync(device)
+    return float(np.median(out))
+
+
+def _lead_cycles(fn, device, agree) -> int:
+    """Spin cycles to put before fn's start event (0 when fn syncs the host)."""
+    us = host_enqueue_us(fn, device)
+    if agree is not None:
+        us = agree(us)
+    if us > HOST_SYNCS_US:
+        return 0
+    return int((1.25 * us + 20.0) * _cycles_per_us(device))
+
+
+def _warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
+    """Call the callables (in turn, flushing L2 as sampling will) for ~warmup_ms."""
+    def one_round():
+        for fn in fns:
+            if flush is not None:
+                flush()
+            fn()
+
+    t0 = time.perf_counter()
+    one_round()
+    _sync(device)
+    round_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    n = float(min(10_000, math.ceil(warmup_ms / round_ms)))
+    if agree is not None:
+        n = agree(n)
+    for _ in range(int(n)):
+        one_round()
+    _sync(device)
 
 
 def _capture(fn: Callable[[], object], device: torch.device, warmup: int) -> Callable[[], None]:

@@ -209,7 +209,8 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             if shared is not None:
                 fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: shared(x)]
             timed = timing.time_interleaved(fns, device, r["reps"], r["warmup"], barrier=barrier, flush=flush,
-                                            align=align, graph=use_graph)
+                                            align=align, graph=use_graph, warmup_ms=r.get("warmup_ms", 0.0),
+                                            agree=lambda n: _all_max(n, group, device))
             res["samples_us"] = timed[0].us
             res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align))
             if mode == "profiler":

@@ -129,7 +129,7 @@ def tune(
                 if not t.rel_err <= tol:
                     t.error = f"incorrect: rel_err {t.rel_err:.3g} > {tol:g}"
                     return t
-                s = timing.time_samples(lambda: experts.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush)
+                s = timing.time_samples(lambda: experts.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush, warmup_ms=50.0)
                 t.us = s.median
             except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
                 t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
