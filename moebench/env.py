@@ -18,7 +18,7 @@ from .paths import REPO_ROOT
 LIBRARIES = {
     # import name: (distribution names to ask for a version, how to install)
     "deep_ep": (("deep_ep", "deep-ep"), "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'Optional libraries'"),
-    "deep_gemm": (("deep_gemm", "deep-gemm", "deepinfer-gemm"), "pip install deepinfer-gemm (builds DeepGEMM; needs libdw-dev headers and CXX=/usr/bin/g++); see README"),
+    "deep_gemm": (("deep_gemm", "deep-gemm", "deepinfer-gemm"), "scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2); see README"),
     "pplx_kernels": (("pplx_kernels", "pplx-kernels"), "build github.com/ppl-ai/pplx-kernels against NVSHMEM; see README"),
     "nvtx": (("nvtx",), "pip install nvtx"),
 }
@@ -118,7 +118,7 @@ def usable_entries(device: str, world_size: int) -> list[dict]:
     for kind, table in (("backend", registry.BACKENDS), ("experts", registry.EXPERTS)):
         for name, cls in sorted(table.items()):
             combo = dict(probe, backend=name if kind == "backend" else "local", experts=name if kind == "experts" else "torch")
-            if name.startswith("deepgemm"):
+            if "deepgemm" in name:  # deepgemm, deepgemm_masked, triton_or_deepgemm: fp8_block only
                 combo["quant"] = "fp8_block"
             if kind == "backend" and name.startswith("local"):
                 combo["world_size"] = 1

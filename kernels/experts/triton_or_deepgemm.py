@@ -1,0 +1,54 @@
+"""DeepGEMM above a row count, our Triton experts below it (vLLM's
+TritonOrDeepGemmExperts): small batches are latency-bound, where DeepGEMM's
+128-row padding per expert costs more than it gains.
+
+The choice depends on the rows after dispatch M only (host-known, no sync):
+DeepGEMM when M >= experts.deepgemm_min_tokens (ctx.options, default 256) and
+the GEMM shapes are multiples of DeepGEMM's alignment, Triton otherwise.
+workspace_shapes and transient_bytes answer for the implementation that runs
+at that M (as vLLM's does now), so the declared memory is the one in use.
+vLLM also sends I <= 512 to Triton; here the threshold is the only knob.
+"""
+from __future__ import annotations
+
+from ..interfaces import ActivationFormat, Experts
+from ..registry import register_experts
+from . import _deep_gemm
+from .deepgemm import DeepGemmExperts
+from .triton import TritonExperts, triton_unsupported
+
+DEFAULT_MIN_TOKENS = 256  # moebench/schema.py ExpertsConf.deepgemm_min_tokens
+
+
+@register_experts("triton_or_deepgemm")
+class TritonOrDeepGemmExperts(Experts):
+    activation_format = ActivationFormat.STANDARD
+    graph_capturable = DeepGemmExperts.graph_capturable and TritonExperts.graph_capturable
+
+    @classmethod
+    def supports(cls, combo):
+        return _deep_gemm.deepgemm_unsupported(combo) or triton_unsupported(combo)
+
+    def __init__(self, weights, reduction, ctx):
+        super().__init__(weights, reduction, ctx)
+        self.deepgemm = DeepGemmExperts(weights, reduction, ctx)
+        self.triton = TritonExperts(weights, reduction, ctx)
+        self.min_tokens = int((ctx.options or {}).get("deepgemm_min_tokens", DEFAULT_MIN_TOKENS))
+
+    def uses_deepgemm(self, M: int) -> bool:
+        """Whether M rows after dispatch go to DeepGEMM."""
+        E, N, K = self.w.w13_ENK.shape
+        align = self.deepgemm._align()
+        return M >= self.min_tokens and N % align == 0 and K % align == 0 and (N // 2) % align == 0
+
+    def _impl(self, M: int) -> Experts:
+        return self.deepgemm if self.uses_deepgemm(M) else self.triton
+
+    def workspace_shapes(self, M, N, K, topk, num_local_experts):
+        return self._impl(M).workspace_shapes(M, N, K, topk, num_local_experts)
+
+    def transient_bytes(self, M, N, K, topk, num_local_experts):
+        return self._impl(M).transient_bytes(M, N, K, topk, num_local_experts)
+
+    def apply(self, output, prepared, workspace13, workspace2):
+        self._impl(prepared.topk_ids_MP.shape[0]).apply(output, prepared, workspace13, workspace2)
