@@ -1,5 +1,6 @@
 """DeepEP (v1 API, `deep_ep.Buffer`) helpers: a lazy import that says how to
-install the library, and a per-process cache of intranode NVLink buffers.
+install the library, and a per-process cache of buffers: high-throughput
+(intranode NVLink IPC) for deepep_ht, low-latency (NVSHMEM) for deepep_ll.
 
 `deep_ep` is imported inside functions only, so this module (and every backend
 built on it) imports fine on machines without the library.
@@ -94,9 +95,9 @@ def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int) -> HTBuffer:
     hit = _BUFFERS.get(key)
     if hit is not None and hit.group is group:
         return hit
-    # one buffer per group: free another size's buffer first, so a combination's
+    # one HT buffer per group: free another size's buffer first, so a combination's
     # device memory holds only its own (every rank reaches this point in the same order)
-    release_buffers(group)
+    release_buffers(group, kind="ht")
     dispatch_cfg, combine_cfg = ht_configs(world_size, num_sms)
     # bytes: the larger of DeepEP's own size hints for the two configs (README's get_buffer)
     num_nvl_bytes = max(c.get_nvl_buffer_size_hint(hidden_bytes, world_size) for c in (dispatch_cfg, combine_cfg))
@@ -108,21 +109,108 @@ def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int) -> HTBuffer:
     return entry
 
 
-def release_buffers(group: Any = None) -> int:
-    """Destroy the cached buffers of `group` (all groups when None); returns how many.
+def release_buffers(group: Any = None, kind: Optional[str] = None) -> int:
+    """Destroy the cached buffers of `group` (all groups when None) of `kind`
+    ("ht", "ll"; both when None); returns how many.
 
-    Collective: DeepEP's destroy() barriers over NVLink, so every rank of the
-    group must call this (the harness does, before tearing the group down).
+    Collective: DeepEP's destroy() barriers over NVLink (HT) or NVSHMEM (LL), so
+    every rank of the group must call this, in the same order (the harness does,
+    before tearing the group down).
     """
+    global _LL, _LL_DESTROYED
     n = 0
-    for key, entry in list(_BUFFERS.items()):
-        if group is not None and entry.group is not group:
-            continue
-        del _BUFFERS[key]
+    if kind in (None, "ht"):
+        for key, entry in list(_BUFFERS.items()):
+            if group is not None and entry.group is not group:
+                continue
+            del _BUFFERS[key]
+            entry.buffer.destroy()
+            n += 1
+    if kind in (None, "ll") and _LL is not None and (group is None or _LL.group is group):
+        entry, _LL = _LL, None
+        _LL_DESTROYED = True  # NVSHMEM is finalised now: no second LL buffer in this process
         entry.buffer.destroy()
         n += 1
     return n
 
 
 def cached_buffer_count() -> int:
-    return len(_BUFFERS)
+    return len(_BUFFERS) + (_LL is not None)
+
+
+# ----------------------------------------------------------------------------
+# Low-latency buffer: DeepEP's low-latency kernels live in one NVSHMEM symmetric
+# buffer, and creating it initialises NVSHMEM, which a process may do once
+# (NVSHMEM's docs: a second nvshmem_init in the same program is undefined, and
+# destroy() finalises it). So a process holds at most one LL buffer, of one shape,
+# for its whole life; moebench's planner gives every deepep_ll buffer shape its
+# own process group (plan.Combination.family).
+
+
+@dataclass
+class LLBuffer:
+    """The process's `deep_ep.Buffer` in low-latency mode and the shape it is sized for."""
+
+    group: Any
+    buffer: Any  # deep_ep.Buffer(low_latency_mode=True)
+    max_tokens_per_rank: int  # num_max_dispatch_tokens_per_rank, the same on every rank
+    hidden: int
+    num_experts: int  # global experts
+    num_rdma_bytes: int  # NVSHMEM symmetric bytes per rank
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.max_tokens_per_rank, self.hidden, self.num_experts)
+
+
+_LL: Optional[LLBuffer] = None
+_LL_DESTROYED = False  # an LL buffer was destroyed: NVSHMEM was finalised in this process
+
+
+def ll_rdma_bytes(max_tokens_per_rank: int, hidden: int, world_size: int, num_experts: int) -> int:
+    """DeepEP's own size hint for the low-latency buffer (bytes per rank): two
+    halves of send, receive and signal buffers for `max_tokens_per_rank` tokens."""
+    return int(require().Buffer.get_low_latency_rdma_size_hint(max_tokens_per_rank, hidden, world_size, num_experts))
+
+
+def get_ll_buffer(group: Any, max_tokens_per_rank: int, hidden: int, num_experts: int) -> LLBuffer:
+    """The process's low-latency buffer for `group`, sized for (max tokens per
+    rank, hidden, experts); created on first use.
+
+    Collective on first use (an all-gather of device ids and the NVSHMEM unique id,
+    then NVSHMEM initialisation): every rank of `group` must call it in the same
+    order. Asking for another group or shape once one exists, or for any after one
+    was destroyed, raises: NVSHMEM cannot initialise twice in a process.
+    """
+    global _LL
+    deep_ep = require()
+    shape = (max_tokens_per_rank, hidden, num_experts)
+    if _LL is not None:
+        if _LL.group is group and _LL.shape == shape:
+            return _LL
+        raise RuntimeError(
+            f"this process already holds a DeepEP low-latency buffer for (max tokens per rank, hidden, "
+            f"experts)={_LL.shape} on another group or shape than {shape}: DeepEP's low-latency buffer "
+            "initialises NVSHMEM, which a process may do once; run each buffer shape in its own process "
+            "(moebench sweeps do: one process group per deepep_ll buffer shape)"
+        )
+    if _LL_DESTROYED:
+        raise RuntimeError(
+            "a DeepEP low-latency buffer was already destroyed in this process, which finalised NVSHMEM; "
+            "NVSHMEM cannot initialise again in the same process: create the next buffer in a new process"
+        )
+    world_size = group.size()
+    if num_experts % world_size:
+        raise ValueError(f"world_size={world_size} does not divide num_experts={num_experts}")
+    num_rdma_bytes = ll_rdma_bytes(max_tokens_per_rank, hidden, world_size, num_experts)
+    # num_nvl_bytes=0: the low-latency kernels use only the NVSHMEM buffer (DeepEP's
+    # README get_buffer and tests/test_low_latency.py pass 0 too); one QP per local
+    # expert, as DeepEP requires (its dispatch asserts num_rc_per_pe >= local experts);
+    # NVLink between the ranks of a node instead of RDMA loopback; explicitly_destroy:
+    # release_buffers() frees it (a destructor-time free can hang exception handling)
+    buf = deep_ep.Buffer(
+        group, 0, num_rdma_bytes, low_latency_mode=True, num_qps_per_rank=num_experts // world_size,
+        allow_nvlink_for_low_latency_mode=True, explicitly_destroy=True,
+    )
+    _LL = LLBuffer(group, buf, max_tokens_per_rank, hidden, num_experts, num_rdma_bytes)
+    return _LL
