@@ -59,7 +59,8 @@ def empty_measurements() -> dict:
         "latency_us_median": NAN, "latency_us_p20": NAN, "latency_us_p80": NAN,
         "samples_us": [], "latency_us_per_rank": [],
         "shared_us": NAN, "latency_no_shared_us": NAN, "shared_exposed_us": NAN,
-        "overlap_fraction": NAN, "trace_overlap_fraction": NAN,
+        "overlap_fraction": NAN, "trace_overlap_fraction": NAN, "trace_intersection_fraction": NAN,
+        "trace_overlap_method": "",
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
         "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "",
@@ -104,11 +105,13 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
             row["overlap_fraction"] = min(1.0, max(0.0, 1.0 - row["shared_exposed_us"] / row["shared_us"]))
     for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes"):
         row[k] = _max(ranks, k)
-    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "expert_flops", "expert_bytes"):
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
+              "expert_flops", "expert_bytes"):
         row[k] = _mean(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps"):  # derived per rank (DESIGN.md); the row holds the mean
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
     row["trace_path"] = ranks[0].get("trace_path", "")
+    row["trace_overlap_method"] = ranks[0].get("trace_overlap_method", "")  # stretch | intersection
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
         row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]
     return row

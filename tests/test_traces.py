@@ -18,8 +18,11 @@ import torch
 
 from moebench.traces import nsys as nsys_mod
 from moebench.traces.cli import find_traces, summarize_file, trace_command
-from moebench.traces.metrics import intersect, length, summarize, to_markdown, union
-from moebench.traces.model import is_comm_kernel
+from moebench.traces.metrics import (
+    METHOD_INTERSECTION, METHOD_STRETCH, OVERLAP_HEADER, PLAIN_NOTE, intersect, length, stretch_aware, summarize,
+    to_markdown, union,
+)
+from moebench.traces.model import ABLATION_PREFIXES, is_comm_kernel
 from moebench.traces.nsys import NSYS_MISSING, nsys_available, nsys_command, nsys_processes, parse_nsys_sqlite
 from moebench.traces.nvtx import combo_range, make_phase_recorder, sample_range
 from moebench.traces.torch_trace import capture, parse_torch_trace, trace_path
@@ -29,6 +32,24 @@ CHROME = FIX / "synthetic_cuda.json"
 NSYS = FIX / "synthetic_nsys.sqlite"
 CPU_TRACE = FIX / "cpu_phases.json.gz"
 GPU_TRACE = FIX / "h200_nccl_rank0_T1024.json.gz"  # capture_gpu_trace.py on 2 x H200, torch 2.11
+ABLATION = FIX / "synthetic_ablation.json"  # the stretch scenario (make_fixtures.py)
+ABLATION_NSYS = FIX / "synthetic_ablation_nsys.sqlite"
+H200 = sorted(FIX.glob("h200_*.json.gz"))  # real traces of the old format: no ablation samples
+
+
+def _fixtures_module():
+    spec = importlib.util.spec_from_file_location("make_fixtures", FIX / "make_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _md_row(md: str, label: str) -> str:
+    """The value column of the overlap table's row that starts with `label`."""
+    for line in md.splitlines():
+        if line.startswith(f"| {label}"):
+            return line.rsplit("|", 2)[1].strip()
+    raise AssertionError(f"no row {label!r} in\n{md}")
 
 # exact figures of the synthetic scenario (µs per sample)
 CPU_US = {"prepare": 10, "dispatch": 10, "shared_experts": 20, "experts": 20, "finalize": 40, "weight_reduce": 8, "combine": 20}
@@ -164,8 +185,12 @@ def _check_scenario(s):
     assert s.shared_us == pytest.approx(100)
     assert s.comm_us == pytest.approx(110)
     assert s.overlap_us == pytest.approx(60)
-    assert s.trace_overlap_fraction == pytest.approx(0.6, abs=1e-9)
+    assert s.window_us == pytest.approx(150)
+    # no ablation samples: the plain intersection figure, and the summary says so
+    assert s.method == METHOD_INTERSECTION and PLAIN_NOTE in s.notes
+    assert s.trace_overlap_fraction == pytest.approx(0.6, abs=1e-9) == s.intersection_fraction
     assert s.shared_exposed_us == pytest.approx(40)
+    assert s.shared_alone_us is None and s.comm_alone_us is None and s.comm_stretch is None
     streams = {st.lane: st for st in s.streams}
     assert set(streams) == {"dev0/s7", "dev0/s20"}
     assert streams["dev0/s7"].busy_us == pytest.approx(225)
@@ -189,7 +214,10 @@ def test_synthetic_chrome_trace():
     s = summarize(trace)
     _check_scenario(s)
     md = to_markdown(s)
-    assert "| 100.0 | 110.0 | 60.0 | 0.600 | 40.0 |" in md
+    assert OVERLAP_HEADER in md and f"note: {PLAIN_NOTE}" in md
+    assert _md_row(md, "**trace_overlap_fraction** (plain intersection)") == "0.600"
+    assert _md_row(md, "intersection_fraction") == "0.600"
+    assert _md_row(md, "shared experts alone") == "–" and _md_row(md, "exposed (shared in layer") == "40.0"
 
 
 def test_real_h200_trace_with_nccl():
@@ -291,8 +319,8 @@ def test_trace_command_directory_and_plot(tmp_path, capsys):
     captured = capsys.readouterr()
     text = captured.out
     assert "skipped:" in captured.err and "rank1_T8.json" in captured.err
-    assert text.count("| shared µs | comm µs |") == 4
-    assert "| 100.0 | 110.0 | 60.0 | 0.600 | 40.0 |" in text
+    assert text.count(OVERLAP_HEADER) == 4
+    assert "| **trace_overlap_fraction** (plain intersection) | 0.600 |" in text
     pngs = sorted((run / "traces").rglob("*.timeline.png"))
     assert len(pngs) == 4 and all(p.stat().st_size > 5000 for p in pngs)
     assert all(f"timeline: {p}" in text for p in pngs)
@@ -344,10 +372,218 @@ def test_bad_paths_raise_value_error(tmp_path):
 
 # -- fixtures stay in sync with their generator ---------------------------------------
 def test_fixture_script_reproduces_synthetic_trace(tmp_path):
-    spec = importlib.util.spec_from_file_location("make_fixtures", FIX / "make_fixtures.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _fixtures_module()
     mod.write_chrome(tmp_path / "c.json")
     mod.write_nsys(tmp_path / "n.sqlite")
     assert json.loads((tmp_path / "c.json").read_text())["traceEvents"] == json.loads(CHROME.read_text())["traceEvents"]
     _check_scenario(summarize(parse_nsys_sqlite(tmp_path / "n.sqlite")))
+    mod.write_chrome(tmp_path / "a.json", mod.ablation_samples(), mod.STRETCH_COMBO)
+    mod.write_nsys(tmp_path / "a.sqlite", mod.ablation_samples(), mod.STRETCH_COMBO)
+    assert (json.loads((tmp_path / "a.json").read_text())["traceEvents"]
+            == json.loads(ABLATION.read_text())["traceEvents"])
+    _check_stretch_scenario(summarize(parse_nsys_sqlite(tmp_path / "a.sqlite")))
+
+
+# -- (f) stretch-aware overlap: ablation samples in the trace ----------------------------
+def _check_stretch_scenario(s):
+    """make_fixtures.py's stretch scenario: exposed 20 of 80 µs of shared experts."""
+    assert s.num_samples == 3 and s.num_ablation_samples == {"noshared": 3, "shared": 3}
+    assert s.method == METHOD_STRETCH and PLAIN_NOTE not in s.notes
+    assert s.shared_us == pytest.approx(80) and s.comm_us == pytest.approx(190)
+    assert s.overlap_us == pytest.approx(80) and s.window_us == pytest.approx(190)
+    assert s.comm_alone_us == pytest.approx(170) and s.shared_alone_us == pytest.approx(80)
+    assert s.shared_exposed_us == pytest.approx(20)
+    assert s.trace_overlap_fraction == pytest.approx(0.75, abs=1e-9)
+    assert s.intersection_fraction == pytest.approx(1.0)
+    assert s.comm_stretch == pytest.approx(190 / 170) and s.shared_stretch == pytest.approx(1.0)
+    # the ablation samples stay out of the layer's phases, streams and "outside" count
+    assert s.phases["experts"].num_kernels == 1 and s.phases["shared_experts"].gpu_us == pytest.approx(80)
+    assert {st.lane: st.num_kernels for st in s.streams} == {"dev0/s7": 15, "dev0/s20": 6}
+    assert any(n.startswith("1 GPU activities outside every sample") for n in s.notes)
+    row = s.as_row()
+    assert row["trace_overlap_fraction"] == pytest.approx(0.75) and row["trace_overlap_method"] == "stretch"
+    assert row["trace_intersection_fraction"] == pytest.approx(1.0)
+    assert row["trace_comm_alone_us"] == pytest.approx(170) and row["trace_window_us"] == pytest.approx(190)
+
+
+def test_stretch_aware_fixture_chrome_and_nsys(tmp_path, capsys):
+    trace = parse_torch_trace(ABLATION)
+    by = {}
+    for k in trace.kernels:
+        by.setdefault((k.sample, k.ablation), []).append(k)
+    assert {key for key in by if key[1]} == {(None, (kind, i)) for kind in ABLATION_PREFIXES for i in range(3)}
+    assert all(not k.shared for k in by[(None, ("noshared", 0))])  # no shared-expert kernel without them
+    assert all(k.shared for k in by[(None, ("shared", 0))])  # inside the `shared_experts` range of the call
+    _check_stretch_scenario(summarize(trace))
+    _check_stretch_scenario(summarize(parse_nsys_sqlite(ABLATION_NSYS)))
+    assert trace_command(str(ABLATION), plot=True, out=str(tmp_path)) == 0
+    md = capsys.readouterr().out
+    assert (tmp_path / "synthetic_ablation.json.timeline.png").stat().st_size > 5000
+    for label, want in [("samples: layer", "3 / 3 / 3"), ("shared experts alone", "80.0"),
+                        ("shared experts in the layer", "80.0"), ("comm alone", "170.0"),
+                        ("comm in the layer", "190.0"), ("comm stretch", "1.118"), ("window", "190.0"),
+                        ("intersection: comm ∩ shared", "80.0"), ("exposed (window − comm alone)", "20.0"),
+                        ("**trace_overlap_fraction** (stretch-aware", "0.750"), ("intersection_fraction", "1.000")]:
+        assert _md_row(md, label) == want, label
+    assert PLAIN_NOTE not in md
+
+
+def _stretch_summary(tmp_path, name, **kw):
+    mod = _fixtures_module()
+    path = tmp_path / f"{name}.json"
+    mod.write_chrome(path, mod.ablation_samples(**kw), mod.STRETCH_COMBO)
+    return summarize(parse_torch_trace(path))
+
+
+def test_stretch_aware_perfect_overlap_without_stretch_is_one(tmp_path):
+    """(a) The shared experts run entirely beside a reduce-scatter that does not slow down."""
+    s = _stretch_summary(tmp_path, "a", stretch=(0, 0, 0), rs_alone=(100, 100, 100), act_alone=(30, 30, 30))
+    assert s.method == METHOD_STRETCH
+    assert s.window_us == pytest.approx(170) == s.comm_alone_us and s.shared_exposed_us == pytest.approx(0)
+    assert s.trace_overlap_fraction == pytest.approx(1.0) == s.intersection_fraction
+    assert s.comm_stretch == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("stretch", [5, 20, 40, 80, 130])
+def test_stretch_aware_comm_stretched_by_x(tmp_path, stretch):
+    """(b) The reduce-scatter is X µs longer beside the shared experts (80 µs alone): 1 − X/80
+    (clamped at 0), while the plain intersection still says 1.0."""
+    s = _stretch_summary(tmp_path, f"b{stretch}", stretch=(stretch,) * 3, rs_alone=(100,) * 3, act_alone=(30,) * 3)
+    assert s.shared_exposed_us == pytest.approx(stretch)
+    assert s.trace_overlap_fraction == pytest.approx(max(0.0, 1 - stretch / 80), abs=1e-9)
+    assert s.intersection_fraction == pytest.approx(1.0)
+    assert s.comm_stretch == pytest.approx((170 + stretch) / 170)
+
+
+@pytest.mark.parametrize("rs_alone", [(100, 100, 100), (96, 97, 99), (103, 104, 102)])
+def test_stretch_aware_overlap_none_is_zero(tmp_path, rs_alone):
+    """(c) overlap=none: no shared kernel runs beside communication, window = comm + shared, so
+    nothing is hidden, also when the comm kernel alone is a few µs shorter or longer (noise)."""
+    s = _stretch_summary(tmp_path, "c", stretch=(0, 0, 0), rs_alone=rs_alone, act_alone=(30, 31, 29), overlap="none")
+    assert s.method == METHOD_STRETCH
+    assert s.overlap_us == 0 and s.window_us == pytest.approx(170 + 80)
+    assert s.trace_overlap_fraction == 0.0 and s.intersection_fraction == 0.0
+
+
+def test_stretch_aware_formula_clamps_and_bound():
+    assert stretch_aware(190, 170, 80, 80) == (20, 0.75)
+    assert stretch_aware(150, 170, 80, 80) == (0, 1.0)  # window shorter than comm alone: clamped
+    assert stretch_aware(300, 170, 80, 80) == (130, 0.0)  # more exposed than the shared experts take alone
+    exposed, frac = stretch_aware(245, 168, 80, 0.0)  # no intersection, comm a little faster in the layer
+    assert exposed == 77 and frac == 0.0  # bounded by the intersection: not 1 − 77/80
+    assert stretch_aware(200, 170, 80, 10)[1] == pytest.approx(10 / 80)  # 1 − 30/80 = 0.625 > 10/80
+    assert stretch_aware(190, 170, 80) == (20, 0.75)  # no bound without an intersection
+    assert stretch_aware(None, 170, 80, 80) == (None, None)
+    assert stretch_aware(190, 170, 0, 80) == (None, None)
+
+
+def test_only_one_ablation_family_falls_back_to_plain(tmp_path):
+    mod = _fixtures_module()
+    samples = [smp for smp in mod.ablation_samples() if not smp["name"].startswith("sample_shared/")]
+    path = tmp_path / "half.json"
+    mod.write_chrome(path, samples, mod.STRETCH_COMBO)
+    s = summarize(parse_torch_trace(path))
+    assert s.method == METHOD_INTERSECTION and PLAIN_NOTE in s.notes
+    assert s.trace_overlap_fraction == pytest.approx(1.0) and s.comm_alone_us == pytest.approx(170)
+
+
+@pytest.mark.parametrize("path", H200, ids=[p.name for p in H200])
+def test_old_format_traces_give_the_plain_figure_with_a_note(path, capsys):
+    """(d) Traces without ablation samples (the committed H200 ones): the plain intersection
+    figure, and `moebench trace` says so."""
+    s = summarize_file(path)[0]
+    assert s.num_ablation_samples == {"noshared": 0, "shared": 0}
+    assert s.method == METHOD_INTERSECTION and s.trace_overlap_fraction == s.intersection_fraction
+    assert s.shared_alone_us is None and s.comm_alone_us is None
+    assert trace_command(str(path), plot=False, out=None) == 0
+    out = capsys.readouterr().out
+    assert f"note: {PLAIN_NOTE}" in out
+    assert _md_row(out, "**trace_overlap_fraction** (plain intersection)") == f"{s.trace_overlap_fraction:.3f}"
+
+
+def test_capture_records_ablation_families(tmp_path):
+    """capture(..., ablation=): after the layer samples, as many of each ablation callable, each
+    warmed up, in its own range, with the barrier before every sample."""
+    calls, order = [], []
+    rec = make_phase_recorder(nvtx=False, record_function=True, cuda_events=False, device="cpu")
+    x = torch.randn(32, 32)
+
+    def layer():
+        order.append("layer")
+        with rec("experts"):
+            x @ x
+        with rec("shared_experts"):
+            x + 1
+
+    def noshared():
+        order.append("noshared")
+        with rec("experts"):
+            x @ x
+
+    def shared():
+        order.append("shared")
+        with rec("shared_experts"):
+            x + 1
+
+    path = capture(layer, tmp_path / "t.json", warmup=1, samples=2, combo_key="k", barrier=lambda: calls.append(1),
+                   ablation={"shared": shared, "noshared": noshared})
+    assert order == ["layer", "noshared", "shared"] + ["layer"] * 2 + ["noshared"] * 2 + ["shared"] * 2
+    assert len(calls) == 6
+    trace = parse_torch_trace(path)
+    names = {r.name for r in trace.ranges}
+    assert {"sample/0", "sample/1", "sample_noshared/0", "sample_noshared/1", "sample_shared/0",
+            "sample_shared/1"} <= names
+    assert trace.has_ablation()
+    s = summarize(trace)
+    assert s.num_samples == 2 and s.num_ablation_samples == {"noshared": 2, "shared": 2}
+    assert s.phases["experts"].num_ranges == 1  # per layer sample: the ablation samples stay out
+    assert s.trace_overlap_fraction is None and s.method is None  # CPU: no kernels, no figure
+    with pytest.raises(ValueError, match="ablation kinds"):
+        capture(layer, tmp_path / "u.json", ablation={"alone": shared})
+
+
+# -- (g) the worker's capture, end to end on 2 gloo ranks ----------------------------------
+def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monkeypatch, capsys):
+    """trace=torch on the CPU (no GPU kernels): with overlap=combine each rank's trace holds the
+    layer samples, then as many samples of the layer without shared experts and of the shared
+    experts alone; overlap=none records the layer samples only."""
+    from moebench.store import RunStore
+    from moebench.sweep import execute
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=experts", "overlap=none,combine",
+                          "quant=bf16", "model=tiny", "trace=torch", "trace.samples=2",
+                          "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=1", "runner.phase_reps=2",
+                          "runner.memory=false"], None, str(tmp_path / "run"), quiet=True)
+    df = RunStore(run_dir).load().set_index("overlap")
+    assert set(df.status) == {"ok"} and set(df.index) == {"none", "combine"}
+    for overlap, row in df.iterrows():
+        path = Path(run_dir) / row.trace_path
+        assert path.name == "rank0_T4.json" and path.parent.name in row.trace_path
+        for rank in (0, 1):
+            trace = parse_torch_trace(path.with_name(f"rank{rank}_T4.json"))
+            names = [r.name for r in trace.ranges]
+            assert [n for n in names if n.startswith("sample/")] == ["sample/0", "sample/1"]
+            families = {kind: sorted(i for i, _ in trace.ablation_ranges(kind)) for kind in ABLATION_PREFIXES}
+            if overlap == "combine":
+                assert families == {"noshared": [0, 1], "shared": [0, 1]}, (rank, names)
+                # the ablation samples come after the layer samples; the layer without shared
+                # experts has no shared_experts range; the shared experts alone have theirs only
+                last_layer = max(r.end_us for _, r in trace.sample_ranges())
+                assert all(r.start_us >= last_layer for kind in ABLATION_PREFIXES
+                           for _, r in trace.ablation_ranges(kind))
+                for kind, want in (("noshared", False), ("shared", True)):
+                    for _, sr in trace.ablation_ranges(kind):
+                        inner = {r.name for r in trace.ranges if sr.start_us <= r.start_us <= r.end_us <= sr.end_us
+                                 and r is not sr}
+                        assert ("shared_experts" in inner) == want, (kind, inner)
+                        if kind == "shared":
+                            assert inner == {"shared_experts"}
+            else:
+                assert families == {"noshared": [], "shared": []}
+            s = summarize(trace)
+            assert s.num_samples == 2 and s.trace_overlap_fraction is None  # no GPU kernels on the CPU
+    assert trace_command(str(run_dir), plot=False, out=None) == 0
+    out = capsys.readouterr().out
+    assert out.count(OVERLAP_HEADER) == 4 and "| samples: layer / without shared experts / shared experts alone" \
+        " (medians below) | 2 / 2 / 2 |" in out

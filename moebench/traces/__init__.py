@@ -2,8 +2,9 @@
 
 Harness entry points (imported lazily, so `moebench trace` does not pay for torch):
 - `make_phase_recorder(nvtx, record_function, cuda_events, device)`, `combo_range(key)`,
-  `sample_range(i)`                                   (moebench.traces.nvtx)
-- `capture(fn, path, warmup)`, `trace_path(trace_dir, combo_key, rank, tokens)`
+  `sample_range(i)`, `ablation_range(kind, i)`        (moebench.traces.nvtx)
+- `capture(fn, path, warmup, ..., ablation={"noshared": f, "shared": g})`,
+  `trace_path(trace_dir, combo_key, rank, tokens)`
                                                       (moebench.traces.torch_trace)
 - `nsys_available()`, `nsys_command(argv, output, combo_key)`, `NSYS_MISSING`
                                                       (moebench.traces.nsys)
@@ -15,11 +16,12 @@ import importlib
 
 _EXPORTS = {
     "find_traces": "cli", "load_traces": "cli", "summarize_file": "cli", "trace_command": "cli",
-    "TraceSummary": "metrics", "summarize": "metrics", "to_markdown": "metrics",
-    "COMM_PATTERNS": "model", "DOMAIN": "model", "PHASES": "model", "Kernel": "model", "Range": "model",
-    "Trace": "model", "is_comm_kernel": "model",
+    "TraceSummary": "metrics", "stretch_aware": "metrics", "summarize": "metrics", "to_markdown": "metrics",
+    "ABLATION_PREFIXES": "model", "COMM_PATTERNS": "model", "DOMAIN": "model", "PHASES": "model",
+    "Kernel": "model", "Range": "model", "Trace": "model", "is_comm_kernel": "model",
     "NSYS_MISSING": "nsys", "nsys_available": "nsys", "nsys_command": "nsys", "parse_nsys_sqlite": "nsys",
-    "PhaseRecorder": "nvtx", "combo_range": "nvtx", "make_phase_recorder": "nvtx", "sample_range": "nvtx",
+    "PhaseRecorder": "nvtx", "ablation_range": "nvtx", "combo_range": "nvtx", "make_phase_recorder": "nvtx",
+    "sample_range": "nvtx",
     "capture": "torch_trace", "parse_torch_trace": "torch_trace", "trace_path": "torch_trace",
     "plot_timeline": "timeline",
     "overlap_from_trace": "analyze", "trace_row": "analyze",

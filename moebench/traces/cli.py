@@ -1,5 +1,11 @@
 """`moebench trace RUN_OR_FILE [--plot] [--out DIR]`: phases, streams and overlap of traces.
 
+The overlap table gives, per trace, the shared experts alone and in the layer, the
+communication alone and in the layer (and its stretch), their window and intersection,
+the exposed time, `trace_overlap_fraction` (stretch-aware when the trace holds ablation
+samples, else the plain intersection figure, with a note saying so) and the plain
+`intersection_fraction`; definitions in moebench/traces/metrics.py.
+
 A target is a trace file (`.json`, `.json.gz` from torch; `.sqlite` from `nsys
 export`) or a run directory, in which case every trace under `<run>/traces/`
 (or under the directory itself when it has no `traces/`) is read. Bad input

@@ -6,9 +6,37 @@ Definitions (all µs, per sample, then the median across samples):
   that phase (inclusive: `finalize` counts its `combine` and `weight_reduce` kernels);
 - `shared_us`: union time of the shared-expert kernels (launched inside `shared_experts`);
 - `comm_us`: union time of the communication kernels (NCCL, DeepEP, pplx, symm-mem);
-- `overlap_us` = |shared ∩ comm|; `trace_overlap_fraction` = overlap_us / shared_us;
-- `shared_exposed_us` = shared_us − overlap_us (shared-expert time not hidden by comm).
-A sample is a `sample/<i>` range; without them the whole trace is one sample.
+- `overlap_us` = |shared ∩ comm| (the intersection);
+  `intersection_fraction` = overlap_us / shared_us (the plain figure: the share of the
+  shared-expert kernels' time during which a communication kernel also ran);
+- `window_us` = |shared ∪ comm|: how long communication or shared experts kept the GPU busy.
+A layer sample is a `sample/<i>` range; without them the whole trace is one sample.
+
+The overlap figure, `trace_overlap_fraction`, is the share of the shared experts' own
+time that the overlap hides, measured in the trace as the ablation measures it with
+events. Two kernels running side by side slow each other (DeepEP's combine 419 -> 530 µs
+beside the shared experts on H200), so their intersection overstates what is saved. The
+trace therefore also holds, after the layer samples, as many samples of the layer
+without its shared experts (`sample_noshared/<i>`) and of the shared experts alone
+(`sample_shared/<i>`), and:
+- `comm_alone_us`  = median over `sample_noshared` samples of the comm kernels' busy time;
+- `shared_alone_us` = median over `sample_shared` samples of the shared kernels' busy time
+  (every non-communication kernel of such a sample);
+- `shared_exposed_us` = max(0, median(window_us) − comm_alone_us): what comm + shared
+  cost in the layer beyond what comm costs alone;
+- `trace_overlap_fraction` = clamp(1 − shared_exposed_us / shared_alone_us, 0, 1), and
+  never above median(overlap_us) / shared_alone_us.
+Since window = comm + shared − overlap, the hidden time shared_alone − exposed equals
+overlap − (comm in layer − comm alone) − (shared in layer − shared alone): the
+intersection less both kernels' stretch. Both stretches are ≥ 0 but for noise, so the
+hidden time is bounded by the intersection; the bound keeps noise (e.g. a comm kernel a
+little shorter in the layer than alone) from reporting hidden time where shared and
+comm kernels never ran together (overlap=none gives 0). `comm_stretch` = median(comm_us)
+/ comm_alone_us and `shared_stretch` = median(shared_us) / shared_alone_us.
+A trace without both ablation families (older traces; `overlap=none`, which records
+none) falls back to the plain figure: `trace_overlap_fraction` = median of the per-sample
+`intersection_fraction`, `shared_exposed_us` = median of shared_us − overlap_us, and the
+summary says so (`method` "intersection", a note).
 """
 from __future__ import annotations
 
@@ -17,7 +45,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from moebench.traces.model import PHASES, Trace
+from moebench.traces.model import ABLATION_PREFIXES, PHASES, Trace
+
+METHOD_STRETCH = "stretch"  # window − comm alone, over shared alone (ablation samples in the trace)
+METHOD_INTERSECTION = "intersection"  # |shared ∩ comm| / |shared| (no ablation samples)
+PLAIN_NOTE = "plain intersection: no ablation samples in this trace"
 
 
 # -- interval arithmetic (µs) -------------------------------------------------
@@ -83,21 +115,37 @@ class TraceSummary:
     combos: list
     phases: dict  # name -> PhaseStats
     streams: list  # [StreamStats]
-    shared_us: Optional[float]
-    comm_us: Optional[float]
-    overlap_us: Optional[float]
-    trace_overlap_fraction: Optional[float]
-    shared_exposed_us: Optional[float]
+    shared_us: Optional[float]  # shared-expert kernels' busy time in a layer sample
+    comm_us: Optional[float]  # communication kernels' busy time in a layer sample
+    overlap_us: Optional[float]  # |shared ∩ comm|
+    trace_overlap_fraction: Optional[float]  # stretch-aware, or the plain figure (see `method`)
+    shared_exposed_us: Optional[float]  # of the method in use
+    intersection_fraction: Optional[float] = None  # the plain figure, always
+    window_us: Optional[float] = None  # |shared ∪ comm|
+    shared_alone_us: Optional[float] = None  # sample_shared/<i>
+    comm_alone_us: Optional[float] = None  # sample_noshared/<i>
+    comm_stretch: Optional[float] = None  # comm_us / comm_alone_us
+    shared_stretch: Optional[float] = None  # shared_us / shared_alone_us
+    method: Optional[str] = None  # "stretch" | "intersection" | None (no figure)
+    num_ablation_samples: dict = field(default_factory=dict)  # kind -> number of samples
     per_sample: list = field(default_factory=list)  # [dict] raw per-sample figures
+    ablation_samples: list = field(default_factory=list)  # [dict] raw figures of the ablation samples
     notes: list = field(default_factory=list)
 
     def as_row(self) -> dict:
-        """Flat figures for the results store (µs; fraction in [0, 1]; None where absent)."""
+        """Flat figures for the results store (µs; fractions in [0, 1]; None where absent)."""
         row = {
             "trace_overlap_fraction": self.trace_overlap_fraction,
+            "trace_overlap_method": self.method,
+            "trace_intersection_fraction": self.intersection_fraction,
             "trace_shared_us": self.shared_us,
             "trace_comm_us": self.comm_us,
             "trace_overlap_us": self.overlap_us,
+            "trace_window_us": self.window_us,
+            "trace_shared_alone_us": self.shared_alone_us,
+            "trace_comm_alone_us": self.comm_alone_us,
+            "trace_comm_stretch": self.comm_stretch,
+            "trace_shared_stretch": self.shared_stretch,
             "trace_shared_exposed_us": self.shared_exposed_us,
         }
         for name, p in self.phases.items():
@@ -130,9 +178,44 @@ def _sample_figures(kernels: list, ranges: list) -> dict:
     fig["shared_us"] = shared_us if have_gpu else None
     fig["comm_us"] = comm_us if have_gpu else None
     fig["overlap_us"] = overlap_us if have_gpu else None
-    fig["trace_overlap_fraction"] = overlap_us / shared_us if shared_us > 0 else None
+    fig["window_us"] = length(union(shared + comm)) if have_gpu else None
+    fig["intersection_fraction"] = overlap_us / shared_us if shared_us > 0 else None
     fig["shared_exposed_us"] = shared_us - overlap_us if have_gpu else None
     return fig
+
+
+def _ablation_figures(kernels: list) -> dict:
+    """Busy time of one ablation sample's communication kernels and of the rest (the shared experts, µs)."""
+    if not kernels:
+        return {"comm_us": None, "shared_us": None, "num_kernels": 0}
+    return {
+        "comm_us": length(union((k.start_us, k.end_us) for k in kernels if k.comm)),
+        # in `sample_shared/<i>` every kernel is the shared experts' (whether or not a
+        # `shared_experts` range was around the call)
+        "shared_us": length(union((k.start_us, k.end_us) for k in kernels if not k.comm)),
+        "num_kernels": len(kernels),
+    }
+
+
+def stretch_aware(window_us: Optional[float], comm_alone_us: Optional[float], shared_alone_us: Optional[float],
+                  overlap_us: Optional[float] = None) -> tuple:
+    """(shared_exposed_us, trace_overlap_fraction) from the medians (module docstring).
+
+    exposed = max(0, window − comm alone); fraction = clamp(1 − exposed / shared alone, 0, 1),
+    and at most overlap / shared alone when the intersection is given. (None, None) when a
+    figure is missing or the shared experts took no time alone.
+    """
+    if window_us is None or comm_alone_us is None or not shared_alone_us or shared_alone_us <= 0:
+        return None, None
+    exposed = max(0.0, window_us - comm_alone_us)
+    frac = min(1.0, max(0.0, 1.0 - exposed / shared_alone_us))
+    if overlap_us is not None:
+        frac = min(frac, max(0.0, overlap_us / shared_alone_us))
+    return exposed, frac
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
 
 
 def _lane_key(lane: str) -> tuple:
@@ -178,11 +261,12 @@ def summarize(trace: Trace) -> TraceSummary:
             ks = [k for k in trace.kernels if k.sample == idx]
             rs = [r for r in trace.ranges if r.name in PHASES and sr.start_us <= r.start_us <= sr.end_us]
             groups.append((idx, ks, rs))
-        outside = sum(k.sample is None for k in trace.kernels)
+        outside = sum(k.sample is None and k.ablation is None for k in trace.kernels)
         if outside:
-            notes.append(f"{outside} GPU activities outside every sample/<i> range (warm-up?) left out")
+            notes.append(f"{outside} GPU activities outside every sample range (warm-up, the ranks' alignment "
+                         "before each sample?) left out")
     else:
-        groups = [(None, trace.kernels, trace.phase_ranges())]
+        groups = [(None, [k for k in trace.kernels if k.ablation is None], trace.phase_ranges())]
     if not trace.kernels:
         notes.append("no GPU activity in the trace: only CPU range times")
     elif not any(k.launch_us is not None for k in trace.kernels):
@@ -193,6 +277,34 @@ def summarize(trace: Trace) -> TraceSummary:
         fig = _sample_figures(ks, rs)
         fig["sample"] = idx
         per_sample.append(fig)
+
+    # ablation samples: the layer without its shared experts, the shared experts alone
+    ablation_samples = []
+    num_ablation = {}
+    for kind in ABLATION_PREFIXES:
+        rs = trace.ablation_ranges(kind)
+        num_ablation[kind] = len(rs)
+        for idx, _ in rs:
+            fig = _ablation_figures([k for k in trace.kernels if k.ablation == (kind, idx)])
+            ablation_samples.append({"kind": kind, "sample": idx, **fig})
+    comm_alone = _median(f["comm_us"] for f in ablation_samples if f["kind"] == "noshared")
+    shared_alone = _median(f["shared_us"] for f in ablation_samples if f["kind"] == "shared")
+
+    shared_us = _median(f["shared_us"] for f in per_sample)
+    comm_us = _median(f["comm_us"] for f in per_sample)
+    overlap_us = _median(f["overlap_us"] for f in per_sample)
+    window_us = _median(f["window_us"] for f in per_sample)
+    intersection_fraction = _median(f["intersection_fraction"] for f in per_sample)
+    plain_exposed = _median(f["shared_exposed_us"] for f in per_sample)
+    method, fraction, exposed = None, None, plain_exposed
+    if trace.has_ablation() and shared_us:
+        exposed, fraction = stretch_aware(window_us, comm_alone, shared_alone, overlap_us)
+        if fraction is not None:
+            method = METHOD_STRETCH
+    if method is None and intersection_fraction is not None:
+        method, fraction, exposed = METHOD_INTERSECTION, intersection_fraction, plain_exposed
+        notes.append(PLAIN_NOTE if not trace.has_ablation() else
+                     "plain intersection: the ablation samples hold no GPU time of the shared experts")
 
     phases = {}
     for ph in PHASES:
@@ -213,12 +325,21 @@ def summarize(trace: Trace) -> TraceSummary:
         combos=trace.combos(),
         phases=phases,
         streams=_stream_stats([ks for _, ks, _ in groups]),
-        shared_us=_median(f["shared_us"] for f in per_sample),
-        comm_us=_median(f["comm_us"] for f in per_sample),
-        overlap_us=_median(f["overlap_us"] for f in per_sample),
-        trace_overlap_fraction=_median(f["trace_overlap_fraction"] for f in per_sample),
-        shared_exposed_us=_median(f["shared_exposed_us"] for f in per_sample),
+        shared_us=shared_us,
+        comm_us=comm_us,
+        overlap_us=overlap_us,
+        trace_overlap_fraction=fraction,
+        shared_exposed_us=exposed,
+        intersection_fraction=intersection_fraction,
+        window_us=window_us,
+        shared_alone_us=shared_alone,
+        comm_alone_us=comm_alone,
+        comm_stretch=_ratio(comm_us, comm_alone),
+        shared_stretch=_ratio(shared_us, shared_alone),
+        method=method,
+        num_ablation_samples=num_ablation,
         per_sample=per_sample,
+        ablation_samples=ablation_samples,
         notes=notes,
     )
 
@@ -226,6 +347,34 @@ def summarize(trace: Trace) -> TraceSummary:
 # -- markdown -----------------------------------------------------------------
 def _fmt(v, digits: int = 1) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
+
+
+OVERLAP_HEADER = "| overlap of shared experts and communication | µs / fraction |"
+
+
+def overlap_table(s: TraceSummary) -> str:
+    """The overlap figures as a two-column markdown table (medians over samples; module docstring)."""
+    alone = s.method == METHOD_STRETCH
+    na = s.num_ablation_samples
+    counts = f"{s.num_samples or 1} / {na.get('noshared', 0)} / {na.get('shared', 0)}"
+    frac_label = ("stretch-aware: 1 − exposed / shared alone" if alone else
+                  "plain intersection" if s.method == METHOD_INTERSECTION else "–")
+    exposed_label = "window − comm alone" if alone else "shared in layer − intersection"
+    rows = [
+        ("samples: layer / without shared experts / shared experts alone (medians below)", counts),
+        ("shared experts alone (`sample_shared`)", _fmt(s.shared_alone_us)),
+        ("shared experts in the layer", _fmt(s.shared_us)),
+        ("comm alone (`sample_noshared`)", _fmt(s.comm_alone_us)),
+        ("comm in the layer", _fmt(s.comm_us)),
+        ("comm stretch (in layer / alone)", _fmt(s.comm_stretch, 3)),
+        ("window: comm ∪ shared", _fmt(s.window_us)),
+        ("intersection: comm ∩ shared", _fmt(s.overlap_us)),
+        (f"exposed ({exposed_label})", _fmt(s.shared_exposed_us)),
+        (f"**trace_overlap_fraction** ({frac_label})", _fmt(s.trace_overlap_fraction, 3)),
+        ("intersection_fraction (intersection / shared in layer)", _fmt(s.intersection_fraction, 3)),
+    ]
+    lines = [OVERLAP_HEADER, "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(lines)
 
 
 def to_markdown(s: TraceSummary) -> str:
@@ -242,10 +391,7 @@ def to_markdown(s: TraceSummary) -> str:
             ph = ", ".join(f"{k} {v:.1f}" for k, v in sorted(st.phases.items(), key=lambda kv: -kv[1]))
             lines.append(f"| {st.lane} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
                          f"{st.shared_us:.1f} | {ph or '–'} |")
-    lines += ["", "| shared µs | comm µs | overlap µs | trace_overlap_fraction | shared exposed µs |",
-              "|---:|---:|---:|---:|---:|",
-              f"| {_fmt(s.shared_us)} | {_fmt(s.comm_us)} | {_fmt(s.overlap_us)} | "
-              f"{_fmt(s.trace_overlap_fraction, 3)} | {_fmt(s.shared_exposed_us)} |"]
+    lines += ["", overlap_table(s)]
     for n in s.notes:
         lines.append(f"\nnote: {n}")
     return "\n".join(lines) + "\n"

@@ -4,8 +4,10 @@ Both parsers produce a `Trace`: CPU-side annotated ranges (record_function or
 NVTX), GPU activities (kernels, memcpy, memset) with the thread and time of the
 CPU call that launched them, and GPU-side annotation ranges where the source has
 them. `attribute()` then tags each GPU activity with the moebench phases whose
-CPU range encloses its launch (innermost last), its `sample/<i>` and its
-`combo/<key>`, so that every metric downstream has one code path.
+CPU range encloses its launch (innermost last), its `sample/<i>` (a layer sample)
+or its ablation sample (`sample_noshared/<i>`: the layer without shared experts;
+`sample_shared/<i>`: the shared experts alone) and its `combo/<key>`, so that every
+metric downstream has one code path.
 
 All times are µs on the trace's own clock (torch: µs since the epoch; nsys: ns
 since session start / 1000); only differences are meaningful.
@@ -22,6 +24,8 @@ PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "finalize", "combin
 DOMAIN = "moebench"
 COMBO_PREFIX = "combo/"
 SAMPLE_PREFIX = "sample/"
+# ablation samples recorded after the layer samples in the same trace (kind -> range prefix)
+ABLATION_PREFIXES = {"noshared": "sample_noshared/", "shared": "sample_shared/"}
 SHARED_PHASE = "shared_experts"
 
 # Communication kernels (matched case-insensitively anywhere in the kernel name).
@@ -29,6 +33,7 @@ COMM_PATTERNS = (
     r"nccl",  # ncclDevKernel_*, ncclKernel_*
     r"deep_ep::",  # DeepEP intranode / internode / low-latency dispatch and combine
     r"pplx",  # pplx-kernels dispatch / combine
+    r"\b(?:dispatch|combine)Kernel<",  # pplx-kernels' (anonymous namespace)::dispatchKernel<...>
     r"symm(etric)?_?mem",  # torch symmetric memory
     r"multimem",  # symmetric memory multimem all-reduce
     r"(one|two)_shot_all_reduce",
@@ -63,8 +68,10 @@ class Kernel:
     """One GPU activity (kernel, memcpy or memset), times in µs.
 
     `launch_thread` / `launch_us` locate the CPU launch call (None when the trace
-    lacks it); `phases` (outermost first), `sample` and `combo` are filled by
-    `attribute()`.
+    lacks it); `phases` (outermost first), `sample`, `ablation` and `combo` are
+    filled by `attribute()`. `sample` is the index of the layer sample
+    (`sample/<i>`); `ablation` is (kind, index) of an ablation sample
+    (`sample_noshared/<i>` -> ("noshared", i), `sample_shared/<i>` -> ("shared", i)).
     """
 
     name: str
@@ -78,6 +85,7 @@ class Kernel:
     launch_us: Optional[float] = None
     phases: tuple = ()
     sample: Optional[int] = None
+    ablation: Optional[tuple] = None
     combo: Optional[str] = None
     comm: bool = False
 
@@ -114,16 +122,24 @@ class Trace:
     def phase_ranges(self) -> list:
         return [r for r in self.ranges if r.name in PHASES]
 
-    def sample_ranges(self) -> list:
-        """`sample/<i>` ranges sorted by start, as (index, Range)."""
+    def sample_ranges(self, prefix: str = SAMPLE_PREFIX) -> list:
+        """`<prefix><i>` ranges sorted by start, as (index, Range); by default the layer samples `sample/<i>`."""
         out = []
         for r in self.ranges:
-            if r.name.startswith(SAMPLE_PREFIX):
+            if r.name.startswith(prefix):
                 try:
-                    out.append((int(r.name[len(SAMPLE_PREFIX):]), r))
+                    out.append((int(r.name[len(prefix):]), r))
                 except ValueError:
                     continue
         return sorted(out, key=lambda x: x[1].start_us)
+
+    def ablation_ranges(self, kind: str) -> list:
+        """Ablation sample ranges of `kind` ("noshared" | "shared") sorted by start, as (index, Range)."""
+        return self.sample_ranges(ABLATION_PREFIXES[kind])
+
+    def has_ablation(self) -> bool:
+        """Whether the trace holds both ablation families (`sample_noshared/<i>` and `sample_shared/<i>`)."""
+        return all(self.ablation_ranges(kind) for kind in ABLATION_PREFIXES)
 
     def combos(self) -> list:
         return sorted({r.name[len(COMBO_PREFIX):] for r in self.ranges if r.name.startswith(COMBO_PREFIX)})
@@ -173,7 +189,8 @@ def attribute(trace: Trace, comm_pattern: Optional[re.Pattern] = None) -> Trace:
     Phases: the moebench phase ranges on the launching thread that enclose the
     launch call, outermost first (so `kernel.phase`, the last, is the innermost).
     Sample: the `sample/<i>` range containing the launch time (any thread; samples
-    never overlap within a rank). Activities without a launch record keep no phase
+    never overlap within a rank); ablation: likewise for the `sample_noshared/<i>`
+    and `sample_shared/<i>` ranges. Activities without a launch record keep no phase
     and are assigned to samples by their own start time.
     """
     structural = [r for r in trace.ranges if r.name in PHASES or r.name.startswith(COMBO_PREFIX)]
@@ -181,18 +198,32 @@ def attribute(trace: Trace, comm_pattern: Optional[re.Pattern] = None) -> Trace:
     enclosing = _enclosing(structural, queries)
     samples = trace.sample_ranges()
     starts = [r.start_us for _, r in samples]
+    ablations = []
+    for kind in ABLATION_PREFIXES:
+        rs = trace.ablation_ranges(kind)
+        if rs:
+            ablations.append((kind, rs, [r.start_us for _, r in rs]))
     for i, k in enumerate(trace.kernels):
         names = enclosing.get(i, ())
         k.phases = tuple(n for n in names if n in PHASES)
         combos = [n for n in names if n.startswith(COMBO_PREFIX)]
         k.combo = combos[-1][len(COMBO_PREFIX):] if combos else None
         k.comm = is_comm_kernel(k.name, comm_pattern)
-        k.sample = sample_at(samples, starts, k.launch_us if k.launch_us is not None else k.start_us)
+        t = k.launch_us if k.launch_us is not None else k.start_us
+        k.sample = sample_at(samples, starts, t)
+        k.ablation = None
+        if k.sample is None:
+            for kind, rs, st in ablations:
+                j = sample_at(rs, st, t)
+                if j is not None:
+                    k.ablation = (kind, j)
+                    break
     return trace
 
 
 def sample_at(samples: list, starts: list, t_us: float) -> Optional[int]:
-    """Index of the `sample/<i>` range containing t (µs), or None."""
+    """Index of the range of `samples` ((index, Range) sorted by start, `starts` their starts)
+    containing t (µs), or None."""
     j = bisect.bisect_right(starts, t_us) - 1
     if j >= 0 and samples[j][1].start_us <= t_us <= samples[j][1].end_us:
         return samples[j][0]

@@ -4,7 +4,8 @@ The harness installs `make_phase_recorder(...)` on a `MoEKernel` (`kernel.phases
 rec`); the kernel then calls `with rec("experts"): ...` around each phase. Every
 range is emitted with the same name to NVTX (for nsys) and to
 `torch.profiler.record_function` (for torch traces), nested under
-`combo_range(key)` and, per timed forward, `sample_range(i)`.
+`combo_range(key)` and, per timed forward, `sample_range(i)` (or, for the ablation
+samples of a trace, `ablation_range("noshared" | "shared", i)`).
 
 The `nvtx` package is optional: without it no NVTX range is emitted (one warning).
 """
@@ -17,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from moebench.traces.model import COMBO_PREFIX, DOMAIN, SAMPLE_PREFIX
+from moebench.traces.model import ABLATION_PREFIXES, COMBO_PREFIX, DOMAIN, SAMPLE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,14 @@ def combo_range(key: str, nvtx: bool = True, record_function: bool = True):
 def sample_range(i: int, nvtx: bool = True, record_function: bool = True):
     """The `sample/<i>` range around one timed forward (the unit of per-sample trace metrics)."""
     return named_range(f"{SAMPLE_PREFIX}{i}", nvtx, record_function)
+
+
+def ablation_range(kind: str, i: int, nvtx: bool = True, record_function: bool = True):
+    """The range around one ablation sample: `sample_noshared/<i>` (kind "noshared": the layer
+    without its shared experts) or `sample_shared/<i>` (kind "shared": the shared experts alone)."""
+    if kind not in ABLATION_PREFIXES:
+        raise ValueError(f"ablation kind {kind!r}; valid: {', '.join(ABLATION_PREFIXES)}")
+    return named_range(f"{ABLATION_PREFIXES[kind]}{i}", nvtx, record_function)
 
 
 def phase_recorder_for(trace_mode: str, device, cuda_events: bool = True) -> Optional[object]:

@@ -6,7 +6,8 @@ hatched with a red edge, shared-expert kernels get a thick black edge. With
 `sample/<i>` ranges the plot shows one sample (the one of median duration), so
 that the figure stays readable: its GPU span when it launched kernels (CPU ranges
 appear only where they overlap it), else its CPU range; the x axis is µs from the
-window's start.
+window's start. The ablation samples (`sample_noshared/<i>`, `sample_shared/<i>`) are not
+drawn: they enter the overlap figures only.
 Uses matplotlib's Agg canvas directly (no pyplot global state).
 """
 from __future__ import annotations
@@ -105,7 +106,8 @@ def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optio
     inside = lambda a, b: b >= t0 and a <= t1  # noqa: E731
     # CPU ranges only where they fall in the window (on GPUs the CPU usually runs ahead)
     ranges = [r for r in trace.ranges if r.name in PHASES and inside(r.start_us, r.end_us)]
-    kernels = [k for k in trace.kernels if inside(k.start_us, k.end_us) and (idx is None or k.sample in (idx, None))]
+    kernels = [k for k in trace.kernels if inside(k.start_us, k.end_us)
+               and (idx is None or (k.sample in (idx, None) and k.ablation is None))]
 
     lanes = []  # (label, [(start, dur, color, edge, hatch, lw, text, depth)], rows)
     for thread in sorted({r.thread for r in ranges}):

@@ -1,9 +1,12 @@
 """torch.profiler capture and the Chrome/Perfetto JSON trace parser.
 
-Capture: `capture(fn, path, warmup, samples, combo_key, barrier)` runs `fn` under
-`torch.profiler.profile` (CPU, plus CUDA when available), one `sample/<i>` range per
-call inside `combo/<key>`, and writes `export_chrome_trace` to `path` (gzipped when
-it ends in `.gz`). Paths follow `trace_path(trace_dir, combo_key, rank, tokens)`.
+Capture: `capture(fn, path, warmup, samples, combo_key, barrier, ablation)` runs `fn`
+under `torch.profiler.profile` (CPU, plus CUDA when available), one `sample/<i>` range
+per call inside `combo/<key>`, then, when `ablation` gives them, as many samples of the
+layer without its shared experts (`sample_noshared/<i>`) and of the shared experts
+alone (`sample_shared/<i>`) — what the stretch-aware overlap of metrics.py needs — and
+writes `export_chrome_trace` to `path` (gzipped when it ends in `.gz`). Paths follow
+`trace_path(trace_dir, combo_key, rank, tokens)`.
 
 Parse: `parse_torch_trace(path)` reads what torch (Kineto) writes: `traceEvents`
 with `ph: "X"` complete events, `ts`/`dur` in µs;
@@ -47,37 +50,55 @@ def capture(
     barrier: Optional[Callable[[], object]] = None,
     mark_samples: bool = True,
     cuda: Optional[bool] = None,
+    ablation: Optional[dict] = None,
 ) -> Path:
     """Run `fn` `warmup` times untraced, then `samples` times under torch.profiler; write the trace.
 
     Each traced call runs inside `sample_range(i)` (unless `mark_samples=False`,
     for an `fn` that marks its own samples), all inside `combo_range(combo_key)`
     when a key is given; `barrier` (e.g. the ranks' barrier) runs before each
-    sample, outside its range. cuda: also record CUDA activity (default: when CUDA
-    is available). Returns the written path (a `.gz` suffix writes gzipped JSON).
+    sample, outside its range. ablation: {"noshared": callable, "shared": callable}
+    (either may be absent): after the layer samples, `samples` calls of each (in that
+    order), inside `ablation_range(kind, i)` (`sample_noshared/<i>`,
+    `sample_shared/<i>`), warmed up like `fn` and with the barrier before each; every
+    rank must pass the same kinds so that the barriers match. cuda: also record CUDA
+    activity (default: when CUDA is available). Returns the written path (a `.gz`
+    suffix writes gzipped JSON).
     """
     import contextlib
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from moebench.traces.nvtx import combo_range, sample_range
+    from moebench.traces.model import ABLATION_PREFIXES
+    from moebench.traces.nvtx import ablation_range, combo_range, sample_range
 
+    ablation = {k: f for k, f in (ablation or {}).items() if f is not None}
+    unknown = set(ablation) - set(ABLATION_PREFIXES)
+    if unknown:
+        raise ValueError(f"ablation kinds {sorted(unknown)}; valid: {', '.join(ABLATION_PREFIXES)}")
+    runs = [(lambda i: sample_range(i) if mark_samples else contextlib.nullcontext(), fn)]
+    runs += [(lambda i, kind=kind: ablation_range(kind, i), ablation[kind]) for kind in ABLATION_PREFIXES
+             if kind in ablation]
     if cuda is None:
         cuda = torch.cuda.is_available()
-    for _ in range(warmup):
-        fn()
+    for _, f in runs:
+        for _ in range(warmup):
+            f()
     if cuda:
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     outer = combo_range(combo_key) if combo_key is not None else contextlib.nullcontext()
     with profile(activities=activities, record_shapes=False) as prof:
         with outer:
-            for i in range(samples):
-                if barrier is not None:
-                    barrier()
-                with sample_range(i) if mark_samples else contextlib.nullcontext():
-                    fn()
+            for n, (mark, f) in enumerate(runs):
+                if n and cuda:  # an ablation family starts on an idle GPU, not beside the tail of the last one
+                    torch.cuda.synchronize()
+                for i in range(samples):
+                    if barrier is not None:
+                        barrier()
+                    with mark(i):
+                        f()
         if cuda:
             torch.cuda.synchronize()
     path = Path(path)
