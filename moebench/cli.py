@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="Triton tile search for one layer, or the best combination per size of a run",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     tu.add_argument("overrides", nargs="*", help="one combination with experts=triton backend=local")
-    tu.add_argument("--space", default="default", help="search space: default or small (default: %(default)s)")
+    tu.add_argument("--space", default="default", help="search space: default, decode, prefill or small (default: %(default)s)")
     tu.add_argument("--reps", type=int, default=20, help="timed samples per config")
     tu.add_argument("--out", help="output directory (default: runs/tune-<hash>)")
     tu.add_argument("--install", action="store_true", help="also copy the config file into kernels/configs/")

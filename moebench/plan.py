@@ -72,9 +72,15 @@ class Combination:
 
     @property
     def family(self) -> tuple:
-        """Combinations of one family may share a process group."""
-        b = self.combo["backend"]
-        return (self.combo["world_size"], self.combo["device"], b if b in NVSHMEM_BACKENDS else "")
+        """Combinations of one family may share a process group. NVSHMEM backends
+        get their own; deepep_ll (and pplx over NVSHMEM) one per buffer shape, since its one NVSHMEM buffer
+        is sized by (hidden, experts, max tokens) and NVSHMEM initialises once per process."""
+        c = self.combo
+        b = c["backend"]
+        fam = (c["world_size"], c["device"], b if b in NVSHMEM_BACKENDS else "")
+        if b == "deepep_ll" or (b == "pplx" and (c.get("extra") or {}).get("pplx_mode") == "internode"):
+            fam += (c["hidden"], c["num_experts"], c["max_tokens_per_rank"])
+        return fam
 
 
 # ---------------------------------------------------------------------------
@@ -292,7 +298,7 @@ def check_values(cfg: dict) -> None:
     for g, k in POSITIVE:
         if not cfg[g][k] > 0:
             raise ValueError(f"{g}.{k}={cfg[g][k]!r} must be > 0")
-    for k in ("warmup",):
+    for k in ("warmup", "warmup_ms"):
         if cfg["runner"][k] < 0:
             raise ValueError(f"runner.{k}={cfg['runner'][k]!r} must be >= 0")
     m = cfg["model"]

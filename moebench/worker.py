@@ -147,7 +147,8 @@ def build_layer(cfg: dict, combo: dict, rank: int, world_size: int, group, devic
     ctx = KernelContext(
         shape=shape, quant=quant, device=device, rank=rank, world_size=world_size, group=group,
         simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
-        options={"num_sms": combo["num_sms"], "deepgemm_min_tokens": combo["deepgemm_min_tokens"]},
+        options={"num_sms": combo["num_sms"], "deepgemm_min_tokens": combo["deepgemm_min_tokens"],
+                 "extra": dict(combo.get("extra") or {})},  # extra.* knobs reach the kernels (e.g. pplx_mode)
     )
     weights = build_expert_weights(ctx, combo["seed"])
     pf = registry.get_backend(combo["backend"])(ctx)
@@ -238,7 +239,8 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             linked = counts["comm_bytes"] and combo["overlap"] == "none"
             res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if linked else float("nan")
             if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not _nsys()):
-                res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier))
+                res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier,
+                                          inputs=(x, w, ids), align=align))
             res["status"] = "ok"
             yield T, res
     finally:
@@ -272,23 +274,52 @@ def _nsys() -> bool:
     return nsys_available()
 
 
-def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier) -> dict:
+def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, inputs=None, align=None) -> dict:
+    """Torch trace of `trace_cfg["samples"]` layer samples (`sample/<i>`); when the layer
+    overlaps shared experts (overlap != none) and `inputs` = (x, w, ids) are given, then as
+    many samples of the layer without them (`sample_noshared/<i>`: kernel(x, w, ids,
+    with_shared=False)) and of the shared experts alone (`sample_shared/<i>`: kernel.shared(x),
+    inside a `shared_experts` range), from which traces/metrics.py computes the stretch-aware
+    `trace_overlap_fraction`. Every rank runs the same sequence, with the barrier, then the
+    GPU alignment (`align`, as the timed samples have it), before each sample, outside its
+    range: a rank that starts late would otherwise show up as waiting inside its peer's
+    communication kernels."""
     from .traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, trace_cfg["dir"]), task["key"], rank, T)
+    def barrier_and_align():
+        if barrier is not None:
+            barrier()
+        align()
+
+    sync = barrier_and_align if align is not None else barrier
+
     rec = _make_recorder(torch.device("cpu"), nvtx=True)  # record_function ranges only
+    ablation = None
+    if inputs is not None and kernel.shared is not None and kernel.overlap != "none":
+        x, w, ids = inputs
+
+        def shared_alone():
+            with kernel.phases("shared_experts"):
+                return kernel.shared(x)
+
+        ablation = {"noshared": lambda: kernel(x, w, ids, with_shared=False), "shared": shared_alone}
     kernel.phases = rec
     try:
-        torch_trace.capture(fn, path, samples=trace_cfg["samples"], combo_key=task["key"], barrier=barrier)
+        torch_trace.capture(fn, path, samples=trace_cfg["samples"], combo_key=task["key"], barrier=sync,
+                            ablation=ablation)
     finally:
         kernel.phases = NULL_PHASES
     out = {"trace_path": os.path.relpath(path, run_dir)}
     try:
-        from .traces.analyze import overlap_from_trace
+        from .traces.analyze import trace_row
 
-        frac = overlap_from_trace(path)
-        if frac is not None:
-            out["trace_overlap_fraction"] = frac
+        row = trace_row(path)
+        if row["trace_overlap_fraction"] is not None:
+            out["trace_overlap_fraction"] = row["trace_overlap_fraction"]
+            out["trace_overlap_method"] = row["trace_overlap_method"]
+        if row["trace_intersection_fraction"] is not None:
+            out["trace_intersection_fraction"] = row["trace_intersection_fraction"]
     except Exception as e:  # a trace we cannot parse still leaves the row
         out["trace_error"] = f"{type(e).__name__}: {e}"
     return out

@@ -30,9 +30,16 @@ from ..plan import TOLERANCE
 from ..worker import build_layer
 from ..workload import make_inputs, reference_expert_fn
 
-# The search spaces, vLLM's axes. "small" is for the Triton interpreter and smoke runs.
+# The search spaces, vLLM's axes. "small" is for the Triton interpreter and smoke runs;
+# "decode" (few rows per expert: weight-bandwidth bound, wide weight tiles) and
+# "prefill" (thousands of tokens: compute bound, 128-row tiles) are the two ends of
+# "default", small enough to search several layers inside one GPU lease.
 SPACES = {
     "small": dict(BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]),
+    "decode": dict(BLOCK_SIZE_M=[16], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256], GROUP_SIZE_M=[1],
+                   num_warps=[4, 8], num_stages=[3, 4, 5]),
+    "prefill": dict(BLOCK_SIZE_M=[128], BLOCK_SIZE_N=[128, 256], BLOCK_SIZE_K=[64, 128], GROUP_SIZE_M=[1, 16],
+                    num_warps=[4, 8], num_stages=[3, 4]),
     "default": dict(BLOCK_SIZE_M=[16, 32, 64, 128], BLOCK_SIZE_N=[64, 128, 256], BLOCK_SIZE_K=[64, 128],
                     GROUP_SIZE_M=[1, 16], num_warps=[4, 8], num_stages=[3, 4, 5]),
 }
