@@ -143,10 +143,13 @@ class MoEKernel:
         shared_out = None
         T = hidden_TK.shape[0]
 
-        if shared is not None and self.overlap == "dispatch":
+        # the ablation (with_shared=False) keeps the overlap mode's async path and leaves
+        # the gap between launch and receive empty: only the shared experts' work differs
+        if self.shared is not None and self.overlap == "dispatch":
             receive = self.pf.prepare_async(hidden_TK, topk_weights_TP, topk_ids_TP, quant)
-            with ph("shared_experts"):
-                shared_out = shared(hidden_TK)
+            if shared is not None:
+                with ph("shared_experts"):
+                    shared_out = shared(hidden_TK)
             prepared = receive()
         else:
             prepared = self.pf.prepare(hidden_TK, topk_weights_TP, topk_ids_TP, quant)
@@ -158,10 +161,11 @@ class MoEKernel:
         out_TK = torch.empty(T, hidden_TK.shape[1], dtype=torch.bfloat16, device=hidden_TK.device)
         wr = self.experts.finalize_weight_and_reduce()
         with ph("finalize"):
-            if shared is not None and self.overlap == "combine":
+            if self.shared is not None and self.overlap == "combine":
                 receive = self.pf.finalize_async(out_TK, expert_out, prepared, wr)
-                with ph("shared_experts"):
-                    shared_out = shared(hidden_TK)
+                if shared is not None:
+                    with ph("shared_experts"):
+                        shared_out = shared(hidden_TK)
                 receive()
             else:
                 self.pf.finalize(out_TK, expert_out, prepared, wr)

@@ -81,23 +81,27 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
 
     flush = timing.L2Flusher(dev)
     for name, fn in (("triton gemm", gemm), ("moe layer", layer)):
-        # both start from the clock the GPU sustains under this load (runner.warmup_ms): an
-        # H200 runs the GEMM ~10% faster in its first tens of ms (205 vs 222-228 µs)
-        ours1 = timing.time_samples(fn, dev, reps=100, warmup=10, flush=flush, warmup_ms=300)
-        ours2 = timing.time_samples(fn, dev, reps=100, warmup=10, flush=flush, warmup_ms=300)
-        # do_bench right after (GPU still warm), over about the same wall time as our samples
-        window_ms = max(5.0, 100 * ours1.median * 1e-3)
-        ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
-        ref_long = do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3
-        ours_long = timing.time_samples(fn, dev, reps=max(100, int(300e3 / ours1.median)), warmup=10, flush=flush,
-                                        warmup_ms=300)
-        print(f"{name}: moebench {ours1.median:.1f} / {ours2.median:.1f} µs (p80/p20 {ours1.p80 / ours1.p20:.3f}), "
-              f"do_bench {ref:.1f} µs ({window_ms:.0f} ms window); over 300 ms: moebench {ours_long.median:.1f}, do_bench {ref_long:.1f}")
-        assert _rel(ours1.median, ref) <= 0.05, (name, ours1.median, ref)
-        assert _rel(ours_long.median, ref_long) <= 0.05, (name, ours_long.median, ref_long)
-        assert _rel(ours1.median, ours2.median) <= 0.03, (name, ours1.median, ours2.median)
-        if ours1.median > 50:
-            assert ours1.p80 / ours1.p20 <= 1.05, (name, ours1.p20, ours1.p80)
+        # The lent H200's clock moves on a ~100 ms scale under sustained load (this GEMM
+        # read 205-243 µs within one test, in moebench and do_bench alike). So each of our
+        # runs is paired with a do_bench run right after it, over about the same window:
+        # every pair must agree within 5%, and the ratio must repeat within 3% (the
+        # harness's own repeatability, net of the machine's drift); raw medians printed.
+        pairs = []
+        for _ in range(3):
+            ours = timing.time_samples(fn, dev, reps=100, warmup=10, flush=flush, warmup_ms=100)
+            window_ms = max(5.0, 100 * ours.median * 1e-3)
+            ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
+            pairs.append((ours, ref))
+        ratios = [o.median / r for o, r in pairs]
+        print(f"{name}: moebench " + " / ".join(f"{o.median:.1f}" for o, _ in pairs) + " µs, do_bench "
+              + " / ".join(f"{r:.1f}" for _, r in pairs) + " µs, ratios " + " ".join(f"{x:.3f}" for x in ratios)
+              + f", p80/p20 {pairs[0][0].p80 / pairs[0][0].p20:.3f}")
+        for o, r in pairs:
+            assert _rel(o.median, r) <= 0.05, (name, o.median, r)
+        assert max(ratios) / min(ratios) <= 1.03, (name, ratios)
+        for o, _ in pairs:
+            if o.median > 50:
+                assert o.p80 / o.p20 <= 1.05, (name, o.p20, o.p80)
 
 
 @needs_2gpu

@@ -135,7 +135,9 @@ def _same_rows(got, exp, tol) -> bool:
     g.manual_seed(7)
     v = torch.randn(got.shape[1], generator=g, device=got.device)
     pg, pe = (got.float() @ v).sort().values, (exp.float() @ v).sort().values
-    return bool(torch.allclose(pg, pe, rtol=tol, atol=tol * float(pe.abs().max())))
+    # x @ v has the spread of |x| (v ~ N(0, 1)), so the error scale is the rows' norm, not the
+    # projections themselves (one row whose projection lands near 0 failed fp8 at T=1)
+    return bool(torch.allclose(pg, pe, rtol=tol, atol=tol * float(exp.float().norm(dim=1).max())))
 
 
 def _handover_checks(pf, ctx, x, w, ids, quant, split):

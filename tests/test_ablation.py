@@ -1,0 +1,75 @@
+"""The overlap ablation's parts: the layer without shared experts keeps its overlap
+mode's async path, and the row's trace figure is the rank that hides least."""
+from __future__ import annotations
+
+import torch
+
+from moebench import plan, rows
+from moebench.worker import build_layer
+from moebench.workload import make_inputs
+
+
+def _layer(overlap: str):
+    cfg = plan.compose_config(["backend=local", "experts=torch", "model=tiny", "reduction=finalize",
+                               "quant=bf16", f"overlap={overlap}"])
+    combo = plan.flat_combo(cfg)
+    _, _, kernel = build_layer(cfg, combo, 0, 1, None, torch.device("cpu"))
+    assert kernel.shared is not None
+    return kernel
+
+
+def _spy(kernel):
+    calls, depth = [], [0]
+    for name in ("prepare", "prepare_async", "finalize", "finalize_async"):
+        orig = getattr(kernel.pf, name)
+
+        def wrapped(*a, _orig=orig, _name=name, **k):  # the layer's calls, not the backend's own
+            if depth[0] == 0:
+                calls.append(_name)
+            depth[0] += 1
+            try:
+                return _orig(*a, **k)
+            finally:
+                depth[0] -= 1
+
+        setattr(kernel.pf, name, wrapped)
+    shared = kernel.shared
+    kernel.shared = lambda x: calls.append("shared") or shared(x)
+    kernel.shared.transient_bytes = shared.transient_bytes
+    return calls
+
+
+def test_without_shared_experts_the_async_path_stays_and_nothing_runs_in_its_gap():
+    for overlap, async_name in (("dispatch", "prepare_async"), ("combine", "finalize_async")):
+        kernel = _layer(overlap)
+        x, w, ids = make_inputs(kernel.pf.ctx.shape, 8, "uniform", 1.0, 0, 0, 1, torch.device("cpu"))
+        with_shared = kernel(x, w, ids)
+        calls = _spy(kernel)
+        without = kernel(x, w, ids, with_shared=False)
+        assert async_name in calls and "shared" not in calls, (overlap, calls)
+        calls.clear()
+        again = kernel(x, w, ids)
+        assert async_name in calls and "shared" in calls, (overlap, calls)
+        torch.testing.assert_close(again, with_shared)
+        assert not torch.equal(without, with_shared)
+
+
+def test_none_runs_the_plain_path_either_way():
+    kernel = _layer("none")
+    x, w, ids = make_inputs(kernel.pf.ctx.shape, 8, "uniform", 1.0, 0, 0, 1, torch.device("cpu"))
+    calls = _spy(kernel)
+    kernel(x, w, ids, with_shared=False)
+    assert "prepare_async" not in calls and "finalize_async" not in calls and "shared" not in calls
+
+
+def test_row_takes_the_rank_that_hides_least():
+    combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
+    base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],
+            "shared_samples_us": [2.0, 2.0]}
+    ranks = [{**base, "trace_overlap_fraction": 0.8, "trace_intersection_fraction": 0.9},
+             {**base, "trace_overlap_fraction": 0.3, "trace_intersection_fraction": 0.5}]
+    row = rows.measured_row(combos[0], 8, ranks, {})
+    assert row["trace_overlap_fraction"] == 0.3
+    assert abs(row["trace_intersection_fraction"] - 0.7) < 1e-9
+    ranks[1]["trace_overlap_fraction"] = float("nan")
+    assert rows.measured_row(combos[0], 8, ranks, {})["trace_overlap_fraction"] == 0.8
