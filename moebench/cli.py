@@ -132,8 +132,23 @@ def _tune(args) -> int:
     return 0
 
 
+def _parse(argv):
+    """argparse stops filling `overrides` at the first option, so `sweep a=1 --sweep x b=2`
+    would refuse b=2: overrides may come before, between and after options."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and hasattr(args, "overrides"):
+        stray = [a for a in rest if a.startswith("-") or "=" not in a]
+        if not stray:
+            args.overrides = list(args.overrides or []) + rest
+            return args
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
         if args.cmd == "sweep":
             from .sweep import execute

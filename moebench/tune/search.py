@@ -104,9 +104,7 @@ def tune(
 ) -> tuple[dict, list[TokenResult]]:
     """Search tiles for each of workload.tokens_per_rank; returns (layer info, results)."""
     c = _one_layer(list(overrides) + ["overlap=none", "reduction=experts"])
-    device = torch.device("cuda" if c.combo["device"] == "cuda" else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = torch.device("cuda", torch.cuda.current_device()) if c.combo["device"] == "cuda" else torch.device("cpu")
     ctx, weights, kernel = build_layer(c.cfg, c.combo, 0, 1, None, device)
     experts, shape, quant = kernel.experts, ctx.shape, ctx.quant
     E, I, P = ctx.num_local_experts, shape.intermediate, shape.topk
