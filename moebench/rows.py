@@ -105,13 +105,11 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
             row["overlap_fraction"] = min(1.0, max(0.0, 1.0 - row["shared_exposed_us"] / row["shared_us"]))
     for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes"):
         row[k] = _max(ranks, k)
-    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_intersection_fraction", "expert_flops", "expert_bytes"):
+    # the ranks' mean: a rank's communication kernels also hold its wait for the other
+    # rank, so one rank's figure swings both ways (docs/perf-notes.md, run 9)
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
+              "expert_flops", "expert_bytes"):
         row[k] = _mean(ranks, k)
-    # the layer waits for its slowest rank (the ablation takes the max over ranks of each
-    # sample), so the trace figure is the rank that hides least, not the ranks' mean
-    fr = [float(r["trace_overlap_fraction"]) for r in ranks if r.get("trace_overlap_fraction") is not None]
-    fr = [f for f in fr if f == f]
-    row["trace_overlap_fraction"] = min(fr) if fr else NAN
     for k in ("tflops", "hbm_gbps", "nvlink_gbps"):  # derived per rank (DESIGN.md); the row holds the mean
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
     row["trace_path"] = ranks[0].get("trace_path", "")

@@ -215,7 +215,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             res["samples_us"] = timed[0].us
             res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align))
             if mode == "profiler":
-                res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush))
+                res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush, align, group, device))
             if shared is not None:
                 res["no_shared_samples_us"] = timed[1].us
                 res["shared_samples_us"] = timed[2].us
@@ -247,14 +247,15 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
         kernel.close()
 
 
-def _profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush) -> dict:
+def _profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush, align=None, group=None, device=None) -> dict:
     """Phase times from kernel durations (torch profiler), replacing the event-based ones."""
     from .traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, "traces", "profiler"), task["key"], rank, T, gzip_=True)
     kernel.phases = _make_recorder(torch.device("cpu"), nvtx=False)  # record_function ranges only
     try:
-        prof = timing.profile_kernels(fn, str(path), samples=max(3, min(r["reps"], 20)), barrier=barrier, flush=flush)
+        prof = timing.profile_kernels(fn, str(path), samples=max(3, min(r["reps"], 20)), barrier=barrier, flush=flush,
+                                      align=align, agree=lambda n: _all_max(n, group, device), device=device)
     finally:
         kernel.phases = NULL_PHASES
     kernels = prof.pop("kernels")
