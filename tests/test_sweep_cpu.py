@@ -178,8 +178,11 @@ def test_list_json(capsys):
 
 @pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parent.parent / "sweeps").glob("*.yaml")))
 def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
+    # ep_scaling is for 4 and 8 GPUs: on the CPU, 4 gloo ranks with torch experts
+    extra = {"ep_scaling": ["runner.world_size=4", "experts=torch,torch_batched", "quant=bf16",
+                            "overlap=none,combine"]}.get(sweep, [])
     run_dir, counts = execute(["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0",
-                               "runner.phase_reps=1", "runner.memory=false", "runner.timing=events"],
+                               "runner.phase_reps=1", "runner.memory=false", "runner.timing=events", *extra],
                               sweep, str(tmp_path / sweep), quiet=True)
     df = RunStore(run_dir).load()
     assert set(df.status) <= {"ok", "skipped"}, df[["label", "status", "reason"]]
@@ -277,3 +280,21 @@ def test_triton_roofline_sweep_plans_graph_rows_per_token_count():
     assert torch_rows and all(c.combo["timing_mode"] == "graph" for c in torch_rows)
     for c in torch_rows:
         assert set(c.token_reasons) == {16, 64, 256} and c.runnable_tokens == [16384]
+
+
+def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus():
+    from moebench import plan
+
+    combos, _ = plan.plan(["runner.device=cpu"], "ep_scaling")
+    sizes = {c.combo["world_size"] for c in combos}
+    assert sizes == {4, 8}
+    # world sizes 4 and 8 divide both models' experts: nothing is skipped for the world size,
+    # only for layouts, libraries, Triton without a GPU, DeepGEMM without fp8, no shared experts
+    reasons = {c.reason for c in combos if c.reason}
+    assert not [r for r in reasons if "world_size" in r], reasons
+    naive_triton = [c for c in combos if c.combo["backend"] == "naive" and c.combo["experts"] == "triton"
+                    and c.combo["model"] == "deepseek_v3"]
+    assert naive_triton and all(not c.reason or "Triton experts need a CUDA GPU" in c.reason for c in naive_triton)
+    # on CUDA this machine (no GPU, or fewer than 4) is refused before any work
+    with pytest.raises(ValueError, match=r"runner.device=cuda but no CUDA GPU|needs \d+ GPUs"):
+        plan.plan(["runner.device=cuda"], "ep_scaling")
