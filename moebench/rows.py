@@ -110,10 +110,13 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):
         row[k] = _mean(ranks, k)
-    for k in ("tflops", "hbm_gbps", "nvlink_gbps"):  # derived per rank (DESIGN.md); the row holds the mean
+    # derived per rank (DESIGN.md); the row holds the mean
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction"):
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
     row["trace_path"] = ranks[0].get("trace_path", "")
-    row["trace_overlap_method"] = ranks[0].get("trace_overlap_method", "")  # stretch | intersection
+    # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
+    methods = {r.get("trace_overlap_method") for r in ranks if r.get("trace_overlap_method")}
+    row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
         row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]
     return row

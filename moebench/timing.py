@@ -116,12 +116,14 @@ def time_interleaved(
         for fn in fns:
             fn()
     _sync(device)
-    if warmup_ms > 0 and device.type == "cuda":
-        _warm_for(fns, device, warmup_ms, flush, agree)
     cuda = device.type == "cuda"
     lead = [0] * len(fns)
     if cuda and barrier is not None:
-        lead = [_lead_cycles(fn, device, agree) for fn in fns]
+        # before the time-based warm-up: measuring it spins the GPU idle for 3 x 20 ms a
+        # callable, long enough for the clock to climb back to its idle boost
+        lead = [lead_cycles(fn, device, agree) for fn in fns]
+    if warmup_ms > 0 and cuda:
+        _warm_for(fns, device, warmup_ms, flush, agree)
     if cuda and barrier is None:
         ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for _ in fns]
@@ -195,14 +197,19 @@ def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int =
     return float(np.median(out))
 
 
-def _lead_cycles(fn, device, agree) -> int:
-    """Spin cycles to put before fn's start event (0 when fn syncs the host)."""
+def lead_cycles(fn, device, agree) -> int:
+    """Spin cycles to put before fn's start event (0 when fn syncs the host): the head
+    start a multi-rank sample gives the GPU. Calls fn 3 times, then `agree` once (the
+    same calls on every rank, whatever each measures)."""
     us = host_enqueue_us(fn, device)
     if agree is not None:
         us = agree(us)
     if us > HOST_SYNCS_US:
         return 0
     return int((1.25 * us + 20.0) * _cycles_per_us(device))
+
+
+_lead_cycles = lead_cycles  # the name before it was public
 
 
 def _warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
@@ -271,7 +278,9 @@ def profile_kernels(
     lead = 0
     if barrier is not None and device is not None and device.type == "cuda":
         fn()
-        lead = _lead_cycles(fn, device, agree)
+        lead = lead_cycles(fn, device, agree)
+    if device is not None and device.type == "cuda":
+        _warm_for([fn], device, 200.0, flush, agree)  # the sustained clock, as timed samples see it
 
     def before():
         if barrier is not None:

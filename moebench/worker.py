@@ -104,7 +104,24 @@ def _routing_counts(kernel: MoEKernel, x, w, ids) -> dict:
     return {"pairs": pairs, "hit": hit, "rows_in": rows_in, "rows_out": rows_out, "comm_bytes": comm}
 
 
-def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush, align=None) -> dict:
+def _phase_head_start(kernel: MoEKernel, fn, rec, barrier, device, agree) -> int:
+    """Spin cycles before each phase sample on several GPUs (timing.lead_cycles), measured
+    with the phase recorder on, whose events cost enqueue time; 0 on the CPU or one rank.
+    Collective (same calls on every rank). Call it before the timed samples: measuring
+    idles the GPU for ~60 ms, which the time-based warm-up then undoes."""
+    if barrier is None or device.type != "cuda":
+        return 0
+    kernel.phases = rec
+    try:
+        return timing.lead_cycles(fn, device, agree)
+    finally:
+        kernel.phases = NULL_PHASES
+
+
+def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush, align=None, lead: int = 0) -> dict:
+    """Median µs per phase over `reps` forwards, each started as the timed samples are
+    (barrier, flush, align and `lead` spin cycles, the head start of _phase_head_start:
+    without it a launch-bound phase would carry the host's launch latency)."""
     per_phase: dict[str, list[float]] = {}
     kernel.phases = rec
     try:
@@ -115,6 +132,8 @@ def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush, align=
                 flush()
             if align is not None:
                 align()
+            if lead:
+                torch.cuda._sleep(lead)
             rec.reset()
             fn()
             for name, us in rec.durations_us().items():
@@ -209,11 +228,13 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             fns = [fn]
             if shared is not None:
                 fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: shared(x)]
+            agree = lambda n: _all_max(n, group, device)  # noqa: E731
+            phase_lead = _phase_head_start(kernel, fn, rec, barrier, device, agree) if r["phase_reps"] else 0
             timed = timing.time_interleaved(fns, device, r["reps"], r["warmup"], barrier=barrier, flush=flush,
                                             align=align, graph=use_graph, warmup_ms=r.get("warmup_ms", 0.0),
-                                            agree=lambda n: _all_max(n, group, device))
+                                            agree=agree)
             res["samples_us"] = timed[0].us
-            res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align))
+            res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align, phase_lead))
             if mode == "profiler":
                 res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush, align, group, device))
             if shared is not None:

@@ -19,6 +19,13 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
+# @triton.jit reads TRITON_INTERPRET when a kernel module is imported: import them all now,
+# so that a harness-only test that sets TRITON_INTERPRET=0 (test_sweep_cpu.py) and happens
+# to import them first cannot leave them unrunnable for the tests after it in this process
+from moebench.kernels import registry as _registry  # noqa: E402
+
+_registry.discover()
+
 
 def pytest_addoption(parser):
     parser.addoption(

@@ -72,3 +72,14 @@ def test_row_takes_the_ranks_mean_trace_figures():
     assert abs(row["trace_overlap_fraction"] - 0.55) < 1e-9
     assert abs(row["trace_intersection_fraction"] - 0.7) < 1e-9
     assert row["shared_us"] == 2.0 and abs(row["overlap_fraction"] - (1 - (10.5 - 9.25) / 2.0)) < 1e-9
+    assert row["trace_overlap_fraction_per_rank"] == [0.8, 0.3]  # the mean hides how far the ranks differ
+
+
+def test_row_says_when_the_ranks_trace_methods_differ():
+    combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
+    base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0]}
+    same = [{**base, "trace_overlap_method": "stretch"}, {**base, "trace_overlap_method": "stretch"}]
+    assert rows.measured_row(combos[0], 8, same, {})["trace_overlap_method"] == "stretch"
+    mixed = [{**base, "trace_overlap_method": "stretch"}, {**base, "trace_overlap_method": "intersection"}]
+    assert rows.measured_row(combos[0], 8, mixed, {})["trace_overlap_method"] == "mixed"
+    assert rows.measured_row(combos[0], 8, [base, base], {})["trace_overlap_method"] == ""

@@ -120,3 +120,29 @@ def test_malformed_sweep_files_are_clear(tmp_path, text, words):
 def test_bad_values_are_refused_before_work(bad, words):
     with pytest.raises(ValueError, match=words):
         plan.plan(["backend=local", "experts=torch", *bad], None)
+
+
+@pytest.mark.parametrize("argv, overrides", [
+    (["sweep", "backend=local", "--sweep", "deepep_ll", "experts=torch"], ["backend=local", "experts=torch"]),
+    (["sweep", "--sweep", "deepep_ll", "backend=local", "--dry-run", "experts=torch"], ["backend=local", "experts=torch"]),
+    (["list", "--json", "a=1", "--sweep", "x", "a=2"], ["a=1", "a=2"]),  # order kept: the last value wins
+    (["tune", "experts=triton", "--space", "decode", "model=tiny"], ["experts=triton", "model=tiny"]),
+])
+def test_cli_overrides_may_follow_options(argv, overrides):
+    from moebench import cli
+
+    args = cli._parse(argv)
+    assert args.overrides == overrides
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "backend=local", "--sweep", "x", "--nope"],  # an unknown option
+    ["sweep", "backend=local", "--out", "d", "junk"],  # a word that is no override
+    ["report", "run_a", "backend=local"],  # a command without overrides
+])
+def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
+    from moebench import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli._parse(argv)
+    assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err

@@ -149,6 +149,44 @@ def test_batched_matches_reference(quant, simulate_ep, routing, prequant):
     assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
 
 
+@pytest.mark.parametrize("quant", ["bf16", "fp8_block"])
+def test_batched_on_pplx_sized_buffers(quant):
+    """The buffers pplx hands DeepSeek-V3 on 2 ranks: X = 2 x 512 = 1024 rows an expert,
+    with the config the experts pick from X (the heuristic's 64 x 128 tiles, GROUP_SIZE_M 8);
+    counts 48 (one M tile, as at 512 tokens), 130 (a partial third tile) and X (every tile).
+    Rows past a count hold NaN (bf16 rows, fp8 scales), as stale buffer rows may."""
+    from moebench.kernels.quant import dequant_activations, quant_activations
+    from moebench.kernels.triton.moe import fused_moe_batched
+
+    q = QuantSpec(quant)
+    En, X, Kx, Ix = 3, 1024, 256, 128
+    cfg = tconfig.get_config(128, 2048, X, tconfig.config_dtype(quant), tconfig.config_block_shape(quant), device="nowhere")
+    assert (cfg["BLOCK_SIZE_M"], cfg["GROUP_SIZE_M"]) == (64, 8), cfg
+    g = torch.Generator().manual_seed(5)
+    a, sa = quant_weights((torch.randn(En, 2 * Ix, Kx, generator=g) * Kx**-0.5).to(DEV), q)
+    b, sb = quant_weights((torch.randn(En, Kx, Ix, generator=g) * Ix**-0.5).to(DEV), q)
+    w = ExpertWeights(a, b, sa, sb, q)
+    counts = torch.tensor([48, 130, X], dtype=torch.int32, device=DEV)
+    x = torch.randn(En, X, Kx, generator=g).to(torch.bfloat16).to(DEV)
+    rows = torch.arange(X, device=DEV)[None, :] < counts[:, None]
+    if q.is_block:
+        xq, xs = quant_activations(x.view(-1, Kx), q)
+        xin = dequant_activations(xq, xs, q).view(En, X, Kx)
+        xq, xs = xq.view(En, X, Kx), xs.view(En, X, -1)
+        xs = xs.masked_fill(~rows[..., None], float("nan"))
+    else:
+        xq, xs, xin = x.masked_fill(~rows[..., None], float("nan")), None, x.float()
+    ws13 = torch.full((En, X, 2 * Ix), float("nan"), dtype=torch.bfloat16, device=DEV)
+    ws2 = torch.full((En, X, Ix), float("nan"), dtype=torch.bfloat16, device=DEV)
+    out = torch.full((En, X, Kx), float("nan"), dtype=torch.bfloat16, device=DEV)
+    fused_moe_batched(xq, xs, counts, w, out, ws13, ws2, cfg)
+    for e, n in enumerate(counts.tolist()):
+        w13 = dequant_weight(a[e : e + 1], None if sa is None else sa[e : e + 1], q)[0]
+        w2 = dequant_weight(b[e : e + 1], None if sb is None else sb[e : e + 1], q)[0]
+        ref = silu_and_mul(xin[e, :n].float() @ w13.T) @ w2.T
+        assert rel_err(out[e, :n], ref) <= TOL[quant], (e, n)
+
+
 @pytest.mark.parametrize("layout,reduction,quant", [("standard", "experts", "bf16"), ("batched", "finalize", "fp8_tensor")])
 def test_sizes_off_the_tile_grid(layout, reduction, quant):
     """K=200, I=72: masked K tiles, N (144, 200) not a multiple of BLOCK_N, I not of the SiLU tile."""

@@ -63,3 +63,28 @@ def test_best_combination_per_size(tmp_path, capsys):
         assert b.candidates == len(same)
     assert cli.main(["tune", "--results", str(run)]) == 0
     assert "latency_us_median" in capsys.readouterr().out
+
+
+def test_fp8_block_spaces_keep_k_tiles_inside_a_scale_group():
+    """The experts clamp BLOCK_SIZE_K to the 128-wide scale group, so a wider K tile would
+    re-run a config already tried (and be written out with a K tile that never ran)."""
+    from moebench.tune.search import SPACES, candidates
+
+    for space in SPACES:
+        every = candidates(space, 64, 8, 64)
+        block = candidates(space, 64, 8, 64, max_block_k=128)
+        assert block and all(c["BLOCK_SIZE_K"] <= 128 for c in block)
+        assert block == [c for c in every if c["BLOCK_SIZE_K"] <= 128]
+    assert any(c["BLOCK_SIZE_K"] == 256 for c in candidates("decode", 64, 8, 64))  # bf16 keeps them
+
+
+def test_no_config_ran_still_leaves_the_trials_errors(tmp_path):
+    from moebench.tune.search import TokenResult, Trial, write
+
+    bad = Trial(config={"BLOCK_SIZE_M": 16}, error="OutOfResources: shared memory")
+    info = {"E": 8, "N": 128, "dtype": None, "block_shape": None}
+    with pytest.raises(ValueError, match="tune.json"):
+        write(info, [TokenResult(tokens=4, default=bad, trials=[bad])], tmp_path / "t")
+    detail = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert detail["results"][0]["trials"][0]["error"] == "OutOfResources: shared memory"
+    assert not (tmp_path / "t" / "configs").exists()

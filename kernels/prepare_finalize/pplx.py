@@ -14,6 +14,16 @@ The AllToAll (buffers for max_tokens_per_rank) is cached per process group (_ppl
 `extra.pplx_mode=internode` picks the NVSHMEM transport (pplx's own benchmark) over the
 default CUDA-IPC intranode one (vLLM on one node).
 
+Upstream defect (pplx-kernels csrc/all_to_all/intranode_dispatch.cu, send loop): the
+intranode dispatch runs one block per SM (132 on an H200), each block stages a token in
+one shared-memory row and sends it, and nothing stops the block's next token from being
+copied into that row while warps still send the previous one. With more tokens per rank
+than blocks, received rows mix two tokens. Confirmed on 2 x H200 (results/h200x2-pplx_race):
+intranode 132 tokens per rank ok (rel_err 0.004), 133 incorrect (0.039), 512 incorrect
+(0.43); internode at 512 ok (0.004). Build pplx with
+a __syncthreads() at the end of that loop body; the internode transport stages rows in
+global memory and does not share this race.
+
 Legend: T tokens on this rank, P top-k, K hidden, G = K / 128 (Gp: G rounded up to 4),
 E local experts, X rows per expert, W ranks.
 """
@@ -263,9 +273,11 @@ class PplxPrepareFinalize(PrepareFinalize):
         """
         h: PplxHandle = prepared.handle
         ctx = self.ctx
-        owner_TP = h.topk_ids_TP.long() // ctx.num_local_experts
-        to_self = int((owner_TP == ctx.rank).sum())
-        pairs_out = owner_TP.numel() - to_self
+        ids_TP = h.topk_ids_TP.long()
+        owner_TP = ids_TP // ctx.num_local_experts
+        routed = ids_TP >= 0  # an id of -1 (no expert) sends nothing
+        to_self = int(((owner_TP == ctx.rank) & routed).sum())
+        pairs_out = int(routed.sum()) - to_self
         pairs_in = int(prepared.expert_num_tokens_E.long().sum()) - to_self
         return (pairs_out + pairs_in) * (h.dispatch_row_bytes + 2 * ctx.shape.hidden)
 

@@ -45,9 +45,11 @@ SPACES = {
 }
 
 
-def candidates(space: str, tokens: int, topk: int, num_experts: int) -> list[dict]:
+def candidates(space: str, tokens: int, topk: int, num_experts: int, max_block_k: Optional[int] = None) -> list[dict]:
     """The space's configs, less BLOCK_SIZE_M tiles far larger than an expert's
-    average rows (T * P / E over all E experts, at least 16): they only compute padding."""
+    average rows (T * P / E over all E experts, at least 16): they only compute padding;
+    and less K tiles wider than `max_block_k` (fp8_block: a K tile stays inside one
+    scale group, so the experts would clamp it and re-run a config already tried)."""
     if space not in SPACES:
         raise ValueError(f"--space {space!r}; valid: {', '.join(SPACES)}")
     axes = SPACES[space]
@@ -56,6 +58,8 @@ def candidates(space: str, tokens: int, topk: int, num_experts: int) -> list[dic
     for values in itertools.product(*axes.values()):
         cfg = dict(zip(axes, values))
         if cfg["BLOCK_SIZE_M"] > 2 * rows and cfg["BLOCK_SIZE_M"] > min(axes["BLOCK_SIZE_M"]):
+            continue
+        if max_block_k is not None and cfg["BLOCK_SIZE_K"] > max_block_k:
             continue
         out.append(cfg)
     return out
@@ -144,7 +148,8 @@ def tune(
         base = get_config(E, I, T, config_dtype(quant.name), config_block_shape(quant.name), P)
         res = TokenResult(tokens=T, default=trial(base))
         res.trials.append(res.default)  # so tuning never makes it worse
-        cands = [cfg for cfg in candidates(space, T, P, shape.num_experts) if cfg != base]
+        max_bk = quant.block_k if quant.is_block else None
+        cands = [cfg for cfg in candidates(space, T, P, shape.num_experts, max_bk) if cfg != base]
         for i, cfg in enumerate(cands):
             res.trials.append(trial(cfg))
             if (i + 1) % 10 == 0 or i + 1 == len(cands):
@@ -163,13 +168,6 @@ def tune(
 def write(info: dict, results: list[TokenResult], out_dir: Path, install: bool = False) -> Path:
     """<out>/configs/<vLLM name>.json (best config per token count) and <out>/tune.json (every trial)."""
     best = {str(r.tokens): r.best.config for r in results if r.best}
-    if not best:
-        raise ValueError("no candidate config ran correctly: nothing to write (see tune.json)")
-    name = config_file_name(info["E"], info["N"], info["dtype"], info["block_shape"])
-    cfg_dir = out_dir / "configs"
-    cfg_dir.mkdir(parents=True, exist_ok=True)
-    path = cfg_dir / name
-    path.write_text(json.dumps(best, indent=2, sort_keys=True) + "\n")
     detail = {
         "layer": info,
         "results": [
@@ -178,7 +176,16 @@ def write(info: dict, results: list[TokenResult], out_dir: Path, install: bool =
             for r in results
         ],
     }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # first: when no config ran, the trials' errors are what the user needs to read
     (out_dir / "tune.json").write_text(json.dumps(detail, indent=2, default=str) + "\n")
+    if not best:
+        raise ValueError(f"no candidate config ran correctly: nothing to write (the trials' errors: {out_dir / 'tune.json'})")
+    name = config_file_name(info["E"], info["N"], info["dtype"], info["block_shape"])
+    cfg_dir = out_dir / "configs"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    path = cfg_dir / name
+    path.write_text(json.dumps(best, indent=2, sort_keys=True) + "\n")
     if install:  # merge: keep the installed file's other token counts
         target = CONFIG_DIR / name
         merged = json.loads(target.read_text()) if target.exists() else {}

@@ -3,8 +3,9 @@ NVSHMEM transport with `extra.pplx_mode=internode`).
 
 1. Directly on 2 spawned ranks (as tests/gpu/test_deepep_ht.py): MoEKernel(pplx,
    {triton_batched, torch_batched}, shared experts) x {bf16, fp8_block} x
-   {none, dispatch, combine} on deepseek_v2_lite at 1 and 128 tokens per rank against
-   the fp32 reference, for each transport; what pplx hands over (the [E, X, K] layout,
+   {none, dispatch, combine} on deepseek_v2_lite at 1, 128 and 512 tokens per rank
+   (512: more tokens than dispatch blocks, see DIRECT_TOKENS) against the fp32
+   reference, for each transport; what pplx hands over (the [E, X, K] layout,
    1x128 scales, counts and the received rows against every rank's own ids,
    comm_bytes(), prepared_bytes()), the combine's weighted sum, a dispatch left without
    its combine being settled (else the next dispatch would hang), and CUDA-graph
@@ -31,6 +32,15 @@ pytestmark = pytest.mark.gpu
 WORLD = 2
 MODEL = "deepseek_v2_lite"
 TOKENS = (1, 128)
+# the direct test adds 512 (the default cap): more tokens than the intranode dispatch
+# has blocks (one per SM, 132 on an H200), so each block sends several tokens in turn
+# through one shared-memory row. Upstream pplx-kernels has no barrier between one
+# token's sends and the next token's copy into that row
+# (csrc/all_to_all/intranode_dispatch.cu, the send loop): received rows come out
+# mixed and rel_err ~0.43 (results/h200x2-pplx, deepseek_v3 at 512). The handover
+# check `rows` fails first then, which names the dispatch rather than the experts.
+DIRECT_TOKENS = (1, 128, 512)
+GRAPH_TOKENS = 128  # the CUDA-graph replays (graph timing runs at small token counts)
 QUANTS = ("bf16", "fp8_block")
 EXPERTS = ("triton_batched", "torch_batched")
 OVERLAPS = ("none", "dispatch", "combine")
@@ -266,7 +276,7 @@ def _direct(rank, device, mode, quants, tokens):
                     errs = [rel_err(kernel(x, w, ids), ref) for _ in range(2)]  # reuse: workspaces, AllToAll
                     kernel.close()
                     rows.append(dict(what=f"{ename} overlap={ov}", quant=qname, tokens=T, rel_err=max(errs)))
-            if T == max(tokens):
+            if T == GRAPH_TOKENS:
                 cases = []
                 for salt in (5, 6):  # fresh inputs for the replays, and their references
                     x2, w2, ids2 = make_inputs(shape, T, "uniform", 1.2, seed, rank, salt, device)
@@ -285,7 +295,7 @@ def _direct(rank, device, mode, quants, tokens):
 @pytest.mark.parametrize("mode", ["intranode", "internode"])
 def test_pplx_matches_reference_and_hands_over_what_it_promises(mode, tmp_path):
     _require_setup()
-    per_rank = _run_job("_direct", (mode, QUANTS, TOKENS), tmp_path)
+    per_rank = _run_job("_direct", (mode, QUANTS, DIRECT_TOKENS), tmp_path)
     failures = []
     print(f"\npplx {mode}, {MODEL}, {WORLD} ranks")
     for i, c in enumerate(per_rank[0][:-2]):
@@ -299,7 +309,7 @@ def test_pplx_matches_reference_and_hands_over_what_it_promises(mode, tmp_path):
         if err is not None and not err <= TOL[c["quant"]]:
             failures.append(f"{c['what']} {c['quant']} T={c['tokens']}: rel_err {err:.3e} > {TOL[c['quant']]}")
     n_cases = len([c for c in per_rank[0] if "rel_err" in c])
-    assert n_cases == len(QUANTS) * (len(TOKENS) * len(EXPERTS) * len(OVERLAPS) + 2), n_cases
+    assert n_cases == len(QUANTS) * (len(DIRECT_TOKENS) * len(EXPERTS) * len(OVERLAPS) + 2), n_cases
     for pr in per_rank:
         tail, released = pr[-2], pr[-1]
         if tail != {"cached": 1, "nvshmem": mode == "internode"}:

@@ -1,0 +1,129 @@
+"""The multi-rank timing loop's collective safety, on the CPU: every rank must make the
+same sequence of calls that hold collectives (the callable itself, `agree`, barrier,
+align), whatever its own host measures, or an NCCL group deadlocks; and the CPU path
+never touches CUDA. The CUDA calls are stand-ins here (no figure is measured): what is
+checked is the order of calls, which depends only on agreed values."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moebench import timing
+
+CUDA = torch.device("cuda", 0)
+
+
+class _Event:
+    def __init__(self, enable_timing=True):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.05  # ms
+
+
+def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2) -> list:
+    """Run time_interleaved as one rank whose callable takes `host_s` of host time;
+    `agree` answers `agreed` in turn (what the max over the ranks would be)."""
+    log, clock = [], [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing, "_sync", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+    monkeypatch.setitem(timing._CYCLES_PER_US, CUDA, 1000.0)
+    answers = list(agreed)
+
+    def make(j):
+        def fn():
+            log.append(("fn", j))
+            clock[0] += host_s
+        return fn
+
+    def agree(v):
+        log.append(("agree",))
+        return answers.pop(0)
+
+    timing.time_interleaved([make(j) for j in range(fns)], CUDA, reps=3, warmup=2,
+                            barrier=lambda: log.append(("barrier",)), align=lambda: log.append(("align",)),
+                            warmup_ms=50.0, agree=agree)
+    assert not answers, "every agreed value was asked for"
+    return log
+
+
+def test_ranks_make_the_same_calls_whatever_their_hosts_measure(monkeypatch):
+    # each callable's enqueue time (agreed 120 µs, 30 ms), then the warm-up rounds (agreed 40)
+    agreed = [120.0, 30_000.0, 40.0]
+    fast = _rank(monkeypatch, 1e-5, agreed)  # this rank's callables enqueue in 10 µs
+    slow = _rank(monkeypatch, 0.03, agreed)  # this one's wait on its GPU (30 ms)
+    assert fast == slow
+    assert fast.count(("agree",)) == 3
+    # the head start: the agreed 120 µs for the first callable, none for one that syncs the host
+    sleeps = [e for e in fast if e[0] == "sleep" and e[1] < 20_000 * 1000]
+    assert sleeps == [("sleep", int((1.25 * 120 + 20) * 1000))] * 3
+    j = fast.index(sleeps[0])
+    assert fast[j - 1] == ("align",) and fast[j + 1] == ("fn", 0)
+    # the head start is measured before the time-based warm-up (its 20 ms spins idle the
+    # GPU), so sampling follows the warm-up rounds directly
+    last_agree = max(i for i, e in enumerate(fast) if e == ("agree",))
+    assert fast[last_agree + 1:].index(("barrier",)) == 40 * 2
+
+
+def test_one_rank_and_cpu_paths_ask_nothing_of_the_others(monkeypatch):
+    def no_cuda(*a, **k):
+        raise AssertionError("the CPU path touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "_sleep", no_cuda)
+    monkeypatch.setattr(torch.cuda, "Event", no_cuda)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
+    asked = []
+    out = timing.time_interleaved([lambda: None], torch.device("cpu"), reps=2, warmup=1,
+                                  barrier=lambda: None, warmup_ms=50.0, agree=lambda v: asked.append(v) or v)
+    assert len(out[0].us) == 2 and not asked
+
+
+@pytest.mark.parametrize("host_us, lead", [(100.0, int((1.25 * 100 + 20) * 1000)), (16_000.0, 0)])
+def test_lead_cycles_is_zero_for_a_callable_that_syncs_the_host(monkeypatch, host_us, lead):
+    monkeypatch.setattr(timing, "host_enqueue_us", lambda fn, device: host_us)
+    monkeypatch.setitem(timing._CYCLES_PER_US, CUDA, 1000.0)
+    assert timing.lead_cycles(lambda: None, CUDA, agree=lambda v: v) == lead
+    # the max over the ranks decides: one rank that syncs turns the head start off everywhere
+    assert timing.lead_cycles(lambda: None, CUDA, agree=lambda v: max(v, 20_000.0)) == 0
+
+
+def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
+    """The per-phase samples start like the timed ones: on several GPUs, the head start is
+    measured (with the phase recorder on) and agreed; on the CPU or one rank, never."""
+    from moebench import worker
+    from moebench.traces.nvtx import make_phase_recorder
+
+    asked = []
+
+    def lead(fn, device, agree):
+        asked.append((device, agree))
+        fn()
+        return 0
+
+    monkeypatch.setattr(timing, "lead_cycles", lead)
+    kernel = type("K", (), {"phases": None})()
+    rec = make_phase_recorder(nvtx=False, record_function=False, cuda_events=True, device="cpu")
+    seen = []
+
+    def fn():
+        seen.append(kernel.phases is rec)
+        with rec("experts"):
+            pass
+
+    agree = lambda v: v  # noqa: E731
+    assert worker._phase_head_start(kernel, fn, rec, lambda: None, CUDA, agree) == 0
+    assert asked == [(CUDA, agree)] and seen == [True] and kernel.phases is not rec
+    assert worker._phase_head_start(kernel, fn, rec, lambda: None, torch.device("cpu"), agree) == 0  # gloo
+    assert worker._phase_head_start(kernel, fn, rec, None, CUDA, agree) == 0  # one rank
+    assert len(asked) == 1
+    out = worker._phase_samples(kernel, fn, rec, 3, lambda: None, None, None, lead=0)
+    assert "experts" in out and len(seen) == 4
