@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
+from .._optional import OptionalLibrary
+
 INSTALL_HINT = (
     "run scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2) "
     "and put third_party/deepgemm_build on PYTHONPATH; see README 'Optional libraries'"
@@ -29,7 +31,6 @@ REQUIRED_API = (
 )
 
 
-@functools.lru_cache(maxsize=1)
 def _import() -> tuple[Optional[Any], Optional[str]]:
     try:
         import deep_gemm  # noqa: F401  (its _C extension initialises the JIT)
@@ -42,25 +43,15 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
     return deep_gemm, None
 
 
-def load() -> tuple[Optional[Any], Optional[str]]:
-    """(the `deep_gemm` module, None), or (None, why it cannot be used with how to install it)."""
-    mod, err = _import()
-    if mod is not None:
-        return mod, None
-    return None, f"deep_gemm not installed: {INSTALL_HINT} [import failed: {err}]"
-
-
-def require() -> Any:
-    """The `deep_gemm` module; ImportError with the install hint when missing."""
-    mod, reason = load()
-    if mod is None:
-        raise ImportError(reason)
-    return mod
+_LIB = OptionalLibrary("deep_gemm not installed", _import, INSTALL_HINT)
+load = _LIB.load  # (module, None) or (None, why not and how to install it)
+unavailable_reason = _LIB.unavailable_reason  # why `deep_gemm` cannot be used here, or None
+require = _LIB.require  # the module; ImportError with the install hint when missing
 
 
 def reset_import_cache() -> None:
     """Forget the import outcome (tests simulate a missing or a fake library)."""
-    _import.cache_clear()
+    _LIB.reset()
     mk_alignment.cache_clear()
 
 

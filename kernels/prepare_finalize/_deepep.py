@@ -7,9 +7,10 @@ built on it) imports fine on machines without the library.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from .._optional import OptionalLibrary
 
 INSTALL_HINT = (
     "build DeepEP v1.2.1 from github.com/deepseek-ai/DeepEP against NVSHMEM "
@@ -20,7 +21,6 @@ INSTALL_HINT = (
 INTRANODE_WORLD_SIZES = (2, 4, 8)
 
 
-@functools.lru_cache(maxsize=1)
 def _import() -> tuple[Optional[Any], Optional[str]]:
     try:
         import deep_ep  # noqa: F401  (imports the compiled deep_ep_cpp too)
@@ -30,25 +30,15 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
         return None, f"{type(e).__name__}: {e}"
 
 
-def unavailable_reason() -> Optional[str]:
-    """Why `deep_ep` cannot be used here (with how to install it), or None."""
-    mod, err = _import()
-    if mod is not None:
-        return None
-    return f"deep_ep is not installed: {INSTALL_HINT} [import failed: {err}]"
-
-
-def require() -> Any:
-    """The `deep_ep` module; ImportError with the install hint when missing."""
-    mod, _ = _import()
-    if mod is None:
-        raise ImportError(unavailable_reason())
-    return mod
+_LIB = OptionalLibrary("deep_ep is not installed", _import, INSTALL_HINT)
+load = _LIB.load  # (module, None) or (None, why not and how to install it)
+unavailable_reason = _LIB.unavailable_reason  # why `deep_ep` cannot be used here, or None
+require = _LIB.require  # the module; ImportError with the install hint when missing
 
 
 def reset_import_cache() -> None:
-    """Forget the import outcome (tests simulate a missing library)."""
-    _import.cache_clear()
+    """Forget the import outcome (tests simulate a missing or a fake library)."""
+    _LIB.reset()
 
 
 # ----------------------------------------------------------------------------

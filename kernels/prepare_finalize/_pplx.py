@@ -13,10 +13,11 @@ Two transports (`AllToAll.intranode` / `.internode`, the same dispatch/combine A
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from .._optional import OptionalLibrary
 
 import torch
 
@@ -32,7 +33,6 @@ MAX_STAGED_ROW_BYTES = 48 * 1024
 _MIN_HEAP_BYTES = 1 << 30
 
 
-@functools.lru_cache(maxsize=1)
 def _import() -> tuple[Optional[Any], Optional[str]]:
     try:
         import pplx_kernels  # noqa: F401
@@ -47,25 +47,15 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
         return None, f"{type(e).__name__}: {e}"
 
 
-def unavailable_reason() -> Optional[str]:
-    """Why `pplx_kernels` cannot be used here (with how to get it), or None."""
-    mod, err = _import()
-    if mod is not None:
-        return None
-    return f"pplx_kernels is not installed: {INSTALL_HINT} [import failed: {err}]"
-
-
-def require() -> Any:
-    """The `pplx_kernels` module; ImportError with the install hint when missing."""
-    mod, _ = _import()
-    if mod is None:
-        raise ImportError(unavailable_reason())
-    return mod
+_LIB = OptionalLibrary("pplx_kernels is not installed", _import, INSTALL_HINT)
+load = _LIB.load  # (module, None) or (None, why not and how to install it)
+unavailable_reason = _LIB.unavailable_reason  # why `pplx_kernels` cannot be used here, or None
+require = _LIB.require  # the module; ImportError with the install hint when missing
 
 
 def reset_import_cache() -> None:
-    """Forget the import outcome (tests simulate a missing library)."""
-    _import.cache_clear()
+    """Forget the import outcome (tests simulate a missing or a fake library)."""
+    _LIB.reset()
 
 
 # ----------------------------------------------------------------------------
