@@ -261,7 +261,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if linked else float("nan")
             if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not _nsys()):
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier,
-                                          inputs=(x, w, ids), align=align))
+                                          inputs=(x, w, ids), align=align, flush=flush, agree=agree))
             res["status"] = "ok"
             yield T, res
     finally:
@@ -296,7 +296,8 @@ def _nsys() -> bool:
     return nsys_available()
 
 
-def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, inputs=None, align=None) -> dict:
+def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, inputs=None, align=None,
+                   flush=None, agree=None) -> dict:
     """Torch trace of `trace_cfg["samples"]` layer samples (`sample/<i>`); when the layer
     overlaps shared experts (overlap != none) and `inputs` = (x, w, ids) are given, then as
     many samples of the layer without them (`sample_noshared/<i>`: kernel(x, w, ids,
@@ -305,17 +306,12 @@ def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, input
     `trace_overlap_fraction`. Every rank runs the same sequence, with the barrier, then the
     GPU alignment (`align`, as the timed samples have it), before each sample, outside its
     range: a rank that starts late would otherwise show up as waiting inside its peer's
-    communication kernels."""
+    communication kernels. On several GPUs each sample also starts as a timed one does:
+    after the L2 flush and a head start of the slowest callable's host enqueue time
+    (timing.lead_cycles, measured with the trace's ranges on)."""
     from .traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, trace_cfg["dir"]), task["key"], rank, T)
-    def barrier_and_align():
-        if barrier is not None:
-            barrier()
-        align()
-
-    sync = barrier_and_align if align is not None else barrier
-
     rec = _make_recorder(torch.device("cpu"), nvtx=True)  # record_function ranges only
     ablation = None
     if inputs is not None and kernel.shared is not None and kernel.overlap != "none":
@@ -327,6 +323,26 @@ def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, input
 
         ablation = {"noshared": lambda: kernel(x, w, ids, with_shared=False), "shared": shared_alone}
     kernel.phases = rec
+    device = torch.device("cuda", torch.cuda.current_device()) if align is not None else None
+    lead = 0
+    try:
+        if barrier is not None and device is not None:  # collective: the same calls on every rank
+            lead = max(timing.lead_cycles(f, device, agree) for f in [fn, *(ablation or {}).values()])
+    except BaseException:
+        kernel.phases = NULL_PHASES
+        raise
+
+    def before_sample():
+        if barrier is not None:
+            barrier()
+        if flush is not None:
+            flush()
+        if align is not None:
+            align()
+        if lead:
+            torch.cuda._sleep(lead)
+
+    sync = before_sample if (align is not None or flush is not None) else barrier
     try:
         torch_trace.capture(fn, path, samples=trace_cfg["samples"], combo_key=task["key"], barrier=sync,
                             ablation=ablation)

@@ -121,12 +121,12 @@ def silu_and_mul(
     batched = expert_num_tokens is not None
     I = h.shape[-1] // 2
     h2 = h.reshape(-1, h.shape[-1])
-    o2 = out.reshape(-1, out.shape[-1])
+    o2 = out.view(-1, out.shape[-1])  # a view: the kernel writes through it (reshape could copy)
     assert h2.stride(-1) == 1 and o2.stride(-1) == 1 and out.shape[-1] == I
     block_c = group if mode == MODE_GROUP else min(256, triton.next_power_of_2(I))
     if mode == MODE_GROUP:
         assert I % group == 0, f"I={I} is not a multiple of the group {group}"
-        s_m, s_g = scale.reshape(-1, scale.shape[-1]).stride()
+        s_m, s_g = scale.view(-1, scale.shape[-1]).stride()  # fails loudly where a copy would be written
     else:
         s_m, s_g = 0, 0
     if batched:
