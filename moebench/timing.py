@@ -212,6 +212,23 @@ def lead_cycles(fn, device, agree) -> int:
 _lead_cycles = lead_cycles  # the name before it was public
 
 
+def sample_start(barrier=None, flush=None, align=None, lead: int = 0) -> Callable[[], None]:
+    """What precedes each sample on several ranks, outside its timing (phase samples,
+    profiler and trace samples; time_interleaved does the same inline): the barrier, the
+    L2 flush, the GPU alignment, then `lead` spin cycles of head start (lead_cycles)."""
+    def start() -> None:
+        if barrier is not None:
+            barrier()
+        if flush is not None:
+            flush()
+        if align is not None:
+            align()
+        if lead:
+            torch.cuda._sleep(lead)
+
+    return start
+
+
 def _warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
     """Call the callables (in turn, flushing L2 as sampling will) for ~warmup_ms."""
     def one_round():
@@ -282,17 +299,7 @@ def profile_kernels(
     if device is not None and device.type == "cuda":
         _warm_for([fn], device, 200.0, flush, agree)  # the sustained clock, as timed samples see it
 
-    def before():
-        if barrier is not None:
-            barrier()
-        if flush is not None:
-            flush()
-        if align is not None:
-            align()
-        if lead:
-            torch.cuda._sleep(lead)
-
-    capture(fn, path, warmup=1, samples=samples, barrier=before)
+    capture(fn, path, warmup=1, samples=samples, barrier=sample_start(barrier, flush, align, lead))
     trace = load_traces(path)[0]
     out = {name: p.gpu_us for name, p in summarize(trace).phases.items() if p.gpu_us is not None}
     per_name: dict[str, dict[int, float]] = {}

@@ -125,15 +125,9 @@ def _phase_samples(kernel: MoEKernel, fn, rec, reps: int, barrier, flush, align=
     per_phase: dict[str, list[float]] = {}
     kernel.phases = rec
     try:
+        start = timing.sample_start(barrier, flush, align, lead)
         for _ in range(reps):
-            if barrier is not None:
-                barrier()
-            if flush is not None:
-                flush()
-            if align is not None:
-                align()
-            if lead:
-                torch.cuda._sleep(lead)
+            start()
             rec.reset()
             fn()
             for name, us in rec.durations_us().items():
@@ -332,17 +326,7 @@ def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, input
         kernel.phases = NULL_PHASES
         raise
 
-    def before_sample():
-        if barrier is not None:
-            barrier()
-        if flush is not None:
-            flush()
-        if align is not None:
-            align()
-        if lead:
-            torch.cuda._sleep(lead)
-
-    sync = before_sample if (align is not None or flush is not None) else barrier
+    sync = timing.sample_start(barrier, flush, align, lead) if (align is not None or flush is not None) else barrier
     try:
         torch_trace.capture(fn, path, samples=trace_cfg["samples"], combo_key=task["key"], barrier=sync,
                             ablation=ablation)
