@@ -291,7 +291,14 @@ def test_config_lookup_nearest(tmp_path, monkeypatch):
     assert get(1)["BLOCK_SIZE_M"] == 16
     assert get(40)["BLOCK_SIZE_M"] == 32
     assert get(600)["BLOCK_SIZE_M"] == 128
-    assert get(5000)["BLOCK_SIZE_M"] == 128
+    assert get(5000)["BLOCK_SIZE_M"] == 128  # above the largest entry: the largest entry
+    # a file tuned at one large size decides only sizes within 2x below it
+    only = tconfig.config_file_name(128, 768, None, None, device="testgpu")
+    (tmp_path / only).write_text(json.dumps({"16384": dict(entry(128), BLOCK_SIZE_N=256, BLOCK_SIZE_K=64)}))
+    one = lambda m: tconfig.get_config(128, 768, m, None, None, device="testgpu")  # noqa: E731
+    assert one(16384)["BLOCK_SIZE_N"] == 256 and one(9000)["BLOCK_SIZE_N"] == 256 and one(40000)["BLOCK_SIZE_N"] == 256
+    assert one(16) == tconfig.default_config(16, 128, 768) and one(16)["BLOCK_SIZE_M"] <= 32
+    assert one(4096) == tconfig.default_config(4096, 128, 768)
     assert get(64)["BLOCK_SIZE_K"] == 128  # capped to the 128-wide scale group
     # no file: the heuristic (small M memory-bound, large M compute-bound)
     small = tconfig.get_config(128, 768, 16, None, None, device="nowhere")

@@ -78,9 +78,16 @@ def load_configs(E, N, dtype=None, block_shape=None, device=None) -> Optional[di
     return _load_configs(config_file_name(E, N, dtype, block_shape, device), tuple(_config_dirs()))
 
 
-def nearest(configs: dict[int, dict], M: int) -> dict:
-    """The config whose token count is closest to M (ties: the smaller count)."""
-    return dict(configs[min(configs, key=lambda m: (abs(m - M), m))])
+def nearest(configs: dict[int, dict], M: int, within: float = 2.0) -> Optional[dict]:
+    """The config whose token count is closest to M (ties: the smaller count), or None
+    when that count is more than `within` times away from M, except above the file's
+    largest count, which serves every larger M (vLLM's rule; vLLM's own files, keyed
+    1, 2, 4, ..., 4096, always have an entry within 2x). So a file tuned at a few sizes
+    (16384 only, say) does not decide decode-sized tiles; the heuristic does."""
+    m = min(configs, key=lambda k: (abs(k - M), k))
+    if M <= max(configs) and max(m, M) > within * max(1, min(m, M)):
+        return None
+    return dict(configs[m])
 
 
 def default_config(
@@ -122,13 +129,16 @@ def get_config(
     topk: int = 8,
     device: Optional[str] = None,
 ) -> dict:
-    """Tile config for M tokens: the nearest entry of the matching file, else the heuristic.
+    """Tile config for M tokens: the nearest entry of the matching file (within 2x, see
+    `nearest`), else the heuristic.
 
     E local experts, N = intermediate size per partition (I), dtype "fp8_w8a8" or
     None, block_shape [128, 128] for block fp8.
     """
     configs = load_configs(E, N, dtype, block_shape, device)
-    cfg = nearest(configs, M) if configs else default_config(M, E, N, dtype, block_shape, topk)
+    cfg = nearest(configs, M) if configs else None
+    if cfg is None:
+        cfg = default_config(M, E, N, dtype, block_shape, topk)
     if block_shape:
         cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], block_shape[1])
     return cfg
