@@ -140,19 +140,13 @@ def time_interleaved(
     if cuda:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+    # here: several ranks (barrier set) or the CPU; the barrier also drains the GPU, the
+    # flush keeps it busy while the host enqueues, the spin (lead) while it enqueues fn
+    starts = [sample_start(barrier, flush, align, lead[j]) for j in range(len(fns))]
     for i in range(reps):
         for j, fn in enumerate(fns):
-            if barrier is not None:
-                barrier()  # ranks start together (NCCL's barrier also drains the GPU)
-            else:
-                _sync(device)
-            if flush is not None:
-                flush()  # keeps the GPU busy while the host enqueues the sample
-            if align is not None:
-                align()
+            starts[j]()
             if cuda:
-                if lead[j]:
-                    torch.cuda._sleep(lead[j])  # the host enqueues fn while the GPU spins
                 start.record()
                 fn()
                 end.record()
@@ -209,12 +203,10 @@ def lead_cycles(fn, device, agree) -> int:
     return int((1.25 * us + 20.0) * _cycles_per_us(device))
 
 
-_lead_cycles = lead_cycles  # the name before it was public
-
 
 def sample_start(barrier=None, flush=None, align=None, lead: int = 0) -> Callable[[], None]:
-    """What precedes each sample on several ranks, outside its timing (phase samples,
-    profiler and trace samples; time_interleaved does the same inline): the barrier, the
+    """What precedes each sample on several ranks, outside its timing (timed, phase,
+    profiler and trace samples): the barrier, the
     L2 flush, the GPU alignment, then `lead` spin cycles of head start (lead_cycles)."""
     def start() -> None:
         if barrier is not None:
