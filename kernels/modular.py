@@ -25,15 +25,36 @@ OVERLAP_MODES = ("none", "dispatch", "combine")
 class SharedExperts:
     """The shared experts fused into one MLP (widths of all shared experts summed).
 
-    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; torch matmuls."""
+    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; torch matmuls.
+    `sm_carveout` > 0 (CUDA): the two GEMMs run through cuBLASLt with an SM-count target of
+    (SMs - sm_carveout), torch's experimental carveout, so that communication kernels beside
+    them (DeepEP's combine holds `num_sms`) keep their SMs; torch's global setting and
+    preferred BLAS library are restored after each call."""
 
-    def __init__(self, w13_NK: torch.Tensor, w2_KS: torch.Tensor):
+    def __init__(self, w13_NK: torch.Tensor, w2_KS: torch.Tensor, sm_carveout: int = 0):
+        if sm_carveout < 0:
+            raise ValueError(f"sm_carveout={sm_carveout} must be >= 0")
         self.w13_NK = w13_NK
         self.w2_KS = w2_KS
+        self.sm_carveout = sm_carveout
 
-    def __call__(self, x_TK: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, x_TK: torch.Tensor) -> torch.Tensor:
         h = torch.nn.functional.linear(x_TK, self.w13_NK)
         return torch.nn.functional.linear(silu_and_mul(h), self.w2_KS)
+
+    def __call__(self, x_TK: torch.Tensor) -> torch.Tensor:
+        if not self.sm_carveout or x_TK.device.type != "cuda":
+            return self._mlp(x_TK)
+        # cuBLAS (the default for bf16 mm) ignores the carveout; cuBLASLt reads it per call
+        old_carveout = torch._C._get_sm_carveout_experimental()
+        old_lib = torch.backends.cuda.preferred_blas_library()
+        torch._C._set_sm_carveout_experimental(self.sm_carveout)
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        try:
+            return self._mlp(x_TK)
+        finally:
+            torch._C._set_sm_carveout_experimental(old_carveout)
+            torch.backends.cuda.preferred_blas_library(old_lib)
 
     def transient_bytes(self, T: int) -> int:
         """gate/up [T, 2S] + SiLU(gate) [T, S] + activation [T, S] + output [T, K], bf16."""

@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from . import paths
-from .schema import GROUP_SCHEMAS, GROUPS, register_schemas
+from .schema import GROUP_SCHEMAS, GROUPS, BackendConf, register_schemas
 
 LOCAL_BACKENDS = ("local", "local_batched")
 NVSHMEM_BACKENDS = ("deepep_ll", "pplx")  # each initialises NVSHMEM once per process
@@ -30,9 +30,12 @@ TOLERANCE = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}
 IDENTITY_KEYS = (
     "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
-    "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
+    "simulate_ep", "max_tokens_per_rank", "num_sms", "dispatch_nvl_chunk",
+    "combine_nvl_chunk", "shared_sm_carveout", "deepgemm_min_tokens", "routing", "skew",
     "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
 )
+# keys added later: left out of the key at their default (0), so earlier runs' keys still resume
+DEFAULT_OMITTED = ("dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout")
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Combination:
 
     @property
     def key(self) -> str:
-        ident = {k: self.combo[k] for k in IDENTITY_KEYS}
+        ident = {k: self.combo[k] for k in IDENTITY_KEYS if k not in DEFAULT_OMITTED or self.combo.get(k)}
         return hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -68,6 +71,12 @@ class Combination:
             s += f"/ws{c['world_size']}"
         if c["simulate_ep"] > 1:
             s += f"/sim_ep{c['simulate_ep']}"
+        # knobs off their defaults (so that a sweep over them has distinct labels)
+        if c["backend"] == "deepep_ht" and c["num_sms"] != BackendConf.num_sms:
+            s += f"/sms{c['num_sms']}"
+        for k, tag in (("dispatch_nvl_chunk", "dchunk"), ("combine_nvl_chunk", "cchunk"), ("shared_sm_carveout", "carve")):
+            if c.get(k):
+                s += f"/{tag}{c[k]}"
         return s
 
     @property
@@ -266,6 +275,9 @@ def flat_combo(cfg: dict) -> dict:
         "simulate_ep": b["simulate_ep"] if local else 1,
         "max_tokens_per_rank": b["max_tokens_per_rank"],
         "num_sms": b["num_sms"],
+        "dispatch_nvl_chunk": b["dispatch_nvl_chunk"],
+        "combine_nvl_chunk": b["combine_nvl_chunk"],
+        "shared_sm_carveout": cfg["overlap"]["shared_sm_carveout"],
         "deepgemm_min_tokens": cfg["experts"]["deepgemm_min_tokens"],
         "routing": cfg["workload"]["routing"],
         "skew": cfg["workload"]["skew"],
@@ -298,9 +310,10 @@ def check_values(cfg: dict) -> None:
     for g, k in POSITIVE:
         if not cfg[g][k] > 0:
             raise ValueError(f"{g}.{k}={cfg[g][k]!r} must be > 0")
-    for k in ("warmup", "warmup_ms"):
-        if cfg["runner"][k] < 0:
-            raise ValueError(f"runner.{k}={cfg['runner'][k]!r} must be >= 0")
+    for g, k in (("runner", "warmup"), ("runner", "warmup_ms"), ("backend", "dispatch_nvl_chunk"),
+                 ("backend", "combine_nvl_chunk"), ("overlap", "shared_sm_carveout")):
+        if cfg[g][k] < 0:
+            raise ValueError(f"{g}.{k}={cfg[g][k]!r} must be >= 0")
     m = cfg["model"]
     if m["topk"] > m["num_experts"]:
         raise ValueError(f"model.topk={m['topk']} exceeds model.num_experts={m['num_experts']}")
@@ -326,6 +339,13 @@ def validate(combo: dict) -> Optional[str]:
         return f"batched backend={b} weights and reduces in its combine: only reduction=finalize"
     if combo["overlap"] != "none" and combo["num_shared_experts"] == 0:
         return f"overlap={combo['overlap']} needs shared experts; model={combo['model']} has none"
+    carveout = combo.get("shared_sm_carveout", 0)
+    if carveout and combo["num_shared_experts"] == 0:
+        return f"overlap.shared_sm_carveout={carveout} applies to shared experts; model={combo['model']} has none"
+    if carveout and combo["device"] != "cuda":
+        return f"overlap.shared_sm_carveout={carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
+    if b != "deepep_ht" and (combo.get("dispatch_nvl_chunk") or combo.get("combine_nvl_chunk")):
+        return "backend.dispatch_nvl_chunk / combine_nvl_chunk configure DeepEP's intranode kernels: backend=deepep_ht only"
     E, ws, sim = combo["num_experts"], combo["world_size"], combo["simulate_ep"]
     if b in LOCAL_BACKENDS:
         if E % sim:
@@ -390,6 +410,12 @@ def check_world_size(combos: list[Combination]) -> None:
         raise ValueError(
             f"runner.world_size={need} needs {need} GPUs (one rank per GPU) but this machine has {have}: "
             f"set runner.world_size<={have} or run on a larger machine"
+        )
+    carveout = max(c.combo.get("shared_sm_carveout", 0) for c in cuda)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if carveout >= sms:
+        raise ValueError(
+            f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: this GPU has {sms} SMs"
         )
 
 

@@ -15,6 +15,11 @@ class BackendConf:
     simulate_ep: int = 1  # local*: keep 1/N of the experts (one rank of EP-N)
     max_tokens_per_rank: int = 512  # batched buffers' cap (deepep_ll / pplx)
     num_sms: int = 24  # SMs DeepEP's high-throughput kernels may use
+    # deepep_ht: tokens per NVLink chunk (Config's num_max_nvl_chunked_send_tokens, with a
+    # 256-token receive buffer as DeepEP's test_intranode tunes them); 0 = DeepEP's recommended
+    # config for the world size
+    dispatch_nvl_chunk: int = 0
+    combine_nvl_chunk: int = 0
 
 
 @dataclass
@@ -32,6 +37,9 @@ class ReductionConf:
 @dataclass
 class OverlapConf:
     name: str = MISSING  # none | dispatch | combine
+    # SMs the shared experts' GEMMs leave to other work (torch's experimental cuBLASLt SM
+    # carveout, CUDA only); 0 = all SMs, as cuBLAS chooses
+    shared_sm_carveout: int = 0
 
 
 @dataclass

@@ -160,13 +160,14 @@ def build_layer(cfg: dict, combo: dict, rank: int, world_size: int, group, devic
     ctx = KernelContext(
         shape=shape, quant=quant, device=device, rank=rank, world_size=world_size, group=group,
         simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
-        options={"num_sms": combo["num_sms"], "deepgemm_min_tokens": combo["deepgemm_min_tokens"],
+        options={"num_sms": combo["num_sms"], "dispatch_nvl_chunk": combo.get("dispatch_nvl_chunk", 0),
+                 "combine_nvl_chunk": combo.get("combine_nvl_chunk", 0), "deepgemm_min_tokens": combo["deepgemm_min_tokens"],
                  "extra": dict(combo.get("extra") or {})},  # extra.* knobs reach the kernels (e.g. pplx_mode)
     )
     weights = build_expert_weights(ctx, combo["seed"])
     pf = registry.get_backend(combo["backend"])(ctx)
     experts = registry.get_experts(combo["experts"])(weights, combo["reduction"], ctx)
-    shared = build_shared(shape, combo["seed"], device)
+    shared = build_shared(shape, combo["seed"], device, sm_carveout=combo.get("shared_sm_carveout", 0))
     return ctx, weights, MoEKernel(pf, experts, shared, combo["overlap"])
 
 

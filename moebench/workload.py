@@ -61,15 +61,16 @@ def reference_expert_fn(shape: LayerShape, quant: QuantSpec, seed: int, device):
     return fn
 
 
-def build_shared(shape: LayerShape, seed: int, device) -> SharedExperts | None:
-    """The shared experts fused into one bf16 MLP of width num_shared * shared_intermediate."""
+def build_shared(shape: LayerShape, seed: int, device, sm_carveout: int = 0) -> SharedExperts | None:
+    """The shared experts fused into one bf16 MLP of width num_shared * shared_intermediate
+    (`sm_carveout`: SMs its GEMMs leave free, see SharedExperts)."""
     if shape.num_shared_experts == 0:
         return None
     g = _gen(seed, 2, device=device)
     K, S = shape.hidden, shape.num_shared_experts * shape.shared_intermediate
     w13 = (torch.randn(2 * S, K, generator=g, device=device) * K**-0.5).to(torch.bfloat16)
     w2 = (torch.randn(K, S, generator=g, device=device) * S**-0.5).to(torch.bfloat16)
-    return SharedExperts(w13, w2)
+    return SharedExperts(w13, w2, sm_carveout=sm_carveout)
 
 
 def make_inputs(

@@ -106,3 +106,16 @@ def test_workspace_shapes_differ_by_reduction():
     T = 64
     diff = kf.workspace_bytes(T) - ke.workspace_bytes(T)
     assert diff == T * (SHAPE.topk - 1) * SHAPE.hidden * 2
+
+
+def test_shared_experts_carveout_is_refused_below_zero_and_a_no_op_on_the_cpu():
+    from moebench.kernels.modular import SharedExperts
+
+    g = torch.Generator().manual_seed(0)
+    w13, w2 = torch.randn(64, 32, generator=g).bfloat16(), torch.randn(32, 32, generator=g).bfloat16()
+    x = torch.randn(5, 32, generator=g).bfloat16()
+    before = torch._C._get_sm_carveout_experimental()
+    assert torch.equal(SharedExperts(w13, w2, sm_carveout=8)(x), SharedExperts(w13, w2)(x))
+    assert torch._C._get_sm_carveout_experimental() == before
+    with pytest.raises(ValueError, match=">= 0"):
+        SharedExperts(w13, w2, sm_carveout=-1)

@@ -94,6 +94,8 @@ def test_structural_reasons_when_library_present(monkeypatch):
     assert "bytes" in cls.supports(dict(COMBO, hidden=8192))  # 16 KiB bf16 rows exceed the TMA stage
     assert cls.supports(dict(COMBO, hidden=8192, quant="fp8_block")) is None  # fp8 rows are half
     assert "even" in cls.supports(dict(COMBO, num_sms=23))
+    assert cls.supports(dict(COMBO, combine_nvl_chunk=4, dispatch_nvl_chunk=8)) is None
+    assert "receive buffer holds 256" in cls.supports(dict(COMBO, combine_nvl_chunk=256))
 
 
 def test_deepep_ll_structural_reasons_when_library_present(monkeypatch):

@@ -116,6 +116,7 @@ def test_malformed_sweep_files_are_clear(tmp_path, text, words):
 @pytest.mark.parametrize("bad, words", [
     (["workload.routing=foo"], "valid: uniform"), (["model.topk=9"], "exceeds"),
     (["runner.timing=grpah"], "valid: events"), (["runner.reps=0"], "must be > 0"),
+    (["overlap.shared_sm_carveout=-1"], "must be >= 0"), (["backend.combine_nvl_chunk=-2"], "must be >= 0"),
 ])
 def test_bad_values_are_refused_before_work(bad, words):
     with pytest.raises(ValueError, match=words):
@@ -146,3 +147,41 @@ def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli._parse(argv)
     assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
+              "model=deepseek_v3", "runner.device=cpu"]
+
+
+def test_new_knobs_at_their_defaults_keep_earlier_keys_and_labels():
+    """Knobs added after results were stored stay out of the key at 0, so those runs resume."""
+    (base,), _ = plan.plan(V3_COMBINE, None)
+    (same,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=0", "backend.combine_nvl_chunk=0"], None)
+    assert same.key == base.key and same.label == base.label
+    assert "shared_sm_carveout" not in base.cfg["overlap"] or base.cfg["overlap"]["shared_sm_carveout"] == 0
+
+
+def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
+    combos, _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=0,24"], None)
+    assert len({c.key for c in combos}) == 2 and len({c.label for c in combos}) == 2
+    carved = next(c for c in combos if c.combo["shared_sm_carveout"])
+    assert carved.label.endswith("/carve24")
+    assert "needs CUDA" in carved.reason  # no SM to leave free on the CPU
+    (noshared,), _ = plan.plan(V3_COMBINE[:3] + ["overlap=none", "model=mixtral_8x7b", "overlap.shared_sm_carveout=8"], None)
+    assert "has none" in noshared.reason
+    (chunk,), _ = plan.plan(V3_COMBINE + ["backend.combine_nvl_chunk=4"], None)
+    assert "backend=deepep_ht only" in chunk.reason
+
+
+def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
+    class Props:
+        multi_processor_count = 132
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    ovs = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
+           "model=deepseek_v3", "runner.device=cuda"]
+    with pytest.raises(ValueError, match="this GPU has 132 SMs"):
+        plan.plan(ovs + ["overlap.shared_sm_carveout=132"], None)
+    combos, _ = plan.plan(ovs + ["overlap.shared_sm_carveout=131"], None)
+    assert combos[0].combo["shared_sm_carveout"] == 131

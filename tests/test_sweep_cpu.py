@@ -179,8 +179,11 @@ def test_list_json(capsys):
 @pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parent.parent / "sweeps").glob("*.yaml")))
 def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
     # ep_scaling is for 4 and 8 GPUs: on the CPU, 4 gloo ranks with torch experts
+    # deepep_ht_sm_budget's knobs are for DeepEP on GPUs: on the CPU its layer over naive
     extra = {"ep_scaling": ["runner.world_size=4", "experts=torch,torch_batched", "quant=bf16",
-                            "overlap=none,combine"]}.get(sweep, [])
+                            "overlap=none,combine"],
+             "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
+             }.get(sweep, [])
     run_dir, counts = execute(["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0",
                                "runner.phase_reps=1", "runner.memory=false", "runner.timing=events", *extra],
                               sweep, str(tmp_path / sweep), quiet=True)

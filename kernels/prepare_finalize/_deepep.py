@@ -61,19 +61,33 @@ class HTBuffer:
 _BUFFERS: dict[tuple, HTBuffer] = {}
 
 
-def ht_configs(world_size: int, num_sms: int) -> tuple[Any, Any]:
-    """DeepEP's recommended (dispatch, combine) configs for `world_size` ranks,
-    with `num_sms` SMs (Buffer.num_sms is a class-wide default; restore it)."""
+# the NVLink receive buffer (tokens per channel) of a tuned chunk: DeepEP's test_intranode.py
+NVL_RECV_TOKENS = 256
+
+
+def ht_configs(world_size: int, num_sms: int, dispatch_chunk: int = 0, combine_chunk: int = 0) -> tuple[Any, Any]:
+    """(dispatch, combine) configs for `world_size` ranks with `num_sms` SMs: DeepEP's
+    recommended ones (Buffer.num_sms is a class-wide default; restored), or, for a chunk > 0,
+    Config(num_sms, chunk, NVL_RECV_TOKENS) as DeepEP's test_intranode.py tunes them."""
     deep_ep = require()
+    for name, chunk in (("dispatch", dispatch_chunk), ("combine", combine_chunk)):
+        if not 0 <= chunk < NVL_RECV_TOKENS:
+            raise ValueError(f"{name}_nvl_chunk={chunk}: 0 (recommended) or 1..{NVL_RECV_TOKENS - 1} tokens")
     old = deep_ep.Buffer.num_sms
     deep_ep.Buffer.num_sms = num_sms
     try:
-        return deep_ep.Buffer.get_dispatch_config(world_size), deep_ep.Buffer.get_combine_config(world_size)
+        d, c = deep_ep.Buffer.get_dispatch_config(world_size), deep_ep.Buffer.get_combine_config(world_size)
     finally:
         deep_ep.Buffer.num_sms = old
+    if dispatch_chunk:
+        d = deep_ep.Config(num_sms, dispatch_chunk, NVL_RECV_TOKENS)
+    if combine_chunk:
+        c = deep_ep.Config(num_sms, combine_chunk, NVL_RECV_TOKENS)
+    return d, c
 
 
-def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int) -> HTBuffer:
+def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int, dispatch_chunk: int = 0,
+                  combine_chunk: int = 0) -> HTBuffer:
     """The shared high-throughput buffer of `group` for rows of `hidden_bytes`
     (DeepEP sizes by hidden * max(element size, 2): bf16 and fp8 rows share one).
 
@@ -81,14 +95,14 @@ def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int) -> HTBuffer:
     """
     deep_ep = require()
     world_size = group.size()
-    key = (id(group), world_size, hidden_bytes, num_sms)
+    key = (id(group), world_size, hidden_bytes, num_sms, dispatch_chunk, combine_chunk)
     hit = _BUFFERS.get(key)
     if hit is not None and hit.group is group:
         return hit
     # one HT buffer per group: free another size's buffer first, so a combination's
     # device memory holds only its own (every rank reaches this point in the same order)
     release_buffers(group, kind="ht")
-    dispatch_cfg, combine_cfg = ht_configs(world_size, num_sms)
+    dispatch_cfg, combine_cfg = ht_configs(world_size, num_sms, dispatch_chunk, combine_chunk)
     # bytes: the larger of DeepEP's own size hints for the two configs (README's get_buffer)
     num_nvl_bytes = max(c.get_nvl_buffer_size_hint(hidden_bytes, world_size) for c in (dispatch_cfg, combine_cfg))
     # explicitly_destroy: release_buffers() frees it; a destructor-time free can

@@ -77,7 +77,10 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
             self.group = dist.group.WORLD
         # allocate (collectively) at setup, not in the first timed forward;
         # bf16 and fp8 rows share one buffer sized for hidden * 2 bytes
-        self._ht = _deepep.get_ht_buffer(self.group, ctx.shape.hidden * 2, self.num_sms)
+        self._ht = _deepep.get_ht_buffer(
+            self.group, ctx.shape.hidden * 2, self.num_sms,
+            int(ctx.options.get("dispatch_nvl_chunk", 0)), int(ctx.options.get("combine_nvl_chunk", 0)),
+        )
 
     # -- validity ---------------------------------------------------------------
     @classmethod
@@ -112,6 +115,11 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
         sms = combo.get("num_sms", DEFAULT_NUM_SMS)
         if sms <= 0 or sms % 2:
             return f"backend.num_sms={sms}: DeepEP needs a positive even SM count"
+        for name in ("dispatch_nvl_chunk", "combine_nvl_chunk"):
+            chunk = combo.get(name, 0)
+            if not 0 <= chunk < _deepep.NVL_RECV_TOKENS:
+                return (f"backend.{name}={chunk}: 0 (DeepEP's recommended config) or 1..{_deepep.NVL_RECV_TOKENS - 1} "
+                        f"tokens per chunk (the receive buffer holds {_deepep.NVL_RECV_TOKENS})")
         return None
 
     # -- prepare ----------------------------------------------------------------

@@ -130,3 +130,34 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     assert ok.loc["combine", "trace_intersection_fraction"] > 0.1
     assert 0.0 <= ok.loc["combine", "trace_overlap_fraction"] <= 1.0
     assert ok.loc["combine", "trace_overlap_method"] == "stretch"  # the trace holds the ablation samples
+
+
+@needs_gpu
+def test_shared_sm_carveout_limits_the_shared_experts_gemms():
+    """overlap.shared_sm_carveout: same output, torch's global state restored, and the
+    GEMMs leave SMs free: with 16 of the SMs left, the deepseek_v3 shared expert at 4096
+    tokens (~0.5 ms on all 132 SMs) must take clearly longer. If cuBLASLt treated the
+    SM-count target as a mere hint, this fails and the knob measures nothing."""
+    from triton.testing import do_bench
+
+    from moebench.kernels.modular import SharedExperts
+
+    dev = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    K, S, T = 7168, 2048, 4096
+    g = torch.Generator(device=dev).manual_seed(0)
+    w13 = (torch.randn(2 * S, K, device=dev, generator=g) * K**-0.5).bfloat16()
+    w2 = (torch.randn(K, S, device=dev, generator=g) * S**-0.5).bfloat16()
+    x = torch.randn(T, K, device=dev, generator=g).bfloat16()
+    full, carved = SharedExperts(w13, w2), SharedExperts(w13, w2, sm_carveout=sms - 16)
+    before = (torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library())
+    ref = full(x)
+    out = carved(x)
+    assert (torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library()) == before
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    t_full = do_bench(lambda: full(x), warmup=50, rep=300, return_mode="median")
+    t_carved = do_bench(lambda: carved(x), warmup=50, rep=300, return_mode="median")
+    t_half = do_bench(lambda: SharedExperts(w13, w2, sm_carveout=sms // 2)(x), warmup=50, rep=300, return_mode="median")
+    print(f"shared expert T={T}: all {sms} SMs {t_full * 1e3:.1f} µs, {sms - sms // 2} SMs {t_half * 1e3:.1f} µs, "
+          f"16 SMs {t_carved * 1e3:.1f} µs")
+    assert t_carved > 2.0 * t_full, (t_full, t_carved)
