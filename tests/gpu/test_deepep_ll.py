@@ -18,20 +18,16 @@ Run: python3 -m pytest -m gpu tests/gpu/test_deepep_ll.py --require deep_ep -s
 """
 from __future__ import annotations
 
-import json
 import os
-import time
-import traceback
 
 import pytest
 import torch
 
+from _ranks import COMM_ENV, WORLD  # noqa: E402  (tests/gpu/_ranks.py)
+
 pytestmark = pytest.mark.gpu
 
-WORLD = 2
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # DESIGN.md
-# never NVLink multicast / NVLS on the shared machines
-COMM_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SWEEP_TOKENS = {"deepseek_v2_lite": [1, 128, 256], "deepseek_v3": [128]}
 QUICK = ["runner.device=cuda", "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2"]
 JOB_TIMEOUT_S = 600
@@ -103,66 +99,18 @@ def test_deepep_ll_graph_timing(tmp_path):
 # 3-4. directly, on two spawned ranks
 
 
-def _rank_entry(rank, port, fn_name, args, out_dir):
-    """Rank `rank` of a 2-rank NCCL job running globals()[fn_name](rank, device, *args)."""
-    import torch.distributed as dist
-
-    os.environ.update(COMM_ENV)
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            device_id=device)
-    out = os.path.join(out_dir, f"rank{rank}.json")
-    try:
-        rows = globals()[fn_name](rank, device, *args)
-    except BaseException:
-        with open(out, "w") as f:
-            json.dump({"error": traceback.format_exc()}, f)
-        os._exit(1)  # no collective clean-up: the other rank may be stuck in a collective
+def _after_job(rows):
+    """Collective clean-up on both ranks (_ranks.run_job calls it after the job)."""
     from moebench.kernels.prepare_finalize._deepep import release_buffers
 
-    release_buffers()  # collective: both ranks got here
-    dist.destroy_process_group()
-    with open(out, "w") as f:
-        json.dump({"rows": rows}, f)
+    release_buffers()
 
 
 def _run_job(fn_name, args, out_dir, timeout_s=JOB_TIMEOUT_S):
-    """Spawn WORLD ranks; per-rank rows, or a RuntimeError with the first rank's traceback."""
-    import torch.multiprocessing as mp
+    """Spawn WORLD ranks running fn_name(rank, device, *args) of this module (tests/gpu/_ranks.py)."""
+    from _ranks import run_job
 
-    from moebench.launch import free_port
-
-    os.environ.update(COMM_ENV)
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank_entry, args=(r, port, fn_name, args, str(out_dir))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    why = None
-    while any(p.exitcode is None for p in procs):
-        if any(p.exitcode not in (None, 0) for p in procs):
-            why = "a rank failed"
-            break
-        if time.monotonic() > deadline:
-            why = f"no result within {timeout_s} s"
-            break
-        time.sleep(0.5)
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-        p.join(10)
-    per_rank = []
-    for r in range(WORLD):
-        path = os.path.join(out_dir, f"rank{r}.json")
-        data = json.load(open(path)) if os.path.exists(path) else {}
-        if "error" in data:
-            raise RuntimeError(f"rank {r}:\n{data['error']}")
-        per_rank.append(data.get("rows"))
-    if why or any(x is None for x in per_rank):
-        raise RuntimeError(f"{why or 'a rank wrote no result'} (exit codes {[p.exitcode for p in procs]})")
-    return per_rank
+    return run_job(__name__, fn_name, args, out_dir, timeout_s, hang_hint="")
 
 
 def _shape(name):
