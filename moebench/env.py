@@ -48,11 +48,14 @@ def library_version(name: str) -> str | None:
 
 
 def git_info() -> dict:
-    """The checkout's commit and dirty flag; MOEBENCH_GIT_SHA names the commit of a
-    copied tree without its history (e.g. a working tree shipped to a GPU machine)."""
+    """The checkout's commit and dirty flag; MOEBENCH_GIT_SHA, when set, names the commit
+    of a copied tree instead (a working tree shipped to a GPU machine may carry a stale
+    .git of its own, whose HEAD is not what runs)."""
+    if os.environ.get("MOEBENCH_GIT_SHA"):
+        return {"git_sha": os.environ["MOEBENCH_GIT_SHA"], "git_dirty": None}
     sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "-q", "HEAD"])
     if not re.fullmatch(r"[0-9a-f]{40}", sha or ""):
-        return {"git_sha": os.environ.get("MOEBENCH_GIT_SHA", "unknown"), "git_dirty": None}
+        return {"git_sha": "unknown", "git_dirty": None}
     dirty = bool(_run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]))
     return {"git_sha": sha, "git_dirty": dirty}
 

@@ -243,3 +243,29 @@ def test_write_report_and_command(run_dir, tmp_path, capsys):
         report_command(None, str(run_dir), None, None, 1.05, "md")
     with pytest.raises(ValueError, match="format"):
         report_command(str(run_dir), None, None, None, 1.05, "xml")
+
+
+def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
+    """A tree copied to a GPU machine may carry an old .git: MOEBENCH_GIT_SHA names what runs."""
+    from moebench import env
+
+    monkeypatch.setenv("MOEBENCH_GIT_SHA", "2be9ad1")
+    assert env.git_info() == {"git_sha": "2be9ad1", "git_dirty": None}
+    monkeypatch.delenv("MOEBENCH_GIT_SHA")
+    assert env.git_info()["git_sha"] != "2be9ad1"
+
+
+def test_labels_tell_apart_combinations_that_differ_only_in_knobs():
+    """backend.num_sms / overlap.shared_sm_carveout are no row columns: labels take them
+    from the stored label's tail, and only when they vary."""
+    import pandas as pd
+
+    from moebench.report.load import combo_labels
+
+    base = dict(backend="deepep_ht", experts="torch", reduction="finalize", overlap="combine", quant="bf16",
+                model="deepseek_v3", world_size=2)
+    df = pd.DataFrame([dict(base, label="deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2"),
+                       dict(base, label="deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2/sms16/carve24")])
+    labels = list(combo_labels(df))
+    assert labels[0] != labels[1] and labels[1].endswith("sms16 carve24")
+    assert "carve" not in " ".join(combo_labels(df.iloc[1:]))  # constant knobs stay out

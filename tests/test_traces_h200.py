@@ -60,3 +60,32 @@ def test_combine_kernel_stretches_beside_the_shared_experts():
     assert beside["dispatch"] == pytest.approx(alone["dispatch"], rel=0.15)
     assert beside["combine"] > 1.3 * alone["combine"]
     assert beside["shared"] > alone["shared"]
+
+
+def test_shared_gemm_holds_every_sm_before_deepeps_combine_starts():
+    """Why overlap=combine hides little without overlap.shared_sm_carveout (docs/perf-notes.md,
+    run 13): the shared expert's cuBLAS GEMM is a persistent kernel with one CTA per SM
+    (grid 2 x 66 = all 132 SMs of the H200, 1 block per SM), and in every sample DeepEP's
+    combine kernel (24 CTAs) gets SMs only after the first shared GEMM has ended."""
+    import gzip
+    import json
+
+    raw = json.load(gzip.open(COMBINE))["traceEvents"]
+    gemms = [e for e in raw if e.get("cat") == "kernel" and e["name"].startswith("nvjet_sm90")]
+    assert gemms and all(e["args"]["grid"] == [2, 66, 1] and e["args"]["blocks per SM"] == 1.0 for e in gemms)
+    combines = [e for e in raw if e.get("cat") == "kernel" and "intranode::combine<" in e["name"]]
+    assert combines and all(e["args"]["grid"] == [24, 1, 1] for e in combines)
+
+    first_shared_end, combine_start = {}, {}
+    for k in load_traces(COMBINE)[0].kernels:
+        if k.sample is None:
+            continue
+        if "shared_experts" in k.phases:
+            first_shared_end.setdefault(k.sample, k.end_us)
+            first_shared_end[k.sample] = min(first_shared_end[k.sample], k.end_us)
+        if "deep_ep::intranode::combine" in k.name:
+            combine_start[k.sample] = k.start_us
+    samples = sorted(set(first_shared_end) & set(combine_start))
+    assert len(samples) >= 3
+    for s in samples:
+        assert combine_start[s] >= first_shared_end[s], (s, combine_start[s], first_shared_end[s])

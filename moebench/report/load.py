@@ -6,7 +6,9 @@ single ``.parquet`` file or a plain directory of parquet files.
 """
 from __future__ import annotations
 
+
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +42,10 @@ OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUM
 # Columns that name a combination in tables and plots, in display order. The first
 # seven are always shown; the rest only when they vary within the run.
 COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
+# "knobs": settings that are no row column (backend.num_sms, *_nvl_chunk,
+# overlap.shared_sm_carveout), read from the stored label's tail by load_run
 EXTRA_COMBO_COLUMNS = ["simulate_ep", "num_experts", "topk", "hidden", "intermediate",
-                       "routing", "seed", "timing_mode", "device"]
+                       "routing", "seed", "timing_mode", "device", "knobs"]
 # Key columns of a combination without tokens (what combo_key identifies).
 KEY_COLUMNS = [c for c in IDENTITY_COLUMNS
                if c not in ("schema_version", "run_id", "sweep", "tokens_per_rank")]
@@ -135,6 +139,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if "samples_us" not in df.columns:
         df["samples_us"] = None
     df = ensure_combo_key(df)
+    df["knobs"] = df["label"].map(_knob_tags) if "label" in df.columns else ""
     order = [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns]
     df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last",
                         kind="stable").reset_index(drop=True)
@@ -185,14 +190,26 @@ def combo_labels(df: pd.DataFrame) -> pd.Series:
     Only columns that vary within ``df`` (besides backend/experts) enter the label, so
     labels stay short and still tell the lines of a plot apart.
     """
+    if "knobs" not in df.columns and "label" in df.columns:
+        df = df.assign(knobs=df["label"].map(_knob_tags))
     extra = varying(df, [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS
                          if c not in ("backend", "experts")])
 
     def label(row) -> str:
         parts = [f"{row['backend']}/{row['experts']}"]
-        parts += [f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}" for c in extra]
+        parts += [f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}" for c in extra if c != "knobs"]
+        if "knobs" in extra and row["knobs"]:
+            parts.append(row["knobs"])  # 'sms16 carve24'
         return " ".join(parts)
 
     if not len(df):
         return pd.Series([], dtype=object)
     return df.apply(label, axis=1)
+
+
+_KNOB_TAG = re.compile(r"^(sms|dchunk|cchunk|carve)\d+$")
+
+
+def _knob_tags(stored_label) -> str:
+    """'deepep_ht/torch/.../ws2/sms16/carve24' (plan.Combination.label) -> 'sms16 carve24'."""
+    return " ".join(p for p in str(stored_label).split("/") if _KNOB_TAG.match(p))
