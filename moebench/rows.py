@@ -60,6 +60,7 @@ def empty_measurements() -> dict:
         "samples_us": [], "latency_us_per_rank": [],
         "shared_us": NAN, "latency_no_shared_us": NAN, "shared_exposed_us": NAN,
         "overlap_fraction": NAN, "trace_overlap_fraction": NAN, "trace_intersection_fraction": NAN,
+        "trace_critical_rank": NAN,
         "trace_overlap_method": "",
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
@@ -105,13 +106,22 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
             row["overlap_fraction"] = min(1.0, max(0.0, 1.0 - row["shared_exposed_us"] / row["shared_us"]))
     for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes"):
         row[k] = _max(ranks, k)
-    # the ranks' mean: a rank's communication kernels also hold its wait for the other
-    # rank, so one rank's figure swings both ways (docs/perf-notes.md, run 9)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):
         row[k] = _mean(ranks, k)
-    # derived per rank (DESIGN.md); the row holds the mean
-    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction"):
+    # trace figures: the critical rank's, as the ablation's latency is the max over ranks.
+    # A rank that reaches the combine early hides its shared experts in its wait for the
+    # other rank, which sets the layer's end: the rank whose layer samples span longest in
+    # its trace. Without every rank's span, the ranks' mean (docs/perf-notes.md, run 13).
+    spans = [r.get("trace_layer_us") for r in ranks]
+    if len(ranks) > 1 and all(isinstance(s, (int, float)) and s == s for s in spans):
+        crit = max(range(len(ranks)), key=lambda i: spans[i])
+        row["trace_critical_rank"] = crit
+        for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
+            v = ranks[crit].get(k)
+            row[k] = float(v) if v is not None else NAN
+    # derived per rank (DESIGN.md); the row holds the mean (trace figures: see above)
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
     row["trace_path"] = ranks[0].get("trace_path", "")
     # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)

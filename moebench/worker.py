@@ -343,6 +343,8 @@ def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, input
             out["trace_overlap_method"] = row["trace_overlap_method"]
         if row["trace_intersection_fraction"] is not None:
             out["trace_intersection_fraction"] = row["trace_intersection_fraction"]
+        if row.get("trace_layer_us") is not None:
+            out["trace_layer_us"] = row["trace_layer_us"]
     except Exception as e:  # a trace we cannot parse still leaves the row
         out["trace_error"] = f"{type(e).__name__}: {e}"
     return out

@@ -62,7 +62,24 @@ def test_none_runs_the_plain_path_either_way():
     assert "prepare_async" not in calls and "finalize_async" not in calls and "shared" not in calls
 
 
-def test_row_takes_the_ranks_mean_trace_figures():
+def test_row_takes_the_critical_ranks_trace_figures():
+    """The rank whose layer samples span longest in its trace sets the layer's end, as the
+    max over ranks sets the ablation's latency: its figures are the row's."""
+    combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
+    base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],
+            "shared_samples_us": [2.0, 2.0]}
+    ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 11597.0},
+             {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11790.0}]
+    row = rows.measured_row(combos[0], 8, ranks, {})
+    assert row["trace_critical_rank"] == 1
+    assert row["trace_overlap_fraction"] == 0.28 and row["trace_intersection_fraction"] == 0.5
+    assert row["trace_overlap_fraction_per_rank"] == [0.73, 0.28]
+    assert row["trace_layer_us_per_rank"] == [11597.0, 11790.0]
+    ranks[0]["trace_layer_us"] = 12000.0
+    assert rows.measured_row(combos[0], 8, ranks, {})["trace_overlap_fraction"] == 0.73
+
+
+def test_row_takes_the_ranks_mean_trace_figures_without_spans():
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],
             "shared_samples_us": [2.0, 2.0]}

@@ -34,7 +34,9 @@ CPU_TRACE = FIX / "cpu_phases.json.gz"
 GPU_TRACE = FIX / "h200_nccl_rank0_T1024.json.gz"  # capture_gpu_trace.py on 2 x H200, torch 2.11
 ABLATION = FIX / "synthetic_ablation.json"  # the stretch scenario (make_fixtures.py)
 ABLATION_NSYS = FIX / "synthetic_ablation_nsys.sqlite"
-H200 = sorted(FIX.glob("h200_*.json.gz"))  # real traces of the old format: no ablation samples
+# real traces of the old format, no ablation samples (the allgather_rs ones of run 13 have them)
+H200 = sorted(p for p in FIX.glob("h200_*.json.gz") if "allgather_rs" not in p.name)
+H200_ABLATION = sorted(FIX.glob("h200_allgather_rs_*.json.gz"))
 
 
 def _fixtures_module():
@@ -186,6 +188,7 @@ def _check_scenario(s):
     assert s.comm_us == pytest.approx(110)
     assert s.overlap_us == pytest.approx(60)
     assert s.window_us == pytest.approx(150)
+    assert s.layer_us == pytest.approx(305 - 20)  # quant kernel starts at 20, the copy-out ends at 305
     # no ablation samples: the plain intersection figure, and the summary says so
     assert s.method == METHOD_INTERSECTION and PLAIN_NOTE in s.notes
     assert s.trace_overlap_fraction == pytest.approx(0.6, abs=1e-9) == s.intersection_fraction
@@ -587,3 +590,19 @@ def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monke
     out = capsys.readouterr().out
     assert out.count(OVERLAP_HEADER) == 4 and "| samples: layer / without shared experts / shared experts alone" \
         " (medians below) | 2 / 2 / 2 |" in out
+
+
+@pytest.mark.parametrize("path", H200_ABLATION, ids=[p.name for p in H200_ABLATION])
+def test_real_traces_with_ablation_samples_give_the_stretch_figure(path):
+    """allgather_rs, overlap=combine, 4096 tokens on H200 (run 13): 3 samples of each family,
+    the stretch-aware figure, comm kernels found in the layer and alone."""
+    s = summarize_file(path)[0]
+    assert s.num_samples == 3 and s.num_ablation_samples == {"noshared": 3, "shared": 3}
+    assert s.method == METHOD_STRETCH
+    assert s.shared_alone_us > 400 and s.comm_alone_us > 0 and s.layer_us > 5000
+    # hidden time is bounded by the intersection (metrics.py): overlap / shared alone
+    assert 0.0 <= s.trace_overlap_fraction <= s.overlap_us / s.shared_alone_us + 1e-9
+    # the shared experts run longer beside NCCL's kernels than alone; NCCL's busy time is no
+    # such measure: on rank 0 it is shorter in the layer (0.86-0.88 of alone), being mostly
+    # the wait for rank 1, which the shared experts shift
+    assert s.shared_stretch > 1.05

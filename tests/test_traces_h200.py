@@ -89,3 +89,27 @@ def test_shared_gemm_holds_every_sm_before_deepeps_combine_starts():
     assert len(samples) >= 3
     for s in samples:
         assert combine_start[s] >= first_shared_end[s], (s, combine_start[s], first_shared_end[s])
+
+
+@pytest.mark.parametrize("experts, combo_key", [("torch", "4908d11138e9"), ("triton", "dfb6438509fd")])
+def test_critical_rank_trace_figure_is_nearer_the_ablation_than_the_mean(experts, combo_key):
+    """allgather_rs, overlap=combine, 4096 tokens, both ranks' traces (run 13): the rank
+    whose layer samples span longest (the one the layer waits for) is the row's trace
+    figure; it lands nearer the ablation's overlap_fraction (stored row of
+    results/h200x2-trace_vs_ablation) than the ranks' mean, which the early rank's
+    wait-hidden shared experts pull up."""
+    import glob
+
+    import pandas as pd
+
+    from moebench.traces.analyze import trace_row
+
+    per_rank = [trace_row(FIX / f"h200_allgather_rs_{experts}_combine_rank{r}_T4096.json.gz") for r in (0, 1)]
+    spans = [r["trace_layer_us"] for r in per_rank]
+    figs = [r["trace_overlap_fraction"] for r in per_rank]
+    crit = max((0, 1), key=lambda i: spans[i])
+    root = Path(__file__).parent.parent / "results" / "h200x2-trace_vs_ablation" / "rows"
+    rows = pd.concat(pd.read_parquet(f) for f in glob.glob(str(root / f"{combo_key}-T4096.parquet")))
+    ablation = float(rows["overlap_fraction"].iloc[0])
+    assert abs(figs[0] - figs[1]) > 0.2  # the ranks disagree
+    assert abs(figs[crit] - ablation) < abs(sum(figs) / 2 - ablation)

@@ -9,7 +9,8 @@ Definitions (all µs, per sample, then the median across samples):
 - `overlap_us` = |shared ∩ comm| (the intersection);
   `intersection_fraction` = overlap_us / shared_us (the plain figure: the share of the
   shared-expert kernels' time during which a communication kernel also ran);
-- `window_us` = |shared ∪ comm|: how long communication or shared experts kept the GPU busy.
+- `window_us` = |shared ∪ comm|: how long communication or shared experts kept the GPU busy;
+- `layer_us`: the sample's GPU span, first kernel start to last kernel end.
 A layer sample is a `sample/<i>` range; without them the whole trace is one sample.
 
 The overlap figure, `trace_overlap_fraction`, is the share of the shared experts' own
@@ -122,6 +123,7 @@ class TraceSummary:
     shared_exposed_us: Optional[float]  # of the method in use
     intersection_fraction: Optional[float] = None  # the plain figure, always
     window_us: Optional[float] = None  # |shared ∪ comm|
+    layer_us: Optional[float] = None  # a layer sample's GPU span (first kernel start to last end)
     shared_alone_us: Optional[float] = None  # sample_shared/<i>
     comm_alone_us: Optional[float] = None  # sample_noshared/<i>
     comm_stretch: Optional[float] = None  # comm_us / comm_alone_us
@@ -142,6 +144,7 @@ class TraceSummary:
             "trace_comm_us": self.comm_us,
             "trace_overlap_us": self.overlap_us,
             "trace_window_us": self.window_us,
+            "trace_layer_us": self.layer_us,
             "trace_shared_alone_us": self.shared_alone_us,
             "trace_comm_alone_us": self.comm_alone_us,
             "trace_comm_stretch": self.comm_stretch,
@@ -181,6 +184,8 @@ def _sample_figures(kernels: list, ranges: list) -> dict:
     fig["window_us"] = length(union(shared + comm)) if have_gpu else None
     fig["intersection_fraction"] = overlap_us / shared_us if shared_us > 0 else None
     fig["shared_exposed_us"] = shared_us - overlap_us if have_gpu else None
+    # the sample's GPU span: first kernel start to last kernel end
+    fig["layer_us"] = max(k.end_us for k in kernels) - min(k.start_us for k in kernels) if have_gpu else None
     return fig
 
 
@@ -332,6 +337,7 @@ def summarize(trace: Trace) -> TraceSummary:
         shared_exposed_us=exposed,
         intersection_fraction=intersection_fraction,
         window_us=window_us,
+        layer_us=_median(f["layer_us"] for f in per_sample),
         shared_alone_us=shared_alone,
         comm_alone_us=comm_alone,
         comm_stretch=_ratio(comm_us, comm_alone),
