@@ -21,6 +21,7 @@ from moebench import timing
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.prepare_finalize import _deepep
 from moebench.launch import free_port
+from moebench.worker import rank_sync
 
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
 
@@ -34,16 +35,7 @@ def rank_main(rank: int, port: int, args, q) -> None:
     g = torch.Generator(device=dev).manual_seed(1 + rank)
     w13 = (torch.randn(2 * SHARED_I, HIDDEN, device=dev, generator=g) * HIDDEN**-0.5).bfloat16()
     w2 = (torch.randn(HIDDEN, SHARED_I, device=dev, generator=g) * SHARED_I**-0.5).bfloat16()
-    barrier = lambda: dist.barrier(device_ids=[rank])  # noqa: E731
-    flush = timing.L2Flusher(dev)
-    one = torch.zeros(1, device=dev)
-    align = lambda: dist.all_reduce(one)  # noqa: E731
-
-    def agree(v: float) -> float:
-        t = torch.tensor([v], dtype=torch.float64, device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
+    sync = rank_sync(group, dev)  # barrier, flush, align, agree: as moebench's rows start samples
     rows = []
     for T in args.tokens:
         x = torch.randn(T, HIDDEN, device=dev, generator=g).bfloat16()
@@ -69,8 +61,7 @@ def rank_main(rank: int, port: int, args, q) -> None:
                 shared(x)
 
             fns = {"combine": combine, "shared": lambda: shared(x), "overlapped": overlapped, "sequential": sequential}
-            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, barrier=barrier,
-                                        flush=flush, align=align, warmup_ms=200, agree=agree)
+            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync)
             med = {k: v.median for k, v in zip(fns, s)}
             hidden = (med["combine"] + med["shared"] - med["overlapped"]) / med["shared"]
             rows.append({"rank": rank, "tokens": T, "carveout": carveout, **med, "hidden_fraction": hidden})

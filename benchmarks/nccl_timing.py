@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from moebench import timing
 from moebench.launch import free_port
+from moebench.worker import rank_sync
 
 
 def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
@@ -23,15 +24,9 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
     inp = torch.randn(mib * 2**20 // 2, device=dev, dtype=torch.bfloat16)
     out = torch.empty(2 * inp.numel(), device=dev, dtype=torch.bfloat16)
     fn = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
-    barrier = lambda: dist.barrier(device_ids=[rank])  # noqa: E731
-    flush = timing.L2Flusher(dev)
+    sync = rank_sync(dist.group.WORLD, dev)  # barrier, flush, align, agree: as moebench's rows start samples
+    flush = sync["flush"]
     one = torch.zeros(1, device=dev)
-    align = lambda: dist.all_reduce(one)  # noqa: E731
-
-    def agree(v: float) -> float:
-        t = torch.tensor([v], dtype=torch.float64, device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
 
     def by_hand() -> float:
         # the same method written out: barrier, flush, device-side align, events
@@ -63,10 +58,8 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
 
     for _ in range(30):
         fn()
-    a = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align,
-                            warmup_ms=200, agree=agree)
-    b = timing.time_samples(fn, dev, reps=reps, warmup=10, barrier=barrier, flush=flush, align=align,
-                            warmup_ms=200, agree=agree)
+    a = timing.time_samples(fn, dev, reps=reps, warmup=10, warmup_ms=200, **sync)
+    b = timing.time_samples(fn, dev, reps=reps, warmup=10, warmup_ms=200, **sync)
     q.put((rank, a.median, b.median, by_hand(), back_to_back(), a.p80 / a.p20))
     dist.destroy_process_group()
 

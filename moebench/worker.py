@@ -82,6 +82,18 @@ def _align_fn(group, device):
     return lambda: dist.all_reduce(one, group=group)
 
 
+def rank_sync(group, device, l2_flush: bool = True) -> dict:
+    """barrier / flush / align / agree for timing.time_samples on this rank of `group`,
+    as the harness starts its samples (benchmarks/ use it too); None where not needed
+    (one rank, or no GPU)."""
+    return {
+        "barrier": _barrier_fn(group, device),
+        "flush": timing.L2Flusher(device) if device.type == "cuda" and l2_flush else None,
+        "align": _align_fn(group, device),
+        "agree": (lambda v: _all_max(v, group, device)) if group is not None else None,
+    }
+
+
 def _median(xs: list[float]) -> float:
     return timing.Samples(xs).median if xs else float("nan")
 
@@ -185,9 +197,8 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
     ctx, weights, kernel = build_layer(cfg, combo, rank, world_size, group, device)
     shape, quant, shared, seed = ctx.shape, ctx.quant, kernel.shared, combo["seed"]
     setup_used = memory.device_used_bytes(device)
-    barrier = _barrier_fn(group, device)
-    flush = timing.L2Flusher(device) if device.type == "cuda" and r["l2_flush"] else None
-    align = _align_fn(group, device)
+    sync = rank_sync(group, device, r["l2_flush"])
+    barrier, flush, align = sync["barrier"], sync["flush"], sync["align"]
     ref_weights = reference_expert_fn(shape, quant, seed, device)
     kept = range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float()) if shared is not None else None
