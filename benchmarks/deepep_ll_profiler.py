@@ -1,6 +1,6 @@
 """DeepEP's own low-latency benchmark and moebench's profiler mode, in one call
 on one machine: LL dispatch / combine kernel durations at 128 tokens per rank,
-hidden 7168, top-8, 256 experts, 2 ranks (DeepSeek-V3's shape).
+hidden 7168, top-8, 256 experts (DeepSeek-V3's shape), on --world-size ranks (2).
 
 A benchmark, not a test: it prints and writes both sets of figures side by side.
 
@@ -15,7 +15,7 @@ A benchmark, not a test: it prints and writes both sets of figures side by side.
   per forward). Kernel durations per rank come from the rows' `kernel_us`.
 
     PYTHONPATH=.:third_party/deepep_build python benchmarks/deepep_ll_profiler.py \
-        [--deepep-src third_party/DeepEP] [--out runs/deepep_ll_profiler]
+        [--deepep-src third_party/DeepEP] [--out runs/deepep_ll_profiler] [--world-size 2]
 
 Writes <out>/deepep_test_low_latency.log, the moebench run directory
 <out>/moebench (rows, env.json), and <out>/comparison.md.
@@ -24,88 +24,52 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _deepep_compare import REPO, fmt_us, moebench_kernel_rows, ratios, run_deepep_script  # noqa: E402
 
-TOKENS, HIDDEN, TOPK, EXPERTS, RANKS = 128, 7168, 8, 256, 2
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TOKENS, HIDDEN, TOPK, EXPERTS = 128, 7168, 8, 256
 _PLAIN = re.compile(r"\[rank (\d+)\] Dispatch bandwidth: .*?avg_t=([\d.]+) us \| Combine bandwidth: .*?avg_t=([\d.]+) us")
 _HOOK = re.compile(r"\[rank (\d+)\] Dispatch send/recv time: ([\d.]+) \+ ([\d.]+) us \| "
                    r"Combine send/recv time: ([\d.]+) \+ ([\d.]+) us")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_deepep_test(src: Path, log: Path, timeout_s: int) -> dict:
-    """{rank: {"dispatch": µs, "combine": µs, "dispatch_hook": send + recv µs, "combine_hook": ...}}."""
-    script = src / "tests" / "test_low_latency.py"
-    if not script.exists():
-        raise SystemExit(f"no {script}: pass --deepep-src, the DeepEP v1.2.1 source tree")
-    env = dict(os.environ, **SAFE_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    cmd = [sys.executable, script.name, "--num-processes", str(RANKS), "--num-tokens", str(TOKENS),
-           "--hidden", str(HIDDEN), "--num-topk", str(TOPK), "--num-experts", str(EXPERTS)]
-    out = subprocess.run(cmd, cwd=script.parent, env=env, capture_output=True, text=True, timeout=timeout_s)
-    log.write_text(f"$ {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    if out.returncode:
-        raise SystemExit(f"DeepEP's test failed (exit {out.returncode}); see {log}:\n{out.stderr[-2000:]}")
+def parse_low_latency(stdout: str) -> dict:
+    """{rank: {"dispatch": µs, "combine": µs, "dispatch_hook": send + recv µs, "combine_hook": ...}}
+    from test_low_latency.py's output."""
     res: dict = {}
-    for m in _PLAIN.finditer(out.stdout):
+    for m in _PLAIN.finditer(stdout):
         res.setdefault(int(m[1]), {}).update(dispatch=float(m[2]), combine=float(m[3]))
-    for m in _HOOK.finditer(out.stdout):
+    for m in _HOOK.finditer(stdout):
         res.setdefault(int(m[1]), {}).update(dispatch_hook=float(m[2]) + float(m[3]),
                                              combine_hook=float(m[4]) + float(m[5]))
+    return res
+
+
+def run_deepep_test(src: Path, log: Path, timeout_s: int, world: int) -> dict:
+    out = run_deepep_script(src, "test_low_latency.py",
+                            ["--num-processes", world, "--num-tokens", TOKENS, "--hidden", HIDDEN,
+                             "--num-topk", TOPK, "--num-experts", EXPERTS], log, timeout_s)
+    res = parse_low_latency(out)
     if not res:
         raise SystemExit(f"no timing lines in DeepEP's output; see {log}")
     return res
 
 
-def run_moebench(out_dir: Path, reps: int) -> list[dict]:
+def run_moebench(out_dir: Path, reps: int, world: int) -> list[dict]:
     """Rows of the profiler-mode sweep, with LL kernel durations per rank."""
-    from moebench.store import RunStore
-    from moebench.sweep import execute
-
-    os.environ.update(SAFE_ENV)
-    run_dir, counts = execute(
+    return moebench_kernel_rows(
         ["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "overlap=none,dispatch,combine",
          "quant=fp8_block,bf16", "model=deepseek_v3", f"workload.tokens_per_rank=[{TOKENS}]",
          f"backend.max_tokens_per_rank={TOKENS}", "runner.timing=profiler", "runner.device=cuda",
-         f"runner.reps={reps}"],
-        None, str(out_dir), redo="all")
-    df = RunStore(run_dir).load()
-    rows = []
-    for _, r in df.iterrows():
-        row = {"quant": r["quant"], "overlap": r["overlap"], "status": r["status"], "reason": r.get("reason", ""),
-               "dispatch_us": r.get("dispatch_us"), "combine_us": r.get("combine_us")}
-        per_rank = []
-        texts = r.get("kernel_us") if r["status"] == "ok" else None
-        for text in (texts if texts is not None else []):
-            kern = json.loads(text)
-            per_rank.append({
-                "dispatch": sum(v for k, v in kern.items() if "internode_ll::dispatch" in k),
-                "combine": sum(v for k, v in kern.items() if "internode_ll::combine" in k),
-            })
-        row["kernels"] = per_rank
-        rows.append(row)
-    return rows
+         f"runner.world_size={world}", f"runner.reps={reps}"],
+        out_dir, {"dispatch": "internode_ll::dispatch", "combine": "internode_ll::combine"})
 
 
-def _fmt(xs) -> str:
-    return " / ".join(f"{x:.1f}" for x in xs) if xs else "n/a"
-
-
-def compare(deepep: dict, rows: list[dict]) -> str:
+def compare(deepep: dict, rows: list[dict], world: int = 2) -> str:
     """A markdown table: DeepEP's figure per rank beside moebench's, and their ratio."""
     def ours(quant, overlap, kernel):
         for r in rows:
@@ -115,8 +79,8 @@ def compare(deepep: dict, rows: list[dict]) -> str:
 
     ranks = sorted(deepep)
     lines = [
-        f"DeepEP low-latency kernels, {RANKS} ranks, {TOKENS} tokens per rank, hidden {HIDDEN}, top-{TOPK}, "
-        f"{EXPERTS} experts (µs, rank 0 / rank 1)",
+        f"DeepEP low-latency kernels, {world} ranks, {TOKENS} tokens per rank, hidden {HIDDEN}, top-{TOPK}, "
+        f"{EXPERTS} experts (µs, rank 0 / rank 1 / ...)",
         "",
         "| kernel | DeepEP test_low_latency.py | moebench profiler (row) | moebench / DeepEP |",
         "|---|---:|---:|---:|",
@@ -130,15 +94,14 @@ def compare(deepep: dict, rows: list[dict]) -> str:
     for label, dkey, quant, overlap, kernel in cases:
         theirs = [deepep[r].get(dkey) for r in ranks if deepep[r].get(dkey) is not None]
         mine = ours(quant, overlap, kernel)
-        ratio = [m / t for m, t in zip(mine, theirs)] if mine and len(mine) == len(theirs) else []
-        lines.append(f"| {label} | {_fmt(theirs)} | {_fmt(mine)} (quant={quant}, overlap={overlap}) | "
-                     f"{' / '.join(f'{x:.2f}' for x in ratio) or 'n/a'} |")
+        lines.append(f"| {label} | {fmt_us(theirs)} | {fmt_us(mine)} (quant={quant}, overlap={overlap}) | "
+                     f"{ratios(mine, theirs)} |")
     lines += ["", "moebench rows (kernel µs per rank; phase µs are the max over ranks and include host time):", "",
               "| quant | overlap | status | dispatch kernels | combine kernels | dispatch_us | combine_us |",
               "|---|---|---|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["quant"], r["overlap"])):
         lines.append(f"| {r['quant']} | {r['overlap']} | {r['status']} | "
-                     f"{_fmt([k['dispatch'] for k in r['kernels']])} | {_fmt([k['combine'] for k in r['kernels']])} | "
+                     f"{fmt_us([k['dispatch'] for k in r['kernels']])} | {fmt_us([k['combine'] for k in r['kernels']])} | "
                      f"{r['dispatch_us'] or float('nan'):.1f} | {r['combine_us'] or float('nan'):.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -149,12 +112,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "runs" / "deepep_ll_profiler"))
     ap.add_argument("--reps", type=int, default=20, help="moebench runner.reps (profiler samples: min(reps, 20))")
     ap.add_argument("--timeout", type=int, default=600, help="seconds for DeepEP's test")
+    ap.add_argument("--world-size", type=int, default=2, help="ranks (one per GPU), DeepEP's --num-processes")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    deepep = run_deepep_test(Path(args.deepep_src), out / "deepep_test_low_latency.log", args.timeout)
-    rows = run_moebench(out / "moebench", args.reps)
-    table = compare(deepep, rows)
+    deepep = run_deepep_test(Path(args.deepep_src), out / "deepep_test_low_latency.log", args.timeout, args.world_size)
+    rows = run_moebench(out / "moebench", args.reps, args.world_size)
+    table = compare(deepep, rows, args.world_size)
     (out / "comparison.md").write_text(table)
     (out / "comparison.json").write_text(json.dumps({"deepep": deepep, "moebench": rows}, indent=1, default=str))
     print(table)
