@@ -71,3 +71,25 @@ def ratios(mine: list, theirs: list) -> str:
     if not mine or len(mine) != len(theirs):
         return "n/a"
     return " / ".join(f"{m / t:.2f}" for m, t in zip(mine, theirs))
+
+
+def main(doc: str, name: str, log_name: str, run_deepep_test, run_moebench, compare) -> None:
+    """The command line both comparisons share: DeepEP's test, then moebench, then the table
+    (<out>/<log_name>, <out>/moebench, <out>/comparison.md and comparison.json)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--deepep-src", default=str(REPO / "third_party" / "DeepEP"), help="DeepEP v1.2.1 source tree")
+    ap.add_argument("--out", default=str(REPO / "runs" / name))
+    ap.add_argument("--reps", type=int, default=20, help="moebench runner.reps (profiler samples: min(reps, 20))")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds for DeepEP's test")
+    ap.add_argument("--world-size", type=int, default=2, help="ranks (one per GPU), DeepEP's --num-processes")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deepep = run_deepep_test(Path(args.deepep_src), out / log_name, args.timeout, args.world_size)
+    rows = run_moebench(out / "moebench", args.reps, args.world_size)
+    table = compare(deepep, rows, args.world_size)
+    (out / "comparison.md").write_text(table)
+    (out / "comparison.json").write_text(json.dumps({"deepep": deepep, "moebench": rows}, indent=1, default=str))
+    print(table)

@@ -21,14 +21,12 @@ Writes <out>/deepep_test_intranode.log, the moebench run directory <out>/moebenc
 """
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _deepep_compare import REPO, fmt_us, moebench_kernel_rows, ratios, run_deepep_script  # noqa: E402
+from _deepep_compare import fmt_us, main, moebench_kernel_rows, ratios, run_deepep_script  # noqa: E402
 
 TOKENS, HIDDEN, TOPK, EXPERTS, SMS = 4096, 7168, 8, 256, 24
 _DEFAULT = re.compile(r"\[tuning\] SMs (\d+), NVL chunk default: .*?avg_t: ([\d.]+) us")
@@ -97,23 +95,5 @@ def compare(deepep: dict, rows: list[dict], world: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--deepep-src", default=str(REPO / "third_party" / "DeepEP"), help="DeepEP v1.2.1 source tree")
-    ap.add_argument("--out", default=str(REPO / "runs" / "deepep_ht_profiler"))
-    ap.add_argument("--reps", type=int, default=20, help="moebench runner.reps (profiler samples: min(reps, 20))")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds for DeepEP's test")
-    ap.add_argument("--world-size", type=int, default=2, help="ranks (one per GPU), DeepEP's --num-processes")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    deepep = run_deepep_test(Path(args.deepep_src), out / "deepep_test_intranode.log", args.timeout, args.world_size)
-    rows = run_moebench(out / "moebench", args.reps, args.world_size)
-    table = compare(deepep, rows, args.world_size)
-    (out / "comparison.md").write_text(table)
-    (out / "comparison.json").write_text(json.dumps({"deepep": deepep, "moebench": rows}, indent=1, default=str))
-    print(table)
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, "deepep_ht_profiler", "deepep_test_intranode.log", run_deepep_test, run_moebench, compare)

@@ -15,12 +15,11 @@ import json
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from moebench import timing
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.prepare_finalize import _deepep
-from moebench.launch import free_port
+from moebench.launch import run_ranks
 from moebench.worker import rank_sync
 
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
@@ -82,15 +81,8 @@ def main() -> None:
     if torch.cuda.device_count() < 2:
         raise SystemExit("needs 2 GPUs")
     _deepep.require()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, args, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    rows = sorted((r for _ in procs for r in q.get(timeout=600)), key=lambda r: (r["tokens"], r["carveout"], r["rank"]))
-    for p in procs:
-        p.join()
+    rows = sorted((r for per_rank in run_ranks(rank_main, 2, (args,), 600) for r in per_rank),
+                  key=lambda r: (r["tokens"], r["carveout"], r["rank"]))
     print(f"DeepEP HT num_sms={args.num_sms} combine_chunk={args.combine_chunk or 'recommended'}; µs, medians of {args.reps}")
     for r in rows:
         print(f"T={r['tokens']:5d} carveout={r['carveout']:3d} rank {r['rank']}: combine {r['combine']:7.1f} "

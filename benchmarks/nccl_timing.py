@@ -10,10 +10,9 @@ import argparse
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from moebench import timing
-from moebench.launch import free_port
+from moebench.launch import run_ranks
 from moebench.worker import rank_sync
 
 
@@ -69,17 +68,9 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=64, help="MiB each rank contributes")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, args.mib, args.reps, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for rank, m1, m2, hand, b2b, spread in sorted(q.get(timeout=300) for _ in procs):
+    for rank, m1, m2, hand, b2b, spread in sorted(run_ranks(rank_main, 2, (args.mib, args.reps), 300)):
         print(f"rank {rank}: moebench {m1:.1f} / {m2:.1f} µs, by hand (barrier loop) {hand:.1f} µs, "
               f"back to back {b2b:.1f} µs, p80/p20 {spread:.3f}")
-    for p in procs:
-        p.join(60)
 
 
 if __name__ == "__main__":

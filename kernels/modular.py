@@ -48,9 +48,9 @@ class SharedExperts:
         # cuBLAS (the default for bf16 mm) ignores the carveout; cuBLASLt reads it per call
         old_carveout = torch._C._get_sm_carveout_experimental()
         old_lib = torch.backends.cuda.preferred_blas_library()
-        torch._C._set_sm_carveout_experimental(self.sm_carveout)
-        torch.backends.cuda.preferred_blas_library("cublaslt")
         try:
+            torch._C._set_sm_carveout_experimental(self.sm_carveout)
+            torch.backends.cuda.preferred_blas_library("cublaslt")
             return self._mlp(x_TK)
         finally:
             torch._C._set_sm_carveout_experimental(old_carveout)

@@ -51,8 +51,9 @@ def git_info() -> dict:
     """The checkout's commit and dirty flag; MOEBENCH_GIT_SHA, when set, names the commit
     of a copied tree instead (a working tree shipped to a GPU machine may carry a stale
     .git of its own, whose HEAD is not what runs)."""
-    if os.environ.get("MOEBENCH_GIT_SHA"):
-        return {"git_sha": os.environ["MOEBENCH_GIT_SHA"], "git_dirty": None}
+    named = os.environ.get("MOEBENCH_GIT_SHA", "")
+    if named and named != "unknown":  # a script's unset placeholder does not hide the checkout's
+        return {"git_sha": named, "git_dirty": None}
     sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "-q", "HEAD"])
     if not re.fullmatch(r"[0-9a-f]{40}", sha or ""):
         return {"git_sha": "unknown", "git_dirty": None}

@@ -43,6 +43,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(target: Callable, world: int, args: tuple, timeout_s: float) -> list:
+    """Spawn `world` processes target(rank, port, *args, queue) (a script's own ranks, e.g.
+    benchmarks/), each putting one result on the queue; the results in arrival order.
+    A rank that crashes or a result missing after `timeout_s` kills every rank and raises."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, port, *args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out, deadline = [], time.monotonic() + timeout_s
+    try:
+        while len(out) < world:
+            try:
+                out.append(q.get(timeout=1.0))
+            except queue_mod.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"ranks {'exited with ' + str(dead) if dead else f'gave no result in {timeout_s:.0f} s'}")
+        for p in procs:
+            p.join(60)
+        return out
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+
+
 def _descendants(pid: int) -> list[int]:
     """Live descendants of `pid` (Linux /proc), deepest last."""
     children: dict[int, list[int]] = {}

@@ -12,6 +12,8 @@ from .plan import Combination
 
 STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine")
+# trace layer spans closer than this (relative) name no critical rank (rows.measured_row)
+CRITICAL_SPAN_TIE = 0.005
 NAN = float("nan")
 
 
@@ -26,6 +28,9 @@ def identity(c: Combination, tokens: int) -> dict:
         "intermediate": k["intermediate"], "quant": k["quant"], "world_size": k["world_size"],
         "simulate_ep": k["simulate_ep"], "tokens_per_rank": int(tokens), "routing": k["routing"],
         "seed": k["seed"], "timing_mode": k["timing_mode"], "device": k["device"],
+        # knobs beside the axes (plan.Combination.label tags them when off their defaults)
+        "num_sms": k["num_sms"], "dispatch_nvl_chunk": k.get("dispatch_nvl_chunk", 0),
+        "combine_nvl_chunk": k.get("combine_nvl_chunk", 0), "shared_sm_carveout": k.get("shared_sm_carveout", 0),
         "overrides": " ".join(c.overrides),
     }
 
@@ -113,19 +118,24 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     # A rank that reaches the combine early hides its shared experts in its wait for the
     # other rank, which sets the layer's end: the rank whose layer samples span longest in
     # its trace. Without every rank's span, the ranks' mean (docs/perf-notes.md, run 13).
+    # Spans within CRITICAL_SPAN_TIE of each other name no critical rank: the mean then.
     spans = [r.get("trace_layer_us") for r in ranks]
+    crit = None
     if len(ranks) > 1 and all(isinstance(s, (int, float)) and s == s for s in spans):
-        crit = max(range(len(ranks)), key=lambda i: spans[i])
-        row["trace_critical_rank"] = crit
-        for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
-            v = ranks[crit].get(k)
-            row[k] = float(v) if v is not None else NAN
+        order = sorted(range(len(ranks)), key=lambda i: spans[i], reverse=True)
+        if spans[order[0]] - spans[order[1]] > CRITICAL_SPAN_TIE * spans[order[0]]:
+            crit = order[0]
+            row["trace_critical_rank"] = crit
+            for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
+                v = ranks[crit].get(k)
+                row[k] = float(v) if v is not None else NAN
     # derived per rank (DESIGN.md); the row holds the mean (trace figures: see above)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
-    row["trace_path"] = ranks[0].get("trace_path", "")
+    row["trace_path"] = ranks[crit if crit is not None else 0].get("trace_path", "")
     # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
-    methods = {r.get("trace_overlap_method") for r in ranks if r.get("trace_overlap_method")}
+    methods = {r.get("trace_overlap_method") for r in (ranks if crit is None else [ranks[crit]])
+               if r.get("trace_overlap_method")}
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
         row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]

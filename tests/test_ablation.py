@@ -1,5 +1,6 @@
 """The overlap ablation's parts: the layer without shared experts keeps its overlap
-mode's async path, and the row's trace figures are the ranks' mean."""
+mode's async path, and the row's trace figures are the critical rank's (the ranks'
+mean when their trace spans tie or are missing)."""
 from __future__ import annotations
 
 import torch
@@ -68,15 +69,24 @@ def test_row_takes_the_critical_ranks_trace_figures():
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],
             "shared_samples_us": [2.0, 2.0]}
-    ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 11597.0},
-             {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11790.0}]
+    ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 11597.0,
+              "trace_path": "traces/k/rank0_T8.json", "trace_overlap_method": "intersection"},
+             {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11790.0,
+              "trace_path": "traces/k/rank1_T8.json", "trace_overlap_method": "stretch"}]
     row = rows.measured_row(combos[0], 8, ranks, {})
     assert row["trace_critical_rank"] == 1
     assert row["trace_overlap_fraction"] == 0.28 and row["trace_intersection_fraction"] == 0.5
+    # the path and method of the rank whose figures the row holds
+    assert row["trace_path"].endswith("rank1_T8.json") and row["trace_overlap_method"] == "stretch"
     assert row["trace_overlap_fraction_per_rank"] == [0.73, 0.28]
     assert row["trace_layer_us_per_rank"] == [11597.0, 11790.0]
     ranks[0]["trace_layer_us"] = 12000.0
     assert rows.measured_row(combos[0], 8, ranks, {})["trace_overlap_fraction"] == 0.73
+    # spans within CRITICAL_SPAN_TIE: no critical rank, the mean
+    ranks[0]["trace_layer_us"] = 11790.0 * (1 + rows.CRITICAL_SPAN_TIE / 2)
+    tied = rows.measured_row(combos[0], 8, ranks, {})
+    assert tied["trace_critical_rank"] != tied["trace_critical_rank"]  # NaN
+    assert abs(tied["trace_overlap_fraction"] - (0.73 + 0.28) / 2) < 1e-9
 
 
 def test_row_takes_the_ranks_mean_trace_figures_without_spans():

@@ -53,3 +53,25 @@ def test_low_latency_log_parses_as_the_committed_comparison():
     assert {str(k): v for k, v in res.items()} == stored["deepep"]
     table = ll.compare(res, stored["moebench"], 2)
     assert "DeepEP low-latency kernels, 2 ranks" in table and table.count("\n| ") >= 4
+
+
+def _echo_rank(rank, port, tag, q):
+    q.put((rank, tag, port > 0))
+
+
+def _crash_rank(rank, port, q):
+    if rank == 1:
+        raise SystemExit(3)
+    q.put(rank)
+
+
+def test_run_ranks_collects_one_result_per_rank_and_kills_on_a_crash():
+    import time
+
+    from moebench.launch import run_ranks
+
+    assert sorted(run_ranks(_echo_rank, 2, ("x",), 60)) == [(0, "x", True), (1, "x", True)]
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exited with \[3\]"):
+        run_ranks(_crash_rank, 2, (), 60)
+    assert time.monotonic() - t0 < 30  # the crash ends the wait, not the timeout

@@ -153,12 +153,26 @@ V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=c
               "model=deepseek_v3", "runner.device=cpu"]
 
 
+# IDENTITY_KEYS before the knobs of session 3 (commit dfe5564): stored rows carry keys hashed from these
+KEYS_BEFORE_KNOBS = (
+    "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
+    "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
+    "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
+    "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
+)
+
+
 def test_new_knobs_at_their_defaults_keep_earlier_keys_and_labels():
     """Knobs added after results were stored stay out of the key at 0, so those runs resume."""
+    import hashlib
+    import json
+
     (base,), _ = plan.plan(V3_COMBINE, None)
-    (same,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=0", "backend.combine_nvl_chunk=0"], None)
-    assert same.key == base.key and same.label == base.label
-    assert "shared_sm_carveout" not in base.cfg["overlap"] or base.cfg["overlap"]["shared_sm_carveout"] == 0
+    old = {k: base.combo[k] for k in KEYS_BEFORE_KNOBS}
+    assert base.key == hashlib.sha1(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    assert base.label == "naive/torch/finalize/combine/bf16/deepseek_v3/ws2"
+    (carved,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=8"], None)
+    assert carved.key != base.key
 
 
 def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
@@ -185,3 +199,11 @@ def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
         plan.plan(ovs + ["overlap.shared_sm_carveout=132"], None)
     combos, _ = plan.plan(ovs + ["overlap.shared_sm_carveout=131"], None)
     assert combos[0].combo["shared_sm_carveout"] == 131
+
+
+def test_rows_carry_the_knobs_as_columns():
+    from moebench import rows
+
+    (c,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=24", "backend.num_sms=16"], None)
+    row = rows.identity(c, 8)
+    assert (row["num_sms"], row["shared_sm_carveout"], row["dispatch_nvl_chunk"], row["combine_nvl_chunk"]) == (16, 24, 0, 0)

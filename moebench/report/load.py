@@ -6,7 +6,6 @@ single ``.parquet`` file or a plain directory of parquet files.
 """
 from __future__ import annotations
 
-
 import json
 import re
 from pathlib import Path
@@ -170,7 +169,7 @@ def constant_caption(df: pd.DataFrame) -> str:
     parts = []
     vary = varying(df, EXTRA_COMBO_COLUMNS)
     for c in EXTRA_COMBO_COLUMNS:
-        if c in df.columns and c not in vary and len(df) and fmt_value(df[c].iloc[0]) != "-":
+        if c in df.columns and c not in vary and len(df) and fmt_value(df[c].iloc[0]) not in ("-", ""):
             parts.append(f"{c}={fmt_value(df[c].iloc[0])}")
     return ", ".join(parts)
 
