@@ -278,3 +278,28 @@ def test_deepep_ht_matches_reference(model, tmp_path):
     per_rank = run_job(model, MODELS[model], QUANTS[model], TOKENS, tmp_path)
     failures = report(per_rank)
     assert not failures, "\n".join(failures)
+
+
+def test_deepep_ht_chunk_configs_and_carveout_through_the_sweep(tmp_path):
+    """backend.dispatch_nvl_chunk / combine_nvl_chunk (Config(num_sms, chunk, 256), as DeepEP's
+    test_intranode.py tunes them) and overlap.shared_sm_carveout: every row matches the
+    reference, off the recommended config too."""
+    from moebench.kernels.prepare_finalize import _deepep
+    from moebench.store import RunStore
+    from moebench.sweep import execute
+
+    if torch.cuda.device_count() < WORLD:
+        pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
+    reason = _deepep.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    os.environ.update(COMM_ENV)
+    run_dir, _ = execute(["backend=deepep_ht", "experts=torch", "reduction=finalize", "overlap=none,combine",
+                          "quant=bf16,fp8_block", "model=deepseek_v2_lite", "workload.tokens_per_rank=[128,1024]",
+                          "backend.dispatch_nvl_chunk=0,24", "backend.combine_nvl_chunk=8",
+                          "overlap.shared_sm_carveout=24", "runner.device=cuda", "runner.reps=5",
+                          "runner.warmup=2", "runner.phase_reps=2"], None, str(tmp_path), quiet=False)
+    df = RunStore(run_dir).load()
+    print(df[["label", "tokens_per_rank", "status", "rel_err", "overlap_fraction"]].to_string())
+    assert len(df) == 16 and (df.status == "ok").all(), df[["label", "tokens_per_rank", "status", "reason"]]
+    assert set(df.combine_nvl_chunk) == {8} and set(df.dispatch_nvl_chunk) == {0, 24}
