@@ -4,6 +4,7 @@ together), per-rank values kept in list columns."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -56,6 +57,17 @@ def _max(ranks: list[dict], key: str) -> float:
 def _mean(ranks: list[dict], key: str) -> float:
     vals = _values(ranks, key)
     return float(sum(vals) / len(vals)) if vals else NAN
+
+
+def critical_rank(spans: list) -> Optional[int]:
+    """The rank whose layer samples span longest in its trace (µs per rank), or None: one
+    rank, a span missing, or the two longest within CRITICAL_SPAN_TIE of each other."""
+    if len(spans) < 2 or not all(isinstance(s, (int, float)) and s == s for s in spans):
+        return None
+    order = sorted(range(len(spans)), key=lambda i: spans[i], reverse=True)
+    if spans[order[0]] - spans[order[1]] <= CRITICAL_SPAN_TIE * spans[order[0]]:
+        return None
+    return order[0]
 
 
 def empty_measurements() -> dict:
@@ -118,17 +130,12 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     # A rank that reaches the combine early hides its shared experts in its wait for the
     # other rank, which sets the layer's end: the rank whose layer samples span longest in
     # its trace. Without every rank's span, the ranks' mean (docs/perf-notes.md, run 13).
-    # Spans within CRITICAL_SPAN_TIE of each other name no critical rank: the mean then.
-    spans = [r.get("trace_layer_us") for r in ranks]
-    crit = None
-    if len(ranks) > 1 and all(isinstance(s, (int, float)) and s == s for s in spans):
-        order = sorted(range(len(ranks)), key=lambda i: spans[i], reverse=True)
-        if spans[order[0]] - spans[order[1]] > CRITICAL_SPAN_TIE * spans[order[0]]:
-            crit = order[0]
-            row["trace_critical_rank"] = crit
-            for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
-                v = ranks[crit].get(k)
-                row[k] = float(v) if v is not None else NAN
+    crit = critical_rank([r.get("trace_layer_us") for r in ranks])
+    if crit is not None:
+        row["trace_critical_rank"] = crit
+        for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
+            v = ranks[crit].get(k)
+            row[k] = float(v) if v is not None else NAN
     # derived per rank (DESIGN.md); the row holds the mean (trace figures: see above)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]

@@ -113,3 +113,20 @@ def test_critical_rank_trace_figure_is_nearer_the_ablation_than_the_mean(experts
     ablation = float(rows["overlap_fraction"].iloc[0])
     assert abs(figs[0] - figs[1]) > 0.2  # the ranks disagree
     assert abs(figs[crit] - ablation) < abs(sum(figs) / 2 - ablation)
+
+
+def test_trace_command_on_a_run_names_the_critical_rank(tmp_path, capsys):
+    """`moebench trace <run>` puts a combination's ranks side by side and says whose
+    figures the row holds (the same rule as rows.measured_row)."""
+    import shutil
+
+    from moebench.traces.cli import trace_command
+
+    d = tmp_path / "run" / "traces" / "dfb6438509fd"
+    d.mkdir(parents=True)
+    for r in (0, 1):
+        shutil.copy(FIX / f"h200_allgather_rs_triton_combine_rank{r}_T4096.json.gz", d / f"rank{r}_T4096.json.gz")
+    assert trace_command(str(tmp_path / "run")) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("### ranks of"):]
+    assert "| 1 (critical) | 7871.8 | 0.399 |" in table and "row figure: rank 1's" in table

@@ -13,11 +13,12 @@ raises ValueError (the CLI turns it into exit code 2).
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Optional
 
-from moebench.traces.metrics import TraceSummary, summarize, to_markdown
+from moebench.traces.metrics import TraceSummary, _fmt, summarize, to_markdown
 from moebench.traces.model import Trace
 from moebench.traces.nsys import nsys_processes, parse_nsys_sqlite
 from moebench.traces.torch_trace import parse_torch_trace
@@ -88,6 +89,7 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
     tp = Path(target)
     root = None if tp.is_file() else (tp / "traces" if (tp / "traces").is_dir() else tp)
     errors = []
+    per_combo: dict = {}  # (folder, tokens) -> {rank: TraceSummary}, for the ranks' table
     for f in files:
         try:
             traces = load_traces(f)
@@ -100,11 +102,39 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
         for trace in traces:
             summary: TraceSummary = summarize(trace)
             print(to_markdown(summary))
+            m = _RANK_FILE.fullmatch(Path(f).name)
+            if m:
+                per_combo.setdefault((str(Path(f).parent), m[2]), {})[int(m[1])] = summary
             if plot:
                 from moebench.traces.timeline import plot_timeline
 
                 png = plot_timeline(trace, _plot_path(trace, f, out, root))
                 print(f"timeline: {png}\n")
+    for (folder, tokens), ranks in per_combo.items():
+        if len(ranks) > 1:
+            print(ranks_table(folder, tokens, ranks))
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
+
+
+_RANK_FILE = re.compile(r"rank(\d+)_T(\d+)\.json(?:\.gz)?")
+
+
+def ranks_table(folder: str, tokens: str, ranks: dict) -> str:
+    """One combination's ranks side by side, and the critical rank whose figures its row
+    holds (rows.critical_rank: the longest layer span; none when the spans tie)."""
+    from moebench.rows import critical_rank
+
+    order = sorted(ranks)
+    crit = critical_rank([ranks[r].layer_us for r in order])
+    lines = [f"### ranks of {folder} at {tokens} tokens", "",
+             "| rank | layer span µs | trace_overlap_fraction | intersection_fraction |", "|---:|---:|---:|---:|"]
+    for i, r in enumerate(order):
+        s = ranks[r]
+        mark = " (critical)" if crit == i else ""
+        lines.append(f"| {r}{mark} | {_fmt(s.layer_us)} | {_fmt(s.trace_overlap_fraction, 3)} | "
+                     f"{_fmt(s.intersection_fraction, 3)} |")
+    lines += ["", "row figure: " + (f"rank {order[crit]}'s (its layer ends last)" if crit is not None
+                                    else "the ranks' mean (no rank's layer span stands out)"), ""]
+    return "\n".join(lines)

@@ -374,6 +374,7 @@ def overlap_table(s: TraceSummary) -> str:
         ("comm in the layer", _fmt(s.comm_us)),
         ("comm stretch (in layer / alone)", _fmt(s.comm_stretch, 3)),
         ("window: comm ∪ shared", _fmt(s.window_us)),
+        ("layer sample's GPU span (first kernel start to last end)", _fmt(s.layer_us)),
         ("intersection: comm ∩ shared", _fmt(s.overlap_us)),
         (f"exposed ({exposed_label})", _fmt(s.shared_exposed_us)),
         (f"**trace_overlap_fraction** ({frac_label})", _fmt(s.trace_overlap_fraction, 3)),
