@@ -297,7 +297,7 @@ def test_deepep_ht_chunk_configs_and_carveout_through_the_sweep(tmp_path):
     run_dir, _ = execute(["backend=deepep_ht", "experts=torch", "reduction=finalize", "overlap=none,combine",
                           "quant=bf16,fp8_block", "model=deepseek_v2_lite", "workload.tokens_per_rank=[128,1024]",
                           "backend.dispatch_nvl_chunk=0,24", "backend.combine_nvl_chunk=8",
-                          "overlap.shared_sm_carveout=24", "runner.device=cuda", "runner.reps=5",
+                          "overlap.shared_sm_carveout=24", "runner.device=cuda", "runner.reps=5", "runner.warmup_ms=0",
                           "runner.warmup=2", "runner.phase_reps=2"], None, str(tmp_path), quiet=False)
     df = RunStore(run_dir).load()
     print(df[["label", "tokens_per_rank", "status", "rel_err", "overlap_fraction"]].to_string())

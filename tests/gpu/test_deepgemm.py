@@ -72,7 +72,7 @@ def test_every_valid_combination_through_moebench(model, tmp_path):
                    "reduction=experts,finalize", "overlap=none", "quant=fp8_block", f"model={model}",
                    f"workload.tokens_per_rank=[{','.join(map(str, TOKENS))}]", "workload.routing=uniform,zipf",
                    f"experts.deepgemm_min_tokens={MIN_TOKENS}", "runner.device=cuda", "runner.timing=events",
-                   "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2"], tmp_path / model)
+                   "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.warmup_ms=0"], tmp_path / model)
     _show(df)
     ran = df[df.status != "skipped"]
     # local x {deepgemm, triton_or_deepgemm} x 2 reductions + local_batched x deepgemm_masked x finalize

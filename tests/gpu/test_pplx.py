@@ -45,7 +45,9 @@ QUANTS = ("bf16", "fp8_block")
 EXPERTS = ("triton_batched", "torch_batched")
 OVERLAPS = ("none", "dispatch", "combine")
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # DESIGN.md
-QUICK = ["runner.device=cuda", "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.timeout_s=300"]
+# correctness sweeps: no time-based warm-up (runner.warmup_ms, 200 ms a token count on a GPU)
+QUICK = ["runner.device=cuda", "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.timeout_s=300",
+         "runner.warmup_ms=0"]
 JOB_TIMEOUT_S = 600  # a protocol mistake shows up as a hang: kill and fail
 
 
