@@ -118,13 +118,10 @@ def test_deepep_ll_structural_reasons_when_library_present(monkeypatch):
 
 
 def test_deepep_ll_layout_rules_in_plan(monkeypatch):
+    from batched_rules import check_batched_layout_rules
+
     monkeypatch.setattr(_deepep, "unavailable_reason", lambda: None)
-    combos, _ = plan.plan(["backend=deepep_ll", "experts=torch_batched,torch", "reduction=finalize,experts",
-                           "overlap=none", "quant=bf16", "model=deepseek_v3", "runner.device=cpu"], None)
-    by = {(c.combo["experts"], c.combo["reduction"]): c for c in combos}
-    assert "layouts differ" in by[("torch", "finalize")].reason
-    assert "only reduction=finalize" in by[("torch_batched", "experts")].reason
-    assert "CUDA" in by[("torch_batched", "finalize")].reason  # device=cpu
+    check_batched_layout_rules("deepep_ll", "deepseek_v3")
 
 
 def test_deepep_ll_graph_capture_is_declared():

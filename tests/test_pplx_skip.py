@@ -105,13 +105,10 @@ def test_structural_reasons_when_library_present(monkeypatch):
 
 
 def test_layout_rules_in_plan(monkeypatch):
+    from batched_rules import check_batched_layout_rules
+
     monkeypatch.setattr(_pplx, "unavailable_reason", lambda: None)
-    combos, _ = plan.plan(["backend=pplx", "experts=torch_batched,torch", "reduction=finalize,experts",
-                           "overlap=none", "quant=bf16", "model=deepseek_v2_lite", "runner.device=cpu"], None)
-    by = {(c.combo["experts"], c.combo["reduction"]): c for c in combos}
-    assert "layouts differ" in by[("torch", "finalize")].reason
-    assert "only reduction=finalize" in by[("torch_batched", "experts")].reason
-    assert "CUDA" in by[("torch_batched", "finalize")].reason
+    check_batched_layout_rules("pplx", "deepseek_v2_lite")
     combo = {"backend": "pplx", "experts": "triton_batched", "timing_mode": "graph", "graph_max_tokens": 256,
              "device": "cuda", "max_tokens_per_rank": 512}
     assert plan.validate_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
