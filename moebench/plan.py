@@ -31,11 +31,11 @@ IDENTITY_KEYS = (
     "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
     "simulate_ep", "max_tokens_per_rank", "num_sms", "dispatch_nvl_chunk",
-    "combine_nvl_chunk", "shared_sm_carveout", "deepgemm_min_tokens", "routing", "skew",
+    "combine_nvl_chunk", "shared_sm_carveout", "deepgemm_min_tokens", "fp8_layout", "routing", "skew",
     "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
 )
-# keys added later: left out of the key at their default (0), so earlier runs' keys still resume
-DEFAULT_OMITTED = ("dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout")
+# keys added later: left out of the key at their default, so earlier runs' keys still resume
+DEFAULT_OMITTED = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "fp8_layout": "auto"}
 
 
 @dataclass
@@ -50,7 +50,8 @@ class Combination:
 
     @property
     def key(self) -> str:
-        ident = {k: self.combo[k] for k in IDENTITY_KEYS if k not in DEFAULT_OMITTED or self.combo.get(k)}
+        ident = {k: self.combo[k] for k in IDENTITY_KEYS
+                 if k not in DEFAULT_OMITTED or self.combo.get(k, DEFAULT_OMITTED[k]) != DEFAULT_OMITTED[k]}
         return hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -77,6 +78,8 @@ class Combination:
         for k, tag in (("dispatch_nvl_chunk", "dchunk"), ("combine_nvl_chunk", "cchunk"), ("shared_sm_carveout", "carve")):
             if c.get(k):
                 s += f"/{tag}{c[k]}"
+        if c.get("fp8_layout", "auto") != "auto":
+            s += f"/{c['fp8_layout']}"
         return s
 
     @property
@@ -279,6 +282,7 @@ def flat_combo(cfg: dict) -> dict:
         "combine_nvl_chunk": b["combine_nvl_chunk"],
         "shared_sm_carveout": cfg["overlap"]["shared_sm_carveout"],
         "deepgemm_min_tokens": cfg["experts"]["deepgemm_min_tokens"],
+        "fp8_layout": cfg["experts"].get("fp8_layout", "auto"),
         "routing": cfg["workload"]["routing"],
         "skew": cfg["workload"]["skew"],
         "seed": cfg["workload"]["seed"],
@@ -296,6 +300,7 @@ CHOICES = {
     ("workload", "routing"): ("uniform", "balanced", "zipf"),
     ("runner", "timing"): ("events", "graph", "profiler"),
     ("runner", "device"): ("auto", "cpu", "cuda"),
+    ("experts", "fp8_layout"): ("auto", "gathered", "contiguous"),
 }
 POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "world_size"), ("runner", "phase_reps"),
             ("model", "hidden"), ("model", "intermediate"), ("model", "num_experts"), ("model", "topk"),
@@ -344,6 +349,9 @@ def validate(combo: dict) -> Optional[str]:
         return f"overlap.shared_sm_carveout={carveout} applies to shared experts; model={combo['model']} has none"
     if carveout and combo["device"] != "cuda":
         return f"overlap.shared_sm_carveout={carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
+    layout = combo.get("fp8_layout", "auto")
+    if layout != "auto" and (e != "triton" or combo["quant"] != "fp8_block"):
+        return f"experts.fp8_layout={layout} picks the row layout of experts=triton with quant=fp8_block only"
     if b != "deepep_ht" and (combo.get("dispatch_nvl_chunk") or combo.get("combine_nvl_chunk")):
         return "backend.dispatch_nvl_chunk / combine_nvl_chunk configure DeepEP's intranode kernels: backend=deepep_ht only"
     E, ws, sim = combo["num_experts"], combo["world_size"], combo["simulate_ep"]

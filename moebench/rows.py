@@ -32,6 +32,7 @@ def identity(c: Combination, tokens: int) -> dict:
         # knobs beside the axes (plan.Combination.label tags them when off their defaults)
         "num_sms": k["num_sms"], "dispatch_nvl_chunk": k.get("dispatch_nvl_chunk", 0),
         "combine_nvl_chunk": k.get("combine_nvl_chunk", 0), "shared_sm_carveout": k.get("shared_sm_carveout", 0),
+        "fp8_layout": k.get("fp8_layout", "auto"),
         "overrides": " ".join(c.overrides),
     }
 

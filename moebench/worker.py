@@ -174,6 +174,7 @@ def build_layer(cfg: dict, combo: dict, rank: int, world_size: int, group, devic
         simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
         options={"num_sms": combo["num_sms"], "dispatch_nvl_chunk": combo.get("dispatch_nvl_chunk", 0),
                  "combine_nvl_chunk": combo.get("combine_nvl_chunk", 0), "deepgemm_min_tokens": combo["deepgemm_min_tokens"],
+                 "triton_fp8_layout": combo.get("fp8_layout", "auto"),
                  "extra": dict(combo.get("extra") or {})},  # extra.* knobs reach the kernels (e.g. pplx_mode)
     )
     weights = build_expert_weights(ctx, combo["seed"])

@@ -40,6 +40,10 @@ from moebench.kernels.triton import config as tconfig  # noqa: E402
 from moebench.kernels.triton.activation import silu_and_mul as triton_silu_and_mul  # noqa: E402
 from moebench.kernels.triton.align import moe_align_block_size  # noqa: E402
 from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
+from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # noqa: E402
+from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
+from moebench.kernels.triton.contiguous_gemm import contiguous_fp8_gemm  # noqa: E402
+from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}
@@ -49,10 +53,12 @@ CFG = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=2, 
 CFG_BK64 = dict(CFG, BLOCK_SIZE_K=64)
 
 
-def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed: int = 0, K: int = K, I: int = I):
+def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed: int = 0, K: int = K, I: int = I,
+               fp8_layout: str = "auto"):
     """(ctx, local ExpertWeights, e -> fp32 dequantized (w13, w2) of global expert e)."""
     q = QuantSpec(quant)
-    ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep, options={})
+    ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep,
+                        options={"triton_fp8_layout": fp8_layout})
     if config is not None:
         ctx.options["triton_config"] = config
     g = torch.Generator().manual_seed(seed)
@@ -89,9 +95,10 @@ def make_inputs(routing: str, num_tokens: int = T, seed: int = 1, K: int = K):
     return x.to(DEV), w.to(DEV), ids.to(DEV)
 
 
-def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I):
+def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I,
+              fp8_layout="auto"):
     """Experts.apply on NaN-filled workspaces, then the backend's finalize -> rel_err vs reference."""
-    ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I)
+    ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I, fp8_layout=fp8_layout)
     batched = layout == "batched"
     pf = (LocalBatchedPrepareFinalize if batched else LocalPrepareFinalize)(ctx)
     experts = get_experts("triton_batched" if batched else "triton")(w, reduction, ctx)
@@ -132,6 +139,66 @@ STANDARD_CASES = [
 def test_standard_matches_reference(quant, reduction, simulate_ep, routing, prequant, config):
     err = run_layer("standard", quant, reduction, simulate_ep, routing, prequant, config)
     assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+
+
+@pytest.mark.parametrize("reduction,simulate_ep,routing,prequant", [
+    ("experts", 1, "skewed", True),  # an expert without rows, one with most
+    ("finalize", 2, "uniform", False),  # pairs of other ranks; the permute quantizes a bf16 input
+])
+def test_standard_fp8_block_contiguous_layout(reduction, simulate_ep, routing, prequant):
+    err = run_layer("standard", "fp8_block", reduction, simulate_ep, routing, prequant, fp8_layout="contiguous")
+    assert err <= TOL["fp8_block"], f"rel_err {err:.3g} > {TOL['fp8_block']}"
+
+
+def test_fp8_layout_choice():
+    ctx, w, _ = make_layer("fp8_block", simulate_ep=2)
+    ex = get_experts("triton")(w, "experts", ctx)
+    local = ctx.num_local_experts  # 4 of 8: about half of a row's picks are local
+    need = CONTIGUOUS_MIN_PAIRS_PER_EXPERT * local * 2 // P  # rows for that many local pairs per expert
+    assert not ex.contiguous(need - 1, P) and ex.contiguous(need, P)
+    dims = (2 * I, K, P, local)
+    mp = max_padded_rows(need * P, local, 128)
+    assert ex.workspace_shapes(need, *dims)[:2] == ((mp, (K + K // 32) // 2), (mp, max(2 * I, K)))
+    assert ex.workspace_shapes(need - 1, *dims)[:2] == (((need - 1) * P, 2 * I), ((need - 1) * P, I))
+    ctx.options["triton_fp8_layout"] = "gathered"
+    assert not get_experts("triton")(w, "experts", ctx).contiguous(need, P)
+    ctx.options["triton_fp8_layout"] = "contiguous"
+    assert get_experts("triton")(w, "experts", ctx).contiguous(1, P)
+    ctx.options["triton_fp8_layout"] = "sorted"
+    with pytest.raises(ValueError, match="gathered"):
+        get_experts("triton")(w, "experts", ctx).contiguous(1, P)
+    bf16_ctx, bf16_w, _ = make_layer("bf16", fp8_layout="contiguous")
+    assert not get_experts("triton")(bf16_w, "experts", bf16_ctx).contiguous(need, P)  # fp8_block only
+
+
+@pytest.mark.parametrize("cfg,programs", [
+    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64), 3),  # persistent: programs walk several tiles
+    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256), None),  # a tile spans two weight-scale blocks
+])
+def test_contiguous_fp8_gemm(cfg, programs):
+    g = torch.Generator().manual_seed(3)
+    M, Kc, N, Ec = 40, 256, 256, 4
+    x = torch.randn(M, Kc, generator=g).to(torch.bfloat16).to(DEV)
+    ids = torch.randint(0, Ec, (M, P), generator=g, dtype=torch.int32)
+    ids[ids == 2] = 3  # expert 2 gets no row
+    ids[0, 0] = -1  # a pair of another rank
+    ids = ids.to(DEV)
+    mp = max_padded_rows(M * P, Ec, 128)
+    a = torch.empty(mp, Kc, dtype=FP8_DTYPE, device=DEV)
+    a_s = torch.empty(Kc // 128, mp, device=DEV).t()
+    scratch = torch.empty(contiguous_scratch_numel(M * P, Ec, 128), dtype=torch.int32, device=DEV)
+    lay = permute_contiguous(x, None, ids, Ec, 128, a, a_s, scratch)
+    w = (torch.randn(Ec, N, Kc, generator=g) * 0.1).to(FP8_DTYPE).to(DEV)
+    ws = (torch.rand(Ec, N // 128, Kc // 128, generator=g) + 0.5).to(DEV)
+    c = torch.full((mp, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    contiguous_fp8_gemm(a, a_s, w, ws, c, lay.m_indices_Mp, config=cfg, num_programs=programs)
+    rows = lay.m_indices_Mp.long()
+    valid = rows >= 0
+    assert int(valid.sum()) == M * P - 1
+    af = a.float() * a_s.repeat_interleave(128, 1)
+    wf = w.float() * ws.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    ref = torch.einsum("rk,rnk->rn", af[valid], wf[rows[valid]])
+    assert rel_err(c[valid], ref) < 1e-2
 
 
 BATCHED_CASES = [

@@ -95,11 +95,7 @@ class DeepGemmExperts(Experts):
 
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
         mp = self.padded_rows(M, topk, num_local_experts)
-        D = max(K, N // 2)
-        # ws13: fp8 [Mp, D] + fp32 scales [D/128, Mp] (input rows, then the activation);
-        # ws2: gate/up [Mp, N], then down [Mp, K], bf16
-        out = (M, K) if self.reduction == "experts" else (M, topk, K)
-        return (mp, fp8_scaled_bytes(D) // 2), (mp, max(N, K)), out
+        return contiguous_workspace_shapes(mp, M, N, K, topk, self.reduction)
 
     def transient_bytes(self, M, N, K, topk, num_local_experts):
         """One int32 scratch: the sort by expert, the grouped layouts, the pairs' slots."""
@@ -109,35 +105,50 @@ class DeepGemmExperts(Experts):
 
     def apply(self, output, prepared, workspace13, workspace2):
         dg = _deep_gemm.require()
-        w = self.dg_w
-        ids = prepared.topk_ids_MP
-        M, P = ids.shape
-        E, N, K = w.w13.shape
-        I = N // 2
-        if M * P == 0:
-            return
-        align = _deep_gemm.mk_alignment()
-        mp = max_padded_rows(M * P, E, align)
-        D = max(K, I)
-        u13 = as_bytes(workspace13)
-        assert u13.numel() >= mp * fp8_scaled_bytes(D), (u13.numel(), mp, D)
-        scratch = torch.empty(contiguous_scratch_numel(M * P, E, align), dtype=torch.int32, device=ids.device)
-        a1, a1_s = fp8_rows_with_scales(u13, mp, K, D)
-        layout = permute_contiguous(prepared.x, prepared.x_scale, ids, E, align, a1, a1_s, scratch)
-        grouped = layout.ends_E if self.use_psum_layout else layout.m_indices_Mp
-        flat2 = workspace2.reshape(-1)
-        h = flat2[: mp * N].view(mp, N)
-        dg.m_grouped_fp8_gemm_nt_contiguous(
-            (a1, a1_s), (w.w13, w.s13), h, grouped, disable_ue8m0_cast=True, use_psum_layout=self.use_psum_layout
-        )
-        act, act_s = fp8_rows_with_scales(u13, mp, I, D)  # a1 is consumed: reuse its bytes
-        blocks = mp // align
-        silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_GROUP, scale=act_s,
-                     expert_num_tokens=layout.counts_B, group=GROUP)
-        y = flat2[: mp * K].view(mp, K)  # h is consumed
-        dg.m_grouped_fp8_gemm_nt_contiguous(
-            (act, act_s), (w.w2, w.s2), y, grouped, disable_ue8m0_cast=True, use_psum_layout=self.use_psum_layout
-        )
-        weights = prepared.topk_weights_MP
-        unpermute_contiguous(y, ids.contiguous(), weights.contiguous(), layout.inv_R, output, E,
-                             reduce=self.reduction == "experts")
+        psum = self.use_psum_layout
+
+        def gemm(a, a_s, w, w_s, out, layout):
+            grouped = layout.ends_E if psum else layout.m_indices_Mp
+            dg.m_grouped_fp8_gemm_nt_contiguous((a, a_s), (w, w_s), out, grouped, disable_ue8m0_cast=True,
+                                                use_psum_layout=psum)
+
+        contiguous_apply(gemm, self.dg_w, _deep_gemm.mk_alignment(), self.reduction, output, prepared,
+                         workspace13, workspace2)
+
+
+def contiguous_workspace_shapes(mp: int, M: int, N: int, K: int, topk: int, reduction: str):
+    """Workspaces of `contiguous_apply` (bf16 elements, vLLM's semantics)."""
+    D = max(K, N // 2)
+    # ws13: fp8 [Mp, D] + fp32 scales [D/128, Mp] (input rows, then the activation);
+    # ws2: gate/up [Mp, N], then down [Mp, K], bf16
+    out = (M, K) if reduction == "experts" else (M, topk, K)
+    return (mp, fp8_scaled_bytes(D) // 2), (mp, max(N, K)), out
+
+
+def contiguous_apply(gemm, w: DeepGemmWeights, align: int, reduction: str, output, prepared, workspace13, workspace2):
+    """permute -> gemm(gate/up) -> SiLU-and-mul + fp8 quant -> gemm(down) -> unpermute
+    (module doc); gemm(a, a_scale, w, w_scale, out, layout) is the grouped fp8 GEMM."""
+    ids = prepared.topk_ids_MP
+    M, P = ids.shape
+    E, N, K = w.w13.shape
+    I = N // 2
+    if M * P == 0:
+        return
+    mp = max_padded_rows(M * P, E, align)
+    D = max(K, I)
+    u13 = as_bytes(workspace13)
+    assert u13.numel() >= mp * fp8_scaled_bytes(D), (u13.numel(), mp, D)
+    scratch = torch.empty(contiguous_scratch_numel(M * P, E, align), dtype=torch.int32, device=ids.device)
+    a1, a1_s = fp8_rows_with_scales(u13, mp, K, D)
+    layout = permute_contiguous(prepared.x, prepared.x_scale, ids, E, align, a1, a1_s, scratch)
+    flat2 = workspace2.reshape(-1)
+    h = flat2[: mp * N].view(mp, N)
+    gemm(a1, a1_s, w.w13, w.s13, h, layout)
+    act, act_s = fp8_rows_with_scales(u13, mp, I, D)  # a1 is consumed: reuse its bytes
+    blocks = mp // align
+    silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_GROUP, scale=act_s,
+                 expert_num_tokens=layout.counts_B, group=GROUP)
+    y = flat2[: mp * K].view(mp, K)  # h is consumed
+    gemm(act, act_s, w.w2, w.s2, y, layout)
+    unpermute_contiguous(y, ids.contiguous(), prepared.topk_weights_MP.contiguous(), layout.inv_R, output, E,
+                         reduce=reduction == "experts")

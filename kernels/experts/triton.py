@@ -6,6 +6,14 @@ with the fp8 activation quantization. reduction="experts" weights and sums in
 the down-GEMM epilogue: fp32 atomics into an accumulator carved from ws13
 (whose gate/up rows are consumed by then), so no [M, P, K] buffer exists.
 
+fp8_block with many rows per expert (prefill) takes the contiguous layout instead:
+the pairs' rows are copied into per-expert segments padded to 128 rows (the layout
+the `deepgemm` experts build) so that both GEMM operands load through TMA
+(kernels/triton/contiguous_gemm.py), then un-permuted with the reduction. The
+layout is chosen per call from the expected local pairs per expert
+(`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured in docs/perf-notes.md, session 4);
+ctx.options["triton_fp8_layout"] = "gathered" | "contiguous" forces one.
+
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
 from __future__ import annotations
@@ -18,7 +26,15 @@ import torch
 from ..interfaces import ActivationFormat, Experts
 from ..registry import register_experts
 from ..triton.config import config_block_shape, config_dtype, get_config
+from ..triton.align import max_padded_rows
+from ..triton.contiguous_gemm import ALIGN, contiguous_fp8_gemm
+from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_scratch_numel
+from .deepgemm import DeepGemmWeights, contiguous_apply, contiguous_workspace_shapes
+
+# fp8_block: the contiguous layout from this many expected local pairs per expert on
+CONTIGUOUS_MIN_PAIRS_PER_EXPERT = 256
+FP8_LAYOUTS = ("auto", "gathered", "contiguous")
 
 
 def _quant_name(combo: dict) -> str:
@@ -39,6 +55,8 @@ def triton_unsupported(combo: dict) -> Optional[str]:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 9):
             return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
+        if combo.get("fp8_layout") == "contiguous" and major < 9:
+            return f"experts.fp8_layout=contiguous loads through TMA: it needs SM90 or newer (this GPU is {major}.{minor})"
     if quant == "fp8_block":
         hidden, inter = combo.get("hidden"), combo.get("intermediate")
         bad = [f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", inter)) if v is not None and int(v) % 128]
@@ -76,7 +94,31 @@ class TritonExperts(TritonConfigMixin, Experts):
     def supports(cls, combo):
         return triton_unsupported(combo)
 
+    def __init__(self, weights, reduction, ctx):
+        super().__init__(weights, reduction, ctx)
+        # the contiguous layout's view of the weights ([E, N, K], fp32 scales: no copy when stored so)
+        self._contiguous_w = DeepGemmWeights(weights) if weights.quant.is_block else None
+
+    def contiguous(self, M: int, topk: int) -> bool:
+        """Whether M token rows run on the contiguous layout (module doc)."""
+        if not self.w.quant.is_block:
+            return False
+        layout = (self.ctx.options or {}).get("triton_fp8_layout", "auto")
+        if layout not in FP8_LAYOUTS:
+            raise ValueError(f"triton_fp8_layout={layout!r}: expected one of {', '.join(FP8_LAYOUTS)}")
+        if layout != "auto":
+            return layout == "contiguous"
+        dev = self.ctx.device
+        if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
+            return False  # TMA: SM90 and later
+        # ids hold all top-k picks of a row; about E_local / E_global of them are local
+        local_pairs = M * topk * self.ctx.num_local_experts / self.ctx.shape.num_experts
+        return local_pairs >= CONTIGUOUS_MIN_PAIRS_PER_EXPERT * self.ctx.num_local_experts
+
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
+        if self.contiguous(M, topk):
+            mp = max_padded_rows(M * topk, num_local_experts, ALIGN)
+            return contiguous_workspace_shapes(mp, M, N, K, topk, self.reduction)
         # ws13: gate/up rows of every pair [M*P, N] (later: the fp32 [M, K] reduce
         # accumulator); ws2: the activation [M*P, N/2] (fp8 modes: its fp8 bytes and scales)
         out = (M, K) if self.reduction == "experts" else (M, topk, K)
@@ -87,6 +129,8 @@ class TritonExperts(TritonConfigMixin, Experts):
         (K > P * I); an fp8 input copy only if a bf16 input does not fit in ws2."""
         if M * topk == 0:
             return 0
+        if self.contiguous(M, topk):  # one int32 scratch: the sort, the layout, the pairs' slots
+            return alloc_bytes(4 * contiguous_scratch_numel(M * topk, num_local_experts, ALIGN))
         bm = self._config(M, topk)["BLOCK_SIZE_M"]
         n = alloc_bytes(4 * standard_scratch_numel(M, topk, num_local_experts, bm))
         if self.reduction == "experts" and 4 * M * K > 2 * M * topk * N:
@@ -98,7 +142,15 @@ class TritonExperts(TritonConfigMixin, Experts):
 
     def apply(self, output, prepared, workspace13, workspace2):
         ids = prepared.topk_ids_MP
+        if self.contiguous(*ids.shape):
+            contiguous_apply(self._contiguous_gemm, self._contiguous_w, ALIGN, self.reduction, output, prepared,
+                             workspace13, workspace2)
+            return
         fused_moe_standard(
             prepared.x, prepared.x_scale, ids, prepared.topk_weights_MP, self.w,
             output, workspace13, workspace2, self._config(ids.shape[0], ids.shape[1]), self.reduction,
         )
+
+    @staticmethod
+    def _contiguous_gemm(a, a_s, w, w_s, out, layout):
+        contiguous_fp8_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp)

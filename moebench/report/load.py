@@ -41,8 +41,8 @@ OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUM
 # Columns that name a combination in tables and plots, in display order. The first
 # seven are always shown; the rest only when they vary within the run.
 COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
-# "knobs": settings that are no row column (backend.num_sms, *_nvl_chunk,
-# overlap.shared_sm_carveout), read from the stored label's tail by load_run
+# "knobs": settings beside the axes (backend.num_sms, *_nvl_chunk,
+# overlap.shared_sm_carveout, experts.fp8_layout), read from the stored label's tail by load_run
 EXTRA_COMBO_COLUMNS = ["simulate_ep", "num_experts", "topk", "hidden", "intermediate",
                        "routing", "seed", "timing_mode", "device", "knobs"]
 # Key columns of a combination without tokens (what combo_key identifies).
@@ -206,7 +206,7 @@ def combo_labels(df: pd.DataFrame) -> pd.Series:
     return df.apply(label, axis=1)
 
 
-_KNOB_TAG = re.compile(r"^(sms|dchunk|cchunk|carve)\d+$")
+_KNOB_TAG = re.compile(r"^((sms|dchunk|cchunk|carve)\d+|gathered|contiguous)$")
 
 
 def _knob_tags(stored_label) -> str:

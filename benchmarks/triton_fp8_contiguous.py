@@ -1,0 +1,145 @@
+"""Our TMA grouped fp8 GEMM (kernels/triton/contiguous_gemm.py) against DeepGEMM's
+`m_grouped_fp8_gemm_nt_contiguous` on the same permuted rows, per tile config.
+
+One GPU. Both GEMMs of a layer (gate/up: [Mp, K] x [E, 2I, K]; down: [Mp, I] x
+[E, K, I]) on issue #5's shapes, uniform routing (seed 0): deepseek_v3 as one
+rank's share at EP 8 (32 of 256 experts), qwen3_30b_a3b and mixtral_8x7b whole.
+Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
+(pairs x 2 x N x K), so the padding of the layout counts against both kernels.
+
+    python benchmarks/triton_fp8_contiguous.py [--tokens 4096 16384] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+from moebench.kernels.interfaces import FP8_DTYPE
+from moebench.kernels.triton.align import max_padded_rows
+from moebench.kernels.triton.contiguous_gemm import ALIGN, contiguous_fp8_gemm
+from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
+
+# name: (experts in the model, experts on this rank, top-k, hidden K, intermediate I)
+SHAPES = {
+    "deepseek_v3": (256, 32, 8, 7168, 2048),
+    "qwen3_30b_a3b": (128, 128, 8, 2048, 768),
+    "mixtral_8x7b": (8, 8, 2, 4096, 14336),
+}
+# (BLOCK_M, BLOCK_N, GROUP_SIZE_M, num_warps, num_stages); BLOCK_K is the 128 scale group
+CONFIGS = [
+    (128, 128, 8, 8, 4),
+    (128, 128, 8, 4, 4),
+    (128, 256, 8, 8, 3),
+    (128, 256, 8, 8, 4),
+    (64, 128, 8, 4, 5),
+    (64, 256, 8, 8, 4),
+]
+
+
+def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
+    """Uniform top-P of E_all experts per token, then local ids (-1 for other ranks')."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.rand(M, E_all, generator=g).argsort(dim=1)[:, :P].to(torch.int32)
+    return torch.where(ids < E, ids, torch.full_like(ids, -1)).to(dev)
+
+
+def layer_rows(M, shape, dev):
+    """Permuted fp8 rows + scales and the layout for M tokens."""
+    E_all, E, P, K, _ = shape
+    ids = routing(M, E_all, E, P, dev)
+    mp = max_padded_rows(M * P, E, ALIGN)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    a = torch.empty(mp, K, device=dev, dtype=FP8_DTYPE)
+    a_s = torch.empty(K // 128, mp, device=dev).t()
+    scratch = torch.empty(contiguous_scratch_numel(M * P, E, ALIGN), dtype=torch.int32, device=dev)
+    lay = permute_contiguous(x, None, ids, E, ALIGN, a, a_s, scratch)
+    pairs = int((ids >= 0).sum())
+    return a, a_s, lay, pairs, mp
+
+
+def weights(E, N, K, dev):
+    w = (torch.randn(E, N, K, device=dev) * 0.05).to(FP8_DTYPE)
+    s = torch.rand(E, N // 128, K // 128, device=dev) * 0.01 + 0.005
+    return w, s
+
+
+def act_rows(mp, I, dev):
+    a = (torch.randn(mp, I, device=dev)).to(FP8_DTYPE)
+    s = (torch.rand(I // 128, mp, device=dev) * 0.01 + 0.005).t()
+    return a, s
+
+
+def rel(x, y, valid):
+    x, y = x[valid].float(), y[valid].float()
+    return float((x - y).norm() / y.norm().clamp_min(1e-30))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--models", nargs="+", default=list(SHAPES))
+    ap.add_argument("--configs", type=int, default=len(CONFIGS), help="use the first N configs")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    try:
+        import deep_gemm
+    except Exception as e:  # noqa: BLE001
+        deep_gemm = None
+        print(f"deep_gemm not importable ({e}): Triton only")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    out = []
+    print(f"{'model':14} {'tokens':>6} {'gemm':7} {'kernel':34} {'µs':>9} {'TFLOP/s':>8} {'vs DG':>6} rel_err")
+    for name in args.models:
+        shape = SHAPES[name]
+        E_all, E, P, K, I = shape
+        w13, s13 = weights(E, 2 * I, K, dev)
+        w2, s2 = weights(E, K, I, dev)
+        for M in args.tokens:
+            a1, a1_s, lay, pairs, mp = layer_rows(M, shape, dev)
+            a2, a2_s = act_rows(mp, I, dev)
+            valid = lay.m_indices_Mp >= 0
+            for gemm, (a, a_s, w, s) in (("gate_up", (a1, a1_s, w13, s13)), ("down", (a2, a2_s, w2, s2))):
+                N = w.shape[1]
+                flop = 2.0 * pairs * N * w.shape[2]
+                c_ref = None
+                dg_us = None
+                if deep_gemm is not None:
+                    c_ref = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
+                    dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(  # noqa: E731
+                        (a, a_s), (w, s), c_ref, lay.m_indices_Mp, disable_ue8m0_cast=True)
+                    dg()
+                    dg_us = triton.testing.do_bench(dg, warmup=25, rep=200) * 1e3
+                    row = dict(model=name, tokens=M, gemm=gemm, kernel="deep_gemm", us=dg_us, tflops=flop / dg_us / 1e6)
+                    out.append(row)
+                    print(f"{name:14} {M:6} {gemm:7} {'deep_gemm':34} {dg_us:9.1f} {row['tflops']:8.0f}")
+                for bm, bn, gm, nw, ns in CONFIGS[: args.configs]:
+                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns)
+                    for progs in (sms, None):
+                        label = f"{bm}x{bn} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
+                        c = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
+                        fn = lambda: contiguous_fp8_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
+                                                         num_programs=progs if progs else 1 << 30)
+                        try:
+                            fn()
+                            torch.cuda.synchronize()
+                        except Exception as e:  # noqa: BLE001  (a config that does not compile)
+                            print(f"{name:14} {M:6} {gemm:7} {label:34} failed: {type(e).__name__}: {str(e)[:120]}")
+                            continue
+                        err = rel(c, c_ref, valid) if c_ref is not None else float("nan")
+                        us = triton.testing.do_bench(fn, warmup=25, rep=200) * 1e3
+                        row = dict(model=name, tokens=M, gemm=gemm, kernel=label, us=us, tflops=flop / us / 1e6,
+                                   rel_err=err, vs_deepgemm=(dg_us / us) if dg_us else None)
+                        out.append(row)
+                        vs = f"{dg_us / us:6.2f}" if dg_us else "     -"
+                        print(f"{name:14} {M:6} {gemm:7} {label:34} {us:9.1f} {row['tflops']:8.0f} {vs} {err:.1e}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Grouped fp8 block-scaled GEMM over the contiguous (expert-sorted) row layout.
+
+The rows of every local expert sit in one segment padded to ALIGN rows (the layout
+`deepgemm_layout.permute_contiguous` builds for DeepGEMM), so every BLOCK_M row tile
+belongs to one expert and A is a plain [Mp, K] matrix: both operands are loaded
+with TMA (tensor descriptors), which the gathered-row kernel of gemm.py cannot do.
+
+    c[r] = sum_g (a[r, g] . w[e(r), :, g]) * a_scale[r, g] * w_scale[e(r), n / 128, g]
+
+a [Mp, K] fp8, a_scale [Mp, G] fp32 MN-major (strides (1, Mp): one K group's scales
+of a row tile are contiguous), w [E, N, K] fp8, w_scale [E, N/128, G] fp32,
+m_indices [Mp] int32 (expert of each row, -1 for padding), c [Mp, N] bf16. Row
+tiles whose first row is padding are skipped (their rows are never read).
+
+Tiles are walked by a persistent grid (at most one program per SM) in
+GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2.
+
+Legend: Mp padded rows, N output columns, K reduction dim (multiple of 128),
+E experts, G = K / 128 scale groups.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import cast_out, interpreting
+
+ALIGN = 128  # rows per expert segment are a multiple of this (DeepGEMM's SM90 alignment)
+GROUP = 128  # 1 x 128 activation / 128 x 128 weight scale blocks
+
+# measured on an H200 (docs/perf-notes.md, session 4); BLOCK_K is the scale group
+DEFAULT_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=8, num_stages=4)
+
+
+@triton.jit
+def _contiguous_fp8_kernel(
+    a_desc,  # [Mp, K] fp8, block [BLOCK_M, BLOCK_K]
+    b_desc,  # [E * N, K] fp8, block [BLOCK_N, BLOCK_K]
+    c_ptr,  # [Mp, N]
+    as_ptr,  # a_scale: (row, g) at row * stride_asm + g * stride_asg
+    bs_ptr,  # w_scale [E, N/128, G]
+    m_idx_ptr,  # [Mp] int32
+    Mp,
+    N,
+    num_programs,
+    tiles_per_program,
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    K: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    num_pid_m = tl.cdiv(Mp, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_SIZE_M * num_pid_n
+    i = 0
+    while i < tiles_per_program:  # (the interpreter takes no range() over runtime values)
+        tile = tl.program_id(0) + i * num_programs
+        i += 1
+        group_id = tile // num_in_group
+        first_m = group_id * GROUP_SIZE_M
+        group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
+        pid_m = first_m + (tile % num_in_group) % group_m
+        pid_n = (tile % num_in_group) // group_m
+        expert = tl.load(m_idx_ptr + pid_m * BLOCK_SIZE_M, mask=tile < num_tiles, other=-1)
+        if expert >= 0:
+            off_m = pid_m * BLOCK_SIZE_M
+            off_n = pid_n * BLOCK_SIZE_N
+            offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
+            b_row = expert * N + off_n
+            e64 = expert.to(tl.int64)
+            if BLOCK_SIZE_N <= GROUP_N:  # one weight scale per K group
+                bs_ptrs = bs_ptr + e64 * stride_bse + (off_n // GROUP_N) * stride_bsn
+            else:
+                bs_ptrs = bs_ptr + e64 * stride_bse + ((off_n + tl.arange(0, BLOCK_SIZE_N)) // GROUP_N) * stride_bsn
+            as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm
+            acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            for k in range(0, K // BLOCK_SIZE_K):
+                a = a_desc.load([off_m, k * BLOCK_SIZE_K])
+                b = b_desc.load([b_row, k * BLOCK_SIZE_K])
+                if INTERPRET:  # the interpreter's dot takes no fp8
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                g = (k * BLOCK_SIZE_K) // GROUP_N
+                a_s = tl.load(as_ptrs + g * stride_asg)
+                b_s = tl.load(bs_ptrs + g * stride_bsk)
+                if BLOCK_SIZE_N <= GROUP_N:
+                    acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+                else:
+                    acc += tl.dot(a, b.T) * a_s[:, None] * b_s[None, :]
+            offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
+            c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block_shape=block)
+
+
+def contiguous_fp8_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    c: torch.Tensor,
+    m_indices: torch.Tensor,
+    config: dict | None = None,
+    num_programs: int | None = None,
+) -> None:
+    """c [Mp, N] = per-row-expert grouped fp8 GEMM of a [Mp, K] with w [E, N, K] (see module doc).
+
+    num_programs caps the persistent grid (default: the SM count; the interpreter
+    runs one program per tile)."""
+    cfg = dict(DEFAULT_CONFIG, **(config or {}))
+    Mp, K = a.shape
+    E, N, Kw = w.shape
+    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    assert K == Kw and K % GROUP == 0 and bk == GROUP, (a.shape, w.shape, bk)
+    assert Mp % ALIGN == 0 and ALIGN % bm == 0 and N % bn == 0, (Mp, N, bm, bn)
+    assert bn <= GROUP or bn % GROUP == 0, bn
+    assert a.stride(1) == 1 and w.is_contiguous() and c.stride(1) == 1 and m_indices.numel() >= Mp
+    assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), (a_scale.shape, w_scale.shape)
+    if Mp == 0:
+        return
+    tiles = (Mp // bm) * (N // bn)
+    if num_programs is None:
+        num_programs = tiles if interpreting() or not a.is_cuda else _num_sms(a.device.index or 0)
+    grid = (max(1, min(tiles, num_programs)),)
+    a_desc = _descriptor(a, [bm, bk])
+    b_desc = _descriptor(w.view(E * N, K), [bn, bk])
+    _contiguous_fp8_kernel[grid](
+        a_desc, b_desc, c, a_scale, w_scale, m_indices,
+        Mp, N, grid[0], triton.cdiv(tiles, grid[0]), c.stride(0), a_scale.stride(0), a_scale.stride(1), *w_scale.stride(),
+        K=K, GROUP_N=GROUP,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
+        INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
