@@ -28,7 +28,7 @@ class ExpertsConf:
     # triton_or_deepgemm: DeepGEMM at or above this many rows after dispatch
     deepgemm_min_tokens: int = 256
     # triton + fp8_block: gathered rows (vLLM's fused_moe) or the contiguous layout (rows
-    # permuted per expert, TMA loads); auto = contiguous from 256 expected local pairs per expert
+    # permuted per expert, TMA loads); auto = contiguous from 128 expected local pairs per expert
     fp8_layout: str = "auto"
 
 

@@ -32,8 +32,11 @@ from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_scratch_numel
 from .deepgemm import DeepGemmWeights, contiguous_apply, contiguous_workspace_shapes
 
-# fp8_block: the contiguous layout from this many expected local pairs per expert on
-CONTIGUOUS_MIN_PAIRS_PER_EXPERT = 256
+# fp8_block: the contiguous layout from this many expected local pairs per expert on. Measured
+# on an H200 (docs/perf-notes.md run 16, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
+# pairs per expert 477 / 762 µs, deepseek_v3 (EP-8 share) at 128 1560 / 1348, mixtral_8x7b and
+# qwen3_30b_a3b at 256 2040 / 1656 and 1376 / 1116
+CONTIGUOUS_MIN_PAIRS_PER_EXPERT = 128
 FP8_LAYOUTS = ("auto", "gathered", "contiguous")
 
 
