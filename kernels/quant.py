@@ -1,5 +1,5 @@
 """fp8 quantization helpers in plain torch (the reference math; Triton versions
-live in kernels/triton/quant.py).
+live in kernels/triton/quant.py, and `quant_activations` uses the 1 x 128 one on CUDA).
 
 Legend: T rows, K columns, G = K / group groups, E experts.
 """
@@ -43,6 +43,13 @@ def quant_activations(x_TK: torch.Tensor, quant: Optional[QuantSpec]):
     if quant is None or not quant.is_fp8:
         return x_TK, None
     if quant.is_block:
+        if x_TK.is_cuda:
+            # one pass of our Triton kernel (kernels/triton/quant.py, checked against the torch
+            # code below in tests/test_triton_kernels.py); the torch code's fp32 temporaries took
+            # 1.6 ms of prepare at 16384 x 7168 on an H200 (docs/perf-notes.md, run 16)
+            from .triton.quant import per_token_group_quant_fp8
+
+            return per_token_group_quant_fp8(x_TK.contiguous(), quant.block_k)
         return quant_fp8_per_token_group(x_TK, quant.block_k)
     return quant_fp8_per_tensor(x_TK)
 
