@@ -10,6 +10,7 @@ import numpy as np
 
 from . import SCHEMA_VERSION
 from .plan import Combination
+from .traces.metrics import METHOD_MATCHED
 
 STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine")
@@ -140,11 +141,27 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     # derived per rank (DESIGN.md); the row holds the mean (trace figures: see above)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
         row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
+    # several ranks with every trace readable on rank 0: the overlap on communication intervals
+    # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
+    # (the critical path; docs/perf-notes.md, session 4)
+    row["trace_wait_us_per_rank"] = [NAN] * len(ranks)
+    matched = ranks[0].get("trace_matched_overlap_per_rank")
+    waits = ranks[0].get("trace_wait_us_per_rank")
+    ok = matched and waits and len(matched) == len(waits) == len(ranks)
+    matched = matched if ok and all(v is not None and v == v for v in matched) else None
+    if matched:
+        crit = min(range(len(waits)), key=lambda r: waits[r])
+        row["trace_critical_rank"] = crit
+        row["trace_overlap_fraction"] = float(matched[crit])
+        row["trace_overlap_fraction_per_rank"] = [float(v) for v in matched]
+        row["trace_wait_us_per_rank"] = [float(v) for v in waits]
     row["trace_path"] = ranks[crit if crit is not None else 0].get("trace_path", "")
     # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
     methods = {r.get("trace_overlap_method") for r in (ranks if crit is None else [ranks[crit]])
                if r.get("trace_overlap_method")}
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
+    if matched:
+        row["trace_overlap_method"] = METHOD_MATCHED
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
         row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]
     return row

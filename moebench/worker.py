@@ -268,7 +268,8 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if linked else float("nan")
             if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not _nsys()):
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier,
-                                          inputs=(x, w, ids), align=align, flush=flush, agree=agree))
+                                          inputs=(x, w, ids), align=align, flush=flush, agree=agree,
+                                          world_size=world_size))
             res["status"] = "ok"
             yield T, res
     finally:
@@ -304,7 +305,7 @@ def _nsys() -> bool:
 
 
 def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, inputs=None, align=None,
-                   flush=None, agree=None) -> dict:
+                   flush=None, agree=None, world_size: int = 1) -> dict:
     """Torch trace of `trace_cfg["samples"]` layer samples (`sample/<i>`); when the layer
     overlaps shared experts (overlap != none) and `inputs` = (x, w, ids) are given, then as
     many samples of the layer without them (`sample_noshared/<i>`: kernel(x, w, ids,
@@ -315,7 +316,10 @@ def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, input
     range: a rank that starts late would otherwise show up as waiting inside its peer's
     communication kernels. On several GPUs each sample also starts as a timed one does:
     after the L2 flush and a head start of the slowest callable's host enqueue time
-    (timing.lead_cycles, measured with the trace's ranges on)."""
+    (timing.lead_cycles, measured with the trace's ranges on). With several ranks (all on
+    this host: the process group rendezvous is on 127.0.0.1), rank 0 then reads every
+    rank's trace and adds `trace_matched_overlap_per_rank` (traces/metrics.py: the overlap
+    on communication intervals trimmed of the wait for the last rank)."""
     from .traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, trace_cfg["dir"]), task["key"], rank, T)
@@ -359,6 +363,17 @@ def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, input
             out["trace_layer_us"] = row["trace_layer_us"]
     except Exception as e:  # a trace we cannot parse still leaves the row
         out["trace_error"] = f"{type(e).__name__}: {e}"
+    if world_size > 1 and barrier is not None:
+        barrier()  # every rank's trace is written
+        if rank == 0:
+            paths = [torch_trace.trace_path(os.path.join(run_dir, trace_cfg["dir"]), task["key"], r, T)
+                     for r in range(world_size)]
+            try:
+                from .traces.analyze import matched_figures
+
+                out.update(matched_figures(paths))
+            except Exception as e:  # a peer's trace missing or unreadable: the per-rank figures stay
+                out["trace_error"] = f"matched figure: {type(e).__name__}: {e}"
     return out
 
 

@@ -89,6 +89,25 @@ def test_row_takes_the_critical_ranks_trace_figures():
     assert abs(tied["trace_overlap_fraction"] - (0.73 + 0.28) / 2) < 1e-9
 
 
+def test_row_takes_the_matched_figure_of_the_rank_that_waited_least():
+    """With every rank's trace read on rank 0 (trace_matched_overlap_per_rank, trace_wait_us_per_rank),
+    the row holds the trimmed figure of the rank its peers waited for, whatever the spans say."""
+    combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
+    base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "trace_overlap_method": "stretch"}
+    ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 12000.0,
+              "trace_matched_overlap_per_rank": [0.1, 0.35], "trace_wait_us_per_rank": [800.0, 0.0]},
+             {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11000.0}]
+    row = rows.measured_row(combos[0], 8, ranks, {})
+    assert row["trace_critical_rank"] == 1 and row["trace_overlap_fraction"] == 0.35
+    assert row["trace_overlap_method"] == "stretch_matched"
+    assert row["trace_overlap_fraction_per_rank"] == [0.1, 0.35] and row["trace_wait_us_per_rank"] == [800.0, 0.0]
+    # a rank's figure missing: back to the span rule (rank 0's span is the longest)
+    ranks[0]["trace_matched_overlap_per_rank"] = [0.1, None]
+    row = rows.measured_row(combos[0], 8, ranks, {})
+    assert row["trace_critical_rank"] == 0 and row["trace_overlap_fraction"] == 0.73
+    assert row["trace_overlap_method"] == "stretch"
+
+
 def test_row_takes_the_ranks_mean_trace_figures_without_spans():
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],

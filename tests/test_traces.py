@@ -606,3 +606,41 @@ def test_real_traces_with_ablation_samples_give_the_stretch_figure(path):
     # such measure: on rank 0 it is shorter in the layer (0.86-0.88 of alone), being mostly
     # the wait for rank 1, which the shared experts shift
     assert s.shared_stretch > 1.05
+
+
+# -- (h) several ranks: communication without the wait for the last rank -------------------
+def _rank_trace(comm, shared, comm_alone, shared_alone):
+    """A 2-rank allgather_rs-like trace: one layer sample (comm + shared kernels), one sample
+    of the layer without shared experts, one of the shared experts alone (µs)."""
+    from moebench.traces.model import Kernel, Range, Trace
+
+    ranges = [Range("sample/0", 0.0, 1000.0, "t"), Range("sample_noshared/0", 1000.0, 2000.0, "t"),
+              Range("sample_shared/0", 2000.0, 3000.0, "t")]
+    k = [Kernel("ncclDevKernel_ReduceScatter", *comm, 0, 1, sample=0, comm=True),
+         Kernel("gemm", *shared, 0, 0, sample=0, phases=("shared_experts",)),
+         Kernel("ncclDevKernel_ReduceScatter", *comm_alone, 0, 1, ablation=("noshared", 0), comm=True),
+         Kernel("gemm", *shared_alone, 0, 0, ablation=("shared", 0), phases=("shared_experts",))]
+    return Trace(source="synthetic", fmt="torch", ranges=ranges, kernels=k)
+
+
+def test_matched_overlap_trims_the_wait_for_the_last_rank():
+    """Rank 0 reaches the reduce-scatter 100 µs before rank 1 and runs its shared experts in
+    that wait; trimmed, its collective starts with rank 1's: 50 of its 150 µs of shared
+    experts ran beside the transfer (1/3), where the untrimmed figure says 2/3. Rank 1 waited
+    for nobody: its figure stands, and it is the row's."""
+    from moebench.traces.metrics import matched_overlap, trim_comm_waits
+
+    r0 = _rank_trace((100, 400), (100, 250), (1100, 1350), (2000, 2150))
+    r1 = _rank_trace((200, 400), (200, 350), (1150, 1350), (2000, 2150))
+    assert abs(summarize(r0).trace_overlap_fraction - 2 / 3) < 1e-9
+    trimmed, waits, notes = trim_comm_waits([r0, r1])
+    assert [k.start_us for k in trimmed[0].kernels if k.comm] == [200, 1150] and notes == []
+    assert waits == [100.0, 0.0]
+    m = matched_overlap([r0, r1])
+    assert m.critical_rank == 1 and abs(m.fraction_per_rank[0] - 1 / 3) < 1e-9 and m.fraction == 1.0
+    assert matched_overlap([r0]) is None  # one rank: nothing to match
+    # ranks that ran different numbers of collectives in a sample are left as they are
+    from moebench.traces.model import Kernel
+    r1.kernels.append(Kernel("ncclDevKernel_AllGather", 0, 50, 0, 1, sample=0, comm=True))
+    trimmed, _, notes = trim_comm_waits([r0, r1])
+    assert [k.start_us for k in trimmed[0].kernels if k.comm] == [100, 1150] and "1 samples" in notes[0]

@@ -129,4 +129,23 @@ def test_trace_command_on_a_run_names_the_critical_rank(tmp_path, capsys):
     assert trace_command(str(tmp_path / "run")) == 0
     out = capsys.readouterr().out
     table = out[out.index("### ranks of"):]
-    assert "| 1 (critical) | 7871.8 | 0.399 |" in table and "row figure: rank 1's" in table
+    assert "| 1 (critical) | 7871.8 | 0.0 | 0.399 | 0.399 |" in table and "row figure: rank 1's without the wait" in table
+
+
+@pytest.mark.parametrize("experts, combo_key", [("torch", "4908d11138e9"), ("triton", "dfb6438509fd")])
+def test_matched_overlap_on_real_traces(experts, combo_key):
+    """Both ranks' traces of run 13 (allgather_rs, overlap=combine, 4096 tokens): rank 0 reaches
+    the reduce-scatter first, so trimmed, its collectives start with rank 1's; rank 1 waited for
+    no collective that ran beside shared experts, so its figure is the row's."""
+    from moebench.traces.cli import load_traces
+    from moebench.traces.metrics import matched_overlap, trim_comm_waits
+
+    traces = [load_traces(FIX / f"h200_allgather_rs_{experts}_combine_rank{r}_T4096.json.gz")[0] for r in (0, 1)]
+    trimmed, waits, notes = trim_comm_waits(traces)
+    assert notes == [] and waits[0] > 500 and waits[1] == 0
+    for i in sorted({k.sample for k in traces[0].kernels if k.sample is not None}):
+        starts = [[k.start_us for k in t.kernels if k.comm and k.sample == i] for t in trimmed]
+        assert len(starts[0]) == len(starts[1]) > 0
+        assert all(abs(a - b) < 1e-9 for a, b in zip(sorted(starts[0]), sorted(starts[1])))
+    m = matched_overlap(traces)
+    assert m.critical_rank == 1 and 0.0 <= m.fraction_per_rank[0] <= m.fraction_per_rank[1] <= 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from moebench.traces.cli import load_traces
-from moebench.traces.metrics import summarize
+from moebench.traces.metrics import matched_overlap, summarize
 
 
 def trace_row(path) -> dict:
@@ -28,3 +28,13 @@ def overlap_from_trace(path) -> Optional[float]:
     without shared experts). Raises ValueError for an unreadable file.
     """
     return trace_row(path)["trace_overlap_fraction"]
+
+
+def matched_figures(paths) -> dict:
+    """`trace_matched_overlap_per_rank` and `trace_wait_us_per_rank` from every rank's trace
+    file of one combination and token count (in rank order), or {} when the figure is
+    undefined (metrics.matched_overlap)."""
+    m = matched_overlap([load_traces(p)[0] for p in paths])
+    if m is None:
+        return {}
+    return {"trace_matched_overlap_per_rank": m.fraction_per_rank, "trace_wait_us_per_rank": m.wait_us_per_rank}

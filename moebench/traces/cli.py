@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from moebench.traces.metrics import TraceSummary, _fmt, summarize, to_markdown
+from moebench.traces.metrics import TraceSummary, _fmt, matched_overlap, summarize, to_markdown
 from moebench.traces.model import Trace
 from moebench.traces.nsys import nsys_processes, parse_nsys_sqlite
 from moebench.traces.torch_trace import parse_torch_trace
@@ -89,7 +89,7 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
     tp = Path(target)
     root = None if tp.is_file() else (tp / "traces" if (tp / "traces").is_dir() else tp)
     errors = []
-    per_combo: dict = {}  # (folder, tokens) -> {rank: TraceSummary}, for the ranks' table
+    per_combo: dict = {}  # (folder, tokens) -> {rank: (TraceSummary, Trace)}, for the ranks' table
     for f in files:
         try:
             traces = load_traces(f)
@@ -104,7 +104,7 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
             print(to_markdown(summary))
             m = _RANK_FILE.fullmatch(Path(f).name)
             if m:
-                per_combo.setdefault((str(Path(f).parent), m[2]), {})[int(m[1])] = summary
+                per_combo.setdefault((str(Path(f).parent), m[2]), {})[int(m[1])] = (summary, trace)
             if plot:
                 from moebench.traces.timeline import plot_timeline
 
@@ -112,7 +112,9 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
                 print(f"timeline: {png}\n")
     for (folder, tokens), ranks in per_combo.items():
         if len(ranks) > 1:
-            print(ranks_table(folder, tokens, ranks))
+            order = sorted(ranks)
+            matched = matched_overlap([ranks[r][1] for r in order]) if order == list(range(len(order))) else None
+            print(ranks_table(folder, tokens, {r: s for r, (s, _) in ranks.items()}, matched))
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
@@ -121,20 +123,32 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
 _RANK_FILE = re.compile(r"rank(\d+)_T(\d+)\.json(?:\.gz)?")
 
 
-def ranks_table(folder: str, tokens: str, ranks: dict) -> str:
-    """One combination's ranks side by side, and the critical rank whose figures its row
-    holds (rows.critical_rank: the longest layer span; none when the spans tie)."""
+def ranks_table(folder: str, tokens: str, ranks: dict, matched=None) -> str:
+    """One combination's ranks side by side with the figure its row holds: with `matched`
+    (metrics.matched_overlap: communication trimmed of the wait for the last rank), the
+    figure of the rank that waited least; else the critical rank's (rows.critical_rank:
+    the longest layer span; the ranks' mean when the spans tie)."""
     from moebench.rows import critical_rank
 
     order = sorted(ranks)
     crit = critical_rank([ranks[r].layer_us for r in order])
+    if matched is not None:
+        crit = matched.critical_rank
     lines = [f"### ranks of {folder} at {tokens} tokens", "",
-             "| rank | layer span µs | trace_overlap_fraction | intersection_fraction |", "|---:|---:|---:|---:|"]
+             "| rank | layer span µs | waited for peers µs | trace_overlap_fraction | without the wait | "
+             "intersection_fraction |", "|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(order):
         s = ranks[r]
         mark = " (critical)" if crit == i else ""
-        lines.append(f"| {r}{mark} | {_fmt(s.layer_us)} | {_fmt(s.trace_overlap_fraction, 3)} | "
-                     f"{_fmt(s.intersection_fraction, 3)} |")
-    lines += ["", "row figure: " + (f"rank {order[crit]}'s (its layer ends last)" if crit is not None
-                                    else "the ranks' mean (no rank's layer span stands out)"), ""]
+        wait = matched.wait_us_per_rank[i] if matched else None
+        fig = matched.fraction_per_rank[i] if matched else None
+        lines.append(f"| {r}{mark} | {_fmt(s.layer_us)} | {_fmt(wait)} | {_fmt(s.trace_overlap_fraction, 3)} | "
+                     f"{_fmt(fig, 3)} | {_fmt(s.intersection_fraction, 3)} |")
+    if matched is not None:
+        row = (f"rank {order[crit]}'s without the wait for peers, {_fmt(matched.fraction, 3)} "
+               "(it waited least: the others waited for it)")
+    else:
+        row = (f"rank {order[crit]}'s (its layer ends last)" if crit is not None
+               else "the ranks' mean (no rank's layer span stands out)")
+    lines += ["", "row figure: " + row, ""]
     return "\n".join(lines)

@@ -34,6 +34,19 @@ hidden time is bounded by the intersection; the bound keeps noise (e.g. a comm k
 little shorter in the layer than alone) from reporting hidden time where shared and
 comm kernels never ran together (overlap=none gives 0). `comm_stretch` = median(comm_us)
 / comm_alone_us and `shared_stretch` = median(shared_us) / shared_alone_us.
+Several ranks (`trim_comm_waits`, `matched_overlap`): a collective kernel starts on each
+rank when that rank launches it, and on the rank that arrives first it spins until the
+last one arrives; that wait holds no transfer, and it differs between the layer samples
+and the ablation samples (one rank's figure read 0.13 against its peer's 0.68 in the same
+run, docs/perf-notes.md run 17). With every rank's trace of one combination and token
+count (one host, one clock: matching NCCL kernels end within ~15 µs of each other on the
+2 x H200 machine), the i-th communication kernel of a sample starts, on every rank, when
+the last rank's i-th one started; the figure above is then computed per rank on those
+intervals (`method` "stretch_matched"). The rank that waits least for its peers in the
+layer samples (`wait_us`, summed over the collectives that ran beside shared-expert
+kernels) is the one the others wait for: its timeline is the layer's critical path, and a row holds its figure. (An
+early rank's shared experts also hide in its wait, which the trimmed intervals charge
+as exposed: its figure is a lower bound.)
 A trace without both ablation families (older traces; `overlap=none`, which records
 none) falls back to the plain figure: `trace_overlap_fraction` = median of the per-sample
 `intersection_fraction`, `shared_exposed_us` = median of shared_us − overlap_us, and the
@@ -41,6 +54,7 @@ summary says so (`method` "intersection", a note).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -50,6 +64,7 @@ from moebench.traces.model import ABLATION_PREFIXES, PHASES, Trace
 
 METHOD_STRETCH = "stretch"  # window − comm alone, over shared alone (ablation samples in the trace)
 METHOD_INTERSECTION = "intersection"  # |shared ∩ comm| / |shared| (no ablation samples)
+METHOD_MATCHED = "stretch_matched"  # stretch, on communication intervals trimmed of the wait for peer ranks
 PLAIN_NOTE = "plain intersection: no ablation samples in this trace"
 
 
@@ -402,3 +417,88 @@ def to_markdown(s: TraceSummary) -> str:
     for n in s.notes:
         lines.append(f"\nnote: {n}")
     return "\n".join(lines) + "\n"
+
+
+# -- several ranks: communication kernels without the wait for the last rank ----------
+
+
+def _sample_key(k) -> Optional[tuple]:
+    if k.sample is not None:
+        return ("sample", k.sample)
+    return ("ablation", *k.ablation) if k.ablation else None
+
+
+def trim_comm_waits(traces: list) -> tuple[list, list, list]:
+    """(traces, wait_us, notes): every rank's trace of one combination and token count, each
+    communication kernel of a sample starting when the last rank's matching kernel started
+    (the i-th by start time within the same layer or ablation sample; module docstring);
+    wait_us: per rank, the time its communication kernels of the layer samples waited for
+    the last rank, summed over the collectives that ran beside shared-expert kernels on
+    some rank (those the overlap is about). A sample whose ranks ran different numbers of communication
+    kernels stays untrimmed, and a note says how many."""
+    per_rank, shared = [], []
+    for t in traces:
+        g: dict = {}
+        sh: dict = {}
+        for k in t.kernels:
+            key = _sample_key(k)
+            if k.comm and key is not None:
+                g.setdefault(key, []).append(k)
+            elif k.shared and key is not None:
+                sh.setdefault(key, []).append((k.start_us, k.end_us))
+        per_rank.append(g)
+        shared.append(sh)
+        for ks in g.values():
+            ks.sort(key=lambda k: k.start_us)
+    starts: dict = {}  # id(kernel) -> trimmed start
+    wait_us = [0.0] * len(traces)
+    unmatched = 0
+    for key in sorted(set().union(*per_rank), key=str):
+        lists = [g.get(key, []) for g in per_rank]
+        if len({len(ks) for ks in lists}) != 1:
+            unmatched += 1
+            continue
+        for i in range(len(lists[0])):
+            last = max(ks[i].start_us for ks in lists)
+            # the collective the overlap is about: one that ran beside shared experts on some rank
+            beside = key[0] == "sample" and any(
+                length(intersect([(ks[i].start_us, ks[i].end_us)], union(shared[r].get(key, []))))
+                for r, ks in enumerate(lists))
+            for r, ks in enumerate(lists):
+                starts[id(ks[i])] = min(last, ks[i].end_us)
+                if beside:
+                    wait_us[r] += starts[id(ks[i])] - ks[i].start_us
+    notes = [f"{unmatched} samples whose ranks ran different numbers of communication kernels: "
+             "left untrimmed"] if unmatched else []
+    out = [dataclasses.replace(t, kernels=[dataclasses.replace(k, start_us=starts[id(k)]) if id(k) in starts else k
+                                           for k in t.kernels], notes=list(t.notes) + notes) for t in traces]
+    return out, wait_us, notes
+
+
+@dataclass
+class MatchedOverlap:
+    """Several ranks' overlap on communication intervals trimmed of the wait for peers."""
+
+    fraction_per_rank: list  # stretch-aware trace_overlap_fraction of each rank, trimmed
+    wait_us_per_rank: list  # time each rank's communication kernels waited for the last rank
+    critical_rank: int  # the rank that waited least: the layer's critical path
+
+    @property
+    def fraction(self) -> float:
+        return self.fraction_per_rank[self.critical_rank]
+
+
+def matched_overlap(traces: list) -> Optional[MatchedOverlap]:
+    """The overlap figures on communication intervals trimmed of the wait for the other
+    ranks (`trim_comm_waits`, module docstring); None unless there are several traces and
+    every one of them gives the stretch figure."""
+    if len(traces) < 2:
+        return None
+    trimmed, wait_us, _ = trim_comm_waits(traces)
+    out = []
+    for t in trimmed:
+        s = summarize(t)
+        if s.method != METHOD_STRETCH or s.trace_overlap_fraction is None:
+            return None
+        out.append(s.trace_overlap_fraction)
+    return MatchedOverlap(out, wait_us, min(range(len(out)), key=lambda r: wait_us[r]))

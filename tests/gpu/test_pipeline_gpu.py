@@ -140,7 +140,11 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     # on H200 (docs/perf-notes.md, run 9): some concurrency must show
     assert ok.loc["combine", "trace_intersection_fraction"] > 0.1
     assert 0.0 <= ok.loc["combine", "trace_overlap_fraction"] <= 1.0
-    assert ok.loc["combine", "trace_overlap_method"] == "stretch"  # the trace holds the ablation samples
+    # the traces hold the ablation samples, and rank 0 read both ranks' traces: the figure of
+    # the rank its peer waited for, on collectives trimmed of that wait
+    assert ok.loc["combine", "trace_overlap_method"] == "stretch_matched"
+    waits = ok.loc["combine", "trace_wait_us_per_rank"]
+    assert min(waits) == waits[int(ok.loc["combine", "trace_critical_rank"])]
 
 
 @needs_gpu
