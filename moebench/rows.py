@@ -83,7 +83,7 @@ def empty_measurements() -> dict:
         "trace_overlap_method": "",
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
-        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "",
+        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "fp8_layout_used": "",
     }
     for p in PHASES:
         row[f"{p}_us"] = NAN
@@ -145,6 +145,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
     # (the critical path; docs/perf-notes.md, session 4)
     row["trace_wait_us_per_rank"] = [NAN] * len(ranks)
+    row["trace_trimmed_overlap_per_rank"] = [NAN] * len(ranks)
     matched = ranks[0].get("trace_matched_overlap_per_rank")
     waits = ranks[0].get("trace_wait_us_per_rank")
     ok = matched and waits and len(matched) == len(waits) == len(ranks)
@@ -153,7 +154,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
         crit = min(range(len(waits)), key=lambda r: waits[r])
         row["trace_critical_rank"] = crit
         row["trace_overlap_fraction"] = float(matched[crit])
-        row["trace_overlap_fraction_per_rank"] = [float(v) for v in matched]
+        v = ranks[crit].get("trace_intersection_fraction")
+        row["trace_intersection_fraction"] = float(v) if v is not None else NAN
+        row["trace_trimmed_overlap_per_rank"] = [float(v) for v in matched]
         row["trace_wait_us_per_rank"] = [float(v) for v in waits]
     row["trace_path"] = ranks[crit if crit is not None else 0].get("trace_path", "")
     # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
@@ -162,6 +165,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if matched:
         row["trace_overlap_method"] = METHOD_MATCHED
+    # experts=triton + fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
+    layouts = {r.get("fp8_layout_used") or "" for r in ranks}
+    row["fp8_layout_used"] = layouts.pop() if len(layouts) == 1 else "mixed"
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
         row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]
     return row

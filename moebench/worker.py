@@ -270,6 +270,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier,
                                           inputs=(x, w, ids), align=align, flush=flush, agree=agree,
                                           world_size=world_size))
+            res["fp8_layout_used"] = getattr(kernel.experts, "last_layout", "")
             res["status"] = "ok"
             yield T, res
     finally:

@@ -101,6 +101,7 @@ class TritonExperts(TritonConfigMixin, Experts):
         super().__init__(weights, reduction, ctx)
         # the contiguous layout's view of the weights ([E, N, K], fp32 scales: no copy when stored so)
         self._contiguous_w = DeepGemmWeights(weights) if weights.quant.is_block else None
+        self.last_layout = ""  # fp8_block: the layout the last apply() ran
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc)."""
@@ -145,7 +146,10 @@ class TritonExperts(TritonConfigMixin, Experts):
 
     def apply(self, output, prepared, workspace13, workspace2):
         ids = prepared.topk_ids_MP
-        if self.contiguous(*ids.shape):
+        contiguous = self.contiguous(*ids.shape)
+        if self.w.quant.is_block:  # what ran, for the rows (experts.fp8_layout=auto decides per call)
+            self.last_layout = "contiguous" if contiguous else "gathered"
+        if contiguous:
             contiguous_apply(self._contiguous_gemm, self._contiguous_w, ALIGN, self.reduction, output, prepared,
                              workspace13, workspace2)
             return

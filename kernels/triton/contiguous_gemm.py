@@ -69,40 +69,41 @@ def _contiguous_fp8_kernel(
     while i < tiles_per_program:  # (the interpreter takes no range() over runtime values)
         tile = tl.program_id(0) + i * num_programs
         i += 1
-        group_id = tile // num_in_group
-        first_m = group_id * GROUP_SIZE_M
-        group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
-        pid_m = first_m + (tile % num_in_group) % group_m
-        pid_n = (tile % num_in_group) // group_m
-        expert = tl.load(m_idx_ptr + pid_m * BLOCK_SIZE_M, mask=tile < num_tiles, other=-1)
-        if expert >= 0:
-            off_m = pid_m * BLOCK_SIZE_M
-            off_n = pid_n * BLOCK_SIZE_N
-            offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
-            b_row = expert * N + off_n
-            e64 = expert.to(tl.int64)
-            if BLOCK_SIZE_N <= GROUP_N:  # one weight scale per K group
-                bs_ptrs = bs_ptr + e64 * stride_bse + (off_n // GROUP_N) * stride_bsn
-            else:
-                bs_ptrs = bs_ptr + e64 * stride_bse + ((off_n + tl.arange(0, BLOCK_SIZE_N)) // GROUP_N) * stride_bsn
-            as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm
-            acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-            for k in range(0, K // BLOCK_SIZE_K):
-                a = a_desc.load([off_m, k * BLOCK_SIZE_K])
-                b = b_desc.load([b_row, k * BLOCK_SIZE_K])
-                if INTERPRET:  # the interpreter's dot takes no fp8
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                g = (k * BLOCK_SIZE_K) // GROUP_N
-                a_s = tl.load(as_ptrs + g * stride_asg)
-                b_s = tl.load(bs_ptrs + g * stride_bsk)
-                if BLOCK_SIZE_N <= GROUP_N:
-                    acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+        if tile < num_tiles:  # the last pass of some programs has no tile (and group_m would be 0)
+            group_id = tile // num_in_group
+            first_m = group_id * GROUP_SIZE_M
+            group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
+            pid_m = first_m + (tile % num_in_group) % group_m
+            pid_n = (tile % num_in_group) // group_m
+            expert = tl.load(m_idx_ptr + pid_m * BLOCK_SIZE_M)
+            if expert >= 0:
+                off_m = pid_m * BLOCK_SIZE_M
+                off_n = pid_n * BLOCK_SIZE_N
+                offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
+                b_row = expert * N + off_n
+                e64 = expert.to(tl.int64)
+                if BLOCK_SIZE_N <= GROUP_N:  # one weight scale per K group
+                    bs_ptrs = bs_ptr + e64 * stride_bse + (off_n // GROUP_N) * stride_bsn
                 else:
-                    acc += tl.dot(a, b.T) * a_s[:, None] * b_s[None, :]
-            offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
-            c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-            tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
+                    bs_ptrs = bs_ptr + e64 * stride_bse + ((off_n + tl.arange(0, BLOCK_SIZE_N)) // GROUP_N) * stride_bsn
+                as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm
+                acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                for k in range(0, K // BLOCK_SIZE_K):
+                    a = a_desc.load([off_m, k * BLOCK_SIZE_K])
+                    b = b_desc.load([b_row, k * BLOCK_SIZE_K])
+                    if INTERPRET:  # the interpreter's dot takes no fp8
+                        a = a.to(tl.float32)
+                        b = b.to(tl.float32)
+                    g = (k * BLOCK_SIZE_K) // GROUP_N
+                    a_s = tl.load(as_ptrs + g * stride_asg)
+                    b_s = tl.load(bs_ptrs + g * stride_bsk)
+                    if BLOCK_SIZE_N <= GROUP_N:
+                        acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+                    else:
+                        acc += tl.dot(a, b.T) * a_s[:, None] * b_s[None, :]
+                offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
+                c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+                tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
 
 
 @functools.lru_cache(maxsize=None)

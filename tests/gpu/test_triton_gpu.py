@@ -113,6 +113,8 @@ def test_skewed_routing(model, layout, reduction):
     assert rel_err(y, ref) <= TOL["fp8_block"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the contiguous layout loads through TMA: SM90 or newer")
 @pytest.mark.parametrize("model,T", [("deepseek_v3_ep8", 4096), ("qwen3_30b_a3b", 256)])
 @pytest.mark.parametrize("reduction", ["experts", "finalize"])
 def test_fp8_block_layouts_agree(model, T, reduction):
@@ -127,6 +129,7 @@ def test_fp8_block_layouts_agree(model, T, reduction):
         experts = get_experts("triton")(w, reduction, c)
         assert experts.contiguous(T, ctx.shape.topk) == (fp8_layout == "contiguous")
         ys[fp8_layout] = MoEKernel(LocalPrepareFinalize(c), experts)(x, tw, ids)
+        assert experts.last_layout == fp8_layout
         assert rel_err(ys[fp8_layout], ref) <= TOL["fp8_block"], fp8_layout
     assert rel_err(ys["contiguous"], ys["gathered"]) <= 2e-2  # same fp8 operands, other accumulation order
 
