@@ -191,6 +191,20 @@ def test_compare_status_changes_unmatched_and_memory(tmp_path):
         compare_runs(base, cand, threshold=0.9)
 
 
+def test_compare_keeps_rows_apart_that_differ_only_in_knobs():
+    """A run that sweeps a knob (experts.fp8_layout, backend.num_sms) holds rows whose
+    identity columns agree: each must meet its own counterpart, none may vanish."""
+    def rows(seed, scale_contiguous):  # a knob off its default is in the combo key (plan.DEFAULT_OMITTED)
+        return pd.DataFrame([dict(_row(4096, seed=seed), knobs="gathered", combo_key="k-gathered"),
+                             dict(_row(4096, seed=seed, scale=scale_contiguous), knobs="contiguous",
+                                  combo_key="k-contiguous")])
+
+    base, cand = rows(0, 2.0), rows(1, 1.0)
+    m = compare_runs(base, cand).matched.set_index("knobs")
+    assert len(m) == 2
+    assert m.loc["gathered", "verdict"] == "~" and m.loc["contiguous", "verdict"] == "faster"
+
+
 def test_mann_whitney_p():
     assert mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.0122, abs=1e-3)
     assert mann_whitney_p([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)

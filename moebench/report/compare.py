@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .load import IDENTITY_COLUMNS, MEMORY_COLUMNS, combo_labels, display_columns, \
-    fmt_value, latest_rows
+from .load import IDENTITY_COLUMNS, MEMORY_COLUMNS, combo_labels, display_columns, fmt_value, knob_tags, \
+    latest_rows
 from .tables import fmt_interval, fmt_mib, md_table
 
 # run_id, sweep and schema_version differ between the runs being compared by design.
@@ -124,9 +124,14 @@ def _samples(value) -> np.ndarray:
 
 
 def _keyed(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows with a canonical text key column (ints and floats, NaN spelled alike)."""
+    """Rows with a canonical text key column (ints and floats, NaN spelled alike). The
+    knobs beside the axes (load.py's `knobs`, from the stored label) are part of it: rows
+    of one run that differ only in, e.g., experts.fp8_layout or backend.num_sms stay apart."""
     df = latest_rows(df).copy()
-    df["_key"] = df[MATCH_COLUMNS].apply(lambda r: "\x1f".join(fmt_value(v) for v in r), axis=1)
+    if "knobs" not in df.columns:  # rows not read through load_run
+        df["knobs"] = df["label"].map(knob_tags) if "label" in df.columns else ""
+    cols = MATCH_COLUMNS + ["knobs"]
+    df["_key"] = df[cols].apply(lambda r: "\x1f".join(fmt_value(v) for v in r), axis=1)
     return df.drop_duplicates("_key", keep="last")
 
 
@@ -149,7 +154,7 @@ def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: flo
     base, cand = _keyed(baseline), _keyed(candidate)
     keys = cand["_key"][cand["_key"].isin(set(base["_key"]))]
     b = base.set_index("_key").loc[keys.values, SIDE_COLUMNS].add_prefix("base_")
-    c = cand.set_index("_key").loc[keys.values, MATCH_COLUMNS + ["combo_key"] + SIDE_COLUMNS]
+    c = cand.set_index("_key").loc[keys.values, MATCH_COLUMNS + ["knobs", "combo_key"] + SIDE_COLUMNS]
     c = c.rename(columns={k: f"cand_{k}" for k in SIDE_COLUMNS})
     matched = pd.concat([c, b], axis=1).reset_index(drop=True)
     verdicts, ratios, ps, mverdicts, mratios = [], [], [], [], []

@@ -138,7 +138,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if "samples_us" not in df.columns:
         df["samples_us"] = None
     df = ensure_combo_key(df)
-    df["knobs"] = df["label"].map(_knob_tags) if "label" in df.columns else ""
+    df["knobs"] = df["label"].map(knob_tags) if "label" in df.columns else ""
     order = [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns]
     df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last",
                         kind="stable").reset_index(drop=True)
@@ -190,7 +190,7 @@ def combo_labels(df: pd.DataFrame) -> pd.Series:
     labels stay short and still tell the lines of a plot apart.
     """
     if "knobs" not in df.columns and "label" in df.columns:
-        df = df.assign(knobs=df["label"].map(_knob_tags))
+        df = df.assign(knobs=df["label"].map(knob_tags))
     extra = varying(df, [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS
                          if c not in ("backend", "experts")])
 
@@ -209,6 +209,6 @@ def combo_labels(df: pd.DataFrame) -> pd.Series:
 _KNOB_TAG = re.compile(r"^((sms|dchunk|cchunk|carve)\d+|gathered|contiguous)$")
 
 
-def _knob_tags(stored_label) -> str:
+def knob_tags(stored_label) -> str:
     """'deepep_ht/torch/.../ws2/sms16/carve24' (plan.Combination.label) -> 'sms16 carve24'."""
     return " ".join(p for p in str(stored_label).split("/") if _KNOB_TAG.match(p))
