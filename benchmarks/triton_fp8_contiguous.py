@@ -1,5 +1,6 @@
-"""Our TMA grouped fp8 GEMM (kernels/triton/contiguous_gemm.py) against DeepGEMM's
-`m_grouped_fp8_gemm_nt_contiguous` on the same permuted rows, per tile config.
+"""Our TMA grouped GEMM (kernels/triton/contiguous_gemm.py) against DeepGEMM's
+`m_grouped_fp8_gemm_nt_contiguous` (or, `--quant bf16`, `m_grouped_bf16_gemm_nt_contiguous`)
+on the same permuted rows, per tile config.
 
 One GPU. Both GEMMs of a layer (gate/up: [Mp, K] x [E, 2I, K]; down: [Mp, I] x
 [E, K, I]) on issue #5's shapes, uniform routing (seed 0): deepseek_v3 as one
@@ -7,19 +8,21 @@ rank's share at EP 8 (32 of 256 experts), qwen3_30b_a3b and mixtral_8x7b whole.
 Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
-    python benchmarks/triton_fp8_contiguous.py [--tokens 4096 16384] [--configs N] [--json out.json]
+    python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
+                                               [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 import triton
 
 from moebench.kernels.interfaces import FP8_DTYPE
 from moebench.kernels.triton.align import max_padded_rows
-from moebench.kernels.triton.contiguous_gemm import ALIGN, contiguous_fp8_gemm
+from moebench.kernels.triton.contiguous_gemm import ALIGN, contiguous_gemm
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
 
 # name: (experts in the model, experts on this rank, top-k, hidden K, intermediate I)
@@ -27,16 +30,15 @@ SHAPES = {
     "deepseek_v3": (256, 32, 8, 7168, 2048),
     "qwen3_30b_a3b": (128, 128, 8, 2048, 768),
     "mixtral_8x7b": (8, 8, 2, 4096, 14336),
+    "tiny": (8, 4, 2, 256, 128),  # the CPU smoke test (tests/test_benchmarks.py), through Triton's interpreter
 }
-# (BLOCK_M, BLOCK_N, GROUP_SIZE_M, num_warps, num_stages); BLOCK_K is the 128 scale group
-CONFIGS = [
-    (128, 128, 8, 8, 4),
-    (128, 128, 8, 4, 4),
-    (128, 256, 8, 8, 3),
-    (128, 256, 8, 8, 4),
-    (64, 128, 8, 4, 5),
-    (64, 256, 8, 8, 4),
-]
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, num_warps, num_stages); fp8's BLOCK_K is the 128 scale group
+CONFIGS = {
+    "fp8_block": [(128, 128, 128, 8, 8, 4), (128, 128, 128, 8, 4, 4), (128, 256, 128, 8, 8, 3),
+                  (128, 256, 128, 8, 8, 4), (64, 128, 128, 8, 4, 5), (64, 256, 128, 8, 8, 4)],
+    "bf16": [(128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4),
+             (128, 128, 128, 8, 8, 3), (64, 128, 64, 8, 4, 5), (128, 256, 64, 8, 8, 4)],
+}
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -60,16 +62,42 @@ def layer_rows(M, shape, dev):
     return a, a_s, lay, pairs, mp
 
 
-def weights(E, N, K, dev):
+def weights(E, N, K, dev, quant):
+    if quant == "bf16":
+        return (torch.randn(E, N, K, device=dev) * 0.05).to(torch.bfloat16), None
     w = (torch.randn(E, N, K, device=dev) * 0.05).to(FP8_DTYPE)
     s = torch.rand(E, N // 128, K // 128, device=dev) * 0.01 + 0.005
     return w, s
 
 
-def act_rows(mp, I, dev):
+def act_rows(mp, I, dev, quant):
+    if quant == "bf16":
+        return torch.randn(mp, I, device=dev).to(torch.bfloat16), None
     a = (torch.randn(mp, I, device=dev)).to(FP8_DTYPE)
     s = (torch.rand(I // 128, mp, device=dev) * 0.01 + 0.005).t()
     return a, s
+
+
+def bench_us(fn, dev) -> float:
+    """Median µs: triton.testing.do_bench on a GPU; a few plain calls on the CPU (smoke test only)."""
+    if dev.type == "cuda":
+        return triton.testing.do_bench(fn, warmup=25, rep=200) * 1e3
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def torch_reference(a, a_s, w, s, m_indices) -> torch.Tensor:
+    """fp32 [Mp, N] per-expert products of the dequantized operands (rows of padding stay 0)."""
+    c = torch.zeros(a.shape[0], w.shape[1], device=a.device)
+    af = a.float() * a_s.repeat_interleave(128, 1) if a_s is not None else a.float()
+    for e in m_indices[m_indices >= 0].unique().tolist():
+        rows = (m_indices == e).nonzero().squeeze(1)
+        we = w[e].float()
+        if s is not None:
+            we = we * s[e].repeat_interleave(128, 0).repeat_interleave(128, 1)
+        c[rows] = af[rows] @ we.T
+    return c
 
 
 def rel(x, y, valid):
@@ -77,30 +105,37 @@ def rel(x, y, valid):
     return float((x - y).norm() / y.norm().clamp_min(1e-30))
 
 
-def main() -> None:
+def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
-    ap.add_argument("--models", nargs="+", default=list(SHAPES))
-    ap.add_argument("--configs", type=int, default=len(CONFIGS), help="use the first N configs")
+    ap.add_argument("--models", nargs="+", choices=list(SHAPES), default=[m for m in SHAPES if m != "tiny"])
+    ap.add_argument("--quant", choices=sorted(CONFIGS), default="fp8_block",
+                    help="fp8_block (vs m_grouped_fp8_gemm_nt_contiguous) or bf16 (vs m_grouped_bf16_gemm_nt_contiguous)")
+    ap.add_argument("--configs", type=int, default=6, help="use the first N tile configs")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    dev = torch.device("cuda")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
     try:
         import deep_gemm
     except Exception as e:  # noqa: BLE001
         deep_gemm = None
         print(f"deep_gemm not importable ({e}): Triton only")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    if dev.type != "cuda":
+        deep_gemm = None
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     out = []
     print(f"{'model':14} {'tokens':>6} {'gemm':7} {'kernel':34} {'µs':>9} {'TFLOP/s':>8} {'vs DG':>6} rel_err")
     for name in args.models:
         shape = SHAPES[name]
         E_all, E, P, K, I = shape
-        w13, s13 = weights(E, 2 * I, K, dev)
-        w2, s2 = weights(E, K, I, dev)
+        w13, s13 = weights(E, 2 * I, K, dev, args.quant)
+        w2, s2 = weights(E, K, I, dev, args.quant)
         for M in args.tokens:
             a1, a1_s, lay, pairs, mp = layer_rows(M, shape, dev)
-            a2, a2_s = act_rows(mp, I, dev)
+            if args.quant == "bf16":  # the layout's rows, bf16 (the values do not change the timing)
+                a1, a1_s = act_rows(mp, K, dev, "bf16")
+            a2, a2_s = act_rows(mp, I, dev, args.quant)
             valid = lay.m_indices_Mp >= 0
             for gemm, (a, a_s, w, s) in (("gate_up", (a1, a1_s, w13, s13)), ("down", (a2, a2_s, w2, s2))):
                 N = w.shape[1]
@@ -112,29 +147,36 @@ def main() -> None:
                     # the psum layout, as the deepgemm experts call it: with m_indices DeepGEMM
                     # stores zeros for every padding row of the host-side bound Mp, which for
                     # deepseek_v3's EP-8 share (all pairs counted, 1/8 of them local) is ~88 %
-                    dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(  # noqa: E731
-                        (a, a_s), (w, s), c_ref, lay.ends_E, disable_ue8m0_cast=True, use_psum_layout=True)
+                    if args.quant == "bf16":
+                        dg = lambda: deep_gemm.m_grouped_bf16_gemm_nt_contiguous(  # noqa: E731
+                            a, w, c_ref, lay.ends_E, use_psum_layout=True)
+                    else:
+                        dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(  # noqa: E731
+                            (a, a_s), (w, s), c_ref, lay.ends_E, disable_ue8m0_cast=True, use_psum_layout=True)
                     dg()
-                    dg_us = triton.testing.do_bench(dg, warmup=25, rep=200) * 1e3
+                    dg_us = bench_us(dg, dev)
                     row = dict(model=name, tokens=M, gemm=gemm, kernel="deep_gemm", us=dg_us, tflops=flop / dg_us / 1e6)
                     out.append(row)
                     print(f"{name:14} {M:6} {gemm:7} {'deep_gemm':34} {dg_us:9.1f} {row['tflops']:8.0f}")
-                for bm, bn, gm, nw, ns in CONFIGS[: args.configs]:
-                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns)
+                else:  # no DeepGEMM: check against torch instead
+                    c_ref = torch_reference(a, a_s, w, s, lay.m_indices_Mp[:mp])
+                for bm, bn, bk, gm, nw, ns in CONFIGS[args.quant][: args.configs]:
+                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns)
                     for progs in (sms, None):
-                        label = f"{bm}x{bn} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
+                        label = f"{bm}x{bn}x{bk} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
                         c = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
-                        fn = lambda: contiguous_fp8_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
+                        fn = lambda: contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
                                                          num_programs=progs if progs else 1 << 30)
                         try:
                             fn()
-                            torch.cuda.synchronize()
+                            if dev.type == "cuda":
+                                torch.cuda.synchronize()
                         except Exception as e:  # noqa: BLE001  (a config that does not compile)
                             print(f"{name:14} {M:6} {gemm:7} {label:34} failed: {type(e).__name__}: {str(e)[:120]}")
                             continue
                         err = rel(c, c_ref, valid) if c_ref is not None else float("nan")
-                        us = triton.testing.do_bench(fn, warmup=25, rep=200) * 1e3
-                        row = dict(model=name, tokens=M, gemm=gemm, kernel=label, us=us, tflops=flop / us / 1e6,
+                        us = bench_us(fn, dev)
+                        row = dict(model=name, tokens=M, gemm=gemm, quant=args.quant, kernel=label, us=us, tflops=flop / us / 1e6,
                                    rel_err=err, vs_deepgemm=(dg_us / us) if dg_us else None)
                         out.append(row)
                         vs = f"{dg_us / us:6.2f}" if dg_us else "     -"
@@ -142,6 +184,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    return out
 
 
 if __name__ == "__main__":

@@ -75,3 +75,18 @@ def test_run_ranks_collects_one_result_per_rank_and_kills_on_a_crash():
     with pytest.raises(RuntimeError, match=r"exited with \[3\]"):
         run_ranks(_crash_rank, 2, (), 60)
     assert time.monotonic() - t0 < 30  # the crash ends the wait, not the timeout
+
+
+def test_contiguous_gemm_benchmark_runs_through_the_interpreter(tmp_path):
+    """benchmarks/triton_fp8_contiguous.py end to end on a tiny shape (CPU, Triton's
+    interpreter, no DeepGEMM): every tile variant of both quants ran and matches torch."""
+    import triton_fp8_contiguous as bench
+
+    for quant in ("fp8_block", "bf16"):
+        out = bench.main(["--device", "cpu", "--models", "tiny", "--tokens", "16", "--configs", "2",
+                          "--quant", quant, "--json", str(tmp_path / f"{quant}.json")])
+        rows = json.loads((tmp_path / f"{quant}.json").read_text())
+        assert rows == json.loads(json.dumps(out))
+        # 2 GEMMs x 2 configs x (persistent, one program per tile)
+        assert len(rows) == 8 and {r["gemm"] for r in rows} == {"gate_up", "down"}
+        assert all(r["quant"] == quant and r["rel_err"] < 2e-2 for r in rows), rows

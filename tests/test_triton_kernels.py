@@ -42,7 +42,7 @@ from moebench.kernels.triton.align import moe_align_block_size  # noqa: E402
 from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
 from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # noqa: E402
 from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
-from moebench.kernels.triton.contiguous_gemm import contiguous_fp8_gemm  # noqa: E402
+from moebench.kernels.triton.contiguous_gemm import contiguous_gemm  # noqa: E402
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -171,11 +171,12 @@ def test_fp8_layout_choice():
     assert not get_experts("triton")(bf16_w, "experts", bf16_ctx).contiguous(need, P)  # fp8_block only
 
 
-@pytest.mark.parametrize("cfg,programs", [
-    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64), 3),  # persistent: programs walk several tiles
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256), None),  # a tile spans two weight-scale blocks
+@pytest.mark.parametrize("cfg,programs,quant", [
+    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64), 3, "fp8_block"),  # persistent: programs walk several tiles
+    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256), None, "fp8_block"),  # a tile spans two weight-scale blocks
+    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128), 5, "bf16"),
 ])
-def test_contiguous_fp8_gemm(cfg, programs):
+def test_contiguous_gemm(cfg, programs, quant):
     g = torch.Generator().manual_seed(3)
     M, Kc, N, Ec = 40, 256, 256, 4
     x = torch.randn(M, Kc, generator=g).to(torch.bfloat16).to(DEV)
@@ -191,12 +192,18 @@ def test_contiguous_fp8_gemm(cfg, programs):
     w = (torch.randn(Ec, N, Kc, generator=g) * 0.1).to(FP8_DTYPE).to(DEV)
     ws = (torch.rand(Ec, N // 128, Kc // 128, generator=g) + 0.5).to(DEV)
     c = torch.full((mp, N), float("nan"), dtype=torch.bfloat16, device=DEV)
-    contiguous_fp8_gemm(a, a_s, w, ws, c, lay.m_indices_Mp, config=cfg, num_programs=programs)
     rows = lay.m_indices_Mp.long()
     valid = rows >= 0
     assert int(valid.sum()) == M * P - 1
-    af = a.float() * a_s.repeat_interleave(128, 1)
-    wf = w.float() * ws.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    if quant == "bf16":  # the same rows and weights, dequantized to bf16
+        a = (a.float() * a_s.repeat_interleave(128, 1)).to(torch.bfloat16)
+        w = (w.float() * ws.repeat_interleave(128, 1).repeat_interleave(128, 2)).to(torch.bfloat16)
+        a_s = ws = None
+        af, wf = a.float(), w.float()
+    else:
+        af = a.float() * a_s.repeat_interleave(128, 1)
+        wf = w.float() * ws.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    contiguous_gemm(a, a_s, w, ws, c, lay.m_indices_Mp, config=cfg, num_programs=programs)
     ref = torch.einsum("rk,rnk->rn", af[valid], wf[rows[valid]])
     assert rel_err(c[valid], ref) < 1e-2
 

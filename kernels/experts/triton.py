@@ -27,7 +27,7 @@ from ..interfaces import ActivationFormat, Experts
 from ..registry import register_experts
 from ..triton.config import config_block_shape, config_dtype, get_config
 from ..triton.align import max_padded_rows
-from ..triton.contiguous_gemm import ALIGN, contiguous_fp8_gemm
+from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_scratch_numel
 from .deepgemm import DeepGemmWeights, contiguous_apply, contiguous_workspace_shapes
@@ -160,4 +160,4 @@ class TritonExperts(TritonConfigMixin, Experts):
 
     @staticmethod
     def _contiguous_gemm(a, a_s, w, w_s, out, layout):
-        contiguous_fp8_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp)
+        contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp)

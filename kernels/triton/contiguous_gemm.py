@@ -1,4 +1,4 @@
-"""Grouped fp8 block-scaled GEMM over the contiguous (expert-sorted) row layout.
+"""Grouped GEMM (fp8 block-scaled, or bf16) over the contiguous (expert-sorted) row layout.
 
 The rows of every local expert sit in one segment padded to ALIGN rows (the layout
 `deepgemm_layout.permute_contiguous` builds for DeepGEMM), so every BLOCK_M row tile
@@ -10,7 +10,9 @@ with TMA (tensor descriptors), which the gathered-row kernel of gemm.py cannot d
 a [Mp, K] fp8, a_scale [Mp, G] fp32 MN-major (strides (1, Mp): one K group's scales
 of a row tile are contiguous), w [E, N, K] fp8, w_scale [E, N/128, G] fp32,
 m_indices [Mp] int32 (expert of each row, -1 for padding), c [Mp, N] bf16. Row
-tiles whose first row is padding are skipped (their rows are never read).
+tiles whose first row is padding are skipped (their rows are never read). bf16: a and w
+bf16, no scales, c[r] = a[r] . w[e(r)] (the `triton` experts run bf16 on the gathered
+layout; this path is timed against DeepGEMM's bf16 GEMM by benchmarks/triton_fp8_contiguous.py).
 
 Tiles are walked by a persistent grid (at most one program per SM) in
 GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2.
@@ -21,6 +23,7 @@ E experts, G = K / 128 scale groups.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -31,12 +34,14 @@ from .common import cast_out, interpreting
 ALIGN = 128  # rows per expert segment are a multiple of this (DeepGEMM's SM90 alignment)
 GROUP = 128  # 1 x 128 activation / 128 x 128 weight scale blocks
 
-# measured on an H200 (docs/perf-notes.md, session 4); BLOCK_K is the scale group
+# fp8: measured on an H200 (docs/perf-notes.md, run 16); BLOCK_K is the scale group
 DEFAULT_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=8, num_stages=4)
+# bf16: the same tile at half the K width (the same bytes per stage); not measured yet
+BF16_CONFIG = dict(DEFAULT_CONFIG, BLOCK_SIZE_K=64)
 
 
 @triton.jit
-def _contiguous_fp8_kernel(
+def _contiguous_kernel(
     a_desc,  # [Mp, K] fp8, block [BLOCK_M, BLOCK_K]
     b_desc,  # [E * N, K] fp8, block [BLOCK_N, BLOCK_K]
     c_ptr,  # [Mp, N]
@@ -54,6 +59,7 @@ def _contiguous_fp8_kernel(
     stride_bsn,
     stride_bsk,
     K: tl.constexpr,
+    SCALED: tl.constexpr,  # fp8 block scales (else bf16, no scales)
     GROUP_N: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -94,13 +100,16 @@ def _contiguous_fp8_kernel(
                     if INTERPRET:  # the interpreter's dot takes no fp8
                         a = a.to(tl.float32)
                         b = b.to(tl.float32)
-                    g = (k * BLOCK_SIZE_K) // GROUP_N
-                    a_s = tl.load(as_ptrs + g * stride_asg)
-                    b_s = tl.load(bs_ptrs + g * stride_bsk)
-                    if BLOCK_SIZE_N <= GROUP_N:
-                        acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+                    if SCALED:
+                        g = (k * BLOCK_SIZE_K) // GROUP_N
+                        a_s = tl.load(as_ptrs + g * stride_asg)
+                        b_s = tl.load(bs_ptrs + g * stride_bsk)
+                        if BLOCK_SIZE_N <= GROUP_N:
+                            acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+                        else:
+                            acc += tl.dot(a, b.T) * a_s[:, None] * b_s[None, :]
                     else:
-                        acc += tl.dot(a, b.T) * a_s[:, None] * b_s[None, :]
+                        acc = tl.dot(a, b.T, acc=acc)
                 offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
                 c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
                 tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
@@ -117,29 +126,34 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block_shape=block)
 
 
-def contiguous_fp8_gemm(
+def contiguous_gemm(
     a: torch.Tensor,
-    a_scale: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
     w: torch.Tensor,
-    w_scale: torch.Tensor,
+    w_scale: Optional[torch.Tensor],
     c: torch.Tensor,
     m_indices: torch.Tensor,
     config: dict | None = None,
     num_programs: int | None = None,
 ) -> None:
-    """c [Mp, N] = per-row-expert grouped fp8 GEMM of a [Mp, K] with w [E, N, K] (see module doc).
+    """c [Mp, N] = per-row-expert grouped GEMM of a [Mp, K] with w [E, N, K] (see module doc):
+    fp8 with a_scale / w_scale, or bf16 with both None.
 
     num_programs caps the persistent grid (default: the SM count; the interpreter
     runs one program per tile)."""
-    cfg = dict(DEFAULT_CONFIG, **(config or {}))
+    scaled = a_scale is not None
+    assert scaled == (w_scale is not None), "fp8 needs both scales, bf16 neither"
+    cfg = dict(DEFAULT_CONFIG if scaled else BF16_CONFIG, **(config or {}))
     Mp, K = a.shape
     E, N, Kw = w.shape
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
-    assert K == Kw and K % GROUP == 0 and bk == GROUP, (a.shape, w.shape, bk)
+    assert K == Kw and K % bk == 0 and (not scaled or (K % GROUP == 0 and bk == GROUP)), (a.shape, w.shape, bk)
     assert Mp % ALIGN == 0 and ALIGN % bm == 0 and N % bn == 0, (Mp, N, bm, bn)
     assert bn <= GROUP or bn % GROUP == 0, bn
     assert a.stride(1) == 1 and w.is_contiguous() and c.stride(1) == 1 and m_indices.numel() >= Mp
-    assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), (a_scale.shape, w_scale.shape)
+    if scaled:
+        assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), \
+            (a_scale.shape, w_scale.shape)
     if Mp == 0:
         return
     tiles = (Mp // bm) * (N // bn)
@@ -148,10 +162,14 @@ def contiguous_fp8_gemm(
     grid = (max(1, min(tiles, num_programs)),)
     a_desc = _descriptor(a, [bm, bk])
     b_desc = _descriptor(w.view(E * N, K), [bn, bk])
-    _contiguous_fp8_kernel[grid](
-        a_desc, b_desc, c, a_scale, w_scale, m_indices,
-        Mp, N, grid[0], triton.cdiv(tiles, grid[0]), c.stride(0), a_scale.stride(0), a_scale.stride(1), *w_scale.stride(),
-        K=K, GROUP_N=GROUP,
+    a_s = a_scale if scaled else m_indices  # (unread without scales)
+    w_s = w_scale if scaled else m_indices
+    a_strides = tuple(a_scale.stride()) if scaled else (0, 0)
+    w_strides = tuple(w_scale.stride()) if scaled else (0, 0, 0)
+    _contiguous_kernel[grid](
+        a_desc, b_desc, c, a_s, w_s, m_indices,
+        Mp, N, grid[0], triton.cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
+        K=K, SCALED=scaled, GROUP_N=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
         INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
