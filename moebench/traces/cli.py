@@ -89,32 +89,38 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
     tp = Path(target)
     root = None if tp.is_file() else (tp / "traces" if (tp / "traces").is_dir() else tp)
     errors = []
-    per_combo: dict = {}  # (folder, tokens) -> {rank: (TraceSummary, Trace)}, for the ranks' table
+    # the ranks of one combination and token count are read together (their ranks' table
+    # needs every rank's trace), then dropped: a run's traces never sit in memory at once
+    groups: dict = {}  # (folder, tokens) or (file,) -> [file]
     for f in files:
-        try:
-            traces = load_traces(f)
-        except ValueError as e:
-            if root is None:
-                raise
-            errors.append(str(e))
-            print(f"skipped: {e}", file=sys.stderr)
-            continue
-        for trace in traces:
-            summary: TraceSummary = summarize(trace)
-            print(to_markdown(summary))
-            m = _RANK_FILE.fullmatch(Path(f).name)
-            if m:
-                per_combo.setdefault((str(Path(f).parent), m[2]), {})[int(m[1])] = (summary, trace)
-            if plot:
-                from moebench.traces.timeline import plot_timeline
+        m = _RANK_FILE.fullmatch(Path(f).name)
+        groups.setdefault((str(Path(f).parent), m[2]) if m else (str(f),), []).append(f)
+    for key, group in groups.items():
+        ranks: dict = {}  # rank -> (TraceSummary, Trace)
+        for f in group:
+            try:
+                traces = load_traces(f)
+            except ValueError as e:
+                if root is None:
+                    raise
+                errors.append(str(e))
+                print(f"skipped: {e}", file=sys.stderr)
+                continue
+            for trace in traces:
+                summary: TraceSummary = summarize(trace)
+                print(to_markdown(summary))
+                m = _RANK_FILE.fullmatch(Path(f).name)
+                if m:
+                    ranks[int(m[1])] = (summary, trace)
+                if plot:
+                    from moebench.traces.timeline import plot_timeline
 
-                png = plot_timeline(trace, _plot_path(trace, f, out, root))
-                print(f"timeline: {png}\n")
-    for (folder, tokens), ranks in per_combo.items():
+                    png = plot_timeline(trace, _plot_path(trace, f, out, root))
+                    print(f"timeline: {png}\n")
         if len(ranks) > 1:
             order = sorted(ranks)
             matched = matched_overlap([ranks[r][1] for r in order]) if order == list(range(len(order))) else None
-            print(ranks_table(folder, tokens, {r: s for r, (s, _) in ranks.items()}, matched))
+            print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched))
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
