@@ -458,12 +458,12 @@ def trim_comm_waits(traces: list) -> tuple[list, list, list]:
         if len({len(ks) for ks in lists}) != 1:
             unmatched += 1
             continue
+        shared_busy = [union(sh.get(key, [])) for sh in shared]  # per rank, once per sample
         for i in range(len(lists[0])):
             last = max(ks[i].start_us for ks in lists)
             # the collective the overlap is about: one that ran beside shared experts on some rank
             beside = key[0] == "sample" and any(
-                length(intersect([(ks[i].start_us, ks[i].end_us)], union(shared[r].get(key, []))))
-                for r, ks in enumerate(lists))
+                length(intersect([(ks[i].start_us, ks[i].end_us)], shared_busy[r])) for r, ks in enumerate(lists))
             for r, ks in enumerate(lists):
                 starts[id(ks[i])] = min(last, ks[i].end_us)
                 if beside:
