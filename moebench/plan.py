@@ -31,11 +31,13 @@ IDENTITY_KEYS = (
     "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
     "simulate_ep", "max_tokens_per_rank", "num_sms", "dispatch_nvl_chunk",
-    "combine_nvl_chunk", "shared_sm_carveout", "deepgemm_min_tokens", "fp8_layout", "routing", "skew",
+    "combine_nvl_chunk", "shared_sm_carveout", "deepgemm_min_tokens", "row_layout", "routing", "skew",
     "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
 )
 # keys added later: left out of the key at their default, so earlier runs' keys still resume
-DEFAULT_OMITTED = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "fp8_layout": "auto"}
+DEFAULT_OMITTED = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto"}
+
+RENAMED = {"experts.fp8_layout": "experts.row_layout"}  # old key -> new (a clear error, not 'unknown key')
 
 
 @dataclass
@@ -78,8 +80,8 @@ class Combination:
         for k, tag in (("dispatch_nvl_chunk", "dchunk"), ("combine_nvl_chunk", "cchunk"), ("shared_sm_carveout", "carve")):
             if c.get(k):
                 s += f"/{tag}{c[k]}"
-        if c.get("fp8_layout", "auto") != "auto":
-            s += f"/{c['fp8_layout']}"
+        if c.get("row_layout", "auto") != "auto":
+            s += f"/{c['row_layout']}"
         return s
 
     @property
@@ -158,6 +160,8 @@ def compose_config(overrides: list[str]) -> dict:
         elif ov.is_add():
             raise ValueError(f"'+{key}': only extra.* keys may be added")
         else:
+            if key in RENAMED:
+                raise ValueError(f"{key} was renamed to {RENAMED[key]} (it picks the row layout for bf16 too)")
             group, _, sub = key.partition(".")
             if group not in GROUPS or not sub:
                 raise ValueError(f"unknown config key {key!r}; groups: {', '.join(GROUPS)}")
@@ -282,7 +286,7 @@ def flat_combo(cfg: dict) -> dict:
         "combine_nvl_chunk": b["combine_nvl_chunk"],
         "shared_sm_carveout": cfg["overlap"]["shared_sm_carveout"],
         "deepgemm_min_tokens": cfg["experts"]["deepgemm_min_tokens"],
-        "fp8_layout": cfg["experts"].get("fp8_layout", "auto"),
+        "row_layout": cfg["experts"].get("row_layout", "auto"),
         "routing": cfg["workload"]["routing"],
         "skew": cfg["workload"]["skew"],
         "seed": cfg["workload"]["seed"],
@@ -300,7 +304,7 @@ CHOICES = {
     ("workload", "routing"): ("uniform", "balanced", "zipf"),
     ("runner", "timing"): ("events", "graph", "profiler"),
     ("runner", "device"): ("auto", "cpu", "cuda"),
-    ("experts", "fp8_layout"): ("auto", "gathered", "contiguous"),
+    ("experts", "row_layout"): ("auto", "gathered", "contiguous"),
 }
 POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "world_size"), ("runner", "phase_reps"),
             ("model", "hidden"), ("model", "intermediate"), ("model", "num_experts"), ("model", "topk"),
@@ -327,6 +331,7 @@ def check_values(cfg: dict) -> None:
 def validate(combo: dict) -> Optional[str]:
     """Reason this combination cannot run (every token count), or None."""
     from .kernels import registry
+    from .kernels.experts.triton import CONTIGUOUS_QUANTS
 
     registry.discover()
     b, e = combo["backend"], combo["experts"]
@@ -349,9 +354,10 @@ def validate(combo: dict) -> Optional[str]:
         return f"overlap.shared_sm_carveout={carveout} applies to shared experts; model={combo['model']} has none"
     if carveout and combo["device"] != "cuda":
         return f"overlap.shared_sm_carveout={carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
-    layout = combo.get("fp8_layout", "auto")
-    if layout != "auto" and (e != "triton" or combo["quant"] != "fp8_block"):
-        return f"experts.fp8_layout={layout} picks the row layout of experts=triton with quant=fp8_block only"
+    layout = combo.get("row_layout", "auto")
+    if layout != "auto" and (e != "triton" or combo["quant"] not in CONTIGUOUS_QUANTS):
+        return (f"experts.row_layout={layout} picks the row layout of experts=triton with quant="
+                f"{' or '.join(CONTIGUOUS_QUANTS)} only")
     if b != "deepep_ht" and (combo.get("dispatch_nvl_chunk") or combo.get("combine_nvl_chunk")):
         return "backend.dispatch_nvl_chunk / combine_nvl_chunk configure DeepEP's intranode kernels: backend=deepep_ht only"
     E, ws, sim = combo["num_experts"], combo["world_size"], combo["simulate_ep"]

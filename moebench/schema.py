@@ -29,7 +29,7 @@ class ExpertsConf:
     deepgemm_min_tokens: int = 256
     # triton + fp8_block: gathered rows (vLLM's fused_moe) or the contiguous layout (rows
     # permuted per expert, TMA loads); auto = contiguous from 128 expected local pairs per expert
-    fp8_layout: str = "auto"
+    row_layout: str = "auto"
 
 
 @dataclass

@@ -174,7 +174,7 @@ def build_layer(cfg: dict, combo: dict, rank: int, world_size: int, group, devic
         simulate_ep=combo["simulate_ep"], max_tokens_per_rank=combo["max_tokens_per_rank"],
         options={"num_sms": combo["num_sms"], "dispatch_nvl_chunk": combo.get("dispatch_nvl_chunk", 0),
                  "combine_nvl_chunk": combo.get("combine_nvl_chunk", 0), "deepgemm_min_tokens": combo["deepgemm_min_tokens"],
-                 "triton_fp8_layout": combo.get("fp8_layout", "auto"),
+                 "triton_row_layout": combo.get("row_layout", "auto"),
                  "extra": dict(combo.get("extra") or {})},  # extra.* knobs reach the kernels (e.g. pplx_mode)
     )
     weights = build_expert_weights(ctx, combo["seed"])
@@ -270,7 +270,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier,
                                           inputs=(x, w, ids), align=align, flush=flush, agree=agree,
                                           world_size=world_size))
-            res["fp8_layout_used"] = getattr(kernel.experts, "last_layout", "")
+            res["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
             res["status"] = "ok"
             yield T, res
     finally:

@@ -103,8 +103,8 @@ def test_row_takes_the_matched_figure_of_the_rank_that_waited_least():
     assert row["trace_intersection_fraction"] == 0.5  # the same rank's plain figure
     assert row["trace_trimmed_overlap_per_rank"] == [0.1, 0.35] and row["trace_wait_us_per_rank"] == [800.0, 0.0]
     assert row["trace_overlap_fraction_per_rank"] == [0.73, 0.28]  # untrimmed, as each rank read it
-    ranks[0]["fp8_layout_used"], ranks[1]["fp8_layout_used"] = "contiguous", "gathered"
-    assert row["fp8_layout_used"] == "" and rows.measured_row(combos[0], 8, ranks, {})["fp8_layout_used"] == "mixed"
+    ranks[0]["row_layout_used"], ranks[1]["row_layout_used"] = "contiguous", "gathered"
+    assert row["row_layout_used"] == "" and rows.measured_row(combos[0], 8, ranks, {})["row_layout_used"] == "mixed"
     # a rank's figure missing: back to the span rule (rank 0's span is the longest)
     ranks[0]["trace_matched_overlap_per_rank"] = [0.1, None]
     row = rows.measured_row(combos[0], 8, ranks, {})

@@ -117,7 +117,7 @@ def test_malformed_sweep_files_are_clear(tmp_path, text, words):
     (["workload.routing=foo"], "valid: uniform"), (["model.topk=9"], "exceeds"),
     (["runner.timing=grpah"], "valid: events"), (["runner.reps=0"], "must be > 0"),
     (["overlap.shared_sm_carveout=-1"], "must be >= 0"), (["backend.combine_nvl_chunk=-2"], "must be >= 0"),
-    (["experts.fp8_layout=sorted"], "valid: auto, gathered, contiguous"),
+    (["experts.row_layout=sorted"], "valid: auto, gathered, contiguous"),
 ])
 def test_bad_values_are_refused_before_work(bad, words):
     with pytest.raises(ValueError, match=words):
@@ -160,7 +160,7 @@ KEYS_BEFORE_KNOBS = (
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
     "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
     "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
-)  # experts.fp8_layout (session 4) is left out at "auto" too
+)  # experts.row_layout (session 4) is left out at "auto" too
 
 
 def test_new_knobs_at_their_defaults_keep_earlier_keys_and_labels():
@@ -208,17 +208,21 @@ def test_rows_carry_the_knobs_as_columns():
     (c,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=24", "backend.num_sms=16"], None)
     row = rows.identity(c, 8)
     assert (row["num_sms"], row["shared_sm_carveout"], row["dispatch_nvl_chunk"], row["combine_nvl_chunk"]) == (16, 24, 0, 0)
-    assert row["fp8_layout"] == "auto"
+    assert row["row_layout"] == "auto"
 
 
-def test_fp8_layout_knob():
+def test_row_layout_knob():
     ovs = ["backend=local", "experts=triton", "reduction=experts", "overlap=none", "quant=fp8_block",
            "model=deepseek_v3", "runner.device=cpu"]
     (auto,), _ = plan.plan(ovs, None)
-    combos, _ = plan.plan(ovs + ["experts.fp8_layout=gathered,contiguous"], None)
+    combos, _ = plan.plan(ovs + ["experts.row_layout=gathered,contiguous"], None)
     assert {c.label.rsplit("/", 1)[1] for c in combos} == {"gathered", "contiguous"}
-    assert len({c.key for c in combos} | {auto.key}) == 3 and "fp8_layout" not in auto.label
-    (bf16,), _ = plan.plan(ovs[:4] + ["quant=bf16", "model=deepseek_v3", "experts.fp8_layout=contiguous"], None)
-    assert "quant=fp8_block only" in bf16.reason
-    (torch_ex,), _ = plan.plan(["experts=torch"] + ovs[2:] + ["experts.fp8_layout=gathered"], None)
+    assert len({c.key for c in combos} | {auto.key}) == 3 and "row_layout" not in auto.label
+    (bf16,), _ = plan.plan(ovs[:4] + ["quant=bf16", "model=deepseek_v3", "experts.row_layout=contiguous"], None)
+    assert bf16.reason is None and bf16.label.endswith("/contiguous")
+    (tensor,), _ = plan.plan(ovs[:4] + ["quant=fp8_tensor", "model=deepseek_v3", "experts.row_layout=contiguous"], None)
+    assert "quant=bf16 or fp8_block only" in tensor.reason
+    with pytest.raises(ValueError, match="renamed to experts.row_layout"):
+        plan.plan(ovs + ["experts.fp8_layout=gathered"], None)
+    (torch_ex,), _ = plan.plan(["experts=torch"] + ovs[2:] + ["experts.row_layout=gathered"], None)
     assert "experts=triton" in torch_ex.reason

@@ -54,11 +54,11 @@ CFG_BK64 = dict(CFG, BLOCK_SIZE_K=64)
 
 
 def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed: int = 0, K: int = K, I: int = I,
-               fp8_layout: str = "auto"):
+               row_layout: str = "auto"):
     """(ctx, local ExpertWeights, e -> fp32 dequantized (w13, w2) of global expert e)."""
     q = QuantSpec(quant)
     ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep,
-                        options={"triton_fp8_layout": fp8_layout})
+                        options={"triton_row_layout": row_layout})
     if config is not None:
         ctx.options["triton_config"] = config
     g = torch.Generator().manual_seed(seed)
@@ -96,9 +96,9 @@ def make_inputs(routing: str, num_tokens: int = T, seed: int = 1, K: int = K):
 
 
 def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I,
-              fp8_layout="auto"):
+              row_layout="auto"):
     """Experts.apply on NaN-filled workspaces, then the backend's finalize -> rel_err vs reference."""
-    ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I, fp8_layout=fp8_layout)
+    ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I, row_layout=row_layout)
     batched = layout == "batched"
     pf = (LocalBatchedPrepareFinalize if batched else LocalPrepareFinalize)(ctx)
     experts = get_experts("triton_batched" if batched else "triton")(w, reduction, ctx)
@@ -146,29 +146,47 @@ def test_standard_matches_reference(quant, reduction, simulate_ep, routing, preq
     ("finalize", 2, "uniform", False),  # pairs of other ranks; the permute quantizes a bf16 input
 ])
 def test_standard_fp8_block_contiguous_layout(reduction, simulate_ep, routing, prequant):
-    err = run_layer("standard", "fp8_block", reduction, simulate_ep, routing, prequant, fp8_layout="contiguous")
+    err = run_layer("standard", "fp8_block", reduction, simulate_ep, routing, prequant, row_layout="contiguous")
     assert err <= TOL["fp8_block"], f"rel_err {err:.3g} > {TOL['fp8_block']}"
 
 
-def test_fp8_layout_choice():
+@pytest.mark.parametrize("reduction,simulate_ep,routing", [
+    ("experts", 2, "skewed"),  # pairs of other ranks, an expert without rows
+    ("finalize", 1, "uniform"),
+])
+def test_standard_bf16_contiguous_layout(reduction, simulate_ep, routing):
+    err = run_layer("standard", "bf16", reduction, simulate_ep, routing, row_layout="contiguous")
+    assert err <= TOL["bf16"], f"rel_err {err:.3g} > {TOL['bf16']}"
+
+
+def test_row_layout_choice():
     ctx, w, _ = make_layer("fp8_block", simulate_ep=2)
     ex = get_experts("triton")(w, "experts", ctx)
     local = ctx.num_local_experts  # 4 of 8: about half of a row's picks are local
-    need = CONTIGUOUS_MIN_PAIRS_PER_EXPERT * local * 2 // P  # rows for that many local pairs per expert
+    need = CONTIGUOUS_MIN_PAIRS_PER_EXPERT["fp8_block"] * local * 2 // P  # rows for that many local pairs per expert
     assert not ex.contiguous(need - 1, P) and ex.contiguous(need, P)
     dims = (2 * I, K, P, local)
     mp = max_padded_rows(need * P, local, 128)
     assert ex.workspace_shapes(need, *dims)[:2] == ((mp, (K + K // 32) // 2), (mp, max(2 * I, K)))
     assert ex.workspace_shapes(need - 1, *dims)[:2] == (((need - 1) * P, 2 * I), ((need - 1) * P, I))
-    ctx.options["triton_fp8_layout"] = "gathered"
+    ctx.options["triton_row_layout"] = "gathered"
     assert not get_experts("triton")(w, "experts", ctx).contiguous(need, P)
-    ctx.options["triton_fp8_layout"] = "contiguous"
+    ctx.options["triton_row_layout"] = "contiguous"
     assert get_experts("triton")(w, "experts", ctx).contiguous(1, P)
-    ctx.options["triton_fp8_layout"] = "sorted"
+    ctx.options["triton_row_layout"] = "sorted"
     with pytest.raises(ValueError, match="gathered"):
         get_experts("triton")(w, "experts", ctx).contiguous(1, P)
-    bf16_ctx, bf16_w, _ = make_layer("bf16", fp8_layout="contiguous")
-    assert not get_experts("triton")(bf16_w, "experts", bf16_ctx).contiguous(need, P)  # fp8_block only
+    bf16_ctx, bf16_w, _ = make_layer("bf16", simulate_ep=2)
+    bf16 = get_experts("triton")(bf16_w, "experts", bf16_ctx)
+    bneed = CONTIGUOUS_MIN_PAIRS_PER_EXPERT["bf16"] * local * 2 // P
+    assert not bf16.contiguous(bneed - 1, P) and bf16.contiguous(bneed, P)
+    mp = max_padded_rows(bneed * P, local, 128)
+    assert bf16.workspace_shapes(bneed, *dims)[:2] == ((mp, K), (mp, max(2 * I, K)))  # bf16 rows: no scales
+    tctx, tw, _ = make_layer("fp8_tensor", row_layout="contiguous")
+    with pytest.raises(ValueError, match="fp8_tensor"):
+        get_experts("triton")(tw, "experts", tctx).contiguous(need, P)
+    tctx.options["triton_row_layout"] = "auto"
+    assert not get_experts("triton")(tw, "experts", tctx).contiguous(10**6, P)
 
 
 @pytest.mark.parametrize("cfg,programs,quant", [

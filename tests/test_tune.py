@@ -41,29 +41,29 @@ def test_tune_writes_a_vllm_config_the_experts_then_use(tmp_path, monkeypatch, c
     (["tune", "experts=torch", "backend=local"], "experts=triton"),
     (["tune", "experts=triton", "backend=naive"], "backend=local"),
     (["tune", "experts=triton", "backend=local", "--space", "huge"], "--space"),
-    (["tune", "experts=triton", "backend=local", "quant=fp8_block", "experts.fp8_layout=contiguous"], "gathered kernel"),
+    (["tune", "experts=triton", "backend=local", "quant=fp8_block", "experts.row_layout=contiguous"], "gathered kernel"),
 ])
 def test_tune_refuses_what_it_cannot_search(argv, words, capsys):
     assert cli.main(argv) == 2
     assert words in capsys.readouterr().err
 
 
-def test_tune_times_the_gathered_fp8_kernel(monkeypatch):
-    """fp8_block at large token counts would take the contiguous layout under `auto`, which
-    reads no tuned config: the tuner pins the gathered one (for fp8_block only)."""
+def test_tune_times_the_gathered_kernel(monkeypatch):
+    """bf16 and fp8_block at large token counts would take the contiguous layout under
+    `auto`, which reads no tuned config: the tuner pins the gathered one for them."""
     from moebench.tune import search
 
-    seen = []
+    seen = {}
 
-    def one_layer(overrides):
-        seen.append(overrides)
+    def build_layer(cfg, combo, *args):
+        seen[combo["quant"]] = combo["row_layout"]
         raise RuntimeError("stop")
 
-    monkeypatch.setattr(search, "_one_layer", one_layer)
-    for quant in ("fp8_block", "bf16"):
+    monkeypatch.setattr(search, "build_layer", build_layer)
+    for quant in ("fp8_block", "bf16", "fp8_tensor"):
         with pytest.raises(RuntimeError, match="stop"):
-            search.tune(["experts=triton", "backend=local", f"quant={quant}"])
-    assert "experts.fp8_layout=gathered" in seen[0] and "experts.fp8_layout=gathered" not in seen[1]
+            search.tune(["experts=triton", "backend=local", f"quant={quant}", "runner.device=cpu"])
+    assert seen == {"fp8_block": "gathered", "bf16": "gathered", "fp8_tensor": "auto"}
 
 
 def test_best_combination_per_size(tmp_path, capsys):

@@ -11,6 +11,7 @@
             finalize gets NoOp); "finalize": one row per (token, k), zero rows
             for pairs of other ranks
 
+The pipeline is shared with the `triton` experts (kernels/experts/_contiguous.py).
 Mp is the host-side upper bound of the padded rows (no host sync; the GEMMs skip
 what lies past the last expert: psum layout, or -1 rows with `use_psum_layout`
 False). Workspaces (bf16 elements, vLLM's semantics): ws13 holds fp8 rows and
@@ -25,47 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import FP8_DTYPE, ActivationFormat, Experts
+from ..interfaces import ActivationFormat, Experts
 from ..registry import register_experts
-from ..triton.activation import MODE_GROUP, silu_and_mul
 from ..triton.align import max_padded_rows
-from ..triton.deepgemm_layout import GROUP, contiguous_scratch_numel, permute_contiguous, unpermute_contiguous
+from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes
 from . import _deep_gemm
-
-
-def fp8_rows_with_scales(u8: torch.Tensor, rows: int, cols: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Carve fp8 [rows, cols] at byte 0 and its fp32 1x128 scales [rows, cols/128],
-    MN-major (strides (1, rows)), at byte rows * width of a flat uint8 buffer."""
-    g = cols // GROUP
-    a = u8[: rows * cols].view(FP8_DTYPE).view(rows, cols)
-    off = rows * width
-    s = u8[off : off + 4 * rows * g].view(torch.float32).view(g, rows).t()
-    return a, s
-
-
-def fp8_scaled_bytes(width: int) -> int:
-    """Bytes per row of fp8 [*, width] plus its fp32 1x128 scales (width % 128 == 0)."""
-    return width + 4 * width // GROUP
-
-
-def as_bytes(ws: torch.Tensor) -> torch.Tensor:
-    assert ws.is_contiguous(), "workspaces must be contiguous"
-    return ws.reshape(-1).view(torch.uint8)
-
-
-class DeepGemmWeights:
-    """The layer's fp8 weights and 128x128 scales as DeepGEMM takes them:
-    [E, N, K] K-major and [E, N/128, K/128] contiguous fp32."""
-
-    def __init__(self, w):
-        if not w.quant.is_block:
-            raise ValueError(f"DeepGEMM experts need quant=fp8_block, got {w.quant.name}")
-        self.w13 = w.w13_ENK.contiguous()
-        self.w2 = w.w2_EKI.contiguous()
-        self.s13 = w.w13_scale.to(torch.float32).contiguous()
-        self.s2 = w.w2_scale.to(torch.float32).contiguous()
-        assert self.w13.dtype == FP8_DTYPE and self.w2.dtype == FP8_DTYPE
+from ._contiguous import DeepGemmWeights, contiguous_apply, contiguous_workspace_shapes
 
 
 @register_experts("deepgemm")
@@ -114,41 +81,3 @@ class DeepGemmExperts(Experts):
 
         contiguous_apply(gemm, self.dg_w, _deep_gemm.mk_alignment(), self.reduction, output, prepared,
                          workspace13, workspace2)
-
-
-def contiguous_workspace_shapes(mp: int, M: int, N: int, K: int, topk: int, reduction: str):
-    """Workspaces of `contiguous_apply` (bf16 elements, vLLM's semantics)."""
-    D = max(K, N // 2)
-    # ws13: fp8 [Mp, D] + fp32 scales [D/128, Mp] (input rows, then the activation);
-    # ws2: gate/up [Mp, N], then down [Mp, K], bf16
-    out = (M, K) if reduction == "experts" else (M, topk, K)
-    return (mp, fp8_scaled_bytes(D) // 2), (mp, max(N, K)), out
-
-
-def contiguous_apply(gemm, w: DeepGemmWeights, align: int, reduction: str, output, prepared, workspace13, workspace2):
-    """permute -> gemm(gate/up) -> SiLU-and-mul + fp8 quant -> gemm(down) -> unpermute
-    (module doc); gemm(a, a_scale, w, w_scale, out, layout) is the grouped fp8 GEMM."""
-    ids = prepared.topk_ids_MP
-    M, P = ids.shape
-    E, N, K = w.w13.shape
-    I = N // 2
-    if M * P == 0:
-        return
-    mp = max_padded_rows(M * P, E, align)
-    D = max(K, I)
-    u13 = as_bytes(workspace13)
-    assert u13.numel() >= mp * fp8_scaled_bytes(D), (u13.numel(), mp, D)
-    scratch = torch.empty(contiguous_scratch_numel(M * P, E, align), dtype=torch.int32, device=ids.device)
-    a1, a1_s = fp8_rows_with_scales(u13, mp, K, D)
-    layout = permute_contiguous(prepared.x, prepared.x_scale, ids, E, align, a1, a1_s, scratch)
-    flat2 = workspace2.reshape(-1)
-    h = flat2[: mp * N].view(mp, N)
-    gemm(a1, a1_s, w.w13, w.s13, h, layout)
-    act, act_s = fp8_rows_with_scales(u13, mp, I, D)  # a1 is consumed: reuse its bytes
-    blocks = mp // align
-    silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_GROUP, scale=act_s,
-                 expert_num_tokens=layout.counts_B, group=GROUP)
-    y = flat2[: mp * K].view(mp, K)  # h is consumed
-    gemm(act, act_s, w.w2, w.s2, y, layout)
-    unpermute_contiguous(y, ids.contiguous(), prepared.topk_weights_MP.contiguous(), layout.inv_R, output, E,
-                         reduce=reduction == "experts")

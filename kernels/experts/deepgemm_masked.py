@@ -25,7 +25,7 @@ from ..triton.activation import MODE_GROUP, silu_and_mul
 from ..triton.deepgemm_layout import GROUP, pad_batched, padded_rows, unpad_batched
 from ..triton.moe import alloc_bytes
 from . import _deep_gemm
-from .deepgemm import DeepGemmWeights, as_bytes, fp8_scaled_bytes
+from ._contiguous import DeepGemmWeights, as_bytes, fp8_scaled_bytes
 
 ROW_ALIGN = 128  # the largest BLOCK_M the masked kernel picks on SM90
 

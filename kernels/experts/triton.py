@@ -6,13 +6,14 @@ with the fp8 activation quantization. reduction="experts" weights and sums in
 the down-GEMM epilogue: fp32 atomics into an accumulator carved from ws13
 (whose gate/up rows are consumed by then), so no [M, P, K] buffer exists.
 
-fp8_block with many rows per expert (prefill) takes the contiguous layout instead:
-the pairs' rows are copied into per-expert segments padded to 128 rows (the layout
-the `deepgemm` experts build) so that both GEMM operands load through TMA
-(kernels/triton/contiguous_gemm.py), then un-permuted with the reduction. The
-layout is chosen per call from the expected local pairs per expert
-(`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured in docs/perf-notes.md, session 4);
-ctx.options["triton_fp8_layout"] = "gathered" | "contiguous" forces one.
+bf16 and fp8_block with many rows per expert (prefill) take the contiguous layout
+instead: the pairs' rows are copied into per-expert segments padded to 128 rows (the
+layout the `deepgemm` experts build) so that both GEMM operands load through TMA
+(kernels/triton/contiguous_gemm.py), then un-permuted with the reduction
+(kernels/experts/_contiguous.py). The layout is chosen per call from the expected
+local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured in
+docs/perf-notes.md); ctx.options["triton_row_layout"] = "gathered" | "contiguous"
+forces one.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
@@ -30,14 +31,25 @@ from ..triton.align import max_padded_rows
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_scratch_numel
-from .deepgemm import DeepGemmWeights, contiguous_apply, contiguous_workspace_shapes
+from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
 
 # fp8_block: the contiguous layout from this many expected local pairs per expert on. Measured
 # on an H200 (docs/perf-notes.md run 16, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
 # pairs per expert 477 / 762 µs, deepseek_v3 (EP-8 share) at 128 1560 / 1348, mixtral_8x7b and
 # qwen3_30b_a3b at 256 2040 / 1656 and 1376 / 1116
-CONTIGUOUS_MIN_PAIRS_PER_EXPERT = 128
-FP8_LAYOUTS = ("auto", "gathered", "contiguous")
+# (bf16: assumed the same until measured, session 5)
+CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 128, "fp8_block": 128}
+CONTIGUOUS_QUANTS = tuple(CONTIGUOUS_MIN_PAIRS_PER_EXPERT)  # experts.row_layout applies to these
+ROW_LAYOUTS = ("auto", "gathered", "contiguous")
+
+
+def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
+    """Why the contiguous layout cannot run these shapes, or None (the GEMM's N tiles
+    are multiples of 128; the rows are permuted 128 columns at a time)."""
+    if quant not in CONTIGUOUS_QUANTS:
+        return f"the contiguous layout runs {' and '.join(CONTIGUOUS_QUANTS)}, not quant={quant}"
+    bad = [f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", intermediate)) if v is not None and int(v) % 128]
+    return f"the contiguous layout needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})" if bad else None
 
 
 def _quant_name(combo: dict) -> str:
@@ -58,8 +70,12 @@ def triton_unsupported(combo: dict) -> Optional[str]:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 9):
             return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
-        if combo.get("fp8_layout") == "contiguous" and major < 9:
-            return f"experts.fp8_layout=contiguous loads through TMA: it needs SM90 or newer (this GPU is {major}.{minor})"
+    if combo.get("row_layout") == "contiguous":
+        if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
+            return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
+        why = contiguous_unsupported(quant, combo.get("hidden"), combo.get("intermediate"))
+        if why:
+            return f"experts.row_layout=contiguous: {why}"
     if quant == "fp8_block":
         hidden, inter = combo.get("hidden"), combo.get("intermediate")
         bad = [f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", inter)) if v is not None and int(v) % 128]
@@ -100,16 +116,22 @@ class TritonExperts(TritonConfigMixin, Experts):
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)
         # the contiguous layout's view of the weights ([E, N, K], fp32 scales: no copy when stored so)
-        self._contiguous_w = DeepGemmWeights(weights) if weights.quant.is_block else None
-        self.last_layout = ""  # fp8_block: the layout the last apply() ran
+        q = weights.quant
+        E, N, K = weights.w13_ENK.shape
+        self._contiguous_ok = contiguous_unsupported(q.name, K, N // 2) is None
+        self._contiguous_w = ContiguousWeights(weights) if self._contiguous_ok else None
+        self.last_layout = ""  # bf16 / fp8_block: the layout the last apply() ran
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc)."""
-        if not self.w.quant.is_block:
+        layout = (self.ctx.options or {}).get("triton_row_layout", "auto")
+        if layout not in ROW_LAYOUTS:
+            raise ValueError(f"triton_row_layout={layout!r}: expected one of {', '.join(ROW_LAYOUTS)}")
+        if not self._contiguous_ok:
+            if layout == "contiguous":
+                q, (_, N, K) = self.w.quant, self.w.w13_ENK.shape
+                raise ValueError(f"triton_row_layout=contiguous: {contiguous_unsupported(q.name, K, N // 2)}")
             return False
-        layout = (self.ctx.options or {}).get("triton_fp8_layout", "auto")
-        if layout not in FP8_LAYOUTS:
-            raise ValueError(f"triton_fp8_layout={layout!r}: expected one of {', '.join(FP8_LAYOUTS)}")
         if layout != "auto":
             return layout == "contiguous"
         dev = self.ctx.device
@@ -117,12 +139,12 @@ class TritonExperts(TritonConfigMixin, Experts):
             return False  # TMA: SM90 and later
         # ids hold all top-k picks of a row; about E_local / E_global of them are local
         local_pairs = M * topk * self.ctx.num_local_experts / self.ctx.shape.num_experts
-        return local_pairs >= CONTIGUOUS_MIN_PAIRS_PER_EXPERT * self.ctx.num_local_experts
+        return local_pairs >= CONTIGUOUS_MIN_PAIRS_PER_EXPERT[self.w.quant.name] * self.ctx.num_local_experts
 
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
         if self.contiguous(M, topk):
             mp = max_padded_rows(M * topk, num_local_experts, ALIGN)
-            return contiguous_workspace_shapes(mp, M, N, K, topk, self.reduction)
+            return contiguous_workspace_shapes(mp, M, N, K, topk, self.reduction, scaled=self.w.quant.is_block)
         # ws13: gate/up rows of every pair [M*P, N] (later: the fp32 [M, K] reduce
         # accumulator); ws2: the activation [M*P, N/2] (fp8 modes: its fp8 bytes and scales)
         out = (M, K) if self.reduction == "experts" else (M, topk, K)
@@ -147,7 +169,7 @@ class TritonExperts(TritonConfigMixin, Experts):
     def apply(self, output, prepared, workspace13, workspace2):
         ids = prepared.topk_ids_MP
         contiguous = self.contiguous(*ids.shape)
-        if self.w.quant.is_block:  # what ran, for the rows (experts.fp8_layout=auto decides per call)
+        if self._contiguous_ok:  # what ran, for the rows (experts.row_layout=auto decides per call)
             self.last_layout = "contiguous" if contiguous else "gathered"
         if contiguous:
             contiguous_apply(self._contiguous_gemm, self._contiguous_w, ALIGN, self.reduction, output, prepared,

@@ -11,8 +11,8 @@ a [Mp, K] fp8, a_scale [Mp, G] fp32 MN-major (strides (1, Mp): one K group's sca
 of a row tile are contiguous), w [E, N, K] fp8, w_scale [E, N/128, G] fp32,
 m_indices [Mp] int32 (expert of each row, -1 for padding), c [Mp, N] bf16. Row
 tiles whose first row is padding are skipped (their rows are never read). bf16: a and w
-bf16, no scales, c[r] = a[r] . w[e(r)] (the `triton` experts run bf16 on the gathered
-layout; this path is timed against DeepGEMM's bf16 GEMM by benchmarks/triton_fp8_contiguous.py).
+bf16, no scales, c[r] = a[r] . w[e(r)] (timed against DeepGEMM's bf16 GEMM by
+benchmarks/triton_fp8_contiguous.py).
 
 Tiles are walked by a persistent grid (at most one program per SM) in
 GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2.
@@ -36,8 +36,9 @@ GROUP = 128  # 1 x 128 activation / 128 x 128 weight scale blocks
 
 # fp8: measured on an H200 (docs/perf-notes.md, run 16); BLOCK_K is the scale group
 DEFAULT_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=8, num_stages=4)
-# bf16: the same tile at half the K width (the same bytes per stage); not measured yet
-BF16_CONFIG = dict(DEFAULT_CONFIG, BLOCK_SIZE_K=64)
+# bf16: best of 6 tiles on an H200 at 16384 tokens, both GEMMs of three models (0.85-0.98x
+# DeepGEMM's bf16 GEMM; docs/perf-notes.md, run 21); BLOCK_SIZE_N 128 where N % 256 != 0
+BF16_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
 
 
 @triton.jit
@@ -143,9 +144,12 @@ def contiguous_gemm(
     runs one program per tile)."""
     scaled = a_scale is not None
     assert scaled == (w_scale is not None), "fp8 needs both scales, bf16 neither"
-    cfg = dict(DEFAULT_CONFIG if scaled else BF16_CONFIG, **(config or {}))
     Mp, K = a.shape
     E, N, Kw = w.shape
+    cfg = dict(DEFAULT_CONFIG if scaled else BF16_CONFIG)
+    if N % cfg["BLOCK_SIZE_N"]:
+        cfg["BLOCK_SIZE_N"] = GROUP
+    cfg.update(config or {})
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
     assert K == Kw and K % bk == 0 and (not scaled or (K % GROUP == 0 and bk == GROUP)), (a.shape, w.shape, bk)
     assert Mp % ALIGN == 0 and ALIGN % bm == 0 and N % bn == 0, (Mp, N, bm, bn)

@@ -6,7 +6,8 @@ contiguous (m_grouped_fp8_gemm_nt_contiguous): the pairs of each local expert
   the upper bound `max_padded_rows`). `permute_contiguous` then, in one launch,
     * gathers each pair's token row (fp8 + its 1x128 scales, or bf16 quantized on
       the fly) into its slot; scales go MN-major (element (row, g) at g * Mp + row),
-      the TMA-aligned layout DeepGEMM reads without a transpose of its own;
+      the TMA-aligned layout DeepGEMM reads without a transpose of its own; bf16
+      rows are copied as they are (the `triton` experts' bf16 contiguous layout);
     * writes both grouped layouts DeepGEMM 2.8.2 accepts: `m_indices_Mp` (expert
       of each row, -1 for padding rows) and `ends_E` (use_psum_layout: expert e's
       rows are [align(ends[e-1], A), ends[e]));
@@ -67,7 +68,7 @@ def _permute_kernel(
     num_pairs, num_experts, Mp, K,
     stride_xm, stride_xsm, stride_xsg,
     TOPK: tl.constexpr, A: tl.constexpr, GROUP: tl.constexpr, NUM_BINS: tl.constexpr,
-    QUANT_IN: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    QUANT_IN: tl.constexpr, COPY: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
 ):
     b = tl.program_id(0)  # block of A rows
     g = tl.program_id(1)  # scale group along K
@@ -80,15 +81,18 @@ def _permute_kernel(
     if b * A < num_post:
         cols = g * GROUP + tl.arange(0, GROUP)
         x = tl.load(x_ptr + tok[:, None] * stride_xm + cols[None, :], mask=valid[:, None], other=0.0)
-        if QUANT_IN:
-            xf = x.to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(xf), axis=1), EPS) / FP8_MAX
-            q = to_fp8(tl.clamp(xf / scale[:, None], -FP8_MAX, FP8_MAX), a_ptr.dtype.element_ty, EXACT_ROUND)
+        if COPY:  # bf16 rows, no scales
+            tl.store(a_ptr + s64[:, None] * K + cols[None, :], x, mask=valid[:, None])
         else:
-            q = x
-            scale = tl.load(xs_ptr + tok * stride_xsm + g * stride_xsg, mask=valid, other=0.0)
-        tl.store(a_ptr + s64[:, None] * K + cols[None, :], q, mask=valid[:, None])
-        tl.store(as_ptr + g.to(tl.int64) * Mp + s64, scale, mask=valid)
+            if QUANT_IN:
+                xf = x.to(tl.float32)
+                scale = tl.maximum(tl.max(tl.abs(xf), axis=1), EPS) / FP8_MAX
+                q = to_fp8(tl.clamp(xf / scale[:, None], -FP8_MAX, FP8_MAX), a_ptr.dtype.element_ty, EXACT_ROUND)
+            else:
+                q = x
+                scale = tl.load(xs_ptr + tok * stride_xsm + g * stride_xsg, mask=valid, other=0.0)
+            tl.store(a_ptr + s64[:, None] * K + cols[None, :], q, mask=valid[:, None])
+            tl.store(as_ptr + g.to(tl.int64) * Mp + s64, scale, mask=valid)
     if g == 0:  # the row metadata, once per block
         in_post = b * A < num_post
         e = tl.load(expert_ids_ptr + b, mask=in_post, other=-1)
@@ -130,15 +134,21 @@ def permute_contiguous(
     x_MK fp8 with x_scale_MG fp32 [M, K/128], or bf16 (quantized here, x_scale None);
     topk_ids_MP local ids, -1 for pairs of other ranks; a_MpK fp8 [Mp, K] and
     a_scale fp32 [Mp, K/128] with strides (1, Mp) receive the rows; scratch: int32,
-    at least `contiguous_scratch_numel` elements."""
+    at least `contiguous_scratch_numel` elements. bf16 rows instead: x_MK and a_MpK
+    bf16, x_scale_MG and a_scale None (copied, not quantized)."""
     M, P = topk_ids_MP.shape
     K = x_MK.shape[1]
     R = M * P
     mp = max_padded_rows(R, num_experts, align)
     need = align_scratch_numel(R, num_experts, align)
     assert scratch.dtype == torch.int32 and scratch.numel() >= contiguous_scratch_numel(R, num_experts, align)
-    assert a_MpK.shape == (mp, K) and a_MpK.dtype == FP8_DTYPE and a_MpK.is_contiguous(), (a_MpK.shape, mp)
-    assert a_scale.shape == (mp, K // GROUP) and a_scale.stride() == (1, mp), (a_scale.shape, a_scale.stride())
+    copy = a_scale is None
+    assert a_MpK.shape == (mp, K) and a_MpK.is_contiguous(), (a_MpK.shape, mp)
+    if copy:
+        assert a_MpK.dtype == x_MK.dtype != FP8_DTYPE and x_scale_MG is None, (a_MpK.dtype, x_MK.dtype)
+    else:
+        assert a_MpK.dtype == FP8_DTYPE, a_MpK.dtype
+        assert a_scale.shape == (mp, K // GROUP) and a_scale.stride() == (1, mp), (a_scale.shape, a_scale.stride())
     assert x_MK.stride(1) == 1 and K % GROUP == 0
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids_MP, num_experts, align, scratch[:need])
     rest = scratch[need:]
@@ -146,17 +156,17 @@ def permute_contiguous(
     m_idx, rest = rest[:mp], rest[mp:]
     counts, rest = rest[: mp // align], rest[mp // align :]
     ends = rest[:num_experts]
-    quant_in = x_MK.dtype != FP8_DTYPE
-    xs = x_MK if quant_in else x_scale_MG
-    assert quant_in or (x_scale_MG is not None and x_scale_MG.shape == (M, K // GROUP)), "fp8 input needs 1x128 scales"
+    quant_in = x_MK.dtype != FP8_DTYPE and not copy
+    xs = x_MK if quant_in or copy else x_scale_MG
+    assert quant_in or copy or (x_scale_MG is not None and x_scale_MG.shape == (M, K // GROUP)), "fp8 input needs 1x128 scales"
     if mp:
         _permute_kernel[(mp // align, K // GROUP)](
             x_MK, xs, sorted_ids, expert_ids, num_post,
-            a_MpK, a_scale, m_idx, inv, counts, ends,
+            a_MpK, a_MpK if copy else a_scale, m_idx, inv, counts, ends,
             R, num_experts, mp, K,
             x_MK.stride(0), xs.stride(0), xs.stride(1),
             TOPK=P, A=align, GROUP=GROUP, NUM_BINS=triton.next_power_of_2(num_experts + 1),
-            QUANT_IN=quant_in, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+            QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
         )
     return ContiguousLayout(num_rows=mp, m_indices_Mp=m_idx, ends_E=ends, counts_B=counts, inv_R=inv)
 

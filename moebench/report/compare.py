@@ -126,7 +126,7 @@ def _samples(value) -> np.ndarray:
 def _keyed(df: pd.DataFrame) -> pd.DataFrame:
     """Rows with a canonical text key column (ints and floats, NaN spelled alike). The
     knobs beside the axes (load.py's `knobs`, from the stored label) are part of it: rows
-    of one run that differ only in, e.g., experts.fp8_layout or backend.num_sms stay apart."""
+    of one run that differ only in, e.g., experts.row_layout or backend.num_sms stay apart."""
     df = latest_rows(df).copy()
     if "knobs" not in df.columns:  # rows not read through load_run
         df["knobs"] = df["label"].map(knob_tags) if "label" in df.columns else ""

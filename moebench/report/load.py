@@ -24,7 +24,7 @@ LATENCY_COLUMNS = ["latency_us_median", "latency_us_p20", "latency_us_p80"]
 PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us"]
 OVERLAP_COLUMNS = [
     "shared_us", "latency_no_shared_us", "shared_exposed_us", "overlap_fraction",
-    "trace_overlap_fraction",
+    "overlap_fraction_lo", "overlap_fraction_hi", "trace_overlap_fraction",
 ]
 MEMORY_COLUMNS = ["workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak"]
 RATE_COLUMNS = ["tflops", "hbm_gbps", "nvlink_gbps"]
@@ -42,7 +42,7 @@ OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUM
 # seven are always shown; the rest only when they vary within the run.
 COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
 # "knobs": settings beside the axes (backend.num_sms, *_nvl_chunk,
-# overlap.shared_sm_carveout, experts.fp8_layout), read from the stored label's tail by load_run
+# overlap.shared_sm_carveout, experts.row_layout), read from the stored label's tail by load_run
 EXTRA_COMBO_COLUMNS = ["simulate_ep", "num_experts", "topk", "hidden", "intermediate",
                        "routing", "seed", "timing_mode", "device", "knobs"]
 # Key columns of a combination without tokens (what combo_key identifies).

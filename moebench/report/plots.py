@@ -121,8 +121,9 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
 
 
 def plot_overlap(df: pd.DataFrame, path) -> Path | None:
-    """overlap_fraction and shared_exposed_us (µs, with shared_us dashed) vs tokens per
-    rank for rows with overlap = dispatch | combine."""
+    """overlap_fraction (its 90 % bootstrap interval shaded, where rows have one) and
+    shared_exposed_us (µs, with shared_us dashed) vs tokens per rank for rows with
+    overlap = dispatch | combine."""
     ok = _ok(df)
     ok = ok[ok["overlap"].astype(str).isin(["dispatch", "combine"])]
     if not len(ok):
@@ -133,6 +134,9 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
         st = _style(i)
         t = g["tokens_per_rank"]
         ax_frac.plot(t, g["overlap_fraction"], marker="o", ms=3, label=label, **st)
+        if "overlap_fraction_lo" in g and g["overlap_fraction_lo"].notna().any():  # 90 % bootstrap
+            ax_frac.fill_between(t, g["overlap_fraction_lo"], g["overlap_fraction_hi"], color=st["color"],
+                                 alpha=0.15, lw=0)
         if g["trace_overlap_fraction"].notna().any():
             ax_frac.plot(t, g["trace_overlap_fraction"], marker="x", ls=":", color=st["color"])
         ax_exp.plot(t, g["shared_exposed_us"], marker="o", ms=3, **st)
@@ -140,7 +144,7 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
     for ax in (ax_frac, ax_exp):
         _tokens_axis(ax, ok["tokens_per_rank"])
     ax_frac.set(ylim=(-0.05, 1.05), xlabel="tokens per rank",
-                ylabel="overlap fraction (x: from trace)", title="Shared experts hidden")
+                ylabel="overlap fraction (band: 90 % interval; x: trace)", title="Shared experts hidden")
     ax_exp.set(xlabel="tokens per rank",
                ylabel="µs (solid: exposed, dashed: shared alone)",
                title="Shared-expert time exposed")

@@ -79,6 +79,16 @@ def fmt_frac(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
+    """'31% [22–40]': a fraction with its interval in percent; without one (older rows,
+    too few samples) the fraction alone; NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return fmt_frac(x)
+    return f"{fmt_frac(x)} [{100 * lo:.0f}–{100 * hi:.0f}]"
+
+
 def _combo_cells(row, cols: list[str]) -> list[str]:
     return [fmt_value(row[c]) for c in cols]
 
@@ -214,7 +224,8 @@ def overlap_table(df: pd.DataFrame) -> str:
     """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank.
 
     shared = shared experts alone (µs); exposed = latency − latency without shared experts
-    (µs); overlap = clamp(1 − exposed / shared, 0, 1); trace = the same from a trace.
+    (µs); overlap = clamp(1 − exposed / shared, 0, 1) with its 90 % bootstrap interval
+    (overlap_fraction_lo / _hi) where the row has one; trace = the same from a trace.
     """
     df = latest_rows(df)
     rows_df = df[(df["status"] == "ok") & (df["overlap"].fillna("none").astype(str) != "none")]
@@ -226,13 +237,17 @@ def overlap_table(df: pd.DataFrame) -> str:
         rows.append(_combo_cells(r, cols) + [
             fmt_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
             fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
-            fmt_us(r["shared_exposed_us"]), fmt_frac(r["overlap_fraction"]),
+            fmt_us(r["shared_exposed_us"]),
+            fmt_frac_interval(r["overlap_fraction"], r.get("overlap_fraction_lo"),
+                              r.get("overlap_fraction_hi")),
             fmt_frac(r["trace_overlap_fraction"])])
     headers = cols + ["tokens", "latency", "no shared", "shared", "exposed", "overlap",
                       "trace overlap"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
     return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
-                                               "the shared experts' time hidden.")
+                                               "the shared experts' time hidden, in brackets its 90 % "
+                                               "bootstrap interval over the samples: a figure inside it "
+                                               "(the trace's, another run's) is within noise.")
 
 
 def roofline_table(df: pd.DataFrame) -> str:

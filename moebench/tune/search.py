@@ -18,6 +18,7 @@ import torch
 
 from .. import plan as planmod
 from .. import timing
+from ..kernels.experts.triton import CONTIGUOUS_QUANTS
 from ..kernels.reference import reference_moe, rel_err
 from ..kernels.triton.config import (
     CONFIG_DIR,
@@ -85,10 +86,6 @@ class TokenResult:
         return min(ok, key=lambda t: t.us) if ok else None
 
 
-def _is_fp8_block(overrides: list[str]) -> bool:
-    return any(o.replace(" ", "") in ("quant=fp8_block", "+quant=fp8_block") for o in overrides)
-
-
 def _one_layer(overrides: list[str]):
     """The composed config of the one combination being tuned."""
     combos, _ = planmod.plan(overrides, None)
@@ -98,9 +95,9 @@ def _one_layer(overrides: list[str]):
     if c.combo["experts"] != "triton" or c.combo["backend"] not in ("local",):
         raise ValueError("moebench tune searches the Triton experts' tiles on one GPU: use experts=triton backend=local "
                          "(backend.simulate_ep=N for an EP-N rank's share)")
-    if c.combo.get("fp8_layout", "auto") == "contiguous":
-        raise ValueError("experts.fp8_layout=contiguous runs kernels/triton/contiguous_gemm.py, whose tile is fixed "
-                         "(DEFAULT_CONFIG): `moebench tune` searches the gathered kernel's tiles (kernels/configs/)")
+    if c.combo.get("row_layout", "auto") == "contiguous":
+        raise ValueError("experts.row_layout=contiguous runs kernels/triton/contiguous_gemm.py, whose tile is fixed "
+                         "(DEFAULT_CONFIG, BF16_CONFIG): `moebench tune` searches the gathered kernel's tiles (kernels/configs/)")
     if c.reason:
         raise ValueError(f"this combination cannot run here: {c.reason}")
     return c
@@ -114,10 +111,12 @@ def tune(
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[dict, list[TokenResult]]:
     """Search tiles for each of workload.tokens_per_rank; returns (layer info, results)."""
-    # the configs tuned here are the gathered kernel's: fp8_block must not switch to the
-    # contiguous layout at large token counts (experts.fp8_layout=auto)
-    pin = _is_fp8_block(overrides) and not any(o.startswith("experts.fp8_layout=") for o in overrides)
-    c = _one_layer(list(overrides) + ["overlap=none", "reduction=experts"] + (["experts.fp8_layout=gathered"] if pin else []))
+    # the configs tuned here are the gathered kernel's: bf16 and fp8_block must not switch to
+    # the contiguous layout at large token counts (experts.row_layout=auto)
+    ovs = list(overrides) + ["overlap=none", "reduction=experts"]
+    c = _one_layer(ovs)
+    if c.combo["quant"] in CONTIGUOUS_QUANTS and c.combo.get("row_layout", "auto") == "auto":
+        c = _one_layer(ovs + ["experts.row_layout=gathered"])
     device = torch.device("cuda", torch.cuda.current_device()) if c.combo["device"] == "cuda" else torch.device("cpu")
     ctx, weights, kernel = build_layer(c.cfg, c.combo, 0, 1, None, device)
     experts, shape, quant = kernel.experts, ctx.shape, ctx.quant

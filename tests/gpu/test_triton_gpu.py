@@ -117,21 +117,22 @@ def test_skewed_routing(model, layout, reduction):
                     reason="the contiguous layout loads through TMA: SM90 or newer")
 @pytest.mark.parametrize("model,T", [("deepseek_v3_ep8", 4096), ("qwen3_30b_a3b", 256)])
 @pytest.mark.parametrize("reduction", ["experts", "finalize"])
-def test_fp8_block_layouts_agree(model, T, reduction):
-    """fp8_block's two row layouts (gathered rows, contiguous TMA) against the reference
-    and each other, at sizes where `auto` would pick the other one."""
-    ctx, w, ref_weights = layer(model, "fp8_block")
+@pytest.mark.parametrize("quant", ["fp8_block", "bf16"])
+def test_row_layouts_agree(model, T, reduction, quant):
+    """The two row layouts (gathered rows, contiguous TMA) against the reference and each
+    other, at sizes where `auto` would pick the other one."""
+    ctx, w, ref_weights = layer(model, quant)
     x, tw, ids = inputs(ctx.shape, T)
     ref = reference_moe(x, tw, ids, ref_weights, kept_experts=range(ctx.num_local_experts))
     ys = {}
-    for fp8_layout in ("gathered", "contiguous"):
-        c = dataclasses.replace(ctx, options={"triton_fp8_layout": fp8_layout})
+    for row_layout in ("gathered", "contiguous"):
+        c = dataclasses.replace(ctx, options={"triton_row_layout": row_layout})
         experts = get_experts("triton")(w, reduction, c)
-        assert experts.contiguous(T, ctx.shape.topk) == (fp8_layout == "contiguous")
-        ys[fp8_layout] = MoEKernel(LocalPrepareFinalize(c), experts)(x, tw, ids)
-        assert experts.last_layout == fp8_layout
-        assert rel_err(ys[fp8_layout], ref) <= TOL["fp8_block"], fp8_layout
-    assert rel_err(ys["contiguous"], ys["gathered"]) <= 2e-2  # same fp8 operands, other accumulation order
+        assert experts.contiguous(T, ctx.shape.topk) == (row_layout == "contiguous")
+        ys[row_layout] = MoEKernel(LocalPrepareFinalize(c), experts)(x, tw, ids)
+        assert experts.last_layout == row_layout
+        assert rel_err(ys[row_layout], ref) <= TOL[quant], row_layout
+    assert rel_err(ys["contiguous"], ys["gathered"]) <= 2e-2  # same operands, other accumulation order
 
 
 def test_finalize_rows_of_nonlocal_pairs_are_zero():
