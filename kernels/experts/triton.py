@@ -37,8 +37,10 @@ from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspa
 # on an H200 (docs/perf-notes.md run 16, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
 # pairs per expert 477 / 762 µs, deepseek_v3 (EP-8 share) at 128 1560 / 1348, mixtral_8x7b and
 # qwen3_30b_a3b at 256 2040 / 1656 and 1376 / 1116
-# (bf16: assumed the same until measured, session 5)
-CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 128, "fp8_block": 128}
+# bf16 (run 22, experts phase, gathered / contiguous): mixtral_8x7b at 256 pairs per expert 1925 /
+# 1881 µs, at 1024 5792 / 5281; qwen3_30b_a3b at 256 1039 / 1060, at 1024 3059 / 2862;
+# deepseek_v3's EP-8 share at 512 (16384 tokens) 3170 / 3319: its tuned gathered tiles win
+CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 1024, "fp8_block": 128}
 CONTIGUOUS_QUANTS = tuple(CONTIGUOUS_MIN_PAIRS_PER_EXPERT)  # experts.row_layout applies to these
 ROW_LAYOUTS = ("auto", "gathered", "contiguous")
 

@@ -125,6 +125,7 @@ def tune(
     ref_w = reference_expert_fn(shape, quant, c.combo["seed"], device)
     kept = range(0, E) if ctx.simulate_ep > 1 else None
     flush = timing.L2Flusher(device) if device.type == "cuda" else None
+    graph_max = c.combo["graph_max_tokens"]
     results = []
     for T in c.tokens:
         x, w, ids = make_inputs(shape, T, c.combo["routing"], c.combo["skew"], c.combo["seed"], 0, 7, device)
@@ -133,6 +134,9 @@ def tune(
         dims = kernel._dims(prepared.x.shape[0])
         ws13, ws2, out = (torch.empty(s, dtype=experts.workspace_dtype, device=device) for s in experts.workspace_shapes(*dims))
         final = torch.empty(T, shape.hidden, dtype=torch.bfloat16, device=device)
+        # decode sizes: CUDA-graph replays, as the sweeps time them (eager, a few launches of
+        # tiny kernels time the host: run 21 tuned qwen3 fp8 tiles that were slower in graphs)
+        graph = device.type == "cuda" and T <= graph_max
 
         def trial(cfg: dict) -> Trial:
             experts.ctx.options["triton_config"] = cfg
@@ -147,7 +151,8 @@ def tune(
                 if not t.rel_err <= tol:
                     t.error = f"incorrect: rel_err {t.rel_err:.3g} > {tol:g}"
                     return t
-                s = timing.time_samples(lambda: experts.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush, warmup_ms=50.0)
+                s = timing.time_samples(lambda: experts.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush,
+                                        graph=graph, warmup_ms=50.0)
                 t.us = s.median
             except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
                 t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -170,6 +175,7 @@ def tune(
         "E": E, "N": I, "dtype": config_dtype(quant.name), "block_shape": config_block_shape(quant.name),
         "model": c.combo["model"], "quant": quant.name, "simulate_ep": ctx.simulate_ep, "device": device.type,
         "overrides": c.overrides, "space": space, "reps": reps,
+        "timing": f"graph replays up to {graph_max} tokens, events above" if device.type == "cuda" else "events",
     }
     return info, results
 
