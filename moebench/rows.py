@@ -233,7 +233,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if matched:
         row["trace_overlap_method"] = METHOD_MATCHED
-    # experts=triton + fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
+    # experts=triton + bf16 / fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
     layouts = {r.get("row_layout_used") or "" for r in ranks}
     row["row_layout_used"] = layouts.pop() if len(layouts) == 1 else "mixed"
     if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations

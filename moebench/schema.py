@@ -27,8 +27,9 @@ class ExpertsConf:
     name: str = MISSING
     # triton_or_deepgemm: DeepGEMM at or above this many rows after dispatch
     deepgemm_min_tokens: int = 256
-    # triton + fp8_block: gathered rows (vLLM's fused_moe) or the contiguous layout (rows
-    # permuted per expert, TMA loads); auto = contiguous from 128 expected local pairs per expert
+    # triton + bf16 / fp8_block: gathered rows (vLLM's fused_moe) or the contiguous layout (rows
+    # permuted per expert, TMA loads); auto = contiguous from 1024 (bf16) / 128 (fp8_block)
+    # expected local pairs per expert (kernels/experts/triton.py)
     row_layout: str = "auto"
 
 

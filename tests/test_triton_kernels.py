@@ -110,6 +110,8 @@ def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequa
     # NaN everywhere: anything read before it is written poisons the result
     ws13, ws2, out = (torch.full(s, float("nan"), dtype=torch.bfloat16, device=DEV) for s in shapes)
     experts.apply(out, prepared, ws13, ws2)
+    if row_layout != "auto":
+        assert experts.last_layout == row_layout
     if not batched and reduction == "finalize":
         local = prepared.topk_ids_MP.reshape(-1) >= 0
         rows_RK = out.view(-1, K)
@@ -150,12 +152,14 @@ def test_standard_fp8_block_contiguous_layout(reduction, simulate_ep, routing, p
     assert err <= TOL["fp8_block"], f"rel_err {err:.3g} > {TOL['fp8_block']}"
 
 
-@pytest.mark.parametrize("reduction,simulate_ep,routing", [
-    ("experts", 2, "skewed"),  # pairs of other ranks, an expert without rows
-    ("finalize", 1, "uniform"),
+@pytest.mark.parametrize("reduction,simulate_ep,routing,K_,I_", [
+    ("experts", 2, "skewed", K, I),  # pairs of other ranks, an expert without rows
+    ("finalize", 1, "uniform", K, I),
+    ("finalize", 2, "uniform", 128, 256),  # hidden < intermediate: ws13 holds the wider activation
+    ("experts", 1, "skewed", 384, 128),  # N = 384 for the down GEMM: BLOCK_SIZE_N falls back to 128
 ])
-def test_standard_bf16_contiguous_layout(reduction, simulate_ep, routing):
-    err = run_layer("standard", "bf16", reduction, simulate_ep, routing, row_layout="contiguous")
+def test_standard_bf16_contiguous_layout(reduction, simulate_ep, routing, K_, I_):
+    err = run_layer("standard", "bf16", reduction, simulate_ep, routing, row_layout="contiguous", K=K_, I=I_)
     assert err <= TOL["bf16"], f"rel_err {err:.3g} > {TOL['bf16']}"
 
 

@@ -111,6 +111,7 @@ def contiguous_apply(gemm, w: ContiguousWeights, align: int, reduction: str, out
         silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_GROUP, scale=act_s,
                      expert_num_tokens=layout.counts_B, group=GROUP)
     else:
+        assert workspace13.is_contiguous(), "workspaces must be contiguous"
         flat13 = workspace13.reshape(-1)
         assert workspace13.dtype == torch.bfloat16 and flat13.numel() >= mp * D, (workspace13.dtype, flat13.numel())
         a1 = flat13[: mp * K].view(mp, K)

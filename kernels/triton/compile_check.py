@@ -102,6 +102,36 @@ def variants(quick: bool):
                     dict(x_ptr="*bf16", q_ptr="*fp8e4nv", amax_ptr="*fp32", scale_ptr="*fp32", counts_ptr="*i32", R="i32",
                          K="i32", X="i32", stride_xr="i32", stride_qr="i32"),
                     dict(ROW_COUNTS=rc, BLOCK_R=16, BLOCK_C=256, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
+    # the contiguous layout (kernels/experts/_contiguous.py): the permute in its three modes,
+    # the TMA grouped GEMM in the experts' default tiles
+    from . import contiguous_gemm, deepgemm_layout
+
+    perm = dict(sorted_ids_ptr="*i32", expert_ids_ptr="*i32", num_post_ptr="*i32", m_idx_ptr="*i32", inv_ptr="*i32",
+                counts_ptr="*i32", ends_ptr="*i32", num_pairs="i32", num_experts="i32", Mp="i32", K="i32",
+                stride_xm="i32", stride_xsm="i32", stride_xsg="i32")
+    for mode, x, xs, a, a_s, quant_in, copy in (("fp8 in", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", False, False),
+                                              ("bf16 quantized", "*bf16", "*bf16", "*fp8e4nv", "*fp32", True, False),
+                                              ("bf16 copied", "*bf16", "*bf16", "*bf16", "*bf16", False, True)):
+        out.append((f"permute_contiguous {mode}", deepgemm_layout._permute_kernel,
+                    dict(perm, x_ptr=x, xs_ptr=xs, a_ptr=a, as_ptr=a_s),
+                    dict(TOPK=8, A=128, GROUP=128, NUM_BINS=256, QUANT_IN=quant_in, COPY=copy, FP8_MAX=448.0, EPS=1e-10,
+                         EXACT_ROUND=False), 4, 1))
+    for quant_in, x, xs in ((False, "*fp8e4nv", "*fp32"), (True, "*bf16", "*bf16")):  # the masked DeepGEMM experts' pad
+        out.append((f"pad_batched quant_in={quant_in}", deepgemm_layout._pad_batched_kernel,
+                    dict(x_ptr=x, xs_ptr=xs, counts_ptr="*i32", a_ptr="*fp8e4nv", as_ptr="*fp32", Xp="i32", K="i32",
+                         G="i32", stride_xe="i32", stride_xr="i32", stride_xse="i32", stride_xsr="i32", stride_xsg="i32"),
+                    dict(BLOCK_R=16, GROUP=128, QUANT_IN=quant_in, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
+    for qname, cfg, dt, scaled in (("fp8_block", contiguous_gemm.DEFAULT_CONFIG, "fp8e4nv", True),
+                                   ("bf16", contiguous_gemm.BF16_CONFIG, "bf16", False)):
+        bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+        types = dict(a_desc=f"tensordesc<{dt}[{bm}, {bk}]>", b_desc=f"tensordesc<{dt}[{bn}, {bk}]>", c_ptr="*bf16",
+                     as_ptr="*fp32" if scaled else "*i32", bs_ptr="*fp32" if scaled else "*i32", m_idx_ptr="*i32",
+                     Mp="i32", N="i32", num_programs="i32", tiles_per_program="i32", stride_cm="i32", stride_asm="i32",
+                     stride_asg="i32", stride_bse="i32", stride_bsn="i32", stride_bsk="i32")
+        out.append((f"contiguous_gemm {qname} {bm}x{bn}x{bk}", contiguous_gemm._contiguous_kernel, types,
+                    dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False),
+                    cfg["num_warps"], cfg["num_stages"]))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Row layouts around DeepGEMM's grouped fp8 GEMMs (the `deepgemm*` experts).
+"""Row layouts around the grouped GEMMs of the contiguous experts pipeline: DeepGEMM's fp8
+GEMMs (the `deepgemm*` experts) and our TMA GEMM (the `triton` experts, bf16 and fp8_block).
 
 contiguous (m_grouped_fp8_gemm_nt_contiguous): the pairs of each local expert
   get a segment of rows padded to the alignment A (128 on SM90): segments come
@@ -63,7 +64,7 @@ class ContiguousLayout:
 def _permute_kernel(
     x_ptr, xs_ptr,  # x [M, K] fp8 (+ scales [M, G]) or bf16
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # from moe_align_block_size
-    a_ptr, as_ptr,  # a [Mp, K] fp8; scales MN-major: (row, g) at g * Mp + row
+    a_ptr, as_ptr,  # a [Mp, K] fp8 (bf16 with COPY); scales MN-major: (row, g) at g * Mp + row
     m_idx_ptr, inv_ptr, counts_ptr, ends_ptr,
     num_pairs, num_experts, Mp, K,
     stride_xm, stride_xsm, stride_xsg,
