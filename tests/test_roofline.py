@@ -28,5 +28,6 @@ def test_floor_is_the_larger_of_bytes_and_flops():
 def test_roofline_table_lists_gpu_rows_only():
     text = roofline_table(pd.DataFrame([row(), row(device="cpu", combo_key="c", tokens_per_rank=64)]))
     assert "75 %" in text and "memory" in text
+    assert "| 75 % | 60 % |" in text  # floor 300 µs over the 500 µs layer: the layer's lower bound
     assert text.count("| local |") == 1
     assert "No GPU rows" in roofline_table(pd.DataFrame([row(device="cpu")]))

@@ -268,12 +268,16 @@ def roofline_table(df: pd.DataFrame) -> str:
     cols = display_columns(ok)
     rows = [_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
                                      f"{r['experts_us']:.1f}", f"{r['floor_us']:.1f}",
-                                     r["bound"], f"{r['experts_pct_of_floor']:.0f} %", f"{r['tflops']:.1f}",
+                                     r["bound"], f"{r['experts_pct_of_floor']:.0f} %",
+                                     f"{r['floor_us'] / r['latency_us_median'] * 100:.0f} %", f"{r['tflops']:.1f}",
                                      f"{r['hbm_gbps']:.0f}"]
             for _, r in ok.iterrows()]
-    headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "TFLOP/s", "GB/s"]
-    table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r"])
+    headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "layer % of floor",
+                      "TFLOP/s", "GB/s"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r", "r"])
     return f"{table}\n\n" + _caption(ok, (
         "Floor with the H200 ceilings (4.0 TB/s copy; 779 / 1407 TFLOP/s bf16 / fp8). `experts µs` comes from "
         "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
-        "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer)."))
+        "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer). "
+        "`layer % of floor` = floor / layer µs: a lower bound on the experts' figure, since the layer holds the "
+        "experts and more (routing, prepare, finalize)."))
