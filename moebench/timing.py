@@ -163,6 +163,18 @@ _CYCLES_PER_US: dict = {}
 HOST_SYNCS_US = 15_000.0  # a callable whose enqueue outlasts a 20 ms busy GPU waits on it
 
 
+def back_to_back_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """An independent reference for a timed callable (do_bench's way): `reps` calls enqueued
+    back to back between two events, no flush or host gap between them; the mean per call (µs)."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3 / reps
+
+
 def _cycles_per_us(device: torch.device) -> float:
     """Clock cycles per µs of torch.cuda._sleep's spin, measured once per device."""
     if device not in _CYCLES_PER_US:

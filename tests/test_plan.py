@@ -49,6 +49,9 @@ def test_validity_rules_give_reasons():
     assert "needs CUDA" in plan.validate_tokens(g, 16)
     assert "syncs the host" in plan.validate_tokens({**g, "device": "cuda"}, 256)
     assert plan.validate_tokens({**g, "device": "cuda"}, 257) is None  # events above graph_max_tokens
+    batched = {**g, "device": "cuda", "backend": "local_batched", "experts": "triton_batched", "reduction": "finalize"}
+    assert "backend=local_batched cannot be captured" in plan.validate_tokens(batched, 16)
+    assert plan.validate_tokens({**batched, "backend": "pplx", "world_size": 2}, 16) is None  # pplx captures
     # a batched backend's buffer cap applies per token count
     b = {**base, "backend": "local_batched", "experts": "torch_batched", "reduction": "finalize"}
     assert plan.validate_tokens(b, 512) is None

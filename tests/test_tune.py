@@ -95,6 +95,9 @@ def test_fp8_block_spaces_keep_k_tiles_inside_a_scale_group():
         assert block and all(c["BLOCK_SIZE_K"] <= 128 for c in block)
         assert block == [c for c in every if c["BLOCK_SIZE_K"] <= 128]
     assert any(c["BLOCK_SIZE_K"] == 256 for c in candidates("decode", 64, 8, 64))  # bf16 keeps them
+    # decode tiles as tall as the busiest expert, never far taller than the mean rows
+    assert {c["BLOCK_SIZE_M"] for c in candidates("decode", 256, 8, 128)} == {16, 32}  # 16 rows per expert
+    assert {c["BLOCK_SIZE_M"] for c in candidates("decode", 256, 2, 8)} == {16, 32, 64}  # 64 rows per expert
 
 
 def test_no_config_ran_still_leaves_the_trials_errors(tmp_path):

@@ -37,8 +37,10 @@ from ..workload import make_inputs, reference_expert_fn
 # "default", small enough to search several layers inside one GPU lease.
 SPACES = {
     "small": dict(BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]),
-    "decode": dict(BLOCK_SIZE_M=[16], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256], GROUP_SIZE_M=[1],
-                   num_warps=[4, 8], num_stages=[3, 4, 5]),
+    # BLOCK_SIZE_M up to 64: at a mean of 16-64 rows per expert, a tile as tall as the busiest
+    # expert reads its weights once where 16-row tiles read them two or more times
+    "decode": dict(BLOCK_SIZE_M=[16, 32, 64], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256],
+                   GROUP_SIZE_M=[1], num_warps=[4, 8], num_stages=[3, 4, 5]),
     "prefill": dict(BLOCK_SIZE_M=[128], BLOCK_SIZE_N=[128, 256], BLOCK_SIZE_K=[64, 128], GROUP_SIZE_M=[1, 16],
                     num_warps=[4, 8], num_stages=[3, 4]),
     "default": dict(BLOCK_SIZE_M=[16, 32, 64, 128], BLOCK_SIZE_N=[64, 128, 256], BLOCK_SIZE_K=[64, 128],

@@ -147,6 +147,28 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     assert min(waits) == waits[int(ok.loc["combine", "trace_critical_rank"])]
 
 
+@needs_2gpu
+def test_profiler_mode_reports_kernel_durations_per_phase(tmp_path):
+    """runner.timing=profiler: phase figures are the kernels' busy time from the torch
+    profiler (no host gaps), with the communication kernels' durations per rank."""
+    import json
+
+    df = _execute(["backend=allgather_rs", "experts=triton", "reduction=experts", "overlap=none", "quant=bf16",
+                   "model=deepseek_v2_lite", "workload.tokens_per_rank=[256]", "runner.device=cuda",
+                   "runner.timing=profiler", "runner.reps=10"], tmp_path / "prof")
+    ok = df[df.status == "ok"]
+    assert len(ok) == 1, df[["label", "status", "reason"]].to_string()
+    r = ok.iloc[0]
+    print(f"profiler: layer {r.latency_us_median:.1f} µs, dispatch {r.dispatch_us:.1f}, experts {r.experts_us:.1f}, "
+          f"combine {r.combine_us:.1f}, kernels {list(r.kernel_us)}")
+    assert r.timing_mode == "profiler"
+    for phase in ("dispatch", "experts", "combine"):
+        assert 0 < r[f"{phase}_us"] < r.latency_us_median, phase  # busy time of a part of the layer
+    kernels = [json.loads(k) for k in r.kernel_us]
+    assert len(kernels) == 2 and all(any("nccl" in name.lower() for name in k) for k in kernels), kernels
+    assert list((tmp_path / "prof").rglob("traces/profiler/*")), "the profiler's trace per rank is kept"
+
+
 @needs_gpu
 def test_shared_sm_carveout_limits_the_shared_experts_gemms():
     """overlap.shared_sm_carveout: same output, torch's global state restored, and the
