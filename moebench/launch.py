@@ -8,7 +8,6 @@ import os
 import queue as queue_mod
 import shlex
 import sys
-from pathlib import Path
 import signal
 import socket
 import time
@@ -270,17 +269,20 @@ class Launcher:
 
     def _nsys_wrapper(self, work) -> Optional[str]:
         """With trace=nsys and nsys on PATH, ranks start under `nsys profile`
-        (a wrapper script as the spawn executable); one report per rank process."""
+        (a wrapper script as the spawn executable). A rank process runs every row of
+        the group, so the capture is an NVTX range that repeats: the worker opens it
+        around the timed work of each row, and nsys writes one report per row and
+        rank, `traces/nsys/ranks_<pid>.<n>.nsys-rep` (traces/nsys.py `nsys_rank_prefix`)."""
         if not any(c.combo.get("trace") == "nsys" for c, _ in work):
             return None
-        from .traces.nsys import nsys_available, nsys_prefix
+        from .traces.nsys import nsys_available, nsys_rank_dir, nsys_rank_prefix
 
         if not nsys_available():
             return None  # the worker writes torch traces; sweep.py said why
-        out_dir = Path(self.run_dir) / "traces" / "nsys"
+        out_dir = nsys_rank_dir(self.run_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         script = out_dir / "rank_under_nsys.sh"
-        prefix = " ".join(shlex.quote(a) for a in nsys_prefix(out_dir / "ranks_%p"))
+        prefix = " ".join(shlex.quote(a) for a in nsys_rank_prefix(self.run_dir))
         script.write_text(f"#!/bin/sh\nexec {prefix} {shlex.quote(sys.executable)} \"$@\"\n")
         script.chmod(0o755)
         return str(script)

@@ -9,7 +9,7 @@ import os
 import signal
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Iterator, Optional
 
 import torch
@@ -204,6 +204,9 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
     kept = range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float()) if shared is not None else None
     rec = _make_recorder(device, nvtx=combo.get("trace") in ("nvtx", "nsys"))
+    # trace=nsys with nsys on the PATH: the launcher started this rank under nsys (launch.py);
+    # without it the row gets the torch trace instead (sweep.py said so)
+    under_nsys = combo.get("trace") == "nsys" and _nsys()
     tol = TOLERANCE[quant.name]
     routing = (combo["routing"], combo["skew"], seed, rank)
 
@@ -236,12 +239,14 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             if shared is not None:
                 fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: shared(x)]
             agree = lambda n: _all_max(n, group, device)  # noqa: E731
-            phase_lead = _phase_head_start(kernel, fn, rec, barrier, device, agree) if r["phase_reps"] else 0
-            timed = timing.time_interleaved(fns, device, r["reps"], r["warmup"], barrier=barrier, flush=flush,
-                                            align=align, graph=use_graph, warmup_ms=r.get("warmup_ms", 0.0),
-                                            agree=agree)
-            res["samples_us"] = timed[0].us
-            res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align, phase_lead))
+            with _nsys_capture(task["key"], run_dir) if under_nsys else nullcontext({}) as nsys_row:
+                phase_lead = _phase_head_start(kernel, fn, rec, barrier, device, agree) if r["phase_reps"] else 0
+                timed = timing.time_interleaved(fns, device, r["reps"], r["warmup"], barrier=barrier, flush=flush,
+                                                align=align, graph=use_graph, warmup_ms=r.get("warmup_ms", 0.0),
+                                                agree=agree)
+                res["samples_us"] = timed[0].us
+                res.update(_phase_samples(kernel, fn, rec, r["phase_reps"], barrier, flush, align, phase_lead))
+            res.update(nsys_row)
             if mode == "profiler":
                 res.update(_profiled_phases(kernel, fn, task, rank, T, run_dir, r, barrier, flush, align, group, device))
             if shared is not None:
@@ -266,7 +271,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             comm_us = res.get("dispatch", 0.0) + res.get("combine", 0.0)
             linked = counts["comm_bytes"] and combo["overlap"] == "none"
             res["nvlink_gbps"] = _rate(counts["comm_bytes"], comm_us, 1e9) if linked else float("nan")
-            if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not _nsys()):
+            if combo.get("trace") == "torch" or (combo.get("trace") == "nsys" and not under_nsys):
                 res.update(_capture_trace(kernel, fn, task, rank, T, run_dir, cfg["trace"], barrier,
                                           inputs=(x, w, ids), align=align, flush=flush, agree=agree,
                                           world_size=world_size))
@@ -303,6 +308,27 @@ def _nsys() -> bool:
     from .traces.nsys import nsys_available
 
     return nsys_available()
+
+
+_nsys_captures = 0  # capture ranges this rank process has opened: nsys numbers its reports in this order
+
+
+@contextmanager
+def _nsys_capture(key: str, run_dir: str) -> Iterator[dict]:
+    """Under nsys, around the timed work of one row (the timed samples and the phase samples):
+    the NVTX range that starts and ends one capture (traces/nsys.py `nsys_rank_prefix`).
+    Yields what the row gets: {"trace_path": the report this rank writes for it}, or {}
+    without the `nvtx` package (no range, so nsys captures nothing; nvtx.py warns)."""
+    global _nsys_captures
+    from .traces.nsys import nsys_rank_report
+    from .traces.nvtx import capture_range
+
+    with capture_range(key) as pushed:
+        out: dict = {}
+        if pushed:
+            _nsys_captures += 1
+            out["trace_path"] = os.path.relpath(nsys_rank_report(run_dir, os.getpid(), _nsys_captures), run_dir)
+        yield out
 
 
 def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, inputs=None, align=None,

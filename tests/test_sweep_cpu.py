@@ -246,14 +246,16 @@ def test_interleaved_timing_keeps_order_and_counts():
 
 
 def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
-    """With `nsys` on PATH the ranks are spawned through `nsys profile ... python`.
-    A stand-in `nsys` (this machine has none) records its arguments and execs
-    the rank, so the launch path is exercised; the parser is tested on an export."""
+    """With `nsys` on PATH the ranks are spawned through `nsys profile ... python`, with an
+    NVTX capture range that repeats (one report per row and rank), and each row names its
+    report. A stand-in `nsys` (this machine has none) logs its arguments and execs the
+    rank, so the launch path is exercised; the parser is tested on an export."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "nsys"
     fake.write_text(
         "#!/bin/sh\n"
+        'printf "%s\\n" "$@" > "$FAKE_NSYS_ARGV.$$"\n'
         'shift  # profile\n'
         'out=""\n'
         'while [ "$#" -gt 0 ]; do case "$1" in -o) out="$2"; shift 2; break;; *) shift;; esac; done\n'
@@ -263,13 +265,45 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_NSYS_ARGV", str(tmp_path / "argv"))
     run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=experts", "overlap=combine", "quant=bf16",
-                          "trace=nsys", "workload.tokens_per_rank=[4]", *QUICK], None, str(tmp_path / "n"), quiet=True)
-    df = RunStore(run_dir).load()
-    assert list(df.status) == ["ok"]
-    ran = list((run_dir / "traces" / "nsys").glob("ranks_*.ran"))
-    assert len(ran) == 2, "both ranks started under nsys"
+                          "trace=nsys", "workload.tokens_per_rank=[4,8]", "runner.memory=false", *QUICK], None,
+                         str(tmp_path / "n"), quiet=True)
+    df = RunStore(run_dir).load().sort_values("tokens_per_rank")
+    assert list(df.status) == ["ok", "ok"]
+    nsys_dir = run_dir / "traces" / "nsys"
+    pids = sorted(int(p.read_text()) for p in nsys_dir.glob("ranks_*.ran"))
+    assert len(pids) == 2, "both ranks started under nsys"
     assert not list((run_dir / "traces").rglob("*.json")), "no torch-trace fallback when nsys exists"
+    for pid in pids:
+        argv = (tmp_path / f"argv.{pid}").read_text().splitlines()
+        assert argv[0] == "profile" and "--trace=cuda,nvtx" in argv
+        # capture only inside the worker's NVTX range around the timed work, once per row
+        assert "--capture-range=nvtx" in argv and "--capture-range-end=repeat" in argv
+        assert "--nvtx-capture=timed@moebench" in argv
+        assert argv[argv.index("-o") + 1] == str(nsys_dir / "ranks_%p")
+        assert argv[argv.index("-o") + 2] == sys.executable
+    # each row names the report rank 0 writes for it: its 1st, then 2nd capture
+    paths = list(df.trace_path)
+    assert all(p.startswith("traces/nsys/ranks_") for p in paths), paths
+    pid = int(paths[0].split("ranks_")[1].split(".")[0])
+    assert pid in pids
+    assert paths == [f"traces/nsys/ranks_{pid}.1.nsys-rep", f"traces/nsys/ranks_{pid}.2.nsys-rep"]
+    assert children() == []
+
+
+def test_trace_nsys_without_nsys_says_so_and_writes_the_torch_trace(tmp_path, monkeypatch, capsys):
+    from moebench.traces.nsys import NSYS_MISSING
+
+    path = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nsys").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    run_dir, _ = execute(["backend=local", "runner.world_size=1", "experts=torch", "reduction=experts",
+                          "overlap=none", "quant=bf16", "trace=nsys", "trace.samples=2", "workload.tokens_per_rank=[4]",
+                          "runner.memory=false", *QUICK], None, str(tmp_path / "n"))
+    assert NSYS_MISSING in capsys.readouterr().err
+    (row,) = RunStore(run_dir).load().itertuples()
+    assert row.status == "ok" and row.trace_path.endswith("rank0_T4.json") and (run_dir / row.trace_path).is_file()
+    assert not (run_dir / "traces" / "nsys").exists()
     assert children() == []
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -22,8 +23,9 @@ from moebench.traces.metrics import (
     METHOD_INTERSECTION, METHOD_STRETCH, OVERLAP_HEADER, PLAIN_NOTE, intersect, length, stretch_aware, summarize,
     to_markdown, union,
 )
-from moebench.traces.model import ABLATION_PREFIXES, is_comm_kernel
-from moebench.traces.nsys import NSYS_MISSING, nsys_available, nsys_command, nsys_processes, parse_nsys_sqlite
+from moebench.traces.model import ABLATION_PREFIXES, DOMAIN, is_comm_kernel
+from moebench.traces.nsys import (NSYS_MISSING, nsys_available, nsys_command, nsys_processes, nsys_rank_prefix,
+                                  nsys_rank_report, parse_nsys_sqlite)
 from moebench.traces.nvtx import combo_range, make_phase_recorder, sample_range
 from moebench.traces.torch_trace import capture, parse_torch_trace, trace_path
 
@@ -287,6 +289,56 @@ def test_nsys_command_and_absence(monkeypatch):
     assert "--trace=cuda,nvtx" in cmd and "--capture-range=nvtx" in cmd
     assert "--nvtx-capture=combo/k@moebench" in cmd
     assert cmd[cmd.index("-o") + 1] == "/r/traces/k/nsys"
+
+
+def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypatch):
+    """The launcher's nsys captures the NVTX range the worker opens around each row's timed
+    work, once per row (repeat); the worker numbers the rows' reports as nsys does."""
+    from moebench import worker
+    from moebench.traces import nvtx as nvtx_mod
+
+    prefix = nsys_rank_prefix(tmp_path)
+    assert prefix[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx" in prefix
+    assert "--capture-range=nvtx" in prefix and "--capture-range-end=repeat" in prefix
+    assert prefix[-2:] == ["-o", str(tmp_path / "traces" / "nsys" / "ranks_%p")]
+    (capture,) = [a.split("=", 1)[1] for a in prefix if a.startswith("--nvtx-capture=")]
+    assert nsys_rank_report(tmp_path, 42, 3) == tmp_path / "traces" / "nsys" / "ranks_42.3.nsys-rep"
+
+    class Domain:  # stands in for the nvtx package's domain: logs what the worker pushes
+        def __init__(self):
+            self.log = []
+
+        def get_event_attributes(self, message):
+            return message
+
+        def push_range(self, message):
+            self.log.append(("push", message))
+
+        def pop_range(self):
+            self.log.append(("pop",))
+
+    dom = Domain()
+    monkeypatch.setattr(nvtx_mod, "nvtx_domain", lambda: dom)
+    monkeypatch.setattr(worker, "_nsys_captures", 0)
+    rows = []
+    for key in ("a", "b"):
+        with worker._nsys_capture(key, str(tmp_path)) as row:
+            dom.log.append(("timed work",))
+        rows.append(row)
+    pid = os.getpid()
+    assert rows == [{"trace_path": f"traces/nsys/ranks_{pid}.1.nsys-rep"},
+                    {"trace_path": f"traces/nsys/ranks_{pid}.2.nsys-rep"}]
+    # the capture range of nsys's --nvtx-capture=<range>@<domain>, around the timed work, with the
+    # combination's range inside it (so the report holds it)
+    name, domain = capture.split("@")
+    assert domain == DOMAIN
+    assert dom.log[:5] == [("push", name), ("push", "combo/a"), ("timed work",), ("pop",), ("pop",)]
+    assert dom.log[5:] == [("push", name), ("push", "combo/b"), ("timed work",), ("pop",), ("pop",)]
+    # without the nvtx package nothing is pushed, nsys captures nothing: no report to point at
+    monkeypatch.setattr(nvtx_mod, "nvtx_domain", lambda: None)
+    with worker._nsys_capture("c", str(tmp_path)) as row:
+        pass
+    assert row == {} and worker._nsys_captures == 2
 
 
 # -- metrics helpers -------------------------------------------------------------

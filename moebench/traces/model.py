@@ -26,6 +26,8 @@ COMBO_PREFIX = "combo/"
 SAMPLE_PREFIX = "sample/"
 # ablation samples recorded after the layer samples in the same trace (kind -> range prefix)
 ABLATION_PREFIXES = {"noshared": "sample_noshared/", "shared": "sample_shared/"}
+# trace=nsys: the worker's NVTX range around the timed work of one row, each one an nsys capture
+CAPTURE_RANGE = "timed"
 SHARED_PHASE = "shared_experts"
 
 # Communication kernels (matched case-insensitively anywhere in the kernel name).

@@ -1,10 +1,15 @@
 """Nsight Systems: the launch wrapper and the parser of its SQLite export.
 
-Launch: `nsys_command(argv, output, combo_key)` prefixes a rank's (or the
-launcher's) argv with `nsys profile --trace=cuda,nvtx --capture-range=nvtx
---nvtx-capture=combo/<key>@moebench ... --export=sqlite -o <output>`. When nsys is
-not on the PATH, `nsys_available()` is False and the caller prints
-`NSYS_MISSING` and falls back to trace=torch.
+Launch: with trace=nsys, launch.py starts each rank process under
+`nsys_rank_prefix(run_dir)`: `nsys profile --trace=cuda,nvtx --capture-range=nvtx
+--nvtx-capture=timed@moebench --capture-range-end=repeat ... --export=sqlite
+-o <run>/traces/nsys/ranks_%p`. The worker opens the NVTX range `timed` (domain
+moebench, `combo/<key>` inside it) around the timed work of each row, so every row
+is one capture and one report, `nsys_rank_report(run_dir, pid, n)`: the row's
+`trace_path`. `nsys_command(argv, output, combo_key)` wraps any other command so
+that the first `combo/<key>` range alone is captured. When nsys is not on the PATH,
+`nsys_available()` is False and the caller prints `NSYS_MISSING` and falls back to
+trace=torch.
 
 Parse: `parse_nsys_sqlite(path)` reads the tables of `nsys export --type sqlite`
 (names as in the Nsight Systems "SQLite Export Schema Reference"; timestamps ns):
@@ -32,7 +37,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
-from moebench.traces.model import COMBO_PREFIX, DOMAIN, Kernel, Range, Trace, attribute
+from moebench.traces.model import CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, Kernel, Range, Trace, attribute
 
 NSYS_MISSING = (
     "nsys not found on PATH: writing the torch trace instead; "
@@ -55,13 +60,9 @@ def nsys_output(trace_dir, combo_key: str, rank: Optional[int] = None) -> Path:
     return Path(trace_dir) / combo_key / ("nsys" if rank is None else f"nsys_rank{rank}")
 
 
-def nsys_prefix(output, combo_key: Optional[str] = None) -> list:
-    """The `nsys profile ...` arguments that go before the profiled command.
-
-    With `combo_key`, capture only the NVTX range `combo/<key>` of domain moebench
-    (its first occurrence); without, the whole run. Kernels inside CUDA graphs are
-    traced node by node; the report is also exported to `<output>.sqlite`.
-    """
+def _nsys_args(output, nvtx_range: Optional[str], end: str) -> list:
+    """`nsys profile` options; with `nvtx_range`, capture only while that NVTX range of domain
+    moebench is open (`end`: what nsys does when it closes)."""
     args = [
         "nsys", "profile",
         "--trace=cuda,nvtx",
@@ -72,13 +73,44 @@ def nsys_prefix(output, combo_key: Optional[str] = None) -> list:
         # match NVTX messages that were not registered strings too
         "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0",
     ]
-    if combo_key is not None:
-        args += [
-            "--capture-range=nvtx",
-            f"--nvtx-capture={COMBO_PREFIX}{combo_key}@{DOMAIN}",
-            "--capture-range-end=stop",
-        ]
+    if nvtx_range is not None:
+        args += ["--capture-range=nvtx", f"--nvtx-capture={nvtx_range}@{DOMAIN}", f"--capture-range-end={end}"]
     return args + ["-o", str(output)]
+
+
+def nsys_prefix(output, combo_key: Optional[str] = None) -> list:
+    """The `nsys profile ...` arguments that go before the profiled command.
+
+    With `combo_key`, capture only the NVTX range `combo/<key>` of domain moebench
+    (its first occurrence); without, the whole run. Kernels inside CUDA graphs are
+    traced node by node; the report is also exported to `<output>.sqlite`.
+    """
+    return _nsys_args(output, None if combo_key is None else f"{COMBO_PREFIX}{combo_key}", "stop")
+
+
+def nsys_rank_dir(run_dir) -> Path:
+    """Where the ranks' nsys reports go: `<run>/traces/nsys`."""
+    return Path(run_dir) / "traces" / "nsys"
+
+
+def nsys_rank_prefix(run_dir) -> list:
+    """The `nsys profile ...` arguments launch.py starts each rank process with.
+
+    One rank process runs many rows (combinations x token counts), and the worker
+    opens the NVTX range `timed` (CAPTURE_RANGE) around the timed work of each: so
+    every occurrence of that range is a capture of its own (--capture-range-end=repeat)
+    and nsys writes one report per row and rank, with nothing outside the timed work
+    (start-up, building the layer, the correctness check, the memory probe) in it.
+    `-o ranks_%p`: nsys puts the rank's process id for %p; see `nsys_rank_report`.
+    """
+    return _nsys_args(nsys_rank_dir(run_dir) / "ranks_%p", CAPTURE_RANGE, "repeat")
+
+
+def nsys_rank_report(run_dir, pid: int, n: int) -> Path:
+    """The report of the `n`-th capture (1, 2, ...) of rank process `pid`: with
+    --capture-range-end=repeat nsys numbers its reports `<output>.<n>.nsys-rep`
+    (and the SQLite exports `<output>.<n>.sqlite`)."""
+    return nsys_rank_dir(run_dir) / f"ranks_{pid}.{n}.nsys-rep"
 
 
 def nsys_command(argv: Sequence[str], output, combo_key: Optional[str] = None) -> list:

@@ -5,7 +5,8 @@ rec`); the kernel then calls `with rec("experts"): ...` around each phase. Every
 range is emitted with the same name to NVTX (for nsys) and to
 `torch.profiler.record_function` (for torch traces), nested under
 `combo_range(key)` and, per timed forward, `sample_range(i)` (or, for the ablation
-samples of a trace, `ablation_range("noshared" | "shared", i)`).
+samples of a trace, `ablation_range("noshared" | "shared", i)`). With trace=nsys,
+`capture_range(key)` marks the timed work of each row for nsys's capture.
 
 The `nvtx` package is optional: without it no NVTX range is emitted (one warning).
 """
@@ -18,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from moebench.traces.model import ABLATION_PREFIXES, COMBO_PREFIX, DOMAIN, SAMPLE_PREFIX
+from moebench.traces.model import ABLATION_PREFIXES, CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, SAMPLE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,21 @@ def named_range(name: str, nvtx: bool = True, record_function: bool = True):
 def combo_range(key: str, nvtx: bool = True, record_function: bool = True):
     """The outer `combo/<key>` range around everything measured for one combination."""
     return named_range(f"{COMBO_PREFIX}{key}", nvtx, record_function)
+
+
+@contextlib.contextmanager
+def capture_range(key: str):
+    """trace=nsys: the NVTX range `timed` (CAPTURE_RANGE, domain moebench) around the timed
+    work of one row, `combo/<key>` inside it. NVTX only, as nsys sees nothing else: each one
+    is a capture of the nsys the rank runs under (traces/nsys.py `nsys_rank_prefix`), and the
+    combo range opened inside it lands in that report (the outer one opened before the capture
+    does not). Yields whether the range was pushed: False without the `nvtx` package (then
+    nsys captures nothing)."""
+    if nvtx_domain() is None:
+        yield False
+        return
+    with named_range(CAPTURE_RANGE, record_function=False), combo_range(key, record_function=False):
+        yield True
 
 
 def sample_range(i: int, nvtx: bool = True, record_function: bool = True):
