@@ -53,9 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--threshold", type=float, default=1.05)
 
     tr = sub.add_parser("trace", help="phase timeline and overlap from a run's traces or a trace file")
-    tr.add_argument("target")
+    tr.add_argument("target", help="a trace file (.json, .json.gz from trace=torch; .sqlite from nsys export) or a "
+                    "run directory, whose traces/ folder is read (results/ folders omit it)")
     tr.add_argument("--plot", action="store_true", help="write a timeline PNG next to each trace")
-    tr.add_argument("--out")
+    tr.add_argument("--out", help="with --plot: write the PNGs under this directory, mirroring the layout below "
+                    "the run's traces/ (default: next to each trace)")
 
     tu = sub.add_parser("tune", help="Triton tile search for one layer, or the best combination per size of a run",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,9 +7,11 @@ samples, else the plain intersection figure, with a note saying so) and the plai
 `intersection_fraction`; definitions in moebench/traces/metrics.py.
 
 A target is a trace file (`.json`, `.json.gz` from torch; `.sqlite` from `nsys
-export`) or a run directory, in which case every trace under `<run>/traces/`
-(or under the directory itself when it has no `traces/`) is read. Bad input
-raises ValueError (the CLI turns it into exit code 2).
+export`), a run directory, in which case every trace under `<run>/traces/` is read
+(or, with another `trace.dir`, under the folders its rows' trace paths name), or any
+other folder of traces (`<run>/traces/<combo>/`), read whole. A run directory
+without its traces (a trace=none run; a results/ folder, which omits them) is an
+error that says which. Bad input raises ValueError (the CLI turns it into exit code 2).
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ def is_trace_file(path) -> bool:
 
 
 def find_traces(target) -> list:
-    """Trace files of `target`: itself if a file, else those under `<target>/traces/` (recursively)."""
+    """Trace files of `target`: itself if a file, else those under the folders `_trace_roots`
+    gives (`<target>/traces/` for a run directory), recursively."""
     p = Path(target)
     if not p.exists():
         raise ValueError(f"{p}: no such file or directory (give a trace file or a run directory)")
@@ -40,14 +43,62 @@ def find_traces(target) -> list:
         if not is_trace_file(p):
             raise ValueError(f"{p}: not a trace file (expected {', '.join(TRACE_SUFFIXES)})")
         return [p]
-    root = p / "traces" if (p / "traces").is_dir() else p
-    found = sorted(f for f in root.rglob("*") if f.is_file() and is_trace_file(f))
+    roots = _trace_roots(p)
+    found = sorted(f for root in roots for f in root.rglob("*") if f.is_file() and is_trace_file(f))
     if not found:
-        reps = sorted(root.rglob("*.nsys-rep"))
+        reps = sorted(r for root in roots for r in root.rglob("*.nsys-rep"))
         hint = (f"; {len(reps)} .nsys-rep report(s) found: export them with "
                 "`nsys export --type sqlite <report>`") if reps else ""
-        raise ValueError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite) under {root}{hint}")
+        raise ValueError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite) under {', '.join(map(str, roots))}{hint}")
     return found
+
+
+def is_run_dir(path) -> bool:
+    """True for a run directory as `moebench sweep` writes it (rows/, env.json)."""
+    p = Path(path)
+    return (p / "rows").is_dir() or (p / "env.json").is_file()
+
+
+def _row_trace_paths(run: Path) -> list:
+    """The trace files a run's rows name (`trace_path`, `profiler_trace_path`: relative to
+    the run); unreadable row files are passed over (only an error message depends on this)."""
+    import pyarrow.parquet as pq
+
+    named = []
+    for f in sorted((run / "rows").glob("*.parquet")):
+        try:
+            cols = [c for c in pq.ParquetFile(f).schema_arrow.names if c in ("trace_path", "profiler_trace_path")]
+            table = pq.read_table(f, columns=cols) if cols else None
+        except Exception:  # noqa: BLE001 - a torn row file
+            continue
+        for c in cols:
+            named += [v for v in table.column(c).to_pylist() if v]
+    return sorted(set(named))
+
+
+def _trace_roots(p: Path) -> list:
+    """Folders to read traces from for directory `p`: `<p>/traces/`; for a run directory
+    without one, the top folders its rows' trace paths name (another `trace.dir`) that
+    exist, else a ValueError saying why the traces are absent; any other folder: itself."""
+    if (p / "traces").is_dir():
+        return [p / "traces"]
+    if not is_run_dir(p):
+        return [p]
+    named = _row_trace_paths(p)
+    # a trace.dir outside the run (a path starting with ..) is not searched: its parent holds other runs
+    roots = sorted({p / Path(n).parts[0] for n in named
+                    if len(Path(n).parts) > 1 and not Path(n).is_absolute() and Path(n).parts[0] != ".."})
+    here = [r for r in roots if r.is_dir()]
+    if here:
+        return here
+    if named:
+        raise ValueError(
+            f"{p} has no traces/ folder: its rows name {len(named)} trace file(s) (e.g. {named[0]}) that are "
+            "not here; results/ folders omit them: copy the run's traces/ from where it ran, or re-run with "
+            "trace=torch")
+    raise ValueError(
+        f"{p} has no traces/ folder and its rows name no trace file: they were measured with trace=none "
+        "(or nvtx, which leaves ranges for an external profiler only); re-run with trace=torch or trace=nsys")
 
 
 def load_traces(path) -> list:
@@ -87,7 +138,7 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
     """
     files = find_traces(target)
     tp = Path(target)
-    root = None if tp.is_file() else (tp / "traces" if (tp / "traces").is_dir() else tp)
+    roots = None if tp.is_file() else _trace_roots(tp)
     errors = []
     # the ranks of one combination and token count are read together (their ranks' table
     # needs every rank's trace), then dropped: a run's traces never sit in memory at once
@@ -101,7 +152,7 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
             try:
                 traces = load_traces(f)
             except ValueError as e:
-                if root is None:
+                if roots is None:
                     raise
                 errors.append(str(e))
                 print(f"skipped: {e}", file=sys.stderr)
@@ -115,6 +166,7 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
                 if plot:
                     from moebench.traces.timeline import plot_timeline
 
+                    root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
                     png = plot_timeline(trace, _plot_path(trace, f, out, root))
                     print(f"timeline: {png}\n")
         if len(ranks) > 1:

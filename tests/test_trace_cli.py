@@ -1,0 +1,118 @@
+"""`moebench trace`: run directories without their traces (committed results/ folders,
+trace=none runs) fail with a message saying why, instead of reading the run's own
+JSON files as traces; the same folder with its traces copied back, a trace file,
+a folder of traces and another `trace.dir` are read; the arguments have help text."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.traces.cli import find_traces, trace_command
+
+REPO = Path(__file__).parent.parent
+FIX = Path(__file__).parent / "fixtures" / "traces"
+# run 13's allgather_rs rows (issue #4); the triton experts, overlap=combine row is combination
+# dfb6438509fd, whose two ranks' traces are the fixtures below
+TRACE_RUN = REPO / "results" / "h200x2-trace_vs_ablation"
+TRITON_KEY = "dfb6438509fd"
+TRITON_RANKS = [FIX / f"h200_allgather_rs_triton_combine_rank{r}_T4096.json.gz" for r in (0, 1)]
+NO_TRACE_RUN = REPO / "results" / "h200x2-deepep_profiler"  # measured with trace=none
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.png"))
+    assert not (dst / "traces").exists()
+    return dst
+
+
+def _trace(argv, capsys):
+    rc = cli.main(["trace", *map(str, argv)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_committed_results_folder_without_traces_says_why(tmp_path, capsys):
+    run = _copy_run(TRACE_RUN, tmp_path / "run")
+    rc, out, err = _trace([run], capsys)
+    assert rc == 2 and out == ""
+    assert f"{run} has no traces/ folder" in err
+    assert "rows name 4 trace file(s)" in err and "traces/2ef5c09335d4/rank0_T4096.json" in err
+    assert "results/ folders omit them" in err and "re-run with trace=torch" in err
+    # the old fallback read env.json and sweep-*.json as traces
+    assert "skipped:" not in err and "traceEvents" not in err and "env.json" not in err
+    with pytest.raises(ValueError, match="has no traces/ folder"):
+        find_traces(run)
+
+
+def test_trace_none_run_says_so(tmp_path, capsys):
+    run = _copy_run(NO_TRACE_RUN, tmp_path / "run")
+    rc, _, err = _trace([run], capsys)
+    assert rc == 2
+    assert "has no traces/ folder and its rows name no trace file" in err and "trace=none" in err
+    assert "skipped:" not in err and "traceEvents" not in err
+
+
+def test_a_run_with_rows_only_or_torn_rows_still_gets_the_message(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "rows").mkdir(parents=True)
+    (run / "rows" / "k-T8.parquet").write_bytes(b"torn")  # a crashed writer's leftover
+    (run / "sweep-0.json").write_text('{"run_id": "0"}')
+    rc, _, err = _trace([run], capsys)
+    assert rc == 2 and "has no traces/ folder and its rows name no trace file" in err
+
+
+def test_the_same_folder_with_its_traces_copied_back(tmp_path, capsys):
+    run = _copy_run(TRACE_RUN, tmp_path / "run")
+    d = run / "traces" / TRITON_KEY
+    d.mkdir(parents=True)
+    for r, f in enumerate(TRITON_RANKS):
+        shutil.copy(f, d / f"rank{r}_T4096.json.gz")
+    rc, out, err = _trace([run], capsys)
+    assert rc == 0 and "skipped:" not in err
+    assert out.count("| **trace_overlap_fraction**") == 2  # one overlap table per rank
+    assert f"### ranks of {d} at 4096 tokens" in out
+    assert "| 1 (critical) | 7871.8 | 0.0 | 0.399 | 0.399 |" in out
+
+
+def test_another_trace_dir_named_by_the_rows_is_read(tmp_path, capsys):
+    """trace.dir=mytraces: no traces/ folder, but the rows say where the traces are."""
+    run = tmp_path / "run"
+    (run / "rows").mkdir(parents=True)
+    (run / "env.json").write_text("{}")
+    d = run / "mytraces" / TRITON_KEY
+    d.mkdir(parents=True)
+    shutil.copy(TRITON_RANKS[0], d / "rank0_T4096.json.gz")
+    pd.DataFrame([{"combo_key": TRITON_KEY, "trace_path": f"mytraces/{TRITON_KEY}/rank0_T4096.json.gz"},
+                  {"combo_key": "other", "trace_path": ""}]).to_parquet(run / "rows" / "k-T4096.parquet")
+    assert find_traces(run) == [d / "rank0_T4096.json.gz"]
+    rc, out, err = _trace([run, "--plot", "--out", tmp_path / "plots"], capsys)
+    assert rc == 0 and "skipped:" not in err
+    # --out mirrors the layout below the traces' folder
+    assert (tmp_path / "plots" / TRITON_KEY / "rank0_T4096.json.gz.timeline.png").is_file()
+
+
+def test_a_real_trace_file(capsys):
+    rc, out, err = _trace([FIX / "h200_deepep_ht_combine_rank0_T4096.json.gz"], capsys)
+    assert rc == 0 and err == ""
+    assert "| **trace_overlap_fraction** (plain intersection) | 0.600 |" in out
+
+
+def test_a_folder_of_traces_is_read_whole(tmp_path, capsys):
+    """A combination's folder (no traces/ below it, not a run directory) is a folder of traces."""
+    for r, f in enumerate(TRITON_RANKS):
+        shutil.copy(f, tmp_path / f"rank{r}_T4096.json.gz")
+    rc, out, _ = _trace([tmp_path], capsys)
+    assert rc == 0 and f"### ranks of {tmp_path} at 4096 tokens" in out
+
+
+def test_arguments_have_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["trace", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a trace file (.json, .json.gz from trace=torch; .sqlite from nsys export) or a run directory" in text
+    assert "--out OUT with --plot: write the PNGs under this directory" in text
