@@ -6,10 +6,12 @@ that each kernel runs a handful of programs: the interpreter is slow.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import torch
 
@@ -44,6 +46,7 @@ from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # n
 from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
 from moebench.kernels.triton.contiguous_gemm import contiguous_gemm  # noqa: E402
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
+from moebench.kernels.triton.moe import alloc_bytes  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}
@@ -81,23 +84,48 @@ def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed
 def make_inputs(routing: str, num_tokens: int = T, seed: int = 1, K: int = K):
     """hidden [T, K] bf16, topk weights [T, P] fp32, topk ids [T, P] int64.
 
-    uniform: random distinct experts; skewed: every token's first pair on expert 0
-    and expert E-1 never chosen (an expert with no token)."""
+    uniform: random distinct experts; skewed: every token's first pair on expert 0,
+    experts 1 and E-1 never chosen (with simulate_ep=2 too, a local expert has no token)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, K, generator=g).to(torch.bfloat16)
     logits = torch.randn(num_tokens, E, generator=g)
     if routing == "skewed":
         logits[:, 0] += 100.0
-        logits[:, E - 1] -= 100.0
+        logits[:, [1, E - 1]] -= 100.0
     ids = torch.topk(logits, P, dim=1).indices
+    if routing == "skewed":  # the skewed cases exist for these empty experts
+        assert (ids[:, 0] == 0).all() and not ((ids == 1) | (ids == E - 1)).any(), ids
     w = torch.rand(num_tokens, P, generator=g) + 0.1
     w = w / w.sum(1, keepdim=True)
     return x.to(DEV), w.to(DEV), ids.to(DEV)
 
 
+KERNELS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(tconfig.__file__))) + os.sep
+
+
+@contextlib.contextmanager
+def recorded_allocations():
+    """Yields a list that collects the caching-allocator bytes (512-byte blocks) of each
+    tensor code under kernels/ creates with torch.empty / torch.zeros in the block: a
+    CPU has no allocator statistics, and the Triton experts' apply() allocates through these alone."""
+    sizes: list[int] = []
+
+    def recording(fn):
+        def alloc(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            if sys._getframe(1).f_code.co_filename.startswith(KERNELS_DIR):
+                sizes.append(alloc_bytes(t.untyped_storage().nbytes()))
+            return t
+        return alloc
+
+    with mock.patch.object(torch, "empty", recording(torch.empty)), mock.patch.object(torch, "zeros", recording(torch.zeros)):
+        yield sizes
+
+
 def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I,
               row_layout="auto"):
-    """Experts.apply on NaN-filled workspaces, then the backend's finalize -> rel_err vs reference."""
+    """Experts.apply on NaN-filled workspaces (its allocations against transient_bytes),
+    then the backend's finalize -> rel_err vs reference."""
     ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I, row_layout=row_layout)
     batched = layout == "batched"
     pf = (LocalBatchedPrepareFinalize if batched else LocalPrepareFinalize)(ctx)
@@ -109,7 +137,10 @@ def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequa
     shapes = experts.workspace_shapes(rows, 2 * I, K, P, ctx.num_local_experts)
     # NaN everywhere: anything read before it is written poisons the result
     ws13, ws2, out = (torch.full(s, float("nan"), dtype=torch.bfloat16, device=DEV) for s in shapes)
-    experts.apply(out, prepared, ws13, ws2)
+    with recorded_allocations() as allocated:
+        experts.apply(out, prepared, ws13, ws2)
+    # what apply() allocated beyond the workspaces is what it declares
+    assert sum(allocated) == experts.transient_bytes(rows, 2 * I, K, P, ctx.num_local_experts), allocated
     if row_layout != "auto":
         assert experts.last_layout == row_layout
     if not batched and reduction == "finalize":
@@ -130,10 +161,12 @@ STANDARD_CASES = [
     ("bf16", "experts", 1, "skewed", True, CFG),
     ("bf16", "experts", 2, "uniform", True, CFG),  # non-local pairs in the atomic reduce
     ("bf16", "finalize", 2, "uniform", True, None),  # the default heuristic config
+    ("bf16", "finalize", 2, "skewed", True, CFG),  # zero rows of non-local pairs beside an empty local expert
     ("fp8_block", "experts", 1, "skewed", True, CFG_BK64),
     ("fp8_block", "finalize", 2, "uniform", False, CFG),  # experts quantize a bf16 input
     ("fp8_tensor", "experts", 2, "skewed", False, CFG),
     ("fp8_tensor", "finalize", 1, "uniform", True, CFG),
+    ("fp8_tensor", "finalize", 2, "skewed", True, CFG),
 ]
 
 
@@ -146,6 +179,7 @@ def test_standard_matches_reference(quant, reduction, simulate_ep, routing, preq
 @pytest.mark.parametrize("reduction,simulate_ep,routing,prequant", [
     ("experts", 1, "skewed", True),  # an expert without rows, one with most
     ("finalize", 2, "uniform", False),  # pairs of other ranks; the permute quantizes a bf16 input
+    ("finalize", 2, "skewed", True),  # pairs of other ranks beside an empty local expert
 ])
 def test_standard_fp8_block_contiguous_layout(reduction, simulate_ep, routing, prequant):
     err = run_layer("standard", "fp8_block", reduction, simulate_ep, routing, prequant, row_layout="contiguous")
@@ -156,6 +190,7 @@ def test_standard_fp8_block_contiguous_layout(reduction, simulate_ep, routing, p
     ("experts", 2, "skewed", K, I),  # pairs of other ranks, an expert without rows
     ("finalize", 1, "uniform", K, I),
     ("finalize", 2, "uniform", 128, 256),  # hidden < intermediate: ws13 holds the wider activation
+    ("finalize", 2, "skewed", K, I),  # pairs of other ranks beside an empty local expert
     ("experts", 1, "skewed", 384, 128),  # N = 384 for the down GEMM: BLOCK_SIZE_N falls back to 128
 ])
 def test_standard_bf16_contiguous_layout(reduction, simulate_ep, routing, K_, I_):
@@ -243,6 +278,20 @@ BATCHED_CASES = [
 def test_batched_matches_reference(quant, simulate_ep, routing, prequant):
     err = run_layer("batched", quant, "finalize", simulate_ep, routing, prequant)
     assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+
+
+@pytest.mark.parametrize("quant", ["fp8_block", "fp8_tensor"])
+def test_batched_quantizes_a_bf16_input_into_the_output(quant):
+    """Behind pplx / deepep_ll fp8_tensor travels bf16: the batched experts quantize it into
+    the output's bytes (read by the gate/up GEMM before the down GEMM writes there), so
+    apply() allocates no [E, X, K] copy: run_layer checks its allocations against
+    transient_bytes, which at DeepSeek-V3's EP-8 share (X = 1024) is the fp8_tensor scratch."""
+    err = run_layer("batched", quant, "finalize", simulate_ep=2, routing="skewed", prequant=False)
+    assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+    ctx, w, _ = make_layer(quant)
+    ex = get_experts("triton_batched")(w, "finalize", ctx)
+    assert ex.transient_bytes(1024, 4096, 7168, 8, 32) == (0 if quant == "fp8_block" else 512)
+    assert ex.transient_bytes(0, 4096, 7168, 8, 32) == 0  # no rows: apply returns before allocating
 
 
 @pytest.mark.parametrize("quant", ["bf16", "fp8_block"])

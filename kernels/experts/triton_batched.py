@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..interfaces import ActivationFormat, Experts
 from ..registry import register_experts
-from ..triton.moe import fused_moe_batched
+from ..triton.moe import alloc_bytes, fused_moe_batched, input_quant_bytes
 from .triton import TritonConfigMixin, triton_unsupported
 
 
@@ -36,9 +36,16 @@ class TritonBatchedExperts(TritonConfigMixin, Experts):
         return (E, M, N), (E, M, N // 2), (E, M, K)
 
     def transient_bytes(self, M, N, K, topk, num_local_experts):
-        """A [4] fp32 amax/scale scratch for fp8_tensor. Not counted: the fp8 copy
-        of a bf16 input, made only behind a dispatch that cannot carry fp8."""
-        return 512 if self.w.quant.is_fp8 and not self.w.quant.is_block else 0
+        """A [4] fp32 amax/scale scratch for fp8_tensor. A bf16 input (fp8_tensor behind
+        pplx / deepep_ll) is quantized into the output's bytes, so an fp8 copy of it is
+        allocated only if it does not fit there (under 8 elements: never at real shapes)."""
+        q, rows = self.w.quant, num_local_experts * M
+        if not q.is_fp8 or rows == 0:
+            return 0
+        n = 0 if q.is_block else alloc_bytes(4 * 4)
+        if input_quant_bytes(rows, K, q) > 2 * rows * K:
+            n += alloc_bytes(rows * K) + (alloc_bytes(4 * rows * (K // q.block_k)) if q.is_block else 0)
+        return n
 
     def apply(self, output, prepared, workspace13, workspace2):
         x = prepared.x

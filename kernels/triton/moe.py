@@ -13,7 +13,8 @@ batched:   the same on [E, X, K] buffers with per-expert counts, no sort.
 Workspace bytes are reused in place (all on one stream, so each use ends
 before the next starts): in fp8 modes ws2 holds the fp8 activation and its
 scales (the bf16 activation is never stored), and a bf16 input the experts
-must quantize lands in ws2 too, before the activation needs it.
+must quantize lands in ws2 too, before the activation needs it (batched: in
+the output, which the down GEMM writes only after the gate/up GEMM read it).
 
 Legend: M token rows, P top-k, R = M*P pairs, K hidden, N = 2I, E local experts,
 X rows per expert (batched), G = I / 128 activation-scale groups.
@@ -187,7 +188,8 @@ def fused_moe_batched(
 ) -> None:
     """Batched-layout MoE experts: output[e, :n_e] = down(SiLU-and-mul(gate/up(x[e, :n_e]))),
     unweighted; rows past n_e = expert_num_tokens_E[e] are left unwritten.
-    x [E, X, K] bf16 or fp8 with x_scale [E, X, K/128] / [1]; ws13 [E, X, N], ws2 [E, X, I]."""
+    x [E, X, K] bf16 or fp8 with x_scale [E, X, K/128] / [1]; ws13 [E, X, N], ws2 [E, X, I];
+    output [E, X, K] bf16, contiguous (a bf16 x of an fp8 mode is quantized into its bytes)."""
     quant = w.quant
     E, X, K = x.shape
     N = w.w13_ENK.shape[1]
@@ -196,8 +198,9 @@ def fused_moe_batched(
     mode = quant_mode(quant)
     fscratch = torch.empty(4, dtype=torch.float32, device=x.device) if mode == QUANT_TENSOR else None
     if mode != QUANT_NONE and x.dtype != FP8_DTYPE:
-        # ws2 is too small for [E, X, K] whenever K > 2I: a separate (transient) copy
-        x, x_scale = _quantize_input(x, quant, None, fscratch, expert_num_tokens=expert_num_tokens_E)
+        # ws2 is too small for [E, X, K] whenever K > 2I; the bf16 output [E, X, K] is
+        # not written before the down GEMM, and its 2K bytes a row hold the fp8 row + scales
+        x, x_scale = _quantize_input(x, quant, _bytes(output), fscratch, expert_num_tokens=expert_num_tokens_E)
     assert (x.dtype == FP8_DTYPE) == (mode != QUANT_NONE), (x.dtype, quant)
     gs = _group_shape(quant)
     h = ws13.reshape(-1)[: E * X * N].view(E, X, N)

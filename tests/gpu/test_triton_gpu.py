@@ -3,10 +3,11 @@
 * correctness: both layouts x 3 quants x valid reductions, against the fp32
   reference, for Qwen3-30B-A3B (E=128, top-8) and one EP-8 rank of DeepSeek-V3
   (simulate_ep=8: 32 local experts, the other ranks' pairs arrive as -1), at
-  16, 256 and 4096 tokens, plus skewed routing;
+  16, 256 and 4096 tokens, plus skewed routing (every quant and layout, and the
+  contiguous rows of the standard layout);
 * memory: the allocator peak of experts.apply stays within its declared
   transient_bytes, the whole forward matches the analytic peak plus what the
-  backend itself holds, and reduction=experts saves ~T * topk * K * 2 bytes.
+  backend itself holds, and reduction=experts saves T * (topk - 1) * K * 2 bytes.
 
 Run: pytest -m gpu tests/gpu/test_triton_gpu.py
 """
@@ -18,6 +19,7 @@ import functools
 import pytest
 import torch
 
+from moebench.kernels.experts.triton import CONTIGUOUS_QUANTS
 from moebench.kernels.interfaces import ExpertWeights, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import MoEKernel
 from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
@@ -70,17 +72,21 @@ def inputs(shape: LayerShape, T: int, routing: str = "uniform", seed: int = 1):
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(T, shape.hidden, generator=g, device=DEV).to(torch.bfloat16)
     logits = torch.randn(T, shape.num_experts, generator=g, device=DEV)
-    if routing == "skewed":  # every token's first pair on expert 0, a few hot experts, many cold
-        logits[:, 0] += 100.0
+    if routing == "skewed":  # every token's first pair on expert 0, a few hot experts, many cold,
+        logits[:, 0] += 100.0  # and experts 8-15 (local in both models) never chosen
         logits[:, 1:8] += 3.0
+        logits[:, 8:16] -= 100.0
     ids = torch.topk(logits, shape.topk, dim=1).indices
     # weights independent of the logits, so that no pair's contribution vanishes
     w = torch.rand(T, shape.topk, generator=g, device=DEV) + 0.1
     return x, w / w.sum(1, keepdim=True), ids
 
 
-def build(model: str, quant: str, layout: str, reduction: str):
+def build(model: str, quant: str, layout: str, reduction: str, row_layout: str = ""):
+    """row_layout: the standard layout's rows (ctx.options["triton_row_layout"]), "" for auto."""
     ctx, w, ref_weights = layer(model, quant)
+    if row_layout:
+        ctx = dataclasses.replace(ctx, options={"triton_row_layout": row_layout})
     pf = (LocalBatchedPrepareFinalize if layout == "batched" else LocalPrepareFinalize)(ctx)
     experts = get_experts("triton_batched" if layout == "batched" else "triton")(w, reduction, ctx)
     return ctx, MoEKernel(pf, experts), ref_weights
@@ -102,15 +108,34 @@ def test_matches_reference(model, quant, layout, reduction, T):
     assert err <= TOL[quant], f"rel_err {err:.4g} > {TOL[quant]}"
 
 
-@pytest.mark.parametrize("layout,reduction", LAYOUTS)
-@pytest.mark.parametrize("model", list(MODELS))
-def test_skewed_routing(model, layout, reduction):
-    """Most pairs on a few experts (long segments, many empty experts)."""
-    ctx, kernel, ref_weights = build(model, "fp8_block", layout, reduction)
+# (model, quant, layout, reduction, row_layout): every quant and layout on DeepSeek-V3's EP-8
+# share (pairs of other ranks too), fp8_block on Qwen3 as well; the contiguous rows for each
+# quant they run, each reduction on one model (at 512 tokens `auto` picks gathered rows).
+# Sorted by weights: layer() caches two.
+SKEWED_CASES = sorted(
+    [("deepseek_v3_ep8", q, lay, red, "gathered" if lay == "standard" else "") for q in QUANTS for lay, red in LAYOUTS]
+    + [("qwen3_30b_a3b", "fp8_block", lay, red, "gathered" if lay == "standard" else "") for lay, red in LAYOUTS]
+    + [(m, q, "standard", red, "contiguous") for q in CONTIGUOUS_QUANTS
+       for m, red in (("qwen3_30b_a3b", "experts"), ("deepseek_v3_ep8", "finalize"))],
+    key=lambda case: case[:2],
+)
+
+
+@pytest.mark.parametrize("model,quant,layout,reduction,row_layout", SKEWED_CASES, ids=lambda v: v or "none")
+def test_skewed_routing(model, quant, layout, reduction, row_layout):
+    """Most pairs on a few experts (long segments, local experts without a pair)."""
+    if row_layout == "contiguous" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the contiguous layout loads through TMA: SM90 or newer")
+    ctx, kernel, ref_weights = build(model, quant, layout, reduction, row_layout)
     x, tw, ids = inputs(ctx.shape, 512, routing="skewed")
+    local = ids[ids < ctx.num_local_experts]
+    assert (torch.bincount(local, minlength=ctx.num_local_experts) == 0).any(), "no empty local expert"
     y = kernel(x, tw, ids)
+    if layout == "standard" and quant in CONTIGUOUS_QUANTS:
+        assert kernel.experts.last_layout == row_layout
     ref = reference_moe(x, tw, ids, ref_weights, kept_experts=range(ctx.num_local_experts))
-    assert rel_err(y, ref) <= TOL["fp8_block"]
+    err = rel_err(y, ref)
+    assert err <= TOL[quant], f"rel_err {err:.4g} > {TOL[quant]}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
@@ -224,5 +249,7 @@ def test_allocator_peak_matches_analytic(model, quant, T):
 def test_reduction_in_experts_saves_the_topk_buffer(model, quant, T):
     shape = MODELS[model][0]
     saved = forward_memory(model, quant, "finalize", T)["forward"] - forward_memory(model, quant, "experts", T)["forward"]
-    expect = T * shape.topk * shape.hidden * 2  # the [T, topk, K] bf16 rows reduction=experts never stores
-    assert abs(saved - expect) <= 0.15 * expect, (saved, expect)
+    # reduction=experts never stores the [T, topk, K] bf16 rows, but still writes a [T, K] bf16
+    # output (workspace_shapes; test_triton_kernels.py checks the same difference on a CPU)
+    expect = T * (shape.topk - 1) * shape.hidden * 2
+    assert abs(saved - expect) <= 0.05 * expect, (saved, expect)
