@@ -166,12 +166,13 @@ HOST_SYNCS_US = 15_000.0  # a callable whose enqueue outlasts a 20 ms busy GPU w
 def back_to_back_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
     """An independent reference for a timed callable (do_bench's way): `reps` calls enqueued
     back to back between two events, no flush or host gap between them; the mean per call (µs)."""
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        fn()
-    e.record()
-    e.synchronize()
+    with torch.cuda.device(device):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()
     return s.elapsed_time(e) * 1e3 / reps
 
 

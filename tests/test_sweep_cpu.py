@@ -102,7 +102,7 @@ def test_timeout_and_crash_become_rows_and_the_sweep_goes_on(tmp_path):
          "workload.tokens_per_rank=[4]", "+extra.sleep_s=0,60", "runner.timeout_s=5", *QUICK],
         None, str(tmp_path / "t"), quiet=True,
     )
-    df = RunStore(run_dir).load().set_index(df_key := "overrides")
+    df = RunStore(run_dir).load().set_index("overrides")
     assert sorted(df.status) == ["ok", "timeout"]
     assert "no result within 5 s" in df[df.status == "timeout"].reason.iloc[0]
     assert children() == []

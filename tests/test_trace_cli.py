@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.traces.cli import find_traces, trace_command
+from moebench.traces.cli import find_traces
 
 REPO = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "traces"

@@ -4,7 +4,6 @@ and the best combination per size of a run."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

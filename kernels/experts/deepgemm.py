@@ -24,8 +24,6 @@ Mp padded rows, D = max(K, I).
 """
 from __future__ import annotations
 
-import torch
-
 from ..interfaces import ActivationFormat, Experts
 from ..registry import register_experts
 from ..triton.align import max_padded_rows
