@@ -82,48 +82,57 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     flush = timing.L2Flusher(dev)
     for name, fn in (("triton gemm", gemm), ("moe layer", layer)):
         # The lent H200's clock moves on a ~100 ms scale under sustained load (this GEMM
-        # read 205-243 µs within one test, in moebench and do_bench alike, and one pair's
-        # ratio 1.007-1.047 across three pairs). So each of our runs is paired with a
-        # do_bench run right after it, over about the same window, and a "run" is three
-        # such pairs (its ratio the median of theirs): every run must agree with do_bench
-        # within 5%, and three runs' ratios must repeat within 3% (the harness's own
-        # repeatability, net of the machine's drift); raw medians printed.
+        # read 205-249 µs within one test, in moebench and do_bench alike). So each of our
+        # runs is paired with a do_bench run over about the same window, right before or
+        # after it (the order alternates, so a clock moving one way does not favour
+        # either), and a "run" is five such pairs, its ratio the median of theirs: every
+        # run must agree with do_bench within 5%, and three runs' ratios must repeat
+        # within 3% (the harness's own repeatability, net of the machine's drift). With
+        # three pairs a run, one pair caught on a clock step (0.932 at 209 vs 225 µs, run
+        # 25) moved its run's median by 1.5%. Raw medians printed.
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
         pairs = []
-        for _ in range(9):
+        for i in range(15):
+            if i % 2:
+                ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
             ours = timing.time_samples(fn, dev, reps=60, warmup=10, flush=flush, warmup_ms=50)
             window_ms = max(5.0, 60 * ours.median * 1e-3)
-            ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
+            if not i % 2:
+                ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3
             pairs.append((ours, ref))
         ratios = [o.median / r for o, r in pairs]
-        runs = [sorted(ratios[i:i + 3])[1] for i in (0, 3, 6)]
+        runs = [sorted(ratios[i:i + 5])[2] for i in (0, 5, 10)]
         print(f"{name}: moebench " + " / ".join(f"{o.median:.1f}" for o, _ in pairs) + " µs, do_bench "
               + " / ".join(f"{r:.1f}" for _, r in pairs) + " µs, run ratios " + " ".join(f"{x:.3f}" for x in runs)
               + ", p80/p20 " + " ".join(f"{o.p80 / o.p20:.3f}" for o, _ in pairs))
         for run_ratio in runs:  # (not `x`: the layer's lambda reads the input x)
             assert abs(run_ratio - 1) <= 0.05, (name, runs)
         assert max(runs) / min(runs) <= 1.03, (name, runs)
-        # spread within a set: p80/p20 <= 1.05 above 50 µs. A set is excused (once, and never
-        # past 1.10) when do_bench, timed right after it, moved by > 3 % from its own median
-        # too: the clock changed inside that set (run 16: one layer set at 1.075 while its
-        # do_bench pair read 1389.5 µs against a median of 1473.0)
+        # spread within a set: p80/p20 <= 1.05 above 50 µs. A set is excused (at most two
+        # of the 15, and never past 1.10) when the clock visibly changed around it: its
+        # do_bench partner moved by > 3 % from do_bench's median (run 16: one layer set at
+        # 1.075 while its partner read 1389.5 µs against 1473.0), or the set's own median
+        # moved by > 3 % from its partner's (run 25: a set at 1.055 read 209.3 µs beside
+        # do_bench's 224.6)
         ref_median = sorted(r for _, r in pairs)[len(pairs) // 2]
         excused = []
         for o, r in pairs:
             if o.median > 50 and o.p80 / o.p20 > 1.05:
-                assert o.p80 / o.p20 <= 1.10 and abs(r / ref_median - 1) > 0.03, (name, o.p20, o.p80, r, ref_median)
+                moved = abs(r / ref_median - 1) > 0.03 or abs(o.median / r - 1) > 0.03
+                assert o.p80 / o.p20 <= 1.10 and moved, (name, o.p20, o.p80, o.median, r, ref_median)
                 excused.append(o)
-        assert len(excused) <= 1, (name, [(o.p20, o.p80) for o in excused])
+        assert len(excused) <= 2, (name, [(o.p20, o.p80) for o in excused])
 
 
 @needs_2gpu
 def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     """Traces exist and give an overlap in [0, 1] beside the ablation figure; with
-    overlap=none nothing overlaps. (How far the two figures agree is a benchmark:
-    docs/perf-notes.md, run 3.)"""
+    overlap=none nothing overlaps; with overlap=combine the two figures agree within 10
+    percentage points (issue #4; the sweep behind it, with the SM carveout and torch
+    experts beside, is sweeps/trace_vs_ablation.yaml, docs/perf-notes.md runs 24 and 25)."""
     df = _execute(["backend=allgather_rs", "experts=triton", "reduction=experts", "overlap=none,combine", "quant=bf16",
                    "model=deepseek_v3", "workload.tokens_per_rank=[4096]", "runner.device=cuda", "trace=torch",
-                   "runner.reps=20"], tmp_path / "ovl")
+                   "trace.samples=10", "runner.reps=40"], tmp_path / "ovl")
     ok = df[df.status == "ok"].set_index("overlap")
     assert set(ok.index) == {"none", "combine"}
     for ovl, r in ok.iterrows():
@@ -140,6 +149,10 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     # on H200 (docs/perf-notes.md, run 9): some concurrency must show
     assert ok.loc["combine", "trace_intersection_fraction"] > 0.1
     assert 0.0 <= ok.loc["combine", "trace_overlap_fraction"] <= 1.0
+    # issue #4's criterion: 0.5-7.5 points apart in 4 sweeps at 40-80 reps (docs/perf-notes.md)
+    combine = ok.loc["combine"]
+    assert abs(combine.trace_overlap_fraction - combine.overlap_fraction) <= 0.10, \
+        (combine.overlap_fraction, combine.overlap_fraction_lo, combine.overlap_fraction_hi, combine.trace_overlap_fraction)
     # the traces hold the ablation samples, and rank 0 read both ranks' traces: the figure of
     # the rank its peer waited for, on collectives trimmed of that wait
     assert ok.loc["combine", "trace_overlap_method"] == "stretch_matched"
