@@ -42,7 +42,13 @@ def test_tune_writes_a_vllm_config_the_experts_then_use(tmp_path, monkeypatch, c
     (["tune", "experts=triton", "backend=local", "--space", "huge"], "--space"),
     (["tune", "experts=triton", "backend=local", "quant=fp8_block", "experts.row_layout=contiguous"], "gathered kernel"),
 ])
-def test_tune_refuses_what_it_cannot_search(argv, words, capsys):
+def test_tune_refuses_what_it_cannot_search(argv, words, capsys, monkeypatch):
+    from moebench.tune import search
+
+    def build_layer(*args):  # refused before any layer is built (in the interpreter: tens of seconds)
+        raise AssertionError("built a layer for a search it then refused")
+
+    monkeypatch.setattr(search, "build_layer", build_layer)
     assert cli.main(argv) == 2
     assert words in capsys.readouterr().err
 

@@ -113,6 +113,8 @@ def tune(
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[dict, list[TokenResult]]:
     """Search tiles for each of workload.tokens_per_rank; returns (layer info, results)."""
+    if space not in SPACES:  # before the layer is built: that alone takes tens of seconds in the interpreter
+        raise ValueError(f"--space {space!r}; valid: {', '.join(SPACES)}")
     # the configs tuned here are the gathered kernel's: bf16 and fp8_block must not switch to
     # the contiguous layout at large token counts (experts.row_layout=auto)
     ovs = list(overrides) + ["overlap=none", "reduction=experts"]
