@@ -76,25 +76,6 @@ def overlap_fraction(layer_us, no_shared_us, shared_us):
     return np.where(shared > 0, frac, NAN)
 
 
-def _resampled_medians(x_SN: np.ndarray, idx_BN: np.ndarray) -> np.ndarray:
-    """np.median(x_SN[:, idx_BN], axis=2) for S series of N samples and B resamples of N
-    indices, from how often each resample draws each index: the two middle order
-    statistics are where the counts, summed in each series' sorted order, pass the middle
-    (~4x faster than partitioning the gathered (S, B, N) array, equal to it)."""
-    num_resamples, n = idx_BN.shape
-    counts_BN = np.bincount((idx_BN + n * np.arange(num_resamples)[:, None]).ravel(),
-                            minlength=num_resamples * n).reshape(num_resamples, n)
-    out_SB = np.empty((len(x_SN), num_resamples))
-    for s, x_N in enumerate(x_SN):
-        order = np.argsort(x_N, kind="stable")
-        sorted_N = x_N[order]
-        cum_BN = np.cumsum(counts_BN[:, order], axis=1)
-        lower = (cum_BN <= (n - 1) // 2).sum(axis=1)  # where order statistic (n-1)//2 sits
-        upper = (cum_BN <= n // 2).sum(axis=1)  # and n//2 (the same one for odd n)
-        out_SB[s] = (sorted_N[lower] + sorted_N[upper]) / 2
-    return out_SB
-
-
 def overlap_interval(samples_us, no_shared_samples_us, shared_samples_us) -> tuple[float, float]:
     """(lo, hi): the OVERLAP_CI percentile bootstrap interval of overlap_fraction, or NaNs
     below OVERLAP_MIN_SAMPLES samples.
@@ -112,7 +93,7 @@ def overlap_interval(samples_us, no_shared_samples_us, shared_samples_us) -> tup
     if not np.isfinite(x_3N).all():
         return NAN, NAN
     idx_BN = np.random.default_rng(OVERLAP_SEED).integers(0, n, size=(OVERLAP_RESAMPLES, n))
-    med_3B = _resampled_medians(x_3N, idx_BN)
+    med_3B = np.median(x_3N[:, idx_BN], axis=2)  # [3, resamples]: ~10 ms at 80 samples
     frac = overlap_fraction(med_3B[0], med_3B[1], med_3B[2])
     frac = frac[np.isfinite(frac)]
     if not len(frac):

@@ -109,13 +109,6 @@ def test_clipped_figures_clip_their_interval():
     assert _row(hidden, no_shared, shared)["overlap_fraction"] == 1.0
 
 
-@pytest.mark.parametrize("n", [5, 6, 31, 64])
-def test_resampled_medians_equal_numpy_medians(n):
-    x_3N = np.random.default_rng(n).normal(size=(3, n)).round(1)  # ties included
-    idx_BN = np.random.default_rng(0).integers(0, n, size=(200, n))
-    np.testing.assert_array_equal(rows._resampled_medians(x_3N, idx_BN), np.median(x_3N[:, idx_BN], axis=2))
-
-
 # --- reports -------------------------------------------------------------------------
 
 def _overlap_row(**kw):
