@@ -69,10 +69,16 @@ def _mma_loop(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     QUANT: tl.constexpr,
+    GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] fp32 sum over K of A tile @ B tile (block scales applied per K tile)."""
+    """[BLOCK_M, BLOCK_N] fp32 sum over K of A tile @ B tile (block scales applied per K tile).
+
+    A tile whose width divides the weight-scale group's (tiles start at multiples of
+    BLOCK_N) has one weight scale per K tile: it is folded into the row
+    scales, one multiply per accumulator element instead of two. Wrapped columns past N
+    read another group's scale, but they are never stored."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if K % BLOCK_K == 0:  # compile-time: no K mask, B loads unmasked
@@ -89,7 +95,10 @@ def _mma_loop(
             g = (k * BLOCK_K) // GROUP_K
             a_s = tl.load(a_scale_ptrs + g * stride_ask, mask=row_mask, other=0.0)
             b_s = tl.load(b_scale_ptrs + g * stride_bsk)
-            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+            if GROUP_N % BLOCK_N == 0:  # a scalar: the tile's group (the kernels' pointer)
+                acc += tl.dot(a, b) * (a_s * b_s)[:, None]
+            else:
+                acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
         else:
             acc = tl.dot(a, b, acc=acc)
         a_ptrs += BLOCK_K * stride_ak
@@ -156,11 +165,13 @@ def fused_moe_kernel(
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
     b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_bn // GROUP_N) * stride_bsn
+    if QUANT == 2 and GROUP_N % BLOCK_SIZE_N == 0:  # one scale per K tile (see _mma_loop): a scalar pointer
+        b_scale_ptrs = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_SIZE_N) // GROUP_N) * stride_bsn
 
     acc = _mma_loop(
         a_ptrs, b_ptrs, a_scale_ptrs, b_scale_ptrs, row_mask, offs_k,
         stride_ak, stride_bk, stride_ask, stride_bsk,
-        K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, QUANT, GROUP_K, INTERPRET,
+        K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, QUANT, GROUP_N, GROUP_K, INTERPRET,
     )
     if QUANT == 1:
         acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse))
@@ -229,11 +240,13 @@ def batched_moe_kernel(
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     a_scale_ptrs = a_scale_ptr + expert * stride_ase + offs_m * stride_asm
     b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_bn // GROUP_N) * stride_bsn
+    if QUANT == 2 and GROUP_N % BLOCK_SIZE_N == 0:  # one scale per K tile (see _mma_loop): a scalar pointer
+        b_scale_ptrs = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_SIZE_N) // GROUP_N) * stride_bsn
 
     acc = _mma_loop(
         a_ptrs, b_ptrs, a_scale_ptrs, b_scale_ptrs, row_mask, offs_k,
         stride_ak, stride_bk, stride_ask, stride_bsk,
-        K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, QUANT, GROUP_K, INTERPRET,
+        K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, QUANT, GROUP_N, GROUP_K, INTERPRET,
     )
     if QUANT == 1:
         acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse))
