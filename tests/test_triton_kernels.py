@@ -265,6 +265,53 @@ def test_contiguous_gemm(cfg, programs, quant):
     assert rel_err(c[valid], ref) < 1e-2
 
 
+# weight scales in [0.5, 1.5): a tile that reads another group's scale, or one scale for a
+# tile spanning two groups, misses by far more than fp8 rounding. 64/128-wide tiles take
+# one scale per K tile (folded into the row scales), 256-wide tiles one per column group;
+# N = 200 wraps the last tile's columns
+FP8_GEMM_CASES = [(bn, n) for bn in (64, 128, 256) for n in (256, 384, 200)]
+
+
+def _block_fp8_weights(g, e, n, k):
+    w = (torch.randn(e, n, k, generator=g) * 0.1).to(FP8_DTYPE)
+    ws = torch.rand(e, (n + 127) // 128, k // 128, generator=g) + 0.5
+    wf = w.float() * ws.repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)
+    return w.to(DEV), ws.to(DEV), wf
+
+
+@pytest.mark.parametrize("layout", ["gathered", "batched"])
+@pytest.mark.parametrize("block_n,N", FP8_GEMM_CASES)
+def test_block_fp8_gemm_weight_scales_per_tile_width(layout, block_n, N):
+    from moebench.kernels.triton import gemm
+
+    g = torch.Generator().manual_seed(block_n + N)
+    Kc, Ec = 256, 3
+    w, ws, wf = _block_fp8_weights(g, Ec, N, Kc)
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=128, GROUP_SIZE_M=2)
+    if layout == "gathered":
+        rows = 20
+        ids = torch.randint(0, Ec, (rows, P), generator=g)
+        a = (torch.randn(rows, Kc, generator=g) * 0.5).to(FP8_DTYPE)
+        a_s = torch.rand(rows, Kc // 128, generator=g) + 0.5
+        sorted_ids, expert_ids, num_post = moe_align_block_size(ids.to(DEV), Ec, 16)
+        c = torch.full((rows * P, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+        gemm.invoke_fused_moe_gemm(a.to(DEV), a_s.to(DEV), w, ws, c, sorted_ids, expert_ids, num_post, rows * P, cfg,
+                                   quant=gemm.QUANT_BLOCK, a_row_div=P)
+        af = a.float() * a_s.repeat_interleave(128, 1)
+        ref = torch.einsum("rk,rnk->rn", af[torch.arange(rows * P) // P], wf[ids.reshape(-1)])
+        assert rel_err(c.cpu(), ref) < 1e-2
+    else:
+        X, counts = 24, torch.tensor([5, 0, 24], dtype=torch.int32)
+        a = (torch.randn(Ec, X, Kc, generator=g) * 0.5).to(FP8_DTYPE)
+        a_s = torch.rand(Ec, X, Kc // 128, generator=g) + 0.5
+        c = torch.full((Ec, X, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+        gemm.invoke_batched_moe_gemm(a.to(DEV), a_s.to(DEV), w, ws, c, counts.to(DEV), cfg, quant=gemm.QUANT_BLOCK)
+        af = a.float() * a_s.repeat_interleave(128, 2)
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                assert rel_err(c[e, :n].cpu(), af[e, :n] @ wf[e].T) < 1e-2, e
+
+
 BATCHED_CASES = [
     ("bf16", 2, "skewed", True),
     ("fp8_block", 1, "skewed", True),

@@ -60,7 +60,8 @@ def variants(quick: bool):
     from . import activation, align, gemm, quant
 
     quants = [("bf16", 0, "*bf16", "*bf16", 64), ("fp8_tensor", 1, "*fp8e4nv", "*fp32", 128), ("fp8_block", 2, "*fp8e4nv", "*fp32", 128)]
-    tiles = [(16, 64, 4, 4)] if quick else [(16, 64, 4, 4), (64, 128, 3, 4), (128, 128, 3, 8)]
+    # 256-wide tiles span two fp8 weight-scale groups: the per-column scale path (gemm._b_scale_ptrs)
+    tiles = [(16, 64, 4, 4), (64, 256, 3, 8)] if quick else [(16, 64, 4, 4), (64, 128, 3, 4), (128, 128, 3, 8), (64, 256, 3, 8)]
     out = []
     ids = dict(ids_ptr="*i64", meta_ptr="*i32", num_pairs="i32", num_experts="i32")
     out.append(("align_count", align._align_count_kernel, dict(ids, expert_ids_ptr="*i32", num_blocks="i32"),
@@ -76,9 +77,10 @@ def variants(quick: bool):
                 c = "*fp32" if atomic else "*bf16"
                 out.append((f"fused_moe {qname} {bm}x{bn}x{bk} {'atomic' if atomic else 'store'}", gemm.fused_moe_kernel,
                             _gemm_types(a, c, scale), consts, warps, stages))
-        out.append((f"batched_moe {qname}", gemm.batched_moe_kernel, _batched_types(a, scale),
-                    dict(K=7168, QUANT=q, GROUP_N=128, GROUP_K=128, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=1, INTERPRET=False, **_UNIT), 4, 4))
+        for bn in (64, 256):
+            out.append((f"batched_moe {qname} 16x{bn}", gemm.batched_moe_kernel, _batched_types(a, scale),
+                        dict(K=7168, QUANT=q, GROUP_N=128, GROUP_K=128, BLOCK_SIZE_M=16, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                             GROUP_SIZE_M=1, INTERPRET=False, **_UNIT), 4, 4))
     silu = dict(h_ptr="*bf16", scale_ptr="*fp32", amax_ptr="*fp32", sorted_ids_ptr="*i32", num_post_ptr="*i32", num_valid="i32",
                 counts_ptr="*i32", X="i32", I="i32", stride_hm="i32", stride_om="i32", stride_sm="i32", stride_sg="i32")
     for mode in range(4):

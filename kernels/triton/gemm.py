@@ -53,6 +53,18 @@ def _swizzle(pid, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 
 @triton.jit
+def _b_scale_ptrs(base, stride_bsn, offs_bn, pid_n, BLOCK_N: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr):
+    """The weight-scale pointers of a tile's columns (plus K group * stride_bsk in
+    _mma_loop): one scalar when the tile lies inside one GROUP_N-wide scale group (its
+    width divides GROUP_N and it starts at a multiple of it), which _mma_loop then folds
+    into the row scales; else one per column."""
+    if QUANT == 2 and GROUP_N % BLOCK_N == 0:
+        return base + ((pid_n * BLOCK_N) // GROUP_N) * stride_bsn
+    else:
+        return base + (offs_bn // GROUP_N) * stride_bsn
+
+
+@triton.jit
 def _mma_loop(
     a_ptrs,
     b_ptrs,
@@ -95,7 +107,7 @@ def _mma_loop(
             g = (k * BLOCK_K) // GROUP_K
             a_s = tl.load(a_scale_ptrs + g * stride_ask, mask=row_mask, other=0.0)
             b_s = tl.load(b_scale_ptrs + g * stride_bsk)
-            if GROUP_N % BLOCK_N == 0:  # a scalar: the tile's group (the kernels' pointer)
+            if GROUP_N % BLOCK_N == 0:  # a scalar: the tile's group (_b_scale_ptrs)
                 acc += tl.dot(a, b) * (a_s * b_s)[:, None]
             else:
                 acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
@@ -164,9 +176,7 @@ def fused_moe_kernel(
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
-    b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_bn // GROUP_N) * stride_bsn
-    if QUANT == 2 and GROUP_N % BLOCK_SIZE_N == 0:  # one scale per K tile (see _mma_loop): a scalar pointer
-        b_scale_ptrs = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_SIZE_N) // GROUP_N) * stride_bsn
+    b_scale_ptrs = _b_scale_ptrs(b_scale_ptr + expert * stride_bse, stride_bsn, offs_bn, pid_n, BLOCK_SIZE_N, QUANT, GROUP_N)
 
     acc = _mma_loop(
         a_ptrs, b_ptrs, a_scale_ptrs, b_scale_ptrs, row_mask, offs_k,
@@ -239,9 +249,7 @@ def batched_moe_kernel(
     a_ptrs = a_ptr + expert * stride_ae + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     a_scale_ptrs = a_scale_ptr + expert * stride_ase + offs_m * stride_asm
-    b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_bn // GROUP_N) * stride_bsn
-    if QUANT == 2 and GROUP_N % BLOCK_SIZE_N == 0:  # one scale per K tile (see _mma_loop): a scalar pointer
-        b_scale_ptrs = b_scale_ptr + expert * stride_bse + ((pid_n * BLOCK_SIZE_N) // GROUP_N) * stride_bsn
+    b_scale_ptrs = _b_scale_ptrs(b_scale_ptr + expert * stride_bse, stride_bsn, offs_bn, pid_n, BLOCK_SIZE_N, QUANT, GROUP_N)
 
     acc = _mma_loop(
         a_ptrs, b_ptrs, a_scale_ptrs, b_scale_ptrs, row_mask, offs_k,
