@@ -20,7 +20,7 @@ from moebench import timing
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.prepare_finalize import _deepep
 from moebench.launch import run_ranks
-from moebench.worker import rank_sync
+from moebench.measure import rank_sync
 
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
 
@@ -60,7 +60,7 @@ def rank_main(rank: int, port: int, args, q) -> None:
                 shared(x)
 
             fns = {"combine": combine, "shared": lambda: shared(x), "overlapped": overlapped, "sequential": sequential}
-            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync)
+            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync.kwargs())
             med = {k: v.median for k, v in zip(fns, s)}
             hidden = (med["combine"] + med["shared"] - med["overlapped"]) / med["shared"]
             rows.append({"rank": rank, "tokens": T, "carveout": carveout, **med, "hidden_fraction": hidden})

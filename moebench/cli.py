@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--redo", default="none", choices=("none", "failed", "all"),
                    help="re-run stored rows: none (resume), failed (failed|timeout|oom), all")
     s.add_argument("--dry-run", action="store_true", help="plan only: print what would run")
+    s.add_argument("--oversubscribe", action="store_true",
+                   help="CPU ranks only: allow more ranks than cores (timings contend)")
 
     r = sub.add_parser("run", help="run one combination and print its rows", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,7 +157,8 @@ def main(argv=None) -> int:
         if args.cmd == "sweep":
             from .sweep import execute
 
-            _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run)
+            _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run,
+                                oversubscribe=args.oversubscribe)
             return 0
         if args.cmd == "run":
             return _run_one(args)

@@ -65,14 +65,14 @@ def _meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
 def rows_for(fin: Finished, meta: dict) -> list[dict]:
     """Rows of one finished combination: measured, or failed/timeout/oom."""
     c, rows = fin.combo, []
-    ws = c.combo["world_size"]
-    failed_at = fin.failure.get("tokens") if fin.failure else None
+    ws = c.combo.world_size
+    failed_at = fin.failure.tokens if fin.failure else None
     for t in fin.tokens:
         ranks = fin.results.get(t, {})
         if len(ranks) == ws:
             rows.append(measured_row(c, t, [ranks[r] for r in sorted(ranks)], meta))
         elif fin.failure:
-            st, why = fin.failure["status"], fin.failure["reason"]
+            st, why = fin.failure.status, fin.failure.reason
             if failed_at is not None and t != failed_at:
                 st, why = "failed", f"not run: tokens_per_rank={failed_at} failed first ({why})"
             rows.append(outcome_row(c, t, st, why, meta))
@@ -88,9 +88,10 @@ def execute(
     redo: str = "none",
     dry_run: bool = False,
     quiet: bool = False,
+    oversubscribe: bool = False,
 ) -> tuple[Path, Counter]:
     """Plan and run; returns the run directory and the status counts of this invocation."""
-    combos, sweep_data = plan(cli_overrides, sweep)
+    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
     store = RunStore(run_dir)
     info = envmod.fingerprint()
@@ -118,7 +119,7 @@ def execute(
         f"moebench: {len(combos)} combinations, {len(work)} to run, "
         f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
     )
-    if any(c.combo["trace"] == "nsys" and not c.reason for c in combos):
+    if any(c.combo.trace == "nsys" and not c.reason for c in combos):
         from .traces.nsys import NSYS_MISSING, nsys_available
 
         if not nsys_available():

@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from moebench.layer import build_layer
+from moebench.messages import Task
 from moebench import plan, timing, worker
 from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
@@ -65,7 +67,7 @@ def domain(monkeypatch):
 def _layer(overlap: str, reduction: str) -> MoEKernel:
     cfg = plan.compose_config(["backend=local", "experts=torch", "model=tiny", f"reduction={reduction}",
                                "quant=bf16", f"overlap={overlap}"])
-    _, _, kernel = worker.build_layer(cfg, plan.flat_combo(cfg), 0, 1, None, torch.device("cpu"))
+    kernel = build_layer(plan.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
 
@@ -210,9 +212,10 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
 
     monkeypatch.setattr(timing, "time_interleaved", spy_time_interleaved)
 
-    task = {"key": c.key, "cfg": c.cfg, "combo": c.combo, "tokens": [4, 8]}
-    results = list(worker.run_combination(task, 0, 1, None, torch.device("cpu"), str(tmp_path)))
-    assert [t for t, _ in results] == [4, 8] and all(r["status"] == "ok" for _, r in results)
+    task = Task(0, c.combo, (4, 8))
+    results = [(t, r) for t, r in worker.run_combination(task, 0, 1, None, torch.device("cpu"), str(tmp_path))
+               if r is not None]
+    assert [t for t, _ in results] == [4, 8] and all(r.status == "ok" for _, r in results)
 
     in_timed = [s for s in seen if s[0]]
     assert len(in_timed) >= 2 * 2 * (3 + 1)  # 2 token counts x 2 layer fns x (reps + warm-up)
@@ -227,4 +230,4 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
         assert pushed == []
     else:
         assert set(pushed) >= {"experts", "finalize", "shared_experts"}
-    assert "experts" in results[0][1] and "finalize" in results[1][1]  # phase figures came from the recorder
+    assert "experts" in results[0][1].phases_us and "finalize" in results[1][1].phases_us  # from the recorder

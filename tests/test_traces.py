@@ -294,7 +294,7 @@ def test_nsys_command_and_absence(monkeypatch):
 def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypatch):
     """The launcher's nsys captures the NVTX range the worker opens around each row's timed
     work, once per row (repeat); the worker numbers the rows' reports as nsys does."""
-    from moebench import worker
+    from moebench import capture as capture_mod
     from moebench.traces import nvtx as nvtx_mod
 
     prefix = nsys_rank_prefix(tmp_path)
@@ -319,10 +319,10 @@ def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypa
 
     dom = Domain()
     monkeypatch.setattr(nvtx_mod, "nvtx_domain", lambda: dom)
-    monkeypatch.setattr(worker, "_nsys_captures", 0)
+    monkeypatch.setattr(capture_mod, "_nsys_captures", 0)
     rows = []
     for key in ("a", "b"):
-        with worker._nsys_capture(key, str(tmp_path)) as row:
+        with capture_mod.nsys_capture(key, str(tmp_path)) as row:
             dom.log.append(("timed work",))
         rows.append(row)
     pid = os.getpid()
@@ -336,9 +336,9 @@ def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypa
     assert dom.log[5:] == [("push", name), ("push", "combo/b"), ("timed work",), ("pop",), ("pop",)]
     # without the nvtx package nothing is pushed, nsys captures nothing: no report to point at
     monkeypatch.setattr(nvtx_mod, "nvtx_domain", lambda: None)
-    with worker._nsys_capture("c", str(tmp_path)) as row:
+    with capture_mod.nsys_capture("c", str(tmp_path)) as row:
         pass
-    assert row == {} and worker._nsys_captures == 2
+    assert row == {} and capture_mod._nsys_captures == 2
 
 
 # -- metrics helpers -------------------------------------------------------------

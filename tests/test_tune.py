@@ -60,7 +60,7 @@ def test_tune_times_the_gathered_kernel(monkeypatch):
 
     seen = {}
 
-    def build_layer(cfg, combo, *args):
+    def build_layer(combo, *args):
         seen[combo["quant"]] = combo["row_layout"]
         raise RuntimeError("stop")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,8 @@ from ..kernels.triton.config import (
     config_file_name,
     get_config,
 )
-from ..plan import TOLERANCE
-from ..worker import build_layer
+from ..kernels.reference import TOLERANCE
+from ..layer import build_layer
 from ..workload import make_inputs, reference_expert_fn
 
 # The search spaces, vLLM's axes. "small" is for the Triton interpreter and smoke runs;
@@ -122,7 +123,8 @@ def tune(
     if c.combo["quant"] in CONTIGUOUS_QUANTS and c.combo.get("row_layout", "auto") == "auto":
         c = _one_layer(ovs + ["experts.row_layout=gathered"])
     device = torch.device("cuda", torch.cuda.current_device()) if c.combo["device"] == "cuda" else torch.device("cpu")
-    ctx, weights, kernel = build_layer(c.cfg, c.combo, 0, 1, None, device)
+    layer = build_layer(c.combo, 0, 1, None, device)
+    ctx, weights, kernel = layer.ctx, layer.weights, layer.kernel
     experts, shape, quant = kernel.experts, ctx.shape, ctx.quant
     E, I, P = ctx.num_local_experts, shape.intermediate, shape.topk
     tol = TOLERANCE[quant.name]
@@ -143,19 +145,20 @@ def tune(
         graph = device.type == "cuda" and T <= graph_max
 
         def trial(cfg: dict) -> Trial:
-            experts.ctx.options["triton_config"] = cfg
-            experts.__dict__.pop("_config_cache", None)
+            # experts built for this tile (a value in their context, nothing shared is changed)
+            tiled = type(experts)(weights, experts.reduction,
+                                  dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)}))
             t = Trial(config=dict(cfg))
             out.fill_(float("nan"))  # a tile that skips rows must not pass on the last trial's output
             final.fill_(float("nan"))
             try:
-                experts.apply(out, prepared, ws13, ws2)
-                kernel.pf.finalize(final, out, prepared, experts.finalize_weight_and_reduce())
+                tiled.apply(out, prepared, ws13, ws2)
+                kernel.pf.finalize(final, out, prepared, tiled.finalize_weight_and_reduce())
                 t.rel_err = rel_err(final, ref)
                 if not t.rel_err <= tol:
                     t.error = f"incorrect: rel_err {t.rel_err:.3g} > {tol:g}"
                     return t
-                s = timing.time_samples(lambda: experts.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush,
+                s = timing.time_samples(lambda: tiled.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush,
                                         graph=graph, warmup_ms=50.0)
                 t.us = s.median
             except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
@@ -174,7 +177,6 @@ def tune(
                 b = res.best
                 log(f"tune T={T}: {i + 1}/{len(cands)} configs, best {b.us:.1f} µs" if b else f"tune T={T}: {i + 1}/{len(cands)}")
         results.append(res)
-    experts.ctx.options.pop("triton_config", None)
     info = {
         "E": E, "N": I, "dtype": config_dtype(quant.name), "block_shape": config_block_shape(quant.name),
         "model": c.combo["model"], "quant": quant.name, "simulate_ep": ctx.simulate_ep, "device": device.type,

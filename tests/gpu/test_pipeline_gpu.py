@@ -48,7 +48,7 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     from triton.testing import do_bench
 
     from moebench import plan, timing
-    from moebench.worker import build_layer
+    from moebench.layer import build_layer
     from moebench.workload import make_inputs
 
     @triton.jit
@@ -75,8 +75,8 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
 
     cfg = plan.compose_config(["backend=local", "backend.simulate_ep=8", "experts=torch", "model=deepseek_v3",
                                "reduction=experts", "quant=bf16", "overlap=none"])
-    combo = plan.flat_combo(cfg)
-    ctx, _, kernel = build_layer(cfg, combo, 0, 1, None, dev)
+    layer = build_layer(plan.to_combo(cfg), 0, 1, None, dev)
+    ctx, kernel = layer.ctx, layer.kernel
     x, w, ids = make_inputs(ctx.shape, 256, "uniform", 1.0, 0, 0, 2, dev)
     layer = lambda: kernel(x, w, ids)  # noqa: E731
 

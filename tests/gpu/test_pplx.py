@@ -1,5 +1,5 @@
 """pplx on 2 GPUs (NCCL group; pplx's intranode CUDA-IPC transport, and its internode
-NVSHMEM transport with `extra.pplx_mode=internode`).
+NVSHMEM transport with `backend.pplx_mode=internode`).
 
 1. Directly on 2 spawned ranks (as tests/gpu/test_deepep_ht.py): MoEKernel(pplx,
    {triton_batched, torch_batched}, shared experts) x {bf16, fp8_block} x
@@ -213,7 +213,7 @@ def _direct(rank, device, mode, quants, tokens):
     for qname in quants:
         quant = QuantSpec(qname)
         ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD,
-                            group=dist.group.WORLD, options={"extra": {"pplx_mode": mode}})
+                            group=dist.group.WORLD, options={"pplx_mode": mode})
         weights = build_expert_weights(ctx, seed)
         experts = {"triton_batched": TritonBatchedExperts(weights, "finalize", ctx),
                    "torch_batched": TorchBatchedExperts(weights, "finalize", ctx)}
@@ -323,5 +323,5 @@ def test_pplx_graph_timing_and_internode_through_the_sweep(tmp_path):
     assert (df.timing_mode == "graph").all()
     df = _execute(["backend=pplx", "experts=triton_batched", "reduction=finalize", "overlap=none,dispatch",
                    f"quant={','.join(QUANTS)}", f"model={MODEL}", "workload.tokens_per_rank=[1,128]",
-                   "+extra.pplx_mode=internode", *QUICK], tmp_path / "internode")
+                   "backend.pplx_mode=internode", *QUICK], tmp_path / "internode")
     _all_ok(df, 2 * len(QUANTS) * 2)
