@@ -18,8 +18,8 @@ import deepep_ht_profiler as ht  # noqa: E402
 import deepep_ll_profiler as ll  # noqa: E402
 from _deepep_compare import kernel_sums  # noqa: E402
 
-HT_RUN = REPO / "results" / "h200x2-deepep_profiler"
-LL_RUN = REPO / "results" / "h200x2-deepep_ll_profiler"
+HT_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ht"
+LL_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ll"
 
 
 def test_intranode_log_parses_to_the_recommended_and_best_configs():
