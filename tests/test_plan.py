@@ -1,5 +1,5 @@
 """Planning: sweep expansion with Hydra's override parser, sweep files, the
-validity rules of DESIGN.md and refusals before any work starts."""
+validity rules of docs/design.md and refusals before any work starts."""
 from __future__ import annotations
 
 import pytest
@@ -157,13 +157,13 @@ V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=c
               "model=deepseek_v3", "runner.device=cpu"]
 
 
-# IDENTITY_KEYS before the knobs of session 3 (commit dfe5564): stored rows carry keys hashed from these
+# IDENTITY_KEYS before the knobs added at commit dfe5564: stored rows carry keys hashed from these
 KEYS_BEFORE_KNOBS = (
     "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
     "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
     "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
     "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
-)  # experts.row_layout (session 4) is left out at "auto" too
+)  # experts.row_layout (added after them) is left out at "auto" too
 
 
 def test_new_knobs_at_their_defaults_keep_earlier_keys_and_labels():

@@ -15,7 +15,7 @@ from moebench.traces.cli import find_traces
 
 REPO = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "traces"
-# run 13's allgather_rs rows (issue #4); the triton experts, overlap=combine row is combination
+# the allgather_rs rows at 2be9ad1 (issue #4); the triton experts, overlap=combine row is combination
 # dfb6438509fd, whose two ranks' traces are the fixtures below
 TRACE_RUN = REPO / "results" / "archive" / "trace_vs_ablation-2be9ad1"
 TRITON_KEY = "dfb6438509fd"
