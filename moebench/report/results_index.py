@@ -188,7 +188,7 @@ def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list
     runs, comparisons = [], []
     dirs = [folder] + sorted(p for p in folder.rglob("*") if p.is_dir())
     for d in dirs:
-        if any(part in ("rows", "report", "traces", "configs", "plain_test") for part in d.relative_to(folder).parts):
+        if any(part in ("rows", "report", "traces") for part in d.relative_to(folder).parts):
             continue
         if _is_run(d):
             runs.append(read_run(root, d, meta, "." if d == folder else str(d.relative_to(folder))))
@@ -265,9 +265,10 @@ One folder per question. A run directory is as `moebench sweep` writes it (`rows
 the measured rows are merged into `rows/rows.parquet` by `scripts/compact_rows.py`, and
 `skipped.parquet`; `env.json`; `sweep-*.json`) plus `report/` from `moebench report <run>`.
 *commit* is the code a run measured (`env.json`'s `MOEBENCH_GIT_SHA`, else its `git_sha`;
-the folder's `about.md` where the stored one is wrong, shown beside it); a run at older code
-than today's measured that code. *machine*: GPUs the run used (of the machine's). Folders
-under `archive/` hold superseded generations, kept as the findings' history.
+the folder's `about.md` where the stored one is wrong, which is then shown beside it). Most
+folders measured older code than today's; a folder's caveats say where later code changes
+its figures. *machine*: the GPUs a run used (of the machine's). Folders under `archive/`
+hold superseded generations, kept as the findings' history.
 
 Commands are the recorded ones, rendered for today's code: renamed keys take their new names
 (`experts.fp8_layout` → `experts.row_layout`), and the `runner.device=cuda` the GPU runs pinned
