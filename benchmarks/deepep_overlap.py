@@ -1,4 +1,4 @@
-"""The plain DeepEP + shared-expert overlap test of ../shared/DEVICE.md, on moebench's
+"""The plain DeepEP + shared-expert overlap test (docs/findings/overlap.md), on moebench's
 timing: DeepEP HT combine alone, the deepseek_v3 shared expert alone, both overlapped
 (combine with async_finish on DeepEP's stream, shared expert on the current stream),
 and both in sequence, on 2 GPUs with both ranks starting the combine together (no

@@ -1,7 +1,7 @@
 """moebench's multi-rank timing against a hand-written event loop, on an NCCL
 all-gather (2 GPUs), with both timings printed. tests/gpu/test_nccl_timing.py asserts
-issue #4's criterion on the same callable (moebench vs back-to-back events); run 15
-read them within 0.1 %, p80/p20 1.009 (docs/perf-notes.md).
+issue #4's criterion on the same callable (moebench vs back-to-back events): within
+0.1 %, p80/p20 1.009 on 2 x H200 (docs/findings/timing.md).
 
     python benchmarks/nccl_timing.py [--mib 64] [--reps 50]
 """

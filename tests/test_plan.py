@@ -1,5 +1,5 @@
 """Planning: sweep expansion with Hydra's override parser, sweep files, the
-validity rules of DESIGN.md and refusals before any work starts."""
+validity rules of docs/design.md and refusals before any work starts."""
 from __future__ import annotations
 
 import pytest

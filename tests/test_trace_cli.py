@@ -15,12 +15,12 @@ from moebench.traces.cli import find_traces
 
 REPO = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "traces"
-# run 13's allgather_rs rows (issue #4); the triton experts, overlap=combine row is combination
+# the allgather_rs rows at 2be9ad1 (issue #4); the triton experts, overlap=combine row is combination
 # dfb6438509fd, whose two ranks' traces are the fixtures below
-TRACE_RUN = REPO / "results" / "h200x2-trace_vs_ablation"
+TRACE_RUN = REPO / "results" / "archive" / "trace_vs_ablation-2be9ad1"
 TRITON_KEY = "dfb6438509fd"
 TRITON_RANKS = [FIX / f"h200_allgather_rs_triton_combine_rank{r}_T4096.json.gz" for r in (0, 1)]
-NO_TRACE_RUN = REPO / "results" / "h200x2-deepep_profiler"  # measured with trace=none
+NO_TRACE_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ht"  # measured with trace=none
 
 
 def _copy_run(src: Path, dst: Path) -> Path:

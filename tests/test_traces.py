@@ -36,7 +36,7 @@ CPU_TRACE = FIX / "cpu_phases.json.gz"
 GPU_TRACE = FIX / "h200_nccl_rank0_T1024.json.gz"  # capture_gpu_trace.py on 2 x H200, torch 2.11
 ABLATION = FIX / "synthetic_ablation.json"  # the stretch scenario (make_fixtures.py)
 ABLATION_NSYS = FIX / "synthetic_ablation_nsys.sqlite"
-# real traces of the old format, no ablation samples (the allgather_rs ones of run 13 have them)
+# real traces of the old format, no ablation samples (the allgather_rs ones, at 2be9ad1, have them)
 H200 = sorted(p for p in FIX.glob("h200_*.json.gz") if "allgather_rs" not in p.name)
 H200_ABLATION = sorted(FIX.glob("h200_allgather_rs_*.json.gz"))
 
@@ -646,7 +646,7 @@ def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monke
 
 @pytest.mark.parametrize("path", H200_ABLATION, ids=[p.name for p in H200_ABLATION])
 def test_real_traces_with_ablation_samples_give_the_stretch_figure(path):
-    """allgather_rs, overlap=combine, 4096 tokens on H200 (run 13): 3 samples of each family,
+    """allgather_rs, overlap=combine, 4096 tokens on H200 (at 2be9ad1): 3 samples of each family,
     the stretch-aware figure, comm kernels found in the layer and alone."""
     s = summarize_file(path)[0]
     assert s.num_samples == 3 and s.num_ablation_samples == {"noshared": 3, "shared": 3}

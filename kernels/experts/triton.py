@@ -12,7 +12,7 @@ layout the `deepgemm` experts build) so that both GEMM operands load through TMA
 (kernels/triton/contiguous_gemm.py), then un-permuted with the reduction
 (kernels/experts/_contiguous.py). The layout is chosen per call from the expected
 local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured on an H200:
-docs/findings/fp8-layouts.md); the knob experts.row_layout = gathered | contiguous forces one.
+docs/findings/triton-vs-deepgemm.md); the knob experts.row_layout = gathered | contiguous forces one.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
@@ -33,10 +33,10 @@ from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, sta
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
 
 # fp8_block: the contiguous layout from this many expected local pairs per expert on. Measured
-# on an H200 (docs/perf-notes.md run 16, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
+# on an H200 (docs/findings/triton-vs-deepgemm.md, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
 # pairs per expert 477 / 762 µs, deepseek_v3 (EP-8 share) at 128 1560 / 1348, mixtral_8x7b and
 # qwen3_30b_a3b at 256 2040 / 1656 and 1376 / 1116
-# bf16 (run 22, experts phase, gathered / contiguous): mixtral_8x7b at 256 pairs per expert 1925 /
+# bf16 (same, experts phase, gathered / contiguous): mixtral_8x7b at 256 pairs per expert 1925 /
 # 1881 µs, at 1024 5792 / 5281; qwen3_30b_a3b at 256 1039 / 1060, at 1024 3059 / 2862;
 # deepseek_v3's EP-8 share at 512 (16384 tokens) 3170 / 3319: its tuned gathered tiles win
 CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 1024, "fp8_block": 128}

@@ -18,7 +18,7 @@ Upstream defect (pplx-kernels csrc/all_to_all/intranode_dispatch.cu, send loop):
 intranode dispatch runs one block per SM (132 on an H200), each block stages a token in
 one shared-memory row and sends it, and nothing stops the block's next token from being
 copied into that row while warps still send the previous one. With more tokens per rank
-than blocks, received rows mix two tokens. Confirmed on 2 x H200 (results/h200x2-pplx_race):
+than blocks, received rows mix two tokens. Confirmed on 2 x H200 (docs/findings/deepep-pplx.md):
 intranode 132 tokens per rank ok (rel_err 0.004), 133 incorrect (0.039), 512 incorrect
 (0.43); internode at 512 ok (0.004). Build pplx with
 a __syncthreads() at the end of that loop body; the internode transport stages rows in

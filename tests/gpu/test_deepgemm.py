@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-TOL = 6e-2  # fp8_block (DESIGN.md)
+TOL = 6e-2  # fp8_block (docs/design.md)
 MODELS = ("tiny", "deepseek_v2_lite")
 MIN_TOKENS = 256  # experts.deepgemm_min_tokens (the default)
 TOKENS = (1, 100, 256, 512)  # 1 / 100: Triton in triton_or_deepgemm; 256 / 512: DeepGEMM

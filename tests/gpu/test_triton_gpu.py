@@ -34,7 +34,7 @@ pytestmark = [
 ]
 
 DEV = torch.device("cuda")
-TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # DESIGN.md
+TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 # (shape, simulate_ep): DeepSeek-V3 at EP 8 keeps 32 of its 256 experts
 MODELS = {
     "qwen3_30b_a3b": (LayerShape(hidden=2048, intermediate=768, num_experts=128, topk=8), 1),
