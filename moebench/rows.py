@@ -59,7 +59,7 @@ def _mean(ranks: list, key: str) -> float:
 
 def overlap_fraction(layer_us, no_shared_us, shared_us):
     """clamp(1 − (layer − no_shared) / shared, 0, 1) from the three medians (µs), elementwise
-    over arrays; NaN where shared ≤ 0 or a median is NaN (DESIGN.md, overlap by ablation)."""
+    over arrays; NaN where shared ≤ 0 or a median is NaN (docs/design.md, "Overlap by ablation")."""
     layer, no_shared, shared = (np.asarray(x, dtype=float) for x in (layer_us, no_shared_us, shared_us))
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.clip(1.0 - (layer - no_shared) / shared, 0.0, 1.0)
@@ -163,7 +163,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         no_shared = _elementwise_max([r.no_shared_samples_us for r in ranks])
         row["shared_us"] = _q(shared, 50)
         row["latency_no_shared_us"] = _q(no_shared, 50)
-        # overlap by ablation (DESIGN.md): what the shared experts add to the layer
+        # overlap by ablation (docs/design.md): what the shared experts add to the layer
         row["shared_exposed_us"] = row["latency_us_median"] - row["latency_no_shared_us"]
         row["overlap_fraction"] = float(overlap_fraction(row["latency_us_median"], row["latency_no_shared_us"],
                                                          row["shared_us"]))
@@ -179,7 +179,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     # trace figures: the critical rank's, as the ablation's latency is the max over ranks.
     # A rank that reaches the combine early hides its shared experts in its wait for the
     # other rank, which sets the layer's end: the rank whose layer samples span longest in
-    # its trace. Without every rank's span, the ranks' mean (docs/perf-notes.md, run 13).
+    # its trace. Without every rank's span, the ranks' mean (docs/findings/trace-vs-ablation.md).
     crit = critical_rank([r.trace_layer_us for r in ranks])
     if crit is not None:
         row["trace_critical_rank"] = crit
@@ -191,7 +191,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         row[f"{k}_per_rank"] = [float(v) if (v := getattr(r, k)) is not None else NAN for r in ranks]
     # several ranks with every trace readable on rank 0: the overlap on communication intervals
     # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
-    # (the critical path; docs/perf-notes.md, session 4)
+    # (the critical path; docs/findings/trace-vs-ablation.md)
     row["trace_wait_us_per_rank"] = [NAN] * len(ranks)
     row["trace_trimmed_overlap_per_rank"] = [NAN] * len(ranks)
     matched = ranks[0].trace_matched_overlap_per_rank

@@ -107,7 +107,7 @@ def time_interleaved(
     warmup_ms (GPU only): after the `warmup` calls, keep calling for about this
     long, so that sampling starts at the clock the GPU sustains under this load
     rather than at its idle boost (an H200 runs a GEMM ~10% faster in its first
-    tens of ms than after ~100 ms: docs/perf-notes.md). With several ranks,
+    tens of ms than after ~100 ms: docs/findings/timing.md). With several ranks,
     `agree` (a max over the ranks) makes them run the same number of calls.
     """
     if graph:

@@ -141,7 +141,7 @@ def tune(
         ws13, ws2, out = (torch.empty(s, dtype=experts.workspace_dtype, device=device) for s in experts.workspace_shapes(*dims))
         final = torch.empty(T, shape.hidden, dtype=torch.bfloat16, device=device)
         # decode sizes: CUDA-graph replays, as the sweeps time them (eager, a few launches of
-        # tiny kernels time the host: run 21 tuned qwen3 fp8 tiles that were slower in graphs)
+        # tiny kernels time the host: qwen3 fp8 tiles tuned so were slower in graphs, docs/findings/tuning.md)
         graph = device.type == "cuda" and T <= graph_max
 
         def trial(cfg: dict) -> Trial:
