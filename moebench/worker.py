@@ -239,7 +239,7 @@ def run_combination(task: dict, rank: int, world_size: int, group, device: torch
             if shared is not None:
                 fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: shared(x)]
             agree = lambda n: _all_max(n, group, device)  # noqa: E731
-            with _nsys_capture(task["key"], run_dir) if under_nsys else nullcontext({}) as nsys_row:
+            with _nsys_capture(task["key"], run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
                 phase_lead = _phase_head_start(kernel, fn, rec, barrier, device, agree) if r["phase_reps"] else 0
                 timed = timing.time_interleaved(fns, device, r["reps"], r["warmup"], barrier=barrier, flush=flush,
                                                 align=align, graph=use_graph, warmup_ms=r.get("warmup_ms", 0.0),
@@ -314,21 +314,22 @@ _nsys_captures = 0  # capture ranges this rank process has opened: nsys numbers 
 
 
 @contextmanager
-def _nsys_capture(key: str, run_dir: str) -> Iterator[dict]:
+def _nsys_capture(key: str, run_dir: str, tokens: int = 0, rank: int = 0) -> Iterator[dict]:
     """Under nsys, around the timed work of one row (the timed samples and the phase samples):
-    the NVTX range that starts and ends one capture (traces/nsys.py `nsys_rank_prefix`).
-    Yields what the row gets: {"trace_path": the report this rank writes for it}, or {}
-    without the `nvtx` package (no range, so nsys captures nothing; nvtx.py warns)."""
+    the NVTX range that starts and ends one capture (traces/nsys.py `nsys_rank_prefix`),
+    recorded in this rank process's capture manifest (traces/nsys.py `record_capture`): once the
+    ranks have exited, the launcher sets the row's `trace_path` to the report that exists, or its
+    `trace_error` to why there is none (traces/nsys_import.py `resolve_nsys_rows`). Yields {}:
+    the row names no file before it exists."""
     global _nsys_captures
-    from .traces.nsys import nsys_rank_report
+    from .traces.nsys import record_capture
     from .traces.nvtx import capture_range
 
-    with capture_range(key) as pushed:
-        out: dict = {}
-        if pushed:
+    with capture_range(key) as api:
+        if api is not None:
             _nsys_captures += 1
-            out["trace_path"] = os.path.relpath(nsys_rank_report(run_dir, os.getpid(), _nsys_captures), run_dir)
-        yield out
+        record_capture(run_dir, os.getpid(), _nsys_captures if api is not None else None, key, tokens, rank, api)
+        yield {}
 
 
 def _capture_trace(kernel, fn, task, rank, T, run_dir, trace_cfg, barrier, inputs=None, align=None,
