@@ -126,10 +126,12 @@ def summarize_file(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> list
     return [summarize(t) for t in load_traces(path, max_mb)]
 
 
-def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path]) -> Path:
-    name = Path(trace.source.split("#")[0]).name
-    suffix = trace.source.split("#")[1] if "#" in trace.source else ""
-    base = f"{name}{'.' + suffix if suffix else ''}.timeline.png"
+def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path], base: Optional[str] = None) -> Path:
+    """Where a timeline PNG of `path` goes: beside it, or under `out` mirroring the layout below `root`."""
+    if base is None:
+        name = Path(trace.source.split("#")[0]).name
+        suffix = trace.source.split("#")[1] if "#" in trace.source else ""
+        base = f"{name}{'.' + suffix if suffix else ''}.timeline.png"
     if out is None:
         return path.parent / base
     rel = path.parent.relative_to(root) if root is not None and path.is_relative_to(root) else Path()
@@ -178,6 +180,7 @@ def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] 
                 errors.append(str(e))
                 print(f"skipped: {e}", file=sys.stderr)
                 continue
+            root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
             for trace in traces:
                 summary: TraceSummary = summarize(trace)
                 print(to_markdown(summary))
@@ -187,13 +190,27 @@ def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] 
                 if plot:
                     from moebench.traces.timeline import plot_timeline
 
-                    root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
                     png = plot_timeline(trace, _plot_path(trace, f, out, root))
                     print(f"timeline: {png}\n")
+            if plot and len(traces) > 1:  # an nsys report of several ranks (processes)
+                from moebench.traces.timeline import plot_ranks
+
+                png = plot_ranks(traces, _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
+                                 [t.source.split("#")[-1] for t in traces])
+                print(f"ranks timeline: {png}\n")
         if len(ranks) > 1:
             order = sorted(ranks)
             matched = matched_overlap([ranks[r][1] for r in order]) if order == list(range(len(order))) else None
             print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched))
+            if plot:
+                from moebench.traces.timeline import plot_ranks
+
+                f0 = Path(group[0])
+                root = next((r for r in roots or () if f0.is_relative_to(r)), None)
+                png = plot_ranks([ranks[r][1] for r in order], _plot_path(ranks[order[0]][1], f0, out, root,
+                                                                          f"T{key[1]}.ranks.timeline.png"),
+                                 [f"rank {r}" for r in order])
+                print(f"ranks timeline: {png}\n")
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
