@@ -161,3 +161,15 @@ def test_import_a_real_capture_and_update_its_row(tmp_path, capsys):
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"StringIds", "PROCESSES", "META_DATA_CAPTURE", "META_DATA_EXPORT"} <= tables
     assert read_captures(run)[("k", 8, 0)]["n"] == 1
+
+
+def test_moebench_env_says_which_nsys_and_which_nvtx_api(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nsys
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "profilers:" in out and "nsys          missing" in out and "trace=nsys falls back to trace=torch" in out
+    assert "nvtx ranges" in out
+    from moebench.env import profiler_info
+
+    info = profiler_info()
+    assert info["nsys"]["path"] is None and info["nvtx_api"] in ("torch.cuda.nvtx", "nvtx package", None)
