@@ -245,6 +245,14 @@ def test_interleaved_timing_keeps_order_and_counts():
     assert slow.median > fast.median and slow.p20 <= slow.median <= slow.p80
 
 
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
 def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     """With `nsys` on PATH the ranks are spawned through `nsys profile ... python`, with an
     NVTX capture range that repeats (one capture per row and rank); each rank records the
@@ -290,13 +298,18 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
 
     caps = read_captures(run_dir)
     stems = {(k[1], k[2]): v["stem"] for k, v in caps.items()}
-    pid0 = int(stems[(4, 0)].split("ranks_")[1].split(".")[0])
-    assert pid0 in pids
-    assert [stems[(4, 0)], stems[(8, 0)]] == [f"traces/nsys/ranks_{pid0}.1", f"traces/nsys/ranks_{pid0}.2"]
+    assert set(stems) == {(4, 0), (8, 0), (4, 1), (8, 1)}
+    if _importable("nvtx"):  # CPU ranks push their ranges through the nvtx package
+        pid0 = int(stems[(4, 0)].split("ranks_")[1].split(".")[0])
+        assert pid0 in pids
+        assert [stems[(4, 0)], stems[(8, 0)]] == [f"traces/nsys/ranks_{pid0}.1", f"traces/nsys/ranks_{pid0}.2"]
+        reasons = ("nsys wrote no file for capture", "the capture range went through the nvtx package")
+    else:  # no NVTX API: no range was pushed, and the rows say so
+        assert set(stems.values()) == {None}
+        reasons = ("no NVTX capture range was opened for this row",)
     # the stand-in wrote no report: no row names a file, each says why
     assert list(df.trace_path) == ["", ""]
-    assert all(why.startswith(("nsys wrote no file for capture", "the capture range went through the nvtx package"))
-               for why in df.trace_error), list(df.trace_error)
+    assert all(why.startswith(reasons) for why in df.trace_error), list(df.trace_error)
     assert children() == []
 
 
