@@ -159,7 +159,12 @@ unpacked_target() {
             say "no $TARGET/$TARGET_ARCHIVE: run $0 --download on a networked machine, then carry .deps/nsys-target"
             exit 1; }
         mkdir -p "$dest"
-        tar -C "$dest" -xJf "$TARGET/$TARGET_ARCHIVE"
+        if command -v xz >/dev/null; then
+            tar -C "$dest" -xJf "$TARGET/$TARGET_ARCHIVE"
+        else  # an image without xz-utils: Python's lzma
+            python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" \
+                "$TARGET/$TARGET_ARCHIVE" "$dest"
+        fi
     fi
     echo "$dest/target-linux-x64"
 }
