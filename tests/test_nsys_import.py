@@ -17,7 +17,7 @@ from moebench import cli
 from moebench.paths import REPO_ROOT
 from moebench.traces import nsys_import
 from moebench.traces.nsys import record_capture
-from moebench.traces.nsys_import import capture_state, nsys_info, read_captures, resolve_nsys_rows
+from moebench.traces.nsys_import import nsys_info, read_captures, resolve_nsys_rows
 
 INSTALL = REPO_ROOT / "scripts" / "install_nsys.sh"
 

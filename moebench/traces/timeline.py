@@ -194,7 +194,8 @@ def _draw(ax, lanes, span_us: float, overlap: list, t0: float, title: str, kerne
             ax.broken_barh([(start, dur)], (yy + 0.1, 0.8), facecolors=color, edgecolors=edge,
                            hatch=hatch, linewidth=lw)
             if text and name.startswith("GPU") and kernel_labels and dur > span_us * 0.02:
-                ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=6, clip_on=True, bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.5, "edgecolor": "none"})
+                ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=6, clip_on=True,
+                        bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.5, "edgecolor": "none"})
             elif text and not name.startswith("GPU") and dur > span_us * 0.06:
                 ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=7)
         has_gpu |= name.startswith("GPU")
