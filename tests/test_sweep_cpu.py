@@ -264,6 +264,7 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     fake = bin_dir / "nsys"
     fake.write_text(
         "#!/bin/sh\n"
+        '[ "$1" = --version ] && { echo "NVIDIA Nsight Systems version 0.0 (stand-in)"; exit 0; }  # moebench env\n'
         'printf "%s\\n" "$@" > "$FAKE_NSYS_ARGV.$$"\n'
         'shift  # profile\n'
         'out=""\n'
