@@ -11,7 +11,10 @@
 #                                           unpacked, 16 MiB packed; at most 30): carry it to the
 #                                           GPU machine;
 #                                         - .deps/nsys-host/    QdstrmImporter and `nsys export`
-#                                           with their libraries: stays on the CPU machine.
+#                                           with their libraries: stays on the CPU machine;
+#                                         - .deps/nsys-importer/ (optional) the importer's own closure,
+#                                           14 MiB xz: carried beside the target where the tree
+#                                           leaves room, the captures are imported on the GPU machine.
 #   scripts/install_nsys.sh --target-env  prints the exports that put the carried target first on
 #                                         PATH (eval "$(scripts/install_nsys.sh --target-env)"),
 #                                         unpacking it once into NSYS_UNPACK_DIR (default
@@ -32,6 +35,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEPS=${DEPS:-$ROOT/.deps}
 TARGET=${NSYS_TARGET_DIR:-$DEPS/nsys-target}
 HOST=${NSYS_HOST_DIR:-$DEPS/nsys-host}
+IMPORTER=${NSYS_IMPORTER_DIR:-$DEPS/nsys-importer}
 DEBS=$DEPS/nsys/debs
 NSYS_VERSION=2024.2.3.38~12.5.0-2+b1
 ARROW_VERSION=0~~12.5.0-2+b1
@@ -139,6 +143,26 @@ pack_target() {  # the pruned target, xz-compressed: what travels
     say "$TARGET/$TARGET_ARCHIVE: $mib MiB"
 }
 
+# Optional: the importer and the libraries it links (its ldd closure, 69 MB, 14 MiB xz), to carry
+# beside the target when the tree leaves room (64 MiB a call): the target then finds it at
+# ../host-linux-x64 and writes .nsys-rep and, with --export=sqlite, .sqlite on the GPU machine.
+pack_importer() {
+    local h work
+    h=$(host_dir "$HOST")
+    work=$(mktemp -d /tmp/install_nsys.XXXXXX)
+    mkdir -p "$work/host-linux-x64"
+    cp -L "$h/QdstrmImporter" "$work/host-linux-x64/"
+    LD_LIBRARY_PATH=$h:$HOST/usr/lib/x86_64-linux-gnu ldd "$h/QdstrmImporter" | awk '/=> \// {print $3}' \
+        | grep -F "$HOST/" | sort -u | xargs -I{} cp -L {} "$work/host-linux-x64/"
+    cp -L "$HOST"/usr/lib/x86_64-linux-gnu/libssh.so* "$work/host-linux-x64/"  # opened by name at run time
+    rm -rf "$IMPORTER"
+    mkdir -p "$IMPORTER"
+    tar -C "$work" -cJf "$IMPORTER/host-linux-x64.tar.xz.part" host-linux-x64
+    mv "$IMPORTER/host-linux-x64.tar.xz.part" "$IMPORTER/host-linux-x64.tar.xz"
+    rm -rf "$work"
+    say "$IMPORTER/host-linux-x64.tar.xz: $(( $(stat -c %s "$IMPORTER/host-linux-x64.tar.xz") / 1048576 )) MiB (optional)"
+}
+
 unpack_host() {  # everything the importer and `nsys export` need, here
     local f
     rm -rf "$HOST"
@@ -159,12 +183,15 @@ unpacked_target() {
             say "no $TARGET/$TARGET_ARCHIVE: run $0 --download on a networked machine, then carry .deps/nsys-target"
             exit 1; }
         mkdir -p "$dest"
-        if command -v xz >/dev/null; then
-            tar -C "$dest" -xJf "$TARGET/$TARGET_ARCHIVE"
-        else  # an image without xz-utils: Python's lzma
-            python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" \
-                "$TARGET/$TARGET_ARCHIVE" "$dest"
-        fi
+        local a
+        for a in "$TARGET/$TARGET_ARCHIVE" "$IMPORTER/host-linux-x64.tar.xz"; do
+            [[ -f $a ]] || continue
+            if command -v xz >/dev/null; then
+                tar -C "$dest" -xJf "$a"
+            else  # an image without xz-utils: Python's lzma
+                python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" "$a" "$dest"
+            fi
+        done
     fi
     echo "$dest/target-linux-x64"
 }
@@ -172,8 +199,10 @@ unpacked_target() {
 target_env() {
     local t
     t=$(unpacked_target)
+    local libs=$t
+    [[ -d $t/../host-linux-x64 ]] && libs=$t:$(cd "$t/../host-linux-x64" && pwd)  # the optional importer
     echo "export PATH=$t\${PATH:+:\$PATH}"
-    echo "export LD_LIBRARY_PATH=$t\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+    echo "export LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 }
 
 host_env() {
@@ -199,7 +228,7 @@ check() {  # both installs start here, and the pruned target captures NVTX on th
 }
 
 case "${1:-}" in
-    --download) fetch_debs; unpack_host; pack_target; du -sh "$TARGET" "$HOST" >&2 ;;
+    --download) fetch_debs; unpack_host; pack_target; pack_importer; du -sh "$TARGET" "$IMPORTER" "$HOST" >&2 ;;
     --target-env) target_env ;;
     --host-env) host_env ;;
     --check) check ;;

@@ -173,3 +173,18 @@ def test_moebench_env_says_which_nsys_and_which_nvtx_api(monkeypatch, capsys):
 
     info = profiler_info()
     assert info["nsys"]["path"] is None and info["nvtx_api"] in ("torch.cuda.nvtx", "nvtx package", None)
+
+
+def test_a_real_repeat_capture_export_holds_the_default_domain_ranges(capsys):
+    """cpu_nsys_repeat_capture.sqlite (fixtures/traces/nvtx_repeat.c under the pruned target with
+    the importer beside it): one capture of a repeat series, opened by the default-domain range
+    `moebench/timed` matched by message; the parser names moebench's ranges without the prefix."""
+    from moebench.traces.nsys import parse_nsys_sqlite
+
+    path = Path(__file__).parent / "fixtures" / "traces" / "cpu_nsys_repeat_capture.sqlite"
+    trace = parse_nsys_sqlite(path)
+    assert [r.name for r in trace.ranges] == ["timed", "combo/abc"] and trace.combos() == ["abc"]
+    assert trace.notes == [] and trace.kernels == []
+    assert 19_000 < trace.ranges[1].dur_us < 40_000  # the 20 ms sleep inside
+    assert cli.main(["trace", str(path)]) == 0
+    assert "no GPU activity in the trace" in capsys.readouterr().out
