@@ -83,21 +83,22 @@ _nsys_captures = 0  # capture ranges this rank process has opened: nsys numbers 
 
 
 @contextmanager
-def nsys_capture(key: str, run_dir: str) -> Iterator[dict]:
+def nsys_capture(key: str, run_dir: str, tokens: int = 0, rank: int = 0) -> Iterator[dict]:
     """Under nsys, around the timed work of one row (the timed samples and the phase samples):
-    the NVTX range that starts and ends one capture (traces/nsys.py `nsys_rank_prefix`).
-    Yields what the row gets: {"trace_path": the report this rank writes for it}, or {}
-    when no range could be pushed (nsys then captures nothing)."""
+    the NVTX range that starts and ends one capture (traces/nsys.py `nsys_rank_prefix`),
+    recorded in this rank process's capture manifest (traces/nsys.py `record_capture`): once the
+    ranks have exited, the launcher sets the row's `trace_path` to the report that exists, or its
+    `trace_error` to why there is none (traces/nsys_import.py `resolve_nsys_rows`). Yields {}:
+    the row names no file before it exists."""
     global _nsys_captures
-    from .traces.nsys import nsys_rank_report
+    from .traces.nsys import record_capture
     from .traces.nvtx import capture_range
 
-    with capture_range(key) as pushed:
-        out: dict = {}
-        if pushed:
+    with capture_range(key) as api:
+        if api is not None:
             _nsys_captures += 1
-            out["trace_path"] = os.path.relpath(nsys_rank_report(run_dir, os.getpid(), _nsys_captures), run_dir)
-        yield out
+        record_capture(run_dir, os.getpid(), _nsys_captures if api is not None else None, key, tokens, rank, api)
+        yield {}
 
 
 def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, sync: RankSync, inputs=None,

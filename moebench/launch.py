@@ -262,13 +262,17 @@ class Launcher:
         finally:
             _kill(procs)
             q.close()
+            if wrapper:  # nsys has written what it will: each row names its report, or says why none
+                from .traces.nsys_import import resolve_nsys_rows
+
+                resolve_nsys_rows(self.run_dir)
 
     def _nsys_wrapper(self, work) -> Optional[str]:
         """With trace=nsys and nsys on PATH, ranks start under `nsys profile`
         (a wrapper script as the spawn executable). A rank process runs every row of
         the group, so the capture is an NVTX range that repeats: the worker opens it
-        around the timed work of each row, and nsys writes one report per row and
-        rank, `traces/nsys/ranks_<pid>.<n>.nsys-rep` (traces/nsys.py `nsys_rank_prefix`)."""
+        around the timed work of each row, and nsys writes one capture per row and
+        rank, `traces/nsys/ranks_<pid>.<n>.*` (traces/nsys.py `nsys_rank_prefix`)."""
         if not any(c.combo.trace == "nsys" for c, _ in work):
             return None
         from .traces.nsys import nsys_available, nsys_rank_dir, nsys_rank_prefix

@@ -75,7 +75,7 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
             x, w, ids = inputs
             fn = lambda: kernel(x, w, ids)  # noqa: E731
             mode = timing_mode(combo, T)
-            with nsys_capture(task.key, run_dir) if under_nsys else nullcontext({}) as nsys_row:
+            with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
                 timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
             fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
                       "no_shared_samples_us": timed.no_shared_samples_us,
