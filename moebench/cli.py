@@ -164,7 +164,7 @@ def main(argv=None) -> int:
 
             _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run,
                                 oversubscribe=args.oversubscribe)
-            return 0
+            return counts.exit_code()
         if args.cmd == "run":
             return _run_one(args)
         if args.cmd == "list":

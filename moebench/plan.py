@@ -264,7 +264,7 @@ def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
         return None
     what = "GPUs" if combo.device == "cuda" else "CPU cores"
     return (f"backend={combo.backend} runs runner.world_size={combo.world_size} ranks (one per "
-            f"{'GPU' if combo.device == 'cuda' else 'core'}): this machine has {have} {what}")
+            f"{'GPU' if combo.device == 'cuda' else 'core'}): this machine has {have} {what if have != 1 else what[:-1]}")
 
 
 def plan(cli_overrides: list[str], sweep: Optional[str] = None,

@@ -18,6 +18,22 @@ from .store import RunStore
 from .timing import NOISY_SPREAD
 
 
+BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
+
+
+class SweepCounts(Counter):
+    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it."""
+
+    interrupted: bool = False
+
+    def exit_code(self) -> int:
+        """0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom rows;
+        130 interrupted (docs/design.md, "Exit status")."""
+        if self.interrupted:
+            return 130
+        return 1 if any(self.get(s) for s in BAD_STATUSES) else 0
+
+
 class _Progress:
     """tqdm bar over combinations with ETA (plain lines when not a terminal)."""
 
@@ -89,7 +105,7 @@ def execute(
     dry_run: bool = False,
     quiet: bool = False,
     oversubscribe: bool = False,
-) -> tuple[Path, Counter]:
+) -> tuple[Path, "SweepCounts"]:
     """Plan and run; returns the run directory and the status counts of this invocation."""
     combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
@@ -113,7 +129,7 @@ def execute(
         already += len(c.runnable_tokens) - len(todo)
         if todo:
             work.append((c, todo))
-    counts = Counter({"skipped": len(skipped)})
+    counts = SweepCounts({"skipped": len(skipped)})
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
     log(
         f"moebench: {len(combos)} combinations, {len(work)} to run, "
@@ -153,5 +169,6 @@ def execute(
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     log(f"moebench: {summary} (this invocation); results in {run_dir}")
     if stop.requested:
+        counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")
     return run_dir, counts

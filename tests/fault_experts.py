@@ -17,7 +17,7 @@ from moebench.kernels.experts.torch import TorchExperts
 from moebench.kernels.interfaces import Knob
 from moebench.kernels.registry import register_experts
 
-FAULTS = ("none", "sleep", "raise", "kill", "hang_collective", "stuck_rank", "oom", "desync", "wrong")
+FAULTS = ("none", "sleep", "raise", "kill", "hang_collective", "stuck_rank", "oom", "desync", "wrong", "gpu_hang")
 
 
 @register_experts("fault")
@@ -57,6 +57,9 @@ class FaultExperts(TorchExperts):
         elif fault == "desync":  # ranks disagree on a collective's shape
             n = 4 + rank
             dist.all_reduce(torch.ones(n, device=self.ctx.device), group=self.ctx.group)
+        elif fault == "gpu_hang":  # a kernel that never returns (a spin of 2^60 cycles)
+            torch.cuda._sleep(1 << 60)
+            torch.cuda.synchronize(self.ctx.device)
         elif fault == "oom":
             if self.ctx.device.type == "cuda":  # a real CUDA OOM: more than the GPU holds
                 free, _ = torch.cuda.mem_get_info(self.ctx.device)
