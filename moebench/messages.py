@@ -39,6 +39,7 @@ class RankResult:
     no_shared_samples_us: Optional[list] = None  # the ablation (layers with shared experts)
     shared_samples_us: Optional[list] = None
     phases_us: dict = field(default_factory=dict)  # phase -> median µs
+    host_enqueue_us: float = NAN  # host time to enqueue one eager forward (timing.host_enqueue_us)
     # memory
     workspace_bytes_analytic: float = NAN
     analytic_peak_bytes: float = NAN

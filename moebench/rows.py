@@ -117,7 +117,7 @@ def empty_measurements() -> dict:
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
         "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
-        "timing_mode": "", "kernel_us": None,
+        "timing_mode": "", "kernel_us": None, "host_enqueue_us": NAN,
     }
     for p in PHASES:
         row[f"{p}_us"] = NAN
@@ -171,7 +171,8 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         # the two latency medians moves the fraction by tens of points: say how far
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
-    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes"):
+    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
+              "host_enqueue_us"):
         row[k] = _max(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):

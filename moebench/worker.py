@@ -79,7 +79,8 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                 timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
             fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
                       "no_shared_samples_us": timed.no_shared_samples_us,
-                      "shared_samples_us": timed.shared_samples_us, **nsys_row}
+                      "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": timed.host_enqueue_us,
+                      **nsys_row}
             if mode == "profiler":
                 fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
             if combo.memory:

@@ -69,9 +69,10 @@ def test_a_renamed_key_is_rendered_under_its_new_name(capsys):
     old = ["backend=local", "experts=triton", "quant=fp8_block", "model=qwen3_30b_a3b",
            "experts.fp8_layout=gathered,contiguous"]
     assert cli.main(["list", *old, "runner.device=cpu"]) == 2
-    assert "renamed to experts.row_layout" in capsys.readouterr().err
+    assert "use experts.row_layout=gathered" in capsys.readouterr().err
     assert results_index.rename("experts.fp8_layout=gathered") == "experts.row_layout=gathered"
-    assert results_index.rename("+extra.pplx_mode=internode") == "+extra.pplx_mode=internode"
+    assert results_index.rename("+extra.pplx_mode=internode") == "backend.pplx_mode=internode"  # a knob now
+    assert cli.main(["list", "backend=pplx", "experts=triton_batched", "+extra.pplx_mode=internode"]) == 2
     cmd, note = results_index.sweep_command({"name": "adhoc", "overrides": {}},
                                             old + ["reduction=experts", "overlap=none", "runner.device=cuda",
                                                    "workload.tokens_per_rank=[16]"])

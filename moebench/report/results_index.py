@@ -38,7 +38,8 @@ from typing import Optional
 import yaml
 
 from ..paths import REPO_ROOT
-from ..plan import RENAMED, load_sweep
+from ..config import rename as config_rename
+from ..plan import RENAMED, load_sweep  # noqa: F401
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
@@ -83,11 +84,9 @@ def read_about(folder: Path) -> About:
 
 
 def rename(override: str) -> str:
-    """An override with a renamed key given its current name (`+`/`~` prefixes kept)."""
-    head, eq, value = override.partition("=")
-    prefix = head[: len(head) - len(head.lstrip("+~"))]
-    key = head[len(prefix):]
-    return f"{prefix}{RENAMED.get(key, key)}{eq}{value}"
+    """An override with a renamed key given its current name (config.rename: a renamed
+    `+extra.*` key is a declared knob today, so its `+` goes too)."""
+    return config_rename(override)
 
 
 def _args(overrides, drop=frozenset()) -> list[str]:
