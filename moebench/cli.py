@@ -59,14 +59,30 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", help="with --plot: write the PNGs under this directory, mirroring the layout below "
                     "the run's traces/ (default: next to each trace)")
 
-    tu = sub.add_parser("tune", help="Triton tile search for one layer, or the best combination per size of a run",
-                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tu.add_argument("overrides", nargs="*", help="one combination with experts=triton backend=local")
-    tu.add_argument("--space", default="default", help="search space: default, decode, prefill or small (default: %(default)s)")
-    tu.add_argument("--reps", type=int, default=20, help="timed samples per config")
-    tu.add_argument("--out", help="output directory (default: runs/tune-<hash>)")
-    tu.add_argument("--install", action="store_true", help="also copy the config file into kernels/configs/")
-    tu.add_argument("--results", help="instead: the fastest combination per token count of this run directory")
+    tu = sub.add_parser("tune", help="Triton tile search for one layer, a vLLM file's routing, or the best combination "
+                        "per size of a run", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tu.add_argument("overrides", nargs="*", help="one combination with experts=triton backend=local; the token grid is "
+                    "workload.tokens_per_rank (default: vLLM's 18 batch sizes, 1 ... 4096)")
+    tu.add_argument("--space", default="vllm", help="search space before pruning: vllm (vLLM's 1,920 configs), small, "
+                    "decode or prefill (default: %(default)s)")
+    tu.add_argument("--search", default="halving", help="halving (successive halving over tiles inside --budget) or "
+                    "exhaustive (default: %(default)s)")
+    tu.add_argument("--budget", type=float, default=0.15, help="halving: fraction of the pruned space timed per token "
+                    "count, baselines included (default: %(default)s)")
+    tu.add_argument("--reps", type=int, default=10, help="timed samples per config (default: %(default)s)")
+    tu.add_argument("--final-reps", type=int, default=0, help="samples of each finalist, interleaved (default: 3 x --reps)")
+    tu.add_argument("--compile-workers", type=int, default=None,
+                    help="CPU processes compiling configs per GPU (default: the cores less one; 0: none)")
+    tu.add_argument("--gpus", type=int, default=None, help="GPUs to spread token counts over (default: every visible one)")
+    tu.add_argument("--fresh", action="store_true", help="ignore the trials stored in --out (default: resume from them)")
+    tu.add_argument("--out", help="output directory (default: runs/tune-<hash of the arguments>); with --results, "
+                    "where the table goes (default: RUN/report)")
+    tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
+                    "does not cover vLLM's grid, kernels/configs/partial/)")
+    tu.add_argument("--results", metavar="RUN", help="instead: the fastest combination per model x tokens of a run, "
+                    "its margin over the runner-up with a 95%% interval (table, JSON, heatmap)")
+    tu.add_argument("--check-vllm", metavar="FILE", help="instead: which batch sizes vLLM would route to which entry of "
+                    "FILE (exit 1 if it decides a grid size from an entry > 2x away)")
 
     ev = sub.add_parser("env", help="this machine, its libraries and which entries are usable here")
     ev.add_argument("--json", action="store_true")
@@ -113,25 +129,57 @@ def _run_one(args) -> int:
 def _tune(args) -> int:
     from pathlib import Path
 
+    if args.check_vllm:
+        from .tune.vllm_check import check_command
+
+        return check_command(args.check_vllm)
     if args.results:
-        from .report.load import load_run
-        from .tune.best import best_per_size
+        from .tune.best import results_command
 
-        df, _ = load_run(args.results)
-        print(best_per_size(df).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-        return 0
+        return results_command(args.results, args.out)
+    from dataclasses import asdict
+
     from .plan import default_runs_dir, run_name
-    from .tune.search import summary, tune, write
+    from .tune import files
+    from .tune.search import TuneArgs, tune
 
-    if args.reps < 1:
-        raise ValueError("--reps must be >= 1")
-    info, results = tune(args.overrides, args.space, args.reps)
-    out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", args.overrides)
-    path = write(info, results, out, install=args.install)
-    print(summary(results))
-    print(f"\nconfigs: {path}  (all trials: {out / 'tune.json'}); use them with "
+    targs = TuneArgs(overrides=list(args.overrides), space=args.space, search=args.search, budget=args.budget,
+                     reps=args.reps, final_reps=args.final_reps, workers=args.compile_workers, gpus=args.gpus,
+                     resume=not args.fresh)
+    key = list(args.overrides) + [f"--space={args.space}", f"--search={args.search}", f"--budget={args.budget}",
+                                  f"--reps={args.reps}"]
+    out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", key)
+    try:
+        info, pruned, results, stats, wall = tune(targs, out)
+    except KeyboardInterrupt:
+        print(f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
+              file=sys.stderr)
+        return 130
+    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": _tune_env()})
+    print(files.summary(results, len(pruned.kept)))
+    print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
+    if path is None:
+        print(f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
+              file=sys.stderr)
+        return 1
+    print(f"configs: {path} (provenance beside it, every trial in {out / 'trials.jsonl'}); use them with "
           f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install")
-    return 0
+    note = files.routing_note(path)
+    if note:
+        print(note)
+    if args.install:
+        files.install(path, print)
+    return 0 if all(r.best is not None for r in results) else 1
+
+
+def _tune_env() -> dict:
+    import torch
+    import triton
+
+    from .env import git_info
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__, **git_info()}
 
 
 def _parse(argv):
