@@ -51,6 +51,21 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     assert cli.main(argv) == 0
     assert len((out / "trials.jsonl").read_text().splitlines()) == n
     assert json.loads((out / "configs" / name).read_text()) == best
+    # several GPUs: each stores its share's trials, the parent rebuilds the results from the
+    # store alone (what it does after the GPU processes end), timing nothing
+    import torch
+
+    from moebench.tune import bench, search
+    from moebench.tune.trials import TrialStore
+
+    def no_layer(*a, **k):
+        raise AssertionError("replay built a layer")
+
+    monkeypatch.setattr(bench, "LayerBench", no_layer)
+    targs = search.TuneArgs(overrides=argv[1:7], space="small", reps=2, final_reps=1)
+    c, tokens = search.resolve(targs.overrides)
+    _, again, _ = search.run_tokens(c, tokens, targs, TrialStore(out), torch.device("cpu"), lambda s: None, replay=True)
+    assert [(r.tokens, r.best, r.num_timed) for r in again] == [(4, best["4"], 3)]
     # the harness's lookup now returns the tuned tile for that layer
     monkeypatch.setenv(tconfig.CONFIG_DIR_ENV, str(out / "configs"))
     tconfig._load_configs.cache_clear()
@@ -278,3 +293,12 @@ def test_results_margin_interval_on_a_synthetic_run(tmp_path):
     assert clear.runner_up == "local/triton red=experts ovl=none gathered"
     assert clear.clear_win and 1.0 < clear.margin_lo <= clear.margin <= clear.margin_hi < 1.1
     assert tie.candidates == 2 and not tie.clear_win and tie.margin_lo < 1.0 < tie.margin_hi
+
+
+
+def test_several_gpus_split_the_grid():
+    from moebench.tune import search
+
+    shares = search.split_tokens(list(tconfig.VLLM_BATCH_SIZES), 4)
+    assert sorted(sum(shares, [])) == list(tconfig.VLLM_BATCH_SIZES) and [s[-1] for s in shares] == [4096, 3072, 2048, 1536]
+    assert search.split_tokens([16], 8) == [[16]]

@@ -312,6 +312,12 @@ def _gpu_main(rank: int, overrides: list, shares: list, args: TuneArgs, out_dir:
             pool.close()
 
 
+def split_tokens(tokens: list[int], num_gpus: int) -> list[list[int]]:
+    """Each GPU's token counts: round robin from the largest (the large sizes take longest)."""
+    order = sorted(tokens, reverse=True)
+    return [sorted(order[i::num_gpus]) for i in range(num_gpus) if order[i::num_gpus]]
+
+
 def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
          pool: Optional[tcompile.Pool] = None):
     """Tune one layer's token counts; trials go to out_dir/trials.jsonl. Returns
@@ -326,11 +332,9 @@ def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: p
     ngpu = min(ngpu, args.gpus) if args.gpus else ngpu
     workers = args.workers if args.workers is not None else (tcompile.default_workers(max(1, ngpu)) if cuda else 0)
     if cuda and ngpu > 1 and len(tokens) > 1:
-        # largest first, round robin: the big sizes take longest
-        order = sorted(tokens, reverse=True)
-        shares = [sorted(order[i::ngpu]) for i in range(ngpu)]
+        shares = split_tokens(tokens, ngpu)
         log(f"tune: {len(tokens)} token counts over {ngpu} GPUs")
-        torch.multiprocessing.spawn(_gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=ngpu)
+        torch.multiprocessing.spawn(_gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=len(shares))
         store.reload()
         pruned, results, stats = run_tokens(c, tokens, args, store, torch.device("cuda", 0), log, replay=True)
     else:
