@@ -155,7 +155,7 @@ def _tune(args) -> int:
         print(f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
               file=sys.stderr)
         return 130
-    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": _tune_env()})
+    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": files.environment()})
     print(files.summary(results, len(pruned.kept)))
     print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
     if path is None:
@@ -170,16 +170,6 @@ def _tune(args) -> int:
     if args.install:
         files.install(path, print)
     return 0 if all(r.best is not None for r in results) else 1
-
-
-def _tune_env() -> dict:
-    import torch
-    import triton
-
-    from .env import git_info
-
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__, **git_info()}
 
 
 def _parse(argv):

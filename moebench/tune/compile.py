@@ -22,6 +22,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -116,6 +117,9 @@ class HitCounter:
 
 
 def _init_worker() -> None:
+    # Ctrl-C (or a time limit's SIGINT) is the tuning process's to handle: it stores what
+    # it has and shuts the pool down
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.nice(10)  # below the timing process, if it shares the cores
     except OSError:
@@ -162,27 +166,35 @@ class Pool:
     def __init__(self, workers: int):
         self.workers = max(1, int(workers))
         self._ex: Optional[ProcessPoolExecutor] = None
+        self.broken = ""  # why the pool stopped (the timing process then compiles itself)
 
     def compile(self, jobs: Sequence[tuple[str, str, str]], target: tuple) -> Stats:
         st = Stats()
-        if not jobs:
+        if not jobs or self.broken:
             return st
-        if self._ex is None:
-            self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=_init_worker)
         t0 = time.perf_counter()
-        for (module, name, _), (sec, err) in zip(jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs])):
-            st.kernels += 1
-            st.core_s += sec
-            if err:
-                st.errors.append(f"{name}: {err}")
+        try:
+            if self._ex is None:
+                self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                               initializer=_init_worker)
+            for (module, name, _), (sec, err) in zip(jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs])):
+                st.kernels += 1
+                st.core_s += sec
+                if err:
+                    st.errors.append(f"{name}: {err}")
+        except Exception as e:  # a worker died (e.g. out of memory): carry on compiling in the timing loop
+            self.broken = f"{type(e).__name__}: {e}"
+            st.errors.append(f"pool: {self.broken}")
+            self.close()
         st.wall_s = time.perf_counter() - t0
         return st
 
     def close(self) -> None:
         if self._ex is not None:
-            self._ex.shutdown(wait=True, cancel_futures=True)
-            self._ex = None
+            try:
+                self._ex.shutdown(wait=True, cancel_futures=True)
+            finally:
+                self._ex = None
 
 
 def current_target() -> tuple:

@@ -28,6 +28,18 @@ KERNEL_NOTE = ("tiles of moebench's gathered fused-MoE Triton kernel (kernels/tr
                "fused_moe_kernel: same file format and tile semantics, different kernel code (see kernels/configs/README.md)")
 
 
+def environment() -> dict:
+    """The device, library versions and commit a tune ran on (MOEBENCH_GIT_SHA names a copied tree's)."""
+    import torch
+    import triton
+
+    from ..env import git_info
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": dev, "device_name": tconfig.device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, **git_info()}
+
+
 def _num(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 

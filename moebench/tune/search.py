@@ -47,6 +47,7 @@ class TuneArgs:
     workers: Optional[int] = None  # compile processes per GPU (None: the cores less one; 0: no pool)
     gpus: Optional[int] = None  # GPUs used (None: every visible one)
     resume: bool = True
+    stop_at: Optional[float] = None  # time.monotonic() after which no further token count starts
 
     def __post_init__(self):
         if self.space not in SPACES:
@@ -123,8 +124,8 @@ class Measurer:
 
     def __init__(self, bench, store: TrialStore, layer: str, T: int, args: TuneArgs, timing_mode: str,
                  pool: Optional[tcompile.Pool] = None, target=None, stats: Optional[tcompile.Stats] = None,
-                 progress=None):
-        self.bench, self.store, self.layer, self.T, self.args = bench, store, layer, T, args
+                 progress=None, log: Callable[[str], None] = lambda s: None):
+        self.bench, self.store, self.layer, self.T, self.args, self.log = bench, store, layer, T, args, log
         self.timing, self.pool, self.target = timing_mode, pool, target
         self.stats = stats if stats is not None else tcompile.Stats()
         self.progress = progress
@@ -156,7 +157,13 @@ class Measurer:
                 except Exception:  # the timed trial meets it again and records it
                     pass
         torch.cuda.synchronize(self.bench.layer.device)
-        self.stats.add(self.pool.compile(list(rec.jobs.values()), self.target))
+        if not rec.jobs:
+            return
+        self.log(f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs on {self.pool.workers} processes")
+        st = self.pool.compile(list(rec.jobs.values()), self.target)
+        self.stats.add(st)
+        if st.errors:
+            self.log(f"tune T={self.T}: {len(st.errors)} kernels failed to compile, e.g. {st.errors[0]}")
 
     def __call__(self, cfgs, phase: str):
         if phase == "final":
@@ -230,9 +237,14 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
     results = []
     for T in tokens:
         t0 = time.perf_counter()
+        if args.stop_at is not None and results:
+            per_t = results[-1].wall_s  # the last token count's time (the first ones may be stored)
+            if time.monotonic() + per_t > args.stop_at:
+                log(f"tune: the deadline stops it before {T} tokens (about {per_t:.0f} s a token count)")
+                break
         tb = layer.at(T) if layer is not None else None
         timing_mode = tb.timing if tb is not None else _stored_timing(store, c.key, T)
-        m = Measurer(tb, store, c.key, T, args, timing_mode, pool if target else None, target, stats, bar)
+        m = Measurer(tb, store, c.key, T, args, timing_mode, pool if target else None, target, stats, bar, log)
         base = bases[T]
         base_cfgs = [base["current"], base["heuristic"]]
         if args.search == "exhaustive":
