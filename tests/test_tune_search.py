@@ -208,43 +208,64 @@ def test_a_line_cut_short_by_a_kill_is_timed_again(tmp_path):
 
 # -- the compile workers ---------------------------------------------------------------
 
-_ROUNDTRIP = r"""
-import json, sys
-import triton
-from triton import knobs
+# Off the GPU, with Triton's driver replaced by one that only names an sm_90 target: the
+# experts run once per config under compile.Recorder (nothing compiles or launches), a
+# pool compiles what was recorded, then the experts' launch path (as warm-ups: there is
+# no device to launch on) must find every kernel in the disk cache.
+_RECORD_COMPILE_LAUNCH = r"""
+import json, os, sys
+import torch
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
-from triton.compiler import ASTSource
-from triton.runtime.jit import serialize_specialization_data
-from moebench.kernels.triton import align
-from moebench.tune.compile import compile_job
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
 
-fn = align._align_scatter_kernel
-names = fn.arg_names
-types = dict(ids_ptr="*i64", meta_ptr="*i32", sorted_ids_ptr="*i32", num_pairs="i32", num_experts="i32",
-             num_pair_programs="i32")
-consts = dict(BLOCK_M=16, BLOCK=256)
-sig = {n: ("constexpr" if n in consts else types[n]) for n in names}
-constexprs = {(names.index(k),): v for k, v in consts.items()}
-attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in types if types[n].startswith("*")}
-target = GPUTarget("cuda", 90, 32)
-options = CUDABackend(target).parse_options(dict(num_warps=4, num_stages=3))
-# what Triton's jit_cache_hook hands the recorder
-spec = serialize_specialization_data(f"{fn.__module__}.{fn.__qualname__}", sig, constexprs, attrs, options, "key")
-hits = []
-knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
-seconds, err = compile_job(fn.__module__, fn.__qualname__, spec, ("cuda", 90, 32))
-# the launch path compiles the original source with the parsed options: it must hit the worker's cache entry
-triton.compile(ASTSource(fn, sig, constexprs, attrs), target=target, options=options.__dict__)
-print(json.dumps({"err": err, "hits": hits}))
+class SM90:  # what JITFunction.run asks of the driver before a launch
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+def main():
+    driver.set_active(SM90())
+    from moebench.tune import compile as tcompile, search
+    from moebench.tune.bench import LayerBench
+    os.environ["TRITON_INTERPRET"] = "1"  # for the plan's can-Triton-run-here check only
+    c, _ = search.resolve(["experts=triton", "backend=local", "model=tiny", "quant=fp8_block", "runner.device=cpu",
+                           "workload.tokens_per_rank=[16]"])
+    os.environ.pop("TRITON_INTERPRET")
+    tb = LayerBench(c, torch.device("cpu")).at(16)
+    cfgs = [dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3),
+            dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GROUP_SIZE_M=16, num_warps=8, num_stages=4)]
+    with tcompile.Recorder() as rec:
+        for cfg in cfgs:
+            tb.dry_run(cfg)
+    names = sorted(j[1] for j in rec.jobs.values())
+    pool = tcompile.Pool(1)
+    st = pool.compile(list(rec.jobs.values()), tcompile.current_target())
+    pool.close()
+    run = JITFunction.run
+    JITFunction.run = lambda self, *a, grid, warmup, **k: run(self, *a, grid=grid, warmup=True, **k)
+    launch = tcompile.Stats()
+    with tcompile.HitCounter(launch):
+        for cfg in cfgs:
+            tb.dry_run(cfg)
+    print(json.dumps({"names": names, "compiled": st.kernels, "errors": st.errors, "hits": launch.hits,
+                      "misses": launch.misses}))
+
+if __name__ == "__main__":
+    main()
 """
 
 
-def test_compile_worker_fills_the_cache_the_launch_reads(tmp_path):
+def test_the_pool_compiles_what_the_launch_path_then_loads(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
+    script = tmp_path / "record_compile_launch.py"
+    script.write_text(_RECORD_COMPILE_LAUNCH)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", _ROUNDTRIP], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["err"] == "" and out["hits"] == [False, True]
+    # both GEMMs of both configs, the alignment (per BLOCK_SIZE_M) and activation kernels
+    assert out["names"].count("fused_moe_kernel") == 4 and "_silu_mul_kernel" in out["names"]
+    assert out["compiled"] == len(out["names"]) and out["errors"] == []
+    assert out["hits"] == len(out["names"]) and out["misses"] == 0
