@@ -164,6 +164,9 @@ class _FakeBench:
     def dry_run(self, cfg):
         raise AssertionError("no pool: nothing is precompiled")
 
+    def rewarm(self):
+        self._warm = True
+
 
 def test_an_interrupted_tune_resumes_from_its_stored_trials(tmp_path):
     from moebench.tune.search import Measurer, TuneArgs
@@ -211,7 +214,8 @@ def test_a_line_cut_short_by_a_kill_is_timed_again(tmp_path):
 # Off the GPU, with Triton's driver replaced by one that only names an sm_90 target: the
 # experts run once per config under compile.Recorder (nothing compiles or launches), a
 # pool compiles what was recorded, then the experts' launch path (as warm-ups: there is
-# no device to launch on) must find every kernel in the disk cache.
+# no device to launch on) must find every kernel in the disk cache; a later recording
+# records only the new tile's kernels and launches none of the loaded ones.
 _RECORD_COMPILE_LAUNCH = r"""
 import json, os, sys
 import torch
@@ -248,8 +252,12 @@ def main():
     with tcompile.HitCounter(launch):
         for cfg in cfgs:
             tb.dry_run(cfg)
+    JITFunction.run = run
+    # now loaded: inside the recorder they must not launch (here a launch would fail: no device)
+    with tcompile.Recorder() as rec2:
+        tb.dry_run(dict(cfgs[0], BLOCK_SIZE_N=256))
     print(json.dumps({"names": names, "compiled": st.kernels, "errors": st.errors, "hits": launch.hits,
-                      "misses": launch.misses}))
+                      "misses": launch.misses, "second": sorted(j[1] for j in rec2.jobs.values())}))
 
 if __name__ == "__main__":
     main()
@@ -269,3 +277,4 @@ def test_the_pool_compiles_what_the_launch_path_then_loads(tmp_path):
     assert out["names"].count("fused_moe_kernel") == 4 and "_silu_mul_kernel" in out["names"]
     assert out["compiled"] == len(out["names"]) and out["errors"] == []
     assert out["hits"] == len(out["names"]) and out["misses"] == 0
+    assert out["second"] == ["fused_moe_kernel", "fused_moe_kernel"]  # only the new tile's two GEMMs

@@ -82,6 +82,10 @@ class TokenBench:
         self.timing = "graph" if self.graph else ("events" if dev.type == "cuda" else "host")
         self._warm = True  # the first timed config of a batch warms the clock longer
 
+    def rewarm(self) -> None:
+        """The next timed config warms the clock longer (a batch starts after a compile pause)."""
+        self._warm = True
+
     def use(self, cfg: Optional[dict]) -> None:
         ex = self.layer.experts
         if cfg is None:

@@ -4,10 +4,11 @@ Compiling dominates a tune (each config is two GEMM kernels, ~1-7 s of one core 
 on sm_90; the experts' other kernels are shared), and Triton compiles in the process
 that launches. So a batch goes in two steps:
 
-  record   the experts run once per config with Triton's `jit_cache_hook` set: a
-           kernel missing from the in-memory cache is recorded (its exact
-           specialization: argument types, 16-divisibility, constexprs, options, as
-           the real launch computes them) and neither compiled nor launched;
+  record   the experts run once per config with Triton's `jit_cache_hook` set and
+           every launch turned into a warm-up: a kernel missing from the in-memory
+           cache is recorded (its exact specialization: argument types,
+           16-divisibility, constexprs, options, as the real launch computes them),
+           none compiles and none runs;
   compile  a pool of CPU processes compiles the recorded kernels with the target of
            the GPU, writing Triton's on-disk cache; the timing loop's first launch of
            each config then loads it from there (`Stats.hits`, `Stats.misses` say
@@ -64,9 +65,11 @@ def available() -> bool:
 
 
 class Recorder:
-    """Inside `with Recorder() as r:` kernels missing from Triton's memory cache are
-    recorded in r.jobs (module, qualname, specialization data) instead of compiled or
-    launched; kernels already loaded run as usual."""
+    """Inside `with Recorder() as r:` no Triton kernel launches: those missing from
+    Triton's memory cache are recorded in r.jobs (module, qualname, specialization
+    data) instead of compiled, and loaded ones are skipped too, as they would run on the
+    outputs of the skipped ones (an activation kernel reading an alignment kernel's
+    unwritten row ids can fault). Torch's own ops still run, on those unwritten buffers."""
 
     def __init__(self):
         self.jobs: dict[str, tuple[str, str, str]] = {}
@@ -78,15 +81,21 @@ class Recorder:
 
     def __enter__(self):
         from triton import knobs
+        from triton.runtime.jit import JITFunction
 
         self._old = knobs.runtime.jit_cache_hook
         knobs.runtime.jit_cache_hook = self._hook
+        self._run = run = JITFunction.run
+        # every launch becomes a warm-up: compile (here: record) if missing, never launch
+        JITFunction.run = lambda fn, *args, grid, warmup, **kw: run(fn, *args, grid=grid, warmup=True, **kw)
         return self
 
     def __exit__(self, *exc):
         from triton import knobs
+        from triton.runtime.jit import JITFunction
 
         knobs.runtime.jit_cache_hook = self._old
+        JITFunction.run = self._run
         return False
 
 

@@ -10,6 +10,7 @@ the heuristic) compete, so tuning never makes a size slower. files.py writes the
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import sys
@@ -172,11 +173,11 @@ class Measurer:
         if missing:
             self._require_bench(missing)
             self.precompile(missing)
-            self.bench._warm = True
+            self.bench.rewarm()
         for c in cfgs:
             key = self._key(c, "screen")
             if self.store.get(key) is None:
-                with tcompile.HitCounter(self.stats) if tcompile.available() else _nothing():
+                with tcompile.HitCounter(self.stats) if tcompile.available() else contextlib.nullcontext():
                     t = self._stamp(self.bench.trial(c, self.args.reps), "screen")
                 self.store.add(t)
                 self.measured += 1
@@ -191,14 +192,6 @@ class Measurer:
             for t in self.bench.interleaved(cfgs, self.args.final_reps):
                 self.store.add(self._stamp(t, "final", group))
         return [self.store.get(self._key(c, "final", group)) for c in cfgs]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def bm_prior(topk: int, num_experts: int, T: int) -> Callable[[tuple], float]:
