@@ -95,6 +95,7 @@ def compare(overrides, T: int, picks: dict, reps: int) -> dict:
     trials = tb.interleaved(unique, reps)
     by = {n: trials[unique.index(picks[n])] for n in names}
     out = {n: {"config": t.config, "us": t.us, "rel_err": t.rel_err, "error": t.error} for n, t in by.items()}
+    out["same_pick"] = picks.get("halving") is not None and picks.get("halving") == picks.get("exhaustive")
     for a, b in (("halving", "exhaustive"), ("heuristic", "halving"), ("heuristic", "exhaustive")):
         if a in by and b in by and by[a].ok and by[b].ok:
             lo, hi = ratio_interval(by[b].samples, by[a].samples)
@@ -273,8 +274,9 @@ def markdown(s: dict) -> str:
             e = L.get("exhaustive", {}).get("per_tokens", {}).get(str(T), {})
             c = L.get("compare", {}).get(str(T), {})
             he, hh = c.get("halving/exhaustive"), c.get("heuristic/halving")
+            same = " (same config)" if c.get("same_pick") else ""
             lines.append(f"| {T} | {h.get('timed', '–')} ({_f(h.get('fraction'), '{:.1%}')}) | {e.get('timed', '–')} | "
-                         + (f"{he['ratio']:.3f} [{_f(he['lo'], '{:.3f}')}, {_f(he['hi'], '{:.3f}')}]" if he else "–") + " | "
+                         + (f"{he['ratio']:.3f} [{_f(he['lo'], '{:.3f}')}, {_f(he['hi'], '{:.3f}')}]{same}" if he else "–") + " | "
                          + (f"{hh['ratio']:.3f} [{_f(hh['lo'], '{:.3f}')}, {_f(hh['hi'], '{:.3f}')}]" if hh else "–") + " |")
         g = L.get("grid")
         if g:
