@@ -11,7 +11,8 @@ bf16 at 256), in one process with one compile pool:
                  (run after 1: the configs the search compiled are in Triton's cache)
   3. compare     both picks and the heuristic, interleaved, --compare-reps samples
   4. grid        halving over vLLM's 18 batch sizes into DIR/<layer>/grid/ (1's trials
-                 are reused), token count by token count until the deadline
+                 are reused), token count by token count until the deadline; before
+                 the next layer's step 1
 
 DIR/summary.json and DIR/summary.md hold the numbers; both are rewritten after every
 step, so a call cut short still reports what it finished, and the same command with
@@ -118,9 +119,11 @@ def evidence(name, a, out, pool, clock, summary, kw, save) -> None:
     L.update(space_size=info["space_size"], pruning=info["pruning"],
              halving={"wall_s": wall_h, "compile": asdict(st_h), "per_tokens": _per(res_h, info["space_size"])})
     save()
-    # 2. exhaustive on the same space
+    # 2. exhaustive on the same space (not skipped unless hopeless: it is the evidence; the
+    # grid is what a short call gives up)
     need = clock.estimate(2 * info["space_size"], info["space_size"] * len(ev_tokens))
-    if need > clock.left():
+    L["exhaustive_estimate_s"] = need
+    if clock.left() < 0.25 * need:
         summary["skipped"].append(f"{name} exhaustive: needs ~{need:.0f} s, {clock.left():.0f} s left")
         save()
         return
@@ -209,25 +212,17 @@ def main(argv=None) -> int:
         (out / "summary.md").write_text(markdown(summary) + "\n")
 
     try:
-        for name in a.layers.split(","):
-            try:
-                evidence(name, a, out, pool, clock, summary, kw, save)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # the next layer still runs
-                summary.setdefault("errors", []).append(f"{name} evidence: {type(e).__name__}: {e}")
-                traceback.print_exc()
-                save()
-        # 4. the grid, after every layer's evidence, resuming the search's trials
-        for name in a.layers.split(","):
-            try:
-                grid(name, out, pool, clock, summary, kw, grid_tokens, save)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:
-                summary.setdefault("errors", []).append(f"{name} grid: {type(e).__name__}: {e}")
-                traceback.print_exc()
-                save()
+        for name in a.layers.split(","):  # a layer's grid right after its evidence: the cheap one finishes first
+            for step, fn in (("evidence", lambda: evidence(name, a, out, pool, clock, summary, kw, save)),
+                             ("grid", lambda: grid(name, out, pool, clock, summary, kw, grid_tokens, save))):
+                try:
+                    fn()
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # the next step still runs
+                    summary.setdefault("errors", []).append(f"{name} {step}: {type(e).__name__}: {e}")
+                    traceback.print_exc()
+                    save()
     except KeyboardInterrupt:
         summary["skipped"].append("interrupted (the call's time limit): the trials so far are stored")
     finally:
