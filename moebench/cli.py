@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                     "where the table goes (default: RUN/report)")
     tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
                     "does not cover vLLM's grid, kernels/configs/partial/)")
+    tu.add_argument("--install-from", metavar="DIR", help="instead: install the config files of a finished tune's "
+                    "output directory (DIR/configs/*.json with their sidecars), as --install would")
     tu.add_argument("--results", metavar="RUN", help="instead: the fastest combination per model x tokens of a run, "
                     "its margin over the runner-up with a 95%% interval (table, JSON, heatmap)")
     tu.add_argument("--check-vllm", metavar="FILE", help="instead: which batch sizes vLLM would route to which entry of "
@@ -137,6 +139,13 @@ def _tune(args) -> int:
         from .tune.best import results_command
 
         return results_command(args.results, args.out)
+    if args.install_from:
+        from .tune import files
+
+        found = files.tuned_files(Path(args.install_from))
+        for f in found:
+            files.install(f, print)
+        return 0
     from dataclasses import asdict
 
     from .plan import default_runs_dir, run_name

@@ -136,6 +136,15 @@ def test_install_keeps_a_partial_file_where_vllm_never_looks(tmp_path, monkeypat
     merged = json.loads((top / name).read_text())
     assert [int(k) for k in merged] == list(tconfig.VLLM_BATCH_SIZES) and merged["16"] == _entry()
     assert not (part / name).exists()
+    # the CLI installs a finished tune's files the same way
+    tune_dir = tmp_path / "tune"
+    (tune_dir / "configs").mkdir(parents=True)
+    other = tconfig.config_file_name(128, 768, None, None, device="NVIDIA H200")
+    (tune_dir / "configs" / other).write_text(json.dumps({"256": _entry()}))
+    (tune_dir / "configs" / (other[:-5] + ".provenance.json")).write_text(json.dumps({"entries": {"256": {"us": 1.0}}}))
+    assert cli.main(["tune", "--install-from", str(tune_dir)]) == 0
+    assert (part / other).is_file() and json.loads((part / (other[:-5] + ".provenance.json")).read_text())["entries"]
+    assert cli.main(["tune", "--install-from", str(tmp_path / "nowhere")]) == 2
 
 
 # -- the look-up, vLLM's rules --------------------------------------------------------

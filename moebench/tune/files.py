@@ -105,6 +105,15 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
     return path
 
 
+def tuned_files(out_dir: Path) -> list[Path]:
+    """The config files a tune wrote into out_dir/configs/ (sidecars left out)."""
+    d = Path(out_dir) / "configs"
+    files = sorted(p for p in d.glob("*.json") if not p.name.endswith(".provenance.json")) if d.is_dir() else []
+    if not files:
+        raise ValueError(f"--install-from {out_dir}: no {d}/*.json (give the --out directory of a finished tune)")
+    return files
+
+
 def install(path: Path, log: Callable[[str], None]) -> Path:
     """Merge a tuned file (and its sidecar) into kernels/configs/ if the merged file
     covers vLLM's grid, else into kernels/configs/partial/. Returns where it went."""
