@@ -145,6 +145,10 @@ def grid(name, out, pool, clock, summary, kw, grid_tokens, save) -> None:
     """Step 4 for one layer: the halving search over the grid, until the deadline."""
     ovs, ev_tokens = LAYERS[name]
     L = summary["layers"].get(name)
+    old = summary.get("previous", {}).get("layers", {}).get(name, {}).get("grid")
+    if L and old and set(grid_tokens) <= set(old["tokens"]):  # a previous call finished it
+        L["grid"] = old
+        return
     if not L or "space_size" not in L or clock.left() < 30:
         summary["skipped"].append(f"{name} grid: {clock.left():.0f} s left")
         return
