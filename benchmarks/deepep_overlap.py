@@ -1,4 +1,4 @@
-"""The plain DeepEP + shared-expert overlap test of ../shared/DEVICE.md, on moebench's
+"""The plain DeepEP + shared-expert overlap test (docs/findings/overlap.md), on moebench's
 timing: DeepEP HT combine alone, the deepseek_v3 shared expert alone, both overlapped
 (combine with async_finish on DeepEP's stream, shared expert on the current stream),
 and both in sequence, on 2 GPUs with both ranks starting the combine together (no
@@ -20,7 +20,7 @@ from moebench import timing
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.prepare_finalize import _deepep
 from moebench.launch import run_ranks
-from moebench.worker import rank_sync
+from moebench.measure import rank_sync
 
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
 
@@ -60,7 +60,7 @@ def rank_main(rank: int, port: int, args, q) -> None:
                 shared(x)
 
             fns = {"combine": combine, "shared": lambda: shared(x), "overlapped": overlapped, "sequential": sequential}
-            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync)
+            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync.kwargs())
             med = {k: v.median for k, v in zip(fns, s)}
             hidden = (med["combine"] + med["shared"] - med["overlapped"]) / med["shared"]
             rows.append({"rank": rank, "tokens": T, "carveout": carveout, **med, "hidden_fraction": hidden})

@@ -1,7 +1,7 @@
 """moebench's multi-rank timing against a hand-written event loop, on an NCCL
 all-gather (2 GPUs), with both timings printed. tests/gpu/test_nccl_timing.py asserts
-issue #4's criterion on the same callable (moebench vs back-to-back events); run 15
-read them within 0.1 %, p80/p20 1.009 (docs/perf-notes.md).
+issue #4's criterion on the same callable (moebench vs back-to-back events): within
+0.1 %, p80/p20 1.009 on 2 x H200 (docs/findings/timing.md).
 
     python benchmarks/nccl_timing.py [--mib 64] [--reps 50]
 """
@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from moebench import timing
 from moebench.launch import run_ranks
-from moebench.worker import rank_sync
+from moebench.measure import rank_sync
 
 
 def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
@@ -25,7 +25,7 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
     out = torch.empty(2 * inp.numel(), device=dev, dtype=torch.bfloat16)
     fn = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
     sync = rank_sync(dist.group.WORLD, dev)  # barrier, flush, align, agree: as moebench's rows start samples
-    flush = sync["flush"]
+    flush = sync.flush
     one = torch.zeros(1, device=dev)
 
     def by_hand() -> float:
@@ -51,8 +51,8 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
 
     for _ in range(30):
         fn()
-    a = timing.time_samples(fn, dev, reps=reps, warmup=10, warmup_ms=200, **sync)
-    b = timing.time_samples(fn, dev, reps=reps, warmup=10, warmup_ms=200, **sync)
+    a = timing.time_samples(fn, dev, reps=reps, warmup=10, warmup_ms=200, **sync.kwargs())
+    b = timing.time_samples(fn, dev, reps=reps, warmup=10, warmup_ms=200, **sync.kwargs())
     q.put((rank, a.median, b.median, by_hand(), back_to_back(), a.p80 / a.p20))
     dist.destroy_process_group()
 

@@ -88,7 +88,7 @@ class KernelContext:
     group: Any = None  # torch.distributed process group, None for one rank
     simulate_ep: int = 1  # local backends: keep 1/simulate_ep of the experts
     max_tokens_per_rank: int = 512  # batched buffers' cap
-    options: dict = field(default_factory=dict)  # backend / experts specific knobs
+    options: dict = field(default_factory=dict)  # the chosen entries' knobs by name (kernels/knobs.py)
 
     @property
     def ep_size(self) -> int:
@@ -148,109 +148,17 @@ class PreparedTokens:
     handle: Any = None
 
 
-# ----------------------------------------------------------------------------
-# Top-k weight-and-reduce strategies
-
-
-class WeightAndReduce(ABC):
-    """Turns the experts' output into [M, K] rows weighted by top-k weights."""
-
-    name: ClassVar[str] = "base"
-
-    @abstractmethod
-    def apply(
-        self,
-        out_MK: Optional[torch.Tensor],
-        expert_out: torch.Tensor,
-        topk_weights_MP: torch.Tensor,
-        topk_ids_MP: torch.Tensor,
-        prepared: PreparedTokens,
-    ) -> torch.Tensor: ...
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class NoOp(WeightAndReduce):
-    """The experts already weighted and summed: expert_out is [M, K]."""
-
-    name = "noop"
-
-    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
-        if out_MK is None:
-            return expert_out
-        if out_MK.data_ptr() != expert_out.data_ptr():
-            out_MK.copy_(expert_out)
-        return out_MK
-
-
-class Contiguous(WeightAndReduce):
-    """expert_out is [M, P, K] per-(token, k) rows; pairs not on this rank must
-    be zero rows or carry id -1 (their weight is dropped)."""
-
-    name = "contiguous"
-
-    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
-        M, P, K = expert_out.shape
-        w = topk_weights_MP.to(torch.float32)
-        w = torch.where(topk_ids_MP >= 0, w, torch.zeros_like(w))
-        # weighted sum over k, one pass: [M, 1, P] @ [M, P, K]; the weights are
-        # rounded to the rows' dtype (bf16), the bmm accumulates in fp32
-        w_M1P = w.unsqueeze(1).to(expert_out.dtype)
-        if out_MK is None:
-            return torch.bmm(w_M1P, expert_out).squeeze(1)
-        if out_MK.dtype == expert_out.dtype and out_MK.is_contiguous():
-            torch.bmm(w_M1P, expert_out, out=out_MK.view(M, 1, K))  # no [M, K] temporary
-        else:
-            out_MK.copy_(torch.bmm(w_M1P, expert_out).squeeze(1))
-        return out_MK
-
-
-class Batched(WeightAndReduce):
-    """expert_out is [E, X, K]; prepared.handle.slot_token_EX / slot_k_EX say which
-    (token, k) each valid row belongs to (-1 for padding). Rows are weighted and
-    scatter-added into [M, K]."""
-
-    name = "batched"
-
-    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
-        h = prepared.handle
-        tok = h.slot_token_EX.reshape(-1)
-        kk = h.slot_k_EX.reshape(-1)
-        valid = tok >= 0
-        tok_v = tok[valid]
-        rows = expert_out.reshape(-1, expert_out.shape[-1])[valid].to(torch.float32)
-        w = topk_weights_MP[tok_v, kk[valid]].to(torch.float32)
-        acc = torch.zeros(h.num_tokens, expert_out.shape[-1], dtype=torch.float32, device=expert_out.device)
-        acc.index_add_(0, tok_v, rows * w.unsqueeze(1))
-        if out_MK is None:
-            return acc.to(expert_out.dtype)
-        out_MK.copy_(acc)
-        return out_MK
-
-
-class Delegate(WeightAndReduce):
-    """Let the finalize apply its own default (e.g. the combine kernel reduces)."""
-
-    name = "delegate"
-
-    def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
-        raise AssertionError("Delegate must be resolved by the PrepareFinalize")
-
-
-def resolve_weight_and_reduce(wr: WeightAndReduce, default: WeightAndReduce) -> WeightAndReduce:
-    """A finalize's choice for Delegate; anything else stands."""
-    return default if isinstance(wr, Delegate) else wr
-
-
-@dataclass
-class BatchedHandle:
-    """Where each row of a batched [E, X, K] buffer came from (-1: padding)."""
-
-    slot_token_EX: torch.Tensor  # row index into the dispatched token rows
-    slot_k_EX: torch.Tensor  # which of the token's top-k pairs
-    num_tokens: int  # rows of the dispatched token matrix
-    extra: Any = None  # backend-private
+# Top-k weight-and-reduce strategies live in their own module; re-exported here
+from .weight_and_reduce import (  # noqa: E402,F401
+    Batched,
+    BatchedHandle,
+    Contiguous,
+    Delegate,
+    NoOp,
+    WeightAndReduce,
+    resolve_weight_and_reduce,
+)
+from .knobs import Knob  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------
@@ -286,14 +194,34 @@ class PrepareFinalize(ABC):
     carries_fp8: ClassVar[bool] = False
     # whether forward() may be captured into a CUDA graph
     graph_capturable: ClassVar[bool] = False
+    # one rank that keeps every expert (or, with simulate_ep=N, one rank's share of an
+    # EP-N deployment); otherwise an EP backend: runner.world_size ranks, one per GPU
+    single_rank: ClassVar[bool] = False
+    # settings beside the axes (backend.<name>), read from ctx.options (kernels/knobs.py)
+    knobs: ClassVar[tuple[Knob, ...]] = ()
 
     def __init__(self, ctx: KernelContext):
         self.ctx = ctx
         self.phases = NULL_PHASES
 
     @classmethod
-    def supports(cls, combo: dict) -> Optional[str]:
-        """Reason this backend cannot run `combo` (a plain dict), or None."""
+    def supports(cls, combo) -> Optional[str]:
+        """Reason this backend cannot run `combo`, or None. `combo` is a read-only
+        mapping: the axes, the model's sizes, quant, world_size, simulate_ep, device,
+        timing and the chosen entries' knobs, by name."""
+        return None
+
+    @classmethod
+    def process_group_family(cls, combo) -> tuple:
+        """What, beyond the world size and device, a process group shared by several
+        combinations must agree on: combinations of different families never share
+        one. () by default; a backend whose library initialises per-process state once
+        (NVSHMEM) returns what sizes that state."""
+        return ()
+
+    @classmethod
+    def token_limit(cls, combo, tokens: int) -> Optional[str]:
+        """Reason `tokens` per rank cannot run with `combo` (e.g. a buffer's cap), or None."""
         return None
 
     @abstractmethod
@@ -354,6 +282,8 @@ class Experts(ABC):
     activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
     # apply() never syncs the host, so a forward may be captured in a CUDA graph
     graph_capturable: ClassVar[bool] = False
+    # settings beside the axes (experts.<name>), read from ctx.options (kernels/knobs.py)
+    knobs: ClassVar[tuple[Knob, ...]] = ()
 
     def __init__(self, weights: ExpertWeights, reduction: str, ctx: KernelContext):
         assert reduction in ("experts", "finalize"), reduction
@@ -363,7 +293,8 @@ class Experts(ABC):
         self.phases = NULL_PHASES
 
     @classmethod
-    def supports(cls, combo: dict) -> Optional[str]:
+    def supports(cls, combo) -> Optional[str]:
+        """Reason these experts cannot run `combo` (see PrepareFinalize.supports), or None."""
         return None
 
     @property

@@ -46,7 +46,7 @@ def quant_activations(x_TK: torch.Tensor, quant: Optional[QuantSpec]):
         if x_TK.is_cuda:
             # one pass of our Triton kernel (kernels/triton/quant.py, checked against the torch
             # code below in tests/test_triton_kernels.py); the torch code's fp32 temporaries took
-            # 1.6 ms of prepare at 16384 x 7168 on an H200 (docs/perf-notes.md, run 16)
+            # 1.6 ms of prepare at 16384 x 7168 on an H200 (docs/findings/triton-vs-deepgemm.md)
             from .triton.quant import per_token_group_quant_fp8
 
             return per_token_group_quant_fp8(x_TK.contiguous(), quant.block_k)

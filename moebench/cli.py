@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--redo", default="none", choices=("none", "failed", "all"),
                    help="re-run stored rows: none (resume), failed (failed|timeout|oom), all")
     s.add_argument("--dry-run", action="store_true", help="plan only: print what would run")
+    s.add_argument("--oversubscribe", action="store_true",
+                   help="CPU ranks only: allow more ranks than cores (timings contend)")
 
     r = sub.add_parser("run", help="run one combination and print its rows", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,11 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--threshold", type=float, default=1.05)
 
     tr = sub.add_parser("trace", help="phase timeline and overlap from a run's traces or a trace file")
-    tr.add_argument("target", help="a trace file (.json, .json.gz from trace=torch; .sqlite from nsys export) or a "
-                    "run directory, whose traces/ folder is read (results/ folders omit it)")
+    tr.add_argument("target", nargs="?", help="a trace file (.json, .json.gz from trace=torch; .sqlite from nsys "
+                    "export) or a run directory, whose traces/ folder is read (results/ folders omit it)")
     tr.add_argument("--plot", action="store_true", help="write a timeline PNG next to each trace")
     tr.add_argument("--out", help="with --plot: write the PNGs under this directory, mirroring the layout below "
                     "the run's traces/ (default: next to each trace)")
+    tr.add_argument("--max-trace-mb", type=float, default=256.0,
+                    help="refuse traces larger than this, inflated (default %(default)g; 0: no limit)")
+    tr.add_argument("--import", dest="import_from", metavar="DIR_OR_CAPTURE",
+                    help="instead: export the nsys captures (.qdstrm, .qdstrm.xz, .nsys-rep) under a run or folder "
+                    "to SQLite with Nsight Systems' host tools (scripts/install_nsys.sh) and update the run's rows")
 
     tu = sub.add_parser("tune", help="Triton tile search for one layer, a vLLM file's routing, or the best combination "
                         "per size of a run", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -202,8 +209,9 @@ def main(argv=None) -> int:
         if args.cmd == "sweep":
             from .sweep import execute
 
-            _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run)
-            return 0
+            _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run,
+                                oversubscribe=args.oversubscribe)
+            return counts.exit_code()
         if args.cmd == "run":
             return _run_one(args)
         if args.cmd == "list":
@@ -219,7 +227,7 @@ def main(argv=None) -> int:
         if args.cmd == "trace":
             from .traces.cli import trace_command
 
-            return trace_command(args.target, args.plot, args.out)
+            return trace_command(args.target, args.plot, args.out, args.max_trace_mb, args.import_from)
         if args.cmd == "tune":
             return _tune(args)
         if args.cmd == "env":

@@ -99,7 +99,23 @@ def fingerprint() -> dict:
         info["gpu"] = "cpu"
     info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
     info.update(git_info())
+    info.update(profiler_info())
     return info
+
+
+def profiler_info() -> dict:
+    """`nsys`: which Nsight Systems trace=nsys would run (path, version, kind: full | target |
+    ncu-bundled) and whether it can trace this driver (traces/nsys_import.py `nsys_info`);
+    `nvtx_api`: which API emits moebench's NVTX ranges here (torch.cuda.nvtx with CUDA, the nvtx
+    package without: traces/nvtx.py)."""
+    from .traces.nsys_import import nsys_info
+    from .traces.nvtx import nvtx_api
+
+    try:
+        nsys = nsys_info()
+    except Exception as e:  # noqa: BLE001 - the fingerprint never fails on a probe
+        nsys = {"path": None, "version": None, "kind": None, "note": f"probe failed: {type(e).__name__}: {e}"}
+    return {"nsys": nsys, "nvtx_api": nvtx_api()}
 
 
 def env_id(info: dict) -> str:
@@ -155,6 +171,15 @@ def env_command(as_json: bool) -> int:
     for lib, (_, how) in LIBRARIES.items():
         v = info.get(lib)
         print(f"  {lib:<13} {v if v else 'missing -> ' + how}")
+    ns = info.get("nsys") or {}
+    print()
+    print("profilers:")
+    where = f"{ns.get('path')}  {ns.get('version')}  ({ns.get('kind')})" if ns.get("path") else "missing"
+    print(f"  nsys          {where}" + (f"\n                {ns['note']}" if ns.get("note") else ""))
+    api = info.get("nvtx_api")
+    recorded = {"torch.cuda.nvtx": "recorded by Nsight Systems 2024.2",
+                "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)"}
+    print(f"  nvtx ranges   {api + ' (' + recorded.get(api, '') + ')' if api else 'none: no CUDA and no nvtx package'}")
     print()
     print(f"entries on this machine (device={device}):")
     for e in entries:

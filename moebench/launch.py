@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import torch.multiprocessing as mp
 
+from .messages import Done, Error, Exited, Failure, Result, Started, Task
 from .plan import Combination
 from .worker import rank_main
 
@@ -32,8 +33,8 @@ class Finished:
 
     combo: Combination
     tokens: list[int]
-    results: dict = field(default_factory=dict)  # tokens -> {rank: result}
-    failure: Optional[dict] = None  # {"status", "reason", "tokens"}
+    results: dict = field(default_factory=dict)  # tokens -> {rank: RankResult}
+    failure: Optional[Failure] = None
 
 
 def free_port() -> int:
@@ -122,21 +123,19 @@ class _GroupState:
         self.done: dict[int, set] = {}
         self.exited: set[int] = set()
         self.current = 0
-        self.failure: Optional[dict] = None
+        self.failure: Optional[Failure] = None
         self.failure_idx: Optional[int] = None  # which combination the error came from
 
     def take(self, msg) -> None:
-        kind, idx, rank, data = msg
-        if kind == "result":
-            tokens, res = data
-            self.fins[idx].results.setdefault(tokens, {})[rank] = res
-        elif kind == "done":
-            self.done.setdefault(idx, set()).add(rank)
-        elif kind == "exit":
-            self.exited.add(rank)
-        elif kind == "error" and self.failure is None:
-            self.failure = {**data, "reason": f"rank {rank}: {data['reason']}"}
-            self.failure_idx = idx
+        if isinstance(msg, Result):
+            self.fins[msg.idx].results.setdefault(msg.tokens, {})[msg.rank] = msg.result
+        elif isinstance(msg, Done):
+            self.done.setdefault(msg.idx, set()).add(msg.rank)
+        elif isinstance(msg, Exited):
+            self.exited.add(msg.rank)
+        elif isinstance(msg, Error) and self.failure is None:
+            self.failure = Failure(msg.status, f"rank {msg.rank}: {msg.reason}", msg.tokens)
+            self.failure_idx = msg.idx
 
     def pop_finished(self) -> list[Finished]:
         """Combinations every rank has finished, in order."""
@@ -172,7 +171,7 @@ class Launcher:
         failure or timeout the group is killed and restarted for the rest."""
         # stable: families together, and inside one the same hidden size adjacent
         # (backends that cache buffers per size, e.g. DeepEP, reuse them)
-        work = sorted(work, key=lambda w: (w[0].family, w[0].combo["hidden"]))
+        work = sorted(work, key=lambda w: (w[0].family, w[0].combo.hidden))
         i = 0
         while i < len(work) and not self.should_stop():
             fam = work[i][0].family
@@ -188,15 +187,13 @@ class Launcher:
         """Run until the work is done, or until one combination fails / times out;
         return the work still to do."""
         c0 = work[0][0]
-        ws, device = c0.combo["world_size"], c0.combo["device"]
+        ws, device = c0.combo.world_size, c0.combo.device
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         wrapper = self._nsys_wrapper(work)
         if wrapper:
             ctx.set_executable(wrapper)
-        payload = [
-            (i, {"key": c.key, "cfg": c.cfg, "combo": c.combo, "tokens": toks}) for i, (c, toks) in enumerate(work)
-        ]
+        payload = [Task(i, c.combo, tuple(toks)) for i, (c, toks) in enumerate(work)]
         port = free_port()
         procs = [
             ctx.Process(target=rank_main, args=(r, ws, device, port, payload, q, self.run_dir), daemon=True)
@@ -209,7 +206,7 @@ class Launcher:
             if wrapper:
                 ctx.set_executable(sys.executable)
         st = _GroupState(work, ws)
-        deadline = time.monotonic() + STARTUP_S + work[0][0].cfg["runner"]["timeout_s"]
+        deadline = time.monotonic() + STARTUP_S + work[0][0].combo.timeout_s
         try:
             while True:
                 try:
@@ -218,11 +215,10 @@ class Launcher:
                     msg = None
                 now = time.monotonic()
                 if msg is not None:
-                    kind, idx, rank, _ = msg
                     st.take(msg)
-                    if kind == "start" and idx == st.current:
-                        deadline = now + work[idx][0].cfg["runner"]["timeout_s"]
-                    if kind != "error":
+                    if isinstance(msg, Started) and msg.idx == st.current:
+                        deadline = now + work[msg.idx][0].combo.timeout_s
+                    if not isinstance(msg, Error):
                         before = st.current
                         for fin in st.pop_finished():
                             self.on_finished(fin)
@@ -230,7 +226,7 @@ class Launcher:
                             self._join(procs, NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
                             return []
                         if st.current != before:
-                            deadline = now + STARTUP_S + work[st.current][0].cfg["runner"]["timeout_s"]
+                            deadline = now + STARTUP_S + work[st.current][0].combo.timeout_s
                             if self.should_stop():
                                 _kill(procs)
                                 return work[st.current :]
@@ -256,24 +252,28 @@ class Launcher:
                 elif dead:
                     r, code = dead[0]
                     sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
-                    fin.failure = {"status": "failed", "reason": f"rank {r} died with exit code {code}{sig}", "tokens": None}
+                    fin.failure = Failure("failed", f"rank {r} died with exit code {code}{sig}")
                 else:
-                    t = work[st.current][0].cfg["runner"]["timeout_s"]
-                    fin.failure = {"status": "timeout", "reason": f"no result within {t:g} s: the process group was killed", "tokens": None}
+                    t = work[st.current][0].combo.timeout_s
+                    fin.failure = Failure("timeout", f"no result within {t:g} s: the process group was killed")
                 _kill(procs)
                 self.on_finished(fin)
                 return work[st.current : bad] + work[bad + 1 :]
         finally:
             _kill(procs)
             q.close()
+            if wrapper:  # nsys has written what it will: each row names its report, or says why none
+                from .traces.nsys_import import resolve_nsys_rows
+
+                resolve_nsys_rows(self.run_dir)
 
     def _nsys_wrapper(self, work) -> Optional[str]:
         """With trace=nsys and nsys on PATH, ranks start under `nsys profile`
         (a wrapper script as the spawn executable). A rank process runs every row of
         the group, so the capture is an NVTX range that repeats: the worker opens it
-        around the timed work of each row, and nsys writes one report per row and
-        rank, `traces/nsys/ranks_<pid>.<n>.nsys-rep` (traces/nsys.py `nsys_rank_prefix`)."""
-        if not any(c.combo.get("trace") == "nsys" for c, _ in work):
+        around the timed work of each row, and nsys writes one capture per row and
+        rank, `traces/nsys/ranks_<pid>.<n>.*` (traces/nsys.py `nsys_rank_prefix`)."""
+        if not any(c.combo.trace == "nsys" for c, _ in work):
             return None
         from .traces.nsys import nsys_available, nsys_rank_dir, nsys_rank_prefix
 

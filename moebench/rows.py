@@ -8,8 +8,9 @@ from typing import Optional
 
 import numpy as np
 
-from . import SCHEMA_VERSION
+from .messages import RankResult
 from .plan import Combination
+from .spec import SCHEMA_VERSION
 from .traces.metrics import METHOD_MATCHED
 
 STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
@@ -26,22 +27,10 @@ OVERLAP_MIN_SAMPLES = 5
 
 
 def identity(c: Combination, tokens: int) -> dict:
-    k = c.combo
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "combo_key": c.key,
-        "label": c.label,
-        "backend": k["backend"], "experts": k["experts"], "reduction": k["reduction"], "overlap": k["overlap"],
-        "model": k["model"], "num_experts": k["num_experts"], "topk": k["topk"], "hidden": k["hidden"],
-        "intermediate": k["intermediate"], "quant": k["quant"], "world_size": k["world_size"],
-        "simulate_ep": k["simulate_ep"], "tokens_per_rank": int(tokens), "routing": k["routing"],
-        "seed": k["seed"], "timing_mode": k["timing_mode"], "device": k["device"],
-        # knobs beside the axes (plan.Combination.label tags them when off their defaults)
-        "num_sms": k["num_sms"], "dispatch_nvl_chunk": k.get("dispatch_nvl_chunk", 0),
-        "combine_nvl_chunk": k.get("combine_nvl_chunk", 0), "shared_sm_carveout": k.get("shared_sm_carveout", 0),
-        "row_layout": k.get("row_layout", "auto"),
-        "overrides": " ".join(c.overrides),
-    }
+    """The row's identity columns: every column of the spec (moebench/spec.py), the token
+    count and the overrides it was planned from."""
+    return {"schema_version": SCHEMA_VERSION, **c.combo.columns(), "tokens_per_rank": int(tokens),
+            "overrides": " ".join(c.overrides)}
 
 
 def _elementwise_max(lists: list[list[float]]) -> list[float]:
@@ -53,23 +42,24 @@ def _q(xs: list[float], p: float) -> float:
     return float(np.percentile(xs, p)) if xs else NAN
 
 
-def _values(ranks: list[dict], key: str) -> list:
-    return [r[key] for r in ranks if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+def _values(ranks: list, key: str) -> list:
+    vals = [r.phases_us.get(key) if key in PHASES else getattr(r, key) for r in ranks]
+    return [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
-def _max(ranks: list[dict], key: str) -> float:
+def _max(ranks: list, key: str) -> float:
     vals = _values(ranks, key)
     return float(max(vals)) if vals else NAN
 
 
-def _mean(ranks: list[dict], key: str) -> float:
+def _mean(ranks: list, key: str) -> float:
     vals = _values(ranks, key)
     return float(sum(vals) / len(vals)) if vals else NAN
 
 
 def overlap_fraction(layer_us, no_shared_us, shared_us):
     """clamp(1 − (layer − no_shared) / shared, 0, 1) from the three medians (µs), elementwise
-    over arrays; NaN where shared ≤ 0 or a median is NaN (DESIGN.md, overlap by ablation)."""
+    over arrays; NaN where shared ≤ 0 or a median is NaN (docs/design.md, "Overlap by ablation")."""
     layer, no_shared, shared = (np.asarray(x, dtype=float) for x in (layer_us, no_shared_us, shared_us))
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.clip(1.0 - (layer - no_shared) / shared, 0.0, 1.0)
@@ -126,7 +116,8 @@ def empty_measurements() -> dict:
         "trace_overlap_method": "",
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
-        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "row_layout_used": "",
+        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
+        "timing_mode": "", "kernel_us": None, "host_enqueue_us": NAN,
     }
     for p in PHASES:
         row[f"{p}_us"] = NAN
@@ -136,35 +127,43 @@ def empty_measurements() -> dict:
 def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dict, rel_err: float = NAN) -> dict:
     """A row without measurements (skipped / failed / timeout / oom)."""
     assert status in STATUSES, status
-    row = {**identity(c, tokens), **empty_measurements(), **meta}
+    row = {**identity(c, tokens), **empty_measurements(), **per_rank_columns(0), **meta}
     row.update(status=status, reason=reason, rel_err=rel_err)
     return row
 
 
-def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> dict:
+def per_rank_columns(n: int) -> dict:
+    """The list columns with one value per rank (empty lists in rows without measurements)."""
+    cols = ["latency_us_per_rank", "tflops_per_rank", "hbm_gbps_per_rank", "nvlink_gbps_per_rank",
+            "trace_overlap_fraction_per_rank", "trace_layer_us_per_rank", "trace_wait_us_per_rank",
+            "trace_trimmed_overlap_per_rank"]
+    return {c: [NAN] * n for c in cols}
+
+
+def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dict) -> dict:
     """Aggregate the per-rank results of one (combination, tokens)."""
-    row = {**identity(c, tokens), **empty_measurements(), **meta}
+    row = {**identity(c, tokens), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
     row["rel_err"] = _max(ranks, "rel_err")
-    bad = [r for r in ranks if r.get("status") != "ok"]
+    bad = [r for r in ranks if r.status != "ok"]
     if bad:
-        row.update(status=bad[0].get("status", "failed"), reason=bad[0].get("reason", ""))
+        row.update(status=bad[0].status, reason=bad[0].reason)
         return row
     row["status"] = "ok"
-    row["timing_mode"] = ranks[0].get("timing_mode", row["timing_mode"])
-    samples = _elementwise_max([r["samples_us"] for r in ranks])
+    row["timing_mode"] = ranks[0].timing_mode
+    samples = _elementwise_max([r.samples_us for r in ranks])
     row["samples_us"] = samples
     row["latency_us_median"] = _q(samples, 50)
     row["latency_us_p20"] = _q(samples, 20)
     row["latency_us_p80"] = _q(samples, 80)
-    row["latency_us_per_rank"] = [_q(r["samples_us"], 50) for r in ranks]
+    row["latency_us_per_rank"] = [_q(r.samples_us, 50) for r in ranks]
     for p in PHASES:
         row[f"{p}_us"] = _max(ranks, p)
-    if all("shared_samples_us" in r for r in ranks):
-        shared = _elementwise_max([r["shared_samples_us"] for r in ranks])
-        no_shared = _elementwise_max([r["no_shared_samples_us"] for r in ranks])
+    if all(r.shared_samples_us is not None for r in ranks):
+        shared = _elementwise_max([r.shared_samples_us for r in ranks])
+        no_shared = _elementwise_max([r.no_shared_samples_us for r in ranks])
         row["shared_us"] = _q(shared, 50)
         row["latency_no_shared_us"] = _q(no_shared, 50)
-        # overlap by ablation (DESIGN.md): what the shared experts add to the layer
+        # overlap by ablation (docs/design.md): what the shared experts add to the layer
         row["shared_exposed_us"] = row["latency_us_median"] - row["latency_no_shared_us"]
         row["overlap_fraction"] = float(overlap_fraction(row["latency_us_median"], row["latency_no_shared_us"],
                                                          row["shared_us"]))
@@ -172,7 +171,8 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
         # the two latency medians moves the fraction by tens of points: say how far
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
-    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes"):
+    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
+              "host_enqueue_us"):
         row[k] = _max(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):
@@ -180,43 +180,44 @@ def measured_row(c: Combination, tokens: int, ranks: list[dict], meta: dict) -> 
     # trace figures: the critical rank's, as the ablation's latency is the max over ranks.
     # A rank that reaches the combine early hides its shared experts in its wait for the
     # other rank, which sets the layer's end: the rank whose layer samples span longest in
-    # its trace. Without every rank's span, the ranks' mean (docs/perf-notes.md, run 13).
-    crit = critical_rank([r.get("trace_layer_us") for r in ranks])
+    # its trace. Without every rank's span, the ranks' mean (docs/findings/trace-vs-ablation.md).
+    crit = critical_rank([r.trace_layer_us for r in ranks])
     if crit is not None:
         row["trace_critical_rank"] = crit
         for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
-            v = ranks[crit].get(k)
+            v = getattr(ranks[crit], k)
             row[k] = float(v) if v is not None else NAN
-    # derived per rank (DESIGN.md); the row holds the mean (trace figures: see above)
+    # derived per rank (docs/design.md); the row holds the mean (trace figures: see above)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
-        row[f"{k}_per_rank"] = [float(r.get(k, NAN)) for r in ranks]
+        row[f"{k}_per_rank"] = [float(v) if (v := getattr(r, k)) is not None else NAN for r in ranks]
     # several ranks with every trace readable on rank 0: the overlap on communication intervals
     # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
-    # (the critical path; docs/perf-notes.md, session 4)
+    # (the critical path; docs/findings/trace-vs-ablation.md)
     row["trace_wait_us_per_rank"] = [NAN] * len(ranks)
     row["trace_trimmed_overlap_per_rank"] = [NAN] * len(ranks)
-    matched = ranks[0].get("trace_matched_overlap_per_rank")
-    waits = ranks[0].get("trace_wait_us_per_rank")
+    matched = ranks[0].trace_matched_overlap_per_rank
+    waits = ranks[0].trace_wait_us_per_rank
     ok = matched and waits and len(matched) == len(waits) == len(ranks)
     matched = matched if ok and all(v is not None and v == v for v in matched) else None
     if matched:
         crit = min(range(len(waits)), key=lambda r: waits[r])
         row["trace_critical_rank"] = crit
         row["trace_overlap_fraction"] = float(matched[crit])
-        v = ranks[crit].get("trace_intersection_fraction")
+        v = ranks[crit].trace_intersection_fraction
         row["trace_intersection_fraction"] = float(v) if v is not None else NAN
         row["trace_trimmed_overlap_per_rank"] = [float(v) for v in matched]
         row["trace_wait_us_per_rank"] = [float(v) for v in waits]
-    row["trace_path"] = ranks[crit if crit is not None else 0].get("trace_path", "")
+    row["trace_path"] = ranks[crit if crit is not None else 0].trace_path
+    row["trace_error"] = "; ".join(sorted({r.trace_error for r in ranks if r.trace_error}))
     # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
-    methods = {r.get("trace_overlap_method") for r in (ranks if crit is None else [ranks[crit]])
-               if r.get("trace_overlap_method")}
+    methods = {r.trace_overlap_method for r in (ranks if crit is None else [ranks[crit]])
+               if r.trace_overlap_method}
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if matched:
         row["trace_overlap_method"] = METHOD_MATCHED
     # experts=triton + bf16 / fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
-    layouts = {r.get("row_layout_used") or "" for r in ranks}
+    layouts = {r.row_layout_used or "" for r in ranks}
     row["row_layout_used"] = layouts.pop() if len(layouts) == 1 else "mixed"
-    if "kernel_us" in ranks[0]:  # profiler mode: per-rank communication kernel durations
-        row["kernel_us"] = [r.get("kernel_us", "{}") for r in ranks]
+    if ranks[0].kernel_us is not None:  # profiler mode: per-rank communication kernel durations (JSON)
+        row["kernel_us"] = [r.kernel_us or "{}" for r in ranks]
     return row

@@ -2,8 +2,8 @@
 wrong type fails when the config is composed, before any work starts."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, make_dataclass
+from functools import lru_cache
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -11,26 +11,18 @@ from omegaconf import MISSING
 
 @dataclass
 class BackendConf:
+    """backend.* keys; the entries' knobs (kernels/knobs.py) are added as fields by
+    group_schemas(), so that backend.num_sms is typed like the rest."""
+
     name: str = MISSING
-    simulate_ep: int = 1  # local*: keep 1/N of the experts (one rank of EP-N)
-    max_tokens_per_rank: int = 512  # batched buffers' cap (deepep_ll / pplx)
-    num_sms: int = 24  # SMs DeepEP's high-throughput kernels may use
-    # deepep_ht: tokens per NVLink chunk (Config's num_max_nvl_chunked_send_tokens, with a
-    # 256-token receive buffer as DeepEP's test_intranode tunes them); 0 = DeepEP's recommended
-    # config for the world size
-    dispatch_nvl_chunk: int = 0
-    combine_nvl_chunk: int = 0
+    simulate_ep: int = 1  # single-rank backends: keep 1/N of the experts (one rank of EP-N)
 
 
 @dataclass
 class ExpertsConf:
+    """experts.* keys; the entries' knobs are added by group_schemas()."""
+
     name: str = MISSING
-    # triton_or_deepgemm: DeepGEMM at or above this many rows after dispatch
-    deepgemm_min_tokens: int = 256
-    # triton + bf16 / fp8_block: gathered rows (vLLM's fused_moe) or the contiguous layout (rows
-    # permuted per expert, TMA loads); auto = contiguous from 1024 (bf16) / 128 (fp8_block)
-    # expected local pairs per expert (kernels/experts/triton.py)
-    row_layout: str = "auto"
 
 
 @dataclass
@@ -74,7 +66,9 @@ class WorkloadConf:
 class RunnerConf:
     device: str = "auto"  # auto | cpu | cuda
     world_size: int = 2  # ranks for EP backends (local* always run 1)
-    timing: str = "events"  # events | graph | profiler
+    # auto: CUDA-graph replays where the combination can be captured at <= graph_max_tokens,
+    # events elsewhere | events | graph | profiler
+    timing: str = "auto"
     graph_max_tokens: int = 256  # graph mode above this many tokens falls back to events
     reps: int = 30
     warmup: int = 5
@@ -84,6 +78,9 @@ class RunnerConf:
     timeout_s: float = 600.0  # per combination, all token counts together
     check: bool = True  # compare with the float32 reference before timing
     memory: bool = True
+    # bytes the layer may allocate above what the correctness check holds (0: no cap), e.g.
+    # "16GiB"; a forward that needs more is an `oom` row
+    memory_budget: str = "0"
 
 
 @dataclass
@@ -93,21 +90,7 @@ class TraceConf:
     samples: int = 3  # forward samples inside a captured trace
 
 
-@dataclass
-class MoeBenchConf:
-    backend: BackendConf = MISSING
-    experts: ExpertsConf = MISSING
-    reduction: ReductionConf = MISSING
-    overlap: OverlapConf = MISSING
-    model: ModelConf = MISSING
-    quant: QuantConf = MISSING
-    workload: WorkloadConf = MISSING
-    runner: RunnerConf = MISSING
-    trace: TraceConf = MISSING
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-GROUP_SCHEMAS = {
+_BASE_SCHEMAS = {
     "backend": BackendConf,
     "experts": ExpertsConf,
     "reduction": ReductionConf,
@@ -118,9 +101,29 @@ GROUP_SCHEMAS = {
     "runner": RunnerConf,
     "trace": TraceConf,
 }
-GROUPS = tuple(GROUP_SCHEMAS)
+GROUPS = tuple(_BASE_SCHEMAS)
+
+
+@lru_cache(maxsize=1)
+def group_schemas() -> dict:
+    """Each group's dataclass; backend and experts with a field per registered knob."""
+    from .kernels import registry
+
+    out = dict(_BASE_SCHEMAS)
+    for group in ("backend", "experts"):
+        base = _BASE_SCHEMAS[group]
+        own = {f.name for f in fields(base)}
+        extra = []
+        for name, knob in sorted(registry.knobs(group).items()):
+            if name in own:
+                raise ValueError(f"{group} knob {name!r} clashes with {group}.{name} of moebench's schema")
+            extra.append((name, knob.type, field(default=knob.default)))
+        out[group] = make_dataclass(base.__name__, extra, bases=(base,))
+    return out
 
 
 def register_schemas() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="moebench_schema", node=MoeBenchConf)
+    """The typed primary config for Hydra's own compose (moebench.config.compose_with_hydra)."""
+    schemas = group_schemas()
+    root = make_dataclass("MoeBenchConf", [(g, schemas[g], field(default=MISSING)) for g in GROUPS])
+    ConfigStore.instance().store(name="moebench_schema", node=root)

@@ -12,6 +12,8 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
+from .migrate import migrate
+
 REDO_CHOICES = ("none", "failed", "all")
 FAILED = ("failed", "timeout", "oom")
 
@@ -62,20 +64,24 @@ class RunStore:
 
     # -- reading ---------------------------------------------------------------
     def row_files(self) -> list[Path]:
-        return sorted(p for p in self.rows_dir.glob("*.parquet") if p.name != "skipped.parquet")
+        """The combinations' row files (a writer's leftover temp file is not one)."""
+        return sorted(p for p in self.rows_dir.glob("*.parquet")
+                      if p.name != "skipped.parquet" and not p.name.startswith("."))
 
     def stored(self) -> dict[str, dict[int, str]]:
-        """combo_key -> {tokens: status} of the measured (not skipped) rows."""
+        """combo_key -> {tokens: status} of the measured (not skipped) rows (older schema
+        versions under their migrated keys)."""
         frames = []
         for p in self.row_files():
             try:
-                frames.append(pd.read_parquet(p, columns=["combo_key", "tokens_per_rank", "status", "timestamp"]))
+                frames.append(pd.read_parquet(p))
             except Exception:  # a torn file is redone, not trusted
                 continue
         out: dict[str, dict[int, str]] = {}
         if not frames:
             return out
-        df = pd.concat(frames, ignore_index=True).sort_values("timestamp", kind="stable")
+        df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
+        df = df[["combo_key", "tokens_per_rank", "status", "timestamp"]].sort_values("timestamp", kind="stable")
         for key, t, st, _ in df.itertuples(index=False):  # the newest row of each wins
             out.setdefault(key, {})[int(t)] = st
         return out
@@ -98,7 +104,7 @@ class RunStore:
         if not files:
             return pd.DataFrame()
         frames = [pd.read_parquet(p) for p in files]
-        df = pd.concat(frames, ignore_index=True)
+        df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
         # measured rows win over skipped ones, then the newest wins
         df["_measured"] = df["status"] != "skipped"
         df = df.sort_values(["_measured", "timestamp"] if "timestamp" in df else ["_measured"]).drop(columns="_measured")

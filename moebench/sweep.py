@@ -18,6 +18,22 @@ from .store import RunStore
 from .timing import NOISY_SPREAD
 
 
+BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
+
+
+class SweepCounts(Counter):
+    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it."""
+
+    interrupted: bool = False
+
+    def exit_code(self) -> int:
+        """0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom rows;
+        130 interrupted (docs/design.md, "Exit status")."""
+        if self.interrupted:
+            return 130
+        return 1 if any(self.get(s) for s in BAD_STATUSES) else 0
+
+
 class _Progress:
     """tqdm bar over combinations with ETA (plain lines when not a terminal)."""
 
@@ -65,14 +81,14 @@ def _meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
 def rows_for(fin: Finished, meta: dict) -> list[dict]:
     """Rows of one finished combination: measured, or failed/timeout/oom."""
     c, rows = fin.combo, []
-    ws = c.combo["world_size"]
-    failed_at = fin.failure.get("tokens") if fin.failure else None
+    ws = c.combo.world_size
+    failed_at = fin.failure.tokens if fin.failure else None
     for t in fin.tokens:
         ranks = fin.results.get(t, {})
         if len(ranks) == ws:
             rows.append(measured_row(c, t, [ranks[r] for r in sorted(ranks)], meta))
         elif fin.failure:
-            st, why = fin.failure["status"], fin.failure["reason"]
+            st, why = fin.failure.status, fin.failure.reason
             if failed_at is not None and t != failed_at:
                 st, why = "failed", f"not run: tokens_per_rank={failed_at} failed first ({why})"
             rows.append(outcome_row(c, t, st, why, meta))
@@ -88,9 +104,10 @@ def execute(
     redo: str = "none",
     dry_run: bool = False,
     quiet: bool = False,
-) -> tuple[Path, Counter]:
+    oversubscribe: bool = False,
+) -> tuple[Path, "SweepCounts"]:
     """Plan and run; returns the run directory and the status counts of this invocation."""
-    combos, sweep_data = plan(cli_overrides, sweep)
+    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
     store = RunStore(run_dir)
     info = envmod.fingerprint()
@@ -112,13 +129,13 @@ def execute(
         already += len(c.runnable_tokens) - len(todo)
         if todo:
             work.append((c, todo))
-    counts = Counter({"skipped": len(skipped)})
+    counts = SweepCounts({"skipped": len(skipped)})
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
     log(
         f"moebench: {len(combos)} combinations, {len(work)} to run, "
         f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
     )
-    if any(c.combo["trace"] == "nsys" and not c.reason for c in combos):
+    if any(c.combo.trace == "nsys" and not c.reason for c in combos):
         from .traces.nsys import NSYS_MISSING, nsys_available
 
         if not nsys_available():
@@ -152,5 +169,6 @@ def execute(
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     log(f"moebench: {summary} (this invocation); results in {run_dir}")
     if stop.requested:
+        counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")
     return run_dir, counts

@@ -107,7 +107,7 @@ def time_interleaved(
     warmup_ms (GPU only): after the `warmup` calls, keep calling for about this
     long, so that sampling starts at the clock the GPU sustains under this load
     rather than at its idle boost (an H200 runs a GEMM ~10% faster in its first
-    tens of ms than after ~100 ms: docs/perf-notes.md). With several ranks,
+    tens of ms than after ~100 ms: docs/findings/timing.md). With several ranks,
     `agree` (a max over the ranks) makes them run the same number of calls.
     """
     if graph:
@@ -123,7 +123,7 @@ def time_interleaved(
         # callable, long enough for the clock to climb back to its idle boost
         lead = [lead_cycles(fn, device, agree) for fn in fns]
     if warmup_ms > 0 and cuda:
-        _warm_for(fns, device, warmup_ms, flush, agree)
+        warm_for(fns, device, warmup_ms, flush, agree)
     if cuda and barrier is None:
         ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for _ in fns]
@@ -234,7 +234,7 @@ def sample_start(barrier=None, flush=None, align=None, lead: int = 0) -> Callabl
     return start
 
 
-def _warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
+def warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
     """Call the callables (in turn, flushing L2 as sampling will) for ~warmup_ms."""
     def one_round():
         for fn in fns:
@@ -267,51 +267,3 @@ def _capture(fn: Callable[[], object], device: torch.device, warmup: int) -> Cal
     with torch.cuda.graph(g):
         fn()
     return g.replay
-
-
-def profile_kernels(
-    fn: Callable[[], object],
-    path: str,
-    samples: int,
-    barrier: Optional[Callable[[], None]] = None,
-    flush: Optional[Callable[[], None]] = None,
-    align: Optional[Callable[[], None]] = None,
-    agree: Optional[Callable[[float], float]] = None,
-    device: Optional[torch.device] = None,
-) -> dict:
-    """Profiler mode: kernel durations per phase, what library benchmarks report.
-
-    Several ranks: before each sample the barrier, the L2 flush, the GPU alignment and
-    the host-enqueue head start, as for timed samples, so that a communication kernel
-    does not hold its wait for a peer that launched later (DeepEP's low-latency
-    dispatch read 118 µs on one rank, 27 µs on the other, without them).
-
-    Runs `samples` forwards under torch.profiler (phase ranges must be on), writes
-    the trace to `path`, and returns medians over samples (µs):
-    `<phase>` = busy GPU time of the kernels launched inside the phase, and
-    `kernels` = {kernel name: median summed duration per sample} for the
-    communication kernels (e.g. DeepEP's notify_dispatch / dispatch / combine).
-    """
-    from .traces.cli import load_traces
-    from .traces.metrics import summarize
-    from .traces.model import is_comm_kernel
-    from .traces.torch_trace import capture
-
-    lead = 0
-    if barrier is not None and device is not None and device.type == "cuda":
-        fn()
-        lead = lead_cycles(fn, device, agree)
-    if device is not None and device.type == "cuda":
-        _warm_for([fn], device, 200.0, flush, agree)  # the sustained clock, as timed samples see it
-
-    capture(fn, path, warmup=1, samples=samples, barrier=sample_start(barrier, flush, align, lead))
-    trace = load_traces(path)[0]
-    out = {name: p.gpu_us for name, p in summarize(trace).phases.items() if p.gpu_us is not None}
-    per_name: dict[str, dict[int, float]] = {}
-    for k in trace.kernels:
-        if k.sample is None or not is_comm_kernel(k.name):
-            continue
-        d = per_name.setdefault(k.name, {})
-        d[k.sample] = d.get(k.sample, 0.0) + (k.end_us - k.start_us)
-    out["kernels"] = {n: float(np.median(list(v.values()))) for n, v in per_name.items()}
-    return out

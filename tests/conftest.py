@@ -18,6 +18,10 @@ if not torch.cuda.is_available():
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+# the fault-injection experts (tests/fault_experts.py): registered here and in every rank
+_tests_dir = os.path.dirname(os.path.abspath(__file__))
+os.environ["MOEBENCH_PLUGIN_MODULES"] = "fault_experts"
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_tests_dir, os.environ.get("PYTHONPATH", "")) if p)
 
 # @triton.jit reads TRITON_INTERPRET when a kernel module is imported: import them all now,
 # so that a harness-only test that sets TRITON_INTERPRET=0 (test_sweep_cpu.py) and happens

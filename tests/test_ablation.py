@@ -6,17 +6,22 @@ from __future__ import annotations
 import torch
 
 from moebench import plan, rows
-from moebench.worker import build_layer
+from moebench.layer import build_layer
+from moebench.messages import RankResult
 from moebench.workload import make_inputs
 
 
 def _layer(overlap: str):
     cfg = plan.compose_config(["backend=local", "experts=torch", "model=tiny", "reduction=finalize",
                                "quant=bf16", f"overlap={overlap}"])
-    combo = plan.flat_combo(cfg)
-    _, _, kernel = build_layer(cfg, combo, 0, 1, None, torch.device("cpu"))
+    kernel = build_layer(plan.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
+
+
+def _rr(ranks: list[dict]) -> list[RankResult]:
+    """The ranks' results as the queue carries them."""
+    return [RankResult(rank=i, **r) for i, r in enumerate(ranks)]
 
 
 def _spy(kernel):
@@ -73,7 +78,7 @@ def test_row_takes_the_critical_ranks_trace_figures():
               "trace_path": "traces/k/rank0_T8.json", "trace_overlap_method": "intersection"},
              {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11790.0,
               "trace_path": "traces/k/rank1_T8.json", "trace_overlap_method": "stretch"}]
-    row = rows.measured_row(combos[0], 8, ranks, {})
+    row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert row["trace_critical_rank"] == 1
     assert row["trace_overlap_fraction"] == 0.28 and row["trace_intersection_fraction"] == 0.5
     # the path and method of the rank whose figures the row holds
@@ -81,10 +86,10 @@ def test_row_takes_the_critical_ranks_trace_figures():
     assert row["trace_overlap_fraction_per_rank"] == [0.73, 0.28]
     assert row["trace_layer_us_per_rank"] == [11597.0, 11790.0]
     ranks[0]["trace_layer_us"] = 12000.0
-    assert rows.measured_row(combos[0], 8, ranks, {})["trace_overlap_fraction"] == 0.73
+    assert rows.measured_row(combos[0], 8, _rr(ranks), {})["trace_overlap_fraction"] == 0.73
     # spans within CRITICAL_SPAN_TIE: no critical rank, the mean
     ranks[0]["trace_layer_us"] = 11790.0 * (1 + rows.CRITICAL_SPAN_TIE / 2)
-    tied = rows.measured_row(combos[0], 8, ranks, {})
+    tied = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert tied["trace_critical_rank"] != tied["trace_critical_rank"]  # NaN
     assert abs(tied["trace_overlap_fraction"] - (0.73 + 0.28) / 2) < 1e-9
 
@@ -97,17 +102,17 @@ def test_row_takes_the_matched_figure_of_the_rank_that_waited_least():
     ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 12000.0,
               "trace_matched_overlap_per_rank": [0.1, 0.35], "trace_wait_us_per_rank": [800.0, 0.0]},
              {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11000.0}]
-    row = rows.measured_row(combos[0], 8, ranks, {})
+    row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert row["trace_critical_rank"] == 1 and row["trace_overlap_fraction"] == 0.35
     assert row["trace_overlap_method"] == "stretch_matched"
     assert row["trace_intersection_fraction"] == 0.5  # the same rank's plain figure
     assert row["trace_trimmed_overlap_per_rank"] == [0.1, 0.35] and row["trace_wait_us_per_rank"] == [800.0, 0.0]
     assert row["trace_overlap_fraction_per_rank"] == [0.73, 0.28]  # untrimmed, as each rank read it
     ranks[0]["row_layout_used"], ranks[1]["row_layout_used"] = "contiguous", "gathered"
-    assert row["row_layout_used"] == "" and rows.measured_row(combos[0], 8, ranks, {})["row_layout_used"] == "mixed"
+    assert row["row_layout_used"] == "" and rows.measured_row(combos[0], 8, _rr(ranks), {})["row_layout_used"] == "mixed"
     # a rank's figure missing: back to the span rule (rank 0's span is the longest)
     ranks[0]["trace_matched_overlap_per_rank"] = [0.1, None]
-    row = rows.measured_row(combos[0], 8, ranks, {})
+    row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert row["trace_critical_rank"] == 0 and row["trace_overlap_fraction"] == 0.73
     assert row["trace_overlap_method"] == "stretch"
 
@@ -118,7 +123,7 @@ def test_row_takes_the_ranks_mean_trace_figures_without_spans():
             "shared_samples_us": [2.0, 2.0]}
     ranks = [{**base, "trace_overlap_fraction": 0.8, "trace_intersection_fraction": 0.9},
              {**base, "trace_overlap_fraction": 0.3, "trace_intersection_fraction": 0.5}]
-    row = rows.measured_row(combos[0], 8, ranks, {})
+    row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert abs(row["trace_overlap_fraction"] - 0.55) < 1e-9
     assert abs(row["trace_intersection_fraction"] - 0.7) < 1e-9
     assert row["shared_us"] == 2.0 and abs(row["overlap_fraction"] - (1 - (10.5 - 9.25) / 2.0)) < 1e-9
@@ -129,7 +134,7 @@ def test_row_says_when_the_ranks_trace_methods_differ():
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0]}
     same = [{**base, "trace_overlap_method": "stretch"}, {**base, "trace_overlap_method": "stretch"}]
-    assert rows.measured_row(combos[0], 8, same, {})["trace_overlap_method"] == "stretch"
+    assert rows.measured_row(combos[0], 8, _rr(same), {})["trace_overlap_method"] == "stretch"
     mixed = [{**base, "trace_overlap_method": "stretch"}, {**base, "trace_overlap_method": "intersection"}]
-    assert rows.measured_row(combos[0], 8, mixed, {})["trace_overlap_method"] == "mixed"
-    assert rows.measured_row(combos[0], 8, [base, base], {})["trace_overlap_method"] == ""
+    assert rows.measured_row(combos[0], 8, _rr(mixed), {})["trace_overlap_method"] == "mixed"
+    assert rows.measured_row(combos[0], 8, _rr([base, base]), {})["trace_overlap_method"] == ""

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moebench.messages import RankResult
 from moebench import plan, rows
 from moebench.report import load_run, overlap_table, write_report
 from moebench.report.synthetic import make_row, write_run
@@ -41,7 +42,7 @@ def _combo():
 def _row(layer, no_shared, shared, num_ranks=2):
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": layer, "no_shared_samples_us": no_shared,
             "shared_samples_us": shared}
-    return rows.measured_row(_combo(), 8, [dict(base) for _ in range(num_ranks)], {})
+    return rows.measured_row(_combo(), 8, [RankResult(rank=r, **base) for r in range(num_ranks)], {})
 
 
 def test_interval_brackets_the_figure_and_is_deterministic():
@@ -77,7 +78,7 @@ def test_drift_that_moves_whole_triplets_does_not_widen_the_interval():
 
 def test_interval_is_nan_without_the_ablation_or_with_few_samples():
     assert {"overlap_fraction_lo", "overlap_fraction_hi"} <= set(rows.empty_measurements())
-    no_ablation = rows.measured_row(_combo(), 8, [{"status": "ok", "samples_us": [10.0] * 8}] * 2, {})
+    no_ablation = rows.measured_row(_combo(), 8, [RankResult(rank=r, samples_us=[10.0] * 8) for r in range(2)], {})
     assert math.isnan(no_ablation["overlap_fraction"])
     assert math.isnan(no_ablation["overlap_fraction_lo"]) and math.isnan(no_ablation["overlap_fraction_hi"])
     few = _row(*(s[:rows.OVERLAP_MIN_SAMPLES - 1] for s in _triplets()))
@@ -95,8 +96,8 @@ def test_interval_takes_the_max_over_ranks_per_sample():
     layer, no_shared, shared = _triplets(noise=0.001)
     slow = [x + 0.5 * SHARED_US for x in no_shared]  # rank 1 hides more of the shared experts
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": layer, "shared_samples_us": shared}
-    row = rows.measured_row(_combo(), 8, [{**base, "no_shared_samples_us": no_shared},
-                                          {**base, "no_shared_samples_us": slow}], {})
+    row = rows.measured_row(_combo(), 8, [RankResult(rank=0, **base, no_shared_samples_us=no_shared),
+                                          RankResult(rank=1, **base, no_shared_samples_us=slow)], {})
     assert row["overlap_fraction"] == pytest.approx(TRUE_OVERLAP + 0.5, abs=0.02)
     assert row["overlap_fraction_lo"] <= row["overlap_fraction"] <= row["overlap_fraction_hi"]
     assert row["overlap_fraction_lo"] > TRUE_OVERLAP + 0.4

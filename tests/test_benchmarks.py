@@ -1,5 +1,5 @@
 """The DeepEP comparison scripts' parsing and tables, on the committed logs and rows of
-runs 3 and 9 (results/h200x2-deepep_profiler, results/h200x2-deepep_ll_profiler): the
+the 2 x H200 runs in results/deepep_vs_own_benchmarks/{ht,ll} (docs/findings/deepep-pplx.md): the
 GPU-only parts (running DeepEP's tests and moebench) are the same calls the GPU runs made."""
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import deepep_ht_profiler as ht  # noqa: E402
 import deepep_ll_profiler as ll  # noqa: E402
 from _deepep_compare import kernel_sums  # noqa: E402
 
-HT_RUN = REPO / "results" / "h200x2-deepep_profiler"
-LL_RUN = REPO / "results" / "h200x2-deepep_ll_profiler"
+HT_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ht"
+LL_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ll"
 
 
 def test_intranode_log_parses_to_the_recommended_and_best_configs():
     res = ht.parse_intranode((HT_RUN / "deepep_test_intranode.log").read_text())
-    # docs/perf-notes.md run 3: 259.3 (fp8), 352.8 (bf16), combine 425.1 (best 403.6 at chunk 8)
+    # docs/findings/deepep-pplx.md: 259.3 (fp8), 352.8 (bf16), combine 425.1 (best 403.6 at chunk 8)
     assert res["dispatch_fp8"]["default"] == pytest.approx(259.32)
     assert res["dispatch_bf16"]["default"] == pytest.approx(352.80)
     assert res["combine"] == {"default": pytest.approx(425.09), "best": pytest.approx(403.58), "best_chunk": 8}
@@ -39,7 +39,7 @@ def test_intranode_comparison_table_from_the_stored_rows():
              "combine_us": r["combine_us"], "kernels": [kernel_sums(json.loads(t), kernels) for t in r["kernel_us"]]}
             for _, r in df.iterrows()]
     bf16 = next(r for r in rows if r["quant"] == "bf16")
-    # run 3: moebench's bf16 dispatch kernel 345.8 / 350.2 µs; notify kernels not counted
+    # the same table: moebench's bf16 dispatch kernel 345.8 / 350.2 µs; notify kernels not counted
     assert [round(k["dispatch"], 1) for k in bf16["kernels"]] == [345.8, 350.2]
     table = ht.compare(deepep, rows, 2)
     line = next(x for x in table.splitlines() if x.startswith("| dispatch bf16 |"))

@@ -22,7 +22,9 @@ def test_every_option_composes(group):
 @pytest.mark.parametrize("overrides", [
     [],
     ["backend=naive", "experts=torch", "model=deepseek_v3", "quant=fp8_block", "workload.tokens_per_rank=[1,2]"],
-    ["backend=local", "backend.simulate_ep=8", "runner.reps=3", "trace=torch", "+extra.sleep_s=1"],
+    ["backend=local", "backend.simulate_ep=8", "runner.reps=3", "trace=torch"],
+    ["backend=deepep_ht", "backend.num_sms=16", "experts=triton", "experts.row_layout=gathered",
+     "runner.memory_budget=16GiB"],
 ])
 def test_fast_compose_matches_hydra(overrides):
     assert plan.compose_config(overrides) == plan.compose_with_hydra(overrides)
@@ -34,6 +36,10 @@ def test_fast_compose_matches_hydra(overrides):
     (["model.hidden=abc"], ["abc"]),
     (["nosuchgroup=1"], ["unknown config key"]),
     (["runner.world_size=two"], ["two"]),
+    (["backend.num_sm=16"], ["unknown config key", "backend.num_sm", "--knobs"]),
+    (["experts.fp8_layout=gathered"], ["experts.row_layout"]),
+    (["+extra.pplx_mode=internode"], ["backend.pplx_mode"]),
+    (["+extra.sleep_s=1"], ["unsupported override", "knobs"]),
 ])
 def test_bad_overrides_are_clear(bad, words):
     with pytest.raises(ValueError) as e:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from moebench import plan
+from moebench.config import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _deepep
 
@@ -29,6 +30,12 @@ COMBO = {
 }
 LL_COMBO = dict(COMBO, backend="deepep_ll", experts="triton_batched", max_tokens_per_rank=512)
 TESTS = Path(__file__).resolve().parent
+
+
+def planned(backend="deepep_ht", experts="torch", **changes):
+    """plan.validate on a deepseek_v3 Combo on CUDA: the contract's rules beside the entry's."""
+    cfg = compose_config([f"backend={backend}", f"experts={experts}", "reduction=finalize", "model=deepseek_v3"])
+    return plan.validate(to_combo(cfg, device="cuda").replace(**changes))
 REPO = TESTS.parent
 
 
@@ -87,10 +94,10 @@ def test_structural_reasons_when_library_present(monkeypatch):
     cls = registry.get_backend("deepep_ht")
     assert cls.supports(dict(COMBO)) is None
     assert "CUDA" in cls.supports(dict(COMBO, device="cpu"))
-    assert "world_size >= 2" in cls.supports(dict(COMBO, world_size=1))
+    assert "world_size >= 2" in planned(world_size=1)  # the contract's rule, not the entry's
     assert "intranode" in cls.supports(dict(COMBO, world_size=16))
     assert "top-k" in cls.supports(dict(COMBO, topk=40))
-    assert "multiple of 128" in cls.supports(dict(COMBO, quant="fp8_block", hidden=7168 + 64))
+    assert "multiples of 128" in planned(quant="fp8_block", hidden=7168 + 64)
     assert "bytes" in cls.supports(dict(COMBO, hidden=8192))  # 16 KiB bf16 rows exceed the TMA stage
     assert cls.supports(dict(COMBO, hidden=8192, quant="fp8_block")) is None  # fp8 rows are half
     assert "even" in cls.supports(dict(COMBO, num_sms=23))
@@ -108,9 +115,9 @@ def test_deepep_ll_structural_reasons_when_library_present(monkeypatch):
     assert cls.supports(dict(LL_COMBO, world_size=8)) is None
     assert cls.supports(dict(LL_COMBO, world_size=16)) is None
     assert "CUDA" in cls.supports(dict(LL_COMBO, device="cpu"))
-    assert "world_size >= 2" in cls.supports(dict(LL_COMBO, world_size=1))
+    assert "world_size >= 2" in planned("deepep_ll", "triton_batched", world_size=1)
     assert "multiple of 8" in cls.supports(dict(LL_COMBO, world_size=12))
-    assert "does not divide" in cls.supports(dict(LL_COMBO, world_size=6))
+    assert "does not divide" in planned("deepep_ll", "triton_batched", world_size=6)
     assert "hidden" in cls.supports(dict(LL_COMBO, hidden=2880))  # gpt_oss_120b
     assert "hidden" in cls.supports(dict(LL_COMBO, hidden=256))  # tiny
     assert "top-k <= 11" in cls.supports(dict(LL_COMBO, topk=12))
@@ -130,8 +137,9 @@ def test_deepep_ll_graph_capture_is_declared():
 
     assert DeepEPLLPrepareFinalize.graph_capturable  # no host sync: vLLM / SGLang capture it
     assert not DeepEPHTPrepareFinalize.graph_capturable
-    combo = {"backend": "deepep_ll", "experts": "triton_batched", "timing_mode": "graph", "graph_max_tokens": 256,
-             "device": "cuda", "max_tokens_per_rank": 512}
+    cfg = compose_config(["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "model=deepseek_v3",
+                          "runner.timing=graph"])
+    combo = to_combo(cfg, device="cuda")
     assert plan.validate_tokens(combo, 128) is None
     assert "max_tokens_per_rank=512" in plan.validate_tokens(combo, 513)
 
@@ -157,7 +165,7 @@ def test_deepep_ll_gets_one_process_group_per_buffer_shape():
     # never with the HT buffer (or any other backend) in one process
     assert not set(ll.values()) & set(ht.values())
     (v3,) = {v for k, v in ll.items() if k[1] == "deepseek_v3"}
-    assert v3[2:] == ("deepep_ll", 7168, 256, 512)
+    assert v3[2:] == ("nvshmem", 7168, 256, 512)
     # another token cap is another buffer shape
     capped = _families(["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "overlap=none",
                         "quant=bf16", "model=deepseek_v3", "backend.max_tokens_per_rank=128"])
@@ -345,7 +353,7 @@ def test_deepep_ll_plumbing_over_a_cpu_standin(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    tol = plan.TOLERANCE
+    from moebench.kernels.reference import TOLERANCE as tol
     for r, rows in enumerate(per_rank):
         *cases, tail = rows
         assert len(cases) == len(STANDIN_QUANTS) * len(STANDIN_TOKENS) * 3

@@ -76,9 +76,13 @@ def test_structural_reasons_when_library_present(monkeypatch):
     std = registry.get_experts("deepgemm")
     masked = registry.get_experts("deepgemm_masked")
     assert "fp8_block" in std.supports(dict(COMBO, quant="bf16"))
-    assert "multiples of 128" in std.supports(dict(COMBO, hidden=2880))
     assert "CUDA" in std.supports(dict(COMBO, device="cpu"))
-    assert "reduction=finalize" in masked.supports(dict(COMBO, experts="deepgemm_masked", reduction="experts"))
+    assert "CUDA" in masked.supports(dict(COMBO, experts="deepgemm_masked", device="cpu"))
+    # the contract's rules (plan.validate), not the entries': fp8_block's 128 multiples, batched -> finalize
+    rs = reasons(["backend=local,local_batched", "experts=deepgemm,deepgemm_masked", "reduction=experts",
+                  "quant=fp8_block", "model=gpt_oss_120b", "overlap=none"])
+    assert "multiples of 128" in rs[("local", "deepgemm", "experts", "fp8_block")]
+    assert "only reduction=finalize" in rs[("local_batched", "deepgemm_masked", "experts", "fp8_block")]
     import torch
 
     if not torch.cuda.is_available():
@@ -102,8 +106,8 @@ def test_planning_skips_them_with_the_right_reason(no_deep_gemm):
             assert "layouts differ" in why
         elif batched_backend and reduction == "experts":
             assert "only reduction=finalize" in why
-        elif quant != "fp8_block" and experts.startswith("deepgemm"):
-            assert "needs quant=fp8_block" in why
+        elif quant != "fp8_block":  # all three run DeepGEMM: a rule of the combination before the library
+            assert "need quant=fp8_block" in why
         else:  # the valid pairings: missing library, with how to install it
             assert "deep_gemm not installed" in why and "install_deep_gemm.sh" in why, why
 

@@ -2,8 +2,8 @@
 torch record_function ranges, and with measurement off the timed forwards run with
 `NULL_PHASES` (no range, no event, no NVTX call).
 
-The NVTX domain is a fake that records push / pop calls, so these tests do not depend
-on the `nvtx` package being installed (nor on a profiler listening to it)."""
+The NVTX emitter is a fake that records push / pop calls, so these tests do not depend
+on an NVTX API being installed (nor on a profiler listening to it)."""
 from __future__ import annotations
 
 import json
@@ -13,31 +13,33 @@ import sys
 import pytest
 import torch
 
+from moebench.layer import build_layer
+from moebench.messages import Task
 from moebench import plan, timing, worker
 from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
 from moebench.traces import nvtx as nvtx_mod
+from moebench.traces.nsys import NVTX_PREFIX
 from moebench.traces.nvtx import PhaseRecorder, combo_range, make_phase_recorder, phase_recorder_for, sample_range
 from moebench.workload import make_inputs
 
 
 class FakeDomain:
-    """Records the `push_range` / `pop_range` calls PhaseRecorder and named_range make."""
-
-    class Attributes:
-        def __init__(self, message):
-            self.message = message
+    """Records the pushes / pops PhaseRecorder and named_range make through the NVTX emitter
+    (names without the `moebench/` prefix every NVTX message carries)."""
 
     def __init__(self):
         self.calls = []  # ("push", name) | ("pop", None)
+        self.emitter = nvtx_mod.NvtxEmitter("fake", self._push, self._pop)
 
-    def get_event_attributes(self, message):
-        return self.Attributes(message)
+    def _push(self, message):
+        assert message.startswith(NVTX_PREFIX), message
+        self.push_range(message[len(NVTX_PREFIX):])
 
-    def push_range(self, attributes):
-        self.calls.append(("push", attributes.message))
+    def push_range(self, name):
+        self.calls.append(("push", name))
 
-    def pop_range(self):
+    def _pop(self):
         self.calls.append(("pop", None))
 
     def pushed(self) -> list:
@@ -56,16 +58,17 @@ class FakeDomain:
 
 @pytest.fixture
 def domain(monkeypatch):
-    """The fake in place of the `moebench` NVTX domain (nvtx_domain() returns it)."""
+    """The fake in place of the process's NVTX emitter (nvtx_emitter() returns its emitter)."""
     fake = FakeDomain()
-    monkeypatch.setattr(nvtx_mod, "_NVTX_DOMAIN", fake)
+    monkeypatch.setattr(nvtx_mod, "_EMITTER", fake.emitter)
+    monkeypatch.setattr(nvtx_mod, "_RESOLVED", True)
     return fake
 
 
 def _layer(overlap: str, reduction: str) -> MoEKernel:
     cfg = plan.compose_config(["backend=local", "experts=torch", "model=tiny", f"reduction={reduction}",
                                "quant=bf16", f"overlap={overlap}"])
-    _, _, kernel = worker.build_layer(cfg, plan.flat_combo(cfg), 0, 1, None, torch.device("cpu"))
+    kernel = build_layer(plan.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
 
@@ -95,7 +98,7 @@ def test_nvtx_ranges_are_the_record_function_ranges(domain, tmp_path, overlap, r
     kernel(x, w, ids)  # warm-up outside the profiler and without ranges
     assert domain.calls == []
     rec = make_phase_recorder(nvtx=True, record_function=True, cuda_events=False, device="cpu")
-    assert isinstance(rec, PhaseRecorder) and rec._domain is domain
+    assert isinstance(rec, PhaseRecorder) and rec._nvtx is domain.emitter
     kernel.phases = rec
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         with combo_range("k"), sample_range(0):
@@ -115,41 +118,65 @@ def test_nvtx_ranges_are_the_record_function_ranges(domain, tmp_path, overlap, r
     assert depth["shared_experts"] == (3 if overlap == "combine" else 2)
 
 
-def test_without_the_nvtx_package_no_range_and_one_warning(monkeypatch, caplog):
-    monkeypatch.setattr(nvtx_mod, "_NVTX_DOMAIN", None)
-    monkeypatch.setattr(nvtx_mod, "_NVTX_WARNED", False)
+def test_without_an_nvtx_api_no_range_and_one_warning(monkeypatch, caplog):
+    monkeypatch.setattr(nvtx_mod, "_EMITTER", None)
+    monkeypatch.setattr(nvtx_mod, "_RESOLVED", False)
+    monkeypatch.setattr(nvtx_mod, "_torch_emitter", lambda: None)  # no CUDA
     monkeypatch.setitem(sys.modules, "nvtx", None)  # `import nvtx` raises ImportError
     with caplog.at_level(logging.WARNING, logger=nvtx_mod.__name__):
         rec = make_phase_recorder(nvtx=True, record_function=False, cuda_events=True, device="cpu")
         make_phase_recorder(nvtx=True, record_function=False, cuda_events=True, device="cpu")
-    assert rec._domain is None
+    assert rec._nvtx is None and nvtx_mod.nvtx_api() is None
     with rec("experts"):
         pass
     assert rec.counts() == {"experts": 1}
-    assert sum("nvtx package is not installed" in r.getMessage() for r in caplog.records) == 1
+    assert sum("no NVTX API" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_api_follows_cuda_and_can_be_forced(monkeypatch):
+    """With CUDA, torch.cuda.nvtx (the one Nsight Systems 2024.2 records); without, the nvtx
+    package; MOEBENCH_NVTX_API picks one."""
+    def resolve(forced=None):
+        monkeypatch.setattr(nvtx_mod, "_RESOLVED", False)
+        monkeypatch.setattr(nvtx_mod, "_EMITTER", None)
+        if forced is None:
+            monkeypatch.delenv("MOEBENCH_NVTX_API", raising=False)
+        else:
+            monkeypatch.setenv("MOEBENCH_NVTX_API", forced)
+        return nvtx_mod.nvtx_api()
+
+    if torch.cuda.is_available():
+        assert resolve() == nvtx_mod.API_TORCH
+    else:
+        pytest.importorskip("nvtx")
+        assert resolve() == nvtx_mod.API_PACKAGE
+    assert resolve("none") is None
+    with pytest.raises(ValueError, match="valid: torch, nvtx, none"):
+        resolve("perfetto")
 
 
 def test_the_real_nvtx_package_takes_our_calls(monkeypatch):
-    """With the `nvtx` package installed, the recorder pushes on its `moebench` domain."""
+    """With the `nvtx` package (the API without CUDA), the recorder pushes `moebench/<name>`
+    ranges in the default domain."""
     nvtx = pytest.importorskip("nvtx")
-    monkeypatch.setattr(nvtx_mod, "_NVTX_DOMAIN", None)
-    names = []
-    real_get_domain = nvtx.get_domain
-    # without a profiler attached nvtx hands out one dummy domain for every name: spy on the name
-    monkeypatch.setattr(nvtx, "get_domain", lambda name=None: names.append(name) or real_get_domain(name))
-    dom = nvtx_mod.nvtx_domain()
-    assert names == ["moebench"] and dom is real_get_domain("moebench")
+    pushed = []
+    real_push = nvtx.push_range
+    monkeypatch.setattr(nvtx, "push_range", lambda message=None, **k: pushed.append(message) or real_push(message, **k))
+    monkeypatch.setattr(nvtx_mod, "_RESOLVED", False)
+    monkeypatch.setattr(nvtx_mod, "_EMITTER", None)
+    monkeypatch.setenv("MOEBENCH_NVTX_API", "nvtx")
+    assert nvtx_mod.nvtx_api() == "nvtx package"
     rec = make_phase_recorder(nvtx=True, record_function=False, cuda_events=False, device="cpu")
-    assert rec._domain is dom and names == ["moebench"]  # resolved once
     with combo_range("k", record_function=False), rec("experts"), rec("finalize"):
         pass  # no profiler attached: the calls must still be accepted
+    assert pushed == ["moebench/combo/k", "moebench/experts", "moebench/finalize"]
 
 
 # -- (b) measurement off: nothing during the timed forwards -------------------------------
 def test_all_off_and_trace_modes():
     assert make_phase_recorder(False, False, False, "cpu") is NULL_PHASES
     assert phase_recorder_for("none", "cpu", cuda_events=False) is NULL_PHASES
-    assert phase_recorder_for("nvtx", "cpu", cuda_events=False)._domain is nvtx_mod.nvtx_domain()
+    assert phase_recorder_for("nvtx", "cpu", cuda_events=False)._nvtx is nvtx_mod.nvtx_emitter()
     with pytest.raises(ValueError, match="valid: none, nvtx, torch, nsys"):
         phase_recorder_for("perfetto", "cpu")
 
@@ -187,10 +214,10 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
     timed_pushes = []
     real_push = domain.push_range
 
-    def push(attributes):
+    def push(name):
         if state["timed"]:
-            timed_pushes.append(attributes.message)
-        real_push(attributes)
+            timed_pushes.append(name)
+        real_push(name)
 
     domain.push_range = push
     real_time = timing.time_interleaved
@@ -210,9 +237,10 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
 
     monkeypatch.setattr(timing, "time_interleaved", spy_time_interleaved)
 
-    task = {"key": c.key, "cfg": c.cfg, "combo": c.combo, "tokens": [4, 8]}
-    results = list(worker.run_combination(task, 0, 1, None, torch.device("cpu"), str(tmp_path)))
-    assert [t for t, _ in results] == [4, 8] and all(r["status"] == "ok" for _, r in results)
+    task = Task(0, c.combo, (4, 8))
+    results = [(t, r) for t, r in worker.run_combination(task, 0, 1, None, torch.device("cpu"), str(tmp_path))
+               if r is not None]
+    assert [t for t, _ in results] == [4, 8] and all(r.status == "ok" for _, r in results)
 
     in_timed = [s for s in seen if s[0]]
     assert len(in_timed) >= 2 * 2 * (3 + 1)  # 2 token counts x 2 layer fns x (reps + warm-up)
@@ -227,4 +255,4 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
         assert pushed == []
     else:
         assert set(pushed) >= {"experts", "finalize", "shared_experts"}
-    assert "experts" in results[0][1] and "finalize" in results[1][1]  # phase figures came from the recorder
+    assert "experts" in results[0][1].phases_us and "finalize" in results[1][1].phases_us  # from the recorder

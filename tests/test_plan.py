@@ -1,11 +1,12 @@
 """Planning: sweep expansion with Hydra's override parser, sweep files, the
-validity rules of DESIGN.md and refusals before any work starts."""
+validity rules of docs/design.md and refusals before any work starts."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from moebench import plan
+from moebench.config import compose_config, to_combo
 
 ISSUE_SWEEP = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
                "workload.tokens_per_rank=[16,64]", "model=tiny", "quant=bf16"]
@@ -21,7 +22,7 @@ def test_issue_sweep_expands_to_four_combinations_of_two_tokens():
     assert len(combos) == 4 and all(c.reason is None for c in combos)
     assert sorted((c.combo["reduction"], c.combo["overlap"]) for c in combos) == [
         ("experts", "combine"), ("experts", "none"), ("finalize", "combine"), ("finalize", "none")]
-    assert all(c.tokens == [16, 64] for c in combos)
+    assert all(c.tokens == (16, 64) for c in combos)
     assert len({c.key for c in combos}) == 4
 
 
@@ -35,27 +36,34 @@ def test_cli_overrides_replace_sweep_file_values():
 
 def test_validity_rules_give_reasons():
     r = plan.validate
-    base = plan.flat_combo(plan.compose_config(["backend=local", "experts=torch", "model=tiny"]))
+    base = to_combo(compose_config(["backend=local", "experts=torch", "model=tiny"]))
     assert r(base) is None
-    assert "layouts differ" in r({**base, "experts": "torch_batched"})
-    assert "only reduction=finalize" in r({**base, "backend": "local_batched", "experts": "torch_batched", "reduction": "experts"})
-    nosh = {**base, "num_shared_experts": 0, "overlap": "dispatch"}
-    assert "needs shared experts" in r(nosh)
-    assert "world_size >= 2" in r({**base, "backend": "naive", "world_size": 1})
-    assert "does not divide" in r({**base, "simulate_ep": 3})
-    assert "simulate_ep applies to local backends only" in r({**base, "backend": "naive", "world_size": 2, "simulate_ep": 2})
-    assert "multiples of 128" in r({**base, "quant": "fp8_block", "hidden": 2880, "intermediate": 2880})
-    g = {**base, "timing_mode": "graph", "graph_max_tokens": 256}
+    assert "layouts differ" in r(base.replace(experts="torch_batched"))
+    assert "only reduction=finalize" in r(base.replace(backend="local_batched", experts="torch_batched"))
+    assert "needs shared experts" in r(base.replace(num_shared_experts=0, overlap="dispatch"))
+    assert "world_size >= 2" in r(base.replace(backend="naive", world_size=1))
+    assert "does not divide" in r(base.replace(simulate_ep=3))
+    assert "multiples of 128" in r(base.replace(quant="fp8_block", hidden=2880, intermediate=2880))
+    assert "need quant=fp8_block" in r(base.replace(experts="deepgemm"))  # the entry's own rule
+    g = base.replace(timing="graph", graph_max_tokens=256)
     assert "needs CUDA" in plan.validate_tokens(g, 16)
-    assert "syncs the host" in plan.validate_tokens({**g, "device": "cuda"}, 256)
-    assert plan.validate_tokens({**g, "device": "cuda"}, 257) is None  # events above graph_max_tokens
-    batched = {**g, "device": "cuda", "backend": "local_batched", "experts": "triton_batched", "reduction": "finalize"}
+    assert "syncs the host" in plan.validate_tokens(g.replace(device="cuda"), 256)
+    assert plan.validate_tokens(g.replace(device="cuda"), 257) is None  # events above graph_max_tokens
+    batched = g.replace(device="cuda", backend="local_batched", experts="triton_batched", reduction="finalize")
     assert "backend=local_batched cannot be captured" in plan.validate_tokens(batched, 16)
-    assert plan.validate_tokens({**batched, "backend": "pplx", "world_size": 2}, 16) is None  # pplx captures
-    # a batched backend's buffer cap applies per token count
-    b = {**base, "backend": "local_batched", "experts": "torch_batched", "reduction": "finalize"}
-    assert plan.validate_tokens(b, 512) is None
-    assert "max_tokens_per_rank=512" in plan.validate_tokens(b, 513)
+    assert plan.validate_tokens(batched.replace(backend="pplx", world_size=2), 16) is None  # pplx captures
+    # auto never skips: graphs where the layer can be captured, events elsewhere
+    auto = g.replace(timing="auto", device="cuda")
+    assert plan.validate_tokens(auto, 16) is None and plan.timing_mode(auto, 16) == "events"  # torch syncs
+    assert plan.timing_mode(auto.replace(experts="triton"), 16) == "graph"
+    assert plan.timing_mode(auto.replace(experts="triton"), 257) == "events"
+    assert plan.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "events"
+    # a batched buffer's cap is the backend's (deepep_ll, pplx), per token count
+    pplx = base.replace(backend="pplx", experts="torch_batched", reduction="finalize", world_size=2,
+                        knobs=(("max_tokens_per_rank", 512), ("pplx_mode", "intranode")))
+    assert plan.validate_tokens(pplx, 512) is None
+    assert "max_tokens_per_rank=512" in plan.validate_tokens(pplx, 513)
+    assert plan.validate_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
 
 
 def test_missing_library_entries_are_skipped_with_how_to_install():
@@ -118,9 +126,12 @@ def test_malformed_sweep_files_are_clear(tmp_path, text, words):
 
 @pytest.mark.parametrize("bad, words", [
     (["workload.routing=foo"], "valid: uniform"), (["model.topk=9"], "exceeds"),
-    (["runner.timing=grpah"], "valid: events"), (["runner.reps=0"], "must be > 0"),
+    (["runner.timing=grpah"], "valid: auto, events"), (["runner.reps=0"], "must be > 0"),
     (["overlap.shared_sm_carveout=-1"], "must be >= 0"), (["backend.combine_nvl_chunk=-2"], "must be >= 0"),
     (["experts.row_layout=sorted"], "valid: auto, gathered, contiguous"),
+    (["workload.tokens_per_rank=[]"], "holds no token count"), (["workload.tokens_per_rank=[16,16]"], "twice"),
+    (["workload.tokens_per_rank=[0]"], "integers >= 1"), (["workload.tokens_per_rank=[-16]"], "integers >= 1"),
+    (["runner.memory_budget=lots"], "not a size"),
 ])
 def test_bad_values_are_refused_before_work(bad, words):
     with pytest.raises(ValueError, match=words):
@@ -157,26 +168,29 @@ V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=c
               "model=deepseek_v3", "runner.device=cpu"]
 
 
-# IDENTITY_KEYS before the knobs of session 3 (commit dfe5564): stored rows carry keys hashed from these
-KEYS_BEFORE_KNOBS = (
-    "backend", "experts", "reduction", "overlap", "model", "num_experts", "topk", "hidden",
-    "intermediate", "num_shared_experts", "shared_intermediate", "quant", "world_size",
-    "simulate_ep", "max_tokens_per_rank", "num_sms", "deepgemm_min_tokens", "routing", "skew",
-    "seed", "timing_mode", "graph_max_tokens", "l2_flush", "trace", "device", "extra",
-)  # experts.row_layout (session 4) is left out at "auto" too
-
-
-def test_new_knobs_at_their_defaults_keep_earlier_keys_and_labels():
-    """Knobs added after results were stored stay out of the key at 0, so those runs resume."""
-    import hashlib
-    import json
+def test_fields_and_knobs_at_their_defaults_stay_out_of_the_key():
+    """So that a field or knob added later (at its default) keeps every stored key."""
+    from moebench.spec import key_of
 
     (base,), _ = plan.plan(V3_COMBINE, None)
-    old = {k: base.combo[k] for k in KEYS_BEFORE_KNOBS}
-    assert base.key == hashlib.sha1(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    ident = base.combo.identity()
+    assert base.key == key_of(ident)
+    assert "shared_sm_carveout" not in ident and "skew" not in ident and "timing" not in ident
+    assert {"backend", "model", "hidden", "device", "world_size"} <= set(ident)
     assert base.label == "naive/torch/finalize/combine/bf16/deepseek_v3/ws2"
     (carved,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=8"], None)
-    assert carved.key != base.key
+    assert carved.key != base.key and carved.combo.identity()["shared_sm_carveout"] == 8
+
+
+def test_settings_that_cannot_matter_do_not_split_a_combination():
+    (a,), _ = plan.plan(V3_COMBINE + ["workload.skew=3.0"], None)  # uniform routing: skew unused
+    (b,), _ = plan.plan(V3_COMBINE, None)
+    assert a.key == b.key
+    (z1,), _ = plan.plan(V3_COMBINE + ["workload.routing=zipf", "workload.skew=1.2"], None)
+    (z3,), _ = plan.plan(V3_COMBINE + ["workload.routing=zipf", "workload.skew=3.0"], None)
+    assert z1.key != z3.key and z3.label.endswith("/zipf/skew3.0")
+    combos, _ = plan.plan(["backend=local", "experts=torch", "backend.simulate_ep=1", "runner.world_size=1,2"], None)
+    assert len(combos) == 1  # a single-rank backend runs one rank whatever world_size says
 
 
 def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
@@ -187,8 +201,13 @@ def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
     assert "needs CUDA" in carved.reason  # no SM to leave free on the CPU
     (noshared,), _ = plan.plan(V3_COMBINE[:3] + ["overlap=none", "model=mixtral_8x7b", "overlap.shared_sm_carveout=8"], None)
     assert "has none" in noshared.reason
-    (chunk,), _ = plan.plan(V3_COMBINE + ["backend.combine_nvl_chunk=4"], None)
-    assert "backend=deepep_ht only" in chunk.reason
+    with pytest.raises(ValueError, match="backend.combine_nvl_chunk is set, but none of the chosen entries"):
+        plan.plan(V3_COMBINE + ["backend.combine_nvl_chunk=4"], None)
+    # in a sweep over backends, the knob splits the backend that takes it only
+    combos, _ = plan.plan(V3_COMBINE[1:] + ["backend=naive,deepep_ht", "backend.num_sms=16,24"], None)
+    assert sorted(c.label for c in combos) == ["deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2",
+                                               "deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2/sms16",
+                                               "naive/torch/finalize/combine/bf16/deepseek_v3/ws2"]
 
 
 def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
@@ -208,10 +227,12 @@ def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
 def test_rows_carry_the_knobs_as_columns():
     from moebench import rows
 
-    (c,), _ = plan.plan(V3_COMBINE + ["overlap.shared_sm_carveout=24", "backend.num_sms=16"], None)
+    (c,), _ = plan.plan(V3_COMBINE[1:] + ["backend=deepep_ht", "overlap.shared_sm_carveout=24",
+                                          "backend.num_sms=16"], None)
     row = rows.identity(c, 8)
     assert (row["num_sms"], row["shared_sm_carveout"], row["dispatch_nvl_chunk"], row["combine_nvl_chunk"]) == (16, 24, 0, 0)
-    assert row["row_layout"] == "auto"
+    assert row["row_layout"] is None  # torch experts take no row layout
+    assert row["knobs"] == "carve24 sms16" and row["combo_key"] == c.key
 
 
 def test_row_layout_knob():
@@ -225,7 +246,7 @@ def test_row_layout_knob():
     assert bf16.reason is None and bf16.label.endswith("/contiguous")
     (tensor,), _ = plan.plan(ovs[:4] + ["quant=fp8_tensor", "model=deepseek_v3", "experts.row_layout=contiguous"], None)
     assert "quant=bf16 or fp8_block only" in tensor.reason
-    with pytest.raises(ValueError, match="renamed to experts.row_layout"):
+    with pytest.raises(ValueError, match="use experts.row_layout=gathered"):
         plan.plan(ovs + ["experts.fp8_layout=gathered"], None)
-    (torch_ex,), _ = plan.plan(["experts=torch"] + ovs[2:] + ["experts.row_layout=gathered"], None)
-    assert "experts=triton" in torch_ex.reason
+    with pytest.raises(ValueError, match="experts.row_layout is set, but none of the chosen entries"):
+        plan.plan(["experts=torch"] + ovs[2:] + ["experts.row_layout=gathered"], None)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from moebench import plan
+from moebench.config import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _pplx
 
@@ -26,8 +27,15 @@ COMBO = {
     "backend": "pplx", "experts": "triton_batched", "reduction": "finalize", "overlap": "none",
     "model": "deepseek_v2_lite", "hidden": 2048, "intermediate": 1408, "num_experts": 64, "topk": 6,
     "num_shared_experts": 2, "shared_intermediate": 1408, "quant": "bf16", "world_size": 2,
-    "max_tokens_per_rank": 512, "device": "cuda", "extra": {},
+    "max_tokens_per_rank": 512, "device": "cuda", "pplx_mode": "intranode",
 }
+
+
+def planned(*overrides, **changes):
+    """plan.validate on a deepseek_v2_lite pplx Combo on CUDA: the contract's rules beside the entry's."""
+    cfg = compose_config(["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite",
+                          *overrides])
+    return plan.validate(to_combo(cfg, device="cuda").replace(**changes))
 
 
 @pytest.fixture
@@ -91,17 +99,19 @@ def test_structural_reasons_when_library_present(monkeypatch):
     for quant in ("bf16", "fp8_block", "fp8_tensor"):
         assert cls.supports(dict(COMBO, quant=quant)) is None
     assert cls.supports(dict(COMBO, hidden=7168, num_experts=256, topk=8)) is None  # deepseek_v3
-    assert cls.supports(dict(COMBO, extra={"pplx_mode": "internode"})) is None
+    assert cls.supports(dict(COMBO, pplx_mode="internode")) is None
     assert "CUDA" in cls.supports(dict(COMBO, device="cpu"))
-    assert "world_size >= 2" in cls.supports(dict(COMBO, world_size=1))
-    assert "does not divide" in cls.supports(dict(COMBO, world_size=3))
-    assert "pplx_mode" in cls.supports(dict(COMBO, extra={"pplx_mode": "nvlink"}))
+    assert "world_size >= 2" in planned(world_size=1)  # the contract's rules, not the entry's
+    assert "does not divide" in planned(world_size=3)
+    assert "reduction=finalize" in planned(reduction="experts")
+    assert "multiples of 128" in planned(quant="fp8_block", hidden=2048 + 64)
+    assert "backend.pplx_mode=" in cls.supports(dict(COMBO, pplx_mode="nvlink"))
+    with pytest.raises(ValueError, match="backend.pplx_mode='nvlink'; valid: intranode, internode"):
+        plan.plan(["backend=pplx", "experts=triton_batched", "backend.pplx_mode=nvlink"], None)  # before any work
     assert "16-byte" in cls.supports(dict(COMBO, hidden=2044))
-    assert "multiple of 128" in cls.supports(dict(COMBO, quant="fp8_block", hidden=2048 + 64))
     assert "48 KiB" in cls.supports(dict(COMBO, hidden=32768))  # a 64 KiB bf16 row
     assert cls.supports(dict(COMBO, hidden=32768, quant="fp8_block")) is None  # fp8 rows are half
-    assert cls.supports(dict(COMBO, hidden=32768, extra={"pplx_mode": "internode"})) is None
-    assert "reduction=finalize" in cls.supports(dict(COMBO, reduction="experts"))
+    assert cls.supports(dict(COMBO, hidden=32768, pplx_mode="internode")) is None
 
 
 def test_layout_rules_in_plan(monkeypatch):
@@ -109,8 +119,9 @@ def test_layout_rules_in_plan(monkeypatch):
 
     monkeypatch.setattr(_pplx, "unavailable_reason", lambda: None)
     check_batched_layout_rules("pplx", "deepseek_v2_lite")
-    combo = {"backend": "pplx", "experts": "triton_batched", "timing_mode": "graph", "graph_max_tokens": 256,
-             "device": "cuda", "max_tokens_per_rank": 512}
+    cfg = compose_config(["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite",
+                          "runner.timing=graph"])
+    combo = to_combo(cfg, device="cuda")
     assert plan.validate_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
     assert "max_tokens_per_rank=512" in plan.validate_tokens(combo, 513)
 
@@ -314,7 +325,7 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
             for qname in STANDIN_QUANTS:
                 quant = QuantSpec(qname)
                 ctx = KernelContext(shape=shape, quant=quant, device=dev, rank=rank, world_size=R, group=dist.group.WORLD,
-                                    max_tokens_per_rank=STANDIN_CAP, options={"extra": {"pplx_mode": mode}})
+                                    max_tokens_per_rank=STANDIN_CAP, options={"pplx_mode": mode})
                 experts = TorchBatchedExperts(build_expert_weights(ctx, seed), "finalize", ctx)
                 ref_w = reference_expert_fn(shape, quant, seed, dev)
                 E, K, X = ctx.num_local_experts, shape.hidden, R * STANDIN_CAP
@@ -392,7 +403,7 @@ def test_plumbing_over_a_cpu_standin(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    tol = plan.TOLERANCE
+    from moebench.kernels.reference import TOLERANCE as tol
     for r, rows in enumerate(per_rank):
         *cases, tail, released = rows
         assert len(cases) == 2 * len(STANDIN_QUANTS) * len(STANDIN_TOKENS) * 3

@@ -71,7 +71,7 @@ def test_load_errors_name_the_problem(tmp_path, run_dir):
 
 
 def test_load_fills_optional_columns(tmp_path):
-    rows = pd.DataFrame([{"backend": "local", "experts": "torch", "reduction": "experts",
+    rows = pd.DataFrame([{"combo_key": "k", "backend": "local", "experts": "torch", "reduction": "experts",
                           "overlap": "none", "model": "tiny", "quant": "bf16",
                           "world_size": 1, "tokens_per_rank": 16, "status": "ok",
                           "latency_us_median": 10.0, "latency_us_p20": 9.0,
@@ -194,7 +194,7 @@ def test_compare_status_changes_unmatched_and_memory(tmp_path):
 def test_compare_keeps_rows_apart_that_differ_only_in_knobs():
     """A run that sweeps a knob (experts.row_layout, backend.num_sms) holds rows whose
     identity columns agree: each must meet its own counterpart, none may vanish."""
-    def rows(seed, scale_contiguous):  # a knob off its default is in the combo key (plan.DEFAULT_OMITTED)
+    def rows(seed, scale_contiguous):  # a knob off its default is in the combo key (moebench/spec.py)
         return pd.DataFrame([dict(_row(4096, seed=seed), knobs="gathered", combo_key="k-gathered"),
                              dict(_row(4096, seed=seed, scale=scale_contiguous), knobs="contiguous",
                                   combo_key="k-contiguous")])
@@ -270,16 +270,15 @@ def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
 
 
 def test_labels_tell_apart_combinations_that_differ_only_in_knobs():
-    """backend.num_sms / overlap.shared_sm_carveout are no row columns: labels take them
-    from the stored label's tail, and only when they vary."""
+    """backend.num_sms / overlap.shared_sm_carveout: labels take the stored `knobs` tags,
+    and only when they vary."""
     import pandas as pd
 
     from moebench.report.load import combo_labels
 
     base = dict(backend="deepep_ht", experts="torch", reduction="finalize", overlap="combine", quant="bf16",
                 model="deepseek_v3", world_size=2)
-    df = pd.DataFrame([dict(base, label="deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2"),
-                       dict(base, label="deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2/sms16/carve24")])
+    df = pd.DataFrame([dict(base, knobs=""), dict(base, knobs="carve24 sms16")])
     labels = list(combo_labels(df))
-    assert labels[0] != labels[1] and labels[1].endswith("sms16 carve24")
+    assert labels[0] != labels[1] and labels[1].endswith("carve24 sms16")
     assert "carve" not in " ".join(combo_labels(df.iloc[1:]))  # constant knobs stay out

@@ -1,4 +1,4 @@
-"""The roofline floor of a row (DESIGN.md) and its report table."""
+"""The roofline floor of a row (docs/design.md) and its report table."""
 from __future__ import annotations
 
 import pandas as pd

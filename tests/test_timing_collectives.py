@@ -99,7 +99,8 @@ def test_lead_cycles_is_zero_for_a_callable_that_syncs_the_host(monkeypatch, hos
 def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
     """The per-phase samples start like the timed ones: on several GPUs, the head start is
     measured (with the phase recorder on) and agreed; on the CPU or one rank, never."""
-    from moebench import worker
+    from moebench import measure
+    from moebench.measure import RankSync
     from moebench.traces.nvtx import make_phase_recorder
 
     asked = []
@@ -120,10 +121,11 @@ def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
             pass
 
     agree = lambda v: v  # noqa: E731
-    assert worker._phase_head_start(kernel, fn, rec, lambda: None, CUDA, agree) == 0
+    ranks = RankSync(barrier=lambda: None, flush=None, align=None, agree=agree)
+    assert measure.phase_head_start(kernel, fn, rec, ranks, CUDA) == 0
     assert asked == [(CUDA, agree)] and seen == [True] and kernel.phases is not rec
-    assert worker._phase_head_start(kernel, fn, rec, lambda: None, torch.device("cpu"), agree) == 0  # gloo
-    assert worker._phase_head_start(kernel, fn, rec, None, CUDA, agree) == 0  # one rank
+    assert measure.phase_head_start(kernel, fn, rec, ranks, torch.device("cpu")) == 0  # gloo
+    assert measure.phase_head_start(kernel, fn, rec, RankSync(None, None, None, None), CUDA) == 0  # one rank
     assert len(asked) == 1
-    out = worker._phase_samples(kernel, fn, rec, 3, lambda: None, None, None, lead=0)
+    out = measure.phase_samples(kernel, fn, rec, 3, ranks, lead=0)
     assert "experts" in out and len(seen) == 4

@@ -15,12 +15,12 @@ from moebench.traces.cli import find_traces
 
 REPO = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "traces"
-# run 13's allgather_rs rows (issue #4); the triton experts, overlap=combine row is combination
+# the allgather_rs rows at 2be9ad1 (issue #4); the triton experts, overlap=combine row is combination
 # dfb6438509fd, whose two ranks' traces are the fixtures below
-TRACE_RUN = REPO / "results" / "h200x2-trace_vs_ablation"
+TRACE_RUN = REPO / "results" / "archive" / "trace_vs_ablation-2be9ad1"
 TRITON_KEY = "dfb6438509fd"
 TRITON_RANKS = [FIX / f"h200_allgather_rs_triton_combine_rank{r}_T4096.json.gz" for r in (0, 1)]
-NO_TRACE_RUN = REPO / "results" / "h200x2-deepep_profiler"  # measured with trace=none
+NO_TRACE_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ht"  # measured with trace=none
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
@@ -116,3 +116,29 @@ def test_arguments_have_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "a trace file (.json, .json.gz from trace=torch; .sqlite from nsys export) or a run directory" in text
     assert "--out OUT with --plot: write the PNGs under this directory" in text
+
+
+def test_plot_labels_top_kernels_shades_the_overlap_and_stacks_the_ranks(tmp_path, capsys):
+    """--plot on a combination's ranks: one PNG per rank and one with the ranks stacked; the top
+    kernels carry their short names, the shared ∩ comm intervals are shaded with their total."""
+    from moebench.traces.cli import load_traces
+    from moebench.traces.metrics import length
+    from moebench.traces.timeline import TOP_KERNELS, _lanes, _overlap, _select, short_name
+
+    for r, f in enumerate(TRITON_RANKS):
+        shutil.copy(f, tmp_path / f"rank{r}_T4096.json.gz")
+    rc, out, _ = _trace([tmp_path, "--plot"], capsys)
+    assert rc == 0 and f"ranks timeline: {tmp_path / 'T4096.ranks.timeline.png'}" in out
+    assert (tmp_path / "T4096.ranks.timeline.png").read_bytes()[:4] == b"\x89PNG"
+    (trace,) = load_traces(tmp_path / "rank0_T4096.json.gz")
+    t0, t1, _, idx, ranges, kernels = _select(trace, None)
+    texts = [b[6] for name, bars, _ in _lanes(ranges, kernels, t0, t1) if name.startswith("GPU") for b in bars if b[6]]
+    assert 0 < len(texts) <= TOP_KERNELS * len({k.lane for k in kernels})
+    assert all(len(t) <= 30 and "<" not in t and "(" not in t for t in texts), texts
+    # the shaded time is the sample's shared ∩ comm intersection, as the overlap table has it
+    from moebench.traces.metrics import summarize
+
+    per_sample = {f["sample"]: f for f in summarize(trace).per_sample}
+    assert length(_overlap(kernels)) == pytest.approx(per_sample[idx]["overlap_us"], abs=1e-6)
+    assert short_name("_ZN7cutlass13device_kernelIN2xx") == "device_kernel"
+    assert short_name("void at::native::vectorized_elementwise_kernel<4, float>(int)") == "vectorized_elementwise_kernel"

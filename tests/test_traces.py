@@ -24,8 +24,8 @@ from moebench.traces.metrics import (
     to_markdown, union,
 )
 from moebench.traces.model import ABLATION_PREFIXES, DOMAIN, is_comm_kernel
-from moebench.traces.nsys import (NSYS_MISSING, nsys_available, nsys_command, nsys_processes, nsys_rank_prefix,
-                                  nsys_rank_report, parse_nsys_sqlite)
+from moebench.traces.nsys import (NSYS_MISSING, nsys_available, nsys_capture_stem, nsys_command, nsys_processes,
+                                  nsys_rank_prefix, parse_nsys_sqlite)
 from moebench.traces.nvtx import combo_range, make_phase_recorder, sample_range
 from moebench.traces.torch_trace import capture, parse_torch_trace, trace_path
 
@@ -36,7 +36,7 @@ CPU_TRACE = FIX / "cpu_phases.json.gz"
 GPU_TRACE = FIX / "h200_nccl_rank0_T1024.json.gz"  # capture_gpu_trace.py on 2 x H200, torch 2.11
 ABLATION = FIX / "synthetic_ablation.json"  # the stretch scenario (make_fixtures.py)
 ABLATION_NSYS = FIX / "synthetic_ablation_nsys.sqlite"
-# real traces of the old format, no ablation samples (the allgather_rs ones of run 13 have them)
+# real traces of the old format, no ablation samples (the allgather_rs ones, at 2be9ad1, have them)
 H200 = sorted(p for p in FIX.glob("h200_*.json.gz") if "allgather_rs" not in p.name)
 H200_ABLATION = sorted(FIX.glob("h200_allgather_rs_*.json.gz"))
 
@@ -287,58 +287,54 @@ def test_nsys_command_and_absence(monkeypatch):
     cmd = nsys_command(["python", "-m", "moebench.worker", "cfg.yaml"], "/r/traces/k/nsys", combo_key="k")
     assert cmd[:2] == ["nsys", "profile"] and cmd[-4:] == ["python", "-m", "moebench.worker", "cfg.yaml"]
     assert "--trace=cuda,nvtx" in cmd and "--capture-range=nvtx" in cmd
-    assert "--nvtx-capture=combo/k@moebench" in cmd
+    assert "--nvtx-capture=moebench/combo/k" in cmd  # a default-domain range, by its message
     assert cmd[cmd.index("-o") + 1] == "/r/traces/k/nsys"
 
 
 def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypatch):
     """The launcher's nsys captures the NVTX range the worker opens around each row's timed
-    work, once per row (repeat); the worker numbers the rows' reports as nsys does."""
-    from moebench import worker
+    work, once per row (repeat); the worker records each capture as nsys numbers them, and
+    the row names no file before one exists."""
+    from moebench import capture as capture_mod
     from moebench.traces import nvtx as nvtx_mod
+    from moebench.traces.nsys_import import read_captures
 
     prefix = nsys_rank_prefix(tmp_path)
     assert prefix[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx" in prefix
+    assert "--sample=none" in prefix and "--cpuctxsw=none" in prefix
     assert "--capture-range=nvtx" in prefix and "--capture-range-end=repeat" in prefix
+    assert "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in prefix  # our messages are not registered strings
     assert prefix[-2:] == ["-o", str(tmp_path / "traces" / "nsys" / "ranks_%p")]
     (capture,) = [a.split("=", 1)[1] for a in prefix if a.startswith("--nvtx-capture=")]
-    assert nsys_rank_report(tmp_path, 42, 3) == tmp_path / "traces" / "nsys" / "ranks_42.3.nsys-rep"
+    assert "@" not in capture, "the default domain: nsys's `range` form"
+    assert nsys_capture_stem(tmp_path, 42, 3) == tmp_path / "traces" / "nsys" / "ranks_42.3"
 
-    class Domain:  # stands in for the nvtx package's domain: logs what the worker pushes
-        def __init__(self):
-            self.log = []
-
-        def get_event_attributes(self, message):
-            return message
-
-        def push_range(self, message):
-            self.log.append(("push", message))
-
-        def pop_range(self):
-            self.log.append(("pop",))
-
-    dom = Domain()
-    monkeypatch.setattr(nvtx_mod, "nvtx_domain", lambda: dom)
-    monkeypatch.setattr(worker, "_nsys_captures", 0)
+    log = []
+    fake = nvtx_mod.NvtxEmitter("torch.cuda.nvtx", lambda m: log.append(("push", m)), lambda: log.append(("pop",)))
+    monkeypatch.setattr(nvtx_mod, "_EMITTER", fake)
+    monkeypatch.setattr(nvtx_mod, "_RESOLVED", True)
+    monkeypatch.setattr(capture_mod, "_nsys_captures", 0)
     rows = []
-    for key in ("a", "b"):
-        with worker._nsys_capture(key, str(tmp_path)) as row:
-            dom.log.append(("timed work",))
+    for key, tokens in (("a", 4), ("b", 8)):
+        with capture_mod.nsys_capture(key, str(tmp_path), tokens, 0) as row:
+            log.append(("timed work",))
         rows.append(row)
     pid = os.getpid()
-    assert rows == [{"trace_path": f"traces/nsys/ranks_{pid}.1.nsys-rep"},
-                    {"trace_path": f"traces/nsys/ranks_{pid}.2.nsys-rep"}]
-    # the capture range of nsys's --nvtx-capture=<range>@<domain>, around the timed work, with the
+    assert rows == [{}, {}]
+    recorded = read_captures(tmp_path)
+    assert recorded[("a", 4, 0)]["stem"] == f"traces/nsys/ranks_{pid}.1"
+    assert recorded[("b", 8, 0)]["stem"] == f"traces/nsys/ranks_{pid}.2"
+    assert recorded[("a", 4, 0)]["api"] == "torch.cuda.nvtx"
+    # the capture range of nsys's --nvtx-capture=<range>, around the timed work, with the
     # combination's range inside it (so the report holds it)
-    name, domain = capture.split("@")
-    assert domain == DOMAIN
-    assert dom.log[:5] == [("push", name), ("push", "combo/a"), ("timed work",), ("pop",), ("pop",)]
-    assert dom.log[5:] == [("push", name), ("push", "combo/b"), ("timed work",), ("pop",), ("pop",)]
-    # without the nvtx package nothing is pushed, nsys captures nothing: no report to point at
-    monkeypatch.setattr(nvtx_mod, "nvtx_domain", lambda: None)
-    with worker._nsys_capture("c", str(tmp_path)) as row:
+    assert log[:5] == [("push", capture), ("push", "moebench/combo/a"), ("timed work",), ("pop",), ("pop",)]
+    assert log[5:] == [("push", capture), ("push", "moebench/combo/b"), ("timed work",), ("pop",), ("pop",)]
+    # without an NVTX API nothing is pushed, nsys captures nothing: the record says so
+    monkeypatch.setattr(nvtx_mod, "_EMITTER", None)
+    with capture_mod.nsys_capture("c", str(tmp_path), 4, 0) as row:
         pass
-    assert row == {} and worker._nsys_captures == 2
+    assert row == {} and capture_mod._nsys_captures == 2
+    assert read_captures(tmp_path)[("c", 4, 0)]["stem"] is None
 
 
 # -- metrics helpers -------------------------------------------------------------
@@ -646,7 +642,7 @@ def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monke
 
 @pytest.mark.parametrize("path", H200_ABLATION, ids=[p.name for p in H200_ABLATION])
 def test_real_traces_with_ablation_samples_give_the_stretch_figure(path):
-    """allgather_rs, overlap=combine, 4096 tokens on H200 (run 13): 3 samples of each family,
+    """allgather_rs, overlap=combine, 4096 tokens on H200 (at 2be9ad1): 3 samples of each family,
     the stretch-aware figure, comm kernels found in the layer and alone."""
     s = summarize_file(path)[0]
     assert s.num_samples == 3 and s.num_ablation_samples == {"noshared": 3, "shared": 3}

@@ -64,8 +64,8 @@ def test_combine_kernel_stretches_beside_the_shared_experts():
 
 
 def test_shared_gemm_holds_every_sm_before_deepeps_combine_starts():
-    """Why overlap=combine hides little without overlap.shared_sm_carveout (docs/perf-notes.md,
-    run 13): the shared expert's cuBLAS GEMM is a persistent kernel with one CTA per SM
+    """Why overlap=combine hides little without overlap.shared_sm_carveout
+    (docs/findings/overlap.md): the shared expert's cuBLAS GEMM is a persistent kernel with one CTA per SM
     (grid 2 x 66 = all 132 SMs of the H200, 1 block per SM), and in every sample DeepEP's
     combine kernel (24 CTAs) gets SMs only after the first shared GEMM has ended."""
     import gzip
@@ -94,10 +94,10 @@ def test_shared_gemm_holds_every_sm_before_deepeps_combine_starts():
 
 @pytest.mark.parametrize("experts, combo_key", [("torch", "4908d11138e9"), ("triton", "dfb6438509fd")])
 def test_critical_rank_trace_figure_is_nearer_the_ablation_than_the_mean(experts, combo_key):
-    """allgather_rs, overlap=combine, 4096 tokens, both ranks' traces (run 13): the rank
+    """allgather_rs, overlap=combine, 4096 tokens, both ranks' traces (at 2be9ad1): the rank
     whose layer samples span longest (the one the layer waits for) is the row's trace
     figure; it lands nearer the ablation's overlap_fraction (stored row of
-    results/h200x2-trace_vs_ablation) than the ranks' mean, which the early rank's
+    results/archive/trace_vs_ablation-2be9ad1) than the ranks' mean, which the early rank's
     wait-hidden shared experts pull up."""
     import glob
 
@@ -109,7 +109,7 @@ def test_critical_rank_trace_figure_is_nearer_the_ablation_than_the_mean(experts
     spans = [r["trace_layer_us"] for r in per_rank]
     figs = [r["trace_overlap_fraction"] for r in per_rank]
     crit = max((0, 1), key=lambda i: spans[i])
-    root = Path(__file__).parent.parent / "results" / "h200x2-trace_vs_ablation" / "rows"
+    root = Path(__file__).parent.parent / "results" / "archive" / "trace_vs_ablation-2be9ad1" / "rows"
     rows = pd.concat(pd.read_parquet(f) for f in glob.glob(str(root / f"{combo_key}-T4096.parquet")))
     ablation = float(rows["overlap_fraction"].iloc[0])
     assert abs(figs[0] - figs[1]) > 0.2  # the ranks disagree
@@ -135,7 +135,7 @@ def test_trace_command_on_a_run_names_the_critical_rank(tmp_path, capsys):
 
 @pytest.mark.parametrize("experts, combo_key", [("torch", "4908d11138e9"), ("triton", "dfb6438509fd")])
 def test_matched_overlap_on_real_traces(experts, combo_key):
-    """Both ranks' traces of run 13 (allgather_rs, overlap=combine, 4096 tokens): rank 0 reaches
+    """Both ranks' traces at 2be9ad1 (allgather_rs, overlap=combine, 4096 tokens): rank 0 reaches
     the reduce-scatter first, so trimmed, its collectives start with rank 1's; rank 1 waited for
     no collective that ran beside shared experts, so its figure is the row's."""
     from moebench.traces.cli import load_traces

@@ -61,7 +61,7 @@ def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed
     """(ctx, local ExpertWeights, e -> fp32 dequantized (w13, w2) of global expert e)."""
     q = QuantSpec(quant)
     ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep,
-                        options={"triton_row_layout": row_layout})
+                        options={"row_layout": row_layout})
     if config is not None:
         ctx.options["triton_config"] = config
     g = torch.Generator().manual_seed(seed)
@@ -208,11 +208,11 @@ def test_row_layout_choice():
     mp = max_padded_rows(need * P, local, 128)
     assert ex.workspace_shapes(need, *dims)[:2] == ((mp, (K + K // 32) // 2), (mp, max(2 * I, K)))
     assert ex.workspace_shapes(need - 1, *dims)[:2] == (((need - 1) * P, 2 * I), ((need - 1) * P, I))
-    ctx.options["triton_row_layout"] = "gathered"
+    ctx.options["row_layout"] = "gathered"
     assert not get_experts("triton")(w, "experts", ctx).contiguous(need, P)
-    ctx.options["triton_row_layout"] = "contiguous"
+    ctx.options["row_layout"] = "contiguous"
     assert get_experts("triton")(w, "experts", ctx).contiguous(1, P)
-    ctx.options["triton_row_layout"] = "sorted"
+    ctx.options["row_layout"] = "sorted"
     with pytest.raises(ValueError, match="gathered"):
         get_experts("triton")(w, "experts", ctx).contiguous(1, P)
     bf16_ctx, bf16_w, _ = make_layer("bf16", simulate_ep=2)
@@ -224,7 +224,7 @@ def test_row_layout_choice():
     tctx, tw, _ = make_layer("fp8_tensor", row_layout="contiguous")
     with pytest.raises(ValueError, match="fp8_tensor"):
         get_experts("triton")(tw, "experts", tctx).contiguous(need, P)
-    tctx.options["triton_row_layout"] = "auto"
+    tctx.options["row_layout"] = "auto"
     assert not get_experts("triton")(tw, "experts", tctx).contiguous(10**6, P)
 
 
@@ -506,10 +506,17 @@ def test_supports(monkeypatch):
     assert "CUDA" in cls.supports(combo)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert cls.supports(combo) is None
-    assert cls.supports(dict(combo, quant="fp8_block", intermediate=96)) is not None
     assert cls.supports(dict(combo, quant="fp8_tensor", intermediate=96)) is None
-    assert "finalize" in bcls.supports(combo)
+    assert "quant=bf16 or fp8_block" in cls.supports(dict(combo, quant="fp8_tensor", row_layout="gathered"))
+    assert "multiples of 128" in cls.supports(dict(combo, quant="bf16", intermediate=96, row_layout="contiguous"))
     assert bcls.supports(dict(combo, reduction="finalize")) is None
+    # the contract's rules, kept in plan.validate: fp8_block's multiples of 128, batched -> finalize
+    from moebench import plan
+    from moebench.config import compose_config, to_combo
+
+    base = to_combo(compose_config(["backend=local", "experts=triton", "model=tiny"]), device="cpu")
+    assert "multiples of 128" in plan.validate(base.replace(quant="fp8_block", intermediate=96))
+    assert "only reduction=finalize" in plan.validate(base.replace(backend="local_batched", experts="triton_batched"))
 
 
 def test_workspace_shapes_and_reduction_saving():

@@ -48,8 +48,6 @@ class DeepGemmMaskedExperts(Experts):
 
     @classmethod
     def supports(cls, combo):
-        if combo.get("reduction") == "experts":
-            return "batched experts return per-expert rows: the finalize weights and sums (reduction=finalize)"
         return _deep_gemm.deepgemm_unsupported(combo)
 
     def __init__(self, weights, reduction, ctx):

@@ -22,12 +22,6 @@ class TorchBatchedExperts(Experts):
         super().__init__(weights, reduction, ctx)
         self.w13_EKN, self.w2_EIK = bf16_weights(weights)
 
-    @classmethod
-    def supports(cls, combo):
-        if combo.get("reduction") == "experts":
-            return "batched experts return per-expert rows: the finalize weights and sums (reduction=finalize)"
-        return None
-
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
         E = num_local_experts
         return (E, M, N), (E, M, N // 2), (E, M, K)

@@ -11,9 +11,8 @@ instead: the pairs' rows are copied into per-expert segments padded to 128 rows 
 layout the `deepgemm` experts build) so that both GEMM operands load through TMA
 (kernels/triton/contiguous_gemm.py), then un-permuted with the reduction
 (kernels/experts/_contiguous.py). The layout is chosen per call from the expected
-local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured in
-docs/perf-notes.md); ctx.options["triton_row_layout"] = "gathered" | "contiguous"
-forces one.
+local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured on an H200:
+docs/findings/triton-vs-deepgemm.md); the knob experts.row_layout = gathered | contiguous forces one.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
@@ -24,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from ..interfaces import ActivationFormat, Experts
+from ..interfaces import ActivationFormat, Experts, Knob
 from ..registry import register_experts
 from ..triton.config import config_block_shape, config_dtype, get_config
 from ..triton.align import max_padded_rows
@@ -34,15 +33,19 @@ from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, sta
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
 
 # fp8_block: the contiguous layout from this many expected local pairs per expert on. Measured
-# on an H200 (docs/perf-notes.md run 16, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
+# on an H200 (docs/findings/triton-vs-deepgemm.md, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
 # pairs per expert 477 / 762 µs, deepseek_v3 (EP-8 share) at 128 1560 / 1348, mixtral_8x7b and
 # qwen3_30b_a3b at 256 2040 / 1656 and 1376 / 1116
-# bf16 (run 22, experts phase, gathered / contiguous): mixtral_8x7b at 256 pairs per expert 1925 /
+# bf16 (same, experts phase, gathered / contiguous): mixtral_8x7b at 256 pairs per expert 1925 /
 # 1881 µs, at 1024 5792 / 5281; qwen3_30b_a3b at 256 1039 / 1060, at 1024 3059 / 2862;
 # deepseek_v3's EP-8 share at 512 (16384 tokens) 3170 / 3319: its tuned gathered tiles win
 CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 1024, "fp8_block": 128}
 CONTIGUOUS_QUANTS = tuple(CONTIGUOUS_MIN_PAIRS_PER_EXPERT)  # experts.row_layout applies to these
 ROW_LAYOUTS = ("auto", "gathered", "contiguous")
+ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as vLLM's fused_moe reads them, "
+                       "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
+                       "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)", choices=ROW_LAYOUTS,
+                       tag="{}")
 
 
 def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
@@ -72,17 +75,16 @@ def triton_unsupported(combo: dict) -> Optional[str]:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 9):
             return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
-    if combo.get("row_layout") == "contiguous":
+    layout = combo.get("row_layout", "auto")
+    if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
+        return (f"experts.row_layout={layout} picks the row layout of quant="
+                f"{' or '.join(CONTIGUOUS_QUANTS)} only")
+    if layout == "contiguous":
         if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
             return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
         why = contiguous_unsupported(quant, combo.get("hidden"), combo.get("intermediate"))
         if why:
             return f"experts.row_layout=contiguous: {why}"
-    if quant == "fp8_block":
-        hidden, inter = combo.get("hidden"), combo.get("intermediate")
-        bad = [f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", inter)) if v is not None and int(v) % 128]
-        if bad:
-            return f"fp8_block needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})"
     return None
 
 
@@ -110,6 +112,7 @@ class TritonConfigMixin:
 class TritonExperts(TritonConfigMixin, Experts):
     activation_format = ActivationFormat.STANDARD
     graph_capturable = True
+    knobs = (ROW_LAYOUT_KNOB,)
 
     @classmethod
     def supports(cls, combo):
@@ -126,13 +129,13 @@ class TritonExperts(TritonConfigMixin, Experts):
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc)."""
-        layout = (self.ctx.options or {}).get("triton_row_layout", "auto")
+        layout = (self.ctx.options or {}).get("row_layout", "auto")
         if layout not in ROW_LAYOUTS:
-            raise ValueError(f"triton_row_layout={layout!r}: expected one of {', '.join(ROW_LAYOUTS)}")
+            raise ValueError(f"row_layout={layout!r}: expected one of {', '.join(ROW_LAYOUTS)}")
         if not self._contiguous_ok:
             if layout == "contiguous":
                 q, (_, N, K) = self.w.quant, self.w.w13_ENK.shape
-                raise ValueError(f"triton_row_layout=contiguous: {contiguous_unsupported(q.name, K, N // 2)}")
+                raise ValueError(f"row_layout=contiguous: {contiguous_unsupported(q.name, K, N // 2)}")
             return False
         if layout != "auto":
             return layout == "contiguous"

@@ -20,8 +20,6 @@ class TritonBatchedExperts(TritonConfigMixin, Experts):
 
     @classmethod
     def supports(cls, combo):
-        if combo.get("reduction") == "experts":
-            return "batched experts return per-expert rows: the finalize weights and sums (reduction=finalize)"
         return triton_unsupported(combo)
 
     def __init__(self, weights, reduction, ctx):

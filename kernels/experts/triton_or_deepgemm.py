@@ -3,7 +3,7 @@ TritonOrDeepGemmExperts): small batches are latency-bound, where DeepGEMM's
 128-row padding per expert costs more than it gains.
 
 The choice depends on the rows after dispatch M only (host-known, no sync):
-DeepGEMM when M >= experts.deepgemm_min_tokens (ctx.options, default 256) and
+DeepGEMM when M >= the knob experts.deepgemm_min_tokens (default 256) and
 the GEMM shapes are multiples of DeepGEMM's alignment, Triton otherwise.
 workspace_shapes and transient_bytes answer for the implementation that runs
 at that M (as vLLM's does now), so the declared memory is the one in use.
@@ -11,19 +11,21 @@ vLLM also sends I <= 512 to Triton; here the threshold is the only knob.
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Experts
+from ..interfaces import ActivationFormat, Experts, Knob
 from ..registry import register_experts
 from . import _deep_gemm
 from .deepgemm import DeepGemmExperts
 from .triton import TritonExperts, triton_unsupported
 
-DEFAULT_MIN_TOKENS = 256  # moebench/schema.py ExpertsConf.deepgemm_min_tokens
+DEFAULT_MIN_TOKENS = 256
 
 
 @register_experts("triton_or_deepgemm")
 class TritonOrDeepGemmExperts(Experts):
     activation_format = ActivationFormat.STANDARD
     graph_capturable = DeepGemmExperts.graph_capturable and TritonExperts.graph_capturable
+    knobs = (Knob("deepgemm_min_tokens", DEFAULT_MIN_TOKENS, "DeepGEMM at or above this many rows after "
+                  "dispatch, Triton below", minimum=1, tag="dgmin{}"),)
 
     @classmethod
     def supports(cls, combo):

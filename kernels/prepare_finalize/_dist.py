@@ -69,12 +69,6 @@ def row_bytes(hidden: int, act_bytes: int, topk: int, scale_bytes: int = 0) -> i
 class EPPrepareFinalize(PrepareFinalize):
     """Base of the torch.distributed EP backends: W ranks, each sees W*T rows."""
 
-    @classmethod
-    def supports(cls, combo):
-        if combo.get("world_size", 1) < 2:
-            return f"{cls.registry_name} is an EP backend: runner.world_size >= 2"
-        return None
-
     def max_rows(self, num_tokens: int) -> int:
         return num_tokens * self.ctx.world_size
 

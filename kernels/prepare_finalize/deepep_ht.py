@@ -22,6 +22,7 @@ import torch
 
 from ..interfaces import (
     ActivationFormat,
+    Knob,
     Contiguous,
     NoOp,
     PreparedTokens,
@@ -63,6 +64,14 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
     activation_format = ActivationFormat.STANDARD
     carries_fp8 = True  # fp8_block: fp8 rows + 1x128 scales; fp8_tensor: bf16 then quantize
     graph_capturable = False  # dispatch waits on the CPU for the received counts
+    knobs = (
+        Knob("num_sms", DEFAULT_NUM_SMS, "SMs DeepEP's high-throughput kernels may use (even)", minimum=2,
+             tag="sms{}"),
+        Knob("dispatch_nvl_chunk", 0, "tokens per NVLink chunk of the dispatch (Config's "
+             "num_max_nvl_chunked_send_tokens, with a 256-token receive buffer); 0 = DeepEP's recommended config",
+             minimum=0, tag="dchunk{}"),
+        Knob("combine_nvl_chunk", 0, "the same for the combine", minimum=0, tag="cchunk{}"),
+    )
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -92,20 +101,14 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
         if device != "cuda":
             return f"deepep_ht needs CUDA GPUs linked by NVLink (device={device})"
         ws = combo.get("world_size", 2)
-        if ws < 2:
-            return "deepep_ht is an EP backend: it needs runner.world_size >= 2 (one rank per GPU)"
         if ws not in _deepep.INTRANODE_WORLD_SIZES:
             return f"deepep_ht runs DeepEP's intranode kernels: world_size in {_deepep.INTRANODE_WORLD_SIZES} (got {ws})"
         E, P, K = combo.get("num_experts", ws), combo.get("topk", 1), combo.get("hidden", 128)
         quant = combo.get("quant", "bf16")
-        if E % ws:
-            return f"world_size={ws} does not divide num_experts={E}"
         if E // ws > _MAX_LOCAL_EXPERTS:
             return f"DeepEP supports at most {_MAX_LOCAL_EXPERTS} experts per rank (got {E // ws})"
         if P > _MAX_TOPK:
             return f"DeepEP HT supports top-k <= {_MAX_TOPK} (got {P})"
-        if quant == "fp8_block" and K % 128:
-            return f"fp8_block dispatch carries 1x128 scales: hidden={K} must be a multiple of 128"
         row = _row_bytes(K, quant)
         if row % 32 or row > _MAX_ROW_BYTES:
             return (

@@ -35,6 +35,7 @@ from ..interfaces import ActivationFormat, Delegate, PreparedTokens, PrepareFina
 from ..registry import register_backend
 from . import _deepep
 from ._deepep import release_buffers
+from ._common import MAX_TOKENS_KNOB, max_tokens_reason
 from ._dist import OpenRange
 
 # DeepEP v1.2.1's low-latency kernels are instantiated for these hidden sizes
@@ -69,6 +70,7 @@ class DeepEPLLPrepareFinalize(PrepareFinalize):
     activation_format = ActivationFormat.BATCHED
     carries_fp8 = True  # fp8_block rows + 1x128 scales; fp8_tensor travels bf16
     graph_capturable = True  # fixed-shape outputs, counts stay on the GPU, no host sync
+    knobs = (MAX_TOKENS_KNOB,)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -94,13 +96,9 @@ class DeepEPLLPrepareFinalize(PrepareFinalize):
         if device != "cuda":
             return f"deepep_ll needs CUDA GPUs linked by NVLink (device={device})"
         ws = combo.get("world_size", 2)
-        if ws < 2:
-            return "deepep_ll is an EP backend: it needs runner.world_size >= 2 (one rank per GPU)"
         if ws >= _MAX_NVL_PEERS and ws % _MAX_NVL_PEERS:
             return f"DeepEP needs fewer than {_MAX_NVL_PEERS} ranks or a multiple of {_MAX_NVL_PEERS} (got {ws})"
         E, P, K = combo.get("num_experts", ws), combo.get("topk", 1), combo.get("hidden", 7168)
-        if E % ws:
-            return f"world_size={ws} does not divide num_experts={E}"
         if K not in SUPPORTED_HIDDEN:
             return f"DeepEP low-latency kernels exist for hidden in {SUPPORTED_HIDDEN} (got hidden={K})"
         if P > MAX_TOPK:
@@ -109,6 +107,16 @@ class DeepEPLLPrepareFinalize(PrepareFinalize):
         if (ws * cap) % 4:
             return f"DeepEP low-latency needs world_size * backend.max_tokens_per_rank to be a multiple of 4 (got {ws} * {cap})"
         return None
+
+    @classmethod
+    def process_group_family(cls, combo) -> tuple:
+        # NVSHMEM initialises once per process, and DeepEP's one low-latency buffer is sized
+        # by (hidden, experts, max tokens): one process group per buffer shape
+        return ("nvshmem", combo["hidden"], combo["num_experts"], combo["max_tokens_per_rank"])
+
+    @classmethod
+    def token_limit(cls, combo, tokens: int):
+        return max_tokens_reason(combo, tokens)
 
     # -- prepare ----------------------------------------------------------------
     def _launch_dispatch(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant, hook: bool):

@@ -20,6 +20,7 @@ from ._common import localize_ids
 
 @register_backend("local")
 class LocalPrepareFinalize(PrepareFinalize):
+    single_rank = True
     activation_format = ActivationFormat.STANDARD
     carries_fp8 = True
     graph_capturable = True

@@ -10,6 +10,7 @@ from ._common import localize_ids, to_batched
 
 @register_backend("local_batched")
 class LocalBatchedPrepareFinalize(PrepareFinalize):
+    single_rank = True
     activation_format = ActivationFormat.BATCHED
     carries_fp8 = True
     graph_capturable = False  # data-dependent scatter (nonzero) syncs the host

@@ -11,14 +11,14 @@ Async:    the send/receive split of both kernels (do_send / do_recv): prepare_as
           the same stream, so the shared experts run between them.
 
 The AllToAll (buffers for max_tokens_per_rank) is cached per process group (_pplx.py);
-`extra.pplx_mode=internode` picks the NVSHMEM transport (pplx's own benchmark) over the
+`backend.pplx_mode=internode` picks the NVSHMEM transport (pplx's own benchmark) over the
 default CUDA-IPC intranode one (vLLM on one node).
 
 Upstream defect (pplx-kernels csrc/all_to_all/intranode_dispatch.cu, send loop): the
 intranode dispatch runs one block per SM (132 on an H200), each block stages a token in
 one shared-memory row and sends it, and nothing stops the block's next token from being
 copied into that row while warps still send the previous one. With more tokens per rank
-than blocks, received rows mix two tokens. Confirmed on 2 x H200 (results/h200x2-pplx_race):
+than blocks, received rows mix two tokens. Confirmed on 2 x H200 (docs/findings/deepep-pplx.md):
 intranode 132 tokens per rank ok (rel_err 0.004), 133 incorrect (0.039), 512 incorrect
 (0.43); internode at 512 ok (0.004). Build pplx with
 a __syncthreads() at the end of that loop body; the internode transport stages rows in
@@ -35,10 +35,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..interfaces import ActivationFormat, Delegate, PreparedTokens, PrepareFinalize
+from ..interfaces import ActivationFormat, Delegate, Knob, PreparedTokens, PrepareFinalize
 from ..quant import quant_activations
 from ..registry import register_backend
 from . import _pplx
+from ._common import MAX_TOKENS_KNOB, max_tokens_reason
 from ._dist import OpenRange
 
 
@@ -52,9 +53,8 @@ class PplxHandle:
     dispatch_row_bytes: int  # bytes one dispatched pair carries
 
 
-def _mode(combo_or_options: dict) -> str:
-    extra = combo_or_options.get("extra") or {}
-    return str(combo_or_options.get("pplx_mode", extra.get("pplx_mode", _pplx.DEFAULT_MODE)))
+def _mode(combo_or_options) -> str:
+    return str(combo_or_options.get("pplx_mode", _pplx.DEFAULT_MODE))
 
 
 def _dispatch_format(hidden: int, quant_name: str) -> tuple[int, int, int]:
@@ -71,6 +71,11 @@ class PplxPrepareFinalize(PrepareFinalize):
     activation_format = ActivationFormat.BATCHED
     carries_fp8 = True  # fp8_block rows + scales; fp8_tensor travels bf16
     graph_capturable = True  # no host sync; pplx supports CUDA graphs (vLLM captures it)
+    knobs = (
+        MAX_TOKENS_KNOB,
+        Knob("pplx_mode", _pplx.DEFAULT_MODE, "pplx's transport: intranode (CUDA IPC, as vLLM runs it on one "
+             "node) or internode (NVSHMEM, what pplx's own benchmark times)", choices=_pplx.MODES, tag="{}"),
+    )
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -104,25 +109,28 @@ class PplxPrepareFinalize(PrepareFinalize):
             return f"pplx needs CUDA GPUs (device={device})"
         mode = _mode(combo)
         if mode not in _pplx.MODES:
-            return f"extra.pplx_mode={mode!r}; valid: {', '.join(_pplx.MODES)}"
-        ws = combo.get("world_size", 2)
-        if ws < 2:
-            return "pplx is an EP backend: it needs runner.world_size >= 2 (one rank per GPU)"
-        E, K = combo.get("num_experts", ws), combo.get("hidden", 128)
-        if E % ws:
-            return f"world_size={ws} does not divide num_experts={E}"
+            return f"backend.pplx_mode={mode!r}; valid: {', '.join(_pplx.MODES)}"
+        K = combo.get("hidden", 128)
         quant = combo.get("quant", "bf16")
-        if quant == "fp8_block" and K % 128:
-            return f"fp8_block dispatch carries 1x128 scales: hidden={K} must be a multiple of 128"
         row, scale_bytes, _ = _dispatch_format(K, quant)
         if row % 16 or K % 8:
             return f"pplx moves rows in 16-byte units: hidden={K} ({row} bytes a row) must be a multiple of 16 bytes and of 8"
         staged = _pplx.round_up(row + scale_bytes + 4, 16)
         if mode == "intranode" and staged > _pplx.MAX_STAGED_ROW_BYTES:
             return f"pplx's intranode dispatch stages a row in <= 48 KiB of shared memory (hidden={K}, {quant}: {staged} bytes)"
-        if combo.get("reduction", "finalize") != "finalize":
-            return "pplx's combine weights and sums the top-k rows: reduction=finalize"
         return None
+
+    @classmethod
+    def process_group_family(cls, combo) -> tuple:
+        # NVSHMEM initialises once per process: pplx never shares a process with deepep_ll;
+        # its NVSHMEM transport also sizes one buffer per (hidden, experts, max tokens)
+        if _mode(combo) == "internode":
+            return ("nvshmem", "pplx", combo["hidden"], combo["num_experts"], combo["max_tokens_per_rank"])
+        return ("pplx",)
+
+    @classmethod
+    def token_limit(cls, combo, tokens: int):
+        return max_tokens_reason(combo, tokens)
 
     # -- prepare ----------------------------------------------------------------
     def _settle(self) -> None:

@@ -34,10 +34,10 @@ from .common import cast_out, interpreting
 ALIGN = 128  # rows per expert segment are a multiple of this (DeepGEMM's SM90 alignment)
 GROUP = 128  # 1 x 128 activation / 128 x 128 weight scale blocks
 
-# fp8: measured on an H200 (docs/perf-notes.md, run 16); BLOCK_K is the scale group
+# fp8: best of 12 tiles on an H200 (docs/findings/triton-vs-deepgemm.md); BLOCK_K is the scale group
 DEFAULT_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=8, num_stages=4)
 # bf16: best of 6 tiles on an H200 at 16384 tokens, both GEMMs of three models (0.85-0.98x
-# DeepGEMM's bf16 GEMM; docs/perf-notes.md, run 21); BLOCK_SIZE_N 128 where N % 256 != 0
+# DeepGEMM's bf16 GEMM; docs/findings/triton-vs-deepgemm.md); BLOCK_SIZE_N 128 where N % 256 != 0
 BF16_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
 
 

@@ -1,7 +1,8 @@
 """Baseline vs candidate comparison, in the style of ``asv compare``.
 
-Rows are matched on their identity (DESIGN.md) without run_id / sweep / schema_version,
-so two runs of the same sweep on different commits line up. A matched pair is called
+Rows are matched on their stored combination key and token count: the key is the hash
+of the combination's identity (moebench/spec.py), so two runs of the same sweep on
+different commits line up and rows that differ in any identity field or knob never do. A matched pair is called
 "slower" (or "faster") only when
 
 1. the p20–p80 intervals of the two rows do not overlap,
@@ -22,12 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .load import IDENTITY_COLUMNS, MEMORY_COLUMNS, combo_labels, display_columns, fmt_value, knob_tags, \
-    latest_rows
+from .load import IDENTITY_COLUMNS, MEMORY_COLUMNS, combo_labels, display_columns, fmt_value, latest_rows
 from .tables import fmt_interval, fmt_mib, md_table
 
-# run_id, sweep and schema_version differ between the runs being compared by design.
-MATCH_COLUMNS = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep")]
+# what a matched row shows of its combination (the candidate's; the key makes both sides equal)
+SHOWN_COLUMNS = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep", "combo_key")]
 VERDICT_ORDER = ["broken", "slower", "faster", "fixed", "~", "n/a"]
 SIDE_COLUMNS = ["status", "reason", "latency_us_median", "latency_us_p20", "latency_us_p80",
                 "samples_us"] + MEMORY_COLUMNS
@@ -124,14 +124,14 @@ def _samples(value) -> np.ndarray:
 
 
 def _keyed(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows with a canonical text key column (ints and floats, NaN spelled alike). The
-    knobs beside the axes (load.py's `knobs`, from the stored label) are part of it: rows
-    of one run that differ only in, e.g., experts.row_layout or backend.num_sms stay apart."""
+    """The newest row per (combo_key, tokens_per_rank), with that pair as one text key."""
     df = latest_rows(df).copy()
-    if "knobs" not in df.columns:  # rows not read through load_run
-        df["knobs"] = df["label"].map(knob_tags) if "label" in df.columns else ""
-    cols = MATCH_COLUMNS + ["knobs"]
-    df["_key"] = df[cols].apply(lambda r: "\x1f".join(fmt_value(v) for v in r), axis=1)
+    if "knobs" not in df.columns:
+        df["knobs"] = ""
+    for col in SHOWN_COLUMNS:
+        if col not in df.columns:
+            df[col] = None
+    df["_key"] = df["combo_key"].astype(str) + "\x1f" + df["tokens_per_rank"].map(fmt_value)
     return df.drop_duplicates("_key", keep="last")
 
 
@@ -154,7 +154,7 @@ def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: flo
     base, cand = _keyed(baseline), _keyed(candidate)
     keys = cand["_key"][cand["_key"].isin(set(base["_key"]))]
     b = base.set_index("_key").loc[keys.values, SIDE_COLUMNS].add_prefix("base_")
-    c = cand.set_index("_key").loc[keys.values, MATCH_COLUMNS + ["knobs", "combo_key"] + SIDE_COLUMNS]
+    c = cand.set_index("_key").loc[keys.values, SHOWN_COLUMNS + ["knobs", "combo_key"] + SIDE_COLUMNS]
     c = c.rename(columns={k: f"cand_{k}" for k in SIDE_COLUMNS})
     matched = pd.concat([c, b], axis=1).reset_index(drop=True)
     verdicts, ratios, ps, mverdicts, mratios = [], [], [], [], []

@@ -7,18 +7,17 @@ single ``.parquet`` file or a plain directory of parquet files.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-# Identity of a row (DESIGN.md "What one combination produces").
-IDENTITY_COLUMNS = [
-    "schema_version", "run_id", "sweep", "backend", "experts", "reduction", "overlap",
-    "model", "num_experts", "topk", "hidden", "intermediate", "quant", "world_size",
-    "simulate_ep", "tokens_per_rank", "routing", "seed", "timing_mode",
-]
+from ..migrate import migrate
+from ..spec import IDENTITY_COLUMNS as SPEC_COLUMNS
+
+# A row's identity: the spec's columns (moebench/spec.py), the key and the token count;
+# run_id / sweep / schema_version say where it came from
+IDENTITY_COLUMNS = ["schema_version", "run_id", "sweep", "combo_key", *SPEC_COLUMNS, "tokens_per_rank"]
 OUTCOME_COLUMNS = ["status", "reason", "rel_err"]
 LATENCY_COLUMNS = ["latency_us_median", "latency_us_p20", "latency_us_p80"]
 PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us"]
@@ -33,7 +32,7 @@ PROVENANCE_COLUMNS = ["trace_path", "gpu", "git_sha", "env_id", "timestamp"]
 # A file lacking any of these is malformed: no table can be drawn without them. The
 # other columns are optional (filled with NaN / None) so that a report still renders rows
 # from an older or newer schema version.
-REQUIRED_COLUMNS = ["backend", "experts", "reduction", "overlap", "model", "quant",
+REQUIRED_COLUMNS = ["combo_key", "backend", "experts", "reduction", "overlap", "model", "quant",
                     "world_size", "tokens_per_rank", "status"] + LATENCY_COLUMNS
 OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUMNS
                     + RATE_COLUMNS)
@@ -41,13 +40,9 @@ OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUM
 # Columns that name a combination in tables and plots, in display order. The first
 # seven are always shown; the rest only when they vary within the run.
 COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
-# "knobs": settings beside the axes (backend.num_sms, *_nvl_chunk,
-# overlap.shared_sm_carveout, experts.row_layout), read from the stored label's tail by load_run
-EXTRA_COMBO_COLUMNS = ["simulate_ep", "num_experts", "topk", "hidden", "intermediate",
-                       "routing", "seed", "timing_mode", "device", "knobs"]
-# Key columns of a combination without tokens (what combo_key identifies).
-KEY_COLUMNS = [c for c in IDENTITY_COLUMNS
-               if c not in ("schema_version", "run_id", "sweep", "tokens_per_rank")]
+# the other identity columns, shown where they vary within a run; "knobs" holds the tags of
+# the entries' knobs off their defaults (backend.num_sms=16 -> sms16), as the row stored them
+EXTRA_COMBO_COLUMNS = [c for c in SPEC_COLUMNS if c not in COMBO_COLUMNS] + ["timing_mode", "knobs"]
 SHORT_NAMES = {"world_size": "world", "simulate_ep": "sim_ep", "num_experts": "E",
                "intermediate": "inter", "timing_mode": "timing", "reduction": "red",
                "overlap": "ovl"}
@@ -99,16 +94,6 @@ def read_env(run_dir: Path | None) -> dict:
                          "it") from exc
 
 
-def ensure_combo_key(df: pd.DataFrame) -> pd.DataFrame:
-    """Add ``combo_key`` (combination id without tokens) where the store did not."""
-    if "combo_key" in df.columns and not df["combo_key"].isna().any():
-        return df
-    derived = df[KEY_COLUMNS].apply(lambda r: "/".join(fmt_value(v) for v in r), axis=1)
-    if "combo_key" in df.columns:
-        derived = df["combo_key"].where(df["combo_key"].notna(), derived)
-    return df.assign(combo_key=derived)
-
-
 def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """Load a run: (one row per combination x tokens_per_rank, env fingerprint dict).
 
@@ -122,6 +107,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if not frames:
         raise ValueError(f"no rows in {path}: every parquet file is empty; re-run the sweep")
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
+    df = migrate(df, str(path))
     for col in OPTIONAL_NUMERIC:
         if col not in df.columns:
             df[col] = np.nan
@@ -137,8 +123,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     df["reason"] = df["reason"].fillna("") if "reason" in df.columns else ""
     if "samples_us" not in df.columns:
         df["samples_us"] = None
-    df = ensure_combo_key(df)
-    df["knobs"] = df["label"].map(knob_tags) if "label" in df.columns else ""
+    df["knobs"] = df["knobs"].fillna("") if "knobs" in df.columns else ""
     order = [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns]
     df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last",
                         kind="stable").reset_index(drop=True)
@@ -189,8 +174,8 @@ def combo_labels(df: pd.DataFrame) -> pd.Series:
     Only columns that vary within ``df`` (besides backend/experts) enter the label, so
     labels stay short and still tell the lines of a plot apart.
     """
-    if "knobs" not in df.columns and "label" in df.columns:
-        df = df.assign(knobs=df["label"].map(knob_tags))
+    if "knobs" not in df.columns:
+        df = df.assign(knobs="")
     extra = varying(df, [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS
                          if c not in ("backend", "experts")])
 
@@ -204,11 +189,3 @@ def combo_labels(df: pd.DataFrame) -> pd.Series:
     if not len(df):
         return pd.Series([], dtype=object)
     return df.apply(label, axis=1)
-
-
-_KNOB_TAG = re.compile(r"^((sms|dchunk|cchunk|carve)\d+|gathered|contiguous)$")
-
-
-def knob_tags(stored_label) -> str:
-    """'deepep_ht/torch/.../ws2/sms16/carve24' (plan.Combination.label) -> 'sms16 carve24'."""
-    return " ".join(p for p in str(stored_label).split("/") if _KNOB_TAG.match(p))

@@ -1,7 +1,7 @@
-"""Roofline floor of a row (DESIGN.md): the experts' fewest bytes over the
+"""Roofline floor of a row (docs/design.md): the experts' fewest bytes over the
 measured copy bandwidth, or their FLOPs over the measured GEMM peak, whichever
 is larger. Ceilings default to the figures measured on the H200 machine
-(../shared/DEVICE.md); pass your own for another GPU."""
+(docs/findings/README.md, "Ceilings"); pass your own for another GPU."""
 from __future__ import annotations
 
 import pandas as pd

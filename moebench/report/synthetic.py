@@ -1,7 +1,7 @@
 """Synthetic results runs in the store's layout, for tests, the notebook and demos.
 
 The numbers are made up (a latency model of a + b * tokens with log-normal noise); only
-the layout and the column schema follow DESIGN.md.
+the layout and the column schema are the store's (schema 2: identity from moebench/spec.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
+from ..spec import IDENTITY_COLUMNS, SCHEMA_VERSION, Combo
 
 # (backend, experts, reduction, overlap, quant, status, reason)
 DEFAULT_COMBOS = [
@@ -37,14 +37,18 @@ def samples_from(median_us: float, spread: float, num_samples: int,
 def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: str,
              tokens: int, status: str = "ok", reason: str = "", samples_us=None,
              model: str = "tiny", world_size: int = 1, **extra) -> dict:
-    """One store row (times in µs, memory in bytes); ``samples_us`` sets the latency."""
-    key = f"{backend}/{experts}/{reduction}/{overlap}/{quant}/{model}/{world_size}"
+    """One store row (times in µs, memory in bytes); ``samples_us`` sets the latency.
+    Identity fields (seed=, routing=, ...) and `knobs_set={"num_sms": 16}` go into the
+    row's Combo, so its key changes with them; other keywords overwrite columns."""
+    spec = {k: extra.pop(k) for k in list(extra) if k in IDENTITY_COLUMNS or k == "knobs_set"}
+    knobs = tuple(sorted(spec.pop("knobs_set", {}).items()))
+    combo = Combo(backend=backend, experts=experts, reduction=reduction, overlap=overlap, quant=quant,
+                  model=model, hidden=spec.pop("hidden", 256), intermediate=spec.pop("intermediate", 512),
+                  num_experts=spec.pop("num_experts", 8), topk=spec.pop("topk", 2),
+                  device=spec.pop("device", "cuda"), world_size=world_size, knobs=knobs, **spec)
     row = dict(
-        schema_version=SCHEMA_VERSION, run_id="synthetic", sweep="synthetic",
-        backend=backend, experts=experts, reduction=reduction, overlap=overlap,
-        model=model, num_experts=8, topk=2, hidden=256, intermediate=512, quant=quant,
-        world_size=world_size, simulate_ep=1, tokens_per_rank=int(tokens),
-        routing="uniform", seed=0, timing_mode="cuda_events", status=status,
+        schema_version=SCHEMA_VERSION, run_id="synthetic", sweep="synthetic", **combo.columns(),
+        tokens_per_rank=int(tokens), overrides="", timing_mode="events", status=status,
         reason=reason, rel_err=np.nan, samples_us=[],
         latency_us_median=np.nan, latency_us_p20=np.nan, latency_us_p80=np.nan,
         prepare_us=np.nan, dispatch_us=np.nan, experts_us=np.nan,
@@ -54,7 +58,7 @@ def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: st
         workspace_bytes_analytic=np.nan,
         workspace_bytes_peak=np.nan, device_bytes_peak=np.nan, tflops=np.nan,
         hbm_gbps=np.nan, nvlink_gbps=np.nan, trace_path="", gpu="cpu", git_sha="0" * 40,
-        env_id="synthetic", timestamp="2026-01-01T00:00:00", combo_key=key,
+        env_id="synthetic", timestamp="2026-01-01T00:00:00",
     )
     if status == "ok" and samples_us is not None:
         s = np.asarray(samples_us, dtype=float)

@@ -1,4 +1,5 @@
-"""`moebench trace RUN_OR_FILE [--plot] [--out DIR]`: phases, streams and overlap of traces.
+"""`moebench trace RUN_OR_FILE [--plot] [--out DIR] [--max-trace-mb N]`: phases, streams and
+overlap of traces; `moebench trace --import DIR_OR_CAPTURE`: nsys captures to SQLite exports.
 
 The overlap table gives, per trace, the shared experts alone and in the layer, the
 communication alone and in the layer (and its stretch), their window and intersection,
@@ -11,7 +12,14 @@ export`), a run directory, in which case every trace under `<run>/traces/` is re
 (or, with another `trace.dir`, under the folders its rows' trace paths name), or any
 other folder of traces (`<run>/traces/<combo>/`), read whole. A run directory
 without its traces (a trace=none run; a results/ folder, which omits them) is an
-error that says which. Bad input raises ValueError (the CLI turns it into exit code 2).
+error that says which. A trace larger than `--max-trace-mb` (default 256 MB, inflated;
+checked while inflating) or nested deeper than Python's recursion limit is refused with
+one line. Bad input raises ValueError (the CLI turns it into exit code 2).
+
+`--import` (traces/nsys_import.py `import_command`): the `.qdstrm[.xz]` captures that a
+target-only nsys wrote (the GPU machine's), brought back to a machine with the host tools
+(scripts/install_nsys.sh), become `.nsys-rep` + `.sqlite`, and the rows of their run name
+the exports (or say why not).
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from typing import Optional
 
 from moebench.traces.metrics import TraceSummary, _fmt, matched_overlap, summarize, to_markdown
 from moebench.traces.model import Trace
-from moebench.traces.nsys import nsys_processes, parse_nsys_sqlite
+from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB, nsys_processes, parse_nsys_sqlite
 from moebench.traces.torch_trace import parse_torch_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
@@ -46,9 +54,9 @@ def find_traces(target) -> list:
     roots = _trace_roots(p)
     found = sorted(f for root in roots for f in root.rglob("*") if f.is_file() and is_trace_file(f))
     if not found:
-        reps = sorted(r for root in roots for r in root.rglob("*.nsys-rep"))
-        hint = (f"; {len(reps)} .nsys-rep report(s) found: export them with "
-                "`nsys export --type sqlite <report>`") if reps else ""
+        raw = sorted(r for root in roots for pat in ("*.nsys-rep", "*.qdstrm", "*.qdstrm.xz") for r in root.rglob(pat))
+        hint = (f"; {len(raw)} nsys capture(s) (.nsys-rep, .qdstrm) found: export them with "
+                f"`moebench trace --import {p}`") if raw else ""
         raise ValueError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite) under {', '.join(map(str, roots))}{hint}")
     return found
 
@@ -101,41 +109,56 @@ def _trace_roots(p: Path) -> list:
         "(or nvtx, which leaves ranges for an external profiler only); re-run with trace=torch or trace=nsys")
 
 
-def load_traces(path) -> list:
-    """Parsed `Trace`s of one file: one for a torch trace, one per process (rank) for nsys."""
+def load_traces(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> list:
+    """Parsed `Trace`s of one file: one for a torch trace, one per process (rank) for nsys.
+    ValueError for a file over `max_mb` MB (inflated; None: no limit) or unreadable."""
     path = Path(path)
     if path.name.endswith(".sqlite"):
-        pids = nsys_processes(path)
+        pids = nsys_processes(path, max_mb)
         if len(pids) <= 1:
-            return [parse_nsys_sqlite(path)]
-        return [parse_nsys_sqlite(path, pid=p) for p in pids]
-    return [parse_torch_trace(path)]
+            return [parse_nsys_sqlite(path, max_mb=max_mb)]
+        return [parse_nsys_sqlite(path, pid=p, max_mb=max_mb) for p in pids]
+    return [parse_torch_trace(path, max_mb)]
 
 
-def summarize_file(path) -> list:
+def summarize_file(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> list:
     """[TraceSummary] of one trace file (see `load_traces`)."""
-    return [summarize(t) for t in load_traces(path)]
+    return [summarize(t) for t in load_traces(path, max_mb)]
 
 
-def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path]) -> Path:
-    name = Path(trace.source.split("#")[0]).name
-    suffix = trace.source.split("#")[1] if "#" in trace.source else ""
-    base = f"{name}{'.' + suffix if suffix else ''}.timeline.png"
+def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path], base: Optional[str] = None) -> Path:
+    """Where a timeline PNG of `path` goes: beside it, or under `out` mirroring the layout below `root`."""
+    if base is None:
+        name = Path(trace.source.split("#")[0]).name
+        suffix = trace.source.split("#")[1] if "#" in trace.source else ""
+        base = f"{name}{'.' + suffix if suffix else ''}.timeline.png"
     if out is None:
         return path.parent / base
     rel = path.parent.relative_to(root) if root is not None and path.is_relative_to(root) else Path()
     return Path(out) / rel / base
 
 
-def trace_command(target: str, plot: bool = False, out: Optional[str] = None) -> int:
+def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] = None,
+                  max_trace_mb: Optional[float] = DEFAULT_MAX_TRACE_MB, import_from: Optional[str] = None) -> int:
     """Print per-phase durations, the stream timeline and shared/comm overlap of `target`.
 
     plot: also write `<trace>.timeline.png` next to each trace (or under `out`,
-    mirroring the layout below the run's traces/ folder) and print its path.
-    Returns 0; raises ValueError for a missing path or an unreadable trace file
-    (in a run directory, unreadable traces are reported on stderr and skipped
-    unless none is readable).
+    mirroring the layout below the run's traces/ folder) and print its path; several
+    ranks of one combination and token count also get one figure with the ranks stacked.
+    max_trace_mb: refuse traces larger than this once inflated (<= 0 or None: no limit).
+    import_from: instead, `--import` (traces/nsys_import.py `import_command`).
+    Returns 0 (import: 1 when a capture failed); raises ValueError for a missing path or an
+    unreadable trace file (in a run directory, unreadable traces are reported on stderr and
+    skipped unless none is readable).
     """
+    if import_from is not None:
+        from moebench.traces.nsys_import import import_command
+
+        return import_command(import_from)
+    if target is None:
+        raise ValueError("give a trace file or a run directory (or --import DIR)")
+    if max_trace_mb is not None and max_trace_mb <= 0:
+        max_trace_mb = None
     files = find_traces(target)
     tp = Path(target)
     roots = None if tp.is_file() else _trace_roots(tp)
@@ -150,13 +173,14 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
         ranks: dict = {}  # rank -> (TraceSummary, Trace)
         for f in group:
             try:
-                traces = load_traces(f)
+                traces = load_traces(f, max_trace_mb)
             except ValueError as e:
                 if roots is None:
                     raise
                 errors.append(str(e))
                 print(f"skipped: {e}", file=sys.stderr)
                 continue
+            root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
             for trace in traces:
                 summary: TraceSummary = summarize(trace)
                 print(to_markdown(summary))
@@ -166,13 +190,27 @@ def trace_command(target: str, plot: bool = False, out: Optional[str] = None) ->
                 if plot:
                     from moebench.traces.timeline import plot_timeline
 
-                    root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
                     png = plot_timeline(trace, _plot_path(trace, f, out, root))
                     print(f"timeline: {png}\n")
+            if plot and len(traces) > 1:  # an nsys report of several ranks (processes)
+                from moebench.traces.timeline import plot_ranks
+
+                png = plot_ranks(traces, _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
+                                 [t.source.split("#")[-1] for t in traces])
+                print(f"ranks timeline: {png}\n")
         if len(ranks) > 1:
             order = sorted(ranks)
             matched = matched_overlap([ranks[r][1] for r in order]) if order == list(range(len(order))) else None
             print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched))
+            if plot:
+                from moebench.traces.timeline import plot_ranks
+
+                f0 = Path(group[0])
+                root = next((r for r in roots or () if f0.is_relative_to(r)), None)
+                png = plot_ranks([ranks[r][1] for r in order], _plot_path(ranks[order[0]][1], f0, out, root,
+                                                                          f"T{key[1]}.ranks.timeline.png"),
+                                 [f"rank {r}" for r in order])
+                print(f"ranks timeline: {png}\n")
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0

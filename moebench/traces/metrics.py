@@ -38,7 +38,7 @@ Several ranks (`trim_comm_waits`, `matched_overlap`): a collective kernel starts
 rank when that rank launches it, and on the rank that arrives first it spins until the
 last one arrives; that wait holds no transfer, and it differs between the layer samples
 and the ablation samples (one rank's figure read 0.13 against its peer's 0.68 in the same
-run, docs/perf-notes.md run 17). With every rank's trace of one combination and token
+run, docs/findings/trace-vs-ablation.md). With every rank's trace of one combination and token
 count (one host, one clock: matching NCCL kernels end within ~15 µs of each other on the
 2 x H200 machine), the i-th communication kernel of a sample starts, on every rank, when
 the last rank's i-th one started; the figure above is then computed per rank on those

@@ -1,4 +1,4 @@
-"""Phase ranges: NVTX (domain `moebench`), torch record_function, and per-phase timing.
+"""Phase ranges: NVTX (for nsys), torch record_function, and per-phase timing.
 
 The harness installs `make_phase_recorder(...)` on a `MoEKernel` (`kernel.phases =
 rec`); the kernel then calls `with rec("experts"): ...` around each phase. Every
@@ -8,38 +8,98 @@ range is emitted with the same name to NVTX (for nsys) and to
 samples of a trace, `ablation_range("noshared" | "shared", i)`). With trace=nsys,
 `capture_range(key)` marks the timed work of each row for nsys's capture.
 
-The `nvtx` package is optional: without it no NVTX range is emitted (one warning).
+NVTX ranges go to the default domain, named `moebench/<name>` (`moebench/experts`,
+`moebench/combo/<key>`, the capture range `moebench/timed`), through the API the
+nsys in use records (`nvtx_emitter()`):
+- with CUDA, `torch.cuda.nvtx` (range_push / range_pop): the Nsight Systems 2024.2
+  target records these ranges;
+- without CUDA, the `nvtx` package (push_range / pop_range, default domain). That
+  nsys records none of its ranges (only its domain's creation, on the GPU machine and
+  on a CPU alike), so there a capture range never opens; CPU ranks have no kernels
+  to trace anyway.
+MOEBENCH_NVTX_API=torch|nvtx|none forces one. Without any, no NVTX range is emitted
+(one warning).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Optional
 
 import torch
 
-from moebench.traces.model import ABLATION_PREFIXES, CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, SAMPLE_PREFIX
+from moebench.traces.model import ABLATION_PREFIXES, CAPTURE_RANGE, COMBO_PREFIX, SAMPLE_PREFIX
+from moebench.traces.nsys import NVTX_PREFIX
 
 log = logging.getLogger(__name__)
 
-_NVTX_DOMAIN = None  # the nvtx Domain object, resolved once
-_NVTX_WARNED = False
+API_TORCH = "torch.cuda.nvtx"
+API_PACKAGE = "nvtx package"
 
 
-def nvtx_domain():
-    """The `moebench` NVTX domain, or None when the `nvtx` package is absent."""
-    global _NVTX_DOMAIN, _NVTX_WARNED
-    if _NVTX_DOMAIN is None:
-        try:
-            import nvtx  # optional: pip install nvtx
-        except ImportError:
-            if not _NVTX_WARNED:
-                log.warning("the nvtx package is not installed: no NVTX ranges (pip install nvtx)")
-                _NVTX_WARNED = True
-            return None
-        _NVTX_DOMAIN = nvtx.get_domain(DOMAIN)
-    return _NVTX_DOMAIN
+class NvtxEmitter:
+    """Pushes and pops default-domain NVTX ranges named `moebench/<name>` through one API."""
+
+    def __init__(self, api: str, push, pop):
+        self.api = api
+        self._push, self._pop = push, pop
+        self._names: dict = {}
+
+    def push(self, name: str) -> None:
+        full = self._names.get(name)
+        if full is None:
+            full = self._names[name] = NVTX_PREFIX + name
+        self._push(full)
+
+    def pop(self) -> None:
+        self._pop()
+
+
+_EMITTER: Optional[NvtxEmitter] = None  # resolved once per process
+_RESOLVED = False
+
+
+def _torch_emitter() -> Optional[NvtxEmitter]:
+    if not (torch.cuda.is_available() and hasattr(torch._C, "_nvtx")):
+        return None
+    nv = torch.cuda.nvtx
+    return NvtxEmitter(API_TORCH, nv.range_push, nv.range_pop)
+
+
+def _package_emitter() -> Optional[NvtxEmitter]:
+    try:
+        import nvtx  # a core dependency; absent in some installs
+    except ImportError:
+        return None
+    return NvtxEmitter(API_PACKAGE, lambda m: nvtx.push_range(message=m), nvtx.pop_range)
+
+
+def nvtx_emitter() -> Optional[NvtxEmitter]:
+    """The process's NVTX emitter (module docstring), or None when no API is there (one warning)."""
+    global _EMITTER, _RESOLVED
+    if not _RESOLVED:
+        _RESOLVED = True
+        forced = os.environ.get("MOEBENCH_NVTX_API", "").strip().lower()
+        if forced not in ("", "torch", "nvtx", "none"):
+            raise ValueError(f"MOEBENCH_NVTX_API={forced!r}; valid: torch, nvtx, none")
+        if forced == "torch":
+            _EMITTER = _torch_emitter()
+        elif forced == "nvtx":
+            _EMITTER = _package_emitter()
+        elif forced == "":
+            _EMITTER = _torch_emitter() or _package_emitter()
+        if _EMITTER is None and forced != "none":
+            log.warning("no NVTX API: no CUDA build of torch with a GPU, and the nvtx package is not installed "
+                        "(pip install nvtx): no NVTX ranges")
+    return _EMITTER
+
+
+def nvtx_api() -> Optional[str]:
+    """Which API emits moebench's NVTX ranges in this process: "torch.cuda.nvtx", "nvtx package" or None."""
+    e = nvtx_emitter()
+    return e.api if e is not None else None
 
 
 class _Range:
@@ -55,8 +115,8 @@ class _Range:
 
     def __enter__(self):
         rec = self.rec
-        if rec._domain is not None:
-            rec._domain.push_range(rec._attributes(self.name))
+        if rec._nvtx is not None:
+            rec._nvtx.push(self.name)
         if rec.record_function:
             self.rf = torch.profiler.record_function(self.name)
             self.rf.__enter__()
@@ -78,8 +138,8 @@ class _Range:
             rec.events.append((self.name, self.mark, time.perf_counter_ns()))
         if self.rf is not None:
             self.rf.__exit__(*exc)
-        if rec._domain is not None:
-            rec._domain.pop_range()
+        if rec._nvtx is not None:
+            rec._nvtx.pop()
         return False
 
 
@@ -96,15 +156,8 @@ class PhaseRecorder:
         dev = torch.device(device) if device is not None else torch.device("cpu")
         self.device = dev
         self._cuda_timing = self.timing and dev.type == "cuda"
-        self._domain = nvtx_domain() if nvtx else None
-        self._attr_cache: dict = {}
+        self._nvtx = nvtx_emitter() if nvtx else None
         self.events: list = []
-
-    def _attributes(self, name: str):
-        a = self._attr_cache.get(name)
-        if a is None:
-            a = self._attr_cache[name] = self._domain.get_event_attributes(message=name)
-        return a
 
     def __call__(self, name: str) -> _Range:
         return _Range(self, name)
@@ -140,7 +193,7 @@ class PhaseRecorder:
 def make_phase_recorder(nvtx: bool, record_function: bool, cuda_events: bool, device=None):
     """The recorder the harness installs on a kernel; `NULL_PHASES` (free) when everything is off.
 
-    nvtx: NVTX ranges in domain `moebench` (needs the `nvtx` package);
+    nvtx: NVTX ranges `moebench/<phase>` (`nvtx_emitter()`);
     record_function: torch.profiler.record_function ranges (for torch traces);
     cuda_events: per-phase timing (CUDA events on a CUDA `device`, host clock otherwise).
     """
@@ -153,10 +206,10 @@ def make_phase_recorder(nvtx: bool, record_function: bool, cuda_events: bool, de
 
 @contextlib.contextmanager
 def named_range(name: str, nvtx: bool = True, record_function: bool = True):
-    """NVTX (domain moebench) + record_function range `name`, no timing."""
-    dom = nvtx_domain() if nvtx else None
-    if dom is not None:
-        dom.push_range(dom.get_event_attributes(message=name))
+    """NVTX range `moebench/<name>` + record_function range `name`, no timing."""
+    em = nvtx_emitter() if nvtx else None
+    if em is not None:
+        em.push(name)
     try:
         if record_function:
             with torch.profiler.record_function(name):
@@ -164,8 +217,8 @@ def named_range(name: str, nvtx: bool = True, record_function: bool = True):
         else:
             yield
     finally:
-        if dom is not None:
-            dom.pop_range()
+        if em is not None:
+            em.pop()
 
 
 def combo_range(key: str, nvtx: bool = True, record_function: bool = True):
@@ -175,17 +228,18 @@ def combo_range(key: str, nvtx: bool = True, record_function: bool = True):
 
 @contextlib.contextmanager
 def capture_range(key: str):
-    """trace=nsys: the NVTX range `timed` (CAPTURE_RANGE, domain moebench) around the timed
-    work of one row, `combo/<key>` inside it. NVTX only, as nsys sees nothing else: each one
+    """trace=nsys: the NVTX range `moebench/timed` (CAPTURE_RANGE) around the timed work of
+    one row, `moebench/combo/<key>` inside it. NVTX only, as nsys sees nothing else: each one
     is a capture of the nsys the rank runs under (traces/nsys.py `nsys_rank_prefix`), and the
     combo range opened inside it lands in that report (the outer one opened before the capture
-    does not). Yields whether the range was pushed: False without the `nvtx` package (then
+    does not). Yields the API that pushed it (`nvtx_api()`), or None when there is none (then
     nsys captures nothing)."""
-    if nvtx_domain() is None:
-        yield False
+    em = nvtx_emitter()
+    if em is None:
+        yield None
         return
     with named_range(CAPTURE_RANGE, record_function=False), combo_range(key, record_function=False):
-        yield True
+        yield em.api
 
 
 def sample_range(i: int, nvtx: bool = True, record_function: bool = True):

@@ -7,15 +7,22 @@ hatched with a red edge, shared-expert kernels get a thick black edge. With
 that the figure stays readable: its GPU span when it launched kernels (CPU ranges
 appear only where they overlap it), else its CPU range; the x axis is µs from the
 window's start. The ablation samples (`sample_noshared/<i>`, `sample_shared/<i>`) are not
-drawn: they enter the overlap figures only.
+drawn: they enter the overlap figures only. The kernels that take the most time in the window
+(TOP_KERNELS of them, by summed duration per name) are labelled with their short names, and the
+intersection of shared-expert and communication kernels is shaded across the GPU lanes, its
+total in µs printed in the panel. `plot_ranks` stacks several ranks' panels on one time axis.
 Uses matplotlib's Agg canvas directly (no pyplot global state).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
+from moebench.traces.metrics import intersect, length, union
 from moebench.traces.model import PHASES, Trace
+
+TOP_KERNELS = 5
 
 PHASE_COLORS = {
     "prepare": "#8dd3c7",
@@ -96,20 +103,56 @@ def _depths(ranges) -> list:
     return out
 
 
-def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optional[str] = None) -> Path:
-    """Write the timeline PNG of `trace` to `path` and return the path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+def _unmangle(name: str) -> str:
+    """`a::b` from an Itanium-mangled `_ZN1a1bI...` (the nested names' lengths prefix them)."""
+    m = re.match(r"_ZN?(.*)", name)
+    rest, parts = m[1], []
+    while rest[:1].isdigit():
+        n = re.match(r"\d+", rest)[0]
+        parts.append(rest[len(n): len(n) + int(n)])
+        rest = rest[len(n) + int(n):]
+    return "::".join(parts) or name
 
+
+def short_name(name: str, width: int = 30) -> str:
+    """A kernel's name without namespaces, template arguments and parameters, at most `width` chars."""
+    name = _unmangle(name) if name.startswith("_Z") else name
+    base = re.sub(r"\s*[<(].*$", "", name.strip())  # drop templates and parameter lists
+    base = base.split("::")[-1] or name
+    base = base.split()[-1] if " " in base else base  # "void foo" -> "foo"
+    return base if len(base) <= width else base[: width - 1] + "…"
+
+
+def _top_kernels(kernels, n: int = TOP_KERNELS) -> set:
+    """Names of the `n` kernels with the most summed time among `kernels`."""
+    total: dict = {}
+    for k in kernels:
+        if k.kind == "kernel":
+            total[k.name] = total.get(k.name, 0.0) + k.dur_us
+    return {name for name, _ in sorted(total.items(), key=lambda kv: -kv[1])[:n]}
+
+
+def _overlap(kernels) -> list:
+    """Intervals (µs) where a shared-expert kernel and a communication kernel ran together."""
+    shared = union((k.start_us, k.end_us) for k in kernels if k.shared)
+    comm = union((k.start_us, k.end_us) for k in kernels if k.comm)
+    return intersect(shared, comm)
+
+
+def _select(trace: Trace, sample: Optional[int]):
+    """(t0, t1, label, sample index, CPU ranges, kernels) of the plotted window (`_window`)."""
     t0, t1, label, idx = _window(trace, sample)
     inside = lambda a, b: b >= t0 and a <= t1  # noqa: E731
     # CPU ranges only where they fall in the window (on GPUs the CPU usually runs ahead)
     ranges = [r for r in trace.ranges if r.name in PHASES and inside(r.start_us, r.end_us)]
     kernels = [k for k in trace.kernels if inside(k.start_us, k.end_us)
                and (idx is None or (k.sample in (idx, None) and k.ablation is None))]
+    return t0, t1, label, idx, ranges, kernels
 
-    lanes = []  # (label, [(start, dur, color, edge, hatch, lw, text, depth)], rows)
+
+def _lanes(ranges, kernels, t0: float, t1: float) -> list:
+    """(label, [(start, dur, color, edge, hatch, lw, text, depth)], rows) per lane, x relative to t0."""
+    lanes = []
     for thread in sorted({r.thread for r in ranges}):
         placed = _depths([r for r in ranges if r.thread == thread])
         rows = max(d for _, d in placed) + 1
@@ -122,42 +165,113 @@ def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optio
         rows = max(d for *_, d in spans) + 1
         bars = [(s - t0, e - s, PHASE_COLORS[ph], "none", None, 0, ph, d) for ph, s, e, d in spans]
         lanes.append(("phases on GPU", bars, rows))
+    top = _top_kernels(kernels)
     for lane in sorted({k.lane for k in kernels}):
-        bars = []
+        bars, labelled = [], set()
         for k in kernels:
             if k.lane != lane:
                 continue
             edge, hatch, lw = _kernel_style(k)
             color = PHASE_COLORS.get(k.phase, PHASE_COLORS[None])
-            bars.append((k.start_us - t0, max(k.dur_us, 1e-3), color, edge, hatch, lw, None, 0))
+            # a top kernel's name on its longest bar of the lane
+            text = None
+            if k.name in top and k.name not in labelled:
+                longest = max((j for j in kernels if j.lane == lane and j.name == k.name), key=lambda j: j.dur_us)
+                if longest is k:
+                    text = short_name(k.name)
+                    labelled.add(k.name)
+            bars.append((k.start_us - t0, max(k.dur_us, 1e-3), color, edge, hatch, lw, text, 0))
         lanes.append((f"GPU {lane}", bars, 1))
+    return lanes
 
-    total_rows = sum(rows for _, _, rows in lanes) or 1
-    fig = Figure(figsize=(13, max(2.6, 1.0 + 0.45 * total_rows + 0.3 * len(lanes))), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    y, ticks, tick_labels = 0.0, [], []
+
+def _draw(ax, lanes, span_us: float, overlap: list, t0: float, title: str, kernel_labels: bool = True) -> None:
+    """One panel: the lanes, the shaded shared ∩ communication intervals and their total (µs)."""
+    y, ticks, tick_labels, has_gpu = 0.0, [], [], False
     for name, bars, rows in lanes:
         for start, dur, color, edge, hatch, lw, text, depth in bars:
             yy = y + depth  # nested ranges below their parent
             ax.broken_barh([(start, dur)], (yy + 0.1, 0.8), facecolors=color, edgecolors=edge,
                            hatch=hatch, linewidth=lw)
-            if text and dur > (t1 - t0) * 0.06:
+            if text and name.startswith("GPU") and kernel_labels and dur > span_us * 0.02:
+                ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=6, clip_on=True,
+                        bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.5, "edgecolor": "none"})
+            elif text and not name.startswith("GPU") and dur > span_us * 0.06:
                 ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=7)
+        has_gpu |= name.startswith("GPU")
         ticks.append(y + rows / 2)
         tick_labels.append(name)
         y += rows + 0.3
+    if has_gpu:
+        for s, e in overlap:
+            ax.axvspan(s - t0, e - t0, ymin=0, ymax=1, color="#e41a1c", alpha=0.15, linewidth=0)
+        ax.text(0.995, 0.02, f"shared ∩ comm: {length(overlap):.1f} µs", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=8, color="#b2182b",
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#b2182b", "pad": 2})
     ax.set_yticks(ticks)
     ax.set_yticklabels(tick_labels, fontsize=8)
     ax.set_ylim(-0.2, max(y, 1.0))
     ax.invert_yaxis()
-    ax.set_xlim(0, max(t1 - t0, 1e-3))
-    ax.set_xlabel("µs from window start")
-    ax.set_title(title or f"{Path(trace.source).name} — {label}", fontsize=9)
+    ax.set_xlim(0, max(span_us, 1e-3))
+    ax.set_title(title, fontsize=9)
+
+
+def _legend(ax) -> None:
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=PHASE_COLORS[p], label=p) for p in PHASES]
     handles += [Patch(facecolor="white", edgecolor="red", hatch="///", label="communication"),
-                Patch(facecolor="white", edgecolor="black", linewidth=1.5, label="shared-expert kernel")]
+                Patch(facecolor="white", edgecolor="black", linewidth=1.5, label="shared-expert kernel"),
+                Patch(facecolor="#e41a1c", alpha=0.15, label="shared ∩ comm")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+
+
+def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optional[str] = None) -> Path:
+    """Write the timeline PNG of `trace` to `path` and return the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    t0, t1, label, idx, ranges, kernels = _select(trace, sample)
+    lanes = _lanes(ranges, kernels, t0, t1)
+    total_rows = sum(rows for _, _, rows in lanes) or 1
+    fig = Figure(figsize=(13, max(2.6, 1.0 + 0.45 * total_rows + 0.3 * len(lanes))), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    _draw(ax, lanes, t1 - t0, _overlap(kernels), t0, title or f"{Path(trace.source).name} — {label}")
+    ax.set_xlabel("µs from window start")
+    _legend(ax)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Optional[int] = None) -> Path:
+    """Several ranks' timelines (one combination and token count) stacked on one time axis.
+
+    Each panel shows its rank's window (the same sample index, by default the median one of the
+    first rank); the x axis is µs from the earliest window start, so that the ranks line up
+    (one host, one clock). CPU lanes are left out: the GPU lanes are what the ranks share.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = labels or [f"rank {i}" for i in range(len(traces))]
+    first = _select(traces[0], sample)
+    idx = first[3] if sample is None else sample
+    picked = [first] + [_select(t, idx if t.sample_ranges() and idx in {i for i, _ in t.sample_ranges()} else None)
+                        for t in traces[1:]]
+    t0 = min(p[0] for p in picked)
+    t1 = max(p[1] for p in picked)
+    panels = [(_lanes([], p[5], t0, t1), p) for p in picked]
+    heights = [max(1, sum(rows for _, _, rows in lanes)) + 1 for lanes, _ in panels]
+    fig = Figure(figsize=(13, max(3.0, 0.45 * sum(heights) + 0.8)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (lanes, p), name in zip(axes, panels, labels):
+        _draw(ax, lanes, t1 - t0, _overlap(p[5]), t0, f"{name} — {p[2]}")
+    axes[-1].set_xlabel("µs from the earliest window start")
+    _legend(axes[0])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

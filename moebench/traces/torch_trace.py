@@ -8,7 +8,9 @@ alone (`sample_shared/<i>`) — what the stretch-aware overlap of metrics.py nee
 writes `export_chrome_trace` to `path` (gzipped when it ends in `.gz`). Paths follow
 `trace_path(trace_dir, combo_key, rank, tokens)`.
 
-Parse: `parse_torch_trace(path)` reads what torch (Kineto) writes: `traceEvents`
+Parse: `parse_torch_trace(path, max_mb)` reads what torch (Kineto) writes (refusing, with
+one line, a trace over `max_mb` MB once inflated, checked while inflating, or JSON nested
+deeper than Python's recursion limit): `traceEvents`
 with `ph: "X"` complete events, `ts`/`dur` in µs;
 - `cat: "user_annotation"`: record_function ranges on CPU threads (pid, tid);
 - `cat: "gpu_user_annotation"`: the same names on GPU lanes (pid = device, tid = stream);
@@ -26,10 +28,13 @@ import json
 import os
 import re
 import shutil
+import sys
+import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
 from moebench.traces.model import Kernel, Range, Trace, attribute
+from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
 
 _GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
@@ -114,14 +119,41 @@ def capture(
     return path
 
 
-def load_json(path) -> dict:
-    """The JSON object of a `.json` or `.json.gz` trace (ValueError when unreadable)."""
-    path = Path(path)
+def _read_capped(path: Path, max_mb: Optional[float]) -> bytes:
+    """The bytes of a file, inflated if `.gz`, read in chunks: ValueError as soon as they pass
+    `max_mb` MB, so that a small gzip that inflates to gigabytes is refused before it fills memory."""
+    limit = None if max_mb is None else int(max_mb * 1e6)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    chunks, total = [], 0
     try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        with opener(path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    raise ValueError(f"{path}: more than {max_mb:g} MB{' inflated' if opener is gzip.open else ''}, "
+                                     "the limit on a trace (--max-trace-mb raises it)")
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a readable JSON trace ({e})") from e
+    return b"".join(chunks)
+
+
+def load_json(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> dict:
+    """The JSON object of a `.json` or `.json.gz` trace (ValueError when unreadable, larger than
+    `max_mb` MB once inflated (None: no limit), or nested deeper than Python's recursion limit)."""
+    path = Path(path)
+    data = _read_capped(path, max_mb)
+    try:
+        data = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to be a Chrome/Perfetto trace "
+                         f"(over ~{sys.getrecursionlimit()} levels)") from None
+    except MemoryError:
+        raise ValueError(f"{path}: too large to parse in this machine's memory (--max-trace-mb lower)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable JSON trace ({e})") from e
     if isinstance(data, list):  # the bare-array Chrome format
         data = {"traceEvents": data}
@@ -151,9 +183,10 @@ def _device_stream(ev: dict, args: dict) -> tuple:
     return _int(args.get("device"), _int(ev.get("pid"), 0)), _int(args.get("stream"), _int(ev.get("tid"), 0))
 
 
-def parse_torch_trace(path) -> Trace:
-    """Parse a torch-profiler Chrome trace into an attributed `Trace` (times in µs)."""
-    data = load_json(path)
+def parse_torch_trace(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> Trace:
+    """Parse a torch-profiler Chrome trace into an attributed `Trace` (times in µs); ValueError for
+    a trace over `max_mb` MB inflated or malformed (`load_json`)."""
+    data = load_json(path, max_mb)
     trace = Trace(source=str(path), fmt="torch")
     launches: dict = {}  # correlation -> (thread, ts)
     flows_out: dict = {}  # flow id -> (thread, ts) of the launch side

@@ -10,6 +10,7 @@ Legend: T tokens, P top-k, K hidden, I intermediate, E local experts.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Optional, Sequence
 
@@ -17,19 +18,18 @@ import torch
 
 from .. import timing
 from ..kernels.interfaces import QuantSpec
-from ..kernels.reference import reference_moe, rel_err
+from ..kernels.reference import TOLERANCE, reference_moe, rel_err
 from ..kernels.triton.config import config_block_shape, config_dtype, default_config, get_config
-from ..plan import TOLERANCE
 from ..workload import make_inputs, reference_expert_fn
 from .space import LayerDims
 from .trials import Trial
 
 
-def build_layer(cfg, combo, device):
-    """The one place the tuner gets its layer from (worker.build_layer, moving to layer.py)."""
+def build_layer(combo, device):
+    """The one place the tuner gets its layer from (moebench.layer, imported by search.py)."""
     from . import search
 
-    return search.build_layer(cfg, combo, 0, 1, None, device)
+    return search.build_layer(combo, 0, 1, None, device)
 
 
 class LayerBench:
@@ -39,7 +39,8 @@ class LayerBench:
         # off the GPU (the interpreter) there is no clock or cache to warm: one call
         self.c, self.device = c, device
         self.warmup = warmup if warmup is not None else (3 if device.type == "cuda" else 1)
-        self.ctx, _, self.kernel = build_layer(c.cfg, c.combo, device)
+        layer = build_layer(c.combo, device)
+        self.ctx, self.kernel = layer.ctx, layer.kernel
         self.experts, self.shape, self.quant = self.kernel.experts, self.ctx.shape, self.ctx.quant
         self.tol = TOLERANCE[self.quant.name]
         self.ref_w = reference_expert_fn(self.shape, self.quant, c.combo["seed"], device)
@@ -87,11 +88,10 @@ class TokenBench:
         self._warm = True
 
     def use(self, cfg: Optional[dict]) -> None:
-        ex = self.layer.experts
-        if cfg is None:
-            ex.ctx.options.pop("triton_config", None)
-        else:
-            ex.ctx.options["triton_config"] = dict(cfg)
+        """The experts run `cfg` (None: their own look-up) from now on: a context of their own
+        with the tile in its options; the layer's shared context is left as it is."""
+        ex, ctx = self.layer.experts, self.layer.ctx
+        ex.ctx = ctx if cfg is None else dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)})
         ex.__dict__.pop("_config_cache", None)
 
     def apply(self) -> None:
@@ -143,9 +143,12 @@ class TokenBench:
         ok = [t for t in out if not t.error]
 
         def bound(cfg):
-            def fn():
-                self.layer.experts.ctx.options["triton_config"] = cfg
-                self.layer.experts.__dict__.pop("_config_cache", None)
+            ex, ctx = self.layer.experts, self.layer.ctx
+            own = dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)})
+
+            def fn():  # under graph capture this runs once, at capture
+                ex.ctx = own
+                ex.__dict__.pop("_config_cache", None)
                 self.apply()
             return fn
 

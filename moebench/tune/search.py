@@ -24,7 +24,7 @@ import torch
 from .. import plan as planmod
 from ..kernels.experts.triton import CONTIGUOUS_QUANTS
 from ..kernels.triton.config import VLLM_BATCH_SIZES, config_block_shape, config_dtype
-from ..worker import build_layer  # noqa: F401  (bench.build_layer calls it: the one import of it)
+from ..layer import build_layer  # noqa: F401  (bench.build_layer calls it: the one import of it)
 from . import compile as tcompile
 from . import strategy
 from .bench import baselines_of, dims_of
@@ -272,8 +272,6 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
         b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if out.best else "no config ran"
         log(f"tune T={T}: {res.num_timed} of {len(pruned.kept)} configs timed, best {b}")
     bar.close()
-    if layer is not None:
-        layer.experts.ctx.options.pop("triton_config", None)
     return pruned, results, stats
 
 
@@ -358,7 +356,7 @@ def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: p
         "E": dims.num_experts, "N": dims.intermediate, "dtype": config_dtype(c.combo["quant"]),
         "block_shape": config_block_shape(c.combo["quant"]), "model": c.combo["model"], "quant": c.combo["quant"],
         "simulate_ep": c.combo["simulate_ep"], "device": c.combo["device"], "layer_key": c.key,
-        "overrides": c.overrides, "space": args.space, "space_size": len(pruned.kept), "pruning": pruned.summary(),
+        "overrides": list(c.overrides), "cli_overrides": list(args.overrides), "space": args.space, "space_size": len(pruned.kept), "pruning": pruned.summary(),
         "search": args.search, "budget": args.budget, "reps": args.reps, "final_reps": args.final_reps,
         "timing": f"graph replays up to {c.combo['graph_max_tokens']} tokens, events above" if cuda else "host clock",
         "gpus": max(1, ngpu) if cuda else 0, "compile_workers": workers,

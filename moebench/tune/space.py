@@ -10,7 +10,7 @@ configs that cannot help, each named in `Pruned.dropped`:
                        K tile to the scale group, so it would re-run a config already tried
   shared_memory        num_stages x (BM + BN) x BK x operand bytes > the SM's limit: the
                        pipelined operand buffers alone (this formula gave exactly the
-                       "Required:" bytes of every OutOfResources in results/h200x1-tune)
+                       "Required:" bytes of every OutOfResources in results/tune)
   registers            fp32 accumulator BM x BN / (32 x num_warps) > 128 registers a
                        thread: at 256 (128x256 tiles, 4 warps) the layer ran 5-6x slower
                        than with 8 warps (spills); 255 is the hardware cap
@@ -36,7 +36,7 @@ SPACES = {
     # the Triton interpreter and smoke runs
     "small": dict(BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4],
                   num_stages=[2]),
-    # the spaces of the tunes committed before "vllm" (results/h200x1-tune): kept to reproduce them
+    # the spaces of the tunes committed before "vllm" (results/tune): kept to reproduce them
     "decode": dict(BLOCK_SIZE_M=[16, 32, 64], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256],
                    GROUP_SIZE_M=[1], num_warps=[4, 8], num_stages=[3, 4, 5]),
     "prefill": dict(BLOCK_SIZE_M=[128], BLOCK_SIZE_N=[128, 256], BLOCK_SIZE_K=[64, 128], GROUP_SIZE_M=[1, 16],

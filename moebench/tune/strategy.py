@@ -16,7 +16,7 @@ baselines included):
            samples; the fastest median there wins.
 
 The tile decides most of the time (which rows are padding, how often weights are
-read); the knobs move it by up to ~15 % (results/h200x1-tune: num_stages 3 -> 4 cost
+read); the knobs move it by up to ~15 % (results/tune: num_stages 3 -> 4 cost
 16 % on one tile), so tiles are ranked first and only the good ones get knob trials.
 Stops when B is spent or no survivor has untried configs. Deterministic: the same
 measurements give the same picks, which is what lets a tune resume from its stored

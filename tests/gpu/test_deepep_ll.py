@@ -4,7 +4,7 @@
    combination against the fp32 reference before timing it): every valid
    deepep_ll x {triton_batched, torch_batched} x {bf16, fp8_block} x
    {none, dispatch, combine} on deepseek_v2_lite at 1, 128 and 256 tokens per rank
-   and on deepseek_v3 at 128: every row `ok` within DESIGN.md's tolerance.
+   and on deepseek_v3 at 128: every row `ok` within docs/design.md's tolerance.
 2. One graph-timing sweep (runner.timing=graph, triton_batched).
 3. Directly on 2 spawned ranks: what DeepEP hands over (the [E, X, K] layout,
    column-major 1x128 scales, counts and layout ranges against independently
@@ -27,7 +27,7 @@ from _ranks import COMM_ENV, WORLD  # noqa: E402  (tests/gpu/_ranks.py)
 
 pytestmark = pytest.mark.gpu
 
-TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # DESIGN.md
+TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 SWEEP_TOKENS = {"deepseek_v2_lite": [1, 128, 256], "deepseek_v3": [128]}
 # correctness sweeps: no time-based warm-up (runner.warmup_ms, 200 ms a token count on a GPU)
 QUICK = ["runner.device=cuda", "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.warmup_ms=0"]

@@ -22,7 +22,7 @@ def _allgather_job(rank, device, mib, reps, runs):
     import torch.distributed as dist
 
     from moebench import timing
-    from moebench.worker import rank_sync
+    from moebench.measure import rank_sync
 
     inp = torch.randn(mib * 2**20 // 2, device=device, dtype=torch.bfloat16)
     out = torch.empty(WORLD * inp.numel(), device=device, dtype=torch.bfloat16)
@@ -32,7 +32,7 @@ def _allgather_job(rank, device, mib, reps, runs):
         fn()
     pairs = []
     for _ in range(runs):
-        s = timing.time_samples(fn, device, reps=reps, warmup=10, warmup_ms=200, **sync)
+        s = timing.time_samples(fn, device, reps=reps, warmup=10, warmup_ms=200, **sync.kwargs())
         dist.barrier(device_ids=[rank])
         ref = timing.back_to_back_us(fn, device, reps)
         pairs.append(dict(median=s.median, p20=s.p20, p80=s.p80, ref=ref))

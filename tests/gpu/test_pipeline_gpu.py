@@ -48,7 +48,7 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     from triton.testing import do_bench
 
     from moebench import plan, timing
-    from moebench.worker import build_layer
+    from moebench.layer import build_layer
     from moebench.workload import make_inputs
 
     @triton.jit
@@ -75,8 +75,8 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
 
     cfg = plan.compose_config(["backend=local", "backend.simulate_ep=8", "experts=torch", "model=deepseek_v3",
                                "reduction=experts", "quant=bf16", "overlap=none"])
-    combo = plan.flat_combo(cfg)
-    ctx, _, kernel = build_layer(cfg, combo, 0, 1, None, dev)
+    layer = build_layer(plan.to_combo(cfg), 0, 1, None, dev)
+    ctx, kernel = layer.ctx, layer.kernel
     x, w, ids = make_inputs(ctx.shape, 256, "uniform", 1.0, 0, 0, 2, dev)
     layer = lambda: kernel(x, w, ids)  # noqa: E731
 
@@ -89,8 +89,8 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
         # one way favours neither), and a "run" is six such pairs, its ratio the median of
         # theirs: every run must agree with do_bench within 5%, and three runs' ratios must
         # repeat within 3% (the harness's own repeatability, net of the machine's drift).
-        # With three pairs a run, one pair caught on a clock step (0.932 at 209 vs 225 µs,
-        # run 25) moved its run's median by 1.5%. Raw medians printed.
+        # With three pairs a run, one pair caught on a clock step (0.932 at 209 vs 225 µs)
+        # moved its run's median by 1.5% (docs/findings/timing.md). Raw medians printed.
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
         pairs = []
         for i in range(18):
@@ -111,9 +111,9 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
         assert max(runs) / min(runs) <= 1.03, (name, runs)
         # spread within a set: p80/p20 <= 1.05 above 50 µs. A set is excused (at most two
         # of the 18, and never past 1.10) when the clock visibly changed around it: its
-        # do_bench partner moved by > 3 % from do_bench's median (run 16: one layer set at
+        # do_bench partner moved by > 3 % from do_bench's median (once: one layer set at
         # 1.075 while its partner read 1389.5 µs against 1473.0), or the set's own median
-        # moved by > 3 % from its partner's (run 25: a set at 1.055 read 209.3 µs beside
+        # moved by > 3 % from its partner's (once: a set at 1.055 read 209.3 µs beside
         # do_bench's 224.6)
         ref_median = sorted(r for _, r in pairs)[len(pairs) // 2]
         excused = []
@@ -130,8 +130,7 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     """Traces exist and give an overlap in [0, 1] beside the ablation figure; with
     overlap=none nothing overlaps; with overlap=combine the two figures agree within 10
     percentage points (issue #4; the sweep behind it, with the SM carveout and torch
-    experts beside, is sweeps/trace_vs_ablation.yaml, docs/perf-notes.md runs 20, 22, 23,
-    25 and 28)."""
+    experts beside, is sweeps/trace_vs_ablation.yaml, docs/findings/trace-vs-ablation.md)."""
     df = _execute(["backend=allgather_rs", "experts=triton", "reduction=experts", "overlap=none,combine", "quant=bf16",
                    "model=deepseek_v3", "workload.tokens_per_rank=[4096]", "runner.device=cuda", "trace=torch",
                    "trace.samples=10", "runner.reps=40"], tmp_path / "ovl")
@@ -148,10 +147,10 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     # sample of the short shared-experts callable still held its host launch latency
     assert ok.loc["none", "overlap_fraction"] <= 0.15, ok.loc["none", ["shared_us", "shared_exposed_us"]].to_dict()
     # the shared experts' kernels ran beside the reduce-scatter for 0.54-0.79 of their time
-    # on H200 (docs/perf-notes.md, run 9): some concurrency must show
+    # on H200 (docs/findings/overlap.md): some concurrency must show
     assert ok.loc["combine", "trace_intersection_fraction"] > 0.1
     assert 0.0 <= ok.loc["combine", "trace_overlap_fraction"] <= 1.0
-    # issue #4's criterion: 0.5-7.5 points apart in 5 sweeps at 40-80 reps (docs/perf-notes.md)
+    # issue #4's criterion: 0.5-7.5 points apart in 5 sweeps at 40-80 reps (docs/findings/trace-vs-ablation.md)
     combine = ok.loc["combine"]
     assert abs(combine.trace_overlap_fraction - combine.overlap_fraction) <= 0.10, \
         (combine.overlap_fraction, combine.overlap_fraction_lo, combine.overlap_fraction_hi, combine.trace_overlap_fraction)

@@ -1,5 +1,5 @@
 """pplx on 2 GPUs (NCCL group; pplx's intranode CUDA-IPC transport, and its internode
-NVSHMEM transport with `extra.pplx_mode=internode`).
+NVSHMEM transport with `backend.pplx_mode=internode`).
 
 1. Directly on 2 spawned ranks (as tests/gpu/test_deepep_ht.py): MoEKernel(pplx,
    {triton_batched, torch_batched}, shared experts) x {bf16, fp8_block} x
@@ -35,16 +35,16 @@ TOKENS = (1, 128)
 # through one shared-memory row. Upstream pplx-kernels has no barrier between one
 # token's sends and the next token's copy into that row
 # (csrc/all_to_all/intranode_dispatch.cu, the send loop): received rows come out
-# mixed and rel_err ~0.43 (results/h200x2-pplx, deepseek_v3 at 512). The handover
+# mixed and rel_err ~0.43 (results/pplx, deepseek_v3 at 512). The handover
 # check `rows` fails first then, which names the dispatch rather than the experts.
 # third_party/build_pplx.sh adds the missing __syncthreads() (PPLX_NO_RACE_FIX=1 builds
-# upstream as is); with it, 512 tokens passed on 2 x H200 (docs/perf-notes.md, run 12).
+# upstream as is); with it, 512 tokens passed on 2 x H200 (docs/findings/deepep-pplx.md).
 DIRECT_TOKENS = (1, 128, 512)
 GRAPH_TOKENS = 128  # the CUDA-graph replays (graph timing runs at small token counts)
 QUANTS = ("bf16", "fp8_block")
 EXPERTS = ("triton_batched", "torch_batched")
 OVERLAPS = ("none", "dispatch", "combine")
-TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # DESIGN.md
+TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 # correctness sweeps: no time-based warm-up (runner.warmup_ms, 200 ms a token count on a GPU)
 QUICK = ["runner.device=cuda", "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.timeout_s=300",
          "runner.warmup_ms=0"]
@@ -213,7 +213,7 @@ def _direct(rank, device, mode, quants, tokens):
     for qname in quants:
         quant = QuantSpec(qname)
         ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD,
-                            group=dist.group.WORLD, options={"extra": {"pplx_mode": mode}})
+                            group=dist.group.WORLD, options={"pplx_mode": mode})
         weights = build_expert_weights(ctx, seed)
         experts = {"triton_batched": TritonBatchedExperts(weights, "finalize", ctx),
                    "torch_batched": TorchBatchedExperts(weights, "finalize", ctx)}
@@ -323,5 +323,5 @@ def test_pplx_graph_timing_and_internode_through_the_sweep(tmp_path):
     assert (df.timing_mode == "graph").all()
     df = _execute(["backend=pplx", "experts=triton_batched", "reduction=finalize", "overlap=none,dispatch",
                    f"quant={','.join(QUANTS)}", f"model={MODEL}", "workload.tokens_per_rank=[1,128]",
-                   "+extra.pplx_mode=internode", *QUICK], tmp_path / "internode")
+                   "backend.pplx_mode=internode", *QUICK], tmp_path / "internode")
     _all_ok(df, 2 * len(QUANTS) * 2)

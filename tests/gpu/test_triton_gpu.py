@@ -34,7 +34,7 @@ pytestmark = [
 ]
 
 DEV = torch.device("cuda")
-TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # DESIGN.md
+TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 # (shape, simulate_ep): DeepSeek-V3 at EP 8 keeps 32 of its 256 experts
 MODELS = {
     "qwen3_30b_a3b": (LayerShape(hidden=2048, intermediate=768, num_experts=128, topk=8), 1),
@@ -83,10 +83,10 @@ def inputs(shape: LayerShape, T: int, routing: str = "uniform", seed: int = 1):
 
 
 def build(model: str, quant: str, layout: str, reduction: str, row_layout: str = ""):
-    """row_layout: the standard layout's rows (ctx.options["triton_row_layout"]), "" for auto."""
+    """row_layout: the standard layout's rows (ctx.options["row_layout"]), "" for auto."""
     ctx, w, ref_weights = layer(model, quant)
     if row_layout:
-        ctx = dataclasses.replace(ctx, options={"triton_row_layout": row_layout})
+        ctx = dataclasses.replace(ctx, options={"row_layout": row_layout})
     pf = (LocalBatchedPrepareFinalize if layout == "batched" else LocalPrepareFinalize)(ctx)
     experts = get_experts("triton_batched" if layout == "batched" else "triton")(w, reduction, ctx)
     return ctx, MoEKernel(pf, experts), ref_weights
@@ -151,7 +151,7 @@ def test_row_layouts_agree(model, T, reduction, quant):
     ref = reference_moe(x, tw, ids, ref_weights, kept_experts=range(ctx.num_local_experts))
     ys = {}
     for row_layout in ("gathered", "contiguous"):
-        c = dataclasses.replace(ctx, options={"triton_row_layout": row_layout})
+        c = dataclasses.replace(ctx, options={"row_layout": row_layout})
         experts = get_experts("triton")(w, reduction, c)
         assert experts.contiguous(T, ctx.shape.topk) == (row_layout == "contiguous")
         ys[row_layout] = MoEKernel(LocalPrepareFinalize(c), experts)(x, tw, ids)

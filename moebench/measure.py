@@ -1,0 +1,148 @@
+"""One rank's measurements of a built layer: correct first, then the timed samples (with
+the ablation's interleaved samples), the phase times and the memory peaks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import memory, timing
+from .kernels.interfaces import NULL_PHASES
+from .kernels.modular import MoEKernel
+from .kernels.reference import TOLERANCE, reference_moe, rel_err
+
+
+def all_max(value: float, group, device) -> float:
+    """The max of `value` over the ranks of `group` (collective); `value` on one rank."""
+    if group is None:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+@dataclass(frozen=True)
+class RankSync:
+    """How each sample starts on this rank (timing.time_samples): None where not needed
+    (one rank, or no GPU)."""
+
+    barrier: Optional[Callable[[], None]]
+    flush: Optional[Callable[[], None]]
+    align: Optional[Callable[[], None]]
+    agree: Optional[Callable[[float], float]]
+
+    def kwargs(self) -> dict:
+        """As keyword arguments of timing.time_samples / time_interleaved."""
+        return {"barrier": self.barrier, "flush": self.flush, "align": self.align, "agree": self.agree}
+
+
+def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
+    """barrier / flush / align / agree on this rank of `group`, as the harness starts its
+    samples (benchmarks/ use it too)."""
+    barrier = align = agree = None
+    if group is not None:
+        def barrier():
+            if device.type == "cuda":
+                dist.barrier(group=group, device_ids=[device.index])
+            else:
+                dist.barrier(group=group)
+
+        agree = lambda v: all_max(v, group, device)  # noqa: E731
+        if device.type == "cuda":
+            # a one-element all-reduce on the GPU: the ranks' devices leave it together, so
+            # each sample's start event fires at the same moment on every rank
+            one = torch.zeros(1, device=device)
+            align = lambda: dist.all_reduce(one, group=group)  # noqa: E731
+    flush = timing.L2Flusher(device) if device.type == "cuda" and l2_flush else None
+    return RankSync(barrier, flush, align, agree)
+
+
+def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device) -> tuple[float, str]:
+    """(rel_err, reason): the layer's output against the float32 reference on `inputs`, the
+    max over ranks; reason is empty when within the quant's tolerance."""
+    x, w, ids = inputs
+    y = kernel(x, w, ids)
+    err = rel_err(y, reference_moe(x, w, ids, ref_weights, kept, shared_ref))
+    err = all_max(err if err == err else float("inf"), group, device)
+    tol = TOLERANCE[quant]
+    return err, ("" if err <= tol else f"rel_err {err:.3g} > {tol:g} ({quant})")
+
+
+def _median(xs: list[float]) -> float:
+    return timing.Samples(xs).median if xs else float("nan")
+
+
+def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
+    """Spin cycles before each phase sample on several GPUs (timing.lead_cycles), measured
+    with the phase recorder on, whose events cost enqueue time; 0 on the CPU or one rank.
+    Collective. Call it before the timed samples: measuring idles the GPU for ~60 ms,
+    which the time-based warm-up then undoes."""
+    if sync.barrier is None or device.type != "cuda":
+        return 0
+    kernel.phases = rec
+    try:
+        return timing.lead_cycles(fn, device, sync.agree)
+    finally:
+        kernel.phases = NULL_PHASES
+
+
+def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: int = 0) -> dict:
+    """Median µs per phase over `reps` forwards, each started as the timed samples are
+    (barrier, flush, align and `lead` spin cycles: without them a launch-bound phase would
+    carry the host's launch latency)."""
+    per_phase: dict[str, list[float]] = {}
+    kernel.phases = rec
+    try:
+        start = timing.sample_start(sync.barrier, sync.flush, sync.align, lead)
+        for _ in range(reps):
+            start()
+            rec.reset()
+            fn()
+            for name, us in rec.durations_us().items():
+                per_phase.setdefault(name, []).append(us)
+    finally:
+        kernel.phases = NULL_PHASES
+    return {name: _median(v) for name, v in per_phase.items()}
+
+
+@dataclass(frozen=True)
+class Timed:
+    samples_us: list
+    no_shared_samples_us: Optional[list]
+    shared_samples_us: Optional[list]
+    phases_us: dict
+    host_enqueue_us: float  # the host's time to enqueue one eager forward (NaN on the CPU)
+
+
+def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool) -> Timed:
+    """The layer's samples and, for the ablation, those of the layer without its shared
+    experts and of the shared experts alone, interleaved; then the phase samples."""
+    x, w, ids = inputs
+    fn = lambda: kernel(x, w, ids)  # noqa: E731
+    fns = [fn]
+    if kernel.shared is not None:
+        fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]
+    # measured before the timed samples (it idles the GPU ~60 ms, which their warm-up undoes):
+    # an eager forward whose enqueue takes about its latency times the host, not the GPU
+    host_us = timing.host_enqueue_us(fn, device) if device.type == "cuda" else float("nan")
+    lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
+    timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,
+                                    align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree)
+    phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else {}
+    shared = kernel.shared is not None
+    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases, host_us)
+
+
+def memory_figures(kernel: MoEKernel, fn, tokens: int, device, setup_used, baseline_used) -> dict:
+    """Analytic workspace and peak, the allocator peak of one forward above what was
+    allocated before it, and the device-level peak above the context baseline (bytes)."""
+    out = {"workspace_bytes_analytic": float(kernel.workspace_bytes(tokens)),
+           "analytic_peak_bytes": float(kernel.analytic_peak_bytes(tokens))}
+    peak = memory.forward_peak_bytes(fn, device, kernel.clear_workspaces)
+    if peak is not None:
+        out["workspace_bytes_peak"] = float(peak)
+        if setup_used is not None and baseline_used is not None:
+            out["device_bytes_peak"] = float(setup_used - baseline_used + peak)
+    return out

@@ -1,0 +1,323 @@
+"""results/README.md, generated from the committed results folders.
+
+Layout it reads (one folder per question; superseded generations under results/archive/):
+
+    results/<question>/about.md       first line: the question; the rest: a description.
+                                      Optional YAML front matter (between `---` lines):
+                                        commit: <sha>   the code every run below measured, where
+                                                        the stored git_sha is wrong or missing
+                                        machine: <text> where no env.json says it (tune folders)
+                                        also: [<command>, ...]   commands beside the sweeps
+                                        runs: {<run path>: {note, commit, machine, also}}
+    results/<question>/caveats.md     caveats of every run below (a run directory may hold
+                                      its own caveats.md); `moebench report` may pick them up
+    <run>/env.json, <run>/sweep-*.json, <run>/rows/*.parquet   as `moebench sweep` writes them
+    <run>/tune.json                   as `moebench tune` writes it
+
+Each listed command is the recorded one (`sweep-*.json`: the sweep name and `cli_overrides`;
+`tune.json`: the layer's overrides) rendered for today's code: keys renamed since
+(`moebench.plan.RENAMED`) take their new names, and the `runner.device=cuda` that GPU runs
+pinned is left out (`runner.device=auto`, the default, picks CUDA on a GPU machine), so that
+every command also plans on a CPU machine (tests/test_results_index.py runs `moebench list`
+on each).
+
+    python -m moebench.report.results_index            # rewrite results/README.md
+    python -m moebench.report.results_index --check    # exit 1 when it is out of date
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from ..paths import REPO_ROOT
+from ..config import rename as config_rename
+from ..plan import RENAMED, load_sweep  # noqa: F401
+
+RESULTS = REPO_ROOT / "results"
+ARCHIVE = "archive"
+DROPPED = {"runner.device=cuda"}  # see the module docstring
+TUNE_ADDED = {"overlap=none", "reduction=experts", "experts.row_layout=gathered"}  # the tuner sets these itself
+STATUS_ORDER = ("ok", "incorrect", "failed", "timeout", "oom", "skipped")
+
+
+@dataclass
+class About:
+    question: str
+    body: str
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """One run directory (or tune output) below a question folder."""
+
+    path: Path  # relative to the results root
+    machine: str
+    commit: str
+    rows: str  # status counts, or the tune trials
+    commands: list[str]
+    note: str = ""
+    report: Optional[Path] = None  # relative to the results root
+
+
+def read_about(folder: Path) -> About:
+    p = folder / "about.md"
+    if not p.is_file():
+        raise ValueError(f"{p} is missing: its first line states the folder's question")
+    text, meta = p.read_text(), {}
+    if text.startswith("---\n"):
+        head, _, text = text[4:].partition("\n---\n")
+        meta = yaml.safe_load(head) or {}
+    lines = text.strip().splitlines()
+    question = lines[0].lstrip("# ").strip() if lines else ""
+    if not question:
+        raise ValueError(f"{p}: the first line must state the question")
+    return About(question, "\n".join(lines[1:]).strip(), meta)
+
+
+def rename(override: str) -> str:
+    """An override with a renamed key given its current name (config.rename: a renamed
+    `+extra.*` key is a declared knob today, so its `+` goes too)."""
+    return config_rename(override)
+
+
+def _args(overrides, drop=frozenset()) -> list[str]:
+    out = [rename(o) for o in overrides if o not in DROPPED]
+    return [o for o in out if o not in drop]
+
+
+def sweep_command(sweep: dict, cli_overrides: list[str]) -> tuple[str, str]:
+    """(the command, a note when today's sweep file differs from the recorded one)."""
+    name = sweep.get("name", "default")
+    args = _args(cli_overrides)
+    note = ""
+    if name == "adhoc":  # run without a sweep file: the default sweep's axes must all be given
+        given = {o.partition("=")[0].lstrip("+~") for o in args}
+        missing = sorted(set(load_sweep("default")["overrides"]) - given)
+        if missing:
+            raise ValueError(f"a run without a sweep file leaves {missing} to the default sweep: "
+                             "give them in the folder's about.md `also:` instead")
+        name = "default"
+    else:  # today's sweep file against the recorded one, on the keys the command does not give
+        now, then = load_sweep(name)["overrides"], sweep.get("overrides", {})
+        given = {o.partition("=")[0] for o in args}
+        moved = [f"{k}: {then.get(k, '–')} → {now.get(k, '–')}" for k in sorted(set(now) | set(then))
+                 if k not in given and now.get(k) != then.get(k)]
+        if moved:
+            note = f"sweeps/{name}.yaml has changed since this run ({'; '.join(moved)})"
+    cmd = ["moebench", "sweep"] + ([] if name == "default" else ["--sweep", name]) + args
+    return shlex.join(cmd), note
+
+
+def tune_command(layer: dict) -> str:
+    # the halving tuner records what was typed (cli_overrides) beside what it resolved
+    cmd = ["moebench", "tune", *_args(layer.get("cli_overrides") or layer["overrides"], TUNE_ADDED),
+           "--space", layer["space"]]
+    if "search" in layer:
+        cmd += ["--search", layer["search"]] + (["--budget", str(layer["budget"])] if layer["search"] == "halving" else [])
+    return shlex.join(cmd + ["--reps", str(layer["reps"])])
+
+
+def _fmt_counts(c: Counter) -> str:
+    keys = sorted(c, key=lambda s: (STATUS_ORDER.index(s) if s in STATUS_ORDER else 99, s))
+    return ", ".join(f"{k} {c[k]}" for k in keys) or "no rows"
+
+
+def _short(sha) -> str:
+    s = str(sha or "unknown")
+    return s[:7] if len(s) == 40 and all(ch in "0123456789abcdef" for ch in s) else s
+
+
+def _machine(env: dict, used: int) -> str:
+    gpu, have = env.get("gpu") or "?", env.get("gpu_count") or used
+    text = f"{used} × {gpu}"
+    return text + (f" (of {have})" if have and have > used else "")
+
+
+def _is_run(d: Path) -> bool:
+    return (d / "env.json").is_file() or (d / "rows").is_dir() or (d / "tune.json").is_file()
+
+
+def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
+    meta = dict((folder_meta.get("runs") or {}).get(rel_to_folder) or {})
+    rel = d.relative_to(root)
+    report = rel / "report" / "report.md" if (d / "report" / "report.md").is_file() else None
+    also = list(meta.get("also") or [])
+    if (d / "tune.json").is_file():
+        info = json.loads((d / "tune.json").read_text())
+        trials = sum(len(r["trials"]) if "trials" in r else r.get("timed", 0) for r in info.get("results", []))
+        sizes = ", ".join(str(r["tokens"]) for r in info.get("results", []))
+        commit = meta.get("commit") or folder_meta.get("commit") or "unknown"
+        machine = meta.get("machine") or folder_meta.get("machine") or "?"
+        return Run(rel, machine, str(commit), f"{trials} trials ({sizes} tokens)",
+                   [tune_command(info["layer"])] + also, meta.get("note", ""), report)
+    env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
+    stored = env.get("env", {}).get("MOEBENCH_GIT_SHA") or env.get("git_sha")
+    stored = stored if stored not in (None, "unknown") else env.get("git_sha", "unknown")
+    commit = meta.get("commit") or folder_meta.get("commit")
+    commit = f"{commit} (stored: {_short(stored)})" if commit and str(commit) != _short(stored) else _short(stored)
+    counts, used = Counter(), 1
+    if (d / "rows").is_dir():
+        from ..store import RunStore
+
+        df = RunStore(d).load()
+        if len(df):
+            counts = Counter(df["status"])
+            ran = df[df["status"] != "skipped"]
+            used = int((ran if len(ran) else df)["world_size"].max())
+    machine = meta.get("machine") or _machine(env, used)
+    commands, notes = [], [meta["note"]] if meta.get("note") else []
+    for p in sorted(d.glob("sweep-*.json")):
+        rec = json.loads(p.read_text())
+        cmd, note = sweep_command(rec.get("sweep", {}), rec.get("cli_overrides", []))
+        if cmd not in commands:
+            commands.append(cmd)
+        if note and note not in notes:
+            notes.append(note)
+    return Run(rel, machine, commit, _fmt_counts(counts), commands + also, "; ".join(notes), report)
+
+
+def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list[Path]]:
+    """The runs below a question folder and the comparison reports (a report/ outside a run)."""
+    runs, comparisons = [], []
+    dirs = [folder] + sorted(p for p in folder.rglob("*") if p.is_dir())
+    for d in dirs:
+        if any(part in ("rows", "report", "traces") for part in d.relative_to(folder).parts):
+            continue
+        if _is_run(d):
+            runs.append(read_run(root, d, meta, "." if d == folder else str(d.relative_to(folder))))
+        elif (d / "report" / "report.md").is_file():
+            comparisons.append((d / "report" / "report.md").relative_to(root))
+    return runs, comparisons
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _label(run: Run, folder: Path) -> str:
+    """A run's name within its question folder (the folder's own name when it is the run)."""
+    return folder.name if run.path == folder else run.path.relative_to(folder).as_posix()
+
+
+def _caveats(root: Path, folder: Path) -> list[str]:
+    out = []
+    for p in [folder / "caveats.md"] + sorted(folder.glob("*/**/caveats.md")):
+        if p.is_file():
+            where = p.parent.relative_to(folder)
+            head = "" if str(where) == "." else f"`{where}`: "
+            out.append(head + p.read_text().strip())
+    return out
+
+
+def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
+    about = read_about(folder)
+    runs, comparisons = question_runs(root, folder, about.meta)
+    name = folder.relative_to(root)
+    parts = [f"{level} {name}", f"**{about.question}**"]
+    if about.body:
+        parts.append(about.body)
+    cav = _caveats(root, folder)
+    if cav:
+        parts.append(f"**Caveats** (`{name}/caveats.md`, travelling with the folder):\n\n" + "\n\n".join(cav))
+    table = ["| run | machine | commit | rows | report |", "|---|---|---|---|---|"]
+    for r in runs:
+        label = _label(r, name)
+        note = f" — {r.note}" if r.note else ""
+        link = f"[report]({r.report.as_posix()})" if r.report else "–"
+        table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | `{_cell(r.commit)}` | {r.rows} | {link} |")
+    parts.append("\n".join(table))
+    if comparisons:
+        parts.append("Comparison reports: " + ", ".join(f"[{c.parent.parent.as_posix()}]({c.as_posix()})"
+                                                        for c in comparisons))
+    block = ["```bash"]
+    for r in runs:
+        if r.commands:
+            block.append(f"# {_label(r, name)}")
+            block += r.commands
+    if about.meta.get("also"):
+        block += ["# also"] + list(about.meta["also"])
+    block.append("```")
+    parts.append("\n".join(block))
+    summary = {
+        "name": name, "question": about.question,
+        "machines": sorted({r.machine for r in runs}),
+        "commits": [c for c in dict.fromkeys(r.commit.split(" ")[0] for r in runs)],
+        "runs": len(runs),
+    }
+    return "\n\n".join(parts), summary
+
+
+HEADER = """# Curated GPU results
+
+Generated by `python -m moebench.report.results_index` from each folder's `about.md`,
+`caveats.md`, `env.json`, `sweep-*.json`, `tune.json` and rows: edit those, not this file
+(`tests/test_results_index.py` fails when it is out of date). What the results show, with
+the floors, the predictions and why measurements differ: [docs/findings/](../docs/findings/README.md).
+
+One folder per question. A run directory is as `moebench sweep` writes it (`rows/`, where
+the measured rows are merged into `rows/rows.parquet` by `scripts/compact_rows.py`, and
+`skipped.parquet`; `env.json`; `sweep-*.json`) plus `report/` from `moebench report <run>`.
+*commit* is the code a run measured (`env.json`'s `MOEBENCH_GIT_SHA`, else its `git_sha`;
+the folder's `about.md` where the stored one is wrong, which is then shown beside it). Most
+folders measured older code than today's; a folder's caveats say where later code changes
+its figures. *machine*: the GPUs a run used (of the machine's). Folders under `archive/`
+hold superseded generations, kept as the findings' history.
+
+Commands are the recorded ones, rendered for today's code: renamed keys take their new names
+(`experts.fp8_layout` → `experts.row_layout`), and the `runner.device=cuda` the GPU runs pinned
+is left out (the default `runner.device=auto` picks CUDA on a GPU machine; on a CPU machine
+each command still plans, and `moebench list` on it exits 0, as the test checks). Add
+`--out DIR` to write the run elsewhere than `runs/`. A note says when a sweep file has changed
+since its run: the command then runs today's sweep file."""
+
+
+def render(root: Path = RESULTS) -> str:
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name != ARCHIVE)
+    archived = sorted(p for p in (root / ARCHIVE).iterdir() if p.is_dir()) if (root / ARCHIVE).is_dir() else []
+    current = [section(root, f) for f in folders]
+    old = [section(root, f, "###") for f in archived]
+    index = ["| folder | question | machine | commit(s) | runs |", "|---|---|---|---|---|"]
+    for _, s in current + old:
+        anchor = str(s["name"]).replace("/", "").replace(".", "").lower()
+        index.append(f"| [{s['name']}](#{anchor}) | {_cell(s['question'])} | {_cell('; '.join(s['machines']))} | "
+                     f"{', '.join(f'`{c}`' for c in s['commits'])} | {s['runs']} |")
+    parts = [HEADER, "\n".join(index)] + [t for t, _ in current]
+    if old:
+        parts += ["## archive", "Superseded generations: their rows and reports (plots removed to save "
+                  "space: `moebench report <folder>` redraws them), cited by the findings' history."]
+        parts += [t for t, _ in old]
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m moebench.report.results_index", description=__doc__.splitlines()[0])
+    p.add_argument("--root", type=Path, default=RESULTS, help="the results folder (default: %(default)s)")
+    p.add_argument("--check", action="store_true", help="exit 1 when README.md differs from what would be written")
+    args = p.parse_args(argv)
+    try:
+        text = render(args.root)
+    except ValueError as e:
+        print(f"results_index: error: {e}", file=sys.stderr)
+        return 2
+    out = args.root / "README.md"
+    if args.check:
+        if not out.is_file() or out.read_text() != text:
+            print(f"{out} is out of date: run python -m moebench.report.results_index", file=sys.stderr)
+            return 1
+        return 0
+    out.write_text(text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Real Nsight Systems exports from the H200 (tests/fixtures/traces/h200_nsys_*.sqlite, made by
+.gpu/nsys_call.sh and tests/fixtures/traces/import_nsys_fixtures.py; unmodified `nsys export
+--type sqlite` of the Debian 2024.2.3 target's captures): the kernels and moebench's NVTX ranges
+are there by name, and `moebench trace` gives per-phase kernel time, the stream timeline, the
+shared ∩ communication overlap and the exposed time from them. Skipped until the fixtures exist."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from moebench import cli
+from moebench.traces.cli import load_traces
+from moebench.traces.metrics import summarize
+from moebench.traces.model import PHASES
+from moebench.traces.nsys import NVTX_PREFIX
+
+FIX = Path(__file__).parent / "fixtures" / "traces"
+SMOKE = FIX / "h200_nsys_smoke.sqlite"
+SWEEP = sorted(p for p in FIX.glob("h200_nsys_*.sqlite") if p != SMOKE)
+ALL = ([SMOKE] if SMOKE.is_file() else []) + SWEEP
+MISSING = "no real nsys export yet: run .gpu/nsys_call.sh on the GPU machine, then import_nsys_fixtures.py --install"
+
+
+def _names(path) -> set:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT COALESCE(e.text, s.value) FROM NVTX_EVENTS e "
+                           "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType IN (59, 60)").fetchall()
+    finally:
+        con.close()
+    return {r[0] for r in rows if r[0]}
+
+
+def _tables(path) -> set:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("path", ALL or [pytest.param(None, marks=pytest.mark.skip(reason=MISSING))],
+                         ids=lambda p: p.name if p else "none")
+def test_a_real_export_holds_kernels_ranges_and_its_provenance(path):
+    assert path.stat().st_size < 2_000_000, "keep fixtures small"
+    tables = _tables(path)
+    # unmodified: the export's own provenance tables are there
+    assert {"TARGET_INFO_GPU", "META_DATA_CAPTURE", "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_KERNEL",
+            "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "StringIds"} <= tables
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    gpu = con.execute("SELECT * FROM TARGET_INFO_GPU").fetchall()
+    con.close()
+    assert any("H200" in str(v) for g in gpu for v in g), gpu
+    names = _names(path)
+    ours = {n[len(NVTX_PREFIX):] for n in names if n.startswith(NVTX_PREFIX)}
+    assert {"experts"} <= ours and any(n.startswith("combo/") for n in ours), names
+    (trace,) = load_traces(path)
+    assert trace.kernels and all(k.end_us >= k.start_us for k in trace.kernels)
+    assert any(k.launch_us is not None for k in trace.kernels), "kernels matched to their launches"
+    assert {k.phase for k in trace.kernels} & set(PHASES), "kernels attributed to moebench's phases"
+
+
+@pytest.mark.skipif(not SMOKE.is_file(), reason=MISSING)
+def test_the_smoke_capture_two_streams_named_ranges():
+    """Three samples of experts (main stream), shared_experts (a side stream) and combine."""
+    names = _names(SMOKE)
+    expected = {"combo/smoke", "sample/0", "sample/1", "sample/2", "experts", "shared_experts", "combine"}
+    assert {NVTX_PREFIX + n for n in expected} <= names
+    (trace,) = load_traces(SMOKE)
+    assert [i for i, _ in trace.sample_ranges()] == [0, 1, 2]
+    by_phase = {}
+    for k in trace.kernels:
+        by_phase.setdefault(k.phase, set()).add(k.lane)
+    assert by_phase["shared_experts"].isdisjoint(by_phase["experts"]), "shared experts on their own stream"
+    s = summarize(trace)
+    assert s.num_samples == 3 and len(s.streams) >= 2
+    for ph in ("experts", "shared_experts", "combine"):
+        assert s.phases[ph].gpu_us > 0 and s.phases[ph].num_kernels >= 1
+    assert s.shared_us > 0 and s.comm_us == 0 and s.overlap_us == 0  # one GPU: no communication kernel
+    assert s.shared_exposed_us == pytest.approx(s.shared_us)
+
+
+@pytest.mark.parametrize("path", SWEEP or [pytest.param(None, marks=pytest.mark.skip(reason=MISSING))],
+                         ids=lambda p: p.name if p else "none")
+def test_moebench_trace_on_a_sweep_export(path, capsys, tmp_path):
+    """A row's report from `moebench sweep trace=nsys`: the phases of the layer as its phase
+    samples ran them, the streams (a second one for the shared experts with overlap=combine),
+    the overlap table; and the timeline PNG."""
+    names = {n[len(NVTX_PREFIX):] for n in _names(path) if n.startswith(NVTX_PREFIX)}
+    assert {"prepare", "experts", "finalize"} <= names
+    (trace,) = load_traces(path)
+    s = summarize(trace)
+    assert s.phases["experts"].gpu_us > 0
+    if "_combine_" in path.name:
+        assert "shared_experts" in names and s.shared_us > 0
+        assert len({k.lane for k in trace.kernels if k.shared}) >= 1
+        assert len(s.streams) >= 2, [st.lane for st in s.streams]
+    assert cli.main(["trace", str(path), "--plot", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| experts |" in out and "| stream |" in out and "intersection: comm ∩ shared" in out
+    assert "exposed" in out
+    assert list(tmp_path.glob("*.timeline.png"))

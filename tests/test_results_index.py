@@ -1,0 +1,80 @@
+"""results/: small enough to travel to the GPU machine beside carried builds, and
+results/README.md as moebench.report.results_index writes it, with every command in it
+valid for today's code (`moebench list` on a sweep's overrides exits 0)."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from moebench import cli
+from moebench.plan import plan
+from moebench.report import results_index
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+README = RESULTS / "README.md"
+MAX_BYTES = 20 * 10**6  # the tracked tree travels whole to a device with a 64 MiB carry limit
+
+
+def _commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    return [line for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_results_stay_under_20_mb():
+    files = [p for p in RESULTS.rglob("*") if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    biggest = sorted(files, key=lambda p: p.stat().st_size)[-3:]
+    assert total <= MAX_BYTES, (f"results/ holds {total / 1e6:.1f} MB (limit {MAX_BYTES / 1e6:.0f} MB); largest: "
+                                + ", ".join(f"{p.relative_to(RESULTS)} {p.stat().st_size / 1e6:.1f} MB" for p in biggest)
+                                + ": archive or remove superseded generations, scripts/compact_rows.py for row files")
+
+
+def test_readme_is_what_the_generator_writes():
+    assert README.read_text() == results_index.render(RESULTS), \
+        "results/README.md is out of date: python -m moebench.report.results_index"
+
+
+def test_readme_lists_commands():
+    cmds = _commands()
+    assert len(cmds) > 40 and sum(c.startswith("moebench sweep") for c in cmds) > 30
+    assert not any("fp8_layout" in c or "runner.device=cuda" in c for c in cmds)
+
+
+@pytest.mark.parametrize("cmd", _commands())
+def test_every_listed_command_plans_today(cmd, capsys):
+    """On any machine: runner.device=cpu is added, so a GPU command's world size is not
+    checked against this machine's GPUs (on CUDA it resolves the same combinations)."""
+    argv = shlex.split(cmd)
+    if argv[0] == "python":  # a benchmark script beside the sweeps
+        assert (REPO / argv[1]).is_file(), cmd
+        return
+    assert argv[0] == "moebench" and argv[1] in ("sweep", "tune"), cmd
+    args = argv[2:]
+    if argv[1] == "sweep":
+        assert cli.main(["list", *args, "runner.device=cpu"]) == 0, capsys.readouterr().err
+        return
+    flags = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert set(flags) <= {"--space", "--reps"}, cmd
+    overrides = [a for a in args if a not in flags and a not in flags.values()]
+    combos, _ = plan([*overrides, "runner.device=cpu"], None)  # what `moebench tune` plans
+    assert len(combos) == 1 and combos[0].combo["experts"] == "triton", cmd
+
+
+def test_a_renamed_key_is_rendered_under_its_new_name(capsys):
+    """The recorded fp8_layouts command used experts.fp8_layout, which plan() now refuses."""
+    old = ["backend=local", "experts=triton", "quant=fp8_block", "model=qwen3_30b_a3b",
+           "experts.fp8_layout=gathered,contiguous"]
+    assert cli.main(["list", *old, "runner.device=cpu"]) == 2
+    assert "use experts.row_layout=gathered" in capsys.readouterr().err
+    assert results_index.rename("experts.fp8_layout=gathered") == "experts.row_layout=gathered"
+    assert results_index.rename("+extra.pplx_mode=internode") == "backend.pplx_mode=internode"  # a knob now
+    assert cli.main(["list", "backend=pplx", "experts=triton_batched", "+extra.pplx_mode=internode"]) == 2
+    cmd, note = results_index.sweep_command({"name": "adhoc", "overrides": {}},
+                                            old + ["reduction=experts", "overlap=none", "runner.device=cuda",
+                                                   "workload.tokens_per_rank=[16]"])
+    assert cmd.startswith("moebench sweep backend=local") and "experts.row_layout=gathered,contiguous" in cmd
+    assert "runner.device" not in cmd and note == ""

@@ -1,0 +1,177 @@
+"""One definition of a combination (moebench/spec.py): the key, label, stored columns and
+compare's matching derive from it; committed rows keep keys that their stored fields
+recompute; the row schema is pinned."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench import plan, spec
+from moebench.migrate import migrate, migrate_v1_row
+from moebench.report.compare import compare_runs
+from moebench.report.load import load_run
+from moebench.report.synthetic import make_row, samples_from, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden" / "row_schema.json"
+
+
+def _committed_runs() -> list[Path]:
+    return sorted({p.parent.parent for p in (ROOT / "results").rglob("rows/*.parquet")})
+
+
+def _run_rows(run: Path) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in sorted((run / "rows").glob("*.parquet"))], ignore_index=True)
+
+
+def test_identity_fields_are_columns_and_the_key_covers_them():
+    fields = {f.name for f in spec.IDENTITY_FIELDS}
+    assert fields <= set(spec.IDENTITY_COLUMNS)  # every identity field is stored
+    assert {"skew", "num_shared_experts", "shared_intermediate", "trace", "l2_flush", "graph_max_tokens",
+            "timing", "memory_budget"} <= fields
+    (c,), _ = plan.plan(["backend=local", "experts=torch", "model=tiny"], None)
+    for f in spec.IDENTITY_FIELDS:  # changing any identity field changes the key
+        v = getattr(c.combo, f.name)
+        other = (not v) if isinstance(v, bool) else v + "_x" if isinstance(v, str) else v + 1
+        assert c.combo.replace(**{f.name: other}).key != c.key, f.name
+    for f in ("reps", "warmup", "timeout_s", "trace_dir"):  # how long, not what: the same combination
+        v = getattr(c.combo, f)
+        assert c.combo.replace(**{f: v * 2 if not isinstance(v, str) else v + "x"}).key == c.key
+
+
+def _two_runs(tmp_path, base_changes: dict, cand_changes: dict, name: str):
+    rng = np.random.default_rng(0)
+    rows_a = [make_row("local", "torch", "experts", "none", "bf16", t, samples_us=samples_from(100 + t, 0.01, 20, rng),
+                       **base_changes) for t in (16, 64)]
+    rows_b = [make_row("local", "torch", "experts", "none", "bf16", t, samples_us=samples_from(100 + t, 0.01, 20, rng),
+                       **cand_changes) for t in (16, 64)]
+    a = write_run(tmp_path / f"{name}_a", pd.DataFrame(rows_a))
+    b = write_run(tmp_path / f"{name}_b", pd.DataFrame(rows_b))
+    return load_run(a)[0], load_run(b)[0]
+
+
+@pytest.mark.parametrize("base, cand", [
+    ({"routing": "zipf", "skew": 1.2}, {"routing": "zipf", "skew": 3.0}),  # the issue's wrong pairing
+    ({}, {"shared_sm_carveout": 24}),
+    ({"knobs_set": {"num_sms": 24}}, {"knobs_set": {"num_sms": 16}}),
+    ({}, {"timing": "graph"}),
+    ({}, {"trace": "torch"}),
+])
+def test_compare_pairs_no_rows_of_combinations_that_differ_in_one_field_or_knob(tmp_path, base, cand):
+    a, b = _two_runs(tmp_path, base, cand, "x")
+    cmp = compare_runs(a, b)
+    assert len(cmp.matched) == 0 and len(cmp.only_baseline) == 2 and len(cmp.only_candidate) == 2
+    same = compare_runs(a, a)
+    assert len(same.matched) == 2
+
+
+def test_plans_that_differ_only_in_a_knob_have_different_keys():
+    ovs = ["backend=deepep_ht", "experts=torch", "reduction=finalize", "overlap=combine", "model=deepseek_v3",
+           "runner.device=cpu"]
+    (a,), _ = plan.plan(ovs + ["backend.num_sms=16"], None)
+    (b,), _ = plan.plan(ovs + ["backend.num_sms=24"], None)
+    (c,), _ = plan.plan(ovs + ["overlap.shared_sm_carveout=24"], None)
+    assert len({a.key, b.key, c.key}) == 3
+    (d,), _ = plan.plan(ovs, None)
+    assert d.key == b.key  # 24 is the default: left out of the key
+
+
+def test_every_committed_row_recomputes_its_key():
+    """Schema-2 rows: their stored identity columns give their key again. Schema-1 rows: their
+    stored overrides compose to a Combo that agrees with every identity column they stored,
+    whose key is the one migration gives them; distinct old keys stay distinct."""
+    runs = _committed_runs()
+    assert len(runs) >= 20
+    checked = 0
+    for run in runs:
+        df = _run_rows(run)
+        migrated = migrate(df, str(run))
+        for (_, row), (_, new) in zip(df.iterrows(), migrated.iterrows()):
+            row, new = row.to_dict(), new.to_dict()
+            if int(row["schema_version"]) == spec.SCHEMA_VERSION:
+                assert spec.from_row(row).key == row["combo_key"], (run, row["label"])
+            else:
+                combo, why = migrate_v1_row(row)
+                assert combo is not None, (run, row.get("label"), why)
+                assert new["combo_key"] == combo.key and new["combo_key_v1"] == row["combo_key"]
+                assert spec.from_row(new).key == new["combo_key"]  # what it is stored as from now on
+            checked += 1
+        old_to_new = migrated.groupby("combo_key_v1")["combo_key"].nunique() if "combo_key_v1" in migrated else None
+        if old_to_new is not None:
+            assert (old_to_new == 1).all(), run  # one old combination, one new key
+            new_to_old = migrated.groupby("combo_key")["combo_key_v1"].nunique()
+            assert (new_to_old == 1).all(), run  # no two old combinations collapse into one
+    assert checked > 500
+
+
+def test_compare_over_committed_runs_pairs_only_equal_keys_and_identities():
+    """Each committed run against each other of its folder: every matched pair has one key and
+    the same identity columns on both sides."""
+    from moebench.report.load import IDENTITY_COLUMNS
+
+    runs = [r for r in _committed_runs() if "archive" not in r.parts]
+    loaded = {r: load_run(r)[0] for r in runs}
+    cols = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep", "combo_key")]
+    pairs = 0
+    for a in runs:
+        for b in runs:
+            if a.parent != b.parent or a == b:
+                continue
+            cmp = compare_runs(loaded[a], loaded[b])
+            base = loaded[a].drop_duplicates(["combo_key", "tokens_per_rank"], keep="last").set_index(
+                ["combo_key", "tokens_per_rank"])
+            for _, m in cmp.matched.iterrows():
+                ref = base.loc[(m["combo_key"], m["tokens_per_rank"])]
+                for col in cols:
+                    if col in base.columns:
+                        assert str(ref[col]) == str(m[col]), (a, b, col)
+                pairs += 1
+    assert pairs > 0
+
+
+def test_row_schema_is_pinned(tmp_path):
+    """The columns (and their kinds) of the rows a real CPU sweep writes, against the golden
+    file: a change to the row schema updates tests/golden/row_schema.json deliberately, with a
+    schema_version bump (moebench/spec.py) and a migration (moebench/migrate.py)."""
+    from moebench.store import RunStore
+    from moebench.sweep import execute
+
+    run_dir, _ = execute(["backend=local,naive", "experts=torch,torch_batched", "reduction=finalize",
+                          "overlap=none,combine", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",
+                          "runner.reps=2", "runner.warmup=0", "runner.phase_reps=1"],
+                         "default", str(tmp_path / "run"), quiet=True)
+    df = RunStore(run_dir).load()
+    assert {"ok", "skipped"} <= set(df["status"])
+    schema = {c: _kind(df[c]) for c in sorted(df.columns)}
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["schema_version"] == spec.SCHEMA_VERSION, "bump the golden file with the schema version"
+    assert schema == golden["columns"], _diff(golden["columns"], schema)
+
+
+def _kind(col: pd.Series) -> str:
+    vals = [v for v in col if v is not None and not (isinstance(v, float) and np.isnan(v))]
+    if not vals:
+        return "null"
+    kinds = {"list" if isinstance(v, (list, np.ndarray)) else "bool" if isinstance(v, (bool, np.bool_))
+             else "int" if isinstance(v, (int, np.integer)) else "float" if isinstance(v, (float, np.floating))
+             else "str" for v in vals}
+    if kinds == {"int", "float"}:
+        return "float"
+    return "|".join(sorted(kinds))
+
+
+def _diff(golden: dict, now: dict) -> str:
+    added = sorted(set(now) - set(golden))
+    gone = sorted(set(golden) - set(now))
+    changed = sorted(k for k in set(now) & set(golden) if now[k] != golden[k])
+    return f"added {added}, removed {gone}, changed {[(k, golden[k], now[k]) for k in changed]}"
+
+
+def write_golden(df: pd.DataFrame) -> None:  # pragma: no cover - run by hand when the schema changes
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    GOLDEN.write_text(json.dumps({"schema_version": spec.SCHEMA_VERSION,
+                                  "columns": {c: _kind(df[c]) for c in sorted(df.columns)}}, indent=1) + "\n")
