@@ -66,14 +66,32 @@ def _parser() -> argparse.ArgumentParser:
                     help="instead: export the nsys captures (.qdstrm, .qdstrm.xz, .nsys-rep) under a run or folder "
                     "to SQLite with Nsight Systems' host tools (scripts/install_nsys.sh) and update the run's rows")
 
-    tu = sub.add_parser("tune", help="Triton tile search for one layer, or the best combination per size of a run",
-                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tu.add_argument("overrides", nargs="*", help="one combination with experts=triton backend=local")
-    tu.add_argument("--space", default="default", help="search space: default, decode, prefill or small (default: %(default)s)")
-    tu.add_argument("--reps", type=int, default=20, help="timed samples per config")
-    tu.add_argument("--out", help="output directory (default: runs/tune-<hash>)")
-    tu.add_argument("--install", action="store_true", help="also copy the config file into kernels/configs/")
-    tu.add_argument("--results", help="instead: the fastest combination per token count of this run directory")
+    tu = sub.add_parser("tune", help="Triton tile search for one layer, a vLLM file's routing, or the best combination "
+                        "per size of a run", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tu.add_argument("overrides", nargs="*", help="one combination with experts=triton backend=local; the token grid is "
+                    "workload.tokens_per_rank (default: vLLM's 18 batch sizes, 1 ... 4096)")
+    tu.add_argument("--space", default="vllm", help="search space before pruning: vllm (vLLM's 1,920 configs), small, "
+                    "decode or prefill (default: %(default)s)")
+    tu.add_argument("--search", default="halving", help="halving (successive halving over tiles inside --budget) or "
+                    "exhaustive (default: %(default)s)")
+    tu.add_argument("--budget", type=float, default=0.15, help="halving: fraction of the pruned space timed per token "
+                    "count, baselines included (default: %(default)s)")
+    tu.add_argument("--reps", type=int, default=10, help="timed samples per config (default: %(default)s)")
+    tu.add_argument("--final-reps", type=int, default=0, help="samples of each finalist, interleaved (default: 3 x --reps)")
+    tu.add_argument("--compile-workers", type=int, default=None,
+                    help="CPU processes compiling configs per GPU (default: the cores less one; 0: none)")
+    tu.add_argument("--gpus", type=int, default=None, help="GPUs to spread token counts over (default: every visible one)")
+    tu.add_argument("--fresh", action="store_true", help="ignore the trials stored in --out (default: resume from them)")
+    tu.add_argument("--out", help="output directory (default: runs/tune-<hash of the arguments>); with --results, "
+                    "where the table goes (default: RUN/report)")
+    tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
+                    "does not cover vLLM's grid, kernels/configs/partial/)")
+    tu.add_argument("--install-from", metavar="DIR", help="instead: install the config files of a finished tune's "
+                    "output directory (DIR/configs/*.json with their sidecars), as --install would")
+    tu.add_argument("--results", metavar="RUN", help="instead: the fastest combination per model x tokens of a run, "
+                    "its margin over the runner-up with a 95%% interval (table, JSON, heatmap)")
+    tu.add_argument("--check-vllm", metavar="FILE", help="instead: which batch sizes vLLM would route to which entry of "
+                    "FILE (exit 1 if it decides a grid size from an entry > 2x away)")
 
     ev = sub.add_parser("env", help="this machine, its libraries and which entries are usable here")
     ev.add_argument("--json", action="store_true")
@@ -120,25 +138,54 @@ def _run_one(args) -> int:
 def _tune(args) -> int:
     from pathlib import Path
 
+    if args.check_vllm:
+        from .tune.vllm_check import check_command
+
+        return check_command(args.check_vllm)
     if args.results:
-        from .report.load import load_run
-        from .tune.best import best_per_size
+        from .tune.best import results_command
 
-        df, _ = load_run(args.results)
-        print(best_per_size(df).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        return results_command(args.results, args.out)
+    if args.install_from:
+        from .tune import files
+
+        found = files.tuned_files(Path(args.install_from))
+        for f in found:
+            files.install(f, print)
         return 0
-    from .plan import default_runs_dir, run_name
-    from .tune.search import summary, tune, write
+    from dataclasses import asdict
 
-    if args.reps < 1:
-        raise ValueError("--reps must be >= 1")
-    info, results = tune(args.overrides, args.space, args.reps)
-    out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", args.overrides)
-    path = write(info, results, out, install=args.install)
-    print(summary(results))
-    print(f"\nconfigs: {path}  (all trials: {out / 'tune.json'}); use them with "
+    from .plan import default_runs_dir, run_name
+    from .tune import files
+    from .tune.search import TuneArgs, tune
+
+    targs = TuneArgs(overrides=list(args.overrides), space=args.space, search=args.search, budget=args.budget,
+                     reps=args.reps, final_reps=args.final_reps, workers=args.compile_workers, gpus=args.gpus,
+                     resume=not args.fresh)
+    key = list(args.overrides) + [f"--space={args.space}", f"--search={args.search}", f"--budget={args.budget}",
+                                  f"--reps={args.reps}"]
+    out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", key)
+    try:
+        info, pruned, results, stats, wall = tune(targs, out)
+    except KeyboardInterrupt:
+        print(f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
+              file=sys.stderr)
+        return 130
+    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": files.environment()})
+    print(files.summary(results, len(pruned.kept)))
+    print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
+    if path is None:
+        print(f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
+              file=sys.stderr)
+        return 1
+    print(f"configs: {path} (provenance beside it, every trial in {out / 'trials.jsonl'}); use them with "
           f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install")
-    return 0
+    note = files.routing_note(path)
+    if note:
+        print(note)
+    if args.install:
+        files.install(path, print)
+    return 0 if all(r.best is not None for r in results) else 1
 
 
 def _parse(argv):

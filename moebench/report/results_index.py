@@ -118,9 +118,12 @@ def sweep_command(sweep: dict, cli_overrides: list[str]) -> tuple[str, str]:
 
 
 def tune_command(layer: dict) -> str:
-    cmd = ["moebench", "tune", *_args(layer["overrides"], TUNE_ADDED), "--space", layer["space"],
-           "--reps", str(layer["reps"])]
-    return shlex.join(cmd)
+    # the halving tuner records what was typed (cli_overrides) beside what it resolved
+    cmd = ["moebench", "tune", *_args(layer.get("cli_overrides") or layer["overrides"], TUNE_ADDED),
+           "--space", layer["space"]]
+    if "search" in layer:
+        cmd += ["--search", layer["search"]] + (["--budget", str(layer["budget"])] if layer["search"] == "halving" else [])
+    return shlex.join(cmd + ["--reps", str(layer["reps"])])
 
 
 def _fmt_counts(c: Counter) -> str:
@@ -150,7 +153,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
     also = list(meta.get("also") or [])
     if (d / "tune.json").is_file():
         info = json.loads((d / "tune.json").read_text())
-        trials = sum(len(r.get("trials", [])) for r in info.get("results", []))
+        trials = sum(len(r["trials"]) if "trials" in r else r.get("timed", 0) for r in info.get("results", []))
         sizes = ", ".join(str(r["tokens"]) for r in info.get("results", []))
         commit = meta.get("commit") or folder_meta.get("commit") or "unknown"
         machine = meta.get("machine") or folder_meta.get("machine") or "?"

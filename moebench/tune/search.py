@@ -1,16 +1,20 @@
-"""Triton config search for the `triton` experts: for each token count, every
-candidate tile config is checked against the float32 reference, then its
-experts phase is timed; the fastest correct one is written in vLLM's file
-format (kernels/triton/config.py), so the harness and vLLM both pick it up.
+"""`moebench tune`: tile configs for the `triton` experts' gathered GEMMs, per token count.
 
-Legend: T tokens, E local experts, I intermediate, K hidden, P top-k.
+For each token count of the grid (default vLLM's 18 batch sizes, 1 ... 4096) the search
+(strategy.py: successive halving inside a budget, or exhaustive) picks configs of the
+pruned space (space.py); each is compiled in a CPU pool (compile.py), checked against
+the float32 reference and timed (bench.py); every trial is stored as it finishes
+(trials.py), so an interrupted tune resumes. With several GPUs visible, one process a
+GPU takes a share of the token counts. The baselines (what the harness runs today, and
+the heuristic) compete, so tuning never makes a size slower. files.py writes the result.
 """
 from __future__ import annotations
 
-import itertools
-import json
-import dataclasses
+import contextlib
+import hashlib
+import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -18,79 +22,83 @@ from typing import Callable, Optional
 import torch
 
 from .. import plan as planmod
-from .. import timing
 from ..kernels.experts.triton import CONTIGUOUS_QUANTS
-from ..kernels.reference import reference_moe, rel_err
-from ..kernels.triton.config import (
-    CONFIG_DIR,
-    config_block_shape,
-    config_dtype,
-    config_file_name,
-    get_config,
-)
-from ..kernels.reference import TOLERANCE
-from ..layer import build_layer
-from ..workload import make_inputs, reference_expert_fn
+from ..kernels.triton.config import VLLM_BATCH_SIZES, config_block_shape, config_dtype
+from ..layer import build_layer  # noqa: F401  (bench.build_layer calls it: the one import of it)
+from . import compile as tcompile
+from . import strategy
+from .bench import baselines_of, dims_of
+from .space import SPACES, config_key, prune, shared_limit_of
+from .trials import Trial, TrialStore
 
-# The search spaces, vLLM's axes. "small" is for the Triton interpreter and smoke runs;
-# "decode" (few rows per expert: weight-bandwidth bound, wide weight tiles) and
-# "prefill" (thousands of tokens: compute bound, 128-row tiles) are the two ends of
-# "default", small enough to search several layers inside one GPU lease.
-SPACES = {
-    "small": dict(BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]),
-    # BLOCK_SIZE_M up to 64: at a mean of 16-64 rows per expert, a tile as tall as the busiest
-    # expert reads its weights once where 16-row tiles read them two or more times
-    "decode": dict(BLOCK_SIZE_M=[16, 32, 64], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256],
-                   GROUP_SIZE_M=[1], num_warps=[4, 8], num_stages=[3, 4, 5]),
-    "prefill": dict(BLOCK_SIZE_M=[128], BLOCK_SIZE_N=[128, 256], BLOCK_SIZE_K=[64, 128], GROUP_SIZE_M=[1, 16],
-                    num_warps=[4, 8], num_stages=[3, 4]),
-    "default": dict(BLOCK_SIZE_M=[16, 32, 64, 128], BLOCK_SIZE_N=[64, 128, 256], BLOCK_SIZE_K=[64, 128],
-                    GROUP_SIZE_M=[1, 16], num_warps=[4, 8], num_stages=[3, 4, 5]),
-}
-
-
-def candidates(space: str, tokens: int, topk: int, num_experts: int, max_block_k: Optional[int] = None) -> list[dict]:
-    """The space's configs, less BLOCK_SIZE_M tiles far larger than an expert's
-    average rows (T * P / E over all E experts, at least 16): they only compute padding;
-    and less K tiles wider than `max_block_k` (fp8_block: a K tile stays inside one
-    scale group, so the experts would clamp it and re-run a config already tried)."""
-    if space not in SPACES:
-        raise ValueError(f"--space {space!r}; valid: {', '.join(SPACES)}")
-    axes = SPACES[space]
-    rows = max(16, tokens * topk / max(1, num_experts))
-    out = []
-    for values in itertools.product(*axes.values()):
-        cfg = dict(zip(axes, values))
-        if cfg["BLOCK_SIZE_M"] > 2 * rows and cfg["BLOCK_SIZE_M"] > min(axes["BLOCK_SIZE_M"]):
-            continue
-        if max_block_k is not None and cfg["BLOCK_SIZE_K"] > max_block_k:
-            continue
-        out.append(cfg)
-    return out
+TOKENS_KEY = "workload.tokens_per_rank"
 
 
 @dataclass
-class Trial:
-    config: dict
-    us: float = float("nan")  # median µs of the experts phase
-    rel_err: float = float("nan")
-    error: str = ""
+class TuneArgs:
+    """What `moebench tune` searches and how (the CLI's options)."""
+
+    overrides: list
+    space: str = "vllm"
+    search: str = "halving"
+    budget: float = 0.15  # halving: fraction of the pruned space timed (baselines included)
+    reps: int = 10  # samples per timed config
+    final_reps: int = 0  # samples of each finalist, interleaved (0: 3 x reps)
+    finalists: int = 3
+    workers: Optional[int] = None  # compile processes per GPU (None: the cores less one; 0: no pool)
+    gpus: Optional[int] = None  # GPUs used (None: every visible one)
+    resume: bool = True
+    stop_at: Optional[float] = None  # time.monotonic() after which no further token count starts
+
+    def __post_init__(self):
+        if self.space not in SPACES:
+            raise ValueError(f"--space {self.space!r}; valid: {', '.join(SPACES)}")
+        if self.search not in strategy.STRATEGIES:
+            raise ValueError(f"--search {self.search!r}; valid: {', '.join(strategy.STRATEGIES)}")
+        if self.reps < 1:
+            raise ValueError("--reps must be >= 1")
+        strategy.budget_of(self.budget, 1)  # validates the fraction
+        self.final_reps = self.final_reps or 3 * self.reps
 
 
 @dataclass
 class TokenResult:
-    tokens: int
-    default: Trial
-    trials: list[Trial] = field(default_factory=list)
+    """One token count's outcome: µs are the experts phase's median."""
 
-    @property
-    def best(self) -> Optional[Trial]:
-        ok = [t for t in self.trials if not t.error]
-        return min(ok, key=lambda t: t.us) if ok else None
+    tokens: int
+    best: Optional[dict]
+    best_us: float  # the winner's screening median (the baselines' are comparable)
+    final: list = field(default_factory=list)  # finalists' interleaved trials
+    baselines: dict = field(default_factory=dict)  # name -> Trial
+    num_timed: int = 0
+    budget: int = 0
+    rungs: list = field(default_factory=list)
+    recheck_rel_err: float = float("nan")  # the winner on a second input
+    wall_s: float = float("nan")
+    errors: dict = field(default_factory=dict)  # error kind -> count
+
+    def speedup(self, name: str = "heuristic") -> float:
+        b = self.baselines.get(name)
+        return b.us / self.best_us if b is not None and b.ok and self.best_us > 0 else float("nan")
+
+
+def resolve(overrides: list[str]):
+    """(plan.Combination, token counts) of the one layer being tuned."""
+    ovs = list(overrides) + ["overlap=none", "reduction=experts"]
+    if not any(o.startswith(TOKENS_KEY + "=") for o in overrides):
+        ovs.append(f"{TOKENS_KEY}=[{','.join(map(str, VLLM_BATCH_SIZES))}]")
+    c = _one_layer(ovs)
+    # the configs tuned here are the gathered kernel's: bf16 and fp8_block must not switch to
+    # the contiguous layout at large token counts (experts.row_layout=auto)
+    if c.combo["quant"] in CONTIGUOUS_QUANTS and c.combo.get("row_layout", "auto") == "auto":
+        c = _one_layer(ovs + ["experts.row_layout=gathered"])
+    tokens = c.runnable_tokens
+    if not tokens:
+        raise ValueError(f"no token count of {c.tokens} can run: {c.token_reasons}")
+    return c, tokens
 
 
 def _one_layer(overrides: list[str]):
-    """The composed config of the one combination being tuned."""
     combos, _ = planmod.plan(overrides, None)
     if len(combos) != 1:
         raise ValueError(f"`moebench tune` takes one combination; these overrides give {len(combos)}")
@@ -106,125 +114,251 @@ def _one_layer(overrides: list[str]):
     return c
 
 
-def tune(
-    overrides: list[str],
-    space: str = "default",
-    reps: int = 20,
-    warmup: int = 3,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-) -> tuple[dict, list[TokenResult]]:
-    """Search tiles for each of workload.tokens_per_rank; returns (layer info, results)."""
-    if space not in SPACES:  # before the layer is built: that alone takes tens of seconds in the interpreter
-        raise ValueError(f"--space {space!r}; valid: {', '.join(SPACES)}")
-    # the configs tuned here are the gathered kernel's: bf16 and fp8_block must not switch to
-    # the contiguous layout at large token counts (experts.row_layout=auto)
-    ovs = list(overrides) + ["overlap=none", "reduction=experts"]
-    c = _one_layer(ovs)
-    if c.combo["quant"] in CONTIGUOUS_QUANTS and c.combo.get("row_layout", "auto") == "auto":
-        c = _one_layer(ovs + ["experts.row_layout=gathered"])
-    device = torch.device("cuda", torch.cuda.current_device()) if c.combo["device"] == "cuda" else torch.device("cpu")
-    layer = build_layer(c.combo, 0, 1, None, device)
-    ctx, weights, kernel = layer.ctx, layer.weights, layer.kernel
-    experts, shape, quant = kernel.experts, ctx.shape, ctx.quant
-    E, I, P = ctx.num_local_experts, shape.intermediate, shape.topk
-    tol = TOLERANCE[quant.name]
-    ref_w = reference_expert_fn(shape, quant, c.combo["seed"], device)
-    kept = range(0, E) if ctx.simulate_ep > 1 else None
-    flush = timing.L2Flusher(device) if device.type == "cuda" else None
-    graph_max = c.combo["graph_max_tokens"]
+def _group(cfgs) -> str:
+    return hashlib.sha1(repr(sorted(config_key(c) for c in cfgs)).encode()).hexdigest()[:12]
+
+
+class Measurer:
+    """strategy's `measure`: stored trials first, then compile the rest in the pool and
+    time them one by one, storing each as it finishes. `bench` None: replay only
+    (every trial must be stored already)."""
+
+    def __init__(self, bench, store: TrialStore, layer: str, T: int, args: TuneArgs, timing_mode: str,
+                 pool: Optional[tcompile.Pool] = None, target=None, stats: Optional[tcompile.Stats] = None,
+                 progress=None, log: Callable[[str], None] = lambda s: None):
+        self.bench, self.store, self.layer, self.T, self.args, self.log = bench, store, layer, T, args, log
+        self.timing, self.pool, self.target = timing_mode, pool, target
+        self.stats = stats if stats is not None else tcompile.Stats()
+        self.progress = progress
+        self.measured = 0  # trials timed in this process (not read back)
+
+    def _key(self, cfg: dict, phase: str, group: str = "") -> tuple:
+        reps = self.args.reps if phase == "screen" else self.args.final_reps
+        return (self.layer, self.T, config_key(cfg), phase, reps, self.timing, group)
+
+    def _stamp(self, t: Trial, phase: str, group: str = "") -> Trial:
+        t.layer, t.tokens, t.phase, t.group, t.timing = self.layer, self.T, phase, group, self.timing
+        t.reps = self.args.reps if phase == "screen" else self.args.final_reps
+        return t
+
+    def _missing(self, cfgs, phase, group=""):
+        return [c for c in cfgs if self.store.get(self._key(c, phase, group)) is None]
+
+    def _require_bench(self, missing):
+        if self.bench is None:
+            raise RuntimeError(f"{len(missing)} trials at {self.T} tokens are not stored (a GPU worker failed?)")
+
+    def precompile(self, cfgs) -> None:
+        if self.pool is None or not cfgs or not tcompile.available():
+            return
+        with tcompile.Recorder() as rec:
+            for c in cfgs:
+                try:
+                    self.bench.dry_run(c)
+                except Exception:  # the timed trial meets it again and records it
+                    pass
+        torch.cuda.synchronize(self.bench.layer.device)
+        if not rec.jobs:
+            return
+        self.log(f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs on {self.pool.workers} processes")
+        st = self.pool.compile(list(rec.jobs.values()), self.target)
+        self.stats.add(st)
+        if st.errors:
+            self.log(f"tune T={self.T}: {len(st.errors)} kernels failed to compile, e.g. {st.errors[0]}")
+
+    def __call__(self, cfgs, phase: str):
+        if phase == "final":
+            return self._final(cfgs)
+        missing = self._missing(cfgs, "screen")
+        if missing:
+            self._require_bench(missing)
+            self.precompile(missing)
+            self.bench.rewarm()
+        for c in cfgs:
+            key = self._key(c, "screen")
+            if self.store.get(key) is None:
+                with tcompile.HitCounter(self.stats) if tcompile.available() else contextlib.nullcontext():
+                    t = self._stamp(self.bench.trial(c, self.args.reps), "screen")
+                self.store.add(t)
+                self.measured += 1
+            if self.progress is not None:
+                self.progress.update(1)
+        return [self.store.get(self._key(c, "screen")) for c in cfgs]
+
+    def _final(self, cfgs):
+        group = _group(cfgs)
+        if self._missing(cfgs, "final", group):
+            self._require_bench(cfgs)
+            for t in self.bench.interleaved(cfgs, self.args.final_reps):
+                self.store.add(self._stamp(t, "final", group))
+        return [self.store.get(self._key(c, "final", group)) for c in cfgs]
+
+
+def bm_prior(topk: int, num_experts: int, T: int) -> Callable[[tuple], float]:
+    """Rung 0's order of tiles when it cannot afford them all: BLOCK_SIZE_M nearest the
+    mean rows an expert gets (T * P / E, E all the model's experts: a rank's share of the
+    pairs over its share of the experts), then 128-wide N and K tiles."""
+    rows = max(1.0, T * topk / max(1, num_experts))
+    target = min(128, max(16, 2 ** round(math.log2(rows))))
+    return lambda t: abs(math.log2(t[0] / target)) + 0.25 * (abs(math.log2(t[1] / 128)) + abs(math.log2(t[2] / 128)))
+
+
+def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: torch.device,
+               log: Callable[[str], None], pool: Optional[tcompile.Pool] = None, position: int = 0,
+               replay: bool = False):
+    """Tune `tokens` on `device` (replay: only read the store, as the GPU workers left it;
+    `device` then only gives the shared-memory limit): (Pruned, [TokenResult], Stats)."""
+    from tqdm import tqdm
+
+    from .bench import LayerBench
+
+    dims = dims_of(c.combo)
+    pruned = prune(args.space, dims, shared_limit_of(device))
+    if not pruned.kept:
+        raise ValueError(f"--space {args.space}: no config is left after pruning ({pruned.summary()})")
+    layer = None if replay else LayerBench(c, device)
+    target = tcompile.current_target() if layer is not None and device.type == "cuda" else None
+    stats = tcompile.Stats()
+    size = len(pruned.kept)
+    bases = {T: baselines_of(dims, c.combo["quant"], T) for T in tokens}
+    nbase = {T: len({config_key(b) for b in bases[T].values()}) for T in tokens}
+    budgets = {T: strategy.budget_of(args.budget, size, nbase[T]) if args.search == "halving" else size + nbase[T]
+               for T in tokens}
+    bar = tqdm(total=sum(budgets.values()), desc=f"tune {c.combo['model']}", position=position, file=sys.stderr,
+               mininterval=2.0, disable=replay, dynamic_ncols=True)
+    timing_mode = None
     results = []
-    for T in c.tokens:
-        x, w, ids = make_inputs(shape, T, c.combo["routing"], c.combo["skew"], c.combo["seed"], 0, 7, device)
-        ref = reference_moe(x, w, ids, ref_w, kept)
-        prepared = kernel.pf.prepare(x, w, ids, experts.input_quant)
-        dims = kernel._dims(prepared.x.shape[0])
-        ws13, ws2, out = (torch.empty(s, dtype=experts.workspace_dtype, device=device) for s in experts.workspace_shapes(*dims))
-        final = torch.empty(T, shape.hidden, dtype=torch.bfloat16, device=device)
-        # decode sizes: CUDA-graph replays, as the sweeps time them (eager, a few launches of
-        # tiny kernels time the host: qwen3 fp8 tiles tuned so were slower in graphs, docs/findings/tuning.md)
-        graph = device.type == "cuda" and T <= graph_max
-
-        def trial(cfg: dict) -> Trial:
-            # experts built for this tile (a value in their context, nothing shared is changed)
-            tiled = type(experts)(weights, experts.reduction,
-                                  dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)}))
-            t = Trial(config=dict(cfg))
-            out.fill_(float("nan"))  # a tile that skips rows must not pass on the last trial's output
-            final.fill_(float("nan"))
-            try:
-                tiled.apply(out, prepared, ws13, ws2)
-                kernel.pf.finalize(final, out, prepared, tiled.finalize_weight_and_reduce())
-                t.rel_err = rel_err(final, ref)
-                if not t.rel_err <= tol:
-                    t.error = f"incorrect: rel_err {t.rel_err:.3g} > {tol:g}"
-                    return t
-                s = timing.time_samples(lambda: tiled.apply(out, prepared, ws13, ws2), device, reps, warmup, flush=flush,
-                                        graph=graph, warmup_ms=50.0)
-                t.us = s.median
-            except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
-                t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            return t
-
-        # what the harness runs today (an installed file, else the heuristic) competes too
-        base = get_config(E, I, T, config_dtype(quant.name), config_block_shape(quant.name), P)
-        res = TokenResult(tokens=T, default=trial(base))
-        res.trials.append(res.default)  # so tuning never makes it worse
-        max_bk = quant.block_k if quant.is_block else None
-        cands = [cfg for cfg in candidates(space, T, P, shape.num_experts, max_bk) if cfg != base]
-        for i, cfg in enumerate(cands):
-            res.trials.append(trial(cfg))
-            if (i + 1) % 10 == 0 or i + 1 == len(cands):
-                b = res.best
-                log(f"tune T={T}: {i + 1}/{len(cands)} configs, best {b.us:.1f} µs" if b else f"tune T={T}: {i + 1}/{len(cands)}")
+    for T in tokens:
+        t0 = time.perf_counter()
+        if args.stop_at is not None and results:
+            per_t = results[-1].wall_s  # the last token count's time (the first ones may be stored)
+            if time.monotonic() + per_t > args.stop_at:
+                log(f"tune: the deadline stops it before {T} tokens (about {per_t:.0f} s a token count)")
+                break
+        tb = layer.at(T) if layer is not None else None
+        timing_mode = tb.timing if tb is not None else _stored_timing(store, c.key, T)
+        m = Measurer(tb, store, c.key, T, args, timing_mode, pool if target else None, target, stats, bar, log)
+        base = bases[T]
+        base_cfgs = [base["current"], base["heuristic"]]
+        if args.search == "exhaustive":
+            out = strategy.exhaustive(pruned.kept, m, base_cfgs, args.finalists)
+        else:
+            out = strategy.halving(pruned.kept, m, budgets[T], base_cfgs, finalists=args.finalists,
+                                   prior=bm_prior(dims.topk, c.combo["num_experts"], T))
+        res = TokenResult(tokens=T, best=out.best, best_us=float("nan"), num_timed=out.num_timed, budget=budgets[T],
+                          rungs=out.rungs)
+        trials = {config_key(t.config): t for t in (m.store.get(m._key(cfg, "screen")) for cfg in out.order)}
+        for name, cfg in base.items():
+            res.baselines[name] = trials.get(config_key(cfg))
+        for t in trials.values():
+            if t.error:
+                kind = t.error.split(":")[0]
+                res.errors[kind] = res.errors.get(kind, 0) + 1
+        if out.best is not None:
+            group = _group(out.finalists) if len(out.finalists) > 1 else None
+            res.final = [m.store.get(m._key(f, "final", group)) for f in out.finalists] if group else []
+            # the winner must also pass on a second input; else the next finalist
+            ranked = sorted(out.finalists, key=lambda f: out.final_us[out.finalists.index(f)] if out.final_us else 0.0)
+            for cand in [out.best] + [f for f in ranked if f != out.best]:
+                rel, err = _recheck(layer, store, c.key, T, cand, timing_mode)
+                if not err:
+                    res.best, res.best_us, res.recheck_rel_err = cand, trials[config_key(cand)].us, rel
+                    break
+                log(f"tune T={T}: {cand} fails on a second input ({err}); next finalist")
+            else:
+                res.best = None
+        res.wall_s = time.perf_counter() - t0
         results.append(res)
+        b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if out.best else "no config ran"
+        log(f"tune T={T}: {res.num_timed} of {len(pruned.kept)} configs timed, best {b}")
+    bar.close()
+    return pruned, results, stats
+
+
+def _stored_timing(store: TrialStore, layer: str, T: int) -> str:
+    for t in store.select(layer, T):
+        return t.timing
+    raise RuntimeError(f"no stored trials at {T} tokens (a GPU worker failed?)")
+
+
+def _recheck(layer, store: TrialStore, key: str, T: int, cfg: dict, timing_mode: str) -> tuple[float, str]:
+    """(rel_err, error) of cfg on a second input (another routing draw), stored like a trial."""
+    k = (key, T, config_key(cfg), "recheck", 0, timing_mode, "")
+    t = store.get(k)
+    if t is None:
+        if layer is None:
+            raise RuntimeError(f"the winner's re-check at {T} tokens is not stored (a GPU worker failed?)")
+        tb = layer.at(T, salt=11)
+        tb.use(cfg)
+        t = Trial(config=dict(cfg), layer=key, tokens=T, phase="recheck", reps=0, timing=timing_mode)
+        try:
+            t.rel_err = tb.check()
+            if not t.rel_err <= layer.tol:
+                t.error = f"incorrect on a second input: rel_err {t.rel_err:.3g} > {layer.tol:g}"
+        except Exception as e:
+            t.error = f"{type(e).__name__}: {e}"[:200]
+        store.add(t)
+    return t.rel_err, t.error
+
+
+def _gpu_main(rank: int, overrides: list, shares: list, args: TuneArgs, out_dir: str, workers: int):
+    """One GPU's share of the token counts (a spawned process)."""
+    torch.cuda.set_device(rank)
+    c, _ = resolve(overrides)
+    store = TrialStore(Path(out_dir))
+    pool = tcompile.Pool(workers) if workers > 0 else None
+    try:
+        run_tokens(c, shares[rank], args, store, torch.device("cuda", rank), lambda s: print(f"[gpu{rank}] {s}", file=sys.stderr),
+                   pool, position=rank)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def split_tokens(tokens: list[int], num_gpus: int) -> list[list[int]]:
+    """Each GPU's token counts: round robin from the largest (the large sizes take longest)."""
+    order = sorted(tokens, reverse=True)
+    return [sorted(order[i::num_gpus]) for i in range(num_gpus) if order[i::num_gpus]]
+
+
+def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+         pool: Optional[tcompile.Pool] = None):
+    """Tune one layer's token counts; trials go to out_dir/trials.jsonl. Returns
+    (layer info, Pruned, [TokenResult], compile Stats, wall seconds)."""
+    c, tokens = resolve(args.overrides)
+    cuda = c.combo["device"] == "cuda"
+    store = TrialStore(out_dir, resume=args.resume)
+    if not args.resume and store.path.exists():
+        store.path.unlink()
+    t0 = time.perf_counter()
+    ngpu = torch.cuda.device_count() if cuda else 0
+    ngpu = min(ngpu, args.gpus) if args.gpus else ngpu
+    workers = args.workers if args.workers is not None else (tcompile.default_workers(max(1, ngpu)) if cuda else 0)
+    if cuda and ngpu > 1 and len(tokens) > 1:
+        shares = split_tokens(tokens, ngpu)
+        log(f"tune: {len(tokens)} token counts over {ngpu} GPUs")
+        torch.multiprocessing.spawn(_gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=len(shares))
+        store.reload()
+        pruned, results, stats = run_tokens(c, tokens, args, store, torch.device("cuda", 0), log, replay=True)
+    else:
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        own = pool is None and workers > 0 and cuda
+        pool = tcompile.Pool(workers) if own else pool
+        try:
+            pruned, results, stats = run_tokens(c, tokens, args, store, device, log, pool)
+        finally:
+            if own:
+                pool.close()
+    wall = time.perf_counter() - t0
+    dims = dims_of(c.combo)
+
     info = {
-        "E": E, "N": I, "dtype": config_dtype(quant.name), "block_shape": config_block_shape(quant.name),
-        "model": c.combo["model"], "quant": quant.name, "simulate_ep": ctx.simulate_ep, "device": device.type,
-        "overrides": c.overrides, "space": space, "reps": reps,
-        "timing": f"graph replays up to {graph_max} tokens, events above" if device.type == "cuda" else "events",
+        "E": dims.num_experts, "N": dims.intermediate, "dtype": config_dtype(c.combo["quant"]),
+        "block_shape": config_block_shape(c.combo["quant"]), "model": c.combo["model"], "quant": c.combo["quant"],
+        "simulate_ep": c.combo["simulate_ep"], "device": c.combo["device"], "layer_key": c.key,
+        "overrides": list(c.overrides), "cli_overrides": list(args.overrides), "space": args.space, "space_size": len(pruned.kept), "pruning": pruned.summary(),
+        "search": args.search, "budget": args.budget, "reps": args.reps, "final_reps": args.final_reps,
+        "timing": f"graph replays up to {c.combo['graph_max_tokens']} tokens, events above" if cuda else "host clock",
+        "gpus": max(1, ngpu) if cuda else 0, "compile_workers": workers,
     }
-    return info, results
-
-
-def write(info: dict, results: list[TokenResult], out_dir: Path, install: bool = False) -> Path:
-    """<out>/configs/<vLLM name>.json (best config per token count) and <out>/tune.json (every trial)."""
-    best = {str(r.tokens): r.best.config for r in results if r.best}
-    detail = {
-        "layer": info,
-        "results": [
-            {"tokens": r.tokens, "default": vars(r.default), "best": vars(r.best) if r.best else None,
-             "trials": [vars(t) for t in r.trials]}
-            for r in results
-        ],
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # first: when no config ran, the trials' errors are what the user needs to read
-    (out_dir / "tune.json").write_text(json.dumps(detail, indent=2, default=str) + "\n")
-    if not best:
-        raise ValueError(f"no candidate config ran correctly: nothing to write (the trials' errors: {out_dir / 'tune.json'})")
-    name = config_file_name(info["E"], info["N"], info["dtype"], info["block_shape"])
-    cfg_dir = out_dir / "configs"
-    cfg_dir.mkdir(parents=True, exist_ok=True)
-    path = cfg_dir / name
-    path.write_text(json.dumps(best, indent=2, sort_keys=True) + "\n")
-    if install:  # merge: keep the installed file's other token counts
-        target = CONFIG_DIR / name
-        merged = json.loads(target.read_text()) if target.exists() else {}
-        merged.update(best)
-        target.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: int(kv[0]))), indent=2) + "\n")
-    return path
-
-
-def summary(results: list[TokenResult]) -> str:
-    """Markdown: per token count, the current config's time, the best config and its speed-up."""
-    lines = ["| tokens | current µs | best µs | speed-up | best config | configs ok / tried |", "|---:|---:|---:|---:|---|---:|"]
-    for r in results:
-        b = r.best
-        ok = sum(1 for t in r.trials if not t.error)
-        if b is None:
-            lines.append(f"| {r.tokens} | {r.default.us:.1f} | – | – | none ran | 0 / {len(r.trials)} |")
-            continue
-        cfg = " ".join(f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={v}" for k, v in b.config.items())
-        speedup = r.default.us / b.us if r.default.us == r.default.us else float("nan")
-        lines.append(f"| {r.tokens} | {r.default.us:.1f} | {b.us:.1f} | {speedup:.2f}x | {cfg} | {ok} / {len(r.trials)} |")
-    return "\n".join(lines)
+    return info, pruned, results, stats, wall

@@ -1,0 +1,167 @@
+"""One layer's experts on one device, checked and timed under a given tile config.
+
+`TokenBench.trial` checks a config against the float32 reference (fresh NaN-filled
+outputs, so a tile that skips rows cannot pass on the last trial's output), then
+times the experts phase: CUDA-graph replays up to runner.graph_max_tokens, as
+`runner.timing=graph` sweeps time decode sizes (eager launches of a few tiny kernels
+time the host), CUDA events above, an L2 flush before each sample.
+
+Legend: T tokens, P top-k, K hidden, I intermediate, E local experts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional, Sequence
+
+import torch
+
+from .. import timing
+from ..kernels.interfaces import QuantSpec
+from ..kernels.reference import TOLERANCE, reference_moe, rel_err
+from ..kernels.triton.config import config_block_shape, config_dtype, default_config, get_config
+from ..workload import make_inputs, reference_expert_fn
+from .space import LayerDims
+from .trials import Trial
+
+
+def build_layer(combo, device):
+    """The one place the tuner gets its layer from (moebench.layer, imported by search.py)."""
+    from . import search
+
+    return search.build_layer(combo, 0, 1, None, device)
+
+
+class LayerBench:
+    """The experts of combination `c` (plan.Combination) on `device`."""
+
+    def __init__(self, c, device: torch.device, warmup: Optional[int] = None):
+        # off the GPU (the interpreter) there is no clock or cache to warm: one call
+        self.c, self.device = c, device
+        self.warmup = warmup if warmup is not None else (3 if device.type == "cuda" else 1)
+        layer = build_layer(c.combo, device)
+        self.ctx, self.kernel = layer.ctx, layer.kernel
+        self.experts, self.shape, self.quant = self.kernel.experts, self.ctx.shape, self.ctx.quant
+        self.tol = TOLERANCE[self.quant.name]
+        self.ref_w = reference_expert_fn(self.shape, self.quant, c.combo["seed"], device)
+        self.kept = range(0, self.ctx.num_local_experts) if self.ctx.simulate_ep > 1 else None
+        self.flush = timing.L2Flusher(device) if device.type == "cuda" else None
+        self.graph_max = c.combo["graph_max_tokens"]
+
+    def at(self, T: int, salt: int = 7) -> "TokenBench":
+        return TokenBench(self, T, salt)
+
+
+def dims_of(combo: dict) -> LayerDims:
+    """The layer's GEMM dimensions from a flat combination (plan.flat_combo), one rank's
+    share of the experts (KernelContext.num_local_experts: local backends, world size 1)."""
+    q = QuantSpec(combo["quant"])
+    return LayerDims(num_experts=combo["num_experts"] // max(1, combo["simulate_ep"]),
+                     intermediate=combo["intermediate"], hidden=combo["hidden"], topk=combo["topk"],
+                     operand_bytes=1 if q.is_fp8 else 2, block_shape=(q.block_n, q.block_k) if q.is_block else None)
+
+
+def baselines_of(dims: LayerDims, quant_name: str, T: int) -> dict[str, dict]:
+    """What the harness runs today at T tokens (an installed file, else the heuristic) and the heuristic."""
+    dt, bs = config_dtype(quant_name), list(dims.block_shape) if dims.block_shape else None
+    E, I, P = dims.num_experts, dims.intermediate, dims.topk
+    return {"current": get_config(E, I, T, dt, bs, P), "heuristic": default_config(T, E, I, dt, bs, P)}
+
+
+class TokenBench:
+    def __init__(self, layer: LayerBench, T: int, salt: int = 7):
+        self.layer, self.T = layer, T
+        L, c, dev = layer, layer.c, layer.device
+        x, w, ids = make_inputs(L.shape, T, c.combo["routing"], c.combo["skew"], c.combo["seed"], 0, salt, dev)
+        self.ref = reference_moe(x, w, ids, L.ref_w, L.kept)
+        self.prepared = L.kernel.pf.prepare(x, w, ids, L.experts.input_quant)
+        dims = L.kernel._dims(self.prepared.x.shape[0])
+        self.ws13, self.ws2, self.out = (torch.empty(s, dtype=L.experts.workspace_dtype, device=dev)
+                                         for s in L.experts.workspace_shapes(*dims))
+        self.final = torch.empty(T, L.shape.hidden, dtype=torch.bfloat16, device=dev)
+        self.graph = dev.type == "cuda" and T <= L.graph_max
+        self.timing = "graph" if self.graph else ("events" if dev.type == "cuda" else "host")
+        self._warm = True  # the first timed config of a batch warms the clock longer
+
+    def rewarm(self) -> None:
+        """The next timed config warms the clock longer (a batch starts after a compile pause)."""
+        self._warm = True
+
+    def use(self, cfg: Optional[dict]) -> None:
+        """The experts run `cfg` (None: their own look-up) from now on: a context of their own
+        with the tile in its options; the layer's shared context is left as it is."""
+        ex, ctx = self.layer.experts, self.layer.ctx
+        ex.ctx = ctx if cfg is None else dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)})
+        ex.__dict__.pop("_config_cache", None)
+
+    def apply(self) -> None:
+        self.layer.experts.apply(self.out, self.prepared, self.ws13, self.ws2)
+
+    def dry_run(self, cfg: dict) -> None:
+        """Run the experts once under cfg (inside compile.Recorder: records what to compile)."""
+        self.use(cfg)
+        self.apply()
+
+    def check(self) -> float:
+        L = self.layer
+        self.out.fill_(float("nan"))
+        self.final.fill_(float("nan"))
+        self.apply()
+        L.kernel.pf.finalize(self.final, self.out, self.prepared, L.experts.finalize_weight_and_reduce())
+        return rel_err(self.final, self.ref)
+
+    def trial(self, cfg: dict, reps: int) -> Trial:
+        """Check cfg, then time it (`reps` samples); errors are caught into the trial."""
+        t0 = time.perf_counter()
+        t = Trial(config=dict(cfg), tokens=self.T, reps=reps, timing=self.timing)
+        try:
+            self.use(cfg)
+            t.rel_err = self.check()
+            if not t.rel_err <= self.layer.tol:
+                t.error = f"incorrect: rel_err {t.rel_err:.3g} > {self.layer.tol:g}"
+            else:
+                s = self._time([self.apply], reps)[0]
+                t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
+        except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
+            t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        t.seconds = time.perf_counter() - t0
+        return t
+
+    def interleaved(self, cfgs: Sequence[dict], reps: int) -> list[Trial]:
+        """The configs' samples interleaved (A B C A B C ...), each checked first."""
+        out, fns = [], []
+        for cfg in cfgs:
+            t = Trial(config=dict(cfg), tokens=self.T, reps=reps, timing=self.timing, phase="final")
+            try:
+                self.use(cfg)
+                t.rel_err = self.check()
+                if not t.rel_err <= self.layer.tol:
+                    t.error = f"incorrect: rel_err {t.rel_err:.3g} > {self.layer.tol:g}"
+            except Exception as e:
+                t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            out.append(t)
+        ok = [t for t in out if not t.error]
+
+        def bound(cfg):
+            ex, ctx = self.layer.experts, self.layer.ctx
+            own = dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)})
+
+            def fn():  # under graph capture this runs once, at capture
+                ex.ctx = own
+                ex.__dict__.pop("_config_cache", None)
+                self.apply()
+            return fn
+
+        if ok:
+            t0 = time.perf_counter()
+            # graph mode captures each callable with its config set: replays need no host work
+            for t, s in zip(ok, self._time([bound(dict(t.config)) for t in ok], reps)):
+                t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
+                t.seconds = (time.perf_counter() - t0) / len(ok)
+        return out
+
+    def _time(self, fns, reps: int) -> list[timing.Samples]:
+        L = self.layer
+        warm_ms = 50.0 if self._warm else 5.0
+        self._warm = False
+        return timing.time_interleaved(fns, L.device, reps, L.warmup, flush=L.flush, graph=self.graph, warmup_ms=warm_ms)

@@ -1,0 +1,180 @@
+"""What a tune writes, and where `--install` puts it.
+
+    <out>/configs/<vLLM name>.json             the winner per measured token count, six
+                                               fields an entry (vLLM passes every field of an
+                                               entry to its kernel: nothing else goes in)
+    <out>/configs/<vLLM stem>.provenance.json  the sidecar: what each entry measured, against
+                                               what, on which kernel and machine
+    <out>/tune.json                            the run: layer, space, budget, per token count
+                                               the search's steps, baselines, finalists
+    <out>/trials.jsonl                         every trial (trials.py)
+
+`--install` merges the entries into kernels/configs/ when the file then covers vLLM's
+batch-size grid, else into kernels/configs/partial/, a folder vLLM never reads (it
+would route every batch size to the nearest entry, however far: vllm_check.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..kernels.triton import config as tconfig
+from .vllm_check import covers_grid, describe_routes
+
+KERNEL_NOTE = ("tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
+               "fused_moe_kernel: same file format and tile semantics, different kernel code (see kernels/configs/README.md)")
+
+
+def environment() -> dict:
+    """The device, library versions and commit a tune ran on (MOEBENCH_GIT_SHA names a copied tree's)."""
+    import torch
+    import triton
+
+    from ..env import git_info
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": dev, "device_name": tconfig.device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, **git_info()}
+
+
+def _num(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _trial(t) -> Optional[dict]:
+    if t is None:
+        return None
+    d = {k: _num(v) for k, v in asdict(t).items() if k not in ("samples", "layer")}
+    return d
+
+
+def stem(name: str) -> str:
+    return name[:-len(".json")] if name.endswith(".json") else name
+
+
+def sidecar_name(name: str) -> str:
+    return stem(name) + ".provenance.json"
+
+
+def _entries(results) -> dict[str, dict]:
+    return {str(r.tokens): {k: int(r.best[k]) for k in tconfig.CONFIG_KEYS} for r in sorted(results, key=lambda r: r.tokens)
+            if r.best is not None}
+
+
+def _provenance(info: dict, results, env: dict) -> dict:
+    per = {}
+    for r in results:
+        if r.best is None:
+            continue
+        h, cur = r.baselines.get("heuristic"), r.baselines.get("current")
+        per[str(r.tokens)] = {
+            "us": _num(r.best_us), "heuristic_us": _num(h.us) if h else None, "current_us": _num(cur.us) if cur else None,
+            "speedup_vs_heuristic": _num(r.speedup("heuristic")), "rel_err_recheck": _num(r.recheck_rel_err),
+            "timed": r.num_timed, "space_size": info["space_size"],
+        }
+    return {"tuner": "moebench tune", "kernel": KERNEL_NOTE, "layer": info, "environment": env, "entries": per}
+
+
+def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> Optional[Path]:
+    """tune.json, and the config file with its sidecar when a config won anywhere
+    (the file's path, else None). `extra`: more top-level fields for tune.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    detail = {"layer": info, **(extra or {}), "results": [
+        {"tokens": r.tokens, "best": r.best, "best_us": _num(r.best_us),
+         "speedup_vs_heuristic": _num(r.speedup("heuristic")), "speedup_vs_current": _num(r.speedup("current")),
+         "timed": r.num_timed, "budget": r.budget, "rungs": r.rungs, "recheck_rel_err": _num(r.recheck_rel_err),
+         "wall_s": _num(r.wall_s), "errors": r.errors,
+         "baselines": {k: _trial(v) for k, v in r.baselines.items()}, "finalists": [_trial(t) for t in r.final]}
+        for r in results]}
+    # first: when no config ran, the trials' errors are what the user needs to read
+    (out_dir / "tune.json").write_text(json.dumps(detail, indent=2, default=str) + "\n")
+    entries = _entries(results)
+    if not entries:
+        return None
+    name = tconfig.config_file_name(info["E"], info["N"], info["dtype"], info["block_shape"])
+    cfg_dir = out_dir / "configs"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    path = cfg_dir / name
+    path.write_text(json.dumps(entries, indent=4) + "\n")
+    env = (extra or {}).get("environment", {})
+    (cfg_dir / sidecar_name(name)).write_text(json.dumps(_provenance(info, results, env), indent=2, default=str) + "\n")
+    return path
+
+
+def tuned_files(out_dir: Path) -> list[Path]:
+    """The config files a tune wrote into out_dir/configs/ (sidecars left out)."""
+    d = Path(out_dir) / "configs"
+    files = sorted(p for p in d.glob("*.json") if not p.name.endswith(".provenance.json")) if d.is_dir() else []
+    if not files:
+        raise ValueError(f"--install-from {out_dir}: no {d}/*.json (give the --out directory of a finished tune)")
+    return files
+
+
+def install(path: Path, log: Callable[[str], None]) -> Path:
+    """Merge a tuned file (and its sidecar) into kernels/configs/ if the merged file
+    covers vLLM's grid, else into kernels/configs/partial/. Returns where it went."""
+    path = Path(path)
+    new = json.loads(path.read_text())
+    top, part = tconfig.CONFIG_DIR / path.name, tconfig.PARTIAL_DIR / path.name
+    merged: dict = {}
+    for old in (part, top):  # a grid file's entries win over a partial one's
+        if old.is_file():
+            merged.update({str(k): v for k, v in tconfig.read_config_file(old).items()})
+    merged.update(new)
+    merged = {k: merged[k] for k in sorted(merged, key=int)}
+    dest = top if covers_grid(merged) else part
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(merged, indent=4) + "\n")
+    side_src = path.with_name(sidecar_name(path.name))
+    if side_src.is_file():
+        side = {}
+        old_side = dest.with_name(sidecar_name(dest.name))
+        if old_side.is_file():
+            side = json.loads(old_side.read_text())
+        fresh = json.loads(side_src.read_text())
+        fresh["entries"] = {**side.get("entries", {}), **fresh.get("entries", {})}
+        old_side.write_text(json.dumps(fresh, indent=2) + "\n")
+    if dest == top and part.is_file():  # superseded
+        part.unlink()
+        side = part.with_name(sidecar_name(part.name))
+        if side.is_file():
+            side.unlink()
+    if dest == part:
+        log(f"installed into {dest.parent} (not kernels/configs/: {len(merged)} token counts do not cover vLLM's grid "
+            f"{list(tconfig.VLLM_BATCH_SIZES)}; vLLM would route {describe_routes([int(k) for k in merged])})")
+    else:
+        log(f"installed {dest}")
+    tconfig._load_configs.cache_clear()
+    return dest
+
+
+def summary(results, space_size: int) -> str:
+    """Markdown: per token count, the baselines' time, the best config and its speed-up."""
+    lines = ["| tokens | heuristic µs | current µs | best µs | vs heuristic | best config | timed / space |",
+             "|---:|---:|---:|---:|---:|---|---:|"]
+    for r in results:
+        h, c = r.baselines.get("heuristic"), r.baselines.get("current")
+        hu = f"{h.us:.1f}" if h is not None and h.ok else "–"
+        cu = f"{c.us:.1f}" if c is not None and c.ok else "–"
+        if r.best is None:
+            lines.append(f"| {r.tokens} | {hu} | {cu} | – | – | none ran | {r.num_timed} / {space_size} |")
+            continue
+        cfg = " ".join(f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={r.best[k]}" for k in tconfig.CONFIG_KEYS)
+        lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {r.speedup():.2f}x | {cfg} | "
+                     f"{r.num_timed} / {space_size} |")
+    return "\n".join(lines)
+
+
+def routing_note(path: Path) -> str:
+    """'' for a file that covers vLLM's grid; else which sizes vLLM would route to its entries."""
+    keys = [int(k) for k in json.loads(Path(path).read_text())]
+    if covers_grid(keys):
+        return ""
+    return (f"{path.name} holds {len(keys)} token count(s) ({', '.join(map(str, sorted(keys)))}); vLLM routes every "
+            f"batch size to the nearest entry: {describe_routes(keys)}. Do not put it in VLLM_TUNED_CONFIG_FOLDER "
+            "unless those sizes should run these tiles (`moebench tune --check-vllm FILE`).")
+

@@ -1,0 +1,109 @@
+"""Stored trials of a tune: one JSON line per timed config, appended as it finishes,
+so an interrupted tune (a killed process, a lease that ran out) resumes where it
+stopped: the search is deterministic given its measurements (strategy.py), and a
+re-run with the same arguments reads the stored ones instead of timing them again.
+
+A trial's identity is (layer, tokens, config, phase, reps, timing): `layer` is the
+combination's key (plan.Combination.key: model, quant, simulate_ep, seed, ...), so a
+store may hold several layers and token grids; a trial of another identity is never
+reused. Several processes (one per GPU) append to one file under an advisory lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .space import config_key
+
+FILE_NAME = "trials.jsonl"
+
+
+@dataclass
+class Trial:
+    """One config timed at one token count (µs); `error` set when it did not run or
+    was incorrect (then `us` is NaN)."""
+
+    config: dict
+    us: float = float("nan")  # median
+    p20: float = float("nan")
+    p80: float = float("nan")
+    rel_err: float = float("nan")
+    error: str = ""
+    samples: list = field(default_factory=list)
+    # identity
+    layer: str = ""
+    tokens: int = 0
+    phase: str = "screen"  # screen | final (interleaved with the other finalists) | baseline
+    reps: int = 0
+    timing: str = ""  # graph | events | host
+    group: str = ""  # final: the finalists' keys, so another final set is not reused
+    seconds: float = float("nan")  # wall time of this trial (check + time)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and math.isfinite(self.us)
+
+    def key(self) -> tuple:
+        return (self.layer, int(self.tokens), config_key(self.config), self.phase, int(self.reps), self.timing, self.group)
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN
+    return v
+
+
+def trial_from_json(d: dict) -> Trial:
+    nan = float("nan")
+    for k in ("us", "p20", "p80", "rel_err", "seconds"):
+        d[k] = nan if d.get(k) is None else float(d[k])
+    known = Trial.__dataclass_fields__
+    return Trial(**{k: v for k, v in d.items() if k in known})
+
+
+class TrialStore:
+    """The trials of one tune directory (FILE_NAME), read once, appended to as they run."""
+
+    def __init__(self, directory: Path, resume: bool = True):
+        self.path = Path(directory) / FILE_NAME
+        self._trials: dict[tuple, Trial] = {}
+        if resume and self.path.is_file():
+            self.reload()
+
+    def reload(self) -> None:
+        self._trials = {}
+        with open(self.path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    t = trial_from_json(json.loads(line))
+                except (ValueError, TypeError):
+                    continue  # a line cut short by a kill: that trial runs again
+                self._trials[t.key()] = t
+
+    def get(self, key: tuple) -> Optional[Trial]:
+        return self._trials.get(key)
+
+    def add(self, t: Trial) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({k: _clean(v) for k, v in asdict(t).items()}) + "\n"
+        with open(self.path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.write(line)
+                f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        self._trials[t.key()] = t
+
+    def __len__(self) -> int:
+        return len(self._trials)
+
+    def select(self, layer: str, tokens: Optional[int] = None) -> Iterable[Trial]:
+        return (t for t in self._trials.values() if t.layer == layer and (tokens is None or t.tokens == tokens))
