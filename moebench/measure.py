@@ -2,6 +2,7 @@
 the ablation's interleaved samples), the phase times and the memory peaks."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -92,14 +93,20 @@ def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: i
     """Median µs per phase over `reps` forwards, each started as the timed samples are
     (barrier, flush, align and `lead` spin cycles: without them a launch-bound phase would
     carry the host's launch latency)."""
+    from .traces.nvtx import sample_range
+
     per_phase: dict[str, list[float]] = {}
     kernel.phases = rec
+    # with NVTX on (trace=nvtx|nsys), each forward in its `sample/<i>` range, so that an Nsight
+    # Systems report of these samples gives per-sample phase figures as a torch trace does
+    nvtx = getattr(rec, "_nvtx", None) is not None
     try:
         start = timing.sample_start(sync.barrier, sync.flush, sync.align, lead)
-        for _ in range(reps):
+        for i in range(reps):
             start()
             rec.reset()
-            fn()
+            with sample_range(i, nvtx=True, record_function=False) if nvtx else nullcontext():
+                fn()
             for name, us in rec.durations_us().items():
                 per_phase.setdefault(name, []).append(us)
     finally:

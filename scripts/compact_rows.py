@@ -28,7 +28,10 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     df = df.sort_values(["combo_key", "tokens_per_rank"]).reset_index(drop=True)
-    return df[sorted(df.columns)]
+    # a column that is null in some files and numeric in others comes back as None or NaN
+    # depending on how the files are concatenated: the same missing value
+    df = df[sorted(df.columns)].astype(object)
+    return df.where(df.notna(), None)
 
 
 def compact(run_dir: Path) -> tuple[int, int]:
