@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="report directory (default: <run>/report)")
     rp.add_argument("--threshold", type=float, default=1.05, help="ratio a change must pass to count (default 1.05)")
     rp.add_argument("--format", default="md", choices=("md",))
+    rp.add_argument("--capacity", action="store_true",
+                    help="how many tokens per rank fit a memory budget, per reduction placement")
+    rp.add_argument("--budget", help="with --capacity: bytes (16GiB) or 'free' (the GPU's memory); default: "
+                    "the budget of the run's rows measured under runner.memory_budget")
 
     cp = sub.add_parser("compare", help="compare two runs (same as report --baseline A --candidate B)")
     cp.add_argument("baseline")
@@ -221,6 +225,12 @@ def main(argv=None) -> int:
 
             if args.cmd == "compare":
                 return report_command(None, args.baseline, args.candidate, args.out, args.threshold, "md")
+            if args.capacity:
+                from .report.capacity import capacity_command
+
+                if not args.run:
+                    raise ValueError("--capacity reports one run: moebench report RUN --capacity")
+                return capacity_command(args.run, args.budget, args.out)
             if not args.run and not (args.baseline and args.candidate):
                 raise ValueError("give a run directory, or --baseline A --candidate B")
             return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format)

@@ -73,6 +73,8 @@ def fingerprint() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        # bytes of GPU 0 (moebench report --capacity --budget free)
+        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None,
     }
     try:
         import triton

@@ -60,12 +60,19 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
     return RankSync(barrier, flush, align, agree)
 
 
-def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device) -> tuple[float, str]:
+def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device,
+          budget_bytes: int = 0) -> tuple[float, str]:
     """(rel_err, reason): the layer's output against the float32 reference on `inputs`, the
-    max over ranks; reason is empty when within the quant's tolerance."""
+    max over ranks; reason is empty when within the quant's tolerance. The reference is
+    computed first, outside runner.memory_budget's cap (`budget_bytes`): the layer's forward
+    runs under it."""
     x, w, ids = inputs
-    y = kernel(x, w, ids)
-    err = rel_err(y, reference_moe(x, w, ids, ref_weights, kept, shared_ref))
+    ref = reference_moe(x, w, ids, ref_weights, kept, shared_ref)
+    kernel.clear_workspaces()  # allocated under the cap, as in the forwards measured after it
+    with memory.capped(device, budget_bytes):
+        y = kernel(x, w, ids)
+    err = rel_err(y, ref)
+    del ref, y
     err = all_max(err if err == err else float("inf"), group, device)
     tol = TOLERANCE[quant]
     return err, ("" if err <= tol else f"rel_err {err:.3g} > {tol:g} ({quant})")

@@ -2,7 +2,8 @@
 buffers allocated outside PyTorch's allocator, e.g. DeepEP's / NVSHMEM's, count)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -28,3 +29,26 @@ def forward_peak_bytes(fn: Callable[[], object], device: torch.device, before_fn
     fn()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - base
+
+
+@contextmanager
+def capped(device: torch.device, budget_bytes: int) -> Iterator[int]:
+    """Cap what the caching allocator may hold on `device` at what it holds now plus
+    `budget_bytes` (runner.memory_budget): an allocation past it raises torch's
+    OutOfMemoryError, as on a GPU that much smaller. Cached blocks are released first, so
+    the cap counts memory in use. Yields the cap in bytes; lifted on exit. 0: no cap."""
+    if not budget_bytes or device.type != "cuda":
+        yield 0
+        return
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    held = torch.cuda.memory_reserved(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    cap = held + int(budget_bytes)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    try:
+        yield cap
+    finally:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1.0, device)

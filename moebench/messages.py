@@ -45,6 +45,7 @@ class RankResult:
     analytic_peak_bytes: float = NAN
     workspace_bytes_peak: float = NAN
     device_bytes_peak: float = NAN
+    memory_cap_bytes: float = NAN  # runner.memory_budget: the allocator's cap (held + budget)
     # derived (moebench/derived.py)
     tflops: float = NAN
     hbm_gbps: float = NAN

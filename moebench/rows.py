@@ -4,19 +4,17 @@ together), per-rank values kept in list columns."""
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 
 from .messages import RankResult
 from .plan import Combination
 from .spec import SCHEMA_VERSION
+from .traces.matched import CRITICAL_SPAN_TIE, critical_rank  # noqa: F401 (rows.critical_rank: its users)
 from .traces.metrics import METHOD_MATCHED
 
 STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine")
-# trace layer spans closer than this (relative) name no critical rank (rows.measured_row)
-CRITICAL_SPAN_TIE = 0.005
 NAN = float("nan")
 # the ablation's overlap_fraction interval (rows.overlap_interval): a 90 % percentile
 # bootstrap over sample indices, with a fixed seed so that a row is reproducible
@@ -93,17 +91,6 @@ def overlap_interval(samples_us, no_shared_samples_us, shared_samples_us) -> tup
     return float(lo), float(hi)
 
 
-def critical_rank(spans: list) -> Optional[int]:
-    """The rank whose layer samples span longest in its trace (µs per rank), or None: one
-    rank, a span missing, or the two longest within CRITICAL_SPAN_TIE of each other."""
-    if len(spans) < 2 or not all(isinstance(s, (int, float)) and s == s for s in spans):
-        return None
-    order = sorted(range(len(spans)), key=lambda i: spans[i], reverse=True)
-    if spans[order[0]] - spans[order[1]] <= CRITICAL_SPAN_TIE * spans[order[0]]:
-        return None
-    return order[0]
-
-
 def empty_measurements() -> dict:
     row = {
         "status": None, "reason": "", "rel_err": NAN,
@@ -117,7 +104,7 @@ def empty_measurements() -> dict:
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
         "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
-        "timing_mode": "", "kernel_us": None, "host_enqueue_us": NAN,
+        "timing_mode": "", "kernel_us": None, "host_enqueue_us": NAN, "memory_cap_bytes": NAN,
     }
     for p in PHASES:
         row[f"{p}_us"] = NAN
@@ -172,7 +159,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
     for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
-              "host_enqueue_us"):
+              "host_enqueue_us", "memory_cap_bytes"):
         row[k] = _max(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):

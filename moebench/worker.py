@@ -64,37 +64,63 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
             yield T, None
             res = RankResult(rank=rank)
             # correct first: fresh random data, compared with the float32 reference
-            if combo.check:
-                inputs = make_inputs(shape, T, *routing, salt=1, device=device)
-                err, why = check(kernel, inputs, ref_weights, kept, shared_ref, quant.name, group, device)
-                res = dataclasses.replace(res, rel_err=err)
-                if why:
-                    yield T, dataclasses.replace(res, status="incorrect", reason=why)
-                    continue
-            inputs = make_inputs(shape, T, *routing, salt=2, device=device)
-            x, w, ids = inputs
-            fn = lambda: kernel(x, w, ids)  # noqa: E731
-            mode = timing_mode(combo, T)
-            with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
-                timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
-            fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
-                      "no_shared_samples_us": timed.no_shared_samples_us,
-                      "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": timed.host_enqueue_us,
-                      **nsys_row}
-            if mode == "profiler":
-                fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
-            if combo.memory:
-                fields.update(memory_figures(kernel, fn, T, device, setup_used, baseline_used))
-            fields.update(derived_figures(routing_counts(kernel, x, w, ids), fields["phases_us"], shape.hidden,
-                                          shape.intermediate, layer.weights.nbytes_per_expert(), quant.act_bytes,
-                                          combo.overlap))
-            if combo.trace == "torch" or (combo.trace == "nsys" and not under_nsys):
-                fields.update(capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs,
-                                            world_size=world_size))
-            fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
+            try:
+                if combo.check:
+                    inputs = make_inputs(shape, T, *routing, salt=1, device=device)
+                    err, why = check(kernel, inputs, ref_weights, kept, shared_ref, quant.name, group, device,
+                                     combo.memory_budget)
+                    res = dataclasses.replace(res, rel_err=err)
+                    del inputs
+                    if why:
+                        yield T, dataclasses.replace(res, status="incorrect", reason=why)
+                        continue
+                inputs = make_inputs(shape, T, *routing, salt=2, device=device)
+                kernel.clear_workspaces()
+                with memory.capped(device, combo.memory_budget) as cap:
+                    fields = _measure(task, kernel, layer, inputs, T, rank, world_size, sync, device, run_dir,
+                                      rec, under_nsys, setup_used, baseline_used)
+            except torch.OutOfMemoryError as e:
+                if not combo.memory_budget or world_size > 1:
+                    raise  # a real OOM: the whole process group goes (its peers wait in a collective)
+                # under runner.memory_budget on one rank: this token count does not fit the budget
+                kernel.clear_workspaces()
+                _release_cached(device)
+                msg = str(e).splitlines()[0][:300]
+                yield T, dataclasses.replace(res, status="oom", reason=(
+                    f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
+                    f"{T} tokens per rank (OutOfMemoryError: {msg})"))
+                continue
+            fields["memory_cap_bytes"] = float(cap) if cap else float("nan")
             yield T, dataclasses.replace(res, **fields)
     finally:
         kernel.close()
+
+
+def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: int, sync, device, run_dir: str,
+             rec, under_nsys: bool, setup_used, baseline_used) -> dict:
+    """One token count's timed samples, phases, memory, derived figures and traces."""
+    combo, shape, quant = task.combo, layer.ctx.shape, layer.ctx.quant
+    x, w, ids = inputs
+    fn = lambda: kernel(x, w, ids)  # noqa: E731
+    mode = timing_mode(combo, T)
+    with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
+        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
+    fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
+              "no_shared_samples_us": timed.no_shared_samples_us,
+              "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": timed.host_enqueue_us,
+              **nsys_row}
+    if mode == "profiler":
+        fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
+    if combo.memory:
+        fields.update(memory_figures(kernel, fn, T, device, setup_used, baseline_used))
+    fields.update(derived_figures(routing_counts(kernel, x, w, ids), fields["phases_us"], shape.hidden,
+                                  shape.intermediate, layer.weights.nbytes_per_expert(), quant.act_bytes,
+                                  combo.overlap))
+    if combo.trace == "torch" or (combo.trace == "nsys" and not under_nsys):
+        fields.update(capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs,
+                                    world_size=world_size))
+    fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
+    return fields
 
 
 def _setup(rank: int, world_size: int, device_kind: str, port: int):

@@ -111,7 +111,7 @@ def test_nsys_phase_times_agree_with_the_torch_trace_of_the_same_combination(ove
     each phase's kernel time per range agrees within 10 %. The nsys report holds the row's phase
     samples (no sample ranges at that commit: its figures are sums over the ranges)."""
     nsys = FIX / f"h200_nsys_triton_{overlap}_T256.sqlite"
-    torch_trace = FIX / f"h200_torch_triton_{overlap}_T256.json.gz"
+    torch_trace = FIX / f"nsys_call_torch_triton_{overlap}_T256.json.gz"
     if not nsys.is_file():
         pytest.skip(MISSING)
     a = summarize(load_traces(nsys)[0]).phases

@@ -19,9 +19,9 @@ import torch
 
 from moebench.traces import nsys as nsys_mod
 from moebench.traces.cli import find_traces, summarize_file, trace_command
+from moebench.traces.markdown import OVERLAP_HEADER, to_markdown
 from moebench.traces.metrics import (
-    METHOD_INTERSECTION, METHOD_STRETCH, OVERLAP_HEADER, PLAIN_NOTE, intersect, length, stretch_aware, summarize,
-    to_markdown, union,
+    METHOD_INTERSECTION, METHOD_STRETCH, PLAIN_NOTE, intersect, length, stretch_aware, summarize, union,
 )
 from moebench.traces.model import ABLATION_PREFIXES, DOMAIN, is_comm_kernel
 from moebench.traces.nsys import (NSYS_MISSING, nsys_available, nsys_capture_stem, nsys_command, nsys_processes,
@@ -676,7 +676,7 @@ def test_matched_overlap_trims_the_wait_for_the_last_rank():
     that wait; trimmed, its collective starts with rank 1's: 50 of its 150 µs of shared
     experts ran beside the transfer (1/3), where the untrimmed figure says 2/3. Rank 1 waited
     for nobody: its figure stands, and it is the row's."""
-    from moebench.traces.metrics import matched_overlap, trim_comm_waits
+    from moebench.traces.matched import matched_overlap, trim_comm_waits
 
     r0 = _rank_trace((100, 400), (100, 250), (1100, 1350), (2000, 2150))
     r1 = _rank_trace((200, 400), (200, 350), (1150, 1350), (2000, 2150))

@@ -139,7 +139,7 @@ def test_matched_overlap_on_real_traces(experts, combo_key):
     the reduce-scatter first, so trimmed, its collectives start with rank 1's; rank 1 waited for
     no collective that ran beside shared experts, so its figure is the row's."""
     from moebench.traces.cli import load_traces
-    from moebench.traces.metrics import matched_overlap, trim_comm_waits
+    from moebench.traces.matched import matched_overlap, trim_comm_waits
 
     traces = [load_traces(FIX / f"h200_allgather_rs_{experts}_combine_rank{r}_T4096.json.gz")[0] for r in (0, 1)]
     trimmed, waits, notes = trim_comm_waits(traces)
@@ -222,7 +222,7 @@ def test_pinned_phase_gpu_us_and_overlap(name):
 
 @pytest.mark.parametrize("experts", sorted(PINNED_MATCHED))
 def test_pinned_matched_overlap(experts):
-    from moebench.traces.metrics import matched_overlap
+    from moebench.traces.matched import matched_overlap
 
     traces = [load_traces(FIX / f"h200_allgather_rs_{experts}_combine_rank{r}_T4096.json.gz")[0] for r in (0, 1)]
     m = matched_overlap(traces)

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Optional
 
 from moebench.traces.cli import load_traces
-from moebench.traces.metrics import matched_overlap, summarize
+from moebench.traces.matched import matched_overlap
+from moebench.traces.metrics import summarize
 
 
 def trace_row(path) -> dict:

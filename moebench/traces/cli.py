@@ -28,7 +28,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from moebench.traces.metrics import TraceSummary, _fmt, matched_overlap, summarize, to_markdown
+from moebench.traces.markdown import _fmt, to_markdown
+from moebench.traces.matched import matched_overlap
+from moebench.traces.metrics import TraceSummary, summarize
 from moebench.traces.model import Trace
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB, nsys_processes, parse_nsys_sqlite
 from moebench.traces.torch_trace import parse_torch_trace
@@ -222,9 +224,9 @@ _RANK_FILE = re.compile(r"rank(\d+)_T(\d+)\.json(?:\.gz)?")
 def ranks_table(folder: str, tokens: str, ranks: dict, matched=None) -> str:
     """One combination's ranks side by side with the figure its row holds: with `matched`
     (metrics.matched_overlap: communication trimmed of the wait for the last rank), the
-    figure of the rank that waited least; else the critical rank's (rows.critical_rank:
+    figure of the rank that waited least; else the critical rank's (traces/matched.py critical_rank:
     the longest layer span; the ranks' mean when the spans tie)."""
-    from moebench.rows import critical_rank
+    from moebench.traces.matched import critical_rank
 
     order = sorted(ranks)
     crit = critical_rank([ranks[r].layer_us for r in order])

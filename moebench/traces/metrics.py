@@ -34,7 +34,7 @@ hidden time is bounded by the intersection; the bound keeps noise (e.g. a comm k
 little shorter in the layer than alone) from reporting hidden time where shared and
 comm kernels never ran together (overlap=none gives 0). `comm_stretch` = median(comm_us)
 / comm_alone_us and `shared_stretch` = median(shared_us) / shared_alone_us.
-Several ranks (`trim_comm_waits`, `matched_overlap`): a collective kernel starts on each
+Several ranks (traces/matched.py `trim_comm_waits`, `matched_overlap`): a collective kernel starts on each
 rank when that rank launches it, and on the rank that arrives first it spins until the
 last one arrives; that wait holds no transfer, and it differs between the layer samples
 and the ablation samples (one rank's figure read 0.13 against its peer's 0.68 in the same
@@ -54,7 +54,6 @@ summary says so (`method` "intersection", a note).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -366,139 +365,3 @@ def summarize(trace: Trace) -> TraceSummary:
 
 
 # -- markdown -----------------------------------------------------------------
-def _fmt(v, digits: int = 1) -> str:
-    return "–" if v is None else f"{v:.{digits}f}"
-
-
-OVERLAP_HEADER = "| overlap of shared experts and communication | µs / fraction |"
-
-
-def overlap_table(s: TraceSummary) -> str:
-    """The overlap figures as a two-column markdown table (medians over samples; module docstring)."""
-    alone = s.method == METHOD_STRETCH
-    na = s.num_ablation_samples
-    counts = f"{s.num_samples or 1} / {na.get('noshared', 0)} / {na.get('shared', 0)}"
-    frac_label = ("stretch-aware: 1 − exposed / shared alone" if alone else
-                  "plain intersection" if s.method == METHOD_INTERSECTION else "–")
-    exposed_label = "window − comm alone" if alone else "shared in layer − intersection"
-    rows = [
-        ("samples: layer / without shared experts / shared experts alone (medians below)", counts),
-        ("shared experts alone (`sample_shared`)", _fmt(s.shared_alone_us)),
-        ("shared experts in the layer", _fmt(s.shared_us)),
-        ("comm alone (`sample_noshared`)", _fmt(s.comm_alone_us)),
-        ("comm in the layer", _fmt(s.comm_us)),
-        ("comm stretch (in layer / alone)", _fmt(s.comm_stretch, 3)),
-        ("window: comm ∪ shared", _fmt(s.window_us)),
-        ("layer sample's GPU span (first kernel start to last end)", _fmt(s.layer_us)),
-        ("intersection: comm ∩ shared", _fmt(s.overlap_us)),
-        (f"exposed ({exposed_label})", _fmt(s.shared_exposed_us)),
-        (f"**trace_overlap_fraction** ({frac_label})", _fmt(s.trace_overlap_fraction, 3)),
-        ("intersection_fraction (intersection / shared in layer)", _fmt(s.intersection_fraction, 3)),
-    ]
-    lines = [OVERLAP_HEADER, "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
-    return "\n".join(lines)
-
-
-def to_markdown(s: TraceSummary) -> str:
-    """The summary as markdown tables (phases, streams, overlap)."""
-    samples = f"{s.num_samples} samples (median)" if s.num_samples else "whole trace"
-    lines = [f"### {s.source}", "", f"format: {s.fmt}; combos: {', '.join(s.combos) or '–'}; {samples}", ""]
-    lines += ["| phase | cpu µs | gpu µs | ranges | kernels |", "|---|---:|---:|---:|---:|"]
-    for p in s.phases.values():
-        lines.append(f"| {p.name} | {_fmt(p.cpu_us)} | {_fmt(p.gpu_us)} | {p.num_ranges} | {p.num_kernels} |")
-    if s.streams:
-        lines += ["", "| stream | kernels (all samples) | busy µs | comm µs | shared µs | phases (µs) |",
-                  "|---|---:|---:|---:|---:|---|"]
-        for st in s.streams:
-            ph = ", ".join(f"{k} {v:.1f}" for k, v in sorted(st.phases.items(), key=lambda kv: -kv[1]))
-            lines.append(f"| {st.lane} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
-                         f"{st.shared_us:.1f} | {ph or '–'} |")
-    lines += ["", overlap_table(s)]
-    for n in s.notes:
-        lines.append(f"\nnote: {n}")
-    return "\n".join(lines) + "\n"
-
-
-# -- several ranks: communication kernels without the wait for the last rank ----------
-
-
-def _sample_key(k) -> Optional[tuple]:
-    if k.sample is not None:
-        return ("sample", k.sample)
-    return ("ablation", *k.ablation) if k.ablation else None
-
-
-def trim_comm_waits(traces: list) -> tuple[list, list, list]:
-    """(traces, wait_us, notes): every rank's trace of one combination and token count, each
-    communication kernel of a sample starting when the last rank's matching kernel started
-    (the i-th by start time within the same layer or ablation sample; module docstring);
-    wait_us: per rank, the time its communication kernels of the layer samples waited for
-    the last rank, summed over the collectives that ran beside shared-expert kernels on
-    some rank (those the overlap is about). A sample whose ranks ran different numbers of communication
-    kernels stays untrimmed, and a note says how many."""
-    per_rank, shared = [], []
-    for t in traces:
-        g: dict = {}
-        sh: dict = {}
-        for k in t.kernels:
-            key = _sample_key(k)
-            if k.comm and key is not None:
-                g.setdefault(key, []).append(k)
-            elif k.shared and key is not None:
-                sh.setdefault(key, []).append((k.start_us, k.end_us))
-        per_rank.append(g)
-        shared.append(sh)
-        for ks in g.values():
-            ks.sort(key=lambda k: k.start_us)
-    starts: dict = {}  # id(kernel) -> trimmed start
-    wait_us = [0.0] * len(traces)
-    unmatched = 0
-    for key in sorted(set().union(*per_rank), key=str):
-        lists = [g.get(key, []) for g in per_rank]
-        if len({len(ks) for ks in lists}) != 1:
-            unmatched += 1
-            continue
-        shared_busy = [union(sh.get(key, [])) for sh in shared]  # per rank, once per sample
-        for i in range(len(lists[0])):
-            last = max(ks[i].start_us for ks in lists)
-            # the collective the overlap is about: one that ran beside shared experts on some rank
-            beside = key[0] == "sample" and any(
-                length(intersect([(ks[i].start_us, ks[i].end_us)], shared_busy[r])) for r, ks in enumerate(lists))
-            for r, ks in enumerate(lists):
-                starts[id(ks[i])] = min(last, ks[i].end_us)
-                if beside:
-                    wait_us[r] += starts[id(ks[i])] - ks[i].start_us
-    notes = [f"{unmatched} samples whose ranks ran different numbers of communication kernels: "
-             "left untrimmed"] if unmatched else []
-    out = [dataclasses.replace(t, kernels=[dataclasses.replace(k, start_us=starts[id(k)]) if id(k) in starts else k
-                                           for k in t.kernels], notes=list(t.notes) + notes) for t in traces]
-    return out, wait_us, notes
-
-
-@dataclass
-class MatchedOverlap:
-    """Several ranks' overlap on communication intervals trimmed of the wait for peers."""
-
-    fraction_per_rank: list  # stretch-aware trace_overlap_fraction of each rank, trimmed
-    wait_us_per_rank: list  # time each rank's communication kernels waited for the last rank
-    critical_rank: int  # the rank that waited least: the layer's critical path
-
-    @property
-    def fraction(self) -> float:
-        return self.fraction_per_rank[self.critical_rank]
-
-
-def matched_overlap(traces: list) -> Optional[MatchedOverlap]:
-    """The overlap figures on communication intervals trimmed of the wait for the other
-    ranks (`trim_comm_waits`, module docstring); None unless there are several traces and
-    every one of them gives the stretch figure."""
-    if len(traces) < 2:
-        return None
-    trimmed, wait_us, _ = trim_comm_waits(traces)
-    out = []
-    for t in trimmed:
-        s = summarize(t)
-        if s.method != METHOD_STRETCH or s.trace_overlap_fraction is None:
-            return None
-        out.append(s.trace_overlap_fraction)
-    return MatchedOverlap(out, wait_us, min(range(len(out)), key=lambda r: wait_us[r]))

@@ -1,0 +1,236 @@
+"""Capacity: how many tokens per rank fit a memory budget, per reduction placement.
+
+For each combination (one line of rows over tokens per rank), a least-squares line
+`peak = intercept + slope * tokens` through its measured ok rows, for the allocator peak of a
+forward (`workspace_bytes_peak`: what the layer allocates above what it held before, the
+figure `runner.memory_budget` caps) and the device-level peak (`device_bytes_peak`: weights,
+buffers and the forward's peak above the context). The largest tokens per rank that fit a
+budget B is floor((B - intercept) / slope) on the workspace line; with budget "free", the
+GPU's memory (env.json) on the device line (the weights and buffers are its intercept). The
+fit's worst residual is reported beside it: a line that does not fit its points predicts
+nothing. Rows measured under `runner.memory_budget` are the confirmation: ok below the
+predicted limit, oom above it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .load import fmt_value
+from .tables import md_table
+
+MIB = 2.0**20
+GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination
+REDUCTION_STYLE = {"experts": "-", "finalize": "--"}
+
+
+@dataclass(frozen=True)
+class Fit:
+    intercept: float  # bytes
+    slope: float  # bytes per token per rank
+    max_residual: float  # the worst |residual| / value over the fitted points
+    points: int
+
+
+def fit_line(tokens, peak_bytes) -> Fit | None:
+    """Least squares through (tokens, bytes); None with fewer than 2 distinct token counts."""
+    t = np.asarray(tokens, dtype=float)
+    y = np.asarray(peak_bytes, dtype=float)
+    keep = np.isfinite(t) & np.isfinite(y)
+    t, y = t[keep], y[keep]
+    if len(np.unique(t)) < 2:
+        return None
+    slope, intercept = np.polyfit(t, y, 1)
+    resid = y - (intercept + slope * t)
+    rel = np.abs(resid) / np.maximum(np.abs(y), 1.0)
+    return Fit(float(intercept), float(slope), float(rel.max()), int(len(t)))
+
+
+def max_tokens(fit: Fit | None, budget: float) -> float:
+    """Largest whole tokens per rank with intercept + slope * tokens <= budget (NaN without a fit)."""
+    if fit is None or not np.isfinite(budget) or fit.slope <= 0:
+        return float("nan")
+    return float(max(0, np.floor((budget - fit.intercept) / fit.slope)))
+
+
+def _label(key: tuple) -> str:
+    model, sim, quant, experts, reduction, knobs = key
+    sim_s = f" EP-{int(sim)} share" if sim and int(sim) > 1 else ""
+    return f"{model}{sim_s} {quant} {experts}" + (f" {knobs}" if knobs else "")
+
+
+def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: float | None = None) -> pd.DataFrame:
+    """One row per combination: the two fits, the tokens that fit `budget` (bytes; workspace
+    line) or, with budget None and `gpu_bytes`, the GPU's memory (device line), and the
+    confirmation rows measured under runner.memory_budget."""
+    df = df.copy()
+    df["knobs"] = df["knobs"].fillna("") if "knobs" in df else ""
+    if "memory_budget" not in df:
+        df["memory_budget"] = 0
+    df["memory_budget"] = pd.to_numeric(df["memory_budget"], errors="coerce").fillna(0)
+    sweep = df[(df["status"] == "ok") & (df["memory_budget"] == 0)]
+    capped = df[df["memory_budget"] > 0]
+    out = []
+    for key, g in sweep.groupby(GROUP, dropna=False, sort=True):
+        ws = fit_line(g["tokens_per_rank"], g["workspace_bytes_peak"])
+        dev = fit_line(g["tokens_per_rank"], g["device_bytes_peak"])
+        if budget is not None:
+            limit, basis = max_tokens(ws, budget), "workspace"
+        else:
+            limit, basis = max_tokens(dev, gpu_bytes if gpu_bytes else float("nan")), "device"
+        conf = capped
+        for col, v in zip(GROUP, key):
+            conf = conf[conf[col].map(fmt_value) == fmt_value(v)]
+        out.append(dict(zip(GROUP, key), line=_label(key), points=len(g),
+                        tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
+                        ws_intercept=ws.intercept if ws else np.nan, ws_slope=ws.slope if ws else np.nan,
+                        ws_resid=ws.max_residual if ws else np.nan,
+                        dev_intercept=dev.intercept if dev else np.nan, dev_slope=dev.slope if dev else np.nan,
+                        dev_resid=dev.max_residual if dev else np.nan, max_tokens=limit, basis=basis,
+                        confirmed=_confirmation(conf, limit)))
+    return pd.DataFrame(out)
+
+
+def _confirmation(conf: pd.DataFrame, limit: float) -> str:
+    """'ok at 61440, oom at 65536' for the capped rows of one combination."""
+    if not len(conf):
+        return ""
+    parts = [f"{r.status} at {int(r.tokens_per_rank)}" for r in conf.sort_values("tokens_per_rank").itertuples()]
+    agree = all((r.status == "ok") == (r.tokens_per_rank <= limit) for r in conf.itertuples()
+                if r.status in ("ok", "oom")) if np.isfinite(limit) else False
+    return ", ".join(parts) + ("" if agree else " (disagrees with the prediction)")
+
+
+def placement_ratios(cap: pd.DataFrame) -> pd.DataFrame:
+    """For each combination measured with both reductions: bytes per token and tokens that fit,
+    reduction=experts over reduction=finalize."""
+    keys = [c for c in GROUP if c != "reduction"]
+    rows = []
+    for key, g in cap.groupby(keys, dropna=False, sort=True):
+        by = g.set_index("reduction")
+        if {"experts", "finalize"} <= set(by.index):
+            e, f = by.loc["experts"], by.loc["finalize"]
+            rows.append(dict(zip(keys, key), line=f.line, saving_per_token=f.ws_slope - e.ws_slope,
+                             slope_ratio=e.ws_slope / f.ws_slope if f.ws_slope else np.nan,
+                             tokens_ratio=e.max_tokens / f.max_tokens if f.max_tokens else np.nan,
+                             experts_tokens=e.max_tokens, finalize_tokens=f.max_tokens))
+    return pd.DataFrame(rows)
+
+
+def _tok(v) -> str:
+    return "-" if not np.isfinite(v) else f"{int(v):,}"
+
+
+def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
+    """The capacity section: a table per combination and one of the placement ratios."""
+    if not len(cap):
+        return "_No combination has ok rows at two or more token counts: nothing to fit._"
+    rows = [[r.line, r.reduction, f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
+             f"{100 * r.ws_resid:.1f}%", f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
+             r.tokens_measured, _tok(r.max_tokens), r.confirmed or "-"] for r in cap.itertuples()]
+    head = ["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",
+            "device intercept MiB", "tokens measured", f"max tokens at {budget_text}", "confirmed (capped run)"]
+    text = md_table(head, rows, ["l", "l"] + ["r"] * 7 + ["l"])
+    ratios = placement_ratios(cap)
+    if len(ratios):
+        rr = [[r.line, f"{r.saving_per_token / 1024:.1f}", f"{r.slope_ratio:.3f}", _tok(r.finalize_tokens),
+               _tok(r.experts_tokens), "-" if not np.isfinite(r.tokens_ratio) else f"{r.tokens_ratio:.2f}×"]
+              for r in ratios.itertuples()]
+        text += "\n\n" + md_table(["combination", "saving KiB / token", "bytes ratio (experts / finalize)",
+                                   "max tokens, finalize", "max tokens, experts", "tokens ratio"], rr,
+                                  ["l"] + ["r"] * 5)
+    return text
+
+
+def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, path) -> Path | None:
+    """Workspace peak (GiB) vs tokens per rank, one panel per model / EP share, a line per
+    experts and placement (solid: reduce in the experts, dashed: in the finalize), the fit
+    dotted, the budget drawn, the capped runs marked (o ok, x oom)."""
+    ok = df[(df["status"] == "ok")].copy()
+    if "memory_budget" in ok:
+        ok = ok[pd.to_numeric(ok["memory_budget"], errors="coerce").fillna(0) == 0]
+    if not len(ok) or not len(cap):
+        return None
+    panels = list(dict.fromkeys(zip(cap["model"], cap["simulate_ep"])))
+    fig = Figure(figsize=(5.2 * len(panels), 4.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=False))
+    colors: dict = {}
+    for ax, (model, sim) in zip(axes, panels):
+        sub = cap[(cap["model"] == model) & (cap["simulate_ep"] == sim)]
+        tmax = 1.0
+        for r in sub.itertuples():
+            color = colors.setdefault((r.quant, r.experts), f"C{len(colors) % 10}")
+            g = ok[(ok["model"] == model) & (ok["simulate_ep"] == sim) & (ok["quant"] == r.quant)
+                   & (ok["experts"] == r.experts) & (ok["reduction"] == r.reduction)
+                   & (ok["knobs"].fillna("") == r.knobs)].sort_values("tokens_per_rank")
+            t = g["tokens_per_rank"].to_numpy(float)
+            tmax = max(tmax, float(t.max()) if len(t) else 1.0)
+            ax.plot(t, g["workspace_bytes_peak"] / 2**30, marker="o", ms=3, color=color,
+                    ls=REDUCTION_STYLE.get(r.reduction, "-"), label=f"{r.quant} {r.experts}, reduce in {r.reduction}")
+            if np.isfinite(r.ws_slope):
+                xs = np.array([0.0, max(tmax, r.max_tokens if np.isfinite(r.max_tokens) else 0) * 1.05])
+                ax.plot(xs, (r.ws_intercept + r.ws_slope * xs) / 2**30, color=color, lw=0.6, ls=":")
+        capped = df[(pd.to_numeric(df.get("memory_budget", 0), errors="coerce").fillna(0) > 0)
+                    & (df["model"] == model) & (df["simulate_ep"] == sim)]
+        for r in capped.itertuples():
+            color = colors.get((r.quant, r.experts), "black")
+            ax.plot([r.tokens_per_rank], [r.memory_budget / 2**30], marker="o" if r.status == "ok" else "x",
+                    ms=7, mfc="none", color=color, ls="none")
+        if budget is not None:
+            ax.axhline(budget / 2**30, color="black", lw=1.0)
+            ax.text(0.01, budget / 2**30, f" budget {budget / 2**30:.0f} GiB", va="bottom", fontsize=8,
+                    transform=ax.get_yaxis_transform())
+        sim_s = f", EP-{int(sim)} share" if sim and int(sim) > 1 else ""
+        ax.set(title=f"{model}{sim_s}", xlabel="tokens per rank", ylabel="workspace peak (GiB)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", title="dotted: fit; on the budget: o ok, x oom",
+                  title_fontsize=7)
+    fig.suptitle("Forward peak vs tokens per rank")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def capacity_command(run: str, budget_text: str | None, out: str | None = None) -> int:
+    """`moebench report RUN --capacity [--budget 16GiB|free]`: capacity.md and capacity.png in
+    the report folder, the table on stdout. Without --budget: the budget the run's capped rows
+    used, else an error (exit 2)."""
+    import sys
+
+    from ..config import parse_bytes
+    from .load import load_run
+
+    df, env = load_run(run)
+    budget = gpu = None
+    if budget_text in (None, ""):
+        budgets = sorted(set(pd.to_numeric(df.get("memory_budget", pd.Series(dtype=float)), errors="coerce")
+                             .dropna()) - {0})
+        if not budgets:
+            raise ValueError("give --budget BYTES (e.g. 16GiB) or --budget free: this run has no rows "
+                             "measured under runner.memory_budget to take one from")
+        budget = float(budgets[0])
+    elif budget_text == "free":
+        gpu = env.get("gpu_memory_bytes")
+        if not gpu:
+            raise ValueError(f"--budget free needs the GPU's memory in {run}/env.json (gpu_memory_bytes): "
+                             "this run's fingerprint lacks it; give --budget BYTES")
+    else:
+        budget = float(parse_bytes(budget_text))
+    cap = capacity_frame(df, budget, gpu)
+    text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {gpu / 2**30:.0f} GiB"
+    body = capacity_markdown(cap, text_budget)
+    root = Path(run) if Path(run).is_dir() else Path(run).parent
+    dest = Path(out) if out else root / "report"
+    dest.mkdir(parents=True, exist_ok=True)
+    png = plot_capacity(df, cap, budget, dest / "capacity.png")
+    doc = [f"# Capacity: {root.name}", f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'}"
+           " line).", body, f"![peak memory vs tokens per rank]({png.name})" if png else "", __doc__.strip()]
+    (dest / "capacity.md").write_text("\n\n".join(d for d in doc if d) + "\n")
+    print(body)
+    print(f"capacity report written to {dest / 'capacity.md'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,77 @@
+"""The capacity view (moebench report RUN --capacity): bytes per token from a line through the
+measured peaks, the tokens per rank that fit a budget, the ratio between placements, the
+capped confirmation rows, and its refusals."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.report.capacity import capacity_frame, fit_line, max_tokens, placement_ratios
+from moebench.report.synthetic import make_row, samples_from, write_run
+
+GIB = 2**30
+TOKENS = (1024, 8192, 32768, 131072)
+# (experts, reduction): (intercept, bytes per token) of the workspace peak
+LINES = {("triton", "experts"): (48e6, 110_000.0), ("triton", "finalize"): (48e6, 211_000.0),
+         ("deepgemm", "experts"): (96e6, 130_000.0), ("deepgemm", "finalize"): (96e6, 231_000.0)}
+
+
+def _rows(noise=0.0, capped=()):
+    rng = np.random.default_rng(0)
+    rows = []
+    for (experts, reduction), (a, b) in LINES.items():
+        for t in TOKENS:
+            peak = (a + b * t) * (1 + noise * rng.normal())
+            rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
+                                 simulate_ep=8, samples_us=samples_from(100, 0.01, 5, rng),
+                                 workspace_bytes_peak=peak, device_bytes_peak=peak + 10 * GIB))
+    for experts, reduction, t, status in capped:
+        rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
+                             simulate_ep=8, status=status, memory_budget=12 * GIB,
+                             samples_us=samples_from(100, 0.01, 5, rng) if status == "ok" else None))
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_a_known_slope_and_intercept():
+    f = fit_line(TOKENS, [5e6 + 3000.0 * t for t in TOKENS])
+    assert f.slope == pytest.approx(3000.0) and f.intercept == pytest.approx(5e6, rel=1e-9)
+    assert f.max_residual < 1e-9 and f.points == 4
+    assert max_tokens(f, 5e6 + 3000.0 * 5000 + 2999) == 5000
+    assert fit_line([1024], [1.0]) is None and np.isnan(max_tokens(None, 1e9))
+
+
+def test_capacity_table_recovers_each_line_and_the_placement_ratio():
+    cap = capacity_frame(_rows(noise=0.002), budget=12 * GIB).set_index(["experts", "reduction"])
+    for key, (a, b) in LINES.items():
+        assert cap.loc[key, "ws_slope"] == pytest.approx(b, rel=0.02)
+        assert cap.loc[key, "max_tokens"] == pytest.approx((12 * GIB - a) / b, rel=0.03)
+        assert cap.loc[key, "ws_resid"] < 0.05  # the small sizes carry the large ones' noise
+    ratios = placement_ratios(cap.reset_index()).set_index("experts")
+    assert ratios.loc["triton", "saving_per_token"] == pytest.approx(101_000.0, rel=0.03)
+    assert ratios.loc["triton", "tokens_ratio"] == pytest.approx(211_000 / 110_000, rel=0.03)
+
+
+def test_capped_rows_confirm_or_contradict_the_prediction():
+    limit = (12 * GIB - 48e6) / 211_000.0  # triton, finalize: ~60 800 tokens
+    good = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 0.97), "ok"),
+                                        ("triton", "finalize", int(limit * 1.03), "oom")]), 12 * GIB)
+    row = good.set_index(["experts", "reduction"]).loc[("triton", "finalize")]
+    assert row["confirmed"].startswith("ok at ") and "oom at" in row["confirmed"] and "disagrees" not in row["confirmed"]
+    bad = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 1.2), "ok")]), 12 * GIB)
+    assert "disagrees" in bad.set_index(["experts", "reduction"]).loc[("triton", "finalize"), "confirmed"]
+
+
+def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _rows(capped=[("triton", "experts", 100_000, "ok")]))
+    assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "KiB / token" in out and "max tokens at 12.0 GiB" in out
+    assert (run / "report" / "capacity.md").is_file() and (run / "report" / "capacity.png").is_file()
+    assert cli.main(["report", str(run), "--capacity"]) == 0  # the capped rows' budget
+    plain = write_run(tmp_path / "plain", _rows())
+    assert cli.main(["report", str(plain), "--capacity"]) == 2
+    assert "give --budget" in capsys.readouterr().err
+    assert cli.main(["report", str(plain), "--capacity", "--budget", "lots"]) == 2
+    assert cli.main(["report", str(plain), "--capacity", "--budget", "free"]) == 2  # env.json has no GPU memory
