@@ -224,7 +224,8 @@ def _load(p: Plugin, load: Callable[[], Any]) -> None:
     if not p.staged and p.module in before:  # imported before discover(): adopt its entries
         for kind, name, cls in list(_active()):
             mod = cls.__module__
-            if (kind, name) not in _OWNER and (mod == p.module or mod.startswith(p.module + ".")):
+            mine = mod == p.module or mod.startswith(p.module + ".")
+            if mine and (kind, name) not in _OWNER and not is_builtin(cls):
                 _table(kind).pop(name)
                 p.staged.append((kind, name, cls))
     p.contract = getattr(sys.modules.get(p.module), "MOEBENCH_CONTRACT", None)

@@ -202,7 +202,8 @@ def env_command(as_json: bool) -> int:
     for p in info["plugins"]:
         where = f"{p['dist']} {p['version']}" if p["dist"] else f"module {p['module']}"
         state = "loaded: " + " ".join(p["entries"]) if p["status"] == "loaded" else f"disabled: {p['reason']}"
-        print(f"  {p['name']:<13} {where}  contract {p['contract']}  {state}")
+        contract = "?" if p["contract"] is None else p["contract"]  # unknown when the import failed
+        print(f"  {p['name']:<13} {where}  contract {contract}  {state}")
     print()
     print(f"entries on this machine (device={device}):")
     for e in entries:

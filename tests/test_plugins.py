@@ -209,7 +209,8 @@ def _axis_pairs(df, axis: str, a: str, b: str) -> list[tuple]:
         if getattr(ca, axis) != a:
             continue
         for cb, rb in rows:
-            if getattr(cb, axis) == b and cb.replace(**{axis: a}) == ca and rb["tokens_per_rank"] == ra["tokens_per_rank"]:
+            same = cb.replace(**{axis: a}) == ca and rb["tokens_per_rank"] == ra["tokens_per_rank"]
+            if getattr(cb, axis) == b and same:
                 pairs.append((ra, rb))
     return pairs
 
@@ -319,3 +320,25 @@ def test_unsound_entries_disable_their_plugin_and_only_it(scratch_registry):
     assert "seed" not in spec.knob_meta()
     assert p.status == "disabled" and "'seed'" in p.reason and "scratch_e" not in reg.EXPERTS
     assert "torch" in reg.EXPERTS and reg.origin("experts", "torch") == "moebench"
+
+
+def test_a_plugin_imported_before_discovery_keeps_its_entries(scratch_registry):
+    """A module imported (its decorators run) before moebench loads it as a plugin: the
+    entries it registered are adopted by the plugin, contract check included."""
+    import types
+
+    from moebench.kernels.experts.torch import TorchExperts
+
+    reg = scratch_registry
+    mod = types.ModuleType("scratch_early")
+    mod.MOEBENCH_CONTRACT = CONTRACT_VERSION
+    sys.modules["scratch_early"] = mod
+    try:
+        reg.register_experts("scratch_early_kernel")(type("F", (TorchExperts,), {"__module__": "scratch_early"}))
+        p = reg.Plugin(name="early", module="scratch_early", dist="early-dist", version="1.2")
+        reg._load(p, lambda: None)
+    finally:
+        sys.modules.pop("scratch_early", None)
+    assert p.status == "loaded" and p.entries == [("experts", "scratch_early_kernel")]
+    assert reg.origin("experts", "scratch_early_kernel") == "early-dist 1.2"
+    assert reg.origin("experts", "torch") == "moebench"
