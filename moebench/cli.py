@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list the combinations a sweep would run, with validity")
     ls.add_argument("overrides", nargs="*")
     ls.add_argument("--sweep", default="default")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")
+    ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")
 
     rp = sub.add_parser("report", help="markdown report + plots of a run, or a baseline comparison")
     rp.add_argument("run", nargs="?")
@@ -103,14 +104,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _list(args) -> int:
+    from . import plugins
     from .plan import plan
 
+    if args.knobs:
+        print("\n".join(plugins.knob_lines()))
+        return 0
     combos, _ = plan(args.overrides, args.sweep)
+    for line in plugins.problems():
+        print(f"moebench list: {line}", file=sys.stderr)
     if args.json:
-        print(json.dumps([{
-            "key": c.key, "label": c.label, "overrides": c.overrides, "status": "skipped" if c.reason else "valid",
-            "reason": c.reason, "tokens": c.tokens, "skipped_tokens": {str(k): v for k, v in c.token_reasons.items()},
-        } for c in combos], indent=2))
+        print(json.dumps([plugins.combo_record(c) for c in combos], indent=2))
         return 0
     valid = [c for c in combos if not c.reason]
     for c in combos:
@@ -118,8 +122,11 @@ def _list(args) -> int:
         extra = f"  ({c.reason})" if c.reason else ""
         if c.token_reasons and not c.reason:
             extra = "  (skipped tokens: " + "; ".join(f"{t}: {r}" for t, r in c.token_reasons.items()) + ")"
-        print(f"{state} {c.label}{extra}")
+        print(f"{state} {c.label}{plugins.origin_tag(c)}{extra}")
     print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")
+    lines = plugins.summary()
+    if lines:
+        print("\nplugins:\n" + "\n".join(f"  {line}" for line in lines))
     return 0
 
 

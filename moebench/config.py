@@ -51,7 +51,8 @@ def _registered(group: str) -> set[str]:
     from .kernels import registry
 
     registry.discover()
-    return set(registry.BACKENDS if group == "backend" else registry.EXPERTS)
+    disabled = {name for kind, name in registry.DISABLED if kind == group}  # their rows say why
+    return set(registry.BACKENDS if group == "backend" else registry.EXPERTS) | disabled
 
 
 def group_options(group: str) -> list[str]:
@@ -65,7 +66,12 @@ def _group_node(group: str, option: str):
         return OmegaConf.load(path)
     if option in _registered(group):  # an entry registered from outside: its knobs are its config
         return OmegaConf.create({"name": option})
-    raise ValueError(f"unknown {group}={option!r}; valid options: {', '.join(group_options(group))}")
+    hint = ""
+    if group in ("backend", "experts"):  # the option may be a broken plugin's (docs/plugins.md)
+        from .plugins import problems
+
+        hint = "".join(f"; {line}" for line in problems())
+    raise ValueError(f"unknown {group}={option!r}; valid options: {', '.join(group_options(group))}{hint}")
 
 
 @lru_cache(maxsize=1)

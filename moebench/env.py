@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 
+from .kernels import CONTRACT_VERSION
 from .paths import REPO_ROOT
 
 LIBRARIES = {
@@ -102,7 +103,16 @@ def fingerprint() -> dict:
     info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
     info.update(git_info())
     info.update(profiler_info())
+    info["plugins"] = plugin_info()
     return info
+
+
+def plugin_info() -> list[dict]:
+    """Every plugin found (docs/plugins.md): name, module, distribution and version, the contract
+    it declares, loaded or disabled with the reason, and its entries."""
+    from .kernels import registry
+
+    return [p.as_dict() for p in registry.plugins()]
 
 
 def profiler_info() -> dict:
@@ -144,13 +154,20 @@ def usable_entries(device: str, world_size: int) -> list[dict]:
                 combo["quant"] = "fp8_block"
             if kind == "backend" and name.startswith("local"):
                 combo["world_size"] = 1
-            out.append({"kind": kind, "name": name, "layout": cls.activation_format.value, "reason": cls.supports(combo)})
+            out.append({"kind": kind, "name": name, "layout": cls.activation_format.value,
+                        "origin": registry.origin(kind, name), "reason": registry.ask(kind, name, "supports", combo)})
+    for (kind, name), p in sorted(registry.DISABLED.items()):
+        if name not in (registry.BACKENDS if kind == "backend" else registry.EXPERTS):
+            out.append({"kind": kind, "name": name, "layout": "?", "origin": p.origin,
+                        "reason": registry.unavailable(kind, name)})
     for group, name in (("backend", p.stem) for p in sorted((REPO_ROOT / "conf" / "backend").glob("*.yaml"))):
         if name not in registry.BACKENDS:
-            out.append({"kind": "backend", "name": name, "layout": "?", "reason": "no implementation in this build yet"})
+            out.append({"kind": "backend", "name": name, "layout": "?", "origin": "",
+                        "reason": "no implementation in this build yet"})
     for name in (p.stem for p in sorted((REPO_ROOT / "conf" / "experts").glob("*.yaml"))):
         if name not in registry.EXPERTS:
-            out.append({"kind": "experts", "name": name, "layout": "?", "reason": "no implementation in this build yet"})
+            out.append({"kind": "experts", "name": name, "layout": "?", "origin": "",
+                        "reason": "no implementation in this build yet"})
     return out
 
 
@@ -183,8 +200,16 @@ def env_command(as_json: bool) -> int:
                 "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)"}
     print(f"  nvtx ranges   {api + ' (' + recorded.get(api, '') + ')' if api else 'none: no CUDA and no nvtx package'}")
     print()
+    print(f"plugins (contract {CONTRACT_VERSION}; docs/plugins.md):" + ("" if info["plugins"] else " none"))
+    for p in info["plugins"]:
+        where = f"{p['dist']} {p['version']}" if p["dist"] else f"module {p['module']}"
+        state = "loaded: " + " ".join(p["entries"]) if p["status"] == "loaded" else f"disabled: {p['reason']}"
+        contract = "?" if p["contract"] is None else p["contract"]  # unknown when the import failed
+        print(f"  {p['name']:<13} {where}  contract {contract}  {state}")
+    print()
     print(f"entries on this machine (device={device}):")
     for e in entries:
         state = "usable" if not e["reason"] else f"not usable: {e['reason']}"
-        print(f"  {e['kind']:<8} {e['name']:<20} {e['layout']:<9} {state}")
+        where = f"  [{e['origin']}]" if e["origin"] not in ("moebench", "") else ""
+        print(f"  {e['kind']:<8} {e['name']:<20} {e['layout']:<9} {state}{where}")
     return 0

@@ -142,9 +142,9 @@ def validate(combo: Combo) -> Optional[str]:
     registry.discover()
     b, e = combo.backend, combo.experts
     if b not in registry.BACKENDS:
-        return f"backend={b} has no implementation registered in this build"
+        return registry.unavailable("backend", b)
     if e not in registry.EXPERTS:
-        return f"experts={e} has no implementation registered in this build"
+        return registry.unavailable("experts", e)
     B, X = registry.BACKENDS[b], registry.EXPERTS[e]
     if B.activation_format != X.activation_format:
         return (f"layouts differ: backend={b} produces the {B.activation_format.value} layout, "
@@ -172,8 +172,8 @@ def validate(combo: Combo) -> Optional[str]:
         return "timing=profiler reports GPU kernel durations: it needs CUDA"
     if combo.memory_budget and combo.device != "cuda":
         return "runner.memory_budget caps the CUDA caching allocator: it needs CUDA"
-    for cls in (B, X):
-        reason = cls.supports(combo)
+    for kind, name in (("backend", b), ("experts", e)):
+        reason = registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
         if reason:
             return reason
     return None
@@ -212,7 +212,7 @@ def validate_tokens(combo: Combo, tokens: int) -> Optional[str]:
         why = graph_capturable(combo)
         if why:
             return f"timing=graph: {why}; use runner.timing=auto or events"
-    return registry.get_backend(combo.backend).token_limit(combo, tokens)
+    return registry.ask("backend", combo.backend, "token_limit", combo, tokens)
 
 
 def _ranks_available(device: str) -> int:

@@ -31,6 +31,14 @@ def identity(c: Combination, tokens: int) -> dict:
             "overrides": " ".join(c.overrides)}
 
 
+def provenance(c: Combination) -> dict:
+    """Where the combination's backend and experts come from: 'moebench', or a plugin's
+    'distribution version' ('module name' for MOEBENCH_PLUGIN_MODULES); docs/plugins.md."""
+    from .kernels import registry
+
+    return {f"{kind}_origin": registry.origin(kind, getattr(c.combo, kind)) for kind in ("backend", "experts")}
+
+
 def _elementwise_max(lists: list[list[float]]) -> list[float]:
     n = min(len(x) for x in lists)
     return [max(x[i] for x in lists) for i in range(n)]
@@ -114,7 +122,7 @@ def empty_measurements() -> dict:
 def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dict, rel_err: float = NAN) -> dict:
     """A row without measurements (skipped / failed / timeout / oom)."""
     assert status in STATUSES, status
-    row = {**identity(c, tokens), **empty_measurements(), **per_rank_columns(0), **meta}
+    row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(0), **meta}
     row.update(status=status, reason=reason, rel_err=rel_err)
     return row
 
@@ -129,7 +137,7 @@ def per_rank_columns(n: int) -> dict:
 
 def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dict) -> dict:
     """Aggregate the per-rank results of one (combination, tokens)."""
-    row = {**identity(c, tokens), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
+    row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
     row["rel_err"] = _max(ranks, "rel_err")
     bad = [r for r in ranks if r.status != "ok"]
     if bad:

@@ -108,7 +108,9 @@ GROUPS = tuple(_BASE_SCHEMAS)
 def group_schemas() -> dict:
     """Each group's dataclass; backend and experts with a field per registered knob."""
     from .kernels import registry
+    from .spec import knob_meta
 
+    knob_meta()  # first disables the plugins whose knobs are named like moebench's own fields
     out = dict(_BASE_SCHEMAS)
     for group in ("backend", "experts"):
         base = _BASE_SCHEMAS[group]

@@ -13,6 +13,7 @@ from typing import Optional
 from . import env as envmod
 from .launch import Finished, Launcher
 from .plan import Combination, default_runs_dir, plan, run_name
+from .plugins import problems as plugin_problems
 from .rows import measured_row, outcome_row
 from .store import RunStore
 from .timing import NOISY_SPREAD
@@ -135,6 +136,8 @@ def execute(
         f"moebench: {len(combos)} combinations, {len(work)} to run, "
         f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
     )
+    for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs
+        log(f"moebench: {line}")
     if any(c.combo.trace == "nsys" and not c.reason for c in combos):
         from .traces.nsys import NSYS_MISSING, nsys_available
 

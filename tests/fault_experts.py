@@ -17,6 +17,7 @@ from moebench.kernels.experts.torch import TorchExperts
 from moebench.kernels.interfaces import Knob
 from moebench.kernels.registry import register_experts
 
+MOEBENCH_CONTRACT = 1  # the plugin contract this module follows (docs/plugins.md)
 FAULTS = ("none", "sleep", "raise", "kill", "hang_collective", "stuck_rank", "oom", "desync", "wrong", "gpu_hang")
 
 
