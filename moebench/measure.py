@@ -127,7 +127,6 @@ class Timed:
     no_shared_samples_us: Optional[list]
     shared_samples_us: Optional[list]
     phases_us: dict
-    host_enqueue_us: float  # the host's time to enqueue one eager forward (NaN on the CPU)
 
 
 def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool) -> Timed:
@@ -138,15 +137,23 @@ def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, gr
     fns = [fn]
     if kernel.shared is not None:
         fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]
-    # measured before the timed samples (it idles the GPU ~60 ms, which their warm-up undoes):
-    # an eager forward whose enqueue takes about its latency times the host, not the GPU
-    host_us = timing.host_enqueue_us(fn, device) if device.type == "cuda" else float("nan")
     lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
     timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,
                                     align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree)
     phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else {}
     shared = kernel.shared is not None
-    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases, host_us)
+    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases)
+
+
+def host_enqueue(kernel: MoEKernel, inputs, device) -> float:
+    """µs the host takes to enqueue one eager forward while the GPU is busy (NaN on the CPU):
+    an eager forward whose enqueue takes about its latency times the host, not the GPU.
+    Measure it before the timed samples (it idles the GPU ~60 ms, which their warm-up undoes)
+    and outside an nsys capture (its spin kernels would land in the report)."""
+    if device.type != "cuda":
+        return float("nan")
+    x, w, ids = inputs
+    return timing.host_enqueue_us(lambda: kernel(x, w, ids), device)
 
 
 def memory_figures(kernel: MoEKernel, fn, tokens: int, device, setup_used, baseline_used) -> dict:

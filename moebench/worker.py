@@ -20,7 +20,7 @@ from .capture import capture_trace, make_recorder, nsys_capture, profiled_phases
 from .derived import derived_figures, routing_counts
 from .kernels import registry
 from .layer import build_layer
-from .measure import check, memory_figures, rank_sync, time_layer
+from .measure import check, host_enqueue, memory_figures, rank_sync, time_layer
 from .messages import Done, Error, Exited, RankResult, Result, Started, Task
 from .plan import timing_mode
 from .workload import make_inputs, reference_expert_fn
@@ -103,11 +103,12 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     x, w, ids = inputs
     fn = lambda: kernel(x, w, ids)  # noqa: E731
     mode = timing_mode(combo, T)
+    host_us = host_enqueue(kernel, inputs, device)
     with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
         timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
     fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
               "no_shared_samples_us": timed.no_shared_samples_us,
-              "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": timed.host_enqueue_us,
+              "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
               **nsys_row}
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))

@@ -41,7 +41,7 @@ def _window(trace: Trace, sample: Optional[int]):
 
     With samples: one sample (the median-duration one unless given); its GPU
     activities' span when it has any (the GPU may lag the CPU by far), else its
-    CPU range. Without samples: the whole trace.
+    CPU range. Without samples: the kernels launched inside phase ranges, else the whole trace.
     """
     samples = trace.sample_ranges()
     if samples:
@@ -58,6 +58,13 @@ def _window(trace: Trace, sample: Optional[int]):
             label = f"sample {idx} of {len(samples)}, GPU time"
             return min(k.start_us for k in ks), max(k.end_us for k in ks), label, idx
         return r.start_us, r.end_us, f"sample {idx} of {len(samples)}", idx
+    # no samples (an nsys report of a row's timed work): the span of the kernels launched
+    # inside a phase range, so that what ran outside the layer (a timing harness's spin
+    # kernels, a warm-up) does not squeeze it into a corner
+    phased = [k for k in trace.kernels if k.phases]
+    if phased:
+        return (min(k.start_us for k in phased), max(k.end_us for k in phased),
+                "the kernels inside phase ranges", None)
     t0 = trace.t0_us()
     ends = [r.end_us for r in trace.ranges] + [k.end_us for k in trace.kernels]
     return t0, max(ends) if ends else t0 + 1.0, "whole trace", None
