@@ -42,21 +42,23 @@ class RankSync:
 def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
     """barrier / flush / align / agree on this rank of `group`, as the harness starts its
     samples (benchmarks/ use it too)."""
-    barrier = align = agree = None
-    if group is not None:
-        def barrier():
-            if device.type == "cuda":
-                dist.barrier(group=group, device_ids=[device.index])
-            else:
-                dist.barrier(group=group)
-
-        agree = lambda v: all_max(v, group, device)  # noqa: E731
-        if device.type == "cuda":
-            # a one-element all-reduce on the GPU: the ranks' devices leave it together, so
-            # each sample's start event fires at the same moment on every rank
-            one = torch.zeros(1, device=device)
-            align = lambda: dist.all_reduce(one, group=group)  # noqa: E731
     flush = timing.L2Flusher(device) if device.type == "cuda" and l2_flush else None
+    if group is None:
+        return RankSync(None, flush, None, None)
+
+    def barrier():
+        if device.type == "cuda":
+            dist.barrier(group=group, device_ids=[device.index])
+        else:
+            dist.barrier(group=group)
+
+    align = None
+    agree = lambda v: all_max(v, group, device)  # noqa: E731
+    if device.type == "cuda":
+        # a one-element all-reduce on the GPU: the ranks' devices leave it together, so
+        # each sample's start event fires at the same moment on every rank
+        one = torch.zeros(1, device=device)
+        align = lambda: dist.all_reduce(one, group=group)  # noqa: E731
     return RankSync(barrier, flush, align, agree)
 
 
