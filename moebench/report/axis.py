@@ -117,9 +117,7 @@ def compare_axis(df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, al
     cmp = compare_pairs(base, cand, bk, ck, threshold, alpha, shown="cand", axis=axis)
     m = cmp.matched
     if len(m):
-        first_b = {k: i for i, k in reversed(list(enumerate(bk)))}
-        bi = [first_b[k] for k in ck if k in first_b]
-        b_ident = base.iloc[bi][SHOWN_COLUMNS + ["knobs"]].reset_index(drop=True)
+        b_ident = base.iloc[[i for i, _ in cmp.pairs]][SHOWN_COLUMNS + ["knobs"]].reset_index(drop=True)
         for col in SHOWN_COLUMNS + ["knobs"]:
             if col in ("tokens_per_rank", "timing_mode"):
                 continue
@@ -127,7 +125,7 @@ def compare_axis(df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, al
             differs = bv != cv
             if differs.any():
                 m[col] = m[col].astype(object)
-                m.loc[differs, col] = [f"{x}→{y}" for x, y in zip(bv[differs], cv[differs])]
+                m.loc[differs, col] = [f"{x or '-'}→{y or '-'}" for x, y in zip(bv[differs], cv[differs])]
         from .load import combo_labels
 
         m["label"] = combo_labels(m).values

@@ -35,7 +35,8 @@ def _fail_on(fail_on) -> tuple[str, ...]:
 
 
 def _finish(doc, path: Path, fmt: str) -> int:
-    print(stdout_text(doc, fmt))
+    text = stdout_text(doc, fmt)
+    print(text, end="" if text.endswith("\n") else "\n")
     print(f"report written to {path}", file=sys.stderr)
     if doc.code:
         why = doc.data.get("verdict", {}).get("why", [])

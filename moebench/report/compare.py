@@ -75,6 +75,7 @@ class Comparison:
     cand_env: dict = field(default_factory=dict)
     baseline_name: str = "baseline"
     candidate_name: str = "candidate"
+    pairs: list = field(default_factory=list, repr=False)  # (baseline row, candidate row) per matched row
 
     def counts(self) -> dict[str, int]:
         """Number of matched rows per verdict (all verdicts present, zeros included)."""
@@ -157,16 +158,18 @@ def _workspace(row: dict, side: str) -> float:
 def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, cand_keys: pd.Series,
                   threshold: float = 1.05, alpha: float = 0.05, min_samples: int = MIN_SAMPLES,
                   shown: str = "cand", axis: Optional[Axis] = None) -> Comparison:
-    """Pair each candidate row with the baseline row of the same key (keys: one text per
-    row, aligned with the frames' rows; a baseline key may meet several candidate rows)
-    and give each pair a verdict (module doc). ``shown`` names the side whose identity
+    """Pair each candidate row with every baseline row of the same key (keys: one text per
+    row, aligned with the frames' rows; two runs' keys are unique per side, an axis's may
+    not be) and give each pair a verdict (module doc). ``shown`` names the side whose identity
     columns the matched rows show."""
     if not threshold >= 1.0:
         raise ValueError(f"threshold must be a factor >= 1 (e.g. 1.05 for 5%), got {threshold}")
     base, cand = base.reset_index(drop=True), cand.reset_index(drop=True)
     bk, ck = pd.Series(base_keys).reset_index(drop=True), pd.Series(cand_keys).reset_index(drop=True)
-    first_b = {k: i for i, k in reversed(list(enumerate(bk)))}
-    pairs = [(first_b[k], j) for j, k in enumerate(ck) if k in first_b]
+    by_key: dict = {}
+    for i, k in enumerate(bk):
+        by_key.setdefault(k, []).append(i)
+    pairs = [(i, j) for j, k in enumerate(ck) for i in by_key.get(k, ())]
     bi = [p[0] for p in pairs]
     ci = [p[1] for p in pairs]
     ident = (cand if shown == "cand" else base).iloc[ci if shown == "cand" else bi]
@@ -196,7 +199,7 @@ def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, 
     matched["label"] = combo_labels(matched).values if len(matched) else []
     only_b = base[~bk.isin(set(ck))].reset_index(drop=True)
     only_c = cand[~ck.isin(set(bk))].reset_index(drop=True)
-    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled)
+    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled, pairs=pairs)
 
 
 def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: float = 1.05,

@@ -32,15 +32,20 @@ def why_nothing_matched(cmp: Comparison) -> str:
                 f"{cmp.axis.field}={cmp.axis.b} that agrees in every other identity field")
     if not len(b) or not len(c):
         return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
-    diffs = []
+    disjoint, differ = [], []
     for col in [*COMBO_COLUMNS, *EXTRA_COMBO_COLUMNS, "tokens_per_rank"]:
         if col in PER_ROW_COLUMNS or col not in b.columns or col not in c.columns:
             continue
         vb, vc = set(b[col].map(fmt_value)), set(c[col].map(fmt_value))
         if vb != vc:
-            diffs.append(f"{col} ({', '.join(sorted(vb))} vs {', '.join(sorted(vc))})")
-    where = ("; the runs differ in " + ", ".join(diffs[:4])) if diffs else \
-        "; their identity columns agree, so the keys differ in a field the rows do not show (moebench/spec.py)"
+            text = f"{col} ({', '.join(sorted(vb))} vs {', '.join(sorted(vc))})"
+            (disjoint if not vb & vc else differ).append(text)
+    if disjoint:
+        where = "; the runs share no value of " + ", ".join(disjoint[:3])
+    elif differ:
+        where = "; the runs differ in " + ", ".join(differ[:4])
+    else:
+        where = "; their identity columns agree, so the keys differ in a field the rows do not show (moebench/spec.py)"
     return f"no row matched: the combination keys of the two runs never meet{where}"
 
 
