@@ -141,6 +141,9 @@ def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
               _image(plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
                      "baseline and candidate latency"),
               "## Memory", mem.markdown(),
+              _image(plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
+                     if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any() else None,
+                     "workspace change per row"),
               f"## Only in {cmp.baseline_name}", only_b.markdown(),
               f"## Only in {cmp.candidate_name}", only_c.markdown()]
     data = {"verdict": verdict_record(cmp, code, why), "verdict_lines": verdict, "data_quality": quality,

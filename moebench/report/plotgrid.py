@@ -116,6 +116,17 @@ def tokens_axis(ax, tokens) -> None:
         ax.set_xlim(tokens[0] / 1.5, tokens[0] * 1.5)
 
 
+def value_axis(ax, values, label: str) -> None:
+    """A y axis for positive values: log with plain numbers when they span 4x or more,
+    linear otherwise (a log axis over a narrow range shows one or two ticks)."""
+    v = np.asarray(pd.to_numeric(pd.Series(list(values)), errors="coerce"), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    ax.set_ylabel(label)
+    if len(v) and v.max() / v.min() >= 4:
+        ax.set_yscale("log")
+        plain_log(ax.yaxis)
+
+
 def plain_log(axis) -> None:
     """Plain numbers (60, 200) rather than 6x10^1 on a log axis, minor ticks included."""
     axis.set_major_formatter(LogFormatter(labelOnlyBase=False))

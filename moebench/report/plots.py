@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from .load import PHASE_COLUMNS, latest_rows
-from .plotgrid import MARKERS, grid, legends, panels, plain_log, save, tokens_axis
+from .plotgrid import MARKERS, grid, legends, panels, save, tokens_axis, value_axis
 from .plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
 
 MIB = 1024.0 * 1024.0
@@ -57,8 +57,8 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
             else:
                 ax.plot(t, s["latency_us_median"], "o", ms=3.5, color=color)
         tokens_axis(ax, ok["tokens_per_rank"])
-        ax.set(yscale="log", title=title, xlabel="tokens per rank", ylabel="latency µs (median, band p20–p80)")
-        plain_log(ax.yaxis)
+        ax.set(title=title, xlabel="tokens per rank")
+        value_axis(ax, pd.concat([g["latency_us_p20"], g["latency_us_p80"]]), "latency µs (median, band p20–p80)")
         ax.grid(True, which="both", alpha=0.3)
     extra = []
     if len(modes) > 1:
@@ -177,8 +177,8 @@ def plot_workspace(df: pd.DataFrame, path) -> Path | None:
             ax.plot(t, s["workspace_bytes_peak"] / MIB, color=color, marker=MARKERS[j % 10], ms=4, label=lab)
             ax.plot(t, s["workspace_bytes_analytic"] / MIB, color=color, ls=":", lw=1.2, alpha=0.8)
         tokens_axis(ax, ok["tokens_per_rank"])
-        ax.set(yscale="log", title=title, xlabel="tokens per rank", ylabel="workspace MiB")
-        plain_log(ax.yaxis)
+        ax.set(title=title, xlabel="tokens per rank")
+        value_axis(ax, pd.concat([g["workspace_bytes_peak"], g["workspace_bytes_analytic"]]) / MIB, "workspace MiB")
         ax.grid(True, which="both", alpha=0.3)
     keys = [(Line2D([], [], color="k", marker="o", ms=4), "allocator peak"),
             (Line2D([], [], color="k", ls=":"), "analytic (declared)")]

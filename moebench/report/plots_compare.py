@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
@@ -12,7 +13,7 @@ from matplotlib.lines import Line2D
 from .compare import Comparison
 from .compare_tables import fmt_change, pair_order
 from .load import fmt_value
-from .plotgrid import grid, legends, panels, plain_log, save, tokens_axis
+from .plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from .stats import pct
 
 VERDICT_COLORS = {"slower": "tab:red", "faster": "tab:green"}
@@ -28,13 +29,29 @@ def _bar_color(r: dict) -> str:
     return NO_CHANGE
 
 
-def plot_comparison(cmp: Comparison, path) -> Path | None:
-    """Horizontal bars of the change in median latency (%) per pair with its 95 %
-    interval and the value printed, a panel per model (and backend), rows in combination
-    then token order; red slower / green faster past the threshold (dashed), pale where
-    significant under it, grey no change; broken and skipped rows named without a bar."""
+MEM_COLORS = {"larger": "tab:red", "smaller": "tab:green"}
+
+
+def _bars_frame(cmp: Comparison, what: str):
+    """The rows a bar chart draws: `_r`, `_lo`, `_hi` (ratios) and `_color` per pair."""
     m = cmp.matched[cmp.matched["verdict"] != "n/a"]
-    if not len(m):
+    if what == "workspace":
+        m = m[np.isfinite(m["mem_ratio"].astype(float))]
+        return m.assign(_r=m["mem_ratio"], _lo=np.nan, _hi=np.nan,
+                        _color=[MEM_COLORS.get(v, NO_CHANGE) for v in m["mem_verdict"]])
+    return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"],
+                    _color=[_bar_color(r) for r in m.to_dict("records")])
+
+
+def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None:
+    """Horizontal bars of the change (%) per pair, a panel per model (and backend), rows in
+    combination then token order, the value printed; the threshold dashed. ``what``:
+    "latency" (the median's change with its 95 % interval; red slower / green faster past
+    the threshold, pale where significant without a verdict, grey no change; broken and
+    skipped rows named without a bar) or "workspace" (the allocator peak, deterministic:
+    red larger / green smaller past the threshold)."""
+    m = _bars_frame(cmp, what)
+    if not len(m) or (what == "workspace" and not np.isfinite(m["_r"].astype(float)).any()):
         return None
     m = pair_order(m)
     p = panels(m.assign(_pair=np.arange(len(m))), series_key="_pair", max_series=10 ** 6, fallback="")
@@ -42,9 +59,9 @@ def plot_comparison(cmp: Comparison, path) -> Path | None:
     fig = Figure(figsize=(10, 0.32 * sum(sizes) + 1.1 * len(sizes) + 1.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[s + 1.5 for s in sizes])).ravel()
     lo_t, hi_t = pct(1 / cmp.threshold), pct(cmp.threshold)
-    finite = m[np.isfinite(m["ratio"].astype(float))]
-    ends = np.concatenate([finite["ratio"].map(pct), finite["ci_lo"].map(pct).dropna(),
-                           finite["ci_hi"].map(pct).dropna(), [lo_t, hi_t]])
+    finite = m[np.isfinite(m["_r"].astype(float))]
+    ends = np.concatenate([finite["_r"].map(pct), finite["_lo"].map(pct).dropna(),
+                           finite["_hi"].map(pct).dropna(), [lo_t, hi_t]])
     left, right = min(ends.min(), lo_t), max(ends.max(), hi_t)
     span = max(right - left, 1.0)
     for ax, (title, g) in zip(axes, p.groups):
@@ -52,17 +69,17 @@ def plot_comparison(cmp: Comparison, path) -> Path | None:
         names = [" · ".join(x for x in (p.labels.loc[i], f"{fmt_value(t)} tok") if x)
                  for i, t in zip(g.index, g["tokens_per_rank"])]
         for yi, r in zip(y, g.to_dict("records")):
-            if not np.isfinite(r["ratio"]):
+            if not np.isfinite(r["_r"]):
                 ax.text(0, yi, f"  {r['verdict']}: {r['cand_status']}", va="center", fontsize=8, color="tab:red")
                 continue
-            x = pct(r["ratio"])
-            ax.barh(yi, x, color=_bar_color(r), height=0.7)
-            lo, hi = pct(r["ci_lo"]), pct(r["ci_hi"])
+            x = pct(r["_r"])
+            ax.barh(yi, x, color=r["_color"], height=0.7)
+            lo, hi = pct(r["_lo"]), pct(r["_hi"])
             if np.isfinite(lo):
                 ax.errorbar(x, yi, xerr=[[x - lo], [hi - x]], fmt="none", ecolor="black", elinewidth=1, capsize=2.5)
             edge = max(x, hi) if x >= 0 else min(x, lo)
             edge = x if not np.isfinite(edge) else edge
-            text = fmt_change(r["ratio"], r["ci_lo"], r["ci_hi"])
+            text = fmt_change(r["_r"], r["_lo"], r["_hi"])
             ax.text(edge + (0.02 * span if x >= 0 else -0.02 * span), yi, text, va="center",
                     ha="left" if x >= 0 else "right", fontsize=7.5,
                     bbox=dict(facecolor="white", edgecolor="none", alpha=0.75, pad=0.4))
@@ -74,29 +91,38 @@ def plot_comparison(cmp: Comparison, path) -> Path | None:
         ax.set_xlim(left - 0.45 * span, right + 0.45 * span)  # room for the printed values
         ax.grid(True, axis="x", alpha=0.3)
         ax.set_title(title, fontsize=9, loc="left")
-    axes[-1].set_xlabel(f"change in median latency, % ({cmp.candidate_name} vs {cmp.baseline_name})\n"
-                        f"whiskers: 95 % bootstrap interval; dashed: the threshold ×{cmp.threshold:g}")
-    keys = [(Line2D([], [], color=VERDICT_COLORS["slower"], lw=6), "slower"),
-            (Line2D([], [], color=VERDICT_COLORS["faster"], lw=6), "faster"),
-            ((Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
-             "significant, no verdict (under the threshold, or noisy)"),
-            (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change")]
+    if what == "workspace":
+        axes[-1].set_xlabel(f"change in the workspace's allocator peak, % ({cmp.candidate_name} vs "
+                            f"{cmp.baseline_name})\ndashed: the threshold ×{cmp.threshold:g}")
+        keys = [(Line2D([], [], color=MEM_COLORS["larger"], lw=6), "larger"),
+                (Line2D([], [], color=MEM_COLORS["smaller"], lw=6), "smaller"),
+                (Line2D([], [], color=NO_CHANGE, lw=6), "within the threshold")]
+        heading = "Workspace change per row"
+    else:
+        axes[-1].set_xlabel(f"change in median latency, % ({cmp.candidate_name} vs {cmp.baseline_name})\n"
+                            f"whiskers: 95 % bootstrap interval; dashed: the threshold ×{cmp.threshold:g}")
+        keys = [(Line2D([], [], color=VERDICT_COLORS["slower"], lw=6), "slower"),
+                (Line2D([], [], color=VERDICT_COLORS["faster"], lw=6), "faster"),
+                ((Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
+                 "significant, no verdict (under the threshold, or noisy)"),
+                (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change")]
+        heading = "Latency change per row"
     fig.legend([h for h, _ in keys], [lab for _, lab in keys], loc="outside lower center", ncols=2, fontsize=8,
                frameon=False, handler_map={tuple: HandlerTuple(ndivide=None)})
-    fig.suptitle(p.suptitle(f"Latency change per row: {cmp.candidate_name} vs {cmp.baseline_name}"))
+    fig.suptitle(p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}"))
     return save(fig, path)
 
 
 def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
     """Baseline (dashed, hollow) and candidate (solid) median latency vs tokens per rank
     with their p20–p80 bands, on the same axes: a panel per model (and backend), one
-    colour per combination, at most four combinations a panel."""
+    colour per combination, at most two combinations a panel."""
     m = cmp.matched
     m = m[(m["base_status"] == "ok") | (m["cand_status"] == "ok")]
     if not len(m):
         return None
     m = pair_order(m).assign(_series=lambda d: d["combo_key"].astype(str))
-    p = panels(m, series_key="_series", max_series=4)
+    p = panels(m, series_key="_series", max_series=2)  # two lines and two bands each
     fig, axes = grid(len(p.groups))
     for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
         for lab, s in g.groupby(p.labels.loc[g.index], sort=True):
@@ -110,8 +136,9 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
                 ax.fill_between(t[ok], s.loc[ok, f"{side}_latency_us_p20"], s.loc[ok, f"{side}_latency_us_p80"],
                                 color=color, alpha=0.12, lw=0)
         tokens_axis(ax, m["tokens_per_rank"])
-        ax.set(yscale="log", title=title, xlabel="tokens per rank", ylabel="latency µs (median, band p20–p80)")
-        plain_log(ax.yaxis)
+        ax.set(title=title, xlabel="tokens per rank")
+        value_axis(ax, pd.concat([g[f"{s}_latency_us_{q}"] for s in ("base", "cand") for q in ("p20", "p80")]),
+                   "latency µs (median, band p20–p80)")
         ax.grid(True, which="both", alpha=0.3)
     keys = [(Line2D([], [], color="k", marker="o", ms=4), cmp.candidate_name),
             (Line2D([], [], color="k", ls="--", marker="o", ms=4, markerfacecolor="white"), cmp.baseline_name)]
