@@ -239,6 +239,8 @@ def combo_labels(df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = Non
         ref = ref.assign(knobs="")
     extra = [c for c in shown_varying(ref, COMBO_COLUMNS + EXTRA_COMBO_COLUMNS)
              if c not in exclude and c not in PER_ROW_COLUMNS]
+    if "knobs" in extra and "shared_sm_carveout" in extra:  # the knobs' tags hold the carveout (carve24)
+        extra.remove("shared_sm_carveout")
 
     def label(row) -> str:
         bare = [fmt_value(row[c]) for c in ("backend", "experts") if c in extra]

@@ -117,7 +117,9 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
             ax.invert_yaxis()
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncols=len(names), fontsize=8, frameon=False)
-    fig.suptitle(p.suptitle("Phase breakdown of eager forwards"))
+    modes = set(ok["timing_mode"].dropna().astype(str))
+    what = "kernel busy time (profiler)" if modes == {"profiler"} else "phase events of eager forwards"
+    fig.suptitle(p.suptitle(f"Phase breakdown: {what}"))
     return save(fig, path)
 
 
@@ -133,18 +135,28 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
     fig, axes = grid(2 * len(p.groups), ncols=2, width=4.8)
     has_band = ok["overlap_fraction_lo"].notna().any() if "overlap_fraction_lo" in ok else False
     has_trace = ok["trace_overlap_fraction"].notna().any()
+    single = ok["tokens_per_rank"].nunique() == 1
     for i, (title, g) in enumerate(p.groups):
         ax_frac, ax_exp = axes[2 * i], axes[2 * i + 1]
-        for lab, s, st in _series(p, i, g):
+        series = list(_series(p, i, g))
+        for j, (lab, s, st) in enumerate(series):
             t, color = s["tokens_per_rank"], st["color"]
+            if single:  # one token count: series side by side, so that their whiskers do not hide each other
+                t = t * (1 + 0.06 * (j - (len(series) - 1) / 2))
             ax_frac.plot(t, s["overlap_fraction"], marker="o", ms=3, label=lab, **st)
             if has_band and s["overlap_fraction_lo"].notna().any():
-                ax_frac.fill_between(t, s["overlap_fraction_lo"], s["overlap_fraction_hi"], color=color,
-                                     alpha=0.18, lw=0)
+                if len(s) > 1:
+                    ax_frac.fill_between(t, s["overlap_fraction_lo"], s["overlap_fraction_hi"], color=color,
+                                         alpha=0.18, lw=0)
+                else:  # one token count: a band of one point draws nothing, whiskers do
+                    f = s["overlap_fraction"].to_numpy(dtype=float)
+                    ax_frac.errorbar(t, f, yerr=[f - s["overlap_fraction_lo"].to_numpy(dtype=float),
+                                                 s["overlap_fraction_hi"].to_numpy(dtype=float) - f],
+                                     fmt="none", ecolor=color, alpha=0.6, capsize=3)
             if s["trace_overlap_fraction"].notna().any():
                 ax_frac.plot(t, s["trace_overlap_fraction"], marker="x", ls=":", color=color)
             ax_exp.plot(t, s["shared_exposed_us"], marker="o", ms=3, **st)
-            ax_exp.plot(t, s["shared_us"], ls=(0, (2, 2)), color=color, alpha=0.6, lw=0.9)
+            ax_exp.plot(t, s["shared_us"], ls=(0, (2, 2)), marker="_", ms=10, color=color, alpha=0.6, lw=0.9)
         for ax in (ax_frac, ax_exp):
             tokens_axis(ax, ok["tokens_per_rank"])
             ax.grid(True, which="both", alpha=0.3)
@@ -152,9 +164,10 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
         ax_frac.set(ylim=(-0.05, 1.05), ylabel="overlap fraction", title=f"{title} · hidden" if title else "hidden")
         ax_exp.set(ylabel="µs", title=f"{title} · exposed" if title else "exposed")
     keys = [(Line2D([], [], color="k", marker="o", ms=3), "ablation figure / exposed µs"),
-            (Line2D([], [], color="k", ls=(0, (2, 2)), lw=0.9), "shared experts alone µs (dotted)")]
+            (Line2D([], [], color="k", ls=(0, (2, 2)), lw=0.9, marker="_", ms=10), "shared experts alone µs")]
     if has_band:
-        keys.append((Line2D([], [], color="k", lw=6, alpha=0.18), "90 % bootstrap interval"))
+        keys.append((Line2D([], [], color="k", lw=6, alpha=0.18),
+                     "90 % bootstrap interval" + (" (whiskers at one token count)" if single else "")))
     if has_trace:
         keys.append((Line2D([], [], color="k", marker="x", ls=":"), "trace's figure"))
     legends(fig, axes, p, keys)
