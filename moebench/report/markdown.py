@@ -32,6 +32,7 @@ class Doc:
     data: dict
     code: int = 0
     head: list[str] = field(default_factory=list)  # what stdout shows first in markdown
+    stdout_md: str = ""  # what stdout shows in markdown, when not the head and the first table
 
     def markdown(self) -> str:
         return "\n\n".join(b for b in self.blocks if b) + "\n"
@@ -109,7 +110,9 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
     ]
     data = {"run": name, "environment": env_summary(env, df), "summary": summary, "data_quality": quality,
             "rows": rows}
-    return Doc(blocks, {"rows": rows}, data, 0, summary)
+    text = "\n\n".join(["\n".join(summary), f"Environment: {env_summary(env, df)}",
+                        tables.status_table(df), tables.latency_table(df)])
+    return Doc(blocks, {"rows": rows}, data, 0, summary, text)
 
 
 def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
@@ -172,6 +175,8 @@ def stdout_text(doc: Doc, fmt: str) -> str:
         return next(iter(doc.tables.values())).csv()
     if fmt == "json":
         return to_json(doc.data)
+    if doc.stdout_md:
+        return doc.stdout_md
     main = next(iter(doc.tables.values()))
     return "\n".join(doc.head) + "\n\n" + main.markdown()
 
