@@ -251,7 +251,9 @@ def test_write_report_and_command(run_dir, tmp_path, capsys):
     assert _is_png(tmp_path / "out" / "comparison.png")
 
     assert report_command(str(run_dir), None, None, None, 1.05, "md") == 0
-    assert "| backend | experts |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| experts | reduction | overlap |" in out  # the ok rows are all local: backend in the caption
+    assert "- broken: naive/torch red=finalize ovl=none · 16 tok failed" in out
     with pytest.raises(ValueError, match="does not exist"):
         report_command(str(tmp_path / "missing"), None, None, None, 1.05, "md")
     with pytest.raises(ValueError, match="nothing to report"):

@@ -88,7 +88,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     lines = [f"**Summary:** {head} row(s) of {rows['combo_key'].nunique()} combination(s)"]
     bad = rows[rows["status"].isin(BAD)]
     if len(bad):
-        names = pair_names(bad)
+        names = pair_names(rows)  # named among every row, so that the combination shows
         shown = "; ".join(f"{names.loc[i]} {r['status']}" for i, r in bad.head(TOP).iterrows())
         lines.append(f"- broken: {shown}" + (f" (+{len(bad) - TOP} more)" if len(bad) > TOP else ""))
     lines += [f"- {w}" for w in wins(df)]
