@@ -112,8 +112,9 @@ def tokens_axis(ax, tokens) -> None:
     if len(tokens) <= 16:
         ax.set_xticks(tokens, [str(t) for t in tokens])
         ax.xaxis.set_minor_locator(NullLocator())
-    if len(tokens) == 1:
-        ax.set_xlim(tokens[0] / 1.5, tokens[0] * 1.5)
+    # every panel the same range, with room for whiskers set side by side at a token count
+    pad = 1.5 if len(tokens) == 1 else (tokens[-1] / tokens[0]) ** 0.06
+    ax.set_xlim(tokens[0] / pad, tokens[-1] * pad)
 
 
 def value_axis(ax, values, label: str) -> None:

@@ -45,10 +45,19 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
     p = panels(ok)
     fig, axes = grid(len(p.groups))
     modes = set(ok["timing_mode"].dropna().astype(str)) if "timing_mode" in ok else set()
+    single = ok["tokens_per_rank"].nunique() == 1
     for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
-        for lab, s, st in _series(p, i, g):
+        series = list(_series(p, i, g))
+        for j, (lab, s, st) in enumerate(series):
             t, color = s["tokens_per_rank"], st["color"]
             ax.plot(t, s["latency_us_median"], lw=1.4, label=lab, **st)
+            if len(s) == 1:  # one token count: whiskers side by side instead of a band of one point
+                med = s["latency_us_median"].to_numpy(dtype=float)
+                ax.errorbar(t * (1 + 0.06 * (j - (len(series) - 1) / 2)), med,
+                            yerr=[med - s["latency_us_p20"].to_numpy(dtype=float),
+                                  s["latency_us_p80"].to_numpy(dtype=float) - med],
+                            fmt="o", ms=4, color=color, capsize=3)
+                continue
             ax.fill_between(t, s["latency_us_p20"], s["latency_us_p80"], color=color, alpha=0.2, lw=0)
             if len(modes) > 1:  # hollow: events above graph_max_tokens
                 for mode, pts in s.groupby(s["timing_mode"].astype(str)):
@@ -58,7 +67,8 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
                 ax.plot(t, s["latency_us_median"], "o", ms=3.5, color=color)
         tokens_axis(ax, ok["tokens_per_rank"])
         ax.set(title=title, xlabel="tokens per rank")
-        value_axis(ax, pd.concat([g["latency_us_p20"], g["latency_us_p80"]]), "latency µs (median, band p20–p80)")
+        value_axis(ax, pd.concat([g["latency_us_p20"], g["latency_us_p80"]]),
+                   f"latency µs (median, {'whiskers' if single else 'band'} p20–p80)")
         ax.grid(True, which="both", alpha=0.3)
     extra = []
     if len(modes) > 1:
@@ -88,7 +98,7 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
     tokens = _pick_tokens(sorted(int(t) for t in ok["tokens_per_rank"].unique()), max_panels)
     p = panels(ok)
     num_labels = max(p.labels.loc[g.index].nunique() for _, g in p.groups)
-    fig, axes = grid(len(p.groups) * len(tokens), ncols=len(tokens), width=3.6,
+    fig, axes = grid(len(p.groups) * len(tokens), ncols=len(tokens), width=max(3.6, 8.0 / len(tokens)),
                      height=0.32 * num_labels + 1.3)
     for r, (title, g) in enumerate(p.groups):
         labels = sorted(set(p.labels.loc[g.index]))
@@ -141,14 +151,14 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
         series = list(_series(p, i, g))
         for j, (lab, s, st) in enumerate(series):
             t, color = s["tokens_per_rank"], st["color"]
-            if single:  # one token count: series side by side, so that their whiskers do not hide each other
+            if len(s) == 1:  # one token count: series side by side, so that their whiskers do not hide each other
                 t = t * (1 + 0.06 * (j - (len(series) - 1) / 2))
             ax_frac.plot(t, s["overlap_fraction"], marker="o", ms=3, label=lab, **st)
             if has_band and s["overlap_fraction_lo"].notna().any():
-                if len(s) > 1:
+                if len(s) > 1:  # else one point: a band draws nothing, whiskers do
                     ax_frac.fill_between(t, s["overlap_fraction_lo"], s["overlap_fraction_hi"], color=color,
                                          alpha=0.18, lw=0)
-                else:  # one token count: a band of one point draws nothing, whiskers do
+                else:
                     f = s["overlap_fraction"].to_numpy(dtype=float)
                     ax_frac.errorbar(t, f, yerr=[f - s["overlap_fraction_lo"].to_numpy(dtype=float),
                                                  s["overlap_fraction_hi"].to_numpy(dtype=float) - f],
@@ -188,13 +198,13 @@ def plot_workspace(df: pd.DataFrame, path) -> Path | None:
         for j, (lab, s, st) in enumerate(_series(p, i, g)):
             t, color = s["tokens_per_rank"], st["color"]
             ax.plot(t, s["workspace_bytes_peak"] / MIB, color=color, marker=MARKERS[j % 10], ms=4, label=lab)
-            ax.plot(t, s["workspace_bytes_analytic"] / MIB, color=color, ls=":", lw=1.2, alpha=0.8)
+            ax.plot(t, s["workspace_bytes_analytic"] / MIB, color=color, ls=":", lw=1.2, alpha=0.8, marker="_", ms=10)
         tokens_axis(ax, ok["tokens_per_rank"])
         ax.set(title=title, xlabel="tokens per rank")
         value_axis(ax, pd.concat([g["workspace_bytes_peak"], g["workspace_bytes_analytic"]]) / MIB, "workspace MiB")
         ax.grid(True, which="both", alpha=0.3)
     keys = [(Line2D([], [], color="k", marker="o", ms=4), "allocator peak"),
-            (Line2D([], [], color="k", ls=":"), "analytic (declared)")]
+            (Line2D([], [], color="k", ls=":", marker="_", ms=10), "analytic (declared)")]
     legends(fig, axes, p, keys)
     fig.suptitle(p.suptitle("Workspace of one forward"))
     return save(fig, path)
