@@ -35,6 +35,13 @@ def _series(p, i, g):
         yield lab, s.sort_values("tokens_per_rank"), p.styles[(i, lab)]
 
 
+def _whiskers(mid, lo, hi) -> list:
+    """errorbar's [below, above] lengths; a bound on the wrong side of the figure (rows whose
+    median and interval were stored apart) or missing draws none."""
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    return [np.nan_to_num(np.maximum(mid - lo, 0.0)), np.nan_to_num(np.maximum(hi - mid, 0.0))]
+
+
 def plot_latency(df: pd.DataFrame, path) -> Path | None:
     """Median latency (µs) vs tokens per rank, log-log, a panel per model (and backend),
     one line per combination with its p20–p80 band; graph-replay points filled, events
@@ -54,8 +61,7 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
             if len(s) == 1:  # one token count: whiskers side by side instead of a band of one point
                 med = s["latency_us_median"].to_numpy(dtype=float)
                 ax.errorbar(t * (1 + 0.06 * (j - (len(series) - 1) / 2)), med,
-                            yerr=[med - s["latency_us_p20"].to_numpy(dtype=float),
-                                  s["latency_us_p80"].to_numpy(dtype=float) - med],
+                            yerr=_whiskers(med, s["latency_us_p20"], s["latency_us_p80"]),
                             fmt="o", ms=4, color=color, capsize=3)
                 continue
             ax.fill_between(t, s["latency_us_p20"], s["latency_us_p80"], color=color, alpha=0.2, lw=0)
@@ -160,8 +166,7 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
                                          alpha=0.18, lw=0)
                 else:
                     f = s["overlap_fraction"].to_numpy(dtype=float)
-                    ax_frac.errorbar(t, f, yerr=[f - s["overlap_fraction_lo"].to_numpy(dtype=float),
-                                                 s["overlap_fraction_hi"].to_numpy(dtype=float) - f],
+                    ax_frac.errorbar(t, f, yerr=_whiskers(f, s["overlap_fraction_lo"], s["overlap_fraction_hi"]),
                                      fmt="none", ecolor=color, alpha=0.6, capsize=3)
             if s["trace_overlap_fraction"].notna().any():
                 ax_frac.plot(t, s["trace_overlap_fraction"], marker="x", ls=":", color=color)
