@@ -1,4 +1,4 @@
-"""moebench sweep|run|list|report|compare|trace|tune|env
+"""moebench sweep|run|list|report|compare|ab|trace|tune|env
 
 Bad input (unknown option, malformed results, a world size the machine lacks)
 exits with code 2 and a message that says what to do, before any work starts.
@@ -12,6 +12,24 @@ import sys
 EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
 (workload.tokens_per_rank=[16,64]) and, in a sweep, comma lists (reduction=experts,finalize).
 Groups: backend experts reduction overlap model quant workload runner trace."""
+
+
+EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
+failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
+missing run, an unknown schema version, an axis value no row has, an unknown option); 130 interrupted.
+A single run's report exits 0."""
+
+
+def _compare_options(p) -> None:
+    p.add_argument("--threshold", type=float, default=1.05,
+                   help="factor a latency (or workspace) ratio must pass to count (default %(default)s)")
+    p.add_argument("--fail-on", default="slower,broken,empty",
+                   help="what exits 1, a comma list of slower, broken, memory (workspace larger), missing "
+                   "(a baseline row the candidate lacks), empty (no row ok on both sides), env (environments "
+                   "not comparable), or none (default: %(default)s)")
+    p.add_argument("--format", default="md", choices=("md", "csv", "json"),
+                   help="what stdout gets: the verdict and table (md), the table (csv), everything (json); "
+                   "the report folder gets report.md and, for csv / json, the tables' files (default: md)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,24 +58,41 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--sweep", default="default")
     ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")
     ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")
+    ls.add_argument("--verbose", "-v", action="store_true",
+                    help="every skipped combination with its reason (default: the count per reason)")
 
-    rp = sub.add_parser("report", help="markdown report + plots of a run, or a baseline comparison")
+    rp = sub.add_parser("report", help="markdown report + plots of a run, or a baseline comparison",
+                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("run", nargs="?")
     rp.add_argument("--baseline")
     rp.add_argument("--candidate")
     rp.add_argument("--out", help="report directory (default: <run>/report)")
-    rp.add_argument("--threshold", type=float, default=1.05, help="ratio a change must pass to count (default 1.05)")
-    rp.add_argument("--format", default="md", choices=("md",))
+    _compare_options(rp)
     rp.add_argument("--capacity", action="store_true",
                     help="how many tokens per rank fit a memory budget, per reduction placement")
     rp.add_argument("--budget", help="with --capacity: bytes (16GiB) or 'free' (the GPU's memory); default: "
                     "the budget of the run's rows measured under runner.memory_budget")
 
-    cp = sub.add_parser("compare", help="compare two runs (same as report --baseline A --candidate B)")
-    cp.add_argument("baseline")
-    cp.add_argument("candidate")
-    cp.add_argument("--out")
-    cp.add_argument("--threshold", type=float, default=1.05)
+    cp = sub.add_parser("compare", help="compare two runs, or one run along an axis; the verdict first",
+                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cp.add_argument("runs", nargs="+", metavar="RUN", help="BASE CAND, or one RUN with --axis")
+    cp.add_argument("--axis", metavar="FIELD=A:B", help="pair the rows of one run that differ only in FIELD "
+                    "(an axis such as reduction=finalize:experts, or a knob such as row_layout=gathered:contiguous); "
+                    "A is the baseline")
+    cp.add_argument("--out", help="report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B)")
+    _compare_options(cp)
+
+    ab = sub.add_parser("ab", help="measure two git revisions alternately, one combination at a time, then compare",
+                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ab.add_argument("base_rev", metavar="BASE_REV")
+    ab.add_argument("cand_rev", metavar="CAND_REV")
+    ab.add_argument("overrides", nargs="*")
+    ab.add_argument("--sweep", default="default", help="named sweep in the revisions' sweeps/ (default: %(default)s)")
+    ab.add_argument("--out", help="directory for the worktrees, both runs and the comparison "
+                    "(default: runs/ab-<base>-<cand>-<hash of the overrides>)")
+    ab.add_argument("--keep-worktrees", action="store_true", help="leave the two checkouts in place")
+    ab.add_argument("--repo", help="the git repository the revisions are in (default: the working directory's)")
+    _compare_options(ab)
 
     tr = sub.add_parser("trace", help="phase timeline and overlap from a run's traces or a trace file")
     tr.add_argument("target", nargs="?", help="a trace file (.json, .json.gz from trace=torch; .sqlite from nsys "
@@ -117,12 +152,21 @@ def _list(args) -> int:
         print(json.dumps([plugins.combo_record(c) for c in combos], indent=2))
         return 0
     valid = [c for c in combos if not c.reason]
-    for c in combos:
-        state = "valid  " if not c.reason else "skipped"
-        extra = f"  ({c.reason})" if c.reason else ""
-        if c.token_reasons and not c.reason:
+    for c in valid:
+        extra = ""
+        if c.token_reasons:
             extra = "  (skipped tokens: " + "; ".join(f"{t}: {r}" for t, r in c.token_reasons.items()) + ")"
-        print(f"{state} {c.label}{plugins.origin_tag(c)}{extra}")
+        print(f"valid   {c.label}{plugins.origin_tag(c)}{extra}")
+    skipped = [c for c in combos if c.reason]
+    if skipped and args.verbose:
+        for c in skipped:
+            print(f"skipped {c.label}{plugins.origin_tag(c)}  ({c.reason})")
+    elif skipped:
+        print(f"\nskipped, by reason ({len(skipped)} combinations; --verbose lists each):")
+        from .sweep import reason_groups
+
+        for n, line in reason_groups([c.reason for c in skipped]):
+            print(f"  {n:4d}  {line}")
     print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")
     lines = plugins.summary()
     if lines:
@@ -227,11 +271,9 @@ def main(argv=None) -> int:
             return _run_one(args)
         if args.cmd == "list":
             return _list(args)
-        if args.cmd in ("report", "compare"):
-            from .report.markdown import report_command
+        if args.cmd == "report":
+            from .report.command import report_command
 
-            if args.cmd == "compare":
-                return report_command(None, args.baseline, args.candidate, args.out, args.threshold, "md")
             if args.capacity:
                 from .report.capacity import capacity_command
 
@@ -240,7 +282,16 @@ def main(argv=None) -> int:
                 return capacity_command(args.run, args.budget, args.out)
             if not args.run and not (args.baseline and args.candidate):
                 raise ValueError("give a run directory, or --baseline A --candidate B")
-            return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format)
+            return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format,
+                                  args.fail_on)
+        if args.cmd == "compare":
+            from .report.command import compare_command
+
+            return compare_command(args.runs, args.axis, args.out, args.threshold, args.format, args.fail_on)
+        if args.cmd == "ab":
+            from .ab import ab_command
+
+            return ab_command(args)
         if args.cmd == "trace":
             from .traces.cli import trace_command
 
@@ -254,6 +305,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"moebench {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.cmd not in ("report", "compare", "list", "ab"):
+            raise
+        print(f"moebench {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     return 2
 
 

@@ -36,16 +36,33 @@ class SweepCounts(Counter):
 
 
 class _Progress:
-    """tqdm bar over combinations with ETA (plain lines when not a terminal)."""
+    """tqdm bar over combinations with ETA (plain lines when not a terminal). Messages go
+    through tqdm.write so they never break the bar; wide-spread rows are counted and
+    summarised at the end (summary()), not printed one by one."""
 
     def __init__(self, total: int):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="combo", dynamic_ncols=True, file=sys.stderr, disable=total == 0)
+        self.wide: list[tuple[float, str]] = []  # (p80/p20, 'label T=tokens') of each wide-spread row
 
     def update(self, label: str, statuses: Counter) -> None:
-        self.bar.set_postfix_str(f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())), refresh=False)
+        wide = f" wide_spread={len(self.wide)}" if self.wide else ""
+        self.bar.set_postfix_str(f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())) + wide,
+                                 refresh=False)
         self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        self.bar.write(text, file=sys.stderr)
+
+    def summary(self) -> str:
+        """'3 rows with a wide spread (p80/p20 > 1.10), widest 1.31: <label> T=16; ...' or ''."""
+        if not self.wide:
+            return ""
+        worst = sorted(self.wide, reverse=True)[:3]
+        shown = "; ".join(f"{where} ({spread:.2f})" for spread, where in worst)
+        return (f"moebench: {len(self.wide)} row(s) with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
+                f"{shown}; more runner.reps or a quieter machine (the report flags them)")
 
     def close(self) -> None:
         self.bar.close()
@@ -77,6 +94,36 @@ def _meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
         "run_id": run_id, "sweep": sweep, "gpu": info.get("gpu"), "git_sha": info.get("git_sha"),
         "env_id": env_id, "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
+    """(count, text) per reason, most frequent first; reasons that share their head (the
+    text before the first ':', e.g. 'layouts differ') are one group: its most frequent
+    reason as the example and how many variants it has."""
+    groups: dict[str, Counter] = {}
+    for r in reasons:
+        groups.setdefault(r.split(":")[0] if ":" in r else r, Counter())[r] += 1
+    out = []
+    for variants in groups.values():
+        example, _ = variants.most_common(1)[0]
+        more = f" (and {len(variants) - 1} more like it)" if len(variants) > 1 else ""
+        out.append((sum(variants.values()), f"{example}{more}"))
+    return sorted(out, key=lambda x: (-x[0], x[1]))
+
+
+def dry_run_listing(work: list, combos: list, already: int) -> str:
+    """What `sweep --dry-run` prints: each combination to run with its token counts, then
+    the skipped ones counted by reason."""
+    lines = [f"would run {len(work)} combination(s), {sum(len(t) for _, t in work)} row(s):"]
+    lines += [f"  {c.label}  tokens {', '.join(map(str, tokens))}" for c, tokens in work]
+    reasons = [c.reason for c in combos if c.reason]
+    reasons += [why for c in combos if not c.reason for why in c.token_reasons.values()]
+    if reasons:
+        lines.append(f"would skip {len(reasons)} (combination or token count), by reason:")
+        lines += [f"  {n:4d}  {text}" for n, text in reason_groups(reasons)]
+    if already:
+        lines.append(f"{already} row(s) already stored (--redo failed|all to re-run them)")
+    return "\n".join(lines)
 
 
 def rows_for(fin: Finished, meta: dict) -> list[dict]:
@@ -144,6 +191,8 @@ def execute(
         if not nsys_available():
             log(f"moebench: {NSYS_MISSING}")
     if dry_run:
+        if not quiet:
+            print(dry_run_listing(work, combos, already))
         return run_dir, counts
     store.write_json("env.json", {**info, "env_id": eid})
     store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides, "run_id": run_id})
@@ -157,11 +206,11 @@ def execute(
         counts.update(r["status"] for r in rows)
         for r in rows:
             if r["status"] in ("failed", "timeout", "oom", "incorrect"):
-                log(f"  {r['status']}: {fin.combo.label} T={r['tokens_per_rank']}: {r['reason']}")
+                if not quiet:
+                    progress.write(f"  {r['status']}: {fin.combo.label} T={r['tokens_per_rank']}: {r['reason']}")
             elif r["status"] == "ok" and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
-                spread = r["latency_us_p80"] / r["latency_us_p20"]
-                log(f"  wide spread: {fin.combo.label} T={r['tokens_per_rank']}: p80/p20 = {spread:.2f} "
-                    f"over {len(r['samples_us'])} samples (more runner.reps, or a quieter machine)")
+                progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"],
+                                      f"{fin.combo.label} T={r['tokens_per_rank']}"))
         progress.update(fin.combo.label, counts)
 
     with _Stop() as stop:
@@ -169,6 +218,8 @@ def execute(
             Launcher(str(run_dir), on_finished, should_stop=lambda: stop.requested).run(work)
         finally:
             progress.close()
+    if progress.summary():
+        log(progress.summary())
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     log(f"moebench: {summary} (this invocation); results in {run_dir}")
     if stop.requested:

@@ -132,7 +132,8 @@ def test_phase_memory_overlap_tables(tmp_path):
     assert "| 2.00 | 3.00 | 250.0 | 1.50 |" in mt
     ot = overlap_table(df)
     assert "| 110.0 | 104.0 | 20.00 | 6.000 | 70% | - |" in ot
-    assert ot.count("\n| local") == 1  # only the overlap != none row
+    assert ot.count("\n| tiny") == 1  # only the overlap != none row (constant columns: caption)
+    assert "All rows: backend=local" in ot
 
 
 # --- comparison ----------------------------------------------------------------------
@@ -242,15 +243,17 @@ def test_write_report_and_command(run_dir, tmp_path, capsys):
     assert text.index("## Status") < text.index("## Latency")
 
     cand = synthetic_run(tmp_path / "cand", scale=2.0, seed=5)
-    assert report_command(None, str(run_dir), str(cand), str(tmp_path / "out"), 1.05, "md") == 0
+    assert report_command(None, str(run_dir), str(cand), str(tmp_path / "out"), 1.05, "md") == 1  # slower rows
     out = capsys.readouterr().out
-    assert "slower" in out and "12 slower" in out
+    assert out.startswith("**Verdict") and "12 slower" in out.splitlines()[0]
     text = (tmp_path / "out" / "report.md").read_text()
-    assert text.index("## Comparison") < text.index("## Status")
+    assert text.index("**Verdict") < text.index("## Latency") < text.index("## This run") < text.index("## Status")
     assert _is_png(tmp_path / "out" / "comparison.png")
 
     assert report_command(str(run_dir), None, None, None, 1.05, "md") == 0
-    assert "| backend | experts |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| experts | reduction | overlap |" in out  # the ok rows are all local: backend in the caption
+    assert "- broken: naive/torch red=finalize ovl=none · 16 tok failed" in out
     with pytest.raises(ValueError, match="does not exist"):
         report_command(str(tmp_path / "missing"), None, None, None, 1.05, "md")
     with pytest.raises(ValueError, match="nothing to report"):

@@ -29,5 +29,5 @@ def test_roofline_table_lists_gpu_rows_only():
     text = roofline_table(pd.DataFrame([row(), row(device="cpu", combo_key="c", tokens_per_rank=64)]))
     assert "75 %" in text and "memory" in text
     assert "| 75 % | 60 % |" in text  # floor 300 µs over the 500 µs layer: the layer's lower bound
-    assert text.count("| local |") == 1
+    assert text.count("\n| m |") == 1 and "All rows: backend=local" in text  # constant columns: the caption
     assert "No GPU rows" in roofline_table(pd.DataFrame([row(device="cpu")]))

@@ -1,93 +1,114 @@
 """Baseline vs candidate comparison, in the style of ``asv compare``.
 
-Rows are matched on their stored combination key and token count: the key is the hash
-of the combination's identity (moebench/spec.py), so two runs of the same sweep on
-different commits line up and rows that differ in any identity field or knob never do. A matched pair is called
-"slower" (or "faster") only when
+Two runs: rows are matched on their stored combination key and token count (the key is
+the hash of the combination's identity, moebench/spec.py), so two runs of the same sweep
+on different commits line up and rows that differ in any identity field or knob never
+do. Within one run, ``report/axis.py`` pairs the rows that differ in one axis only and
+hands the pairs to ``compare_pairs``. A matched pair is called "slower" (or "faster")
+only when
 
 1. the p20–p80 intervals of the two rows do not overlap,
 2. the ratio candidate median / baseline median passes the threshold factor
    (>= threshold, or <= 1 / threshold), and
-3. where both rows carry >= ``min_samples`` raw samples, a two-sided Mann-Whitney U test
+3. where both rows carry >= ``MIN_SAMPLES`` raw samples, a two-sided Mann-Whitney U test
    on ``samples_us`` gives p < ``alpha``;
 
-otherwise "~" (no significant change). Status changes read "broken" (baseline ok,
-candidate not) and "fixed" (the reverse); "n/a" where neither side is ok.
-Workspace memory is compared by the same factor, without intervals (it is deterministic).
+otherwise "~". The size of a change is the ratio with a 95 % bootstrap interval of the
+samples' ratio of medians (report/stats.py); a "~" pair whose interval excludes 1 and
+whose p is below alpha is ``significant``: a real change under the threshold. Status
+changes read "broken" (ok, now failed / incorrect / timeout / oom), "skipped" (ok, now
+skipped), "fixed" (the reverse); "n/a" where neither side is ok. Workspace memory is
+compared by the same factor, without intervals (it is deterministic).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from .load import IDENTITY_COLUMNS, MEMORY_COLUMNS, combo_labels, display_columns, fmt_value, latest_rows
-from .tables import fmt_interval, fmt_mib, md_table
+from .load import MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY, combo_labels, fmt_value, latest_rows
+from .stats import MIN_SAMPLES, bootstrap_ratios, geometric_mean, interval, mann_whitney_p, samples_of
+
+__all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "latency_verdict", "memory_verdict"]
 
 # what a matched row shows of its combination (the candidate's; the key makes both sides equal)
-SHOWN_COLUMNS = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep", "combo_key")]
-VERDICT_ORDER = ["broken", "slower", "faster", "fixed", "~", "n/a"]
-SIDE_COLUMNS = ["status", "reason", "latency_us_median", "latency_us_p20", "latency_us_p80",
-                "samples_us"] + MEMORY_COLUMNS
+SHOWN_COLUMNS = SHOWN_IDENTITY
+VERDICT_ORDER = ["broken", "slower", "skipped", "faster", "fixed", "~", "n/a"]
+BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
+SIDE_COLUMNS = ["status", "reason", "timing_mode", "latency_us_median", "latency_us_p20", "latency_us_p80",
+                "samples_us", "combo_key", "host_enqueue_us", "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS
+# what a non-zero exit status may be asked to mean (--fail-on); docs/design.md, "Exit status"
+FAIL_ON = ("slower", "broken", "memory", "missing", "empty", "env")
+DEFAULT_FAIL_ON = ("slower", "broken", "empty")
+
+
+@dataclass
+class Axis:
+    """A comparison within one run along one field: `field` = a (baseline) vs b (candidate)."""
+
+    field: str
+    a: str
+    b: str
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.a}:{self.b}"
 
 
 @dataclass
 class Comparison:
-    """Result of compare_runs. ``matched`` has one row per matched identity with
-    ``base_*`` / ``cand_*`` columns (µs, bytes), ``ratio``, ``p_value``, ``verdict``,
-    ``mem_ratio`` and ``mem_verdict``; ``only_baseline`` / ``only_candidate`` hold the
-    rows without a partner."""
+    """Result of compare_runs / compare_pairs. ``matched`` has one row per pair with the
+    identity columns (the candidate's), ``base_*`` / ``cand_*`` columns (µs, bytes),
+    ``ratio`` with ``ci_lo`` / ``ci_hi`` (95 % bootstrap), ``p_value``, ``significant``,
+    ``verdict``, ``mem_ratio``, ``mem_verdict``, ``dev_ratio`` and ``label``;
+    ``only_baseline`` / ``only_candidate`` hold the rows without a partner."""
 
     matched: pd.DataFrame
     only_baseline: pd.DataFrame
     only_candidate: pd.DataFrame
     threshold: float
     alpha: float
+    axis: Optional[Axis] = None
+    resampled: list = field(default_factory=list, repr=False)  # per matched row: bootstrap ratios
+    base_env: dict = field(default_factory=dict)
+    cand_env: dict = field(default_factory=dict)
+    baseline_name: str = "baseline"
+    candidate_name: str = "candidate"
+    pairs: list = field(default_factory=list, repr=False)  # (baseline row, candidate row) per matched row
 
     def counts(self) -> dict[str, int]:
         """Number of matched rows per verdict (all verdicts present, zeros included)."""
         vc = self.matched["verdict"].value_counts()
         return {v: int(vc.get(v, 0)) for v in VERDICT_ORDER}
 
+    @property
+    def comparable(self) -> pd.DataFrame:
+        """Matched rows ok on both sides."""
+        m = self.matched
+        return m[(m["base_status"] == "ok") & (m["cand_status"] == "ok")]
 
-def mann_whitney_p(a, b) -> float:
-    """Two-sided Mann-Whitney U p-value (normal approximation, tie-corrected).
-
-    Returns NaN when either side has fewer than 2 finite samples. numpy only: scipy is
-    not a dependency.
-    """
-    a = np.asarray(a, dtype=float)
-    b = np.asarray(b, dtype=float)
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    n1, n2 = len(a), len(b)
-    if n1 < 2 or n2 < 2:
-        return float("nan")
-    x = np.concatenate([a, b])
-    n = n1 + n2
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    ranks = ((ends - counts + 1 + ends) / 2.0)[inverse]  # average rank of each tie group
-    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    tie = float((counts ** 3 - counts).sum()) / (n * (n - 1))
-    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie))
-    if sigma == 0:
-        return 1.0
-    z = max(abs(u1 - n1 * n2 / 2.0) - 0.5, 0.0) / sigma  # 0.5: continuity correction
-    return math.erfc(z / math.sqrt(2.0))
+    def geomean(self) -> tuple[float, float, float]:
+        """Geometric mean of the ratios of the rows ok on both sides, with its interval."""
+        ok = (self.matched["base_status"] == "ok") & (self.matched["cand_status"] == "ok")
+        idx = np.flatnonzero(ok.to_numpy())
+        return geometric_mean(self.matched["ratio"].to_numpy()[idx],
+                              [self.resampled[i] for i in idx] if self.resampled else [])
 
 
 def latency_verdict(base: dict, cand: dict, threshold: float, alpha: float = 0.05,
-                    min_samples: int = 5) -> tuple[str, float, float]:
+                    min_samples: int = MIN_SAMPLES) -> tuple[str, float, float]:
     """(verdict, ratio, p_value) for one matched pair of rows (dicts of row values)."""
     ratio = cand["latency_us_median"] / base["latency_us_median"] \
         if base["latency_us_median"] else float("nan")
     b_ok, c_ok = base["status"] == "ok", cand["status"] == "ok"
     if not (b_ok and c_ok):
-        verdict = "broken" if b_ok else "fixed" if c_ok else "n/a"
+        if b_ok:
+            verdict = "skipped" if cand["status"] == "skipped" else "broken"
+        else:
+            verdict = "fixed" if c_ok else "n/a"
         return verdict, float("nan"), float("nan")
-    bs, cs = _samples(base["samples_us"]), _samples(cand["samples_us"])
+    bs, cs = samples_of(base["samples_us"]), samples_of(cand["samples_us"])
     p = mann_whitney_p(bs, cs) if min(len(bs), len(cs)) >= min_samples else float("nan")
     significant = not (p >= alpha)  # NaN (too few samples) defers to the intervals
     if not np.isfinite(ratio):
@@ -112,27 +133,20 @@ def memory_verdict(base_bytes: float, cand_bytes: float, threshold: float) -> tu
     return "~", ratio
 
 
-def _samples(value) -> np.ndarray:
-    """Samples (µs) of a row as a flat float array; per-rank nested lists are flattened."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return np.empty(0)
-    try:
-        return np.asarray(value, dtype=float).ravel()
-    except ValueError:  # ragged per-rank lists
-        parts = [np.ravel(np.asarray(v, dtype=float)) for v in value]
-        return np.concatenate(parts) if parts else np.empty(0)
-
-
-def _keyed(df: pd.DataFrame) -> pd.DataFrame:
-    """The newest row per (combo_key, tokens_per_rank), with that pair as one text key."""
+def _prepared(df: pd.DataFrame) -> pd.DataFrame:
+    """The newest row per (combo_key, tokens_per_rank), every shown column present."""
     df = latest_rows(df).copy()
-    if "knobs" not in df.columns:
-        df["knobs"] = ""
-    for col in SHOWN_COLUMNS:
+    for col in SHOWN_COLUMNS + SIDE_COLUMNS + ["knobs"]:
         if col not in df.columns:
-            df[col] = None
-    df["_key"] = df["combo_key"].astype(str) + "\x1f" + df["tokens_per_rank"].map(fmt_value)
-    return df.drop_duplicates("_key", keep="last")
+            df[col] = "" if col == "knobs" else None
+    for col in MEMORY_COLUMNS + PHASE_COLUMNS + ["host_enqueue_us", "analytic_peak_bytes"]:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df.reset_index(drop=True)
+
+
+def run_keys(df: pd.DataFrame) -> pd.Series:
+    """combo_key and tokens as one text key per row (how two runs' rows meet)."""
+    return df["combo_key"].astype(str) + "\x1f" + df["tokens_per_rank"].map(fmt_value)
 
 
 def _workspace(row: dict, side: str) -> float:
@@ -141,129 +155,95 @@ def _workspace(row: dict, side: str) -> float:
     return peak if np.isfinite(peak) else row[f"{side}_workspace_bytes_analytic"]
 
 
-def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: float = 1.05,
-                 alpha: float = 0.05, min_samples: int = 5) -> Comparison:
-    """Match candidate rows to baseline rows and give each pair a verdict (module doc).
-
-    Both frames are as ``load_run`` returns them (µs, bytes). ``threshold`` is the factor
-    a median ratio must pass; ``alpha`` the Mann-Whitney level, applied where both rows
-    have at least ``min_samples`` samples.
-    """
+def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, cand_keys: pd.Series,
+                  threshold: float = 1.05, alpha: float = 0.05, min_samples: int = MIN_SAMPLES,
+                  shown: str = "cand", axis: Optional[Axis] = None) -> Comparison:
+    """Pair each candidate row with every baseline row of the same key (keys: one text per
+    row, aligned with the frames' rows; two runs' keys are unique per side, an axis's may
+    not be) and give each pair a verdict (module doc). ``shown`` names the side whose identity
+    columns the matched rows show."""
     if not threshold >= 1.0:
         raise ValueError(f"threshold must be a factor >= 1 (e.g. 1.05 for 5%), got {threshold}")
-    base, cand = _keyed(baseline), _keyed(candidate)
-    keys = cand["_key"][cand["_key"].isin(set(base["_key"]))]
-    b = base.set_index("_key").loc[keys.values, SIDE_COLUMNS].add_prefix("base_")
-    c = cand.set_index("_key").loc[keys.values, SHOWN_COLUMNS + ["knobs", "combo_key"] + SIDE_COLUMNS]
-    c = c.rename(columns={k: f"cand_{k}" for k in SIDE_COLUMNS})
-    matched = pd.concat([c, b], axis=1).reset_index(drop=True)
-    verdicts, ratios, ps, mverdicts, mratios = [], [], [], [], []
+    base, cand = base.reset_index(drop=True), cand.reset_index(drop=True)
+    bk, ck = pd.Series(base_keys).reset_index(drop=True), pd.Series(cand_keys).reset_index(drop=True)
+    by_key: dict = {}
+    for i, k in enumerate(bk):
+        by_key.setdefault(k, []).append(i)
+    pairs = [(i, j) for j, k in enumerate(ck) for i in by_key.get(k, ())]
+    bi = [p[0] for p in pairs]
+    ci = [p[1] for p in pairs]
+    ident = (cand if shown == "cand" else base).iloc[ci if shown == "cand" else bi]
+    ident = ident[SHOWN_COLUMNS + ["knobs", "combo_key"]].reset_index(drop=True)
+    b = base.iloc[bi][SIDE_COLUMNS].reset_index(drop=True).add_prefix("base_")
+    c = cand.iloc[ci][SIDE_COLUMNS].reset_index(drop=True).add_prefix("cand_")
+    matched = pd.concat([ident, c, b], axis=1)
+    out, resampled = [], []
     for row in matched.to_dict("records"):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
+        boot = bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) \
+            if np.isfinite(r) else np.empty(0)
+        lo, hi = interval(boot)
+        sig = bool(np.isfinite(r) and not (p >= alpha) and np.isfinite(lo) and (lo > 1.0 or hi < 1.0))
+        if v in ("slower", "faster"):
+            sig = True
         mv, mr = memory_verdict(_workspace(row, "base"), _workspace(row, "cand"), threshold)
-        verdicts.append(v), ratios.append(r), ps.append(p)
-        mverdicts.append(mv), mratios.append(mr)
-    matched = matched.assign(ratio=ratios, p_value=ps, verdict=verdicts, mem_ratio=mratios,
-                             mem_verdict=mverdicts)
+        db, dc = row["base_device_bytes_peak"], row["cand_device_bytes_peak"]
+        dr = dc / db if np.isfinite(db) and np.isfinite(dc) and db > 0 else float("nan")
+        out.append(dict(ratio=r, ci_lo=lo, ci_hi=hi, p_value=p, significant=sig, verdict=v,
+                        mem_ratio=mr, mem_verdict=mv, dev_ratio=dr))
+        resampled.append(boot)
+    stats = pd.DataFrame(out, columns=["ratio", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
+                                       "mem_ratio", "mem_verdict", "dev_ratio"])
+    matched = pd.concat([matched, stats], axis=1)
     matched["label"] = combo_labels(matched).values if len(matched) else []
-    only_b = base[~base["_key"].isin(set(cand["_key"]))].drop(columns="_key")
-    only_c = cand[~cand["_key"].isin(set(base["_key"]))].drop(columns="_key")
-    return Comparison(matched, only_b.reset_index(drop=True), only_c.reset_index(drop=True),
-                      threshold, alpha)
+    only_b = base[~bk.isin(set(ck))].reset_index(drop=True)
+    only_c = cand[~ck.isin(set(bk))].reset_index(drop=True)
+    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled, pairs=pairs)
 
 
-def _order(matched: pd.DataFrame) -> pd.DataFrame:
-    rank = matched["verdict"].map({v: i for i, v in enumerate(VERDICT_ORDER)})
-    return matched.assign(_rank=rank, _r=-matched["ratio"].fillna(0)) \
-        .sort_values(["_rank", "_r"], kind="stable").drop(columns=["_rank", "_r"])
+def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: float = 1.05,
+                 alpha: float = 0.05, min_samples: int = MIN_SAMPLES) -> Comparison:
+    """Match candidate rows to baseline rows on (combo_key, tokens) and give each pair a
+    verdict (module doc). Both frames are as ``load_run`` returns them (µs, bytes)."""
+    base, cand = _prepared(baseline), _prepared(candidate)
+    return compare_pairs(base, cand, run_keys(base), run_keys(cand), threshold, alpha, min_samples)
 
 
-def _fmt_side(row, side: str) -> str:
-    if row[f"{side}_status"] != "ok":
-        return str(row[f"{side}_status"])
-    return fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
-                        row[f"{side}_latency_us_p80"])
+def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str]]:
+    """(0 or 1, why) by docs/design.md's "Exit status" table: 1 when a row is slower beyond
+    the threshold, a row broke (was ok; now failed, incorrect, timeout or oom) or no row
+    matched, each as ``fail_on`` asks; also `memory` (a workspace larger by the threshold),
+    `missing` (a baseline row the candidate lacks), `env` (environments not comparable)."""
+    from .verdict import environment_check, why_nothing_matched
+
+    unknown = sorted(set(fail_on) - set(FAIL_ON))
+    if unknown:
+        raise ValueError(f"--fail-on {unknown[0]!r}: use a comma list of {', '.join(FAIL_ON)} (or none)")
+    counts, why = cmp.counts(), []
+    if "empty" in fail_on and not len(cmp.comparable):
+        why.append(why_nothing_matched(cmp))
+    if "slower" in fail_on and counts["slower"]:
+        why.append(f"{counts['slower']} row(s) slower beyond ×{cmp.threshold:g}")
+    if "broken" in fail_on and counts["broken"]:
+        why.append(f"{counts['broken']} row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)")
+    if "memory" in fail_on and (cmp.matched["mem_verdict"] == "larger").any():
+        why.append(f"{int((cmp.matched['mem_verdict'] == 'larger').sum())} row(s) with a larger workspace")
+    if "missing" in fail_on and len(cmp.only_baseline):
+        why.append(f"{len(cmp.only_baseline)} baseline row(s) missing from the candidate")
+    if "env" in fail_on and cmp.axis is None:
+        ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
+        if not ok:
+            why.append("environments not comparable: " + "; ".join(diffs))
+    return (1 if why else 0), why
 
 
-def latency_comparison_table(cmp: Comparison, only_changed: bool = False) -> str:
-    """Matched rows, worst first: baseline and candidate median (p20–p80) µs, ratio, p.
-
-    ``only_changed`` keeps the rows whose verdict is not "~".
-    """
-    m = cmp.matched
-    # Rows ok on neither side (skipped in both, say) carry no comparison.
-    num_na = int((m["verdict"] == "n/a").sum())
-    m = m[m["verdict"] != "n/a"]
-    if only_changed:
-        m = m[m["verdict"] != "~"]
-    note = f"\n\n{num_na} matched rows are ok on neither side (not shown)." if num_na else ""
-    if not len(m):
-        return ("_No significant changes._" if only_changed else "_No comparable rows._") + note
-    cols = display_columns(m)
-    rows = []
-    for _, r in _order(m).iterrows():
-        mark = {"slower": "+", "broken": "+", "faster": "-", "fixed": "-"}.get(r["verdict"], "")
-        rows.append([mark] + [fmt_value(r[c]) for c in cols] + [
-            fmt_value(r["tokens_per_rank"]), _fmt_side(r, "base"), _fmt_side(r, "cand"),
-            "-" if not np.isfinite(r["ratio"]) else f"{r['ratio']:.3f}",
-            "-" if not np.isfinite(r["p_value"]) else f"{r['p_value']:.3g}", r["verdict"]])
-    headers = [""] + cols + ["tokens", "baseline µs", "candidate µs", "ratio", "p", "verdict"]
-    return md_table(headers, rows, ["l"] + ["l"] * len(cols) + ["r"] * 5 + ["l"]) + note
-
-
-def memory_comparison_table(cmp: Comparison) -> str:
-    """Workspace (peak, else analytic) and device peak, baseline vs candidate, in MiB."""
-    m = cmp.matched
-    m = m[m[[f"{s}_{c}" for s in ("base", "cand") for c in MEMORY_COLUMNS]].notna().any(axis=1)]
-    if not len(m):
-        return "_No memory measurements to compare._"
-    cols = display_columns(m)
-    rows = []
-    for _, r in m.iterrows():
-        rows.append([fmt_value(r[c]) for c in cols] + [fmt_value(r["tokens_per_rank"])] + [
-            fmt_mib(r[f"{s}_{c}"]) for c in MEMORY_COLUMNS for s in ("base", "cand")] + [
-            "-" if not np.isfinite(r["mem_ratio"]) else f"{r['mem_ratio']:.3f}",
-            r["mem_verdict"]])
-    headers = cols + ["tokens", "ws analytic base", "ws analytic cand", "ws peak base",
-                      "ws peak cand", "device base", "device cand", "ws ratio", "verdict"]
-    return md_table(headers, rows, ["l"] * len(cols) + ["r"] * 8 + ["l"])
-
-
-def unmatched_table(df: pd.DataFrame) -> str:
-    """Rows without a partner: combination, tokens, status."""
-    if not len(df):
-        return "_None._"
-    cols = display_columns(df)
-    rows = [[fmt_value(r[c]) for c in cols] + [fmt_value(r["tokens_per_rank"]), r["status"]]
-            for _, r in df.iterrows()]
-    return md_table(cols + ["tokens", "status"], rows)
-
-
-def summary_line(cmp: Comparison) -> str:
-    """One line: counts per verdict, memory changes and unmatched rows."""
-    counts = cmp.counts()
-    parts = [f"{n} {v}" for v, n in counts.items() if n]
-    mem = cmp.matched["mem_verdict"].value_counts()
-    mem_parts = [f"{int(mem[v])} {v}" for v in ("larger", "smaller") if v in mem]
-    return (f"{len(cmp.matched)} matched rows: {', '.join(parts) or 'none'}"
-            f" (threshold ×{cmp.threshold:g}, p < {cmp.alpha:g}); workspace: "
-            f"{', '.join(mem_parts) or 'no change'}; {len(cmp.only_baseline)} only in "
-            f"baseline, {len(cmp.only_candidate)} only in candidate.")
-
-
-def comparison_markdown(cmp: Comparison, baseline_name: str = "baseline",
-                        candidate_name: str = "candidate", notes=()) -> str:
-    """The comparison section of a PR report (markdown, headings at level 2/3);
-    ``notes`` (markdown paragraphs, e.g. environments, a plot) follow the summary."""
-    return "\n\n".join([
-        f"## Comparison: {candidate_name} vs {baseline_name}",
-        summary_line(cmp), *[n for n in notes if n],
-        "### Latency", latency_comparison_table(cmp),
-        "`+` slower / broken, `-` faster / fixed; ratio = candidate median / baseline "
-        "median; a verdict needs separated p20–p80 intervals, the ratio past the threshold "
-        "and (with samples) a Mann-Whitney p below alpha.",
-        "### Workspace memory", memory_comparison_table(cmp),
-        "### Only in baseline", unmatched_table(cmp.only_baseline),
-        "### Only in candidate", unmatched_table(cmp.only_candidate),
-    ])
+def parse_fail_on(text: str) -> tuple[str, ...]:
+    """'slower,broken' -> ('slower', 'broken'); 'none' -> ()."""
+    items = tuple(s.strip() for s in str(text).split(",") if s.strip())
+    if items in (("none",), ()):
+        return ()
+    unknown = [s for s in items if s not in FAIL_ON]
+    if unknown:
+        raise ValueError(f"--fail-on {unknown[0]!r}: use a comma list of {', '.join(FAIL_ON)}, or none")
+    return items

@@ -18,6 +18,8 @@ from ..spec import IDENTITY_COLUMNS as SPEC_COLUMNS
 # A row's identity: the spec's columns (moebench/spec.py), the key and the token count;
 # run_id / sweep / schema_version say where it came from
 IDENTITY_COLUMNS = ["schema_version", "run_id", "sweep", "combo_key", *SPEC_COLUMNS, "tokens_per_rank"]
+# the identity a table may show of a row (IDENTITY_COLUMNS less the provenance and the key)
+SHOWN_IDENTITY = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep", "combo_key")]
 OUTCOME_COLUMNS = ["status", "reason", "rel_err"]
 LATENCY_COLUMNS = ["latency_us_median", "latency_us_p20", "latency_us_p80"]
 PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us"]
@@ -34,15 +36,19 @@ PROVENANCE_COLUMNS = ["trace_path", "gpu", "git_sha", "env_id", "timestamp"]
 # from an older or newer schema version.
 REQUIRED_COLUMNS = ["combo_key", "backend", "experts", "reduction", "overlap", "model", "quant",
                     "world_size", "tokens_per_rank", "status"] + LATENCY_COLUMNS
-OPTIONAL_NUMERIC = (["rel_err"] + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUMNS
-                    + RATE_COLUMNS)
+OPTIONAL_NUMERIC = (["rel_err", "host_enqueue_us", "analytic_peak_bytes"] + PHASE_COLUMNS
+                    + OVERLAP_COLUMNS + MEMORY_COLUMNS + RATE_COLUMNS)
 
-# Columns that name a combination in tables and plots, in display order. The first
-# seven are always shown; the rest only when they vary within the run.
+# Columns that name a combination in tables and plots, in display order; a table shows
+# those that vary within it and names the constant ones in its caption.
 COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
 # the other identity columns, shown where they vary within a run; "knobs" holds the tags of
 # the entries' knobs off their defaults (backend.num_sms=16 -> sms16), as the row stored them
 EXTRA_COMBO_COLUMNS = [c for c in SPEC_COLUMNS if c not in COMBO_COLUMNS] + ["timing_mode", "knobs"]
+# columns of a row, not of its combination (graph timing runs events above graph_max_tokens)
+PER_ROW_COLUMNS = ("timing_mode",)
+# the model's sizes: shown only where they vary within one model
+MODEL_COLUMNS = ("hidden", "intermediate", "num_experts", "topk", "num_shared_experts", "shared_intermediate")
 SHORT_NAMES = {"world_size": "world", "simulate_ep": "sim_ep", "num_experts": "E",
                "intermediate": "inter", "timing_mode": "timing", "reduction": "red",
                "overlap": "ovl"}
@@ -144,19 +150,67 @@ def varying(df: pd.DataFrame, columns: list[str]) -> list[str]:
     return [c for c in columns if c in df.columns and df[c].map(fmt_value).nunique() > 1]
 
 
+def _by_model(df: pd.DataFrame, col: str) -> bool:
+    """Whether a MODEL_COLUMNS column takes one value per model (the model names it)."""
+    if col not in MODEL_COLUMNS or "model" not in df.columns:
+        return False
+    return bool((df.groupby(df["model"].map(fmt_value))[col].agg(lambda s: s.map(fmt_value).nunique()) <= 1).all())
+
+
+def shown_varying(df: pd.DataFrame, columns: list[str]) -> list[str]:
+    """varying() less the model's sizes where the model already tells them apart."""
+    return [c for c in varying(df, columns) if not _by_model(df, c)]
+
+
 def display_columns(df: pd.DataFrame) -> list[str]:
-    """Combination columns a table shows: the core seven plus extras that vary."""
-    return COMBO_COLUMNS + varying(df, EXTRA_COMBO_COLUMNS)
+    """Combination columns a table shows: those that vary within ``df`` (the constant
+    ones go into the caption, constant_caption); the model where none varies."""
+    shown = shown_varying(df, COMBO_COLUMNS + EXTRA_COMBO_COLUMNS)
+    return shown or [c for c in ("model",) if c in df.columns]
 
 
 def constant_caption(df: pd.DataFrame) -> str:
-    """'routing=uniform, seed=0, ...' for the extra combination columns that do not vary."""
+    """'backend=local, experts=triton, ...' for the combination columns that take one
+    value in ``df`` (those a table leaves out, display_columns), less the fields at
+    their spec default and the model's sizes."""
+    from ..spec import field_default
+
     parts = []
-    vary = varying(df, EXTRA_COMBO_COLUMNS)
-    for c in EXTRA_COMBO_COLUMNS:
-        if c in df.columns and c not in vary and len(df) and fmt_value(df[c].iloc[0]) not in ("-", ""):
-            parts.append(f"{c}={fmt_value(df[c].iloc[0])}")
+    shown = set(display_columns(df))
+    for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS:
+        if c in df.columns and c not in shown and c not in MODEL_COLUMNS and len(df) \
+                and df[c].map(fmt_value).nunique() == 1:
+            v = fmt_value(df[c].iloc[0])
+            try:
+                default = field_default(c)
+            except KeyError:
+                default = None
+            if v in ("-", "", "None") or (default is not None and v == fmt_value(default)
+                                          and c not in COMBO_COLUMNS):
+                continue
+            parts.append(f"{c}={v}")
     return ", ".join(parts)
+
+
+def run_timestamp(run_dir: Path) -> str:
+    """The newest row timestamp of a run (ISO text; '' without one), read from the
+    timestamp column only."""
+    stamps = []
+    for f in sorted((Path(run_dir) / "rows").glob("*.parquet")):
+        try:
+            col = pd.read_parquet(f, columns=["timestamp"])["timestamp"]
+        except Exception:  # no such column, or not a parquet file: no time from it
+            continue
+        stamps += [str(t) for t in col.dropna()]
+    return max(stamps) if stamps else ""
+
+
+def newest_run(root: str | Path) -> Path | None:
+    """The run under ``root`` (a directory holding rows/*.parquet, at any depth) whose rows
+    were written last, by their stored timestamps (not file times: a checkout rewrites those)."""
+    runs = {p.parent.parent for p in Path(root).rglob("rows/*.parquet")}
+    timed = sorted((run_timestamp(r), str(r)) for r in runs)
+    return Path(timed[-1][1]) if timed else None
 
 
 def fmt_value(v) -> str:
@@ -168,23 +222,40 @@ def fmt_value(v) -> str:
     return str(v)
 
 
-def combo_labels(df: pd.DataFrame) -> pd.Series:
-    """Short label per row naming its combination: 'backend/experts red=.. ovl=..'.
+def combo_labels(df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = None,
+                 fallback: str | None = None) -> pd.Series:
+    """Short label per row naming its combination: 'local/triton mixtral_8x7b red=finalize'.
 
-    Only columns that vary within ``df`` (besides backend/experts) enter the label, so
-    labels stay short and still tell the lines of a plot apart.
+    Only columns that vary within ``within`` (default ``df``) enter the label, less
+    ``exclude`` (a plot panel's own columns) and the per-row PER_ROW_COLUMNS, so labels
+    stay short and still tell the lines of a plot apart. Backend, experts and model show bare
+    values; the knobs their tags ('sms16 carve24'). A row that nothing tells apart is
+    named ``fallback`` (default: its model).
     """
     if "knobs" not in df.columns:
         df = df.assign(knobs="")
-    extra = varying(df, [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS
-                         if c not in ("backend", "experts")])
+    ref = df if within is None else within
+    if "knobs" not in ref.columns:
+        ref = ref.assign(knobs="")
+    extra = [c for c in shown_varying(ref, COMBO_COLUMNS + EXTRA_COMBO_COLUMNS)
+             if c not in exclude and c not in PER_ROW_COLUMNS]
+    if "knobs" in extra and "shared_sm_carveout" in extra:  # the knobs' tags hold the carveout (carve24)
+        extra.remove("shared_sm_carveout")
 
     def label(row) -> str:
-        parts = [f"{row['backend']}/{row['experts']}"]
-        parts += [f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}" for c in extra if c != "knobs"]
+        bare = [fmt_value(row[c]) for c in ("backend", "experts") if c in extra]
+        parts = ["/".join(bare)] if bare else []
+        parts += [fmt_value(row["model"])] if "model" in extra else []
+        parts += [f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}" for c in extra
+                  if c not in ("backend", "experts", "model", "knobs")]
         if "knobs" in extra and row["knobs"]:
-            parts.append(row["knobs"])  # 'sms16 carve24'
-        return " ".join(parts)
+            parts.append(str(row["knobs"]))
+        text = " ".join(p for p in parts if p)
+        if text:
+            return text
+        if "knobs" in extra:
+            return "default knobs"
+        return fmt_value(row.get("model", "")) if fallback is None else fallback
 
     if not len(df):
         return pd.Series([], dtype=object)

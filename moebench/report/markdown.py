@@ -1,35 +1,41 @@
-"""The markdown report of a run (``<run>/report/report.md`` + PNGs) and the CLI entry.
-
-``moebench report RUN`` prints the status and latency tables and writes the report;
-``moebench report --baseline A --candidate B`` (or ``RUN --baseline A``) puts the
-comparison first, as a PR description wants it.
+"""The reports: a run's (``<run>/report/report.md`` + PNGs) and a comparison's, the verdict
+first (report/verdict.py). Each report is a ``Doc``: markdown blocks for report.md, the
+tables for csv, a JSON document; ``write`` puts them on disk.
 """
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from . import plots, tables
-from .compare import Comparison, compare_runs, comparison_markdown, \
-    latency_comparison_table, summary_line
+from .compare import Comparison, compare_runs, exit_status
+from .compare_tables import latency_pairs, memory_pairs, unmatched
+from .envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
+from .flags import flag_summary, pair_flags, run_notes
 from .load import load_run
+from .summary import caveats, quality_lines, reviewer_summary, rows_table
+from .table import Table, to_json
+from .verdict import frame_names, verdict_lines, verdict_record
 
-ENV_FIELDS = [  # (label, keys tried in order; a key also matches the tail of a dotted key)
-    ("GPU", ["gpu", "gpu_name", "gpu.name", "device_name", "gpus"]),
-    ("driver", ["driver", "driver_version", "nvidia_driver"]),
-    ("CUDA", ["cuda", "cuda_version", "torch_cuda"]),
-    ("NCCL", ["nccl", "nccl_version"]),
-    ("torch", ["torch", "torch_version"]),
-    ("triton", ["triton", "triton_version"]),
-    ("deep_ep", ["deep_ep"]),
-    ("deep_gemm", ["deep_gemm"]),
-    ("pplx", ["pplx_kernels", "pplx"]),
-]
-LIBRARIES = ("deep_ep", "deep_gemm", "pplx")
-FORMATS = ("md", "markdown", "csv", "json")
+FORMATS = ("md", "csv", "json")
+
+
+@dataclass
+class Doc:
+    """A report: markdown blocks, its tables by name (the first is what csv prints), the
+    JSON document, and the exit status it implies."""
+
+    blocks: list[str]
+    tables: dict[str, Table]
+    data: dict
+    code: int = 0
+    head: list[str] = field(default_factory=list)  # what stdout shows first in markdown
+    stdout_md: str = ""  # what stdout shows in markdown, when not the head and the first table
+
+    def markdown(self) -> str:
+        return "\n\n".join(b for b in self.blocks if b) + "\n"
 
 
 @dataclass
@@ -40,89 +46,7 @@ class Report:
     df: pd.DataFrame
     env: dict
     comparison: Comparison | None
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def env_value(env: dict, keys: list[str]):
-    """First value of ``keys`` in a (possibly nested) env dict; None if absent."""
-    flat = _flatten(env)
-    for k in keys:
-        for fk, v in flat.items():
-            if fk == k or fk.endswith("." + k):
-                return v
-    return None
-
-
-def _gpu_text(value, env: dict) -> str | None:
-    if isinstance(value, (list, tuple)):
-        names = [str(v.get("name", v)) if isinstance(v, dict) else str(v) for v in value]
-        uniq = sorted(set(names))
-        return f"{len(names)} × {uniq[0]}" if len(uniq) == 1 else ", ".join(names)
-    count = env_value(env, ["gpu_count", "num_gpus", "device_count"])
-    if value and str(count).isdigit() and int(count) > 1:
-        return f"{int(count)} × {value}"
-    return None if value is None else str(value)
-
-
-def _smi_driver(env: dict) -> str | None:
-    """Driver version from the fingerprint's nvidia-smi query lines ('name, driver, ...')."""
-    lines = env_value(env, ["nvidia_smi"])
-    if isinstance(lines, (list, tuple)) and lines and str(lines[0]).count(",") >= 1:
-        return str(lines[0]).split(",")[1].strip()
-    return None
-
-
-def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
-    """One line: GPU, driver, CUDA, NCCL, torch, triton, kernel libraries, git sha, host.
-
-    Falls back to the rows' ``gpu`` / ``git_sha`` columns where env.json lacks them.
-    """
-    parts = []
-    for label, keys in ENV_FIELDS:
-        value = env_value(env, keys)
-        if label == "driver" and value is None:
-            value = _smi_driver(env)
-        if label == "GPU":
-            value = _gpu_text(value, env)
-            if value is None and df is not None and df["gpu"].notna().any():
-                value = ", ".join(sorted({str(g) for g in df["gpu"].dropna()}))
-        if label in LIBRARIES:
-            if env:  # without env.json, "not installed" would be a guess
-                parts.append(f"{label} {value if value else 'not installed'}")
-        elif value is not None:
-            parts.append(f"{label} {value}")
-    sha = env_value(env, ["git_sha", "sha", "commit"])
-    if sha is None and df is not None and df["git_sha"].notna().any():
-        sha = df["git_sha"].dropna().iloc[-1]
-    if sha:
-        dirty = env_value(env, ["dirty", "git_dirty"])
-        parts.append(f"git {str(sha)[:10]}" + (" (dirty)" if dirty else ""))
-    host = env_value(env, ["hostname", "host"])
-    if host:
-        parts.append(f"host {host}")
-    if not env:
-        parts.append("(no env.json: environment unknown)")
-    return " · ".join(parts)
-
-
-def env_differences(base_env: dict, cand_env: dict) -> list[str]:
-    """'GPU: A → B' for each ENV_FIELDS entry that differs between two runs."""
-    diffs = []
-    for label, keys in ENV_FIELDS:
-        a, b = env_value(base_env, keys), env_value(cand_env, keys)
-        if a != b and (a is not None or b is not None):
-            diffs.append(f"{label}: {a} → {b}")
-    return diffs
+    doc: Doc | None = None
 
 
 def run_summary(df: pd.DataFrame) -> str:
@@ -137,8 +61,9 @@ def run_summary(df: pd.DataFrame) -> str:
     return text
 
 
-def _run_root(path: Path) -> Path:
+def run_root(path) -> Path:
     """The run directory for a run dir, a rows/ file or a loose parquet file."""
+    path = Path(path)
     if path.is_dir():
         return path
     return path.parent.parent if path.parent.name == "rows" else path.parent
@@ -148,30 +73,30 @@ def _image(path: Path | None, alt: str) -> str:
     return f"![{alt}]({path.name})" if path is not None else ""
 
 
-def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05) -> Report:
-    """Write report.md and its PNGs for ``run_dir`` (with a comparison section first when
-    ``baseline`` is a run path). ``out_dir`` defaults to ``<run>/report``."""
-    run_dir = Path(run_dir)
-    df, env = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else _run_root(run_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    sections = [f"# moebench report: {_run_root(run_dir).name}",
-                f"Environment: {env_summary(env, df)}", run_summary(df)]
-    cmp = None
-    if baseline is not None:
-        base_df, base_env = load_run(baseline)
-        cmp = compare_runs(base_df, df, threshold=threshold)
-        diffs = env_differences(base_env, env)
-        notes = [f"Baseline environment: {env_summary(base_env, base_df)}",
-                 "**Environments differ** (compare with care): " + "; ".join(diffs)
-                 if diffs else "",
-                 _image(plots.plot_comparison(cmp, out / "comparison.png"),
-                        "latency ratio per combination")]
-        sections.append(comparison_markdown(cmp, baseline_name=_run_root(Path(baseline)).name,
-                                            candidate_name=_run_root(run_dir).name,
-                                            notes=notes))
-        sections.append(f"## This run: {_run_root(run_dir).name}")
-    sections += [
+def _results_root(path: Path) -> Path | None:
+    for d in [path.resolve(), *path.resolve().parents]:
+        if d.name == "results":
+            return d
+    return None
+
+
+def _quality_section(lines: list[str], caveat_blocks: list[str]) -> list[str]:
+    if not lines and not caveat_blocks:
+        return []
+    return ["## Data quality", "\n".join(f"- {x}" for x in lines), *caveat_blocks]
+
+
+def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool = True) -> Doc:
+    """A single run's report; PNGs written into ``out``."""
+    name = run_root(run_dir).name
+    quality = quality_lines(df, env, run_dir)
+    cav = caveats([run_root(run_dir)], _results_root(run_root(run_dir)))
+    summary = reviewer_summary(df, quality + cav)
+    rows = rows_table(df)
+    blocks = ([f"# moebench report: {name}"] if title else [f"## This run: {name}"]) + [
+        "\n".join(summary),
+        f"Environment: {env_summary(env, df)}  \n{run_summary(df)}",
+        *_quality_section(quality, cav),
         "## Status", tables.status_table(df), tables.reasons_table(df),
         "## Latency", tables.latency_table(df),
         _image(plots.plot_latency(df, out / "latency.png"), "latency vs tokens per rank"),
@@ -180,58 +105,115 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05) 
         "## Shared-expert overlap", tables.overlap_table(df),
         _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
         "## Memory", tables.memory_table(df),
+        _image(plots.plot_workspace(df, out / "workspace.png"), "workspace of one forward"),
         "## Experts against the roofline", tables.roofline_table(df),
-        _image(plots.plot_workspace(df, out / "workspace.png"), "workspace per reduction"),
     ]
+    data = {"run": name, "environment": env_summary(env, df), "summary": summary, "data_quality": quality,
+            "rows": rows}
+    text = "\n\n".join(["\n".join(summary), f"Environment: {env_summary(env, df)}",
+                        tables.status_table(df), tables.latency_table(df)])
+    return Doc(blocks, {"rows": rows}, data, 0, summary, text)
+
+
+def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
+                   frames: tuple[pd.DataFrame, ...] = (), envs: tuple[dict, ...] = ()) -> Doc:
+    """A comparison's report: the verdict, environments, data quality, the pairs, memory,
+    the rows on one side only; PNGs written into ``out``."""
+    code, why = exit_status(cmp, fail_on)
+    lat, mem = latency_pairs(cmp), memory_pairs(cmp)
+    only_b = unmatched(cmp.only_baseline, "only_baseline")
+    only_c = unmatched(cmp.only_candidate, "only_candidate")
+    quality = []
+    if len(cmp.matched):
+        quality += flag_summary(pair_flags(cmp.matched), frame_names(cmp.matched))
+    names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
+    for df, env, name in zip(frames, envs, names):  # the pairs' flags hold the rows' own: provenance here
+        quality += [x for x in run_notes(df, env, name) if x not in quality]
+    cav = caveats([run_root(d) for d in run_dirs], _results_root(run_root(run_dirs[0])))
+    verdict = verdict_lines(cmp, code, why, quality + cav)
+    if cmp.axis is not None:
+        title = f"# moebench compare: {run_root(run_dirs[0]).name}, {cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}"
+        envs_text = f"Environment: {env_summary(cmp.cand_env, frames[0] if frames else None)}"
+    else:
+        title = f"# moebench compare: {cmp.candidate_name} vs {cmp.baseline_name}"
+        envs_text = (f"Baseline ({cmp.baseline_name}): {env_summary(cmp.base_env, frames[0] if frames else None)}  \n"
+                     f"Candidate ({cmp.candidate_name}): {env_summary(cmp.cand_env, frames[1] if len(frames) > 1 else None)}")
+    blocks = [title, "\n".join(verdict), envs_text, *_quality_section(quality, cav),
+              "## Latency", lat.markdown(),
+              _image(plots.plot_comparison(cmp, out / "comparison.png"), "latency change per row with its interval"),
+              _image(plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
+                     "baseline and candidate latency"),
+              "## Memory", mem.markdown(),
+              _image(plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
+                     if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any() else None,
+                     "workspace change per row"),
+              f"## Only in {cmp.baseline_name}", only_b.markdown(),
+              f"## Only in {cmp.candidate_name}", only_c.markdown()]
+    data = {"verdict": verdict_record(cmp, code, why), "verdict_lines": verdict, "data_quality": quality,
+            "comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c}
+    return Doc(blocks, {"comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c},
+               data, code, verdict)
+
+
+def write(doc: Doc, out: Path, fmt: str = "md") -> Path:
+    """report.md always; with csv each table as <name>.csv, with json report.json."""
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "report.md"
-    path.write_text("\n\n".join(s for s in sections if s) + "\n")
-    return Report(path, df, env, cmp)
+    path.write_text(doc.markdown())
+    if fmt == "csv":
+        for name, t in doc.tables.items():
+            (out / f"{name}.csv").write_text(t.csv())
+    if fmt == "json":
+        (out / "report.json").write_text(to_json(doc.data) + "\n")
+    return path
+
+
+def stdout_text(doc: Doc, fmt: str) -> str:
+    """What the command prints: the verdict (or summary) then the main table in
+    markdown; the main table as csv; the whole document as JSON."""
+    if fmt == "csv":
+        return next(iter(doc.tables.values())).csv()
+    if fmt == "json":
+        return to_json(doc.data)
+    if doc.stdout_md:
+        return doc.stdout_md
+    main = next(iter(doc.tables.values()))
+    return "\n".join(doc.head) + "\n\n" + main.markdown()
+
+
+def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, fmt: str = "md",
+                 fail_on=None) -> Report:
+    """Write report.md and its PNGs for ``run_dir``; with ``baseline`` (a run path) the
+    comparison comes first and the run's own sections follow. ``out_dir`` defaults to
+    ``<run>/report``."""
+    from .compare import DEFAULT_FAIL_ON
+
+    run_dir = Path(run_dir)
+    df, env = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else run_root(run_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    if baseline is None:
+        doc = run_doc(df, env, run_dir, out)
+        return Report(write(doc, out, fmt), df, env, None, doc)
+    base_df, base_env = load_run(baseline)
+    cmp = compare_runs(base_df, df, threshold=threshold)
+    cmp.base_env, cmp.cand_env = base_env, env
+    cmp.baseline_name, cmp.candidate_name = _names(Path(baseline), run_dir)
+    doc = comparison_doc(cmp, out, [Path(baseline), run_dir], DEFAULT_FAIL_ON if fail_on is None else fail_on,
+                         (base_df, df), (base_env, env))
+    own = run_doc(df, env, run_dir, out, title=False)
+    doc.blocks += own.blocks
+    return Report(write(doc, out, fmt), df, env, cmp, doc)
+
+
+def _names(base: Path, cand: Path) -> tuple[str, str]:
+    """Short names of two runs: their folder names, with the parent's where those agree."""
+    a, b = run_root(base), run_root(cand)
+    if a.name != b.name:
+        return a.name, b.name
+    return f"{a.parent.name}/{a.name}", f"{b.parent.name}/{b.name}"
 
 
 def write_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05) -> Path:
     """Write ``<out_dir or run/report>/report.md`` with PNGs beside it; return its path."""
     return build_report(run_dir, out_dir, baseline, threshold).path
-
-
-def _records(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows without list columns (samples_us, per-rank lists), for csv / json output."""
-    def is_list(col: pd.Series) -> bool:
-        return col.dtype == object and col.map(lambda v: hasattr(v, "__len__")
-                                               and not isinstance(v, str)).any()
-    return df.drop(columns=[c for c in df.columns if is_list(df[c])])
-
-
-def report_command(run: str | None, baseline: str | None, candidate: str | None,
-                   out: str | None, threshold: float = 1.05, fmt: str = "md") -> int:
-    """CLI body of ``moebench report``: write the report and print its tables.
-
-    ``fmt`` picks what goes to stdout: md (markdown tables), csv or json (the rows, or the
-    matched comparison rows). The report path goes to stderr. Returns 0; raises
-    ValueError (the CLI exits 2) for bad arguments or unreadable results.
-    """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
-    if run is not None and candidate is not None and Path(run) != Path(candidate):
-        raise ValueError("give the run either as RUN or as --candidate, not both")
-    candidate = candidate if candidate is not None else run
-    if candidate is None:
-        raise ValueError("nothing to report: `moebench report RUN` for one run, or "
-                         "`moebench report --baseline A --candidate B` to compare two")
-    for p in (candidate, baseline):
-        if p is not None and not Path(p).exists():
-            raise ValueError(f"results path {p} does not exist: pass a run directory "
-                             "(with rows/*.parquet)")
-    rep = build_report(candidate, out, baseline, threshold)
-    if fmt in ("csv", "json"):
-        data = _records(rep.comparison.matched if rep.comparison is not None else rep.df)
-        print(data.to_csv(index=False) if fmt == "csv"
-              else data.to_json(orient="records", indent=1))
-    elif rep.comparison is not None:
-        print(summary_line(rep.comparison) + "\n")
-        print(latency_comparison_table(rep.comparison))
-    else:
-        print(f"Environment: {env_summary(rep.env, rep.df)}\n")
-        print(tables.status_table(rep.df) + "\n")
-        print(tables.latency_table(rep.df))
-    print(f"report written to {rep.path}", file=sys.stderr)
-    return 0

@@ -1,4 +1,6 @@
-"""PNG plots of a run and of a comparison (matplotlib, no pyplot: safe headless).
+"""PNG plots of a run (matplotlib, no pyplot: safe headless), as small multiples
+(report/plotgrid.py: one panel per model, and backend where it varies, at most ~8
+series a panel). Comparison plots: report/plots_compare.py.
 
 Every function writes one PNG at ``path`` and returns that path, or returns None (and
 writes nothing) when the rows hold nothing to plot, e.g. no overlap rows.
@@ -9,79 +11,78 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import LogFormatter, NullLocator
+from matplotlib.lines import Line2D
 
-from .compare import Comparison
-from .load import PHASE_COLUMNS, combo_labels, latest_rows
+from .load import PHASE_COLUMNS, latest_rows
+from .plotgrid import MARKERS, grid, legends, panels, save, tokens_axis, value_axis
+from .plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
 
 MIB = 1024.0 * 1024.0
-LINESTYLES = ["-", "--", ":", "-."]
-VERDICT_COLORS = {"slower": "tab:red", "faster": "tab:green", "~": "tab:gray"}
-REDUCTION_COLORS = {"experts": "tab:blue", "finalize": "tab:orange"}
-MAX_BARS = 60
+REDUCTION_STYLES = {"experts": "-", "finalize": "--"}
+PHASE_COLORS = {"prepare_us": "C0", "dispatch_us": "C1", "experts_us": "C2", "weight_reduce_us": "C3",
+                "combine_us": "C4"}
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     df = latest_rows(df)
     df = df[(df["status"] == "ok") & df["tokens_per_rank"].notna()].copy()
-    df["label"] = combo_labels(df).values if len(df) else []
-    return df.sort_values(["label", "tokens_per_rank"], kind="stable")
+    return df.sort_values(["combo_key", "tokens_per_rank"], kind="stable")
 
 
-def _save(fig: Figure, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
+def _series(p, i, g):
+    """(label, rows, style: colour and line style) of each series of panel i, in label order."""
+    for lab, s in g.groupby(p.labels.loc[g.index], sort=True):
+        yield lab, s.sort_values("tokens_per_rank"), p.styles[(i, lab)]
 
 
-def _style(i: int) -> dict:
-    """Distinct colour + line style for the i-th line (10 colours x 4 styles)."""
-    return {"color": f"C{i % 10}", "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)]}
-
-
-def _tokens_axis(ax, tokens) -> None:
-    """Log x axis of tokens per rank, ticked at the measured token counts."""
-    ax.set_xscale("log")
-    tokens = sorted({int(t) for t in tokens})
-    if len(tokens) <= 16:
-        ax.set_xticks(tokens, [str(t) for t in tokens])
-        ax.xaxis.set_minor_locator(NullLocator())
-
-
-def _plain_log(axis) -> None:
-    """Plain numbers (60, 200) rather than 6x10^1 on a log axis, minor ticks included."""
-    axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
-
-
-def _legend(ax, n: int) -> None:
-    if n:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+def _whiskers(mid, lo, hi) -> list:
+    """errorbar's [below, above] lengths; a bound on the wrong side of the figure (rows whose
+    median and interval were stored apart) or missing draws none."""
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    return [np.nan_to_num(np.maximum(mid - lo, 0.0)), np.nan_to_num(np.maximum(hi - mid, 0.0))]
 
 
 def plot_latency(df: pd.DataFrame, path) -> Path | None:
-    """Median latency (µs) vs tokens per rank, log-log, one line per combination, with
-    its p20–p80 band."""
+    """Median latency (µs) vs tokens per rank, log-log, a panel per model (and backend),
+    one line per combination with its p20–p80 band; graph-replay points filled, events
+    points hollow where a run holds both."""
     ok = _ok(df)
     if not len(ok):
         return None
-    fig = Figure(figsize=(9, 5))
-    ax = fig.subplots()
-    for i, (label, g) in enumerate(ok.groupby("label", sort=False)):
-        st = _style(i)
-        ax.plot(g["tokens_per_rank"], g["latency_us_median"], marker="o", ms=3, label=label,
-                **st)
-        ax.fill_between(g["tokens_per_rank"], g["latency_us_p20"], g["latency_us_p80"],
-                        color=st["color"], alpha=0.2, lw=0)
-    _tokens_axis(ax, ok["tokens_per_rank"])
-    ax.set(yscale="log", xlabel="tokens per rank",
-           ylabel="latency (µs, median; band p20–p80)", title="MoE layer latency")
-    _plain_log(ax.yaxis)
-    ax.grid(True, which="both", alpha=0.3)
-    _legend(ax, ok["label"].nunique())
-    return _save(fig, path)
+    p = panels(ok)
+    fig, axes = grid(len(p.groups))
+    modes = set(ok["timing_mode"].dropna().astype(str)) if "timing_mode" in ok else set()
+    single = ok["tokens_per_rank"].nunique() == 1
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
+        series = list(_series(p, i, g))
+        for j, (lab, s, st) in enumerate(series):
+            t, color = s["tokens_per_rank"], st["color"]
+            ax.plot(t, s["latency_us_median"], lw=1.4, label=lab, **st)
+            if len(s) == 1:  # one token count: whiskers side by side instead of a band of one point
+                med = s["latency_us_median"].to_numpy(dtype=float)
+                ax.errorbar(t * (1 + 0.06 * (j - (len(series) - 1) / 2)), med,
+                            yerr=_whiskers(med, s["latency_us_p20"], s["latency_us_p80"]),
+                            fmt="o", ms=4, color=color, capsize=3)
+                continue
+            ax.fill_between(t, s["latency_us_p20"], s["latency_us_p80"], color=color, alpha=0.2, lw=0)
+            if len(modes) > 1:  # hollow: events above graph_max_tokens
+                for mode, pts in s.groupby(s["timing_mode"].astype(str)):
+                    ax.plot(pts["tokens_per_rank"], pts["latency_us_median"], "o", ms=4, color=color,
+                            markerfacecolor="white" if mode == "events" else color)
+            else:
+                ax.plot(t, s["latency_us_median"], "o", ms=3.5, color=color)
+        tokens_axis(ax, ok["tokens_per_rank"])
+        ax.set(title=title, xlabel="tokens per rank")
+        value_axis(ax, pd.concat([g["latency_us_p20"], g["latency_us_p80"]]),
+                   f"latency µs (median, {'whiskers' if single else 'band'} p20–p80)")
+        ax.grid(True, which="both", alpha=0.3)
+    extra = []
+    if len(modes) > 1:
+        extra = [(Line2D([], [], marker="o", ls="", color="k"), "graph replays"),
+                 (Line2D([], [], marker="o", ls="", color="k", markerfacecolor="white"), "events (eager)")]
+    legends(fig, axes, p, extra)
+    fig.suptitle(p.suptitle("MoE layer latency") + (f" (timing {', '.join(sorted(modes))})" if modes else ""))
+    return save(fig, path)
 
 
 def _pick_tokens(tokens: list[int], max_panels: int) -> list[int]:
@@ -92,118 +93,123 @@ def _pick_tokens(tokens: list[int], max_panels: int) -> list[int]:
 
 
 def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
-    """Stacked per-phase times (µs) per combination, one panel per tokens_per_rank
-    (at most ``max_panels``, spread over the range)."""
+    """Stacked per-phase times (µs) per combination: a row of panels per model (and
+    backend), a column per tokens_per_rank (at most ``max_panels``, spread over the
+    range); a black tick marks the layer's median latency (the phases come from eager
+    forwards: in graph mode the tick is the figure to read)."""
     ok = _ok(df)
     ok = ok[ok[PHASE_COLUMNS].notna().any(axis=1)]
     if not len(ok):
         return None
     tokens = _pick_tokens(sorted(int(t) for t in ok["tokens_per_rank"].unique()), max_panels)
-    labels = list(dict.fromkeys(ok["label"]))
-    fig = Figure(figsize=(4.2 * len(tokens) + 3, 0.35 * len(labels) + 1.8),
-                 layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(tokens), sharey=True))
-    y = np.arange(len(labels))
-    for ax, t in zip(axes, tokens):
-        g = ok[ok["tokens_per_rank"] == t].set_index("label").reindex(labels)
-        left = np.zeros(len(labels))
-        for j, col in enumerate(PHASE_COLUMNS):
-            width = g[col].fillna(0.0).to_numpy(dtype=float)
-            ax.barh(y, width, left=left, color=f"C{j}", label=col.removesuffix("_us"))
-            left += width
-        ax.set(title=f"{t} tokens/rank", xlabel="µs")
-        ax.grid(True, axis="x", alpha=0.3)
-    axes[0].set_yticks(y, labels, fontsize=7)
-    axes[0].invert_yaxis()
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle("Phase breakdown")
-    return _save(fig, path)
+    p = panels(ok)
+    num_labels = max(p.labels.loc[g.index].nunique() for _, g in p.groups)
+    fig, axes = grid(len(p.groups) * len(tokens), ncols=len(tokens), width=max(3.6, 8.0 / len(tokens)),
+                     height=0.32 * num_labels + 1.3)
+    for r, (title, g) in enumerate(p.groups):
+        labels = sorted(set(p.labels.loc[g.index]))
+        y = np.arange(len(labels))
+        for c, t in enumerate(tokens):
+            ax = axes[r * len(tokens) + c]
+            rows = g[g["tokens_per_rank"] == t]
+            if not len(rows):  # e.g. a batched backend's cap: nothing ran at this size
+                ax.set_title(f"{title} · {t} tok" if title else f"{t} tok", fontsize=9)
+                ax.text(0.5, 0.5, "no ok rows", ha="center", va="center", transform=ax.transAxes, color="gray")
+                ax.set_xticks([]), ax.set_yticks([])
+                continue
+            s = rows.assign(_lab=p.labels.loc[rows.index]).drop_duplicates("_lab").set_index("_lab").reindex(labels)
+            left = np.zeros(len(labels))
+            for col in PHASE_COLUMNS:
+                width = s[col].fillna(0.0).to_numpy(dtype=float)
+                ax.barh(y, width, left=left, color=PHASE_COLORS[col], label=col.removesuffix("_us"))
+                left += width
+            ax.plot(s["latency_us_median"], y, "|", color="black", ms=12, mew=2, label="layer latency (median)")
+            for yi in y[s["latency_us_median"].isna().to_numpy()]:
+                ax.text(0, yi, "  no ok row at this size", va="center", fontsize=7, color="gray")
+            ax.set_title(f"{title} · {t} tok" if title else f"{t} tok", fontsize=9)
+            ax.set_xlabel("µs")
+            ax.grid(True, axis="x", alpha=0.3)
+            ax.set_yticks(y, labels if c == 0 else [""] * len(labels), fontsize=7)
+            ax.invert_yaxis()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=len(names), fontsize=8, frameon=False)
+    modes = set(ok["timing_mode"].dropna().astype(str))
+    what = "kernel busy time (profiler)" if modes == {"profiler"} else "phase events of eager forwards"
+    fig.suptitle(p.suptitle(f"Phase breakdown: {what}"))
+    return save(fig, path)
 
 
 def plot_overlap(df: pd.DataFrame, path) -> Path | None:
-    """overlap_fraction (its 90 % bootstrap interval shaded, where rows have one) and
-    shared_exposed_us (µs, with shared_us dashed) vs tokens per rank for rows with
-    overlap = dispatch | combine."""
+    """Per model (and backend): overlap_fraction vs tokens per rank with its 90 %
+    bootstrap band where the rows have one (and the trace's figure as x), and beside it
+    shared_exposed_us (µs) with shared_us dashed; rows with overlap = dispatch | combine."""
     ok = _ok(df)
     ok = ok[ok["overlap"].astype(str).isin(["dispatch", "combine"])]
     if not len(ok):
         return None
-    fig = Figure(figsize=(12, 4.5))
-    ax_frac, ax_exp = fig.subplots(1, 2)
-    for i, (label, g) in enumerate(ok.groupby("label", sort=False)):
-        st = _style(i)
-        t = g["tokens_per_rank"]
-        ax_frac.plot(t, g["overlap_fraction"], marker="o", ms=3, label=label, **st)
-        if "overlap_fraction_lo" in g and g["overlap_fraction_lo"].notna().any():  # 90 % bootstrap
-            ax_frac.fill_between(t, g["overlap_fraction_lo"], g["overlap_fraction_hi"], color=st["color"],
-                                 alpha=0.15, lw=0)
-        if g["trace_overlap_fraction"].notna().any():
-            ax_frac.plot(t, g["trace_overlap_fraction"], marker="x", ls=":", color=st["color"])
-        ax_exp.plot(t, g["shared_exposed_us"], marker="o", ms=3, **st)
-        ax_exp.plot(t, g["shared_us"], ls="--", color=st["color"], alpha=0.5)
-    for ax in (ax_frac, ax_exp):
-        _tokens_axis(ax, ok["tokens_per_rank"])
-    ax_frac.set(ylim=(-0.05, 1.05), xlabel="tokens per rank",
-                ylabel="overlap fraction (band: 90 % interval; x: trace)", title="Shared experts hidden")
-    ax_exp.set(xlabel="tokens per rank",
-               ylabel="µs (solid: exposed, dashed: shared alone)",
-               title="Shared-expert time exposed")
-    for ax in (ax_frac, ax_exp):
-        ax.grid(True, which="both", alpha=0.3)
-    ax_exp.legend(*ax_frac.get_legend_handles_labels(), fontsize=7, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return _save(fig, path)
+    p = panels(ok)
+    fig, axes = grid(2 * len(p.groups), ncols=2, width=4.8)
+    has_band = ok["overlap_fraction_lo"].notna().any() if "overlap_fraction_lo" in ok else False
+    has_trace = ok["trace_overlap_fraction"].notna().any()
+    single = ok["tokens_per_rank"].nunique() == 1
+    for i, (title, g) in enumerate(p.groups):
+        ax_frac, ax_exp = axes[2 * i], axes[2 * i + 1]
+        series = list(_series(p, i, g))
+        for j, (lab, s, st) in enumerate(series):
+            t, color = s["tokens_per_rank"], st["color"]
+            if len(s) == 1:  # one token count: series side by side, so that their whiskers do not hide each other
+                t = t * (1 + 0.06 * (j - (len(series) - 1) / 2))
+            ax_frac.plot(t, s["overlap_fraction"], marker="o", ms=3, label=lab, **st)
+            if has_band and s["overlap_fraction_lo"].notna().any():
+                if len(s) > 1:  # else one point: a band draws nothing, whiskers do
+                    ax_frac.fill_between(t, s["overlap_fraction_lo"], s["overlap_fraction_hi"], color=color,
+                                         alpha=0.18, lw=0)
+                else:
+                    f = s["overlap_fraction"].to_numpy(dtype=float)
+                    ax_frac.errorbar(t, f, yerr=_whiskers(f, s["overlap_fraction_lo"], s["overlap_fraction_hi"]),
+                                     fmt="none", ecolor=color, alpha=0.6, capsize=3)
+            if s["trace_overlap_fraction"].notna().any():
+                ax_frac.plot(t, s["trace_overlap_fraction"], marker="x", ls=":", color=color)
+            ax_exp.plot(t, s["shared_exposed_us"], marker="o", ms=3, **st)
+            ax_exp.plot(t, s["shared_us"], ls=(0, (2, 2)), marker="_", ms=10, color=color, alpha=0.6, lw=0.9)
+        for ax in (ax_frac, ax_exp):
+            tokens_axis(ax, ok["tokens_per_rank"])
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_xlabel("tokens per rank")
+        ax_frac.set(ylim=(-0.05, 1.05), ylabel="overlap fraction", title=f"{title} · hidden" if title else "hidden")
+        ax_exp.set(ylabel="µs", title=f"{title} · exposed" if title else "exposed")
+    keys = [(Line2D([], [], color="k", marker="o", ms=3), "ablation figure / exposed µs"),
+            (Line2D([], [], color="k", ls=(0, (2, 2)), lw=0.9, marker="_", ms=10), "shared experts alone µs")]
+    if has_band:
+        keys.append((Line2D([], [], color="k", lw=6, alpha=0.18),
+                     "90 % bootstrap interval" + (" (whiskers at one token count)" if single else "")))
+    if has_trace:
+        keys.append((Line2D([], [], color="k", marker="x", ls=":"), "trace's figure"))
+    legends(fig, axes, p, keys)
+    fig.suptitle(p.suptitle("Shared experts: the fraction hidden, and the time left exposed"))
+    return save(fig, path)
 
 
 def plot_workspace(df: pd.DataFrame, path) -> Path | None:
-    """Workspace MiB vs tokens per rank, coloured by reduction placement (experts |
-    finalize): allocator peak solid, analytic dashed; one line pair per combination."""
+    """Workspace MiB vs tokens per rank, a panel per model (and backend): allocator peak
+    solid with markers, analytic dotted; colour per combination."""
     ok = _ok(df)
     ok = ok[ok[["workspace_bytes_peak", "workspace_bytes_analytic"]].notna().any(axis=1)]
     if not len(ok):
         return None
-    fig = Figure(figsize=(9, 5))
-    ax = fig.subplots()
-    for i, (label, g) in enumerate(ok.groupby("label", sort=False)):
-        red = str(g["reduction"].iloc[0])
-        color = REDUCTION_COLORS.get(red, f"C{2 + i % 8}")
-        marker = "os^vD<>ph*"[i % 10]
-        t = g["tokens_per_rank"]
-        ax.plot(t, g["workspace_bytes_peak"] / MIB, color=color, marker=marker, ms=4,
-                label=f"{label} (reduce in {red})")
-        ax.plot(t, g["workspace_bytes_analytic"] / MIB, color=color, marker=marker, ms=3,
-                ls="--", alpha=0.6)
-    _tokens_axis(ax, ok["tokens_per_rank"])
-    ax.set(yscale="log", xlabel="tokens per rank",
-           ylabel="workspace MiB (solid: peak, dashed: analytic)",
-           title="Workspace by reduction placement")
-    _plain_log(ax.yaxis)
-    ax.grid(True, which="both", alpha=0.3)
-    _legend(ax, ok["label"].nunique())
-    return _save(fig, path)
-
-
-def plot_comparison(cmp: Comparison, path) -> Path | None:
-    """Horizontal bars of candidate / baseline median latency per matched ok row,
-    coloured by verdict, with the threshold factor marked. At most MAX_BARS rows, the
-    largest changes first."""
-    m = cmp.matched[np.isfinite(cmp.matched["ratio"].astype(float))].copy()
-    if not len(m):
-        return None
-    m["_dist"] = np.abs(np.log(m["ratio"].astype(float)))
-    m = m.nlargest(MAX_BARS, "_dist").sort_values("ratio")
-    names = [f"{lab} @{int(t)}" for lab, t in zip(m["label"], m["tokens_per_rank"])]
-    fig = Figure(figsize=(9, 0.28 * len(m) + 1.8))
-    ax = fig.subplots()
-    y = np.arange(len(m))
-    ax.barh(y, m["ratio"] - 1.0, left=1.0,
-            color=[VERDICT_COLORS.get(v, "tab:gray") for v in m["verdict"]])
-    ax.axvline(1.0, color="black", lw=0.8)
-    for x in (cmp.threshold, 1.0 / cmp.threshold):
-        ax.axvline(x, color="black", lw=0.6, ls="--")
-    ax.set_yticks(y, names, fontsize=7)
-    ax.set(xlabel="candidate / baseline median latency (red slower, green "
-                                "faster, dashed: threshold)",
-           title=f"Latency ratio ({len(m)} of {len(cmp.matched)} matched rows)")
-    ax.grid(True, axis="x", alpha=0.3)
-    return _save(fig, path)
+    p = panels(ok)
+    fig, axes = grid(len(p.groups))
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
+        for j, (lab, s, st) in enumerate(_series(p, i, g)):
+            t, color = s["tokens_per_rank"], st["color"]
+            ax.plot(t, s["workspace_bytes_peak"] / MIB, color=color, marker=MARKERS[j % 10], ms=4, label=lab)
+            ax.plot(t, s["workspace_bytes_analytic"] / MIB, color=color, ls=":", lw=1.2, alpha=0.8, marker="_", ms=10)
+        tokens_axis(ax, ok["tokens_per_rank"])
+        ax.set(title=title, xlabel="tokens per rank")
+        value_axis(ax, pd.concat([g["workspace_bytes_peak"], g["workspace_bytes_analytic"]]) / MIB, "workspace MiB")
+        ax.grid(True, which="both", alpha=0.3)
+    keys = [(Line2D([], [], color="k", marker="o", ms=4), "allocator peak"),
+            (Line2D([], [], color="k", ls=":", marker="_", ms=10), "analytic (declared)")]
+    legends(fig, axes, p, keys)
+    fig.suptitle(p.suptitle("Workspace of one forward"))
+    return save(fig, path)

@@ -185,8 +185,10 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
     return Run(rel, machine, commit, _fmt_counts(counts), commands + also, "; ".join(notes), report)
 
 
-def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list[Path]]:
-    """The runs below a question folder and the comparison reports (a report/ outside a run)."""
+def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list[tuple[str, Path]]]:
+    """The runs below a question folder and the comparison reports, (link text, path): a
+    report/ outside a run (`moebench compare A B --out DIR/report`), or a folder inside a
+    run's report/ (`moebench compare RUN --axis ...`)."""
     runs, comparisons = [], []
     dirs = [folder] + sorted(p for p in folder.rglob("*") if p.is_dir())
     for d in dirs:
@@ -194,8 +196,12 @@ def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list
             continue
         if _is_run(d):
             runs.append(read_run(root, d, meta, "." if d == folder else str(d.relative_to(folder))))
+            for c in sorted((d / "report").glob("*/report.md")):
+                rel = c.relative_to(root)
+                comparisons.append((f"{rel.parent.parent.parent.as_posix()}: {c.parent.name}", rel))
         elif (d / "report" / "report.md").is_file():
-            comparisons.append((d / "report" / "report.md").relative_to(root))
+            rel = (d / "report" / "report.md").relative_to(root)
+            comparisons.append((rel.parent.parent.as_posix(), rel))
     return runs, comparisons
 
 
@@ -236,8 +242,7 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
         table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | `{_cell(r.commit)}` | {r.rows} | {link} |")
     parts.append("\n".join(table))
     if comparisons:
-        parts.append("Comparison reports: " + ", ".join(f"[{c.parent.parent.as_posix()}]({c.as_posix()})"
-                                                        for c in comparisons))
+        parts.append("Comparison reports: " + ", ".join(f"[{text}]({c.as_posix()})" for text, c in comparisons))
     block = ["```bash"]
     for r in runs:
         if r.commands:

@@ -57,7 +57,7 @@ def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: st
         overlap_fraction_lo=np.nan, overlap_fraction_hi=np.nan, trace_overlap_fraction=np.nan,
         workspace_bytes_analytic=np.nan,
         workspace_bytes_peak=np.nan, device_bytes_peak=np.nan, tflops=np.nan,
-        hbm_gbps=np.nan, nvlink_gbps=np.nan, trace_path="", gpu="cpu", git_sha="0" * 40,
+        hbm_gbps=np.nan, nvlink_gbps=np.nan, host_enqueue_us=np.nan, trace_path="", gpu="cpu", git_sha="0" * 40,
         env_id="synthetic", timestamp="2026-01-01T00:00:00",
     )
     if status == "ok" and samples_us is not None:
@@ -65,7 +65,8 @@ def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: st
         med = float(np.median(s))
         row.update(samples_us=s.tolist(), latency_us_median=med,
                    latency_us_p20=float(np.percentile(s, 20)),
-                   latency_us_p80=float(np.percentile(s, 80)), rel_err=1e-3)
+                   latency_us_p80=float(np.percentile(s, 80)), rel_err=1e-3,
+                   host_enqueue_us=0.25 * med)  # a GPU-bound row: the host enqueues a forward in a quarter of it
         # Phases: fixed shares of the median, weight_reduce only when the finalize reduces.
         shares = dict(prepare_us=0.1, dispatch_us=0.15, experts_us=0.55, combine_us=0.15)
         shares["weight_reduce_us"] = 0.05 if reduction == "finalize" else 0.0

@@ -9,26 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .load import (MEMORY_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns,
+from .load import (MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns,
                    fmt_value, latest_rows)
+from .table import md_escape, md_table  # noqa: F401  (tables' names, kept for callers)
 
 MIB = 1024.0 * 1024.0
 MAX_REASON_CHARS = 160
-
-
-def md_escape(text) -> str:
-    """Text safe for one markdown table cell (pipes escaped, newlines flattened)."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
-
-
-def md_table(headers: list[str], rows: list[list], align: list[str] | None = None) -> str:
-    """A GitHub markdown table; ``align`` holds 'l' or 'r' per column (default: l)."""
-    align = align or ["l"] * len(headers)
-    sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |",
-             "| " + " | ".join(sep) + " |"]
-    lines += ["| " + " | ".join(md_escape(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def fmt_us(x: float) -> str:
@@ -112,7 +98,7 @@ def latency_table(df: pd.DataFrame) -> str:
     if not len(df):
         return "_No ok rows to tabulate._"
     tokens = sorted(int(t) for t in df["tokens_per_rank"].unique())
-    cols = display_columns(df)
+    cols = [c for c in display_columns(df) if c not in PER_ROW_COLUMNS]  # a row's, not a combination's
     # Fastest per workload: the same model and world size see the same tokens.
     ok = df[df["status"] == "ok"]
     best = ok.groupby(["model", "world_size", "tokens_per_rank"])["latency_us_median"].min()
@@ -138,7 +124,19 @@ def latency_table(df: pd.DataFrame) -> str:
     caption = _caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
                            "max over ranks; columns are tokens per rank; bold is the fastest "
                            "per model and world size.")
-    return f"{table}\n\n{caption}"
+    return f"{table}\n\n{caption}{timing_note(df)}"
+
+
+def timing_note(df: pd.DataFrame) -> str:
+    """' Timing that ran: graph at 16, 64 tokens; events at 4096.' where a table's columns
+    of tokens mix modes (graph timing runs events above runner.graph_max_tokens)."""
+    ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    if "timing_mode" not in ok.columns or ok["timing_mode"].map(fmt_value).nunique() <= 1:
+        return ""
+    parts = []
+    for mode, g in ok.groupby(ok["timing_mode"].map(fmt_value), sort=True):
+        parts.append(f"{mode} at {', '.join(str(int(t)) for t in sorted(g['tokens_per_rank'].unique()))}")
+    return f" Timing that ran (timing_mode): {'; '.join(parts)} tokens."
 
 
 def status_table(df: pd.DataFrame) -> str:

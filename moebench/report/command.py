@@ -1,0 +1,93 @@
+"""CLI bodies of `moebench report` and `moebench compare` (docs/design.md, "Exit status").
+
+Both write the report (report.md + PNGs, with csv files or report.json as --format asks)
+and print it in that format. Exit status: 0 clean; 1 a row slower beyond the threshold,
+a broken row, or no row ok on both sides (what counts is --fail-on); bad input raises
+ValueError (the CLI exits 2); a single run's report exits 0.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .compare import DEFAULT_FAIL_ON, compare_runs, parse_fail_on
+from .load import load_run
+from .markdown import FORMATS, _names, build_report, comparison_doc, run_root, stdout_text, write
+
+
+def _check_format(fmt: str) -> str:
+    fmt = "md" if fmt == "markdown" else fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _exists(*paths) -> None:
+    for p in paths:
+        if p is not None and not Path(p).exists():
+            raise ValueError(f"results path {p} does not exist: pass a run directory (with rows/*.parquet)")
+
+
+def _fail_on(fail_on) -> tuple[str, ...]:
+    if fail_on is None:
+        return DEFAULT_FAIL_ON
+    return parse_fail_on(fail_on) if isinstance(fail_on, str) else tuple(fail_on)
+
+
+def _finish(doc, path: Path, fmt: str) -> int:
+    text = stdout_text(doc, fmt)
+    print(text, end="" if text.endswith("\n") else "\n")
+    print(f"report written to {path}", file=sys.stderr)
+    if doc.code:
+        why = doc.data.get("verdict", {}).get("why", [])
+        print(f"moebench: exit {doc.code}: {'; '.join(why)}", file=sys.stderr)
+    return doc.code
+
+
+def report_command(run: str | None, baseline: str | None, candidate: str | None,
+                   out: str | None, threshold: float = 1.05, fmt: str = "md", fail_on=None) -> int:
+    """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
+    comparison's exit status)."""
+    fmt = _check_format(fmt)
+    if run is not None and candidate is not None and Path(run) != Path(candidate):
+        raise ValueError("give the run either as RUN or as --candidate, not both")
+    candidate = candidate if candidate is not None else run
+    if candidate is None:
+        raise ValueError("nothing to report: `moebench report RUN` for one run, or "
+                         "`moebench report --baseline A --candidate B` to compare two")
+    _exists(candidate, baseline)
+    rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on))
+    return _finish(rep.doc, rep.path, fmt)
+
+
+def compare_command(runs: list[str], axis: str | None = None, out: str | None = None, threshold: float = 1.05,
+                    fmt: str = "md", fail_on=None, names: tuple[str, str] | None = None) -> int:
+    """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
+    replaces the runs' folder names in the report."""
+    fmt = _check_format(fmt)
+    fail = _fail_on(fail_on)
+    if axis is not None:
+        if len(runs) != 1:
+            raise ValueError("--axis compares within one run: `moebench compare RUN --axis FIELD=A:B`")
+        from .axis import compare_axis, parse_axis
+
+        ax = parse_axis(axis)
+        _exists(runs[0])
+        df, env = load_run(runs[0])
+        cmp = compare_axis(df, ax, threshold)
+        cmp.base_env = cmp.cand_env = env
+        where = Path(out) if out else run_root(runs[0]) / "report" / f"axis-{ax.field}-{ax.a}-{ax.b}"
+        doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
+        return _finish(doc, write(doc, where, fmt), fmt)
+    if len(runs) != 2:
+        raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
+    base, cand = runs
+    _exists(base, cand)
+    base_df, base_env = load_run(base)
+    cand_df, cand_env = load_run(cand)
+    cmp = compare_runs(base_df, cand_df, threshold=threshold)
+    cmp.base_env, cmp.cand_env = base_env, cand_env
+    cmp.baseline_name, cmp.candidate_name = names or _names(Path(base), Path(cand))
+    where = Path(out) if out else run_root(cand) / "report" / f"vs-{run_root(base).name}"
+    doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
+    return _finish(doc, write(doc, where, fmt), fmt)

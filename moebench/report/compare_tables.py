@@ -1,0 +1,192 @@
+"""The tables of a comparison (report/compare.py): latency pairs, memory pairs, the rows
+without a partner; each a report.table.Table (markdown, csv, json from the same values)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .compare import SHOWN_COLUMNS, Comparison
+from .flags import pair_flags
+from .load import PER_ROW_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value
+from .stats import pct
+from .table import Column, Table
+from .tables import fmt_interval, fmt_mib, fmt_us
+
+MARKS = {"slower": "+", "broken": "+", "skipped": "+", "faster": "-", "fixed": "-"}
+MINUS = "\u2212"
+
+
+def fmt_pct(x: float, signed: bool = True) -> str:
+    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen); NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    text = f"{x:+.1f}" if signed else f"{x:.1f}"
+    return text.replace("-", MINUS)
+
+
+def fmt_change(ratio: float, lo: float, hi: float) -> str:
+    """'−8.3 % [−8.6, −8.0]': the change and its 95 % interval in percent."""
+    if ratio is None or not np.isfinite(ratio):
+        return "-"
+    text = f"{fmt_pct(pct(ratio))} %"
+    if np.isfinite(lo) and np.isfinite(hi):
+        text += f" [{fmt_pct(pct(lo))}, {fmt_pct(pct(hi))}]"
+    return text
+
+
+def pair_order(m: pd.DataFrame) -> pd.DataFrame:
+    """Matched rows in combination then token order (as the run's tables list them)."""
+    cols = [c for c in display_columns(m) if c not in PER_ROW_COLUMNS]
+    keys = [m[c].map(fmt_value) for c in cols]
+    order = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)}).assign(_t=m["tokens_per_rank"].astype(float))
+    return m.loc[order.sort_values(list(order.columns), kind="stable").index]
+
+
+def pair_names(m: pd.DataFrame) -> pd.Series:
+    """'triton/experts mixtral_8x7b · 256 tok': what the verdict calls a pair."""
+    labels = combo_labels(m)
+    return pd.Series([f"{lab} · {fmt_value(t)} tok" for lab, t in zip(labels, m["tokens_per_rank"])],
+                     index=m.index, dtype=object)
+
+
+def _side(row: dict, side: str) -> str:
+    if row[f"{side}_status"] != "ok":
+        return str(row[f"{side}_status"])
+    return fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
+                        row[f"{side}_latency_us_p80"])
+
+
+def _shown(m: pd.DataFrame) -> list[str]:
+    return [c for c in display_columns(m) if c not in PER_ROW_COLUMNS]
+
+
+def latency_pairs(cmp: Comparison) -> Table:
+    """Every matched pair ok on at least one side, in combination and token order:
+    baseline and candidate median (p20–p80) µs, the change with its 95 % interval, p, the
+    verdict and the rows' data-quality flags."""
+    m = cmp.matched
+    m = pair_order(m[m["verdict"] != "n/a"])
+    shown = _shown(m)
+    data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
+    data["tokens_per_rank"] = m["tokens_per_rank"]
+    for side in ("base", "cand"):
+        for k in ("status", "timing_mode", "latency_us_median", "latency_us_p20", "latency_us_p80"):
+            data[f"{side}_{k}"] = m[f"{side}_{k}"]
+    data["ratio"] = m["ratio"]
+    data["change_pct"] = m["ratio"].map(pct)
+    data["ci_lo_pct"] = m["ci_lo"].map(pct)
+    data["ci_hi_pct"] = m["ci_hi"].map(pct)
+    data["p_value"] = m["p_value"]
+    data["significant"] = m["significant"]
+    data["verdict"] = m["verdict"]
+    data["flags"] = pair_flags(m)
+    data["base_combo_key"], data["cand_combo_key"] = m["base_combo_key"], m["cand_combo_key"]
+    timing_varies = pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]).map(fmt_value).nunique() > 1
+    cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]
+    cols += [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r")]
+    if timing_varies:
+        cols += [Column("timing", lambda r: _timing(r))]
+    cols += [Column(f"{cmp.baseline_name} µs", lambda r: _side(r, "base"), "r"),
+             Column(f"{cmp.candidate_name} µs", lambda r: _side(r, "cand"), "r"),
+             Column("change [95 % CI]", lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100,
+                                                              1 + r["ci_hi_pct"] / 100), "r"),
+             Column("p", lambda r: "-" if not np.isfinite(r["p_value"]) else f"{r['p_value']:.2g}", "r"),
+             Column("verdict", lambda r: r["verdict"] + (" (significant)" if r["verdict"] == "~" and r["significant"]
+                                                         else "")),
+             Column("flags", lambda r: " ".join(r["flags"]))]
+    caption = " ".join(x for x in [
+        "Times in µs: median (p20–p80). change = candidate median / baseline median − 1 with the 95 % bootstrap "
+        f"interval of that ratio; a verdict needs the p20–p80 intervals apart, the ratio past ×{cmp.threshold:g} and "
+        f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change under the "
+        "threshold. `+` slower / broken, `-` faster / fixed.",
+        _caption_tail(m)] if x)
+    num_na = int((cmp.matched["verdict"] == "n/a").sum())
+    notes = [f"{num_na} matched rows are ok on neither side (not shown)."] if num_na else []
+    return Table("comparison", data.reset_index(drop=True), cols, caption, "_No comparable rows._", notes)
+
+
+def _timing(r: dict) -> str:
+    a, b = fmt_value(r["base_timing_mode"]), fmt_value(r["cand_timing_mode"])
+    return a if a == b else f"{a}→{b}"
+
+
+def _caption_tail(m: pd.DataFrame) -> str:
+    const = constant_caption(m.drop(columns=[c for c in PER_ROW_COLUMNS if c in m.columns]))
+    modes = sorted({fmt_value(v) for v in pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]) if fmt_value(v) != "-"})
+    parts = [f"All rows: {const}." if const else ""]
+    if len(modes) == 1:
+        parts.append(f"timing_mode={modes[0]} (what ran).")
+    return " ".join(p for p in parts if p)
+
+
+def memory_pairs(cmp: Comparison) -> Table:
+    """Workspace (allocator peak, else analytic) and device peak of each pair, in MiB, with
+    the change; the verdict is the workspace's by the threshold factor."""
+    m = cmp.matched
+    cols_mem = [f"{s}_{c}" for s in ("base", "cand") for c in
+                ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak")]
+    m = pair_order(m[m[cols_mem].notna().any(axis=1)])
+    shown = _shown(m)
+    data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
+    data["tokens_per_rank"] = m["tokens_per_rank"]
+    for c in cols_mem:
+        data[c] = m[c]
+    data["workspace_ratio"], data["device_ratio"], data["mem_verdict"] = m["mem_ratio"], m["dev_ratio"], m["mem_verdict"]
+    cols = [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r")]
+    for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
+        cols.append(Column(f"workspace {name}", lambda r, s=side: fmt_mib(_ws(r, s)), "r"))
+    cols.append(Column("workspace change", lambda r: fmt_change(r["workspace_ratio"], np.nan, np.nan), "r"))
+    for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
+        cols.append(Column(f"device {name}", lambda r, s=side: fmt_mib(r[f"{s}_device_bytes_peak"]), "r"))
+    cols += [Column("device change", lambda r: fmt_change(r["device_ratio"], np.nan, np.nan), "r"),
+             Column("verdict", lambda r: r["mem_verdict"] or "-")]
+    caption = ("Memory in MiB (2^20 bytes): workspace = the allocator peak of one forward (the analytic workspace "
+               f"where no peak was measured), device = device memory in use at the peak; verdict by ×{cmp.threshold:g}."
+               + (f" All rows: {constant_caption(m)}." if constant_caption(m) else ""))
+    return Table("memory", data.reset_index(drop=True), cols, caption, "_No memory measurements to compare._")
+
+
+def _ws(r: dict, side: str) -> float:
+    peak = r[f"{side}_workspace_bytes_peak"]
+    return peak if np.isfinite(peak) else r[f"{side}_workspace_bytes_analytic"]
+
+
+def unmatched(df: pd.DataFrame, name: str) -> Table:
+    """Rows without a partner: combination, tokens, status."""
+    shown = display_columns(df) if len(df) else []
+    shown = [c for c in shown if c not in PER_ROW_COLUMNS]
+    data = df[[c for c in SHOWN_COLUMNS + ["knobs", "combo_key", "status", "reason"] if c in df.columns]].copy() \
+        if len(df) else pd.DataFrame()
+    cols = [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r"), Column("status", lambda r: r["status"])]
+    return Table(name, data.reset_index(drop=True), cols, "", "_None._")
+
+
+def memory_change_lines(cmp: Comparison, names: pd.Series, limit: int = 3) -> list[str]:
+    """Workspace and device-peak changes past the threshold, largest first (verdict lines)."""
+    m = cmp.matched
+    out = []
+    for col, what, b_col, c_col in (("mem_ratio", "workspace", None, None),
+                                    ("dev_ratio", "device peak", "base_device_bytes_peak", "cand_device_bytes_peak")):
+        r = m[col].astype(float)
+        hit = m[np.isfinite(r) & ((r >= cmp.threshold) | (r <= 1 / cmp.threshold))]
+        if not len(hit):
+            continue
+        hit = hit.assign(_d=-np.abs(np.log(hit[col].astype(float)))).sort_values("_d", kind="stable")
+        items = []
+        for i, row in hit.head(limit).iterrows():
+            rd = row.to_dict()
+            b = _ws(rd, "base") if b_col is None else rd[b_col]
+            c = _ws(rd, "cand") if c_col is None else rd[c_col]
+            items.append(f"{names.loc[i]} {fmt_pct(pct(row[col]))} % ({fmt_mib(b)} → {fmt_mib(c)} MiB)")
+        more = f" (+{len(hit) - limit} more)" if len(hit) > limit else ""
+        smaller = int((hit[col] < 1).sum())
+        out.append(f"{what}: {smaller} row(s) smaller, {len(hit) - smaller} larger beyond ×{cmp.threshold:g} — "
+                   + "; ".join(items) + more)
+    return out
+
+
+def fmt_us_pair(b: float, c: float) -> str:
+    return f"{fmt_us(b)} → {fmt_us(c)} µs"

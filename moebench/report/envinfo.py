@@ -1,0 +1,149 @@
+"""A run's environment (env.json, moebench/env.py) as report text, and whether two runs'
+environments are comparable (asv's rule: results of different machines or library
+versions are said to be not comparable rather than silently compared)."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+ENV_FIELDS = [  # (label, keys tried in order; a key also matches the tail of a dotted key)
+    ("GPU", ["gpu", "gpu_name", "gpu.name", "device_name", "gpus"]),
+    ("driver", ["driver", "driver_version", "nvidia_driver"]),
+    ("CUDA", ["cuda", "cuda_version", "torch_cuda"]),
+    ("NCCL", ["nccl", "nccl_version"]),
+    ("torch", ["torch", "torch_version"]),
+    ("triton", ["triton", "triton_version"]),
+    ("deep_ep", ["deep_ep"]),
+    ("deep_gemm", ["deep_gemm"]),
+    ("pplx", ["pplx_kernels", "pplx"]),
+]
+LIBRARIES = ("deep_ep", "deep_gemm", "pplx")
+# what must agree for two runs' numbers to be compared (the GPU by name: a run that saw two
+# GPUs and used one compares with a run that saw one)
+COMPARED = ("GPU", "driver", "CUDA", "NCCL", "torch", "triton", "deep_ep", "deep_gemm", "pplx")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def env_value(env: dict, keys: list[str]):
+    """First value of ``keys`` in a (possibly nested) env dict; None if absent."""
+    flat = _flatten(env)
+    for k in keys:
+        for fk, v in flat.items():
+            if fk == k or fk.endswith("." + k):
+                return v
+    return None
+
+
+def _gpu_text(value, env: dict) -> str | None:
+    if isinstance(value, (list, tuple)):
+        names = [str(v.get("name", v)) if isinstance(v, dict) else str(v) for v in value]
+        uniq = sorted(set(names))
+        return f"{len(names)} × {uniq[0]}" if len(uniq) == 1 else ", ".join(names)
+    count = env_value(env, ["gpu_count", "num_gpus", "device_count"])
+    if value and str(count).isdigit() and int(count) > 1:
+        return f"{int(count)} × {value}"
+    return None if value is None else str(value)
+
+
+def _smi_driver(env: dict) -> str | None:
+    """Driver version from the fingerprint's nvidia-smi query lines ('name, driver, ...')."""
+    lines = env_value(env, ["nvidia_smi"])
+    if isinstance(lines, (list, tuple)) and lines and str(lines[0]).count(",") >= 1:
+        return str(lines[0]).split(",")[1].strip()
+    return None
+
+
+def field_value(env: dict, label: str):
+    """One ENV_FIELDS entry of a fingerprint (the driver from nvidia-smi where needed)."""
+    keys = dict(ENV_FIELDS)[label]
+    value = env_value(env, keys)
+    if label == "driver" and value is None:
+        value = _smi_driver(env)
+    return value
+
+
+def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
+    """One line: GPU, driver, CUDA, NCCL, torch, triton, kernel libraries, git sha, host.
+
+    Falls back to the rows' ``gpu`` / ``git_sha`` columns where env.json lacks them.
+    """
+    parts = []
+    for label, keys in ENV_FIELDS:
+        value = field_value(env, label)
+        if label == "GPU":
+            value = _gpu_text(value, env)
+            if value is None and df is not None and df["gpu"].notna().any():
+                value = ", ".join(sorted({str(g) for g in df["gpu"].dropna()}))
+        if label in LIBRARIES:
+            if env:  # without env.json, "not installed" would be a guess
+                parts.append(f"{label} {value if value else 'not installed'}")
+        elif value is not None:
+            parts.append(f"{label} {value}")
+    sha = env_value(env, ["git_sha", "sha", "commit"])
+    if sha is None and df is not None and df["git_sha"].notna().any():
+        sha = df["git_sha"].dropna().iloc[-1]
+    if sha:
+        dirty = env_value(env, ["dirty", "git_dirty"])
+        parts.append(f"git {str(sha)[:12]}" + (" (dirty)" if dirty else ""))
+    host = env_value(env, ["hostname", "host"])
+    if host:
+        parts.append(f"host {host}")
+    if not env:
+        parts.append("(no env.json: environment unknown)")
+    return " · ".join(parts)
+
+
+def _gpu_names(env: dict):
+    value = field_value(env, "GPU")
+    if isinstance(value, (list, tuple)):
+        return ", ".join(sorted({str(v.get("name", v)) if isinstance(v, dict) else str(v) for v in value}))
+    return value
+
+
+def env_differences(base_env: dict, cand_env: dict) -> list[str]:
+    """'torch: 2.10.0 → 2.11.0' for each COMPARED field that differs between two runs."""
+    diffs = []
+    for label in COMPARED:
+        if label == "GPU":
+            a, b = _gpu_names(base_env), _gpu_names(cand_env)
+        else:
+            a, b = field_value(base_env, label), field_value(cand_env, label)
+        if a != b and (a is not None or b is not None):
+            diffs.append(f"{label}: {a if a is not None else 'none'} → {b if b is not None else 'none'}")
+    return diffs
+
+
+def environment_check(base_env: dict, cand_env: dict) -> tuple[bool, list[str]]:
+    """(comparable, what differs). Without env.json on a side nothing can be said: not
+    comparable, and the differences say so."""
+    if not base_env or not cand_env:
+        side = "baseline" if not base_env else "candidate"
+        return False, [f"the {side} has no env.json"]
+    diffs = env_differences(base_env, cand_env)
+    return not diffs, diffs
+
+
+def comparable_summary(env: dict) -> str:
+    """'NVIDIA H200, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, triton 3.6.0'."""
+    parts = []
+    for label in ("GPU", "driver", "CUDA", "torch", "triton"):
+        v = _gpu_names(env) if label == "GPU" else field_value(env, label)
+        if v is not None:
+            parts.append(str(v) if label == "GPU" else f"{label} {v}")
+    return ", ".join(parts)
+
+
+def is_commit(sha) -> bool:
+    """Whether a stored git_sha names a commit (7–40 hex digits), not 'unknown', 'HEAD' or a label."""
+    return bool(re.fullmatch(r"[0-9a-f]{7,40}", str(sha or "")))

@@ -1,0 +1,172 @@
+"""Data-quality flags: what a reader must know before trusting a row's number.
+
+Per ok row (``row_flags``), each a short tag:
+
+- ``spread``: p80/p20 above moebench.timing.NOISY_SPREAD (1.10): one figure of a noisy row;
+- ``host-bound``: events timing and the host's enqueue of one forward (``host_enqueue_us``)
+  at least HOST_BOUND (0.8) of the median: the events time the host's launches, not the GPU;
+- ``host-sync``: the enqueue outlasts moebench.timing.HOST_SYNCS_US: the layer waits on the
+  GPU inside a forward, so its events include host round trips;
+- ``gpu-idle``: profiler timing and the phases' kernel busy time under GPU_IDLE (0.5) of the
+  latency: the GPU is idle most of the sample (host-bound);
+- ``phases≠latency``: graph timing and the phase sum off the latency by more than PHASE_GAP:
+  the phases are eager forwards' events, the latency graph replays;
+- ``eager-decode``: events timing of one rank at or below the graph size (decode sizes) with
+  no ``host_enqueue_us`` (rows older than it): possibly host-bound, unknown.
+
+Per run (``run_notes``): a git sha that names no commit, a dirty tree, several commits in
+one run, and the ``caveats.md`` stored with the run (its folder and those above it).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..timing import HOST_SYNCS_US, NOISY_SPREAD
+from .envinfo import env_value, is_commit
+from .load import PHASE_COLUMNS
+
+HOST_BOUND = 0.8
+GPU_IDLE = 0.5
+PHASE_GAP = 0.25
+DECODE_TOKENS = 256  # runner.graph_max_tokens' default
+FLAG_TEXT = {
+    "spread": f"wide spread (p80/p20 > {NOISY_SPREAD:.2f}): more runner.reps or a quieter machine",
+    "host-bound": f"host-bound: the host's enqueue of a forward is ≥ {HOST_BOUND:.0%} of the events' median, "
+                  "which time the launches, not the GPU (runner.timing=auto or graph)",
+    "host-sync": f"the layer syncs the host (enqueue > {HOST_SYNCS_US / 1e3:.0f} ms): its events include host waits",
+    "gpu-idle": f"GPU busy under {GPU_IDLE:.0%} of the latency (profiler phases): the host bounds the sample",
+    "phases≠latency": f"phases off the latency by > {PHASE_GAP:.0%}: phases are eager forwards' events, "
+                      "the latency graph replays; read the latency",
+    "eager-decode": f"events timing at ≤ {DECODE_TOKENS} tokens on one rank, no host_enqueue_us (an older row): "
+                    "possibly host-bound",
+    "timing-differs": "the two sides ran different timing modes: the ratio mixes methods",
+}
+
+
+def _num(row, col) -> float:
+    v = row.get(col) if hasattr(row, "get") else None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+    return v
+
+
+def flags_of(row) -> list[str]:
+    """The flags (tags of FLAG_TEXT) of one row (a mapping of its columns)."""
+    if row.get("status") != "ok":
+        return []
+    out = []
+    med, p20, p80 = _num(row, "latency_us_median"), _num(row, "latency_us_p20"), _num(row, "latency_us_p80")
+    mode = str(row.get("timing_mode") or "")
+    if np.isfinite(p20) and p20 > 0 and p80 / p20 > NOISY_SPREAD:
+        out.append("spread")
+    host = _num(row, "host_enqueue_us")
+    if np.isfinite(host):
+        if host > HOST_SYNCS_US:
+            out.append("host-sync")
+        elif mode == "events" and np.isfinite(med) and host >= HOST_BOUND * med:
+            out.append("host-bound")
+    phases = [_num(row, c) for c in PHASE_COLUMNS]
+    total = float(np.nansum(phases)) if any(np.isfinite(phases)) else float("nan")
+    if mode == "profiler" and np.isfinite(total) and np.isfinite(med) and total < GPU_IDLE * med:
+        out.append("gpu-idle")
+    if mode == "graph" and np.isfinite(total) and np.isfinite(med) and med > 0 and abs(total / med - 1) > PHASE_GAP:
+        out.append("phases≠latency")
+    single = _num(row, "world_size") == 1 or str(row.get("world_size")) == "1"
+    tokens = _num(row, "tokens_per_rank")
+    if (mode == "events" and not np.isfinite(host) and str(row.get("device")) == "cuda" and single
+            and np.isfinite(tokens) and tokens <= DECODE_TOKENS):
+        out.append("eager-decode")
+    return out
+
+
+def row_flags(df: pd.DataFrame) -> pd.Series:
+    """A list of flags per row (index of ``df``)."""
+    if not len(df):
+        return pd.Series([], dtype=object)
+    return pd.Series([flags_of(r) for r in df.to_dict("records")], index=df.index, dtype=object)
+
+
+def pair_flags(matched: pd.DataFrame) -> pd.Series:
+    """Flags of a comparison's pairs: either side's, and `timing-differs`."""
+    out = []
+    for r in matched.to_dict("records"):
+        tags = []
+        for side in ("base", "cand"):
+            side_row = {k[len(side) + 1:]: v for k, v in r.items() if k.startswith(side + "_")}
+            side_row.update({k: r.get(k) for k in ("world_size", "device", "tokens_per_rank")})
+            # the phases' mismatch concerns the phase table, not the latency compared here
+            tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
+        tags = [t for t in FLAG_TEXT if t in tags]
+        if r.get("base_status") == r.get("cand_status") == "ok" and \
+                str(r.get("base_timing_mode")) != str(r.get("cand_timing_mode")):
+            tags.append("timing-differs")
+        out.append(tags)
+    return pd.Series(out, index=matched.index, dtype=object)
+
+
+def caveat_files(run_dir: Path | None, levels: int = 3) -> list[Path]:
+    """caveats.md of the run directory and of the folders above it (up to ``levels``, never
+    above a folder named `results`), outermost first."""
+    if run_dir is None:
+        return []
+    found, d = [], Path(run_dir).resolve()
+    for _ in range(levels + 1):
+        if (d / "caveats.md").is_file():
+            found.append(d / "caveats.md")
+        if d.name == "results" or d.parent == d:
+            break
+        d = d.parent
+    return list(reversed(found))
+
+
+def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
+    """Sentences about a run's provenance: git sha unknown or not a commit, dirty, several."""
+    who = f"{name}: " if name else ""
+    shas = sorted({str(s) for s in df.get("git_sha", pd.Series(dtype=object)).dropna()})
+    env_sha = env_value(env, ["git_sha"]) if env else None
+    notes = []
+    named = shas or ([str(env_sha)] if env_sha else [])
+    if not named:
+        notes.append(f"{who}no git sha stored: which code ran is unknown")
+    bad = [s for s in named if not is_commit(s)]
+    if bad:
+        notes.append(f"{who}git sha {', '.join(f'`{s}`' for s in bad)} names no commit: which code ran is "
+                     "not recorded (see the caveats)")
+    if len(shas) > 1:
+        notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(s[:10] for s in shas)})")
+    if env and env_value(env, ["git_dirty", "dirty"]):
+        notes.append(f"{who}the tree was dirty (uncommitted changes) when it ran")
+    return notes
+
+
+def flag_summary(tags: pd.Series, names: pd.Series, limit: int = 4) -> list[str]:
+    """One line per flag: its meaning, how many rows and which (at most ``limit`` named)."""
+    lines = []
+    for tag in FLAG_TEXT:
+        hit = [n for t, n in zip(tags, names) if tag in t]
+        if hit:
+            shown = ", ".join(hit[:limit]) + (f" (+{len(hit) - limit} more)" if len(hit) > limit else "")
+            lines.append(f"{len(hit)} row(s) {FLAG_TEXT[tag]} — {shown}")
+    return lines
+
+
+def caveats_text(paths: list[Path], root: Path | None = None) -> list[str]:
+    """Each caveats file as a markdown block headed by its path."""
+    out = []
+    for p in paths:
+        shown = p
+        if root is not None:
+            try:
+                shown = p.relative_to(root)
+            except ValueError:
+                pass
+        body = p.read_text().strip()
+        if body:
+            out.append(f"Caveats stored with the run (`{shown.as_posix() if hasattr(shown, 'as_posix') else shown}`):"
+                       f"\n\n{body}")
+    return out

@@ -1,0 +1,165 @@
+"""Small multiples for the report's plots: panels, series labels, colours, legends.
+
+A figure holds one panel per model (and backend where it varies); while a panel would
+hold more than ``max_series`` series, the next varying column (quant, world size,
+experts, ...) splits the panels further. Series are labelled by the columns that vary
+across the figure less the panel's own, so one label names one combination in every
+panel and keeps one colour and line style; with at most MAX_SHARED labels one legend
+under the figure serves every panel, otherwise each panel has its own.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter, NullLocator
+
+from .load import combo_labels, fmt_value, varying
+
+MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
+MAX_SHARED = 20  # labels one legend under the figure holds (10 colours x 2 line styles)
+SPLIT_ORDER = ("model", "backend", "quant", "world_size", "simulate_ep", "experts", "reduction", "overlap",
+               "knobs", "timing", "routing", "seed")
+SHORT = {"world_size": "ws", "simulate_ep": "sim_ep", "reduction": "red", "overlap": "ovl"}
+LINESTYLES = ["-", "--", ":", "-."]
+MARKERS = "os^vD<>ph*"
+
+
+@dataclass
+class Panels:
+    cols: list[str]                      # the columns that split panels
+    groups: list[tuple[str, pd.DataFrame]]  # (title, rows) per panel
+    labels: pd.Series                    # series label per row (the frame's index)
+    styles: dict                         # (panel index, label) -> {color, linestyle}
+    shared_legend: bool
+    model: str = ""                      # the one model of every panel ('' when panels split by model)
+
+    def color(self, i: int, label: str) -> str:
+        return self.styles[(i, label)]["color"]
+
+    def suptitle(self, text: str) -> str:
+        """A figure title naming the model where every panel shows the same one."""
+        return f"{text} — {self.model}" if self.model else text
+
+
+def _series_count(df: pd.DataFrame, cols: list[str], series_key: str) -> int:
+    if not cols:
+        return df[series_key].nunique()
+    return int(df.groupby([df[c].map(fmt_value) for c in cols])[series_key].nunique().max())
+
+
+def panels(df: pd.DataFrame, series_key: str = "combo_key", max_series: int = MAX_SERIES,
+           first=("model", "backend"), fallback: str | None = None) -> Panels:
+    """Split ``df`` into panels (module doc). ``series_key`` names one series (a
+    combination's key; a comparison's pair)."""
+    cols = [c for c in first if c in df.columns and c in varying(df, [c])]
+    for c in SPLIT_ORDER:
+        if _series_count(df, cols, series_key) <= max_series:
+            break
+        if c not in cols and c in df.columns and c in varying(df, [c]):
+            cols.append(c)
+    groups = []
+    if cols:
+        keys = [tuple(fmt_value(r[c]) for c in cols) for r in df.to_dict("records")]
+        for key in sorted(set(keys)):  # panels in the order of their columns' values
+            g = df[[k == key for k in keys]]
+            groups.append((" · ".join(_title(c, v) for c, v in zip(cols, key)), g))
+    else:
+        groups.append(("", df))
+    # a column constant inside every panel (simulate_ep, one per model) joins the panel titles, not the labels
+    within = [c for c in varying(df, list(SPLIT_ORDER)) if c not in cols
+              and all(g[c].map(fmt_value).nunique() <= 1 for _, g in groups)]
+    if within and len(groups) > 1:
+        groups = [(" · ".join([t] * bool(t) + [_title(c, g[c].iloc[0]) for c in within]), g) for t, g in groups]
+    labels = combo_labels(df, exclude=cols + (within if len(groups) > 1 else []), within=df, fallback=fallback)
+    uniq = sorted(set(labels))
+    shared = len(uniq) <= MAX_SHARED
+    styles = {}
+    for i, (_, g) in enumerate(groups):
+        for j, lab in enumerate(sorted(set(labels.loc[g.index]))):
+            k = uniq.index(lab) if shared else j
+            styles[(i, lab)] = {"color": f"C{k % 10}", "linestyle": LINESTYLES[(k // 10) % len(LINESTYLES)]}
+    model = fmt_value(df["model"].iloc[0]) if "model" in df.columns and "model" not in cols and len(df) else ""
+    return Panels(cols, groups, labels, styles, shared, model)
+
+
+def _title(col: str, value) -> str:
+    v = fmt_value(value)
+    return v if col in ("model", "backend", "experts", "quant") else f"{SHORT.get(col, col)}={v}"
+
+
+def grid(n: int, ncols: int = 3, width: float = 4.6, height: float = 3.4, sharex: bool = False):
+    """(figure, flat list of n axes) for n panels, at most ``ncols`` a row; unused cells off."""
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    if n == 1:  # one panel: room for the legend under it
+        width, height = max(width, 7.5), max(height, 4.6)
+    fig = Figure(figsize=(width * ncols + 0.6, height * nrows + 0.9), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False, sharex=sharex)).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, list(axes[:n])
+
+
+def tokens_axis(ax, tokens) -> None:
+    """Log x axis of tokens per rank, ticked at the measured token counts."""
+    ax.set_xscale("log")
+    tokens = sorted({int(t) for t in tokens})
+    if len(tokens) <= 16:
+        ax.set_xticks(tokens, [str(t) for t in tokens])
+        ax.xaxis.set_minor_locator(NullLocator())
+    # every panel the same range, with room for whiskers set side by side at a token count
+    pad = 1.5 if len(tokens) == 1 else (tokens[-1] / tokens[0]) ** 0.06
+    ax.set_xlim(tokens[0] / pad, tokens[-1] * pad)
+
+
+def value_axis(ax, values, label: str) -> None:
+    """A y axis for positive values: log with plain numbers when they span 4x or more,
+    linear otherwise (a log axis over a narrow range shows one or two ticks)."""
+    v = np.asarray(pd.to_numeric(pd.Series(list(values)), errors="coerce"), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    ax.set_ylabel(label)
+    if len(v) and v.max() / v.min() >= 4:
+        ax.set_yscale("log")
+        plain_log(ax.yaxis)
+
+
+def plain_log(axis) -> None:
+    """Plain numbers (60, 200) rather than 6x10^1 on a log axis, minor ticks included."""
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
+def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> None:
+    """One legend under the figure when labels are shared, else one per panel; extra
+    handles (line-style keys) join the shared legend, or the first panel's."""
+    if p.shared_legend:
+        handles, seen = [], set()
+        for ax in axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in seen and not lab.startswith("_"):
+                    seen.add(lab)
+                    handles.append((h, lab))
+        handles += list(extra_handles)
+        if handles:
+            fig.legend([h for h, _ in handles], [lab for _, lab in handles], loc="outside lower center",
+                       ncols=min(3, len(handles)), fontsize=8, frameon=False, title=title or None,
+                       title_fontsize=8)
+        return
+    for i, ax in enumerate(axes):
+        hs, ls = ax.get_legend_handles_labels()
+        if i == 0:
+            hs, ls = hs + [h for h, _ in extra_handles], ls + [lab for _, lab in extra_handles]
+        if hs:
+            ax.legend(hs, ls, fontsize=6.5, loc="best", frameon=True, framealpha=0.8)
+
+
+def save(fig: Figure, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

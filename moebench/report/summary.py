@@ -1,0 +1,120 @@
+"""What a reviewer reads first in a single run's report: the biggest wins (the fastest
+combination of each model x tokens and its margin over the runner-up), what broke,
+memory, and the data-quality notes; and the run's rows as one Table for csv / json."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .compare_tables import pair_names
+from .flags import caveat_files, caveats_text, flag_summary, row_flags, run_notes
+from .load import (LATENCY_COLUMNS, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY,
+                   constant_caption, display_columns, fmt_value, latest_rows)
+from .table import Column, Table
+from .tables import fmt_interval, fmt_mib, fmt_us
+
+BAD = ("failed", "incorrect", "timeout", "oom")
+TOP = 5
+
+
+def _workloads(ok: pd.DataFrame) -> list[str]:
+    """What a workload is here: the model, world size and simulate_ep, and every other
+    identity column that is no axis (routing, seed, ...), so that the fastest is chosen
+    among combinations that saw the same tokens."""
+    return [c for c in ("model", "world_size", "simulate_ep", "routing", "seed", "tokens_per_rank") if c in ok.columns]
+
+
+def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
+    """The largest margins of a fastest combination over the runner-up of its workload."""
+    ok = latest_rows(df)
+    ok = ok[(ok["status"] == "ok") & ok["latency_us_median"].notna()]
+    if ok["combo_key"].nunique() < 2:
+        return []
+    names = pair_names(ok)
+    out = []
+    for _, g in ok.groupby([ok[c].map(fmt_value) for c in _workloads(ok)], sort=False):
+        if len(g) < 2:
+            continue
+        g = g.sort_values("latency_us_median")
+        best, second = g.iloc[0], g.iloc[1]
+        margin = second["latency_us_median"] / best["latency_us_median"]
+        out.append((margin, f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of "
+                            f"{names.loc[g.index[1]].split(' · ')[0]} ({fmt_us(best['latency_us_median'])} vs "
+                            f"{fmt_us(second['latency_us_median'])} µs)"))
+    out.sort(key=lambda x: -x[0])
+    return [t for _, t in out[:limit]]
+
+
+def memory_lines(df: pd.DataFrame) -> list[str]:
+    ok = latest_rows(df)
+    ok = ok[ok["status"] == "ok"]
+    names = pair_names(ok) if len(ok) else pd.Series([], dtype=object)
+    out = []
+    for col, what in (("device_bytes_peak", "device peak"), ("workspace_bytes_peak", "workspace peak")):
+        if col in ok.columns and ok[col].notna().any():
+            i = ok[col].idxmax()
+            out.append(f"largest {what}: {fmt_mib(ok.loc[i, col])} MiB ({names.loc[i]})")
+    return out
+
+
+def quality_lines(df: pd.DataFrame, env: dict, run_dir: Path | None, name: str = "") -> list[str]:
+    """Data-quality bullets of one run: its flagged rows by flag, provenance notes."""
+    rows = latest_rows(df)
+    ok = rows[rows["status"] == "ok"]
+    lines = flag_summary(row_flags(ok), pair_names(ok)) if len(ok) else []
+    if name:
+        lines = [f"{name}: {x}" for x in lines]
+    return lines + run_notes(df, env, name)
+
+
+def caveats(run_dirs, root: Path | None = None) -> list[str]:
+    """The caveats.md files stored with the runs (each file once)."""
+    files = []
+    for d in run_dirs:
+        for f in caveat_files(d):
+            if f not in files:
+                files.append(f)
+    return caveats_text(files, root)
+
+
+def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
+    """Bullets: status counts with what broke, biggest wins, memory, data quality."""
+    rows = latest_rows(df)
+    counts = rows["status"].value_counts()
+    order = ["ok", "skipped", *BAD]
+    head = ", ".join(f"{int(counts[s])} {s}" for s in order if s in counts)
+    lines = [f"**Summary:** {head} row(s) of {rows['combo_key'].nunique()} combination(s)"]
+    bad = rows[rows["status"].isin(BAD)]
+    if len(bad):
+        names = pair_names(rows)  # named among every row, so that the combination shows
+        shown = "; ".join(f"{names.loc[i]} {r['status']}" for i, r in bad.head(TOP).iterrows())
+        lines.append(f"- broken: {shown}" + (f" (+{len(bad) - TOP} more)" if len(bad) > TOP else ""))
+    lines += [f"- {w}" for w in wins(df)]
+    lines += [f"- memory: {x}" for x in memory_lines(df)]
+    if quality:
+        lines.append(f"- data quality: {len(quality)} note(s) below (Data quality)")
+    return lines
+
+
+def rows_table(df: pd.DataFrame) -> Table:
+    """Every row of the run (the newest per combination and tokens), its figures unrounded:
+    identity, tokens, timing that ran, status, latency, phases, overlap, memory, flags."""
+    rows = latest_rows(df)
+    shown = [c for c in display_columns(rows) if c not in PER_ROW_COLUMNS]
+    keep = [c for c in SHOWN_IDENTITY + ["knobs", "combo_key", "timing_mode", "status", "reason"] +
+            LATENCY_COLUMNS + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUMNS + ["host_enqueue_us"] if c in rows.columns]
+    data = rows[list(dict.fromkeys(keep))].copy()
+    data["flags"] = row_flags(rows)
+    cols = [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r"),
+             Column("timing", lambda r: fmt_value(r.get("timing_mode"))),
+             Column("status", lambda r: r["status"]),
+             Column("latency µs", lambda r: fmt_interval(r["latency_us_median"], r["latency_us_p20"],
+                                                         r["latency_us_p80"]) if r["status"] == "ok" else "-", "r"),
+             Column("workspace peak MiB", lambda r: fmt_mib(r.get("workspace_bytes_peak", np.nan)), "r"),
+             Column("flags", lambda r: " ".join(r["flags"]))]
+    const = constant_caption(rows)
+    return Table("rows", data.reset_index(drop=True), cols,
+                 "Times in µs: median (p20–p80)." + (f" All rows: {const}." if const else ""))

@@ -1,0 +1,158 @@
+"""The first lines of a comparison: the verdict a reviewer reads before any table.
+
+For each changed row its size with the 95 % interval; the changes that are significant
+but under the threshold; the geometric mean over the rows ok on both sides; memory
+changes; whether the environments are comparable; rows on one side only; and the
+exit status with why (docs/design.md, "Exit status").
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .compare import Comparison
+from .compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
+from .envinfo import comparable_summary, environment_check
+from .load import EXTRA_COMBO_COLUMNS, COMBO_COLUMNS, PER_ROW_COLUMNS, fmt_value
+
+CHANGED = ("broken", "slower", "skipped", "faster", "fixed")
+LIMIT = 8  # changed rows named one a line; the rest counted
+
+
+def why_nothing_matched(cmp: Comparison) -> str:
+    """Why no pair is ok on both sides: the identity columns whose values the two sides
+    do not share (or that no pair is ok on both)."""
+    if len(cmp.matched):
+        n = len(cmp.matched)
+        return (f"none of the {n} matched row(s) is ok on both sides "
+                f"({', '.join(f'{k} {v}' for k, v in cmp.counts().items() if v)})")
+    b, c = cmp.only_baseline, cmp.only_candidate
+    if cmp.axis is not None:
+        return (f"no row matched: no row with {cmp.axis.field}={cmp.axis.a} has a partner with "
+                f"{cmp.axis.field}={cmp.axis.b} that agrees in every other identity field")
+    if not len(b) or not len(c):
+        return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
+    disjoint, differ = [], []
+    for col in [*COMBO_COLUMNS, *EXTRA_COMBO_COLUMNS, "tokens_per_rank"]:
+        if col in PER_ROW_COLUMNS or col not in b.columns or col not in c.columns:
+            continue
+        vb, vc = set(b[col].map(fmt_value)), set(c[col].map(fmt_value))
+        if vb != vc:
+            text = f"{col} ({', '.join(sorted(vb))} vs {', '.join(sorted(vc))})"
+            (disjoint if not vb & vc else differ).append(text)
+    if disjoint:
+        where = "; the runs share no value of " + ", ".join(disjoint[:3])
+    elif differ:
+        where = "; the runs differ in " + ", ".join(differ[:4])
+    else:
+        where = "; their identity columns agree, so the keys differ in a field the rows do not show (moebench/spec.py)"
+    return f"no row matched: the combination keys of the two runs never meet{where}"
+
+
+def row_names(m: pd.DataFrame) -> pd.Series:
+    """Pair names labelled by what varies among the pairs ok on a side (rows ok on
+    neither side would lengthen every name)."""
+    shown = m[m["verdict"] != "n/a"]
+    return pair_names(shown).reindex(m.index).fillna("") if len(shown) else pair_names(m)
+
+
+def _change_line(verdict: str, name: str, r: dict) -> str:
+    if verdict in ("broken", "skipped"):
+        why = f": {r['cand_reason']}" if r.get("cand_reason") else ""
+        return f"**{verdict}** {name}: ok → {r['cand_status']}{why}"
+    if verdict == "fixed":
+        return f"**fixed** {name}: {r['base_status']} → ok"
+    return (f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'])} "
+            f"({fmt_us_pair(r['base_latency_us_median'], r['cand_latency_us_median'])})")
+
+
+def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str] = ()) -> list[str]:
+    """Markdown: a bold headline, then one bullet per fact (module doc)."""
+    m = cmp.matched
+    names = row_names(m)
+    counts = cmp.counts()
+    ok = cmp.comparable
+    changed = {v: counts[v] for v in CHANGED if counts[v]}
+    what = ", ".join(f"{n} {v}" for v, n in changed.items()) or f"no change beyond ×{cmp.threshold:g}"
+    subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
+    head = (f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides "
+            f"(threshold ×{cmp.threshold:g}) — exit {code}" + (f": {'; '.join(why)}" if why else ""))
+    lines = [head]
+    changed_rows = m[m["verdict"].isin(CHANGED)]
+    order = {v: i for i, v in enumerate(CHANGED)}
+    changed_rows = changed_rows.assign(_o=changed_rows["verdict"].map(order),
+                                       _d=-np.abs(np.log(changed_rows["ratio"].astype(float).fillna(1.0))))
+    changed_rows = changed_rows.sort_values(["_o", "_d"], kind="stable")
+    for i, r in changed_rows.head(LIMIT).iterrows():
+        lines.append("- " + _change_line(r["verdict"], names.loc[i], r.to_dict()))
+    if len(changed_rows) > LIMIT:
+        lines.append(f"- … and {len(changed_rows) - LIMIT} more changed row(s) (table below)")
+    sig = m[(m["verdict"] == "~") & m["significant"].astype(bool)]
+    r = sig["ratio"].astype(float)
+    past = (r >= cmp.threshold) | (r <= 1 / cmp.threshold)
+    for rows, what in ((sig[~past], f"significant but under ×{cmp.threshold:g}"),
+                       (sig[past], f"significant and past ×{cmp.threshold:g}, but the p20–p80 intervals overlap "
+                                   "(noisy rows: no verdict)")):
+        if len(rows):
+            rows = rows.assign(_d=-np.abs(np.log(rows["ratio"].astype(float)))).sort_values("_d", kind="stable")
+            items = [f"{names.loc[i]} {fmt_change(x['ratio'], x['ci_lo'], x['ci_hi'])}"
+                     for i, x in rows.head(LIMIT).iterrows()]
+            more = f" (+{len(rows) - LIMIT} more)" if len(rows) > LIMIT else ""
+            lines.append(f"- {what}: " + "; ".join(items) + more)
+    quiet = int(((m["verdict"] == "~") & ~m["significant"].astype(bool)).sum())
+    if quiet:
+        lines.append(f"- no significant change: {quiet} row(s)")
+    g, lo, hi = cmp.geomean()
+    if np.isfinite(g):
+        lines.append(f"- geometric mean over {len(ok)} row(s): {fmt_change(g, lo, hi)}")
+    mem = memory_change_lines(cmp, names)
+    if mem:
+        lines += [f"- memory: {x}" for x in mem]
+    elif m[["base_workspace_bytes_peak", "cand_workspace_bytes_peak", "base_device_bytes_peak"]].notna().any().any():
+        lines.append(f"- memory: workspace and device peak within ×{cmp.threshold:g} in every row")
+    else:
+        lines.append("- memory: not measured")
+    lines.append("- " + environment_line(cmp))
+    if len(cmp.only_baseline) or len(cmp.only_candidate):
+        lines.append(f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
+                     f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)")
+    num_na = counts["n/a"]
+    if num_na:
+        lines.append(f"- {num_na} matched row(s) ok on neither side")
+    if quality:
+        lines.append(f"- data quality: {len(quality)} note(s) below (Data quality)")
+    return lines
+
+
+def environment_line(cmp: Comparison) -> str:
+    if cmp.axis is not None:
+        return "environments: one run, one environment"
+    ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
+    if ok:
+        return f"environments: comparable ({comparable_summary(cmp.cand_env)})"
+    return "environments: **not comparable** — " + "; ".join(diffs)
+
+
+def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
+    """The verdict as data (json output)."""
+    g, lo, hi = cmp.geomean()
+    ok, diffs = environment_check(cmp.base_env, cmp.cand_env) if cmp.axis is None else (True, [])
+    names = row_names(cmp.matched)
+    changed = cmp.matched[cmp.matched["verdict"].isin(CHANGED)]
+    return {
+        "exit_status": code, "why": why, "baseline": cmp.baseline_name, "candidate": cmp.candidate_name,
+        "axis": str(cmp.axis) if cmp.axis else None, "threshold": cmp.threshold, "alpha": cmp.alpha,
+        "counts": cmp.counts(), "rows_ok_on_both_sides": int(len(cmp.comparable)),
+        "geomean_ratio": g, "geomean_ci": [lo, hi],
+        "changed": [{"name": names.loc[i], "verdict": r["verdict"], "ratio": r["ratio"], "ci": [r["ci_lo"], r["ci_hi"]]}
+                    for i, r in changed.iterrows()],
+        "significant_under_threshold": [names.loc[i] for i, r in cmp.matched.iterrows()
+                                        if r["verdict"] == "~" and bool(r["significant"])],
+        "environments_comparable": ok, "environment_differences": diffs,
+        "only_baseline": int(len(cmp.only_baseline)), "only_candidate": int(len(cmp.only_candidate)),
+    }
+
+
+def frame_names(df: pd.DataFrame) -> pd.Series:
+    """Names of a run's rows as the verdict writes them (for flag lists)."""
+    return pair_names(df) if len(df) else pd.Series([], dtype=object)

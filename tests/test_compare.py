@@ -1,0 +1,178 @@
+"""moebench compare: the verdict, the exit status CI gates on, csv / json, bad input."""
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.report.compare import compare_runs, exit_status
+from moebench.report.synthetic import default_env, make_row, make_rows, write_run
+
+NUM = re.compile(r"[+\u2212-]?\d+(?:\.\d+)?")
+
+
+def _runs(tmp_path, base: pd.DataFrame, cand: pd.DataFrame, cand_env=None):
+    return (str(write_run(tmp_path / "base", base)),
+            str(write_run(tmp_path / "cand", cand, cand_env)))
+
+
+def _compare(capsys, *argv):
+    code = cli.main(["compare", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_10_percent_slowdown_is_flagged_and_exits_1(tmp_path, capsys):
+    base, cand = _runs(tmp_path, make_rows(seed=0), make_rows(scale=1.10, seed=1))
+    code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
+    assert code == 1
+    first = out.splitlines()[0]
+    assert first.startswith("**Verdict (cand vs base):") and "slower" in first and "exit 1" in first
+    slower = [line for line in out.splitlines() if line.startswith("- **slower**")]
+    assert len(slower) >= 8  # 12 rows ok on both sides; the sizes are named, not counted
+    sizes = [float(NUM.findall(line.split(": ", 1)[1])[0].replace("\u2212", "-")) for line in slower]
+    assert all(5 < s < 16 for s in sizes), sizes
+    assert "geometric mean over 12 row(s): +10" in out or "geometric mean over 12 row(s): +9" in out
+    assert "slower beyond ×1.05" in err
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert report.splitlines()[2].startswith("**Verdict")  # the verdict on line 3, after the title
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_noise_the_size_of_the_rows_spread_is_not_flagged(tmp_path, capsys, seed):
+    base, cand = _runs(tmp_path, make_rows(seed=0, spread=0.02), make_rows(seed=seed, spread=0.02))
+    code, out, _ = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    assert "no change beyond ×1.05" in out.splitlines()[0]
+    cmp = compare_runs(make_rows(seed=0, spread=0.02), make_rows(seed=seed, spread=0.02))
+    assert not cmp.matched["verdict"].isin(["slower", "faster"]).any()
+
+
+def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
+    other = pd.DataFrame([make_row("local", "torch", "experts", "none", "bf16", t, model="other",
+                                   samples_us=np.full(20, 50.0)) for t in (16, 64)])
+    base, cand = _runs(tmp_path, make_rows(), other)
+    code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
+    assert code == 1
+    assert "no row matched" in err and "model (tiny vs other)" in err
+    assert "only in base" in out.lower() or "row(s) only in base" in out
+
+
+def test_broken_and_skipped_rows(tmp_path, capsys):
+    rows = [make_row("local", "torch", "experts", "none", "bf16", t, samples_us=np.full(20, 50.0) + t)
+            for t in (16, 64, 256)]
+    cand = [dict(rows[0]), make_row("local", "torch", "experts", "none", "bf16", 64, status="oom", reason="CUDA OOM"),
+            make_row("local", "torch", "experts", "none", "bf16", 256, status="skipped", reason="no GPU")]
+    cmp = compare_runs(pd.DataFrame(rows), pd.DataFrame(cand))
+    assert cmp.counts()["broken"] == 1 and cmp.counts()["skipped"] == 1
+    assert exit_status(cmp) == (1, [exit_status(cmp)[1][0]]) and "broken" in exit_status(cmp)[1][0]
+    assert exit_status(cmp, ("slower",))[0] == 0
+    base, cand_dir = _runs(tmp_path, pd.DataFrame(rows), pd.DataFrame(cand))
+    code, out, _ = _compare(capsys, base, cand_dir, "--out", str(tmp_path / "r"))
+    assert code == 1 and "**broken** tiny · 64 tok: ok → oom: CUDA OOM" in out
+
+
+def test_fail_on_tunes_what_exits_1(tmp_path, capsys):
+    def rows(scale, ws):
+        return pd.DataFrame([make_row("local", "torch", "experts", "none", "bf16", t, samples_us=np.full(20, 50.0) * scale
+                                      * np.exp(np.random.default_rng(t).normal(0, 0.01, 20)),
+                                      workspace_bytes_peak=ws * t) for t in (16, 64)])
+    base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.0, 2e6))
+    assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 0  # memory: reported, not fatal
+    code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "memory")
+    assert code == 1 and "larger workspace" in err and "memory: workspace: 0 row(s) smaller, 2 larger" in out
+    base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.5, 1e6))
+    assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 1
+    assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "none")[0] == 0
+    assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--threshold", "1.6")[0] == 0
+    code, _, err = _compare(capsys, base, cand, "--fail-on", "slowness")
+    assert code == 2 and "--fail-on 'slowness'" in err
+
+
+def test_environments_not_comparable_are_said_to_be(tmp_path, capsys):
+    env = dict(default_env(), torch="2.10.0")
+    base, cand = _runs(tmp_path, make_rows(seed=0), make_rows(seed=1), env)
+    code, out, _ = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
+    assert code == 0 and "environments: **not comparable** — torch: 2.11.0+cu130 → 2.10.0" in out
+    code, _, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "slower,env")
+    assert code == 1 and "environments not comparable" in err
+    base, cand = _runs(tmp_path, make_rows(seed=0), make_rows(seed=1))
+    assert "environments: comparable (NVIDIA H200" in _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[1]
+
+
+def _md_rows(text: str) -> list[list[str]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+
+
+def _num(cell: str) -> float:
+    return float(NUM.findall(cell)[0].replace("\u2212", "-"))
+
+
+def test_csv_and_json_parse_back_to_the_markdown_numbers(tmp_path, capsys):
+    base, cand = _runs(tmp_path, make_rows(seed=0), make_rows(scale=1.07, seed=1))
+    out = str(tmp_path / "r")
+    _, md, _ = _compare(capsys, base, cand, "--out", out)
+    _, csv, _ = _compare(capsys, base, cand, "--out", out, "--format", "csv")
+    _, js, _ = _compare(capsys, base, cand, "--out", out, "--format", "json")
+    table = pd.read_csv(io.StringIO(csv))
+    doc = json.loads(js)
+    assert doc["verdict"]["exit_status"] in (0, 1) and len(doc["comparison"]) == len(table) == 12
+    header = [ln for ln in md.splitlines() if ln.startswith("|")][0]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    cells = _md_rows(md)
+    assert len(cells) == 12
+    for row, rec, (_, line) in zip(cells, doc["comparison"], table.iterrows()):
+        cell = dict(zip(cols, row))
+        assert int(cell["tokens"]) == rec["tokens_per_rank"] == line["tokens_per_rank"]
+        for side, name in (("base", "base µs"), ("cand", "cand µs")):
+            shown = _num(cell[name])
+            assert shown == pytest.approx(rec[f"{side}_latency_us_median"], rel=5e-3)
+            assert line[f"{side}_latency_us_median"] == pytest.approx(rec[f"{side}_latency_us_median"])
+        change, lo, hi = [float(x.replace("\u2212", "-")) for x in NUM.findall(cell["change [95 % CI]"])]
+        assert change == pytest.approx(line["change_pct"], abs=0.051) and change == pytest.approx(rec["change_pct"], abs=0.051)
+        assert lo == pytest.approx(rec["ci_lo_pct"], abs=0.051) and hi == pytest.approx(rec["ci_hi_pct"], abs=0.051)
+        assert cell["verdict"].split()[0] == rec["verdict"] == line["verdict"]
+    assert (tmp_path / "r" / "comparison.csv").read_text() == csv
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["verdict"] == doc["verdict"]
+
+
+def test_single_run_csv_and_json_match_the_latency_table(tmp_path, capsys):
+    run = str(write_run(tmp_path / "run", make_rows()))
+    assert cli.main(["report", run, "--format", "csv", "--out", str(tmp_path / "r")]) == 0
+    rows = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert cli.main(["report", run, "--format", "json", "--out", str(tmp_path / "r")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    md = (tmp_path / "r" / "report.md").read_text()
+    ok = rows[rows["status"] == "ok"]
+    assert len(doc["rows"]) == len(rows) == 21 and len(ok) == 12
+    for _, r in ok.iterrows():
+        # each median appears in the markdown latency table with ~4 significant digits
+        assert f"{r['latency_us_median']:.1f}" in md or f"{r['latency_us_median']:.2f}" in md
+    assert md.splitlines()[2].startswith("**Summary:** 12 ok, 6 skipped, 3 failed")
+
+
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys):
+    good = str(write_run(tmp_path / "good", make_rows()))
+    code, _, err = _compare(capsys, good, str(tmp_path / "missing"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "does not exist" in err
+    future = str(write_run(tmp_path / "future", make_rows().assign(schema_version=99)))
+    code, _, err = _compare(capsys, good, future)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "schema_version 99" in err
+    code, _, err = _compare(capsys, good, "--axis", "reduction=finalize:nowhere")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "no row has reduction=nowhere (this run has reduction = experts, finalize)" in err
+    code, _, err = _compare(capsys, good, "--axis", "colour=red:blue")
+    assert code == 2 and "neither an identity field" in err
+    code, _, err = _compare(capsys, good, "--axis", "reduction=finalize")
+    assert code == 2 and "FIELD=A:B" in err
+    code, _, err = _compare(capsys, good, good, "--axis", "reduction=finalize:experts")
+    assert code == 2 and "within one run" in err
+    with pytest.raises(SystemExit) as e:  # argparse: an unknown option
+        cli.main(["compare", good, good, "--colour"])
+    assert e.value.code == 2

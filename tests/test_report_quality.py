@@ -1,0 +1,78 @@
+"""Data-quality flags in reports, and what `moebench list` / `sweep --dry-run` say of skips."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moebench import cli
+from moebench.report.flags import flags_of
+from moebench.report.markdown import write_report
+from moebench.report.synthetic import make_row, write_run
+from moebench.sweep import _Progress, reason_groups
+
+
+def _row(tokens=64, spread=0.01, **kw):
+    samples = 100.0 * np.exp(np.random.default_rng(tokens).normal(0, spread, 30))
+    return make_row("local", "triton", "experts", "none", "bf16", tokens, samples_us=samples, **kw)
+
+
+def test_flags_of_rows():
+    assert flags_of(_row()) == []
+    assert "spread" in flags_of(_row(spread=0.3))
+    assert flags_of(_row(host_enqueue_us=95.0)) == ["host-bound"]  # events: the host enqueues for 95 of 100 µs
+    assert flags_of(_row(host_enqueue_us=20_000.0)) == ["host-sync"]
+    assert flags_of(_row(timing_mode="graph", host_enqueue_us=300.0)) == []  # graph replays hide the host
+    graph = _row(timing_mode="graph", prepare_us=100.0, experts_us=100.0, combine_us=0.0, dispatch_us=np.nan,
+                 weight_reduce_us=np.nan)
+    assert "phases≠latency" in flags_of(graph)
+    idle = _row(timing_mode="profiler", prepare_us=5.0, experts_us=20.0, combine_us=1.0, dispatch_us=np.nan,
+                weight_reduce_us=np.nan)
+    assert "gpu-idle" in flags_of(idle)
+    old = _row(host_enqueue_us=np.nan)  # an older row at a decode size, timed eagerly
+    assert flags_of(old) == ["eager-decode"] and flags_of(_row(4096, host_enqueue_us=np.nan)) == []
+    assert flags_of(make_row("local", "torch", "experts", "none", "bf16", 16, status="failed")) == []
+
+
+def test_report_carries_flags_git_sha_and_caveats(tmp_path):
+    rows = pd.DataFrame([_row(16, spread=0.3, git_sha="unknown"), _row(64, host_enqueue_us=95.0, git_sha="unknown")])
+    folder = tmp_path / "question"
+    run = write_run(folder / "run", rows)
+    (folder / "caveats.md").write_text("- the folder's caveat\n")
+    (run / "caveats.md").write_text("- the run's own caveat\n")
+    text = write_report(run).read_text()
+    head, _, rest = text.partition("## Data quality")
+    assert "**Summary:** 2 ok" in head and "data quality: 5 note(s)" in head  # 2 flags, the sha, 2 caveats
+    assert "1 row(s) wide spread" in rest and "1 row(s) host-bound" in rest
+    assert "git sha `unknown` names no commit" in rest
+    assert rest.index("the folder's caveat") < rest.index("the run's own caveat") < rest.index("## Status")
+
+
+def test_list_counts_skip_reasons_and_verbose_lists_each(capsys):
+    overrides = ["backend=local,local_batched", "experts=torch,torch_batched", "reduction=experts",
+                 "overlap=none", "quant=bf16", "model=tiny", "runner.device=cpu"]
+    assert cli.main(["list", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "skipped, by reason (3 combinations; --verbose lists each):" in out
+    assert "(and 1 more like it)" in out and "skipped local" not in out
+    assert cli.main(["list", "--verbose", *overrides]) == 0
+    assert capsys.readouterr().out.count("\nskipped ") == 3
+
+
+def test_sweep_dry_run_lists_what_would_run(tmp_path, capsys):
+    overrides = ["backend=local,local_batched", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16",
+                 "model=tiny", "workload.tokens_per_rank=[4,8]", "runner.device=cpu"]
+    assert cli.main(["sweep", "--dry-run", "--out", str(tmp_path / "run"), *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "would run 1 combination(s), 2 row(s):" in out and "local/torch/experts/none/bf16/tiny  tokens 4, 8" in out
+    assert "would skip 1" in out and "layouts differ" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_wide_spreads_are_summarised_not_printed_one_by_one():
+    progress = _Progress(0)
+    assert progress.summary() == ""
+    progress.wide += [(1.3, "a T=16"), (2.0, "b T=64"), (1.2, "c T=4")]
+    text = progress.summary()
+    assert text.startswith("moebench: 3 row(s) with a wide spread") and text.index("b T=64") < text.index("a T=16")
+    progress.close()
+    assert reason_groups(["x: 1", "x: 2", "x: 1", "y"]) == [(3, "x: 1 (and 1 more like it)"), (1, "y")]
