@@ -269,16 +269,18 @@ class Launcher:
                     # "done" was still in flight: blame the one that failed, redo this one
                     bad = st.failure_idx
                 fin = st.fins[bad]
+                # the token count in flight: the first without every rank's result
+                at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < ws), None)
                 died = _died(procs, st)
                 if died and (st.failure is None or st.failure.status == "failed"):
                     # a rank died: its peers' errors (a closed connection) are what followed
                     after = f"; then {st.failure.reason}" if st.failure is not None else ""
-                    fin.failure = Failure("failed", f"{died}{after}"[:1000], st.failure.tokens if st.failure else None)
+                    fin.failure = Failure("failed", f"{died}{after}"[:1000], st.failure.tokens if st.failure else at)
                 elif st.failure is not None:
                     fin.failure = st.failure
                 else:
                     t = work[st.current][0].combo.timeout_s
-                    fin.failure = Failure("timeout", f"no result within {t:g} s: the process group was killed")
+                    fin.failure = Failure("timeout", f"no result within {t:g} s: the process group was killed", at)
                 _kill(procs)
                 self.on_finished(fin)
                 return work[st.current : bad] + work[bad + 1 :]
