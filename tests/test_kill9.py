@@ -1,0 +1,69 @@
+"""20 `kill -9`s of a sweep's whole process group at random times, each followed by a re-run:
+no (combination, tokens) stored twice, every file readable, a report that renders, and the
+rows of an uninterrupted run."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+
+from moebench import cli
+from moebench.store import RunStore
+from moebench.sweep import execute
+from test_sweep_cpu import children
+
+KILLS = 20
+SWEEP = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,dispatch,combine",
+         "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4,8]", "runner.reps=3", "runner.warmup=0",
+         "runner.phase_reps=1", "runner.memory=false"]
+
+
+def _rows(run) -> set:
+    df = RunStore(run).load()
+    return set(zip(df.combo_key, df.tokens_per_rank.astype(int), df.status))
+
+
+def test_twenty_kill9s_then_a_rerun_store_what_an_uninterrupted_run_does(tmp_path, capsys):
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "moebench.cli", "sweep", *SWEEP, "--out", str(run)]
+    rng = random.Random(18)
+    t0, mid = time.monotonic(), 0
+    for _ in range(KILLS):
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+        time.sleep(rng.uniform(0.2, 5.0))  # startup, planning, the rank, writing rows: anywhere
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it had finished
+        p.wait()
+        n = len(list((run / "rows").glob("*-T*.parquet"))) if (run / "rows").is_dir() else 0
+        mid += 0 < n < 6  # killed with some combinations stored and others not
+    killing_s = time.monotonic() - t0
+    final = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    assert final.returncode == 0, final.stderr
+
+    # every file readable, no temp file left, no pair stored twice
+    for f in (run / "rows").iterdir():
+        assert not f.name.startswith(".tmp-"), f
+        pd.read_parquet(f)
+    for f in [*run.glob("*.json"), *(run / "envs").glob("*.json")]:
+        json.loads(f.read_text())
+    stored = RunStore(run).load(all_rows=True)
+    measured = stored[stored.status != "skipped"]
+    assert not measured.duplicated(["combo_key", "tokens_per_rank"]).any(), "a row was stored twice"
+    assert cli.main(["report", str(run)]) == 0, capsys.readouterr().err
+
+    # the same rows as an uninterrupted run's
+    clean, _ = execute(SWEEP, None, str(tmp_path / "clean"), quiet=True)
+    assert _rows(run) == _rows(clean)
+    assert len(_rows(clean)) == 12 and {s for *_, s in _rows(clean)} == {"ok"}
+    assert children() == []
+    print(f"{KILLS} kills in {killing_s:.0f} s, {mid} of them with a sweep part-stored; {len(measured)} rows")
