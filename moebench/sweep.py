@@ -145,7 +145,11 @@ def execute(
     """Plan and run; returns the run directory and the status counts of this invocation.
     Bad input, or a run directory another sweep holds (unless `wait`), raise ValueError
     before any work. `slurm`: a moebench.slurm.SlurmOptions to run the work as jobs."""
-    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe)
+    # SLURM jobs run on other machines: this one's cores and GPUs decide nothing
+    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe,
+                              this_machine=slurm is None or slurm.cluster != "slurm")
+    if slurm is not None:
+        slurm.check(combos)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
     store = RunStore(run_dir)
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
