@@ -133,16 +133,23 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
     from . import memory
     from .kernels import registry
     from .launch import Finished
-    from .lock import RunLock
+    from .lock import LockHeld, RunLock
     from .messages import Failure, Task
     from .store import RunStore
     from .sweep import write_finished
     from .worker import is_oom, run_combination
 
     store = RunStore(run_dir)
-    lock = RunLock.acquire(run_dir, token=token) if env.rank == 0 and token else None
     device, group = _setup(env, work[0][0].combo.device if work else "cpu")
     chan = _Channel(f"moebench/{meta['run_id']}/{env.attempt}")
+    lock = None
+    if env.rank == 0 and token:
+        try:
+            lock = RunLock.acquire(run_dir, token=token)
+        except LockHeld as e:  # the sweep this job works for is gone: write nothing
+            print(f"moebench worker: {e}", file=sys.stderr)
+            chan.abort()
+            _exit(2)
     cur, written = _Current(), []
 
     def finish(failure: Optional[Failure]) -> None:  # rank 0, holding cur.lock
@@ -287,31 +294,28 @@ def main(argv=None) -> int:
             print(f"moebench worker: error: {e}", file=sys.stderr)
         return 2
     _setup(env, device)
-    box = [None]
+    lock = keys = None
+    shared: list = [None]  # rank 0 tells the others (work, meta), or why there is none
     if lead:
         try:
-            box = [_plan(args, env, log)]
+            lock, work, meta, keys = _plan(args, env, log)
+            shared = [(work, meta)]
         except ValueError as e:
             print(f"moebench worker: error: {e}", file=sys.stderr)
-            box = [str(e)]
+            shared = [str(e)]
     if env.world_size > 1:
-        shared = [box[0][1:3] if isinstance(box[0], tuple) else box[0]]
         dist.broadcast_object_list(shared, src=0)
-    else:
-        shared = [box[0][1:3] if isinstance(box[0], tuple) else box[0]]
     if isinstance(shared[0], str):
         return 2
     work, meta = shared[0]
-    lock = box[0][0] if lead else None
     run_ranks(work, args.out, meta, env, token=lock.token if lock else None, log=log if lead else (lambda s: None))
     if env.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
     if not lead:
         return 0
-    keys = set(box[0][3])
     df = RunStore(args.out).load()
-    bad = df[df["combo_key"].isin(keys) & df["status"].isin(BAD_STATUSES)] if len(df) else df
+    bad = df[df["combo_key"].isin(set(keys)) & df["status"].isin(BAD_STATUSES)] if len(df) else df
     lock.release()
     log(f"moebench: done at {dt.datetime.now().isoformat(timespec='seconds')}; {len(bad)} rows not ok in "
         f"{args.out}")

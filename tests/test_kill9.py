@@ -19,7 +19,10 @@ from moebench.sweep import execute
 from test_sweep_cpu import children
 
 KILLS = 20
-SWEEP = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,dispatch,combine",
+# each forward sleeps 50 ms (tests/fault_experts.py), so that the sweep spends seconds
+# writing rows: kills land before, between and after its combinations
+SWEEP = ["backend=local", "experts=fault", "experts.fault=sleep", "experts.fault_s=0.05",
+         "reduction=experts,finalize", "overlap=none,dispatch,combine",
          "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4,8]", "runner.reps=3", "runner.warmup=0",
          "runner.phase_reps=1", "runner.memory=false"]
 
