@@ -275,8 +275,12 @@ def main(argv=None) -> int:
     from .store import RunStore
     from .sweep import BAD_STATUSES
 
+    from .lifeline import die_with
+
     args = _parser().parse_args(argv)
     log = (lambda s: print(s, file=sys.stderr, flush=True))
+    # die with torchrun's agent (its watchdog only: which thread started us is unknown)
+    die_with(os.getppid(), pdeathsig=False)
     try:
         env = RankEnv.from_environ()
     except ValueError as e:

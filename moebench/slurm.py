@@ -14,6 +14,7 @@ combination a `failed` row saying so. `--slurm-cluster local` runs the jobs as l
 processes (submitit's LocalExecutor), as the tests do."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,9 @@ def job_main(work: list, run_dir: str, meta: dict, token: str, port: int, local:
     import submitit
 
     from .dist_worker import RankEnv, run_ranks
+    from .lifeline import die_with
 
+    die_with(os.getppid(), pdeathsig=False)  # a task outliving its job step would hold a GPU
     je = submitit.JobEnvironment()
     per_node = je.num_tasks // max(1, je.num_nodes)
     env = RankEnv(je.global_rank, je.num_tasks, je.local_rank, per_node,
