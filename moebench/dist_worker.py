@@ -16,7 +16,9 @@ process group's key-value store: a rank that raises posts its error; rank 0's wa
 thread writes the combination's `failed`/`oom` row (or `timeout` past runner.timeout_s),
 posts an abort, and every rank exits 1. The group is then spent: torchrun's --max-restarts
 (or the SLURM parent's next job) starts a fresh one, which resumes past the stored rows.
-Exit status: 0 every planned row ok or skipped, 1 otherwise, 2 bad input before any work."""
+Exit status: 0 every planned row ok or skipped, 1 otherwise (a fault, or failed rows; with
+torchrun's --max-restarts a group that ran everything exits 0, since torchrun would restart
+it), 2 bad input before any work."""
 from __future__ import annotations
 
 import argparse
@@ -117,6 +119,14 @@ def _setup(env: RankEnv, device_kind: str):
     return device, (dist.group.WORLD if env.world_size > 1 else None)
 
 
+def _abort(chan: "_Channel") -> None:
+    """Rank 0, its rows written: every rank exits 1. Rank 0 last, once its peers (which poll
+    every POLL_S) are gone, so that torchrun's agents see the group fail together."""
+    chan.abort()
+    time.sleep(3 * POLL_S)
+    _exit(1)
+
+
 def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -175,8 +185,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
                 t = work[cur.idx][0].combo.timeout_s
                 finish(Failure(*err) if err else Failure("timeout", f"no result within {t:g} s: the process "
                                                                     "group was ended", _in_flight(cur, work)))
-                chan.abort()
-                _exit(1)
+                _abort(chan)
 
     threading.Thread(target=watchdog, name="moebench-watchdog", daemon=True).start()
     baseline = memory.device_used_bytes(device)
@@ -209,8 +218,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
             with cur.lock:
                 peer = chan.error(i)
                 finish(Failure(*peer) if peer else Failure(status, reason, tokens))
-                chan.abort()
-            _exit(1)
+                _abort(chan)
         if env.rank == 0:
             with cur.lock:
                 for r, res in enumerate(gathered):
@@ -323,7 +331,10 @@ def main(argv=None) -> int:
     lock.release()
     log(f"moebench: done at {dt.datetime.now().isoformat(timespec='seconds')}; {len(bad)} rows not ok in "
         f"{args.out}")
-    return 1 if len(bad) else 0
+    # torchrun restarts a group that exits non-zero: with restarts, a group that ran everything
+    # exits 0 (its last line says how many rows are not ok), else as `moebench sweep` does
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    return 1 if len(bad) and not restarts else 0
 
 
 if __name__ == "__main__":
