@@ -4,7 +4,7 @@ stop its ranks, so each rank stops itself (docs/design.md, "Isolation and resume
 - Linux's parent-death signal (prctl PR_SET_PDEATHSIG = SIGKILL): the kernel kills the rank
   the moment its parent exits. It fires when the parent *thread* that started the rank
   ends, so it is armed only for ranks started from the parent's main thread.
-- A watchdog thread for every other case (a rank started under `nsys profile`, whose parent
+- A watchdog thread (every POLL_S) for every other case (a rank started under `nsys profile`, whose parent
   is nsys; a non-Linux system): it polls the starting process and kills this one when it
   is gone (or is another process reusing its pid)."""
 from __future__ import annotations
@@ -48,11 +48,15 @@ def die_with(parent_pid: Optional[int], pdeathsig: bool = True) -> None:
     if pdeathsig and sys.platform.startswith("linux") and os.getppid() == parent_pid:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
         except (OSError, AttributeError):
-            pass
+            armed = False
+        if armed:
+            if os.getppid() != parent_pid:  # it died before the signal was armed
+                _die()
+            return  # the kernel watches: no thread waking up beside the timed work
     start = _start_time(parent_pid)
-    if start is None:  # it died before the death signal was armed
+    if start is None:
         _die()
 
     def watch() -> None:

@@ -174,3 +174,27 @@ def test_ranks_die_with_their_parent(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def test_the_watchdog_kills_a_rank_whose_parent_is_gone(tmp_path):
+    """Without the kernel's death signal (a rank under nsys, whose parent is nsys; a rank of
+    torchrun), the lifeline's watchdog thread ends the rank once its starter is gone."""
+    pid_file = tmp_path / "grandchild"
+    child = ("import subprocess, sys, os, time; "
+             "g = subprocess.Popen([sys.executable, '-c', "
+             "'import os, sys, time; from moebench.lifeline import die_with; "
+             "die_with(int(sys.argv[1]), pdeathsig=False); time.sleep(60)', str(os.getpid())]); "
+             f"open({str(pid_file)!r}, 'w').write(str(g.pid)); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", child])
+    deadline = time.time() + 30
+    while time.time() < deadline and not (pid_file.is_file() and pid_file.read_text()):
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    time.sleep(1.0)  # its watchdog is running
+    assert _alive(grandchild)
+    p.kill()
+    p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(grandchild):
+        time.sleep(0.05)
+    assert not _alive(grandchild)
