@@ -43,10 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep", default="default", help="named sweep in sweeps/ (or a path); default: %(default)s")
     s.add_argument("--out", help="run directory (default: runs/<sweep>[-<hash of overrides>])")
     s.add_argument("--redo", default="none", choices=("none", "failed", "all"),
-                   help="re-run stored rows: none (resume), failed (failed|timeout|oom), all")
+                   help="re-run stored rows: none (resume), failed (failed|timeout|oom|incorrect), all")
     s.add_argument("--dry-run", action="store_true", help="plan only: print what would run")
     s.add_argument("--oversubscribe", action="store_true",
                    help="CPU ranks only: allow more ranks than cores (timings contend)")
+    s.add_argument("--wait", action="store_true",
+                   help="if another sweep is writing --out, wait for it (default: refuse with exit 2)")
+    from .slurm import add_arguments
+
+    add_arguments(s)
 
     r = sub.add_parser("run", help="run one combination and print its rows", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -264,8 +269,10 @@ def main(argv=None) -> int:
         if args.cmd == "sweep":
             from .sweep import execute
 
+            from .slurm import options_from_args
+
             _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run,
-                                oversubscribe=args.oversubscribe)
+                                oversubscribe=args.oversubscribe, wait=args.wait, slurm=options_from_args(args))
             return counts.exit_code()
         if args.cmd == "run":
             return _run_one(args)

@@ -10,6 +10,7 @@ import shlex
 import sys
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -156,6 +157,24 @@ def _drain(q, st: _GroupState, wait_s: float = 0.5) -> None:
         pass
 
 
+def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
+    """'rank r died with exit code c (SIG)' for ranks that ended without reporting (waiting
+    briefly: a peer's error about the closed connection can come first), else ''."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                if p.exitcode not in (None, 0) and r not in st.exited
+                and not (st.failure is not None and st.failure.reason.startswith(f"rank {r}:"))]
+        if dead or time.monotonic() > deadline or st.failure is None:
+            break
+        time.sleep(0.05)
+    parts = []
+    for r, code in dead:
+        sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
+        parts.append(f"rank {r} died with exit code {code}{sig}")
+    return "; ".join(parts)
+
+
 class Launcher:
     """Runs lists of (combination, token counts) and reports each one finished."""
 
@@ -195,8 +214,11 @@ class Launcher:
             ctx.set_executable(wrapper)
         payload = [Task(i, c.combo, tuple(toks)) for i, (c, toks) in enumerate(work)]
         port = free_port()
+        # ranks die with this process (moebench/lifeline.py); the kernel's death signal only
+        # when started from the main thread (it fires when the starting thread ends)
+        life = (os.getpid(), threading.current_thread() is threading.main_thread())
         procs = [
-            ctx.Process(target=rank_main, args=(r, ws, device, port, payload, q, self.run_dir), daemon=True)
+            ctx.Process(target=rank_main, args=(r, ws, device, port, payload, q, self.run_dir, *life), daemon=True)
             for r in range(ws)
         ]
         try:
@@ -247,15 +269,18 @@ class Launcher:
                     # "done" was still in flight: blame the one that failed, redo this one
                     bad = st.failure_idx
                 fin = st.fins[bad]
-                if st.failure is not None:
+                # the token count in flight: the first without every rank's result
+                at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < ws), None)
+                died = _died(procs, st)
+                if died and (st.failure is None or st.failure.status == "failed"):
+                    # a rank died: its peers' errors (a closed connection) are what followed
+                    after = f"; then {st.failure.reason}" if st.failure is not None else ""
+                    fin.failure = Failure("failed", f"{died}{after}"[:1000], st.failure.tokens if st.failure else at)
+                elif st.failure is not None:
                     fin.failure = st.failure
-                elif dead:
-                    r, code = dead[0]
-                    sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
-                    fin.failure = Failure("failed", f"rank {r} died with exit code {code}{sig}")
                 else:
                     t = work[st.current][0].combo.timeout_s
-                    fin.failure = Failure("timeout", f"no result within {t:g} s: the process group was killed")
+                    fin.failure = Failure("timeout", f"no result within {t:g} s: the process group was killed", at)
                 _kill(procs)
                 self.on_finished(fin)
                 return work[st.current : bad] + work[bad + 1 :]

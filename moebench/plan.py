@@ -268,8 +268,10 @@ def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
 
 
 def plan(cli_overrides: list[str], sweep: Optional[str] = None,
-         oversubscribe: bool = False) -> tuple[list[Combination], dict]:
-    """Expand overrides (and a sweep file) into validated Combinations."""
+         oversubscribe: bool = False, this_machine: bool = True) -> tuple[list[Combination], dict]:
+    """Expand overrides (and a sweep file) into validated Combinations. `this_machine=False`:
+    the ranks run elsewhere (torchrun, SLURM jobs), so this machine's cores and GPUs decide
+    nothing."""
     sweep_data = load_sweep(sweep) if sweep else {"name": "adhoc", "overrides": {}}
     cli_overrides = list(cli_overrides)
     renamed = [o for o in cli_overrides if rename(o) != o]
@@ -289,7 +291,7 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
             continue
         seen.add(combo.key)
         reason = validate(combo)
-        if not reason and not explicit_ws and _ranks_available(combo.device):  # no GPU at all: refused below
+        if not reason and not explicit_ws and this_machine and _ranks_available(combo.device):  # no GPU at all: refused below
             reason = machine_reason(combo, oversubscribe)
         token_reasons = {}
         if not reason:
@@ -303,7 +305,8 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
     if unused:
         raise ValueError(f"{unused[0]} is set, but none of the chosen entries takes it "
                          f"(`moebench list --knobs` shows which entry declares which knob)")
-    check_machine(combos, explicit_ws, oversubscribe)
+    if this_machine:
+        check_machine(combos, explicit_ws, oversubscribe)
     return combos, sweep_data
 
 

@@ -1,7 +1,13 @@
-"""Results store: one Parquet file per finished combination under
-<run>/rows/, skipped rows in <run>/rows/skipped.parquet, env.json beside them.
-Rows are written as soon as a combination ends (a crash later loses nothing);
-a re-run of the same sweep skips what is stored unless told to redo it."""
+"""Results store: one Parquet file per finished combination under <run>/rows/, skipped
+rows in <run>/rows/skipped.parquet, one environment fingerprint per invocation in
+<run>/envs/<run_id>.json (<run>/env.json: the first one, for readers of one fingerprint).
+
+Guarantees (docs/design.md, "The store"): a file is complete or absent (written to a
+`.tmp-*.tmp` file, synced, renamed; leftovers of a killed writer are ignored by every
+reader and removed at the next start); rows are written as soon as a combination ends;
+nothing is overwritten (each invocation writes its own files) or deleted; a measured
+row always beats a skipped one, and among measured rows of one (combination, tokens)
+the newest wins. Writers hold the run's lock (moebench/lock.py)."""
 from __future__ import annotations
 
 import json
@@ -15,46 +21,123 @@ import pandas as pd
 from .migrate import migrate
 
 REDO_CHOICES = ("none", "failed", "all")
-FAILED = ("failed", "timeout", "oom")
+FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
+SKIPPED_FILE = "skipped.parquet"
+TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"  # never *.parquet: no reader's glob matches a torn file
+PAIR = ["combo_key", "tokens_per_rank"]
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # once, at import (os.umask is process-wide)
 
 
 def _atomic_write(path: Path, write) -> None:
+    """`write(tmp)` then rename over `path`: a reader sees the old file, the new one, or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix + TMP_SUFFIX)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would make it (mkstemp's is 0600)
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def _newest_last(files: list[Path]) -> list[Path]:
+    """Files in write order (rows of one second's timestamp are ordered by their file)."""
+    def mtime(p: Path) -> int:
+        try:
+            return p.stat().st_mtime_ns
+        except OSError:
+            return 0
+    return sorted(files, key=lambda p: (mtime(p), p.name))
+
+
+def _read_all(files: list[Path], skip_torn: bool) -> list[pd.DataFrame]:
+    frames = []
+    for p in files:
+        try:
+            frames.append(pd.read_parquet(p))
+        except Exception:
+            if not skip_torn:
+                raise
+    return frames
+
+
+def _by_precedence(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in ascending precedence: skipped before measured, then by timestamp (stable, so
+    frames concatenated in write order break ties)."""
+    df = df.copy()
+    df["_measured"] = df["status"] != "skipped"
+    keys = ["_measured", "timestamp"] if "timestamp" in df.columns else ["_measured"]
+    return df.sort_values(keys, kind="stable").drop(columns="_measured")
+
+
 class RunStore:
-    """A run directory: rows/*.parquet, env.json, sweep.json."""
+    """A run directory: rows/*.parquet, envs/<run_id>.json, env.json, sweep-<run_id>.json."""
 
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
         self.rows_dir = self.dir / "rows"
+        self.envs_dir = self.dir / "envs"
 
     # -- writing ---------------------------------------------------------------
+    def clean_temp(self) -> list[Path]:
+        """Remove writers' leftover temp files (a writer killed between write and rename).
+        Call it holding the run's lock, before any work."""
+        gone = []
+        for d in (self.dir, self.rows_dir, self.envs_dir):
+            for p in d.glob(f"{TMP_PREFIX}*") if d.is_dir() else ():
+                try:
+                    p.unlink()
+                    gone.append(p)
+                except OSError:
+                    pass
+        return gone
+
     def write_rows(self, combo_key: str, rows: list[dict]) -> Path:
-        """One file per finished combination (its token counts in one file)."""
+        """One file per finished combination and invocation (its token counts in one file);
+        a redo writes a file of its own beside the earlier one."""
         tokens = "_".join(str(r["tokens_per_rank"]) for r in rows)
-        path = self.rows_dir / f"{combo_key}-T{tokens}.parquet"
+        run_id = rows[0].get("run_id") if rows else None
+        path = self.rows_dir / f"{combo_key}-T{tokens}{f'-{run_id}' if run_id else ''}.parquet"
         df = pd.DataFrame(rows)
         _atomic_write(path, lambda p: df.to_parquet(p, index=False))
         return path
 
     def write_skipped(self, rows: list[dict]) -> Optional[Path]:
-        """Skipped rows are cheap to re-derive: one file, rewritten by every invocation."""
-        path = self.rows_dir / "skipped.parquet"
+        """Merge skipped rows into rows/skipped.parquet: a newer skip replaces an older skip of
+        the same (combination, tokens); a pair that has a measured row gets none (a skip never
+        hides a measurement); the skipped rows of other combinations stay."""
+        path = self.rows_dir / SKIPPED_FILE
+        measured = {(k, int(t)) for k, ts in self.stored().items() for t in ts}
+        rows = [r for r in rows if (r["combo_key"], int(r["tokens_per_rank"])) not in measured]
         if not rows:
-            if path.exists():
-                path.unlink()
-            return None
-        df = pd.DataFrame(rows)
-        _atomic_write(path, lambda p: df.to_parquet(p, index=False))
+            return path if path.exists() else None
+        new = pd.DataFrame(rows)
+        if path.exists():
+            old = pd.read_parquet(path)
+            fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int)))
+            keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"])]
+            new = pd.concat([old[keep], new], ignore_index=True)
+        _atomic_write(path, lambda p: new.to_parquet(p, index=False))
         return path
 
     def write_json(self, name: str, data: dict) -> Path:
@@ -62,27 +145,36 @@ class RunStore:
         _atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)))
         return path
 
+    def write_env(self, info: dict, run_id: str) -> Path:
+        """This invocation's fingerprint as envs/<run_id>.json (its rows' run_id names it);
+        env.json, which readers of a single fingerprint use, only where the run has none."""
+        path = self.write_json(f"envs/{run_id}.json", {**info, "run_id": run_id})
+        if not (self.dir / "env.json").exists():
+            self.write_json("env.json", {**info, "run_id": run_id})
+        return path
+
     # -- reading ---------------------------------------------------------------
     def row_files(self) -> list[Path]:
         """The combinations' row files (a writer's leftover temp file is not one)."""
         return sorted(p for p in self.rows_dir.glob("*.parquet")
-                      if p.name != "skipped.parquet" and not p.name.startswith("."))
+                      if p.name != SKIPPED_FILE and not p.name.startswith("."))
+
+    def env_of(self, run_id: str) -> dict:
+        """The fingerprint an invocation measured under ({} for runs written before envs/)."""
+        path = self.envs_dir / f"{run_id}.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
 
     def stored(self) -> dict[str, dict[int, str]]:
-        """combo_key -> {tokens: status} of the measured (not skipped) rows (older schema
-        versions under their migrated keys)."""
-        frames = []
-        for p in self.row_files():
-            try:
-                frames.append(pd.read_parquet(p))
-            except Exception:  # a torn file is redone, not trusted
-                continue
+        """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
+        each pair (older schema versions under their migrated keys)."""
+        frames = _read_all(_newest_last(self.row_files()), skip_torn=True)  # a torn file is redone
         out: dict[str, dict[int, str]] = {}
+        frames = [f for f in frames if len(f)]
         if not frames:
             return out
         df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
-        df = df[["combo_key", "tokens_per_rank", "status", "timestamp"]].sort_values("timestamp", kind="stable")
-        for key, t, st, _ in df.itertuples(index=False):  # the newest row of each wins
+        cols = ["combo_key", "tokens_per_rank", "status"]
+        for key, t, st in _by_precedence(df)[cols].itertuples(index=False):
             out.setdefault(key, {})[int(t)] = st
         return out
 
@@ -98,14 +190,16 @@ class RunStore:
                 todo.append(t)
         return todo
 
-    def load(self) -> pd.DataFrame:
-        """All rows of the run; for a (combination, tokens) stored twice the newest wins."""
-        files = self.row_files() + ([self.rows_dir / "skipped.parquet"] if (self.rows_dir / "skipped.parquet").exists() else [])
-        if not files:
+    def load(self, all_rows: bool = False) -> pd.DataFrame:
+        """The rows of the run, one per (combination, tokens): a measured row beats a skipped
+        one whatever their times, then the newest wins. `all_rows`: every stored row."""
+        files = _newest_last(self.row_files())
+        if (self.rows_dir / SKIPPED_FILE).exists():
+            files = [self.rows_dir / SKIPPED_FILE, *files]
+        frames = [f for f in _read_all(files, skip_torn=False) if len(f)]
+        if not frames:
             return pd.DataFrame()
-        frames = [pd.read_parquet(p) for p in files]
         df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
-        # measured rows win over skipped ones, then the newest wins
-        df["_measured"] = df["status"] != "skipped"
-        df = df.sort_values(["_measured", "timestamp"] if "timestamp" in df else ["_measured"]).drop(columns="_measured")
-        return df.drop_duplicates(["combo_key", "tokens_per_rank"], keep="last").reset_index(drop=True)
+        if all_rows:
+            return df
+        return _by_precedence(df).drop_duplicates(PAIR, keep="last").reset_index(drop=True)

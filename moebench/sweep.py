@@ -12,6 +12,7 @@ from typing import Optional
 
 from . import env as envmod
 from .launch import Finished, Launcher
+from .lock import RunLock
 from .plan import Combination, default_runs_dir, plan, run_name
 from .plugins import problems as plugin_problems
 from .rows import measured_row, outcome_row
@@ -92,7 +93,7 @@ class _Stop:
 def _meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
     return {
         "run_id": run_id, "sweep": sweep, "gpu": info.get("gpu"), "git_sha": info.get("git_sha"),
-        "env_id": env_id, "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "env_id": env_id, "timestamp": now_iso(),
     }
 
 
@@ -145,24 +146,9 @@ def rows_for(fin: Finished, meta: dict) -> list[dict]:
     return rows
 
 
-def execute(
-    cli_overrides: list[str],
-    sweep: Optional[str],
-    out: Optional[str],
-    redo: str = "none",
-    dry_run: bool = False,
-    quiet: bool = False,
-    oversubscribe: bool = False,
-) -> tuple[Path, "SweepCounts"]:
-    """Plan and run; returns the run directory and the status counts of this invocation."""
-    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe)
-    run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
-    store = RunStore(run_dir)
-    info = envmod.fingerprint()
-    eid = envmod.env_id(info)
-    run_id = uuid.uuid4().hex[:10]
-    meta = _meta(run_id, sweep_data["name"], info, eid)
-
+def plan_work(combos: list[Combination], store: RunStore, redo: str, meta: dict):
+    """(skipped rows, [(combination, token counts to run)], rows already stored) of a plan
+    against what the store holds."""
     skipped: list[dict] = []
     work: list[tuple[Combination, list[int]]] = []
     stored = store.stored()
@@ -177,52 +163,121 @@ def execute(
         already += len(c.runnable_tokens) - len(todo)
         if todo:
             work.append((c, todo))
-    counts = SweepCounts({"skipped": len(skipped)})
+    return skipped, work, already
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_finished(store: RunStore, fin: Finished, meta: dict, lock: Optional[RunLock] = None) -> list[dict]:
+    """The rows of one finished combination, written (under the run's lock) as it ends."""
+    rows = rows_for(fin, dict(meta, timestamp=now_iso()))
+    if lock is not None:
+        lock.check()
+    store.write_rows(fin.combo.key, rows)
+    return rows
+
+
+def execute(
+    cli_overrides: list[str],
+    sweep: Optional[str],
+    out: Optional[str],
+    redo: str = "none",
+    dry_run: bool = False,
+    quiet: bool = False,
+    oversubscribe: bool = False,
+    wait: bool = False,
+    slurm=None,
+) -> tuple[Path, "SweepCounts"]:
+    """Plan and run; returns the run directory and the status counts of this invocation.
+    Bad input, or a run directory another sweep holds (unless `wait`), raise ValueError
+    before any work. `slurm`: a moebench.slurm.SlurmOptions to run the work as jobs."""
+    # SLURM jobs run on other machines: this one's cores and GPUs decide nothing
+    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe,
+                              this_machine=slurm is None or slurm.cluster != "slurm")
+    if slurm is not None:
+        slurm.check(combos)
+    run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
+    store = RunStore(run_dir)
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
-    log(
-        f"moebench: {len(combos)} combinations, {len(work)} to run, "
-        f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
-    )
-    for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs
-        log(f"moebench: {line}")
-    if any(c.combo.trace == "nsys" and not c.reason for c in combos):
-        from .traces.nsys import NSYS_MISSING, nsys_available
-
-        if not nsys_available():
-            log(f"moebench: {NSYS_MISSING}")
     if dry_run:
-        if not quiet:
-            print(dry_run_listing(work, combos, already))
-        return run_dir, counts
-    store.write_json("env.json", {**info, "env_id": eid})
-    store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides, "run_id": run_id})
-    store.write_skipped(skipped)
+        info, eid, run_id = {}, "", "dry-run"
+        lock = None
+    else:
+        lock = RunLock.acquire(run_dir, wait=wait, log=log)
+    try:
+        if lock is not None:
+            store.clean_temp()  # a writer killed between write and rename left these
+            info = envmod.fingerprint()
+            eid = envmod.env_id(info)
+            run_id = uuid.uuid4().hex[:10]
+        meta = _meta(run_id, sweep_data["name"], info, eid)
+        skipped, work, already = plan_work(combos, store, redo, meta)
+        counts = SweepCounts({"skipped": len(skipped)})
+        log(
+            f"moebench: {len(combos)} combinations, {len(work)} to run, "
+            f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
+        )
+        for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs
+            log(f"moebench: {line}")
+        if any(c.combo.trace == "nsys" and not c.reason for c in combos):
+            from .traces.nsys import NSYS_MISSING, nsys_available
 
+            if not nsys_available():
+                log(f"moebench: {NSYS_MISSING}")
+        if lock is None:  # --dry-run
+            if not quiet:
+                print(dry_run_listing(work, combos, already))
+            return run_dir, counts
+        store.write_env({**info, "env_id": eid}, run_id)
+        store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides,
+                                                   "run_id": run_id, "slurm": bool(slurm)})
+        store.write_skipped(skipped)
+        _run(work, store, meta, lock, counts, log, quiet, slurm)
+        return run_dir, counts
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) -> None:
+    """Bad rows printed through the bar; wide-spread rows counted for the summary."""
+    for r in rows:
+        if r["status"] in BAD_STATUSES:
+            if not quiet:
+                progress.write(f"  {r['status']}: {label} T={r['tokens_per_rank']}: {r['reason']}")
+        elif r["status"] == "ok" and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
+            progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
+
+
+def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm) -> None:
+    """Run the work here (one process group per family) or as SLURM jobs; count the rows."""
     progress = _Progress(0 if quiet else len(work))
 
     def on_finished(fin: Finished) -> None:
-        rows = rows_for(fin, dict(meta, timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
-        store.write_rows(fin.combo.key, rows)
+        rows = write_finished(store, fin, meta, lock)
         counts.update(r["status"] for r in rows)
-        for r in rows:
-            if r["status"] in ("failed", "timeout", "oom", "incorrect"):
-                if not quiet:
-                    progress.write(f"  {r['status']}: {fin.combo.label} T={r['tokens_per_rank']}: {r['reason']}")
-            elif r["status"] == "ok" and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
-                progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"],
-                                      f"{fin.combo.label} T={r['tokens_per_rank']}"))
+        _report(fin.combo.label, rows, progress, quiet)
         progress.update(fin.combo.label, counts)
 
     with _Stop() as stop:
         try:
-            Launcher(str(run_dir), on_finished, should_stop=lambda: stop.requested).run(work)
+            if slurm is not None:
+                from .slurm import run_jobs
+
+                for label, rows in run_jobs(work, store, meta, lock, slurm, should_stop=lambda: stop.requested):
+                    counts.update(r["status"] for r in rows)
+                    _report(label, rows, progress, quiet)
+                    progress.update(label, counts)
+            else:
+                Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested).run(work)
         finally:
             progress.close()
     if progress.summary():
         log(progress.summary())
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-    log(f"moebench: {summary} (this invocation); results in {run_dir}")
+    log(f"moebench: {summary} (this invocation); results in {store.dir}")
     if stop.requested:
         counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")
-    return run_dir, counts

@@ -5,6 +5,7 @@ run @hydra.main."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import os
 import signal
@@ -20,6 +21,7 @@ from .capture import capture_trace, make_recorder, nsys_capture, profiled_phases
 from .derived import derived_figures, routing_counts
 from .kernels import registry
 from .layer import build_layer
+from .lifeline import die_with
 from .measure import check, host_enqueue, memory_figures, rank_sync, time_layer
 from .messages import Done, Error, Exited, RankResult, Result, Started, Task
 from .plan import timing_mode
@@ -142,13 +144,29 @@ def _setup(rank: int, world_size: int, device_kind: str, port: int):
     return device, group
 
 
-def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(e).lower()
+# what allocators say when memory runs out: CUDA's caching allocator, the CPU allocator
+# (c10's DefaultCPUAllocator: "can't allocate memory ... Error code 12 (Cannot allocate
+# memory)"), std::bad_alloc and ENOMEM from the OS
+OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc", "enomem")
 
 
-def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list[Task], queue, run_dir: str) -> None:
-    """Entry point of one rank: run `tasks` in order, report each result."""
+def is_oom(e: BaseException) -> bool:
+    """Whether an exception says memory ran out (the row's status is then `oom`)."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+        return True
+    text = str(e).lower()
+    return any(t in text for t in OOM_TEXTS)
+
+
+
+def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list[Task], queue, run_dir: str,
+              parent_pid: Optional[int] = None, pdeathsig: bool = True) -> None:
+    """Entry point of one rank: run `tasks` in order, report each result. The rank dies with
+    `parent_pid` (moebench/lifeline.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when to stop
+    die_with(parent_pid, pdeathsig)
     idx: Optional[int] = None
     tokens: Optional[int] = None
     try:
@@ -175,7 +193,7 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
         queue.put(Exited(rank))
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
         msg = f"{type(e).__name__}: {e}".strip()
-        queue.put(Error(idx, rank, "oom" if _is_oom(e) else "failed", msg[:500], tokens,
+        queue.put(Error(idx, rank, "oom" if is_oom(e) else "failed", msg[:500], tokens,
                         traceback.format_exc()[-4000:]))
     finally:
         queue.close()
