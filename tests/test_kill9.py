@@ -30,17 +30,9 @@ SWEEP = ["backend=local", "experts=fault", "experts.fault=sleep", "experts.fault
 COMBOS = 12
 
 
-def _rank_started(pid: int) -> bool:
-    from moebench.launch import _descendants
-
-    for d in _descendants(pid):
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    return True
-        except OSError:
-            pass
-    return False
+def _stored(run) -> int:
+    """Row files of the run (combinations stored)."""
+    return len(list((run / "rows").glob("*-T*.parquet"))) if (run / "rows").is_dir() else 0
 
 
 def _rows(run) -> set:
@@ -55,20 +47,21 @@ def test_twenty_kill9s_then_a_rerun_store_what_an_uninterrupted_run_does(tmp_pat
     rng = random.Random(18)
     t0, mid = time.monotonic(), 0
     for i in range(KILLS):
+        before = _stored(run)
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                              start_new_session=True)
         if i % 4 == 0:  # while it starts, plans, takes the lock, writes its fingerprint
             time.sleep(rng.uniform(0.1, 3.0))
-        else:  # while its rank starts and its combinations run and are written
-            while p.poll() is None and not _rank_started(p.pid):
-                time.sleep(0.05)
-            time.sleep(rng.uniform(1.0, 4.0))
+        else:  # once this run has stored a combination: while the next ones run and are written
+            while p.poll() is None and _stored(run) <= before:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.6))
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass  # it had finished
         p.wait()
-        n = len(list((run / "rows").glob("*-T*.parquet"))) if (run / "rows").is_dir() else 0
+        n = _stored(run)
         mid += 0 < n < COMBOS  # killed with some combinations stored and others not
     killing_s = time.monotonic() - t0
     final = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
