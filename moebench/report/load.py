@@ -63,9 +63,13 @@ def _parquet_files(path: Path) -> tuple[list[Path], Path | None]:
         run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
         return [path], run_dir
     rows_dir = path / "rows"
-    files = sorted(rows_dir.glob("*.parquet")) if rows_dir.is_dir() else []
+
+    def found(folder: Path) -> list[Path]:  # a writer's leftover temp file is no row file
+        return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+
+    files = found(rows_dir) if rows_dir.is_dir() else []
     if not files:
-        files = sorted(path.glob("*.parquet"))
+        files = found(path)
     if not files:
         raise ValueError(f"no results in {path}: expected {rows_dir}/*.parquet (run a sweep "
                          "first, e.g. `moebench sweep ...`, or point at its output directory)")
@@ -137,11 +141,13 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
 
 
 def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (combo_key, tokens_per_rank): the last written (by timestamp)."""
-    if "timestamp" in df.columns and df["timestamp"].notna().any():
-        order = df["timestamp"].map(fmt_value).argsort(kind="stable")  # "-" (none) sorts first
-        df = df.iloc[order]
-    out = df.drop_duplicates(["combo_key", "tokens_per_rank"], keep="last")
+    """One row per (combo_key, tokens_per_rank): a measured row before a skipped one (a skip
+    never hides a measurement, as in the store), then the last written (by timestamp)."""
+    keys = pd.DataFrame({"measured": (df["status"] != "skipped") if "status" in df.columns else True,
+                         "t": df["timestamp"].map(fmt_value) if "timestamp" in df.columns else ""},
+                        index=df.index)
+    order = keys.sort_values(["measured", "t"], kind="stable").index  # "-" (no time) sorts first
+    out = df.loc[order].drop_duplicates(["combo_key", "tokens_per_rank"], keep="last")
     return out.sort_index()
 
 
