@@ -196,6 +196,8 @@ def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
     extra = {"ep_scaling": ["runner.world_size=4", "experts=torch,torch_batched", "quant=bf16",
                             "overlap=none,combine"],
              "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
+             # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
+             "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
              }.get(sweep, [])
     run_dir, counts = execute(["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0",
                                "runner.phase_reps=1", "runner.memory=false", "runner.timing=events", *extra],
