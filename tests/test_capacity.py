@@ -75,3 +75,42 @@ def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_pa
     assert "give --budget" in capsys.readouterr().err
     assert cli.main(["report", str(plain), "--capacity", "--budget", "lots"]) == 2
     assert cli.main(["report", str(plain), "--capacity", "--budget", "free"]) == 2  # env.json has no GPU memory
+
+
+def test_the_line_goes_through_the_largest_sizes_row_layout():
+    """triton's row_layout=auto runs gathered rows at small sizes and contiguous at large ones:
+    a line through both bends; the capacity line uses the large sizes' layout only."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for t, layout, (a, b) in ((1024, "gathered", (0.0, 250_000.0)), (8192, "gathered", (0.0, 250_000.0)),
+                              (32768, "contiguous", (1e8, 385_000.0)), (131072, "contiguous", (1e8, 385_000.0))):
+        rows.append(make_row("local", "triton", "finalize", "none", "bf16", t, model="deepseek_v3", simulate_ep=8,
+                             samples_us=samples_from(100, 0.01, 5, rng), workspace_bytes_peak=a + b * t,
+                             device_bytes_peak=a + b * t, row_layout_used=layout))
+    (cap,) = capacity_frame(pd.DataFrame(rows), budget=12 * GIB).itertuples()
+    assert cap.ws_slope == pytest.approx(385_000.0) and cap.points == 2 and "contiguous rows" in cap.line
+    assert cap.max_tokens == pytest.approx((12 * GIB - 1e8) / 385_000.0, abs=1)
+
+
+def test_committed_capacity_rows_save_the_formula_at_every_size():
+    """On the committed capacity run: reduction=experts needs T·(topk − 1)·K·2 bytes less than
+    reduction=finalize, within 5 %, for every experts implementation at every measured size."""
+    from pathlib import Path
+
+    from moebench.report.load import load_run
+
+    run = Path(__file__).resolve().parent.parent / "results" / "weight_reduce_memory" / "capacity_h200x1_partial"
+    df, _ = load_run(run)
+    ok = df[(df.status == "ok") & (pd.to_numeric(df.memory_budget) == 0)]
+    keys = ["model", "simulate_ep", "quant", "experts", "tokens_per_rank"]
+    pairs = 0
+    for key, g in ok.groupby(keys):
+        by = g.set_index("reduction")
+        if not {"experts", "finalize"} <= set(by.index):
+            continue
+        r = by.loc["finalize"]
+        formula = r.tokens_per_rank * (r.topk - 1) * r.hidden * 2
+        saving = by.loc["finalize", "workspace_bytes_peak"] - by.loc["experts", "workspace_bytes_peak"]
+        assert abs(saving / formula - 1) <= 0.05, (key, saving, formula)
+        pairs += 1
+    assert pairs >= 16  # 4 sizes x (DeepSeek-V3: triton bf16, triton fp8, deepgemm; qwen3: triton bf16, fp8)

@@ -8,7 +8,8 @@ buffers and the forward's peak above the context). The largest tokens per rank t
 budget B is floor((B - intercept) / slope) on the workspace line; with budget "free", the
 GPU's memory (env.json) on the device line (the weights and buffers are its intercept). The
 fit's worst residual is reported beside it: a line that does not fit its points predicts
-nothing. Rows measured under `runner.memory_budget` are the confirmation: ok below the
+nothing. Where the experts switched row layouts across the sizes (the triton experts'
+`row_layout=auto`), the line goes through the points of the largest size's layout. Rows measured under `runner.memory_budget` are the confirmation: ok below the
 predicted limit, oom above it.
 """
 from __future__ import annotations
@@ -76,6 +77,7 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
     capped = df[df["memory_budget"] > 0]
     out = []
     for key, g in sweep.groupby(GROUP, dropna=False, sort=True):
+        g, segment = _large_segment(g)
         ws = fit_line(g["tokens_per_rank"], g["workspace_bytes_peak"])
         dev = fit_line(g["tokens_per_rank"], g["device_bytes_peak"])
         if budget is not None:
@@ -85,7 +87,7 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
         conf = capped
         for col, v in zip(GROUP, key):
             conf = conf[conf[col].map(fmt_value) == fmt_value(v)]
-        out.append(dict(zip(GROUP, key), line=_label(key), points=len(g),
+        out.append(dict(zip(GROUP, key), line=_label(key) + segment, points=len(g),
                         tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
                         ws_intercept=ws.intercept if ws else np.nan, ws_slope=ws.slope if ws else np.nan,
                         ws_resid=ws.max_residual if ws else np.nan,
@@ -93,6 +95,17 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
                         dev_resid=dev.max_residual if dev else np.nan, max_tokens=limit, basis=basis,
                         confirmed=_confirmation(conf, limit)))
     return pd.DataFrame(out)
+
+
+def _large_segment(g: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The points measured on the row layout the largest token count ran (`row_layout_used`):
+    the triton experts' `auto` switches from gathered to contiguous rows as tokens grow, and a
+    line through both layouts' points bends (one fitted bf16 line missed by 2 %). Returns the
+    points and a label suffix naming the layout when the combination ran more than one."""
+    if "row_layout_used" not in g or g["row_layout_used"].fillna("").nunique() < 2:
+        return g, ""
+    last = g.loc[g["tokens_per_rank"].idxmax(), "row_layout_used"]
+    return g[g["row_layout_used"] == last], f" ({last} rows)"
 
 
 def _confirmation(conf: pd.DataFrame, limit: float) -> str:
