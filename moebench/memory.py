@@ -31,6 +31,26 @@ def forward_peak_bytes(fn: Callable[[], object], device: torch.device, before_fn
     return torch.cuda.max_memory_allocated(device) - base
 
 
+def region_start(device: torch.device) -> Optional[int]:
+    """Start of a measured region: cached blocks released and the peak counters reset, so
+    that reserved_peak_bytes counts what the region's work makes the allocator reserve
+    (what runner.memory_budget caps). Returns the bytes reserved now; None on CPU."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_reserved(device)
+
+
+def reserved_peak_bytes(device: torch.device, base: Optional[int]) -> Optional[int]:
+    """The allocator's reserved peak since region_start above its `base`: the layer's
+    allocations plus the caching allocator's rounding and fragmentation."""
+    if device.type != "cuda" or base is None:
+        return None
+    return torch.cuda.max_memory_reserved(device) - base
+
+
 @contextmanager
 def capped(device: torch.device, budget_bytes: int) -> Iterator[int]:
     """Cap what the caching allocator may hold on `device` at what it holds now plus

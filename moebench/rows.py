@@ -113,6 +113,7 @@ def empty_measurements() -> dict:
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
         "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
         "timing_mode": "", "kernel_us": None, "host_enqueue_us": NAN, "memory_cap_bytes": NAN,
+        "reserved_bytes_peak": NAN,
     }
     for p in PHASES:
         row[f"{p}_us"] = NAN
@@ -167,7 +168,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
     for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
-              "host_enqueue_us", "memory_cap_bytes"):
+              "host_enqueue_us", "memory_cap_bytes", "reserved_bytes_peak"):
         row[k] = _max(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):

@@ -87,7 +87,8 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                 # under runner.memory_budget on one rank: this token count does not fit the budget
                 kernel.clear_workspaces()
                 _release_cached(device)
-                msg = str(e).splitlines()[0][:300]
+                # torch's first line says what was allowed, allocated and reserved-but-unallocated
+                msg = str(e).splitlines()[0][:700]
                 yield T, dataclasses.replace(res, status="oom", reason=(
                     f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
                     f"{T} tokens per rank (OutOfMemoryError: {msg})"))
@@ -105,6 +106,7 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     x, w, ids = inputs
     fn = lambda: kernel(x, w, ids)  # noqa: E731
     mode = timing_mode(combo, T)
+    reserved_base = memory.region_start(device)
     host_us = host_enqueue(kernel, inputs, device)
     with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
         timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
@@ -114,8 +116,13 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
               **nsys_row}
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
+    reserved = memory.reserved_peak_bytes(device, reserved_base)  # timed samples and phases
     if combo.memory:
         fields.update(memory_figures(kernel, fn, T, device, setup_used, baseline_used))
+        # memory_figures reset the peak counters for its one forward: the larger of the two
+        reserved = max(reserved, memory.reserved_peak_bytes(device, reserved_base)) if reserved is not None else None
+    if reserved is not None:
+        fields["reserved_bytes_peak"] = float(reserved)
     fields.update(derived_figures(routing_counts(kernel, x, w, ids), fields["phases_us"], shape.hidden,
                                   shape.intermediate, layer.weights.nbytes_per_expert(), quant.act_bytes,
                                   combo.overlap))

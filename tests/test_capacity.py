@@ -18,15 +18,17 @@ LINES = {("triton", "experts"): (48e6, 110_000.0), ("triton", "finalize"): (48e6
          ("deepgemm", "experts"): (96e6, 130_000.0), ("deepgemm", "finalize"): (96e6, 231_000.0)}
 
 
-def _rows(noise=0.0, capped=()):
+def _rows(noise=0.0, capped=(), reserved=None):
+    """reserved: the allocator's reserved peak over the allocations (e.g. 1.03), else no column"""
     rng = np.random.default_rng(0)
     rows = []
     for (experts, reduction), (a, b) in LINES.items():
         for t in TOKENS:
             peak = (a + b * t) * (1 + noise * rng.normal())
+            extra = {"reserved_bytes_peak": peak * reserved} if reserved else {}
             rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
                                  simulate_ep=8, samples_us=samples_from(100, 0.01, 5, rng),
-                                 workspace_bytes_peak=peak, device_bytes_peak=peak + 10 * GIB))
+                                 workspace_bytes_peak=peak, device_bytes_peak=peak + 10 * GIB, **extra))
     for experts, reduction, t, status in capped:
         rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
                              simulate_ep=8, status=status, memory_budget=12 * GIB,
@@ -61,6 +63,30 @@ def test_capped_rows_confirm_or_contradict_the_prediction():
     assert row["confirmed"].startswith("ok at ") and "oom at" in row["confirmed"] and "disagrees" not in row["confirmed"]
     bad = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 1.2), "ok")]), 12 * GIB)
     assert "disagrees" in bad.set_index(["experts", "reduction"]).loc[("triton", "finalize"), "confirmed"]
+
+
+def test_the_allocators_reserved_line_bounds_the_limit_from_below():
+    """With the allocator's reserved peak in the rows (3 % over the allocations here), the limit
+    under a cap lies between the reserved line's and the allocations' limits: an oom between the
+    two agrees with the prediction, an oom below the reserved limit or an ok above the
+    allocations' does not."""
+    hi = (12 * GIB - 48e6) / 211_000.0  # triton, finalize
+    lo = (12 * GIB - 48e6 * 1.03) / (211_000.0 * 1.03)
+
+    def confirmed(t, status):
+        cap = capacity_frame(_rows(capped=[("triton", "finalize", int(t), status)], reserved=1.03), 12 * GIB)
+        return cap.set_index(["experts", "reduction"]).loc[("triton", "finalize")]
+
+    row = confirmed((lo + hi) / 2, "oom")
+    assert row["max_tokens_reserved"] == pytest.approx(lo, abs=1) and row["max_tokens"] == pytest.approx(hi, abs=1)
+    assert "disagrees" not in row["confirmed"]
+    assert "disagrees" in confirmed(lo * 0.98, "oom")["confirmed"]
+    assert "disagrees" in confirmed(hi * 1.02, "ok")["confirmed"]
+    assert "disagrees" not in confirmed(lo * 0.98, "ok")["confirmed"]
+    from moebench.report.capacity import capacity_markdown
+    text = capacity_markdown(capacity_frame(_rows(reserved=1.03), 12 * GIB), "12 GiB")
+    assert "allocator reserved" in text and f"{int(lo):,}" in text
+    assert "allocator reserved" not in capacity_markdown(capacity_frame(_rows(), 12 * GIB), "12 GiB")
 
 
 def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_path, capsys):

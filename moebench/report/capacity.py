@@ -9,8 +9,16 @@ budget B is floor((B - intercept) / slope) on the workspace line; with budget "f
 GPU's memory (env.json) on the device line (the weights and buffers are its intercept). The
 fit's worst residual is reported beside it: a line that does not fit its points predicts
 nothing. Where the experts switched row layouts across the sizes (the triton experts'
-`row_layout=auto`), the line goes through the points of the largest size's layout. Rows measured under `runner.memory_budget` are the confirmation: ok below the
-predicted limit, oom above it.
+`row_layout=auto`), the line goes through the points of the largest size's layout.
+
+The allocations are what the layer needs; a cap on the caching allocator (and a GPU that
+much smaller) also pays for the allocator's rounding and fragmentation over the timed work.
+Where the rows carry it (`reserved_bytes_peak`: what the allocator reserved over the timed
+samples, phases and one forward), a third line gives that limit, and the true limit under a
+cap lies between the two: the reserved line is measured without a cap, where the allocator
+never hands cached blocks back, so it is the cautious end. Rows measured under
+`runner.memory_budget` are the confirmation: every ok at or below the allocations' limit,
+every oom above the reserved one.
 """
 from __future__ import annotations
 
@@ -80,10 +88,13 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
         g, segment = _large_segment(g)
         ws = fit_line(g["tokens_per_rank"], g["workspace_bytes_peak"])
         dev = fit_line(g["tokens_per_rank"], g["device_bytes_peak"])
+        res = fit_line(g["tokens_per_rank"], g["reserved_bytes_peak"]) if "reserved_bytes_peak" in g else None
         if budget is not None:
             limit, basis = max_tokens(ws, budget), "workspace"
+            limit_res = max_tokens(res, budget)
         else:
             limit, basis = max_tokens(dev, gpu_bytes if gpu_bytes else float("nan")), "device"
+            limit_res = float("nan")
         conf = capped
         for col, v in zip(GROUP, key):
             conf = conf[conf[col].map(fmt_value) == fmt_value(v)]
@@ -93,7 +104,8 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
                         ws_resid=ws.max_residual if ws else np.nan,
                         dev_intercept=dev.intercept if dev else np.nan, dev_slope=dev.slope if dev else np.nan,
                         dev_resid=dev.max_residual if dev else np.nan, max_tokens=limit, basis=basis,
-                        confirmed=_confirmation(conf, limit)))
+                        res_intercept=res.intercept if res else np.nan, res_slope=res.slope if res else np.nan,
+                        max_tokens_reserved=limit_res, confirmed=_confirmation(conf, limit, limit_res)))
     return pd.DataFrame(out)
 
 
@@ -108,13 +120,16 @@ def _large_segment(g: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return g[g["row_layout_used"] == last], f" ({last} rows)"
 
 
-def _confirmation(conf: pd.DataFrame, limit: float) -> str:
-    """'ok at 61440, oom at 65536' for the capped rows of one combination."""
+def _confirmation(conf: pd.DataFrame, limit: float, limit_reserved: float = float("nan")) -> str:
+    """'ok at 61440, oom at 65536' for the capped rows of one combination, checked against the
+    predicted limit: ok at or below the allocations' `limit`, oom above the reserved line's
+    `limit_reserved` (the allocations' limit where the rows have no reserved peak)."""
     if not len(conf):
         return ""
+    lo = limit_reserved if np.isfinite(limit_reserved) else limit
     parts = [f"{r.status} at {int(r.tokens_per_rank)}" for r in conf.sort_values("tokens_per_rank").itertuples()]
-    agree = all((r.status == "ok") == (r.tokens_per_rank <= limit) for r in conf.itertuples()
-                if r.status in ("ok", "oom")) if np.isfinite(limit) else False
+    agree = all((r.tokens_per_rank <= limit) if r.status == "ok" else (r.tokens_per_rank > lo)
+                for r in conf.itertuples() if r.status in ("ok", "oom")) if np.isfinite(limit) else False
     return ", ".join(parts) + ("" if agree else " (disagrees with the prediction)")
 
 
@@ -142,12 +157,15 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
     """The capacity section: a table per combination and one of the placement ratios."""
     if not len(cap):
         return "_No combination has ok rows at two or more token counts: nothing to fit._"
+    reserved = "max_tokens_reserved" in cap and cap["max_tokens_reserved"].notna().any()
     rows = [[r.line, r.reduction, f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
              f"{100 * r.ws_resid:.1f}%", f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
-             r.tokens_measured, _tok(r.max_tokens), r.confirmed or "-"] for r in cap.itertuples()]
-    head = ["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",
-            "device intercept MiB", "tokens measured", f"max tokens at {budget_text}", "confirmed (capped run)"]
-    text = md_table(head, rows, ["l", "l"] + ["r"] * 7 + ["l"])
+             r.tokens_measured, _tok(r.max_tokens)] + ([_tok(r.max_tokens_reserved)] if reserved else [])
+            + [r.confirmed or "-"] for r in cap.itertuples()]
+    head = (["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",
+             "device intercept MiB", "tokens measured", f"max tokens at {budget_text}"]
+            + (["… allocator reserved"] if reserved else []) + ["confirmed (capped run)"])
+    text = md_table(head, rows, ["l", "l"] + ["r"] * (8 if reserved else 7) + ["l"])
     ratios = placement_ratios(cap)
     if len(ratios):
         rr = [[r.line, f"{r.saving_per_token / 1024:.1f}", f"{r.slope_ratio:.3f}", _tok(r.finalize_tokens),

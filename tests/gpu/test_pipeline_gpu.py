@@ -37,6 +37,31 @@ def test_ep_backends_over_nccl_are_ok(tmp_path):
     print(ran.groupby("backend").latency_us_median.describe().to_string())
 
 
+
+@needs_gpu
+def test_memory_budget_caps_the_allocator_and_rows_carry_its_reserved_peak(tmp_path):
+    """runner.memory_budget=1GiB on qwen3_30b_a3b's triton experts: 256 tokens per rank fit (their
+    allocator reserved peak under the cap), 65536 do not (an oom row with torch's whole account
+    of allowed / allocated / reserved memory); rows carry the reserved peak of the timed work,
+    at least the forward's allocations."""
+    common = ["backend=local", "experts=triton", "reduction=experts,finalize", "overlap=none", "quant=bf16",
+              "model=qwen3_30b_a3b", "runner.device=cuda", "runner.reps=3", "runner.warmup=1",
+              "runner.warmup_ms=0", "runner.phase_reps=1"]
+    df = _execute(common + ["workload.tokens_per_rank=[256,65536]", "runner.memory_budget=1GiB"], tmp_path / "cap")
+    by = df.set_index(["reduction", "tokens_per_rank"])
+    for red in ("experts", "finalize"):
+        small, big = by.loc[(red, 256)], by.loc[(red, 65536)]
+        assert small.status == "ok", small.reason
+        assert 0.95 * small.workspace_bytes_peak <= small.reserved_bytes_peak <= 2**30
+        assert small.memory_cap_bytes > 2**30
+        assert big.status == "oom" and "runner.memory_budget=1073741824" in big.reason, big.reason
+        assert "reserved by PyTorch" in big.reason, big.reason
+    free = _execute(common + ["workload.tokens_per_rank=[4096]"], tmp_path / "free")
+    assert set(free.status) == {"ok"}
+    assert (free.reserved_bytes_peak >= 0.95 * free.workspace_bytes_peak).all(), free[
+        ["reduction", "workspace_bytes_peak", "reserved_bytes_peak"]]
+    print(free[["reduction", "workspace_bytes_peak", "reserved_bytes_peak"]].to_string())
+
 def _rel(a, b):
     return abs(a / b - 1.0)
 
