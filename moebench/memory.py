@@ -34,18 +34,20 @@ def forward_peak_bytes(fn: Callable[[], object], device: torch.device, before_fn
 def region_start(device: torch.device) -> Optional[int]:
     """Start of a measured region: cached blocks released and the peak counters reset, so
     that reserved_peak_bytes counts what the region's work makes the allocator reserve
-    (what runner.memory_budget caps). Returns the bytes reserved now; None on CPU."""
+    above what is allocated now (what runner.memory_budget caps). Returns the bytes
+    allocated now; None on CPU."""
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    return torch.cuda.memory_reserved(device)
+    return torch.cuda.memory_allocated(device)
 
 
 def reserved_peak_bytes(device: torch.device, base: Optional[int]) -> Optional[int]:
-    """The allocator's reserved peak since region_start above its `base`: the layer's
-    allocations plus the caching allocator's rounding and fragmentation."""
+    """The allocator's reserved peak since region_start above the bytes allocated then: the
+    layer's allocations plus the caching allocator's rounding and fragmentation, including
+    free space left in the segments held at the start (at least the allocations' peak)."""
     if device.type != "cuda" or base is None:
         return None
     return torch.cuda.max_memory_reserved(device) - base
@@ -53,16 +55,19 @@ def reserved_peak_bytes(device: torch.device, base: Optional[int]) -> Optional[i
 
 @contextmanager
 def capped(device: torch.device, budget_bytes: int) -> Iterator[int]:
-    """Cap what the caching allocator may hold on `device` at what it holds now plus
+    """Cap what the caching allocator may reserve on `device` at what is allocated now plus
     `budget_bytes` (runner.memory_budget): an allocation past it raises torch's
-    OutOfMemoryError, as on a GPU that much smaller. Cached blocks are released first, so
-    the cap counts memory in use. Yields the cap in bytes; lifted on exit. 0: no cap."""
+    OutOfMemoryError, as on a GPU that much smaller. Cached blocks are released first. The
+    cap counts from the allocated bytes, not the reserved ones: free space left in the
+    segments held now (one H200 run held 1.6 GB of it after the correctness check, varying
+    with what ran before) would otherwise be a budget on top of the budget. Yields the cap
+    in bytes; lifted on exit. 0: no cap."""
     if not budget_bytes or device.type != "cuda":
         yield 0
         return
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    held = torch.cuda.memory_reserved(device)
+    held = torch.cuda.memory_allocated(device)
     total = torch.cuda.get_device_properties(device).total_memory
     cap = held + int(budget_bytes)
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)

@@ -45,9 +45,9 @@ class RankResult:
     analytic_peak_bytes: float = NAN
     workspace_bytes_peak: float = NAN
     device_bytes_peak: float = NAN
-    memory_cap_bytes: float = NAN  # runner.memory_budget: the allocator's cap (held + budget)
-    # what the caching allocator reserved above what it held at the start of the measured work
-    # (timed samples, phases, one forward): what runner.memory_budget caps, fragmentation included
+    memory_cap_bytes: float = NAN  # runner.memory_budget: the allocator's cap (allocated + budget)
+    # what the caching allocator reserved above the bytes allocated at the start of the measured
+    # work (timed samples, phases, one forward): what runner.memory_budget caps, fragmentation included
     reserved_bytes_peak: float = NAN
     # derived (moebench/derived.py)
     tflops: float = NAN

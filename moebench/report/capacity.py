@@ -14,9 +14,10 @@ nothing. Where the experts switched row layouts across the sizes (the triton exp
 The allocations are what the layer needs; a cap on the caching allocator (and a GPU that
 much smaller) also pays for the allocator's rounding and fragmentation over the timed work.
 Where the rows carry it (`reserved_bytes_peak`: what the allocator reserved over the timed
-samples, phases and one forward), a third line gives that limit, and the true limit under a
-cap lies between the two: the reserved line is measured without a cap, where the allocator
-never hands cached blocks back, so it is the cautious end. Rows measured under
+samples, phases and one forward, above the bytes allocated at their start), a third line
+gives that limit. The reserved bytes are at least the allocated ones, so the true limit under
+a cap lies between the two lines: the reserved line is measured without a cap, where the
+allocator never hands cached blocks back, so it is the cautious end. Rows measured under
 `runner.memory_budget` are the confirmation: every ok at or below the allocations' limit,
 every oom above the reserved one.
 """
