@@ -125,11 +125,11 @@ def test_committed_capacity_rows_save_the_formula_at_every_size():
 
     from moebench.report.load import load_run
 
-    run = Path(__file__).resolve().parent.parent / "results" / "weight_reduce_memory" / "capacity_h200x1_partial"
-    df, _ = load_run(run)
+    root = Path(__file__).resolve().parent.parent / "results" / "weight_reduce_memory"
+    df = pd.concat([load_run(root / name)[0].assign(run=name) for name in ("capacity_h200x1", "capacity_h200x1_confirmed")])
     ok = df[(df.status == "ok") & (pd.to_numeric(df.memory_budget) == 0)]
-    keys = ["model", "simulate_ep", "quant", "experts", "tokens_per_rank"]
-    pairs = 0
+    keys = ["model", "simulate_ep", "quant", "experts", "tokens_per_rank", "run"]
+    pairs, seen = 0, set()
     for key, g in ok.groupby(keys):
         by = g.set_index("reduction")
         if not {"experts", "finalize"} <= set(by.index):
@@ -139,4 +139,7 @@ def test_committed_capacity_rows_save_the_formula_at_every_size():
         saving = by.loc["finalize", "workspace_bytes_peak"] - by.loc["experts", "workspace_bytes_peak"]
         assert abs(saving / formula - 1) <= 0.05, (key, saving, formula)
         pairs += 1
-    assert pairs >= 16  # 4 sizes x (DeepSeek-V3: triton bf16, triton fp8, deepgemm; qwen3: triton bf16, fp8)
+        seen.add(key[3])
+    # 4 sizes x (DeepSeek-V3's EP-8 and EP-16 shares, qwen3) x (triton bf16, and in fp8_block
+    # triton, deepgemm, triton_or_deepgemm), and the confirmed run's triton lines again
+    assert pairs >= 48 + 8 and seen == {"triton", "deepgemm", "triton_or_deepgemm"}

@@ -188,7 +188,7 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
     if not len(ok) or not len(cap):
         return None
     panels = list(dict.fromkeys(zip(cap["model"], cap["simulate_ep"])))
-    fig = Figure(figsize=(5.2 * len(panels), 4.4), layout="constrained")
+    fig = Figure(figsize=(5.6 * len(panels), 5.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=False))
     colors: dict = {}
     for ax, (model, sim) in zip(axes, panels):
@@ -219,8 +219,10 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
         sim_s = f", EP-{int(sim)} share" if sim and int(sim) > 1 else ""
         ax.set(title=f"{model}{sim_s}", xlabel="tokens per rank", ylabel="workspace peak (GiB)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", title="dotted: fit; on the budget: o ok, x oom",
-                  title_fontsize=7)
+        # below the panel: inside it, the legend hides the lines that cross the budget
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2,
+                  title="dotted: fit; on the budget: o ok, x oom (capped runs); lines that coincide "
+                        "share their workspaces", title_fontsize=7)
     fig.suptitle("Forward peak vs tokens per rank")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
