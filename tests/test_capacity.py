@@ -85,7 +85,7 @@ def test_the_allocators_reserved_line_bounds_the_limit_from_below():
     assert "disagrees" not in confirmed(lo * 0.98, "ok")["confirmed"]
     from moebench.report.capacity import capacity_markdown
     text = capacity_markdown(capacity_frame(_rows(reserved=1.03), 12 * GIB), "12 GiB")
-    assert "allocator reserved" in text and f"{int(lo):,}" in text
+    assert "(allocator reserved)" in text and f"{int(lo):,}" in text
     assert "allocator reserved" not in capacity_markdown(capacity_frame(_rows(), 12 * GIB), "12 GiB")
 
 

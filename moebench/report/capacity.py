@@ -2,8 +2,8 @@
 
 For each combination (one line of rows over tokens per rank), a least-squares line
 `peak = intercept + slope * tokens` through its measured ok rows, for the allocator peak of a
-forward (`workspace_bytes_peak`: what the layer allocates above what it held before, the
-figure `runner.memory_budget` caps) and the device-level peak (`device_bytes_peak`: weights,
+forward (`workspace_bytes_peak`: what the layer allocates above what was allocated before
+it) and the device-level peak (`device_bytes_peak`: weights,
 buffers and the forward's peak above the context). The largest tokens per rank that fit a
 budget B is floor((B - intercept) / slope) on the workspace line; with budget "free", the
 GPU's memory (env.json) on the device line (the weights and buffers are its intercept). The
@@ -164,8 +164,10 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
              r.tokens_measured, _tok(r.max_tokens)] + ([_tok(r.max_tokens_reserved)] if reserved else [])
             + [r.confirmed or "-"] for r in cap.itertuples()]
     head = (["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",
-             "device intercept MiB", "tokens measured", f"max tokens at {budget_text}"]
-            + (["… allocator reserved"] if reserved else []) + ["confirmed (capped run)"])
+             "device intercept MiB", "tokens measured",
+             f"max tokens at {budget_text}" + (" (allocations)" if reserved else "")]
+            + ([f"max tokens at {budget_text} (allocator reserved)"] if reserved else [])
+            + ["confirmed (capped run)"])
     text = md_table(head, rows, ["l", "l"] + ["r"] * (8 if reserved else 7) + ["l"])
     ratios = placement_ratios(cap)
     if len(ratios):
