@@ -179,6 +179,21 @@ class _NullPhases:
 NULL_PHASES = _NullPhases()
 
 
+class OpenRange:
+    """A phase range entered at launch and left by the receiver (`close()`), so that what runs
+    between (shared experts under overlap=dispatch|combine) counts inside the communication's
+    span."""
+
+    def __init__(self, phases, name: str):
+        self.cm = phases(name)
+        self.cm.__enter__()
+
+    def close(self) -> None:
+        if self.cm is not None:
+            self.cm.__exit__(None, None, None)
+            self.cm = None
+
+
 # ----------------------------------------------------------------------------
 
 
@@ -203,6 +218,17 @@ class PrepareFinalize(ABC):
     def __init__(self, ctx: KernelContext):
         self.ctx = ctx
         self.phases = NULL_PHASES
+
+    def reduced_rows(self, expert_out: torch.Tensor, prepared: "PreparedTokens", weight_and_reduce,
+                     fmt: "WeightAndReduce") -> torch.Tensor:
+        """The rows a finalize sends back: the experts' output where they weighted and summed it
+        already (`NoOp`), else `fmt`'s weight-and-reduce of it into partial [M, K] rows, inside
+        the `weight_reduce` phase."""
+        wr = resolve_weight_and_reduce(weight_and_reduce, fmt)
+        if isinstance(wr, NoOp):
+            return expert_out
+        with self.phases("weight_reduce"):
+            return wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
 
     @classmethod
     def supports(cls, combo) -> Optional[str]:

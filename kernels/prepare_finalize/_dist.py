@@ -9,26 +9,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..interfaces import FP8_MAX, PrepareFinalize
+from ..interfaces import FP8_MAX, OpenRange, PrepareFinalize  # noqa: F401  (OpenRange: the backends' import)
 from ..quant import quant_activations, quant_fp8_with_scale
 
 
 def comm_view(t: torch.Tensor) -> torch.Tensor:
     """fp8 travels as bytes (not every process-group backend knows fp8)."""
     return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
-
-
-class OpenRange:
-    """A phase range entered now and exited by whoever receives."""
-
-    def __init__(self, phases, name: str):
-        self.cm = phases(name)
-        self.cm.__enter__()
-
-    def close(self) -> None:
-        if self.cm is not None:
-            self.cm.__exit__(None, None, None)
-            self.cm = None
 
 
 def all_gather_rows(tensors: list[torch.Tensor], group, world_size: int) -> tuple[list[torch.Tensor], list]:

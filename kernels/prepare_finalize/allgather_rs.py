@@ -6,7 +6,7 @@ Legend: T tokens per rank, W ranks, M = W*T rows after dispatch, K hidden, P top
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Contiguous, NoOp, PreparedTokens, resolve_weight_and_reduce
+from ..interfaces import ActivationFormat, Contiguous, PreparedTokens
 from ..registry import register_backend
 from ._common import localize_ids
 from ._dist import EPPrepareFinalize, row_bytes
@@ -30,12 +30,7 @@ class AllGatherReduceScatter(EPPrepareFinalize):
         return receive
 
     def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
-        wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
-        if isinstance(wr, NoOp):
-            partial_MK = expert_out
-        else:
-            with self.phases("weight_reduce"):
-                partial_MK = wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
+        partial_MK = self.reduced_rows(expert_out, prepared, weight_and_reduce, Contiguous())
         return self.reduce_scatter_async(out_TK, partial_MK)
 
     def comm_bytes(self, num_tokens, prepared):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..interfaces import ActivationFormat, Contiguous, NoOp, PreparedTokens, resolve_weight_and_reduce
+from ..interfaces import ActivationFormat, Contiguous, PreparedTokens
 from ..quant import quant_activations
 from ..registry import register_backend
 from ._common import localize_ids
@@ -40,12 +40,7 @@ class NaivePrepareFinalize(EPPrepareFinalize):
 
     def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
         ctx = self.ctx
-        wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
-        if isinstance(wr, NoOp):
-            partial_MK = expert_out
-        else:
-            with self.phases("weight_reduce"):
-                partial_MK = wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
+        partial_MK = self.reduced_rows(expert_out, prepared, weight_and_reduce, Contiguous())
         rng = OpenRange(self.phases, "combine")
         work = dist.all_reduce(partial_MK, group=ctx.group, async_op=True)
         T, r = out_TK.shape[0], ctx.rank

@@ -17,24 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moebench.kernels.interfaces import (ActivationFormat, Contiguous, Knob, NoOp, PrepareFinalize, PreparedTokens,
-                                         resolve_weight_and_reduce)
+from moebench.kernels.interfaces import (ActivationFormat, Contiguous, Knob, OpenRange, PrepareFinalize,
+                                         PreparedTokens)
 from moebench.kernels.quant import quant_activations
 from moebench.kernels.registry import register_backend
-
-
-class _OpenRange:
-    """A phase range entered at launch and left by the receiver, so that what runs between
-    (shared experts under overlap=dispatch|combine) counts inside the communication's span."""
-
-    def __init__(self, phases, name: str):
-        self.cm = phases(name)
-        self.cm.__enter__()
-
-    def close(self) -> None:
-        if self.cm is not None:
-            self.cm.__exit__(None, None, None)
-            self.cm = None
 
 
 @dataclass
@@ -71,7 +57,7 @@ class AllToAllPrepareFinalize(PrepareFinalize):
             to_rank_WT = (dest_TP.unsqueeze(0) == torch.arange(W, device=dev).view(W, 1, 1)).any(dim=2)
             _, token_S = torch.nonzero(to_rank_WT, as_tuple=True)  # grouped by rank, token order inside
             send_counts_W = to_rank_WT.sum(dim=1)
-        rng = _OpenRange(self.phases, "dispatch")
+        rng = OpenRange(self.phases, "dispatch")
         recv_counts_W = torch.empty_like(send_counts_W)
         dist.all_to_all_single(recv_counts_W, send_counts_W, group=ctx.group)
         send_W, recv_W = send_counts_W.tolist(), recv_counts_W.tolist()
@@ -102,13 +88,8 @@ class AllToAllPrepareFinalize(PrepareFinalize):
 
     def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
         ctx, route = self.ctx, prepared.handle
-        wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
-        if isinstance(wr, NoOp):
-            partial_MK = expert_out
-        else:
-            with self.phases("weight_reduce"):
-                partial_MK = wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
-        rng = _OpenRange(self.phases, "combine")
+        partial_MK = self.reduced_rows(expert_out, prepared, weight_and_reduce, Contiguous())
+        rng = OpenRange(self.phases, "combine")
         back_SK = partial_MK.new_empty((route.token_S.numel(), partial_MK.shape[1]))
         work = dist.all_to_all_single(back_SK, partial_MK.contiguous(), route.send_W, route.recv_W,
                                       group=ctx.group, async_op=True)
