@@ -129,7 +129,7 @@ class TokenBench:
 
     def interleaved(self, cfgs: Sequence[dict], reps: int) -> list[Trial]:
         """The configs' samples interleaved (A B C A B C ...), each checked first."""
-        out, fns = [], []
+        out = []
         for cfg in cfgs:
             t = Trial(config=dict(cfg), tokens=self.T, reps=reps, timing=self.timing, phase="final")
             try:

@@ -90,7 +90,7 @@ def acc_registers(cfg: dict) -> float:
 
 def drop_reason(cfg: dict, dims: LayerDims, shared_limit: int = SM90_SHARED_BYTES) -> Optional[str]:
     """The first rule (module doc) that removes cfg, or None."""
-    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    bn, bk = cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
     if dims.block_shape:
         block_n, block_k = dims.block_shape
         if bk % block_k or bn % block_n or bk > block_k:
