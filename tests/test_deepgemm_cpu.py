@@ -276,3 +276,20 @@ def test_workspace_shapes_hold_what_apply_carves(fake_dg):
         D = max(SHAPE.hidden, SHAPE.intermediate)
         assert ws13[0] * ws13[1] * 2 == mp * (D + 4 * D // 128)
         assert ws2 == (mp, max(SHAPE.n, SHAPE.hidden)) and out == (M, SHAPE.topk, SHAPE.hidden)
+
+
+def test_workspace_bytes_at_deepseek_v3s_ep8_share_as_the_findings_state():
+    """docs/findings/memory.md compares these with vLLM's DeepGemmExperts.workspace_shapes:
+    per padded row 7,392 B of workspace13 (fp8 rows + fp32 scales) and 14,336 B of
+    workspace2; 209,888 declared bytes a token at 4096 tokens with the reduction in the experts."""
+    from moebench.kernels.experts._contiguous import contiguous_workspace_shapes
+
+    M, P, K, I, E = 4096, 8, 7168, 2048, 32  # DeepSeek-V3, 256 experts over EP-8
+    mp = max_padded_rows(M * P, E, 128)  # 128: DeepGEMM's SM90 mk alignment
+    assert mp == -(-(M * P + E * 127) // 128) * 128 == 36864  # vLLM's bound with every expert hit
+    for reduction, out_bytes in (("experts", 2 * M * K), ("finalize", 2 * M * P * K)):
+        ws13, ws2, out = contiguous_workspace_shapes(mp, M, 2 * I, K, P, reduction)
+        assert 2 * ws13[1] == 7392 and 2 * ws2[1] == 14336 and ws13[0] == ws2[0] == mp
+        assert 2 * out[0] * out[1] * (out[2] if len(out) == 3 else 1) == out_bytes
+        if reduction == "experts":
+            assert (2 * mp * (ws13[1] + ws2[1]) + out_bytes) / M == 209888

@@ -3,6 +3,7 @@ results/README.md as moebench.report.results_index writes it, with every command
 valid for today's code (`moebench list` on a sweep's overrides exits 0)."""
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -80,3 +81,18 @@ def test_a_renamed_key_is_rendered_under_its_new_name(capsys):
                                                    "workload.tokens_per_rank=[16]"])
     assert cmd.startswith("moebench sweep backend=local") and "experts.row_layout=gathered,contiguous" in cmd
     assert "runner.device" not in cmd and note == ""
+
+
+def test_a_run_extended_at_newer_code_names_every_commit(tmp_path):
+    """env.json is the first invocation's; envs/ holds one per invocation: the index names each."""
+    d = tmp_path / "q" / "run"
+    (d / "envs").mkdir(parents=True)
+    first = {"git_sha": "a" * 40, "env": {"MOEBENCH_GIT_SHA": "b2b87a0c30f3"}}
+    (d / "env.json").write_text(json.dumps(first))
+    (d / "envs" / "1.json").write_text(json.dumps(first))
+    (d / "envs" / "2.json").write_text(json.dumps({"git_sha": "unknown", "env": {"MOEBENCH_GIT_SHA": "6" * 40}}))
+    (d / "envs" / "3.json").write_text(json.dumps({"git_sha": "unknown"}))  # names none: left out
+    run = results_index.read_run(tmp_path, d, {}, "run")
+    assert run.commit == "b2b87a0c30f3, 6666666"
+    run = results_index.read_run(tmp_path, d, {"commit": "b2b87a0c30f3"}, "run")
+    assert run.commit == "b2b87a0c30f3 (stored: b2b87a0c30f3, 6666666)"  # about.md names one of two

@@ -131,6 +131,12 @@ def _fmt_counts(c: Counter) -> str:
     return ", ".join(f"{k} {c[k]}" for k in keys) or "no rows"
 
 
+def _env_commit(env: dict) -> str:
+    """The commit an env.json names: the copied tree's MOEBENCH_GIT_SHA, else its git_sha."""
+    sha = env.get("env", {}).get("MOEBENCH_GIT_SHA") or env.get("git_sha")
+    return str(sha if sha not in (None, "unknown") else env.get("git_sha", "unknown"))
+
+
 def _short(sha) -> str:
     s = str(sha or "unknown")
     return s[:7] if len(s) == 40 and all(ch in "0123456789abcdef" for ch in s) else s
@@ -160,10 +166,15 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
         return Run(rel, machine, str(commit), f"{trials} trials ({sizes} tokens)",
                    [tune_command(info["layer"])] + also, meta.get("note", ""), report)
     env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
-    stored = env.get("env", {}).get("MOEBENCH_GIT_SHA") or env.get("git_sha")
-    stored = stored if stored not in (None, "unknown") else env.get("git_sha", "unknown")
+    stored = _env_commit(env)
+    # a run resumed or extended at later code holds one env per invocation (envs/): name each commit
+    for p in sorted((d / "envs").glob("*.json")) if (d / "envs").is_dir() else []:
+        other = _env_commit(json.loads(p.read_text()))
+        if other != "unknown" and other not in stored.split(", "):
+            stored = f"{stored}, {other}"
     commit = meta.get("commit") or folder_meta.get("commit")
-    commit = f"{commit} (stored: {_short(stored)})" if commit and str(commit) != _short(stored) else _short(stored)
+    shown = ", ".join(_short(s) for s in stored.split(", "))
+    commit = f"{commit} (stored: {shown})" if commit and str(commit) != shown else shown
     counts, used = Counter(), 1
     if (d / "rows").is_dir():
         from ..store import RunStore
@@ -239,7 +250,8 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
         label = _label(r, name)
         note = f" — {r.note}" if r.note else ""
         link = f"[report]({r.report.as_posix()})" if r.report else "–"
-        table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | `{_cell(r.commit)}` | {r.rows} | {link} |")
+        commits = ", ".join(f"`{_cell(c)}`" for c in r.commit.split(", "))
+        table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | {commits} | {r.rows} | {link} |")
     parts.append("\n".join(table))
     if comparisons:
         parts.append("Comparison reports: " + ", ".join(f"[{text}]({c.as_posix()})" for text, c in comparisons))
@@ -255,7 +267,7 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
     summary = {
         "name": name, "question": about.question,
         "machines": sorted({r.machine for r in runs}),
-        "commits": [c for c in dict.fromkeys(r.commit.split(" ")[0] for r in runs)],
+        "commits": list(dict.fromkeys(c.split(" ")[0] for r in runs for c in r.commit.split(", "))),
         "runs": len(runs),
     }
     return "\n\n".join(parts), summary
@@ -271,8 +283,9 @@ the floors, the predictions and why measurements differ: [docs/findings/](../doc
 One folder per question. A run directory is as `moebench sweep` writes it (`rows/`, where
 the measured rows are merged into `rows/rows.parquet` by `scripts/compact_rows.py`, and
 `skipped.parquet`; `env.json`; `sweep-*.json`) plus `report/` from `moebench report <run>`.
-*commit* is the code a run measured (`env.json`'s `MOEBENCH_GIT_SHA`, else its `git_sha`;
-the folder's `about.md` where the stored one is wrong, which is then shown beside it). Most
+*commit* is the code a run measured (`env.json`'s `MOEBENCH_GIT_SHA`, else its `git_sha`, and
+those of its later invocations in `envs/` where a run was extended at newer code; the folder's
+`about.md` where the stored one is wrong, which is then shown beside it). Most
 folders measured older code than today's; a folder's caveats say where later code changes
 its figures. *machine*: the GPUs a run used (of the machine's). Folders under `archive/`
 hold superseded generations, kept as the findings' history.
