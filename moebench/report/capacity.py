@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..pngfile import save_figure
 from .load import fmt_value
 from .tables import md_table
 
@@ -226,10 +227,7 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
                   title="dotted: fit; on the budget: o ok, x oom (capped runs); lines that coincide "
                         "share their workspaces", title_fontsize=7)
     fig.suptitle("Forward peak vs tokens per rank")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path)
 
 
 def capacity_command(run: str, budget_text: str | None, out: str | None = None) -> int:

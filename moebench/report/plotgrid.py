@@ -18,6 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullLocator
 
+from ..pngfile import save_figure
 from .load import combo_labels, fmt_value, varying
 
 MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
@@ -159,7 +160,4 @@ def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> 
 
 
 def save(fig: Figure, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.traces.metrics import intersect, length, union
+from moebench.pngfile import save_figure
 from moebench.traces.model import PHASES, Trace
 
 TOP_KERNELS = 5
@@ -247,10 +248,7 @@ def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optio
     _draw(ax, lanes, t1 - t0, _overlap(kernels), t0, title or f"{Path(trace.source).name} — {label}")
     ax.set_xlabel("µs from window start")
     _legend(ax)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Optional[int] = None) -> Path:
@@ -279,7 +277,4 @@ def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Option
         _draw(ax, lanes, t1 - t0, _overlap(p[5]), t0, f"{name} — {p[2]}")
     axes[-1].set_xlabel("µs from the earliest window start")
     _legend(axes[0])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path)

@@ -139,6 +139,8 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
     """Settings x tokens; colour: the margin; each cell: the winner, its margin and interval."""
     from matplotlib.figure import Figure
 
+    from ..pngfile import save_figure
+
     vary = [c for c in SETTING if c in best.columns and best[c].astype(str).nunique() > 1]
     best = best.assign(setting=[_setting_label(r, vary) for _, r in best.iterrows()])
     settings = list(dict.fromkeys(best["setting"]))
@@ -165,10 +167,7 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
     ax.set_xlabel("tokens per rank")
     ax.set_title("best combination per size: margin = runner-up / best median (bold: 95 % CI above 1)")
     fig.colorbar(im, ax=ax, label="margin over the runner-up")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
+    return save_figure(fig, path, bbox_inches="tight")
 
 
 def results_command(run: str, out: Optional[str]) -> int:
