@@ -262,6 +262,13 @@ def test_write_report_and_command(run_dir, tmp_path, capsys):
         report_command(str(run_dir), None, None, None, 1.05, "xml")
 
 
+def test_a_report_is_titled_by_the_runs_path_inside_results(tmp_path):
+    inside = synthetic_run(tmp_path / "results" / "ep_backends" / "deepep_ht")
+    assert write_report(inside).read_text().startswith("# moebench report: ep_backends/deepep_ht\n")
+    outside = synthetic_run(tmp_path / "runs" / "20261201-1200")
+    assert write_report(outside).read_text().startswith("# moebench report: 20261201-1200\n")
+
+
 def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
     """A tree copied to a GPU machine may carry an old .git: MOEBENCH_GIT_SHA names what runs."""
     from moebench import env
@@ -270,6 +277,23 @@ def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
     assert env.git_info() == {"git_sha": "2be9ad1", "git_dirty": None}
     monkeypatch.delenv("MOEBENCH_GIT_SHA")
     assert env.git_info()["git_sha"] != "2be9ad1"
+
+
+def test_a_copied_trees_commit_wins_over_its_stale_git_in_older_env_files():
+    """Older runs stored the copy's stale .git as git_sha (dirty) beside MOEBENCH_GIT_SHA."""
+    from moebench.report.envinfo import env_commit, env_summary
+    from moebench.report.flags import run_notes
+
+    old = {"git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2", "git_dirty": True,
+           "env": {"MOEBENCH_GIT_SHA": "bd66478"}}
+    assert env_commit(old) == ("bd66478", None)
+    assert "git bd66478" in env_summary(old) and "dirty" not in env_summary(old)
+    df = pd.DataFrame({"git_sha": ["bd66478"]})
+    assert not any("dirty" in n for n in run_notes(df, old))
+    plain = {"git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2", "git_dirty": True, "env": {}}
+    assert env_commit(plain) == (plain["git_sha"], True)
+    assert "git cb40768c241a (dirty)" in env_summary(plain)
+    assert any("dirty" in n for n in run_notes(df, plain))
 
 
 def test_labels_tell_apart_combinations_that_differ_only_in_knobs():

@@ -4,6 +4,7 @@ versions are said to be not comparable rather than silently compared)."""
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import pandas as pd
 
@@ -73,6 +74,16 @@ def field_value(env: dict, label: str):
     return value
 
 
+def env_commit(env: dict) -> tuple[Optional[str], Optional[bool]]:
+    """(commit, dirty) a run's env.json names. Where it records MOEBENCH_GIT_SHA (a tree copied
+    to a GPU machine), that is the commit, and git_sha / git_dirty, read from the copy's stale
+    .git by older moebench, describe nothing that ran."""
+    named = ((env or {}).get("env") or {}).get("MOEBENCH_GIT_SHA") if isinstance(env, dict) else None
+    if named and named != "unknown":
+        return str(named), None
+    return env_value(env, ["git_sha", "sha", "commit"]), env_value(env, ["dirty", "git_dirty"])
+
+
 def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
     """One line: GPU, driver, CUDA, NCCL, torch, triton, kernel libraries, git sha, host.
 
@@ -90,11 +101,10 @@ def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
                 parts.append(f"{label} {value if value else 'not installed'}")
         elif value is not None:
             parts.append(f"{label} {value}")
-    sha = env_value(env, ["git_sha", "sha", "commit"])
+    sha, dirty = env_commit(env)
     if sha is None and df is not None and df["git_sha"].notna().any():
         sha = df["git_sha"].dropna().iloc[-1]
     if sha:
-        dirty = env_value(env, ["dirty", "git_dirty"])
         parts.append(f"git {str(sha)[:12]}" + (" (dirty)" if dirty else ""))
     host = env_value(env, ["hostname", "host"])
     if host:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..timing import HOST_SYNCS_US, NOISY_SPREAD
-from .envinfo import env_value, is_commit
+from .envinfo import env_commit, env_value, is_commit
 from .load import PHASE_COLUMNS
 
 HOST_BOUND = 0.8
@@ -139,7 +139,7 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
                      "not recorded (see the caveats)")
     if len(shas) > 1:
         notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(s[:10] for s in shas)})")
-    if env and env_value(env, ["git_dirty", "dirty"]):
+    if env and env_commit(env)[1]:
         notes.append(f"{who}the tree was dirty (uncommitted changes) when it ran")
     return notes
 
