@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")
     ls.add_argument("--verbose", "-v", action="store_true",
                     help="every skipped combination with its reason (default: the count per reason)")
+    ls.add_argument("--oversubscribe", action="store_true",
+                    help="CPU ranks only: plan more ranks than cores, as `sweep --oversubscribe` runs them")
 
     rp = sub.add_parser("report", help="markdown report + plots of a run, or a baseline comparison",
                         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,7 +152,7 @@ def _list(args) -> int:
     if args.knobs:
         print("\n".join(plugins.knob_lines()))
         return 0
-    combos, _ = plan(args.overrides, args.sweep)
+    combos, _ = plan(args.overrides, args.sweep, oversubscribe=args.oversubscribe)
     for line in plugins.problems():
         print(f"moebench list: {line}", file=sys.stderr)
     if args.json:

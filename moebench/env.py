@@ -18,7 +18,7 @@ from .paths import REPO_ROOT
 
 LIBRARIES = {
     # import name: (distribution names to ask for a version, how to install)
-    "deep_ep": (("deep_ep", "deep-ep"), "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'Optional libraries'"),
+    "deep_ep": (("deep_ep", "deep-ep"), "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'GPU machines and the optional libraries'"),
     "deep_gemm": (("deep_gemm", "deep-gemm", "deepinfer-gemm"), "scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2); see README"),
     "pplx_kernels": (("pplx_kernels", "pplx-kernels"), "build github.com/ppl-ai/pplx-kernels against NVSHMEM; see README"),
     "nvtx": (("nvtx",), "pip install nvtx"),

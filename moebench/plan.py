@@ -244,7 +244,9 @@ def check_machine(combos: list[Combination], explicit_world_size: bool, oversubs
     if not explicit_world_size:
         return
     for device in ("cuda", "cpu"):
-        sizes = [c.combo.world_size for c in live if c.combo.device == device]
+        # every combination asked for, skipped ones too: runner.world_size=64 on 2 cores is refused
+        # even where each 64-rank combination would also be skipped for another reason
+        sizes = [c.combo.world_size for c in combos if c.combo.device == device]
         if not sizes:
             continue
         need, have = max(sizes), _ranks_available(device)

@@ -92,3 +92,16 @@ def test_third_party_imports_are_declared():
             if not owners & declared:
                 missing.setdefault(name, []).append(rel)
     assert not missing, f"imported but not declared in pyproject's dependencies: {missing}"
+
+
+def test_every_readme_section_a_message_names_exists():
+    """Skip reasons and install hints say "see README '<section>'": that heading must exist."""
+    headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("#")}
+    named = {}
+    for path in list((ROOT / "moebench").rglob("*.py")) + list((ROOT / "kernels").rglob("*.py")):
+        for m in re.finditer(r"README:? '([^']+)'", path.read_text()):
+            named.setdefault(m.group(1), path.relative_to(ROOT).as_posix())
+    assert named, "no message names a README section: the pattern has drifted"
+    missing = {sec: where for sec, where in named.items() if sec not in headings}
+    assert not missing, f"messages name README sections that do not exist: {missing}"

@@ -95,6 +95,21 @@ def test_world_size_beyond_the_gpus_is_refused_with_the_numbers(monkeypatch):
                    "runner.device=cuda", "runner.world_size=4"], "default")
 
 
+def test_an_explicit_world_size_beyond_the_cores_is_refused_even_where_its_combinations_skip(monkeypatch, capsys):
+    """runner.world_size=64 on a 2-core machine: every 64-rank combination of the default sweep
+    would also be skipped (64 does not divide the tiny model's experts); the request is still
+    refused in one line, and `list --oversubscribe` plans it as `sweep --oversubscribe` would."""
+    from moebench import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"runner.world_size=64 starts 64 CPU ranks but this machine has 2 cores"):
+        plan.plan(["runner.world_size=64"], "default")
+    assert cli.main(["list", "runner.world_size=4"]) == 2
+    assert "pass --oversubscribe" in capsys.readouterr().err
+    assert cli.main(["list", "--oversubscribe", "runner.world_size=4"]) == 0
+
+
 def test_cuda_without_a_gpu_is_refused():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -21,7 +21,7 @@ from .._optional import OptionalLibrary
 
 INSTALL_HINT = (
     "run scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2) "
-    "and put third_party/deepgemm_build on PYTHONPATH; see README 'Optional libraries'"
+    "and put third_party/deepgemm_build on PYTHONPATH; see README 'GPU machines and the optional libraries'"
 )
 # what the experts call; an older or newer build without them is refused by name
 REQUIRED_API = (

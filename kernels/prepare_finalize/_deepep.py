@@ -14,7 +14,7 @@ from .._optional import OptionalLibrary
 
 INSTALL_HINT = (
     "build DeepEP v1.2.1 from github.com/deepseek-ai/DeepEP against NVSHMEM "
-    "(see README 'Optional libraries')"
+    "(see README 'GPU machines and the optional libraries')"
 )
 # DeepEP's intranode kernels are instantiated for these rank counts (SWITCH_RANKS
 # in csrc/kernels/launch.cuh); more ranks go internode over NVSHMEM/RDMA, not wired here.

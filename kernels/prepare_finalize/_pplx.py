@@ -21,7 +21,7 @@ from .._optional import OptionalLibrary
 
 import torch
 
-INSTALL_HINT = "build it from github.com/ppl-ai/pplx-kernels (README: Optional libraries)"
+INSTALL_HINT = "build it from github.com/ppl-ai/pplx-kernels (README: 'GPU machines and the optional libraries')"
 MODES = ("intranode", "internode")
 DEFAULT_MODE = "intranode"
 SCALE_ALIGN = 16  # pplx needs row and scale byte counts that are multiples of 16
