@@ -269,6 +269,29 @@ def test_a_report_is_titled_by_the_runs_path_inside_results(tmp_path):
     assert write_report(outside).read_text().startswith("# moebench report: 20261201-1200\n")
 
 
+def test_reading_a_committed_run_writes_no_tracked_file(tmp_path, monkeypatch, capsys):
+    """A run under the repository's results/: report and compare go to runs/reports/ unless
+    --out says otherwise, and stderr says how to update the committed report."""
+    from moebench.report import command, markdown
+
+    results = tmp_path / "repo" / "results"
+    base = synthetic_run(results / "q" / "base")
+    cand = synthetic_run(results / "q" / "cand", scale=1.01, seed=3)
+    monkeypatch.setattr(markdown, "committed_results", lambda: results)
+    monkeypatch.chdir(tmp_path)
+    assert report_command(str(cand), None, None, None, 1.05, "md") == 0
+    assert (tmp_path / "runs" / "reports" / "q" / "cand" / "report" / "report.md").is_file()
+    assert "--out results/q/cand/report updates the committed report" in capsys.readouterr().err
+    command.compare_command([str(base), str(cand)])
+    assert (tmp_path / "runs" / "reports" / "q" / "cand" / "report" / "vs-base" / "report.md").is_file()
+    assert not (cand / "report").exists() and not (base / "report").exists()
+    assert report_command(str(cand), None, None, str(cand / "report"), 1.05, "md") == 0  # said explicitly
+    assert (cand / "report" / "report.md").is_file()
+    elsewhere = synthetic_run(tmp_path / "mine" / "run")  # not the repository's results/: beside the run
+    assert report_command(str(elsewhere), None, None, None, 1.05, "md") == 0
+    assert (elsewhere / "report" / "report.md").is_file()
+
+
 def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
     """A tree copied to a GPU machine may carry an old .git: MOEBENCH_GIT_SHA names what runs."""
     from moebench import env

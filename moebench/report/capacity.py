@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 
 from ..pngfile import save_figure
 from .load import fmt_value
+from .markdown import default_report_dir
 from .tables import md_table
 
 MIB = 2.0**20
@@ -259,7 +260,7 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {gpu / 2**30:.0f} GiB"
     body = capacity_markdown(cap, text_budget)
     root = Path(run) if Path(run).is_dir() else Path(run).parent
-    dest = Path(out) if out else root / "report"
+    dest = Path(out) if out else default_report_dir(root)
     dest.mkdir(parents=True, exist_ok=True)
     png = plot_capacity(df, cap, budget, dest / "capacity.png")
     doc = [f"# Capacity: {root.name}", f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'}"

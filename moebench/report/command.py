@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .compare import DEFAULT_FAIL_ON, compare_runs, parse_fail_on
 from .load import load_run
-from .markdown import FORMATS, _names, build_report, comparison_doc, run_root, stdout_text, write
+from .markdown import FORMATS, _names, build_report, comparison_doc, default_report_dir, run_root, stdout_text, write
 
 
 def _check_format(fmt: str) -> str:
@@ -76,7 +76,7 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
         df, env = load_run(runs[0])
         cmp = compare_axis(df, ax, threshold)
         cmp.base_env = cmp.cand_env = env
-        where = Path(out) if out else run_root(runs[0]) / "report" / f"axis-{ax.field}-{ax.a}-{ax.b}"
+        where = Path(out) if out else default_report_dir(runs[0], f"axis-{ax.field}-{ax.a}-{ax.b}")
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
     if len(runs) != 2:
@@ -88,6 +88,6 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
     cmp = compare_runs(base_df, cand_df, threshold=threshold)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = names or _names(Path(base), Path(cand))
-    where = Path(out) if out else run_root(cand) / "report" / f"vs-{run_root(base).name}"
+    where = Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}")
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
     return _finish(doc, write(doc, where, fmt), fmt)

@@ -4,6 +4,7 @@ tables for csv, a JSON document; ``write`` puts them on disk.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,31 @@ def run_root(path) -> Path:
     if path.is_dir():
         return path
     return path.parent.parent if path.parent.name == "rows" else path.parent
+
+
+def committed_results() -> Path:
+    """The repository's curated results/ tree (what a commit carries)."""
+    from ..paths import REPO_ROOT
+
+    return REPO_ROOT / "results"
+
+
+def default_report_dir(run_dir, *sub: str) -> Path:
+    """Where a report of `run_dir` goes without --out: `<run>/report/<sub>`, except for a run
+    inside the repository's committed results/, whose reports are part of the commit: those
+    go to `runs/reports/<its path under results/>/report/<sub>` (stderr says so, and how to
+    update the committed one), so that reading a committed run changes no tracked file."""
+    root = run_root(run_dir).resolve()
+    results = committed_results().resolve()
+    try:
+        rel = root.relative_to(results)
+    except ValueError:
+        return run_root(run_dir).joinpath("report", *sub)
+    dest = Path("runs") / "reports" / rel / "report" / Path(*sub) if sub else Path("runs") / "reports" / rel / "report"
+    committed = Path("results") / rel / "report" / Path(*sub) if sub else Path("results") / rel / "report"
+    print(f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
+          "the committed report)", file=sys.stderr)
+    return dest
 
 
 def _image(path: Path | None, alt: str) -> str:
@@ -193,7 +219,7 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, 
 
     run_dir = Path(run_dir)
     df, env = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else run_root(run_dir) / "report"
+    out = Path(out_dir) if out_dir is not None else default_report_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if baseline is None:
         doc = run_doc(df, env, run_dir, out)

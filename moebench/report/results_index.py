@@ -282,7 +282,9 @@ the floors, the predictions and why measurements differ: [docs/findings/](../doc
 
 One folder per question. A run directory is as `moebench sweep` writes it (`rows/`, where
 the measured rows are merged into `rows/rows.parquet` by `scripts/compact_rows.py`, and
-`skipped.parquet`; `env.json`; `sweep-*.json`) plus `report/` from `moebench report <run>`.
+`skipped.parquet`; `env.json`; `sweep-*.json`) plus `report/` from `moebench report <run> --out
+<run>/report` (without `--out`, reports of a run in this tree go to `runs/reports/`, so that
+reading a committed run changes no tracked file).
 *commit* is the code a run measured (`env.json`'s `MOEBENCH_GIT_SHA`, else its `git_sha`, and
 those of its later invocations in `envs/` where a run was extended at newer code; the folder's
 `about.md` where the stored one is wrong, which is then shown beside it). Most
