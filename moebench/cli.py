@@ -312,7 +312,7 @@ def main(argv=None) -> int:
 
             return env_command(args.json)
     except ValueError as e:
-        print(f"moebench {args.cmd}: error: {e}", file=sys.stderr)
+        print(f"moebench {args.cmd}: error: {_one_line(e, getattr(args, 'overrides', None) or [])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if args.cmd not in ("report", "compare", "list", "ab"):
@@ -320,6 +320,24 @@ def main(argv=None) -> int:
         print(f"moebench {args.cmd}: interrupted", file=sys.stderr)
         return 130
     return 2
+
+
+def _one_line(e: ValueError, overrides: list[str]) -> str:
+    """A config library's multi-line message (OmegaConf: the message, then full_key and
+    object_type lines) as one line naming the override that caused it."""
+    text = str(e)
+    lines = text.splitlines()
+    if len(lines) <= 1:
+        return text
+    key = getattr(e, "full_key", None) or next((ln.split(":", 1)[1].strip() for ln in lines
+                                                 if ln.strip().startswith("full_key:")), None)
+    given = next((o for o in overrides if key and o.split("=", 1)[0].lstrip("+~").endswith(str(key))), None)
+    first = lines[0].strip()
+    if "ListConfig" in first and given:
+        name = given.split("=", 1)[0]
+        first = "expects a list, e.g. " + ("workload.tokens_per_rank=[16,256]" if name.endswith("tokens_per_rank")
+                                          else f"{name}=[a,b]")
+    return f"{given}: {first}" if given else " ".join(ln.strip() for ln in lines)
 
 
 if __name__ == "__main__":

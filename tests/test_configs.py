@@ -53,3 +53,15 @@ def test_model_shapes_are_real():
     assert (v3["hidden"], v3["intermediate"], v3["num_experts"], v3["topk"]) == (7168, 2048, 256, 8)
     q = plan.compose_config(["model=qwen3_30b_a3b"])["model"]
     assert (q["hidden"], q["intermediate"], q["num_experts"], q["topk"], q["num_shared_experts"]) == (2048, 768, 128, 8, 0)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("workload.tokens_per_rank=abc", "workload.tokens_per_rank=abc: expects a list, e.g. workload.tokens_per_rank=[16,256]"),
+    ("runner.reps=abc", "runner.reps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+])
+def test_a_config_librarys_multi_line_error_is_one_line_naming_the_override(override, words, capsys):
+    from moebench import cli
+
+    assert cli.main(["list", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err

@@ -15,7 +15,8 @@ only when
 
 otherwise "~". The size of a change is the ratio with a 95 % bootstrap interval of the
 samples' ratio of medians (report/stats.py); a "~" pair whose interval excludes 1 and
-whose p is below alpha is ``significant``: a real change under the threshold. Status
+whose p is below alpha is ``significant``: a real change not called (under the threshold,
+or past it with overlapping p20–p80 intervals). Status
 changes read "broken" (ok, now failed / incorrect / timeout / oom), "skipped" (ok, now
 skipped), "fixed" (the reverse); "n/a" where neither side is ok. Workspace memory is
 compared by the same factor, without intervals (it is deterministic).

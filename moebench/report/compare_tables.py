@@ -98,8 +98,9 @@ def latency_pairs(cmp: Comparison) -> Table:
     caption = " ".join(x for x in [
         "Times in µs: median (p20–p80). change = candidate median / baseline median − 1 with the 95 % bootstrap "
         f"interval of that ratio; a verdict needs the p20–p80 intervals apart, the ratio past ×{cmp.threshold:g} and "
-        f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change under the "
-        "threshold. `+` slower / broken, `-` faster / fixed.",
+        f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change (its "
+        "interval excludes 0, p below alpha) that is not called: under the threshold, or past it with the "
+        "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed.",
         _caption_tail(m)] if x)
     num_na = int((cmp.matched["verdict"] == "n/a").sum())
     notes = [f"{num_na} matched rows are ok on neither side (not shown)."] if num_na else []

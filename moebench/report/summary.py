@@ -94,7 +94,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     lines += [f"- {w}" for w in wins(df)]
     lines += [f"- memory: {x}" for x in memory_lines(df)]
     if quality:
-        lines.append(f"- data quality: {len(quality)} note(s) below (Data quality)")
+        lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section")
     return lines
 
 

@@ -120,7 +120,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     if num_na:
         lines.append(f"- {num_na} matched row(s) ok on neither side")
     if quality:
-        lines.append(f"- data quality: {len(quality)} note(s) below (Data quality)")
+        lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section")
     return lines
 
 
