@@ -25,6 +25,10 @@ def test_flags_of_rows():
     graph = _row(timing_mode="graph", prepare_us=100.0, experts_us=100.0, combine_us=0.0, dispatch_us=np.nan,
                  weight_reduce_us=np.nan)
     assert "phases≠latency" in flags_of(graph)
+    ev = dict(prepare_us=40.0, experts_us=50.0, combine_us=10.0, dispatch_us=np.nan, weight_reduce_us=np.nan)
+    assert "phases≠latency" not in flags_of(_row(**ev))  # events: 100 µs of phases in 100 µs
+    assert "phases≠latency" not in flags_of(_row(**{**ev, "experts_us": 120.0}))  # 1.7x: overlap may do that
+    assert "phases≠latency" in flags_of(_row(**{**ev, "experts_us": 900.0}))  # 9.5x, as a CPU run beside other work
     idle = _row(timing_mode="profiler", prepare_us=5.0, experts_us=20.0, combine_us=1.0, dispatch_us=np.nan,
                 weight_reduce_us=np.nan)
     assert "gpu-idle" in flags_of(idle)
