@@ -332,3 +332,24 @@ def test_labels_tell_apart_combinations_that_differ_only_in_knobs():
     labels = list(combo_labels(df))
     assert labels[0] != labels[1] and labels[1].endswith("carve24 sms16")
     assert "carve" not in " ".join(combo_labels(df.iloc[1:]))  # constant knobs stay out
+
+def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from moebench.report.plotgrid import fit_titles, grid, plain_log
+
+    fig, axes = grid(3)
+    for ax, (lo, hi) in zip(axes, [(5000, 60000), (0.02, 0.3), (800, 250000)]):
+        ax.set_yscale("log")
+        ax.plot([1, 2], [lo, hi])
+        plain_log(ax.yaxis)
+    long = "local_batched · fp8_tensor · ws=1 · torch_batched · deepseek_v2_lite · 4096 tok"
+    axes[2].set_title(long)
+    axes[0].set_title("short")
+    fit_titles(fig)
+    FigureCanvasAgg(fig).draw()
+    labels = [t.get_text() for ax in axes for minor in (False, True) for t in ax.get_yticklabels(minor=minor)]
+    assert any(labels) and not [t for t in labels if "e+" in t or "e-" in t or "\\times" in t], labels
+    assert "20000" in labels and "0.1" in labels
+    assert axes[0].get_title() == "short" and "\n" in axes[2].get_title()
+    assert axes[2].get_title().replace("\n", " ") == long

@@ -10,6 +10,7 @@ under the figure serves every panel, otherwise each panel has its own.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +130,37 @@ def value_axis(ax, values, label: str) -> None:
         plain_log(ax.yaxis)
 
 
+class PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks to label, with plain numbers: 20000, not 2e+04."""
+
+    @staticmethod
+    def _plain(x) -> str:
+        return f"{x:.0f}" if x >= 1 and abs(x - round(x)) < 1e-9 else f"{x:.3g}"
+
+    def _num_to_string(self, x, vmin, vmax):  # matplotlib's writes %1.0e above 10000 and below 1
+        return self._plain(x)
+
+    def _pprint_val(self, x, d):
+        return self._plain(x)
+
+
 def plain_log(axis) -> None:
-    """Plain numbers (60, 200) rather than 6x10^1 on a log axis, minor ticks included."""
-    axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+    """Plain numbers (60, 200, 20000) rather than 6x10^1 or 2e+04 on a log axis, minor ticks included."""
+    axis.set_major_formatter(PlainLogFormatter(labelOnlyBase=False))
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
+def fit_titles(fig: Figure) -> None:
+    """Wrap a panel title wider than its grid cell (a long combination name was cut at the
+    figure's edge)."""
+    for ax in fig.axes:
+        text, spec = ax.get_title(), ax.get_subplotspec()
+        if not text or spec is None or "\n" in text:
+            continue
+        size = ax.title.get_fontsize()
+        chars = max(16, int(fig.get_figwidth() / spec.get_gridspec().ncols * 72 / (size * 0.6)))
+        if len(text) > chars:
+            ax.set_title(textwrap.fill(text, chars, break_long_words=False), fontsize=size)
 
 
 def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> None:
@@ -160,4 +188,5 @@ def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> 
 
 
 def save(fig: Figure, path) -> Path:
+    fit_titles(fig)
     return save_figure(fig, path)
