@@ -266,6 +266,7 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     doc = [f"# Capacity: {root.name}", f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'}"
            " line).", body, f"![peak memory vs tokens per rank]({png.name})" if png else "", __doc__.strip()]
     (dest / "capacity.md").write_text("\n\n".join(d for d in doc if d) + "\n")
+    print(doc[1] + (f" `--budget {budget_text}` read as {budget:,.0f} bytes." if budget_text and budget is not None else ""))
     print(body)
     print(f"capacity report written to {dest / 'capacity.md'}", file=sys.stderr)
     return 0
