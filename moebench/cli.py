@@ -261,7 +261,9 @@ def _parse(argv):
             args.overrides = list(args.overrides or []) + rest
             return args
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        # the subcommand's own usage (its options), not the top level's list of subcommands
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        (subs.choices.get(getattr(args, "cmd", None)) or parser).error(f"unrecognized arguments: {' '.join(rest)}")
     return args
 
 

@@ -234,7 +234,7 @@ def execute(
         store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides,
                                                    "run_id": run_id, "slurm": bool(slurm)})
         store.write_skipped(skipped)
-        _run(work, store, meta, lock, counts, log, quiet, slurm)
+        _run(work, store, meta, lock, counts, log, quiet, slurm, already)
         return run_dir, counts
     finally:
         if lock is not None:
@@ -251,7 +251,8 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
             progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
 
 
-def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm) -> None:
+def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm,
+         already: int = 0) -> None:
     """Run the work here (one process group per family) or as SLURM jobs; count the rows."""
     progress = _Progress(0 if quiet else len(work))
 
@@ -277,7 +278,11 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
     if progress.summary():
         log(progress.summary())
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-    log(f"moebench: {summary} (this invocation); results in {store.dir}")
+    stored = f", {already} row(s) already stored" if already else ""
+    log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
+    if not work and not already:
+        log("moebench: nothing ran: every combination was skipped on this machine "
+            "(`moebench list -v` with the same options says why)")
     if stop.requested:
         counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")

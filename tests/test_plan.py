@@ -176,7 +176,9 @@ def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
 
     with pytest.raises(SystemExit) as e:
         cli._parse(argv)
-    assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unrecognized arguments" in err
+    assert err.startswith(f"usage: moebench {argv[0]} ") and f"moebench {argv[0]}: error:" in err  # its own usage
 
 
 V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",

@@ -375,3 +375,17 @@ def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus(
     # on CUDA this machine (no GPU, or fewer than 4) is refused before any work
     with pytest.raises(ValueError, match=r"runner.device=cuda but no CUDA GPU|needs \d+ GPUs"):
         plan.plan(["runner.device=cuda"], "ep_scaling")
+
+
+def test_a_sweep_where_nothing_can_run_says_so_and_a_resumed_one_counts_what_was_stored(tmp_path, capsys):
+    none = ["backend=local", "experts=deepgemm", "quant=fp8_block", "model=tiny", "runner.device=cpu"]
+    _, counts = execute(none, None, str(tmp_path / "none"))
+    err = capsys.readouterr().err
+    assert set(counts) == {"skipped"} and "nothing ran: every combination was skipped" in err
+    quick = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
+             "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1"]
+    execute(quick, None, str(tmp_path / "once"))
+    capsys.readouterr()
+    execute(quick, None, str(tmp_path / "once"))  # resumed: nothing left to run
+    err = capsys.readouterr().err
+    assert "1 row(s) already stored" in err and "nothing ran" not in err
