@@ -80,3 +80,19 @@ def test_wide_spreads_are_summarised_not_printed_one_by_one():
     assert text.startswith("moebench: 3 row(s) with a wide spread") and text.index("b T=64") < text.index("a T=16")
     progress.close()
     assert reason_groups(["x: 1", "x: 2", "x: 1", "y"]) == [(3, "x: 1 (and 1 more like it)"), (1, "y")]
+
+
+def test_the_summary_names_a_fastest_only_where_the_intervals_are_apart():
+    from moebench.report.summary import reviewer_summary, wins
+
+    def row(experts, tokens, med, lo, hi):
+        return make_row("local", experts, "experts", "none", "bf16", tokens, latency_us_median=med,
+                        latency_us_p20=lo, latency_us_p80=hi, host_enqueue_us=1.0)
+
+    df = pd.DataFrame([row("triton", 16, 100.0, 98.0, 102.0), row("torch", 16, 150.0, 147.0, 153.0),
+                       row("triton", 64, 2361.0, 2024.0, 8439.0), row("torch", 64, 4493.0, 4361.0, 4643.0)])
+    lines = wins(df)
+    assert lines[0].startswith("triton") and "fastest, 1.50× ahead of torch" in lines[0]  # apart: a winner
+    assert "no clear fastest, 1.90× by median over torch" in lines[1] and "overlapping" in lines[1]
+    summary = reviewer_summary(df, ["a note"])
+    assert summary[-1].endswith("1 note(s) in the report's Data quality section; 1 of 4 ok row(s) flagged")

@@ -40,11 +40,16 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
         g = g.sort_values("latency_us_median")
         best, second = g.iloc[0], g.iloc[1]
         margin = second["latency_us_median"] / best["latency_us_median"]
-        out.append((margin, f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of "
-                            f"{names.loc[g.index[1]].split(' · ')[0]} ({fmt_us(best['latency_us_median'])} vs "
-                            f"{fmt_us(second['latency_us_median'])} µs)"))
-    out.sort(key=lambda x: -x[0])
-    return [t for _, t in out[:limit]]
+        # a winner only where the two p20–p80 intervals are apart (compare's first condition)
+        apart = bool(best["latency_us_p80"] < second["latency_us_p20"])
+        other = names.loc[g.index[1]].split(" · ")[0]
+        times = f"{fmt_us(best['latency_us_median'])} vs {fmt_us(second['latency_us_median'])} µs"
+        text = (f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of {other} ({times})" if apart else
+                f"{names.loc[g.index[0]]}: no clear fastest, {margin:.2f}× by median over {other} ({times}) "
+                "with their p20–p80 overlapping")
+        out.append((apart, margin, text))
+    out.sort(key=lambda x: (not x[0], -x[1]))  # the separable margins first, largest first
+    return [t for _, _, t in out[:limit]]
 
 
 def memory_lines(df: pd.DataFrame) -> list[str]:
@@ -94,7 +99,10 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     lines += [f"- {w}" for w in wins(df)]
     lines += [f"- memory: {x}" for x in memory_lines(df)]
     if quality:
-        lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section")
+        ok = rows[rows["status"] == "ok"]
+        flagged = int(sum(bool(t) for t in row_flags(ok))) if len(ok) else 0
+        of = f"; {flagged} of {len(ok)} ok row(s) flagged" if flagged else ""
+        lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section{of}")
     return lines
 
 
