@@ -285,6 +285,9 @@ def test_reading_a_committed_run_writes_no_tracked_file(tmp_path, monkeypatch, c
     command.compare_command([str(base), str(cand)])
     assert (tmp_path / "runs" / "reports" / "q" / "cand" / "report" / "vs-base" / "report.md").is_file()
     assert not (cand / "report").exists() and not (base / "report").exists()
+    monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "my_runs"))  # where this user's sweeps go
+    assert report_command(str(base), None, None, None, 1.05, "md") == 0
+    assert (tmp_path / "my_runs" / "reports" / "q" / "base" / "report" / "report.md").is_file()
     assert report_command(str(cand), None, None, str(cand / "report"), 1.05, "md") == 0  # said explicitly
     assert (cand / "report" / "report.md").is_file()
     elsewhere = synthetic_run(tmp_path / "mine" / "run")  # not the repository's results/: beside the run

@@ -80,7 +80,7 @@ def committed_results() -> Path:
 def default_report_dir(run_dir, *sub: str) -> Path:
     """Where a report of `run_dir` goes without --out: `<run>/report/<sub>`, except for a run
     inside the repository's committed results/, whose reports are part of the commit: those
-    go to `runs/reports/<its path under results/>/report/<sub>` (stderr says so, and how to
+    go to `<runs>/reports/<its path under results/>/report/<sub>` (stderr says so, and how to
     update the committed one), so that reading a committed run changes no tracked file."""
     root = run_root(run_dir).resolve()
     results = committed_results().resolve()
@@ -88,8 +88,10 @@ def default_report_dir(run_dir, *sub: str) -> Path:
         rel = root.relative_to(results)
     except ValueError:
         return run_root(run_dir).joinpath("report", *sub)
-    dest = Path("runs") / "reports" / rel / "report" / Path(*sub) if sub else Path("runs") / "reports" / rel / "report"
-    committed = Path("results") / rel / "report" / Path(*sub) if sub else Path("results") / rel / "report"
+    from ..plan import default_runs_dir  # where sweeps write (MOEBENCH_RUNS, else runs/)
+
+    dest = default_runs_dir().joinpath("reports", rel, "report", *sub)
+    committed = Path("results").joinpath(rel, "report", *sub)
     print(f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
           "the committed report)", file=sys.stderr)
     return dest
