@@ -116,10 +116,9 @@ def _quality_section(lines: list[str], caveat_blocks: list[str]) -> list[str]:
 
 def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool = True) -> Doc:
     """A single run's report; PNGs written into ``out``."""
-    root = _results_root(run_root(run_dir))
+    here, root = run_root(run_dir), _results_root(run_root(run_dir))
     # a run inside a results/ tree is named by its path there (ep_backends/deepep_ht), else its folder
-    name = run_root(run_dir).resolve().relative_to(root).as_posix() if root else "."
-    name = run_root(run_dir).name if name == "." else name
+    name = here.resolve().relative_to(root).as_posix() if root and here.resolve() != root else here.name
     quality = quality_lines(df, env, run_dir)
     cav = caveats([run_root(run_dir)], root)
     summary = reviewer_summary(df, quality + cav)

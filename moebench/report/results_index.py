@@ -40,6 +40,7 @@ import yaml
 from ..paths import REPO_ROOT
 from ..config import rename as config_rename
 from ..plan import RENAMED, load_sweep  # noqa: F401
+from .envinfo import env_commit
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
@@ -132,9 +133,7 @@ def _fmt_counts(c: Counter) -> str:
 
 
 def _env_commit(env: dict) -> str:
-    """The commit an env.json names: the copied tree's MOEBENCH_GIT_SHA, else its git_sha."""
-    sha = env.get("env", {}).get("MOEBENCH_GIT_SHA") or env.get("git_sha")
-    return str(sha if sha not in (None, "unknown") else env.get("git_sha", "unknown"))
+    return str(env_commit(env)[0] or "unknown")
 
 
 def _short(sha) -> str:
@@ -166,14 +165,11 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
         return Run(rel, machine, str(commit), f"{trials} trials ({sizes} tokens)",
                    [tune_command(info["layer"])] + also, meta.get("note", ""), report)
     env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
-    stored = _env_commit(env)
     # a run resumed or extended at later code holds one env per invocation (envs/): name each commit
-    for p in sorted((d / "envs").glob("*.json")) if (d / "envs").is_dir() else []:
-        other = _env_commit(json.loads(p.read_text()))
-        if other != "unknown" and other not in stored.split(", "):
-            stored = f"{stored}, {other}"
+    later = [_env_commit(json.loads(p.read_text())) for p in sorted(d.glob("envs/*.json"))]
+    stored = list(dict.fromkeys([_env_commit(env)] + [c for c in later if c != "unknown"]))
     commit = meta.get("commit") or folder_meta.get("commit")
-    shown = ", ".join(_short(s) for s in stored.split(", "))
+    shown = ", ".join(_short(s) for s in stored)
     commit = f"{commit} (stored: {shown})" if commit and str(commit) != shown else shown
     counts, used = Counter(), 1
     if (d / "rows").is_dir():
