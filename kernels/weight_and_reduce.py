@@ -67,21 +67,42 @@ class Contiguous(WeightAndReduce):
 
 
 class Batched(WeightAndReduce):
-    """expert_out is [E, X, K]; prepared.handle.slot_token_EX / slot_k_EX say which
-    (token, k) each valid row belongs to (-1 for padding). Rows are weighted and
-    scatter-added into [M, K]."""
+    """expert_out is [E, X, K]; prepared.handle says which (token, k) each valid row belongs
+    to. Rows are weighted and summed per token into [M, K].
+
+    With the handle's `pair_row_MP` (each pair's row of the flat [E * X] buffer, -1 for
+    none; kernels/prepare_finalize/_common.to_batched sets it): each token's P rows are
+    gathered and summed in one bmm with bf16 weights and fp32 accumulation, as Contiguous
+    does, without a host sync. Without it (a plugin's handle): the valid rows are selected
+    and scatter-added (a data-dependent size: the host waits for it)."""
 
     name = "batched"
 
     def apply(self, out_MK, expert_out, topk_weights_MP, topk_ids_MP, prepared):
         h = prepared.handle
+        K = expert_out.shape[-1]
+        if getattr(h, "pair_row_MP", None) is not None:
+            M, P = h.pair_row_MP.shape
+            valid = h.pair_row_MP >= 0
+            rows = expert_out.reshape(-1, K).index_select(0, h.pair_row_MP.clamp_min(0).reshape(-1)).view(M, P, K)
+            # padding rows are uninitialized (NaN would survive a zero weight): mask, not weight
+            rows = torch.where(valid.unsqueeze(-1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+            w_M1P = torch.where(valid, topk_weights_MP.to(torch.float32), 0.0).to(rows.dtype).unsqueeze(1)
+            if out_MK is not None and out_MK.dtype == rows.dtype and out_MK.is_contiguous():
+                torch.bmm(w_M1P, rows, out=out_MK.view(M, 1, K))
+                return out_MK
+            red = torch.bmm(w_M1P, rows).squeeze(1)
+            if out_MK is None:
+                return red
+            out_MK.copy_(red)
+            return out_MK
         tok = h.slot_token_EX.reshape(-1)
         kk = h.slot_k_EX.reshape(-1)
         valid = tok >= 0
         tok_v = tok[valid]
-        rows = expert_out.reshape(-1, expert_out.shape[-1])[valid].to(torch.float32)
+        rows = expert_out.reshape(-1, K)[valid].to(torch.float32)
         w = topk_weights_MP[tok_v, kk[valid]].to(torch.float32)
-        acc = torch.zeros(h.num_tokens, expert_out.shape[-1], dtype=torch.float32, device=expert_out.device)
+        acc = torch.zeros(h.num_tokens, K, dtype=torch.float32, device=expert_out.device)
         acc.index_add_(0, tok_v, rows * w.unsqueeze(1))
         if out_MK is None:
             return acc.to(expert_out.dtype)
@@ -111,3 +132,6 @@ class BatchedHandle:
     slot_k_EX: torch.Tensor  # which of the token's top-k pairs
     num_tokens: int  # rows of the dispatched token matrix
     extra: Any = None  # backend-private
+    # each (token, k) pair's row of the flat [E * X] buffer, -1 where none: lets Batched
+    # reduce without a host sync (optional, for handles built without it)
+    pair_row_MP: Optional[torch.Tensor] = None

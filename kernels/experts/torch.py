@@ -31,7 +31,15 @@ def bf16_input(prepared) -> torch.Tensor:
 
 @register_experts("torch")
 class TorchExperts(Experts):
+    """torch._grouped_mm over the pairs sorted by expert. No host sync (so a forward can be
+    captured in a CUDA graph): the group offsets stay on the GPU, and every tensor is sized
+    for all M*P pairs, the pairs of other ranks' experts sorted last and left out of the
+    groups (as DeepGEMM's contiguous layout pads to an upper bound). Row 0 of the gathered
+    input is a zero row inside the first group, so that row 0 of the output is exactly zero:
+    the pairs of other ranks read it."""
+
     activation_format = ActivationFormat.STANDARD
+    graph_capturable = True
 
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)
@@ -42,17 +50,19 @@ class TorchExperts(Experts):
         return None
 
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
-        # ws13: the pairs' input rows gathered in expert order [M*P, K];
-        # ws2: SiLU-and-mul output [M*P, N/2]
+        # ws13: a zero row, then the pairs' input rows gathered in expert order [1 + M*P, K];
+        # ws2: SiLU-and-mul output [1 + M*P, N/2]
         out = (M, K) if self.reduction == "experts" else (M, topk, K)
-        return (M * topk, K), (M * topk, N // 2), out
+        return (1 + M * topk, K), (1 + M * topk, N // 2), out
 
     def transient_bytes(self, M, N, K, topk, num_local_experts):
-        # grouped_mm outputs: gate/up [M*P, N] and down [M*P, K], bf16; sort indices;
-        # reduction=experts: the fp32 accumulator [M, K] and weighted rows [M*P, K] fp32
-        n = 2 * M * topk * (N + K) + 8 * 4 * M * topk
+        # grouped_mm outputs: gate/up [1+M*P, N] and down [1+M*P, K], bf16; SiLU(gate) [1+M*P, N/2];
+        # sort keys, order, positions (int64 [M*P] each); reduction=experts: the gathered
+        # down rows [M*P, K] bf16 the weighted bmm reads, and its bf16 weights
+        Q = 1 + M * topk
+        n = 2 * Q * (N + K + N // 2) + 3 * 8 * M * topk
         if self.reduction == "experts":
-            n += 4 * M * K + 4 * M * topk * K * 2  # y.float() and its weighted product
+            n += 2 * M * topk * K + 2 * M * topk
         return n
 
     def apply(self, output, prepared, workspace13, workspace2):
@@ -61,26 +71,30 @@ class TorchExperts(Experts):
         M, P = ids_MP.shape
         E = self.w13_EKN.shape[0]
         flat = ids_MP.reshape(-1)
-        key = torch.where(flat >= 0, flat, torch.full_like(flat, E))  # non-local pairs last
+        Q = flat.numel()
+        local = flat >= 0
+        key = torch.where(local, flat, torch.full_like(flat, E))  # other ranks' pairs last
         order = torch.argsort(key, stable=True)
-        counts = torch.bincount(key, minlength=E + 1)[:E]
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        R = int(offs[-1]) if E else 0
-        pair = order[:R]
-        tok = pair // P
-        xs = workspace13[:R]
-        torch.index_select(x_MK, 0, tok, out=xs)
-        h = torch._grouped_mm(xs, self.w13_EKN, offs=offs)  # [R, N]
-        act = workspace2[:R]
+        # (not bincount: on CUDA it reads the largest key back to size its output)
+        counts = torch.zeros(E + 1, dtype=torch.long, device=key.device).scatter_add_(0, key, torch.ones_like(key))[:E]
+        offs = (torch.cumsum(counts, 0) + 1).to(torch.int32)  # +1: the zero row opens group 0
+        xs = workspace13[: 1 + Q]
+        xs[0].zero_()
+        torch.index_select(x_MK, 0, order // P, out=xs[1:])
+        h = torch._grouped_mm(xs, self.w13_EKN, offs=offs)  # [1+Q, N]; rows past the groups unwritten
+        act = workspace2[: 1 + Q]
         i = h.shape[1] // 2
         torch.mul(torch.nn.functional.silu(h[:, :i]), h[:, i:], out=act)
-        y = torch._grouped_mm(act, self.w2_EIK, offs=offs)  # [R, K]
+        y = torch._grouped_mm(act, self.w2_EIK, offs=offs)  # [1+Q, K]; y[0] == 0
+        # where each (token, k) pair's output row is: 1 + its place in the sorted order, or
+        # the zero row for other ranks' pairs
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(1, Q + 1, device=order.device)
+        pos = torch.where(local, pos, torch.zeros_like(pos))
         if self.reduction == "experts":
-            w = prepared.topk_weights_MP.reshape(-1)[pair].to(torch.float32)
-            acc = torch.zeros(M, y.shape[1], dtype=torch.float32, device=y.device)
-            acc.index_add_(0, tok, y.float() * w.unsqueeze(1))
-            output.copy_(acc)
+            # weighted sum over k in one bmm ([M, 1, P] @ [M, P, K], fp32 accumulation); the
+            # weights are rounded to bf16, as the finalize's Contiguous reduce does
+            w_M1P = torch.where(local, prepared.topk_weights_MP.reshape(-1).float(), 0.0).to(y.dtype).view(M, 1, P)
+            torch.bmm(w_M1P, y.index_select(0, pos).view(M, P, -1), out=output.view(M, 1, -1))
         else:
-            out_R = output.view(M * P, -1)
-            out_R.zero_()  # non-local pairs contribute zero rows
-            out_R.index_copy_(0, pair, y)
+            torch.index_select(y, 0, pos, out=output.view(M * P, -1))

@@ -17,6 +17,7 @@ from .torch import bf16_input, bf16_weights
 @register_experts("torch_batched")
 class TorchBatchedExperts(Experts):
     activation_format = ActivationFormat.BATCHED
+    graph_capturable = True  # dense bmm over the buffers, counts read on the GPU
 
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)

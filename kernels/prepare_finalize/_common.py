@@ -27,37 +27,51 @@ def to_batched(
 
     Rows of one expert keep their token order; slots past the expert's count
     are padding (left uninitialized: batched experts read only counted rows).
+    No host sync (a forward can be captured in a CUDA graph): every index tensor
+    is sized for all M*P pairs, and the pairs of other ranks' experts, or past an
+    expert's X rows (none for the local and naive layouts, whose X is every row an expert
+    could get; the counts are clamped to X), land in one scratch row past the buffer.
     """
     M, P = local_ids_MP.shape
     K = x_MK.shape[1]
+    E, X = num_local, max_rows
     dev = x_MK.device
-    flat = local_ids_MP.reshape(-1)
-    valid = flat >= 0
-    pair = torch.nonzero(valid).squeeze(1)  # pair index = token * P + k, token order
-    e = flat[pair]
-    order = torch.argsort(e, stable=True)
-    pair, e = pair[order], e[order]
-    counts_E = torch.bincount(e, minlength=num_local)
-    starts = torch.cumsum(counts_E, 0) - counts_E
-    slot = torch.arange(pair.numel(), device=dev) - starts[e]
-    assert pair.numel() == 0 or int(counts_E.max()) <= max_rows, "batched buffer overflow"
-    x_EXK = torch.empty(num_local, max_rows, K, dtype=x_MK.dtype, device=dev)
-    tok = pair // P
-    x_EXK[e, slot] = x_MK[tok]
+    flat = local_ids_MP.reshape(-1)  # pair index = token * P + k, token order
+    key = torch.where(flat >= 0, flat, torch.full_like(flat, E))
+    order = torch.argsort(key, stable=True)  # by expert, token order within; other ranks' pairs last
+    e = key[order]
+    # (not bincount: on CUDA it reads the largest key back to size its output)
+    counts = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(order.numel(), device=dev) - starts[e]
+    kept = (e < E) & (slot < X)
+    dst = torch.where(kept, e * X + slot, torch.full_like(slot, E * X))  # E * X: the scratch row
+    tok = order // P
+    # flat buffers with the scratch row last; the [E, X, ...] views leave it out
+    x_flat = torch.empty(E * X + 1, K, dtype=x_MK.dtype, device=dev)
+    bits = torch.uint8 if x_MK.element_size() == 1 else x_MK.dtype  # fp8 rows move as bytes
+    x_flat.view(bits).index_copy_(0, dst, x_MK.view(bits).index_select(0, tok))
     scale_b = None
     if scale is not None:
         if scale.numel() == 1:
             scale_b = scale
         else:
-            scale_b = torch.ones(num_local, max_rows, scale.shape[1], dtype=scale.dtype, device=dev)
-            scale_b[e, slot] = scale[tok]
-    slot_token = torch.full((num_local, max_rows), -1, dtype=torch.long, device=dev)
-    slot_k = torch.full((num_local, max_rows), -1, dtype=torch.long, device=dev)
-    slot_token[e, slot] = tok
-    slot_k[e, slot] = pair % P
-    handle = BatchedHandle(slot_token_EX=slot_token, slot_k_EX=slot_k, num_tokens=M)
+            s_flat = torch.ones(E * X + 1, scale.shape[1], dtype=scale.dtype, device=dev)
+            s_flat.index_copy_(0, dst, scale.index_select(0, tok))
+            scale_b = s_flat[: E * X].view(E, X, -1)
+    slot_token = torch.full((E * X + 1,), -1, dtype=torch.long, device=dev)
+    slot_k = torch.full((E * X + 1,), -1, dtype=torch.long, device=dev)
+    slot_token.index_copy_(0, dst, tok)
+    slot_k.index_copy_(0, dst, order % P)
+    # each pair's row in the flat [E * X] buffer, -1 for pairs not kept (Batched reads it)
+    pair_row = torch.full((M * P,), -1, dtype=torch.long, device=dev)
+    pair_row[order] = torch.where(kept, dst, torch.full_like(dst, -1))
+    handle = BatchedHandle(slot_token_EX=slot_token[: E * X].view(E, X), slot_k_EX=slot_k[: E * X].view(E, X),
+                           num_tokens=M, pair_row_MP=pair_row.view(M, P))
     return PreparedTokens(
-        x=x_EXK, x_scale=scale_b, expert_num_tokens_E=counts_E.to(torch.int32), handle=handle
+        x=x_flat[: E * X].view(E, X, K), x_scale=scale_b,
+        expert_num_tokens_E=counts[:E].clamp(max=X).to(torch.int32),
+        handle=handle,
     )
 
 
