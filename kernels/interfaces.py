@@ -209,6 +209,10 @@ class PrepareFinalize(ABC):
     carries_fp8: ClassVar[bool] = False
     # whether forward() may be captured into a CUDA graph
     graph_capturable: ClassVar[bool] = False
+    # non-empty: why a captured forward does other work than an eager one (e.g. it pads to an
+    # upper bound where the eager forward reads counts on the host), so that runner.timing=auto
+    # times eager forwards instead of replays of a different computation
+    graph_differs: ClassVar[str] = ""
     # one rank that keeps every expert (or, with simulate_ep=N, one rank's share of an
     # EP-N deployment); otherwise an EP backend: runner.world_size ranks, one per GPU
     single_rank: ClassVar[bool] = False
@@ -308,6 +312,8 @@ class Experts(ABC):
     activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
     # apply() never syncs the host, so a forward may be captured in a CUDA graph
     graph_capturable: ClassVar[bool] = False
+    # non-empty: why a captured apply() does other work than an eager one (PrepareFinalize's)
+    graph_differs: ClassVar[str] = ""
     # settings beside the axes (experts.<name>), read from ctx.options (kernels/knobs.py)
     knobs: ClassVar[tuple[Knob, ...]] = ()
 

@@ -212,7 +212,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
     """The Combo of a composed config. Fields that cannot matter are set to their defaults,
     so that two configs measuring the same thing have one key: world_size for single-rank
     backends, simulate_ep for EP backends, skew without zipf routing, graph_max_tokens
-    without graphs. Knobs: only those the chosen backend and experts declare."""
+    outside graph timing (auto replays graphs at every size). Knobs: only those the chosen backend and experts declare."""
     from .kernels import registry
 
     b, m, r, w = cfg["backend"], cfg["model"], cfg["runner"], cfg["workload"]
@@ -233,7 +233,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         world_size=1 if single else r["world_size"], simulate_ep=b["simulate_ep"] if single else 1,
         shared_sm_carveout=cfg["overlap"]["shared_sm_carveout"],
         routing=w["routing"], skew=float(w["skew"]) if w["routing"] == "zipf" else 1.2, seed=w["seed"],
-        timing=timing, graph_max_tokens=r["graph_max_tokens"] if timing in ("auto", "graph") else 256,
+        timing=timing, graph_max_tokens=r["graph_max_tokens"] if timing == "graph" else 256,
         l2_flush=r["l2_flush"], memory_budget=parse_bytes(r["memory_budget"]), trace=cfg["trace"]["name"],
         knobs=knobs, reps=r["reps"], warmup=r["warmup"], warmup_ms=float(r["warmup_ms"]),
         phase_reps=r["phase_reps"], timeout_s=float(r["timeout_s"]), check=r["check"], memory=r["memory"],

@@ -192,16 +192,45 @@ def graph_capturable(combo: Combo) -> Optional[str]:
     return None
 
 
+def auto_events(combo: Combo) -> Optional[str]:
+    """Why runner.timing=auto times eager forwards (held events) rather than CUDA-graph
+    replays for `combo`, or None where it replays graphs: a forward that cannot be captured,
+    one whose captured form does other work than the eager one (an entry's `graph_differs`),
+    or runner.memory_budget (a graph's private memory pool would count against the budget)."""
+    from .kernels import registry
+
+    why = graph_capturable(combo)
+    if why:
+        return why
+    for kind, entry in (("backend", registry.get_backend(combo.backend)),
+                        ("experts", registry.get_experts(combo.experts))):
+        if entry.graph_differs:
+            return f"{kind}={getattr(combo, kind)}: a CUDA graph would do other work ({entry.graph_differs})"
+    if combo.memory_budget:
+        return "runner.memory_budget is set: a CUDA graph's private memory pool would count against it"
+    return None
+
+
 def timing_mode(combo: Combo, tokens: int) -> str:
-    """The timing that runs for `tokens`: auto is graph replays where the layer can be
-    captured at <= graph_max_tokens and events elsewhere; graph above graph_max_tokens
-    times with events."""
-    small = tokens <= combo.graph_max_tokens
+    """The timing that runs for `tokens` (docs/design.md, "Timing"): auto is CUDA-graph replays
+    wherever the layer can be captured and the graph does the eager forward's work (at any
+    size), held events elsewhere (auto_events); graph is replays at <= graph_max_tokens and
+    events above; events and profiler are themselves."""
     if combo.timing == "auto":
-        return "graph" if small and graph_capturable(combo) is None else "events"
+        return "graph" if auto_events(combo) is None else "events"
     if combo.timing == "graph":
-        return "graph" if small else "events"
+        return "graph" if tokens <= combo.graph_max_tokens else "events"
     return combo.timing
+
+
+def timing_note(combo: Combo, tokens: int) -> str:
+    """Why the timing that runs is not the replays the request would prefer ('' where it is):
+    the reason auto or graph times eager forwards."""
+    if combo.device != "cuda" or timing_mode(combo, tokens) != "events" or combo.timing == "events":
+        return ""
+    if combo.timing == "auto":
+        return f"auto timed eager forwards: {auto_events(combo)}"
+    return f"graph timing above runner.graph_max_tokens={combo.graph_max_tokens}: eager forwards"
 
 
 def validate_tokens(combo: Combo, tokens: int) -> Optional[str]:

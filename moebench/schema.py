@@ -66,10 +66,10 @@ class WorkloadConf:
 class RunnerConf:
     device: str = "auto"  # auto | cpu | cuda
     world_size: int = 2  # ranks for EP backends (local* always run 1)
-    # auto: CUDA-graph replays where the combination can be captured at <= graph_max_tokens,
-    # events elsewhere | events | graph | profiler
+    # auto: CUDA-graph replays wherever the layer can be captured and the graph does the eager
+    # forward's work, held events elsewhere | events | graph | profiler (docs/design.md, "Timing")
     timing: str = "auto"
-    graph_max_tokens: int = 256  # graph mode above this many tokens falls back to events
+    graph_max_tokens: int = 256  # timing=graph: above this many tokens, events
     reps: int = 30
     warmup: int = 5
     warmup_ms: float = 200.0  # GPU: keep calling this long after warmup, so samples see the sustained clock

@@ -61,7 +61,7 @@ class Combo:
     seed: int = _f(0, tag="seed{}")
     # how it is measured
     timing: str = _f("auto", tag="{}", doc="requested timing: auto | events | graph | profiler")
-    graph_max_tokens: int = _f(256, tag="gmax{}", doc="CUDA graphs up to this many tokens (auto, graph)")
+    graph_max_tokens: int = _f(256, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens")
     l2_flush: bool = _f(True, tag="noflush")
     memory_budget: int = _f(0, tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)")
     trace: str = _f("none", tag="trace_{}", doc="none | nvtx | torch | nsys")
