@@ -25,10 +25,11 @@ def make_recorder(device, nvtx: bool):
 def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None) -> dict:
     """Profiler mode: kernel durations per phase, what library benchmarks report.
 
-    Several ranks: before each sample the barrier, the L2 flush, the GPU alignment and the
-    host-enqueue head start, as for timed samples, so that a communication kernel does not
-    hold its wait for a peer that launched later (DeepEP's low-latency dispatch read 118 µs
-    on one rank, 27 µs on the other, without them).
+    Each sample starts as a timed one does: on a GPU after the L2 flush and a hold long
+    enough for the host to enqueue the forward; on several ranks after the barrier and the
+    GPU alignment too, so that a communication kernel does not hold its wait for a peer that
+    launched later (DeepEP's low-latency dispatch read 118 µs on one rank, 27 µs on the
+    other, without them).
 
     Runs `samples` forwards under torch.profiler (phase ranges must be on), writes the
     trace to `path`, and returns medians over samples (µs): `<phase>` = busy GPU time of
@@ -43,7 +44,7 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None) ->
 
     cuda = device is not None and device.type == "cuda"
     lead = 0
-    if sync.barrier is not None and cuda:
+    if cuda:
         fn()
         lead = timing.lead_cycles(fn, device, sync.agree)
     if cuda:
@@ -111,9 +112,10 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
     `trace_overlap_fraction`. Every rank runs the same sequence, with the barrier, then the
     GPU alignment (`align`, as the timed samples have it), before each sample, outside its
     range: a rank that starts late would otherwise show up as waiting inside its peer's
-    communication kernels. On several GPUs each sample also starts as a timed one does:
-    after the L2 flush and a head start of the slowest callable's host enqueue time
-    (timing.lead_cycles, measured with the trace's ranges on). With several ranks (all on
+    communication kernels. On a GPU each sample also starts as a timed one does: after the
+    L2 flush and a hold of the slowest callable's host enqueue time (timing.lead_cycles,
+    measured with the trace's ranges on), so that the trace shows the GPU's work rather than
+    the host's launch gaps. With several ranks (all on
     this host: the process group rendezvous is on 127.0.0.1), rank 0 then reads every
     rank's trace and adds `trace_matched_overlap_per_rank` (traces/metrics.py: the overlap
     on communication intervals trimmed of the wait for the last rank)."""
@@ -132,16 +134,16 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
 
         ablation = {"noshared": lambda: kernel(x, w, ids, with_shared=False), "shared": shared_alone}
     kernel.phases = rec
-    device = torch.device("cuda", torch.cuda.current_device()) if align is not None else None
+    device = sync.device if sync.device is not None and sync.device.type == "cuda" else None
     lead = 0
     try:
-        if barrier is not None and device is not None:  # collective: the same calls on every rank
+        if device is not None:  # collective on several ranks: the same calls on every rank
             lead = max(timing.lead_cycles(f, device, agree) for f in [fn, *(ablation or {}).values()])
     except BaseException:
         kernel.phases = NULL_PHASES
         raise
 
-    start = timing.sample_start(barrier, flush, align, lead) if (align is not None or flush is not None) else barrier
+    start = timing.sample_start(barrier, flush, align, lead) if (device is not None or flush is not None) else barrier
     try:
         torch_trace.capture(fn, path, samples=combo.trace_samples, combo_key=key, barrier=start,
                             ablation=ablation)

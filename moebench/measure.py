@@ -33,6 +33,7 @@ class RankSync:
     flush: Optional[Callable[[], None]]
     align: Optional[Callable[[], None]]
     agree: Optional[Callable[[float], float]]
+    device: Optional[torch.device] = None  # where the samples run (a hold precedes each on a GPU)
 
     def kwargs(self) -> dict:
         """As keyword arguments of timing.time_samples / time_interleaved."""
@@ -44,7 +45,7 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
     samples (benchmarks/ use it too)."""
     flush = timing.L2Flusher(device) if device.type == "cuda" and l2_flush else None
     if group is None:
-        return RankSync(None, flush, None, None)
+        return RankSync(None, flush, None, None, device)
 
     def barrier():
         if device.type == "cuda":
@@ -59,7 +60,7 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
         # each sample's start event fires at the same moment on every rank
         one = torch.zeros(1, device=device)
         align = lambda: dist.all_reduce(one, group=group)  # noqa: E731
-    return RankSync(barrier, flush, align, agree)
+    return RankSync(barrier, flush, align, agree, device)
 
 
 def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device,
@@ -85,11 +86,11 @@ def _median(xs: list[float]) -> float:
 
 
 def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
-    """Spin cycles before each phase sample on several GPUs (timing.lead_cycles), measured
-    with the phase recorder on, whose events cost enqueue time; 0 on the CPU or one rank.
-    Collective. Call it before the timed samples: measuring idles the GPU for ~60 ms,
-    which the time-based warm-up then undoes."""
-    if sync.barrier is None or device.type != "cuda":
+    """Spin cycles of the hold before each phase sample on a GPU (timing.lead_cycles),
+    measured with the phase recorder on, whose events cost enqueue time; 0 on the CPU.
+    Collective on several ranks. Call it before the timed samples: measuring idles the GPU
+    for ~100 ms, which the time-based warm-up then undoes."""
+    if device.type != "cuda":
         return 0
     kernel.phases = rec
     try:
@@ -100,8 +101,8 @@ def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
 
 def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: int = 0) -> dict:
     """Median µs per phase over `reps` forwards, each started as the timed samples are
-    (barrier, flush, align and `lead` spin cycles: without them a launch-bound phase would
-    carry the host's launch latency)."""
+    (barrier, flush, align and a hold of `lead` spin cycles: without it a launch-bound phase
+    would carry the host's launch latency)."""
     from .traces.nvtx import sample_range
 
     per_phase: dict[str, list[float]] = {}
@@ -129,11 +130,16 @@ class Timed:
     no_shared_samples_us: Optional[list]
     shared_samples_us: Optional[list]
     phases_us: dict
+    host_paced: int = 0  # of the layer's samples (timing.Samples.host_paced)
 
 
-def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool) -> Timed:
+def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool,
+               hold_us: Optional[float] = None) -> Timed:
     """The layer's samples and, for the ablation, those of the layer without its shared
-    experts and of the shared experts alone, interleaved; then the phase samples."""
+    experts and of the shared experts alone, interleaved; then the phase samples. On a GPU
+    every sample waits behind a hold sized from `hold_us`, the host's enqueue time of one
+    eager forward (timing.time_interleaved), graph replays too, so that both see the GPU
+    busy alike."""
     x, w, ids = inputs
     fn = lambda: kernel(x, w, ids)  # noqa: E731
     fns = [fn]
@@ -141,17 +147,39 @@ def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, gr
         fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]
     lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
     timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,
-                                    align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree)
+                                    align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree,
+                                    hold_us=hold_us)
     phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else {}
     shared = kernel.shared is not None
-    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases)
+    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases,
+                 timed[0].host_paced)
+
+
+def paced_mode(mode: str, host_us: float, host_paced: int, reps: int) -> str:
+    """The timing mode a GPU row reports: `host` where the host set the pace of the layer's
+    samples (a forward that syncs the host, whose enqueue outlasts timing.HOST_SYNCS_US, or
+    more than timing.HOST_PACED_MAX of the samples started on the GPU before the host had
+    enqueued them), so that its latency is never read as GPU time; else `mode`."""
+    if host_us > timing.HOST_SYNCS_US or (reps and host_paced > timing.HOST_PACED_MAX * reps):
+        return "host"
+    return mode
+
+
+def host_time_note(host_us: float, host_paced: int, reps: int) -> str:
+    """Why a row's latency is host time (its timing_mode `host`)."""
+    if host_us > timing.HOST_SYNCS_US:
+        return (f"the forward syncs the host (its enqueue takes {host_us / 1e3:.1f} ms behind a busy GPU): "
+                "the host paced every sample")
+    return (f"{host_paced} of {reps} samples started on the GPU before the host had enqueued them, "
+            "with the hold doubled twice: the host paced them")
 
 
 def host_enqueue(kernel: MoEKernel, inputs, device) -> float:
-    """µs the host takes to enqueue one eager forward while the GPU is busy (NaN on the CPU):
-    an eager forward whose enqueue takes about its latency times the host, not the GPU.
-    Measure it before the timed samples (it idles the GPU ~60 ms, which their warm-up undoes)
-    and outside an nsys capture (its spin kernels would land in the report)."""
+    """µs the host takes to enqueue one eager forward while the GPU is busy, the median of
+    five (NaN on the CPU): the host time of the layer, a figure of its own beside the GPU
+    time, and what sizes the hold before each timed sample. Measure it before the timed
+    samples (it idles the GPU ~100 ms, which their warm-up undoes) and outside an nsys
+    capture (its spin kernels would land in the report)."""
     if device.type != "cuda":
         return float("nan")
     x, w, ids = inputs

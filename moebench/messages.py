@@ -34,12 +34,17 @@ class RankResult:
     status: str = "ok"  # ok | incorrect (failed / timeout / oom come as an Error)
     reason: str = ""
     rel_err: float = NAN
-    timing_mode: str = ""  # the mode that ran: events | graph | profiler
+    # the mode that ran: events | graph | profiler, or host where the host set the pace of the
+    # samples (measure.paced_mode): its latency is host time, not GPU time
+    timing_mode: str = ""
+    timing_note: str = ""  # why the timing that ran is not the requested replays, or is host time
     samples_us: list = field(default_factory=list)
     no_shared_samples_us: Optional[list] = None  # the ablation (layers with shared experts)
     shared_samples_us: Optional[list] = None
     phases_us: dict = field(default_factory=dict)  # phase -> median µs
     host_enqueue_us: float = NAN  # host time to enqueue one eager forward (timing.host_enqueue_us)
+    # samples the GPU started before the host had enqueued the whole forward (timing.Samples)
+    host_paced_samples: float = NAN
     # memory
     workspace_bytes_analytic: float = NAN
     analytic_peak_bytes: float = NAN

@@ -112,7 +112,8 @@ def empty_measurements() -> dict:
         "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
         "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
         "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
-        "timing_mode": "", "kernel_us": None, "host_enqueue_us": NAN, "memory_cap_bytes": NAN,
+        "timing_mode": "", "timing_note": "", "kernel_us": None, "host_enqueue_us": NAN, "host_paced_samples": NAN,
+        "memory_cap_bytes": NAN,
         "reserved_bytes_peak": NAN,
     }
     for p in PHASES:
@@ -145,7 +146,11 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         row.update(status=bad[0].status, reason=bad[0].reason)
         return row
     row["status"] = "ok"
-    row["timing_mode"] = ranks[0].timing_mode
+    # one rank paced by its host makes the row's figure host time (its samples are the max)
+    modes = {r.timing_mode for r in ranks}
+    row["timing_mode"] = "host" if "host" in modes else ranks[0].timing_mode
+    row["timing_note"] = next((r.timing_note for r in ranks if r.timing_mode == row["timing_mode"] and r.timing_note),
+                              "")
     samples = _elementwise_max([r.samples_us for r in ranks])
     row["samples_us"] = samples
     row["latency_us_median"] = _q(samples, 50)
@@ -168,7 +173,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
     for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
-              "host_enqueue_us", "memory_cap_bytes", "reserved_bytes_peak"):
+              "host_enqueue_us", "host_paced_samples", "memory_cap_bytes", "reserved_bytes_peak"):
         row[k] = _max(ranks, k)
     for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
               "expert_flops", "expert_bytes"):

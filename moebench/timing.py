@@ -1,6 +1,7 @@
 """Timing: CUDA events (or the host clock on CPU), CUDA-graph replay, raw
 samples with median / p20 / p80, an L2 flush between samples, ranks barriered
-before each sample."""
+before each sample, and a hold before each GPU sample so that the events time
+the GPU, not the host's launches."""
 from __future__ import annotations
 
 import math
@@ -13,13 +14,20 @@ import torch
 
 L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 NOISY_SPREAD = 1.10  # p80/p20 above this is reported as a wide spread
+HOST_SYNCS_US = 15_000.0  # a callable whose enqueue outlasts a 20 ms busy GPU waits on it
+# a row whose samples the host paced more often than this is host time (timing_mode "host"):
+# beyond a fifth of the samples the p20-p80 interval a verdict reads may hold host gaps
+HOST_PACED_MAX = 0.2
+HOLD_RETRIES = 2  # samples retaken with a doubled hold when the GPU caught up with the host
 
 
 @dataclass
 class Samples:
-    """Raw per-sample times in µs."""
+    """Raw per-sample times in µs; `host_paced` of them started on the GPU before the host
+    had enqueued the whole callable (their time may hold the host's launch gaps)."""
 
     us: list[float]
+    host_paced: int = 0
 
     def q(self, p: float) -> float:
         return float(np.percentile(self.us, p)) if self.us else float("nan")
@@ -40,6 +48,10 @@ class Samples:
     def spread(self) -> float:
         """p80 / p20 (1.0 = no spread)."""
         return self.p80 / self.p20 if self.us and self.p20 > 0 else float("nan")
+
+    @property
+    def host_paced_share(self) -> float:
+        return self.host_paced / len(self.us) if self.us else 0.0
 
 
 class L2Flusher:
@@ -68,9 +80,10 @@ def time_samples(
     graph: bool = False,
     warmup_ms: float = 0.0,
     agree: Optional[Callable[[float], float]] = None,
+    hold_us: Optional[float] = None,
 ) -> Samples:
     """Time fn() `reps` times after `warmup` calls (see time_interleaved)."""
-    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph, warmup_ms, agree)[0]
+    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph, warmup_ms, agree, hold_us)[0]
 
 
 def time_interleaved(
@@ -84,24 +97,34 @@ def time_interleaved(
     graph: bool = False,
     warmup_ms: float = 0.0,
     agree: Optional[Callable[[float], float]] = None,
+    hold_us: Optional[float] = None,
 ) -> list[Samples]:
     """Time several callables with their samples interleaved (A B C A B C ...),
     so that drift (clocks, temperature, other tenants of the host) hits them
     alike, which an ablation (the layer with and without its shared experts)
     needs; one Samples per callable, µs.
 
-    CUDA events on a GPU, the monotonic clock on CPU. One GPU rank: samples are
-    enqueued back to back, each after an L2 flush, and read once (as do_bench
-    does: the GPU never idles, the host's launch latency is hidden). Several
-    ranks: before each sample a barrier (all ranks start together), the L2
-    flush, then `align` (e.g. a one-element all-reduce on the GPU, so that the
-    ranks' start events fire together on the devices rather than when each
-    host gets there), then the start event, with no host sync in between.
-    As the barrier leaves the GPU idle, a short callable would be timed with its
-    host launch latency in it (a ~50 µs shared expert read 105-250 µs over 2
-    ranks): so each callable's host enqueue time is measured once behind a
-    busy GPU, and the GPU gets that much head start (a spin kernel between
-    `align` and the start event), unless the callable syncs the host anyway.
+    CPU: the monotonic clock around each call (after `barrier` on several ranks).
+
+    GPU, one rank or several: CUDA events around each sample, and before each the
+    barrier (several ranks: all start together), the L2 flush, `align` (several
+    ranks: a one-element all-reduce on the GPU, so that the ranks' start events
+    fire together on the devices) and a **hold**: a spin kernel long enough for the
+    host to enqueue the whole callable before the GPU reaches the start event, so
+    the events time the GPU's work, never the host's launches (an eager MoE layer
+    takes the host 0.5-2 ms to enqueue, more than its GPU time at decode sizes).
+    The hold is `hold_us` of host enqueue time (the eager forward's, so that graph
+    replays and eager samples see the same GPU duty cycle) or, without it, each
+    callable's own (host_enqueue_us), times 1.25 plus 20 µs. A callable whose
+    enqueue outlasts HOST_SYNCS_US syncs the host: it gets no hold (none would help).
+
+    After enqueueing a sample the host asks whether the GPU already passed its start
+    event: if so, the GPU waited for the host inside that sample (`host_paced`).
+    Should any sample be host-paced while holds were on, every sample is taken
+    again with the holds doubled (HOLD_RETRIES times at most; with several ranks
+    the decision is agreed). One rank reads its events once at the end; several
+    ranks wait for each sample's end before the next barrier.
+
     graph=True captures each callable in a CUDA graph and times its replays.
 
     warmup_ms (GPU only): after the `warmup` calls, keep calling for about this
@@ -116,51 +139,62 @@ def time_interleaved(
         for fn in fns:
             fn()
     _sync(device)
-    cuda = device.type == "cuda"
-    lead = [0] * len(fns)
-    if cuda and barrier is not None:
-        # before the time-based warm-up: measuring it spins the GPU idle for 3 x 20 ms a
-        # callable, long enough for the clock to climb back to its idle boost
-        lead = [lead_cycles(fn, device, agree) for fn in fns]
-    if warmup_ms > 0 and cuda:
+    if device.type != "cuda":
+        return _host_clock(fns, reps, barrier)
+    # before the time-based warm-up: measuring idles the GPU for 20 ms spins, long enough
+    # for the clock to climb back to its idle boost
+    if hold_us is None:
+        holds = [lead_cycles(fn, device, agree) for fn in fns]
+    else:
+        holds = [hold_cycles(agree(hold_us) if agree is not None else hold_us, device)] * len(fns)
+    if warmup_ms > 0:
         warm_for(fns, device, warmup_ms, flush, agree)
-    if cuda and barrier is None:
-        ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-              for _ in fns]
-        for i in range(reps):
-            for j, fn in enumerate(fns):
-                if flush is not None:
-                    flush()
-                ev[j][i][0].record()
-                fn()
-                ev[j][i][1].record()
-        torch.cuda.synchronize(device)
-        return [Samples([s.elapsed_time(e) * 1e3 for s, e in evs]) for evs in ev]
+    for attempt in range(HOLD_RETRIES + 1):
+        out = _held_samples(fns, device, reps, holds, barrier, flush, align)
+        # only a held callable can be helped by a longer hold
+        paced = float(sum(s.host_paced for s, h in zip(out, holds) if h))
+        if agree is not None:
+            paced = agree(paced)
+        if not paced or not any(holds) or attempt == HOLD_RETRIES:
+            return out
+        holds = [2 * h for h in holds]
+    return out  # pragma: no cover (the loop returns)
+
+
+def _host_clock(fns, reps: int, barrier) -> list[Samples]:
     out: list[list[float]] = [[] for _ in fns]
-    if cuda:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-    # here: several ranks (barrier set) or the CPU; the barrier also drains the GPU, the
-    # flush keeps it busy while the host enqueues, the spin (lead) while it enqueues fn
-    starts = [sample_start(barrier, flush, align, lead[j]) for j in range(len(fns))]
-    for i in range(reps):
+    for _ in range(reps):
         for j, fn in enumerate(fns):
-            starts[j]()
-            if cuda:
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                out[j].append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = time.perf_counter_ns()
-                fn()
-                out[j].append((time.perf_counter_ns() - t0) / 1e3)
+            if barrier is not None:
+                barrier()
+            t0 = time.perf_counter_ns()
+            fn()
+            out[j].append((time.perf_counter_ns() - t0) / 1e3)
     return [Samples(o) for o in out]
 
 
+def _held_samples(fns, device, reps: int, holds: list[int], barrier, flush, align) -> list[Samples]:
+    """One pass of `reps` interleaved samples, each after its start (barrier, flush, align,
+    hold); µs and the count of host-paced samples per callable."""
+    several = barrier is not None
+    events: list[list[tuple]] = [[] for _ in fns]
+    starts = [sample_start(barrier, flush, align, h) for h in holds]
+    for _ in range(reps):
+        for j, fn in enumerate(fns):
+            starts[j]()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            paced = s.query()  # the GPU passed the start before the host had enqueued all of fn
+            e.record()
+            if several:
+                e.synchronize()
+            events[j].append((s, e, paced))
+    torch.cuda.synchronize(device)
+    return [Samples([s.elapsed_time(e) * 1e3 for s, e, _ in evs], sum(p for _, _, p in evs)) for evs in events]
+
+
 _CYCLES_PER_US: dict = {}
-HOST_SYNCS_US = 15_000.0  # a callable whose enqueue outlasts a 20 ms busy GPU waits on it
 
 
 def back_to_back_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
@@ -189,10 +223,11 @@ def _cycles_per_us(device: torch.device) -> float:
     return _CYCLES_PER_US[device]
 
 
-def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int = 3) -> float:
-    """Median host time of calling fn() while the GPU has ~20 ms of work queued,
-    so no launch waits for the GPU: fn's pure enqueue cost. A result above
-    HOST_SYNCS_US means fn waits on the GPU (e.g. reads a count back)."""
+def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int = 5) -> float:
+    """Median host time (µs) of calling fn() while the GPU has ~20 ms of work queued,
+    so no launch waits for the GPU: fn's pure enqueue cost, the median of `tries`
+    calls. A result above HOST_SYNCS_US means fn waits on the GPU (e.g. reads a count
+    back)."""
     cyc = _cycles_per_us(device)
     out = []
     for _ in range(tries):
@@ -204,23 +239,27 @@ def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int =
     return float(np.median(out))
 
 
+def hold_cycles(enqueue_us: float, device: torch.device) -> int:
+    """Spin cycles of the hold before a sample whose callable takes the host `enqueue_us`
+    to enqueue: 1.25 x that + 20 µs; 0 for a callable that syncs the host."""
+    if not enqueue_us <= HOST_SYNCS_US:  # NaN too: no measurement, no hold
+        return 0
+    return int((1.25 * enqueue_us + 20.0) * _cycles_per_us(device))
+
+
 def lead_cycles(fn, device, agree) -> int:
-    """Spin cycles to put before fn's start event (0 when fn syncs the host): the head
-    start a multi-rank sample gives the GPU. Calls fn 3 times, then `agree` once (the
+    """The hold before each sample of fn (hold_cycles of its measured enqueue time; 0
+    when fn syncs the host). Calls fn `host_enqueue_us`'s tries, then `agree` once (the
     same calls on every rank, whatever each measures)."""
     us = host_enqueue_us(fn, device)
     if agree is not None:
         us = agree(us)
-    if us > HOST_SYNCS_US:
-        return 0
-    return int((1.25 * us + 20.0) * _cycles_per_us(device))
-
+    return hold_cycles(us, device)
 
 
 def sample_start(barrier=None, flush=None, align=None, lead: int = 0) -> Callable[[], None]:
-    """What precedes each sample on several ranks, outside its timing (timed, phase,
-    profiler and trace samples): the barrier, the
-    L2 flush, the GPU alignment, then `lead` spin cycles of head start (lead_cycles)."""
+    """What precedes each GPU sample, outside its timing (timed, phase, profiler and trace
+    samples): the barrier, the L2 flush, the GPU alignment, then `lead` spin cycles of hold."""
     def start() -> None:
         if barrier is not None:
             barrier()

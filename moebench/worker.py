@@ -22,9 +22,9 @@ from .derived import derived_figures, routing_counts
 from .kernels import registry
 from .layer import build_layer
 from .lifeline import die_with
-from .measure import check, host_enqueue, memory_figures, rank_sync, time_layer
-from .messages import Done, Error, Exited, RankResult, Result, Started, Task
-from .plan import timing_mode
+from .measure import check, host_enqueue, host_time_note, memory_figures, paced_mode, rank_sync, time_layer
+from .messages import NAN, Done, Error, Exited, RankResult, Result, Started, Task
+from .plan import timing_mode, timing_note
 from .workload import make_inputs, reference_expert_fn
 
 
@@ -105,15 +105,21 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     combo, shape, quant = task.combo, layer.ctx.shape, layer.ctx.quant
     x, w, ids = inputs
     fn = lambda: kernel(x, w, ids)  # noqa: E731
-    mode = timing_mode(combo, T)
+    mode, note = timing_mode(combo, T), timing_note(combo, T)
     reserved_base = memory.region_start(device)
     host_us = host_enqueue(kernel, inputs, device)
     with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
-        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph")
+        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us)
+    if device.type == "cuda":
+        paced = paced_mode(mode, host_us, timed.host_paced, len(timed.samples_us))
+        if paced != mode:
+            note = host_time_note(host_us, timed.host_paced, len(timed.samples_us))
+        mode = paced
     fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
               "no_shared_samples_us": timed.no_shared_samples_us,
               "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
-              **nsys_row}
+              "host_paced_samples": timed.host_paced if device.type == "cuda" else NAN,
+              "timing_note": note, **nsys_row}
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
     reserved = memory.reserved_peak_bytes(device, reserved_base)  # timed samples and phases

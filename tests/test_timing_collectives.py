@@ -26,6 +26,9 @@ class _Event:
     def elapsed_time(self, other):
         return 0.05  # ms
 
+    def query(self):
+        return False  # the GPU had not reached the sample's start when the host was done
+
 
 def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2) -> list:
     """Run time_interleaved as one rank whose callable takes `host_s` of host time;
@@ -57,12 +60,13 @@ def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2) -> list:
 
 
 def test_ranks_make_the_same_calls_whatever_their_hosts_measure(monkeypatch):
-    # each callable's enqueue time (agreed 120 µs, 30 ms), then the warm-up rounds (agreed 40)
-    agreed = [120.0, 30_000.0, 40.0]
+    # each callable's enqueue time (agreed 120 µs, 30 ms), then the warm-up rounds (agreed 40),
+    # then the host-paced samples over the ranks (agreed 0: no retake)
+    agreed = [120.0, 30_000.0, 40.0, 0.0]
     fast = _rank(monkeypatch, 1e-5, agreed)  # this rank's callables enqueue in 10 µs
     slow = _rank(monkeypatch, 0.03, agreed)  # this one's wait on its GPU (30 ms)
     assert fast == slow
-    assert fast.count(("agree",)) == 3
+    assert fast.count(("agree",)) == 4
     # the head start: the agreed 120 µs for the first callable, none for one that syncs the host
     sleeps = [e for e in fast if e[0] == "sleep" and e[1] < 20_000 * 1000]
     assert sleeps == [("sleep", int((1.25 * 120 + 20) * 1000))] * 3
@@ -70,8 +74,18 @@ def test_ranks_make_the_same_calls_whatever_their_hosts_measure(monkeypatch):
     assert fast[j - 1] == ("align",) and fast[j + 1] == ("fn", 0)
     # the head start is measured before the time-based warm-up (its 20 ms spins idle the
     # GPU), so sampling follows the warm-up rounds directly
-    last_agree = max(i for i, e in enumerate(fast) if e == ("agree",))
-    assert fast[last_agree + 1:].index(("barrier",)) == 40 * 2
+    warm_agree = [i for i, e in enumerate(fast) if e == ("agree",)][2]
+    assert fast[warm_agree + 1:].index(("barrier",)) == 40 * 2
+
+
+def test_a_retake_of_host_paced_samples_is_agreed(monkeypatch):
+    """A rank whose GPU caught up with its host asks for a retake; the agreed count decides
+    on every rank, and the retake doubles the holds."""
+    agreed = [120.0, 120.0, 40.0, 1.0, 0.0]  # one host-paced sample somewhere: retake once
+    log = _rank(monkeypatch, 1e-5, agreed)
+    hold = int((1.25 * 120 + 20) * 1000)
+    sleeps = [e[1] for e in log if e[0] == "sleep" and e[1] < 20_000 * 1000]
+    assert sleeps == [hold] * 6 + [2 * hold] * 6  # 3 reps x 2 callables, then again doubled
 
 
 def test_one_rank_and_cpu_paths_ask_nothing_of_the_others(monkeypatch):
@@ -97,8 +111,8 @@ def test_lead_cycles_is_zero_for_a_callable_that_syncs_the_host(monkeypatch, hos
 
 
 def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
-    """The per-phase samples start like the timed ones: on several GPUs, the head start is
-    measured (with the phase recorder on) and agreed; on the CPU or one rank, never."""
+    """The per-phase samples start like the timed ones: on a GPU (one rank or several) the
+    hold is measured with the phase recorder on (and agreed over ranks); on the CPU, never."""
     from moebench import measure
     from moebench.measure import RankSync
     from moebench.traces.nvtx import make_phase_recorder
@@ -125,7 +139,8 @@ def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
     assert measure.phase_head_start(kernel, fn, rec, ranks, CUDA) == 0
     assert asked == [(CUDA, agree)] and seen == [True] and kernel.phases is not rec
     assert measure.phase_head_start(kernel, fn, rec, ranks, torch.device("cpu")) == 0  # gloo
-    assert measure.phase_head_start(kernel, fn, rec, RankSync(None, None, None, None), CUDA) == 0  # one rank
     assert len(asked) == 1
+    assert measure.phase_head_start(kernel, fn, rec, RankSync(None, None, None, None), CUDA) == 0  # one GPU
+    assert asked[1] == (CUDA, None) and len(asked) == 2
     out = measure.phase_samples(kernel, fn, rec, 3, ranks, lead=0)
-    assert "experts" in out and len(seen) == 4
+    assert "experts" in out and len(seen) == 5  # two measured holds, three phase samples

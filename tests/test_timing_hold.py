@@ -1,0 +1,141 @@
+"""The hold before each GPU sample (moebench/timing.py), on the CPU: a small model of one
+CUDA stream stands in for the GPU. The host pays a launch cost per kernel and the stream
+runs the kernels in order, each starting when both the previous one ended and the host
+had launched it; events complete when the stream reaches them. What is checked is the
+timing loop's logic against that model, not a figure of a real GPU (tests/gpu does that):
+
+- a forward whose host enqueue is longer than its GPU work reads its GPU time, with no
+  host-paced sample, once each sample waits behind its hold; without the hold the same
+  loop would read the host's launch time;
+- a forward that syncs the host inside is detected (its enqueue outlasts HOST_SYNCS_US),
+  gets no hold, every sample is host-paced, and the row's timing mode says `host`;
+- a host that is sometimes slower than the hold makes the loop take the samples again
+  with a doubled hold.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moebench import measure, timing
+
+CUDA = torch.device("cuda", 0)
+CYCLES_PER_US = 1000.0
+
+
+class Stream:
+    """One in-order stream and the host beside it, in µs."""
+
+    def __init__(self):
+        self.host = 0.0  # the host's clock
+        self.gpu = 0.0  # when the stream has finished everything launched so far
+
+    def launch(self, gpu_us: float, host_us: float) -> float:
+        """The host spends `host_us` launching a kernel of `gpu_us`; returns when it ends."""
+        self.host += host_us
+        self.gpu = max(self.gpu, self.host) + gpu_us
+        return self.gpu
+
+    def sync(self) -> None:
+        self.host = max(self.host, self.gpu)
+
+
+class Event:
+    stream: Stream = None
+
+    def __init__(self, enable_timing=True):
+        self.at = None
+
+    def record(self):
+        self.at = Event.stream.launch(0.0, 1.0)
+
+    def query(self):
+        return self.at <= Event.stream.host
+
+    def synchronize(self):
+        Event.stream.host = max(Event.stream.host, self.at)
+
+    def elapsed_time(self, other):
+        return (other.at - self.at) / 1e3  # ms
+
+
+@pytest.fixture
+def stream(monkeypatch):
+    st = Stream()
+    Event.stream = st
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: st.launch(cycles / CYCLES_PER_US, 5.0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: st.sync())
+    monkeypatch.setattr(timing, "_sync", lambda device: st.sync())
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: st.host / 1e6)
+    monkeypatch.setitem(timing._CYCLES_PER_US, CUDA, CYCLES_PER_US)
+    return st
+
+
+def layer(st: Stream, kernels: int = 15, gpu_us: float = 20.0, host_us: float = 50.0, sync_at: int = -1):
+    """An eager forward: `kernels` launches of `host_us` host time and `gpu_us` GPU time each
+    (a Triton launcher's ~50 µs against short kernels); `sync_at`: the host waits for the GPU
+    after that many launches (reading a count back)."""
+    def fn():
+        for i in range(kernels):
+            st.launch(gpu_us, host_us)
+            if i == sync_at:
+                st.sync()
+    return fn
+
+
+def test_held_samples_time_the_gpu_not_the_launches(stream):
+    fn = layer(stream)  # 300 µs of GPU work, 750 µs of host enqueue
+    held = timing.time_samples(fn, CUDA, reps=10, warmup=2)
+    assert held.host_paced == 0
+    assert held.median == pytest.approx(300.0, abs=2.0)  # the kernels' time (and the event's)
+    # the same loop with the hold forced off reads the host's launch time
+    unheld = timing.time_samples(fn, CUDA, reps=10, warmup=2, hold_us=float("nan"))
+    assert unheld.host_paced == 10 and unheld.median == pytest.approx(750.0, abs=5.0)
+
+
+def test_the_hold_follows_the_eager_forward_for_every_callable(stream):
+    """hold_us (the eager forward's enqueue) holds every interleaved callable alike, so a
+    cheap callable (a graph replay, the shared experts alone) sees the same duty cycle."""
+    slow, cheap = layer(stream), layer(stream, kernels=2, host_us=5.0)
+    out = timing.time_interleaved([slow, cheap], CUDA, reps=5, warmup=1, hold_us=750.0)
+    assert [s.host_paced for s in out] == [0, 0]
+    assert out[0].median == pytest.approx(300.0, abs=2.0) and out[1].median == pytest.approx(40.0, abs=2.0)
+
+
+def test_a_forward_that_syncs_the_host_is_detected_and_labelled(stream):
+    fn = layer(stream, sync_at=7)
+    host_us = timing.host_enqueue_us(fn, CUDA)  # the host waits for the 20 ms of queued work
+    assert host_us > timing.HOST_SYNCS_US
+    assert timing.hold_cycles(host_us, CUDA) == 0  # no hold would help
+    s = timing.time_samples(fn, CUDA, reps=10, warmup=1, hold_us=host_us)
+    assert s.host_paced == 10  # every sample started before the host had enqueued it
+    mode = measure.paced_mode("events", host_us, s.host_paced, len(s.us))
+    assert mode == "host"
+    assert "syncs the host" in measure.host_time_note(host_us, s.host_paced, len(s.us))
+
+
+def test_a_host_slower_than_its_hold_gets_the_samples_taken_again(stream):
+    """The enqueue measured at 750 µs; later forwards take the host 1300 µs (another tenant
+    of the host): the GPU catches up with the host inside those samples, so every sample is
+    taken again with the hold doubled, and then none is host-paced."""
+    costs = iter([50.0] * 15 * 5 + [86.7] * 10_000)  # the measurement's five calls, then slower
+
+    def fn():
+        for _ in range(15):
+            stream.launch(20.0, next(costs))
+
+    hold = timing.hold_cycles(timing.host_enqueue_us(fn, CUDA), CUDA)
+    first = timing._held_samples([fn], CUDA, 10, [hold], None, None, None)[0]
+    assert first.host_paced == 10  # the hold (957 µs) is shorter than 1300 µs of launches
+    costs = iter([50.0] * 15 * 5 + [86.7] * 10_000)
+    s = timing.time_samples(fn, CUDA, reps=10, warmup=0)
+    assert s.host_paced == 0 and s.median == pytest.approx(300.0, abs=2.0)
+    assert measure.paced_mode("events", 750.0, s.host_paced, len(s.us)) == "events"
+
+
+def test_paced_mode_thresholds():
+    assert measure.paced_mode("graph", 500.0, 0, 30) == "graph"
+    assert measure.paced_mode("events", 500.0, 6, 30) == "events"  # a fifth: still GPU time
+    assert measure.paced_mode("events", 500.0, 7, 30) == "host"
+    assert measure.paced_mode("profiler", 16_000.0, 0, 30) == "host"
