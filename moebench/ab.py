@@ -140,4 +140,5 @@ def ab_command(args) -> int:
                 except ValueError as e:  # leave it, say so
                     log(f"could not remove {tree}: {e}")
     return compare_command([str(out / "base"), str(out / "cand")], None, str(out / "report"), args.threshold,
-                           args.format, args.fail_on, names=(args.base_rev, args.cand_rev))
+                           args.format, args.fail_on, names=(args.base_rev, args.cand_rev),
+                           cpu_verdict=args.cpu_verdict)

@@ -27,6 +27,9 @@ def _compare_options(p) -> None:
                    help="what exits 1, a comma list of slower, broken, memory (workspace larger), missing "
                    "(a baseline row the candidate lacks), empty (no row ok on both sides), env (environments "
                    "not comparable), or none (default: %(default)s)")
+    p.add_argument("--cpu-verdict", action="store_true",
+                   help="give CPU rows faster / slower verdicts too (CPU figures are pipeline checks: by "
+                   "default two CPU runs compare without a verdict and exit 0)")
     p.add_argument("--format", default="md", choices=("md", "csv", "json"),
                    help="what stdout gets: the verdict and table (md), the table (csv), everything (json); "
                    "the report folder gets report.md and, for csv / json, the tables' files (default: md)")
@@ -294,11 +297,12 @@ def main(argv=None) -> int:
             if not args.run and not (args.baseline and args.candidate):
                 raise ValueError("give a run directory, or --baseline A --candidate B")
             return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format,
-                                  args.fail_on)
+                                  args.fail_on, args.cpu_verdict)
         if args.cmd == "compare":
             from .report.command import compare_command
 
-            return compare_command(args.runs, args.axis, args.out, args.threshold, args.format, args.fail_on)
+            return compare_command(args.runs, args.axis, args.out, args.threshold, args.format, args.fail_on,
+                                   cpu_verdict=args.cpu_verdict)
         if args.cmd == "ab":
             from .ab import ab_command
 

@@ -108,13 +108,14 @@ def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame
         keys[is_a].reset_index(drop=True), keys[is_b].reset_index(drop=True)
 
 
-def compare_axis(df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, alpha: float = 0.05) -> Comparison:
+def compare_axis(df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, alpha: float = 0.05,
+                 cpu_verdict: bool = False) -> Comparison:
     """Pairs of rows of one run that differ only in ``axis`` (module doc), compared as
     baseline (A) and candidate (B). The matched rows show their shared identity; a column
     whose two values differ reads 'A→B' (the axis itself, a dropped knob)."""
     axis = parse_axis(axis) if isinstance(axis, str) else axis
     base, cand, bk, ck = axis_sides(df, axis)
-    cmp = compare_pairs(base, cand, bk, ck, threshold, alpha, shown="cand", axis=axis)
+    cmp = compare_pairs(base, cand, bk, ck, threshold, alpha, shown="cand", axis=axis, cpu_verdict=cpu_verdict)
     m = cmp.matched
     if len(m):
         b_ident = base.iloc[[i for i, _ in cmp.pairs]][SHOWN_COLUMNS + ["knobs"]].reset_index(drop=True)

@@ -45,7 +45,8 @@ def _finish(doc, path: Path, fmt: str) -> int:
 
 
 def report_command(run: str | None, baseline: str | None, candidate: str | None,
-                   out: str | None, threshold: float = 1.05, fmt: str = "md", fail_on=None) -> int:
+                   out: str | None, threshold: float = 1.05, fmt: str = "md", fail_on=None,
+                   cpu_verdict: bool = False) -> int:
     """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
     comparison's exit status)."""
     fmt = _check_format(fmt)
@@ -56,14 +57,15 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
         raise ValueError("nothing to report: `moebench report RUN` for one run, or "
                          "`moebench report --baseline A --candidate B` to compare two")
     _exists(candidate, baseline)
-    rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on))
+    rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
     return _finish(rep.doc, rep.path, fmt)
 
 
 def compare_command(runs: list[str], axis: str | None = None, out: str | None = None, threshold: float = 1.05,
-                    fmt: str = "md", fail_on=None, names: tuple[str, str] | None = None) -> int:
+                    fmt: str = "md", fail_on=None, names: tuple[str, str] | None = None,
+                    cpu_verdict: bool = False) -> int:
     """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
-    replaces the runs' folder names in the report."""
+    replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
     fmt = _check_format(fmt)
     fail = _fail_on(fail_on)
     if axis is not None:
@@ -74,7 +76,7 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
         ax = parse_axis(axis)
         _exists(runs[0])
         df, env = load_run(runs[0])
-        cmp = compare_axis(df, ax, threshold)
+        cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
         cmp.base_env = cmp.cand_env = env
         where = Path(out) if out else default_report_dir(runs[0], f"axis-{ax.field}-{ax.a}-{ax.b}")
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
@@ -85,7 +87,7 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
     _exists(base, cand)
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
-    cmp = compare_runs(base_df, cand_df, threshold=threshold)
+    cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = names or _names(Path(base), Path(cand))
     where = Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}")

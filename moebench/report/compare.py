@@ -13,7 +13,11 @@ only when
 3. where both rows carry >= ``MIN_SAMPLES`` raw samples, a two-sided Mann-Whitney U test
    on ``samples_us`` gives p < ``alpha``;
 
-otherwise "~". The size of a change is the ratio with a 95 % bootstrap interval of the
+otherwise "~". A pair whose latency is no GPU time on one side gets no faster / slower
+verdict (report/flags.py figure_basis): "host" where a side is host time (the host paced its
+samples, or an older eager row was host-bound), "cpu" where both are CPU rows, which are
+pipeline checks (``cpu_verdict=True``, `--cpu-verdict`, asks for the verdict anyway). The
+size of a change is the ratio with a 95 % bootstrap interval of the
 samples' ratio of medians (report/stats.py); a "~" pair whose interval excludes 1 and
 whose p is below alpha is ``significant``: a real change not called (under the threshold,
 or past it with overlapping p20–p80 intervals). Status
@@ -36,10 +40,12 @@ __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "lat
 
 # what a matched row shows of its combination (the candidate's; the key makes both sides equal)
 SHOWN_COLUMNS = SHOWN_IDENTITY
-VERDICT_ORDER = ["broken", "slower", "skipped", "faster", "fixed", "~", "n/a"]
+VERDICT_ORDER = ["broken", "slower", "skipped", "faster", "fixed", "~", "host", "cpu", "n/a"]
+NO_VERDICT = ("host", "cpu")  # ok on both sides, but a figure no verdict may rest on
 BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
-SIDE_COLUMNS = ["status", "reason", "timing_mode", "latency_us_median", "latency_us_p20", "latency_us_p80",
-                "samples_us", "combo_key", "host_enqueue_us", "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS
+SIDE_COLUMNS = ["status", "reason", "timing_mode", "timing_note", "latency_us_median", "latency_us_p20",
+                "latency_us_p80", "samples_us", "combo_key", "host_enqueue_us", "host_paced_samples",
+                "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS
 # what a non-zero exit status may be asked to mean (--fail-on); docs/design.md, "Exit status"
 FAIL_ON = ("slower", "broken", "memory", "missing", "empty", "env")
 DEFAULT_FAIL_ON = ("slower", "broken", "empty")
@@ -77,6 +83,7 @@ class Comparison:
     baseline_name: str = "baseline"
     candidate_name: str = "candidate"
     pairs: list = field(default_factory=list, repr=False)  # (baseline row, candidate row) per matched row
+    cpu_verdict: bool = False  # CPU pairs were given verdicts (--cpu-verdict)
 
     def counts(self) -> dict[str, int]:
         """Number of matched rows per verdict (all verdicts present, zeros included)."""
@@ -89,9 +96,18 @@ class Comparison:
         m = self.matched
         return m[(m["base_status"] == "ok") & (m["cand_status"] == "ok")]
 
+    @property
+    def judged(self) -> pd.DataFrame:
+        """Matched rows ok on both sides whose figures may carry a verdict (GPU time, or CPU
+        time under --cpu-verdict)."""
+        m = self.comparable
+        return m[~m["verdict"].isin(NO_VERDICT)]
+
     def geomean(self) -> tuple[float, float, float]:
-        """Geometric mean of the ratios of the rows ok on both sides, with its interval."""
-        ok = (self.matched["base_status"] == "ok") & (self.matched["cand_status"] == "ok")
+        """Geometric mean of the ratios of the judged rows (ok on both sides, figures a
+        verdict may rest on), with its interval."""
+        ok = (self.matched["base_status"] == "ok") & (self.matched["cand_status"] == "ok") & \
+            ~self.matched["verdict"].isin(NO_VERDICT)
         idx = np.flatnonzero(ok.to_numpy())
         return geometric_mean(self.matched["ratio"].to_numpy()[idx],
                               [self.resampled[i] for i in idx] if self.resampled else [])
@@ -140,7 +156,7 @@ def _prepared(df: pd.DataFrame) -> pd.DataFrame:
     for col in SHOWN_COLUMNS + SIDE_COLUMNS + ["knobs"]:
         if col not in df.columns:
             df[col] = "" if col == "knobs" else None
-    for col in MEMORY_COLUMNS + PHASE_COLUMNS + ["host_enqueue_us", "analytic_peak_bytes"]:
+    for col in MEMORY_COLUMNS + PHASE_COLUMNS + ["host_enqueue_us", "host_paced_samples", "analytic_peak_bytes"]:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df.reset_index(drop=True)
 
@@ -156,9 +172,25 @@ def _workspace(row: dict, side: str) -> float:
     return peak if np.isfinite(peak) else row[f"{side}_workspace_bytes_analytic"]
 
 
+def basis_verdict(verdict: str, base: dict, cand: dict, cpu_verdict: bool = False) -> tuple[str, str]:
+    """(verdict, why): a pair ok on both sides whose figures are not both GPU time gets
+    "host" (a side is host time) or "cpu" (CPU rows, unless ``cpu_verdict``) instead of its
+    latency verdict; other pairs keep it. ``base`` / ``cand``: row values (device included)."""
+    if verdict not in ("slower", "faster", "~"):
+        return verdict, ""
+    from .flags import CPU, HOST, figure_basis
+
+    (bb, bw), (cb, cw) = figure_basis(base), figure_basis(cand)
+    if HOST in (bb, cb):
+        return "host", bw if bb == HOST else cw
+    if CPU in (bb, cb) and not cpu_verdict:
+        return "cpu", bw if bb == CPU else cw
+    return verdict, ""
+
+
 def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, cand_keys: pd.Series,
                   threshold: float = 1.05, alpha: float = 0.05, min_samples: int = MIN_SAMPLES,
-                  shown: str = "cand", axis: Optional[Axis] = None) -> Comparison:
+                  shown: str = "cand", axis: Optional[Axis] = None, cpu_verdict: bool = False) -> Comparison:
     """Pair each candidate row with every baseline row of the same key (keys: one text per
     row, aligned with the frames' rows; two runs' keys are unique per side, an axis's may
     not be) and give each pair a verdict (module doc). ``shown`` names the side whose identity
@@ -182,33 +214,39 @@ def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, 
     for row in matched.to_dict("records"):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
+        where = {k: row.get(k) for k in ("device", "world_size", "tokens_per_rank")}
+        v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
         boot = bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) \
             if np.isfinite(r) else np.empty(0)
         lo, hi = interval(boot)
         sig = bool(np.isfinite(r) and not (p >= alpha) and np.isfinite(lo) and (lo > 1.0 or hi < 1.0))
         if v in ("slower", "faster"):
             sig = True
+        if v in NO_VERDICT:
+            sig = False
         mv, mr = memory_verdict(_workspace(row, "base"), _workspace(row, "cand"), threshold)
         db, dc = row["base_device_bytes_peak"], row["cand_device_bytes_peak"]
         dr = dc / db if np.isfinite(db) and np.isfinite(dc) and db > 0 else float("nan")
-        out.append(dict(ratio=r, ci_lo=lo, ci_hi=hi, p_value=p, significant=sig, verdict=v,
+        out.append(dict(ratio=r, ci_lo=lo, ci_hi=hi, p_value=p, significant=sig, verdict=v, no_verdict_why=why,
                         mem_ratio=mr, mem_verdict=mv, dev_ratio=dr))
         resampled.append(boot)
     stats = pd.DataFrame(out, columns=["ratio", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
-                                       "mem_ratio", "mem_verdict", "dev_ratio"])
+                                       "no_verdict_why", "mem_ratio", "mem_verdict", "dev_ratio"])
     matched = pd.concat([matched, stats], axis=1)
     matched["label"] = combo_labels(matched).values if len(matched) else []
     only_b = base[~bk.isin(set(ck))].reset_index(drop=True)
     only_c = cand[~ck.isin(set(bk))].reset_index(drop=True)
-    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled, pairs=pairs)
+    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled, pairs=pairs,
+                      cpu_verdict=cpu_verdict)
 
 
 def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: float = 1.05,
-                 alpha: float = 0.05, min_samples: int = MIN_SAMPLES) -> Comparison:
+                 alpha: float = 0.05, min_samples: int = MIN_SAMPLES, cpu_verdict: bool = False) -> Comparison:
     """Match candidate rows to baseline rows on (combo_key, tokens) and give each pair a
     verdict (module doc). Both frames are as ``load_run`` returns them (µs, bytes)."""
     base, cand = _prepared(baseline), _prepared(candidate)
-    return compare_pairs(base, cand, run_keys(base), run_keys(cand), threshold, alpha, min_samples)
+    return compare_pairs(base, cand, run_keys(base), run_keys(cand), threshold, alpha, min_samples,
+                         cpu_verdict=cpu_verdict)
 
 
 def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str]]:

@@ -3,8 +3,10 @@
 Per ok row (``row_flags``), each a short tag:
 
 - ``spread``: p80/p20 above moebench.timing.NOISY_SPREAD (1.10): one figure of a noisy row;
-- ``host-bound``: events timing and the host's enqueue of one forward (``host_enqueue_us``)
-  at least HOST_BOUND (0.8) of the median: the events time the host's launches, not the GPU;
+- ``host-bound``: the latency is the host's time, not the GPU's: the host set the pace of the
+  samples (timing_mode ``host``: moebench/measure.py paced_mode), or, in rows timed before
+  each sample had its hold (no ``host_paced_samples``), events timing with the host's enqueue
+  of one forward (``host_enqueue_us``) at least HOST_BOUND (0.8) of the median;
 - ``host-sync``: the enqueue outlasts moebench.timing.HOST_SYNCS_US: the layer waits on the
   GPU inside a forward, so its events include host round trips;
 - ``gpu-idle``: profiler timing and the phases' kernel busy time under GPU_IDLE (0.5) of the
@@ -15,6 +17,9 @@ Per ok row (``row_flags``), each a short tag:
   other conditions than the timed ones, e.g. a CPU run beside other work);
 - ``eager-decode``: events timing of one rank at or below the graph size (decode sizes) with
   no ``host_enqueue_us`` (rows older than it): possibly host-bound, unknown.
+
+``figure_basis`` says what a row's latency measures (GPU time, host time or CPU time): the
+summary, ``compare``'s verdicts and ``tune --results`` rank rows on GPU time only.
 
 Per run (``run_notes``): a git sha that names no commit, a dirty tree, several commits in
 one run, and the ``caveats.md`` stored with the run (its folder and those above it).
@@ -37,8 +42,8 @@ PHASE_FACTOR = 2.0  # events: overlapped phases (shared experts beside dispatch)
 DECODE_TOKENS = 256  # runner.graph_max_tokens' default
 FLAG_TEXT = {
     "spread": f"wide spread (p80/p20 > {NOISY_SPREAD:.2f}): more runner.reps or a quieter machine",
-    "host-bound": f"host-bound: the host's enqueue of a forward is ≥ {HOST_BOUND:.0%} of the events' median, "
-                  "which time the launches, not the GPU (runner.timing=auto or graph)",
+    "host-bound": "host-bound: the latency is host time (the host paced the samples; or, in rows from before "
+                  f"each sample's hold, an enqueue ≥ {HOST_BOUND:.0%} of the events' median): no GPU-time figure",
     "host-sync": f"the layer syncs the host (enqueue > {HOST_SYNCS_US / 1e3:.0f} ms): its events include host waits",
     "gpu-idle": f"GPU busy under {GPU_IDLE:.0%} of the latency (profiler phases): the host bounds the sample",
     "phases≠latency": f"phases off the latency (by > {PHASE_GAP:.0%} under graph timing, > {PHASE_FACTOR:g}× "
@@ -68,11 +73,12 @@ def flags_of(row) -> list[str]:
     if np.isfinite(p20) and p20 > 0 and p80 / p20 > NOISY_SPREAD:
         out.append("spread")
     host = _num(row, "host_enqueue_us")
-    if np.isfinite(host):
-        if host > HOST_SYNCS_US:
-            out.append("host-sync")
-        elif mode == "events" and np.isfinite(med) and host >= HOST_BOUND * med:
-            out.append("host-bound")
+    held = np.isfinite(_num(row, "host_paced_samples"))  # timed with a hold before each sample
+    if np.isfinite(host) and host > HOST_SYNCS_US:
+        out.append("host-sync")
+    elif mode == "host" or (not held and mode == "events" and np.isfinite(host) and np.isfinite(med)
+                            and host >= HOST_BOUND * med):
+        out.append("host-bound")
     phases = [_num(row, c) for c in PHASE_COLUMNS]
     total = float(np.nansum(phases)) if any(np.isfinite(phases)) else float("nan")
     if mode == "profiler" and np.isfinite(total) and np.isfinite(med) and total < GPU_IDLE * med:
@@ -88,6 +94,27 @@ def flags_of(row) -> list[str]:
             and np.isfinite(tokens) and tokens <= DECODE_TOKENS):
         out.append("eager-decode")
     return out
+
+
+GPU, HOST, CPU = "gpu", "host", "cpu"
+
+
+def figure_basis(row) -> tuple[str, str]:
+    """(basis, why) of an ok row's latency: GPU time, host time (the host set the pace, the
+    layer syncs it, or an older eager row that was host-bound or may have been), or CPU time
+    (a pipeline check). Verdicts, fastest names and tuned tables rest on GPU time only."""
+    if str(row.get("device")) == "cpu":
+        return CPU, "CPU time: a pipeline check, no performance figure"
+    if str(row.get("timing_mode")) == "host":
+        note = row.get("timing_note")
+        return HOST, "host time: " + (str(note) if isinstance(note, str) and note else "the host paced the samples")
+    tags = flags_of(row)
+    # rows from before each sample had its hold: the old signs of a host-paced figure
+    older = ("host-bound", "eager-decode", "gpu-idle") if not np.isfinite(_num(row, "host_paced_samples")) else ()
+    for tag in ("host-sync", *older):
+        if tag in tags:
+            return HOST, "host time: " + FLAG_TEXT[tag]
+    return GPU, ""
 
 
 def row_flags(df: pd.DataFrame) -> pd.Series:

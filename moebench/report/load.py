@@ -36,7 +36,7 @@ PROVENANCE_COLUMNS = ["trace_path", "gpu", "git_sha", "env_id", "timestamp"]
 # from an older or newer schema version.
 REQUIRED_COLUMNS = ["combo_key", "backend", "experts", "reduction", "overlap", "model", "quant",
                     "world_size", "tokens_per_rank", "status"] + LATENCY_COLUMNS
-OPTIONAL_NUMERIC = (["rel_err", "host_enqueue_us", "analytic_peak_bytes"] + PHASE_COLUMNS
+OPTIONAL_NUMERIC = (["rel_err", "host_enqueue_us", "host_paced_samples", "analytic_peak_bytes"] + PHASE_COLUMNS
                     + OVERLAP_COLUMNS + MEMORY_COLUMNS + RATE_COLUMNS)
 
 # Columns that name a combination in tables and plots, in display order; a table shows
@@ -131,6 +131,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
         if col not in df.columns:
             df[col] = None
     df["reason"] = df["reason"].fillna("") if "reason" in df.columns else ""
+    df["timing_note"] = df["timing_note"].fillna("") if "timing_note" in df.columns else ""
     if "samples_us" not in df.columns:
         df["samples_us"] = None
     df["knobs"] = df["knobs"].fillna("") if "knobs" in df.columns else ""

@@ -130,6 +130,7 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
         "## Status", tables.status_table(df), tables.reasons_table(df),
         "## Latency", tables.latency_table(df),
         _image(plots.plot_latency(df, out / "latency.png"), "latency vs tokens per rank"),
+        *(["## Host time per forward", host] if (host := tables.host_table(df)) else []),
         "## Phase breakdown", tables.phase_table(df),
         _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
         "## Shared-expert overlap", tables.overlap_table(df),
@@ -212,7 +213,7 @@ def stdout_text(doc: Doc, fmt: str) -> str:
 
 
 def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, fmt: str = "md",
-                 fail_on=None) -> Report:
+                 fail_on=None, cpu_verdict: bool = False) -> Report:
     """Write report.md and its PNGs for ``run_dir``; with ``baseline`` (a run path) the
     comparison comes first and the run's own sections follow. ``out_dir`` defaults to
     ``<run>/report``."""
@@ -226,7 +227,7 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, 
         doc = run_doc(df, env, run_dir, out)
         return Report(write(doc, out, fmt), df, env, None, doc)
     base_df, base_env = load_run(baseline)
-    cmp = compare_runs(base_df, df, threshold=threshold)
+    cmp = compare_runs(base_df, df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, env
     cmp.baseline_name, cmp.candidate_name = _names(Path(baseline), run_dir)
     doc = comparison_doc(cmp, out, [Path(baseline), run_dir], DEFAULT_FAIL_ON if fail_on is None else fail_on,

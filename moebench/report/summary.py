@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .compare_tables import pair_names
-from .flags import caveat_files, caveats_text, flag_summary, row_flags, run_notes
+from .flags import CPU, GPU, HOST, caveat_files, caveats_text, figure_basis, flag_summary, row_flags, run_notes
 from .load import (LATENCY_COLUMNS, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY,
                    constant_caption, display_columns, fmt_value, latest_rows)
 from .table import Column, Table
@@ -26,10 +26,17 @@ def _workloads(ok: pd.DataFrame) -> list[str]:
     return [c for c in ("model", "world_size", "simulate_ep", "routing", "seed", "tokens_per_rank") if c in ok.columns]
 
 
+def bases(ok: pd.DataFrame) -> pd.Series:
+    """figure_basis of each row: (gpu | host | cpu, why)."""
+    return pd.Series([figure_basis(r) for r in ok.to_dict("records")], index=ok.index, dtype=object)
+
+
 def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
-    """The largest margins of a fastest combination over the runner-up of its workload."""
+    """The largest margins of a fastest combination over the runner-up of its workload,
+    among the rows whose latency is GPU time (host and CPU time are never ranked)."""
     ok = latest_rows(df)
     ok = ok[(ok["status"] == "ok") & ok["latency_us_median"].notna()]
+    ok = ok[[b == GPU for b, _ in bases(ok)]] if len(ok) else ok
     if ok["combo_key"].nunique() < 2:
         return []
     names = pair_names(ok)
@@ -50,6 +57,25 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
         out.append((apart, margin, text))
     out.sort(key=lambda x: (not x[0], -x[1]))  # the separable margins first, largest first
     return [t for _, _, t in out[:limit]]
+
+
+def unranked_lines(df: pd.DataFrame) -> list[str]:
+    """The ok rows the summary does not rank, with why: host time (named), CPU time (counted)."""
+    ok = latest_rows(df)
+    ok = ok[(ok["status"] == "ok") & ok["latency_us_median"].notna()]
+    if not len(ok):
+        return []
+    b = bases(ok)
+    out = []
+    host = ok[[x == HOST for x, _ in b]]
+    if len(host):
+        names = pair_names(ok).loc[host.index]
+        shown = ", ".join(names.head(TOP)) + (f" (+{len(host) - TOP} more)" if len(host) > TOP else "")
+        out.append(f"not ranked, host time: {len(host)} row(s) — {shown}; {b.loc[host.index[0]][1]}")
+    num_cpu = sum(x == CPU for x, _ in b)
+    if num_cpu:
+        out.append(f"no fastest named: {num_cpu} ok row(s) are CPU time (pipeline checks, not performance figures)")
+    return out
 
 
 def memory_lines(df: pd.DataFrame) -> list[str]:
@@ -97,6 +123,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
         shown = "; ".join(f"{names.loc[i]} {r['status']}" for i, r in bad.head(TOP).iterrows())
         lines.append(f"- broken: {shown}" + (f" (+{len(bad) - TOP} more)" if len(bad) > TOP else ""))
     lines += [f"- {w}" for w in wins(df)]
+    lines += [f"- {x}" for x in unranked_lines(df)]
     lines += [f"- memory: {x}" for x in memory_lines(df)]
     if quality:
         ok = rows[rows["status"] == "ok"]

@@ -99,9 +99,15 @@ def latency_table(df: pd.DataFrame) -> str:
         return "_No ok rows to tabulate._"
     tokens = sorted(int(t) for t in df["tokens_per_rank"].unique())
     cols = [c for c in display_columns(df) if c not in PER_ROW_COLUMNS]  # a row's, not a combination's
-    # Fastest per workload: the same model and world size see the same tokens.
+    # Fastest per workload: the same model and world size see the same tokens; only GPU
+    # time competes (a host-time cell is marked, never bold)
+    from .flags import GPU, figure_basis
+
     ok = df[df["status"] == "ok"]
-    best = ok.groupby(["model", "world_size", "tokens_per_rank"])["latency_us_median"].min()
+    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
+    gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
+    best = gpu_ok.groupby(["model", "world_size", "tokens_per_rank"])["latency_us_median"].min()
+    marked = False
     rows = []
     for key, g in df.groupby("combo_key", sort=False):
         by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
@@ -115,7 +121,9 @@ def latency_table(df: pd.DataFrame) -> str:
             else:
                 cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
                                     r["latency_us_p80"])
-                if r["latency_us_median"] == best.get((r["model"], r["world_size"], t)):
+                if basis.get(r.name) == "host":
+                    cell, marked = f"{cell} †", True
+                elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((r["model"], r["world_size"], t)):
                     cell = f"**{cell}**"
                 cells.append(cell)
         rows.append(_combo_cells(g.iloc[0], cols) + cells)
@@ -123,8 +131,35 @@ def latency_table(df: pd.DataFrame) -> str:
                      ["l"] * len(cols) + ["r"] * len(tokens))
     caption = _caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
                            "max over ranks; columns are tokens per rank; bold is the fastest "
-                           "per model and world size.")
+                           "per model and world size." + (" † host time (the host paced the samples; see "
+                                                          "Data quality), never ranked." if marked else ""))
     return f"{table}\n\n{caption}{timing_note(df)}"
+
+
+def host_table(df: pd.DataFrame) -> str:
+    """The host's time to enqueue one eager forward (µs, median of five, behind a busy GPU)
+    per combination x tokens: a figure of its own beside the GPU time. An eager layer whose
+    enqueue exceeds its GPU time leaves an engine's GPU idle; '' without measurements."""
+    df = latest_rows(df)
+    ok = df[(df["status"] == "ok") & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
+    if not len(ok):
+        return ""
+    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
+    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
+    rows = []
+    for _, g in ok.groupby("combo_key", sort=False):
+        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        cells = []
+        for t in tokens:
+            r = by_t.get(t)
+            cells.append("" if r is None else f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}")
+        rows.append(_combo_cells(g.iloc[0], cols) + cells)
+    table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
+    held = ok["host_paced_samples"].notna().all() if "host_paced_samples" in ok.columns else False
+    how = ("the latency is the GPU's: each sample waited behind a hold until the host had enqueued it" if held else
+           "rows timed before each sample had its hold may read the host in their latency (Data quality)")
+    return f"{table}\n\n" + _caption(ok, "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
+                                          f"kept busy) beside the row's latency; {how}.")
 
 
 def timing_note(df: pd.DataFrame) -> str:

@@ -71,13 +71,26 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     m = cmp.matched
     names = row_names(m)
     counts = cmp.counts()
-    ok = cmp.comparable
+    ok = cmp.judged
     changed = {v: counts[v] for v in CHANGED if counts[v]}
     what = ", ".join(f"{n} {v}" for v, n in changed.items()) or f"no change beyond ×{cmp.threshold:g}"
     subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
-    head = (f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides "
-            f"(threshold ×{cmp.threshold:g}) — exit {code}" + (f": {'; '.join(why)}" if why else ""))
+    tail = f" — exit {code}" + (f": {'; '.join(why)}" if why else "")
+    if not len(ok) and counts["cpu"] and not counts["host"]:
+        head = (f"**No verdict ({subject}): CPU figures are pipeline checks, not performance figures** — "
+                f"{counts['cpu']} row(s) ok on both sides, compared in the table below (`--cpu-verdict` asks "
+                f"for a verdict){tail}")
+    else:
+        head = (f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides "
+                f"(threshold ×{cmp.threshold:g}){tail}")
     lines = [head]
+    for tag, what_kind in (("host", "a side's latency is host time"), ("cpu", "CPU time on both sides")):
+        apart = m[m["verdict"] == tag]
+        if len(apart) and (tag == "host" or len(ok)):
+            shown = ", ".join(names.loc[i] for i in apart.index[:LIMIT])
+            more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
+            lines.append(f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
+                         f"{apart['no_verdict_why'].iloc[0]}")
     changed_rows = m[m["verdict"].isin(CHANGED)]
     order = {v: i for i, v in enumerate(CHANGED)}
     changed_rows = changed_rows.assign(_o=changed_rows["verdict"].map(order),
@@ -143,6 +156,9 @@ def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
         "exit_status": code, "why": why, "baseline": cmp.baseline_name, "candidate": cmp.candidate_name,
         "axis": str(cmp.axis) if cmp.axis else None, "threshold": cmp.threshold, "alpha": cmp.alpha,
         "counts": cmp.counts(), "rows_ok_on_both_sides": int(len(cmp.comparable)),
+        "rows_judged": int(len(cmp.judged)),
+        "no_verdict": [{"name": names.loc[i], "basis": r["verdict"], "why": r["no_verdict_why"]}
+                       for i, r in cmp.matched.iterrows() if r["verdict"] in ("host", "cpu")],
         "geomean_ratio": g, "geomean_ci": [lo, hi],
         "changed": [{"name": names.loc[i], "verdict": r["verdict"], "ratio": r["ratio"], "ci": [r["ci_lo"], r["ci_hi"]]}
                     for i, r in changed.iterrows()],

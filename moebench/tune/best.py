@@ -1,5 +1,7 @@
 """`moebench tune --results RUN`: the fastest valid combination per model x tokens per
-rank of a results run, its margin over the runner-up with an interval.
+rank of a results run, its margin over the runner-up with an interval. Only rows whose
+latency is GPU time compete (report/flags.py figure_basis): host-time rows (the host paced
+the samples) and CPU rows are left out, and the command says how many.
 
 Competing: every `ok` combination (backend, experts, reduction, overlap and the knobs
 num_sms, dispatch_nvl_chunk, combine_nvl_chunk, shared_sm_carveout, row_layout) that
@@ -76,11 +78,19 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     the runner-up's, the margin with its interval, and how many competed."""
     from ..report.load import latest_rows
 
+    from ..report.flags import GPU, figure_basis
+
     ok = latest_rows(df)
     ok = ok[ok["status"] == "ok"]
     ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
     if ok.empty:
         raise ValueError("no ok rows in this run: nothing to rank (run `moebench report RUN` for the failures)")
+    basis = [figure_basis(r) for r in ok.to_dict("records")]
+    left_out = [why for b, why in basis if b != GPU]
+    ok = ok[[b == GPU for b, _ in basis]]
+    if ok.empty:
+        raise ValueError(f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; "
+                         "measure on a GPU with runner.timing=auto")
     setting = [c for c in SETTING if c in ok.columns]
     rows = []
     for key, g in ok.groupby(setting + ["tokens_per_rank"], sort=True, dropna=False):
@@ -105,7 +115,9 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
                        margin_hi=float("nan"))
         row["clear_win"] = bool(row["margin_lo"] > 1.0) if math.isfinite(row["margin_lo"]) else False
         rows.append(row)
-    return pd.DataFrame(rows)
+    best = pd.DataFrame(rows)
+    best.attrs["left_out"] = left_out  # why each ok row that did not compete was left out
+    return best
 
 
 def _samples(row) -> list:
@@ -181,5 +193,8 @@ def results_command(run: str, out: Optional[str]) -> int:
     (out_dir / "best_per_size.json").write_text(json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")
     png = heatmap(best, out_dir / "best_per_size.png")
     print(table(best))
+    if best.attrs.get("left_out"):
+        why = best.attrs["left_out"]
+        print(f"\nnot ranked: {len(why)} ok row(s) whose latency is no GPU time ({why[0]})")
     print(f"\n{out_dir / 'best_per_size.json'}, {png}")
     return 0
