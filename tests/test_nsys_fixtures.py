@@ -2,7 +2,8 @@
 .gpu/nsys_call.sh and tests/fixtures/traces/import_nsys_fixtures.py; unmodified `nsys export
 --type sqlite` of the Debian 2024.2.3 target's captures): the kernels and moebench's NVTX ranges
 are there by name, and `moebench trace` gives per-phase kernel time, the stream timeline, the
-shared ∩ communication overlap and the exposed time from them. Skipped until the fixtures exist."""
+shared ∩ communication overlap and the exposed time from them. The fixtures are committed: a missing
+one fails, as it would hide what these tests check."""
 from __future__ import annotations
 
 import sqlite3
@@ -18,9 +19,17 @@ from moebench.traces.nsys import NVTX_PREFIX
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
 SMOKE = FIX / "h200_nsys_smoke.sqlite"
-SWEEP = sorted(p for p in FIX.glob("h200_nsys_*.sqlite") if p != SMOKE)
-ALL = ([SMOKE] if SMOKE.is_file() else []) + SWEEP
-MISSING = "no real nsys export yet: run .gpu/nsys_call.sh on the GPU machine, then import_nsys_fixtures.py --install"
+OVERLAPS = ("none", "combine")
+# the committed sweep exports, by name (a glob would pass with none), and any added beside them
+SWEEP = sorted({FIX / f"h200_nsys_triton_{ov}_T256.sqlite" for ov in OVERLAPS}
+               | {p for p in FIX.glob("h200_nsys_*.sqlite") if p != SMOKE})
+ALL = [SMOKE, *SWEEP]
+MISSING = "missing: made by .gpu/nsys_call.sh on the GPU machine, then import_nsys_fixtures.py --install"
+
+
+def _present(path: Path) -> Path:
+    assert path.is_file(), f"{path.name} {MISSING}"
+    return path
 
 
 def _names(path) -> set:
@@ -41,10 +50,9 @@ def _tables(path) -> set:
         con.close()
 
 
-@pytest.mark.parametrize("path", ALL or [pytest.param(None, marks=pytest.mark.skip(reason=MISSING))],
-                         ids=lambda p: p.name if p else "none")
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
 def test_a_real_export_holds_kernels_ranges_and_its_provenance(path):
-    assert path.stat().st_size < 2_000_000, "keep fixtures small"
+    assert _present(path).stat().st_size < 2_000_000, "keep fixtures small"
     tables = _tables(path)
     # unmodified: the export's own provenance tables are there
     assert {"TARGET_INFO_GPU", "META_DATA_CAPTURE", "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_KERNEL",
@@ -62,10 +70,9 @@ def test_a_real_export_holds_kernels_ranges_and_its_provenance(path):
     assert {k.phase for k in trace.kernels} & set(PHASES), "kernels attributed to moebench's phases"
 
 
-@pytest.mark.skipif(not SMOKE.is_file(), reason=MISSING)
 def test_the_smoke_capture_two_streams_named_ranges():
     """Three samples of experts (main stream), shared_experts (a side stream) and combine."""
-    names = _names(SMOKE)
+    names = _names(_present(SMOKE))
     expected = {"combo/smoke", "sample/0", "sample/1", "sample/2", "experts", "shared_experts", "combine"}
     assert {NVTX_PREFIX + n for n in expected} <= names
     (trace,) = load_traces(SMOKE)
@@ -82,13 +89,12 @@ def test_the_smoke_capture_two_streams_named_ranges():
     assert s.shared_exposed_us == pytest.approx(s.shared_us)
 
 
-@pytest.mark.parametrize("path", SWEEP or [pytest.param(None, marks=pytest.mark.skip(reason=MISSING))],
-                         ids=lambda p: p.name if p else "none")
+@pytest.mark.parametrize("path", SWEEP, ids=lambda p: p.name)
 def test_moebench_trace_on_a_sweep_export(path, capsys, tmp_path):
     """A row's report from `moebench sweep trace=nsys`: the phases of the layer as its phase
     samples ran them, the streams (a second one for the shared experts with overlap=combine),
     the overlap table; and the timeline PNG."""
-    names = {n[len(NVTX_PREFIX):] for n in _names(path) if n.startswith(NVTX_PREFIX)}
+    names = {n[len(NVTX_PREFIX):] for n in _names(_present(path)) if n.startswith(NVTX_PREFIX)}
     assert {"prepare", "experts", "finalize"} <= names
     (trace,) = load_traces(path)
     s = summarize(trace)
@@ -104,16 +110,14 @@ def test_moebench_trace_on_a_sweep_export(path, capsys, tmp_path):
     assert list(tmp_path.glob("*.timeline.png"))
 
 
-@pytest.mark.parametrize("overlap", ["none", "combine"])
+@pytest.mark.parametrize("overlap", OVERLAPS)
 def test_nsys_phase_times_agree_with_the_torch_trace_of_the_same_combination(overlap):
     """The same combination (local/triton/finalize, deepseek_v2_lite bf16, 256 tokens) captured
     in one GPU call by Nsight Systems (trace=nsys) and by the torch profiler (trace=torch):
     each phase's kernel time per range agrees within 10 %. The nsys report holds the row's phase
     samples (no sample ranges at that commit: its figures are sums over the ranges)."""
-    nsys = FIX / f"h200_nsys_triton_{overlap}_T256.sqlite"
-    torch_trace = FIX / f"nsys_call_torch_triton_{overlap}_T256.json.gz"
-    if not nsys.is_file():
-        pytest.skip(MISSING)
+    nsys = _present(FIX / f"h200_nsys_triton_{overlap}_T256.sqlite")
+    torch_trace = _present(FIX / f"nsys_call_torch_triton_{overlap}_T256.json.gz")
     a = summarize(load_traces(nsys)[0]).phases
     b = summarize(load_traces(torch_trace)[0]).phases
     checked = 0

@@ -21,6 +21,10 @@ CASES = [  # (backend, experts, reductions, tokens)
     ("deepep_ll", "deepgemm_masked", ("finalize",), (128, 512)),
     ("pplx", "deepgemm_masked", ("finalize",), (128, 512)),
 ]
+# what each case exercises, for --require (tests/_require.py): both libraries and 2 GPUs, so the
+# one-GPU suite's --require deep_gemm lets them skip and --require deep_ep,deep_gemm does not
+NEEDS = {"deepep_ht": ("deep_ep", "deep_gemm"), "deepep_ll": ("deep_ep", "deep_gemm"),
+         "pplx": ("pplx_kernels", "deep_gemm")}
 OVERLAPS = ("none", "dispatch", "combine")
 
 
@@ -80,7 +84,8 @@ def _rank(rank, port, backend, experts, reductions, tokens, q):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} GPUs")
-@pytest.mark.parametrize("backend, experts, reductions, tokens", CASES, ids=[f"{b}-{e}" for b, e, _, _ in CASES])
+@pytest.mark.parametrize("backend, experts, reductions, tokens",
+                         [pytest.param(*c, marks=pytest.mark.needs(*NEEDS[c[0]]), id=f"{c[0]}-{c[1]}") for c in CASES])
 def test_deepgemm_behind_the_ep_backend_with_an_empty_rank(backend, experts, reductions, tokens):
     results = dict(run_ranks(_rank, WORLD, (backend, experts, reductions, tokens), timeout_s=900))
     rows = {r: json.loads(v) for r, v in results.items()}
