@@ -73,8 +73,8 @@ def read_ceilings(path: str | Path, require_gpu: bool = True) -> Ceilings:
     if not all(isinstance(x, (int, float)) and np.isfinite(x) and x > 0 for x in numbers) or not doc.get("gpu"):
         raise ValueError(f"{path}: needs gpu, ceilings.copy_bytes_per_s and ceilings.gemm_flops_per_s "
                          f"bf16 and fp8 as positive numbers")
-    return Ceilings(str(doc["gpu"]), str(doc.get("device")), float(copy), {k: float(gemm[k]) for k in ("bf16", "fp8")}, path,
-                    str(doc.get("commit") or "unknown"), str(doc.get("timestamp") or ""))
+    return Ceilings(str(doc["gpu"]), str(doc.get("device")), float(copy), {k: float(gemm[k]) for k in ("bf16", "fp8")},
+                    path, str(doc.get("commit") or "unknown"), str(doc.get("timestamp") or ""))
 
 
 def find_ceilings(gpu, root: str | Path | None = None) -> Ceilings | None:
