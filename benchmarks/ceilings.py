@@ -120,7 +120,7 @@ def check(name: str, device: torch.device) -> str:
     fn, ref = gemm_variants(CHECK_SIZE, CHECK_SIZE, CHECK_SIZE, device)[name]
     try:
         out = fn().float()
-    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+    except Exception as e:  # noqa: BLE001  (a variant this torch or GPU lacks is a row saying why, not a crash)
         return f"unavailable here: {str(e).splitlines()[0][:200]}"
     expect = ref()
     err = float((out - expect).norm() / expect.norm())
