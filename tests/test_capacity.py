@@ -143,3 +143,39 @@ def test_committed_capacity_rows_save_the_formula_at_every_size():
     # 4 sizes x (DeepSeek-V3's EP-8 and EP-16 shares, qwen3) x (triton bf16, and in fp8_block
     # triton, deepgemm, triton_or_deepgemm), and the confirmed run's EP-8 lines again
     assert pairs >= 48 + 16 and seen == {"triton", "deepgemm", "triton_or_deepgemm"}
+
+
+def test_a_line_through_two_points_says_its_fit_is_exact_by_construction():
+    """Two token counts always lie on their line: the report says so instead of a 0.0 % residual
+    (six committed lines read 0.0 % that way), and gives the residual from three points on."""
+    from moebench.report.capacity import capacity_markdown
+
+    rows = _rows(noise=0.002)
+    two = rows[rows["tokens_per_rank"].isin(TOKENS[2:]) & (rows["experts"] == "triton")]
+    cap = capacity_frame(pd.concat([two, rows[rows["experts"] == "deepgemm"]]), 12 * GIB)
+    assert sorted(cap["ws_points"]) == [2, 2, 4, 4]
+    first_table = capacity_markdown(cap, "12 GiB").split("\n\n")[0].splitlines()[2:]
+    resid = {tuple(c.strip() for c in ln.split("|")[1:3]): ln.split("|")[5].strip() for ln in first_table}
+    assert len(resid) == 4
+    for (line, _), cell in resid.items():
+        if "triton" in line:
+            assert cell == "2 points: exact by construction"
+        else:  # four noisy points: a residual, in percent
+            assert cell.endswith("%") and 0.0 <= float(cell[:-1]) < 5.0, cell
+
+
+def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
+    """results/weight_reduce_memory's capacity reports, regenerated with their recorded
+    commands (the folders' about.md), match the committed capacity.md."""
+    from pathlib import Path
+
+    from moebench.report.capacity import capacity_command
+
+    root = Path(__file__).resolve().parent.parent / "results" / "weight_reduce_memory"
+    for run, budget, report in (("capacity_h200x1", "12GiB", "report"), ("capacity_h200x1", "free", "report/free"),
+                                ("capacity_h200x1_confirmed", None, "report")):
+        out = tmp_path / run / report
+        assert capacity_command(str(root / run), budget, str(out)) == 0
+        assert (out / "capacity.md").read_text() == (root / run / report / "capacity.md").read_text(), (
+            f"regenerate: moebench report {root / run} --capacity"
+            + (f" --budget {budget}" if budget else "") + f" --out {root / run / report}")

@@ -8,8 +8,11 @@ buffers and the forward's peak above the context). The largest tokens per rank t
 budget B is floor((B - intercept) / slope) on the workspace line; with budget "free", the
 GPU's memory (env.json) on the device line (the weights and buffers are its intercept). The
 fit's worst residual is reported beside it: a line that does not fit its points predicts
-nothing. Where the experts switched row layouts across the sizes (the triton experts'
-`row_layout=auto`), the line goes through the points of the largest size's layout.
+nothing. A line through two token counts fits them exactly whatever the memory does elsewhere,
+so the report says "2 points: exact by construction" there instead of a 0.0 % residual: only
+three or more sizes (or capped runs) test it. Where the experts switched row layouts across
+the sizes (the triton experts' `row_layout=auto`), the line goes through the points of the
+largest size's layout.
 
 The allocations are what the layer needs; a cap on the caching allocator (and a GPU that
 much smaller) also pays for the allocator's rounding and fragmentation over the timed work.
@@ -104,7 +107,7 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
         out.append(dict(zip(GROUP, key), line=_label(key) + segment, points=len(g),
                         tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
                         ws_intercept=ws.intercept if ws else np.nan, ws_slope=ws.slope if ws else np.nan,
-                        ws_resid=ws.max_residual if ws else np.nan,
+                        ws_resid=ws.max_residual if ws else np.nan, ws_points=ws.points if ws else 0,
                         dev_intercept=dev.intercept if dev else np.nan, dev_slope=dev.slope if dev else np.nan,
                         dev_resid=dev.max_residual if dev else np.nan, max_tokens=limit, basis=basis,
                         res_intercept=res.intercept if res else np.nan, res_slope=res.slope if res else np.nan,
@@ -156,13 +159,22 @@ def _tok(v) -> str:
     return "-" if not np.isfinite(v) else f"{int(v):,}"
 
 
+def _resid(resid: float, points: int) -> str:
+    """The worst residual of a fit, or why it is none: two points always lie on their line."""
+    if points < 2:
+        return "-"
+    if points == 2:
+        return "2 points: exact by construction"
+    return f"{100 * resid:.1f}%" if np.isfinite(resid) else "-"
+
+
 def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
     """The capacity section: a table per combination and one of the placement ratios."""
     if not len(cap):
         return "_No combination has ok rows at two or more token counts: nothing to fit._"
     reserved = "max_tokens_reserved" in cap and cap["max_tokens_reserved"].notna().any()
     rows = [[r.line, r.reduction, f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
-             f"{100 * r.ws_resid:.1f}%", f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
+             _resid(r.ws_resid, r.ws_points), f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
              r.tokens_measured, _tok(r.max_tokens)] + ([_tok(r.max_tokens_reserved)] if reserved else [])
             + [r.confirmed or "-"] for r in cap.itertuples()]
     head = (["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",

@@ -283,11 +283,13 @@ def overlap_table(df: pd.DataFrame) -> str:
                                                "(the trace's, another run's) is within noise.")
 
 
-def roofline_table(df: pd.DataFrame) -> str:
+def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
     """The experts phase against its roofline floor (GPU rows): floor = max(expert
-    bytes / copy bandwidth, expert FLOPs / GEMM peak) with the H200 ceilings of
-    report/roofline.py; `% of floor` = floor / experts_us (100 = at the floor)."""
-    from .roofline import add_floor
+    bytes / copy bandwidth, expert FLOPs / GEMM peak) with the ceilings measured on the
+    row's GPU (report/roofline.py: results/ceilings/, or `ceilings_root`); `% of floor` =
+    floor / experts_us (100 = at the floor). A GPU without measured ceilings gets empty
+    floor columns and says so."""
+    from .roofline import add_floor, ceilings_caption
 
     df = latest_rows(df)
     need = {"expert_bytes", "expert_flops", "experts_us"}
@@ -297,19 +299,24 @@ def roofline_table(df: pd.DataFrame) -> str:
             & df["expert_bytes"].notna()]
     if not len(ok):
         return "_No GPU rows with an experts phase in this run._"
-    ok = add_floor(ok)
+    ok = add_floor(ok, ceilings_root)
+
+    def pct(x: float) -> str:  # no ceiling measured: the cell stays empty
+        return f"{x:.0f} %" if np.isfinite(x) else ""
+
     cols = display_columns(ok)
     rows = [_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
-                                     f"{r['experts_us']:.1f}", f"{r['floor_us']:.1f}",
-                                     r["bound"], f"{r['experts_pct_of_floor']:.0f} %",
-                                     f"{r['floor_us'] / r['latency_us_median'] * 100:.0f} %", f"{r['tflops']:.1f}",
+                                     f"{r['experts_us']:.1f}",
+                                     f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
+                                     r["bound"], pct(r["experts_pct_of_floor"]),
+                                     pct(r["floor_us"] / r["latency_us_median"] * 100), f"{r['tflops']:.1f}",
                                      f"{r['hbm_gbps']:.0f}"]
             for _, r in ok.iterrows()]
     headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "layer % of floor",
                       "TFLOP/s", "GB/s"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r", "r"])
-    return f"{table}\n\n" + _caption(ok, (
-        "Floor with the H200 ceilings (4.0 TB/s copy; 779 / 1407 TFLOP/s bf16 / fp8). `experts µs` comes from "
+    return f"{table}\n\n" + _caption(ok, ceilings_caption(ok, ceilings_root) + (
+        " `experts µs` comes from "
         "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
         "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer). "
         "`layer % of floor` = floor / layer µs: a lower bound on the experts' figure, since the layer holds the "
