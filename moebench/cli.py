@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--gpus", type=int, default=None, help="GPUs to spread token counts over (default: every visible one)")
     tu.add_argument("--fresh", action="store_true", help="ignore the trials stored in --out (default: resume from them)")
     tu.add_argument("--out", help="output directory (default: runs/tune-<hash of the arguments>); with --results, "
-                    "where the table goes (default: RUN/report)")
+                    "where the table goes (default: RUN/report; runs/reports/<path> for a run under results/)")
     tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
                     "does not cover vLLM's grid, kernels/configs/partial/)")
     tu.add_argument("--install-from", metavar="DIR", help="instead: install the config files of a finished tune's "

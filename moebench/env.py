@@ -8,13 +8,13 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
 
 from .kernels import CONTRACT_VERSION
 from .paths import REPO_ROOT
+from .treestate import tree_state
 
 LIBRARIES = {
     # import name: (distribution names to ask for a version, how to install)
@@ -49,17 +49,14 @@ def library_version(name: str) -> str | None:
 
 
 def git_info() -> dict:
-    """The checkout's commit and dirty flag; MOEBENCH_GIT_SHA, when set, names the commit
-    of a copied tree instead (a working tree shipped to a GPU machine may carry a stale
-    .git of its own, whose HEAD is not what runs)."""
-    named = os.environ.get("MOEBENCH_GIT_SHA", "")
-    if named and named != "unknown":  # a script's unset placeholder does not hide the checkout's
-        return {"git_sha": named, "git_dirty": None}
-    sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "-q", "HEAD"])
-    if not re.fullmatch(r"[0-9a-f]{40}", sha or ""):
-        return {"git_sha": "unknown", "git_dirty": None}
-    dirty = bool(_run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]))
-    return {"git_sha": sha, "git_dirty": dirty}
+    """Which code runs (moebench/treestate.py): `git_sha` (the commit, bare hex, or "unknown"),
+    `git_dirty` (True / False / None: not known), `git_diff_sha256` (the difference from the
+    commit, None when clean), `git_tree` (what said so: git, stamp, MOEBENCH_GIT_SHA or none),
+    `git_tree_note` and `git_diff_paths`. From the checkout's .git, else from the
+    .moebench-tree.json that scripts/copy_tree.sh writes (a tree copied without .git: its files
+    are rehashed, once per call), else from MOEBENCH_GIT_SHA with the state unknown; `moebench
+    ab` names each worktree's commit there and its worktree's .git gives the state."""
+    return tree_state(REPO_ROOT, os.environ.get("MOEBENCH_GIT_SHA")).fields()
 
 
 def fingerprint() -> dict:
@@ -184,7 +181,10 @@ def env_command(as_json: bool) -> int:
     print(f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}")
     print(f"gpu       {info['gpu']} x{info['gpu_count']}" + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)"))
     print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
-    print(f"git       {info['git_sha'][:12]}{' (dirty)' if info['git_dirty'] else ''}   env_id {env_id(info)}")
+    state = {True: f"dirty, diff {str(info.get('git_diff_sha256'))[:12]}", False: "clean", None: "state unknown"}
+    print(f"git       {info['git_sha'][:12]} ({state[info['git_dirty']]}; from {info['git_tree']})   env_id {env_id(info)}")
+    if info.get("git_tree_note"):
+        print(f"          {info['git_tree_note']}")
     print()
     print("optional libraries:")
     for lib, (_, how) in LIBRARIES.items():

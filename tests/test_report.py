@@ -300,7 +300,8 @@ def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
     from moebench import env
 
     monkeypatch.setenv("MOEBENCH_GIT_SHA", "2be9ad1")
-    assert env.git_info() == {"git_sha": "2be9ad1", "git_dirty": None}
+    info = env.git_info()
+    assert (info["git_sha"], info["git_dirty"], info["git_tree"]) == ("2be9ad1", None, "MOEBENCH_GIT_SHA")
     monkeypatch.delenv("MOEBENCH_GIT_SHA")
     assert env.git_info()["git_sha"] != "2be9ad1"
 

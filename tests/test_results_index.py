@@ -96,3 +96,47 @@ def test_a_run_extended_at_newer_code_names_every_commit(tmp_path):
     assert run.commit == "b2b87a0c30f3, 6666666"
     run = results_index.read_run(tmp_path, d, {"commit": "b2b87a0c30f3"}, "run")
     assert run.commit == "b2b87a0c30f3 (stored: b2b87a0c30f3, 6666666)"  # about.md names one of two
+
+
+def _write(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+
+
+def test_a_runs_machine_counts_the_hosts_gpus_and_its_tree_says_whether_it_was_clean(tmp_path):
+    """nvidia-smi lists every GPU of the host where CUDA_VISIBLE_DEVICES hides one (gpu_count 1);
+    a run's tree is dirty where one invocation's was, unknown where one's is not recorded."""
+    smi = ["NVIDIA H200, 580.159.04, 345 MHz", "NVIDIA H200, 580.159.04, 345 MHz"]
+    pinned = {"gpu": "NVIDIA H200", "gpu_count": 1, "nvidia_smi": smi, "env": {"CUDA_VISIBLE_DEVICES": "1"},
+              "git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2", "git_dirty": True}  # before the tree stamp
+    clean = {"gpu": "NVIDIA H200", "gpu_count": 1, "nvidia_smi": smi[:1], "git_sha": "a" * 40, "git_dirty": False,
+             "git_diff_sha256": None, "git_tree": "stamp"}
+    dirty = dict(clean, git_dirty=True, git_diff_sha256="d" * 64, git_tree="git")
+    _write(tmp_path / "q" / "old" / "env.json", pinned)
+    old = results_index.read_run(tmp_path, tmp_path / "q" / "old", {}, "old")
+    assert old.machine == "1 × NVIDIA H200 (of 2)" and old.tree == "dirty"  # a plain stored dirty flag stands
+    _write(tmp_path / "q" / "named" / "env.json", dict(pinned, env={"MOEBENCH_GIT_SHA": "bd66478"}))
+    assert results_index.read_run(tmp_path, tmp_path / "q" / "named", {}, "named").tree == "unknown"
+    _write(tmp_path / "q" / "new" / "env.json", clean)
+    _write(tmp_path / "q" / "new" / "envs" / "1.json", clean)
+    new = results_index.read_run(tmp_path, tmp_path / "q" / "new", {}, "new")
+    assert (new.machine, new.commit, new.tree) == ("1 × NVIDIA H200", "a" * 7, "clean")
+    _write(tmp_path / "q" / "new" / "envs" / "2.json", dirty)  # resumed from a dirty tree
+    assert results_index.read_run(tmp_path, tmp_path / "q" / "new", {}, "new").tree == "dirty"
+
+
+def test_tune_folders_show_the_environment_they_recorded(tmp_path):
+    layer = {"overrides": ["experts=triton", "backend=local", "model=tiny"], "space": "small", "reps": 2, "gpus": 1}
+    env = {"device": "NVIDIA H200", "git_sha": "1fbca28f3e8b5a0e14271aa126f821c6da170293", "git_dirty": None}
+    _write(tmp_path / "t" / "old" / "tune.json", {"layer": layer, "environment": env, "results": []})
+    old = results_index.read_run(tmp_path, tmp_path / "t" / "old", {}, "old")
+    assert (old.machine, old.commit, old.tree) == ("NVIDIA H200 (no environment recorded)", "1fbca28", "unknown")
+    _write(tmp_path / "t" / "older" / "tune.json", {"layer": layer, "results": []})
+    older = results_index.read_run(tmp_path, tmp_path / "t" / "older", {"machine": "1 × NVIDIA H200",
+                                                                          "commit": "bd66478"}, "older")
+    assert (older.machine, older.commit) == ("1 × NVIDIA H200 (no environment recorded)", "bd66478")
+    fingerprint = {"gpu": "NVIDIA H200", "gpu_count": 2, "git_sha": "b" * 40, "git_dirty": False, "git_tree": "git"}
+    _write(tmp_path / "t" / "new" / "tune.json", {"layer": layer, "environment": env, "results": []})
+    _write(tmp_path / "t" / "new" / "env.json", fingerprint)
+    new = results_index.read_run(tmp_path, tmp_path / "t" / "new", {}, "new")
+    assert (new.machine, new.commit, new.tree) == ("1 × NVIDIA H200 (of 2)", "b" * 7, "clean")

@@ -36,16 +36,29 @@ def _trace(argv, capsys):
 
 
 def test_committed_results_folder_without_traces_says_why(tmp_path, capsys):
+    """Committed rows name no trace that is not committed (tests/test_row_paths.py), yet hold
+    the figures read from their traces."""
     run = _copy_run(TRACE_RUN, tmp_path / "run")
     rc, out, err = _trace([run], capsys)
     assert rc == 2 and out == ""
-    assert f"{run} has no traces/ folder" in err
-    assert "rows name 4 trace file(s)" in err and "traces/2ef5c09335d4/rank0_T4096.json" in err
-    assert "results/ folders omit them" in err and "re-run with trace=torch" in err
+    assert f"{run} has no traces/ folder" in err and "hold figures read from traces" in err
+    assert "the traces were not kept" in err and "re-run with trace=torch" in err
     # the old fallback read env.json and sweep-*.json as traces
     assert "skipped:" not in err and "traceEvents" not in err and "env.json" not in err
     with pytest.raises(ValueError, match="has no traces/ folder"):
         find_traces(run)
+
+
+def test_a_run_copied_without_the_traces_its_rows_name_says_why(tmp_path, capsys):
+    run = _copy_run(TRACE_RUN, tmp_path / "run")
+    for f in sorted((run / "rows").glob("*.parquet")):  # the paths as the sweep wrote them
+        df = pd.read_parquet(f)
+        df["trace_path"] = [f"traces/{k}/rank0_T4096.json" for k in df["combo_key"]]
+        df.to_parquet(f)
+    rc, out, err = _trace([run], capsys)
+    assert rc == 2 and out == "" and f"{run} has no traces/ folder" in err
+    assert "rows name 4 trace file(s)" in err and "traces/2ef5c09335d4/rank0_T4096.json" in err
+    assert "results/ folders omit them" in err and "re-run with trace=torch" in err
 
 
 def test_trace_none_run_says_so(tmp_path, capsys):

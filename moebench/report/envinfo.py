@@ -75,13 +75,33 @@ def field_value(env: dict, label: str):
 
 
 def env_commit(env: dict) -> tuple[Optional[str], Optional[bool]]:
-    """(commit, dirty) a run's env.json names. Where it records MOEBENCH_GIT_SHA (a tree copied
-    to a GPU machine), that is the commit, and git_sha / git_dirty, read from the copy's stale
-    .git by older moebench, describe nothing that ran."""
-    named = ((env or {}).get("env") or {}).get("MOEBENCH_GIT_SHA") if isinstance(env, dict) else None
+    """(commit, dirty) a run's env.json names; dirty None where it is not known.
+
+    A fingerprint with `git_tree` (moebench/treestate.py) states both: `git_sha` is the commit
+    (None here where "unknown") and `git_dirty` whether the files differed from it, from the
+    .git where the run was, a verified tree stamp, or unknown. Older ones: where they record
+    MOEBENCH_GIT_SHA (a tree copied to a GPU machine) that is the commit, with the state
+    unknown, and git_sha / git_dirty, read from the copy's stale .git, describe nothing that ran.
+    """
+    if not isinstance(env, dict):
+        return None, None
+    if "git_tree" in env:
+        sha = env.get("git_sha")
+        return (str(sha) if sha and sha != "unknown" else None), env.get("git_dirty")
+    named = (env.get("env") or {}).get("MOEBENCH_GIT_SHA")
     if named and named != "unknown":
         return str(named), None
     return env_value(env, ["git_sha", "sha", "commit"]), env_value(env, ["dirty", "git_dirty"])
+
+
+def tree_label(env: dict) -> str:
+    """"clean", "dirty" or "unknown": whether the files a run measured were its commit's.
+    Unknown without a fingerprint, where neither a .git nor a tree stamp said (every GPU run
+    before scripts/copy_tree.sh), and where the stored sha names no commit."""
+    sha, dirty = env_commit(env)
+    if dirty is None or (not dirty and not is_commit(sha)):
+        return "unknown"
+    return "dirty" if dirty else "clean"
 
 
 def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..timing import HOST_SYNCS_US, NOISY_SPREAD
-from .envinfo import env_commit, env_value, is_commit
+from .envinfo import env_value, is_commit, tree_label
 from .load import PHASE_COLUMNS
 
 HOST_BOUND = 0.8
@@ -158,7 +158,8 @@ def caveat_files(run_dir: Path | None, levels: int = 3) -> list[Path]:
 
 
 def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
-    """Sentences about a run's provenance: git sha unknown or not a commit, dirty, several."""
+    """Sentences about a run's provenance: git sha unknown or not a commit, several, a tree
+    dirty or not known to be clean (envinfo.tree_label)."""
     who = f"{name}: " if name else ""
     shas = sorted({str(s) for s in df.get("git_sha", pd.Series(dtype=object)).dropna()})
     env_sha = env_value(env, ["git_sha"]) if env else None
@@ -172,8 +173,16 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
                      "not recorded (see the caveats)")
     if len(shas) > 1:
         notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(s[:10] for s in shas)})")
-    if env and env_commit(env)[1]:
-        notes.append(f"{who}the tree was dirty (uncommitted changes) when it ran")
+    tree = tree_label(env) if env else None
+    if tree == "dirty":
+        paths = [str(p).replace("`", "") for p in env.get("git_diff_paths") or []]  # text of a run folder
+        shown = ", ".join(f"`{p}`" for p in paths[:5]) + (" …" if len(paths) > 5 else "")
+        digest = str(env.get("git_diff_sha256") or "")[:12]
+        notes.append(f"{who}the tree was dirty (uncommitted changes) when it ran" + (f": {shown}" if paths else "")
+                     + (f" (diff sha256 `{digest}`)" if digest.isalnum() else ""))
+    elif tree == "unknown":
+        notes.append(f"{who}whether the files that ran were the commit's is not recorded (no .git or tree stamp "
+                     "where it ran: scripts/copy_tree.sh): uncommitted changes cannot be ruled out")
     return notes
 
 

@@ -40,7 +40,7 @@ import yaml
 from ..paths import REPO_ROOT
 from ..config import rename as config_rename
 from ..plan import RENAMED, load_sweep  # noqa: F401
-from .envinfo import env_commit
+from .envinfo import env_commit, tree_label
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
@@ -67,6 +67,7 @@ class Run:
     commands: list[str]
     note: str = ""
     report: Optional[Path] = None  # relative to the results root
+    tree: str = "unknown"  # clean | dirty | unknown: whether the files were the commit's (envinfo.tree_label)
 
 
 def read_about(folder: Path) -> About:
@@ -142,9 +143,26 @@ def _short(sha) -> str:
 
 
 def _machine(env: dict, used: int) -> str:
-    gpu, have = env.get("gpu") or "?", env.get("gpu_count") or used
+    """'1 × NVIDIA H200 (of 2)': the GPUs the run used (its rows' world size), of the host's
+    (nvidia-smi's lines, which CUDA_VISIBLE_DEVICES does not hide; else the visible count)."""
+    smi = env.get("nvidia_smi")
+    gpu, have = env.get("gpu") or "?", (len(smi) if isinstance(smi, list) and smi else env.get("gpu_count")) or used
     text = f"{used} × {gpu}"
     return text + (f" (of {have})" if have and have > used else "")
+
+
+def _tree(envs: list[dict]) -> str:
+    """A run's tree over its invocations: dirty if one was, clean only if every one was."""
+    labels = {tree_label(e) for e in envs} or {"unknown"}
+    return "dirty" if "dirty" in labels else ("unknown" if "unknown" in labels else "clean")
+
+
+def _commit(stored: list[str], named) -> str:
+    """The commits a run's fingerprints name; about.md's (`named`) first where it says otherwise."""
+    if not stored:
+        return str(named or "unknown")
+    shown = ", ".join(_short(s) for s in stored)
+    return f"{named} (stored: {shown})" if named and str(named) != shown else shown
 
 
 def _is_run(d: Path) -> bool:
@@ -156,21 +174,27 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
     rel = d.relative_to(root)
     report = rel / "report" / "report.md" if (d / "report" / "report.md").is_file() else None
     also = list(meta.get("also") or [])
-    if (d / "tune.json").is_file():
-        info = json.loads((d / "tune.json").read_text())
-        trials = sum(len(r["trials"]) if "trials" in r else r.get("timed", 0) for r in info.get("results", []))
-        sizes = ", ".join(str(r["tokens"]) for r in info.get("results", []))
-        commit = meta.get("commit") or folder_meta.get("commit") or "unknown"
-        machine = meta.get("machine") or folder_meta.get("machine") or "?"
-        return Run(rel, machine, str(commit), f"{trials} trials ({sizes} tokens)",
-                   [tune_command(info["layer"])] + also, meta.get("note", ""), report)
     env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
     # a run resumed or extended at later code holds one env per invocation (envs/): name each commit
-    later = [_env_commit(json.loads(p.read_text())) for p in sorted(d.glob("envs/*.json"))]
-    stored = list(dict.fromkeys([_env_commit(env)] + [c for c in later if c != "unknown"]))
-    commit = meta.get("commit") or folder_meta.get("commit")
-    shown = ", ".join(_short(s) for s in stored)
-    commit = f"{commit} (stored: {shown})" if commit and str(commit) != shown else shown
+    envs = ([env] if env else []) + [json.loads(p.read_text()) for p in sorted(d.glob("envs/*.json"))]
+    tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
+    if tune is not None and not envs:  # tunes before env.json: tune.json's device, versions and commit
+        envs = [tune.get("environment") or {}]
+    stored = [_env_commit(e) for e in envs]
+    stored = list(dict.fromkeys(stored[:1] + [c for c in stored[1:] if c != "unknown"]))
+    if tune is not None and not env and stored == ["unknown"]:
+        stored = []  # nothing recorded: about.md's commit stands alone
+    commit = _commit(stored, meta.get("commit") or folder_meta.get("commit"))
+    if tune is not None:
+        trials = sum(len(r["trials"]) if "trials" in r else r.get("timed", 0) for r in tune.get("results", []))
+        sizes = ", ".join(str(r["tokens"]) for r in tune.get("results", []))
+        if env:
+            machine = meta.get("machine") or _machine(env, int(tune["layer"].get("gpus") or 1))
+        else:
+            machine = (meta.get("machine") or folder_meta.get("machine") or envs[0].get("device") or "?") \
+                + " (no environment recorded)"
+        return Run(rel, machine, commit, f"{trials} trials ({sizes} tokens)", [tune_command(tune["layer"])] + also,
+                   meta.get("note", ""), report, _tree(envs))
     counts, used = Counter(), 1
     if (d / "rows").is_dir():
         from ..store import RunStore
@@ -189,7 +213,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
             commands.append(cmd)
         if note and note not in notes:
             notes.append(note)
-    return Run(rel, machine, commit, _fmt_counts(counts), commands + also, "; ".join(notes), report)
+    return Run(rel, machine, commit, _fmt_counts(counts), commands + also, "; ".join(notes), report, _tree(envs))
 
 
 def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list[tuple[str, Path]]]:
@@ -225,9 +249,9 @@ def _caveats(root: Path, folder: Path) -> list[str]:
     out = []
     for p in [folder / "caveats.md"] + sorted(folder.glob("*/**/caveats.md")):
         if p.is_file():
-            where = p.parent.relative_to(folder)
-            head = "" if str(where) == "." else f"`{where}`: "
-            out.append(head + p.read_text().strip())
+            where, text = p.parent.relative_to(folder), p.read_text().strip()
+            gap = "\n\n" if text.startswith("- ") else " "  # a list starts on a line of its own
+            out.append(text if str(where) == "." else f"`{where}`:{gap}{text}")
     return out
 
 
@@ -241,13 +265,13 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
     cav = _caveats(root, folder)
     if cav:
         parts.append(f"**Caveats** (`{name}/caveats.md`, travelling with the folder):\n\n" + "\n\n".join(cav))
-    table = ["| run | machine | commit | rows | report |", "|---|---|---|---|---|"]
+    table = ["| run | machine | commit | tree | rows | report |", "|---|---|---|---|---|---|"]
     for r in runs:
         label = _label(r, name)
         note = f" — {r.note}" if r.note else ""
         link = f"[report]({r.report.as_posix()})" if r.report else "–"
         commits = ", ".join(f"`{_cell(c)}`" for c in r.commit.split(", "))
-        table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | {commits} | {r.rows} | {link} |")
+        table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | {commits} | {r.tree} | {r.rows} | {link} |")
     parts.append("\n".join(table))
     if comparisons:
         parts.append("Comparison reports: " + ", ".join(f"[{text}]({c.as_posix()})" for text, c in comparisons))
@@ -281,12 +305,17 @@ the measured rows are merged into `rows/rows.parquet` by `scripts/compact_rows.p
 `skipped.parquet`; `env.json`; `sweep-*.json`) plus `report/` from `moebench report <run> --out
 <run>/report` (without `--out`, reports of a run in this tree go to `runs/reports/`, so that
 reading a committed run changes no tracked file).
-*commit* is the code a run measured (`env.json`'s `MOEBENCH_GIT_SHA`, else its `git_sha`, and
-those of its later invocations in `envs/` where a run was extended at newer code; the folder's
-`about.md` where the stored one is wrong, which is then shown beside it). Most
-folders measured older code than today's; a folder's caveats say where later code changes
-its figures. *machine*: the GPUs a run used (of the machine's). Folders under `archive/`
-hold superseded generations, kept as the findings' history.
+*commit* is the code a run measured (`env.json`'s `git_sha`, or for fingerprints older than the
+tree stamp its `MOEBENCH_GIT_SHA`, and those of its later invocations in `envs/` where a run was
+extended at newer code; a tune's `tune.json` where it has no `env.json`; the folder's `about.md`
+where the stored one is wrong, which is then shown beside it). *tree* says whether the files that
+ran were that commit's: `clean`, `dirty` (uncommitted changes: `env.json`'s `git_diff_paths` and
+`git_diff_sha256` say which), or `unknown` (no `.git` and no tree stamp where it ran: every GPU
+run before `scripts/copy_tree.sh`). Most folders measured older code than today's; a folder's
+caveats say where later code changes its figures. *machine*: the GPUs a run used (its rows' world
+size) of the host's (nvidia-smi's count, which `CUDA_VISIBLE_DEVICES` does not hide): "(of 2)" is
+a host with a GPU the run did not use, which may have run other work meanwhile (the caveats say
+where it did). Folders under `archive/` hold superseded generations, kept as the findings' history.
 
 Commands are the recorded ones, rendered for today's code: renamed keys take their new names
 (`experts.fp8_layout` → `experts.row_layout`), and the `runner.device=cuda` the GPU runs pinned

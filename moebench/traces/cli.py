@@ -86,6 +86,21 @@ def _row_trace_paths(run: Path) -> list:
     return sorted(set(named))
 
 
+def _rows_read_traces(run: Path) -> bool:
+    """Whether a run's rows hold figures read from traces (`trace_overlap_method`) though they
+    name no trace file: traces not kept (committed rows name only files that are there)."""
+    import pyarrow.parquet as pq
+
+    for f in sorted((run / "rows").glob("*.parquet")):
+        try:
+            if "trace_overlap_method" in pq.ParquetFile(f).schema_arrow.names and \
+                    any(pq.read_table(f, columns=["trace_overlap_method"]).column(0).to_pylist()):
+                return True
+        except Exception:  # noqa: BLE001 - a torn row file
+            continue
+    return False
+
+
 def _trace_roots(p: Path) -> list:
     """Folders to read traces from for directory `p`: `<p>/traces/`; for a run directory
     without one, the top folders its rows' trace paths name (another `trace.dir`) that
@@ -106,6 +121,11 @@ def _trace_roots(p: Path) -> list:
             f"{p} has no traces/ folder: its rows name {len(named)} trace file(s) (e.g. {named[0]}) that are "
             "not here; results/ folders omit them: copy the run's traces/ from where it ran, or re-run with "
             "trace=torch")
+    if _rows_read_traces(p):
+        raise ValueError(
+            f"{p} has no traces/ folder and its rows name no trace file, though they hold figures read from "
+            "traces: the traces were not kept (results/ folders omit them; see the run's caveats.md): re-run "
+            "with trace=torch")
     raise ValueError(
         f"{p} has no traces/ folder and its rows name no trace file: they were measured with trace=none "
         "(or nvtx, which leaves ranges for an external profiler only); re-run with trace=torch or trace=nsys")

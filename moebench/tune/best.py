@@ -12,7 +12,8 @@ medians, resampling each row's `samples_us` (2,000 draws, seeded). A win is clea
 the interval's low end is above 1. Rows are told apart by `combo_key`; a combination
 stored twice at one size counts once (the last written).
 
-Writes <out>/best_per_size.json and <out>/best_per_size.png (default out: <RUN>/report).
+Writes <out>/best_per_size.json and <out>/best_per_size.png (default out: <RUN>/report, or for
+a run committed under results/ `runs/reports/<its path>/report`, as `moebench report` does).
 """
 from __future__ import annotations
 
@@ -184,10 +185,11 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
 
 def results_command(run: str, out: Optional[str]) -> int:
     from ..report.load import load_run
+    from ..report.markdown import default_report_dir
 
     df, _ = load_run(run)
     best = best_per_size(df)
-    out_dir = Path(out) if out else Path(run) / "report"
+    out_dir = Path(out) if out else default_report_dir(run)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = json.loads(best.to_json(orient="records"))
     (out_dir / "best_per_size.json").write_text(json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")

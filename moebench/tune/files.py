@@ -8,6 +8,10 @@
     <out>/tune.json                            the run: layer, space, budget, per token count
                                                the search's steps, baselines, finalists
     <out>/trials.jsonl                         every trial (trials.py)
+    <out>/env.json, <out>/envs/<id>.json       the machine's fingerprint (moebench/env.py), as a
+                                               sweep's run folder has it: the first invocation's,
+                                               and each invocation's (a resumed tune may run
+                                               other code)
 
 `--install` merges the entries into kernels/configs/ when the file then covers vLLM's
 batch-size grid, else into kernels/configs/partial/, a folder vLLM never reads (it
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -38,6 +43,16 @@ def environment() -> dict:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"device": dev, "device_name": tconfig.device_name(), "torch": torch.__version__,
             "triton": triton.__version__, **git_info()}
+
+
+def write_env(out_dir: Path) -> Path:
+    """The fingerprint of this invocation into a tune's folder (RunStore.write_env's layout:
+    envs/<id>.json, and env.json where the folder has none); returns envs/<id>.json."""
+    from .. import env as envmod
+    from ..store import RunStore
+
+    info = envmod.fingerprint()
+    return RunStore(out_dir).write_env({**info, "env_id": envmod.env_id(info)}, uuid.uuid4().hex[:10])
 
 
 def _num(v):

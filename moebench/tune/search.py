@@ -26,6 +26,7 @@ from ..kernels.experts.triton import CONTIGUOUS_QUANTS
 from ..kernels.triton.config import VLLM_BATCH_SIZES, config_block_shape, config_dtype
 from ..layer import build_layer  # noqa: F401  (bench.build_layer calls it: the one import of it)
 from . import compile as tcompile
+from . import files as tfiles
 from . import strategy
 from .bench import baselines_of, dims_of
 from .space import SPACES, config_key, prune, shared_limit_of
@@ -330,6 +331,7 @@ def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: p
     store = TrialStore(out_dir, resume=args.resume)
     if not args.resume and store.path.exists():
         store.path.unlink()
+    tfiles.write_env(out_dir)  # before any trial: an interrupted tune has its environment too
     t0 = time.perf_counter()
     ngpu = torch.cuda.device_count() if cuda else 0
     ngpu = min(ngpu, args.gpus) if args.gpus else ngpu
