@@ -14,7 +14,9 @@ from .traces.matched import CRITICAL_SPAN_TIE, critical_rank  # noqa: F401 (rows
 from .traces.metrics import METHOD_MATCHED
 
 STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
-PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine")
+# the layer's phases (docs/design.md, "Phases"); shared_experts is the shared experts' span in
+# the phase forwards, inside dispatch or combine where they overlap a communication span
+PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
 NAN = float("nan")
 # the ablation's overlap_fraction interval (rows.overlap_interval): a 90 % percentile
 # bootstrap over sample indices, with a fixed seed so that a row is reproducible

@@ -127,7 +127,16 @@ def test_phase_memory_overlap_tables(tmp_path):
                  overlap_fraction=0.7)]
     df, _ = load_run(write_run(tmp_path / "r", pd.DataFrame(rows)))
     pt = phase_table(df)
-    assert "| 10.00 | 20.00 | 50.00 | - | 15.00 | 95.00 | 100.0 |" in pt
+    assert "| 10.00 | 20.00 | 50.00 | - | 15.00 | - | 95.00 | 100.0 |" in pt
+    # the shared experts count in the sum where they ran outside a communication span
+    seq = _row(64, combo_key="seq", latency_us_median=100.0, prepare_us=10.0, dispatch_us=np.nan, experts_us=50.0,
+               weight_reduce_us=np.nan, combine_us=5.0, shared_experts_us=30.0)
+    inside = _row(64, overlap="combine", combo_key="in", latency_us_median=100.0, prepare_us=10.0, dispatch_us=20.0,
+                  experts_us=50.0, weight_reduce_us=np.nan, combine_us=35.0, shared_experts_us=30.0)
+    both, _ = load_run(write_run(tmp_path / "s", pd.DataFrame([seq, inside])))
+    pt = phase_table(both)
+    assert "| 10.00 | - | 50.00 | - | 5.000 | 30.00 | 95.00 | 100.0 |" in pt
+    assert "| 10.00 | 20.00 | 50.00 | - | 35.00 | 30.00 | 115.0 | 100.0 |" in pt  # held by combine: 10+20+50+35
     mt = memory_table(df)
     assert "| 2.00 | 3.00 | 250.0 | 1.50 |" in mt
     ot = overlap_table(df)

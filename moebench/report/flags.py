@@ -11,7 +11,9 @@ Per ok row (``row_flags``), each a short tag:
   GPU inside a forward, so its events include host round trips;
 - ``gpu-idle``: profiler timing and the phases' kernel busy time under GPU_IDLE (0.5) of the
   latency: the GPU is idle most of the sample (host-bound);
-- ``phases≠latency``: graph timing and the phase sum off the latency by more than PHASE_GAP
+- ``phases≠latency``: graph timing and the phase sum (report/load.py ``phase_sum``: the routed
+  phases and the shared experts where they ran outside a communication span) off the latency
+  by more than PHASE_GAP
   (the phases are eager forwards' events, the latency graph replays), or events timing and
   the phase sum off by more than PHASE_FACTOR either way (the phases' own forwards ran under
   other conditions than the timed ones, e.g. a CPU run beside other work);
@@ -33,7 +35,7 @@ import pandas as pd
 
 from ..timing import HOST_SYNCS_US, NOISY_SPREAD
 from .envinfo import env_value, is_commit, tree_label
-from .load import PHASE_COLUMNS
+from .load import phase_sum
 
 HOST_BOUND = 0.8
 GPU_IDLE = 0.5
@@ -79,8 +81,7 @@ def flags_of(row) -> list[str]:
     elif mode == "host" or (not held and mode == "events" and np.isfinite(host) and np.isfinite(med)
                             and host >= HOST_BOUND * med):
         out.append("host-bound")
-    phases = [_num(row, c) for c in PHASE_COLUMNS]
-    total = float(np.nansum(phases)) if any(np.isfinite(phases)) else float("nan")
+    total = phase_sum(row)
     if mode == "profiler" and np.isfinite(total) and np.isfinite(med) and total < GPU_IDLE * med:
         out.append("gpu-idle")
     if np.isfinite(total) and np.isfinite(med) and med > 0 and total > 0:

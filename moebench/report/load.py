@@ -22,7 +22,7 @@ IDENTITY_COLUMNS = ["schema_version", "run_id", "sweep", "combo_key", *SPEC_COLU
 SHOWN_IDENTITY = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep", "combo_key")]
 OUTCOME_COLUMNS = ["status", "reason", "rel_err"]
 LATENCY_COLUMNS = ["latency_us_median", "latency_us_p20", "latency_us_p80"]
-PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us"]
+PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us", "shared_experts_us"]
 OVERLAP_COLUMNS = [
     "shared_us", "latency_no_shared_us", "shared_exposed_us", "overlap_fraction",
     "overlap_fraction_lo", "overlap_fraction_hi", "trace_overlap_fraction",
@@ -267,3 +267,24 @@ def combo_labels(df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = Non
     if not len(df):
         return pd.Series([], dtype=object)
     return df.apply(label, axis=1)
+
+
+def phase_sum(row) -> float:
+    """The time a row's phases account for (µs): the routed phases plus the shared experts'
+    span where it ran outside a communication span (overlap=none, or a backend without a
+    dispatch span: the local ones run the shared experts in the layer's own sequence);
+    NaN without phases. Rows from before `shared_experts_us` sum the routed phases."""
+    def num(col):
+        try:
+            v = float(row.get(col))
+        except (TypeError, ValueError):
+            return float("nan")
+        return v
+
+    routed = [num(c) for c in PHASE_COLUMNS if c != "shared_experts_us"]
+    if not any(np.isfinite(routed)):
+        return float("nan")
+    total = float(np.nansum(routed))
+    shared = num("shared_experts_us")
+    nested = str(row.get("overlap")) in ("dispatch", "combine") and np.isfinite(num("dispatch_us"))
+    return total + (shared if np.isfinite(shared) and not nested else 0.0)

@@ -20,7 +20,7 @@ from .plots_compare import plot_comparison, plot_comparison_latency  # noqa: F40
 MIB = 1024.0 * 1024.0
 REDUCTION_STYLES = {"experts": "-", "finalize": "--"}
 PHASE_COLORS = {"prepare_us": "C0", "dispatch_us": "C1", "experts_us": "C2", "weight_reduce_us": "C3",
-                "combine_us": "C4"}
+                "combine_us": "C4", "shared_experts_us": "C5"}
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -119,8 +119,12 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
                 continue
             s = rows.assign(_lab=p.labels.loc[rows.index]).drop_duplicates("_lab").set_index("_lab").reindex(labels)
             left = np.zeros(len(labels))
+            # shared experts inside a communication span are in that span's bar already
+            nested = (s["overlap"].isin(["dispatch", "combine"]) & s["dispatch_us"].notna()).to_numpy()
             for col in PHASE_COLUMNS:
                 width = s[col].fillna(0.0).to_numpy(dtype=float)
+                if col == "shared_experts_us":
+                    width = np.where(nested, 0.0, width)
                 ax.barh(y, width, left=left, color=PHASE_COLORS[col], label=col.removesuffix("_us"))
                 left += width
             ax.plot(s["latency_us_median"], y, "|", color="black", ms=12, mew=2, label="layer latency (median)")

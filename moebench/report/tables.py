@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .load import (MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns,
+from .load import (MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns, phase_sum,
                    fmt_value, latest_rows)
 from .table import md_escape, md_table  # noqa: F401  (tables' names, kept for callers)
 
@@ -206,10 +206,12 @@ def reasons_table(df: pd.DataFrame) -> str:
 
 
 def phase_table(df: pd.DataFrame) -> str:
-    """Per-phase times (µs) of ok rows: prepare, dispatch, experts, weight_reduce, combine.
+    """Per-phase times (µs) of ok rows: prepare, dispatch, experts, weight_reduce, combine and
+    the shared experts.
 
-    'sum' adds the phases; it can differ from the median end-to-end latency (gaps between
-    phases, shared experts, or overlap between phases).
+    'sum' is load.phase_sum: the phases, the shared experts counted where they ran outside
+    a communication span (inside one, that span holds them); it can differ from the median
+    end-to-end latency (gaps between phases, the launch gaps a graph replay removes).
     """
     df = latest_rows(df)
     ok = df[(df["status"] == "ok") & df[PHASE_COLUMNS].notna().any(axis=1)]
@@ -219,7 +221,7 @@ def phase_table(df: pd.DataFrame) -> str:
     rows = []
     for _, r in ok.iterrows():
         phases = [r[c] for c in PHASE_COLUMNS]
-        total = float(np.nansum(phases))
+        total = phase_sum(r)
         rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
                     + [fmt_us(p) for p in phases] + [fmt_us(total),
                                                      fmt_us(r["latency_us_median"])])
