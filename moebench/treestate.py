@@ -101,6 +101,14 @@ def git_head(root: Path) -> Optional[str]:
     return sha if HEX40.fullmatch(sha) else None
 
 
+def older_than(root: Path, head: str, commit: str) -> bool:
+    """Whether the .git at `root` (HEAD `head`) predates `commit`: it does not know the commit
+    (a copy that travelled with a .git from before it), or HEAD is its ancestor."""
+    if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+        return True
+    return _git(root, "merge-base", "--is-ancestor", head, commit) is not None
+
+
 def _paths(out: Optional[bytes]) -> list[str]:
     return [os.fsdecode(p) for p in (out or b"").split(b"\0") if p]
 
@@ -323,8 +331,10 @@ def from_stamp(root: Path, stamp: dict) -> TreeState:
 
 def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
     """The code at `root`: its .git, else its stamp; `named` (MOEBENCH_GIT_SHA) where neither
-    says. A .git whose HEAD is not the stamp's commit yields to a stamp its files still match
-    (a stale .git travelled with the copy); a named commit that is not the .git's HEAD wins
+    says. A .git whose HEAD is not the stamp's commit yields to the stamp where its files still
+    match the stamp, or where the .git predates the stamp's commit (a stale .git travelled with
+    the copy: a file written after the stamp, e.g. a benchmark's output, is then dirt on top of
+    the stamp's commit, not of the stale HEAD); a named commit that is not the .git's HEAD wins
     with the state unknown (older GPU copies carried a stale .git and no stamp)."""
     root = Path(root)
     named = (named or "").strip()
@@ -334,7 +344,7 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
     state = from_git(root, head) if head else None
     if stamp is not None and (state is None or stamp["commit"] != head):
         stamped = from_stamp(root, stamp)
-        if state is None or not stamped.after_stamp:
+        if state is None or not stamped.after_stamp or older_than(root, head, stamp["commit"]):
             state = stamped if state is None else replace(stamped, note=f"{stamped.note}; the .git here is at "
                                                                         f"{head[:12]}, not the stamp's commit")
     if named:

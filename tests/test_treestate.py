@@ -164,6 +164,23 @@ def test_a_stamp_in_place_travels_with_a_copy_that_has_no_git(repo, tmp_path):
     stale = treestate.tree_state(dest)
     assert (stale.source, stale.sha, stale.diff_sha256) == ("stamp", want.sha, want.diff_sha256)
     assert "not the stamp's commit" in stale.note
+    # a file written after the stamp (a benchmark's output) with that stale .git: still the stamp's
+    # commit, dirty by the new file, not the stale HEAD with every change since counted as dirt
+    (dest / "results").mkdir()
+    (dest / "results" / "ceilings.json").write_text("{}\n")
+    after = treestate.tree_state(dest)
+    assert (after.source, after.sha, after.dirty) == ("stamp", want.sha, True)
+    assert after.after_stamp == ("results/ceilings.json",)
+
+
+def test_a_stale_git_that_knows_the_newer_commit_is_not_stale(repo, tmp_path):
+    """A checkout whose stamp is older than its HEAD (stamped, then a commit): its .git answers."""
+    assert _copy(repo, None, "--stamp").returncode == 0
+    _edit(repo / "moebench" / "paths.py")
+    _git(repo, "commit", "-qam", "later")
+    (repo / "notes.txt").write_text("x\n")  # a change after the stamp
+    state = treestate.tree_state(repo)
+    assert (state.source, state.sha) == ("git", _git(repo, "rev-parse", "HEAD"))
 
 
 def test_a_named_commit_where_nothing_else_says(repo, tmp_path):
