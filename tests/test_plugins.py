@@ -231,9 +231,10 @@ def test_moebench_compare_axis_gives_the_verdict(sweep_run, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != registry.PLUGIN_MODULES_VAR}
     env["PYTHONPATH"] = str(ROOT)  # a report needs no plugin installed
     p = subprocess.run([sys.executable, "-m", "moebench.cli", "compare", str(run), "--axis",
-                        "experts=mykernel_v1:mykernel_v2", "--out", str(tmp_path / "cmp")], env=env,
+                        "experts=mykernel_v1:mykernel_v2", "--out", str(tmp_path / "cmp"), "--cpu-verdict"], env=env,
                        capture_output=True, text=True, timeout=300)
-    assert p.returncode in (0, 1), p.stderr  # 1: a regression verdict, a valid outcome
+    # CPU rows get a verdict only when asked (--cpu-verdict); 1: a regression verdict, a valid outcome
+    assert p.returncode in (0, 1), p.stderr
     # the two pairs test_the_two_versions_pair_on_the_experts_axis finds, both ok
     head = p.stdout.splitlines()[0]
     assert head.startswith("**Verdict (experts=mykernel_v2 vs experts=mykernel_v1):"), p.stdout[:2000]

@@ -10,7 +10,8 @@ from pathlib import Path
 from moebench import cli
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED = REPO / "results" / "triton_vs_torch" / "events"  # torch and triton experts compete at each size
+COMMITTED = REPO / "results" / "default_sweep" / "h200x1_held"  # GPU-time rows compete at each size
+HOST_TIME = REPO / "results" / "triton_vs_torch" / "events"  # eager events before the hold: host time
 
 
 def test_results_of_a_committed_run_go_under_runs_reports(tmp_path, monkeypatch, capsys):
@@ -18,7 +19,7 @@ def test_results_of_a_committed_run_go_under_runs_reports(tmp_path, monkeypatch,
     committed = COMMITTED / "report" / "best_per_size.json"
     before = committed.read_bytes() if committed.exists() else None
     assert cli.main(["tune", "--results", str(COMMITTED)]) == 0
-    out = tmp_path / "runs" / "reports" / "triton_vs_torch" / "events" / "report"
+    out = tmp_path / "runs" / "reports" / "default_sweep" / "h200x1_held" / "report"
     rows = json.loads((out / "best_per_size.json").read_text())["rows"]
     assert rows and (out / "best_per_size.png").stat().st_size > 0
     assert (committed.read_bytes() if committed.exists() else None) == before  # the committed tree untouched
@@ -30,6 +31,16 @@ def test_results_of_a_committed_run_go_under_runs_reports(tmp_path, monkeypatch,
         (mine / "rows" / f.name).write_bytes(f.read_bytes())
     assert cli.main(["tune", "--results", str(mine)]) == 0
     assert (mine / "report" / "best_per_size.json").is_file()
+
+
+def test_results_of_a_run_of_host_time_rank_nothing(tmp_path, monkeypatch, capsys):
+    """Every ok row of this run was timed before the hold and read the host's launches: no table
+    rests on them (exit 2, saying why)."""
+    monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "runs"))
+    assert cli.main(["tune", "--results", str(HOST_TIME)]) == 2
+    err = capsys.readouterr().err
+    assert "no ok row of this run is GPU time" in err and "host time" in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_tune_folder_holds_its_environment_even_when_interrupted(tmp_path, monkeypatch, capsys):
