@@ -124,16 +124,17 @@ def test_real_cpu_trace_phase_durations_and_nesting(tmp_path):
     s = summarize(trace)
     assert s.num_samples == 3 and s.combos == ["local-torch"]
     assert not trace.kernels and s.trace_overlap_fraction is None
-    for fig, meas in zip(s.per_sample, measured):
+    sample_us = {int(r.name.split("/")[1]): r.end_us - r.start_us for r in trace.ranges if r.name.startswith("sample/")}
+    for i, (fig, meas) in enumerate(zip(s.per_sample, measured)):
         for name, us in meas.items():
             got = fig["phases"][name]["cpu_us"]
-            # the record_function range encloses the perf_counter window: never shorter,
-            # longer by the annotation cost (or by a descheduling on a loaded machine)
-            assert us - 5 <= got <= us * 1.5 + 5000, (name, got, us)
+            # the record_function range encloses the perf_counter window: never shorter; and it
+            # lies inside its sample's range (a bound that holds on a loaded machine too, where a
+            # descheduling can stretch one range by milliseconds: no ratio of durations is asserted)
+            assert us - 5 <= got <= sample_us[i], (name, got, us, sample_us[i])
     for name in measured[0]:
-        # medians over the 3 samples: robust to one descheduled sample
-        want = sorted(m[name] for m in measured)[1]
-        assert want - 5 <= s.phases[name].cpu_us <= want * 1.15 + 500, (name, s.phases[name].cpu_us, want)
+        # the median over the samples is one of the per-sample figures checked above
+        assert s.phases[name].cpu_us in [f["phases"][name]["cpu_us"] for f in s.per_sample], name
     # nesting: combine and weight_reduce inside finalize, every phase inside its sample, samples in the combo
     by = {}
     for r in trace.ranges:
