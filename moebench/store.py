@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from .migrate import migrate
+from .writable import with_path
 
 REDO_CHOICES = ("none", "failed", "all")
 FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
@@ -50,7 +51,10 @@ def _atomic_write(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix + TMP_SUFFIX)
     os.close(fd)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except OSError as e:  # pyarrow's and write()'s ENOSPC name no file: name the one being written
+            raise with_path(e, path) from e
         os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would make it (mkstemp's is 0600)
         _fsync(tmp)
         os.replace(tmp, path)
