@@ -211,12 +211,16 @@ def execute(
     if dry_run:
         info, eid, run_id = {}, "", "dry-run"
         lock = None
+        for torn in store.torn_files() if store.rows_dir.is_dir() else ():
+            log(f"moebench: {torn}: a sweep moves it to rows/.corrupt/ and measures its rows again")
     else:
         probe(run_dir)  # a full disk, a read-only folder or a file in the way: exit 2 before any work
         lock = RunLock.acquire(run_dir, wait=wait, log=log)
     try:
         if lock is not None:
             store.clean_temp()  # a writer killed between write and rename left these
+            for torn, moved in store.set_aside_torn():
+                log(f"moebench: {torn}: moved to {moved}; its rows are measured again")
             info = envmod.fingerprint()
             eid = envmod.env_id(info)
             run_id = uuid.uuid4().hex[:10]
