@@ -36,6 +36,14 @@ def _fail_on(fail_on) -> tuple[str, ...]:
     return parse_fail_on(fail_on) if isinstance(fail_on, str) else tuple(fail_on)
 
 
+def _same_run(cmd: str, base, cand) -> None:
+    """Say so when both sides are one run: every pair is then identical, and a clean verdict
+    would read as a finding."""
+    if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
+        print(f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
+              "so the comparison says nothing", file=sys.stderr)
+
+
 def _finish(doc, path: Path, fmt: str) -> int:
     text = stdout_text(doc, fmt)
     print(text, end="" if text.endswith("\n") else "\n")
@@ -59,6 +67,7 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
         raise ValueError("nothing to report: `moebench report RUN` for one run, or "
                          "`moebench report --baseline A --candidate B` to compare two")
     _exists(candidate, baseline)
+    _same_run("report", baseline, candidate)
     where = probe(Path(out) if out else default_report_dir(candidate))  # a read-only folder: exit 2 before any work
     rep = build_report(candidate, where, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
     return _finish(rep.doc, rep.path, fmt)
@@ -88,6 +97,7 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
         raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
     base, cand = runs
     _exists(base, cand)
+    _same_run("compare", base, cand)
     where = probe(Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}"))
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
