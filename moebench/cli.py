@@ -1,7 +1,10 @@
 """moebench sweep|run|list|report|compare|ab|trace|tune|env
 
 Bad input (unknown option, malformed results, a world size the machine lacks)
-exits with code 2 and a message that says what to do, before any work starts.
+exits with code 2 and a message that says what to do, before any work starts; so does an
+environment error (a full disk, a read-only folder, `--out` naming a file: one line naming
+the path and the cause, moebench/writable.py). A sweep that meets one mid-run keeps its
+rows and exits 1 saying so (moebench/sweep.py).
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ Groups: backend experts reduction overlap model quant workload runner trace."""
 
 EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
 failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
-missing run, an unknown schema version, an axis value no row has, an unknown option); 130 interrupted.
+missing run, an unknown schema version, an axis value no row has, an unknown option) or an environment
+error (a full disk, a read-only --out); 130 interrupted.
 A single run's report exits 0."""
 
 
@@ -193,6 +197,8 @@ def _run_one(args) -> int:
     if len(combos) != 1:
         raise ValueError(f"`moebench run` takes one combination; these overrides give {len(combos)}: use `moebench sweep`")
     run_dir, counts = execute(args.overrides, None, args.out or None, redo="all")
+    if counts.env_error:  # said on stderr; its row may not be stored
+        return counts.exit_code()
     df = RunStore(run_dir).load()
     df = df[df["combo_key"] == combos[0].key]
     cols = ["tokens_per_rank", "status", "latency_us_median", "latency_us_p20", "latency_us_p80", "rel_err", "reason"]
@@ -320,12 +326,32 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"moebench {args.cmd}: error: {_one_line(e, getattr(args, 'overrides', None) or [])}", file=sys.stderr)
         return 2
+    except OSError as e:
+        line = _environment_line(e, args)
+        if line is None:
+            raise
+        print(f"moebench {args.cmd}: environment error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         if args.cmd not in ("report", "compare", "list", "ab"):
             raise
         print(f"moebench {args.cmd}: interrupted", file=sys.stderr)
         return 130
     return 2
+
+
+def _environment_line(e: OSError, args) -> str | None:
+    """The one line of an environment error (moebench/writable.py decides which OSErrors are
+    one), with what to do; None for any other OSError (a defect: its traceback stays)."""
+    from .writable import describe
+
+    out = getattr(args, "out", None)
+    line = describe(e, out)
+    if line is None:
+        return None
+    if args.cmd in ("report", "compare", "trace") and not out:
+        return f"{line} (--out DIR writes elsewhere)"
+    return f"{line}; nothing was measured" if args.cmd in ("sweep", "run") else line
 
 
 def _one_line(e: ValueError, overrides: list[str]) -> str:

@@ -7,24 +7,66 @@ Guarantees (docs/design.md, "The store"): a file is complete or absent (written 
 reader and removed at the next start); rows are written as soon as a combination ends;
 nothing is overwritten (each invocation writes its own files) or deleted; a measured
 row always beats a skipped one, and among measured rows of one (combination, tokens)
-the newest wins. Writers hold the run's lock (moebench/lock.py)."""
+the newest wins. Writers hold the run's lock (moebench/lock.py).
+
+A torn row file (one that cannot be read as parquet: cut short by a copy or a disk fault,
+written by something else) is moved to rows/.corrupt/ by the next sweep, which measures
+its rows again; readers warn, naming it, and read the rest. A parquet file lacking a row's
+columns is no row file: every reader refuses it, naming it (docs/design.md, "Environment
+errors and torn files")."""
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
 import pandas as pd
 
-from .migrate import migrate
+from .migrate import check_versions, migrate
+from .writable import CAUSES, with_path
 
 REDO_CHOICES = ("none", "failed", "all")
 FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
 SKIPPED_FILE = "skipped.parquet"
 TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"  # never *.parquet: no reader's glob matches a torn file
 PAIR = ["combo_key", "tokens_per_rank"]
+CORRUPT_DIR = ".corrupt"  # under rows/: torn files set aside (no reader's rows/*.parquet glob looks inside)
+
+
+class TornFile(ValueError):
+    """A row file that cannot be read as parquet (`why` says how it failed)."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: torn row file ({why})")
+        self.path, self.why = Path(path), why
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr (a reader passing over what it cannot use)."""
+    print(f"moebench: warning: {text}", file=sys.stderr)
+
+
+def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
+    """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
+    parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
+    missing, a schema version this code does not know); an environment error passes."""
+    try:
+        df = pd.read_parquet(path)
+    except OSError as e:
+        if e.errno in CAUSES:  # the machine refused the read: not the file's fault
+            raise
+        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types (ArrowInvalid, ...) for a torn file
+        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    missing = [c for c in required if c not in df.columns]
+    if len(df.columns) and missing:
+        raise ValueError(f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
+                         "incompatible version); move it out of the run's rows/ folder")
+    check_versions(df, str(path))
+    return df
 
 
 def _fsync(path) -> None:
@@ -50,7 +92,10 @@ def _atomic_write(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix + TMP_SUFFIX)
     os.close(fd)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except OSError as e:  # pyarrow's and write()'s ENOSPC name no file: name the one being written
+            raise with_path(e, path) from e
         os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would make it (mkstemp's is 0600)
         _fsync(tmp)
         os.replace(tmp, path)
@@ -70,15 +115,32 @@ def _newest_last(files: list[Path]) -> list[Path]:
     return sorted(files, key=lambda p: (mtime(p), p.name))
 
 
-def _read_all(files: list[Path], skip_torn: bool) -> list[pd.DataFrame]:
+def _read_all(files: list[Path], warn_torn: bool) -> list[pd.DataFrame]:
+    """The files' frames; a torn file is passed over (with a warning naming it: `warn_torn`)."""
     frames = []
     for p in files:
         try:
-            frames.append(pd.read_parquet(p))
-        except Exception:
-            if not skip_torn:
-                raise
+            frames.append(read_row_file(p))
+        except TornFile as e:
+            if warn_torn:
+                warn(f"{e}: read the rest; the next sweep into the run moves it to rows/{CORRUPT_DIR}/ "
+                     "and measures its rows again")
     return frames
+
+
+def _read_env_file(path: Path) -> dict:
+    """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        warn(f"{path}: not a JSON fingerprint ({type(e).__name__}): passed over")
+        return {}
+    if not isinstance(data, dict):
+        warn(f"{path}: not a JSON object: passed over")
+        return {}
+    return data
 
 
 def _by_precedence(df: pd.DataFrame) -> pd.DataFrame:
@@ -132,13 +194,55 @@ class RunStore:
         if not rows:
             return path if path.exists() else None
         new = pd.DataFrame(rows)
-        if path.exists():
-            old = pd.read_parquet(path)
+        old = self._skipped_rows()
+        if old is not None:
             fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int)))
             keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"])]
             new = pd.concat([old[keep], new], ignore_index=True)
         _atomic_write(path, lambda p: new.to_parquet(p, index=False))
         return path
+
+    def _skipped_rows(self) -> Optional[pd.DataFrame]:
+        """rows/skipped.parquet's rows (None without one; a torn one is set aside, saying so:
+        its skips are the plan's, which every sweep writes again)."""
+        path = self.rows_dir / SKIPPED_FILE
+        if not path.exists():
+            return None
+        try:
+            return read_row_file(path)
+        except TornFile as e:
+            warn(f"{e}: moved to {self.set_aside(path)}")
+            return None
+
+    def torn_files(self) -> list[TornFile]:
+        """The row files (skipped.parquet included) that cannot be read as parquet."""
+        torn = []
+        for p in [self.rows_dir / SKIPPED_FILE, *self.row_files()]:
+            try:
+                if p.exists():
+                    read_row_file(p)
+            except TornFile as e:
+                torn.append(e)
+        return torn
+
+    def set_aside(self, path: Path) -> Path:
+        """Move a torn file to rows/.corrupt/<name> (<name>.<n> where one is there already):
+        kept for a look, out of every reader's way, its rows missing for the plan."""
+        corrupt = self.rows_dir / CORRUPT_DIR
+        corrupt.mkdir(exist_ok=True)
+        if corrupt.is_symlink() or not corrupt.is_dir():  # a move through a link would leave the run folder
+            raise ValueError(f"{corrupt} is not a folder of the run (a link?): remove it, then re-run")
+        dest, n = corrupt / path.name, 1
+        while dest.exists() or dest.is_symlink():
+            dest, n = corrupt / f"{path.name}.{n}", n + 1
+        os.rename(path, dest)
+        _fsync(self.rows_dir)
+        return dest
+
+    def set_aside_torn(self) -> list[tuple[TornFile, Path]]:
+        """Set every torn row file aside (set_aside); [(what was wrong, where it went)]. Call it
+        holding the run's lock, before planning, so that the plan measures their rows again."""
+        return [(t, self.set_aside(t.path)) for t in self.torn_files()]
 
     def write_json(self, name: str, data: dict) -> Path:
         path = self.dir / name
@@ -160,14 +264,22 @@ class RunStore:
                       if p.name != SKIPPED_FILE and not p.name.startswith("."))
 
     def env_of(self, run_id: str) -> dict:
-        """The fingerprint an invocation measured under ({} for runs written before envs/)."""
-        path = self.envs_dir / f"{run_id}.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        """The fingerprint an invocation measured under ({} for runs written before envs/, or
+        where its file is not a JSON object: a warning names it)."""
+        return _read_env_file(self.envs_dir / f"{run_id}.json")
+
+    def envs(self) -> dict[str, dict]:
+        """run_id -> fingerprint of every envs/*.json (a file that is not a JSON object is
+        passed over with a warning naming it)."""
+        found = {p.stem: _read_env_file(p) for p in sorted(self.envs_dir.glob("*.json"))
+                 if not p.name.startswith(".")}
+        return {k: v for k, v in found.items() if v}
 
     def stored(self) -> dict[str, dict[int, str]]:
         """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
         each pair (older schema versions under their migrated keys)."""
-        frames = _read_all(_newest_last(self.row_files()), skip_torn=True)  # a torn file is redone
+        # a torn file is redone (the sweep sets it aside first and says so: set_aside_torn)
+        frames = _read_all(_newest_last(self.row_files()), warn_torn=False)
         out: dict[str, dict[int, str]] = {}
         frames = [f for f in frames if len(f)]
         if not frames:
@@ -196,7 +308,7 @@ class RunStore:
         files = _newest_last(self.row_files())
         if (self.rows_dir / SKIPPED_FILE).exists():
             files = [self.rows_dir / SKIPPED_FILE, *files]
-        frames = [f for f in _read_all(files, skip_torn=False) if len(f)]
+        frames = [f for f in _read_all(files, warn_torn=True) if len(f)]
         if not frames:
             return pd.DataFrame()
         df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))

@@ -18,19 +18,26 @@ from .plugins import problems as plugin_problems
 from .rows import measured_row, outcome_row
 from .store import RunStore
 from .timing import NOISY_SPREAD
+from .writable import describe as environment_error
+from .writable import probe
 
 
 BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
 
 
 class SweepCounts(Counter):
-    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it."""
+    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it;
+    `env_error` (the line saying what) when the machine refused a write mid-sweep."""
 
     interrupted: bool = False
+    env_error: str = ""
 
     def exit_code(self) -> int:
-        """0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom rows;
-        130 interrupted (docs/design.md, "Exit status")."""
+        """0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom rows,
+        or an environment error stopped the sweep; 130 interrupted (docs/design.md, "Exit
+        status")."""
+        if self.env_error:
+            return 1
         if self.interrupted:
             return 130
         return 1 if any(self.get(s) for s in BAD_STATUSES) else 0
@@ -204,11 +211,16 @@ def execute(
     if dry_run:
         info, eid, run_id = {}, "", "dry-run"
         lock = None
+        for torn in store.torn_files() if store.rows_dir.is_dir() else ():
+            log(f"moebench: {torn}: a sweep moves it to rows/.corrupt/ and measures its rows again")
     else:
+        probe(run_dir)  # a full disk, a read-only folder or a file in the way: exit 2 before any work
         lock = RunLock.acquire(run_dir, wait=wait, log=log)
     try:
         if lock is not None:
             store.clean_temp()  # a writer killed between write and rename left these
+            for torn, moved in store.set_aside_torn():
+                log(f"moebench: {torn}: moved to {moved}; its rows are measured again")
             info = envmod.fingerprint()
             eid = envmod.env_id(info)
             run_id = uuid.uuid4().hex[:10]
@@ -273,6 +285,12 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
                     progress.update(label, counts)
             else:
                 Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested).run(work)
+        except OSError as e:
+            # a full disk or a folder turned read-only: the rows written so far stay (each file
+            # is whole or absent); measuring on would only lose more, so the sweep stops here
+            counts.env_error = environment_error(e, store.dir) or ""
+            if not counts.env_error:
+                raise
         finally:
             progress.close()
     if progress.summary():
@@ -283,6 +301,10 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
     if not work and not already:
         log("moebench: nothing ran: every combination was skipped on this machine "
             "(`moebench list -v` with the same options says why)")
-    if stop.requested:
+    if counts.env_error:
+        written = sum(n for status, n in counts.items() if status != "skipped")
+        print(f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
+              "measured row(s) it stored: fix that, then re-run the same command to resume", file=sys.stderr)
+    elif stop.requested:
         counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")

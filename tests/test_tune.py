@@ -215,6 +215,13 @@ def test_check_vllm_reports_the_routing(tmp_path, capsys):
     extra.write_text(json.dumps({str(m): dict(_entry(), us=1.0) for m in tconfig.VLLM_BATCH_SIZES}))
     assert cli.main(["tune", "--check-vllm", str(extra)]) == 1
     assert "fields vLLM passes to its kernel but it takes none such: us" in capsys.readouterr().out
+    # an entry lacking fields vLLM's entries hold: named, and not ok (its launch would fail)
+    lacking = tmp_path / "E=8,N=256,device_name=NVIDIA_H200.json"
+    lacking.write_text(json.dumps({str(m): _entry() for m in tconfig.VLLM_BATCH_SIZES} | {"16": {"BLOCK_SIZE_M": 16}}))
+    assert cli.main(["tune", "--check-vllm", str(lacking)]) == 1
+    out = capsys.readouterr().out
+    assert ("PROBLEM: entry 16 lacks BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages" in out
+            and "not ok" in out)
     # the routing is vLLM's expression, ties to the key first in the file
     for keys in ([64, 256], [256, 64], [1, 2, 4, 8], list(tconfig.VLLM_BATCH_SIZES), [3, 5, 100]):
         for k, lo, hi in routes(keys):

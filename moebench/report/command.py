@@ -3,7 +3,8 @@
 Both write the report (report.md + PNGs, with csv files or report.json as --format asks)
 and print it in that format. Exit status: 0 clean; 1 a row slower beyond the threshold,
 a broken row, or no row ok on both sides (what counts is --fail-on); bad input raises
-ValueError (the CLI exits 2); a single run's report exits 0.
+ValueError and a report folder that cannot be written OSError, before any work (the CLI
+exits 2 for both); a single run's report exits 0.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from .compare import DEFAULT_FAIL_ON, compare_runs, parse_fail_on
 from .load import load_run
+from ..writable import probe
 from .markdown import FORMATS, _names, build_report, comparison_doc, default_report_dir, run_root, stdout_text, write
 
 
@@ -32,6 +34,14 @@ def _fail_on(fail_on) -> tuple[str, ...]:
     if fail_on is None:
         return DEFAULT_FAIL_ON
     return parse_fail_on(fail_on) if isinstance(fail_on, str) else tuple(fail_on)
+
+
+def _same_run(cmd: str, base, cand) -> None:
+    """Say so when both sides are one run: every pair is then identical, and a clean verdict
+    would read as a finding."""
+    if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
+        print(f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
+              "so the comparison says nothing", file=sys.stderr)
 
 
 def _finish(doc, path: Path, fmt: str) -> int:
@@ -57,7 +67,9 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
         raise ValueError("nothing to report: `moebench report RUN` for one run, or "
                          "`moebench report --baseline A --candidate B` to compare two")
     _exists(candidate, baseline)
-    rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
+    _same_run("report", baseline, candidate)
+    where = probe(Path(out) if out else default_report_dir(candidate))  # a read-only folder: exit 2 before any work
+    rep = build_report(candidate, where, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
     return _finish(rep.doc, rep.path, fmt)
 
 
@@ -75,21 +87,22 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
 
         ax = parse_axis(axis)
         _exists(runs[0])
+        where = probe(Path(out) if out else default_report_dir(runs[0], f"axis-{ax.field}-{ax.a}-{ax.b}"))
         df, env = load_run(runs[0])
         cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
         cmp.base_env = cmp.cand_env = env
-        where = Path(out) if out else default_report_dir(runs[0], f"axis-{ax.field}-{ax.a}-{ax.b}")
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
     if len(runs) != 2:
         raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
     base, cand = runs
     _exists(base, cand)
+    _same_run("compare", base, cand)
+    where = probe(Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}"))
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = names or _names(Path(base), Path(cand))
-    where = Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}")
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
     return _finish(doc, write(doc, where, fmt), fmt)

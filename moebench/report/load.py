@@ -76,21 +76,18 @@ def _parquet_files(path: Path) -> tuple[list[Path], Path | None]:
     return files, path
 
 
-def read_rows_file(path: str | Path) -> pd.DataFrame:
-    """Read one parquet results file; raise ValueError naming it if it is malformed."""
+def read_rows_file(path: str | Path) -> pd.DataFrame | None:
+    """Read one parquet results file through the store's reader; None (and a warning line
+    naming it) for a torn file, which the next sweep into the run sets aside and measures
+    again; ValueError naming it for a file of some other tool or an unknown schema version."""
+    from ..store import TornFile, read_row_file, warn
+
     path = Path(path)
     try:
-        df = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise ValueError(f"malformed results file {path}: cannot read it as parquet "
-                         f"({type(exc).__name__}: {exc}); delete it and re-run that "
-                         "combination") from exc
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"malformed results file {path}: missing columns {missing}; "
-                         "it was not written by moebench's store (or by an incompatible "
-                         "version): delete it and re-run that combination")
-    return df
+        return read_row_file(path, REQUIRED_COLUMNS)
+    except TornFile as exc:
+        warn(f"{exc}: the report reads the rest (a sweep into the run moves it aside and measures its rows again)")
+        return None
 
 
 def read_env(run_dir: Path | None) -> dict:
@@ -113,9 +110,13 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """
     files, run_dir = _parquet_files(Path(path))
     frames = [read_rows_file(f) for f in files]
-    frames = [f for f in frames if len(f)]
+    frames = [f for f in frames if f is not None and len(f)]
     if not frames:
-        raise ValueError(f"no rows in {path}: every parquet file is empty; re-run the sweep")
+        raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
+    if run_dir is not None:
+        from ..store import RunStore
+
+        RunStore(run_dir).envs()  # each invocation's fingerprint: one that is not JSON is named
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
     df = migrate(df, str(path))
     for col in OPTIONAL_NUMERIC:

@@ -11,8 +11,9 @@ kernel as a keyword. So a file with one 16384-token entry decides decode too, an
 field the kernel does not take breaks the launch.
 
 `moebench tune --check-vllm FILE` prints that routing for vLLM's grid and beyond, and
-exits 1 when the file would decide a grid size from an entry more than 2x away, or has
-fields vLLM's kernel does not take; 0 when neither.
+exits 1 when the file would decide a grid size from an entry more than 2x away, has
+fields vLLM's kernel does not take, or lacks one of the six every vLLM entry holds; 0
+when none of these.
 """
 from __future__ import annotations
 
@@ -22,12 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..kernels.triton.config import IGNORED_FILE_KEYS, VLLM_BATCH_SIZES, config_file_name
+from ..kernels.triton.config import CONFIG_KEYS, IGNORED_FILE_KEYS, VLLM_BATCH_SIZES, config_file_name
 
 # the fields of an entry that vLLM's fused_moe_kernel launch accepts (its constexprs and
 # Triton's launch options; SPLIT_K and the ROCm knobs in vLLM's own files)
 VLLM_ENTRY_FIELDS = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "SPLIT_K", "num_warps",
                      "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack"}
+# the fields every entry must hold: the kernel's tile constexprs (no default: a launch without
+# one raises) and the launch options it was tuned with (without them Triton's defaults run,
+# not the tuned config); vLLM's own files hold all six, as moebench's (CONFIG_KEYS)
+VLLM_REQUIRED_FIELDS = CONFIG_KEYS
 MAX_DISTANCE = 2.0  # an entry further than this (ratio) from a grid size decides it blind
 _NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<dev>[^,]+)(?:,dtype=(?P<dtype>[^,]+?))?"
                    r"(?:,block_shape=\[(?P<bs>[\d, ]+)\])?\.json$")
@@ -75,10 +80,11 @@ class Report:
     ignored: list = field(default_factory=list)
     foreign: dict = field(default_factory=dict)  # entry -> fields vLLM's kernel does not take
     far: list = field(default_factory=list)  # (grid size, entry, ratio) beyond MAX_DISTANCE
+    missing: dict = field(default_factory=dict)  # entry -> VLLM_REQUIRED_FIELDS it lacks
 
     @property
     def ok(self) -> bool:
-        return not self.foreign and not self.far and self.name_ok is not False
+        return not self.foreign and not self.missing and not self.far and self.name_ok is not False
 
 
 def check_file(path) -> Report:
@@ -93,7 +99,7 @@ def check_file(path) -> Report:
     if not isinstance(raw, dict):
         raise ValueError(f"--check-vllm {path}: expected an object of batch size -> config")
     ignored = [k for k in raw if k in IGNORED_FILE_KEYS]
-    keys, foreign = [], {}
+    keys, foreign, missing = [], {}, {}
     for k, v in raw.items():
         if k in IGNORED_FILE_KEYS:
             continue
@@ -104,6 +110,9 @@ def check_file(path) -> Report:
         extra = sorted(set(v) - VLLM_ENTRY_FIELDS) if isinstance(v, dict) else ["(not an object)"]
         if extra:
             foreign[int(k)] = extra
+        lacks = [f for f in VLLM_REQUIRED_FIELDS if f not in v] if isinstance(v, dict) else []
+        if lacks:
+            missing[int(k)] = lacks
     if not keys:
         raise ValueError(f"--check-vllm {path}: no entries")
     m = _NAME.match(path.name)
@@ -118,7 +127,7 @@ def check_file(path) -> Report:
         ratio = max(k, M) / max(1, min(k, M))
         if ratio > MAX_DISTANCE:
             far.append((M, k, ratio))
-    return Report(path=path, name_ok=name_ok, keys=keys, ignored=ignored, foreign=foreign, far=far)
+    return Report(path=path, name_ok=name_ok, keys=keys, ignored=ignored, foreign=foreign, far=far, missing=missing)
 
 
 def format_report(r: Report) -> str:
@@ -136,11 +145,23 @@ def format_report(r: Report) -> str:
         lines.append(f"  | {k} | {span} | {', '.join(map(str, grid)) or '-'} |")
     for k, extra in r.foreign.items():
         lines.append(f"  PROBLEM: entry {k} has fields vLLM passes to its kernel but it takes none such: {', '.join(extra)}")
+    lacking: dict[tuple, list] = {}  # the fields missing -> the entries missing them
+    for k, lacks in r.missing.items():
+        lacking.setdefault(tuple(lacks), []).append(k)
+    for lacks, entries in lacking.items():
+        which = f"entry {entries[0]}" if len(entries) == 1 else f"entries {', '.join(map(str, entries))}"
+        lines.append(f"  PROBLEM: {which} lack{'s' if len(entries) == 1 else ''} {', '.join(lacks)} (every vLLM "
+                     "entry holds the six: its kernel launch fails without a tile field, and runs Triton's "
+                     "default num_warps / num_stages, not the tuned ones, without those)")
     if r.far:
         sizes = ", ".join(f"{M} -> {k} ({ratio:.0f}x)" for M, k, ratio in r.far)
         lines.append(f"  PROBLEM: grid sizes decided by an entry more than {MAX_DISTANCE:g}x away: {sizes}")
-    lines.append("  ok: vLLM would use an entry within 2x of every grid size" if r.ok else
-                 "  not ok: placed in VLLM_TUNED_CONFIG_FOLDER this file changes vLLM at sizes it was not measured at")
+    if r.ok:
+        lines.append("  ok: vLLM would use an entry within 2x of every grid size")
+    elif r.missing or r.foreign:
+        lines.append("  not ok: placed in VLLM_TUNED_CONFIG_FOLDER this file breaks vLLM's launch or runs it untuned")
+    else:
+        lines.append("  not ok: placed in VLLM_TUNED_CONFIG_FOLDER this file changes vLLM at sizes it was not measured at")
     return "\n".join(lines)
 
 
