@@ -40,6 +40,7 @@ import yaml
 from ..paths import REPO_ROOT
 from ..config import rename as config_rename
 from ..plan import RENAMED, load_sweep  # noqa: F401
+from ..store import RunStore
 from .envinfo import env_commit, tree_label
 
 RESULTS = REPO_ROOT / "results"
@@ -176,7 +177,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
     also = list(meta.get("also") or [])
     env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
     # a run resumed or extended at later code holds one env per invocation (envs/): name each commit
-    envs = ([env] if env else []) + [json.loads(p.read_text()) for p in sorted(d.glob("envs/*.json"))]
+    envs = ([env] if env else []) + list(RunStore(d).envs().values())  # a garbage file: warned and passed over
     tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
     if tune is not None and not envs:  # tunes before env.json: tune.json's device, versions and commit
         envs = [tune.get("environment") or {}]
@@ -197,8 +198,6 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
                    meta.get("note", ""), report, _tree(envs))
     counts, used = Counter(), 1
     if (d / "rows").is_dir():
-        from ..store import RunStore
-
         df = RunStore(d).load()
         if len(df):
             counts = Counter(df["status"])
