@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..mdsafe import md_text
 from .compare import DEFAULT_FAIL_ON, compare_runs, parse_fail_on
 from .load import load_run
-from .markdown import FORMATS, _names, build_report, comparison_doc, default_report_dir, run_root, stdout_text, write
+from .markdown import FORMATS, _names, build_report, check_outputs, comparison_doc, report_out, run_root, stdout_text, write
 
 
 def _check_format(fmt: str) -> str:
@@ -78,7 +79,9 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
         df, env = load_run(runs[0])
         cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
         cmp.base_env = cmp.cand_env = env
-        where = Path(out) if out else default_report_dir(runs[0], f"axis-{ax.field}-{ax.a}-{ax.b}")
+        cmp.baseline_name, cmp.candidate_name = md_text(cmp.baseline_name), md_text(cmp.candidate_name)
+        where = report_out(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}")
+        check_outputs(where, fmt)
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
     if len(runs) != 2:
@@ -89,7 +92,8 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, cand_env
-    cmp.baseline_name, cmp.candidate_name = names or _names(Path(base), Path(cand))
-    where = Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}")
+    cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else _names(Path(base), Path(cand))
+    where = report_out(cand, out, f"vs-{run_root(base).name}")
+    check_outputs(where, fmt)
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
     return _finish(doc, write(doc, where, fmt), fmt)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from .load import (MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns, phase_sum,
                    fmt_value, latest_rows)
-from .table import md_escape, md_table  # noqa: F401  (tables' names, kept for callers)
+from .table import md_escape, md_table, md_text  # noqa: F401  (tables' names, kept for callers)
 
 MIB = 1024.0 * 1024.0
 MAX_REASON_CHARS = 160
@@ -75,13 +75,19 @@ def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
     return f"{fmt_frac(x)} [{100 * lo:.0f}–{100 * hi:.0f}]"
 
 
+def md_value(v) -> str:
+    """A value read from the rows as a markdown cell or phrase: fmt_value, escaped (md_text)."""
+    text = fmt_value(v)
+    return text if text == "-" else md_text(text)
+
+
 def _combo_cells(row, cols: list[str]) -> list[str]:
-    return [fmt_value(row[c]) for c in cols]
+    return [md_value(row[c]) for c in cols]
 
 
 def _caption(df: pd.DataFrame, unit: str) -> str:
     extra = constant_caption(df)
-    return unit + (f" All rows: {extra}." if extra else "")
+    return unit + (f" All rows: {md_text(extra)}." if extra else "")
 
 
 def latency_table(df: pd.DataFrame) -> str:
@@ -117,7 +123,7 @@ def latency_table(df: pd.DataFrame) -> str:
             if r is None:
                 cells.append("")
             elif r["status"] != "ok":
-                cells.append(str(r["status"]))
+                cells.append(md_text(r["status"]))
             else:
                 cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
                                     r["latency_us_p80"])
@@ -170,7 +176,7 @@ def timing_note(df: pd.DataFrame) -> str:
         return ""
     parts = []
     for mode, g in ok.groupby(ok["timing_mode"].map(fmt_value), sort=True):
-        parts.append(f"{mode} at {', '.join(str(int(t)) for t in sorted(g['tokens_per_rank'].unique()))}")
+        parts.append(f"{md_text(mode)} at {', '.join(str(int(t)) for t in sorted(g['tokens_per_rank'].unique()))}")
     return f" Timing that ran (timing_mode): {'; '.join(parts)} tokens."
 
 
@@ -181,7 +187,7 @@ def status_table(df: pd.DataFrame) -> str:
     order = ["ok", "skipped", "failed", "timeout", "oom", "incorrect"]
     statuses = [s for s in order if s in counts.index] + \
                [s for s in counts.index if s not in order]
-    rows = [[s, int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
+    rows = [[md_text(s), int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
             for s in statuses]
     rows.append(["total", len(df), df["combo_key"].nunique()])
     return md_table(["status", "rows", "combinations"], rows, ["l", "r", "r"])
@@ -194,13 +200,13 @@ def reasons_table(df: pd.DataFrame) -> str:
         return "_All rows are ok._"
     rows = []
     for (status, reason), g in bad.groupby(["status", bad["reason"].fillna("")], sort=True):
-        combos = sorted({f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}"
+        combos = sorted({md_text(f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}")
                          for r in g.itertuples()})
         shown = ", ".join(combos[:4]) + (f" (+{len(combos) - 4} more)" if len(combos) > 4 else "")
         text = str(reason) or "(no reason given)"
         if len(text) > MAX_REASON_CHARS:
             text = text[:MAX_REASON_CHARS - 1] + "…"
-        rows.append([status, text, len(g), g["combo_key"].nunique(), shown])
+        rows.append([md_text(status), md_text(text) if reason else text, len(g), g["combo_key"].nunique(), shown])
     return md_table(["status", "reason", "rows", "combinations", "backend/experts/red/ovl/quant"],
                     rows, ["l", "l", "r", "r", "l"])
 
@@ -222,7 +228,7 @@ def phase_table(df: pd.DataFrame) -> str:
     for _, r in ok.iterrows():
         phases = [r[c] for c in PHASE_COLUMNS]
         total = phase_sum(r)
-        rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
+        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
                     + [fmt_us(p) for p in phases] + [fmt_us(total),
                                                      fmt_us(r["latency_us_median"])])
     headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + \
@@ -246,7 +252,7 @@ def memory_table(df: pd.DataFrame) -> str:
         if not (isinstance(declared, (int, float)) and np.isfinite(declared) and declared > 0):
             declared = r["workspace_bytes_analytic"]
         ratio = r["workspace_bytes_peak"] / declared if declared else np.nan
-        rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
+        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
                     + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
                     + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
     headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
@@ -270,7 +276,7 @@ def overlap_table(df: pd.DataFrame) -> str:
     rows = []
     for _, r in rows_df.iterrows():
         rows.append(_combo_cells(r, cols) + [
-            fmt_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
+            md_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
             fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
             fmt_us(r["shared_exposed_us"]),
             fmt_frac_interval(r["overlap_fraction"], r.get("overlap_fraction_lo"),
@@ -307,7 +313,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
         return f"{x:.0f} %" if np.isfinite(x) else ""
 
     cols = display_columns(ok)
-    rows = [_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
+    rows = [_combo_cells(r, cols) + [md_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
                                      f"{r['experts_us']:.1f}",
                                      f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
                                      r["bound"], pct(r["experts_pct_of_floor"]),
