@@ -172,6 +172,7 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
         _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
         "## Shared-expert overlap", tables.overlap_table(df),
         _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
+        *(["## Traces", traces] if (traces := tables.traces_table(df)) else []),
         "## Memory", tables.memory_table(df),
         _image(plots.plot_workspace(df, out / "workspace.png"), "workspace of one forward"),
         "## Experts against the roofline", tables.roofline_table(df),

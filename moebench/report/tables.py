@@ -6,6 +6,8 @@ fastest combination of each workload (model, quant-independent, world size) in b
 """
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 import numpy as np
 import pandas as pd
 
@@ -261,8 +263,46 @@ def memory_table(df: pd.DataFrame) -> str:
     return f"{table}\n\n" + _caption(ok, "Memory in MiB (2^20 bytes).")
 
 
+def single_rank(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's backend runs on one rank (local, local_batched): the registry's
+    `single_rank`, or for a backend it does not know (a plugin not installed here) a world
+    size of 1. Such a backend moves no data, so there is no communication to hide the shared
+    experts behind: the overlap table and plot leave its rows out."""
+    from ..kernels import registry
+
+    known: dict = {}
+
+    def one(name, world) -> bool:
+        if name not in known:
+            try:
+                known[name] = bool(registry.get_backend(str(name)).single_rank)
+            except ValueError:  # not registered here
+                known[name] = None
+        if known[name] is not None:
+            return known[name]
+        try:
+            return int(world) == 1
+        except (TypeError, ValueError):
+            return False
+
+    if not len(df):
+        return pd.Series([], dtype=bool)
+    world = df["world_size"] if "world_size" in df.columns else pd.Series(np.nan, index=df.index)
+    return pd.Series([one(b, w) for b, w in zip(df["backend"], world)], index=df.index, dtype=bool)
+
+
+def single_rank_note(rows: pd.DataFrame) -> str:
+    """The line saying which rows a single-rank backend left out of the overlap figures ('' for none)."""
+    if not len(rows):
+        return ""
+    names = ", ".join(sorted({md_text(b) for b in rows["backend"].astype(str)}))
+    return (f"Left out: {len(rows)} row(s) of single-rank backends ({names}): they have no communication to "
+            "hide the shared experts behind (their ablation figures stay in the rows).")
+
+
 def overlap_table(df: pd.DataFrame) -> str:
-    """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank.
+    """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank; rows of
+    single-rank backends left out (`single_rank`), with a line that says so.
 
     shared = shared experts alone (µs); exposed = latency − latency without shared experts
     (µs); overlap = clamp(1 − exposed / shared, 0, 1) with its 90 % bootstrap interval
@@ -270,8 +310,12 @@ def overlap_table(df: pd.DataFrame) -> str:
     """
     df = latest_rows(df)
     rows_df = df[(df["status"] == "ok") & (df["overlap"].fillna("none").astype(str) != "none")]
+    alone = single_rank(rows_df)
+    note = single_rank_note(rows_df[alone])
+    rows_df = rows_df[~alone]
     if not len(rows_df):
-        return "_No rows with shared-expert overlap (overlap=dispatch|combine) in this run._"
+        empty = "_No rows with shared-expert overlap (overlap=dispatch|combine) in this run._"
+        return f"{empty}\n\n{note}" if note else empty
     cols = display_columns(rows_df)
     rows = []
     for _, r in rows_df.iterrows():
@@ -288,7 +332,30 @@ def overlap_table(df: pd.DataFrame) -> str:
     return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
                                                "the shared experts' time hidden, in brackets its 90 % "
                                                "bootstrap interval over the samples: a figure inside it "
-                                               "(the trace's, another run's) is within noise.")
+                                               "(the trace's, another run's) is within noise.") + \
+        (f"\n\n{note}" if note else "")
+
+
+def traces_table(df: pd.DataFrame) -> str:
+    """Which combination each trace folder holds (`traces/<combo_key>/` is named by a hash): its
+    row's label, the token counts traced, the folder; '' for a run without traces."""
+    from ..mdsafe import md_code
+
+    if "trace_path" not in df.columns:
+        return ""
+    rows_df = latest_rows(df)
+    rows_df = rows_df[rows_df["trace_path"].fillna("").astype(str) != ""]
+    if not len(rows_df):
+        return ""
+    rows = []
+    for key, g in rows_df.groupby("combo_key", sort=True):
+        label = g["label"].dropna().astype(str) if "label" in g.columns else pd.Series([], dtype=object)
+        folders = sorted({str(PurePosixPath(str(p)).parent) for p in g["trace_path"]})
+        tokens = ", ".join(fmt_value(t) for t in sorted(g["tokens_per_rank"].dropna().unique()))
+        rows.append([md_text(label.iloc[0]) if len(label) else md_text(key), md_text(tokens),
+                     ", ".join(md_code(f + "/") for f in folders)])
+    return md_table(["combination", "tokens", "traces"], rows) + \
+        "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); a folder is named by the combination's key."
 
 
 def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
