@@ -66,7 +66,10 @@ def safe_dir(base, *parts) -> Path:
     mkdir -p would, links in it followed: it is the folder the user named. Returns the path; where
     `base` itself is a link, by the folder it names (so that the files' own folder is no link)."""
     path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file (or a dangling link) by that name, or on the way
+        raise ValueError(f"{path} is not a folder: give a folder (or a new name) to write into") from None
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     for part in parts:
