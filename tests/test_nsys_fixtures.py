@@ -105,8 +105,11 @@ def test_moebench_trace_on_a_sweep_export(path, capsys, tmp_path):
         assert len(s.streams) >= 2, [st.lane for st in s.streams]
     assert cli.main(["trace", str(path), "--plot", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| experts |" in out and "| stream |" in out and "intersection: comm ∩ shared" in out
-    assert "exposed" in out
+    # local/triton on one GPU: no communication kernels, so no overlap table but one line saying why
+    assert "| experts |" in out and "| stream |" in out and "intersection: comm ∩ shared" not in out
+    assert "overlap: none to measure — no communication kernels in the trace (one rank" in out
+    if "_combine_" in path.name:
+        assert f"the shared experts took {s.shared_us:.1f} µs in the layer" in out
     assert list(tmp_path.glob("*.timeline.png"))
 
 

@@ -125,7 +125,7 @@ def test_phase_memory_overlap_tables(tmp_path):
                  experts_us=50.0, weight_reduce_us=np.nan, combine_us=15.0,
                  workspace_bytes_analytic=2.0 * MIB, workspace_bytes_peak=3.0 * MIB,
                  device_bytes_peak=250.0 * MIB),
-            _row(64, overlap="dispatch", combo_key="ovl", latency_us_median=110.0,
+            _row(64, backend="naive", world_size=2, overlap="dispatch", combo_key="ovl", latency_us_median=110.0,
                  shared_us=20.0, latency_no_shared_us=104.0, shared_exposed_us=6.0,
                  overlap_fraction=0.7)]
     df, _ = load_run(write_run(tmp_path / "r", pd.DataFrame(rows)))
@@ -145,7 +145,18 @@ def test_phase_memory_overlap_tables(tmp_path):
     ot = overlap_table(df)
     assert "| 110.0 | 104.0 | 20.00 | 6.000 | 70% | - |" in ot
     assert ot.count("\n| tiny") == 1  # only the overlap != none row (constant columns: caption)
-    assert "All rows: backend=local" in ot
+    assert "All rows: backend=naive" in ot and "Left out" not in ot
+    # a single-rank backend has no communication to hide the shared experts behind: left out, said why
+    local = _row(64, overlap="dispatch", combo_key="lov", latency_us_median=110.0, shared_us=20.0,
+                 latency_no_shared_us=104.0, shared_exposed_us=6.0, overlap_fraction=0.7)
+    with_local, _ = load_run(write_run(tmp_path / "l", pd.DataFrame(rows + [local])))
+    ot = overlap_table(with_local)
+    assert ot.count("\n| tiny") == 1 and "All rows: backend=naive" in ot
+    assert ("Left out: 1 row(s) of single-rank backends (local): they have no communication to hide the "
+            "shared experts behind") in ot
+    only_local, _ = load_run(write_run(tmp_path / "o", pd.DataFrame([local])))
+    assert overlap_table(only_local).startswith("_No rows with shared-expert overlap")
+    assert "Left out: 1 row(s)" in overlap_table(only_local)
 
 
 # --- comparison ----------------------------------------------------------------------
@@ -233,14 +244,18 @@ def _is_png(path):
 
 def test_plots_write_pngs(run_dir, tmp_path):
     df, _ = load_run(run_dir)
+    multi = df.assign(backend=df["backend"].replace({"local": "naive"}), world_size=2)  # overlap over communication
     for fn in (plots.plot_latency, plots.plot_phases, plots.plot_overlap,
                plots.plot_workspace):
-        path = fn(df, tmp_path / f"{fn.__name__}.png")
+        path = fn(multi if fn is plots.plot_overlap else df, tmp_path / f"{fn.__name__}.png")
         assert path is not None and _is_png(path), fn.__name__
     cmp = compare_runs(df, make_rows(scale=1.5, seed=2))
     assert _is_png(plots.plot_comparison(cmp, tmp_path / "cmp.png"))
     no_overlap = df[df["overlap"] == "none"]
     assert plots.plot_overlap(no_overlap, tmp_path / "none.png") is None
+    # the synthetic run's overlap rows are all of the local backend: nothing to overlap with, no plot
+    assert set(df.loc[df["overlap"] != "none", "backend"]) == {"local"}
+    assert plots.plot_overlap(df, tmp_path / "local.png") is None and not (tmp_path / "local.png").exists()
 
 
 def test_write_report_and_command(run_dir, tmp_path, capsys):
@@ -250,8 +265,11 @@ def test_write_report_and_command(run_dir, tmp_path, capsys):
     assert "GPU 2 × NVIDIA H200 · driver 580.159.04 · CUDA 13.0" in text
     assert "torch 2.11.0+cu130" in text and "git 0123456789" in text
     assert "deep_gemm not installed" in text
-    for png in ("latency.png", "phases.png", "overlap.png", "workspace.png"):
+    for png in ("latency.png", "phases.png", "workspace.png"):
         assert f"]({png})" in text and _is_png(run_dir / "report" / png)
+    # its overlap rows are all local (one rank): no overlap panel, and the section says why
+    assert "overlap.png" not in text and not (run_dir / "report" / "overlap.png").exists()
+    assert "single-rank backends (local): they have no communication to hide the shared experts behind" in text
     assert text.index("## Status") < text.index("## Latency")
 
     cand = synthetic_run(tmp_path / "cand", scale=2.0, seed=5)
@@ -369,3 +387,21 @@ def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
     assert "20000" in labels and "0.1" in labels
     assert axes[0].get_title() == "short" and "\n" in axes[2].get_title()
     assert axes[2].get_title().replace("\n", " ") == long
+
+
+def test_the_report_maps_each_trace_folder_to_its_combination(tmp_path):
+    """`traces/<combo_key>/` is named by a hash: the report's Traces table names its combination
+    by the row's label (issue #31, item 12); a run without traces has no such section."""
+    from moebench.report.tables import traces_table
+
+    rows = [_row(t, backend="naive", world_size=2, overlap="dispatch", combo_key="0123456789ab",
+                 label="naive/torch/experts/dispatch/bf16/tiny/ws2", trace_path=f"traces/0123456789ab/rank0_T{t}.json")
+            for t in (16, 64)] + [_row(16, combo_key="fedcba987654", trace_path="")]
+    run = write_run(tmp_path / "r", pd.DataFrame(rows))
+    df, _ = load_run(run)
+    table = traces_table(df)
+    assert "| naive/torch/experts/dispatch/bf16/tiny/ws2 | 16, 64 | `traces/0123456789ab/` |" in table
+    assert "fedcba987654" not in table
+    text = write_report(run).read_text()
+    assert text.index("## Shared-expert overlap") < text.index("## Traces") < text.index("## Memory")
+    assert traces_table(df[df["combo_key"] == "fedcba987654"]) == ""

@@ -87,7 +87,11 @@ def test_the_same_folder_with_its_traces_copied_back(tmp_path, capsys):
     rc, out, err = _trace([run], capsys)
     assert rc == 0 and "skipped:" not in err
     assert out.count("| **trace_overlap_fraction**") == 2  # one overlap table per rank
-    assert f"### ranks of {d} at 4096 tokens" in out
+    # each trace and the ranks are named by the combination's label from the run's rows, the folder beside it
+    label = "allgather_rs/triton/experts/combine/bf16/deepseek_v3/ws2"
+    assert f"### {label} — rank 0, 4096 tokens\n\ntrace: `{d / 'rank0_T4096.json.gz'}`" in out
+    assert f"combos: {label} ({TRITON_KEY})" in out
+    assert f"### ranks of {label} at 4096 tokens\n\ntraces: `{d}`" in out
     assert "| 1 (critical) | 7871.8 | 0.0 | 0.399 | 0.399 |" in out
 
 
@@ -155,3 +159,36 @@ def test_plot_labels_top_kernels_shades_the_overlap_and_stacks_the_ranks(tmp_pat
     assert length(_overlap(kernels)) == pytest.approx(per_sample[idx]["overlap_us"], abs=1e-6)
     assert short_name("_ZN7cutlass13device_kernelIN2xx") == "device_kernel"
     assert short_name("void at::native::vectorized_elementwise_kernel<4, float>(int)") == "vectorized_elementwise_kernel"
+
+
+def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, capsys):
+    """Two gloo ranks on the CPU (issue #31, item 12): each trace is named by its row's label (the
+    key beside it; a folder no row names keeps its key), there is no overlap table of dashes and
+    no ranks table of dashes but a line each saying why, and the stacked ranks' figure, which
+    draws GPU lanes only, is not written: a line says why."""
+    from moebench.report.synthetic import make_row, write_run
+    from moebench.traces.markdown import OVERLAP_HEADER
+
+    label = "naive/torch/experts/dispatch/bf16/tiny/ws2/trace_torch"
+    row = make_row("naive", "torch", "experts", "dispatch", "bf16", 16, samples_us=[100.0] * 5, world_size=2,
+                   combo_key="0123456789ab", label=label)
+    run = write_run(tmp_path / "run", pd.DataFrame([row]))
+    for key, ranks in (("0123456789ab", (0, 1)), ("ffffffffffff", (0,))):
+        (run / "traces" / key).mkdir(parents=True)
+        for r in ranks:
+            shutil.copy(FIX / "cpu_phases.json.gz", run / "traces" / key / f"rank{r}_T16.json.gz")
+    rc, out, err = _trace([run, "--plot", "--out", tmp_path / "plots"], capsys)
+    assert rc == 0 and err == ""
+    d = run / "traces" / "0123456789ab"
+    assert f"### {label} — rank 1, 16 tokens\n\ntrace: `{d / 'rank1_T16.json.gz'}`" in out
+    assert f"### ranks of {label} at 16 tokens\n\ntraces: `{d}`" in out
+    assert f"### {run / 'traces' / 'ffffffffffff' / 'rank0_T16.json.gz'}\n" in out  # no row names it: its path
+    assert OVERLAP_HEADER not in out and "| – | – |" not in out and "| rank |" not in out
+    assert out.count("overlap: none to measure — no GPU activity in the trace (a CPU run") == 3
+    assert "ranks: nothing to compare — no GPU activity in the 2 ranks' traces (a CPU run)" in out
+    assert ("ranks timeline: not drawn — no GPU kernels in the traces (a CPU run): the ranks' panels draw GPU "
+            "lanes only") in out
+    assert not list((tmp_path / "plots").rglob("*.ranks.timeline.png"))
+    # each rank's own figure has its CPU lanes to draw
+    assert sorted(p.name for p in (tmp_path / "plots" / "0123456789ab").iterdir()) == \
+        ["rank0_T16.json.gz.timeline.png", "rank1_T16.json.gz.timeline.png"]

@@ -35,7 +35,9 @@ from matplotlib.figure import Figure
 
 from ..pngfile import save_figure
 from .load import fmt_value
-from .markdown import default_report_dir
+from ..mdsafe import md_text
+from ..safe_write import refuse_links, write_text
+from .markdown import report_out
 from .tables import md_table
 
 MIB = 2.0**20
@@ -173,10 +175,11 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
     if not len(cap):
         return "_No combination has ok rows at two or more token counts: nothing to fit._"
     reserved = "max_tokens_reserved" in cap and cap["max_tokens_reserved"].notna().any()
-    rows = [[r.line, r.reduction, f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
+    # the labels, placements and statuses are the rows' text: escaped (moebench/mdsafe.py)
+    rows = [[md_text(r.line), md_text(r.reduction), f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
              _resid(r.ws_resid, r.ws_points), f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
              r.tokens_measured, _tok(r.max_tokens)] + ([_tok(r.max_tokens_reserved)] if reserved else [])
-            + [r.confirmed or "-"] for r in cap.itertuples()]
+            + [md_text(r.confirmed) if r.confirmed else "-"] for r in cap.itertuples()]
     head = (["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",
              "device intercept MiB", "tokens measured",
              f"max tokens at {budget_text}" + (" (allocations)" if reserved else "")]
@@ -185,7 +188,7 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
     text = md_table(head, rows, ["l", "l"] + ["r"] * (8 if reserved else 7) + ["l"])
     ratios = placement_ratios(cap)
     if len(ratios):
-        rr = [[r.line, f"{r.saving_per_token / 1024:.1f}", f"{r.slope_ratio:.3f}", _tok(r.finalize_tokens),
+        rr = [[md_text(r.line), f"{r.saving_per_token / 1024:.1f}", f"{r.slope_ratio:.3f}", _tok(r.finalize_tokens),
                _tok(r.experts_tokens), "-" if not np.isfinite(r.tokens_ratio) else f"{r.tokens_ratio:.2f}×"]
               for r in ratios.itertuples()]
         text += "\n\n" + md_table(["combination", "saving KiB / token", "bytes ratio (experts / finalize)",
@@ -272,12 +275,12 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {gpu / 2**30:.0f} GiB"
     body = capacity_markdown(cap, text_budget)
     root = Path(run) if Path(run).is_dir() else Path(run).parent
-    dest = Path(out) if out else default_report_dir(root)
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = report_out(root, out)
+    refuse_links(dest, ["capacity.md", "capacity.png"])  # before anything is written
     png = plot_capacity(df, cap, budget, dest / "capacity.png")
-    doc = [f"# Capacity: {root.name}", f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'}"
+    doc = [f"# Capacity: {md_text(root.name)}", f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'}"
            " line).", body, f"![peak memory vs tokens per rank]({png.name})" if png else "", __doc__.strip()]
-    (dest / "capacity.md").write_text("\n\n".join(d for d in doc if d) + "\n")
+    write_text(dest / "capacity.md", "\n\n".join(d for d in doc if d) + "\n")
     print(doc[1] + (f" `--budget {budget_text}` read as {budget:,.0f} bytes." if budget_text and budget is not None else ""))
     print(body)
     print(f"capacity report written to {dest / 'capacity.md'}", file=sys.stderr)

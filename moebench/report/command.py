@@ -11,10 +11,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..mdsafe import md_text
 from .compare import DEFAULT_FAIL_ON, compare_runs, parse_fail_on
 from .load import load_run
 from ..writable import probe
-from .markdown import FORMATS, _names, build_report, comparison_doc, default_report_dir, run_root, stdout_text, write
+from .markdown import FORMATS, _names, build_report, check_outputs, comparison_doc, report_out, run_root, stdout_text, write
 
 
 def _check_format(fmt: str) -> str:
@@ -68,7 +69,7 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
                          "`moebench report --baseline A --candidate B` to compare two")
     _exists(candidate, baseline)
     _same_run("report", baseline, candidate)
-    where = probe(Path(out) if out else default_report_dir(candidate))  # a read-only folder: exit 2 before any work
+    where = probe(report_out(candidate, out))  # a read-only folder or a link: exit 2 before any work
     rep = build_report(candidate, where, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
     return _finish(rep.doc, rep.path, fmt)
 
@@ -87,10 +88,12 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
 
         ax = parse_axis(axis)
         _exists(runs[0])
-        where = probe(Path(out) if out else default_report_dir(runs[0], f"axis-{ax.field}-{ax.a}-{ax.b}"))
+        where = probe(report_out(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}"))
+        check_outputs(where, fmt)
         df, env = load_run(runs[0])
         cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
         cmp.base_env = cmp.cand_env = env
+        cmp.baseline_name, cmp.candidate_name = md_text(cmp.baseline_name), md_text(cmp.candidate_name)
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
     if len(runs) != 2:
@@ -98,11 +101,12 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
     base, cand = runs
     _exists(base, cand)
     _same_run("compare", base, cand)
-    where = probe(Path(out) if out else default_report_dir(cand, f"vs-{run_root(base).name}"))
+    where = probe(report_out(cand, out, f"vs-{run_root(base).name}"))
+    check_outputs(where, fmt)
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, cand_env
-    cmp.baseline_name, cmp.candidate_name = names or _names(Path(base), Path(cand))
+    cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else _names(Path(base), Path(cand))
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
     return _finish(doc, write(doc, where, fmt), fmt)

@@ -9,8 +9,8 @@ from .compare import SHOWN_COLUMNS, Comparison
 from .flags import pair_flags
 from .load import PER_ROW_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value
 from .stats import pct
-from .table import Column, Table
-from .tables import fmt_interval, fmt_mib, fmt_us
+from .table import Column, Table, md_text
+from .tables import fmt_interval, fmt_mib, fmt_us, md_value
 
 MARKS = {"slower": "+", "broken": "+", "skipped": "+", "faster": "-", "fixed": "-"}
 MINUS = "\u2212"
@@ -43,15 +43,16 @@ def pair_order(m: pd.DataFrame) -> pd.DataFrame:
 
 
 def pair_names(m: pd.DataFrame) -> pd.Series:
-    """'triton/experts mixtral_8x7b · 256 tok': what the verdict calls a pair."""
+    """'triton/experts mixtral_8x7b · 256 tok': what the verdict calls a pair, as Markdown (the
+    rows' text escaped: moebench/mdsafe.py md_text)."""
     labels = combo_labels(m)
-    return pd.Series([f"{lab} · {fmt_value(t)} tok" for lab, t in zip(labels, m["tokens_per_rank"])],
+    return pd.Series([md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"])],
                      index=m.index, dtype=object)
 
 
 def _side(row: dict, side: str) -> str:
     if row[f"{side}_status"] != "ok":
-        return str(row[f"{side}_status"])
+        return md_text(row[f"{side}_status"])
     return fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
                         row[f"{side}_latency_us_p80"])
 
@@ -83,8 +84,8 @@ def latency_pairs(cmp: Comparison) -> Table:
     data["base_combo_key"], data["cand_combo_key"] = m["base_combo_key"], m["cand_combo_key"]
     timing_varies = pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]).map(fmt_value).nunique() > 1
     cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]
-    cols += [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
-    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r")]
+    cols += [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]
     if timing_varies:
         cols += [Column("timing", lambda r: _timing(r))]
     cols += [Column(f"{cmp.baseline_name} µs", lambda r: _side(r, "base"), "r"),
@@ -108,16 +109,16 @@ def latency_pairs(cmp: Comparison) -> Table:
 
 
 def _timing(r: dict) -> str:
-    a, b = fmt_value(r["base_timing_mode"]), fmt_value(r["cand_timing_mode"])
+    a, b = md_value(r["base_timing_mode"]), md_value(r["cand_timing_mode"])
     return a if a == b else f"{a}→{b}"
 
 
 def _caption_tail(m: pd.DataFrame) -> str:
     const = constant_caption(m.drop(columns=[c for c in PER_ROW_COLUMNS if c in m.columns]))
     modes = sorted({fmt_value(v) for v in pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]) if fmt_value(v) != "-"})
-    parts = [f"All rows: {const}." if const else ""]
+    parts = [f"All rows: {md_text(const)}." if const else ""]
     if len(modes) == 1:
-        parts.append(f"timing_mode={modes[0]} (what ran).")
+        parts.append(f"timing_mode={md_text(modes[0])} (what ran).")
     return " ".join(p for p in parts if p)
 
 
@@ -134,8 +135,8 @@ def memory_pairs(cmp: Comparison) -> Table:
     for c in cols_mem:
         data[c] = m[c]
     data["workspace_ratio"], data["device_ratio"], data["mem_verdict"] = m["mem_ratio"], m["dev_ratio"], m["mem_verdict"]
-    cols = [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
-    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r")]
+    cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]
     for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
         cols.append(Column(f"workspace {name}", lambda r, s=side: fmt_mib(_ws(r, s)), "r"))
     cols.append(Column("workspace change", lambda r: fmt_change(r["workspace_ratio"], np.nan, np.nan), "r"))
@@ -145,7 +146,7 @@ def memory_pairs(cmp: Comparison) -> Table:
              Column("verdict", lambda r: r["mem_verdict"] or "-")]
     caption = ("Memory in MiB (2^20 bytes): workspace = the allocator peak of one forward (the analytic workspace "
                f"where no peak was measured), device = device memory in use at the peak; verdict by ×{cmp.threshold:g}."
-               + (f" All rows: {constant_caption(m)}." if constant_caption(m) else ""))
+               + (f" All rows: {md_text(constant_caption(m))}." if constant_caption(m) else ""))
     return Table("memory", data.reset_index(drop=True), cols, caption, "_No memory measurements to compare._")
 
 
@@ -160,8 +161,9 @@ def unmatched(df: pd.DataFrame, name: str) -> Table:
     shown = [c for c in shown if c not in PER_ROW_COLUMNS]
     data = df[[c for c in SHOWN_COLUMNS + ["knobs", "combo_key", "status", "reason"] if c in df.columns]].copy() \
         if len(df) else pd.DataFrame()
-    cols = [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
-    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r"), Column("status", lambda r: r["status"])]
+    cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
+             Column("status", lambda r: md_text(r["status"]))]
     return Table(name, data.reset_index(drop=True), cols, "", "_None._")
 
 

@@ -1,12 +1,18 @@
 """A run's environment (env.json, moebench/env.py) as report text, and whether two runs'
 environments are comparable (asv's rule: results of different machines or library
-versions are said to be not comparable rather than silently compared)."""
+versions are said to be not comparable rather than silently compared).
+
+The text functions (env_summary, env_differences, comparable_summary) return Markdown: every
+value read from env.json or the rows is escaped (moebench/mdsafe.py md_text), since a run
+folder's text is untrusted; env_value / field_value / env_commit return the values as stored."""
 from __future__ import annotations
 
 import re
 from typing import Optional
 
 import pandas as pd
+
+from ..mdsafe import md_text
 
 ENV_FIELDS = [  # (label, keys tried in order; a key also matches the tail of a dotted key)
     ("GPU", ["gpu", "gpu_name", "gpu.name", "device_name", "gpus"]),
@@ -118,17 +124,17 @@ def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
                 value = ", ".join(sorted({str(g) for g in df["gpu"].dropna()}))
         if label in LIBRARIES:
             if env:  # without env.json, "not installed" would be a guess
-                parts.append(f"{label} {value if value else 'not installed'}")
+                parts.append(f"{label} {md_text(value) if value else 'not installed'}")
         elif value is not None:
-            parts.append(f"{label} {value}")
+            parts.append(f"{label} {md_text(value)}")
     sha, dirty = env_commit(env)
     if sha is None and df is not None and df["git_sha"].notna().any():
         sha = df["git_sha"].dropna().iloc[-1]
     if sha:
-        parts.append(f"git {str(sha)[:12]}" + (" (dirty)" if dirty else ""))
+        parts.append(f"git {md_text(str(sha)[:12])}" + (" (dirty)" if dirty else ""))
     host = env_value(env, ["hostname", "host"])
     if host:
-        parts.append(f"host {host}")
+        parts.append(f"host {md_text(host)}")
     if not env:
         parts.append("(no env.json: environment unknown)")
     return " · ".join(parts)
@@ -150,7 +156,7 @@ def env_differences(base_env: dict, cand_env: dict) -> list[str]:
         else:
             a, b = field_value(base_env, label), field_value(cand_env, label)
         if a != b and (a is not None or b is not None):
-            diffs.append(f"{label}: {a if a is not None else 'none'} → {b if b is not None else 'none'}")
+            diffs.append(f"{label}: {md_text(a) if a is not None else 'none'} → {md_text(b) if b is not None else 'none'}")
     return diffs
 
 
@@ -170,7 +176,7 @@ def comparable_summary(env: dict) -> str:
     for label in ("GPU", "driver", "CUDA", "torch", "triton"):
         v = _gpu_names(env) if label == "GPU" else field_value(env, label)
         if v is not None:
-            parts.append(str(v) if label == "GPU" else f"{label} {v}")
+            parts.append(md_text(v) if label == "GPU" else f"{label} {md_text(v)}")
     return ", ".join(parts)
 
 

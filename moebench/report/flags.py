@@ -24,7 +24,9 @@ Per ok row (``row_flags``), each a short tag:
 summary, ``compare``'s verdicts and ``tune --results`` rank rows on GPU time only.
 
 Per run (``run_notes``): a git sha that names no commit, a dirty tree, several commits in
-one run, and the ``caveats.md`` stored with the run (its folder and those above it).
+one run, and the ``caveats.md`` stored with the run (its folder and those above it). The
+notes are Markdown: what they quote of env.json and the rows is escaped (moebench/mdsafe.py);
+caveats.md is the repository's own text and is kept verbatim.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..mdsafe import md_code, md_text
 from ..timing import HOST_SYNCS_US, NOISY_SPREAD
 from .envinfo import env_value, is_commit, tree_label
 from .load import phase_sum
@@ -170,14 +173,14 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
         notes.append(f"{who}no git sha stored: which code ran is unknown")
     bad = [s for s in named if not is_commit(s)]
     if bad:
-        notes.append(f"{who}git sha {', '.join(f'`{s}`' for s in bad)} names no commit: which code ran is "
+        notes.append(f"{who}git sha {', '.join(md_code(s) for s in bad)} names no commit: which code ran is "
                      "not recorded (see the caveats)")
     if len(shas) > 1:
-        notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(s[:10] for s in shas)})")
+        notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(md_text(s[:10]) for s in shas)})")
     tree = tree_label(env) if env else None
     if tree == "dirty":
-        paths = [str(p).replace("`", "") for p in env.get("git_diff_paths") or []]  # text of a run folder
-        shown = ", ".join(f"`{p}`" for p in paths[:5]) + (" …" if len(paths) > 5 else "")
+        paths = [str(p) for p in env.get("git_diff_paths") or []]  # text of a run folder: md_code
+        shown = ", ".join(md_code(p) for p in paths[:5]) + (" …" if len(paths) > 5 else "")
         digest = str(env.get("git_diff_sha256") or "")[:12]
         notes.append(f"{who}the tree was dirty (uncommitted changes) when it ran" + (f": {shown}" if paths else "")
                      + (f" (diff sha256 `{digest}`)" if digest.isalnum() else ""))
@@ -210,6 +213,6 @@ def caveats_text(paths: list[Path], root: Path | None = None) -> list[str]:
                 pass
         body = p.read_text().strip()
         if body:
-            out.append(f"Caveats stored with the run (`{shown.as_posix() if hasattr(shown, 'as_posix') else shown}`):"
+            out.append(f"Caveats stored with the run ({md_code(shown.as_posix())}):"
                        f"\n\n{body}")
     return out

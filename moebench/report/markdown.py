@@ -1,6 +1,11 @@
 """The reports: a run's (``<run>/report/report.md`` + PNGs) and a comparison's, the verdict
 first (report/verdict.py). Each report is a ``Doc``: markdown blocks for report.md, the
 tables for csv, a JSON document; ``write`` puts them on disk.
+
+Every file goes through moebench/safe_write.py: the report folder is made with ``report_out``
+(no link below the run folder or --out), the names a report writes are checked for links
+before any work (``check_outputs``), and each file is opened without following one. Text read
+from the runs is escaped where it enters the Markdown (moebench/mdsafe.py md_text).
 """
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..mdsafe import md_text
+from ..safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
 from . import plots, tables
 from .compare import Comparison, compare_runs, exit_status
 from .compare_tables import latency_pairs, memory_pairs, unmatched
@@ -52,13 +59,13 @@ class Report:
 
 def run_summary(df: pd.DataFrame) -> str:
     """'run r1 (sweep s) · 21 rows · 7 combinations · 2026-01-01 … 2026-01-02'."""
-    runs = ", ".join(sorted({str(r) for r in df["run_id"].dropna()})) or "?"
-    sweeps = ", ".join(sorted({str(s) for s in df["sweep"].dropna()})) or "?"
+    runs = ", ".join(sorted({md_text(r) for r in df["run_id"].dropna()})) or "?"
+    sweeps = ", ".join(sorted({md_text(s) for s in df["sweep"].dropna()})) or "?"
     text = (f"run {runs} (sweep {sweeps}) · {len(df)} rows · "
             f"{df['combo_key'].nunique()} combinations")
     stamps = df["timestamp"].dropna().astype(str)
     if len(stamps):
-        text += f" · {stamps.min()} … {stamps.max()}"
+        text += f" · {md_text(stamps.min())} … {md_text(stamps.max())}"
     return text
 
 
@@ -97,6 +104,35 @@ def default_report_dir(run_dir, *sub: str) -> Path:
     return dest
 
 
+def report_out(run_dir, out=None, *sub: str) -> Path:
+    """The report folder, made without following a link below the folder the user named
+    (moebench/safe_write.py): ``out`` as given (itself may be a link: the user named it), else
+    ``default_report_dir(run_dir, *sub)`` below the run folder (a link at `report/` or below is
+    refused, one line, exit 2), or below the runs folder for a committed run."""
+    if out is not None:
+        return safe_dir(out)
+    dest = default_report_dir(run_dir, *sub)
+    root = run_root(run_dir)
+    if dest.is_relative_to(root):
+        return safe_dir(root, *dest.relative_to(root).parts)
+    from ..plan import default_runs_dir
+
+    return safe_dir_below(default_runs_dir(), dest)
+
+
+# what a report folder receives: report.md, its plots, and the tables of --format csv / json
+REPORT_FILES = ("report.md", "latency.png", "phases.png", "overlap.png", "workspace.png", "comparison.png",
+                "comparison_latency.png", "comparison_workspace.png")
+TABLE_FILES = {"csv": ("rows.csv", "comparison.csv", "memory.csv", "only_baseline.csv", "only_candidate.csv"),
+               "json": ("report.json",)}
+
+
+def check_outputs(out: Path, fmt: str = "md") -> None:
+    """Refuse (LinkRefused, exit 2) before any work when a file the report writes into ``out``
+    is a symbolic link: nothing is written then."""
+    refuse_links(out, REPORT_FILES + TABLE_FILES.get(fmt, ()))
+
+
 def _image(path: Path | None, alt: str) -> str:
     return f"![{alt}]({path.name})" if path is not None else ""
 
@@ -119,6 +155,7 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
     here, root = run_root(run_dir), _results_root(run_root(run_dir))
     # a run inside a results/ tree is named by its path there (ep_backends/deepep_ht), else its folder
     name = here.resolve().relative_to(root).as_posix() if root and here.resolve() != root else here.name
+    name = md_text(name)  # a folder's name: text like any other read from the run
     quality = quality_lines(df, env, run_dir)
     cav = caveats([run_root(run_dir)], root)
     summary = reviewer_summary(df, quality + cav)
@@ -135,6 +172,7 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
         _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
         "## Shared-expert overlap", tables.overlap_table(df),
         _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
+        *(["## Traces", traces] if (traces := tables.traces_table(df)) else []),
         "## Memory", tables.memory_table(df),
         _image(plots.plot_workspace(df, out / "workspace.png"), "workspace of one forward"),
         "## Experts against the roofline", tables.roofline_table(df),
@@ -163,7 +201,8 @@ def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
     cav = caveats([run_root(d) for d in run_dirs], _results_root(run_root(run_dirs[0])))
     verdict = verdict_lines(cmp, code, why, quality + cav)
     if cmp.axis is not None:
-        title = f"# moebench compare: {run_root(run_dirs[0]).name}, {cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}"
+        title = (f"# moebench compare: {md_text(run_root(run_dirs[0]).name)}, "
+                 f"{md_text(f'{cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}')}")
         envs_text = f"Environment: {env_summary(cmp.cand_env, frames[0] if frames else None)}"
     else:
         title = f"# moebench compare: {cmp.candidate_name} vs {cmp.baseline_name}"
@@ -187,15 +226,14 @@ def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
 
 
 def write(doc: Doc, out: Path, fmt: str = "md") -> Path:
-    """report.md always; with csv each table as <name>.csv, with json report.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "report.md"
-    path.write_text(doc.markdown())
+    """report.md always; with csv each table as <name>.csv, with json report.json; ``out`` made
+    by ``report_out`` (or safe_write.safe_dir), each file written without following a link."""
+    path = replace_text(out / "report.md", doc.markdown())
     if fmt == "csv":
         for name, t in doc.tables.items():
-            (out / f"{name}.csv").write_text(t.csv())
+            write_text(out / f"{name}.csv", t.csv())
     if fmt == "json":
-        (out / "report.json").write_text(to_json(doc.data) + "\n")
+        write_text(out / "report.json", to_json(doc.data) + "\n")
     return path
 
 
@@ -221,8 +259,8 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, 
 
     run_dir = Path(run_dir)
     df, env = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else default_report_dir(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_out(run_dir, out_dir)
+    check_outputs(out, fmt)
     if baseline is None:
         doc = run_doc(df, env, run_dir, out)
         return Report(write(doc, out, fmt), df, env, None, doc)
@@ -238,11 +276,12 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, 
 
 
 def _names(base: Path, cand: Path) -> tuple[str, str]:
-    """Short names of two runs: their folder names, with the parent's where those agree."""
+    """Short names of two runs: their folder names, with the parent's where those agree; as
+    Markdown (md_text: a folder's name is text read from the run like any other)."""
     a, b = run_root(base), run_root(cand)
     if a.name != b.name:
-        return a.name, b.name
-    return f"{a.parent.name}/{a.name}", f"{b.parent.name}/{b.name}"
+        return md_text(a.name), md_text(b.name)
+    return md_text(f"{a.parent.name}/{a.name}"), md_text(f"{b.parent.name}/{b.name}")
 
 
 def write_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05) -> Path:

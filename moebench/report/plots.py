@@ -146,9 +146,13 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
 def plot_overlap(df: pd.DataFrame, path) -> Path | None:
     """Per model (and backend): overlap_fraction vs tokens per rank with its 90 %
     bootstrap band where the rows have one (and the trace's figure as x), and beside it
-    shared_exposed_us (µs) with shared_us dashed; rows with overlap = dispatch | combine."""
+    shared_exposed_us (µs) with shared_us dashed; rows with overlap = dispatch | combine, less
+    those of single-rank backends (tables.single_rank: no communication to overlap with)."""
+    from .tables import single_rank
+
     ok = _ok(df)
     ok = ok[ok["overlap"].astype(str).isin(["dispatch", "combine"])]
+    ok = ok[~single_rank(ok)]
     if not len(ok):
         return None
     p = panels(ok)

@@ -23,12 +23,18 @@ on each).
 
     python -m moebench.report.results_index            # rewrite results/README.md
     python -m moebench.report.results_index --check    # exit 1 when it is out of date
+
+What a run folder holds (env.json, sweep-*.json, tune.json, the rows) is untrusted text: it
+enters the index escaped (moebench/mdsafe.py: md_text, md_code), each command is one line (a
+control character in an override is written in bash's $'...' quoting) and the commands' block is
+fenced longer than any backtick run inside (code_block). about.md and caveats.md are the
+repository's own text, kept as written. README.md is replaced through moebench/safe_write.py:
+never through a link.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,9 +45,12 @@ import yaml
 
 from ..paths import REPO_ROOT
 from ..config import rename as config_rename
+from ..mdsafe import code_block, md_code, md_text, one_line, shell_join
 from ..plan import RENAMED, load_sweep  # noqa: F401
+from ..safe_write import replace_text
 from ..store import RunStore
 from .envinfo import env_commit, tree_label
+from .table import md_escape
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
@@ -112,12 +121,12 @@ def sweep_command(sweep: dict, cli_overrides: list[str]) -> tuple[str, str]:
     else:  # today's sweep file against the recorded one, on the keys the command does not give
         now, then = load_sweep(name)["overrides"], sweep.get("overrides", {})
         given = {o.partition("=")[0] for o in args}
-        moved = [f"{k}: {then.get(k, '–')} → {now.get(k, '–')}" for k in sorted(set(now) | set(then))
+        moved = [md_text(f"{k}: {then.get(k, '–')} → {now.get(k, '–')}") for k in sorted(set(now) | set(then))
                  if k not in given and now.get(k) != then.get(k)]
         if moved:
-            note = f"sweeps/{name}.yaml has changed since this run ({'; '.join(moved)})"
+            note = f"sweeps/{md_text(name)}.yaml has changed since this run ({'; '.join(moved)})"
     cmd = ["moebench", "sweep"] + ([] if name == "default" else ["--sweep", name]) + args
-    return shlex.join(cmd), note
+    return shell_join(cmd), note
 
 
 def tune_command(layer: dict) -> str:
@@ -126,12 +135,12 @@ def tune_command(layer: dict) -> str:
            "--space", layer["space"]]
     if "search" in layer:
         cmd += ["--search", layer["search"]] + (["--budget", str(layer["budget"])] if layer["search"] == "halving" else [])
-    return shlex.join(cmd + ["--reps", str(layer["reps"])])
+    return shell_join(cmd + ["--reps", str(layer["reps"])])
 
 
 def _fmt_counts(c: Counter) -> str:
-    keys = sorted(c, key=lambda s: (STATUS_ORDER.index(s) if s in STATUS_ORDER else 99, s))
-    return ", ".join(f"{k} {c[k]}" for k in keys) or "no rows"
+    keys = sorted(c, key=lambda s: (STATUS_ORDER.index(s) if s in STATUS_ORDER else 99, str(s)))
+    return ", ".join(f"{md_text(k)} {c[k]}" for k in keys) or "no rows"
 
 
 def _env_commit(env: dict) -> str:
@@ -148,8 +157,11 @@ def _machine(env: dict, used: int) -> str:
     (nvidia-smi's lines, which CUDA_VISIBLE_DEVICES does not hide; else the visible count)."""
     smi = env.get("nvidia_smi")
     gpu, have = env.get("gpu") or "?", (len(smi) if isinstance(smi, list) and smi else env.get("gpu_count")) or used
-    text = f"{used} × {gpu}"
-    return text + (f" (of {have})" if have and have > used else "")
+    text = f"{used} × {md_text(gpu)}"  # env.json's text: escaped
+    try:
+        return text + (f" (of {int(have)})" if have and int(have) > used else "")
+    except (TypeError, ValueError):  # a gpu_count that is no number
+        return text
 
 
 def _tree(envs: list[dict]) -> str:
@@ -192,7 +204,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
         if env:
             machine = meta.get("machine") or _machine(env, int(tune["layer"].get("gpus") or 1))
         else:
-            machine = (meta.get("machine") or folder_meta.get("machine") or envs[0].get("device") or "?") \
+            machine = (meta.get("machine") or folder_meta.get("machine") or md_text(envs[0].get("device") or "?")) \
                 + " (no environment recorded)"
         return Run(rel, machine, commit, f"{trials} trials ({sizes} tokens)", [tune_command(tune["layer"])] + also,
                    meta.get("note", ""), report, _tree(envs))
@@ -236,7 +248,8 @@ def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text inside one table cell: its pipes escaped (not twice), one line (table.md_escape)."""
+    return md_escape(text)
 
 
 def _label(run: Run, folder: Path) -> str:
@@ -267,22 +280,22 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
     table = ["| run | machine | commit | tree | rows | report |", "|---|---|---|---|---|---|"]
     for r in runs:
         label = _label(r, name)
-        note = f" — {r.note}" if r.note else ""
+        note = f" — {_cell(r.note)}" if r.note else ""
         link = f"[report]({r.report.as_posix()})" if r.report else "–"
-        commits = ", ".join(f"`{_cell(c)}`" for c in r.commit.split(", "))
-        table.append(f"| `{label}`{_cell(note)} | {_cell(r.machine)} | {commits} | {r.tree} | {r.rows} | {link} |")
+        commits = ", ".join(_cell(md_code(c)) for c in r.commit.split(", "))
+        table.append(f"| {_cell(md_code(label))}{note} | {_cell(r.machine)} | {commits} | {r.tree} | "
+                     f"{_cell(r.rows)} | {link} |")
     parts.append("\n".join(table))
     if comparisons:
         parts.append("Comparison reports: " + ", ".join(f"[{text}]({c.as_posix()})" for text, c in comparisons))
-    block = ["```bash"]
+    block = []  # one line each: a line break in a command would end nothing, but reads as two commands
     for r in runs:
         if r.commands:
-            block.append(f"# {_label(r, name)}")
-            block += r.commands
+            block.append(f"# {one_line(_label(r, name))}")
+            block += [one_line(c) for c in r.commands]
     if about.meta.get("also"):
-        block += ["# also"] + list(about.meta["also"])
-    block.append("```")
-    parts.append("\n".join(block))
+        block += ["# also"] + [one_line(c) for c in about.meta["also"]]
+    parts.append(code_block("\n".join(block), "bash"))
     summary = {
         "name": name, "question": about.question,
         "machines": sorted({r.machine for r in runs}),
@@ -333,7 +346,7 @@ def render(root: Path = RESULTS) -> str:
     for _, s in current + old:
         anchor = str(s["name"]).replace("/", "").replace(".", "").lower()
         index.append(f"| [{s['name']}](#{anchor}) | {_cell(s['question'])} | {_cell('; '.join(s['machines']))} | "
-                     f"{', '.join(f'`{c}`' for c in s['commits'])} | {s['runs']} |")
+                     f"{', '.join(_cell(md_code(c)) for c in s['commits'])} | {s['runs']} |")
     parts = [HEADER, "\n".join(index)] + [t for t, _ in current]
     if old:
         parts += ["## archive", "Superseded generations: their rows and reports (plots removed to save "
@@ -347,18 +360,18 @@ def main(argv=None) -> int:
     p.add_argument("--root", type=Path, default=RESULTS, help="the results folder (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="exit 1 when README.md differs from what would be written")
     args = p.parse_args(argv)
+    out = args.root / "README.md"
     try:
         text = render(args.root)
-    except ValueError as e:
+        if args.check:
+            if not out.is_file() or out.read_text() != text:
+                print(f"{out} is out of date: run python -m moebench.report.results_index", file=sys.stderr)
+                return 1
+            return 0
+        replace_text(out, text)  # never through a link (moebench/safe_write.py)
+    except ValueError as e:  # a bad folder, or a link where README.md goes: one line
         print(f"results_index: error: {e}", file=sys.stderr)
         return 2
-    out = args.root / "README.md"
-    if args.check:
-        if not out.is_file() or out.read_text() != text:
-            print(f"{out} is out of date: run python -m moebench.report.results_index", file=sys.stderr)
-            return 1
-        return 0
-    out.write_text(text)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..mdsafe import md_text
 from ..paths import REPO_ROOT
 
 CEILINGS_ENV = "MOEBENCH_CEILINGS_DIR"
@@ -128,7 +129,8 @@ def ceilings_caption(df: pd.DataFrame, root: str | Path | None = None) -> str:
     for gpu in (df["gpu"].dropna().unique() if "gpu" in df else []):
         c = find_ceilings(gpu, root)
         if c is None:
-            parts.append(f"{gpu}: {NO_CEILING} (`benchmarks/ceilings.py` on it writes "
+            # the rows' gpu is a run folder's text: escaped (moebench/mdsafe.py)
+            parts.append(f"{md_text(gpu)}: {NO_CEILING} (`benchmarks/ceilings.py` on it writes "
                          f"results/ceilings/{gpu_slug(gpu)}/ceilings.json), so its floor columns are empty.")
         else:
             parts.append(f"Floor with the ceilings measured on {c.gpu} (`{_shown_path(c.path)}`, commit "

@@ -1,6 +1,7 @@
 """What a reviewer reads first in a single run's report: the biggest wins (the fastest
 combination of each model x tokens and its margin over the runner-up), what broke,
-memory, and the data-quality notes; and the run's rows as one Table for csv / json."""
+memory, and the data-quality notes; and the run's rows as one Table for csv / json.
+Text from the rows enters the Markdown escaped (pair_names, md_text, md_value)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,8 @@ from .compare_tables import pair_names
 from .flags import CPU, GPU, HOST, caveat_files, caveats_text, figure_basis, flag_summary, row_flags, run_notes
 from .load import (LATENCY_COLUMNS, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY,
                    constant_caption, display_columns, fmt_value, latest_rows)
-from .table import Column, Table
-from .tables import fmt_interval, fmt_mib, fmt_us
+from .table import Column, Table, md_text
+from .tables import fmt_interval, fmt_mib, fmt_us, md_value
 
 BAD = ("failed", "incorrect", "timeout", "oom")
 TOP = 5
@@ -71,7 +72,7 @@ def unranked_lines(df: pd.DataFrame) -> list[str]:
     if len(host):
         names = pair_names(ok).loc[host.index]
         shown = ", ".join(names.head(TOP)) + (f" (+{len(host) - TOP} more)" if len(host) > TOP else "")
-        out.append(f"not ranked, host time: {len(host)} row(s) — {shown}; {b.loc[host.index[0]][1]}")
+        out.append(f"not ranked, host time: {len(host)} row(s) — {shown}; {md_text(b.loc[host.index[0]][1])}")
     num_cpu = sum(x == CPU for x, _ in b)
     if num_cpu:
         out.append(f"no fastest named: {num_cpu} ok row(s) are CPU time (pipeline checks, not performance figures)")
@@ -120,7 +121,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     bad = rows[rows["status"].isin(BAD)]
     if len(bad):
         names = pair_names(rows)  # named among every row, so that the combination shows
-        shown = "; ".join(f"{names.loc[i]} {r['status']}" for i, r in bad.head(TOP).iterrows())
+        shown = "; ".join(f"{names.loc[i]} {md_text(r['status'])}" for i, r in bad.head(TOP).iterrows())
         lines.append(f"- broken: {shown}" + (f" (+{len(bad) - TOP} more)" if len(bad) > TOP else ""))
     lines += [f"- {w}" for w in wins(df)]
     lines += [f"- {x}" for x in unranked_lines(df)]
@@ -142,14 +143,14 @@ def rows_table(df: pd.DataFrame) -> Table:
             LATENCY_COLUMNS + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUMNS + ["host_enqueue_us"] if c in rows.columns]
     data = rows[list(dict.fromkeys(keep))].copy()
     data["flags"] = row_flags(rows)
-    cols = [Column(c, lambda r, c=c: fmt_value(r[c])) for c in shown]
-    cols += [Column("tokens", lambda r: fmt_value(r["tokens_per_rank"]), "r"),
-             Column("timing", lambda r: fmt_value(r.get("timing_mode"))),
-             Column("status", lambda r: r["status"]),
+    cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
+             Column("timing", lambda r: md_value(r.get("timing_mode"))),
+             Column("status", lambda r: md_text(r["status"])),
              Column("latency µs", lambda r: fmt_interval(r["latency_us_median"], r["latency_us_p20"],
                                                          r["latency_us_p80"]) if r["status"] == "ok" else "-", "r"),
              Column("workspace peak MiB", lambda r: fmt_mib(r.get("workspace_bytes_peak", np.nan)), "r"),
              Column("flags", lambda r: " ".join(r["flags"]))]
     const = constant_caption(rows)
     return Table("rows", data.reset_index(drop=True), cols,
-                 "Times in µs: median (p20–p80)." + (f" All rows: {const}." if const else ""))
+                 "Times in µs: median (p20–p80)." + (f" All rows: {md_text(const)}." if const else ""))

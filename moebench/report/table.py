@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from ..mdsafe import md_text, one_line  # noqa: F401  (md_text: the escape of a run folder's text, for callers)
+
 
 def md_escape(text) -> str:
-    """Text safe for one markdown table cell (pipes escaped, newlines flattened)."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+    """Text kept inside one markdown table cell: a `|` not escaped already gets its backslash,
+    line breaks show as ⏎. Only the cell's bounds: our own cells (numbers, bold) pass as they are,
+    so a value read from a run folder is `md_text`-ed (moebench/mdsafe.py) before it is a cell."""
+    return re.sub(r"(?<!\\)((?:\\\\)*)\|", r"\1\\|", one_line(text)).strip()
 
 
 def md_table(headers: list[str], rows: list[list], align: list[str] | None = None) -> str:

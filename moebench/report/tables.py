@@ -6,12 +6,14 @@ fastest combination of each workload (model, quant-independent, world size) in b
 """
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 import numpy as np
 import pandas as pd
 
 from .load import (MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, constant_caption, display_columns, phase_sum,
                    fmt_value, latest_rows)
-from .table import md_escape, md_table  # noqa: F401  (tables' names, kept for callers)
+from .table import md_escape, md_table, md_text  # noqa: F401  (tables' names, kept for callers)
 
 MIB = 1024.0 * 1024.0
 MAX_REASON_CHARS = 160
@@ -75,13 +77,19 @@ def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
     return f"{fmt_frac(x)} [{100 * lo:.0f}–{100 * hi:.0f}]"
 
 
+def md_value(v) -> str:
+    """A value read from the rows as a markdown cell or phrase: fmt_value, escaped (md_text)."""
+    text = fmt_value(v)
+    return text if text == "-" else md_text(text)
+
+
 def _combo_cells(row, cols: list[str]) -> list[str]:
-    return [fmt_value(row[c]) for c in cols]
+    return [md_value(row[c]) for c in cols]
 
 
 def _caption(df: pd.DataFrame, unit: str) -> str:
     extra = constant_caption(df)
-    return unit + (f" All rows: {extra}." if extra else "")
+    return unit + (f" All rows: {md_text(extra)}." if extra else "")
 
 
 def latency_table(df: pd.DataFrame) -> str:
@@ -117,7 +125,7 @@ def latency_table(df: pd.DataFrame) -> str:
             if r is None:
                 cells.append("")
             elif r["status"] != "ok":
-                cells.append(str(r["status"]))
+                cells.append(md_text(r["status"]))
             else:
                 cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
                                     r["latency_us_p80"])
@@ -170,7 +178,7 @@ def timing_note(df: pd.DataFrame) -> str:
         return ""
     parts = []
     for mode, g in ok.groupby(ok["timing_mode"].map(fmt_value), sort=True):
-        parts.append(f"{mode} at {', '.join(str(int(t)) for t in sorted(g['tokens_per_rank'].unique()))}")
+        parts.append(f"{md_text(mode)} at {', '.join(str(int(t)) for t in sorted(g['tokens_per_rank'].unique()))}")
     return f" Timing that ran (timing_mode): {'; '.join(parts)} tokens."
 
 
@@ -181,7 +189,7 @@ def status_table(df: pd.DataFrame) -> str:
     order = ["ok", "skipped", "failed", "timeout", "oom", "incorrect"]
     statuses = [s for s in order if s in counts.index] + \
                [s for s in counts.index if s not in order]
-    rows = [[s, int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
+    rows = [[md_text(s), int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
             for s in statuses]
     rows.append(["total", len(df), df["combo_key"].nunique()])
     return md_table(["status", "rows", "combinations"], rows, ["l", "r", "r"])
@@ -194,13 +202,13 @@ def reasons_table(df: pd.DataFrame) -> str:
         return "_All rows are ok._"
     rows = []
     for (status, reason), g in bad.groupby(["status", bad["reason"].fillna("")], sort=True):
-        combos = sorted({f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}"
+        combos = sorted({md_text(f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}")
                          for r in g.itertuples()})
         shown = ", ".join(combos[:4]) + (f" (+{len(combos) - 4} more)" if len(combos) > 4 else "")
         text = str(reason) or "(no reason given)"
         if len(text) > MAX_REASON_CHARS:
             text = text[:MAX_REASON_CHARS - 1] + "…"
-        rows.append([status, text, len(g), g["combo_key"].nunique(), shown])
+        rows.append([md_text(status), md_text(text) if reason else text, len(g), g["combo_key"].nunique(), shown])
     return md_table(["status", "reason", "rows", "combinations", "backend/experts/red/ovl/quant"],
                     rows, ["l", "l", "r", "r", "l"])
 
@@ -222,7 +230,7 @@ def phase_table(df: pd.DataFrame) -> str:
     for _, r in ok.iterrows():
         phases = [r[c] for c in PHASE_COLUMNS]
         total = phase_sum(r)
-        rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
+        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
                     + [fmt_us(p) for p in phases] + [fmt_us(total),
                                                      fmt_us(r["latency_us_median"])])
     headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + \
@@ -246,7 +254,7 @@ def memory_table(df: pd.DataFrame) -> str:
         if not (isinstance(declared, (int, float)) and np.isfinite(declared) and declared > 0):
             declared = r["workspace_bytes_analytic"]
         ratio = r["workspace_bytes_peak"] / declared if declared else np.nan
-        rows.append(_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"])]
+        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
                     + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
                     + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
     headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
@@ -255,8 +263,46 @@ def memory_table(df: pd.DataFrame) -> str:
     return f"{table}\n\n" + _caption(ok, "Memory in MiB (2^20 bytes).")
 
 
+def single_rank(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's backend runs on one rank (local, local_batched): the registry's
+    `single_rank`, or for a backend it does not know (a plugin not installed here) a world
+    size of 1. Such a backend moves no data, so there is no communication to hide the shared
+    experts behind: the overlap table and plot leave its rows out."""
+    from ..kernels import registry
+
+    known: dict = {}
+
+    def one(name, world) -> bool:
+        if name not in known:
+            try:
+                known[name] = bool(registry.get_backend(str(name)).single_rank)
+            except ValueError:  # not registered here
+                known[name] = None
+        if known[name] is not None:
+            return known[name]
+        try:
+            return int(world) == 1
+        except (TypeError, ValueError):
+            return False
+
+    if not len(df):
+        return pd.Series([], dtype=bool)
+    world = df["world_size"] if "world_size" in df.columns else pd.Series(np.nan, index=df.index)
+    return pd.Series([one(b, w) for b, w in zip(df["backend"], world)], index=df.index, dtype=bool)
+
+
+def single_rank_note(rows: pd.DataFrame) -> str:
+    """The line saying which rows a single-rank backend left out of the overlap figures ('' for none)."""
+    if not len(rows):
+        return ""
+    names = ", ".join(sorted({md_text(b) for b in rows["backend"].astype(str)}))
+    return (f"Left out: {len(rows)} row(s) of single-rank backends ({names}): they have no communication to "
+            "hide the shared experts behind (their ablation figures stay in the rows).")
+
+
 def overlap_table(df: pd.DataFrame) -> str:
-    """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank.
+    """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank; rows of
+    single-rank backends left out (`single_rank`), with a line that says so.
 
     shared = shared experts alone (µs); exposed = latency − latency without shared experts
     (µs); overlap = clamp(1 − exposed / shared, 0, 1) with its 90 % bootstrap interval
@@ -264,13 +310,17 @@ def overlap_table(df: pd.DataFrame) -> str:
     """
     df = latest_rows(df)
     rows_df = df[(df["status"] == "ok") & (df["overlap"].fillna("none").astype(str) != "none")]
+    alone = single_rank(rows_df)
+    note = single_rank_note(rows_df[alone])
+    rows_df = rows_df[~alone]
     if not len(rows_df):
-        return "_No rows with shared-expert overlap (overlap=dispatch|combine) in this run._"
+        empty = "_No rows with shared-expert overlap (overlap=dispatch|combine) in this run._"
+        return f"{empty}\n\n{note}" if note else empty
     cols = display_columns(rows_df)
     rows = []
     for _, r in rows_df.iterrows():
         rows.append(_combo_cells(r, cols) + [
-            fmt_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
+            md_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
             fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
             fmt_us(r["shared_exposed_us"]),
             fmt_frac_interval(r["overlap_fraction"], r.get("overlap_fraction_lo"),
@@ -282,7 +332,30 @@ def overlap_table(df: pd.DataFrame) -> str:
     return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
                                                "the shared experts' time hidden, in brackets its 90 % "
                                                "bootstrap interval over the samples: a figure inside it "
-                                               "(the trace's, another run's) is within noise.")
+                                               "(the trace's, another run's) is within noise.") + \
+        (f"\n\n{note}" if note else "")
+
+
+def traces_table(df: pd.DataFrame) -> str:
+    """Which combination each trace folder holds (`traces/<combo_key>/` is named by a hash): its
+    row's label, the token counts traced, the folder; '' for a run without traces."""
+    from ..mdsafe import md_code
+
+    if "trace_path" not in df.columns:
+        return ""
+    rows_df = latest_rows(df)
+    rows_df = rows_df[rows_df["trace_path"].fillna("").astype(str) != ""]
+    if not len(rows_df):
+        return ""
+    rows = []
+    for key, g in rows_df.groupby("combo_key", sort=True):
+        label = g["label"].dropna().astype(str) if "label" in g.columns else pd.Series([], dtype=object)
+        folders = sorted({str(PurePosixPath(str(p)).parent) for p in g["trace_path"]})
+        tokens = ", ".join(fmt_value(t) for t in sorted(g["tokens_per_rank"].dropna().unique()))
+        rows.append([md_text(label.iloc[0]) if len(label) else md_text(key), md_text(tokens),
+                     ", ".join(md_code(f + "/") for f in folders)])
+    return md_table(["combination", "tokens", "traces"], rows) + \
+        "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); a folder is named by the combination's key."
 
 
 def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
@@ -307,7 +380,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
         return f"{x:.0f} %" if np.isfinite(x) else ""
 
     cols = display_columns(ok)
-    rows = [_combo_cells(r, cols) + [fmt_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
+    rows = [_combo_cells(r, cols) + [md_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
                                      f"{r['experts_us']:.1f}",
                                      f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
                                      r["bound"], pct(r["experts_pct_of_floor"]),

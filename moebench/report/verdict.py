@@ -4,6 +4,9 @@ For each changed row its size with the 95 % interval; the changes that are signi
 but under the threshold; the geometric mean over the rows ok on both sides; memory
 changes; whether the environments are comparable; rows on one side only; and the
 exit status with why (docs/design.md, "Exit status").
+
+Text from the runs (names, values, reasons, environments) enters these lines escaped
+(moebench/mdsafe.py md_text; pair_names and envinfo's text escape their own).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from .compare import Comparison
 from .compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
 from .envinfo import comparable_summary, environment_check
 from .load import EXTRA_COMBO_COLUMNS, COMBO_COLUMNS, PER_ROW_COLUMNS, fmt_value
+from .table import md_text
 
 CHANGED = ("broken", "slower", "skipped", "faster", "fixed")
 LIMIT = 8  # changed rows named one a line; the rest counted
@@ -28,15 +32,15 @@ def why_nothing_matched(cmp: Comparison) -> str:
                 f"({', '.join(f'{k} {v}' for k, v in cmp.counts().items() if v)})")
     b, c = cmp.only_baseline, cmp.only_candidate
     if cmp.axis is not None:
-        return (f"no row matched: no row with {cmp.axis.field}={cmp.axis.a} has a partner with "
-                f"{cmp.axis.field}={cmp.axis.b} that agrees in every other identity field")
+        return (f"no row matched: no row with {md_text(f'{cmp.axis.field}={cmp.axis.a}')} has a partner with "
+                f"{md_text(f'{cmp.axis.field}={cmp.axis.b}')} that agrees in every other identity field")
     if not len(b) or not len(c):
         return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
     disjoint, differ = [], []
     for col in [*COMBO_COLUMNS, *EXTRA_COMBO_COLUMNS, "tokens_per_rank"]:
         if col in PER_ROW_COLUMNS or col not in b.columns or col not in c.columns:
             continue
-        vb, vc = set(b[col].map(fmt_value)), set(c[col].map(fmt_value))
+        vb, vc = set(b[col].map(fmt_value).map(md_text)), set(c[col].map(fmt_value).map(md_text))
         if vb != vc:
             text = f"{col} ({', '.join(sorted(vb))} vs {', '.join(sorted(vc))})"
             (disjoint if not vb & vc else differ).append(text)
@@ -58,10 +62,10 @@ def row_names(m: pd.DataFrame) -> pd.Series:
 
 def _change_line(verdict: str, name: str, r: dict) -> str:
     if verdict in ("broken", "skipped"):
-        why = f": {r['cand_reason']}" if r.get("cand_reason") else ""
-        return f"**{verdict}** {name}: ok → {r['cand_status']}{why}"
+        why = f": {md_text(r['cand_reason'])}" if r.get("cand_reason") else ""
+        return f"**{verdict}** {name}: ok → {md_text(r['cand_status'])}{why}"
     if verdict == "fixed":
-        return f"**fixed** {name}: {r['base_status']} → ok"
+        return f"**fixed** {name}: {md_text(r['base_status'])} → ok"
     return (f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'])} "
             f"({fmt_us_pair(r['base_latency_us_median'], r['cand_latency_us_median'])})")
 
@@ -90,7 +94,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
             shown = ", ".join(names.loc[i] for i in apart.index[:LIMIT])
             more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
             lines.append(f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
-                         f"{apart['no_verdict_why'].iloc[0]}")
+                         f"{md_text(apart['no_verdict_why'].iloc[0])}")
     changed_rows = m[m["verdict"].isin(CHANGED)]
     order = {v: i for i, v in enumerate(CHANGED)}
     changed_rows = changed_rows.assign(_o=changed_rows["verdict"].map(order),

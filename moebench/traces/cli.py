@@ -20,6 +20,13 @@ one line. Bad input raises ValueError (the CLI turns it into exit code 2).
 target-only nsys wrote (the GPU machine's), brought back to a machine with the host tools
 (scripts/install_nsys.sh), become `.nsys-rep` + `.sqlite`, and the rows of their run name
 the exports (or say why not).
+
+Combinations are named by their rows' `label` (the run's rows, `combo_labels`), the key beside
+it; a trace of no row keeps its key. A trace with nothing to overlap (a CPU run, one rank) gets
+one line saying so instead of a table of dashes, and no empty figure is written (one line says
+why). `--plot` writes through moebench/safe_write.py: beside the traces, no folder between the
+target and the PNG may be a link (a symlinked `traces/` is refused, one line, exit 2: give
+`--out DIR`); under `--out`, the same below it; the PNG names are checked before any is written.
 """
 from __future__ import annotations
 
@@ -28,6 +35,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from moebench.mdsafe import md_code, md_text
+from moebench.safe_write import refuse_links, safe_dir_below
 from moebench.traces.markdown import _fmt, to_markdown
 from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import TraceSummary, summarize
@@ -84,6 +93,44 @@ def _row_trace_paths(run: Path) -> list:
         for c in cols:
             named += [v for v in table.column(c).to_pylist() if v]
     return sorted(set(named))
+
+
+def _run_of(target: Path) -> Optional[Path]:
+    """The run directory `target` is or lies in (a trace file, a combination's folder, traces/)."""
+    for d in [target, *target.parents][:4]:
+        if d.is_dir() and is_run_dir(d):
+            return d
+    return None
+
+
+def combo_labels(target) -> dict:
+    """{combo_key: label} from the rows of the run `target` is or lies in ({} for none); torn
+    row files and rows without a label are passed over."""
+    import pyarrow.parquet as pq
+
+    run = _run_of(Path(target).absolute())
+    out: dict = {}
+    for f in sorted((run / "rows").glob("*.parquet")) if run is not None else []:
+        try:
+            if not {"combo_key", "label"} <= set(pq.ParquetFile(f).schema_arrow.names):
+                continue
+            table = pq.read_table(f, columns=["combo_key", "label"])
+        except Exception:  # noqa: BLE001 - a torn row file
+            continue
+        for key, label in zip(table.column("combo_key").to_pylist(), table.column("label").to_pylist()):
+            if key and label:
+                out.setdefault(str(key), str(label))
+    return out
+
+
+def _key_of(path: Path, summary: Optional[TraceSummary], labels: dict) -> Optional[str]:
+    """The combination key of a trace: the one its ranges name, else its folder's name (the
+    sweep writes `traces/<combo_key>/`) where a row has that key."""
+    keys = list(summary.combos) if summary is not None else []
+    known = [k for k in keys if k in labels]
+    if known:
+        return known[0]
+    return path.parent.name if path.parent.name in labels else (keys[0] if keys else None)
 
 
 def _rows_read_traces(run: Path) -> bool:
@@ -148,16 +195,44 @@ def summarize_file(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> list
     return [summarize(t) for t in load_traces(path, max_mb)]
 
 
+def _plot_dir(path: Path, out: Optional[str], root: Optional[Path]) -> Path:
+    """The folder a timeline PNG of `path` goes to: beside it, or under `out` mirroring the layout below `root`."""
+    if out is None:
+        return path.parent
+    rel = path.parent.relative_to(root) if root is not None and path.is_relative_to(root) else Path()
+    return Path(out) / rel
+
+
 def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path], base: Optional[str] = None) -> Path:
-    """Where a timeline PNG of `path` goes: beside it, or under `out` mirroring the layout below `root`."""
+    """Where a timeline PNG of `path` goes (`_plot_dir`), named `base` or after the trace."""
     if base is None:
         name = Path(trace.source.split("#")[0]).name
         suffix = trace.source.split("#")[1] if "#" in trace.source else ""
         base = f"{name}{'.' + suffix if suffix else ''}.timeline.png"
-    if out is None:
-        return path.parent / base
-    rel = path.parent.relative_to(root) if root is not None and path.is_relative_to(root) else Path()
-    return Path(out) / rel / base
+    return _plot_dir(path, out, root) / base
+
+
+def _prepare_plots(target: Path, files: list, out: Optional[str], roots) -> None:
+    """Before any figure is written: every folder the PNGs go to made or checked without a link
+    between the target (or `out`) and it, and the PNG names known in advance checked for links
+    (safe_write: LinkRefused, exit 2)."""
+    base = Path(out) if out is not None else (target if target.is_dir() else target.parent)
+    for f in files:
+        f = Path(f)
+        root = next((r for r in roots or () if f.is_relative_to(r)), None)
+        d = safe_dir_below(base, _plot_dir(f, out, root))
+        m = _RANK_FILE.fullmatch(f.name)
+        refuse_links(d, [f"{f.name}.timeline.png", f"{f.name}.ranks.timeline.png"]
+                     + ([f"T{m[2]}.ranks.timeline.png"] if m else []))
+
+
+def _title(label: Optional[str], path: Path, trace: Trace, several: bool) -> Optional[str]:
+    """'naive/torch/... — rank 1, 16 tokens' for a trace of a labelled combination (plain text)."""
+    if label is None:
+        return None
+    m = _RANK_FILE.fullmatch(path.name)
+    what = f"rank {m[1]}, {m[2]} tokens" if m else path.name
+    return f"{label} — {what}" + (f" ({trace.source.split('#')[-1]})" if several else "")
 
 
 def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] = None,
@@ -184,6 +259,9 @@ def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] 
     files = find_traces(target)
     tp = Path(target)
     roots = None if tp.is_file() else _trace_roots(tp)
+    if plot:
+        _prepare_plots(tp, files, out, roots)
+    labels = combo_labels(tp)
     errors = []
     # the ranks of one combination and token count are read together (their ranks' table
     # needs every rank's trace), then dropped: a run's traces never sit in memory at once
@@ -205,56 +283,70 @@ def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] 
             root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
             for trace in traces:
                 summary: TraceSummary = summarize(trace)
-                print(to_markdown(summary))
+                label = labels.get(_key_of(Path(f), summary, labels) or "")
+                print(to_markdown(summary, labels, _title(label, Path(f), trace, len(traces) > 1)))
                 m = _RANK_FILE.fullmatch(Path(f).name)
                 if m:
                     ranks[int(m[1])] = (summary, trace)
                 if plot:
-                    from moebench.traces.timeline import plot_timeline
+                    from moebench.traces.timeline import plot_timeline, why_empty
 
-                    png = plot_timeline(trace, _plot_path(trace, f, out, root))
-                    print(f"timeline: {png}\n")
+                    why = why_empty([trace])
+                    png = None if why else plot_timeline(trace, _plot_path(trace, f, out, root))
+                    print(f"timeline: {png}\n" if png else f"timeline: not drawn — {why}\n")
             if plot and len(traces) > 1:  # an nsys report of several ranks (processes)
-                from moebench.traces.timeline import plot_ranks
-
-                png = plot_ranks(traces, _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
-                                 [t.source.split("#")[-1] for t in traces])
-                print(f"ranks timeline: {png}\n")
+                _plot_ranks(traces, _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
+                            [t.source.split("#")[-1] for t in traces])
         if len(ranks) > 1:
             order = sorted(ranks)
             matched = matched_overlap([ranks[r][1] for r in order]) if order == list(range(len(order))) else None
-            print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched))
+            f0 = Path(group[0])
+            key0 = _key_of(f0, ranks[order[0]][0], labels)
+            print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched, labels.get(key0 or "")))
             if plot:
-                from moebench.traces.timeline import plot_ranks
-
-                f0 = Path(group[0])
                 root = next((r for r in roots or () if f0.is_relative_to(r)), None)
-                png = plot_ranks([ranks[r][1] for r in order], _plot_path(ranks[order[0]][1], f0, out, root,
-                                                                          f"T{key[1]}.ranks.timeline.png"),
-                                 [f"rank {r}" for r in order])
-                print(f"ranks timeline: {png}\n")
+                _plot_ranks([ranks[r][1] for r in order], _plot_path(ranks[order[0]][1], f0, out, root,
+                                                                     f"T{key[1]}.ranks.timeline.png"),
+                            [f"rank {r}" for r in order])
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
 
 
+def _plot_ranks(traces: list, path: Path, names: list) -> None:
+    """The ranks stacked in one figure, or one line saying why there is none (a CPU run's ranks
+    have no GPU lanes to stack)."""
+    from moebench.traces.timeline import plot_ranks, why_empty
+
+    why = why_empty(traces, cpu_lanes=False)
+    print(f"ranks timeline: {plot_ranks(traces, path, names)}\n" if why is None else
+          f"ranks timeline: not drawn — {why}\n")
+
+
 _RANK_FILE = re.compile(r"rank(\d+)_T(\d+)\.json(?:\.gz)?")
 
 
-def ranks_table(folder: str, tokens: str, ranks: dict, matched=None) -> str:
+def ranks_table(folder: str, tokens: str, ranks: dict, matched=None, label: Optional[str] = None) -> str:
     """One combination's ranks side by side with the figure its row holds: with `matched`
     (metrics.matched_overlap: communication trimmed of the wait for the last rank), the
     figure of the rank that waited least; else the critical rank's (traces/matched.py critical_rank:
-    the longest layer span; the ranks' mean when the spans tie)."""
+    the longest layer span; the ranks' mean when the spans tie). Headed by the combination's
+    `label` where a row names it (the folder on the next line), else by the folder; ranks without
+    GPU activity (a CPU run) get one line instead of a table of dashes."""
     from moebench.traces.matched import critical_rank
 
+    head = ([f"### ranks of {md_text(label)} at {tokens} tokens", "", f"traces: {md_code(folder)}"] if label
+            else [f"### ranks of {md_text(folder)} at {tokens} tokens"])
     order = sorted(ranks)
+    if matched is None and all(ranks[r].layer_us is None for r in order):
+        return "\n".join(head + ["", f"ranks: nothing to compare — no GPU activity in the {len(order)} ranks' "
+                                      "traces (a CPU run): no layer span, wait or overlap per rank", ""])
     crit = critical_rank([ranks[r].layer_us for r in order])
     if matched is not None:
         crit = matched.critical_rank
-    lines = [f"### ranks of {folder} at {tokens} tokens", "",
-             "| rank | layer span µs | waited for peers µs | trace_overlap_fraction | without the wait | "
-             "intersection_fraction |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = head + ["",
+                    "| rank | layer span µs | waited for peers µs | trace_overlap_fraction | without the wait | "
+                    "intersection_fraction |", "|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(order):
         s = ranks[r]
         mark = " (critical)" if crit == i else ""

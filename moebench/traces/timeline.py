@@ -234,8 +234,22 @@ def _legend(ax) -> None:
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
 
 
+def why_empty(traces: list, cpu_lanes: bool = True) -> Optional[str]:
+    """Why a timeline of `traces` would be an empty frame (one line), or None when it has bars to
+    draw: `plot_ranks` draws GPU lanes only (cpu_lanes=False), so a CPU run's ranks draw nothing."""
+    for t in traces:
+        ranges, kernels = _select(t, None)[4:]
+        if kernels or (cpu_lanes and ranges):
+            return None
+    if not any(t.kernels for t in traces):
+        return ("no GPU kernels in the traces (a CPU run): the ranks' panels draw GPU lanes only" if not cpu_lanes
+                else "no phase ranges and no GPU kernels in the trace")
+    return "no phase ranges and no GPU kernels in the plotted window"
+
+
 def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optional[str] = None) -> Path:
-    """Write the timeline PNG of `trace` to `path` and return the path."""
+    """Write the timeline PNG of `trace` to `path` and return the path (`why_empty` first: a
+    trace with nothing to draw is no figure)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -256,7 +270,8 @@ def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Option
 
     Each panel shows its rank's window (the same sample index, by default the median one of the
     first rank); the x axis is µs from the earliest window start, so that the ranks line up
-    (one host, one clock). CPU lanes are left out: the GPU lanes are what the ranks share.
+    (one host, one clock). CPU lanes are left out: the GPU lanes are what the ranks share, so a
+    CPU run's ranks draw an empty frame (`why_empty(traces, cpu_lanes=False)` says so first).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

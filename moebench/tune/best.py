@@ -135,7 +135,9 @@ def _setting_label(r, vary: list[str]) -> str:
 
 
 def table(best: pd.DataFrame) -> str:
-    """Markdown, one row per setting x tokens."""
+    """Markdown, one row per setting x tokens; the rows' text escaped (moebench/mdsafe.py md_text)."""
+    from ..mdsafe import md_text
+
     vary = [c for c in SETTING if c in best.columns and best[c].astype(str).nunique() > 1]
     lines = ["| setting | tokens | best | µs | runner-up | µs | margin [95 % CI] | clear | n |",
              "|---|---:|---|---:|---|---:|---|:-:|---:|"]
@@ -143,8 +145,9 @@ def table(best: pd.DataFrame) -> str:
         m = "–" if not math.isfinite(r["margin"]) else (
             f"{r['margin']:.3f}" + (f" [{r['margin_lo']:.3f}, {r['margin_hi']:.3f}]" if math.isfinite(r["margin_lo"]) else ""))
         ru = f"{r['runner_up_us']:.1f}" if math.isfinite(r["runner_up_us"]) else "–"
-        lines.append(f"| {_setting_label(r, vary)} | {int(r['tokens_per_rank'])} | {r['combination']} | {r['best_us']:.1f} | "
-                     f"{r['runner_up'] or '–'} | {ru} | {m} | {'yes' if r['clear_win'] else 'no'} | {int(r['candidates'])} |")
+        lines.append(f"| {md_text(_setting_label(r, vary))} | {int(r['tokens_per_rank'])} | {md_text(r['combination'])} | "
+                     f"{r['best_us']:.1f} | {md_text(r['runner_up']) if r['runner_up'] else '–'} | {ru} | {m} | "
+                     f"{'yes' if r['clear_win'] else 'no'} | {int(r['candidates'])} |")
     return "\n".join(lines)
 
 
@@ -185,14 +188,16 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
 
 def results_command(run: str, out: Optional[str]) -> int:
     from ..report.load import load_run
-    from ..report.markdown import default_report_dir
+    from ..report.markdown import report_out
+    from ..safe_write import refuse_links, write_text
 
     df, _ = load_run(run)
     best = best_per_size(df)
-    out_dir = Path(out) if out else default_report_dir(run)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = report_out(run, out)  # no link below the run folder or --out (moebench/safe_write.py)
+    refuse_links(out_dir, ["best_per_size.json", "best_per_size.png"])  # before anything is written
     records = json.loads(best.to_json(orient="records"))
-    (out_dir / "best_per_size.json").write_text(json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")
+    write_text(out_dir / "best_per_size.json",
+               json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")
     png = heatmap(best, out_dir / "best_per_size.png")
     print(table(best))
     if best.attrs.get("left_out"):

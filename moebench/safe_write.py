@@ -1,0 +1,181 @@
+"""Files moebench writes inside a run folder (or the folder --out names) are created without
+following links: a symbolic link planted where a report, a plot or a row goes would
+otherwise make moebench overwrite, or create, a file outside the folder. Reading may follow
+links (a run folder reached through one reads as usual); writing may not.
+
+The rule, for every writer:
+
+- the folder the user named (the run folder, or --out) may itself be a link: it is theirs;
+- below it, every folder on the way to the file is a real folder: `safe_dir(base, *parts)`
+  creates the missing ones and refuses a link (or a file) in their place;
+- the file itself is never a link, nor a hard link of another file: `write_text` /
+  `write_bytes` open it with O_NOFOLLOW (no O_TRUNC before the check: a hard-linked file is
+  refused untouched); `replace_text` / `replace_bytes` write a new temp file beside it
+  (O_CREAT | O_EXCL | O_NOFOLLOW) and rename it over the old one, for files a reader must
+  never see half-written;
+- `refuse_links(folder, names)` checks, before any work, that none of the files a command
+  will write is a link, so that it stops before it has written anything.
+
+A refusal is `LinkRefused`, a ValueError: one line naming the path, and the CLI exits 2.
+Usable by any writer of a run folder (the store's rows and env files, the lock): give it
+the run folder as `base`.
+
+    out = safe_dir(run, "report")                     # <run>/report, a real folder
+    refuse_links(out, ["report.md", "latency.png"])   # before any work
+    write_text(out / "report.md", text)
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Iterable
+
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class LinkRefused(ValueError):
+    """A write that would go through a symbolic link (or into a hard-linked file): one line."""
+
+
+def _refused(path, what: str = "is a symbolic link") -> LinkRefused:
+    return LinkRefused(f"{path} {what}: moebench writes no file through a link, so that nothing outside the "
+                       "run folder (or --out) changes; remove it, or give --out DIR")
+
+
+def _not_regular(path) -> ValueError:
+    return ValueError(f"{path} is not a regular file: moebench writes only files of its own there")
+
+
+def _check_dir(path: Path) -> None:
+    """`path` exists as a real folder, or not at all (then it is created by the caller)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _refused(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path} is not a folder: moebench writes its files in a folder of that name")
+
+
+def safe_dir(base, *parts) -> Path:
+    """`base`/`parts`, each folder below `base` a real one: created where missing (mode 0777 less
+    the umask), a LinkRefused for a link in its place. `base` is created (with its parents) as
+    mkdir -p would, links in it followed: it is the folder the user named. Returns the path; where
+    `base` itself is a link, by the folder it names (so that the files' own folder is no link)."""
+    path = Path(base)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file (or a dangling link) by that name, or on the way
+        raise ValueError(f"{path} is not a folder: give a folder (or a new name) to write into") from None
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    for part in parts:
+        for name in Path(part).parts:
+            if name in ("..", "/") or name.startswith("/"):
+                raise ValueError(f"{path / part}: a folder below {base} must not leave it ({part!r})")
+            path = path / name
+            _check_dir(path)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+            _check_dir(path)  # a link made in between is refused too
+    return path
+
+
+def safe_dir_below(base, path) -> Path:
+    """`safe_dir` for a full `path` that lies below `base` (ValueError if it does not)."""
+    base, path = Path(base), Path(path)
+    try:
+        rel = path.relative_to(base)
+    except ValueError:
+        raise ValueError(f"{path} is not below {base}") from None
+    return safe_dir(base, *rel.parts)
+
+
+def refuse_links(folder, names: Iterable[str]) -> None:
+    """LinkRefused when a file `folder`/name that a command will write is a symbolic link, or a
+    hard link of another file, or a folder on the way to it is a symbolic link: checked before
+    any work, so that nothing is written."""
+    for name in names:
+        path = Path(folder) / name
+        for p in [*reversed(path.relative_to(folder).parents[:-1]), path.relative_to(folder)]:
+            if os.path.islink(Path(folder) / p):
+                raise _refused(Path(folder) / p)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            raise _refused(path, f"is a hard link of another file ({st.st_nlink} names)")
+
+
+def _open(path: Path) -> int:
+    """A descriptor of `path` to write, emptied: created if missing; never through a link; a
+    file that is not a regular one, or that another name links to, refused untouched."""
+    if os.path.islink(path.parent):
+        raise _refused(path.parent)
+    try:
+        # O_NONBLOCK: a FIFO planted under the name fails at once instead of blocking the open
+        fd = os.open(path, _WRITE | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise _refused(path) from None
+        if os.path.lexists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+            raise _not_regular(path) from None  # a FIFO without a reader (ENXIO), a socket
+        raise e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path)
+        if st.st_nlink > 1:
+            raise _refused(path, f"is a hard link of another file ({st.st_nlink} names)")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_bytes(path, data: bytes) -> Path:
+    """Write `data` to `path` (created or emptied) without following a link (module doc)."""
+    path = Path(path)
+    with os.fdopen(_open(path), "wb") as f:
+        f.write(data)
+    return path
+
+
+def write_text(path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` (created or emptied) without following a link (module doc)."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def replace_bytes(path, data: bytes) -> Path:
+    """Write `data` to a new temp file beside `path` (O_EXCL | O_NOFOLLOW), then rename it over
+    `path`: a reader sees the old file or the new one, never a part. A link at `path` is refused."""
+    path = Path(path)
+    if os.path.islink(path.parent):
+        raise _refused(path.parent)
+    if os.path.islink(path):
+        raise _refused(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def replace_text(path, text: str) -> Path:
+    """`replace_bytes` of `text` as UTF-8."""
+    return replace_bytes(path, text.encode("utf-8"))
