@@ -26,6 +26,7 @@ the run folder as `base`.
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -69,7 +70,8 @@ def safe_dir(base, *parts) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a file (or a dangling link) by that name, or on the way
-        raise ValueError(f"{path} is not a folder: give a folder (or a new name) to write into") from None
+        # an environment error (moebench/writable.py): the CLI's one line names the path, exit 2
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     for part in parts:

@@ -213,7 +213,7 @@ def test_safe_dir_creates_real_folders_and_refuses_a_link_below_the_base(tmp_pat
         safe_dir(base, "afile")
     with pytest.raises(ValueError, match="must not leave it"):
         safe_dir(base, "..", "x")
-    with pytest.raises(ValueError, match="afile is not a folder"):  # --out naming a file: one line
+    with pytest.raises(NotADirectoryError, match="afile"):  # --out naming a file: an environment error, one line
         safe_dir(base / "afile")
     _untouched(victim)
 
