@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from . import timing
 from .kernels.interfaces import NULL_PHASES
 from .measure import RankSync
+from .safe_write import safe_dir
 
 
 def make_recorder(device, nvtx: bool):
@@ -70,6 +72,7 @@ def profiled_phases(kernel, fn, key: str, rank: int, tokens: int, run_dir: str, 
     from .traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, "traces", "profiler"), key, rank, tokens, gzip_=True)
+    safe_dir(run_dir, "traces", "profiler", key)  # real folders, never links (moebench/safe_write.py)
     kernel.phases = make_recorder(torch.device("cpu"), nvtx=False)  # record_function ranges only
     try:
         prof = profile_kernels(fn, str(path), samples=max(3, min(reps, 20)), sync=sync, device=device)
@@ -123,6 +126,7 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
 
     barrier, flush, align, agree = sync.barrier, sync.flush, sync.align, sync.agree
     path = torch_trace.trace_path(os.path.join(run_dir, combo.trace_dir), key, rank, T)
+    safe_dir(run_dir, *Path(combo.trace_dir).parts, key)  # real folders, never links (moebench/safe_write.py)
     rec = make_recorder(torch.device("cpu"), nvtx=True)  # record_function ranges only
     ablation = None
     if inputs is not None and kernel.shared is not None and kernel.overlap != "none":

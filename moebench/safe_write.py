@@ -151,6 +151,30 @@ def write_bytes(path, data: bytes) -> Path:
     return path
 
 
+def open_write(path):
+    """A binary file object writing `path` (created or emptied) without following a link."""
+    return os.fdopen(_open(Path(path)), "wb")
+
+
+def append_text(path, text: str) -> Path:
+    """Append `text` (UTF-8) to `path` (created if missing) without following a link: a log or
+    manifest several writers extend line by line."""
+    path = Path(path)
+    if os.path.islink(path.parent):
+        raise _refused(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    except OSError:
+        if os.path.islink(path):
+            raise _refused(path) from None
+        raise
+    with os.fdopen(fd, "ab") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _not_regular(path)
+        f.write(text.encode("utf-8"))
+    return path
+
+
 def write_text(path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` (created or emptied) without following a link (module doc)."""
     return write_bytes(path, text.encode("utf-8"))

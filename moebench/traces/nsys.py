@@ -44,6 +44,7 @@ import sqlite3
 from pathlib import Path
 from typing import Optional, Sequence
 
+from moebench.safe_write import append_text, safe_dir
 from moebench.traces.model import CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, Kernel, Range, Trace, attribute
 
 NSYS_MISSING = (
@@ -139,9 +140,8 @@ def record_capture(run_dir, pid: int, n: Optional[int], combo_key: str, tokens: 
     entry = {"pid": pid, "n": n, "stem": stem, "combo_key": combo_key, "tokens_per_rank": int(tokens),
              "rank": int(rank), "api": api}
     path = capture_manifest(run_dir, pid)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    safe_dir(run_dir, *path.parent.relative_to(Path(run_dir)).parts)  # never through a link (safe_write)
+    append_text(path, json.dumps(entry, sort_keys=True) + "\n")
     return entry
 
 

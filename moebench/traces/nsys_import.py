@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.paths import REPO_ROOT
+from moebench.safe_write import refuse_links
 from moebench.traces.nsys import nsys_rank_dir
 
 RAW_SUFFIXES = (".qdstrm", ".qdstrm.xz")
@@ -99,6 +100,8 @@ def import_capture(path, tools: Optional[HostTools] = None) -> Path:
         return sqlite
     tools = tools or host_tools()
     rep = stem.with_name(stem.name + ".nsys-rep")
+    # the importer and nsys write these by name: none may be a link out of the run folder
+    refuse_links(stem.parent, [stem.name + s for s in (".qdstrm", ".nsys-rep", ".sqlite")])
     inflated = None
     try:
         if not rep.is_file():

@@ -29,10 +29,12 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
+from moebench.safe_write import open_write
 from moebench.traces.model import Kernel, Range, Trace, attribute
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
 
@@ -107,15 +109,18 @@ def capture(
         if cuda:
             torch.cuda.synchronize()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".gz"):
-        tmp = path.with_name(path.name[:-3] + f".tmp{os.getpid()}")
-        prof.export_chrome_trace(str(tmp))
-        with open(tmp, "rb") as src, gzip.open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        tmp.unlink()
-    else:
-        prof.export_chrome_trace(str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)  # the caller made it a real folder (safe_dir)
+    # torch writes the export by name, following links: into a private folder first, then
+    # copied to `path` without following one (moebench/safe_write.py)
+    with tempfile.TemporaryDirectory(prefix="moebench-trace-") as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, open_write(path) as out:
+            if path.name.endswith(".gz"):
+                with gzip.GzipFile(filename=path.name[:-3], mode="wb", fileobj=out) as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                shutil.copyfileobj(src, out)
     return path
 
 

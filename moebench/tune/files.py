@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..kernels.triton import config as tconfig
+from ..safe_write import replace_text, safe_dir
 from .vllm_check import covers_grid, describe_routes
 
 KERNEL_NOTE = ("tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
@@ -96,8 +97,7 @@ def _provenance(info: dict, results, env: dict) -> dict:
 def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> Optional[Path]:
     """tune.json, and the config file with its sidecar when a config won anywhere
     (the file's path, else None). `extra`: more top-level fields for tune.json."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = safe_dir(out_dir)  # the files below it never through a link (moebench/safe_write.py)
     detail = {"layer": info, **(extra or {}), "results": [
         {"tokens": r.tokens, "best": r.best, "best_us": _num(r.best_us),
          "speedup_vs_heuristic": _num(r.speedup("heuristic")), "speedup_vs_current": _num(r.speedup("current")),
@@ -106,17 +106,15 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
          "baselines": {k: _trial(v) for k, v in r.baselines.items()}, "finalists": [_trial(t) for t in r.final]}
         for r in results]}
     # first: when no config ran, the trials' errors are what the user needs to read
-    (out_dir / "tune.json").write_text(json.dumps(detail, indent=2, default=str) + "\n")
+    replace_text(out_dir / "tune.json", json.dumps(detail, indent=2, default=str) + "\n")
     entries = _entries(results)
     if not entries:
         return None
     name = tconfig.config_file_name(info["E"], info["N"], info["dtype"], info["block_shape"])
-    cfg_dir = out_dir / "configs"
-    cfg_dir.mkdir(parents=True, exist_ok=True)
-    path = cfg_dir / name
-    path.write_text(json.dumps(entries, indent=4) + "\n")
+    cfg_dir = safe_dir(out_dir, "configs")
+    path = replace_text(cfg_dir / name, json.dumps(entries, indent=4) + "\n")
     env = (extra or {}).get("environment", {})
-    (cfg_dir / sidecar_name(name)).write_text(json.dumps(_provenance(info, results, env), indent=2, default=str) + "\n")
+    replace_text(cfg_dir / sidecar_name(name), json.dumps(_provenance(info, results, env), indent=2, default=str) + "\n")
     return path
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -93,7 +94,9 @@ class TrialStore:
     def add(self, t: Trial) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({k: _clean(v) for k, v in asdict(t).items()}) + "\n"
-        with open(self.path, "a") as f:
+        # O_NOFOLLOW: a link planted at trials.jsonl is refused, never appended through
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 f.write(line)
