@@ -23,6 +23,10 @@ from .migrate import migrate
 
 REDO_CHOICES = ("none", "failed", "all")
 FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
+# reason prefix of a `failed` row whose process group was lost (a rank or its node gone
+# mid-combination, a group that never formed, a SLURM job that ended without a result): not
+# the combination's doing, so a plain resume (--redo none) runs it again; stored() says "lost"
+LOST = "lost: "
 SKIPPED_FILE = "skipped.parquet"
 TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"  # never *.parquet: no reader's glob matches a torn file
 PAIR = ["combo_key", "tokens_per_rank"]
@@ -195,27 +199,32 @@ class RunStore:
 
     def stored(self) -> dict[str, dict[int, str]]:
         """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
-        each pair (older schema versions under their migrated keys)."""
+        each pair (older schema versions under their migrated keys); "lost" for a failed row
+        whose reason starts with LOST."""
         frames = _read_all(_newest_last(self.row_files()), skip_torn=True)  # a torn file is redone
         out: dict[str, dict[int, str]] = {}
         frames = [f for f in frames if len(f)]
         if not frames:
             return out
         df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
-        cols = ["combo_key", "tokens_per_rank", "status"]
-        for key, t, st in _by_precedence(df)[cols].itertuples(index=False):
-            out.setdefault(key, {})[int(t)] = st
+        if "reason" not in df.columns:
+            df["reason"] = ""
+        cols = ["combo_key", "tokens_per_rank", "status", "reason"]
+        for key, t, st, why in _by_precedence(df)[cols].itertuples(index=False):
+            lost = st == "failed" and isinstance(why, str) and why.startswith(LOST)
+            out.setdefault(key, {})[int(t)] = "lost" if lost else st
         return out
 
     def todo_tokens(self, combo_key: str, tokens: Iterable[int], redo: str, stored=None) -> list[int]:
-        """Token counts of a combination that still need running."""
+        """Token counts of a combination that still need running: not stored, or lost (LOST),
+        and with `redo` failed the failed ones, with all every one."""
         if redo not in REDO_CHOICES:
             raise ValueError(f"--redo {redo!r}; valid: {', '.join(REDO_CHOICES)}")
         have = (stored if stored is not None else self.stored()).get(combo_key, {})
         todo = []
         for t in tokens:
             st = have.get(t)
-            if st is None or redo == "all" or (redo == "failed" and st in FAILED):
+            if st in (None, "lost") or redo == "all" or (redo == "failed" and st in FAILED):
                 todo.append(t)
         return todo
 
