@@ -107,11 +107,20 @@ def clip(text: str, limit: int, where: str) -> str:
     return head.rstrip() + more(len(text) - len(head))
 
 
+def _last_line(path: Path) -> str:
+    try:
+        tail = path.read_text(errors="replace")[-4000:].splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(tail) if ln.strip() and not ln.startswith("-")), "")
+
+
 def _job_failure(job) -> str:
     """Why a job ended without a result, for a row's reason: submitit's error where the task
-    left one (it raised: the error's first and last lines), else the last line its first
-    task wrote to stderr (killed, a node lost), cut at a sentence with where the rest is.
-    Without a result file, submitit's own error would first wait 15 s for one to appear."""
+    left one (it raised: the error's first and last lines), else the last line a task wrote
+    to stderr (killed, a node lost; moebench's own line first, e.g. a group that did not
+    form), cut at a sentence with the file that has the rest. Without a result file,
+    submitit's own error would first wait 15 s for one to appear."""
     paths = job.paths
     if paths.result_pickle.exists():
         try:
@@ -121,12 +130,12 @@ def _job_failure(job) -> str:
         last = next((ln for ln in reversed(lines) if not ln.startswith(("-", "File ", "^"))), "")
         text = " ".join(dict.fromkeys(x for x in (lines[0] if lines else "", last) if x))
     else:
-        try:
-            tail = paths.stderr.read_text(errors="replace")[-4000:].splitlines()
-        except OSError:
-            tail = []
-        last = next((ln.strip() for ln in reversed(tail) if ln.strip() and not ln.startswith("-")), "")
-        text = f"its task 0 last wrote: {last}" if last else "its task 0 wrote nothing to stderr"
+        tasks = [(k, job.task(k).paths.stderr if job.num_tasks > 1 else paths.stderr) for k in range(job.num_tasks)]
+        said = [(k, err, _last_line(err)) for k, err in tasks]
+        k, err, last = next((s for s in said if s[2].startswith("moebench")), None) or \
+            next((s for s in said if s[2]), (0, paths.stderr, ""))
+        text = f"task {k} last wrote: {last}" if last else "no task wrote to stderr"
+        return clip(text, 600, str(err))
     return clip(text or "no message", 600, str(paths.stderr))
 
 
