@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
@@ -20,7 +21,7 @@ Groups: backend experts reduction overlap model quant workload runner trace."""
 EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
 failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
 missing run, an unknown schema version, an axis value no row has, an unknown option) or an environment
-error (a full disk, a read-only --out); 130 interrupted.
+error (a full disk, a read-only --out); 130 interrupted; 143 terminated (SIGTERM; sweep and run).
 A single run's report exits 0."""
 
 
@@ -197,7 +198,7 @@ def _run_one(args) -> int:
     if len(combos) != 1:
         raise ValueError(f"`moebench run` takes one combination; these overrides give {len(combos)}: use `moebench sweep`")
     run_dir, counts = execute(args.overrides, None, args.out or None, redo="all")
-    if counts.env_error:  # said on stderr; its row may not be stored
+    if counts.env_error or counts.terminated or counts.interrupted:  # said on stderr; its row may not be stored
         return counts.exit_code()
     df = RunStore(run_dir).load()
     df = df[df["combo_key"] == combos[0].key]
@@ -276,8 +277,27 @@ def _parse(argv):
     return args
 
 
+class _Terminated(BaseException):
+    """SIGTERM outside a sweep's running combinations (moebench/sweep.py handles it there)."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
+    if args.cmd not in ("sweep", "run"):
+        return _main(args)
+    # SLURM's pre-emption, `timeout`, `docker stop`: a message and exit 143, the lock released
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(args)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _main(args) -> int:
     try:
         if args.cmd == "sweep":
             from .sweep import execute
@@ -337,6 +357,10 @@ def main(argv=None) -> int:
             raise
         print(f"moebench {args.cmd}: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"moebench {args.cmd}: terminated (SIGTERM); finished combinations are stored. Re-run the same "
+              "command to resume.", file=sys.stderr)
+        return 143
     return 2
 
 

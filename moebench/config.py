@@ -149,7 +149,8 @@ CHOICES = {
     ("runner", "timing"): ("auto", "events", "graph", "profiler"),
     ("runner", "device"): ("auto", "cpu", "cuda"),
 }
-POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "world_size"), ("runner", "phase_reps"),
+POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "startup_timeout_s"), ("runner", "world_size"),
+            ("runner", "phase_reps"),
             ("model", "hidden"), ("model", "intermediate"), ("model", "num_experts"), ("model", "topk"),
             ("backend", "simulate_ep"), ("trace", "samples"))
 NON_NEGATIVE = (("runner", "warmup"), ("runner", "warmup_ms"), ("runner", "graph_max_tokens"),
@@ -236,7 +237,8 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         timing=timing, graph_max_tokens=r["graph_max_tokens"] if timing == "graph" else 256,
         l2_flush=r["l2_flush"], memory_budget=parse_bytes(r["memory_budget"]), trace=cfg["trace"]["name"],
         knobs=knobs, reps=r["reps"], warmup=r["warmup"], warmup_ms=float(r["warmup_ms"]),
-        phase_reps=r["phase_reps"], timeout_s=float(r["timeout_s"]), check=r["check"], memory=r["memory"],
+        phase_reps=r["phase_reps"], timeout_s=float(r["timeout_s"]), startup_timeout_s=float(r["startup_timeout_s"]),
+        check=r["check"], memory=r["memory"],
         trace_samples=cfg["trace"]["samples"], trace_dir=cfg["trace"]["dir"],
     )
 

@@ -8,13 +8,19 @@
 
 torchrun gives RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
 the combinations whose world size is WORLD_SIZE run, in this one group. Rank 0 takes the run
-folder's lock (moebench/lock.py; or works under its holder's with MOEBENCH_LOCK_TOKEN), plans
-against the store and tells the other ranks what to run.
+folder's lock (moebench/lock.py; or works under its holder's with MOEBENCH_LOCK_TOKEN, when that
+holder started it), plans against the store and tells the other ranks what to run. Each rank
+watches its starter from its first line (moebench/lifeline.py), and the group must form within
+runner.startup_timeout_s or this rank exits 1 (under a SLURM job, rank 0 first writes the
+first combination's rows saying so).
 
 A rank blocked in a collective cannot take part in another, so faults travel through the
 process group's key-value store: a rank that raises posts its error; rank 0's watchdog
 thread writes the combination's `failed`/`oom` row (or `timeout` past runner.timeout_s),
-posts an abort, and every rank exits 1. The group is then spent: torchrun's --max-restarts
+posts an abort, and every rank exits 1. An error that says a peer went away (a closed or reset
+connection: launch.peer_lost) makes a `lost:` row, which a plain resume runs again; each token
+count's results reach rank 0 as it ends, so the counts measured before a loss keep their
+rows. The group is then spent: torchrun's --max-restarts
 (or the SLURM parent's next job) starts a fresh one, which resumes past the stored rows.
 Exit status: 0 every planned row ok or skipped, 1 otherwise (a fault, or failed rows; with
 torchrun's --max-restarts a group that ran everything exits 0, since torchrun would restart
@@ -33,6 +39,14 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
+
+if __name__ == "__main__":
+    # a rank of torchrun's: watch its agent now, before torch's seconds of imports, not
+    # after them, when a dead agent reads as pid 1 (moebench/lifeline.py); the imports above
+    # are the standard library's, milliseconds
+    from moebench.lifeline import watch_parent
+
+    watch_parent()
 
 ABORT_WAIT_S = 60.0  # a failed non-zero rank waits this long for rank 0 to write the row
 POLL_S = 0.5
@@ -99,9 +113,21 @@ class _Current:
         self.mine: dict = {}  # tokens -> rank 0's own RankResult, as they come
 
 
-def _setup(env: RankEnv, device_kind: str):
+class GroupNotFormed(RuntimeError):
+    """The process group did not form within runner.startup_timeout_s (its reason is LOST's)."""
+
+
+def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
+    """This rank's device and process group. The group must form within `startup_s` (every
+    rank joined): a rank lost before that raises GroupNotFormed there, not after gloo's
+    30-minute default, which held the sweep and its lock (issue #31)."""
+    import datetime
+
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from .store import LOST
 
     if device_kind == "cuda":
         device = torch.device("cuda", env.local_rank)
@@ -114,8 +140,20 @@ def _setup(env: RankEnv, device_kind: str):
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
         kw = {"device_id": device} if device_kind == "cuda" else {}
-        dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", init_method="env://",
-                                rank=env.rank, world_size=env.world_size, **kw)
+        try:
+            dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", init_method="env://",
+                                    rank=env.rank, world_size=env.world_size,
+                                    timeout=datetime.timedelta(seconds=startup_s), **kw)
+        except Exception as e:  # noqa: BLE001 - the store's timeout, a refused or reset connection
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise GroupNotFormed(f"{LOST}the process group of {env.world_size} ranks did not form within "
+                                 f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "
+                                 f"(rank {env.rank}: {type(e).__name__}: {first})") from e
+        # formed: collectives and the store wait as long as torch's defaults again (a
+        # combination's own deadline is rank 0's watchdog's)
+        long = c10d.default_pg_nccl_timeout if device_kind == "cuda" else c10d.default_pg_timeout
+        c10d._set_pg_timeout(long, None)
+        c10d._get_default_store().set_timeout(long)
     return device, (dist.group.WORLD if env.world_size > 1 else None)
 
 
@@ -142,15 +180,27 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
 
     from . import memory
     from .kernels import registry
-    from .launch import Finished
+    from .launch import Finished, peer_lost
     from .lock import LockHeld, RunLock
     from .messages import Failure, Task
-    from .store import RunStore
+    from .store import LOST, RunStore
     from .sweep import write_finished
     from .worker import is_oom, run_combination
 
     store = RunStore(run_dir)
-    device, group = _setup(env, work[0][0].combo.device if work else "cpu")
+    try:
+        startup_s = max((c.combo.startup_timeout_s for c, _ in work), default=30.0)
+        device, group = _setup(env, work[0][0].combo.device if work else "cpu", startup_s)
+    except GroupNotFormed as e:  # rank 0 says so in the first combination's rows: a plain resume retries them
+        print(f"moebench worker: {e}", file=sys.stderr)
+        if env.rank == 0 and work:
+            try:
+                c, toks = work[0]
+                lock = RunLock.acquire(run_dir, token=token) if token else None
+                write_finished(store, Finished(c, list(toks), {}, Failure("failed", str(e))), meta, lock)
+            except LockHeld as held:
+                print(f"moebench worker: {held}", file=sys.stderr)
+        _exit(1)
     chan = _Channel(f"moebench/{meta['run_id']}/{env.attempt}")
     lock = None
     if env.rank == 0 and token:
@@ -164,6 +214,9 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
 
     def finish(failure: Optional[Failure]) -> None:  # rank 0, holding cur.lock
         c, toks = work[cur.idx]
+        if failure is not None and failure.status == "failed" and peer_lost(failure.reason):
+            # a peer rank or its node went away: not the combination's doing (resume retries it)
+            failure = Failure("failed", f"{LOST}{failure.reason}", failure.tokens)
         fin = Finished(c, list(toks), dict(cur.results), failure)
         rows = write_finished(store, fin, meta, lock)
         written.extend(rows)
@@ -197,14 +250,23 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
         try:
             for tokens, res in run_combination(Task(i, c.combo, tuple(toks)), env.rank, env.world_size, group,
                                                device, run_dir, baseline):
-                if res is not None:
-                    mine[tokens] = res
+                if res is None:
+                    continue
+                mine[tokens] = res
+                # every token count's results reach rank 0 as it ends (every rank yields each
+                # one): a group lost at the next count keeps this one's row measured
+                gathered = [None] * env.world_size if env.rank == 0 else None
+                if group is not None:
+                    dist.gather_object(res, gathered, dst=0)
+                else:
+                    gathered = [res]
+                if env.rank == 0:
+                    with cur.lock:
+                        cur.results[tokens] = dict(enumerate(gathered))
             tokens = None
-            gathered = [None] * env.world_size if env.rank == 0 else None
-            if group is not None:
-                dist.gather_object(mine, gathered, dst=0)
-            else:
-                gathered = [mine]
+        except KeyboardInterrupt:  # Ctrl-C, or a cancelled SLURM job: the work is cancelled, not failed
+            print(f"moebench worker: rank {env.rank} interrupted; nothing written for {c.label}", file=sys.stderr)
+            _exit(130)
         except BaseException as e:  # noqa: BLE001 - everything becomes a row
             status, reason = "oom" if is_oom(e) else "failed", f"rank {env.rank}: {type(e).__name__}: {e}"[:500]
             traceback.print_exc()
@@ -221,9 +283,6 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
                 _abort(chan)
         if env.rank == 0:
             with cur.lock:
-                for r, res in enumerate(gathered):
-                    for t, rr in res.items():
-                        cur.results.setdefault(t, {})[r] = rr
                 finish(None)
                 cur.idx = None
     if group is not None:
@@ -263,7 +322,10 @@ def _plan(args, env: RankEnv, log):
     combos = [c for c in combos if c not in other]
     lock = RunLock.acquire(args.out, wait=args.wait, log=log)
     store = RunStore(args.out)
-    store.clean_temp()
+    if lock.fd is not None:
+        store.clean_temp()
+    else:  # working under a holder's lock: its temp files may be in flight
+        store.refuse_links()
     info = envmod.fingerprint()
     eid, run_id = envmod.env_id(info), uuid.uuid4().hex[:10]
     meta = _meta(run_id, sweep_data["name"], info, eid)
@@ -283,12 +345,8 @@ def main(argv=None) -> int:
     from .store import RunStore
     from .sweep import BAD_STATUSES
 
-    from .lifeline import die_with
-
     args = _parser().parse_args(argv)
     log = (lambda s: print(s, file=sys.stderr, flush=True))
-    # die with torchrun's agent (its watchdog only: which thread started us is unknown)
-    die_with(os.getppid(), pdeathsig=False)
     try:
         env = RankEnv.from_environ()
     except ValueError as e:
@@ -300,12 +358,17 @@ def main(argv=None) -> int:
         from .plan import plan
 
         combos, _ = plan(list(args.overrides), args.sweep, this_machine=False)
-        device = next((c.combo.device for c in combos if c.combo.world_size == env.world_size), "cpu")
+        mine = [c.combo for c in combos if c.combo.world_size == env.world_size]
+        device = mine[0].device if mine else "cpu"
     except ValueError as e:
         if lead:
             print(f"moebench worker: error: {e}", file=sys.stderr)
         return 2
-    _setup(env, device)
+    try:
+        _setup(env, device, max((c.startup_timeout_s for c in mine), default=30.0))
+    except GroupNotFormed as e:  # nothing planned or locked yet: the next attempt starts afresh
+        print(f"moebench worker: {e}", file=sys.stderr)
+        return 1
     lock = keys = None
     shared: list = [None]  # rank 0 tells the others (work, meta), or why there is none
     if lead:

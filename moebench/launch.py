@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch.multiprocessing as mp
 
+from .lifeline import run_watched
 from .messages import Done, Error, Exited, Failure, Result, Started, Task
 from .plan import Combination
 from .worker import rank_main
@@ -36,6 +37,18 @@ class Finished:
     tokens: list[int]
     results: dict = field(default_factory=dict)  # tokens -> {rank: RankResult}
     failure: Optional[Failure] = None
+
+
+# what a rank's error says when a peer rank (or its node) went away under it: gloo's closed or
+# reset connection, NCCL's remote error; its cause is the peer's loss, not this rank's code
+PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited",
+             "communicator was aborted", "ncclremoteerror", "failed to recv, got 0 bytes")
+
+
+def peer_lost(reason: str) -> bool:
+    """Whether an error's text says a peer rank or its node was lost (PEER_LOST)."""
+    text = reason.lower()
+    return any(t in text for t in PEER_LOST)
 
 
 def free_port() -> int:
@@ -126,6 +139,16 @@ class _GroupState:
         self.current = 0
         self.failure: Optional[Failure] = None
         self.failure_idx: Optional[int] = None  # which combination the error came from
+        self.polls = 0
+        self.seen_dead: dict[int, int] = {}  # rank -> the poll its death was first seen at
+        self.dead_before_failure: Optional[set] = None  # ranks seen dead before the first error came
+
+    def observe(self, procs) -> None:
+        """Note the ranks that died (non-zero exit) since the last poll."""
+        self.polls += 1
+        for r, p in enumerate(procs):
+            if p.exitcode not in (None, 0) and r not in self.seen_dead:
+                self.seen_dead[r] = self.polls
 
     def take(self, msg) -> None:
         if isinstance(msg, Result):
@@ -137,6 +160,7 @@ class _GroupState:
         elif isinstance(msg, Error) and self.failure is None:
             self.failure = Failure(msg.status, f"rank {msg.rank}: {msg.reason}", msg.tokens)
             self.failure_idx = msg.idx
+            self.dead_before_failure = set(self.seen_dead)
 
     def pop_finished(self) -> list[Finished]:
         """Combinations every rank has finished, in order."""
@@ -158,18 +182,26 @@ def _drain(q, st: _GroupState, wait_s: float = 0.5) -> None:
 
 
 def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
-    """'rank r died with exit code c (SIG)' for ranks that ended without reporting (waiting
-    briefly: a peer's error about the closed connection can come first), else ''."""
+    """'rank r died with exit code c (SIG)' for ranks that ended without reporting and caused
+    the failure, else ''. A rank's error about a closed connection follows a peer's death, so
+    then the death is waited for briefly and named first. A rank's own error (anything else)
+    is the cause: only deaths seen before it came are named, since a peer that dies after it
+    is its consequence (gloo aborts a rank whose peer left: SIGABRT, which under load can
+    come before the launcher kills the group)."""
+    own = st.failure is not None and not peer_lost(st.failure.reason)
     deadline = time.monotonic() + wait_s
     while True:
-        dead = [(r, p.exitcode) for r, p in enumerate(procs)
-                if p.exitcode not in (None, 0) and r not in st.exited
-                and not (st.failure is not None and st.failure.reason.startswith(f"rank {r}:"))]
-        if dead or time.monotonic() > deadline or st.failure is None:
+        st.observe(procs)
+        dead = [r for r in st.seen_dead if r not in st.exited
+                and not (st.failure is not None and st.failure.reason.startswith(f"rank {r}:"))
+                and not (own and r not in (st.dead_before_failure or ()))]
+        if dead or time.monotonic() > deadline or st.failure is None or own:
             break
         time.sleep(0.05)
+    # the first seen first; of those seen together, an abort (a peer's consequence) last
+    dead.sort(key=lambda r: (st.seen_dead[r], procs[r].exitcode == -signal.SIGABRT, r))
     parts = []
-    for r, code in dead:
+    for r, code in ((r, procs[r].exitcode) for r in dead):
         sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
         parts.append(f"rank {r} died with exit code {code}{sig}")
     return "; ".join(parts)
@@ -178,10 +210,14 @@ def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
 class Launcher:
     """Runs lists of (combination, token counts) and reports each one finished."""
 
-    def __init__(self, run_dir: str, on_finished: Callable[[Finished], None], should_stop: Callable[[], bool] = lambda: False):
+    def __init__(self, run_dir: str, on_finished: Callable[[Finished], None], should_stop: Callable[[], bool] = lambda: False,
+                 should_abort: Callable[[], bool] = lambda: False):
+        """`should_stop`: stop after the combination in flight (Ctrl-C); `should_abort`: stop
+        now (SIGTERM), the combination in flight cancelled with its ranks and given no row."""
         self.run_dir = run_dir
         self.on_finished = on_finished
         self.should_stop = should_stop
+        self.should_abort = should_abort
         for k, v in SAFE_ENV.items():
             os.environ.setdefault(k, v)
 
@@ -214,11 +250,13 @@ class Launcher:
             ctx.set_executable(wrapper)
         payload = [Task(i, c.combo, tuple(toks)) for i, (c, toks) in enumerate(work)]
         port = free_port()
-        # ranks die with this process (moebench/lifeline.py); the kernel's death signal only
-        # when started from the main thread (it fires when the starting thread ends)
+        # ranks die with this process (moebench/lifeline.py), armed before a rank imports
+        # torch; the kernel's death signal only when started from the main thread (it fires
+        # when the starting thread ends)
         life = (os.getpid(), threading.current_thread() is threading.main_thread())
         procs = [
-            ctx.Process(target=rank_main, args=(r, ws, device, port, payload, q, self.run_dir, *life), daemon=True)
+            ctx.Process(target=run_watched, args=(*life, f"{rank_main.__module__}:{rank_main.__name__}",
+                                                  r, ws, device, port, payload, q, self.run_dir), daemon=True)
             for r in range(ws)
         ]
         try:
@@ -231,6 +269,9 @@ class Launcher:
         deadline = time.monotonic() + STARTUP_S + work[0][0].combo.timeout_s
         try:
             while True:
+                if self.should_abort():  # what finished is written; the rest is the next invocation's
+                    _kill(procs)
+                    return work[st.current :]
                 try:
                     msg = q.get(timeout=0.5)
                 except queue_mod.Empty:
@@ -253,9 +294,13 @@ class Launcher:
                                 _kill(procs)
                                 return work[st.current :]
                         continue
+                st.observe(procs)
                 dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and r not in st.exited]
                 if st.failure is None and not dead and now <= deadline:
                     continue
+                if self.should_abort():  # a rank that got the SIGTERM too: no row for that
+                    _kill(procs)
+                    return work[st.current :]
                 # a rank failed, died or timed out: collect what is in flight, then kill the group
                 _drain(q, st)
                 for fin in st.pop_finished():

@@ -76,6 +76,9 @@ class RunnerConf:
     phase_reps: int = 10  # extra samples with phase events recorded
     l2_flush: bool = True
     timeout_s: float = 600.0  # per combination, all token counts together
+    # seconds a process group may take to form once its first rank is ready (every rank
+    # joined): a rank lost before that fails the combination instead of holding the sweep
+    startup_timeout_s: float = 30.0
     check: bool = True  # compare with the float32 reference before timing
     memory: bool = True
     # bytes the layer may allocate above what the correctness check holds (0: no cap), e.g.

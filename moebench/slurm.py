@@ -14,13 +14,21 @@ combination a `failed` row saying so. `--slurm-cluster local` runs the jobs as l
 processes (submitit's LocalExecutor), as the tests do."""
 from __future__ import annotations
 
-import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from .lifeline import watch_parent
+
+if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") == "submitit.core._submit":
+    # a job's task unpickling job_main (which imports this module before its arguments and
+    # torch): watch the task's starter now, not after those imports (moebench/lifeline.py)
+    watch_parent(init_means_gone=True)
+
 POLL_S = 1.0
+CANCEL_WAIT_S = 15.0  # after cancelling (Ctrl-C, SIGTERM): how long to wait for the jobs to end
 CLUSTERS = ("slurm", "local", "debug")
 
 
@@ -75,15 +83,60 @@ def job_main(work: list, run_dir: str, meta: dict, token: str, port: int, local:
     import submitit
 
     from .dist_worker import RankEnv, run_ranks
-    from .lifeline import die_with
 
-    die_with(os.getppid(), pdeathsig=False)  # a task outliving its job step would hold a GPU
+    # this task already watches its starter (watch_parent at the top of this module): a task
+    # outliving its job step would hold a GPU
     je = submitit.JobEnvironment()
     per_node = je.num_tasks // max(1, je.num_nodes)
     env = RankEnv(je.global_rank, je.num_tasks, je.local_rank, per_node,
                   "127.0.0.1" if local else je.hostnames[0], port)
     rows = run_ranks(work, run_dir, meta, env, token=token, log=print)
     return len(rows)
+
+
+def clip(text: str, limit: int, where: str) -> str:
+    """`text` whole when it fits `limit` characters; else cut at the last sentence (or line)
+    end inside it, saying how much more there is and where: '... (N more chars in FILE)'."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    more = lambda n: f" … ({n} more chars in {where})"  # noqa: E731
+    head = text[: max(0, limit - len(more(len(text))))]
+    cut = max(head.rfind(". "), head.rfind(".\n"), head.rfind("\n"))
+    head = head[: cut + 1] if cut > len(head) // 3 else head
+    return head.rstrip() + more(len(text) - len(head))
+
+
+def _last_line(path: Path) -> str:
+    try:
+        tail = path.read_text(errors="replace")[-4000:].splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(tail) if ln.strip() and not ln.startswith("-")), "")
+
+
+def _job_failure(job) -> str:
+    """Why a job ended without a result, for a row's reason: submitit's error where the task
+    left one (it raised: the error's first and last lines), else the last line a task wrote
+    to stderr (killed, a node lost; moebench's own line first, e.g. a group that did not
+    form), cut at a sentence with the file that has the rest. Without a result file,
+    submitit's own error would first wait 15 s for one to appear."""
+    paths = job.paths
+    if paths.result_pickle.exists():
+        try:
+            lines = [ln.strip() for ln in str(job.exception() or "").splitlines() if ln.strip()]
+        except Exception as e:  # noqa: BLE001 - the reason is all that is wanted
+            lines = [f"{type(e).__name__}: {e}"]
+        last = next((ln for ln in reversed(lines) if not ln.startswith(("-", "File ", "^"))), "")
+        text = " ".join(dict.fromkeys(x for x in (lines[0] if lines else "", last) if x))
+    else:
+        tasks = [(k, job.task(k).paths.stderr if job.num_tasks > 1 else paths.stderr) for k in range(job.num_tasks)]
+        said = [(k, err, _last_line(err)) for k, err in tasks]
+        k, err, last = next((s for s in said if s[2].startswith("moebench")), None) or \
+            next((s for s in said if s[2]), (0, paths.stderr, ""))
+        text = f"task {k} last wrote: {last}" if last else "no task wrote to stderr"
+        return clip(text, 600, str(err))
+    return clip(text or "no message", 600, str(paths.stderr))
 
 
 def _executor(opts: SlurmOptions, run_dir: Path):
@@ -115,6 +168,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
 
     from .launch import Finished
     from .messages import Failure
+    from .store import LOST
     from .sweep import write_finished
 
     families: dict = {}
@@ -123,7 +177,12 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     ex = _executor(opts, store.dir)
     seen: set = set()  # row files of this invocation already reported
     done: set = set()  # combination keys with rows from this invocation
-    jobs = {fam: _submit(ex, opts, w, store.dir, meta, lock.token) for fam, w in families.items()}
+    def submit(w: list):
+        job = _submit(ex, opts, w, store.dir, meta, lock.token)
+        lock.add_job(job.job_id)  # its tasks may borrow the lock (moebench/lock.py)
+        return job
+
+    jobs = {fam: submit(w) for fam, w in families.items()}
     keys = {fam: {c.key for c, _ in w} for fam, w in families.items()}
     progress = {fam: 0 for fam in families}  # the family's combinations stored when its job started
 
@@ -139,6 +198,9 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
         if should_stop():
             for job in jobs.values():
                 job.cancel(check=False)
+            deadline = time.monotonic() + CANCEL_WAIT_S  # their tasks gone before the lock is
+            while time.monotonic() < deadline and not all(job.done() for job in jobs.values()):
+                time.sleep(0.2)
             return
         yield from collect()
         for fam, job in list(jobs.items()):
@@ -147,17 +209,19 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
             yield from collect()
             rest = [(c, t) for c, t in families[fam] if c.key not in done]
             if rest and len(done & keys[fam]) == progress[fam]:  # nothing new stored: the job itself failed
-                why = job.exception()
                 c, toks = rest[0]
+                # lost (a node, the time limit, a group that never formed): a plain resume retries it
                 rows = write_finished(store, Finished(c, list(toks), {}, Failure(
-                    "failed", f"SLURM job {job.job_id} ended ({job.state}) without a result: {why}"[:1000])), meta, lock)
+                    "failed", f"{LOST}SLURM job {job.job_id} ended ({job.state}) without a result: "
+                    f"{_job_failure(job)}")), meta, lock)
+                seen.update(f.name for f in store.rows_dir.glob(f"{c.key}-*-{meta['run_id']}.parquet"))
                 done.add(c.key)
-                yield c.label, rows
+                yield c.label, rows  # counted here, once: collect() skips the file
                 rest = rest[1:]
             families[fam] = rest
             progress[fam] = len(done & keys[fam])
             if rest:
-                jobs[fam] = _submit(ex, opts, rest, store.dir, meta, lock.token)
+                jobs[fam] = submit(rest)
             else:
                 del jobs[fam]
         time.sleep(POLL_S)

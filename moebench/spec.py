@@ -73,6 +73,7 @@ class Combo:
     warmup_ms: float = _f(200.0, identity=False)
     phase_reps: int = _f(10, identity=False)
     timeout_s: float = _f(600.0, identity=False)
+    startup_timeout_s: float = _f(30.0, identity=False, doc="s for a process group to form (every rank joined)")
     check: bool = _f(True, identity=False)
     memory: bool = _f(True, identity=False)
     trace_samples: int = _f(3, identity=False)

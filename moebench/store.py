@@ -7,7 +7,8 @@ Guarantees (docs/design.md, "The store"): a file is complete or absent (written 
 reader and removed at the next start); rows are written as soon as a combination ends;
 nothing is overwritten (each invocation writes its own files) or deleted; a measured
 row always beats a skipped one, and among measured rows of one (combination, tokens)
-the newest wins. Writers hold the run's lock (moebench/lock.py).
+the newest wins. Writers hold the run's lock (moebench/lock.py) and never write through a
+symbolic link below the run folder (UnsafePath, exit 2).
 
 A torn row file (one that cannot be read as parquet: cut short by a copy or a disk fault,
 written by something else) is moved to rows/.corrupt/ by the next sweep, which measures
@@ -25,11 +26,16 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
+from .lock import UnsafePath
 from .migrate import check_versions, migrate
 from .writable import CAUSES, with_path
 
 REDO_CHOICES = ("none", "failed", "all")
 FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
+# reason prefix of a `failed` row whose process group was lost (a rank or its node gone
+# mid-combination, a group that never formed, a SLURM job that ended without a result): not
+# the combination's doing, so a plain resume (--redo none) runs it again; stored() says "lost"
+LOST = "lost: "
 SKIPPED_FILE = "skipped.parquet"
 TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"  # never *.parquet: no reader's glob matches a torn file
 PAIR = ["combo_key", "tokens_per_rank"]
@@ -86,8 +92,27 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # once, at import (os.umask is process-wide)
 
 
-def _atomic_write(path: Path, write) -> None:
-    """`write(tmp)` then rename over `path`: a reader sees the old file, the new one, or none."""
+def _no_link(path: Path, root: Path, file: bool = True) -> None:
+    """UnsafePath (exit 2) unless `path` can be written without following a link: neither it
+    nor a folder between the run folder `root` and it is a symbolic link (a write would land
+    outside the run folder), and it is a regular file where it exists. The run folder
+    itself may be a link: --out is the user's choice."""
+    cur = root
+    for part in path.relative_to(root).parts:
+        cur = cur / part
+        if cur.is_symlink():
+            raise UnsafePath(f"{cur} is a symbolic link (to {os.readlink(cur)}): moebench never writes through a "
+                             f"link in a run folder; remove it (rm {cur}) or give another --out")
+    if file and path.exists() and not path.is_file():
+        raise UnsafePath(f"{path} is not a regular file: moebench writes its results there; move it away or "
+                         "give another --out")
+
+
+def _atomic_write(path: Path, write, root: Optional[Path] = None) -> None:
+    """`write(tmp)` then rename over `path`: a reader sees the old file, the new one, or none.
+    With `root` (the run folder), never through a link below it (_no_link)."""
+    if root is not None:
+        _no_link(path, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix + TMP_SUFFIX)
     os.close(fd)
@@ -161,9 +186,16 @@ class RunStore:
         self.envs_dir = self.dir / "envs"
 
     # -- writing ---------------------------------------------------------------
+    def refuse_links(self) -> None:
+        """UnsafePath (exit 2) where rows/, envs/ or env.json is a link: checked before any work
+        (each write checks its own path again)."""
+        for path in (self.rows_dir, self.envs_dir, self.dir / "env.json"):
+            _no_link(path, self.dir, file=path.suffix == ".json")
+
     def clean_temp(self) -> list[Path]:
         """Remove writers' leftover temp files (a writer killed between write and rename).
-        Call it holding the run's lock, before any work."""
+        Call it holding the run's lock, before any work; refuses links first (refuse_links)."""
+        self.refuse_links()
         gone = []
         for d in (self.dir, self.rows_dir, self.envs_dir):
             for p in d.glob(f"{TMP_PREFIX}*") if d.is_dir() else ():
@@ -181,7 +213,7 @@ class RunStore:
         run_id = rows[0].get("run_id") if rows else None
         path = self.rows_dir / f"{combo_key}-T{tokens}{f'-{run_id}' if run_id else ''}.parquet"
         df = pd.DataFrame(rows)
-        _atomic_write(path, lambda p: df.to_parquet(p, index=False))
+        _atomic_write(path, lambda p: df.to_parquet(p, index=False), self.dir)
         return path
 
     def write_skipped(self, rows: list[dict]) -> Optional[Path]:
@@ -199,7 +231,7 @@ class RunStore:
             fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int)))
             keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"])]
             new = pd.concat([old[keep], new], ignore_index=True)
-        _atomic_write(path, lambda p: new.to_parquet(p, index=False))
+        _atomic_write(path, lambda p: new.to_parquet(p, index=False), self.dir)
         return path
 
     def _skipped_rows(self) -> Optional[pd.DataFrame]:
@@ -246,14 +278,16 @@ class RunStore:
 
     def write_json(self, name: str, data: dict) -> Path:
         path = self.dir / name
-        _atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)))
+        _atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)),
+                      self.dir)
         return path
 
     def write_env(self, info: dict, run_id: str) -> Path:
         """This invocation's fingerprint as envs/<run_id>.json (its rows' run_id names it);
         env.json, which readers of a single fingerprint use, only where the run has none."""
         path = self.write_json(f"envs/{run_id}.json", {**info, "run_id": run_id})
-        if not (self.dir / "env.json").exists():
+        first = self.dir / "env.json"
+        if first.is_symlink() or not first.exists():  # a link: refused by write_json
             self.write_json("env.json", {**info, "run_id": run_id})
         return path
 
@@ -277,7 +311,8 @@ class RunStore:
 
     def stored(self) -> dict[str, dict[int, str]]:
         """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
-        each pair (older schema versions under their migrated keys)."""
+        each pair (older schema versions under their migrated keys); "lost" for a failed row
+        whose reason starts with LOST."""
         # a torn file is redone (the sweep sets it aside first and says so: set_aside_torn)
         frames = _read_all(_newest_last(self.row_files()), warn_torn=False)
         out: dict[str, dict[int, str]] = {}
@@ -285,20 +320,24 @@ class RunStore:
         if not frames:
             return out
         df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
-        cols = ["combo_key", "tokens_per_rank", "status"]
-        for key, t, st in _by_precedence(df)[cols].itertuples(index=False):
-            out.setdefault(key, {})[int(t)] = st
+        if "reason" not in df.columns:
+            df["reason"] = ""
+        cols = ["combo_key", "tokens_per_rank", "status", "reason"]
+        for key, t, st, why in _by_precedence(df)[cols].itertuples(index=False):
+            lost = st == "failed" and isinstance(why, str) and why.startswith(LOST)
+            out.setdefault(key, {})[int(t)] = "lost" if lost else st
         return out
 
     def todo_tokens(self, combo_key: str, tokens: Iterable[int], redo: str, stored=None) -> list[int]:
-        """Token counts of a combination that still need running."""
+        """Token counts of a combination that still need running: not stored, or lost (LOST),
+        and with `redo` failed the failed ones, with all every one."""
         if redo not in REDO_CHOICES:
             raise ValueError(f"--redo {redo!r}; valid: {', '.join(REDO_CHOICES)}")
         have = (stored if stored is not None else self.stored()).get(combo_key, {})
         todo = []
         for t in tokens:
             st = have.get(t)
-            if st is None or redo == "all" or (redo == "failed" and st in FAILED):
+            if st in (None, "lost") or redo == "all" or (redo == "failed" and st in FAILED):
                 todo.append(t)
         return todo
 

@@ -16,7 +16,7 @@ from .lock import RunLock
 from .plan import Combination, default_runs_dir, plan, run_name
 from .plugins import problems as plugin_problems
 from .rows import measured_row, outcome_row
-from .store import RunStore
+from .store import LOST, RunStore
 from .timing import NOISY_SPREAD
 from .writable import describe as environment_error
 from .writable import probe
@@ -26,18 +26,22 @@ BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
 
 
 class SweepCounts(Counter):
-    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it;
-    `env_error` (the line saying what) when the machine refused a write mid-sweep."""
+    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it,
+    `terminated` when SIGTERM did; `env_error` (the line saying what) when the machine refused
+    a write mid-sweep."""
 
     interrupted: bool = False
+    terminated: bool = False
     env_error: str = ""
 
     def exit_code(self) -> int:
         """0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom rows,
-        or an environment error stopped the sweep; 130 interrupted (docs/design.md, "Exit
-        status")."""
+        or an environment error stopped the sweep; 130 interrupted, 143 terminated
+        (docs/design.md, "Exit status")."""
         if self.env_error:
             return 1
+        if self.terminated:
+            return 143
         if self.interrupted:
             return 130
         return 1 if any(self.get(s) for s in BAD_STATUSES) else 0
@@ -77,14 +81,19 @@ class _Progress:
 
 
 class _Stop:
-    """First Ctrl-C: stop after the current combination. Second: abort now."""
+    """First Ctrl-C: stop after the current combination. Second: abort now. SIGTERM (SLURM's
+    pre-emption, `timeout`, `docker stop`, which give seconds before a SIGKILL): stop now --
+    the combination in flight is cancelled with its ranks and gets no row, SLURM jobs are
+    cancelled, what finished is stored; exit 143."""
 
     def __init__(self):
         self.requested = False
-        self._old = None
+        self.terminated = False
+        self._old: dict = {}
 
     def __enter__(self):
-        self._old = signal.signal(signal.SIGINT, self._handler)
+        self._old = {signal.SIGINT: signal.signal(signal.SIGINT, self._handler),
+                     signal.SIGTERM: signal.signal(signal.SIGTERM, self._term)}
         return self
 
     def _handler(self, signum, frame):
@@ -93,8 +102,14 @@ class _Stop:
         self.requested = True
         print("\nmoebench: stopping after the current combination (Ctrl-C again to abort now)", file=sys.stderr)
 
+    def _term(self, signum, frame):
+        if not self.terminated:
+            print("\nmoebench: SIGTERM: stopping now (the combination in flight is cancelled)", file=sys.stderr)
+        self.requested = self.terminated = True
+
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
@@ -146,7 +161,9 @@ def rows_for(fin: Finished, meta: dict) -> list[dict]:
         elif fin.failure:
             st, why = fin.failure.status, fin.failure.reason
             if failed_at is not None and t != failed_at:
-                st, why = "failed", f"not run: tokens_per_rank={failed_at} failed first ({why})"
+                # a lost group's rows stay lost (LOST: a plain resume runs them again)
+                lost = LOST if why.startswith(LOST) else ""
+                st, why = "failed", f"{lost}not run: tokens_per_rank={failed_at} failed first ({why[len(lost):]})"
             rows.append(outcome_row(c, t, st, why, meta))
         else:
             rows.append(outcome_row(c, t, "failed", "no result from every rank", meta))
@@ -284,7 +301,8 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
                     _report(label, rows, progress, quiet)
                     progress.update(label, counts)
             else:
-                Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested).run(work)
+                Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested,
+                         should_abort=lambda: stop.terminated).run(work)
         except OSError as e:
             # a full disk or a folder turned read-only: the rows written so far stay (each file
             # is whole or absent); measuring on would only lose more, so the sweep stops here
@@ -305,6 +323,10 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
         written = sum(n for status, n in counts.items() if status != "skipped")
         print(f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
               "measured row(s) it stored: fix that, then re-run the same command to resume", file=sys.stderr)
+    elif stop.terminated:
+        counts.terminated = True
+        log(f"moebench: terminated (SIGTERM): the work in flight was cancelled{' (its SLURM jobs too)' if slurm else ''};"
+            " finished combinations are stored. Re-run the same command to resume.")
     elif stop.requested:
         counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")

@@ -2,7 +2,9 @@
 fault in apply(), registered only when the tests import this module (conftest.py names it
 in MOEBENCH_PLUGIN_MODULES, so every rank process registers it too). It never appears to
 users. Knobs: experts.fault (what goes wrong), experts.fault_rank (-1: every rank),
-experts.fault_s (seconds, for sleep)."""
+experts.fault_s (seconds, for sleep), experts.fault_rows (only from this many rows in
+apply(): a later token count). With MOEBENCH_FAULT_ONCE=<path> the fault fires once, in the
+process that creates <path> first (a resume then runs clean)."""
 from __future__ import annotations
 
 import os
@@ -21,18 +23,34 @@ MOEBENCH_CONTRACT = 1  # the plugin contract this module follows (docs/plugins.m
 FAULTS = ("none", "sleep", "raise", "kill", "hang_collective", "stuck_rank", "oom", "desync", "wrong", "gpu_hang")
 
 
+def _first_time() -> bool:
+    """Whether this is the fault's one firing (MOEBENCH_FAULT_ONCE unset: always)."""
+    path = os.environ.get("MOEBENCH_FAULT_ONCE")
+    if not path:
+        return True
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 @register_experts("fault")
 class FaultExperts(TorchExperts):
     knobs = (
         Knob("fault", "none", "what goes wrong in apply()", choices=FAULTS, tag="{}"),
         Knob("fault_rank", -1, "the rank it goes wrong on (-1: every rank)", minimum=-1, tag="r{}"),
         Knob("fault_s", 0.0, "seconds of a sleep fault", minimum=0.0, tag="{}s"),
+        Knob("fault_rows", 0, "the fault fires only when apply() gets at least this many rows (0: always)",
+             minimum=0, tag="rows{}"),
     )
 
     def apply(self, output, prepared, workspace13, workspace2):
         opts, rank = self.ctx.options, self.ctx.rank
         fault = opts.get("fault", "none")
-        target = opts.get("fault_rank", -1) in (-1, rank)
+        target = opts.get("fault_rank", -1) in (-1, rank) and prepared.x.shape[0] >= opts.get("fault_rows", 0)
+        if fault != "none" and target and not _first_time():
+            fault = "none"
         if fault != "none":
             self._fault(fault, float(opts.get("fault_s", 0.0)), rank, target)
         super().apply(output, prepared, workspace13, workspace2)
