@@ -113,47 +113,18 @@ class _Current:
         self.mine: dict = {}  # tokens -> rank 0's own RankResult, as they come
 
 
-class GroupNotFormed(RuntimeError):
-    """The process group did not form within runner.startup_timeout_s (its reason is LOST's)."""
-
-
 def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
-    """This rank's device and process group. The group must form within `startup_s` (every
-    rank joined): a rank lost before that raises GroupNotFormed there, not after gloo's
-    30-minute default, which held the sweep and its lock (issue #31)."""
-    import datetime
-
-    import torch
+    """This rank's device and process group, formed within `startup_s` (worker.form_group:
+    GroupNotFormed otherwise)."""
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
-    from .store import LOST
+    from .worker import form_group, rank_device
 
-    if device_kind == "cuda":
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-        torch.zeros(1, device=device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    device = rank_device(device_kind, env.local_rank, env.local_world_size)
     if env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
-        kw = {"device_id": device} if device_kind == "cuda" else {}
-        try:
-            dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", init_method="env://",
-                                    rank=env.rank, world_size=env.world_size,
-                                    timeout=datetime.timedelta(seconds=startup_s), **kw)
-        except Exception as e:  # noqa: BLE001 - the store's timeout, a refused or reset connection
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            raise GroupNotFormed(f"{LOST}the process group of {env.world_size} ranks did not form within "
-                                 f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "
-                                 f"(rank {env.rank}: {type(e).__name__}: {first})") from e
-        # formed: collectives and the store wait as long as torch's defaults again (a
-        # combination's own deadline is rank 0's watchdog's)
-        long = c10d.default_pg_nccl_timeout if device_kind == "cuda" else c10d.default_pg_timeout
-        c10d._set_pg_timeout(long, None)
-        c10d._get_default_store().set_timeout(long)
+        form_group(device, env.rank, env.world_size, "env://", startup_s)
     return device, (dist.group.WORLD if env.world_size > 1 else None)
 
 
@@ -185,7 +156,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
     from .messages import Failure, Task
     from .store import LOST, RunStore
     from .sweep import write_finished
-    from .worker import is_oom, run_combination
+    from .worker import GroupNotFormed, is_oom, run_combination
 
     store = RunStore(run_dir)
     try:
@@ -364,6 +335,8 @@ def main(argv=None) -> int:
         if lead:
             print(f"moebench worker: error: {e}", file=sys.stderr)
         return 2
+    from .worker import GroupNotFormed
+
     try:
         _setup(env, device, max((c.startup_timeout_s for c in mine), default=30.0))
     except GroupNotFormed as e:  # nothing planned or locked yet: the next attempt starts afresh

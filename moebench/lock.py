@@ -45,6 +45,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
+from .safe_write import UnsafePath
+
 LOCK_FILE = ".lock"
 JOBS_FILE = ".lock-jobs"
 TOKEN_ENV = "MOEBENCH_LOCK_TOKEN"
@@ -56,8 +58,6 @@ class LockHeld(ValueError):
     """The run folder is another sweep's (a ValueError: the CLI's exit 2, before any work)."""
 
 
-class UnsafePath(ValueError):
-    """A path moebench would write through is a link or not a regular file (exit 2)."""
 
 
 def _read(path: Path) -> dict:

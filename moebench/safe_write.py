@@ -16,7 +16,7 @@ The rule, for every writer:
 - `refuse_links(folder, names)` checks, before any work, that none of the files a command
   will write is a link, so that it stops before it has written anything.
 
-A refusal is `LinkRefused`, a ValueError: one line naming the path, and the CLI exits 2.
+A refusal is `UnsafePath` (also named `LinkRefused`), a ValueError: one line naming the path, and the CLI exits 2.
 Usable by any writer of a run folder (the store's rows and env files, the lock): give it
 the run folder as `base`.
 
@@ -36,8 +36,13 @@ from typing import Iterable
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class LinkRefused(ValueError):
-    """A write that would go through a symbolic link (or into a hard-linked file): one line."""
+class UnsafePath(ValueError):
+    """A write that would go through a symbolic link, or into something that is not a regular
+    file of its own (a hard-linked file, a folder, a FIFO): one line, exit 2. The one class
+    for every such refusal (the store's, the lock's, the report's)."""
+
+
+LinkRefused = UnsafePath  # the name report and trace writers use
 
 
 def _refused(path, what: str = "is a symbolic link") -> LinkRefused:
@@ -45,8 +50,8 @@ def _refused(path, what: str = "is a symbolic link") -> LinkRefused:
                        "run folder (or --out) changes; remove it, or give --out DIR")
 
 
-def _not_regular(path) -> ValueError:
-    return ValueError(f"{path} is not a regular file: moebench writes only files of its own there")
+def _not_regular(path) -> UnsafePath:
+    return UnsafePath(f"{path} is not a regular file: moebench writes only files of its own there")
 
 
 def _check_dir(path: Path) -> None:

@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from .lock import UnsafePath
+from .safe_write import UnsafePath
 from .migrate import check_versions, migrate
 from .writable import CAUSES, with_path
 

@@ -19,6 +19,7 @@ from .rows import measured_row, outcome_row
 from .store import LOST, RunStore
 from .timing import NOISY_SPREAD
 from .writable import describe as environment_error
+from .safe_write import safe_dir
 from .writable import probe
 
 
@@ -203,6 +204,20 @@ def write_finished(store: RunStore, fin: Finished, meta: dict, lock: Optional[Ru
     return rows
 
 
+def _trace_folders(combos: list[Combination]) -> set[Path]:
+    """The run folder's subfolders the ranks will write traces into (trace=torch|nsys: the
+    combination's trace_dir; profiler timing and nsys: traces/)."""
+    out = set()
+    for c in combos:
+        if c.reason:
+            continue
+        if c.combo.trace in ("torch", "nsys"):
+            out.add(Path(c.combo.trace_dir))
+        if c.combo.trace == "nsys" or c.combo.timing == "profiler":
+            out.add(Path("traces"))
+    return out
+
+
 def execute(
     cli_overrides: list[str],
     sweep: Optional[str],
@@ -232,6 +247,8 @@ def execute(
             log(f"moebench: {torn}: a sweep moves it to rows/.corrupt/ and measures its rows again")
     else:
         probe(run_dir)  # a full disk, a read-only folder or a file in the way: exit 2 before any work
+        for folder in _trace_folders(combos):  # a link there: one line, exit 2, before any work
+            safe_dir(run_dir, *folder.parts)
         lock = RunLock.acquire(run_dir, wait=wait, log=log)
     try:
         if lock is not None:

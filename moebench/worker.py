@@ -139,21 +139,53 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     return fields
 
 
-def _setup(rank: int, world_size: int, device_kind: str, port: int):
-    """This rank's device and process group (None on one rank)."""
+class GroupNotFormed(RuntimeError):
+    """The process group did not form within runner.startup_timeout_s (its reason is LOST's)."""
+
+
+def rank_device(device_kind: str, local_rank: int, local_world_size: int) -> torch.device:
+    """This rank's device: its GPU (its context created, before the memory baseline), or the
+    CPU with the host's cores shared among the ranks on it."""
     if device_kind == "cuda":
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        torch.zeros(1, device=device)  # create the context before the baseline
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    group = None
-    if world_size > 1:
-        kw = {"device_id": device} if device_kind == "cuda" else {}
-        dist.init_process_group("nccl" if device_kind == "cuda" else "gloo",
-                                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, **kw)
-        group = dist.group.WORLD
+        torch.zeros(1, device=device)
+        return device
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    return torch.device("cpu")
+
+
+def form_group(device: torch.device, rank: int, world_size: int, init_method: str, startup_s: float):
+    """The process group of `world_size` ranks, formed within `startup_s` (every rank joined): a
+    rank lost before that raises GroupNotFormed there, not after gloo's 30-minute default, which
+    held the sweep and its lock. Once formed, collectives wait as long as torch's defaults again
+    (a combination's own deadline is the launcher's or rank 0's watchdog's)."""
+    import datetime
+
+    from torch.distributed import distributed_c10d as c10d
+
+    from .store import LOST
+
+    cuda = device.type == "cuda"
+    kw = {"device_id": device} if cuda else {}
+    try:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=startup_s), **kw)
+    except Exception as e:  # noqa: BLE001 - the store's timeout, a refused or reset connection
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise GroupNotFormed(f"{LOST}the process group of {world_size} ranks did not form within "
+                             f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "
+                             f"(rank {rank}: {type(e).__name__}: {first})") from e
+    long = c10d.default_pg_nccl_timeout if cuda else c10d.default_pg_timeout
+    c10d._set_pg_timeout(long, None)
+    c10d._get_default_store().set_timeout(long)
+    return dist.group.WORLD
+
+
+def _setup(rank: int, world_size: int, device_kind: str, port: int, startup_s: float = 30.0):
+    """This rank's device and process group (None on one rank)."""
+    device = rank_device(device_kind, rank, world_size)
+    group = form_group(device, rank, world_size, f"tcp://127.0.0.1:{port}", startup_s) if world_size > 1 else None
     return device, group
 
 
@@ -183,7 +215,8 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
     idx: Optional[int] = None
     tokens: Optional[int] = None
     try:
-        device, group = _setup(rank, world_size, device_kind, port)
+        device, group = _setup(rank, world_size, device_kind, port,
+                               max((t.combo.startup_timeout_s for t in tasks), default=30.0))
         baseline = memory.device_used_bytes(device)
         backends = set()
         for task in tasks:

@@ -253,3 +253,17 @@ def test_writes_refuse_links_hard_links_and_fifos_and_leave_their_targets(tmp_pa
     assert write_text(tmp_path / "a.txt", "short").read_text() == "short"
     assert replace_text(tmp_path / "a.txt", "whole").read_text() == "whole"
     assert not list(tmp_path.glob(".a.txt.*.tmp"))
+
+
+def test_a_sweep_that_traces_refuses_a_symlinked_traces_folder_before_any_work(tmp_path, capsys):
+    """trace=torch: the ranks would write their traces below RUN/traces; a link there stops the
+    sweep with one line and exit 2 before it locks, plans or measures anything."""
+    run, victim = tmp_path / "run", _victim(tmp_path)
+    run.mkdir()
+    (run / "traces").symlink_to(victim)
+    rc, out, err = _main(["sweep", "--out", run, "backend=local", "experts=torch", "reduction=experts",
+                          "overlap=none", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",
+                          "trace=torch", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1"], capsys)
+    assert rc == 2
+    _one_line_naming(err, run / "traces")
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and not (run / "rows").exists()
