@@ -42,8 +42,8 @@ def moebench_kernel_rows(overrides: list, out_dir: Path, kernels: dict) -> list:
     """Run moebench (profiler mode in `overrides`) and return per row: quant, overlap,
     status, reason, dispatch_us / combine_us (phases) and `kernels`, per rank
     {name: summed µs of the kernels whose name holds kernels[name]}."""
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     os.environ.update(SAFE_ENV)
     run_dir, _ = execute(overrides, None, str(out_dir), redo="all")

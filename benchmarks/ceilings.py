@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from moebench.env import fingerprint, git_info
+from moebench.run.env import fingerprint, git_info
 from moebench.report.roofline import SCHEMA, ceilings_dir, gpu_slug
 
 MIB = 2**20

@@ -12,9 +12,9 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from moebench import timing
-from moebench.launch import run_ranks
-from moebench.measure import rank_sync
+from moebench.measure import timing
+from moebench.run.launch import run_ranks
+from moebench.measure.samples import rank_sync
 
 
 def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:

@@ -24,10 +24,10 @@ import sys
 
 import torch
 
-from moebench import timing
-from moebench.layer import build_layer
-from moebench.plan import plan
-from moebench.workload import make_inputs
+from moebench.measure import timing
+from moebench.measure.layer import build_layer
+from moebench.run.plan import plan
+from moebench.measure.workload import make_inputs
 
 CASES = [  # (name, overrides, tokens)
     ("dsv3_ep8_tod_fp8_none", ["backend=local", "backend.simulate_ep=8", "model=deepseek_v3", "quant=fp8_block",

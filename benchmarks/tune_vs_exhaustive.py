@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from moebench.tune import compile as tcompile  # noqa: E402
 from moebench.tune import files  # noqa: E402
-from moebench.tune.best import ratio_interval  # noqa: E402
+from moebench.report.best_per_size import ratio_interval  # noqa: E402
 from moebench.tune.search import TuneArgs, resolve, tune  # noqa: E402
 from moebench.kernels.triton.config import VLLM_BATCH_SIZES  # noqa: E402
 

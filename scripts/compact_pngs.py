@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from moebench.pngfile import compact_png
+from moebench.util.pngfile import compact_png
 
 
 def main(argv=None) -> int:

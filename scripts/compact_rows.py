@@ -3,7 +3,7 @@ rows/ (skipped.parquet aside) merged into one rows/rows.parquet.
 
 Why: a Parquet file carries its schema (~70 columns, pandas metadata) in a footer of about
 37 KB, so a one-row file is 90 % footer; results/ holds hundreds of them. Readers take any
-rows/*.parquet (moebench.store.RunStore, moebench report, moebench trace), and a resumed
+rows/*.parquet (moebench.results.store.RunStore, moebench report, moebench trace), and a resumed
 sweep writes its new per-combination files beside rows.parquet, where the newest row of a
 (combination, tokens) wins as before. The script checks that RunStore.load() returns the
 same rows after the merge and leaves a run untouched otherwise.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moebench.store import RunStore
+from moebench.results.store import RunStore
 
 MERGED = "rows.parquet"
 

@@ -27,4 +27,4 @@ repo="$(git rev-parse --show-toplevel 2>/dev/null)" || {
 # from its folder, since `python -m` puts the current folder first on the path
 code="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$code"
-PYTHONPATH="$code${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m moebench.treestate "${action[@]}" --root "$repo"
+PYTHONPATH="$code${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m moebench.run.treestate "${action[@]}" --root "$repo"

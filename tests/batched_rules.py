@@ -3,7 +3,7 @@ tests/test_pplx_skip.py): standard experts do not pair with it, reduction=expert
 refused, and on the CPU the valid pairing still needs CUDA."""
 from __future__ import annotations
 
-from moebench import plan
+from moebench.run import plan
 
 
 def check_batched_layout_rules(backend: str, model: str) -> None:

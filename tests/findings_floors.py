@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moebench.store import RunStore
+from moebench.results.store import RunStore
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

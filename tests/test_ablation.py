@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from moebench import plan, rows
-from moebench.layer import build_layer
-from moebench.messages import RankResult
-from moebench.workload import make_inputs
+from moebench.results import rows
+from moebench.run import plan
+from moebench.config import compose
+from moebench.measure.layer import build_layer
+from moebench.results.rank_result import RankResult
+from moebench.measure.workload import make_inputs
 
 
 def _layer(overlap: str):
-    cfg = plan.compose_config(["backend=local", "experts=torch", "model=tiny", "reduction=finalize",
+    cfg = compose.compose_config(["backend=local", "experts=torch", "model=tiny", "reduction=finalize",
                                "quant=bf16", f"overlap={overlap}"])
-    kernel = build_layer(plan.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
+    kernel = build_layer(compose.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
 

@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moebench.messages import RankResult
-from moebench import plan, rows
+from moebench.results.rank_result import RankResult
+from moebench.results import rows
+from moebench.run import plan
 from moebench.report import load_run, overlap_table, write_report
-from moebench.report.synthetic import make_row, write_run
-from moebench.report.tables import fmt_frac_interval
+from moebench.results.synthetic import make_row, write_run
+from moebench.report.run_tables import fmt_frac_interval
 
 SHARED_US = 550.0  # the deepseek_v3 shared expert on an H200 at 4096 tokens
 LAYER_US = 10000.0
@@ -150,8 +151,8 @@ def test_rows_stored_without_the_interval_still_render(tmp_path):
 
 def test_cpu_run_stores_the_interval(tmp_path):
     """Two gloo ranks, overlap=combine, enough samples: the stored row carries the interval."""
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
                           "model=tiny", "workload.tokens_per_rank=[8]", "runner.reps=8", "runner.warmup=1",

@@ -81,7 +81,7 @@ def _crash_rank(rank, port, q):
 def test_run_ranks_collects_one_result_per_rank_and_kills_on_a_crash():
     import time
 
-    from moebench.launch import run_ranks
+    from moebench.run.launch import run_ranks
 
     assert sorted(run_ranks(_echo_rank, 2, ("x",), 60)) == [(0, "x", True), (1, "x", True)]
     t0 = time.monotonic()

@@ -9,7 +9,7 @@ import pytest
 
 from moebench import cli
 from moebench.report.capacity import capacity_frame, fit_line, max_tokens, placement_ratios
-from moebench.report.synthetic import make_row, samples_from, write_run
+from moebench.results.synthetic import make_row, samples_from, write_run
 
 GIB = 2**30
 TOKENS = (1024, 8192, 32768, 131072)

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.report.compare import compare_runs, exit_status
-from moebench.report.synthetic import default_env, make_row, make_rows, write_run
+from moebench.report.compare import compare_runs
+from moebench.report.verdict import exit_status
+from moebench.results.synthetic import default_env, make_row, make_rows, write_run
 
 NUM = re.compile(r"[+\u2212-]?\d+(?:\.\d+)?")
 

@@ -3,17 +3,16 @@ composer agrees with Hydra's compose()."""
 from __future__ import annotations
 
 import pytest
-
-from moebench import plan
-from moebench.schema import GROUPS
+from moebench.config import compose
+from moebench.config.schema import GROUPS
 
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_composes(group):
-    options = plan.group_options(group)
+    options = compose.group_options(group)
     assert options, f"conf/{group} is empty"
     for opt in options:
-        cfg = plan.compose_config([f"{group}={opt}"])
+        cfg = compose.compose_config([f"{group}={opt}"])
         assert set(cfg) >= set(GROUPS)
         if "name" in cfg[group]:
             assert cfg[group]["name"] == opt, f"conf/{group}/{opt}.yaml must say name: {opt}"
@@ -27,7 +26,7 @@ def test_every_option_composes(group):
      "runner.memory_budget=16GiB"],
 ])
 def test_fast_compose_matches_hydra(overrides):
-    assert plan.compose_config(overrides) == plan.compose_with_hydra(overrides)
+    assert compose.compose_config(overrides) == compose.compose_with_hydra(overrides)
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -43,15 +42,15 @@ def test_fast_compose_matches_hydra(overrides):
 ])
 def test_bad_overrides_are_clear(bad, words):
     with pytest.raises(ValueError) as e:
-        plan.compose_config(bad)
+        compose.compose_config(bad)
     for w in words:
         assert w in str(e.value)
 
 
 def test_model_shapes_are_real():
-    v3 = plan.compose_config(["model=deepseek_v3"])["model"]
+    v3 = compose.compose_config(["model=deepseek_v3"])["model"]
     assert (v3["hidden"], v3["intermediate"], v3["num_experts"], v3["topk"]) == (7168, 2048, 256, 8)
-    q = plan.compose_config(["model=qwen3_30b_a3b"])["model"]
+    q = compose.compose_config(["model=qwen3_30b_a3b"])["model"]
     assert (q["hidden"], q["intermediate"], q["num_experts"], q["topk"], q["num_shared_experts"]) == (2048, 768, 128, 8, 0)
 
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from moebench import plan
-from moebench.config import compose_config, to_combo
+from moebench.run import plan
+
+from moebench.config import validity
+from moebench.config.compose import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _deepep
 
@@ -33,9 +35,9 @@ TESTS = Path(__file__).resolve().parent
 
 
 def planned(backend="deepep_ht", experts="torch", **changes):
-    """plan.validate on a deepseek_v3 Combo on CUDA: the contract's rules beside the entry's."""
+    """validity.validate on a deepseek_v3 Combo on CUDA: the contract's rules beside the entry's."""
     cfg = compose_config([f"backend={backend}", f"experts={experts}", "reduction=finalize", "model=deepseek_v3"])
-    return plan.validate(to_combo(cfg, device="cuda").replace(**changes))
+    return validity.validate(to_combo(cfg, device="cuda").replace(**changes))
 REPO = TESTS.parent
 
 
@@ -140,8 +142,8 @@ def test_deepep_ll_graph_capture_is_declared():
     cfg = compose_config(["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "model=deepseek_v3",
                           "runner.timing=graph"])
     combo = to_combo(cfg, device="cuda")
-    assert plan.validate_tokens(combo, 128) is None
-    assert "max_tokens_per_rank=512" in plan.validate_tokens(combo, 513)
+    assert validity.validate_tokens(combo, 128) is None
+    assert "max_tokens_per_rank=512" in validity.validate_tokens(combo, 513)
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +255,7 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
     from moebench.kernels.modular import MoEKernel
     from moebench.kernels.reference import reference_moe, rel_err
     from moebench.kernels.prepare_finalize.deepep_ll import DeepEPLLPrepareFinalize, dispatch_msg_bytes
-    from moebench.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
+    from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -333,7 +335,7 @@ def _standin_job(out_dir: str) -> None:
     """Entry point of the subprocess: spawn the two ranks."""
     import torch.multiprocessing as mp
 
-    from moebench.launch import free_port
+    from moebench.run.launch import free_port
 
     mp.spawn(_standin_rank, args=(free_port(), out_dir), nprocs=2, join=True)
 

@@ -37,7 +37,7 @@ from moebench.kernels.reference import reference_moe, rel_err  # noqa: E402
 from moebench.kernels.registry import get_backend, get_experts  # noqa: E402
 from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
-from moebench.workload import build_expert_weights, make_inputs, reference_expert_fn  # noqa: E402
+from moebench.measure.workload import build_expert_weights, make_inputs, reference_expert_fn  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from moebench import env as envmod
-from moebench import plan
+from moebench.run import env as envmod
+from moebench.run import plan
+from moebench.config import validity
 from moebench.kernels import registry
 from moebench.kernels.experts import _deep_gemm
 
@@ -78,7 +79,7 @@ def test_structural_reasons_when_library_present(monkeypatch):
     assert "fp8_block" in std.supports(dict(COMBO, quant="bf16"))
     assert "CUDA" in std.supports(dict(COMBO, device="cpu"))
     assert "CUDA" in masked.supports(dict(COMBO, experts="deepgemm_masked", device="cpu"))
-    # the contract's rules (plan.validate), not the entries': fp8_block's 128 multiples, batched -> finalize
+    # the contract's rules (validity.validate), not the entries': fp8_block's 128 multiples, batched -> finalize
     rs = reasons(["backend=local,local_batched", "experts=deepgemm,deepgemm_masked", "reduction=experts",
                   "quant=fp8_block", "model=gpt_oss_120b", "overlap=none"])
     assert "multiples of 128" in rs[("local", "deepgemm", "experts", "fp8_block")]

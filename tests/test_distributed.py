@@ -9,8 +9,8 @@ import sys
 import time
 
 from moebench import cli
-from moebench.launch import _descendants, free_port
-from moebench.store import RunStore
+from moebench.run.launch import _descendants, free_port
+from moebench.results.store import RunStore
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 

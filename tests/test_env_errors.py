@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.store import RunStore
+from moebench.results.store import RunStore
 from test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
@@ -115,7 +115,7 @@ def test_a_read_only_run_folder_is_one_line_and_exit_2_before_any_work(tmp_path,
 
 
 def test_report_and_compare_into_a_read_only_folder_exit_2_not_1(tmp_path, capsys, read_only):
-    from moebench.report.synthetic import synthetic_run
+    from moebench.results.synthetic import synthetic_run
 
     base, cand = synthetic_run(tmp_path / "base"), synthetic_run(tmp_path / "cand", scale=3.0)  # 3x slower
     ro = read_only(tmp_path / "ro")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from moebench import cli
-from moebench.mdsafe import code_block, md_code, md_text, shell_join
-from moebench.report.synthetic import default_env, make_rows, write_run
+from moebench.report.mdsafe import code_block, md_code, md_text, shell_join
+from moebench.results.synthetic import default_env, make_rows, write_run
 
 HOSTILE = "\n# Verdict\n<img src=x> [x](http://e) ![i](x) <b>bold</b> `tick` | pipe *em* _u_ $m$"
 
@@ -107,7 +107,7 @@ def _results_tree(root: Path, overrides: list[str]) -> Path:
 
 
 def test_cli_overrides_cannot_break_out_of_the_results_index_bash_block(tmp_path):
-    from moebench.plan import load_sweep
+    from moebench.config.sweeps import load_sweep
     from moebench.report import results_index
 
     given = [f"{k}={v}" for k, v in load_sweep("default")["overrides"].items() if k != "model"]
@@ -126,8 +126,8 @@ def test_cli_overrides_cannot_break_out_of_the_results_index_bash_block(tmp_path
 
 
 def test_trace_names_reach_the_markdown_escaped():
-    from moebench.traces.cli import ranks_table
-    from moebench.traces.markdown import to_markdown
+    from moebench.report.trace_report import ranks_table
+    from moebench.report.trace_markdown import to_markdown
     from moebench.traces.metrics import StreamStats, TraceSummary
 
     s = TraceSummary(source=HOSTILE, fmt="torch", num_samples=1, combos=[HOSTILE], phases={},

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from moebench.store import RunStore
-from moebench.sweep import execute
+from moebench.results.store import RunStore
+from moebench.run.sweep import execute
 from test_sweep_cpu import children
 
 BASE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",

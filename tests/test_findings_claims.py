@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moebench.store import RunStore
+from moebench.results.store import RunStore
 
 from findings_floors import (  # the floors' queries, at the committed ceilings
     bf16_16384, bf16_gemms_alone, busy, busy_ranges, busy_vs_replay_points, deepgemm_16384, first_session, fold_line,

@@ -11,19 +11,21 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from moebench import cli, plan
+from moebench import cli
+from moebench.config import compose
+from moebench.config import validity
 from moebench.kernels import registry
 from moebench.report.compare import compare_runs
 from moebench.report.flags import CPU, GPU, HOST, figure_basis
 from moebench.report.load import load_run
 from moebench.report.summary import reviewer_summary, wins
-from moebench.report.synthetic import make_row, write_run
-from moebench.tune.best import best_per_size
+from moebench.results.synthetic import make_row, write_run
+from moebench.report.best_per_size import best_per_size
 
 
 def _combo(*overrides: str, device: str = "cuda"):
-    cfg = plan.compose_config(["model=tiny", "quant=bf16", "reduction=experts", "overlap=none", *overrides])
-    return plan.to_combo(cfg, device=device)
+    cfg = compose.compose_config(["model=tiny", "quant=bf16", "reduction=experts", "overlap=none", *overrides])
+    return compose.to_combo(cfg, device=device)
 
 
 # -- auto's choice ------------------------------------------------------------------------
@@ -31,38 +33,38 @@ def _combo(*overrides: str, device: str = "cuda"):
 
 def test_auto_replays_graphs_at_every_size_where_the_layer_captures():
     c = _combo("backend=local", "experts=triton")
-    assert plan.auto_events(c) is None
-    assert [plan.timing_mode(c, t) for t in (16, 4096, 131072)] == ["graph"] * 3
-    assert plan.timing_note(c, 4096) == ""
+    assert validity.auto_events(c) is None
+    assert [validity.timing_mode(c, t) for t in (16, 4096, 131072)] == ["graph"] * 3
+    assert validity.timing_note(c, 4096) == ""
     # forced graph timing keeps its size limit; forced events are events everywhere
     g = _combo("backend=local", "experts=triton", "runner.timing=graph", "runner.graph_max_tokens=1024")
-    assert plan.timing_mode(g, 1024) == "graph" and plan.timing_mode(g, 2048) == "events"
-    assert "graph_max_tokens=1024" in plan.timing_note(g, 2048)
+    assert validity.timing_mode(g, 1024) == "graph" and validity.timing_mode(g, 2048) == "events"
+    assert "graph_max_tokens=1024" in validity.timing_note(g, 2048)
     e = _combo("backend=local", "experts=triton", "runner.timing=events")
-    assert plan.timing_mode(e, 16) == "events" and plan.timing_note(e, 16) == ""
+    assert validity.timing_mode(e, 16) == "events" and validity.timing_note(e, 16) == ""
 
 
 def test_auto_times_eager_forwards_where_a_graph_cannot_or_would_do_other_work(monkeypatch):
     # every local path captures now (no host sync): torch, torch_batched behind local_batched
     for overrides in (("backend=local", "experts=torch"), ("backend=local_batched", "experts=torch_batched",
                                                           "reduction=finalize")):
-        assert plan.timing_mode(_combo(*overrides), 64) == "graph", overrides
+        assert validity.timing_mode(_combo(*overrides), 64) == "graph", overrides
     # an entry whose captured forward pads to an upper bound where the eager one reads host counts
     experts = registry.get_experts("torch")
     monkeypatch.setattr(experts, "graph_differs", "pads to the upper bound of rows")
     c = _combo("backend=local", "experts=torch")
-    assert plan.timing_mode(c, 64) == "events"
-    assert "other work (pads to the upper bound of rows)" in plan.timing_note(c, 64)
+    assert validity.timing_mode(c, 64) == "events"
+    assert "other work (pads to the upper bound of rows)" in validity.timing_note(c, 64)
     monkeypatch.setattr(experts, "graph_differs", "")
     # one that cannot be captured, and a memory budget (a graph's pool would count against it)
     monkeypatch.setattr(experts, "graph_capturable", False)
-    assert plan.timing_mode(c, 64) == "events" and "syncs the host" in plan.timing_note(c, 64)
+    assert validity.timing_mode(c, 64) == "events" and "syncs the host" in validity.timing_note(c, 64)
     monkeypatch.setattr(experts, "graph_capturable", True)
     b = _combo("backend=local", "experts=torch", "runner.memory_budget=1GiB")
-    assert plan.timing_mode(b, 64) == "events" and "memory_budget" in plan.timing_note(b, 64)
+    assert validity.timing_mode(b, 64) == "events" and "memory_budget" in validity.timing_note(b, 64)
     # the CPU: the host clock, no note
     cpu = _combo("backend=local", "experts=torch", device="cpu")
-    assert plan.timing_mode(cpu, 64) == "events" and plan.timing_note(cpu, 64) == ""
+    assert validity.timing_mode(cpu, 64) == "events" and validity.timing_note(cpu, 64) == ""
 
 
 def test_graph_max_tokens_is_no_identity_under_auto():
@@ -97,12 +99,12 @@ class HostReads(TorchDispatchMode):
     ("local", "torch", "experts"), ("local", "torch", "finalize"),
     ("local_batched", "torch_batched", "finalize")])
 def test_local_torch_paths_read_nothing_back_to_the_host(backend, experts, reduction):
-    from moebench.layer import build_layer
-    from moebench.workload import make_inputs
+    from moebench.measure.layer import build_layer
+    from moebench.measure.workload import make_inputs
 
-    cfg = plan.compose_config([f"backend={backend}", f"experts={experts}", f"reduction={reduction}",
+    cfg = compose.compose_config([f"backend={backend}", f"experts={experts}", f"reduction={reduction}",
                                "model=tiny", "quant=bf16", "overlap=none", "backend.simulate_ep=2"])
-    layer = build_layer(plan.to_combo(cfg, device="cpu"), 0, 1, None, torch.device("cpu"))
+    layer = build_layer(compose.to_combo(cfg, device="cpu"), 0, 1, None, torch.device("cpu"))
     x, w, ids = make_inputs(layer.ctx.shape, 16, "uniform", 1.2, 0, 0, 2, torch.device("cpu"))
     layer.kernel(x, w, ids)  # workspaces and weights outside the check
     with HostReads() as mode:

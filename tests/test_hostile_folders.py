@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.report.synthetic import make_row, synthetic_run, write_run
-from moebench.safe_write import LinkRefused, refuse_links, replace_text, safe_dir, write_bytes, write_text
+from moebench.results.synthetic import make_row, synthetic_run, write_run
+from moebench.util.safe_write import LinkRefused, refuse_links, replace_text, safe_dir, write_bytes, write_text
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
 CPU_TRACE = FIX / "cpu_phases.json.gz"  # a CPU run's torch trace: phase ranges, no GPU kernels

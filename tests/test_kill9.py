@@ -14,8 +14,8 @@ import time
 import pandas as pd
 
 from moebench import cli
-from moebench.store import RunStore
-from moebench.sweep import execute
+from moebench.results.store import RunStore
+from moebench.run.sweep import execute
 from test_sweep_cpu import children
 
 KILLS = 20

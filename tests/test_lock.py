@@ -14,9 +14,10 @@ import sys
 import pandas as pd
 import pytest
 
-from moebench import cli, dist_worker
-from moebench.lock import JOBS_FILE, LOCK_FILE, TOKEN_ENV, LockHeld, RunLock, UnsafePath
-from moebench.store import RunStore
+from moebench import cli
+from moebench.run import dist_worker
+from moebench.results.lock import JOBS_FILE, LOCK_FILE, LockHeld, RunLock, TOKEN_ENV, UnsafePath
+from moebench.results.store import RunStore
 from test_sweep_cpu import children
 
 LOCAL = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
@@ -108,11 +109,11 @@ def test_the_store_never_writes_through_a_symlinked_row_file(tmp_path):
 
 HOLDER = """
 import os, subprocess, sys, time
-from moebench.lock import RunLock
+from moebench.results.lock import RunLock
 lock = RunLock.acquire(sys.argv[1], command="holder")
 lock.add_job("4242")
 open(os.path.join(sys.argv[1], "rows", ".tmp-inflight.parquet.tmp"), "w").write("half written")
-child = ("import sys; from moebench.lock import RunLock; "
+child = ("import sys; from moebench.results.lock import RunLock; "
          "l = RunLock.acquire(sys.argv[1]); print('borrowed' if l.fd is None else 'locked', flush=True)")
 out = subprocess.run([sys.executable, "-c", child, sys.argv[1]], env=dict(os.environ, **lock.env),
                      capture_output=True, text=True).stdout.strip()
@@ -122,7 +123,7 @@ time.sleep(120)
 
 
 def _borrow(run, token, **env) -> str:
-    code = ("import sys; from moebench import lock; from moebench.lock import RunLock, LockHeld\n"
+    code = ("import sys; from moebench.results import lock; from moebench.results.lock import RunLock, LockHeld\n"
             "lock.JOB_WAIT_S = 1.0  # a job's rank 0 waits this long for its id to be listed\n"
             "try:\n    RunLock.acquire(sys.argv[1], token=sys.argv[2]); print('borrowed')\n"
             "except LockHeld as e:\n    print('refused:', e)")

@@ -19,13 +19,15 @@ from types import SimpleNamespace
 import pytest
 
 from moebench import cli
-from moebench.launch import Finished, _died, _GroupState, _descendants, free_port, peer_lost
-from moebench.lock import RunLock
-from moebench.messages import Error, Failure
-from moebench.plan import plan
-from moebench.slurm import clip
-from moebench.store import LOST, RunStore
-from moebench.sweep import rows_for
+from moebench.run.launch import _descendants, _died, _GroupState, free_port, peer_lost
+from moebench.results.rank_result import Finished
+from moebench.results.lock import RunLock
+from moebench.run.messages import Error
+from moebench.results.rank_result import Failure
+from moebench.run.plan import plan
+from moebench.run.slurm import clip
+from moebench.results.store import LOST, RunStore
+from moebench.results.finished import rows_for
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 NAIVE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", *QUICK]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from moebench.report import newest_run
-from moebench.report.synthetic import make_rows, write_run
+from moebench.results.synthetic import make_rows, write_run
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

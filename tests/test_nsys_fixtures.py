@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from moebench import cli
-from moebench.traces.cli import load_traces
+from moebench.traces.files import load_traces
 from moebench.traces.metrics import summarize
 from moebench.traces.model import PHASES
 from moebench.traces.nsys import NVTX_PREFIX

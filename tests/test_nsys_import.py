@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.paths import REPO_ROOT
-from moebench.traces import nsys_import
+from moebench.config.paths import REPO_ROOT
+from moebench.run import nsys_import
 from moebench.traces.nsys import record_capture
-from moebench.traces.nsys_import import nsys_info, read_captures, resolve_nsys_rows
+from moebench.run.nsys_import import nsys_info, read_captures, resolve_nsys_rows
 
 INSTALL = REPO_ROOT / "scripts" / "install_nsys.sh"
 
@@ -169,7 +169,7 @@ def test_moebench_env_says_which_nsys_and_which_nvtx_api(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "profilers:" in out and "nsys          missing" in out and "trace=nsys falls back to trace=torch" in out
     assert "nvtx ranges" in out
-    from moebench.env import profiler_info
+    from moebench.run.env import profiler_info
 
     info = profiler_info()
     assert info["nsys"]["path"] is None and info["nvtx_api"] in ("torch.cuda.nvtx", "nvtx package", None)

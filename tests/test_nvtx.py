@@ -13,15 +13,17 @@ import sys
 import pytest
 import torch
 
-from moebench.layer import build_layer
-from moebench.messages import Task
-from moebench import plan, timing, worker
+from moebench.measure.layer import build_layer
+from moebench.run.messages import Task
+from moebench.measure import timing
+from moebench.config import compose
+from moebench.run import plan, worker
 from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
 from moebench.traces import nvtx as nvtx_mod
 from moebench.traces.nsys import NVTX_PREFIX
 from moebench.traces.nvtx import PhaseRecorder, combo_range, make_phase_recorder, phase_recorder_for, sample_range
-from moebench.workload import make_inputs
+from moebench.measure.workload import make_inputs
 
 
 class FakeDomain:
@@ -66,9 +68,9 @@ def domain(monkeypatch):
 
 
 def _layer(overlap: str, reduction: str) -> MoEKernel:
-    cfg = plan.compose_config(["backend=local", "experts=torch", "model=tiny", f"reduction={reduction}",
+    cfg = compose.compose_config(["backend=local", "experts=torch", "model=tiny", f"reduction={reduction}",
                                "quant=bf16", f"overlap={overlap}"])
-    kernel = build_layer(plan.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
+    kernel = build_layer(compose.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
 

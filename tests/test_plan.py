@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench import plan
-from moebench.config import compose_config, to_combo
+from moebench.cli.parser import parse_args
+from moebench.run import plan
+
+from moebench.config import sweeps
+
+from moebench.config import validity
+from moebench.config.compose import compose_config, to_combo
 
 ISSUE_SWEEP = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
                "workload.tokens_per_rank=[16,64]", "model=tiny", "quant=bf16"]
@@ -35,7 +40,7 @@ def test_cli_overrides_replace_sweep_file_values():
 
 
 def test_validity_rules_give_reasons(monkeypatch):
-    r = plan.validate
+    r = validity.validate
     base = to_combo(compose_config(["backend=local", "experts=torch", "model=tiny"]))
     assert r(base) is None
     assert "layouts differ" in r(base.replace(experts="torch_batched"))
@@ -46,29 +51,29 @@ def test_validity_rules_give_reasons(monkeypatch):
     assert "multiples of 128" in r(base.replace(quant="fp8_block", hidden=2880, intermediate=2880))
     assert "need quant=fp8_block" in r(base.replace(experts="deepgemm"))  # the entry's own rule
     g = base.replace(timing="graph", graph_max_tokens=256)
-    assert "needs CUDA" in plan.validate_tokens(g, 16)
-    assert plan.validate_tokens(g.replace(device="cuda"), 256) is None  # the torch experts capture
+    assert "needs CUDA" in validity.validate_tokens(g, 16)
+    assert validity.validate_tokens(g.replace(device="cuda"), 256) is None  # the torch experts capture
     from moebench.kernels import registry
 
     torch_experts = registry.get_experts("torch")
     monkeypatch.setattr(torch_experts, "graph_capturable", False)  # as an entry that reads counts back
-    assert "syncs the host" in plan.validate_tokens(g.replace(device="cuda"), 256)
-    assert plan.validate_tokens(g.replace(device="cuda"), 257) is None  # events above graph_max_tokens
+    assert "syncs the host" in validity.validate_tokens(g.replace(device="cuda"), 256)
+    assert validity.validate_tokens(g.replace(device="cuda"), 257) is None  # events above graph_max_tokens
     batched = g.replace(device="cuda", backend="local_batched", experts="triton_batched", reduction="finalize")
-    assert plan.validate_tokens(batched, 16) is None  # local_batched's scatter captures
-    assert plan.validate_tokens(batched.replace(backend="pplx", world_size=2), 16) is None  # pplx captures
+    assert validity.validate_tokens(batched, 16) is None  # local_batched's scatter captures
+    assert validity.validate_tokens(batched.replace(backend="pplx", world_size=2), 16) is None  # pplx captures
     # auto never skips: graphs where the layer can be captured (at any size), events elsewhere
     auto = g.replace(timing="auto", device="cuda")
-    assert plan.validate_tokens(auto, 16) is None and plan.timing_mode(auto, 16) == "events"  # no capture
-    assert plan.timing_mode(auto.replace(experts="triton"), 16) == "graph"
-    assert plan.timing_mode(auto.replace(experts="triton"), 65536) == "graph"
-    assert plan.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "events"
+    assert validity.validate_tokens(auto, 16) is None and validity.timing_mode(auto, 16) == "events"  # no capture
+    assert validity.timing_mode(auto.replace(experts="triton"), 16) == "graph"
+    assert validity.timing_mode(auto.replace(experts="triton"), 65536) == "graph"
+    assert validity.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "events"
     # a batched buffer's cap is the backend's (deepep_ll, pplx), per token count
     pplx = base.replace(backend="pplx", experts="torch_batched", reduction="finalize", world_size=2,
                         knobs=(("max_tokens_per_rank", 512), ("pplx_mode", "intranode")))
-    assert plan.validate_tokens(pplx, 512) is None
-    assert "max_tokens_per_rank=512" in plan.validate_tokens(pplx, 513)
-    assert plan.validate_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
+    assert validity.validate_tokens(pplx, 512) is None
+    assert "max_tokens_per_rank=512" in validity.validate_tokens(pplx, 513)
+    assert validity.validate_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
 
 
 def test_missing_library_entries_are_skipped_with_how_to_install():
@@ -124,7 +129,7 @@ def test_cuda_without_a_gpu_is_refused():
 
 def test_unknown_sweep_names_the_valid_ones():
     with pytest.raises(ValueError, match="default"):
-        plan.load_sweep("nope")
+        sweeps.load_sweep("nope")
 
 
 def test_sweep_axes_outside_identity_still_give_distinct_combinations():
@@ -167,7 +172,7 @@ def test_bad_values_are_refused_before_work(bad, words):
 def test_cli_overrides_may_follow_options(argv, overrides):
     from moebench import cli
 
-    args = cli._parse(argv)
+    args = parse_args(argv)
     assert args.overrides == overrides
 
 
@@ -180,7 +185,7 @@ def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
     from moebench import cli
 
     with pytest.raises(SystemExit) as e:
-        cli._parse(argv)
+        parse_args(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "unrecognized arguments" in err
     assert err.startswith(f"usage: moebench {argv[0]} ") and f"moebench {argv[0]}: error:" in err  # its own usage
@@ -192,7 +197,7 @@ V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=c
 
 def test_fields_and_knobs_at_their_defaults_stay_out_of_the_key():
     """So that a field or knob added later (at its default) keeps every stored key."""
-    from moebench.spec import key_of
+    from moebench.config.spec import key_of
 
     (base,), _ = plan.plan(V3_COMBINE, None)
     ident = base.combo.identity()
@@ -247,7 +252,7 @@ def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
 
 
 def test_rows_carry_the_knobs_as_columns():
-    from moebench import rows
+    from moebench.results import rows
 
     (c,), _ = plan.plan(V3_COMBINE[1:] + ["backend=deepep_ht", "overlap.shared_sm_carveout=24",
                                           "backend.num_sms=16"], None)

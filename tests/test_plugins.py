@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench import spec
+from moebench.config import spec
 from moebench.kernels import CONTRACT_VERSION, registry
-from moebench.store import RunStore
+from moebench.results.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "moebench-example-plugin"

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from moebench.pngfile import compact_png, save_figure
+from moebench.util.pngfile import compact_png, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 

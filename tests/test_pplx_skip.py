@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moebench import plan
-from moebench.config import compose_config, to_combo
+from moebench.run import plan
+
+from moebench.config import validity
+from moebench.config.compose import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _pplx
 
@@ -32,10 +34,10 @@ COMBO = {
 
 
 def planned(*overrides, **changes):
-    """plan.validate on a deepseek_v2_lite pplx Combo on CUDA: the contract's rules beside the entry's."""
+    """validity.validate on a deepseek_v2_lite pplx Combo on CUDA: the contract's rules beside the entry's."""
     cfg = compose_config(["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite",
                           *overrides])
-    return plan.validate(to_combo(cfg, device="cuda").replace(**changes))
+    return validity.validate(to_combo(cfg, device="cuda").replace(**changes))
 
 
 @pytest.fixture
@@ -122,8 +124,8 @@ def test_layout_rules_in_plan(monkeypatch):
     cfg = compose_config(["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite",
                           "runner.timing=graph"])
     combo = to_combo(cfg, device="cuda")
-    assert plan.validate_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
-    assert "max_tokens_per_rank=512" in plan.validate_tokens(combo, 513)
+    assert validity.validate_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
+    assert "max_tokens_per_rank=512" in validity.validate_tokens(combo, 513)
 
 
 def test_sizes():
@@ -308,7 +310,7 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
     from moebench.kernels.prepare_finalize import _pplx as P
     from moebench.kernels.prepare_finalize.pplx import PplxPrepareFinalize
     from moebench.kernels.reference import reference_moe, rel_err
-    from moebench.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
+    from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
     torch.set_num_threads(1)
     os.environ.pop("NVSHMEM_SYMMETRIC_SIZE", None)
@@ -385,7 +387,7 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
 def _standin_job(out_dir: str) -> None:
     import torch.multiprocessing as mp
 
-    from moebench.launch import free_port
+    from moebench.run.launch import free_port
 
     mp.spawn(_standin_rank, args=(free_port(), out_dir), nprocs=2, join=True)
 

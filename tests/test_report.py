@@ -9,7 +9,7 @@ from moebench.report import (compare_runs, latency_table, load_run, mann_whitney
                              memory_table, overlap_table, phase_table, reasons_table,
                              report_command, status_table, write_report)
 from moebench.report import plots
-from moebench.report.synthetic import make_row, make_rows, synthetic_run, write_run
+from moebench.results.synthetic import make_row, make_rows, synthetic_run, write_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MIB = 1024 * 1024
@@ -302,7 +302,8 @@ def test_a_report_is_titled_by_the_runs_path_inside_results(tmp_path):
 def test_reading_a_committed_run_writes_no_tracked_file(tmp_path, monkeypatch, capsys):
     """A run under the repository's results/: report and compare go to runs/reports/ unless
     --out says otherwise, and stderr says how to update the committed report."""
-    from moebench.report import command, markdown
+    from moebench.cli import report as command
+    from moebench.report import document as markdown
 
     results = tmp_path / "repo" / "results"
     base = synthetic_run(results / "q" / "base")
@@ -327,7 +328,7 @@ def test_reading_a_committed_run_writes_no_tracked_file(tmp_path, monkeypatch, c
 
 def test_git_sha_override_wins_over_a_stale_checkout(monkeypatch):
     """A tree copied to a GPU machine may carry an old .git: MOEBENCH_GIT_SHA names what runs."""
-    from moebench import env
+    from moebench.run import env
 
     monkeypatch.setenv("MOEBENCH_GIT_SHA", "2be9ad1")
     info = env.git_info()
@@ -392,7 +393,7 @@ def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
 def test_the_report_maps_each_trace_folder_to_its_combination(tmp_path):
     """`traces/<combo_key>/` is named by a hash: the report's Traces table names its combination
     by the row's label (issue #31, item 12); a run without traces has no such section."""
-    from moebench.report.tables import traces_table
+    from moebench.report.run_tables import traces_table
 
     rows = [_row(t, backend="naive", world_size=2, overlap="dispatch", combo_key="0123456789ab",
                  label="naive/torch/experts/dispatch/bf16/tiny/ws2", trace_path=f"traces/0123456789ab/rank0_T{t}.json")

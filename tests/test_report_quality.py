@@ -6,9 +6,9 @@ import pandas as pd
 
 from moebench import cli
 from moebench.report.flags import flags_of
-from moebench.report.markdown import write_report
-from moebench.report.synthetic import make_row, write_run
-from moebench.sweep import _Progress, reason_groups
+from moebench.report.document import write_report
+from moebench.results.synthetic import make_row, write_run
+from moebench.run.sweep import _Progress, reason_groups
 
 
 def _row(tokens=64, spread=0.01, **kw):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from moebench.cli.parser import parse_args
 from moebench import cli
-from moebench.plan import plan
+from moebench.run.plan import plan
 from moebench.report import results_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ def test_every_listed_command_plans_today(cmd, capsys):
         assert cli.main(["list", *args, "runner.device=cpu"]) == 0, capsys.readouterr().err
         return
     flags = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
-    parsed = cli._parse(["tune", *args])  # the flags are today's tune options, with their values
+    parsed = parse_args(["tune", *args])  # the flags are today's tune options, with their values
     for flag, value in flags.items():
         assert str(getattr(parsed, flag[2:].replace("-", "_"))) == value, (cmd, flag)
     overrides = [a for a in args if a not in flags and a not in flags.values()]

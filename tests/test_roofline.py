@@ -14,7 +14,7 @@ import pytest
 
 from moebench.report.roofline import (CEILINGS_ENV, NO_CEILING, SCHEMA, add_floor, find_ceilings, gpu_slug,
                                       read_ceilings)
-from moebench.report.tables import roofline_table
+from moebench.report.run_tables import roofline_table
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = "NVIDIA Test GPU"

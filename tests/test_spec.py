@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moebench import plan, spec
-from moebench.migrate import migrate, migrate_v1_row
+from moebench.config import spec
+from moebench.run import plan
+from moebench.results.migrate import migrate, migrate_v1_row
 from moebench.report.compare import compare_runs
 from moebench.report.load import load_run
-from moebench.report.synthetic import make_row, samples_from, write_run
+from moebench.results.synthetic import make_row, samples_from, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "row_schema.json"
@@ -137,8 +138,8 @@ def test_row_schema_is_pinned(tmp_path):
     """The columns (and their kinds) of the rows a real CPU sweep writes, against the golden
     file: a change to the row schema updates tests/golden/row_schema.json deliberately, with a
     schema_version bump (moebench/spec.py) and a migration (moebench/migrate.py)."""
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     run_dir, _ = execute(["backend=local,naive", "experts=torch,torch_batched", "reduction=finalize",
                           "overlap=none,combine", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.lock import LOCK_FILE, LockHeld, RunLock
-from moebench.store import RunStore
+from moebench.results.lock import LOCK_FILE, LockHeld, RunLock
+from moebench.results.store import RunStore
 from test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
@@ -98,7 +98,7 @@ def test_lock_tokens_and_a_dead_holder(tmp_path):
     with pytest.raises(LockHeld, match="no longer holds"):
         child.check()  # the holder is gone: its jobs write nothing more
     # a holder killed with -9: the kernel dropped its flock; its details are reported, replaced
-    code = ("import sys, time; from moebench.lock import RunLock; "
+    code = ("import sys, time; from moebench.results.lock import RunLock; "
             f"RunLock.acquire({str(run)!r}, command='doomed'); print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -134,7 +134,7 @@ def test_a_second_sweep_into_one_folder_refuses_or_waits_and_no_row_is_stored_tw
 
 
 def _descendants(pid: int) -> list[int]:
-    from moebench.launch import _descendants as desc
+    from moebench.run.launch import _descendants as desc
 
     return desc(pid)
 
@@ -182,7 +182,7 @@ def test_the_watchdog_kills_a_rank_whose_parent_is_gone(tmp_path):
     pid_file = tmp_path / "grandchild"
     child = ("import subprocess, sys, os, time; "
              "g = subprocess.Popen([sys.executable, '-c', "
-             "'import os, sys, time; from moebench.lifeline import die_with; "
+             "'import os, sys, time; from moebench.run.lifeline import die_with; "
              "die_with(int(sys.argv[1]), pdeathsig=False); time.sleep(60)', str(os.getpid())]); "
              f"open({str(pid_file)!r}, 'w').write(str(g.pid)); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", child])

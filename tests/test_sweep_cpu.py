@@ -13,8 +13,8 @@ import pytest
 
 from moebench import cli
 from moebench.kernels.reference import TOLERANCE
-from moebench.store import RunStore
-from moebench.sweep import execute
+from moebench.results.store import RunStore
+from moebench.run.sweep import execute
 
 QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=2"]
 
@@ -228,9 +228,10 @@ def test_stored_keeps_the_newest_row(tmp_path):
 
 
 def test_group_state_takes_messages_out_of_order():
-    from moebench.launch import _GroupState
-    from moebench.messages import Done, Error, RankResult, Result
-    from moebench.plan import plan
+    from moebench.run.launch import _GroupState
+    from moebench.results.rank_result import RankResult
+    from moebench.run.messages import Done, Error, Result
+    from moebench.run.plan import plan
 
     combos, _ = plan(["backend=naive", "experts=torch", "reduction=experts,finalize", "overlap=none", "quant=bf16"], None)
     st = _GroupState([(c, [8]) for c in combos], world_size=2)
@@ -249,7 +250,7 @@ def test_group_state_takes_messages_out_of_order():
 def test_interleaved_timing_keeps_order_and_counts():
     import torch
 
-    from moebench import timing
+    from moebench.measure import timing
 
     calls = []
     fns = [lambda: calls.append("a"), lambda: calls.append("b")]
@@ -311,7 +312,7 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
         assert argv[argv.index("-o") + 1] == str(nsys_dir / "ranks_%p")
         assert argv[argv.index("-o") + 2] == sys.executable
     # each rank recorded its two captures (rows 1 and 2), numbered as nsys numbers them
-    from moebench.traces.nsys_import import read_captures
+    from moebench.run.nsys_import import read_captures
 
     caps = read_captures(run_dir)
     stems = {(k[1], k[2]): v["stem"] for k, v in caps.items()}
@@ -348,7 +349,7 @@ def test_trace_nsys_without_nsys_says_so_and_writes_the_torch_trace(tmp_path, mo
 def test_triton_roofline_sweep_plans_graph_rows_per_token_count():
     """Its graph timing: torch experts (host syncs) skip the sizes timed as graph
     replays and run above graph_max_tokens with events."""
-    from moebench.plan import plan
+    from moebench.run.plan import plan
 
     combos, _ = plan(["runner.device=cpu"], "triton_roofline")
     torch_rows = [c for c in combos if c.combo["experts"] == "torch" and not c.reason]
@@ -358,7 +359,7 @@ def test_triton_roofline_sweep_plans_graph_rows_per_token_count():
 
 
 def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus():
-    from moebench import plan
+    from moebench.run import plan
 
     combos, _ = plan.plan(["runner.device=cpu"], "ep_scaling")
     sizes = {c.combo["world_size"] for c in combos}

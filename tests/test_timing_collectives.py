@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench import timing
+from moebench.measure import timing
 
 CUDA = torch.device("cuda", 0)
 
@@ -113,8 +113,8 @@ def test_lead_cycles_is_zero_for_a_callable_that_syncs_the_host(monkeypatch, hos
 def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
     """The per-phase samples start like the timed ones: on a GPU (one rank or several) the
     hold is measured with the phase recorder on (and agreed over ranks); on the CPU, never."""
-    from moebench import measure
-    from moebench.measure import RankSync
+    from moebench.measure import samples as measure
+    from moebench.measure.samples import RankSync
     from moebench.traces.nvtx import make_phase_recorder
 
     asked = []

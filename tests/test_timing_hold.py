@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench import measure, timing
+from moebench.measure import samples as measure, timing
 
 CUDA = torch.device("cuda", 0)
 CYCLES_PER_US = 1000.0

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.traces.cli import find_traces
+from moebench.report.trace_report import find_traces
 
 REPO = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "traces"
@@ -138,9 +138,9 @@ def test_arguments_have_help(capsys):
 def test_plot_labels_top_kernels_shades_the_overlap_and_stacks_the_ranks(tmp_path, capsys):
     """--plot on a combination's ranks: one PNG per rank and one with the ranks stacked; the top
     kernels carry their short names, the shared ∩ comm intervals are shaded with their total."""
-    from moebench.traces.cli import load_traces
+    from moebench.traces.files import load_traces
     from moebench.traces.metrics import length
-    from moebench.traces.timeline import TOP_KERNELS, _lanes, _overlap, _select, short_name
+    from moebench.report.timeline import _lanes, _overlap, _select, short_name, TOP_KERNELS
 
     for r, f in enumerate(TRITON_RANKS):
         shutil.copy(f, tmp_path / f"rank{r}_T4096.json.gz")
@@ -166,8 +166,8 @@ def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, ca
     key beside it; a folder no row names keeps its key), there is no overlap table of dashes and
     no ranks table of dashes but a line each saying why, and the stacked ranks' figure, which
     draws GPU lanes only, is not written: a line says why."""
-    from moebench.report.synthetic import make_row, write_run
-    from moebench.traces.markdown import OVERLAP_HEADER
+    from moebench.results.synthetic import make_row, write_run
+    from moebench.report.trace_markdown import OVERLAP_HEADER
 
     label = "naive/torch/experts/dispatch/bf16/tiny/ws2/trace_torch"
     row = make_row("naive", "torch", "experts", "dispatch", "bf16", 16, samples_us=[100.0] * 5, world_size=2,

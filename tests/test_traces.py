@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from moebench.traces import nsys as nsys_mod
-from moebench.traces.cli import find_traces, summarize_file, trace_command
-from moebench.traces.markdown import OVERLAP_HEADER, to_markdown
+from moebench.report.trace_report import trace_command
+from moebench.traces.files import summarize_file
+from moebench.report.trace_report import find_traces
+from moebench.report.trace_markdown import OVERLAP_HEADER, to_markdown
 from moebench.traces.metrics import (
     METHOD_INTERSECTION, METHOD_STRETCH, PLAIN_NOTE, intersect, length, stretch_aware, summarize, union,
 )
@@ -296,9 +298,9 @@ def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypa
     """The launcher's nsys captures the NVTX range the worker opens around each row's timed
     work, once per row (repeat); the worker records each capture as nsys numbers them, and
     the row names no file before one exists."""
-    from moebench import capture as capture_mod
+    from moebench.measure import capture as capture_mod
     from moebench.traces import nvtx as nvtx_mod
-    from moebench.traces.nsys_import import read_captures
+    from moebench.run.nsys_import import read_captures
 
     prefix = nsys_rank_prefix(tmp_path)
     assert prefix[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx" in prefix
@@ -600,8 +602,8 @@ def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monke
     """trace=torch on the CPU (no GPU kernels): with overlap=combine each rank's trace holds the
     layer samples, then as many samples of the layer without shared experts and of the shared
     experts alone; overlap=none records the layer samples only."""
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=experts", "overlap=none,combine",

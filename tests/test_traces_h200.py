@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from moebench.traces.analyze import overlap_from_trace
-from moebench.traces.cli import load_traces
+from moebench.traces.files import load_traces
 from moebench.traces.metrics import summarize
 from moebench.traces.model import is_comm_kernel
 
@@ -121,7 +121,7 @@ def test_trace_command_on_a_run_names_the_critical_rank(tmp_path, capsys):
     figures the row holds (the same rule as rows.measured_row)."""
     import shutil
 
-    from moebench.traces.cli import trace_command
+    from moebench.report.trace_report import trace_command
 
     d = tmp_path / "run" / "traces" / "dfb6438509fd"
     d.mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_matched_overlap_on_real_traces(experts, combo_key):
     """Both ranks' traces at 2be9ad1 (allgather_rs, overlap=combine, 4096 tokens): rank 0 reaches
     the reduce-scatter first, so trimmed, its collectives start with rank 1's; rank 1 waited for
     no collective that ran beside shared experts, so its figure is the row's."""
-    from moebench.traces.cli import load_traces
+    from moebench.traces.files import load_traces
     from moebench.traces.matched import matched_overlap, trim_comm_waits
 
     traces = [load_traces(FIX / f"h200_allgather_rs_{experts}_combine_rank{r}_T4096.json.gz")[0] for r in (0, 1)]

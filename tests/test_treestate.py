@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moebench import ab, treestate
+from moebench.cli import ab
+from moebench.run import treestate
 from moebench.report import results_index
 from moebench.report.envinfo import env_summary, tree_label
 from moebench.report.flags import run_notes
@@ -145,19 +146,19 @@ def test_what_counts_as_a_change_after_the_copy(repo, tmp_path, change, dirty):
 def test_a_stamp_in_place_travels_with_a_copy_that_has_no_git(repo, tmp_path):
     """The GPU flow: stamp the checkout in place, then its working tree (the stamp carried with
     it) is copied without .git."""
-    _edit(repo / "moebench" / "paths.py")
+    _edit(repo / "moebench" / "config" / "paths.py")
     (repo / ".git" / "info" / "exclude").write_text("/local/\n")  # ignored outside .gitignore: the stamp lists it
     (repo / "local" / "big").mkdir(parents=True)
     (repo / "local" / "big" / "lib.so").write_bytes(b"\0")
     assert _copy(repo, None, "--stamp").returncode == 0
     assert json.loads((repo / treestate.STAMP).read_text())["ignored"] == ["local/"]
-    assert (repo / treestate.STAMP).is_file() and _git(repo, "status", "--porcelain") == "M moebench/paths.py"
+    assert (repo / treestate.STAMP).is_file() and _git(repo, "status", "--porcelain") == "M moebench/config/paths.py"
     assert treestate.tree_state(repo).source == "git"  # the checkout itself still answers from .git
     dest = tmp_path / "device"
     shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(".git"))
     got, want = treestate.tree_state(dest), treestate.tree_state(repo)
     assert (got.source, got.sha, got.dirty, got.diff_sha256) == ("stamp", want.sha, True, want.diff_sha256)
-    assert got.after_stamp == () and want.changed == ("moebench/paths.py",)
+    assert got.after_stamp == () and want.changed == ("moebench/config/paths.py",)
     # a stale .git in the copy (another history) yields to the stamp its files still match
     _git(dest, "init", "-q")
     _git(dest, "commit", "-q", "--allow-empty", "-m", "other")
@@ -176,7 +177,7 @@ def test_a_stamp_in_place_travels_with_a_copy_that_has_no_git(repo, tmp_path):
 def test_a_stale_git_that_knows_the_newer_commit_is_not_stale(repo, tmp_path):
     """A checkout whose stamp is older than its HEAD (stamped, then a commit): its .git answers."""
     assert _copy(repo, None, "--stamp").returncode == 0
-    _edit(repo / "moebench" / "paths.py")
+    _edit(repo / "moebench" / "config" / "paths.py")
     _git(repo, "commit", "-qam", "later")
     (repo / "notes.txt").write_text("x\n")  # a change after the stamp
     state = treestate.tree_state(repo)
@@ -202,7 +203,7 @@ def test_ab_worktrees_record_their_state(repo, tmp_path):
     sha = _git(repo, "rev-parse", "HEAD")
     tree = tmp_path / "wt"
     _git(repo, "worktree", "add", "-q", "--detach", str(tree), sha)
-    code = "import json; from moebench.env import git_info; print(json.dumps(git_info()))"
+    code = "import json; from moebench.run.env import git_info; print(json.dumps(git_info()))"
     done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=ab.tree_env(tree, sha), capture_output=True,
                           text=True, check=True)
     info = json.loads(done.stdout)

@@ -510,13 +510,13 @@ def test_supports(monkeypatch):
     assert "quant=bf16 or fp8_block" in cls.supports(dict(combo, quant="fp8_tensor", row_layout="gathered"))
     assert "multiples of 128" in cls.supports(dict(combo, quant="bf16", intermediate=96, row_layout="contiguous"))
     assert bcls.supports(dict(combo, reduction="finalize")) is None
-    # the contract's rules, kept in plan.validate: fp8_block's multiples of 128, batched -> finalize
-    from moebench import plan
-    from moebench.config import compose_config, to_combo
+    # the contract's rules, kept in validity.validate: fp8_block's multiples of 128, batched -> finalize
+    from moebench.config import validity
+    from moebench.config.compose import compose_config, to_combo
 
     base = to_combo(compose_config(["backend=local", "experts=triton", "model=tiny"]), device="cpu")
-    assert "multiples of 128" in plan.validate(base.replace(quant="fp8_block", intermediate=96))
-    assert "only reduction=finalize" in plan.validate(base.replace(backend="local_batched", experts="triton_batched"))
+    assert "multiples of 128" in validity.validate(base.replace(quant="fp8_block", intermediate=96))
+    assert "only reduction=finalize" in validity.validate(base.replace(backend="local_batched", experts="triton_batched"))
 
 
 def test_workspace_shapes_and_reduction_saving():

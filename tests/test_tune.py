@@ -81,12 +81,12 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     (["tune", "experts=triton", "backend=local", "quant=fp8_block", "experts.row_layout=contiguous"], "gathered kernel"),
 ])
 def test_tune_refuses_what_it_cannot_search(argv, words, capsys, monkeypatch):
-    from moebench.tune import search
+    from moebench.measure import layer
 
     def build_layer(*args):  # refused before any layer is built (in the interpreter: tens of seconds)
         raise AssertionError("built a layer for a search it then refused")
 
-    monkeypatch.setattr(search, "build_layer", build_layer)
+    monkeypatch.setattr(layer, "build_layer", build_layer)
     assert cli.main(argv) == 2
     assert words in capsys.readouterr().err
 
@@ -272,7 +272,7 @@ def _committed_run() -> Path:
 
 def test_results_on_a_committed_run(tmp_path, capsys):
     from moebench.report.load import latest_rows, load_run
-    from moebench.tune.best import SETTING, best_per_size
+    from moebench.report.best_per_size import best_per_size, SETTING
 
     run = _committed_run()
     df, _ = load_run(run)
@@ -297,8 +297,8 @@ def test_results_on_a_committed_run(tmp_path, capsys):
 
 def test_results_margin_interval_on_a_synthetic_run(tmp_path):
     from moebench.report.load import load_run
-    from moebench.report.synthetic import make_row, write_run
-    from moebench.tune.best import best_per_size
+    from moebench.results.synthetic import make_row, write_run
+    from moebench.report.best_per_size import best_per_size
 
     rng = np.random.default_rng(0)
     rows = [

@@ -2,18 +2,17 @@
 
 Entry points: ``load_run`` (rows + env), ``tables.*`` (markdown tables), ``plots.*``
 (PNGs), ``compare_runs`` / ``axis.compare_axis`` (asv-style verdicts),
-``write_report`` / ``report_command`` / ``compare_command`` (the CLI bodies).
+``write_report`` (report.md and its plots); the CLI bodies are moebench/cli/report.py.
 """
-from .compare import Comparison, compare_runs, exit_status
-from .command import compare_command, report_command
-from .load import load_run, newest_run
-from .markdown import write_report
-from .stats import mann_whitney_p
-from .tables import (latency_table, memory_table, overlap_table, phase_table,
-                     reasons_table, status_table)
+from moebench.report.compare import compare_runs, Comparison
+from moebench.report.verdict import exit_status
+from moebench.report.load import load_run, newest_run
+from moebench.report.document import write_report
+from moebench.report.stats import mann_whitney_p
+from moebench.report.run_tables import latency_table, memory_table, overlap_table, phase_table, reasons_table, status_table
 
 __all__ = [
-    "Comparison", "compare_command", "compare_runs", "exit_status", "latency_table", "load_run",
+    "Comparison", "compare_runs", "exit_status", "latency_table", "load_run",
     "mann_whitney_p", "memory_table", "newest_run", "overlap_table", "phase_table", "reasons_table",
-    "report_command", "status_table", "write_report",
+    "status_table", "write_report",
 ]

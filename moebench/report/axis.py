@@ -1,7 +1,7 @@
 """Comparison along one axis within one run: `moebench compare RUN --axis reduction=finalize:experts`.
 
 A row with FIELD=A pairs with the row of the same token count with FIELD=B whose
-combination (moebench.spec.from_row) is equal once FIELD is set to B on both: the key of
+combination (moebench.config.spec.from_row) is equal once FIELD is set to B on both: the key of
 `combo.replace(FIELD=B)` is compared, never a hand-kept column list. FIELD is a Combo
 identity field (reduction, overlap, experts, quant, timing, ...) or a knob (row_layout,
 num_sms, ...). Swapping an entry (`experts` or `backend`) changes which knobs apply:
@@ -16,9 +16,10 @@ import dataclasses
 
 import pandas as pd
 
-from ..spec import IDENTITY_FIELDS, Combo, from_row, knob_meta
-from .compare import SHOWN_COLUMNS, Axis, Comparison, _prepared, compare_pairs
-from .load import fmt_value
+from moebench.config.plugins import entry_knobs
+from moebench.config.spec import Combo, from_row, IDENTITY_FIELDS, knob_meta
+from moebench.report.compare import prepared_rows, Axis, compare_pairs, Comparison, SHOWN_COLUMNS
+from moebench.report.load import fmt_value
 
 ENTRY_FIELDS = ("backend", "experts")  # axes whose values are registered entries with knobs
 
@@ -59,16 +60,7 @@ def _dropped_knobs(field: str, a, b) -> set[str]:
     """Knobs of the two entries an entry axis swaps (backend / experts)."""
     if field not in ENTRY_FIELDS:
         return set()
-    from ..kernels import registry
-
-    get = registry.get_backend if field == "backend" else registry.get_experts
-    out = set()
-    for name in (a, b):
-        try:
-            out |= {k.name for k in getattr(get(name), "knobs", ())}
-        except (KeyError, ValueError):  # an entry not registered here: its knobs are unknown
-            pass
-    return out
+    return entry_knobs(field, a) | entry_knobs(field, b)  # an entry not registered here: none known
 
 
 def _value(combo: Combo, field: str):
@@ -90,7 +82,7 @@ def _set(combo: Combo, field: str, value, dropped: set[str]) -> Combo:
 def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series, pd.Series]:
     """(rows with A, rows with B, their pairing keys): key = the combination with the axis
     set to B (and the swapped entries' knobs dropped) and the token count."""
-    rows = _prepared(df)
+    rows = prepared_rows(df)
     a, b = _typed(axis.field, axis.a), _typed(axis.field, axis.b)
     dropped = _dropped_knobs(axis.field, a, b)
     combos = [from_row(r) for r in rows.to_dict("records")]
@@ -127,7 +119,7 @@ def compare_axis(df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, al
             if differs.any():
                 m[col] = m[col].astype(object)
                 m.loc[differs, col] = [f"{x or '-'}→{y or '-'}" for x, y in zip(bv[differs], cv[differs])]
-        from .load import combo_labels
+        from moebench.report.load import combo_labels
 
         m["label"] = combo_labels(m).values
     cmp.baseline_name, cmp.candidate_name = f"{axis.field}={axis.a}", f"{axis.field}={axis.b}"

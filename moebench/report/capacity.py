@@ -33,12 +33,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..pngfile import save_figure
-from .load import fmt_value
-from ..mdsafe import md_text
-from ..safe_write import refuse_links, write_text
-from .markdown import report_out
-from .tables import md_table
+from moebench.util.pngfile import save_figure
+from moebench.report.load import fmt_value
+from moebench.report.mdsafe import md_text
+from moebench.util.safe_write import refuse_links, write_text
+from moebench.report.document import report_out
+from moebench.report.run_tables import md_table
 
 MIB = 2.0**20
 GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination
@@ -252,8 +252,8 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     used, else an error (exit 2)."""
     import sys
 
-    from ..config import parse_bytes
-    from .load import load_run
+    from moebench.config.compose import parse_bytes
+    from moebench.report.load import load_run
 
     df, env = load_run(run)
     budget = gpu = None

@@ -33,8 +33,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .load import MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY, combo_labels, fmt_value, latest_rows
-from .stats import MIN_SAMPLES, bootstrap_ratios, geometric_mean, interval, mann_whitney_p, samples_of
+from moebench.report.load import combo_labels, fmt_value, latest_rows, MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
+from moebench.report.stats import bootstrap_ratios, geometric_mean, interval, mann_whitney_p, MIN_SAMPLES, samples_of
 
 __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "latency_verdict", "memory_verdict"]
 
@@ -46,9 +46,6 @@ BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
 SIDE_COLUMNS = ["status", "reason", "timing_mode", "timing_note", "latency_us_median", "latency_us_p20",
                 "latency_us_p80", "samples_us", "combo_key", "host_enqueue_us", "host_paced_samples",
                 "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS
-# what a non-zero exit status may be asked to mean (--fail-on); docs/design.md, "Exit status"
-FAIL_ON = ("slower", "broken", "memory", "missing", "empty", "env")
-DEFAULT_FAIL_ON = ("slower", "broken", "empty")
 
 
 @dataclass
@@ -150,7 +147,7 @@ def memory_verdict(base_bytes: float, cand_bytes: float, threshold: float) -> tu
     return "~", ratio
 
 
-def _prepared(df: pd.DataFrame) -> pd.DataFrame:
+def prepared_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The newest row per (combo_key, tokens_per_rank), every shown column present."""
     df = latest_rows(df).copy()
     for col in SHOWN_COLUMNS + SIDE_COLUMNS + ["knobs"]:
@@ -178,7 +175,7 @@ def basis_verdict(verdict: str, base: dict, cand: dict, cpu_verdict: bool = Fals
     latency verdict; other pairs keep it. ``base`` / ``cand``: row values (device included)."""
     if verdict not in ("slower", "faster", "~"):
         return verdict, ""
-    from .flags import CPU, HOST, figure_basis
+    from moebench.report.flags import CPU, figure_basis, HOST
 
     (bb, bw), (cb, cw) = figure_basis(base), figure_basis(cand)
     if HOST in (bb, cb):
@@ -244,45 +241,8 @@ def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: flo
                  alpha: float = 0.05, min_samples: int = MIN_SAMPLES, cpu_verdict: bool = False) -> Comparison:
     """Match candidate rows to baseline rows on (combo_key, tokens) and give each pair a
     verdict (module doc). Both frames are as ``load_run`` returns them (µs, bytes)."""
-    base, cand = _prepared(baseline), _prepared(candidate)
+    base, cand = prepared_rows(baseline), prepared_rows(candidate)
     return compare_pairs(base, cand, run_keys(base), run_keys(cand), threshold, alpha, min_samples,
                          cpu_verdict=cpu_verdict)
 
 
-def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str]]:
-    """(0 or 1, why) by docs/design.md's "Exit status" table: 1 when a row is slower beyond
-    the threshold, a row broke (was ok; now failed, incorrect, timeout or oom) or no row
-    matched, each as ``fail_on`` asks; also `memory` (a workspace larger by the threshold),
-    `missing` (a baseline row the candidate lacks), `env` (environments not comparable)."""
-    from .verdict import environment_check, why_nothing_matched
-
-    unknown = sorted(set(fail_on) - set(FAIL_ON))
-    if unknown:
-        raise ValueError(f"--fail-on {unknown[0]!r}: use a comma list of {', '.join(FAIL_ON)} (or none)")
-    counts, why = cmp.counts(), []
-    if "empty" in fail_on and not len(cmp.comparable):
-        why.append(why_nothing_matched(cmp))
-    if "slower" in fail_on and counts["slower"]:
-        why.append(f"{counts['slower']} row(s) slower beyond ×{cmp.threshold:g}")
-    if "broken" in fail_on and counts["broken"]:
-        why.append(f"{counts['broken']} row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)")
-    if "memory" in fail_on and (cmp.matched["mem_verdict"] == "larger").any():
-        why.append(f"{int((cmp.matched['mem_verdict'] == 'larger').sum())} row(s) with a larger workspace")
-    if "missing" in fail_on and len(cmp.only_baseline):
-        why.append(f"{len(cmp.only_baseline)} baseline row(s) missing from the candidate")
-    if "env" in fail_on and cmp.axis is None:
-        ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
-        if not ok:
-            why.append("environments not comparable: " + "; ".join(diffs))
-    return (1 if why else 0), why
-
-
-def parse_fail_on(text: str) -> tuple[str, ...]:
-    """'slower,broken' -> ('slower', 'broken'); 'none' -> ()."""
-    items = tuple(s.strip() for s in str(text).split(",") if s.strip())
-    if items in (("none",), ()):
-        return ()
-    unknown = [s for s in items if s not in FAIL_ON]
-    if unknown:
-        raise ValueError(f"--fail-on {unknown[0]!r}: use a comma list of {', '.join(FAIL_ON)}, or none")
-    return items

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .compare import SHOWN_COLUMNS, Comparison
-from .flags import pair_flags
-from .load import PER_ROW_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value
-from .stats import pct
-from .table import Column, Table, md_text
-from .tables import fmt_interval, fmt_mib, fmt_us, md_value
+from moebench.report.compare import Comparison, SHOWN_COLUMNS
+from moebench.report.flags import pair_flags
+from moebench.report.load import combo_labels, constant_caption, display_columns, fmt_value, PER_ROW_COLUMNS
+from moebench.report.stats import pct
+from moebench.report.table import Column, md_text, Table
+from moebench.report.run_tables import fmt_interval, fmt_mib, fmt_us, md_value
 
 MARKS = {"slower": "+", "broken": "+", "skipped": "+", "faster": "-", "fixed": "-"}
 MINUS = "\u2212"

@@ -12,7 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ..mdsafe import md_text
+from moebench.report.mdsafe import md_text
 
 ENV_FIELDS = [  # (label, keys tried in order; a key also matches the tail of a dotted key)
     ("GPU", ["gpu", "gpu_name", "gpu.name", "device_name", "gpus"]),

@@ -2,12 +2,12 @@
 
 Per ok row (``row_flags``), each a short tag:
 
-- ``spread``: p80/p20 above moebench.timing.NOISY_SPREAD (1.10): one figure of a noisy row;
+- ``spread``: p80/p20 above moebench.config.limits.NOISY_SPREAD (1.10): one figure of a noisy row;
 - ``host-bound``: the latency is the host's time, not the GPU's: the host set the pace of the
   samples (timing_mode ``host``: moebench/measure.py paced_mode), or, in rows timed before
   each sample had its hold (no ``host_paced_samples``), events timing with the host's enqueue
   of one forward (``host_enqueue_us``) at least HOST_BOUND (0.8) of the median;
-- ``host-sync``: the enqueue outlasts moebench.timing.HOST_SYNCS_US: the layer waits on the
+- ``host-sync``: the enqueue outlasts moebench.config.limits.HOST_SYNCS_US: the layer waits on the
   GPU inside a forward, so its events include host round trips;
 - ``gpu-idle``: profiler timing and the phases' kernel busy time under GPU_IDLE (0.5) of the
   latency: the GPU is idle most of the sample (host-bound);
@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..mdsafe import md_code, md_text
-from ..timing import HOST_SYNCS_US, NOISY_SPREAD
-from .envinfo import env_value, is_commit, tree_label
-from .load import phase_sum
+from moebench.report.mdsafe import md_code, md_text
+from moebench.config.limits import HOST_SYNCS_US, NOISY_SPREAD
+from moebench.report.envinfo import env_value, is_commit, tree_label
+from moebench.report.load import phase_sum
 
 HOST_BOUND = 0.8
 GPU_IDLE = 0.5

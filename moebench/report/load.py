@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..migrate import migrate
-from ..spec import IDENTITY_COLUMNS as SPEC_COLUMNS
+from moebench.results.migrate import migrate
+from moebench.config.spec import IDENTITY_COLUMNS as SPEC_COLUMNS
 
 # A row's identity: the spec's columns (moebench/spec.py), the key and the token count;
 # run_id / sweep / schema_version say where it came from
@@ -80,7 +80,7 @@ def read_rows_file(path: str | Path) -> pd.DataFrame | None:
     """Read one parquet results file through the store's reader; None (and a warning line
     naming it) for a torn file, which the next sweep into the run sets aside and measures
     again; ValueError naming it for a file of some other tool or an unknown schema version."""
-    from ..store import TornFile, read_row_file, warn
+    from moebench.results.store import read_row_file, TornFile, warn
 
     path = Path(path)
     try:
@@ -114,7 +114,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if not frames:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
     if run_dir is not None:
-        from ..store import RunStore
+        from moebench.results.store import RunStore
 
         RunStore(run_dir).envs()  # each invocation's fingerprint: one that is not JSON is named
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
@@ -181,7 +181,7 @@ def constant_caption(df: pd.DataFrame) -> str:
     """'backend=local, experts=triton, ...' for the combination columns that take one
     value in ``df`` (those a table leaves out, display_columns), less the fields at
     their spec default and the model's sizes."""
-    from ..spec import field_default
+    from moebench.config.spec import field_default
 
     parts = []
     shown = set(display_columns(df))

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from .load import PHASE_COLUMNS, latest_rows
-from .plotgrid import MARKERS, grid, legends, panels, save, tokens_axis, value_axis
-from .plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
+from moebench.report.load import latest_rows, PHASE_COLUMNS
+from moebench.report.plotgrid import grid, legends, MARKERS, panels, save, tokens_axis, value_axis
+from moebench.report.plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
 
 MIB = 1024.0 * 1024.0
 REDUCTION_STYLES = {"experts": "-", "finalize": "--"}
@@ -148,7 +148,7 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
     bootstrap band where the rows have one (and the trace's figure as x), and beside it
     shared_exposed_us (µs) with shared_us dashed; rows with overlap = dispatch | combine, less
     those of single-rank backends (tables.single_rank: no communication to overlap with)."""
-    from .tables import single_rank
+    from moebench.report.run_tables import single_rank
 
     ok = _ok(df)
     ok = ok[ok["overlap"].astype(str).isin(["dispatch", "combine"])]

@@ -10,11 +10,11 @@ from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 
-from .compare import Comparison
-from .compare_tables import fmt_change, pair_order
-from .load import fmt_value
-from .plotgrid import grid, legends, panels, save, tokens_axis, value_axis
-from .stats import pct
+from moebench.report.compare import Comparison
+from moebench.report.compare_tables import fmt_change, pair_order
+from moebench.report.load import fmt_value
+from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
+from moebench.report.stats import pct
 
 VERDICT_COLORS = {"slower": "tab:red", "faster": "tab:green"}
 UNDER_COLORS = {True: "#f4a6a6", False: "#a6dba0"}  # significant under the threshold: slower / faster

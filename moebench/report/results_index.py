@@ -16,7 +16,7 @@ Layout it reads (one folder per question; superseded generations under results/a
 
 Each listed command is the recorded one (`sweep-*.json`: the sweep name and `cli_overrides`;
 `tune.json`: the layer's overrides) rendered for today's code: keys renamed since
-(`moebench.plan.RENAMED`) take their new names, and the `runner.device=cuda` that GPU runs
+(`moebench.config.compose.RENAMED`) take their new names, and the `runner.device=cuda` that GPU runs
 pinned is left out (`runner.device=auto`, the default, picks CUDA on a GPU machine), so that
 every command also plans on a CPU machine (tests/test_results_index.py runs `moebench list`
 on each).
@@ -43,14 +43,14 @@ from typing import Optional
 
 import yaml
 
-from ..paths import REPO_ROOT
-from ..config import rename as config_rename
-from ..mdsafe import code_block, md_code, md_text, one_line, shell_join
-from ..plan import RENAMED, load_sweep  # noqa: F401
-from ..safe_write import replace_text
-from ..store import RunStore
-from .envinfo import env_commit, tree_label
-from .table import md_escape
+from moebench.config.paths import REPO_ROOT
+from moebench.config.compose import rename as config_rename
+from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
+from moebench.config.sweeps import load_sweep
+from moebench.util.safe_write import replace_text
+from moebench.results.store import RunStore
+from moebench.report.envinfo import env_commit, tree_label
+from moebench.report.table import md_escape
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"

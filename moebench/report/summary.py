@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .compare_tables import pair_names
-from .flags import CPU, GPU, HOST, caveat_files, caveats_text, figure_basis, flag_summary, row_flags, run_notes
-from .load import (LATENCY_COLUMNS, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY,
-                   constant_caption, display_columns, fmt_value, latest_rows)
-from .table import Column, Table, md_text
-from .tables import fmt_interval, fmt_mib, fmt_us, md_value
+from moebench.report.compare_tables import pair_names
+from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis, flag_summary, GPU, HOST, row_flags, run_notes
+from moebench.report.load import constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
+from moebench.report.table import Column, md_text, Table
+from moebench.report.run_tables import fmt_interval, fmt_mib, fmt_us, md_value
 
 BAD = ("failed", "incorrect", "timeout", "oom")
 TOP = 5

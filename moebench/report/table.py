@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..mdsafe import md_text, one_line  # noqa: F401  (md_text: the escape of a run folder's text, for callers)
+from moebench.report.mdsafe import md_text, one_line  # noqa: F401  (md_text: the escape of a run folder's text, for callers)
 
 
 def md_escape(text) -> str:

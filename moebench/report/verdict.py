@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .compare import Comparison
-from .compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
-from .envinfo import comparable_summary, environment_check
-from .load import EXTRA_COMBO_COLUMNS, COMBO_COLUMNS, PER_ROW_COLUMNS, fmt_value
-from .table import md_text
+from moebench.report.compare import Comparison
+from moebench.report.compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
+from moebench.report.envinfo import comparable_summary, environment_check
+from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, fmt_value, PER_ROW_COLUMNS
+from moebench.report.table import md_text
 
 CHANGED = ("broken", "slower", "skipped", "faster", "fixed")
 LIMIT = 8  # changed rows named one a line; the rest counted
@@ -176,3 +176,49 @@ def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
 def frame_names(df: pd.DataFrame) -> pd.Series:
     """Names of a run's rows as the verdict writes them (for flag lists)."""
     return pair_names(df) if len(df) else pd.Series([], dtype=object)
+
+
+# what a non-zero exit status may be asked to mean (--fail-on); docs/design.md, "Exit status"
+FAIL_ON = ("slower", "broken", "memory", "missing", "empty", "env")
+
+
+DEFAULT_FAIL_ON = ("slower", "broken", "empty")
+
+
+def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str]]:
+    """(0 or 1, why) by docs/design.md's "Exit status" table: 1 when a row is slower beyond
+    the threshold, a row broke (was ok; now failed, incorrect, timeout or oom) or no row
+    matched, each as ``fail_on`` asks; also `memory` (a workspace larger by the threshold),
+    `missing` (a baseline row the candidate lacks), `env` (environments not comparable)."""
+    from moebench.report.verdict import environment_check, why_nothing_matched
+
+    unknown = sorted(set(fail_on) - set(FAIL_ON))
+    if unknown:
+        raise ValueError(f"--fail-on {unknown[0]!r}: use a comma list of {', '.join(FAIL_ON)} (or none)")
+    counts, why = cmp.counts(), []
+    if "empty" in fail_on and not len(cmp.comparable):
+        why.append(why_nothing_matched(cmp))
+    if "slower" in fail_on and counts["slower"]:
+        why.append(f"{counts['slower']} row(s) slower beyond ×{cmp.threshold:g}")
+    if "broken" in fail_on and counts["broken"]:
+        why.append(f"{counts['broken']} row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)")
+    if "memory" in fail_on and (cmp.matched["mem_verdict"] == "larger").any():
+        why.append(f"{int((cmp.matched['mem_verdict'] == 'larger').sum())} row(s) with a larger workspace")
+    if "missing" in fail_on and len(cmp.only_baseline):
+        why.append(f"{len(cmp.only_baseline)} baseline row(s) missing from the candidate")
+    if "env" in fail_on and cmp.axis is None:
+        ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
+        if not ok:
+            why.append("environments not comparable: " + "; ".join(diffs))
+    return (1 if why else 0), why
+
+
+def parse_fail_on(text: str) -> tuple[str, ...]:
+    """'slower,broken' -> ('slower', 'broken'); 'none' -> ()."""
+    items = tuple(s.strip() for s in str(text).split(",") if s.strip())
+    if items in (("none",), ()):
+        return ()
+    unknown = [s for s in items if s not in FAIL_ON]
+    if unknown:
+        raise ValueError(f"--fail-on {unknown[0]!r}: use a comma list of {', '.join(FAIL_ON)}, or none")
+    return items

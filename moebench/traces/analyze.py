@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from moebench.traces.cli import load_traces
+from moebench.traces.files import load_traces
 from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import summarize
 

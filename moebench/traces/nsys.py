@@ -44,7 +44,7 @@ import sqlite3
 from pathlib import Path
 from typing import Optional, Sequence
 
-from moebench.safe_write import append_text, safe_dir
+from moebench.util.safe_write import append_text, safe_dir
 from moebench.traces.model import CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, Kernel, Range, Trace, attribute
 
 NSYS_MISSING = (

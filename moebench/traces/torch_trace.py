@@ -34,7 +34,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
-from moebench.safe_write import open_write
+from moebench.util.safe_write import open_write
 from moebench.traces.model import Kernel, Range, Trace, attribute
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
 

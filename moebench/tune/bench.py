@@ -16,20 +16,19 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import timing
-from ..kernels.interfaces import QuantSpec
-from ..kernels.reference import TOLERANCE, reference_moe, rel_err
-from ..kernels.triton.config import config_block_shape, config_dtype, default_config, get_config
-from ..workload import make_inputs, reference_expert_fn
-from .space import LayerDims
-from .trials import Trial
+from moebench.measure import layer as layers
+from moebench.measure import timing
+from moebench.kernels.interfaces import QuantSpec
+from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
+from moebench.kernels.triton.config import config_dtype, default_config, get_config
+from moebench.measure.workload import make_inputs, reference_expert_fn
+from moebench.tune.space import LayerDims
+from moebench.tune.trials import Trial
 
 
 def build_layer(combo, device):
-    """The one place the tuner gets its layer from (moebench.layer, imported by search.py)."""
-    from . import search
-
-    return search.build_layer(combo, 0, 1, None, device)
+    """The one place the tuner gets its layer from (one rank, no process group)."""
+    return layers.build_layer(combo, 0, 1, None, device)
 
 
 class LayerBench:

@@ -26,9 +26,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..kernels.triton import config as tconfig
-from ..safe_write import replace_text, safe_dir
-from .vllm_check import covers_grid, describe_routes
+from moebench.kernels.triton import config as tconfig
+from moebench.util.safe_write import replace_text, safe_dir
+from moebench.tune.vllm_check import covers_grid, describe_routes
 
 KERNEL_NOTE = ("tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
                "fused_moe_kernel: same file format and tile semantics, different kernel code (see kernels/configs/README.md)")
@@ -39,7 +39,7 @@ def environment() -> dict:
     import torch
     import triton
 
-    from ..env import git_info
+    from moebench.run.env import git_info
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"device": dev, "device_name": tconfig.device_name(), "torch": torch.__version__,
@@ -49,8 +49,8 @@ def environment() -> dict:
 def write_env(out_dir: Path) -> Path:
     """The fingerprint of this invocation into a tune's folder (RunStore.write_env's layout:
     envs/<id>.json, and env.json where the folder has none); returns envs/<id>.json."""
-    from .. import env as envmod
-    from ..store import RunStore
+    from moebench.run import env as envmod
+    from moebench.results.store import RunStore
 
     info = envmod.fingerprint()
     return RunStore(out_dir).write_env({**info, "env_id": envmod.env_id(info)}, uuid.uuid4().hex[:10])

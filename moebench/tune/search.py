@@ -21,16 +21,15 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import plan as planmod
-from ..kernels.experts.triton import CONTIGUOUS_QUANTS
-from ..kernels.triton.config import VLLM_BATCH_SIZES, config_block_shape, config_dtype
-from ..layer import build_layer  # noqa: F401  (bench.build_layer calls it: the one import of it)
-from . import compile as tcompile
-from . import files as tfiles
-from . import strategy
-from .bench import baselines_of, dims_of
-from .space import SPACES, config_key, prune, shared_limit_of
-from .trials import Trial, TrialStore
+from moebench.run import plan as planmod
+from moebench.kernels.experts.triton import CONTIGUOUS_QUANTS
+from moebench.kernels.triton.config import config_block_shape, config_dtype, VLLM_BATCH_SIZES
+from moebench.tune import compile as tcompile
+from moebench.tune import files as tfiles
+from moebench.tune import strategy
+from moebench.tune.bench import baselines_of, dims_of
+from moebench.tune.space import config_key, prune, shared_limit_of, SPACES
+from moebench.tune.trials import Trial, TrialStore
 
 TOKENS_KEY = "workload.tokens_per_rank"
 
@@ -211,7 +210,7 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
     `device` then only gives the shared-memory limit): (Pruned, [TokenResult], Stats)."""
     from tqdm import tqdm
 
-    from .bench import LayerBench
+    from moebench.tune.bench import LayerBench
 
     dims = dims_of(c.combo)
     pruned = prune(args.space, dims, shared_limit_of(device))

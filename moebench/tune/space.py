@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..kernels.triton.config import CONFIG_KEYS
+from moebench.kernels.triton.config import CONFIG_KEYS
 
 # the axes in vLLM's order (and its file's key order)
 SPACES = {

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .space import KNOB_KEYS, TILE_KEYS, config_key
+from moebench.tune.space import config_key, KNOB_KEYS, TILE_KEYS
 
 RUNG0_KNOBS = ({"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}, {"GROUP_SIZE_M": 16, "num_warps": 8, "num_stages": 4})
 RUNG0_SHARE = 0.6  # rung 0 may take this much of the budget with two settings a tile

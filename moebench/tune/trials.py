@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .space import config_key
+from moebench.tune.space import config_key
 
 FILE_NAME = "trials.jsonl"
 

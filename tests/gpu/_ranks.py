@@ -52,7 +52,7 @@ def _rank_entry(rank, port, module, fn_name, args, out_dir):
 def _spawn_once(module, fn_name, args, out_dir, timeout_s, hang_hint):
     import torch.multiprocessing as mp
 
-    from moebench.launch import free_port
+    from moebench.run.launch import free_port
 
     for r in range(WORLD):
         path = os.path.join(out_dir, f"rank{r}.json")

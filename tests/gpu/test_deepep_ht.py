@@ -285,8 +285,8 @@ def test_deepep_ht_chunk_configs_and_carveout_through_the_sweep(tmp_path):
     test_intranode.py tunes them) and overlap.shared_sm_carveout: every row matches the
     reference, off the recommended config too."""
     from moebench.kernels.prepare_finalize import _deepep
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     if torch.cuda.device_count() < WORLD:
         pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")

@@ -45,8 +45,8 @@ def _require_setup():
 
 
 def _execute(overrides, out):
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     os.environ.update(COMM_ENV)
     run_dir, _ = execute(overrides, None, str(out), quiet=False)
@@ -200,7 +200,7 @@ def _graph_errors(kernel, shape, T, rank, device, cases):
     """Capture one forward of `kernel` and replay it on fresh inputs copied into the
     captured ones; rel_err of each replay against its reference. cases: [(x, w, ids, ref)]."""
     from moebench.kernels.reference import rel_err
-    from moebench.workload import make_inputs
+    from moebench.measure.workload import make_inputs
 
     x, w, ids = make_inputs(shape, T, "uniform", 1.2, 0, rank, 1, device)
     s = torch.cuda.Stream(device)
@@ -235,7 +235,7 @@ def _direct(rank, device, model, quants, tokens, cap):
     from moebench.kernels.prepare_finalize import _deepep
     from moebench.kernels.prepare_finalize.deepep_ll import DeepEPLLPrepareFinalize
     from moebench.kernels.reference import reference_moe
-    from moebench.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
+    from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
     shape, seed, rows = _shape(model), 0, []
     shared = build_shared(shape, seed, device)
@@ -298,7 +298,7 @@ def _coexist(rank, device):
     from moebench.kernels.prepare_finalize.deepep_ht import DeepEPHTPrepareFinalize
     from moebench.kernels.prepare_finalize.deepep_ll import DeepEPLLPrepareFinalize
     from moebench.kernels.reference import reference_moe, rel_err
-    from moebench.workload import build_expert_weights, make_inputs, reference_expert_fn
+    from moebench.measure.workload import build_expert_weights, make_inputs, reference_expert_fn
 
     shape, quant, seed = _shape("deepseek_v2_lite"), QuantSpec("bf16"), 0
     ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD, group=dist.group.WORLD,

@@ -54,8 +54,8 @@ def deep_gemm_here():
 
 
 def _execute(overrides, out):
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     run_dir, _ = execute(overrides, None, str(out), quiet=False)
     return RunStore(run_dir).load()
@@ -100,22 +100,23 @@ def test_graph_timing_through_moebench(tmp_path):
 
 def build(model: str, backend: str, experts: str, reduction: str, min_tokens: int = MIN_TOKENS):
     """(ctx, kernel, reference weights fn) exactly as a moebench rank builds them."""
-    from moebench import plan
-    from moebench.layer import build_layer
-    from moebench.workload import reference_expert_fn
+    from moebench.config import compose
+    from moebench.config import validity
+    from moebench.measure.layer import build_layer
+    from moebench.measure.workload import reference_expert_fn
 
-    cfg = plan.compose_config([f"backend={backend}", f"experts={experts}", f"reduction={reduction}",
+    cfg = compose.compose_config([f"backend={backend}", f"experts={experts}", f"reduction={reduction}",
                                "overlap=none", "quant=fp8_block", f"model={model}",
                                f"experts.deepgemm_min_tokens={min_tokens}", "runner.device=cuda"])
-    combo = plan.to_combo(cfg)
-    assert plan.validate(combo) is None, plan.validate(combo)
+    combo = compose.to_combo(cfg)
+    assert validity.validate(combo) is None, validity.validate(combo)
     layer = build_layer(combo, 0, 1, None, DEV)
     ctx, kernel = layer.ctx, layer.kernel
     return ctx, kernel, reference_expert_fn(ctx.shape, ctx.quant, combo.seed, DEV)
 
 
 def inputs(ctx, T, routing="uniform", seed=1):
-    from moebench.workload import make_inputs
+    from moebench.measure.workload import make_inputs
 
     return make_inputs(ctx.shape, T, routing, 1.5, seed, 0, 1, DEV)
 

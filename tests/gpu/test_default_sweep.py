@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from moebench.kernels.reference import TOLERANCE
-from moebench.store import RunStore
+from moebench.results.store import RunStore
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from moebench.launch import run_ranks
+from moebench.run.launch import run_ranks
 
 pytestmark = pytest.mark.gpu
 WORLD = 2
@@ -42,11 +42,11 @@ def _skewed_inputs(shape, T, rank, device, skew=1.5):
 def _rank(rank, port, backend, experts, reductions, tokens, q):
     import torch.distributed as dist
 
-    from moebench.config import compose_config, to_combo
+    from moebench.config.compose import compose_config, to_combo
     from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
-    from moebench.layer import build_layer
-    from moebench.plan import validate
-    from moebench.workload import reference_expert_fn
+    from moebench.measure.layer import build_layer
+    from moebench.config.validity import validate
+    from moebench.measure.workload import reference_expert_fn
 
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     dev = torch.device("cuda", rank)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench.store import RunStore
-from moebench.sweep import execute
+from moebench.results.store import RunStore
+from moebench.run.sweep import execute
 
 pytestmark = pytest.mark.gpu
 QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=1", "runner.warmup_ms=0"]

@@ -1,7 +1,7 @@
 """Issue #4's first criterion for its collective: moebench's multi-rank timing of an
 NCCL all-gather (64 MiB per rank, 2 GPUs) against an independent timing of the same
 callable, calls enqueued back to back between two events (do_bench's way;
-moebench.timing.back_to_back_us). benchmarks/nccl_timing.py prints the same figures
+moebench.measure.timing.back_to_back_us). benchmarks/nccl_timing.py prints the same figures
 beside a hand-written barrier loop."""
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def _allgather_job(rank, device, mib, reps, runs):
     """On each rank: `runs` pairs of (moebench's samples, back-to-back mean), as plain dicts."""
     import torch.distributed as dist
 
-    from moebench import timing
-    from moebench.measure import rank_sync
+    from moebench.measure import timing
+    from moebench.measure.samples import rank_sync
 
     inp = torch.randn(mib * 2**20 // 2, device=device, dtype=torch.bfloat16)
     out = torch.empty(WORLD * inp.numel(), device=device, dtype=torch.bfloat16)

@@ -16,8 +16,8 @@ needs_2gpu = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 G
 
 
 def _execute(overrides, out, sweep="default"):
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     run_dir, _ = execute(overrides, sweep, str(out), quiet=False)
     return RunStore(run_dir).load()
@@ -72,9 +72,10 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     import triton.language as tl
     from triton.testing import do_bench
 
-    from moebench import plan, timing
-    from moebench.layer import build_layer
-    from moebench.workload import make_inputs
+    from moebench.measure import timing
+    from moebench.config import compose
+    from moebench.measure.layer import build_layer
+    from moebench.measure.workload import make_inputs
 
     @triton.jit
     def matmul(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -98,9 +99,9 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     gemm()
     torch.testing.assert_close(c, (a.float() @ b.float()).bfloat16(), rtol=2e-2, atol=1)
 
-    cfg = plan.compose_config(["backend=local", "backend.simulate_ep=8", "experts=torch", "model=deepseek_v3",
+    cfg = compose.compose_config(["backend=local", "backend.simulate_ep=8", "experts=torch", "model=deepseek_v3",
                                "reduction=experts", "quant=bf16", "overlap=none"])
-    layer = build_layer(plan.to_combo(cfg), 0, 1, None, dev)
+    layer = build_layer(compose.to_combo(cfg), 0, 1, None, dev)
     ctx, kernel = layer.ctx, layer.kernel
     # 4096 tokens: do_bench calls back to back with no hold, so it times the host wherever the
     # layer's enqueue is longer than its GPU work (this layer: ~2.1 ms of host at 256 tokens

@@ -168,7 +168,7 @@ def _graph_errors(kernel, shape, T, rank, device, cases):
     import torch.distributed as dist
 
     from moebench.kernels.reference import rel_err
-    from moebench.workload import make_inputs
+    from moebench.measure.workload import make_inputs
 
     x, w, ids = make_inputs(shape, T, "uniform", 1.2, 0, rank, 1, device)
     s = torch.cuda.Stream(device)
@@ -205,7 +205,7 @@ def _direct(rank, device, mode, quants, tokens):
     from moebench.kernels.prepare_finalize import _pplx
     from moebench.kernels.prepare_finalize.pplx import PplxPrepareFinalize
     from moebench.kernels.reference import reference_moe, rel_err
-    from moebench.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
+    from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
     shape, seed, rows = _shape(), 0, []
     shared = build_shared(shape, seed, device)
@@ -278,8 +278,8 @@ def test_pplx_matches_reference_and_hands_over_what_it_promises(mode, tmp_path):
 
 
 def _execute(overrides, out):
-    from moebench.store import RunStore
-    from moebench.sweep import execute
+    from moebench.results.store import RunStore
+    from moebench.run.sweep import execute
 
     os.environ.update(COMM_ENV)
     run_dir, _ = execute(overrides, None, str(out), quiet=False)

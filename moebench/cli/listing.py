@@ -1,0 +1,40 @@
+"""`moebench list`: what a sweep would run, and why the rest is skipped."""
+from __future__ import annotations
+
+import json
+import sys
+
+def list_command(args) -> int:
+    from moebench.config import plugins
+    from moebench.run.plan import plan
+
+    if args.knobs:
+        print("\n".join(plugins.knob_lines()))
+        return 0
+    combos, _ = plan(args.overrides, args.sweep, oversubscribe=args.oversubscribe)
+    for line in plugins.problems():
+        print(f"moebench list: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([plugins.combo_record(c) for c in combos], indent=2))
+        return 0
+    valid = [c for c in combos if not c.reason]
+    for c in valid:
+        extra = ""
+        if c.token_reasons:
+            extra = "  (skipped tokens: " + "; ".join(f"{t}: {r}" for t, r in c.token_reasons.items()) + ")"
+        print(f"valid   {c.label}{plugins.origin_tag(c)}{extra}")
+    skipped = [c for c in combos if c.reason]
+    if skipped and args.verbose:
+        for c in skipped:
+            print(f"skipped {c.label}{plugins.origin_tag(c)}  ({c.reason})")
+    elif skipped:
+        print(f"\nskipped, by reason ({len(skipped)} combinations; --verbose lists each):")
+        from moebench.run.sweep import reason_groups
+
+        for n, line in reason_groups([c.reason for c in skipped]):
+            print(f"  {n:4d}  {line}")
+    print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")
+    lines = plugins.summary()
+    if lines:
+        print("\nplugins:\n" + "\n".join(f"  {line}" for line in lines))
+    return 0

@@ -1,0 +1,105 @@
+"""moebench sweep|run|list|report|compare|ab|trace|tune|env: the dispatcher. Each command's
+body is a module of moebench.cli (COMMANDS); this one maps errors to one line and an exit
+status (docs/design.md, "Exit status").
+
+Bad input (unknown option, malformed results, a world size the machine lacks)
+exits with code 2 and a message that says what to do, before any work starts; so does an
+environment error (a full disk, a read-only folder, `--out` naming a file: one line naming
+the path and the cause, moebench/writable.py). A sweep that meets one mid-run keeps its
+rows and exits 1 saying so (moebench/sweep.py).
+"""
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+from moebench.cli.parser import parse_args
+
+
+# command -> (module of moebench.cli, its function of the parsed arguments)
+COMMANDS = {"sweep": ("sweep", "sweep_command"), "run": ("sweep", "run_command"), "list": ("listing", "list_command"),
+            "report": ("report", "report_args"), "compare": ("report", "compare_args"), "ab": ("ab", "ab_command"),
+            "trace": ("trace", "trace_args"), "tune": ("tune", "tune_command"), "env": ("env", "env_args")}
+
+
+class _Terminated(BaseException):
+    """SIGTERM outside a sweep's running combinations (moebench/sweep.py handles it there)."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.cmd not in ("sweep", "run"):
+        return _main(args)
+    # SLURM's pre-emption, `timeout`, `docker stop`: a message and exit 143, the lock released
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(args)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _main(args) -> int:
+    try:
+        # one module per command, imported when it runs (`list` and `report` need no torch)
+        module, function = COMMANDS[args.cmd]
+        return getattr(importlib.import_module(f"moebench.cli.{module}"), function)(args)
+    except ValueError as e:
+        print(f"moebench {args.cmd}: error: {_one_line(e, getattr(args, 'overrides', None) or [])}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        line = _environment_line(e, args)
+        if line is None:
+            raise
+        print(f"moebench {args.cmd}: environment error: {line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.cmd not in ("report", "compare", "list", "ab"):
+            raise
+        print(f"moebench {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print(f"moebench {args.cmd}: terminated (SIGTERM); finished combinations are stored. Re-run the same "
+              "command to resume.", file=sys.stderr)
+        return 143
+    return 2
+
+
+def _environment_line(e: OSError, args) -> str | None:
+    """The one line of an environment error (moebench/writable.py decides which OSErrors are
+    one), with what to do; None for any other OSError (a defect: its traceback stays)."""
+    from moebench.results.writable import describe
+
+    out = getattr(args, "out", None)
+    line = describe(e, out)
+    if line is None:
+        return None
+    if args.cmd in ("report", "compare", "trace") and not out:
+        return f"{line} (--out DIR writes elsewhere)"
+    return f"{line}; nothing was measured" if args.cmd in ("sweep", "run") else line
+
+
+def _one_line(e: ValueError, overrides: list[str]) -> str:
+    """A config library's multi-line message (OmegaConf: the message, then full_key and
+    object_type lines) as one line naming the override that caused it."""
+    text = str(e)
+    lines = text.splitlines()
+    if len(lines) <= 1:
+        return text
+    key = getattr(e, "full_key", None) or next((ln.split(":", 1)[1].strip() for ln in lines
+                                                 if ln.strip().startswith("full_key:")), None)
+    given = next((o for o in overrides if key and o.split("=", 1)[0].lstrip("+~").endswith(str(key))), None)
+    first = lines[0].strip()
+    if "ListConfig" in first and given:
+        name = given.split("=", 1)[0]
+        first = "expects a list, e.g. " + ("workload.tokens_per_rank=[16,256]" if name.endswith("tokens_per_rank")
+                                          else f"{name}=[a,b]")
+    return f"{given}: {first}" if given else " ".join(ln.strip() for ln in lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""CLI bodies of `moebench report` and `moebench compare` (docs/design.md, "Exit status").
+
+Both write the report (report.md + PNGs, with csv files or report.json as --format asks)
+and print it in that format. Exit status: 0 clean; 1 a row slower beyond the threshold,
+a broken row, or no row ok on both sides (what counts is --fail-on); bad input raises
+ValueError and a report folder that cannot be written OSError, before any work (the CLI
+exits 2 for both); a single run's report exits 0.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from moebench.report.mdsafe import md_text
+from moebench.report.compare import compare_runs
+from moebench.report.verdict import DEFAULT_FAIL_ON, parse_fail_on
+from moebench.report.load import load_run
+from moebench.results.writable import probe
+from moebench.report.document import run_names, build_report, check_outputs, comparison_doc, FORMATS, report_out, run_root, stdout_text, write
+
+
+def _check_format(fmt: str) -> str:
+    fmt = "md" if fmt == "markdown" else fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _exists(*paths) -> None:
+    for p in paths:
+        if p is not None and not Path(p).exists():
+            raise ValueError(f"results path {p} does not exist: pass a run directory (with rows/*.parquet)")
+
+
+def _fail_on(fail_on) -> tuple[str, ...]:
+    if fail_on is None:
+        return DEFAULT_FAIL_ON
+    return parse_fail_on(fail_on) if isinstance(fail_on, str) else tuple(fail_on)
+
+
+def _same_run(cmd: str, base, cand) -> None:
+    """Say so when both sides are one run: every pair is then identical, and a clean verdict
+    would read as a finding."""
+    if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
+        print(f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
+              "so the comparison says nothing", file=sys.stderr)
+
+
+def _finish(doc, path: Path, fmt: str) -> int:
+    text = stdout_text(doc, fmt)
+    print(text, end="" if text.endswith("\n") else "\n")
+    print(f"report written to {path}", file=sys.stderr)
+    if doc.code:
+        why = doc.data.get("verdict", {}).get("why", [])
+        print(f"moebench: exit {doc.code}: {'; '.join(why)}", file=sys.stderr)
+    return doc.code
+
+
+def report_command(run: str | None, baseline: str | None, candidate: str | None,
+                   out: str | None, threshold: float = 1.05, fmt: str = "md", fail_on=None,
+                   cpu_verdict: bool = False) -> int:
+    """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
+    comparison's exit status)."""
+    fmt = _check_format(fmt)
+    if run is not None and candidate is not None and Path(run) != Path(candidate):
+        raise ValueError("give the run either as RUN or as --candidate, not both")
+    candidate = candidate if candidate is not None else run
+    if candidate is None:
+        raise ValueError("nothing to report: `moebench report RUN` for one run, or "
+                         "`moebench report --baseline A --candidate B` to compare two")
+    _exists(candidate, baseline)
+    _same_run("report", baseline, candidate)
+    where = probe(report_out(candidate, out))  # a read-only folder or a link: exit 2 before any work
+    rep = build_report(candidate, where, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
+    return _finish(rep.doc, rep.path, fmt)
+
+
+def compare_command(runs: list[str], axis: str | None = None, out: str | None = None, threshold: float = 1.05,
+                    fmt: str = "md", fail_on=None, names: tuple[str, str] | None = None,
+                    cpu_verdict: bool = False) -> int:
+    """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
+    replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
+    fmt = _check_format(fmt)
+    fail = _fail_on(fail_on)
+    if axis is not None:
+        if len(runs) != 1:
+            raise ValueError("--axis compares within one run: `moebench compare RUN --axis FIELD=A:B`")
+        from moebench.report.axis import compare_axis, parse_axis
+
+        ax = parse_axis(axis)
+        _exists(runs[0])
+        where = probe(report_out(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}"))
+        check_outputs(where, fmt)
+        df, env = load_run(runs[0])
+        cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
+        cmp.base_env = cmp.cand_env = env
+        cmp.baseline_name, cmp.candidate_name = md_text(cmp.baseline_name), md_text(cmp.candidate_name)
+        doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
+        return _finish(doc, write(doc, where, fmt), fmt)
+    if len(runs) != 2:
+        raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
+    base, cand = runs
+    _exists(base, cand)
+    _same_run("compare", base, cand)
+    where = probe(report_out(cand, out, f"vs-{run_root(base).name}"))
+    check_outputs(where, fmt)
+    base_df, base_env = load_run(base)
+    cand_df, cand_env = load_run(cand)
+    cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
+    cmp.base_env, cmp.cand_env = base_env, cand_env
+    cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else run_names(Path(base), Path(cand))
+    doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
+    return _finish(doc, write(doc, where, fmt), fmt)
+
+
+def report_args(args) -> int:
+    """`moebench report` from its parsed arguments (`--capacity`: report/capacity.py)."""
+    if args.capacity:
+        from moebench.report.capacity import capacity_command
+
+        if not args.run:
+            raise ValueError("--capacity reports one run: moebench report RUN --capacity")
+        return capacity_command(args.run, args.budget, args.out)
+    if not args.run and not (args.baseline and args.candidate):
+        raise ValueError("give a run directory, or --baseline A --candidate B")
+    return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format,
+                          args.fail_on, args.cpu_verdict)
+
+
+def compare_args(args) -> int:
+    """`moebench compare` from its parsed arguments."""
+    return compare_command(args.runs, args.axis, args.out, args.threshold, args.format, args.fail_on,
+                           cpu_verdict=args.cpu_verdict)

@@ -1,0 +1,57 @@
+"""`moebench tune`: the Triton tile search, `--check-vllm`, `--results`, `--install-from`."""
+from __future__ import annotations
+
+import sys
+
+def tune_command(args) -> int:
+    from pathlib import Path
+
+    if args.check_vllm:
+        from moebench.tune.vllm_check import check_command
+
+        return check_command(args.check_vllm)
+    if args.results:
+        from moebench.report.best_per_size import results_command
+
+        return results_command(args.results, args.out)
+    if args.install_from:
+        from moebench.tune import files
+
+        found = files.tuned_files(Path(args.install_from))
+        for f in found:
+            files.install(f, print)
+        return 0
+    from dataclasses import asdict
+
+    from moebench.config.paths import default_runs_dir
+    from moebench.run.plan import run_name
+    from moebench.tune import files
+    from moebench.tune.search import tune, TuneArgs
+
+    targs = TuneArgs(overrides=list(args.overrides), space=args.space, search=args.search, budget=args.budget,
+                     reps=args.reps, final_reps=args.final_reps, workers=args.compile_workers, gpus=args.gpus,
+                     resume=not args.fresh)
+    key = list(args.overrides) + [f"--space={args.space}", f"--search={args.search}", f"--budget={args.budget}",
+                                  f"--reps={args.reps}"]
+    out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", key)
+    try:
+        info, pruned, results, stats, wall = tune(targs, out)
+    except KeyboardInterrupt:
+        print(f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
+              file=sys.stderr)
+        return 130
+    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": files.environment()})
+    print(files.summary(results, len(pruned.kept)))
+    print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
+    if path is None:
+        print(f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
+              file=sys.stderr)
+        return 1
+    print(f"configs: {path} (provenance beside it, every trial in {out / 'trials.jsonl'}); use them with "
+          f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install")
+    note = files.routing_note(path)
+    if note:
+        print(note)
+    if args.install:
+        files.install(path, print)
+    return 0 if all(r.best is not None for r in results) else 1

@@ -1,0 +1,251 @@
+"""Hydra-style overrides -> one typed config -> one `Combo` (moebench/spec.py).
+
+`compose_config` composes one combination's config (no sweep values) the way Hydra's
+compose() does, at a fraction of its cost; `check_values` refuses bad values with a
+clear error; `to_combo` makes the frozen spec every later step uses.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from functools import lru_cache
+from typing import Optional
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from moebench.config import paths
+from moebench.config.schema import group_schemas, GROUPS, register_schemas
+from moebench.config.spec import Combo, knob_meta
+
+# old key -> new key: a clear error (and results/README's commands rendered through it)
+RENAMED = {
+    "experts.fp8_layout": "experts.row_layout",
+    "extra.pplx_mode": "backend.pplx_mode",
+}
+
+
+def rename(override: str) -> str:
+    """An override as it is spelled today ('+extra.pplx_mode=x' -> 'backend.pplx_mode=x')."""
+    key, sep, value = override.partition("=")
+    bare = key.lstrip("+~")
+    return f"{RENAMED[bare]}{sep}{value}" if bare in RENAMED else override
+
+
+@lru_cache(maxsize=1)
+def _init_hydra() -> None:
+    register_schemas()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    initialize_config_dir(config_dir=str(paths.conf_dir()), version_base=None)
+
+
+def _registered(group: str) -> set[str]:
+    """Entries registered for a group without a conf/ file of their own (plugins)."""
+    if group not in ("backend", "experts"):
+        return set()
+    from moebench.kernels import registry
+
+    registry.discover()
+    disabled = {name for kind, name in registry.DISABLED if kind == group}  # their rows say why
+    return set(registry.BACKENDS if group == "backend" else registry.EXPERTS) | disabled
+
+
+def group_options(group: str) -> list[str]:
+    return sorted({p.stem for p in (paths.conf_dir() / group).glob("*.yaml")} | _registered(group))
+
+
+@lru_cache(maxsize=None)
+def _group_node(group: str, option: str):
+    path = paths.conf_dir() / group / f"{option}.yaml"
+    if path.exists():
+        return OmegaConf.load(path)
+    if option in _registered(group):  # an entry registered from outside: its knobs are its config
+        return OmegaConf.create({"name": option})
+    hint = ""
+    if group in ("backend", "experts"):  # the option may be a broken plugin's (docs/plugins.md)
+        from moebench.config.plugins import problems
+
+        hint = "".join(f"; {line}" for line in problems())
+    raise ValueError(f"unknown {group}={option!r}; valid options: {', '.join(group_options(group))}{hint}")
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict:
+    """Group choices of conf/config.yaml's defaults list."""
+    data = yaml.safe_load((paths.conf_dir() / "config.yaml").read_text())
+    out = {}
+    for item in data.get("defaults", []):
+        if isinstance(item, dict):
+            out.update(item)
+    return out
+
+
+def compose_config(overrides: list[str]) -> dict:
+    """Compose one combination's config (no sweep values) into plain containers.
+
+    Same result as Hydra's compose() for group choices and `key=value` overrides
+    (tests/test_configs.py checks that): each group option is merged into its typed
+    schema once and cached, so a misspelled key or a wrong type still fails here.
+    """
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ValueError(f"cannot parse overrides {overrides}: {e}") from None
+    choices = dict(_defaults())
+    per_group: dict[str, list[str]] = {}
+    for ov in parsed:
+        if ov.is_sweep_override():
+            raise ValueError(f"{ov.input_line!r} sweeps several values: use `moebench sweep`")
+        key = ov.key_or_group
+        if key in RENAMED:
+            raise ValueError(f"{key} is now {RENAMED[key]}: use {RENAMED[key]}={ov.get_value_element_as_str()}")
+        if ov.is_delete() or ov.is_force_add() or ov.is_add():
+            raise ValueError(f"unsupported override {ov.input_line!r}: use key=value or group=option "
+                             "(entries declare their knobs: `moebench list --knobs`)")
+        if key in GROUPS:
+            choices[key] = ov.get_value_element_as_str()
+        else:
+            group, _, sub = key.partition(".")
+            if group not in GROUPS or not sub:
+                raise ValueError(f"unknown config key {key!r}; groups: {', '.join(GROUPS)}")
+            per_group.setdefault(group, []).append(f"{sub}={ov.get_value_element_as_str()}")
+    cfg = {g: _typed_group(g, choices[g], tuple(per_group.get(g, ()))) for g in GROUPS}
+    return copy.deepcopy(cfg)
+
+
+@lru_cache(maxsize=None)
+def _typed_group(group: str, option: str, values: tuple[str, ...]) -> dict:
+    """One group's option merged into its schema, with `sub.key=value` overrides."""
+    node = OmegaConf.merge(OmegaConf.structured(group_schemas()[group]), _group_node(group, option))
+    try:
+        for raw in values:
+            ov = OverridesParser.create().parse_overrides([raw])[0]
+            key = ov.key_or_group
+            if OmegaConf.select(node, key, default="__missing__") == "__missing__":
+                raise ValueError(f"unknown config key '{group}.{key}' (see conf/{group}/, moebench/schema.py "
+                                 "and `moebench list --knobs`)")
+            OmegaConf.update(node, key, ov.value(), merge=True)
+        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except ValueError:
+        raise
+    except Exception as e:  # omegaconf validation errors (wrong key or type)
+        raise ValueError(f"config error in {group}={option} {list(values)}: {e}") from None
+
+
+def compose_with_hydra(overrides: list[str]) -> dict:
+    """Hydra's own compose (slow: ~0.1 s); the tests check compose_config against it."""
+    _init_hydra()
+    cfg = compose(config_name="config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+CHOICES = {
+    ("workload", "routing"): ("uniform", "balanced", "zipf"),
+    ("runner", "timing"): ("auto", "events", "graph", "profiler"),
+    ("runner", "device"): ("auto", "cpu", "cuda"),
+}
+POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "startup_timeout_s"), ("runner", "world_size"),
+            ("runner", "phase_reps"),
+            ("model", "hidden"), ("model", "intermediate"), ("model", "num_experts"), ("model", "topk"),
+            ("backend", "simulate_ep"), ("trace", "samples"))
+NON_NEGATIVE = (("runner", "warmup"), ("runner", "warmup_ms"), ("runner", "graph_max_tokens"),
+                ("overlap", "shared_sm_carveout"), ("model", "num_shared_experts"),
+                ("model", "shared_intermediate"))
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+          "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text) -> int:
+    """'16GiB' / '1.5GB' / '4096' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size: give bytes, or a number with KiB, MiB, GiB (or KB, MB, GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def check_values(cfg: dict) -> None:
+    """Bad values in a composed config: a clear error before any work starts."""
+    for (g, k), valid in CHOICES.items():
+        if cfg[g][k] not in valid:
+            raise ValueError(f"{g}.{k}={cfg[g][k]!r}; valid: {', '.join(valid)}")
+    for g, k in POSITIVE:
+        if not cfg[g][k] > 0:
+            raise ValueError(f"{g}.{k}={cfg[g][k]!r} must be > 0")
+    for g, k in NON_NEGATIVE:
+        if cfg[g][k] < 0:
+            raise ValueError(f"{g}.{k}={cfg[g][k]!r} must be >= 0")
+    m = cfg["model"]
+    if m["topk"] > m["num_experts"]:
+        raise ValueError(f"model.topk={m['topk']} exceeds model.num_experts={m['num_experts']}")
+    tokens = cfg["workload"]["tokens_per_rank"]
+    if not tokens:
+        raise ValueError("workload.tokens_per_rank=[] holds no token count: give at least one, e.g. [16,64]")
+    bad = [t for t in tokens if not isinstance(t, int) or t < 1]
+    if bad:
+        raise ValueError(f"workload.tokens_per_rank={list(tokens)}: token counts must be integers >= 1 (got {bad})")
+    dup = sorted({t for t in tokens if list(tokens).count(t) > 1})
+    if dup:
+        raise ValueError(f"workload.tokens_per_rank={list(tokens)} lists {dup} twice: give each count once")
+    parse_bytes(cfg["runner"]["memory_budget"])
+    meta = knob_meta()
+    for group in ("backend", "experts"):
+        for name, value in cfg[group].items():
+            knob = meta.get(name)
+            why = knob.check(value) if knob is not None else None
+            if why:
+                raise ValueError(f"{group}.{name}={why}")
+
+
+def resolve_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
+    """The Combo of a composed config. Fields that cannot matter are set to their defaults,
+    so that two configs measuring the same thing have one key: world_size for single-rank
+    backends, simulate_ep for EP backends, skew without zipf routing, graph_max_tokens
+    outside graph timing (auto replays graphs at every size). Knobs: only those the chosen backend and experts declare."""
+    from moebench.kernels import registry
+
+    b, m, r, w = cfg["backend"], cfg["model"], cfg["runner"], cfg["workload"]
+    single = registry.get_backend(b["name"]).single_rank if b["name"] in registry.BACKENDS else False
+    declared = set()
+    for kind, name in (("backend", b["name"]), ("experts", cfg["experts"]["name"])):
+        table = registry.BACKENDS if kind == "backend" else registry.EXPERTS
+        if name in table:
+            declared |= {(kind, k.name) for k in table[name].knobs}
+    knobs = tuple(sorted((k, cfg[g][k]) for g, k in declared))
+    timing = r["timing"]
+    return Combo(
+        backend=b["name"], experts=cfg["experts"]["name"], reduction=cfg["reduction"]["name"],
+        overlap=cfg["overlap"]["name"], quant=cfg["quant"]["name"], model=m["name"], hidden=m["hidden"],
+        intermediate=m["intermediate"], num_experts=m["num_experts"], topk=m["topk"],
+        num_shared_experts=m["num_shared_experts"], shared_intermediate=m["shared_intermediate"],
+        device=device or resolve_device(r["device"]),
+        world_size=1 if single else r["world_size"], simulate_ep=b["simulate_ep"] if single else 1,
+        shared_sm_carveout=cfg["overlap"]["shared_sm_carveout"],
+        routing=w["routing"], skew=float(w["skew"]) if w["routing"] == "zipf" else 1.2, seed=w["seed"],
+        timing=timing, graph_max_tokens=r["graph_max_tokens"] if timing == "graph" else 256,
+        l2_flush=r["l2_flush"], memory_budget=parse_bytes(r["memory_budget"]), trace=cfg["trace"]["name"],
+        knobs=knobs, reps=r["reps"], warmup=r["warmup"], warmup_ms=float(r["warmup_ms"]),
+        phase_reps=r["phase_reps"], timeout_s=float(r["timeout_s"]), startup_timeout_s=float(r["startup_timeout_s"]),
+        check=r["check"], memory=r["memory"],
+        trace_samples=cfg["trace"]["samples"], trace_dir=cfg["trace"]["dir"],
+    )
+
+
+def set_knobs(cfg: dict) -> list[str]:
+    """'backend.num_sms' for each knob the config sets off its default (for the check that
+    some chosen entry takes it)."""
+    meta = knob_meta()
+    return [f"{g}.{k}" for g in ("backend", "experts") for k, v in cfg[g].items()
+            if k in meta and v != meta[k].default]

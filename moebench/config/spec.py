@@ -1,0 +1,275 @@
+"""One definition of a combination: the frozen, typed `Combo`.
+
+Every field carries its role in metadata: whether it is part of the combination's
+identity (`identity`), whether a row stores it as a column of the same name
+(`column`), and the tag the label shows when it is off its default (`tag`). The
+combination key, the label, a row's identity columns, the loader's columns and
+`compare`'s matching all derive from these fields, so they cannot drift apart.
+
+Beside the fields, `knobs` holds the chosen entries' declared knobs (kernels/knobs.py:
+backend.num_sms, experts.row_layout, a plugin's own...), each an identity field and a
+column too. A field or knob at its default is left out of the key, so a knob or field
+added later keeps the keys of stored rows.
+
+A Combo is also a read-only mapping (`combo["backend"]`, `combo.get("num_sms")`): what
+an entry's `supports(combo)` reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+SCHEMA_VERSION = 2  # of the stored rows; moebench/migrate.py upgrades older ones
+
+_NO_DEFAULT = dataclasses.MISSING
+
+
+def _f(default: Any = _NO_DEFAULT, *, identity: bool = True, column: Optional[bool] = None,
+       tag: Optional[str] = None, doc: str = ""):
+    """A Combo field: `column` defaults to `identity` (every identity field is stored)."""
+    meta = {"identity": identity, "column": identity if column is None else column, "tag": tag, "doc": doc}
+    return field(default=default, metadata=meta) if default is not _NO_DEFAULT else field(metadata=meta)
+
+
+@dataclass(frozen=True)
+class Combo:
+    # the four axes
+    backend: str = _f(doc="all2all backend (backend=...)")
+    experts: str = _f(doc="expert implementation (experts=...)")
+    reduction: str = _f(doc="top-k weight-and-reduce placement: experts | finalize")
+    overlap: str = _f(doc="shared-expert overlap: none | dispatch | combine")
+    quant: str = _f(doc="bf16 | fp8_block | fp8_tensor")
+    # the layer
+    model: str = _f(doc="model name (conf/model/)")
+    hidden: int = _f(doc="K")
+    intermediate: int = _f(doc="I per routed expert")
+    num_experts: int = _f(doc="routed experts (global)")
+    topk: int = _f()
+    device: str = _f(doc="cpu | cuda (runner.device=auto resolved)")
+    num_shared_experts: int = _f(0)
+    shared_intermediate: int = _f(0, doc="I of one shared expert")
+    # where it runs
+    world_size: int = _f(1, tag="ws{}", doc="ranks (1 for single-rank backends)")
+    simulate_ep: int = _f(1, tag="sim_ep{}", doc="single-rank backends: one rank's share of EP-N")
+    shared_sm_carveout: int = _f(0, tag="carve{}", doc="SMs the shared experts' GEMMs leave free (CUDA)")
+    # workload
+    routing: str = _f("uniform", tag="{}", doc="uniform | balanced | zipf")
+    skew: float = _f(1.2, tag="skew{}", doc="zipf exponent (zipf routing only)")
+    seed: int = _f(0, tag="seed{}")
+    # how it is measured
+    timing: str = _f("auto", tag="{}", doc="requested timing: auto | events | graph | profiler")
+    graph_max_tokens: int = _f(256, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens")
+    l2_flush: bool = _f(True, tag="noflush")
+    memory_budget: int = _f(0, tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)")
+    trace: str = _f("none", tag="trace_{}", doc="none | nvtx | torch | nsys")
+    # the chosen entries' knobs, (name, value) sorted by name; each is identity and a column
+    knobs: tuple = _f((), column=False)
+    # settings that do not change what is measured, only how long and how often
+    reps: int = _f(30, identity=False)
+    warmup: int = _f(5, identity=False)
+    warmup_ms: float = _f(200.0, identity=False)
+    phase_reps: int = _f(10, identity=False)
+    timeout_s: float = _f(600.0, identity=False)
+    startup_timeout_s: float = _f(30.0, identity=False, doc="s for a process group to form (every rank joined)")
+    check: bool = _f(True, identity=False)
+    memory: bool = _f(True, identity=False)
+    trace_samples: int = _f(3, identity=False)
+    trace_dir: str = _f("traces", identity=False)
+
+    # -- mapping view (what supports(combo) reads) ----------------------------------
+    def __getitem__(self, name: str) -> Any:
+        if name in _FIELD_NAMES:
+            return getattr(self, name)
+        for k, v in self.knobs:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return name in _FIELD_NAMES or any(k == name for k, _ in self.knobs)
+
+    def keys(self) -> Iterator[str]:
+        yield from _FIELD_NAMES
+        yield from (k for k, _ in self.knobs)
+
+    @property
+    def options(self) -> dict:
+        """The knobs as KernelContext.options ({name: value})."""
+        return dict(self.knobs)
+
+    # -- identity ---------------------------------------------------------------------
+    def identity(self) -> dict:
+        """The fields and knobs that make the key: identity fields off their defaults (and
+        those without one), knobs off their defaults."""
+        out = {}
+        for f in IDENTITY_FIELDS:
+            v = getattr(self, f.name)
+            if f.default is _NO_DEFAULT or v != f.default:
+                out[f.name] = v
+        defaults = knob_defaults()
+        for k, v in self.knobs:
+            if k not in defaults or v != defaults[k]:
+                out[k] = v
+        return out
+
+    @property
+    def key(self) -> str:
+        """12 hex digits of sha1 over identity() as sorted JSON."""
+        return key_of(self.identity())
+
+    @property
+    def tags(self) -> list[str]:
+        """Label tags of the fields and knobs off their defaults (knobs last)."""
+        out = []
+        for f in IDENTITY_FIELDS:
+            tag, v = f.metadata["tag"], getattr(self, f.name)
+            if tag and f.default is not _NO_DEFAULT and v != f.default:
+                out.append(tag.format(v))
+        meta = knob_meta()
+        for k, v in self.knobs:
+            knob = meta.get(k)
+            if knob is not None and v != knob.default:
+                out.append(knob.label(v))
+        return out
+
+    @property
+    def knob_tags(self) -> str:
+        """'sms16 carve24': the tags of knobs (and the carveout) off their defaults."""
+        meta = knob_meta()
+        tags = [meta[k].label(v) for k, v in self.knobs if k in meta and v != meta[k].default]
+        if self.shared_sm_carveout:
+            tags.insert(0, f"carve{self.shared_sm_carveout}")
+        return " ".join(tags)
+
+    @property
+    def label(self) -> str:
+        head = f"{self.backend}/{self.experts}/{self.reduction}/{self.overlap}/{self.quant}/{self.model}"
+        return "/".join([head, *self.tags])
+
+    def columns(self) -> dict:
+        """A row's identity columns: every column field, then every built-in knob (None where
+        the chosen entries do not take it) and the chosen entries' own, plus combo_key, label
+        and knobs (tags)."""
+        out = {f.name: getattr(self, f.name) for f in COLUMN_FIELDS}
+        out.update({k: None for k in builtin_knobs()})
+        out.update(dict(self.knobs))
+        out.update(combo_key=self.key, label=self.label, knobs=self.knob_tags)
+        return out
+
+    def replace(self, **changes) -> "Combo":
+        return dataclasses.replace(self, **changes)
+
+
+_ALL_FIELDS = tuple(dataclasses.fields(Combo))
+_FIELD_NAMES = frozenset(f.name for f in _ALL_FIELDS)
+IDENTITY_FIELDS = tuple(f for f in _ALL_FIELDS if f.metadata["identity"] and f.name != "knobs")
+COLUMN_FIELDS = tuple(f for f in _ALL_FIELDS if f.metadata["column"])
+# the row columns a combination is stored as (knob columns beside them: knob_meta())
+IDENTITY_COLUMNS = tuple(f.name for f in COLUMN_FIELDS)
+RESERVED = _FIELD_NAMES | {"combo_key", "label", "tokens_per_rank", "name"}
+
+
+def key_of(identity: dict) -> str:
+    return hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def knob_meta() -> dict:
+    """Every registered knob by name (backends' and experts'): kernels/knobs.py."""
+    from moebench.kernels import registry
+
+    # a plugin's knob named like a field is disabled with the plugin; a built-in's is a bug
+    registry.refuse_knob_names(RESERVED, "moebench's own fields (moebench/spec.py)")
+    return {**registry.knobs("backend"), **registry.knobs("experts")}
+
+
+def builtin_knobs() -> dict:
+    """The knobs of moebench's own entries: columns of every row."""
+    from moebench.kernels import registry
+
+    return {**registry.knobs("backend", builtin_only=True), **registry.knobs("experts", builtin_only=True)}
+
+
+def knob_defaults() -> dict:
+    return {k: v.default for k, v in knob_meta().items()}
+
+
+def field_default(name: str) -> Any:
+    for f in _ALL_FIELDS:
+        if f.name == name:
+            return None if f.default is _NO_DEFAULT else f.default
+    raise KeyError(name)
+
+
+def from_row(row) -> Combo:
+    """The Combo a stored row (schema 2, a mapping of its columns) was measured as."""
+    kw = {}
+    for f in COLUMN_FIELDS:
+        v = row.get(f.name) if hasattr(row, "get") else row[f.name]
+        if v is None or (isinstance(v, float) and v != v):
+            if f.default is _NO_DEFAULT:
+                raise ValueError(f"row lacks identity column {f.name!r}")
+            v = f.default
+        kw[f.name] = _typed(f.type, v)
+    knobs = []
+    for name, knob in knob_meta().items():
+        v = row.get(name) if hasattr(row, "get") else None
+        if v is not None and not (isinstance(v, float) and v != v):
+            knobs.append((name, _typed(knob.type, v)))
+    return Combo(**kw, knobs=tuple(sorted(knobs)))
+
+
+def _typed(typ, value):
+    """Parquet hands back numpy scalars: the field's Python type again."""
+    t = typ if isinstance(typ, type) else {"int": int, "float": float, "str": str, "bool": bool}.get(str(typ), None)
+    if t is None:
+        return value
+    if t is bool:
+        return bool(value)
+    if t is int:
+        return int(value)
+    if t is float:
+        return float(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One planned combination: its spec, token counts, and why (some of) it cannot run."""
+
+    combo: Combo
+    tokens: tuple[int, ...]
+    overrides: tuple[str, ...] = ()
+    reason: Optional[str] = None  # why it cannot run (all token counts)
+    token_reasons: dict = field(default_factory=dict)  # tokens -> reason
+
+    @property
+    def key(self) -> str:
+        return self.combo.key
+
+    @property
+    def label(self) -> str:
+        return self.combo.label
+
+    @property
+    def runnable_tokens(self) -> list[int]:
+        if self.reason:
+            return []
+        return [t for t in self.tokens if t not in self.token_reasons]
+
+    @property
+    def family(self) -> tuple:
+        """Combinations of one family may share a process group: same ranks and device, and
+        what the backend's library sizes once per process (PrepareFinalize.process_group_family)."""
+        from moebench.kernels import registry
+
+        c = self.combo
+        return (c.world_size, c.device, *registry.get_backend(c.backend).process_group_family(c))

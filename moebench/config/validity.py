@@ -1,0 +1,117 @@
+"""The contract's validity rules (docs/design.md, "Validity"): a combination that fails one
+is a skipped row with its reason, never an exception. Rules of one entry live in that
+entry's `supports`; the rules here hold for every entry. And which timing runs for a token
+count (runner.timing: auto's choice between graph replays and held events)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from moebench.config.spec import Combo
+
+def validate(combo: Combo) -> Optional[str]:
+    """Reason this combination cannot run (every token count), or None."""
+    from moebench.kernels import registry
+
+    registry.discover()
+    b, e = combo.backend, combo.experts
+    if b not in registry.BACKENDS:
+        return registry.unavailable("backend", b)
+    if e not in registry.EXPERTS:
+        return registry.unavailable("experts", e)
+    B, X = registry.BACKENDS[b], registry.EXPERTS[e]
+    if B.activation_format != X.activation_format:
+        return (f"layouts differ: backend={b} produces the {B.activation_format.value} layout, "
+                f"experts={e} reads {X.activation_format.value}")
+    if B.activation_format.value == "batched" and combo.reduction != "finalize":
+        return f"batched backend={b} weights and reduces in its combine: only reduction=finalize"
+    if combo.overlap != "none" and combo.num_shared_experts == 0:
+        return f"overlap={combo.overlap} needs shared experts; model={combo.model} has none"
+    if combo.shared_sm_carveout and combo.num_shared_experts == 0:
+        return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} applies to shared experts; model={combo.model} has none"
+    if combo.shared_sm_carveout and combo.device != "cuda":
+        return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
+    E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep
+    if B.single_rank:
+        if E % sim:
+            return f"simulate_ep={sim} does not divide num_experts={E}"
+    else:
+        if ws < 2:
+            return f"backend={b} is an EP backend: it needs runner.world_size >= 2 (one rank per GPU)"
+        if E % ws:
+            return f"world_size={ws} does not divide num_experts={E}"
+    if combo.quant == "fp8_block" and (combo.hidden % 128 or combo.intermediate % 128):
+        return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {combo.intermediate})"
+    if combo.timing == "profiler" and combo.device != "cuda":
+        return "timing=profiler reports GPU kernel durations: it needs CUDA"
+    if combo.memory_budget and combo.device != "cuda":
+        return "runner.memory_budget caps the CUDA caching allocator: it needs CUDA"
+    for kind, name in (("backend", b), ("experts", e)):
+        reason = registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
+        if reason:
+            return reason
+    return None
+
+
+def graph_capturable(combo: Combo) -> Optional[str]:
+    """Why a forward of `combo` cannot be captured in a CUDA graph, or None."""
+    from moebench.kernels import registry
+
+    if combo.device != "cuda":
+        return "capturing a CUDA graph needs CUDA"
+    if not registry.get_backend(combo.backend).graph_capturable:
+        return f"backend={combo.backend} cannot be captured in a CUDA graph"
+    if not registry.get_experts(combo.experts).graph_capturable:
+        return f"experts={combo.experts} syncs the host (data-dependent sizes): no CUDA graph"
+    return None
+
+
+def auto_events(combo: Combo) -> Optional[str]:
+    """Why runner.timing=auto times eager forwards (held events) rather than CUDA-graph
+    replays for `combo`, or None where it replays graphs: a forward that cannot be captured,
+    one whose captured form does other work than the eager one (an entry's `graph_differs`),
+    or runner.memory_budget (a graph's private memory pool would count against the budget)."""
+    from moebench.kernels import registry
+
+    why = graph_capturable(combo)
+    if why:
+        return why
+    for kind, entry in (("backend", registry.get_backend(combo.backend)),
+                        ("experts", registry.get_experts(combo.experts))):
+        if entry.graph_differs:
+            return f"{kind}={getattr(combo, kind)}: a CUDA graph would do other work ({entry.graph_differs})"
+    if combo.memory_budget:
+        return "runner.memory_budget is set: a CUDA graph's private memory pool would count against it"
+    return None
+
+
+def timing_mode(combo: Combo, tokens: int) -> str:
+    """The timing that runs for `tokens` (docs/design.md, "Timing"): auto is CUDA-graph replays
+    wherever the layer can be captured and the graph does the eager forward's work (at any
+    size), held events elsewhere (auto_events); graph is replays at <= graph_max_tokens and
+    events above; events and profiler are themselves."""
+    if combo.timing == "auto":
+        return "graph" if auto_events(combo) is None else "events"
+    if combo.timing == "graph":
+        return "graph" if tokens <= combo.graph_max_tokens else "events"
+    return combo.timing
+
+
+def timing_note(combo: Combo, tokens: int) -> str:
+    """Why the timing that runs is not the replays the request would prefer ('' where it is):
+    the reason auto or graph times eager forwards."""
+    if combo.device != "cuda" or timing_mode(combo, tokens) != "events" or combo.timing == "events":
+        return ""
+    if combo.timing == "auto":
+        return f"auto timed eager forwards: {auto_events(combo)}"
+    return f"graph timing above runner.graph_max_tokens={combo.graph_max_tokens}: eager forwards"
+
+
+def validate_tokens(combo: Combo, tokens: int) -> Optional[str]:
+    """Reason one token count cannot run (e.g. over a batched buffer's cap)."""
+    from moebench.kernels import registry
+
+    if combo.timing == "graph" and tokens <= combo.graph_max_tokens:
+        why = graph_capturable(combo)
+        if why:
+            return f"timing=graph: {why}; use runner.timing=auto or events"
+    return registry.ask("backend", combo.backend, "token_limit", combo, tokens)

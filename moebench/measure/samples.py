@@ -1,0 +1,199 @@
+"""One rank's measurements of a built layer: correct first, then the timed samples (with
+the ablation's interleaved samples), the phase times and the memory peaks."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from moebench.measure import memory, timing
+from moebench.kernels.interfaces import NULL_PHASES
+from moebench.kernels.modular import MoEKernel
+from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
+
+
+def all_max(value: float, group, device) -> float:
+    """The max of `value` over the ranks of `group` (collective); `value` on one rank."""
+    if group is None:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+@dataclass(frozen=True)
+class RankSync:
+    """How each sample starts on this rank (timing.time_samples): None where not needed
+    (one rank, or no GPU)."""
+
+    barrier: Optional[Callable[[], None]]
+    flush: Optional[Callable[[], None]]
+    align: Optional[Callable[[], None]]
+    agree: Optional[Callable[[float], float]]
+    device: Optional[torch.device] = None  # where the samples run (a hold precedes each on a GPU)
+
+    def kwargs(self) -> dict:
+        """As keyword arguments of timing.time_samples / time_interleaved."""
+        return {"barrier": self.barrier, "flush": self.flush, "align": self.align, "agree": self.agree}
+
+
+def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
+    """barrier / flush / align / agree on this rank of `group`, as the harness starts its
+    samples (benchmarks/ use it too)."""
+    flush = timing.L2Flusher(device) if device.type == "cuda" and l2_flush else None
+    if group is None:
+        return RankSync(None, flush, None, None, device)
+
+    def barrier():
+        if device.type == "cuda":
+            dist.barrier(group=group, device_ids=[device.index])
+        else:
+            dist.barrier(group=group)
+
+    align = None
+    agree = lambda v: all_max(v, group, device)  # noqa: E731
+    if device.type == "cuda":
+        # a one-element all-reduce on the GPU: the ranks' devices leave it together, so
+        # each sample's start event fires at the same moment on every rank
+        one = torch.zeros(1, device=device)
+        align = lambda: dist.all_reduce(one, group=group)  # noqa: E731
+    return RankSync(barrier, flush, align, agree, device)
+
+
+def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device,
+          budget_bytes: int = 0) -> tuple[float, str]:
+    """(rel_err, reason): the layer's output against the float32 reference on `inputs`, the
+    max over ranks; reason is empty when within the quant's tolerance. The reference is
+    computed first, outside runner.memory_budget's cap (`budget_bytes`): the layer's forward
+    runs under it."""
+    x, w, ids = inputs
+    ref = reference_moe(x, w, ids, ref_weights, kept, shared_ref)
+    kernel.clear_workspaces()  # allocated under the cap, as in the forwards measured after it
+    with memory.capped(device, budget_bytes):
+        y = kernel(x, w, ids)
+    err = rel_err(y, ref)
+    del ref, y
+    err = all_max(err if err == err else float("inf"), group, device)
+    tol = TOLERANCE[quant]
+    return err, ("" if err <= tol else f"rel_err {err:.3g} > {tol:g} ({quant})")
+
+
+def _median(xs: list[float]) -> float:
+    return timing.Samples(xs).median if xs else float("nan")
+
+
+def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
+    """Spin cycles of the hold before each phase sample on a GPU (timing.lead_cycles),
+    measured with the phase recorder on, whose events cost enqueue time; 0 on the CPU.
+    Collective on several ranks. Call it before the timed samples: measuring idles the GPU
+    for ~100 ms, which the time-based warm-up then undoes."""
+    if device.type != "cuda":
+        return 0
+    kernel.phases = rec
+    try:
+        return timing.lead_cycles(fn, device, sync.agree)
+    finally:
+        kernel.phases = NULL_PHASES
+
+
+def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: int = 0) -> dict:
+    """Median µs per phase over `reps` forwards, each started as the timed samples are
+    (barrier, flush, align and a hold of `lead` spin cycles: without it a launch-bound phase
+    would carry the host's launch latency)."""
+    from moebench.traces.nvtx import sample_range
+
+    per_phase: dict[str, list[float]] = {}
+    kernel.phases = rec
+    # with NVTX on (trace=nvtx|nsys), each forward in its `sample/<i>` range, so that an Nsight
+    # Systems report of these samples gives per-sample phase figures as a torch trace does
+    nvtx = getattr(rec, "_nvtx", None) is not None
+    try:
+        start = timing.sample_start(sync.barrier, sync.flush, sync.align, lead)
+        for i in range(reps):
+            start()
+            rec.reset()
+            with sample_range(i, nvtx=True, record_function=False) if nvtx else nullcontext():
+                fn()
+            for name, us in rec.durations_us().items():
+                per_phase.setdefault(name, []).append(us)
+    finally:
+        kernel.phases = NULL_PHASES
+    return {name: _median(v) for name, v in per_phase.items()}
+
+
+@dataclass(frozen=True)
+class Timed:
+    samples_us: list
+    no_shared_samples_us: Optional[list]
+    shared_samples_us: Optional[list]
+    phases_us: dict
+    host_paced: int = 0  # of the layer's samples (timing.Samples.host_paced)
+
+
+def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool,
+               hold_us: Optional[float] = None) -> Timed:
+    """The layer's samples and, for the ablation, those of the layer without its shared
+    experts and of the shared experts alone, interleaved; then the phase samples. On a GPU
+    every sample waits behind a hold sized from `hold_us`, the host's enqueue time of one
+    eager forward (timing.time_interleaved), graph replays too, so that both see the GPU
+    busy alike."""
+    x, w, ids = inputs
+    fn = lambda: kernel(x, w, ids)  # noqa: E731
+    fns = [fn]
+    if kernel.shared is not None:
+        fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]
+    lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
+    timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,
+                                    align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree,
+                                    hold_us=hold_us)
+    phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else {}
+    shared = kernel.shared is not None
+    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases,
+                 timed[0].host_paced)
+
+
+def paced_mode(mode: str, host_us: float, host_paced: int, reps: int) -> str:
+    """The timing mode a GPU row reports: `host` where the host set the pace of the layer's
+    samples (a forward that syncs the host, whose enqueue outlasts timing.HOST_SYNCS_US, or
+    more than timing.HOST_PACED_MAX of the samples started on the GPU before the host had
+    enqueued them), so that its latency is never read as GPU time; else `mode`."""
+    if host_us > timing.HOST_SYNCS_US or (reps and host_paced > timing.HOST_PACED_MAX * reps):
+        return "host"
+    return mode
+
+
+def host_time_note(host_us: float, host_paced: int, reps: int) -> str:
+    """Why a row's latency is host time (its timing_mode `host`)."""
+    if host_us > timing.HOST_SYNCS_US:
+        return (f"the forward syncs the host (its enqueue takes {host_us / 1e3:.1f} ms behind a busy GPU): "
+                "the host paced every sample")
+    return (f"{host_paced} of {reps} samples started on the GPU before the host had enqueued them, "
+            "with the hold doubled twice: the host paced them")
+
+
+def host_enqueue(kernel: MoEKernel, inputs, device) -> float:
+    """µs the host takes to enqueue one eager forward while the GPU is busy, the median of
+    five (NaN on the CPU): the host time of the layer, a figure of its own beside the GPU
+    time, and what sizes the hold before each timed sample. Measure it before the timed
+    samples (it idles the GPU ~100 ms, which their warm-up undoes) and outside an nsys
+    capture (its spin kernels would land in the report)."""
+    if device.type != "cuda":
+        return float("nan")
+    x, w, ids = inputs
+    return timing.host_enqueue_us(lambda: kernel(x, w, ids), device)
+
+
+def memory_figures(kernel: MoEKernel, fn, tokens: int, device, setup_used, baseline_used) -> dict:
+    """Analytic workspace and peak, the allocator peak of one forward above what was
+    allocated before it, and the device-level peak above the context baseline (bytes)."""
+    out = {"workspace_bytes_analytic": float(kernel.workspace_bytes(tokens)),
+           "analytic_peak_bytes": float(kernel.analytic_peak_bytes(tokens))}
+    peak = memory.forward_peak_bytes(fn, device, kernel.clear_workspaces)
+    if peak is not None:
+        out["workspace_bytes_peak"] = float(peak)
+        if setup_used is not None and baseline_used is not None:
+            out["device_bytes_peak"] = float(setup_used - baseline_used + peak)
+    return out

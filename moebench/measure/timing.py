@@ -1,0 +1,305 @@
+"""Timing: CUDA events (or the host clock on CPU), CUDA-graph replay, raw
+samples with median / p20 / p80, an L2 flush between samples, ranks barriered
+before each sample, and a hold before each GPU sample so that the events time
+the GPU, not the host's launches."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD  # noqa: F401 (timing.<name>: the loop's thresholds)
+
+L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
+HOLD_RETRIES = 2  # samples retaken with a doubled hold when the GPU caught up with the host
+
+
+@dataclass
+class Samples:
+    """Raw per-sample times in µs; `host_paced` of them started on the GPU before the host
+    had enqueued the whole callable (their time may hold the host's launch gaps)."""
+
+    us: list[float]
+    host_paced: int = 0
+
+    def q(self, p: float) -> float:
+        return float(np.percentile(self.us, p)) if self.us else float("nan")
+
+    @property
+    def median(self) -> float:
+        return self.q(50)
+
+    @property
+    def p20(self) -> float:
+        return self.q(20)
+
+    @property
+    def p80(self) -> float:
+        return self.q(80)
+
+    @property
+    def spread(self) -> float:
+        """p80 / p20 (1.0 = no spread)."""
+        return self.p80 / self.p20 if self.us and self.p20 > 0 else float("nan")
+
+    @property
+    def host_paced_share(self) -> float:
+        return self.host_paced / len(self.us) if self.us else 0.0
+
+
+class L2Flusher:
+    """Writes a buffer larger than L2 so each sample starts with a cold cache."""
+
+    def __init__(self, device: torch.device):
+        self.buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_samples(
+    fn: Callable[[], object],
+    device: torch.device,
+    reps: int,
+    warmup: int,
+    barrier: Optional[Callable[[], None]] = None,
+    flush: Optional[Callable[[], None]] = None,
+    align: Optional[Callable[[], None]] = None,
+    graph: bool = False,
+    warmup_ms: float = 0.0,
+    agree: Optional[Callable[[float], float]] = None,
+    hold_us: Optional[float] = None,
+) -> Samples:
+    """Time fn() `reps` times after `warmup` calls (see time_interleaved)."""
+    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph, warmup_ms, agree, hold_us)[0]
+
+
+def time_interleaved(
+    fns: Sequence[Callable[[], object]],
+    device: torch.device,
+    reps: int,
+    warmup: int,
+    barrier: Optional[Callable[[], None]] = None,
+    flush: Optional[Callable[[], None]] = None,
+    align: Optional[Callable[[], None]] = None,
+    graph: bool = False,
+    warmup_ms: float = 0.0,
+    agree: Optional[Callable[[float], float]] = None,
+    hold_us: Optional[float] = None,
+) -> list[Samples]:
+    """Time several callables with their samples interleaved (A B C A B C ...),
+    so that drift (clocks, temperature, other tenants of the host) hits them
+    alike, which an ablation (the layer with and without its shared experts)
+    needs; one Samples per callable, µs.
+
+    CPU: the monotonic clock around each call (after `barrier` on several ranks).
+
+    GPU, one rank or several: CUDA events around each sample, and before each the
+    barrier (several ranks: all start together), the L2 flush, `align` (several
+    ranks: a one-element all-reduce on the GPU, so that the ranks' start events
+    fire together on the devices) and a **hold**: a spin kernel long enough for the
+    host to enqueue the whole callable before the GPU reaches the start event, so
+    the events time the GPU's work, never the host's launches (an eager MoE layer
+    takes the host 0.5-2 ms to enqueue, more than its GPU time at decode sizes).
+    The hold is `hold_us` of host enqueue time (the eager forward's, so that graph
+    replays and eager samples see the same GPU duty cycle) or, without it, each
+    callable's own (host_enqueue_us), times 1.25 plus 20 µs. A callable whose
+    enqueue outlasts HOST_SYNCS_US syncs the host: it gets no hold (none would help).
+
+    After enqueueing a sample the host asks whether the GPU already passed its start
+    event: if so, the GPU waited for the host inside that sample (`host_paced`).
+    Should any sample be host-paced while holds were on, every sample is taken
+    again with the holds doubled (HOLD_RETRIES times at most; with several ranks
+    the decision is agreed). One rank reads its events once at the end; several
+    ranks wait for each sample's end before the next barrier.
+
+    graph=True captures each callable in a CUDA graph and times its replays.
+
+    warmup_ms (GPU only): after the `warmup` calls, keep calling for about this
+    long, so that sampling starts at the clock the GPU sustains under this load
+    rather than at its idle boost (an H200 runs a GEMM ~10% faster in its first
+    tens of ms than after ~100 ms: docs/findings/timing.md). With several ranks,
+    `agree` (a max over the ranks) makes them run the same number of calls.
+    """
+    if graph:
+        fns = [_capture(fn, device, warmup) for fn in fns]
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    _sync(device)
+    if device.type != "cuda":
+        return _host_clock(fns, reps, barrier)
+    # before the time-based warm-up: measuring idles the GPU for 20 ms spins, long enough
+    # for the clock to climb back to its idle boost
+    if hold_us is None:
+        holds = [lead_cycles(fn, device, agree) for fn in fns]
+    else:
+        holds = [hold_cycles(agree(hold_us) if agree is not None else hold_us, device)] * len(fns)
+    if warmup_ms > 0:
+        warm_for(fns, device, warmup_ms, flush, agree)
+    for attempt in range(HOLD_RETRIES + 1):
+        out = _held_samples(fns, device, reps, holds, barrier, flush, align)
+        # only a held callable can be helped by a longer hold
+        paced = float(sum(s.host_paced for s, h in zip(out, holds) if h))
+        if agree is not None:
+            paced = agree(paced)
+        if not paced or not any(holds) or attempt == HOLD_RETRIES:
+            return out
+        holds = [2 * h for h in holds]
+    return out  # pragma: no cover (the loop returns)
+
+
+def _host_clock(fns, reps: int, barrier) -> list[Samples]:
+    out: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for j, fn in enumerate(fns):
+            if barrier is not None:
+                barrier()
+            t0 = time.perf_counter_ns()
+            fn()
+            out[j].append((time.perf_counter_ns() - t0) / 1e3)
+    return [Samples(o) for o in out]
+
+
+def _held_samples(fns, device, reps: int, holds: list[int], barrier, flush, align) -> list[Samples]:
+    """One pass of `reps` interleaved samples, each after its start (barrier, flush, align,
+    hold); µs and the count of host-paced samples per callable."""
+    several = barrier is not None
+    events: list[list[tuple]] = [[] for _ in fns]
+    starts = [sample_start(barrier, flush, align, h) for h in holds]
+    for _ in range(reps):
+        for j, fn in enumerate(fns):
+            starts[j]()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            paced = s.query()  # the GPU passed the start before the host had enqueued all of fn
+            e.record()
+            if several:
+                e.synchronize()
+            events[j].append((s, e, paced))
+    torch.cuda.synchronize(device)
+    return [Samples([s.elapsed_time(e) * 1e3 for s, e, _ in evs], sum(p for _, _, p in evs)) for evs in events]
+
+
+_CYCLES_PER_US: dict = {}
+
+
+def back_to_back_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """An independent reference for a timed callable (do_bench's way): `reps` calls enqueued
+    back to back between two events, no flush or host gap between them; the mean per call (µs)."""
+    with torch.cuda.device(device):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()
+    return s.elapsed_time(e) * 1e3 / reps
+
+
+def _cycles_per_us(device: torch.device) -> float:
+    """Clock cycles per µs of torch.cuda._sleep's spin, measured once per device."""
+    if device not in _CYCLES_PER_US:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        _CYCLES_PER_US[device] = 10_000_000 / (a.elapsed_time(b) * 1e3)
+    return _CYCLES_PER_US[device]
+
+
+def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int = 5) -> float:
+    """Median host time (µs) of calling fn() while the GPU has ~20 ms of work queued,
+    so no launch waits for the GPU: fn's pure enqueue cost, the median of `tries`
+    calls. A result above HOST_SYNCS_US means fn waits on the GPU (e.g. reads a count
+    back)."""
+    cyc = _cycles_per_us(device)
+    out = []
+    for _ in range(tries):
+        torch.cuda._sleep(int(20_000 * cyc))
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+        _sync(device)
+    return float(np.median(out))
+
+
+def hold_cycles(enqueue_us: float, device: torch.device) -> int:
+    """Spin cycles of the hold before a sample whose callable takes the host `enqueue_us`
+    to enqueue: 1.25 x that + 20 µs; 0 for a callable that syncs the host."""
+    if not enqueue_us <= HOST_SYNCS_US:  # NaN too: no measurement, no hold
+        return 0
+    return int((1.25 * enqueue_us + 20.0) * _cycles_per_us(device))
+
+
+def lead_cycles(fn, device, agree) -> int:
+    """The hold before each sample of fn (hold_cycles of its measured enqueue time; 0
+    when fn syncs the host). Calls fn `host_enqueue_us`'s tries, then `agree` once (the
+    same calls on every rank, whatever each measures)."""
+    us = host_enqueue_us(fn, device)
+    if agree is not None:
+        us = agree(us)
+    return hold_cycles(us, device)
+
+
+def sample_start(barrier=None, flush=None, align=None, lead: int = 0) -> Callable[[], None]:
+    """What precedes each GPU sample, outside its timing (timed, phase, profiler and trace
+    samples): the barrier, the L2 flush, the GPU alignment, then `lead` spin cycles of hold."""
+    def start() -> None:
+        if barrier is not None:
+            barrier()
+        if flush is not None:
+            flush()
+        if align is not None:
+            align()
+        if lead:
+            torch.cuda._sleep(lead)
+
+    return start
+
+
+def warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
+    """Call the callables (in turn, flushing L2 as sampling will) for ~warmup_ms."""
+    def one_round():
+        for fn in fns:
+            if flush is not None:
+                flush()
+            fn()
+
+    t0 = time.perf_counter()
+    one_round()
+    _sync(device)
+    round_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    n = float(min(10_000, math.ceil(warmup_ms / round_ms)))
+    if agree is not None:
+        n = agree(n)
+    for _ in range(int(n)):
+        one_round()
+    _sync(device)
+
+
+def _capture(fn: Callable[[], object], device: torch.device, warmup: int) -> Callable[[], None]:
+    """fn() captured once in a CUDA graph; returns its replay (launch gaps removed)."""
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):  # warm up outside the capture (allocator, autotuning)
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(s)
+    _sync(device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay

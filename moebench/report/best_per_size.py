@@ -1,0 +1,207 @@
+"""`moebench tune --results RUN`: the fastest valid combination per model x tokens per
+rank of a results run, its margin over the runner-up with an interval. Only rows whose
+latency is GPU time compete (report/flags.py figure_basis): host-time rows (the host paced
+the samples) and CPU rows are left out, and the command says how many.
+
+Competing: every `ok` combination (backend, experts, reduction, overlap and the knobs
+num_sms, dispatch_nvl_chunk, combine_nvl_chunk, shared_sm_carveout, row_layout) that
+shares the setting (model, quant, world size, simulate_ep, routing, timing mode,
+device) and the token count. `ok` rows passed the reference check. The margin is
+runner-up median / best median; its 95 % interval a bootstrap of that ratio of
+medians, resampling each row's `samples_us` (2,000 draws, seeded). A win is clear when
+the interval's low end is above 1. Rows are told apart by `combo_key`; a combination
+stored twice at one size counts once (the last written).
+
+Writes <out>/best_per_size.json and <out>/best_per_size.png (default out: <RUN>/report, or for
+a run committed under results/ `runs/reports/<its path>/report`, as `moebench report` does).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+# what must match for two rows to compete
+SETTING = ["model", "quant", "world_size", "simulate_ep", "routing", "timing_mode", "device"]
+AXES = ["backend", "experts", "reduction", "overlap"]
+KNOBS = ["num_sms", "dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout", "row_layout"]
+KNOB_DEFAULTS = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto"}
+DRAWS = 2000
+
+
+def ratio_interval(best_us, runner_us, draws: int = DRAWS, seed: int = 0, conf: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of median(runner) / median(best) (NaN, NaN without samples)."""
+    a, b = np.asarray(best_us, dtype=float), np.asarray(runner_us, dtype=float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ma = np.median(rng.choice(a, size=(draws, len(a))), axis=1)
+    mb = np.median(rng.choice(b, size=(draws, len(b))), axis=1)
+    r = mb / ma
+    lo, hi = np.quantile(r, [(1 - conf) / 2, 1 - (1 - conf) / 2])
+    return float(lo), float(hi)
+
+
+def knobs_of(row) -> str:
+    """'sms16 carve24 gathered': the knobs off their defaults (columns where the run has
+    them, else the tags load_run read from the label)."""
+    if not any(k in row.index and _present(row[k]) for k in KNOBS):
+        return str(row.get("knobs", "") or "")
+    tags = []
+    if row.get("backend") == "deepep_ht" and _present(row.get("num_sms")):
+        tags.append(f"sms{int(row['num_sms'])}")
+    for k, tag in (("dispatch_nvl_chunk", "dchunk"), ("combine_nvl_chunk", "cchunk"), ("shared_sm_carveout", "carve")):
+        if _present(row.get(k)) and int(row[k]) != KNOB_DEFAULTS[k]:
+            tags.append(f"{tag}{int(row[k])}")
+    if _present(row.get("row_layout")) and row["row_layout"] != "auto":
+        tags.append(str(row["row_layout"]))
+    return " ".join(tags)
+
+
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v is not pd.NA
+
+
+def combination(row) -> str:
+    """'local/triton red=experts ovl=none sms16' (what a cell of the table names)."""
+    s = f"{row['backend']}/{row['experts']} red={row['reduction']} ovl={row['overlap']}"
+    k = knobs_of(row)
+    return f"{s} {k}" if k else s
+
+
+def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting x tokens_per_rank: the best ok combination, its median (µs),
+    the runner-up's, the margin with its interval, and how many competed."""
+    from moebench.report.load import latest_rows
+
+    from moebench.report.flags import figure_basis, GPU
+
+    ok = latest_rows(df)
+    ok = ok[ok["status"] == "ok"]
+    ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
+    if ok.empty:
+        raise ValueError("no ok rows in this run: nothing to rank (run `moebench report RUN` for the failures)")
+    basis = [figure_basis(r) for r in ok.to_dict("records")]
+    left_out = [why for b, why in basis if b != GPU]
+    ok = ok[[b == GPU for b, _ in basis]]
+    if ok.empty:
+        raise ValueError(f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; "
+                         "measure on a GPU with runner.timing=auto")
+    setting = [c for c in SETTING if c in ok.columns]
+    rows = []
+    for key, g in ok.groupby(setting + ["tokens_per_rank"], sort=True, dropna=False):
+        g = g.sort_values(["latency_us_median", "combo_key"], kind="stable")
+        first = g.iloc[0]
+        row = dict(zip(setting + ["tokens_per_rank"], key))
+        row.update({k: first[k] for k in AXES})
+        row["knobs"] = knobs_of(first)
+        row["combination"] = combination(first)
+        row["combo_key"] = first["combo_key"]
+        row["best_us"] = float(first["latency_us_median"])
+        row["candidates"] = len(g)
+        if len(g) > 1:
+            second = g.iloc[1]
+            row["runner_up"] = combination(second)
+            row["runner_up_us"] = float(second["latency_us_median"])
+            row["margin"] = row["runner_up_us"] / row["best_us"]
+            lo, hi = ratio_interval(_samples(first), _samples(second))
+            row["margin_lo"], row["margin_hi"] = lo, hi
+        else:
+            row.update(runner_up="", runner_up_us=float("nan"), margin=float("nan"), margin_lo=float("nan"),
+                       margin_hi=float("nan"))
+        row["clear_win"] = bool(row["margin_lo"] > 1.0) if math.isfinite(row["margin_lo"]) else False
+        rows.append(row)
+    best = pd.DataFrame(rows)
+    best.attrs["left_out"] = left_out  # why each ok row that did not compete was left out
+    return best
+
+
+def _samples(row) -> list:
+    s = row.get("samples_us")
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return []
+    return [float(v) for v in s]
+
+
+def _setting_label(r, vary: list[str]) -> str:
+    parts = [str(r["model"]), str(r["quant"])]
+    parts += [f"{c}={r[c]}" for c in vary if c not in ("model", "quant")]
+    return " ".join(parts)
+
+
+def table(best: pd.DataFrame) -> str:
+    """Markdown, one row per setting x tokens; the rows' text escaped (moebench/mdsafe.py md_text)."""
+    from moebench.report.mdsafe import md_text
+
+    vary = [c for c in SETTING if c in best.columns and best[c].astype(str).nunique() > 1]
+    lines = ["| setting | tokens | best | µs | runner-up | µs | margin [95 % CI] | clear | n |",
+             "|---|---:|---|---:|---|---:|---|:-:|---:|"]
+    for _, r in best.iterrows():
+        m = "–" if not math.isfinite(r["margin"]) else (
+            f"{r['margin']:.3f}" + (f" [{r['margin_lo']:.3f}, {r['margin_hi']:.3f}]" if math.isfinite(r["margin_lo"]) else ""))
+        ru = f"{r['runner_up_us']:.1f}" if math.isfinite(r["runner_up_us"]) else "–"
+        lines.append(f"| {md_text(_setting_label(r, vary))} | {int(r['tokens_per_rank'])} | {md_text(r['combination'])} | "
+                     f"{r['best_us']:.1f} | {md_text(r['runner_up']) if r['runner_up'] else '–'} | {ru} | {m} | "
+                     f"{'yes' if r['clear_win'] else 'no'} | {int(r['candidates'])} |")
+    return "\n".join(lines)
+
+
+def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
+    """Settings x tokens; colour: the margin; each cell: the winner, its margin and interval."""
+    from matplotlib.figure import Figure
+
+    from moebench.util.pngfile import save_figure
+
+    vary = [c for c in SETTING if c in best.columns and best[c].astype(str).nunique() > 1]
+    best = best.assign(setting=[_setting_label(r, vary) for _, r in best.iterrows()])
+    settings = list(dict.fromkeys(best["setting"]))
+    tokens = sorted({int(t) for t in best["tokens_per_rank"]})
+    grid = np.full((len(settings), len(tokens)), np.nan)
+    fig = Figure(figsize=(max(6.0, 2.3 * len(tokens)), max(2.5, 1.1 * len(settings) + 1.2)))
+    ax = fig.add_subplot(1, 1, 1)
+    texts = []
+    for _, r in best.iterrows():
+        i, j = settings.index(r["setting"]), tokens.index(int(r["tokens_per_rank"]))
+        grid[i, j] = r["margin"] if math.isfinite(r["margin"]) else 1.0
+        ci = f"\n[{r['margin_lo']:.2f}, {r['margin_hi']:.2f}]" if math.isfinite(r["margin_lo"]) else ""
+        mtxt = f"x{r['margin']:.2f}" if math.isfinite(r["margin"]) else "alone"
+        name = f"{r['backend']}/{r['experts']}\nred={r['reduction']} ovl={r['overlap']}" + (f"\n{r['knobs']}" if r["knobs"] else "")
+        texts.append((j, i, f"{name}\n{mtxt}{ci}", r["clear_win"], grid[i, j]))
+    im = ax.imshow(grid, cmap="Greens", vmin=1.0, vmax=max(1.2, float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.2),
+                   aspect="auto")
+    dark = im.norm.vmin + 0.6 * (im.norm.vmax - im.norm.vmin)
+    for j, i, txt, clear, v in texts:
+        ax.text(j, i, txt, ha="center", va="center", fontsize=7, fontweight="bold" if clear else "normal",
+                color="white" if v > dark else "black")
+    ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+    ax.set_yticks(range(len(settings)), settings)
+    ax.set_xlabel("tokens per rank")
+    ax.set_title("best combination per size: margin = runner-up / best median (bold: 95 % CI above 1)")
+    fig.colorbar(im, ax=ax, label="margin over the runner-up")
+    return save_figure(fig, path, bbox_inches="tight")
+
+
+def results_command(run: str, out: Optional[str]) -> int:
+    from moebench.report.load import load_run
+    from moebench.report.document import report_out
+    from moebench.util.safe_write import refuse_links, write_text
+
+    df, _ = load_run(run)
+    best = best_per_size(df)
+    out_dir = report_out(run, out)  # no link below the run folder or --out (moebench/safe_write.py)
+    refuse_links(out_dir, ["best_per_size.json", "best_per_size.png"])  # before anything is written
+    records = json.loads(best.to_json(orient="records"))
+    write_text(out_dir / "best_per_size.json",
+               json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")
+    png = heatmap(best, out_dir / "best_per_size.png")
+    print(table(best))
+    if best.attrs.get("left_out"):
+        why = best.attrs["left_out"]
+        print(f"\nnot ranked: {len(why)} ok row(s) whose latency is no GPU time ({why[0]})")
+    print(f"\n{out_dir / 'best_per_size.json'}, {png}")
+    return 0

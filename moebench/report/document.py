@@ -1,0 +1,290 @@
+"""The reports: a run's (``<run>/report/report.md`` + PNGs) and a comparison's, the verdict
+first (report/verdict.py). Each report is a ``Doc``: markdown blocks for report.md, the
+tables for csv, a JSON document; ``write`` puts them on disk.
+
+Every file goes through moebench/safe_write.py: the report folder is made with ``report_out``
+(no link below the run folder or --out), the names a report writes are checked for links
+before any work (``check_outputs``), and each file is opened without following one. Text read
+from the runs is escaped where it enters the Markdown (moebench/mdsafe.py md_text).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from moebench.report.mdsafe import md_text
+from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
+from moebench.report import plots, run_tables as tables
+from moebench.report.compare import compare_runs, Comparison
+from moebench.report.verdict import exit_status
+from moebench.report.compare_tables import latency_pairs, memory_pairs, unmatched
+from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
+from moebench.report.flags import flag_summary, pair_flags, run_notes
+from moebench.report.load import load_run
+from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
+from moebench.report.table import Table, to_json
+from moebench.report.verdict import frame_names, verdict_lines, verdict_record
+
+FORMATS = ("md", "csv", "json")
+
+
+@dataclass
+class Doc:
+    """A report: markdown blocks, its tables by name (the first is what csv prints), the
+    JSON document, and the exit status it implies."""
+
+    blocks: list[str]
+    tables: dict[str, Table]
+    data: dict
+    code: int = 0
+    head: list[str] = field(default_factory=list)  # what stdout shows first in markdown
+    stdout_md: str = ""  # what stdout shows in markdown, when not the head and the first table
+
+    def markdown(self) -> str:
+        return "\n\n".join(b for b in self.blocks if b) + "\n"
+
+
+@dataclass
+class Report:
+    """What build_report made: the report path, the rows, env and the comparison."""
+
+    path: Path
+    df: pd.DataFrame
+    env: dict
+    comparison: Comparison | None
+    doc: Doc | None = None
+
+
+def run_summary(df: pd.DataFrame) -> str:
+    """'run r1 (sweep s) · 21 rows · 7 combinations · 2026-01-01 … 2026-01-02'."""
+    runs = ", ".join(sorted({md_text(r) for r in df["run_id"].dropna()})) or "?"
+    sweeps = ", ".join(sorted({md_text(s) for s in df["sweep"].dropna()})) or "?"
+    text = (f"run {runs} (sweep {sweeps}) · {len(df)} rows · "
+            f"{df['combo_key'].nunique()} combinations")
+    stamps = df["timestamp"].dropna().astype(str)
+    if len(stamps):
+        text += f" · {md_text(stamps.min())} … {md_text(stamps.max())}"
+    return text
+
+
+def run_root(path) -> Path:
+    """The run directory for a run dir, a rows/ file or a loose parquet file."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == "rows" else path.parent
+
+
+def committed_results() -> Path:
+    """The repository's curated results/ tree (what a commit carries)."""
+    from moebench.config.paths import REPO_ROOT
+
+    return REPO_ROOT / "results"
+
+
+def default_report_dir(run_dir, *sub: str) -> Path:
+    """Where a report of `run_dir` goes without --out: `<run>/report/<sub>`, except for a run
+    inside the repository's committed results/, whose reports are part of the commit: those
+    go to `<runs>/reports/<its path under results/>/report/<sub>` (stderr says so, and how to
+    update the committed one), so that reading a committed run changes no tracked file."""
+    root = run_root(run_dir).resolve()
+    results = committed_results().resolve()
+    try:
+        rel = root.relative_to(results)
+    except ValueError:
+        return run_root(run_dir).joinpath("report", *sub)
+    from moebench.config.paths import default_runs_dir  # where sweeps write (MOEBENCH_RUNS, else runs/)
+
+    dest = default_runs_dir().joinpath("reports", rel, "report", *sub)
+    committed = Path("results").joinpath(rel, "report", *sub)
+    print(f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
+          "the committed report)", file=sys.stderr)
+    return dest
+
+
+def report_out(run_dir, out=None, *sub: str) -> Path:
+    """The report folder, made without following a link below the folder the user named
+    (moebench/safe_write.py): ``out`` as given (itself may be a link: the user named it), else
+    ``default_report_dir(run_dir, *sub)`` below the run folder (a link at `report/` or below is
+    refused, one line, exit 2), or below the runs folder for a committed run."""
+    if out is not None:
+        return safe_dir(out)
+    dest = default_report_dir(run_dir, *sub)
+    root = run_root(run_dir)
+    if dest.is_relative_to(root):
+        return safe_dir(root, *dest.relative_to(root).parts)
+    from moebench.config.paths import default_runs_dir
+
+    return safe_dir_below(default_runs_dir(), dest)
+
+
+# what a report folder receives: report.md, its plots, and the tables of --format csv / json
+REPORT_FILES = ("report.md", "latency.png", "phases.png", "overlap.png", "workspace.png", "comparison.png",
+                "comparison_latency.png", "comparison_workspace.png")
+TABLE_FILES = {"csv": ("rows.csv", "comparison.csv", "memory.csv", "only_baseline.csv", "only_candidate.csv"),
+               "json": ("report.json",)}
+
+
+def check_outputs(out: Path, fmt: str = "md") -> None:
+    """Refuse (LinkRefused, exit 2) before any work when a file the report writes into ``out``
+    is a symbolic link: nothing is written then."""
+    refuse_links(out, REPORT_FILES + TABLE_FILES.get(fmt, ()))
+
+
+def _image(path: Path | None, alt: str) -> str:
+    return f"![{alt}]({path.name})" if path is not None else ""
+
+
+def _results_root(path: Path) -> Path | None:
+    for d in [path.resolve(), *path.resolve().parents]:
+        if d.name == "results":
+            return d
+    return None
+
+
+def _quality_section(lines: list[str], caveat_blocks: list[str]) -> list[str]:
+    if not lines and not caveat_blocks:
+        return []
+    return ["## Data quality", "\n".join(f"- {x}" for x in lines), *caveat_blocks]
+
+
+def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool = True) -> Doc:
+    """A single run's report; PNGs written into ``out``."""
+    here, root = run_root(run_dir), _results_root(run_root(run_dir))
+    # a run inside a results/ tree is named by its path there (ep_backends/deepep_ht), else its folder
+    name = here.resolve().relative_to(root).as_posix() if root and here.resolve() != root else here.name
+    name = md_text(name)  # a folder's name: text like any other read from the run
+    quality = quality_lines(df, env, run_dir)
+    cav = caveats([run_root(run_dir)], root)
+    summary = reviewer_summary(df, quality + cav)
+    rows = rows_table(df)
+    blocks = ([f"# moebench report: {name}"] if title else [f"## This run: {name}"]) + [
+        "\n".join(summary),
+        f"Environment: {env_summary(env, df)}  \n{run_summary(df)}",
+        *_quality_section(quality, cav),
+        "## Status", tables.status_table(df), tables.reasons_table(df),
+        "## Latency", tables.latency_table(df),
+        _image(plots.plot_latency(df, out / "latency.png"), "latency vs tokens per rank"),
+        *(["## Host time per forward", host] if (host := tables.host_table(df)) else []),
+        "## Phase breakdown", tables.phase_table(df),
+        _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
+        "## Shared-expert overlap", tables.overlap_table(df),
+        _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
+        *(["## Traces", traces] if (traces := tables.traces_table(df)) else []),
+        "## Memory", tables.memory_table(df),
+        _image(plots.plot_workspace(df, out / "workspace.png"), "workspace of one forward"),
+        "## Experts against the roofline", tables.roofline_table(df),
+    ]
+    data = {"run": name, "environment": env_summary(env, df), "summary": summary, "data_quality": quality,
+            "rows": rows}
+    text = "\n\n".join(["\n".join(summary), f"Environment: {env_summary(env, df)}",
+                        tables.status_table(df), tables.latency_table(df)])
+    return Doc(blocks, {"rows": rows}, data, 0, summary, text)
+
+
+def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
+                   frames: tuple[pd.DataFrame, ...] = (), envs: tuple[dict, ...] = ()) -> Doc:
+    """A comparison's report: the verdict, environments, data quality, the pairs, memory,
+    the rows on one side only; PNGs written into ``out``."""
+    code, why = exit_status(cmp, fail_on)
+    lat, mem = latency_pairs(cmp), memory_pairs(cmp)
+    only_b = unmatched(cmp.only_baseline, "only_baseline")
+    only_c = unmatched(cmp.only_candidate, "only_candidate")
+    quality = []
+    if len(cmp.matched):
+        quality += flag_summary(pair_flags(cmp.matched), frame_names(cmp.matched))
+    names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
+    for df, env, name in zip(frames, envs, names):  # the pairs' flags hold the rows' own: provenance here
+        quality += [x for x in run_notes(df, env, name) if x not in quality]
+    cav = caveats([run_root(d) for d in run_dirs], _results_root(run_root(run_dirs[0])))
+    verdict = verdict_lines(cmp, code, why, quality + cav)
+    if cmp.axis is not None:
+        title = (f"# moebench compare: {md_text(run_root(run_dirs[0]).name)}, "
+                 f"{md_text(f'{cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}')}")
+        envs_text = f"Environment: {env_summary(cmp.cand_env, frames[0] if frames else None)}"
+    else:
+        title = f"# moebench compare: {cmp.candidate_name} vs {cmp.baseline_name}"
+        envs_text = (f"Baseline ({cmp.baseline_name}): {env_summary(cmp.base_env, frames[0] if frames else None)}  \n"
+                     f"Candidate ({cmp.candidate_name}): {env_summary(cmp.cand_env, frames[1] if len(frames) > 1 else None)}")
+    blocks = [title, "\n".join(verdict), envs_text, *_quality_section(quality, cav),
+              "## Latency", lat.markdown(),
+              _image(plots.plot_comparison(cmp, out / "comparison.png"), "latency change per row with its interval"),
+              _image(plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
+                     "baseline and candidate latency"),
+              "## Memory", mem.markdown(),
+              _image(plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
+                     if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any() else None,
+                     "workspace change per row"),
+              f"## Only in {cmp.baseline_name}", only_b.markdown(),
+              f"## Only in {cmp.candidate_name}", only_c.markdown()]
+    data = {"verdict": verdict_record(cmp, code, why), "verdict_lines": verdict, "data_quality": quality,
+            "comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c}
+    return Doc(blocks, {"comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c},
+               data, code, verdict)
+
+
+def write(doc: Doc, out: Path, fmt: str = "md") -> Path:
+    """report.md always; with csv each table as <name>.csv, with json report.json; ``out`` made
+    by ``report_out`` (or safe_write.safe_dir), each file written without following a link."""
+    path = replace_text(out / "report.md", doc.markdown())
+    if fmt == "csv":
+        for name, t in doc.tables.items():
+            write_text(out / f"{name}.csv", t.csv())
+    if fmt == "json":
+        write_text(out / "report.json", to_json(doc.data) + "\n")
+    return path
+
+
+def stdout_text(doc: Doc, fmt: str) -> str:
+    """What the command prints: the verdict (or summary) then the main table in
+    markdown; the main table as csv; the whole document as JSON."""
+    if fmt == "csv":
+        return next(iter(doc.tables.values())).csv()
+    if fmt == "json":
+        return to_json(doc.data)
+    if doc.stdout_md:
+        return doc.stdout_md
+    main = next(iter(doc.tables.values()))
+    return "\n".join(doc.head) + "\n\n" + main.markdown()
+
+
+def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, fmt: str = "md",
+                 fail_on=None, cpu_verdict: bool = False) -> Report:
+    """Write report.md and its PNGs for ``run_dir``; with ``baseline`` (a run path) the
+    comparison comes first and the run's own sections follow. ``out_dir`` defaults to
+    ``<run>/report``."""
+    from moebench.report.verdict import DEFAULT_FAIL_ON
+
+    run_dir = Path(run_dir)
+    df, env = load_run(run_dir)
+    out = report_out(run_dir, out_dir)
+    check_outputs(out, fmt)
+    if baseline is None:
+        doc = run_doc(df, env, run_dir, out)
+        return Report(write(doc, out, fmt), df, env, None, doc)
+    base_df, base_env = load_run(baseline)
+    cmp = compare_runs(base_df, df, threshold=threshold, cpu_verdict=cpu_verdict)
+    cmp.base_env, cmp.cand_env = base_env, env
+    cmp.baseline_name, cmp.candidate_name = run_names(Path(baseline), run_dir)
+    doc = comparison_doc(cmp, out, [Path(baseline), run_dir], DEFAULT_FAIL_ON if fail_on is None else fail_on,
+                         (base_df, df), (base_env, env))
+    own = run_doc(df, env, run_dir, out, title=False)
+    doc.blocks += own.blocks
+    return Report(write(doc, out, fmt), df, env, cmp, doc)
+
+
+def run_names(base: Path, cand: Path) -> tuple[str, str]:
+    """Short names of two runs: their folder names, with the parent's where those agree; as
+    Markdown (md_text: a folder's name is text read from the run like any other)."""
+    a, b = run_root(base), run_root(cand)
+    if a.name != b.name:
+        return md_text(a.name), md_text(b.name)
+    return md_text(f"{a.parent.name}/{a.name}"), md_text(f"{b.parent.name}/{b.name}")
+
+
+def write_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05) -> Path:
+    """Write ``<out_dir or run/report>/report.md`` with PNGs beside it; return its path."""
+    return build_report(run_dir, out_dir, baseline, threshold).path

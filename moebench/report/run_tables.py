@@ -1,0 +1,393 @@
+"""Markdown tables over a run's rows (see load.load_run).
+
+The latency table is laid out like ``torch.utils.benchmark.Compare``: one row per
+combination, one column per tokens_per_rank, each cell ``median (p20–p80)`` in µs, the
+fastest combination of each workload (model, quant-independent, world size) in bold.
+"""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import numpy as np
+import pandas as pd
+
+from moebench.config import plugins
+from moebench.report.load import constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
+from moebench.report.table import md_escape, md_table, md_text  # noqa: F401  (tables' names, kept for callers)
+
+MIB = 1024.0 * 1024.0
+MAX_REASON_CHARS = 160
+
+
+def fmt_us(x: float) -> str:
+    """A time in µs with ~4 significant digits (412.3, 41.23, 4.123); NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:.0f}"
+    if abs(x) >= 100:
+        return f"{x:.1f}"
+    if abs(x) >= 10:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def fmt_short(x: float) -> str:
+    """A bound of an interval, one digit less precise than fmt_us (405, 40.5, 4.05)."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def fmt_interval(median: float, p20: float, p80: float) -> str:
+    """'412.3 (405–420)': median with its p20–p80 interval, all in µs."""
+    if not np.isfinite(median):
+        return "-"
+    if not (np.isfinite(p20) and np.isfinite(p80)):
+        return fmt_us(median)
+    return f"{fmt_us(median)} ({fmt_short(p20)}–{fmt_short(p80)})"
+
+
+def fmt_mib(nbytes: float) -> str:
+    """Bytes as MiB (1 decimal above 100 MiB, 3 below 1 MiB, else 2); NaN as '-'."""
+    if nbytes is None or not np.isfinite(nbytes):
+        return "-"
+    mib = nbytes / MIB
+    return f"{mib:.1f}" if abs(mib) >= 100 else f"{mib:.2f}" if abs(mib) >= 1 else f"{mib:.3f}"
+
+
+def fmt_frac(x: float) -> str:
+    """A fraction in [0, 1] as a percentage; NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    return f"{100 * x:.0f}%"
+
+
+def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
+    """'31% [22–40]': a fraction with its interval in percent; without one (older rows,
+    too few samples) the fraction alone; NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return fmt_frac(x)
+    return f"{fmt_frac(x)} [{100 * lo:.0f}–{100 * hi:.0f}]"
+
+
+def md_value(v) -> str:
+    """A value read from the rows as a markdown cell or phrase: fmt_value, escaped (md_text)."""
+    text = fmt_value(v)
+    return text if text == "-" else md_text(text)
+
+
+def _combo_cells(row, cols: list[str]) -> list[str]:
+    return [md_value(row[c]) for c in cols]
+
+
+def _caption(df: pd.DataFrame, unit: str) -> str:
+    extra = constant_caption(df)
+    return unit + (f" All rows: {md_text(extra)}." if extra else "")
+
+
+def latency_table(df: pd.DataFrame) -> str:
+    """Median latency (µs) with p20–p80 per combination (rows) x tokens_per_rank (cols).
+
+    Non-ok rows show their status; combinations with no ok row are left out (the status
+    summary lists them). The fastest ok cell of each (model, world_size) group and token
+    count is bold.
+    """
+    df = latest_rows(df)
+    df = df[df["tokens_per_rank"].notna()]
+    ok_keys = set(df.loc[df["status"] == "ok", "combo_key"])
+    df = df[df["combo_key"].isin(ok_keys)]
+    if not len(df):
+        return "_No ok rows to tabulate._"
+    tokens = sorted(int(t) for t in df["tokens_per_rank"].unique())
+    cols = [c for c in display_columns(df) if c not in PER_ROW_COLUMNS]  # a row's, not a combination's
+    # Fastest per workload: the same model and world size see the same tokens; only GPU
+    # time competes (a host-time cell is marked, never bold)
+    from moebench.report.flags import figure_basis, GPU
+
+    ok = df[df["status"] == "ok"]
+    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
+    gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
+    best = gpu_ok.groupby(["model", "world_size", "tokens_per_rank"])["latency_us_median"].min()
+    marked = False
+    rows = []
+    for key, g in df.groupby("combo_key", sort=False):
+        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        cells = []
+        for t in tokens:
+            r = by_t.get(t)
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(md_text(r["status"]))
+            else:
+                cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
+                                    r["latency_us_p80"])
+                if basis.get(r.name) == "host":
+                    cell, marked = f"{cell} †", True
+                elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((r["model"], r["world_size"], t)):
+                    cell = f"**{cell}**"
+                cells.append(cell)
+        rows.append(_combo_cells(g.iloc[0], cols) + cells)
+    table = md_table(cols + [str(t) for t in tokens], rows,
+                     ["l"] * len(cols) + ["r"] * len(tokens))
+    caption = _caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
+                           "max over ranks; columns are tokens per rank; bold is the fastest "
+                           "per model and world size." + (" † host time (the host paced the samples; see "
+                                                          "Data quality), never ranked." if marked else ""))
+    return f"{table}\n\n{caption}{timing_note(df)}"
+
+
+def host_table(df: pd.DataFrame) -> str:
+    """The host's time to enqueue one eager forward (µs, median of five, behind a busy GPU)
+    per combination x tokens: a figure of its own beside the GPU time. An eager layer whose
+    enqueue exceeds its GPU time leaves an engine's GPU idle; '' without measurements."""
+    df = latest_rows(df)
+    ok = df[(df["status"] == "ok") & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
+    if not len(ok):
+        return ""
+    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
+    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
+    rows = []
+    for _, g in ok.groupby("combo_key", sort=False):
+        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        cells = []
+        for t in tokens:
+            r = by_t.get(t)
+            cells.append("" if r is None else f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}")
+        rows.append(_combo_cells(g.iloc[0], cols) + cells)
+    table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
+    held = ok["host_paced_samples"].notna().all() if "host_paced_samples" in ok.columns else False
+    how = ("the latency is the GPU's: each sample waited behind a hold until the host had enqueued it" if held else
+           "rows timed before each sample had its hold may read the host in their latency (Data quality)")
+    return f"{table}\n\n" + _caption(ok, "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
+                                          f"kept busy) beside the row's latency; {how}.")
+
+
+def timing_note(df: pd.DataFrame) -> str:
+    """' Timing that ran: graph at 16, 64 tokens; events at 4096.' where a table's columns
+    of tokens mix modes (graph timing runs events above runner.graph_max_tokens)."""
+    ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    if "timing_mode" not in ok.columns or ok["timing_mode"].map(fmt_value).nunique() <= 1:
+        return ""
+    parts = []
+    for mode, g in ok.groupby(ok["timing_mode"].map(fmt_value), sort=True):
+        parts.append(f"{md_text(mode)} at {', '.join(str(int(t)) for t in sorted(g['tokens_per_rank'].unique()))}")
+    return f" Timing that ran (timing_mode): {'; '.join(parts)} tokens."
+
+
+def status_table(df: pd.DataFrame) -> str:
+    """Counts per status: rows and distinct combinations."""
+    g = df.groupby("status", sort=True)
+    counts = pd.DataFrame({"rows": g.size(), "combinations": g["combo_key"].nunique()})
+    order = ["ok", "skipped", "failed", "timeout", "oom", "incorrect"]
+    statuses = [s for s in order if s in counts.index] + \
+               [s for s in counts.index if s not in order]
+    rows = [[md_text(s), int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
+            for s in statuses]
+    rows.append(["total", len(df), df["combo_key"].nunique()])
+    return md_table(["status", "rows", "combinations"], rows, ["l", "r", "r"])
+
+
+def reasons_table(df: pd.DataFrame) -> str:
+    """Non-ok rows grouped by (status, reason): count and the combinations concerned."""
+    bad = df[df["status"] != "ok"]
+    if not len(bad):
+        return "_All rows are ok._"
+    rows = []
+    for (status, reason), g in bad.groupby(["status", bad["reason"].fillna("")], sort=True):
+        combos = sorted({md_text(f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}")
+                         for r in g.itertuples()})
+        shown = ", ".join(combos[:4]) + (f" (+{len(combos) - 4} more)" if len(combos) > 4 else "")
+        text = str(reason) or "(no reason given)"
+        if len(text) > MAX_REASON_CHARS:
+            text = text[:MAX_REASON_CHARS - 1] + "…"
+        rows.append([md_text(status), md_text(text) if reason else text, len(g), g["combo_key"].nunique(), shown])
+    return md_table(["status", "reason", "rows", "combinations", "backend/experts/red/ovl/quant"],
+                    rows, ["l", "l", "r", "r", "l"])
+
+
+def phase_table(df: pd.DataFrame) -> str:
+    """Per-phase times (µs) of ok rows: prepare, dispatch, experts, weight_reduce, combine and
+    the shared experts.
+
+    'sum' is load.phase_sum: the phases, the shared experts counted where they ran outside
+    a communication span (inside one, that span holds them); it can differ from the median
+    end-to-end latency (gaps between phases, the launch gaps a graph replay removes).
+    """
+    df = latest_rows(df)
+    ok = df[(df["status"] == "ok") & df[PHASE_COLUMNS].notna().any(axis=1)]
+    if not len(ok):
+        return "_No per-phase times in this run._"
+    cols = display_columns(ok)
+    rows = []
+    for _, r in ok.iterrows():
+        phases = [r[c] for c in PHASE_COLUMNS]
+        total = phase_sum(r)
+        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
+                    + [fmt_us(p) for p in phases] + [fmt_us(total),
+                                                     fmt_us(r["latency_us_median"])])
+    headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + \
+              ["sum", "median"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
+    return f"{table}\n\n" + _caption(ok, "Times are in µs.")
+
+
+def memory_table(df: pd.DataFrame) -> str:
+    """Workspace (analytic and allocator peak) and device peak memory in MiB, ok rows."""
+    df = latest_rows(df)
+    ok = df[(df["status"] == "ok") & df[MEMORY_COLUMNS].notna().any(axis=1)]
+    if not len(ok):
+        return "_No memory measurements in this run._"
+    cols = display_columns(ok)
+    rows = []
+    for _, r in ok.iterrows():
+        # the peak of a whole forward against what the layer declares for it:
+        # workspaces + transients + the layer output (older rows: workspaces only)
+        declared = r.get("analytic_peak_bytes", np.nan)
+        if not (isinstance(declared, (int, float)) and np.isfinite(declared) and declared > 0):
+            declared = r["workspace_bytes_analytic"]
+        ratio = r["workspace_bytes_peak"] / declared if declared else np.nan
+        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
+                    + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
+                    + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
+    headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
+                      "device peak MiB", "peak / declared"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
+    return f"{table}\n\n" + _caption(ok, "Memory in MiB (2^20 bytes).")
+
+
+def single_rank(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's backend runs on one rank (local, local_batched): the registry's
+    `single_rank`, or for a backend it does not know (a plugin not installed here) a world
+    size of 1. Such a backend moves no data, so there is no communication to hide the shared
+    experts behind: the overlap table and plot leave its rows out."""
+    known: dict = {}
+
+    def one(name, world) -> bool:
+        if name not in known:
+            known[name] = plugins.single_rank(name)
+        if known[name] is not None:
+            return known[name]
+        try:
+            return int(world) == 1
+        except (TypeError, ValueError):
+            return False
+
+    if not len(df):
+        return pd.Series([], dtype=bool)
+    world = df["world_size"] if "world_size" in df.columns else pd.Series(np.nan, index=df.index)
+    return pd.Series([one(b, w) for b, w in zip(df["backend"], world)], index=df.index, dtype=bool)
+
+
+def single_rank_note(rows: pd.DataFrame) -> str:
+    """The line saying which rows a single-rank backend left out of the overlap figures ('' for none)."""
+    if not len(rows):
+        return ""
+    names = ", ".join(sorted({md_text(b) for b in rows["backend"].astype(str)}))
+    return (f"Left out: {len(rows)} row(s) of single-rank backends ({names}): they have no communication to "
+            "hide the shared experts behind (their ablation figures stay in the rows).")
+
+
+def overlap_table(df: pd.DataFrame) -> str:
+    """Shared-expert overlap of ok rows with overlap != none, per tokens_per_rank; rows of
+    single-rank backends left out (`single_rank`), with a line that says so.
+
+    shared = shared experts alone (µs); exposed = latency − latency without shared experts
+    (µs); overlap = clamp(1 − exposed / shared, 0, 1) with its 90 % bootstrap interval
+    (overlap_fraction_lo / _hi) where the row has one; trace = the same from a trace.
+    """
+    df = latest_rows(df)
+    rows_df = df[(df["status"] == "ok") & (df["overlap"].fillna("none").astype(str) != "none")]
+    alone = single_rank(rows_df)
+    note = single_rank_note(rows_df[alone])
+    rows_df = rows_df[~alone]
+    if not len(rows_df):
+        empty = "_No rows with shared-expert overlap (overlap=dispatch|combine) in this run._"
+        return f"{empty}\n\n{note}" if note else empty
+    cols = display_columns(rows_df)
+    rows = []
+    for _, r in rows_df.iterrows():
+        rows.append(_combo_cells(r, cols) + [
+            md_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
+            fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
+            fmt_us(r["shared_exposed_us"]),
+            fmt_frac_interval(r["overlap_fraction"], r.get("overlap_fraction_lo"),
+                              r.get("overlap_fraction_hi")),
+            fmt_frac(r["trace_overlap_fraction"])])
+    headers = cols + ["tokens", "latency", "no shared", "shared", "exposed", "overlap",
+                      "trace overlap"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
+    return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
+                                               "the shared experts' time hidden, in brackets its 90 % "
+                                               "bootstrap interval over the samples: a figure inside it "
+                                               "(the trace's, another run's) is within noise.") + \
+        (f"\n\n{note}" if note else "")
+
+
+def traces_table(df: pd.DataFrame) -> str:
+    """Which combination each trace folder holds (`traces/<combo_key>/` is named by a hash): its
+    row's label, the token counts traced, the folder; '' for a run without traces."""
+    from moebench.report.mdsafe import md_code
+
+    if "trace_path" not in df.columns:
+        return ""
+    rows_df = latest_rows(df)
+    rows_df = rows_df[rows_df["trace_path"].fillna("").astype(str) != ""]
+    if not len(rows_df):
+        return ""
+    rows = []
+    for key, g in rows_df.groupby("combo_key", sort=True):
+        label = g["label"].dropna().astype(str) if "label" in g.columns else pd.Series([], dtype=object)
+        folders = sorted({str(PurePosixPath(str(p)).parent) for p in g["trace_path"]})
+        tokens = ", ".join(fmt_value(t) for t in sorted(g["tokens_per_rank"].dropna().unique()))
+        rows.append([md_text(label.iloc[0]) if len(label) else md_text(key), md_text(tokens),
+                     ", ".join(md_code(f + "/") for f in folders)])
+    return md_table(["combination", "tokens", "traces"], rows) + \
+        "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); a folder is named by the combination's key."
+
+
+def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
+    """The experts phase against its roofline floor (GPU rows): floor = max(expert
+    bytes / copy bandwidth, expert FLOPs / GEMM peak) with the ceilings measured on the
+    row's GPU (report/roofline.py: results/ceilings/, or `ceilings_root`); `% of floor` =
+    floor / experts_us (100 = at the floor). A GPU without measured ceilings gets empty
+    floor columns and says so."""
+    from moebench.report.roofline import add_floor, ceilings_caption
+
+    df = latest_rows(df)
+    need = {"expert_bytes", "expert_flops", "experts_us"}
+    if not need <= set(df.columns):
+        return "_No roofline figures in this run._"
+    ok = df[(df["status"] == "ok") & (df.get("device", "cuda") == "cuda") & df["experts_us"].notna()
+            & df["expert_bytes"].notna()]
+    if not len(ok):
+        return "_No GPU rows with an experts phase in this run._"
+    ok = add_floor(ok, ceilings_root)
+
+    def pct(x: float) -> str:  # no ceiling measured: the cell stays empty
+        return f"{x:.0f} %" if np.isfinite(x) else ""
+
+    cols = display_columns(ok)
+    rows = [_combo_cells(r, cols) + [md_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
+                                     f"{r['experts_us']:.1f}",
+                                     f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
+                                     r["bound"], pct(r["experts_pct_of_floor"]),
+                                     pct(r["floor_us"] / r["latency_us_median"] * 100), f"{r['tflops']:.1f}",
+                                     f"{r['hbm_gbps']:.0f}"]
+            for _, r in ok.iterrows()]
+    headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "layer % of floor",
+                      "TFLOP/s", "GB/s"]
+    table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r", "r"])
+    return f"{table}\n\n" + _caption(ok, ceilings_caption(ok, ceilings_root) + (
+        " `experts µs` comes from "
+        "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
+        "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer). "
+        "`layer % of floor` = floor / layer µs: a lower bound on the experts' figure, since the layer holds the "
+        "experts and more (routing, prepare, finalize)."))

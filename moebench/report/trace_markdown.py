@@ -1,0 +1,96 @@
+"""Markdown of a trace summary (moebench trace): the phase, stream and overlap tables.
+
+A trace is a run folder's file: every name it holds (its source path, combinations, streams,
+notes) enters the Markdown escaped (moebench/mdsafe.py). A trace with nothing to overlap (no GPU
+activity, or no communication kernels: one rank) gets one line saying so instead of a table of
+dashes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from moebench.report.mdsafe import md_code, md_text
+from moebench.traces.metrics import METHOD_INTERSECTION, METHOD_STRETCH, TraceSummary
+
+
+def fmt_figure(v, digits: int = 1) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+OVERLAP_HEADER = "| overlap of shared experts and communication | µs / fraction |"
+
+
+def overlap_table(s: TraceSummary) -> str:
+    """The overlap figures as a two-column markdown table (medians over samples; module docstring)."""
+    alone = s.method == METHOD_STRETCH
+    na = s.num_ablation_samples
+    counts = f"{s.num_samples or 1} / {na.get('noshared', 0)} / {na.get('shared', 0)}"
+    frac_label = ("stretch-aware: 1 − exposed / shared alone" if alone else
+                  "plain intersection" if s.method == METHOD_INTERSECTION else "–")
+    exposed_label = "window − comm alone" if alone else "shared in layer − intersection"
+    rows = [
+        ("samples: layer / without shared experts / shared experts alone (medians below)", counts),
+        ("shared experts alone (`sample_shared`)", fmt_figure(s.shared_alone_us)),
+        ("shared experts in the layer", fmt_figure(s.shared_us)),
+        ("comm alone (`sample_noshared`)", fmt_figure(s.comm_alone_us)),
+        ("comm in the layer", fmt_figure(s.comm_us)),
+        ("comm stretch (in layer / alone)", fmt_figure(s.comm_stretch, 3)),
+        ("window: comm ∪ shared", fmt_figure(s.window_us)),
+        ("layer sample's GPU span (first kernel start to last end)", fmt_figure(s.layer_us)),
+        ("intersection: comm ∩ shared", fmt_figure(s.overlap_us)),
+        (f"exposed ({exposed_label})", fmt_figure(s.shared_exposed_us)),
+        (f"**trace_overlap_fraction** ({frac_label})", fmt_figure(s.trace_overlap_fraction, 3)),
+        ("intersection_fraction (intersection / shared in layer)", fmt_figure(s.intersection_fraction, 3)),
+    ]
+    lines = [OVERLAP_HEADER, "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(lines)
+
+
+def no_overlap(s: TraceSummary) -> Optional[str]:
+    """Why the trace holds no overlap to measure (one line), or None when it holds one: no GPU
+    activity (a CPU run: the overlap is read from GPU kernels), or no communication kernels in
+    the layer nor in its ablation samples (one rank, or a backend that moves no data)."""
+    if s.comm_us is None and s.shared_us is None and s.comm_alone_us is None:
+        na = s.num_ablation_samples
+        return (f"overlap: none to measure — no GPU activity in the trace (a CPU run; samples: layer "
+                f"{s.num_samples or 1} / without shared experts {na.get('noshared', 0)} / shared experts alone "
+                f"{na.get('shared', 0)}): the overlap of the shared experts with communication is read from GPU kernels")
+    if not s.comm_us and not s.comm_alone_us:
+        shared = f"; the shared experts took {fmt_figure(s.shared_us)} µs in the layer" if s.shared_us else ""
+        return ("overlap: none to measure — no communication kernels in the trace (one rank, or a backend that "
+                f"moves no data): nothing to hide the shared experts behind{shared}")
+    return None
+
+
+def combos_text(keys, labels: Optional[dict] = None) -> str:
+    """The trace's combinations as Markdown: each by its row's label with the key beside it, or by
+    the key alone where no row names it."""
+    labels = labels or {}
+    return ", ".join(f"{md_text(labels[k])} ({md_text(k)})" if k in labels else md_text(k) for k in keys) or "–"
+
+
+def to_markdown(s: TraceSummary, labels: Optional[dict] = None, title: Optional[str] = None) -> str:
+    """The summary as markdown tables (phases, streams, overlap). `labels` maps combination keys
+    to their rows' labels (traces/cli.py combo_labels); `title` (plain text, escaped here) heads
+    the section instead of the trace's path, which then follows on a line of its own."""
+    samples = f"{s.num_samples} samples (median)" if s.num_samples else "whole trace"
+    head = [f"### {md_text(title)}", "", f"trace: {md_code(s.source)}"] if title else [f"### {md_text(s.source)}"]
+    lines = head + ["", f"format: {md_text(s.fmt)}; combos: {combos_text(s.combos, labels)}; {samples}", ""]
+    lines += ["| phase | cpu µs | gpu µs | ranges | kernels |", "|---|---:|---:|---:|---:|"]
+    for p in s.phases.values():
+        lines.append(f"| {md_text(p.name)} | {fmt_figure(p.cpu_us)} | {fmt_figure(p.gpu_us)} | {p.num_ranges} | {p.num_kernels} |")
+    if s.streams:
+        lines += ["", "| stream | kernels (all samples) | busy µs | comm µs | shared µs | phases (µs) |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for st in s.streams:
+            ph = ", ".join(f"{md_text(k)} {v:.1f}" for k, v in sorted(st.phases.items(), key=lambda kv: -kv[1]))
+            lines.append(f"| {md_text(st.lane)} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
+                         f"{st.shared_us:.1f} | {ph or '–'} |")
+    why = no_overlap(s)
+    lines += ["", why or overlap_table(s)]
+    for n in s.notes:
+        lines.append(f"\nnote: {md_text(n)}")
+    return "\n".join(lines) + "\n"
+
+
+# -- several ranks: communication kernels without the wait for the last rank ----------

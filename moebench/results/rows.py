@@ -1,0 +1,218 @@
+"""One tidy row per (combination, tokens per rank), aggregated over ranks:
+the max over ranks for latency (per sample, since ranks start each sample
+together), per-rank values kept in list columns."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from moebench.results.rank_result import RankResult
+from moebench.config.plugins import provenance
+from moebench.config.spec import SCHEMA_VERSION, Combination
+from moebench.traces.matched import critical_rank, CRITICAL_SPAN_TIE  # noqa: F401 (rows.critical_rank: its users)
+from moebench.traces.metrics import METHOD_MATCHED
+
+STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
+# the layer's phases (docs/design.md, "Phases"); shared_experts is the shared experts' span in
+# the phase forwards, inside dispatch or combine where they overlap a communication span
+PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
+NAN = float("nan")
+# the ablation's overlap_fraction interval (rows.overlap_interval): a 90 % percentile
+# bootstrap over sample indices, with a fixed seed so that a row is reproducible
+OVERLAP_CI = 0.90
+OVERLAP_RESAMPLES = 1000
+OVERLAP_SEED = 0
+OVERLAP_MIN_SAMPLES = 5
+
+
+def identity(c: Combination, tokens: int) -> dict:
+    """The row's identity columns: every column of the spec (moebench/spec.py), the token
+    count and the overrides it was planned from."""
+    return {"schema_version": SCHEMA_VERSION, **c.combo.columns(), "tokens_per_rank": int(tokens),
+            "overrides": " ".join(c.overrides)}
+
+
+def _elementwise_max(lists: list[list[float]]) -> list[float]:
+    n = min(len(x) for x in lists)
+    return [max(x[i] for x in lists) for i in range(n)]
+
+
+def _q(xs: list[float], p: float) -> float:
+    return float(np.percentile(xs, p)) if xs else NAN
+
+
+def _values(ranks: list, key: str) -> list:
+    vals = [r.phases_us.get(key) if key in PHASES else getattr(r, key) for r in ranks]
+    return [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
+
+
+def _max(ranks: list, key: str) -> float:
+    vals = _values(ranks, key)
+    return float(max(vals)) if vals else NAN
+
+
+def _mean(ranks: list, key: str) -> float:
+    vals = _values(ranks, key)
+    return float(sum(vals) / len(vals)) if vals else NAN
+
+
+def overlap_fraction(layer_us, no_shared_us, shared_us):
+    """clamp(1 − (layer − no_shared) / shared, 0, 1) from the three medians (µs), elementwise
+    over arrays; NaN where shared ≤ 0 or a median is NaN (docs/design.md, "Overlap by ablation")."""
+    layer, no_shared, shared = (np.asarray(x, dtype=float) for x in (layer_us, no_shared_us, shared_us))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.clip(1.0 - (layer - no_shared) / shared, 0.0, 1.0)
+    return np.where(shared > 0, frac, NAN)
+
+
+def overlap_interval(samples_us, no_shared_samples_us, shared_samples_us) -> tuple[float, float]:
+    """(lo, hi): the OVERLAP_CI percentile bootstrap interval of overlap_fraction, or NaNs
+    below OVERLAP_MIN_SAMPLES samples.
+
+    Inputs are the interleaved samples (µs) of the layer, the layer without its shared
+    experts and the shared experts alone, sample i of each taken back to back. Each
+    resample draws sample indices with replacement and keeps the three samples of an
+    index together, so drift that moves a whole triplet cancels in the exposed time as
+    it does in the point estimate; it then takes the three medians and overlap_fraction.
+    """
+    n = min(len(samples_us), len(no_shared_samples_us), len(shared_samples_us))
+    if n < OVERLAP_MIN_SAMPLES:
+        return NAN, NAN
+    x_3N = np.array([samples_us[:n], no_shared_samples_us[:n], shared_samples_us[:n]], dtype=float)
+    if not np.isfinite(x_3N).all():
+        return NAN, NAN
+    idx_BN = np.random.default_rng(OVERLAP_SEED).integers(0, n, size=(OVERLAP_RESAMPLES, n))
+    med_3B = np.median(x_3N[:, idx_BN], axis=2)  # [3, resamples]: ~10 ms at 80 samples
+    frac = overlap_fraction(med_3B[0], med_3B[1], med_3B[2])
+    frac = frac[np.isfinite(frac)]
+    if not len(frac):
+        return NAN, NAN
+    tail = 100 * (1 - OVERLAP_CI) / 2
+    lo, hi = np.percentile(frac, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def empty_measurements() -> dict:
+    row = {
+        "status": None, "reason": "", "rel_err": NAN,
+        "latency_us_median": NAN, "latency_us_p20": NAN, "latency_us_p80": NAN,
+        "samples_us": [], "latency_us_per_rank": [],
+        "shared_us": NAN, "latency_no_shared_us": NAN, "shared_exposed_us": NAN,
+        "overlap_fraction": NAN, "overlap_fraction_lo": NAN, "overlap_fraction_hi": NAN,
+        "trace_overlap_fraction": NAN, "trace_intersection_fraction": NAN,
+        "trace_critical_rank": NAN,
+        "trace_overlap_method": "",
+        "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
+        "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
+        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
+        "timing_mode": "", "timing_note": "", "kernel_us": None, "host_enqueue_us": NAN, "host_paced_samples": NAN,
+        "memory_cap_bytes": NAN,
+        "reserved_bytes_peak": NAN,
+    }
+    for p in PHASES:
+        row[f"{p}_us"] = NAN
+    return row
+
+
+def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dict, rel_err: float = NAN) -> dict:
+    """A row without measurements (skipped / failed / timeout / oom)."""
+    assert status in STATUSES, status
+    row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(0), **meta}
+    row.update(status=status, reason=reason, rel_err=rel_err)
+    return row
+
+
+def per_rank_columns(n: int) -> dict:
+    """The list columns with one value per rank (empty lists in rows without measurements)."""
+    cols = ["latency_us_per_rank", "tflops_per_rank", "hbm_gbps_per_rank", "nvlink_gbps_per_rank",
+            "trace_overlap_fraction_per_rank", "trace_layer_us_per_rank", "trace_wait_us_per_rank",
+            "trace_trimmed_overlap_per_rank"]
+    return {c: [NAN] * n for c in cols}
+
+
+def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dict) -> dict:
+    """Aggregate the per-rank results of one (combination, tokens)."""
+    row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
+    row["rel_err"] = _max(ranks, "rel_err")
+    bad = [r for r in ranks if r.status != "ok"]
+    if bad:
+        row.update(status=bad[0].status, reason=bad[0].reason)
+        return row
+    row["status"] = "ok"
+    # one rank paced by its host makes the row's figure host time (its samples are the max)
+    modes = {r.timing_mode for r in ranks}
+    row["timing_mode"] = "host" if "host" in modes else ranks[0].timing_mode
+    row["timing_note"] = next((r.timing_note for r in ranks if r.timing_mode == row["timing_mode"] and r.timing_note),
+                              "")
+    samples = _elementwise_max([r.samples_us for r in ranks])
+    row["samples_us"] = samples
+    row["latency_us_median"] = _q(samples, 50)
+    row["latency_us_p20"] = _q(samples, 20)
+    row["latency_us_p80"] = _q(samples, 80)
+    row["latency_us_per_rank"] = [_q(r.samples_us, 50) for r in ranks]
+    for p in PHASES:
+        row[f"{p}_us"] = _max(ranks, p)
+    if all(r.shared_samples_us is not None for r in ranks):
+        shared = _elementwise_max([r.shared_samples_us for r in ranks])
+        no_shared = _elementwise_max([r.no_shared_samples_us for r in ranks])
+        row["shared_us"] = _q(shared, 50)
+        row["latency_no_shared_us"] = _q(no_shared, 50)
+        # overlap by ablation (docs/design.md): what the shared experts add to the layer
+        row["shared_exposed_us"] = row["latency_us_median"] - row["latency_no_shared_us"]
+        row["overlap_fraction"] = float(overlap_fraction(row["latency_us_median"], row["latency_no_shared_us"],
+                                                         row["shared_us"]))
+        # the layer takes ~20x the shared experts at prefill sizes, so percent-level noise in
+        # the two latency medians moves the fraction by tens of points: say how far
+        if row["overlap_fraction"] == row["overlap_fraction"]:
+            row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
+    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
+              "host_enqueue_us", "host_paced_samples", "memory_cap_bytes", "reserved_bytes_peak"):
+        row[k] = _max(ranks, k)
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
+              "expert_flops", "expert_bytes"):
+        row[k] = _mean(ranks, k)
+    # trace figures: the critical rank's, as the ablation's latency is the max over ranks.
+    # A rank that reaches the combine early hides its shared experts in its wait for the
+    # other rank, which sets the layer's end: the rank whose layer samples span longest in
+    # its trace. Without every rank's span, the ranks' mean (docs/findings/trace-vs-ablation.md).
+    crit = critical_rank([r.trace_layer_us for r in ranks])
+    if crit is not None:
+        row["trace_critical_rank"] = crit
+        for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
+            v = getattr(ranks[crit], k)
+            row[k] = float(v) if v is not None else NAN
+    # derived per rank (docs/design.md); the row holds the mean (trace figures: see above)
+    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
+        row[f"{k}_per_rank"] = [float(v) if (v := getattr(r, k)) is not None else NAN for r in ranks]
+    # several ranks with every trace readable on rank 0: the overlap on communication intervals
+    # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
+    # (the critical path; docs/findings/trace-vs-ablation.md)
+    row["trace_wait_us_per_rank"] = [NAN] * len(ranks)
+    row["trace_trimmed_overlap_per_rank"] = [NAN] * len(ranks)
+    matched = ranks[0].trace_matched_overlap_per_rank
+    waits = ranks[0].trace_wait_us_per_rank
+    ok = matched and waits and len(matched) == len(waits) == len(ranks)
+    matched = matched if ok and all(v is not None and v == v for v in matched) else None
+    if matched:
+        crit = min(range(len(waits)), key=lambda r: waits[r])
+        row["trace_critical_rank"] = crit
+        row["trace_overlap_fraction"] = float(matched[crit])
+        v = ranks[crit].trace_intersection_fraction
+        row["trace_intersection_fraction"] = float(v) if v is not None else NAN
+        row["trace_trimmed_overlap_per_rank"] = [float(v) for v in matched]
+        row["trace_wait_us_per_rank"] = [float(v) for v in waits]
+    row["trace_path"] = ranks[crit if crit is not None else 0].trace_path
+    row["trace_error"] = "; ".join(sorted({r.trace_error for r in ranks if r.trace_error}))
+    # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
+    methods = {r.trace_overlap_method for r in (ranks if crit is None else [ranks[crit]])
+               if r.trace_overlap_method}
+    row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
+    if matched:
+        row["trace_overlap_method"] = METHOD_MATCHED
+    # experts=triton + bf16 / fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
+    layouts = {r.row_layout_used or "" for r in ranks}
+    row["row_layout_used"] = layouts.pop() if len(layouts) == 1 else "mixed"
+    if ranks[0].kernel_us is not None:  # profiler mode: per-rank communication kernel durations (JSON)
+        row["kernel_us"] = [r.kernel_us or "{}" for r in ranks]
+    return row

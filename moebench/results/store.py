@@ -1,0 +1,374 @@
+"""Results store: one Parquet file per finished combination under <run>/rows/, skipped
+rows in <run>/rows/skipped.parquet, one environment fingerprint per invocation in
+<run>/envs/<run_id>.json (<run>/env.json: the first one, for readers of one fingerprint).
+
+Guarantees (docs/design.md, "The store"): a file is complete or absent (written to a
+`.tmp-*.tmp` file, synced, renamed; leftovers of a killed writer are ignored by every
+reader and removed at the next start); rows are written as soon as a combination ends;
+nothing is overwritten (each invocation writes its own files) or deleted; a measured
+row always beats a skipped one, and among measured rows of one (combination, tokens)
+the newest wins. Writers hold the run's lock (moebench/lock.py) and never write through a
+symbolic link below the run folder (UnsafePath, exit 2).
+
+A torn row file (one that cannot be read as parquet: cut short by a copy or a disk fault,
+written by something else) is moved to rows/.corrupt/ by the next sweep, which measures
+its rows again; readers warn, naming it, and read the rest. A parquet file lacking a row's
+columns is no row file: every reader refuses it, naming it (docs/design.md, "Environment
+errors and torn files")."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+from moebench.util.safe_write import UnsafePath
+from moebench.results.migrate import check_versions, migrate
+from moebench.results.writable import CAUSES, TMP_PREFIX, TMP_SUFFIX, with_path
+
+REDO_CHOICES = ("none", "failed", "all")
+FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
+# reason prefix of a `failed` row whose process group was lost (a rank or its node gone
+# mid-combination, a group that never formed, a SLURM job that ended without a result): not
+# the combination's doing, so a plain resume (--redo none) runs it again; stored() says "lost"
+LOST = "lost: "
+SKIPPED_FILE = "skipped.parquet"
+PAIR = ["combo_key", "tokens_per_rank"]
+CORRUPT_DIR = ".corrupt"  # under rows/: torn files set aside (no reader's rows/*.parquet glob looks inside)
+
+
+class TornFile(ValueError):
+    """A row file that cannot be read as parquet (`why` says how it failed)."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: torn row file ({why})")
+        self.path, self.why = Path(path), why
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr (a reader passing over what it cannot use)."""
+    print(f"moebench: warning: {text}", file=sys.stderr)
+
+
+def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
+    """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
+    parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
+    missing, a schema version this code does not know); an environment error passes."""
+    try:
+        df = pd.read_parquet(path)
+    except OSError as e:
+        if e.errno in CAUSES:  # the machine refused the read: not the file's fault
+            raise
+        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types (ArrowInvalid, ...) for a torn file
+        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    missing = [c for c in required if c not in df.columns]
+    if len(df.columns) and missing:
+        raise ValueError(f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
+                         "incompatible version); move it out of the run's rows/ folder")
+    check_versions(df, str(path))
+    return df
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # once, at import (os.umask is process-wide)
+
+
+def _no_link(path: Path, root: Path, file: bool = True) -> None:
+    """UnsafePath (exit 2) unless `path` can be written without following a link: neither it
+    nor a folder between the run folder `root` and it is a symbolic link (a write would land
+    outside the run folder), and it is a regular file where it exists. The run folder
+    itself may be a link: --out is the user's choice."""
+    cur = root
+    for part in path.relative_to(root).parts:
+        cur = cur / part
+        if cur.is_symlink():
+            raise UnsafePath(f"{cur} is a symbolic link (to {os.readlink(cur)}): moebench never writes through a "
+                             f"link in a run folder; remove it (rm {cur}) or give another --out")
+    if file and path.exists() and not path.is_file():
+        raise UnsafePath(f"{path} is not a regular file: moebench writes its results there; move it away or "
+                         "give another --out")
+
+
+def _atomic_write(path: Path, write, root: Optional[Path] = None) -> None:
+    """`write(tmp)` then rename over `path`: a reader sees the old file, the new one, or none.
+    With `root` (the run folder), never through a link below it (_no_link)."""
+    if root is not None:
+        _no_link(path, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix + TMP_SUFFIX)
+    os.close(fd)
+    try:
+        try:
+            write(tmp)
+        except OSError as e:  # pyarrow's and write()'s ENOSPC name no file: name the one being written
+            raise with_path(e, path) from e
+        os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would make it (mkstemp's is 0600)
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _newest_last(files: list[Path]) -> list[Path]:
+    """Files in write order (rows of one second's timestamp are ordered by their file)."""
+    def mtime(p: Path) -> int:
+        try:
+            return p.stat().st_mtime_ns
+        except OSError:
+            return 0
+    return sorted(files, key=lambda p: (mtime(p), p.name))
+
+
+def _read_all(files: list[Path], warn_torn: bool) -> list[pd.DataFrame]:
+    """The files' frames; a torn file is passed over (with a warning naming it: `warn_torn`)."""
+    frames = []
+    for p in files:
+        try:
+            frames.append(read_row_file(p))
+        except TornFile as e:
+            if warn_torn:
+                warn(f"{e}: read the rest; the next sweep into the run moves it to rows/{CORRUPT_DIR}/ "
+                     "and measures its rows again")
+    return frames
+
+
+def _read_env_file(path: Path) -> dict:
+    """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        warn(f"{path}: not a JSON fingerprint ({type(e).__name__}): passed over")
+        return {}
+    if not isinstance(data, dict):
+        warn(f"{path}: not a JSON object: passed over")
+        return {}
+    return data
+
+
+def _by_precedence(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in ascending precedence: skipped before measured, then by timestamp (stable, so
+    frames concatenated in write order break ties)."""
+    df = df.copy()
+    df["_measured"] = df["status"] != "skipped"
+    keys = ["_measured", "timestamp"] if "timestamp" in df.columns else ["_measured"]
+    return df.sort_values(keys, kind="stable").drop(columns="_measured")
+
+
+class RunStore:
+    """A run directory: rows/*.parquet, envs/<run_id>.json, env.json, sweep-<run_id>.json."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.dir = Path(run_dir)
+        self.rows_dir = self.dir / "rows"
+        self.envs_dir = self.dir / "envs"
+
+    # -- writing ---------------------------------------------------------------
+    def refuse_links(self) -> None:
+        """UnsafePath (exit 2) where rows/, envs/ or env.json is a link: checked before any work
+        (each write checks its own path again)."""
+        for path in (self.rows_dir, self.envs_dir, self.dir / "env.json"):
+            _no_link(path, self.dir, file=path.suffix == ".json")
+
+    def clean_temp(self) -> list[Path]:
+        """Remove writers' leftover temp files (a writer killed between write and rename).
+        Call it holding the run's lock, before any work; refuses links first (refuse_links)."""
+        self.refuse_links()
+        gone = []
+        for d in (self.dir, self.rows_dir, self.envs_dir):
+            for p in d.glob(f"{TMP_PREFIX}*") if d.is_dir() else ():
+                try:
+                    p.unlink()
+                    gone.append(p)
+                except OSError:
+                    pass
+        return gone
+
+    def write_rows(self, combo_key: str, rows: list[dict]) -> Path:
+        """One file per finished combination and invocation (its token counts in one file);
+        a redo writes a file of its own beside the earlier one."""
+        tokens = "_".join(str(r["tokens_per_rank"]) for r in rows)
+        run_id = rows[0].get("run_id") if rows else None
+        path = self.rows_dir / f"{combo_key}-T{tokens}{f'-{run_id}' if run_id else ''}.parquet"
+        df = pd.DataFrame(rows)
+        _atomic_write(path, lambda p: df.to_parquet(p, index=False), self.dir)
+        return path
+
+    def update_rows(self, update) -> int:
+        """Rewrite the measured row files in place, each through `update(table)` (a pyarrow
+        Table in, a new Table or None for no change out), whole or not at all (atomic); the
+        number of files rewritten. A torn file is left to the next sweep. Call it holding the
+        run's lock, as every writer does (`moebench trace --import` takes it; a sweep holds it)."""
+        import pyarrow.parquet as pq
+
+        n = 0
+        for f in self.row_files():
+            try:
+                table = pq.read_table(f)
+            except Exception:  # noqa: BLE001 - pyarrow's errors for a torn file vary: it is redone
+                continue
+            new = update(table)
+            if new is not None:
+                _atomic_write(f, lambda p, t=new: pq.write_table(t, p), self.dir)
+                n += 1
+        return n
+
+    def write_skipped(self, rows: list[dict]) -> Optional[Path]:
+        """Merge skipped rows into rows/skipped.parquet: a newer skip replaces an older skip of
+        the same (combination, tokens); a pair that has a measured row gets none (a skip never
+        hides a measurement); the skipped rows of other combinations stay."""
+        path = self.rows_dir / SKIPPED_FILE
+        measured = {(k, int(t)) for k, ts in self.stored().items() for t in ts}
+        rows = [r for r in rows if (r["combo_key"], int(r["tokens_per_rank"])) not in measured]
+        if not rows:
+            return path if path.exists() else None
+        new = pd.DataFrame(rows)
+        old = self._skipped_rows()
+        if old is not None:
+            fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int)))
+            keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"])]
+            new = pd.concat([old[keep], new], ignore_index=True)
+        _atomic_write(path, lambda p: new.to_parquet(p, index=False), self.dir)
+        return path
+
+    def _skipped_rows(self) -> Optional[pd.DataFrame]:
+        """rows/skipped.parquet's rows (None without one; a torn one is set aside, saying so:
+        its skips are the plan's, which every sweep writes again)."""
+        path = self.rows_dir / SKIPPED_FILE
+        if not path.exists():
+            return None
+        try:
+            return read_row_file(path)
+        except TornFile as e:
+            warn(f"{e}: moved to {self.set_aside(path)}")
+            return None
+
+    def torn_files(self) -> list[TornFile]:
+        """The row files (skipped.parquet included) that cannot be read as parquet."""
+        torn = []
+        for p in [self.rows_dir / SKIPPED_FILE, *self.row_files()]:
+            try:
+                if p.exists():
+                    read_row_file(p)
+            except TornFile as e:
+                torn.append(e)
+        return torn
+
+    def set_aside(self, path: Path) -> Path:
+        """Move a torn file to rows/.corrupt/<name> (<name>.<n> where one is there already):
+        kept for a look, out of every reader's way, its rows missing for the plan."""
+        corrupt = self.rows_dir / CORRUPT_DIR
+        corrupt.mkdir(exist_ok=True)
+        if corrupt.is_symlink() or not corrupt.is_dir():  # a move through a link would leave the run folder
+            raise ValueError(f"{corrupt} is not a folder of the run (a link?): remove it, then re-run")
+        dest, n = corrupt / path.name, 1
+        while dest.exists() or dest.is_symlink():
+            dest, n = corrupt / f"{path.name}.{n}", n + 1
+        os.rename(path, dest)
+        _fsync(self.rows_dir)
+        return dest
+
+    def set_aside_torn(self) -> list[tuple[TornFile, Path]]:
+        """Set every torn row file aside (set_aside); [(what was wrong, where it went)]. Call it
+        holding the run's lock, before planning, so that the plan measures their rows again."""
+        return [(t, self.set_aside(t.path)) for t in self.torn_files()]
+
+    def write_json(self, name: str, data: dict) -> Path:
+        path = self.dir / name
+        _atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)),
+                      self.dir)
+        return path
+
+    def write_env(self, info: dict, run_id: str) -> Path:
+        """This invocation's fingerprint as envs/<run_id>.json (its rows' run_id names it);
+        env.json, which readers of a single fingerprint use, only where the run has none."""
+        path = self.write_json(f"envs/{run_id}.json", {**info, "run_id": run_id})
+        first = self.dir / "env.json"
+        if first.is_symlink() or not first.exists():  # a link: refused by write_json
+            self.write_json("env.json", {**info, "run_id": run_id})
+        return path
+
+    # -- reading ---------------------------------------------------------------
+    def row_files(self) -> list[Path]:
+        """The combinations' row files (a writer's leftover temp file is not one)."""
+        return sorted(p for p in self.rows_dir.glob("*.parquet")
+                      if p.name != SKIPPED_FILE and not p.name.startswith("."))
+
+    def env_of(self, run_id: str) -> dict:
+        """The fingerprint an invocation measured under ({} for runs written before envs/, or
+        where its file is not a JSON object: a warning names it)."""
+        return _read_env_file(self.envs_dir / f"{run_id}.json")
+
+    def envs(self) -> dict[str, dict]:
+        """run_id -> fingerprint of every envs/*.json (a file that is not a JSON object is
+        passed over with a warning naming it)."""
+        found = {p.stem: _read_env_file(p) for p in sorted(self.envs_dir.glob("*.json"))
+                 if not p.name.startswith(".")}
+        return {k: v for k, v in found.items() if v}
+
+    def stored(self) -> dict[str, dict[int, str]]:
+        """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
+        each pair (older schema versions under their migrated keys); "lost" for a failed row
+        whose reason starts with LOST."""
+        # a torn file is redone (the sweep sets it aside first and says so: set_aside_torn)
+        frames = _read_all(_newest_last(self.row_files()), warn_torn=False)
+        out: dict[str, dict[int, str]] = {}
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return out
+        df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
+        if "reason" not in df.columns:
+            df["reason"] = ""
+        cols = ["combo_key", "tokens_per_rank", "status", "reason"]
+        for key, t, st, why in _by_precedence(df)[cols].itertuples(index=False):
+            lost = st == "failed" and isinstance(why, str) and why.startswith(LOST)
+            out.setdefault(key, {})[int(t)] = "lost" if lost else st
+        return out
+
+    def todo_tokens(self, combo_key: str, tokens: Iterable[int], redo: str, stored=None) -> list[int]:
+        """Token counts of a combination that still need running: not stored, or lost (LOST),
+        and with `redo` failed the failed ones, with all every one."""
+        if redo not in REDO_CHOICES:
+            raise ValueError(f"--redo {redo!r}; valid: {', '.join(REDO_CHOICES)}")
+        have = (stored if stored is not None else self.stored()).get(combo_key, {})
+        todo = []
+        for t in tokens:
+            st = have.get(t)
+            if st in (None, "lost") or redo == "all" or (redo == "failed" and st in FAILED):
+                todo.append(t)
+        return todo
+
+    def load(self, all_rows: bool = False) -> pd.DataFrame:
+        """The rows of the run, one per (combination, tokens): a measured row beats a skipped
+        one whatever their times, then the newest wins. `all_rows`: every stored row."""
+        files = _newest_last(self.row_files())
+        if (self.rows_dir / SKIPPED_FILE).exists():
+            files = [self.rows_dir / SKIPPED_FILE, *files]
+        frames = [f for f in _read_all(files, warn_torn=True) if len(f)]
+        if not frames:
+            return pd.DataFrame()
+        df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
+        if all_rows:
+            return df
+        return _by_precedence(df).drop_duplicates(PAIR, keep="last").reset_index(drop=True)

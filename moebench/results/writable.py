@@ -1,0 +1,81 @@
+"""Environment errors: the machine, not the input or the code, refusing a write (a full
+disk, a read-only or foreign-owned folder, `--out` naming a file). Each is reported as one
+line naming the path and the cause (docs/design.md, "Environment errors and torn files"):
+before any work the command exits 2; a sweep stopped by one keeps the rows it wrote and
+exits 1 saying so. `probe` finds them before any work.
+
+Which OSErrors count is decided here and nowhere else (the CLI's error handling and the
+sweep's mid-run handling both ask `describe`)."""
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+from typing import Optional
+
+# a writer's temp files (the store's, the probe's): never *.parquet, so no reader's glob
+# matches a torn one, and the next sweep's clean_temp removes a killed writer's leftover
+TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"
+
+# errno -> the cause as the line states it; any other OSError is a defect and keeps its traceback
+CAUSES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted (a read-only or immutable folder?)",
+    errno.ENOTDIR: "not a directory (a file stands where a folder must be)",
+    errno.EISDIR: "is a directory (a folder stands where a file must be)",
+    errno.EEXIST: "exists and is not a folder",
+    errno.ELOOP: "a symbolic link, which moebench does not write through",
+    errno.EIO: "input/output error (a failing disk or a lost network mount?)",
+}
+PROBE_NAME = "probe-"  # after the store's temp prefix: no reader sees it, the next sweep removes a leftover
+
+
+def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> Optional[str]:
+    """'<path>: <cause>' for an environment error, None for any other exception. `where`
+    stands in for the path when the error names none (pyarrow's and write()'s ENOSPC)."""
+    if not isinstance(exc, OSError) or exc.errno not in CAUSES:
+        return None
+    path = exc.filename if exc.filename is not None else where
+    cause = CAUSES[exc.errno]
+    return f"{os.fsdecode(path)}: {cause}" if path is not None else cause
+
+
+def with_path(exc: OSError, path: os.PathLike | str, replace: bool = False) -> OSError:
+    """`exc` naming `path` where it names none (or, `replace`, instead of the name it has):
+    the same class and errno, so that the line says which file or folder was refused."""
+    if (exc.filename is not None and not replace) or exc.errno is None:
+        return exc
+    return type(exc)(exc.errno, os.strerror(exc.errno), os.fspath(path))
+
+
+def probe(folder: os.PathLike | str) -> Path:
+    """Create `folder` (with its parents) and a file in it, then remove the file, so that a
+    full disk, a read-only folder or a file in the way raises its OSError before any work.
+    The file is created with O_EXCL and O_NOFOLLOW (a link planted under its name is never
+    followed), named like the store's temp files (readers skip those; a killed probe's
+    leftover is removed at the next sweep's start)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:  # the folder refused, not the probe's own name
+        raise with_path(e, folder, replace=True) from e
+    try:
+        os.write(fd, b"\0")  # a full disk refuses a block, not a name
+        os.fsync(fd)
+    except OSError as e:
+        raise with_path(e, folder, replace=True) from e
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # a sweep holding the folder cleaned it as a leftover
+            pass
+    return folder

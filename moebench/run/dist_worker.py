@@ -1,0 +1,379 @@
+"""Ranks started by someone else: `torchrun` (one or many nodes) or the tasks of a SLURM job
+(moebench/slurm.py). Each process is one rank of one process group; the ranks run the same
+`run_combination` as the local launcher's (moebench/worker.py) and rank 0 writes the rows.
+
+    torchrun --nnodes=2 --nproc-per-node=8 --node-rank=$NODE --master-addr=$HEAD \\
+        --master-port=29500 --max-restarts=8 -m moebench.dist_worker --out runs/ep16 \\
+        backend=naive experts=torch model=deepseek_v3 ...
+
+torchrun gives RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
+the combinations whose world size is WORLD_SIZE run, in this one group. Rank 0 takes the run
+folder's lock (moebench/lock.py; or works under its holder's with MOEBENCH_LOCK_TOKEN, when that
+holder started it), plans against the store and tells the other ranks what to run. Each rank
+watches its starter from its first line (moebench/lifeline.py), and the group must form within
+runner.startup_timeout_s or this rank exits 1 (under a SLURM job, rank 0 first writes the
+first combination's rows saying so).
+
+A rank blocked in a collective cannot take part in another, so faults travel through the
+process group's key-value store: a rank that raises posts its error; rank 0's watchdog
+thread writes the combination's `failed`/`oom` row (or `timeout` past runner.timeout_s),
+posts an abort, and every rank exits 1. An error that says a peer went away (a closed or reset
+connection: launch.peer_lost) makes a `lost:` row, which a plain resume runs again; each token
+count's results reach rank 0 as it ends, so the counts measured before a loss keep their
+rows. The group is then spent: torchrun's --max-restarts
+(or the SLURM parent's next job) starts a fresh one, which resumes past the stored rows.
+Exit status: 0 every planned row ok or skipped, 1 otherwise (a fault, or failed rows; with
+torchrun's --max-restarts a group that ran everything exits 0, since torchrun would restart
+it), 2 bad input before any work."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+if __name__ == "__main__":
+    # a rank of torchrun's: watch its agent now, before torch's seconds of imports, not
+    # after them, when a dead agent reads as pid 1 (moebench/lifeline.py); the imports above
+    # are the standard library's, milliseconds
+    from moebench.run.lifeline import watch_parent
+
+    watch_parent()
+
+ABORT_WAIT_S = 60.0  # a failed non-zero rank waits this long for rank 0 to write the row
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """Where this process sits in its group (torchrun's variables, or a SLURM task's)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    attempt: int = 0  # torchrun's restart count: keys of an earlier attempt's store stay
+
+    @classmethod
+    def from_environ(cls, env=os.environ) -> "RankEnv":
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} not set: start moebench.dist_worker with torchrun "
+                             "(or use `moebench sweep`, which starts its own ranks)")
+        ws = int(env["WORLD_SIZE"])
+        return cls(int(env["RANK"]), ws, int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", ws)),
+                   env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+
+
+class _Channel:
+    """Errors and the abort between ranks, through the process group's store."""
+
+    def __init__(self, prefix: str):
+        import torch.distributed as dist
+
+        self.store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+        self.prefix = prefix
+
+    def post_error(self, idx: int, status: str, reason: str, tokens) -> None:
+        if self.store is not None:
+            self.store.set(f"{self.prefix}/error/{idx}", json.dumps([status, reason, tokens]))
+
+    def error(self, idx: int) -> Optional[tuple]:
+        key = f"{self.prefix}/error/{idx}"
+        if self.store is None or not self.store.check([key]):
+            return None
+        return tuple(json.loads(self.store.get(key)))
+
+    def abort(self) -> None:
+        if self.store is not None:
+            self.store.set(f"{self.prefix}/abort", "1")
+
+    def aborted(self) -> bool:
+        return self.store is not None and self.store.check([f"{self.prefix}/abort"])
+
+
+class _Current:
+    """The combination rank 0 runs now, shared with its watchdog (one writes its rows)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.idx: Optional[int] = None
+        self.deadline = float("inf")
+        self.results: dict = {}  # tokens -> {rank: RankResult}, as gathered so far
+        self.mine: dict = {}  # tokens -> rank 0's own RankResult, as they come
+
+
+def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
+    """This rank's device and process group, formed within `startup_s` (worker.form_group:
+    GroupNotFormed otherwise)."""
+    import torch.distributed as dist
+
+    from moebench.run.worker import form_group, rank_device
+
+    device = rank_device(device_kind, env.local_rank, env.local_world_size)
+    if env.world_size > 1 and not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", env.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(env.master_port))
+        form_group(device, env.rank, env.world_size, "env://", startup_s)
+    return device, (dist.group.WORLD if env.world_size > 1 else None)
+
+
+def _abort(chan: "_Channel") -> None:
+    """Rank 0, its rows written: every rank exits 1. Rank 0 last, once its peers (which poll
+    every POLL_S) are gone, so that torchrun's agents see the group fail together."""
+    chan.abort()
+    time.sleep(3 * POLL_S)
+    _exit(1)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optional[str] = None,
+              log: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """Run `work` [(Combination, tokens)] as this rank of `env`'s group; rank 0 writes each
+    combination's rows to the run under the lock `token` names (or the lock it holds) and
+    returns them. A fault ends the process (module docstring)."""
+    import torch.distributed as dist
+
+    from moebench.measure import memory
+    from moebench.kernels import registry
+    from moebench.run.launch import peer_lost
+    from moebench.results.rank_result import Finished
+    from moebench.results.lock import LockHeld, RunLock
+    from moebench.run.messages import Task
+    from moebench.results.rank_result import Failure
+    from moebench.results.store import LOST, RunStore
+    from moebench.results.finished import write_finished
+    from moebench.run.worker import GroupNotFormed, is_oom, run_combination
+
+    store = RunStore(run_dir)
+    try:
+        startup_s = max((c.combo.startup_timeout_s for c, _ in work), default=30.0)
+        device, group = _setup(env, work[0][0].combo.device if work else "cpu", startup_s)
+    except GroupNotFormed as e:  # rank 0 says so in the first combination's rows: a plain resume retries them
+        print(f"moebench worker: {e}", file=sys.stderr)
+        if env.rank == 0 and work:
+            try:
+                c, toks = work[0]
+                lock = RunLock.acquire(run_dir, token=token) if token else None
+                write_finished(store, Finished(c, list(toks), {}, Failure("failed", str(e))), meta, lock)
+            except LockHeld as held:
+                print(f"moebench worker: {held}", file=sys.stderr)
+        _exit(1)
+    chan = _Channel(f"moebench/{meta['run_id']}/{env.attempt}")
+    lock = None
+    if env.rank == 0 and token:
+        try:
+            lock = RunLock.acquire(run_dir, token=token)
+        except LockHeld as e:  # the sweep this job works for is gone: write nothing
+            print(f"moebench worker: {e}", file=sys.stderr)
+            chan.abort()
+            _exit(2)
+    cur, written = _Current(), []
+
+    def finish(failure: Optional[Failure]) -> None:  # rank 0, holding cur.lock
+        c, toks = work[cur.idx]
+        if failure is not None and failure.status == "failed" and peer_lost(failure.reason):
+            # a peer rank or its node went away: not the combination's doing (resume retries it)
+            failure = Failure("failed", f"{LOST}{failure.reason}", failure.tokens)
+        fin = Finished(c, list(toks), dict(cur.results), failure)
+        rows = write_finished(store, fin, meta, lock)
+        written.extend(rows)
+        log(f"  {c.label}: " + ", ".join(f"T={r['tokens_per_rank']} {r['status']}" for r in rows))
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(POLL_S)
+            if env.rank != 0:
+                if chan.aborted():
+                    _exit(1)
+                continue
+            with cur.lock:
+                if cur.idx is None:
+                    continue
+                err = chan.error(cur.idx)
+                if err is None and time.monotonic() < cur.deadline:
+                    continue
+                t = work[cur.idx][0].combo.timeout_s
+                finish(Failure(*err) if err else Failure("timeout", f"no result within {t:g} s: the process "
+                                                                    "group was ended", _in_flight(cur, work)))
+                _abort(chan)
+
+    threading.Thread(target=watchdog, name="moebench-watchdog", daemon=True).start()
+    baseline = memory.device_used_bytes(device)
+    for i, (c, toks) in enumerate(work):
+        with cur.lock:
+            cur.idx, cur.results, cur.mine = i, {}, {}
+            cur.deadline = time.monotonic() + c.combo.timeout_s
+        mine, tokens = cur.mine, None
+        try:
+            for tokens, res in run_combination(Task(i, c.combo, tuple(toks)), env.rank, env.world_size, group,
+                                               device, run_dir, baseline):
+                if res is None:
+                    continue
+                mine[tokens] = res
+                # every token count's results reach rank 0 as it ends (every rank yields each
+                # one): a group lost at the next count keeps this one's row measured
+                gathered = [None] * env.world_size if env.rank == 0 else None
+                if group is not None:
+                    dist.gather_object(res, gathered, dst=0)
+                else:
+                    gathered = [res]
+                if env.rank == 0:
+                    with cur.lock:
+                        cur.results[tokens] = dict(enumerate(gathered))
+            tokens = None
+        except KeyboardInterrupt:  # Ctrl-C, or a cancelled SLURM job: the work is cancelled, not failed
+            print(f"moebench worker: rank {env.rank} interrupted; nothing written for {c.label}", file=sys.stderr)
+            _exit(130)
+        except BaseException as e:  # noqa: BLE001 - everything becomes a row
+            status, reason = "oom" if is_oom(e) else "failed", f"rank {env.rank}: {type(e).__name__}: {e}"[:500]
+            traceback.print_exc()
+            if env.rank != 0:
+                chan.post_error(i, status, reason, tokens)
+                deadline = time.monotonic() + ABORT_WAIT_S
+                while time.monotonic() < deadline and not chan.aborted():
+                    time.sleep(POLL_S)
+                _exit(1)
+            time.sleep(1.0)  # a peer that raised first (the cause of this error) has posted by now
+            with cur.lock:
+                peer = chan.error(i)
+                finish(Failure(*peer) if peer else Failure(status, reason, tokens))
+                _abort(chan)
+        if env.rank == 0:
+            with cur.lock:
+                finish(None)
+                cur.idx = None
+    if group is not None:
+        for name in sorted({c.combo.backend for c, _ in work}):  # collective: every rank alike
+            registry.get_backend(name).release_group(group)
+    return written
+
+
+def _in_flight(cur: _Current, work: list) -> Optional[int]:
+    """The token count rank 0 had not finished (its peers may be further behind)."""
+    return next((t for t in work[cur.idx][1] if t not in cur.mine), None)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m moebench.dist_worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--sweep", default=None, help="named sweep in sweeps/ (or a path); default: the overrides only")
+    p.add_argument("--out", required=True, help="run directory (on a filesystem rank 0 can write)")
+    p.add_argument("--redo", default="none", choices=("none", "failed", "all"))
+    p.add_argument("--wait", action="store_true", help="if another sweep is writing --out, wait for it")
+    return p
+
+
+def _plan(args, env: RankEnv, log):
+    """Rank 0: lock, clean, plan against the store, write what an invocation writes.
+    Returns (lock, work, meta) or raises ValueError (bad input, a folder another sweep holds)."""
+    from moebench.run import env as envmod
+    from moebench.results.lock import RunLock
+    from moebench.run.plan import plan
+    from moebench.results.store import RunStore
+    from moebench.results.finished import plan_work, run_meta
+
+    combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
+    other = [c for c in combos if not c.reason and c.combo.world_size != env.world_size]
+    for c in other:
+        log(f"moebench: left out (runs {c.combo.world_size} ranks, this group has {env.world_size}): {c.label}")
+    combos = [c for c in combos if c not in other]
+    lock = RunLock.acquire(args.out, wait=args.wait, log=log)
+    store = RunStore(args.out)
+    if lock.fd is not None:
+        store.clean_temp()
+    else:  # working under a holder's lock: its temp files may be in flight
+        store.refuse_links()
+    info = envmod.fingerprint()
+    eid, run_id = envmod.env_id(info), uuid.uuid4().hex[:10]
+    meta = run_meta(run_id, sweep_data["name"], info, eid)
+    skipped, work, already = plan_work(combos, store, args.redo, meta)
+    log(f"moebench: {len(combos)} combinations, {len(work)} to run on {env.world_size} ranks, {len(skipped)} skipped "
+        f"rows, {already} rows already stored -> {args.out}")
+    store.write_env({**info, "env_id": eid}, run_id)
+    store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": list(args.overrides),
+                                               "run_id": run_id, "torchrun": dataclasses.asdict(env)})
+    store.write_skipped(skipped)
+    return lock, work, meta, [c.key for c in combos]
+
+
+def main(argv=None) -> int:
+    import torch.distributed as dist
+
+    from moebench.results.store import RunStore
+    from moebench.results.finished import BAD_STATUSES
+
+    args = _parser().parse_args(argv)
+    log = (lambda s: print(s, file=sys.stderr, flush=True))
+    try:
+        env = RankEnv.from_environ()
+    except ValueError as e:
+        print(f"moebench worker: error: {e}", file=sys.stderr)
+        return 2
+    lead = env.rank == 0
+    device = "cpu"
+    try:  # every rank plans (bad input fails alike everywhere, before the group exists)
+        from moebench.run.plan import plan
+
+        combos, _ = plan(list(args.overrides), args.sweep, this_machine=False)
+        mine = [c.combo for c in combos if c.combo.world_size == env.world_size]
+        device = mine[0].device if mine else "cpu"
+    except ValueError as e:
+        if lead:
+            print(f"moebench worker: error: {e}", file=sys.stderr)
+        return 2
+    from moebench.run.worker import GroupNotFormed
+
+    try:
+        _setup(env, device, max((c.startup_timeout_s for c in mine), default=30.0))
+    except GroupNotFormed as e:  # nothing planned or locked yet: the next attempt starts afresh
+        print(f"moebench worker: {e}", file=sys.stderr)
+        return 1
+    lock = keys = None
+    shared: list = [None]  # rank 0 tells the others (work, meta), or why there is none
+    if lead:
+        try:
+            lock, work, meta, keys = _plan(args, env, log)
+            shared = [(work, meta)]
+        except ValueError as e:
+            print(f"moebench worker: error: {e}", file=sys.stderr)
+            shared = [str(e)]
+    if env.world_size > 1:
+        dist.broadcast_object_list(shared, src=0)
+    if isinstance(shared[0], str):
+        return 2
+    work, meta = shared[0]
+    run_ranks(work, args.out, meta, env, token=lock.token if lock else None, log=log if lead else (lambda s: None))
+    if env.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    if not lead:
+        return 0
+    df = RunStore(args.out).load()
+    bad = df[df["combo_key"].isin(set(keys)) & df["status"].isin(BAD_STATUSES)] if len(df) else df
+    lock.release()
+    log(f"moebench: done at {dt.datetime.now().isoformat(timespec='seconds')}; {len(bad)} rows not ok in "
+        f"{args.out}")
+    # torchrun restarts a group that exits non-zero: with restarts, a group that ran everything
+    # exits 0 (its last line says how many rows are not ok), else as `moebench sweep` does
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    return 1 if len(bad) and not restarts else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

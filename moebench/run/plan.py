@@ -1,0 +1,118 @@
+"""A sweep's plan: its overrides expanded (config/sweeps.py) into Combinations, each checked by
+the validity rules (config/validity.py) and against this machine (its GPUs or cores), and the
+run folder's name. A combination that cannot run is a skipped row with its reason."""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Optional
+
+from moebench.config.compose import check_values, compose_config, rename, set_knobs, to_combo
+from moebench.config.spec import Combination, Combo
+from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
+from moebench.config.validity import validate, validate_tokens
+
+
+def _ranks_available(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return os.cpu_count() or 1
+
+
+def check_machine(combos: list[Combination], explicit_world_size: bool, oversubscribe: bool = False) -> None:
+    """Refuse a device or an explicitly given world size the machine lacks, with the numbers,
+    before any work (a world size the sweep file or the default asks for instead skips the
+    combinations that need it: machine_reason)."""
+    if any(c.combo.device not in ("cpu", "cuda") for c in combos):
+        raise ValueError("runner.device must be auto, cpu or cuda")
+    live = [c for c in combos if not c.reason]
+    cuda = [c for c in live if c.combo.device == "cuda"]
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("runner.device=cuda but no CUDA GPU is visible: use runner.device=cpu or auto")
+        carveout = max(c.combo.shared_sm_carveout for c in cuda)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if carveout else 0
+        if carveout and carveout >= sms:
+            raise ValueError(f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: "
+                             f"this GPU has {sms} SMs")
+    if not explicit_world_size:
+        return
+    for device in ("cuda", "cpu"):
+        # every combination asked for, skipped ones too: runner.world_size=64 on 2 cores is refused
+        # even where each 64-rank combination would also be skipped for another reason
+        sizes = [c.combo.world_size for c in combos if c.combo.device == device]
+        if not sizes:
+            continue
+        need, have = max(sizes), _ranks_available(device)
+        if need <= have or (device == "cpu" and oversubscribe):
+            continue
+        if device == "cuda":
+            raise ValueError(f"runner.world_size={need} needs {need} GPUs (one rank per GPU) but this machine "
+                             f"has {have}: set runner.world_size<={have} or run on a larger machine")
+        raise ValueError(f"runner.world_size={need} starts {need} CPU ranks but this machine has {have} cores: "
+                         f"set runner.world_size<={have}, or pass --oversubscribe (timings will contend)")
+
+
+def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
+    """Why this machine cannot run `combo`'s ranks (world size it was not explicitly given)."""
+    have = _ranks_available(combo.device)
+    if combo.world_size <= have or (combo.device == "cpu" and oversubscribe):
+        return None
+    what = "GPUs" if combo.device == "cuda" else "CPU cores"
+    return (f"backend={combo.backend} runs runner.world_size={combo.world_size} ranks (one per "
+            f"{'GPU' if combo.device == 'cuda' else 'core'}): this machine has {have} {what if have != 1 else what[:-1]}")
+
+
+def plan(cli_overrides: list[str], sweep: Optional[str] = None,
+         oversubscribe: bool = False, this_machine: bool = True) -> tuple[list[Combination], dict]:
+    """Expand overrides (and a sweep file) into validated Combinations. `this_machine=False`:
+    the ranks run elsewhere (torchrun, SLURM jobs), so this machine's cores and GPUs decide
+    nothing."""
+    sweep_data = load_sweep(sweep) if sweep else {"name": "adhoc", "overrides": {}}
+    cli_overrides = list(cli_overrides)
+    renamed = [o for o in cli_overrides if rename(o) != o]
+    if renamed:
+        raise ValueError(f"{renamed[0]}: renamed, use {rename(renamed[0])}")
+    device = sweep_device(cli_overrides)
+    overrides = {**sweep_data["overrides"], **sweep_data.get(device, {})}
+    explicit_ws = any(ov.key_or_group == "runner.world_size" for ov in parse_overrides(cli_overrides))
+    combos, seen, knobs_set, knobs_taken = [], set(), set(), set()
+    for ovs in expand(overrides, cli_overrides):
+        cfg = compose_config(ovs)
+        check_values(cfg)
+        combo = to_combo(cfg)
+        knobs_set |= set(set_knobs(cfg))
+        knobs_taken |= {f"{g}.{k}" for g in ("backend", "experts") for k, _ in combo.knobs if k in cfg[g]}
+        if combo.key in seen:  # e.g. single-rank backends with different world sizes
+            continue
+        seen.add(combo.key)
+        reason = validate(combo)
+        if not reason and not explicit_ws and this_machine and _ranks_available(combo.device):  # no GPU at all: refused below
+            reason = machine_reason(combo, oversubscribe)
+        token_reasons = {}
+        if not reason:
+            for t in cfg["workload"]["tokens_per_rank"]:
+                why = validate_tokens(combo, t)
+                if why:
+                    token_reasons[t] = why
+        combos.append(Combination(combo, tuple(cfg["workload"]["tokens_per_rank"]), tuple(ovs), reason,
+                                  token_reasons))
+    unused = sorted(knobs_set - knobs_taken)
+    if unused:
+        raise ValueError(f"{unused[0]} is set, but none of the chosen entries takes it "
+                         f"(`moebench list --knobs` shows which entry declares which knob)")
+    if this_machine:
+        check_machine(combos, explicit_ws, oversubscribe)
+    return combos, sweep_data
+
+
+def run_name(sweep_name: str, cli_overrides: list[str]) -> str:
+    """Default run directory name: the same command resumes into the same place."""
+    h = hashlib.sha1("\0".join(sorted(cli_overrides)).encode()).hexdigest()[:8]
+    return f"{sweep_name}-{h}" if cli_overrides else sweep_name
+
+

@@ -1,0 +1,287 @@
+"""`moebench sweep` / `moebench run`: plan, skip what is stored, launch, write
+rows as each combination ends, stop cleanly on Ctrl-C."""
+from __future__ import annotations
+
+import signal
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from moebench.run import env as envmod
+from moebench.run.launch import Launcher
+from moebench.results.rank_result import Finished
+from moebench.results.lock import RunLock
+from moebench.config.paths import default_runs_dir
+from moebench.config.spec import Combination
+from moebench.run.plan import plan, run_name
+from moebench.config.plugins import problems as plugin_problems
+from moebench.results.finished import BAD_STATUSES, plan_work, run_meta, write_finished
+from moebench.results.store import RunStore
+from moebench.config.limits import NOISY_SPREAD
+from moebench.results.writable import describe as environment_error
+from moebench.util.safe_write import safe_dir
+from moebench.results.writable import probe
+
+
+class SweepCounts(Counter):
+    """Rows written by one invocation, by status; `interrupted` when Ctrl-C stopped it,
+    `terminated` when SIGTERM did; `env_error` (the line saying what) when the machine refused
+    a write mid-sweep."""
+
+    interrupted: bool = False
+    terminated: bool = False
+    env_error: str = ""
+
+    def exit_code(self) -> int:
+        """0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom rows,
+        or an environment error stopped the sweep; 130 interrupted, 143 terminated
+        (docs/design.md, "Exit status")."""
+        if self.env_error:
+            return 1
+        if self.terminated:
+            return 143
+        if self.interrupted:
+            return 130
+        return 1 if any(self.get(s) for s in BAD_STATUSES) else 0
+
+
+class _Progress:
+    """tqdm bar over combinations with ETA (plain lines when not a terminal). Messages go
+    through tqdm.write so they never break the bar; wide-spread rows are counted and
+    summarised at the end (summary()), not printed one by one."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="combo", dynamic_ncols=True, file=sys.stderr, disable=total == 0)
+        self.wide: list[tuple[float, str]] = []  # (p80/p20, 'label T=tokens') of each wide-spread row
+
+    def update(self, label: str, statuses: Counter) -> None:
+        wide = f" wide_spread={len(self.wide)}" if self.wide else ""
+        self.bar.set_postfix_str(f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())) + wide,
+                                 refresh=False)
+        self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        self.bar.write(text, file=sys.stderr)
+
+    def summary(self) -> str:
+        """'3 rows with a wide spread (p80/p20 > 1.10), widest 1.31: <label> T=16; ...' or ''."""
+        if not self.wide:
+            return ""
+        worst = sorted(self.wide, reverse=True)[:3]
+        shown = "; ".join(f"{where} ({spread:.2f})" for spread, where in worst)
+        return (f"moebench: {len(self.wide)} row(s) with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
+                f"{shown}; more runner.reps or a quieter machine (the report flags them)")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Stop:
+    """First Ctrl-C: stop after the current combination. Second: abort now. SIGTERM (SLURM's
+    pre-emption, `timeout`, `docker stop`, which give seconds before a SIGKILL): stop now --
+    the combination in flight is cancelled with its ranks and gets no row, SLURM jobs are
+    cancelled, what finished is stored; exit 143."""
+
+    def __init__(self):
+        self.requested = False
+        self.terminated = False
+        self._old: dict = {}
+
+    def __enter__(self):
+        self._old = {signal.SIGINT: signal.signal(signal.SIGINT, self._handler),
+                     signal.SIGTERM: signal.signal(signal.SIGTERM, self._term)}
+        return self
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nmoebench: stopping after the current combination (Ctrl-C again to abort now)", file=sys.stderr)
+
+    def _term(self, signum, frame):
+        if not self.terminated:
+            print("\nmoebench: SIGTERM: stopping now (the combination in flight is cancelled)", file=sys.stderr)
+        self.requested = self.terminated = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
+    """(count, text) per reason, most frequent first; reasons that share their head (the
+    text before the first ':', e.g. 'layouts differ') are one group: its most frequent
+    reason as the example and how many variants it has."""
+    groups: dict[str, Counter] = {}
+    for r in reasons:
+        groups.setdefault(r.split(":")[0] if ":" in r else r, Counter())[r] += 1
+    out = []
+    for variants in groups.values():
+        example, _ = variants.most_common(1)[0]
+        more = f" (and {len(variants) - 1} more like it)" if len(variants) > 1 else ""
+        out.append((sum(variants.values()), f"{example}{more}"))
+    return sorted(out, key=lambda x: (-x[0], x[1]))
+
+
+def dry_run_listing(work: list, combos: list, already: int) -> str:
+    """What `sweep --dry-run` prints: each combination to run with its token counts, then
+    the skipped ones counted by reason."""
+    lines = [f"would run {len(work)} combination(s), {sum(len(t) for _, t in work)} row(s):"]
+    lines += [f"  {c.label}  tokens {', '.join(map(str, tokens))}" for c, tokens in work]
+    reasons = [c.reason for c in combos if c.reason]
+    reasons += [why for c in combos if not c.reason for why in c.token_reasons.values()]
+    if reasons:
+        lines.append(f"would skip {len(reasons)} (combination or token count), by reason:")
+        lines += [f"  {n:4d}  {text}" for n, text in reason_groups(reasons)]
+    if already:
+        lines.append(f"{already} row(s) already stored (--redo failed|all to re-run them)")
+    return "\n".join(lines)
+
+
+def _trace_folders(combos: list[Combination]) -> set[Path]:
+    """The run folder's subfolders the ranks will write traces into (trace=torch|nsys: the
+    combination's trace_dir; profiler timing and nsys: traces/)."""
+    out = set()
+    for c in combos:
+        if c.reason:
+            continue
+        if c.combo.trace in ("torch", "nsys"):
+            out.add(Path(c.combo.trace_dir))
+        if c.combo.trace == "nsys" or c.combo.timing == "profiler":
+            out.add(Path("traces"))
+    return out
+
+
+def execute(
+    cli_overrides: list[str],
+    sweep: Optional[str],
+    out: Optional[str],
+    redo: str = "none",
+    dry_run: bool = False,
+    quiet: bool = False,
+    oversubscribe: bool = False,
+    wait: bool = False,
+    slurm=None,
+) -> tuple[Path, "SweepCounts"]:
+    """Plan and run; returns the run directory and the status counts of this invocation.
+    Bad input, or a run directory another sweep holds (unless `wait`), raise ValueError
+    before any work. `slurm`: a moebench.run.slurm.SlurmOptions to run the work as jobs."""
+    # SLURM jobs run on other machines: this one's cores and GPUs decide nothing
+    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe,
+                              this_machine=slurm is None or slurm.cluster != "slurm")
+    if slurm is not None:
+        slurm.check(combos)
+    run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
+    store = RunStore(run_dir)
+    log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
+    if dry_run:
+        info, eid, run_id = {}, "", "dry-run"
+        lock = None
+        for torn in store.torn_files() if store.rows_dir.is_dir() else ():
+            log(f"moebench: {torn}: a sweep moves it to rows/.corrupt/ and measures its rows again")
+    else:
+        probe(run_dir)  # a full disk, a read-only folder or a file in the way: exit 2 before any work
+        for folder in _trace_folders(combos):  # a link there: one line, exit 2, before any work
+            safe_dir(run_dir, *folder.parts)
+        lock = RunLock.acquire(run_dir, wait=wait, log=log)
+    try:
+        if lock is not None:
+            store.clean_temp()  # a writer killed between write and rename left these
+            for torn, moved in store.set_aside_torn():
+                log(f"moebench: {torn}: moved to {moved}; its rows are measured again")
+            info = envmod.fingerprint()
+            eid = envmod.env_id(info)
+            run_id = uuid.uuid4().hex[:10]
+        meta = run_meta(run_id, sweep_data["name"], info, eid)
+        skipped, work, already = plan_work(combos, store, redo, meta)
+        counts = SweepCounts({"skipped": len(skipped)})
+        log(
+            f"moebench: {len(combos)} combinations, {len(work)} to run, "
+            f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
+        )
+        for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs
+            log(f"moebench: {line}")
+        if any(c.combo.trace == "nsys" and not c.reason for c in combos):
+            from moebench.traces.nsys import nsys_available, NSYS_MISSING
+
+            if not nsys_available():
+                log(f"moebench: {NSYS_MISSING}")
+        if lock is None:  # --dry-run
+            if not quiet:
+                print(dry_run_listing(work, combos, already))
+            return run_dir, counts
+        store.write_env({**info, "env_id": eid}, run_id)
+        store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides,
+                                                   "run_id": run_id, "slurm": bool(slurm)})
+        store.write_skipped(skipped)
+        _run(work, store, meta, lock, counts, log, quiet, slurm, already)
+        return run_dir, counts
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) -> None:
+    """Bad rows printed through the bar; wide-spread rows counted for the summary."""
+    for r in rows:
+        if r["status"] in BAD_STATUSES:
+            if not quiet:
+                progress.write(f"  {r['status']}: {label} T={r['tokens_per_rank']}: {r['reason']}")
+        elif r["status"] == "ok" and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
+            progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
+
+
+def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm,
+         already: int = 0) -> None:
+    """Run the work here (one process group per family) or as SLURM jobs; count the rows."""
+    progress = _Progress(0 if quiet else len(work))
+
+    def on_finished(fin: Finished) -> None:
+        rows = write_finished(store, fin, meta, lock)
+        counts.update(r["status"] for r in rows)
+        _report(fin.combo.label, rows, progress, quiet)
+        progress.update(fin.combo.label, counts)
+
+    with _Stop() as stop:
+        try:
+            if slurm is not None:
+                from moebench.run.slurm import run_jobs
+
+                for label, rows in run_jobs(work, store, meta, lock, slurm, should_stop=lambda: stop.requested):
+                    counts.update(r["status"] for r in rows)
+                    _report(label, rows, progress, quiet)
+                    progress.update(label, counts)
+            else:
+                Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested,
+                         should_abort=lambda: stop.terminated).run(work)
+        except OSError as e:
+            # a full disk or a folder turned read-only: the rows written so far stay (each file
+            # is whole or absent); measuring on would only lose more, so the sweep stops here
+            counts.env_error = environment_error(e, store.dir) or ""
+            if not counts.env_error:
+                raise
+        finally:
+            progress.close()
+    if progress.summary():
+        log(progress.summary())
+    summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    stored = f", {already} row(s) already stored" if already else ""
+    log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
+    if not work and not already:
+        log("moebench: nothing ran: every combination was skipped on this machine "
+            "(`moebench list -v` with the same options says why)")
+    if counts.env_error:
+        written = sum(n for status, n in counts.items() if status != "skipped")
+        print(f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
+              "measured row(s) it stored: fix that, then re-run the same command to resume", file=sys.stderr)
+    elif stop.terminated:
+        counts.terminated = True
+        log(f"moebench: terminated (SIGTERM): the work in flight was cancelled{' (its SLURM jobs too)' if slurm else ''};"
+            " finished combinations are stored. Re-run the same command to resume.")
+    elif stop.requested:
+        counts.interrupted = True
+        log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")

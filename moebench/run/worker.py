@@ -1,0 +1,247 @@
+"""Per rank: build the layer, check it against the reference, time it, measure memory,
+capture traces — one typed step each (layer.py, measure.py, derived.py, capture.py).
+Ranks receive `Task`s and report `messages` through a queue to launch.py; they never
+run @hydra.main."""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import gc
+import os
+import signal
+import traceback
+from contextlib import nullcontext
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from moebench.measure import memory
+from moebench.measure.capture import capture_trace, make_recorder, nsys_capture, profiled_phases
+from moebench.measure.derived import derived_figures, routing_counts
+from moebench.kernels import registry
+from moebench.measure.layer import build_layer
+from moebench.run.lifeline import die_with
+from moebench.measure.samples import check, host_enqueue, host_time_note, memory_figures, paced_mode, rank_sync, time_layer
+from moebench.results.rank_result import NAN, RankResult
+from moebench.run.messages import Done, Error, Exited, Result, Started, Task
+from moebench.config.validity import timing_mode, timing_note
+from moebench.measure.workload import make_inputs, reference_expert_fn
+
+
+def _release_cached(device: torch.device) -> None:
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _under_nsys(combo) -> bool:
+    """trace=nsys with nsys on the PATH: the launcher started this rank under nsys."""
+    if combo.trace != "nsys":
+        return False
+    from moebench.traces.nsys import nsys_available
+
+    return nsys_available()
+
+
+def run_combination(task: Task, rank: int, world_size: int, group, device: torch.device, run_dir: str,
+                    baseline_used: Optional[int] = None) -> Iterator[tuple[int, Optional[RankResult]]]:
+    """For each token count of one combination, yield (tokens, None) when it starts and
+    (tokens, this rank's RankResult) when it is done."""
+    combo = task.combo
+    _release_cached(device)  # a previous combination's cached blocks must not count as ours
+    layer = build_layer(combo, rank, world_size, group, device)
+    ctx, kernel = layer.ctx, layer.kernel
+    shape, quant, seed = ctx.shape, ctx.quant, combo.seed
+    setup_used = memory.device_used_bytes(device)
+    sync = rank_sync(group, device, combo.l2_flush)
+    ref_weights = reference_expert_fn(shape, quant, seed, device)
+    kept = range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
+    shared_ref = (kernel.shared.w13_NK.float(), kernel.shared.w2_KS.float()) if kernel.shared is not None else None
+    rec = make_recorder(device, nvtx=combo.trace in ("nvtx", "nsys"))
+    under_nsys = _under_nsys(combo)
+    routing = (combo.routing, combo.skew, seed, rank)
+    try:
+        for T in task.tokens:
+            yield T, None
+            res = RankResult(rank=rank)
+            # correct first: fresh random data, compared with the float32 reference
+            try:
+                if combo.check:
+                    inputs = make_inputs(shape, T, *routing, salt=1, device=device)
+                    err, why = check(kernel, inputs, ref_weights, kept, shared_ref, quant.name, group, device,
+                                     combo.memory_budget)
+                    res = dataclasses.replace(res, rel_err=err)
+                    del inputs
+                    if why:
+                        yield T, dataclasses.replace(res, status="incorrect", reason=why)
+                        continue
+                inputs = make_inputs(shape, T, *routing, salt=2, device=device)
+                kernel.clear_workspaces()
+                with memory.capped(device, combo.memory_budget) as cap:
+                    fields = _measure(task, kernel, layer, inputs, T, rank, world_size, sync, device, run_dir,
+                                      rec, under_nsys, setup_used, baseline_used)
+            except torch.OutOfMemoryError as e:
+                if not combo.memory_budget or world_size > 1:
+                    raise  # a real OOM: the whole process group goes (its peers wait in a collective)
+                # under runner.memory_budget on one rank: this token count does not fit the budget
+                kernel.clear_workspaces()
+                _release_cached(device)
+                # torch's first line says what was allowed, allocated and reserved-but-unallocated
+                msg = str(e).splitlines()[0][:700]
+                yield T, dataclasses.replace(res, status="oom", reason=(
+                    f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
+                    f"{T} tokens per rank (OutOfMemoryError: {msg})"))
+                continue
+            fields["memory_cap_bytes"] = float(cap) if cap else float("nan")
+            yield T, dataclasses.replace(res, **fields)
+    finally:
+        kernel.close()
+
+
+def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: int, sync, device, run_dir: str,
+             rec, under_nsys: bool, setup_used, baseline_used) -> dict:
+    """One token count's timed samples, phases, memory, derived figures and traces."""
+    combo, shape, quant = task.combo, layer.ctx.shape, layer.ctx.quant
+    x, w, ids = inputs
+    fn = lambda: kernel(x, w, ids)  # noqa: E731
+    mode, note = timing_mode(combo, T), timing_note(combo, T)
+    reserved_base = memory.region_start(device)
+    host_us = host_enqueue(kernel, inputs, device)
+    with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
+        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us)
+    if device.type == "cuda":
+        paced = paced_mode(mode, host_us, timed.host_paced, len(timed.samples_us))
+        if paced != mode:
+            note = host_time_note(host_us, timed.host_paced, len(timed.samples_us))
+        mode = paced
+    fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
+              "no_shared_samples_us": timed.no_shared_samples_us,
+              "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
+              "host_paced_samples": timed.host_paced if device.type == "cuda" else NAN,
+              "timing_note": note, **nsys_row}
+    if mode == "profiler":
+        fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
+    reserved = memory.reserved_peak_bytes(device, reserved_base)  # timed samples and phases
+    if combo.memory:
+        fields.update(memory_figures(kernel, fn, T, device, setup_used, baseline_used))
+        # memory_figures reset the peak counters for its one forward: the larger of the two
+        reserved = max(reserved, memory.reserved_peak_bytes(device, reserved_base)) if reserved is not None else None
+    if reserved is not None:
+        fields["reserved_bytes_peak"] = float(reserved)
+    fields.update(derived_figures(routing_counts(kernel, x, w, ids), fields["phases_us"], shape.hidden,
+                                  shape.intermediate, layer.weights.nbytes_per_expert(), quant.act_bytes,
+                                  combo.overlap))
+    if combo.trace == "torch" or (combo.trace == "nsys" and not under_nsys):
+        fields.update(capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs,
+                                    world_size=world_size))
+    fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
+    return fields
+
+
+class GroupNotFormed(RuntimeError):
+    """The process group did not form within runner.startup_timeout_s (its reason is LOST's)."""
+
+
+def rank_device(device_kind: str, local_rank: int, local_world_size: int) -> torch.device:
+    """This rank's device: its GPU (its context created, before the memory baseline), or the
+    CPU with the host's cores shared among the ranks on it."""
+    if device_kind == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
+        return device
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    return torch.device("cpu")
+
+
+def form_group(device: torch.device, rank: int, world_size: int, init_method: str, startup_s: float):
+    """The process group of `world_size` ranks, formed within `startup_s` (every rank joined): a
+    rank lost before that raises GroupNotFormed there, not after gloo's 30-minute default, which
+    held the sweep and its lock. Once formed, collectives wait as long as torch's defaults again
+    (a combination's own deadline is the launcher's or rank 0's watchdog's)."""
+    import datetime
+
+    from torch.distributed import distributed_c10d as c10d
+
+    from moebench.results.store import LOST
+
+    cuda = device.type == "cuda"
+    kw = {"device_id": device} if cuda else {}
+    try:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=startup_s), **kw)
+    except Exception as e:  # noqa: BLE001 - the store's timeout, a refused or reset connection
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise GroupNotFormed(f"{LOST}the process group of {world_size} ranks did not form within "
+                             f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "
+                             f"(rank {rank}: {type(e).__name__}: {first})") from e
+    long = c10d.default_pg_nccl_timeout if cuda else c10d.default_pg_timeout
+    c10d._set_pg_timeout(long, None)
+    c10d._get_default_store().set_timeout(long)
+    return dist.group.WORLD
+
+
+def _setup(rank: int, world_size: int, device_kind: str, port: int, startup_s: float = 30.0):
+    """This rank's device and process group (None on one rank)."""
+    device = rank_device(device_kind, rank, world_size)
+    group = form_group(device, rank, world_size, f"tcp://127.0.0.1:{port}", startup_s) if world_size > 1 else None
+    return device, group
+
+
+# what allocators say when memory runs out: CUDA's caching allocator, the CPU allocator
+# (c10's DefaultCPUAllocator: "can't allocate memory ... Error code 12 (Cannot allocate
+# memory)"), std::bad_alloc and ENOMEM from the OS
+OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc", "enomem")
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether an exception says memory ran out (the row's status is then `oom`)."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+        return True
+    text = str(e).lower()
+    return any(t in text for t in OOM_TEXTS)
+
+
+
+def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list[Task], queue, run_dir: str,
+              parent_pid: Optional[int] = None, pdeathsig: bool = True) -> None:
+    """Entry point of one rank: run `tasks` in order, report each result. The rank dies with
+    `parent_pid` (moebench/lifeline.py)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when to stop
+    die_with(parent_pid, pdeathsig)
+    idx: Optional[int] = None
+    tokens: Optional[int] = None
+    try:
+        device, group = _setup(rank, world_size, device_kind, port,
+                               max((t.combo.startup_timeout_s for t in tasks), default=30.0))
+        baseline = memory.device_used_bytes(device)
+        backends = set()
+        for task in tasks:
+            idx, tokens = task.idx, None
+            backends.add(task.combo.backend)
+            queue.put(Started(idx, rank))
+            marked = task.combo.trace in ("nvtx", "nsys")
+            from moebench.traces.nvtx import combo_range
+
+            with combo_range(task.key) if marked else nullcontext():
+                for tokens, res in run_combination(task, rank, world_size, group, device, run_dir, baseline):
+                    if res is not None:
+                        queue.put(Result(idx, rank, tokens, res))
+            queue.put(Done(idx, rank))
+            tokens = None
+        if group is not None:
+            for name in sorted(backends):  # collective: every rank releases the same backends
+                registry.get_backend(name).release_group(group)
+            dist.destroy_process_group()
+        queue.put(Exited(rank))
+    except BaseException as e:  # noqa: BLE001 - everything becomes a row
+        msg = f"{type(e).__name__}: {e}".strip()
+        queue.put(Error(idx, rank, "oom" if is_oom(e) else "failed", msg[:500], tokens,
+                        traceback.format_exc()[-4000:]))
+    finally:
+        queue.close()
+        queue.join_thread()
