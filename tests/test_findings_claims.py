@@ -134,27 +134,31 @@ def qwen3_1024_order():
 
 def default_held():
     tv = _bench("timing_validation")
-    m = tv.default_pairs(RESULTS / "default_sweep" / "h200x1_held", RESULTS / "default_sweep" / "h200x1_held_events")
+    # the pair measured in one call at 16c72ff
+    m = tv.default_pairs(RESULTS / "default_sweep" / "h200x1_held_16c72ff",
+                         RESULTS / "default_sweep" / "h200x1_held_events")
     assert len(m) == 138 and (m["timing_mode_auto"] == "graph").all()
-    for run in ("h200x1_held", "h200x1_held_events"):
+    for run in ("h200x1_held_16c72ff", "h200x1_held_events", "h200x1_held"):
         ok = rows(f"default_sweep/{run}")
         assert (ok[ok.status == "ok"].host_paced_samples == 0).all(), run
     return [len(m), m["events_over_auto"].min(), m["events_over_auto"].max()]
 
 
 def default_phase_sums():
-    from moebench.report.load import PHASE_COLUMNS
+    """16c72ff's run (no shared-expert phase yet) against d751099's (shared_experts_us recorded)."""
+    from moebench.report.load import PHASE_COLUMNS, phase_sum
 
-    df = rows("default_sweep/h200x1_held")
+    df = rows("default_sweep/h200x1_held_16c72ff")
     ok = df[(df.status == "ok") & (df.tokens_per_rank == 4096)]
     routed = ok[[c for c in PHASE_COLUMNS if c in ok.columns and c != "shared_experts_us"]].sum(axis=1) \
         / ok.latency_us_median
     off = routed[(routed - 1).abs() > 0.25]
-    everything = (ok[[c for c in PHASE_COLUMNS if c in ok.columns]].sum(axis=1) + ok.shared_us) / ok.latency_us_median
-    ok_all = df[df.status == "ok"]
-    every = (ok_all[[c for c in PHASE_COLUMNS if c in ok_all.columns]].sum(axis=1) + ok_all.shared_us) \
-        / ok_all.latency_us_median
-    return [len(off), off.min(), off.max(), ok.shared_us.median(), every.min(), every.max()]
+    now = rows("default_sweep/h200x1_held")
+    now = now[now.status == "ok"]
+    assert (now.timing_mode == "graph").all() and len(now) == 138
+    every = now.apply(phase_sum, axis=1) / now.latency_us_median
+    shared = now[now.tokens_per_rank == 4096].shared_experts_us.median()
+    return [len(off), off.min(), off.max(), shared, every.min(), every.max()]
 
 
 # --- deepep-pplx.md: results/deepep_vs_own_benchmarks, results/deepep_ll, results/pplx_race ---
@@ -344,8 +348,8 @@ CLAIMS = {
                                  "none host-paced; forced held events read {:.3f}–{:.3f} × them", default_held),
     "timing/phase-sums": Claim("timing.md", "The default sweep's {} `phases≠latency` rows at 4096 tokens (phase sum "
                                "{:.2f}–{:.2f} of the graph latency) were no timing defect: the phase columns had no place "
-                               "for DeepSeek-V3's shared expert, ~{:.0f} µs at 4096 tokens. With the ablation's `shared_us` "
-                               "added, every row's phases sum to {:.2f}–{:.2f} of its latency", default_phase_sums),
+                               "for DeepSeek-V3's shared expert, ~{:.0f} µs at 4096 tokens. Measured at d751099, where the rows "
+                               "record it, every row's phases sum to {:.2f}–{:.2f} of its latency", default_phase_sums),
     "timing/default-sweep-graph": Claim("timing.md", "the default sweep read `overlap=none` {:.1f} µs and "
                                         "`overlap=combine` {:.1f} µs (p80/p20 ≤ {:.3f}) in graph replays",
                                         default_sweep_graph_rows),
