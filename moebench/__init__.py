@@ -2,7 +2,6 @@
 import os as _os
 
 __version__ = "0.1.0"
-SCHEMA_VERSION = 1
 
 # In a source checkout used without installing (PYTHONPATH=<repo>), map
 # moebench.kernels to <repo>/kernels as the installed package does.

@@ -7,7 +7,8 @@ import pytest
 
 from moebench.report import (compare_runs, latency_table, load_run, mann_whitney_p,
                              memory_table, overlap_table, phase_table, reasons_table,
-                             report_command, status_table, write_report)
+                             status_table, write_report)
+from moebench.cli.report import report_command
 from moebench.report import plots
 from moebench.results.synthetic import make_row, make_rows, synthetic_run, write_run
 

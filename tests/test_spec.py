@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from moebench.config import spec
+from moebench.results import row as rowschema
 from moebench.run import plan
 from moebench.results.migrate import migrate, migrate_v1_row
 from moebench.report.compare import compare_runs
@@ -93,7 +94,7 @@ def test_every_committed_row_recomputes_its_key():
         migrated = migrate(df, str(run))
         for (_, row), (_, new) in zip(df.iterrows(), migrated.iterrows()):
             row, new = row.to_dict(), new.to_dict()
-            if int(row["schema_version"]) == spec.SCHEMA_VERSION:
+            if int(row["schema_version"]) == rowschema.SCHEMA_VERSION:
                 assert spec.from_row(row).key == row["combo_key"], (run, row["label"])
             else:
                 combo, why = migrate_v1_row(row)
@@ -134,23 +135,60 @@ def test_compare_over_committed_runs_pairs_only_equal_keys_and_identities():
     assert pairs > 0
 
 
-def test_row_schema_is_pinned(tmp_path):
-    """The columns (and their kinds) of the rows a real CPU sweep writes, against the golden
-    file: a change to the row schema updates tests/golden/row_schema.json deliberately, with a
-    schema_version bump (moebench/spec.py) and a migration (moebench/migrate.py)."""
+def _cpu_sweep(out):
     from moebench.results.store import RunStore
     from moebench.run.sweep import execute
 
     run_dir, _ = execute(["backend=local,naive", "experts=torch,torch_batched", "reduction=finalize",
                           "overlap=none,combine", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",
                           "runner.reps=2", "runner.warmup=0", "runner.phase_reps=1"],
-                         "default", str(tmp_path / "run"), quiet=True)
-    df = RunStore(run_dir).load()
+                         "default", str(out), quiet=True)
+    return RunStore(run_dir).load()
+
+
+def _compatible(observed: str, dtype: str) -> bool:
+    return observed in ("null", dtype) or (observed == "int" and dtype == "float")
+
+
+def test_the_generated_schema_files_match_row_py():
+    """tests/golden/row_schema.json and docs/design.md's column table are generated from
+    moebench/results/row.py: an edit to either by hand, or a column added to row.py without
+    `python -m moebench.results.row --write`, fails here."""
+    assert GOLDEN.read_text() == rowschema.golden_text(), "run `python -m moebench.results.row --write`"
+    design = (ROOT / "docs" / "design.md").read_text()
+    assert design == rowschema.design_text(design), "run `python -m moebench.results.row --write`"
+    assert rowschema.main([]) == 0
+
+
+def test_row_schema_is_pinned(tmp_path):
+    """The columns a real CPU sweep writes are exactly row.py's, each of its declared type
+    (NaN / None where not measured): a column written without a Column in row.py, or one
+    row.py names that no row carries, fails here. A change of a column's meaning bumps
+    rowschema.SCHEMA_VERSION with a migration (moebench/results/migrate.py)."""
+    df = _cpu_sweep(tmp_path / "run")
     assert {"ok", "skipped"} <= set(df["status"])
-    schema = {c: _kind(df[c]) for c in sorted(df.columns)}
-    golden = json.loads(GOLDEN.read_text())
-    assert golden["schema_version"] == spec.SCHEMA_VERSION, "bump the golden file with the schema version"
-    assert schema == golden["columns"], _diff(golden["columns"], schema)
+    declared = {c.name: c.dtype for c in rowschema.columns()}
+    assert sorted(df.columns) == sorted(declared), _diff(declared, {c: "?" for c in df.columns})
+    wrong = {c: (_kind(df[c]), declared[c]) for c in df.columns if not _compatible(_kind(df[c]), declared[c])}
+    assert not wrong, wrong
+    assert set(df["status"]) <= set(rowschema.STATUSES)
+    assert json.loads(GOLDEN.read_text())["schema_version"] == rowschema.SCHEMA_VERSION
+
+
+def test_a_column_added_to_row_py_reaches_the_rows_the_golden_file_and_the_docs(tmp_path, monkeypatch):
+    """What the contributor guide promises: one Column in row.MEASURED and the sweep writes
+    it (its default until some code measures it), the report reads it, and the generated
+    golden schema and design table list it."""
+    extra = rowschema.Column("throwaway_us", "float", "latency", rowschema.MAX, "a column added by a test")
+    monkeypatch.setattr(rowschema, "MEASURED", (*rowschema.MEASURED, extra))
+    assert '"throwaway_us": "float"' in rowschema.golden_text()
+    design = (ROOT / "docs" / "design.md").read_text()
+    assert "| `throwaway_us` | float | latency | max | a column added by a test |" in rowschema.design_text(design)
+    assert rowschema.golden_text() != GOLDEN.read_text()  # the check would now ask for --write
+    df = _cpu_sweep(tmp_path / "run")
+    assert "throwaway_us" in df.columns and df["throwaway_us"].isna().all()
+    loaded, _ = load_run(tmp_path / "run")
+    assert "throwaway_us" in loaded.columns
 
 
 def _kind(col: pd.Series) -> str:
@@ -172,7 +210,3 @@ def _diff(golden: dict, now: dict) -> str:
     return f"added {added}, removed {gone}, changed {[(k, golden[k], now[k]) for k in changed]}"
 
 
-def write_golden(df: pd.DataFrame) -> None:  # pragma: no cover - run by hand when the schema changes
-    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    GOLDEN.write_text(json.dumps({"schema_version": spec.SCHEMA_VERSION,
-                                  "columns": {c: _kind(df[c]) for c in sorted(df.columns)}}, indent=1) + "\n")

@@ -22,8 +22,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-SCHEMA_VERSION = 2  # of the stored rows; moebench/migrate.py upgrades older ones
-
 _NO_DEFAULT = dataclasses.MISSING
 
 

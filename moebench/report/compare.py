@@ -42,7 +42,6 @@ __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "lat
 SHOWN_COLUMNS = SHOWN_IDENTITY
 VERDICT_ORDER = ["broken", "slower", "skipped", "faster", "fixed", "~", "host", "cpu", "n/a"]
 NO_VERDICT = ("host", "cpu")  # ok on both sides, but a figure no verdict may rest on
-BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
 SIDE_COLUMNS = ["status", "reason", "timing_mode", "timing_note", "latency_us_median", "latency_us_p20",
                 "latency_us_p80", "samples_us", "combo_key", "host_enqueue_us", "host_paced_samples",
                 "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS

@@ -31,9 +31,14 @@ LIBRARIES = ("deep_ep", "deep_gemm", "pplx")
 COMPARED = ("GPU", "driver", "CUDA", "NCCL", "torch", "triton", "deep_ep", "deep_gemm", "pplx")
 
 
+INVOCATIONS = "invocations"  # report/load.py read_env: run_id -> each invocation's fingerprint
+
+
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
+        if not prefix and k == INVOCATIONS:  # a fingerprint of its own each (fingerprints())
+            continue
         key = f"{prefix}{k}"
         if isinstance(v, dict):
             out.update(_flatten(v, key + "."))
@@ -147,16 +152,33 @@ def _gpu_names(env: dict):
     return value
 
 
+def fingerprints(env: dict) -> list[dict]:
+    """A run's fingerprints: env.json's, then every invocation's (envs/*.json), each once."""
+    out = [{k: v for k, v in env.items() if k != INVOCATIONS}] if env else []
+    for inv in (env.get(INVOCATIONS) or {}).values():
+        if isinstance(inv, dict) and inv not in out:
+            out.append(inv)
+    return out
+
+
+def _values(envs: list[dict], label: str) -> list[str]:
+    """The distinct values (as text, sorted) a field takes over fingerprints; absent ones aside."""
+    vals = {str(v) for e in envs
+            if (v := (_gpu_names(e) if label == "GPU" else field_value(e, label))) is not None}
+    return sorted(vals)
+
+
 def env_differences(base_env: dict, cand_env: dict) -> list[str]:
-    """'torch: 2.10.0 → 2.11.0' for each COMPARED field that differs between two runs."""
+    """'torch: 2.10.0 → 2.11.0' for each COMPARED field that differs between two runs, over
+    every invocation's fingerprint of each (a run resumed under another driver holds two:
+    'driver: 580.1 → 580.1 / 575.5')."""
     diffs = []
+    base, cand = fingerprints(base_env), fingerprints(cand_env)
     for label in COMPARED:
-        if label == "GPU":
-            a, b = _gpu_names(base_env), _gpu_names(cand_env)
-        else:
-            a, b = field_value(base_env, label), field_value(cand_env, label)
-        if a != b and (a is not None or b is not None):
-            diffs.append(f"{label}: {md_text(a) if a is not None else 'none'} → {md_text(b) if b is not None else 'none'}")
+        a, b = _values(base, label), _values(cand, label)
+        if a != b or len(a) > 1:
+            diffs.append(f"{label}: {' / '.join(md_text(v) for v in a) or 'none'} → "
+                         f"{' / '.join(md_text(v) for v in b) or 'none'}")
     return diffs
 
 

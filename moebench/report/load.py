@@ -1,4 +1,5 @@
-"""Load a results run (as written by moebench/store.py) into one tidy DataFrame.
+"""Load a results run into one tidy DataFrame, through the store (moebench/results/store.py:
+the only reader of a run folder) and with the column groups of moebench/results/row.py.
 
 A run is a directory ``<run>/rows/*.parquet`` (one file per finished combination, one
 row per tokens_per_rank) with ``<run>/env.json`` beside it. ``load_run`` also accepts a
@@ -6,14 +7,14 @@ single ``.parquet`` file or a plain directory of parquet files.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from moebench.results.migrate import migrate
 from moebench.config.spec import IDENTITY_COLUMNS as SPEC_COLUMNS
+from moebench.results import row as schema
+from moebench.results.store import latest, load_files, read_row_file, RunStore, TornFile, warn
 
 # A row's identity: the spec's columns (moebench/spec.py), the key and the token count;
 # run_id / sweep / schema_version say where it came from
@@ -21,23 +22,21 @@ IDENTITY_COLUMNS = ["schema_version", "run_id", "sweep", "combo_key", *SPEC_COLU
 # the identity a table may show of a row (IDENTITY_COLUMNS less the provenance and the key)
 SHOWN_IDENTITY = [c for c in IDENTITY_COLUMNS if c not in ("schema_version", "run_id", "sweep", "combo_key")]
 OUTCOME_COLUMNS = ["status", "reason", "rel_err"]
-LATENCY_COLUMNS = ["latency_us_median", "latency_us_p20", "latency_us_p80"]
-PHASE_COLUMNS = ["prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us", "shared_experts_us"]
-OVERLAP_COLUMNS = [
-    "shared_us", "latency_no_shared_us", "shared_exposed_us", "overlap_fraction",
-    "overlap_fraction_lo", "overlap_fraction_hi", "trace_overlap_fraction",
-]
+LATENCY_COLUMNS = schema.names("latency", dtype="float")  # median, p20, p80
+PHASE_COLUMNS = schema.names("phase")
+# the ablation's figures and the trace's (the report's overlap table)
+OVERLAP_COLUMNS = schema.names("overlap") + ["trace_overlap_fraction"]
+# what the memory tables show (the analytic peak and the allocator's reserve are in the rows too)
 MEMORY_COLUMNS = ["workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak"]
-RATE_COLUMNS = ["tflops", "hbm_gbps", "nvlink_gbps"]
-PROVENANCE_COLUMNS = ["trace_path", "gpu", "git_sha", "env_id", "timestamp"]
+RATE_COLUMNS = schema.names("rate", combine=schema.MEAN, dtype="float")[:3]  # tflops, hbm_gbps, nvlink_gbps
+PROVENANCE_COLUMNS = ["trace_path", *schema.names("provenance", combine=schema.RUN)]
 
 # A file lacking any of these is malformed: no table can be drawn without them. The
 # other columns are optional (filled with NaN / None) so that a report still renders rows
 # from an older or newer schema version.
 REQUIRED_COLUMNS = ["combo_key", "backend", "experts", "reduction", "overlap", "model", "quant",
                     "world_size", "tokens_per_rank", "status"] + LATENCY_COLUMNS
-OPTIONAL_NUMERIC = (["rel_err", "host_enqueue_us", "host_paced_samples", "analytic_peak_bytes"] + PHASE_COLUMNS
-                    + OVERLAP_COLUMNS + MEMORY_COLUMNS + RATE_COLUMNS)
+OPTIONAL_NUMERIC = [c for c in schema.names(dtype="float") if c not in LATENCY_COLUMNS]
 
 # Columns that name a combination in tables and plots, in display order; a table shows
 # those that vary within it and names the constant ones in its caption.
@@ -54,24 +53,20 @@ SHORT_NAMES = {"world_size": "world", "simulate_ep": "sim_ep", "num_experts": "E
                "overlap": "ovl"}
 
 
-def _parquet_files(path: Path) -> tuple[list[Path], Path | None]:
-    """Return (parquet files, run directory holding env.json or None) for ``path``."""
+def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
+    """(row files outside a run folder or None for a run folder, run directory or None)."""
     if not path.exists():
         raise ValueError(f"results path {path} does not exist: pass a run directory "
                          "(with rows/*.parquet), a directory of .parquet files or one file")
     if path.is_file():
         run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
         return [path], run_dir
-    rows_dir = path / "rows"
-
-    def found(folder: Path) -> list[Path]:  # a writer's leftover temp file is no row file
-        return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
-
-    files = found(rows_dir) if rows_dir.is_dir() else []
+    store = RunStore(path)
+    if store.row_files() or (store.rows_dir / "skipped.parquet").is_file():
+        return None, path
+    files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
     if not files:
-        files = found(path)
-    if not files:
-        raise ValueError(f"no results in {path}: expected {rows_dir}/*.parquet (run a sweep "
+        raise ValueError(f"no results in {path}: expected {store.rows_dir}/*.parquet (run a sweep "
                          "first, e.g. `moebench sweep ...`, or point at its output directory)")
     return files, path
 
@@ -80,8 +75,6 @@ def read_rows_file(path: str | Path) -> pd.DataFrame | None:
     """Read one parquet results file through the store's reader; None (and a warning line
     naming it) for a torn file, which the next sweep into the run sets aside and measures
     again; ValueError naming it for a file of some other tool or an unknown schema version."""
-    from moebench.results.store import read_row_file, TornFile, warn
-
     path = Path(path)
     try:
         return read_row_file(path, REQUIRED_COLUMNS)
@@ -91,34 +84,32 @@ def read_rows_file(path: str | Path) -> pd.DataFrame | None:
 
 
 def read_env(run_dir: Path | None) -> dict:
-    """Return the env.json fingerprint of a run directory ({} if there is none)."""
-    if run_dir is None or not (run_dir / "env.json").is_file():
+    """The env.json fingerprint of a run directory ({} if there is none), with every
+    invocation's under "invocations" (run_id -> fingerprint, envs/*.json): a run resumed on
+    another machine or driver holds several, and the environment check reads them all."""
+    if run_dir is None:
         return {}
-    try:
-        return json.loads((run_dir / "env.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"malformed env file {run_dir / 'env.json'}: {exc}; fix or delete "
-                         "it") from exc
+    store = RunStore(run_dir)
+    env = store.env()
+    # each invocation's fingerprint (one that is not JSON is named and passed over)
+    return {**env, "invocations": store.envs()} if env else {}
 
 
 def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """Load a run: (one row per combination x tokens_per_rank, env fingerprint dict).
 
-    Times are in µs, memory in bytes, as stored. Optional numeric columns that are absent
-    are added as NaN. Rows are sorted by combination then tokens_per_rank. Raises
-    ValueError (what to do included) for a missing path, no rows or a malformed file.
+    Rows are read by the store (results/store.py), which also decides which of several rows
+    of one (combination, tokens) stands. Times are in µs, memory in bytes, as stored.
+    Optional numeric columns that are absent are added as NaN. Rows are sorted by
+    combination then tokens_per_rank. Raises ValueError (what to do included) for a missing
+    path, no rows or a malformed file.
     """
-    files, run_dir = _parquet_files(Path(path))
-    frames = [read_rows_file(f) for f in files]
-    frames = [f for f in frames if f is not None and len(f)]
-    if not frames:
+    files, run_dir = _source(Path(path))
+    df = (RunStore(run_dir).load(required=REQUIRED_COLUMNS) if files is None
+          else load_files(files, str(path), required=REQUIRED_COLUMNS))
+    if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
-    if run_dir is not None:
-        from moebench.results.store import RunStore
-
-        RunStore(run_dir).envs()  # each invocation's fingerprint: one that is not JSON is named
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
-    df = migrate(df, str(path))
+    env = read_env(run_dir)
     for col in OPTIONAL_NUMERIC:
         if col not in df.columns:
             df[col] = np.nan
@@ -139,18 +130,13 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     order = [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns]
     df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last",
                         kind="stable").reset_index(drop=True)
-    return df, read_env(run_dir)
+    return df, env
 
 
 def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (combo_key, tokens_per_rank): a measured row before a skipped one (a skip
-    never hides a measurement, as in the store), then the last written (by timestamp)."""
-    keys = pd.DataFrame({"measured": (df["status"] != "skipped") if "status" in df.columns else True,
-                         "t": df["timestamp"].map(fmt_value) if "timestamp" in df.columns else ""},
-                        index=df.index)
-    order = keys.sort_values(["measured", "t"], kind="stable").index  # "-" (no time) sorts first
-    out = df.loc[order].drop_duplicates(["combo_key", "tokens_per_rank"], keep="last")
-    return out.sort_index()
+    """One row per (combo_key, tokens_per_rank) by the store's precedence (a measured row
+    before a skipped one, then the newest), in `df`'s order."""
+    return latest(df)
 
 
 def varying(df: pd.DataFrame, columns: list[str]) -> list[str]:
@@ -203,13 +189,8 @@ def constant_caption(df: pd.DataFrame) -> str:
 def run_timestamp(run_dir: Path) -> str:
     """The newest row timestamp of a run (ISO text; '' without one), read from the
     timestamp column only."""
-    stamps = []
-    for f in sorted((Path(run_dir) / "rows").glob("*.parquet")):
-        try:
-            col = pd.read_parquet(f, columns=["timestamp"])["timestamp"]
-        except Exception:  # no such column, or not a parquet file: no time from it
-            continue
-        stamps += [str(t) for t in col.dropna()]
+    col = RunStore(run_dir).column_values(["timestamp"]).get("timestamp")
+    stamps = [str(t) for t in col.dropna()] if col is not None else []
     return max(stamps) if stamps else ""
 
 

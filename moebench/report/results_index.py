@@ -51,12 +51,13 @@ from moebench.util.safe_write import replace_text
 from moebench.results.store import RunStore
 from moebench.report.envinfo import env_commit, tree_label
 from moebench.report.table import md_escape
+from moebench.results.row import BAD_STATUSES
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
 DROPPED = {"runner.device=cuda"}  # see the module docstring
 TUNE_ADDED = {"overlap=none", "reduction=experts", "experts.row_layout=gathered"}  # the tuner sets these itself
-STATUS_ORDER = ("ok", "incorrect", "failed", "timeout", "oom", "skipped")
+STATUS_ORDER = ("ok", *BAD_STATUSES, "skipped")
 
 
 @dataclass
@@ -187,7 +188,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
     rel = d.relative_to(root)
     report = rel / "report" / "report.md" if (d / "report" / "report.md").is_file() else None
     also = list(meta.get("also") or [])
-    env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
+    env = RunStore(d).env()
     # a run resumed or extended at later code holds one env per invocation (envs/): name each commit
     envs = ([env] if env else []) + list(RunStore(d).envs().values())  # a garbage file: warned and passed over
     tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
@@ -217,8 +218,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
             used = int((ran if len(ran) else df)["world_size"].max())
     machine = meta.get("machine") or _machine(env, used)
     commands, notes = [], [meta["note"]] if meta.get("note") else []
-    for p in sorted(d.glob("sweep-*.json")):
-        rec = json.loads(p.read_text())
+    for rec in RunStore(d).sweep_records():
         cmd, note = sweep_command(rec.get("sweep", {}), rec.get("cli_overrides", []))
         if cmd not in commands:
             commands.append(cmd)

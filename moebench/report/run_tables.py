@@ -14,6 +14,7 @@ import pandas as pd
 from moebench.config import plugins
 from moebench.report.load import constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
 from moebench.report.table import md_escape, md_table, md_text  # noqa: F401  (tables' names, kept for callers)
+from moebench.results.row import STATUSES
 
 MIB = 1024.0 * 1024.0
 MAX_REASON_CHARS = 160
@@ -186,7 +187,7 @@ def status_table(df: pd.DataFrame) -> str:
     """Counts per status: rows and distinct combinations."""
     g = df.groupby("status", sort=True)
     counts = pd.DataFrame({"rows": g.size(), "combinations": g["combo_key"].nunique()})
-    order = ["ok", "skipped", "failed", "timeout", "oom", "incorrect"]
+    order = list(STATUSES)
     statuses = [s for s in order if s in counts.index] + \
                [s for s in counts.index if s not in order]
     rows = [[md_text(s), int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]

@@ -14,8 +14,9 @@ from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis,
 from moebench.report.load import constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
 from moebench.report.table import Column, md_text, Table
 from moebench.report.run_tables import fmt_interval, fmt_mib, fmt_us, md_value
+from moebench.results.row import BAD_STATUSES
 
-BAD = ("failed", "incorrect", "timeout", "oom")
+BAD = BAD_STATUSES
 TOP = 5
 
 

@@ -43,6 +43,7 @@ from moebench.traces.metrics import TraceSummary, summarize
 from moebench.traces.model import Trace
 from moebench.traces.files import TRACE_SUFFIXES, is_trace_file, load_traces
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
+from moebench.results.store import RunStore
 
 
 def is_run_dir(path) -> bool:
@@ -53,19 +54,9 @@ def is_run_dir(path) -> bool:
 
 def _row_trace_paths(run: Path) -> list:
     """The trace files a run's rows name (`trace_path`, `profiler_trace_path`: relative to
-    the run); unreadable row files are passed over (only an error message depends on this)."""
-    import pyarrow.parquet as pq
-
-    named = []
-    for f in sorted((run / "rows").glob("*.parquet")):
-        try:
-            cols = [c for c in pq.ParquetFile(f).schema_arrow.names if c in ("trace_path", "profiler_trace_path")]
-            table = pq.read_table(f, columns=cols) if cols else None
-        except Exception:  # noqa: BLE001 - a torn row file
-            continue
-        for c in cols:
-            named += [v for v in table.column(c).to_pylist() if v]
-    return sorted(set(named))
+    the run), read through the store; unreadable row files are passed over."""
+    df = RunStore(run).column_values(["trace_path", "profiler_trace_path"])
+    return sorted({v for c in df.columns for v in df[c] if isinstance(v, str) and v})
 
 
 def _run_of(target: Path) -> Optional[Path]:
@@ -79,20 +70,14 @@ def _run_of(target: Path) -> Optional[Path]:
 def combo_labels(target) -> dict:
     """{combo_key: label} from the rows of the run `target` is or lies in ({} for none); torn
     row files and rows without a label are passed over."""
-    import pyarrow.parquet as pq
-
     run = _run_of(Path(target).absolute())
+    df = RunStore(run).column_values(["combo_key", "label"]) if run is not None else None
     out: dict = {}
-    for f in sorted((run / "rows").glob("*.parquet")) if run is not None else []:
-        try:
-            if not {"combo_key", "label"} <= set(pq.ParquetFile(f).schema_arrow.names):
-                continue
-            table = pq.read_table(f, columns=["combo_key", "label"])
-        except Exception:  # noqa: BLE001 - a torn row file
-            continue
-        for key, label in zip(table.column("combo_key").to_pylist(), table.column("label").to_pylist()):
-            if key and label:
-                out.setdefault(str(key), str(label))
+    if df is None or not {"combo_key", "label"} <= set(df.columns):
+        return out
+    for key, label in zip(df["combo_key"], df["label"]):
+        if key and label:
+            out.setdefault(str(key), str(label))
     return out
 
 
@@ -109,16 +94,8 @@ def _key_of(path: Path, summary: Optional[TraceSummary], labels: dict) -> Option
 def _rows_read_traces(run: Path) -> bool:
     """Whether a run's rows hold figures read from traces (`trace_overlap_method`) though they
     name no trace file: traces not kept (committed rows name only files that are there)."""
-    import pyarrow.parquet as pq
-
-    for f in sorted((run / "rows").glob("*.parquet")):
-        try:
-            if "trace_overlap_method" in pq.ParquetFile(f).schema_arrow.names and \
-                    any(pq.read_table(f, columns=["trace_overlap_method"]).column(0).to_pylist()):
-                return True
-        except Exception:  # noqa: BLE001 - a torn row file
-            continue
-    return False
+    df = RunStore(run).column_values(["trace_overlap_method"])
+    return "trace_overlap_method" in df.columns and any(bool(v) for v in df["trace_overlap_method"] if v is not None)
 
 
 def _trace_roots(p: Path) -> list:

@@ -12,7 +12,6 @@ from moebench.results.rows import measured_row, outcome_row
 from moebench.results.rank_result import Finished
 from moebench.results.store import LOST, RunStore
 
-BAD_STATUSES = ("failed", "incorrect", "timeout", "oom")
 
 
 def run_meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:

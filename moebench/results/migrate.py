@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.compose import check_values, compose_config, rename, to_combo
-from moebench.config.spec import Combo, SCHEMA_VERSION
+from moebench.config.spec import Combo
+from moebench.results.row import SCHEMA_VERSION
 
 KNOWN_VERSIONS = (1, SCHEMA_VERSION)
 # what schema 1 stored of the identity, as (row column, Combo field or knob)

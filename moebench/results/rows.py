@@ -9,14 +9,12 @@ import numpy as np
 
 from moebench.results.rank_result import RankResult
 from moebench.config.plugins import provenance
-from moebench.config.spec import SCHEMA_VERSION, Combination
+from moebench.config.spec import Combination
+from moebench.results import row as schema
+from moebench.results.row import PHASES, SCHEMA_VERSION, STATUSES
 from moebench.traces.matched import critical_rank, CRITICAL_SPAN_TIE  # noqa: F401 (rows.critical_rank: its users)
 from moebench.traces.metrics import METHOD_MATCHED
 
-STATUSES = ("ok", "skipped", "failed", "timeout", "oom", "incorrect")
-# the layer's phases (docs/design.md, "Phases"); shared_experts is the shared experts' span in
-# the phase forwards, inside dispatch or combine where they overlap a communication span
-PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
 NAN = float("nan")
 # the ablation's overlap_fraction interval (rows.overlap_interval): a 90 % percentile
 # bootstrap over sample indices, with a fixed seed so that a row is reproducible
@@ -94,25 +92,9 @@ def overlap_interval(samples_us, no_shared_samples_us, shared_samples_us) -> tup
 
 
 def empty_measurements() -> dict:
-    row = {
-        "status": None, "reason": "", "rel_err": NAN,
-        "latency_us_median": NAN, "latency_us_p20": NAN, "latency_us_p80": NAN,
-        "samples_us": [], "latency_us_per_rank": [],
-        "shared_us": NAN, "latency_no_shared_us": NAN, "shared_exposed_us": NAN,
-        "overlap_fraction": NAN, "overlap_fraction_lo": NAN, "overlap_fraction_hi": NAN,
-        "trace_overlap_fraction": NAN, "trace_intersection_fraction": NAN,
-        "trace_critical_rank": NAN,
-        "trace_overlap_method": "",
-        "workspace_bytes_analytic": NAN, "workspace_bytes_peak": NAN, "device_bytes_peak": NAN,
-        "analytic_peak_bytes": NAN, "tflops": NAN, "hbm_gbps": NAN, "nvlink_gbps": NAN,
-        "expert_flops": NAN, "expert_bytes": NAN, "trace_path": "", "trace_error": "", "row_layout_used": "",
-        "timing_mode": "", "timing_note": "", "kernel_us": None, "host_enqueue_us": NAN, "host_paced_samples": NAN,
-        "memory_cap_bytes": NAN,
-        "reserved_bytes_peak": NAN,
-    }
-    for p in PHASES:
-        row[f"{p}_us"] = NAN
-    return row
+    """The measured columns of row.py at their defaults (provenance comes with the run's meta)."""
+    prov = set(schema.names("provenance"))
+    return {k: v for k, v in schema.empty().items() if k not in prov}
 
 
 def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dict, rel_err: float = NAN) -> dict:
@@ -124,22 +106,21 @@ def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dic
 
 
 def per_rank_columns(n: int) -> dict:
-    """The list columns with one value per rank (empty lists in rows without measurements)."""
-    cols = ["latency_us_per_rank", "tflops_per_rank", "hbm_gbps_per_rank", "nvlink_gbps_per_rank",
-            "trace_overlap_fraction_per_rank", "trace_layer_us_per_rank", "trace_wait_us_per_rank",
-            "trace_trimmed_overlap_per_rank"]
-    return {c: [NAN] * n for c in cols}
+    """The list columns with one value per rank (NaN each until measured)."""
+    return {c: [NAN] * n for c in schema.names(combine=schema.PER_RANK)}
 
 
 def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dict) -> dict:
     """Aggregate the per-rank results of one (combination, tokens)."""
     row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
-    row["rel_err"] = _max(ranks, "rel_err")
+    row["rel_err"] = _max(ranks, "rel_err")  # a bad row keeps it
     bad = [r for r in ranks if r.status != "ok"]
     if bad:
         row.update(status=bad[0].status, reason=bad[0].reason)
         return row
     row["status"] = "ok"
+    for k in schema.names(combine=schema.MAX):  # the phases from each rank's phases_us
+        row[k] = _max(ranks, k.removesuffix("_us") if k.removesuffix("_us") in PHASES else k)
     # one rank paced by its host makes the row's figure host time (its samples are the max)
     modes = {r.timing_mode for r in ranks}
     row["timing_mode"] = "host" if "host" in modes else ranks[0].timing_mode
@@ -151,8 +132,6 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     row["latency_us_p20"] = _q(samples, 20)
     row["latency_us_p80"] = _q(samples, 80)
     row["latency_us_per_rank"] = [_q(r.samples_us, 50) for r in ranks]
-    for p in PHASES:
-        row[f"{p}_us"] = _max(ranks, p)
     if all(r.shared_samples_us is not None for r in ranks):
         shared = _elementwise_max([r.shared_samples_us for r in ranks])
         no_shared = _elementwise_max([r.no_shared_samples_us for r in ranks])
@@ -166,11 +145,10 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         # the two latency medians moves the fraction by tens of points: say how far
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
-    for k in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak", "analytic_peak_bytes",
-              "host_enqueue_us", "host_paced_samples", "memory_cap_bytes", "reserved_bytes_peak"):
-        row[k] = _max(ranks, k)
-    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_intersection_fraction",
-              "expert_flops", "expert_bytes"):
+    for k in schema.names(combine=schema.MEAN):
+        row[k] = _mean(ranks, k)
+    # without every rank's span (below), the trace figures are the ranks' mean
+    for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
         row[k] = _mean(ranks, k)
     # trace figures: the critical rank's, as the ablation's latency is the max over ranks.
     # A rank that reaches the combine early hides its shared experts in its wait for the
@@ -183,8 +161,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
             v = getattr(ranks[crit], k)
             row[k] = float(v) if v is not None else NAN
     # derived per rank (docs/design.md); the row holds the mean (trace figures: see above)
-    for k in ("tflops", "hbm_gbps", "nvlink_gbps", "trace_overlap_fraction", "trace_layer_us"):
-        row[f"{k}_per_rank"] = [float(v) if (v := getattr(r, k)) is not None else NAN for r in ranks]
+    for col in schema.names(combine=schema.PER_RANK):
+        if hasattr(ranks[0], k := col.removesuffix("_per_rank")):  # the rest are set below
+            row[col] = [float(v) if (v := getattr(r, k)) is not None else NAN for r in ranks]
     # several ranks with every trace readable on rank 0: the overlap on communication intervals
     # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
     # (the critical path; docs/findings/trace-vs-ablation.md)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
@@ -27,51 +26,20 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from moebench.util.safe_write import UnsafePath
-from moebench.results.migrate import check_versions, migrate
-from moebench.results.writable import CAUSES, TMP_PREFIX, TMP_SUFFIX, with_path
+from moebench.results.migrate import migrate
+from moebench.results.row import BAD_STATUSES
+# the reading side (store_read.py), re-exported: readers outside results/ import them from here
+from moebench.results.store_read import (by_precedence, CORRUPT_DIR, latest, load_files,  # noqa: F401 (re-exported)
+                                         newest_last, PAIR, read_all, read_env_file, read_row_file, SKIPPED_FILE,
+                                         TornFile, warn)
+from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, with_path
 
 REDO_CHOICES = ("none", "failed", "all")
-FAILED = ("failed", "timeout", "oom", "incorrect")  # what --redo failed runs again
+FAILED = BAD_STATUSES  # what --redo failed runs again
 # reason prefix of a `failed` row whose process group was lost (a rank or its node gone
 # mid-combination, a group that never formed, a SLURM job that ended without a result): not
 # the combination's doing, so a plain resume (--redo none) runs it again; stored() says "lost"
 LOST = "lost: "
-SKIPPED_FILE = "skipped.parquet"
-PAIR = ["combo_key", "tokens_per_rank"]
-CORRUPT_DIR = ".corrupt"  # under rows/: torn files set aside (no reader's rows/*.parquet glob looks inside)
-
-
-class TornFile(ValueError):
-    """A row file that cannot be read as parquet (`why` says how it failed)."""
-
-    def __init__(self, path: Path, why: str):
-        super().__init__(f"{path}: torn row file ({why})")
-        self.path, self.why = Path(path), why
-
-
-def warn(text: str) -> None:
-    """One warning line on stderr (a reader passing over what it cannot use)."""
-    print(f"moebench: warning: {text}", file=sys.stderr)
-
-
-def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
-    """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
-    parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
-    missing, a schema version this code does not know); an environment error passes."""
-    try:
-        df = pd.read_parquet(path)
-    except OSError as e:
-        if e.errno in CAUSES:  # the machine refused the read: not the file's fault
-            raise
-        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types (ArrowInvalid, ...) for a torn file
-        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
-    missing = [c for c in required if c not in df.columns]
-    if len(df.columns) and missing:
-        raise ValueError(f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
-                         "incompatible version); move it out of the run's rows/ folder")
-    check_versions(df, str(path))
-    return df
 
 
 def _fsync(path) -> None:
@@ -127,53 +95,6 @@ def _atomic_write(path: Path, write, root: Optional[Path] = None) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _newest_last(files: list[Path]) -> list[Path]:
-    """Files in write order (rows of one second's timestamp are ordered by their file)."""
-    def mtime(p: Path) -> int:
-        try:
-            return p.stat().st_mtime_ns
-        except OSError:
-            return 0
-    return sorted(files, key=lambda p: (mtime(p), p.name))
-
-
-def _read_all(files: list[Path], warn_torn: bool) -> list[pd.DataFrame]:
-    """The files' frames; a torn file is passed over (with a warning naming it: `warn_torn`)."""
-    frames = []
-    for p in files:
-        try:
-            frames.append(read_row_file(p))
-        except TornFile as e:
-            if warn_torn:
-                warn(f"{e}: read the rest; the next sweep into the run moves it to rows/{CORRUPT_DIR}/ "
-                     "and measures its rows again")
-    return frames
-
-
-def _read_env_file(path: Path) -> dict:
-    """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        warn(f"{path}: not a JSON fingerprint ({type(e).__name__}): passed over")
-        return {}
-    if not isinstance(data, dict):
-        warn(f"{path}: not a JSON object: passed over")
-        return {}
-    return data
-
-
-def _by_precedence(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows in ascending precedence: skipped before measured, then by timestamp (stable, so
-    frames concatenated in write order break ties)."""
-    df = df.copy()
-    df["_measured"] = df["status"] != "skipped"
-    keys = ["_measured", "timestamp"] if "timestamp" in df.columns else ["_measured"]
-    return df.sort_values(keys, kind="stable").drop(columns="_measured")
 
 
 class RunStore:
@@ -318,21 +239,54 @@ class RunStore:
     def env_of(self, run_id: str) -> dict:
         """The fingerprint an invocation measured under ({} for runs written before envs/, or
         where its file is not a JSON object: a warning names it)."""
-        return _read_env_file(self.envs_dir / f"{run_id}.json")
+        return read_env_file(self.envs_dir / f"{run_id}.json")
 
     def envs(self) -> dict[str, dict]:
         """run_id -> fingerprint of every envs/*.json (a file that is not a JSON object is
         passed over with a warning naming it)."""
-        found = {p.stem: _read_env_file(p) for p in sorted(self.envs_dir.glob("*.json"))
+        found = {p.stem: read_env_file(p) for p in sorted(self.envs_dir.glob("*.json"))
                  if not p.name.startswith(".")}
         return {k: v for k, v in found.items() if v}
+
+    def env(self) -> dict:
+        """env.json, the first invocation's fingerprint ({} where there is none); ValueError
+        naming it where it is not a JSON object."""
+        path = self.dir / "env.json"
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"malformed env file {path}: {e}; fix or delete it") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"malformed env file {path}: not a JSON object; fix or delete it")
+        return data
+
+    def sweep_records(self) -> list[dict]:
+        """Each invocation's sweep-<run_id>.json (the sweep, its cli_overrides), by file name."""
+        return [json.loads(p.read_text()) for p in sorted(self.dir.glob("sweep-*.json"))]
+
+    def column_values(self, names: Iterable[str]) -> pd.DataFrame:
+        """Only the columns `names` (those a file has) of every row file, torn and foreign files
+        passed over: a cheap read for a column or two (trace paths, labels, timestamps)."""
+        import pyarrow.parquet as pq
+
+        frames = []
+        for f in self.row_files():
+            try:
+                cols = [c for c in names if c in pq.ParquetFile(f).schema_arrow.names]
+                frames.append(pq.read_table(f, columns=cols).to_pandas() if cols else pd.DataFrame())
+            except Exception:  # noqa: BLE001 (pyarrow raises several types for a torn file)
+                continue
+        frames = [f for f in frames if len(f.columns)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(names))
 
     def stored(self) -> dict[str, dict[int, str]]:
         """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
         each pair (older schema versions under their migrated keys); "lost" for a failed row
         whose reason starts with LOST."""
         # a torn file is redone (the sweep sets it aside first and says so: set_aside_torn)
-        frames = _read_all(_newest_last(self.row_files()), warn_torn=False)
+        frames = read_all(newest_last(self.row_files()), warn_torn=False)
         out: dict[str, dict[int, str]] = {}
         frames = [f for f in frames if len(f)]
         if not frames:
@@ -341,7 +295,7 @@ class RunStore:
         if "reason" not in df.columns:
             df["reason"] = ""
         cols = ["combo_key", "tokens_per_rank", "status", "reason"]
-        for key, t, st, why in _by_precedence(df)[cols].itertuples(index=False):
+        for key, t, st, why in by_precedence(df)[cols].itertuples(index=False):
             lost = st == "failed" and isinstance(why, str) and why.startswith(LOST)
             out.setdefault(key, {})[int(t)] = "lost" if lost else st
         return out
@@ -359,16 +313,17 @@ class RunStore:
                 todo.append(t)
         return todo
 
-    def load(self, all_rows: bool = False) -> pd.DataFrame:
+    def load(self, all_rows: bool = False, required=(*PAIR, "status")) -> pd.DataFrame:
         """The rows of the run, one per (combination, tokens): a measured row beats a skipped
-        one whatever their times, then the newest wins. `all_rows`: every stored row."""
-        files = _newest_last(self.row_files())
+        one whatever their times, then the newest wins. `all_rows`: every stored row.
+        `required`: the columns without which a file is not a row file (ValueError)."""
+        files = newest_last(self.row_files())
         if (self.rows_dir / SKIPPED_FILE).exists():
             files = [self.rows_dir / SKIPPED_FILE, *files]
-        frames = [f for f in _read_all(files, warn_torn=True) if len(f)]
+        frames = [f for f in read_all(files, warn_torn=True, required=required) if len(f)]
         if not frames:
             return pd.DataFrame()
         df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
         if all_rows:
             return df
-        return _by_precedence(df).drop_duplicates(PAIR, keep="last").reset_index(drop=True)
+        return by_precedence(df).drop_duplicates(PAIR, keep="last").reset_index(drop=True)

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moebench.config.spec import Combo, IDENTITY_COLUMNS, SCHEMA_VERSION
+from moebench.config.spec import Combo, IDENTITY_COLUMNS
+from moebench.results import row as schema
+from moebench.results.row import SCHEMA_VERSION
 
 # (backend, experts, reduction, overlap, quant, status, reason)
 DEFAULT_COMBOS = [
@@ -46,20 +48,11 @@ def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: st
                   model=model, hidden=spec.pop("hidden", 256), intermediate=spec.pop("intermediate", 512),
                   num_experts=spec.pop("num_experts", 8), topk=spec.pop("topk", 2),
                   device=spec.pop("device", "cuda"), world_size=world_size, knobs=knobs, **spec)
-    row = dict(
-        schema_version=SCHEMA_VERSION, run_id="synthetic", sweep="synthetic", **combo.columns(),
-        tokens_per_rank=int(tokens), overrides="", timing_mode="events", status=status,
-        reason=reason, rel_err=np.nan, samples_us=[],
-        latency_us_median=np.nan, latency_us_p20=np.nan, latency_us_p80=np.nan,
-        prepare_us=np.nan, dispatch_us=np.nan, experts_us=np.nan,
-        weight_reduce_us=np.nan, combine_us=np.nan, shared_us=np.nan,
-        latency_no_shared_us=np.nan, shared_exposed_us=np.nan, overlap_fraction=np.nan,
-        overlap_fraction_lo=np.nan, overlap_fraction_hi=np.nan, trace_overlap_fraction=np.nan,
-        workspace_bytes_analytic=np.nan,
-        workspace_bytes_peak=np.nan, device_bytes_peak=np.nan, tflops=np.nan,
-        hbm_gbps=np.nan, nvlink_gbps=np.nan, host_enqueue_us=np.nan, trace_path="", gpu="cpu", git_sha="0" * 40,
-        env_id="synthetic", timestamp="2026-01-01T00:00:00",
-    )
+    # every column at row.py's default, then what a synthetic run fills in
+    row = {**schema.empty(), "schema_version": SCHEMA_VERSION, **combo.columns(), "tokens_per_rank": int(tokens),
+           "overrides": ""}
+    row.update(run_id="synthetic", sweep="synthetic", timing_mode="events", status=status, reason=reason,
+               gpu="cpu", git_sha="0" * 40, env_id="synthetic", timestamp="2026-01-01T00:00:00")
     if status == "ok" and samples_us is not None:
         s = np.asarray(samples_us, dtype=float)
         med = float(np.median(s))

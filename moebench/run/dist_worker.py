@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from moebench.results.store import RunStore
-    from moebench.results.finished import BAD_STATUSES
+    from moebench.results.row import BAD_STATUSES
 
     args = _parser().parse_args(argv)
     log = (lambda s: print(s, file=sys.stderr, flush=True))

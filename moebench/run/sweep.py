@@ -17,7 +17,8 @@ from moebench.config.paths import default_runs_dir
 from moebench.config.spec import Combination
 from moebench.run.plan import plan, run_name
 from moebench.config.plugins import problems as plugin_problems
-from moebench.results.finished import BAD_STATUSES, plan_work, run_meta, write_finished
+from moebench.results.finished import plan_work, run_meta, write_finished
+from moebench.results.row import BAD_STATUSES
 from moebench.results.store import RunStore
 from moebench.config.limits import NOISY_SPREAD
 from moebench.results.writable import describe as environment_error

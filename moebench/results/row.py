@@ -1,0 +1,260 @@
+"""The result row: every column a row holds, and every status, named once.
+
+A row is one (combination, tokens per rank), aggregated over ranks. Its columns come from
+two places only: the combination spec (`config/spec.py`: the identity fields and the
+entries' knobs, each with its type and doc) and `MEASURED` below (outcome, time, phases,
+overlap, traces, memory, rates, provenance). `rows.py` builds rows from these lists,
+`report/load.py` takes its column groups from them, `synthetic.py` starts from `empty()`,
+and `tests/golden/row_schema.json` and docs/design.md's column table are generated from
+them (`python -m moebench.results.row --write`; a test fails when either drifts).
+
+Adding a column: a `Column` in `MEASURED`, the code that measures it (`measure/` for a
+rank's figure, with its `combine` rule here; `rows.py` where the rule is special), then
+`--write`. A column older rows lack loads as its default (NaN / "" / None), so a new
+measurement column needs no schema bump; a renamed or re-meant one does
+(`SCHEMA_VERSION`, and a migration in `migrate.py`).
+"""
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import sys
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+SCHEMA_VERSION = 2  # of the stored rows; migrate.py upgrades older ones
+NAN = float("nan")
+
+
+class Status(str, enum.Enum):
+    """A row's outcome (the `status` column)."""
+    OK = "ok"
+    SKIPPED = "skipped"  # not run: why in `reason` (a rule, a missing library, too few GPUs)
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    INCORRECT = "incorrect"  # ran, but the output is off the float32 reference
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUSES = tuple(s.value for s in Status)
+# measured and not ok: what `--redo failed` runs again and what compare calls broken
+BAD_STATUSES = (Status.FAILED.value, Status.TIMEOUT.value, Status.OOM.value, Status.INCORRECT.value)
+
+# how the ranks' values make the row's (`Column.combine`)
+SAME = "same"  # the combination's, equal on every rank
+RUN = "run"  # the invocation's (provenance)
+WORST = "worst"  # the first rank that was not ok decides
+SAMPLES = "samples"  # from the per-sample maximum over ranks (ranks start each sample together)
+MAX = "max"
+MEAN = "mean"
+PER_RANK = "per-rank"  # a list, one value per rank
+CRITICAL = "critical"  # the critical rank's (the one that sets the layer's end)
+PROFILED = "per-rank, profiler"  # a list, one value per rank, in profiler mode only (None otherwise)
+DERIVED = "derived"  # computed from the row's other columns
+
+DTYPES = ("str", "int", "float", "bool", "list")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # DTYPES; "float" columns may hold NaN, others None where absent
+    group: str  # GROUPS
+    combine: str
+    doc: str
+
+    @property
+    def default(self):
+        """What a row without the measurement holds."""
+        if self.combine == PROFILED:
+            return None
+        return {"float": NAN, "str": "", "list": []}.get(self.dtype)
+
+
+def _c(name, dtype, group, combine, doc) -> Column:
+    assert dtype in DTYPES, (name, dtype)
+    return Column(name, dtype, group, combine, doc)
+
+
+GROUPS = ("identity", "provenance", "outcome", "latency", "host", "phase", "overlap", "trace",
+          "memory", "rate", "layout")
+PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
+
+MEASURED: tuple[Column, ...] = (
+    # provenance (the invocation's)
+    _c("run_id", "str", "provenance", RUN, "the invocation that wrote the row (envs/<run_id>.json)"),
+    _c("sweep", "str", "provenance", RUN, "the sweep file's name"),
+    _c("gpu", "str", "provenance", RUN, "GPU name (cpu on the CPU)"),
+    _c("git_sha", "str", "provenance", RUN, "the commit measured (a bare hex commit)"),
+    _c("env_id", "str", "provenance", RUN, "digest of the environment fingerprint"),
+    _c("timestamp", "str", "provenance", RUN, "when the row was written (UTC, ISO 8601)"),
+    _c("backend_origin", "str", "provenance", SAME, "where the backend came from: moebench, a plugin's "
+       "`<distribution> <version>` or `module <name>` (not identity)"),
+    _c("experts_origin", "str", "provenance", SAME, "where the experts came from (as backend_origin)"),
+    # outcome
+    _c("status", "str", "outcome", WORST, "ok | skipped | failed | timeout | oom | incorrect"),
+    _c("reason", "str", "outcome", WORST, "why a row is not ok (empty when ok)"),
+    _c("rel_err", "float", "outcome", MAX, "‖y − ref‖ / ‖ref‖ against the float32 reference"),
+    # time (µs)
+    _c("timing_mode", "str", "latency", WORST, "the mode that ran: graph | events | profiler | cpu, "
+       "or host where the host paced the samples"),
+    _c("latency_us_median", "float", "latency", SAMPLES, "median of samples_us (µs)"),
+    _c("latency_us_p20", "float", "latency", SAMPLES, "20th percentile of samples_us (µs)"),
+    _c("latency_us_p80", "float", "latency", SAMPLES, "80th percentile of samples_us (µs)"),
+    _c("samples_us", "list", "latency", SAMPLES, "the timed samples, each the maximum over ranks (µs)"),
+    _c("latency_us_per_rank", "list", "latency", PER_RANK, "each rank's median (µs)"),
+    _c("timing_note", "str", "host", WORST, "why auto timed eager forwards, or why the row is host time"),
+    _c("host_enqueue_us", "float", "host", MAX, "the host's time to enqueue one eager forward (µs, "
+       "median of five)"),
+    _c("host_paced_samples", "float", "host", MAX, "samples the GPU started before the host had "
+       "enqueued them (NaN before the hold and on the CPU)"),
+    *(_c(f"{p}_us", "float", "phase", MAX, f"the {p.replace('_', ' ')} phase of the phase forwards (µs)")
+      for p in PHASES),
+    # overlap by ablation
+    _c("shared_us", "float", "overlap", SAMPLES, "median of the shared experts alone (µs)"),
+    _c("latency_no_shared_us", "float", "overlap", SAMPLES, "median of the layer without its shared "
+       "experts (µs)"),
+    _c("shared_exposed_us", "float", "overlap", DERIVED, "latency − latency without shared experts (µs)"),
+    _c("overlap_fraction", "float", "overlap", DERIVED, "clamp(1 − exposed / shared, 0, 1)"),
+    _c("overlap_fraction_lo", "float", "overlap", DERIVED, "90 % bootstrap interval of overlap_fraction, low"),
+    _c("overlap_fraction_hi", "float", "overlap", DERIVED, "90 % bootstrap interval of overlap_fraction, high"),
+    # traces
+    _c("trace_overlap_fraction", "float", "trace", CRITICAL, "the shared experts' overlap read from the "
+       "trace"),
+    _c("trace_intersection_fraction", "float", "trace", CRITICAL, "the intersection figure of the trace"),
+    _c("trace_overlap_method", "str", "trace", CRITICAL, "stretch | intersection | matched | mixed"),
+    _c("trace_critical_rank", "float", "trace", CRITICAL, "the rank whose trace figures the row shows"),
+    _c("trace_overlap_fraction_per_rank", "list", "trace", PER_RANK, "trace_overlap_fraction of each rank"),
+    _c("trace_layer_us_per_rank", "list", "trace", PER_RANK, "each rank's layer span in its trace (µs)"),
+    _c("trace_wait_us_per_rank", "list", "trace", PER_RANK, "each rank's wait for the last rank (µs)"),
+    _c("trace_trimmed_overlap_per_rank", "list", "trace", PER_RANK, "overlap on communication trimmed of "
+       "the wait"),
+    _c("trace_path", "str", "trace", CRITICAL, "the trace file, relative to the run (empty: none kept)"),
+    _c("trace_error", "str", "trace", WORST, "why a trace could not be read"),
+    _c("kernel_us", "list", "trace", PROFILED, "profiler mode: communication kernel → µs, JSON per rank"),
+    # memory (bytes)
+    _c("workspace_bytes_analytic", "float", "memory", MAX, "the workspace the kernels declare (bytes)"),
+    _c("analytic_peak_bytes", "float", "memory", MAX, "the declared peak of one forward (bytes)"),
+    _c("workspace_bytes_peak", "float", "memory", MAX, "allocator peak of one forward above what was "
+       "allocated before it (bytes)"),
+    _c("device_bytes_peak", "float", "memory", MAX, "the driver's view of the peak (bytes; other "
+       "processes count)"),
+    _c("reserved_bytes_peak", "float", "memory", MAX, "what the caching allocator reserved over the timed "
+       "work (bytes): what runner.memory_budget caps"),
+    _c("memory_cap_bytes", "float", "memory", MAX, "the cap under runner.memory_budget (bytes)"),
+    # rates
+    _c("tflops", "float", "rate", MEAN, "expert TFLOP/s (mean over ranks)"),
+    _c("hbm_gbps", "float", "rate", MEAN, "expert HBM GB/s (mean over ranks)"),
+    _c("nvlink_gbps", "float", "rate", MEAN, "link GB/s (mean over ranks)"),
+    _c("expert_flops", "float", "rate", MEAN, "the experts' FLOPs, tflops' numerator"),
+    _c("expert_bytes", "float", "rate", MEAN, "the experts' bytes, hbm_gbps' numerator"),
+    _c("tflops_per_rank", "list", "rate", PER_RANK, "tflops of each rank"),
+    _c("hbm_gbps_per_rank", "list", "rate", PER_RANK, "hbm_gbps of each rank"),
+    _c("nvlink_gbps_per_rank", "list", "rate", PER_RANK, "nvlink_gbps of each rank"),
+    _c("row_layout_used", "str", "layout", WORST, "the row layout the triton bf16 / fp8_block experts ran "
+       "(mixed when ranks differ)"),
+)
+
+
+def _type_name(t) -> str:
+    t = typing.get_args(t)[0] if typing.get_origin(t) is typing.Union else t
+    return {int: "int", float: "float", bool: "bool", str: "str"}.get(t, "str")
+
+
+def identity_columns() -> tuple[Column, ...]:
+    """The spec's columns (config/spec.py: fields, then the built-in entries' knobs), the key,
+    the label, the knob tags, the token count and the overrides."""
+    from moebench.config.spec import COLUMN_FIELDS, Combo, builtin_knobs
+
+    hints = typing.get_type_hints(Combo)
+    out = [_c("schema_version", "int", "identity", SAME, "the row's schema (migrate.py upgrades older ones)"),
+           _c("combo_key", "str", "identity", SAME, "digest of the combination's identity"),
+           _c("label", "str", "identity", SAME, "backend/experts/reduction/overlap/quant/model, then tags")]
+    out += [_c(f.name, _type_name(hints[f.name]), "identity", SAME, f.metadata.get("doc") or f.name)
+            for f in fields(Combo) if f in COLUMN_FIELDS]
+    out += [_c(k.name, _type_name(k.type), "identity", SAME, f"knob: {k.help}")
+            for k in builtin_knobs().values()]
+    out += [_c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults"),
+            _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes"),
+            _c("overrides", "str", "identity", SAME, "the overrides the combination was planned from")]
+    return tuple(out)
+
+
+def columns() -> tuple[Column, ...]:
+    """Every column of a row, identity first (a plugin's knobs are columns of its rows only)."""
+    return identity_columns() + MEASURED
+
+
+def names(group: str | None = None, combine: str | None = None, dtype: str | None = None) -> list[str]:
+    """The measured columns' names, filtered."""
+    return [c.name for c in MEASURED if (group is None or c.group == group)
+            and (combine is None or c.combine == combine) and (dtype is None or c.dtype == dtype)]
+
+
+def empty() -> dict:
+    """A row's measured columns at their defaults (a row without measurements)."""
+    return {c.name: (list(c.default) if isinstance(c.default, list) else c.default) for c in MEASURED}
+
+
+# -- the generated files -----------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "row_schema.json"
+DESIGN = ROOT / "docs" / "design.md"
+BEGIN = "<!-- row columns: generated by `python -m moebench.results.row --write` from moebench/results/row.py -->"
+END = "<!-- end of row columns -->"
+
+
+def golden_text(cols=None) -> str:
+    cols = columns() if cols is None else cols
+    return json.dumps({"schema_version": SCHEMA_VERSION,
+                       "columns": {c.name: c.dtype for c in sorted(cols, key=lambda c: c.name)}}, indent=1) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table_text(cols=None) -> str:
+    cols = columns() if cols is None else cols
+    lines = ["| column | type | group | over ranks | meaning |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| `{c.name}` | {c.dtype} | {c.group} | {c.combine} | {_cell(c.doc)} |" for c in cols]
+    return "\n".join(lines)
+
+
+def design_text(current: str, cols=None) -> str:
+    """docs/design.md with the text between BEGIN and END replaced by the table."""
+    head, sep, rest = current.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise ValueError(f"{DESIGN}: the markers {BEGIN!r} … {END!r} are missing")
+    return f"{head}{BEGIN}\n{table_text(cols)}\n{END}{tail}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m moebench.results.row",
+                                 description="the golden row schema and design.md's column table, from row.py")
+    ap.add_argument("--write", action="store_true", help="rewrite both files (default: check them, exit 1 on drift)")
+    args = ap.parse_args(argv)
+    if not DESIGN.is_file():
+        print(f"moebench: {DESIGN} not found: run this from a source checkout of moebench", file=sys.stderr)
+        return 2
+    want = {GOLDEN: golden_text(), DESIGN: design_text(DESIGN.read_text())}
+    stale = [p for p, text in want.items() if not p.is_file() or p.read_text() != text]
+    if args.write:
+        for p in stale:
+            p.write_text(want[p])
+            print(f"wrote {p.relative_to(ROOT)}")
+        return 0
+    for p in stale:
+        print(f"{p.relative_to(ROOT)} differs from moebench/results/row.py: run `python -m moebench.results.row "
+              "--write`", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

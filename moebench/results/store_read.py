@@ -1,0 +1,116 @@
+"""The store's reading side (store.py re-exports it; readers outside results/ import from
+store.py): row files read and refused, torn files passed over with a warning, the precedence
+among several rows of one (combination, tokens), fingerprint files."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from moebench.results.migrate import check_versions, migrate
+from moebench.results.writable import CAUSES
+
+SKIPPED_FILE = "skipped.parquet"
+PAIR = ["combo_key", "tokens_per_rank"]
+CORRUPT_DIR = ".corrupt"  # under rows/: torn files set aside (no reader's rows/*.parquet glob looks inside)
+
+
+class TornFile(ValueError):
+    """A row file that cannot be read as parquet (`why` says how it failed)."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: torn row file ({why})")
+        self.path, self.why = Path(path), why
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr (a reader passing over what it cannot use)."""
+    print(f"moebench: warning: {text}", file=sys.stderr)
+
+
+def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
+    """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
+    parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
+    missing, a schema version this code does not know); an environment error passes."""
+    try:
+        df = pd.read_parquet(path)
+    except OSError as e:
+        if e.errno in CAUSES:  # the machine refused the read: not the file's fault
+            raise
+        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types (ArrowInvalid, ...) for a torn file
+        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    missing = [c for c in required if c not in df.columns]
+    if len(df.columns) and missing:
+        raise ValueError(f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
+                         "incompatible version); move it out of the run's rows/ folder")
+    check_versions(df, str(path))
+    return df
+
+
+def newest_last(files: list[Path]) -> list[Path]:
+    """Files in write order (rows of one second's timestamp are ordered by their file)."""
+    def mtime(p: Path) -> int:
+        try:
+            return p.stat().st_mtime_ns
+        except OSError:
+            return 0
+    return sorted(files, key=lambda p: (mtime(p), p.name))
+
+
+def read_all(files: list[Path], warn_torn: bool, required=(*PAIR, "status")) -> list[pd.DataFrame]:
+    """The files' frames; a torn file is passed over (with a warning naming it: `warn_torn`)."""
+    frames = []
+    for p in files:
+        try:
+            frames.append(read_row_file(p, required))
+        except TornFile as e:
+            if warn_torn:
+                warn(f"{e}: read the rest; the next sweep into the run moves it to rows/{CORRUPT_DIR}/ "
+                     "and measures its rows again")
+    return frames
+
+
+def read_env_file(path: Path) -> dict:
+    """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        warn(f"{path}: not a JSON fingerprint ({type(e).__name__}): passed over")
+        return {}
+    if not isinstance(data, dict):
+        warn(f"{path}: not a JSON object: passed over")
+        return {}
+    return data
+
+
+def by_precedence(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in ascending precedence: skipped before measured, then by timestamp (a row without
+    one first; stable, so frames concatenated in write order break ties)."""
+    keys = pd.DataFrame({"measured": df["status"] != "skipped" if "status" in df.columns else True,
+                         "t": df["timestamp"].map(lambda v: v if isinstance(v, str) else "")
+                         if "timestamp" in df.columns else ""}, index=df.index)
+    return df.loc[keys.sort_values(["measured", "t"], kind="stable").index]
+
+
+def latest(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (combination, tokens), the store's precedence deciding (a measured row beats
+    a skipped one, then the newest wins; rows in write order break ties), in `df`'s order."""
+    if df.empty:
+        return df
+    return by_precedence(df).drop_duplicates(PAIR, keep="last").sort_index()
+
+
+def load_files(files: list[Path], origin: str, required=(*PAIR, "status")) -> pd.DataFrame:
+    """The rows of row files outside a run folder (a copied file, a folder of them), migrated,
+    the newest of each (combination, tokens) by the store's precedence; torn files are passed
+    over with a warning. `required`: the columns without which a file is not a row file."""
+    frames = [f for f in read_all(newest_last(list(files)), warn_torn=True, required=required) if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    df = migrate(pd.concat(frames, ignore_index=True), origin)
+    return latest(df).reset_index(drop=True)
