@@ -1,5 +1,5 @@
 """Rewrite the committed PNGs under the given folders as 256-colour palette images
-(moebench/pngfile.py, what moebench writes since), each only where that is smaller.
+(moebench/util/pngfile.py, what moebench writes since), each only where that is smaller.
 
 Why: results/ travels whole to the GPU machine and has a size limit
 (tests/test_results_index.py); matplotlib's RGBA PNGs of the committed reports took three

@@ -3,7 +3,7 @@
 # gets a copy of the working tree): the commit, whether the files differed from it and a
 # digest of the difference, with every file's hash, in .moebench-tree.json. moebench reads
 # it where there is no .git and rehashes the files, so a change after the stamp shows too
-# (moebench/treestate.py; docs/design.md, "What a run writes").
+# (moebench/run/treestate.py; docs/design.md, "What a run writes").
 #
 #   scripts/copy_tree.sh DEST      copy the checkout's tracked and untracked-not-ignored files
 #                                  to DEST (a new or empty folder) with DEST/.moebench-tree.json
