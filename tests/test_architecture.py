@@ -167,3 +167,16 @@ def test_no_private_name_is_imported_from_another_module():
 @pytest.mark.parametrize("mod", ["moebench.cli", "moebench.dist_worker", "moebench.report.results_index"])
 def test_documented_entry_points_exist(mod):
     assert mod in MODULES
+
+
+def test_reports_and_the_store_read_results_without_torch():
+    """`moebench report` / `compare` on a laptop without a GPU stack: the report, the store
+    and the row schema import no torch (report/flags.py used to import timing and so torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, moebench.report.document, moebench.report.compare, moebench.report.flags, "
+            "moebench.results.store, moebench.results.row; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -6,7 +6,7 @@ meets one mid-run keeps its rows, says how to resume and exits 1.
 How each condition is made, so that the tests run in CI without root:
 - a full disk mid-sweep: the parent's parquet write raises OSError(ENOSPC) as pyarrow does on a
   full disk (errno set, no file name), injected in-process (the rows are written by the
-  sweeping process, moebench/sweep.py `write_finished`); a real full filesystem before any
+  sweeping process, moebench/run/sweep.py `write_finished`); a real full filesystem before any
   work: a 64 KiB tmpfs filled up, mounted in a user namespace (`unshare -rm`), skipped where
   the kernel allows none.
 - a read-only folder: chmod 0o555; where that does not bind (root), the immutable flag

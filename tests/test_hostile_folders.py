@@ -2,7 +2,7 @@
 at `RUN/report/`, `RUN/report/report.md`, `RUN/traces/`, an --out folder's file or
 results/README.md makes `moebench report` / `compare` / `trace --plot` / the results index stop
 with one line naming the link and exit 2, before anything is written, and the link's target
-is left as it was; reading through a link still works. Below them, moebench/safe_write.py
+is left as it was; reading through a link still works. Below them, moebench/util/safe_write.py
 itself: folders, files, hard links and FIFOs."""
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_the_results_index_refuses_a_linked_readme(tmp_path, capsys):
     assert results_index.main(["--root", str(root)]) == 0 and "A question?" in (root / "README.md").read_text()
 
 
-# -- moebench/safe_write.py -----------------------------------------------------------
+# -- moebench/util/safe_write.py -----------------------------------------------------------
 
 def test_safe_dir_creates_real_folders_and_refuses_a_link_below_the_base(tmp_path):
     victim = _victim(tmp_path)

@@ -219,7 +219,7 @@ def test_compare_status_changes_unmatched_and_memory(tmp_path):
 def test_compare_keeps_rows_apart_that_differ_only_in_knobs():
     """A run that sweeps a knob (experts.row_layout, backend.num_sms) holds rows whose
     identity columns agree: each must meet its own counterpart, none may vanish."""
-    def rows(seed, scale_contiguous):  # a knob off its default is in the combo key (moebench/spec.py)
+    def rows(seed, scale_contiguous):  # a knob off its default is in the combo key (moebench/config/spec.py)
         return pd.DataFrame([dict(_row(4096, seed=seed), knobs="gathered", combo_key="k-gathered"),
                              dict(_row(4096, seed=seed, scale=scale_contiguous), knobs="contiguous",
                                   combo_key="k-contiguous")])

@@ -1,4 +1,4 @@
-"""One definition of a combination (moebench/spec.py): the key, label, stored columns and
+"""One definition of a combination (moebench/config/spec.py): the key, label, stored columns and
 compare's matching derive from it; committed rows keep keys that their stored fields
 recompute; the row schema is pinned."""
 from __future__ import annotations

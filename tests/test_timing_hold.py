@@ -1,4 +1,4 @@
-"""The hold before each GPU sample (moebench/timing.py), on the CPU: a small model of one
+"""The hold before each GPU sample (moebench/measure/timing.py), on the CPU: a small model of one
 CUDA stream stands in for the GPU. The host pays a launch cost per kernel and the stream
 runs the kernels in order, each starting when both the previous one ended and the host
 had launched it; events complete when the stream reaches them. What is checked is the

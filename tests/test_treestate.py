@@ -1,4 +1,4 @@
-"""Which code ran, where the tree travels without .git (moebench/treestate.py,
+"""Which code ran, where the tree travels without .git (moebench/run/treestate.py,
 scripts/copy_tree.sh): a real git repository of this checkout's code, copied by the script,
 then the copy's own moebench asked for its fingerprint (`moebench env --json`, in a fresh
 process whose code is the copy's), as a GPU machine's run would."""

@@ -5,8 +5,8 @@ status (docs/design.md, "Exit status").
 Bad input (unknown option, malformed results, a world size the machine lacks)
 exits with code 2 and a message that says what to do, before any work starts; so does an
 environment error (a full disk, a read-only folder, `--out` naming a file: one line naming
-the path and the cause, moebench/writable.py). A sweep that meets one mid-run keeps its
-rows and exits 1 saying so (moebench/sweep.py).
+the path and the cause, moebench/results/writable.py). A sweep that meets one mid-run keeps its
+rows and exits 1 saying so (moebench/run/sweep.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ COMMANDS = {"sweep": ("sweep", "sweep_command"), "run": ("sweep", "run_command")
 
 
 class _Terminated(BaseException):
-    """SIGTERM outside a sweep's running combinations (moebench/sweep.py handles it there)."""
+    """SIGTERM outside a sweep's running combinations (moebench/run/sweep.py handles it there)."""
 
 
 def _on_sigterm(signum, frame):
@@ -70,7 +70,7 @@ def _main(args) -> int:
 
 
 def _environment_line(e: OSError, args) -> str | None:
-    """The one line of an environment error (moebench/writable.py decides which OSErrors are
+    """The one line of an environment error (moebench/results/writable.py decides which OSErrors are
     one), with what to do; None for any other OSError (a defect: its traceback stays)."""
     from moebench.results.writable import describe
 

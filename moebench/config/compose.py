@@ -1,4 +1,4 @@
-"""Hydra-style overrides -> one typed config -> one `Combo` (moebench/spec.py).
+"""Hydra-style overrides -> one typed config -> one `Combo` (moebench/config/spec.py).
 
 `compose_config` composes one combination's config (no sweep values) the way Hydra's
 compose() does, at a fraction of its cost; `check_values` refuses bad values with a
@@ -38,6 +38,7 @@ def rename(override: str) -> str:
 
 @lru_cache(maxsize=1)
 def _init_hydra() -> None:
+    knob_meta()  # before the schemas: a plugin whose knob clashes with moebench's fields is disabled first
     register_schemas()
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
@@ -121,13 +122,14 @@ def compose_config(overrides: list[str]) -> dict:
 @lru_cache(maxsize=None)
 def _typed_group(group: str, option: str, values: tuple[str, ...]) -> dict:
     """One group's option merged into its schema, with `sub.key=value` overrides."""
+    knob_meta()
     node = OmegaConf.merge(OmegaConf.structured(group_schemas()[group]), _group_node(group, option))
     try:
         for raw in values:
             ov = OverridesParser.create().parse_overrides([raw])[0]
             key = ov.key_or_group
             if OmegaConf.select(node, key, default="__missing__") == "__missing__":
-                raise ValueError(f"unknown config key '{group}.{key}' (see conf/{group}/, moebench/schema.py "
+                raise ValueError(f"unknown config key '{group}.{key}' (see conf/{group}/, moebench/config/schema.py "
                                  "and `moebench list --knobs`)")
             OmegaConf.update(node, key, ov.value(), merge=True)
         return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)

@@ -1,5 +1,8 @@
 """Dataclass schemas behind every Hydra config group: a misspelled key or a
-wrong type fails when the config is composed, before any work starts."""
+wrong type fails when the config is composed, before any work starts.
+
+The one home of the defaults: conf/*.yaml name only what an option changes, and the
+combination spec (spec.py) takes its fields' defaults from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
@@ -109,11 +112,11 @@ GROUPS = tuple(_BASE_SCHEMAS)
 
 @lru_cache(maxsize=1)
 def group_schemas() -> dict:
-    """Each group's dataclass; backend and experts with a field per registered knob."""
+    """Each group's dataclass; backend and experts with a field per registered knob (the
+    caller has run spec.knob_meta() first, which disables the plugins whose knobs are named
+    like moebench's own fields: compose.py does)."""
     from moebench.kernels import registry
-    from moebench.config.spec import knob_meta
 
-    knob_meta()  # first disables the plugins whose knobs are named like moebench's own fields
     out = dict(_BASE_SCHEMAS)
     for group in ("backend", "experts"):
         base = _BASE_SCHEMAS[group]

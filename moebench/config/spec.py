@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from moebench.config.schema import BackendConf, ModelConf, OverlapConf, RunnerConf, TraceConf, WorkloadConf
+
 _NO_DEFAULT = dataclasses.MISSING
 
 
@@ -47,35 +49,35 @@ class Combo:
     num_experts: int = _f(doc="routed experts (global)")
     topk: int = _f()
     device: str = _f(doc="cpu | cuda (runner.device=auto resolved)")
-    num_shared_experts: int = _f(0)
-    shared_intermediate: int = _f(0, doc="I of one shared expert")
+    num_shared_experts: int = _f(ModelConf.num_shared_experts)
+    shared_intermediate: int = _f(ModelConf.shared_intermediate, doc="I of one shared expert")
     # where it runs
     world_size: int = _f(1, tag="ws{}", doc="ranks (1 for single-rank backends)")
-    simulate_ep: int = _f(1, tag="sim_ep{}", doc="single-rank backends: one rank's share of EP-N")
-    shared_sm_carveout: int = _f(0, tag="carve{}", doc="SMs the shared experts' GEMMs leave free (CUDA)")
+    simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}", doc="single-rank backends: one rank's share of EP-N")
+    shared_sm_carveout: int = _f(OverlapConf.shared_sm_carveout, tag="carve{}", doc="SMs the shared experts' GEMMs leave free (CUDA)")
     # workload
-    routing: str = _f("uniform", tag="{}", doc="uniform | balanced | zipf")
-    skew: float = _f(1.2, tag="skew{}", doc="zipf exponent (zipf routing only)")
-    seed: int = _f(0, tag="seed{}")
+    routing: str = _f(WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf")
+    skew: float = _f(WorkloadConf.skew, tag="skew{}", doc="zipf exponent (zipf routing only)")
+    seed: int = _f(WorkloadConf.seed, tag="seed{}")
     # how it is measured
-    timing: str = _f("auto", tag="{}", doc="requested timing: auto | events | graph | profiler")
-    graph_max_tokens: int = _f(256, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens")
-    l2_flush: bool = _f(True, tag="noflush")
-    memory_budget: int = _f(0, tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)")
-    trace: str = _f("none", tag="trace_{}", doc="none | nvtx | torch | nsys")
+    timing: str = _f(RunnerConf.timing, tag="{}", doc="requested timing: auto | events | graph | profiler")
+    graph_max_tokens: int = _f(RunnerConf.graph_max_tokens, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens")
+    l2_flush: bool = _f(RunnerConf.l2_flush, tag="noflush")
+    memory_budget: int = _f(int(RunnerConf.memory_budget), tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)")
+    trace: str = _f(TraceConf.name, tag="trace_{}", doc="none | nvtx | torch | nsys")
     # the chosen entries' knobs, (name, value) sorted by name; each is identity and a column
     knobs: tuple = _f((), column=False)
     # settings that do not change what is measured, only how long and how often
-    reps: int = _f(30, identity=False)
-    warmup: int = _f(5, identity=False)
-    warmup_ms: float = _f(200.0, identity=False)
-    phase_reps: int = _f(10, identity=False)
-    timeout_s: float = _f(600.0, identity=False)
-    startup_timeout_s: float = _f(30.0, identity=False, doc="s for a process group to form (every rank joined)")
-    check: bool = _f(True, identity=False)
-    memory: bool = _f(True, identity=False)
-    trace_samples: int = _f(3, identity=False)
-    trace_dir: str = _f("traces", identity=False)
+    reps: int = _f(RunnerConf.reps, identity=False)
+    warmup: int = _f(RunnerConf.warmup, identity=False)
+    warmup_ms: float = _f(RunnerConf.warmup_ms, identity=False)
+    phase_reps: int = _f(RunnerConf.phase_reps, identity=False)
+    timeout_s: float = _f(RunnerConf.timeout_s, identity=False)
+    startup_timeout_s: float = _f(RunnerConf.startup_timeout_s, identity=False, doc="s for a process group to form (every rank joined)")
+    check: bool = _f(RunnerConf.check, identity=False)
+    memory: bool = _f(RunnerConf.memory, identity=False)
+    trace_samples: int = _f(TraceConf.samples, identity=False)
+    trace_dir: str = _f(TraceConf.dir, identity=False)
 
     # -- mapping view (what supports(combo) reads) ----------------------------------
     def __getitem__(self, name: str) -> Any:
@@ -185,7 +187,7 @@ def knob_meta() -> dict:
     from moebench.kernels import registry
 
     # a plugin's knob named like a field is disabled with the plugin; a built-in's is a bug
-    registry.refuse_knob_names(RESERVED, "moebench's own fields (moebench/spec.py)")
+    registry.refuse_knob_names(RESERVED, "moebench's own fields (moebench/config/spec.py)")
     return {**registry.knobs("backend"), **registry.knobs("experts")}
 
 

@@ -72,7 +72,7 @@ def profiled_phases(kernel, fn, key: str, rank: int, tokens: int, run_dir: str, 
     from moebench.traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, "traces", "profiler"), key, rank, tokens, gzip_=True)
-    safe_dir(run_dir, "traces", "profiler", key)  # real folders, never links (moebench/safe_write.py)
+    safe_dir(run_dir, "traces", "profiler", key)  # real folders, never links (moebench/util/safe_write.py)
     kernel.phases = make_recorder(torch.device("cpu"), nvtx=False)  # record_function ranges only
     try:
         prof = profile_kernels(fn, str(path), samples=max(3, min(reps, 20)), sync=sync, device=device)
@@ -126,7 +126,7 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
 
     barrier, flush, align, agree = sync.barrier, sync.flush, sync.align, sync.agree
     path = torch_trace.trace_path(os.path.join(run_dir, combo.trace_dir), key, rank, T)
-    safe_dir(run_dir, *Path(combo.trace_dir).parts, key)  # real folders, never links (moebench/safe_write.py)
+    safe_dir(run_dir, *Path(combo.trace_dir).parts, key)  # real folders, never links (moebench/util/safe_write.py)
     rec = make_recorder(torch.device("cpu"), nvtx=True)  # record_function ranges only
     ablation = None
     if inputs is not None and kernel.shared is not None and kernel.overlap != "none":

@@ -135,7 +135,7 @@ def _setting_label(r, vary: list[str]) -> str:
 
 
 def table(best: pd.DataFrame) -> str:
-    """Markdown, one row per setting x tokens; the rows' text escaped (moebench/mdsafe.py md_text)."""
+    """Markdown, one row per setting x tokens; the rows' text escaped (moebench/report/mdsafe.py md_text)."""
     from moebench.report.mdsafe import md_text
 
     vary = [c for c in SETTING if c in best.columns and best[c].astype(str).nunique() > 1]
@@ -193,7 +193,7 @@ def results_command(run: str, out: Optional[str]) -> int:
 
     df, _ = load_run(run)
     best = best_per_size(df)
-    out_dir = report_out(run, out)  # no link below the run folder or --out (moebench/safe_write.py)
+    out_dir = report_out(run, out)  # no link below the run folder or --out (moebench/util/safe_write.py)
     refuse_links(out_dir, ["best_per_size.json", "best_per_size.png"])  # before anything is written
     records = json.loads(best.to_json(orient="records"))
     write_text(out_dir / "best_per_size.json",

@@ -175,7 +175,7 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
     if not len(cap):
         return "_No combination has ok rows at two or more token counts: nothing to fit._"
     reserved = "max_tokens_reserved" in cap and cap["max_tokens_reserved"].notna().any()
-    # the labels, placements and statuses are the rows' text: escaped (moebench/mdsafe.py)
+    # the labels, placements and statuses are the rows' text: escaped (moebench/report/mdsafe.py)
     rows = [[md_text(r.line), md_text(r.reduction), f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
              _resid(r.ws_resid, r.ws_points), f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
              r.tokens_measured, _tok(r.max_tokens)] + ([_tok(r.max_tokens_reserved)] if reserved else [])

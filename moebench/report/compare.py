@@ -1,7 +1,7 @@
 """Baseline vs candidate comparison, in the style of ``asv compare``.
 
 Two runs: rows are matched on their stored combination key and token count (the key is
-the hash of the combination's identity, moebench/spec.py), so two runs of the same sweep
+the hash of the combination's identity, moebench/config/spec.py), so two runs of the same sweep
 on different commits line up and rows that differ in any identity field or knob never
 do. Within one run, ``report/axis.py`` pairs the rows that differ in one axis only and
 hands the pairs to ``compare_pairs``. A matched pair is called "slower" (or "faster")

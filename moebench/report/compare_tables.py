@@ -44,7 +44,7 @@ def pair_order(m: pd.DataFrame) -> pd.DataFrame:
 
 def pair_names(m: pd.DataFrame) -> pd.Series:
     """'triton/experts mixtral_8x7b · 256 tok': what the verdict calls a pair, as Markdown (the
-    rows' text escaped: moebench/mdsafe.py md_text)."""
+    rows' text escaped: moebench/report/mdsafe.py md_text)."""
     labels = combo_labels(m)
     return pd.Series([md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"])],
                      index=m.index, dtype=object)

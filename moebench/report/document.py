@@ -2,10 +2,10 @@
 first (report/verdict.py). Each report is a ``Doc``: markdown blocks for report.md, the
 tables for csv, a JSON document; ``write`` puts them on disk.
 
-Every file goes through moebench/safe_write.py: the report folder is made with ``report_out``
+Every file goes through moebench/util/safe_write.py: the report folder is made with ``report_out``
 (no link below the run folder or --out), the names a report writes are checked for links
 before any work (``check_outputs``), and each file is opened without following one. Text read
-from the runs is escaped where it enters the Markdown (moebench/mdsafe.py md_text).
+from the runs is escaped where it enters the Markdown (moebench/report/mdsafe.py md_text).
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def default_report_dir(run_dir, *sub: str) -> Path:
 
 def report_out(run_dir, out=None, *sub: str) -> Path:
     """The report folder, made without following a link below the folder the user named
-    (moebench/safe_write.py): ``out`` as given (itself may be a link: the user named it), else
+    (moebench/util/safe_write.py): ``out`` as given (itself may be a link: the user named it), else
     ``default_report_dir(run_dir, *sub)`` below the run folder (a link at `report/` or below is
     refused, one line, exit 2), or below the runs folder for a committed run."""
     if out is not None:

@@ -1,9 +1,9 @@
-"""A run's environment (env.json, moebench/env.py) as report text, and whether two runs'
+"""A run's environment (env.json, moebench/run/env.py) as report text, and whether two runs'
 environments are comparable (asv's rule: results of different machines or library
 versions are said to be not comparable rather than silently compared).
 
 The text functions (env_summary, env_differences, comparable_summary) return Markdown: every
-value read from env.json or the rows is escaped (moebench/mdsafe.py md_text), since a run
+value read from env.json or the rows is escaped (moebench/report/mdsafe.py md_text), since a run
 folder's text is untrusted; env_value / field_value / env_commit return the values as stored."""
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def field_value(env: dict, label: str):
 def env_commit(env: dict) -> tuple[Optional[str], Optional[bool]]:
     """(commit, dirty) a run's env.json names; dirty None where it is not known.
 
-    A fingerprint with `git_tree` (moebench/treestate.py) states both: `git_sha` is the commit
+    A fingerprint with `git_tree` (moebench/run/treestate.py) states both: `git_sha` is the commit
     (None here where "unknown") and `git_dirty` whether the files differed from it, from the
     .git where the run was, a verified tree stamp, or unknown. Older ones: where they record
     MOEBENCH_GIT_SHA (a tree copied to a GPU machine) that is the commit, with the state

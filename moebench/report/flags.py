@@ -4,7 +4,7 @@ Per ok row (``row_flags``), each a short tag:
 
 - ``spread``: p80/p20 above moebench.config.limits.NOISY_SPREAD (1.10): one figure of a noisy row;
 - ``host-bound``: the latency is the host's time, not the GPU's: the host set the pace of the
-  samples (timing_mode ``host``: moebench/measure.py paced_mode), or, in rows timed before
+  samples (timing_mode ``host``: moebench/measure/samples.py paced_mode), or, in rows timed before
   each sample had its hold (no ``host_paced_samples``), events timing with the host's enqueue
   of one forward (``host_enqueue_us``) at least HOST_BOUND (0.8) of the median;
 - ``host-sync``: the enqueue outlasts moebench.config.limits.HOST_SYNCS_US: the layer waits on the
@@ -25,7 +25,7 @@ summary, ``compare``'s verdicts and ``tune --results`` rank rows on GPU time onl
 
 Per run (``run_notes``): a git sha that names no commit, a dirty tree, several commits in
 one run, and the ``caveats.md`` stored with the run (its folder and those above it). The
-notes are Markdown: what they quote of env.json and the rows is escaped (moebench/mdsafe.py);
+notes are Markdown: what they quote of env.json and the rows is escaped (moebench/report/mdsafe.py);
 caveats.md is the repository's own text and is kept verbatim.
 """
 from __future__ import annotations

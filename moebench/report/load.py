@@ -16,7 +16,7 @@ from moebench.config.spec import IDENTITY_COLUMNS as SPEC_COLUMNS
 from moebench.results import row as schema
 from moebench.results.store import latest, load_files, read_row_file, RunStore, TornFile, warn
 
-# A row's identity: the spec's columns (moebench/spec.py), the key and the token count;
+# A row's identity: the spec's columns (moebench/config/spec.py), the key and the token count;
 # run_id / sweep / schema_version say where it came from
 IDENTITY_COLUMNS = ["schema_version", "run_id", "sweep", "combo_key", *SPEC_COLUMNS, "tokens_per_rank"]
 # the identity a table may show of a row (IDENTITY_COLUMNS less the provenance and the key)

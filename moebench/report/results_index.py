@@ -25,10 +25,10 @@ on each).
     python -m moebench.report.results_index --check    # exit 1 when it is out of date
 
 What a run folder holds (env.json, sweep-*.json, tune.json, the rows) is untrusted text: it
-enters the index escaped (moebench/mdsafe.py: md_text, md_code), each command is one line (a
+enters the index escaped (moebench/report/mdsafe.py: md_text, md_code), each command is one line (a
 control character in an override is written in bash's $'...' quoting) and the commands' block is
 fenced longer than any backtick run inside (code_block). about.md and caveats.md are the
-repository's own text, kept as written. README.md is replaced through moebench/safe_write.py:
+repository's own text, kept as written. README.md is replaced through moebench/util/safe_write.py:
 never through a link.
 """
 from __future__ import annotations
@@ -368,7 +368,7 @@ def main(argv=None) -> int:
                 print(f"{out} is out of date: run python -m moebench.report.results_index", file=sys.stderr)
                 return 1
             return 0
-        replace_text(out, text)  # never through a link (moebench/safe_write.py)
+        replace_text(out, text)  # never through a link (moebench/util/safe_write.py)
     except ValueError as e:  # a bad folder, or a link where README.md goes: one line
         print(f"results_index: error: {e}", file=sys.stderr)
         return 2

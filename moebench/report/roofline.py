@@ -129,7 +129,7 @@ def ceilings_caption(df: pd.DataFrame, root: str | Path | None = None) -> str:
     for gpu in (df["gpu"].dropna().unique() if "gpu" in df else []):
         c = find_ceilings(gpu, root)
         if c is None:
-            # the rows' gpu is a run folder's text: escaped (moebench/mdsafe.py)
+            # the rows' gpu is a run folder's text: escaped (moebench/report/mdsafe.py)
             parts.append(f"{md_text(gpu)}: {NO_CEILING} (`benchmarks/ceilings.py` on it writes "
                          f"results/ceilings/{gpu_slug(gpu)}/ceilings.json), so its floor columns are empty.")
         else:

@@ -22,7 +22,7 @@ from moebench.report.mdsafe import md_text, one_line  # noqa: F401  (md_text: th
 def md_escape(text) -> str:
     """Text kept inside one markdown table cell: a `|` not escaped already gets its backslash,
     line breaks show as ⏎. Only the cell's bounds: our own cells (numbers, bold) pass as they are,
-    so a value read from a run folder is `md_text`-ed (moebench/mdsafe.py) before it is a cell."""
+    so a value read from a run folder is `md_text`-ed (moebench/report/mdsafe.py) before it is a cell."""
     return re.sub(r"(?<!\\)((?:\\\\)*)\|", r"\1\\|", one_line(text)).strip()
 
 

@@ -1,7 +1,7 @@
 """Markdown of a trace summary (moebench trace): the phase, stream and overlap tables.
 
 A trace is a run folder's file: every name it holds (its source path, combinations, streams,
-notes) enters the Markdown escaped (moebench/mdsafe.py). A trace with nothing to overlap (no GPU
+notes) enters the Markdown escaped (moebench/report/mdsafe.py). A trace with nothing to overlap (no GPU
 activity, or no communication kernels: one rank) gets one line saying so instead of a table of
 dashes.
 """

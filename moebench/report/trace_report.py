@@ -24,7 +24,7 @@ the exports (or say why not).
 Combinations are named by their rows' `label` (the run's rows, `combo_labels`), the key beside
 it; a trace of no row keeps its key. A trace with nothing to overlap (a CPU run, one rank) gets
 one line saying so instead of a table of dashes, and no empty figure is written (one line says
-why). `--plot` writes through moebench/safe_write.py: beside the traces, no folder between the
+why). `--plot` writes through moebench/util/safe_write.py: beside the traces, no folder between the
 target and the PNG may be a link (a symlinked `traces/` is refused, one line, exit 2: give
 `--out DIR`); under `--out`, the same below it; the PNG names are checked before any is written.
 """

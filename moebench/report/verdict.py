@@ -6,7 +6,7 @@ changes; whether the environments are comparable; rows on one side only; and the
 exit status with why (docs/design.md, "Exit status").
 
 Text from the runs (names, values, reasons, environments) enters these lines escaped
-(moebench/mdsafe.py md_text; pair_names and envinfo's text escape their own).
+(moebench/report/mdsafe.py md_text; pair_names and envinfo's text escape their own).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def why_nothing_matched(cmp: Comparison) -> str:
     elif differ:
         where = "; the runs differ in " + ", ".join(differ[:4])
     else:
-        where = "; their identity columns agree, so the keys differ in a field the rows do not show (moebench/spec.py)"
+        where = "; their identity columns agree, so the keys differ in a field the rows do not show (moebench/config/spec.py)"
     return f"no row matched: the combination keys of the two runs never meet{where}"
 
 

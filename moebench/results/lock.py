@@ -11,7 +11,7 @@ a random token.
   directory, a FIFO or a hard link to another file is refused (exit 2, nothing written),
   since truncating it would truncate whatever it names.
 - Processes that work for the holder (SLURM jobs, torchrun ranks under a wrapper that
-  holds the folder: moebench/slurm.py, moebench/dist_worker.py) do not lock; they present
+  holds the folder: moebench/run/slurm.py, moebench/dist_worker.py) do not lock; they present
   the holder's token (an argument, or `MOEBENCH_LOCK_TOKEN`) and write only while the lock
   file still names it. The token alone is not trusted (an exported variable reaches any
   later command): a borrower is honoured only when the holder started it, checked:

@@ -39,14 +39,14 @@ class RankResult:
     # what the caching allocator reserved above the bytes allocated at the start of the measured
     # work (timed samples, phases, one forward): what runner.memory_budget caps, fragmentation included
     reserved_bytes_peak: float = NAN
-    # derived (moebench/derived.py)
+    # derived (moebench/measure/derived.py)
     tflops: float = NAN
     hbm_gbps: float = NAN
     nvlink_gbps: float = NAN
     expert_flops: float = NAN
     expert_bytes: float = NAN
     row_layout_used: str = ""
-    # traces (moebench/capture.py)
+    # traces (moebench/measure/capture.py)
     trace_path: str = ""
     trace_error: str = ""
     trace_overlap_fraction: Optional[float] = None

@@ -25,7 +25,7 @@ OVERLAP_MIN_SAMPLES = 5
 
 
 def identity(c: Combination, tokens: int) -> dict:
-    """The row's identity columns: every column of the spec (moebench/spec.py), the token
+    """The row's identity columns: every column of the spec (moebench/config/spec.py), the token
     count and the overrides it was planned from."""
     return {"schema_version": SCHEMA_VERSION, **c.combo.columns(), "tokens_per_rank": int(tokens),
             "overrides": " ".join(c.overrides)}
@@ -41,7 +41,9 @@ def _q(xs: list[float], p: float) -> float:
 
 
 def _values(ranks: list, key: str) -> list:
-    vals = [r.phases_us.get(key) if key in PHASES else getattr(r, key) for r in ranks]
+    """The ranks' values of `key` (a phase, or a RankResult field); none for a column row.py
+    declares before any code measures it (its rows hold the default)."""
+    vals = [r.phases_us.get(key) if key in PHASES else getattr(r, key, None) for r in ranks]
     return [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 

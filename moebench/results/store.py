@@ -7,7 +7,7 @@ Guarantees (docs/design.md, "The store"): a file is complete or absent (written 
 reader and removed at the next start); rows are written as soon as a combination ends;
 nothing is overwritten (each invocation writes its own files) or deleted; a measured
 row always beats a skipped one, and among measured rows of one (combination, tokens)
-the newest wins. Writers hold the run's lock (moebench/lock.py) and never write through a
+the newest wins. Writers hold the run's lock (moebench/results/lock.py) and never write through a
 symbolic link below the run folder (UnsafePath, exit 2).
 
 A torn row file (one that cannot be read as parquet: cut short by a copy or a disk fault,

@@ -1,7 +1,7 @@
 """Synthetic results runs in the store's layout, for tests, the notebook and demos.
 
 The numbers are made up (a latency model of a + b * tokens with log-normal noise); only
-the layout and the column schema are the store's (schema 2: identity from moebench/spec.py).
+the layout and the column schema are the store's (schema 2: identity from moebench/config/spec.py).
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def write_run(run_dir: str | Path, df: pd.DataFrame, env: dict | None = None) ->
 
 
 def default_env() -> dict:
-    """A plausible env.json fingerprint, shaped like moebench/env.py's."""
+    """A plausible env.json fingerprint, shaped like moebench/run/env.py's."""
     return {"gpu": "NVIDIA H200", "gpu_count": 2, "gpus": ["NVIDIA H200"] * 2,
             "nvidia_smi": ["NVIDIA H200, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, "
                            "700.00 W, 35"] * 2,

@@ -1,6 +1,6 @@
 """Ranks started by someone else: `torchrun` (one or many nodes) or the tasks of a SLURM job
-(moebench/slurm.py). Each process is one rank of one process group; the ranks run the same
-`run_combination` as the local launcher's (moebench/worker.py) and rank 0 writes the rows.
+(moebench/run/slurm.py). Each process is one rank of one process group; the ranks run the same
+`run_combination` as the local launcher's (moebench/run/worker.py) and rank 0 writes the rows.
 
     torchrun --nnodes=2 --nproc-per-node=8 --node-rank=$NODE --master-addr=$HEAD \\
         --master-port=29500 --max-restarts=8 -m moebench.dist_worker --out runs/ep16 \\
@@ -8,9 +8,9 @@
 
 torchrun gives RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
 the combinations whose world size is WORLD_SIZE run, in this one group. Rank 0 takes the run
-folder's lock (moebench/lock.py; or works under its holder's with MOEBENCH_LOCK_TOKEN, when that
+folder's lock (moebench/results/lock.py; or works under its holder's with MOEBENCH_LOCK_TOKEN, when that
 holder started it), plans against the store and tells the other ranks what to run. Each rank
-watches its starter from its first line (moebench/lifeline.py), and the group must form within
+watches its starter from its first line (moebench/run/lifeline.py), and the group must form within
 runner.startup_timeout_s or this rank exits 1 (under a SLURM job, rank 0 first writes the
 first combination's rows saying so).
 
@@ -42,7 +42,7 @@ from typing import Callable, Optional
 
 if __name__ == "__main__":
     # a rank of torchrun's: watch its agent now, before torch's seconds of imports, not
-    # after them, when a dead agent reads as pid 1 (moebench/lifeline.py); the imports above
+    # after them, when a dead agent reads as pid 1 (moebench/run/lifeline.py); the imports above
     # are the standard library's, milliseconds
     from moebench.run.lifeline import watch_parent
 

@@ -49,7 +49,7 @@ def library_version(name: str) -> str | None:
 
 
 def git_info() -> dict:
-    """Which code runs (moebench/treestate.py): `git_sha` (the commit, bare hex, or "unknown"),
+    """Which code runs (moebench/run/treestate.py): `git_sha` (the commit, bare hex, or "unknown"),
     `git_dirty` (True / False / None: not known), `git_diff_sha256` (the difference from the
     commit, None when clean), `git_tree` (what said so: git, stamp, MOEBENCH_GIT_SHA or none),
     `git_tree_note` and `git_diff_paths`. From the checkout's .git, else from the

@@ -240,7 +240,7 @@ class Launcher:
             ctx.set_executable(wrapper)
         payload = [Task(i, c.combo, tuple(toks)) for i, (c, toks) in enumerate(work)]
         port = free_port()
-        # ranks die with this process (moebench/lifeline.py), armed before a rank imports
+        # ranks die with this process (moebench/run/lifeline.py), armed before a rank imports
         # torch; the kernel's death signal only when started from the main thread (it fires
         # when the starting thread ends)
         life = (os.getpid(), threading.current_thread() is threading.main_thread())

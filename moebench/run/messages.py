@@ -1,7 +1,7 @@
-"""What travels between the launcher and its ranks (moebench/launch.py <-> worker.py),
+"""What travels between the launcher and its ranks (moebench/run/launch.py <-> worker.py),
 as typed values: a rank receives `Task`s and puts `Started`, `Result`, `Done`, `Error`
 and `Exited` messages on one queue. A `RankResult` is one rank's measurement of one
-(combination, tokens per rank); moebench/rows.py aggregates them over ranks."""
+(combination, tokens per rank); moebench/results/rows.py aggregates them over ranks."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,12 +1,12 @@
 """`moebench sweep --slurm`: one SLURM job per combination family (the launcher's process-group
-unit: moebench/plan.py `Combination.family`) through submitit, the `slurm` extra
+unit: moebench/run/plan.py `Combination.family`) through submitit, the `slurm` extra
 (`pip install 'moebench[slurm]'`).
 
 The sweep plans, takes the run folder's lock and writes what every invocation writes, then
 submits the families' jobs at once (nodes x tasks per node = the family's world size, one
 task per rank, one GPU per task) and waits. Each task is one rank of moebench/dist_worker.py;
 rank 0 writes the rows into the run folder (a filesystem the nodes share) under the sweep's
-lock, presenting its token (moebench/lock.py): a foreign sweep into the folder is refused,
+lock, presenting its token (moebench/results/lock.py): a foreign sweep into the folder is refused,
 and a job whose sweep no longer holds the folder writes nothing. A combination that fails
 ends its job (its row written); the sweep then submits the family's rest as a new job, and
 a job that ended with nothing new stored (time limit, node failure) gives its first
@@ -24,7 +24,7 @@ from moebench.run.lifeline import watch_parent
 
 if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") == "submitit.core._submit":
     # a job's task unpickling job_main (which imports this module before its arguments and
-    # torch): watch the task's starter now, not after those imports (moebench/lifeline.py)
+    # torch): watch the task's starter now, not after those imports (moebench/run/lifeline.py)
     watch_parent(init_means_gone=True)
 
 POLL_S = 1.0
@@ -179,7 +179,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     done: set = set()  # combination keys with rows from this invocation
     def submit(w: list):
         job = _submit(ex, opts, w, store.dir, meta, lock.token)
-        lock.add_job(job.job_id)  # its tasks may borrow the lock (moebench/lock.py)
+        lock.add_job(job.job_id)  # its tasks may borrow the lock (moebench/results/lock.py)
         return job
 
     jobs = {fam: submit(w) for fam, w in families.items()}

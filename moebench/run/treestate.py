@@ -1,7 +1,7 @@
 """Which code ran: the commit a tree came from, whether its files differed from it, and a
 digest of the difference, also where the tree was copied to a machine without its `.git`.
 
-Two sources; the environment fingerprint (moebench/env.py) records what they say:
+Two sources; the environment fingerprint (moebench/run/env.py) records what they say:
 
 - a git checkout whose top level is the tree: HEAD, and the paths `git status` lists whose
   content differs from HEAD's;

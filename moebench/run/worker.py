@@ -210,7 +210,7 @@ def is_oom(e: BaseException) -> bool:
 def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list[Task], queue, run_dir: str,
               parent_pid: Optional[int] = None, pdeathsig: bool = True) -> None:
     """Entry point of one rank: run `tasks` in order, report each result. The rank dies with
-    `parent_pid` (moebench/lifeline.py)."""
+    `parent_pid` (moebench/run/lifeline.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when to stop
     die_with(parent_pid, pdeathsig)
     idx: Optional[int] = None

@@ -111,7 +111,7 @@ def capture(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)  # the caller made it a real folder (safe_dir)
     # torch writes the export by name, following links: into a private folder first, then
-    # copied to `path` without following one (moebench/safe_write.py)
+    # copied to `path` without following one (moebench/util/safe_write.py)
     with tempfile.TemporaryDirectory(prefix="moebench-trace-") as tmp:
         raw = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(raw)

@@ -8,7 +8,7 @@
     <out>/tune.json                            the run: layer, space, budget, per token count
                                                the search's steps, baselines, finalists
     <out>/trials.jsonl                         every trial (trials.py)
-    <out>/env.json, <out>/envs/<id>.json       the machine's fingerprint (moebench/env.py), as a
+    <out>/env.json, <out>/envs/<id>.json       the machine's fingerprint (moebench/run/env.py), as a
                                                sweep's run folder has it: the first invocation's,
                                                and each invocation's (a resumed tune may run
                                                other code)
@@ -97,7 +97,7 @@ def _provenance(info: dict, results, env: dict) -> dict:
 def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> Optional[Path]:
     """tune.json, and the config file with its sidecar when a config won anywhere
     (the file's path, else None). `extra`: more top-level fields for tune.json."""
-    out_dir = safe_dir(out_dir)  # the files below it never through a link (moebench/safe_write.py)
+    out_dir = safe_dir(out_dir)  # the files below it never through a link (moebench/util/safe_write.py)
     detail = {"layer": info, **(extra or {}), "results": [
         {"tokens": r.tokens, "best": r.best, "best_us": _num(r.best_us),
          "speedup_vs_heuristic": _num(r.speedup("heuristic")), "speedup_vs_current": _num(r.speedup("current")),

@@ -6,7 +6,7 @@ matters where reports are committed (results/ travels whole to the GPU machine).
     save_figure(fig, path, **savefig_kwargs)   # instead of fig.savefig(path, ...)
     compact_png(path)                          # an existing PNG, rewritten only if smaller
 
-Both write through moebench/safe_write.py: never through a link (a link at `path` or at its
+Both write through moebench/util/safe_write.py: never through a link (a link at `path` or at its
 folder is refused, one line, exit 2); a caller writing into a run folder makes the folder with
 safe_write.safe_dir first, so that no folder on the way is a link either.
 """

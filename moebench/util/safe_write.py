@@ -75,7 +75,7 @@ def safe_dir(base, *parts) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a file (or a dangling link) by that name, or on the way
-        # an environment error (moebench/writable.py): the CLI's one line names the path, exit 2
+        # an environment error (moebench/results/writable.py): the CLI's one line names the path, exit 2
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
     if path.is_symlink():
         path = Path(os.path.realpath(path))
