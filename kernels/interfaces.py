@@ -149,7 +149,7 @@ class PreparedTokens:
 
 
 # Top-k weight-and-reduce strategies live in their own module; re-exported here
-from .weight_and_reduce import (  # noqa: E402,F401
+from .weight_and_reduce import (  # noqa: E402,F401 (re-exported for the backends, beside the types they take)
     Batched,
     BatchedHandle,
     Contiguous,
@@ -158,7 +158,7 @@ from .weight_and_reduce import (  # noqa: E402,F401
     WeightAndReduce,
     resolve_weight_and_reduce,
 )
-from .knobs import Knob  # noqa: E402,F401
+from .knobs import Knob  # noqa: E402 (with the re-exports above)
 
 
 # ----------------------------------------------------------------------------

@@ -294,7 +294,7 @@ def ask(kind: str, name: str, method: str, *args):
     cls = get_backend(name) if kind == "backend" else get_experts(name)
     try:
         return getattr(cls, method)(*args)
-    except Exception as e:  # noqa: BLE001 - the plugin's code, reported in the row
+    except Exception as e:  # the plugin's code, reported in the row
         p = _OWNER.get((kind, name))
         if p is None:
             raise

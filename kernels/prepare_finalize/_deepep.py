@@ -23,7 +23,7 @@ INTRANODE_WORLD_SIZES = (2, 4, 8)
 
 def _import() -> tuple[Optional[Any], Optional[str]]:
     try:
-        import deep_ep  # noqa: F401  (imports the compiled deep_ep_cpp too)
+        import deep_ep  # imports the compiled deep_ep_cpp too
 
         return deep_ep, None
     except Exception as e:  # ImportError, or OSError for a missing libnvshmem

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..interfaces import FP8_MAX, OpenRange, PrepareFinalize  # noqa: F401  (OpenRange: the backends' import)
+from ..interfaces import FP8_MAX, OpenRange, PrepareFinalize  # OpenRange: the backends' import
 from ..quant import quant_activations, quant_fp8_with_scale
 
 

@@ -35,7 +35,7 @@ _MIN_HEAP_BYTES = 1 << 30
 
 def _import() -> tuple[Optional[Any], Optional[str]]:
     try:
-        import pplx_kernels  # noqa: F401
+        import pplx_kernels
 
         # pplx_kernels/ops.py logs and goes on when libpplx_kernels.so fails to load
         # (its `_ops` is then an empty namespace instead of torch.ops.pplx_kernels)

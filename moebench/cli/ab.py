@@ -118,7 +118,7 @@ def ab_command(args) -> int:
     out = Path(args.out) if args.out else default_out(shas["base"], shas["cand"], list(args.overrides))
     out = out.resolve()
     trees = {side: out / "src" / side for side in shas}
-    log = lambda text: print(f"moebench ab: {text}", file=sys.stderr)  # noqa: E731
+    log = lambda text: print(f"moebench ab: {text}", file=sys.stderr)
     try:
         for side, sha in shas.items():
             checkout(repo, sha, trees[side])

@@ -54,12 +54,12 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
             dist.barrier(group=group)
 
     align = None
-    agree = lambda v: all_max(v, group, device)  # noqa: E731
+    agree = lambda v: all_max(v, group, device)
     if device.type == "cuda":
         # a one-element all-reduce on the GPU: the ranks' devices leave it together, so
         # each sample's start event fires at the same moment on every rank
         one = torch.zeros(1, device=device)
-        align = lambda: dist.all_reduce(one, group=group)  # noqa: E731
+        align = lambda: dist.all_reduce(one, group=group)
     return RankSync(barrier, flush, align, agree, device)
 
 
@@ -141,7 +141,7 @@ def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, gr
     eager forward (timing.time_interleaved), graph replays too, so that both see the GPU
     busy alike."""
     x, w, ids = inputs
-    fn = lambda: kernel(x, w, ids)  # noqa: E731
+    fn = lambda: kernel(x, w, ids)
     fns = [fn]
     if kernel.shared is not None:
         fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]

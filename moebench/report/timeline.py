@@ -150,7 +150,7 @@ def _overlap(kernels) -> list:
 def _select(trace: Trace, sample: Optional[int]):
     """(t0, t1, label, sample index, CPU ranges, kernels) of the plotted window (`_window`)."""
     t0, t1, label, idx = _window(trace, sample)
-    inside = lambda a, b: b >= t0 and a <= t1  # noqa: E731
+    inside = lambda a, b: b >= t0 and a <= t1
     # CPU ranges only where they fall in the window (on GPUs the CPU usually runs ahead)
     ranges = [r for r in trace.ranges if r.name in PHASES and inside(r.start_us, r.end_us)]
     kernels = [k for k in trace.kernels if inside(k.start_us, k.end_us)

@@ -151,7 +151,7 @@ def capture_state(run_dir, entry: dict) -> tuple:
         return "", ("no NVTX capture range was opened for this row: the rank had no NVTX API (no CUDA and no "
                     "nvtx package), so nsys captured nothing"), ""
     stem = run / entry["stem"]
-    rel = lambda p: os.path.relpath(p, run)  # noqa: E731
+    rel = lambda p: os.path.relpath(p, run)
     for suf in (".sqlite", ".nsys-rep"):
         p = stem.with_name(stem.name + suf)
         if p.is_file() and p.stat().st_size > 0:

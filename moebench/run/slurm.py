@@ -50,7 +50,7 @@ class SlurmOptions:
         if self.cluster != "slurm" and self.nodes != 1:
             raise ValueError(f"--slurm-cluster {self.cluster} runs on this machine: --slurm-nodes 1")
         try:
-            import submitit  # noqa: F401
+            import submitit  # noqa: F401 (whether it imports: the jobs are submitted below)
         except ImportError:
             raise ValueError("--slurm needs submitit: pip install 'moebench[slurm]'") from None
         for c in combos:
@@ -100,7 +100,7 @@ def clip(text: str, limit: int, where: str) -> str:
     text = text.strip()
     if len(text) <= limit:
         return text
-    more = lambda n: f" … ({n} more chars in {where})"  # noqa: E731
+    more = lambda n: f" … ({n} more chars in {where})"
     head = text[: max(0, limit - len(more(len(text))))]
     cut = max(head.rfind(". "), head.rfind(".\n"), head.rfind("\n"))
     head = head[: cut + 1] if cut > len(head) // 3 else head

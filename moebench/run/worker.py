@@ -105,7 +105,7 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     """One token count's timed samples, phases, memory, derived figures and traces."""
     combo, shape, quant = task.combo, layer.ctx.shape, layer.ctx.quant
     x, w, ids = inputs
-    fn = lambda: kernel(x, w, ids)  # noqa: E731
+    fn = lambda: kernel(x, w, ids)
     mode, note = timing_mode(combo, T), timing_note(combo, T)
     reserved_base = memory.region_start(device)
     host_us = host_enqueue(kernel, inputs, device)
@@ -172,7 +172,7 @@ def form_group(device: torch.device, rank: int, world_size: int, init_method: st
     try:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=startup_s), **kw)
-    except Exception as e:  # noqa: BLE001 - the store's timeout, a refused or reset connection
+    except Exception as e:  # the store's timeout, a refused or reset connection
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise GroupNotFormed(f"{LOST}the process group of {world_size} ranks did not form within "
                              f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "

@@ -253,7 +253,7 @@ def _stream_stats(groups: list) -> list:
         for ks in groups:
             ks = [k for k in ks if k.lane == lane]
             count += len(ks)
-            iv = lambda sel: length(union((k.start_us, k.end_us) for k in ks if sel(k)))  # noqa: E731
+            iv = lambda sel: length(union((k.start_us, k.end_us) for k in ks if sel(k)))
             phases = {ph: iv(lambda k, ph=ph: k.phase == ph) for ph in PHASES}
             per.append((iv(lambda k: True), iv(lambda k: k.comm), iv(lambda k: k.shared), phases))
         phases = {ph: statistics.median(p[3][ph] for p in per) for ph in PHASES}

@@ -215,7 +215,7 @@ def _nvtx_ranges(con, strings: dict, pid: Optional[int], domain: str, notes: lis
     dom = "domainId" if "domainId" in cols else "0"
     rows = con.execute(f"SELECT start, end, eventType, {text} AS text, {text_id} AS textId, "
                        f"globalTid, {dom} AS domainId FROM NVTX_EVENTS").fetchall()
-    name_of = lambda r: r["text"] if r["text"] is not None else strings.get(r["textId"])  # noqa: E731
+    name_of = lambda r: r["text"] if r["text"] is not None else strings.get(r["textId"])
     prefix = f"{domain}/"
     # reports of earlier versions: ranges of an NVTX domain `moebench`, names unprefixed
     legacy = {(_pid(r["globalTid"]), r["domainId"]) for r in rows

@@ -74,7 +74,7 @@ class Recorder:
     def __init__(self):
         self.jobs: dict[str, tuple[str, str, str]] = {}
 
-    def _hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 (Triton's names)
+    def _hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # Triton's names
         spec = compile["specialization_data"]
         self.jobs.setdefault(spec, (fn.module, fn.name, spec))
         return True  # skip the compile (and so the launch)

@@ -148,7 +148,7 @@ def halving(
     for c in configs:
         tiles.setdefault(tuple(int(c[k]) for k in TILE_KEYS), []).append(c)
     timer = _Timer(measure, Outcome(best=None))
-    left = lambda: budget - timer.out.num_timed  # noqa: E731
+    left = lambda: budget - timer.out.num_timed
 
     # rung 0: the baselines, then one or two settings per tile
     timer.screen(list(baselines))
