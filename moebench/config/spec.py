@@ -53,17 +53,21 @@ class Combo:
     shared_intermediate: int = _f(ModelConf.shared_intermediate, doc="I of one shared expert")
     # where it runs
     world_size: int = _f(1, tag="ws{}", doc="ranks (1 for single-rank backends)")
-    simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}", doc="single-rank backends: one rank's share of EP-N")
-    shared_sm_carveout: int = _f(OverlapConf.shared_sm_carveout, tag="carve{}", doc="SMs the shared experts' GEMMs leave free (CUDA)")
+    simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}",
+                          doc="single-rank backends: one rank's share of EP-N")
+    shared_sm_carveout: int = _f(OverlapConf.shared_sm_carveout, tag="carve{}",
+                                 doc="SMs the shared experts' GEMMs leave free (CUDA)")
     # workload
     routing: str = _f(WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf")
     skew: float = _f(WorkloadConf.skew, tag="skew{}", doc="zipf exponent (zipf routing only)")
     seed: int = _f(WorkloadConf.seed, tag="seed{}")
     # how it is measured
     timing: str = _f(RunnerConf.timing, tag="{}", doc="requested timing: auto | events | graph | profiler")
-    graph_max_tokens: int = _f(RunnerConf.graph_max_tokens, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens")
+    graph_max_tokens: int = _f(RunnerConf.graph_max_tokens, tag="gmax{}",
+                               doc="timing=graph: CUDA graphs up to this many tokens")
     l2_flush: bool = _f(RunnerConf.l2_flush, tag="noflush")
-    memory_budget: int = _f(int(RunnerConf.memory_budget), tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)")
+    memory_budget: int = _f(int(RunnerConf.memory_budget), tag="budget{}",
+                            doc="bytes the layer may allocate above the check's (0: no cap)")
     trace: str = _f(TraceConf.name, tag="trace_{}", doc="none | nvtx | torch | nsys")
     # the chosen entries' knobs, (name, value) sorted by name; each is identity and a column
     knobs: tuple = _f((), column=False)
@@ -73,7 +77,8 @@ class Combo:
     warmup_ms: float = _f(RunnerConf.warmup_ms, identity=False)
     phase_reps: int = _f(RunnerConf.phase_reps, identity=False)
     timeout_s: float = _f(RunnerConf.timeout_s, identity=False)
-    startup_timeout_s: float = _f(RunnerConf.startup_timeout_s, identity=False, doc="s for a process group to form (every rank joined)")
+    startup_timeout_s: float = _f(RunnerConf.startup_timeout_s, identity=False,
+                                   doc="s for a process group to form (every rank joined)")
     check: bool = _f(RunnerConf.check, identity=False)
     memory: bool = _f(RunnerConf.memory, identity=False)
     trace_samples: int = _f(TraceConf.samples, identity=False)

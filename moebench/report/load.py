@@ -105,7 +105,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     path, no rows or a malformed file.
     """
     files, run_dir = _source(Path(path))
-    df = (RunStore(run_dir).load(required=REQUIRED_COLUMNS) if files is None
+    df = (RunStore(path).load(required=REQUIRED_COLUMNS) if files is None
           else load_files(files, str(path), required=REQUIRED_COLUMNS))
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")

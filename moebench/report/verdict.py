@@ -49,7 +49,8 @@ def why_nothing_matched(cmp: Comparison) -> str:
     elif differ:
         where = "; the runs differ in " + ", ".join(differ[:4])
     else:
-        where = "; their identity columns agree, so the keys differ in a field the rows do not show (moebench/config/spec.py)"
+        where = ("; their identity columns agree, so the keys differ in a field the rows do not show "
+                 "(moebench/config/spec.py)")
     return f"no row matched: the combination keys of the two runs never meet{where}"
 
 

@@ -13,7 +13,6 @@ from moebench.results.rank_result import Finished
 from moebench.results.store import LOST, RunStore
 
 
-
 def run_meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
     """The provenance columns every row of one invocation carries."""
     return {

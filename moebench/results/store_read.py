@@ -40,7 +40,7 @@ def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
         if e.errno in CAUSES:  # the machine refused the read: not the file's fault
             raise
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types (ArrowInvalid, ...) for a torn file
+    except Exception as e:  # pyarrow raises several types (ArrowInvalid, ...) for a torn file
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
     missing = [c for c in required if c not in df.columns]
     if len(df.columns) and missing:
