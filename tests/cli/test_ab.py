@@ -11,7 +11,7 @@ import pytest
 
 from moebench import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CODE = ("moebench", "kernels", "conf", "sweeps", "pyproject.toml")  # what a sweep needs of the checkout
 TINY = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
         "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=0", "runner.phase_reps=1",

@@ -17,7 +17,7 @@ from moebench.report.compare import compare_runs
 from moebench.report.load import load_run
 from moebench.results.synthetic import make_row, samples_from, write_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "row_schema.json"
 
 

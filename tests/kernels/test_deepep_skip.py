@@ -31,7 +31,7 @@ COMBO = {
     "num_sms": 24, "device": "cuda",
 }
 LL_COMBO = dict(COMBO, backend="deepep_ll", experts="triton_batched", max_tokens_per_rank=512)
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def planned(backend="deepep_ht", experts="torch", **changes):
@@ -348,7 +348,7 @@ def test_deepep_ll_plumbing_over_a_cpu_standin(tmp_path):
     shutil.copy(TESTS / "deepep_ll_standin.py", pkg / "__init__.py")
     code = (
         f"import sys; sys.path[:0] = [{str(tmp_path / 'standin')!r}, {str(TESTS)!r}, {str(REPO)!r}]\n"
-        "import test_deepep_skip as t\n"
+        "import tests.kernels.test_deepep_skip as t\n"
         f"t._standin_job({str(tmp_path)!r})\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "standin"), str(TESTS), str(REPO)]))

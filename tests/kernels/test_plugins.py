@@ -22,7 +22,7 @@ from moebench.config import spec
 from moebench.kernels import CONTRACT_VERSION, registry
 from moebench.results.store import RunStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "moebench-example-plugin"
 ORIGIN = "moebench-example-plugin 0.1.0"
 QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=2", "runner.memory=false"]

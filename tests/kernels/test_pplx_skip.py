@@ -23,7 +23,7 @@ from moebench.config.compose import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _pplx
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 COMBO = {
     "backend": "pplx", "experts": "triton_batched", "reduction": "finalize", "overlap": "none",
@@ -397,7 +397,7 @@ def test_plumbing_over_a_cpu_standin(tmp_path):
     overlap, match the reference on 2 gloo ranks over the stand-in above."""
     code = (
         f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(REPO)!r}]\n"
-        "import test_pplx_skip as t\n"
+        "import tests.kernels.test_pplx_skip as t\n"
         f"t._standin_job({str(tmp_path)!r})\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 400
 
 # A -> the rooms A may import (besides itself). A room is moebench's first subpackage, or the

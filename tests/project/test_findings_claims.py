@@ -34,7 +34,7 @@ from findings_floors import (  # the floors' queries, at the committed ceilings
     target_misses, tflops, tuned_prefill,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS, FINDINGS = REPO / "results", REPO / "docs" / "findings"
 
 

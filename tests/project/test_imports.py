@@ -14,7 +14,7 @@ from pathlib import Path
 
 import moebench
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = {  # import name -> the only modules allowed to import it
     "deep_ep": {"kernels/prepare_finalize/_deepep.py"},
     "deep_gemm": {"kernels/experts/_deep_gemm.py"},

@@ -14,7 +14,7 @@ from moebench.results.synthetic import make_rows, write_run
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "explore_results.ipynb"
 COMMITTED = ROOT / "results" / "weight_reduce_memory"  # both reductions, torch and triton, memory measured
 

@@ -15,7 +15,7 @@ from moebench import cli
 from moebench.run.plan import plan
 from moebench.report import results_index
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 README = RESULTS / "README.md"
 MAX_BYTES = 20 * 10**6  # the tracked tree travels whole to a device with a 64 MiB carry limit

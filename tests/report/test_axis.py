@@ -13,7 +13,7 @@ from moebench.report.load import load_run
 from moebench.results.synthetic import make_row, write_run
 from moebench.config.spec import from_row, IDENTITY_COLUMNS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MEMORY_RUN = ROOT / "results" / "weight_reduce_memory"  # deepseek_v3's EP-8 share, both reductions, GPU
 DEEPGEMM_RUN = ROOT / "results" / "triton_vs_deepgemm"  # triton (row_layout knob), deepgemm, torch
 

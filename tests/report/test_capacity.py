@@ -125,7 +125,7 @@ def test_committed_capacity_rows_save_the_formula_at_every_size():
 
     from moebench.report.load import load_run
 
-    root = Path(__file__).resolve().parent.parent / "results" / "weight_reduce_memory"
+    root = Path(__file__).resolve().parents[2] / "results" / "weight_reduce_memory"
     df = pd.concat([load_run(root / name)[0].assign(run=name) for name in ("capacity_h200x1", "capacity_h200x1_confirmed")])
     ok = df[(df.status == "ok") & (pd.to_numeric(df.memory_budget) == 0)]
     keys = ["model", "simulate_ep", "quant", "experts", "tokens_per_rank", "run"]
@@ -171,7 +171,7 @@ def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
 
     from moebench.report.capacity import capacity_command
 
-    root = Path(__file__).resolve().parent.parent / "results" / "weight_reduce_memory"
+    root = Path(__file__).resolve().parents[2] / "results" / "weight_reduce_memory"
     for run, budget, report in (("capacity_h200x1", "12GiB", "report"), ("capacity_h200x1", "free", "report/free"),
                                 ("capacity_h200x1_confirmed", None, "report")):
         out = tmp_path / run / report

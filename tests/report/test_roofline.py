@@ -16,7 +16,7 @@ from moebench.report.roofline import (CEILINGS_ENV, NO_CEILING, SCHEMA, add_floo
                                       read_ceilings)
 from moebench.report.run_tables import roofline_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPU = "NVIDIA Test GPU"
 
 

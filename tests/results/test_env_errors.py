@@ -28,13 +28,13 @@ import pytest
 
 from moebench import cli
 from moebench.results.store import RunStore
-from test_sweep_cpu import children
+from tests.run.test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 LOCAL = ["backend=local", "experts=torch", "overlap=none", "quant=bf16", "model=tiny",
          "workload.tokens_per_rank=[4]", *QUICK]
 ONE = [*LOCAL, "reduction=experts"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

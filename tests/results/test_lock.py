@@ -18,7 +18,7 @@ from moebench import cli
 from moebench.run import dist_worker
 from moebench.results.lock import JOBS_FILE, LOCK_FILE, LockHeld, RunLock, TOKEN_ENV, UnsafePath
 from moebench.results.store import RunStore
-from test_sweep_cpu import children
+from tests.run.test_sweep_cpu import children
 
 LOCAL = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
          "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=0", "runner.phase_reps=1",

@@ -16,7 +16,7 @@ import pytest
 from moebench import cli
 from moebench.results.lock import LOCK_FILE, LockHeld, RunLock
 from moebench.results.store import RunStore
-from test_sweep_cpu import children
+from tests.run.test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 LOCAL = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", *QUICK]

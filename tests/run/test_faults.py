@@ -8,7 +8,7 @@ import pytest
 
 from moebench.results.store import RunStore
 from moebench.run.sweep import execute
-from test_sweep_cpu import children
+from tests.run.test_sweep_cpu import children
 
 BASE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
         "workload.tokens_per_rank=[4,8]", "experts.fault_rank=1", "runner.reps=3", "runner.warmup=0",

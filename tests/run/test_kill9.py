@@ -16,7 +16,7 @@ import pandas as pd
 from moebench import cli
 from moebench.results.store import RunStore
 from moebench.run.sweep import execute
-from test_sweep_cpu import children
+from tests.run.test_sweep_cpu import children
 
 KILLS = 20
 # each forward sleeps 10 ms (tests/fault_experts.py), so that the sweep spends seconds

@@ -181,7 +181,7 @@ def test_a_real_repeat_capture_export_holds_the_default_domain_ranges(capsys):
     `moebench/timed` matched by message; the parser names moebench's ranges without the prefix."""
     from moebench.traces.nsys import parse_nsys_sqlite
 
-    path = Path(__file__).parent / "fixtures" / "traces" / "cpu_nsys_repeat_capture.sqlite"
+    path = Path(__file__).parents[1] / "fixtures" / "traces" / "cpu_nsys_repeat_capture.sqlite"
     trace = parse_nsys_sqlite(path)
     assert [r.name for r in trace.ranges] == ["timed", "combo/abc"] and trace.combos() == ["abc"]
     assert trace.notes == [] and trace.kernels == []

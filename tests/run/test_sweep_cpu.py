@@ -189,7 +189,7 @@ def test_list_json(capsys):
     assert all(i["reason"] for i in items if i["status"] == "skipped")
 
 
-@pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parent.parent / "sweeps").glob("*.yaml")))
+@pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parents[2] / "sweeps").glob("*.yaml")))
 def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
     # ep_scaling is for 4 and 8 GPUs: on the CPU, 4 gloo ranks with torch experts
     # deepep_ht_sm_budget's knobs are for DeepEP on GPUs: on the CPU its layer over naive

@@ -20,7 +20,7 @@ from moebench.report import results_index
 from moebench.report.envinfo import env_summary, tree_label
 from moebench.report.flags import run_notes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "copy_tree.sh"
 CODE = ("moebench", "kernels", "conf", "sweeps", "pyproject.toml", ".gitignore")  # what `moebench env` needs
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

@@ -17,7 +17,7 @@ from moebench.traces.metrics import summarize
 from moebench.traces.model import PHASES
 from moebench.traces.nsys import NVTX_PREFIX
 
-FIX = Path(__file__).parent / "fixtures" / "traces"
+FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 SMOKE = FIX / "h200_nsys_smoke.sqlite"
 OVERLAPS = ("none", "combine")
 # the committed sweep exports, by name (a glob would pass with none), and any added beside them

@@ -13,8 +13,8 @@ import pytest
 from moebench import cli
 from moebench.report.trace_report import find_traces
 
-REPO = Path(__file__).parent.parent
-FIX = Path(__file__).parent / "fixtures" / "traces"
+REPO = Path(__file__).parents[2]
+FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 # the allgather_rs rows at 2be9ad1 (issue #4); the triton experts, overlap=combine row is combination
 # dfb6438509fd, whose two ranks' traces are the fixtures below
 TRACE_RUN = REPO / "results" / "archive" / "trace_vs_ablation-2be9ad1"

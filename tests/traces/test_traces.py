@@ -31,7 +31,7 @@ from moebench.traces.nsys import (NSYS_MISSING, nsys_available, nsys_capture_ste
 from moebench.traces.nvtx import combo_range, make_phase_recorder, sample_range
 from moebench.traces.torch_trace import capture, parse_torch_trace, trace_path
 
-FIX = Path(__file__).parent / "fixtures" / "traces"
+FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 CHROME = FIX / "synthetic_cuda.json"
 NSYS = FIX / "synthetic_nsys.sqlite"
 CPU_TRACE = FIX / "cpu_phases.json.gz"

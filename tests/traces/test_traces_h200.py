@@ -17,7 +17,7 @@ from moebench.traces.files import load_traces
 from moebench.traces.metrics import summarize
 from moebench.traces.model import is_comm_kernel
 
-FIX = Path(__file__).parent / "fixtures" / "traces"
+FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 COMBINE = FIX / "h200_deepep_ht_combine_rank0_T4096.json.gz"
 NONE = FIX / "h200_deepep_ht_none_rank0_T4096.json.gz"
 
@@ -109,7 +109,7 @@ def test_critical_rank_trace_figure_is_nearer_the_ablation_than_the_mean(experts
     spans = [r["trace_layer_us"] for r in per_rank]
     figs = [r["trace_overlap_fraction"] for r in per_rank]
     crit = max((0, 1), key=lambda i: spans[i])
-    root = Path(__file__).parent.parent / "results" / "archive" / "trace_vs_ablation-2be9ad1" / "rows"
+    root = Path(__file__).parents[2] / "results" / "archive" / "trace_vs_ablation-2be9ad1" / "rows"
     rows = pd.concat(pd.read_parquet(f) for f in glob.glob(str(root / f"{combo_key}-T4096.parquet")))
     ablation = float(rows["overlap_fraction"].iloc[0])
     assert abs(figs[0] - figs[1]) > 0.2  # the ranks disagree

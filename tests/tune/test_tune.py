@@ -16,7 +16,7 @@ import pytest
 from moebench import cli
 from moebench.kernels.triton import config as tconfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

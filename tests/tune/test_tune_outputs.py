@@ -9,7 +9,7 @@ from pathlib import Path
 
 from moebench import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "results" / "default_sweep" / "h200x1_held"  # GPU-time rows compete at each size
 HOST_TIME = REPO / "results" / "triton_vs_torch" / "events"  # eager events before the hold: host time
 

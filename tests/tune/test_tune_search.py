@@ -18,7 +18,7 @@ from moebench.tune import strategy
 from moebench.tune.space import SM90_SHARED_BYTES, LayerDims, acc_registers, config_key, drop_reason, prune, shared_bytes
 from moebench.tune.trials import Trial, TrialStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DSV3_EP8_FP8 = LayerDims(num_experts=32, intermediate=2048, hidden=7168, topk=8, operand_bytes=1, block_shape=(128, 128))
 QWEN3_BF16 = LayerDims(num_experts=128, intermediate=768, hidden=2048, topk=8, operand_bytes=2)
 

@@ -17,7 +17,7 @@ from moebench import cli
 from moebench.results.synthetic import make_row, synthetic_run, write_run
 from moebench.util.safe_write import LinkRefused, refuse_links, replace_text, safe_dir, write_bytes, write_text
 
-FIX = Path(__file__).parent / "fixtures" / "traces"
+FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 CPU_TRACE = FIX / "cpu_phases.json.gz"  # a CPU run's torch trace: phase ranges, no GPU kernels
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from moebench.util.pngfile import compact_png, save_figure
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _figure() -> Figure:
