@@ -52,3 +52,14 @@ from _require import (  # noqa: E402, F401
 def runs_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "runs"))
     return tmp_path / "runs"
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where `-m` names gpu: any other `-m` (the quick tier's `-m "not
+    multiprocess"`) replaces addopts' `-m 'not gpu'`, and would select them on a CPU machine."""
+    if "gpu" in (config.option.markexpr or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]

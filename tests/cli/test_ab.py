@@ -47,6 +47,7 @@ def two_commits(tmp_path, monkeypatch):
     return repo, base, _git(repo, "rev-parse", "HEAD")
 
 
+@pytest.mark.multiprocess
 def test_ab_runs_both_commits_alternately_and_compares(two_commits, tmp_path, capsys):
     repo, base, cand = two_commits
     out = tmp_path / "ab"

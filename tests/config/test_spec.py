@@ -134,6 +134,7 @@ def test_compare_over_committed_runs_pairs_only_equal_keys_and_identities():
     assert pairs > 0
 
 
+@pytest.mark.multiprocess
 def test_row_schema_is_pinned(tmp_path):
     """The columns (and their kinds) of the rows a real CPU sweep writes, against the golden
     file: a change to the row schema updates tests/golden/row_schema.json deliberately, with a

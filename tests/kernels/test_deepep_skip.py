@@ -340,6 +340,7 @@ def _standin_job(out_dir: str) -> None:
     mp.spawn(_standin_rank, args=(free_port(), out_dir), nprocs=2, join=True)
 
 
+@pytest.mark.multiprocess
 def test_deepep_ll_plumbing_over_a_cpu_standin(tmp_path):
     """deepep_ll + torch_batched + shared experts, every quant x overlap, match the
     reference on 2 gloo ranks over a stand-in that reproduces DeepEP's layouts."""

@@ -101,6 +101,7 @@ def moebench(args: list[str], paths: list[Path], cwd: Path, timeout: float = 300
                           text=True, timeout=timeout)
 
 
+@pytest.mark.multiprocess
 def test_list_shows_the_example_entries_with_each_field_of_their_combination(sites, tmp_path):
     good, _ = sites
     ovs = ["backend=example_a2a,naive", "experts=mykernel_v1,mykernel_v2,torch", "reduction=experts",
@@ -129,6 +130,7 @@ def test_list_shows_the_example_entries_with_each_field_of_their_combination(sit
     assert "backend.a2a_async" in knobs.stdout and "[example_a2a]" in knobs.stdout
 
 
+@pytest.mark.multiprocess
 def test_env_lists_the_plugins_loaded_and_disabled_with_their_reasons(sites, tmp_path):
     p = moebench(["env", "--json"], list(sites), tmp_path)
     assert p.returncode == 0, p.stderr
@@ -168,6 +170,7 @@ def sweep_run(sites, tmp_path_factory):
     return run, p
 
 
+@pytest.mark.multiprocess
 def test_a_sweep_runs_the_plugins_entries_on_two_gloo_ranks_and_records_their_version(sweep_run):
     run, p = sweep_run
     assert p.returncode == 0, p.stderr[-3000:]
@@ -182,6 +185,7 @@ def test_a_sweep_runs_the_plugins_entries_on_two_gloo_ranks_and_records_their_ve
     assert ok.a2a_async.astype(bool).all()  # the plugin's knob is a column of its rows
 
 
+@pytest.mark.multiprocess
 def test_broken_plugins_are_reported_and_the_rest_of_the_sweep_runs(sweep_run):
     run, p = sweep_run
     df = RunStore(run).load()
@@ -215,6 +219,7 @@ def _axis_pairs(df, axis: str, a: str, b: str) -> list[tuple]:
     return pairs
 
 
+@pytest.mark.multiprocess
 def test_the_two_versions_pair_on_the_experts_axis(sweep_run):
     """What `moebench compare RUN --axis experts=mykernel_v1:mykernel_v2` must pair, through
     moebench.spec: rows whose Combos are equal once experts is replaced."""
@@ -226,6 +231,7 @@ def test_the_two_versions_pair_on_the_experts_axis(sweep_run):
         assert math.isfinite(rb["latency_us_median"] / ra["latency_us_median"])
 
 
+@pytest.mark.multiprocess
 def test_moebench_compare_axis_gives_the_verdict(sweep_run, tmp_path):
     run, _ = sweep_run
     env = {k: v for k, v in os.environ.items() if k != registry.PLUGIN_MODULES_VAR}

@@ -392,6 +392,7 @@ def _standin_job(out_dir: str) -> None:
     mp.spawn(_standin_rank, args=(free_port(), out_dir), nprocs=2, join=True)
 
 
+@pytest.mark.multiprocess
 def test_plumbing_over_a_cpu_standin(tmp_path):
     """pplx + torch_batched + shared experts, intranode and internode, every quant x
     overlap, match the reference on 2 gloo ranks over the stand-in above."""

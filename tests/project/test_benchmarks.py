@@ -78,6 +78,7 @@ def _crash_rank(rank, port, q):
     q.put(rank)
 
 
+@pytest.mark.multiprocess
 def test_run_ranks_collects_one_result_per_rank_and_kills_on_a_crash():
     import time
 

@@ -149,6 +149,7 @@ def test_rows_stored_without_the_interval_still_render(tmp_path):
     assert "70% [60–80]" in report and (tmp_path / "out" / "overlap.png").is_file()
 
 
+@pytest.mark.multiprocess
 def test_cpu_run_stores_the_interval(tmp_path):
     """Two gloo ranks, overlap=combine, enough samples: the stored row carries the interval."""
     from moebench.results.store import RunStore

@@ -133,6 +133,7 @@ def test_report_and_compare_into_a_read_only_folder_exit_2_not_1(tmp_path, capsy
     assert not list(ro.iterdir())
 
 
+@pytest.mark.multiprocess
 def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_completes(tmp_path, capsys,
                                                                                       monkeypatch):
     run = tmp_path / "run"
@@ -173,6 +174,7 @@ def _userns_mount_works() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(not _userns_mount_works(), reason="no user namespace to mount a small filesystem in")
 def test_a_really_full_filesystem_before_any_work_is_exit_2(tmp_path):
     """A 64 KiB tmpfs, filled, in a mount namespace of its own (gone with the process)."""

@@ -133,6 +133,7 @@ def _borrow(run, token, **env) -> str:
     return p.stdout.strip() + p.stderr.strip()
 
 
+@pytest.mark.multiprocess
 def test_the_lock_token_is_honoured_only_where_its_holder_started_the_process(tmp_path, capsys, monkeypatch):
     run = tmp_path / "r"
     (run / "rows").mkdir(parents=True)

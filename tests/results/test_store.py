@@ -47,6 +47,7 @@ def test_a_skip_never_hides_a_measurement_and_nothing_is_deleted(tmp_path):
     assert store.todo_tokens("d", [4], "failed") == [4] and store.todo_tokens("d", [4], "none") == []
 
 
+@pytest.mark.multiprocess
 def test_torn_temp_files_are_invisible_and_cleaned_at_start(tmp_path, capsys):
     run = tmp_path / "run"
     assert cli.main(["sweep", *LOCAL, "workload.tokens_per_rank=[4]", "--out", str(run)]) == 0
@@ -61,6 +62,7 @@ def test_torn_temp_files_are_invisible_and_cleaned_at_start(tmp_path, capsys):
     assert cli.main(["report", str(run)]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.multiprocess
 def test_each_invocation_keeps_its_fingerprint(tmp_path):
     run = tmp_path / "run"
     assert cli.main(["sweep", *LOCAL, "workload.tokens_per_rank=[4]", "--out", str(run)]) == 0
@@ -86,6 +88,7 @@ def test_rows_of_another_schema_version_refuse_the_sweep_before_any_work(tmp_pat
     assert children() == []
 
 
+@pytest.mark.multiprocess
 def test_lock_tokens_and_a_dead_holder(tmp_path):
     run = tmp_path / "run"
     with RunLock.acquire(run, command="first") as held:
@@ -110,6 +113,7 @@ def test_lock_tokens_and_a_dead_holder(tmp_path):
     assert said and "ended without releasing it" in said[0] and "doomed" in said[0]
 
 
+@pytest.mark.multiprocess
 def test_a_second_sweep_into_one_folder_refuses_or_waits_and_no_row_is_stored_twice(tmp_path, capsys):
     run = tmp_path / "run"
     args = ["sweep", "backend=local", "experts=fault", "experts.fault=sleep,none", "experts.fault_s=0.75",
@@ -147,6 +151,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.multiprocess
 def test_ranks_die_with_their_parent(tmp_path):
     """kill -9 of the sweep process alone (not its group): its ranks do not live on."""
     run = tmp_path / "run"
@@ -176,6 +181,7 @@ def test_ranks_die_with_their_parent(tmp_path):
             pass
 
 
+@pytest.mark.multiprocess
 def test_the_watchdog_kills_a_rank_whose_parent_is_gone(tmp_path):
     """Without the kernel's death signal (a rank under nsys, whose parent is nsys; a rank of
     torchrun), the lifeline's watchdog thread ends the rank once its starter is gone."""

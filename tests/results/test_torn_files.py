@@ -78,6 +78,7 @@ def test_report_and_compare_warn_in_one_line_and_read_the_rest(tmp_path, capsys)
     assert code == 0 and len(_warnings(err)) == 1 and f"{victim}: torn row file" in err
 
 
+@pytest.mark.multiprocess
 def test_a_sweep_sets_a_torn_file_aside_says_so_and_measures_its_rows_again(tmp_path, capsys):
     run = tmp_path / "run"
     assert cli.main(["sweep", *SWEEP, "--out", str(run)]) == 0

@@ -8,9 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from moebench import cli
 from moebench.run.launch import _descendants, free_port
 from moebench.results.store import RunStore
+
+pytestmark = pytest.mark.multiprocess
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 

@@ -15,6 +15,8 @@ BASE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "
         "runner.phase_reps=1", "runner.memory=false"]
 NOT_RUN = "not run: tokens_per_rank=4 failed first"
 
+pytestmark = pytest.mark.multiprocess
+
 
 @pytest.fixture(autouse=True)
 def no_interpreter(monkeypatch):

@@ -12,11 +12,14 @@ import sys
 import time
 
 import pandas as pd
+import pytest
 
 from moebench import cli
 from moebench.results.store import RunStore
 from moebench.run.sweep import execute
 from tests.run.test_sweep_cpu import children
+
+pytestmark = pytest.mark.multiprocess
 
 KILLS = 20
 # each forward sleeps 10 ms (tests/fault_experts.py), so that the sweep spends seconds

@@ -86,6 +86,7 @@ def _sweep(run, *args, **env) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=_env(**env), start_new_session=True)
 
 
+@pytest.mark.multiprocess
 def test_torchrun_ranks_die_with_an_agent_killed_during_their_start_up(tmp_path):
     """The issue's reproduction: the agent killed while its ranks import torch."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -107,6 +108,7 @@ def test_torchrun_ranks_die_with_an_agent_killed_during_their_start_up(tmp_path)
         _kill_all([agent.pid, *ranks])
 
 
+@pytest.mark.multiprocess
 def test_slurm_tasks_die_with_their_job_and_the_sweep_stores_one_lost_row(tmp_path):
     """submitit's local controller (the job) killed while its tasks start: they end, and the
     sweep writes one `lost:` row for the job that stored nothing, counted once."""
@@ -132,6 +134,7 @@ def test_slurm_tasks_die_with_their_job_and_the_sweep_stores_one_lost_row(tmp_pa
         _kill_all([p.pid, *tasks])
 
 
+@pytest.mark.multiprocess
 def test_a_rank_lost_before_the_group_forms_fails_its_combination_and_the_sweep_goes_on(tmp_path):
     """A SLURM task killed during start-up: its peer's group does not form within
     runner.startup_timeout_s, rank 0 writes the row saying so, the lock is freed."""
@@ -165,6 +168,7 @@ def test_startup_timeout_is_a_typed_runner_key_outside_the_identity(capsys):
     assert "runner.startup_timeout_s=0" in capsys.readouterr().err
 
 
+@pytest.mark.multiprocess
 def test_sigterm_stops_the_sweep_now_with_143_and_a_resume_completes(tmp_path):
     run = tmp_path / "t"
     args = ["backend=local", "experts=fault", "experts.fault=none,sleep", "experts.fault_s=60", "reduction=experts",
@@ -190,6 +194,7 @@ def test_sigterm_stops_the_sweep_now_with_143_and_a_resume_completes(tmp_path):
         _kill_all([p.pid, *ranks])
 
 
+@pytest.mark.multiprocess
 def test_sigterm_cancels_a_sweeps_slurm_jobs(tmp_path):
     run = tmp_path / "s"
     p = _sweep(run, "--slurm", "--slurm-cluster", "local", *NAIVE, "experts.fault=sleep", "experts.fault_s=60",
@@ -207,6 +212,7 @@ def test_sigterm_cancels_a_sweeps_slurm_jobs(tmp_path):
         _kill_all([p.pid, *tasks])
 
 
+@pytest.mark.multiprocess
 def test_a_torchrun_rank_lost_mid_combination_is_a_lost_row_a_plain_resume_runs_again(tmp_path):
     """Two torchrun "nodes" of one rank each; node 1's rank dies at the second token count
     (once). Rank 0 keeps the first count's measured row and stores the second as lost; the

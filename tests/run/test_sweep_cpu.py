@@ -44,6 +44,7 @@ def children() -> list[int]:
     return kids
 
 
+@pytest.mark.multiprocess
 def test_issue_sweep_writes_exactly_eight_rows(tmp_path, capsys):
     out = tmp_path / "run"
     rc = cli.main(["sweep", "backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
@@ -65,6 +66,7 @@ def test_issue_sweep_writes_exactly_eight_rows(tmp_path, capsys):
     assert "local" in capsys.readouterr().out
 
 
+@pytest.mark.multiprocess
 def test_two_gloo_ranks_every_ep_backend_matches_the_reference(tmp_path):
     run_dir, counts = execute(
         ["backend=naive,allgather_rs,naive_batched", "experts=torch,torch_batched", "reduction=experts,finalize",
@@ -85,6 +87,7 @@ def test_two_gloo_ranks_every_ep_backend_matches_the_reference(tmp_path):
     assert children() == []
 
 
+@pytest.mark.multiprocess
 def test_routings_and_seeds_across_ranks(tmp_path):
     run_dir, _ = execute(
         ["backend=allgather_rs,naive_batched", "experts=torch,torch_batched", "reduction=finalize", "overlap=none",
@@ -96,6 +99,7 @@ def test_routings_and_seeds_across_ranks(tmp_path):
     assert len(ok) == 2 * 3 * 2 and (ok.rel_err <= 2e-2).all()
 
 
+@pytest.mark.multiprocess
 def test_sweep_exit_status_says_whether_every_row_is_ok_or_skipped(tmp_path):
     """0: every row ok or skipped with a reason; 1: a failed (or incorrect, timeout, oom) row."""
     base = ["backend=local", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
@@ -108,6 +112,7 @@ def test_sweep_exit_status_says_whether_every_row_is_ok_or_skipped(tmp_path):
     assert children() == []
 
 
+@pytest.mark.multiprocess
 def test_timeout_and_crash_become_rows_and_the_sweep_goes_on(tmp_path):
     run_dir, counts = execute(
         ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
@@ -131,6 +136,7 @@ def test_timeout_and_crash_become_rows_and_the_sweep_goes_on(tmp_path):
     assert children() == []
 
 
+@pytest.mark.multiprocess
 def test_interrupted_sweep_resumes_without_redoing_anything(tmp_path):
     out = tmp_path / "resume"
     args = [sys.executable, "-m", "moebench.cli", "sweep", "backend=local,naive", "experts=torch",
@@ -189,6 +195,7 @@ def test_list_json(capsys):
     assert all(i["reason"] for i in items if i["status"] == "skipped")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parents[2] / "sweeps").glob("*.yaml")))
 def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
     # ep_scaling is for 4 and 8 GPUs: on the CPU, 4 gloo ranks with torch experts
@@ -207,6 +214,7 @@ def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
     assert (df.status == "ok").any(), "a sweep file whose every row is skipped tests nothing"
 
 
+@pytest.mark.multiprocess
 def test_moebench_run_prints_its_rows(capsys, tmp_path):
     rc = cli.main(["run", "backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
                    "workload.tokens_per_rank=[8]", *QUICK, "--out", str(tmp_path / "one")])
@@ -270,6 +278,7 @@ def _importable(name: str) -> bool:
     return True
 
 
+@pytest.mark.multiprocess
 def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     """With `nsys` on PATH the ranks are spawned through `nsys profile ... python`, with an
     NVTX capture range that repeats (one capture per row and rank); each rank records the
@@ -331,6 +340,7 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     assert children() == []
 
 
+@pytest.mark.multiprocess
 def test_trace_nsys_without_nsys_says_so_and_writes_the_torch_trace(tmp_path, monkeypatch, capsys):
     from moebench.traces.nsys import NSYS_MISSING
 
@@ -378,6 +388,7 @@ def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus(
         plan.plan(["runner.device=cuda"], "ep_scaling")
 
 
+@pytest.mark.multiprocess
 def test_a_sweep_where_nothing_can_run_says_so_and_a_resumed_one_counts_what_was_stored(tmp_path, capsys):
     none = ["backend=local", "experts=deepgemm", "quant=fp8_block", "model=tiny", "runner.device=cpu"]
     _, counts = execute(none, None, str(tmp_path / "none"))

@@ -70,6 +70,7 @@ def _edit(path: Path) -> None:
     path.write_text(path.read_text() + "\n# an uncommitted line\n")
 
 
+@pytest.mark.multiprocess
 def test_a_copy_of_a_clean_clone_records_a_clean_tree(repo, tmp_path):
     dest = tmp_path / "copy"
     done = _copy(repo, dest)
@@ -83,6 +84,7 @@ def test_a_copy_of_a_clean_clone_records_a_clean_tree(repo, tmp_path):
     assert tree_label(info) == "clean" and not run_notes(pd.DataFrame({"git_sha": [info["git_sha"]]}), info)
 
 
+@pytest.mark.multiprocess
 def test_a_copy_of_a_clone_with_an_uncommitted_change_records_dirty(repo, tmp_path):
     _edit(repo / "sweeps" / "default.yaml")
     (repo / "kernels" / "experts" / "mine.py").write_text("# an untracked module: the registry would load it\n")
@@ -105,6 +107,7 @@ def test_a_copy_of_a_clone_with_an_uncommitted_change_records_dirty(repo, tmp_pa
     assert results_index.read_run(tmp_path / "results", run, {}, "run").tree == "dirty"
 
 
+@pytest.mark.multiprocess
 def test_a_copy_edited_after_the_copy_records_dirty(repo, tmp_path):
     dest = tmp_path / "copy"
     assert _copy(repo, dest).returncode == 0

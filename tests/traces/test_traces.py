@@ -598,6 +598,7 @@ def test_capture_records_ablation_families(tmp_path):
 
 
 # -- (g) the worker's capture, end to end on 2 gloo ranks ----------------------------------
+@pytest.mark.multiprocess
 def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monkeypatch, capsys):
     """trace=torch on the CPU (no GPU kernels): with overlap=combine each rank's trace holds the
     layer samples, then as many samples of the layer without shared experts and of the shared

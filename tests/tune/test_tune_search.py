@@ -266,6 +266,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.multiprocess
 def test_the_pool_compiles_what_the_launch_path_then_loads(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
     script = tmp_path / "record_compile_launch.py"
