@@ -62,7 +62,7 @@ def test_load_errors_name_the_problem(tmp_path, run_dir, capsys):
     whole = len(load_run(run_dir)[0])
     bad = run_dir / "rows" / "zz_garbage.parquet"
     bad.write_bytes(b"this is not parquet at all")
-    # a torn file: one warning line naming it, the rest read (tests/test_torn_files.py: the sweep's side)
+    # a torn file: one warning line naming it, the rest read (tests/results/test_torn_files.py: the sweep's side)
     assert len(load_run(run_dir)[0]) == whole
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "zz_garbage.parquet: torn row file" in err

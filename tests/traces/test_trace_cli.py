@@ -36,7 +36,7 @@ def _trace(argv, capsys):
 
 
 def test_committed_results_folder_without_traces_says_why(tmp_path, capsys):
-    """Committed rows name no trace that is not committed (tests/test_row_paths.py), yet hold
+    """Committed rows name no trace that is not committed (tests/project/test_row_paths.py), yet hold
     the figures read from their traces."""
     run = _copy_run(TRACE_RUN, tmp_path / "run")
     rc, out, err = _trace([run], capsys)
