@@ -30,7 +30,7 @@ SHAPES = {
     "deepseek_v3": (256, 32, 8, 7168, 2048),
     "qwen3_30b_a3b": (128, 128, 8, 2048, 768),
     "mixtral_8x7b": (8, 8, 2, 4096, 14336),
-    "tiny": (8, 4, 2, 256, 128),  # the CPU smoke test (tests/test_benchmarks.py), through Triton's interpreter
+    "tiny": (8, 4, 2, 256, 128),  # the CPU smoke test (tests/project/test_benchmarks.py), through Triton's interpreter
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, num_warps, num_stages); fp8's BLOCK_K is the 128 scale group
 CONFIGS = {

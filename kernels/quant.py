@@ -45,7 +45,7 @@ def quant_activations(x_TK: torch.Tensor, quant: Optional[QuantSpec]):
     if quant.is_block:
         if x_TK.is_cuda:
             # one pass of our Triton kernel (kernels/triton/quant.py, checked against the torch
-            # code below in tests/test_triton_kernels.py); the torch code's fp32 temporaries took
+            # code below in tests/kernels/test_triton_kernels.py); the torch code's fp32 temporaries took
             # 1.6 ms of prepare at 16384 x 7168 on an H200 (docs/findings/triton-vs-deepgemm.md)
             from .triton.quant import per_token_group_quant_fp8
 

@@ -2,7 +2,7 @@
 (moebench/util/pngfile.py, what moebench writes since), each only where that is smaller.
 
 Why: results/ travels whole to the GPU machine and has a size limit
-(tests/test_results_index.py); matplotlib's RGBA PNGs of the committed reports took three
+(tests/project/test_results_index.py); matplotlib's RGBA PNGs of the committed reports took three
 times the bytes for the same picture.
 
     python scripts/compact_pngs.py results [...]

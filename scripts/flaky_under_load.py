@@ -4,7 +4,7 @@
 machines.
 
     python scripts/flaky_under_load.py                      # the crashing faults' test, 20 runs, 2 busy loops
-    python scripts/flaky_under_load.py --runs 5 --busy 1 tests/test_faults.py::test_hanging_faults_time_out_and_the_next_combination_runs_clean
+    python scripts/flaky_under_load.py --runs 5 --busy 1 tests/run/test_faults.py::test_hanging_faults_time_out_and_the_next_combination_runs_clean
 
 Each run is a fresh `python -m pytest -q -p no:cacheprovider TEST` (its own processes, as
 CI's); the busy loops are plain Python spins, one per --busy, ended with the script. Prints a
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-DEFAULT = "tests/test_faults.py::test_crashing_faults_give_their_status_and_the_next_combination_runs_clean"
+DEFAULT = "tests/run/test_faults.py::test_crashing_faults_give_their_status_and_the_next_combination_runs_clean"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -1,6 +1,6 @@
 """`--require LIB[,LIB...]` (or MOEBENCH_REQUIRE): a GPU run's promise that it exercised LIB.
 
-A pytest plugin (tests/conftest.py loads its hooks; tests/test_require_hook.py runs it on tiny
+A pytest plugin (tests/conftest.py loads its hooks; tests/project/test_require_hook.py runs it on tiny
 test files). The rule:
 
 - A test states the optional libraries it exercises with `@pytest.mark.needs("deep_ep", ...)`

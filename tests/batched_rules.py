@@ -1,5 +1,5 @@
-"""The plan's layout rules for a batched EP backend (tests/test_deepep_skip.py,
-tests/test_pplx_skip.py): standard experts do not pair with it, reduction=experts is
+"""The plan's layout rules for a batched EP backend (tests/kernels/test_deepep_skip.py,
+tests/kernels/test_pplx_skip.py): standard experts do not pair with it, reduction=experts is
 refused, and on the CPU the valid pairing still needs CUDA."""
 from __future__ import annotations
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -23,6 +24,9 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 # the fault-injection experts (tests/fault_experts.py): registered here and in every rank
 _tests_dir = os.path.dirname(os.path.abspath(__file__))
+# the helpers beside this file are imported by bare name (tests/__init__.py), here as in the ranks
+if _tests_dir not in sys.path:
+    sys.path.insert(0, _tests_dir)
 os.environ["MOEBENCH_PLUGIN_MODULES"] = "fault_experts"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_tests_dir, os.environ.get("PYTHONPATH", "")) if p)
 
@@ -48,3 +52,14 @@ from _require import (  # noqa: E402, F401
 def runs_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "runs"))
     return tmp_path / "runs"
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where `-m` names gpu: any other `-m` (the quick tier's `-m "not
+    multiprocess"`) replaces addopts' `-m 'not gpu'`, and would select them on a CPU machine."""
+    if "gpu" in (config.option.markexpr or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]

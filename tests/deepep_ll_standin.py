@@ -4,7 +4,7 @@ the host-side asserts of csrc/deep_ep.cpp, and the layouts DeepEP returns, so
 that deepep_ll's plumbing (batched layout, column-major scales, handle, hook
 semantics, in-place combine with weights) runs on machines without GPUs.
 
-tests/test_deepep_skip.py copies this file to <tmp>/deep_ep/__init__.py and
+tests/kernels/test_deepep_skip.py copies this file to <tmp>/deep_ep/__init__.py and
 runs ranks in a subprocess with <tmp> first on sys.path; nothing imports it as
 `deep_ep` otherwise.
 

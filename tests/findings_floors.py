@@ -1,4 +1,4 @@
-"""The queries behind tests/test_findings_claims.py's floor figures: every floor, "% of floor" and
+"""The queries behind tests/project/test_findings_claims.py's floor figures: every floor, "% of floor" and
 "% of the GEMM ceiling" the findings quote, recomputed from the committed rows (and traces,
 benchmark JSON, tune.json) at the H200's committed ceilings (results/ceilings/nvidia-h200),
 through moebench.report.roofline as `moebench report` computes them. Each function returns the

@@ -90,7 +90,7 @@ def compose_config(overrides: list[str]) -> dict:
     """Compose one combination's config (no sweep values) into plain containers.
 
     Same result as Hydra's compose() for group choices and `key=value` overrides
-    (tests/test_configs.py checks that): each group option is merged into its typed
+    (tests/config/test_configs.py checks that): each group option is merged into its typed
     schema once and cached, so a misspelled key or a wrong type still fails here.
     """
     try:

@@ -1,0 +1,116 @@
+"""The DeepEP comparison scripts' parsing and tables, on the committed logs and rows of
+the 2 x H200 runs in results/deepep_vs_own_benchmarks/{ht,ll} (docs/findings/deepep-pplx.md): the
+GPU-only parts (running DeepEP's tests and moebench) are the same calls the GPU runs made."""
+from __future__ import annotations
+
+import glob
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import deepep_ht_profiler as ht  # noqa: E402
+import deepep_ll_profiler as ll  # noqa: E402
+from _deepep_compare import kernel_sums  # noqa: E402
+
+HT_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ht"
+LL_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ll"
+
+
+def test_intranode_log_parses_to_the_recommended_and_best_configs():
+    res = ht.parse_intranode((HT_RUN / "deepep_test_intranode.log").read_text())
+    # docs/findings/deepep-pplx.md: 259.3 (fp8), 352.8 (bf16), combine 425.1 (best 403.6 at chunk 8)
+    assert res["dispatch_fp8"]["default"] == pytest.approx(259.32)
+    assert res["dispatch_bf16"]["default"] == pytest.approx(352.80)
+    assert res["combine"] == {"default": pytest.approx(425.09), "best": pytest.approx(403.58), "best_chunk": 8}
+    assert res["dispatch_fp8"]["best_chunk"] == 24
+
+
+def test_intranode_comparison_table_from_the_stored_rows():
+    deepep = ht.parse_intranode((HT_RUN / "deepep_test_intranode.log").read_text())
+    df = pd.concat(pd.read_parquet(f) for f in glob.glob(str(HT_RUN / "rows" / "*.parquet")))
+    kernels = {"dispatch": "intranode::dispatch<", "combine": "intranode::combine<"}
+    rows = [{"quant": r["quant"], "overlap": r["overlap"], "status": r["status"], "dispatch_us": r["dispatch_us"],
+             "combine_us": r["combine_us"], "kernels": [kernel_sums(json.loads(t), kernels) for t in r["kernel_us"]]}
+            for _, r in df.iterrows()]
+    bf16 = next(r for r in rows if r["quant"] == "bf16")
+    # the same table: moebench's bf16 dispatch kernel 345.8 / 350.2 µs; notify kernels not counted
+    assert [round(k["dispatch"], 1) for k in bf16["kernels"]] == [345.8, 350.2]
+    table = ht.compare(deepep, rows, 2)
+    line = next(x for x in table.splitlines() if x.startswith("| dispatch bf16 |"))
+    assert "352.8" in line and "345.8 / 350.2" in line and "0.98 / 0.99" in line
+
+
+def test_low_latency_log_parses_to_its_figures_and_table():
+    log = (LL_RUN / "deepep_test_low_latency.log").read_text()
+    res = ll.parse_low_latency(log)
+    # read off the log by hand: "[rank r] Dispatch bandwidth: ... avg_t=28.51 us | Combine ... avg_t=39.95 us",
+    # the hook pair as send + recv ("19.57 + 8.18 us"); the "Dispatch + combine" line is neither
+    assert res == {
+        0: {"dispatch": 28.51, "combine": 39.95, "dispatch_hook": pytest.approx(19.57 + 8.18),
+            "combine_hook": pytest.approx(31.18 + 9.56)},
+        1: {"dispatch": 27.71, "combine": 40.42, "dispatch_hook": pytest.approx(19.12 + 8.45),
+            "combine_hook": pytest.approx(33.90 + 9.61)},
+    }
+    rows = json.loads((LL_RUN / "comparison.json").read_text())["moebench"]  # moebench's side, as stored
+    table = ll.compare(res, rows, 2).splitlines()
+    assert table[0].startswith("DeepEP low-latency kernels, 2 ranks, 128 tokens per rank, hidden 7168")
+    line = next(x for x in table if x.startswith("| dispatch fp8 (send + receive, one kernel) |"))
+    # DeepEP 28.51 / 27.71 µs; the fp8_block overlap=none row's kernels 118.21 / 27.06 µs; 118.21 / 28.51 = 4.15
+    assert line == ("| dispatch fp8 (send + receive, one kernel) | 28.5 / 27.7 | 118.2 / 27.1 "
+                    "(quant=fp8_block, overlap=none) | 4.15 / 0.98 |")
+    line = next(x for x in table if x.startswith("| combine bf16, hook: send + receive |"))
+    assert "| 40.7 / 43.5 |" in line and line.endswith("| 1.10 / 1.00 |")
+
+
+def _echo_rank(rank, port, tag, q):
+    q.put((rank, tag, port > 0))
+
+
+def _crash_rank(rank, port, q):
+    if rank == 1:
+        raise SystemExit(3)
+    q.put(rank)
+
+
+@pytest.mark.multiprocess
+def test_run_ranks_collects_one_result_per_rank_and_kills_on_a_crash():
+    import time
+
+    from moebench.run.launch import run_ranks
+
+    assert sorted(run_ranks(_echo_rank, 2, ("x",), 60)) == [(0, "x", True), (1, "x", True)]
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exited with \[3\]"):
+        run_ranks(_crash_rank, 2, (), 60)
+    assert time.monotonic() - t0 < 30  # the crash ends the wait, not the timeout
+
+
+def test_contiguous_gemm_benchmark_runs_through_the_interpreter(tmp_path):
+    """benchmarks/triton_fp8_contiguous.py end to end on a tiny shape (CPU, Triton's
+    interpreter, no DeepGEMM): every tile variant of both quants ran and matches torch."""
+    import triton_fp8_contiguous as bench
+
+    for quant in ("fp8_block", "bf16"):
+        out = bench.main(["--device", "cpu", "--models", "tiny", "--tokens", "16", "--configs", "2",
+                          "--quant", quant, "--json", str(tmp_path / f"{quant}.json")])
+        rows = json.loads((tmp_path / f"{quant}.json").read_text())
+        assert len(out) == len(rows)
+        # 2 GEMMs x the first 2 tiles of the benchmark's list x (persistent, one program per tile)
+        tiles = {"fp8_block": ["128x128x128 g8 w8 s4", "128x128x128 g8 w4 s4"],
+                 "bf16": ["128x128x64 g8 w8 s4", "128x256x64 g8 w8 s3"]}[quant]
+        assert sorted((r["gemm"], r["kernel"]) for r in rows) == sorted(
+            (g, f"{t} {p}") for g in ("gate_up", "down") for t in tiles for p in ("persist", "grid"))
+        assert all(r["model"] == "tiny" and r["tokens"] == 16 and r["quant"] == quant and r["vs_deepgemm"] is None
+                   for r in rows), rows
+        assert all(r["rel_err"] < 2e-2 and r["us"] > 0 for r in rows), rows
+        # tflops = 2 * pairs * N * K / us: tiny (hidden 256, intermediate 128) gives gate_up N 256 (2 x 128),
+        # K 256 and down N 256, K 128; both count the same local (token, expert) pairs, at most 16 x top-2
+        pairs = {round(r["tflops"] * r["us"] * 1e6 / (2 * 256 * (256 if r["gemm"] == "gate_up" else 128)), 6)
+                 for r in rows}
+        assert len(pairs) == 1 and next(iter(pairs)).is_integer() and 1 <= next(iter(pairs)) <= 32, pairs

@@ -1,0 +1,91 @@
+"""moebench compare RUN --axis FIELD=A:B: rows of one run paired through the spec."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.report.axis import compare_axis, parse_axis
+from moebench.report.load import load_run
+from moebench.results.synthetic import make_row, write_run
+from moebench.config.spec import from_row, IDENTITY_COLUMNS
+
+ROOT = Path(__file__).resolve().parents[2]
+MEMORY_RUN = ROOT / "results" / "weight_reduce_memory"  # deepseek_v3's EP-8 share, both reductions, GPU
+DEEPGEMM_RUN = ROOT / "results" / "triton_vs_deepgemm"  # triton (row_layout knob), deepgemm, torch
+
+
+def _identity(row, drop) -> dict:
+    return {c: str(row[c]) for c in IDENTITY_COLUMNS if c not in drop}
+
+
+def test_reduction_axis_on_a_committed_gpu_run_pairs_exactly_the_rows_that_differ_in_it():
+    df, _ = load_run(MEMORY_RUN)
+    cmp = compare_axis(df, "reduction=finalize:experts")
+    m = cmp.matched
+    finalize = df[df["reduction"] == "finalize"]
+    experts = df[df["reduction"] == "experts"]
+    assert len(m) == len(finalize) == len(experts) == 12
+    assert not len(cmp.only_baseline) and not len(cmp.only_candidate)
+    by_key = df.set_index(["combo_key", "tokens_per_rank"])
+    for _, r in m.iterrows():
+        base = by_key.loc[(r["base_combo_key"], r["tokens_per_rank"])]
+        cand = by_key.loc[(r["cand_combo_key"], r["tokens_per_rank"])]
+        assert base["reduction"] == "finalize" and cand["reduction"] == "experts"
+        assert _identity(base, {"reduction", "timing_mode"}) == _identity(cand, {"reduction", "timing_mode"})
+        assert from_row(base.to_dict()).replace(reduction="experts").key == from_row(cand.to_dict()).key
+    assert set(m["reduction"]) == {"finalize→experts"}
+    assert (m["mem_verdict"] == "smaller").all()  # the experts reduce in place: no per-(token, k) rows
+
+
+def test_experts_axis_drops_the_swapped_entries_knobs():
+    df, _ = load_run(DEEPGEMM_RUN)
+    cmp = compare_axis(df, "experts=triton:deepgemm")
+    m = cmp.matched
+    triton, deepgemm = df[df["experts"] == "triton"], df[df["experts"] == "deepgemm"]
+    assert dict(from_row(triton.iloc[0].to_dict()).knobs).get("row_layout") == "auto"  # a knob deepgemm lacks
+    assert len(m) == len(triton) == len(deepgemm) == 15
+    assert set(zip(m["model"], m["tokens_per_rank"])) == set(zip(triton["model"], triton["tokens_per_rank"]))
+    assert set(m["experts"]) == {"triton→deepgemm"}
+    assert "torch" not in set(m["base_combo_key"].map(dict(zip(df["combo_key"], df["experts"]))))
+
+
+def _row(experts, tokens=64, scale=1.0, **kw):
+    samples = 100.0 * scale * np.exp(np.random.default_rng(tokens).normal(0, 0.01, 30))
+    return make_row("local", experts, "experts", "none", "fp8_block", tokens, samples_us=samples, **kw)
+
+
+def test_knob_axis_and_entries_whose_knobs_differ(tmp_path, capsys):
+    rows = pd.DataFrame([
+        _row("triton", knobs_set={"row_layout": "gathered"}),
+        _row("triton", scale=0.8, knobs_set={"row_layout": "contiguous"}),
+        _row("triton", scale=0.9, knobs_set={"row_layout": "contiguous"}, seed=1),  # another seed: no partner
+        _row("deepgemm", scale=0.7),
+        _row("torch", scale=2.0),
+    ])
+    df, _ = load_run(write_run(tmp_path / "run", rows))
+    layout = compare_axis(df, "row_layout=gathered:contiguous")
+    assert len(layout.matched) == 1 and layout.matched["verdict"].iloc[0] == "faster"
+    assert len(layout.only_candidate) == 1  # the seed=1 row
+    # triton -> deepgemm: row_layout is triton's knob, dropped, so both seed-0 triton rows meet the deepgemm row
+    swap = compare_axis(df, "experts=triton:deepgemm")
+    assert len(swap.matched) == 2 and swap.matched["cand_combo_key"].nunique() == 1
+    assert sorted(swap.matched["knobs"]) == ["contiguous→-", "gathered→-"]  # each pair says which triton row
+    assert len(swap.only_baseline) == 1  # the seed=1 triton row
+    code = cli.main(["compare", str(tmp_path / "run"), "--axis", "experts=triton:deepgemm",
+                     "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("**Verdict (experts=deepgemm vs experts=triton): 2 faster")
+    assert (tmp_path / "r" / "report.md").read_text().startswith("# moebench compare: run, experts triton → deepgemm")
+
+
+def test_parse_axis_types_its_values():
+    ax = parse_axis("num_sms=16:24")
+    assert (ax.field, ax.a, ax.b) == ("num_sms", "16", "24")
+    with pytest.raises(ValueError, match="FIELD=A:B"):
+        parse_axis("reduction")
+    with pytest.raises(ValueError, match="same value"):
+        parse_axis("reduction=experts:experts")

@@ -1,0 +1,181 @@
+"""The capacity view (moebench report RUN --capacity): bytes per token from a line through the
+measured peaks, the tokens per rank that fit a budget, the ratio between placements, the
+capped confirmation rows, and its refusals."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.report.capacity import capacity_frame, fit_line, max_tokens, placement_ratios
+from moebench.results.synthetic import make_row, samples_from, write_run
+
+GIB = 2**30
+TOKENS = (1024, 8192, 32768, 131072)
+# (experts, reduction): (intercept, bytes per token) of the workspace peak
+LINES = {("triton", "experts"): (48e6, 110_000.0), ("triton", "finalize"): (48e6, 211_000.0),
+         ("deepgemm", "experts"): (96e6, 130_000.0), ("deepgemm", "finalize"): (96e6, 231_000.0)}
+
+
+def _rows(noise=0.0, capped=(), reserved=None):
+    """reserved: the allocator's reserved peak over the allocations (e.g. 1.03), else no column"""
+    rng = np.random.default_rng(0)
+    rows = []
+    for (experts, reduction), (a, b) in LINES.items():
+        for t in TOKENS:
+            peak = (a + b * t) * (1 + noise * rng.normal())
+            extra = {"reserved_bytes_peak": peak * reserved} if reserved else {}
+            rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
+                                 simulate_ep=8, samples_us=samples_from(100, 0.01, 5, rng),
+                                 workspace_bytes_peak=peak, device_bytes_peak=peak + 10 * GIB, **extra))
+    for experts, reduction, t, status in capped:
+        rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
+                             simulate_ep=8, status=status, memory_budget=12 * GIB,
+                             samples_us=samples_from(100, 0.01, 5, rng) if status == "ok" else None))
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_a_known_slope_and_intercept():
+    f = fit_line(TOKENS, [5e6 + 3000.0 * t for t in TOKENS])
+    assert f.slope == pytest.approx(3000.0) and f.intercept == pytest.approx(5e6, rel=1e-9)
+    assert f.max_residual < 1e-9 and f.points == 4
+    assert max_tokens(f, 5e6 + 3000.0 * 5000 + 2999) == 5000
+    assert fit_line([1024], [1.0]) is None and np.isnan(max_tokens(None, 1e9))
+
+
+def test_capacity_table_recovers_each_line_and_the_placement_ratio():
+    cap = capacity_frame(_rows(noise=0.002), budget=12 * GIB).set_index(["experts", "reduction"])
+    for key, (a, b) in LINES.items():
+        assert cap.loc[key, "ws_slope"] == pytest.approx(b, rel=0.02)
+        assert cap.loc[key, "max_tokens"] == pytest.approx((12 * GIB - a) / b, rel=0.03)
+        assert cap.loc[key, "ws_resid"] < 0.05  # the small sizes carry the large ones' noise
+    ratios = placement_ratios(cap.reset_index()).set_index("experts")
+    assert ratios.loc["triton", "saving_per_token"] == pytest.approx(101_000.0, rel=0.03)
+    assert ratios.loc["triton", "tokens_ratio"] == pytest.approx(211_000 / 110_000, rel=0.03)
+
+
+def test_capped_rows_confirm_or_contradict_the_prediction():
+    limit = (12 * GIB - 48e6) / 211_000.0  # triton, finalize: ~60 800 tokens
+    good = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 0.97), "ok"),
+                                        ("triton", "finalize", int(limit * 1.03), "oom")]), 12 * GIB)
+    row = good.set_index(["experts", "reduction"]).loc[("triton", "finalize")]
+    assert row["confirmed"].startswith("ok at ") and "oom at" in row["confirmed"] and "disagrees" not in row["confirmed"]
+    bad = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 1.2), "ok")]), 12 * GIB)
+    assert "disagrees" in bad.set_index(["experts", "reduction"]).loc[("triton", "finalize"), "confirmed"]
+
+
+def test_the_allocators_reserved_line_bounds_the_limit_from_below():
+    """With the allocator's reserved peak in the rows (3 % over the allocations here), the limit
+    under a cap lies between the reserved line's and the allocations' limits: an oom between the
+    two agrees with the prediction, an oom below the reserved limit or an ok above the
+    allocations' does not."""
+    hi = (12 * GIB - 48e6) / 211_000.0  # triton, finalize
+    lo = (12 * GIB - 48e6 * 1.03) / (211_000.0 * 1.03)
+
+    def confirmed(t, status):
+        cap = capacity_frame(_rows(capped=[("triton", "finalize", int(t), status)], reserved=1.03), 12 * GIB)
+        return cap.set_index(["experts", "reduction"]).loc[("triton", "finalize")]
+
+    row = confirmed((lo + hi) / 2, "oom")
+    assert row["max_tokens_reserved"] == pytest.approx(lo, abs=1) and row["max_tokens"] == pytest.approx(hi, abs=1)
+    assert "disagrees" not in row["confirmed"]
+    assert "disagrees" in confirmed(lo * 0.98, "oom")["confirmed"]
+    assert "disagrees" in confirmed(hi * 1.02, "ok")["confirmed"]
+    assert "disagrees" not in confirmed(lo * 0.98, "ok")["confirmed"]
+    from moebench.report.capacity import capacity_markdown
+    text = capacity_markdown(capacity_frame(_rows(reserved=1.03), 12 * GIB), "12 GiB")
+    assert "(allocator reserved)" in text and f"{int(lo):,}" in text
+    assert "allocator reserved" not in capacity_markdown(capacity_frame(_rows(), 12 * GIB), "12 GiB")
+
+
+def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _rows(capped=[("triton", "experts", 100_000, "ok")]))
+    assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "KiB / token" in out and "max tokens at 12.0 GiB" in out
+    assert (run / "report" / "capacity.md").is_file() and (run / "report" / "capacity.png").is_file()
+    assert cli.main(["report", str(run), "--capacity"]) == 0  # the capped rows' budget
+    plain = write_run(tmp_path / "plain", _rows())
+    assert cli.main(["report", str(plain), "--capacity"]) == 2
+    assert "give --budget" in capsys.readouterr().err
+    assert cli.main(["report", str(plain), "--capacity", "--budget", "lots"]) == 2
+    assert cli.main(["report", str(plain), "--capacity", "--budget", "free"]) == 2  # env.json has no GPU memory
+
+
+def test_the_line_goes_through_the_largest_sizes_row_layout():
+    """triton's row_layout=auto runs gathered rows at small sizes and contiguous at large ones:
+    a line through both bends; the capacity line uses the large sizes' layout only."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for t, layout, (a, b) in ((1024, "gathered", (0.0, 250_000.0)), (8192, "gathered", (0.0, 250_000.0)),
+                              (32768, "contiguous", (1e8, 385_000.0)), (131072, "contiguous", (1e8, 385_000.0))):
+        rows.append(make_row("local", "triton", "finalize", "none", "bf16", t, model="deepseek_v3", simulate_ep=8,
+                             samples_us=samples_from(100, 0.01, 5, rng), workspace_bytes_peak=a + b * t,
+                             device_bytes_peak=a + b * t, row_layout_used=layout))
+    (cap,) = capacity_frame(pd.DataFrame(rows), budget=12 * GIB).itertuples()
+    assert cap.ws_slope == pytest.approx(385_000.0) and cap.points == 2 and "contiguous rows" in cap.line
+    assert cap.max_tokens == pytest.approx((12 * GIB - 1e8) / 385_000.0, abs=1)
+
+
+def test_committed_capacity_rows_save_the_formula_at_every_size():
+    """On the committed capacity run: reduction=experts needs T·(topk − 1)·K·2 bytes less than
+    reduction=finalize, within 5 %, for every experts implementation at every measured size."""
+    from pathlib import Path
+
+    from moebench.report.load import load_run
+
+    root = Path(__file__).resolve().parents[2] / "results" / "weight_reduce_memory"
+    df = pd.concat([load_run(root / name)[0].assign(run=name) for name in ("capacity_h200x1", "capacity_h200x1_confirmed")])
+    ok = df[(df.status == "ok") & (pd.to_numeric(df.memory_budget) == 0)]
+    keys = ["model", "simulate_ep", "quant", "experts", "tokens_per_rank", "run"]
+    pairs, seen = 0, set()
+    for key, g in ok.groupby(keys):
+        by = g.set_index("reduction")
+        if not {"experts", "finalize"} <= set(by.index):
+            continue
+        r = by.loc["finalize"]
+        formula = r.tokens_per_rank * (r.topk - 1) * r.hidden * 2
+        saving = by.loc["finalize", "workspace_bytes_peak"] - by.loc["experts", "workspace_bytes_peak"]
+        assert abs(saving / formula - 1) <= 0.05, (key, saving, formula)
+        pairs += 1
+        seen.add(key[3])
+    # 4 sizes x (DeepSeek-V3's EP-8 and EP-16 shares, qwen3) x (triton bf16, and in fp8_block
+    # triton, deepgemm, triton_or_deepgemm), and the confirmed run's EP-8 lines again
+    assert pairs >= 48 + 16 and seen == {"triton", "deepgemm", "triton_or_deepgemm"}
+
+
+def test_a_line_through_two_points_says_its_fit_is_exact_by_construction():
+    """Two token counts always lie on their line: the report says so instead of a 0.0 % residual
+    (six committed lines read 0.0 % that way), and gives the residual from three points on."""
+    from moebench.report.capacity import capacity_markdown
+
+    rows = _rows(noise=0.002)
+    two = rows[rows["tokens_per_rank"].isin(TOKENS[2:]) & (rows["experts"] == "triton")]
+    cap = capacity_frame(pd.concat([two, rows[rows["experts"] == "deepgemm"]]), 12 * GIB)
+    assert sorted(cap["ws_points"]) == [2, 2, 4, 4]
+    first_table = capacity_markdown(cap, "12 GiB").split("\n\n")[0].splitlines()[2:]
+    resid = {tuple(c.strip() for c in ln.split("|")[1:3]): ln.split("|")[5].strip() for ln in first_table}
+    assert len(resid) == 4
+    for (line, _), cell in resid.items():
+        if "triton" in line:
+            assert cell == "2 points: exact by construction"
+        else:  # four noisy points: a residual, in percent
+            assert cell.endswith("%") and 0.0 <= float(cell[:-1]) < 5.0, cell
+
+
+def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
+    """results/weight_reduce_memory's capacity reports, regenerated with their recorded
+    commands (the folders' about.md), match the committed capacity.md."""
+    from pathlib import Path
+
+    from moebench.report.capacity import capacity_command
+
+    root = Path(__file__).resolve().parents[2] / "results" / "weight_reduce_memory"
+    for run, budget, report in (("capacity_h200x1", "12GiB", "report"), ("capacity_h200x1", "free", "report/free"),
+                                ("capacity_h200x1_confirmed", None, "report")):
+        out = tmp_path / run / report
+        assert capacity_command(str(root / run), budget, str(out)) == 0
+        assert (out / "capacity.md").read_text() == (root / run / report / "capacity.md").read_text(), (
+            f"regenerate: moebench report {root / run} --capacity"
+            + (f" --budget {budget}" if budget else "") + f" --out {root / run / report}")

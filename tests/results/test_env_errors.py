@@ -1,0 +1,190 @@
+"""Environment errors (issue 31, item 7; docs/design.md, "Environment errors and torn files"):
+a full disk, a read-only folder, `--out` naming a file or a `.lock` that is a folder are one
+line naming the path and the cause; before any work the command exits 2, and a sweep that
+meets one mid-run keeps its rows, says how to resume and exits 1.
+
+How each condition is made, so that the tests run in CI without root:
+- a full disk mid-sweep: the parent's parquet write raises OSError(ENOSPC) as pyarrow does on a
+  full disk (errno set, no file name), injected in-process (the rows are written by the
+  sweeping process, moebench/run/sweep.py `write_finished`); a real full filesystem before any
+  work: a 64 KiB tmpfs filled up, mounted in a user namespace (`unshare -rm`), skipped where
+  the kernel allows none.
+- a read-only folder: chmod 0o555; where that does not bind (root), the immutable flag
+  (chattr +i, EPERM even for root); skipped where neither binds (root without
+  CAP_LINUX_IMMUTABLE).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.results.store import RunStore
+from tests.run.test_sweep_cpu import children
+
+QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
+LOCAL = ["backend=local", "experts=torch", "overlap=none", "quant=bf16", "model=tiny",
+         "workload.tokens_per_rank=[4]", *QUICK]
+ONE = [*LOCAL, "reduction=experts"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def read_only():
+    """make(path): `path` (a folder) read-only for this process, undone at teardown."""
+    made: list[tuple[Path, bool]] = []
+
+    def make(path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o555)
+        immutable = False
+        if os.access(path, os.W_OK):  # root: permissions do not bind; the immutable flag does
+            immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0 \
+                if shutil.which("chattr") else False
+        made.append((path, immutable))
+        try:
+            (path / "probe").touch()
+        except OSError:
+            return path
+        (path / "probe").unlink()
+        pytest.skip("nothing makes a folder read-only for this process (root without CAP_LINUX_IMMUTABLE)")
+
+    yield make
+    for path, immutable in made:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        os.chmod(path, 0o755)
+
+
+def test_out_naming_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("keep")
+    assert cli.main(["sweep", *ONE, "--out", str(f)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("moebench sweep: environment error: ") and f"{f}: not a directory" in line
+    assert cli.main(["sweep", *ONE, "--out", str(f / "sub")]) == 2  # a file in the folder's path
+    assert f"{f / 'sub'}: not a directory" in _one_line(capsys.readouterr().err)
+    assert f.read_text() == "keep"
+    # a report's and a comparison's --out naming a file: the same, before any reading
+    run = tmp_path / "missing-is-not-reached"
+    run.mkdir()
+    assert cli.main(["report", str(run), "--out", str(f)]) == 2
+    assert "moebench report: environment error:" in _one_line(capsys.readouterr().err)
+    assert cli.main(["compare", str(run), str(run), "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "moebench compare: environment error:" in err and f"{f}: not a directory" in err
+    assert f.read_text() == "keep"
+
+
+def test_a_lock_that_is_a_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / ".lock").mkdir(parents=True)
+    assert cli.main(["sweep", *ONE, "--out", str(run)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert ".lock" in line and "Traceback" not in line
+    assert not (run / "rows").exists()
+
+
+def test_a_read_only_run_folder_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, read_only):
+    run = read_only(tmp_path / "run")
+    assert cli.main(["sweep", *ONE, "--out", str(run)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"moebench sweep: environment error: {run}: ")
+    assert ("permission denied" in line or "operation not permitted" in line) and "nothing was measured" in line
+    assert children() == []
+
+
+def test_report_and_compare_into_a_read_only_folder_exit_2_not_1(tmp_path, capsys, read_only):
+    from moebench.results.synthetic import synthetic_run
+
+    base, cand = synthetic_run(tmp_path / "base"), synthetic_run(tmp_path / "cand", scale=3.0)  # 3x slower
+    ro = read_only(tmp_path / "ro")
+    # 1 would read as "slower" to CI: a folder that cannot be written is 2, whatever the rows say
+    assert cli.main(["compare", str(base), str(cand), "--out", str(ro / "cmp")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"moebench compare: environment error: {ro / 'cmp'}: ")
+    assert cli.main(["report", str(base), "--out", str(ro)]) == 2
+    assert f"moebench report: environment error: {ro}: " in _one_line(capsys.readouterr().err)
+    # without --out the report goes inside the run: a read-only run says where else to write
+    read_only(Path(base))
+    assert cli.main(["report", str(base)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"{base / 'report'}: " in line and "--out DIR writes elsewhere" in line
+    assert not list(ro.iterdir())
+
+
+@pytest.mark.multiprocess
+def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_completes(tmp_path, capsys,
+                                                                                      monkeypatch):
+    run = tmp_path / "run"
+    two = [*LOCAL, "reduction=experts,finalize"]
+    writes = []
+    real = pd.DataFrame.to_parquet
+
+    def disk_full_after_one(self, path, *a, **kw):
+        writes.append(path)  # this sweep has no skipped rows: every write is a row file's
+        if len(writes) > 1:  # pyarrow's ENOSPC: errno set, no file name
+            raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+        return real(self, path, *a, **kw)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_full_after_one)
+    assert cli.main(["sweep", *two, "--out", str(run)]) == 1
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if "environment error" in ln)
+    assert line.startswith(f"moebench: environment error: {run / 'rows'}/") and ".parquet: no space left" in line
+    assert "keeping the 1 measured row(s)" in line and "re-run the same command to resume" in line
+    assert "Traceback" not in err
+    kept = RunStore(run).load()
+    assert len(kept) == 1 and set(kept["status"]) == {"ok"}  # the row written before the full disk
+    assert not list((run / "rows").glob(".tmp-*"))  # the refused write left nothing behind
+    assert children() == []  # the ranks went with the sweep
+    # the same command resumes: only the combination the disk refused runs, and the lock is free
+    assert cli.main(["sweep", *two, "--out", str(run)]) == 0
+    assert "1 rows already stored" in capsys.readouterr().err
+    df = RunStore(run).load()
+    assert len(df) == 2 and set(df["status"]) == {"ok"} and set(df["reduction"]) == {"experts", "finalize"}
+
+
+def _userns_mount_works() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not _userns_mount_works(), reason="no user namespace to mount a small filesystem in")
+def test_a_really_full_filesystem_before_any_work_is_exit_2(tmp_path):
+    """A 64 KiB tmpfs, filled, in a mount namespace of its own (gone with the process)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = (f"mount -t tmpfs -o size=64k tmpfs {mnt} && (dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) "
+              f"&& exec {sys.executable} -m moebench.cli sweep {' '.join(map(shlex.quote, ONE))} --out {mnt}/run")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done.stderr)
+    assert line == f"moebench sweep: environment error: {mnt}/run: no space left on the device; nothing was measured"

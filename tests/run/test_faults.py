@@ -1,0 +1,81 @@
+"""Fault injection on CPU (tests/fault_experts.py, registered only by the tests): two gloo
+ranks over backend=naive, one fault per combination, a clean combination after them in the
+same sweep. Each fault gives its status and reason, the other rows are intact, no process is
+left, and the combination after a fault runs clean in a fresh process group."""
+from __future__ import annotations
+
+import pytest
+
+from moebench.results.store import RunStore
+from moebench.run.sweep import execute
+from tests.run.test_sweep_cpu import children
+
+BASE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
+        "workload.tokens_per_rank=[4,8]", "experts.fault_rank=1", "runner.reps=3", "runner.warmup=0",
+        "runner.phase_reps=1", "runner.memory=false"]
+NOT_RUN = "not run: tokens_per_rank=4 failed first"
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(autouse=True)
+def no_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def _by_fault(run_dir) -> dict:
+    df = RunStore(run_dir).load()
+    assert not df.duplicated(["combo_key", "tokens_per_rank"]).any()
+    out = {}
+    for fault, rows in df.groupby(df["overrides"].str.extract(r"experts.fault=(\w+)", expand=False)):
+        out[fault] = {int(r.tokens_per_rank): (r.status, r.reason) for r in rows.itertuples()}
+    return out
+
+
+def test_crashing_faults_give_their_status_and_the_next_combination_runs_clean(tmp_path):
+    faults = ["raise", "kill", "oom", "desync", "wrong", "none"]
+    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}"], None, str(tmp_path / "crash"),
+                              quiet=True)
+    rows = _by_fault(run_dir)
+    assert set(rows) == set(faults) and all(set(r) == {4, 8} for r in rows.values()), rows
+    # a raise in a rank: failed, with the rank and its message; the combination's other
+    # token count says why it did not run
+    assert rows["raise"][4] == ("failed", "rank 1: RuntimeError: injected failure on rank 1")
+    assert rows["raise"][8][0] == "failed" and rows["raise"][8][1].startswith(NOT_RUN)
+    # a rank that kills itself: failed, naming the dead rank and its signal before the
+    # closed connection its peer then reports
+    st, why = rows["kill"][4]
+    assert st == "failed" and why.startswith("rank 1 died with exit code -9 (SIGKILL)"), why
+    # real memory exhaustion under RLIMIT_AS in rank 1: the CPU allocator's error is oom
+    st, why = rows["oom"][4]
+    assert st == "oom" and "can't allocate memory" in why and why.startswith("rank 1:"), why
+    # ranks disagreeing on a collective's shape: on gloo the mismatch aborts the rank that
+    # receives too much (SIGABRT) -- failed; were it to hang instead, the timeout would say so
+    st, why = rows["desync"][4]
+    assert st in ("failed", "timeout"), why
+    if st == "failed":
+        assert "rank" in why and ("died" in why or "mismatch" in why or "size" in why), why
+    print(f"desync gave {st}: {why[:120]}")
+    # wrong numbers: incorrect at every token count, with the error and the tolerance
+    for t in (4, 8):
+        st, why = rows["wrong"][t]
+        assert st == "incorrect" and why.startswith("rel_err") and "> 0.02 (bf16)" in why, why
+    # after all of it, a clean combination in a fresh group
+    assert rows["none"] == {4: ("ok", ""), 8: ("ok", "")}
+    assert counts["ok"] == 2 and counts["incorrect"] == 2 and counts["oom"] == 1
+    assert counts.exit_code() == 1
+    assert children() == []
+
+
+def test_hanging_faults_time_out_and_the_next_combination_runs_clean(tmp_path):
+    faults = ["hang_collective", "stuck_rank", "none"]
+    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}", "runner.timeout_s=10"], None,
+                              str(tmp_path / "hang"), quiet=True)
+    rows = _by_fault(run_dir)
+    for fault in ("hang_collective", "stuck_rank"):  # one rank in a barrier its peer never reaches; one stuck
+        st, why = rows[fault][4]
+        assert st == "timeout" and why == "no result within 10 s: the process group was killed", (fault, why)
+        assert rows[fault][8][0] == "failed" and rows[fault][8][1].startswith(NOT_RUN)
+    assert rows["none"] == {4: ("ok", ""), 8: ("ok", "")}
+    assert counts.exit_code() == 1
+    assert children() == []

@@ -1,0 +1,269 @@
+"""Writes never follow a link out of a run folder (issue #31, item 2): a symbolic link planted
+at `RUN/report/`, `RUN/report/report.md`, `RUN/traces/`, an --out folder's file or
+results/README.md makes `moebench report` / `compare` / `trace --plot` / the results index stop
+with one line naming the link and exit 2, before anything is written, and the link's target
+is left as it was; reading through a link still works. Below them, moebench/util/safe_write.py
+itself: folders, files, hard links and FIFOs."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moebench import cli
+from moebench.results.synthetic import make_row, synthetic_run, write_run
+from moebench.util.safe_write import LinkRefused, refuse_links, replace_text, safe_dir, write_bytes, write_text
+
+FIX = Path(__file__).parents[1] / "fixtures" / "traces"
+CPU_TRACE = FIX / "cpu_phases.json.gz"  # a CPU run's torch trace: phase ranges, no GPU kernels
+
+
+def _main(argv, capsys):
+    rc = cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _one_line_naming(err: str, path: Path) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"{path} is a symbolic link" in lines[0] and "moebench writes no file through a link" in lines[0]
+
+
+def _victim(tmp_path) -> Path:
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+    return victim
+
+
+def _untouched(victim: Path) -> None:
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
+    assert (victim / "keep.txt").read_text() == "keep"
+
+
+# -- moebench report ------------------------------------------------------------------
+
+def test_a_symlinked_report_folder_is_refused(tmp_path, capsys):
+    run, victim = synthetic_run(tmp_path / "run"), _victim(tmp_path)
+    (run / "report").symlink_to(victim, target_is_directory=True)
+    rc, out, err = _main(["report", run], capsys)
+    assert rc == 2 and out == ""
+    _one_line_naming(err, run / "report")
+    _untouched(victim)
+
+
+def test_a_symlinked_report_md_is_refused_before_any_plot(tmp_path, capsys):
+    run, victim = synthetic_run(tmp_path / "run"), _victim(tmp_path)
+    (run / "report").mkdir()
+    (run / "report" / "report.md").symlink_to(victim / "keep.txt")
+    rc, out, err = _main(["report", run], capsys)
+    assert rc == 2 and out == ""
+    _one_line_naming(err, run / "report" / "report.md")
+    _untouched(victim)
+    assert sorted(p.name for p in (run / "report").iterdir()) == ["report.md"]  # no plot written either
+
+
+def test_a_symlinked_plot_or_table_file_is_refused(tmp_path, capsys):
+    run, victim = synthetic_run(tmp_path / "run"), _victim(tmp_path)
+    (run / "report").mkdir()
+    (run / "report" / "latency.png").symlink_to(victim / "keep.txt")
+    rc, _, err = _main(["report", run], capsys)
+    assert rc == 2
+    _one_line_naming(err, run / "report" / "latency.png")
+    (run / "report" / "latency.png").unlink()
+    (run / "report" / "report.json").symlink_to(victim / "keep.txt")
+    rc, _, err = _main(["report", run, "--format", "json"], capsys)
+    assert rc == 2
+    _one_line_naming(err, run / "report" / "report.json")
+    _untouched(victim)
+    assert sorted(p.name for p in (run / "report").iterdir()) == ["report.json"]
+
+
+def test_a_link_in_an_out_folder_is_refused_the_out_folder_itself_may_be_one(tmp_path, capsys):
+    base = synthetic_run(tmp_path / "base")
+    cand = synthetic_run(tmp_path / "cand", scale=2.0, seed=5)
+    victim = _victim(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").symlink_to(victim / "keep.txt")
+    rc, _, err = _main(["compare", base, cand, "--out", out], capsys)
+    assert rc == 2
+    _one_line_naming(err, out / "report.md")
+    _untouched(victim)
+    # --out naming a link to a folder: the user's own choice of folder, written into
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "via").symlink_to(real, target_is_directory=True)
+    rc, _, _ = _main(["compare", base, cand, "--out", tmp_path / "via"], capsys)
+    assert rc == 1 and (real / "report.md").is_file()  # 1: the candidate is slower
+
+
+def test_a_hard_linked_report_md_is_refused(tmp_path, capsys):
+    run, victim = synthetic_run(tmp_path / "run"), _victim(tmp_path)
+    (run / "report").mkdir()
+    os.link(victim / "keep.txt", run / "report" / "report.md")
+    rc, _, err = _main(["report", run], capsys)
+    assert rc == 2 and "is a hard link of another file" in err and len(err.strip().splitlines()) == 1
+    _untouched(victim)
+
+
+def test_a_run_reached_through_a_link_is_read_and_reported(tmp_path, capsys):
+    """Reading follows links: a run folder named through one reports as usual, inside itself."""
+    run = synthetic_run(tmp_path / "run")
+    (tmp_path / "latest").symlink_to(run, target_is_directory=True)
+    rc, _, _ = _main(["report", tmp_path / "latest"], capsys)
+    assert rc == 0 and (run / "report" / "report.md").is_file()
+
+
+def test_capacity_and_tune_results_refuse_a_linked_output(tmp_path, capsys):
+    run, victim = synthetic_run(tmp_path / "run"), _victim(tmp_path)
+    (run / "report").mkdir()
+    (run / "report" / "capacity.md").symlink_to(victim / "keep.txt")
+    rc, _, err = _main(["report", run, "--capacity", "--budget", "16GiB"], capsys)
+    assert rc == 2
+    _one_line_naming(err, run / "report" / "capacity.md")
+    (run / "report" / "best_per_size.json").symlink_to(victim / "keep.txt")
+    rc, _, err = _main(["tune", "--results", run], capsys)
+    assert rc == 2
+    _one_line_naming(err, run / "report" / "best_per_size.json")
+    _untouched(victim)
+
+
+# -- moebench trace --plot ------------------------------------------------------------
+
+def _traced_run(tmp_path) -> tuple[Path, Path]:
+    """A run whose traces/ is a link to a folder outside it (the traces themselves are there)."""
+    row = make_row("naive", "torch", "experts", "dispatch", "bf16", 16, samples_us=[100.0] * 5, world_size=2,
+                   combo_key="k0", label="naive/torch/experts/dispatch/bf16/tiny/ws2")
+    run = write_run(tmp_path / "run", pd.DataFrame([row]))
+    outside = tmp_path / "outside_traces"
+    (outside / "k0").mkdir(parents=True)
+    for r in (0, 1):
+        shutil.copy(CPU_TRACE, outside / "k0" / f"rank{r}_T16.json.gz")
+    (run / "traces").symlink_to(outside, target_is_directory=True)
+    return run, outside
+
+
+def test_a_symlinked_traces_folder_is_read_but_not_written_through(tmp_path, capsys):
+    run, outside = _traced_run(tmp_path)
+    before = sorted(p.relative_to(outside) for p in outside.rglob("*"))
+    rc, out, err = _main(["trace", run], capsys)  # reading follows the link
+    assert rc == 0 and "naive/torch/experts/dispatch/bf16/tiny/ws2 — rank 0, 16 tokens" in out
+    rc, out, err = _main(["trace", run, "--plot"], capsys)  # writing beside the traces would leave the run
+    assert rc == 2 and out == ""
+    _one_line_naming(err, run / "traces")
+    assert "give --out DIR" in err
+    assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == before
+    # with --out the figures go there, and only there
+    rc, out, _ = _main(["trace", run, "--plot", "--out", tmp_path / "plots"], capsys)
+    assert rc == 0 and (tmp_path / "plots" / "k0" / "rank0_T16.json.gz.timeline.png").is_file()
+    assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == before
+
+
+def test_a_symlinked_timeline_png_is_refused_before_any_figure(tmp_path, capsys):
+    run, outside = _traced_run(tmp_path)
+    (run / "traces").unlink()
+    shutil.copytree(outside, run / "traces")
+    victim = _victim(tmp_path)
+    (run / "traces" / "k0" / "rank1_T16.json.gz.timeline.png").symlink_to(victim / "keep.txt")
+    rc, out, err = _main(["trace", run, "--plot"], capsys)
+    assert rc == 2 and out == ""
+    _one_line_naming(err, run / "traces" / "k0" / "rank1_T16.json.gz.timeline.png")
+    _untouched(victim)
+    assert not list((run / "traces").rglob("rank0_T16.json.gz.timeline.png"))  # nothing written before
+
+
+# -- results/README.md ----------------------------------------------------------------
+
+def test_the_results_index_refuses_a_linked_readme(tmp_path, capsys):
+    from moebench.report import results_index
+
+    root, victim = tmp_path / "results", _victim(tmp_path)
+    (root / "q").mkdir(parents=True)
+    (root / "q" / "about.md").write_text("# A question?\n")
+    (root / "README.md").symlink_to(victim / "keep.txt")
+    assert results_index.main(["--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{root / 'README.md'} is a symbolic link" in err and len(err.strip().splitlines()) == 1
+    _untouched(victim)
+    (root / "README.md").unlink()
+    assert results_index.main(["--root", str(root)]) == 0 and "A question?" in (root / "README.md").read_text()
+
+
+# -- moebench/util/safe_write.py -----------------------------------------------------------
+
+def test_safe_dir_creates_real_folders_and_refuses_a_link_below_the_base(tmp_path):
+    victim = _victim(tmp_path)
+    base = tmp_path / "run"
+    d = safe_dir(base, "report", "vs-x")
+    assert d == base / "report" / "vs-x" and d.is_dir() and not d.is_symlink()
+    (base / "traces").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(LinkRefused, match="traces is a symbolic link"):
+        safe_dir(base, "traces", "k0")
+    (base / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(LinkRefused):
+        safe_dir(base, "dangling")
+    assert not (tmp_path / "nowhere").exists()
+    (base / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is not a folder"):
+        safe_dir(base, "afile")
+    with pytest.raises(ValueError, match="must not leave it"):
+        safe_dir(base, "..", "x")
+    with pytest.raises(NotADirectoryError, match="afile"):  # --out naming a file: an environment error, one line
+        safe_dir(base / "afile")
+    _untouched(victim)
+
+
+def test_writes_refuse_links_hard_links_and_fifos_and_leave_their_targets(tmp_path):
+    victim = _victim(tmp_path)
+    target = victim / "keep.txt"
+    (tmp_path / "soft").symlink_to(target)
+    for fn in (write_text, replace_text):
+        with pytest.raises(LinkRefused, match="soft is a symbolic link"):
+            fn(tmp_path / "soft", "overwritten")
+    with pytest.raises(LinkRefused):
+        write_bytes(tmp_path / "soft", b"overwritten")
+    (tmp_path / "dangling").symlink_to(tmp_path / "created_outside")
+    with pytest.raises(LinkRefused):
+        write_text(tmp_path / "dangling", "x")
+    assert not (tmp_path / "created_outside").exists()
+    os.link(target, tmp_path / "hard")
+    with pytest.raises(LinkRefused, match="hard link of another file"):
+        write_text(tmp_path / "hard", "overwritten")
+    # replacing a hard link makes a new file: the other name keeps its text
+    replace_text(tmp_path / "hard", "new")
+    assert (tmp_path / "hard").read_text() == "new"
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_text(tmp_path / "fifo", "x")  # neither blocks nor writes
+    _untouched(victim)
+    # a link for the folder: the file inside it is refused too
+    (tmp_path / "dir_link").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(LinkRefused, match="dir_link is a symbolic link"):
+        write_text(tmp_path / "dir_link" / "new.txt", "x")
+    with pytest.raises(LinkRefused, match="dir_link is a symbolic link"):
+        refuse_links(tmp_path, ["dir_link/new.txt"])
+    _untouched(victim)
+    # plain files: written, emptied before rewriting, replaced whole; no temp file left
+    assert write_text(tmp_path / "a.txt", "long text").read_text() == "long text"
+    assert write_text(tmp_path / "a.txt", "short").read_text() == "short"
+    assert replace_text(tmp_path / "a.txt", "whole").read_text() == "whole"
+    assert not list(tmp_path.glob(".a.txt.*.tmp"))
+
+
+def test_a_sweep_that_traces_refuses_a_symlinked_traces_folder_before_any_work(tmp_path, capsys):
+    """trace=torch: the ranks would write their traces below RUN/traces; a link there stops the
+    sweep with one line and exit 2 before it locks, plans or measures anything."""
+    run, victim = tmp_path / "run", _victim(tmp_path)
+    run.mkdir()
+    (run / "traces").symlink_to(victim)
+    rc, out, err = _main(["sweep", "--out", run, "backend=local", "experts=torch", "reduction=experts",
+                          "overlap=none", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",
+                          "trace=torch", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1"], capsys)
+    assert rc == 2
+    _one_line_naming(err, run / "traces")
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and not (run / "rows").exists()
