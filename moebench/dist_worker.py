@@ -1,8 +1,15 @@
 """`python -m moebench.dist_worker` (torchrun, SLURM): the rank entry point, which lives in
-moebench/run/dist_worker.py. Importing it first starts the parent watch, before anything heavy."""
+moebench/run/dist_worker.py. A rank watches its starter from its first line, before torch's
+seconds of imports (moebench/run/lifeline.py): here, since run/dist_worker.py is imported, not
+run as __main__, under this name."""
 import sys
 
-from moebench.run.dist_worker import main
+if __name__ == "__main__":
+    from moebench.run.lifeline import watch_parent
+
+    watch_parent()
+
+from moebench.run.dist_worker import main  # noqa: E402 (after the parent watch: imports take seconds)
 
 if __name__ == "__main__":
     sys.exit(main())
