@@ -12,7 +12,8 @@ stop its ranks, so each rank stops itself (docs/design.md, "Isolation and resume
 Either is armed at the first line of the rank's process, before its slow imports (torch
 takes seconds): a watch armed later would find a parent already gone and read pid 1, which
 adopted the rank, as its parent. The launcher's ranks start in `run_watched`;
-moebench/dist_worker.py (the `python -m` shim) and moebench/run/slurm.py call `watch_parent` at the top of the module."""
+moebench/dist_worker.py (the `python -m` shim) and moebench/run/slurm.py call `watch_parent` at the top
+of the module."""
 from __future__ import annotations
 
 import ctypes
