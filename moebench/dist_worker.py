@@ -9,7 +9,7 @@ if __name__ == "__main__":
 
     watch_parent()
 
-from moebench.run.dist_worker import main  # noqa: E402 (after the parent watch: imports take seconds)
+from moebench.run.dist_worker import main  # after the parent watch: these imports take seconds
 
 if __name__ == "__main__":
     sys.exit(main())
