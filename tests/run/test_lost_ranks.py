@@ -86,6 +86,40 @@ def _sweep(run, *args, **env) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=_env(**env), start_new_session=True)
 
 
+def _nodes(cmd, env, timeout_s: float = 240.0):
+    """Both torchrun "nodes" run to their end: (processes, stderr texts). Their stderr is read
+    as it comes (a node blocked on a full pipe would look like a hang); past `timeout_s` every
+    process of theirs gets SIGABRT (PYTHONFAULTHANDLER prints each rank's stacks: where it
+    waited) and then SIGKILL, and the test fails with what they printed."""
+    import threading
+
+    procs = [subprocess.Popen(cmd(n), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+             for n in (0, 1)]
+    errs = [[], []]
+    readers = [threading.Thread(target=lambda p=p, e=e: e.extend(p.stderr), daemon=True) for p, e in zip(procs, errs)]
+    for r in readers:
+        r.start()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    hung = [p for p in procs if p.poll() is None]
+    if hung:
+        tree = [d for p in procs for d in _descendants(p.pid)]
+        for sig, pause in ((signal.SIGABRT, 3.0), (signal.SIGKILL, 0.0)):
+            for pid in tree + [p.pid for p in procs]:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            time.sleep(pause)
+    for p, r in zip(procs, readers):
+        p.wait()
+        r.join(5.0)
+    text = ["".join(e) for e in errs]
+    assert not hung, f"torchrun nodes still running after {timeout_s:g} s; their stderr:\n" + "\n----\n".join(text)
+    return procs, text
+
+
 @pytest.mark.multiprocess
 def test_torchrun_ranks_die_with_an_agent_killed_during_their_start_up(tmp_path):
     """The issue's reproduction: the agent killed while its ranks import torch."""
@@ -223,16 +257,14 @@ def test_a_torchrun_rank_lost_mid_combination_is_a_lost_row_a_plain_resume_runs_
                      "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "moebench.dist_worker", "--out",
                      str(run), *NAIVE, "experts.fault=kill", "experts.fault_rank=1", "experts.fault_rows=16",
                      "workload.tokens_per_rank=[4,8]"]
-    env = _env(MOEBENCH_FAULT_ONCE=str(tmp_path / "fired"))
-    nodes = [subprocess.Popen(cmd(n), stderr=subprocess.PIPE, text=True, env=env) for n in (0, 1)]
-    errs = [p.communicate(timeout=240)[1] for p in nodes]
+    env = _env(MOEBENCH_FAULT_ONCE=str(tmp_path / "fired"), PYTHONFAULTHANDLER="1")
+    nodes, errs = _nodes(cmd, env)
     assert [p.returncode for p in nodes] == [1, 1], errs
     rows = {int(r.tokens_per_rank): (r.status, r.reason) for r in RunStore(run).load().itertuples()}
     assert rows[4] == ("ok", ""), rows  # measured before the loss: not "not run"
     st, why = rows[8]
     assert st == "failed" and why.startswith(f"{LOST}rank 0: ") and peer_lost(why), why  # gloo: closed or reset
-    again = [subprocess.Popen(cmd(n), stderr=subprocess.PIPE, text=True, env=env) for n in (0, 1)]
-    errs = [p.communicate(timeout=240)[1] for p in again]
+    again, errs = _nodes(cmd, env)
     assert [p.returncode for p in again] == [0, 0] and "1 to run on 2 ranks" in errs[0], errs
     df = RunStore(run).load()
     assert sorted(zip(df.tokens_per_rank, df.status)) == [(4, "ok"), (8, "ok")]
