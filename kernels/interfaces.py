@@ -222,6 +222,9 @@ class PrepareFinalize(ABC):
     def __init__(self, ctx: KernelContext):
         self.ctx = ctx
         self.phases = NULL_PHASES
+        # batched layouts that honour workload.fill: rows per expert set by the harness for the
+        # token count it measures next (None: the layout's own max_rows)
+        self.rows_per_expert: Optional[int] = None
 
     def reduced_rows(self, expert_out: torch.Tensor, prepared: "PreparedTokens", weight_and_reduce,
                      fmt: "WeightAndReduce") -> torch.Tensor:

@@ -16,7 +16,8 @@ class LocalBatchedPrepareFinalize(PrepareFinalize):
     graph_capturable = True  # the scatter and the reduce are sized for every pair: no host sync
 
     def max_rows(self, num_tokens: int) -> int:
-        return num_tokens  # an expert gets each token at most once
+        # an expert gets each token at most once; workload.fill sets its own (validity.FILL_BACKENDS)
+        return self.rows_per_expert or num_tokens
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):

@@ -34,6 +34,10 @@ class NaiveBatchedPrepareFinalize(EPPrepareFinalize):
 
         return receive
 
+    def max_rows(self, num_tokens: int) -> int:
+        # every rank's tokens may pick an expert once; workload.fill sets its own (validity.FILL_BACKENDS)
+        return self.rows_per_expert or num_tokens * self.ctx.world_size
+
     def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
         wr = resolve_weight_and_reduce(weight_and_reduce, Batched())
         with self.phases("weight_reduce"):

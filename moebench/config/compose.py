@@ -147,7 +147,7 @@ def compose_with_hydra(overrides: list[str]) -> dict:
 
 
 CHOICES = {
-    ("workload", "routing"): ("uniform", "balanced", "zipf"),
+    ("workload", "routing"): ("uniform", "balanced", "zipf", "imbalanced_experts", "imbalanced_ranks", "replay"),
     ("runner", "timing"): ("auto", "events", "graph", "profiler"),
     ("runner", "device"): ("auto", "cpu", "cuda"),
 }
@@ -194,6 +194,7 @@ def check_values(cfg: dict) -> None:
     if dup:
         raise ValueError(f"workload.tokens_per_rank={list(tokens)} lists {dup} twice: give each count once")
     parse_bytes(cfg["runner"]["memory_budget"])
+    _check_routing(cfg)
     meta = knob_meta()
     for group in ("backend", "experts"):
         for name, value in cfg[group].items():
@@ -201,6 +202,40 @@ def check_values(cfg: dict) -> None:
             why = knob.check(value) if knob is not None else None
             if why:
                 raise ValueError(f"{group}.{name}={why}")
+
+
+def _check_routing(cfg: dict) -> None:
+    """The routing keys of a composed config (routing/generate.py, routing/file.py): a
+    recording that cannot be replayed on this model, an imbalance out of reach, a fill outside
+    (0, 1], a simulate_rank without simulate_ep."""
+    from moebench.routing import file, generate
+
+    w, m, b = cfg["workload"], cfg["model"], cfg["backend"]
+    routing = w["routing"]
+    if routing == "replay":
+        if not w["routing_file"]:
+            raise ValueError("workload.routing=replay needs workload.routing_file=PATH (a recording, .npz: "
+                             "docs/routing.md)")
+        file.load(routing_file(cfg), None if w["routing_layer"] < 0 else w["routing_layer"], m["num_experts"],
+                  m["topk"])
+    # other routings leave routing_file and routing_layer out of the combination (to_combo): a
+    # sweep crossing routings names the recording once, for its replay rows
+    # EP-N's own limits (imbalanced_ranks) are validity.py's: a sweep may cross backends
+    spec = generate.RoutingSpec(name=routing, imbalance=float(w["imbalance"]), ep_size=1)
+    why = generate.check(spec, m["num_experts"], m["topk"])
+    if why:
+        raise ValueError(why)
+    if not 0.0 <= w["fill"] <= 1.0:
+        raise ValueError(f"workload.fill={w['fill']!r} must be in (0, 1] (0: the layout's own rows per expert)")
+    rank = _sim_rank(b)
+    if rank:
+        if rank != "hottest" and not rank.isdigit():
+            raise ValueError(f"backend.simulate_rank={rank!r}; valid: hottest, or a rank 0 .. simulate_ep-1")
+        if b["simulate_ep"] <= 1:
+            raise ValueError(f"backend.simulate_rank={rank} emulates a rank of EP-N: set backend.simulate_ep=N too")
+        if rank.isdigit() and int(rank) >= b["simulate_ep"]:
+            raise ValueError(f"backend.simulate_rank={rank} is not a rank of EP-{b['simulate_ep']} "
+                             f"(0 .. {b['simulate_ep'] - 1})")
 
 
 def resolve_device(requested: str) -> str:
@@ -227,6 +262,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
             declared |= {(kind, k.name) for k in table[name].knobs}
     knobs = tuple(sorted((k, cfg[g][k]) for g, k in declared))
     timing = r["timing"]
+    replay = w["routing"] == "replay"
     return Combo(
         backend=b["name"], experts=cfg["experts"]["name"], reduction=cfg["reduction"]["name"],
         overlap=cfg["overlap"]["name"], quant=cfg["quant"]["name"], model=m["name"], hidden=m["hidden"],
@@ -235,7 +271,11 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         device=device or resolve_device(r["device"]),
         world_size=1 if single else r["world_size"], simulate_ep=b["simulate_ep"] if single else 1,
         shared_sm_carveout=cfg["overlap"]["shared_sm_carveout"],
+        simulate_rank=_sim_rank(b) if single and b["simulate_ep"] > 1 else "",
         routing=w["routing"], skew=float(w["skew"]) if w["routing"] == "zipf" else 1.2, seed=w["seed"],
+        imbalance=float(w["imbalance"]) if w["routing"].startswith("imbalanced") else 2.0,
+        routing_file_sha256=_digest(cfg) if replay else "", routing_file=routing_file(cfg) if replay else "",
+        routing_layer=w["routing_layer"] if replay else -1, fill=float(w["fill"]),
         timing=timing, graph_max_tokens=r["graph_max_tokens"] if timing == "graph" else 256,
         l2_flush=r["l2_flush"], memory_budget=parse_bytes(r["memory_budget"]), trace=cfg["trace"]["name"],
         knobs=knobs, reps=r["reps"], warmup=r["warmup"], warmup_ms=float(r["warmup_ms"]),
@@ -243,6 +283,26 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         check=r["check"], memory=r["memory"],
         trace_samples=cfg["trace"]["samples"], trace_dir=cfg["trace"]["dir"],
     )
+
+
+def _sim_rank(b: dict) -> str:
+    """backend.simulate_rank as the spec holds it: "" (also spelled none: a sweep's list cannot
+    hold an empty value), hottest, or a rank."""
+    rank = str(b["simulate_rank"])
+    return "" if rank in ("none", "None") else rank
+
+
+def routing_file(cfg: dict) -> str:
+    """workload.routing_file with `%model%` replaced by the model's name, so that one sweep over
+    several models replays each one's own recording (sweeps/routing.yaml)."""
+    return str(cfg["workload"]["routing_file"]).replace("%model%", cfg["model"]["name"])
+
+
+def _digest(cfg: dict) -> str:
+    from moebench.routing import file
+
+    w = cfg["workload"]
+    return file.load(routing_file(cfg), None if w["routing_layer"] < 0 else w["routing_layer"]).sha256
 
 
 def set_knobs(cfg: dict) -> list[str]:

@@ -19,6 +19,10 @@ class BackendConf:
 
     name: str = MISSING
     simulate_ep: int = 1  # single-rank backends: keep 1/N of the experts (one rank of EP-N)
+    # with simulate_ep=N: "" keeps rank 0's share of this rank's own tokens (simulate_ep's
+    # meaning before this key); "hottest" or K: the tokens all N ranks send to the most loaded
+    # rank, or to rank K, of a real EP-N run (docs/routing.md)
+    simulate_rank: str = ""
 
 
 @dataclass
@@ -60,8 +64,15 @@ class QuantConf:
 @dataclass
 class WorkloadConf:
     tokens_per_rank: list[int] = field(default_factory=lambda: [16, 64])
-    routing: str = "uniform"  # uniform | balanced | zipf
+    # uniform | balanced | zipf | imbalanced_experts | imbalanced_ranks | replay (docs/routing.md)
+    routing: str = "uniform"
     skew: float = 1.2  # zipf exponent
+    imbalance: float = 2.0  # imbalanced_*: the hot expert's (rank's) load over the mean
+    routing_file: str = ""  # replay: the recording (.npz, routing/file.py)
+    routing_layer: int = -1  # replay: the recording's layer (-1: the file holds one)
+    # batched layouts: the rows per expert the buffers hold are sized so the busiest local
+    # expert fills this fraction of them (0: the layout's own size)
+    fill: float = 0.0
     seed: int = 0
 
 

@@ -55,11 +55,24 @@ class Combo:
     world_size: int = _f(1, tag="ws{}", doc="ranks (1 for single-rank backends)")
     simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}",
                           doc="single-rank backends: one rank's share of EP-N")
+    simulate_rank: str = _f(BackendConf.simulate_rank, tag="rank_{}",
+                            doc="simulate_ep=N: the emulated rank, hottest | K (empty: rank 0's share of one "
+                            "rank's tokens)")
     shared_sm_carveout: int = _f(OverlapConf.shared_sm_carveout, tag="carve{}",
                                  doc="SMs the shared experts' GEMMs leave free (CUDA)")
     # workload
-    routing: str = _f(WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf")
+    routing: str = _f(WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf | imbalanced_experts | "
+                      "imbalanced_ranks | replay")
     skew: float = _f(WorkloadConf.skew, tag="skew{}", doc="zipf exponent (zipf routing only)")
+    imbalance: float = _f(WorkloadConf.imbalance, tag="imb{}", doc="imbalanced_*: the hot expert's or "
+                          "rank's load over the mean")
+    routing_file_sha256: str = _f("", tag="rec{:.8}", doc="replay: sha256 of the recording")
+    routing_layer: int = _f(WorkloadConf.routing_layer, tag="layer{}", doc="replay: the recording's layer "
+                            "(-1: its only one)")
+    routing_file: str = _f(WorkloadConf.routing_file, identity=False, column=True,
+                           doc="replay: the recording's path as given (not identity: its digest is)")
+    fill: float = _f(WorkloadConf.fill, tag="fill{}", doc="batched layouts: the busiest local expert's "
+                     "share of its buffer rows (0: the layout's own size)")
     seed: int = _f(WorkloadConf.seed, tag="seed{}")
     # how it is measured
     timing: str = _f(RunnerConf.timing, tag="{}", doc="requested timing: auto | events | graph | profiler")

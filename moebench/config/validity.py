@@ -8,6 +8,10 @@ from typing import Optional
 
 from moebench.config.spec import Combo
 
+# the batched backends whose rows per expert follow workload.fill (kernels' `rows_per_expert`)
+FILL_BACKENDS = ("local_batched", "naive_batched")
+
+
 def validate(combo: Combo) -> Optional[str]:
     """Reason this combination cannot run (every token count), or None."""
     from moebench.kernels import registry
@@ -22,7 +26,8 @@ def validate(combo: Combo) -> Optional[str]:
     if B.activation_format != X.activation_format:
         return (f"layouts differ: backend={b} produces the {B.activation_format.value} layout, "
                 f"experts={e} reads {X.activation_format.value}")
-    if B.activation_format.value == "batched" and combo.reduction != "finalize":
+    batched = B.activation_format.value == "batched"
+    if batched and combo.reduction != "finalize":
         return f"batched backend={b} weights and reduces in its combine: only reduction=finalize"
     if combo.overlap != "none" and combo.num_shared_experts == 0:
         return f"overlap={combo.overlap} needs shared experts; model={combo.model} has none"
@@ -31,7 +36,9 @@ def validate(combo: Combo) -> Optional[str]:
     if combo.shared_sm_carveout and combo.device != "cuda":
         return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
     E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep
-    if B.single_rank:
+    single = B.single_rank
+    ep = sim if single else ws  # the EP split the routing sees
+    if single:
         if E % sim:
             return f"simulate_ep={sim} does not divide num_experts={E}"
     else:
@@ -39,6 +46,20 @@ def validate(combo: Combo) -> Optional[str]:
             return f"backend={b} is an EP backend: it needs runner.world_size >= 2 (one rank per GPU)"
         if E % ws:
             return f"world_size={ws} does not divide num_experts={E}"
+    if combo.routing == "imbalanced_ranks":
+        if ep < 2:
+            return ("workload.routing=imbalanced_ranks loads one EP rank's experts: it needs an EP split "
+                    "(an EP backend, or backend.simulate_ep=N on one GPU)")
+        from moebench.routing.generate import RoutingSpec, check
+
+        why = check(RoutingSpec(name=combo.routing, imbalance=combo.imbalance, ep_size=ep), E, combo.topk)
+        if why:
+            return why
+    if combo.fill and b not in FILL_BACKENDS:
+        if not batched:
+            return f"workload.fill sizes the batched layouts' buffers: backend={b} uses the standard layout"
+        return (f"workload.fill sizes the buffers per token count; backend={b} allocates its buffers once per process "
+                "group (set backend.max_tokens_per_rank instead)")
     if combo.quant == "fp8_block" and (combo.hidden % 128 or combo.intermediate % 128):
         return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {combo.intermediate})"
     if combo.timing == "profiler" and combo.device != "cuda":

@@ -5,22 +5,17 @@ Legend: T tokens, P top-k, K hidden, I intermediate, N = 2I, E experts, S shared
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from moebench.kernels.interfaces import ExpertWeights, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.quant import dequant_weight, quant_weights
-
-ROUTINGS = ("uniform", "balanced", "zipf")
-
-
-def _gen(seed: int, *salt: int, device="cpu") -> torch.Generator:
-    g = torch.Generator(device=device)
-    s = seed
-    for x in salt:
-        s = (s * 1_000_003 + x + 1) % (2**62)
-    g.manual_seed(s)
-    return g
+from moebench.routing import generate
+from moebench.routing.generate import SYNTHETIC as ROUTINGS
+from moebench.routing.generate import gen as _gen
 
 
 def expert_weights_bf16(shape: LayerShape, e: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,3 +97,71 @@ def make_inputs(
     logits = torch.randn(T, P, generator=g)
     w = torch.softmax(logits, dim=-1)
     return x.to(device), w.to(device), ids.to(torch.int64).to(device)
+
+
+@dataclass
+class Routed:
+    """One rank's inputs for one token count (`inputs`: hidden, weights, ids on the device) and
+    what the routing was: the pairs per global expert of the whole EP-N run (every rank's
+    tokens where this process knows them: one rank, or the emulated run of simulate_rank), the
+    replay window, the emulated rank and the tokens it receives."""
+    inputs: tuple
+    expert_pairs: torch.Tensor  # [E] on the CPU
+    window: str = ""
+    simulated_rank: Optional[int] = None
+    received_tokens: Optional[int] = None
+
+
+def routing_spec(combo) -> generate.RoutingSpec:
+    """The combination's routing (a Combo, or any mapping with its fields)."""
+    ep = combo["world_size"] if combo["world_size"] > 1 else combo["simulate_ep"]
+    layer = combo.get("routing_layer", -1)
+    return generate.RoutingSpec(name=combo["routing"], skew=float(combo["skew"]),
+                                imbalance=float(combo.get("imbalance", 1.0)), seed=int(combo["seed"]),
+                                ep_size=int(ep), file=combo.get("routing_file", "") or "",
+                                layer=None if layer is None or layer < 0 else layer)
+
+
+def _one_rank(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, recording):
+    """(x, w, ids, window) of rank `rank` on the CPU."""
+    if spec.name in ROUTINGS:
+        x, w, ids = make_inputs(shape, T, spec.name, spec.skew, spec.seed, rank, salt, "cpu")
+        return x, w, ids, ""
+    ids, recorded, where = generate.route(spec, shape.num_experts, shape.topk, T, rank, salt, recording)
+    g = _gen(spec.seed, 3, rank, salt, T)
+    x = torch.randn(T, shape.hidden, generator=g).to(torch.bfloat16)
+    w = recorded if recorded is not None else torch.softmax(torch.randn(T, shape.topk, generator=g), dim=-1)
+    return x, w.float(), ids, where
+
+
+def make_routed(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, device,
+                simulate_rank: str = "") -> Routed:
+    """Rank `rank`'s T tokens as `spec` routes them. With `simulate_rank` (one GPU,
+    simulate_ep=N): every one of the N ranks routes T tokens, and the inputs are the tokens
+    rank K (or the hottest) receives from all of them, ids renamed so its experts are the
+    layer's 0 .. E/N-1 (generate.rotate)."""
+    recording = None
+    if spec.name == "replay":
+        from moebench.routing import file
+
+        recording = file.load(spec.file, spec.layer, shape.num_experts, shape.topk)
+    E = shape.num_experts
+    if not simulate_rank:
+        x, w, ids, where = _one_rank(shape, T, spec, rank, salt, recording)
+        return Routed((x.to(device), w.to(device), ids.to(torch.int64).to(device)), generate.expert_pairs(ids, E),
+                      where)
+    N = spec.ep_size
+    parts = [_one_rank(shape, T, spec, r, salt, recording) for r in range(N)]
+    ids_all = torch.cat([p[2] for p in parts])
+    k = generate.pick_rank(generate.rank_pairs(ids_all, E, N), simulate_rank)
+    rows = generate.receive(ids_all, E, N, k)
+    x = torch.cat([p[0] for p in parts])[rows]
+    w = torch.cat([p[1] for p in parts])[rows]
+    ids = generate.rotate(ids_all[rows], E, N, k)
+    window = ""
+    if recording is not None:  # rank r reads the window after rank r-1's: one span of N·T rows
+        from moebench.routing.file import window as span
+
+        window = span(recording, N * T, 0, spec.seed)[1]
+    return Routed((x.to(device), w.to(device), ids.to(device)), generate.expert_pairs(ids_all, E), window, k,
+                  int(rows.numel()))

@@ -17,6 +17,7 @@ import pandas as pd
 
 from moebench.report.mdsafe import md_text
 from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
+from moebench.report.routing_table import routing_table
 from moebench.report import plots, run_tables as tables
 from moebench.report.compare import compare_runs, Comparison
 from moebench.report.verdict import exit_status
@@ -169,6 +170,7 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
         "## Latency", tables.latency_table(df),
         _image(plots.plot_latency(df, out / "latency.png"), "latency vs tokens per rank"),
         *(["## Host time per forward", host] if (host := tables.host_table(df)) else []),
+        *(["## Routing", routing] if (routing := routing_table(df)) else []),
         "## Phase breakdown", tables.phase_table(df),
         _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
         "## Shared-expert overlap", tables.overlap_table(df),

@@ -84,11 +84,11 @@ def md_value(v) -> str:
     return text if text == "-" else md_text(text)
 
 
-def _combo_cells(row, cols: list[str]) -> list[str]:
+def combo_cells(row, cols: list[str]) -> list[str]:
     return [md_value(row[c]) for c in cols]
 
 
-def _caption(df: pd.DataFrame, unit: str) -> str:
+def caption(df: pd.DataFrame, unit: str) -> str:
     extra = constant_caption(df)
     return unit + (f" All rows: {md_text(extra)}." if extra else "")
 
@@ -135,14 +135,14 @@ def latency_table(df: pd.DataFrame) -> str:
                 elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((r["model"], r["world_size"], t)):
                     cell = f"**{cell}**"
                 cells.append(cell)
-        rows.append(_combo_cells(g.iloc[0], cols) + cells)
+        rows.append(combo_cells(g.iloc[0], cols) + cells)
     table = md_table(cols + [str(t) for t in tokens], rows,
                      ["l"] * len(cols) + ["r"] * len(tokens))
-    caption = _caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
+    text = caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
                            "max over ranks; columns are tokens per rank; bold is the fastest "
                            "per model and world size." + (" † host time (the host paced the samples; see "
                                                           "Data quality), never ranked." if marked else ""))
-    return f"{table}\n\n{caption}{timing_note(df)}"
+    return f"{table}\n\n{text}{timing_note(df)}"
 
 
 def host_table(df: pd.DataFrame) -> str:
@@ -162,12 +162,12 @@ def host_table(df: pd.DataFrame) -> str:
         for t in tokens:
             r = by_t.get(t)
             cells.append("" if r is None else f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}")
-        rows.append(_combo_cells(g.iloc[0], cols) + cells)
+        rows.append(combo_cells(g.iloc[0], cols) + cells)
     table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
     held = ok["host_paced_samples"].notna().all() if "host_paced_samples" in ok.columns else False
     how = ("the latency is the GPU's: each sample waited behind a hold until the host had enqueued it" if held else
            "rows timed before each sample had its hold may read the host in their latency (Data quality)")
-    return f"{table}\n\n" + _caption(ok, "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
+    return f"{table}\n\n" + caption(ok, "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
                                           f"kept busy) beside the row's latency; {how}.")
 
 
@@ -231,13 +231,13 @@ def phase_table(df: pd.DataFrame) -> str:
     for _, r in ok.iterrows():
         phases = [r[c] for c in PHASE_COLUMNS]
         total = phase_sum(r)
-        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
+        rows.append(combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
                     + [fmt_us(p) for p in phases] + [fmt_us(total),
                                                      fmt_us(r["latency_us_median"])])
     headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + \
               ["sum", "median"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
-    return f"{table}\n\n" + _caption(ok, "Times are in µs.")
+    return f"{table}\n\n" + caption(ok, "Times are in µs.")
 
 
 def memory_table(df: pd.DataFrame) -> str:
@@ -255,13 +255,13 @@ def memory_table(df: pd.DataFrame) -> str:
         if not (isinstance(declared, (int, float)) and np.isfinite(declared) and declared > 0):
             declared = r["workspace_bytes_analytic"]
         ratio = r["workspace_bytes_peak"] / declared if declared else np.nan
-        rows.append(_combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
+        rows.append(combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
                     + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
                     + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
     headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
                       "device peak MiB", "peak / declared"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
-    return f"{table}\n\n" + _caption(ok, "Memory in MiB (2^20 bytes).")
+    return f"{table}\n\n" + caption(ok, "Memory in MiB (2^20 bytes).")
 
 
 def single_rank(df: pd.DataFrame) -> pd.Series:
@@ -315,7 +315,7 @@ def overlap_table(df: pd.DataFrame) -> str:
     cols = display_columns(rows_df)
     rows = []
     for _, r in rows_df.iterrows():
-        rows.append(_combo_cells(r, cols) + [
+        rows.append(combo_cells(r, cols) + [
             md_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
             fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
             fmt_us(r["shared_exposed_us"]),
@@ -325,7 +325,7 @@ def overlap_table(df: pd.DataFrame) -> str:
     headers = cols + ["tokens", "latency", "no shared", "shared", "exposed", "overlap",
                       "trace overlap"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
-    return f"{table}\n\n" + _caption(rows_df, "Times are in µs; overlap is the fraction of "
+    return f"{table}\n\n" + caption(rows_df, "Times are in µs; overlap is the fraction of "
                                                "the shared experts' time hidden, in brackets its 90 % "
                                                "bootstrap interval over the samples: a figure inside it "
                                                "(the trace's, another run's) is within noise.") + \
@@ -376,7 +376,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
         return f"{x:.0f} %" if np.isfinite(x) else ""
 
     cols = display_columns(ok)
-    rows = [_combo_cells(r, cols) + [md_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
+    rows = [combo_cells(r, cols) + [md_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
                                      f"{r['experts_us']:.1f}",
                                      f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
                                      r["bound"], pct(r["experts_pct_of_floor"]),
@@ -386,7 +386,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
     headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "layer % of floor",
                       "TFLOP/s", "GB/s"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r", "r"])
-    return f"{table}\n\n" + _caption(ok, ceilings_caption(ok, ceilings_root) + (
+    return f"{table}\n\n" + caption(ok, ceilings_caption(ok, ceilings_root) + (
         " `experts µs` comes from "
         "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
         "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer). "

@@ -46,6 +46,16 @@ class RankResult:
     expert_flops: float = NAN
     expert_bytes: float = NAN
     row_layout_used: str = ""
+    # routing (moebench/routing/generate.py): what the measured inputs were
+    imbalance_experts: float = NAN
+    imbalance_ranks: float = NAN
+    received_tokens: float = NAN
+    simulated_rank: float = NAN
+    routing_window: str = ""
+    routing_source: str = ""
+    fill_rows: float = NAN
+    fill_max: float = NAN
+    fill_mean: float = NAN
     # traces (moebench/measure/capture.py)
     trace_path: str = ""
     trace_error: str = ""

@@ -82,7 +82,7 @@ def _c(name, dtype, group, combine, doc) -> Column:
 
 
 GROUPS = ("identity", "provenance", "outcome", "latency", "host", "phase", "overlap", "trace",
-          "memory", "rate", "layout")
+          "memory", "rate", "layout", "routing")
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
 
 MEASURED: tuple[Column, ...] = (
@@ -158,6 +158,18 @@ MEASURED: tuple[Column, ...] = (
     _c("nvlink_gbps_per_rank", "list", "rate", PER_RANK, "nvlink_gbps of each rank"),
     _c("row_layout_used", "str", "layout", WORST, "the row layout the triton bf16 / fp8_block experts ran "
        "(mixed when ranks differ)"),
+    # routing (moebench/routing/generate.py; docs/routing.md)
+    _c("imbalance_experts", "float", "routing", MAX, "max / mean pairs per expert over every rank's tokens "
+       "(1: even)"),
+    _c("imbalance_ranks", "float", "routing", MAX, "max / mean pairs per rank of the EP split (world_size or "
+       "simulate_ep; 1 without one)"),
+    _c("simulated_rank", "float", "routing", MAX, "simulate_rank: the EP rank whose received tokens ran"),
+    _c("received_tokens", "float", "routing", MAX, "simulate_rank: the tokens that rank receives from all N ranks"),
+    _c("routing_window", "str", "routing", SAME, "replay: rank 0's rows of the recording (start:end of n)"),
+    _c("routing_source", "str", "routing", SAME, "replay: what made the recording (its `source`)"),
+    _c("fill_rows", "float", "routing", MAX, "workload.fill: rows per expert the batched buffers held"),
+    _c("fill_max", "float", "routing", MAX, "workload.fill: the busiest local expert's pairs / fill_rows"),
+    _c("fill_mean", "float", "routing", MAX, "workload.fill: mean pairs per local expert / fill_rows"),
 )
 
 

@@ -191,6 +191,8 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if matched:
         row["trace_overlap_method"] = METHOD_MATCHED
+    for k in schema.names(group="routing", combine=schema.SAME):  # rank 0's (the same on every rank)
+        row[k] = getattr(ranks[0], k)
     # experts=triton + bf16 / fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
     layouts = {r.row_layout_used or "" for r in ranks}
     row["row_layout_used"] = layouts.pop() if len(layouts) == 1 else "mixed"

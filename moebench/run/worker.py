@@ -26,7 +26,7 @@ from moebench.measure.samples import check, host_enqueue, host_time_note, memory
 from moebench.results.rank_result import NAN, RankResult
 from moebench.run.messages import Done, Error, Exited, Result, Started, Task
 from moebench.config.validity import timing_mode, timing_note
-from moebench.measure.workload import make_inputs, reference_expert_fn
+from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 
 
 def _release_cached(device: torch.device) -> None:
@@ -61,7 +61,11 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
     shared_ref = (kernel.shared.w13_NK.float(), kernel.shared.w2_KS.float()) if kernel.shared is not None else None
     rec = make_recorder(device, nvtx=combo.trace in ("nvtx", "nsys"))
     under_nsys = _under_nsys(combo)
-    routing = (combo.routing, combo.skew, seed, rank)
+    spec = routing_spec(combo)
+
+    def route(T: int, salt: int):
+        return make_routed(shape, T, spec, rank, salt, device, combo.simulate_rank)
+
     try:
         for T in task.tokens:
             yield T, None
@@ -69,7 +73,9 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
             # correct first: fresh random data, compared with the float32 reference
             try:
                 if combo.check:
-                    inputs = make_inputs(shape, T, *routing, salt=1, device=device)
+                    checked = route(T, 1)
+                    inputs = checked.inputs
+                    _fill(kernel, combo, checked, group, world_size)
                     err, why = check(kernel, inputs, ref_weights, kept, shared_ref, quant.name, group, device,
                                      combo.memory_budget)
                     res = dataclasses.replace(res, rel_err=err)
@@ -77,7 +83,10 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                     if why:
                         yield T, dataclasses.replace(res, status="incorrect", reason=why)
                         continue
-                inputs = make_inputs(shape, T, *routing, salt=2, device=device)
+                routed = route(T, 2)
+                inputs = routed.inputs
+                res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group,
+                                                                world_size))
                 kernel.clear_workspaces()
                 with memory.capped(device, combo.memory_budget) as cap:
                     fields = _measure(task, kernel, layer, inputs, T, rank, world_size, sync, device, run_dir,
@@ -98,6 +107,67 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
             yield T, dataclasses.replace(res, **fields)
     finally:
         kernel.close()
+
+
+def _global_pairs(routed, group, world_size: int) -> torch.Tensor:
+    """Pairs per global expert over every rank's tokens (a sum over the group; one rank, or an
+    emulated run, knows them already)."""
+    pairs = routed.expert_pairs
+    if world_size > 1 and group is not None:
+        import torch.distributed as dist
+
+        nccl = dist.get_backend(group) == "nccl"
+        t = pairs.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+        dist.all_reduce(t, group=group)
+        pairs = t.cpu()
+    return pairs
+
+
+def _local_counts(kernel, routed, group, world_size: int) -> torch.Tensor:
+    """Pairs per local expert of this rank, from every rank's tokens."""
+    ctx = kernel.pf.ctx
+    first, n = ctx.first_local_expert, ctx.num_local_experts
+    if routed.simulated_rank is not None or world_size == 1:
+        ids = routed.inputs[2].flatten()
+        local = ids[(ids >= first) & (ids < first + n)] - first
+        return torch.bincount(local.cpu(), minlength=n)
+    return _global_pairs(routed, group, world_size)[first:first + n]
+
+
+def _fill(kernel, combo, routed, group, world_size: int) -> Optional[tuple[int, torch.Tensor]]:
+    """workload.fill: size the batched buffers so the busiest local expert fills that share of
+    its rows; (rows, local counts), or None without fill."""
+    if not combo.fill:
+        return None
+    from moebench.routing.generate import fill_rows
+
+    counts = _local_counts(kernel, routed, group, world_size)
+    rows = fill_rows(int(counts.max().item()), combo.fill)
+    kernel.pf.rows_per_expert = rows
+    return rows, counts
+
+
+def routing_fields(routed, combo, kernel, ep_size: int, group, world_size: int) -> dict:
+    """The routing columns of a row (results/row.py, group "routing") for the measured inputs;
+    sets workload.fill's rows per expert."""
+    from moebench.routing.generate import imbalance
+
+    pairs = routed.expert_pairs if routed.simulated_rank is not None else _global_pairs(routed, group, world_size)
+    imb = imbalance(pairs, ep_size)
+    out = {"imbalance_experts": imb.experts, "imbalance_ranks": imb.ranks, "routing_window": routed.window}
+    if routed.simulated_rank is not None:
+        out.update(simulated_rank=float(routed.simulated_rank), received_tokens=float(routed.received_tokens))
+    if combo.routing == "replay":
+        from moebench.routing.file import load
+
+        layer = None if combo.routing_layer < 0 else combo.routing_layer
+        out["routing_source"] = load(combo.routing_file, layer).source
+    filled = _fill(kernel, combo, routed, group, world_size)
+    if filled:
+        rows, counts = filled
+        out.update(fill_rows=float(rows), fill_max=counts.max().item() / rows,
+                   fill_mean=counts.double().mean().item() / rows)
+    return out
 
 
 def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: int, sync, device, run_dir: str,
@@ -125,7 +195,8 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
     reserved = memory.reserved_peak_bytes(device, reserved_base)  # timed samples and phases
     if combo.memory:
-        fields.update(memory_figures(kernel, fn, T, device, setup_used, baseline_used))
+        # x's rows, not T: simulate_rank runs the M tokens the emulated rank receives
+        fields.update(memory_figures(kernel, fn, x.shape[0], device, setup_used, baseline_used))
         # memory_figures reset the peak counters for its one forward: the larger of the two
         reserved = max(reserved, memory.reserved_peak_bytes(device, reserved_base)) if reserved is not None else None
     if reserved is not None:

@@ -18,14 +18,15 @@ MAX_LINES = 400
 RULES = {
     "kernels": set(),
     "util": set(),
-    "config": {"kernels", "util"},
+    "routing": set(),
+    "config": {"kernels", "routing", "util"},
     "traces": {"kernels", "util"},
     "results": {"config", "traces", "util"},
-    "measure": {"kernels", "config", "traces", "util"},
-    "run": {"measure", "results", "config", "traces", "kernels", "util"},
+    "measure": {"kernels", "config", "routing", "traces", "util"},
+    "run": {"measure", "results", "config", "routing", "traces", "kernels", "util"},
     "report": {"results", "config", "traces", "util"},
-    "tune": {"run", "measure", "results", "config", "traces", "kernels", "report", "util"},
-    "cli": {"run", "measure", "results", "config", "traces", "kernels", "report", "tune", "util"},
+    "tune": {"run", "measure", "results", "config", "routing", "traces", "kernels", "report", "util"},
+    "cli": {"run", "measure", "results", "config", "routing", "traces", "kernels", "report", "tune", "util"},
     "moebench": {"run"},  # the shim `python -m moebench.dist_worker`
 }
 

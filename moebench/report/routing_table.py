@@ -1,0 +1,60 @@
+"""The report's "Routing" section: each row's measured imbalance, whatever its routing
+(routing/generate.py, docs/routing.md), the emulated rank and its received tokens, the
+batched fill, and where replayed routing came from."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moebench.report.load import display_columns, latest_rows, PER_ROW_COLUMNS
+from moebench.report.run_tables import caption, combo_cells
+from moebench.report.mdsafe import md_code
+from moebench.report.table import md_table, md_text
+
+
+def _f(x, digits: int = 2) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _cell(r) -> str:
+    out = f"{_f(r['imbalance_experts'])} / {_f(r['imbalance_ranks'])}"
+    if np.isfinite(r.get("simulated_rank", np.nan)):
+        out += f" · r{int(r['simulated_rank'])}:{int(r['received_tokens'])}"
+    if np.isfinite(r.get("fill_rows", np.nan)):
+        out += f" · fill {_f(r['fill_max'])}"
+    return out
+
+
+def routing_table(df: pd.DataFrame) -> str:
+    """Per combination x tokens: max/mean pairs per expert / per rank; with simulate_rank the
+    emulated rank and the tokens it received; with workload.fill the busiest expert's fill.
+    '' for a run without the routing columns (rows written before them)."""
+    df = latest_rows(df)
+    if "imbalance_experts" not in df.columns:
+        return ""
+    ok = df[(df["status"] == "ok") & df["imbalance_experts"].notna()]
+    if not len(ok):
+        return ""
+    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
+    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
+    rows = []
+    for _, g in ok.groupby("combo_key", sort=False):
+        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        rows.append(combo_cells(g.iloc[0], cols) + ["" if t not in by_t else _cell(by_t[t]) for t in tokens])
+    table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
+    parts = ["Imbalance, max / mean pairs per expert / per rank of the EP split (1.00 / 1.00: even; ranks 1.00 "
+             "without a split), over every rank's tokens under an EP backend or simulate_rank, over the one rank's "
+             "tokens otherwise"]
+    if ok.get("simulated_rank", pd.Series(dtype=float)).notna().any():
+        parts.append("r*K*:*M*: simulate_rank ran EP rank *K*, which receives *M* tokens from all N ranks")
+    if ok.get("fill_rows", pd.Series(dtype=float)).notna().any():
+        parts.append("fill: the busiest local expert's pairs over the batched buffers' rows per expert")
+    text = f"{table}\n\n" + caption(ok, "; ".join(parts) + ".")
+    if "routing_source" in ok.columns:
+        replayed = ok[ok["routing"] == "replay"]
+        sources = sorted({(str(r.routing_file), str(r.routing_source), str(r.routing_file_sha256)[:12])
+                          for r in replayed.itertuples()})
+        for path, source, digest in sources:
+            text += (f"\n\nReplayed routing from {md_code(path)} (sha256 {md_text(digest)}…): "
+                     f"{md_text(source) or 'no source recorded'}.")
+    return text
