@@ -21,7 +21,7 @@ OPTIONAL = {  # import name -> the only modules allowed to import it
     "pplx_kernels": {"kernels/prepare_finalize/_pplx.py"},
 }
 # imported by name only where the tool needs it, declared as extras (not core deps)
-EXTRAS_ONLY: dict[str, str] = {"submitit": "slurm"}
+EXTRAS_ONLY: dict[str, str] = {"submitit": "slurm", "transformers": "test"}  # transformers: routing/hf.py
 
 
 def _sources() -> list[Path]:
