@@ -29,7 +29,7 @@ def tune_command(args) -> int:
     from moebench.config.paths import default_runs_dir
     from moebench.run.plan import run_name
     from moebench.tune import files
-    from moebench.tune.search import tune, TuneArgs
+    from moebench.tune.search import TuneArgs, tune
 
     targs = TuneArgs(overrides=list(args.overrides), space=args.space, search=args.search, budget=args.budget,
                      reps=args.reps, final_reps=args.final_reps, workers=args.compile_workers, gpus=args.gpus,
