@@ -133,6 +133,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "where the table goes (default: RUN/report; runs/reports/<path> for a run under results/)")
     tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
                     "does not cover vLLM's grid, kernels/configs/partial/)")
+    tu.add_argument("--max-regression", metavar="X", help="before --install: time the tuned table against the "
+                    "current one (an installed file, else the heuristic) at every tuned size, interleaved, "
+                    "--final-reps each; exit 1 without installing when it is slower by more than the fraction X "
+                    "(0.02: 2 %%) at any size")
     tu.add_argument("--install-from", metavar="DIR", help="instead: install the config files of a finished tune's "
                     "output directory (DIR/configs/*.json with their sidecars), as --install would")
     tu.add_argument("--results", metavar="RUN", help="instead: the fastest combination per model x tokens of a run, "

@@ -1,11 +1,14 @@
-"""`moebench tune`: the Triton tile search, `--check-vllm`, `--results`, `--install-from`."""
+"""`moebench tune`: the Triton tile search (with `--max-regression`'s check before `--install`),
+`--check-vllm`, `--results`, `--install-from`."""
 from __future__ import annotations
 
 import sys
 
+
 def tune_command(args) -> int:
     from pathlib import Path
 
+    max_regression = _max_regression(args)  # bad input exits 2 before any work
     if args.check_vllm:
         from moebench.tune.vllm_check import check_command
 
@@ -26,7 +29,7 @@ def tune_command(args) -> int:
     from moebench.config.paths import default_runs_dir
     from moebench.run.plan import run_name
     from moebench.tune import files
-    from moebench.tune.search import tune, TuneArgs
+    from moebench.tune.search import TuneArgs, tune
 
     targs = TuneArgs(overrides=list(args.overrides), space=args.space, search=args.search, budget=args.budget,
                      reps=args.reps, final_reps=args.final_reps, workers=args.compile_workers, gpus=args.gpus,
@@ -40,7 +43,19 @@ def tune_command(args) -> int:
         print(f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
               file=sys.stderr)
         return 130
-    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": files.environment()})
+    extra = {"wall_s": wall, "compile": asdict(stats), "environment": files.environment()}
+    path = files.write(info, results, out, extra=extra)  # first: a check that crashes loses no table
+    check = None
+    if max_regression is not None and path is not None:
+        from moebench.tune.regression import check_tune
+
+        try:
+            check = check_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr))
+        except KeyboardInterrupt:
+            print(f"moebench tune: interrupted during the --max-regression check; the table is in {path}, nothing "
+                  "installed: the same command re-runs the check", file=sys.stderr)
+            return 130
+        path = files.write(info, results, out, extra={**extra, "regression_check": check.to_json()})
     print(files.summary(results, len(pruned.kept)))
     print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
     if path is None:
@@ -52,6 +67,29 @@ def tune_command(args) -> int:
     note = files.routing_note(path)
     if note:
         print(note)
+    if check is not None:
+        print(f"\n{check.table()}\n{check.verdict()}")
+        if not check.passed:
+            for line in check.lines():
+                print(f"moebench tune: regression: {line}", file=sys.stderr)
+            print(f"moebench tune: {check.verdict()}{'; not installed' if args.install else ''} ({path.name} stays in "
+                  f"{path.parent}; the check's samples in {out / 'tune.json'})", file=sys.stderr)
+            return 1
     if args.install:
         files.install(path, print)
     return 0 if all(r.best is not None for r in results) else 1
+
+
+def _max_regression(args):
+    """--max-regression as a fraction (None when not given); ValueError for a bad value or a
+    mode with no tuned table to measure."""
+    if args.max_regression is None:
+        return None
+    from moebench.tune.regression import parse_max_regression
+
+    modes = [f for f, v in (("--install-from", args.install_from), ("--results", args.results),
+                            ("--check-vllm", args.check_vllm)) if v]
+    if modes:
+        raise ValueError(f"--max-regression times a tune's table against the current one and {modes[0]} times "
+                         "nothing: re-run the tune's own command with --install --max-regression X (it resumes)")
+    return parse_max_regression(args.max_regression)

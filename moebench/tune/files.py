@@ -6,8 +6,9 @@
     <out>/configs/<vLLM stem>.provenance.json  the sidecar: what each entry measured, against
                                                what, on which kernel and machine
     <out>/tune.json                            the run: layer, space, budget, per token count
-                                               the search's steps, baselines, finalists
-    <out>/trials.jsonl                         every trial (trials.py)
+                                               the search's steps, baselines, finalists; with
+                                               --max-regression the check (regression.py)
+    <out>/trials.jsonl                         every trial of the search (trials.py)
     <out>/env.json, <out>/envs/<id>.json       the machine's fingerprint (moebench/run/env.py), as a
                                                sweep's run folder has it: the first invocation's,
                                                and each invocation's (a resumed tune may run
@@ -15,7 +16,8 @@
 
 `--install` merges the entries into kernels/configs/ when the file then covers vLLM's
 batch-size grid, else into kernels/configs/partial/, a folder vLLM never reads (it
-would route every batch size to the nearest entry, however far: vllm_check.py).
+would route every batch size to the nearest entry, however far: vllm_check.py); with
+`--max-regression` only once the check passed (the sidecar then carries its figures).
 """
 from __future__ import annotations
 
@@ -80,7 +82,10 @@ def _entries(results) -> dict[str, dict]:
             if r.best is not None}
 
 
-def _provenance(info: dict, results, env: dict) -> dict:
+def _provenance(info: dict, results, env: dict, check: Optional[dict] = None) -> dict:
+    """`check`: tune.json's "regression_check" (--max-regression), whose figures each entry then carries."""
+    check = check or {}
+    checked = {s["tokens"]: s for s in check.get("sizes", [])}
     per = {}
     for r in results:
         if r.best is None:
@@ -91,6 +96,12 @@ def _provenance(info: dict, results, env: dict) -> dict:
             "speedup_vs_heuristic": _num(r.speedup("heuristic")), "rel_err_recheck": _num(r.recheck_rel_err),
             "timed": r.num_timed, "space_size": info["space_size"],
         }
+        s = checked.get(r.tokens)
+        if s is not None:  # the install-time check against the config the layer ran before it
+            per[str(r.tokens)]["max_regression_check"] = {
+                "max_regression": check["max_regression"], "tuned_us": s["tuned_us"], "current_us": s["current_us"],
+                "ratio": s["ratio"], "ci": [s["ci_lo"], s["ci_hi"]], "current": s["current"],
+                "regressed": s["regressed"]}
     return {"tuner": "moebench tune", "kernel": KERNEL_NOTE, "layer": info, "environment": env, "entries": per}
 
 
@@ -114,7 +125,8 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
     cfg_dir = safe_dir(out_dir, "configs")
     path = replace_text(cfg_dir / name, json.dumps(entries, indent=4) + "\n")
     env = (extra or {}).get("environment", {})
-    replace_text(cfg_dir / sidecar_name(name), json.dumps(_provenance(info, results, env), indent=2, default=str) + "\n")
+    side = _provenance(info, results, env, (extra or {}).get("regression_check"))
+    replace_text(cfg_dir / sidecar_name(name), json.dumps(side, indent=2, default=str) + "\n")
     return path
 
 
