@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moebench.report.load import display_columns, latest_rows, PER_ROW_COLUMNS
-from moebench.report.run_tables import caption, combo_cells
+from moebench.report.load import PER_ROW_COLUMNS, display_columns, latest_rows
 from moebench.report.mdsafe import md_code
+from moebench.report.run_tables import caption, combo_cells
 from moebench.report.table import md_table, md_text
 
 

@@ -21,7 +21,7 @@ from moebench.measure import timing
 from moebench.kernels.interfaces import QuantSpec
 from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
 from moebench.kernels.triton.config import config_dtype, default_config, get_config
-from moebench.measure.workload import make_inputs, reference_expert_fn
+from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.space import LayerDims
 from moebench.tune.trials import Trial
 
@@ -60,6 +60,16 @@ def dims_of(combo: dict) -> LayerDims:
                      operand_bytes=1 if q.is_fp8 else 2, block_shape=(q.block_n, q.block_k) if q.is_block else None)
 
 
+def rows_of(combo, shape, T: int, salt: int = 7) -> int:
+    """The rows that enter the experts at T tokens per rank: T, or with backend.simulate_rank the
+    M tokens the emulated rank receives (what the experts' config look-up keys on, so what a
+    tuned table's entry is keyed by). Drawn on the CPU as TokenBench draws them."""
+    if not combo["simulate_rank"]:
+        return T
+    routed = make_routed(shape, T, routing_spec(combo), 0, salt, "cpu", combo["simulate_rank"])
+    return routed.inputs[0].shape[0]
+
+
 def baselines_of(dims: LayerDims, quant_name: str, T: int) -> dict[str, dict]:
     """What the harness runs today at T tokens (an installed file, else the heuristic) and the heuristic."""
     dt, bs = config_dtype(quant_name), list(dims.block_shape) if dims.block_shape else None
@@ -71,13 +81,15 @@ class TokenBench:
     def __init__(self, layer: LayerBench, T: int, salt: int = 7):
         self.layer, self.T = layer, T
         L, c, dev = layer, layer.c, layer.device
-        x, w, ids = make_inputs(L.shape, T, c.combo["routing"], c.combo["skew"], c.combo["seed"], 0, salt, dev)
+        # the combination's routing (docs/routing.md); with simulate_rank the M rows the emulated rank receives
+        x, w, ids = make_routed(L.shape, T, routing_spec(c.combo), 0, salt, dev, c.combo["simulate_rank"]).inputs
+        self.rows = x.shape[0]
         self.ref = reference_moe(x, w, ids, L.ref_w, L.kept)
         self.prepared = L.kernel.pf.prepare(x, w, ids, L.experts.input_quant)
         dims = L.kernel._dims(self.prepared.x.shape[0])
         self.ws13, self.ws2, self.out = (torch.empty(s, dtype=L.experts.workspace_dtype, device=dev)
                                          for s in L.experts.workspace_shapes(*dims))
-        self.final = torch.empty(T, L.shape.hidden, dtype=torch.bfloat16, device=dev)
+        self.final = torch.empty(self.rows, L.shape.hidden, dtype=torch.bfloat16, device=dev)
         self.graph = dev.type == "cuda" and T <= L.graph_max
         self.timing = "graph" if self.graph else ("events" if dev.type == "cuda" else "host")
         self._warm = True  # the first timed config of a batch warms the clock longer

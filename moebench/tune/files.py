@@ -78,7 +78,7 @@ def sidecar_name(name: str) -> str:
 
 
 def _entries(results) -> dict[str, dict]:
-    return {str(r.tokens): {k: int(r.best[k]) for k in tconfig.CONFIG_KEYS} for r in sorted(results, key=lambda r: r.tokens)
+    return {str(r.key): {k: int(r.best[k]) for k in tconfig.CONFIG_KEYS} for r in sorted(results, key=lambda r: r.key)
             if r.best is not None}
 
 
@@ -91,14 +91,14 @@ def _provenance(info: dict, results, env: dict, check: Optional[dict] = None) ->
         if r.best is None:
             continue
         h, cur = r.baselines.get("heuristic"), r.baselines.get("current")
-        per[str(r.tokens)] = {
+        per[str(r.key)] = {
             "us": _num(r.best_us), "heuristic_us": _num(h.us) if h else None, "current_us": _num(cur.us) if cur else None,
             "speedup_vs_heuristic": _num(r.speedup("heuristic")), "rel_err_recheck": _num(r.recheck_rel_err),
             "timed": r.num_timed, "space_size": info["space_size"],
         }
         s = checked.get(r.tokens)
         if s is not None:  # the install-time check against the config the layer ran before it
-            per[str(r.tokens)]["max_regression_check"] = {
+            per[str(r.key)]["max_regression_check"] = {
                 "max_regression": check["max_regression"], "tuned_us": s["tuned_us"], "current_us": s["current_us"],
                 "ratio": s["ratio"], "ci": [s["ci_lo"], s["ci_hi"]], "current": s["current"],
                 "regressed": s["regressed"]}
@@ -110,7 +110,7 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
     (the file's path, else None). `extra`: more top-level fields for tune.json."""
     out_dir = safe_dir(out_dir)  # the files below it never through a link (moebench/util/safe_write.py)
     detail = {"layer": info, **(extra or {}), "results": [
-        {"tokens": r.tokens, "best": r.best, "best_us": _num(r.best_us),
+        {"tokens": r.tokens, "rows": r.key, "best": r.best, "best_us": _num(r.best_us),
          "speedup_vs_heuristic": _num(r.speedup("heuristic")), "speedup_vs_current": _num(r.speedup("current")),
          "timed": r.num_timed, "budget": r.budget, "rungs": r.rungs, "recheck_rel_err": _num(r.recheck_rel_err),
          "wall_s": _num(r.wall_s), "errors": r.errors,

@@ -166,13 +166,14 @@ def measure(c, entries: dict[int, dict], reps: int, device, max_regression: floa
     """Time each tuned entry ({token count: config}) against the layer's current config at
     that count, `reps` interleaved samples each, on combination `c` (plan.Combination) on
     `device`; the current config is looked up now (kernels/configs/, MOEBENCH_TRITON_CONFIG_DIR)."""
-    from moebench.tune.bench import LayerBench, baselines_of, dims_of
+    from moebench.tune.bench import LayerBench, baselines_of, dims_of, rows_of
 
     dims = dims_of(c.combo)
     layer = LayerBench(c, device)
     check = Check(max_regression=max_regression, reps=reps, timing="")
     for T in sorted(entries):
-        s = SizeCheck(tokens=T, tuned=dict(entries[T]), current=baselines_of(dims, c.combo["quant"], T)["current"])
+        rows = rows_of(c.combo, layer.shape, T)  # what the look-up keys on (simulate_rank: M)
+        s = SizeCheck(tokens=T, tuned=dict(entries[T]), current=baselines_of(dims, c.combo["quant"], rows)["current"])
         check.sizes.append(s)
         if s.same:
             log(f"tune check T={T}: the tuned config is the current one")

@@ -27,7 +27,7 @@ from moebench.kernels.triton.config import config_block_shape, config_dtype, VLL
 from moebench.tune import compile as tcompile
 from moebench.tune import files as tfiles
 from moebench.tune import strategy
-from moebench.tune.bench import baselines_of, dims_of
+from moebench.tune.bench import baselines_of, dims_of, rows_of
 from moebench.tune.space import config_key, prune, shared_limit_of, SPACES
 from moebench.tune.trials import Trial, TrialStore
 
@@ -65,6 +65,11 @@ class TuneArgs:
 class TokenResult:
     """One token count's outcome: µs are the experts phase's median."""
 
+    @property
+    def key(self) -> int:
+        """The table entry's token count: the rows the experts see."""
+        return self.rows or self.tokens
+
     tokens: int
     best: Optional[dict]
     best_us: float  # the winner's screening median (the baselines' are comparable)
@@ -74,6 +79,7 @@ class TokenResult:
     budget: int = 0
     rungs: list = field(default_factory=list)
     recheck_rel_err: float = float("nan")  # the winner on a second input
+    rows: int = 0  # rows entering the experts (simulate_rank: M); 0: tokens
     wall_s: float = float("nan")
     errors: dict = field(default_factory=dict)  # error kind -> count
 
@@ -220,7 +226,14 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
     target = tcompile.current_target() if layer is not None and device.type == "cuda" else None
     stats = tcompile.Stats()
     size = len(pruned.kept)
-    bases = {T: baselines_of(dims, c.combo["quant"], T) for T in tokens}
+    from moebench.measure.layer import layer_shape
+
+    # the rows entering the experts (simulate_rank: the emulated rank's M) key the table and the look-ups
+    rows = {T: rows_of(c.combo, layer_shape(c.combo), T) for T in tokens}
+    if any(rows[T] != T for T in tokens):
+        log("tune: backend.simulate_rank: the experts see " + ", ".join(f"{rows[T]} rows at {T}" for T in tokens)
+            + " tokens per rank; the table's entries are keyed by those rows")
+    bases = {T: baselines_of(dims, c.combo["quant"], rows[T]) for T in tokens}
     nbase = {T: len({config_key(b) for b in bases[T].values()}) for T in tokens}
     budgets = {T: strategy.budget_of(args.budget, size, nbase[T]) if args.search == "halving" else size + nbase[T]
                for T in tokens}
@@ -244,8 +257,9 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
             out = strategy.exhaustive(pruned.kept, m, base_cfgs, args.finalists)
         else:
             out = strategy.halving(pruned.kept, m, budgets[T], base_cfgs, finalists=args.finalists,
-                                   prior=bm_prior(dims.topk, c.combo["num_experts"], T))
-        res = TokenResult(tokens=T, best=out.best, best_us=float("nan"), num_timed=out.num_timed, budget=budgets[T],
+                                   prior=bm_prior(dims.topk, c.combo["num_experts"], rows[T]))
+        res = TokenResult(tokens=T, rows=rows[T], best=out.best, best_us=float("nan"), num_timed=out.num_timed,
+                          budget=budgets[T],
                           rungs=out.rungs)
         trials = {config_key(t.config): t for t in (m.store.get(m._key(cfg, "screen")) for cfg in out.order)}
         for name, cfg in base.items():
