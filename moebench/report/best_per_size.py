@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 # what must match for two rows to compete
-SETTING = ["model", "quant", "world_size", "simulate_ep", "routing", "timing_mode", "device"]
+SETTING = ["model", "quant", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
+           "routing_file_sha256", "routing_layer", "fill", "timing_mode", "device"]
 AXES = ["backend", "experts", "reduction", "overlap"]
 KNOBS = ["num_sms", "dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout", "row_layout"]
 KNOB_DEFAULTS = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto"}

@@ -43,9 +43,15 @@ OPTIONAL_NUMERIC = [c for c in schema.names(dtype="float") if c not in LATENCY_C
 COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model", "world_size"]
 # the other identity columns, shown where they vary within a run; "knobs" holds the tags of
 # the entries' knobs off their defaults (backend.num_sms=16 -> sms16), as the row stored them
-EXTRA_COMBO_COLUMNS = [c for c in SPEC_COLUMNS if c not in COMBO_COLUMNS] + ["timing_mode", "knobs"]
+# (the recording's path is not identity: its digest, routing_file_sha256, is)
+EXTRA_COMBO_COLUMNS = [c for c in SPEC_COLUMNS if c not in COMBO_COLUMNS and c != "routing_file"] + ["timing_mode",
+                                                                                                  "knobs"]
 # columns of a row, not of its combination (graph timing runs events above graph_max_tokens)
 PER_ROW_COLUMNS = ("timing_mode",)
+# what makes a workload: combinations that share these saw the same tokens, so only they
+# compete for "fastest" (the routing's keys and the emulated rank included)
+WORKLOAD_COLUMNS = ("model", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
+                    "routing_file_sha256", "routing_layer", "fill", "seed")
 # the model's sizes: shown only where they vary within one model
 MODEL_COLUMNS = ("hidden", "intermediate", "num_experts", "topk", "num_shared_experts", "shared_intermediate")
 SHORT_NAMES = {"world_size": "world", "simulate_ep": "sim_ep", "num_experts": "E",
@@ -145,10 +151,13 @@ def varying(df: pd.DataFrame, columns: list[str]) -> list[str]:
 
 
 def _by_model(df: pd.DataFrame, col: str) -> bool:
-    """Whether a MODEL_COLUMNS column takes one value per model (the model names it)."""
-    if col not in MODEL_COLUMNS or "model" not in df.columns:
+    """Whether a MODEL_COLUMNS column takes one value per model (the model names it), or
+    the recording's digest one per model and routing (each model replays its own)."""
+    keys = ["model"] if col in MODEL_COLUMNS else ["model", "routing"] if col == "routing_file_sha256" else None
+    if keys is None or any(k not in df.columns for k in keys):
         return False
-    return bool((df.groupby(df["model"].map(fmt_value))[col].agg(lambda s: s.map(fmt_value).nunique()) <= 1).all())
+    by = [df[k].map(fmt_value) for k in keys]
+    return bool((df.groupby(by)[col].agg(lambda s: s.map(fmt_value).nunique()) <= 1).all())
 
 
 def shown_varying(df: pd.DataFrame, columns: list[str]) -> list[str]:

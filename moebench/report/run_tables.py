@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.config import plugins
-from moebench.report.load import constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
+from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
 from moebench.report.table import md_escape, md_table, md_text  # noqa: F401  (tables' names, kept for callers)
 from moebench.results.row import STATUSES
 
@@ -97,8 +97,8 @@ def latency_table(df: pd.DataFrame) -> str:
     """Median latency (µs) with p20–p80 per combination (rows) x tokens_per_rank (cols).
 
     Non-ok rows show their status; combinations with no ok row are left out (the status
-    summary lists them). The fastest ok cell of each (model, world_size) group and token
-    count is bold.
+    summary lists them). The fastest ok cell of each workload (load.WORKLOAD_COLUMNS: the
+    model, world size, routing, ...) and token count is bold.
     """
     df = latest_rows(df)
     df = df[df["tokens_per_rank"].notna()]
@@ -115,7 +115,8 @@ def latency_table(df: pd.DataFrame) -> str:
     ok = df[df["status"] == "ok"]
     basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
-    best = gpu_ok.groupby(["model", "world_size", "tokens_per_rank"])["latency_us_median"].min()
+    work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
+    best = gpu_ok.groupby([*work, "tokens_per_rank"], dropna=False)["latency_us_median"].min()
     marked = False
     rows = []
     for key, g in df.groupby("combo_key", sort=False):
@@ -132,16 +133,17 @@ def latency_table(df: pd.DataFrame) -> str:
                                     r["latency_us_p80"])
                 if basis.get(r.name) == "host":
                     cell, marked = f"{cell} †", True
-                elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((r["model"], r["world_size"], t)):
+                elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((*(r[c] for c in work), t)):
                     cell = f"**{cell}**"
                 cells.append(cell)
         rows.append(combo_cells(g.iloc[0], cols) + cells)
     table = md_table(cols + [str(t) for t in tokens], rows,
                      ["l"] * len(cols) + ["r"] * len(tokens))
     text = caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
-                           "max over ranks; columns are tokens per rank; bold is the fastest "
-                           "per model and world size." + (" † host time (the host paced the samples; see "
-                                                          "Data quality), never ranked." if marked else ""))
+                       "max over ranks; columns are tokens per rank; bold is the fastest "
+                       "per workload (model, world size, routing)." + (" † host time (the host paced the samples; "
+                                                                        "see Data quality), never ranked." if marked
+                                                                        else ""))
     return f"{table}\n\n{text}{timing_note(df)}"
 
 

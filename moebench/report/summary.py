@@ -11,7 +11,7 @@ import pandas as pd
 
 from moebench.report.compare_tables import pair_names
 from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis, flag_summary, GPU, HOST, row_flags, run_notes
-from moebench.report.load import constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
+from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
 from moebench.report.table import Column, md_text, Table
 from moebench.report.run_tables import fmt_interval, fmt_mib, fmt_us, md_value
 from moebench.results.row import BAD_STATUSES
@@ -24,7 +24,7 @@ def _workloads(ok: pd.DataFrame) -> list[str]:
     """What a workload is here: the model, world size and simulate_ep, and every other
     identity column that is no axis (routing, seed, ...), so that the fastest is chosen
     among combinations that saw the same tokens."""
-    return [c for c in ("model", "world_size", "simulate_ep", "routing", "seed", "tokens_per_rank") if c in ok.columns]
+    return [c for c in (*WORKLOAD_COLUMNS, "tokens_per_rank") if c in ok.columns]
 
 
 def bases(ok: pd.DataFrame) -> pd.Series:

@@ -304,3 +304,42 @@ def test_a_replayed_sweep_stores_the_recordings_digest_window_and_source_and_the
     assert df.imbalance_experts.gt(1.0).all()
     text = write_report(out).read_text()
     assert "## Routing" in text and "synthetic: a test's ids" in text and digest[:12] in text
+
+
+@pytest.mark.multiprocess
+def test_a_recording_round_trips_from_the_capture_helper_through_a_sweep(tmp_path):
+    """capture helper -> file -> sweep -> rows with the file's digest and the recorded ids."""
+    from moebench.results.store import RunStore
+    from moebench.routing.capture import RoutingRecorder
+
+    class Router(torch.nn.Module):  # any module whose output gives the top-k: here (weights, ids)
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            return torch.topk(torch.softmax(self.lin(x), dim=-1), 2, dim=-1)
+
+    torch.manual_seed(0)
+    router, rec = Router(), RoutingRecorder()
+    with rec, torch.no_grad():
+        rec.attach(router, layer=3)
+        for _ in range(4):
+            router(torch.randn(40, 32))
+    path = str(tmp_path / "captured.npz")
+    digest = rec.save(path, num_experts=8, source="a test router")
+    recording = file.load(path, 3, num_experts=8, topk=2)
+    assert recording.tokens == 160 and recording.layers == (3,)
+    out = tmp_path / "r"
+    rc = cli.main(["sweep", "--out", str(out), "backend=local", "experts=torch", "reduction=experts", "overlap=none",
+                   "quant=bf16", "model=tiny", "workload.routing=replay", f"workload.routing_file={path}",
+                   "workload.routing_layer=3", "workload.tokens_per_rank=[32]", "runner.reps=2", "runner.warmup=0",
+                   "runner.phase_reps=1", "runner.memory=false"])
+    assert rc == 0
+    (row,) = RunStore(out).load().itertuples()
+    assert row.status == "ok" and row.routing_file_sha256 == digest and row.routing_layer == 3
+    assert row.routing_source == "a test router"
+    spec = RoutingSpec(name="replay", file=path, layer=3)
+    ids = make_routed(LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2), 32, spec, 0, 2, "cpu").inputs[2]
+    start = file.window_start(160, 0)
+    assert np.array_equal(ids.numpy(), recording.ids[(start + np.arange(32)) % 160])
