@@ -205,7 +205,17 @@ def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
              "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
              # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
              "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
+             # routing's kernels need a GPU and its recordings are the GPU models': torch experts, a tiny recording
+             "routing": ["experts=torch,torch_batched", "quant=bf16", f"workload.routing_file={tmp_path}/%model%.npz"],
              }.get(sweep, [])
+    if sweep == "routing":
+        import numpy as np
+
+        from moebench.routing import file
+
+        rng = np.random.default_rng(0)
+        file.write(str(tmp_path / "tiny.npz"), np.stack([rng.choice(8, 2, replace=False) for _ in range(64)]),
+                   num_experts=8, source="synthetic: the test's")
     run_dir, counts = execute(["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0",
                                "runner.phase_reps=1", "runner.memory=false", "runner.timing=events", *extra],
                               sweep, str(tmp_path / sweep), quiet=True, oversubscribe=sweep == "ep_scaling")
