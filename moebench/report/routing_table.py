@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moebench.report.load import PER_ROW_COLUMNS, WORKLOAD_COLUMNS, display_columns, latest_rows
+from moebench.report.load import WORKLOAD_COLUMNS, latest_rows
 from moebench.report.mdsafe import md_code
-from moebench.report.run_tables import caption, combo_cells
+from moebench.report.run_tables import caption, combo_cells, grid
 from moebench.report.table import md_table, md_text
 
 
@@ -35,12 +35,7 @@ def routing_table(df: pd.DataFrame) -> str:
     ok = df[(df["status"] == "ok") & df["imbalance_experts"].notna()]
     if not len(ok):
         return ""
-    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
-    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
-    rows = []
-    for _, g in ok.groupby("combo_key", sort=False):
-        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
-        rows.append((g.iloc[0], ["" if t not in by_t else _cell(by_t[t]) for t in tokens]))
+    tokens, cols, rows = grid(ok, _cell)
     # the implementations of one workload saw the same tokens: one line a workload where they agree
     work = [c for c in cols if c in WORKLOAD_COLUMNS]
     lines = {tuple(combo_cells(r, work)) + tuple(cells) for r, cells in rows} if work else set()

@@ -147,6 +147,19 @@ def latency_table(df: pd.DataFrame) -> str:
     return f"{table}\n\n{text}{timing_note(df)}"
 
 
+def grid(ok: pd.DataFrame, cell) -> tuple[list[int], list[str], list[tuple]]:
+    """A per-combination x tokens table's parts: (the token counts, the combination columns
+    shown, [(a combination's first row, its cells: `cell(row)` per token count, '' where it
+    has none)])."""
+    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
+    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
+    rows = []
+    for _, g in ok.groupby("combo_key", sort=False):
+        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        rows.append((g.iloc[0], ["" if t not in by_t else cell(by_t[t]) for t in tokens]))
+    return tokens, cols, rows
+
+
 def host_table(df: pd.DataFrame) -> str:
     """The host's time to enqueue one eager forward (µs, median of five, behind a busy GPU)
     per combination x tokens: a figure of its own beside the GPU time. An eager layer whose
@@ -155,16 +168,8 @@ def host_table(df: pd.DataFrame) -> str:
     ok = df[(df["status"] == "ok") & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
     if not len(ok):
         return ""
-    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
-    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
-    rows = []
-    for _, g in ok.groupby("combo_key", sort=False):
-        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
-        cells = []
-        for t in tokens:
-            r = by_t.get(t)
-            cells.append("" if r is None else f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}")
-        rows.append(combo_cells(g.iloc[0], cols) + cells)
+    tokens, cols, parts = grid(ok, lambda r: f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}")
+    rows = [combo_cells(first, cols) + cells for first, cells in parts]
     table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
     held = ok["host_paced_samples"].notna().all() if "host_paced_samples" in ok.columns else False
     how = ("the latency is the GPU's: each sample waited behind a hold until the host had enqueued it" if held else
