@@ -103,18 +103,11 @@ def route(spec: RoutingSpec, num_experts: int, topk: int, T: int, rank: int, sal
     raise ValueError(f"route() does not draw routing={spec.name!r}")
 
 
-def _pick_without(g, T: int, P: int, pool: torch.Tensor, taken: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[T, P] distinct picks per token, uniform over `pool` (ids), avoiding `taken` [T, *]."""
-    probs = torch.ones(T, pool.numel())
-    if taken is not None and taken.numel():
-        # taken ids that lie in the pool are not picked again
-        pos = torch.searchsorted(pool, taken.clamp(min=0))
-        hit = (pos < pool.numel()) & (pool[pos.clamp(max=pool.numel() - 1)] == taken)
-        rows = torch.arange(T).unsqueeze(1).expand_as(taken)
-        probs[rows[hit], pos[hit]] = 0.0
+def _pick_without(g, T: int, P: int, pool: torch.Tensor) -> torch.Tensor:
+    """[T, P] distinct picks per token, uniform over `pool` (ids)."""
     if P == 0:
         return torch.empty(T, 0, dtype=torch.int64)
-    return pool[torch.multinomial(probs, P, replacement=False, generator=g)]
+    return pool[torch.multinomial(torch.ones(T, pool.numel()), P, replacement=False, generator=g)]
 
 
 def _imbalanced_experts(E: int, P: int, T: int, R: float, hot: int, g) -> torch.Tensor:
