@@ -38,7 +38,7 @@ from moebench.report.load import fmt_value
 from moebench.report.mdsafe import md_text
 from moebench.util.safe_write import refuse_links, write_text
 from moebench.report.document import report_out
-from moebench.report.run_tables import md_table
+from moebench.report.table import md_table
 
 MIB = 2.0**20
 GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination

@@ -10,7 +10,8 @@ from moebench.report.flags import pair_flags
 from moebench.report.load import combo_labels, constant_caption, display_columns, fmt_value, PER_ROW_COLUMNS
 from moebench.report.stats import pct
 from moebench.report.table import Column, md_text, Table
-from moebench.report.run_tables import fmt_interval, fmt_mib, fmt_us, md_value
+from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
+from moebench.report.run_tables import md_value
 
 MARKS = {"slower": "+", "broken": "+", "skipped": "+", "faster": "-", "fixed": "-"}
 MINUS = "\u2212"

@@ -13,69 +13,11 @@ import pandas as pd
 
 from moebench.config import plugins
 from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
-from moebench.report.table import md_escape, md_table, md_text  # noqa: F401  (tables' names, kept for callers)
+from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
+from moebench.report.table import md_table, md_text
 from moebench.results.row import STATUSES
 
-MIB = 1024.0 * 1024.0
 MAX_REASON_CHARS = 160
-
-
-def fmt_us(x: float) -> str:
-    """A time in µs with ~4 significant digits (412.3, 41.23, 4.123); NaN as '-'."""
-    if x is None or not np.isfinite(x):
-        return "-"
-    if abs(x) >= 1000:
-        return f"{x:.0f}"
-    if abs(x) >= 100:
-        return f"{x:.1f}"
-    if abs(x) >= 10:
-        return f"{x:.2f}"
-    return f"{x:.3f}"
-
-
-def fmt_short(x: float) -> str:
-    """A bound of an interval, one digit less precise than fmt_us (405, 40.5, 4.05)."""
-    if x is None or not np.isfinite(x):
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
-
-
-def fmt_interval(median: float, p20: float, p80: float) -> str:
-    """'412.3 (405–420)': median with its p20–p80 interval, all in µs."""
-    if not np.isfinite(median):
-        return "-"
-    if not (np.isfinite(p20) and np.isfinite(p80)):
-        return fmt_us(median)
-    return f"{fmt_us(median)} ({fmt_short(p20)}–{fmt_short(p80)})"
-
-
-def fmt_mib(nbytes: float) -> str:
-    """Bytes as MiB (1 decimal above 100 MiB, 3 below 1 MiB, else 2); NaN as '-'."""
-    if nbytes is None or not np.isfinite(nbytes):
-        return "-"
-    mib = nbytes / MIB
-    return f"{mib:.1f}" if abs(mib) >= 100 else f"{mib:.2f}" if abs(mib) >= 1 else f"{mib:.3f}"
-
-
-def fmt_frac(x: float) -> str:
-    """A fraction in [0, 1] as a percentage; NaN as '-'."""
-    if x is None or not np.isfinite(x):
-        return "-"
-    return f"{100 * x:.0f}%"
-
-
-def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
-    """'31% [22–40]': a fraction with its interval in percent; without one (older rows,
-    too few samples) the fraction alone; NaN as '-'."""
-    if x is None or not np.isfinite(x):
-        return "-"
-    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
-        return fmt_frac(x)
-    return f"{fmt_frac(x)} [{100 * lo:.0f}–{100 * hi:.0f}]"
 
 
 def md_value(v) -> str:

@@ -13,7 +13,8 @@ from moebench.report.compare_tables import pair_names
 from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis, flag_summary, GPU, HOST, row_flags, run_notes
 from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
 from moebench.report.table import Column, md_text, Table
-from moebench.report.run_tables import fmt_interval, fmt_mib, fmt_us, md_value
+from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
+from moebench.report.run_tables import md_value
 from moebench.results.row import BAD_STATUSES
 
 BAD = BAD_STATUSES
