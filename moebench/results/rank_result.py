@@ -56,6 +56,16 @@ class RankResult:
     fill_rows: float = NAN
     fill_max: float = NAN
     fill_mean: float = NAN
+    # where the rank's time went (s; run/worker.py's Stopwatch): setup and start on a
+    # combination's first row only
+    harness_start_s: float = NAN
+    harness_setup_s: float = NAN
+    harness_check_s: float = NAN
+    harness_inputs_s: float = NAN
+    harness_timing_s: float = NAN
+    harness_memory_s: float = NAN
+    harness_trace_s: float = NAN
+    harness_total_s: float = NAN
     # traces (moebench/measure/capture.py)
     trace_path: str = ""
     trace_error: str = ""

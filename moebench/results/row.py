@@ -82,7 +82,7 @@ def _c(name, dtype, group, combine, doc) -> Column:
 
 
 GROUPS = ("identity", "provenance", "outcome", "latency", "host", "phase", "overlap", "trace",
-          "memory", "rate", "layout", "routing")
+          "memory", "rate", "layout", "routing", "harness")
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
 
 MEASURED: tuple[Column, ...] = (
@@ -170,6 +170,19 @@ MEASURED: tuple[Column, ...] = (
     _c("fill_rows", "float", "routing", MAX, "workload.fill: rows per expert the batched buffers held"),
     _c("fill_max", "float", "routing", MAX, "workload.fill: the busiest local expert's pairs / fill_rows"),
     _c("fill_mean", "float", "routing", MAX, "workload.fill: mean pairs per local expert / fill_rows"),
+    # where the sweep's time went (s, the slowest rank's; run/worker.py's Stopwatch; not a measurement)
+    _c("harness_start_s", "float", "harness", MAX, "the rank processes' start, imports and process group "
+       "(s): on the first row a process ran, 0 after it; NaN where not known"),
+    _c("harness_setup_s", "float", "harness", MAX, "the combination's setup: layer, weights, reference "
+       "weights (s); on its first token count's row, 0 on the others"),
+    _c("harness_check_s", "float", "harness", MAX, "the check against the float32 reference (s)"),
+    _c("harness_inputs_s", "float", "harness", MAX, "the timed inputs and their routing figures (s)"),
+    _c("harness_timing_s", "float", "harness", MAX, "host enqueue, warm-up, timed samples, phase and "
+       "ablation forwards (s)"),
+    _c("harness_memory_s", "float", "harness", MAX, "the memory forward (s)"),
+    _c("harness_trace_s", "float", "harness", MAX, "derived figures, traces and profiler phases (s)"),
+    _c("harness_total_s", "float", "harness", MAX, "the row's time on the rank, its setup and start "
+       "included (s)"),
 )
 
 

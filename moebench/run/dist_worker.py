@@ -158,7 +158,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
     from moebench.results.rank_result import Failure
     from moebench.results.store import LOST, RunStore
     from moebench.results.finished import write_finished
-    from moebench.run.worker import GroupNotFormed, is_oom, run_combination
+    from moebench.run.worker import GroupNotFormed, is_oom, process_age_s, run_combination
 
     store = RunStore(run_dir)
     try:
@@ -215,6 +215,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
 
     threading.Thread(target=watchdog, name="moebench-watchdog", daemon=True).start()
     baseline = memory.device_used_bytes(device)
+    start_s = process_age_s()  # this rank's start and group formation: the first combination's rows
     for i, (c, toks) in enumerate(work):
         with cur.lock:
             cur.idx, cur.results, cur.mine = i, {}, {}
@@ -222,7 +223,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
         mine, tokens = cur.mine, None
         try:
             for tokens, res in run_combination(Task(i, c.combo, tuple(toks)), env.rank, env.world_size, group,
-                                               device, run_dir, baseline):
+                                               device, run_dir, baseline, start_s if i == 0 else 0.0):
                 if res is None:
                     continue
                 mine[tokens] = res

@@ -239,10 +239,14 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
 def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm,
          already: int = 0) -> None:
     """Run the work here (one process group per family) or as SLURM jobs; count the rows."""
+    from moebench.run.harness_time import HarnessTally
+
     progress = _Progress(0 if quiet else len(work))
+    tally = HarnessTally()
 
     def on_finished(fin: Finished) -> None:
         rows = write_finished(store, fin, meta, lock)
+        tally.add(rows)
         counts.update(r["status"] for r in rows)
         _report(fin.combo.label, rows, progress, quiet)
         progress.update(fin.combo.label, counts)
@@ -253,6 +257,7 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
                 from moebench.run.slurm import run_jobs
 
                 for label, rows in run_jobs(work, store, meta, lock, slurm, should_stop=lambda: stop.requested):
+                    tally.add(rows)
                     counts.update(r["status"] for r in rows)
                     _report(label, rows, progress, quiet)
                     progress.update(label, counts)
@@ -269,6 +274,8 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
             progress.close()
     if progress.summary():
         log(progress.summary())
+    if tally.line():
+        log(tally.line())
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     stored = f", {already} row(s) already stored" if already else ""
     log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")

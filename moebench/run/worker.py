@@ -9,6 +9,7 @@ import errno
 import gc
 import os
 import signal
+import time
 import traceback
 from contextlib import nullcontext
 from typing import Iterator, Optional
@@ -45,11 +46,54 @@ def _under_nsys(combo) -> bool:
     return nsys_available()
 
 
+class Stopwatch:
+    """Where a rank's time goes (the `harness_*_s` columns of a row, results/row.py): `lap(name)`
+    adds the seconds since the previous lap to `name`. On a GPU each lap first waits for the
+    work enqueued so far, so GPU work is counted in the stage that enqueued it (the stages
+    end in a synchronisation of their own anyway: this changes no measurement)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.s: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.s[name] = self.s.get(name, 0.0) + now - self._t
+        self._t = now
+        return self.s[name]
+
+    def stamp(self, res: RankResult) -> RankResult:
+        """`res` with this token count's stages and its total (setup and start included)."""
+        res = dataclasses.replace(res)
+        for k, v in self.s.items():
+            setattr(res, f"harness_{k}_s", v)
+        before = sum(v for v in (res.harness_setup_s, res.harness_start_s) if v == v)  # NaN: unknown
+        res.harness_total_s = sum(self.s.values()) + before
+        return res
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc; NaN elsewhere): a rank's start,
+    imports and process group formation, read once it is ready for its first combination."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rpartition(")")[2].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return NAN
+
+
 def run_combination(task: Task, rank: int, world_size: int, group, device: torch.device, run_dir: str,
-                    baseline_used: Optional[int] = None) -> Iterator[tuple[int, Optional[RankResult]]]:
+                    baseline_used: Optional[int] = None,
+                    start_s: Optional[float] = None) -> Iterator[tuple[int, Optional[RankResult]]]:
     """For each token count of one combination, yield (tokens, None) when it starts and
-    (tokens, this rank's RankResult) when it is done."""
+    (tokens, this rank's RankResult) when it is done. The first row carries the combination's
+    setup time and `start_s` (the rank's start and group formation where this is the first
+    combination it runs, 0 after it; None: not known)."""
     combo = task.combo
+    clock = Stopwatch(device)
     _release_cached(device)  # a previous combination's cached blocks must not count as ours
     layer = build_layer(combo, rank, world_size, group, device)
     ctx, kernel = layer.ctx, layer.kernel
@@ -62,14 +106,17 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
     rec = make_recorder(device, nvtx=combo.trace in ("nvtx", "nsys"))
     under_nsys = _under_nsys(combo)
     spec = routing_spec(combo)
+    setup_s = clock.lap("setup")
 
     def route(T: int, salt: int):
         return make_routed(shape, T, spec, rank, salt, device, combo.simulate_rank)
 
     try:
-        for T in task.tokens:
+        for i, T in enumerate(task.tokens):
             yield T, None
-            res = RankResult(rank=rank)
+            clock = Stopwatch(device)
+            res = RankResult(rank=rank, harness_setup_s=setup_s if i == 0 else 0.0,
+                             harness_start_s=(NAN if start_s is None else start_s) if i == 0 else 0.0)
             # correct first: fresh random data, compared with the float32 reference
             try:
                 if combo.check:
@@ -80,17 +127,19 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                                      combo.memory_budget)
                     res = dataclasses.replace(res, rel_err=err)
                     del inputs
+                    clock.lap("check")
                     if why:
-                        yield T, dataclasses.replace(res, status="incorrect", reason=why)
+                        yield T, clock.stamp(dataclasses.replace(res, status="incorrect", reason=why))
                         continue
                 routed = route(T, 2)
                 inputs = routed.inputs
                 res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group,
                                                                 world_size))
                 kernel.clear_workspaces()
+                clock.lap("inputs")
                 with memory.capped(device, combo.memory_budget) as cap:
                     fields = _measure(task, kernel, layer, inputs, T, rank, world_size, sync, device, run_dir,
-                                      rec, under_nsys, setup_used, baseline_used)
+                                      rec, under_nsys, setup_used, baseline_used, clock)
             except torch.OutOfMemoryError as e:
                 if not combo.memory_budget or world_size > 1:
                     raise  # a real OOM: the whole process group goes (its peers wait in a collective)
@@ -99,12 +148,12 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                 _release_cached(device)
                 # torch's first line says what was allowed, allocated and reserved-but-unallocated
                 msg = str(e).splitlines()[0][:700]
-                yield T, dataclasses.replace(res, status="oom", reason=(
+                yield T, clock.stamp(dataclasses.replace(res, status="oom", reason=(
                     f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
-                    f"{T} tokens per rank (OutOfMemoryError: {msg})"))
+                    f"{T} tokens per rank (OutOfMemoryError: {msg})")))
                 continue
             fields["memory_cap_bytes"] = float(cap) if cap else float("nan")
-            yield T, dataclasses.replace(res, **fields)
+            yield T, clock.stamp(dataclasses.replace(res, **fields))
     finally:
         kernel.close()
 
@@ -171,8 +220,9 @@ def routing_fields(routed, combo, kernel, ep_size: int, group, world_size: int) 
 
 
 def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: int, sync, device, run_dir: str,
-             rec, under_nsys: bool, setup_used, baseline_used) -> dict:
-    """One token count's timed samples, phases, memory, derived figures and traces."""
+             rec, under_nsys: bool, setup_used, baseline_used, clock: Stopwatch) -> dict:
+    """One token count's timed samples, phases, memory, derived figures and traces (each
+    stage's seconds on `clock`)."""
     combo, shape, quant = task.combo, layer.ctx.shape, layer.ctx.quant
     x, w, ids = inputs
     fn = lambda: kernel(x, w, ids)
@@ -191,8 +241,10 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
               "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
               "host_paced_samples": timed.host_paced if device.type == "cuda" else NAN,
               "timing_note": note, **nsys_row}
+    clock.lap("timing")
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
+        clock.lap("trace")
     reserved = memory.reserved_peak_bytes(device, reserved_base)  # timed samples and phases
     if combo.memory:
         # x's rows, not T: simulate_rank runs the M tokens the emulated rank receives
@@ -201,6 +253,7 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
         reserved = max(reserved, memory.reserved_peak_bytes(device, reserved_base)) if reserved is not None else None
     if reserved is not None:
         fields["reserved_bytes_peak"] = float(reserved)
+    clock.lap("memory")
     fields.update(derived_figures(routing_counts(kernel, x, w, ids), fields["phases_us"], shape.hidden,
                                   shape.intermediate, layer.weights.nbytes_per_expert(), quant.act_bytes,
                                   combo.overlap))
@@ -208,6 +261,7 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
         fields.update(capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs,
                                     world_size=world_size))
     fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
+    clock.lap("trace")
     return fields
 
 
@@ -291,6 +345,7 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
                                max((t.combo.startup_timeout_s for t in tasks), default=30.0))
         baseline = memory.device_used_bytes(device)
         backends = set()
+        start_s: Optional[float] = process_age_s()  # the first combination's rows carry it
         for task in tasks:
             idx, tokens = task.idx, None
             backends.add(task.combo.backend)
@@ -299,9 +354,11 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
             from moebench.traces.nvtx import combo_range
 
             with combo_range(task.key) if marked else nullcontext():
-                for tokens, res in run_combination(task, rank, world_size, group, device, run_dir, baseline):
+                for tokens, res in run_combination(task, rank, world_size, group, device, run_dir, baseline,
+                                                   start_s):
                     if res is not None:
                         queue.put(Result(idx, rank, tokens, res))
+            start_s = 0.0
             queue.put(Done(idx, rank))
             tokens = None
         if group is not None:
