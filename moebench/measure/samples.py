@@ -13,6 +13,7 @@ from moebench.measure import memory, timing
 from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
 from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
+from moebench.measure.workload import cached_reference
 
 
 def all_max(value: float, group, device) -> float:
@@ -64,13 +65,15 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
 
 
 def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device,
-          budget_bytes: int = 0) -> tuple[float, str]:
+          budget_bytes: int = 0, ref_key: Optional[tuple] = None) -> tuple[float, str]:
     """(rel_err, reason): the layer's output against the float32 reference on `inputs`, the
     max over ranks; reason is empty when within the quant's tolerance. The reference is
     computed first, outside runner.memory_budget's cap (`budget_bytes`): the layer's forward
-    runs under it."""
+    runs under it. `ref_key` names the workload the inputs and weights were drawn for: its
+    reference is computed once per process (workload.cached_reference)."""
     x, w, ids = inputs
-    ref = reference_moe(x, w, ids, ref_weights, kept, shared_ref)
+    compute = lambda: reference_moe(x, w, ids, ref_weights, kept, shared_ref)
+    ref = compute() if ref_key is None else cached_reference(ref_key, compute, device)
     kernel.clear_workspaces()  # allocated under the cap, as in the forwards measured after it
     with memory.capped(device, budget_bytes):
         y = kernel(x, w, ids)

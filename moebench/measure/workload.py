@@ -5,8 +5,10 @@ Legend: T tokens, P top-k, K hidden, I intermediate, N = 2I, E experts, S shared
 """
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -134,9 +136,59 @@ def _one_rank(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, 
     return x, w.float(), ids, where
 
 
+class _Kept:
+    """Tensors kept on the CPU by key, the least recently used dropped first once they hold
+    more than `max_bytes` (the newest always stays)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.items: "OrderedDict[tuple, tuple[Any, int]]" = OrderedDict()
+
+    def get(self, key: tuple, make: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
+        hit = self.items.pop(key, None)
+        if hit is None:
+            value = make()
+            hit = (value, nbytes(value))
+        self.items[key] = hit
+        while len(self.items) > 1 and sum(n for _, n in self.items.values()) > self.max_bytes:
+            self.items.popitem(last=False)
+        return hit[0]
+
+
+# A rank process runs a family of combinations, many of them over one workload: their inputs
+# and float32 references are the same draws and sums, so each is made once and kept, on the CPU
+# (never counted in a row's device memory), for the combinations after it (issue #33).
+_routed = _Kept(2 << 30)
+_references = _Kept(4 << 30)
+
+
+def _nbytes(*ts: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _to(t: torch.Tensor, device) -> torch.Tensor:
+    return t.to(device, copy=True)  # a copy, also on the CPU: the kept one stays as drawn
+
+
 def make_routed(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, device,
                 simulate_rank: str = "") -> Routed:
-    """Rank `rank`'s T tokens as `spec` routes them. With `simulate_rank` (one GPU,
+    """Rank `rank`'s T tokens as `spec` routes them (`_draw`), on `device`: drawn once per
+    process and kept for the next combinations of the same workload."""
+    kept = _routed.get((shape, T, spec, rank, salt, simulate_rank),
+                       lambda: _draw(shape, T, spec, rank, salt, simulate_rank), lambda r: _nbytes(*r.inputs))
+    return dataclasses.replace(kept, inputs=tuple(_to(t, device) for t in kept.inputs))
+
+
+def cached_reference(key: tuple, compute: Callable[[], torch.Tensor], device) -> torch.Tensor:
+    """The float32 reference output of `key` (a workload: shape, quant, seed, tokens, routing,
+    rank, salt, kept experts, shared experts), computed once per process and kept on the CPU;
+    on `device`, a copy."""
+    return _to(_references.get(key, lambda: compute().cpu(), _nbytes), device)
+
+
+def _draw(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int,
+          simulate_rank: str = "") -> Routed:
+    """Rank `rank`'s T tokens as `spec` routes them, on the CPU. With `simulate_rank` (one GPU,
     simulate_ep=N): every one of the N ranks routes T tokens, and the inputs are the tokens
     rank K (or the hottest) receives from all of them, ids renamed so its experts are the
     layer's 0 .. E/N-1 (generate.rotate)."""
@@ -148,8 +200,7 @@ def make_routed(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int
     E = shape.num_experts
     if not simulate_rank:
         x, w, ids, where = _one_rank(shape, T, spec, rank, salt, recording)
-        return Routed((x.to(device), w.to(device), ids.to(torch.int64).to(device)), generate.expert_pairs(ids, E),
-                      where)
+        return Routed((x, w, ids.to(torch.int64)), generate.expert_pairs(ids, E), where)
     N = spec.ep_size
     parts = [_one_rank(shape, T, spec, r, salt, recording) for r in range(N)]
     ids_all = torch.cat([p[2] for p in parts])
@@ -163,5 +214,4 @@ def make_routed(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int
         from moebench.routing.file import window as span
 
         window = span(recording, N * T, 0, spec.seed)[1]
-    return Routed((x.to(device), w.to(device), ids.to(device)), generate.expert_pairs(ids_all, E), window, k,
-                  int(rows.numel()))
+    return Routed((x, w, ids), generate.expert_pairs(ids_all, E), window, k, int(rows.numel()))

@@ -123,8 +123,10 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                     checked = route(T, 1)
                     inputs = checked.inputs
                     _fill(kernel, combo, checked, group, world_size)
+                    ref_key = (shape, quant, seed, T, spec, rank, 1, combo.simulate_rank,
+                               (kept.start, kept.stop) if kept is not None else None, shared_ref is not None)
                     err, why = check(kernel, inputs, ref_weights, kept, shared_ref, quant.name, group, device,
-                                     combo.memory_budget)
+                                     combo.memory_budget, ref_key)
                     res = dataclasses.replace(res, rel_err=err)
                     del inputs
                     clock.lap("check")
