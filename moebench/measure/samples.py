@@ -137,22 +137,26 @@ class Timed:
 
 
 def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool,
-               hold_us: Optional[float] = None) -> Timed:
+               hold_us: Optional[float] = None, lap: Callable[[str], object] = lambda stage: None) -> Timed:
     """The layer's samples and, for the ablation, those of the layer without its shared
     experts and of the shared experts alone, interleaved; then the phase samples. On a GPU
     every sample waits behind a hold sized from `hold_us`, the host's enqueue time of one
     eager forward (timing.time_interleaved), graph replays too, so that both see the GPU
-    busy alike."""
+    busy alike. `lap(stage)` marks the ends of the probe, the timed samples and the phases (the
+    worker's Stopwatch)."""
     x, w, ids = inputs
     fn = lambda: kernel(x, w, ids)
     fns = [fn]
     if kernel.shared is not None:
         fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]
     lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
+    lap("probe")
     timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,
                                     align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree,
                                     hold_us=hold_us)
+    lap("timing")
     phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else {}
+    lap("phases")
     shared = kernel.shared is not None
     return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases,
                  timed[0].host_paced)

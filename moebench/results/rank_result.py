@@ -62,7 +62,9 @@ class RankResult:
     harness_setup_s: float = NAN
     harness_check_s: float = NAN
     harness_inputs_s: float = NAN
+    harness_probe_s: float = NAN
     harness_timing_s: float = NAN
+    harness_phases_s: float = NAN
     harness_memory_s: float = NAN
     harness_trace_s: float = NAN
     harness_total_s: float = NAN

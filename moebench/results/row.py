@@ -177,8 +177,10 @@ MEASURED: tuple[Column, ...] = (
        "weights (s); on its first token count's row, 0 on the others"),
     _c("harness_check_s", "float", "harness", MAX, "the check against the float32 reference (s)"),
     _c("harness_inputs_s", "float", "harness", MAX, "the timed inputs and their routing figures (s)"),
-    _c("harness_timing_s", "float", "harness", MAX, "host enqueue, warm-up, timed samples, phase and "
-       "ablation forwards (s)"),
+    _c("harness_probe_s", "float", "harness", MAX, "the host-enqueue and phase-hold probes (s)"),
+    _c("harness_timing_s", "float", "harness", MAX, "warm-up and the timed samples, the ablation's "
+       "interleaved (s)"),
+    _c("harness_phases_s", "float", "harness", MAX, "the phase forwards (s)"),
     _c("harness_memory_s", "float", "harness", MAX, "the memory forward (s)"),
     _c("harness_trace_s", "float", "harness", MAX, "derived figures, traces and profiler phases (s)"),
     _c("harness_total_s", "float", "harness", MAX, "the row's time on the rank, its setup and start "

@@ -8,8 +8,8 @@ import time
 
 # stage column -> what the line calls it, in the order a row's time is spent
 STAGES = (("harness_start_s", "rank starts"), ("harness_setup_s", "setup"), ("harness_check_s", "checks"),
-          ("harness_inputs_s", "inputs"), ("harness_timing_s", "timing"), ("harness_memory_s", "memory"),
-          ("harness_trace_s", "traces"))
+          ("harness_inputs_s", "inputs"), ("harness_probe_s", "probes"), ("harness_timing_s", "timing"),
+          ("harness_phases_s", "phases"), ("harness_memory_s", "memory"), ("harness_trace_s", "traces"))
 
 
 class HarnessTally:

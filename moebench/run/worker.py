@@ -231,8 +231,10 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     mode, note = timing_mode(combo, T), timing_note(combo, T)
     reserved_base = memory.region_start(device)
     host_us = host_enqueue(kernel, inputs, device)
+    clock.lap("probe")
     with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
-        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us)
+        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us,
+                           lap=clock.lap)
     if device.type == "cuda":
         paced = paced_mode(mode, host_us, timed.host_paced, len(timed.samples_us))
         if paced != mode:
@@ -243,7 +245,6 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
               "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
               "host_paced_samples": timed.host_paced if device.type == "cuda" else NAN,
               "timing_note": note, **nsys_row}
-    clock.lap("timing")
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
         clock.lap("trace")

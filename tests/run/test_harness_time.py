@@ -53,6 +53,7 @@ def test_each_row_of_a_combination_says_where_its_time_went(tmp_path):
         stages = [getattr(r, col) for col, _ in STAGES]
         assert all(v >= 0 for v in stages), stages
         assert r.harness_check_s > 0 and r.harness_timing_s > 0  # runner.check and the samples ran
+        assert r.harness_phases_s > 0 and r.harness_probe_s >= 0  # the phase forwards; no probe on the CPU
         assert r.harness_total_s == pytest.approx(sum(stages))
     # the timed samples happen inside the timing stage
     assert sum(second.samples_us) * 1e-6 <= second.harness_timing_s
