@@ -114,3 +114,20 @@ def test_contiguous_gemm_benchmark_runs_through_the_interpreter(tmp_path):
         pairs = {round(r["tflops"] * r["us"] * 1e6 / (2 * 256 * (256 if r["gemm"] == "gate_up" else 128)), 6)
                  for r in rows}
         assert len(pairs) == 1 and next(iter(pairs)).is_integer() and 1 <= next(iter(pairs)) <= 32, pairs
+
+
+def test_host_enqueue_script_refuses_bad_input_and_writes_its_table():
+    import host_enqueue as he
+
+    assert he.main(["--cases", "nope"]) == 2
+    assert he.main(["--profile", "nope"]) == 2
+    rows = [{"case": "qwen3_bf16_triton_32", "tokens": 32, "kernels": 9, "copies": 1, "host_us": 280.0,
+             "gpu_us": 282.5, "gpu_timing": "graph", "host_over_gpu": 0.99},
+            {"case": "dsv3_ep8_bf16_triton_4096", "tokens": 4096, "kernels": 12, "copies": 0, "host_us": 410.0,
+             "gpu_us": 1951.0, "gpu_timing": "graph", "host_over_gpu": 0.21},
+            {"case": "qwen3_fp8_deepgemm_1024", "tokens": 1024, "skipped": "deep_gemm not installed"}]
+    text = he.table(rows).splitlines()
+    assert text[2] == "| qwen3_bf16_triton_32 | 32 | 9 (+1 copies) | 280 | 282.5 (graph) | 0.99 | 498, 282, 14 |"
+    assert "| 410 ✗ |" in text[3]  # a triton path over the issue's 300 µs
+    assert "skipped: deep_gemm not installed" in text[4]
+    assert set(he.ISSUE_34) == set(he.CASES)

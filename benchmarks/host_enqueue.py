@@ -1,0 +1,215 @@
+"""The host's side of one eager forward (issue #34): per case, the kernels one forward
+launches, the host's time to enqueue it while the GPU is busy, beside the GPU's time of the
+same forward, and with --profile where the host's time goes, function by function.
+
+Cases: the issue's table (backend=local reduction=experts, uniform routing) and, with
+--default, every local combination of the default sweep at its token counts.
+
+  kernels       CUDA kernels (and memcpy / memset) one eager forward launches (torch profiler)
+  host_us       timing.host_enqueue_us: the host's time to call the forward behind 20 ms of
+                queued GPU work (no launch waits), the median of --tries
+  gpu_us        the median of --reps CUDA-graph replays, L2 flushed, each held as a row's are
+                (timing.time_samples, graph=True); the eager forward's own GPU time where the
+                layer cannot be captured (events)
+  gpu_busy_us   the union of one eager forward's kernel intervals (torch profiler)
+  host/gpu      host_us / gpu_us: above 1, an eager forward leaves the GPU idle
+
+    python benchmarks/host_enqueue.py [--default] [--cases a,b] [--reps 30] [--json OUT.json]
+    python benchmarks/host_enqueue.py --profile qwen3_bf16_32 [--calls 200]   # cProfile of the enqueue
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+from pathlib import Path
+
+LOCAL = ["backend=local", "reduction=experts", "overlap=none", "workload.routing=uniform"]
+QWEN3, DSV3_EP8 = ["model=qwen3_30b_a3b"], ["model=deepseek_v3", "backend.simulate_ep=8"]
+CASES = {  # name -> (overrides, tokens): the issue's table, measured at f9a2356
+    "qwen3_bf16_triton_32": (LOCAL + QWEN3 + ["quant=bf16", "experts=triton"], 32),
+    "qwen3_fp8_triton_1024": (LOCAL + QWEN3 + ["quant=fp8_block", "experts=triton"], 1024),
+    "qwen3_fp8_deepgemm_1024": (LOCAL + QWEN3 + ["quant=fp8_block", "experts=deepgemm"], 1024),
+    "dsv3_ep8_fp8_triton_2048": (LOCAL + DSV3_EP8 + ["quant=fp8_block", "experts=triton"], 2048),
+    "dsv3_ep8_bf16_triton_4096": (LOCAL + DSV3_EP8 + ["quant=bf16", "experts=triton"], 4096),
+}
+ISSUE_34 = {  # the issue's "before" (host enqueue µs, GPU µs, kernels), for the table's last columns
+    "qwen3_bf16_triton_32": (498, 282, 14), "qwen3_fp8_triton_1024": (628, 301, 15),
+    "qwen3_fp8_deepgemm_1024": (736, 275, 15), "dsv3_ep8_fp8_triton_2048": (919, 852, 21),
+    "dsv3_ep8_bf16_triton_4096": (1401, 1951, 21),
+}
+TARGET_US = 300.0  # the issue's bound on the triton paths' host enqueue
+
+
+def default_cases() -> dict:
+    """The default sweep's local combinations this machine can run, one case per token count."""
+    from moebench.run.plan import plan
+
+    combos, _ = plan([], None)
+    out = {}
+    for c in combos:
+        if c.reason or c.combo.backend not in ("local", "local_batched"):
+            continue
+        for t in c.tokens:
+            if t not in c.token_reasons:
+                out[f"{c.label}@{t}"] = (list(c.overrides), t)
+    return out
+
+
+def count_kernels(fn, device) -> dict:
+    """Kernels, memcpys and memsets one call of fn launches (torch profiler's CUDA events)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    copies = sum(1 for n in names if n.lower().startswith(("memcpy", "memset")))
+    return {"kernels": len(names) - copies, "copies": copies,
+            "kernel_names": sorted(set(n for n in names if not n.lower().startswith(("memcpy", "memset"))))}
+
+
+def build(overrides: list[str], tokens: int):
+    """(combination, layer, the forward's callable) as a rank builds them, or (combination, None, None)."""
+    import torch
+
+    from moebench.measure.layer import build_layer
+    from moebench.measure.workload import make_routed, routing_spec
+    from moebench.run.plan import plan
+
+    (c,), _ = plan([*overrides, "runner.device=cuda", f"workload.tokens_per_rank=[{tokens}]"], None)
+    if c.reason or tokens in c.token_reasons:
+        return c, None, None
+    device = torch.device("cuda", torch.cuda.current_device())
+    layer = build_layer(c.combo, 0, 1, None, device)
+    x, w, ids = make_routed(layer.ctx.shape, tokens, routing_spec(c.combo), 0, 2, device, c.combo.simulate_rank).inputs
+    return c, layer, lambda: layer.kernel(x, w, ids)
+
+
+def measure(name: str, overrides: list[str], tokens: int, reps: int, tries: int) -> dict:
+    import torch
+    from timing_modes import gpu_busy_us  # benchmarks/timing_modes.py (on sys.path: main)
+
+    from moebench.config.validity import auto_events
+    from moebench.measure import timing
+
+    c, layer, fn = build(overrides, tokens)
+    if layer is None:
+        return {"case": name, "tokens": tokens, "skipped": c.reason or c.token_reasons[tokens]}
+    device = torch.device("cuda", torch.cuda.current_device())
+    out = {"case": name, "tokens": tokens, "label": c.label, **count_kernels(fn, device)}
+    out["host_us"] = timing.host_enqueue_us(fn, device, tries=tries)
+    graph = auto_events(c.combo) is None
+    s = timing.time_samples(fn, device, reps, 5, flush=timing.L2Flusher(device), graph=graph, warmup_ms=200,
+                            hold_us=out["host_us"])
+    out.update(gpu_us=s.median, gpu_p80_p20=s.p80 / s.p20, gpu_timing="graph" if graph else "events",
+               gpu_busy_us=gpu_busy_us(fn, device))
+    out["host_over_gpu"] = out["host_us"] / out["gpu_us"]
+    layer.kernel.close()
+    return out
+
+
+def profile_enqueue(name: str, overrides: list[str], tokens: int, calls: int, top: int) -> str:
+    """cProfile of `calls` eager forwards' enqueue (the GPU kept busy ahead of them), the
+    functions with the most own time: where the host's microseconds go."""
+    import torch
+
+    from moebench.measure import timing
+
+    c, layer, fn = build(overrides, tokens)
+    if layer is None:
+        return f"{name}: skipped: {c.reason or c.token_reasons[tokens]}"
+    device = torch.device("cuda", torch.cuda.current_device())
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize(device)
+    cyc = timing._cycles_per_us(device)
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda._sleep(int(5_000 * cyc))  # the GPU busy: no launch waits for it
+        prof.enable()
+        fn()
+        prof.disable()
+        torch.cuda.synchronize(device)
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    total_us = stats.total_tt / calls * 1e6
+    buf.write(f"{name} ({c.label}, {tokens} tokens): {total_us:.0f} µs a forward under cProfile "
+              f"(its own overhead included), {calls} forwards; by own time:\n")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    layer.kernel.close()
+    return buf.getvalue()
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as Markdown, with the issue's "before" where the case is one of its table's."""
+    lines = ["| case | tokens | kernels | host enqueue µs | GPU µs | host / GPU "
+             "| issue #34 before: host, GPU, kernels |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['case']} | {r['tokens']} | skipped: {r['skipped'][:80]} | | | | |")
+            continue
+        before = ISSUE_34.get(r["case"])
+        mark = " ✗" if "triton" in r["case"] and r["host_us"] > TARGET_US else ""
+        lines.append(f"| {r['case']} | {r['tokens']} | {r['kernels']} (+{r['copies']} copies) | "
+                     f"{r['host_us']:.0f}{mark} | {r['gpu_us']:.1f} ({r['gpu_timing']}) | {r['host_over_gpu']:.2f} | "
+                     + (f"{before[0]}, {before[1]}, {before[2]}" if before else "") + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated names (default: the issue's table)")
+    ap.add_argument("--default", action="store_true", help="also every local combination of the default sweep")
+    ap.add_argument("--reps", type=int, default=30, help="graph replays (or held eager samples) for the GPU time")
+    ap.add_argument("--tries", type=int, default=21, help="calls timed for the host enqueue (median)")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--profile", metavar="CASE", help="instead: cProfile the enqueue of this case")
+    ap.add_argument("--calls", type=int, default=200, help="forwards profiled (--profile)")
+    ap.add_argument("--top", type=int, default=30, help="functions listed (--profile)")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.cases.split(",") if n and n not in CASES]
+    if unknown:
+        print(f"host_enqueue: unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    if args.profile and args.profile not in CASES:
+        print(f"host_enqueue: unknown case {args.profile!r} for --profile; cases: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    cases = {n: CASES[n] for n in args.cases.split(",") if n}
+    import torch
+
+    if not torch.cuda.is_available():
+        print("host_enqueue: needs a CUDA GPU (the enqueue is the host's side of GPU launches)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.profile:
+        overrides, tokens = CASES[args.profile]
+        print(profile_enqueue(args.profile, overrides, tokens, args.calls, args.top))
+        return 0
+    if args.default:
+        cases.update(default_cases())
+    rows = []
+    for name, (overrides, tokens) in cases.items():
+        rows.append(measure(name, overrides, tokens, args.reps, args.tries))
+        r = rows[-1]
+        print(f"  {name}: " + (f"skipped ({r['skipped'][:60]})" if "skipped" in r else
+                               f"{r['kernels']} kernels, host {r['host_us']:.0f} µs, GPU {r['gpu_us']:.1f} µs"),
+              file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    over = [r["case"] for r in rows if "triton" in r["case"] and r.get("host_us", 0) > TARGET_US]
+    if over:
+        print(f"\n{len(over)} triton case(s) over {TARGET_US:.0f} µs of host enqueue: {', '.join(over)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
