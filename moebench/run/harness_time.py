@@ -29,7 +29,8 @@ class HarnessTally:
             for col in self.stages:
                 v = r.get(col, math.nan)
                 self.stages[col] += v if math.isfinite(v) else 0.0
-            self.samples_s += sum(r.get("samples_us") or ()) * 1e-6
+            samples = r.get("samples_us")  # a list, or a NumPy array where rows were read back (SLURM)
+            self.samples_s += float(sum(samples if samples is not None else ())) * 1e-6
 
     def line(self) -> str:
         """'moebench: 165 s wall: rank starts 20 s, setup 40 s, ... timing 60 s (timed samples

@@ -78,8 +78,11 @@ def test_the_sweep_line_sums_the_rows_and_names_the_share_of_timed_samples(monke
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     tally = HarnessTally()
     assert tally.line() == ""  # nothing measured: no line
+    import numpy as np
+
     tally.add([_row(6.0, [500_000.0, 500_000.0], harness_start_s=2.0, harness_setup_s=1.0, harness_timing_s=3.0),
-               _row(3.0, [1_000_000.0], harness_check_s=1.0, harness_timing_s=2.0),
+               # rows read back from a SLURM job's files hold their samples as NumPy arrays
+               {**_row(3.0, harness_check_s=1.0, harness_timing_s=2.0), "samples_us": np.array([250_000.0, 750_000.0])},
                {"status": "skipped", "harness_total_s": float("nan")}])  # a skipped row: not counted
     now[0] += 10.0
     line = tally.line()
