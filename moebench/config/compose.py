@@ -262,7 +262,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
     from moebench.kernels import registry
 
     b, m, r, w = cfg["backend"], cfg["model"], cfg["runner"], cfg["workload"]
-    single = registry.get_backend(b["name"]).single_rank if b["name"] in registry.BACKENDS else False
+    single = registry.entry("backend", b["name"]).single_rank if b["name"] in registry.BACKENDS else False
     declared = set()
     for kind, name in (("backend", b["name"]), ("experts", cfg["experts"]["name"])):
         table = registry.BACKENDS if kind == "backend" else registry.EXPERTS

@@ -290,4 +290,4 @@ class Combination:
         from moebench.kernels import registry
 
         c = self.combo
-        return (c.world_size, c.device, *registry.get_backend(c.backend).process_group_family(c))
+        return (c.world_size, c.device, *registry.entry("backend", c.backend).process_group_family(c))
