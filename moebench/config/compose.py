@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from moebench.config import paths
+from moebench.config.device import resolve_device
 from moebench.config.schema import group_schemas, GROUPS, register_schemas
 from moebench.config.spec import Combo, knob_meta
 
@@ -244,14 +245,6 @@ def _check_routing(cfg: dict) -> None:
         if rank.isdigit() and int(rank) >= b["simulate_ep"]:
             raise ValueError(f"backend.simulate_rank={rank} is not a rank of EP-{b['simulate_ep']} "
                              f"(0 .. {b['simulate_ep'] - 1})")
-
-
-def resolve_device(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:

@@ -8,6 +8,7 @@ import os
 from typing import Optional
 
 from moebench.config.compose import check_values, compose_config, rename, set_knobs, to_combo
+from moebench.config.device import cuda_available, cuda_device_count
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
 from moebench.config.validity import validate, validate_tokens
@@ -15,9 +16,7 @@ from moebench.config.validity import validate, validate_tokens
 
 def _ranks_available(device: str) -> int:
     if device == "cuda":
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cuda_device_count()  # no torch import on a machine that certainly has no GPU
     return os.cpu_count() or 1
 
 
@@ -30,11 +29,12 @@ def check_machine(combos: list[Combination], explicit_world_size: bool, oversubs
     live = [c for c in combos if not c.reason]
     cuda = [c for c in live if c.combo.device == "cuda"]
     if cuda:
-        import torch
-
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise ValueError("runner.device=cuda but no CUDA GPU is visible: use runner.device=cpu or auto")
         carveout = max(c.combo.shared_sm_carveout for c in cuda)
+        if carveout:
+            import torch
+
         sms = torch.cuda.get_device_properties(0).multi_processor_count if carveout else 0
         if carveout and carveout >= sms:
             raise ValueError(f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: "

@@ -97,7 +97,15 @@ def test_default_sweep_on_cpu_counts():
     assert len(valid) - triton_valid == 72
 
 
+def fake_gpu_machine(monkeypatch) -> None:
+    """A machine with GPU device nodes (moebench/config/device.py asks torch then)."""
+    from moebench.config import device
+
+    monkeypatch.setattr(device, "no_gpu_for_certain", lambda: False)
+
+
 def test_world_size_beyond_the_gpus_is_refused_with_the_numbers(monkeypatch):
+    fake_gpu_machine(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"runner.world_size=4 needs 4 GPUs .* has 2"):
@@ -240,6 +248,7 @@ def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
 def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
     class Props:
         multi_processor_count = 132
+    fake_gpu_machine(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
