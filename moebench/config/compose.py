@@ -217,11 +217,13 @@ def _check_routing(cfg: dict) -> None:
     """The routing keys of a composed config (routing/generate.py, routing/file.py): a
     recording that cannot be replayed on this model, an imbalance out of reach, a fill outside
     (0, 1], a simulate_rank without simulate_ep."""
-    from moebench.routing import file, generate
+    from moebench.routing import rules
 
     w, m, b = cfg["workload"], cfg["model"], cfg["backend"]
     routing = w["routing"]
     if routing == "replay":
+        from moebench.routing import file  # numpy: only where a recording is read
+
         if not w["routing_file"]:
             raise ValueError("workload.routing=replay needs workload.routing_file=PATH (a recording, .npz: "
                              "docs/routing.md)")
@@ -230,8 +232,8 @@ def _check_routing(cfg: dict) -> None:
     # other routings leave routing_file and routing_layer out of the combination (to_combo): a
     # sweep crossing routings names the recording once, for its replay rows
     # EP-N's own limits (imbalanced_ranks) are validity.py's: a sweep may cross backends
-    spec = generate.RoutingSpec(name=routing, imbalance=float(w["imbalance"]), ep_size=1)
-    why = generate.check(spec, m["num_experts"], m["topk"])
+    spec = rules.RoutingSpec(name=routing, imbalance=float(w["imbalance"]), ep_size=1)
+    why = rules.check(spec, m["num_experts"], m["topk"])
     if why:
         raise ValueError(why)
     if not 0.0 <= w["fill"] <= 1.0:

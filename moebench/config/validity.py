@@ -50,7 +50,7 @@ def validate(combo: Combo) -> Optional[str]:
         if ep < 2:
             return ("workload.routing=imbalanced_ranks loads one EP rank's experts: it needs an EP split "
                     "(an EP backend, or backend.simulate_ep=N on one GPU)")
-        from moebench.routing.generate import RoutingSpec, check
+        from moebench.routing.rules import RoutingSpec, check
 
         why = check(RoutingSpec(name=combo.routing, imbalance=combo.imbalance, ep_size=ep), E, combo.topk)
         if why:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from typing import Optional
 
 from moebench.config.compose import check_values, compose_config, rename, set_knobs, to_combo
@@ -108,6 +109,21 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
     if this_machine:
         check_machine(combos, explicit_ws, oversubscribe)
     return combos, sweep_data
+
+
+def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
+    """(count, text) per reason, most frequent first; reasons that share their head (the
+    text before the first ':', e.g. 'layouts differ') are one group: its most frequent
+    reason as the example and how many variants it has."""
+    groups: dict[str, Counter] = {}
+    for r in reasons:
+        groups.setdefault(r.split(":")[0] if ":" in r else r, Counter())[r] += 1
+    out = []
+    for variants in groups.values():
+        example, _ = variants.most_common(1)[0]
+        more = f" (and {len(variants) - 1} more like it)" if len(variants) > 1 else ""
+        out.append((sum(variants.values()), f"{example}{more}"))
+    return sorted(out, key=lambda x: (-x[0], x[1]))
 
 
 def run_name(sweep_name: str, cli_overrides: list[str]) -> str:
