@@ -21,7 +21,6 @@ from moebench.results.store import RunStore
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
-from moebench.run.launch import Launcher
 from moebench.run.plan import plan, reason_groups, run_name
 from moebench.util.safe_write import safe_dir
 
@@ -242,6 +241,8 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
                     _report(label, rows, progress, quiet)
                     progress.update(label, counts)
             else:
+                from moebench.run.launch import Launcher  # torch: only where ranks start, not for --dry-run
+
                 Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested,
                          should_abort=lambda: stop.terminated).run(work)
         except OSError as e:

@@ -55,3 +55,12 @@ def test_the_benchmark_times_fresh_processes():
     assert (s["median_s"], s["min_s"], s["max_s"], s["runs"]) == (2.0, 1.0, 3.0, 3)
     (t,) = list_time.wall_times(1, ["backend=local", "experts=torch"])
     assert t > 0
+
+
+def test_sweep_dry_run_plans_without_torch(tmp_path):
+    """`sweep --dry-run` shares the plan; it reads the run folder's store (pandas), but starts
+    no rank, so it imports neither torch nor an implementation (the launcher is imported where
+    ranks start)."""
+    got = _imports_of("sweep", "--dry-run", "--out", str(tmp_path / "run"))
+    assert got["rc"] == 0 and got["impl"] == [] and got["others"] == []
+    assert not {"torch", "triton"} & set(got["heavy"]), got["heavy"]
