@@ -15,18 +15,13 @@ Kernels never import moebench: this package is the system under test.
 """
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
-
-class ActivationFormat(str, enum.Enum):
-    STANDARD = "standard"  # [M, K] rows + topk ids per row
-    BATCHED = "batched"  # [E, X, K] per-expert buffers + per-expert counts
-
+from .entry import ActivationFormat, BackendCard, ExpertsCard  # noqa: F401 (ActivationFormat: re-exported)
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -149,6 +144,7 @@ class PreparedTokens:
 
 
 # Top-k weight-and-reduce strategies live in their own module; re-exported here
+from .knobs import Knob  # noqa: E402,F401 (re-exported: plugins declare knobs with it)
 from .weight_and_reduce import (  # noqa: E402,F401 (re-exported for the backends, beside the types they take)
     Batched,
     BatchedHandle,
@@ -158,8 +154,6 @@ from .weight_and_reduce import (  # noqa: E402,F401 (re-exported for the backend
     WeightAndReduce,
     resolve_weight_and_reduce,
 )
-from .knobs import Knob  # noqa: E402 (with the re-exports above)
-
 
 # ----------------------------------------------------------------------------
 # Phase markers: the harness passes a recorder; the default costs nothing.
@@ -200,24 +194,11 @@ class OpenRange:
 Receiver = Callable[[], Any]
 
 
-class PrepareFinalize(ABC):
-    """Quantize + dispatch tokens in, weight-and-reduce + combine them out."""
-
-    activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
-    # which quant formats the dispatch can carry; others dispatch bf16 and the
-    # experts quantize after dispatch
-    carries_fp8: ClassVar[bool] = False
-    # whether forward() may be captured into a CUDA graph
-    graph_capturable: ClassVar[bool] = False
-    # non-empty: why a captured forward does other work than an eager one (e.g. it pads to an
-    # upper bound where the eager forward reads counts on the host), so that runner.timing=auto
-    # times eager forwards instead of replays of a different computation
-    graph_differs: ClassVar[str] = ""
-    # one rank that keeps every expert (or, with simulate_ep=N, one rank's share of an
-    # EP-N deployment); otherwise an EP backend: runner.world_size ranks, one per GPU
-    single_rank: ClassVar[bool] = False
-    # settings beside the axes (backend.<name>), read from ctx.options (kernels/knobs.py)
-    knobs: ClassVar[tuple[Knob, ...]] = ()
+class PrepareFinalize(BackendCard, ABC):
+    """Quantize + dispatch tokens in, weight-and-reduce + combine them out. The class
+    attributes and the rules (activation_format, carries_fp8, graph_capturable, graph_differs,
+    single_rank, knobs; supports, process_group_family, token_limit) are the card's
+    (kernels/entry.py): what planning reads without importing an implementation."""
 
     def __init__(self, ctx: KernelContext):
         self.ctx = ctx
@@ -236,26 +217,6 @@ class PrepareFinalize(ABC):
             return expert_out
         with self.phases("weight_reduce"):
             return wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
-
-    @classmethod
-    def supports(cls, combo) -> Optional[str]:
-        """Reason this backend cannot run `combo`, or None. `combo` is a read-only
-        mapping: the axes, the model's sizes, quant, world_size, simulate_ep, device,
-        timing and the chosen entries' knobs, by name."""
-        return None
-
-    @classmethod
-    def process_group_family(cls, combo) -> tuple:
-        """What, beyond the world size and device, a process group shared by several
-        combinations must agree on: combinations of different families never share
-        one. () by default; a backend whose library initialises per-process state once
-        (NVSHMEM) returns what sizes that state."""
-        return ()
-
-    @classmethod
-    def token_limit(cls, combo, tokens: int) -> Optional[str]:
-        """Reason `tokens` per rank cannot run with `combo` (e.g. a buffer's cap), or None."""
-        return None
 
     @abstractmethod
     def prepare_async(
@@ -309,16 +270,10 @@ class PrepareFinalize(ABC):
         before the process group is destroyed)."""
 
 
-class Experts(ABC):
-    """Grouped expert GEMMs: gate/up, SiLU-and-mul, down, optional reduce."""
-
-    activation_format: ClassVar[ActivationFormat] = ActivationFormat.STANDARD
-    # apply() never syncs the host, so a forward may be captured in a CUDA graph
-    graph_capturable: ClassVar[bool] = False
-    # non-empty: why a captured apply() does other work than an eager one (PrepareFinalize's)
-    graph_differs: ClassVar[str] = ""
-    # settings beside the axes (experts.<name>), read from ctx.options (kernels/knobs.py)
-    knobs: ClassVar[tuple[Knob, ...]] = ()
+class Experts(ExpertsCard, ABC):
+    """Grouped expert GEMMs: gate/up, SiLU-and-mul, down, optional reduce. The class
+    attributes (activation_format, graph_capturable, graph_differs, knobs) and `supports` are
+    the card's (kernels/entry.py)."""
 
     def __init__(self, weights: ExpertWeights, reduction: str, ctx: KernelContext):
         assert reduction in ("experts", "finalize"), reduction
@@ -326,11 +281,6 @@ class Experts(ABC):
         self.reduction = reduction
         self.ctx = ctx
         self.phases = NULL_PHASES
-
-    @classmethod
-    def supports(cls, combo) -> Optional[str]:
-        """Reason these experts cannot run `combo` (see PrepareFinalize.supports), or None."""
-        return None
 
     @property
     def input_quant(self) -> Optional[QuantSpec]:

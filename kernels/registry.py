@@ -1,7 +1,11 @@
 """Registries of backends (PrepareFinalize) and experts, keyed by Hydra option name.
 
-Modules under kernels/prepare_finalize and kernels/experts are discovered by
-scanning the packages, so adding one never edits a central list. Other projects
+moebench's own entries are known by their cards (kernels/entry.py): discovery imports every
+module of kernels/cards/ (light: no torch, no Triton), whose `@card` classes name the module
+that implements them, so adding an entry never edits a central list and planning imports no
+implementation. The tables hold an entry's card until its implementation is imported
+(get_backend / get_experts import it on demand; its `@register_backend` / `@register_experts`
+class must subclass the card, and replaces it in the table). Other projects
 register theirs as plugins (docs/plugins.md): an entry point of the group
 ``moebench.kernels`` names a module whose import runs the decorators, or
 `MOEBENCH_PLUGIN_MODULES` (module names, separated by os.pathsep) names modules to import
@@ -23,54 +27,24 @@ import inspect
 import os
 import pkgutil
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from . import CONTRACT_VERSION
+from .entry import EntryCard
+from .plugin import PLUGIN_MODULES_VAR, Plugin, contract_problem
 
 ENTRY_POINT_GROUP = "moebench.kernels"
-PLUGIN_MODULES_VAR = "MOEBENCH_PLUGIN_MODULES"
 BUILTIN_ORIGIN = "moebench"  # the provenance of moebench's own entries
 
-BACKENDS: dict[str, type] = {}
+BACKENDS: dict[str, type] = {}  # name -> the card (moebench's, until implemented) or the class
 EXPERTS: dict[str, type] = {}
+CARDS: dict[tuple[str, str], type[EntryCard]] = {}  # (kind, name) -> the card of one of moebench's own entries
 PLUGINS: list["Plugin"] = []  # every plugin discover() found, loaded or disabled
 DISABLED: dict[tuple[str, str], "Plugin"] = {}  # (kind, name) of a disabled plugin's entries
 _OWNER: dict[tuple[str, str], "Plugin"] = {}  # (kind, name) -> the plugin that registered it
 _loading: Optional["Plugin"] = None  # the plugin whose module is importing: its decorators stage
 _discovered = False
-
-
-@dataclass
-class Plugin:
-    """One plugin: an entry point of the `moebench.kernels` group (with the distribution that
-    declares it) or a module named in MOEBENCH_PLUGIN_MODULES."""
-
-    name: str  # the entry point's name, or the module's
-    module: str
-    dist: str = ""  # distribution name ("" for MOEBENCH_PLUGIN_MODULES)
-    version: str = ""  # distribution version
-    contract: Any = None  # what the module declares as MOEBENCH_CONTRACT
-    status: str = "loading"  # loaded | disabled
-    reason: str = ""  # why it is disabled
-    entries: list = field(default_factory=list)  # (kind, name) it registers
-    staged: list = field(default_factory=list, repr=False)  # (kind, name, cls) until committed
-
-    @property
-    def origin(self) -> str:
-        """The provenance rows record for its entries: 'dist version', or 'module name'."""
-        return f"{self.dist} {self.version}" if self.dist else f"module {self.module}"
-
-    @property
-    def who(self) -> str:
-        if self.dist:
-            return f"plugin {self.name!r} (distribution {self.dist} {self.version}, module {self.module})"
-        return f"plugin module {self.module!r} ({PLUGIN_MODULES_VAR})"
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "module": self.module, "dist": self.dist, "version": self.version,
-                "contract": self.contract, "status": self.status, "reason": self.reason,
-                "entries": [f"{k}={n}" for k, n in self.entries]}
+_cards_loaded = False
+_generation = 0  # bumped whenever a table changes (what the harness caches from them: generation())
 
 
 def _table(kind: str) -> dict:
@@ -108,7 +82,14 @@ def _knob_conflict(kind: str, name: str, cls, others) -> Optional[str]:
     return None
 
 
+def generation() -> tuple:
+    """Changes whenever an entry is added, implemented or disabled (or a table replaced)."""
+    return (_generation, id(BACKENDS), id(EXPERTS), id(DISABLED))
+
+
 def _add(kind: str, name: str, cls, plugin: Optional[Plugin] = None) -> None:
+    global _generation
+    _generation += 1
     cls.registry_name = name
     _table(kind)[name] = cls
     if plugin is not None:
@@ -121,6 +102,9 @@ def _register(kind: str, name: str):
         if _loading is not None and not cls.__module__.startswith(__package__ + "."):
             _loading.staged.append((kind, name, cls))  # committed once the plugin's import ends
             return cls
+        if is_builtin(cls) and not _is_card_module(cls.__module__):
+            _implement(kind, name, cls)
+            return cls
         table = _table(kind)
         if name in table and table[name] is not cls:
             raise ValueError(f"{kind} {name!r} registered twice: {table[name]} and {cls}")
@@ -129,6 +113,35 @@ def _register(kind: str, name: str):
             raise ValueError(why)
         _add(kind, name, cls)
         return cls
+
+    return deco
+
+
+def _is_card_module(module: str) -> bool:
+    return module.startswith(f"{__package__}.cards.")
+
+
+def _implement(kind: str, name: str, cls) -> None:
+    """One of moebench's implementations: it subclasses its card and takes its place."""
+    _load_cards()
+    card = CARDS.get((kind, name))
+    if card is None:
+        raise ValueError(f"{kind} {name!r} ({cls.__module__}) has no card: declare one in kernels/cards/ "
+                         "(kernels/entry.py), or planning would import every implementation")
+    if not issubclass(cls, card) or cls.__module__ != f"{__package__}.{card.implementation}":
+        raise ValueError(f"{kind} {name!r}: {cls.__module__}.{cls.__qualname__} must subclass its card "
+                         f"{card.__qualname__}, whose implementation is {card.implementation!r}")
+    table = _table(kind)
+    if table.get(name) not in (card, cls):
+        raise ValueError(f"{kind} {name!r} registered twice: {table[name]} and {cls}")
+    _add(kind, name, cls)
+
+
+def card(kind: str, name: str):
+    """Class decorator of kernels/cards/: the card of moebench's own `kind=name`."""
+    def deco(cls):
+        CARDS[(kind, name)] = cls
+        return _register(kind, name)(cls)
 
     return deco
 
@@ -145,21 +158,6 @@ def register_experts(name: str):
 
 # ---------------------------------------------------------------------------
 # plugins
-
-
-def contract_problem(declared) -> Optional[str]:
-    """Why a module declaring MOEBENCH_CONTRACT = `declared` (an int, or a tuple of the ints it
-    supports) cannot load here, or None."""
-    if declared is None:
-        return (f"it declares no MOEBENCH_CONTRACT; this moebench implements plugin contract "
-                f"{CONTRACT_VERSION}: set MOEBENCH_CONTRACT = {CONTRACT_VERSION} in the module its entry "
-                "point names once it follows that contract (docs/plugins.md)")
-    accepted = tuple(declared) if isinstance(declared, (tuple, list, set, frozenset)) else (declared,)
-    if CONTRACT_VERSION not in accepted:
-        return (f"it was written against plugin contract {declared}, this moebench implements contract "
-                f"{CONTRACT_VERSION}: use a version of the plugin written for contract {CONTRACT_VERSION}, or "
-                f"a moebench that implements contract {declared}")
-    return None
 
 
 def _commit(p: Plugin) -> None:
@@ -193,6 +191,8 @@ def _commit(p: Plugin) -> None:
 
 
 def _disable(p: Plugin, reason: str) -> None:
+    global _generation
+    _generation += 1
     names = list(dict.fromkeys([*p.entries, *((k, n) for k, n, _ in p.staged)]))
     for kind, name in p.entries:  # committed entries leave the tables
         _table(kind).pop(name, None)
@@ -240,16 +240,25 @@ def _entry_points() -> list:
     return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
+def _load_cards() -> None:
+    """Import every module of kernels/cards/ (each card registers itself)."""
+    global _cards_loaded
+    if _cards_loaded:
+        return
+    _cards_loaded = True
+    pkg = importlib.import_module(f"{__package__}.cards")
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{info.name}")
+
+
 def discover() -> None:
-    """Import every module of the two packages, then the plugins (entry points first)."""
+    """moebench's own cards (kernels/cards/, no implementation), then the plugins (entry points
+    first)."""
     global _discovered
     if _discovered:
         return
     _discovered = True
-    for pkg_name in (f"{__package__}.prepare_finalize", f"{__package__}.experts"):
-        pkg = importlib.import_module(pkg_name)
-        for info in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{pkg_name}.{info.name}")
+    _load_cards()
     for ep in _entry_points():
         dist = getattr(ep, "dist", None)
         p = Plugin(name=ep.name, module=ep.module, dist=getattr(dist, "name", "") or "",
@@ -291,7 +300,7 @@ def unavailable(kind: str, name: str) -> str:
 def ask(kind: str, name: str, method: str, *args):
     """`cls.<method>(*args)` of an entry (supports, token_limit: a reason or None). A plugin's
     exception becomes a reason naming the plugin; a built-in's propagates (a bug of ours)."""
-    cls = get_backend(name) if kind == "backend" else get_experts(name)
+    cls = entry(kind, name)
     try:
         return getattr(cls, method)(*args)
     except Exception as e:  # the plugin's code, reported in the row
@@ -332,17 +341,32 @@ def knobs(kind: str, builtin_only: bool = False) -> dict:
     return out
 
 
-def get_backend(name: str) -> type:
+def entry(kind: str, name: str) -> type:
+    """What answers for `kind=name` in planning (its metadata and rules) without importing an
+    implementation: moebench's card (or its implementation, once imported), a plugin's class."""
     discover()
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; registered: {sorted(BACKENDS)}"
-                         + (f" ({unavailable('backend', name)})" if ("backend", name) in DISABLED else ""))
-    return BACKENDS[name]
+    table = _table(kind)
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; registered: {sorted(table)}"
+                         + (f" ({unavailable(kind, name)})" if (kind, name) in DISABLED else ""))
+    return table[name]
+
+
+def _implementation(kind: str, name: str) -> type:
+    cls, card = entry(kind, name), CARDS.get((kind, name))
+    if card is not None and cls is card:  # moebench's own, not imported yet: its decorator replaces the card
+        module = card.implementation
+        importlib.import_module(f"{__package__}.{module}")
+        if _table(kind).get(name) is cls:
+            raise ValueError(f"{kind} {name!r}: {module} registers no implementation of its card")
+    return _table(kind)[name]
+
+
+def get_backend(name: str) -> type:
+    """The backend's implementation (PrepareFinalize), imported on first use."""
+    return _implementation("backend", name)
 
 
 def get_experts(name: str) -> type:
-    discover()
-    if name not in EXPERTS:
-        raise ValueError(f"unknown experts {name!r}; registered: {sorted(EXPERTS)}"
-                         + (f" ({unavailable('experts', name)})" if ("experts", name) in DISABLED else ""))
-    return EXPERTS[name]
+    """The experts' implementation (Experts), imported on first use."""
+    return _implementation("experts", name)

@@ -43,7 +43,7 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
     return deep_gemm, None
 
 
-_LIB = OptionalLibrary("deep_gemm not installed", _import, INSTALL_HINT)
+_LIB = OptionalLibrary("deep_gemm not installed", _import, INSTALL_HINT, module="deep_gemm")
 load = _LIB.load  # (module, None) or (None, why not and how to install it)
 unavailable_reason = _LIB.unavailable_reason  # why `deep_gemm` cannot be used here, or None
 require = _LIB.require  # the module; ImportError with the install hint when missing

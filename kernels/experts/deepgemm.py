@@ -24,7 +24,8 @@ Mp padded rows, D = max(K, I).
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Experts
+from ..cards.experts import DeepGemmCard
+from ..interfaces import Experts
 from ..registry import register_experts
 from ..triton.align import max_padded_rows
 from ..triton.deepgemm_layout import contiguous_scratch_numel
@@ -34,16 +35,10 @@ from ._contiguous import DeepGemmWeights, contiguous_apply, contiguous_workspace
 
 
 @register_experts("deepgemm")
-class DeepGemmExperts(Experts):
-    activation_format = ActivationFormat.STANDARD
-    graph_capturable = True  # no host sync: Mp is an upper bound, the layouts live on the device
+class DeepGemmExperts(DeepGemmCard, Experts):
     # SM90 grouped layout: per-expert row ends (vLLM's choice; no work past the last
     # expert) or, False, the expert of every row with -1 for padding
     use_psum_layout = True
-
-    @classmethod
-    def supports(cls, combo):
-        return _deep_gemm.deepgemm_unsupported(combo)
 
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import FP8_DTYPE, ActivationFormat, Experts
+from ..cards.experts import DeepGemmMaskedCard
+from ..interfaces import FP8_DTYPE, Experts
 from ..registry import register_experts
 from ..triton.activation import MODE_GROUP, silu_and_mul
 from ..triton.deepgemm_layout import GROUP, pad_batched, padded_rows, unpad_batched
@@ -42,14 +43,7 @@ def _carve_batched(u8: torch.Tensor, E: int, X: int, cols: int, width: int, mn_m
 
 
 @register_experts("deepgemm_masked")
-class DeepGemmMaskedExperts(Experts):
-    activation_format = ActivationFormat.BATCHED
-    graph_capturable = True  # no host sync (expected_m comes from the shapes)
-
-    @classmethod
-    def supports(cls, combo):
-        return _deep_gemm.deepgemm_unsupported(combo)
-
+class DeepGemmMaskedExperts(DeepGemmMaskedCard, Experts):
     def __init__(self, weights, reduction, ctx):
         if reduction != "finalize":
             raise ValueError("deepgemm_masked supports reduction=finalize only (the batched combine reduces)")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import ActivationFormat, Experts
+from ..cards.experts import TorchCard
+from ..interfaces import Experts
 from ..quant import dequant_activations, dequant_weight
 from ..registry import register_experts
 
@@ -30,7 +31,7 @@ def bf16_input(prepared) -> torch.Tensor:
 
 
 @register_experts("torch")
-class TorchExperts(Experts):
+class TorchExperts(TorchCard, Experts):
     """torch._grouped_mm over the pairs sorted by expert. No host sync (so a forward can be
     captured in a CUDA graph): the group offsets stay on the GPU, and every tensor is sized
     for all M*P pairs, the pairs of other ranks' experts sorted last and left out of the
@@ -38,16 +39,9 @@ class TorchExperts(Experts):
     input is a zero row inside the first group, so that row 0 of the output is exactly zero:
     the pairs of other ranks read it."""
 
-    activation_format = ActivationFormat.STANDARD
-    graph_capturable = True
-
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)
         self.w13_EKN, self.w2_EIK = bf16_weights(weights)
-
-    @classmethod
-    def supports(cls, combo):
-        return None
 
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
         # ws13: a zero row, then the pairs' input rows gathered in expert order [1 + M*P, K];

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import ActivationFormat, Experts
+from ..cards.experts import TorchBatchedCard
+from ..interfaces import Experts
 from ..registry import register_experts
 from .torch import bf16_input, bf16_weights
 
 
 @register_experts("torch_batched")
-class TorchBatchedExperts(Experts):
-    activation_format = ActivationFormat.BATCHED
-    graph_capturable = True  # dense bmm over the buffers, counts read on the GPU
-
+class TorchBatchedExperts(TorchBatchedCard, Experts):
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)
         self.w13_EKN, self.w2_EIK = bf16_weights(weights)

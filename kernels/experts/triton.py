@@ -18,74 +18,25 @@ Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
 from __future__ import annotations
 
-import os
-from typing import Optional
-
 import torch
 
-from ..interfaces import ActivationFormat, Experts, Knob
+from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the tests import them from here)
+    CONTIGUOUS_MIN_PAIRS_PER_EXPERT,
+    CONTIGUOUS_QUANTS,
+    ROW_LAYOUT_KNOB,
+    ROW_LAYOUTS,
+    TritonCard,
+    contiguous_unsupported,
+    triton_unsupported,
+)
+from ..interfaces import Experts
 from ..registry import register_experts
-from ..triton.config import config_block_shape, config_dtype, get_config
 from ..triton.align import max_padded_rows
+from ..triton.config import config_block_shape, config_dtype, get_config
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_scratch_numel
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
-
-# fp8_block: the contiguous layout from this many expected local pairs per expert on. Measured
-# on an H200 (docs/findings/triton-vs-deepgemm.md, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
-# pairs per expert 477 / 762 µs, deepseek_v3 (EP-8 share) at 128 1560 / 1348, mixtral_8x7b and
-# qwen3_30b_a3b at 256 2040 / 1656 and 1376 / 1116
-# bf16 (same, experts phase, gathered / contiguous): mixtral_8x7b at 256 pairs per expert 1925 /
-# 1881 µs, at 1024 5792 / 5281; qwen3_30b_a3b at 256 1039 / 1060, at 1024 3059 / 2862;
-# deepseek_v3's EP-8 share at 512 (16384 tokens) 3170 / 3319: its tuned gathered tiles win
-CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 1024, "fp8_block": 128}
-CONTIGUOUS_QUANTS = tuple(CONTIGUOUS_MIN_PAIRS_PER_EXPERT)  # experts.row_layout applies to these
-ROW_LAYOUTS = ("auto", "gathered", "contiguous")
-ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as vLLM's fused_moe reads them, "
-                       "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
-                       "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)", choices=ROW_LAYOUTS,
-                       tag="{}")
-
-
-def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
-    """Why the contiguous layout cannot run these shapes, or None (the GEMM's N tiles
-    are multiples of 128; the rows are permuted 128 columns at a time)."""
-    if quant not in CONTIGUOUS_QUANTS:
-        return f"the contiguous layout runs {' and '.join(CONTIGUOUS_QUANTS)}, not quant={quant}"
-    bad = [f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", intermediate)) if v is not None and int(v) % 128]
-    return f"the contiguous layout needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})" if bad else None
-
-
-def _quant_name(combo: dict) -> str:
-    q = combo.get("quant", "bf16")
-    if isinstance(q, dict) or hasattr(q, "get"):
-        q = q.get("name", "bf16")
-    return str(q)
-
-
-def triton_unsupported(combo: dict) -> Optional[str]:
-    """Reason the Triton experts cannot run `combo`, or None (both layouts)."""
-    device = str(combo.get("device", "cuda"))
-    quant = _quant_name(combo)
-    if not device.startswith("cuda"):
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            return "Triton experts need a CUDA GPU (or TRITON_INTERPRET=1 for the interpreter)"
-    elif quant.startswith("fp8") and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        if (major, minor) < (8, 9):
-            return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
-    layout = combo.get("row_layout", "auto")
-    if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
-        return (f"experts.row_layout={layout} picks the row layout of quant="
-                f"{' or '.join(CONTIGUOUS_QUANTS)} only")
-    if layout == "contiguous":
-        if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
-            return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
-        why = contiguous_unsupported(quant, combo.get("hidden"), combo.get("intermediate"))
-        if why:
-            return f"experts.row_layout=contiguous: {why}"
-    return None
 
 
 class TritonConfigMixin:
@@ -109,15 +60,7 @@ class TritonConfigMixin:
 
 
 @register_experts("triton")
-class TritonExperts(TritonConfigMixin, Experts):
-    activation_format = ActivationFormat.STANDARD
-    graph_capturable = True
-    knobs = (ROW_LAYOUT_KNOB,)
-
-    @classmethod
-    def supports(cls, combo):
-        return triton_unsupported(combo)
-
+class TritonExperts(TritonCard, TritonConfigMixin, Experts):
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)
         # the contiguous layout's view of the weights ([E, N, K], fp32 scales: no copy when stored so)

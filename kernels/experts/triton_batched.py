@@ -7,21 +7,15 @@ Legend: E local experts, X rows per expert, K hidden, N = 2I.
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Experts
+from ..cards.experts import TritonBatchedCard
+from ..interfaces import Experts
 from ..registry import register_experts
 from ..triton.moe import alloc_bytes, fused_moe_batched, input_quant_bytes
-from .triton import TritonConfigMixin, triton_unsupported
+from .triton import TritonConfigMixin
 
 
 @register_experts("triton_batched")
-class TritonBatchedExperts(TritonConfigMixin, Experts):
-    activation_format = ActivationFormat.BATCHED
-    graph_capturable = True
-
-    @classmethod
-    def supports(cls, combo):
-        return triton_unsupported(combo)
-
+class TritonBatchedExperts(TritonBatchedCard, TritonConfigMixin, Experts):
     def __init__(self, weights, reduction, ctx):
         if reduction != "finalize":
             raise ValueError("triton_batched supports reduction=finalize only (the batched combine reduces)")

@@ -11,26 +11,15 @@ vLLM also sends I <= 512 to Triton; here the threshold is the only knob.
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Experts, Knob
+from ..cards.experts import DEFAULT_MIN_TOKENS, TritonOrDeepGemmCard
+from ..interfaces import Experts
 from ..registry import register_experts
-from . import _deep_gemm
 from .deepgemm import DeepGemmExperts
-from .triton import TritonExperts, triton_unsupported
-
-DEFAULT_MIN_TOKENS = 256
+from .triton import TritonExperts
 
 
 @register_experts("triton_or_deepgemm")
-class TritonOrDeepGemmExperts(Experts):
-    activation_format = ActivationFormat.STANDARD
-    graph_capturable = DeepGemmExperts.graph_capturable and TritonExperts.graph_capturable
-    knobs = (Knob("deepgemm_min_tokens", DEFAULT_MIN_TOKENS, "DeepGEMM at or above this many rows after "
-                  "dispatch, Triton below", minimum=1, tag="dgmin{}"),)
-
-    @classmethod
-    def supports(cls, combo):
-        return _deep_gemm.deepgemm_unsupported(combo) or triton_unsupported(combo)
-
+class TritonOrDeepGemmExperts(TritonOrDeepGemmCard, Experts):
     def __init__(self, weights, reduction, ctx):
         super().__init__(weights, reduction, ctx)
         self.deepgemm = DeepGemmExperts(weights, reduction, ctx)

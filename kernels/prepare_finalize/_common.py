@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import BatchedHandle, Knob, PreparedTokens
+from ..interfaces import BatchedHandle, PreparedTokens
 
 
 def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:
@@ -73,17 +73,3 @@ def to_batched(
         expert_num_tokens_E=counts[:E].clamp(max=X).to(torch.int32),
         handle=handle,
     )
-
-
-# the batched buffers of deepep_ll and pplx are sized for this many tokens per rank
-MAX_TOKENS_KNOB = Knob("max_tokens_per_rank", 512, "tokens per rank the batched buffers hold (DeepEP "
-                       "low-latency's num_max_dispatch_tokens_per_rank, pplx's max_num_tokens)", minimum=1,
-                       tag="cap{}")
-
-
-def max_tokens_reason(combo, tokens: int):
-    """Why `tokens` per rank do not fit the batched buffers of `combo`, or None."""
-    cap = combo.get("max_tokens_per_rank", MAX_TOKENS_KNOB.default)
-    if tokens > cap:
-        return f"{tokens} tokens per rank exceed the batched buffers' cap backend.max_tokens_per_rank={cap}"
-    return None

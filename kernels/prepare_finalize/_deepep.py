@@ -30,7 +30,7 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
         return None, f"{type(e).__name__}: {e}"
 
 
-_LIB = OptionalLibrary("deep_ep is not installed", _import, INSTALL_HINT)
+_LIB = OptionalLibrary("deep_ep is not installed", _import, INSTALL_HINT, module="deep_ep")
 load = _LIB.load  # (module, None) or (None, why not and how to install it)
 unavailable_reason = _LIB.unavailable_reason  # why `deep_ep` cannot be used here, or None
 require = _LIB.require  # the module; ImportError with the install hint when missing

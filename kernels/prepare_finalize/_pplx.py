@@ -15,11 +15,12 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._optional import OptionalLibrary
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: planning reads this module without it
+    import torch
 
 INSTALL_HINT = "build it from github.com/ppl-ai/pplx-kernels (README: 'GPU machines and the optional libraries')"
 MODES = ("intranode", "internode")
@@ -47,7 +48,7 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
         return None, f"{type(e).__name__}: {e}"
 
 
-_LIB = OptionalLibrary("pplx_kernels is not installed", _import, INSTALL_HINT)
+_LIB = OptionalLibrary("pplx_kernels is not installed", _import, INSTALL_HINT, module="pplx_kernels")
 load = _LIB.load  # (module, None) or (None, why not and how to install it)
 unavailable_reason = _LIB.unavailable_reason  # why `pplx_kernels` cannot be used here, or None
 require = _LIB.require  # the module; ImportError with the install hint when missing
@@ -273,6 +274,8 @@ def _quiesce(group: Any) -> None:
 
 
 def _sync() -> None:
+    import torch
+
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 

@@ -6,16 +6,15 @@ Legend: T tokens per rank, W ranks, M = W*T rows after dispatch, K hidden, P top
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Contiguous, PreparedTokens
+from ..cards.backends import AllGatherReduceScatterCard
+from ..interfaces import Contiguous, PreparedTokens
 from ..registry import register_backend
 from ._common import localize_ids
 from ._dist import EPPrepareFinalize, row_bytes
 
 
 @register_backend("allgather_rs")
-class AllGatherReduceScatter(EPPrepareFinalize):
-    activation_format = ActivationFormat.STANDARD
-    carries_fp8 = True
+class AllGatherReduceScatter(AllGatherReduceScatterCard, EPPrepareFinalize):
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx

@@ -16,13 +16,11 @@ R ranks, E local experts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
+from ..cards.backends import DEFAULT_NUM_SMS, DeepEPHTCard, ht_row_bytes
 from ..interfaces import (
-    ActivationFormat,
-    Knob,
     Contiguous,
     NoOp,
     PreparedTokens,
@@ -34,13 +32,6 @@ from ..registry import register_backend
 from . import _deepep
 from ._deepep import release_buffers
 from ._dist import OpenRange
-
-DEFAULT_NUM_SMS = 24  # DeepEP's tests and README use 24 SMs for the HT kernels
-# intranode dispatch stages half a row per warp in 8 KiB of shared memory (TMA),
-# in 32-byte units: row bytes % 32 == 0 and row bytes / 2 + 8 <= 8192
-_MAX_ROW_BYTES = 2 * (8192 - 8)
-_MAX_TOPK = 32  # one lane per top-k entry
-_MAX_LOCAL_EXPERTS = 1024  # NUM_MAX_LOCAL_EXPERTS in csrc/kernels/configs.cuh
 
 
 @dataclass(frozen=True)
@@ -54,25 +45,8 @@ class DeepEPHTHandle:
     dispatch_row_bytes: int  # bytes one dispatched row carries (see comm_bytes)
 
 
-def _row_bytes(hidden: int, quant_name: str) -> int:
-    """Bytes of one dispatched x row: fp8 for fp8_block, bf16 otherwise."""
-    return hidden * (1 if quant_name == "fp8_block" else 2)
-
-
 @register_backend("deepep_ht")
-class DeepEPHTPrepareFinalize(PrepareFinalize):
-    activation_format = ActivationFormat.STANDARD
-    carries_fp8 = True  # fp8_block: fp8 rows + 1x128 scales; fp8_tensor: bf16 then quantize
-    graph_capturable = False  # dispatch waits on the CPU for the received counts
-    knobs = (
-        Knob("num_sms", DEFAULT_NUM_SMS, "SMs DeepEP's high-throughput kernels may use (even)", minimum=2,
-             tag="sms{}"),
-        Knob("dispatch_nvl_chunk", 0, "tokens per NVLink chunk of the dispatch (Config's "
-             "num_max_nvl_chunked_send_tokens, with a 256-token receive buffer); 0 = DeepEP's recommended config",
-             minimum=0, tag="dchunk{}"),
-        Knob("combine_nvl_chunk", 0, "the same for the combine", minimum=0, tag="cchunk{}"),
-    )
-
+class DeepEPHTPrepareFinalize(DeepEPHTCard, PrepareFinalize):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.num_sms = int(ctx.options.get("num_sms", DEFAULT_NUM_SMS))
@@ -90,40 +64,6 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
             self.group, ctx.shape.hidden * 2, self.num_sms,
             int(ctx.options.get("dispatch_nvl_chunk", 0)), int(ctx.options.get("combine_nvl_chunk", 0)),
         )
-
-    # -- validity ---------------------------------------------------------------
-    @classmethod
-    def supports(cls, combo: dict) -> Optional[str]:
-        reason = _deepep.unavailable_reason()
-        if reason:
-            return reason
-        device = combo.get("device", "cuda")
-        if device != "cuda":
-            return f"deepep_ht needs CUDA GPUs linked by NVLink (device={device})"
-        ws = combo.get("world_size", 2)
-        if ws not in _deepep.INTRANODE_WORLD_SIZES:
-            return f"deepep_ht runs DeepEP's intranode kernels: world_size in {_deepep.INTRANODE_WORLD_SIZES} (got {ws})"
-        E, P, K = combo.get("num_experts", ws), combo.get("topk", 1), combo.get("hidden", 128)
-        quant = combo.get("quant", "bf16")
-        if E // ws > _MAX_LOCAL_EXPERTS:
-            return f"DeepEP supports at most {_MAX_LOCAL_EXPERTS} experts per rank (got {E // ws})"
-        if P > _MAX_TOPK:
-            return f"DeepEP HT supports top-k <= {_MAX_TOPK} (got {P})"
-        row = _row_bytes(K, quant)
-        if row % 32 or row > _MAX_ROW_BYTES:
-            return (
-                f"DeepEP intranode dispatch needs rows of a multiple of 32 bytes and at most "
-                f"{_MAX_ROW_BYTES} bytes (hidden={K}, quant={quant}: {row} bytes)"
-            )
-        sms = combo.get("num_sms", DEFAULT_NUM_SMS)
-        if sms <= 0 or sms % 2:
-            return f"backend.num_sms={sms}: DeepEP needs a positive even SM count"
-        for name in ("dispatch_nvl_chunk", "combine_nvl_chunk"):
-            chunk = combo.get(name, 0)
-            if not 0 <= chunk < _deepep.NVL_RECV_TOKENS:
-                return (f"backend.{name}={chunk}: 0 (DeepEP's recommended config) or 1..{_deepep.NVL_RECV_TOKENS - 1} "
-                        f"tokens per chunk (the receive buffer holds {_deepep.NVL_RECV_TOKENS})")
-        return None
 
     # -- prepare ----------------------------------------------------------------
     def _launch_dispatch(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant, async_finish: bool):
@@ -155,7 +95,7 @@ class DeepEPHTPrepareFinalize(PrepareFinalize):
         K = hidden_TK.shape[1]
         qname = "fp8_block" if block else "bf16"
         # x row + its scales + top-k ids (int64) and weights (fp32) + source index (int32)
-        row_bytes = _row_bytes(K, qname) + (4 * (K // 128) if block else 0) + 12 * ids_TP.shape[1] + 4
+        row_bytes = ht_row_bytes(K, qname) + (4 * (K // 128) if block else 0) + 12 * ids_TP.shape[1] + 4
 
         def receive() -> PreparedTokens:
             if async_finish:

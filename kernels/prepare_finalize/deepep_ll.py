@@ -27,23 +27,17 @@ E local experts, X = R * max_tokens_per_rank rows per expert.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-from ..interfaces import ActivationFormat, Delegate, PreparedTokens, PrepareFinalize
+from ..cards.backends import MAX_TOPK, SUPPORTED_HIDDEN, DeepEPLLCard  # noqa: F401 (the constants: the tests' import)
+from ..interfaces import Delegate, PreparedTokens, PrepareFinalize
 from ..registry import register_backend
 from . import _deepep
 from ._deepep import release_buffers
-from ._common import MAX_TOKENS_KNOB, max_tokens_reason
 from ._dist import OpenRange
 
-# DeepEP v1.2.1's low-latency kernels are instantiated for these hidden sizes
-# (SWITCH_HIDDEN in csrc/kernels/launch.cuh); others fail a host assert
-SUPPORTED_HIDDEN = (2048, 2560, 4096, 5120, 6144, 7168, 8192)
-MAX_TOPK = 11  # kNumMaxTopK of the dispatch and combine kernels (csrc/kernels/internode_ll.cu)
 _MSG_HEADER_BYTES = 16  # an int4 before each dispatched row: source token index + 3 reserved ints
-_MAX_NVL_PEERS = 8  # NUM_MAX_NVL_PEERS: DeepEP asserts ranks < 8 or a multiple of 8
 
 
 def dispatch_msg_bytes(hidden: int, fp8: bool) -> int:
@@ -66,12 +60,7 @@ class DeepEPLLHandle:
 
 
 @register_backend("deepep_ll")
-class DeepEPLLPrepareFinalize(PrepareFinalize):
-    activation_format = ActivationFormat.BATCHED
-    carries_fp8 = True  # fp8_block rows + 1x128 scales; fp8_tensor travels bf16
-    graph_capturable = True  # fixed-shape outputs, counts stay on the GPU, no host sync
-    knobs = (MAX_TOKENS_KNOB,)
-
+class DeepEPLLPrepareFinalize(DeepEPLLCard, PrepareFinalize):
     def __init__(self, ctx):
         super().__init__(ctx)
         if ctx.group is not None:
@@ -85,38 +74,6 @@ class DeepEPLLPrepareFinalize(PrepareFinalize):
         # allocate (collectively) at setup, not in the first timed forward; every
         # combination of this shape in the process shares it
         self._ll = _deepep.get_ll_buffer(self.group, self.max_tokens, s.hidden, s.num_experts)
-
-    # -- validity ---------------------------------------------------------------
-    @classmethod
-    def supports(cls, combo: dict) -> Optional[str]:
-        reason = _deepep.unavailable_reason()
-        if reason:
-            return reason
-        device = combo.get("device", "cuda")
-        if device != "cuda":
-            return f"deepep_ll needs CUDA GPUs linked by NVLink (device={device})"
-        ws = combo.get("world_size", 2)
-        if ws >= _MAX_NVL_PEERS and ws % _MAX_NVL_PEERS:
-            return f"DeepEP needs fewer than {_MAX_NVL_PEERS} ranks or a multiple of {_MAX_NVL_PEERS} (got {ws})"
-        E, P, K = combo.get("num_experts", ws), combo.get("topk", 1), combo.get("hidden", 7168)
-        if K not in SUPPORTED_HIDDEN:
-            return f"DeepEP low-latency kernels exist for hidden in {SUPPORTED_HIDDEN} (got hidden={K})"
-        if P > MAX_TOPK:
-            return f"DeepEP low-latency supports top-k <= {MAX_TOPK} (got {P})"
-        cap = combo.get("max_tokens_per_rank", 512)
-        if (ws * cap) % 4:
-            return f"DeepEP low-latency needs world_size * backend.max_tokens_per_rank to be a multiple of 4 (got {ws} * {cap})"
-        return None
-
-    @classmethod
-    def process_group_family(cls, combo) -> tuple:
-        # NVSHMEM initialises once per process, and DeepEP's one low-latency buffer is sized
-        # by (hidden, experts, max tokens): one process group per buffer shape
-        return ("nvshmem", combo["hidden"], combo["num_experts"], combo["max_tokens_per_rank"])
-
-    @classmethod
-    def token_limit(cls, combo, tokens: int):
-        return max_tokens_reason(combo, tokens)
 
     # -- prepare ----------------------------------------------------------------
     def _launch_dispatch(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant, hook: bool):

@@ -5,8 +5,8 @@ them, so one GPU measures the per-rank expert work of an EP-N deployment.
 """
 from __future__ import annotations
 
+from ..cards.backends import LocalCard
 from ..interfaces import (
-    ActivationFormat,
     Contiguous,
     NoOp,
     PreparedTokens,
@@ -19,11 +19,7 @@ from ._common import localize_ids
 
 
 @register_backend("local")
-class LocalPrepareFinalize(PrepareFinalize):
-    single_rank = True
-    activation_format = ActivationFormat.STANDARD
-    carries_fp8 = True
-    graph_capturable = True
+class LocalPrepareFinalize(LocalCard, PrepareFinalize):
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):

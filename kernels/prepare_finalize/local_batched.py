@@ -2,18 +2,15 @@
 as the low-latency dispatchers produce them; the finalize weights and sums."""
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Batched, PrepareFinalize, resolve_weight_and_reduce
+from ..cards.backends import LocalBatchedCard
+from ..interfaces import Batched, PrepareFinalize, resolve_weight_and_reduce
 from ..quant import quant_activations
 from ..registry import register_backend
 from ._common import localize_ids, to_batched
 
 
 @register_backend("local_batched")
-class LocalBatchedPrepareFinalize(PrepareFinalize):
-    single_rank = True
-    activation_format = ActivationFormat.BATCHED
-    carries_fp8 = True
-    graph_capturable = True  # the scatter and the reduce are sized for every pair: no host sync
+class LocalBatchedPrepareFinalize(LocalBatchedCard, PrepareFinalize):
 
     def max_rows(self, num_tokens: int) -> int:
         # an expert gets each token at most once; workload.fill sets its own (validity.FILL_BACKENDS)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..interfaces import ActivationFormat, Contiguous, PreparedTokens
+from ..cards.backends import NaiveCard
+from ..interfaces import Contiguous, PreparedTokens
 from ..quant import quant_activations
 from ..registry import register_backend
 from ._common import localize_ids
@@ -17,9 +18,7 @@ from ._dist import EPPrepareFinalize, OpenRange, broadcast_rows, row_bytes, wait
 
 
 @register_backend("naive")
-class NaivePrepareFinalize(EPPrepareFinalize):
-    activation_format = ActivationFormat.STANDARD
-    carries_fp8 = False
+class NaivePrepareFinalize(NaiveCard, EPPrepareFinalize):
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx

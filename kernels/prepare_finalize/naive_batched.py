@@ -7,16 +7,15 @@ Legend: T tokens per rank, W ranks, M = W*T, E local experts, X rows per expert,
 """
 from __future__ import annotations
 
-from ..interfaces import ActivationFormat, Batched, resolve_weight_and_reduce
+from ..cards.backends import NaiveBatchedCard
+from ..interfaces import Batched, resolve_weight_and_reduce
 from ..registry import register_backend
 from ._common import localize_ids, to_batched
 from ._dist import EPPrepareFinalize, row_bytes
 
 
 @register_backend("naive_batched")
-class NaiveBatchedPrepareFinalize(EPPrepareFinalize):
-    activation_format = ActivationFormat.BATCHED
-    carries_fp8 = True
+class NaiveBatchedPrepareFinalize(NaiveBatchedCard, EPPrepareFinalize):
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx

@@ -30,16 +30,17 @@ E local experts, X rows per expert, W ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..interfaces import ActivationFormat, Delegate, Knob, PreparedTokens, PrepareFinalize
+from ..cards.backends import PplxCard
+from ..cards.backends import pplx_dispatch_format as _dispatch_format
+from ..cards.backends import pplx_mode as _mode
+from ..interfaces import Delegate, PreparedTokens, PrepareFinalize
 from ..quant import quant_activations
 from ..registry import register_backend
 from . import _pplx
-from ._common import MAX_TOKENS_KNOB, max_tokens_reason
 from ._dist import OpenRange
 
 
@@ -53,30 +54,8 @@ class PplxHandle:
     dispatch_row_bytes: int  # bytes one dispatched pair carries
 
 
-def _mode(combo_or_options) -> str:
-    return str(combo_or_options.get("pplx_mode", _pplx.DEFAULT_MODE))
-
-
-def _dispatch_format(hidden: int, quant_name: str) -> tuple[int, int, int]:
-    """(row bytes, scale bytes, padded scale columns Gp) of one dispatched token."""
-    if quant_name == "fp8_block":
-        groups = hidden // 128
-        gp = _pplx.round_up(groups, _pplx.SCALE_ALIGN // 4)
-        return hidden, 4 * gp, gp
-    return 2 * hidden, 0, 0
-
-
 @register_backend("pplx")
-class PplxPrepareFinalize(PrepareFinalize):
-    activation_format = ActivationFormat.BATCHED
-    carries_fp8 = True  # fp8_block rows + scales; fp8_tensor travels bf16
-    graph_capturable = True  # no host sync; pplx supports CUDA graphs (vLLM captures it)
-    knobs = (
-        MAX_TOKENS_KNOB,
-        Knob("pplx_mode", _pplx.DEFAULT_MODE, "pplx's transport: intranode (CUDA IPC, as vLLM runs it on one "
-             "node) or internode (NVSHMEM, what pplx's own benchmark times)", choices=_pplx.MODES, tag="{}"),
-    )
-
+class PplxPrepareFinalize(PplxCard, PrepareFinalize):
     def __init__(self, ctx):
         super().__init__(ctx)
         if ctx.group is not None:
@@ -97,40 +76,6 @@ class PplxPrepareFinalize(PrepareFinalize):
         self.X = ctx.max_tokens_per_rank * W  # rows per expert: every rank's tokens may pick it
         # allocate (collectively) at setup, not in the first timed forward
         self._entry = _pplx.get_all_to_all(self.group, self.spec, ctx.device)
-
-    # -- validity ---------------------------------------------------------------
-    @classmethod
-    def supports(cls, combo: dict) -> Optional[str]:
-        reason = _pplx.unavailable_reason()
-        if reason:
-            return reason
-        device = combo.get("device", "cuda")
-        if device != "cuda":
-            return f"pplx needs CUDA GPUs (device={device})"
-        mode = _mode(combo)
-        if mode not in _pplx.MODES:
-            return f"backend.pplx_mode={mode!r}; valid: {', '.join(_pplx.MODES)}"
-        K = combo.get("hidden", 128)
-        quant = combo.get("quant", "bf16")
-        row, scale_bytes, _ = _dispatch_format(K, quant)
-        if row % 16 or K % 8:
-            return f"pplx moves rows in 16-byte units: hidden={K} ({row} bytes a row) must be a multiple of 16 bytes and of 8"
-        staged = _pplx.round_up(row + scale_bytes + 4, 16)
-        if mode == "intranode" and staged > _pplx.MAX_STAGED_ROW_BYTES:
-            return f"pplx's intranode dispatch stages a row in <= 48 KiB of shared memory (hidden={K}, {quant}: {staged} bytes)"
-        return None
-
-    @classmethod
-    def process_group_family(cls, combo) -> tuple:
-        # NVSHMEM initialises once per process: pplx never shares a process with deepep_ll;
-        # its NVSHMEM transport also sizes one buffer per (hidden, experts, max tokens)
-        if _mode(combo) == "internode":
-            return ("nvshmem", "pplx", combo["hidden"], combo["num_experts"], combo["max_tokens_per_rank"])
-        return ("pplx",)
-
-    @classmethod
-    def token_limit(cls, combo, tokens: int):
-        return max_tokens_reason(combo, tokens)
 
     # -- prepare ----------------------------------------------------------------
     def _settle(self) -> None:

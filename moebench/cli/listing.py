@@ -6,7 +6,7 @@ import sys
 
 def list_command(args) -> int:
     from moebench.config import plugins
-    from moebench.run.plan import plan
+    from moebench.run.plan import plan, reason_groups
 
     if args.knobs:
         print("\n".join(plugins.knob_lines()))
@@ -29,8 +29,6 @@ def list_command(args) -> int:
             print(f"skipped {c.label}{plugins.origin_tag(c)}  ({c.reason})")
     elif skipped:
         print(f"\nskipped, by reason ({len(skipped)} combinations; --verbose lists each):")
-        from moebench.run.sweep import reason_groups
-
         for n, line in reason_groups([c.reason for c in skipped]):
             print(f"  {n:4d}  {line}")
     print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")

@@ -6,7 +6,6 @@ clear error; `to_combo` makes the frozen spec every later step uses.
 """
 from __future__ import annotations
 
-import copy
 import re
 from functools import lru_cache
 from typing import Optional
@@ -19,6 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from moebench.config import paths
+from moebench.config.device import resolve_device
 from moebench.config.schema import group_schemas, GROUPS, register_schemas
 from moebench.config.spec import Combo, knob_meta
 
@@ -101,30 +101,58 @@ def compose_config(overrides: list[str]) -> dict:
     (tests/config/test_configs.py checks that): each group option is merged into its typed
     schema once and cached, so a misspelled key or a wrong type still fails here.
     """
+    return {g: _copy(node) for g, node in compose_shared(overrides).items()}
+
+
+def compose_shared(overrides: list[str]) -> dict:
+    """compose_config's answer without the copy: each group is the cached dict that every
+    combination choosing that group option shares, so the caller must not change it. What
+    planning a sweep reads (run/plan.py): per combination it costs a dict of cached groups."""
     try:
-        parsed = [_parse_one(raw) for raw in overrides]
+        for raw in overrides:
+            _parse_one(raw)
     except HydraException as e:
         raise ValueError(f"cannot parse overrides {list(overrides)}: {e}") from None
     choices = dict(_defaults())
     per_group: dict[str, list[str]] = {}
-    for ov in parsed:
-        if ov.is_sweep_override():
-            raise ValueError(f"{ov.input_line!r} sweeps several values: use `moebench sweep`")
-        key = ov.key_or_group
-        if key in RENAMED:
-            raise ValueError(f"{key} is now {RENAMED[key]}: use {RENAMED[key]}={ov.get_value_element_as_str()}")
-        if ov.is_delete() or ov.is_force_add() or ov.is_add():
-            raise ValueError(f"unsupported override {ov.input_line!r}: use key=value or group=option "
-                             "(entries declare their knobs: `moebench list --knobs`)")
-        if key in GROUPS:
-            choices[key] = ov.get_value_element_as_str()
+    for raw in overrides:
+        what, key, value = _meaning(raw)
+        if what == "choice":
+            choices[key] = value
         else:
-            group, _, sub = key.partition(".")
-            if group not in GROUPS or not sub:
-                raise ValueError(f"unknown config key {key!r}; groups: {', '.join(GROUPS)}")
-            per_group.setdefault(group, []).append(f"{sub}={ov.get_value_element_as_str()}")
-    cfg = {g: _typed_group(g, choices[g], tuple(per_group.get(g, ()))) for g in GROUPS}
-    return copy.deepcopy(cfg)
+            per_group.setdefault(key, []).append(value)
+    return {g: _typed_group(g, choices[g], tuple(per_group.get(g, ()))) for g in GROUPS}
+
+
+@lru_cache(maxsize=4096)
+def _meaning(raw: str) -> tuple[str, str, str]:
+    """("choice", group, option) or ("value", group, "sub.key=value") of one parsed override;
+    ValueError for one compose_config does not take."""
+    ov = _parse_one(raw)
+    if ov.is_sweep_override():
+        raise ValueError(f"{ov.input_line!r} sweeps several values: use `moebench sweep`")
+    key = ov.key_or_group
+    if key in RENAMED:
+        raise ValueError(f"{key} is now {RENAMED[key]}: use {RENAMED[key]}={ov.get_value_element_as_str()}")
+    if ov.is_delete() or ov.is_force_add() or ov.is_add():
+        raise ValueError(f"unsupported override {ov.input_line!r}: use key=value or group=option "
+                         "(entries declare their knobs: `moebench list --knobs`)")
+    if key in GROUPS:
+        return "choice", key, ov.get_value_element_as_str()
+    group, _, sub = key.partition(".")
+    if group not in GROUPS or not sub:
+        raise ValueError(f"unknown config key {key!r}; groups: {', '.join(GROUPS)}")
+    return "value", group, f"{sub}={ov.get_value_element_as_str()}"
+
+
+def _copy(node):
+    """A copy of a cached group (dicts, lists and scalars): the caller may change it. A tenth of
+    copy.deepcopy's cost, which was a quarter of planning the default sweep."""
+    if isinstance(node, dict):
+        return {k: _copy(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_copy(v) for v in node]
+    return node
 
 
 @lru_cache(maxsize=None)
@@ -216,11 +244,13 @@ def _check_routing(cfg: dict) -> None:
     """The routing keys of a composed config (routing/generate.py, routing/file.py): a
     recording that cannot be replayed on this model, an imbalance out of reach, a fill outside
     (0, 1], a simulate_rank without simulate_ep."""
-    from moebench.routing import file, generate
+    from moebench.routing import rules
 
     w, m, b = cfg["workload"], cfg["model"], cfg["backend"]
     routing = w["routing"]
     if routing == "replay":
+        from moebench.routing import file  # numpy: only where a recording is read
+
         if not w["routing_file"]:
             raise ValueError("workload.routing=replay needs workload.routing_file=PATH (a recording, .npz: "
                              "docs/routing.md)")
@@ -229,8 +259,8 @@ def _check_routing(cfg: dict) -> None:
     # other routings leave routing_file and routing_layer out of the combination (to_combo): a
     # sweep crossing routings names the recording once, for its replay rows
     # EP-N's own limits (imbalanced_ranks) are validity.py's: a sweep may cross backends
-    spec = generate.RoutingSpec(name=routing, imbalance=float(w["imbalance"]), ep_size=1)
-    why = generate.check(spec, m["num_experts"], m["topk"])
+    spec = rules.RoutingSpec(name=routing, imbalance=float(w["imbalance"]), ep_size=1)
+    why = rules.check(spec, m["num_experts"], m["topk"])
     if why:
         raise ValueError(why)
     if not 0.0 <= w["fill"] <= 1.0:
@@ -246,14 +276,6 @@ def _check_routing(cfg: dict) -> None:
                              f"(0 .. {b['simulate_ep'] - 1})")
 
 
-def resolve_device(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
     """The Combo of a composed config. Fields that cannot matter are set to their defaults,
     so that two configs measuring the same thing have one key: world_size for single-rank
@@ -262,7 +284,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
     from moebench.kernels import registry
 
     b, m, r, w = cfg["backend"], cfg["model"], cfg["runner"], cfg["workload"]
-    single = registry.get_backend(b["name"]).single_rank if b["name"] in registry.BACKENDS else False
+    single = registry.entry("backend", b["name"]).single_rank if b["name"] in registry.BACKENDS else False
     declared = set()
     for kind, name in (("backend", b["name"]), ("experts", cfg["experts"]["name"])):
         table = registry.BACKENDS if kind == "backend" else registry.EXPERTS

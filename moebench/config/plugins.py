@@ -74,9 +74,8 @@ def provenance(c: Combination) -> dict:
 
 def entry_knobs(kind: str, name: str) -> set[str]:
     """The knobs an entry declares (an empty set for one not registered here)."""
-    get = registry.get_backend if kind == "backend" else registry.get_experts
     try:
-        return {k.name for k in getattr(get(name), "knobs", ())}
+        return {k.name for k in getattr(registry.entry(kind, name), "knobs", ())}
     except (KeyError, ValueError):  # not registered here (a plugin not installed): unknown
         return set()
 
@@ -84,6 +83,6 @@ def entry_knobs(kind: str, name: str) -> set[str]:
 def single_rank(backend: str) -> Optional[bool]:
     """Whether a backend runs on one rank (local, local_batched); None for one not registered here."""
     try:
-        return bool(registry.get_backend(str(backend)).single_rank)
+        return bool(registry.entry("backend", str(backend)).single_rank)
     except ValueError:
         return None

@@ -200,13 +200,24 @@ def key_of(identity: dict) -> str:
     return hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
+_KNOB_META: dict = {}  # registry.generation() -> knob_meta()'s answer (read-only)
+
+
 def knob_meta() -> dict:
-    """Every registered knob by name (backends' and experts'): kernels/knobs.py."""
+    """Every registered knob by name (backends' and experts'): kernels/knobs.py. Computed once
+    per state of the registry (planning asks for it a few times per combination)."""
     from moebench.kernels import registry
 
+    registry.discover()
+    hit = _KNOB_META.get(registry.generation())
+    if hit is not None:
+        return hit
     # a plugin's knob named like a field is disabled with the plugin; a built-in's is a bug
     registry.refuse_knob_names(RESERVED, "moebench's own fields (moebench/config/spec.py)")
-    return {**registry.knobs("backend"), **registry.knobs("experts")}
+    meta = {**registry.knobs("backend"), **registry.knobs("experts")}
+    _KNOB_META.clear()
+    _KNOB_META[registry.generation()] = meta  # after the refusal: it may have disabled a plugin
+    return meta
 
 
 def builtin_knobs() -> dict:
@@ -290,4 +301,4 @@ class Combination:
         from moebench.kernels import registry
 
         c = self.combo
-        return (c.world_size, c.device, *registry.get_backend(c.backend).process_group_family(c))
+        return (c.world_size, c.device, *registry.entry("backend", c.backend).process_group_family(c))

@@ -12,7 +12,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from moebench.config import paths
-from moebench.config.compose import CHOICES, resolve_device
+from moebench.config.compose import CHOICES
+from moebench.config.device import resolve_device
 
 DEVICE_SECTIONS = ("cpu", "cuda")  # a sweep file's per-device overrides
 

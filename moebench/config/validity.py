@@ -50,7 +50,7 @@ def validate(combo: Combo) -> Optional[str]:
         if ep < 2:
             return ("workload.routing=imbalanced_ranks loads one EP rank's experts: it needs an EP split "
                     "(an EP backend, or backend.simulate_ep=N on one GPU)")
-        from moebench.routing.generate import RoutingSpec, check
+        from moebench.routing.rules import RoutingSpec, check
 
         why = check(RoutingSpec(name=combo.routing, imbalance=combo.imbalance, ep_size=ep), E, combo.topk)
         if why:
@@ -79,9 +79,9 @@ def graph_capturable(combo: Combo) -> Optional[str]:
 
     if combo.device != "cuda":
         return "capturing a CUDA graph needs CUDA"
-    if not registry.get_backend(combo.backend).graph_capturable:
+    if not registry.entry("backend", combo.backend).graph_capturable:
         return f"backend={combo.backend} cannot be captured in a CUDA graph"
-    if not registry.get_experts(combo.experts).graph_capturable:
+    if not registry.entry("experts", combo.experts).graph_capturable:
         return f"experts={combo.experts} syncs the host (data-dependent sizes): no CUDA graph"
     return None
 
@@ -96,8 +96,8 @@ def auto_events(combo: Combo) -> Optional[str]:
     why = graph_capturable(combo)
     if why:
         return why
-    for kind, entry in (("backend", registry.get_backend(combo.backend)),
-                        ("experts", registry.get_experts(combo.experts))):
+    for kind, entry in (("backend", registry.entry("backend", combo.backend)),
+                        ("experts", registry.entry("experts", combo.experts))):
         if entry.graph_differs:
             return f"{kind}={getattr(combo, kind)}: a CUDA graph would do other work ({entry.graph_differs})"
     if combo.memory_budget:

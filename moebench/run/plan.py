@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from typing import Optional
 
-from moebench.config.compose import check_values, compose_config, rename, set_knobs, to_combo
+from moebench.config.compose import check_values, compose_shared, rename, set_knobs, to_combo
+from moebench.config.device import cuda_available, cuda_device_count
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
 from moebench.config.validity import validate, validate_tokens
@@ -15,9 +17,7 @@ from moebench.config.validity import validate, validate_tokens
 
 def _ranks_available(device: str) -> int:
     if device == "cuda":
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cuda_device_count()  # no torch import on a machine that certainly has no GPU
     return os.cpu_count() or 1
 
 
@@ -30,15 +30,16 @@ def check_machine(combos: list[Combination], explicit_world_size: bool, oversubs
     live = [c for c in combos if not c.reason]
     cuda = [c for c in live if c.combo.device == "cuda"]
     if cuda:
-        import torch
-
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise ValueError("runner.device=cuda but no CUDA GPU is visible: use runner.device=cpu or auto")
         carveout = max(c.combo.shared_sm_carveout for c in cuda)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count if carveout else 0
-        if carveout and carveout >= sms:
-            raise ValueError(f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: "
-                             f"this GPU has {sms} SMs")
+        if carveout:
+            import torch
+
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            if carveout >= sms:
+                raise ValueError(f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: "
+                                 f"this GPU has {sms} SMs")
     if not explicit_world_size:
         return
     for device in ("cuda", "cpu"):
@@ -82,14 +83,15 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
     explicit_ws = any(ov.key_or_group == "runner.world_size" for ov in parse_overrides(cli_overrides))
     combos, seen, knobs_set, knobs_taken = [], set(), set(), set()
     for ovs in expand(overrides, cli_overrides):
-        cfg = compose_config(ovs)
+        cfg = compose_shared(ovs)  # read only: its groups are shared with other combinations
         check_values(cfg)
         combo = to_combo(cfg)
         knobs_set |= set(set_knobs(cfg))
         knobs_taken |= {f"{g}.{k}" for g in ("backend", "experts") for k, _ in combo.knobs if k in cfg[g]}
-        if combo.key in seen:  # e.g. single-rank backends with different world sizes
+        key = combo.key
+        if key in seen:  # e.g. single-rank backends with different world sizes
             continue
-        seen.add(combo.key)
+        seen.add(key)
         reason = validate(combo)
         if not reason and not explicit_ws and this_machine and _ranks_available(combo.device):  # no GPU at all: refused below
             reason = machine_reason(combo, oversubscribe)
@@ -110,9 +112,22 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
     return combos, sweep_data
 
 
+def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
+    """(count, text) per reason, most frequent first; reasons that share their head (the
+    text before the first ':', e.g. 'layouts differ') are one group: its most frequent
+    reason as the example and how many variants it has."""
+    groups: dict[str, Counter] = {}
+    for r in reasons:
+        groups.setdefault(r.split(":")[0] if ":" in r else r, Counter())[r] += 1
+    out = []
+    for variants in groups.values():
+        example, _ = variants.most_common(1)[0]
+        more = f" (and {len(variants) - 1} more like it)" if len(variants) > 1 else ""
+        out.append((sum(variants.values()), f"{example}{more}"))
+    return sorted(out, key=lambda x: (-x[0], x[1]))
+
+
 def run_name(sweep_name: str, cli_overrides: list[str]) -> str:
     """Default run directory name: the same command resumes into the same place."""
     h = hashlib.sha1("\0".join(sorted(cli_overrides)).encode()).hexdigest()[:8]
     return f"{sweep_name}-{h}" if cli_overrides else sweep_name
-
-

@@ -9,21 +9,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from moebench.run import env as envmod
-from moebench.run.launch import Launcher
-from moebench.results.rank_result import Finished
-from moebench.results.lock import RunLock
+from moebench.config.limits import NOISY_SPREAD
 from moebench.config.paths import default_runs_dir
-from moebench.config.spec import Combination
-from moebench.run.plan import plan, run_name
 from moebench.config.plugins import problems as plugin_problems
+from moebench.config.spec import Combination
 from moebench.results.finished import plan_work, run_meta, write_finished
+from moebench.results.lock import RunLock
+from moebench.results.rank_result import Finished
 from moebench.results.row import BAD_STATUSES
 from moebench.results.store import RunStore
-from moebench.config.limits import NOISY_SPREAD
 from moebench.results.writable import describe as environment_error
-from moebench.util.safe_write import safe_dir
 from moebench.results.writable import probe
+from moebench.run import env as envmod
+from moebench.run.plan import plan, reason_groups, run_name
+from moebench.util.safe_write import safe_dir
 
 
 class SweepCounts(Counter):
@@ -113,21 +112,6 @@ class _Stop:
             signal.signal(sig, old)
 
 
-def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
-    """(count, text) per reason, most frequent first; reasons that share their head (the
-    text before the first ':', e.g. 'layouts differ') are one group: its most frequent
-    reason as the example and how many variants it has."""
-    groups: dict[str, Counter] = {}
-    for r in reasons:
-        groups.setdefault(r.split(":")[0] if ":" in r else r, Counter())[r] += 1
-    out = []
-    for variants in groups.values():
-        example, _ = variants.most_common(1)[0]
-        more = f" (and {len(variants) - 1} more like it)" if len(variants) > 1 else ""
-        out.append((sum(variants.values()), f"{example}{more}"))
-    return sorted(out, key=lambda x: (-x[0], x[1]))
-
-
 def dry_run_listing(work: list, combos: list, already: int) -> str:
     """What `sweep --dry-run` prints: each combination to run with its token counts, then
     the skipped ones counted by reason."""
@@ -207,7 +191,7 @@ def execute(
         for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs
             log(f"moebench: {line}")
         if any(c.combo.trace == "nsys" and not c.reason for c in combos):
-            from moebench.traces.nsys import nsys_available, NSYS_MISSING
+            from moebench.traces.nsys import NSYS_MISSING, nsys_available
 
             if not nsys_available():
                 log(f"moebench: {NSYS_MISSING}")
@@ -262,6 +246,8 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
                     _report(label, rows, progress, quiet)
                     progress.update(label, counts)
             else:
+                from moebench.run.launch import Launcher  # torch: only where ranks start, not for --dry-run
+
                 Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested,
                          should_abort=lambda: stop.terminated).run(work)
         except OSError as e:

@@ -33,13 +33,14 @@ def no_deep_gemm(monkeypatch):
 
 
 def test_modules_import_without_deep_gemm():
-    """A fresh interpreter where `import deep_gemm` fails still registers all three."""
+    """A fresh interpreter where `import deep_gemm` fails still registers all three, and their
+    implementations import (discovery reads their cards; get_experts imports them)."""
     code = (
         "import sys; sys.modules['deep_gemm'] = None\n"
         "from moebench.kernels import registry\n"
         "registry.discover()\n"
         f"for n in {NAMES!r}:\n"
-        "    print(n, registry.EXPERTS[n].__module__, '|', registry.EXPERTS[n].supports({'quant': 'fp8_block', 'device': 'cuda'}))\n"
+        "    print(n, registry.get_experts(n).__module__, '|', registry.EXPERTS[n].supports({'quant': 'fp8_block', 'device': 'cuda'}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -97,7 +97,15 @@ def test_default_sweep_on_cpu_counts():
     assert len(valid) - triton_valid == 72
 
 
+def fake_gpu_machine(monkeypatch) -> None:
+    """A machine with GPU device nodes (moebench/config/device.py asks torch then)."""
+    from moebench.config import device
+
+    monkeypatch.setattr(device, "no_gpu_for_certain", lambda: False)
+
+
 def test_world_size_beyond_the_gpus_is_refused_with_the_numbers(monkeypatch):
+    fake_gpu_machine(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"runner.world_size=4 needs 4 GPUs .* has 2"):
@@ -240,6 +248,7 @@ def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
 def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
     class Props:
         multi_processor_count = 132
+    fake_gpu_machine(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
@@ -277,3 +286,23 @@ def test_row_layout_knob():
         plan.plan(ovs + ["experts.fp8_layout=gathered"], None)
     with pytest.raises(ValueError, match="experts.row_layout is set, but none of the chosen entries"):
         plan.plan(["experts=torch"] + ovs[2:] + ["experts.row_layout=gathered"], None)
+
+
+def test_the_default_sweeps_plan_is_pinned(monkeypatch):
+    """The default sweep's whole plan on a 2-core machine without a GPU nor the Triton interpreter (every combination's
+    `list --json` record: key, label, fields, reason, skipped tokens) is the one planned before
+    planning read the entries' cards instead of their implementations (issue #33, at ddffc31):
+    a change to it is deliberate, with the new digest."""
+    import hashlib
+    import json
+
+    from moebench.config import plugins
+
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's: the Triton experts would run
+    combos, _ = plan.plan([], "default")
+    records = [plugins.combo_record(c) for c in combos]
+    assert (len(records), sum(r["status"] == "valid" for r in records)) == (1008, 72)
+    digest = hashlib.sha1(json.dumps(records, sort_keys=True).encode()).hexdigest()
+    assert digest == "4749661c66865d48822faeb45974de2806af83c6"

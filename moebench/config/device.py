@@ -1,0 +1,54 @@
+"""runner.device=auto and this machine's GPU count, without importing torch where the answer
+is certain (importing torch takes 1-3 s: most of `moebench list` once it did).
+
+torch.cuda.is_available() is certainly False when CUDA_VISIBLE_DEVICES hides every GPU, or,
+on Linux, when no GPU device node exists (/dev/nvidia<N>; /dev/kfd for ROCm; /dev/dxg under
+WSL). Anywhere else torch answers, so a CPU-only torch build on a GPU host still says cpu."""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import sys
+
+
+def no_gpu_for_certain() -> bool:
+    """True where torch.cuda.is_available() would be False whatever torch build is installed."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        if not first or first.startswith("-"):  # "" or "-1": no device is visible
+            return True
+    return sys.platform.startswith("linux") and not gpu_device_nodes()
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_device_nodes() -> tuple[str, ...]:
+    """The GPU device nodes of this Linux machine (read once a process: planning asks per
+    combination)."""
+    return tuple(glob.glob("/dev/nvidia[0-9]*") + [p for p in ("/dev/kfd", "/dev/dxg") if os.path.exists(p)])
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), answered without torch where it is certainly False."""
+    if no_gpu_for_certain():
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cuda_device_count() -> int:
+    """The CUDA GPUs torch sees (0 without CUDA)."""
+    if not cuda_available():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def resolve_device(requested: str) -> str:
+    """runner.device: auto is cuda where a CUDA GPU is visible, else cpu."""
+    if requested != "auto":
+        return requested
+    return "cuda" if cuda_available() else "cpu"
