@@ -8,6 +8,7 @@
   a library not promised may skip (the one-GPU suite's `--require deep_gemm` lets the 2-GPU
   deep_ep + deep_gemm tests skip). A skip naming a required library fails too, and each
   required library must have had a test run. The rule and its hooks: tests/_require.py.
+- A progress line per test file as its last test finishes (tests/_progress.py).
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_tests_dir, os.environ.ge
 from moebench.kernels import registry as _registry  # noqa: E402
 
 _registry.discover()
+
+# a line per test file as it finishes (tests/_progress.py): -q's dots are no progress for minutes
+pytest_plugins = ["_progress"]
 
 # the --require gate's hooks (tests/_require.py), found here by name
 from _require import (  # noqa: E402, F401
