@@ -8,6 +8,7 @@
   a library not promised may skip (the one-GPU suite's `--require deep_gemm` lets the 2-GPU
   deep_ep + deep_gemm tests skip). A skip naming a required library fails too, and each
   required library must have had a test run. The rule and its hooks: tests/_require.py.
+- A progress line per test file as its last test finishes (tests/_progress.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# one torch thread, here and in every rank a test starts (moebench/run/worker.py): on a 2-core
+# machine beside other work, two threads of one process wait on each other at every small op;
+# the fp8 correctness tests took 24-43 s with 2 threads and 4.2-4.4 s with 1 (load 6-7),
+# a 1-rank sweep of 6 combinations 41-93 s against 28 s (docs/findings/harness.md, "Tests")
+os.environ.setdefault("MOEBENCH_CPU_THREADS", "1")
+torch.set_num_threads(int(os.environ["MOEBENCH_CPU_THREADS"]))
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
@@ -37,6 +44,9 @@ from moebench.kernels import registry as _registry  # noqa: E402
 
 _registry.discover()
 
+# a line per test file as it finishes (tests/_progress.py): -q's dots are no progress for minutes
+pytest_plugins = ["_progress"]
+
 # the --require gate's hooks (tests/_require.py), found here by name
 from _require import (  # noqa: E402, F401
     pytest_addoption,
@@ -47,19 +57,11 @@ from _require import (  # noqa: E402, F401
     pytest_terminal_summary,
 )
 
+# the tiers: gpu and slow tests run only where -m names them (tests/_tiers.py)
+from _tiers import pytest_collection_modifyitems  # noqa: E402, F401
+
 
 @pytest.fixture
 def runs_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "runs"))
     return tmp_path / "runs"
-
-
-def pytest_collection_modifyitems(config, items):
-    """GPU tests run only where `-m` names gpu: any other `-m` (the quick tier's `-m "not
-    multiprocess"`) replaces addopts' `-m 'not gpu'`, and would select them on a CPU machine."""
-    if "gpu" in (config.option.markexpr or ""):
-        return
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu:
-        config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not item.get_closest_marker("gpu")]

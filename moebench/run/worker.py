@@ -280,7 +280,10 @@ def rank_device(device_kind: str, local_rank: int, local_world_size: int) -> tor
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)
         return device
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    # MOEBENCH_CPU_THREADS: the tests' 1 (tests/conftest.py): two threads of one rank on a busy
+    # 2-core machine wait on each other at every op (docs/findings/harness.md, "Tests")
+    threads = os.environ.get("MOEBENCH_CPU_THREADS")
+    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world_size))
     return torch.device("cpu")
 
 

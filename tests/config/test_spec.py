@@ -110,6 +110,9 @@ def test_every_committed_row_recomputes_its_key():
     assert checked > 500
 
 
+# slow tier: ~40 runs' rows loaded and compared pairwise (80-90 s beside other work); the default
+# tier's: the synthetic pairs above, and every committed row's key (test_every_committed_row_recomputes_its_key)
+@pytest.mark.slow
 def test_compare_over_committed_runs_pairs_only_equal_keys_and_identities():
     """Each committed run against each other of its folder: every matched pair has one key and
     the same identity columns on both sides."""
@@ -121,28 +124,32 @@ def test_compare_over_committed_runs_pairs_only_equal_keys_and_identities():
     pairs = 0
     for a in runs:
         for b in runs:
-            if a.parent != b.parent or a == b:
+            # each pair once (b against a pairs the same rows), its identities compared column by column
+            if a.parent != b.parent or not a < b:
                 continue
             cmp = compare_runs(loaded[a], loaded[b])
-            base = loaded[a].drop_duplicates(["combo_key", "tokens_per_rank"], keep="last").set_index(
-                ["combo_key", "tokens_per_rank"])
-            for _, m in cmp.matched.iterrows():
-                ref = base.loc[(m["combo_key"], m["tokens_per_rank"])]
-                for col in cols:
-                    if col in base.columns:
-                        assert str(ref[col]) == str(m[col]), (a, b, col)
-                pairs += 1
+            base = loaded[a].drop_duplicates(["combo_key", "tokens_per_rank"], keep="last")
+            got = cmp.matched.merge(base, on=["combo_key", "tokens_per_rank"], how="left", suffixes=("", "@base"),
+                                    indicator=True, validate="many_to_one")
+            assert (got["_merge"] == "both").all(), (a, b)
+            for col in cols:
+                if col in base.columns and col != "tokens_per_rank":
+                    differ = got[col].map(str) != got[f"{col}@base"].map(str)
+                    assert not differ.any(), (a, b, col, got.loc[differ, [col, f"{col}@base"]].head())
+            pairs += len(got)
     assert pairs > 0
 
 
-def _cpu_sweep(out):
+# both families (1 rank, 2 gloo ranks), ok and skipped rows
+SCHEMA_SWEEP = ["backend=local,naive", "experts=torch,torch_batched", "reduction=finalize", "overlap=none,combine"]
+
+
+def _cpu_sweep(out, overrides=SCHEMA_SWEEP):
     from moebench.results.store import RunStore
     from moebench.run.sweep import execute
 
-    run_dir, _ = execute(["backend=local,naive", "experts=torch,torch_batched", "reduction=finalize",
-                          "overlap=none,combine", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",
-                          "runner.reps=2", "runner.warmup=0", "runner.phase_reps=1"],
-                         "default", str(out), quiet=True)
+    run_dir, _ = execute([*overrides, "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=2",
+                          "runner.warmup=0", "runner.phase_reps=1"], "default", str(out), quiet=True)
     return RunStore(run_dir).load()
 
 
@@ -187,7 +194,7 @@ def test_a_column_added_to_row_py_reaches_the_rows_the_golden_file_and_the_docs(
     design = (ROOT / "docs" / "design.md").read_text()
     assert "| `throwaway_us` | float | latency | max | a column added by a test |" in rowschema.design_text(design)
     assert rowschema.golden_text() != GOLDEN.read_text()  # the check would now ask for --write
-    df = _cpu_sweep(tmp_path / "run")
+    df = _cpu_sweep(tmp_path / "run", ["backend=local", "experts=torch", "reduction=finalize", "overlap=none"])
     assert "throwaway_us" in df.columns and df["throwaway_us"].isna().all()
     loaded, _ = load_run(tmp_path / "run")
     assert "throwaway_us" in loaded.columns

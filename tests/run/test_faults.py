@@ -32,23 +32,27 @@ def _by_fault(run_dir) -> dict:
     return out
 
 
-def test_crashing_faults_give_their_status_and_the_next_combination_runs_clean(tmp_path):
-    faults = ["raise", "kill", "oom", "desync", "wrong", "none"]
-    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}"], None, str(tmp_path / "crash"),
-                              quiet=True)
-    rows = _by_fault(run_dir)
-    assert set(rows) == set(faults) and all(set(r) == {4, 8} for r in rows.values()), rows
+def _check_raise(rows):
     # a raise in a rank: failed, with the rank and its message; the combination's other
     # token count says why it did not run
     assert rows["raise"][4] == ("failed", "rank 1: RuntimeError: injected failure on rank 1")
     assert rows["raise"][8][0] == "failed" and rows["raise"][8][1].startswith(NOT_RUN)
+
+
+def _check_kill(rows):
     # a rank that kills itself: failed, naming the dead rank and its signal before the
     # closed connection its peer then reports
     st, why = rows["kill"][4]
     assert st == "failed" and why.startswith("rank 1 died with exit code -9 (SIGKILL)"), why
+
+
+def _check_oom(rows):
     # real memory exhaustion under RLIMIT_AS in rank 1: the CPU allocator's error is oom
     st, why = rows["oom"][4]
     assert st == "oom" and "can't allocate memory" in why and why.startswith("rank 1:"), why
+
+
+def _check_desync(rows):
     # ranks disagreeing on a collective's shape: on gloo the mismatch aborts the rank that
     # receives too much (SIGABRT) -- failed; were it to hang instead, the timeout would say so
     st, why = rows["desync"][4]
@@ -56,17 +60,42 @@ def test_crashing_faults_give_their_status_and_the_next_combination_runs_clean(t
     if st == "failed":
         assert "rank" in why and ("died" in why or "mismatch" in why or "size" in why), why
     print(f"desync gave {st}: {why[:120]}")
+
+
+def _check_wrong(rows):
     # wrong numbers: incorrect at every token count, with the error and the tolerance
     for t in (4, 8):
         st, why = rows["wrong"][t]
         assert st == "incorrect" and why.startswith("rel_err") and "> 0.02 (bf16)" in why, why
+
+
+CHECKS = {"raise": _check_raise, "kill": _check_kill, "oom": _check_oom, "desync": _check_desync,
+          "wrong": _check_wrong}
+
+
+# the default tier: a rank killed by a signal and real memory exhaustion (a raise, wrong numbers
+# and a timeout: tests/run/test_sweep_cpu.py); the slow tier every crashing fault in one sweep
+@pytest.mark.parametrize("faults", [
+    pytest.param(["kill", "oom", "none"], id="kill-oom"),
+    pytest.param(["raise", "kill", "oom", "desync", "wrong", "none"], id="all", marks=pytest.mark.slow),
+])
+def test_crashing_faults_give_their_status_and_the_next_combination_runs_clean(faults, tmp_path):
+    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}"], None, str(tmp_path / "crash"),
+                              quiet=True)
+    rows = _by_fault(run_dir)
+    assert set(rows) == set(faults) and all(set(r) == {4, 8} for r in rows.values()), rows
+    for fault in faults[:-1]:
+        CHECKS[fault](rows)
     # after all of it, a clean combination in a fresh group
     assert rows["none"] == {4: ("ok", ""), 8: ("ok", "")}
-    assert counts["ok"] == 2 and counts["incorrect"] == 2 and counts["oom"] == 1
+    assert counts["ok"] == 2 and counts["oom"] == 1 and counts["incorrect"] == 2 * ("wrong" in faults)
     assert counts.exit_code() == 1
     assert children() == []
 
 
+# one rank in a barrier its peer never reaches; one stuck: the group killed at runner.timeout_s
+# (the default tier's timeout: a sleeping rank, tests/run/test_sweep_cpu.py)
+@pytest.mark.slow
 def test_hanging_faults_time_out_and_the_next_combination_runs_clean(tmp_path):
     faults = ["hang_collective", "stuck_rank", "none"]
     run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}", "runner.timeout_s=10"], None,

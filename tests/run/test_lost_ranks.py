@@ -120,6 +120,9 @@ def _nodes(cmd, env, timeout_s: float = 240.0):
     return procs, text
 
 
+# slow tier: torchrun end to end; the default tier's cover of the lifeline's watchdog (no kernel
+# death signal): tests/results/test_store.py::test_the_watchdog_kills_a_rank_whose_parent_is_gone
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_torchrun_ranks_die_with_an_agent_killed_during_their_start_up(tmp_path):
     """The issue's reproduction: the agent killed while its ranks import torch."""
@@ -142,6 +145,9 @@ def test_torchrun_ranks_die_with_an_agent_killed_during_their_start_up(tmp_path)
         _kill_all([agent.pid, *ranks])
 
 
+# slow tier: SLURM end to end; the default tier's: the SLURM executor (tests/run/test_distributed.py),
+# `lost:` rows and their resume (test_lost_rows_stay_lost_for_every_token_count_and_a_plain_resume_retries_them)
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_slurm_tasks_die_with_their_job_and_the_sweep_stores_one_lost_row(tmp_path):
     """submitit's local controller (the job) killed while its tasks start: they end, and the
@@ -228,6 +234,8 @@ def test_sigterm_stops_the_sweep_now_with_143_and_a_resume_completes(tmp_path):
         _kill_all([p.pid, *ranks])
 
 
+# slow tier: SLURM end to end; the default tier's SIGTERM: the test above, without SLURM
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_sigterm_cancels_a_sweeps_slurm_jobs(tmp_path):
     run = tmp_path / "s"
@@ -246,6 +254,9 @@ def test_sigterm_cancels_a_sweeps_slurm_jobs(tmp_path):
         _kill_all([p.pid, *tasks])
 
 
+# slow tier: torchrun end to end; the default tier's: two torchrun nodes (tests/run/test_distributed.py),
+# `lost:` rows, a peer's lost connection and their resume (the unit tests below)
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_torchrun_rank_lost_mid_combination_is_a_lost_row_a_plain_resume_runs_again(tmp_path):
     """Two torchrun "nodes" of one rank each; node 1's rank dies at the second token count
