@@ -105,3 +105,14 @@ def test_every_readme_section_a_message_names_exists():
     assert named, "no message names a README section: the pattern has drifted"
     missing = {sec: where for sec, where in named.items() if sec not in headings}
     assert not missing, f"messages name README sections that do not exist: {missing}"
+
+
+def test_every_package_is_installed():
+    """pyproject's explicit `packages` list names every package of the tree: a subpackage left
+    out (kernels/cards/ once was) works in an editable install and is missing from a wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for base, name in ((ROOT / "moebench", "moebench"), (ROOT / "kernels", "moebench.kernels")):
+        for init in base.rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(base).parts)))
+    assert found == listed, f"not listed: {sorted(found - listed)}; listed, not a package: {sorted(listed - found)}"
