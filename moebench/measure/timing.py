@@ -220,15 +220,41 @@ def _cycles_per_us(device: torch.device) -> float:
     return _CYCLES_PER_US[device]
 
 
+PROBE_SPIN_US = 20_000  # the queued GPU work host_enqueue_us calls the callable behind
+
+
 def host_enqueue_us(fn: Callable[[], object], device: torch.device, tries: int = 5) -> float:
-    """Median host time (µs) of calling fn() while the GPU has ~20 ms of work queued,
-    so no launch waits for the GPU: fn's pure enqueue cost, the median of `tries`
-    calls. A result above HOST_SYNCS_US means fn waits on the GPU (e.g. reads a count
-    back)."""
+    """Median host time (µs) of calling fn() while the GPU has work queued, so no launch
+    waits for the GPU: fn's pure enqueue cost, the median of `tries` calls. A result above
+    HOST_SYNCS_US means fn waits on the GPU (e.g. reads a count back).
+
+    One spin of PROBE_SPIN_US, then the `tries` calls back to back behind it, each timed on
+    the host; an event after the spin says whether the GPU was still spinning when the last
+    call returned. If it was, no call waited for the GPU. If not (a call synced the host, or
+    the calls outlasted the spin), each call is measured again behind a spin of its own
+    (_host_enqueue_each), as the probe did before: the spin's 20 ms are then paid per call,
+    not once (~25 ms a probe against ~100 ms)."""
     cyc = _cycles_per_us(device)
+    torch.cuda._sleep(int(PROBE_SPIN_US * cyc))
+    spun = torch.cuda.Event()
+    spun.record()
     out = []
     for _ in range(tries):
-        torch.cuda._sleep(int(20_000 * cyc))
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    still_busy = not spun.query()
+    _sync(device)
+    if still_busy:
+        return float(np.median(out))
+    return _host_enqueue_each(fn, device, tries, cyc)
+
+
+def _host_enqueue_each(fn: Callable[[], object], device: torch.device, tries: int, cyc: float) -> float:
+    """host_enqueue_us's fallback: each call behind a spin of its own, synced after it."""
+    out = []
+    for _ in range(tries):
+        torch.cuda._sleep(int(PROBE_SPIN_US * cyc))
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e6)

@@ -115,6 +115,25 @@ def test_a_forward_that_syncs_the_host_is_detected_and_labelled(stream):
     assert "syncs the host" in measure.host_time_note(host_us, s.host_paced, len(s.us))
 
 
+def test_the_probe_spins_once_for_a_forward_that_never_waits(stream):
+    """Five calls back to back behind one 20 ms spin: the enqueue time (750 µs) is read in
+    about 20 ms of GPU time plus the five forwards', where a spin per call took 100 ms."""
+    fn = layer(stream)
+    t0 = stream.host
+    assert timing.host_enqueue_us(fn, CUDA) == pytest.approx(750.0)
+    assert stream.host - t0 < timing.PROBE_SPIN_US + 5 * 750.0 + 100.0
+    assert stream.host - t0 < 0.3 * 5 * timing.PROBE_SPIN_US
+
+
+def test_the_probe_measures_each_call_alone_when_the_calls_outlast_the_spin(stream):
+    """A 6 ms enqueue: five calls outlast one 20 ms spin, so the GPU idles before the last
+    ones; each call is then timed behind a spin of its own, and still reads 6 ms."""
+    fn = layer(stream, kernels=120)  # 120 x 50 µs of host time
+    t0 = stream.host
+    assert timing.host_enqueue_us(fn, CUDA) == pytest.approx(6000.0)
+    assert stream.host - t0 > 5 * timing.PROBE_SPIN_US  # the fallback's spins
+
+
 def test_a_host_slower_than_its_hold_gets_the_samples_taken_again(stream):
     """The enqueue measured at 750 µs; later forwards take the host 1300 µs (another tenant
     of the host): the GPU catches up with the host inside those samples, so every sample is

@@ -131,3 +131,9 @@ def test_host_enqueue_script_refuses_bad_input_and_writes_its_table():
     assert "| 410 ✗ |" in text[3]  # a triton path over the issue's 300 µs
     assert "skipped: deep_gemm not installed" in text[4]
     assert set(he.ISSUE_34) == set(he.CASES)
+
+
+def test_clock_recovery_script_refuses_bad_gaps():
+    import clock_recovery
+
+    assert clock_recovery.main(["--gaps", "1,x"]) == 2
