@@ -77,6 +77,15 @@ def ht_row_bytes(hidden: int, quant_name: str) -> int:
     return hidden * (1 if quant_name == "fp8_block" else 2)
 
 
+def _deepep_unusable(name: str, combo: dict) -> Optional[str]:
+    """Why DeepEP cannot run this combination at all (library or device), or None."""
+    reason = _deepep.unavailable_reason()
+    if reason:
+        return reason
+    device = combo.get("device", "cuda")
+    return None if device == "cuda" else f"{name} needs CUDA GPUs linked by NVLink (device={device})"
+
+
 @card("backend", "deepep_ht")
 class DeepEPHTCard(BackendCard):
     implementation = "prepare_finalize.deepep_ht"
@@ -94,12 +103,9 @@ class DeepEPHTCard(BackendCard):
 
     @classmethod
     def supports(cls, combo: dict) -> Optional[str]:
-        reason = _deepep.unavailable_reason()
+        reason = _deepep_unusable("deepep_ht", combo)
         if reason:
             return reason
-        device = combo.get("device", "cuda")
-        if device != "cuda":
-            return f"deepep_ht needs CUDA GPUs linked by NVLink (device={device})"
         ws = combo.get("world_size", 2)
         if ws not in _deepep.INTRANODE_WORLD_SIZES:
             return (f"deepep_ht runs DeepEP's intranode kernels: world_size in {_deepep.INTRANODE_WORLD_SIZES} "
@@ -145,12 +151,9 @@ class DeepEPLLCard(BackendCard):
 
     @classmethod
     def supports(cls, combo: dict) -> Optional[str]:
-        reason = _deepep.unavailable_reason()
+        reason = _deepep_unusable("deepep_ll", combo)
         if reason:
             return reason
-        device = combo.get("device", "cuda")
-        if device != "cuda":
-            return f"deepep_ll needs CUDA GPUs linked by NVLink (device={device})"
         ws = combo.get("world_size", 2)
         if ws >= MAX_NVL_PEERS and ws % MAX_NVL_PEERS:
             return f"DeepEP needs fewer than {MAX_NVL_PEERS} ranks or a multiple of {MAX_NVL_PEERS} (got {ws})"

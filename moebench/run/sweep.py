@@ -260,8 +260,9 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
             progress.close()
     if progress.summary():
         log(progress.summary())
-    if tally.line():
-        log(tally.line())
+    line = tally.line()
+    if line:
+        log(line)
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     stored = f", {already} row(s) already stored" if already else ""
     log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
