@@ -6,8 +6,8 @@ Cases: the issue's table (backend=local reduction=experts, uniform routing) and,
 --default, every local combination of the default sweep at its token counts.
 
   kernels       CUDA kernels (and memcpy / memset) one eager forward launches (torch profiler)
-  host_us       timing.host_enqueue_us: the host's time to call the forward behind 20 ms of
-                queued GPU work (no launch waits), the median of --tries
+  host_us       timing.host_enqueue_us as a row measures it (five calls behind one 20 ms spin:
+                no launch waits for the GPU), the median of --tries such probes
   gpu_us        the median of --reps CUDA-graph replays, L2 flushed, each held as a row's are
                 (timing.time_samples, graph=True); the eager forward's own GPU time where the
                 layer cannot be captured (events)
@@ -94,6 +94,7 @@ def build(overrides: list[str], tokens: int):
 
 def measure(name: str, overrides: list[str], tokens: int, reps: int, tries: int) -> dict:
     """The host enqueue and GPU time of one case (no torch profiler: see kernel_figures)."""
+    import numpy as np
     import torch
 
     from moebench.config.validity import auto_events
@@ -103,7 +104,11 @@ def measure(name: str, overrides: list[str], tokens: int, reps: int, tries: int)
     if layer is None:
         return {"case": name, "tokens": tokens, "skipped": c.reason or c.token_reasons[tokens]}
     device = torch.device("cuda", torch.cuda.current_device())
-    out = {"case": name, "tokens": tokens, "label": c.label, "host_us": timing.host_enqueue_us(fn, device, tries=tries)}
+    # `tries` probes as a row takes one (five calls behind one spin each), the median of their medians:
+    # many calls behind one spin would outlast it
+    probes = [timing.host_enqueue_us(fn, device) for _ in range(tries)]
+    out = {"case": name, "tokens": tokens, "label": c.label, "host_us": float(np.median(probes)),
+           "host_us_probes": probes}
     graph = auto_events(c.combo) is None
     s = timing.time_samples(fn, device, reps, 5, flush=timing.L2Flusher(device), graph=graph, warmup_ms=200,
                             hold_us=out["host_us"])
@@ -183,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated names (default: the issue's table)")
     ap.add_argument("--default", action="store_true", help="also every local combination of the default sweep")
     ap.add_argument("--reps", type=int, default=30, help="graph replays (or held eager samples) for the GPU time")
-    ap.add_argument("--tries", type=int, default=21, help="calls timed for the host enqueue (median)")
+    ap.add_argument("--tries", type=int, default=9, help="host-enqueue probes (each the median of five calls)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--profile", metavar="CASE", help="instead: cProfile the enqueue of this case")
     ap.add_argument("--calls", type=int, default=200, help="forwards profiled (--profile)")
