@@ -12,7 +12,7 @@ from moebench.kernels import registry
 from moebench.kernels.interfaces import ExpertWeights, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import MoEKernel
 from moebench.config.spec import Combo
-from moebench.measure.workload import build_expert_weights, build_shared
+from moebench.measure.workload import build_expert_weights, build_shared, kept_expert_weights
 
 
 @dataclass
@@ -41,9 +41,11 @@ def kernel_context(combo: Combo, rank: int, world_size: int, group, device: torc
 
 
 def build_layer(combo: Combo, rank: int, world_size: int, group, device: torch.device,
-                options: Optional[dict] = None) -> Layer:
+                options: Optional[dict] = None, keep_weights: bool = False) -> Layer:
+    """The layer; `keep_weights`: its expert weights are those of the previous build of the same
+    model, quant, seed and share where this process kept them (the worker's families)."""
     ctx = kernel_context(combo, rank, world_size, group, device, options)
-    weights = build_expert_weights(ctx, combo.seed)
+    weights = (kept_expert_weights if keep_weights else build_expert_weights)(ctx, combo.seed)
     pf = registry.get_backend(combo.backend)(ctx)
     experts = registry.get_experts(combo.experts)(weights, combo.reduction, ctx)
     shared = build_shared(ctx.shape, combo.seed, device, sm_carveout=combo.shared_sm_carveout)

@@ -38,6 +38,34 @@ def build_expert_weights(ctx: KernelContext, seed: int) -> ExpertWeights:
     return ExpertWeights(w13_ENK=w13_q, w2_EKI=w2_q, w13_scale=w13_s, w2_scale=w2_s, quant=ctx.quant)
 
 
+# The expert weights of the last combination a rank process built, on its device (one entry):
+# the family's next combinations of the same model, quant, seed and expert share use them again
+# (issue #33). The worker drops them before it frees the device for a combination that needs
+# others, so that a row's device memory never holds two sets.
+_weights: dict = {}
+
+
+def weights_key(ctx: KernelContext, seed: int) -> tuple:
+    """What a rank's expert weights depend on."""
+    return (ctx.shape, ctx.quant, seed, ctx.first_local_expert, ctx.num_local_experts, str(ctx.device))
+
+
+def kept_expert_weights(ctx: KernelContext, seed: int) -> ExpertWeights:
+    """build_expert_weights, kept for the next combination of the same weights_key."""
+    key = weights_key(ctx, seed)
+    w = _weights.get(key)
+    if w is None:
+        _weights.clear()
+        w = _weights[key] = build_expert_weights(ctx, seed)
+    return w
+
+
+def drop_kept_weights(unless: Optional[tuple] = None) -> None:
+    """Forget the kept expert weights, except those of `unless` (a weights_key)."""
+    for k in [k for k in _weights if k != unless]:
+        del _weights[k]
+
+
 def reference_expert_fn(shape: LayerShape, quant: QuantSpec, seed: int, device):
     """e -> fp32 (w13, w2) exactly as the layer stores them (dequantized fp8)."""
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -21,13 +21,13 @@ from moebench.measure import memory
 from moebench.measure.capture import capture_trace, make_recorder, nsys_capture, profiled_phases
 from moebench.measure.derived import derived_figures, routing_counts
 from moebench.kernels import registry
-from moebench.measure.layer import build_layer
+from moebench.measure.layer import build_layer, kernel_context
 from moebench.run.lifeline import die_with
 from moebench.measure.samples import check, host_enqueue, host_time_note, memory_figures, paced_mode, rank_sync, time_layer
 from moebench.results.rank_result import NAN, RankResult
 from moebench.run.messages import Done, Error, Exited, Result, Started, Task
 from moebench.config.validity import timing_mode, timing_note
-from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
+from moebench.measure.workload import drop_kept_weights, make_routed, reference_expert_fn, routing_spec, weights_key
 
 
 def _release_cached(device: torch.device) -> None:
@@ -94,8 +94,10 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
     combination it runs, 0 after it; None: not known)."""
     combo = task.combo
     clock = Stopwatch(device)
+    # the previous combination's expert weights stay only where this one uses the same ones
+    drop_kept_weights(unless=weights_key(kernel_context(combo, rank, world_size, group, device), combo.seed))
     _release_cached(device)  # a previous combination's cached blocks must not count as ours
-    layer = build_layer(combo, rank, world_size, group, device)
+    layer = build_layer(combo, rank, world_size, group, device, keep_weights=True)
     ctx, kernel = layer.ctx, layer.kernel
     shape, quant, seed = ctx.shape, ctx.quant, combo.seed
     setup_used = memory.device_used_bytes(device)

@@ -80,3 +80,33 @@ def test_a_reference_is_computed_once_per_workload_and_the_rows_do_not_change(mo
     (c,), _ = plan.plan([*base, "experts=torch", "reduction=experts", "quant=fp8_tensor"])
     list(worker.run_combination(Task(0, c.combo, (4,)), 0, 1, None, torch.device("cpu"), str(tmp_path)))
     assert len(calls) == 3
+
+
+def test_a_family_builds_each_set_of_expert_weights_once_and_keeps_one_set(monkeypatch, tmp_path):
+    """The worker keeps the last combination's expert weights for the next one of the same model,
+    quant, seed and share (measure/workload.py); another set replaces them, never beside them;
+    the rows are those of weights built afresh."""
+    _fresh(monkeypatch)
+    monkeypatch.setattr(workload, "_weights", {})
+    built = []
+    real = workload.build_expert_weights
+    monkeypatch.setattr(workload, "build_expert_weights", lambda *a: (built.append(a[0].quant.name), real(*a))[1])
+    base = ["backend=local", "model=tiny", "overlap=none", "runner.device=cpu", "runner.reps=2",
+            "runner.warmup=1", "runner.phase_reps=1", "workload.tokens_per_rank=[4]", "experts=torch"]
+    layers = []
+    monkeypatch.setattr(worker, "build_layer", lambda *a, **k: layers.append(build(*a, **k)) or layers[-1])
+    from moebench.measure.layer import build_layer as build
+
+    rows = []
+    for extra in (["reduction=experts"], ["reduction=finalize"], ["reduction=experts", "quant=fp8_tensor"],
+                  ["reduction=experts"]):
+        (c,), _ = plan.plan([*base, *extra])
+        rows += [r for _, r in worker.run_combination(Task(0, c.combo, (4,)), 0, 1, None, torch.device("cpu"),
+                                                      str(tmp_path)) if r is not None]
+        assert len(workload._weights) == 1
+    assert [r.status for r in rows] == ["ok"] * 4
+    assert built == ["bf16", "fp8_tensor", "bf16"]  # the second combination reused the first's weights
+    assert layers[1].weights is layers[0].weights and layers[2].weights is not layers[0].weights
+    fresh = real(layers[3].ctx, c.combo.seed)
+    assert torch.equal(layers[3].weights.w13_ENK, fresh.w13_ENK) and torch.equal(layers[3].weights.w2_EKI, fresh.w2_EKI)
+    assert rows[3].rel_err == rows[0].rel_err
