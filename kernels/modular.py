@@ -90,6 +90,9 @@ class MoEKernel:
         self.overlap = overlap
         self._phases = NULL_PHASES
         self._ws: dict[str, torch.Tensor] = {}
+        # (rows, tokens, device) -> the three workspace views: shapes and carve-up are
+        # worked out once per size, not per forward (issue #34)
+        self._ws_views: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     # -- phases ---------------------------------------------------------------
     @property
@@ -125,6 +128,7 @@ class MoEKernel:
 
     def clear_workspaces(self) -> None:
         self._ws.clear()
+        self._ws_views.clear()
 
     def _workspace(self, key: str, shape: tuple[int, ...], max_shape: tuple[int, ...], device) -> torch.Tensor:
         """A view of `shape` on a flat buffer sized for `max_shape` (allocated once)."""
@@ -133,6 +137,7 @@ class MoEKernel:
         if buf is None or buf.numel() < max(need, math.prod(shape)):
             buf = torch.empty(max(need, math.prod(shape)), dtype=self.experts.workspace_dtype, device=device)
             self._ws[key] = buf
+            self._ws_views.clear()  # views of the old buffer must not outlive it
         return buf[: math.prod(shape)].view(shape)
 
     def _workspaces(self, prepared: PreparedTokens, num_tokens: int):
@@ -140,14 +145,20 @@ class MoEKernel:
             rows = prepared.x.shape[1]
         else:
             rows = prepared.x.shape[0]
+        dev = prepared.x.device
+        key = (rows, num_tokens, dev)
+        views = self._ws_views.get(key)
+        if views is not None:
+            return views
         shapes = self.experts.workspace_shapes(*self._dims(rows))
         max_shapes = self.experts.workspace_shapes(*self._dims(self.pf.max_rows(num_tokens)))
-        dev = prepared.x.device
         ws13 = self._workspace("ws13", shapes[0], max_shapes[0], dev)
         ws2 = self._workspace("ws2", shapes[1], max_shapes[1], dev)
         # the output never aliases a workspace the experts still read
         out = self._workspace("out", shapes[2], max_shapes[2], dev)
-        return ws13, ws2, out
+        # a buffer grown by a later call clears this (_workspace): a view never outlives its buffer
+        self._ws_views[key] = views = (ws13, ws2, out)
+        return views
 
     # -- forward --------------------------------------------------------------
     def forward(

@@ -1,0 +1,69 @@
+"""Issue #34, the host's side of a forward: what is cached per size equals what is
+computed afresh."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from moebench.kernels import registry  # noqa: E402 (after TRITON_INTERPRET is set)
+from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec  # noqa: E402
+from moebench.kernels.modular import MoEKernel  # noqa: E402
+from moebench.measure.workload import build_expert_weights, make_inputs  # noqa: E402
+
+SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shared_experts=0, shared_intermediate=0)
+
+
+def _layer(experts="triton", quant="bf16", simulate_ep=1, options=None):
+    ctx = KernelContext(shape=SHAPE, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=simulate_ep,
+                        options=options or {})
+    w = build_expert_weights(ctx, 0)
+    pf = registry.get_backend("local")(ctx)
+    ex = registry.get_experts(experts)(w, "experts", ctx)
+    return MoEKernel(pf, ex, None, "none")
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8_block"])
+def test_workspace_views_cached_equal_uncached(quant):
+    k = _layer(quant=quant)
+    for T in (1, 16, 64):
+        x, w, ids = make_inputs(SHAPE, T, "uniform", 1.0, 0, 0, 1, "cpu")
+        prepared = k.pf.prepare(x, w, ids, k.experts.input_quant)
+        first = k._workspaces(prepared, T)
+        again = k._workspaces(prepared, T)
+        assert all(a is b for a, b in zip(first, again, strict=True))  # cached: the same views
+        rows = prepared.x.shape[0]
+        shapes = k.experts.workspace_shapes(*k._dims(rows))
+        assert [tuple(v.shape) for v in first] == [tuple(s) for s in shapes]
+        # each view starts its buffer, as the uncached carve-up did
+        assert [v.data_ptr() for v in first] == [k._ws[n].data_ptr() for n in ("ws13", "ws2", "out")]
+        y = k(x, w, ids)
+        k.clear_workspaces()
+        assert not k._ws_views and not k._ws
+        assert torch.equal(k(x, w, ids), y)  # fresh buffers, the same result
+
+
+def test_workspace_views_follow_a_grown_buffer():
+    k = _layer()
+    x, w, ids = make_inputs(SHAPE, 4, "uniform", 1.0, 0, 0, 1, "cpu")
+    small = k._workspaces(k.pf.prepare(x, w, ids, None), 4)
+    x2, w2, ids2 = make_inputs(SHAPE, 512, "uniform", 1.0, 0, 0, 1, "cpu")
+    k._workspaces(k.pf.prepare(x2, w2, ids2, None), 512)  # grows every buffer
+    again = k._workspaces(k.pf.prepare(x, w, ids, None), 4)
+    assert again[0] is not small[0] and again[0].data_ptr() == k._ws["ws13"].data_ptr()
+
+
+def test_contiguous_decision_cached_equals_uncached():
+    for layout in ("auto", "gathered", "contiguous"):
+        ex = _layer(options={"row_layout": layout}).experts
+        for M in (1, 64, 4096, 65536):
+            assert ex.contiguous(M, 2) == ex._contiguous(M, 2)
+            assert ex.contiguous(M, 2) == ex._contiguous(M, 2)  # the cached answer
+    bad = _layer(options={"row_layout": "nope"}).experts
+    for _ in range(2):  # a bad option raises every time (an error is not cached)
+        with pytest.raises(ValueError, match="row_layout"):
+            bad.contiguous(8, 2)
