@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from ..interfaces import FP8_MAX
-from .common import cast_out, interpreting, to_fp8
+from .common import cast_out, to_fp8
+from .launch import interpreted, launch
 from .quant import EPS
 
 MODE_BF16, MODE_AMAX, MODE_TENSOR, MODE_GROUP = 0, 1, 2, 3
@@ -142,13 +143,13 @@ def silu_and_mul(
     if num_rblk == 0:
         return
     dummy = h2
-    _silu_mul_kernel[(num_rblk, triton.cdiv(I, block_c))](
+    launch(_silu_mul_kernel, (num_rblk, triton.cdiv(I, block_c)),
         h2, o2,
         scale if scale is not None else dummy, amax if amax is not None else dummy,
         ids, post, num_pairs, counts, X, I,
         h2.stride(0), o2.stride(0), s_m, s_g,
         BATCHED=batched, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
-        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_silu_mul_kernel), num_warps=4,
     )
 
 
@@ -170,6 +171,6 @@ def zero_nonlocal_rows(out_RK: torch.Tensor, topk_ids: torch.Tensor, num_experts
     if R == 0:
         return
     block_r, block_c = 16, 256
-    _zero_rows_kernel[(triton.cdiv(R, block_r), triton.cdiv(K, block_c))](
+    launch(_zero_rows_kernel, (triton.cdiv(R, block_r), triton.cdiv(K, block_c)),
         out_RK, ids, R, num_experts, K, out_RK.stride(0), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
     )

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
+
 
 @triton.jit
 def _align_count_kernel(
@@ -131,14 +133,14 @@ def moe_align_block_size(
     expert_ids = scratch[rows : rows + num_blocks]
     meta = scratch[rows + num_blocks : need]
     num_bins = triton.next_power_of_2(num_experts + 1)
-    _align_count_kernel[(1,)](
+    launch(_align_count_kernel, (1,),
         ids, meta, expert_ids, num_pairs, num_experts, num_blocks,
         BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=1024, BLOCK_B=max(1, min(64, 8192 // num_bins)),
         num_warps=4,
     )
     block = 256
     num_pair_programs = triton.cdiv(num_pairs, block)
-    _align_scatter_kernel[(num_pair_programs + num_experts,)](
+    launch(_align_scatter_kernel, (num_pair_programs + num_experts,),
         ids, meta, sorted_ids, num_pairs, num_experts, num_pair_programs,
         BLOCK_M=block_m, BLOCK=block, num_warps=4,
     )
