@@ -9,8 +9,23 @@ import torch
 from ..interfaces import BatchedHandle, PreparedTokens
 
 
-def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:
-    """Global expert ids -> local ids in [0, num_local), -1 for pairs of other ranks."""
+def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_experts: int | None = None) -> torch.Tensor:
+    """Global expert ids -> local ids in [0, num_local), -1 for pairs of other ranks, int64.
+
+    With `num_experts` (the global count) and every expert local, the valid global ids
+    are the local ones: int64 ids come back as they are (no kernel). On CUDA one Triton
+    kernel (kernels/triton/routing.py, equal to the torch form below) instead of six."""
+    if num_experts is not None and first == 0 and num_local == num_experts and topk_ids_MP.dtype == torch.int64:
+        return topk_ids_MP
+    if topk_ids_MP.is_cuda:
+        from ..triton.routing import localize_ids_triton
+
+        return localize_ids_triton(topk_ids_MP, first, num_local)
+    return localize_ids_torch(topk_ids_MP, first, num_local)
+
+
+def localize_ids_torch(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:
+    """localize_ids in torch ops (the CPU path and the Triton kernel's reference)."""
     local = topk_ids_MP.long() - first
     keep = (local >= 0) & (local < num_local)
     return torch.where(keep, local, torch.full_like(local, -1))

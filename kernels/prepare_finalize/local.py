@@ -24,7 +24,8 @@ class LocalPrepareFinalize(LocalCard, PrepareFinalize):
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):
             x, scale = quant_activations(hidden_TK, quant)
-            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts)
+            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts,
+                               self.ctx.shape.num_experts)
         prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
         return lambda: prepared
 

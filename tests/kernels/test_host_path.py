@@ -1,5 +1,6 @@
 """Issue #34, the host's side of a forward: what is cached per size equals what is
-computed afresh."""
+computed afresh, and the one-kernel id localization equals the torch form exactly
+(the Triton kernel through the interpreter)."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ if not torch.cuda.is_available():
 from moebench.kernels import registry  # noqa: E402 (after TRITON_INTERPRET is set)
 from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec  # noqa: E402
 from moebench.kernels.modular import MoEKernel  # noqa: E402
+from moebench.kernels.prepare_finalize._common import localize_ids, localize_ids_torch  # noqa: E402
 from moebench.measure.workload import build_expert_weights, make_inputs  # noqa: E402
 
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shared_experts=0, shared_intermediate=0)
@@ -25,6 +27,28 @@ def _layer(experts="triton", quant="bf16", simulate_ep=1, options=None):
     pf = registry.get_backend("local")(ctx)
     ex = registry.get_experts(experts)(w, "experts", ctx)
     return MoEKernel(pf, ex, None, "none")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("first, num_local", [(0, 8), (0, 2), (4, 4), (6, 2)])
+def test_localize_kernel_equals_torch(dtype, first, num_local):
+    from moebench.kernels.triton.routing import localize_ids_triton
+
+    g = torch.Generator().manual_seed(first * 10 + num_local)
+    for M in (0, 1, 37, 700):
+        ids = torch.randint(-1, 10, (M, 3), generator=g).to(dtype)
+        got = localize_ids_triton(ids, first, num_local)
+        want = localize_ids_torch(ids, first, num_local)
+        assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape
+        assert torch.equal(got, want), (M, first, num_local)
+
+
+def test_localize_every_expert_local_is_the_identity():
+    ids = torch.tensor([[0, 7], [3, 5]])
+    assert localize_ids(ids, 0, 8, 8) is ids  # no kernel, no copy
+    assert torch.equal(localize_ids(ids, 0, 8, 8), localize_ids_torch(ids, 0, 8))
+    assert torch.equal(localize_ids(ids.int(), 0, 8, 8), localize_ids_torch(ids, 0, 8))  # int32: converted
+    assert localize_ids(ids, 4, 4, 8).tolist() == [[-1, 3], [-1, 1]]  # not all local: localized
 
 
 @pytest.mark.parametrize("quant", ["bf16", "fp8_block"])
