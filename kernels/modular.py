@@ -14,6 +14,7 @@ from .interfaces import (
     NULL_PHASES,
     ActivationFormat,
     Experts,
+    NoOp,
     PreparedTokens,
     PrepareFinalize,
 )
@@ -160,6 +161,12 @@ class MoEKernel:
         self._ws_views[key] = views = (ws13, ws2, out)
         return views
 
+    def _writes_output_directly(self, wr, expert_out: torch.Tensor, out_TK: torch.Tensor) -> bool:
+        """Whether the experts may write the layer output itself: the finalize would only copy
+        their [T, K] bf16 output into it (the out workspace stays allocated, so memory is as planned)."""
+        return (self.pf.noop_finalize_copies and isinstance(wr, NoOp) and expert_out.shape == out_TK.shape
+                and expert_out.dtype == out_TK.dtype)
+
     # -- forward --------------------------------------------------------------
     def forward(
         self,
@@ -187,11 +194,13 @@ class MoEKernel:
             prepared = self.pf.prepare(hidden_TK, topk_weights_TP, topk_ids_TP, quant)
 
         ws13, ws2, expert_out = self._workspaces(prepared, T)
+        out_TK = torch.empty(T, hidden_TK.shape[1], dtype=torch.bfloat16, device=hidden_TK.device)
+        wr = self.experts.finalize_weight_and_reduce()
+        if self._writes_output_directly(wr, expert_out, out_TK):
+            expert_out = out_TK  # the finalize's copy would be all it does (noop_finalize_copies)
         with ph("experts"):
             self.experts.apply(expert_out, prepared, ws13, ws2)
 
-        out_TK = torch.empty(T, hidden_TK.shape[1], dtype=torch.bfloat16, device=hidden_TK.device)
-        wr = self.experts.finalize_weight_and_reduce()
         with ph("finalize"):
             if self.shared is not None and self.overlap == "combine":
                 receive = self.pf.finalize_async(out_TK, expert_out, prepared, wr)

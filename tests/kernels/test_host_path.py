@@ -91,3 +91,30 @@ def test_contiguous_decision_cached_equals_uncached():
     for _ in range(2):  # a bad option raises every time (an error is not cached)
         with pytest.raises(ValueError, match="row_layout"):
             bad.contiguous(8, 2)
+
+
+@pytest.mark.parametrize("experts", ["triton", "torch"])
+def test_experts_write_the_output_directly_with_the_same_result(experts):
+    """local + reduction=experts: the experts write out_TK, the finalize's copy is skipped."""
+    k = _layer(experts=experts)
+    x, w, ids = make_inputs(SHAPE, 24, "uniform", 1.0, 0, 0, 1, "cpu")
+    copies = []
+    orig = torch.Tensor.copy_
+
+    def spy(self, src, *a, **kw):
+        copies.append(src.data_ptr())
+        return orig(self, src, *a, **kw)
+
+    direct = k(x, w, ids)
+    k.pf.noop_finalize_copies = False  # the finalize's copy, as before
+    torch.Tensor.copy_ = spy
+    try:
+        copied = k(x, w, ids)
+        k.pf.noop_finalize_copies = True
+        n = len(copies)
+        again = k(x, w, ids)
+    finally:
+        torch.Tensor.copy_ = orig
+    out_ws = k._ws["out"].data_ptr()
+    assert out_ws in copies[:n] and out_ws not in copies[n:]  # the out workspace is copied only before
+    assert torch.equal(direct, copied) and torch.equal(again, copied)
