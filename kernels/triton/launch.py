@@ -37,6 +37,8 @@ except ImportError:  # pragma: no cover (triton always has it)
 ENV = "MOEBENCH_TRITON_FASTLAUNCH"
 _UNKEYED = object()  # an argument spec_key cannot key: the JIT launch
 _enabled: Optional[bool] = None
+# launches by path (the GPU test checks that the compiled handle was taken)
+stats = {"handle": 0, "jit": 0}
 
 
 def enabled() -> bool:
@@ -158,12 +160,14 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
     device = driver.active.get_current_device()
     kernel = plan.cache.get((device, key))
     if kernel is None:  # the JIT compiles (or finds) the binary and launches it
+        stats["jit"] += 1
         kernel = fn.run(*args, grid=grid, warmup=False, **kwargs)
         if hasattr(kernel, "result"):
             kernel = kernel.result()
         if kernel is not None:
             plan.cache[(device, key)] = kernel
         return
+    stats["handle"] += 1
     stream = driver.active.get_current_stream(device)
     rt = knobs.runtime
     enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
