@@ -118,3 +118,29 @@ def test_experts_write_the_output_directly_with_the_same_result(experts):
     out_ws = k._ws["out"].data_ptr()
     assert out_ws in copies[:n] and out_ws not in copies[n:]  # the out workspace is copied only before
     assert torch.equal(direct, copied) and torch.equal(again, copied)
+
+
+@pytest.mark.parametrize("block_m", [16, 64, 128])
+@pytest.mark.parametrize("M, P, E", [(1, 1, 1), (32, 8, 128), (37, 4, 8), (200, 8, 32), (0, 2, 4)])
+def test_one_launch_align_equals_two(monkeypatch, M, P, E, block_m):
+    """The counting program that also scatters (few pairs) gives the two-kernel path's
+    layout: the same padded rows, block experts, and pairs per block (as sets: their order
+    inside an expert comes from atomics)."""
+    from moebench.kernels.triton import align
+
+    g = torch.Generator().manual_seed(M * 7 + E)
+    ids = torch.randint(-1, E, (M, P), generator=g)
+    one = [t.clone() for t in align.moe_align_block_size(ids, E, block_m)]
+    monkeypatch.setattr(align, "ONE_LAUNCH_MAX_PAIRS", -1)
+    two = [t.clone() for t in align.moe_align_block_size(ids, E, block_m)]
+    n = int(two[2])
+    assert int(one[2]) == n
+    assert torch.equal(one[1][: n // block_m], two[1][: n // block_m])
+    assert torch.equal(one[0][:n].view(-1, block_m).sort(1).values, two[0][:n].view(-1, block_m).sort(1).values)
+    # and the layout is right: every local pair once, in its expert's blocks; padding holds the sentinel
+    s, e = one[0][:n], one[1][: n // block_m].repeat_interleave(block_m)
+    real = s < M * P
+    flat = ids.reshape(-1)
+    assert sorted(s[real].tolist()) == [i for i in range(M * P) if flat[i] >= 0]
+    assert torch.equal(flat[s[real].long()], e[real].long())
+    assert (s[~real] == M * P).all()
