@@ -9,7 +9,8 @@ compiles if needed and returns the CompiledKernel), later calls of the same key 
 The key (`spec_key`) is at least as fine as Triton's specialization, so a key never
 maps to a binary compiled for other arguments:
   tensor       dtype, data_ptr % 16 == 0                    (Triton: *dtype, "D")
-  int          == 1, % 16 == 0, fits i32, >= 2**63          (constexpr 1, "D", i32 / i64 / u64)
+  int          the value (`arg_key`: == 1, % 16 == 0,       (constexpr 1, "D", i32 / i64 / u64)
+               fits i32, >= 2**63 is what Triton reads)
   bool, float  the type                                     (u1, fp32: not specialized)
   None         None                                         (constexpr None)
   descriptor   base dtype, block shape, padding, rank      (tensordesc<dtype[block]>)
@@ -35,7 +36,8 @@ except ImportError:  # pragma: no cover (triton always has it)
     JITFunction = None  # no fast path
 
 ENV = "MOEBENCH_TRITON_FASTLAUNCH"
-_UNKEYED = object()  # an argument spec_key cannot key: the JIT launch
+_UNKEYED = object()
+MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared when full  # an argument spec_key cannot key: the JIT launch
 _enabled: Optional[bool] = None
 # launches by path (the GPU test checks that the compiled handle was taken)
 stats = {"handle": 0, "jit": 0}
@@ -120,15 +122,26 @@ def bind(plan: _Plan, args: tuple, kwargs: dict) -> tuple[list, dict]:
 
 
 def spec_key(plan: _Plan, vals: list, options: dict) -> Any:
-    """A hashable key at least as fine as Triton's specialization, or None (no fast path)."""
+    """A hashable key at least as fine as Triton's specialization, or None (no fast path).
+    Runtime ints enter by value (finer than Triton's == 1 / % 16 / width, and cheaper to
+    build: a shape's ints are the same every forward); constexprs with their type
+    (False == 0 == 0.0 in Python, not in Triton's cache key)."""
     key = []
+    append = key.append
     for is_const, v in zip(plan.constexpr, vals, strict=True):
-        # a constexpr's type too: False == 0 == 0.0 in Python, not in Triton's cache key
-        k = (type(v), v) if is_const else arg_key(v)
-        if k is _UNKEYED:
-            return None
-        key.append(k)
-    key.append(tuple((k, type(v), v) for k, v in options.items()))
+        t = type(v)
+        if is_const:
+            append((t, v))
+        elif t is int:
+            append(v)  # never equal to the other keys: tuples, types, None
+        elif t is torch.Tensor or isinstance(v, torch.Tensor):
+            append((v.dtype, v.data_ptr() & 15 == 0))
+        else:
+            k = arg_key(v)
+            if k is _UNKEYED:
+                return None
+            append(k)
+    append(tuple([(k, type(v), v) for k, v in options.items()]))
     out = tuple(key)
     try:
         hash(out)
@@ -165,6 +178,8 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         if hasattr(kernel, "result"):
             kernel = kernel.result()
         if kernel is not None:
+            if len(plan.cache) >= MAX_KEYS:  # ints that change every call: do not grow without bound
+                plan.cache.clear()
             plan.cache[(device, key)] = kernel
         return
     stats["handle"] += 1

@@ -89,7 +89,8 @@ def test_spec_key_constexprs_options_and_defaults():
     def k(*args, **kw):
         return fl.spec_key(plan, *fl.bind(plan, args, kw))
 
-    assert k(torch.empty(32), 48, BLOCK=64, num_warps=4) == key  # same specialization
+    assert k(torch.empty(32), 32, BLOCK=64, num_warps=4) == key  # same specialization: another tensor
+    assert k(torch.empty(32), 48, BLOCK=64, num_warps=4) != key  # ints by value: finer than Triton, never coarser
     assert k(x, 32, BLOCK=128, num_warps=4) != key  # constexpr value
     assert k(x, 32, BLOCK=64, num_warps=8) != key  # option
     assert k(x, 32, BLOCK=64, FLAG=True, num_warps=4) != key  # defaulted constexpr given
@@ -97,6 +98,22 @@ def test_spec_key_constexprs_options_and_defaults():
     assert k(x, 1, BLOCK=64, num_warps=4) != key  # the value-1 specialization
     assert k(x, 33, BLOCK=64, num_warps=4) != key  # divisibility by 16
     assert k(x, 32, BLOCK=[64], num_warps=4) is None  # unhashable: the JIT launch
+    assert k(x, object(), BLOCK=64, num_warps=4) is None  # an unknown argument type: the JIT launch
+    assert k(x[1:], 32, BLOCK=64, num_warps=4) != key  # a misaligned tensor
+    assert k(x.double(), 32, BLOCK=64, num_warps=4) != key  # another dtype
+    assert k(x, True, BLOCK=64, num_warps=4) != k(x, 1, BLOCK=64, num_warps=4)  # u1 / constexpr 1
+
+
+def test_spec_key_at_least_as_fine_as_triton():
+    """Equal keys imply equal Triton specializations, over every runtime argument sampled."""
+    plan = fl._Plan(_FakeJit())
+    samples = _samples()
+    seen = {}
+    for a in samples:
+        key = fl.spec_key(plan, *fl.bind(plan, (a, 5), dict(BLOCK=64)))
+        seen.setdefault(key, []).append(a)
+    for group in seen.values():
+        assert len({_triton_spec(a) for a in group}) == 1, group
 
 
 def test_interpreter_takes_the_jit_launch():
