@@ -36,8 +36,8 @@ except ImportError:  # pragma: no cover (triton always has it)
     JITFunction = None  # no fast path
 
 ENV = "MOEBENCH_TRITON_FASTLAUNCH"
-_UNKEYED = object()
-MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared when full  # an argument spec_key cannot key: the JIT launch
+_UNKEYED = object()  # an argument spec_key cannot key: the JIT launch
+MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared when full
 _enabled: Optional[bool] = None
 # launches by path (the GPU test checks that the compiled handle was taken)
 stats = {"handle": 0, "jit": 0}

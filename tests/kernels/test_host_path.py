@@ -11,11 +11,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from moebench.kernels import registry  # noqa: E402 (after TRITON_INTERPRET is set)
-from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec  # noqa: E402
-from moebench.kernels.modular import MoEKernel  # noqa: E402
-from moebench.kernels.prepare_finalize._common import localize_ids, localize_ids_torch  # noqa: E402
-from moebench.measure.workload import build_expert_weights, make_inputs  # noqa: E402
+from moebench.kernels import registry
+from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
+from moebench.kernels.modular import MoEKernel
+from moebench.kernels.prepare_finalize._common import localize_ids, localize_ids_torch
+
+from moebench.measure.workload import build_expert_weights, make_inputs
 
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shared_experts=0, shared_intermediate=0)
 

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from moebench.kernels.triton import launch as fl  # noqa: E402 (after TRITON_INTERPRET is set)
+from moebench.kernels.triton import launch as fl
 
 
 def _triton_spec(a):
