@@ -69,7 +69,8 @@ def variants(quick: bool):
                     dict(ids, expert_ids_ptr="*i32", sorted_ids_ptr="*i32", num_blocks="i32"),
                     dict(BLOCK_M=16, NUM_BINS=256, CHUNK=1024, BLOCK_B=32, SCATTER=scatter, PAD_C=16), 4, 1))
     out.append(("localize_ids", routing._localize_kernel,
-                dict(ids_ptr="*i64", out_ptr="*i64", num_pairs="i32", first="i32", num_local="i32"), dict(BLOCK=1024), 4, 1))
+                dict(ids_ptr="*i64", out_ptr="*i64", num_pairs="i32", first="i32", num_local="i32"),
+                dict(BLOCK=1024), 4, 1))
     out.append(("align_scatter", align._align_scatter_kernel, dict(ids, sorted_ids_ptr="*i32", num_pair_programs="i32"),
                 dict(BLOCK_M=16, BLOCK=256), 4, 1))
     for qname, q, a, scale, bk in quants:

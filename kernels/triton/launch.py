@@ -39,6 +39,7 @@ ENV = "MOEBENCH_TRITON_FASTLAUNCH"
 _UNKEYED = object()  # an argument spec_key cannot key: the JIT launch
 MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared when full
 _enabled: Optional[bool] = None
+_RUNTIME: Optional[tuple] = None  # _runtime()
 # launches by path (the GPU test checks that the compiled handle was taken)
 stats = {"handle": 0, "jit": 0}
 
@@ -52,9 +53,24 @@ def enabled() -> bool:
 
 
 def set_enabled(value: Optional[bool]) -> None:
-    """Force the fast path on / off; None re-reads the environment at the next launch."""
-    global _enabled
+    """Force the fast path on / off; None re-reads the environment at the next launch
+    (and the driver: tests may replace it)."""
+    global _enabled, _RUNTIME
     _enabled = value
+    _RUNTIME = None
+
+
+def _runtime() -> tuple:
+    """(current device, current stream of a device, Triton's runtime knobs), looked up once:
+    the driver's LazyProxy answers each attribute through __getattr__."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        active = driver.active
+        _RUNTIME = (active.get_current_device, active.get_current_stream, knobs.runtime)
+    return _RUNTIME
 
 
 def interpreted(fn) -> bool:
@@ -102,8 +118,9 @@ def _plan(fn) -> _Plan:
     return plan
 
 
-def bind(plan: _Plan, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """(every parameter's value in declaration order, the launch options)."""
+def bind(plan: _Plan, args: tuple, kwargs: dict) -> tuple[Optional[list], dict]:
+    """(every parameter's value in declaration order, the launch options); the values are
+    None where a parameter without a default was not given (the JIT raises the error)."""
     vals = list(args)
     n = len(plan.names)
     if len(vals) < n:
@@ -117,7 +134,10 @@ def bind(plan: _Plan, args: tuple, kwargs: dict) -> tuple[list, dict]:
             vals[i] = v
     for i in range(len(args), n):
         if vals[i] is _UNKEYED:
-            vals[i] = plan.defaults[i]
+            d = plan.defaults[i]
+            if d is _UNKEYED:
+                return None, options
+            vals[i] = d
     return vals, options
 
 
@@ -126,7 +146,7 @@ def spec_key(plan: _Plan, vals: list, options: dict) -> Any:
     Runtime ints enter by value (finer than Triton's == 1 / % 16 / width, and cheaper to
     build: a shape's ints are the same every forward); constexprs with their type
     (False == 0 == 0.0 in Python, not in Triton's cache key)."""
-    key = []
+    key: list = []
     append = key.append
     for is_const, v in zip(plan.constexpr, vals, strict=True):
         t = type(v)
@@ -160,17 +180,13 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         fn[grid](*args, **kwargs)
         return
     vals, options = bind(plan, args, kwargs)
-    if _UNKEYED in vals:  # a missing argument: let the JIT raise its error
+    key = None if vals is None else spec_key(plan, vals, options)
+    if key is None:  # a missing argument (the JIT raises its error), or one not keyed
         fn[grid](*args, **kwargs)
         return
-    key = spec_key(plan, vals, options)
-    if key is None:
-        fn[grid](*args, **kwargs)
-        return
-    from triton import knobs
-    from triton.runtime.driver import driver
-
-    device = driver.active.get_current_device()
+    assert vals is not None  # (a key was made of them)
+    get_device, get_stream, rt = _runtime()
+    device = get_device()
     kernel = plan.cache.get((device, key))
     if kernel is None:  # the JIT compiles (or finds) the binary and launches it
         stats["jit"] += 1
@@ -183,8 +199,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
             plan.cache[(device, key)] = kernel
         return
     stats["handle"] += 1
-    stream = driver.active.get_current_stream(device)
-    rt = knobs.runtime
+    stream = get_stream(device)
     enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
     # an empty hook chain does nothing: skip it and the metadata it would receive
     if enter is not None and not getattr(enter, "calls", True):

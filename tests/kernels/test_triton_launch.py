@@ -136,3 +136,69 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv(fl.ENV, "1")
     assert fl.enabled()
     fl.set_enabled(None)
+
+
+def _jit_kernel():
+    """A real JITFunction (not the interpreter's), built without a GPU."""
+    from triton.runtime.jit import JITFunction
+
+    from tests.kernels import _fastlaunch_kernel as mod
+
+    return JITFunction(mod.kernel_body)
+
+
+class _Compiled:
+    """What launch() reads from a CompiledKernel."""
+
+    function, packed_metadata = "FUNCTION", "PACKED"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("META", grid, stream)
+
+
+def test_launch_mechanics(monkeypatch):
+    """First call of a key: the JIT (fn.run) launches and its binary is kept; later calls of
+    the key: CompiledKernel.run with the grid, the stream, every parameter in order
+    (defaults and constexprs included, as JITFunction.run passes them); a new key: the JIT
+    again; disabled: fn[grid]."""
+    fn = _jit_kernel()
+    compiled = _Compiled()
+    jit_calls = []
+
+    def fake_run(*args, grid, warmup, **kwargs):
+        jit_calls.append((args, grid, kwargs))
+        return compiled
+
+    monkeypatch.setattr(fn, "run", fake_run)
+    hooks = type("Hooks", (), {"launch_enter_hook": None, "launch_exit_hook": None})()
+    fl.set_enabled(True)
+    monkeypatch.setattr(fl, "_RUNTIME", (lambda: 0, lambda dev: 1234, hooks))
+    try:
+        x = torch.empty(64)
+        fl.launch(fn, (3, 2), x, 32, BLOCK=64, num_warps=4)
+        assert len(jit_calls) == 1 and not compiled.calls
+        assert jit_calls[0] == ((x, 32), (3, 2), dict(BLOCK=64, num_warps=4))
+        fl.launch(fn, (3, 2), x, 32, BLOCK=64, num_warps=4)
+        assert len(jit_calls) == 1
+        assert compiled.calls == [(3, 2, 1, 1234, "FUNCTION", "PACKED", None, None, None, x, 32, 64, False)]
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)  # a new key
+        assert len(jit_calls) == 2
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
+        assert compiled.calls[-1] == (5, 1, 1, 1234, "FUNCTION", "PACKED", None, None, None, x, 32, 64, True)
+        # profiler hooks: passed through with the launch metadata, as the JIT does
+        hooks.launch_enter_hook = enter = lambda meta: None
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
+        assert compiled.calls[-1][6:9] == (("META", (5,), 1234), enter, None)
+        hooks.launch_enter_hook = None
+        # off: the JIT's own path (fn[grid] -> fn.run)
+        fl.set_enabled(False)
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
+        assert len(jit_calls) == 3
+    finally:
+        fl.set_enabled(None)
