@@ -28,7 +28,7 @@ def localize_ids_torch(topk_ids_MP: torch.Tensor, first: int, num_local: int) ->
     """localize_ids in torch ops (the CPU path and the Triton kernel's reference)."""
     local = topk_ids_MP.long() - first
     keep = (local >= 0) & (local < num_local)
-    return torch.where(keep, local, torch.full_like(local, -1))
+    return torch.where(keep, local, -1)
 
 
 def to_batched(
@@ -52,7 +52,7 @@ def to_batched(
     E, X = num_local, max_rows
     dev = x_MK.device
     flat = local_ids_MP.reshape(-1)  # pair index = token * P + k, token order
-    key = torch.where(flat >= 0, flat, torch.full_like(flat, E))
+    key = torch.where(flat >= 0, flat, E)  # (a scalar other: no full_like launch; same values, int64)
     order = torch.argsort(key, stable=True)  # by expert, token order within; other ranks' pairs last
     e = key[order]
     # (not bincount: on CUDA it reads the largest key back to size its output)
@@ -60,7 +60,7 @@ def to_batched(
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(order.numel(), device=dev) - starts[e]
     kept = (e < E) & (slot < X)
-    dst = torch.where(kept, e * X + slot, torch.full_like(slot, E * X))  # E * X: the scratch row
+    dst = torch.where(kept, e * X + slot, E * X)  # E * X: the scratch row
     tok = order // P
     # flat buffers with the scratch row last; the [E, X, ...] views leave it out
     x_flat = torch.empty(E * X + 1, K, dtype=x_MK.dtype, device=dev)
@@ -80,7 +80,7 @@ def to_batched(
     slot_k.index_copy_(0, dst, order % P)
     # each pair's row in the flat [E * X] buffer, -1 for pairs not kept (Batched reads it)
     pair_row = torch.full((M * P,), -1, dtype=torch.long, device=dev)
-    pair_row[order] = torch.where(kept, dst, torch.full_like(dst, -1))
+    pair_row[order] = torch.where(kept, dst, -1)
     handle = BatchedHandle(slot_token_EX=slot_token[: E * X].view(E, X), slot_k_EX=slot_k[: E * X].view(E, X),
                            num_tokens=M, pair_row_MP=pair_row.view(M, P))
     return PreparedTokens(
