@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import cdiv, next_power_of_2
 from .launch import launch
 
 
@@ -126,7 +127,7 @@ ONE_LAUNCH_MAX_PAIRS = 4096
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound of num_tokens_post_padded: each non-empty expert pads < BLOCK_M rows."""
     bound = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    return triton.cdiv(bound, block_m) * block_m
+    return cdiv(bound, block_m) * block_m
 
 
 def align_scratch_numel(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -159,7 +160,7 @@ def moe_align_block_size(
     sorted_ids = scratch[:rows]
     expert_ids = scratch[rows : rows + num_blocks]
     meta = scratch[rows + num_blocks : need]
-    num_bins = triton.next_power_of_2(num_experts + 1)
+    num_bins = next_power_of_2(num_experts + 1)
     one_launch = num_pairs <= ONE_LAUNCH_MAX_PAIRS
     launch(_align_count_kernel, (1,),
         ids, meta, expert_ids, sorted_ids, num_pairs, num_experts, num_blocks,
@@ -169,7 +170,7 @@ def moe_align_block_size(
     if one_launch:
         return sorted_ids, expert_ids, meta[3 * num_experts :]
     block = 256
-    num_pair_programs = triton.cdiv(num_pairs, block)
+    num_pair_programs = cdiv(num_pairs, block)
     launch(_align_scatter_kernel, (num_pair_programs + num_experts,),
         ids, meta, sorted_ids, num_pairs, num_experts, num_pair_programs,
         BLOCK_M=block_m, BLOCK=block, num_warps=4,

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_out
+from .common import cast_out, cdiv
 from .launch import interpreted, launch
 
 ALIGN = 128  # rows per expert segment are a multiple of this (DeepGEMM's SM90 alignment)
@@ -173,7 +173,7 @@ def contiguous_gemm(
     w_strides = tuple(w_scale.stride()) if scaled else (0, 0, 0)
     launch(_contiguous_kernel, grid,
         a_desc, b_desc, c, a_s, w_s, m_indices,
-        Mp, N, grid[0], triton.cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
+        Mp, N, grid[0], cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
         K=K, SCALED=scaled, GROUP_N=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
         INTERPRET=interpreted(_contiguous_kernel), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

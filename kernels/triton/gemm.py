@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_out
+from .common import cast_out, cdiv
 from .launch import interpreted, launch
 
 QUANT_NONE, QUANT_TENSOR, QUANT_BLOCK = 0, 1, 2
@@ -326,7 +326,7 @@ def invoke_fused_moe_gemm(
     if quant == QUANT_BLOCK:
         assert config["BLOCK_SIZE_K"] <= group_shape[1] and group_shape[1] % config["BLOCK_SIZE_K"] == 0
     EM = sorted_ids.numel()
-    grid = (triton.cdiv(EM, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
+    grid = (cdiv(EM, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]),)
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
     tw = topk_weights if topk_weights is not None else sorted_ids
@@ -367,7 +367,7 @@ def invoke_batched_moe_gemm(
         assert config["BLOCK_SIZE_K"] <= group_shape[1] and group_shape[1] % config["BLOCK_SIZE_K"] == 0
     if E == 0 or X == 0:
         return
-    grid = (triton.cdiv(X, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]), E)
+    grid = (cdiv(X, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]), E)
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
     launch(batched_moe_kernel, grid,

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import cdiv
 from .launch import launch
 
 
@@ -31,5 +32,5 @@ def localize_ids_triton(topk_ids_MP: torch.Tensor, first: int, num_local: int) -
     R = ids.numel()
     if R:
         block = 1024
-        launch(_localize_kernel, (triton.cdiv(R, block),), ids, out, R, first, num_local, BLOCK=block, num_warps=4)
+        launch(_localize_kernel, (cdiv(R, block),), ids, out, R, first, num_local, BLOCK=block, num_warps=4)
     return out

@@ -145,3 +145,15 @@ def test_one_launch_align_equals_two(monkeypatch, M, P, E, block_m):
     assert sorted(s[real].tolist()) == [i for i in range(M * P) if flat[i] >= 0]
     assert torch.equal(flat[s[real].long()], e[real].long())
     assert (s[~real] == M * P).all()
+
+
+def test_host_integer_helpers_equal_tritons():
+    """common.cdiv / next_power_of_2 (plain functions) give triton.cdiv's / next_power_of_2's values."""
+    import triton
+
+    from moebench.kernels.triton.common import cdiv, next_power_of_2
+
+    for a in (0, 1, 2, 15, 16, 17, 1000, 2**31 + 5):
+        assert next_power_of_2(a) == triton.next_power_of_2(a)
+        for b in (1, 2, 16, 128, 1024):
+            assert cdiv(a, b) == triton.cdiv(a, b)
