@@ -16,8 +16,9 @@ maps to a binary compiled for other arguments:
   descriptor   base dtype, block shape, padding, rank      (tensordesc<dtype[block]>)
   constexpr    the value itself
 plus the launch options (num_warps, num_stages, ...) and the device. Any other argument
-type, an unhashable constexpr, a kernel with pre-run hooks or a non-JIT kernel (the
-interpreter's, under TRITON_INTERPRET=1; an autotuner) takes the normal JIT launch.
+type, an unhashable constexpr, a kernel with pre-run hooks or anything but a JITFunction
+(the interpreter's kernels, under TRITON_INTERPRET=1; an autotuner, whose configs stay its
+own) takes the normal launch.
 Not re-read per launch (snapshot at a key's first launch): TRITON_DEBUG and Triton's
 instrumentation mode; the launch hooks (profilers) are read on every launch.
 
@@ -74,8 +75,17 @@ def _runtime() -> tuple:
 
 
 def interpreted(fn) -> bool:
-    """Whether fn runs in Triton's CPU interpreter (decided when it was decorated)."""
-    return JITFunction is None or not isinstance(fn, JITFunction)
+    """Whether fn runs in Triton's CPU interpreter (decided when it was decorated, by
+    TRITON_INTERPRET then); a wrapper (an autotuner) answers for the kernel it wraps."""
+    for _ in range(8):
+        if JITFunction is not None and isinstance(fn, JITFunction):
+            return False
+        if type(fn).__name__ == "InterpretedFunction":
+            return True
+        if not hasattr(fn, "fn"):
+            break
+        fn = fn.fn
+    return JITFunction is None
 
 
 def arg_key(a: Any) -> Any:
@@ -172,7 +182,7 @@ def spec_key(plan: _Plan, vals: list, options: dict) -> Any:
 
 def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """fn[grid](*args, **kwargs), through the compiled handle where the key allows (module doc)."""
-    if not enabled() or interpreted(fn) or callable(grid):
+    if not enabled() or JITFunction is None or not isinstance(fn, JITFunction) or callable(grid):
         fn[grid](*args, **kwargs)
         return
     plan = _plan(fn)

@@ -202,3 +202,15 @@ def test_launch_mechanics(monkeypatch):
         assert len(jit_calls) == 3
     finally:
         fl.set_enabled(None)
+
+
+def test_interpreted_sees_through_wrappers():
+    from triton.runtime.jit import JITFunction
+
+    from tests.kernels import _fastlaunch_kernel as mod
+
+    jit = JITFunction(mod.kernel_body)
+    wrapper = type("Autotuner", (), {"fn": jit})()
+    assert not fl.interpreted(jit) and not fl.interpreted(wrapper)
+    InterpretedFunction = type("InterpretedFunction", (), {})
+    assert fl.interpreted(InterpretedFunction()) and fl.interpreted(type("Autotuner", (), {"fn": InterpretedFunction()})())
