@@ -14,7 +14,7 @@ maps to a binary compiled for other arguments:
   bool, float  the type                                     (u1, fp32: not specialized)
   None         None                                         (constexpr None)
   descriptor   base dtype, block shape, padding, rank      (tensordesc<dtype[block]>)
-  constexpr    the value itself
+  constexpr    the value and its type (False == 0 in Python, not in Triton's key)
 plus the launch options (num_warps, num_stages, ...) and the device. Any other argument
 type, an unhashable constexpr, a kernel with pre-run hooks or anything but a JITFunction
 (the interpreter's kernels, under TRITON_INTERPRET=1; an autotuner, whose configs stay its
