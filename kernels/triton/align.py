@@ -15,6 +15,7 @@ Legend: R = num_pairs (M * P), E local experts, B = blocks of BLOCK_M rows.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -124,12 +125,14 @@ def _align_scatter_kernel(
 ONE_LAUNCH_MAX_PAIRS = 4096
 
 
+@functools.lru_cache(maxsize=4096)  # pure ints, asked several times a forward
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound of num_tokens_post_padded: each non-empty expert pads < BLOCK_M rows."""
     bound = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
     return cdiv(bound, block_m) * block_m
 
 
+@functools.lru_cache(maxsize=4096)
 def align_scratch_numel(num_pairs: int, num_experts: int, block_m: int) -> int:
     """int32 elements `moe_align_block_size` needs: sorted ids, block experts, meta."""
     rows = max_padded_rows(num_pairs, num_experts, block_m)
