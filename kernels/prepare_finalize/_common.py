@@ -48,6 +48,9 @@ def to_batched(
     could get; the counts are clamped to X), land in one scratch row past the buffer.
     """
     M, P = local_ids_MP.shape
+    if (x_MK.is_cuda and M * P <= _batched_max_pairs() and x_MK.element_size() in (1, 2) and x_MK.stride(1) == 1
+            and (scale is None or scale.numel() == 1 or (scale.dim() == 2 and scale.stride(1) == 1))):
+        return to_batched_fused(x_MK, scale, local_ids_MP, num_local, max_rows)  # two launches, not ~30
     K = x_MK.shape[1]
     E, X = num_local, max_rows
     dev = x_MK.device
@@ -88,3 +91,21 @@ def to_batched(
         expert_num_tokens_E=counts[:E].clamp(max=X).to(torch.int32),
         handle=handle,
     )
+
+
+def _batched_max_pairs() -> int:
+    from ..triton.batched_layout import MAX_PAIRS
+
+    return MAX_PAIRS
+
+
+def to_batched_fused(x_MK, scale, local_ids_MP, num_local: int, max_rows: int) -> PreparedTokens:
+    """to_batched in two Triton launches (kernels/triton/batched_layout.py: the same values,
+    checked against the torch form above under the interpreter); few pairs on CUDA take it."""
+    from ..triton.batched_layout import to_batched_triton
+
+    M = local_ids_MP.shape[0]
+    x, scale_b, counts, slot_token, slot_k, pair_row = to_batched_triton(x_MK, scale, local_ids_MP, num_local,
+                                                                         max_rows)
+    handle = BatchedHandle(slot_token_EX=slot_token, slot_k_EX=slot_k, num_tokens=M, pair_row_MP=pair_row)
+    return PreparedTokens(x=x, x_scale=scale_b, expert_num_tokens_E=counts, handle=handle)

@@ -179,3 +179,30 @@ def test_one_launch_align_equals_two_on_gpu(monkeypatch, M, P, E, block_m):
     assert int(one[2]) == n
     assert torch.equal(one[1][: n // block_m], two[1][: n // block_m])
     assert torch.equal(one[0][:n].view(-1, block_m).sort(1).values, two[0][:n].view(-1, block_m).sort(1).values)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_batched_layout_kernels_equal_torch_on_gpu(monkeypatch, scaled):
+    """to_batched's two Triton launches (few pairs on CUDA) give the torch form's values."""
+    from moebench.kernels.interfaces import FP8_DTYPE
+    from moebench.kernels.prepare_finalize import _common
+
+    M, P, E, X, K = 100, 8, 32, 64, 7168
+    ids = _ids(M, P, E, seed=3)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    x = torch.randn(M, K, generator=g, device=DEV)
+    x = x.to(FP8_DTYPE) if scaled else x.to(torch.bfloat16)
+    scale = torch.rand(M, K // 128, generator=g, device=DEV) if scaled else None
+    got = _common.to_batched(x, scale, ids, E, X)
+    monkeypatch.setattr(_common, "_batched_max_pairs", lambda: -1)
+    want = _common.to_batched(x, scale, ids, E, X)
+    n = want.expert_num_tokens_E
+    assert torch.equal(got.expert_num_tokens_E, n)
+    assert torch.equal(got.handle.slot_token_EX, want.handle.slot_token_EX)
+    assert torch.equal(got.handle.slot_k_EX, want.handle.slot_k_EX)
+    assert torch.equal(got.handle.pair_row_MP, want.handle.pair_row_MP)
+    counted = torch.arange(X, device=DEV)[None, :] < n[:, None].long()
+    bits = torch.uint8 if scaled else torch.int16
+    assert torch.equal(got.x.view(bits)[counted], want.x.view(bits)[counted])
+    if scaled:
+        assert torch.equal(got.x_scale, want.x_scale)

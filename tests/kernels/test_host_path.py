@@ -150,10 +150,41 @@ def test_one_launch_align_equals_two(monkeypatch, M, P, E, block_m):
 def test_host_integer_helpers_equal_tritons():
     """common.cdiv / next_power_of_2 (plain functions) give triton.cdiv's / next_power_of_2's values."""
     import triton
-
     from moebench.kernels.triton.common import cdiv, next_power_of_2
 
     for a in (0, 1, 2, 15, 16, 17, 1000, 2**31 + 5):
         assert next_power_of_2(a) == triton.next_power_of_2(a)
         for b in (1, 2, 16, 128, 1024):
             assert cdiv(a, b) == triton.cdiv(a, b)
+
+
+@pytest.mark.parametrize("scaled", ["none", "rows", "tensor"])
+@pytest.mark.parametrize("M, P, E, X", [(37, 4, 8, 40), (64, 8, 16, 6), (1, 2, 1, 4), (0, 2, 4, 8), (200, 2, 32, 64)])
+def test_batched_layout_kernels_equal_torch(scaled, M, P, E, X):
+    """to_batched in two Triton launches gives the torch form's buffers, counts and slot maps
+    (x rows past a count are unwritten in both: compared only where counted)."""
+    from moebench.kernels.interfaces import FP8_DTYPE
+    from moebench.kernels.prepare_finalize._common import to_batched, to_batched_fused
+
+    g = torch.Generator().manual_seed(M + E + X)
+    ids = torch.randint(-1, E, (M, P), generator=g)
+    K, G = 256, 2
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16 if scaled == "none" else FP8_DTYPE)
+    scale = {"none": None, "rows": torch.rand(M, G, generator=g), "tensor": torch.rand(1, generator=g)}[scaled]
+    want = to_batched(x, scale, ids, E, X)
+    got = to_batched_fused(x, scale, ids, E, X)
+    n = want.expert_num_tokens_E
+    assert got.expert_num_tokens_E.dtype == torch.int32 and torch.equal(got.expert_num_tokens_E, n)
+    for a, b in ((got.handle.slot_token_EX, want.handle.slot_token_EX), (got.handle.slot_k_EX, want.handle.slot_k_EX),
+                 (got.handle.pair_row_MP, want.handle.pair_row_MP)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    counted = torch.arange(X)[None, :] < n[:, None].long()  # [E, X]
+    bits = torch.uint8 if x.element_size() == 1 else torch.int16
+    assert got.x.shape == want.x.shape and torch.equal(got.x.view(bits)[counted], want.x.view(bits)[counted])
+    if scaled == "rows":
+        assert torch.equal(got.x_scale, want.x_scale)  # 1.0 past the counts in both
+    elif scaled == "tensor":
+        assert got.x_scale is scale and want.x_scale is scale
+    else:
+        assert got.x_scale is None and want.x_scale is None
+    assert got.handle.num_tokens == want.handle.num_tokens == M
