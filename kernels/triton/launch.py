@@ -22,7 +22,8 @@ own) takes the normal launch.
 Not re-read per launch (snapshot at a key's first launch): TRITON_DEBUG and Triton's
 instrumentation mode; the launch hooks (profilers) are read on every launch.
 
-MOEBENCH_TRITON_FASTLAUNCH=0 turns the fast path off (read once; `set_enabled` for tests).
+MOEBENCH_TRITON_FASTLAUNCH=0 turns the fast path off (read once; `set_enabled` for tests), as
+does a Triton other than the 3.6 whose launch convention this copies (KNOWN_TRITON).
 """
 from __future__ import annotations
 
@@ -45,11 +46,19 @@ _RUNTIME: Optional[tuple] = None  # _runtime()
 stats = {"handle": 0, "jit": 0}
 
 
+# the Triton versions whose JITFunction.run / CompiledKernel.run calling convention this
+# module copies (read from 3.6's runtime/jit.py); on others every launch takes the JIT
+KNOWN_TRITON = ("3.6.",)
+
+
 def enabled() -> bool:
-    """Whether launch() may take the compiled handle (MOEBENCH_TRITON_FASTLAUNCH, default on)."""
+    """Whether launch() may take the compiled handle (MOEBENCH_TRITON_FASTLAUNCH, default on,
+    and a Triton in KNOWN_TRITON)."""
     global _enabled
     if _enabled is None:
-        _enabled = os.environ.get(ENV, "1") != "0"
+        import triton
+
+        _enabled = os.environ.get(ENV, "1") != "0" and triton.__version__.startswith(KNOWN_TRITON)
     return _enabled
 
 

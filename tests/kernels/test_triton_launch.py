@@ -129,12 +129,17 @@ def test_interpreter_takes_the_jit_launch():
 
 
 def test_env_switch(monkeypatch):
+    import triton
+
     fl.set_enabled(None)
     monkeypatch.setenv(fl.ENV, "0")
     assert not fl.enabled()
     fl.set_enabled(None)
     monkeypatch.setenv(fl.ENV, "1")
-    assert fl.enabled()
+    assert fl.enabled() == triton.__version__.startswith(fl.KNOWN_TRITON)
+    fl.set_enabled(None)
+    monkeypatch.setattr(triton, "__version__", "9.9.9")  # an unknown launch convention: the JIT
+    assert not fl.enabled()
     fl.set_enabled(None)
 
 
