@@ -200,6 +200,11 @@ class PrepareFinalize(BackendCard, ABC):
     single_rank, knobs; supports, process_group_family, token_limit) are the card's
     (kernels/entry.py): what planning reads without importing an implementation."""
 
+    # True where the finalize of a NoOp weight-and-reduce only copies the experts' output
+    # into out_TK (one rank, nothing to combine): MoEKernel then lets the experts write out_TK
+    # itself and the finalize skips the copy (issue #34)
+    noop_finalize_copies: bool = False
+
     def __init__(self, ctx: KernelContext):
         self.ctx = ctx
         self.phases = NULL_PHASES

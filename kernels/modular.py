@@ -14,6 +14,7 @@ from .interfaces import (
     NULL_PHASES,
     ActivationFormat,
     Experts,
+    NoOp,
     PreparedTokens,
     PrepareFinalize,
 )
@@ -90,6 +91,9 @@ class MoEKernel:
         self.overlap = overlap
         self._phases = NULL_PHASES
         self._ws: dict[str, torch.Tensor] = {}
+        # (rows, tokens, device) -> the three workspace views: shapes and carve-up are
+        # worked out once per size, not per forward (issue #34)
+        self._ws_views: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     # -- phases ---------------------------------------------------------------
     @property
@@ -125,6 +129,7 @@ class MoEKernel:
 
     def clear_workspaces(self) -> None:
         self._ws.clear()
+        self._ws_views.clear()
 
     def _workspace(self, key: str, shape: tuple[int, ...], max_shape: tuple[int, ...], device) -> torch.Tensor:
         """A view of `shape` on a flat buffer sized for `max_shape` (allocated once)."""
@@ -133,6 +138,7 @@ class MoEKernel:
         if buf is None or buf.numel() < max(need, math.prod(shape)):
             buf = torch.empty(max(need, math.prod(shape)), dtype=self.experts.workspace_dtype, device=device)
             self._ws[key] = buf
+            self._ws_views.clear()  # views of the old buffer must not outlive it
         return buf[: math.prod(shape)].view(shape)
 
     def _workspaces(self, prepared: PreparedTokens, num_tokens: int):
@@ -140,14 +146,26 @@ class MoEKernel:
             rows = prepared.x.shape[1]
         else:
             rows = prepared.x.shape[0]
+        dev = prepared.x.device
+        key = (rows, num_tokens, dev)
+        views = self._ws_views.get(key)
+        if views is not None:
+            return views
         shapes = self.experts.workspace_shapes(*self._dims(rows))
         max_shapes = self.experts.workspace_shapes(*self._dims(self.pf.max_rows(num_tokens)))
-        dev = prepared.x.device
         ws13 = self._workspace("ws13", shapes[0], max_shapes[0], dev)
         ws2 = self._workspace("ws2", shapes[1], max_shapes[1], dev)
         # the output never aliases a workspace the experts still read
         out = self._workspace("out", shapes[2], max_shapes[2], dev)
-        return ws13, ws2, out
+        # a buffer grown by a later call clears this (_workspace): a view never outlives its buffer
+        self._ws_views[key] = views = (ws13, ws2, out)
+        return views
+
+    def _writes_output_directly(self, wr, expert_out: torch.Tensor, out_TK: torch.Tensor) -> bool:
+        """Whether the experts may write the layer output itself: the finalize would only copy
+        their [T, K] bf16 output into it (the out workspace stays allocated, so memory is as planned)."""
+        return (self.pf.noop_finalize_copies and isinstance(wr, NoOp) and expert_out.shape == out_TK.shape
+                and expert_out.dtype == out_TK.dtype)
 
     # -- forward --------------------------------------------------------------
     def forward(
@@ -176,11 +194,13 @@ class MoEKernel:
             prepared = self.pf.prepare(hidden_TK, topk_weights_TP, topk_ids_TP, quant)
 
         ws13, ws2, expert_out = self._workspaces(prepared, T)
+        out_TK = torch.empty(T, hidden_TK.shape[1], dtype=torch.bfloat16, device=hidden_TK.device)
+        wr = self.experts.finalize_weight_and_reduce()
+        if self._writes_output_directly(wr, expert_out, out_TK):
+            expert_out = out_TK  # the finalize's copy would be all it does (noop_finalize_copies)
         with ph("experts"):
             self.experts.apply(expert_out, prepared, ws13, ws2)
 
-        out_TK = torch.empty(T, hidden_TK.shape[1], dtype=torch.bfloat16, device=hidden_TK.device)
-        wr = self.experts.finalize_weight_and_reduce()
         with ph("finalize"):
             if self.shared is not None and self.overlap == "combine":
                 receive = self.pf.finalize_async(out_TK, expert_out, prepared, wr)

@@ -71,7 +71,15 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         self.last_layout = ""  # bf16 / fp8_block: the layout the last apply() ran
 
     def contiguous(self, M: int, topk: int) -> bool:
-        """Whether M token rows run on the contiguous layout (module doc)."""
+        """Whether M token rows run on the contiguous layout (module doc); decided once per
+        (M, topk): it reads the options and the device's capability (issue #34)."""
+        cache = self.__dict__.setdefault("_contiguous_cache", {})
+        hit = cache.get((M, topk))
+        if hit is None:
+            cache[(M, topk)] = hit = self._contiguous(M, topk)
+        return hit
+
+    def _contiguous(self, M: int, topk: int) -> bool:
         layout = (self.ctx.options or {}).get("row_layout", "auto")
         if layout not in ROW_LAYOUTS:
             raise ValueError(f"row_layout={layout!r}: expected one of {', '.join(ROW_LAYOUTS)}")

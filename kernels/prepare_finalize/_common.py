@@ -9,11 +9,26 @@ import torch
 from ..interfaces import BatchedHandle, PreparedTokens
 
 
-def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:
-    """Global expert ids -> local ids in [0, num_local), -1 for pairs of other ranks."""
+def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_experts: int | None = None) -> torch.Tensor:
+    """Global expert ids -> local ids in [0, num_local), -1 for pairs of other ranks, int64.
+
+    With `num_experts` (the global count) and every expert local, the valid global ids
+    are the local ones: int64 ids come back as they are (no kernel). On CUDA one Triton
+    kernel (kernels/triton/routing.py, equal to the torch form below) instead of six."""
+    if num_experts is not None and first == 0 and num_local == num_experts and topk_ids_MP.dtype == torch.int64:
+        return topk_ids_MP
+    if topk_ids_MP.is_cuda:
+        from ..triton.routing import localize_ids_triton
+
+        return localize_ids_triton(topk_ids_MP, first, num_local)
+    return localize_ids_torch(topk_ids_MP, first, num_local)
+
+
+def localize_ids_torch(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:
+    """localize_ids in torch ops (the CPU path and the Triton kernel's reference)."""
     local = topk_ids_MP.long() - first
     keep = (local >= 0) & (local < num_local)
-    return torch.where(keep, local, torch.full_like(local, -1))
+    return torch.where(keep, local, -1)
 
 
 def to_batched(
@@ -33,11 +48,14 @@ def to_batched(
     could get; the counts are clamped to X), land in one scratch row past the buffer.
     """
     M, P = local_ids_MP.shape
+    if (x_MK.is_cuda and M * P <= _batched_max_pairs() and x_MK.element_size() in (1, 2) and x_MK.stride(1) == 1
+            and (scale is None or scale.numel() == 1 or (scale.dim() == 2 and scale.stride(1) == 1))):
+        return to_batched_fused(x_MK, scale, local_ids_MP, num_local, max_rows)  # two launches, not ~30
     K = x_MK.shape[1]
     E, X = num_local, max_rows
     dev = x_MK.device
     flat = local_ids_MP.reshape(-1)  # pair index = token * P + k, token order
-    key = torch.where(flat >= 0, flat, torch.full_like(flat, E))
+    key = torch.where(flat >= 0, flat, E)  # (a scalar other: no full_like launch; same values, int64)
     order = torch.argsort(key, stable=True)  # by expert, token order within; other ranks' pairs last
     e = key[order]
     # (not bincount: on CUDA it reads the largest key back to size its output)
@@ -45,7 +63,7 @@ def to_batched(
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(order.numel(), device=dev) - starts[e]
     kept = (e < E) & (slot < X)
-    dst = torch.where(kept, e * X + slot, torch.full_like(slot, E * X))  # E * X: the scratch row
+    dst = torch.where(kept, e * X + slot, E * X)  # E * X: the scratch row
     tok = order // P
     # flat buffers with the scratch row last; the [E, X, ...] views leave it out
     x_flat = torch.empty(E * X + 1, K, dtype=x_MK.dtype, device=dev)
@@ -65,7 +83,7 @@ def to_batched(
     slot_k.index_copy_(0, dst, order % P)
     # each pair's row in the flat [E * X] buffer, -1 for pairs not kept (Batched reads it)
     pair_row = torch.full((M * P,), -1, dtype=torch.long, device=dev)
-    pair_row[order] = torch.where(kept, dst, torch.full_like(dst, -1))
+    pair_row[order] = torch.where(kept, dst, -1)
     handle = BatchedHandle(slot_token_EX=slot_token[: E * X].view(E, X), slot_k_EX=slot_k[: E * X].view(E, X),
                            num_tokens=M, pair_row_MP=pair_row.view(M, P))
     return PreparedTokens(
@@ -73,3 +91,21 @@ def to_batched(
         expert_num_tokens_E=counts[:E].clamp(max=X).to(torch.int32),
         handle=handle,
     )
+
+
+def _batched_max_pairs() -> int:
+    from ..triton.batched_layout import MAX_PAIRS
+
+    return MAX_PAIRS
+
+
+def to_batched_fused(x_MK, scale, local_ids_MP, num_local: int, max_rows: int) -> PreparedTokens:
+    """to_batched in two Triton launches (kernels/triton/batched_layout.py: the same values,
+    checked against the torch form above under the interpreter); few pairs on CUDA take it."""
+    from ..triton.batched_layout import to_batched_triton
+
+    M = local_ids_MP.shape[0]
+    x, scale_b, counts, slot_token, slot_k, pair_row = to_batched_triton(x_MK, scale, local_ids_MP, num_local,
+                                                                         max_rows)
+    handle = BatchedHandle(slot_token_EX=slot_token, slot_k_EX=slot_k, num_tokens=M, pair_row_MP=pair_row)
+    return PreparedTokens(x=x, x_scale=scale_b, expert_num_tokens_E=counts, handle=handle)

@@ -20,19 +20,22 @@ from ._common import localize_ids
 
 @register_backend("local")
 class LocalPrepareFinalize(LocalCard, PrepareFinalize):
+    noop_finalize_copies = True
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):
             x, scale = quant_activations(hidden_TK, quant)
-            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts)
+            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts,
+                               self.ctx.shape.num_experts)
         prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
         return lambda: prepared
 
     def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
         wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
         if isinstance(wr, NoOp):
-            with self.phases("combine"):  # nothing to communicate: a copy
-                out_TK.copy_(expert_out)
+            with self.phases("combine"):  # nothing to communicate: a copy, none where the
+                if expert_out is not out_TK:  # experts wrote out_TK (MoEKernel, noop_finalize_copies)
+                    out_TK.copy_(expert_out)
         else:
             with self.phases("weight_reduce"):
                 wr.apply(out_TK, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)

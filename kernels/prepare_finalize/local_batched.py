@@ -19,7 +19,8 @@ class LocalBatchedPrepareFinalize(LocalBatchedCard, PrepareFinalize):
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):
             x, scale = quant_activations(hidden_TK, quant)
-            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts)
+            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts,
+                               self.ctx.shape.num_experts)
             prepared = to_batched(x, scale, ids, self.ctx.num_local_experts, self.max_rows(hidden_TK.shape[0]))
             prepared.topk_ids_MP = ids
             prepared.topk_weights_MP = topk_weights_TP

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from ..interfaces import FP8_MAX
-from .common import cast_out, interpreting, to_fp8
+from .common import cast_out, cdiv, next_power_of_2, to_fp8
+from .launch import interpreted, launch
 from .quant import EPS
 
 MODE_BF16, MODE_AMAX, MODE_TENSOR, MODE_GROUP = 0, 1, 2, 3
@@ -123,7 +124,7 @@ def silu_and_mul(
     h2 = h.reshape(-1, h.shape[-1])
     o2 = out.view(-1, out.shape[-1])  # a view: the kernel writes through it (reshape could copy)
     assert h2.stride(-1) == 1 and o2.stride(-1) == 1 and out.shape[-1] == I
-    block_c = group if mode == MODE_GROUP else min(256, triton.next_power_of_2(I))
+    block_c = group if mode == MODE_GROUP else min(256, next_power_of_2(I))
     if mode == MODE_GROUP:
         assert I % group == 0, f"I={I} is not a multiple of the group {group}"
         s_m, s_g = scale.view(-1, scale.shape[-1]).stride()  # fails loudly where a copy would be written
@@ -131,24 +132,24 @@ def silu_and_mul(
         s_m, s_g = 0, 0
     if batched:
         E, X = h.shape[0], h.shape[1]
-        num_rblk = E * triton.cdiv(X, block_r)
+        num_rblk = E * cdiv(X, block_r)
         ids, post, counts = h2, h2, expert_num_tokens
     else:
         X = 0
-        num_rblk = triton.cdiv(sorted_ids.numel(), block_r)
+        num_rblk = cdiv(sorted_ids.numel(), block_r)
         ids, post, counts = sorted_ids, num_post, sorted_ids
     if mode == MODE_TENSOR:  # the store of the scale sits in program (0, 0)
         num_rblk = max(num_rblk, 1)
     if num_rblk == 0:
         return
     dummy = h2
-    _silu_mul_kernel[(num_rblk, triton.cdiv(I, block_c))](
+    launch(_silu_mul_kernel, (num_rblk, cdiv(I, block_c)),
         h2, o2,
         scale if scale is not None else dummy, amax if amax is not None else dummy,
         ids, post, num_pairs, counts, X, I,
         h2.stride(0), o2.stride(0), s_m, s_g,
         BATCHED=batched, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
-        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_silu_mul_kernel), num_warps=4,
     )
 
 
@@ -170,6 +171,6 @@ def zero_nonlocal_rows(out_RK: torch.Tensor, topk_ids: torch.Tensor, num_experts
     if R == 0:
         return
     block_r, block_c = 16, 256
-    _zero_rows_kernel[(triton.cdiv(R, block_r), triton.cdiv(K, block_c))](
+    launch(_zero_rows_kernel, (cdiv(R, block_r), cdiv(K, block_c)),
         out_RK, ids, R, num_experts, K, out_RK.stride(0), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
     )

@@ -1,4 +1,5 @@
-"""Token alignment by expert (vLLM's moe_align_block_size) in two Triton launches.
+"""Token alignment by expert (vLLM's moe_align_block_size) in two Triton launches, one
+up to ONE_LAUNCH_MAX_PAIRS pairs (the counting program scatters them too).
 
 Pairs are (token, k) slots of topk_ids flattened: pair = token * P + k. Each
 local expert's pairs get a contiguous segment of `sorted_ids`, padded up to a
@@ -14,11 +15,15 @@ Legend: R = num_pairs (M * P), E local experts, B = blocks of BLOCK_M rows.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+
+from .common import cdiv, next_power_of_2
+from .launch import launch
 
 
 @triton.jit
@@ -26,6 +31,7 @@ def _align_count_kernel(
     ids_ptr,  # [R] local expert ids, -1 = not local
     meta_ptr,  # int32 [3E + 1]: cursor[E], pad_lo[E], pad_hi[E], num_tokens_post_padded
     expert_ids_ptr,  # int32 [B]
+    sorted_ids_ptr,  # int32 [max padded rows], written here only with SCATTER
     num_pairs,
     num_experts,
     num_blocks,
@@ -33,6 +39,8 @@ def _align_count_kernel(
     NUM_BINS: tl.constexpr,  # power of two > E: bin E collects the dropped pairs
     CHUNK: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    SCATTER: tl.constexpr,  # few pairs: this one program scatters them too (one launch, not two)
+    PAD_C: tl.constexpr,  # padding rows written PAD_C per expert at a time (SCATTER)
 ):
     bins = tl.arange(0, NUM_BINS)
     counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
@@ -63,6 +71,24 @@ def _align_count_kernel(
         e = tl.where(e < num_experts, e, -1)
         tl.store(expert_ids_ptr + blk, e, mask=blk < num_blocks)
         b0 += BLOCK_B
+    if SCATTER:
+        tl.debug_barrier()  # the cursors stored above are what the atomics below advance
+        start = 0
+        while start < num_pairs:
+            offs = start + tl.arange(0, CHUNK)
+            in_range = offs < num_pairs
+            ids = tl.load(ids_ptr + offs, mask=in_range, other=-1)
+            keep = in_range & (ids >= 0) & (ids < num_experts)
+            expert = tl.where(keep, ids, 0).to(tl.int32)
+            slot = tl.atomic_add(meta_ptr + expert, 1, mask=keep, sem="relaxed")
+            tl.store(sorted_ids_ptr + slot, offs, mask=keep)
+            start += CHUNK
+        # every expert's padding rows [starts + counts, ends) get the sentinel num_pairs
+        pad_lo = starts + counts
+        for c0 in tl.static_range(0, BLOCK_M, PAD_C):
+            rows = pad_lo[:, None] + c0 + tl.arange(0, PAD_C)[None, :]
+            pad = is_expert[:, None] & (rows < ends[:, None])
+            tl.store(sorted_ids_ptr + rows, tl.zeros((NUM_BINS, PAD_C), dtype=tl.int32) + num_pairs, mask=pad)
 
 
 @triton.jit
@@ -94,12 +120,19 @@ def _align_scatter_kernel(
         tl.store(sorted_ids_ptr + rows, tl.full((BLOCK_M,), 0, tl.int32) + num_pairs, mask=rows < hi)
 
 
+# up to this many pairs one program counts and scatters (a launch less; the pairs' scatter is
+# serial in chunks of 1024 there, so larger counts keep the parallel scatter kernel)
+ONE_LAUNCH_MAX_PAIRS = 4096
+
+
+@functools.lru_cache(maxsize=4096)  # pure ints, asked several times a forward
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound of num_tokens_post_padded: each non-empty expert pads < BLOCK_M rows."""
     bound = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    return triton.cdiv(bound, block_m) * block_m
+    return cdiv(bound, block_m) * block_m
 
 
+@functools.lru_cache(maxsize=4096)
 def align_scratch_numel(num_pairs: int, num_experts: int, block_m: int) -> int:
     """int32 elements `moe_align_block_size` needs: sorted ids, block experts, meta."""
     rows = max_padded_rows(num_pairs, num_experts, block_m)
@@ -130,15 +163,18 @@ def moe_align_block_size(
     sorted_ids = scratch[:rows]
     expert_ids = scratch[rows : rows + num_blocks]
     meta = scratch[rows + num_blocks : need]
-    num_bins = triton.next_power_of_2(num_experts + 1)
-    _align_count_kernel[(1,)](
-        ids, meta, expert_ids, num_pairs, num_experts, num_blocks,
+    num_bins = next_power_of_2(num_experts + 1)
+    one_launch = num_pairs <= ONE_LAUNCH_MAX_PAIRS
+    launch(_align_count_kernel, (1,),
+        ids, meta, expert_ids, sorted_ids, num_pairs, num_experts, num_blocks,
         BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=1024, BLOCK_B=max(1, min(64, 8192 // num_bins)),
-        num_warps=4,
+        SCATTER=one_launch, PAD_C=max(1, min(block_m, 4096 // num_bins)), num_warps=4,
     )
+    if one_launch:
+        return sorted_ids, expert_ids, meta[3 * num_experts :]
     block = 256
-    num_pair_programs = triton.cdiv(num_pairs, block)
-    _align_scatter_kernel[(num_pair_programs + num_experts,)](
+    num_pair_programs = cdiv(num_pairs, block)
+    launch(_align_scatter_kernel, (num_pair_programs + num_experts,),
         ids, meta, sorted_ids, num_pairs, num_experts, num_pair_programs,
         BLOCK_M=block_m, BLOCK=block, num_warps=4,
     )

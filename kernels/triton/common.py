@@ -17,6 +17,12 @@ import os
 import triton
 import triton.language as tl
 
+# host-side integer helpers: triton.cdiv / next_power_of_2 are ConstexprFunctions in 3.6, whose
+# call from host code unwraps its arguments and reads TRITON_INTERPRET each time (issue #34);
+# their plain Python functions give the same values
+cdiv = getattr(triton.cdiv, "fn", triton.cdiv)
+next_power_of_2 = getattr(triton.next_power_of_2, "fn", triton.next_power_of_2)
+
 
 def interpreting() -> bool:
     """Whether Triton kernels run in the CPU interpreter."""

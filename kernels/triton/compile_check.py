@@ -57,15 +57,32 @@ def _batched_types(a: str, scale: str) -> dict:
 
 def variants(quick: bool):
     """(name, fn, types, constexprs, num_warps, num_stages) of every kernel variant."""
-    from . import activation, align, gemm, quant
+    from . import activation, align, gemm, quant, routing
 
     quants = [("bf16", 0, "*bf16", "*bf16", 64), ("fp8_tensor", 1, "*fp8e4nv", "*fp32", 128), ("fp8_block", 2, "*fp8e4nv", "*fp32", 128)]
     # 256-wide tiles span two fp8 weight-scale groups: the per-column scale path (gemm._b_scale_ptrs)
     tiles = [(16, 64, 4, 4), (64, 256, 3, 8)] if quick else [(16, 64, 4, 4), (64, 128, 3, 4), (128, 128, 3, 8), (64, 256, 3, 8)]
     out = []
     ids = dict(ids_ptr="*i64", meta_ptr="*i32", num_pairs="i32", num_experts="i32")
-    out.append(("align_count", align._align_count_kernel, dict(ids, expert_ids_ptr="*i32", num_blocks="i32"),
-                dict(BLOCK_M=16, NUM_BINS=256, CHUNK=1024, BLOCK_B=32), 4, 1))
+    for scatter in (False, True):
+        out.append((f"align_count scatter={scatter}", align._align_count_kernel,
+                    dict(ids, expert_ids_ptr="*i32", sorted_ids_ptr="*i32", num_blocks="i32"),
+                    dict(BLOCK_M=16, NUM_BINS=256, CHUNK=1024, BLOCK_B=32, SCATTER=scatter, PAD_C=16), 4, 1))
+    from . import batched_layout
+
+    out.append(("batched_slots", batched_layout._slots_kernel,
+                dict(ids_ptr="*i64", pair_row_ptr="*i64", slot_token_ptr="*i64", slot_k_ptr="*i64", counts_ptr="*i32",
+                     num_pairs="i32", num_experts="i32", X="i32"), dict(TOPK=8, CHUNK=32, NUM_BINS=256), 4, 1))
+    for bits, has_scale in (("*u8", True), ("*i16", False)):
+        out.append((f"batched_fill {bits}", batched_layout._fill_kernel,
+                    dict(x_ptr=bits, xo_ptr=bits, s_ptr="*fp32" if has_scale else bits,
+                         so_ptr="*fp32" if has_scale else bits,
+                         slot_token_ptr="*i64", slot_k_ptr="*i64", counts_ptr="*i32", num_rows="i32", X="i32", K="i32",
+                         G="i32", stride_x="i32", stride_xo="i32", stride_s="i32", stride_so="i32"),
+                    dict(HAS_SCALE=has_scale, BLOCK_R=16, BLOCK_K=1024, BLOCK_G=64), 4, 1))
+    out.append(("localize_ids", routing._localize_kernel,
+                dict(ids_ptr="*i64", out_ptr="*i64", num_pairs="i32", first="i32", num_local="i32"),
+                dict(BLOCK=1024), 4, 1))
     out.append(("align_scatter", align._align_scatter_kernel, dict(ids, sorted_ids_ptr="*i32", num_pair_programs="i32"),
                 dict(BLOCK_M=16, BLOCK=256), 4, 1))
     for qname, q, a, scale, bk in quants:

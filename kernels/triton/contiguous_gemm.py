@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_out, interpreting
+from .common import cast_out, cdiv
+from .launch import interpreted, launch
 
 ALIGN = 128  # rows per expert segment are a multiple of this (DeepGEMM's SM90 alignment)
 GROUP = 128  # 1 x 128 activation / 128 x 128 weight scale blocks
@@ -162,7 +163,7 @@ def contiguous_gemm(
         return
     tiles = (Mp // bm) * (N // bn)
     if num_programs is None:
-        num_programs = tiles if interpreting() or not a.is_cuda else _num_sms(a.device.index or 0)
+        num_programs = tiles if interpreted(_contiguous_kernel) or not a.is_cuda else _num_sms(a.device.index or 0)
     grid = (max(1, min(tiles, num_programs)),)
     a_desc = _descriptor(a, [bm, bk])
     b_desc = _descriptor(w.view(E * N, K), [bn, bk])
@@ -170,10 +171,10 @@ def contiguous_gemm(
     w_s = w_scale if scaled else m_indices
     a_strides = tuple(a_scale.stride()) if scaled else (0, 0)
     w_strides = tuple(w_scale.stride()) if scaled else (0, 0, 0)
-    _contiguous_kernel[grid](
+    launch(_contiguous_kernel, grid,
         a_desc, b_desc, c, a_s, w_s, m_indices,
-        Mp, N, grid[0], triton.cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
+        Mp, N, grid[0], cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
         K=K, SCALED=scaled, GROUP_N=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-        INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        INTERPRET=interpreted(_contiguous_kernel), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -36,7 +36,8 @@ import triton.language as tl
 
 from ..interfaces import FP8_DTYPE, FP8_MAX
 from .align import align_scratch_numel, max_padded_rows, moe_align_block_size
-from .common import cast_out, interpreting, to_fp8
+from .common import cast_out, cdiv, next_power_of_2, to_fp8
+from .launch import interpreted, launch
 from .quant import EPS
 
 GROUP = 128  # activation scale group (1 x 128)
@@ -161,13 +162,14 @@ def permute_contiguous(
     xs = x_MK if quant_in or copy else x_scale_MG
     assert quant_in or copy or (x_scale_MG is not None and x_scale_MG.shape == (M, K // GROUP)), "fp8 input needs 1x128 scales"
     if mp:
-        _permute_kernel[(mp // align, K // GROUP)](
+        launch(_permute_kernel, (mp // align, K // GROUP),
             x_MK, xs, sorted_ids, expert_ids, num_post,
             a_MpK, a_MpK if copy else a_scale, m_idx, inv, counts, ends,
             R, num_experts, mp, K,
             x_MK.stride(0), xs.stride(0), xs.stride(1),
-            TOPK=P, A=align, GROUP=GROUP, NUM_BINS=triton.next_power_of_2(num_experts + 1),
-            QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+            TOPK=P, A=align, GROUP=GROUP, NUM_BINS=next_power_of_2(num_experts + 1),
+            QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_permute_kernel),
+            num_warps=4,
         )
     return ContiguousLayout(num_rows=mp, m_indices_Mp=m_idx, ends_E=ends, counts_B=counts, inv_R=inv)
 
@@ -221,11 +223,11 @@ def unpermute_contiguous(
     assert out2.stride(1) == 1
     if rows == 0:
         return
-    block_k = min(block_k, triton.next_power_of_2(K))
-    _unpermute_kernel[(rows, triton.cdiv(K, block_k))](
+    block_k = min(block_k, next_power_of_2(K))
+    launch(_unpermute_kernel, (rows, cdiv(K, block_k)),
         y_MpK, topk_ids_MP, topk_weights_MP, inv_R, out2,
         num_experts, K, y_MpK.stride(0), out2.stride(0),
-        TOPK=P, REDUCE=reduce, BLOCK_K=block_k, EXACT_ROUND=interpreting(), num_warps=4,
+        TOPK=P, REDUCE=reduce, BLOCK_K=block_k, EXACT_ROUND=interpreted(_unpermute_kernel), num_warps=4,
     )
 
 
@@ -288,12 +290,12 @@ def pad_batched(
     assert quant_in or (x_scale is not None and x_scale.shape == (E, X, G)), "fp8 input needs [E, X, K/128] scales"
     if E == 0 or X == 0:
         return
-    _pad_batched_kernel[(E, triton.cdiv(X, block_r), G)](
+    launch(_pad_batched_kernel, (E, cdiv(X, block_r), G),
         x_EXK, xs, expert_num_tokens_E, a_EXpK, a_scale,
         Xp, K, G,
         x_EXK.stride(0), x_EXK.stride(1), xs.stride(0), xs.stride(1), xs.stride(2),
         BLOCK_R=block_r, GROUP=GROUP, QUANT_IN=quant_in, FP8_MAX=FP8_MAX, EPS=EPS,
-        EXACT_ROUND=interpreting(), num_warps=4,
+        EXACT_ROUND=interpreted(_pad_batched_kernel), num_warps=4,
     )
 
 
@@ -322,7 +324,7 @@ def unpad_batched(y_EXpK: torch.Tensor, expert_num_tokens_E: torch.Tensor, out_E
     assert y_EXpK.is_contiguous() and out_EXK.is_contiguous() and out_EXK.shape == (E, X, K)
     if E == 0 or X == 0:
         return
-    block_k = min(block_k, triton.next_power_of_2(K))
-    _unpad_batched_kernel[(E, triton.cdiv(X, block_r), triton.cdiv(K, block_k))](
+    block_k = min(block_k, next_power_of_2(K))
+    launch(_unpad_batched_kernel, (E, cdiv(X, block_r), cdiv(K, block_k)),
         y_EXpK, expert_num_tokens_E, out_EXK, X, Xp, K, BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4,
     )

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_out, interpreting
+from .common import cast_out, cdiv
+from .launch import interpreted, launch
 
 QUANT_NONE, QUANT_TENSOR, QUANT_BLOCK = 0, 1, 2
 
@@ -290,7 +291,7 @@ def _launch_kwargs(config: dict) -> dict:
         GROUP_SIZE_M=config.get("GROUP_SIZE_M", 1),
         num_warps=config.get("num_warps", 4),
         num_stages=config.get("num_stages", 3),
-        INTERPRET=interpreting(),
+        INTERPRET=interpreted(fused_moe_kernel),  # the same for both kernels (decorated alike)
     )
 
 
@@ -325,11 +326,11 @@ def invoke_fused_moe_gemm(
     if quant == QUANT_BLOCK:
         assert config["BLOCK_SIZE_K"] <= group_shape[1] and group_shape[1] % config["BLOCK_SIZE_K"] == 0
     EM = sorted_ids.numel()
-    grid = (triton.cdiv(EM, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
+    grid = (cdiv(EM, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]),)
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
     tw = topk_weights if topk_weights is not None else sorted_ids
-    fused_moe_kernel[grid](
+    launch(fused_moe_kernel, grid,
         a, w, c, a_s, b_s, tw, sorted_ids, expert_ids, num_post,
         N, EM, num_pairs,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
@@ -366,10 +367,10 @@ def invoke_batched_moe_gemm(
         assert config["BLOCK_SIZE_K"] <= group_shape[1] and group_shape[1] % config["BLOCK_SIZE_K"] == 0
     if E == 0 or X == 0:
         return
-    grid = (triton.cdiv(X, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]), E)
+    grid = (cdiv(X, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]), E)
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
-    batched_moe_kernel[grid](
+    launch(batched_moe_kernel, grid,
         a, w, c, a_s, b_s, expert_num_tokens,
         N, X,
         *a.stride(), *w.stride(), *c.stride(),

@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from ..interfaces import FP8_DTYPE, FP8_MAX
-from .common import interpreting, to_fp8
+from .common import cdiv, next_power_of_2, to_fp8
+from .launch import interpreted, launch
 
 EPS = 1e-10  # same clamp as kernels/quant.py
 
@@ -120,9 +121,9 @@ def per_token_group_quant_fp8(
     q2, s2 = _rows(out), out_scale.reshape(-1, K // group)
     counts, X, row_counts = _counts_args(expert_num_tokens, x, x2)
     if R:
-        _group_quant_kernel[(triton.cdiv(R, block_r), K // group)](
+        launch(_group_quant_kernel, (cdiv(R, block_r), K // group),
             x2, q2, s2, counts, R, X, x2.stride(0), q2.stride(0), s2.stride(0), s2.stride(1),
-            ROW_COUNTS=row_counts, BLOCK_R=block_r, GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+            ROW_COUNTS=row_counts, BLOCK_R=block_r, GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_group_quant_kernel), num_warps=4,
         )
     return out, out_scale
 
@@ -149,11 +150,11 @@ def per_tensor_quant_fp8(
         amax.zero_()
     q2 = _rows(out)
     counts, X, row_counts = _counts_args(expert_num_tokens, x, x2)
-    block_c = min(block_c, triton.next_power_of_2(max(K, 1)))
-    grid = (max(1, triton.cdiv(R, block_r)), triton.cdiv(K, block_c))
-    _amax_kernel[grid](x2, amax, counts, R, K, X, x2.stride(0), ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
-    _tensor_quant_kernel[grid](
+    block_c = min(block_c, next_power_of_2(max(K, 1)))
+    grid = (max(1, cdiv(R, block_r)), cdiv(K, block_c))
+    launch(_amax_kernel, grid, x2, amax, counts, R, K, X, x2.stride(0), ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+    launch(_tensor_quant_kernel, grid,
         x2, q2, amax, scale, counts, R, K, X, x2.stride(0), q2.stride(0),
-        ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreting(), num_warps=4,
+        ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_tensor_quant_kernel), num_warps=4,
     )
     return out, scale

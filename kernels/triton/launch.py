@@ -1,0 +1,231 @@
+"""Launch a @triton.jit kernel through its compiled handle (issue #34: host enqueue time).
+
+`fn[grid](*args)` walks Triton's JIT path on every call: argument binding and
+specialization, a string cache key, knob reads, launch metadata. `launch(fn, grid, ...)`
+does that once per specialization: the first call of a key goes through the JIT (which
+compiles if needed and returns the CompiledKernel), later calls of the same key call
+`CompiledKernel.run` directly, as JITFunction.run itself does after its cache lookup.
+
+The key (`spec_key`) is at least as fine as Triton's specialization, so a key never
+maps to a binary compiled for other arguments:
+  tensor       dtype, data_ptr % 16 == 0                    (Triton: *dtype, "D")
+  int          the value (`arg_key`: == 1, % 16 == 0,       (constexpr 1, "D", i32 / i64 / u64)
+               fits i32, >= 2**63 is what Triton reads)
+  bool, float  the type                                     (u1, fp32: not specialized)
+  None         None                                         (constexpr None)
+  descriptor   base dtype, block shape, padding, rank      (tensordesc<dtype[block]>)
+  constexpr    the value and its type (False == 0 in Python, not in Triton's key)
+plus the launch options (num_warps, num_stages, ...) and the device. Any other argument
+type, an unhashable constexpr, a kernel with pre-run hooks or anything but a JITFunction
+(the interpreter's kernels, under TRITON_INTERPRET=1; an autotuner, whose configs stay its
+own) takes the normal launch.
+Not re-read per launch (snapshot at a key's first launch): TRITON_DEBUG and Triton's
+instrumentation mode; the launch hooks (profilers) are read on every launch.
+
+MOEBENCH_TRITON_FASTLAUNCH=0 turns the fast path off (read once; `set_enabled` for tests), as
+does a Triton other than the 3.6 whose launch convention this copies (KNOWN_TRITON).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+try:  # the interpreter's kernels are not JITFunctions: they take the plain launch
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover (triton always has it)
+    JITFunction = None  # no fast path
+
+ENV = "MOEBENCH_TRITON_FASTLAUNCH"
+_UNKEYED = object()  # an argument spec_key cannot key: the JIT launch
+MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared when full
+_enabled: Optional[bool] = None
+_RUNTIME: Optional[tuple] = None  # _runtime()
+# launches by path (the GPU test checks that the compiled handle was taken)
+stats = {"handle": 0, "jit": 0}
+
+
+# the Triton versions whose JITFunction.run / CompiledKernel.run calling convention this
+# module copies (read from 3.6's runtime/jit.py); on others every launch takes the JIT
+KNOWN_TRITON = ("3.6.",)
+
+
+def enabled() -> bool:
+    """Whether launch() may take the compiled handle (MOEBENCH_TRITON_FASTLAUNCH, default on,
+    and a Triton in KNOWN_TRITON)."""
+    global _enabled
+    if _enabled is None:
+        import triton
+
+        _enabled = os.environ.get(ENV, "1") != "0" and triton.__version__.startswith(KNOWN_TRITON)
+    return _enabled
+
+
+def set_enabled(value: Optional[bool]) -> None:
+    """Force the fast path on / off; None re-reads the environment at the next launch
+    (and the driver: tests may replace it)."""
+    global _enabled, _RUNTIME
+    _enabled = value
+    _RUNTIME = None
+
+
+def _runtime() -> tuple:
+    """(current device, current stream of a device, Triton's runtime knobs), looked up once:
+    the driver's LazyProxy answers each attribute through __getattr__."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        active = driver.active
+        _RUNTIME = (active.get_current_device, active.get_current_stream, knobs.runtime)
+    return _RUNTIME
+
+
+def interpreted(fn) -> bool:
+    """Whether fn runs in Triton's CPU interpreter (decided when it was decorated, by
+    TRITON_INTERPRET then); a wrapper (an autotuner) answers for the kernel it wraps."""
+    for _ in range(8):
+        if JITFunction is not None and isinstance(fn, JITFunction):
+            return False
+        if type(fn).__name__ == "InterpretedFunction":
+            return True
+        if not hasattr(fn, "fn"):
+            break
+        fn = fn.fn
+    return JITFunction is None
+
+
+def arg_key(a: Any) -> Any:
+    """What Triton specializes a runtime argument on (module doc), or _UNKEYED."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() & 15 == 0)
+    t = type(a)
+    if t is bool:
+        return bool
+    if t is int:
+        return (a == 1, a & 15 == 0, -(2**31) <= a < 2**31, a >= 2**63)
+    if t is float:
+        return float
+    if a is None:
+        return None
+    if t.__name__ == "TensorDescriptor":  # triton.tools.tensor_descriptor (host TMA)
+        return (t, a.base.dtype, tuple(a.block_shape), getattr(a, "padding", None), len(a.shape))
+    return _UNKEYED
+
+
+class _Plan:
+    """Per kernel: its parameters in order, which are constexpr, their defaults."""
+
+    __slots__ = ("names", "index", "constexpr", "defaults", "cache", "ok")
+
+    def __init__(self, fn):
+        params = fn.params
+        self.names = [p.name for p in params]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.constexpr = [p.is_constexpr for p in params]
+        self.defaults = [p.default if p.has_default else _UNKEYED for p in params]
+        self.cache: dict = {}
+        self.ok = not fn.pre_run_hooks
+
+
+def _plan(fn) -> _Plan:
+    plan = fn.__dict__.get("_moebench_plan")
+    if plan is None:
+        plan = fn._moebench_plan = _Plan(fn)
+    return plan
+
+
+def bind(plan: _Plan, args: tuple, kwargs: dict) -> tuple[Optional[list], dict]:
+    """(every parameter's value in declaration order, the launch options); the values are
+    None where a parameter without a default was not given (the JIT raises the error)."""
+    vals = list(args)
+    n = len(plan.names)
+    if len(vals) < n:
+        vals.extend([_UNKEYED] * (n - len(vals)))
+    options = {}
+    for k, v in kwargs.items():
+        i = plan.index.get(k)
+        if i is None:
+            options[k] = v
+        else:
+            vals[i] = v
+    for i in range(len(args), n):
+        if vals[i] is _UNKEYED:
+            d = plan.defaults[i]
+            if d is _UNKEYED:
+                return None, options
+            vals[i] = d
+    return vals, options
+
+
+def spec_key(plan: _Plan, vals: list, options: dict) -> Any:
+    """A hashable key at least as fine as Triton's specialization, or None (no fast path).
+    Runtime ints enter by value (finer than Triton's == 1 / % 16 / width, and cheaper to
+    build: a shape's ints are the same every forward); constexprs with their type
+    (False == 0 == 0.0 in Python, not in Triton's cache key)."""
+    key: list = []
+    append = key.append
+    for is_const, v in zip(plan.constexpr, vals, strict=True):
+        t = type(v)
+        if is_const:
+            append((t, v))
+        elif t is int:
+            append(v)  # never equal to the other keys: tuples, types, None
+        elif t is torch.Tensor or isinstance(v, torch.Tensor):
+            append((v.dtype, v.data_ptr() & 15 == 0))
+        else:
+            k = arg_key(v)
+            if k is _UNKEYED:
+                return None
+            append(k)
+    append(tuple([(k, type(v), v) for k, v in options.items()]))
+    out = tuple(key)
+    try:
+        hash(out)
+    except TypeError:  # an unhashable constexpr or option
+        return None
+    return out
+
+
+def launch(fn, grid: tuple, *args, **kwargs) -> None:
+    """fn[grid](*args, **kwargs), through the compiled handle where the key allows (module doc)."""
+    if not enabled() or JITFunction is None or not isinstance(fn, JITFunction) or callable(grid):
+        fn[grid](*args, **kwargs)
+        return
+    plan = _plan(fn)
+    if not plan.ok:
+        fn[grid](*args, **kwargs)
+        return
+    vals, options = bind(plan, args, kwargs)
+    key = None if vals is None else spec_key(plan, vals, options)
+    if key is None:  # a missing argument (the JIT raises its error), or one not keyed
+        fn[grid](*args, **kwargs)
+        return
+    assert vals is not None  # (a key was made of them)
+    get_device, get_stream, rt = _runtime()
+    device = get_device()
+    kernel = plan.cache.get((device, key))
+    if kernel is None:  # the JIT compiles (or finds) the binary and launches it
+        stats["jit"] += 1
+        kernel = fn.run(*args, grid=grid, warmup=False, **kwargs)
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()
+        if kernel is not None:
+            if len(plan.cache) >= MAX_KEYS:  # ints that change every call: do not grow without bound
+                plan.cache.clear()
+            plan.cache[(device, key)] = kernel
+        return
+    stats["handle"] += 1
+    stream = get_stream(device)
+    enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+    # an empty hook chain does nothing: skip it and the metadata it would receive
+    if enter is not None and not getattr(enter, "calls", True):
+        enter = None
+    if exit_ is not None and not getattr(exit_, "calls", True):
+        exit_ = None
+    meta = kernel.launch_metadata(grid, stream, *vals) if enter is not None or exit_ is not None else None
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, meta, enter, exit_, *vals)

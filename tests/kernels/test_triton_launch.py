@@ -1,0 +1,221 @@
+"""kernels/triton/launch.py: the fast launch's key is at least as fine as Triton's
+specialization (pure Python, against Triton's own specializer), and under the
+interpreter launch() is the plain JIT launch. The compiled-handle launch itself runs
+on a GPU: tests/gpu/test_triton_fastlaunch.py."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from moebench.kernels.triton import launch as fl
+
+
+def _triton_spec(a):
+    """Triton's own specialization of one runtime argument (what its cache key holds)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    return native_specialize_impl(BaseBackend, a, False, True, True)
+
+
+def _samples():
+    base = torch.empty(64, dtype=torch.float32)
+    ints = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 1, 2**31, 2**31 + 16, 2**32, 2**63, 2**63 + 16, -(2**31),
+            -(2**31) - 1]
+    tensors = [base, base[1:], base[4:], base.view(8, 8).t(), base.to(torch.bfloat16),
+               base.to(torch.bfloat16)[8:], base.to(torch.int32), torch.empty(3, dtype=torch.int64)]
+    return ints + tensors + [True, False, 1.0, 0.5, None]
+
+
+def test_arg_key_at_least_as_fine_as_triton():
+    """Equal keys imply equal Triton specializations: a key never reuses another binary."""
+    samples = _samples()
+    for a, b in itertools.combinations(samples, 2):
+        ka, kb = fl.arg_key(a), fl.arg_key(b)
+        if ka == kb:
+            assert _triton_spec(a) == _triton_spec(b), (a, b, ka)
+
+
+def test_arg_key_distinguishes_what_triton_does():
+    t = torch.empty(64, dtype=torch.float32)
+    assert fl.arg_key(t) != fl.arg_key(t[1:])  # 16-byte alignment
+    assert fl.arg_key(t) != fl.arg_key(t.to(torch.bfloat16))  # dtype
+    assert fl.arg_key(t) == fl.arg_key(torch.empty(128, dtype=torch.float32))  # shape is not specialized
+    assert fl.arg_key(1) != fl.arg_key(2) and fl.arg_key(16) != fl.arg_key(17)  # == 1, % 16
+    assert fl.arg_key(2**31 - 16) != fl.arg_key(2**31)  # i32 / i64
+    assert fl.arg_key(2**63) != fl.arg_key(2**62)  # u64
+    assert fl.arg_key(True) != fl.arg_key(1) and fl.arg_key(1.0) != fl.arg_key(1)
+    assert fl.arg_key(object()) is fl._UNKEYED  # unknown types take the JIT launch
+
+
+def test_arg_key_tensor_descriptor():
+    td = pytest.importorskip("triton.tools.tensor_descriptor")
+    x = torch.empty(256, 128, dtype=torch.bfloat16)
+    d = td.TensorDescriptor.from_tensor(x, [64, 64])
+    same = td.TensorDescriptor.from_tensor(torch.empty(512, 128, dtype=torch.bfloat16), [64, 64])
+    assert fl.arg_key(d) == fl.arg_key(same) and _triton_spec(d) == _triton_spec(same)
+    other = td.TensorDescriptor.from_tensor(x, [128, 64])
+    assert fl.arg_key(d) != fl.arg_key(other)
+    assert fl.arg_key(d) != fl.arg_key(td.TensorDescriptor.from_tensor(x.float(), [64, 64]))
+
+
+class _Param:
+    def __init__(self, name, constexpr=False, default=None):
+        self.name, self.is_constexpr = name, constexpr
+        self.has_default, self.default = default is not None, default
+
+
+class _FakeJit:
+    """The attributes launch()'s plan reads from a JITFunction."""
+
+    def __init__(self):
+        self.params = [_Param("x"), _Param("n"), _Param("BLOCK", True), _Param("FLAG", True, default=False)]
+        self.pre_run_hooks = []
+
+
+def test_spec_key_constexprs_options_and_defaults():
+    plan = fl._Plan(_FakeJit())
+    x = torch.empty(16)
+    vals, opts = fl.bind(plan, (x, 32), dict(BLOCK=64, num_warps=4))
+    assert vals == [x, 32, 64, False] and opts == {"num_warps": 4}
+    key = fl.spec_key(plan, vals, opts)
+
+    def k(*args, **kw):
+        return fl.spec_key(plan, *fl.bind(plan, args, kw))
+
+    assert k(torch.empty(32), 32, BLOCK=64, num_warps=4) == key  # same specialization: another tensor
+    assert k(torch.empty(32), 48, BLOCK=64, num_warps=4) != key  # ints by value: finer than Triton, never coarser
+    assert k(x, 32, BLOCK=128, num_warps=4) != key  # constexpr value
+    assert k(x, 32, BLOCK=64, num_warps=8) != key  # option
+    assert k(x, 32, BLOCK=64, FLAG=True, num_warps=4) != key  # defaulted constexpr given
+    assert k(x, 32, BLOCK=64, FLAG=0, num_warps=4) != key  # False == 0 in Python, not in Triton
+    assert k(x, 1, BLOCK=64, num_warps=4) != key  # the value-1 specialization
+    assert k(x, 33, BLOCK=64, num_warps=4) != key  # divisibility by 16
+    assert k(x, 32, BLOCK=[64], num_warps=4) is None  # unhashable: the JIT launch
+    assert k(x, object(), BLOCK=64, num_warps=4) is None  # an unknown argument type: the JIT launch
+    assert k(x[1:], 32, BLOCK=64, num_warps=4) != key  # a misaligned tensor
+    assert k(x.double(), 32, BLOCK=64, num_warps=4) != key  # another dtype
+    assert k(x, True, BLOCK=64, num_warps=4) != k(x, 1, BLOCK=64, num_warps=4)  # u1 / constexpr 1
+
+
+def test_spec_key_at_least_as_fine_as_triton():
+    """Equal keys imply equal Triton specializations, over every runtime argument sampled."""
+    plan = fl._Plan(_FakeJit())
+    samples = _samples()
+    seen = {}
+    for a in samples:
+        key = fl.spec_key(plan, *fl.bind(plan, (a, 5), dict(BLOCK=64)))
+        seen.setdefault(key, []).append(a)
+    for group in seen.values():
+        assert len({_triton_spec(a) for a in group}) == 1, group
+
+
+def test_interpreter_takes_the_jit_launch():
+    """Under TRITON_INTERPRET=1 the kernels are not JITFunctions: launch() is fn[grid](...)."""
+    from moebench.kernels.triton.align import _align_count_kernel, moe_align_block_size
+
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs only without CUDA here")
+    assert fl.interpreted(_align_count_kernel)
+    ids = torch.tensor([[0, 2], [1, -1], [2, 2]])
+    sorted_ids, expert_ids, num_post = moe_align_block_size(ids, 3, 4)
+    assert int(num_post) == 12 and expert_ids[:3].tolist() == [0, 1, 2]
+
+
+def test_env_switch(monkeypatch):
+    import triton
+
+    fl.set_enabled(None)
+    monkeypatch.setenv(fl.ENV, "0")
+    assert not fl.enabled()
+    fl.set_enabled(None)
+    monkeypatch.setenv(fl.ENV, "1")
+    assert fl.enabled() == triton.__version__.startswith(fl.KNOWN_TRITON)
+    fl.set_enabled(None)
+    monkeypatch.setattr(triton, "__version__", "9.9.9")  # an unknown launch convention: the JIT
+    assert not fl.enabled()
+    fl.set_enabled(None)
+
+
+def _jit_kernel():
+    """A real JITFunction (not the interpreter's), built without a GPU."""
+    from triton.runtime.jit import JITFunction
+
+    from tests.kernels import _fastlaunch_kernel as mod
+
+    return JITFunction(mod.kernel_body)
+
+
+class _Compiled:
+    """What launch() reads from a CompiledKernel."""
+
+    function, packed_metadata = "FUNCTION", "PACKED"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("META", grid, stream)
+
+
+def test_launch_mechanics(monkeypatch):
+    """First call of a key: the JIT (fn.run) launches and its binary is kept; later calls of
+    the key: CompiledKernel.run with the grid, the stream, every parameter in order
+    (defaults and constexprs included, as JITFunction.run passes them); a new key: the JIT
+    again; disabled: fn[grid]."""
+    fn = _jit_kernel()
+    compiled = _Compiled()
+    jit_calls = []
+
+    def fake_run(*args, grid, warmup, **kwargs):
+        jit_calls.append((args, grid, kwargs))
+        return compiled
+
+    monkeypatch.setattr(fn, "run", fake_run)
+    hooks = type("Hooks", (), {"launch_enter_hook": None, "launch_exit_hook": None})()
+    fl.set_enabled(True)
+    monkeypatch.setattr(fl, "_RUNTIME", (lambda: 0, lambda dev: 1234, hooks))
+    try:
+        x = torch.empty(64)
+        fl.launch(fn, (3, 2), x, 32, BLOCK=64, num_warps=4)
+        assert len(jit_calls) == 1 and not compiled.calls
+        assert jit_calls[0] == ((x, 32), (3, 2), dict(BLOCK=64, num_warps=4))
+        fl.launch(fn, (3, 2), x, 32, BLOCK=64, num_warps=4)
+        assert len(jit_calls) == 1
+        assert compiled.calls == [(3, 2, 1, 1234, "FUNCTION", "PACKED", None, None, None, x, 32, 64, False)]
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)  # a new key
+        assert len(jit_calls) == 2
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
+        assert compiled.calls[-1] == (5, 1, 1, 1234, "FUNCTION", "PACKED", None, None, None, x, 32, 64, True)
+        # profiler hooks: passed through with the launch metadata, as the JIT does
+        hooks.launch_enter_hook = enter = lambda meta: None
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
+        assert compiled.calls[-1][6:9] == (("META", (5,), 1234), enter, None)
+        hooks.launch_enter_hook = None
+        # off: the JIT's own path (fn[grid] -> fn.run)
+        fl.set_enabled(False)
+        fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
+        assert len(jit_calls) == 3
+    finally:
+        fl.set_enabled(None)
+
+
+def test_interpreted_sees_through_wrappers():
+    from triton.runtime.jit import JITFunction
+
+    from tests.kernels import _fastlaunch_kernel as mod
+
+    jit = JITFunction(mod.kernel_body)
+    wrapper = type("Autotuner", (), {"fn": jit})()
+    assert not fl.interpreted(jit) and not fl.interpreted(wrapper)
+    InterpretedFunction = type("InterpretedFunction", (), {})
+    assert fl.interpreted(InterpretedFunction()) and fl.interpreted(type("Autotuner", (), {"fn": InterpretedFunction()})())
