@@ -169,16 +169,9 @@ def test_one_launch_align_equals_two_on_gpu(monkeypatch, M, P, E, block_m):
     """The counting program that also scatters (a barrier between its cursor stores and the
     atomics) lays pairs out as the two-kernel path does: padded rows and block experts
     exactly, each block's pairs as a set."""
-    from moebench.kernels.triton import align
+    from align_layouts import one_and_two_launch_layouts  # tests/ (conftest puts it on the path)
 
-    ids = _ids(M, P, E, seed=M)
-    one = [t.clone() for t in align.moe_align_block_size(ids, E, block_m)]
-    monkeypatch.setattr(align, "ONE_LAUNCH_MAX_PAIRS", -1)
-    two = [t.clone() for t in align.moe_align_block_size(ids, E, block_m)]
-    n = int(two[2])
-    assert int(one[2]) == n
-    assert torch.equal(one[1][: n // block_m], two[1][: n // block_m])
-    assert torch.equal(one[0][:n].view(-1, block_m).sort(1).values, two[0][:n].view(-1, block_m).sort(1).values)
+    one_and_two_launch_layouts(monkeypatch, _ids(M, P, E, seed=M), E, block_m)
 
 
 @pytest.mark.parametrize("scaled", [False, True])

@@ -127,17 +127,11 @@ def test_one_launch_align_equals_two(monkeypatch, M, P, E, block_m):
     """The counting program that also scatters (few pairs) gives the two-kernel path's
     layout: the same padded rows, block experts, and pairs per block (as sets: their order
     inside an expert comes from atomics)."""
-    from moebench.kernels.triton import align
+    from align_layouts import one_and_two_launch_layouts  # tests/ (conftest puts it on the path)
 
     g = torch.Generator().manual_seed(M * 7 + E)
     ids = torch.randint(-1, E, (M, P), generator=g)
-    one = [t.clone() for t in align.moe_align_block_size(ids, E, block_m)]
-    monkeypatch.setattr(align, "ONE_LAUNCH_MAX_PAIRS", -1)
-    two = [t.clone() for t in align.moe_align_block_size(ids, E, block_m)]
-    n = int(two[2])
-    assert int(one[2]) == n
-    assert torch.equal(one[1][: n // block_m], two[1][: n // block_m])
-    assert torch.equal(one[0][:n].view(-1, block_m).sort(1).values, two[0][:n].view(-1, block_m).sort(1).values)
+    one, n = one_and_two_launch_layouts(monkeypatch, ids, E, block_m)
     # and the layout is right: every local pair once, in its expert's blocks; padding holds the sentinel
     s, e = one[0][:n], one[1][: n // block_m].repeat_interleave(block_m)
     real = s < M * P
