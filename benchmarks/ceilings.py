@@ -16,7 +16,7 @@ What is timed (each at several sizes; a ceiling is the largest rate over its siz
   fp8_block    torch._scaled_mm with DeepSeek-V3's blockwise scales (1x128 activations, 128x128
                weights), where this torch and GPU offer it; else a row saying why not
 The fp8 ceiling is the fastest fp8 variant. Every GEMM variant is first checked against a
-float32 reference at 512^3: a wrong kernel's speed is no ceiling.
+float32 reference at 512^3 (128^3 with `--cpu`): a wrong kernel's speed is no ceiling.
 
 Each figure: `--warmup` calls, then calls for `--warmup-ms` (200 ms, as moebench's
 runner.warmup_ms) so that the samples see the clock the GPU sustains under load rather than
