@@ -14,6 +14,12 @@
 - PYTEST_XDIST_AUTO_NUM_WORKERS (xdist's own variable), or `-n N` on the command line, decide
   instead; `-n 0` runs in one process.
 
+The workers take the files in the order of `file_order`: those with `multiprocess` tests first,
+most of them first, then the rest, most tests first (pyproject's `--no-loadscope-reorder` keeps
+xdist from sorting them by their number of tests alone, which left the files of one or two long
+end-to-end tests, `test_distributed.py`, `test_ab.py`, `test_kill9.py`, to run last, one worker
+idle beside them).
+
 Without pytest-xdist installed (an environment from before it joined the `test` extra), the two
 options are accepted and ignored, and the header says so: the run takes one process.
 Tested by tests/project/test_parallel.py.
@@ -36,6 +42,8 @@ def pytest_addoption(parser, pluginmanager):
     group.addoption("--numprocesses", dest="numprocesses", default=None,
                     help="ignored: pytest-xdist is not installed (pip install -e '.[test]')")
     group.addoption("--dist", dest="dist", default="no", help="ignored: pytest-xdist is not installed")
+    group.addoption("--no-loadscope-reorder", dest="loadscopereorder", action="store_false",
+                    help="ignored: pytest-xdist is not installed")
 
 
 def pytest_report_header(config):
@@ -70,3 +78,24 @@ def pytest_xdist_auto_num_workers(config):
         return None  # xdist's own hook reads it
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return auto_workers(config.option.markexpr or "", config.getoption("--require") or "", list(config.args), cpus)
+
+
+def file_order(tests: list[tuple[str, bool]]) -> list[str]:
+    """The test files of (nodeid, is multiprocess) in the order the workers take them: the most
+    `multiprocess` tests first (end to end, seconds each), then the most tests."""
+    count: dict[str, int] = {}
+    mp: dict[str, int] = {}
+    for nodeid, multiprocess in tests:
+        f = nodeid.split("::", 1)[0]
+        count[f] = count.get(f, 0) + 1
+        mp[f] = mp.get(f, 0) + multiprocess
+    return sorted(count, key=lambda f: (-mp[f], -count[f]))  # stable: collection order otherwise
+
+
+@pytest.hookimpl(trylast=True)  # after the tiers' deselection (tests/_tiers.py)
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # in a worker: each collects, in this same order
+        return
+    rank = {f: i for i, f in enumerate(file_order([(i.nodeid, i.get_closest_marker("multiprocess") is not None)
+                                                    for i in items]))}
+    items.sort(key=lambda i: rank[i.nodeid.split("::", 1)[0]])  # stable: a file's tests keep their order
