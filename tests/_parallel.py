@@ -1,8 +1,9 @@
-"""How many pytest-xdist workers a run gets. pyproject.toml's addopts say `--numprocesses=auto
---dist=loadfile`, and this plugin (loaded by tests/conftest.py) decides what `auto` means:
+"""How many pytest-xdist workers a run gets, and in which order they take the files.
+pyproject.toml's addopts say `--numprocesses=auto --dist=loadfile --no-loadscope-reorder`, and
+this plugin (loaded by tests/conftest.py) decides what `auto` means:
 
-- 2 workers where the machine has 2 cores or more: the README's command on a 2-core machine
-  took 4m15s instead of 7m19s (docs/findings/harness.md, "Tests"). Most of a test's time is
+- 2 workers where the machine has 2 cores or more: the default tier on a 2-core machine took
+  4m15s instead of 7m19s (docs/findings/harness.md, "Tests"). Most of a test's time is
   one process's work (the Triton interpreter, pandas, a rank's start-up), so a second worker
   fills the second core. `loadfile` keeps a file on one worker: its module fixtures run once
   and its progress line (tests/_progress.py) times the file alone.
@@ -20,8 +21,8 @@ xdist from sorting them by their number of tests alone, which left the files of 
 end-to-end tests, `test_distributed.py`, `test_ab.py`, `test_kill9.py`, to run last, one worker
 idle beside them).
 
-Without pytest-xdist installed (an environment from before it joined the `test` extra), the two
-options are accepted and ignored, and the header says so: the run takes one process.
+Without pytest-xdist installed (an environment from before it joined the `test` extra), the
+three options are accepted and ignored, and the header says so: the run takes one process.
 Tested by tests/project/test_parallel.py.
 """
 from __future__ import annotations
@@ -94,7 +95,7 @@ def file_order(tests: list[tuple[str, bool]]) -> list[str]:
 
 @pytest.hookimpl(trylast=True)  # after the tiers' deselection (tests/_tiers.py)
 def pytest_collection_modifyitems(config, items):
-    if not hasattr(config, "workerinput"):  # in a worker: each collects, in this same order
+    if not hasattr(config, "workerinput"):  # only in a worker: each collects, and sorts alike
         return
     rank = {f: i for i, f in enumerate(file_order([(i.nodeid, i.get_closest_marker("multiprocess") is not None)
                                                     for i in items]))}
