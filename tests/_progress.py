@@ -8,7 +8,10 @@ file of end-to-end tests runs; these lines say where the run is and what took th
 
 A pytest plugin, loaded by tests/conftest.py (`pytest_plugins`); `-p no:_progress` turns it off,
 and so does `-qq`. A run stopped early (`-x`, Ctrl-C) gets the line of the file in flight, marked
-`stopped`, before pytest's summary. Tested by tests/project/test_progress.py.
+`stopped`, before pytest's summary. Under pytest-xdist it runs in the controller, which learns
+the selected tests from the workers' collections; a file's line comes when all its tests have
+finished, in whatever order the workers ran them (with `--dist loadfile` a file runs on one
+worker, so its time is its own). Tested by tests/project/test_progress.py.
 """
 from __future__ import annotations
 
@@ -35,17 +38,27 @@ class Progress:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.t0 = time.monotonic()
-        self.last: dict[str, str] = {}  # file -> the nodeid of its last selected test
+        self.todo: dict[str, set[str]] = {}  # file -> its selected tests not finished yet
         self.started: dict[str, float] = {}  # file -> when its first test started
         self.counts: dict[str, Counter] = {}
         self.printed: set[str] = set()
         self.finished: set[str] = set()
-        self.final = ""  # the session's last test
+
+    def _selected(self, nodeids) -> None:
+        self.todo = {}
+        for nodeid in nodeids:
+            self.todo.setdefault(_file(nodeid), set()).add(nodeid)
 
     @pytest.hookimpl(trylast=True)  # after the deselection hooks (conftest's gpu rule, -m, -k)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.last = {_file(item.nodeid): item.nodeid for item in session.items}
-        self.final = session.items[-1].nodeid if session.items else ""
+        if session.items or not self.todo:  # xdist's controller collects nothing itself
+            self._selected(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        # every worker collects (and deselects) the same tests; xdist checks that they agree
+        if not self.todo:
+            self._selected(ids)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         f = _file(nodeid)
@@ -60,10 +73,13 @@ class Progress:
     @pytest.hookimpl(trylast=True)  # after the terminal reporter's dot and its [ nn%]
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         f = _file(nodeid)
-        if self.last.get(f) == nodeid:
-            self.finished.add(f)
-            if nodeid != self.final:  # the last file's line comes after pytest's final [100%]
-                self._line(f)
+        todo = self.todo.get(f)
+        if todo and nodeid in todo:
+            todo.discard(nodeid)
+            if not todo:
+                self.finished.add(f)
+                if any(self.todo.values()):  # the last file's line comes after pytest's final [100%]
+                    self._line(f)
 
     def pytest_sessionfinish(self) -> None:
         # inside the terminal reporter's wrapper: before its summary
@@ -79,7 +95,7 @@ class Progress:
         now = time.monotonic()
         counts = self.counts.get(f, Counter())
         what = ", ".join(f"{counts[k]} {k}" for k in (*_ORDER, *sorted(set(counts) - set(_ORDER))) if counts[k])
-        n = len(self.last)
+        n = len(self.todo)
         width = len(str(n))
         if tr._tw.width_of_current_line:  # -q's dots (ensure_newline() knows of -v's lines only)
             tr._tw.line()
@@ -88,5 +104,5 @@ class Progress:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.get_verbosity() >= -1 and not hasattr(config, "workerinput"):  # not in an xdist worker
+    if config.get_verbosity() >= -1 and not hasattr(config, "workerinput"):  # in xdist's controller, not a worker
         config.pluginmanager.register(Progress(config), "moebench-progress")

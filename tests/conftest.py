@@ -9,6 +9,8 @@
   deep_ep + deep_gemm tests skip). A skip naming a required library fails too, and each
   required library must have had a test run. The rule and its hooks: tests/_require.py.
 - A progress line per test file as its last test finishes (tests/_progress.py).
+- Two pytest-xdist workers, a file on each, for the CPU tiers; one process for GPU tests, the
+  slow tier, `--require` and a single file (tests/_parallel.py).
 """
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ from moebench.kernels import registry as _registry  # noqa: E402
 
 _registry.discover()
 
-# a line per test file as it finishes (tests/_progress.py): -q's dots are no progress for minutes
-pytest_plugins = ["_progress"]
+# a line per test file as it finishes (tests/_progress.py): -q's dots are no progress for minutes;
+# what pyproject's `--numprocesses=auto` means: 2 pytest-xdist workers, or none (tests/_parallel.py)
+pytest_plugins = ["_progress", "_parallel"]
 
 # the --require gate's hooks (tests/_require.py), found here by name
 from _require import (  # noqa: E402, F401

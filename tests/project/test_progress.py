@@ -4,6 +4,7 @@ summary still comes last; `-x` gets the stopped file's line; deselected files ar
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,30 @@ def test_qq_and_no_progress_print_no_line(run):
     for args in (("-qq",), ("-q", "-p", "no:_progress")):
         res, lines = run(*args)
         assert lines == [] and res.ret == pytest.ExitCode.TESTS_FAILED, (args, res.outlines)
+
+
+
+@pytest.mark.multiprocess
+def test_under_xdist_each_file_gets_its_line_once_all_its_tests_ran_on_the_workers(run, pytester):
+    # the controller has no items of its own: it counts what the workers collected, and a file
+    # is done when all its tests are, in whichever order the two workers ran them
+    pytest.importorskip("xdist")
+    # as in this repository: a conftest loads the plugin (a worker restores the sys.path the
+    # controller had before any conftest, so `-p _progress` would not import there)
+    pytester.makeconftest(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        pytest_plugins = ["_progress"]
+    """)
+    for dist in ("loadfile", "load"):
+        res = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "-n", "2", "--dist", dist)
+        lines = [m.groups() for m in map(LINE.match, res.outlines) if m]
+        assert sorted((total, f, what, stopped) for _, total, _, f, what, _, stopped in lines) == [
+            ("3", "test_a.py", "2 passed", None),
+            ("3", "test_b.py", "1 failed, 1 error, 1 passed, 1 skipped", None),
+            ("3", "test_c.py", "1 passed", None),
+        ], (dist, res.outlines)
+        assert sorted(done for done, *_ in lines) == ["1", "2", "3"], res.outlines
+        res.assert_outcomes(passed=4, failed=1, skipped=1, errors=1)
+        last = [i for i, s in enumerate(res.outlines) if LINE.match(s)][-1]
+        assert any("1 failed, 4 passed, 1 skipped, 1 error" in s for s in res.outlines[last + 1:]), res.outlines

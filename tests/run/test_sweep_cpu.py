@@ -196,35 +196,6 @@ def test_list_json(capsys):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("sweep", sorted(p.stem for p in (Path(__file__).parents[2] / "sweeps").glob("*.yaml")))
-def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
-    # ep_scaling is for 4 and 8 GPUs: on the CPU, 4 gloo ranks with torch experts
-    # deepep_ht_sm_budget's knobs are for DeepEP on GPUs: on the CPU its layer over naive
-    extra = {"ep_scaling": ["runner.world_size=4", "experts=torch,torch_batched", "quant=bf16",
-                            "overlap=none,combine"],
-             "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
-             # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
-             "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
-             # routing's kernels need a GPU and its recordings are the GPU models': torch experts, a tiny recording
-             "routing": ["experts=torch,torch_batched", "quant=bf16", f"workload.routing_file={tmp_path}/%model%.npz"],
-             }.get(sweep, [])
-    if sweep == "routing":
-        import numpy as np
-
-        from moebench.routing import file
-
-        rng = np.random.default_rng(0)
-        file.write(str(tmp_path / "tiny.npz"), np.stack([rng.choice(8, 2, replace=False) for _ in range(64)]),
-                   num_experts=8, source="synthetic: the test's")
-    run_dir, counts = execute(["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0",
-                               "runner.phase_reps=1", "runner.memory=false", "runner.timing=events", *extra],
-                              sweep, str(tmp_path / sweep), quiet=True, oversubscribe=sweep == "ep_scaling")
-    df = RunStore(run_dir).load()
-    assert set(df.status) <= {"ok", "skipped"}, df[["label", "status", "reason"]]
-    assert (df.status == "ok").any(), "a sweep file whose every row is skipped tests nothing"
-
-
-@pytest.mark.multiprocess
 def test_moebench_run_prints_its_rows(capsys, tmp_path):
     rc = cli.main(["run", "backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
                    "workload.tokens_per_rank=[8]", *QUICK, "--out", str(tmp_path / "one")])
@@ -364,38 +335,6 @@ def test_trace_nsys_without_nsys_says_so_and_writes_the_torch_trace(tmp_path, mo
     assert row.status == "ok" and row.trace_path.endswith("rank0_T4.json") and (run_dir / row.trace_path).is_file()
     assert not (run_dir / "traces" / "nsys").exists()
     assert children() == []
-
-
-def test_triton_roofline_sweep_plans_graph_rows_per_token_count():
-    """Its graph timing: torch experts (host syncs) skip the sizes timed as graph
-    replays and run above graph_max_tokens with events."""
-    from moebench.run.plan import plan
-
-    combos, _ = plan(["runner.device=cpu"], "triton_roofline")
-    torch_rows = [c for c in combos if c.combo["experts"] == "torch" and not c.reason]
-    assert torch_rows and all(c.combo.timing == "graph" for c in torch_rows)
-    for c in torch_rows:
-        assert set(c.token_reasons) == {16, 64, 256} and c.runnable_tokens == [16384]
-
-
-def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus():
-    from moebench.run import plan
-
-    combos, _ = plan.plan(["runner.device=cpu"], "ep_scaling")
-    sizes = {c.combo["world_size"] for c in combos}
-    assert sizes == {4, 8}
-    # world sizes 4 and 8 divide both models' experts: nothing is skipped for the world size's
-    # arithmetic, only for layouts, libraries, Triton without a GPU, DeepGEMM without fp8, no
-    # shared experts
-    reasons = {c.reason for c in combos if c.reason}
-    assert not [r for r in reasons if "does not divide" in r], reasons
-    naive_triton = [c for c in combos if c.combo["backend"] == "naive" and c.combo["experts"] == "triton"
-                    and c.combo["model"] == "deepseek_v3"]
-    assert naive_triton and all(not c.reason or "Triton experts need a CUDA GPU" in c.reason
-                                or "this machine has" in c.reason for c in naive_triton)
-    # on CUDA this machine (no GPU, or fewer than 4) is refused before any work
-    with pytest.raises(ValueError, match=r"runner.device=cuda but no CUDA GPU|needs \d+ GPUs"):
-        plan.plan(["runner.device=cuda"], "ep_scaling")
 
 
 @pytest.mark.multiprocess
