@@ -194,6 +194,12 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
     if not enabled() or JITFunction is None or not isinstance(fn, JITFunction) or callable(grid):
         fn[grid](*args, **kwargs)
         return
+    get_device, get_stream, rt = _runtime()
+    if rt.jit_cache_hook is not None or JITFunction.run.__qualname__ != "JITFunction.run":
+        # a tool watches Triton's launch path (the tuner's Recorder and HitCounter, a test's
+        # patch of JITFunction.run): it must see every launch, never a binary launched behind it
+        fn[grid](*args, **kwargs)
+        return
     plan = _plan(fn)
     if not plan.ok:
         fn[grid](*args, **kwargs)
@@ -204,7 +210,6 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         fn[grid](*args, **kwargs)
         return
     assert vals is not None  # (a key was made of them)
-    get_device, get_stream, rt = _runtime()
     device = get_device()
     kernel = plan.cache.get((device, key))
     if kernel is None:  # the JIT compiles (or finds) the binary and launches it
