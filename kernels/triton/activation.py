@@ -11,7 +11,8 @@ reference.py), computed in fp32 from the bf16 gate/up rows, then:
   MODE_GROUP    quantized per 1 x GROUP group, fp32 scales [rows, I / GROUP].
 Only rows that hold a pair are read: sorted slots (standard) or the first
 expert_num_tokens_E rows of each expert (batched); other rows may be garbage
-and would poison a per-tensor amax.
+and would poison a per-tensor amax. `silu_and_mul_rows`: the bf16 form over every
+row of a dense [R, 2S] (the shared experts).
 
 Legend: rows = pairs (standard) or E * X (batched), N = 2I gate/up width.
 """
@@ -161,6 +162,47 @@ def silu_and_mul(
         BATCHED=batched, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
         FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
     )
+
+
+@triton.jit
+def _silu_mul_rows_kernel(
+    h_ptr,  # [R, 2S] bf16
+    out_ptr,  # [R, S] bf16
+    R,
+    S,
+    stride_hm,
+    stride_om,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
+):
+    """Every row of a dense h (the shared experts' gate/up): MODE_BF16's math, one pass."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r < R)[:, None] & (c[None, :] < S)
+    rows = r.to(tl.int64)
+    h_ptrs = h_ptr + rows[:, None] * stride_hm + c[None, :]
+    g = tl.load(h_ptrs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptrs + S, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    y = cast_out(y, out_ptr.dtype.element_ty, EXACT_ROUND)
+    tl.store(out_ptr + rows[:, None] * stride_om + c[None, :], y, mask=mask)
+
+
+def silu_and_mul_rows(h_RN: torch.Tensor, block_r: int = 16) -> torch.Tensor:
+    """SiLU(h[:, :S]) * h[:, S:] of every row of a 2-D bf16 h [R, 2S] (unit column stride) ->
+    a new bf16 [R, S], in one kernel (torch's silu and mul are two; reference.silu_and_mul is
+    the same math, rounded once here instead of twice)."""
+    R, N = h_RN.shape
+    S = N // 2
+    h_sm, h_sc = h_RN.stride()
+    assert N == 2 * S and h_sc == 1 and h_RN.dtype == torch.bfloat16, (h_RN.shape, h_RN.stride(), h_RN.dtype)
+    out = torch.empty((R, S), dtype=h_RN.dtype, device=h_RN.device)
+    if R and S:
+        block_c = min(256, next_power_of_2(S))
+        launch(_silu_mul_rows_kernel, (cdiv(R, block_r), cdiv(S, block_c)), h_RN, out, R, S, h_sm, S,
+               BLOCK_R=block_r, BLOCK_C=block_c, EXACT_ROUND=_EXACT_ROUND, num_warps=4)
+    return out
 
 
 @triton.jit
