@@ -15,6 +15,8 @@ nothing: it takes the stand-in's JIT, later calls take launch.py's compiled-hand
   invoke_fused_moe_gemm       the GEMM wrapper: strides, grid, config -> launch
   per_token_group_quant_fp8   the fp8 activation quantization's wrapper -> launch
   moe_align_block_size        the alignment's wrapper -> launch
+  silu_and_mul_rows           the shared experts' SiLU-and-mul in one launch (CUDA bf16; torch's two ops before)
+  moe_kernel_bf16             one MoEKernel forward: local, triton experts, bf16 (4 launches)
   fused_moe_standard_{bf16,fp8_block}   the whole standard experts path: 4 / 5 launches,
                               scratch, carving, zero_, copy_ (tiny tensors: their bytes cost little)
 
@@ -31,10 +33,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
-# the kernels must be JITFunctions (the GPU's path), not the interpreter's
-os.environ.pop("TRITON_INTERPRET", None)
 
 
 class StubCompiled:
@@ -83,8 +83,9 @@ def time_us(fn: Callable[[], None], number: int, repeats: int) -> dict:
     return {"us": statistics.median(samples), "p20": q[0], "p80": q[3], "samples": samples}
 
 
-def pieces() -> dict[str, Callable[[], None]]:
-    """name -> a zero-argument call of one piece, its inputs built here (tiny CPU tensors)."""
+def pieces() -> dict[str, Optional[Callable[[], None]]]:
+    """name -> a zero-argument call of one piece, its inputs built here (tiny CPU tensors); None
+    where this tree lacks the piece."""
     import torch
 
     from moebench.kernels.interfaces import ExpertWeights, QuantSpec
@@ -120,6 +121,8 @@ def pieces() -> dict[str, Callable[[], None]]:
         "per_token_group_quant_fp8": lambda: quant.per_token_group_quant_fp8(x, 128),
         "moe_align_block_size": lambda: align.moe_align_block_size(ids, E, 16, scratch),
     }
+    out["silu_and_mul_rows"] = _shared_activation(torch.randn(M, 2 * N, generator=g).to(torch.bfloat16))
+    out["moe_kernel_bf16"] = _layer_forward(M)
     for name in ("bf16", "fp8_block"):
         q = QuantSpec(name)
         if q.is_fp8:
@@ -138,12 +141,43 @@ def pieces() -> dict[str, Callable[[], None]]:
     return out
 
 
+def _shared_activation(h):
+    """The shared experts' SiLU-and-mul as one Triton launch (absent before 18f4e18: torch's then)."""
+    try:
+        from moebench.kernels.triton.activation import silu_and_mul_rows
+    except ImportError:
+        return None
+    return lambda: silu_and_mul_rows(h)
+
+
+def _layer_forward(M: int):
+    """One MoEKernel forward: local backend (every expert local: the ids need no localizing, whose
+    CPU form is torch's), triton experts, bf16, reduction=experts, tiny shape."""
+    import torch
+
+    from moebench.kernels import registry
+    from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
+    from moebench.kernels.modular import MoEKernel
+    from moebench.measure.workload import build_expert_weights, make_inputs
+
+    shape = LayerShape(hidden=256, intermediate=128, num_experts=16, topk=4, num_shared_experts=0,
+                       shared_intermediate=0)
+    ctx = KernelContext(shape=shape, quant=QuantSpec("bf16"), device=torch.device("cpu"), simulate_ep=1, options={})
+    pf = registry.get_backend("local")(ctx)
+    layer = MoEKernel(pf, registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx), None, "none")
+    x, w, ids = make_inputs(shape, M, "uniform", 1.0, 0, 0, 1, "cpu")
+    return lambda: layer(x, w, ids)
+
+
 def run(number: int, repeats: int, only: list[str] | None = None) -> list[dict]:
-    """One row per piece: name, µs per call (median, p20, p80), stand-in launches per call."""
+    """One row per piece: name, µs per call (median, p20, p80), stand-in launches per call.
+    Run it in a process of its own: it replaces Triton's launch for good there."""
+    # the kernels must be JITFunctions (the GPU's path), not the interpreter's: read at their import
+    os.environ.pop("TRITON_INTERPRET", None)
     stub_triton()
     rows = []
     for name, fn in pieces().items():
-        if only and name not in only:
+        if fn is None or (only and name not in only):
             continue
         before = StubCompiled.launches
         fn()
