@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 
-
 class StubCompiled:
     """What launch.py reads from a CompiledKernel; `run` launches nothing."""
 
@@ -53,9 +52,8 @@ class StubCompiled:
 def stub_triton() -> None:
     """Every JITFunction's launch returns the stand-in kernel; launch.py's device is 0, its
     stream 0, no launch hooks."""
-    from triton.runtime.jit import JITFunction
-
     from moebench.kernels.triton import launch as fl
+    from triton.runtime.jit import JITFunction
 
     compiled = StubCompiled()
 
@@ -87,7 +85,6 @@ def pieces() -> dict[str, Optional[Callable[[], None]]]:
     """name -> a zero-argument call of one piece, its inputs built here (tiny CPU tensors); None
     where this tree lacks the piece."""
     import torch
-
     from moebench.kernels.interfaces import ExpertWeights, QuantSpec
     from moebench.kernels.triton import align, gemm, moe, quant
     from moebench.kernels.triton.launch import launch
@@ -154,10 +151,10 @@ def _layer_forward(M: int):
     """One MoEKernel forward: local backend (every expert local: the ids need no localizing, whose
     CPU form is torch's), triton experts, bf16, reduction=experts, tiny shape."""
     import torch
-
     from moebench.kernels import registry
     from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
     from moebench.kernels.modular import MoEKernel
+
     from moebench.measure.workload import build_expert_weights, make_inputs
 
     shape = LayerShape(hidden=256, intermediate=128, num_experts=16, topk=4, num_shared_experts=0,

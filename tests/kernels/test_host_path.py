@@ -202,7 +202,8 @@ def test_workspace_views_kept_on_the_tensor_equal_a_fresh_carve(monkeypatch):
         v = moe.ws_view(ws, offset, shape, dtype)
         fresh = moe._carve(moe._bytes(ws), offset, shape, dtype)
         assert moe.ws_view(ws, offset, torch.Size(shape), dtype) is v  # kept: the same view object
-        assert (v.data_ptr(), v.shape, v.stride(), v.dtype) == (fresh.data_ptr(), fresh.shape, fresh.stride(), fresh.dtype)
+        assert (v.data_ptr(), v.shape, v.stride(), v.dtype) == (
+            fresh.data_ptr(), fresh.shape, fresh.stride(), fresh.dtype)
     other = torch.empty(4096, dtype=torch.bfloat16)  # views live on their own tensor
     assert moe.ws_view(other, 0, (16, 64), torch.bfloat16).data_ptr() == other.data_ptr()
     monkeypatch.setattr(moe, "MAX_VIEWS", 2)

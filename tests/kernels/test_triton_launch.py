@@ -234,7 +234,8 @@ def test_site_key_partitions_like_spec_key():
         assert (site[i] == site[j]) == (spec[i] == spec[j]), (calls[i], calls[j])
     seen = {}  # and directly: one Triton specialization (runtime arguments, constexprs with their type) a key
     for (args, kw), key in zip(calls, site, strict=True):
-        seen.setdefault(key, set()).add((tuple(_triton_spec(a) for a in args), tuple((type(v), v) for v in kw.values())))
+        spec = (tuple(_triton_spec(a) for a in args), tuple((type(v), v) for v in kw.values()))
+        seen.setdefault(key, set()).add(spec)
     assert all(len(group) == 1 for group in seen.values())
 
 

@@ -149,8 +149,8 @@ def test_host_python_script_times_every_piece_with_launches_stubbed(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     out = tmp_path / "rows.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "host_python.py"), "--number", "3", "--repeats", "3",
-                          "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, str(REPO / "benchmarks" / "host_python.py"), "--number", "3", "--repeats", "3", "--json", str(out)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     data = json.loads(out.read_text())
     launches = {r["piece"]: r["launches"] for r in data["rows"]}
