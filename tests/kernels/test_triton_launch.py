@@ -293,3 +293,23 @@ def test_launch_off_site_takes_the_generic_key(monkeypatch):
         assert len(jit_calls) == 4 and len(compiled.calls) == 1
     finally:
         fl.set_enabled(None)
+
+
+def test_handle_launches_get_the_values_the_jit_binds():
+    """Every launch of the experts' forwards (standard and batched, bf16 / fp8_tensor / fp8_block,
+    both reductions) and wrappers, through the per-site key with Triton's JIT stubbed, hands
+    CompiledKernel.run the values bind() gives (every parameter in order, defaults included):
+    tests/kernels/_launch_vals.py in its own process (the kernels must be JITFunctions)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(repo / "tests" / "kernels" / "_launch_vals.py")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    words = res.stdout.split()  # "checked N handle launches of K kernels"
+    launches, kernels = int(words[1]), int(words[5])
+    assert launches >= 50 and kernels == 9, res.stdout
