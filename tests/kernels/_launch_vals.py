@@ -69,7 +69,27 @@ def extra() -> list:
         yb = torch.empty(E, X, K, dtype=torch.bfloat16)
         out.append(lambda ew=ew, wb13=wb13, wb2=wb2, yb=yb, xb=xb, counts=counts: moe.fused_moe_batched(
             xb, None, counts, ew, yb, wb13, wb2, cfg))
+    out += [_contiguous_layer(q) for q in ("bf16", "fp8_block")]
     return out
+
+
+def _contiguous_layer(quant: str):
+    """One MoEKernel forward on the contiguous (TMA) row layout: the permute, the grouped GEMM
+    through tensor descriptors, the un-permute."""
+    import torch
+
+    from moebench.kernels import registry
+    from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
+    from moebench.kernels.modular import MoEKernel
+    from moebench.measure.workload import build_expert_weights, make_inputs
+
+    shape = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)
+    ctx = KernelContext(shape=shape, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=2,
+                        options={"row_layout": "contiguous"})
+    experts = registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx)
+    layer = MoEKernel(registry.get_backend("local")(ctx), experts, None, "none")
+    x, w, ids = make_inputs(shape, 40, "uniform", 1.0, 0, 0, 1, "cpu")
+    return lambda: layer(x, w, ids)
 
 
 def main() -> int:
