@@ -77,10 +77,10 @@ def _contiguous_layer(quant: str):
     """One MoEKernel forward on the contiguous (TMA) row layout: the permute, the grouped GEMM
     through tensor descriptors, the un-permute."""
     import torch
-
     from moebench.kernels import registry
     from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
     from moebench.kernels.modular import MoEKernel
+
     from moebench.measure.workload import build_expert_weights, make_inputs
 
     shape = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)
