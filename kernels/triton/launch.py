@@ -18,11 +18,11 @@ maps to a binary compiled for other arguments:
 plus the launch options (num_warps, num_stages, ...) and the device. Per call site
 (positional count, keyword names in order: `_Site`) the key is built flat (`site_key`): the
 keywords' values and types, the positional arguments as above, no per-parameter binding;
-the constexprs' and defaults' values a key implies are kept with its binary (CPU, launch
-stubbed: 9.1 -> 6.2 µs a fused_moe_kernel launch, benchmarks/host_python.py). A site with
+the constexprs' and defaults' values a key implies are kept with its binary (on the CPU,
+launch stubbed: ~9.5 -> ~6 µs a fused_moe_kernel launch, results/host_python). A site with
 a constexpr given positionally, a runtime parameter by keyword, or an unknown keyword keys
-through `bind` / `spec_key` (the same partition: tests/kernels/test_triton_launch.py). Any other argument
-type, an unhashable constexpr, a kernel with pre-run hooks or anything but a JITFunction
+through `bind` / `spec_key` (the same partition: tests/kernels/test_triton_launch.py). Any other
+argument type, an unhashable constexpr, a kernel with pre-run hooks or anything but a JITFunction
 (the interpreter's kernels, under TRITON_INTERPRET=1; an autotuner, whose configs stay its
 own) takes the normal launch.
 Not re-read per launch (snapshot at a key's first launch): TRITON_DEBUG and Triton's
