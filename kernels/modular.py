@@ -23,10 +23,33 @@ from .reference import silu_and_mul
 OVERLAP_MODES = ("none", "dispatch", "combine")
 
 
+_silu_and_mul_rows = None  # kernels/triton/activation.py's, imported at the first CUDA call
+
+
+def triton_activation_fits(h_TN: torch.Tensor) -> bool:
+    """Whether the shared experts' SiLU-and-mul runs as one Triton kernel: a CUDA bf16 2-D h with
+    unit column stride (issue #34: torch's silu and mul are two kernels and two launches)."""
+    return h_TN.is_cuda and h_TN.dtype == torch.bfloat16 and h_TN.dim() == 2 and h_TN.stride(-1) == 1
+
+
+def shared_activation(h_TN: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of the shared experts' [T, 2S] -> [T, S]: one Triton kernel where
+    triton_activation_fits, reference.silu_and_mul (torch) elsewhere (the CPU)."""
+    global _silu_and_mul_rows
+    if not triton_activation_fits(h_TN):
+        return silu_and_mul(h_TN)
+    if _silu_and_mul_rows is None:
+        from .triton.activation import silu_and_mul_rows
+
+        _silu_and_mul_rows = silu_and_mul_rows
+    return _silu_and_mul_rows(h_TN)
+
+
 class SharedExperts:
     """The shared experts fused into one MLP (widths of all shared experts summed).
 
-    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; torch matmuls.
+    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; torch matmuls, the SiLU-and-mul
+    between them one Triton kernel on CUDA (shared_activation).
     `sm_carveout` > 0 (CUDA): the two GEMMs run through cuBLASLt with an SM-count target of
     (SMs - sm_carveout), torch's experimental carveout, so that communication kernels beside
     them (DeepEP's combine holds `num_sms`) keep their SMs; torch's global setting and
@@ -41,7 +64,7 @@ class SharedExperts:
 
     def _mlp(self, x_TK: torch.Tensor) -> torch.Tensor:
         h = torch.nn.functional.linear(x_TK, self.w13_NK)
-        return torch.nn.functional.linear(silu_and_mul(h), self.w2_KS)
+        return torch.nn.functional.linear(shared_activation(h), self.w2_KS)
 
     def __call__(self, x_TK: torch.Tensor) -> torch.Tensor:
         if not self.sm_carveout or x_TK.device.type != "cuda":
@@ -58,9 +81,11 @@ class SharedExperts:
             torch.backends.cuda.preferred_blas_library(old_lib)
 
     def transient_bytes(self, T: int) -> int:
-        """gate/up [T, 2S] + SiLU(gate) [T, S] + activation [T, S] + output [T, K], bf16."""
+        """gate/up [T, 2S] + activation [T, S] + output [T, K], bf16, + torch's SiLU(gate) [T, S]
+        where the activation is torch's (not shared_activation's one kernel: the CPU)."""
         S2, K = self.w13_NK.shape
-        return 2 * T * (S2 + S2 + K)
+        silu = 0 if self.w13_NK.is_cuda and self.w13_NK.dtype == torch.bfloat16 else S2 // 2
+        return 2 * T * (S2 + S2 // 2 + silu + K)
 
 
 class MoEKernel:

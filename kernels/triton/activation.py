@@ -11,7 +11,8 @@ reference.py), computed in fp32 from the bf16 gate/up rows, then:
   MODE_GROUP    quantized per 1 x GROUP group, fp32 scales [rows, I / GROUP].
 Only rows that hold a pair are read: sorted slots (standard) or the first
 expert_num_tokens_E rows of each expert (batched); other rows may be garbage
-and would poison a per-tensor amax.
+and would poison a per-tensor amax. `silu_and_mul_rows`: the bf16 form over every
+row of a dense [R, 2S] (the shared experts).
 
 Legend: rows = pairs (standard) or E * X (batched), N = 2I gate/up width.
 """
@@ -99,6 +100,10 @@ def _silu_mul_kernel(
         tl.store(scale_ptr + rows * stride_sm + pid_c * stride_sg, s, mask=valid)
 
 
+# the interpreter's rounding work-around (common.py): decided when the kernel was decorated
+_EXACT_ROUND = interpreted(_silu_mul_kernel)
+
+
 def silu_and_mul(
     h: torch.Tensor,
     out: torch.Tensor,
@@ -120,14 +125,20 @@ def silu_and_mul(
     needs amax zeroed first and writes nothing else.
     """
     batched = expert_num_tokens is not None
-    I = h.shape[-1] // 2
-    h2 = h.reshape(-1, h.shape[-1])
-    o2 = out.view(-1, out.shape[-1])  # a view: the kernel writes through it (reshape could copy)
-    assert h2.stride(-1) == 1 and o2.stride(-1) == 1 and out.shape[-1] == I
+    N = h.shape[-1]
+    I = N // 2
+    # 2-D tensors go as they are (a view op costs ~0.7 µs a call: issue #34)
+    h2 = h if h.dim() == 2 else h.reshape(-1, N)
+    # a view: the kernel writes through it (reshape could copy)
+    o2 = out if out.dim() == 2 else out.view(-1, out.shape[-1])
+    (h_sm, h_sc), (o_sm, o_sc) = h2.stride(), o2.stride()
+    assert h_sc == 1 and o_sc == 1 and out.shape[-1] == I
     block_c = group if mode == MODE_GROUP else min(256, next_power_of_2(I))
     if mode == MODE_GROUP:
         assert I % group == 0, f"I={I} is not a multiple of the group {group}"
-        s_m, s_g = scale.view(-1, scale.shape[-1]).stride()  # fails loudly where a copy would be written
+        assert scale is not None, "MODE_GROUP writes scales"
+        # fails loudly where a copy would be written
+        s_m, s_g = (scale if scale.dim() == 2 else scale.view(-1, scale.shape[-1])).stride()
     else:
         s_m, s_g = 0, 0
     if batched:
@@ -147,10 +158,51 @@ def silu_and_mul(
         h2, o2,
         scale if scale is not None else dummy, amax if amax is not None else dummy,
         ids, post, num_pairs, counts, X, I,
-        h2.stride(0), o2.stride(0), s_m, s_g,
+        h_sm, o_sm, s_m, s_g,
         BATCHED=batched, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
-        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_silu_mul_kernel), num_warps=4,
+        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
     )
+
+
+@triton.jit
+def _silu_mul_rows_kernel(
+    h_ptr,  # [R, 2S] bf16
+    out_ptr,  # [R, S] bf16
+    R,
+    S,
+    stride_hm,
+    stride_om,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
+):
+    """Every row of a dense h (the shared experts' gate/up): MODE_BF16's math, one pass."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r < R)[:, None] & (c[None, :] < S)
+    rows = r.to(tl.int64)
+    h_ptrs = h_ptr + rows[:, None] * stride_hm + c[None, :]
+    g = tl.load(h_ptrs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptrs + S, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    y = cast_out(y, out_ptr.dtype.element_ty, EXACT_ROUND)
+    tl.store(out_ptr + rows[:, None] * stride_om + c[None, :], y, mask=mask)
+
+
+def silu_and_mul_rows(h_RN: torch.Tensor, block_r: int = 16) -> torch.Tensor:
+    """SiLU(h[:, :S]) * h[:, S:] of every row of a 2-D bf16 h [R, 2S] (unit column stride) ->
+    a new bf16 [R, S], in one kernel (torch's silu and mul are two; reference.silu_and_mul is
+    the same math, rounded once here instead of twice)."""
+    R, N = h_RN.shape
+    S = N // 2
+    h_sm, h_sc = h_RN.stride()
+    assert N == 2 * S and h_sc == 1 and h_RN.dtype == torch.bfloat16, (h_RN.shape, h_RN.stride(), h_RN.dtype)
+    out = torch.empty((R, S), dtype=h_RN.dtype, device=h_RN.device)
+    if R and S:
+        block_c = min(256, next_power_of_2(S))
+        launch(_silu_mul_rows_kernel, (cdiv(R, block_r), cdiv(S, block_c)), h_RN, out, R, S, h_sm, S,
+               BLOCK_R=block_r, BLOCK_C=block_c, EXACT_ROUND=_EXACT_ROUND, num_warps=4)
+    return out
 
 
 @triton.jit

@@ -106,6 +106,9 @@ def variants(quick: bool):
                         dict(silu, out_ptr="*bf16" if mode == 0 else "*fp8e4nv"),
                         dict(BATCHED=batched, MODE=mode, BLOCK_R=16, BLOCK_C=128 if mode == 3 else 256, FP8_MAX=448.0,
                              EPS=1e-10, EXACT_ROUND=False), 4, 1))
+    out.append(("silu_mul_rows", activation._silu_mul_rows_kernel,
+                dict(h_ptr="*bf16", out_ptr="*bf16", R="i32", S="i32", stride_hm="i32", stride_om="i32"),
+                dict(BLOCK_R=16, BLOCK_C=256, EXACT_ROUND=False), 4, 1))
     out.append(("zero_rows", activation._zero_rows_kernel,
                 dict(out_ptr="*bf16", ids_ptr="*i64", num_rows="i32", num_experts="i32", K="i32", stride_om="i32"),
                 dict(BLOCK_R=16, BLOCK_C=256), 4, 1))

@@ -283,6 +283,9 @@ def _w_scale_strides(w_scale: Optional[torch.Tensor], quant: int) -> tuple[int, 
     return (0, 0, 0)
 
 
+_INTERPRET = interpreted(fused_moe_kernel)  # the same for both kernels (decorated alike)
+
+
 def _launch_kwargs(config: dict) -> dict:
     return dict(
         BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
@@ -291,7 +294,7 @@ def _launch_kwargs(config: dict) -> dict:
         GROUP_SIZE_M=config.get("GROUP_SIZE_M", 1),
         num_warps=config.get("num_warps", 4),
         num_stages=config.get("num_stages", 3),
-        INTERPRET=interpreted(fused_moe_kernel),  # the same for both kernels (decorated alike)
+        INTERPRET=_INTERPRET,
     )
 
 
@@ -319,7 +322,9 @@ def invoke_fused_moe_gemm(
     [1] / None, w_scale [E, ceil(N/128), G] / [E] / None. topk_weights [pairs]
     multiplies each row; atomic_add accumulates into an fp32 c.
     """
-    assert sorted_ids.stride(0) == 1 and a.stride(-1) == 1 and w.stride(-1) == 1
+    # each stride() tuple read once (a stride(i) call each costs about as much: issue #34)
+    (s_am, s_ak), (s_be, s_bn, s_bk), (s_cm, s_cn) = a.stride(), w.stride(), c.stride()
+    assert sorted_ids.stride(0) == 1 and s_ak == 1 and s_bk == 1
     E, N, K = w.shape
     assert a.shape[-1] == K, (a.shape, w.shape)
     assert not atomic_add or c.dtype == torch.float32
@@ -333,7 +338,7 @@ def invoke_fused_moe_gemm(
     launch(fused_moe_kernel, grid,
         a, w, c, a_s, b_s, tw, sorted_ids, expert_ids, num_post,
         N, EM, num_pairs,
-        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
+        s_am, s_ak, s_be, s_bn, s_bk, s_cm, s_cn,
         *(_strides(a_scale, 2) if quant == QUANT_BLOCK else (0, 0)),
         *_w_scale_strides(w_scale, quant),
         K=K, A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div,

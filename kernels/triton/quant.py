@@ -88,6 +88,10 @@ def _tensor_quant_kernel(
     tl.store(q_ptr + r[:, None] * stride_qr + c[None, :], to_fp8(q, q_ptr.dtype.element_ty, EXACT_ROUND), mask=mask)
 
 
+# the interpreter's rounding work-around (common.py): decided when the kernels were decorated
+_EXACT_ROUND = interpreted(_group_quant_kernel)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     assert x2.stride(-1) == 1, "quantization needs unit stride along K"
@@ -110,20 +114,31 @@ def per_token_group_quant_fp8(
     block_r: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """1 x `group` quantization -> (fp8 like x, fp32 scales [..., K / group])."""
-    K = x.shape[-1]
+    shape = x.shape
+    K = shape[-1]
     assert K % group == 0, f"K={K} is not a multiple of the group size {group}"
-    x2 = _rows(x)
+    G = K // group
+    # 2-D tensors (quant_activations' [T, K], the experts' carved buffers) go as they are: the
+    # rows' views (a reshape each, ~0.7 µs) only where there are other leading dims (issue #34)
+    flat = len(shape) != 2
+    x2 = _rows(x) if flat else x
+    x_sr, x_sk = x2.stride()
+    assert x_sk == 1, "quantization needs unit stride along K"
     R = x2.shape[0]
     if out is None:
-        out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+        out = torch.empty(shape, dtype=FP8_DTYPE, device=x.device)
     if out_scale is None:
-        out_scale = torch.empty(*x.shape[:-1], K // group, dtype=torch.float32, device=x.device)
-    q2, s2 = _rows(out), out_scale.reshape(-1, K // group)
+        out_scale = torch.empty(*shape[:-1], G, dtype=torch.float32, device=x.device)
+    q2 = _rows(out) if flat or out.dim() != 2 else out
+    s2 = out_scale.reshape(-1, G) if flat or out_scale.dim() != 2 else out_scale
+    q_sr, q_sk = q2.stride()
+    assert q_sk == 1, "quantization needs unit stride along K"
+    s_sr, s_sg = s2.stride()
     counts, X, row_counts = _counts_args(expert_num_tokens, x, x2)
     if R:
-        launch(_group_quant_kernel, (cdiv(R, block_r), K // group),
-            x2, q2, s2, counts, R, X, x2.stride(0), q2.stride(0), s2.stride(0), s2.stride(1),
-            ROW_COUNTS=row_counts, BLOCK_R=block_r, GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_group_quant_kernel), num_warps=4,
+        launch(_group_quant_kernel, (cdiv(R, block_r), G),
+            x2, q2, s2, counts, R, X, x_sr, q_sr, s_sr, s_sg,
+            ROW_COUNTS=row_counts, BLOCK_R=block_r, GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
         )
     return out, out_scale
 

@@ -199,3 +199,49 @@ def test_batched_layout_kernels_equal_torch_on_gpu(monkeypatch, scaled):
     assert torch.equal(got.x.view(bits)[counted], want.x.view(bits)[counted])
     if scaled:
         assert torch.equal(got.x_scale, want.x_scale)
+
+
+@pytest.mark.parametrize("T", [1, 333, 2048])
+def test_shared_activation_one_kernel(T):
+    """The shared experts' SiLU-and-mul (one Triton kernel, issue #34's second pass): the handle's
+    launch equals the JIT's bit for bit, and both the torch form within bf16 rounding."""
+    from moebench.kernels import modular
+    from moebench.kernels.reference import silu_and_mul
+    from moebench.kernels.triton.activation import silu_and_mul_rows
+
+    g = torch.Generator(device=DEV).manual_seed(T)
+    h = (torch.randn(T, 2 * 2048, generator=g, device=DEV) * 3).to(torch.bfloat16)
+    assert modular.triton_activation_fits(h)
+    want, got = _jit_then_handle(lambda: silu_and_mul_rows(h))
+    _equal(want, got)
+    exact = silu_and_mul(h.float())
+    assert ((got.float() - exact).abs() <= exact.abs() * 2**-8 * (1 + 2**-10)).all()
+    assert torch.allclose(got.float(), silu_and_mul(h).float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("quant,T", [("fp8_block", 2048), ("bf16", 4096), ("bf16", 32)])
+def test_layer_with_shared_experts(monkeypatch, quant, T):
+    """DeepSeek-V3's EP-8 share with its shared experts (local, reduction=finalize): the forward with
+    the one-kernel activation equals the torch form's within bf16 rounding of the shared part."""
+    import dataclasses
+
+    from moebench.kernels import modular
+    from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
+    from moebench.kernels.reference import rel_err
+    from moebench.kernels.registry import get_experts
+    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
+
+    from moebench.measure.workload import build_shared
+
+    ctx, w, _ = layer("deepseek_v3_ep8", quant)
+    # DeepSeek-V3's one shared expert of width 2048 (test_triton_gpu's shapes leave it out)
+    shared = build_shared(dataclasses.replace(ctx.shape, num_shared_experts=1, shared_intermediate=2048), 0, DEV)
+    assert shared is not None
+    kernel = modular.MoEKernel(LocalPrepareFinalize(ctx), get_experts("triton")(w, "finalize", ctx), shared)
+    x, tw, ids = inputs(ctx.shape, T)
+    calls = []
+    got = kernel(x, tw, ids).clone()
+    monkeypatch.setattr(modular, "triton_activation_fits", lambda h: calls.append(h.shape) or False)
+    want = kernel(x, tw, ids).clone()  # the torch form
+    assert calls == [(T, 2 * 2048)]  # the shared experts' activation was asked for once
+    assert rel_err(got, want.float()) < 1e-2

@@ -182,3 +182,62 @@ def test_batched_layout_kernels_equal_torch(scaled, M, P, E, X):
     else:
         assert got.x_scale is None and want.x_scale is None
     assert got.handle.num_tokens == want.handle.num_tokens == M
+
+
+def test_workspace_views_kept_on_the_tensor_equal_a_fresh_carve(monkeypatch):
+    """moe.ws_view: the view of a workspace's bytes is made once per (offset, shape, dtype) and
+    equals the carve it replaced (the same bytes, shape, strides, dtype)."""
+    from moebench.kernels.interfaces import FP8_DTYPE
+    from moebench.kernels.triton import moe
+
+    ws = torch.empty(4096, dtype=torch.bfloat16)
+    for offset, shape, dtype in [(0, (16, 64), torch.bfloat16), (0, (8, 128), FP8_DTYPE), (1024, (4, 8), torch.float32),
+                                 (0, (2, 3, 64), torch.bfloat16)]:
+        v = moe.ws_view(ws, offset, shape, dtype)
+        fresh = moe._carve(moe._bytes(ws), offset, shape, dtype)
+        assert moe.ws_view(ws, offset, torch.Size(shape), dtype) is v  # kept: the same view object
+        assert (v.data_ptr(), v.shape, v.stride(), v.dtype) == (
+            fresh.data_ptr(), fresh.shape, fresh.stride(), fresh.dtype)
+    other = torch.empty(4096, dtype=torch.bfloat16)  # views live on their own tensor
+    assert moe.ws_view(other, 0, (16, 64), torch.bfloat16).data_ptr() == other.data_ptr()
+    monkeypatch.setattr(moe, "MAX_VIEWS", 2)
+    for rows in range(1, 6):  # bounded: a full memo starts again
+        moe.ws_view(other, 0, (rows, 64), torch.bfloat16)
+        assert len(other._moebench_views) <= 2
+    with pytest.raises(AssertionError):
+        moe.ws_view(ws, 0, (4097,), torch.bfloat16)  # past the buffer: refused, as _carve does
+
+
+def test_group_quant_same_result_for_any_leading_dims():
+    """per_token_group_quant_fp8 passes a 2-D tensor as it is and flattens others: the same
+    values and scales either way, into given outputs of either rank too."""
+    from moebench.kernels.triton.quant import per_token_group_quant_fp8
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 256, generator=g).to(torch.bfloat16)
+    q2, s2 = per_token_group_quant_fp8(x, 128)
+    q3, s3 = per_token_group_quant_fp8(x.view(3, 4, 256), 128)
+    assert q3.shape == (3, 4, 256) and s3.shape == (3, 4, 2)
+    assert torch.equal(q3.view(torch.uint8).view(12, 256), q2.view(torch.uint8)) and torch.equal(s3.view(12, 2), s2)
+    out, out_s = torch.empty(3, 4, 256, dtype=q2.dtype), torch.empty(3, 4, 2)
+    per_token_group_quant_fp8(x, 128, out=out.view(12, 256), out_scale=out_s.view(12, 2))
+    assert torch.equal(out.view(torch.uint8).view(12, 256), q2.view(torch.uint8)) and torch.equal(out_s.view(12, 2), s2)
+    wide = torch.randn(12, 512, generator=g).to(torch.bfloat16)  # rows with a stride past K
+    qw, sw = per_token_group_quant_fp8(wide[:, :256], 128)
+    qc, sc = per_token_group_quant_fp8(wide[:, :256].contiguous(), 128)
+    assert torch.equal(qw.view(torch.uint8), qc.view(torch.uint8)) and torch.equal(sw, sc)
+
+
+def test_align_non_contiguous_ids_equal_contiguous():
+    """moe_align_block_size passes contiguous ids as they are and flattens the others by a copy:
+    the same layout either way."""
+    from moebench.kernels.triton import align
+
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(-1, 8, (4, 37), generator=g).t()  # [37, 4], not contiguous
+    assert not ids.is_contiguous()
+    got = [t.clone() for t in align.moe_align_block_size(ids, 8, 16)]
+    want = [t.clone() for t in align.moe_align_block_size(ids.contiguous(), 8, 16)]
+    n = int(want[2])
+    assert int(got[2]) == n and torch.equal(got[1][: n // 16], want[1][: n // 16])
+    assert torch.equal(got[0][:n].view(-1, 16).sort(1).values, want[0][:n].view(-1, 16).sort(1).values)

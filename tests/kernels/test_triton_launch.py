@@ -236,3 +236,97 @@ def test_interpreted_sees_through_wrappers():
     assert not fl.interpreted(jit) and not fl.interpreted(wrapper)
     InterpretedFunction = type("InterpretedFunction", (), {})
     assert fl.interpreted(InterpretedFunction()) and fl.interpreted(type("Autotuner", (), {"fn": InterpretedFunction()})())
+
+
+def test_site_key_partitions_like_spec_key():
+    """The per-site key (launch's path) groups launches exactly as spec_key does, over every
+    runtime argument sampled and constexpr / option values of both types: at least as fine as
+    Triton's specialization wherever spec_key is (test_spec_key_at_least_as_fine_as_triton)."""
+    plan = fl._Plan(_FakeJit())
+    calls = [((a, n), dict(BLOCK=b, num_warps=w)) for a in _samples() for n in (1, 5, 16, True)
+             for b in (64, 64.0, True, 1) for w in (4, 8)]
+    site = [fl.site_key(0, args, kw) for args, kw in calls]
+    spec = [fl.spec_key(plan, *fl.bind(plan, args, kw)) for args, kw in calls]
+    for i, j in itertools.combinations(range(len(calls)), 2):
+        assert (site[i] == site[j]) == (spec[i] == spec[j]), (calls[i], calls[j])
+    seen = {}  # and directly: one Triton specialization (runtime arguments, constexprs with their type) a key
+    for (args, kw), key in zip(calls, site, strict=True):
+        spec = (tuple(_triton_spec(a) for a in args), tuple((type(v), v) for v in kw.values()))
+        seen.setdefault(key, set()).add(spec)
+    assert all(len(group) == 1 for group in seen.values())
+
+
+def test_site_key_distinguishes_what_triton_does():
+    x = torch.empty(16)
+
+    def k(*args, **kw):
+        return fl.site_key(0, args, kw)
+
+    key = k(x, 32, BLOCK=64, num_warps=4)
+    assert k(torch.empty(32), 32, BLOCK=64, num_warps=4) == key  # another tensor of the same specialization
+    assert k(x, 48, BLOCK=64, num_warps=4) != key  # ints by value
+    assert k(x, 32, BLOCK=128, num_warps=4) != key and k(x, 32, BLOCK=64, num_warps=8) != key
+    assert k(x, 32, BLOCK=64.0, num_warps=4) != key  # 64 == 64.0 in Python, not in Triton
+    assert k(x, True, BLOCK=64, num_warps=4) != k(x, 1, BLOCK=64, num_warps=4)
+    assert k(x[1:], 32, BLOCK=64, num_warps=4) != key and k(x.double(), 32, BLOCK=64, num_warps=4) != key
+    assert fl.site_key(1, (x, 32), dict(BLOCK=64, num_warps=4)) != key  # another device
+    with pytest.raises(fl._NotKeyed):
+        k(x, object(), BLOCK=64, num_warps=4)
+
+
+def test_site_fits_only_runtime_positionals_and_constexpr_keywords():
+    plan = fl._Plan(_FakeJit())
+    assert fl._Site(plan, 2, ("BLOCK", "num_warps")).ok
+    assert fl._Site(plan, 2, ("BLOCK", "FLAG")).ok
+    assert fl._Site(plan, 2, ("BLOCK",)).tail == (("BLOCK", fl._UNKEYED), ("FLAG", False))
+    assert not fl._Site(plan, 3, ()).ok  # a constexpr given positionally: spec_key's path
+    assert not fl._Site(plan, 1, ("n", "BLOCK")).ok  # a runtime parameter by keyword (a tensor would enter the key)
+    assert not fl._Site(plan, 2, ("BLOCK", "no_such_option")).ok
+    assert not fl._Site(plan, 2, ("num_warps",)).ok  # BLOCK missing: the JIT raises its error
+    assert not fl._Site(plan, 5, ("BLOCK",)).ok  # more positionals than parameters
+
+
+def test_launch_off_site_takes_the_generic_key(monkeypatch):
+    """A call whose site _Site does not fit (a runtime parameter by keyword) still launches
+    through the handle after its first call, with the parameters in declaration order."""
+    fn = _jit_kernel()
+    compiled = _Compiled()
+    jit_calls = []
+    monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, **kw: jit_calls.append(a) or compiled)
+    hooks = type("Hooks", (), {"launch_enter_hook": None, "launch_exit_hook": None, "jit_cache_hook": None})()
+    fl.set_enabled(True)
+    monkeypatch.setattr(fl, "_RUNTIME", (lambda: 0, lambda dev: 7, hooks))
+    try:
+        x = torch.empty(64)
+        for _ in range(2):
+            fl.launch(fn, (2,), x, n=32, BLOCK=64)
+        assert len(jit_calls) == 1
+        assert compiled.calls == [(2, 1, 1, 7, "FUNCTION", "PACKED", None, None, None, x, 32, 64, False)]
+        fl.launch(fn, (2,), x, n=33, BLOCK=64)  # a new key there too
+        assert len(jit_calls) == 2
+        # an unhashable constexpr: the JIT every time, never a key
+        fl.launch(fn, (2,), x, 32, BLOCK=[64])
+        fl.launch(fn, (2,), x, 32, BLOCK=[64])
+        assert len(jit_calls) == 4 and len(compiled.calls) == 1
+    finally:
+        fl.set_enabled(None)
+
+
+def test_handle_launches_get_the_values_the_jit_binds():
+    """Every launch of the experts' forwards (standard, batched and contiguous (TMA descriptors),
+    bf16 / fp8_tensor / fp8_block, both reductions) and wrappers, through the per-site key with Triton's JIT stubbed, hands
+    CompiledKernel.run the values bind() gives (every parameter in order, defaults included):
+    tests/kernels/_launch_vals.py in its own process (the kernels must be JITFunctions)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(repo / "tests" / "kernels" / "_launch_vals.py")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    words = res.stdout.split()  # "checked N handle launches of K kernels"
+    launches, kernels = int(words[1]), int(words[5])
+    assert launches >= 70 and kernels == 12, res.stdout

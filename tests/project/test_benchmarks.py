@@ -137,3 +137,35 @@ def test_clock_recovery_script_refuses_bad_gaps():
     import clock_recovery
 
     assert clock_recovery.main(["--gaps", "1,x"]) == 2
+
+
+def test_host_python_script_times_every_piece_with_launches_stubbed(tmp_path):
+    """benchmarks/host_python.py on the CPU (its own process: it stubs Triton's JIT launch
+    and needs the kernels as JITFunctions, not the interpreter's): every piece ran with the
+    launches its code makes, and its figures are written with the environment."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "host_python.py"), "--number", "3", "--repeats", "3", "--json", str(out)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    data = json.loads(out.read_text())
+    launches = {r["piece"]: r["launches"] for r in data["rows"]}
+    # one launch a wrapper; the bf16 experts: align, gate/up GEMM, SiLU-and-mul, down GEMM; fp8_block adds
+    # the input's quantization; the layer (every expert local, reduction=experts) launches the experts' four
+    assert launches == {"launch_gemm": 1, "launch_align": 1, "invoke_fused_moe_gemm": 1, "per_token_group_quant_fp8": 1,
+                        "moe_align_block_size": 1, "silu_and_mul_rows": 1, "moe_kernel_bf16": 4,
+                        "fused_moe_standard_bf16": 4, "fused_moe_standard_fp8_block": 5}
+    for r in data["rows"]:
+        assert len(r["samples"]) == 3 and r["p20"] <= r["us"] <= r["p80"] and r["us"] > 0, r
+    assert set(data["env"]) >= {"python", "torch", "triton"}
+    assert "| launch_gemm | 1 |" in res.stdout
+
+
+def test_host_python_script_refuses_bad_counts():
+    import host_python
+
+    assert host_python.main(["--number", "0"]) == 2

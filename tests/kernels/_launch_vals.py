@@ -1,0 +1,115 @@
+"""Run as a script (its own process: the kernels must be JITFunctions, not the interpreter's):
+every Triton launch of benchmarks/host_python.py's pieces (the experts' forwards, the wrappers),
+launched twice with Triton's JIT stubbed, must hand CompiledKernel.run, on the handle path, the
+values JITFunction.run would bind: every parameter in declaration order (bind()). Prints
+`checked N handle launches of K kernels` and exits 0, or raises."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from moebench.kernels.triton import launch as fl  # noqa: E402 (after the environment)
+
+calls: list = []  # (fn, args, kwargs) of every launch
+real_launch = fl.launch
+
+
+def recording_launch(fn, grid, *args, **kwargs):
+    calls.append((fn, args, kwargs))
+    real_launch(fn, grid, *args, **kwargs)
+
+
+fl.launch = recording_launch  # before the kernel modules import it by name
+
+import host_python as hp  # noqa: E402
+
+handle_vals: list = []  # (index into calls, the values CompiledKernel.run received)
+
+
+def run(self, *a):
+    handle_vals.append((len(calls) - 1, a[9:]))  # grid x3, stream, function, metadata, meta, hooks x2
+
+
+def same(x, y) -> bool:
+    return x is y or (type(x) is type(y) and not hasattr(x, "data_ptr") and x == y)
+
+
+def extra() -> list:
+    """Launches host_python's pieces leave out: reduction=finalize (the zeroing of non-local rows),
+    fp8_tensor (the amax and tensor passes), the batched layout."""
+    import torch
+    from moebench.kernels.interfaces import ExpertWeights, QuantSpec
+    from moebench.kernels.quant import quant_weights
+    from moebench.kernels.triton import moe
+
+    g = torch.Generator().manual_seed(1)
+    M, P, E, K, N, X = 24, 4, 8, 256, 256, 16
+    ids = torch.randint(-1, E, (M, P), generator=g)
+    tw = torch.rand(M, P, generator=g)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1}
+    out = []
+    for name in ("bf16", "fp8_tensor", "fp8_block"):
+        q = QuantSpec(name)
+        w13, s13 = quant_weights(torch.randn(E, N, K, generator=g), q)
+        w2, s2 = quant_weights(torch.randn(E, K, N // 2, generator=g), q)
+        ew = ExpertWeights(w13_ENK=w13, w2_EKI=w2, w13_scale=s13, w2_scale=s2, quant=q)
+        ws13, ws2 = torch.empty(M * P * N, dtype=torch.bfloat16), torch.empty(M * P * N // 2, dtype=torch.bfloat16)
+        y = torch.empty(M, P, K, dtype=torch.bfloat16)
+        out.append(lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
+            x, None, ids, tw, ew, y, ws13, ws2, cfg, "finalize"))
+        xb = torch.randn(E, X, K, generator=g).to(torch.bfloat16)
+        counts = torch.randint(0, X + 1, (E,), generator=g, dtype=torch.int32)
+        wb13, wb2 = torch.empty(E * X * N, dtype=torch.bfloat16), torch.empty(E * X * N // 2, dtype=torch.bfloat16)
+        yb = torch.empty(E, X, K, dtype=torch.bfloat16)
+        out.append(lambda ew=ew, wb13=wb13, wb2=wb2, yb=yb, xb=xb, counts=counts: moe.fused_moe_batched(
+            xb, None, counts, ew, yb, wb13, wb2, cfg))
+    out += [_contiguous_layer(q) for q in ("bf16", "fp8_block")]
+    return out
+
+
+def _contiguous_layer(quant: str):
+    """One MoEKernel forward on the contiguous (TMA) row layout: the permute, the grouped GEMM
+    through tensor descriptors, the un-permute."""
+    import torch
+    from moebench.kernels import registry
+    from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
+    from moebench.kernels.modular import MoEKernel
+
+    from moebench.measure.workload import build_expert_weights, make_inputs
+
+    shape = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)
+    ctx = KernelContext(shape=shape, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=2,
+                        options={"row_layout": "contiguous"})
+    experts = registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx)
+    layer = MoEKernel(registry.get_backend("local")(ctx), experts, None, "none")
+    x, w, ids = make_inputs(shape, 40, "uniform", 1.0, 0, 0, 1, "cpu")
+    return lambda: layer(x, w, ids)
+
+
+def main() -> int:
+    os.environ.pop("TRITON_INTERPRET", None)
+    hp.stub_triton()
+    hp.StubCompiled.run = run
+    for fn in [*hp.pieces().values(), *extra()]:
+        if fn is not None:
+            fn()
+            fn()  # the second time through the handle
+    assert handle_vals, "no launch took the handle"
+    for i, vals in handle_vals:
+        fn, args, kwargs = calls[i]
+        want, _ = fl.bind(fl._plan(fn), args, kwargs)
+        assert want is not None and len(vals) == len(want), (fn, len(vals), want)
+        bad = [(n, v, w) for n, v, w in zip(fl._plan(fn).names, vals, want, strict=True) if not same(v, w)]
+        assert not bad, (fn, bad)
+    print(f"checked {len(handle_vals)} handle launches of {len({id(calls[i][0]) for i, _ in handle_vals})} kernels")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
