@@ -211,7 +211,8 @@ def test_shared_activation_one_kernel(T):
 
     g = torch.Generator(device=DEV).manual_seed(T)
     h = (torch.randn(T, 2 * 2048, generator=g, device=DEV) * 3).to(torch.bfloat16)
-    assert modular.triton_activation_fits(h)
+    assert modular.triton_activation_fits(h) and not modular.triton_activation_fits(h.float())
+    assert torch.allclose(modular.shared_activation(h).float(), silu_and_mul(h).float(), rtol=2**-7, atol=1e-6)
     want, got = _jit_then_handle(lambda: silu_and_mul_rows(h))
     _equal(want, got)
     exact = silu_and_mul(h.float())

@@ -54,11 +54,7 @@ def test_cpu_keeps_the_torch_form_and_its_bytes():
     assert modular.SharedExperts(w13, w2).transient_bytes(10) == 2 * 10 * (64 + 32 + 32 + 32)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA path")
-def test_cuda_takes_one_triton_kernel():
-    h = torch.randn(33, 256, device="cuda").to(torch.bfloat16)
-    assert modular.triton_activation_fits(h) and not modular.triton_activation_fits(h.float())
-    assert torch.allclose(modular.shared_activation(h).float(), silu_and_mul(h).float(), rtol=2**-7, atol=1e-6)
+# the CUDA path (one Triton kernel): tests/gpu/test_triton_fastlaunch.py::test_shared_activation_one_kernel
 
 
 def _dev():
