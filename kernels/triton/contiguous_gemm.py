@@ -117,6 +117,10 @@ def _contiguous_kernel(
                 tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
 
 
+# decided when the kernel was decorated (TRITON_INTERPRET then): once, not per launch
+_INTERPRET = interpreted(_contiguous_kernel)
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -163,7 +167,7 @@ def contiguous_gemm(
         return
     tiles = (Mp // bm) * (N // bn)
     if num_programs is None:
-        num_programs = tiles if interpreted(_contiguous_kernel) or not a.is_cuda else _num_sms(a.device.index or 0)
+        num_programs = tiles if _INTERPRET or not a.is_cuda else _num_sms(a.device.index or 0)
     grid = (max(1, min(tiles, num_programs)),)
     a_desc = _descriptor(a, [bm, bk])
     b_desc = _descriptor(w.view(E * N, K), [bn, bk])
@@ -176,5 +180,5 @@ def contiguous_gemm(
         Mp, N, grid[0], cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
         K=K, SCALED=scaled, GROUP_N=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-        INTERPRET=interpreted(_contiguous_kernel), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        INTERPRET=_INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

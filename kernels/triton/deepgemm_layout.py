@@ -121,6 +121,11 @@ def _permute_kernel(
                 tl.store(ends_ptr + bins, fill, mask=known)
 
 
+# the interpreter's rounding work-around, decided when the module's kernels were decorated
+# (alike: TRITON_INTERPRET then): once, not per launch
+_EXACT_ROUND = interpreted(_permute_kernel)
+
+
 def permute_contiguous(
     x_MK: torch.Tensor,
     x_scale_MG,
@@ -168,7 +173,7 @@ def permute_contiguous(
             R, num_experts, mp, K,
             x_MK.stride(0), xs.stride(0), xs.stride(1),
             TOPK=P, A=align, GROUP=GROUP, NUM_BINS=next_power_of_2(num_experts + 1),
-            QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_permute_kernel),
+            QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND,
             num_warps=4,
         )
     return ContiguousLayout(num_rows=mp, m_indices_Mp=m_idx, ends_E=ends, counts_B=counts, inv_R=inv)
@@ -227,7 +232,7 @@ def unpermute_contiguous(
     launch(_unpermute_kernel, (rows, cdiv(K, block_k)),
         y_MpK, topk_ids_MP, topk_weights_MP, inv_R, out2,
         num_experts, K, y_MpK.stride(0), out2.stride(0),
-        TOPK=P, REDUCE=reduce, BLOCK_K=block_k, EXACT_ROUND=interpreted(_unpermute_kernel), num_warps=4,
+        TOPK=P, REDUCE=reduce, BLOCK_K=block_k, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
     )
 
 
@@ -295,7 +300,7 @@ def pad_batched(
         Xp, K, G,
         x_EXK.stride(0), x_EXK.stride(1), xs.stride(0), xs.stride(1), xs.stride(2),
         BLOCK_R=block_r, GROUP=GROUP, QUANT_IN=quant_in, FP8_MAX=FP8_MAX, EPS=EPS,
-        EXACT_ROUND=interpreted(_pad_batched_kernel), num_warps=4,
+        EXACT_ROUND=_EXACT_ROUND, num_warps=4,
     )
 
 

@@ -170,6 +170,6 @@ def per_tensor_quant_fp8(
     launch(_amax_kernel, grid, x2, amax, counts, R, K, X, x2.stride(0), ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
     launch(_tensor_quant_kernel, grid,
         x2, q2, amax, scale, counts, R, K, X, x2.stride(0), q2.stride(0),
-        ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=interpreted(_tensor_quant_kernel), num_warps=4,
+        ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
     )
     return out, scale
