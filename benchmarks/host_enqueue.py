@@ -15,7 +15,8 @@ Cases: the issue's table (backend=local reduction=experts, uniform routing) and,
   host/gpu      host_us / gpu_us: above 1, an eager forward leaves the GPU idle
 
     python benchmarks/host_enqueue.py [--default] [--cases a,b] [--reps 30] [--json OUT.json]
-    python benchmarks/host_enqueue.py --profile qwen3_bf16_32 [--calls 200]   # cProfile of the enqueue
+    python benchmarks/host_enqueue.py --profile qwen3_bf16_triton_32 [--calls 200]  # cProfile of the enqueue
+    python benchmarks/host_enqueue.py --breakdown qwen3_bf16_triton_32 [--calls 200] # µs per function, no profiler
 """
 from __future__ import annotations
 
@@ -167,6 +168,106 @@ def profile_enqueue(name: str, overrides: list[str], tokens: int, calls: int, to
     return buf.getvalue()
 
 
+# (module, attribute) timed by --breakdown: each call's own wall time, nested calls inside it
+BREAKDOWN = [
+    ("moebench.kernels.modular", "MoEKernel.__call__"),
+    ("moebench.kernels.prepare_finalize.local", "LocalPrepareFinalize.prepare_async"),
+    ("moebench.kernels.experts.triton", "TritonExperts.apply"),
+    ("moebench.kernels.modular", "SharedExperts.add_to"),
+    ("moebench.kernels.triton.moe", "fused_moe_standard"),
+    ("moebench.kernels.triton.align", "moe_align_block_size"),
+    ("moebench.kernels.triton.gemm", "invoke_fused_moe_gemm"),
+    ("moebench.kernels.triton.activation", "silu_and_mul"),
+    ("moebench.kernels.triton.activation", "silu_and_mul_rows"),
+    ("moebench.kernels.triton.quant", "per_token_group_quant_fp8"),
+    ("moebench.kernels.triton.routing", "localize_ids_triton"),
+    ("torch", "empty"), ("torch", "mm"), ("torch", "Tensor.zero_"), ("torch", "Tensor.copy_"),
+    ("torch", "Tensor.add_"), ("torch", "Tensor.addmm_"),
+]
+
+
+def breakdown(name: str, overrides: list[str], tokens: int, calls: int) -> str:
+    """Where one forward's host enqueue goes, by the median over `calls` forwards (the GPU kept
+    busy ahead of them) of each wrapped function's summed own wall time (perf_counter_ns
+    around each call: ~0.2 µs a call of its own, nested calls counted in their callers too);
+    Triton launches (`launch`, the compiled handle's path) and torch ops by kind."""
+    import importlib
+    import time
+
+    import numpy as np
+    import torch
+
+    from moebench.measure import timing
+
+    c, layer, fn = build(overrides, tokens)
+    if layer is None:
+        return f"{name}: skipped: {c.reason or c.token_reasons[tokens]}"
+    device = torch.device("cuda", torch.cuda.current_device())
+    acc: dict[str, list] = {}
+
+    def wrap(label, f):
+        def timed(*a, **k):
+            t0 = time.perf_counter_ns()
+            try:
+                return f(*a, **k)
+            finally:
+                acc.setdefault(label, [0, 0])
+                acc[label][0] += time.perf_counter_ns() - t0
+                acc[label][1] += 1
+        return timed
+
+    undo = []
+
+    def patch(obj, leaf, label):
+        orig = getattr(obj, leaf)
+        setattr(obj, leaf, wrap(label, orig))
+        undo.append((obj, leaf, orig))
+        return orig
+
+    ours = [m for n, m in list(sys.modules.items()) if n.startswith("moebench") and m is not None]
+    for mod_name, attr in BREAKDOWN:
+        mod = importlib.import_module(mod_name)
+        owner, _, leaf = attr.rpartition(".")
+        if owner or mod_name == "torch":  # a method, or torch's own function: one place
+            patch(getattr(mod, owner) if owner else mod, leaf, attr)
+            continue
+        f = getattr(mod, leaf)  # a function of ours: every module that imported it by name
+        for m in ours:
+            for k, v in list(vars(m).items()):
+                if v is f:
+                    patch(m, k, attr)
+    launch_fn = importlib.import_module("moebench.kernels.triton.launch").launch
+    for m in ours:
+        if getattr(m, "launch", None) is launch_fn:
+            patch(m, "launch", "launch (Triton)")
+    try:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize(device)
+        cyc = timing._cycles_per_us(device)
+        per: dict[str, list] = {}
+        walls = []
+        for _ in range(calls):
+            torch.cuda._sleep(int(5_000 * cyc))  # the GPU busy: no launch waits for it
+            acc.clear()
+            t0 = time.perf_counter_ns()
+            fn()
+            walls.append((time.perf_counter_ns() - t0) / 1e3)
+            for k, (ns, n) in acc.items():
+                per.setdefault(k, []).append((ns / 1e3, n))
+            torch.cuda.synchronize(device)
+    finally:
+        for obj, leaf, orig in reversed(undo):
+            setattr(obj, leaf, orig)
+    layer.kernel.close()
+    lines = [f"{name} ({c.label}, {tokens} tokens): median of {calls} forwards, the wrappers' own cost included "
+             f"(the whole forward {np.median(walls):.0f} µs here)", "| function | calls a forward | µs a forward (median) |",
+             "|---|---:|---:|"]
+    for k, v in sorted(per.items(), key=lambda kv: -np.median([x[0] for x in kv[1]])):
+        lines.append(f"| {k} | {v[0][1]} | {np.median([x[0] for x in v]):.1f} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """The rows as Markdown, with the issue's "before" where the case is one of its table's."""
     lines = ["| case | tokens | kernels | host enqueue µs | GPU µs | host / GPU "
@@ -191,12 +292,17 @@ def main(argv=None) -> int:
     ap.add_argument("--tries", type=int, default=9, help="host-enqueue probes (each the median of five calls)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--profile", metavar="CASE", help="instead: cProfile the enqueue of this case")
+    ap.add_argument("--breakdown", metavar="CASE", help="instead: each layer function's and torch op's host µs "
+                    "a forward (medians; no profiler)")
     ap.add_argument("--calls", type=int, default=200, help="forwards profiled (--profile)")
     ap.add_argument("--top", type=int, default=30, help="functions listed (--profile)")
     args = ap.parse_args(argv)
     unknown = [n for n in args.cases.split(",") if n and n not in CASES]
     if unknown:
         print(f"host_enqueue: unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    if args.breakdown and args.breakdown not in CASES:
+        print(f"host_enqueue: unknown case {args.breakdown!r} for --breakdown; cases: {', '.join(CASES)}", file=sys.stderr)
         return 2
     if args.profile and args.profile not in CASES:
         print(f"host_enqueue: unknown case {args.profile!r} for --profile; cases: {', '.join(CASES)}", file=sys.stderr)
@@ -208,6 +314,10 @@ def main(argv=None) -> int:
         print("host_enqueue: needs a CUDA GPU (the enqueue is the host's side of GPU launches)", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.breakdown:
+        overrides, tokens = CASES[args.breakdown]
+        print(breakdown(args.breakdown, overrides, tokens, args.calls))
+        return 0
     if args.profile:
         overrides, tokens = CASES[args.profile]
         print(profile_enqueue(args.profile, overrides, tokens, args.calls, args.top))

@@ -61,31 +61,52 @@ class SharedExperts:
         self.w13_NK = w13_NK
         self.w2_KS = w2_KS
         self.sm_carveout = sm_carveout
+        # the weights as mm's right operands, transposed views made once: torch.mm on them is
+        # linear's math without its composite dispatch (a t() view and matmul's checks a call)
+        self._w13_KN = w13_NK.t()
+        self._w2_SK = w2_KS.t()
 
-    def _mlp(self, x_TK: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.linear(x_TK, self.w13_NK)
-        return torch.nn.functional.linear(shared_activation(h), self.w2_KS)
+    def _mlp(self, x_TK: torch.Tensor, into_TK: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if x_TK.dim() != 2:
+            h = torch.nn.functional.linear(x_TK, self.w13_NK)
+            y = torch.nn.functional.linear(shared_activation(h), self.w2_KS)
+            return y if into_TK is None else into_TK.add_(y)
+        act = shared_activation(torch.mm(x_TK, self._w13_KN))
+        if into_TK is None:
+            return torch.mm(act, self._w2_SK)
+        # into += act @ w2^T as the down GEMM's own epilogue (beta = 1): no [T, K] output and no
+        # add kernel (issue #34); the sum is rounded to bf16 once instead of twice
+        return into_TK.addmm_(act, self._w2_SK)
 
-    def __call__(self, x_TK: torch.Tensor) -> torch.Tensor:
-        if not self.sm_carveout or x_TK.device.type != "cuda":
-            return self._mlp(x_TK)
+    def _carved(self, fn, *args):
+        if not self.sm_carveout or args[0].device.type != "cuda":
+            return fn(*args)
         # cuBLAS (the default for bf16 mm) ignores the carveout; cuBLASLt reads it per call
         old_carveout = torch._C._get_sm_carveout_experimental()
         old_lib = torch.backends.cuda.preferred_blas_library()
         try:
             torch._C._set_sm_carveout_experimental(self.sm_carveout)
             torch.backends.cuda.preferred_blas_library("cublaslt")
-            return self._mlp(x_TK)
+            return fn(*args)
         finally:
             torch._C._set_sm_carveout_experimental(old_carveout)
             torch.backends.cuda.preferred_blas_library(old_lib)
 
-    def transient_bytes(self, T: int) -> int:
-        """gate/up [T, 2S] + activation [T, S] + output [T, K], bf16, + torch's SiLU(gate) [T, S]
-        where the activation is torch's (not shared_activation's one kernel: the CPU)."""
+    def __call__(self, x_TK: torch.Tensor) -> torch.Tensor:
+        """The shared experts' output [T, K] bf16."""
+        return self._carved(self._mlp, x_TK)
+
+    def add_to(self, out_TK: torch.Tensor, x_TK: torch.Tensor) -> None:
+        """out_TK += the shared experts' output, the add inside the down GEMM (beta = 1)."""
+        self._carved(self._mlp, x_TK, out_TK)
+
+    def transient_bytes(self, T: int, into_output: bool = False) -> int:
+        """gate/up [T, 2S] + activation [T, S] + output [T, K] (none `into_output`: add_to),
+        bf16, + torch's SiLU(gate) [T, S] where the activation is torch's (not
+        shared_activation's one kernel: the CPU)."""
         S2, K = self.w13_NK.shape
         silu = 0 if self.w13_NK.is_cuda and self.w13_NK.dtype == torch.bfloat16 else S2 // 2
-        return 2 * T * (S2 + S2 // 2 + silu + K)
+        return 2 * T * (S2 + S2 // 2 + silu + (0 if into_output else K))
 
 
 class MoEKernel:
@@ -149,7 +170,7 @@ class MoEKernel:
         n += self.pf.prepared_bytes(num_tokens, self.experts.input_quant)
         n += num_tokens * self.pf.ctx.shape.hidden * 2  # the layer output [T, K] bf16
         if with_shared and self.shared is not None:
-            n += self.shared.transient_bytes(num_tokens)
+            n += self.shared.transient_bytes(num_tokens, into_output=self._shared_last)
         return n
 
     def clear_workspaces(self) -> None:
@@ -236,12 +257,17 @@ class MoEKernel:
             else:
                 self.pf.finalize(out_TK, expert_out, prepared, wr)
 
-        if shared is not None and shared_out is None:
+        if shared is not None and shared_out is None:  # _shared_last: added by the down GEMM itself
             with ph("shared_experts"):
-                shared_out = shared(hidden_TK)
-        if shared_out is not None:
+                shared.add_to(out_TK, hidden_TK)
+        elif shared_out is not None:
             out_TK.add_(shared_out)
         return out_TK
+
+    @property
+    def _shared_last(self) -> bool:
+        """Whether the shared experts run after the finalize (no overlap), adding into the output."""
+        return self.overlap not in ("dispatch", "combine")
 
     __call__ = forward
 

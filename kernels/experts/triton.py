@@ -35,7 +35,7 @@ from ..triton.align import max_padded_rows
 from ..triton.config import config_block_shape, config_dtype, get_config
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.deepgemm_layout import contiguous_scratch_numel
-from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_scratch_numel
+from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_ws2_tail_rows
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
 
 
@@ -103,18 +103,20 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
             return contiguous_workspace_shapes(mp, M, N, K, topk, self.reduction, scaled=self.w.quant.is_block)
         # ws13: gate/up rows of every pair [M*P, N] (later: the fp32 [M, K] reduce
         # accumulator); ws2: the activation [M*P, N/2] (fp8 modes: its fp8 bytes and scales)
+        # ws2's rows past the activation hold the int32 sort scratch (moe.standard_ws2_tail_rows)
         out = (M, K) if self.reduction == "experts" else (M, topk, K)
-        return (M * topk, N), (M * topk, N // 2), out
+        tail = standard_ws2_tail_rows(M, topk, num_local_experts, self._config(M, topk)["BLOCK_SIZE_M"], N // 2) if M else 0
+        return (M * topk, N), (M * topk + tail, N // 2), out
 
     def transient_bytes(self, M, N, K, topk, num_local_experts):
-        """int32 sort scratch; an fp32 [M, K] accumulator only if ws13 is too small
-        (K > P * I); an fp8 input copy only if a bf16 input does not fit in ws2."""
+        """An fp32 [M, K] accumulator only if ws13 is too small (K > P * I); an fp8 input copy
+        only if a bf16 input does not fit in ws2's activation bytes (the int32 sort scratch
+        sits in ws2's tail: workspace_shapes)."""
         if M * topk == 0:
             return 0
         if self.contiguous(M, topk):  # one int32 scratch: the sort, the layout, the pairs' slots
             return alloc_bytes(4 * contiguous_scratch_numel(M * topk, num_local_experts, ALIGN))
-        bm = self._config(M, topk)["BLOCK_SIZE_M"]
-        n = alloc_bytes(4 * standard_scratch_numel(M, topk, num_local_experts, bm))
+        n = 0
         if self.reduction == "experts" and 4 * M * K > 2 * M * topk * N:
             n += alloc_bytes(4 * M * K)
         q = self.w.quant

@@ -49,7 +49,7 @@ MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared 
 _enabled: Optional[bool] = None
 _RUNTIME: Optional[tuple] = None  # _runtime()
 # launches by path (the GPU test checks that the compiled handle was taken)
-stats = {"handle": 0, "jit": 0}
+stats = {"handle": 0, "jit": 0, "direct": 0}  # direct: of the handle's, through the launcher's C entry
 
 
 # the Triton versions whose JITFunction.run / CompiledKernel.run calling convention this
@@ -85,8 +85,35 @@ def _runtime() -> tuple:
         from triton.runtime.driver import driver
 
         active = driver.active
-        _RUNTIME = (active.get_current_device, active.get_current_stream, knobs.runtime)
+        get_device = active.get_current_device
+        # torch's current_device() is _lazy_init() plus _cuda_getDevice() (~1 µs a launch of
+        # Python): once CUDA is initialized here, the C function alone (a driver a test put in
+        # place, or a CPU torch, keeps its own)
+        raw = getattr(torch._C, "_cuda_getDevice", None)
+        if get_device is torch.cuda.current_device and raw is not None and torch.cuda.is_available():
+            torch.cuda.current_device()  # initializes CUDA (launch() is about to launch on it)
+            get_device = raw
+        _RUNTIME = (get_device, active.get_current_stream, knobs.runtime)
     return _RUNTIME
+
+
+def _direct(kernel) -> Optional[tuple]:
+    """(the launcher's C entry, function, cooperative-grid flag, PDL flag, packed metadata) of a
+    loaded CompiledKernel whose launch needs no scratch memory, or None. `CompiledKernel.run`
+    is a property returning Triton 3.6's CudaLauncher, whose __call__ only allocates the global
+    and profile scratch (none here: size 0) and calls this entry with the flags in this order:
+    calling it directly skips two Python frames a launch (issue #34)."""
+    try:
+        run = kernel.run
+    except Exception:  # noqa: BLE001 (a kernel that cannot load: its JIT launch raised already)
+        return None
+    if (type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) != 0
+            or getattr(run, "profile_scratch_size", 1) != 0 or getattr(run, "num_ctas", 1) != 1):
+        return None
+    entry = getattr(run, "launch", None)
+    if entry is None or kernel.function is None:
+        return None
+    return (entry, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata)
 
 
 def interpreted(fn) -> bool:
@@ -293,9 +320,9 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         if kernel is not None:
             if len(site.cache) >= MAX_KEYS:  # ints that change every call: do not grow without bound
                 site.cache.clear()
-            site.cache[key] = (kernel, tuple([kwargs[n] if n in kwargs else d for n, d in site.tail]))
+            site.cache[key] = (kernel, tuple([kwargs[n] if n in kwargs else d for n, d in site.tail]), _direct(kernel))
         return
-    kernel, tail = entry
+    kernel, tail, direct = entry
     stats["handle"] += 1
     stream = get_stream(device)
     enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
@@ -303,6 +330,12 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         _run(kernel, grid, stream, rt, (*args, *tail))  # a profiler's hooks: with the launch metadata
         return
     n = len(grid)  # (_run without hooks, inlined: this is the per-launch path)
+    if direct is not None:  # the launcher's C entry itself (_direct)
+        c_launch, function, coop, pdl, packed = direct
+        stats["direct"] += 1
+        c_launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, coop, pdl, None, None,
+                 packed, None, None, None, *args, *tail)
+        return
     kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, kernel.function,
                kernel.packed_metadata, None, None, None, *args, *tail)
 

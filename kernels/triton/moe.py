@@ -94,14 +94,15 @@ def input_quant_bytes(rows: int, K: int, quant) -> int:
     return n
 
 
-def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_num_tokens=None):
+def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_num_tokens=None, limit: int = -1):
     """bf16 activations -> fp8 (+ scales) when the dispatch did not carry fp8.
-    Written into the bytes of the contiguous tensor `space` when it is large enough, else into new tensors."""
+    Written into the first bytes of the contiguous tensor `space` (at most `limit` of them, all
+    where -1) when they are enough, else into new tensors."""
     shape = x.shape
     K = shape[-1]
     rows = x.numel() // K if K else 0
     need = input_quant_bytes(rows, K, quant)
-    if space is not None and _nbytes(space) >= need:
+    if space is not None and (_nbytes(space) if limit < 0 else limit) >= need:
         xq = ws_view(space, 0, shape, FP8_DTYPE)
         xs = ws_view(space, _align16(rows * K), (*shape[:-1], K // quant.block_k), torch.float32) if quant.is_block else None
     else:
@@ -138,9 +139,27 @@ def _group_shape(quant) -> tuple[int, int]:
 
 
 def standard_scratch_numel(M: int, topk: int, num_experts: int, block_m: int) -> int:
-    """int32 elements of the one scratch tensor `fused_moe_standard` allocates
-    (sort indices, block experts, meta, and 4 fp32 amax / scale slots)."""
+    """int32 elements of the one scratch `fused_moe_standard` needs (sort indices, block
+    experts, meta, and 4 fp32 amax / scale slots)."""
     return align_scratch_numel(M * topk, num_experts, block_m) + 4
+
+
+def standard_ws2_tail_rows(M: int, topk: int, num_experts: int, block_m: int, I: int) -> int:
+    """Rows of I bf16 elements a standard-layout ws2 holds past its [M * P, I] activation rows
+    for the scratch (standard_scratch_numel int32s, 16-byte aligned): the experts carve it from
+    their workspace instead of allocating it every forward (issue #34: a torch.empty a call)."""
+    return -(-(4 * standard_scratch_numel(M, topk, num_experts, block_m) + 16) // (2 * I)) if I else 0
+
+
+def _ws2_scratch(ws2: torch.Tensor, R: int, I: int, numel: int) -> Optional[torch.Tensor]:
+    """The int32 scratch at the 16-byte aligned tail of ws2, where ws2 holds it past its
+    [R, I] bf16 activation bytes (standard_ws2_tail_rows), else None."""
+    if not ws2.is_contiguous() or ws2.dtype != torch.bfloat16:
+        return None
+    offset = (_nbytes(ws2) - 4 * numel) // 16 * 16
+    if offset < 2 * R * I:
+        return None
+    return ws_view(ws2, offset, (numel,), torch.int32)
 
 
 def fused_moe_standard(
@@ -166,12 +185,19 @@ def fused_moe_standard(
     if R == 0:
         return
     bm = config["BLOCK_SIZE_M"]
-    scratch = torch.empty(standard_scratch_numel(M, P, E, bm), dtype=torch.int32, device=x.device)
+    numel = standard_scratch_numel(M, P, E, bm)
+    # the experts' ws2 holds it past the activation (standard_ws2_tail_rows); a caller's smaller ws2 does not
+    scratch = _ws2_scratch(ws2, R, N // 2, numel)
+    if scratch is None:
+        scratch = torch.empty(numel, dtype=torch.int32, device=x.device)
+        limit = -1
+    else:
+        limit = 2 * R * (N // 2)  # the fp8 input stays clear of the scratch
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids_MP, E, bm, scratch)
     fscratch = scratch[-4:].view(torch.float32)
     mode = quant_mode(quant)
     if mode != QUANT_NONE and x.dtype != FP8_DTYPE:
-        x, x_scale = _quantize_input(x, quant, ws2, fscratch)
+        x, x_scale = _quantize_input(x, quant, ws2, fscratch, limit=limit)
     assert (x.dtype == FP8_DTYPE) == (mode != QUANT_NONE), (x.dtype, quant)
     gs = _group_shape(quant)
     h = ws_view(ws13, 0, (R, N), ws13.dtype)

@@ -119,3 +119,39 @@ def test_shared_experts_carveout_is_refused_below_zero_and_a_no_op_on_the_cpu():
     assert torch._C._get_sm_carveout_experimental() == before
     with pytest.raises(ValueError, match=">= 0"):
         SharedExperts(w13, w2, sm_carveout=-1)
+
+
+def test_shared_experts_add_to_is_the_sum_rounded_once():
+    """add_to (the layer without overlap): out += the shared experts' output inside the down GEMM
+    (issue #34: no [T, K] output, no add kernel) — out + shared(x) within one bf16 rounding, the
+    float32 sum closer still; and the forward declares no [T, K] shared output then."""
+    from moebench.kernels.modular import SharedExperts
+    from moebench.kernels.reference import silu_and_mul
+
+    g = torch.Generator().manual_seed(1)
+    w13, w2 = (torch.randn(64, 32, generator=g) / 4).bfloat16(), (torch.randn(32, 32, generator=g) / 4).bfloat16()
+    x, base = torch.randn(7, 32, generator=g).bfloat16(), torch.randn(7, 32, generator=g).bfloat16()
+    sh = SharedExperts(w13, w2)
+    out = base.clone()
+    sh.add_to(out, x)
+    y = sh(x).float()
+    twice = base.float() + y
+    assert not torch.equal(out, base)
+    # each side rounds its terms and their sum to bf16: apart by at most a few half-ulps of the terms
+    assert ((out.float() - twice).abs() <= (base.float().abs() + y.abs()) * 2**-7 + 1e-3).all()
+    exact = base.float() + silu_and_mul(x.float() @ w13.float().t()) @ w2.float().t()
+    assert (out.float() - exact).abs().max() <= (twice.bfloat16().float() - exact).abs().max() * 1.5 + 1e-2
+    assert sh.transient_bytes(7) - sh.transient_bytes(7, into_output=True) == 2 * 7 * 32
+
+
+def test_layer_adds_shared_experts_in_place_only_without_overlap():
+    """overlap=none: the shared experts run last and add into the output (add_to); overlap=combine
+    computes them beside the combine and adds their output: the same layer within bf16 rounding."""
+    ctx, kn = build("local", "torch", "experts", "none", "bf16", 1)
+    _, kc = build("local", "torch", "experts", "combine", "bf16", 1)
+    assert kn._shared_last and not kc._shared_last
+    x, tw, ids = make_inputs(SHAPE, 16, "uniform", 1.0, 1, 0, 1, ctx.device)
+    a, b = kn(x, tw, ids), kc(x, tw, ids)
+    assert not torch.equal(a, kn(x, tw, ids, with_shared=False))
+    assert rel_err(a, b.float()) < 1e-2
+    assert kc.analytic_peak_bytes(16) - kn.analytic_peak_bytes(16) == 2 * 16 * SHAPE.hidden

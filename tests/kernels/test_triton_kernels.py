@@ -42,6 +42,7 @@ from moebench.kernels.triton import config as tconfig  # noqa: E402
 from moebench.kernels.triton.activation import silu_and_mul as triton_silu_and_mul  # noqa: E402
 from moebench.kernels.triton.align import moe_align_block_size  # noqa: E402
 from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
+from moebench.kernels.triton.moe import standard_scratch_numel, standard_ws2_tail_rows  # noqa: E402
 from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # noqa: E402
 from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
 from moebench.kernels.triton.contiguous_gemm import contiguous_gemm  # noqa: E402
@@ -207,7 +208,10 @@ def test_row_layout_choice():
     dims = (2 * I, K, P, local)
     mp = max_padded_rows(need * P, local, 128)
     assert ex.workspace_shapes(need, *dims)[:2] == ((mp, (K + K // 32) // 2), (mp, max(2 * I, K)))
-    assert ex.workspace_shapes(need - 1, *dims)[:2] == (((need - 1) * P, 2 * I), ((need - 1) * P, I))
+    # gathered: ws2's activation rows, then the rows that hold the sort scratch
+    tail = standard_ws2_tail_rows(need - 1, P, local, ex._config(need - 1, P)["BLOCK_SIZE_M"], I)
+    assert 0 < tail * I * 2 - 4 * standard_scratch_numel(need - 1, P, local, ex._config(need - 1, P)["BLOCK_SIZE_M"]) <= 2 * I + 16
+    assert ex.workspace_shapes(need - 1, *dims)[:2] == (((need - 1) * P, 2 * I), ((need - 1) * P + tail, I))
     ctx.options["row_layout"] = "gathered"
     assert not get_experts("triton")(w, "experts", ctx).contiguous(need, P)
     ctx.options["row_layout"] = "contiguous"
@@ -525,10 +529,12 @@ def test_workspace_shapes_and_reduction_saving():
     fin = get_experts("triton")(w, "finalize", ctx)
     Mt, N, topk = 64, 2 * I, 8
     bytes_of = lambda e: sum(torch.Size(s).numel() for s in e.workspace_shapes(Mt, N, K, topk, E)) * 2  # noqa: E731
-    assert ex.workspace_shapes(Mt, N, K, topk, E) == ((Mt * topk, N), (Mt * topk, I), (Mt, K))
+    tail = standard_ws2_tail_rows(Mt, topk, E, ex._config(Mt, topk)["BLOCK_SIZE_M"], I)
+    assert ex.workspace_shapes(Mt, N, K, topk, E) == ((Mt * topk, N), (Mt * topk + tail, I), (Mt, K))
     assert fin.workspace_shapes(Mt, N, K, topk, E)[2] == (Mt, topk, K)
     assert bytes_of(fin) - bytes_of(ex) == Mt * (topk - 1) * K * 2
-    # K <= P * I: the fp32 reduce accumulator lives in ws13, so only the sort scratch is transient
-    assert 0 < ex.transient_bytes(Mt, N, K, topk, E) == fin.transient_bytes(Mt, N, K, topk, E) < 64 * 1024
+    # K <= P * I: the fp32 reduce accumulator lives in ws13 and the sort scratch in ws2's tail:
+    # nothing is transient
+    assert ex.transient_bytes(Mt, N, K, topk, E) == fin.transient_bytes(Mt, N, K, topk, E) == 0
     bat = get_experts("triton_batched")(w, "finalize", ctx)
     assert bat.workspace_shapes(32, N, K, topk, E) == ((E, 32, N), (E, 32, I), (E, 32, K))

@@ -23,7 +23,8 @@ SWEEPS = sorted(p.stem for p in (Path(__file__).parents[2] / "sweeps").glob("*.y
 # default.yaml's local rows. The default tier plans them (below) and runs the others end to end;
 # the slow tier runs them too
 ONE_RANK_LOCAL = {"timing_validation", "triton_roofline", "triton_roofline_v3", "triton_vs_deepgemm",
-                  "triton_vs_deepgemm_v3", "triton_vs_torch_events", "weight_reduce_memory"}
+                  "triton_vs_deepgemm_v3", "triton_vs_torch_events", "weight_reduce_memory", "host_path_gpu_time",
+                  "host_path_gpu_time_v3"}
 TINY = ["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1",
         "runner.memory=false", "runner.timing=events"]
 
@@ -37,6 +38,8 @@ def _tiny_extra(sweep: str, tmp_path: Path) -> list[str]:
              "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
              # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
              "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
+             # host_path_gpu_time's rows are Triton's alone (issue #34's GPU check): on the CPU the same layers' torch experts
+             "host_path_gpu_time": ["experts=torch"], "host_path_gpu_time_v3": ["experts=torch"],
              # routing's kernels need a GPU and its recordings are the GPU models': torch experts, a tiny recording
              "routing": ["experts=torch,torch_batched", "quant=bf16", f"workload.routing_file={tmp_path}/%model%.npz"],
              }.get(sweep, [])
