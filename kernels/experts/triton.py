@@ -105,7 +105,8 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         # accumulator); ws2: the activation [M*P, N/2] (fp8 modes: its fp8 bytes and scales)
         # ws2's rows past the activation hold the int32 sort scratch (moe.standard_ws2_tail_rows)
         out = (M, K) if self.reduction == "experts" else (M, topk, K)
-        tail = standard_ws2_tail_rows(M, topk, num_local_experts, self._config(M, topk)["BLOCK_SIZE_M"], N // 2) if M else 0
+        bm = self._config(M, topk)["BLOCK_SIZE_M"] if M else 1
+        tail = standard_ws2_tail_rows(M, topk, num_local_experts, bm, N // 2) if M else 0
         return (M * topk, N), (M * topk + tail, N // 2), out
 
     def transient_bytes(self, M, N, K, topk, num_local_experts):
