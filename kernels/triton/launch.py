@@ -272,12 +272,34 @@ _Tensor = torch.Tensor
 def site_key(device: Any, args: tuple, kwargs: dict) -> tuple:
     """The key of one launch at a site (_Site.ok), as fine as spec_key's: the device, the
     keywords' values and their types (constexprs and options, in the site's fixed order), each
-    positional argument as arg_key keys it (ints by value, tensors by dtype and alignment).
-    Raises TypeError (an unhashable keyword value, at the look-up) or _NotKeyed."""
+    positional argument as arg_key keys it (ints by value, tensors by dtype, alignment and
+    whether they are on CUDA). Raises TypeError (an unhashable keyword value, at the look-up)
+    or _NotKeyed."""
+    return site_key_args(device, args, kwargs)[0]
+
+
+def site_key_args(device: Any, args: tuple, kwargs: dict) -> tuple[tuple, list]:
+    """(site_key, the positional arguments as the launcher's C entry takes them): each tensor
+    as its data_ptr() int, read once for both. Triton's launcher takes an int for a pointer
+    parameter as it is; a tensor costs it a data_ptr() call and a cuPointerGetAttribute check
+    per argument and launch (issue #34). That check refuses a CPU tensor: here a CPU tensor
+    keys apart (`is_cuda`), so its launch takes the JIT, whose check raises."""
     vals = kwargs.values()
-    return (device, *vals, *map(type, vals),
-            *[a if type(a) is int else (a.dtype, a.data_ptr() & 15 == 0) if type(a) is _Tensor else _other_key(a)
-              for a in args])
+    key: list = [device, *vals, *map(type, vals)]
+    out: list = []
+    for a in args:
+        t = type(a)
+        if t is int:
+            key.append(a)
+            out.append(a)
+        elif t is _Tensor:
+            p = a.data_ptr()
+            key.append((a.dtype, p & 15 == 0, a.is_cuda))
+            out.append(p)
+        else:
+            key.append(_other_key(a))
+            out.append(a)
+    return tuple(key), out
 
 
 def launch(fn, grid: tuple, *args, **kwargs) -> None:
@@ -310,7 +332,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         return
     device = get_device()
     try:
-        key = site_key(device, args, kwargs)
+        key, ptr_args = site_key_args(device, args, kwargs)
         entry = site.cache.get(key)
     except (TypeError, _NotKeyed):  # an unhashable constexpr or option, an argument not keyed
         fn[grid](*args, **kwargs)
@@ -334,10 +356,10 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         c_launch, function, coop, pdl, packed = direct
         stats["direct"] += 1
         c_launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, coop, pdl, None, None,
-                 packed, None, None, None, *args, *tail)
+                 packed, None, None, None, *ptr_args, *tail)
         return
     kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, kernel.function,
-               kernel.packed_metadata, None, None, None, *args, *tail)
+               kernel.packed_metadata, None, None, None, *ptr_args, *tail)
 
 
 def _jit_launch(fn, grid, args, kwargs):

@@ -72,6 +72,11 @@ def test_align_and_localize():
     _equal(*_jit_then_handle(lambda: localize_ids_triton(glob, 32, 32)))
     # a kernel without scratch memory launches through the launcher's C entry (launch._direct)
     assert fl.stats["direct"] > direct
+    # tensors reach it as data_ptr() ints, which it does not check: a CPU tensor of the same dtype
+    # and alignment keys apart and takes the JIT, whose launcher refuses it (not a wild pointer)
+    with pytest.raises((ValueError, RuntimeError), match="cpu tensor|CPU|cpu"):
+        localize_ids_triton(glob.cpu(), 32, 32)
+        torch.cuda.synchronize()
     ids = _ids(333, 8, 32)
 
     def run():

@@ -36,7 +36,12 @@ def run(self, *a):
 
 
 def same(x, y) -> bool:
-    return x is y or (type(x) is type(y) and not hasattr(x, "data_ptr") and x == y)
+    """x (what the handle got) is the JIT's y: the object itself, a tensor as its data_ptr() int
+    (launch.site_key_args: the launcher takes a pointer parameter's int as it is), or an equal
+    value of the same type."""
+    if hasattr(y, "data_ptr"):
+        return x is y or (type(x) is int and x == y.data_ptr())
+    return x is y or (type(x) is type(y) and x == y)
 
 
 def extra() -> list:
