@@ -48,10 +48,8 @@ _UNKEYED = object()  # an argument spec_key cannot key: the JIT launch
 MAX_KEYS = 4096  # per kernel: (shapes x alignments x constexprs) seen; cleared when full
 _enabled: Optional[bool] = None
 _RUNTIME: Optional[tuple] = None  # _runtime()
-# launches by path (the GPU test checks that the compiled handle was taken)
-stats = {"handle": 0, "jit": 0, "direct": 0}  # direct: of the handle's, through the launcher's C entry
-
-
+# launches by path (GPU tests check them); direct: of the handle's, through the launcher's C entry
+stats = {"handle": 0, "jit": 0, "direct": 0}
 # the Triton versions whose JITFunction.run / CompiledKernel.run calling convention this
 # module copies (read from 3.6's runtime/jit.py); on others every launch takes the JIT
 KNOWN_TRITON = ("3.6.",)
@@ -69,8 +67,7 @@ def enabled() -> bool:
 
 
 def set_enabled(value: Optional[bool]) -> None:
-    """Force the fast path on / off; None re-reads the environment at the next launch
-    (and the driver: tests may replace it)."""
+    """Force the fast path on / off; None re-reads the environment (and the driver) next launch."""
     global _enabled, _RUNTIME
     _enabled = value
     _RUNTIME = None
@@ -86,9 +83,8 @@ def _runtime() -> tuple:
 
         active = driver.active
         get_device = active.get_current_device
-        # torch's current_device() is _lazy_init() plus _cuda_getDevice() (~1 µs a launch of
-        # Python): once CUDA is initialized here, the C function alone (a driver a test put in
-        # place, or a CPU torch, keeps its own)
+        # torch's current_device() is _lazy_init() + _cuda_getDevice(): once CUDA is initialized
+        # here, the C function alone (a driver a test put in place, a CPU torch keep their own)
         raw = getattr(torch._C, "_cuda_getDevice", None)
         if get_device is torch.cuda.current_device and raw is not None and torch.cuda.is_available():
             torch.cuda.current_device()  # initializes CUDA (launch() is about to launch on it)
@@ -100,9 +96,8 @@ def _runtime() -> tuple:
 def _direct(kernel) -> Optional[tuple]:
     """(the launcher's C entry, function, cooperative-grid flag, PDL flag, packed metadata) of a
     loaded CompiledKernel whose launch needs no scratch memory, or None. `CompiledKernel.run`
-    is a property returning Triton 3.6's CudaLauncher, whose __call__ only allocates the global
-    and profile scratch (none here: size 0) and calls this entry with the flags in this order:
-    calling it directly skips two Python frames a launch (issue #34)."""
+    (a property) is Triton 3.6's CudaLauncher, whose __call__ only allocates the scratch (size
+    0 here) and calls this entry: calling it directly skips two Python frames (issue #34)."""
     try:
         run = kernel.run
     except Exception:  # noqa: BLE001 (a kernel that cannot load: its JIT launch raised already)
@@ -271,19 +266,17 @@ _Tensor = torch.Tensor
 
 def site_key(device: Any, args: tuple, kwargs: dict) -> tuple:
     """The key of one launch at a site (_Site.ok), as fine as spec_key's: the device, the
-    keywords' values and their types (constexprs and options, in the site's fixed order), each
-    positional argument as arg_key keys it (ints by value, tensors by dtype, alignment and
-    whether they are on CUDA). Raises TypeError (an unhashable keyword value, at the look-up)
-    or _NotKeyed."""
+    keywords' values and types (in the site's fixed order), each positional argument as arg_key
+    keys it (ints by value, tensors by dtype, alignment, and is_cuda). Raises TypeError (an
+    unhashable keyword value, at the look-up) or _NotKeyed."""
     return site_key_args(device, args, kwargs)[0]
 
 
 def site_key_args(device: Any, args: tuple, kwargs: dict) -> tuple[tuple, list]:
-    """(site_key, the positional arguments as the launcher's C entry takes them): each tensor
-    as its data_ptr() int, read once for both. Triton's launcher takes an int for a pointer
-    parameter as it is; a tensor costs it a data_ptr() call and a cuPointerGetAttribute check
-    per argument and launch (issue #34). That check refuses a CPU tensor: here a CPU tensor
-    keys apart (`is_cuda`), so its launch takes the JIT, whose check raises."""
+    """(site_key, the positional arguments for the launcher: each tensor as its data_ptr() int,
+    read once for both). Triton's launcher takes an int for a pointer as it is; a tensor costs
+    it a data_ptr() call and a cuPointerGetAttribute check (issue #34). That check refuses a CPU
+    tensor: one keys apart here (`is_cuda`), so its launch takes the JIT, whose check raises."""
     vals = kwargs.values()
     key: list = [device, *vals, *map(type, vals)]
     out: list = []
