@@ -23,6 +23,18 @@ def _env():
     return dict(os.environ, TRITON_INTERPRET="0")
 
 
+def _finish(nodes: list, timeout: float = 240) -> list[str]:
+    """Each node's stderr once all exit; past `timeout`, every node killed and the test failed
+    with each one's stderr tail (a node that waits on a rendezvous that never completes says why)."""
+    try:
+        return [p.communicate(timeout=timeout)[1] for p in nodes]
+    except subprocess.TimeoutExpired:
+        for p in nodes:
+            p.kill()
+        tails = [f"node {i} (exit {p.wait()}): {p.communicate()[1][-1500:]}" for i, p in enumerate(nodes)]
+        pytest.fail(f"the torchrun nodes did not finish in {timeout:.0f} s:\n" + "\n".join(tails))
+
+
 def test_two_torchrun_nodes_write_one_store(tmp_path):
     run, port = tmp_path / "tr", free_port()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -32,7 +44,7 @@ def test_two_torchrun_nodes_write_one_store(tmp_path):
          "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
          "workload.tokens_per_rank=[4,8]", *QUICK], stderr=subprocess.PIPE, text=True, env=_env())
         for n in (0, 1)]
-    errs = [p.communicate(timeout=240)[1] for p in nodes]
+    errs = _finish(nodes)
     assert [p.returncode for p in nodes] == [0, 0], errs
     assert "2 to run on 2 ranks" in errs[0]
     df = RunStore(run).load()
@@ -41,7 +53,7 @@ def test_two_torchrun_nodes_write_one_store(tmp_path):
     assert len(set(df.run_id)) == 1 and (run / "envs" / f"{df.run_id.iloc[0]}.json").is_file()
     # the same command again: everything is stored, nothing runs
     again = [subprocess.Popen(p.args, stderr=subprocess.PIPE, text=True, env=_env()) for p in nodes]
-    errs = [p.communicate(timeout=240)[1] for p in again]
+    errs = _finish(again)
     assert [p.returncode for p in again] == [0, 0] and "0 to run" in errs[0], errs
 
 
