@@ -134,7 +134,9 @@ def pieces() -> dict[str, Optional[Callable[[], None]]]:
             w13_q, w13_s, w2_q, w2_s = w13, None, torch.randn(E, K, N // 2, generator=g).to(torch.bfloat16), None
         ew = ExpertWeights(w13_ENK=w13_q, w2_EKI=w2_q, w13_scale=w13_s, w2_scale=w2_s, quant=q)
         ws13 = torch.empty(R * N, dtype=torch.bfloat16)
-        ws2 = torch.empty(R * N // 2, dtype=torch.bfloat16)
+        # ws2 with the tail the experts give it (the sort scratch: moe.standard_ws2_tail_rows)
+        ws2 = torch.empty((R + moe.standard_ws2_tail_rows(M, P, E, cfg["BLOCK_SIZE_M"], N // 2)) * N // 2,
+                          dtype=torch.bfloat16)
         y = torch.empty(M, K, dtype=torch.bfloat16)
         out[f"fused_moe_standard_{name}"] = (lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
             x, None, ids, weights, ew, y, ws13, ws2, cfg, "experts"))

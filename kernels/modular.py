@@ -96,9 +96,9 @@ class SharedExperts:
         """The shared experts' output [T, K] bf16."""
         return self._carved(self._mlp, x_TK)
 
-    def add_to(self, out_TK: torch.Tensor, x_TK: torch.Tensor) -> None:
-        """out_TK += the shared experts' output, the add inside the down GEMM (beta = 1)."""
-        self._carved(self._mlp, x_TK, out_TK)
+    def add_to(self, out_TK: torch.Tensor, x_TK: torch.Tensor) -> torch.Tensor:
+        """out_TK += the shared experts' output, the add inside the down GEMM (beta = 1); -> out_TK."""
+        return self._carved(self._mlp, x_TK, out_TK)
 
     def transient_bytes(self, T: int, into_output: bool = False) -> int:
         """gate/up [T, 2S] + activation [T, S] + output [T, K] (none `into_output`: add_to),

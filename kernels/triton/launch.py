@@ -275,8 +275,8 @@ def site_key(device: Any, args: tuple, kwargs: dict) -> tuple:
 def site_key_args(device: Any, args: tuple, kwargs: dict) -> tuple[tuple, list]:
     """(site_key, the positional arguments for the launcher: each tensor as its data_ptr() int,
     read once for both). Triton's launcher takes an int for a pointer as it is; a tensor costs
-    it a data_ptr() call and a cuPointerGetAttribute check (issue #34). That check refuses a CPU
-    tensor: one keys apart here (`is_cuda`), so its launch takes the JIT, whose check raises."""
+    it a data_ptr() call and a cuPointerGetAttribute check (issue #34). CPU tensors key apart
+    (`is_cuda`) and reach the launcher as tensors: its check stays theirs."""
     vals = kwargs.values()
     key: list = [device, *vals, *map(type, vals)]
     out: list = []
@@ -286,9 +286,9 @@ def site_key_args(device: Any, args: tuple, kwargs: dict) -> tuple[tuple, list]:
             key.append(a)
             out.append(a)
         elif t is _Tensor:
-            p = a.data_ptr()
-            key.append((a.dtype, p & 15 == 0, a.is_cuda))
-            out.append(p)
+            p, on_cuda = a.data_ptr(), a.is_cuda
+            key.append((a.dtype, p & 15 == 0, on_cuda))
+            out.append(p if on_cuda else a)  # a CPU one (pinned memory passes the JIT's check) stays checked
         else:
             key.append(_other_key(a))
             out.append(a)

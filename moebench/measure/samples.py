@@ -136,6 +136,18 @@ class Timed:
     host_paced: int = 0  # of the layer's samples (timing.Samples.host_paced)
 
 
+def _shared_alone(kernel: MoEKernel, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The shared experts alone, as the layer runs them: with overlap=none their down GEMM adds
+    into an output (SharedExperts.add_to, here a buffer of the layer output's shape), beside
+    the communication they compute their own output."""
+    shared = kernel.shared
+    assert shared is not None
+    if kernel._shared_last:
+        into = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bfloat16, device=x.device)
+        return lambda: shared.add_to(into, x)
+    return lambda: shared(x)
+
+
 def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool,
                hold_us: Optional[float] = None, lap: Callable[[str], object] = lambda stage: None) -> Timed:
     """The layer's samples and, for the ablation, those of the layer without its shared
@@ -148,7 +160,7 @@ def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, gr
     fn = lambda: kernel(x, w, ids)
     fns = [fn]
     if kernel.shared is not None:
-        fns += [lambda: kernel(x, w, ids, with_shared=False), lambda: kernel.shared(x)]
+        fns += [lambda: kernel(x, w, ids, with_shared=False), _shared_alone(kernel, x)]
     lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
     lap("probe")
     timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,

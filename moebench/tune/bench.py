@@ -11,6 +11,7 @@ Legend: T tokens, P top-k, K hidden, I intermediate, E local experts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Optional, Sequence
 
@@ -86,7 +87,7 @@ class TokenBench:
         self.rows = x.shape[0]
         self.ref = reference_moe(x, w, ids, L.ref_w, L.kept)
         self.prepared = L.kernel.pf.prepare(x, w, ids, L.experts.input_quant)
-        dims = L.kernel._dims(self.prepared.x.shape[0])
+        self.dims = dims = L.kernel._dims(self.prepared.x.shape[0])
         self.ws13, self.ws2, self.out = (torch.empty(s, dtype=L.experts.workspace_dtype, device=dev)
                                          for s in L.experts.workspace_shapes(*dims))
         self.final = torch.empty(self.rows, L.shape.hidden, dtype=torch.bfloat16, device=dev)
@@ -104,6 +105,11 @@ class TokenBench:
         ex, ctx = self.layer.experts, self.layer.ctx
         ex.ctx = ctx if cfg is None else dataclasses.replace(ctx, options={**ctx.options, "triton_config": dict(cfg)})
         ex.__dict__.pop("_config_cache", None)
+        # ws2's tail holds the sort scratch, sized by BLOCK_SIZE_M: a larger tile needs a larger ws2
+        # (else the experts would allocate it every call, which the layer does not)
+        shape2 = ex.workspace_shapes(*self.dims)[1]
+        if math.prod(shape2) > self.ws2.numel():
+            self.ws2 = torch.empty(shape2, dtype=ex.workspace_dtype, device=self.ws2.device)
 
     def apply(self) -> None:
         self.layer.experts.apply(self.out, self.prepared, self.ws13, self.ws2)

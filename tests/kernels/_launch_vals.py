@@ -64,7 +64,8 @@ def extra() -> list:
         w13, s13 = quant_weights(torch.randn(E, N, K, generator=g), q)
         w2, s2 = quant_weights(torch.randn(E, K, N // 2, generator=g), q)
         ew = ExpertWeights(w13_ENK=w13, w2_EKI=w2, w13_scale=s13, w2_scale=s2, quant=q)
-        ws13, ws2 = torch.empty(M * P * N, dtype=torch.bfloat16), torch.empty(M * P * N // 2, dtype=torch.bfloat16)
+        tail = moe.standard_ws2_tail_rows(M, P, E, cfg["BLOCK_SIZE_M"], N // 2)  # the experts' ws2: the scratch's rows
+        ws13, ws2 = torch.empty(M * P * N, dtype=torch.bfloat16), torch.empty((M * P + tail) * N // 2, dtype=torch.bfloat16)
         y = torch.empty(M, P, K, dtype=torch.bfloat16)
         out.append(lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
             x, None, ids, tw, ew, y, ws13, ws2, cfg, "finalize"))

@@ -191,12 +191,12 @@ def test_launch_mechanics(monkeypatch):
         assert jit_calls[0] == ((x, 32), (3, 2), dict(BLOCK=64, num_warps=4))
         fl.launch(fn, (3, 2), x, 32, BLOCK=64, num_warps=4)
         assert len(jit_calls) == 1
-        # a tensor goes as its data_ptr() int (site_key_args: Triton's launcher takes it as it is)
-        assert compiled.calls == [(3, 2, 1, 1234, "FUNCTION", "PACKED", None, None, None, x.data_ptr(), 32, 64, False)]
+        # a CPU tensor goes as itself (a CUDA one as its data_ptr() int: site_key_args)
+        assert compiled.calls == [(3, 2, 1, 1234, "FUNCTION", "PACKED", None, None, None, x, 32, 64, False)]
         fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)  # a new key
         assert len(jit_calls) == 2
         fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
-        assert compiled.calls[-1] == (5, 1, 1, 1234, "FUNCTION", "PACKED", None, None, None, x.data_ptr(), 32, 64, True)
+        assert compiled.calls[-1] == (5, 1, 1, 1234, "FUNCTION", "PACKED", None, None, None, x, 32, 64, True)
         # profiler hooks: passed through with the launch metadata, as the JIT does
         hooks.launch_enter_hook = enter = lambda meta: None
         fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
@@ -271,12 +271,13 @@ def test_site_key_distinguishes_what_triton_does():
     assert k(x, True, BLOCK=64, num_warps=4) != k(x, 1, BLOCK=64, num_warps=4)
     assert k(x[1:], 32, BLOCK=64, num_warps=4) != key and k(x.double(), 32, BLOCK=64, num_warps=4) != key
     assert fl.site_key(1, (x, 32), dict(BLOCK=64, num_warps=4)) != key  # another device
-    # the launch arguments beside the key: tensors as their data_ptr() ints, the rest as given
+    # the launch arguments beside the key: a CPU tensor as itself (the launcher's check stays its
+    # own: pinned memory passes the JIT's), a CUDA one as its data_ptr() int (the GPU tests)
     key2, launch_args = fl.site_key_args(0, (x, 32, None), dict(BLOCK=64, num_warps=4))
-    assert key2 == k(x, 32, None, BLOCK=64, num_warps=4) and launch_args == [x.data_ptr(), 32, None]
+    assert key2 == k(x, 32, None, BLOCK=64, num_warps=4) and launch_args[0] is x and launch_args[1:] == [32, None]
     # a tensor keys with whether it is on CUDA: a CPU tensor keys apart from a CUDA one of the same
-    # dtype and alignment, so its launch takes the JIT, whose pointer check refuses it (the C
-    # entry does not check an int); tests/gpu/test_triton_fastlaunch.py launches both
+    # dtype and alignment, so its launch takes the JIT, whose pointer check refuses it;
+    # tests/gpu/test_triton_fastlaunch.py launches both
     assert key[-2] == (x.dtype, True, False)
     with pytest.raises(fl._NotKeyed):
         k(x, object(), BLOCK=64, num_warps=4)
