@@ -116,7 +116,8 @@ MEASURED: tuple[Column, ...] = (
     *(_c(f"{p}_us", "float", "phase", MAX, f"the {p.replace('_', ' ')} phase of the phase forwards (µs)")
       for p in PHASES),
     # overlap by ablation
-    _c("shared_us", "float", "overlap", SAMPLES, "median of the shared experts alone (µs)"),
+    _c("shared_us", "float", "overlap", SAMPLES, "median of the shared experts alone, as the layer runs them "
+       "(µs; `overlap=none`: added into an output by their down GEMM)"),
     _c("latency_no_shared_us", "float", "overlap", SAMPLES, "median of the layer without its shared "
        "experts (µs)"),
     _c("shared_exposed_us", "float", "overlap", DERIVED, "latency − latency without shared experts (µs)"),
