@@ -48,7 +48,7 @@ def shared_activation(h_TN: torch.Tensor) -> torch.Tensor:
 class SharedExperts:
     """The shared experts fused into one MLP (widths of all shared experts summed).
 
-    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; torch matmuls, the SiLU-and-mul
+    w13_NK [2S, K] (gate rows then up rows), w2_KS [K, S], bf16; inputs x_TK [T, K]; torch matmuls, the SiLU-and-mul
     between them one Triton kernel on CUDA (shared_activation).
     `sm_carveout` > 0 (CUDA): the two GEMMs run through cuBLASLt with an SM-count target of
     (SMs - sm_carveout), torch's experimental carveout, so that communication kernels beside
@@ -67,10 +67,6 @@ class SharedExperts:
         self._w2_SK = w2_KS.t()
 
     def _mlp(self, x_TK: torch.Tensor, into_TK: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if x_TK.dim() != 2:
-            h = torch.nn.functional.linear(x_TK, self.w13_NK)
-            y = torch.nn.functional.linear(shared_activation(h), self.w2_KS)
-            return y if into_TK is None else into_TK.add_(y)
         act = shared_activation(torch.mm(x_TK, self._w13_KN))
         if into_TK is None:
             return torch.mm(act, self._w2_SK)
@@ -170,7 +166,7 @@ class MoEKernel:
         n += self.pf.prepared_bytes(num_tokens, self.experts.input_quant)
         n += num_tokens * self.pf.ctx.shape.hidden * 2  # the layer output [T, K] bf16
         if with_shared and self.shared is not None:
-            n += self.shared.transient_bytes(num_tokens, into_output=self._shared_last)
+            n += self.shared.transient_bytes(num_tokens, into_output=self.shared_last)
         return n
 
     def clear_workspaces(self) -> None:
@@ -257,7 +253,7 @@ class MoEKernel:
             else:
                 self.pf.finalize(out_TK, expert_out, prepared, wr)
 
-        if shared is not None and shared_out is None:  # _shared_last: added by the down GEMM itself
+        if shared is not None and shared_out is None:  # shared_last: added by the down GEMM itself
             with ph("shared_experts"):
                 shared.add_to(out_TK, hidden_TK)
         elif shared_out is not None:
@@ -265,7 +261,7 @@ class MoEKernel:
         return out_TK
 
     @property
-    def _shared_last(self) -> bool:
+    def shared_last(self) -> bool:
         """Whether the shared experts run after the finalize (no overlap), adding into the output."""
         return self.overlap not in ("dispatch", "combine")
 

@@ -142,7 +142,7 @@ def _shared_alone(kernel: MoEKernel, x: torch.Tensor) -> Callable[[], torch.Tens
     the communication they compute their own output."""
     shared = kernel.shared
     assert shared is not None
-    if kernel._shared_last:
+    if kernel.shared_last:
         into = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bfloat16, device=x.device)
         return lambda: shared.add_to(into, x)
     return lambda: shared(x)

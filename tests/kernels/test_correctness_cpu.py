@@ -149,7 +149,7 @@ def test_layer_adds_shared_experts_in_place_only_without_overlap():
     computes them beside the combine and adds their output: the same layer within bf16 rounding."""
     ctx, kn = build("local", "torch", "experts", "none", "bf16", 1)
     _, kc = build("local", "torch", "experts", "combine", "bf16", 1)
-    assert kn._shared_last and not kc._shared_last
+    assert kn.shared_last and not kc.shared_last
     x, tw, ids = make_inputs(SHAPE, 16, "uniform", 1.0, 1, 0, 1, ctx.device)
     a, b = kn(x, tw, ids), kc(x, tw, ids)
     assert not torch.equal(a, kn(x, tw, ids, with_shared=False))

@@ -209,8 +209,9 @@ def test_row_layout_choice():
     mp = max_padded_rows(need * P, local, 128)
     assert ex.workspace_shapes(need, *dims)[:2] == ((mp, (K + K // 32) // 2), (mp, max(2 * I, K)))
     # gathered: ws2's activation rows, then the rows that hold the sort scratch
-    tail = standard_ws2_tail_rows(need - 1, P, local, ex._config(need - 1, P)["BLOCK_SIZE_M"], I)
-    assert 0 < tail * I * 2 - 4 * standard_scratch_numel(need - 1, P, local, ex._config(need - 1, P)["BLOCK_SIZE_M"]) <= 2 * I + 16
+    bm = ex._config(need - 1, P)["BLOCK_SIZE_M"]
+    tail = standard_ws2_tail_rows(need - 1, P, local, bm, I)
+    assert 0 < tail * I * 2 - 4 * standard_scratch_numel(need - 1, P, local, bm) <= 2 * I + 16
     assert ex.workspace_shapes(need - 1, *dims)[:2] == (((need - 1) * P, 2 * I), ((need - 1) * P + tail, I))
     ctx.options["row_layout"] = "gathered"
     assert not get_experts("triton")(w, "experts", ctx).contiguous(need, P)
