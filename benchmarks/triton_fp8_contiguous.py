@@ -39,6 +39,19 @@ CONFIGS = {
     "bf16": [(128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4),
              (128, 128, 128, 8, 8, 3), (64, 128, 64, 8, 4, 5), (128, 256, 64, 8, 8, 4)],
 }
+# issue #35's variants (--variants): a tile as above plus the kernel's options (WS: Triton's
+# automatic warp specialization of the K loop, "inner", or of the persistent tile loop, "outer";
+# LAG: fp8's promotion of K tile k-1 issued after tile k's MMA); persistent grid only
+VARIANTS = {
+    "fp8_block": [((128, 128, 128, 8, 8, 4), {}), ((128, 128, 128, 8, 8, 4), dict(LAG=1)),
+                  ((128, 128, 128, 8, 8, 3), dict(LAG=1)), ((128, 128, 128, 8, 8, 4), dict(WS="inner")),
+                  ((128, 128, 128, 8, 8, 4), dict(WS="outer")), ((128, 128, 128, 8, 4, 4), dict(WS="outer")),
+                  ((128, 128, 128, 8, 8, 4), dict(LAG=1, WS="outer")), ((128, 128, 128, 8, 8, 4), dict(LAG=1, WS="inner")),
+                  ((128, 256, 128, 8, 8, 3), dict(LAG=1))],
+    "bf16": [((128, 256, 64, 8, 8, 3), {}), ((128, 256, 64, 8, 8, 3), dict(WS="outer")),
+             ((128, 256, 64, 8, 8, 3), dict(WS="inner")), ((128, 128, 64, 8, 8, 4), dict(WS="outer")),
+             ((128, 256, 64, 8, 8, 4), dict(WS="outer"))],
+}
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -112,6 +125,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--quant", choices=sorted(CONFIGS), default="fp8_block",
                     help="fp8_block (vs m_grouped_fp8_gemm_nt_contiguous) or bf16 (vs m_grouped_bf16_gemm_nt_contiguous)")
     ap.add_argument("--configs", type=int, default=6, help="use the first N tile configs")
+    ap.add_argument("--variants", action="store_true", help="issue #35's kernel variants (VARIANTS) instead of the tiles")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
@@ -160,10 +174,13 @@ def main(argv=None) -> list[dict]:
                     print(f"{name:14} {M:6} {gemm:7} {'deep_gemm':34} {dg_us:9.1f} {row['tflops']:8.0f}")
                 else:  # no DeepGEMM: check against torch instead
                     c_ref = torch_reference(a, a_s, w, s, lay.m_indices_Mp[:mp])
-                for bm, bn, bk, gm, nw, ns in CONFIGS[args.quant][: args.configs]:
-                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns)
-                    for progs in (sms, None):
+                tiles = VARIANTS[args.quant] if args.variants else [(t, {}) for t in CONFIGS[args.quant][: args.configs]]
+                for (bm, bn, bk, gm, nw, ns), extra in tiles:
+                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
+                               **extra)
+                    for progs in (sms,) if args.variants else (sms, None):
                         label = f"{bm}x{bn}x{bk} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
+                        label += "".join(f" {k}={v}" for k, v in extra.items())
                         c = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
                         fn = lambda: contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
                                                          num_programs=progs if progs else 1 << 30)

@@ -237,6 +237,11 @@ def test_row_layout_choice():
     (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64), 3, "fp8_block"),  # persistent: programs walk several tiles
     (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256), None, "fp8_block"),  # a tile spans two weight-scale blocks
     (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128), 5, "bf16"),
+    # the variants issue #35 measures: the promotion one K tile late, warp-specialized loops
+    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, LAG=True), 3, "fp8_block"),
+    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, LAG=True, WS="inner"), None, "fp8_block"),
+    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, WS="outer"), 3, "fp8_block"),
+    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, WS="outer"), 5, "bf16"),
 ])
 def test_contiguous_gemm(cfg, programs, quant):
     g = torch.Generator().manual_seed(3)
