@@ -152,7 +152,7 @@ def variants(quick: bool):
                      stride_asg="i32", stride_bse="i32", stride_bsn="i32", stride_bsk="i32")
         out.append((f"contiguous_gemm {qname} {bm}x{bn}x{bk}", contiguous_gemm._contiguous_kernel, types,
                     dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False),
+                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, WS_INNER=False, WS_OUTER=False, LAG=False),
                     cfg["num_warps"], cfg["num_stages"]))
     return out
 
