@@ -181,6 +181,7 @@ BREAKDOWN = [
     ("moebench.kernels.triton.activation", "silu_and_mul_rows"),
     ("moebench.kernels.triton.quant", "per_token_group_quant_fp8"),
     ("moebench.kernels.triton.routing", "localize_ids_triton"),
+    ("moebench.kernels.triton.quant", "group_quant_and_localize"),
     ("torch", "empty"), ("torch", "mm"), ("torch", "Tensor.zero_"), ("torch", "Tensor.copy_"),
     ("torch", "Tensor.add_"), ("torch", "Tensor.addmm_"),
 ]

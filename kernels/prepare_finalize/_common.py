@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import BatchedHandle, PreparedTokens
+from ..interfaces import BatchedHandle, PreparedTokens, QuantSpec
+from ..quant import quant_activations
+
+
+def _local_as_they_are(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_experts: int | None) -> bool:
+    """Every expert local and the ids int64: the valid global ids are the local ones."""
+    return num_experts is not None and first == 0 and num_local == num_experts and topk_ids_MP.dtype == torch.int64
 
 
 def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_experts: int | None = None) -> torch.Tensor:
@@ -15,13 +21,37 @@ def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_expe
     With `num_experts` (the global count) and every expert local, the valid global ids
     are the local ones: int64 ids come back as they are (no kernel). On CUDA one Triton
     kernel (kernels/triton/routing.py, equal to the torch form below) instead of six."""
-    if num_experts is not None and first == 0 and num_local == num_experts and topk_ids_MP.dtype == torch.int64:
+    if _local_as_they_are(topk_ids_MP, first, num_local, num_experts):
         return topk_ids_MP
     if topk_ids_MP.is_cuda:
         from ..triton.routing import localize_ids_triton
 
         return localize_ids_triton(topk_ids_MP, first, num_local)
     return localize_ids_torch(topk_ids_MP, first, num_local)
+
+
+def fuses_quant_and_localize(quant: QuantSpec | None, topk_ids_MP: torch.Tensor, first: int, num_local: int,
+                             num_experts: int | None = None) -> bool:
+    """Whether quant_and_localize's one kernel applies (on a device that runs Triton): both halves
+    would launch a Triton kernel (1 x 128 fp8 groups; ids that localize_ids must convert)."""
+    return quant is not None and quant.is_block and not _local_as_they_are(topk_ids_MP, first, num_local, num_experts)
+
+
+def quant_and_localize(hidden_TK: torch.Tensor, topk_ids_MP: torch.Tensor, quant: QuantSpec | None, first: int,
+                       num_local: int, num_experts: int | None = None, fuse: bool | None = None):
+    """(x, scale or None, int64 local ids like topk_ids_MP): quant_activations(hidden_TK, quant) and
+    localize_ids(topk_ids_MP, ...). Where fuses_quant_and_localize, one Triton launch and one
+    allocation do both (triton/quant.py: group_quant_and_localize, bit-equal to the two kernels;
+    issue #34: a launch and two allocations fewer). `fuse`: take it where it applies (None: with
+    both tensors on CUDA; the interpreter's tests pass True on a CPU)."""
+    if fuses_quant_and_localize(quant, topk_ids_MP, first, num_local, num_experts) and (
+            hidden_TK.is_cuda and topk_ids_MP.is_cuda if fuse is None else fuse):
+        from ..triton.quant import group_quant_and_localize
+
+        assert quant is not None  # (fuses_quant_and_localize)
+        return group_quant_and_localize(hidden_TK.contiguous(), quant.block_k, topk_ids_MP, first, num_local)
+    x, scale = quant_activations(hidden_TK, quant)
+    return x, scale, localize_ids(topk_ids_MP, first, num_local, num_experts)
 
 
 def localize_ids_torch(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:

@@ -13,9 +13,8 @@ from ..interfaces import (
     PrepareFinalize,
     resolve_weight_and_reduce,
 )
-from ..quant import quant_activations
 from ..registry import register_backend
-from ._common import localize_ids
+from ._common import quant_and_localize
 
 
 @register_backend("local")
@@ -24,9 +23,9 @@ class LocalPrepareFinalize(LocalCard, PrepareFinalize):
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):
-            x, scale = quant_activations(hidden_TK, quant)
-            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts,
-                               self.ctx.shape.num_experts)
+            # on CUDA with fp8_block and ids to localize: one kernel for both (issue #34)
+            x, scale, ids = quant_and_localize(hidden_TK, topk_ids_TP, quant, self.ctx.first_local_expert,
+                                               self.ctx.num_local_experts, self.ctx.shape.num_experts)
         prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
         return lambda: prepared
 

@@ -12,8 +12,10 @@ Interpreter defects worked around (Triton 3.6):
 """
 from __future__ import annotations
 
+import math
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -22,6 +24,19 @@ import triton.language as tl
 # their plain Python functions give the same values
 cdiv = getattr(triton.cdiv, "fn", triton.cdiv)
 next_power_of_2 = getattr(triton.next_power_of_2, "fn", triton.next_power_of_2)
+
+
+def align16(n: int) -> int:
+    """n rounded up to a multiple of 16 (bytes: a carved view's offset Triton keys as aligned)."""
+    return -(-n // 16) * 16
+
+
+def carve(flat_u8: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A `dtype` view of `shape` at byte `offset` of a flat uint8 buffer."""
+    esize = dtype.itemsize
+    n = math.prod(shape)
+    assert offset % esize == 0 and offset + n * esize <= flat_u8.numel(), (offset, n, esize, flat_u8.numel())
+    return flat_u8[offset : offset + n * esize].view(dtype).view(shape)
 
 
 def interpreting() -> bool:

@@ -62,7 +62,7 @@ def variants(quick: bool):
     quants = [("bf16", 0, "*bf16", "*bf16", 64), ("fp8_tensor", 1, "*fp8e4nv", "*fp32", 128), ("fp8_block", 2, "*fp8e4nv", "*fp32", 128)]
     # 256-wide tiles span two fp8 weight-scale groups: the per-column scale path (gemm._b_scale_ptrs)
     tiles = [(16, 64, 4, 4), (64, 256, 3, 8)] if quick else [(16, 64, 4, 4), (64, 128, 3, 4), (128, 128, 3, 8), (64, 256, 3, 8)]
-    out = []
+    out: list[tuple] = []  # (the constexpr dicts mix ints, floats and bools)
     ids = dict(ids_ptr="*i64", meta_ptr="*i32", num_pairs="i32", num_experts="i32")
     for scatter in (False, True):
         out.append((f"align_count scatter={scatter}", align._align_count_kernel,
@@ -117,6 +117,11 @@ def variants(quick: bool):
                     dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", counts_ptr="*i32", R="i32", X="i32", stride_xr="i32",
                          stride_qr="i32", stride_sr="i32", stride_sg="i32"),
                     dict(ROW_COUNTS=rc, BLOCK_R=16, GROUP=128, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
+        ids_type = "*i32" if rc else "*i64"  # the fused quantize-and-localize: the router's ids of either width
+        out.append((f"quant_localize ids={ids_type}", quant._quant_localize_kernel,
+                    dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr=ids_type, local_ptr="*i64", R="i32",
+                         stride_xr="i32", stride_qr="i32", stride_sr="i32", P="i32", first="i32", num_local="i32"),
+                    dict(BLOCK_R=16, BLOCK_P=8, GROUP=128, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
         out.append((f"amax counts={rc}", quant._amax_kernel,
                     dict(x_ptr="*bf16", amax_ptr="*fp32", counts_ptr="*i32", R="i32", K="i32", X="i32", stride_xr="i32"),
                     dict(ROW_COUNTS=rc, BLOCK_R=16, BLOCK_C=256), 4, 1))
@@ -152,7 +157,7 @@ def variants(quick: bool):
                      stride_asg="i32", stride_bse="i32", stride_bsn="i32", stride_bsk="i32")
         out.append((f"contiguous_gemm {qname} {bm}x{bn}x{bk}", contiguous_gemm._contiguous_kernel, types,
                     dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False),
+                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, WS_INNER=False, WS_OUTER=False, LAG=False),
                     cfg["num_warps"], cfg["num_stages"]))
     return out
 

@@ -29,6 +29,7 @@ import torch
 from ..interfaces import FP8_DTYPE, ExpertWeights
 from .activation import MODE_AMAX, MODE_BF16, MODE_GROUP, MODE_TENSOR, silu_and_mul, zero_nonlocal_rows
 from .align import align_scratch_numel, moe_align_block_size
+from .common import align16, carve
 from .gemm import QUANT_BLOCK, QUANT_NONE, QUANT_TENSOR, invoke_batched_moe_gemm, invoke_fused_moe_gemm, quant_mode
 from .quant import per_tensor_quant_fp8, per_token_group_quant_fp8
 
@@ -40,18 +41,6 @@ def alloc_bytes(nbytes: int) -> int:
     return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND if nbytes > 0 else 0
 
 
-def _align16(n: int) -> int:
-    return -(-n // 16) * 16
-
-
-def _carve(flat_u8: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A `dtype` view of `shape` at byte `offset` of a flat uint8 buffer."""
-    esize = dtype.itemsize
-    n = math.prod(shape)
-    assert offset % esize == 0 and offset + n * esize <= flat_u8.numel(), (offset, n, esize, flat_u8.numel())
-    return flat_u8[offset : offset + n * esize].view(dtype).view(shape)
-
-
 def _bytes(ws: torch.Tensor) -> torch.Tensor:
     assert ws.is_contiguous(), "workspaces must be contiguous"
     return ws.reshape(-1).view(torch.uint8)
@@ -61,7 +50,7 @@ MAX_VIEWS = 64  # carved views kept per workspace tensor (a few per row count)
 
 
 def ws_view(ws: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """_carve(_bytes(ws), offset, shape, dtype), kept on the tensor `ws` itself: the experts'
+    """carve(_bytes(ws), offset, shape, dtype), kept on the tensor `ws` itself: the experts'
     workspaces are the same tensors every forward of a size (MoEKernel._workspaces), so their
     carve-up (three to four view ops, ~0.7 µs each) is made once, not per forward (issue #34).
     The views live and die with `ws` (an attribute of it), which nothing resizes."""
@@ -73,7 +62,7 @@ def ws_view(ws: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.
     if view is None:
         if len(memo) >= MAX_VIEWS:
             memo.clear()
-        view = memo[key] = _carve(_bytes(ws), offset, shape, dtype)
+        view = memo[key] = carve(_bytes(ws), offset, shape, dtype)
     return view
 
 
@@ -88,7 +77,7 @@ def _nbytes(ws: torch.Tensor) -> int:
 
 def input_quant_bytes(rows: int, K: int, quant) -> int:
     """Bytes of an fp8 copy of `rows` x K activations plus their scales (16-aligned)."""
-    n = _align16(rows * K)
+    n = align16(rows * K)
     if quant.is_block:
         n += rows * (K // quant.block_k) * 4
     return n
@@ -104,7 +93,7 @@ def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_nu
     need = input_quant_bytes(rows, K, quant)
     if space is not None and (_nbytes(space) if limit < 0 else limit) >= need:
         xq = ws_view(space, 0, shape, FP8_DTYPE)
-        xs = ws_view(space, _align16(rows * K), (*shape[:-1], K // quant.block_k), torch.float32) if quant.is_block else None
+        xs = ws_view(space, align16(rows * K), (*shape[:-1], K // quant.block_k), torch.float32) if quant.is_block else None
     else:
         xq = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
         xs = None
@@ -124,7 +113,7 @@ def _activation(h, ws2, quant, fscratch, **rows):
     act = ws_view(ws2, 0, shape, FP8_DTYPE)
     if mode == QUANT_BLOCK:
         g = quant.block_k
-        scale = ws_view(ws2, _align16(math.prod(shape)), (*shape[:-1], shape[-1] // g), torch.float32)
+        scale = ws_view(ws2, align16(math.prod(shape)), (*shape[:-1], shape[-1] // g), torch.float32)
         silu_and_mul(h, act, MODE_GROUP, scale=scale, group=g, **rows)
         return act, scale
     amax, scale = fscratch[0:1], fscratch[1:2]

@@ -4,13 +4,16 @@ kernels/quant.py; the scales here follow its layouts exactly).
   per_token_group_quant_fp8  1 x GROUP groups -> fp8 [R, K], fp32 scales [R, K / GROUP]
   per_tensor_quant_fp8       one dynamic scale  -> fp8 [R, K], fp32 scale [1]
                              (two passes: an atomic amax, then the quantize)
+  group_quant_and_localize   per_token_group_quant_fp8 and routing.localize_ids_triton of the
+                             rows' top-k ids [R, P] in one launch, one allocation (the local
+                             backend's prepare on CUDA: issue #34)
 
 Both read x as rows [R, K] (any leading shape is flattened). With
 `expert_num_tokens` the rows are a batched [E, X, K] buffer and only each
 expert's first expert_num_tokens[e] rows are read: padding rows may be
 garbage (and would poison a per-tensor amax).
 
-Legend: R rows, K columns, G = K / GROUP, E experts, X rows per expert.
+Legend: R rows, K columns, G = K / GROUP, E experts, X rows per expert, P top-k.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ import triton
 import triton.language as tl
 
 from ..interfaces import FP8_DTYPE, FP8_MAX
-from .common import cdiv, next_power_of_2, to_fp8
+from .common import align16, carve, cdiv, next_power_of_2, to_fp8
 from .launch import interpreted, launch
+from .routing import local_expert_ids
 
 EPS = 1e-10  # same clamp as kernels/quant.py
 
@@ -37,6 +41,21 @@ def _row_mask(r, R, counts_ptr, X, ROW_COUNTS: tl.constexpr):
 
 
 @triton.jit
+def _quant_group(
+    x_ptr, q_ptr, s_ptr, r, valid, g, stride_xr, stride_qr, stride_sr, stride_sg,
+    GROUP: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+):
+    """Group g of rows r (int64, `valid` masks them): fp8 into q, the fp32 scale into s
+    (both kernels below: one quantization math)."""
+    c = g * GROUP + tl.arange(0, GROUP)
+    x = tl.load(x_ptr + r[:, None] * stride_xr + c[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    s = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
+    q = tl.clamp(x / s[:, None], -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + r[:, None] * stride_qr + c[None, :], to_fp8(q, q_ptr.dtype.element_ty, EXACT_ROUND), mask=valid[:, None])
+    tl.store(s_ptr + r * stride_sr + g * stride_sg, s, mask=valid)
+
+
+@triton.jit
 def _group_quant_kernel(
     x_ptr, q_ptr, s_ptr, counts_ptr, R, X, stride_xr, stride_qr, stride_sr, stride_sg,
     ROW_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr,
@@ -46,12 +65,27 @@ def _group_quant_kernel(
     g = tl.program_id(1)
     valid = _row_mask(r, R, counts_ptr, X, ROW_COUNTS)
     r = r.to(tl.int64)
-    c = g * GROUP + tl.arange(0, GROUP)
-    x = tl.load(x_ptr + r[:, None] * stride_xr + c[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
-    q = tl.clamp(x / s[:, None], -FP8_MAX, FP8_MAX)
-    tl.store(q_ptr + r[:, None] * stride_qr + c[None, :], to_fp8(q, q_ptr.dtype.element_ty, EXACT_ROUND), mask=valid[:, None])
-    tl.store(s_ptr + r * stride_sr + g * stride_sg, s, mask=valid)
+    _quant_group(x_ptr, q_ptr, s_ptr, r, valid, g, stride_xr, stride_qr, stride_sr, stride_sg,
+                 GROUP, FP8_MAX, EPS, EXACT_ROUND)
+
+
+@triton.jit
+def _quant_localize_kernel(
+    x_ptr, q_ptr, s_ptr, ids_ptr, local_ptr, R, stride_xr, stride_qr, stride_sr, P, first, num_local,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, GROUP: tl.constexpr,
+    FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    g = tl.program_id(1)
+    valid = r < R  # (_row_mask without counts)
+    r = r.to(tl.int64)
+    _quant_group(x_ptr, q_ptr, s_ptr, r, valid, g, stride_xr, stride_qr, stride_sr, 1, GROUP, FP8_MAX, EPS, EXACT_ROUND)
+    if g == 0:  # one program of each row block localizes its rows' pairs (ids and out [R, P] contiguous)
+        p = tl.arange(0, BLOCK_P)
+        offs = r[:, None] * P + p[None, :]
+        mask = valid[:, None] & (p[None, :] < P)
+        ids = tl.load(ids_ptr + offs, mask=mask, other=-1)
+        tl.store(local_ptr + offs, local_expert_ids(ids, first, num_local), mask=mask)
 
 
 @triton.jit
@@ -173,3 +207,40 @@ def per_tensor_quant_fp8(
         ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
     )
     return out, scale
+
+
+def group_quant_and_localize(
+    x: torch.Tensor,
+    group: int,
+    topk_ids_RP: torch.Tensor,
+    first: int,
+    num_local: int,
+    block_r: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """per_token_group_quant_fp8(x, group) and routing.localize_ids_triton(topk_ids_RP, first,
+    num_local) in one launch and one allocation (issue #34: each costs the host ~15-30 µs), the
+    same values: -> (fp8 [R, K], fp32 scales [R, G], int64 local ids [R, P], -1 for pairs of
+    other ranks' experts), each contiguous, carved at 16-byte aligned offsets of one uint8
+    buffer (they share its storage). x [R, K] with unit stride along K; ids of any int type."""
+    R, K = x.shape
+    assert K and K % group == 0, f"K={K} is not a multiple of the group size {group}"
+    assert topk_ids_RP.dim() == 2 and topk_ids_RP.shape[0] == R, (x.shape, topk_ids_RP.shape)
+    x_sr, x_sk = x.stride()
+    assert x_sk == 1, "quantization needs unit stride along K"
+    ids = topk_ids_RP.contiguous()
+    P = ids.shape[1]
+    G = K // group
+    s_at = align16(R * K)
+    ids_at = align16(s_at + R * G * 4)
+    buf = torch.empty(ids_at + R * P * 8, dtype=torch.uint8, device=x.device)
+    # three views of ~0.7 µs each a carve: far less than the two allocations they replace
+    q = carve(buf, 0, (R, K), FP8_DTYPE)
+    scale = carve(buf, s_at, (R, G), torch.float32)
+    local = carve(buf, ids_at, (R, P), torch.int64)
+    if R:
+        launch(_quant_localize_kernel, (cdiv(R, block_r), G),
+            x, q, scale, ids, local, R, x_sr, K, G, P, first, num_local,
+            BLOCK_R=block_r, BLOCK_P=next_power_of_2(P), GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS,
+            EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+        )
+    return q, scale, local

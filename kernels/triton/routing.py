@@ -17,12 +17,20 @@ from .launch import launch
 
 
 @triton.jit
+def local_expert_ids(ids, first, num_local):
+    """Global ids (any int type) -> int64 local ids, -1 outside [first, first + num_local)
+    (this kernel's and the fused quantize-and-localize's, kernels/triton/quant.py)."""
+    local = ids.to(tl.int64) - first
+    keep = (local >= 0) & (local < num_local)
+    return tl.where(keep, local, -1)
+
+
+@triton.jit
 def _localize_kernel(ids_ptr, out_ptr, num_pairs, first, num_local, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_pairs
-    local = tl.load(ids_ptr + offs, mask=mask, other=-1).to(tl.int64) - first
-    keep = (local >= 0) & (local < num_local)
-    tl.store(out_ptr + offs, tl.where(keep, local, -1), mask=mask)
+    ids = tl.load(ids_ptr + offs, mask=mask, other=-1)
+    tl.store(out_ptr + offs, local_expert_ids(ids, first, num_local), mask=mask)
 
 
 def localize_ids_triton(topk_ids_MP: torch.Tensor, first: int, num_local: int) -> torch.Tensor:

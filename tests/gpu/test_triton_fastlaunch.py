@@ -94,6 +94,17 @@ def test_align_and_localize():
         assert torch.equal(s0[rows].sort().values, s1[rows].sort().values), e
 
 
+def test_quant_and_localize():
+    """The fused fp8 quantize-and-localize (the local prepare's kernel on an EP share)."""
+    from moebench.kernels.triton.quant import group_quant_and_localize
+
+    g = torch.Generator(device=DEV).manual_seed(2)
+    x = torch.randn(333, 7168, generator=g, device=DEV).to(torch.bfloat16)
+    glob = _ids(333, 8, 256)
+    for ids in (glob, glob.int()):
+        _equal(*_jit_then_handle(lambda ids=ids: _clone(group_quant_and_localize(x, 128, ids, 32, 32))))
+
+
 @pytest.mark.parametrize("mode", ["bf16", "group", "tensor"])
 def test_activation_and_quant(mode):
     from moebench.kernels.interfaces import FP8_DTYPE

@@ -4,7 +4,8 @@
   reference, for Qwen3-30B-A3B (E=128, top-8) and one EP-8 rank of DeepSeek-V3
   (simulate_ep=8: 32 local experts, the other ranks' pairs arrive as -1), at
   16, 256 and 4096 tokens, plus skewed routing (every quant and layout, and the
-  contiguous rows of the standard layout);
+  contiguous rows of the standard layout); the local prepare's fused fp8
+  quantize-and-localize against the two kernels it replaces;
 * memory: the allocator peak of experts.apply stays within its declared
   transient_bytes, the whole forward matches the analytic peak plus what the
   backend itself holds, and reduction=experts saves T * (topk - 1) * K * 2 bytes.
@@ -176,6 +177,41 @@ def test_finalize_rows_of_nonlocal_pairs_are_zero():
     assert (rows[nonlocal_] == 0).all()
 
 
+@pytest.mark.parametrize("T", [1, 37, 4096])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_prepare_fuses_fp8_block_quant_and_localize(model, T):
+    """The local prepare with fp8_block launches one kernel: where the ids need one too (DeepSeek-V3's
+    EP-8 share, int32 ids) the fused quantize-and-localize, its three outputs views of one buffer,
+    bit-equal to per_token_group_quant_fp8 and localize_ids_triton (the two kernels it ran before);
+    every expert local with int64 ids (qwen3): the quantization alone, the ids as they are."""
+    from moebench.kernels.triton.quant import per_token_group_quant_fp8
+    from moebench.kernels.triton.routing import localize_ids_triton
+    from torch.profiler import ProfilerActivity, profile
+
+    shape, ep = MODELS[model]
+    ctx = KernelContext(shape, QuantSpec("fp8_block"), DEV, simulate_ep=ep)
+    pf = LocalPrepareFinalize(ctx)
+    x, tw, ids64 = inputs(shape, T)
+    for ids in (ids64, ids64.int()):
+        fused = ep > 1 or ids.dtype == torch.int32
+        p = pf.prepare(x, tw, ids, ctx.quant)
+        q, s = per_token_group_quant_fp8(x, ctx.quant.block_k)
+        local = localize_ids_triton(ids, ctx.first_local_expert, ctx.num_local_experts) if fused else ids
+        for got, want in ((p.x, q), (p.x_scale, s), (p.topk_ids_MP, local)):
+            assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.stride())
+        assert torch.equal(p.x.view(torch.uint8), q.view(torch.uint8)) and torch.equal(p.x_scale, s)
+        assert torch.equal(p.topk_ids_MP, local) and p.topk_weights_MP is tw
+        assert (p.x.untyped_storage().data_ptr() == p.topk_ids_MP.untyped_storage().data_ptr()) == fused
+        if ep > 1:
+            assert (p.topk_ids_MP == -1).any()  # other ranks' pairs
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            pf.prepare(x, tw, ids, ctx.quant)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(names) == 1, names  # two before where the ids needed a kernel
+
+
 # -- memory -------------------------------------------------------------------
 
 
@@ -189,9 +225,11 @@ def _peak(fn) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def _nbytes(t) -> int:
-    """Caching-allocator bytes of one tensor (512-byte blocks)."""
-    return 0 if t is None else -(-t.untyped_storage().nbytes() // 512) * 512
+def _held_bytes(tensors) -> int:
+    """Caching-allocator bytes (512-byte blocks) of the tensors' storages, each storage once: the
+    fused prepare's fp8 rows, scales and local ids are views of one allocation."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
+    return sum(-(-n // 512) * 512 for n in storages.values())
 
 
 def forward_memory(model: str, quant: str, reduction: str, T: int) -> dict:
@@ -213,7 +251,7 @@ def forward_memory(model: str, quant: str, reduction: str, T: int) -> dict:
         apply_peak = _peak(lambda: experts.apply(ws[2], prepared, ws[0], ws[1]))
         out_TK = torch.empty(T, ctx.shape.hidden, dtype=torch.bfloat16, device=DEV)
         finalize_peak = _peak(lambda: pf.finalize(out_TK, ws[2], prepared, experts.finalize_weight_and_reduce()))
-        return prepare_peak, sum(_nbytes(t) for t in held), finalize_peak, apply_peak
+        return prepare_peak, _held_bytes(held), finalize_peak, apply_peak
 
     prepare_peak, prepared_bytes, finalize_peak, apply_peak = phases()  # its tensors are freed on return
     forward_peak = _peak(lambda: kernel(x, tw, ids))  # workspaces were cleared: they count

@@ -46,11 +46,13 @@ def same(x, y) -> bool:
 
 def extra() -> list:
     """Launches host_python's pieces leave out: reduction=finalize (the zeroing of non-local rows),
-    fp8_tensor (the amax and tensor passes), the batched layout."""
+    fp8_tensor (the amax and tensor passes), the batched layout, the local prepare's fused fp8
+    quantize-and-localize (CUDA only in a layer)."""
     import torch
     from moebench.kernels.interfaces import ExpertWeights, QuantSpec
     from moebench.kernels.quant import quant_weights
     from moebench.kernels.triton import moe
+    from moebench.kernels.triton.quant import group_quant_and_localize
 
     g = torch.Generator().manual_seed(1)
     M, P, E, K, N, X = 24, 4, 8, 256, 256, 16
@@ -76,6 +78,7 @@ def extra() -> list:
         out.append(lambda ew=ew, wb13=wb13, wb2=wb2, yb=yb, xb=xb, counts=counts: moe.fused_moe_batched(
             xb, None, counts, ew, yb, wb13, wb2, cfg))
     out += [_contiguous_layer(q) for q in ("bf16", "fp8_block")]
+    out += [lambda ids=ids: group_quant_and_localize(x, 128, ids, 2, 4) for ids in (ids, ids.int())]
     return out
 
 

@@ -188,13 +188,13 @@ def test_workspace_views_kept_on_the_tensor_equal_a_fresh_carve(monkeypatch):
     """moe.ws_view: the view of a workspace's bytes is made once per (offset, shape, dtype) and
     equals the carve it replaced (the same bytes, shape, strides, dtype)."""
     from moebench.kernels.interfaces import FP8_DTYPE
-    from moebench.kernels.triton import moe
+    from moebench.kernels.triton import common, moe
 
     ws = torch.empty(4096, dtype=torch.bfloat16)
     for offset, shape, dtype in [(0, (16, 64), torch.bfloat16), (0, (8, 128), FP8_DTYPE), (1024, (4, 8), torch.float32),
                                  (0, (2, 3, 64), torch.bfloat16)]:
         v = moe.ws_view(ws, offset, shape, dtype)
-        fresh = moe._carve(moe._bytes(ws), offset, shape, dtype)
+        fresh = common.carve(moe._bytes(ws), offset, shape, dtype)
         assert moe.ws_view(ws, offset, torch.Size(shape), dtype) is v  # kept: the same view object
         assert (v.data_ptr(), v.shape, v.stride(), v.dtype) == (
             fresh.data_ptr(), fresh.shape, fresh.stride(), fresh.dtype)
@@ -205,7 +205,7 @@ def test_workspace_views_kept_on_the_tensor_equal_a_fresh_carve(monkeypatch):
         moe.ws_view(other, 0, (rows, 64), torch.bfloat16)
         assert len(other._moebench_views) <= 2
     with pytest.raises(AssertionError):
-        moe.ws_view(ws, 0, (4097,), torch.bfloat16)  # past the buffer: refused, as _carve does
+        moe.ws_view(ws, 0, (4097,), torch.bfloat16)  # past the buffer: refused, as carve does
 
 
 def test_group_quant_same_result_for_any_leading_dims():
