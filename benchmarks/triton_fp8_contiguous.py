@@ -39,16 +39,18 @@ CONFIGS = {
     "bf16": [(128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4),
              (128, 128, 128, 8, 8, 3), (64, 128, 64, 8, 4, 5), (128, 256, 64, 8, 8, 4)],
 }
-# issue #35's variants (--variants): a tile as above plus the kernel's options (WS: Triton's
-# automatic warp specialization of the K loop, "inner", or of the persistent tile loop, "outer";
-# LAG: fp8's promotion of K tile k-1 issued after tile k's MMA); persistent grid only
-VARIANTS = {  # (session 7's first call: LAG 16 % slower; WS with 8 warps compiles to the same kernel)
-    "fp8_block": [((128, 128, 128, 8, 8, 4), {}), ((128, 128, 128, 8, 4, 4), dict(WS="outer")),
-                  ((128, 128, 128, 8, 4, 3), dict(WS="outer")), ((128, 128, 128, 8, 4, 5), dict(WS="outer")),
-                  ((128, 256, 128, 8, 4, 3), dict(WS="outer")), ((128, 128, 128, 1, 4, 4), dict(WS="outer"))],
-    "bf16": [((128, 256, 64, 8, 8, 3), {}), ((128, 256, 64, 8, 4, 3), dict(WS="outer")),
-             ((128, 128, 64, 8, 4, 4), dict(WS="outer")), ((128, 128, 64, 8, 4, 5), dict(WS="outer")),
-             ((128, 256, 64, 8, 4, 2), dict(WS="outer"))],
+# issue #35's variants (--variants; --variant I runs only the I-th, so a shell loop can give each a
+# timeout of its own: a warp-specialized kernel that deadlocks hangs its process): a tile as
+# above plus the kernel's options (BOUNDED: only the row tiles in use walked; WS: that, and
+# Triton's automatic warp specialization of the tile loop, 4 warps -> a producer and two consumer
+# warp groups); persistent grid only. Tried before (docs/findings/triton-vs-deepgemm.md):
+# the promotion one K tile late, WS of the K loop, WS at 8 warps, WS with the padding-tile branch.
+VARIANTS = {
+    "fp8_block": [((128, 128, 128, 8, 8, 4), {}), ((128, 128, 128, 8, 8, 4), dict(BOUNDED=True)),
+                  ((128, 128, 128, 8, 4, 4), dict(WS=True)), ((128, 128, 128, 8, 4, 3), dict(WS=True)),
+                  ((128, 256, 128, 8, 4, 3), dict(WS=True))],
+    "bf16": [((128, 256, 64, 8, 8, 3), {}), ((128, 256, 64, 8, 8, 3), dict(BOUNDED=True)),
+             ((128, 256, 64, 8, 4, 3), dict(WS=True)), ((128, 128, 64, 8, 4, 4), dict(WS=True))],
 }
 
 
@@ -124,6 +126,7 @@ def main(argv=None) -> list[dict]:
                     help="fp8_block (vs m_grouped_fp8_gemm_nt_contiguous) or bf16 (vs m_grouped_bf16_gemm_nt_contiguous)")
     ap.add_argument("--configs", type=int, default=6, help="use the first N tile configs")
     ap.add_argument("--variants", action="store_true", help="issue #35's kernel variants (VARIANTS) instead of the tiles")
+    ap.add_argument("--variant", type=int, default=None, help="with --variants: only the I-th")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
@@ -173,6 +176,8 @@ def main(argv=None) -> list[dict]:
                 else:  # no DeepGEMM: check against torch instead
                     c_ref = torch_reference(a, a_s, w, s, lay.m_indices_Mp[:mp])
                 tiles = VARIANTS[args.quant] if args.variants else [(t, {}) for t in CONFIGS[args.quant][: args.configs]]
+                if args.variants and args.variant is not None:
+                    tiles = tiles[args.variant : args.variant + 1]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)
@@ -181,7 +186,7 @@ def main(argv=None) -> list[dict]:
                         label += "".join(f" {k}={v}" for k, v in extra.items())
                         c = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
                         fn = lambda: contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
-                                                         num_programs=progs if progs else 1 << 30)
+                                                         num_programs=progs if progs else 1 << 30, rows_in_use=lay.num_post)
                         try:
                             fn()
                             if dev.type == "cuda":

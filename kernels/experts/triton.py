@@ -141,4 +141,4 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
 
     @staticmethod
     def _contiguous_gemm(a, a_s, w, w_s, out, layout):
-        contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp)
+        contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, rows_in_use=layout.num_post)

@@ -153,11 +153,11 @@ def variants(quick: bool):
         bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
         types = dict(a_desc=f"tensordesc<{dt}[{bm}, {bk}]>", b_desc=f"tensordesc<{dt}[{bn}, {bk}]>", c_ptr="*bf16",
                      as_ptr="*fp32" if scaled else "*i32", bs_ptr="*fp32" if scaled else "*i32", m_idx_ptr="*i32",
-                     Mp="i32", N="i32", num_programs="i32", tiles_per_program="i32", stride_cm="i32", stride_asm="i32",
+                     rows_ptr="*i32", Mp="i32", N="i32", num_programs="i32", tiles_per_program="i32", stride_cm="i32", stride_asm="i32",
                      stride_asg="i32", stride_bse="i32", stride_bsn="i32", stride_bsk="i32")
         out.append((f"contiguous_gemm {qname} {bm}x{bn}x{bk}", contiguous_gemm._contiguous_kernel, types,
                     dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, WS_INNER=False, WS_OUTER=False, LAG=False),
+                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=False, WS=False),
                     cfg["num_warps"], cfg["num_stages"]))
     return out
 

@@ -43,27 +43,42 @@ BF16_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=64, GROUP_SI
 
 
 @triton.jit
-def _scales(as_ptrs, bs_ptrs, k, stride_asg, stride_bsk, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-            GROUP_N: tl.constexpr):
-    """The multiplier of K tile k's partial product: [BLOCK_M, 1] (one weight scale per
-    tile) or [BLOCK_M, BLOCK_N]."""
-    g = (k * BLOCK_SIZE_K) // GROUP_N
-    a_s = tl.load(as_ptrs + g * stride_asg)
-    b_s = tl.load(bs_ptrs + g * stride_bsk)
-    if BLOCK_SIZE_N <= GROUP_N:
-        return (a_s * b_s)[:, None]
+def _tile_body(
+    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, expert, pid_m, pid_n, N,
+    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+    K: tl.constexpr, SCALED: tl.constexpr, GROUP_N: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    off_m = pid_m * BLOCK_SIZE_M
+    off_n = pid_n * BLOCK_SIZE_N
+    offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
+    b_row = expert * N + off_n
+    e64 = expert.to(tl.int64)
+    if BLOCK_SIZE_N <= GROUP_N:  # one weight scale per K group
+        bs_ptrs = bs_ptr + e64 * stride_bse + (off_n // GROUP_N) * stride_bsn
     else:
-        return a_s[:, None] * b_s[None, :]
-
-
-@triton.jit
-def _operands(a_desc, b_desc, off_m, b_row, k, BLOCK_SIZE_K: tl.constexpr, INTERPRET: tl.constexpr):
-    a = a_desc.load([off_m, k * BLOCK_SIZE_K])
-    b = b_desc.load([b_row, k * BLOCK_SIZE_K])
-    if INTERPRET:  # the interpreter's dot takes no fp8
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return a, b
+        bs_ptrs = bs_ptr + e64 * stride_bse + ((off_n + tl.arange(0, BLOCK_SIZE_N)) // GROUP_N) * stride_bsn
+    as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, K // BLOCK_SIZE_K):
+        a = a_desc.load([off_m, k * BLOCK_SIZE_K])
+        b = b_desc.load([b_row, k * BLOCK_SIZE_K])
+        if INTERPRET:  # the interpreter's dot takes no fp8
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if SCALED:
+            g = (k * BLOCK_SIZE_K) // GROUP_N
+            a_s = tl.load(as_ptrs + g * stride_asg)
+            b_s = tl.load(bs_ptrs + g * stride_bsk)
+            if BLOCK_SIZE_N <= GROUP_N:
+                acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+            else:
+                acc += tl.dot(a, b.T) * a_s[:, None] * b_s[None, :]
+        else:
+            acc = tl.dot(a, b.T, acc=acc)
+    offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
 
 
 @triton.jit
@@ -72,9 +87,10 @@ def _tile(
     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
     K: tl.constexpr, SCALED: tl.constexpr, GROUP_N: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, WS_INNER: tl.constexpr, LAG: tl.constexpr, INTERPRET: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, CHECK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] output tile (skipped where its first row is padding)."""
+    """One [BLOCK_M, BLOCK_N] output tile of the GROUP_SIZE_M-swizzled order; with CHECK
+    skipped where its first row is padding (without, every tile walked has a valid first row)."""
     num_in_group = GROUP_SIZE_M * num_pid_n
     group_id = tile // num_in_group
     first_m = group_id * GROUP_SIZE_M
@@ -82,43 +98,15 @@ def _tile(
     pid_m = first_m + (tile % num_in_group) % group_m
     pid_n = (tile % num_in_group) // group_m
     expert = tl.load(m_idx_ptr + pid_m * BLOCK_SIZE_M)
-    if expert >= 0:
-        off_m = pid_m * BLOCK_SIZE_M
-        off_n = pid_n * BLOCK_SIZE_N
-        offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
-        b_row = expert * N + off_n
-        e64 = expert.to(tl.int64)
-        if BLOCK_SIZE_N <= GROUP_N:  # one weight scale per K group
-            bs_ptrs = bs_ptr + e64 * stride_bse + (off_n // GROUP_N) * stride_bsn
-        else:
-            bs_ptrs = bs_ptr + e64 * stride_bse + ((off_n + tl.arange(0, BLOCK_SIZE_N)) // GROUP_N) * stride_bsn
-        as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm
-        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        KT: tl.constexpr = K // BLOCK_SIZE_K
-        if SCALED and LAG:
-            # the promotion of tile k-1's partial product is issued after tile k's MMA, so
-            # the two can overlap (DeepGEMM overlaps them across two math warpgroups)
-            a, b = _operands(a_desc, b_desc, off_m, b_row, 0, BLOCK_SIZE_K, INTERPRET)
-            prev = tl.dot(a, b.T)
-            s_prev = _scales(as_ptrs, bs_ptrs, 0, stride_asg, stride_bsk, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_N)
-            for k in tl.range(1, KT, warp_specialize=WS_INNER):
-                a, b = _operands(a_desc, b_desc, off_m, b_row, k, BLOCK_SIZE_K, INTERPRET)
-                cur = tl.dot(a, b.T)
-                acc += prev * s_prev
-                prev = cur
-                s_prev = _scales(as_ptrs, bs_ptrs, k, stride_asg, stride_bsk, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_N)
-            acc += prev * s_prev
-        else:
-            for k in tl.range(0, KT, warp_specialize=WS_INNER):
-                a, b = _operands(a_desc, b_desc, off_m, b_row, k, BLOCK_SIZE_K, INTERPRET)
-                if SCALED:
-                    s = _scales(as_ptrs, bs_ptrs, k, stride_asg, stride_bsk, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_N)
-                    acc += tl.dot(a, b.T) * s
-                else:
-                    acc = tl.dot(a, b.T, acc=acc)
-        offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
-        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-        tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty, INTERPRET), mask=(offs_n < N)[None, :])
+    if CHECK:
+        if expert >= 0:
+            _tile_body(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, expert, pid_m, pid_n, N,
+                       stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+                       K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, INTERPRET)
+    else:
+        _tile_body(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, expert, pid_m, pid_n, N,
+                   stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+                   K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, INTERPRET)
 
 
 @triton.jit
@@ -129,6 +117,7 @@ def _contiguous_kernel(
     as_ptr,  # a_scale: (row, g) at row * stride_asm + g * stride_asg
     bs_ptr,  # w_scale [E, N/128, G]
     m_idx_ptr,  # [Mp] int32
+    rows_ptr,  # [1] int32: rows in use (every expert's segment), read with BOUNDED
     Mp,
     N,
     num_programs,
@@ -147,18 +136,20 @@ def _contiguous_kernel(
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     INTERPRET: tl.constexpr,
-    WS_INNER: tl.constexpr = False,  # warp-specialize the K loop (Triton's automatic WS)
-    WS_OUTER: tl.constexpr = False,  # warp-specialize the persistent tile loop
-    LAG: tl.constexpr = False,  # fp8: promote tile k-1's partial product after tile k's MMA
+    BOUNDED: tl.constexpr = False,  # walk only the row tiles in use (BLOCK_SIZE_M == ALIGN)
+    WS: tl.constexpr = False,  # BOUNDED, the tile loop warp-specialized (Triton's automatic WS)
 ):
-    num_pid_m = tl.cdiv(Mp, BLOCK_SIZE_M)
+    if BOUNDED:  # segments are ALIGN-padded: every tile below the rows in use starts with a valid row
+        num_pid_m = tl.cdiv(tl.load(rows_ptr), BLOCK_SIZE_M)
+    else:
+        num_pid_m = tl.cdiv(Mp, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     num_tiles = num_pid_m * num_pid_n
-    if WS_OUTER and not INTERPRET:  # (the interpreter walks the same tiles below)
+    if WS and not INTERPRET:  # (the interpreter walks the same tiles below)
         for tile in tl.range(tl.program_id(0), num_tiles, num_programs, warp_specialize=True):
             _tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, tile, num_pid_m, num_pid_n, N,
                   stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                  K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, False, LAG, INTERPRET)
+                  K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, False, INTERPRET)
     else:
         i = 0
         while i < tiles_per_program:  # (the interpreter takes no range() over runtime values)
@@ -167,7 +158,7 @@ def _contiguous_kernel(
             if tile < num_tiles:  # the last pass of some programs has no tile (and group_m would be 0)
                 _tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, tile, num_pid_m, num_pid_n, N,
                       stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                      K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, WS_INNER, LAG,
+                      K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, not BOUNDED,
                       INTERPRET)
 
 
@@ -195,12 +186,15 @@ def contiguous_gemm(
     m_indices: torch.Tensor,
     config: dict | None = None,
     num_programs: int | None = None,
+    rows_in_use: Optional[torch.Tensor] = None,
 ) -> None:
     """c [Mp, N] = per-row-expert grouped GEMM of a [Mp, K] with w [E, N, K] (see module doc):
     fp8 with a_scale / w_scale, or bf16 with both None.
 
     num_programs caps the persistent grid (default: the SM count; the interpreter
-    runs one program per tile)."""
+    runs one program per tile). rows_in_use: int32 [1] on the device, the rows of every
+    expert's segment (the layout's num_post); config BOUNDED=True walks only their tiles
+    (BLOCK_SIZE_M must be ALIGN), WS=True also warp-specializes the tile loop (issue #35)."""
     scaled = a_scale is not None
     assert scaled == (w_scale is not None), "fp8 needs both scales, bf16 neither"
     Mp, K = a.shape
@@ -217,6 +211,9 @@ def contiguous_gemm(
     if scaled:
         assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), \
             (a_scale.shape, w_scale.shape)
+    ws = bool(cfg.get("WS", False))
+    bounded = ws or bool(cfg.get("BOUNDED", False))
+    assert not bounded or (rows_in_use is not None and bm == ALIGN), "BOUNDED / WS: rows_in_use and 128-row tiles"
     if Mp == 0:
         return
     tiles = (Mp // bm) * (N // bn)
@@ -230,10 +227,9 @@ def contiguous_gemm(
     a_strides = tuple(a_scale.stride()) if scaled else (0, 0)
     w_strides = tuple(w_scale.stride()) if scaled else (0, 0, 0)
     launch(_contiguous_kernel, grid,
-        a_desc, b_desc, c, a_s, w_s, m_indices,
+        a_desc, b_desc, c, a_s, w_s, m_indices, rows_in_use if bounded else m_indices,
         Mp, N, grid[0], cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
         K=K, SCALED=scaled, GROUP_N=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-        INTERPRET=_INTERPRET, WS_INNER=cfg.get("WS", "") == "inner", WS_OUTER=cfg.get("WS", "") == "outer",
-        LAG=bool(cfg.get("LAG", False)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        INTERPRET=_INTERPRET, BOUNDED=bounded, WS=ws, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -59,6 +59,7 @@ class ContiguousLayout:
     ends_E: torch.Tensor  # psum layout: end row of each expert's pairs
     counts_B: torch.Tensor  # valid (leading) rows of each A-row block
     inv_R: torch.Tensor  # slot of each local pair (unwritten for pairs of other ranks)
+    num_post: torch.Tensor  # [1]: rows in use, every expert's segment (the tiles past it are padding)
 
 
 @triton.jit
@@ -176,7 +177,7 @@ def permute_contiguous(
             QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND,
             num_warps=4,
         )
-    return ContiguousLayout(num_rows=mp, m_indices_Mp=m_idx, ends_E=ends, counts_B=counts, inv_R=inv)
+    return ContiguousLayout(num_rows=mp, m_indices_Mp=m_idx, ends_E=ends, counts_B=counts, inv_R=inv, num_post=num_post)
 
 
 @triton.jit
