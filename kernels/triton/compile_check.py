@@ -159,8 +159,9 @@ def variants(quick: bool):
                      rows_ptr="*i32", Mp="i32", N="i32", num_programs="i32", tiles_per_program="i32", stride_cm="i32",
                      stride_asm="i32", stride_asg="i32", stride_bse="i32", stride_bsn="i32", stride_bsk="i32")
         name = f"contiguous_gemm {qname} {bm}x{bn}x{bk}" + (" WS" if ws else "")
-        out.append((name, contiguous_gemm._contiguous_kernel, types, dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                                GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=ws, WS=ws),
+        out.append((name, contiguous_gemm._contiguous_kernel, types,
+                    dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=ws, WS=ws),
                     cfg["num_warps"], cfg["num_stages"]))
     return out
 
