@@ -169,3 +169,15 @@ def test_host_python_script_refuses_bad_counts():
     import host_python
 
     assert host_python.main(["--number", "0"]) == 2
+
+
+def test_hold_bias_script_refuses_bad_arguments_and_a_machine_without_a_gpu():
+    import hold_bias
+
+    assert hold_bias.main(["--modes", "held,nope"]) == 2
+    assert hold_bias.main(["--n", "100"]) == 2
+    assert hold_bias.main(["--pairs", "1"]) == 2
+    import torch
+
+    if not torch.cuda.is_available():  # CI: it compares two GPU timers, so it must refuse, not run
+        assert hold_bias.main([]) == 2

@@ -1,0 +1,118 @@
+"""Does the hold before each sample move a short kernel's time? (tests/gpu/test_pipeline_gpu.py's
+timing-agreement test: moebench has read a ~220 µs Triton GEMM 3-5 % above do_bench in about half
+of its runs since session 5, against its 5 % tolerance.)
+
+moebench times each sample after an L2 flush and a hold (a one-thread spin, torch.cuda._sleep,
+sized to the host's enqueue); do_bench flushes and launches back to back. This times the test's
+GEMM both ways in pairs (the order alternating, each do_bench window as long as the moebench set
+beside it), with moebench's hold as it is, with none, and with a long one, and prints each mode's
+median ratio of the pairs: a ratio that follows the hold says the spin (or the GPU's idle SMs
+during it) slows the sample that follows; one that does not points elsewhere.
+
+  held      time_samples as the test calls it (the hold from the measured host enqueue)
+  unheld    hold_us=inf: no spin (this GEMM's enqueue, ~30 µs, is far shorter than its GPU time)
+  long      hold_us=400: a ~520 µs spin before every sample
+
+    python benchmarks/hold_bias.py [--modes held,unheld,long] [--pairs 12] [--n 4096] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+MODES = {"held": None, "unheld": float("inf"), "long": 400.0}
+
+
+def gemm(n: int):
+    """The test's Triton GEMM (128 x 128 x 64 tiles, 8 warps, 3 stages) on n x n bf16."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def matmul(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K, BK):
+            x = tl.load(a + rm[:, None] * K + (k + rk)[None, :])
+            y = tl.load(b + (k + rk)[:, None] * N + rn[None, :])
+            acc += tl.dot(x, y)
+        tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
+
+    dev = torch.device("cuda", 0)
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    return lambda: matmul[(n // 128, n // 128)](a, b, c, n, n, n, 128, 128, 64, num_warps=8, num_stages=3)
+
+
+def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]]:
+    """(moebench median µs, do_bench median µs) pairs, the order alternating."""
+    from triton.testing import do_bench
+
+    from moebench.measure import timing
+
+    out = []
+    window_ms = 5.0
+    for i in range(count):
+        if i % 2:
+            ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3
+        ours = timing.time_samples(fn, dev, reps=60, warmup=10, flush=flush, warmup_ms=50, hold_us=MODES[mode])
+        window_ms = max(5.0, 60 * ours.median * 1e-3)
+        if not i % 2:
+            ref = do_bench(fn, warmup=10, rep=window_ms, return_mode="median") * 1e3
+        out.append((ours.median, ref))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", default="held,unheld,long", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--pairs", type=int, default=12, help="moebench / do_bench pairs per mode and round")
+    ap.add_argument("--rounds", type=int, default=2, help="the modes in turn, this many times")
+    ap.add_argument("--n", type=int, default=4096, help="the GEMM's M = N = K (a multiple of 128)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes or args.pairs < 2 or args.rounds < 1 or args.n < 128 or args.n % 128:
+        print(f"hold_bias: bad arguments (modes {bad or modes}, pairs >= 2, rounds >= 1, n a multiple of 128)",
+              file=sys.stderr)
+        return 2
+    import torch
+    from triton.testing import do_bench
+
+    if not torch.cuda.is_available():
+        print("hold_bias: needs a CUDA GPU (it compares two GPU timers)", file=sys.stderr)
+        return 2
+    from moebench.measure import timing
+
+    dev = torch.device("cuda", 0)
+    fn = gemm(args.n)
+    flush = timing.L2Flusher(dev)
+    do_bench(fn, warmup=10, rep=2000)  # 2 s of load first, as the test (past the clock's first drop)
+    result: dict = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for m in modes:
+            got = pairs_for(fn, m, args.pairs, flush, dev)
+            result[m].extend(got)
+            ratios = [o / d for o, d in got]
+            print(f"round {r} {m:7} ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
+                  f"{max(ratios):.3f}); moebench {statistics.median(o for o, _ in got):.1f} µs, do_bench "
+                  f"{statistics.median(d for _, d in got):.1f} µs", flush=True)
+    for m in modes:
+        ratios = [o / d for o, d in result[m]]
+        print(f"{m:7} pooled ratio median {statistics.median(ratios):.3f} over {len(ratios)} pairs")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({m: [{"moebench_us": o, "do_bench_us": d} for o, d in v] for m, v in result.items()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
