@@ -15,7 +15,13 @@ bf16, no scales, c[r] = a[r] . w[e(r)] (timed against DeepGEMM's bf16 GEMM by
 benchmarks/triton_fp8_contiguous.py).
 
 Tiles are walked by a persistent grid (at most one program per SM) in
-GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2.
+GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2. Two opt-in
+options (issue #35, to be measured before they become defaults): BOUNDED walks only the
+row tiles below the layout's rows in use (`rows_in_use`, the alignment's num_post: with
+128-row tiles every one of them starts on a valid row, so no padding branch; an EP share
+skips the ~7/8 of the upper bound that is padding), WS also warp-specializes that loop
+(Triton's Hopper pass, 4 warps: a TMA producer and two math warp groups). With the padding
+branch inside it, the warp-specialized loop deadlocked on an H200 (docs/findings/triton-vs-deepgemm.md).
 
 Legend: Mp padded rows, N output columns, K reduction dim (multiple of 128),
 E experts, G = K / 128 scale groups.
