@@ -27,6 +27,18 @@ from .launch import launch
 
 
 @triton.jit
+def _scatter_pairs(ids_ptr, meta_ptr, sorted_ids_ptr, offs, num_pairs, num_experts):
+    """Each local pair of `offs` into its expert's next slot (the cursor in meta advances by
+    atomics: the order inside an expert is not deterministic)."""
+    in_range = offs < num_pairs
+    ids = tl.load(ids_ptr + offs, mask=in_range, other=-1)
+    keep = in_range & (ids >= 0) & (ids < num_experts)
+    expert = tl.where(keep, ids, 0).to(tl.int32)
+    slot = tl.atomic_add(meta_ptr + expert, 1, mask=keep, sem="relaxed")
+    tl.store(sorted_ids_ptr + slot, offs, mask=keep)
+
+
+@triton.jit
 def _align_count_kernel(
     ids_ptr,  # [R] local expert ids, -1 = not local
     meta_ptr,  # int32 [3E + 1]: cursor[E], pad_lo[E], pad_hi[E], num_tokens_post_padded
@@ -75,13 +87,7 @@ def _align_count_kernel(
         tl.debug_barrier()  # the cursors stored above are what the atomics below advance
         start = 0
         while start < num_pairs:
-            offs = start + tl.arange(0, CHUNK)
-            in_range = offs < num_pairs
-            ids = tl.load(ids_ptr + offs, mask=in_range, other=-1)
-            keep = in_range & (ids >= 0) & (ids < num_experts)
-            expert = tl.where(keep, ids, 0).to(tl.int32)
-            slot = tl.atomic_add(meta_ptr + expert, 1, mask=keep, sem="relaxed")
-            tl.store(sorted_ids_ptr + slot, offs, mask=keep)
+            _scatter_pairs(ids_ptr, meta_ptr, sorted_ids_ptr, start + tl.arange(0, CHUNK), num_pairs, num_experts)
             start += CHUNK
         # every expert's padding rows [starts + counts, ends) get the sentinel num_pairs
         pad_lo = starts + counts
@@ -104,13 +110,7 @@ def _align_scatter_kernel(
 ):
     pid = tl.program_id(0)
     if pid < num_pair_programs:
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        in_range = offs < num_pairs
-        ids = tl.load(ids_ptr + offs, mask=in_range, other=-1)
-        keep = in_range & (ids >= 0) & (ids < num_experts)
-        expert = tl.where(keep, ids, 0).to(tl.int32)
-        slot = tl.atomic_add(meta_ptr + expert, 1, mask=keep, sem="relaxed")
-        tl.store(sorted_ids_ptr + slot, offs, mask=keep)
+        _scatter_pairs(ids_ptr, meta_ptr, sorted_ids_ptr, pid * BLOCK + tl.arange(0, BLOCK), num_pairs, num_experts)
     else:
         # one program per expert writes the sentinel into its padding rows
         pad_expert = pid - num_pair_programs
