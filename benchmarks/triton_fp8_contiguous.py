@@ -130,6 +130,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
+    if args.variant is not None and not (args.variants and 0 <= args.variant < len(VARIANTS[args.quant])):
+        n = len(VARIANTS[args.quant])
+        ap.error(f"--variant needs --variants and an index in [0, {n}) for --quant {args.quant}")
     dev = torch.device(args.device)
     try:
         import deep_gemm

@@ -49,7 +49,8 @@ def quant_and_localize(hidden_TK: torch.Tensor, topk_ids_MP: torch.Tensor, quant
         from ..triton.quant import group_quant_and_localize
 
         assert quant is not None  # (fuses_quant_and_localize)
-        return group_quant_and_localize(hidden_TK.contiguous(), quant.block_k, topk_ids_MP, first, num_local)
+        x = hidden_TK if hidden_TK.stride(-1) == 1 else hidden_TK.contiguous()  # (any row stride)
+        return group_quant_and_localize(x, quant.block_k, topk_ids_MP, first, num_local)
     x, scale = quant_activations(hidden_TK, quant)
     return x, scale, localize_ids(topk_ids_MP, first, num_local, num_experts)
 

@@ -20,7 +20,7 @@ import sys
 # unit strides: a launch specializes integer args equal to 1 into constants
 _UNIT = dict(stride_ak=1, stride_bk=1, stride_cn=1)
 # pointer / stride args that a real launch would see 16-divisible (unit strides excluded)
-_DIV16_EXCLUDE = ("_ak", "_bk", "_cn", "_ask", "_bsk", "_bsn", "_asm", "_bse", "_sg")
+_DIV16_EXCLUDE = ("_ak", "_bk", "_cn", "_ask", "_bsk", "_bsn", "_asm", "_bse", "_sg", "rows_ptr")
 
 
 def _compile(fn, types: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3):

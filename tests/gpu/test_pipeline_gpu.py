@@ -77,7 +77,9 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     from moebench.measure.layer import build_layer
     from moebench.measure.workload import make_inputs
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
     from hold_bias import gemm as make_gemm  # the same GEMM benchmarks/hold_bias.py times
 
     gemm, a, b, c = make_gemm(4096)

@@ -239,13 +239,15 @@ def test_row_layout_choice():
     (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128), 5, "bf16"),
     # issue #35's variants: only the row tiles in use walked (BOUNDED; WS walks them too, but
     # warp-specialized only when compiled: the interpreter takes BOUNDED's loop)
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BOUNDED=True), 3, "fp8_block"),
+    # (M = 160: expert 3 gets more than 128 pairs, so its segment has a second row tile)
+    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BOUNDED=True, M=160), 3, "fp8_block"),
     (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, WS=True), None, "fp8_block"),
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BOUNDED=True), 5, "bf16"),
+    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BOUNDED=True, M=160), 5, "bf16"),
 ])
 def test_contiguous_gemm(cfg, programs, quant):
     g = torch.Generator().manual_seed(3)
-    M, Kc, N, Ec = 40, 256, 256, 4
+    cfg = dict(cfg)
+    M, Kc, N, Ec = cfg.pop("M", 40), 256, 256, 4
     x = torch.randn(M, Kc, generator=g).to(torch.bfloat16).to(DEV)
     ids = torch.randint(0, Ec, (M, P), generator=g, dtype=torch.int32)
     ids[ids == 2] = 3  # expert 2 gets no row
@@ -274,7 +276,10 @@ def test_contiguous_gemm(cfg, programs, quant):
     ref = torch.einsum("rk,rnk->rn", af[valid], wf[rows[valid]])
     assert rel_err(c[valid], ref) < 1e-2
     used = int(lay.num_post)  # every expert's segment, 128-padded; the rows past it untouched
-    assert used % 128 == 0 and bool(valid[:used].any()) and not bool(valid[used:].any())
+    # BOUNDED's premise: every 128-row tile below the rows in use starts on a valid row
+    assert used % 128 == 0 and bool(valid[0:used:128].all()) and not bool(valid[used:].any())
+    if M > 128:
+        assert int(rows[valid].bincount().max()) > 128  # an expert with two row tiles
     assert c[used:].isnan().all()  # padding tiles: skipped (CHECK) or never walked (BOUNDED)
 
 

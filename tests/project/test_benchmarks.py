@@ -181,3 +181,14 @@ def test_hold_bias_script_refuses_bad_arguments_and_a_machine_without_a_gpu():
 
     if not torch.cuda.is_available():  # CI: it compares two GPU timers, so it must refuse, not run
         assert hold_bias.main([]) == 2
+
+
+def test_contiguous_gemm_benchmark_refuses_a_variant_it_does_not_have():
+    """A wrong --variant must not run nothing and exit 0 (a shell loop would read a pass)."""
+    import triton_fp8_contiguous as bench
+
+    for argv in (["--variants", "--variant", str(len(bench.VARIANTS["fp8_block"]))], ["--variants", "--variant", "-1"],
+                 ["--variant", "0"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--device", "cpu", "--models", "tiny", *argv])
+        assert e.value.code == 2, argv
