@@ -16,7 +16,7 @@ maps to a binary compiled for other arguments:
   descriptor   base dtype, block shape, padding, rank      (tensordesc<dtype[block]>)
   constexpr    the value and its type (False == 0 in Python, not in Triton's key)
 plus the launch options (num_warps, num_stages, ...) and the device. Per call site
-(positional count, keyword names in order: `_Site`) the key is built flat (`site_key`): the
+(positional count, keyword names in order: `_Site`) the key is built flat (`site_key_args`): the
 keywords' values and types, the positional arguments as above, no per-parameter binding;
 the constexprs' and defaults' values a key implies are kept with its binary (on the CPU,
 launch stubbed: ~9.5 -> ~6 µs a fused_moe_kernel launch, results/host_python). A site with
@@ -226,7 +226,7 @@ OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_f
 
 class _Site:
     """One call signature of a kernel: how many positional arguments, which keywords in which
-    order. `ok` where the site key (site_key) applies: the positional arguments are runtime
+    order. `ok` where the site key (site_key_args) applies: the positional arguments are runtime
     parameters, every keyword a constexpr parameter or a launch option, every parameter not
     given has a default. `tail`: the parameters after the positional ones, each as
     (keyword name, default) — their values follow from the key's keyword values."""
@@ -251,7 +251,7 @@ class _Site:
 
 
 class _NotKeyed(Exception):
-    """An argument site_key cannot key: the generic path."""
+    """An argument site_key_args cannot key: the generic path."""
 
 
 def _other_key(a: Any) -> Any:
@@ -264,19 +264,15 @@ def _other_key(a: Any) -> Any:
 _Tensor = torch.Tensor
 
 
-def site_key(device: Any, args: tuple, kwargs: dict) -> tuple:
-    """The key of one launch at a site (_Site.ok), as fine as spec_key's: the device, the
-    keywords' values and types (in the site's fixed order), each positional argument as arg_key
-    keys it (ints by value, tensors by dtype, alignment, and is_cuda). Raises TypeError (an
-    unhashable keyword value, at the look-up) or _NotKeyed."""
-    return site_key_args(device, args, kwargs)[0]
-
-
 def site_key_args(device: Any, args: tuple, kwargs: dict) -> tuple[tuple, list]:
-    """(site_key, the positional arguments for the launcher: each tensor as its data_ptr() int,
-    read once for both). Triton's launcher takes an int for a pointer as it is; a tensor costs
-    it a data_ptr() call and a cuPointerGetAttribute check (issue #34). CPU tensors key apart
-    (`is_cuda`) and reach the launcher as tensors: its check stays theirs."""
+    """(the key of one launch at a site (_Site.ok), as fine as spec_key's: the device, the
+    keywords' values and types (in the site's fixed order), each positional argument as arg_key
+    keys it (ints by value, tensors by dtype, alignment, and is_cuda); the positional arguments
+    for the launcher: each tensor as its data_ptr() int, read once for both). Raises TypeError
+    (an unhashable keyword value, at the look-up) or _NotKeyed. Triton's launcher takes an int
+    for a pointer as it is; a tensor costs it a data_ptr() call and a cuPointerGetAttribute check
+    (issue #34). CPU tensors key apart (`is_cuda`) and reach the launcher as tensors: its check
+    stays theirs."""
     vals = kwargs.values()
     key: list = [device, *vals, *map(type, vals)]
     out: list = []
@@ -297,7 +293,7 @@ def site_key_args(device: Any, args: tuple, kwargs: dict) -> tuple[tuple, list]:
 
 def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """fn[grid](*args, **kwargs), through the compiled handle where the key allows (module doc).
-    Per call site (positional count, keyword names) the key is site_key's; a site it does not
+    Per call site (positional count, keyword names) the key is site_key_args'; a site it does not
     fit takes spec_key's (bind)."""
     if _enabled is None:
         enabled()

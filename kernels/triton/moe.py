@@ -83,15 +83,16 @@ def input_quant_bytes(rows: int, K: int, quant) -> int:
     return n
 
 
-def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_num_tokens=None, limit: int = -1):
+def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_num_tokens=None,
+                    limit: Optional[int] = None):
     """bf16 activations -> fp8 (+ scales) when the dispatch did not carry fp8.
-    Written into the first bytes of the contiguous tensor `space` (at most `limit` of them, all
-    where -1) when they are enough, else into new tensors."""
+    Written into the first bytes of the contiguous tensor `space` (at most `limit` of them;
+    None: all) when they are enough, else into new tensors."""
     shape = x.shape
     K = shape[-1]
     rows = x.numel() // K if K else 0
     need = input_quant_bytes(rows, K, quant)
-    if space is not None and (_nbytes(space) if limit < 0 else limit) >= need:
+    if space is not None and (_nbytes(space) if limit is None else limit) >= need:
         xq = ws_view(space, 0, shape, FP8_DTYPE)
         xs = ws_view(space, align16(rows * K), (*shape[:-1], K // quant.block_k), torch.float32) if quant.is_block else None
     else:
@@ -177,11 +178,9 @@ def fused_moe_standard(
     numel = standard_scratch_numel(M, P, E, bm)
     # the experts' ws2 holds it past the activation (standard_ws2_tail_rows); a caller's smaller ws2 does not
     scratch = _ws2_scratch(ws2, R, N // 2, numel)
+    limit = None if scratch is None else 2 * R * (N // 2)  # the fp8 input stays clear of a tail scratch
     if scratch is None:
         scratch = torch.empty(numel, dtype=torch.int32, device=x.device)
-        limit = -1
-    else:
-        limit = 2 * R * (N // 2)  # the fp8 input stays clear of the scratch
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids_MP, E, bm, scratch)
     fscratch = scratch[-4:].view(torch.float32)
     mode = quant_mode(quant)

@@ -246,7 +246,7 @@ def test_site_key_partitions_like_spec_key():
     plan = fl._Plan(_FakeJit())
     calls = [((a, n), dict(BLOCK=b, num_warps=w)) for a in _samples() for n in (1, 5, 16, True)
              for b in (64, 64.0, True, 1) for w in (4, 8)]
-    site = [fl.site_key(0, args, kw) for args, kw in calls]
+    site = [fl.site_key_args(0, args, kw)[0] for args, kw in calls]
     spec = [fl.spec_key(plan, *fl.bind(plan, args, kw)) for args, kw in calls]
     for i, j in itertools.combinations(range(len(calls)), 2):
         assert (site[i] == site[j]) == (spec[i] == spec[j]), (calls[i], calls[j])
@@ -261,7 +261,7 @@ def test_site_key_distinguishes_what_triton_does():
     x = torch.empty(16)
 
     def k(*args, **kw):
-        return fl.site_key(0, args, kw)
+        return fl.site_key_args(0, args, kw)[0]
 
     key = k(x, 32, BLOCK=64, num_warps=4)
     assert k(torch.empty(32), 32, BLOCK=64, num_warps=4) == key  # another tensor of the same specialization
@@ -270,7 +270,7 @@ def test_site_key_distinguishes_what_triton_does():
     assert k(x, 32, BLOCK=64.0, num_warps=4) != key  # 64 == 64.0 in Python, not in Triton
     assert k(x, True, BLOCK=64, num_warps=4) != k(x, 1, BLOCK=64, num_warps=4)
     assert k(x[1:], 32, BLOCK=64, num_warps=4) != key and k(x.double(), 32, BLOCK=64, num_warps=4) != key
-    assert fl.site_key(1, (x, 32), dict(BLOCK=64, num_warps=4)) != key  # another device
+    assert fl.site_key_args(1, (x, 32), dict(BLOCK=64, num_warps=4))[0] != key  # another device
     # the launch arguments beside the key: a CPU tensor as itself (the launcher's check stays its
     # own: pinned memory passes the JIT's), a CUDA one as its data_ptr() int (the GPU tests)
     key2, launch_args = fl.site_key_args(0, (x, 32, None), dict(BLOCK=64, num_warps=4))
