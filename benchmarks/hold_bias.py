@@ -12,6 +12,8 @@ during it) slows the sample that follows; one that does not points elsewhere.
   held      time_samples as the test calls it (the hold from the measured host enqueue)
   unheld    hold_us=inf: no spin (this GEMM's enqueue, ~30 µs, is far shorter than its GPU time)
   long      hold_us=400: a ~520 µs spin before every sample
+  busy      no spin: the hold's time filled with more L2 flushes (memory-bound work on every
+            SM), so the GPU is as busy before each sample as do_bench keeps it
 
     python benchmarks/hold_bias.py [--modes held,unheld,long] [--pairs 12] [--n 4096] [--json OUT.json]
 """
@@ -22,7 +24,7 @@ import json
 import statistics
 import sys
 
-MODES = {"held": None, "unheld": float("inf"), "long": 400.0}
+MODES = {"held": None, "unheld": float("inf"), "long": 400.0, "busy": float("inf")}
 
 
 def gemm(n: int):
@@ -52,12 +54,27 @@ def gemm(n: int):
     return lambda: matmul[(n // 128, n // 128)](a, b, c, n, n, n, 128, 128, 64, num_warps=8, num_stages=3), a, b, c
 
 
+def busy_flush(fn, flush, dev):
+    """The flush repeated to cover the hold moebench would spin for fn (busy mode), and the count."""
+    import math
+
+    from moebench.measure import timing
+
+    hold_us = 1.25 * timing.host_enqueue_us(fn, dev) + 20.0
+    flush_us = timing.back_to_back_us(flush, dev, 20)
+    k = 1 + math.ceil(hold_us / flush_us)
+    print(f"busy: hold {hold_us:.0f} µs, flush {flush_us:.0f} µs -> {k} flushes before each sample", flush=True)
+    return (lambda: [flush() for _ in range(k)]), k
+
+
 def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]]:
     """(moebench median µs, do_bench median µs) pairs, the order alternating."""
     from triton.testing import do_bench
 
     from moebench.measure import timing
 
+    if mode == "busy":
+        flush = busy_flush(fn, flush, dev)[0]
     out = []
     window_ms = 5.0
     for i in range(count):
@@ -73,7 +90,7 @@ def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="held,unheld,long", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--modes", default="held,unheld,long,busy", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--pairs", type=int, default=12, help="moebench / do_bench pairs per mode and round")
     ap.add_argument("--rounds", type=int, default=2, help="the modes in turn, this many times")
     ap.add_argument("--n", type=int, default=4096, help="the GEMM's M = N = K (a multiple of 128)")
