@@ -1,21 +1,21 @@
 """Does the hold before each sample move a short kernel's time? (tests/gpu/test_pipeline_gpu.py's
-timing-agreement test: moebench has read a ~220 µs Triton GEMM 3-5 % above do_bench in about half
-of its runs since session 5, against its 5 % tolerance.)
+timing-agreement test: moebench read a ~220 µs Triton GEMM 3-5 % above do_bench in about half
+of its runs from session 5 to 7, against its 5 % tolerance.)
 
-moebench times each sample after an L2 flush and a hold (a one-thread spin, torch.cuda._sleep,
-sized to the host's enqueue); do_bench flushes and launches back to back. This times the test's
-GEMM both ways in pairs (the order alternating, each do_bench window as long as the moebench set
-beside it), with moebench's hold as it is, with none, and with a long one, and prints each mode's
-median ratio of the pairs: a ratio that follows the hold says the spin (or the GPU's idle SMs
-during it) slows the sample that follows; one that does not points elsewhere.
+moebench times each sample after an L2 flush and a hold sized to the host's enqueue; do_bench
+flushes and launches back to back. This times the test's GEMM both ways in pairs (the order
+alternating, each do_bench window as long as the moebench set beside it) with each kind of hold
+and prints each mode's median ratio of the pairs. Measured on one H200 (session 8, 36 pairs a
+mode): behind a one-thread spin 1.032, a 520 µs spin 1.047, no hold 1.000, flushes 1.000, so
+moebench's hold became flushes (moebench/measure/timing.py: sample_start).
 
-  held      time_samples as the test calls it (the hold from the measured host enqueue)
-  unheld    hold_us=inf: no spin (this GEMM's enqueue, ~30 µs, is far shorter than its GPU time)
-  long      hold_us=400: a ~520 µs spin before every sample
-  busy      no spin: the hold's time filled with more L2 flushes (memory-bound work on every
-            SM), so the GPU is as busy before each sample as do_bench keeps it
+  held      time_samples as the test calls it: the hold as more flushes (moebench since session 8)
+  unheld    hold_us=inf: no hold (this GEMM's enqueue, ~30 µs, is far shorter than its GPU time)
+  long      hold_us=400: ~520 µs of flushes before every sample
+  spin      the hold a one-thread spin (torch.cuda._sleep) of the same length: moebench before
+  longspin  a ~520 µs spin
 
-    python benchmarks/hold_bias.py [--modes held,unheld,long] [--pairs 12] [--n 4096] [--json OUT.json]
+    python benchmarks/hold_bias.py [--modes held,unheld,spin] [--pairs 12] [--rounds 2] [--n 4096] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import json
 import statistics
 import sys
 
-MODES = {"held": None, "unheld": float("inf"), "long": 400.0, "busy": float("inf")}
+MODES = {"held": None, "unheld": float("inf"), "long": 400.0, "spin": None, "longspin": 400.0}
 
 
 def gemm(n: int):
@@ -54,17 +54,28 @@ def gemm(n: int):
     return lambda: matmul[(n // 128, n // 128)](a, b, c, n, n, n, 128, 128, 64, num_warps=8, num_stages=3), a, b, c
 
 
-def busy_flush(fn, flush, dev):
-    """The flush repeated to cover the hold moebench would spin for fn (busy mode), and the count."""
-    import math
+def spin_flush(flush):
+    """The flush followed by the hold as a one-thread spin (the spin modes): sample_start asks
+    the flusher how many flushes fill the hold; this one answers none and spins that long after
+    each flush instead."""
+    import torch
 
     from moebench.measure import timing
 
-    hold_us = 1.25 * timing.host_enqueue_us(fn, dev) + 20.0
-    flush_us = timing.back_to_back_us(flush, dev, 20)
-    k = 1 + math.ceil(hold_us / flush_us)
-    print(f"busy: hold {hold_us:.0f} µs, flush {flush_us:.0f} µs -> {k} flushes before each sample", flush=True)
-    return (lambda: [flush() for _ in range(k)]), k
+    class SpinAfterFlush(timing.L2Flusher):
+        def __init__(self):
+            self.buf, self._us, self.cycles = flush.buf, None, 0
+
+        def count_for(self, cycles: int) -> int:
+            self.cycles = cycles
+            return 0
+
+        def __call__(self) -> None:
+            self.buf.zero_()
+            if self.cycles:
+                torch.cuda._sleep(self.cycles)
+
+    return SpinAfterFlush()
 
 
 def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]]:
@@ -73,8 +84,8 @@ def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]
 
     from moebench.measure import timing
 
-    if mode == "busy":
-        flush = busy_flush(fn, flush, dev)[0]
+    if mode.endswith("spin"):
+        flush = spin_flush(flush)
     out = []
     window_ms = 5.0
     for i in range(count):
@@ -90,7 +101,7 @@ def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="held,unheld,long,busy", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--modes", default="held,unheld,spin", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--pairs", type=int, default=12, help="moebench / do_bench pairs per mode and round")
     ap.add_argument("--rounds", type=int, default=2, help="the modes in turn, this many times")
     ap.add_argument("--n", type=int, default=4096, help="the GEMM's M = N = K (a multiple of 128)")

@@ -31,7 +31,7 @@ class RankSync:
     (one rank, or no GPU)."""
 
     barrier: Optional[Callable[[], None]]
-    flush: Optional[Callable[[], None]]
+    flush: Optional[timing.L2Flusher]
     align: Optional[Callable[[], None]]
     agree: Optional[Callable[[float], float]]
     device: Optional[torch.device] = None  # where the samples run (a hold precedes each on a GPU)

@@ -52,13 +52,27 @@ class Samples:
 
 
 class L2Flusher:
-    """Writes a buffer larger than L2 so each sample starts with a cold cache."""
+    """Writes a buffer larger than L2 so each sample starts with a cold cache. Repeated, it
+    is also the hold's work (sample_start): memory-bound on every SM, so the GPU is as busy
+    before a sample as in a run of layers."""
 
     def __init__(self, device: torch.device):
         self.buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        self._us: Optional[float] = None
 
     def __call__(self) -> None:
         self.buf.zero_()
+
+    def us(self) -> float:
+        """One flush's GPU time (µs), measured once (20 back to back after one; syncs the device)."""
+        if self._us is None:
+            self()
+            self._us = back_to_back_us(self, self.buf.device, 20)
+        return self._us
+
+    def count_for(self, cycles: int) -> int:
+        """Flushes that keep the GPU busy for at least `cycles` of the spin clock."""
+        return math.ceil(cycles / (self.us() * _cycles_per_us(self.buf.device))) if cycles > 0 else 0
 
 
 def _sync(device: torch.device) -> None:
@@ -72,7 +86,7 @@ def time_samples(
     reps: int,
     warmup: int,
     barrier: Optional[Callable[[], None]] = None,
-    flush: Optional[Callable[[], None]] = None,
+    flush: Optional[L2Flusher] = None,
     align: Optional[Callable[[], None]] = None,
     graph: bool = False,
     warmup_ms: float = 0.0,
@@ -89,7 +103,7 @@ def time_interleaved(
     reps: int,
     warmup: int,
     barrier: Optional[Callable[[], None]] = None,
-    flush: Optional[Callable[[], None]] = None,
+    flush: Optional[L2Flusher] = None,
     align: Optional[Callable[[], None]] = None,
     graph: bool = False,
     warmup_ms: float = 0.0,
@@ -104,12 +118,13 @@ def time_interleaved(
     CPU: the monotonic clock around each call (after `barrier` on several ranks).
 
     GPU, one rank or several: CUDA events around each sample, and before each the
-    barrier (several ranks: all start together), the L2 flush, `align` (several
-    ranks: a one-element all-reduce on the GPU, so that the ranks' start events
-    fire together on the devices) and a **hold**: a spin kernel long enough for the
-    host to enqueue the whole callable before the GPU reaches the start event, so
-    the events time the GPU's work, never the host's launches (an eager MoE layer
-    takes the host 0.5-2 ms to enqueue, more than its GPU time at decode sizes).
+    barrier (several ranks: all start together), the L2 flush, a **hold**: GPU work
+    (more flushes; without a flush, a spin: sample_start) long enough for the host to
+    enqueue the whole callable before the GPU reaches the start event, so the events
+    time the GPU's work, never the host's launches (an eager MoE layer takes the host
+    0.5-2 ms to enqueue, more than its GPU time at decode sizes), then `align` (several
+    ranks: a one-element all-reduce on the GPU, so that the ranks' start events fire
+    together on the devices).
     The hold is `hold_us` of host enqueue time (the eager forward's, so that graph
     replays and eager samples see the same GPU duty cycle) or, without it, each
     callable's own (host_enqueue_us), times 1.25 plus 20 µs. A callable whose
@@ -280,18 +295,31 @@ def lead_cycles(fn, device, agree) -> int:
     return hold_cycles(us, device)
 
 
-def sample_start(barrier=None, flush=None, align=None, lead: int = 0) -> Callable[[], None]:
+def sample_start(barrier=None, flush: Optional[L2Flusher] = None, align=None, lead: int = 0) -> Callable[[], None]:
     """What precedes each GPU sample, outside its timing (timed, phase, profiler and trace
-    samples): the barrier, the L2 flush, the GPU alignment, then `lead` spin cycles of hold."""
+    samples): the barrier, the L2 flush, the hold of `lead` spin cycles, then the GPU
+    alignment (several ranks: whatever each rank's hold took, their start events fire
+    together).
+
+    The hold is busy work: with a flush, as many more flushes as fill `lead` cycles (at
+    least that long, L2Flusher.count_for). A one-thread spin (torch.cuda._sleep) leaves the
+    GPU nearly idle, and the sample after it ran slow: a ~220 µs Triton GEMM read 3.2 %
+    above do_bench behind the spin (4.7 % behind a 520 µs one) and 0.0 % behind flushes of
+    the same length (benchmarks/hold_bias.py, docs/findings/timing.md). Without a flush
+    (runner.l2_flush=false: more flushes would empty the cache the run keeps warm) the hold
+    is that spin."""
+    flushes = flush.count_for(lead) if flush is not None else 0
+
     def start() -> None:
         if barrier is not None:
             barrier()
         if flush is not None:
-            flush()
+            for _ in range(1 + flushes):
+                flush()
+        elif lead:
+            torch.cuda._sleep(lead)
         if align is not None:
             align()
-        if lead:
-            torch.cuda._sleep(lead)
 
     return start
 

@@ -30,7 +30,17 @@ class _Event:
         return False  # the GPU had not reached the sample's start when the host was done
 
 
-def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2) -> list:
+class _Flusher(timing.L2Flusher):
+    """An L2 flush that logs its calls and takes 50 µs of GPU time."""
+
+    def __init__(self, log: list):
+        self.log, self._us, self.buf = log, 50.0, type("Buf", (), {"device": CUDA})()
+
+    def __call__(self):
+        self.log.append(("flush",))
+
+
+def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2, flush: bool = False) -> list:
     """Run time_interleaved as one rank whose callable takes `host_s` of host time;
     `agree` answers `agreed` in turn (what the max over the ranks would be)."""
     log, clock = [], [0.0]
@@ -54,7 +64,7 @@ def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2) -> list:
 
     timing.time_interleaved([make(j) for j in range(fns)], CUDA, reps=3, warmup=2,
                             barrier=lambda: log.append(("barrier",)), align=lambda: log.append(("align",)),
-                            warmup_ms=50.0, agree=agree)
+                            flush=_Flusher(log) if flush else None, warmup_ms=50.0, agree=agree)
     assert not answers, "every agreed value was asked for"
     return log
 
@@ -70,12 +80,27 @@ def test_ranks_make_the_same_calls_whatever_their_hosts_measure(monkeypatch):
     # the head start: the agreed 120 µs for the first callable, none for one that syncs the host
     sleeps = [e for e in fast if e[0] == "sleep" and e[1] < 20_000 * 1000]
     assert sleeps == [("sleep", int((1.25 * 120 + 20) * 1000))] * 3
+    # barrier, hold, then the alignment: the ranks' start events fire together whatever
+    # each one's hold took
     j = fast.index(sleeps[0])
-    assert fast[j - 1] == ("align",) and fast[j + 1] == ("fn", 0)
+    assert fast[j - 1] == ("barrier",) and fast[j + 1] == ("align",) and fast[j + 2] == ("fn", 0)
     # the head start is measured before the time-based warm-up (its 20 ms spins idle the
     # GPU), so sampling follows the warm-up rounds directly
     warm_agree = [i for i, e in enumerate(fast) if e == ("agree",)][2]
     assert fast[warm_agree + 1:].index(("barrier",)) == 40 * 2
+
+
+def test_with_a_flush_the_hold_is_more_flushes_not_a_spin(monkeypatch):
+    """The hold is busy work: the agreed 170 µs (1.25 x 120 + 20) of hold as flushes of 50 µs
+    each -> 4 after the sample's own; a callable that syncs the host gets the one flush."""
+    agreed = [120.0, 30_000.0, 40.0, 0.0]
+    log = _rank(monkeypatch, 1e-5, agreed, flush=True)
+    assert not [e for e in log if e[0] == "sleep" and e[1] < 20_000 * 1000]  # no spin hold
+    j = log.index(("align",))
+    assert log[j - 6:j + 2] == [("barrier",)] + [("flush",)] * 5 + [("align",), ("fn", 0)]
+    # the second callable (30 ms of host: it syncs) gets its flush and no hold
+    k = log.index(("fn", 1), j)
+    assert log[k - 3:k] == [("barrier",), ("flush",), ("align",)]
 
 
 def test_a_retake_of_host_paced_samples_is_agreed(monkeypatch):

@@ -14,6 +14,8 @@ timing loop's logic against that model, not a figure of a real GPU (tests/gpu do
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -92,6 +94,41 @@ def test_held_samples_time_the_gpu_not_the_launches(stream):
     # the same loop with the hold forced off reads the host's launch time
     unheld = timing.time_samples(fn, CUDA, reps=10, warmup=2, hold_us=float("nan"))
     assert unheld.host_paced == 10 and unheld.median == pytest.approx(750.0, abs=5.0)
+
+
+class Flusher(timing.L2Flusher):
+    """The L2 flush as one kernel of the model: 60 µs of GPU work, 7 µs of host."""
+
+    def __init__(self, st: Stream):
+        self.st, self._us, self.buf = st, None, type("Buf", (), {"device": CUDA})()
+        self.launches = 0
+
+    def __call__(self):
+        self.launches += 1
+        self.st.launch(60.0, 7.0)
+
+
+def test_with_a_flush_the_hold_is_flushes_and_still_covers_the_host(stream, monkeypatch):
+    """The hold as busy work (more flushes, their time measured back to back: 60 µs): the
+    GPU is still flushing when the host has launched the flushes and the whole forward, so
+    the samples read the GPU's 300 µs, none host-paced, and no spin runs."""
+    spins = []
+
+    def spin(cycles):
+        spins.append(cycles)
+        stream.launch(cycles / CYCLES_PER_US, 5.0)
+
+    monkeypatch.setattr(torch.cuda, "_sleep", spin)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    flush = Flusher(stream)
+    fn = layer(stream)  # 300 µs of GPU work, 750 µs of host enqueue
+    s = timing.time_samples(fn, CUDA, reps=10, warmup=2, flush=flush)
+    assert flush.us() == pytest.approx(60.0, abs=1.0)  # (the event records cost the model 1 µs)
+    assert s.host_paced == 0 and s.median == pytest.approx(300.0, abs=2.0)
+    hold_us = 1.25 * 750.0 + 20.0
+    per_sample = 1 + -(-hold_us // 60.0)  # the sample's own flush, then the hold's: 17
+    assert flush.launches == 1 + 20 + 10 * per_sample  # measuring once, then the samples
+    assert not [c for c in spins if c < timing.PROBE_SPIN_US * CYCLES_PER_US]  # only the probe's spin
 
 
 def test_the_hold_follows_the_eager_forward_for_every_callable(stream):
