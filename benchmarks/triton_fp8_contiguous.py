@@ -9,12 +9,18 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
-                                               [--json out.json]
+                                               [--variants [--variant I] | --gluon] [--check TOL] [--json out.json]
+
+--gluon times the Gluon kernel (kernels/triton/gluon_contiguous.py: the promotion of one K tile
+beside the next tile's WGMMA) at 4 and 3 stages beside our default Triton tile; --check TOL only
+runs each kernel once, checks it against the fp32 torch product (no DeepGEMM) and exits 1 when
+one differs by more than TOL (relative Frobenius error over the valid rows).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -127,9 +133,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--configs", type=int, default=6, help="use the first N tile configs")
     ap.add_argument("--variants", action="store_true", help="issue #35's kernel variants (VARIANTS) instead of the tiles")
     ap.add_argument("--variant", type=int, default=None, help="with --variants: only the I-th")
+    ap.add_argument("--gluon", action="store_true", help="the Gluon kernel (fp8, GPU only) beside our default tile")
+    ap.add_argument("--check", type=float, default=None, metavar="TOL",
+                    help="no timing: each kernel once, exit 1 when its relative error exceeds TOL")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
+    if args.gluon and (args.quant != "fp8_block" or args.variants or args.device != "cuda"):
+        ap.error("--gluon is fp8_block on a CUDA GPU only (Gluon has no interpreter), without --variants")
     if args.variant is not None and not (args.variants and 0 <= args.variant < len(VARIANTS[args.quant])):
         n = len(VARIANTS[args.quant])
         ap.error(f"--variant needs --variants and an index in [0, {n}) for --quant {args.quant}")
@@ -139,7 +150,7 @@ def main(argv=None) -> list[dict]:
     except Exception as e:  # noqa: BLE001
         deep_gemm = None
         print(f"deep_gemm not importable ({e}): Triton only")
-    if dev.type != "cuda":
+    if dev.type != "cuda" or args.check is not None:  # --check: against the fp32 torch product, no JIT compile
         deep_gemm = None
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     out = []
@@ -181,15 +192,23 @@ def main(argv=None) -> list[dict]:
                 tiles = VARIANTS[args.quant] if args.variants else [(t, {}) for t in CONFIGS[args.quant][: args.configs]]
                 if args.variants and args.variant is not None:
                     tiles = tiles[args.variant : args.variant + 1]
+                if args.gluon:
+                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 8, st), dict(gluon=True)) for st in (4, 3)]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)
-                    for progs in (sms,) if args.variants else (sms, None):
+                    for progs in (sms,) if args.variants or args.gluon else (sms, None):
                         label = f"{bm}x{bn}x{bk} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
                         label += "".join(f" {k}={v}" for k, v in extra.items())
                         c = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
                         fn = lambda: contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
                                                          num_programs=progs if progs else 1 << 30, rows_in_use=lay.num_post)
+                        if extra.get("gluon"):
+                            from moebench.kernels.triton.gluon_contiguous import gluon_contiguous_gemm
+
+                            label = f"gluon {bm}x{bn}x{bk} g{gm} w{nw} stages {ns}"
+                            gcfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=gm, STAGES=ns, num_warps=nw)
+                            fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)  # noqa: E731
                         try:
                             fn()
                             if dev.type == "cuda":
@@ -198,9 +217,12 @@ def main(argv=None) -> list[dict]:
                             print(f"{name:14} {M:6} {gemm:7} {label:34} failed: {type(e).__name__}: {str(e)[:120]}")
                             continue
                         err = rel(c, c_ref, valid) if c_ref is not None else float("nan")
-                        us = bench_us(fn, dev)
+                        us = bench_us(fn, dev) if args.check is None else float("nan")
                         row = dict(model=name, tokens=M, gemm=gemm, quant=args.quant, kernel=label, us=us, tflops=flop / us / 1e6,
                                    rel_err=err, vs_deepgemm=(dg_us / us) if dg_us else None)
+                        if args.check is not None and not err <= args.check:
+                            row["failed"] = True
+                            print(f"FAILED: {label} differs by {err:.2e} > {args.check:g}")
                         out.append(row)
                         vs = f"{dg_us / us:6.2f}" if dg_us else "     -"
                         print(f"{name:14} {M:6} {gemm:7} {label:34} {us:9.1f} {row['tflops']:8.0f} {vs} {err:.1e}", flush=True)
@@ -211,4 +233,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if any(r.get("failed") for r in main()) else 0)

@@ -36,7 +36,12 @@ def _compile(fn, types: dict, consts: dict, arch: int, num_warps: int = 4, num_s
         for n, t in types.items()
         if n not in consts and (t.startswith("*") or n.startswith("stride")) and not n.endswith(_DIV16_EXCLUDE)
     }
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel: its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    else:
+        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
@@ -163,6 +168,15 @@ def variants(quick: bool):
                     dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
                          GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=ws, WS=ws),
                     cfg["num_warps"], cfg["num_stages"]))
+    # issue #35's Gluon kernel (opt-in; no interpreter runs it, so this is its CPU check)
+    from . import gluon_contiguous
+
+    g = gluon_contiguous.GLUON_CONFIG
+    for stages in (4, 3):
+        out.append((f"gluon_contiguous fp8_block 128x128x128 stages {stages}", gluon_contiguous._gluon_fp8_kernel,
+                    gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"]),
+                    dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=g["num_warps"]),
+                    g["num_warps"], 1))
     return out
 
 

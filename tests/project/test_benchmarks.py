@@ -188,7 +188,28 @@ def test_contiguous_gemm_benchmark_refuses_a_variant_it_does_not_have():
     import triton_fp8_contiguous as bench
 
     for argv in (["--variants", "--variant", str(len(bench.VARIANTS["fp8_block"]))], ["--variants", "--variant", "-1"],
-                 ["--variant", "0"]):
+                 ["--variant", "0"], ["--gluon"], ["--gluon", "--quant", "bf16"]):  # (Gluon: no interpreter)
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", "cpu", "--models", "tiny", *argv])
         assert e.value.code == 2, argv
+
+
+def test_contiguous_gemm_benchmark_check_mode_fails_a_wrong_kernel(monkeypatch, capsys):
+    """--check TOL (the GPU suite's Gluon test runs the script so, in a process of its own): each
+    kernel once against the fp32 torch product, a row marked failed past TOL, which the script's
+    exit code reports; a kernel that writes a wrong product is caught."""
+    import triton_fp8_contiguous as bench
+
+    argv = ["--device", "cpu", "--models", "tiny", "--tokens", "16", "--configs", "1", "--check", "2e-2"]
+    rows = bench.main(argv)
+    assert len(rows) == 4 and not any(r.get("failed") for r in rows), rows  # 2 GEMMs x (persistent, grid)
+    right = bench.contiguous_gemm
+
+    def wrong(a, a_s, w, s, c, *args, **kw):
+        right(a, a_s, w, s, c, *args, **kw)
+        c.mul_(1.1)  # 10 % off
+
+    monkeypatch.setattr(bench, "contiguous_gemm", wrong)
+    rows = bench.main(argv)
+    assert rows and all(r.get("failed") for r in rows), rows
+    assert "FAILED" in capsys.readouterr().out

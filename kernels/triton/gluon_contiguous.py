@@ -1,0 +1,199 @@
+"""fp8 block-scaled grouped GEMM on the contiguous layout, written in Gluon (issue #35's
+explicit route; opt-in, Hopper only, not used by the experts until measured).
+
+The same product as contiguous_gemm.py's fp8 path (see its module doc for the layout and
+the scales), with the one structural change that kernel cannot express in Triton: the FP32
+promotion of one K tile's partial product runs while the next K tile's WGMMA is in
+flight. Each K step issues `warpgroup_mma(..., use_acc=False, is_async=True)` into a
+fresh partial, then waits for the *previous* step's WGMMA only (`warpgroup_mma_wait(1)`)
+and adds that partial, scaled by its 1 x 128 activation and 128 x 128 weight scales, into
+the accumulator; Triton's `tl.dot` waits for each WGMMA at once because its result is not
+an accumulator (the "late promotion" variant, docs/findings/triton-vs-deepgemm.md). A
+STAGES-deep ring of TMA-fed shared-memory buffers, one mbarrier each, feeds it; a stage is
+refilled once both warp groups' WGMMAs that read it are done (the wait, then a CTA
+barrier). Three [BM, BN] fp32 register tiles live at once (the accumulator and two
+partials): 192 registers a thread at 128 x 128 on 8 warps.
+
+A persistent grid (at most one program per SM) walks the output tiles in GROUP_SIZE_M-swizzled
+order, only the row tiles below the layout's rows in use (its num_post, read on the device: with
+ALIGN-row segments each of them starts on a valid row, so there is no padding branch, and an EP
+share's ~7/8 of padding rows cost nothing). The ring's mbarrier phases carry across a program's
+tiles; the ring drains at each tile's end (the next tile's first loads are issued after the
+previous tile's store: not overlapped yet). Gluon has no interpreter: the CPU checks lower it
+for sm_90 (compile_check); only a GPU runs it (benchmarks/triton_fp8_contiguous.py
+--gluon, tests/gpu/test_triton_gpu.py).
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .contiguous_gemm import ALIGN, GROUP
+
+# 128 x 128 output tiles (BLOCK_K the 128-wide scale group), 8 warps: two warp groups of 64 rows
+GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, num_warps=8)
+
+
+@gluon.jit
+def _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it, k, STAGES: gl.constexpr):
+    """TMA-load K tile k of A's row tile and B's column tile into stage it % STAGES (`it`
+    counts this program's K steps over all its tiles, so the stages' mbarrier phases carry on)."""
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    s = it % STAGES
+    bar = ready.index(s)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [off_m, k * BK], bar, a_bufs.index(s))
+    tma.async_copy_global_to_shared(b_desc, [b_row, k * BK], bar, b_bufs.index(s))
+
+
+@gluon.jit
+def _gluon_fp8_kernel(
+    a_desc,  # [Mp, K] fp8, block [BM, 128]
+    b_desc,  # [E * N, K] fp8, block [BN, 128]
+    c_ptr,  # [Mp, N] bf16
+    as_ptr,  # a_scale: (row, g) at row * stride_asm + g * stride_asg
+    bs_ptr,  # w_scale [E, N / 128, G]
+    m_idx_ptr,  # [Mp] int32
+    rows_ptr,  # [1] int32: the rows in use (every expert's ALIGN-padded segment: the layout's num_post)
+    N,
+    num_programs,
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    K: gl.constexpr,
+    GROUP_N: gl.constexpr,
+    GROUP_SIZE_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    KT: gl.constexpr = K // BK
+    gl.static_assert(BK == GROUP_N, "one scale group per K tile")
+    gl.static_assert(BN <= GROUP_N, "one weight scale per K tile and output tile")
+    gl.static_assert(STAGES >= 2, "the ring refills the stage the previous WGMMA read")
+    # each warp 16 rows of the tile, all BN columns: WGMMA m64 x nBN x k32 per warp group
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 256 // a_desc.dtype.primitive_bitwidth])
+    # the tile stored in 16-byte pieces along the row (the WGMMA layout would store 2 bytes at a time)
+    out_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [num_warps, 1], [1, 0])
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    # only the row tiles in use: with ALIGN-row segments each starts on a valid row (no padding branch)
+    num_pid_m = gl.cdiv(gl.load(rows_ptr), BM)
+    num_pid_n = gl.cdiv(N, BN)
+    num_in_group = GROUP_SIZE_M * num_pid_n
+    base = 0  # this program's K steps before the current tile
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
+        first_m = (tile // num_in_group) * GROUP_SIZE_M
+        group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
+        off_m = (first_m + (tile % num_in_group) % group_m) * BM
+        off_n = ((tile % num_in_group) // group_m) * BN
+        expert = gl.load(m_idx_ptr + off_m)
+        b_row = expert * N + off_n
+        offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+        bs_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn
+        for i in gl.static_range(STAGES - 1):
+            if i < KT:
+                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, base + i, i, STAGES)
+
+        acc = gl.zeros([BM, BN], gl.float32, mma)
+        # K tile 0: its WGMMA in flight, its scales read, the ring's last stage filled
+        s = base % STAGES
+        mbarrier.wait(ready.index(s), phase=(base // STAGES) & 1)
+        part = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=False, is_async=True)
+        scale = gl.load(as_ptrs) * gl.load(bs_ptrs)
+        if STAGES - 1 < KT:
+            _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, base + STAGES - 1, STAGES - 1, STAGES)
+        spare = gl.zeros([BM, BN], gl.float32, mma)  # the registers the next partial is written to
+        for k in range(1, KT):
+            it = base + k
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
+            nxt = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), spare, use_acc=False,
+                                is_async=True)
+            nxt_scale = gl.load(as_ptrs + k * stride_asg) * gl.load(bs_ptrs + k * stride_bsk)
+            # the previous K tile's WGMMA is done (this one may still run): promote its partial
+            done = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
+            # both warp groups past that WGMMA before its stage is refilled
+            gl.thread_barrier()
+            if k + STAGES - 1 < KT:
+                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it + STAGES - 1, k + STAGES - 1,
+                            STAGES)
+            acc += done * scale[:, None]
+            spare = done
+            part = nxt
+            scale = nxt_scale
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        acc += done * scale[:, None]
+        gl.thread_barrier()  # every WGMMA of this tile done before the next tile's loads refill the ring
+        base += KT
+
+        out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_l)
+        om = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
+        on = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, out_l))
+        gl.store(c_ptr + om.to(gl.int64)[:, None] * stride_cm + on[None, :], out, mask=(on < N)[None, :])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
+def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                          c: torch.Tensor, m_indices: torch.Tensor, rows_in_use: torch.Tensor,
+                          config: dict | None = None, num_programs: int | None = None) -> None:
+    """c [Mp, N] = contiguous_gemm's fp8 product (same arguments, fp8 only; rows_in_use, int32 [1]
+    on the device, the layout's num_post, is required), by the Gluon kernel: a persistent grid of
+    at most one program per SM (num_programs caps it) over the row tiles in use."""
+    cfg = dict(GLUON_CONFIG, **(config or {}))
+    Mp, K = a.shape
+    E, N, Kw = w.shape
+    bm, bn = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"]
+    assert a.dtype == w.dtype == torch.float8_e4m3fn and K == Kw and K % GROUP == 0, (a.dtype, a.shape, w.shape)
+    assert bm == ALIGN and Mp % ALIGN == 0 and N % bn == 0 and bn <= GROUP, (Mp, N, bm, bn)
+    assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP)
+    assert a.stride(1) == 1 and w.is_contiguous() and c.stride(1) == 1 and m_indices.numel() >= Mp
+    assert rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
+    if Mp == 0:
+        return
+    tiles = (Mp // bm) * (N // bn)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    grid = (max(1, min(tiles, sms, num_programs or sms)),)
+    _gluon_fp8_kernel[grid](
+        _descriptor(a, [bm, GROUP]), _descriptor(w.view(E * N, K), [bn, GROUP]), c, a_scale, w_scale, m_indices,
+        rows_in_use, N, grid[0], c.stride(0), *a_scale.stride(), *w_scale.stride(),
+        K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"], num_warps=cfg["num_warps"],
+    )
+
+
+def signature_types(bm: int = 128, bn: int = 128) -> dict:
+    """The kernel's argument types as a launch specializes them (compile_check lowers it without a GPU)."""
+    def desc(rows: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, GROUP], gl.float8e4nv)
+        return f"tensordesc<fp8e4nv[{rows}, {GROUP}],{layout!r}>"
+
+    t = dict(a_desc=desc(bm), b_desc=desc(bn), c_ptr="*bf16", as_ptr="*fp32", bs_ptr="*fp32", m_idx_ptr="*i32",
+             rows_ptr="*i32", N="i32", num_programs="i32")
+    for s in ("cm", "asm", "asg", "bse", "bsn", "bsk"):
+        t[f"stride_{s}"] = "i32"
+    return t
+
+
+__all__ = ["GLUON_CONFIG", "gluon_contiguous_gemm", "signature_types"]
