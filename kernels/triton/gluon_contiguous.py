@@ -59,12 +59,7 @@ def _gluon_fp8_kernel(
     rows_ptr,  # [1] int32: the rows in use (every expert's ALIGN-padded segment: the layout's num_post)
     N,
     num_programs,
-    stride_cm,
-    stride_asm,
-    stride_asg,
-    stride_bse,
-    stride_bsn,
-    stride_bsk,
+    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
     K: gl.constexpr,
     GROUP_N: gl.constexpr,
     GROUP_SIZE_M: gl.constexpr,
