@@ -11,10 +11,11 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
                                                [--variants [--variant I] | --gluon] [--check TOL] [--json out.json]
 
---gluon times the Gluon kernel (kernels/triton/gluon_contiguous.py: the promotion of one K tile
-beside the next tile's WGMMA) at 4 and 3 stages beside our default Triton tile; --check TOL only
-runs each kernel once, checks it against the fp32 torch product (no DeepGEMM) and exits 1 when
-one differs by more than TOL (relative Frobenius error over the valid rows).
+--gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
+warp-specialized one at 4 and 6 stages, the pipelined one at 4) beside our default Triton tile; --check TOL only
+runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
+DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
+rows as a whole, or of the worst one).
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ VARIANTS = {
     "bf16": [((128, 256, 64, 8, 8, 3), {}), ((128, 256, 64, 8, 8, 3), dict(BOUNDED=True)),
              ((128, 256, 64, 8, 4, 3), dict(WS=True)), ((128, 128, 64, 8, 4, 4), dict(WS=True))],
 }
+
+# --gluon: (warp-specialized, stages) of kernels/triton/gluon_contiguous.py's kernels
+GLUON_VARIANTS = ((True, 4), (True, 6), (False, 4))
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -124,6 +128,12 @@ def rel(x, y, valid):
     return float((x - y).norm() / y.norm().clamp_min(1e-30))
 
 
+def row_rel(x, y, valid):
+    """The worst valid row's relative error (one wrong tile hides in the whole product's norm)."""
+    x, y = x[valid].float(), y[valid].float()
+    return float(((x - y).norm(dim=1) / y.norm(dim=1).clamp_min(1e-30)).max()) if len(y) else 0.0
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
@@ -139,7 +149,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
-    if args.gluon and (args.quant != "fp8_block" or args.variants or args.device != "cuda"):
+    if args.gluon and (args.quant != "fp8_block" or args.variants or not args.device.startswith("cuda")):
         ap.error("--gluon is fp8_block on a CUDA GPU only (Gluon has no interpreter), without --variants")
     if args.variant is not None and not (args.variants and 0 <= args.variant < len(VARIANTS[args.quant])):
         n = len(VARIANTS[args.quant])
@@ -193,21 +203,24 @@ def main(argv=None) -> list[dict]:
                 if args.variants and args.variant is not None:
                     tiles = tiles[args.variant : args.variant + 1]
                 if args.gluon:
-                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 8, st), dict(gluon=True)) for st in (4, 3)]
+                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 4 if ws else 8, st), dict(gluon=True, WS=ws))
+                                                        for ws, st in GLUON_VARIANTS]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)
                     for progs in (sms,) if args.variants or args.gluon else (sms, None):
                         label = f"{bm}x{bn}x{bk} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
                         label += "".join(f" {k}={v}" for k, v in extra.items())
-                        c = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
+                        # NaN first: a kernel that leaves tiles unwritten must not read a freed buffer's product
+                        c = torch.full((mp, N), float("nan"), device=dev, dtype=torch.bfloat16)
                         fn = lambda: contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
                                                          num_programs=progs if progs else 1 << 30, rows_in_use=lay.num_post)
                         if extra.get("gluon"):
                             from moebench.kernels.triton.gluon_contiguous import gluon_contiguous_gemm
 
-                            label = f"gluon {bm}x{bn}x{bk} g{gm} w{nw} stages {ns}"
-                            gcfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=gm, STAGES=ns, num_warps=nw)
+                            label = f"gluon {bm}x{bn}x{bk} g{gm} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
+                            gcfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=gm, STAGES=ns, num_warps=nw,
+                                        WS=extra["WS"])
                             fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)  # noqa: E731
                         try:
                             fn()
@@ -215,14 +228,18 @@ def main(argv=None) -> list[dict]:
                                 torch.cuda.synchronize()
                         except Exception as e:  # noqa: BLE001  (a config that does not compile)
                             print(f"{name:14} {M:6} {gemm:7} {label:34} failed: {type(e).__name__}: {str(e)[:120]}")
+                            if args.check is not None:  # under --check a kernel that did not run fails
+                                out.append(dict(model=name, tokens=M, gemm=gemm, quant=args.quant, kernel=label,
+                                                failed=True, error=f"{type(e).__name__}: {str(e)[:200]}"))
                             continue
                         err = rel(c, c_ref, valid) if c_ref is not None else float("nan")
+                        row_err = row_rel(c, c_ref, valid) if c_ref is not None else float("nan")
                         us = bench_us(fn, dev) if args.check is None else float("nan")
                         row = dict(model=name, tokens=M, gemm=gemm, quant=args.quant, kernel=label, us=us, tflops=flop / us / 1e6,
-                                   rel_err=err, vs_deepgemm=(dg_us / us) if dg_us else None)
-                        if args.check is not None and not err <= args.check:
+                                   rel_err=err, row_rel_err=row_err, vs_deepgemm=(dg_us / us) if dg_us else None)
+                        if args.check is not None and not max(err, row_err) <= args.check:  # (NaN fails)
                             row["failed"] = True
-                            print(f"FAILED: {label} differs by {err:.2e} > {args.check:g}")
+                            print(f"FAILED: {label} differs by {err:.2e} (worst row {row_err:.2e}) > {args.check:g}")
                         out.append(row)
                         vs = f"{dg_us / us:6.2f}" if dg_us else "     -"
                         print(f"{name:14} {M:6} {gemm:7} {label:34} {us:9.1f} {row['tflops']:8.0f} {vs} {err:.1e}", flush=True)

@@ -45,6 +45,26 @@ def _compile(fn, types: dict, consts: dict, arch: int, num_warps: int = 4, num_s
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
+def _wgmma_serialized(ptx: str, arch: int) -> str:
+    """ptxas's warnings that it serialized a kernel's WGMMAs (C7510-C7519: registers of an
+    in-flight WGMMA touched, or its chain broken), '' when none: Triton's own ptxas run does
+    not show them. Hopper only (the WGMMA instructions)."""
+    import subprocess
+    import tempfile
+
+    if arch != 90:
+        return ""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [get_ptxas(arch).path, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    return "; ".join(line.strip() for line in (res.stdout + res.stderr).splitlines() if "C751" in line)
+
+
 def _gemm_types(a: str, c: str, scale: str) -> dict:
     t = dict(a_ptr=a, b_ptr=a, c_ptr=c, a_scale_ptr=scale, b_scale_ptr=scale, topk_weights_ptr="*fp32",
              sorted_ids_ptr="*i32", expert_ids_ptr="*i32", num_post_ptr="*i32", N="i32", EM="i32", num_valid="i32")
@@ -172,11 +192,12 @@ def variants(quick: bool):
     from . import gluon_contiguous
 
     g = gluon_contiguous.GLUON_CONFIG
-    for stages in (4, 3):
-        out.append((f"gluon_contiguous fp8_block 128x128x128 stages {stages}", gluon_contiguous._gluon_fp8_kernel,
+    for ws, stages in ((True, 4), (True, 6), (False, 4)):
+        fn, warps = (gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws else (gluon_contiguous._gluon_fp8_kernel, 8)
+        out.append((f"gluon_contiguous fp8_block 128x128x128 {'WS ' if ws else ''}stages {stages}", fn,
                     gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"]),
-                    dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=g["num_warps"]),
-                    g["num_warps"], 1))
+                    dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps),
+                    warps, 1))
     return out
 
 
@@ -192,6 +213,11 @@ def main(argv=None) -> int:
     for name, fn, types, consts, warps, stages in variants(args.quick):
         try:
             k = _compile(fn, types, consts, args.arch, warps, stages)
+            serialized = _wgmma_serialized(k.asm["ptx"], args.arch) if " WS " in f" {name} " else ""
+            if serialized:  # the warp-specialized kernel exists to keep its WGMMAs in flight
+                failed += 1
+                print(f"FAIL  {name}: ptxas serializes its WGMMAs: {serialized}")
+                continue
             print(f"ok    {name}  (shared memory {k.metadata.shared} B)")
         except Exception as e:  # report every failing kernel, not only the first
             failed += 1

@@ -1,39 +1,54 @@
 """fp8 block-scaled grouped GEMM on the contiguous layout, written in Gluon (issue #35's
-explicit route; opt-in, Hopper only, not used by the experts until measured).
+explicit route; opt-in, Hopper only, used by no experts entry until a GPU has measured it).
 
-The same product as contiguous_gemm.py's fp8 path (see its module doc for the layout and
-the scales), with the one structural change that kernel cannot express in Triton: the FP32
-promotion of one K tile's partial product runs while the next K tile's WGMMA is in
-flight. Each K step issues `warpgroup_mma(..., use_acc=False, is_async=True)` into a
-fresh partial, then waits for the *previous* step's WGMMA only (`warpgroup_mma_wait(1)`)
-and adds that partial, scaled by its 1 x 128 activation and 128 x 128 weight scales, into
-the accumulator; Triton's `tl.dot` waits for each WGMMA at once because its result is not
-an accumulator (the "late promotion" variant, docs/findings/triton-vs-deepgemm.md). A
-STAGES-deep ring of TMA-fed shared-memory buffers, one mbarrier each, feeds it; a stage is
-refilled once both warp groups' WGMMAs that read it are done (the wait, then a CTA
-barrier). Three [BM, BN] fp32 register tiles live at once (the accumulator and two
-partials): 192 registers a thread at 128 x 128 on 8 warps.
+The same product as contiguous_gemm.py's fp8 path (see its module doc for the layout and the
+scales), with the structural change that kernel cannot express in Triton: the FP32 promotion of
+one K tile's partial product (scaled by its 1 x 128 activation and 128 x 128 weight scales) no
+longer serializes with the tensor cores. Triton's `tl.dot` waits for each WGMMA at once, since its
+result is not an accumulator, and both warp groups meet at a CTA barrier every K step.
 
-A persistent grid (at most one program per SM) walks the output tiles in GROUP_SIZE_M-swizzled
-order, only the row tiles below the layout's rows in use (its num_post, read on the device: with
-ALIGN-row segments each of them starts on a valid row, so there is no padding branch, and an EP
-share's ~7/8 of padding rows cost nothing). The ring's mbarrier phases carry across a program's
-tiles; the ring drains at each tile's end (the next tile's first loads are issued after the
-previous tile's store: not overlapped yet). Gluon has no interpreter: the CPU checks lower it
-for sm_90 (compile_check); only a GPU runs it (benchmarks/triton_fp8_contiguous.py
---gluon, tests/gpu/test_triton_gpu.py).
+Two kernels, both a persistent grid (at most one program per SM) over the 128 x 128 output tiles
+in GROUP_SIZE_M-swizzled order, only the row tiles below the layout's rows in use (its num_post,
+read on the device: with ALIGN-row segments each starts on a valid row, so there is no padding
+branch, and an EP share's ~7/8 of padding rows cost nothing), each fed by a STAGES-deep ring of
+TMA-loaded shared-memory stages with mbarriers whose phases carry across a program's tiles:
+
+- `_gluon_fp8_ws_kernel` (config WS, the default): DeepGEMM's structure. A producer partition (4
+  warps, one thread issuing) waits for a stage to be `empty`, then TMA-loads A's 128-row tile and
+  B's tile into it (`ready`); two math warp groups (4 warps each, registers raised to 232) own 64
+  rows each: wait `ready`, WGMMA into a fresh partial, wait for it, arrive on `empty`, promote.
+  While one warp group promotes, the other's WGMMA runs: nothing joins them but the stages.
+  ptxas: 168 registers at launch (4 x 40 + 8 x 232 after `setmaxnreg`), no spill, no WGMMA
+  serialization warning.
+- `_gluon_fp8_kernel` (WS=False): one partition of 8 warps that issues each K step's WGMMA
+  asynchronously and waits only for the previous step's before promoting it. ptxas serializes
+  its WGMMAs anyway (warning C7515: the loop's two partial tiles swap registers between the
+  WGMMAs of one chain), so the overlap it was written for does not happen; kept as the measured
+  counter-example (docs/findings/triton-vs-deepgemm.md).
+
+Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
+them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .contiguous_gemm import ALIGN, GROUP
 
-# 128 x 128 output tiles (BLOCK_K the 128-wide scale group), 8 warps: two warp groups of 64 rows
-GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, num_warps=8)
+# 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
+# two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
+GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8)
 
 
 @gluon.jit
@@ -84,6 +99,7 @@ def _gluon_fp8_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()  # the initialized barriers visible to the TMA unit (the async proxy)
 
     # only the row tiles in use: with ALIGN-row segments each starts on a valid row (no padding branch)
     num_pid_m = gl.cdiv(gl.load(rows_ptr), BM)
@@ -144,6 +160,123 @@ def _gluon_fp8_kernel(
         mbarrier.invalidate(ready.index(i))
 
 
+@gluon.jit
+def _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """(off_m, off_n) of a tile in GROUP_SIZE_M-swizzled order."""
+    first_m = (tile // num_in_group) * GROUP_SIZE_M
+    group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
+    return (first_m + (tile % num_in_group) % group_m) * BM, ((tile % num_in_group) // group_m) * BN
+
+
+@gluon.jit
+def _ws_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+                 GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr):
+    """The TMA partition: for every K step of this program's tiles, wait until both math warp
+    groups released the stage (`empty`), then load A's 128-row tile and B's tile into it."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    KT: gl.constexpr = K // BK
+    num_in_group = GROUP_SIZE_M * num_pid_n
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
+        off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        b_row = gl.load(m_idx_ptr + off_m) * N + off_n
+        for k in range(KT):
+            s = it % STAGES
+            # a fresh barrier's previous phase counts as done: the first pass through the ring waits for nothing
+            mbarrier.wait(empty.index(s), phase=((it // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, k * BK], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [b_row, k * BK], bar, b_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _ws_math(ring, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+             stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, HALF: gl.constexpr,
+             GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
+             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+    """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile. Each K step waits
+    for its stage, runs its WGMMA into a fresh partial and waits for it at once, releases the stage,
+    then scales and adds the partial into the accumulator: while it promotes, the other warp group's
+    WGMMA keeps the tensor cores busy (DeepGEMM's overlap; no CTA barrier joins the two)."""
+    a_bufs, b_bufs, ready, empty = ring  # the stages and their `ready` / `empty` mbarriers
+    ROWS: gl.constexpr = BM // 2
+    KT: gl.constexpr = K // BK
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    num_in_group = GROUP_SIZE_M * num_pid_n
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
+        off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        expert = gl.load(m_idx_ptr + off_m)
+        row0 = off_m + HALF * ROWS
+        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+        bs_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn
+        acc = gl.zeros([ROWS, BN], gl.float32, mma)
+        part = gl.zeros([ROWS, BN], gl.float32, mma)
+        for k in range(KT):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
+            part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)), part,
+                                 use_acc=False, is_async=True)
+            scale = gl.load(as_ptrs + k * stride_asg) * gl.load(bs_ptrs + k * stride_bsk)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            mbarrier.arrive(empty.index(s), count=1)
+            acc += part * scale[:, None]
+            it += 1
+        offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+        c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
+        gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_n < N)[None, :])
+
+
+@gluon.jit
+def _gluon_fp8_ws_kernel(
+    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as _gluon_fp8_kernel's
+    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+    K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    """DeepGEMM's structure: a TMA producer (the default partition, 4 warps, of which one thread
+    issues) and two math warp groups (the workers, 4 warps each, registers raised to 232), each
+    owning half of the tile's rows, meeting the producer only at the stages' mbarriers: `ready`
+    (the producer's expect + the TMA bytes) and `empty` (one arrival from each math warp group)."""
+    BM: gl.constexpr = gl.constexpr(a_desc.block_type.shape[0])
+    BK: gl.constexpr = gl.constexpr(a_desc.block_type.shape[1])
+    BN: gl.constexpr = gl.constexpr(b_desc.block_type.shape[0])
+    gl.static_assert(BK == GROUP_N, "one scale group per K tile")
+    gl.static_assert(BN <= GROUP_N, "one weight scale per K tile and output tile")
+    gl.static_assert(BM == 128, "two math warp groups of 64 rows")
+    gl.static_assert(num_warps == 4, "the producer partition is one warp group")
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    num_pid_m = gl.cdiv(gl.load(rows_ptr), BM)
+    num_pid_n = gl.cdiv(N, BN)
+    ws_ready = (a_bufs, b_bufs, ready, empty)
+    gl.warp_specialize([
+        (_ws_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num_pid_m, num_pid_n,
+                        num_programs, gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES))),
+        (_ws_math, (ws_ready, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+                    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(0),
+                    gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
+                    BM, BN, BK)),
+        (_ws_math, (ws_ready, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+                    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(1),
+                    gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
+                    BM, BN, BK)),
+    ], [4, 4], [232, 232])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
 def _descriptor(t: torch.Tensor, block: list[int]):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -151,30 +284,40 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block, layout)
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                           c: torch.Tensor, m_indices: torch.Tensor, rows_in_use: torch.Tensor,
                           config: dict | None = None, num_programs: int | None = None) -> None:
-    """c [Mp, N] = contiguous_gemm's fp8 product (same arguments, fp8 only; rows_in_use, int32 [1]
-    on the device, the layout's num_post, is required), by the Gluon kernel: a persistent grid of
-    at most one program per SM (num_programs caps it) over the row tiles in use."""
+    """c [Mp, N] bf16 = contiguous_gemm's fp8 product (same arguments, fp8 only; rows_in_use, int32
+    [1] on the device, the layout's num_post, is required), by a Gluon kernel (config WS: the
+    warp-specialized one, else the pipelined one): a persistent grid of at most one program per
+    SM (num_programs caps it) over the row tiles in use."""
     cfg = dict(GLUON_CONFIG, **(config or {}))
     Mp, K = a.shape
     E, N, Kw = w.shape
-    bm, bn = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"]
+    bm, bn, ws = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], bool(cfg["WS"])
     assert a.dtype == w.dtype == torch.float8_e4m3fn and K == Kw and K % GROUP == 0, (a.dtype, a.shape, w.shape)
     assert bm == ALIGN and Mp % ALIGN == 0 and N % bn == 0 and bn <= GROUP, (Mp, N, bm, bn)
     assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP)
-    assert a.stride(1) == 1 and w.is_contiguous() and c.stride(1) == 1 and m_indices.numel() >= Mp
+    assert c.shape == (Mp, N) and c.dtype == torch.bfloat16 and c.stride(1) == 1, (c.shape, c.dtype)
+    assert a.stride(1) == 1 and w.is_contiguous() and m_indices.dtype == torch.int32 and m_indices.numel() >= Mp
     assert rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
+    assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
     if Mp == 0:
         return
     tiles = (Mp // bm) * (N // bn)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    sms = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
-    _gluon_fp8_kernel[grid](
+    kernel = _gluon_fp8_ws_kernel if ws else _gluon_fp8_kernel
+    kernel[grid](
         _descriptor(a, [bm, GROUP]), _descriptor(w.view(E * N, K), [bn, GROUP]), c, a_scale, w_scale, m_indices,
         rows_in_use, N, grid[0], c.stride(0), *a_scale.stride(), *w_scale.stride(),
-        K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"], num_warps=cfg["num_warps"],
+        K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"],
+        num_warps=4 if ws else cfg["num_warps"],
     )
 
 

@@ -213,3 +213,18 @@ def test_contiguous_gemm_benchmark_check_mode_fails_a_wrong_kernel(monkeypatch, 
     rows = bench.main(argv)
     assert rows and all(r.get("failed") for r in rows), rows
     assert "FAILED" in capsys.readouterr().out
+
+    def broken(*args, **kw):  # a kernel that does not compile or faults: it fails, not vanishes
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(bench, "contiguous_gemm", broken)
+    rows = bench.main(argv)
+    assert len(rows) == 4 and all(r.get("failed") and "no kernel" in r["error"] for r in rows), rows
+
+    def partial(a, a_s, w, s, c, m_indices, *args, **kw):  # leaves one valid row unwritten (NaN)
+        right(a, a_s, w, s, c, m_indices, *args, **kw)
+        c[int((m_indices >= 0).nonzero()[0])] = float("nan")
+
+    monkeypatch.setattr(bench, "contiguous_gemm", partial)
+    rows = bench.main(argv)
+    assert any(r.get("failed") for r in rows), rows
