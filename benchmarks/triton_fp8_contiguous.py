@@ -9,7 +9,7 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
-                                               [--variants [--variant I] | --gluon] [--check TOL] [--json out.json]
+                                               [--variants | --gluon] [--variant I] [--check TOL] [--json out.json]
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
 warp-specialized one at 4 and 6 stages, the pipelined one at 4) beside our default Triton tile; --check TOL only
@@ -151,9 +151,10 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.gluon and (args.quant != "fp8_block" or args.variants or not args.device.startswith("cuda")):
         ap.error("--gluon is fp8_block on a CUDA GPU only (Gluon has no interpreter), without --variants")
-    if args.variant is not None and not (args.variants and 0 <= args.variant < len(VARIANTS[args.quant])):
-        n = len(VARIANTS[args.quant])
-        ap.error(f"--variant needs --variants and an index in [0, {n}) for --quant {args.quant}")
+    if args.variant is not None:
+        n = len(GLUON_VARIANTS) if args.gluon else len(VARIANTS[args.quant])
+        if not ((args.variants or args.gluon) and 0 <= args.variant < n):
+            ap.error(f"--variant needs --variants (or --gluon) and an index in [0, {n}) for --quant {args.quant}")
     dev = torch.device(args.device)
     try:
         import deep_gemm
@@ -202,9 +203,10 @@ def main(argv=None) -> list[dict]:
                 tiles = VARIANTS[args.quant] if args.variants else [(t, {}) for t in CONFIGS[args.quant][: args.configs]]
                 if args.variants and args.variant is not None:
                     tiles = tiles[args.variant : args.variant + 1]
-                if args.gluon:
+                if args.gluon:  # --variant I: the I-th Gluon variant alone (a hang costs one process)
+                    picked = GLUON_VARIANTS if args.variant is None else GLUON_VARIANTS[args.variant : args.variant + 1]
                     tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 4 if ws else 8, st), dict(gluon=True, WS=ws))
-                                                        for ws, st in GLUON_VARIANTS]
+                                                        for ws, st in picked]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)

@@ -188,7 +188,8 @@ def test_contiguous_gemm_benchmark_refuses_a_variant_it_does_not_have():
     import triton_fp8_contiguous as bench
 
     for argv in (["--variants", "--variant", str(len(bench.VARIANTS["fp8_block"]))], ["--variants", "--variant", "-1"],
-                 ["--variant", "0"], ["--gluon"], ["--gluon", "--quant", "bf16"]):  # (Gluon: no interpreter)
+                 ["--variant", "0"], ["--gluon"], ["--gluon", "--quant", "bf16"],  # (Gluon: no interpreter)
+                 ["--device", "cuda", "--gluon", "--variant", str(len(bench.GLUON_VARIANTS))]):
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", "cpu", "--models", "tiny", *argv])
         assert e.value.code == 2, argv
