@@ -102,7 +102,7 @@ def _gluon_fp8_kernel(
     fence_async_shared()  # the initialized barriers visible to the TMA unit (the async proxy)
 
     # only the row tiles in use: with ALIGN-row segments each starts on a valid row (no padding branch)
-    num_pid_m = gl.cdiv(gl.load(rows_ptr), BM)
+    num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
     num_pid_n = gl.cdiv(N, BN)
     num_in_group = GROUP_SIZE_M * num_pid_n
     base = 0  # this program's K steps before the current tile
@@ -257,7 +257,7 @@ def _gluon_fp8_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     fence_async_shared()
-    num_pid_m = gl.cdiv(gl.load(rows_ptr), BM)
+    num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
     num_pid_n = gl.cdiv(N, BN)
     ws_ready = (a_bufs, b_bufs, ready, empty)
     gl.warp_specialize([
@@ -305,7 +305,8 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP)
     assert c.shape == (Mp, N) and c.dtype == torch.bfloat16 and c.stride(1) == 1, (c.shape, c.dtype)
     assert a.stride(1) == 1 and w.is_contiguous() and m_indices.dtype == torch.int32 and m_indices.numel() >= Mp
-    assert rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
+    assert m_indices.is_contiguous() and rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
+    assert all(t.device == a.device for t in (a_scale, w, w_scale, c, m_indices, rows_in_use)), "one device"
     assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
     if Mp == 0:
         return
