@@ -217,15 +217,21 @@ def _ws_math(ring, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, nu
         bs_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn
         acc = gl.zeros([ROWS, BN], gl.float32, mma)
         part = gl.zeros([ROWS, BN], gl.float32, mma)
+        a_s = gl.load(as_ptrs)  # K tile 0's scales; each step loads the next step's (their latency behind a step)
+        b_s = gl.load(bs_ptrs)
         for k in range(KT):
             s = it % STAGES
             mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
             part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)), part,
                                  use_acc=False, is_async=True)
-            scale = gl.load(as_ptrs + k * stride_asg) * gl.load(bs_ptrs + k * stride_bsk)
+            g = min(k + 1, KT - 1)  # (the last step reloads its own)
+            a_next = gl.load(as_ptrs + g * stride_asg)
+            b_next = gl.load(bs_ptrs + g * stride_bsk)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             mbarrier.arrive(empty.index(s), count=1)
-            acc += part * scale[:, None]
+            acc += part * (a_s * b_s)[:, None]
+            a_s = a_next
+            b_s = b_next
             it += 1
         offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
         c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
