@@ -26,6 +26,11 @@ ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as
                        "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
                        "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)", choices=ROW_LAYOUTS,
                        tag="{}")
+CONTIGUOUS_GEMMS = ("triton", "gluon")
+CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "triton", "fp8_block on the contiguous layout: the grouped GEMM in "
+                            "Triton (kernels/triton/contiguous_gemm.py) or the warp-specialized Gluon kernel "
+                            "(kernels/triton/gluon_contiguous.py, Hopper only; issue #35)", choices=CONTIGUOUS_GEMMS,
+                            tag="gemm={}")
 DEFAULT_MIN_TOKENS = 256  # triton_or_deepgemm: DeepGEMM from this many rows after dispatch
 
 
@@ -38,6 +43,23 @@ def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
            if v is not None and int(v) % 128]
     if bad:
         return f"the contiguous layout needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})"
+    return None
+
+
+def gluon_unsupported(quant: str, layout: str, device: str) -> Optional[str]:
+    """Why the Gluon GEMM cannot run, or None: fp8_block rows on the contiguous layout of a
+    Hopper GPU (its WGMMA and TMA are sm_90's; Gluon has no interpreter)."""
+    if quant != "fp8_block":
+        return f"it is an fp8_block GEMM, not quant={quant}"
+    if layout == "gathered":
+        return "it runs the contiguous layout's rows (experts.row_layout=auto or contiguous)"
+    if not device.startswith("cuda"):
+        return "Gluon kernels have no interpreter: it runs on a Hopper GPU only"
+    import torch  # the GPU's compute capability
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+        major, minor = torch.cuda.get_device_capability()
+        return f"its WGMMA is sm_90's (this GPU is {major}.{minor})"
     return None
 
 
@@ -66,6 +88,10 @@ def triton_unsupported(combo: dict) -> Optional[str]:
     if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
         return (f"experts.row_layout={layout} picks the row layout of quant="
                 f"{' or '.join(CONTIGUOUS_QUANTS)} only")
+    if combo.get("contiguous_gemm", "triton") == "gluon":
+        why = gluon_unsupported(quant, layout, device)
+        if why:
+            return f"experts.contiguous_gemm=gluon: {why}"
     if layout == "contiguous":
         if device.startswith("cuda"):
             import torch
@@ -97,7 +123,7 @@ class TritonCard(ExpertsCard):
     implementation = "experts.triton"
     activation_format = ActivationFormat.STANDARD
     graph_capturable = True
-    knobs = (ROW_LAYOUT_KNOB,)
+    knobs = (ROW_LAYOUT_KNOB, CONTIGUOUS_GEMM_KNOB)
 
     @classmethod
     def supports(cls, combo):

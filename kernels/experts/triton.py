@@ -13,6 +13,8 @@ layout the `deepgemm` experts build) so that both GEMM operands load through TMA
 (kernels/experts/_contiguous.py). The layout is chosen per call from the expected
 local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured on an H200:
 docs/findings/triton-vs-deepgemm.md); the knob experts.row_layout = gathered | contiguous forces one.
+fp8_block's contiguous GEMMs can run on the warp-specialized Gluon kernel instead
+(experts.contiguous_gemm=gluon: kernels/triton/gluon_contiguous.py, Hopper only, issue #35).
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the tests import them from here)
+    CONTIGUOUS_GEMM_KNOB,
     CONTIGUOUS_MIN_PAIRS_PER_EXPERT,
     CONTIGUOUS_QUANTS,
     ROW_LAYOUT_KNOB,
@@ -69,6 +72,8 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         self._contiguous_ok = contiguous_unsupported(q.name, K, N // 2) is None
         self._contiguous_w = ContiguousWeights(weights) if self._contiguous_ok else None
         self.last_layout = ""  # bf16 / fp8_block: the layout the last apply() ran
+        # experts.contiguous_gemm=gluon: fp8_block's contiguous GEMMs by the Gluon kernel (issue #35)
+        self._gluon = (ctx.options or {}).get("contiguous_gemm", "triton") == "gluon" and q.name == "fp8_block"
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc); decided once per
@@ -139,6 +144,10 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
             output, workspace13, workspace2, self._config(ids.shape[0], ids.shape[1]), self.reduction,
         )
 
-    @staticmethod
-    def _contiguous_gemm(a, a_s, w, w_s, out, layout):
+    def _contiguous_gemm(self, a, a_s, w, w_s, out, layout):
+        if self._gluon:
+            from ..triton.gluon_contiguous import gluon_contiguous_gemm  # (Gluon: Hopper only, imported on use)
+
+            gluon_contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, layout.num_post)
+            return
         contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, rows_in_use=layout.num_post)

@@ -320,3 +320,48 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     assert "failed:" not in res.stdout and "FAILED" not in res.stdout, res.stdout[-4000:]
     # 2 models x 2 sizes x 2 GEMMs x (our tile + the three Gluon variants)
     assert res.stdout.count("gluon 128x128x128") == 24, res.stdout[-4000:]
+
+
+_GLUON_LAYER = """if True:
+    import sys
+    import torch
+    from moebench.config import compose
+    from moebench.kernels.reference import rel_err
+    from moebench.measure.layer import build_layer
+    from moebench.measure.workload import make_inputs
+
+    dev = torch.device("cuda", 0)
+    worst = 0.0
+    for model, ep, T in (("qwen3_30b_a3b", 1, 4096), ("deepseek_v3", 8, 2048), ("deepseek_v3", 8, 16)):
+        out = {}
+        for gemm in ("triton", "gluon"):
+            ovs = ["backend=local", f"backend.simulate_ep={ep}", "experts=triton", f"model={model}",
+                   "reduction=experts", "quant=fp8_block", "overlap=none", "experts.row_layout=contiguous",
+                   f"experts.contiguous_gemm={gemm}"]
+            layer = build_layer(compose.to_combo(compose.compose_config(ovs)), 0, 1, None, dev)
+            x, w, ids = make_inputs(layer.ctx.shape, T, "uniform", 1.0, 0, 0, 2, dev)
+            out[gemm] = layer.kernel(x, w, ids).float()
+            assert layer.kernel.experts.last_layout == "contiguous"
+        err = rel_err(out["gluon"], out["triton"])
+        worst = max(worst, err)
+        print(f"{model} EP-{ep} {T} tokens: gluon vs triton layer output rel err {err:.2e}", flush=True)
+    sys.exit(0 if worst <= 1e-2 else 1)
+"""
+
+
+def test_the_layer_with_the_gluon_gemm_matches_the_triton_one():
+    """experts.contiguous_gemm=gluon (issue #35) in the whole layer: the fp8_block forward of qwen3
+    (4096 tokens) and DeepSeek-V3's EP-8 share (2048 and 16 tokens: most row tiles padding, at 16
+    a handful of rows) on the contiguous layout with the Gluon GEMM matches the same layer with
+    the Triton GEMM within 1e-2 (the same block-scaled products). In a subprocess with a timeout,
+    as the GEMM's own test: a hang fails here instead of stalling the suite."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        res = subprocess.run([sys.executable, "-c", _GLUON_LAYER], capture_output=True, text=True, timeout=240,
+                             cwd=root, env=dict(os.environ))
+    except subprocess.TimeoutExpired as e:  # (its stdout is bytes, text=True or not)
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"the layer with the Gluon GEMM did not finish in 240 s (a hang?); printed so far:\n{out}")
+    print(res.stdout[-4000:])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert res.stdout.count("rel err") == 3, res.stdout[-4000:]

@@ -288,6 +288,26 @@ def test_row_layout_knob():
         plan.plan(["experts=torch"] + ovs[2:] + ["experts.row_layout=gathered"], None)
 
 
+def test_contiguous_gemm_knob(monkeypatch):
+    """experts.contiguous_gemm=gluon (issue #35's Gluon GEMM) is a knob of the triton experts: its
+    own key and label tag; planned with the reason it cannot run where it cannot (another quant,
+    the gathered rows, no GPU: Gluon has no interpreter), each before any work starts."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CPU's Triton experts run (the Gluon one cannot)
+    ovs = ["backend=local", "experts=triton", "reduction=experts", "overlap=none", "quant=fp8_block",
+           "model=deepseek_v3", "runner.device=cpu"]
+    (triton,), _ = plan.plan(ovs, None)
+    (gluon,), _ = plan.plan(ovs + ["experts.contiguous_gemm=gluon"], None)
+    assert triton.reason is None and gluon.key != triton.key and "gemm=gluon" in gluon.label
+    assert "gemm=" not in triton.label  # the default keeps stored rows' keys and labels
+    assert "no interpreter" in gluon.reason
+    (bf16,), _ = plan.plan(ovs[:4] + ["quant=bf16", "model=deepseek_v3", "experts.contiguous_gemm=gluon"], None)
+    assert "fp8_block GEMM, not quant=bf16" in bf16.reason
+    (gathered,), _ = plan.plan(ovs + ["experts.contiguous_gemm=gluon", "experts.row_layout=gathered"], None)
+    assert "contiguous layout's rows" in gathered.reason
+    with pytest.raises(ValueError, match="valid: triton, gluon"):
+        plan.plan(ovs + ["experts.contiguous_gemm=cuda"], None)
+
+
 def test_the_default_sweeps_plan_is_pinned(monkeypatch):
     """The default sweep's whole plan on a 2-core machine without a GPU nor the Triton interpreter (every combination's
     `list --json` record: key, label, fields, reason, skipped tokens) is the one planned before
@@ -305,4 +325,6 @@ def test_the_default_sweeps_plan_is_pinned(monkeypatch):
     records = [plugins.combo_record(c) for c in combos]
     assert (len(records), sum(r["status"] == "valid" for r in records)) == (1008, 72)
     digest = hashlib.sha1(json.dumps(records, sort_keys=True).encode()).hexdigest()
-    assert digest == "4749661c66865d48822faeb45974de2806af83c6"
+    # (session 8: the triton records' knobs list experts.contiguous_gemm at its default; keys, labels,
+    # statuses and reasons as before)
+    assert digest == "c83cd01bec9aa58e08cd712897913bfad9288c20"
