@@ -4,7 +4,7 @@ latency is GPU time compete (report/flags.py figure_basis): host-time rows (the 
 the samples) and CPU rows are left out, and the command says how many.
 
 Competing: every `ok` combination (backend, experts, reduction, overlap and the knobs
-num_sms, dispatch_nvl_chunk, combine_nvl_chunk, shared_sm_carveout, row_layout) that
+num_sms, dispatch_nvl_chunk, combine_nvl_chunk, shared_sm_carveout, row_layout, contiguous_gemm) that
 shares the setting (model, quant, world size, simulate_ep, routing, timing mode,
 device) and the token count. `ok` rows passed the reference check. The margin is
 runner-up median / best median; its 95 % interval a bootstrap of that ratio of
@@ -29,8 +29,9 @@ import pandas as pd
 SETTING = ["model", "quant", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
            "routing_file_sha256", "routing_layer", "fill", "timing_mode", "device"]
 AXES = ["backend", "experts", "reduction", "overlap"]
-KNOBS = ["num_sms", "dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout", "row_layout"]
-KNOB_DEFAULTS = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto"}
+KNOBS = ["num_sms", "dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout", "row_layout", "contiguous_gemm"]
+KNOB_DEFAULTS = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto",
+                 "contiguous_gemm": "triton"}
 DRAWS = 2000
 
 
@@ -49,7 +50,7 @@ def ratio_interval(best_us, runner_us, draws: int = DRAWS, seed: int = 0, conf: 
 
 
 def knobs_of(row) -> str:
-    """'sms16 carve24 gathered': the knobs off their defaults (columns where the run has
+    """'sms16 carve24 gathered gemm=gluon': the knobs off their defaults (columns where the run has
     them, else the tags load_run read from the label)."""
     if not any(k in row.index and _present(row[k]) for k in KNOBS):
         return str(row.get("knobs", "") or "")
@@ -61,6 +62,8 @@ def knobs_of(row) -> str:
             tags.append(f"{tag}{int(row[k])}")
     if _present(row.get("row_layout")) and row["row_layout"] != "auto":
         tags.append(str(row["row_layout"]))
+    if _present(row.get("contiguous_gemm")) and row["contiguous_gemm"] != KNOB_DEFAULTS["contiguous_gemm"]:
+        tags.append(f"gemm={row['contiguous_gemm']}")
     return " ".join(tags)
 
 
