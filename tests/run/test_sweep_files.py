@@ -24,7 +24,7 @@ SWEEPS = sorted(p.stem for p in (Path(__file__).parents[2] / "sweeps").glob("*.y
 # the slow tier runs them too
 ONE_RANK_LOCAL = {"timing_validation", "triton_roofline", "triton_roofline_v3", "triton_vs_deepgemm",
                   "triton_vs_deepgemm_v3", "triton_vs_torch_events", "weight_reduce_memory", "host_path_gpu_time",
-                  "host_path_gpu_time_v3"}
+                  "host_path_gpu_time_v3", "gluon_gemm", "gluon_gemm_v3"}
 TINY = ["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1",
         "runner.memory=false", "runner.timing=events"]
 
@@ -40,6 +40,9 @@ def _tiny_extra(sweep: str, tmp_path: Path) -> list[str]:
              "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
              # host_path_gpu_time's rows are Triton's alone (issue #34's GPU check): on the CPU the same layers' torch experts
              "host_path_gpu_time": ["experts=torch"], "host_path_gpu_time_v3": ["experts=torch"],
+             # gluon_gemm's rows are GPU-only (issue #35's Gluon GEMM, DeepGEMM): on the CPU the same layers'
+             # torch experts beside the triton ones (skipped here), which keep the file's knob declared
+             "gluon_gemm": ["experts=torch,triton"], "gluon_gemm_v3": ["experts=torch,triton"],
              # routing's kernels need a GPU and its recordings are the GPU models': torch experts, a tiny recording
              "routing": ["experts=torch,torch_batched", "quant=bf16", f"workload.routing_file={tmp_path}/%model%.npz"],
              }.get(sweep, [])
