@@ -107,10 +107,7 @@ def _gluon_fp8_kernel(
     num_in_group = GROUP_SIZE_M * num_pid_n
     base = 0  # this program's K steps before the current tile
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        first_m = (tile // num_in_group) * GROUP_SIZE_M
-        group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
-        off_m = (first_m + (tile % num_in_group) % group_m) * BM
-        off_n = ((tile % num_in_group) // group_m) * BN
+        off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
         expert = gl.load(m_idx_ptr + off_m)
         b_row = expert * N + off_n
         offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
