@@ -89,7 +89,8 @@ def _median(xs: list[float]) -> float:
 
 
 def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
-    """Spin cycles of the hold before each phase sample on a GPU (timing.lead_cycles),
+    """The hold before each phase sample on a GPU, in the spin clock's cycles (timing.lead_cycles;
+    flushes that long where the run flushes L2: timing.sample_start),
     measured with the phase recorder on, whose events cost enqueue time; 0 on the CPU.
     Collective on several ranks. Call it before the timed samples: measuring idles the GPU
     for ~100 ms, which the time-based warm-up then undoes."""
@@ -104,8 +105,8 @@ def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
 
 def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: int = 0) -> dict:
     """Median µs per phase over `reps` forwards, each started as the timed samples are
-    (barrier, flush, align and a hold of `lead` spin cycles: without it a launch-bound phase
-    would carry the host's launch latency)."""
+    (barrier, flush, a hold of `lead` spin-clock cycles, align: without the hold a launch-bound
+    phase would carry the host's launch latency)."""
     from moebench.traces.nvtx import sample_range
 
     per_phase: dict[str, list[float]] = {}

@@ -278,8 +278,9 @@ def _host_enqueue_each(fn: Callable[[], object], device: torch.device, tries: in
 
 
 def hold_cycles(enqueue_us: float, device: torch.device) -> int:
-    """Spin cycles of the hold before a sample whose callable takes the host `enqueue_us`
-    to enqueue: 1.25 x that + 20 µs; 0 for a callable that syncs the host."""
+    """The hold before a sample whose callable takes the host `enqueue_us` to enqueue, in
+    the spin clock's cycles (its unit whether the hold is a spin or flushes: sample_start):
+    1.25 x that + 20 µs; 0 for a callable that syncs the host."""
     if not enqueue_us <= HOST_SYNCS_US:  # NaN too: no measurement, no hold
         return 0
     return int((1.25 * enqueue_us + 20.0) * _cycles_per_us(device))

@@ -60,8 +60,8 @@ def _window(trace: Trace, sample: Optional[int]):
             return min(k.start_us for k in ks), max(k.end_us for k in ks), label, idx
         return r.start_us, r.end_us, f"sample {idx} of {len(samples)}", idx
     # no samples (an nsys report of a row's timed work): the span of the kernels launched
-    # inside a phase range, so that what ran outside the layer (a timing harness's spin
-    # kernels, a warm-up) does not squeeze it into a corner
+    # inside a phase range, so that what ran outside the layer (a timing harness's holds:
+    # flushes or spin kernels; a warm-up) does not squeeze it into a corner
     phased = [k for k in trace.kernels if k.phases]
     if phased:
         return (min(k.start_us for k in phased), max(k.end_us for k in phased),
