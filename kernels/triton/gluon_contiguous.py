@@ -31,8 +31,6 @@ them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -44,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .contiguous_gemm import ALIGN, GROUP
+from .contiguous_gemm import ALIGN, GROUP, _num_sms
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
@@ -183,10 +181,7 @@ def _ws_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num
             s = it % STAGES
             # a fresh barrier's previous phase counts as done: the first pass through the ring waits for nothing
             mbarrier.wait(empty.index(s), phase=((it // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, k * BK], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [b_row, k * BK], bar, b_bufs.index(s))
+            _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it, k, STAGES)
             it += 1
 
 
@@ -285,11 +280,6 @@ def _descriptor(t: torch.Tensor, block: list[int]):
 
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
     return TensorDescriptor.from_tensor(t, block, layout)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

@@ -298,6 +298,21 @@ def test_reduction_in_experts_saves_the_topk_buffer(model, quant, T):
     assert abs(saved - expect) <= 0.05 * expect, (saved, expect)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_or_fail(cmd: list, what: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    """cmd in a process of its own from the checkout's root, its output printed; a hang (past
+    `timeout` s) fails the calling test with what it printed so far instead of stalling the suite."""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ))
+    except subprocess.TimeoutExpired as e:  # (its stdout is bytes, text=True or not)
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"{what} did not finish in {timeout} s (a hang?); printed so far:\n{out}")
+    print(res.stdout[-6000:])
+    return res
+
+
 def test_gluon_contiguous_gemm_matches_the_fp32_product():
     """kernels/triton/gluon_contiguous.py (issue #35: the block-scale promotion beside the tensor
     cores' work), its kernels as benchmarks/triton_fp8_contiguous.py's GLUON_VARIANTS run them
@@ -307,15 +322,9 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     (`--gluon --check`). In a subprocess with a timeout: Triton's automatic warp specialization
     of the Triton kernel hung on this GPU (docs/findings/triton-vs-deepgemm.md), and a hung
     kernel must fail this test, not stall the suite."""
-    root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, str(root / "benchmarks" / "triton_fp8_contiguous.py"), "--gluon", "--check", "1e-2",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "triton_fp8_contiguous.py"), "--gluon", "--check", "1e-2",
            "--models", "qwen3_30b_a3b", "deepseek_v3", "--tokens", "256", "4096"]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=root, env=dict(os.environ))
-    except subprocess.TimeoutExpired as e:  # (its stdout is bytes, text=True or not)
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"the Gluon GEMM did not finish in 240 s (a hang?); printed so far:\n{out}")
-    print(res.stdout[-6000:])
+    res = _run_or_fail(cmd, "the Gluon GEMM")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "failed:" not in res.stdout and "FAILED" not in res.stdout, res.stdout[-4000:]
     # 2 models x 2 sizes x 2 GEMMs x (our tile + the three Gluon variants)
@@ -355,13 +364,6 @@ def test_the_layer_with_the_gluon_gemm_matches_the_triton_one():
     a handful of rows) on the contiguous layout with the Gluon GEMM matches the same layer with
     the Triton GEMM within 1e-2 (the same block-scaled products). In a subprocess with a timeout,
     as the GEMM's own test: a hang fails here instead of stalling the suite."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        res = subprocess.run([sys.executable, "-c", _GLUON_LAYER], capture_output=True, text=True, timeout=240,
-                             cwd=root, env=dict(os.environ))
-    except subprocess.TimeoutExpired as e:  # (its stdout is bytes, text=True or not)
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"the layer with the Gluon GEMM did not finish in 240 s (a hang?); printed so far:\n{out}")
-    print(res.stdout[-4000:])
+    res = _run_or_fail([sys.executable, "-c", _GLUON_LAYER], "the layer with the Gluon GEMM")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert res.stdout.count("rel err") == 3, res.stdout[-4000:]
