@@ -12,6 +12,7 @@ Interpreter defects worked around (Triton 3.6):
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -74,3 +75,9 @@ def cast_out(x, dtype: tl.constexpr, EXACT_ROUND: tl.constexpr):
         if dtype == tl.bfloat16:
             x = _round_mantissa(x, 7, -119)
     return x.to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int) -> int:
+    """The GPU's SM count, read once per device (persistent grids size themselves by it)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -16,26 +16,28 @@ benchmarks/triton_fp8_contiguous.py).
 
 Tiles are walked by a persistent grid (at most one program per SM) in
 GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2. Two opt-in
-options (issue #35, to be measured before they become defaults): BOUNDED walks only the
-row tiles below the layout's rows in use (`rows_in_use`, the alignment's num_post: with
-128-row tiles every one of them starts on a valid row, so no padding branch; an EP share
-skips the ~7/8 of the upper bound that is padding), WS also warp-specializes that loop
-(Triton's Hopper pass, 4 warps: a TMA producer and two math warp groups). With the padding
-branch inside it, the warp-specialized loop deadlocked on an H200 (docs/findings/triton-vs-deepgemm.md).
+options (issue #35): BOUNDED walks only the row tiles below the layout's rows in use
+(`rows_in_use`, the alignment's num_post: with 128-row tiles every one of them starts on a
+valid row, so no padding branch; an EP share's padding tiles, most of the upper bound, are
+not walked): measured on an H200, 9.5-15 % faster on DeepSeek-V3's EP-8 down GEMM at
+4096-16384 tokens, within 2 % elsewhere, not yet the default. WS also warp-specializes that
+loop (Triton's Hopper pass, 4 warps: a TMA producer and two math warp groups): it hangs on
+every launch on an H200, with or without the padding branch, fp8 and bf16 alike; kept only
+as the measured record (docs/findings/triton-vs-deepgemm.md; the Gluon kernel of
+gluon_contiguous.py is the warp-specialized route).
 
 Legend: Mp padded rows, N output columns, K reduction dim (multiple of 128),
 E experts, G = K / 128 scale groups.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import cast_out, cdiv
+from .common import cast_out, cdiv, num_sms
 from .launch import interpreted, launch
 
 ALIGN = 128  # rows per expert segment are a multiple of this (DeepGEMM's SM90 alignment)
@@ -172,11 +174,6 @@ def _contiguous_kernel(
 _INTERPRET = interpreted(_contiguous_kernel)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _descriptor(t: torch.Tensor, block: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -224,7 +221,7 @@ def contiguous_gemm(
         return
     tiles = (Mp // bm) * (N // bn)
     if num_programs is None:
-        num_programs = tiles if _INTERPRET or not a.is_cuda else _num_sms(a.device.index or 0)
+        num_programs = tiles if _INTERPRET or not a.is_cuda else num_sms(a.device.index or 0)
     grid = (max(1, min(tiles, num_programs)),)
     a_desc = _descriptor(a, [bm, bk])
     b_desc = _descriptor(w.view(E * N, K), [bn, bk])

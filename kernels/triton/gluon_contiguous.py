@@ -42,7 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .contiguous_gemm import ALIGN, GROUP, _num_sms
+from .common import num_sms
+from .contiguous_gemm import ALIGN, GROUP
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
@@ -304,7 +305,7 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     if Mp == 0:
         return
     tiles = (Mp // bm) * (N // bn)
-    sms = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
     kernel = _gluon_fp8_ws_kernel if ws else _gluon_fp8_kernel
     kernel[grid](

@@ -233,7 +233,8 @@ def group_quant_and_localize(
     s_at = align16(R * K)
     ids_at = align16(s_at + R * G * 4)
     buf = torch.empty(ids_at + R * P * 8, dtype=torch.uint8, device=x.device)
-    # three views of ~0.7 µs each a carve: far less than the two allocations they replace
+    # three views of one allocation where two kernels allocated their outputs apart (the fused
+    # prepare's host enqueue, measured: docs/findings/host-time.md)
     q = carve(buf, 0, (R, K), FP8_DTYPE)
     scale = carve(buf, s_at, (R, G), torch.float32)
     local = carve(buf, ids_at, (R, P), torch.int64)
