@@ -26,11 +26,34 @@ ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as
                        "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
                        "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)", choices=ROW_LAYOUTS,
                        tag="{}")
-CONTIGUOUS_GEMMS = ("triton", "gluon")
-CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "triton", "fp8_block on the contiguous layout: the grouped GEMM in "
-                            "Triton (kernels/triton/contiguous_gemm.py) or the warp-specialized Gluon kernel "
-                            "(kernels/triton/gluon_contiguous.py, Hopper only; issue #35)", choices=CONTIGUOUS_GEMMS,
-                            tag="gemm={}")
+CONTIGUOUS_GEMMS = ("auto", "triton", "gluon")
+# auto: the Gluon kernel for a GEMM of at least this many output columns (N), on an SM90 GPU,
+# the Triton one below. Measured on an H200 (docs/findings/triton-vs-deepgemm.md, "The Gluon
+# kernel"; results/contiguous_variants/s9_gluon_*.json), Gluon / Triton GEMM time at 1024,
+# 4096, 16384 tokens: DeepSeek-V3's EP-8 share gate/up (N 4096) 0.94, 0.91, 0.94 and down
+# (N 7168) 0.92, 0.85, 0.84; qwen3_30b_a3b gate/up (N 1536) 0.94, 0.98, 1.05 and down (N 2048)
+# 0.96, 1.03, 1.06: the narrow GEMMs lose at the sizes where they run contiguous
+GLUON_MIN_N = 4096
+CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "auto", "fp8_block on the contiguous layout: the grouped GEMM in "
+                            "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
+                            "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), or auto (Gluon on an SM90 "
+                            "GPU for GEMMs of at least GLUON_MIN_N output columns, else Triton)",
+                            choices=CONTIGUOUS_GEMMS, tag="gemm={}")
+
+
+def contiguous_gemm_kernel(mode: str, quant: str, capability: Optional[tuple[int, int]], n: int) -> str:
+    """The kernel ("triton" or "gluon") of one contiguous GEMM with n output columns under
+    experts.contiguous_gemm=mode; capability: the GPU's (None: no GPU, the interpreter)."""
+    if mode not in CONTIGUOUS_GEMMS:
+        raise ValueError(f"contiguous_gemm={mode!r}: expected one of {', '.join(CONTIGUOUS_GEMMS)}")
+    if quant != "fp8_block":  # (the Gluon kernel is fp8_block's; planning refuses gluon elsewhere)
+        return "triton"
+    if mode != "auto":
+        return mode
+    sm90 = capability is not None and capability[0] == 9
+    return "gluon" if sm90 and n >= GLUON_MIN_N else "triton"
+
+
 DEFAULT_MIN_TOKENS = 256  # triton_or_deepgemm: DeepGEMM from this many rows after dispatch
 
 
@@ -88,7 +111,7 @@ def triton_unsupported(combo: dict) -> Optional[str]:
     if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
         return (f"experts.row_layout={layout} picks the row layout of quant="
                 f"{' or '.join(CONTIGUOUS_QUANTS)} only")
-    if combo.get("contiguous_gemm", "triton") == "gluon":
+    if combo.get("contiguous_gemm", "auto") == "gluon":
         why = gluon_unsupported(quant, layout, device)
         if why:
             return f"experts.contiguous_gemm=gluon: {why}"

@@ -13,12 +13,16 @@ layout the `deepgemm` experts build) so that both GEMM operands load through TMA
 (kernels/experts/_contiguous.py). The layout is chosen per call from the expected
 local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured on an H200:
 docs/findings/triton-vs-deepgemm.md); the knob experts.row_layout = gathered | contiguous forces one.
-fp8_block's contiguous GEMMs can run on the warp-specialized Gluon kernel instead
-(experts.contiguous_gemm=gluon: kernels/triton/gluon_contiguous.py, Hopper only, issue #35).
+fp8_block's contiguous GEMMs run on the warp-specialized Gluon kernel (kernels/triton/
+gluon_contiguous.py, SM90 only, issue #35) where it measured faster: experts.contiguous_gemm=auto
+(the default) takes it for GEMMs of at least GLUON_MIN_N output columns on an SM90 GPU; triton
+or gluon force one.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -26,9 +30,11 @@ from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the test
     CONTIGUOUS_GEMM_KNOB,
     CONTIGUOUS_MIN_PAIRS_PER_EXPERT,
     CONTIGUOUS_QUANTS,
+    GLUON_MIN_N,
     ROW_LAYOUT_KNOB,
     ROW_LAYOUTS,
     TritonCard,
+    contiguous_gemm_kernel,
     contiguous_unsupported,
     triton_unsupported,
 )
@@ -72,8 +78,14 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         self._contiguous_ok = contiguous_unsupported(q.name, K, N // 2) is None
         self._contiguous_w = ContiguousWeights(weights) if self._contiguous_ok else None
         self.last_layout = ""  # bf16 / fp8_block: the layout the last apply() ran
-        # experts.contiguous_gemm=gluon: fp8_block's contiguous GEMMs by the Gluon kernel (issue #35)
-        self._gluon = (ctx.options or {}).get("contiguous_gemm", "triton") == "gluon" and q.name == "fp8_block"
+        # experts.contiguous_gemm: each contiguous GEMM's kernel by its output columns (gate/up N, down K)
+        mode = (ctx.options or {}).get("contiguous_gemm", "auto")
+        dev = ctx.device
+        cap = (torch.cuda.get_device_capability(dev)
+               if dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" else None)
+        self._gemm_kernel = {n: contiguous_gemm_kernel(mode, q.name, cap, n) for n in (N, K)}
+        # "gate/up's kernel/down's kernel" of the last apply() on the contiguous layout, else ""
+        self.last_gemm = ""
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc); decided once per
@@ -135,6 +147,8 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         contiguous = self.contiguous(*ids.shape)
         if self._contiguous_ok:  # what ran, for the rows (experts.row_layout=auto decides per call)
             self.last_layout = "contiguous" if contiguous else "gathered"
+            _, N, K = self.w.w13_ENK.shape
+            self.last_gemm = f"{self._gemm_kernel[N]}/{self._gemm_kernel[K]}" if contiguous else ""
         if contiguous:
             contiguous_apply(self._contiguous_gemm, self._contiguous_w, ALIGN, self.reduction, output, prepared,
                              workspace13, workspace2)
@@ -145,7 +159,7 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         )
 
     def _contiguous_gemm(self, a, a_s, w, w_s, out, layout):
-        if self._gluon:
+        if self._gemm_kernel[w.shape[1]] == "gluon":
             from ..triton.gluon_contiguous import gluon_contiguous_gemm  # (Gluon: Hopper only, imported on use)
 
             gluon_contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, layout.num_post)

@@ -173,20 +173,16 @@ def variants(quick: bool):
                     dict(x_ptr=x, xs_ptr=xs, counts_ptr="*i32", a_ptr="*fp8e4nv", as_ptr="*fp32", Xp="i32", K="i32",
                          G="i32", stride_xe="i32", stride_xr="i32", stride_xse="i32", stride_xsr="i32", stride_xsg="i32"),
                     dict(BLOCK_R=16, GROUP=128, QUANT_IN=quant_in, FP8_MAX=448.0, EPS=1e-10, EXACT_ROUND=False), 4, 1))
-    # (+ issue #35's opt-in warp-specialized loop, 4 warps: it must still lower)
-    fp8_ws = dict(contiguous_gemm.DEFAULT_CONFIG, num_warps=4)
-    for qname, cfg, dt, scaled, ws in (("fp8_block", contiguous_gemm.DEFAULT_CONFIG, "fp8e4nv", True, False),
-                                       ("bf16", contiguous_gemm.BF16_CONFIG, "bf16", False, False),
-                                       ("fp8_block", fp8_ws, "fp8e4nv", True, True)):
+    for qname, cfg, dt, scaled in (("fp8_block", contiguous_gemm.DEFAULT_CONFIG, "fp8e4nv", True),
+                                   ("bf16", contiguous_gemm.BF16_CONFIG, "bf16", False)):
         bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
         types = dict(a_desc=f"tensordesc<{dt}[{bm}, {bk}]>", b_desc=f"tensordesc<{dt}[{bn}, {bk}]>", c_ptr="*bf16",
                      as_ptr="*fp32" if scaled else "*i32", bs_ptr="*fp32" if scaled else "*i32", m_idx_ptr="*i32",
                      rows_ptr="*i32", Mp="i32", N="i32", num_programs="i32", tiles_per_program="i32", stride_cm="i32",
                      stride_asm="i32", stride_asg="i32", stride_bse="i32", stride_bsn="i32", stride_bsk="i32")
-        name = f"contiguous_gemm {qname} {bm}x{bn}x{bk}" + (" WS" if ws else "")
-        out.append((name, contiguous_gemm._contiguous_kernel, types,
+        out.append((f"contiguous_gemm {qname} {bm}x{bn}x{bk}", contiguous_gemm._contiguous_kernel, types,
                     dict(K=2048, SCALED=scaled, GROUP_N=128, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=ws, WS=ws),
+                         GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=False),
                     cfg["num_warps"], cfg["num_stages"]))
     # issue #35's Gluon kernel (opt-in; no interpreter runs it, so this is its CPU check)
     from . import gluon_contiguous

@@ -15,16 +15,15 @@ bf16, no scales, c[r] = a[r] . w[e(r)] (timed against DeepGEMM's bf16 GEMM by
 benchmarks/triton_fp8_contiguous.py).
 
 Tiles are walked by a persistent grid (at most one program per SM) in
-GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2. Two opt-in
-options (issue #35): BOUNDED walks only the row tiles below the layout's rows in use
-(`rows_in_use`, the alignment's num_post: with 128-row tiles every one of them starts on a
-valid row, so no padding branch; an EP share's padding tiles, most of the upper bound, are
-not walked): measured on an H200, 9.5-15 % faster on DeepSeek-V3's EP-8 down GEMM at
-4096-16384 tokens, within 2 % elsewhere, not yet the default. WS also warp-specializes that
-loop (Triton's Hopper pass, 4 warps: a TMA producer and two math warp groups): it hangs on
-every launch on an H200, with or without the padding branch, fp8 and bf16 alike; kept only
-as the measured record (docs/findings/triton-vs-deepgemm.md; the Gluon kernel of
-gluon_contiguous.py is the warp-specialized route).
+GROUP_SIZE_M-swizzled order, so consecutive tiles share B columns in L2. One opt-in option
+(issue #35): BOUNDED walks only the row tiles below the layout's rows in use (`rows_in_use`,
+the alignment's num_post: with 128-row tiles every one of them starts on a valid row, so no
+padding branch; an EP share's padding tiles, most of the upper bound, are not walked):
+measured on an H200, 9.5-15 % faster on DeepSeek-V3's EP-8 down GEMM at 4096-16384 tokens,
+within 2 % elsewhere, not the default. Triton's automatic warp specialization of this tile
+loop (`tl.range(..., warp_specialize=True)`) hung on every launch on an H200, fp8 and bf16
+alike, and was removed (the record: docs/findings/triton-vs-deepgemm.md); the warp-specialized
+route is the Gluon kernel of gluon_contiguous.py.
 
 Legend: Mp padded rows, N output columns, K reduction dim (multiple of 128),
 E experts, G = K / 128 scale groups.
@@ -145,7 +144,6 @@ def _contiguous_kernel(
     GROUP_SIZE_M: tl.constexpr,
     INTERPRET: tl.constexpr,
     BOUNDED: tl.constexpr = False,  # walk only the row tiles in use (BLOCK_SIZE_M == ALIGN)
-    WS: tl.constexpr = False,  # BOUNDED, the tile loop warp-specialized (Triton's automatic WS)
 ):
     if BOUNDED:  # segments are ALIGN-padded: every tile below the rows in use starts with a valid row
         num_pid_m = tl.cdiv(tl.load(rows_ptr), BLOCK_SIZE_M)
@@ -153,21 +151,15 @@ def _contiguous_kernel(
         num_pid_m = tl.cdiv(Mp, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     num_tiles = num_pid_m * num_pid_n
-    if WS and not INTERPRET:  # (the interpreter walks the same tiles below)
-        for tile in tl.range(tl.program_id(0), num_tiles, num_programs, warp_specialize=True):
+    i = 0
+    while i < tiles_per_program:  # (the interpreter takes no range() over runtime values)
+        tile = tl.program_id(0) + i * num_programs
+        i += 1
+        if tile < num_tiles:  # the last pass of some programs has no tile (and group_m would be 0)
             _tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, tile, num_pid_m, num_pid_n, N,
                   stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                  K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, False, INTERPRET)
-    else:
-        i = 0
-        while i < tiles_per_program:  # (the interpreter takes no range() over runtime values)
-            tile = tl.program_id(0) + i * num_programs
-            i += 1
-            if tile < num_tiles:  # the last pass of some programs has no tile (and group_m would be 0)
-                _tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, tile, num_pid_m, num_pid_n, N,
-                      stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                      K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, not BOUNDED,
-                      INTERPRET)
+                  K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, not BOUNDED,
+                  INTERPRET)
 
 
 # decided when the kernel was decorated (TRITON_INTERPRET then): once, not per launch
@@ -197,7 +189,7 @@ def contiguous_gemm(
     num_programs caps the persistent grid (default: the SM count; the interpreter
     runs one program per tile). rows_in_use: int32 [1] on the device, the rows of every
     expert's segment (the layout's num_post); config BOUNDED=True walks only their tiles
-    (BLOCK_SIZE_M must be ALIGN), WS=True also warp-specializes the tile loop (issue #35)."""
+    (BLOCK_SIZE_M must be ALIGN; issue #35)."""
     scaled = a_scale is not None
     assert scaled == (w_scale is not None), "fp8 needs both scales, bf16 neither"
     Mp, K = a.shape
@@ -214,9 +206,9 @@ def contiguous_gemm(
     if scaled:
         assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), \
             (a_scale.shape, w_scale.shape)
-    ws = bool(cfg.get("WS", False))
-    bounded = ws or bool(cfg.get("BOUNDED", False))
-    assert not bounded or (rows_in_use is not None and bm == ALIGN), "BOUNDED / WS: rows_in_use and 128-row tiles"
+    assert "WS" not in cfg, "WS (Triton's warp specialization) hung on every launch and was removed (issue #35)"
+    bounded = bool(cfg.get("BOUNDED", False))
+    assert not bounded or (rows_in_use is not None and bm == ALIGN), "BOUNDED: rows_in_use and 128-row tiles"
     if Mp == 0:
         return
     tiles = (Mp // bm) * (N // bn)
@@ -234,5 +226,5 @@ def contiguous_gemm(
         Mp, N, grid[0], cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
         K=K, SCALED=scaled, GROUP_N=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-        INTERPRET=_INTERPRET, BOUNDED=bounded, WS=ws, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        INTERPRET=_INTERPRET, BOUNDED=bounded, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -31,7 +31,7 @@ SETTING = ["model", "quant", "world_size", "simulate_ep", "simulate_rank", "rout
 AXES = ["backend", "experts", "reduction", "overlap"]
 KNOBS = ["num_sms", "dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout", "row_layout", "contiguous_gemm"]
 KNOB_DEFAULTS = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto",
-                 "contiguous_gemm": "triton"}
+                 "contiguous_gemm": "auto"}
 DRAWS = 2000
 
 

@@ -46,6 +46,7 @@ class RankResult:
     expert_flops: float = NAN
     expert_bytes: float = NAN
     row_layout_used: str = ""
+    contiguous_gemm_used: str = ""
     # routing (moebench/routing/generate.py): what the measured inputs were
     imbalance_experts: float = NAN
     imbalance_ranks: float = NAN

@@ -159,6 +159,8 @@ MEASURED: tuple[Column, ...] = (
     _c("nvlink_gbps_per_rank", "list", "rate", PER_RANK, "nvlink_gbps of each rank"),
     _c("row_layout_used", "str", "layout", WORST, "the row layout the triton bf16 / fp8_block experts ran "
        "(mixed when ranks differ)"),
+    _c("contiguous_gemm_used", "str", "layout", WORST, "the triton experts' contiguous GEMM kernels, gate/up's "
+       "and down's (e.g. gluon/gluon; empty off the contiguous layout, mixed when ranks differ)"),
     # routing (moebench/routing/generate.py; docs/routing.md)
     _c("imbalance_experts", "float", "routing", MAX, "max / mean pairs per expert over every rank's tokens "
        "(1: even)"),

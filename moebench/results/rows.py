@@ -194,8 +194,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     for k in schema.names(group="routing", combine=schema.SAME):  # rank 0's (the same on every rank)
         row[k] = getattr(ranks[0], k)
     # experts=triton + bf16 / fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
-    layouts = {r.row_layout_used or "" for r in ranks}
-    row["row_layout_used"] = layouts.pop() if len(layouts) == 1 else "mixed"
+    for k in ("row_layout_used", "contiguous_gemm_used"):  # (and its contiguous GEMMs' kernels)
+        used = {getattr(r, k) or "" for r in ranks}
+        row[k] = used.pop() if len(used) == 1 else "mixed"
     if ranks[0].kernel_us is not None:  # profiler mode: per-rank communication kernel durations (JSON)
         row["kernel_us"] = [r.kernel_us or "{}" for r in ranks]
     return row

@@ -266,6 +266,7 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
         fields.update(capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs,
                                     world_size=world_size))
     fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
+    fields["contiguous_gemm_used"] = getattr(kernel.experts, "last_gemm", "")
     clock.lap("trace")
     return fields
 

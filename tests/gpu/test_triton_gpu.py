@@ -343,7 +343,7 @@ _GLUON_LAYER = """if True:
     worst = 0.0
     for model, ep, T in (("qwen3_30b_a3b", 1, 4096), ("deepseek_v3", 8, 2048), ("deepseek_v3", 8, 16)):
         out = {}
-        for gemm in ("triton", "gluon"):
+        for gemm in ("triton", "gluon", "auto"):
             ovs = ["backend=local", f"backend.simulate_ep={ep}", "experts=triton", f"model={model}",
                    "reduction=experts", "quant=fp8_block", "overlap=none", "experts.row_layout=contiguous",
                    f"experts.contiguous_gemm={gemm}"]
@@ -351,6 +351,10 @@ _GLUON_LAYER = """if True:
             x, w, ids = make_inputs(layer.ctx.shape, T, "uniform", 1.0, 0, 0, 2, dev)
             out[gemm] = layer.kernel(x, w, ids).float()
             assert layer.kernel.experts.last_layout == "contiguous"
+            # auto: Gluon for DeepSeek-V3's GEMMs (4096 and 7168 columns), Triton for qwen3's (1536, 2048)
+            used = {"auto": "gluon/gluon" if model == "deepseek_v3" else "triton/triton"}.get(gemm, f"{gemm}/{gemm}")
+            assert layer.kernel.experts.last_gemm == used, (model, gemm, layer.kernel.experts.last_gemm)
+        assert rel_err(out["auto"], out["gluon" if model == "deepseek_v3" else "triton"]) <= 1e-2
         err = rel_err(out["gluon"], out["triton"])
         worst = max(worst, err)
         print(f"{model} EP-{ep} {T} tokens: gluon vs triton layer output rel err {err:.2e}", flush=True)
@@ -362,8 +366,10 @@ def test_the_layer_with_the_gluon_gemm_matches_the_triton_one():
     """experts.contiguous_gemm=gluon (issue #35) in the whole layer: the fp8_block forward of qwen3
     (4096 tokens) and DeepSeek-V3's EP-8 share (2048 and 16 tokens: most row tiles padding, at 16
     a handful of rows) on the contiguous layout with the Gluon GEMM matches the same layer with
-    the Triton GEMM within 1e-2 (the same block-scaled products). In a subprocess with a timeout,
-    as the GEMM's own test: a hang fails here instead of stalling the suite."""
+    the Triton GEMM within 1e-2 (the same block-scaled products), and the default, auto, runs the
+    kernel its rule names (experts' last_gemm: Gluon for DeepSeek-V3's, Triton for qwen3's) with
+    that kernel's output. In a subprocess with a timeout, as the GEMM's own test: a hang fails here
+    instead of stalling the suite."""
     res = _run_or_fail([sys.executable, "-c", _GLUON_LAYER], "the layer with the Gluon GEMM")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert res.stdout.count("rel err") == 3, res.stdout[-4000:]

@@ -304,8 +304,29 @@ def test_contiguous_gemm_knob(monkeypatch):
     assert "fp8_block GEMM, not quant=bf16" in bf16.reason
     (gathered,), _ = plan.plan(ovs + ["experts.contiguous_gemm=gluon", "experts.row_layout=gathered"], None)
     assert "contiguous layout's rows" in gathered.reason
-    with pytest.raises(ValueError, match="valid: triton, gluon"):
+    (forced,), _ = plan.plan(ovs + ["experts.contiguous_gemm=triton"], None)  # auto, the default, is no tag
+    assert forced.reason is None and "gemm=triton" in forced.label and forced.key != triton.key
+    with pytest.raises(ValueError, match="valid: auto, triton, gluon"):
         plan.plan(ovs + ["experts.contiguous_gemm=cuda"], None)
+
+
+@pytest.mark.parametrize("mode,quant,cap,n,kernel", [
+    ("auto", "fp8_block", (9, 0), 4096, "gluon"),  # DeepSeek-V3's EP-8 gate/up: measured faster on Gluon
+    ("auto", "fp8_block", (9, 0), 7168, "gluon"),
+    ("auto", "fp8_block", (9, 0), 2048, "triton"),  # qwen3's down: measured slower on Gluon
+    ("auto", "fp8_block", (10, 0), 7168, "triton"),  # Gluon's WGMMA is sm_90's
+    ("auto", "fp8_block", None, 7168, "triton"),  # no GPU: the interpreter runs Triton only
+    ("auto", "bf16", (9, 0), 7168, "triton"),  # the Gluon kernel is fp8_block's
+    ("triton", "fp8_block", (9, 0), 7168, "triton"),
+    ("gluon", "fp8_block", (9, 0), 1536, "gluon"),
+])
+def test_contiguous_gemm_auto_picks_the_kernel_measured_faster(mode, quant, cap, n, kernel):
+    """experts.contiguous_gemm=auto (the default): the Gluon kernel for the GEMMs it measured
+    faster on (at least GLUON_MIN_N output columns, an SM90 GPU, fp8_block), else Triton."""
+    from moebench.kernels.cards.experts import GLUON_MIN_N, contiguous_gemm_kernel
+
+    assert GLUON_MIN_N == 4096
+    assert contiguous_gemm_kernel(mode, quant, cap, n) == kernel
 
 
 def test_the_default_sweeps_plan_is_pinned(monkeypatch):
@@ -326,5 +347,6 @@ def test_the_default_sweeps_plan_is_pinned(monkeypatch):
     assert (len(records), sum(r["status"] == "valid" for r in records)) == (1008, 72)
     digest = hashlib.sha1(json.dumps(records, sort_keys=True).encode()).hexdigest()
     # (session 8: the triton records' knobs list experts.contiguous_gemm at its default; keys, labels,
-    # statuses and reasons as before)
-    assert digest == "c83cd01bec9aa58e08cd712897913bfad9288c20"
+    # statuses and reasons as before. Session 9: that default is auto, not triton — with "auto"
+    # written back as "triton" the records hash to session 8's c83cd01b…)
+    assert digest == "3e804377d9cba09f6071f705b8b246f7ea7c5244"
