@@ -12,7 +12,8 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
                                                [--variants | --gluon] [--variant I] [--check TOL] [--json out.json]
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
-warp-specialized one at 4 and 6 stages, the pipelined one at 4) beside our default Triton tile; --check TOL only
+warp-specialized one at 4 and 6 stages, the pipelined one at 4, the warp-specialized one at 4 stages
+with its block scales loaded two K steps ahead) beside our default Triton tile; --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
@@ -57,7 +58,8 @@ VARIANTS = {
 }
 
 # --gluon: (warp-specialized, stages) of kernels/triton/gluon_contiguous.py's kernels
-GLUON_VARIANTS = ((True, 4), (True, 6), (False, 4))
+# (+ the block scales loaded 2 K steps ahead, across tiles: _ws_math's SCALE_AHEAD)
+GLUON_VARIANTS = ((True, 4, 1), (True, 6, 1), (False, 4, 1), (True, 4, 2))
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -199,8 +201,9 @@ def main(argv=None) -> list[dict]:
                     tiles = tiles[args.variant : args.variant + 1]
                 if args.gluon:  # --variant I: the I-th Gluon variant alone (a hang costs one process)
                     picked = GLUON_VARIANTS if args.variant is None else GLUON_VARIANTS[args.variant : args.variant + 1]
-                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 4 if ws else 8, st), dict(gluon=True, WS=ws))
-                                                        for ws, st in picked]
+                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 4 if ws else 8, st),
+                                                         dict(gluon=True, WS=ws, SCALE_AHEAD=ahead))
+                                                        for ws, st, ahead in picked]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)
@@ -215,8 +218,9 @@ def main(argv=None) -> list[dict]:
                             from moebench.kernels.triton.gluon_contiguous import gluon_contiguous_gemm
 
                             label = f"gluon {bm}x{bn}x{bk} g{gm} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
+                            label += f" ahead {extra['SCALE_AHEAD']}" if extra["SCALE_AHEAD"] != 1 else ""
                             gcfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=gm, STAGES=ns, num_warps=nw,
-                                        WS=extra["WS"])
+                                        WS=extra["WS"], SCALE_AHEAD=extra["SCALE_AHEAD"])
                             fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)  # noqa: E731
                         try:
                             fn()

@@ -188,12 +188,14 @@ def variants(quick: bool):
     from . import gluon_contiguous
 
     g = gluon_contiguous.GLUON_CONFIG
-    for ws, stages in ((True, 4), (True, 6), (False, 4)):
+    for ws, stages, ahead in ((True, 4, 1), (True, 6, 1), (False, 4, 1), (True, 4, 2)):
         fn, warps = (gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws else (gluon_contiguous._gluon_fp8_kernel, 8)
-        out.append((f"gluon_contiguous fp8_block 128x128x128 {'WS ' if ws else ''}stages {stages}", fn,
-                    gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"]),
-                    dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps),
-                    warps, 1))
+        consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps)
+        if ws:
+            consts["SCALE_AHEAD"] = ahead
+        out.append((f"gluon_contiguous fp8_block 128x128x128 {'WS ' if ws else ''}stages {stages}"
+                    + (f" scales {ahead} ahead" if ahead != 1 else ""), fn,
+                    gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"]), consts, warps, 1))
     return out
 
 

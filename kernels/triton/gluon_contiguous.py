@@ -47,7 +47,8 @@ from .contiguous_gemm import ALIGN, GROUP
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
-GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8)
+# SCALE_AHEAD (WS only): how many K steps ahead the math warp groups load the block scales (_ws_math)
+GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1)
 
 
 @gluon.jit
@@ -187,45 +188,100 @@ def _ws_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num
 
 
 @gluon.jit
+def _ws_scale_ptrs(tile, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group, stride_asm, stride_bse, stride_bsn,
+                   HALF: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, BM: gl.constexpr,
+                   BN: gl.constexpr, layout: gl.constexpr):
+    """K tile 0's activation-scale pointers of this warp group's rows of `tile`, and its weight
+    scale's pointer (the tile's expert and column block)."""
+    off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+    offs_m = off_m + HALF * (BM // 2) + gl.arange(0, BM // 2, layout=layout)
+    expert = gl.maximum(gl.load(m_idx_ptr + off_m), 0)  # (a padding row's -1: only where the scales go unused)
+    return (as_ptr + offs_m.to(gl.int64) * stride_asm,
+            bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn)
+
+
+@gluon.jit
 def _ws_math(ring, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
              stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, HALF: gl.constexpr,
              GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
-             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SCALE_AHEAD: gl.constexpr):
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile. Each K step waits
     for its stage, runs its WGMMA into a fresh partial and waits for it at once, releases the stage,
     then scales and adds the partial into the accumulator: while it promotes, the other warp group's
-    WGMMA keeps the tensor cores busy (DeepGEMM's overlap; no CTA barrier joins the two)."""
+    WGMMA keeps the tensor cores busy (DeepGEMM's overlap; no CTA barrier joins the two).
+
+    The block scales come from global memory, SCALE_AHEAD K steps ahead of their use: 1 loads the
+    next step's within the tile (a tile's first step waits for its own); 2 keeps two steps in
+    flight in registers and runs across tiles (the last steps of a tile load the next tile's first
+    scales), so no step waits for a cold load while the stages keep the WGMMAs fed."""
     a_bufs, b_bufs, ready, empty = ring  # the stages and their `ready` / `empty` mbarriers
     ROWS: gl.constexpr = BM // 2
     KT: gl.constexpr = K // BK
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     num_in_group = GROUP_SIZE_M * num_pid_n
+    num_tiles = num_pid_m * num_pid_n
     it = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
+    if SCALE_AHEAD == 2:
+        gl.static_assert(KT >= 2, "two K steps ahead: at least two K tiles")
+        # this program's first tile (a program with none, or no rows in use at all: tile 0's rows of row tile
+        # 0, which exist in Mp, loaded and unused)
+        first = gl.minimum(gl.program_id(0), gl.maximum(num_tiles - 1, 0))
+        as_ptrs, bs_ptrs = _ws_scale_ptrs(first, as_ptr, bs_ptr, m_idx_ptr, gl.maximum(num_pid_m, 1), num_in_group,
+                                          stride_asm, stride_bse, stride_bsn, HALF, GROUP_N, GROUP_SIZE_M, BM, BN,
+                                          rows_l)
+        a0 = gl.load(as_ptrs)
+        b0 = gl.load(bs_ptrs)
+        a1 = gl.load(as_ptrs + stride_asg)
+        b1 = gl.load(bs_ptrs + stride_bsk)
+    for tile in range(gl.program_id(0), num_tiles, num_programs):
         off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
-        expert = gl.load(m_idx_ptr + off_m)
-        row0 = off_m + HALF * ROWS
-        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
-        bs_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn
+        offs_m = off_m + HALF * ROWS + gl.arange(0, ROWS, layout=rows_l)
         acc = gl.zeros([ROWS, BN], gl.float32, mma)
         part = gl.zeros([ROWS, BN], gl.float32, mma)
-        a_s = gl.load(as_ptrs)  # K tile 0's scales; each step loads the next step's (their latency behind a step)
-        b_s = gl.load(bs_ptrs)
-        for k in range(KT):
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
-            part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)), part,
-                                 use_acc=False, is_async=True)
-            g = min(k + 1, KT - 1)  # (the last step reloads its own)
-            a_next = gl.load(as_ptrs + g * stride_asg)
-            b_next = gl.load(bs_ptrs + g * stride_bsk)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            mbarrier.arrive(empty.index(s), count=1)
-            acc += part * (a_s * b_s)[:, None]
-            a_s = a_next
-            b_s = b_next
-            it += 1
+        if SCALE_AHEAD == 2:
+            as_ptrs, bs_ptrs = _ws_scale_ptrs(tile, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group, stride_asm,
+                                              stride_bse, stride_bsn, HALF, GROUP_N, GROUP_SIZE_M, BM, BN, rows_l)
+            # the next tile's first scales are loaded in this tile's last two steps (the last tile reloads its own)
+            nxt = tile + (tile + num_programs < num_tiles).to(gl.int32) * num_programs
+            nas_ptrs, nbs_ptrs = _ws_scale_ptrs(nxt, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group,
+                                                stride_asm, stride_bse, stride_bsn, HALF, GROUP_N, GROUP_SIZE_M,
+                                                BM, BN, rows_l)
+            for k in range(KT):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
+                part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)),
+                                     part, use_acc=False, is_async=True)
+                g = k + 2
+                here = g < KT
+                gg = g - (g >= KT).to(gl.int32) * KT
+                a2 = gl.load(gl.where(here, as_ptrs, nas_ptrs) + gg * stride_asg)
+                b2 = gl.load(gl.where(here, bs_ptrs, nbs_ptrs) + gg * stride_bsk)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += part * (a0 * b0)[:, None]
+                a0, b0, a1, b1 = a1, b1, a2, b2
+                it += 1
+        else:
+            expert = gl.load(m_idx_ptr + off_m)
+            as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+            bs_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn
+            a_s = gl.load(as_ptrs)  # K tile 0's scales; each step loads the next step's (their latency behind a step)
+            b_s = gl.load(bs_ptrs)
+            for k in range(KT):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
+                part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)),
+                                     part, use_acc=False, is_async=True)
+                g = min(k + 1, KT - 1)  # (the last step reloads its own)
+                a_next = gl.load(as_ptrs + g * stride_asg)
+                b_next = gl.load(bs_ptrs + g * stride_bsk)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += part * (a_s * b_s)[:, None]
+                a_s = a_next
+                b_s = b_next
+                it += 1
         offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
         c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
         gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_n < N)[None, :])
@@ -236,6 +292,7 @@ def _gluon_fp8_ws_kernel(
     a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as _gluon_fp8_kernel's
     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
     K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    SCALE_AHEAD: gl.constexpr,
 ):
     """DeepGEMM's structure: a TMA producer (the default partition, 4 warps, of which one thread
     issues) and two math warp groups (the workers, 4 warps each, registers raised to 232), each
@@ -265,11 +322,11 @@ def _gluon_fp8_ws_kernel(
         (_ws_math, (ws_ready, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
                     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(0),
                     gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                    BM, BN, BK)),
+                    BM, BN, BK, gl.constexpr(SCALE_AHEAD))),
         (_ws_math, (ws_ready, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
                     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(1),
                     gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                    BM, BN, BK)),
+                    BM, BN, BK, gl.constexpr(SCALE_AHEAD))),
     ], [4, 4], [232, 232])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
@@ -302,17 +359,20 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     assert m_indices.is_contiguous() and rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
     assert all(t.device == a.device for t in (a_scale, w, w_scale, c, m_indices, rows_in_use)), "one device"
     assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
+    assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or cfg["SCALE_AHEAD"] == 1), cfg
+    assert cfg["SCALE_AHEAD"] == 1 or K >= 2 * GROUP, (K, cfg)
     if Mp == 0:
         return
     tiles = (Mp // bm) * (N // bn)
     sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
     kernel = _gluon_fp8_ws_kernel if ws else _gluon_fp8_kernel
+    extra = dict(SCALE_AHEAD=cfg["SCALE_AHEAD"]) if ws else {}
     kernel[grid](
         _descriptor(a, [bm, GROUP]), _descriptor(w.view(E * N, K), [bn, GROUP]), c, a_scale, w_scale, m_indices,
         rows_in_use, N, grid[0], c.stride(0), *a_scale.stride(), *w_scale.stride(),
         K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"],
-        num_warps=4 if ws else cfg["num_warps"],
+        num_warps=4 if ws else cfg["num_warps"], **extra,
     )
 
 
