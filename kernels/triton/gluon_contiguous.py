@@ -1,5 +1,8 @@
 """fp8 block-scaled grouped GEMM on the contiguous layout, written in Gluon (issue #35's
-explicit route; opt-in, Hopper only, used by no experts entry until a GPU has measured it).
+explicit route; SM90 only). The triton experts run it for GEMMs of at least GLUON_MIN_N output
+columns (experts.contiguous_gemm=auto, kernels/cards/experts.py), where it measured 2-16 % faster
+than the Triton kernel on an H200; at 0.66-0.81 x DeepGEMM's GEMMs it is not yet DeepGEMM's
+speed (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
 The same product as contiguous_gemm.py's fp8 path (see its module doc for the layout and the
 scales), with the structural change that kernel cannot express in Triton: the FP32 promotion of
@@ -25,6 +28,9 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
   its WGMMAs anyway (warning C7515: the loop's two partial tiles swap registers between the
   WGMMAs of one chain), so the overlap it was written for does not happen; kept as the measured
   counter-example (docs/findings/triton-vs-deepgemm.md).
+
+SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
+(_ws_math): measured -8 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend.
 
 Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
 them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).

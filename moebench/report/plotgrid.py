@@ -107,16 +107,36 @@ def grid(n: int, ncols: int = 3, width: float = 4.6, height: float = 3.4, sharex
     return fig, list(axes[:n])
 
 
+def tick_labels(tokens, lo: float, hi: float, min_gap: float = 0.1) -> list[str]:
+    """The label of each tick at `tokens` (sorted) on a log axis from lo to hi: a token count
+    closer than min_gap of the axis to the last labelled one is left unlabelled (its tick
+    stays), so 1024, 2048 and 4096 on a 16-16384 axis do not print over each other; the
+    largest count is always labelled (the one before it yields)."""
+    span = math.log(hi / lo)
+    pos = [math.log(t / lo) / span for t in tokens]
+    shown: list[int] = []
+    for i, p in enumerate(pos):
+        if not shown or p - pos[shown[-1]] >= min_gap:
+            shown.append(i)
+    if shown[-1] != len(tokens) - 1:
+        while shown and pos[-1] - pos[shown[-1]] < min_gap:
+            shown.pop()
+        shown.append(len(tokens) - 1)
+    return [str(t) if i in shown else "" for i, t in enumerate(tokens)]
+
+
 def tokens_axis(ax, tokens) -> None:
-    """Log x axis of tokens per rank, ticked at the measured token counts."""
+    """Log x axis of tokens per rank, ticked at the measured token counts (labelled where
+    they do not crowd each other: tick_labels)."""
     ax.set_xscale("log")
     tokens = sorted({int(t) for t in tokens})
-    if len(tokens) <= 16:
-        ax.set_xticks(tokens, [str(t) for t in tokens])
-        ax.xaxis.set_minor_locator(NullLocator())
     # every panel the same range, with room for whiskers set side by side at a token count
     pad = 1.5 if len(tokens) == 1 else (tokens[-1] / tokens[0]) ** 0.06
-    ax.set_xlim(tokens[0] / pad, tokens[-1] * pad)
+    lo, hi = tokens[0] / pad, tokens[-1] * pad
+    if len(tokens) <= 16:
+        ax.set_xticks(tokens, tick_labels(tokens, lo, hi))
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(lo, hi)
 
 
 def value_axis(ax, values, label: str) -> None:

@@ -96,3 +96,16 @@ def test_the_summary_names_a_fastest_only_where_the_intervals_are_apart():
     assert "no clear fastest, 1.90× by median over torch" in lines[1] and "overlapping" in lines[1]
     summary = reviewer_summary(df, ["a note"])
     assert summary[-1].endswith("1 note(s) in the report's Data quality section; 1 of 4 ok row(s) flagged")
+
+
+def test_token_ticks_that_would_print_over_each_other_are_left_unlabelled():
+    """The report's latency axis (16 to 16384 tokens, log): 2048 sits between 1024 and 4096 too
+    close to print beside them (its tick stays, unlabelled); the largest count is always labelled,
+    and evenly spread counts all are."""
+    from moebench.report.plotgrid import tick_labels
+
+    t = [16, 256, 1024, 2048, 4096, 16384]
+    pad = (16384 / 16) ** 0.06
+    assert tick_labels(t, 16 / pad, 16384 * pad) == ["16", "256", "1024", "", "4096", "16384"]
+    assert tick_labels([16, 8192, 16384], 16 / pad, 16384 * pad) == ["16", "", "16384"]
+    assert tick_labels([16, 32, 64, 128, 256], 12.0, 300.0) == ["16", "32", "64", "128", "256"]
