@@ -13,7 +13,7 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
 warp-specialized one at 4 and 6 stages, the pipelined one at 4, the warp-specialized one at 4 stages
-with its block scales loaded two K steps ahead) beside our default Triton tile; --check TOL only
+with its block scales loaded two K steps ahead, and with its output TMA-stored) beside our default Triton tile; --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
@@ -58,8 +58,10 @@ VARIANTS = {
 }
 
 # --gluon: (warp-specialized, stages) of kernels/triton/gluon_contiguous.py's kernels
-# (+ the block scales loaded 2 K steps ahead, across tiles: _ws_math's SCALE_AHEAD)
-GLUON_VARIANTS = ((True, 4, 1), (True, 6, 1), (False, 4, 1), (True, 4, 2))
+# (warp-specialized, stages, SCALE_AHEAD: the block scales loaded that many K steps ahead, EPILOGUE_TMA: the
+# output through shared memory and a TMA store), _ws_math's options
+GLUON_VARIANTS = ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False), (True, 4, 2, False),
+                  (True, 4, 1, True))
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -202,8 +204,8 @@ def main(argv=None) -> list[dict]:
                 if args.gluon:  # --variant I: the I-th Gluon variant alone (a hang costs one process)
                     picked = GLUON_VARIANTS if args.variant is None else GLUON_VARIANTS[args.variant : args.variant + 1]
                     tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 4 if ws else 8, st),
-                                                         dict(gluon=True, WS=ws, SCALE_AHEAD=ahead))
-                                                        for ws, st, ahead in picked]
+                                                         dict(gluon=True, WS=ws, SCALE_AHEAD=ahead, EPILOGUE_TMA=epi))
+                                                        for ws, st, ahead, epi in picked]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)
@@ -219,8 +221,10 @@ def main(argv=None) -> list[dict]:
 
                             label = f"gluon {bm}x{bn}x{bk} g{gm} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
                             label += f" ahead {extra['SCALE_AHEAD']}" if extra["SCALE_AHEAD"] != 1 else ""
+                            label += " tma-epi" if extra["EPILOGUE_TMA"] else ""
                             gcfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=gm, STAGES=ns, num_warps=nw,
-                                        WS=extra["WS"], SCALE_AHEAD=extra["SCALE_AHEAD"])
+                                        WS=extra["WS"], SCALE_AHEAD=extra["SCALE_AHEAD"],
+                                        EPILOGUE_TMA=extra["EPILOGUE_TMA"])
                             fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)  # noqa: E731
                         try:
                             fn()

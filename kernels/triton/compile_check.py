@@ -188,14 +188,18 @@ def variants(quick: bool):
     from . import gluon_contiguous
 
     g = gluon_contiguous.GLUON_CONFIG
-    for ws, stages, ahead in ((True, 4, 1), (True, 6, 1), (False, 4, 1), (True, 4, 2)):
+    for ws, stages, ahead, epi_tma in ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False),
+                                       (True, 4, 2, False), (True, 4, 1, True)):
         fn, warps = (gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws else (gluon_contiguous._gluon_fp8_kernel, 8)
         consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps)
+        types = gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"])
         if ws:
-            consts["SCALE_AHEAD"] = ahead
+            epi_types, epi_consts = gluon_contiguous.ws_constexprs(epi_tma, g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"])
+            types.update(epi_types)
+            consts.update(epi_consts, SCALE_AHEAD=ahead)
         out.append((f"gluon_contiguous fp8_block 128x128x128 {'WS ' if ws else ''}stages {stages}"
-                    + (f" scales {ahead} ahead" if ahead != 1 else ""), fn,
-                    gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"]), consts, warps, 1))
+                    + (f" scales {ahead} ahead" if ahead != 1 else "") + (" TMA epilogue" if epi_tma else ""), fn,
+                    types, consts, warps, 1))
     return out
 
 

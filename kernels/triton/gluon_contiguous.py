@@ -53,8 +53,10 @@ from .contiguous_gemm import ALIGN, GROUP
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
-# SCALE_AHEAD (WS only): how many K steps ahead the math warp groups load the block scales (_ws_math)
-GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1)
+# WS only (_ws_math): SCALE_AHEAD, how many K steps ahead the math warp groups load the block scales;
+# EPILOGUE_TMA, the output tile written through shared memory and a TMA store
+GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
+                    EPILOGUE_TMA=False)
 
 
 @gluon.jit
@@ -207,10 +209,11 @@ def _ws_scale_ptrs(tile, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group, str
 
 
 @gluon.jit
-def _ws_math(ring, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
              stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, HALF: gl.constexpr,
              GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
-             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SCALE_AHEAD: gl.constexpr):
+             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SCALE_AHEAD: gl.constexpr,
+             EPILOGUE_TMA: gl.constexpr):
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile. Each K step waits
     for its stage, runs its WGMMA into a fresh partial and waits for it at once, releases the stage,
     then scales and adds the partial into the accumulator: while it promotes, the other warp group's
@@ -219,8 +222,13 @@ def _ws_math(ring, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, nu
     The block scales come from global memory, SCALE_AHEAD K steps ahead of their use: 1 loads the
     next step's within the tile (a tile's first step waits for its own); 2 keeps two steps in
     flight in registers and runs across tiles (the last steps of a tile load the next tile's first
-    scales), so no step waits for a cold load while the stages keep the WGMMAs fed."""
+    scales), so no step waits for a cold load while the stages keep the WGMMAs fed.
+
+    The tile's output: EPILOGUE_TMA=False stores it from the WGMMA layout's registers (4-byte
+    stores); True writes it into this warp group's shared-memory tile and TMA-stores that, waiting
+    for the store only before the next tile's output reuses the tile (DeepGEMM's epilogue)."""
     a_bufs, b_bufs, ready, empty = ring  # the stages and their `ready` / `empty` mbarriers
+    c_desc, c_bufs = epi  # EPILOGUE_TMA: c's descriptor (64 x BN blocks) and the two warp groups' tiles
     ROWS: gl.constexpr = BM // 2
     KT: gl.constexpr = K // BK
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
@@ -288,9 +296,18 @@ def _ws_math(ring, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, nu
                 a_s = a_next
                 b_s = b_next
                 it += 1
-        offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
-        c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
-        gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_n < N)[None, :])
+        if EPILOGUE_TMA:
+            c_buf = c_bufs.index(HALF)
+            tma.store_wait(pendings=0)  # this warp group's previous tile has left its shared-memory tile
+            c_buf.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m + HALF * ROWS, off_n], c_buf)
+        else:
+            offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+            c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
+            gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_n < N)[None, :])
+    if EPILOGUE_TMA:
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -298,7 +315,7 @@ def _gluon_fp8_ws_kernel(
     a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as _gluon_fp8_kernel's
     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
     K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
-    SCALE_AHEAD: gl.constexpr,
+    SCALE_AHEAD: gl.constexpr, EPILOGUE_TMA: gl.constexpr, c_desc,  # (c_desc: c in 64 x BN blocks, or None)
 ):
     """DeepGEMM's structure: a TMA producer (the default partition, 4 warps, of which one thread
     issues) and two math warp groups (the workers, 4 warps each, registers raised to 232), each
@@ -322,27 +339,31 @@ def _gluon_fp8_ws_kernel(
     num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
     num_pid_n = gl.cdiv(N, BN)
     ws_ready = (a_bufs, b_bufs, ready, empty)
+    if EPILOGUE_TMA:  # one 64-row output tile for each math warp group
+        epi = (c_desc, gl.allocate_shared_memory(c_desc.dtype, [2, BM // 2, BN], c_desc.layout))
+    else:
+        epi = (a_desc, a_bufs)  # (unused: the math groups store from registers)
     gl.warp_specialize([
         (_ws_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num_pid_m, num_pid_n,
                         num_programs, gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES))),
-        (_ws_math, (ws_ready, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+        (_ws_math, (ws_ready, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
                     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(0),
                     gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                    BM, BN, BK, gl.constexpr(SCALE_AHEAD))),
-        (_ws_math, (ws_ready, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
+                    BM, BN, BK, gl.constexpr(SCALE_AHEAD), gl.constexpr(EPILOGUE_TMA))),
+        (_ws_math, (ws_ready, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
                     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(1),
                     gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                    BM, BN, BK, gl.constexpr(SCALE_AHEAD))),
+                    BM, BN, BK, gl.constexpr(SCALE_AHEAD), gl.constexpr(EPILOGUE_TMA))),
     ], [4, 4], [232, 232])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
 
 
-def _descriptor(t: torch.Tensor, block: list[int]):
+def _descriptor(t: torch.Tensor, block: list[int], dtype=gl.float8e4nv):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
     return TensorDescriptor.from_tensor(t, block, layout)
 
 
@@ -365,7 +386,7 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     assert m_indices.is_contiguous() and rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
     assert all(t.device == a.device for t in (a_scale, w, w_scale, c, m_indices, rows_in_use)), "one device"
     assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
-    assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or cfg["SCALE_AHEAD"] == 1), cfg
+    assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or (cfg["SCALE_AHEAD"] == 1 and not cfg["EPILOGUE_TMA"])), cfg
     assert cfg["SCALE_AHEAD"] == 1 or K >= 2 * GROUP, (K, cfg)
     if Mp == 0:
         return
@@ -373,7 +394,13 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
     kernel = _gluon_fp8_ws_kernel if ws else _gluon_fp8_kernel
-    extra = dict(SCALE_AHEAD=cfg["SCALE_AHEAD"]) if ws else {}
+    extra = {}
+    if ws:
+        epi_tma = bool(cfg["EPILOGUE_TMA"])
+        assert not epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), \
+            "EPILOGUE_TMA: c's rows 16-byte aligned (a TMA store)"
+        c_desc = _descriptor(c, [bm // 2, bn], gl.bfloat16) if epi_tma else None
+        extra = dict(SCALE_AHEAD=cfg["SCALE_AHEAD"], EPILOGUE_TMA=epi_tma, c_desc=c_desc)
     kernel[grid](
         _descriptor(a, [bm, GROUP]), _descriptor(w.view(E * N, K), [bn, GROUP]), c, a_scale, w_scale, m_indices,
         rows_in_use, N, grid[0], c.stride(0), *a_scale.stride(), *w_scale.stride(),
@@ -395,4 +422,13 @@ def signature_types(bm: int = 128, bn: int = 128) -> dict:
     return t
 
 
-__all__ = ["GLUON_CONFIG", "gluon_contiguous_gemm", "signature_types"]
+def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dict, dict]:
+    """The warp-specialized kernel's extra (types, constexprs) for its epilogue: c's descriptor
+    (64 x bn bf16 blocks) with EPILOGUE_TMA, else c_desc=None."""
+    if not epilogue_tma:
+        return {}, dict(EPILOGUE_TMA=False, c_desc=None)
+    layout = gl.NVMMASharedLayout.get_default_for([bm // 2, bn], gl.bfloat16)
+    return dict(c_desc=f"tensordesc<bf16[{bm // 2}, {bn}],{layout!r}>"), dict(EPILOGUE_TMA=True)
+
+
+__all__ = ["GLUON_CONFIG", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]

@@ -489,7 +489,8 @@ def test_compile_check_flags_a_kernel_whose_wgmmas_ptxas_serializes():
     """issue #35's Gluon kernels exist to keep WGMMAs in flight beside the promotion: ptxas's
     serialization warnings (C751x) are what compile_check fails the warp-specialized one on.
     The pipelined kernel draws them (its partial tiles swap registers inside a WGMMA chain),
-    the warp-specialized one does not, with its block scales one or two K steps ahead. (A process without TRITON_INTERPRET, as the test above.)"""
+    the warp-specialized one does not, with its block scales one or two K steps ahead or its
+    output TMA-stored. (A process without TRITON_INTERPRET, as the test above.)"""
     pytest.importorskip("triton.backends.nvidia")
     code = """if True:
         from moebench.kernels.triton import compile_check as cc
@@ -497,9 +498,10 @@ def test_compile_check_flags_a_kernel_whose_wgmmas_ptxas_serializes():
         consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=8, STAGES=4)
         pipelined = cc._compile(g._gluon_fp8_kernel, g.signature_types(), dict(consts, num_warps=8), 90, 8, 1)
         assert "C751" in cc._wgmma_serialized(pipelined.asm["ptx"], 90)
-        for ahead in (1, 2):  # (the block scales one or two K steps ahead)
-            ws = cc._compile(g._gluon_fp8_ws_kernel, g.signature_types(), dict(consts, num_warps=4, SCALE_AHEAD=ahead),
-                             90, 4, 1)
+        for ahead, epi_tma in ((1, False), (2, False), (1, True)):  # (scales 1 or 2 K steps ahead; a TMA-store epilogue)
+            types, epi = g.ws_constexprs(epi_tma)
+            ws = cc._compile(g._gluon_fp8_ws_kernel, dict(g.signature_types(), **types),
+                             dict(consts, num_warps=4, SCALE_AHEAD=ahead, **epi), 90, 4, 1)
             assert cc._wgmma_serialized(ws.asm["ptx"], 90) == ""
             assert ws.metadata.num_warps == 12  # a producer warp group and two math warp groups
         print("ok")
