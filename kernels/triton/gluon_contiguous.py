@@ -23,14 +23,15 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
   While one warp group promotes, the other's WGMMA runs: nothing joins them but the stages.
   ptxas: 168 registers at launch (4 x 40 + 8 x 232 after `setmaxnreg`), no spill, no WGMMA
   serialization warning.
-- `_gluon_fp8_kernel` (WS=False): one partition of 8 warps that issues each K step's WGMMA
-  asynchronously and waits only for the previous step's before promoting it. ptxas serializes
-  its WGMMAs anyway (warning C7515: the loop's two partial tiles swap registers between the
-  WGMMAs of one chain), so the overlap it was written for does not happen; kept as the measured
+- `gluon_fp8_pipelined_kernel` (WS=False, gluon_pipelined.py): one partition of 8 warps that issues
+  each K step's WGMMA asynchronously; ptxas serializes its WGMMAs (C7515), so it is the measured
   counter-example (docs/findings/triton-vs-deepgemm.md).
 
 SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
-(_ws_math): measured -8 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend.
+(_ws_math): measured -8 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA=True
+(WS only, opt-in until the layer has run it): each math warp group writes its tile through shared
+memory and a TMA store; measured 5-34 % less GEMM time than the register epilogue, 11-33 % less
+than the Triton kernel's (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
 Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
 them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).
@@ -50,6 +51,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .common import num_sms
 from .contiguous_gemm import ALIGN, GROUP
+from .gluon_common import load_stage, tile_coords
+from .gluon_pipelined import gluon_fp8_pipelined_kernel
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
@@ -57,120 +60,6 @@ from .contiguous_gemm import ALIGN, GROUP
 # EPILOGUE_TMA, the output tile written through shared memory and a TMA store
 GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
                     EPILOGUE_TMA=False)
-
-
-@gluon.jit
-def _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it, k, STAGES: gl.constexpr):
-    """TMA-load K tile k of A's row tile and B's column tile into stage it % STAGES (`it`
-    counts this program's K steps over all its tiles, so the stages' mbarrier phases carry on)."""
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    s = it % STAGES
-    bar = ready.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(a_desc, [off_m, k * BK], bar, a_bufs.index(s))
-    tma.async_copy_global_to_shared(b_desc, [b_row, k * BK], bar, b_bufs.index(s))
-
-
-@gluon.jit
-def _gluon_fp8_kernel(
-    a_desc,  # [Mp, K] fp8, block [BM, 128]
-    b_desc,  # [E * N, K] fp8, block [BN, 128]
-    c_ptr,  # [Mp, N] bf16
-    as_ptr,  # a_scale: (row, g) at row * stride_asm + g * stride_asg
-    bs_ptr,  # w_scale [E, N / 128, G]
-    m_idx_ptr,  # [Mp] int32
-    rows_ptr,  # [1] int32: the rows in use (every expert's ALIGN-padded segment: the layout's num_post)
-    N,
-    num_programs,
-    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-    K: gl.constexpr,
-    GROUP_N: gl.constexpr,
-    GROUP_SIZE_M: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[0]
-    KT: gl.constexpr = K // BK
-    gl.static_assert(BK == GROUP_N, "one scale group per K tile")
-    gl.static_assert(BN <= GROUP_N, "one weight scale per K tile and output tile")
-    gl.static_assert(STAGES >= 2, "the ring refills the stage the previous WGMMA read")
-    # each warp 16 rows of the tile, all BN columns: WGMMA m64 x nBN x k32 per warp group
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 256 // a_desc.dtype.primitive_bitwidth])
-    # the tile stored in 16-byte pieces along the row (the WGMMA layout would store 2 bytes at a time)
-    out_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [num_warps, 1], [1, 0])
-
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    fence_async_shared()  # the initialized barriers visible to the TMA unit (the async proxy)
-
-    # only the row tiles in use: with ALIGN-row segments each starts on a valid row (no padding branch)
-    num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
-    num_pid_n = gl.cdiv(N, BN)
-    num_in_group = GROUP_SIZE_M * num_pid_n
-    base = 0  # this program's K steps before the current tile
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
-        expert = gl.load(m_idx_ptr + off_m)
-        b_row = expert * N + off_n
-        offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
-        bs_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn
-        for i in gl.static_range(STAGES - 1):
-            if i < KT:
-                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, base + i, i, STAGES)
-
-        acc = gl.zeros([BM, BN], gl.float32, mma)
-        # K tile 0: its WGMMA in flight, its scales read, the ring's last stage filled
-        s = base % STAGES
-        mbarrier.wait(ready.index(s), phase=(base // STAGES) & 1)
-        part = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=False, is_async=True)
-        scale = gl.load(as_ptrs) * gl.load(bs_ptrs)
-        if STAGES - 1 < KT:
-            _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, base + STAGES - 1, STAGES - 1, STAGES)
-        spare = gl.zeros([BM, BN], gl.float32, mma)  # the registers the next partial is written to
-        for k in range(1, KT):
-            it = base + k
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
-            nxt = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), spare, use_acc=False,
-                                is_async=True)
-            nxt_scale = gl.load(as_ptrs + k * stride_asg) * gl.load(bs_ptrs + k * stride_bsk)
-            # the previous K tile's WGMMA is done (this one may still run): promote its partial
-            done = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
-            # both warp groups past that WGMMA before its stage is refilled
-            gl.thread_barrier()
-            if k + STAGES - 1 < KT:
-                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it + STAGES - 1, k + STAGES - 1,
-                            STAGES)
-            acc += done * scale[:, None]
-            spare = done
-            part = nxt
-            scale = nxt_scale
-        done = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-        acc += done * scale[:, None]
-        gl.thread_barrier()  # every WGMMA of this tile done before the next tile's loads refill the ring
-        base += KT
-
-        out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_l)
-        om = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
-        on = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, out_l))
-        gl.store(c_ptr + om.to(gl.int64)[:, None] * stride_cm + on[None, :], out, mask=(on < N)[None, :])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-
-
-@gluon.jit
-def _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """(off_m, off_n) of a tile in GROUP_SIZE_M-swizzled order."""
-    first_m = (tile // num_in_group) * GROUP_SIZE_M
-    group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
-    return (first_m + (tile % num_in_group) % group_m) * BM, ((tile % num_in_group) // group_m) * BN
 
 
 @gluon.jit
@@ -185,13 +74,13 @@ def _ws_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num
     num_in_group = GROUP_SIZE_M * num_pid_n
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
         b_row = gl.load(m_idx_ptr + off_m) * N + off_n
         for k in range(KT):
             s = it % STAGES
             # a fresh barrier's previous phase counts as done: the first pass through the ring waits for nothing
             mbarrier.wait(empty.index(s), phase=((it // STAGES) & 1) ^ 1)
-            _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it, k, STAGES)
+            load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it, k, STAGES)
             it += 1
 
 
@@ -201,7 +90,7 @@ def _ws_scale_ptrs(tile, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group, str
                    BN: gl.constexpr, layout: gl.constexpr):
     """K tile 0's activation-scale pointers of this warp group's rows of `tile`, and its weight
     scale's pointer (the tile's expert and column block)."""
-    off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+    off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
     offs_m = off_m + HALF * (BM // 2) + gl.arange(0, BM // 2, layout=layout)
     expert = gl.maximum(gl.load(m_idx_ptr + off_m), 0)  # (a padding row's -1: only where the scales go unused)
     return (as_ptr + offs_m.to(gl.int64) * stride_asm,
@@ -249,7 +138,7 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
         a1 = gl.load(as_ptrs + stride_asg)
         b1 = gl.load(bs_ptrs + stride_bsk)
     for tile in range(gl.program_id(0), num_tiles, num_programs):
-        off_m, off_n = _tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
         offs_m = off_m + HALF * ROWS + gl.arange(0, ROWS, layout=rows_l)
         acc = gl.zeros([ROWS, BN], gl.float32, mma)
         part = gl.zeros([ROWS, BN], gl.float32, mma)
@@ -312,7 +201,7 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
 
 @gluon.jit
 def _gluon_fp8_ws_kernel(
-    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as _gluon_fp8_kernel's
+    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as gluon_fp8_pipelined_kernel's
     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
     K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
     SCALE_AHEAD: gl.constexpr, EPILOGUE_TMA: gl.constexpr, c_desc,  # (c_desc: c in 64 x BN blocks, or None)
@@ -393,7 +282,7 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     tiles = (Mp // bm) * (N // bn)
     sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
-    kernel = _gluon_fp8_ws_kernel if ws else _gluon_fp8_kernel
+    kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel  # (the latter: the counter-example)
     extra = {}
     if ws:
         epi_tma = bool(cfg["EPILOGUE_TMA"])

@@ -496,7 +496,9 @@ def test_compile_check_flags_a_kernel_whose_wgmmas_ptxas_serializes():
         from moebench.kernels.triton import compile_check as cc
         from moebench.kernels.triton import gluon_contiguous as g
         consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=8, STAGES=4)
-        pipelined = cc._compile(g._gluon_fp8_kernel, g.signature_types(), dict(consts, num_warps=8), 90, 8, 1)
+        from moebench.kernels.triton.gluon_pipelined import gluon_fp8_pipelined_kernel
+
+        pipelined = cc._compile(gluon_fp8_pipelined_kernel, g.signature_types(), dict(consts, num_warps=8), 90, 8, 1)
         assert "C751" in cc._wgmma_serialized(pipelined.asm["ptx"], 90)
         for ahead, epi_tma in ((1, False), (2, False), (1, True)):  # (scales 1 or 2 K steps ahead; a TMA-store epilogue)
             types, epi = g.ws_constexprs(epi_tma)
