@@ -3,8 +3,8 @@ rank of a results run, its margin over the runner-up with an interval. Only rows
 latency is GPU time compete (report/flags.py figure_basis): host-time rows (the host paced
 the samples) and CPU rows are left out, and the command says how many.
 
-Competing: every `ok` combination (backend, experts, reduction, overlap and the knobs
-num_sms, dispatch_nvl_chunk, combine_nvl_chunk, shared_sm_carveout, row_layout, contiguous_gemm) that
+Competing: every `ok` combination (backend, experts, reduction, overlap, the shared experts'
+SM carveout and every knob of the entries, kernels/knobs.py) that
 shares the setting (model, quant, world size, simulate_ep, routing, timing mode,
 device) and the token count. `ok` rows passed the reference check. The margin is
 runner-up median / best median; its 95 % interval a bootstrap of that ratio of
@@ -25,13 +25,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from moebench.config.spec import knob_meta
+
 # what must match for two rows to compete
 SETTING = ["model", "quant", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
            "routing_file_sha256", "routing_layer", "fill", "timing_mode", "device"]
 AXES = ["backend", "experts", "reduction", "overlap"]
-KNOBS = ["num_sms", "dispatch_nvl_chunk", "combine_nvl_chunk", "shared_sm_carveout", "row_layout", "contiguous_gemm"]
-KNOB_DEFAULTS = {"dispatch_nvl_chunk": 0, "combine_nvl_chunk": 0, "shared_sm_carveout": 0, "row_layout": "auto",
-                 "contiguous_gemm": "auto"}
 DRAWS = 2000
 
 
@@ -50,20 +49,24 @@ def ratio_interval(best_us, runner_us, draws: int = DRAWS, seed: int = 0, conf: 
 
 
 def knobs_of(row) -> str:
-    """'sms16 carve24 gathered gemm=gluon': the knobs off their defaults (columns where the run has
-    them, else the tags load_run read from the label)."""
-    if not any(k in row.index and _present(row[k]) for k in KNOBS):
+    """'carve24 sms16 gathered gemm=gluon': the overlap's SM carveout and every registered knob
+    (kernels/knobs.py, moebench.config.spec.knob_meta) off its default, each as its card's `tag`
+    formats it — the labels' own tags (deepep_ht's SM count always: its sweeps compare it); the
+    tags load_run read from the label where the run has no knob columns."""
+    meta = knob_meta()
+    names = [k for k in meta if k in row.index]
+    if not any(_present(row[k]) for k in [*names, "shared_sm_carveout"] if k in row.index):
         return str(row.get("knobs", "") or "")
     tags = []
-    if row.get("backend") == "deepep_ht" and _present(row.get("num_sms")):
-        tags.append(f"sms{int(row['num_sms'])}")
-    for k, tag in (("dispatch_nvl_chunk", "dchunk"), ("combine_nvl_chunk", "cchunk"), ("shared_sm_carveout", "carve")):
-        if _present(row.get(k)) and int(row[k]) != KNOB_DEFAULTS[k]:
-            tags.append(f"{tag}{int(row[k])}")
-    if _present(row.get("row_layout")) and row["row_layout"] != "auto":
-        tags.append(str(row["row_layout"]))
-    if _present(row.get("contiguous_gemm")) and row["contiguous_gemm"] != KNOB_DEFAULTS["contiguous_gemm"]:
-        tags.append(f"gemm={row['contiguous_gemm']}")
+    if _present(row.get("shared_sm_carveout")) and int(row["shared_sm_carveout"]):
+        tags.append(f"carve{int(row['shared_sm_carveout'])}")
+    for k in names:
+        if not _present(row[k]):
+            continue
+        knob = meta[k]
+        v = knob.type(row[k])
+        if v != knob.default or (k == "num_sms" and row.get("backend") == "deepep_ht"):
+            tags.append(knob.label(v))
     return " ".join(tags)
 
 

@@ -326,6 +326,21 @@ def test_results_margin_interval_on_a_synthetic_run(tmp_path):
     assert combination(gluon) == "local/triton red=experts ovl=none gemm=gluon"
 
 
+def test_the_winners_knob_tags_are_the_cards_own():
+    """best_per_size names a combination's knobs as the labels do (each card's Knob.tag), for
+    every registered knob: a float column read back from Parquet prints as its knob's type, a
+    knob at its default prints nothing, deepep_ht's SM count always prints."""
+    import pandas as pd
+
+    from moebench.report.best_per_size import knobs_of
+
+    row = pd.Series(dict(backend="local", experts="triton_or_deepgemm", deepgemm_min_tokens=512.0,
+                         shared_sm_carveout=24.0, contiguous_gemm="auto", row_layout="gathered", num_sms=float("nan")))
+    assert knobs_of(row) == "carve24 gathered dgmin512"
+    assert knobs_of(pd.Series(dict(backend="deepep_ht", experts="triton", num_sms=24.0, row_layout="auto"))) == "sms24"
+    assert knobs_of(pd.Series(dict(backend="local", knobs="from the label"))) == "from the label"
+
+
 
 def test_several_gpus_split_the_grid():
     from moebench.tune import search
