@@ -42,16 +42,42 @@ CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "auto", "fp8_block on the contigu
                             choices=CONTIGUOUS_GEMMS, tag="gemm={}")
 
 
+GLUON_MIN_TRITON = (3, 6)  # the Gluon API the kernel is written against (gl.warp_specialize's list form)
+
+
+def gluon_runtime_unsupported() -> Optional[str]:
+    """Why this process cannot run a Gluon kernel whatever the GPU, or None: Triton's interpreter
+    runs no Gluon, and Triton before 3.6 has another warp_specialize. Reads the installed
+    version's metadata (planning imports no Triton)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "Gluon kernels have no interpreter (TRITON_INTERPRET=1)"
+    from importlib import metadata
+
+    try:
+        version = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return "Triton is not installed"
+    parts = tuple(int(p) if p.isdigit() else 0 for p in version.split("+")[0].split(".")[:2])
+    if parts < GLUON_MIN_TRITON:
+        return f"its Gluon needs Triton >= {'.'.join(map(str, GLUON_MIN_TRITON))} (installed: {version})"
+    return None
+
+
 def contiguous_gemm_kernel(mode: str, quant: str, capability: Optional[tuple[int, int]], n: int) -> str:
     """The kernel ("triton" or "gluon") of one contiguous GEMM with n output columns under
-    experts.contiguous_gemm=mode; capability: the GPU's (None: no GPU, the interpreter)."""
+    experts.contiguous_gemm=mode; capability: the GPU's, None where no GPU can run Gluon here
+    (no GPU, the interpreter, an older Triton: gluon_runtime_unsupported). auto falls back to
+    Triton there; gluon forced there raises (planning refuses it first)."""
     if mode not in CONTIGUOUS_GEMMS:
         raise ValueError(f"contiguous_gemm={mode!r}: expected one of {', '.join(CONTIGUOUS_GEMMS)}")
     if quant != "fp8_block":  # (the Gluon kernel is fp8_block's; planning refuses gluon elsewhere)
         return "triton"
+    sm90 = capability is not None and capability[0] == 9
+    if mode == "gluon" and not sm90:
+        raise ValueError(f"experts.contiguous_gemm=gluon needs an SM90 GPU that runs Gluon (capability "
+                         f"{capability}; {gluon_runtime_unsupported() or 'Triton >= 3.6 found'})")
     if mode != "auto":
         return mode
-    sm90 = capability is not None and capability[0] == 9
     return "gluon" if sm90 and n >= GLUON_MIN_N else "triton"
 
 
@@ -79,6 +105,9 @@ def gluon_unsupported(quant: str, layout: str, device: str) -> Optional[str]:
         return "it runs the contiguous layout's rows (experts.row_layout=auto or contiguous)"
     if not device.startswith("cuda"):
         return "Gluon kernels have no interpreter: it runs on a Hopper GPU only"
+    why = gluon_runtime_unsupported()
+    if why:
+        return why
     import torch  # the GPU's compute capability
 
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:

@@ -22,8 +22,6 @@ Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the tests import them from here)
@@ -36,6 +34,7 @@ from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the test
     TritonCard,
     contiguous_gemm_kernel,
     contiguous_unsupported,
+    gluon_runtime_unsupported,
     triton_unsupported,
 )
 from ..interfaces import Experts
@@ -81,8 +80,7 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         # experts.contiguous_gemm: each contiguous GEMM's kernel by its output columns (gate/up N, down K)
         mode = (ctx.options or {}).get("contiguous_gemm", "auto")
         dev = ctx.device
-        cap = (torch.cuda.get_device_capability(dev)
-               if dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" else None)
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" and not gluon_runtime_unsupported() else None
         self._gemm_kernel = {n: contiguous_gemm_kernel(mode, q.name, cap, n) for n in (N, K)}
         # "gate/up's kernel/down's kernel" of the last apply() on the contiguous layout, else ""
         self.last_gemm = ""

@@ -25,6 +25,7 @@ class TritonOrDeepGemmExperts(TritonOrDeepGemmCard, Experts):
         self.deepgemm = DeepGemmExperts(weights, reduction, ctx)
         self.triton = TritonExperts(weights, reduction, ctx)
         self.min_tokens = int((ctx.options or {}).get("deepgemm_min_tokens", DEFAULT_MIN_TOKENS))
+        self.last_gemm = ""
 
     def uses_deepgemm(self, M: int) -> bool:
         """Whether M rows after dispatch go to DeepGEMM."""
@@ -42,4 +43,8 @@ class TritonOrDeepGemmExperts(TritonOrDeepGemmCard, Experts):
         return self._impl(M).transient_bytes(M, N, K, topk, num_local_experts)
 
     def apply(self, output, prepared, workspace13, workspace2):
-        self._impl(prepared.topk_ids_MP.shape[0]).apply(output, prepared, workspace13, workspace2)
+        impl = self._impl(prepared.topk_ids_MP.shape[0])
+        impl.apply(output, prepared, workspace13, workspace2)
+        # the rows' contiguous_gemm_used: the Triton experts' contiguous GEMM kernels where they ran
+        # (experts.contiguous_gemm at its default, auto: this entry has no such knob), else ""
+        self.last_gemm = getattr(impl, "last_gemm", "")

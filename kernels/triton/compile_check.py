@@ -190,7 +190,8 @@ def variants(quick: bool):
     g = gluon_contiguous.GLUON_CONFIG
     for ws, stages, ahead, epi_tma in ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False),
                                        (True, 4, 2, False), (True, 4, 1, True)):
-        fn, warps = (gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws else (gluon_pipelined.gluon_fp8_pipelined_kernel, 8)
+        fn, warps = ((gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws
+                     else (gluon_pipelined.gluon_fp8_pipelined_kernel, 8))
         consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps)
         types = gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"])
         if ws:

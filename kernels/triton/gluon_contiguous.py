@@ -1,7 +1,7 @@
 """fp8 block-scaled grouped GEMM on the contiguous layout, written in Gluon (issue #35's
 explicit route; SM90 only). The triton experts run it for GEMMs of at least GLUON_MIN_N output
-columns (experts.contiguous_gemm=auto, kernels/cards/experts.py), where it measured 2-16 % faster
-than the Triton kernel on an H200; at 0.66-0.81 x DeepGEMM's GEMMs it is not yet DeepGEMM's
+columns (experts.contiguous_gemm=auto, kernels/cards/experts.py), where its GEMMs took 2-16 % less
+time than the Triton kernel's on an H200; at 0.66-0.81 x DeepGEMM's GEMMs it is not yet DeepGEMM's
 speed (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
 The same product as contiguous_gemm.py's fp8 path (see its module doc for the layout and the
@@ -28,7 +28,7 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
   counter-example (docs/findings/triton-vs-deepgemm.md).
 
 SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
-(_ws_math): measured -8 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA=True
+(_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA=True
 (WS only, opt-in until the layer has run it): each math warp group writes its tile through shared
 memory and a TMA store; measured 5-34 % less GEMM time than the register epilogue, 11-33 % less
 than the Triton kernel's (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").

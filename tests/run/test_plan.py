@@ -319,6 +319,8 @@ def test_contiguous_gemm_knob(monkeypatch):
     ("auto", "bf16", (9, 0), 7168, "triton"),  # the Gluon kernel is fp8_block's
     ("triton", "fp8_block", (9, 0), 7168, "triton"),
     ("gluon", "fp8_block", (9, 0), 1536, "gluon"),
+    ("gluon", "fp8_block", None, 7168, ValueError),  # forced where Gluon cannot run: refused, not recorded as run
+    ("gluon", "fp8_block", (10, 0), 7168, ValueError),
 ])
 def test_contiguous_gemm_auto_picks_the_kernel_measured_faster(mode, quant, cap, n, kernel):
     """experts.contiguous_gemm=auto (the default): the Gluon kernel for the GEMMs it measured
@@ -326,7 +328,28 @@ def test_contiguous_gemm_auto_picks_the_kernel_measured_faster(mode, quant, cap,
     from moebench.kernels.cards.experts import GLUON_MIN_N, contiguous_gemm_kernel
 
     assert GLUON_MIN_N == 4096
+    if kernel is ValueError:
+        with pytest.raises(ValueError, match="needs an SM90 GPU"):
+            contiguous_gemm_kernel(mode, quant, cap, n)
+        return
     assert contiguous_gemm_kernel(mode, quant, cap, n) == kernel
+
+
+def test_gluon_is_refused_where_this_process_cannot_run_it(monkeypatch):
+    """experts.contiguous_gemm=gluon is planned as skipped under the interpreter and with a Triton
+    older than the Gluon API the kernel is written against (3.6); auto then runs Triton."""
+    from importlib import metadata
+
+    from moebench.kernels.cards import experts as cards
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(metadata, "version", lambda name: "3.5.1")
+    assert "Triton >= 3.6 (installed: 3.5.1)" in cards.gluon_runtime_unsupported()
+    assert "Triton >= 3.6" in cards.gluon_unsupported("fp8_block", "auto", "cuda")
+    monkeypatch.setattr(metadata, "version", lambda name: "3.6.0+git1234")
+    assert cards.gluon_runtime_unsupported() is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "no interpreter" in cards.gluon_runtime_unsupported()
 
 
 def test_the_default_sweeps_plan_is_pinned(monkeypatch):
