@@ -29,16 +29,18 @@ ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as
 CONTIGUOUS_GEMMS = ("auto", "triton", "gluon")
 # auto: the Gluon kernel for a GEMM of at least this many output columns (N), on an SM90 GPU,
 # the Triton one below. Measured on an H200 (docs/findings/triton-vs-deepgemm.md, "The Gluon
-# kernel, measured"; results/contiguous_variants/s9_gluon_*.json), Gluon / Triton GEMM time at
-# 1024, 4096, 16384 tokens: DeepSeek-V3's EP-8 share gate/up (N 4096) 0.94, 0.91, 0.94 and down
-# (N 7168) 0.92, 0.85, 0.84; mixtral_8x7b gate/up (N 28672) 0.94, 1.01, 0.94 and down (N 4096)
-# 0.96, 0.92, 0.98; qwen3_30b_a3b gate/up (N 1536) 0.94, 0.98, 1.05 and down (N 2048) 0.96,
-# 1.03, 1.06: the narrow GEMMs lose at the sizes where they run contiguous (from 2048 tokens)
-GLUON_MIN_N = 4096
+# kernel, measured"; results/contiguous_variants/s9_gluon_*.json): with its register epilogue,
+# Gluon / Triton GEMM time at 1024, 4096, 16384 tokens was DeepSeek-V3's EP-8 share gate/up
+# (N 4096) 0.94, 0.91, 0.94 and down (N 7168) 0.92, 0.85, 0.84; mixtral_8x7b gate/up (N 28672)
+# 0.94, 1.01, 0.94 and down (N 4096) 0.96, 0.92, 0.98; qwen3_30b_a3b gate/up (N 1536) 0.94,
+# 0.98, 1.05 and down (N 2048) 0.96, 1.03, 1.06 (then GLUON_MIN_N was 4096). With the TMA-store
+# epilogue (the default since), at 4096 and 16384 tokens: DeepSeek-V3 gate/up 0.88, 0.89 and
+# down 0.72, 0.69; qwen3 gate/up 0.85, 0.86 and down 0.67, 0.73: every N measured gains
+GLUON_MIN_N = 0
 CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "auto", "fp8_block on the contiguous layout: the grouped GEMM in "
                             "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
                             "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), or auto (Gluon on an SM90 "
-                            "GPU for GEMMs of at least GLUON_MIN_N output columns, else Triton)",
+                            "GPU, else Triton)",
                             choices=CONTIGUOUS_GEMMS, tag="gemm={}")
 
 

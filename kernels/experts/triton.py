@@ -14,9 +14,9 @@ layout the `deepgemm` experts build) so that both GEMM operands load through TMA
 local pairs per expert (`CONTIGUOUS_MIN_PAIRS_PER_EXPERT`, measured on an H200:
 docs/findings/triton-vs-deepgemm.md); the knob experts.row_layout = gathered | contiguous forces one.
 fp8_block's contiguous GEMMs run on the warp-specialized Gluon kernel (kernels/triton/
-gluon_contiguous.py, SM90 only, issue #35) where it measured faster: experts.contiguous_gemm=auto
-(the default) takes it for GEMMs of at least GLUON_MIN_N output columns on an SM90 GPU; triton
-or gluon force one.
+gluon_contiguous.py, SM90 only, issue #35), measured faster than the Triton one:
+experts.contiguous_gemm=auto (the default) takes it on an SM90 GPU for GEMMs of at least
+GLUON_MIN_N output columns (0 since its TMA-store epilogue: all); triton or gluon force one.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """

@@ -1,8 +1,8 @@
 """fp8 block-scaled grouped GEMM on the contiguous layout, written in Gluon (issue #35's
-explicit route; SM90 only). The triton experts run it for GEMMs of at least GLUON_MIN_N output
-columns (experts.contiguous_gemm=auto, kernels/cards/experts.py), where its GEMMs took 2-16 % less
-time than the Triton kernel's on an H200; at 0.66-0.81 x DeepGEMM's GEMMs it is not yet DeepGEMM's
-speed (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
+explicit route; SM90 only). The triton experts run it for fp8_block's contiguous GEMMs on an SM90
+GPU (experts.contiguous_gemm=auto, kernels/cards/experts.py): with its TMA-store epilogue (the
+default) its GEMMs took 11-33 % less time than the Triton kernel's on an H200, about 0.72-1.09 x
+DeepGEMM's speed (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
 The same product as contiguous_gemm.py's fp8 path (see its module doc for the layout and the
 scales), with the structural change that kernel cannot express in Triton: the FP32 promotion of
@@ -21,6 +21,8 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
   B's tile into it (`ready`); two math warp groups (4 warps each, registers raised to 232) own 64
   rows each: wait `ready`, WGMMA into a fresh partial, wait for it, arrive on `empty`, promote.
   While one warp group promotes, the other's WGMMA runs: nothing joins them but the stages.
+  Each math warp group writes its finished tile into shared memory and TMA-stores it, waiting for
+  the store only before its next tile's (EPILOGUE_TMA, the default; False stores from registers).
   ptxas: 168 registers at launch (4 x 40 + 8 x 232 after `setmaxnreg`), no spill, no WGMMA
   serialization warning.
 - `gluon_fp8_pipelined_kernel` (WS=False, gluon_pipelined.py): one partition of 8 warps that issues
@@ -28,10 +30,10 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
   counter-example (docs/findings/triton-vs-deepgemm.md).
 
 SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
-(_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA=True
-(WS only, opt-in until the layer has run it): each math warp group writes its tile through shared
-memory and a TMA store; measured 5-34 % less GEMM time than the register epilogue, 11-33 % less
-than the Triton kernel's (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
+(_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA
+(WS only, the default): each math warp group writes its tile through shared memory and a TMA store;
+measured 5-34 % less GEMM time than the register epilogue (EPILOGUE_TMA=False), 11-33 % less than the
+Triton kernel's (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
 Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
 them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).
@@ -59,7 +61,7 @@ from .gluon_pipelined import gluon_fp8_pipelined_kernel
 # WS only (_ws_math): SCALE_AHEAD, how many K steps ahead the math warp groups load the block scales;
 # EPILOGUE_TMA, the output tile written through shared memory and a TMA store
 GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
-                    EPILOGUE_TMA=False)
+                    EPILOGUE_TMA=True)
 
 
 @gluon.jit
