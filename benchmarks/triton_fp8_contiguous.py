@@ -9,11 +9,12 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
-                                               [--variants | --gluon] [--variant I] [--check TOL] [--json out.json]
+                                               [--variants | --gluon [--group-m G]] [--variant I] [--check TOL] [--json out.json]
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
 warp-specialized one at 4 and 6 stages, the pipelined one at 4, the warp-specialized one at 4 stages
-with its block scales loaded two K steps ahead, and with its output TMA-stored) beside our default Triton tile; --check TOL only
+with its block scales loaded two K steps ahead, and with its output TMA-stored at 4, 5 and 6 stages)
+beside our default Triton tile, in GROUP_SIZE_M-swizzled tile order (--group-m, 8); --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
@@ -32,6 +33,7 @@ from moebench.kernels.interfaces import FP8_DTYPE
 from moebench.kernels.triton.align import max_padded_rows
 from moebench.kernels.triton.contiguous_gemm import ALIGN, contiguous_gemm
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
+from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
 
 # name: (experts in the model, experts on this rank, top-k, hidden K, intermediate I)
 SHAPES = {
@@ -57,11 +59,6 @@ VARIANTS = {
     "bf16": [((128, 256, 64, 8, 8, 3), {}), ((128, 256, 64, 8, 8, 3), dict(BOUNDED=True))],
 }
 
-# --gluon: (warp-specialized, stages) of kernels/triton/gluon_contiguous.py's kernels
-# (warp-specialized, stages, SCALE_AHEAD: the block scales loaded that many K steps ahead, EPILOGUE_TMA: the
-# output through shared memory and a TMA store), _ws_math's options
-GLUON_VARIANTS = ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False), (True, 4, 2, False),
-                  (True, 4, 1, True))
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -142,6 +139,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--variants", action="store_true", help="issue #35's kernel variants (VARIANTS) instead of the tiles")
     ap.add_argument("--variant", type=int, default=None, help="with --variants: only the I-th")
     ap.add_argument("--gluon", action="store_true", help="the Gluon kernel (fp8, GPU only) beside our default tile")
+    ap.add_argument("--group-m", type=int, default=8, help="--gluon: the kernels' GROUP_SIZE_M (row tiles a swizzle group)")
     ap.add_argument("--check", type=float, default=None, metavar="TOL",
                     help="no timing: each kernel once, exit 1 when its relative error exceeds TOL")
     ap.add_argument("--json", default=None)
@@ -203,7 +201,7 @@ def main(argv=None) -> list[dict]:
                     tiles = tiles[args.variant : args.variant + 1]
                 if args.gluon:  # --variant I: the I-th Gluon variant alone (a hang costs one process)
                     picked = GLUON_VARIANTS if args.variant is None else GLUON_VARIANTS[args.variant : args.variant + 1]
-                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, 8, 4 if ws else 8, st),
+                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, args.group_m, 4 if ws else 8, st),
                                                          dict(gluon=True, WS=ws, SCALE_AHEAD=ahead, EPILOGUE_TMA=epi))
                                                         for ws, st, ahead, epi in picked]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:

@@ -188,8 +188,7 @@ def variants(quick: bool):
     from . import gluon_contiguous, gluon_pipelined
 
     g = gluon_contiguous.GLUON_CONFIG
-    for ws, stages, ahead, epi_tma in ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False),
-                                       (True, 4, 2, False), (True, 4, 1, True)):
+    for ws, stages, ahead, epi_tma in gluon_contiguous.GLUON_VARIANTS:
         fn, warps = ((gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws
                      else (gluon_pipelined.gluon_fp8_pipelined_kernel, 8))
         consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps)

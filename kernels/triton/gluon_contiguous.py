@@ -62,6 +62,11 @@ from .gluon_pipelined import gluon_fp8_pipelined_kernel
 # EPILOGUE_TMA, the output tile written through shared memory and a TMA store
 GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
                     EPILOGUE_TMA=True)
+# every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
+# (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA); the last three the TMA epilogue at 4, 5 and 6
+# stages (6: 6 x 32 KiB of stages + 32 KiB of output tiles, inside SM90's 227 KiB)
+GLUON_VARIANTS = ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False), (True, 4, 2, False),
+                  (True, 4, 1, True), (True, 5, 1, True), (True, 6, 1, True))
 
 
 @gluon.jit
@@ -322,4 +327,4 @@ def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dic
     return dict(c_desc=f"tensordesc<bf16[{bm // 2}, {bn}],{layout!r}>"), dict(EPILOGUE_TMA=True)
 
 
-__all__ = ["GLUON_CONFIG", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]
+__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]

@@ -314,11 +314,8 @@ def _run_or_fail(cmd: list, what: str, timeout: int = 240) -> subprocess.Complet
 
 
 def _gluon_variants():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from triton_fp8_contiguous import GLUON_VARIANTS
-    finally:
-        sys.path.pop(0)
+    from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
+
     return GLUON_VARIANTS
 
 
@@ -326,7 +323,7 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     """kernels/triton/gluon_contiguous.py (issue #35: the block-scale promotion beside the tensor
     cores' work), its kernels as benchmarks/triton_fp8_contiguous.py's GLUON_VARIANTS run them
     (warp-specialized at 4 and 6 stages, pipelined at 4, warp-specialized with the block scales two
-    K steps ahead, and with a TMA-store epilogue), both GEMMs of qwen3 and DeepSeek-V3's
+    K steps ahead, and with a TMA-store epilogue at 4, 5 and 6 stages), both GEMMs of qwen3 and DeepSeek-V3's
     EP-8 share (most row tiles padding) at 256 and 4096 tokens, beside our Triton tile: within
     1e-2 of the fp32 torch product, as a whole and row by row, every output row written
     (`--gluon --check`). In a subprocess with a timeout: Triton's automatic warp specialization
@@ -339,7 +336,7 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     assert "failed:" not in res.stdout and "FAILED" not in res.stdout, res.stdout[-4000:]
     # 2 models x 2 sizes x 2 GEMMs x the Gluon variants (each line beside our tile's)
     n = len(_gluon_variants())
-    assert res.stdout.count("gluon 128x128x128") == 8 * n and n >= 5, res.stdout[-4000:]
+    assert res.stdout.count("gluon 128x128x128") == 8 * n and n >= 7, res.stdout[-4000:]
 
 
 _GLUON_LAYER = """if True:
