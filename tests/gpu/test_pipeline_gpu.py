@@ -101,12 +101,15 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     flush = timing.L2Flusher(dev)
     for name, fn in (("triton gemm", gemm), ("moe layer", layer)):
         # The lent H200's clock moves on a ~100 ms scale under sustained load (this GEMM
-        # read 205-253 µs within one test, in moebench and do_bench alike). So each of our
-        # runs is paired with a do_bench run over about the same window, right before or
-        # after it (the order alternates, three pairs each way in a run, so a clock moving
-        # one way favours neither), and a "run" is six such pairs, its ratio the median of
-        # theirs: every run must agree with do_bench within 5%, and three runs' ratios must
-        # repeat within 3% (the harness's own repeatability, net of the machine's drift).
+        # read 205-253 µs within one test, in moebench and do_bench alike; its SM clock read
+        # 1515-1965 MHz at its power cap). So each of our runs is paired with a do_bench run over
+        # about the same window, right before or after it (the order alternates, three pairs each
+        # way in a run, so a clock moving one way favours neither), and a "run" is six such
+        # pairs, its ratio the median of theirs: every run must agree with do_bench within 5%,
+        # and the median of all 18 pairs' ratios within 3% (a bias of moebench's own, such as
+        # session 8's 3-5% of the spin hold, moves every pair). Runs are not asserted to repeat
+        # each other: under the power cap three runs' ratios spread up to 6.7% with pooled
+        # medians of 0.978-1.012 (docs/findings/timing.md, "The repeatability bound").
         # With three pairs a run, one pair caught on a clock step (0.932 at 209 vs 225 µs)
         # moved its run's median by 1.5% (docs/findings/timing.md). Raw medians printed.
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
@@ -121,12 +124,13 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
             pairs.append((ours, ref))
         ratios = [o.median / r for o, r in pairs]
         runs = [statistics.median(ratios[i:i + 6]) for i in (0, 6, 12)]
+        pooled = statistics.median(ratios)
         print(f"{name}: moebench " + " / ".join(f"{o.median:.1f}" for o, _ in pairs) + " µs, do_bench "
               + " / ".join(f"{r:.1f}" for _, r in pairs) + " µs, run ratios " + " ".join(f"{x:.3f}" for x in runs)
-              + ", p80/p20 " + " ".join(f"{o.p80 / o.p20:.3f}" for o, _ in pairs))
+              + f", pooled {pooled:.3f}, p80/p20 " + " ".join(f"{o.p80 / o.p20:.3f}" for o, _ in pairs))
         for run_ratio in runs:  # (not `x`: the layer's lambda reads the input x)
             assert abs(run_ratio - 1) <= 0.05, (name, runs)
-        assert max(runs) / min(runs) <= 1.03, (name, runs)
+        assert abs(pooled - 1) <= 0.03, (name, pooled, ratios)
         # The sets' spread (p80/p20, printed above) is the machine's, not moebench's: a set read
         # 1.075 on a quiet clock once (its first sample 1753 µs against a 1360 µs median). It is
         # no assertion here: benchmarks/timing_modes.py prints it beside independent timers.
