@@ -107,9 +107,9 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
         # moving one way favours neither), and the pairs are short (15 samples, ~3 ms of GEMM
         # each side) so both sides of a pair see one clock. 48 pairs: their ratios' median must
         # be within 3% of 1 (a bias of moebench's own, such as session 8's 3-5% of the spin
-        # hold, moves every pair), and each third's (16 pairs) within 5%. Session 9-10's design,
-        # 18 pairs of 60 samples (~13 ms a side) in three runs of six, failed 8 runs in 13 on
-        # that clock: runs' ratios 0.941-1.026 (docs/findings/timing.md, "The repeatability bound").
+        # hold, moves every pair), and each third's (16 pairs) within 5%. The design before, 18
+        # pairs of 60 samples (~13 ms a side) in three runs of six, failed 7 of 11 runs in sessions
+        # 9-10 on that clock, runs' ratios 0.941-1.026 (docs/findings/timing.md, session 10).
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
         pairs = []
         for i in range(48):
