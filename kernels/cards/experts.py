@@ -35,7 +35,9 @@ CONTIGUOUS_GEMMS = ("auto", "triton", "gluon")
 # 0.94, 1.01, 0.94 and down (N 4096) 0.96, 0.92, 0.98; qwen3_30b_a3b gate/up (N 1536) 0.94,
 # 0.98, 1.05 and down (N 2048) 0.96, 1.03, 1.06 (then GLUON_MIN_N was 4096). With the TMA-store
 # epilogue (the default since), at 4096 and 16384 tokens: DeepSeek-V3 gate/up 0.88, 0.89 and
-# down 0.72, 0.69; qwen3 gate/up 0.85, 0.86 and down 0.67, 0.73: every N measured gains
+# down 0.72, 0.69; qwen3 gate/up 0.85, 0.86 and down 0.67, 0.73; mixtral (s10_gluon_v4) gate/up 0.85,
+# 0.95 and down 0.91, 0.96: every N measured gains. qwen3's GEMMs lose at 1024 tokens (1.09 and 1.59),
+# where the layer runs the gathered rows (row_layout=auto), not this choice
 GLUON_MIN_N = 0
 CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "auto", "fp8_block on the contiguous layout: the grouped GEMM in "
                             "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
