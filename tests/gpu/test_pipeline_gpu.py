@@ -105,17 +105,23 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
         # 1515-1965 MHz at its power cap). So each of our sets is paired with a do_bench run over
         # about the same window, right before or after it (the order alternates, so a clock
         # moving one way favours neither), and the pairs are short (15 samples, ~3 ms of GEMM
-        # each side) so both sides of a pair see one clock. 48 pairs: their ratios' median must
+        # a side; do_bench's window takes ~11-12 of its own, its estimate counting its L2
+        # clear) so both sides of a pair see one clock. 48 pairs: their ratios' median must
         # be within 3% of 1 (a bias of moebench's own, such as session 8's 3-5% of the spin
         # hold, moves every pair), and each third's (16 pairs) within 5%. The design before, 18
         # pairs of 60 samples (~13 ms a side) in three runs of six, failed 7 of 11 runs in sessions
         # 9-10 on that clock, runs' ratios 0.941-1.026 (docs/findings/timing.md, session 10).
+        # the hold measured once (host_enqueue_us idles the GPU behind a 20 ms spin, after which
+        # the clock climbs back to its idle boost: measured per set, as time_samples does without
+        # hold_us, it would put every ~5 ms moebench set right after an idle stretch, a bias
+        # alternating the order cannot cancel); the sweep's runner passes hold_us the same way
+        hold_us = timing.host_enqueue_us(fn, dev)
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
         pairs = []
         for i in range(48):
             if i % 2:
                 ref = do_bench(fn, warmup=2, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
-            ours = timing.time_samples(fn, dev, reps=15, warmup=3, flush=flush, warmup_ms=5)
+            ours = timing.time_samples(fn, dev, reps=15, warmup=3, flush=flush, warmup_ms=5, hold_us=hold_us)
             window_ms = max(2.0, 15 * ours.median * 1e-3)
             if not i % 2:
                 ref = do_bench(fn, warmup=2, rep=window_ms, return_mode="median") * 1e3
