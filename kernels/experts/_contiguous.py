@@ -27,6 +27,7 @@ import torch
 from ..interfaces import FP8_DTYPE
 from ..triton.activation import MODE_BF16, MODE_GROUP, silu_and_mul
 from ..triton.align import max_padded_rows
+from ..triton.common import as_bytes
 from ..triton.deepgemm_layout import GROUP, contiguous_scratch_numel, permute_contiguous, unpermute_contiguous
 
 
@@ -43,11 +44,6 @@ def fp8_rows_with_scales(u8: torch.Tensor, rows: int, cols: int, width: int) -> 
 def fp8_scaled_bytes(width: int) -> int:
     """Bytes per row of fp8 [*, width] plus its fp32 1x128 scales (width % 128 == 0)."""
     return width + 4 * width // GROUP
-
-
-def as_bytes(ws: torch.Tensor) -> torch.Tensor:
-    assert ws.is_contiguous(), "workspaces must be contiguous"
-    return ws.reshape(-1).view(torch.uint8)
 
 
 class ContiguousWeights:

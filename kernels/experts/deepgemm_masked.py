@@ -23,10 +23,11 @@ from ..cards.experts import DeepGemmMaskedCard
 from ..interfaces import FP8_DTYPE, Experts
 from ..registry import register_experts
 from ..triton.activation import MODE_GROUP, silu_and_mul
+from ..triton.common import as_bytes
 from ..triton.deepgemm_layout import GROUP, pad_batched, padded_rows, unpad_batched
 from ..triton.moe import alloc_bytes
 from . import _deep_gemm
-from ._contiguous import DeepGemmWeights, as_bytes, fp8_scaled_bytes
+from ._contiguous import DeepGemmWeights, fp8_scaled_bytes
 
 ROW_ALIGN = 128  # the largest BLOCK_M the masked kernel picks on SM90
 

@@ -40,6 +40,12 @@ def carve(flat_u8: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: tor
     return flat_u8[offset : offset + n * esize].view(dtype).view(shape)
 
 
+def as_bytes(ws: torch.Tensor) -> torch.Tensor:
+    """A contiguous workspace as the flat uint8 buffer `carve` takes."""
+    assert ws.is_contiguous(), "workspaces must be contiguous"
+    return ws.reshape(-1).view(torch.uint8)
+
+
 def interpreting() -> bool:
     """Whether Triton kernels run in the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET") == "1"

@@ -29,7 +29,7 @@ import torch
 from ..interfaces import FP8_DTYPE, ExpertWeights
 from .activation import MODE_AMAX, MODE_BF16, MODE_GROUP, MODE_TENSOR, silu_and_mul, zero_nonlocal_rows
 from .align import align_scratch_numel, moe_align_block_size
-from .common import align16, carve
+from .common import align16, as_bytes, carve
 from .gemm import QUANT_BLOCK, QUANT_NONE, QUANT_TENSOR, invoke_batched_moe_gemm, invoke_fused_moe_gemm, quant_mode
 from .quant import per_tensor_quant_fp8, per_token_group_quant_fp8
 
@@ -41,16 +41,11 @@ def alloc_bytes(nbytes: int) -> int:
     return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND if nbytes > 0 else 0
 
 
-def _bytes(ws: torch.Tensor) -> torch.Tensor:
-    assert ws.is_contiguous(), "workspaces must be contiguous"
-    return ws.reshape(-1).view(torch.uint8)
-
-
 MAX_VIEWS = 64  # carved views kept per workspace tensor (a few per row count)
 
 
 def ws_view(ws: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """carve(_bytes(ws), offset, shape, dtype), kept on the tensor `ws` itself: the experts'
+    """carve(as_bytes(ws), offset, shape, dtype), kept on the tensor `ws` itself: the experts'
     workspaces are the same tensors every forward of a size (MoEKernel._workspaces), so their
     carve-up (three to four view ops, ~0.7 µs each) is made once, not per forward (issue #34).
     The views live and die with `ws` (an attribute of it), which nothing resizes."""
@@ -62,7 +57,7 @@ def ws_view(ws: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.
     if view is None:
         if len(memo) >= MAX_VIEWS:
             memo.clear()
-        view = memo[key] = carve(_bytes(ws), offset, shape, dtype)
+        view = memo[key] = carve(as_bytes(ws), offset, shape, dtype)
     return view
 
 

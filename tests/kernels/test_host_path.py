@@ -194,7 +194,7 @@ def test_workspace_views_kept_on_the_tensor_equal_a_fresh_carve(monkeypatch):
     for offset, shape, dtype in [(0, (16, 64), torch.bfloat16), (0, (8, 128), FP8_DTYPE), (1024, (4, 8), torch.float32),
                                  (0, (2, 3, 64), torch.bfloat16)]:
         v = moe.ws_view(ws, offset, shape, dtype)
-        fresh = common.carve(moe._bytes(ws), offset, shape, dtype)
+        fresh = common.carve(common.as_bytes(ws), offset, shape, dtype)
         assert moe.ws_view(ws, offset, torch.Size(shape), dtype) is v  # kept: the same view object
         assert (v.data_ptr(), v.shape, v.stride(), v.dtype) == (
             fresh.data_ptr(), fresh.shape, fresh.stride(), fresh.dtype)
