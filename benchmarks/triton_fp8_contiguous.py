@@ -13,7 +13,8 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
 warp-specialized one at 4 and 6 stages, the pipelined one at 4, the warp-specialized one at 4 stages
-with its block scales loaded two K steps ahead, and with its output TMA-stored at 4, 5 and 6 stages)
+with its block scales loaded two K steps ahead, with its output TMA-stored at 4, 5 and 6 stages, and that at
+a 128 x 192 tile, gluon_wide.py)
 beside our default Triton tile, in GROUP_SIZE_M-swizzled tile order (--group-m, 8); --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
@@ -201,9 +202,9 @@ def main(argv=None) -> list[dict]:
                     tiles = tiles[args.variant : args.variant + 1]
                 if args.gluon:  # --variant I: the I-th Gluon variant alone (a hang costs one process)
                     picked = GLUON_VARIANTS if args.variant is None else GLUON_VARIANTS[args.variant : args.variant + 1]
-                    tiles = VARIANTS[args.quant][:1] + [((128, 128, 128, args.group_m, 4 if ws else 8, st),
+                    tiles = VARIANTS[args.quant][:1] + [((128, bn, 128, args.group_m, 4 if ws else 8, st),
                                                          dict(gluon=True, WS=ws, SCALE_AHEAD=ahead, EPILOGUE_TMA=epi))
-                                                        for ws, st, ahead, epi in picked]
+                                                        for ws, st, ahead, epi, bn in picked]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
                     cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
                                **extra)

@@ -185,13 +185,19 @@ def variants(quick: bool):
                          GROUP_SIZE_M=cfg["GROUP_SIZE_M"], INTERPRET=False, BOUNDED=False),
                     cfg["num_warps"], cfg["num_stages"]))
     # issue #35's Gluon kernel (opt-in; no interpreter runs it, so this is its CPU check)
-    from . import gluon_contiguous, gluon_pipelined
+    from . import gluon_contiguous, gluon_pipelined, gluon_wide
 
     g = gluon_contiguous.GLUON_CONFIG
-    for ws, stages, ahead, epi_tma in gluon_contiguous.GLUON_VARIANTS:
+    for ws, stages, ahead, epi_tma, bn in gluon_contiguous.GLUON_VARIANTS:
+        consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages)
+        if bn == gluon_wide.WIDE_N:  # the 128 x 192 tile: its own kernel
+            out.append((f"gluon_wide fp8_block 128x{bn}x128 WS stages {stages} TMA epilogue",
+                        gluon_wide.gluon_fp8_wide_kernel, gluon_contiguous.wide_signature_types(),
+                        dict(consts, num_warps=4), 4, 1))
+            continue
         fn, warps = ((gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws
                      else (gluon_pipelined.gluon_fp8_pipelined_kernel, 8))
-        consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages, num_warps=warps)
+        consts["num_warps"] = warps
         types = gluon_contiguous.signature_types(g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"])
         if ws:
             epi_types, epi_consts = gluon_contiguous.ws_constexprs(epi_tma, g["BLOCK_SIZE_M"], g["BLOCK_SIZE_N"])

@@ -28,6 +28,10 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
 - `gluon_fp8_pipelined_kernel` (WS=False, gluon_pipelined.py): one partition of 8 warps that issues
   each K step's WGMMA asynchronously; ptxas serializes its WGMMAs (C7515), so it is the measured
   counter-example (docs/findings/triton-vs-deepgemm.md).
+- `gluon_fp8_wide_kernel` (BLOCK_SIZE_N=192, gluon_wide.py, opt-in): the warp-specialized kernel at
+  the 128 x 192 tile DeepGEMM's heuristic picks for most of these GEMMs, as a 128- and a 64-column
+  WGMMA per K step (Gluon's shapes are powers of two). Lowered (168 registers, no spill, no
+  serialization warning); not yet run on a GPU.
 
 SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
 (_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA
@@ -55,6 +59,7 @@ from .common import num_sms
 from .contiguous_gemm import ALIGN, GROUP
 from .gluon_common import load_stage, tile_coords
 from .gluon_pipelined import gluon_fp8_pipelined_kernel
+from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
@@ -63,10 +68,12 @@ from .gluon_pipelined import gluon_fp8_pipelined_kernel
 GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
                     EPILOGUE_TMA=True)
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
-# (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA); the last three the TMA epilogue at 4, 5 and 6
-# stages (6: 6 x 32 KiB of stages + 32 KiB of output tiles, inside SM90's 227 KiB)
-GLUON_VARIANTS = ((True, 4, 1, False), (True, 6, 1, False), (False, 4, 1, False), (True, 4, 2, False),
-                  (True, 4, 1, True), (True, 5, 1, True), (True, 6, 1, True))
+# (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
+# stages (6: 6 x 32 KiB of stages + 32 KiB of output tiles, inside SM90's 227 KiB); 7 the 128 x 192 tile of
+# gluon_wide.py (4 x 40 KiB of stages + 48 KiB of output tiles), not yet run on a GPU
+GLUON_VARIANTS = ((True, 4, 1, False, 128), (True, 6, 1, False, 128), (False, 4, 1, False, 128),
+                  (True, 4, 2, False, 128), (True, 4, 1, True, 128), (True, 5, 1, True, 128), (True, 6, 1, True, 128),
+                  (True, 4, 1, True, WIDE_N))
 
 
 @gluon.jit
@@ -275,7 +282,9 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     E, N, Kw = w.shape
     bm, bn, ws = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], bool(cfg["WS"])
     assert a.dtype == w.dtype == torch.float8_e4m3fn and K == Kw and K % GROUP == 0, (a.dtype, a.shape, w.shape)
-    assert bm == ALIGN and Mp % ALIGN == 0 and N % bn == 0 and bn <= GROUP, (Mp, N, bm, bn)
+    wide = bn == WIDE_N  # the 128 x 192 tile (gluon_wide.py): WS, its scales one step ahead, a TMA store
+    assert bm == ALIGN and Mp % ALIGN == 0 and (N % bn == 0 and bn <= GROUP or wide), (Mp, N, bm, bn)
+    assert not wide or (ws and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]), cfg
     assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP)
     assert c.shape == (Mp, N) and c.dtype == torch.bfloat16 and c.stride(1) == 1, (c.shape, c.dtype)
     assert a.stride(1) == 1 and w.is_contiguous() and m_indices.dtype == torch.int32 and m_indices.numel() >= Mp
@@ -286,9 +295,19 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     assert cfg["SCALE_AHEAD"] == 1 or K >= 2 * GROUP, (K, cfg)
     if Mp == 0:
         return
-    tiles = (Mp // bm) * (N // bn)
+    tiles = (Mp // bm) * -(-N // bn)
     sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
+    if wide:
+        assert c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0, "c's rows 16-byte aligned"
+        half, w_rows = GROUP // 2, w.view(E * N, K)
+        gluon_fp8_wide_kernel[grid](
+            _descriptor(a, [bm, GROUP]), _descriptor(w_rows, [GROUP, GROUP]), _descriptor(w_rows, [half, GROUP]),
+            _descriptor(c, [bm // 2, GROUP], gl.bfloat16), _descriptor(c, [bm // 2, half], gl.bfloat16),
+            a_scale, w_scale, m_indices, rows_in_use, N, grid[0], *a_scale.stride(), *w_scale.stride(),
+            K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"], num_warps=4,
+        )
+        return
     kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel  # (the latter: the counter-example)
     extra = {}
     if ws:
@@ -318,6 +337,22 @@ def signature_types(bm: int = 128, bn: int = 128) -> dict:
     return t
 
 
+def wide_signature_types(bm: int = 128) -> dict:
+    """gluon_wide.gluon_fp8_wide_kernel's argument types as a launch specializes them (compile_check)."""
+    def desc(rows: int, cols: int, dtype, name: str) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+        return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
+
+    half = GROUP // 2
+    t = dict(a_desc=desc(bm, GROUP, gl.float8e4nv, "fp8e4nv"), b0_desc=desc(GROUP, GROUP, gl.float8e4nv, "fp8e4nv"),
+             b1_desc=desc(half, GROUP, gl.float8e4nv, "fp8e4nv"), c0_desc=desc(bm // 2, GROUP, gl.bfloat16, "bf16"),
+             c1_desc=desc(bm // 2, half, gl.bfloat16, "bf16"), as_ptr="*fp32", bs_ptr="*fp32", m_idx_ptr="*i32",
+             rows_ptr="*i32", N="i32", num_programs="i32")
+    for s in ("asm", "asg", "bse", "bsn", "bsk"):
+        t[f"stride_{s}"] = "i32"
+    return t
+
+
 def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dict, dict]:
     """The warp-specialized kernel's extra (types, constexprs) for its epilogue: c's descriptor
     (64 x bn bf16 blocks) with EPILOGUE_TMA, else c_desc=None."""
@@ -327,4 +362,5 @@ def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dic
     return dict(c_desc=f"tensordesc<bf16[{bm // 2}, {bn}],{layout!r}>"), dict(EPILOGUE_TMA=True)
 
 
-__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]
+__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "gluon_contiguous_gemm", "signature_types", "wide_signature_types",
+           "ws_constexprs"]

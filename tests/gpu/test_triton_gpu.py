@@ -323,7 +323,9 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     """kernels/triton/gluon_contiguous.py (issue #35: the block-scale promotion beside the tensor
     cores' work), its kernels as benchmarks/triton_fp8_contiguous.py's GLUON_VARIANTS run them
     (warp-specialized at 4 and 6 stages, pipelined at 4, warp-specialized with the block scales two
-    K steps ahead, and with a TMA-store epilogue at 4, 5 and 6 stages), both GEMMs of qwen3 and DeepSeek-V3's
+    K steps ahead, with a TMA-store epilogue at 4, 5 and 6 stages, and that at a 128 x 192 tile,
+    gluon_wide.py: a weight scale per column where a tile spans two scale blocks, N not a multiple of
+    192 for all but qwen3's gate/up), both GEMMs of qwen3 and DeepSeek-V3's
     EP-8 share (most row tiles padding) at 256 and 4096 tokens, beside our Triton tile: within
     1e-2 of the fp32 torch product, as a whole and row by row, every output row written
     (`--gluon --check`). In a subprocess with a timeout: Triton's automatic warp specialization
@@ -336,7 +338,7 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     assert "failed:" not in res.stdout and "FAILED" not in res.stdout, res.stdout[-4000:]
     # 2 models x 2 sizes x 2 GEMMs x the Gluon variants (each line beside our tile's)
     n = len(_gluon_variants())
-    assert res.stdout.count("gluon 128x128x128") == 8 * n and n >= 7, res.stdout[-4000:]
+    assert res.stdout.count("gluon 128x") == 8 * n and n >= 8, res.stdout[-4000:]
 
 
 _GLUON_LAYER = """if True:
