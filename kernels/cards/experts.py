@@ -26,7 +26,8 @@ ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as
                        "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
                        "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)", choices=ROW_LAYOUTS,
                        tag="{}")
-CONTIGUOUS_GEMMS = ("auto", "triton", "gluon")
+CONTIGUOUS_GEMMS = ("auto", "triton", "gluon", "gluon_wide")
+GLUON_GEMMS = ("gluon", "gluon_wide")  # the Gluon kernels: SM90 only
 # auto: the Gluon kernel for a GEMM of at least this many output columns (N), on an SM90 GPU,
 # the Triton one below. Measured on an H200 (docs/findings/triton-vs-deepgemm.md, "The Gluon
 # kernel, measured"; results/contiguous_variants/s9_gluon_*.json): with its register epilogue,
@@ -41,8 +42,9 @@ CONTIGUOUS_GEMMS = ("auto", "triton", "gluon")
 GLUON_MIN_N = 0
 CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "auto", "fp8_block on the contiguous layout: the grouped GEMM in "
                             "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
-                            "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), or auto (Gluon on an SM90 "
-                            "GPU, else Triton)",
+                            "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), the same at a 128 x 192 "
+                            "tile (gluon_wide, kernels/triton/gluon_wide.py: opt-in, not yet measured), or auto "
+                            "(Gluon on an SM90 GPU, else Triton)",
                             choices=CONTIGUOUS_GEMMS, tag="gemm={}")
 
 
@@ -68,7 +70,7 @@ def gluon_runtime_unsupported() -> Optional[str]:
 
 
 def contiguous_gemm_kernel(mode: str, quant: str, capability: Optional[tuple[int, int]], n: int) -> str:
-    """The kernel ("triton" or "gluon") of one contiguous GEMM with n output columns under
+    """The kernel ("triton", "gluon" or "gluon_wide") of one contiguous GEMM with n output columns under
     experts.contiguous_gemm=mode; capability: the GPU's, None where no GPU can run Gluon here
     (no GPU, the interpreter, an older Triton: gluon_runtime_unsupported). auto falls back to
     Triton there; gluon forced there raises (planning refuses it first)."""
@@ -77,8 +79,8 @@ def contiguous_gemm_kernel(mode: str, quant: str, capability: Optional[tuple[int
     if quant != "fp8_block":  # (the Gluon kernel is fp8_block's; planning refuses gluon elsewhere)
         return "triton"
     sm90 = capability is not None and capability[0] == 9
-    if mode == "gluon" and not sm90:
-        raise ValueError(f"experts.contiguous_gemm=gluon needs an SM90 GPU that runs Gluon (capability "
+    if mode in GLUON_GEMMS and not sm90:
+        raise ValueError(f"experts.contiguous_gemm={mode} needs an SM90 GPU that runs Gluon (capability "
                          f"{capability}; {gluon_runtime_unsupported() or 'Triton >= 3.6 found'})")
     if mode != "auto":
         return mode
@@ -145,10 +147,11 @@ def triton_unsupported(combo: dict) -> Optional[str]:
     if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
         return (f"experts.row_layout={layout} picks the row layout of quant="
                 f"{' or '.join(CONTIGUOUS_QUANTS)} only")
-    if combo.get("contiguous_gemm", "auto") == "gluon":
+    gemm = combo.get("contiguous_gemm", "auto")
+    if gemm in GLUON_GEMMS:
         why = gluon_unsupported(quant, layout, device)
         if why:
-            return f"experts.contiguous_gemm=gluon: {why}"
+            return f"experts.contiguous_gemm={gemm}: {why}"
     if layout == "contiguous":
         if device.startswith("cuda"):
             import torch

@@ -28,6 +28,7 @@ from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the test
     CONTIGUOUS_GEMM_KNOB,
     CONTIGUOUS_MIN_PAIRS_PER_EXPERT,
     CONTIGUOUS_QUANTS,
+    GLUON_GEMMS,
     GLUON_MIN_N,
     ROW_LAYOUT_KNOB,
     ROW_LAYOUTS,
@@ -157,9 +158,12 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         )
 
     def _contiguous_gemm(self, a, a_s, w, w_s, out, layout):
-        if self._gemm_kernel[w.shape[1]] == "gluon":
+        kernel = self._gemm_kernel[w.shape[1]]
+        if kernel in GLUON_GEMMS:
             from ..triton.gluon_contiguous import gluon_contiguous_gemm  # (Gluon: Hopper only, imported on use)
+            from ..triton.gluon_wide import WIDE_N
 
-            gluon_contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, layout.num_post)
+            config = dict(BLOCK_SIZE_N=WIDE_N) if kernel == "gluon_wide" else None
+            gluon_contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, layout.num_post, config)
             return
         contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, rows_in_use=layout.num_post)

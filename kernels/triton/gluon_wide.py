@@ -112,7 +112,8 @@ def _wide_math(ring, epi, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, nu
             b2_next = gl.load(w2_ptrs + g * stride_bsk)
             part0, part1 = warpgroup_mma_wait(num_outstanding=0, deps=(part0, part1))
             mbarrier.arrive(empty.index(s), count=1)
-            acc0 += part0 * a_s[:, None] * gl.where(in_second, b_s2, b_s)[None, :]
+            # (a_s * b_s first, as the 128-column kernel scales: the same products, bit for bit)
+            acc0 += part0 * (a_s[:, None] * gl.where(in_second, b_s2, b_s)[None, :])
             acc1 += part1 * gl.convert_layout(a_s * b_s2, rows1)[:, None]
             a_s = a_next
             b_s = b_next

@@ -304,6 +304,9 @@ def test_contiguous_gemm_knob(monkeypatch):
     assert "fp8_block GEMM, not quant=bf16" in bf16.reason
     (gathered,), _ = plan.plan(ovs + ["experts.contiguous_gemm=gluon", "experts.row_layout=gathered"], None)
     assert "contiguous layout's rows" in gathered.reason
+    (wide,), _ = plan.plan(ovs + ["experts.contiguous_gemm=gluon_wide"], None)  # refused as gluon is, by its name
+    assert wide.reason.startswith("experts.contiguous_gemm=gluon_wide: ") and "no interpreter" in wide.reason
+    assert "gemm=gluon_wide" in wide.label and wide.key not in (gluon.key, triton.key)
     (forced,), _ = plan.plan(ovs + ["experts.contiguous_gemm=triton"], None)  # auto, the default, is no tag
     assert forced.reason is None and "gemm=triton" in forced.label and forced.key != triton.key
     with pytest.raises(ValueError, match="valid: auto, triton, gluon"):
@@ -321,6 +324,8 @@ def test_contiguous_gemm_knob(monkeypatch):
     ("gluon", "fp8_block", (9, 0), 1536, "gluon"),
     ("gluon", "fp8_block", None, 7168, ValueError),  # forced where Gluon cannot run: refused, not recorded as run
     ("gluon", "fp8_block", (10, 0), 7168, ValueError),
+    ("gluon_wide", "fp8_block", (9, 0), 4096, "gluon_wide"),  # the 128 x 192 tile: opt-in only
+    ("gluon_wide", "fp8_block", None, 4096, ValueError),
 ])
 def test_contiguous_gemm_auto_picks_the_kernel_measured_faster(mode, quant, cap, n, kernel):
     """experts.contiguous_gemm=auto (the default): the Gluon kernel for the GEMMs it measured
