@@ -31,16 +31,26 @@ CAUSES = {
     errno.ELOOP: "a symbolic link, which moebench does not write through",
     errno.EIO: "input/output error (a failing disk or a lost network mount?)",
 }
+NOT_CREATABLE = "cannot be created here (the file system makes no folders there: /proc, /sys?)"
 PROBE_NAME = "probe-"  # after the store's temp prefix: no reader sees it, the next sweep removes a leftover
+
+
+class NotCreatable(FileNotFoundError):
+    """A folder mkdir refused with ENOENT though it was asked to make the parents: a file system
+    that makes no folders there (/proc), or one removed under it. An environment error (its
+    one line), where any other ENOENT, a file gone from under a reader, stays what it was."""
 
 
 def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> Optional[str]:
     """'<path>: <cause>' for an environment error, None for any other exception. `where`
     stands in for the path when the error names none (pyarrow's and write()'s ENOSPC)."""
-    if not isinstance(exc, OSError) or exc.errno not in CAUSES:
+    if isinstance(exc, NotCreatable):
+        cause = NOT_CREATABLE
+    elif isinstance(exc, OSError) and exc.errno in CAUSES:
+        cause = CAUSES[exc.errno]
+    else:
         return None
     path = exc.filename if exc.filename is not None else where
-    cause = CAUSES[exc.errno]
     return f"{os.fsdecode(path)}: {cause}" if path is not None else cause
 
 
@@ -61,7 +71,10 @@ def probe(folder: os.PathLike | str) -> Path:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError as e:  # (parents=True: not a missing parent but a folder the system will not make)
+        raise NotCreatable(errno.ENOENT, os.strerror(errno.ENOENT), str(folder)) from e
     path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

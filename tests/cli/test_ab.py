@@ -22,6 +22,19 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
+def _code_files() -> list[str]:
+    """CODE's files: git's list in a checkout, else (an unpacked archive of it) every file
+    under CODE but Python's caches."""
+    if (ROOT / ".git").exists():
+        return _git(ROOT, "ls-files", *CODE).splitlines()
+    out = []
+    for name in CODE:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        out += [str(f.relative_to(ROOT)) for f in files if "__pycache__" not in f.parts and f.suffix != ".pyc"]
+    return out
+
+
 @pytest.fixture
 def two_commits(tmp_path, monkeypatch):
     if shutil.which("git") is None:
@@ -31,7 +44,7 @@ def two_commits(tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     repo = tmp_path / "repo"
     repo.mkdir()
-    tracked = _git(ROOT, "ls-files", *CODE).splitlines()
+    tracked = _code_files()
     for rel in tracked:
         dst = repo / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

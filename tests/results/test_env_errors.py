@@ -27,6 +27,7 @@ import pandas as pd
 import pytest
 
 from moebench import cli
+from moebench.results import writable
 from moebench.results.store import RunStore
 from tests.run.test_sweep_cpu import children
 
@@ -94,6 +95,15 @@ def test_out_naming_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, caps
     err = capsys.readouterr().err
     assert "moebench compare: environment error:" in err and f"{f}: not a directory" in err
     assert f.read_text() == "keep"
+
+
+def test_an_out_folder_the_file_system_will_not_make_is_one_line_and_exit_2(capsys):
+    """mkdir under /proc answers ENOENT (not EACCES): the sweep still says so in one line, exit 2."""
+    out = f"/proc/moebench-{os.getpid()}/run"
+    assert cli.main(["sweep", *ONE, "--out", out]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"moebench sweep: environment error: {out}: {writable.NOT_CREATABLE}; nothing was measured"
+    assert children() == []
 
 
 def test_a_lock_that_is_a_folder_is_one_line_and_exit_2(tmp_path, capsys):
