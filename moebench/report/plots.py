@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from moebench.report.load import latest_rows, PHASE_COLUMNS
-from moebench.report.plotgrid import grid, legends, MARKERS, panels, save, tokens_axis, value_axis
+from moebench.report.plotgrid import grid, legends, MARKERS, narrow_us_axis, panels, save, tokens_axis, value_axis
 from moebench.report.plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
 
 MIB = 1024.0 * 1024.0
@@ -132,6 +132,11 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
                 ax.text(0, yi, "  no ok row at this size", va="center", fontsize=7, color="gray")
             ax.set_title(f"{title} · {t} tok" if title else f"{t} tok", fontsize=9)
             ax.set_xlabel("µs")
+            # room past the longest bar and tick (stacked bars' ends are sticky: autoscale gives no margin there)
+            ends = np.concatenate([left, s["latency_us_median"].to_numpy(dtype=float)])
+            if np.isfinite(ends).any() and np.nanmax(ends) > 0:
+                ax.set_xlim(0, 1.05 * np.nanmax(ends))
+            narrow_us_axis(ax.xaxis)
             ax.grid(True, axis="x", alpha=0.3)
             ax.set_yticks(y, labels if c == 0 else [""] * len(labels), fontsize=7)
             ax.invert_yaxis()

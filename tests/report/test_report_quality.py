@@ -109,3 +109,39 @@ def test_token_ticks_that_would_print_over_each_other_are_left_unlabelled():
     assert tick_labels(t, 16 / pad, 16384 * pad) == ["16", "256", "1024", "", "4096", "16384"]
     assert tick_labels([16, 8192, 16384], 16 / pad, 16384 * pad) == ["16", "", "16384"]
     assert tick_labels([16, 32, 64, 128, 256], 12.0, 300.0) == ["16", "32", "64", "128", "256"]
+
+
+def test_phase_panels_keep_their_microsecond_ticks_short_and_their_bars_inside(tmp_path):
+    """The phase breakdown's narrow panels (four to a row): six-digit µs ticks side by side ran
+    together ("100000120000"), so they read 150k / 2.5k, at most five ticks; and the axis runs past
+    the longest stacked bar and latency tick (stacked bars' ends get no autoscale margin)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moebench.report import plots
+    from moebench.report.plotgrid import short_us
+    from moebench.results.synthetic import make_rows
+
+    assert [short_us(v) for v in (0, 80, 2500, 150000, 1e6)] == ["0", "80", "2.5k", "150k", "1000k"]
+    df = make_rows(tokens=(16, 1024, 4096, 16384), scale=300.0)  # latencies up to ~2.5 ms: six-digit µs at 16384
+    for col in ("dispatch_us", "experts_us", "combine_us"):
+        df[col] = df["latency_us_median"] / 3
+    captured = []
+    real_save = plots.save
+    plots.save = lambda fig, path: (captured.append(fig), real_save(fig, path))[1]
+    try:
+        assert plots.plot_phases(df, tmp_path / "phases.png") is not None
+    finally:
+        plots.save = real_save
+    (fig,) = captured
+    fig.canvas.draw()
+    for ax in fig.axes:
+        if not ax.patches:
+            continue
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert 2 <= len(labels) <= 5 and all(len(t) <= 5 for t in labels), labels
+        longest = max(p.get_x() + p.get_width() for p in ax.patches)
+        assert ax.get_xlim()[1] >= 1.04 * longest, (ax.get_xlim(), longest)
+    plt.close(fig)
