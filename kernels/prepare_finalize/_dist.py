@@ -12,6 +12,11 @@ import torch.distributed as dist
 from ..interfaces import FP8_MAX, OpenRange, PrepareFinalize  # OpenRange: the backends' import
 from ..quant import quant_activations, quant_fp8_with_scale
 
+# torch 2.13 renamed the tensor collectives (the old names warn FutureWarning into every sweep's
+# progress); the GPU image's torch 2.11 has only the old ones
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def comm_view(t: torch.Tensor) -> torch.Tensor:
     """fp8 travels as bytes (not every process-group backend knows fp8)."""
@@ -24,7 +29,7 @@ def all_gather_rows(tensors: list[torch.Tensor], group, world_size: int) -> tupl
     for t in tensors:
         t = t.contiguous()
         out = torch.empty((world_size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-        works.append(dist.all_gather_into_tensor(comm_view(out), comm_view(t), group=group, async_op=True))
+        works.append(_all_gather(comm_view(out), comm_view(t), group=group, async_op=True))
         outs.append(out)
     return outs, works
 
@@ -96,7 +101,7 @@ class EPPrepareFinalize(PrepareFinalize):
     def reduce_scatter_async(self, out_TK, partial_MK):
         """Launch the reduce-scatter of the partial outputs into out_TK; returns the receiver."""
         rng = OpenRange(self.phases, "combine")
-        work = dist.reduce_scatter_tensor(out_TK, partial_MK.contiguous(), group=self.ctx.group, async_op=True)
+        work = _reduce_scatter(out_TK, partial_MK.contiguous(), group=self.ctx.group, async_op=True)
 
         def receive():
             work.wait()
