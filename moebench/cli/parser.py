@@ -9,6 +9,12 @@ EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
 Groups: backend experts reduction overlap model quant workload runner trace."""
 
 
+SWEEP_EXIT = """exit status: 0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom
+rows, or an environment error (a full disk) stopped the sweep mid-way (finished rows are stored:
+re-run to resume); 2 bad input before any work (an unknown option or value, an impossible
+combination, a world size this machine lacks, an unwritable --out); 130 interrupted; 143 terminated."""
+
+
 EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
 failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
 missing run, an unknown schema version, an axis value no row has, an unknown option) or an environment
@@ -37,9 +43,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("sweep", help="run every valid combination of the given axes", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("overrides", nargs="*")
+    s = sub.add_parser("sweep", help="run every valid combination of the given axes",
+                       epilog=EPILOG + "\n\n" + SWEEP_EXIT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("overrides", nargs="*", help="group=option, key=value or comma lists (below); none: the "
+                   "embedded default sweep")
     s.add_argument("--sweep", default="default", help="named sweep in sweeps/ (or a path); default: %(default)s")
     s.add_argument("--out", help="run directory (default: runs/<sweep>[-<hash of overrides>])")
     s.add_argument("--redo", default="none", choices=("none", "failed", "all"),
@@ -53,9 +60,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     add_arguments(s)
 
-    r = sub.add_parser("run", help="run one combination and print its rows", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("overrides", nargs="*")
+    r = sub.add_parser("run", help="run one combination and print its rows",
+                       epilog=EPILOG + "\n\n" + SWEEP_EXIT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("overrides", nargs="*", help="group=option or key=value, naming one combination (below)")
     r.add_argument("--out", help="run directory (default: runs/run-<hash>)")
 
     ls = sub.add_parser("list", help="list the combinations a sweep would run, with validity")
