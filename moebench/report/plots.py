@@ -223,6 +223,11 @@ def plot_workspace(df: pd.DataFrame, path) -> Path | None:
         ax.grid(True, which="both", alpha=0.3)
     keys = [(Line2D([], [], color="k", marker="o", ms=4), "allocator peak"),
             (Line2D([], [], color="k", ls=":", marker="_", ms=10), "analytic (declared)")]
+    # a key only for a figure the rows have (CPU rows: no allocator peak)
+    columns = ("workspace_bytes_peak", "workspace_bytes_analytic")
+    keys = [k for k, col in zip(keys, columns, strict=True) if ok[col].notna().any()]
     legends(fig, axes, p, keys)
-    fig.suptitle(p.suptitle("Workspace of one forward"))
+    title = "Workspace of one forward" + ("" if ok["workspace_bytes_peak"].notna().any()
+                                          else " (analytic: no allocator peak on these rows)")
+    fig.suptitle(p.suptitle(title))
     return save(fig, path)

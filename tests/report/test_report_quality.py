@@ -145,3 +145,30 @@ def test_phase_panels_keep_their_microsecond_ticks_short_and_their_bars_inside(t
         longest = max(p.get_x() + p.get_width() for p in ax.patches)
         assert ax.get_xlim()[1] >= 1.04 * longest, (ax.get_xlim(), longest)
     plt.close(fig)
+
+
+def test_the_workspace_plot_keys_only_the_figures_its_rows_have(tmp_path):
+    """CPU rows carry the analytic workspace and no allocator peak: the plot's legend keys no
+    'allocator peak' line, and its title says the figure is the analytic one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from moebench.report import plots
+    from moebench.results.synthetic import make_rows
+
+    df = make_rows(tokens=(16, 64))
+    df["workspace_bytes_analytic"] = 1 << 20
+    captured = []
+    real_save = plots.save
+    for peak, keyed in ((float("nan"), False), (2 << 20, True)):
+        df["workspace_bytes_peak"] = peak
+        plots.save = lambda fig, path: (captured.append(fig), real_save(fig, path))[1]
+        try:
+            assert plots.plot_workspace(df, tmp_path / "workspace.png") is not None
+        finally:
+            plots.save = real_save
+        fig = captured.pop()
+        texts = [t.get_text() for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+                 for t in leg.get_texts()]
+        assert ("allocator peak" in texts) == keyed and "analytic (declared)" in texts, texts
+        assert ("no allocator peak" in fig.get_suptitle()) != keyed
