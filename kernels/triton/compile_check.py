@@ -192,7 +192,7 @@ def variants(quick: bool):
         consts = dict(K=2048, GROUP_N=128, GROUP_SIZE_M=g["GROUP_SIZE_M"], STAGES=stages)
         if bn == gluon_wide.WIDE_N:  # the 128 x 192 tile: its own kernel
             out.append((f"gluon_wide fp8_block 128x{bn}x128 WS stages {stages} TMA epilogue",
-                        gluon_wide.gluon_fp8_wide_kernel, gluon_contiguous.wide_signature_types(),
+                        gluon_wide.gluon_fp8_wide_kernel, gluon_wide.wide_signature_types(),
                         dict(consts, num_warps=4), 4, 1))
             continue
         fn, warps = ((gluon_contiguous._gluon_fp8_ws_kernel, 4) if ws

@@ -298,8 +298,10 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     tiles = (Mp // bm) * -(-N // bn)
     sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
     grid = (max(1, min(tiles, sms, num_programs or sms)),)
+    epi_tma = ws and bool(cfg["EPILOGUE_TMA"])  # (the wide tile's always: asserted above)
+    assert not epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), \
+        "EPILOGUE_TMA: c's rows 16-byte aligned (a TMA store)"
     if wide:
-        assert c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0, "c's rows 16-byte aligned"
         half, w_rows = GROUP // 2, w.view(E * N, K)
         gluon_fp8_wide_kernel[grid](
             _descriptor(a, [bm, GROUP]), _descriptor(w_rows, [GROUP, GROUP]), _descriptor(w_rows, [half, GROUP]),
@@ -311,9 +313,6 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
     kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel  # (the latter: the counter-example)
     extra = {}
     if ws:
-        epi_tma = bool(cfg["EPILOGUE_TMA"])
-        assert not epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), \
-            "EPILOGUE_TMA: c's rows 16-byte aligned (a TMA store)"
         c_desc = _descriptor(c, [bm // 2, bn], gl.bfloat16) if epi_tma else None
         extra = dict(SCALE_AHEAD=cfg["SCALE_AHEAD"], EPILOGUE_TMA=epi_tma, c_desc=c_desc)
     kernel[grid](
@@ -337,22 +336,6 @@ def signature_types(bm: int = 128, bn: int = 128) -> dict:
     return t
 
 
-def wide_signature_types(bm: int = 128) -> dict:
-    """gluon_wide.gluon_fp8_wide_kernel's argument types as a launch specializes them (compile_check)."""
-    def desc(rows: int, cols: int, dtype, name: str) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
-        return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
-
-    half = GROUP // 2
-    t = dict(a_desc=desc(bm, GROUP, gl.float8e4nv, "fp8e4nv"), b0_desc=desc(GROUP, GROUP, gl.float8e4nv, "fp8e4nv"),
-             b1_desc=desc(half, GROUP, gl.float8e4nv, "fp8e4nv"), c0_desc=desc(bm // 2, GROUP, gl.bfloat16, "bf16"),
-             c1_desc=desc(bm // 2, half, gl.bfloat16, "bf16"), as_ptr="*fp32", bs_ptr="*fp32", m_idx_ptr="*i32",
-             rows_ptr="*i32", N="i32", num_programs="i32")
-    for s in ("asm", "asg", "bse", "bsn", "bsk"):
-        t[f"stride_{s}"] = "i32"
-    return t
-
-
 def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dict, dict]:
     """The warp-specialized kernel's extra (types, constexprs) for its epilogue: c's descriptor
     (64 x bn bf16 blocks) with EPILOGUE_TMA, else c_desc=None."""
@@ -362,5 +345,4 @@ def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dic
     return dict(c_desc=f"tensordesc<bf16[{bm // 2}, {bn}],{layout!r}>"), dict(EPILOGUE_TMA=True)
 
 
-__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "gluon_contiguous_gemm", "signature_types", "wide_signature_types",
-           "ws_constexprs"]
+__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]

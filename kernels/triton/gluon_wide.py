@@ -28,6 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .contiguous_gemm import GROUP
 from .gluon_common import tile_coords
 
 WIDE_N = 192  # the tile's columns: a 128- and a 64-column WGMMA
@@ -179,4 +180,20 @@ def gluon_fp8_wide_kernel(
         mbarrier.invalidate(empty.index(i))
 
 
-__all__ = ["WIDE_N", "gluon_fp8_wide_kernel"]
+def wide_signature_types(bm: int = 128) -> dict:
+    """gluon_fp8_wide_kernel's argument types as a launch specializes them (compile_check)."""
+    def desc(rows: int, cols: int, dtype, name: str) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+        return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
+
+    half = GROUP // 2
+    t = dict(a_desc=desc(bm, GROUP, gl.float8e4nv, "fp8e4nv"), b0_desc=desc(GROUP, GROUP, gl.float8e4nv, "fp8e4nv"),
+             b1_desc=desc(half, GROUP, gl.float8e4nv, "fp8e4nv"), c0_desc=desc(bm // 2, GROUP, gl.bfloat16, "bf16"),
+             c1_desc=desc(bm // 2, half, gl.bfloat16, "bf16"), as_ptr="*fp32", bs_ptr="*fp32", m_idx_ptr="*i32",
+             rows_ptr="*i32", N="i32", num_programs="i32")
+    for s in ("asm", "asg", "bse", "bsn", "bsk"):
+        t[f"stride_{s}"] = "i32"
+    return t
+
+
+__all__ = ["WIDE_N", "gluon_fp8_wide_kernel", "wide_signature_types"]

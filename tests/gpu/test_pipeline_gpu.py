@@ -111,10 +111,9 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
         # hold, moves every pair), and each third's (16 pairs) within 5%. The design before, 18
         # pairs of 60 samples (~13 ms a side) in three runs of six, failed 7 of 11 runs in sessions
         # 9-10 on that clock, runs' ratios 0.941-1.026 (docs/findings/timing.md, session 10).
-        # the hold measured once (host_enqueue_us idles the GPU behind a 20 ms spin, after which
-        # the clock climbs back to its idle boost: measured per set, as time_samples does without
-        # hold_us, it would put every ~5 ms moebench set right after an idle stretch, a bias
-        # alternating the order cannot cancel); the sweep's runner passes hold_us the same way
+        # The hold is measured once, here, and passed as hold_us as the sweep's runner passes it:
+        # host_enqueue_us idles the GPU behind a 20 ms spin, and measured per set it would start
+        # every ~5 ms moebench set on a clock back at its idle boost, a bias in every pair.
         hold_us = timing.host_enqueue_us(fn, dev)
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
         pairs = []

@@ -111,16 +111,28 @@ def test_token_ticks_that_would_print_over_each_other_are_left_unlabelled():
     assert tick_labels([16, 32, 64, 128, 256], 12.0, 300.0) == ["16", "32", "64", "128", "256"]
 
 
-def test_phase_panels_keep_their_microsecond_ticks_short_and_their_bars_inside(tmp_path):
-    """The phase breakdown's narrow panels (four to a row): six-digit µs ticks side by side ran
-    together ("100000120000"), so they read 150k / 2.5k, at most five ticks; and the axis runs past
-    the longest stacked bar and latency tick (stacked bars' ends get no autoscale margin)."""
+def _drawn_figure(monkeypatch, plot, df, path):
+    """The matplotlib figure `plot(df, path)` saves (plots.save intercepted), drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
+    from moebench.report import plots
+
+    captured = []
+    real_save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, p: (captured.append(fig), real_save(fig, p))[1])
+    assert getattr(plots, plot)(df, path) is not None
+    (fig,) = captured
+    fig.canvas.draw()
+    return fig
+
+
+def test_phase_panels_keep_their_microsecond_ticks_short_and_their_bars_inside(tmp_path, monkeypatch):
+    """The phase breakdown's narrow panels (four to a row): six-digit µs ticks side by side ran
+    together ("100000120000"), so they read 150k / 2.5k, at most five ticks; and the axis runs past
+    the longest stacked bar and latency tick (stacked bars' ends get no autoscale margin)."""
     import matplotlib.pyplot as plt
 
-    from moebench.report import plots
     from moebench.report.plotgrid import short_us
     from moebench.results.synthetic import make_rows
 
@@ -128,15 +140,7 @@ def test_phase_panels_keep_their_microsecond_ticks_short_and_their_bars_inside(t
     df = make_rows(tokens=(16, 1024, 4096, 16384), scale=300.0)  # latencies up to ~2.5 ms: six-digit µs at 16384
     for col in ("dispatch_us", "experts_us", "combine_us"):
         df[col] = df["latency_us_median"] / 3
-    captured = []
-    real_save = plots.save
-    plots.save = lambda fig, path: (captured.append(fig), real_save(fig, path))[1]
-    try:
-        assert plots.plot_phases(df, tmp_path / "phases.png") is not None
-    finally:
-        plots.save = real_save
-    (fig,) = captured
-    fig.canvas.draw()
+    fig = _drawn_figure(monkeypatch, "plot_phases", df, tmp_path / "phases.png")
     for ax in fig.axes:
         if not ax.patches:
             continue
@@ -147,27 +151,16 @@ def test_phase_panels_keep_their_microsecond_ticks_short_and_their_bars_inside(t
     plt.close(fig)
 
 
-def test_the_workspace_plot_keys_only_the_figures_its_rows_have(tmp_path):
+def test_the_workspace_plot_keys_only_the_figures_its_rows_have(tmp_path, monkeypatch):
     """CPU rows carry the analytic workspace and no allocator peak: the plot's legend keys no
     'allocator peak' line, and its title says the figure is the analytic one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from moebench.report import plots
     from moebench.results.synthetic import make_rows
 
     df = make_rows(tokens=(16, 64))
     df["workspace_bytes_analytic"] = 1 << 20
-    captured = []
-    real_save = plots.save
     for peak, keyed in ((float("nan"), False), (2 << 20, True)):
         df["workspace_bytes_peak"] = peak
-        plots.save = lambda fig, path: (captured.append(fig), real_save(fig, path))[1]
-        try:
-            assert plots.plot_workspace(df, tmp_path / "workspace.png") is not None
-        finally:
-            plots.save = real_save
-        fig = captured.pop()
+        fig = _drawn_figure(monkeypatch, "plot_workspace", df, tmp_path / "workspace.png")
         texts = [t.get_text() for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
                  for t in leg.get_texts()]
         assert ("allocator peak" in texts) == keyed and "analytic (declared)" in texts, texts
