@@ -7,10 +7,10 @@
   reason (no GPU, too few GPUs, wrong architecture, a missing library); a test that also needs
   a library not promised may skip (the one-GPU suite's `--require deep_gemm` lets the 2-GPU
   deep_ep + deep_gemm tests skip). A skip naming a required library fails too, and each
-  required library must have had a test run. The rule and its hooks: tests/_require.py.
-- A progress line per test file as its last test finishes (tests/_progress.py).
+  required library must have had a test run. The rule and its hooks: tests/support/_require.py.
+- A progress line per test file as its last test finishes (tests/support/_progress.py).
 - Two pytest-xdist workers, a file on each, for the CPU tiers; one process for GPU tests, the
-  slow tier, `--require` and a single file (tests/_parallel.py).
+  slow tier, `--require` and a single file (tests/support/_parallel.py).
 """
 from __future__ import annotations
 
@@ -31,13 +31,15 @@ torch.set_num_threads(int(os.environ["MOEBENCH_CPU_THREADS"]))
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-# the fault-injection experts (tests/fault_experts.py): registered here and in every rank
-_tests_dir = os.path.dirname(os.path.abspath(__file__))
-# the helpers beside this file are imported by bare name (tests/__init__.py), here as in the ranks
-if _tests_dir not in sys.path:
-    sys.path.insert(0, _tests_dir)
+# the helpers in support/ are imported by bare name (tests/__init__.py), here as in the ranks; only
+# that folder goes on the path: this one's room folders (kernels/, config/, ...) would shadow
+# installed packages of those names (Hugging Face's `kernels`, which transformers imports)
+_support_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+if _support_dir not in sys.path:
+    sys.path.insert(0, _support_dir)
+# the fault-injection experts (tests/support/fault_experts.py): registered here and in every rank
 os.environ["MOEBENCH_PLUGIN_MODULES"] = "fault_experts"
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_tests_dir, os.environ.get("PYTHONPATH", "")) if p)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_support_dir, os.environ.get("PYTHONPATH", "")) if p)
 
 # @triton.jit reads TRITON_INTERPRET when a kernel module is imported: import them all now,
 # so that a harness-only test that sets TRITON_INTERPRET=0 (test_sweep_cpu.py) and happens
@@ -46,11 +48,11 @@ from moebench.kernels import registry as _registry  # noqa: E402
 
 _registry.discover()
 
-# a line per test file as it finishes (tests/_progress.py): -q's dots are no progress for minutes;
-# what pyproject's `--numprocesses=auto` means: 2 pytest-xdist workers, or none (tests/_parallel.py)
+# a line per test file as it finishes (tests/support/_progress.py): -q's dots are no progress for minutes;
+# what pyproject's `--numprocesses=auto` means: 2 pytest-xdist workers, or none (tests/support/_parallel.py)
 pytest_plugins = ["_progress", "_parallel"]
 
-# the --require gate's hooks (tests/_require.py), found here by name
+# the --require gate's hooks (tests/support/_require.py), found here by name
 from _require import (  # noqa: E402, F401
     pytest_addoption,
     pytest_configure,
@@ -60,7 +62,7 @@ from _require import (  # noqa: E402, F401
     pytest_terminal_summary,
 )
 
-# the tiers: gpu and slow tests run only where -m names them (tests/_tiers.py)
+# the tiers: gpu and slow tests run only where -m names them (tests/support/_tiers.py)
 from _tiers import pytest_collection_modifyitems  # noqa: E402, F401
 
 

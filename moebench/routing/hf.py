@@ -36,19 +36,30 @@ BLOCKS = {
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
-def available_blocks() -> dict[str, bool]:
-    """Each block class of BLOCKS -> whether the installed transformers defines it."""
+def missing_blocks() -> dict[str, str]:
+    """Each block class of BLOCKS the installed transformers cannot give -> why, in the words of
+    the failure itself (the import's exception, e.g. a shadowed dependency), not a guess."""
     import importlib
+
+    import transformers
 
     out = {}
     for cls, mod in BLOCKS.items():
+        where = f"transformers.models.{mod}.modeling_{mod}"
         try:
-            m = importlib.import_module(f"transformers.models.{mod}.modeling_{mod}")
-        except ImportError:
-            out[cls] = False
+            m = importlib.import_module(where)
+        except Exception as e:  # noqa: BLE001 (any failure of the import is the reason, reported whole)
+            out[cls] = f"importing {where} (transformers {transformers.__version__}) failed: {type(e).__name__}: {e}"
             continue
-        out[cls] = hasattr(m, cls)
+        if not hasattr(m, cls):
+            out[cls] = f"{where} (transformers {transformers.__version__}) defines no {cls}"
     return out
+
+
+def available_blocks() -> dict[str, bool]:
+    """Each block class of BLOCKS -> whether the installed transformers gives it (missing_blocks)."""
+    missing = missing_blocks()
+    return {cls: cls not in missing for cls in BLOCKS}
 
 
 def _block_kind(module: torch.nn.Module) -> Optional[str]:
@@ -74,8 +85,8 @@ def find_moe_blocks(model: torch.nn.Module) -> list[tuple[int, str, torch.nn.Mod
     if not found:
         import transformers
 
-        have = available_blocks()
-        looked = ", ".join(f"{c} ({'in' if ok else 'not in'} this transformers)" for c, ok in have.items())
+        missing = missing_blocks()
+        looked = ", ".join(f"{c} ({missing.get(c, 'in this transformers')})" for c in BLOCKS)
         raise ValueError(f"no MoE block found in {type(model).__name__} (transformers {transformers.__version__}); "
                          f"looked for {looked}; for another model, hook its router with RoutingRecorder.attach")
     layers = [k for k, _, _ in found]

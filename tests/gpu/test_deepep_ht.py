@@ -25,7 +25,7 @@ from moebench.kernels.interfaces import KernelContext, LayerShape, NoOp, QuantSp
 from moebench.kernels.quant import dequant_activations, dequant_weight, quant_weights
 from moebench.kernels.reference import reference_moe, rel_err
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs("deep_ep")]  # --require: tests/_require.py
+pytestmark = [pytest.mark.gpu, pytest.mark.needs("deep_ep")]  # --require: tests/support/_require.py
 
 WORLD = 2
 SEED = 1234

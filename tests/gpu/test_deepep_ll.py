@@ -25,7 +25,7 @@ import torch
 
 from _ranks import COMM_ENV, WORLD  # noqa: E402  (tests/gpu/_ranks.py)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs("deep_ep")]  # --require: tests/_require.py
+pytestmark = [pytest.mark.gpu, pytest.mark.needs("deep_ep")]  # --require: tests/support/_require.py
 
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 SWEEP_TOKENS = {"deepseek_v2_lite": [1, 128, 256], "deepseek_v3": [128]}

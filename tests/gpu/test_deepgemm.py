@@ -24,7 +24,7 @@ import torch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.needs("deep_gemm"),  # one GPU: the one-GPU suite's --require deep_gemm (tests/_require.py)
+    pytest.mark.needs("deep_gemm"),  # one GPU: the one-GPU suite's --require deep_gemm (tests/support/_require.py)
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 

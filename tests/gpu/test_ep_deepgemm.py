@@ -21,7 +21,7 @@ CASES = [  # (backend, experts, reductions, tokens)
     ("deepep_ll", "deepgemm_masked", ("finalize",), (128, 512)),
     ("pplx", "deepgemm_masked", ("finalize",), (128, 512)),
 ]
-# what each case exercises, for --require (tests/_require.py): both libraries and 2 GPUs, so the
+# what each case exercises, for --require (tests/support/_require.py): both libraries and 2 GPUs, so the
 # one-GPU suite's --require deep_gemm lets them skip and --require deep_ep,deep_gemm does not
 NEEDS = {"deepep_ht": ("deep_ep", "deep_gemm"), "deepep_ll": ("deep_ep", "deep_gemm"),
          "pplx": ("pplx_kernels", "deep_gemm")}

@@ -26,7 +26,7 @@ import torch
 
 from _ranks import COMM_ENV, WORLD  # noqa: E402  (tests/gpu/_ranks.py)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs("pplx_kernels")]  # --require: tests/_require.py
+pytestmark = [pytest.mark.gpu, pytest.mark.needs("pplx_kernels")]  # --require: tests/support/_require.py
 
 MODEL = "deepseek_v2_lite"
 TOKENS = (1, 128)

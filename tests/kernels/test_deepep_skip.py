@@ -4,7 +4,7 @@ how to install DeepEP. With the library 'present', each says which of the
 combination's own limits it breaks. deepep_ll's buffer rules (one NVSHMEM buffer
 per process, one process group per buffer shape) are checked on stubs, and its
 plumbing runs end to end on 2 gloo ranks over a CPU stand-in of DeepEP's
-low-latency API (tests/deepep_ll_standin.py).
+low-latency API (tests/support/deepep_ll_standin.py).
 """
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ COMBO = {
     "num_sms": 24, "device": "cuda",
 }
 LL_COMBO = dict(COMBO, backend="deepep_ll", experts="triton_batched", max_tokens_per_rank=512)
-TESTS = Path(__file__).resolve().parents[1]
+SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the helpers, by bare name
 
 
 def planned(backend="deepep_ht", experts="torch", **changes):
     """validity.validate on a deepseek_v3 Combo on CUDA: the contract's rules beside the entry's."""
     cfg = compose_config([f"backend={backend}", f"experts={experts}", "reduction=finalize", "model=deepseek_v3"])
     return validity.validate(to_combo(cfg, device="cuda").replace(**changes))
-REPO = TESTS.parent
+REPO = SUPPORT.parents[1]
 
 
 @pytest.fixture
@@ -346,13 +346,13 @@ def test_deepep_ll_plumbing_over_a_cpu_standin(tmp_path):
     reference on 2 gloo ranks over a stand-in that reproduces DeepEP's layouts."""
     pkg = tmp_path / "standin" / "deep_ep"
     pkg.mkdir(parents=True)
-    shutil.copy(TESTS / "deepep_ll_standin.py", pkg / "__init__.py")
+    shutil.copy(SUPPORT / "deepep_ll_standin.py", pkg / "__init__.py")
     code = (
-        f"import sys; sys.path[:0] = [{str(tmp_path / 'standin')!r}, {str(TESTS)!r}, {str(REPO)!r}]\n"
+        f"import sys; sys.path[:0] = [{str(tmp_path / 'standin')!r}, {str(SUPPORT)!r}, {str(REPO)!r}]\n"
         "import tests.kernels.test_deepep_skip as t\n"
         f"t._standin_job({str(tmp_path)!r})\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "standin"), str(TESTS), str(REPO)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "standin"), str(SUPPORT), str(REPO)]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

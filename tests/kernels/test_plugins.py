@@ -83,8 +83,9 @@ def sites(tmp_path_factory):
     src = base / "src"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     good = base / "good"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(good), str(src)], check=True, capture_output=True, timeout=300)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                          "--no-index", "--target", str(good), str(src)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, f"pip install of the example plugin failed:\n{pip.stdout[-3000:]}{pip.stderr[-6000:]}"
     assert list(good.glob("moebench_example_plugin-0.1.0.dist-info/entry_points.txt"))
     bad = base / "bad"
     bad.mkdir()

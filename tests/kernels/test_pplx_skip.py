@@ -23,8 +23,8 @@ from moebench.config.compose import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _pplx
 
-TESTS = Path(__file__).resolve().parents[1]
-REPO = TESTS.parent
+SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the helpers, by bare name
+REPO = SUPPORT.parents[1]
 COMBO = {
     "backend": "pplx", "experts": "triton_batched", "reduction": "finalize", "overlap": "none",
     "model": "deepseek_v2_lite", "hidden": 2048, "intermediate": 1408, "num_experts": 64, "topk": 6,
@@ -397,11 +397,11 @@ def test_plumbing_over_a_cpu_standin(tmp_path):
     """pplx + torch_batched + shared experts, intranode and internode, every quant x
     overlap, match the reference on 2 gloo ranks over the stand-in above."""
     code = (
-        f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(REPO)!r}]\n"
+        f"import sys; sys.path[:0] = [{str(SUPPORT)!r}, {str(REPO)!r}]\n"
         "import tests.kernels.test_pplx_skip as t\n"
         f"t._standin_job({str(tmp_path)!r})\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SUPPORT), str(REPO)]))
     env.pop("NVSHMEM_SYMMETRIC_SIZE", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-4000:]

@@ -1,4 +1,4 @@
-"""What `--numprocesses=auto` (pyproject.toml's addopts) means here (tests/_parallel.py): two
+"""What `--numprocesses=auto` (pyproject.toml's addopts) means here (tests/support/_parallel.py): two
 pytest-xdist workers for the CPU tiers on 2 cores or more, none for the GPU tests, the slow tier,
 `--require`, a single file, one core; without pytest-xdist the options are ignored and said so."""
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_require_one_file_and_one_core_take_no_worker():
 
 def test_selects_mirrors_the_tiers_rule():
     assert not selects(DEFAULT, "gpu") and not selects(DEFAULT, "slow")
-    assert not selects("not multiprocess", "slow")  # tests/_tiers.py deselects what -m does not name
+    assert not selects("not multiprocess", "slow")  # tests/support/_tiers.py deselects what -m does not name
     assert selects("slow or multiprocess", "slow") and not selects("slow or multiprocess", "gpu")
 
 

@@ -1,4 +1,4 @@
-"""The progress line per test file (tests/_progress.py) on tiny test files run by pytest's own
+"""The progress line per test file (tests/support/_progress.py) on tiny test files run by pytest's own
 `pytester`: one line per file as its last test finishes, in order, with its outcomes; pytest's
 summary still comes last; `-x` gets the stopped file's line; deselected files are not counted."""
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_under_xdist_each_file_gets_its_line_once_all_its_tests_ran_on_the_worke
     # controller had before any conftest, so `-p _progress` would not import there)
     pytester.makeconftest(f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        sys.path.insert(0, {str(Path(__file__).parents[1] / "support")!r})
         pytest_plugins = ["_progress"]
     """)
     for dist in ("loadfile", "load"):

@@ -1,4 +1,4 @@
-"""The --require gate (tests/_require.py) on tiny test files run by pytest's own `pytester`, with
+"""The --require gate (tests/support/_require.py) on tiny test files run by pytest's own `pytester`, with
 empty stand-ins for the libraries so that they import: a skip of a test whose libraries were all
 promised fails the run whatever its reason, a test that needs one more library may skip, and a
 promised library none of whose tests ran fails the run."""

@@ -1,4 +1,4 @@
-"""The tiers' selection (tests/_tiers.py, pyproject.toml's addopts) on a tiny test file run by
+"""The tiers' selection (tests/support/_tiers.py, pyproject.toml's addopts) on a tiny test file run by
 pytest's own `pytester`, with this project's addopts: the default runs neither gpu nor slow
 tests, `-m slow` exactly the slow ones, and an `-m` that names neither deselects both."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fault injection on CPU (tests/fault_experts.py, registered only by the tests): two gloo
+"""Fault injection on CPU (tests/support/fault_experts.py, registered only by the tests): two gloo
 ranks over backend=naive, one fault per combination, a clean combination after them in the
 same sweep. Each fault gives its status and reason, the other rows are intact, no process is
 left, and the combination after a fault runs clean in a fresh process group."""

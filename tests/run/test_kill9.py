@@ -22,7 +22,7 @@ from tests.run.test_sweep_cpu import children
 
 pytestmark = pytest.mark.multiprocess
 
-# each forward sleeps 10 ms (tests/fault_experts.py), so that the sweep spends seconds
+# each forward sleeps 10 ms (tests/support/fault_experts.py), so that the sweep spends seconds
 # writing rows: kills land before, between and after its combinations
 SWEEP = ["backend=local", "experts=fault", "experts.fault=sleep", "experts.fault_s=0.01",
          "reduction=experts,finalize", "overlap=none,dispatch,combine", "workload.seed=0,1",

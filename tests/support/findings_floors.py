@@ -14,7 +14,7 @@ import pandas as pd
 
 from moebench.results.store import RunStore
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 @functools.cache

@@ -6,11 +6,11 @@ this plugin (loaded by tests/conftest.py) decides what `auto` means:
   4m15s instead of 7m19s (docs/findings/harness.md, "Tests"). Most of a test's time is
   one process's work (the Triton interpreter, pandas, a rank's start-up), so a second worker
   fills the second core. `loadfile` keeps a file on one worker: its module fixtures run once
-  and its progress line (tests/_progress.py) times the file alone.
+  and its progress line (tests/support/_progress.py) times the file alone.
 - one process (no worker) where `-m` names `gpu` (GPU tests would share a device) or `slow`
   (the stress tests time `kill -9`s and hangs; a second worker beside them changes what they
   measure), under `--require` (its count of the tests that ran lives in the process that ran
-  them: tests/_require.py), for a single test file or test (two workers' start-up would cost
+  them: tests/support/_require.py), for a single test file or test (two workers' start-up would cost
   more than they save), and on one core;
 - PYTEST_XDIST_AUTO_NUM_WORKERS (xdist's own variable), or `-n N` on the command line, decide
   instead; `-n 0` runs in one process.
@@ -58,11 +58,11 @@ def _one_file(args: list[str]) -> bool:
 
 
 def selects(markexpr: str, marker: str) -> bool:
-    """Whether `-m markexpr` runs tests marked `marker` (a tier of tests/_tiers.py): only an
+    """Whether `-m markexpr` runs tests marked `marker` (a tier of tests/support/_tiers.py): only an
     expression that names it, and that a test with it (and any other mark) matches; the default
     `not gpu and not slow` runs neither."""
     if marker not in markexpr:
-        return False  # tests/_tiers.py deselects them
+        return False  # tests/support/_tiers.py deselects them
     return Expression.compile(markexpr).evaluate(lambda name, **kw: name == marker or name not in TIER_MARKERS)
 
 
@@ -93,7 +93,7 @@ def file_order(tests: list[tuple[str, bool]]) -> list[str]:
     return sorted(count, key=lambda f: (-mp[f], -count[f]))  # stable: collection order otherwise
 
 
-@pytest.hookimpl(trylast=True)  # after the tiers' deselection (tests/_tiers.py)
+@pytest.hookimpl(trylast=True)  # after the tiers' deselection (tests/support/_tiers.py)
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # only in a worker: each collects, and sorts alike
         return

@@ -38,7 +38,7 @@ def pytest_addoption(parser):
         "--require", default=os.environ.get("MOEBENCH_REQUIRE", ""),
         help="comma-separated libraries this run must exercise (e.g. deep_ep,deep_gemm): a test marked "
         "needs(...) with only required libraries fails instead of skipping, whatever the reason, and "
-        "each required library needs at least one of its tests run (tests/_require.py)",
+        "each required library needs at least one of its tests run (tests/support/_require.py)",
     )
 
 
@@ -49,7 +49,7 @@ def required(config) -> list[str]:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "needs(*libs): the optional libraries a test exercises; under --require a test whose "
-        "libraries are all required must run (tests/_require.py)")
+        "libraries are all required must run (tests/support/_require.py)")
     config.stash[_RAN] = {lib: 0 for lib in required(config)}
     missing = []
     for lib in required(config):
