@@ -9,8 +9,8 @@ A recording is one NumPy `.npz` (read with `allow_pickle=False`: nothing in it c
     layer         int   [T]     optional: which MoE layer recorded the token (several layers in
                                 one file: `workload.routing_layer` picks one)
     step          int   [T]     optional: which forward call (decode step, prefill) it came from
-    num_experts   int   []      optional: the recording model's expert count (checked against
-                                the model measured)
+    num_experts   int   []      optional: the recording model's expert count (must equal the
+                                model's; absent, only its ids are checked against the model's)
     source        str   []      optional: what made it ("vLLM capture of traffic X", "synthetic:
                                 randomly initialized transformers Qwen2-MoE"): rows and the
                                 report carry it as `routing_source`
@@ -49,6 +49,7 @@ class Recording:
     layer: Optional[int]  # the layer picked (None: the file holds one)
     layers: tuple  # every layer in the file (empty: no `layer` array)
     source: str
+    num_experts: Optional[int] = None  # the recording model's expert count, where the file says it
 
     @property
     def tokens(self) -> int:
@@ -90,6 +91,9 @@ def load(path: str, layer: Optional[int] = None, num_experts: Optional[int] = No
     if topk is not None and rec.topk != topk:
         raise _fail(path, f"its topk_ids pick {rec.topk} experts per token, the model picks {topk} "
                           f"(model.topk): record the same model, or set model.topk={rec.topk}")
+    if num_experts is not None and rec.num_experts is not None and rec.num_experts != num_experts:
+        raise _fail(path, f"it was recorded on a model of {rec.num_experts} experts, the model has {num_experts} "
+                          "(model.num_experts): record the same model")
     if num_experts is not None:
         hi = int(rec.ids.max())
         if hi >= num_experts:
@@ -165,7 +169,7 @@ def _read(path: str, layer: Optional[int]) -> Recording:
         raise _fail(path, f"has no `layer` array, so workload.routing_layer={layer} picks nothing: leave it unset")
     return Recording(path=path, sha256=sha256_of(path), ids=ids.astype(np.int64),
                      weights=weights.astype(np.float32) if weights is not None else None, layer=picked,
-                     layers=layers, source=source[:200])
+                     layers=layers, source=source[:200], num_experts=None if ne is None else int(ne))
 
 
 def _short(layers) -> str:

@@ -343,3 +343,24 @@ def test_a_recording_round_trips_from_the_capture_helper_through_a_sweep(tmp_pat
     ids = make_routed(LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2), 32, spec, 0, 2, "cpu").inputs[2]
     start = file.window_start(160, 0)
     assert np.array_equal(ids.numpy(), recording.ids[(start + np.arange(32)) % 160])
+
+
+def test_a_recording_of_a_model_with_other_experts_is_refused_naming_both_counts(tmp_path, capsys):
+    """A 4-expert model's recording (every id valid for 8 experts too) replayed on the 8-expert
+    `tiny` model: one line naming both counts, exit 2, before any work."""
+    rng = np.random.default_rng(3)
+    ids = np.stack([rng.choice(4, 2, replace=False) for _ in range(64)])
+    path = str(tmp_path / "four.npz")
+    file.write(path, ids, num_experts=4, source="a 4-expert model")
+    out = tmp_path / "run"
+    rc = cli.main(["sweep", "--out", str(out), "backend=local", "experts=torch", "model=tiny", "quant=bf16",
+                   "workload.routing=replay", f"workload.routing_file={path}"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, err
+    assert "recorded on a model of 4 experts, the model has 8" in lines[0] and path in lines[0]
+    assert not (out / "rows").exists()
+    # the same ids recorded on an 8-expert model replay
+    same = str(tmp_path / "eight.npz")
+    file.write(same, ids, num_experts=8)
+    assert file.load(same, num_experts=8, topk=2).num_experts == 8
