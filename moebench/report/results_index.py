@@ -10,7 +10,10 @@ Layout it reads (one folder per question; superseded generations under results/a
                                         also: [<command>, ...]   commands beside the sweeps
                                         runs: {<run path>: {note, commit, machine, also}}
     results/<question>/caveats.md     caveats of every run below (a run directory may hold
-                                      its own caveats.md); `moebench report` may pick them up
+                                      its own caveats.md); `moebench report` may pick them up.
+                                      A run's own caveats.md stating "Which code ran: commit
+                                      `<sha>`, clean" (or dirty) is the commit and tree shown
+                                      for it, over its fingerprints (provenance.py)
     <run>/env.json, <run>/sweep-*.json, <run>/rows/*.parquet   as `moebench sweep` writes them
     <run>/tune.json                   as `moebench tune` writes it
 
@@ -43,15 +46,15 @@ from typing import Optional
 
 import yaml
 
-from moebench.config.paths import REPO_ROOT
 from moebench.config.compose import rename as config_rename
-from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
+from moebench.config.paths import REPO_ROOT
 from moebench.config.sweeps import load_sweep
-from moebench.util.safe_write import replace_text
-from moebench.results.store import RunStore
-from moebench.report.envinfo import env_commit, tree_label
+from moebench.report import provenance
+from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
 from moebench.report.table import md_escape
 from moebench.results.row import BAD_STATUSES
+from moebench.results.store import RunStore
+from moebench.util.safe_write import replace_text
 
 RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
@@ -78,7 +81,7 @@ class Run:
     commands: list[str]
     note: str = ""
     report: Optional[Path] = None  # relative to the results root
-    tree: str = "unknown"  # clean | dirty | unknown: whether the files were the commit's (envinfo.tree_label)
+    tree: str = "unknown"  # clean | dirty | unknown: whether the files were the commit's (provenance.py)
 
 
 def read_about(folder: Path) -> About:
@@ -144,10 +147,6 @@ def _fmt_counts(c: Counter) -> str:
     return ", ".join(f"{md_text(k)} {c[k]}" for k in keys) or "no rows"
 
 
-def _env_commit(env: dict) -> str:
-    return str(env_commit(env)[0] or "unknown")
-
-
 def _short(sha) -> str:
     s = str(sha or "unknown")
     return s[:7] if len(s) == 40 and all(ch in "0123456789abcdef" for ch in s) else s
@@ -163,12 +162,6 @@ def _machine(env: dict, used: int) -> str:
         return text + (f" (of {int(have)})" if have and int(have) > used else "")
     except (TypeError, ValueError):  # a gpu_count that is no number
         return text
-
-
-def _tree(envs: list[dict]) -> str:
-    """A run's tree over its invocations: dirty if one was, clean only if every one was."""
-    labels = {tree_label(e) for e in envs} or {"unknown"}
-    return "dirty" if "dirty" in labels else ("unknown" if "unknown" in labels else "clean")
 
 
 def _commit(stored: list[str], named) -> str:
@@ -194,11 +187,14 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
     tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
     if tune is not None and not envs:  # tunes before env.json: tune.json's device, versions and commit
         envs = [tune.get("environment") or {}]
-    stored = [_env_commit(e) for e in envs]
+    # per invocation, a stale .git's reading replaced by what the run's stamp or caveats establish
+    ran = provenance.invocations(envs, d)
+    stored = [c for c, _ in ran]
     stored = list(dict.fromkeys(stored[:1] + [c for c in stored[1:] if c != "unknown"]))
     if tune is not None and not env and stored == ["unknown"]:
         stored = []  # nothing recorded: about.md's commit stands alone
     commit = _commit(stored, meta.get("commit") or folder_meta.get("commit"))
+    tree = provenance.tree([t for _, t in ran])
     if tune is not None:
         trials = sum(len(r["trials"]) if "trials" in r else r.get("timed", 0) for r in tune.get("results", []))
         sizes = ", ".join(str(r["tokens"]) for r in tune.get("results", []))
@@ -208,7 +204,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
             machine = (meta.get("machine") or folder_meta.get("machine") or md_text(envs[0].get("device") or "?")) \
                 + " (no environment recorded)"
         return Run(rel, machine, commit, f"{trials} trials ({sizes} tokens)", [tune_command(tune["layer"])] + also,
-                   meta.get("note", ""), report, _tree(envs))
+                   meta.get("note", ""), report, tree)
     counts, used = Counter(), 1
     if (d / "rows").is_dir():
         df = RunStore(d).load()
@@ -224,7 +220,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
             commands.append(cmd)
         if note and note not in notes:
             notes.append(note)
-    return Run(rel, machine, commit, _fmt_counts(counts), commands + also, "; ".join(notes), report, _tree(envs))
+    return Run(rel, machine, commit, _fmt_counts(counts), commands + also, "; ".join(notes), report, tree)
 
 
 def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list[tuple[str, Path]]]:
@@ -323,11 +319,16 @@ extended at newer code; a tune's `tune.json` where it has no `env.json`; the fol
 where the stored one is wrong, which is then shown beside it). *tree* says whether the files that
 ran were that commit's: `clean`, `dirty` (uncommitted changes: `env.json`'s `git_diff_paths` and
 `git_diff_sha256` say which), or `unknown` (no `.git` and no tree stamp where it ran: every GPU
-run before `scripts/copy_tree.sh`). Most folders measured older code than today's; a folder's
-caveats say where later code changes its figures. *machine*: the GPUs a run used (its rows' world
-size) of the host's (nvidia-smi's count, which `CUDA_VISIBLE_DEVICES` does not hide): "(of 2)" is
-a host with a GPU the run did not use, which may have run other work meanwhile (the caveats say
-where it did). Folders under `archive/` hold superseded generations, kept as the findings' history.
+run before `scripts/copy_tree.sh`). Where a fingerprint read a stale `.git` (a device's copy that
+carried an older `.git` beside the stamp of the commit it ran), both columns show what the run's
+own record establishes instead: the run's `caveats.md` stating ``Which code ran: commit `<sha>`,
+clean`` (or dirty), else the stamp that a later invocation read beside that `.git` (its commit, the
+tree `unknown`); `moebench/report/provenance.py` says how. Most folders measured older code than
+today's; a folder's caveats say where later code changes its figures. *machine*: the GPUs a run
+used (its rows' world size) of the host's (nvidia-smi's count, which `CUDA_VISIBLE_DEVICES` does
+not hide): "(of 2)" is a host with a GPU the run did not use, which may have run other work
+meanwhile (the caveats say where it did). Folders under `archive/` hold superseded generations,
+kept as the findings' history.
 
 Commands are the recorded ones, rendered for today's code: renamed keys take their new names
 (`experts.fp8_layout` → `experts.row_layout`), and the `runner.device=cuda` the GPU runs pinned

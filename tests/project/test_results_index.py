@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from moebench.cli.parser import parse_args
 from moebench import cli
-from moebench.run.plan import plan
+from moebench.cli.parser import parse_args
 from moebench.report import results_index
+from moebench.run.plan import plan
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
@@ -141,3 +141,40 @@ def test_tune_folders_show_the_environment_they_recorded(tmp_path):
     _write(tmp_path / "t" / "new" / "env.json", fingerprint)
     new = results_index.read_run(tmp_path, tmp_path / "t" / "new", {}, "new")
     assert (new.machine, new.commit, new.tree) == ("1 × NVIDIA H200 (of 2)", "b" * 7, "clean")
+
+
+def test_a_runs_caveats_or_stamp_name_the_code_that_ran_over_a_stale_git(tmp_path):
+    """A device's copy carried a stale .git at `stale` beside the stamp of `ran`: the fingerprints
+    read from that .git describe nothing that ran. The index shows what the run's caveats state,
+    else the commit of the stamp that a later invocation read beside that .git (tree unknown)."""
+    stale, ran = "f9a235642dedda4c92fa8208db1b5526e3d99be1", "16c72ff6b9617fe5af282e9271ba2bb43f71daa5"
+    from_git = {"gpu": "NVIDIA H200", "git_sha": stale, "git_dirty": True, "git_diff_sha256": "6" * 64,
+                "git_tree": "git", "git_tree_note": ""}
+    from_stamp = dict(from_git, git_sha=ran, git_dirty=False, git_diff_sha256=None, git_tree="stamp",
+                      git_tree_note=f"stamp of 2026-12-01T19:17:40+00:00; the .git here is at {stale[:12]}, "
+                                    "not the stamp's commit")
+    d = tmp_path / "q" / "run"
+    _write(d / "env.json", from_git)
+    _write(d / "envs" / "1.json", from_git)
+    stored = results_index.read_run(tmp_path, d, {}, "run")
+    assert (stored.commit, stored.tree) == ("f9a2356", "dirty")  # nothing says otherwise: as stored
+    _write(d / "envs" / "2.json", from_stamp)  # a resume read the stamp, naming the .git beside it
+    stamped = results_index.read_run(tmp_path, d, {}, "run")
+    assert (stamped.commit, stamped.tree) == ("16c72ff", "unknown")
+    _write(d / "caveats.md", "- **Which code ran: commit `16c72ff`, clean.** The first invocations read a stale "
+                             "`.git` at f9a2356; the diff digest recomputed says so.\n- Another caveat.\n")
+    declared = results_index.read_run(tmp_path, d, {}, "run")
+    assert (declared.commit, declared.tree) == ("16c72ff", "clean")
+    _write(tmp_path / "q" / "about.md", "Q?\n")
+    text, summary = results_index.section(tmp_path, tmp_path / "q")
+    row = next(line for line in text.splitlines() if line.startswith("| `run` |"))
+    assert row.startswith("| `run` | 1 × NVIDIA H200 | `16c72ff` | clean |") and summary["commits"] == ["16c72ff"]
+    # a run with no stamp reading: its caveat alone (the ceilings' case), dirty as stated
+    _write(tmp_path / "q" / "one" / "env.json", from_git)
+    _write(tmp_path / "q" / "one" / "caveats.md", "- **Which code ran: commit `16c72ff`, dirty.** Why.\n")
+    one = results_index.read_run(tmp_path, tmp_path / "q" / "one", {}, "one")
+    assert (one.commit, one.tree) == ("16c72ff", "dirty")
+    _write(tmp_path / "q" / "one" / "caveats.md", "Which code ran: commit `16c72ff`, clean. Which code ran: "
+                                                  "commit `abcdef0`, clean.\n")
+    with pytest.raises(ValueError, match="2 different commits"):
+        results_index.read_run(tmp_path, tmp_path / "q" / "one", {}, "one")
