@@ -16,7 +16,6 @@ import sys
 
 from moebench.cli.parser import parse_args
 
-
 # command -> (module of moebench.cli, its function of the parsed arguments)
 COMMANDS = {"sweep": ("sweep", "sweep_command"), "run": ("sweep", "run_command"), "list": ("listing", "list_command"),
             "report": ("report", "report_args"), "compare": ("report", "compare_args"), "ab": ("ab", "ab_command"),
@@ -57,10 +56,11 @@ def _main(args) -> int:
             raise
         print(f"moebench {args.cmd}: environment error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        if args.cmd not in ("report", "compare", "list", "ab"):
+    except KeyboardInterrupt as e:
+        # a sweep's second Ctrl-C (moebench/run/sweep.py Aborted) says what became of the work; one line
+        if args.cmd not in ("report", "compare", "list", "ab", "sweep", "run"):
             raise
-        print(f"moebench {args.cmd}: interrupted", file=sys.stderr)
+        print(f"moebench {args.cmd}: {e or 'interrupted'}", file=sys.stderr)
         return 130
     except _Terminated:
         print(f"moebench {args.cmd}: terminated (SIGTERM); finished combinations are stored. Re-run the same "

@@ -166,10 +166,9 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     (label, rows) for each combination as its rows land in the store."""
     import pandas as pd
 
-    from moebench.results.rank_result import Finished
-    from moebench.results.rank_result import Failure
-    from moebench.results.store import LOST
     from moebench.results.finished import write_finished
+    from moebench.results.rank_result import Failure, Finished
+    from moebench.results.store import LOST
 
     families: dict = {}
     for c, toks in work:
@@ -177,6 +176,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     ex = _executor(opts, store.dir)
     seen: set = set()  # row files of this invocation already reported
     done: set = set()  # combination keys with rows from this invocation
+
     def submit(w: list):
         job = _submit(ex, opts, w, store.dir, meta, lock.token)
         lock.add_job(job.job_id)  # its tasks may borrow the lock (moebench/results/lock.py)
@@ -194,35 +194,40 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
                 done.add(rows[0]["combo_key"])
                 yield rows[0]["label"], rows
 
-    while jobs:
-        if should_stop():
-            for job in jobs.values():
-                job.cancel(check=False)
-            deadline = time.monotonic() + CANCEL_WAIT_S  # their tasks gone before the lock is
-            while time.monotonic() < deadline and not all(job.done() for job in jobs.values()):
-                time.sleep(0.2)
-            return
-        yield from collect()
-        for fam, job in list(jobs.items()):
-            if not job.done():
-                continue
+    try:
+        while jobs:
+            if should_stop():
+                for job in jobs.values():
+                    job.cancel(check=False)
+                deadline = time.monotonic() + CANCEL_WAIT_S  # their tasks gone before the lock is
+                while time.monotonic() < deadline and not all(job.done() for job in jobs.values()):
+                    time.sleep(0.2)
+                return
             yield from collect()
-            rest = [(c, t) for c, t in families[fam] if c.key not in done]
-            if rest and len(done & keys[fam]) == progress[fam]:  # nothing new stored: the job itself failed
-                c, toks = rest[0]
-                # lost (a node, the time limit, a group that never formed): a plain resume retries it
-                rows = write_finished(store, Finished(c, list(toks), {}, Failure(
-                    "failed", f"{LOST}SLURM job {job.job_id} ended ({job.state}) without a result: "
-                    f"{_job_failure(job)}")), meta, lock)
-                seen.update(f.name for f in store.rows_dir.glob(f"{c.key}-*-{meta['run_id']}.parquet"))
-                done.add(c.key)
-                yield c.label, rows  # counted here, once: collect() skips the file
-                rest = rest[1:]
-            families[fam] = rest
-            progress[fam] = len(done & keys[fam])
-            if rest:
-                jobs[fam] = submit(rest)
-            else:
-                del jobs[fam]
-        time.sleep(POLL_S)
+            for fam, job in list(jobs.items()):
+                if not job.done():
+                    continue
+                yield from collect()
+                rest = [(c, t) for c, t in families[fam] if c.key not in done]
+                if rest and len(done & keys[fam]) == progress[fam]:  # nothing new stored: the job itself failed
+                    c, toks = rest[0]
+                    # lost (a node, the time limit, a group that never formed): a plain resume retries it
+                    rows = write_finished(store, Finished(c, list(toks), {}, Failure(
+                        "failed", f"{LOST}SLURM job {job.job_id} ended ({job.state}) without a result: "
+                        f"{_job_failure(job)}")), meta, lock)
+                    seen.update(f.name for f in store.rows_dir.glob(f"{c.key}-*-{meta['run_id']}.parquet"))
+                    done.add(c.key)
+                    yield c.label, rows  # counted here, once: collect() skips the file
+                    rest = rest[1:]
+                families[fam] = rest
+                progress[fam] = len(done & keys[fam])
+                if rest:
+                    jobs[fam] = submit(rest)
+                else:
+                    del jobs[fam]
+            time.sleep(POLL_S)
+    except (KeyboardInterrupt, GeneratorExit):  # a second Ctrl-C (run/sweep.py Aborted): no job outlives the sweep
+        for job in jobs.values():
+            job.cancel(check=False)
+        raise
     yield from collect()

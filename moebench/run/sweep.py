@@ -76,12 +76,27 @@ class _Progress:
         return (f"moebench: {len(self.wide)} row(s) with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
                 f"{shown}; more runner.reps or a quieter machine (the report flags them)")
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """keep=False (an abort): the bar is cleared, not drawn again, so that the abort's one line
+        follows the last message (a terminal's bar line is overwritten; a pipe gets blanks)."""
+        if not keep:
+            self.bar.leave = False
         self.bar.close()
 
 
+class Aborted(KeyboardInterrupt):
+    """A second Ctrl-C: the sweep stops where it is. Unwinding kills the combination in flight
+    with its ranks (no row) and cancels SLURM jobs; what finished is stored. The command line
+    prints its message as one line and exits 130 (moebench/cli/main.py)."""
+
+    def __init__(self):
+        super().__init__("aborted (Ctrl-C again): the combination in flight was cancelled, finished combinations "
+                         "are stored. Re-run the same command to resume.")
+
+
 class _Stop:
-    """First Ctrl-C: stop after the current combination. Second: abort now. SIGTERM (SLURM's
+    """First Ctrl-C: stop after the current combination. Second: abort now (Aborted; a third is
+    ignored, so that nothing interrupts the unwinding that kills the ranks). SIGTERM (SLURM's
     pre-emption, `timeout`, `docker stop`, which give seconds before a SIGKILL): stop now --
     the combination in flight is cancelled with its ranks and gets no row, SLURM jobs are
     cancelled, what finished is stored; exit 143."""
@@ -98,7 +113,8 @@ class _Stop:
 
     def _handler(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            raise Aborted
         self.requested = True
         print("\nmoebench: stopping after the current combination (Ctrl-C again to abort now)", file=sys.stderr)
 
@@ -240,11 +256,15 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
             if slurm is not None:
                 from moebench.run.slurm import run_jobs
 
-                for label, rows in run_jobs(work, store, meta, lock, slurm, should_stop=lambda: stop.requested):
-                    tally.add(rows)
-                    counts.update(r["status"] for r in rows)
-                    _report(label, rows, progress, quiet)
-                    progress.update(label, counts)
+                jobs = run_jobs(work, store, meta, lock, slurm, should_stop=lambda: stop.requested)
+                try:
+                    for label, rows in jobs:
+                        tally.add(rows)
+                        counts.update(r["status"] for r in rows)
+                        _report(label, rows, progress, quiet)
+                        progress.update(label, counts)
+                finally:
+                    jobs.close()  # an abort between two rows: the jobs cancelled before the lock goes
             else:
                 from moebench.run.launch import Launcher  # torch: only where ranks start, not for --dry-run
 
@@ -256,6 +276,9 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
             counts.env_error = environment_error(e, store.dir) or ""
             if not counts.env_error:
                 raise
+        except Aborted:
+            progress.close(keep=False)
+            raise
         finally:
             progress.close()
     if progress.summary():
