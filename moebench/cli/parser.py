@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from moebench.config.paths import ADHOC
+
 EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
 (workload.tokens_per_rank=[16,64]) and, in a sweep, comma lists (reduction=experts,finalize).
 Groups: backend experts reduction overlap model quant workload runner trace."""
@@ -63,7 +65,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     r = sub.add_parser("run", help="run one combination and print its rows",
                        epilog=EPILOG + "\n\n" + SWEEP_EXIT, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("overrides", nargs="*", help="group=option or key=value, naming one combination (below)")
-    r.add_argument("--out", help="run directory (default: runs/run-<hash>)")
+    r.add_argument("--out", help=f"run directory (default: runs/{ADHOC}-<hash of the overrides>)")
 
     ls = sub.add_parser("list", help="list the combinations a sweep would run, with validity")
     ls.add_argument("overrides", nargs="*")

@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # moebench/config/paths.py -> the repository
+# the sweep name a run without a sweep file records (`moebench run`), and so its folder's:
+# runs/adhoc-<hash of the overrides> (moebench/run/plan.py run_name)
+ADHOC = "adhoc"
 
 
 def conf_dir() -> Path:

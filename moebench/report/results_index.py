@@ -47,7 +47,7 @@ from typing import Optional
 import yaml
 
 from moebench.config.compose import rename as config_rename
-from moebench.config.paths import REPO_ROOT
+from moebench.config.paths import ADHOC, REPO_ROOT
 from moebench.config.sweeps import load_sweep
 from moebench.report import provenance
 from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
@@ -115,7 +115,7 @@ def sweep_command(sweep: dict, cli_overrides: list[str]) -> tuple[str, str]:
     name = sweep.get("name", "default")
     args = _args(cli_overrides)
     note = ""
-    if name == "adhoc":  # run without a sweep file: the default sweep's axes must all be given
+    if name == ADHOC:  # run without a sweep file: the default sweep's axes must all be given
         given = {o.partition("=")[0].lstrip("+~") for o in args}
         missing = sorted(set(load_sweep("default")["overrides"]) - given)
         if missing:

@@ -10,6 +10,7 @@ from typing import Optional
 
 from moebench.config.compose import check_values, compose_shared, rename, set_knobs, to_combo
 from moebench.config.device import cuda_available, cuda_device_count
+from moebench.config.paths import ADHOC
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
 from moebench.config.validity import validate, validate_tokens
@@ -73,7 +74,7 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
     """Expand overrides (and a sweep file) into validated Combinations. `this_machine=False`:
     the ranks run elsewhere (torchrun, SLURM jobs), so this machine's cores and GPUs decide
     nothing."""
-    sweep_data = load_sweep(sweep) if sweep else {"name": "adhoc", "overrides": {}}
+    sweep_data = load_sweep(sweep) if sweep else {"name": ADHOC, "overrides": {}}
     cli_overrides = list(cli_overrides)
     renamed = [o for o in cli_overrides if rename(o) != o]
     if renamed:
