@@ -39,10 +39,20 @@ SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and acr
 measured 5-34 % less GEMM time than the register epilogue (EPILOGUE_TMA=False), 11-33 % less than the
 Triton kernel's (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
+The launch (issue #46: a forward's host enqueue): `GluonGemm` is set up once per weight (the triton
+experts hold one for each weight whose GEMM runs here) with its kernel, constexprs and the weight's
+TMA descriptors; a call builds a's and c's descriptors (their shared-memory layouts computed once)
+and launches through launch.py as the Triton kernels do: a key's first launch through the JIT, later
+ones through the compiled handle and the launcher's C entry, each descriptor's CUtensorMap filled
+again only where its pointer, shape or strides changed. `gluon_contiguous_gemm` sets one up per
+call (the benchmarks' and the tests' entry).
+
 Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
 them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from triton.experimental import gluon
@@ -54,12 +64,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import num_sms
 from .contiguous_gemm import ALIGN, GROUP
 from .gluon_common import load_stage, tile_coords
 from .gluon_pipelined import gluon_fp8_pipelined_kernel
 from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel
+from .launch import launch
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
 # two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
@@ -217,8 +229,9 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
 def _gluon_fp8_ws_kernel(
     a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as gluon_fp8_pipelined_kernel's
     stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+    c_desc,  # c in 64 x BN blocks (EPILOGUE_TMA), or None; before the constexprs: launch.py keys it positionally
     K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
-    SCALE_AHEAD: gl.constexpr, EPILOGUE_TMA: gl.constexpr, c_desc,  # (c_desc: c in 64 x BN blocks, or None)
+    SCALE_AHEAD: gl.constexpr, EPILOGUE_TMA: gl.constexpr,
 ):
     """DeepGEMM's structure: a TMA producer (the default partition, 4 warps, of which one thread
     issues) and two math warp groups (the workers, 4 warps each, registers raised to 232), each
@@ -263,64 +276,103 @@ def _gluon_fp8_ws_kernel(
         mbarrier.invalidate(empty.index(i))
 
 
-def _descriptor(t: torch.Tensor, block: list[int], dtype=gl.float8e4nv):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+@functools.lru_cache(maxsize=None)
+def _layout(block: tuple, dtype) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a TMA block, once per (block, dtype): get_default_for costs ~9 µs
+    a call on the host (issue #46), and one layout object keys launch.py's fast path cheaply."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor.from_tensor(t, block, layout)
+
+def _descriptor(t: torch.Tensor, block: tuple, dtype=gl.float8e4nv) -> TensorDescriptor:
+    """t's TMA descriptor in `block` blocks (TensorDescriptor.from_tensor with the kept layout)."""
+    return TensorDescriptor(t, t.shape, t.stride(), list(block), _layout(block, dtype))
+
+
+class GluonGemm:
+    """One weight's Gluon GEMM, set up once (issue #46): c [Mp, N] bf16 = contiguous_gemm's fp8 product
+    of a [Mp, K] with w [E, N, K] (fp8, contiguous) and w_scale [E, N/128, K/128], by a Gluon kernel
+    (config WS: the warp-specialized one, BLOCK_SIZE_N=192 its 128 x 192 tile (gluon_wide.py), else
+    the pipelined one) on a persistent grid of at most one program per SM of w's device
+    (num_programs caps it) over the row tiles in use. Holds the kernel, its constexprs and the
+    weight's TMA descriptors; each call builds a's and c's and launches through launch.py's
+    compiled handle (after a key's first launch, which goes through the JIT)."""
+
+    def __init__(self, w: torch.Tensor, w_scale: torch.Tensor, config: dict | None = None,
+                 num_programs: int | None = None):
+        cfg = dict(GLUON_CONFIG, **(config or {}))
+        E, N, K = w.shape
+        bm, bn, ws = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], bool(cfg["WS"])
+        wide = bn == WIDE_N  # the 128 x 192 tile (gluon_wide.py): WS, its scales one step ahead, a TMA store
+        assert w.dtype == torch.float8_e4m3fn and w.is_contiguous() and K % GROUP == 0, (w.dtype, w.shape)
+        assert bm == ALIGN and (N % bn == 0 and bn <= GROUP or wide), (N, bm, bn)
+        assert not wide or (ws and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]), cfg
+        assert w_scale.shape == (E, N // GROUP, K // GROUP) and w_scale.device == w.device, w_scale.shape
+        assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
+        assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or (cfg["SCALE_AHEAD"] == 1 and not cfg["EPILOGUE_TMA"])), cfg
+        assert cfg["SCALE_AHEAD"] == 1 or K >= 2 * GROUP, (K, cfg)
+        self.w, self.w_scale, self.N, self.K, self.device = w, w_scale, N, K, w.device
+        self.bm, self.wide, self.ws = bm, wide, ws
+        self.epi_tma = ws and bool(cfg["EPILOGUE_TMA"])  # (the wide tile's always: asserted above)
+        self.num_pid_n = -(-N // bn)
+        index = w.device.index
+        sms = num_sms(torch.cuda.current_device() if index is None and w.is_cuda else index)
+        self.max_programs = min(sms, num_programs or sms)
+        self.w_scale_strides = tuple(w_scale.stride())
+        w_rows = w.view(E * N, K)
+        self.constexprs = dict(K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"])
+        if wide:
+            half = GROUP // 2
+            self.kernel = gluon_fp8_wide_kernel
+            self.b_descs = (_descriptor(w_rows, (GROUP, GROUP)), _descriptor(w_rows, (half, GROUP)))
+            self.c_blocks = ((bm // 2, GROUP), (bm // 2, half))  # the 128- and the 64-column parts
+            self.constexprs["num_warps"] = 4
+        else:
+            # (the pipelined kernel: the counter-example)
+            self.kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel
+            self.b_descs = (_descriptor(w_rows, (bn, GROUP)),)
+            self.c_blocks = ((bm // 2, bn),) if self.epi_tma else ()
+            self.constexprs["num_warps"] = 4 if ws else cfg["num_warps"]
+            if ws:
+                self.constexprs.update(SCALE_AHEAD=cfg["SCALE_AHEAD"], EPILOGUE_TMA=self.epi_tma)
+
+    def __call__(self, a: torch.Tensor, a_scale: torch.Tensor, c: torch.Tensor, m_indices: torch.Tensor,
+                 rows_in_use: torch.Tensor) -> None:
+        """c [Mp, N] bf16 = the product of a [Mp, K] fp8 with its 1 x 128 scales a_scale [Mp, K/128]
+        (MN-major) and the weight, row r by expert m_indices[r] (int32, >= Mp of them); rows_in_use:
+        int32 [1] on the device, the layout's num_post (only its row tiles are walked)."""
+        Mp, K = a.shape
+        assert a.dtype == torch.float8_e4m3fn and K == self.K and a.stride(1) == 1, (a.dtype, a.shape, self.K)
+        assert Mp % ALIGN == 0 and a_scale.shape == (Mp, K // GROUP), (Mp, a_scale.shape)
+        assert c.shape == (Mp, self.N) and c.dtype == torch.bfloat16 and c.stride(1) == 1, (c.shape, c.dtype)
+        assert m_indices.dtype == torch.int32 and m_indices.is_contiguous() and m_indices.numel() >= Mp
+        assert rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
+        dev = self.device
+        assert a.device == dev and a_scale.device == dev and c.device == dev and m_indices.device == dev \
+            and rows_in_use.device == dev, "one device"
+        assert not self.epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), \
+            "EPILOGUE_TMA: c's rows 16-byte aligned (a TMA store)"
+        if Mp == 0:
+            return
+        grid = (max(1, min((Mp // self.bm) * self.num_pid_n, self.max_programs)),)
+        a_desc = _descriptor(a, (self.bm, GROUP))
+        c_descs = [_descriptor(c, block, gl.bfloat16) for block in self.c_blocks]
+        if self.wide:
+            launch(self.kernel, grid, a_desc, *self.b_descs, *c_descs, a_scale, self.w_scale, m_indices, rows_in_use,
+                   self.N, grid[0], *a_scale.stride(), *self.w_scale_strides, **self.constexprs)
+            return
+        # the warp-specialized kernel's c_desc (None: it stores from registers); the pipelined kernel has none
+        epi = (c_descs[0] if c_descs else None,) if self.ws else ()
+        launch(self.kernel, grid, a_desc, self.b_descs[0], c, a_scale, self.w_scale, m_indices, rows_in_use, self.N,
+               grid[0], c.stride(0), *a_scale.stride(), *self.w_scale_strides, *epi, **self.constexprs)
 
 
 def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                           c: torch.Tensor, m_indices: torch.Tensor, rows_in_use: torch.Tensor,
                           config: dict | None = None, num_programs: int | None = None) -> None:
     """c [Mp, N] bf16 = contiguous_gemm's fp8 product (same arguments, fp8 only; rows_in_use, int32
-    [1] on the device, the layout's num_post, is required), by a Gluon kernel (config WS: the
-    warp-specialized one, else the pipelined one): a persistent grid of at most one program per
-    SM (num_programs caps it) over the row tiles in use."""
-    cfg = dict(GLUON_CONFIG, **(config or {}))
-    Mp, K = a.shape
-    E, N, Kw = w.shape
-    bm, bn, ws = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], bool(cfg["WS"])
-    assert a.dtype == w.dtype == torch.float8_e4m3fn and K == Kw and K % GROUP == 0, (a.dtype, a.shape, w.shape)
-    wide = bn == WIDE_N  # the 128 x 192 tile (gluon_wide.py): WS, its scales one step ahead, a TMA store
-    assert bm == ALIGN and Mp % ALIGN == 0 and (N % bn == 0 and bn <= GROUP or wide), (Mp, N, bm, bn)
-    assert not wide or (ws and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]), cfg
-    assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP)
-    assert c.shape == (Mp, N) and c.dtype == torch.bfloat16 and c.stride(1) == 1, (c.shape, c.dtype)
-    assert a.stride(1) == 1 and w.is_contiguous() and m_indices.dtype == torch.int32 and m_indices.numel() >= Mp
-    assert m_indices.is_contiguous() and rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
-    assert all(t.device == a.device for t in (a_scale, w, w_scale, c, m_indices, rows_in_use)), "one device"
-    assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
-    assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or (cfg["SCALE_AHEAD"] == 1 and not cfg["EPILOGUE_TMA"])), cfg
-    assert cfg["SCALE_AHEAD"] == 1 or K >= 2 * GROUP, (K, cfg)
-    if Mp == 0:
-        return
-    tiles = (Mp // bm) * -(-N // bn)
-    sms = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    grid = (max(1, min(tiles, sms, num_programs or sms)),)
-    epi_tma = ws and bool(cfg["EPILOGUE_TMA"])  # (the wide tile's always: asserted above)
-    assert not epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), \
-        "EPILOGUE_TMA: c's rows 16-byte aligned (a TMA store)"
-    if wide:
-        half, w_rows = GROUP // 2, w.view(E * N, K)
-        gluon_fp8_wide_kernel[grid](
-            _descriptor(a, [bm, GROUP]), _descriptor(w_rows, [GROUP, GROUP]), _descriptor(w_rows, [half, GROUP]),
-            _descriptor(c, [bm // 2, GROUP], gl.bfloat16), _descriptor(c, [bm // 2, half], gl.bfloat16),
-            a_scale, w_scale, m_indices, rows_in_use, N, grid[0], *a_scale.stride(), *w_scale.stride(),
-            K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"], num_warps=4,
-        )
-        return
-    kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel  # (the latter: the counter-example)
-    extra = {}
-    if ws:
-        c_desc = _descriptor(c, [bm // 2, bn], gl.bfloat16) if epi_tma else None
-        extra = dict(SCALE_AHEAD=cfg["SCALE_AHEAD"], EPILOGUE_TMA=epi_tma, c_desc=c_desc)
-    kernel[grid](
-        _descriptor(a, [bm, GROUP]), _descriptor(w.view(E * N, K), [bn, GROUP]), c, a_scale, w_scale, m_indices,
-        rows_in_use, N, grid[0], c.stride(0), *a_scale.stride(), *w_scale.stride(),
-        K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"],
-        num_warps=4 if ws else cfg["num_warps"], **extra,
-    )
+    [1] on the device, the layout's num_post, is required), by GluonGemm set up for this call (a
+    layer holds one per weight: kernels/experts/triton.py)."""
+    GluonGemm(w, w_scale, config, num_programs)(a, a_scale, c, m_indices, rows_in_use)
 
 
 def signature_types(bm: int = 128, bn: int = 128) -> dict:
@@ -345,4 +397,4 @@ def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dic
     return dict(c_desc=f"tensordesc<bf16[{bm // 2}, {bn}],{layout!r}>"), dict(EPILOGUE_TMA=True)
 
 
-__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]
+__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "GluonGemm", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]

@@ -79,7 +79,30 @@ def extra() -> list:
             xb, None, counts, ew, yb, wb13, wb2, cfg))
     out += [_contiguous_layer(q) for q in ("bf16", "fp8_block")]
     out += [lambda ids=ids: group_quant_and_localize(x, 128, ids, 2, 4) for ids in (ids, ids.int())]
-    return out
+    return out + _gluon_gemms()
+
+
+def _gluon_gemms() -> list:
+    """The Gluon GEMM's launches (issue #46): the warp-specialized kernel with its TMA-store epilogue
+    (c_desc a descriptor) and without (c_desc None), the pipelined one and the 128 x 192 tile, each
+    a GluonGemm set up once (its weight's descriptors kept) on CPU tensors, the SM count stubbed."""
+    import torch
+    from moebench.kernels.triton import gluon_contiguous as gc
+    from moebench.kernels.triton.gluon_wide import WIDE_N
+
+    gc.num_sms = lambda device: 4  # (a CUDA query: no device here)
+    g = torch.Generator().manual_seed(3)
+    E, N, K, Mp = 2, 256, 256, 256
+    w = torch.randn(E, N, K, generator=g).to(torch.float8_e4m3fn)
+    w_s = torch.rand(E, N // 128, K // 128, generator=g)
+    a = torch.randn(Mp, K, generator=g).to(torch.float8_e4m3fn)
+    a_s = torch.rand(K // 128, Mp, generator=g).t()  # MN-major
+    c = torch.empty(Mp, N, dtype=torch.bfloat16)
+    m_idx = (torch.arange(Mp) // 128).to(torch.int32)
+    rows = torch.tensor([Mp], dtype=torch.int32)
+    configs = (None, dict(EPILOGUE_TMA=False), dict(WS=False, EPILOGUE_TMA=False), dict(BLOCK_SIZE_N=WIDE_N))
+    gemms = [gc.GluonGemm(w, w_s, cfg) for cfg in configs]
+    return [lambda gemm=gemm: gemm(a, a_s, c, m_idx, rows) for gemm in gemms]
 
 
 def _contiguous_layer(quant: str):
@@ -116,6 +139,9 @@ def main() -> int:
         assert want is not None and len(vals) == len(want), (fn, len(vals), want)
         bad = [(n, v, w) for n, v, w in zip(fl._plan(fn).names, vals, want, strict=True) if not same(v, w)]
         assert not bad, (fn, bad)
+    # the Gluon kernels' call sites take the per-site key (issue #46: c_desc positional, not a runtime keyword)
+    gluon = {id(fn): fn for fn, _, _ in calls if fn.is_gluon()}
+    assert len(gluon) == 3 and all(site.ok for fn in gluon.values() for site in fl._plan(fn).sites.values()), gluon
     print(f"checked {len(handle_vals)} handle launches of {len({id(calls[i][0]) for i, _ in handle_vals})} kernels")
     return 0
 

@@ -323,7 +323,9 @@ def test_launch_off_site_takes_the_generic_key(monkeypatch):
 
 def test_handle_launches_get_the_values_the_jit_binds():
     """Every launch of the experts' forwards (standard, batched and contiguous (TMA descriptors),
-    bf16 / fp8_tensor / fp8_block, both reductions), the fused prepare kernel and wrappers, through the per-site key with Triton's JIT stubbed, hands
+    bf16 / fp8_tensor / fp8_block, both reductions), the fused prepare kernel, the Gluon GEMM's three
+    kernels (gluon_contiguous.GluonGemm: Gluon descriptors, c_desc one or None) and wrappers, through
+    the per-site key with Triton's JIT stubbed, hands
     CompiledKernel.run the values bind() gives (every parameter in order, defaults included):
     tests/kernels/_launch_vals.py in its own process (the kernels must be JITFunctions)."""
     import subprocess
@@ -338,4 +340,141 @@ def test_handle_launches_get_the_values_the_jit_binds():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     words = res.stdout.split()  # "checked N handle launches of K kernels"
     launches, kernels = int(words[1]), int(words[5])
-    assert launches >= 70 and kernels == 13, res.stdout
+    assert launches >= 78 and kernels == 16, res.stdout
+
+
+def _gluon_desc(t, block, layout=None):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dtype = gl.float8e4nv if t.dtype == torch.float8_e4m3fn else gl.bfloat16
+    layout = layout or gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
+def test_arg_key_gluon_tensor_descriptor_at_least_as_fine_as_triton():
+    """A Gluon descriptor's layout is part of its signature (tensordesc<dtype[block],layout>):
+    equal keys imply equal Triton specializations, over layouts that differ in swizzle, element
+    width, transposition and in a field's type alone (1 == True in Python, not in its text)."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+
+    f8 = torch.empty(512, 256, dtype=torch.float8_e4m3fn)
+    b16 = torch.empty(512, 256, dtype=torch.bfloat16)
+    swz = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8)
+    trans = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, transposed=True)
+    trans_int = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, transposed=1)
+    assert trans == trans_int and repr(trans) != repr(trans_int)
+    other = torch.empty(256, 128, dtype=torch.float8_e4m3fn)
+    samples = [_gluon_desc(f8, [128, 128]), _gluon_desc(other, [128, 128]), _gluon_desc(f8, [64, 128]),
+               _gluon_desc(f8, [128, 128], swz), _gluon_desc(f8, [128, 128], trans),
+               _gluon_desc(f8, [128, 128], trans_int), _gluon_desc(b16, [64, 128]),
+               _gluon_desc(b16[:, :128], [64, 128]), _gluon_desc(b16, [64, 64])]
+    for a, b in itertools.combinations(samples, 2):
+        if fl.arg_key(a) == fl.arg_key(b):
+            assert _triton_spec(a) == _triton_spec(b), (a, b)
+    assert fl.arg_key(samples[0]) == fl.arg_key(samples[1])  # another tensor, same block and layout
+    assert fl.arg_key(samples[4]) != fl.arg_key(samples[5])  # the layouts' texts differ
+    assert len({fl.arg_key(d) for d in samples}) == len(samples) - 2  # (and b16 / its slice)
+    td = pytest.importorskip("triton.tools.tensor_descriptor")
+    host = td.TensorDescriptor.from_tensor(f8, [128, 128])  # the host descriptor of the same block: another type
+    assert fl.arg_key(host) != fl.arg_key(samples[0]) and _triton_spec(host) != _triton_spec(samples[0])
+
+
+class CudaLauncher:
+    """Stands in for Triton 3.6's CudaLauncher (launch._direct reads its type's name): `launch` as
+    driver.wrap_handle_tensordesc wraps the C entry for the signature given."""
+
+    def __init__(self, signature: dict, metas):
+        from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+        self.c_calls: list = []
+        self.launch = wrap_handle_tensordesc(lambda *a: self.c_calls.append(a), signature, metas)
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.num_ctas, self.launch_cooperative_grid, self.launch_pdl = 1, False, False
+
+
+class _DescCompiled:
+    function, packed_metadata = 77, (4, 1, 0)
+
+    def __init__(self, launcher):
+        self.run = launcher
+
+
+def _fake_fills(monkeypatch) -> list:
+    """make_tensordesc_arg with TMA metadata, on the CPU: a stand-in CUtensorMap (what it encodes),
+    shape and strides, as the real one returns them; the calls recorded."""
+    import triton.backends.nvidia.driver as drv
+
+    made = []
+
+    def make(arg, meta):
+        if meta is None:
+            return [arg.base, *arg.shape, *arg.strides, arg.padding == "nan", *arg.shape, *arg.strides]
+        made.append(arg)
+        return [("CUtensorMap", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), id(meta)),
+                *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(drv, "make_tensordesc_arg", make)
+    return made
+
+
+def test_descriptor_expansion_is_tritons_with_fills_kept(monkeypatch):
+    """_direct unwraps driver.wrap_handle_tensordesc to the C entry; expand_descriptors hands it
+    what Triton's wrapper would (each descriptor as make_tensordesc_arg expands it, in parameter
+    order, TMA metadata or none), and fills a descriptor again only for another pointer or shape."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    made = _fake_fills(monkeypatch)
+    sig = {"a": "tensordesc<fp8e4nv[128, 128],L>", "n": "i32", "b": "tensordesc<bf16[64, 64]>", "p": "*bf16",
+           "c": "tensordesc<bf16[64, 128],L>", "K": "constexpr"}
+    metas = [{"swizzle": 3}, None, {"swizzle": 2}]
+    launcher = CudaLauncher(sig, metas)
+    entry, function, coop, pdl, packed, descs = fl._direct(_DescCompiled(launcher))
+    assert (function, coop, pdl, packed) == (77, False, False, (4, 1, 0)) and len(descs) == 3
+    f8 = torch.empty(512, 256, dtype=torch.float8_e4m3fn)
+    b16 = torch.empty(256, 128, dtype=torch.bfloat16)
+    base = (3, 1, 1, 0, 77, False, False, None, None, (4, 1, 0), None, None, None)
+
+    def args_for(a):
+        return [_gluon_desc(a, [128, 128]), 5, _gluon_desc(b16, [64, 64]), b16.data_ptr(), _gluon_desc(b16, [64, 128]),
+                2048]
+
+    for a, fills in ((f8, 2), (f8, 0), (f8[256:], 1)):  # the same pointers refill nothing; a new base, its own
+        args = args_for(a)
+        launcher.launch(*base, *args)  # Triton's wrapper (it fills every descriptor)
+        n = len(made)
+        entry(*base, *fl.expand_descriptors(descs, list(args)))
+        assert len(made) - n == fills
+        assert launcher.c_calls[-1] == launcher.c_calls[-2]
+    assert launcher.c_calls[-1][14:17] == (256, 256, 256)  # a's shape and first stride follow it
+    # a launcher of no descriptors: its C entry as it is
+    plain = CudaLauncher({"x": "*fp32"}, None)
+    assert fl._descriptor_entry(plain.launch) == (plain.launch, ())
+
+
+def test_launch_hands_the_c_entry_tritons_expansion(monkeypatch):
+    """launch() on a kernel with a descriptor argument: the JIT's first launch, then the handle's
+    through the C entry with the descriptor expanded as Triton's wrapper would, filled once."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    made = _fake_fills(monkeypatch)
+    fn = _jit_kernel()
+    launcher = CudaLauncher({"x_ptr": "tensordesc<fp8e4nv[128, 128],L>", "n": "i32", "BLOCK": "constexpr",
+                             "FLAG": "constexpr"}, [{"swizzle": 3}])
+    jit_calls = []
+    monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, **kw: jit_calls.append(a) or _DescCompiled(launcher))
+    hooks = type("Hooks", (), {"launch_enter_hook": None, "launch_exit_hook": None, "jit_cache_hook": None})()
+    fl.set_enabled(True)
+    monkeypatch.setattr(fl, "_RUNTIME", (lambda: 0, lambda dev: 9, hooks))
+    try:
+        x = torch.empty(256, 128, dtype=torch.float8_e4m3fn)
+        direct, fills = fl.stats["direct"], fl.stats["fills"]
+        for _ in range(3):
+            fl.launch(fn, (4,), _gluon_desc(x, [128, 128]), 32, BLOCK=64)
+        assert len(jit_calls) == 1 and fl.stats["direct"] - direct == 2 and fl.stats["fills"] - fills == 1
+        want = ("CUtensorMap", x.data_ptr(), (256, 128), (128, 1), None)
+        got = launcher.c_calls
+        assert len(got) == 2 and got[0] == got[1] and len(made) == 1
+        assert got[0][:13] == (4, 1, 1, 9, 77, False, False, None, None, (4, 1, 0), None, None, None)
+        assert got[0][13][:4] == want[:4] and got[0][14:] == (256, 128, 128, 1, 32, 64, False)
+    finally:
+        fl.set_enabled(None)
