@@ -17,6 +17,8 @@ fp8_block's contiguous GEMMs run on the warp-specialized Gluon kernel (kernels/t
 gluon_contiguous.py, SM90 only, issue #35), measured faster than the Triton one:
 experts.contiguous_gemm=auto (the default) takes it on an SM90 GPU for GEMMs of at least
 GLUON_MIN_N output columns (0 since its TMA-store epilogue: all); triton or gluon force one.
+Each such weight's GEMM (gluon_contiguous.GluonGemm: its kernel and TMA descriptors) is set up
+once, in __init__ (issue #46: a forward's host enqueue).
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
@@ -85,6 +87,20 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         self._gemm_kernel = {n: contiguous_gemm_kernel(mode, q.name, cap, n) for n in (N, K)}
         # "gate/up's kernel/down's kernel" of the last apply() on the contiguous layout, else ""
         self.last_gemm = ""
+        # the Gluon GEMM of each weight whose GEMM runs on a Gluon kernel, set up here (its module
+        # imported only then: Hopper only): a forward neither imports nor rebuilds the weight's TMA
+        # descriptors (issue #46)
+        self._gluon: list = []
+        if self._contiguous_ok and any(k in GLUON_GEMMS for k in self._gemm_kernel.values()):
+            from ..triton.gluon_contiguous import GluonGemm
+            from ..triton.gluon_wide import WIDE_N
+
+            cw = self._contiguous_w
+            for wt, st in ((cw.w13, cw.s13), (cw.w2, cw.s2)):
+                kernel = self._gemm_kernel[wt.shape[1]]
+                if kernel in GLUON_GEMMS:
+                    config = dict(BLOCK_SIZE_N=WIDE_N) if kernel == "gluon_wide" else None
+                    self._gluon.append(GluonGemm(wt, st, config))
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc); decided once per
@@ -158,12 +174,8 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         )
 
     def _contiguous_gemm(self, a, a_s, w, w_s, out, layout):
-        kernel = self._gemm_kernel[w.shape[1]]
-        if kernel in GLUON_GEMMS:
-            from ..triton.gluon_contiguous import gluon_contiguous_gemm  # (Gluon: Hopper only, imported on use)
-            from ..triton.gluon_wide import WIDE_N
-
-            config = dict(BLOCK_SIZE_N=WIDE_N) if kernel == "gluon_wide" else None
-            gluon_contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, layout.num_post, config)
-            return
+        for gluon in self._gluon:  # (at most two: the weight itself picks its GEMM)
+            if gluon.w is w:  # w's scales are the ones it holds (w_s: the same tensor)
+                gluon(a, a_s, out, layout.m_indices_Mp, layout.num_post)
+                return
         contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, rows_in_use=layout.num_post)

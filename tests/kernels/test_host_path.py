@@ -241,3 +241,53 @@ def test_align_non_contiguous_ids_equal_contiguous():
     n = int(want[2])
     assert int(got[2]) == n and torch.equal(got[1][: n // 16], want[1][: n // 16])
     assert torch.equal(got[0][:n].view(-1, 16).sort(1).values, want[0][:n].view(-1, 16).sort(1).values)
+
+
+def test_gluon_gemms_set_up_once_and_no_import_per_forward(monkeypatch):
+    """Issue #46: where a Gluon kernel is picked (forced here: the CPU has none), the triton experts
+    set up each weight's GEMM in __init__ (gluon_contiguous.GluonGemm: kernel, constexprs, the
+    weight's TMA descriptors); a forward imports nothing Gluon and launches both GEMMs through
+    launch.py (stubbed: Gluon runs on an SM90 GPU only) with the weights' descriptors it holds."""
+    import builtins
+    import dataclasses
+
+    from moebench.kernels.experts import triton as experts_triton
+    from moebench.kernels.triton import gluon_contiguous as gc
+    from moebench.kernels.triton import gluon_wide
+
+    shape = dataclasses.replace(SHAPE, intermediate=256)  # gate/up's N (512) apart from down's (K, 256)
+    kernels = {2 * shape.intermediate: "gluon", shape.hidden: "gluon_wide"}
+    monkeypatch.setattr(experts_triton, "contiguous_gemm_kernel", lambda mode, quant, cap, n: kernels[n])
+    monkeypatch.setattr(gc, "num_sms", lambda device: 4)
+    launches = []
+
+    def fake_launch(fn, grid, *args, **kw):
+        launches.append((fn, grid, args, kw))
+        (args[3].base if fn is gluon_wide.gluon_fp8_wide_kernel else args[2]).zero_()  # c: what comes next reads it
+
+    monkeypatch.setattr(gc, "launch", fake_launch)
+    ctx = KernelContext(shape=shape, quant=QuantSpec("fp8_block"), device=torch.device("cpu"), simulate_ep=1,
+                        options={"row_layout": "contiguous"})
+    experts = registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx)
+    layer = MoEKernel(registry.get_backend("local")(ctx), experts, None, "none")
+    assert [g.w for g in experts._gluon] == [experts._contiguous_w.w13, experts._contiguous_w.w2]
+    x, w, ids = make_inputs(shape, 64, "uniform", 1.0, 0, 0, 1, "cpu")
+    layer(x, w, ids)
+    imported = []
+    real_import = builtins.__import__
+
+    def counting_import(name, globals=None, locals=None, fromlist=(), level=0):
+        imported.append((name, fromlist))
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", counting_import)
+    layer(x, w, ids)
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert not [i for i in imported if "gluon" in i[0] or any("gluon" in f for f in i[1] or ())], imported
+    assert experts.last_gemm == "gluon/gluon_wide"
+    assert [fn for fn, *_ in launches] == [gc._gluon_fp8_ws_kernel, gluon_wide.gluon_fp8_wide_kernel] * 2
+    (_, _, ws1, kw1), (_, _, wide1, _), (_, _, ws2, _), (_, _, wide2, _) = launches
+    assert ws1[1] is ws2[1] and wide1[1:3] == wide2[1:3] and wide1[1] is wide2[1]  # the weights' descriptors: kept
+    assert ws1[0] is not ws2[0]  # a's: built per call
+    assert kw1 == dict(K=SHAPE.hidden, GROUP_N=128, GROUP_SIZE_M=8, STAGES=4, num_warps=4, SCALE_AHEAD=1,
+                       EPILOGUE_TMA=True)
