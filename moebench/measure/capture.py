@@ -14,7 +14,7 @@ import torch
 
 from moebench.measure import timing
 from moebench.kernels.interfaces import NULL_PHASES
-from moebench.measure.samples import RankSync
+from moebench.measure.samples import PaceCount, RankSync
 from moebench.util.safe_write import safe_dir
 
 
@@ -24,7 +24,7 @@ def make_recorder(device, nvtx: bool):
     return make_phase_recorder(nvtx=nvtx, record_function=True, cuda_events=True, device=device)
 
 
-def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None) -> dict:
+def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None, pace: PaceCount | None = None) -> dict:
     """Profiler mode: kernel durations per phase, what library benchmarks report.
 
     Each sample starts as a timed one does: on a GPU after the L2 flush and a hold long
@@ -37,7 +37,7 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None) ->
     trace to `path`, and returns medians over samples (µs): `<phase>` = busy GPU time of
     the kernels launched inside the phase, and `kernels` = {kernel name: median summed
     duration per sample} for the communication kernels (e.g. DeepEP's notify_dispatch /
-    dispatch / combine).
+    dispatch / combine); `pace` (PaceCount) counts the samples the host paced.
     """
     from moebench.traces.files import load_traces
     from moebench.traces.metrics import summarize
@@ -52,7 +52,7 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None) ->
     if cuda:
         timing.warm_for([fn], device, 200.0, sync.flush, sync.agree)  # the sustained clock, as timed samples see it
     capture(fn, path, warmup=1, samples=samples,
-            barrier=timing.sample_start(sync.barrier, sync.flush, sync.align, lead))
+            barrier=timing.sample_start(sync.barrier, sync.flush, sync.align, lead), pace=pace)
     trace = load_traces(path)[0]
     out = {name: p.gpu_us for name, p in summarize(trace).phases.items() if p.gpu_us is not None}
     per_name: dict[str, dict[int, float]] = {}
@@ -68,19 +68,22 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None) ->
 def profiled_phases(kernel, fn, key: str, rank: int, tokens: int, run_dir: str, reps: int, sync: RankSync,
                     device) -> dict:
     """Phase times from kernel durations (torch profiler), replacing the event-based ones:
-    {"phases_us", "kernel_us", "profiler_trace_path"}."""
+    {"phases_us", "kernel_us", "profiler_trace_path", "num_phase_samples", "host_paced_phases"}
+    (the profiled samples, and how many of them the host paced: NaN off a GPU)."""
     from moebench.traces import torch_trace
 
     path = torch_trace.trace_path(os.path.join(run_dir, "traces", "profiler"), key, rank, tokens, gzip_=True)
     safe_dir(run_dir, "traces", "profiler", key)  # real folders, never links (moebench/util/safe_write.py)
     kernel.phases = make_recorder(torch.device("cpu"), nvtx=False)  # record_function ranges only
+    pace = PaceCount(device)
     try:
-        prof = profile_kernels(fn, str(path), samples=max(3, min(reps, 20)), sync=sync, device=device)
+        prof = profile_kernels(fn, str(path), samples=max(3, min(reps, 20)), sync=sync, device=device, pace=pace)
     finally:
         kernel.phases = NULL_PHASES
     kernels = prof.pop("kernels")
     return {"phases_us": prof, "kernel_us": json.dumps(kernels, sort_keys=True),
-            "profiler_trace_path": os.path.relpath(path, run_dir)}
+            "profiler_trace_path": os.path.relpath(path, run_dir),
+            "num_phase_samples": float(pace.taken), "host_paced_phases": pace.host_paced}
 
 
 _nsys_captures = 0  # capture ranges this rank process has opened: nsys numbers its reports in this order
@@ -121,7 +124,9 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
     the host's launch gaps. With several ranks (all on
     this host: the process group rendezvous is on 127.0.0.1), rank 0 then reads every
     rank's trace and adds `trace_matched_overlap_per_rank` (traces/metrics.py: the overlap
-    on communication intervals trimmed of the wait for the last rank)."""
+    on communication intervals trimmed of the wait for the last rank). `num_trace_samples`
+    and `host_paced_trace` count the trace's samples (its ablation samples included) and those
+    the host paced (NaN off a GPU), which the trace marks too (torch_trace.capture)."""
     from moebench.traces import torch_trace
 
     barrier, flush, align, agree = sync.barrier, sync.flush, sync.align, sync.agree
@@ -148,12 +153,14 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
         raise
 
     start = timing.sample_start(barrier, flush, align, lead) if (device is not None or flush is not None) else barrier
+    pace = PaceCount(device)
     try:
         torch_trace.capture(fn, path, samples=combo.trace_samples, combo_key=key, barrier=start,
-                            ablation=ablation)
+                            ablation=ablation, pace=pace)
     finally:
         kernel.phases = NULL_PHASES
-    out = {"trace_path": os.path.relpath(path, run_dir)}
+    out = {"trace_path": os.path.relpath(path, run_dir), "num_trace_samples": float(pace.taken),
+           "host_paced_trace": pace.host_paced}
     try:
         from moebench.traces.analyze import trace_row
 

@@ -3,7 +3,7 @@ the ablation's interleaved samples), the phase times and the memory peaks."""
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -103,14 +103,57 @@ def phase_head_start(kernel: MoEKernel, fn, rec, sync: RankSync, device) -> int:
         kernel.phases = NULL_PHASES
 
 
-def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: int = 0) -> dict:
+class PaceCount:
+    """Counts the samples the GPU started before the host had enqueued them (host-paced, as
+    timing.Samples.host_paced counts the timed ones), for samples taken outside
+    timing.time_interleaved: the phase, profiler and trace samples. `started()` once a sample's
+    start (barrier, flush, hold, align) is enqueued, `enqueued()` once its callable is; off a GPU
+    it counts the samples only (`host_paced` NaN: no hold, nothing to ask)."""
+
+    def __init__(self, device: Optional[torch.device]):
+        self.cuda = device is not None and device.type == "cuda"
+        self.taken = 0
+        self._paced = 0
+        self._start: Optional[torch.cuda.Event] = None
+
+    def started(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event()
+            self._start.record()
+
+    def enqueued(self) -> bool:
+        """Whether the sample just enqueued was host-paced (the GPU already passed its start)."""
+        self.taken += 1
+        paced = self._start is not None and bool(self._start.query())
+        self._start = None
+        self._paced += paced
+        return paced
+
+    @property
+    def host_paced(self) -> float:
+        return float(self._paced) if self.cuda else float("nan")
+
+
+@dataclass(frozen=True)
+class PhaseSamples:
+    """The phase forwards' medians (µs per phase), how many forwards were taken and how many of
+    them the host paced (NaN off a GPU)."""
+
+    us: dict
+    taken: int = 0
+    host_paced: float = float("nan")
+
+
+def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: int = 0) -> PhaseSamples:
     """Median µs per phase over `reps` forwards, each started as the timed samples are
     (barrier, flush, a hold of `lead` spin-clock cycles, align: without the hold a launch-bound
-    phase would carry the host's launch latency)."""
+    phase would carry the host's launch latency), and how many of them the host still paced
+    (PaceCount)."""
     from moebench.traces.nvtx import sample_range
 
     per_phase: dict[str, list[float]] = {}
     kernel.phases = rec
+    count = PaceCount(sync.device)
     # with NVTX on (trace=nvtx|nsys), each forward in its `sample/<i>` range, so that an Nsight
     # Systems report of these samples gives per-sample phase figures as a torch trace does
     nvtx = getattr(rec, "_nvtx", None) is not None
@@ -119,13 +162,15 @@ def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: i
         for i in range(reps):
             start()
             rec.reset()
+            count.started()
             with sample_range(i, nvtx=True, record_function=False) if nvtx else nullcontext():
                 fn()
+            count.enqueued()
             for name, us in rec.durations_us().items():
                 per_phase.setdefault(name, []).append(us)
     finally:
         kernel.phases = NULL_PHASES
-    return {name: _median(v) for name, v in per_phase.items()}
+    return PhaseSamples({name: _median(v) for name, v in per_phase.items()}, count.taken, count.host_paced)
 
 
 @dataclass(frozen=True)
@@ -135,6 +180,21 @@ class Timed:
     shared_samples_us: Optional[list]
     phases_us: dict
     host_paced: int = 0  # of the layer's samples (timing.Samples.host_paced)
+    # of the ablation's samples: the layer without its shared experts, the shared experts alone
+    host_paced_no_shared: int = 0
+    host_paced_shared: int = 0
+    phases: PhaseSamples = field(default_factory=lambda: PhaseSamples({}))
+
+    def paced_fields(self, cuda: bool) -> dict:
+        """The row's host-paced counts (results/row.py, group "host"): NaN off a GPU (no hold) and
+        where there were no such samples."""
+        nan = float("nan")
+        ablation = self.shared_samples_us is not None
+        return {"host_paced_samples": float(self.host_paced) if cuda else nan,
+                "host_paced_no_shared": float(self.host_paced_no_shared) if cuda and ablation else nan,
+                "host_paced_shared": float(self.host_paced_shared) if cuda and ablation else nan,
+                "num_phase_samples": float(self.phases.taken) if self.phases.taken else nan,
+                "host_paced_phases": self.phases.host_paced if cuda and self.phases.taken else nan}
 
 
 def _shared_alone(kernel: MoEKernel, x: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -168,11 +228,12 @@ def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, gr
                                     align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree,
                                     hold_us=hold_us)
     lap("timing")
-    phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else {}
+    phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else PhaseSamples({})
     lap("phases")
     shared = kernel.shared is not None
-    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases,
-                 timed[0].host_paced)
+    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases.us,
+                 timed[0].host_paced, timed[1].host_paced if shared else 0, timed[2].host_paced if shared else 0,
+                 phases)
 
 
 def paced_mode(mode: str, host_us: float, host_paced: int, reps: int) -> str:

@@ -28,8 +28,16 @@ class RankResult:
     shared_samples_us: Optional[list] = None
     phases_us: dict = field(default_factory=dict)  # phase -> median µs
     host_enqueue_us: float = NAN  # host time to enqueue one eager forward (timing.host_enqueue_us)
-    # samples the GPU started before the host had enqueued the whole forward (timing.Samples)
+    # samples the GPU started before the host had enqueued the whole forward (timing.Samples):
+    # the layer's timed ones, the ablation's, the phase forwards' (of num_phase_samples) and the
+    # trace's (of num_trace_samples); NaN where none were taken or off a GPU
     host_paced_samples: float = NAN
+    host_paced_no_shared: float = NAN
+    host_paced_shared: float = NAN
+    num_phase_samples: float = NAN
+    host_paced_phases: float = NAN
+    num_trace_samples: float = NAN
+    host_paced_trace: float = NAN
     # memory
     workspace_bytes_analytic: float = NAN
     analytic_peak_bytes: float = NAN

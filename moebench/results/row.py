@@ -113,6 +113,18 @@ MEASURED: tuple[Column, ...] = (
        "median of five)"),
     _c("host_paced_samples", "float", "host", MAX, "samples the GPU started before the host had "
        "enqueued them (NaN before the hold and on the CPU)"),
+    _c("host_paced_no_shared", "float", "host", MAX, "the same of the ablation's samples of the layer "
+       "without its shared experts (of as many as samples_us; NaN without the ablation)"),
+    _c("host_paced_shared", "float", "host", MAX, "the same of the ablation's samples of the shared experts "
+       "alone (of as many as samples_us; NaN without the ablation)"),
+    _c("num_phase_samples", "float", "host", MAX, "the forwards the phases are medians of (the profiled "
+       "samples in profiler mode; NaN without phases)"),
+    _c("host_paced_phases", "float", "host", MAX, "the same as host_paced_samples of the phase forwards "
+       "(of num_phase_samples)"),
+    _c("num_trace_samples", "float", "host", MAX, "the samples of the row's torch trace, its ablation samples "
+       "included (NaN without one)"),
+    _c("host_paced_trace", "float", "host", MAX, "the same as host_paced_samples of the trace's samples "
+       "(of num_trace_samples; the trace marks them `host_paced/<sample>`)"),
     *(_c(f"{p}_us", "float", "phase", MAX, f"the {p.replace('_', ' ')} phase of the phase forwards (µs)")
       for p in PHASES),
     # overlap by ablation

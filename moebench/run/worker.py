@@ -245,7 +245,7 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
               "no_shared_samples_us": timed.no_shared_samples_us,
               "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
-              "host_paced_samples": timed.host_paced if device.type == "cuda" else NAN,
+              **timed.paced_fields(device.type == "cuda"),
               "timing_note": note, **nsys_row}
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))

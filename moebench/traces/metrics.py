@@ -51,6 +51,10 @@ A trace without both ablation families (older traces; `overlap=none`, which reco
 none) falls back to the plain figure: `trace_overlap_fraction` = median of the per-sample
 `intersection_fraction`, `shared_exposed_us` = median of shared_us − overlap_us, and the
 summary says so (`method` "intersection", a note).
+Samples the capture marked host-paced (model.py `HOST_PACED_PREFIX`: the GPU started them
+before the host had enqueued them, behind the hold every trace sample gets) stay in the
+figures; the summary names them (`host_paced`, a note), since their kernels may hold the
+host's launch gaps.
 """
 from __future__ import annotations
 
@@ -144,6 +148,9 @@ class TraceSummary:
     shared_stretch: Optional[float] = None  # shared_us / shared_alone_us
     method: Optional[str] = None  # "stretch" | "intersection" | None (no figure)
     num_ablation_samples: dict = field(default_factory=dict)  # kind -> number of samples
+    # the sample ranges the capture marked host-paced (model.HOST_PACED_PREFIX): their kernels may
+    # hold the host's launch gaps, so the figures above may too
+    host_paced: list = field(default_factory=list)
     per_sample: list = field(default_factory=list)  # [dict] raw per-sample figures
     ablation_samples: list = field(default_factory=list)  # [dict] raw figures of the ablation samples
     notes: list = field(default_factory=list)
@@ -270,6 +277,13 @@ def _stream_stats(groups: list) -> list:
     return out
 
 
+def host_paced_note(paced: list, total: int) -> str:
+    """The note of a trace whose capture marked samples host-paced (`paced`: their range names)."""
+    shown = ", ".join(paced[:6]) + (f" (+{len(paced) - 6} more)" if len(paced) > 6 else "")
+    return (f"{len(paced)} of {total} samples host-paced ({shown}): the GPU started them before the host had "
+            "enqueued them, so their kernels may hold the host's launch gaps and the figures from them host time")
+
+
 def summarize(trace: Trace) -> TraceSummary:
     """Phases, streams and overlap of an attributed trace (see the module docstring for definitions)."""
     samples = trace.sample_ranges()
@@ -325,6 +339,11 @@ def summarize(trace: Trace) -> TraceSummary:
         notes.append(PLAIN_NOTE if not trace.has_ablation() else
                      "plain intersection: the ablation samples hold no GPU time of the shared experts")
 
+    paced = trace.host_paced()
+    if paced:
+        total = len(samples) + sum(num_ablation.values())
+        notes.append(host_paced_note(paced, total))
+
     phases = {}
     for ph in PHASES:
         vals = [f["phases"][ph] for f in per_sample]
@@ -358,6 +377,7 @@ def summarize(trace: Trace) -> TraceSummary:
         shared_stretch=_ratio(shared_us, shared_alone),
         method=method,
         num_ablation_samples=num_ablation,
+        host_paced=paced,
         per_sample=per_sample,
         ablation_samples=ablation_samples,
         notes=notes,

@@ -26,6 +26,9 @@ COMBO_PREFIX = "combo/"
 SAMPLE_PREFIX = "sample/"
 # ablation samples recorded after the layer samples in the same trace (kind -> range prefix)
 ABLATION_PREFIXES = {"noshared": "sample_noshared/", "shared": "sample_shared/"}
+# after a sample the host paced (the GPU passed its start before the host had enqueued it), an
+# empty range `host_paced/<the sample's range>` (torch_trace.capture): its kernels may hold launch gaps
+HOST_PACED_PREFIX = "host_paced/"
 # trace=nsys: the worker's NVTX range around the timed work of one row, each one an nsys capture
 CAPTURE_RANGE = "timed"
 SHARED_PHASE = "shared_experts"
@@ -138,6 +141,10 @@ class Trace:
     def ablation_ranges(self, kind: str) -> list:
         """Ablation sample ranges of `kind` ("noshared" | "shared") sorted by start, as (index, Range)."""
         return self.sample_ranges(ABLATION_PREFIXES[kind])
+
+    def host_paced(self) -> list:
+        """The sample ranges (`sample/<i>`, `sample_noshared/<i>`, ...) the capture marked host-paced."""
+        return sorted({r.name[len(HOST_PACED_PREFIX):] for r in self.ranges if r.name.startswith(HOST_PACED_PREFIX)})
 
     def has_ablation(self) -> bool:
         """Whether the trace holds both ablation families (`sample_noshared/<i>` and `sample_shared/<i>`)."""

@@ -58,6 +58,7 @@ def capture(
     mark_samples: bool = True,
     cuda: Optional[bool] = None,
     ablation: Optional[dict] = None,
+    pace=None,
 ) -> Path:
     """Run `fn` `warmup` times untraced, then `samples` times under torch.profiler; write the trace.
 
@@ -69,27 +70,30 @@ def capture(
     order), inside `ablation_range(kind, i)` (`sample_noshared/<i>`,
     `sample_shared/<i>`), warmed up like `fn` and with the barrier before each; every
     rank must pass the same kinds so that the barriers match. cuda: also record CUDA
-    activity (default: when CUDA is available). Returns the written path (a `.gz`
-    suffix writes gzipped JSON).
+    activity (default: when CUDA is available). pace (measure/samples.py PaceCount):
+    told when each sample starts and once it is enqueued; a sample the host paced (the GPU
+    passed its start before the host had enqueued it) gets a `host_paced/<its range>` range
+    after it, which model.py reads back, so that the trace says which of its samples hold
+    the host's launch gaps. Returns the written path (a `.gz` suffix writes gzipped JSON).
     """
     import contextlib
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from moebench.traces.model import ABLATION_PREFIXES
-    from moebench.traces.nvtx import ablation_range, combo_range, sample_range
+    from moebench.traces.model import ABLATION_PREFIXES, HOST_PACED_PREFIX, SAMPLE_PREFIX
+    from moebench.traces.nvtx import ablation_range, combo_range, named_range, sample_range
 
     ablation = {k: f for k, f in (ablation or {}).items() if f is not None}
     unknown = set(ablation) - set(ABLATION_PREFIXES)
     if unknown:
         raise ValueError(f"ablation kinds {sorted(unknown)}; valid: {', '.join(ABLATION_PREFIXES)}")
-    runs = [(lambda i: sample_range(i) if mark_samples else contextlib.nullcontext(), fn)]
-    runs += [(lambda i, kind=kind: ablation_range(kind, i), ablation[kind]) for kind in ABLATION_PREFIXES
-             if kind in ablation]
+    runs = [(lambda i: sample_range(i) if mark_samples else contextlib.nullcontext(), fn, SAMPLE_PREFIX)]
+    runs += [(lambda i, kind=kind: ablation_range(kind, i), ablation[kind], ABLATION_PREFIXES[kind])
+             for kind in ABLATION_PREFIXES if kind in ablation]
     if cuda is None:
         cuda = torch.cuda.is_available()
-    for _, f in runs:
+    for _, f, _ in runs:
         for _ in range(warmup):
             f()
     if cuda:
@@ -98,14 +102,19 @@ def capture(
     outer = combo_range(combo_key) if combo_key is not None else contextlib.nullcontext()
     with profile(activities=activities, record_shapes=False) as prof:
         with outer:
-            for n, (mark, f) in enumerate(runs):
+            for n, (mark, f, prefix) in enumerate(runs):
                 if n and cuda:  # an ablation family starts on an idle GPU, not beside the tail of the last one
                     torch.cuda.synchronize()
                 for i in range(samples):
                     if barrier is not None:
                         barrier()
+                    if pace is not None:
+                        pace.started()
                     with mark(i):
                         f()
+                    if pace is not None and pace.enqueued():
+                        with named_range(f"{HOST_PACED_PREFIX}{prefix}{i}"):
+                            pass
         if cuda:
             torch.cuda.synchronize()
     path = Path(path)

@@ -5,6 +5,7 @@ never touches CUDA. The CUDA calls are stand-ins here (no figure is measured): w
 checked is the order of calls, which depends only on agreed values."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -168,4 +169,5 @@ def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
     assert measure.phase_head_start(kernel, fn, rec, RankSync(None, None, None, None), CUDA) == 0  # one GPU
     assert asked[1] == (CUDA, None) and len(asked) == 2
     out = measure.phase_samples(kernel, fn, rec, 3, ranks, lead=0)
-    assert "experts" in out and len(seen) == 5  # two measured holds, three phase samples
+    assert "experts" in out.us and len(seen) == 5  # two measured holds, three phase samples
+    assert out.taken == 3 and np.isnan(out.host_paced)  # no GPU: nothing the host could pace

@@ -701,3 +701,35 @@ def test_matched_overlap_trims_the_wait_for_the_last_rank():
     r1.kernels.append(Kernel("ncclDevKernel_AllGather", 0, 50, 0, 1, sample=0, comm=True))
     trimmed, _, notes = trim_comm_waits([r0, r1])
     assert [k.start_us for k in trimmed[0].kernels if k.comm] == [100, 1150] and "1 samples" in notes[0]
+
+
+def test_capture_marks_the_samples_the_host_paced(tmp_path):
+    """capture(..., pace=): a sample whose start the GPU had passed before the host had enqueued it
+    gets a `host_paced/<its range>` range; the summary names those samples in a note, and
+    `moebench trace`'s markdown prints it."""
+    paced = iter([False, True, False, False, False, True])  # layer sample 1, shared-alone sample 1
+
+    class Pace:
+        def __init__(self):
+            self.started_n = 0
+
+        def started(self):
+            self.started_n += 1
+
+        def enqueued(self):
+            return next(paced)
+
+    x = torch.randn(16, 16)
+    pace = Pace()
+    path = capture(lambda: x @ x, tmp_path / "t.json", warmup=1, samples=2, combo_key="k", cuda=False, pace=pace,
+                   ablation={"noshared": lambda: x @ x, "shared": lambda: x + 1})
+    assert pace.started_n == 6
+    trace = parse_torch_trace(path)
+    assert trace.host_paced() == ["sample/1", "sample_shared/1"]
+    s = summarize(trace)
+    assert s.host_paced == ["sample/1", "sample_shared/1"] and s.num_samples == 2  # the marks are no samples
+    note = next(n for n in s.notes if "host-paced" in n)
+    assert note.startswith("2 of 6 samples host-paced (sample/1, sample_shared/1)")
+    assert "2 of 6 samples host-paced" in to_markdown(s)
+    clean = summarize(parse_torch_trace(capture(lambda: x @ x, tmp_path / "u.json", samples=2, cuda=False)))
+    assert clean.host_paced == [] and not any("host-paced" in n for n in clean.notes)
