@@ -130,7 +130,49 @@ def test_host_enqueue_script_refuses_bad_input_and_writes_its_table():
     assert text[2] == "| qwen3_bf16_triton_32 | 32 | 9 (+1 copies) | 280 | 282.5 (graph) | 0.99 | 498, 282, 14 |"
     assert "| 410 ✗ |" in text[3]  # a triton path over the issue's 300 µs
     assert "skipped: deep_gemm not installed" in text[4]
-    assert set(he.ISSUE_34) == set(he.CASES)
+    assert set(he.ISSUE_34) == set(he.GROUPS["issue34"])
+    assert set(he.CASES) == set(he.ISSUE_34) | set(he.GROUPS["gluon_pairs"])
+
+
+def test_host_enqueue_gluon_pairs(capsys):
+    """issue #46's pairs: qwen3 and DeepSeek-V3's EP-8 share, fp8_block on the contiguous rows at 4096
+    and 16384 tokens, auto against triton, knobs that compose; the probes taken in alternating rounds;
+    the ratio auto / triton in the rows and a verdict table; the cases reach --breakdown (on the CPU:
+    past the name check, to the GPU check)."""
+    import host_enqueue as he
+
+    from moebench.config import compose
+
+    assert len(he.GLUON_PAIRS) == 4 and len(he.GROUPS["gluon_pairs"]) == 8
+    for auto, triton in he.GLUON_PAIRS.items():
+        (a, ta), (t, tt) = he.CASES[auto], he.CASES[triton]
+        assert ta == tt in (4096, 16384)
+        assert "experts.contiguous_gemm=auto" in a and "experts.contiguous_gemm=triton" in t
+        assert [o for o in a if "contiguous_gemm" not in o] == [o for o in t if "contiguous_gemm" not in o]
+        assert {"quant=fp8_block", "experts=triton", "experts.row_layout=contiguous"} <= set(a)
+        combo = compose.to_combo(compose.compose_config(a))
+        assert combo.experts == "triton" and combo.quant == "fp8_block"
+    dsv3 = [n for n in he.GLUON_PAIRS if {"model=deepseek_v3", "backend.simulate_ep=8"} <= set(he.CASES[n][0])]
+    assert len(dsv3) == 2
+    seen = []
+    probes = he.probe_rounds(["a", "b", "c"], 3, lambda n: seen.append(n) or float(len(seen)))
+    assert seen == ["a", "b", "c", "c", "b", "a", "a", "b", "c"] and probes["a"] == [1.0, 6.0, 7.0]
+    auto, triton = next(iter(he.GLUON_PAIRS.items()))
+    rows = [{"case": auto, "tokens": 4096, "label": "L", "host_us": 650.0, "host_us_probes": [600.0, 650.0, 700.0],
+             "host_rounds": "interleaved", "last_gemm": "gluon/gluon"},
+            {"case": triton, "tokens": 4096, "label": "L", "host_us": 500.0, "host_us_probes": [500.0, 500.0, 500.0],
+             "host_rounds": "interleaved", "last_gemm": "triton/triton"}]
+    rows = he.add_pair_ratios(rows)
+    assert rows[0]["pair_case"] == triton and rows[0]["host_ratio"] == pytest.approx(1.3)
+    assert rows[0]["host_ratio_p20"] == pytest.approx(1.24) and "host_ratio" not in rows[1]
+    text = he.pair_table(rows)
+    assert "| L | 4096 | 650 (gluon/gluon) | 500 (triton/triton) | 1.30 (1.24–1.36) | ok |" in text
+    assert he.pair_table(rows[1:]) == "" and not he._bound(auto) and he._bound("qwen3_bf16_triton_32")
+    capsys.readouterr()
+    assert he.main(["--breakdown", "dsv3_ep8_fp8_contiguous_auto_4096"]) == 2
+    assert he.main(["--cases", "gluon_pairs"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown case" not in err and err.count("needs a CUDA GPU") == 2
 
 
 def test_clock_recovery_script_refuses_bad_gaps():
