@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from moebench import __version__
 from moebench.config.paths import ADHOC
 
 EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
@@ -43,6 +44,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     """The parser and its subcommands' parsers by name."""
     p = argparse.ArgumentParser(prog="moebench", description="Benchmark modular MoE layer kernels.", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"moebench {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("sweep", help="run every valid combination of the given axes",

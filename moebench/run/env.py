@@ -13,6 +13,8 @@ import socket
 import subprocess
 
 from moebench.kernels import CONTRACT_VERSION
+
+from moebench import __version__
 from moebench.config.paths import REPO_ROOT
 from moebench.run.treestate import tree_state
 
@@ -60,10 +62,12 @@ def git_info() -> dict:
 
 
 def fingerprint() -> dict:
-    """GPU, driver, CUDA, NCCL, torch, triton, library versions, clocks, env vars, git."""
+    """moebench's version, GPU, driver, CUDA, NCCL, torch, triton, library versions, clocks, env
+    vars, git."""
     import torch
 
     info: dict = {
+        "moebench": __version__,
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -178,6 +182,7 @@ def env_command(as_json: bool) -> int:
     if as_json:
         print(json.dumps({"env": info, "env_id": env_id(info), "entries": entries}, indent=2, default=str))
         return 0
+    print(f"moebench  {info['moebench']}")
     print(f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}")
     print(f"gpu       {info['gpu']} x{info['gpu_count']}" + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)"))
     print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
