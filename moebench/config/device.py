@@ -52,3 +52,20 @@ def resolve_device(requested: str) -> str:
     if requested != "auto":
         return requested
     return "cuda" if cuda_available() else "cpu"
+
+
+CPU_THREADS = "MOEBENCH_CPU_THREADS"
+
+
+def cpu_threads() -> int:
+    """The torch threads each CPU rank runs: MOEBENCH_CPU_THREADS, else 1. One by default: CPU
+    figures check the pipeline, and on a shared 2-core machine two threads of one rank wait on
+    each other at every small op (docs/findings/harness.md, "The CPU default"). ValueError for
+    a value that is no positive integer."""
+    raw = os.environ.get(CPU_THREADS, "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{CPU_THREADS}={raw!r}: give a positive integer, the torch threads of each CPU rank "
+                         "(unset: 1)")
+    return int(raw)

@@ -120,7 +120,7 @@ def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
 
     from moebench.run.worker import form_group, rank_device
 
-    device = rank_device(device_kind, env.local_rank, env.local_world_size)
+    device = rank_device(device_kind, env.local_rank)
     if env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))

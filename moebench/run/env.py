@@ -12,10 +12,10 @@ import shutil
 import socket
 import subprocess
 
-from moebench.kernels import CONTRACT_VERSION
-
 from moebench import __version__
+from moebench.config.device import cpu_threads
 from moebench.config.paths import REPO_ROOT
+from moebench.kernels import CONTRACT_VERSION
 from moebench.run.treestate import tree_state
 
 LIBRARIES = {
@@ -72,6 +72,7 @@ def fingerprint() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "cpu_threads": cpu_threads(),  # torch threads of each CPU rank (run/worker.py rank_device)
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
@@ -183,7 +184,8 @@ def env_command(as_json: bool) -> int:
         print(json.dumps({"env": info, "env_id": env_id(info), "entries": entries}, indent=2, default=str))
         return 0
     print(f"moebench  {info['moebench']}")
-    print(f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}")
+    print(f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}  "
+          f"torch threads per CPU rank {info['cpu_threads']}")
     print(f"gpu       {info['gpu']} x{info['gpu_count']}" + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)"))
     print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
     state = {True: f"dirty, diff {str(info.get('git_diff_sha256'))[:12]}", False: "clean", None: "state unknown"}

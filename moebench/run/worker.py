@@ -26,6 +26,7 @@ from moebench.run.lifeline import die_with
 from moebench.measure.samples import check, host_enqueue, host_time_note, memory_figures, paced_mode, rank_sync, time_layer
 from moebench.results.rank_result import NAN, RankResult
 from moebench.run.messages import Done, Error, Exited, Result, Started, Task
+from moebench.config.device import cpu_threads
 from moebench.config.validity import timing_mode, timing_note
 from moebench.measure.workload import drop_kept_weights, make_routed, reference_expert_fn, routing_spec, weights_key
 
@@ -275,18 +276,16 @@ class GroupNotFormed(RuntimeError):
     """The process group did not form within runner.startup_timeout_s (its reason is LOST's)."""
 
 
-def rank_device(device_kind: str, local_rank: int, local_world_size: int) -> torch.device:
+def rank_device(device_kind: str, local_rank: int) -> torch.device:
     """This rank's device: its GPU (its context created, before the memory baseline), or the
-    CPU with the host's cores shared among the ranks on it."""
+    CPU with MOEBENCH_CPU_THREADS torch threads, 1 unless set (config/device.py cpu_threads;
+    env.json records it)."""
     if device_kind == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)
         return device
-    # MOEBENCH_CPU_THREADS: the tests' 1 (tests/conftest.py): two threads of one rank on a busy
-    # 2-core machine wait on each other at every op (docs/findings/harness.md, "Tests")
-    threads = os.environ.get("MOEBENCH_CPU_THREADS")
-    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world_size))
+    torch.set_num_threads(cpu_threads())
     return torch.device("cpu")
 
 
@@ -319,7 +318,7 @@ def form_group(device: torch.device, rank: int, world_size: int, init_method: st
 
 def _setup(rank: int, world_size: int, device_kind: str, port: int, startup_s: float = 30.0):
     """This rank's device and process group (None on one rank)."""
-    device = rank_device(device_kind, rank, world_size)
+    device = rank_device(device_kind, rank)
     group = form_group(device, rank, world_size, f"tcp://127.0.0.1:{port}", startup_s) if world_size > 1 else None
     return device, group
 
