@@ -26,9 +26,10 @@ ENV_FIELDS = [  # (label, keys tried in order; a key also matches the tail of a 
     ("pplx", ["pplx_kernels", "pplx"]),
 ]
 LIBRARIES = ("deep_ep", "deep_gemm", "pplx")
+CPU_THREADS = "CPU threads"  # the torch threads of each CPU rank (cpu_threads_setting)
 # what must agree for two runs' numbers to be compared (the GPU by name: a run that saw two
 # GPUs and used one compares with a run that saw one)
-COMPARED = ("GPU", "driver", "CUDA", "NCCL", "torch", "triton", "deep_ep", "deep_gemm", "pplx")
+COMPARED = ("GPU", "driver", "CUDA", "NCCL", "torch", "triton", "deep_ep", "deep_gemm", "pplx", CPU_THREADS)
 
 
 INVOCATIONS = "invocations"  # report/load.py read_env: run_id -> each invocation's fingerprint
@@ -83,6 +84,19 @@ def field_value(env: dict, label: str):
     if label == "driver" and value is None:
         value = _smi_driver(env)
     return value
+
+
+def cpu_threads_setting(env: dict) -> Optional[str]:
+    """The torch threads each CPU rank of a machine without a GPU ran (every rank of its runs did):
+    env.json's `cpu_threads` (the effective MOEBENCH_CPU_THREADS, 1 unless set), else, in a
+    fingerprint from before it, MOEBENCH_CPU_THREADS as set, else that default of then, the
+    cores shared among a combination's ranks. None for a GPU machine's fingerprint: its GPU
+    ranks read no such setting (a runner.device=cpu run there is not told apart)."""
+    if not isinstance(env, dict) or env.get("gpu") != "cpu":
+        return None
+    if env.get("cpu_threads") is not None:
+        return str(env["cpu_threads"])
+    return str((env.get("env") or {}).get("MOEBENCH_CPU_THREADS") or "cores ÷ ranks (unset, before the default of 1)")
 
 
 def env_commit(env: dict) -> tuple[Optional[str], Optional[bool]]:
@@ -161,11 +175,15 @@ def fingerprints(env: dict) -> list[dict]:
     return out
 
 
+def _value(env: dict, label: str):
+    if label == "GPU":
+        return _gpu_names(env)
+    return cpu_threads_setting(env) if label == CPU_THREADS else field_value(env, label)
+
+
 def _values(envs: list[dict], label: str) -> list[str]:
     """The distinct values (as text, sorted) a field takes over fingerprints; absent ones aside."""
-    vals = {str(v) for e in envs
-            if (v := (_gpu_names(e) if label == "GPU" else field_value(e, label))) is not None}
-    return sorted(vals)
+    return sorted({str(v) for e in envs if (v := _value(e, label)) is not None})
 
 
 def env_differences(base_env: dict, cand_env: dict) -> list[str]:
@@ -176,6 +194,8 @@ def env_differences(base_env: dict, cand_env: dict) -> list[str]:
     base, cand = fingerprints(base_env), fingerprints(cand_env)
     for label in COMPARED:
         a, b = _values(base, label), _values(cand, label)
+        if label == CPU_THREADS and not (a and b):  # a GPU machine's run on a side: the GPUs differ already
+            continue
         if a != b or len(a) > 1:
             diffs.append(f"{label}: {' / '.join(md_text(v) for v in a) or 'none'} → "
                          f"{' / '.join(md_text(v) for v in b) or 'none'}")
