@@ -1,5 +1,6 @@
 """kernels/triton/launch.py on a CUDA GPU: the compiled-handle launch gives the JIT
-launch's results bit for bit, kernel by kernel, and whole layers (issue #34).
+launch's results bit for bit, kernel by kernel, and whole layers (issue #34), the Gluon GEMM's
+kernels among them on SM90 (issue #46: through the launcher's C entry, TMA descriptors kept).
 
 Each case runs once with the fast path off (MOEBENCH_TRITON_FASTLAUNCH=0's state: the
 JIT launch), then twice with it on: the first call of a key goes through the JIT and
@@ -185,6 +186,96 @@ def test_layer(model, quant, experts, reduction, row_layout, T):
         _equal(want, got)
     else:
         assert rel_err(got, want) < 1e-3
+
+
+def _sm90():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon GEMM: SM90 only")
+
+
+GLUON_CONFIGS = {  # gluon_contiguous.GluonGemm's kernels: c_desc a descriptor or None; the pipelined; the wide tile
+    "ws_tma_epilogue": None, "ws_register_epilogue": dict(EPILOGUE_TMA=False),
+    "pipelined": dict(WS=False, EPILOGUE_TMA=False), "wide": dict(BLOCK_SIZE_N=192),
+}
+
+
+@pytest.mark.parametrize("config", list(GLUON_CONFIGS))
+def test_gluon_gemm_through_the_handle(config):
+    """issue #46: the Gluon GEMM launched through launch.py: its second launch of a key takes the
+    compiled handle through the launcher's C entry, bit for bit the JIT launch's output (within 1e-2
+    of the fp32 product on the rows in use); a launch with the same tensors fills no TMA descriptor
+    again, one with another output buffer fills only that buffer's (the TMA epilogue's c)."""
+    from moebench.kernels.interfaces import FP8_DTYPE
+    from moebench.kernels.triton.gluon_contiguous import GluonGemm
+
+    _sm90()
+    g = torch.Generator(device=DEV).manual_seed(5)
+    E, N, K, Mp = 4, 512, 1024, 6 * 128  # (N 512: 2 2/3 tiles of the wide kernel's 192 columns)
+    a = torch.randn(Mp, K, generator=g, device=DEV).to(FP8_DTYPE)
+    a_s = torch.rand(K // 128, Mp, generator=g, device=DEV).t()  # MN-major
+    w = torch.randn(E, N, K, generator=g, device=DEV).to(FP8_DTYPE)
+    w_s = torch.rand(E, N // 128, K // 128, generator=g, device=DEV)
+    m_idx = ((torch.arange(Mp, device=DEV) // 128) % E).to(torch.int32)
+    rows = torch.tensor([Mp - 128], dtype=torch.int32, device=DEV)  # the last row tile not in use
+    gemm = GluonGemm(w, w_s, GLUON_CONFIGS[config])
+    c = torch.zeros(Mp, N, dtype=torch.bfloat16, device=DEV)
+
+    def run(out=c):
+        out.zero_()
+        gemm(a, a_s, out, m_idx, rows)
+        return out.clone()
+
+    direct = fl.stats["direct"]
+    want, got = _jit_then_handle(run)
+    _equal(want, got)
+    assert fl.stats["direct"] > direct, "not through the launcher's C entry"
+    a_deq = a.float() * a_s.repeat_interleave(128, dim=1)
+    w_deq = w.float() * w_s.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
+    used = Mp - 128
+    ref = torch.cat([a_deq[r:r + 128] @ w_deq[int(m_idx[r])].t() for r in range(0, used, 128)])
+    assert (got[:used].float() - ref).norm() <= 1e-2 * ref.norm() and (got[used:] == 0).all()
+    handle, fills = fl.stats["handle"], fl.stats["fills"]
+    _equal(run(), got)
+    torch.cuda.synchronize()
+    assert fl.stats["handle"] == handle + 1 and fl.stats["fills"] == fills  # the same pointers: nothing filled
+    other = torch.zeros_like(c)
+    _equal(run(other), got)
+    torch.cuda.synchronize()
+    c_descs = {"ws_tma_epilogue": 1, "wide": 2}.get(config, 0)  # c's descriptors (a, b's: kept)
+    assert fl.stats["fills"] == fills + c_descs
+
+
+def test_layer_gluon_gemm_through_the_handle(monkeypatch):
+    """DeepSeek-V3's EP-8 share, fp8_block on the contiguous rows (experts.contiguous_gemm=auto: the
+    Gluon GEMM on SM90): a forward through the handle equals the JIT's bit for bit, and in it each
+    Gluon GEMM's launch took the handle."""
+    import dataclasses
+
+    from moebench.kernels.modular import MoEKernel
+    from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
+    from moebench.kernels.registry import get_experts
+    from moebench.kernels.triton import gluon_contiguous
+    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
+
+    _sm90()
+    ctx, w, _ = layer("deepseek_v3_ep8", "fp8_block")
+    ctx = dataclasses.replace(ctx, options={"row_layout": "contiguous"})
+    kernel = MoEKernel(LocalPrepareFinalize(ctx), get_experts("triton")(w, "finalize", ctx))
+    paths = []  # per Gluon launch: whether it took the handle
+
+    def watched(fn, grid, *args, **kwargs):
+        before = fl.stats["handle"]
+        fl.launch(fn, grid, *args, **kwargs)
+        paths.append(fl.stats["handle"] > before)
+
+    monkeypatch.setattr(gluon_contiguous, "launch", watched)
+    x, tw, ids = inputs(ctx.shape, 4096)
+    want, got = _jit_then_handle(lambda: kernel(x, tw, ids).clone())
+    _equal(want, got)
+    assert kernel.experts.last_gemm == "gluon/gluon"
+    # gate/up's and down's launch: off (the JIT), on (a new key: the JIT, unless an earlier test
+    # launched these shapes), on again: the handle
+    assert len(paths) == 6 and paths[:2] == [False, False] and paths[4:] == [True, True], paths
 
 
 @pytest.mark.parametrize("M,P,E,block_m", [(32, 8, 128, 16), (512, 8, 128, 64), (64, 8, 32, 128), (1, 8, 256, 16)])
