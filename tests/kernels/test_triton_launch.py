@@ -478,3 +478,21 @@ def test_launch_hands_the_c_entry_tritons_expansion(monkeypatch):
         assert got[0][13][:4] == want[:4] and got[0][14:] == (256, 128, 128, 1, 32, 64, False)
     finally:
         fl.set_enabled(None)
+
+
+def test_gluon_gemm_handle_hands_the_c_entry_what_the_jit_does():
+    """issue #46: each of the Gluon GEMM's kernels, lowered for sm_90 (its real signature and TMA
+    metadata), through launch.py's handle hands the launcher's C entry what its JIT launch handed
+    it through Triton's own descriptor wrapper, and fills its descriptors once:
+    tests/kernels/_gluon_c_entry.py in its own process (the kernels must be JITFunctions)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.backends.nvidia.driver")
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(repo / "tests" / "kernels" / "_gluon_c_entry.py")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "checked 4 kernels" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
