@@ -45,7 +45,9 @@ TMA descriptors; a call builds a's and c's descriptors (their shared-memory layo
 and launches through launch.py as the Triton kernels do: a key's first launch through the JIT, later
 ones through the compiled handle and the launcher's C entry, each descriptor's CUtensorMap filled
 again only where its pointer, shape or strides changed. `gluon_contiguous_gemm` sets one up per
-call (the benchmarks' and the tests' entry).
+call (the benchmarks' and the tests' entry). On the CPU, tests/kernels/test_triton_launch.py checks
+that the handle hands the launcher's C entry what the JIT's launch hands it, for these kernels as
+lowered for sm_90.
 
 Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
 them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).

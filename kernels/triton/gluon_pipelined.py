@@ -6,7 +6,7 @@ only for the previous step's before promoting it. ptxas serializes its WGMMAs an
 C7515: the loop's two partial tiles swap registers between the WGMMAs of one chain), so the
 overlap it was written for does not happen: measured 0.60-0.74 x DeepGEMM on gate/up, as slow as
 the Triton kernel or up to 10 % slower (docs/findings/triton-vs-deepgemm.md). compile_check's CPU test uses it as the
-kernel whose WGMMA serialization it must flag. Launched by gluon_contiguous_gemm(config WS=False).
+kernel whose WGMMA serialization it must flag. Launched by gluon_contiguous.GluonGemm (config WS=False).
 """
 from __future__ import annotations
 

@@ -325,9 +325,9 @@ def test_handle_launches_get_the_values_the_jit_binds():
     """Every launch of the experts' forwards (standard, batched and contiguous (TMA descriptors),
     bf16 / fp8_tensor / fp8_block, both reductions), the fused prepare kernel, the Gluon GEMM's three
     kernels (gluon_contiguous.GluonGemm: Gluon descriptors, c_desc one or None) and wrappers, through
-    the per-site key with Triton's JIT stubbed, hands
-    CompiledKernel.run the values bind() gives (every parameter in order, defaults included):
-    tests/kernels/_launch_vals.py in its own process (the kernels must be JITFunctions)."""
+    the per-site key with Triton's JIT stubbed, hands CompiledKernel.run the values bind() gives
+    (every parameter in order, defaults included): tests/kernels/_launch_vals.py in its own process
+    (the kernels must be JITFunctions)."""
     import subprocess
     import sys
     from pathlib import Path
