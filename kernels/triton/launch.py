@@ -63,7 +63,7 @@ _RUNTIME: Optional[tuple] = None  # _runtime()
 # launches by path (GPU tests check them); direct: of the handle's, through the launcher's C entry;
 # fills: tensor descriptors the handle path filled (a CUtensorMap each; the rest reuse a kept one)
 stats = {"handle": 0, "jit": 0, "direct": 0, "fills": 0}
-MAX_FILLS = 256  # per kernel and descriptor argument: the buffers' places seen; cleared when full
+MAX_FILLS = 256  # per key and descriptor argument: the buffers' places seen; cleared when full
 # a Gluon descriptor's layout -> (the layout, its text in Triton's signature): by id, the layout kept
 _LAYOUT_TEXT: dict = {}
 # the Triton versions whose JITFunction.run / CompiledKernel.run calling convention this
