@@ -1,7 +1,9 @@
 """`moebench tune --results RUN`: the fastest valid combination per model x tokens per
 rank of a results run, its margin over the runner-up with an interval. Only rows whose
 latency is GPU time compete (report/flags.py figure_basis): host-time rows (the host paced
-the samples) and CPU rows are left out, and the command says how many.
+the samples) and CPU rows are left out, and the command says how many. A competing row some of
+whose samples the host paced (up to moebench.config.limits.HOST_PACED_MAX of them) is marked
+with the count (`‡ 5/30`) wherever it stands as best or runner-up, and the command names them.
 
 Competing: every `ok` combination (backend, experts, reduction, overlap, the shared experts'
 SM carveout and every knob of the entries, kernels/knobs.py) that
@@ -86,7 +88,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     the runner-up's, the margin with its interval, and how many competed."""
     from moebench.report.load import latest_rows
 
-    from moebench.report.flags import figure_basis, GPU
+    from moebench.report.flags import figure_basis, GPU, paced_mark
 
     ok = latest_rows(df)
     ok = ok[ok["status"] == "ok"]
@@ -110,11 +112,14 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
         row["combination"] = combination(first)
         row["combo_key"] = first["combo_key"]
         row["best_us"] = float(first["latency_us_median"])
+        row["best_paced"] = paced_mark(first)  # '‡ 5/30': host-paced latency samples ('' for none)
         row["candidates"] = len(g)
+        row["runner_up_paced"] = ""
         if len(g) > 1:
             second = g.iloc[1]
             row["runner_up"] = combination(second)
             row["runner_up_us"] = float(second["latency_us_median"])
+            row["runner_up_paced"] = paced_mark(second)
             row["margin"] = row["runner_up_us"] / row["best_us"]
             lo, hi = ratio_interval(_samples(first), _samples(second))
             row["margin_lo"], row["margin_hi"] = lo, hi
@@ -152,10 +157,24 @@ def table(best: pd.DataFrame) -> str:
         m = "–" if not math.isfinite(r["margin"]) else (
             f"{r['margin']:.3f}" + (f" [{r['margin_lo']:.3f}, {r['margin_hi']:.3f}]" if math.isfinite(r["margin_lo"]) else ""))
         ru = f"{r['runner_up_us']:.1f}" if math.isfinite(r["runner_up_us"]) else "–"
+        bu = f"{r['best_us']:.1f}" + (f" {r['best_paced']}" if r.get("best_paced") else "")
+        ru += f" {r['runner_up_paced']}" if r.get("runner_up_paced") else ""
         lines.append(f"| {md_text(_setting_label(r, vary))} | {int(r['tokens_per_rank'])} | {md_text(r['combination'])} | "
-                     f"{r['best_us']:.1f} | {md_text(r['runner_up']) if r['runner_up'] else '–'} | {ru} | {m} | "
+                     f"{bu} | {md_text(r['runner_up']) if r['runner_up'] else '–'} | {ru} | {m} | "
                      f"{'yes' if r['clear_win'] else 'no'} | {int(r['candidates'])} |")
     return "\n".join(lines)
+
+
+def paced_lines(best: pd.DataFrame) -> list[str]:
+    """A line naming the best and runner-up rows with host-paced latency samples, with their counts
+    ([] for none): they compete as GPU time, but never silently."""
+    hits = [f"{r[who]} at {int(r['tokens_per_rank'])} tokens ({r[f'{mark}_paced'].removeprefix('‡ ')})"
+            for _, r in best.iterrows() for who, mark in (("combination", "best"), ("runner_up", "runner_up"))
+            if r.get(f"{mark}_paced")]
+    if not hits:
+        return []
+    return [f"‡ host-paced latency samples (paced/samples; the GPU started them before the host had enqueued "
+            f"them): {'; '.join(hits)}: ranked as GPU time, their medians may hold host launch gaps"]
 
 
 def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
@@ -207,6 +226,8 @@ def results_command(run: str, out: Optional[str]) -> int:
                json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")
     png = heatmap(best, out_dir / "best_per_size.png")
     print(table(best))
+    for line in paced_lines(best):
+        print(f"\n{line}")
     if best.attrs.get("left_out"):
         why = best.attrs["left_out"]
         print(f"\nnot ranked: {len(why)} ok row(s) whose latency is no GPU time ({why[0]})")

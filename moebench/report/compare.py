@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.load import combo_labels, fmt_value, latest_rows, MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
+from moebench.results import row as schema
 from moebench.report.stats import bootstrap_ratios, geometric_mean, interval, mann_whitney_p, MIN_SAMPLES, samples_of
 
 __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "latency_verdict", "memory_verdict"]
@@ -42,8 +43,10 @@ __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "lat
 SHOWN_COLUMNS = SHOWN_IDENTITY
 VERDICT_ORDER = ["broken", "slower", "skipped", "faster", "fixed", "~", "host", "cpu", "n/a"]
 NO_VERDICT = ("host", "cpu")  # ok on both sides, but a figure no verdict may rest on
+# the host's figures: its enqueue time and the samples it paced, with their counts (results/row.py)
+HOST_COLUMNS = schema.names("host", dtype="float")
 SIDE_COLUMNS = ["status", "reason", "timing_mode", "timing_note", "latency_us_median", "latency_us_p20",
-                "latency_us_p80", "samples_us", "combo_key", "host_enqueue_us", "host_paced_samples",
+                "latency_us_p80", "samples_us", "combo_key", *HOST_COLUMNS,
                 "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS
 
 
@@ -152,7 +155,7 @@ def prepared_rows(df: pd.DataFrame) -> pd.DataFrame:
     for col in SHOWN_COLUMNS + SIDE_COLUMNS + ["knobs"]:
         if col not in df.columns:
             df[col] = "" if col == "knobs" else None
-    for col in MEMORY_COLUMNS + PHASE_COLUMNS + ["host_enqueue_us", "host_paced_samples", "analytic_peak_bytes"]:
+    for col in MEMORY_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS + ["analytic_peak_bytes"]:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df.reset_index(drop=True)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.compare import Comparison, SHOWN_COLUMNS
-from moebench.report.flags import pair_flags
+from moebench.report.flags import mark_of, pair_flags, PACED_MARK_TEXT
 from moebench.report.load import combo_labels, constant_caption, display_columns, fmt_value, PER_ROW_COLUMNS
 from moebench.report.stats import pct
 from moebench.report.table import Column, md_text, Table
@@ -54,8 +54,10 @@ def pair_names(m: pd.DataFrame) -> pd.Series:
 def _side(row: dict, side: str) -> str:
     if row[f"{side}_status"] != "ok":
         return md_text(row[f"{side}_status"])
-    return fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
+    cell = fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
                         row[f"{side}_latency_us_p80"])
+    mark = mark_of(row[f"{side}_host_paced_samples"], row[f"{side}_num_samples"])
+    return f"{cell} {mark}" if mark else cell
 
 
 def _shown(m: pd.DataFrame) -> list[str]:
@@ -72,8 +74,11 @@ def latency_pairs(cmp: Comparison) -> Table:
     data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
     data["tokens_per_rank"] = m["tokens_per_rank"]
     for side in ("base", "cand"):
-        for k in ("status", "timing_mode", "latency_us_median", "latency_us_p20", "latency_us_p80"):
+        for k in ("status", "timing_mode", "latency_us_median", "latency_us_p20", "latency_us_p80",
+                  "host_paced_samples"):
             data[f"{side}_{k}"] = m[f"{side}_{k}"]
+        data[f"{side}_num_samples"] = m[f"{side}_samples_us"].map(  # the host-paced mark's m
+            lambda v: float(len(v)) if isinstance(v, (list, tuple, np.ndarray)) else np.nan)
     data["ratio"] = m["ratio"]
     data["change_pct"] = m["ratio"].map(pct)
     data["ci_lo_pct"] = m["ci_lo"].map(pct)
@@ -103,6 +108,8 @@ def latency_pairs(cmp: Comparison) -> Table:
         f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change (its "
         "interval excludes 0, p below alpha) that is not called: under the threshold, or past it with the "
         "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed.",
+        f"{PACED_MARK_TEXT}." if any(mark_of(r[f"{s}_host_paced_samples"], r[f"{s}_num_samples"])
+                                    for r in data.to_dict("records") for s in ("base", "cand")) else "",
         _caption_tail(m)] if x)
     num_na = int((cmp.matched["verdict"] == "n/a").sum())
     notes = [f"{num_na} matched rows are ok on neither side (not shown)."] if num_na else []

@@ -23,7 +23,7 @@ from moebench.report.compare import compare_runs, Comparison
 from moebench.report.verdict import exit_status
 from moebench.report.compare_tables import latency_pairs, memory_pairs, unmatched
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
-from moebench.report.flags import flag_summary, pair_flags, run_notes
+from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, run_notes
 from moebench.report.load import load_run
 from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
 from moebench.report.table import Table, to_json
@@ -197,7 +197,8 @@ def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
     only_c = unmatched(cmp.only_candidate, "only_candidate")
     quality = []
     if len(cmp.matched):
-        quality += flag_summary(pair_flags(cmp.matched), frame_names(cmp.matched))
+        quality += flag_summary(pair_flags(cmp.matched), frame_names(cmp.matched),
+                                details=pair_paced_details(cmp.matched, (cmp.baseline_name, cmp.candidate_name)))
     names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
     for df, env, name in zip(frames, envs, names):  # the pairs' flags hold the rows' own: provenance here
         quality += [x for x in run_notes(df, env, name) if x not in quality]

@@ -18,7 +18,12 @@ Per ok row (``row_flags``), each a short tag:
   the phase sum off by more than PHASE_FACTOR either way (the phases' own forwards ran under
   other conditions than the timed ones, e.g. a CPU run beside other work);
 - ``eager-decode``: events timing of one rank at or below the graph size (decode sizes) with
-  no ``host_enqueue_us`` (rows older than it): possibly host-bound, unknown.
+  no ``host_enqueue_us`` (rows older than it): possibly host-bound, unknown;
+- ``host-paced``: any sample of the row the host paced (the GPU started it before the host had
+  enqueued it, behind a hold doubled twice), whatever the count: of the latency's samples
+  (``host_paced_samples``), the ablation's, the phase forwards' or the trace's (``PACED``).
+  Up to moebench.config.limits.HOST_PACED_MAX of the latency's samples the row is still GPU
+  time and competes, marked (``paced_mark``) and named with its counts (``paced_text``).
 
 ``figure_basis`` says what a row's latency measures (GPU time, host time or CPU time): the
 summary, ``compare``'s verdicts and ``tune --results`` rank rows on GPU time only.
@@ -36,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.mdsafe import md_code, md_text
-from moebench.config.limits import HOST_SYNCS_US, NOISY_SPREAD
+from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.load import phase_sum
 
@@ -55,6 +60,9 @@ FLAG_TEXT = {
                       "under events): the phases come from forwards of their own; read the latency",
     "eager-decode": f"events timing at ≤ {DECODE_TOKENS} tokens on one rank, no host_enqueue_us (an older row): "
                     "possibly host-bound",
+    "host-paced": "with host-paced samples (the GPU started them before the host had enqueued them, behind a hold "
+                  f"doubled twice): their times may hold host launch gaps; up to {HOST_PACED_MAX:.0%} of a latency's "
+                  "samples it still counts as GPU time",
     "timing-differs": "the two sides ran different timing modes: the ratio mixes methods",
 }
 
@@ -66,6 +74,70 @@ def _num(row, col) -> float:
     except (TypeError, ValueError):
         return float("nan")
     return v
+
+
+# each family of a row's samples the host may pace: (its count of host-paced samples, what gives how
+# many samples it has: a list's length or a count, what the family is called); results/row.py
+PACED = (("host_paced_samples", "samples_us", "latency"),
+         ("host_paced_no_shared", "samples_us", "ablation without shared experts"),
+         ("host_paced_shared", "samples_us", "ablation shared experts alone"),
+         ("host_paced_phases", "num_phase_samples", "phases"),
+         ("host_paced_trace", "num_trace_samples", "trace"))
+
+
+def _count(row, col) -> float:
+    """How many samples a family has: the length of a samples list, or a count column."""
+    v = row.get(col) if hasattr(row, "get") else None
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return float(len(v))
+    return _num(row, col)
+
+
+def paced_counts(row) -> list[tuple[int, float, str]]:
+    """(host-paced, of how many (NaN where unknown), which samples) for each family of the row's
+    samples with any host-paced one (PACED)."""
+    out = []
+    for col, of, what in PACED:
+        n = _num(row, col)
+        if np.isfinite(n) and n > 0:
+            out.append((int(n), _count(row, of), what))
+    return out
+
+
+def _of(n: int, total: float) -> str:
+    return f"{n} of {int(total)}" if np.isfinite(total) else str(n)
+
+
+def paced_text(row) -> str:
+    """'latency: 5 of 30 samples host-paced, phases: 2 of 10 samples host-paced' ('' for none)."""
+    return ", ".join(f"{what}: {_of(n, total)} samples host-paced" for n, total, what in paced_counts(row))
+
+
+def latency_paced(row) -> str:
+    """'5 of 30': how many of the row's latency samples the host paced ('' for none)."""
+    n = _num(row, "host_paced_samples")
+    return _of(int(n), _count(row, "samples_us")) if np.isfinite(n) and n > 0 else ""
+
+
+def mark_of(paced: float, total: float) -> str:
+    """A latency cell's mark for `paced` host-paced samples of `total`: '‡ 5/30' ('' for none)."""
+    try:
+        paced, total = float(paced), float(total)
+    except (TypeError, ValueError):
+        return ""
+    if not (np.isfinite(paced) and paced > 0):
+        return ""
+    return f"‡ {int(paced)}/{int(total)}" if np.isfinite(total) else f"‡ {int(paced)}"
+
+
+def paced_mark(row) -> str:
+    """The latency cell's mark of a row some of whose latency samples the host paced:
+    '‡ 5/30' ('' for none)."""
+    return mark_of(_num(row, "host_paced_samples"), _count(row, "samples_us"))
+
+
+PACED_MARK_TEXT = ("‡ n/m: n of the m latency samples host-paced (the GPU started them before the host had "
+                   "enqueued them; Data quality names the rows): the cell may hold host launch gaps")
 
 
 def flags_of(row) -> list[str]:
@@ -97,6 +169,8 @@ def flags_of(row) -> list[str]:
     if (mode == "events" and not np.isfinite(host) and str(row.get("device")) == "cuda" and single
             and np.isfinite(tokens) and tokens <= DECODE_TOKENS):
         out.append("eager-decode")
+    if paced_counts(row):
+        out.append("host-paced")
     return out
 
 
@@ -128,14 +202,38 @@ def row_flags(df: pd.DataFrame) -> pd.Series:
     return pd.Series([flags_of(r) for r in df.to_dict("records")], index=df.index, dtype=object)
 
 
+def paced_details(df: pd.DataFrame) -> pd.Series:
+    """Per row (index of ``df``): {"host-paced": its counts (paced_text)} where it has any, for
+    flag_summary to name the rows with their counts."""
+    return pd.Series([{"host-paced": t} if (t := paced_text(r)) else {} for r in df.to_dict("records")],
+                     index=df.index, dtype=object)
+
+
+def side_of(pair: dict, side: str) -> dict:
+    """One side ("base" | "cand") of a comparison's pair as a row (its ``<side>_`` columns)."""
+    row = {k[len(side) + 1:]: v for k, v in pair.items() if k.startswith(side + "_")}
+    row.update({k: pair.get(k) for k in ("world_size", "device", "tokens_per_rank")})
+    return row
+
+
+def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baseline", "candidate")) -> pd.Series:
+    """paced_details of a comparison's pairs: each side's counts, the sides by ``names`` (Markdown,
+    as Comparison holds them): 'baseline: none; candidate: latency: 5 of 30 samples host-paced'."""
+    out = []
+    for r in matched.to_dict("records"):
+        texts = [paced_text(side_of(r, side)) for side in ("base", "cand")]
+        out.append({"host-paced": "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts))}
+                   if any(texts) else {})
+    return pd.Series(out, index=matched.index, dtype=object)
+
+
 def pair_flags(matched: pd.DataFrame) -> pd.Series:
     """Flags of a comparison's pairs: either side's, and `timing-differs`."""
     out = []
     for r in matched.to_dict("records"):
         tags = []
         for side in ("base", "cand"):
-            side_row = {k[len(side) + 1:]: v for k, v in r.items() if k.startswith(side + "_")}
-            side_row.update({k: r.get(k) for k in ("world_size", "device", "tokens_per_rank")})
+            side_row = side_of(r, side)
             # the phases' mismatch concerns the phase table, not the latency compared here
             tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
         tags = [t for t in FLAG_TEXT if t in tags]
@@ -190,13 +288,22 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
     return notes
 
 
-def flag_summary(tags: pd.Series, names: pd.Series, limit: int = 4) -> list[str]:
-    """One line per flag: its meaning, how many rows and which (at most ``limit`` named)."""
+DETAILED_LIMIT = 8  # rows named with their figures (``details``) on one flag's line
+
+
+def flag_summary(tags: pd.Series, names: pd.Series, limit: int = 4, details: pd.Series | None = None) -> list[str]:
+    """One line per flag: its meaning, how many rows and which (at most ``limit`` named); a row
+    whose ``details`` (a {tag: Markdown} per row, in the order of ``tags``) has the tag is named with
+    that text, up to DETAILED_LIMIT of them (the host-paced rows with their counts)."""
     lines = []
+    extra = list(details) if details is not None else [{}] * len(tags)
     for tag in FLAG_TEXT:
-        hit = [n for t, n in zip(tags, names) if tag in t]
+        hit = [f"{n} ({d[tag]})" if tag in d else n for t, n, d in zip(tags, names, extra) if tag in t]
         if hit:
-            shown = ", ".join(hit[:limit]) + (f" (+{len(hit) - limit} more)" if len(hit) > limit else "")
+            detailed = any(tag in d for d in extra)
+            most = max(limit, DETAILED_LIMIT) if detailed else limit
+            shown = ("; " if detailed else ", ").join(hit[:most]) + (f" (+{len(hit) - most} more)"
+                                                                      if len(hit) > most else "")
             lines.append(f"{len(hit)} row(s) {FLAG_TEXT[tag]} — {shown}")
     return lines
 

@@ -2,7 +2,8 @@
 
 The latency table is laid out like ``torch.utils.benchmark.Compare``: one row per
 combination, one column per tokens_per_rank, each cell ``median (p20–p80)`` in µs, the
-fastest combination of each workload (model, quant-independent, world size) in bold.
+fastest GPU-time combination of each workload (model, quant-independent, world size) in bold;
+a cell some of whose samples the host paced carries ``‡ n/m``, a host-time one ``†``.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.config import plugins
-from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
+from moebench.report.load import WORKLOAD_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
 from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
 from moebench.results.row import STATUSES
@@ -51,15 +52,16 @@ def latency_table(df: pd.DataFrame) -> str:
     tokens = sorted(int(t) for t in df["tokens_per_rank"].unique())
     cols = [c for c in display_columns(df) if c not in PER_ROW_COLUMNS]  # a row's, not a combination's
     # Fastest per workload: the same model and world size see the same tokens; only GPU
-    # time competes (a host-time cell is marked, never bold)
-    from moebench.report.flags import figure_basis, GPU
+    # time competes (a host-time cell is marked, never bold; a cell with host-paced samples
+    # competes, marked with their count)
+    from moebench.report.flags import figure_basis, GPU, PACED_MARK_TEXT, paced_mark
 
     ok = df[df["status"] == "ok"]
     basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
     work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
     best = gpu_ok.groupby([*work, "tokens_per_rank"], dropna=False)["latency_us_median"].min()
-    marked = False
+    marked = bolded = paced = False
     rows = []
     for key, g in df.groupby("combo_key", sort=False):
         by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
@@ -76,16 +78,19 @@ def latency_table(df: pd.DataFrame) -> str:
                 if basis.get(r.name) == "host":
                     cell, marked = f"{cell} †", True
                 elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((*(r[c] for c in work), t)):
-                    cell = f"**{cell}**"
+                    cell, bolded = f"**{cell}**", True
+                if basis.get(r.name) == GPU and (mark := paced_mark(r)):
+                    cell, paced = f"{cell} {mark}", True
                 cells.append(cell)
         rows.append(combo_cells(g.iloc[0], cols) + cells)
     table = md_table(cols + [str(t) for t in tokens], rows,
                      ["l"] * len(cols) + ["r"] * len(tokens))
-    text = caption(df, "Times are in microseconds (µs): median (p20–p80) over samples, "
-                       "max over ranks; columns are tokens per rank; bold is the fastest "
-                       "per workload (model, world size, routing)." + (" † host time (the host paced the samples; "
-                                                                        "see Data quality), never ranked." if marked
-                                                                        else ""))
+    # what the cells hold, and only the marks that some cell carries (CPU rows are never bold)
+    text = caption(df, " ".join(x for x in [
+        "Times are in microseconds (µs): median (p20–p80) over samples, max over ranks; columns are tokens per rank.",
+        "Bold is the fastest GPU-time cell per workload (model, world size, routing)." if bolded else "",
+        f"{PACED_MARK_TEXT}; it still competes." if paced else "",
+        "† host time (the host paced the samples; see Data quality), never ranked." if marked else ""] if x))
     return f"{table}\n\n{text}{timing_note(df)}"
 
 
@@ -110,14 +115,56 @@ def host_table(df: pd.DataFrame) -> str:
     ok = df[(df["status"] == "ok") & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
     if not len(ok):
         return ""
-    tokens, cols, parts = grid(ok, lambda r: f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}")
+    from moebench.report.flags import figure_basis, HOST
+
+    host = {i for i, r in zip(ok.index, ok.to_dict("records")) if figure_basis(r)[0] == HOST}
+    tokens, cols, parts = grid(ok, lambda r: f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}"
+                                             + (" †" if r.name in host else ""))
     rows = [combo_cells(first, cols) + cells for first, cells in parts]
     table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
-    held = ok["host_paced_samples"].notna().all() if "host_paced_samples" in ok.columns else False
-    how = ("the latency is the GPU's: each sample waited behind a hold until the host had enqueued it" if held else
-           "rows timed before each sample had its hold may read the host in their latency (Data quality)")
     return f"{table}\n\n" + caption(ok, "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
-                                          f"kept busy) beside the row's latency; {how}.")
+                                          f"kept busy) beside the row's latency. {held_caption(ok, host)}")
+
+
+def held_caption(ok: pd.DataFrame, host: set) -> str:
+    """What the holds did for these rows, as it happened: how many rows were timed behind a hold
+    before each sample, in which of them the GPU still started latency samples before the host
+    had enqueued them (named, with their counts), how many sync the host (no hold), which rows
+    are host time (``host``: their index), and how many were timed before the hold existed."""
+    from moebench.report.flags import latency_paced
+
+    from moebench.config.limits import HOST_SYNCS_US
+
+    counts = pd.to_numeric(ok["host_paced_samples"], errors="coerce") if "host_paced_samples" in ok.columns else \
+        pd.Series(np.nan, index=ok.index)
+    # a forward that syncs the host gets no hold (timing.hold_cycles: none would help)
+    syncs = counts.notna() & (pd.to_numeric(ok["host_enqueue_us"], errors="coerce") > HOST_SYNCS_US)
+    held = ok[counts.notna() & ~syncs]
+    # as the verdict names a row (compare_tables.pair_names, which imports this module)
+    names = pd.Series([md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(combo_labels(ok), ok["tokens_per_rank"])],
+                      index=ok.index, dtype=object)
+    parts = []
+    if len(held):
+        paced = [i for i in held.index if counts[i] > 0]
+        text = (f"{len(held)} of {len(ok)} row(s) timed each sample behind a hold sized for the host to enqueue "
+                "the forward first")
+        if paced:
+            shown = "; ".join(f"{names[i]} ({latency_paced(ok.loc[i])})" for i in paced[:8])
+            text += (f"; in {len(paced)} of them the GPU still started latency samples before the host had "
+                     f"enqueued them: {shown}" + (f" (+{len(paced) - 8} more)" if len(paced) > 8 else ""))
+        else:
+            text += "; in none did the GPU start a latency sample before the host had enqueued it"
+        parts.append(text + ".")
+    if syncs.any():
+        parts.append(f"{int(syncs.sum())} row(s) sync the host inside a forward (enqueue over "
+                     f"{HOST_SYNCS_US / 1e3:.0f} ms): no hold, since none could help.")
+    if host:
+        parts.append(f"† {len(host)} row(s) host time (the host paced their samples or the layer syncs it: Data "
+                     "quality says why), never ranked.")
+    if (older := int(counts.isna().sum())):
+        parts.append(f"{older} row(s) timed before each sample had its hold: their latency may read the host "
+                     "(Data quality).")
+    return " ".join(parts)
 
 
 def timing_note(df: pd.DataFrame) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.compare_tables import pair_names
-from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis, flag_summary, GPU, HOST, row_flags, run_notes
+from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis, flag_summary, GPU, HOST, latency_paced, paced_details, row_flags, run_notes
 from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
 from moebench.report.table import Column, md_text, Table
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
@@ -56,6 +56,11 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
         text = (f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of {other} ({times})" if apart else
                 f"{names.loc[g.index[0]]}: no clear fastest, {margin:.2f}× by median over {other} ({times}) "
                 "with their p20–p80 overlapping")
+        # a row with host-paced latency samples competes, but never silently
+        paced = [f"{who} {latency_paced(r)}" for who, r in (("the fastest", best), (other, second))
+                 if latency_paced(r)]
+        if paced:
+            text += f"; host-paced latency samples: {', '.join(paced)}"
         out.append((apart, margin, text))
     out.sort(key=lambda x: (not x[0], -x[1]))  # the separable margins first, largest first
     return [t for _, _, t in out[:limit]]
@@ -96,7 +101,7 @@ def quality_lines(df: pd.DataFrame, env: dict, run_dir: Path | None, name: str =
     """Data-quality bullets of one run: its flagged rows by flag, provenance notes."""
     rows = latest_rows(df)
     ok = rows[rows["status"] == "ok"]
-    lines = flag_summary(row_flags(ok), pair_names(ok)) if len(ok) else []
+    lines = flag_summary(row_flags(ok), pair_names(ok), details=paced_details(ok)) if len(ok) else []
     if name:
         lines = [f"{name}: {x}" for x in lines]
     return lines + run_notes(df, env, name)
