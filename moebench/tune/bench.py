@@ -24,7 +24,7 @@ from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
 from moebench.kernels.triton.config import config_dtype, default_config, get_config
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.space import LayerDims
-from moebench.tune.trials import Trial
+from moebench.tune.trials import HOST_PACED_ERROR, Trial
 
 
 def build_layer(combo, device):
@@ -137,8 +137,7 @@ class TokenBench:
             if not t.rel_err <= self.layer.tol:
                 t.error = f"incorrect: rel_err {t.rel_err:.3g} > {self.layer.tol:g}"
             else:
-                s = self._time([self.apply], reps)[0]
-                t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
+                self._record(t, self._time([self.apply], reps)[0])
         except Exception as e:  # e.g. a tile that needs more shared memory than the SM has
             t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         t.seconds = time.perf_counter() - t0
@@ -173,9 +172,19 @@ class TokenBench:
             t0 = time.perf_counter()
             # graph mode captures each callable with its config set: replays need no host work
             for t, s in zip(ok, self._time([bound(dict(t.config)) for t in ok], reps)):
-                t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
+                self._record(t, s)
                 t.seconds = (time.perf_counter() - t0) / len(ok)
         return out
+
+    def _record(self, t: Trial, s: timing.Samples) -> None:
+        """A timed trial's figures; one with host-paced samples (left after the timing loop's
+        retakes with doubled holds) gets an error: its figure may be the host's launches, so
+        it never wins (its figures stay, for reading)."""
+        t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
+        t.host_paced = float(s.host_paced) if self.layer.device.type == "cuda" else float("nan")
+        if s.host_paced:
+            t.error = (f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples started on the GPU before the "
+                       "host had enqueued them, with the hold doubled twice: host time, not ranked")
 
     def _time(self, fns, reps: int) -> list[timing.Samples]:
         L = self.layer

@@ -189,9 +189,30 @@ def summary(results, space_size: int) -> str:
             lines.append(f"| {r.tokens} | {hu} | {cu} | – | – | none ran | {r.num_timed} / {space_size} |")
             continue
         cfg = " ".join(f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={r.best[k]}" for k in tconfig.CONFIG_KEYS)
-        lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {r.speedup():.2f}x | {cfg} | "
+        x = r.speedup()  # NaN where the heuristic did not run or its figure was host time
+        lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {f'{x:.2f}x' if math.isfinite(x) else '–'} | {cfg} | "
                      f"{r.num_timed} / {space_size} |")
-    return "\n".join(lines)
+    return "\n".join(lines + paced_lines(results))
+
+
+def paced_lines(results) -> list[str]:
+    """What the host paced: per token count, the trials left out because samples of theirs started on
+    the GPU before the host had enqueued them (bench.TokenBench._record), and which baselines they were."""
+    from moebench.tune.trials import HOST_PACED_ERROR
+
+    out = []
+    for r in results:
+        n = r.errors.get(HOST_PACED_ERROR, 0)
+        base = [k for k, t in r.baselines.items() if t is not None and t.error.startswith(HOST_PACED_ERROR)]
+        final = sum(t is not None and t.error.startswith(HOST_PACED_ERROR) for t in r.final)
+        if n or base or final:
+            out.append(f"{r.tokens} tokens: {n} screened config(s)" + (f" and {final} finalist(s)" if final else "")
+                       + " left out, their samples host-paced after the holds were doubled twice (host time)"
+                       + (f"; baselines among them: {', '.join(base)} (no speed-up against them)" if base else ""))
+    if not out:
+        return []
+    return ["", "Host-paced trials (never ranked; each trial's count in tune.json / trials.jsonl `host_paced`):",
+            *[f"- {x}" for x in out]]
 
 
 def routing_note(path: Path) -> str:

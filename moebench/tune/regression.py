@@ -9,7 +9,9 @@ the heuristic, looked up now, when the install would happen) run on the tune's w
 samples interleaved, `--final-reps` each, as the finalists are timed (`TokenBench.interleaved`:
 each config checked against the reference first). A size regresses when the tuned median is
 more than X (a fraction) above the current one, or when the tuned config fails there; a size
-whose tuned entry is the current config has nothing to time and passes. The ratio's 95 %
+whose tuned entry is the current config has nothing to time and passes. A config whose samples
+the host paced after the timing loop's retakes fails (its figure is host time:
+bench.TokenBench._record): the tuned one then regresses, and a current one cannot be regressed from. The ratio's 95 %
 interval is the comparison's bootstrap (report/stats.py), given for reading: the decision
 rests on the medians, as the search's own did.
 

@@ -23,7 +23,8 @@ measurements give the same picks, which is what lets a tune resume from its stor
 trials (trials.py).
 
 `measure(configs, phase)` returns one result per config (with `.us`, µs, inf or NaN
-when the config failed), phase "screen" or "final" (interleaved, more samples).
+when the config failed; one with an `.error`, e.g. host-paced samples, ranks as failed),
+phase "screen" or "final" (interleaved, more samples).
 """
 from __future__ import annotations
 
@@ -55,8 +56,10 @@ class Outcome:
 
 
 def _us(r) -> float:
+    """A result's µs for ranking: inf where it failed or carries an error (a trial whose figure
+    is host time keeps its µs for reading, and ranks as failed)."""
     us = float(getattr(r, "us", float("nan")))
-    return us if math.isfinite(us) else math.inf
+    return us if math.isfinite(us) and not getattr(r, "error", "") else math.inf
 
 
 class _Timer:

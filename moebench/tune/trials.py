@@ -21,6 +21,7 @@ from typing import Iterable, Optional
 from moebench.tune.space import config_key
 
 FILE_NAME = "trials.jsonl"
+HOST_PACED_ERROR = "host-paced"  # the kind (error's first word) of a trial the host paced
 
 
 @dataclass
@@ -43,6 +44,10 @@ class Trial:
     timing: str = ""  # graph | events | host
     group: str = ""  # final: the finalists' keys, so another final set is not reused
     seconds: float = float("nan")  # wall time of this trial (check + time)
+    # samples the GPU started before the host had enqueued them after the timing loop's retakes
+    # (timing.Samples.host_paced; NaN off a GPU and in trials stored before the count): any makes
+    # the trial's figure host time, so it carries an error (HOST_PACED_ERROR) and never wins
+    host_paced: float = float("nan")
 
     @property
     def ok(self) -> bool:
@@ -60,7 +65,7 @@ def _clean(v):
 
 def trial_from_json(d: dict) -> Trial:
     nan = float("nan")
-    for k in ("us", "p20", "p80", "rel_err", "seconds"):
+    for k in ("us", "p20", "p80", "rel_err", "seconds", "host_paced"):
         d[k] = nan if d.get(k) is None else float(d[k])
     known = Trial.__dataclass_fields__
     return Trial(**{k: v for k, v in d.items() if k in known})
