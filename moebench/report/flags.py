@@ -222,7 +222,7 @@ def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baselin
     out = []
     for r in matched.to_dict("records"):
         texts = [paced_text(side_of(r, side)) for side in ("base", "cand")]
-        out.append({"host-paced": "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts))}
+        out.append({"host-paced": "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))}
                    if any(texts) else {})
     return pd.Series(out, index=matched.index, dtype=object)
 
@@ -298,7 +298,8 @@ def flag_summary(tags: pd.Series, names: pd.Series, limit: int = 4, details: pd.
     lines = []
     extra = list(details) if details is not None else [{}] * len(tags)
     for tag in FLAG_TEXT:
-        hit = [f"{n} ({d[tag]})" if tag in d else n for t, n, d in zip(tags, names, extra) if tag in t]
+        hit = [f"{n} ({d[tag]})" if tag in d else n for t, n, d in zip(tags, names, extra, strict=True)
+               if tag in t]
         if hit:
             detailed = any(tag in d for d in extra)
             most = max(limit, DETAILED_LIMIT) if detailed else limit

@@ -54,7 +54,7 @@ def latency_table(df: pd.DataFrame) -> str:
     # Fastest per workload: the same model and world size see the same tokens; only GPU
     # time competes (a host-time cell is marked, never bold; a cell with host-paced samples
     # competes, marked with their count)
-    from moebench.report.flags import figure_basis, GPU, PACED_MARK_TEXT, paced_mark
+    from moebench.report.flags import GPU, PACED_MARK_TEXT, figure_basis, paced_mark
 
     ok = df[df["status"] == "ok"]
     basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
@@ -115,9 +115,9 @@ def host_table(df: pd.DataFrame) -> str:
     ok = df[(df["status"] == "ok") & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
     if not len(ok):
         return ""
-    from moebench.report.flags import figure_basis, HOST
+    from moebench.report.flags import HOST, figure_basis
 
-    host = {i for i, r in zip(ok.index, ok.to_dict("records")) if figure_basis(r)[0] == HOST}
+    host = {i for i, r in zip(ok.index, ok.to_dict("records"), strict=True) if figure_basis(r)[0] == HOST}
     tokens, cols, parts = grid(ok, lambda r: f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}"
                                              + (" †" if r.name in host else ""))
     rows = [combo_cells(first, cols) + cells for first, cells in parts]
@@ -131,9 +131,8 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
     before each sample, in which of them the GPU still started latency samples before the host
     had enqueued them (named, with their counts), how many sync the host (no hold), which rows
     are host time (``host``: their index), and how many were timed before the hold existed."""
-    from moebench.report.flags import latency_paced
-
     from moebench.config.limits import HOST_SYNCS_US
+    from moebench.report.flags import latency_paced
 
     counts = pd.to_numeric(ok["host_paced_samples"], errors="coerce") if "host_paced_samples" in ok.columns else \
         pd.Series(np.nan, index=ok.index)
@@ -141,8 +140,8 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
     syncs = counts.notna() & (pd.to_numeric(ok["host_enqueue_us"], errors="coerce") > HOST_SYNCS_US)
     held = ok[counts.notna() & ~syncs]
     # as the verdict names a row (compare_tables.pair_names, which imports this module)
-    names = pd.Series([md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(combo_labels(ok), ok["tokens_per_rank"])],
-                      index=ok.index, dtype=object)
+    labels = zip(combo_labels(ok), ok["tokens_per_rank"], strict=True)
+    names = pd.Series([md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in labels], index=ok.index, dtype=object)
     parts = []
     if len(held):
         paced = [i for i in held.index if counts[i] > 0]

@@ -190,8 +190,8 @@ def summary(results, space_size: int) -> str:
             continue
         cfg = " ".join(f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={r.best[k]}" for k in tconfig.CONFIG_KEYS)
         x = r.speedup()  # NaN where the heuristic did not run or its figure was host time
-        lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {f'{x:.2f}x' if math.isfinite(x) else '–'} | {cfg} | "
-                     f"{r.num_timed} / {space_size} |")
+        vs = f"{x:.2f}x" if math.isfinite(x) else "–"
+        lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {vs} | {cfg} | {r.num_timed} / {space_size} |")
     return "\n".join(lines + paced_lines(results))
 
 
