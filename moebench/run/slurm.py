@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Generator, Iterator, Optional
 
 from moebench.run.lifeline import watch_parent
 
@@ -161,7 +161,7 @@ def _submit(ex, opts: SlurmOptions, work: list, run_dir: Path, meta: dict, token
 
 
 def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
-             should_stop: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, list[dict]]]:
+             should_stop: Callable[[], bool] = lambda: False) -> Generator[tuple[str, list[dict]], None, None]:
     """Submit one job per family, wait, resubmit a family's rest after a failure; yield
     (label, rows) for each combination as its rows land in the store."""
     import pandas as pd
