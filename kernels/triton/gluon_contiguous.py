@@ -322,6 +322,8 @@ class GluonGemm:
         self.w_scale_strides = tuple(w_scale.stride())
         w_rows = w.view(E * N, K)
         self.constexprs = dict(K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"])
+        self.b_descs: tuple
+        self.c_blocks: tuple[tuple[int, int], ...]
         if wide:
             half = GROUP // 2
             self.kernel = gluon_fp8_wide_kernel

@@ -149,7 +149,7 @@ def _descriptor_entry(entry) -> tuple:
     if make is None or len(positions) != len(metas) or not callable(cells["launcher"]):
         return entry, ()
     # inner hands its i-th descriptor argument (in parameter order) the i-th metadata
-    descs = tuple((pos, meta, {}, make) for pos, meta in zip(positions, metas, strict=True))
+    descs = tuple((pos, meta, dict[tuple, list](), make) for pos, meta in zip(positions, metas, strict=True))
     return cells["launcher"], descs[::-1]
 
 
