@@ -362,6 +362,8 @@ def breakdown(name: str, overrides: list[str], tokens: int, calls: int) -> str:
         except ImportError:  # (the Gluon module on a Triton without Gluon's API: nothing of it runs)
             continue
         owner, _, leaf = attr.rpartition(".")
+        if not hasattr(mod, owner or leaf):  # (an older tree's code: e.g. GluonGemm, since issue #46)
+            continue
         if owner or mod_name == "torch":  # a method, or torch's own function: one place
             patch(getattr(mod, owner) if owner else mod, leaf, attr)
             continue
