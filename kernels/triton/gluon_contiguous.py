@@ -31,13 +31,12 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
 - `gluon_fp8_wide_kernel` (BLOCK_SIZE_N=192, gluon_wide.py, opt-in): the warp-specialized kernel at
   the 128 x 192 tile DeepGEMM's heuristic picks for most of these GEMMs, as a 128- and a 64-column
   WGMMA per K step (Gluon's shapes are powers of two). Lowered (168 registers, no spill, no
-  serialization warning); not yet run on a GPU.
+  serialization warning); checked on an H100 by the GPU tests, not yet timed.
 
 SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
-(_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. EPILOGUE_TMA
-(WS only, the default): each math warp group writes its tile through shared memory and a TMA store;
-measured 5-34 % less GEMM time than the register epilogue (EPILOGUE_TMA=False), 11-33 % less than the
-Triton kernel's (docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
+(_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. The TMA-store
+epilogue measured 5-34 % less GEMM time than the register one, 11-33 % less than the Triton kernel's
+(docs/findings/triton-vs-deepgemm.md, "The Gluon kernel, measured").
 
 The launch (issue #46: a forward's host enqueue): `GluonGemm` is set up once per weight (the triton
 experts hold one for each weight whose GEMM runs here) with its kernel, constexprs and the weight's
@@ -45,12 +44,11 @@ TMA descriptors; a call builds a's and c's descriptors (their shared-memory layo
 and launches through launch.py as the Triton kernels do: a key's first launch through the JIT, later
 ones through the compiled handle and the launcher's C entry, each descriptor's CUtensorMap filled
 again only where its pointer, shape or strides changed. `gluon_contiguous_gemm` sets one up per
-call (the benchmarks' and the tests' entry). On the CPU, tests/kernels/test_triton_launch.py checks
-that the handle hands the launcher's C entry what the JIT's launch hands it, for these kernels as
-lowered for sm_90.
+call (the benchmarks' and the tests' entry).
 
-Gluon has no interpreter: the CPU checks lower both for sm_90 (compile_check); only a GPU runs
-them (benchmarks/triton_fp8_contiguous.py --gluon [--check TOL], tests/gpu/test_triton_gpu.py).
+Gluon has no interpreter: the CPU checks lower the kernels for sm_90 (compile_check) and compare
+the handle's C-entry arguments with the JIT launch's (tests/kernels/test_triton_launch.py); only a
+GPU runs them (benchmarks/triton_fp8_contiguous.py --gluon, tests/gpu/test_triton_*.py).
 """
 from __future__ import annotations
 
@@ -75,16 +73,14 @@ from .gluon_pipelined import gluon_fp8_pipelined_kernel
 from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel
 from .launch import launch
 
-# 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS (the default): a TMA producer and
-# two math warp groups (12 warps); else the single-partition pipelined kernel on num_warps = 8 warps
-# WS only (_ws_math): SCALE_AHEAD, how many K steps ahead the math warp groups load the block scales;
-# EPILOGUE_TMA, the output tile written through shared memory and a TMA store
+# 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS: a TMA producer and two math warp groups
+# (12 warps), else the pipelined kernel on num_warps; SCALE_AHEAD and EPILOGUE_TMA: WS only (module doc)
 GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
                     EPILOGUE_TMA=True)
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
 # (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
 # stages (6: 6 x 32 KiB of stages + 32 KiB of output tiles, inside SM90's 227 KiB); 7 the 128 x 192 tile of
-# gluon_wide.py (4 x 40 KiB of stages + 48 KiB of output tiles), not yet run on a GPU
+# gluon_wide.py (4 x 40 KiB of stages + 48 KiB of output tiles), checked on a GPU, not yet timed
 GLUON_VARIANTS = ((True, 4, 1, False, 128), (True, 6, 1, False, 128), (False, 4, 1, False, 128),
                   (True, 4, 2, False, 128), (True, 4, 1, True, 128), (True, 5, 1, True, 128), (True, 6, 1, True, 128),
                   (True, 4, 1, True, WIDE_N))

@@ -26,17 +26,9 @@ through `bind` / `spec_key` (the same partition: tests/kernels/test_triton_launc
 argument type, an unhashable constexpr, a kernel with pre-run hooks or anything but a JITFunction
 (the interpreter's kernels, under TRITON_INTERPRET=1; an autotuner, whose configs stay its
 own) takes the normal launch.
-The Gluon kernels (`@gluon.jit`: a JITFunction subclass) launch here as the Triton ones do.
+The Gluon kernels (`@gluon.jit`: a JITFunction subclass) launch here as the Triton ones do; the launcher's
+C entry and tensor descriptors on it: launch_entry.py.
 
-A kernel without scratch memory launches through its launcher's C entry (`_direct`). Where it
-takes tensor descriptors (host TMA: triton.tools.tensor_descriptor's, Gluon's), Triton wraps that
-entry in driver.wrap_handle_tensordesc, which expands each descriptor on every launch: with TMA
-metadata into a freshly filled CUtensorMap (cuTensorMapEncodeTiled), its shape and strides. The
-handle path calls the entry itself with that expansion made by the same function
-(make_tensordesc_arg), and keeps each fill per (key, argument, base pointer, shape, strides,
-padding), all it reads besides the kernel's metadata: a forward whose buffers and weights sit
-where they sat refills none (issue #46; `stats["fills"]` counts the fills). A descriptor without
-TMA metadata expands to its tensor and is never kept.
 Not re-read per launch (snapshot at a key's first launch): TRITON_DEBUG and Triton's
 instrumentation mode; the launch hooks (profilers) are read on every launch.
 
@@ -49,6 +41,9 @@ import os
 from typing import Any, Optional
 
 import torch
+
+from .launch_entry import direct as c_entry
+from .launch_entry import expand_descriptors, layout_text
 
 try:  # the interpreter's kernels are not JITFunctions: they take the plain launch
     from triton.runtime.jit import JITFunction
@@ -63,9 +58,6 @@ _RUNTIME: Optional[tuple] = None  # _runtime()
 # launches by path (GPU tests check them); direct: of the handle's, through the launcher's C entry;
 # fills: tensor descriptors the handle path filled (a CUtensorMap each; the rest reuse a kept one)
 stats = {"handle": 0, "jit": 0, "direct": 0, "fills": 0}
-MAX_FILLS = 256  # per key and descriptor argument: the buffers' places seen; cleared when full
-# a Gluon descriptor's layout -> (the layout, its text in Triton's signature): by id, the layout kept
-_LAYOUT_TEXT: dict = {}
 # the Triton versions whose JITFunction.run / CompiledKernel.run calling convention this
 # module copies (read from 3.6's runtime/jit.py); on others every launch takes the JIT
 KNOWN_TRITON = ("3.6.",)
@@ -109,70 +101,6 @@ def _runtime() -> tuple:
     return _RUNTIME
 
 
-def _direct(kernel) -> Optional[tuple]:
-    """(the launcher's C entry, function, cooperative-grid flag, PDL flag, packed metadata, the
-    tensor descriptors it takes expanded (_descriptor_entry)) of a loaded CompiledKernel whose
-    launch needs no scratch memory, or None. `CompiledKernel.run` (a property) is Triton 3.6's
-    CudaLauncher, whose __call__ only allocates the scratch (size 0 here) and calls this entry:
-    calling it directly skips two Python frames (issue #34)."""
-    try:
-        run = kernel.run
-    except Exception:  # noqa: BLE001 (a kernel that cannot load: its JIT launch raised already)
-        return None
-    if (type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) != 0
-            or getattr(run, "profile_scratch_size", 1) != 0 or getattr(run, "num_ctas", 1) != 1):
-        return None
-    entry = getattr(run, "launch", None)
-    if entry is None or kernel.function is None:
-        return None
-    entry, descs = _descriptor_entry(entry)
-    return (entry, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata, descs)
-
-
-def _descriptor_entry(entry) -> tuple:
-    """(the C entry, its descriptor arguments) of a launcher's `launch`: a kernel that takes tensor
-    descriptors has the C entry wrapped by Triton 3.6's driver.wrap_handle_tensordesc (`inner`,
-    closing over `launcher`, `tensordesc_indices`, `tensordesc_meta`), which expands each
-    descriptor argument on every launch (make_tensordesc_arg). Its descriptor arguments, last
-    first: (position among the kernel's parameters, TMA metadata or None, the kept fills, the
-    expanding function). Anything else: (entry, ()), entry as it is (a wrapper of another shape
-    expands its descriptors itself)."""
-    code = getattr(entry, "__code__", None)
-    if code is None:  # the C entry itself: no descriptor arguments
-        return entry, ()
-    if (getattr(entry, "__module__", None) != "triton.backends.nvidia.driver" or code.co_name != "inner"
-            or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}):
-        return entry, ()
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in entry.__closure__), strict=True))
-    make = entry.__globals__.get("make_tensordesc_arg")
-    positions, metas = sorted(cells["tensordesc_indices"]), list(cells["tensordesc_meta"])
-    if make is None or len(positions) != len(metas) or not callable(cells["launcher"]):
-        return entry, ()
-    # inner hands its i-th descriptor argument (in parameter order) the i-th metadata
-    descs = tuple((pos, meta, dict[tuple, list](), make) for pos, meta in zip(positions, metas, strict=True))
-    return cells["launcher"], descs[::-1]
-
-
-def expand_descriptors(descs: tuple, args: list) -> list:
-    """args (every parameter's value in order) with each tensor descriptor among them expanded as
-    driver.wrap_handle_tensordesc expands it, a fill kept per (base pointer, shape, strides, padding):
-    the filled CUtensorMap encodes only these and the kernel's metadata, never the bytes there."""
-    for pos, meta, fills, make in descs:  # (last first: the positions before it stay put)
-        d = args[pos]
-        if meta is None:  # no TMA metadata: the base tensor, shape and strides (the tensor not kept)
-            args[pos:pos + 1] = make(d, None)
-            continue
-        key = (d.base.data_ptr(), *d.shape, *d.strides, d.padding)
-        filled = fills.get(key)
-        if filled is None:
-            if len(fills) >= MAX_FILLS:
-                fills.clear()
-            filled = fills[key] = make(d, meta)
-            stats["fills"] += 1
-        args[pos:pos + 1] = filled
-    return args
-
-
 def interpreted(fn) -> bool:
     """Whether fn runs in Triton's CPU interpreter (decided when it was decorated, by
     TRITON_INTERPRET then); a wrapper (an autotuner) answers for the kernel it wraps."""
@@ -203,19 +131,8 @@ def arg_key(a: Any) -> Any:
     if t.__name__ == "TensorDescriptor":  # triton.tools.tensor_descriptor's (host TMA) or Gluon's
         layout = getattr(a, "layout", None)  # (Gluon's: part of its signature, tensordesc<dtype[block],layout>)
         return (t, a.base.dtype, tuple(a.block_shape), getattr(a, "padding", None), len(a.shape),
-                None if layout is None else _layout_text(layout))
+                None if layout is None else layout_text(layout))
     return _UNKEYED
-
-
-def _layout_text(layout) -> str:
-    """A Gluon layout as Triton's signature writes it (its repr), read once per layout object:
-    equal fields of other types (1 and True) write differently, so the text, not ==, keys it."""
-    hit = _LAYOUT_TEXT.get(id(layout))
-    if hit is None or hit[0] is not layout:
-        if len(_LAYOUT_TEXT) >= MAX_KEYS:
-            _LAYOUT_TEXT.clear()
-        hit = _LAYOUT_TEXT[id(layout)] = (layout, repr(layout))
-    return hit[1]
 
 
 class _Plan:
@@ -406,7 +323,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         if kernel is not None:
             if len(site.cache) >= MAX_KEYS:  # ints that change every call: do not grow without bound
                 site.cache.clear()
-            site.cache[key] = (kernel, tuple([kwargs[n] if n in kwargs else d for n, d in site.tail]), _direct(kernel))
+            site.cache[key] = (kernel, tuple([kwargs[n] if n in kwargs else d for n, d in site.tail]), c_entry(kernel))
         return
     kernel, tail, direct = entry
     stats["handle"] += 1
@@ -416,12 +333,12 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         _run(kernel, grid, stream, rt, (*args, *tail))  # a profiler's hooks: with the launch metadata
         return
     n = len(grid)  # (_run without hooks, inlined: this is the per-launch path)
-    if direct is not None:  # the launcher's C entry itself (_direct)
+    if direct is not None:  # the launcher's C entry itself (launch_entry.direct)
         c_launch, function, coop, pdl, packed, descs = direct
         stats["direct"] += 1
         if descs:  # tensor descriptors: expanded here, as Triton's wrapper of the entry would
             c_launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, coop, pdl, None, None,
-                     packed, None, None, None, *expand_descriptors(descs, [*ptr_args, *tail]))
+                     packed, None, None, None, *expand_descriptors(descs, [*ptr_args, *tail], stats))
             return
         c_launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, coop, pdl, None, None,
                  packed, None, None, None, *ptr_args, *tail)

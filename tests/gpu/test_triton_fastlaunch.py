@@ -71,7 +71,7 @@ def test_align_and_localize():
     glob = _ids(333, 8, 256, drop=False)
     direct = fl.stats["direct"]
     _equal(*_jit_then_handle(lambda: localize_ids_triton(glob, 32, 32)))
-    # a kernel without scratch memory launches through the launcher's C entry (launch._direct)
+    # a kernel without scratch memory launches through the launcher's C entry (launch_entry.direct)
     assert fl.stats["direct"] > direct
     # tensors reach it as data_ptr() ints, which it does not check: a CPU tensor of the same dtype
     # and alignment keys apart and takes the JIT, whose launcher refuses it (not a wild pointer)
@@ -368,6 +368,7 @@ def test_shared_experts_added_by_the_down_gemm(T):
     bf16 rounding of the terms, and the float32 math's distance no larger than the add's."""
     from moebench.kernels.interfaces import LayerShape
     from moebench.kernels.reference import silu_and_mul
+
     from moebench.measure.workload import build_shared
 
     shape = LayerShape(hidden=7168, intermediate=2048, num_experts=256, topk=8, num_shared_experts=1,

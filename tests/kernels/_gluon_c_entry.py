@@ -41,7 +41,7 @@ def fake_fill(arg, meta):
 
 
 class CudaLauncher:
-    """Triton 3.6's CudaLauncher as launch._direct reads it, its C entry recording its arguments."""
+    """Triton 3.6's CudaLauncher as launch_entry.direct reads it, its C entry recording its arguments."""
 
     def __init__(self, kernel):
         self.c_calls: list = []

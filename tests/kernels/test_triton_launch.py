@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from moebench.kernels.triton import launch as fl
+from moebench.kernels.triton import launch_entry as le
 
 
 def _triton_spec(a):
@@ -382,7 +383,7 @@ def test_arg_key_gluon_tensor_descriptor_at_least_as_fine_as_triton():
 
 
 class CudaLauncher:
-    """Stands in for Triton 3.6's CudaLauncher (launch._direct reads its type's name): `launch` as
+    """Stands in for Triton 3.6's CudaLauncher (launch_entry.direct reads its type's name): `launch` as
     driver.wrap_handle_tensordesc wraps the C entry for the signature given."""
 
     def __init__(self, signature: dict, metas):
@@ -429,7 +430,7 @@ def test_descriptor_expansion_is_tritons_with_fills_kept(monkeypatch):
            "c": "tensordesc<bf16[64, 128],L>", "K": "constexpr"}
     metas = [{"swizzle": 3}, None, {"swizzle": 2}]
     launcher = CudaLauncher(sig, metas)
-    entry, function, coop, pdl, packed, descs = fl._direct(_DescCompiled(launcher))
+    entry, function, coop, pdl, packed, descs = le.direct(_DescCompiled(launcher))
     assert (function, coop, pdl, packed) == (77, False, False, (4, 1, 0)) and len(descs) == 3
     f8 = torch.empty(512, 256, dtype=torch.float8_e4m3fn)
     b16 = torch.empty(256, 128, dtype=torch.bfloat16)
@@ -443,13 +444,13 @@ def test_descriptor_expansion_is_tritons_with_fills_kept(monkeypatch):
         args = args_for(a)
         launcher.launch(*base, *args)  # Triton's wrapper (it fills every descriptor)
         n = len(made)
-        entry(*base, *fl.expand_descriptors(descs, list(args)))
+        entry(*base, *le.expand_descriptors(descs, list(args), fl.stats))
         assert len(made) - n == fills
         assert launcher.c_calls[-1] == launcher.c_calls[-2]
     assert launcher.c_calls[-1][14:17] == (256, 256, 256)  # a's shape and first stride follow it
     # a launcher of no descriptors: its C entry as it is
     plain = CudaLauncher({"x": "*fp32"}, None)
-    assert fl._descriptor_entry(plain.launch) == (plain.launch, ())
+    assert le.descriptor_entry(plain.launch) == (plain.launch, ())
 
 
 def test_launch_hands_the_c_entry_tritons_expansion(monkeypatch):
