@@ -1,7 +1,7 @@
 """moebench: benchmark and tune modular Mixture-of-Experts layer kernels."""
 import os as _os
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md: what each version changed, and when it bumps
 
 # In a source checkout used without installing (PYTHONPATH=<repo>), map
 # moebench.kernels to <repo>/kernels as the installed package does.
