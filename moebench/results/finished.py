@@ -10,6 +10,7 @@ from moebench.config.spec import Combination
 from moebench.results.lock import RunLock
 from moebench.results.rows import measured_row, outcome_row
 from moebench.results.rank_result import Finished
+from moebench.results.row import Status
 from moebench.results.store import LOST, RunStore
 
 
@@ -35,10 +36,10 @@ def rows_for(fin: Finished, meta: dict) -> list[dict]:
             if failed_at is not None and t != failed_at:
                 # a lost group's rows stay lost (LOST: a plain resume runs them again)
                 lost = LOST if why.startswith(LOST) else ""
-                st, why = "failed", f"{lost}not run: tokens_per_rank={failed_at} failed first ({why[len(lost):]})"
+                st, why = Status.FAILED, f"{lost}not run: tokens_per_rank={failed_at} failed first ({why[len(lost):]})"
             rows.append(outcome_row(c, t, st, why, meta))
         else:
-            rows.append(outcome_row(c, t, "failed", "no result from every rank", meta))
+            rows.append(outcome_row(c, t, Status.FAILED, "no result from every rank", meta))
     return rows
 
 
@@ -51,9 +52,9 @@ def plan_work(combos: list[Combination], store: RunStore, redo: str, meta: dict)
     already = 0
     for c in combos:
         for t, why in sorted(c.token_reasons.items()):
-            skipped.append(outcome_row(c, t, "skipped", why, meta))
+            skipped.append(outcome_row(c, t, Status.SKIPPED, why, meta))
         if c.reason:
-            skipped.extend(outcome_row(c, t, "skipped", c.reason, meta) for t in c.tokens)
+            skipped.extend(outcome_row(c, t, Status.SKIPPED, c.reason, meta) for t in c.tokens)
             continue
         todo = store.todo_tokens(c.key, c.runnable_tokens, redo, stored)
         already += len(c.runnable_tokens) - len(todo)

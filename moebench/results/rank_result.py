@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from moebench.config.spec import Combination
+from moebench.results.row import Status
 
 NAN = float("nan")
 
@@ -16,7 +17,7 @@ class RankResult:
     """One rank's figures for one token count (µs, bytes; NaN where not measured)."""
 
     rank: int
-    status: str = "ok"  # ok | incorrect (failed / timeout / oom come as an Error)
+    status: Status = Status.OK  # ok | incorrect (failed / timeout / oom come as an Error)
     reason: str = ""
     rel_err: float = NAN
     # the mode that ran: events | graph | profiler, or host where the host set the pace of the
@@ -95,7 +96,7 @@ class RankResult:
 class Failure:
     """Why a combination has no (complete) result: from an Error, a dead rank or a timeout."""
 
-    status: str  # failed | timeout | oom
+    status: Status  # failed | timeout | oom
     reason: str
     tokens: Optional[int] = None
 

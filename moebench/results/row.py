@@ -1,4 +1,4 @@
-"""The result row: every column a row holds, and every status, named once.
+"""The result row: every column a row holds, and every status and verdict, named once.
 
 A row is one (combination, tokens per rank), aggregated over ranks. Its columns come from
 two places only: the combination spec (`config/spec.py`: the identity fields and the
@@ -43,7 +43,30 @@ class Status(str, enum.Enum):
 
 STATUSES = tuple(s.value for s in Status)
 # measured and not ok: what `--redo failed` runs again and what compare calls broken
-BAD_STATUSES = (Status.FAILED.value, Status.TIMEOUT.value, Status.OOM.value, Status.INCORRECT.value)
+BAD_STATUSES = (Status.FAILED, Status.TIMEOUT, Status.OOM, Status.INCORRECT)
+
+
+class Verdict(str, enum.Enum):
+    """What a comparison calls a matched pair (the `verdict` column of `moebench compare`'s
+    table; moebench/report/compare.py says when each is given). Declared in the order the
+    comparison counts them. `SKIPPED` is not `Status.SKIPPED`: a verdict says the candidate
+    became skipped, a status says a row was."""
+    BROKEN = "broken"  # ok in the baseline; failed / timeout / oom / incorrect in the candidate
+    SLOWER = "slower"
+    SKIPPED = "skipped"  # ok in the baseline, skipped in the candidate
+    FASTER = "faster"
+    FIXED = "fixed"  # not ok in the baseline, ok in the candidate
+    SIMILAR = "~"  # ok on both sides, no change called
+    HOST = "host"  # ok on both sides, a side's latency is host time: no verdict
+    CPU = "cpu"  # ok on both sides, CPU time on both: no verdict unless --cpu-verdict
+    NEITHER_OK = "n/a"  # ok on neither side
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CHANGED_VERDICTS = (Verdict.BROKEN, Verdict.SLOWER, Verdict.SKIPPED, Verdict.FASTER, Verdict.FIXED)
+NO_VERDICT = (Verdict.HOST, Verdict.CPU)  # ok on both sides, but a figure no verdict may rest on
 
 # how the ranks' values make the row's (`Column.combine`)
 SAME = "same"  # the combination's, equal on every rank

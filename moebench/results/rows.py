@@ -11,7 +11,7 @@ from moebench.results.rank_result import RankResult
 from moebench.config.plugins import provenance
 from moebench.config.spec import Combination
 from moebench.results import row as schema
-from moebench.results.row import PHASES, SCHEMA_VERSION, STATUSES
+from moebench.results.row import PHASES, SCHEMA_VERSION, Status
 from moebench.traces.matched import critical_rank, CRITICAL_SPAN_TIE  # noqa: F401 (rows.critical_rank: its users)
 from moebench.traces.metrics import METHOD_MATCHED
 
@@ -101,9 +101,8 @@ def empty_measurements() -> dict:
 
 def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dict, rel_err: float = NAN) -> dict:
     """A row without measurements (skipped / failed / timeout / oom)."""
-    assert status in STATUSES, status
     row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(0), **meta}
-    row.update(status=status, reason=reason, rel_err=rel_err)
+    row.update(status=Status(status).value, reason=reason, rel_err=rel_err)  # a plain string to Parquet
     return row
 
 
@@ -116,11 +115,11 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     """Aggregate the per-rank results of one (combination, tokens)."""
     row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
     row["rel_err"] = _max(ranks, "rel_err")  # a bad row keeps it
-    bad = [r for r in ranks if r.status != "ok"]
+    bad = [r for r in ranks if r.status != Status.OK]
     if bad:
-        row.update(status=bad[0].status, reason=bad[0].reason)
+        row.update(status=Status(bad[0].status).value, reason=bad[0].reason)  # a plain string to Parquet
         return row
-    row["status"] = "ok"
+    row["status"] = Status.OK.value
     for k in schema.names(combine=schema.MAX):  # the phases from each rank's phases_us
         row[k] = _max(ranks, k.removesuffix("_us") if k.removesuffix("_us") in PHASES else k)
     # one rank paced by its host makes the row's figure host time (its samples are the max)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from moebench.util.safe_write import UnsafePath
 from moebench.results.migrate import migrate
-from moebench.results.row import BAD_STATUSES
+from moebench.results.row import BAD_STATUSES, Status
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
 from moebench.results.store_read import (by_precedence, CORRUPT_DIR, latest, load_files,  # noqa: F401 (re-exported)
                                          newest_last, PAIR, read_all, read_env_file, read_row_file, SKIPPED_FILE,
@@ -296,7 +296,7 @@ class RunStore:
             df["reason"] = ""
         cols = ["combo_key", "tokens_per_rank", "status", "reason"]
         for key, t, st, why in by_precedence(df)[cols].itertuples(index=False):
-            lost = st == "failed" and isinstance(why, str) and why.startswith(LOST)
+            lost = st == Status.FAILED and isinstance(why, str) and why.startswith(LOST)
             out.setdefault(key, {})[int(t)] = "lost" if lost else st
         return out
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.results.migrate import check_versions, migrate
+from moebench.results.row import Status
 from moebench.results.writable import CAUSES
 
 SKIPPED_FILE = "skipped.parquet"
@@ -91,7 +92,7 @@ def read_env_file(path: Path) -> dict:
 def by_precedence(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in ascending precedence: skipped before measured, then by timestamp (a row without
     one first; stable, so frames concatenated in write order break ties)."""
-    keys = pd.DataFrame({"measured": df["status"] != "skipped" if "status" in df.columns else True,
+    keys = pd.DataFrame({"measured": df["status"] != Status.SKIPPED if "status" in df.columns else True,
                          "t": df["timestamp"].map(lambda v: v if isinstance(v, str) else "")
                          if "timestamp" in df.columns else ""}, index=df.index)
     return df.loc[keys.sort_values(["measured", "t"], kind="stable").index]
