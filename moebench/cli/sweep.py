@@ -13,8 +13,9 @@ def sweep_command(args) -> int:
 
 def run_command(args) -> int:
     """One combination, its rows printed."""
-    from moebench.run.plan import plan
+    from moebench.results.row import Status
     from moebench.results.store import RunStore
+    from moebench.run.plan import plan
     from moebench.run.sweep import execute
 
     combos, _ = plan(args.overrides, None)
@@ -27,4 +28,4 @@ def run_command(args) -> int:
     df = df[df["combo_key"] == combos[0].key]
     cols = ["tokens_per_rank", "status", "latency_us_median", "latency_us_p20", "latency_us_p80", "rel_err", "reason"]
     print(df[cols].to_string(index=False))
-    return 0 if set(df["status"]) <= {"ok", "skipped"} else 1
+    return 0 if set(df["status"]) <= {Status.OK, Status.SKIPPED} else 1

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.spec import knob_meta
+from moebench.results.row import Status
 
 # what must match for two rows to compete
 SETTING = ["model", "quant", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
@@ -91,7 +92,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     from moebench.report.flags import figure_basis, GPU, paced_mark
 
     ok = latest_rows(df)
-    ok = ok[ok["status"] == "ok"]
+    ok = ok[ok["status"] == Status.OK]
     ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
     if ok.empty:
         raise ValueError("no ok rows in this run: nothing to rank (run `moebench report RUN` for the failures)")

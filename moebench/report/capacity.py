@@ -39,6 +39,7 @@ from moebench.report.mdsafe import md_text
 from moebench.util.safe_write import refuse_links, write_text
 from moebench.report.document import report_out
 from moebench.report.table import md_table
+from moebench.results.row import Status
 
 MIB = 2.0**20
 GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination
@@ -89,7 +90,7 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
     if "memory_budget" not in df:
         df["memory_budget"] = 0
     df["memory_budget"] = pd.to_numeric(df["memory_budget"], errors="coerce").fillna(0)
-    sweep = df[(df["status"] == "ok") & (df["memory_budget"] == 0)]
+    sweep = df[(df["status"] == Status.OK) & (df["memory_budget"] == 0)]
     capped = df[df["memory_budget"] > 0]
     out = []
     for key, g in sweep.groupby(GROUP, dropna=False, sort=True):
@@ -136,8 +137,8 @@ def _confirmation(conf: pd.DataFrame, limit: float, limit_reserved: float = floa
         return ""
     lo = limit_reserved if np.isfinite(limit_reserved) else limit
     parts = [f"{r.status} at {int(r.tokens_per_rank)}" for r in conf.sort_values("tokens_per_rank").itertuples()]
-    agree = all((r.tokens_per_rank <= limit) if r.status == "ok" else (r.tokens_per_rank > lo)
-                for r in conf.itertuples() if r.status in ("ok", "oom")) if np.isfinite(limit) else False
+    agree = all((r.tokens_per_rank <= limit) if r.status == Status.OK else (r.tokens_per_rank > lo)
+                for r in conf.itertuples() if r.status in (Status.OK, Status.OOM)) if np.isfinite(limit) else False
     return ", ".join(parts) + ("" if agree else " (disagrees with the prediction)")
 
 
@@ -201,7 +202,7 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
     """Workspace peak (GiB) vs tokens per rank, one panel per model / EP share, a line per
     experts and placement (solid: reduce in the experts, dashed: in the finalize), the fit
     dotted, the budget drawn, the capped runs marked (o ok, x oom)."""
-    ok = df[(df["status"] == "ok")].copy()
+    ok = df[(df["status"] == Status.OK)].copy()
     if "memory_budget" in ok:
         ok = ok[pd.to_numeric(ok["memory_budget"], errors="coerce").fillna(0) == 0]
     if not len(ok) or not len(cap):
@@ -229,7 +230,7 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
                     & (df["model"] == model) & (df["simulate_ep"] == sim)]
         for r in capped.itertuples():
             color = colors.get((r.quant, r.experts), "black")
-            ax.plot([r.tokens_per_rank], [r.memory_budget / 2**30], marker="o" if r.status == "ok" else "x",
+            ax.plot([r.tokens_per_rank], [r.memory_budget / 2**30], marker="o" if r.status == Status.OK else "x",
                     ms=7, mfc="none", color=color, ls="none")
         if budget is not None:
             ax.axhline(budget / 2**30, color="black", lw=1.0)

@@ -36,13 +36,13 @@ import pandas as pd
 from moebench.report.load import combo_labels, fmt_value, latest_rows, MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
 from moebench.results import row as schema
 from moebench.report.stats import bootstrap_ratios, geometric_mean, interval, mann_whitney_p, MIN_SAMPLES, samples_of
+from moebench.results.row import NO_VERDICT, Status, Verdict
 
 __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "latency_verdict", "memory_verdict"]
 
 # what a matched row shows of its combination (the candidate's; the key makes both sides equal)
 SHOWN_COLUMNS = SHOWN_IDENTITY
-VERDICT_ORDER = ["broken", "slower", "skipped", "faster", "fixed", "~", "host", "cpu", "n/a"]
-NO_VERDICT = ("host", "cpu")  # ok on both sides, but a figure no verdict may rest on
+VERDICT_ORDER = list(Verdict)  # as the counts list them
 # the host's figures: its enqueue time and the samples it paced, with their counts (results/row.py)
 HOST_COLUMNS = schema.names("host", dtype="float")
 SIDE_COLUMNS = ["status", "reason", "timing_mode", "timing_note", "latency_us_median", "latency_us_p20",
@@ -93,7 +93,7 @@ class Comparison:
     def comparable(self) -> pd.DataFrame:
         """Matched rows ok on both sides."""
         m = self.matched
-        return m[(m["base_status"] == "ok") & (m["cand_status"] == "ok")]
+        return m[(m["base_status"] == Status.OK) & (m["cand_status"] == Status.OK)]
 
     @property
     def judged(self) -> pd.DataFrame:
@@ -105,7 +105,7 @@ class Comparison:
     def geomean(self) -> tuple[float, float, float]:
         """Geometric mean of the ratios of the judged rows (ok on both sides, figures a
         verdict may rest on), with its interval."""
-        ok = (self.matched["base_status"] == "ok") & (self.matched["cand_status"] == "ok") & \
+        ok = (self.matched["base_status"] == Status.OK) & (self.matched["cand_status"] == Status.OK) & \
             ~self.matched["verdict"].isin(NO_VERDICT)
         idx = np.flatnonzero(ok.to_numpy())
         return geometric_mean(self.matched["ratio"].to_numpy()[idx],
@@ -113,28 +113,28 @@ class Comparison:
 
 
 def latency_verdict(base: dict, cand: dict, threshold: float, alpha: float = 0.05,
-                    min_samples: int = MIN_SAMPLES) -> tuple[str, float, float]:
+                    min_samples: int = MIN_SAMPLES) -> tuple[Verdict, float, float]:
     """(verdict, ratio, p_value) for one matched pair of rows (dicts of row values)."""
     ratio = cand["latency_us_median"] / base["latency_us_median"] \
         if base["latency_us_median"] else float("nan")
-    b_ok, c_ok = base["status"] == "ok", cand["status"] == "ok"
+    b_ok, c_ok = base["status"] == Status.OK, cand["status"] == Status.OK
     if not (b_ok and c_ok):
         if b_ok:
-            verdict = "skipped" if cand["status"] == "skipped" else "broken"
+            verdict = Verdict.SKIPPED if cand["status"] == Status.SKIPPED else Verdict.BROKEN
         else:
-            verdict = "fixed" if c_ok else "n/a"
+            verdict = Verdict.FIXED if c_ok else Verdict.NEITHER_OK
         return verdict, float("nan"), float("nan")
     bs, cs = samples_of(base["samples_us"]), samples_of(cand["samples_us"])
     p = mann_whitney_p(bs, cs) if min(len(bs), len(cs)) >= min_samples else float("nan")
     significant = not (p >= alpha)  # NaN (too few samples) defers to the intervals
     if not np.isfinite(ratio):
-        return "~", ratio, p
+        return Verdict.SIMILAR, ratio, p
     if ratio >= threshold and cand["latency_us_p20"] > base["latency_us_p80"] and significant:
-        return "slower", ratio, p
+        return Verdict.SLOWER, ratio, p
     if ratio <= 1.0 / threshold and cand["latency_us_p80"] < base["latency_us_p20"] \
             and significant:
-        return "faster", ratio, p
-    return "~", ratio, p
+        return Verdict.FASTER, ratio, p
+    return Verdict.SIMILAR, ratio, p
 
 
 def memory_verdict(base_bytes: float, cand_bytes: float, threshold: float) -> tuple[str, float]:
@@ -171,19 +171,19 @@ def _workspace(row: dict, side: str) -> float:
     return peak if np.isfinite(peak) else row[f"{side}_workspace_bytes_analytic"]
 
 
-def basis_verdict(verdict: str, base: dict, cand: dict, cpu_verdict: bool = False) -> tuple[str, str]:
+def basis_verdict(verdict: Verdict, base: dict, cand: dict, cpu_verdict: bool = False) -> tuple[Verdict, str]:
     """(verdict, why): a pair ok on both sides whose figures are not both GPU time gets
     "host" (a side is host time) or "cpu" (CPU rows, unless ``cpu_verdict``) instead of its
     latency verdict; other pairs keep it. ``base`` / ``cand``: row values (device included)."""
-    if verdict not in ("slower", "faster", "~"):
+    if verdict not in (Verdict.SLOWER, Verdict.FASTER, Verdict.SIMILAR):
         return verdict, ""
     from moebench.report.flags import CPU, figure_basis, HOST
 
     (bb, bw), (cb, cw) = figure_basis(base), figure_basis(cand)
     if HOST in (bb, cb):
-        return "host", bw if bb == HOST else cw
+        return Verdict.HOST, bw if bb == HOST else cw
     if CPU in (bb, cb) and not cpu_verdict:
-        return "cpu", bw if bb == CPU else cw
+        return Verdict.CPU, bw if bb == CPU else cw
     return verdict, ""
 
 
@@ -219,7 +219,7 @@ def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, 
             if np.isfinite(r) else np.empty(0)
         lo, hi = interval(boot)
         sig = bool(np.isfinite(r) and not (p >= alpha) and np.isfinite(lo) and (lo > 1.0 or hi < 1.0))
-        if v in ("slower", "faster"):
+        if v in (Verdict.SLOWER, Verdict.FASTER):
             sig = True
         if v in NO_VERDICT:
             sig = False

@@ -12,8 +12,9 @@ from moebench.report.stats import pct
 from moebench.report.table import Column, md_text, Table
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value
+from moebench.results.row import Status, Verdict
 
-MARKS = {"slower": "+", "broken": "+", "skipped": "+", "faster": "-", "fixed": "-"}
+MARKS = {Verdict.SLOWER: "+", Verdict.BROKEN: "+", Verdict.SKIPPED: "+", Verdict.FASTER: "-", Verdict.FIXED: "-"}
 MINUS = "\u2212"
 
 
@@ -52,7 +53,7 @@ def pair_names(m: pd.DataFrame) -> pd.Series:
 
 
 def _side(row: dict, side: str) -> str:
-    if row[f"{side}_status"] != "ok":
+    if row[f"{side}_status"] != Status.OK:
         return md_text(row[f"{side}_status"])
     cell = fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
                         row[f"{side}_latency_us_p80"])
@@ -69,7 +70,7 @@ def latency_pairs(cmp: Comparison) -> Table:
     baseline and candidate median (p20–p80) µs, the change with its 95 % interval, p, the
     verdict and the rows' data-quality flags."""
     m = cmp.matched
-    m = pair_order(m[m["verdict"] != "n/a"])
+    m = pair_order(m[m["verdict"] != Verdict.NEITHER_OK])
     shown = _shown(m)
     data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
     data["tokens_per_rank"] = m["tokens_per_rank"]
@@ -99,8 +100,8 @@ def latency_pairs(cmp: Comparison) -> Table:
              Column("change [95 % CI]", lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100,
                                                               1 + r["ci_hi_pct"] / 100), "r"),
              Column("p", lambda r: "-" if not np.isfinite(r["p_value"]) else f"{r['p_value']:.2g}", "r"),
-             Column("verdict", lambda r: r["verdict"] + (" (significant)" if r["verdict"] == "~" and r["significant"]
-                                                         else "")),
+             Column("verdict", lambda r: r["verdict"] + (" (significant)" if r["verdict"] == Verdict.SIMILAR
+                                                         and r["significant"] else "")),
              Column("flags", lambda r: " ".join(r["flags"]))]
     caption = " ".join(x for x in [
         "Times in µs: median (p20–p80). change = candidate median / baseline median − 1 with the 95 % bootstrap "
@@ -111,7 +112,7 @@ def latency_pairs(cmp: Comparison) -> Table:
         f"{PACED_MARK_TEXT}." if any(mark_of(r[f"{s}_host_paced_samples"], r[f"{s}_num_samples"])
                                     for r in data.to_dict("records") for s in ("base", "cand")) else "",
         _caption_tail(m)] if x)
-    num_na = int((cmp.matched["verdict"] == "n/a").sum())
+    num_na = int((cmp.matched["verdict"] == Verdict.NEITHER_OK).sum())
     notes = [f"{num_na} matched rows are ok on neither side (not shown)."] if num_na else []
     return Table("comparison", data.reset_index(drop=True), cols, caption, "_No comparable rows._", notes)
 

@@ -44,6 +44,7 @@ from moebench.report.mdsafe import md_code, md_text
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.load import phase_sum
+from moebench.results.row import Status
 
 HOST_BOUND = 0.8
 GPU_IDLE = 0.5
@@ -142,7 +143,7 @@ PACED_MARK_TEXT = ("‡ n/m: n of the m latency samples host-paced (the GPU star
 
 def flags_of(row) -> list[str]:
     """The flags (tags of FLAG_TEXT) of one row (a mapping of its columns)."""
-    if row.get("status") != "ok":
+    if row.get("status") != Status.OK:
         return []
     out = []
     med, p20, p80 = _num(row, "latency_us_median"), _num(row, "latency_us_p20"), _num(row, "latency_us_p80")
@@ -237,7 +238,7 @@ def pair_flags(matched: pd.DataFrame) -> pd.Series:
             # the phases' mismatch concerns the phase table, not the latency compared here
             tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
         tags = [t for t in FLAG_TEXT if t in tags]
-        if r.get("base_status") == r.get("cand_status") == "ok" and \
+        if r.get("base_status") == r.get("cand_status") == Status.OK and \
                 str(r.get("base_timing_mode")) != str(r.get("cand_timing_mode")):
             tags.append("timing-differs")
         out.append(tags)

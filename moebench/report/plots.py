@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 from moebench.report.load import latest_rows, PHASE_COLUMNS
 from moebench.report.plotgrid import grid, legends, MARKERS, narrow_us_axis, panels, save, tokens_axis, value_axis
 from moebench.report.plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
+from moebench.results.row import Status
 
 MIB = 1024.0 * 1024.0
 REDUCTION_STYLES = {"experts": "-", "finalize": "--"}
@@ -25,7 +26,7 @@ PHASE_COLORS = {"prepare_us": "C0", "dispatch_us": "C1", "experts_us": "C2", "we
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     df = latest_rows(df)
-    df = df[(df["status"] == "ok") & df["tokens_per_rank"].notna()].copy()
+    df = df[(df["status"] == Status.OK) & df["tokens_per_rank"].notna()].copy()
     return df.sort_values(["combo_key", "tokens_per_rank"], kind="stable")
 
 

@@ -15,8 +15,9 @@ from moebench.report.compare_tables import fmt_change, pair_order
 from moebench.report.load import fmt_value
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from moebench.report.stats import pct
+from moebench.results.row import Status, Verdict
 
-VERDICT_COLORS = {"slower": "tab:red", "faster": "tab:green"}
+VERDICT_COLORS = {Verdict.SLOWER: "tab:red", Verdict.FASTER: "tab:green"}
 UNDER_COLORS = {True: "#f4a6a6", False: "#a6dba0"}  # significant under the threshold: slower / faster
 NO_CHANGE = "#b0b0b0"
 
@@ -24,7 +25,7 @@ NO_CHANGE = "#b0b0b0"
 def _bar_color(r: dict) -> str:
     if r["verdict"] in VERDICT_COLORS:
         return VERDICT_COLORS[r["verdict"]]
-    if r["verdict"] == "~" and r["significant"] and np.isfinite(r["ratio"]):
+    if r["verdict"] == Verdict.SIMILAR and r["significant"] and np.isfinite(r["ratio"]):
         return UNDER_COLORS[r["ratio"] > 1]
     return NO_CHANGE
 
@@ -34,7 +35,7 @@ MEM_COLORS = {"larger": "tab:red", "smaller": "tab:green"}
 
 def _bars_frame(cmp: Comparison, what: str):
     """The rows a bar chart draws: `_r`, `_lo`, `_hi` (ratios) and `_color` per pair."""
-    m = cmp.matched[cmp.matched["verdict"] != "n/a"]
+    m = cmp.matched[cmp.matched["verdict"] != Verdict.NEITHER_OK]
     if what == "workspace":
         m = m[np.isfinite(m["mem_ratio"].astype(float))]
         return m.assign(_r=m["mem_ratio"], _lo=np.nan, _hi=np.nan,
@@ -101,11 +102,10 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     else:
         axes[-1].set_xlabel(f"change in median latency, % ({cmp.candidate_name} vs {cmp.baseline_name})\n"
                             f"whiskers: 95 % bootstrap interval; dashed: the threshold ×{cmp.threshold:g}")
-        keys = [(Line2D([], [], color=VERDICT_COLORS["slower"], lw=6), "slower"),
-                (Line2D([], [], color=VERDICT_COLORS["faster"], lw=6), "faster"),
-                ((Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
-                 "significant, no verdict (under the threshold, or noisy)"),
-                (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change")]
+        keys = [(Line2D([], [], color=VERDICT_COLORS[v], lw=6), str(v)) for v in (Verdict.SLOWER, Verdict.FASTER)]
+        keys += [((Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
+                  "significant, no verdict (under the threshold, or noisy)"),
+                 (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change")]
         heading = "Latency change per row"
     fig.legend([h for h, _ in keys], [lab for _, lab in keys], loc="outside lower center", ncols=2, fontsize=8,
                frameon=False, handler_map={tuple: HandlerTuple(ndivide=None)})
@@ -118,7 +118,7 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
     with their p20–p80 bands, on the same axes: a panel per model (and backend), one
     colour per combination, at most two combinations a panel."""
     m = cmp.matched
-    m = m[(m["base_status"] == "ok") | (m["cand_status"] == "ok")]
+    m = m[(m["base_status"] == Status.OK) | (m["cand_status"] == Status.OK)]
     if not len(m):
         return None
     m = pair_order(m).assign(_series=lambda d: d["combo_key"].astype(str))
@@ -130,7 +130,7 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
             s = s.sort_values("tokens_per_rank")
             t = s["tokens_per_rank"]
             for side, ls, face in (("base", "--", "white"), ("cand", "-", color)):
-                ok = s[f"{side}_status"] == "ok"
+                ok = s[f"{side}_status"] == Status.OK
                 ax.plot(t[ok], s.loc[ok, f"{side}_latency_us_median"], ls=ls, marker="o", ms=4, color=color,
                         markerfacecolor=face, label=lab if side == "cand" else "_" + lab)
                 ax.fill_between(t[ok], s.loc[ok, f"{side}_latency_us_p20"], s.loc[ok, f"{side}_latency_us_p80"],

@@ -52,7 +52,7 @@ from moebench.config.sweeps import load_sweep
 from moebench.report import provenance
 from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
 from moebench.report.table import md_escape
-from moebench.results.row import BAD_STATUSES
+from moebench.results.row import BAD_STATUSES, Status
 from moebench.results.store import RunStore
 from moebench.util.safe_write import replace_text
 
@@ -60,7 +60,7 @@ RESULTS = REPO_ROOT / "results"
 ARCHIVE = "archive"
 DROPPED = {"runner.device=cuda"}  # see the module docstring
 TUNE_ADDED = {"overlap=none", "reduction=experts", "experts.row_layout=gathered"}  # the tuner sets these itself
-STATUS_ORDER = ("ok", *BAD_STATUSES, "skipped")
+STATUS_ORDER = (Status.OK, *BAD_STATUSES, Status.SKIPPED)
 
 
 @dataclass
@@ -210,7 +210,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
         df = RunStore(d).load()
         if len(df):
             counts = Counter(df["status"])
-            ran = df[df["status"] != "skipped"]
+            ran = df[df["status"] != Status.SKIPPED]
             used = int((ran if len(ran) else df)["world_size"].max())
     machine = meta.get("machine") or _machine(env, used)
     commands, notes = [], [meta["note"]] if meta.get("note") else []

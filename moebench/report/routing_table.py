@@ -10,6 +10,7 @@ from moebench.report.load import WORKLOAD_COLUMNS, latest_rows
 from moebench.report.mdsafe import md_code
 from moebench.report.run_tables import caption, combo_cells, grid
 from moebench.report.table import md_table, md_text
+from moebench.results.row import Status
 
 
 def _f(x, digits: int = 2) -> str:
@@ -32,7 +33,7 @@ def routing_table(df: pd.DataFrame) -> str:
     df = latest_rows(df)
     if "imbalance_experts" not in df.columns:
         return ""
-    ok = df[(df["status"] == "ok") & df["imbalance_experts"].notna()]
+    ok = df[(df["status"] == Status.OK) & df["imbalance_experts"].notna()]
     if not len(ok):
         return ""
     tokens, cols, rows = grid(ok, _cell)

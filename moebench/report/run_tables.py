@@ -16,7 +16,7 @@ from moebench.config import plugins
 from moebench.report.load import WORKLOAD_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
 from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
-from moebench.results.row import STATUSES
+from moebench.results.row import Status, STATUSES
 
 MAX_REASON_CHARS = 160
 
@@ -45,7 +45,7 @@ def latency_table(df: pd.DataFrame) -> str:
     """
     df = latest_rows(df)
     df = df[df["tokens_per_rank"].notna()]
-    ok_keys = set(df.loc[df["status"] == "ok", "combo_key"])
+    ok_keys = set(df.loc[df["status"] == Status.OK, "combo_key"])
     df = df[df["combo_key"].isin(ok_keys)]
     if not len(df):
         return "_No ok rows to tabulate._"
@@ -56,7 +56,7 @@ def latency_table(df: pd.DataFrame) -> str:
     # competes, marked with their count)
     from moebench.report.flags import GPU, PACED_MARK_TEXT, figure_basis, paced_mark
 
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"] == Status.OK]
     basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
     work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
@@ -70,7 +70,7 @@ def latency_table(df: pd.DataFrame) -> str:
             r = by_t.get(t)
             if r is None:
                 cells.append("")
-            elif r["status"] != "ok":
+            elif r["status"] != Status.OK:
                 cells.append(md_text(r["status"]))
             else:
                 cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
@@ -112,7 +112,7 @@ def host_table(df: pd.DataFrame) -> str:
     per combination x tokens: a figure of its own beside the GPU time. An eager layer whose
     enqueue exceeds its GPU time leaves an engine's GPU idle; '' without measurements."""
     df = latest_rows(df)
-    ok = df[(df["status"] == "ok") & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
+    ok = df[(df["status"] == Status.OK) & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
     if not len(ok):
         return ""
     from moebench.report.flags import HOST, figure_basis
@@ -169,7 +169,7 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
 def timing_note(df: pd.DataFrame) -> str:
     """' Timing that ran: graph at 16, 64 tokens; events at 4096.' where a table's columns
     of tokens mix modes (graph timing runs events above runner.graph_max_tokens)."""
-    ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    ok = df[df["status"] == Status.OK] if "status" in df.columns else df
     if "timing_mode" not in ok.columns or ok["timing_mode"].map(fmt_value).nunique() <= 1:
         return ""
     parts = []
@@ -193,7 +193,7 @@ def status_table(df: pd.DataFrame) -> str:
 
 def reasons_table(df: pd.DataFrame) -> str:
     """Non-ok rows grouped by (status, reason): count and the combinations concerned."""
-    bad = df[df["status"] != "ok"]
+    bad = df[df["status"] != Status.OK]
     if not len(bad):
         return "_All rows are ok._"
     rows = []
@@ -218,7 +218,7 @@ def phase_table(df: pd.DataFrame) -> str:
     end-to-end latency (gaps between phases, the launch gaps a graph replay removes).
     """
     df = latest_rows(df)
-    ok = df[(df["status"] == "ok") & df[PHASE_COLUMNS].notna().any(axis=1)]
+    ok = df[(df["status"] == Status.OK) & df[PHASE_COLUMNS].notna().any(axis=1)]
     if not len(ok):
         return "_No per-phase times in this run._"
     cols = display_columns(ok)
@@ -238,7 +238,7 @@ def phase_table(df: pd.DataFrame) -> str:
 def memory_table(df: pd.DataFrame) -> str:
     """Workspace (analytic and allocator peak) and device peak memory in MiB, ok rows."""
     df = latest_rows(df)
-    ok = df[(df["status"] == "ok") & df[MEMORY_COLUMNS].notna().any(axis=1)]
+    ok = df[(df["status"] == Status.OK) & df[MEMORY_COLUMNS].notna().any(axis=1)]
     if not len(ok):
         return "_No memory measurements in this run._"
     cols = display_columns(ok)
@@ -300,7 +300,7 @@ def overlap_table(df: pd.DataFrame) -> str:
     (overlap_fraction_lo / _hi) where the row has one; trace = the same from a trace.
     """
     df = latest_rows(df)
-    rows_df = df[(df["status"] == "ok") & (df["overlap"].fillna("none").astype(str) != "none")]
+    rows_df = df[(df["status"] == Status.OK) & (df["overlap"].fillna("none").astype(str) != "none")]
     alone = single_rank(rows_df)
     note = single_rank_note(rows_df[alone])
     rows_df = rows_df[~alone]
@@ -361,7 +361,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
     need = {"expert_bytes", "expert_flops", "experts_us"}
     if not need <= set(df.columns):
         return "_No roofline figures in this run._"
-    ok = df[(df["status"] == "ok") & (df.get("device", "cuda") == "cuda") & df["experts_us"].notna()
+    ok = df[(df["status"] == Status.OK) & (df.get("device", "cuda") == "cuda") & df["experts_us"].notna()
             & df["expert_bytes"].notna()]
     if not len(ok):
         return "_No GPU rows with an experts phase in this run._"

@@ -15,7 +15,7 @@ from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_col
 from moebench.report.table import Column, md_text, Table
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value
-from moebench.results.row import BAD_STATUSES
+from moebench.results.row import BAD_STATUSES, Status
 
 BAD = BAD_STATUSES
 TOP = 5
@@ -37,7 +37,7 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
     """The largest margins of a fastest combination over the runner-up of its workload,
     among the rows whose latency is GPU time (host and CPU time are never ranked)."""
     ok = latest_rows(df)
-    ok = ok[(ok["status"] == "ok") & ok["latency_us_median"].notna()]
+    ok = ok[(ok["status"] == Status.OK) & ok["latency_us_median"].notna()]
     ok = ok[[b == GPU for b, _ in bases(ok)]] if len(ok) else ok
     if ok["combo_key"].nunique() < 2:
         return []
@@ -69,7 +69,7 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
 def unranked_lines(df: pd.DataFrame) -> list[str]:
     """The ok rows the summary does not rank, with why: host time (named), CPU time (counted)."""
     ok = latest_rows(df)
-    ok = ok[(ok["status"] == "ok") & ok["latency_us_median"].notna()]
+    ok = ok[(ok["status"] == Status.OK) & ok["latency_us_median"].notna()]
     if not len(ok):
         return []
     b = bases(ok)
@@ -87,7 +87,7 @@ def unranked_lines(df: pd.DataFrame) -> list[str]:
 
 def memory_lines(df: pd.DataFrame) -> list[str]:
     ok = latest_rows(df)
-    ok = ok[ok["status"] == "ok"]
+    ok = ok[ok["status"] == Status.OK]
     names = pair_names(ok) if len(ok) else pd.Series([], dtype=object)
     out = []
     for col, what in (("device_bytes_peak", "device peak"), ("workspace_bytes_peak", "workspace peak")):
@@ -100,7 +100,7 @@ def memory_lines(df: pd.DataFrame) -> list[str]:
 def quality_lines(df: pd.DataFrame, env: dict, run_dir: Path | None, name: str = "") -> list[str]:
     """Data-quality bullets of one run: its flagged rows by flag, provenance notes."""
     rows = latest_rows(df)
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == Status.OK]
     lines = flag_summary(row_flags(ok), pair_names(ok), details=paced_details(ok)) if len(ok) else []
     if name:
         lines = [f"{name}: {x}" for x in lines]
@@ -121,7 +121,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     """Bullets: status counts with what broke, biggest wins, memory, data quality."""
     rows = latest_rows(df)
     counts = rows["status"].value_counts()
-    order = ["ok", "skipped", *BAD]
+    order = [Status.OK, Status.SKIPPED, *BAD]
     head = ", ".join(f"{int(counts[s])} {s}" for s in order if s in counts)
     lines = [f"**Summary:** {head} row(s) of {rows['combo_key'].nunique()} combination(s)"]
     bad = rows[rows["status"].isin(BAD)]
@@ -133,7 +133,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     lines += [f"- {x}" for x in unranked_lines(df)]
     lines += [f"- memory: {x}" for x in memory_lines(df)]
     if quality:
-        ok = rows[rows["status"] == "ok"]
+        ok = rows[rows["status"] == Status.OK]
         flagged = int(sum(bool(t) for t in row_flags(ok))) if len(ok) else 0
         of = f"; {flagged} of {len(ok)} ok row(s) flagged" if flagged else ""
         lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section{of}")
@@ -153,8 +153,8 @@ def rows_table(df: pd.DataFrame) -> Table:
     cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
              Column("timing", lambda r: md_value(r.get("timing_mode"))),
              Column("status", lambda r: md_text(r["status"])),
-             Column("latency µs", lambda r: fmt_interval(r["latency_us_median"], r["latency_us_p20"],
-                                                         r["latency_us_p80"]) if r["status"] == "ok" else "-", "r"),
+             Column("latency µs", lambda r: "-" if r["status"] != Status.OK else
+                    fmt_interval(r["latency_us_median"], r["latency_us_p20"], r["latency_us_p80"]), "r"),
              Column("workspace peak MiB", lambda r: fmt_mib(r.get("workspace_bytes_peak", np.nan)), "r"),
              Column("flags", lambda r: " ".join(r["flags"]))]
     const = constant_caption(rows)

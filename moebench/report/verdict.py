@@ -18,8 +18,9 @@ from moebench.report.compare_tables import fmt_change, fmt_us_pair, memory_chang
 from moebench.report.envinfo import comparable_summary, environment_check
 from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, fmt_value, PER_ROW_COLUMNS
 from moebench.report.table import md_text
+from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 
-CHANGED = ("broken", "slower", "skipped", "faster", "fixed")
+CHANGED = CHANGED_VERDICTS
 LIMIT = 8  # changed rows named one a line; the rest counted
 
 
@@ -57,15 +58,15 @@ def why_nothing_matched(cmp: Comparison) -> str:
 def row_names(m: pd.DataFrame) -> pd.Series:
     """Pair names labelled by what varies among the pairs ok on a side (rows ok on
     neither side would lengthen every name)."""
-    shown = m[m["verdict"] != "n/a"]
+    shown = m[m["verdict"] != Verdict.NEITHER_OK]
     return pair_names(shown).reindex(m.index).fillna("") if len(shown) else pair_names(m)
 
 
-def _change_line(verdict: str, name: str, r: dict) -> str:
-    if verdict in ("broken", "skipped"):
+def _change_line(verdict: Verdict, name: str, r: dict) -> str:
+    if verdict in (Verdict.BROKEN, Verdict.SKIPPED):
         why = f": {md_text(r['cand_reason'])}" if r.get("cand_reason") else ""
         return f"**{verdict}** {name}: ok → {md_text(r['cand_status'])}{why}"
-    if verdict == "fixed":
+    if verdict == Verdict.FIXED:
         return f"**fixed** {name}: {md_text(r['base_status'])} → ok"
     return (f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'])} "
             f"({fmt_us_pair(r['base_latency_us_median'], r['cand_latency_us_median'])})")
@@ -81,17 +82,17 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     what = ", ".join(f"{n} {v}" for v, n in changed.items()) or f"no change beyond ×{cmp.threshold:g}"
     subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
     tail = f" — exit {code}" + (f": {'; '.join(why)}" if why else "")
-    if not len(ok) and counts["cpu"] and not counts["host"]:
+    if not len(ok) and counts[Verdict.CPU] and not counts[Verdict.HOST]:
         head = (f"**No verdict ({subject}): CPU figures are pipeline checks, not performance figures** — "
-                f"{counts['cpu']} row(s) ok on both sides, compared in the table below (`--cpu-verdict` asks "
+                f"{counts[Verdict.CPU]} row(s) ok on both sides, compared in the table below (`--cpu-verdict` asks "
                 f"for a verdict){tail}")
     else:
         head = (f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides "
                 f"(threshold ×{cmp.threshold:g}){tail}")
     lines = [head]
-    for tag, what_kind in (("host", "a side's latency is host time"), ("cpu", "CPU time on both sides")):
+    for tag, what_kind in ((Verdict.HOST, "a side's latency is host time"), (Verdict.CPU, "CPU time on both sides")):
         apart = m[m["verdict"] == tag]
-        if len(apart) and (tag == "host" or len(ok)):
+        if len(apart) and (tag == Verdict.HOST or len(ok)):
             shown = ", ".join(names.loc[i] for i in apart.index[:LIMIT])
             more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
             lines.append(f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
@@ -105,7 +106,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
         lines.append("- " + _change_line(r["verdict"], names.loc[i], r.to_dict()))
     if len(changed_rows) > LIMIT:
         lines.append(f"- … and {len(changed_rows) - LIMIT} more changed row(s) (table below)")
-    sig = m[(m["verdict"] == "~") & m["significant"].astype(bool)]
+    sig = m[(m["verdict"] == Verdict.SIMILAR) & m["significant"].astype(bool)]
     r = sig["ratio"].astype(float)
     past = (r >= cmp.threshold) | (r <= 1 / cmp.threshold)
     for rows, what in ((sig[~past], f"significant but under ×{cmp.threshold:g}"),
@@ -117,7 +118,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
                      for i, x in rows.head(LIMIT).iterrows()]
             more = f" (+{len(rows) - LIMIT} more)" if len(rows) > LIMIT else ""
             lines.append(f"- {what}: " + "; ".join(items) + more)
-    quiet = int(((m["verdict"] == "~") & ~m["significant"].astype(bool)).sum())
+    quiet = int(((m["verdict"] == Verdict.SIMILAR) & ~m["significant"].astype(bool)).sum())
     if quiet:
         lines.append(f"- no significant change: {quiet} row(s)")
     g, lo, hi = cmp.geomean()
@@ -134,7 +135,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     if len(cmp.only_baseline) or len(cmp.only_candidate):
         lines.append(f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
                      f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)")
-    num_na = counts["n/a"]
+    num_na = counts[Verdict.NEITHER_OK]
     if num_na:
         lines.append(f"- {num_na} matched row(s) ok on neither side")
     if quality:
@@ -163,12 +164,12 @@ def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
         "counts": cmp.counts(), "rows_ok_on_both_sides": int(len(cmp.comparable)),
         "rows_judged": int(len(cmp.judged)),
         "no_verdict": [{"name": names.loc[i], "basis": r["verdict"], "why": r["no_verdict_why"]}
-                       for i, r in cmp.matched.iterrows() if r["verdict"] in ("host", "cpu")],
+                       for i, r in cmp.matched.iterrows() if r["verdict"] in NO_VERDICT],
         "geomean_ratio": g, "geomean_ci": [lo, hi],
         "changed": [{"name": names.loc[i], "verdict": r["verdict"], "ratio": r["ratio"], "ci": [r["ci_lo"], r["ci_hi"]]}
                     for i, r in changed.iterrows()],
         "significant_under_threshold": [names.loc[i] for i, r in cmp.matched.iterrows()
-                                        if r["verdict"] == "~" and bool(r["significant"])],
+                                        if r["verdict"] == Verdict.SIMILAR and bool(r["significant"])],
         "environments_comparable": ok, "environment_differences": diffs,
         "only_baseline": int(len(cmp.only_baseline)), "only_candidate": int(len(cmp.only_candidate)),
     }
@@ -180,10 +181,10 @@ def frame_names(df: pd.DataFrame) -> pd.Series:
 
 
 # what a non-zero exit status may be asked to mean (--fail-on); docs/design.md, "Exit status"
-FAIL_ON = ("slower", "broken", "memory", "missing", "empty", "env")
+FAIL_ON = (Verdict.SLOWER, Verdict.BROKEN, "memory", "missing", "empty", "env")
 
 
-DEFAULT_FAIL_ON = ("slower", "broken", "empty")
+DEFAULT_FAIL_ON = (Verdict.SLOWER, Verdict.BROKEN, "empty")
 
 
 def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str]]:
@@ -199,10 +200,10 @@ def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str
     counts, why = cmp.counts(), []
     if "empty" in fail_on and not len(cmp.comparable):
         why.append(why_nothing_matched(cmp))
-    if "slower" in fail_on and counts["slower"]:
-        why.append(f"{counts['slower']} row(s) slower beyond ×{cmp.threshold:g}")
-    if "broken" in fail_on and counts["broken"]:
-        why.append(f"{counts['broken']} row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)")
+    if Verdict.SLOWER in fail_on and counts[Verdict.SLOWER]:
+        why.append(f"{counts[Verdict.SLOWER]} row(s) slower beyond ×{cmp.threshold:g}")
+    if Verdict.BROKEN in fail_on and counts[Verdict.BROKEN]:
+        why.append(f"{counts[Verdict.BROKEN]} row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)")
     if "memory" in fail_on and (cmp.matched["mem_verdict"] == "larger").any():
         why.append(f"{int((cmp.matched['mem_verdict'] == 'larger').sum())} row(s) with a larger workspace")
     if "missing" in fail_on and len(cmp.only_baseline):

@@ -84,7 +84,8 @@ class _Channel:
         self.store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
         self.prefix = prefix
 
-    def post_error(self, idx: int, status: str, reason: str, tokens) -> None:
+    def post_error(self, idx: int, status, reason: str, tokens) -> None:
+        """A non-zero rank's error for rank 0 (JSON: the status as its word)."""
         if self.store is not None:
             self.store.set(f"{self.prefix}/error/{idx}", json.dumps([status, reason, tokens]))
 
@@ -92,7 +93,10 @@ class _Channel:
         key = f"{self.prefix}/error/{idx}"
         if self.store is None or not self.store.check([key]):
             return None
-        return tuple(json.loads(self.store.get(key)))
+        from moebench.results.row import Status
+
+        status, reason, tokens = json.loads(self.store.get(key))
+        return Status(status), reason, tokens
 
     def abort(self) -> None:
         if self.store is not None:
@@ -156,6 +160,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
     from moebench.results.lock import LockHeld, RunLock
     from moebench.run.messages import Task
     from moebench.results.rank_result import Failure
+    from moebench.results.row import Status
     from moebench.results.store import LOST, RunStore
     from moebench.results.finished import write_finished
     from moebench.run.worker import GroupNotFormed, is_oom, process_age_s, run_combination
@@ -170,7 +175,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
             try:
                 c, toks = work[0]
                 lock = RunLock.acquire(run_dir, token=token) if token else None
-                write_finished(store, Finished(c, list(toks), {}, Failure("failed", str(e))), meta, lock)
+                write_finished(store, Finished(c, list(toks), {}, Failure(Status.FAILED, str(e))), meta, lock)
             except LockHeld as held:
                 print(f"moebench worker: {held}", file=sys.stderr)
         _exit(1)
@@ -187,9 +192,9 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
 
     def finish(failure: Optional[Failure]) -> None:  # rank 0, holding cur.lock
         c, toks = work[cur.idx]
-        if failure is not None and failure.status == "failed" and peer_lost(failure.reason):
+        if failure is not None and failure.status == Status.FAILED and peer_lost(failure.reason):
             # a peer rank or its node went away: not the combination's doing (resume retries it)
-            failure = Failure("failed", f"{LOST}{failure.reason}", failure.tokens)
+            failure = Failure(Status.FAILED, f"{LOST}{failure.reason}", failure.tokens)
         fin = Finished(c, list(toks), dict(cur.results), failure)
         rows = write_finished(store, fin, meta, lock)
         written.extend(rows)
@@ -209,7 +214,7 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
                 if err is None and time.monotonic() < cur.deadline:
                     continue
                 t = work[cur.idx][0].combo.timeout_s
-                finish(Failure(*err) if err else Failure("timeout", f"no result within {t:g} s: the process "
+                finish(Failure(*err) if err else Failure(Status.TIMEOUT, f"no result within {t:g} s: the process "
                                                                     "group was ended", _in_flight(cur, work)))
                 _abort(chan)
 
@@ -242,7 +247,8 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
             print(f"moebench worker: rank {env.rank} interrupted; nothing written for {c.label}", file=sys.stderr)
             _exit(130)
         except BaseException as e:  # noqa: BLE001 - everything becomes a row
-            status, reason = "oom" if is_oom(e) else "failed", f"rank {env.rank}: {type(e).__name__}: {e}"[:500]
+            status = Status.OOM if is_oom(e) else Status.FAILED
+            reason = f"rank {env.rank}: {type(e).__name__}: {e}"[:500]
             traceback.print_exc()
             if env.rank != 0:
                 chan.post_error(i, status, reason, tokens)

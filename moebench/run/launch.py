@@ -21,6 +21,7 @@ from moebench.run.messages import Done, Error, Exited, Result, Started, Task
 from moebench.results.rank_result import Failure, Finished
 from moebench.config.spec import Combination
 from moebench.run.worker import rank_main
+from moebench.results.row import Status
 
 STARTUP_S = 180.0  # process start, imports, process-group init (on top of a combination's timeout)
 EXIT_GRACE_S = 30.0
@@ -307,15 +308,16 @@ class Launcher:
                 # the token count in flight: the first without every rank's result
                 at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < ws), None)
                 died = _died(procs, st)
-                if died and (st.failure is None or st.failure.status == "failed"):
+                if died and (st.failure is None or st.failure.status == Status.FAILED):
                     # a rank died: its peers' errors (a closed connection) are what followed
                     after = f"; then {st.failure.reason}" if st.failure is not None else ""
-                    fin.failure = Failure("failed", f"{died}{after}"[:1000], st.failure.tokens if st.failure else at)
+                    fin.failure = Failure(Status.FAILED, f"{died}{after}"[:1000],
+                                          st.failure.tokens if st.failure else at)
                 elif st.failure is not None:
                     fin.failure = st.failure
                 else:
                     t = work[st.current][0].combo.timeout_s
-                    fin.failure = Failure("timeout", f"no result within {t:g} s: the process group was killed", at)
+                    fin.failure = Failure(Status.TIMEOUT, f"no result within {t:g} s: the process group was killed", at)
                 _kill(procs)
                 self.on_finished(fin)
                 return work[st.current : bad] + work[bad + 1 :]

@@ -9,6 +9,7 @@ from typing import Optional
 
 from moebench.config.spec import Combo
 from moebench.results.rank_result import RankResult
+from moebench.results.row import Status
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Error:
 
     idx: Optional[int]
     rank: int
-    status: str  # failed | oom
+    status: Status  # failed | oom
     reason: str
     tokens: Optional[int] = None  # the token count it was running, if any
     traceback: str = ""

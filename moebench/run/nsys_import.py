@@ -27,6 +27,7 @@ from typing import Optional
 from moebench.config.paths import REPO_ROOT
 from moebench.util.safe_write import refuse_links
 from moebench.traces.nsys import nsys_rank_dir
+from moebench.results.row import Status
 
 RAW_SUFFIXES = (".qdstrm", ".qdstrm.xz")
 INSTALL_HINT = ("scripts/install_nsys.sh --download installs them into .deps/nsys-host/ (a Debian machine "
@@ -202,7 +203,7 @@ def resolve_nsys_rows(run_dir) -> dict:
                for c in ("trace_path", "trace_error", "nsys_capture")}
         new = {c: list(v) for c, v in old.items()}
         for i, r in enumerate(rows):
-            if r.get("status", "ok") != "ok":
+            if r.get("status", Status.OK) != Status.OK:
                 continue
             entry = captures.get((r["combo_key"], int(r["tokens_per_rank"]), 0)) or _legacy_entry(old["trace_path"][i])
             if entry is None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generator, Iterator, Optional
 
+from moebench.results.row import Status
 from moebench.run.lifeline import watch_parent
 
 if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") == "submitit.core._submit":
@@ -213,7 +214,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
                     c, toks = rest[0]
                     # lost (a node, the time limit, a group that never formed): a plain resume retries it
                     rows = write_finished(store, Finished(c, list(toks), {}, Failure(
-                        "failed", f"{LOST}SLURM job {job.job_id} ended ({job.state}) without a result: "
+                        Status.FAILED, f"{LOST}SLURM job {job.job_id} ended ({job.state}) without a result: "
                         f"{_job_failure(job)}")), meta, lock)
                     seen.update(f.name for f in store.rows_dir.glob(f"{c.key}-*-{meta['run_id']}.parquet"))
                     done.add(c.key)

@@ -16,7 +16,7 @@ from moebench.config.spec import Combination
 from moebench.results.finished import plan_work, run_meta, write_finished
 from moebench.results.lock import RunLock
 from moebench.results.rank_result import Finished
-from moebench.results.row import BAD_STATUSES
+from moebench.results.row import BAD_STATUSES, Status
 from moebench.results.store import RunStore
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
@@ -199,7 +199,7 @@ def execute(
             run_id = uuid.uuid4().hex[:10]
         meta = run_meta(run_id, sweep_data["name"], info, eid)
         skipped, work, already = plan_work(combos, store, redo, meta)
-        counts = SweepCounts({"skipped": len(skipped)})
+        counts = SweepCounts({Status.SKIPPED: len(skipped)})
         log(
             f"moebench: {len(combos)} combinations, {len(work)} to run, "
             f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
@@ -232,7 +232,7 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
         if r["status"] in BAD_STATUSES:
             if not quiet:
                 progress.write(f"  {r['status']}: {label} T={r['tokens_per_rank']}: {r['reason']}")
-        elif r["status"] == "ok" and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
+        elif r["status"] == Status.OK and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
             progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
 
 
@@ -293,7 +293,7 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
         log("moebench: nothing ran: every combination was skipped on this machine "
             "(`moebench list -v` with the same options says why)")
     if counts.env_error:
-        written = sum(n for status, n in counts.items() if status != "skipped")
+        written = sum(n for status, n in counts.items() if status != Status.SKIPPED)
         print(f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
               "measured row(s) it stored: fix that, then re-run the same command to resume", file=sys.stderr)
     elif stop.terminated:

@@ -29,6 +29,7 @@ from moebench.run.messages import Done, Error, Exited, Result, Started, Task
 from moebench.config.device import cpu_threads
 from moebench.config.validity import timing_mode, timing_note
 from moebench.measure.workload import drop_kept_weights, make_routed, reference_expert_fn, routing_spec, weights_key
+from moebench.results.row import Status
 
 
 def _release_cached(device: torch.device) -> None:
@@ -134,7 +135,7 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                     del inputs
                     clock.lap("check")
                     if why:
-                        yield T, clock.stamp(dataclasses.replace(res, status="incorrect", reason=why))
+                        yield T, clock.stamp(dataclasses.replace(res, status=Status.INCORRECT, reason=why))
                         continue
                 routed = route(T, 2)
                 inputs = routed.inputs
@@ -153,7 +154,7 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                 _release_cached(device)
                 # torch's first line says what was allowed, allocated and reserved-but-unallocated
                 msg = str(e).splitlines()[0][:700]
-                yield T, clock.stamp(dataclasses.replace(res, status="oom", reason=(
+                yield T, clock.stamp(dataclasses.replace(res, status=Status.OOM, reason=(
                     f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
                     f"{T} tokens per rank (OutOfMemoryError: {msg})")))
                 continue
@@ -376,7 +377,7 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
         queue.put(Exited(rank))
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
         msg = f"{type(e).__name__}: {e}".strip()
-        queue.put(Error(idx, rank, "oom" if is_oom(e) else "failed", msg[:500], tokens,
+        queue.put(Error(idx, rank, Status.OOM if is_oom(e) else Status.FAILED, msg[:500], tokens,
                         traceback.format_exc()[-4000:]))
     finally:
         queue.close()
