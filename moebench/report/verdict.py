@@ -20,7 +20,6 @@ from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, fmt_value, 
 from moebench.report.table import md_text
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 
-CHANGED = CHANGED_VERDICTS
 LIMIT = 8  # changed rows named one a line; the rest counted
 
 
@@ -78,7 +77,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     names = row_names(m)
     counts = cmp.counts()
     ok = cmp.judged
-    changed = {v: counts[v] for v in CHANGED if counts[v]}
+    changed = {v: counts[v] for v in CHANGED_VERDICTS if counts[v]}
     what = ", ".join(f"{n} {v}" for v, n in changed.items()) or f"no change beyond ×{cmp.threshold:g}"
     subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
     tail = f" — exit {code}" + (f": {'; '.join(why)}" if why else "")
@@ -97,8 +96,8 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
             more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
             lines.append(f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
                          f"{md_text(apart['no_verdict_why'].iloc[0])}")
-    changed_rows = m[m["verdict"].isin(CHANGED)]
-    order = {v: i for i, v in enumerate(CHANGED)}
+    changed_rows = m[m["verdict"].isin(CHANGED_VERDICTS)]
+    order = {v: i for i, v in enumerate(CHANGED_VERDICTS)}
     changed_rows = changed_rows.assign(_o=changed_rows["verdict"].map(order),
                                        _d=-np.abs(np.log(changed_rows["ratio"].astype(float).fillna(1.0))))
     changed_rows = changed_rows.sort_values(["_o", "_d"], kind="stable")
@@ -157,7 +156,7 @@ def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
     g, lo, hi = cmp.geomean()
     ok, diffs = environment_check(cmp.base_env, cmp.cand_env) if cmp.axis is None else (True, [])
     names = row_names(cmp.matched)
-    changed = cmp.matched[cmp.matched["verdict"].isin(CHANGED)]
+    changed = cmp.matched[cmp.matched["verdict"].isin(CHANGED_VERDICTS)]
     return {
         "exit_status": code, "why": why, "baseline": cmp.baseline_name, "candidate": cmp.candidate_name,
         "axis": str(cmp.axis) if cmp.axis else None, "threshold": cmp.threshold, "alpha": cmp.alpha,
