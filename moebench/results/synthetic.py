@@ -14,19 +14,19 @@ import pandas as pd
 
 from moebench.config.spec import Combo, IDENTITY_COLUMNS
 from moebench.results import row as schema
-from moebench.results.row import SCHEMA_VERSION
+from moebench.results.row import SCHEMA_VERSION, Status
 
 # (backend, experts, reduction, overlap, quant, status, reason)
 DEFAULT_COMBOS = [
-    ("local", "torch", "experts", "none", "bf16", "ok", ""),
-    ("local", "torch", "finalize", "none", "bf16", "ok", ""),
-    ("local", "triton", "experts", "dispatch", "bf16", "ok", ""),
-    ("local", "triton", "finalize", "combine", "bf16", "ok", ""),
-    ("local", "deepgemm", "experts", "none", "bf16", "skipped",
+    ("local", "torch", "experts", "none", "bf16", Status.OK, ""),
+    ("local", "torch", "finalize", "none", "bf16", Status.OK, ""),
+    ("local", "triton", "experts", "dispatch", "bf16", Status.OK, ""),
+    ("local", "triton", "finalize", "combine", "bf16", Status.OK, ""),
+    ("local", "deepgemm", "experts", "none", "bf16", Status.SKIPPED,
      "deepgemm needs quant=fp8_block"),
-    ("local_batched", "torch", "experts", "none", "bf16", "skipped",
+    ("local_batched", "torch", "experts", "none", "bf16", Status.SKIPPED,
      "layouts differ: batched backend with standard experts"),
-    ("naive", "torch", "finalize", "none", "bf16", "failed", "RuntimeError: boom"),
+    ("naive", "torch", "finalize", "none", "bf16", Status.FAILED, "RuntimeError: boom"),
 ]
 
 
@@ -37,7 +37,7 @@ def samples_from(median_us: float, spread: float, num_samples: int,
 
 
 def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: str,
-             tokens: int, status: str = "ok", reason: str = "", samples_us=None,
+             tokens: int, status: str = Status.OK, reason: str = "", samples_us=None,
              model: str = "tiny", world_size: int = 1, **extra) -> dict:
     """One store row (times in µs, memory in bytes); ``samples_us`` sets the latency.
     Identity fields (seed=, routing=, ...) and `knobs_set={"num_sms": 16}` go into the
@@ -51,9 +51,9 @@ def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: st
     # every column at row.py's default, then what a synthetic run fills in
     row = {**schema.empty(), "schema_version": SCHEMA_VERSION, **combo.columns(), "tokens_per_rank": int(tokens),
            "overrides": ""}
-    row.update(run_id="synthetic", sweep="synthetic", timing_mode="events", status=status, reason=reason,
+    row.update(run_id="synthetic", sweep="synthetic", timing_mode="events", status=Status(status).value, reason=reason,
                gpu="cpu", git_sha="0" * 40, env_id="synthetic", timestamp="2026-01-01T00:00:00")
-    if status == "ok" and samples_us is not None:
+    if status == Status.OK and samples_us is not None:
         s = np.asarray(samples_us, dtype=float)
         med = float(np.median(s))
         row.update(samples_us=s.tolist(), latency_us_median=med,
