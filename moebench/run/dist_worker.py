@@ -18,7 +18,7 @@ A rank blocked in a collective cannot take part in another, so faults travel thr
 process group's key-value store: a rank that raises posts its error; rank 0's watchdog
 thread writes the combination's `failed`/`oom` row (or `timeout` past runner.timeout_s),
 posts an abort, and every rank exits 1. An error that says a peer went away (a closed or reset
-connection: launch.peer_lost) makes a `lost:` row, which a plain resume runs again; each token
+connection: outcome.peer_lost) makes a `lost:` row (run/outcome.py decides every row's status), which a plain resume runs again; each token
 count's results reach rank 0 as it ends, so the counts measured before a loss keep their
 rows. The group is then spent: torchrun's --max-restarts
 (or the SLURM parent's next job) starts a fresh one, which resumes past the stored rows.
@@ -30,12 +30,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import os
 import sys
 import threading
-import time
-import traceback
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -48,8 +45,7 @@ if __name__ == "__main__":
 
     watch_parent()
 
-ABORT_WAIT_S = 60.0  # a failed non-zero rank waits this long for rank 0 to write the row
-POLL_S = 0.5
+from moebench.run.dist_faults import Channel, exit_now, follow, LeadRows, not_formed, raised  # stdlib only
 
 
 @dataclass(frozen=True)
@@ -75,48 +71,6 @@ class RankEnv:
                    env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
 
 
-class _Channel:
-    """Errors and the abort between ranks, through the process group's store."""
-
-    def __init__(self, prefix: str):
-        import torch.distributed as dist
-
-        self.store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
-        self.prefix = prefix
-
-    def post_error(self, idx: int, status, reason: str, tokens) -> None:
-        """A non-zero rank's error for rank 0 (JSON: the status as its word)."""
-        if self.store is not None:
-            self.store.set(f"{self.prefix}/error/{idx}", json.dumps([status, reason, tokens]))
-
-    def error(self, idx: int) -> Optional[tuple]:
-        key = f"{self.prefix}/error/{idx}"
-        if self.store is None or not self.store.check([key]):
-            return None
-        from moebench.results.row import Status
-
-        status, reason, tokens = json.loads(self.store.get(key))
-        return Status(status), reason, tokens
-
-    def abort(self) -> None:
-        if self.store is not None:
-            self.store.set(f"{self.prefix}/abort", "1")
-
-    def aborted(self) -> bool:
-        return self.store is not None and self.store.check([f"{self.prefix}/abort"])
-
-
-class _Current:
-    """The combination rank 0 runs now, shared with its watchdog (one writes its rows)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.idx: Optional[int] = None
-        self.deadline = float("inf")
-        self.results: dict = {}  # tokens -> {rank: RankResult}, as gathered so far
-        self.mine: dict = {}  # tokens -> rank 0's own RankResult, as they come
-
-
 def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
     """This rank's device and process group, formed within `startup_s` (worker.form_group:
     GroupNotFormed otherwise)."""
@@ -132,20 +86,6 @@ def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
     return device, (dist.group.WORLD if env.world_size > 1 else None)
 
 
-def _abort(chan: "_Channel") -> None:
-    """Rank 0, its rows written: every rank exits 1. Rank 0 last, once its peers (which poll
-    every POLL_S) are gone, so that torchrun's agents see the group fail together."""
-    chan.abort()
-    time.sleep(3 * POLL_S)
-    _exit(1)
-
-
-def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optional[str] = None,
               log: Callable[[str], None] = lambda s: None) -> list[dict]:
     """Run `work` [(Combination, tokens)] as this rank of `env`'s group; rank 0 writes each
@@ -155,31 +95,18 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
 
     from moebench.measure import memory
     from moebench.kernels import registry
-    from moebench.run.launch import peer_lost
-    from moebench.results.rank_result import Finished
     from moebench.results.lock import LockHeld, RunLock
     from moebench.run.messages import Task
-    from moebench.results.rank_result import Failure
-    from moebench.results.row import Status
-    from moebench.results.store import LOST, RunStore
-    from moebench.results.finished import write_finished
-    from moebench.run.worker import GroupNotFormed, is_oom, process_age_s, run_combination
+    from moebench.results.store import RunStore
+    from moebench.run.worker import GroupNotFormed, process_age_s, run_combination
 
     store = RunStore(run_dir)
     try:
         startup_s = max((c.combo.startup_timeout_s for c, _ in work), default=30.0)
         device, group = _setup(env, work[0][0].combo.device if work else "cpu", startup_s)
-    except GroupNotFormed as e:  # rank 0 says so in the first combination's rows: a plain resume retries them
-        print(f"moebench worker: {e}", file=sys.stderr)
-        if env.rank == 0 and work:
-            try:
-                c, toks = work[0]
-                lock = RunLock.acquire(run_dir, token=token) if token else None
-                write_finished(store, Finished(c, list(toks), {}, Failure(Status.FAILED, str(e))), meta, lock)
-            except LockHeld as held:
-                print(f"moebench worker: {held}", file=sys.stderr)
-        _exit(1)
-    chan = _Channel(f"moebench/{meta['run_id']}/{env.attempt}")
+    except GroupNotFormed as e:
+        not_formed(e, env.rank, work, store, meta, run_dir, token)
+    chan = Channel(f"moebench/{meta['run_id']}/{env.attempt}")
     lock = None
     if env.rank == 0 and token:
         try:
@@ -187,45 +114,17 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
         except LockHeld as e:  # the sweep this job works for is gone: write nothing
             print(f"moebench worker: {e}", file=sys.stderr)
             chan.abort()
-            _exit(2)
-    cur, written = _Current(), []
-
-    def finish(failure: Optional[Failure]) -> None:  # rank 0, holding cur.lock
-        c, toks = work[cur.idx]
-        if failure is not None and failure.status == Status.FAILED and peer_lost(failure.reason):
-            # a peer rank or its node went away: not the combination's doing (resume retries it)
-            failure = Failure(Status.FAILED, f"{LOST}{failure.reason}", failure.tokens)
-        fin = Finished(c, list(toks), dict(cur.results), failure)
-        rows = write_finished(store, fin, meta, lock)
-        written.extend(rows)
-        log(f"  {c.label}: " + ", ".join(f"T={r['tokens_per_rank']} {r['status']}" for r in rows))
-
-    def watchdog() -> None:
-        while True:
-            time.sleep(POLL_S)
-            if env.rank != 0:
-                if chan.aborted():
-                    _exit(1)
-                continue
-            with cur.lock:
-                if cur.idx is None:
-                    continue
-                err = chan.error(cur.idx)
-                if err is None and time.monotonic() < cur.deadline:
-                    continue
-                t = work[cur.idx][0].combo.timeout_s
-                finish(Failure(*err) if err else Failure(Status.TIMEOUT, f"no result within {t:g} s: the process "
-                                                                    "group was ended", _in_flight(cur, work)))
-                _abort(chan)
-
-    threading.Thread(target=watchdog, name="moebench-watchdog", daemon=True).start()
+            exit_now(2)
+    rows = LeadRows(work, store, meta, lock, chan, log) if env.rank == 0 else None
+    watch = rows.watch if rows is not None else (lambda: follow(chan))
+    threading.Thread(target=watch, name="moebench-watchdog", daemon=True).start()
     baseline = memory.device_used_bytes(device)
     start_s = process_age_s()  # this rank's start and group formation: the first combination's rows
     for i, (c, toks) in enumerate(work):
-        with cur.lock:
-            cur.idx, cur.results, cur.mine = i, {}, {}
-            cur.deadline = time.monotonic() + c.combo.timeout_s
-        mine, tokens = cur.mine, None
+        if rows is not None:
+            rows.begin(i)
+        mine: dict = rows.mine if rows is not None else {}
+        tokens = None
         try:
             for tokens, res in run_combination(Task(i, c.combo, tuple(toks)), env.rank, env.world_size, group,
                                                device, run_dir, baseline, start_s if i == 0 else 0.0):
@@ -239,41 +138,20 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
                     dist.gather_object(res, gathered, dst=0)
                 else:
                     gathered = [res]
-                if env.rank == 0:
-                    with cur.lock:
-                        cur.results[tokens] = dict(enumerate(gathered))
+                if rows is not None:
+                    rows.gathered(tokens, gathered)
             tokens = None
         except KeyboardInterrupt:  # Ctrl-C, or a cancelled SLURM job: the work is cancelled, not failed
             print(f"moebench worker: rank {env.rank} interrupted; nothing written for {c.label}", file=sys.stderr)
-            _exit(130)
+            exit_now(130)
         except BaseException as e:  # noqa: BLE001 - everything becomes a row
-            status = Status.OOM if is_oom(e) else Status.FAILED
-            reason = f"rank {env.rank}: {type(e).__name__}: {e}"[:500]
-            traceback.print_exc()
-            if env.rank != 0:
-                chan.post_error(i, status, reason, tokens)
-                deadline = time.monotonic() + ABORT_WAIT_S
-                while time.monotonic() < deadline and not chan.aborted():
-                    time.sleep(POLL_S)
-                _exit(1)
-            time.sleep(1.0)  # a peer that raised first (the cause of this error) has posted by now
-            with cur.lock:
-                peer = chan.error(i)
-                finish(Failure(*peer) if peer else Failure(status, reason, tokens))
-                _abort(chan)
-        if env.rank == 0:
-            with cur.lock:
-                finish(None)
-                cur.idx = None
+            raised(e, env.rank, i, tokens, chan, rows)
+        if rows is not None:
+            rows.end()
     if group is not None:
         for name in sorted({c.combo.backend for c, _ in work}):  # collective: every rank alike
             registry.get_backend(name).release_group(group)
-    return written
-
-
-def _in_flight(cur: _Current, work: list) -> Optional[int]:
-    """The token count rank 0 had not finished (its peers may be further behind)."""
-    return next((t for t in work[cur.idx][1] if t not in cur.mine), None)
+    return rows.written if rows is not None else []
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """One process group per combination family: ranks started with
 torch.multiprocessing (one per GPU on CUDA, gloo ranks on CPU), a hard timeout
 per combination after which the whole group is killed, a crashed rank becomes a
-`failed` row, and the next combination starts in a clean group."""
+`failed` row, and the next combination starts in a clean group. This engine starts and
+watches the ranks; what a failure's row says is run/outcome.py's `decide`."""
 from __future__ import annotations
 
 import os
@@ -17,29 +18,17 @@ from typing import Callable, Optional
 import torch.multiprocessing as mp
 
 from moebench.run.lifeline import run_watched
+from moebench.run.outcome import Death, decide, Observed, peer_lost
 from moebench.run.messages import Done, Error, Exited, Result, Started, Task
 from moebench.results.rank_result import Failure, Finished
 from moebench.config.spec import Combination
 from moebench.run.worker import rank_main
-from moebench.results.row import Status
 
 STARTUP_S = 180.0  # process start, imports, process-group init (on top of a combination's timeout)
 EXIT_GRACE_S = 30.0
 NSYS_EXIT_GRACE_S = 600.0  # nsys writes its report and SQLite export after the rank exits
 # never enable NVLink multicast on shared machines
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-# what a rank's error says when a peer rank (or its node) went away under it: gloo's closed or
-# reset connection, NCCL's remote error; its cause is the peer's loss, not this rank's code
-PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited",
-             "communicator was aborted", "ncclremoteerror", "failed to recv, got 0 bytes")
-
-
-def peer_lost(reason: str) -> bool:
-    """Whether an error's text says a peer rank or its node was lost (PEER_LOST)."""
-    text = reason.lower()
-    return any(t in text for t in PEER_LOST)
 
 
 def free_port() -> int:
@@ -172,13 +161,12 @@ def _drain(q, st: _GroupState, wait_s: float = 0.5) -> None:
         pass
 
 
-def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
-    """'rank r died with exit code c (SIG)' for ranks that ended without reporting and caused
-    the failure, else ''. A rank's error about a closed connection follows a peer's death, so
-    then the death is waited for briefly and named first. A rank's own error (anything else)
-    is the cause: only deaths seen before it came are named, since a peer that dies after it
-    is its consequence (gloo aborts a rank whose peer left: SIGABRT, which under load can
-    come before the launcher kills the group)."""
+def _dead(procs, st: _GroupState, wait_s: float = 1.0) -> tuple[Death, ...]:
+    """Ranks that ended without reporting and caused the failure. A rank's error about a closed
+    connection follows a peer's death, so then the death is waited for briefly and named
+    first. A rank's own error (anything else) is the cause: only deaths seen before it came
+    are named, since a peer that dies after it is its consequence (gloo aborts a rank whose
+    peer left: SIGABRT, which under load can come before the launcher kills the group)."""
     own = st.failure is not None and not peer_lost(st.failure.reason)
     deadline = time.monotonic() + wait_s
     while True:
@@ -191,11 +179,12 @@ def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
         time.sleep(0.05)
     # the first seen first; of those seen together, an abort (a peer's consequence) last
     dead.sort(key=lambda r: (st.seen_dead[r], procs[r].exitcode == -signal.SIGABRT, r))
-    parts = []
-    for r, code in ((r, procs[r].exitcode) for r in dead):
-        sig = f" ({signal.Signals(-code).name})" if code < 0 else ""
-        parts.append(f"rank {r} died with exit code {code}{sig}")
-    return "; ".join(parts)
+    return tuple(Death(r, procs[r].exitcode) for r in dead)
+
+
+def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
+    """'rank r died with exit code c (SIG)' for the ranks _dead names, else ''."""
+    return "; ".join(d.text() for d in _dead(procs, st, wait_s))
 
 
 class Launcher:
@@ -232,6 +221,21 @@ class Launcher:
     def _run_group(self, work: list[tuple[Combination, list[int]]]) -> list:
         """Run until the work is done, or until one combination fails / times out;
         return the work still to do."""
+        procs, q, wrapper = self._start(work)
+        try:
+            return self._watch(work, procs, q, _GroupState(work, work[0][0].combo.world_size),
+                               NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
+        finally:
+            _kill(procs)
+            q.close()
+            if wrapper:  # nsys has written what it will: each row names its report, or says why none
+                from moebench.run.nsys_import import resolve_nsys_rows
+
+                resolve_nsys_rows(self.run_dir)
+
+    def _start(self, work: list[tuple[Combination, list[int]]]) -> tuple[list, object, Optional[str]]:
+        """The group's ranks, started (under nsys where asked: the wrapper script), and the
+        queue they report on."""
         c0 = work[0][0]
         ws, device = c0.combo.world_size, c0.combo.device
         ctx = mp.get_context("spawn")
@@ -256,78 +260,73 @@ class Launcher:
         finally:
             if wrapper:
                 ctx.set_executable(sys.executable)
-        st = _GroupState(work, ws)
-        deadline = time.monotonic() + STARTUP_S + work[0][0].combo.timeout_s
-        try:
-            while True:
-                if self.should_abort():  # what finished is written; the rest is the next invocation's
-                    _kill(procs)
-                    return work[st.current :]
-                try:
-                    msg = q.get(timeout=0.5)
-                except queue_mod.Empty:
-                    msg = None
-                now = time.monotonic()
-                if msg is not None:
-                    st.take(msg)
-                    if isinstance(msg, Started) and msg.idx == st.current:
-                        deadline = now + work[msg.idx][0].combo.timeout_s
-                    if not isinstance(msg, Error):
-                        before = st.current
-                        for fin in st.pop_finished():
-                            self.on_finished(fin)
-                        if st.current == len(work):
-                            self._join(procs, NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
-                            return []
-                        if st.current != before:
-                            deadline = now + STARTUP_S + work[st.current][0].combo.timeout_s
-                            if self.should_stop():
-                                _kill(procs)
-                                return work[st.current :]
-                        continue
-                st.observe(procs)
-                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and r not in st.exited]
-                if st.failure is None and not dead and now <= deadline:
-                    continue
-                if self.should_abort():  # a rank that got the SIGTERM too: no row for that
-                    _kill(procs)
-                    return work[st.current :]
-                # a rank failed, died or timed out: collect what is in flight, then kill the group
-                _drain(q, st)
-                for fin in st.pop_finished():
-                    self.on_finished(fin)
-                if st.current == len(work):
-                    self._join(procs, NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
-                    return []
-                bad = st.current
-                if st.failure is not None and st.failure_idx is not None and st.failure_idx > st.current:
-                    # a fast rank failed in a later combination while this one's last
-                    # "done" was still in flight: blame the one that failed, redo this one
-                    bad = st.failure_idx
-                fin = st.fins[bad]
-                # the token count in flight: the first without every rank's result
-                at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < ws), None)
-                died = _died(procs, st)
-                if died and (st.failure is None or st.failure.status == Status.FAILED):
-                    # a rank died: its peers' errors (a closed connection) are what followed
-                    after = f"; then {st.failure.reason}" if st.failure is not None else ""
-                    fin.failure = Failure(Status.FAILED, f"{died}{after}"[:1000],
-                                          st.failure.tokens if st.failure else at)
-                elif st.failure is not None:
-                    fin.failure = st.failure
-                else:
-                    t = work[st.current][0].combo.timeout_s
-                    fin.failure = Failure(Status.TIMEOUT, f"no result within {t:g} s: the process group was killed", at)
-                _kill(procs)
-                self.on_finished(fin)
-                return work[st.current : bad] + work[bad + 1 :]
-        finally:
-            _kill(procs)
-            q.close()
-            if wrapper:  # nsys has written what it will: each row names its report, or says why none
-                from moebench.run.nsys_import import resolve_nsys_rows
+        return procs, q, wrapper
 
-                resolve_nsys_rows(self.run_dir)
+    def _watch(self, work: list, procs: list, q, st: _GroupState, grace_s: float) -> list:
+        """Take the ranks' messages until the work is done, the sweep stops, or a rank fails,
+        dies or times out; the work still to do."""
+        deadline = time.monotonic() + STARTUP_S + work[0][0].combo.timeout_s
+        while True:
+            if self.should_abort():  # what finished is written; the rest is the next invocation's
+                _kill(procs)
+                return work[st.current :]
+            try:
+                msg = q.get(timeout=0.5)
+            except queue_mod.Empty:
+                msg = None
+            now = time.monotonic()
+            if msg is not None:
+                st.take(msg)
+                if isinstance(msg, Started) and msg.idx == st.current:
+                    deadline = now + work[msg.idx][0].combo.timeout_s
+                if not isinstance(msg, Error):
+                    before = st.current
+                    if self._report(st, procs, grace_s):
+                        return []
+                    if st.current != before:
+                        deadline = now + STARTUP_S + work[st.current][0].combo.timeout_s
+                        if self.should_stop():
+                            _kill(procs)
+                            return work[st.current :]
+                    continue
+            st.observe(procs)
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and r not in st.exited]
+            if st.failure is None and not dead and now <= deadline:
+                continue
+            if self.should_abort():  # a rank that got the SIGTERM too: no row for that
+                _kill(procs)
+                return work[st.current :]
+            return self._fail(work, procs, q, st, grace_s)
+
+    def _report(self, st: _GroupState, procs: list, grace_s: float) -> bool:
+        """Report the combinations every rank has finished; True (the ranks joined) once the
+        group's work is all done."""
+        for fin in st.pop_finished():
+            self.on_finished(fin)
+        if st.current == len(st.fins):
+            self._join(procs, grace_s)
+            return True
+        return False
+
+    def _fail(self, work: list, procs: list, q, st: _GroupState, grace_s: float) -> list:
+        """A rank failed, died or timed out: collect what is in flight, give the combination
+        its row (run/outcome.py decides it), kill the group; the work still to do."""
+        _drain(q, st)
+        if self._report(st, procs, grace_s):
+            return []
+        bad = st.current
+        if st.failure is not None and st.failure_idx is not None and st.failure_idx > st.current:
+            # a fast rank failed in a later combination while this one's last
+            # "done" was still in flight: blame the one that failed, redo this one
+            bad = st.failure_idx
+        fin = st.fins[bad]
+        # the token count in flight: the first without every rank's result
+        at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < st.ws), None)
+        fin.failure = decide(Observed(error=st.failure, deaths=_dead(procs, st), tokens=at,
+                                      timeout_s=work[st.current][0].combo.timeout_s))
+        _kill(procs)
+        self.on_finished(fin)
+        return work[st.current : bad] + work[bad + 1 :]
 
     def _nsys_wrapper(self, work) -> Optional[str]:
         """With trace=nsys and nsys on PATH, ranks start under `nsys profile`

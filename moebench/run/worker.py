@@ -5,7 +5,6 @@ run @hydra.main."""
 from __future__ import annotations
 
 import dataclasses
-import errno
 import gc
 import os
 import signal
@@ -23,6 +22,7 @@ from moebench.measure.derived import derived_figures, routing_counts
 from moebench.kernels import registry
 from moebench.measure.layer import build_layer, kernel_context
 from moebench.run.lifeline import die_with
+from moebench.run.outcome import raised_status
 from moebench.measure.samples import check, host_enqueue, host_time_note, memory_figures, paced_mode, rank_sync, time_layer
 from moebench.results.rank_result import NAN, RankResult
 from moebench.run.messages import Done, Error, Exited, Result, Started, Task
@@ -324,23 +324,6 @@ def _setup(rank: int, world_size: int, device_kind: str, port: int, startup_s: f
     return device, group
 
 
-# what allocators say when memory runs out: CUDA's caching allocator, the CPU allocator
-# (c10's DefaultCPUAllocator: "can't allocate memory ... Error code 12 (Cannot allocate
-# memory)"), std::bad_alloc and ENOMEM from the OS
-OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc", "enomem")
-
-
-def is_oom(e: BaseException) -> bool:
-    """Whether an exception says memory ran out (the row's status is then `oom`)."""
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
-        return True
-    text = str(e).lower()
-    return any(t in text for t in OOM_TEXTS)
-
-
-
 def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list[Task], queue, run_dir: str,
               parent_pid: Optional[int] = None, pdeathsig: bool = True) -> None:
     """Entry point of one rank: run `tasks` in order, report each result. The rank dies with
@@ -377,7 +360,7 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
         queue.put(Exited(rank))
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
         msg = f"{type(e).__name__}: {e}".strip()
-        queue.put(Error(idx, rank, Status.OOM if is_oom(e) else Status.FAILED, msg[:500], tokens,
+        queue.put(Error(idx, rank, raised_status(e), msg[:500], tokens,
                         traceback.format_exc()[-4000:]))
     finally:
         queue.close()
