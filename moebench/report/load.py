@@ -14,7 +14,7 @@ import pandas as pd
 
 from moebench.config.spec import IDENTITY_COLUMNS as SPEC_COLUMNS
 from moebench.results import row as schema
-from moebench.results.store import latest, load_files, read_row_file, RunStore, TornFile, warn
+from moebench.results.store import find_runs, latest, load_files, read_row_file, RunStore, TornFile, warn
 
 # A row's identity: the spec's columns (moebench/config/spec.py), the key and the token count;
 # run_id / sweep / schema_version say where it came from
@@ -206,8 +206,7 @@ def run_timestamp(run_dir: Path) -> str:
 def newest_run(root: str | Path) -> Path | None:
     """The run under ``root`` (a directory holding rows/*.parquet, at any depth) whose rows
     were written last, by their stored timestamps (not file times: a checkout rewrites those)."""
-    runs = {p.parent.parent for p in Path(root).rglob("rows/*.parquet")}
-    timed = sorted((run_timestamp(r), str(r)) for r in runs)
+    timed = sorted((run_timestamp(r), str(r)) for r in find_runs(root))
     return Path(timed[-1][1]) if timed else None
 
 

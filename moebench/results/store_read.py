@@ -74,6 +74,12 @@ def read_all(files: list[Path], warn_torn: bool, required=(*PAIR, "status")) -> 
     return frames
 
 
+def find_runs(root: str | Path) -> list[Path]:
+    """The run folders under `root` (`root` itself included), at any depth: each folder whose
+    rows/ holds a row file (*.parquet; a writer's temp file and rows/.corrupt/ are none), sorted."""
+    return sorted({p.parent.parent for p in Path(root).rglob("rows/*.parquet") if not p.name.startswith(".")})
+
+
 def read_env_file(path: Path) -> dict:
     """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
     if not path.is_file():

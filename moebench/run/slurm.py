@@ -10,7 +10,8 @@ lock, presenting its token (moebench/results/lock.py): a foreign sweep into the 
 and a job whose sweep no longer holds the folder writes nothing. A combination that fails
 ends its job (its row written); the sweep then submits the family's rest as a new job, and
 a job that ended with nothing new stored (time limit, node failure) gives its first
-combination a `failed` row saying so. `--slurm-cluster local` runs the jobs as local
+combination a `lost:` row saying so (run/outcome.py decides what a failure's row says; the
+jobs' rows are read through the store, moebench/results/store.py). `--slurm-cluster local` runs the jobs as local
 processes (submitit's LocalExecutor), as the tests do."""
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generator, Iterator, Optional
 
-from moebench.results.row import Status
 from moebench.run.lifeline import watch_parent
 
 if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") == "submitit.core._submit":
@@ -165,11 +165,9 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
              should_stop: Callable[[], bool] = lambda: False) -> Generator[tuple[str, list[dict]], None, None]:
     """Submit one job per family, wait, resubmit a family's rest after a failure; yield
     (label, rows) for each combination as its rows land in the store."""
-    import pandas as pd
-
     from moebench.results.finished import write_finished
-    from moebench.results.rank_result import Failure, Finished
-    from moebench.results.store import LOST
+    from moebench.results.rank_result import Finished
+    from moebench.run.outcome import decide, Observed
 
     families: dict = {}
     for c, toks in work:
@@ -188,12 +186,11 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     progress = {fam: 0 for fam in families}  # the family's combinations stored when its job started
 
     def collect() -> Iterator[tuple[str, list[dict]]]:
-        for f in sorted(store.rows_dir.glob(f"*-{meta['run_id']}.parquet")):
-            if f.name not in seen:
-                seen.add(f.name)
-                rows = pd.read_parquet(f).to_dict("records")
-                done.add(rows[0]["combo_key"])
-                yield rows[0]["label"], rows
+        for name, df in store.invocation_rows(meta["run_id"], skip=seen).items():
+            seen.add(name)
+            rows = df.to_dict("records")
+            done.add(rows[0]["combo_key"])
+            yield rows[0]["label"], rows
 
     try:
         while jobs:
@@ -213,10 +210,10 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
                 if rest and len(done & keys[fam]) == progress[fam]:  # nothing new stored: the job itself failed
                     c, toks = rest[0]
                     # lost (a node, the time limit, a group that never formed): a plain resume retries it
-                    rows = write_finished(store, Finished(c, list(toks), {}, Failure(
-                        Status.FAILED, f"{LOST}SLURM job {job.job_id} ended ({job.state}) without a result: "
-                        f"{_job_failure(job)}")), meta, lock)
-                    seen.update(f.name for f in store.rows_dir.glob(f"{c.key}-*-{meta['run_id']}.parquet"))
+                    ended = f"SLURM job {job.job_id} ended ({job.state}) without a result: {_job_failure(job)}"
+                    rows = write_finished(store, Finished(c, list(toks), {}, decide(Observed(job_ended=ended))),
+                                          meta, lock)
+                    seen.update(f.name for f in store.invocation_files(meta["run_id"], c.key))
                     done.add(c.key)
                     yield c.label, rows  # counted here, once: collect() skips the file
                     rest = rest[1:]
