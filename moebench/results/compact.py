@@ -22,7 +22,7 @@ from typing import Callable
 import pandas as pd
 
 from moebench.results.lock import RunLock
-from moebench.results.store import newest_last, read_row_file, RunStore
+from moebench.results.store import RunStore, newest_last, read_row_file
 
 MERGED = "rows.parquet"
 ASIDE_PREFIX = ".compact-"  # under rows/: the replaced files until the merge is checked (no reader looks)

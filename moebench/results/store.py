@@ -30,8 +30,8 @@ from moebench.results.migrate import migrate
 from moebench.results.row import BAD_STATUSES, Status
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
 from moebench.results.store_read import (by_precedence, CORRUPT_DIR, find_runs, latest,  # noqa: F401 (re-exported)
-                                         load_files, newest_last, PAIR, read_all, read_env_file, read_row_file, SKIPPED_FILE,
-                                         TornFile, warn)
+                                         load_files, newest_last, PAIR, read_all, read_env_file, read_row_file,
+                                         SKIPPED_FILE, TornFile, warn)
 from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, with_path
 
 REDO_CHOICES = ("none", "failed", "all")

@@ -93,7 +93,7 @@ class LeadRows:
     def fail(self, error) -> NoReturn:
         """Holding `lock`: the combination's rows for what went wrong (`error`, a rank's Failure;
         None: its deadline passed), run/outcome.py deciding; then every rank exits 1."""
-        from moebench.run.outcome import decide, Observed
+        from moebench.run.outcome import Observed, decide
 
         assert self.idx is not None
         self._write(decide(Observed(error=error, tokens=self._in_flight(), group_end="ended", sees_exits=False,
@@ -144,7 +144,7 @@ def not_formed(e: Exception, rank: int, work: list, store, meta: dict, run_dir: 
     from moebench.results.finished import write_finished
     from moebench.results.lock import LockHeld, RunLock
     from moebench.results.rank_result import Finished
-    from moebench.run.outcome import decide, Observed
+    from moebench.run.outcome import Observed, decide
 
     print(f"moebench worker: {e}", file=sys.stderr)
     if rank == 0 and work:

@@ -17,8 +17,9 @@ first combination's rows saying so).
 A rank blocked in a collective cannot take part in another, so faults travel through the
 process group's key-value store: a rank that raises posts its error; rank 0's watchdog
 thread writes the combination's `failed`/`oom` row (or `timeout` past runner.timeout_s),
-posts an abort, and every rank exits 1. An error that says a peer went away (a closed or reset
-connection: outcome.peer_lost) makes a `lost:` row (run/outcome.py decides every row's status), which a plain resume runs again; each token
+posts an abort, and every rank exits 1 (run/dist_faults.py; run/outcome.py decides the row).
+An error that says a peer went away (a closed or reset connection: outcome.peer_lost) makes a
+`lost:` row, which a plain resume runs again; each token
 count's results reach rank 0 as it ends, so the counts measured before a loss keep their
 rows. The group is then spent: torchrun's --max-restarts
 (or the SLURM parent's next job) starts a fresh one, which resumes past the stored rows.

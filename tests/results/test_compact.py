@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench.results.compact import canonical, compact_run, MERGED
+from moebench.results.compact import MERGED, canonical, compact_run
 from moebench.results.lock import LockHeld, RunLock
-from moebench.results.store import CORRUPT_DIR, find_runs, RunStore
+from moebench.results.store import CORRUPT_DIR, RunStore, find_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,5 +94,5 @@ def test_the_script_compacts_each_run_under_a_folder(tmp_path, capsys):
     assert _script().main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"{one.dir}: " in out and f"{two.dir}: " in out and "KB ->" in out
-    assert [canonical(s.load()).equals(e) for s, e in zip((one, two), expected)] == [True, True]
+    assert [canonical(s.load()).equals(e) for s, e in zip((one, two), expected, strict=True)] == [True, True]
     assert [f.name for f in one.row_files()] == [MERGED]

@@ -9,7 +9,7 @@ import signal
 from moebench.results.rank_result import Failure
 from moebench.results.row import Status
 from moebench.results.store import LOST
-from moebench.run.outcome import Death, decide, is_oom, Observed, peer_lost, raised_status
+from moebench.run.outcome import Death, Observed, decide, is_oom, peer_lost, raised_status
 
 CLOSED = "rank 0: RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234"
 
