@@ -118,6 +118,7 @@ class LeadRows:
         from moebench.results.finished import write_finished
         from moebench.results.rank_result import Finished
 
+        assert self.idx is not None
         c, toks = self.work[self.idx]
         rows = write_finished(self.store, Finished(c, list(toks), dict(self.results), failure), self.meta,
                               self.run_lock)
@@ -126,6 +127,7 @@ class LeadRows:
 
     def _in_flight(self) -> Optional[int]:
         """The token count rank 0 had not finished (its peers may be further behind)."""
+        assert self.idx is not None
         return next((t for t in self.work[self.idx][1] if t not in self.mine), None)
 
 

@@ -134,12 +134,13 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
                 mine[tokens] = res
                 # every token count's results reach rank 0 as it ends (every rank yields each
                 # one): a group lost at the next count keeps this one's row measured
-                gathered = [None] * env.world_size if env.rank == 0 else None
+                gathered: Optional[list] = [None] * env.world_size if env.rank == 0 else None
                 if group is not None:
                     dist.gather_object(res, gathered, dst=0)
                 else:
                     gathered = [res]
                 if rows is not None:
+                    assert gathered is not None
                     rows.gathered(tokens, gathered)
             tokens = None
         except KeyboardInterrupt:  # Ctrl-C, or a cancelled SLURM job: the work is cancelled, not failed

@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch.multiprocessing as mp
 
@@ -233,7 +233,7 @@ class Launcher:
 
                 resolve_nsys_rows(self.run_dir)
 
-    def _start(self, work: list[tuple[Combination, list[int]]]) -> tuple[list, object, Optional[str]]:
+    def _start(self, work: list[tuple[Combination, list[int]]]) -> tuple[list, Any, Optional[str]]:
         """The group's ranks, started (under nsys where asked: the wrapper script), and the
         queue they report on."""
         c0 = work[0][0]
