@@ -46,7 +46,7 @@ if __name__ == "__main__":
 
     watch_parent()
 
-from moebench.run.dist_faults import Channel, exit_now, follow, LeadRows, not_formed, raised  # stdlib only
+from moebench.run.dist_faults import Channel, LeadRows, exit_now, follow, not_formed, raised  # stdlib only
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,11 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
     returns them. A fault ends the process (module docstring)."""
     import torch.distributed as dist
 
-    from moebench.measure import memory
     from moebench.kernels import registry
+    from moebench.measure import memory
     from moebench.results.lock import LockHeld, RunLock
-    from moebench.run.messages import Task
     from moebench.results.store import RunStore
+    from moebench.run.messages import Task
     from moebench.run.worker import GroupNotFormed, process_age_s, run_combination
 
     store = RunStore(run_dir)

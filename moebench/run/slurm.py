@@ -11,8 +11,8 @@ and a job whose sweep no longer holds the folder writes nothing. A combination t
 ends its job (its row written); the sweep then submits the family's rest as a new job, and
 a job that ended with nothing new stored (time limit, node failure) gives its first
 combination a `lost:` row saying so (run/outcome.py decides what a failure's row says; the
-jobs' rows are read through the store, moebench/results/store.py). `--slurm-cluster local` runs the jobs as local
-processes (submitit's LocalExecutor), as the tests do."""
+jobs' rows are read through the store, moebench/results/store.py). `--slurm-cluster local`
+runs the jobs as local processes (submitit's LocalExecutor), as the tests do."""
 from __future__ import annotations
 
 import sys
@@ -167,7 +167,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     (label, rows) for each combination as its rows land in the store."""
     from moebench.results.finished import write_finished
     from moebench.results.rank_result import Finished
-    from moebench.run.outcome import decide, Observed
+    from moebench.run.outcome import Observed, decide
 
     families: dict = {}
     for c, toks in work:
