@@ -29,9 +29,9 @@ from moebench.util.safe_write import UnsafePath
 from moebench.results.migrate import migrate
 from moebench.results.row import BAD_STATUSES, Status
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
-from moebench.results.store_read import (by_precedence, CORRUPT_DIR, find_runs, latest,  # noqa: F401 (re-exported)
-                                         load_files, newest_last, PAIR, read_all, read_env_file, read_row_file,
-                                         SKIPPED_FILE, TornFile, warn)
+from moebench.results.store_read import (by_precedence, CORRUPT_DIR, find_runs,  # noqa: F401 (re-exported)
+                                         invocation_files, invocation_rows, latest, load_files, newest_last, PAIR,
+                                         read_all, read_env_file, read_row_file, SKIPPED_FILE, TornFile, warn)
 from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, with_path
 
 REDO_CHOICES = ("none", "failed", "all")
@@ -240,23 +240,6 @@ class RunStore:
         """The combinations' row files (a writer's leftover temp file is not one)."""
         return sorted(p for p in self.rows_dir.glob("*.parquet")
                       if p.name != SKIPPED_FILE and not p.name.startswith("."))
-
-    def invocation_files(self, run_id: str, combo_key: str = "*") -> list[Path]:
-        """The row files one invocation (`run_id`) wrote (of one combination: `combo_key`), by name."""
-        return sorted(self.rows_dir.glob(f"{combo_key}-*-{run_id}.parquet"))
-
-    def invocation_rows(self, run_id: str, skip: Iterable[str] = ()) -> dict[str, pd.DataFrame]:
-        """file name -> rows of each row file one invocation wrote, but those named in `skip`
-        (a reader following a run as it is written: SLURM jobs' rows); a torn one is passed over
-        (the next sweep sets it aside and measures its rows again)."""
-        out = {}
-        for f in self.invocation_files(run_id):
-            if f.name not in skip:
-                try:
-                    out[f.name] = read_row_file(f)
-                except TornFile:
-                    continue
-        return out
 
     def env_of(self, run_id: str) -> dict:
         """The fingerprint an invocation measured under ({} for runs written before envs/, or

@@ -80,6 +80,26 @@ def find_runs(root: str | Path) -> list[Path]:
     return sorted({p.parent.parent for p in Path(root).rglob("rows/*.parquet") if not p.name.startswith(".")})
 
 
+def invocation_files(rows_dir: Path, run_id: str, combo_key: str = "*") -> list[Path]:
+    """The row files in `rows_dir` one invocation (`run_id`) wrote (of one combination:
+    `combo_key`), by name."""
+    return sorted(Path(rows_dir).glob(f"{combo_key}-*-{run_id}.parquet"))
+
+
+def invocation_rows(rows_dir: Path, run_id: str, skip=(), required=("combo_key",)) -> dict[str, pd.DataFrame]:
+    """file name -> rows of each row file one invocation wrote, but those named in `skip` (a
+    reader following a run as it is written: SLURM jobs' rows); a torn one is passed over (the
+    next sweep sets it aside and measures its rows again)."""
+    out = {}
+    for f in invocation_files(rows_dir, run_id):
+        if f.name not in skip:
+            try:
+                out[f.name] = read_row_file(f, required)
+            except TornFile:
+                continue
+    return out
+
+
 def read_env_file(path: Path) -> dict:
     """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
     if not path.is_file():

@@ -167,6 +167,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     (label, rows) for each combination as its rows land in the store."""
     from moebench.results.finished import write_finished
     from moebench.results.rank_result import Finished
+    from moebench.results.store import invocation_files, invocation_rows
     from moebench.run.outcome import Observed, decide
 
     families: dict = {}
@@ -186,7 +187,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
     progress = {fam: 0 for fam in families}  # the family's combinations stored when its job started
 
     def collect() -> Iterator[tuple[str, list[dict]]]:
-        for name, df in store.invocation_rows(meta["run_id"], skip=seen).items():
+        for name, df in invocation_rows(store.rows_dir, meta["run_id"], skip=seen).items():
             seen.add(name)
             rows = df.to_dict("records")
             done.add(rows[0]["combo_key"])
@@ -213,7 +214,7 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
                     ended = f"SLURM job {job.job_id} ended ({job.state}) without a result: {_job_failure(job)}"
                     rows = write_finished(store, Finished(c, list(toks), {}, decide(Observed(job_ended=ended))),
                                           meta, lock)
-                    seen.update(f.name for f in store.invocation_files(meta["run_id"], c.key))
+                    seen.update(f.name for f in invocation_files(store.rows_dir, meta["run_id"], c.key))
                     done.add(c.key)
                     yield c.label, rows  # counted here, once: collect() skips the file
                     rest = rest[1:]

@@ -12,7 +12,7 @@ import pytest
 
 from moebench.results.compact import MERGED, canonical, compact_run
 from moebench.results.lock import LockHeld, RunLock
-from moebench.results.store import CORRUPT_DIR, RunStore, find_runs
+from moebench.results.store import CORRUPT_DIR, RunStore, find_runs, invocation_files, invocation_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +45,16 @@ def test_runs_are_found_at_any_depth_and_only_with_row_files(tmp_path):
     (tmp_path / "aside" / "rows" / CORRUPT_DIR / "t.parquet").write_bytes(b"torn")
     assert find_runs(tmp_path) == [tmp_path / "two", tmp_path / "x" / "one"]
     assert find_runs(tmp_path / "two") == [tmp_path / "two"]
+
+
+def test_one_invocations_rows_as_they_land(tmp_path):
+    rows = _run(tmp_path).rows_dir
+    got = invocation_rows(rows, "r1")
+    assert sorted(got) == ["a-T4-r1.parquet", "b-T4_8-r1.parquet"] and len(got["b-T4_8-r1.parquet"]) == 2
+    assert list(invocation_rows(rows, "r1", skip={"a-T4-r1.parquet"})) == ["b-T4_8-r1.parquet"]
+    assert [f.name for f in invocation_files(rows, "r2", "a")] == ["a-T4-r2.parquet"]
+    (rows / "c-T4-r1.parquet").write_bytes(b"torn")  # cut short: passed over until a sweep sets it aside
+    assert sorted(invocation_rows(rows, "r1")) == sorted(got)
 
 
 def test_compaction_keeps_what_the_store_reads_and_a_later_redo_still_wins(tmp_path):
