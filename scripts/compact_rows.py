@@ -1,7 +1,7 @@
 """Compact the rows of committed run directories: every per-combination file of a run's
 rows/ (skipped.parquet aside) merged into one rows/rows.parquet, under the run's lock
 (moebench/results/compact.py says why and how; a run a sweep is writing is refused, exit 2,
-or waited for with --wait).
+or waited for with --wait; a torn row file stops it, exit 2, until a sweep sets it aside).
 
     python scripts/compact_rows.py results/<folder> [...]   # run directories, or folders holding them
 """
@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from moebench.results.compact import compact_run
-from moebench.results.lock import LockHeld
 from moebench.results.store import find_runs
 
 
@@ -25,7 +24,7 @@ def main(argv=None) -> int:
         for run in find_runs(path):
             try:
                 b, a = compact_run(run, wait=args.wait, log=print)
-            except LockHeld as e:
+            except ValueError as e:  # LockHeld (a sweep holds the run), a torn or foreign row file
                 print(f"compact_rows: {e}", file=sys.stderr)
                 return 2
             print(f"{run}: {b / 1024:.0f} KB -> {a / 1024:.0f} KB")
