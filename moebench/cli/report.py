@@ -11,15 +11,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from moebench.report.mdsafe import md_text
-from moebench.report.compare import compare_runs
-from moebench.report.verdict import DEFAULT_FAIL_ON, parse_fail_on
-from moebench.report.load import load_run
 from moebench.results.writable import probe
-from moebench.report.document import run_names, build_report, check_outputs, comparison_doc, FORMATS, report_out, run_root, stdout_text, write
+
+# moebench.report (pandas, 1-2 s) is imported inside the functions: the parser imports this module
+# for its arguments on every command, `list` and `env` included (tests/project/test_list_path.py)
 
 
 def _check_format(fmt: str) -> str:
+    from moebench.report.document import FORMATS
+
     fmt = "md" if fmt == "markdown" else fmt
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -33,6 +33,8 @@ def _exists(*paths) -> None:
 
 
 def _fail_on(fail_on) -> tuple[str, ...]:
+    from moebench.report.verdict import DEFAULT_FAIL_ON, parse_fail_on
+
     if fail_on is None:
         return DEFAULT_FAIL_ON
     return parse_fail_on(fail_on) if isinstance(fail_on, str) else tuple(fail_on)
@@ -41,12 +43,16 @@ def _fail_on(fail_on) -> tuple[str, ...]:
 def _same_run(cmd: str, base, cand) -> None:
     """Say so when both sides are one run: every pair is then identical, and a clean verdict
     would read as a finding."""
+    from moebench.report.document import run_root
+
     if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
         print(f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
               "so the comparison says nothing", file=sys.stderr)
 
 
 def _finish(doc, path: Path, fmt: str) -> int:
+    from moebench.report.document import stdout_text
+
     text = stdout_text(doc, fmt)
     print(text, end="" if text.endswith("\n") else "\n")
     print(f"report written to {path}", file=sys.stderr)
@@ -61,6 +67,8 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
                    cpu_verdict: bool = False) -> int:
     """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
     comparison's exit status)."""
+    from moebench.report.document import build_report, report_out
+
     fmt = _check_format(fmt)
     if run is not None and candidate is not None and Path(run) != Path(candidate):
         raise ValueError("give the run either as RUN or as --candidate, not both")
@@ -80,6 +88,11 @@ def compare_command(runs: list[str], axis: str | None = None, out: str | None = 
                     cpu_verdict: bool = False) -> int:
     """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
     replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
+    from moebench.report.compare import compare_runs
+    from moebench.report.document import check_outputs, comparison_doc, report_out, run_names, run_root, write
+    from moebench.report.load import load_run
+    from moebench.report.mdsafe import md_text
+
     fmt = _check_format(fmt)
     fail = _fail_on(fail_on)
     if axis is not None:
