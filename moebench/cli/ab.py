@@ -18,10 +18,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+from moebench.cli import options
 from moebench.config.paths import default_runs_dir
 
 # variables that would point a worktree's moebench at this checkout's files
 LEAKED_ENV = ("MOEBENCH_CONF_DIR", "MOEBENCH_SWEEPS_DIR", "MOEBENCH_GIT_SHA", "MOEBENCH_RUNS")
+
+
+def register(sub) -> None:
+    """`ab` under the top level's subparsers."""
+    ab = options.command(sub, "ab", "measure two git revisions alternately, one combination at a time, then compare",
+                         options.EXIT_STATUS)
+    ab.add_argument("base_rev", metavar="BASE_REV")
+    ab.add_argument("cand_rev", metavar="CAND_REV")
+    options.overrides(ab)
+    ab.add_argument("--sweep", default="default", help="named sweep in the revisions' sweeps/ (default: %(default)s)")
+    options.out(ab, "directory for the worktrees, both runs and the comparison "
+                "(default: runs/ab-<base>-<cand>-<hash of the overrides>)")
+    ab.add_argument("--keep-worktrees", action="store_true", help="leave the two checkouts in place")
+    ab.add_argument("--repo", help="the git repository the revisions are in (default: the working directory's)")
+    options.compare_options(ab)
 
 
 def _git(repo: Path, *args: str) -> str:

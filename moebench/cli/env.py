@@ -1,6 +1,14 @@
 """`moebench env`: this machine, its libraries and which entries are usable here."""
 from __future__ import annotations
 
+from moebench.cli import options
+
+
+def register(sub) -> None:
+    """`env` under the top level's subparsers."""
+    ev = options.command(sub, "env", "this machine, its libraries and which entries are usable here")
+    ev.add_argument("--json", action="store_true")
+
 
 def env_args(args) -> int:
     from moebench.run.env import env_command

@@ -4,6 +4,22 @@ from __future__ import annotations
 import json
 import sys
 
+from moebench.cli import options
+
+
+def register(sub) -> None:
+    """`list` under the top level's subparsers."""
+    ls = options.command(sub, "list", "list the combinations a sweep would run, with validity")
+    options.overrides(ls)
+    ls.add_argument("--sweep", default="default")
+    ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")
+    ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")
+    ls.add_argument("--verbose", "-v", action="store_true",
+                    help="every skipped combination with its reason (default: the count per reason)")
+    ls.add_argument("--oversubscribe", action="store_true",
+                    help="CPU ranks only: plan more ranks than cores, as `sweep --oversubscribe` runs them")
+
+
 def list_command(args) -> int:
     from moebench.config import plugins
     from moebench.run.plan import plan, reason_groups

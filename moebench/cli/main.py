@@ -1,6 +1,6 @@
 """moebench sweep|run|list|report|compare|ab|trace|tune|env: the dispatcher. Each command's
-body is a module of moebench.cli (COMMANDS); this one maps errors to one line and an exit
-status (docs/design.md, "Exit status").
+arguments and body are a module of moebench.cli (COMMANDS; parser.py assembles the arguments);
+this one maps errors to one line and an exit status (docs/design.md, "Exit status").
 
 Bad input (unknown option, malformed results, a world size the machine lacks)
 exits with code 2 and a message that says what to do, before any work starts; so does an
@@ -44,7 +44,8 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     try:
-        # one module per command, imported when it runs (`list` and `report` need no torch)
+        # one module per command, light at import (the parser reads its arguments): its body imports
+        # what the command needs when it runs (`list` and `report` need no torch)
         module, function = COMMANDS[args.cmd]
         return getattr(importlib.import_module(f"moebench.cli.{module}"), function)(args)
     except ValueError as e:

@@ -11,10 +11,35 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from moebench.cli import options
 from moebench.results.writable import probe
 
 # moebench.report (pandas, 1-2 s) is imported inside the functions: the parser imports this module
 # for its arguments on every command, `list` and `env` included (tests/project/test_list_path.py)
+
+
+def register(sub) -> None:
+    """`report` and `compare` under the top level's subparsers."""
+    rp = options.command(sub, "report", "markdown report + plots of a run, or a baseline comparison",
+                         options.EXIT_STATUS)
+    rp.add_argument("run", nargs="?")
+    rp.add_argument("--baseline")
+    rp.add_argument("--candidate")
+    options.out(rp, "report directory (default: <run>/report)")
+    options.compare_options(rp)
+    rp.add_argument("--capacity", action="store_true",
+                    help="how many tokens per rank fit a memory budget, per reduction placement")
+    rp.add_argument("--budget", help="with --capacity: bytes (16GiB) or 'free' (the GPU's memory); default: "
+                    "the budget of the run's rows measured under runner.memory_budget")
+
+    cp = options.command(sub, "compare", "compare two runs, or one run along an axis; the verdict first",
+                         options.EXIT_STATUS)
+    cp.add_argument("runs", nargs="+", metavar="RUN", help="BASE CAND, or one RUN with --axis")
+    cp.add_argument("--axis", metavar="FIELD=A:B", help="pair the rows of one run that differ only in FIELD "
+                    "(an axis such as reduction=finalize:experts, or a knob such as row_layout=gathered:contiguous); "
+                    "A is the baseline")
+    options.out(cp, "report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B)")
+    options.compare_options(cp)
 
 
 def _check_format(fmt: str) -> str:

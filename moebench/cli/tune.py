@@ -4,6 +4,45 @@ from __future__ import annotations
 
 import sys
 
+from moebench.cli import options
+
+
+def register(sub) -> None:
+    """`tune` under the top level's subparsers."""
+    tu = options.command(sub, "tune", "Triton tile search for one layer, a vLLM file's routing, or the best "
+                         "combination per size of a run", options.EPILOG)
+    options.overrides(tu, "one combination with experts=triton backend=local; the token grid is "
+                      "workload.tokens_per_rank (default: vLLM's 18 batch sizes, 1 ... 4096)")
+    tu.add_argument("--space", default="vllm", help="search space before pruning: vllm (vLLM's 1,920 configs), small, "
+                    "decode or prefill (default: %(default)s)")
+    tu.add_argument("--search", default="halving", help="halving (successive halving over tiles inside --budget) or "
+                    "exhaustive (default: %(default)s)")
+    tu.add_argument("--budget", type=float, default=0.15, help="halving: fraction of the pruned space timed per token "
+                    "count, baselines included (default: %(default)s)")
+    tu.add_argument("--reps", type=int, default=10, help="timed samples per config (default: %(default)s)")
+    tu.add_argument("--final-reps", type=int, default=0,
+                    help="samples of each finalist, interleaved (default: 3 x --reps)")
+    tu.add_argument("--compile-workers", type=int, default=None,
+                    help="CPU processes compiling configs per GPU (default: the cores less one; 0: none)")
+    tu.add_argument("--gpus", type=int, default=None,
+                    help="GPUs to spread token counts over (default: every visible one)")
+    tu.add_argument("--fresh", action="store_true",
+                    help="ignore the trials stored in --out (default: resume from them)")
+    options.out(tu, "output directory (default: runs/tune-<hash of the arguments>); with --results, where the "
+                "table goes (default: RUN/report; runs/reports/<path> for a run under results/)")
+    tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
+                    "does not cover vLLM's grid, kernels/configs/partial/)")
+    tu.add_argument("--max-regression", metavar="X", help="before --install: time the tuned table against the "
+                    "current one (an installed file, else the heuristic) at every tuned size, interleaved, "
+                    "--final-reps each; exit 1 without installing when it is slower by more than the fraction X "
+                    "(0.02: 2 %%) at any size")
+    tu.add_argument("--install-from", metavar="DIR", help="instead: install the config files of a finished tune's "
+                    "output directory (DIR/configs/*.json with their sidecars), as --install would")
+    tu.add_argument("--results", metavar="RUN", help="instead: the fastest combination per model x tokens of a run, "
+                    "its margin over the runner-up with a 95%% interval (table, JSON, heatmap)")
+    tu.add_argument("--check-vllm", metavar="FILE", help="instead: which batch sizes vLLM would route to which entry "
+                    "of FILE (exit 1 if it decides a grid size from an entry > 2x away)")
+
 
 def tune_command(args) -> int:
     from pathlib import Path

@@ -1,0 +1,59 @@
+"""What more than one command's grammar shares: the overrides' epilog, the exit statuses' epilogs,
+the comparison's options, and the two arguments the dispatcher reads by name (`overrides`,
+`--out`). Each command's module declares its own arguments with these (its `register`, beside its
+body); parser.py assembles them."""
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
+(workload.tokens_per_rank=[16,64]) and, in a sweep, comma lists (reduction=experts,finalize).
+Groups: backend experts reduction overlap model quant workload runner trace."""
+
+
+SWEEP_EXIT = """exit status: 0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom
+rows, or an environment error (a full disk) stopped the sweep mid-way (finished rows are stored:
+re-run to resume); 2 bad input before any work (an unknown option or value, an impossible
+combination, a world size this machine lacks, an unwritable --out); 130 interrupted; 143 terminated."""
+
+
+EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
+failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
+missing run, an unknown schema version, an axis value no row has, an unknown option) or an environment
+error (a full disk, a read-only --out); 130 interrupted; 143 terminated (SIGTERM; sweep and run).
+A single run's report exits 0."""
+
+
+def command(sub, name: str, help: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """A command's parser under the top level's subparsers `sub`; an epilog keeps its line breaks
+    (the overrides' grammar, the exit statuses)."""
+    if epilog is None:
+        return sub.add_parser(name, help=help)
+    return sub.add_parser(name, help=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def overrides(p, help: str | None = None) -> None:
+    """The positional overrides: parser.parse_args adds to them those that follow an option, and
+    main.py names the one behind a config error from them."""
+    p.add_argument("overrides", nargs="*", help=help)
+
+
+def out(p, help: str) -> None:
+    """--out, the folder a command writes: main.py names it in an environment error's line."""
+    p.add_argument("--out", help=help)
+
+
+def compare_options(p) -> None:
+    """The comparison's threshold, exit policy and output format (report, compare, ab)."""
+    p.add_argument("--threshold", type=float, default=1.05,
+                   help="factor a latency (or workspace) ratio must pass to count (default %(default)s)")
+    p.add_argument("--fail-on", default="slower,broken,empty",
+                   help="what exits 1, a comma list of slower, broken, memory (workspace larger), missing "
+                   "(a baseline row the candidate lacks), empty (no row ok on both sides), env (environments "
+                   "not comparable), or none (default: %(default)s)")
+    p.add_argument("--cpu-verdict", action="store_true",
+                   help="give CPU rows faster / slower verdicts too (CPU figures are pipeline checks: by "
+                   "default two CPU runs compare without a verdict and exit 0)")
+    p.add_argument("--format", default="md", choices=("md", "csv", "json"),
+                   help="what stdout gets: the verdict and table (md), the table (csv), everything (json); "
+                   "the report folder gets report.md and, for csv / json, the tables' files (default: md)")
