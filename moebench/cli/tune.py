@@ -30,8 +30,8 @@ def register(sub) -> None:
                     help="ignore the trials stored in --out (default: resume from them)")
     options.out(tu, "output directory (default: runs/tune-<hash of the arguments>); with --results, where the "
                 "table goes (default: RUN/report; runs/reports/<path> for a run under results/)")
-    tu.add_argument("--install", action="store_true", help="merge the config file into kernels/configs/ (or, while it "
-                    "does not cover vLLM's grid, kernels/configs/partial/)")
+    tu.add_argument("--install", action="store_true", help="merge the config file into moebench/kernels/configs/ (or, while it "
+                    "does not cover vLLM's grid, moebench/kernels/configs/partial/)")
     tu.add_argument("--max-regression", metavar="X", help="before --install: time the tuned table against the "
                     "current one (an installed file, else the heuristic) at every tuned size, interleaved, "
                     "--final-reps each; exit 1 without installing when it is slower by more than the fraction X "

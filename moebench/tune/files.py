@@ -169,7 +169,7 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
         if side.is_file():
             side.unlink()
     if dest == part:
-        log(f"installed into {dest.parent} (not kernels/configs/: {len(merged)} token counts do not cover vLLM's grid "
+        log(f"installed into {dest.parent} (not moebench/kernels/configs/: {len(merged)} token counts do not cover vLLM's grid "
             f"{list(tconfig.VLLM_BATCH_SIZES)}; vLLM would route {describe_routes([int(k) for k in merged])})")
     else:
         log(f"installed {dest}")

@@ -114,7 +114,7 @@ def _one_layer(overrides: list[str]):
                          "(backend.simulate_ep=N for an EP-N rank's share)")
     if c.combo.get("row_layout", "auto") == "contiguous":
         raise ValueError("experts.row_layout=contiguous runs kernels/triton/contiguous_gemm.py, whose tile is fixed "
-                         "(DEFAULT_CONFIG, BF16_CONFIG): `moebench tune` searches the gathered kernel's tiles (kernels/configs/)")
+                         "(DEFAULT_CONFIG, BF16_CONFIG): `moebench tune` searches the gathered kernel's tiles (moebench/kernels/configs/)")
     if c.reason:
         raise ValueError(f"this combination cannot run here: {c.reason}")
     return c

@@ -33,7 +33,7 @@ RULES = {
 
 def modules() -> dict[str, Path]:
     out = {}
-    for base, pkg in ((ROOT / "moebench", "moebench"), (ROOT / "kernels", "moebench.kernels")):
+    for base, pkg in ((ROOT / "moebench", "moebench"),):
         for p in base.rglob("*.py"):
             rel = p.relative_to(base).with_suffix("").parts
             name = ".".join((pkg, *rel))

@@ -16,16 +16,16 @@ import moebench
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = {  # import name -> the only modules allowed to import it
-    "deep_ep": {"kernels/prepare_finalize/_deepep.py"},
-    "deep_gemm": {"kernels/experts/_deep_gemm.py"},
-    "pplx_kernels": {"kernels/prepare_finalize/_pplx.py"},
+    "deep_ep": {"moebench/kernels/prepare_finalize/_deepep.py"},
+    "deep_gemm": {"moebench/kernels/experts/_deep_gemm.py"},
+    "pplx_kernels": {"moebench/kernels/prepare_finalize/_pplx.py"},
 }
 # imported by name only where the tool needs it, declared as extras (not core deps)
 EXTRAS_ONLY: dict[str, str] = {"submitit": "slurm", "transformers": "test"}  # transformers: routing/hf.py
 
 
 def _sources() -> list[Path]:
-    return sorted(p for d in ("moebench", "kernels") for p in (ROOT / d).rglob("*.py"))
+    return sorted(p for p in (ROOT / "moebench").rglob("*.py"))
 
 
 def _imports(path: Path) -> set[str]:
@@ -55,7 +55,7 @@ def test_every_module_imports():
     # module names from the files (moebench.__path__ also holds the repository root in
     # a source checkout, which pkgutil.walk_packages would recurse into)
     names = []
-    for folder, pkg in (("moebench", "moebench"), ("kernels", "moebench.kernels")):
+    for folder, pkg in (("moebench", "moebench"),):
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -99,7 +99,7 @@ def test_every_readme_section_a_message_names_exists():
     headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines()
                 if line.startswith("#")}
     named = {}
-    for path in list((ROOT / "moebench").rglob("*.py")) + list((ROOT / "kernels").rglob("*.py")):
+    for path in list((ROOT / "moebench").rglob("*.py")):
         for m in re.finditer(r"README:? '([^']+)'", path.read_text()):
             named.setdefault(m.group(1), path.relative_to(ROOT).as_posix())
     assert named, "no message names a README section: the pattern has drifted"
@@ -112,7 +112,7 @@ def test_every_package_is_installed():
     out (kernels/cards/ once was) works in an editable install and is missing from a wheel."""
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = set()
-    for base, name in ((ROOT / "moebench", "moebench"), (ROOT / "kernels", "moebench.kernels")):
+    for base, name in ((ROOT / "moebench", "moebench"),):
         for init in base.rglob("__init__.py"):
             found.add(".".join((name, *init.parent.relative_to(base).parts)))
     assert found == listed, f"not listed: {sorted(found - listed)}; listed, not a package: {sorted(listed - found)}"

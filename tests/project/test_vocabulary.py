@@ -1,7 +1,7 @@
 """Statuses and verdicts are enum members (`moebench/results/row.py`'s `Status` and `Verdict`),
 written as strings only where they enter or leave Parquet, JSON or Markdown, and that happens in
 `moebench/results/` (issue #47): no string literal equal to a status or a verdict appears in
-moebench/ or kernels/ outside it, but for the exceptions below, each with its reason.
+moebench/ outside it, but for the exceptions below, each with its reason.
 
 A literal counts when it equals a value exactly (a log line that holds the word does not);
 docstrings do not count."""
@@ -13,7 +13,7 @@ from pathlib import Path
 from moebench.results.row import Status, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
-SCOPE = ("moebench", "kernels")
+SCOPE = ("moebench",)
 OWNER = "moebench/results"  # the one place the words are written
 
 # Two verdicts are words of other vocabularies too: a row's timing mode (`host`), a device and a
@@ -36,8 +36,8 @@ EXCEPTIONS = {
         "the workspace's verdict, its own vocabulary (larger | smaller | ~), no latency verdict",
     ("moebench/report/compare.py", "host", "<module>"): "the `host` column group of results/row.py",
     ("moebench/tune/regression.py", "ok", "Check.table"): "the tune check's cell (REGRESSED | ok), no row status",
-    ("kernels/triton/launch.py", "ok", "_Plan"): "an attribute's name in __slots__",
-    ("kernels/triton/launch.py", "ok", "_Site"): "an attribute's name in __slots__",
+    ("moebench/kernels/triton/launch.py", "ok", "_Plan"): "an attribute's name in __slots__",
+    ("moebench/kernels/triton/launch.py", "ok", "_Site"): "an attribute's name in __slots__",
 }
 
 VALUES = {s.value for s in Status} | {v.value for v in Verdict}
@@ -109,7 +109,6 @@ def test_a_literal_is_caught(tmp_path):
                               '    return df[df["status"] == "ok"], {"slower": 1}, f"{n[\'oom\']}"\n')
     (tmp_path / "moebench" / "results").mkdir()
     (tmp_path / "moebench" / "results" / "y.py").write_text('S = "ok"\n')
-    (tmp_path / "kernels").mkdir()
     found = scan(tmp_path)
     assert [(v, where, line) for _, v, where, line in found] == [("ok", "f", 5), ("slower", "f", 5),
                                                                  ("oom", "f", 5)]

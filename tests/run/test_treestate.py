@@ -22,7 +22,7 @@ from moebench.report.flags import run_notes
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "copy_tree.sh"
-CODE = ("moebench", "kernels", "conf", "sweeps", "pyproject.toml", ".gitignore")  # what `moebench env` needs
+CODE = ("moebench", "conf", "sweeps", "pyproject.toml", ".gitignore")  # what `moebench env` needs
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null"}
 
@@ -87,7 +87,7 @@ def test_a_copy_of_a_clean_clone_records_a_clean_tree(repo, tmp_path):
 @pytest.mark.multiprocess
 def test_a_copy_of_a_clone_with_an_uncommitted_change_records_dirty(repo, tmp_path):
     _edit(repo / "sweeps" / "default.yaml")
-    (repo / "kernels" / "experts" / "mine.py").write_text("# an untracked module: the registry would load it\n")
+    (repo / "moebench" / "kernels" / "experts" / "mine.py").write_text("# an untracked module: the registry would load it\n")
     source = treestate.tree_state(repo)  # what git says of the clone
     assert source.source == "git" and source.dirty and source.diff_sha256
     dest = tmp_path / "copy"
@@ -95,7 +95,7 @@ def test_a_copy_of_a_clone_with_an_uncommitted_change_records_dirty(repo, tmp_pa
     info = _env_json(dest)
     assert info["git_sha"] == _git(repo, "rev-parse", "HEAD") and info["git_dirty"] is True
     assert info["git_diff_sha256"] == source.diff_sha256  # one state, one digest, from git or the stamp
-    assert info["git_diff_paths"] == ["kernels/experts/mine.py", "sweeps/default.yaml"]
+    assert info["git_diff_paths"] == ["moebench/kernels/experts/mine.py", "sweeps/default.yaml"]
     # the report says so: the run's notes, the environment line, the results index
     notes = run_notes(pd.DataFrame({"git_sha": [info["git_sha"]]}), info, "cand")
     assert any(n.startswith("cand: the tree was dirty") and "`sweeps/default.yaml`" in n
@@ -125,7 +125,7 @@ def test_a_copy_edited_after_the_copy_records_dirty(repo, tmp_path):
 def test_what_counts_as_a_change_after_the_copy(repo, tmp_path, change, dirty):
     dest = tmp_path / "copy"
     assert _copy(repo, dest).returncode == 0
-    target = dest / "kernels" / "interfaces.py"
+    target = dest / "moebench" / "kernels" / "interfaces.py"
     if change == "edit":
         _edit(target)
     elif change == "add":
@@ -133,8 +133,8 @@ def test_what_counts_as_a_change_after_the_copy(repo, tmp_path, change, dirty):
     elif change == "remove":
         target.unlink()
     elif change == "add an ignored file":  # what running leaves: bytecode, a runs/ folder (.gitignore)
-        (dest / "kernels" / "__pycache__").mkdir(exist_ok=True)
-        (dest / "kernels" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+        (dest / "moebench" / "kernels" / "__pycache__").mkdir(exist_ok=True)
+        (dest / "moebench" / "kernels" / "__pycache__" / "x.pyc").write_bytes(b"\0")
         (dest / "runs" / "r").mkdir(parents=True)
         (dest / "runs" / "r" / "env.json").write_text("{}")
     else:
