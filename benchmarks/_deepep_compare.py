@@ -1,6 +1,7 @@
 """Shared parts of the DeepEP comparisons (benchmarks/deepep_ll_profiler.py,
 benchmarks/deepep_ht_profiler.py): run one of DeepEP's own tests from its source tree,
 run moebench in profiler mode, read the rows' per-rank kernel durations, format µs."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,14 @@ def moebench_kernel_rows(overrides: list, out_dir: Path, kernels: dict) -> list:
     df = RunStore(run_dir).load()
     rows = []
     for _, r in df.iterrows():
-        row = {"quant": r["quant"], "overlap": r["overlap"], "status": r["status"], "reason": r.get("reason", ""),
-               "dispatch_us": r.get("dispatch_us"), "combine_us": r.get("combine_us")}
+        row = {
+            "quant": r["quant"],
+            "overlap": r["overlap"],
+            "status": r["status"],
+            "reason": r.get("reason", ""),
+            "dispatch_us": r.get("dispatch_us"),
+            "combine_us": r.get("combine_us"),
+        }
         texts = r.get("kernel_us") if r["status"] == "ok" else None
         row["kernels"] = [kernel_sums(json.loads(t), kernels) for t in (texts if texts is not None else [])]
         rows.append(row)

@@ -25,6 +25,7 @@ between its own pair of CUDA events, enqueued back to back and read once; the ra
 median sample. No L2 flush: every operand set is larger than the H200's 50 MB L2 but the
 smallest GEMM's, whose rate is not the largest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,9 @@ BLOCK = 128
 FP8 = torch.float8_e4m3fn
 
 
-def time_samples(fn: Callable[[], object], device: torch.device, reps: int, warmup: int,
-                 warmup_ms: float) -> list[float]:
+def time_samples(
+    fn: Callable[[], object], device: torch.device, reps: int, warmup: int, warmup_ms: float
+) -> list[float]:
     """`reps` samples of fn() in µs: CUDA events around each call, enqueued back to back
     and read once (the host's launches stay hidden behind the GPU's work); the monotonic
     clock on the CPU."""
@@ -106,13 +108,20 @@ def gemm_variants(m: int, n: int, k: int, device: torch.device) -> dict[str, tup
 
     return {
         "bf16": (lambda: torch.matmul(a, bt), lambda: a.float() @ b.float().t()),
-        "fp8_tensor": (lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                       lambda: a8.float() @ b8.float().t()),
-        "fp8_tensor_fast_accum": (lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one,
-                                                           out_dtype=torch.bfloat16, use_fast_accum=True),
-                                  lambda: a8.float() @ b8.float().t()),
-        "fp8_block": (lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16),
-                      ref_block),
+        "fp8_tensor": (
+            lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+            lambda: a8.float() @ b8.float().t(),
+        ),
+        "fp8_tensor_fast_accum": (
+            lambda: torch._scaled_mm(
+                a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+            ),
+            lambda: a8.float() @ b8.float().t(),
+        ),
+        "fp8_block": (
+            lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16),
+            ref_block,
+        ),
     }
 
 
@@ -133,8 +142,13 @@ def check(name: str, device: torch.device) -> str:
 def summary(samples: list[float], work: float) -> dict:
     s = np.asarray(samples)
     med = float(np.median(s))
-    return dict(median_us=med, p20_us=float(np.percentile(s, 20)), p80_us=float(np.percentile(s, 80)),
-                reps=len(samples), rate_per_s=work / (med * 1e-6))
+    return dict(
+        median_us=med,
+        p20_us=float(np.percentile(s, 20)),
+        p80_us=float(np.percentile(s, 80)),
+        reps=len(samples),
+        rate_per_s=work / (med * 1e-6),
+    )
 
 
 def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms: float) -> list[dict]:
@@ -145,8 +159,18 @@ def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms
         src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
         samples = time_samples(lambda: dst.copy_(src), device, reps, warmup, warmup_ms)
-        rows.append(dict(kind="copy", name="copy", shape=[nbytes], status="ok", reason="",
-                         work=2.0 * nbytes, unit="bytes (read + write)", **summary(samples, 2.0 * nbytes)))
+        rows.append(
+            dict(
+                kind="copy",
+                name="copy",
+                shape=[nbytes],
+                status="ok",
+                reason="",
+                work=2.0 * nbytes,
+                unit="bytes (read + write)",
+                **summary(samples, 2.0 * nbytes),
+            )
+        )
         del src, dst
     names = list(gemm_variants(BLOCK, BLOCK, BLOCK, device))
     for name in names:
@@ -158,8 +182,9 @@ def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms
                 rows.append(row | dict(status=why.split(":")[0].split()[0], reason=why))
                 continue
             fn, _ = gemm_variants(size, size, size, device)[name]
-            rows.append(row | dict(status="ok", reason="", **summary(time_samples(fn, device, reps, warmup,
-                                                                                   warmup_ms), flops)))
+            rows.append(
+                row | dict(status="ok", reason="", **summary(time_samples(fn, device, reps, warmup, warmup_ms), flops))
+            )
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -167,27 +192,39 @@ def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms
 
 def ceilings(rows: list[dict]) -> dict:
     """The largest rate of each ceiling over its sizes and variants, with the record it came from."""
+
     def best(pred) -> dict:
         ok = [r for r in rows if r["status"] == "ok" and pred(r)]
         if not ok:
             raise RuntimeError("no measurement of this ceiling ran: see the rows' reasons")
         return max(ok, key=lambda r: r["rate_per_s"])
 
-    copy, bf16, fp8 = (best(lambda r: r["kind"] == "copy"), best(lambda r: r["name"] == "bf16"),
-                       best(lambda r: r["name"].startswith("fp8")))
+    copy, bf16, fp8 = (
+        best(lambda r: r["kind"] == "copy"),
+        best(lambda r: r["name"] == "bf16"),
+        best(lambda r: r["name"].startswith("fp8")),
+    )
     src = lambda r: f"{r['name']} {'x'.join(map(str, r['shape']))}"  # noqa: E731  (a label, used thrice)
-    return dict(copy_bytes_per_s=copy["rate_per_s"],
-                gemm_flops_per_s=dict(bf16=bf16["rate_per_s"], fp8=fp8["rate_per_s"]),
-                source=dict(copy=src(copy), bf16=src(bf16), fp8=src(fp8)))
+    return dict(
+        copy_bytes_per_s=copy["rate_per_s"],
+        gemm_flops_per_s=dict(bf16=bf16["rate_per_s"], fp8=fp8["rate_per_s"]),
+        source=dict(copy=src(copy), bf16=src(bf16), fp8=src(fp8)),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, help="the JSON to write (default on a GPU: "
-                   "results/ceilings/<gpu-slug>/ceilings.json; required with --cpu)")
-    p.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU: a check of the script and its "
-                   "JSON (device cpu), never a ceiling")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="the JSON to write (default on a GPU: results/ceilings/<gpu-slug>/ceilings.json; required with --cpu)",
+    )
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="tiny sizes on the CPU: a check of the script and its JSON (device cpu), never a ceiling",
+    )
     p.add_argument("--reps", type=int, default=None, help="samples per figure (GPU 50, CPU 3)")
     p.add_argument("--warmup", type=int, default=5, help="calls before the timed warm-up")
     p.add_argument("--warmup-ms", type=float, default=200.0, help="GPU: calls for this long before sampling")
@@ -210,19 +247,30 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = measure(device, sizes, reps, args.warmup, args.warmup_ms if device.type == "cuda" else 0.0)
     git = git_info()
-    doc = dict(schema=SCHEMA, device=device.type, gpu=gpu, commit=git["git_sha"], dirty=git["git_dirty"],
-               command=shlex.join(["python", "benchmarks/ceilings.py", *argv]),
-               timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               torch=torch.__version__, cuda=torch.version.cuda, seconds=round(time.perf_counter() - t0, 1),
-               ceilings=ceilings(rows), measurements=rows)
+    doc = dict(
+        schema=SCHEMA,
+        device=device.type,
+        gpu=gpu,
+        commit=git["git_sha"],
+        dirty=git["git_dirty"],
+        command=shlex.join(["python", "benchmarks/ceilings.py", *argv]),
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        seconds=round(time.perf_counter() - t0, 1),
+        ceilings=ceilings(rows),
+        measurements=rows,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     (out.parent / "env.json").write_text(json.dumps(fingerprint(), indent=1, default=str) + "\n")
     c = doc["ceilings"]
-    print(f"{gpu} ({device.type}): copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
-          f"{c['gemm_flops_per_s']['bf16'] / 1e12:.0f} TFLOP/s, fp8 {c['gemm_flops_per_s']['fp8'] / 1e12:.0f} "
-          f"TFLOP/s ({c['source']['fp8']}); {doc['seconds']} s; wrote {out} and env.json beside it"
-          + ("" if device.type == "cuda" else " (a CPU check: no GPU's ceiling)"))
+    print(
+        f"{gpu} ({device.type}): copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
+        f"{c['gemm_flops_per_s']['bf16'] / 1e12:.0f} TFLOP/s, fp8 {c['gemm_flops_per_s']['fp8'] / 1e12:.0f} "
+        f"TFLOP/s ({c['source']['fp8']}); {doc['seconds']} s; wrote {out} and env.json beside it"
+        + ("" if device.type == "cuda" else " (a CPU check: no GPU's ceiling)")
+    )
     for r in rows:
         if r["status"] != "ok":
             print(f"  {r['name']} {'x'.join(map(str, r['shape']))}: {r['reason']}")

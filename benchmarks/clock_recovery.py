@@ -12,6 +12,7 @@ SM clock. docs/findings/harness.md, "Warm-up".
     python benchmarks/clock_recovery.py [--n 8192] [--ramp-ms 400] [--gaps 0,25,50,100,200,400,800]
                                         [--json OUT.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,13 +68,19 @@ def main(argv=None) -> int:
     buckets: dict[int, list[float]] = {}
     for at, d in ramp:
         buckets.setdefault(int(at // 25) * 25, []).append(d)
-    out = {"gpu": torch.cuda.get_device_name(dev), "n": args.n,
-           "ramp": [{"from_ms": k, "median_us": statistics.median(v), "gemms": len(v)}
-                    for k, v in sorted(buckets.items())]}
+    out = {
+        "gpu": torch.cuda.get_device_name(dev),
+        "n": args.n,
+        "ramp": [
+            {"from_ms": k, "median_us": statistics.median(v), "gemms": len(v)} for k, v in sorted(buckets.items())
+        ],
+    }
     sustained = statistics.median(d for at, d in ramp if at >= args.ramp_ms / 2)
     out["sustained_us"] = sustained
-    print(f"{out['gpu']}: bf16 GEMM {args.n}^3, {per_ramp} back to back after 2 s idle; sustained "
-          f"(second half) {sustained:.1f} µs")
+    print(
+        f"{out['gpu']}: bf16 GEMM {args.n}^3, {per_ramp} back to back after 2 s idle; sustained "
+        f"(second half) {sustained:.1f} µs"
+    )
     for r in out["ramp"]:
         print(f"  ramp {r['from_ms']:4d} ms  {r['median_us']:8.1f} µs  ({r['median_us'] / sustained:.3f})")
     out["gaps"] = []
@@ -85,12 +92,19 @@ def main(argv=None) -> int:
             elif gap:
                 torch.cuda._sleep(int(gap * 1e3 * cyc))
             after = [d for _, d in gemm_times(a, b, args.samples)]
-            row = {"gap": how, "gap_ms": gap, "first5_us": statistics.median(after[:5]),
-                   "median_us": statistics.median(after), "sustained_us": sustained}
+            row = {
+                "gap": how,
+                "gap_ms": gap,
+                "first5_us": statistics.median(after[:5]),
+                "median_us": statistics.median(after),
+                "sustained_us": sustained,
+            }
             out["gaps"].append(row)
-            print(f"  after {gap:5.0f} ms {how:4s}: first five {row['first5_us']:8.1f} µs "
-                  f"({row['first5_us'] / sustained:.3f}), {args.samples} {row['median_us']:8.1f} µs "
-                  f"({row['median_us'] / sustained:.3f})")
+            print(
+                f"  after {gap:5.0f} ms {how:4s}: first five {row['first5_us']:8.1f} µs "
+                f"({row['first5_us'] / sustained:.3f}), {args.samples} {row['median_us']:8.1f} µs "
+                f"({row['median_us'] / sustained:.3f})"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -19,6 +19,7 @@ A benchmark, not a test: it prints and writes both sets of figures side by side.
 Writes <out>/deepep_test_intranode.log, the moebench run directory <out>/moebench
 (rows, env.json), <out>/comparison.md and comparison.json.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,9 @@ from _deepep_compare import fmt_us, main, moebench_kernel_rows, ratios, run_deep
 
 TOKENS, HIDDEN, TOPK, EXPERTS, SMS = 4096, 7168, 8, 256, 24
 _DEFAULT = re.compile(r"\[tuning\] SMs (\d+), NVL chunk default: .*?avg_t: ([\d.]+) us")
-_BEST = re.compile(r"\[tuning\] Best (dispatch \((FP8|BF16)\)|combine): SMs \d+, NVL chunk (\d+)[,:] .*? t: ([\d.]+) us")
+_BEST = re.compile(
+    r"\[tuning\] Best (dispatch \((FP8|BF16)\)|combine): SMs \d+, NVL chunk (\d+)[,:] .*? t: ([\d.]+) us"
+)
 # test_intranode.py tunes fp8 dispatch, then bf16 dispatch, then combine
 ORDER = ("dispatch_fp8", "dispatch_bf16", "combine")
 
@@ -48,9 +51,24 @@ def parse_intranode(stdout: str) -> dict:
 
 
 def run_deepep_test(src: Path, log: Path, timeout_s: int, world: int) -> dict:
-    out = run_deepep_script(src, "test_intranode.py",
-                            ["--num-processes", world, "--num-tokens", TOKENS, "--hidden", HIDDEN,
-                             "--num-topk", TOPK, "--num-experts", EXPERTS], log, timeout_s)
+    out = run_deepep_script(
+        src,
+        "test_intranode.py",
+        [
+            "--num-processes",
+            world,
+            "--num-tokens",
+            TOKENS,
+            "--hidden",
+            HIDDEN,
+            "--num-topk",
+            TOPK,
+            "--num-experts",
+            EXPERTS,
+        ],
+        log,
+        timeout_s,
+    )
     res = parse_intranode(out)
     if set(res) != set(ORDER) or any("default" not in v for v in res.values()):
         raise SystemExit(f"DeepEP's output lacks the recommended-config timings; see {log}")
@@ -59,39 +77,65 @@ def run_deepep_test(src: Path, log: Path, timeout_s: int, world: int) -> dict:
 
 def run_moebench(out_dir: Path, reps: int, world: int) -> list[dict]:
     return moebench_kernel_rows(
-        ["backend=deepep_ht", "experts=torch", "reduction=experts", "overlap=none", "quant=fp8_block,bf16",
-         "model=deepseek_v3", f"workload.tokens_per_rank=[{TOKENS}]", f"backend.num_sms={SMS}",
-         "runner.timing=profiler", "runner.device=cuda", f"runner.world_size={world}", f"runner.reps={reps}"],
-        out_dir, {"dispatch": "intranode::dispatch<", "combine": "intranode::combine<"})
+        [
+            "backend=deepep_ht",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=none",
+            "quant=fp8_block,bf16",
+            "model=deepseek_v3",
+            f"workload.tokens_per_rank=[{TOKENS}]",
+            f"backend.num_sms={SMS}",
+            "runner.timing=profiler",
+            "runner.device=cuda",
+            f"runner.world_size={world}",
+            f"runner.reps={reps}",
+        ],
+        out_dir,
+        {"dispatch": "intranode::dispatch<", "combine": "intranode::combine<"},
+    )
 
 
 def compare(deepep: dict, rows: list[dict], world: int) -> str:
     """Markdown: DeepEP's recommended-config time (rank 0) beside moebench's per-rank kernels."""
+
     def ours(quant, kernel):
         for r in rows:
             if r["quant"] == quant and r["kernels"]:
                 return [k[kernel] for k in r["kernels"]]
         return []
 
-    lines = [f"DeepEP intranode kernels, {world} ranks, {TOKENS} tokens per rank, hidden {HIDDEN}, top-{TOPK}, "
-             f"{EXPERTS} experts, {SMS} SMs, recommended config (µs; DeepEP: rank 0, moebench: every rank)",
-             "", "| kernel | DeepEP test_intranode.py (best chunk) | moebench profiler | moebench / DeepEP |",
-             "|---|---:|---:|---:|"]
-    for label, key, quant, kernel in (("dispatch fp8", "dispatch_fp8", "fp8_block", "dispatch"),
-                                      ("dispatch bf16", "dispatch_bf16", "bf16", "dispatch"),
-                                      ("combine bf16", "combine", "bf16", "combine")):
+    lines = [
+        f"DeepEP intranode kernels, {world} ranks, {TOKENS} tokens per rank, hidden {HIDDEN}, top-{TOPK}, "
+        f"{EXPERTS} experts, {SMS} SMs, recommended config (µs; DeepEP: rank 0, moebench: every rank)",
+        "",
+        "| kernel | DeepEP test_intranode.py (best chunk) | moebench profiler | moebench / DeepEP |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key, quant, kernel in (
+        ("dispatch fp8", "dispatch_fp8", "fp8_block", "dispatch"),
+        ("dispatch bf16", "dispatch_bf16", "bf16", "dispatch"),
+        ("combine bf16", "combine", "bf16", "combine"),
+    ):
         d = deepep.get(key, {})
         mine = ours(quant, kernel)
         best = f" ({d['best']:.1f} at chunk {d['best_chunk']})" if "best" in d else ""
         theirs = [d["default"]] * len(mine) if "default" in d else []
-        lines.append(f"| {label} | {d.get('default', float('nan')):.1f}{best} | {fmt_us(mine)} (quant={quant}) | "
-                     f"{ratios(mine, theirs)} |")
-    lines += ["", "| quant | status | dispatch kernels | combine kernels | dispatch_us | combine_us |",
-              "|---|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {label} | {d.get('default', float('nan')):.1f}{best} | {fmt_us(mine)} (quant={quant}) | "
+            f"{ratios(mine, theirs)} |"
+        )
+    lines += [
+        "",
+        "| quant | status | dispatch kernels | combine kernels | dispatch_us | combine_us |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in sorted(rows, key=lambda r: r["quant"]):
-        lines.append(f"| {r['quant']} | {r['status']} | {fmt_us([k['dispatch'] for k in r['kernels']])} | "
-                     f"{fmt_us([k['combine'] for k in r['kernels']])} | {r['dispatch_us'] or float('nan'):.1f} | "
-                     f"{r['combine_us'] or float('nan'):.1f} |")
+        lines.append(
+            f"| {r['quant']} | {r['status']} | {fmt_us([k['dispatch'] for k in r['kernels']])} | "
+            f"{fmt_us([k['combine'] for k in r['kernels']])} | {r['dispatch_us'] or float('nan'):.1f} | "
+            f"{r['combine_us'] or float('nan'):.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ the machine allows, next to what `overlap=combine` gets inside the layer.
     python benchmarks/deepep_overlap.py [--tokens 128 1024 4096] [--num-sms 24]
         [--carveout 0 24] [--combine-chunk 0] [--reps 40]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,15 @@ def rank_main(rank: int, port: int, args, q) -> None:
         w = torch.rand(T, TOPK, device=dev, generator=g)
         n_rank, n_rdma, n_expert, in_rank, _ = ht.buffer.get_dispatch_layout(ids, EXPERTS)
         recv_x, _, _, _, handle, _ = ht.buffer.dispatch(
-            x, num_tokens_per_rank=n_rank, num_tokens_per_rdma_rank=n_rdma, is_token_in_rank=in_rank,
-            num_tokens_per_expert=n_expert, topk_idx=ids, topk_weights=w, config=ht.dispatch_config)
+            x,
+            num_tokens_per_rank=n_rank,
+            num_tokens_per_rdma_rank=n_rdma,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=n_expert,
+            topk_idx=ids,
+            topk_weights=w,
+            config=ht.dispatch_config,
+        )
         for carveout in args.carveout:
             shared = SharedExperts(w13, w2, sm_carveout=carveout)
 
@@ -60,7 +68,9 @@ def rank_main(rank: int, port: int, args, q) -> None:
                 shared(x)
 
             fns = {"combine": combine, "shared": lambda: shared(x), "overlapped": overlapped, "sequential": sequential}
-            s = timing.time_interleaved(list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync.kwargs())
+            s = timing.time_interleaved(
+                list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync.kwargs()
+            )
             med = {k: v.median for k, v in zip(fns, s)}
             hidden = (med["combine"] + med["shared"] - med["overlapped"]) / med["shared"]
             rows.append({"rank": rank, "tokens": T, "carveout": carveout, **med, "hidden_fraction": hidden})
@@ -81,13 +91,19 @@ def main() -> None:
     if torch.cuda.device_count() < 2:
         raise SystemExit("needs 2 GPUs")
     _deepep.require()
-    rows = sorted((r for per_rank in run_ranks(rank_main, 2, (args,), 600) for r in per_rank),
-                  key=lambda r: (r["tokens"], r["carveout"], r["rank"]))
-    print(f"DeepEP HT num_sms={args.num_sms} combine_chunk={args.combine_chunk or 'recommended'}; µs, medians of {args.reps}")
+    rows = sorted(
+        (r for per_rank in run_ranks(rank_main, 2, (args,), 600) for r in per_rank),
+        key=lambda r: (r["tokens"], r["carveout"], r["rank"]),
+    )
+    print(
+        f"DeepEP HT num_sms={args.num_sms} combine_chunk={args.combine_chunk or 'recommended'}; µs, medians of {args.reps}"
+    )
     for r in rows:
-        print(f"T={r['tokens']:5d} carveout={r['carveout']:3d} rank {r['rank']}: combine {r['combine']:7.1f} "
-              f"shared {r['shared']:7.1f} overlapped {r['overlapped']:7.1f} sequential {r['sequential']:7.1f} "
-              f"hidden {r['hidden_fraction']:.2f}")
+        print(
+            f"T={r['tokens']:5d} carveout={r['carveout']:3d} rank {r['rank']}: combine {r['combine']:7.1f} "
+            f"shared {r['shared']:7.1f} overlapped {r['overlapped']:7.1f} sequential {r['sequential']:7.1f} "
+            f"hidden {r['hidden_fraction']:.2f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

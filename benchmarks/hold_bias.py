@@ -17,6 +17,7 @@ moebench's hold became flushes (moebench/measure/timing.py: sample_start).
 
     python benchmarks/hold_bias.py [--modes held,unheld,spin] [--pairs 12] [--rounds 2] [--n 4096] [--json OUT.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,8 +111,10 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes or args.pairs < 2 or args.rounds < 1 or args.n < 128 or args.n % 128:
-        print(f"hold_bias: bad arguments (modes {bad or modes}, pairs >= 2, rounds >= 1, n a multiple of 128)",
-              file=sys.stderr)
+        print(
+            f"hold_bias: bad arguments (modes {bad or modes}, pairs >= 2, rounds >= 1, n a multiple of 128)",
+            file=sys.stderr,
+        )
         return 2
     import torch
     from triton.testing import do_bench
@@ -131,9 +134,12 @@ def main(argv=None) -> int:
             got = pairs_for(fn, m, args.pairs, flush, dev)
             result[m].extend(got)
             ratios = [o / d for o, d in got]
-            print(f"round {r} {m:7} ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
-                  f"{max(ratios):.3f}); moebench {statistics.median(o for o, _ in got):.1f} µs, do_bench "
-                  f"{statistics.median(d for _, d in got):.1f} µs", flush=True)
+            print(
+                f"round {r} {m:7} ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
+                f"{max(ratios):.3f}); moebench {statistics.median(o for o, _ in got):.1f} µs, do_bench "
+                f"{statistics.median(d for _, d in got):.1f} µs",
+                flush=True,
+            )
     for m in modes:
         ratios = [o / d for o, d in result[m]]
         print(f"{m:7} pooled ratio median {statistics.median(ratios):.3f} over {len(ratios)} pairs")

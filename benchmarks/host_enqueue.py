@@ -25,6 +25,7 @@ with --default, every local combination of the default sweep at its token counts
     python benchmarks/host_enqueue.py --profile qwen3_bf16_triton_32 [--calls 200]  # cProfile of the enqueue
     python benchmarks/host_enqueue.py --breakdown qwen3_bf16_triton_32 [--calls 200] # µs per function, no profiler
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ CASES = {  # name -> (overrides, tokens): the issue's table, measured at f9a2356
     "dsv3_ep8_bf16_triton_4096": (LOCAL + DSV3_EP8 + ["quant=bf16", "experts=triton"], 4096),
 }
 ISSUE_34 = {  # the issue's "before" (host enqueue µs, GPU µs, kernels), for the table's last columns
-    "qwen3_bf16_triton_32": (498, 282, 14), "qwen3_fp8_triton_1024": (628, 301, 15),
-    "qwen3_fp8_deepgemm_1024": (736, 275, 15), "dsv3_ep8_fp8_triton_2048": (919, 852, 21),
+    "qwen3_bf16_triton_32": (498, 282, 14),
+    "qwen3_fp8_triton_1024": (628, 301, 15),
+    "qwen3_fp8_deepgemm_1024": (736, 275, 15),
+    "dsv3_ep8_fp8_triton_2048": (919, 852, 21),
     "dsv3_ep8_bf16_triton_4096": (1401, 1951, 21),
 }
 TARGET_US = 300.0  # the issue's bound on the triton paths' host enqueue
@@ -97,8 +100,11 @@ def count_kernels(fn, device) -> dict:
         torch.cuda.synchronize(device)
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     copies = sum(1 for n in names if n.lower().startswith(("memcpy", "memset")))
-    return {"kernels": len(names) - copies, "copies": copies,
-            "kernel_names": sorted(set(n for n in names if not n.lower().startswith(("memcpy", "memset"))))}
+    return {
+        "kernels": len(names) - copies,
+        "copies": copies,
+        "kernel_names": sorted(set(n for n in names if not n.lower().startswith(("memcpy", "memset")))),
+    }
 
 
 def build(overrides: list[str], tokens: int):
@@ -147,12 +153,19 @@ def gpu_figures(name: str, tokens: int, c, layer, fn, probes: list[float], reps:
     from moebench.measure import timing
 
     device = torch.device("cuda", torch.cuda.current_device())
-    out = {"case": name, "tokens": tokens, "label": c.label, "host_us": float(np.median(probes)),
-           "host_us_probes": probes, "host_rounds": rounds,
-           "last_gemm": getattr(layer.kernel.experts, "last_gemm", "")}
+    out = {
+        "case": name,
+        "tokens": tokens,
+        "label": c.label,
+        "host_us": float(np.median(probes)),
+        "host_us_probes": probes,
+        "host_rounds": rounds,
+        "last_gemm": getattr(layer.kernel.experts, "last_gemm", ""),
+    }
     graph = auto_events(c.combo) is None
-    s = timing.time_samples(fn, device, reps, 5, flush=timing.L2Flusher(device), graph=graph, warmup_ms=200,
-                            hold_us=out["host_us"])
+    s = timing.time_samples(
+        fn, device, reps, 5, flush=timing.L2Flusher(device), graph=graph, warmup_ms=200, hold_us=out["host_us"]
+    )
     out.update(gpu_us=s.median, gpu_p80_p20=s.p80 / s.p20, gpu_timing="graph" if graph else "events")
     out["host_over_gpu"] = out["host_us"] / out["gpu_us"]
     return out
@@ -232,14 +245,19 @@ def pair_table(rows: list[dict]) -> str:
         other = next(o for o in rows if o["case"] == r["pair_case"])
         spread = f" ({r['host_ratio_p20']:.2f}–{r['host_ratio_p80']:.2f})" if "host_ratio_p20" in r else ""
         verdict = "ok" if r["host_ratio"] <= TARGET_RATIO else "over"
-        lines.append(f"| {r['label']} | {r['tokens']} | {r['host_us']:.0f} ({r['last_gemm']}) | "
-                     f"{other['host_us']:.0f} ({other['last_gemm']}) | {r['host_ratio']:.2f}{spread} | {verdict} |")
+        lines.append(
+            f"| {r['label']} | {r['tokens']} | {r['host_us']:.0f} ({r['last_gemm']}) | "
+            f"{other['host_us']:.0f} ({other['last_gemm']}) | {r['host_ratio']:.2f}{spread} | {verdict} |"
+        )
     if not lines:
         return ""
-    head = [f"host enqueue, experts.contiguous_gemm auto against triton (issue #46: ratio ≤ {TARGET_RATIO}; "
-            "per-round ratios' p20–p80 where the probes were interleaved)",
-            "| combination | tokens | auto: host µs (GEMMs run) | triton: host µs (GEMMs run) | auto / triton | "
-            f"≤ {TARGET_RATIO} |", "|---|---:|---:|---:|---:|---|"]
+    head = [
+        f"host enqueue, experts.contiguous_gemm auto against triton (issue #46: ratio ≤ {TARGET_RATIO}; "
+        "per-round ratios' p20–p80 where the probes were interleaved)",
+        "| combination | tokens | auto: host µs (GEMMs run) | triton: host µs (GEMMs run) | auto / triton | "
+        f"≤ {TARGET_RATIO} |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     return "\n".join(head + lines)
 
 
@@ -284,8 +302,10 @@ def profile_enqueue(name: str, overrides: list[str], tokens: int, calls: int, to
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     total_us = stats.total_tt / calls * 1e6
-    buf.write(f"{name} ({c.label}, {tokens} tokens): {total_us:.0f} µs a forward under cProfile "
-              f"(its own overhead included), {calls} forwards; by own time:\n")
+    buf.write(
+        f"{name} ({c.label}, {tokens} tokens): {total_us:.0f} µs a forward under cProfile "
+        f"(its own overhead included), {calls} forwards; by own time:\n"
+    )
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
     layer.kernel.close()
@@ -312,8 +332,12 @@ BREAKDOWN = [
     ("moebench.kernels.experts.triton", "TritonExperts._contiguous_gemm"),
     ("moebench.kernels.triton.contiguous_gemm", "contiguous_gemm"),
     ("moebench.kernels.triton.gluon_contiguous", "GluonGemm.__call__"),  # (Triton >= 3.6: skipped where it is not)
-    ("torch", "empty"), ("torch", "mm"), ("torch", "Tensor.zero_"), ("torch", "Tensor.copy_"),
-    ("torch", "Tensor.add_"), ("torch", "Tensor.addmm_"),
+    ("torch", "empty"),
+    ("torch", "mm"),
+    ("torch", "Tensor.zero_"),
+    ("torch", "Tensor.copy_"),
+    ("torch", "Tensor.add_"),
+    ("torch", "Tensor.addmm_"),
 ]
 
 
@@ -345,6 +369,7 @@ def breakdown(name: str, overrides: list[str], tokens: int, calls: int) -> str:
                 acc.setdefault(label, [0, 0])
                 acc[label][0] += time.perf_counter_ns() - t0
                 acc[label][1] += 1
+
         return timed
 
     undo = []
@@ -396,9 +421,12 @@ def breakdown(name: str, overrides: list[str], tokens: int, calls: int) -> str:
         for obj, leaf, orig in reversed(undo):
             setattr(obj, leaf, orig)
     layer.kernel.close()
-    lines = [f"{name} ({c.label}, {tokens} tokens): median of {calls} forwards, the wrappers' own cost included "
-             f"(the whole forward {np.median(walls):.0f} µs here)", "| function | calls a forward | µs a forward (median) |",
-             "|---|---:|---:|"]
+    lines = [
+        f"{name} ({c.label}, {tokens} tokens): median of {calls} forwards, the wrappers' own cost included "
+        f"(the whole forward {np.median(walls):.0f} µs here)",
+        "| function | calls a forward | µs a forward (median) |",
+        "|---|---:|---:|",
+    ]
     for k, v in sorted(per.items(), key=lambda kv: -np.median([x[0] for x in kv[1]])):
         lines.append(f"| {k} | {v[0][1]} | {np.median([x[0] for x in v]):.1f} |")
     return "\n".join(lines)
@@ -411,34 +439,49 @@ def _bound(case: str) -> bool:
 
 def table(rows: list[dict]) -> str:
     """The rows as Markdown, with the issue's "before" where the case is one of its table's."""
-    lines = ["| case | tokens | kernels | host enqueue µs | GPU µs | host / GPU "
-             "| issue #34 before: host, GPU, kernels |", "|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| case | tokens | kernels | host enqueue µs | GPU µs | host / GPU | issue #34 before: host, GPU, kernels |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         if "skipped" in r:
             lines.append(f"| {r['case']} | {r['tokens']} | skipped: {r['skipped'][:80]} | | | | |")
             continue
         before = ISSUE_34.get(r["case"])
         mark = " ✗" if _bound(r["case"]) and r["host_us"] > TARGET_US else ""
-        lines.append(f"| {r['case']} | {r['tokens']} | {r['kernels']} (+{r['copies']} copies) | "
-                     f"{r['host_us']:.0f}{mark} | {r['gpu_us']:.1f} ({r['gpu_timing']}) | {r['host_over_gpu']:.2f} | "
-                     + (f"{before[0]}, {before[1]}, {before[2]}" if before else "") + " |")
+        lines.append(
+            f"| {r['case']} | {r['tokens']} | {r['kernels']} (+{r['copies']} copies) | "
+            f"{r['host_us']:.0f}{mark} | {r['gpu_us']:.1f} ({r['gpu_timing']}) | {r['host_over_gpu']:.2f} | "
+            + (f"{before[0]}, {before[1]}, {before[2]}" if before else "")
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="issue34", help="comma-separated case names or groups ("
-                    + ", ".join(GROUPS) + "; default: issue34, issue #34's table)")
+    ap.add_argument(
+        "--cases",
+        default="issue34",
+        help="comma-separated case names or groups (" + ", ".join(GROUPS) + "; default: issue34, issue #34's table)",
+    )
     ap.add_argument("--default", action="store_true", help="also every local combination of the default sweep")
-    ap.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
-                    help="build every case first and take the host probes in rounds, one of each case a round "
-                    "(default: on where both cases of an issue #46 pair run)")
+    ap.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build every case first and take the host probes in rounds, one of each case a round "
+        "(default: on where both cases of an issue #46 pair run)",
+    )
     ap.add_argument("--reps", type=int, default=30, help="graph replays (or held eager samples) for the GPU time")
     ap.add_argument("--tries", type=int, default=9, help="host-enqueue probes (each the median of five calls)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--profile", metavar="CASE", help="instead: cProfile the enqueue of this case")
-    ap.add_argument("--breakdown", metavar="CASE", help="instead: each layer function's and torch op's host µs "
-                    "a forward (medians; no profiler)")
+    ap.add_argument(
+        "--breakdown",
+        metavar="CASE",
+        help="instead: each layer function's and torch op's host µs a forward (medians; no profiler)",
+    )
     ap.add_argument("--calls", type=int, default=200, help="forwards profiled (--profile)")
     ap.add_argument("--top", type=int, default=30, help="functions listed (--profile)")
     args = ap.parse_args(argv)
@@ -448,7 +491,9 @@ def main(argv=None) -> int:
         print(f"host_enqueue: unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
         return 2
     if args.breakdown and args.breakdown not in CASES:
-        print(f"host_enqueue: unknown case {args.breakdown!r} for --breakdown; cases: {', '.join(CASES)}", file=sys.stderr)
+        print(
+            f"host_enqueue: unknown case {args.breakdown!r} for --breakdown; cases: {', '.join(CASES)}", file=sys.stderr
+        )
         return 2
     if args.profile and args.profile not in CASES:
         print(f"host_enqueue: unknown case {args.profile!r} for --profile; cases: {', '.join(CASES)}", file=sys.stderr)
@@ -475,8 +520,11 @@ def main(argv=None) -> int:
         interleave = any(a in cases and t in cases for a, t in GLUON_PAIRS.items())
 
     def progress(r: dict) -> None:
-        what = (f"skipped ({r['skipped'][:60]})" if "skipped" in r
-                else f"host {r['host_us']:.0f} µs, GPU {r['gpu_us']:.1f} µs")
+        what = (
+            f"skipped ({r['skipped'][:60]})"
+            if "skipped" in r
+            else f"host {r['host_us']:.0f} µs, GPU {r['gpu_us']:.1f} µs"
+        )
         print(f"  {r['case']}: {what}", file=sys.stderr, flush=True)
 
     if interleave:

@@ -24,6 +24,7 @@ Each figure: µs per call, the median of --repeats timings of --number calls (p2
 
     python benchmarks/host_python.py [--number 2000] [--repeats 15] [--json OUT.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,27 +98,83 @@ def pieces() -> dict[str, Optional[Callable[[], None]]]:
     R = M * P
     ids = torch.randint(0, E, (M, P), generator=g)
     weights = torch.rand(M, P, generator=g)
-    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 3}
+    cfg = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     scratch = torch.empty(moe.standard_scratch_numel(M, P, E, 16), dtype=torch.int32)
     sorted_ids, expert_ids, num_post = align.moe_align_block_size(ids, E, 16, scratch)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     w13 = torch.randn(E, N, K, generator=g).to(torch.bfloat16)
     h = torch.empty(R, N, dtype=torch.bfloat16)
-    gemm_args = (x, w13, h, x, w13, sorted_ids, sorted_ids, expert_ids, num_post, N, sorted_ids.numel(), R,
-                 *x.stride(), *w13.stride(), *h.stride(), 0, 0, 0, 0, 0)
-    gemm_kwargs = dict(K=K, A_ROW_DIV=P, C_ROW_DIV=1, MUL_ROUTED_WEIGHT=False, ATOMIC_ADD=False, QUANT=0,
-                       GROUP_N=128, GROUP_K=128, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1,
-                       num_warps=4, num_stages=3, INTERPRET=False)
+    gemm_args = (
+        x,
+        w13,
+        h,
+        x,
+        w13,
+        sorted_ids,
+        sorted_ids,
+        expert_ids,
+        num_post,
+        N,
+        sorted_ids.numel(),
+        R,
+        *x.stride(),
+        *w13.stride(),
+        *h.stride(),
+        0,
+        0,
+        0,
+        0,
+        0,
+    )
+    gemm_kwargs = dict(
+        K=K,
+        A_ROW_DIV=P,
+        C_ROW_DIV=1,
+        MUL_ROUTED_WEIGHT=False,
+        ATOMIC_ADD=False,
+        QUANT=0,
+        GROUP_N=128,
+        GROUP_K=128,
+        BLOCK_SIZE_M=16,
+        BLOCK_SIZE_N=64,
+        BLOCK_SIZE_K=128,
+        GROUP_SIZE_M=1,
+        num_warps=4,
+        num_stages=3,
+        INTERPRET=False,
+    )
     flat = ids.reshape(-1)
     meta = scratch[-100:]
     out = {
         "launch_gemm": lambda: launch(gemm.fused_moe_kernel, (64,), *gemm_args, **gemm_kwargs),
-        "launch_align": lambda: launch(align._align_count_kernel, (1,), flat, meta, expert_ids, sorted_ids, R, E, 10,
-                                       BLOCK_M=16, NUM_BINS=32, CHUNK=1024, BLOCK_B=64, SCATTER=True, PAD_C=16,
-                                       num_warps=4),
+        "launch_align": lambda: launch(
+            align._align_count_kernel,
+            (1,),
+            flat,
+            meta,
+            expert_ids,
+            sorted_ids,
+            R,
+            E,
+            10,
+            BLOCK_M=16,
+            NUM_BINS=32,
+            CHUNK=1024,
+            BLOCK_B=64,
+            SCATTER=True,
+            PAD_C=16,
+            num_warps=4,
+        ),
         "invoke_fused_moe_gemm": lambda: gemm.invoke_fused_moe_gemm(
-            x, None, w13, None, h, sorted_ids, expert_ids, num_post, R, cfg, a_row_div=P),
+            x, None, w13, None, h, sorted_ids, expert_ids, num_post, R, cfg, a_row_div=P
+        ),
         "per_token_group_quant_fp8": lambda: quant.per_token_group_quant_fp8(x, 128),
         "moe_align_block_size": lambda: align.moe_align_block_size(ids, E, 16, scratch),
     }
@@ -135,11 +192,13 @@ def pieces() -> dict[str, Optional[Callable[[], None]]]:
         ew = ExpertWeights(w13_ENK=w13_q, w2_EKI=w2_q, w13_scale=w13_s, w2_scale=w2_s, quant=q)
         ws13 = torch.empty(R * N, dtype=torch.bfloat16)
         # ws2 with the tail the experts give it (the sort scratch: moe.standard_ws2_tail_rows)
-        ws2 = torch.empty((R + moe.standard_ws2_tail_rows(M, P, E, cfg["BLOCK_SIZE_M"], N // 2)) * N // 2,
-                          dtype=torch.bfloat16)
+        ws2 = torch.empty(
+            (R + moe.standard_ws2_tail_rows(M, P, E, cfg["BLOCK_SIZE_M"], N // 2)) * N // 2, dtype=torch.bfloat16
+        )
         y = torch.empty(M, K, dtype=torch.bfloat16)
-        out[f"fused_moe_standard_{name}"] = (lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
-            x, None, ids, weights, ew, y, ws13, ws2, cfg, "experts"))
+        out[f"fused_moe_standard_{name}"] = lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
+            x, None, ids, weights, ew, y, ws13, ws2, cfg, "experts"
+        )
     return out
 
 
@@ -162,8 +221,9 @@ def _layer_forward(M: int):
 
     from moebench.measure.workload import build_expert_weights, make_inputs
 
-    shape = LayerShape(hidden=256, intermediate=128, num_experts=16, topk=4, num_shared_experts=0,
-                       shared_intermediate=0)
+    shape = LayerShape(
+        hidden=256, intermediate=128, num_experts=16, topk=4, num_shared_experts=0, shared_intermediate=0
+    )
     ctx = KernelContext(shape=shape, quant=QuantSpec("bf16"), device=torch.device("cpu"), simulate_ep=1, options={})
     pf = registry.get_backend("local")(ctx)
     layer = MoEKernel(pf, registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx), None, "none")
@@ -214,8 +274,13 @@ def main(argv=None) -> int:
         import torch
         import triton
 
-        env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-               "machine": platform.machine(), "processor": platform.processor()}
+        env = {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+        }
         Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")
     return 0
 

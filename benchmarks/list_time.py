@@ -6,6 +6,7 @@ planning the combinations.
 
     python benchmarks/list_time.py [--runs 5] [--json OUT.json] [-- OVERRIDES...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,13 @@ def wall_times(runs: int, overrides: list[str], cpu: list | None = None) -> list
 
 
 def summary(times: list[float], cpu: list | None = None) -> dict:
-    out = {"runs": len(times), "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-           "times_s": times}
+    out = {
+        "runs": len(times),
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "times_s": times,
+    }
     if cpu:
         out.update(cpu_median_s=statistics.median(cpu), cpu_s=cpu)
     return out
@@ -52,9 +58,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cpu: list = []
     s = summary(wall_times(args.runs, args.overrides, cpu), cpu)
-    print(f"moebench list {' '.join(args.overrides)}".rstrip() + f": median {s['median_s']:.2f} s "
-          f"(min {s['min_s']:.2f}, max {s['max_s']:.2f}) over {s['runs']} fresh processes; "
-          f"CPU (user + system) median {s['cpu_median_s']:.2f} s")
+    print(
+        f"moebench list {' '.join(args.overrides)}".rstrip() + f": median {s['median_s']:.2f} s "
+        f"(min {s['min_s']:.2f}, max {s['max_s']:.2f}) over {s['runs']} fresh processes; "
+        f"CPU (user + system) median {s['cpu_median_s']:.2f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(s, indent=2) + "\n")
     return 0

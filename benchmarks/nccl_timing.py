@@ -5,6 +5,7 @@ issue #4's criterion on the same callable (moebench vs back-to-back events): wit
 
     python benchmarks/nccl_timing.py [--mib 64] [--reps 50]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     for rank, m1, m2, hand, b2b, spread in sorted(run_ranks(rank_main, 2, (args.mib, args.reps), 300)):
-        print(f"rank {rank}: moebench {m1:.1f} / {m2:.1f} µs, by hand (barrier loop) {hand:.1f} µs, "
-              f"back to back {b2b:.1f} µs, p80/p20 {spread:.3f}")
+        print(
+            f"rank {rank}: moebench {m1:.1f} / {m2:.1f} µs, by hand (barrier loop) {hand:.1f} µs, "
+            f"back to back {b2b:.1f} µs, p80/p20 {spread:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ For each combination (moebench overrides, one token count):
 
     python benchmarks/timing_modes.py [--reps 60] [--json OUT.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,49 @@ from moebench.run.plan import plan
 from moebench.measure.workload import make_inputs
 
 CASES = [  # (name, overrides, tokens)
-    ("dsv3_ep8_tod_fp8_none", ["backend=local", "backend.simulate_ep=8", "model=deepseek_v3", "quant=fp8_block",
-                               "experts=triton_or_deepgemm", "reduction=experts", "overlap=none"], 128),
-    ("dsv3_ep8_tod_fp8_combine", ["backend=local", "backend.simulate_ep=8", "model=deepseek_v3",
-                                  "quant=fp8_block", "experts=triton_or_deepgemm", "reduction=experts",
-                                  "overlap=combine"], 128),
-    ("mixtral_triton_bf16", ["backend=local", "model=mixtral_8x7b", "quant=bf16", "experts=triton",
-                             "reduction=experts", "overlap=none"], 64),
-    ("qwen3_triton_fp8", ["backend=local", "model=qwen3_30b_a3b", "quant=fp8_block", "experts=triton",
-                          "reduction=experts", "overlap=none"], 64),
+    (
+        "dsv3_ep8_tod_fp8_none",
+        [
+            "backend=local",
+            "backend.simulate_ep=8",
+            "model=deepseek_v3",
+            "quant=fp8_block",
+            "experts=triton_or_deepgemm",
+            "reduction=experts",
+            "overlap=none",
+        ],
+        128,
+    ),
+    (
+        "dsv3_ep8_tod_fp8_combine",
+        [
+            "backend=local",
+            "backend.simulate_ep=8",
+            "model=deepseek_v3",
+            "quant=fp8_block",
+            "experts=triton_or_deepgemm",
+            "reduction=experts",
+            "overlap=combine",
+        ],
+        128,
+    ),
+    (
+        "mixtral_triton_bf16",
+        ["backend=local", "model=mixtral_8x7b", "quant=bf16", "experts=triton", "reduction=experts", "overlap=none"],
+        64,
+    ),
+    (
+        "qwen3_triton_fp8",
+        [
+            "backend=local",
+            "model=qwen3_30b_a3b",
+            "quant=fp8_block",
+            "experts=triton",
+            "reduction=experts",
+            "overlap=none",
+        ],
+        64,
+    ),
 ]
 
 
@@ -84,8 +119,11 @@ def gpu_busy_us(fn, device) -> float:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize(device)
-        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                       if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+        spans = sorted(
+            (e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+        )
         total, end = 0.0, -1.0
         for a, b in spans:  # union: two streams' kernels that overlap count once
             if b > end:
@@ -108,8 +146,13 @@ def measure(name, overrides, tokens, reps) -> dict:
     ev = timing.time_samples(fn, device, reps, 5, flush=flush, warmup_ms=200)
     gr = timing.time_samples(fn, device, reps, 5, flush=flush, graph=True, warmup_ms=200)
     warm = timing.time_samples(fn, device, reps, 5, flush=None, graph=True, warmup_ms=200)
-    out.update(events_us=ev.median, events_p80_p20=ev.p80 / ev.p20, graph_us=gr.median,
-               graph_p80_p20=gr.p80 / gr.p20, graph_warm_us=warm.median)
+    out.update(
+        events_us=ev.median,
+        events_p80_p20=ev.p80 / ev.p20,
+        graph_us=gr.median,
+        graph_p80_p20=gr.p80 / gr.p20,
+        graph_warm_us=warm.median,
+    )
     out["replay_events_us"] = _median(replay_events(fn, device, reps, flush=True))
     out["replay_events_warm_us"] = _median(replay_events(fn, device, reps, flush=False))
     try:
@@ -135,12 +178,25 @@ def main() -> int:
         print("timing_modes: needs a CUDA GPU", file=sys.stderr)
         return 2
     rows = [measure(n, o, t, args.reps) for n, o, t in CASES if n in args.cases.split(",")]
-    cols = ["events_us", "events_p80_p20", "graph_us", "graph_p80_p20", "graph_warm_us", "replay_events_us",
-            "replay_events_warm_us", "cudagraph_bench_us", "gpu_busy_us", "host_enqueue_us", "graph_vs_replay_events"]
+    cols = [
+        "events_us",
+        "events_p80_p20",
+        "graph_us",
+        "graph_p80_p20",
+        "graph_warm_us",
+        "replay_events_us",
+        "replay_events_warm_us",
+        "cudagraph_bench_us",
+        "gpu_busy_us",
+        "host_enqueue_us",
+        "graph_vs_replay_events",
+    ]
     print("case".ljust(28) + "".join(c[:14].rjust(15) for c in cols))
     for r in rows:
-        print(r["case"].ljust(28) + "".join(
-            (f"{r[c]:15.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")).rjust(15)) for c in cols))
+        print(
+            r["case"].ljust(28)
+            + "".join((f"{r[c]:15.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")).rjust(15)) for c in cols)
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -13,6 +13,7 @@ size, events ÷ graph, with the criteria of docs/findings/timing.md:
 `runner.timing=events`) row by row and adds their events ÷ auto (graph) ratios. Exit status 1
 when a criterion fails, so the figures in the findings are the script's, not a hand's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,24 +76,32 @@ def default_pairs(auto_run: str, events_run: str) -> pd.DataFrame:
     everything but the timing: events ÷ auto per row, with the modes that ran."""
     a, _ = load_run(auto_run)
     e, _ = load_run(events_run)
-    what = [c for c in ("backend", "experts", "reduction", "overlap", "quant", "model", "simulate_ep", "tokens_per_rank")
-            if c in a.columns]
+    what = [
+        c
+        for c in ("backend", "experts", "reduction", "overlap", "quant", "model", "simulate_ep", "tokens_per_rank")
+        if c in a.columns
+    ]
     a, e = latest_rows(a), latest_rows(e)
     a, e = a[a["status"] == "ok"], e[e["status"] == "ok"]
     m = a[what + ["latency_us_median", "timing_mode"]].merge(
-        e[what + ["latency_us_median", "timing_mode"]], on=what, suffixes=("_auto", "_events"))
+        e[what + ["latency_us_median", "timing_mode"]], on=what, suffixes=("_auto", "_events")
+    )
     m["events_over_auto"] = m["latency_us_median_events"] / m["latency_us_median_auto"]
     return m
 
 
 def markdown(t: pd.DataFrame) -> str:
-    lines = ["| model | experts | quant | tokens | events µs | graph µs | events ÷ graph | auto µs (mode) |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| model | experts | quant | tokens | events µs | graph µs | events ÷ graph | auto µs (mode) |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
     for _, r in t.sort_values(["model", "quant", "experts", "tokens_per_rank"]).iterrows():
-        f = (lambda v: f"{v:.1f}" if np.isfinite(v) else "–")
-        lines.append(f"| {r['model']} | {r['experts']} | {r['quant']} | {int(r['tokens_per_rank'])} | "
-                     f"{f(r.get('events_us', np.nan))} | {f(r.get('graph_us', np.nan))} | "
-                     f"{r.get('events_over_graph', np.nan):.3f} | {f(r.get('auto_us', np.nan))} ({r.get('auto_mode', '')}) |")
+        f = lambda v: f"{v:.1f}" if np.isfinite(v) else "–"
+        lines.append(
+            f"| {r['model']} | {r['experts']} | {r['quant']} | {int(r['tokens_per_rank'])} | "
+            f"{f(r.get('events_us', np.nan))} | {f(r.get('graph_us', np.nan))} | "
+            f"{r.get('events_over_graph', np.nan):.3f} | {f(r.get('auto_us', np.nan))} ({r.get('auto_mode', '')}) |"
+        )
     return "\n".join(lines)
 
 
@@ -112,10 +121,14 @@ def main(argv=None) -> int:
     bad = ratio_failures(t)
     order_bad, checked = order_failures(t)
     r = t["events_over_graph"].dropna() if "events_over_graph" in t else pd.Series(dtype=float)
-    print(f"\nevents ÷ graph over {len(r)} layer x size: {r.min():.3f} … {r.max():.3f} "
-          f"(criterion [{LO}, {HI}]); {len(bad)} outside")
-    print(f"auto orders triton and deepgemm as graph rows do: {checked - len(order_bad)} of {checked} sizes "
-          f"where the graph rows differ by > {ORDER_GAP - 1:.0%}")
+    print(
+        f"\nevents ÷ graph over {len(r)} layer x size: {r.min():.3f} … {r.max():.3f} "
+        f"(criterion [{LO}, {HI}]); {len(bad)} outside"
+    )
+    print(
+        f"auto orders triton and deepgemm as graph rows do: {checked - len(order_bad)} of {checked} sizes "
+        f"where the graph rows differ by > {ORDER_GAP - 1:.0%}"
+    )
     for line in bad + order_bad:
         print("  FAIL " + line)
     if args.default_sweeps:
@@ -123,11 +136,15 @@ def main(argv=None) -> int:
         graph = m[m["timing_mode_auto"] == "graph"]
         x = graph["events_over_auto"]
         out = graph[(x < LO) | (x > HI)]
-        print(f"\ndefault sweep, events ÷ auto over {len(graph)} rows auto timed by graph replays: "
-              f"{x.min():.3f} … {x.max():.3f}; {len(out)} outside [{LO}, {HI}]")
+        print(
+            f"\ndefault sweep, events ÷ auto over {len(graph)} rows auto timed by graph replays: "
+            f"{x.min():.3f} … {x.max():.3f}; {len(out)} outside [{LO}, {HI}]"
+        )
         for _, o in out.iterrows():
-            print(f"  FAIL {o['backend']}/{o['experts']}/{o['reduction']}/{o['overlap']}/{o['quant']} "
-                  f"{int(o['tokens_per_rank'])}: {o['events_over_auto']:.3f}")
+            print(
+                f"  FAIL {o['backend']}/{o['experts']}/{o['reduction']}/{o['overlap']}/{o['quant']} "
+                f"{int(o['tokens_per_rank'])}: {o['events_over_auto']:.3f}"
+            )
         bad += [str(i) for i in out.index]
     return 1 if bad or order_bad else 0
 

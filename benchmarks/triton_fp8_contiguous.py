@@ -20,6 +20,7 @@ runs each kernel once into a NaN-filled output, checks it against the fp32 torch
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,22 @@ SHAPES = {
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, num_warps, num_stages); fp8's BLOCK_K is the 128 scale group
 CONFIGS = {
-    "fp8_block": [(128, 128, 128, 8, 8, 4), (128, 128, 128, 8, 4, 4), (128, 256, 128, 8, 8, 3),
-                  (128, 256, 128, 8, 8, 4), (64, 128, 128, 8, 4, 5), (64, 256, 128, 8, 8, 4)],
-    "bf16": [(128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4),
-             (128, 128, 128, 8, 8, 3), (64, 128, 64, 8, 4, 5), (128, 256, 64, 8, 8, 4)],
+    "fp8_block": [
+        (128, 128, 128, 8, 8, 4),
+        (128, 128, 128, 8, 4, 4),
+        (128, 256, 128, 8, 8, 3),
+        (128, 256, 128, 8, 8, 4),
+        (64, 128, 128, 8, 4, 5),
+        (64, 256, 128, 8, 8, 4),
+    ],
+    "bf16": [
+        (128, 128, 64, 8, 8, 4),
+        (128, 256, 64, 8, 8, 3),
+        (128, 128, 64, 8, 4, 4),
+        (128, 128, 128, 8, 8, 3),
+        (64, 128, 64, 8, 4, 5),
+        (128, 256, 64, 8, 8, 4),
+    ],
 }
 # issue #35's variants (--variants; --variant I runs only the I-th, so a shell loop can give each a
 # timeout of its own): a tile as above plus the kernel's options (BOUNDED: only the row tiles in
@@ -59,7 +72,6 @@ VARIANTS = {
     "fp8_block": [((128, 128, 128, 8, 8, 4), {}), ((128, 128, 128, 8, 8, 4), dict(BOUNDED=True))],
     "bf16": [((128, 256, 64, 8, 8, 3), {}), ((128, 256, 64, 8, 8, 3), dict(BOUNDED=True))],
 }
-
 
 
 def routing(M: int, E_all: int, E: int, P: int, dev) -> torch.Tensor:
@@ -134,15 +146,28 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--models", nargs="+", choices=list(SHAPES), default=[m for m in SHAPES if m != "tiny"])
-    ap.add_argument("--quant", choices=sorted(CONFIGS), default="fp8_block",
-                    help="fp8_block (vs m_grouped_fp8_gemm_nt_contiguous) or bf16 (vs m_grouped_bf16_gemm_nt_contiguous)")
+    ap.add_argument(
+        "--quant",
+        choices=sorted(CONFIGS),
+        default="fp8_block",
+        help="fp8_block (vs m_grouped_fp8_gemm_nt_contiguous) or bf16 (vs m_grouped_bf16_gemm_nt_contiguous)",
+    )
     ap.add_argument("--configs", type=int, default=6, help="use the first N tile configs")
-    ap.add_argument("--variants", action="store_true", help="issue #35's kernel variants (VARIANTS) instead of the tiles")
+    ap.add_argument(
+        "--variants", action="store_true", help="issue #35's kernel variants (VARIANTS) instead of the tiles"
+    )
     ap.add_argument("--variant", type=int, default=None, help="with --variants: only the I-th")
     ap.add_argument("--gluon", action="store_true", help="the Gluon kernel (fp8, GPU only) beside our default tile")
-    ap.add_argument("--group-m", type=int, default=8, help="--gluon: the kernels' GROUP_SIZE_M (row tiles a swizzle group)")
-    ap.add_argument("--check", type=float, default=None, metavar="TOL",
-                    help="no timing: each kernel once, exit 1 when its relative error exceeds TOL")
+    ap.add_argument(
+        "--group-m", type=int, default=8, help="--gluon: the kernels' GROUP_SIZE_M (row tiles a swizzle group)"
+    )
+    ap.add_argument(
+        "--check",
+        type=float,
+        default=None,
+        metavar="TOL",
+        help="no timing: each kernel once, exit 1 when its relative error exceeds TOL",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
@@ -186,10 +211,12 @@ def main(argv=None) -> list[dict]:
                     # deepseek_v3's EP-8 share (all pairs counted, 1/8 of them local) is ~88 %
                     if args.quant == "bf16":
                         dg = lambda: deep_gemm.m_grouped_bf16_gemm_nt_contiguous(  # noqa: E731
-                            a, w, c_ref, lay.ends_E, use_psum_layout=True)
+                            a, w, c_ref, lay.ends_E, use_psum_layout=True
+                        )
                     else:
                         dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(  # noqa: E731
-                            (a, a_s), (w, s), c_ref, lay.ends_E, disable_ue8m0_cast=True, use_psum_layout=True)
+                            (a, a_s), (w, s), c_ref, lay.ends_E, disable_ue8m0_cast=True, use_psum_layout=True
+                        )
                     dg()
                     dg_us = bench_us(dg, dev)
                     row = dict(model=name, tokens=M, gemm=gemm, kernel="deep_gemm", us=dg_us, tflops=flop / dg_us / 1e6)
@@ -197,33 +224,62 @@ def main(argv=None) -> list[dict]:
                     print(f"{name:14} {M:6} {gemm:7} {'deep_gemm':34} {dg_us:9.1f} {row['tflops']:8.0f}")
                 else:  # no DeepGEMM: check against torch instead
                     c_ref = torch_reference(a, a_s, w, s, lay.m_indices_Mp[:mp])
-                tiles = VARIANTS[args.quant] if args.variants else [(t, {}) for t in CONFIGS[args.quant][: args.configs]]
+                tiles = (
+                    VARIANTS[args.quant] if args.variants else [(t, {}) for t in CONFIGS[args.quant][: args.configs]]
+                )
                 if args.variants and args.variant is not None:
                     tiles = tiles[args.variant : args.variant + 1]
                 if args.gluon:  # --variant I: the I-th Gluon variant alone (a hang costs one process)
                     picked = GLUON_VARIANTS if args.variant is None else GLUON_VARIANTS[args.variant : args.variant + 1]
-                    tiles = VARIANTS[args.quant][:1] + [((128, bn, 128, args.group_m, 4 if ws else 8, st),
-                                                         dict(gluon=True, WS=ws, SCALE_AHEAD=ahead, EPILOGUE_TMA=epi))
-                                                        for ws, st, ahead, epi, bn in picked]
+                    tiles = VARIANTS[args.quant][:1] + [
+                        (
+                            (128, bn, 128, args.group_m, 4 if ws else 8, st),
+                            dict(gluon=True, WS=ws, SCALE_AHEAD=ahead, EPILOGUE_TMA=epi),
+                        )
+                        for ws, st, ahead, epi, bn in picked
+                    ]
                 for (bm, bn, bk, gm, nw, ns), extra in tiles:
-                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=nw, num_stages=ns,
-                               **extra)
+                    cfg = dict(
+                        BLOCK_SIZE_M=bm,
+                        BLOCK_SIZE_N=bn,
+                        BLOCK_SIZE_K=bk,
+                        GROUP_SIZE_M=gm,
+                        num_warps=nw,
+                        num_stages=ns,
+                        **extra,
+                    )
                     for progs in (sms,) if args.variants or args.gluon else (sms, None):
                         label = f"{bm}x{bn}x{bk} g{gm} w{nw} s{ns} " + ("persist" if progs else "grid")
                         label += "".join(f" {k}={v}" for k, v in extra.items())
                         # NaN first: a kernel that leaves tiles unwritten must not read a freed buffer's product
                         c = torch.full((mp, N), float("nan"), device=dev, dtype=torch.bfloat16)
-                        fn = lambda: contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, cfg,  # noqa: E731
-                                                         num_programs=progs if progs else 1 << 30, rows_in_use=lay.num_post)
+                        fn = lambda: contiguous_gemm(
+                            a,
+                            a_s,
+                            w,
+                            s,
+                            c,
+                            lay.m_indices_Mp,
+                            cfg,  # noqa: E731
+                            num_programs=progs if progs else 1 << 30,
+                            rows_in_use=lay.num_post,
+                        )
                         if extra.get("gluon"):
                             from moebench.kernels.triton.gluon_contiguous import gluon_contiguous_gemm
 
                             label = f"gluon {bm}x{bn}x{bk} g{gm} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
                             label += f" ahead {extra['SCALE_AHEAD']}" if extra["SCALE_AHEAD"] != 1 else ""
                             label += " tma-epi" if extra["EPILOGUE_TMA"] else ""
-                            gcfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=gm, STAGES=ns, num_warps=nw,
-                                        WS=extra["WS"], SCALE_AHEAD=extra["SCALE_AHEAD"],
-                                        EPILOGUE_TMA=extra["EPILOGUE_TMA"])
+                            gcfg = dict(
+                                BLOCK_SIZE_M=bm,
+                                BLOCK_SIZE_N=bn,
+                                GROUP_SIZE_M=gm,
+                                STAGES=ns,
+                                num_warps=nw,
+                                WS=extra["WS"],
+                                SCALE_AHEAD=extra["SCALE_AHEAD"],
+                                EPILOGUE_TMA=extra["EPILOGUE_TMA"],
+                            )
                             fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)  # noqa: E731
                         try:
                             fn()
@@ -232,19 +288,41 @@ def main(argv=None) -> list[dict]:
                         except Exception as e:  # noqa: BLE001  (a config that does not compile)
                             print(f"{name:14} {M:6} {gemm:7} {label:34} failed: {type(e).__name__}: {str(e)[:120]}")
                             if args.check is not None:  # under --check a kernel that did not run fails
-                                out.append(dict(model=name, tokens=M, gemm=gemm, quant=args.quant, kernel=label,
-                                                failed=True, error=f"{type(e).__name__}: {str(e)[:200]}"))
+                                out.append(
+                                    dict(
+                                        model=name,
+                                        tokens=M,
+                                        gemm=gemm,
+                                        quant=args.quant,
+                                        kernel=label,
+                                        failed=True,
+                                        error=f"{type(e).__name__}: {str(e)[:200]}",
+                                    )
+                                )
                             continue
                         err, row_err = rel(c, c_ref, valid) if c_ref is not None else (float("nan"), float("nan"))
                         us = bench_us(fn, dev) if args.check is None else float("nan")
-                        row = dict(model=name, tokens=M, gemm=gemm, quant=args.quant, kernel=label, us=us, tflops=flop / us / 1e6,
-                                   rel_err=err, row_rel_err=row_err, vs_deepgemm=(dg_us / us) if dg_us else None)
+                        row = dict(
+                            model=name,
+                            tokens=M,
+                            gemm=gemm,
+                            quant=args.quant,
+                            kernel=label,
+                            us=us,
+                            tflops=flop / us / 1e6,
+                            rel_err=err,
+                            row_rel_err=row_err,
+                            vs_deepgemm=(dg_us / us) if dg_us else None,
+                        )
                         if args.check is not None and not (err <= args.check and row_err <= args.check):  # (NaN fails)
                             row["failed"] = True
                             print(f"FAILED: {label} differs by {err:.2e} (worst row {row_err:.2e}) > {args.check:g}")
                         out.append(row)
                         vs = f"{dg_us / us:6.2f}" if dg_us else "     -"
-                        print(f"{name:14} {M:6} {gemm:7} {label:34} {us:9.1f} {row['tflops']:8.0f} {vs} {err:.1e}", flush=True)
+                        print(
+                            f"{name:14} {M:6} {gemm:7} {label:34} {us:9.1f} {row['tflops']:8.0f} {vs} {err:.1e}",
+                            flush=True,
+                        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -18,6 +18,7 @@ DIR/summary.json and DIR/summary.md hold the numbers; both are rewritten after e
 step, so a call cut short still reports what it finished, and the same command with
 DIR carried back resumes from the stored trials.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,9 @@ class Clock:
 def run_tune(overrides, tokens, out, pool, **kw):
     args = TuneArgs(overrides=BASE + overrides + [_tokens(tokens)], **kw)
     info, pruned, results, stats, wall = tune(args, out, pool=pool)
-    path = files.write(info, results, out, extra={"wall_s": wall, "compile": asdict(stats),
-                                                  "environment": files.environment()})
+    path = files.write(
+        info, results, out, extra={"wall_s": wall, "compile": asdict(stats), "environment": files.environment()}
+    )
     return info, pruned, results, stats, wall, path
 
 
@@ -113,11 +115,16 @@ def evidence(name, a, out, pool, clock, summary, kw, save) -> None:
         return
     L = summary["layers"].setdefault(name, {"overrides": BASE + ovs, "evidence_tokens": ev_tokens})
     # 1. the search
-    info, pruned, res_h, st_h, wall_h, _ = run_tune(ovs, ev_tokens, out / name / "halving", pool, search="halving", **kw)
+    info, pruned, res_h, st_h, wall_h, _ = run_tune(
+        ovs, ev_tokens, out / name / "halving", pool, search="halving", **kw
+    )
     timed = sum(r.num_timed for r in res_h)
     clock.learn(st_h, timed, max(0.0, wall_h - st_h.wall_s))
-    L.update(space_size=info["space_size"], pruning=info["pruning"],
-             halving={"wall_s": wall_h, "compile": asdict(st_h), "per_tokens": _per(res_h, info["space_size"])})
+    L.update(
+        space_size=info["space_size"],
+        pruning=info["pruning"],
+        halving={"wall_s": wall_h, "compile": asdict(st_h), "per_tokens": _per(res_h, info["space_size"])},
+    )
     save()
     # 2. exhaustive on the same space (not skipped unless hopeless: it is the evidence; the
     # grid is what a short call gives up)
@@ -136,8 +143,12 @@ def evidence(name, a, out, pool, clock, summary, kw, save) -> None:
     for T in ev_tokens:
         h, e = _pick(res_h, T), _pick(res_e, T)
         heur = h.baselines["heuristic"].config if h and h.baselines.get("heuristic") else None
-        L["compare"][str(T)] = compare(ovs, T, {"halving": h.best if h else None, "exhaustive": e.best if e else None,
-                                               "heuristic": heur}, a.compare_reps)
+        L["compare"][str(T)] = compare(
+            ovs,
+            T,
+            {"halving": h.best if h else None, "exhaustive": e.best if e else None, "heuristic": heur},
+            a.compare_reps,
+        )
         save()
 
 
@@ -157,11 +168,18 @@ def grid(name, out, pool, clock, summary, kw, grid_tokens, save) -> None:
     if not (g / "trials.jsonl").exists():
         shutil.copy(out / name / "halving" / "trials.jsonl", g / "trials.jsonl")
     order = list(ev_tokens) + [T for T in grid_tokens if T not in ev_tokens]
-    info, _, res, st, wall, path = run_tune(ovs, order, g, pool, search="halving", stop_at=time.monotonic() + clock.left(),
-                                            **kw)
+    info, _, res, st, wall, path = run_tune(
+        ovs, order, g, pool, search="halving", stop_at=time.monotonic() + clock.left(), **kw
+    )
     done = sorted(r.tokens for r in res)
-    L["grid"] = {"tokens": done, "file": str(path), "covers_grid": set(VLLM_BATCH_SIZES) <= set(done), "wall_s": wall,
-                 "compile": asdict(st), "per_tokens": _per(sorted(res, key=lambda r: r.tokens), L["space_size"])}
+    L["grid"] = {
+        "tokens": done,
+        "file": str(path),
+        "covers_grid": set(VLLM_BATCH_SIZES) <= set(done),
+        "wall_s": wall,
+        "compile": asdict(st),
+        "per_tokens": _per(sorted(res, key=lambda r: r.tokens), L["space_size"]),
+    }
     if set(grid_tokens) - set(done):
         summary["skipped"].append(f"{name} grid: {sorted(set(grid_tokens) - set(done))} not reached")
     save()
@@ -185,7 +203,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=0.15)
     p.add_argument("--workers", type=int, default=0, help="compile processes (0: all cores)")
     p.add_argument("--grid", default=",".join(map(str, VLLM_BATCH_SIZES)), help="token counts of the files (step 4)")
-    p.add_argument("--smoke", action="store_true", help="the tiny model on the CPU interpreter, small space (a dry run)")
+    p.add_argument(
+        "--smoke", action="store_true", help="the tiny model on the CPU interpreter, small space (a dry run)"
+    )
     a = p.parse_args(argv)
     if a.smoke:  # every step on a layer the interpreter runs in seconds
         LAYERS.clear()
@@ -200,8 +220,16 @@ def main(argv=None) -> int:
     workers = a.workers or tcompile.default_workers(0)
     pool = tcompile.Pool(workers) if not a.smoke else None
     clock = Clock(a.deadline_s, workers)
-    summary = {"deadline_s": a.deadline_s, "reps": a.reps, "final_reps": a.final_reps, "budget": a.budget,
-               "compile_workers": workers, "environment": files.environment(), "layers": {}, "skipped": []}
+    summary = {
+        "deadline_s": a.deadline_s,
+        "reps": a.reps,
+        "final_reps": a.final_reps,
+        "budget": a.budget,
+        "compile_workers": workers,
+        "environment": files.environment(),
+        "layers": {},
+        "skipped": [],
+    }
     kw = dict(reps=a.reps, final_reps=a.final_reps, budget=a.budget, **kw_space)
     if (out / "summary.json").exists():  # a previous call's, carried back to resume
         prev = json.loads((out / "summary.json").read_text())
@@ -217,8 +245,10 @@ def main(argv=None) -> int:
 
     try:
         for name in a.layers.split(","):  # a layer's grid right after its evidence: the cheap one finishes first
-            for step, fn in (("evidence", lambda: evidence(name, a, out, pool, clock, summary, kw, save)),
-                             ("grid", lambda: grid(name, out, pool, clock, summary, kw, grid_tokens, save))):
+            for step, fn in (
+                ("evidence", lambda: evidence(name, a, out, pool, clock, summary, kw, save)),
+                ("grid", lambda: grid(name, out, pool, clock, summary, kw, grid_tokens, save)),
+            ):
                 try:
                     fn()
                 except KeyboardInterrupt:
@@ -242,9 +272,17 @@ def _per(results, space_size) -> dict:
     for r in results:
         h = r.baselines.get("heuristic")
         out[str(r.tokens)] = {
-            "timed": r.num_timed, "space": space_size, "fraction": r.num_timed / space_size, "budget": r.budget,
-            "best": r.best, "best_us": r.best_us, "heuristic_us": h.us if h is not None else None,
-            "speedup_vs_heuristic": r.speedup("heuristic"), "wall_s": r.wall_s, "rungs": r.rungs, "errors": r.errors,
+            "timed": r.num_timed,
+            "space": space_size,
+            "fraction": r.num_timed / space_size,
+            "budget": r.budget,
+            "best": r.best,
+            "best_us": r.best_us,
+            "heuristic_us": h.us if h is not None else None,
+            "speedup_vs_heuristic": r.speedup("heuristic"),
+            "wall_s": r.wall_s,
+            "rungs": r.rungs,
+            "errors": r.errors,
             "recheck_rel_err": r.recheck_rel_err,
         }
     return out
@@ -255,18 +293,25 @@ def _f(v, fmt="{:.1f}") -> str:
 
 
 def markdown(s: dict) -> str:
-    lines = [f"# halving vs exhaustive (screen reps {s['reps']}, final {s['final_reps']}, budget {s['budget']}, "
-             f"{s['compile_workers']} compile workers; {_f(s.get('elapsed_s'), '{:.0f}')} s)", ""]
+    lines = [
+        f"# halving vs exhaustive (screen reps {s['reps']}, final {s['final_reps']}, budget {s['budget']}, "
+        f"{s['compile_workers']} compile workers; {_f(s.get('elapsed_s'), '{:.0f}')} s)",
+        "",
+    ]
     for name, L in s["layers"].items():
         lines.append(f"## {name}: {' '.join(L['overrides'])}")
         lines.append(f"pruned space: {L.get('pruning', '?')}")
         for mode in ("halving", "exhaustive"):
             if mode in L:
                 c = L[mode]["compile"]
-                lines.append(f"- {mode}: {L[mode]['wall_s']:.0f} s wall, {c['kernels']} kernels compiled "
-                             f"({c['core_s']:.0f} core-s, {c['wall_s']:.0f} s), cache hits {c['hits']}, misses {c['misses']}")
+                lines.append(
+                    f"- {mode}: {L[mode]['wall_s']:.0f} s wall, {c['kernels']} kernels compiled "
+                    f"({c['core_s']:.0f} core-s, {c['wall_s']:.0f} s), cache hits {c['hits']}, misses {c['misses']}"
+                )
         lines.append("")
-        lines.append("| tokens | halving timed | exhaustive timed | halving / exhaustive [95 % CI] | heuristic / halving |")
+        lines.append(
+            "| tokens | halving timed | exhaustive timed | halving / exhaustive [95 % CI] | heuristic / halving |"
+        )
         lines.append("|---:|---:|---:|---|---|")
         for T in L.get("evidence_tokens", []):
             h = L.get("halving", {}).get("per_tokens", {}).get(str(T), {})
@@ -274,16 +319,27 @@ def markdown(s: dict) -> str:
             c = L.get("compare", {}).get(str(T), {})
             he, hh = c.get("halving/exhaustive"), c.get("heuristic/halving")
             same = " (same config)" if c.get("same_pick") else ""
-            lines.append(f"| {T} | {h.get('timed', '–')} ({_f(h.get('fraction'), '{:.1%}')}) | {e.get('timed', '–')} | "
-                         + (f"{he['ratio']:.3f} [{_f(he['lo'], '{:.3f}')}, {_f(he['hi'], '{:.3f}')}]{same}" if he else "–") + " | "
-                         + (f"{hh['ratio']:.3f} [{_f(hh['lo'], '{:.3f}')}, {_f(hh['hi'], '{:.3f}')}]" if hh else "–") + " |")
+            lines.append(
+                f"| {T} | {h.get('timed', '–')} ({_f(h.get('fraction'), '{:.1%}')}) | {e.get('timed', '–')} | "
+                + (f"{he['ratio']:.3f} [{_f(he['lo'], '{:.3f}')}, {_f(he['hi'], '{:.3f}')}]{same}" if he else "–")
+                + " | "
+                + (f"{hh['ratio']:.3f} [{_f(hh['lo'], '{:.3f}')}, {_f(hh['hi'], '{:.3f}')}]" if hh else "–")
+                + " |"
+            )
         g = L.get("grid")
         if g:
-            lines += ["", f"grid: {len(g['tokens'])} sizes{' (covers vLLM grid)' if g['covers_grid'] else ''}: {g['file']}",
-                      "", "| tokens | timed | best µs | heuristic µs | speed-up |", "|---:|---:|---:|---:|---:|"]
+            lines += [
+                "",
+                f"grid: {len(g['tokens'])} sizes{' (covers vLLM grid)' if g['covers_grid'] else ''}: {g['file']}",
+                "",
+                "| tokens | timed | best µs | heuristic µs | speed-up |",
+                "|---:|---:|---:|---:|---:|",
+            ]
             for T, r in g["per_tokens"].items():
-                lines.append(f"| {T} | {r['timed']} | {_f(r['best_us'])} | {_f(r['heuristic_us'])} | "
-                             f"{_f(r['speedup_vs_heuristic'], '{:.2f}x')} |")
+                lines.append(
+                    f"| {T} | {r['timed']} | {_f(r['best_us'])} | {_f(r['heuristic_us'])} | "
+                    f"{_f(r['speedup_vs_heuristic'], '{:.2f}x')} |"
+                )
         lines.append("")
     if s["skipped"]:
         lines += ["skipped:"] + [f"- {x}" for x in s["skipped"]]

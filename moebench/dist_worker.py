@@ -2,6 +2,7 @@
 moebench/run/dist_worker.py. A rank watches its starter from its first line, before torch's
 seconds of imports (moebench/run/lifeline.py): here, since run/dist_worker.py is imported, not
 run as __main__, under this name."""
+
 import sys
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ times the bytes for the same picture.
 
     python scripts/compact_pngs.py results [...]
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ or waited for with --wait; a torn row file stops it, exit 2, until a sweep sets 
 
     python scripts/compact_rows.py results/<folder> [...]   # run directories, or folders holding them
 """
+
 from __future__ import annotations
 
 import argparse

@@ -10,6 +10,7 @@ Each run is a fresh `python -m pytest -q -p no:cacheprovider TEST` (its own proc
 CI's); the busy loops are plain Python spins, one per --busy, ended with the script. Prints a
 line per run (pass / FAIL, seconds, a failing run's last lines) and the pass count; exit 0
 when every run passed, 1 otherwise. Writes nothing."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,23 +36,32 @@ def main(argv=None) -> int:
         for i in range(1, args.runs + 1):
             t0 = time.monotonic()
             try:
-                run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", args.test],
-                                     cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+                run = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", args.test],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=args.timeout,
+                )
                 ok, tail = run.returncode == 0, (run.stdout + run.stderr).strip().splitlines()[-12:]
             except subprocess.TimeoutExpired:
                 ok, tail = False, [f"timed out after {args.timeout:g} s"]
             took.append(time.monotonic() - t0)
             passed += ok
-            print(f"run {i:2d}/{args.runs}: {'pass' if ok else 'FAIL'} in {took[-1]:.0f} s "
-                  f"({passed} passed so far)", flush=True)
+            print(
+                f"run {i:2d}/{args.runs}: {'pass' if ok else 'FAIL'} in {took[-1]:.0f} s ({passed} passed so far)",
+                flush=True,
+            )
             if not ok:
                 print("    " + "\n    ".join(tail), flush=True)
     finally:
         for s in spins:
             s.kill()
             s.wait()
-    print(f"{args.test}: {passed}/{args.runs} passed beside {args.busy} busy loop(s); "
-          f"median {sorted(took)[len(took) // 2]:.0f} s a run")
+    print(
+        f"{args.test}: {passed}/{args.runs} passed beside {args.busy} busy loop(s); "
+        f"median {sorted(took)[len(took) // 2]:.0f} s a run"
+    )
     return 0 if passed == args.runs else 1
 
 

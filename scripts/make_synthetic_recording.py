@@ -11,6 +11,7 @@ random router on random tokens, not of real traffic; `source` in the file says s
 Mixtral's for 8 experts, Qwen3-MoE's otherwise. Small hidden sizes: seconds on a CPU.
 Exit status: 0 written; 2 bad arguments (one line saying what to change).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,27 +45,54 @@ def build(arch: str, experts: int, topk: int, layers: int, hidden: int, vocab: i
     """A randomly initialized *ForCausalLM of `arch` with `experts` routed experts, top-`topk`."""
     import transformers as tf
 
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     if arch == "mixtral":
         cfg = tf.MixtralConfig(num_local_experts=experts, num_experts_per_tok=topk, **common)
         return tf.MixtralForCausalLM(cfg)
     if arch in ("qwen2_moe", "qwen3_moe"):
-        cfg_cls, model_cls = ((tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM) if arch == "qwen2_moe"
-                              else (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM))
+        cfg_cls, model_cls = (
+            (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM)
+            if arch == "qwen2_moe"
+            else (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)
+        )
         extra = {"shared_expert_intermediate_size": hidden} if arch == "qwen2_moe" else {}
         # Qwen3-30B-A3B renormalizes its top-k weights; Qwen2-MoE (57B-A14B) does not
-        cfg = cfg_cls(num_experts=experts, num_experts_per_tok=topk, moe_intermediate_size=hidden // 2,
-                      norm_topk_prob=arch == "qwen3_moe", **extra, **common)
+        cfg = cfg_cls(
+            num_experts=experts,
+            num_experts_per_tok=topk,
+            moe_intermediate_size=hidden // 2,
+            norm_topk_prob=arch == "qwen3_moe",
+            **extra,
+            **common,
+        )
         return model_cls(cfg)
     # DeepSeek-V3's router: 8 groups, the best 4 by their top-2 scores, top-k within them;
     # fewer experts than that needs (2 a group, topk among 4 groups) fall back to one group
     groups, topk_group = (8, 4) if experts % 8 == 0 and experts // 8 >= 2 and topk <= 4 * (experts // 8) else (1, 1)
     common.pop("num_key_value_heads")
-    cfg = tf.DeepseekV3Config(n_routed_experts=experts, num_experts_per_tok=topk, n_group=groups,
-                              topk_group=topk_group, first_k_dense_replace=0, moe_intermediate_size=hidden // 2,
-                              n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
-                              qk_nope_head_dim=16, v_head_dim=16, **common)
+    cfg = tf.DeepseekV3Config(
+        n_routed_experts=experts,
+        num_experts_per_tok=topk,
+        n_group=groups,
+        topk_group=topk_group,
+        first_k_dense_replace=0,
+        moe_intermediate_size=hidden // 2,
+        n_shared_experts=1,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        **common,
+    )
     return tf.DeepseekV3ForCausalLM(cfg)
 
 
@@ -117,8 +145,10 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(a.seed)
     batches = [torch.randint(0, 1024, (1, min(a.seq, a.tokens - i)), generator=g) for i in range(0, a.tokens, a.seq)]
     cls = type(model).__name__.removesuffix("ForCausalLM")
-    source = (f"synthetic: randomly initialized transformers {cls} (no trained weights), seed {a.seed}; "
-              f"{a.experts} experts top-{a.topk}, random token ids")
+    source = (
+        f"synthetic: randomly initialized transformers {cls} (no trained weights), seed {a.seed}; "
+        f"{a.experts} experts top-{a.topk}, random token ids"
+    )
     rec = hf.capture_from_hf(model, batches, a.out, source=source)
     for s in rec.summary():
         print(f"layer {s.layer}: {s.tokens} tokens in {s.steps} steps")

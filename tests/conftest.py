@@ -12,6 +12,7 @@
 - Two pytest-xdist workers, a file on each, for the CPU tiers; one process for GPU tests, the
   slow tier, `--require` and a single file (tests/support/_parallel.py).
 """
+
 from __future__ import annotations
 
 import os

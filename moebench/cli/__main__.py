@@ -1,4 +1,5 @@
 """`python -m moebench.cli`: the console script `moebench`."""
+
 import sys
 
 from moebench.cli.main import main

@@ -9,6 +9,7 @@ Both runs land in ``OUT/base`` and ``OUT/cand`` and end with `moebench compare`
 (``OUT/report``), whose exit status this returns. Re-running the same command resumes:
 stored rows are skipped by each sweep.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,14 +28,18 @@ LEAKED_ENV = ("MOEBENCH_CONF_DIR", "MOEBENCH_SWEEPS_DIR", "MOEBENCH_GIT_SHA", "M
 
 def register(sub) -> None:
     """`ab` under the top level's subparsers."""
-    ab = options.command(sub, "ab", "measure two git revisions alternately, one combination at a time, then compare",
-                         options.EXIT_STATUS)
+    ab = options.command(
+        sub, "ab", "measure two git revisions alternately, one combination at a time, then compare", options.EXIT_STATUS
+    )
     ab.add_argument("base_rev", metavar="BASE_REV")
     ab.add_argument("cand_rev", metavar="CAND_REV")
     options.overrides(ab)
     ab.add_argument("--sweep", default="default", help="named sweep in the revisions' sweeps/ (default: %(default)s)")
-    options.out(ab, "directory for the worktrees, both runs and the comparison "
-                "(default: runs/ab-<base>-<cand>-<hash of the overrides>)")
+    options.out(
+        ab,
+        "directory for the worktrees, both runs and the comparison "
+        "(default: runs/ab-<base>-<cand>-<hash of the overrides>)",
+    )
     ab.add_argument("--keep-worktrees", action="store_true", help="leave the two checkouts in place")
     ab.add_argument("--repo", help="the git repository the revisions are in (default: the working directory's)")
     options.compare_options(ab)
@@ -55,8 +60,9 @@ def resolve(repo: Path, rev: str) -> str:
     try:
         return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except ValueError:
-        raise ValueError(f"{rev!r} names no commit in {repo}: give a branch, tag or sha "
-                         "(`git log --oneline` lists them)") from None
+        raise ValueError(
+            f"{rev!r} names no commit in {repo}: give a branch, tag or sha (`git log --oneline` lists them)"
+        ) from None
 
 
 def checkout(repo: Path, sha: str, where: Path) -> Path:
@@ -86,14 +92,22 @@ def tree_env(tree: Path, sha: str) -> dict:
 
 def _moebench(tree: Path, sha: str, args: list[str], capture: bool = False) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "moebench.cli", *args]
-    done = subprocess.run(cmd, cwd=tree, env=tree_env(tree, sha), text=True,
-                          stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None)
+    done = subprocess.run(
+        cmd,
+        cwd=tree,
+        env=tree_env(tree, sha),
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
     if done.returncode == 130:
         raise KeyboardInterrupt
     if done.returncode == 2:
         err = (done.stderr or "").strip().splitlines()
-        raise ValueError(f"{tree.name} ({sha[:10]}): moebench {args[0]} refused the input"
-                         + (f": {err[-1]}" if err else " (its message is above)"))
+        raise ValueError(
+            f"{tree.name} ({sha[:10]}): moebench {args[0]} refused the input"
+            + (f": {err[-1]}" if err else " (its message is above)")
+        )
     return done
 
 
@@ -105,8 +119,9 @@ def planned(tree: Path, sha: str, sweep: str, overrides: list[str]) -> list[dict
     try:
         return json.loads(done.stdout)
     except json.JSONDecodeError:
-        raise ValueError(f"{tree.name} ({sha[:10]}): `moebench list --json` printed no JSON (too old a revision "
-                         "for moebench ab?)") from None
+        raise ValueError(
+            f"{tree.name} ({sha[:10]}): `moebench list --json` printed no JSON (too old a revision for moebench ab?)"
+        ) from None
 
 
 def schedule(base: list[dict], cand: list[dict]) -> list[list[str]]:
@@ -142,8 +157,10 @@ def ab_command(args) -> int:
         todo = schedule(plans["base"], plans["cand"])
         if not todo:
             raise ValueError("no valid combination in either revision's plan: `moebench list` says why")
-        log(f"{len(todo)} combination(s), each run by {args.base_rev} ({shas['base'][:10]}) then "
-            f"{args.cand_rev} ({shas['cand'][:10]}) -> {out}")
+        log(
+            f"{len(todo)} combination(s), each run by {args.base_rev} ({shas['base'][:10]}) then "
+            f"{args.cand_rev} ({shas['cand'][:10]}) -> {out}"
+        )
         for i, ovs in enumerate(todo, 1):
             for side in ("base", "cand"):
                 log(f"[{i}/{len(todo)}] {side}: {' '.join(ovs)}")
@@ -155,6 +172,13 @@ def ab_command(args) -> int:
                     remove(repo, tree)
                 except ValueError as e:  # leave it, say so
                     log(f"could not remove {tree}: {e}")
-    return compare_command([str(out / "base"), str(out / "cand")], None, str(out / "report"), args.threshold,
-                           args.format, args.fail_on, names=(args.base_rev, args.cand_rev),
-                           cpu_verdict=args.cpu_verdict)
+    return compare_command(
+        [str(out / "base"), str(out / "cand")],
+        None,
+        str(out / "report"),
+        args.threshold,
+        args.format,
+        args.fail_on,
+        names=(args.base_rev, args.cand_rev),
+        cpu_verdict=args.cpu_verdict,
+    )

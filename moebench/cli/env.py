@@ -1,4 +1,5 @@
 """`moebench env`: this machine, its libraries and which entries are usable here."""
+
 from __future__ import annotations
 
 from moebench.cli import options

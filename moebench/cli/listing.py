@@ -1,4 +1,5 @@
 """`moebench list`: what a sweep would run, and why the rest is skipped."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,17 @@ def register(sub) -> None:
     ls.add_argument("--sweep", default="default")
     ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")
     ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")
-    ls.add_argument("--verbose", "-v", action="store_true",
-                    help="every skipped combination with its reason (default: the count per reason)")
-    ls.add_argument("--oversubscribe", action="store_true",
-                    help="CPU ranks only: plan more ranks than cores, as `sweep --oversubscribe` runs them")
+    ls.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="every skipped combination with its reason (default: the count per reason)",
+    )
+    ls.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="CPU ranks only: plan more ranks than cores, as `sweep --oversubscribe` runs them",
+    )
 
 
 def list_command(args) -> int:

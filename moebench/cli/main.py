@@ -8,6 +8,7 @@ environment error (a full disk, a read-only folder, `--out` naming a file: one l
 the path and the cause, moebench/results/writable.py). A sweep that meets one mid-run keeps its
 rows and exits 1 saying so (moebench/run/sweep.py).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,9 +18,17 @@ import sys
 from moebench.cli.parser import parse_args
 
 # command -> (module of moebench.cli, its function of the parsed arguments)
-COMMANDS = {"sweep": ("sweep", "sweep_command"), "run": ("sweep", "run_command"), "list": ("listing", "list_command"),
-            "report": ("report", "report_args"), "compare": ("report", "compare_args"), "ab": ("ab", "ab_command"),
-            "trace": ("trace", "trace_args"), "tune": ("tune", "tune_command"), "env": ("env", "env_args")}
+COMMANDS = {
+    "sweep": ("sweep", "sweep_command"),
+    "run": ("sweep", "run_command"),
+    "list": ("listing", "list_command"),
+    "report": ("report", "report_args"),
+    "compare": ("report", "compare_args"),
+    "ab": ("ab", "ab_command"),
+    "trace": ("trace", "trace_args"),
+    "tune": ("tune", "tune_command"),
+    "env": ("env", "env_args"),
+}
 
 
 class _Terminated(BaseException):
@@ -64,8 +73,11 @@ def _main(args) -> int:
         print(f"moebench {args.cmd}: {e or 'interrupted'}", file=sys.stderr)
         return 130
     except _Terminated:
-        print(f"moebench {args.cmd}: terminated (SIGTERM); finished combinations are stored. Re-run the same "
-              "command to resume.", file=sys.stderr)
+        print(
+            f"moebench {args.cmd}: terminated (SIGTERM); finished combinations are stored. Re-run the same "
+            "command to resume.",
+            file=sys.stderr,
+        )
         return 143
     return 2
 
@@ -91,14 +103,16 @@ def _one_line(e: ValueError, overrides: list[str]) -> str:
     lines = text.splitlines()
     if len(lines) <= 1:
         return text
-    key = getattr(e, "full_key", None) or next((ln.split(":", 1)[1].strip() for ln in lines
-                                                 if ln.strip().startswith("full_key:")), None)
+    key = getattr(e, "full_key", None) or next(
+        (ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), None
+    )
     given = next((o for o in overrides if key and o.split("=", 1)[0].lstrip("+~").endswith(str(key))), None)
     first = lines[0].strip()
     if "ListConfig" in first and given:
         name = given.split("=", 1)[0]
-        first = "expects a list, e.g. " + ("workload.tokens_per_rank=[16,256]" if name.endswith("tokens_per_rank")
-                                          else f"{name}=[a,b]")
+        first = "expects a list, e.g. " + (
+            "workload.tokens_per_rank=[16,256]" if name.endswith("tokens_per_rank") else f"{name}=[a,b]"
+        )
     return f"{given}: {first}" if given else " ".join(ln.strip() for ln in lines)
 
 

@@ -2,6 +2,7 @@
 the comparison's options, and the two arguments the dispatcher reads by name (`overrides`,
 `--out`). Each command's module declares its own arguments with these (its `register`, beside its
 body); parser.py assembles them."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,15 +46,29 @@ def out(p, help: str) -> None:
 
 def compare_options(p) -> None:
     """The comparison's threshold, exit policy and output format (report, compare, ab)."""
-    p.add_argument("--threshold", type=float, default=1.05,
-                   help="factor a latency (or workspace) ratio must pass to count (default %(default)s)")
-    p.add_argument("--fail-on", default="slower,broken,empty",
-                   help="what exits 1, a comma list of slower, broken, memory (workspace larger), missing "
-                   "(a baseline row the candidate lacks), empty (no row ok on both sides), env (environments "
-                   "not comparable), or none (default: %(default)s)")
-    p.add_argument("--cpu-verdict", action="store_true",
-                   help="give CPU rows faster / slower verdicts too (CPU figures are pipeline checks: by "
-                   "default two CPU runs compare without a verdict and exit 0)")
-    p.add_argument("--format", default="md", choices=("md", "csv", "json"),
-                   help="what stdout gets: the verdict and table (md), the table (csv), everything (json); "
-                   "the report folder gets report.md and, for csv / json, the tables' files (default: md)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=1.05,
+        help="factor a latency (or workspace) ratio must pass to count (default %(default)s)",
+    )
+    p.add_argument(
+        "--fail-on",
+        default="slower,broken,empty",
+        help="what exits 1, a comma list of slower, broken, memory (workspace larger), missing "
+        "(a baseline row the candidate lacks), empty (no row ok on both sides), env (environments "
+        "not comparable), or none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cpu-verdict",
+        action="store_true",
+        help="give CPU rows faster / slower verdicts too (CPU figures are pipeline checks: by "
+        "default two CPU runs compare without a verdict and exit 0)",
+    )
+    p.add_argument(
+        "--format",
+        default="md",
+        choices=("md", "csv", "json"),
+        help="what stdout gets: the verdict and table (md), the table (csv), everything (json); "
+        "the report folder gets report.md and, for csv / json, the tables' files (default: md)",
+    )

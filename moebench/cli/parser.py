@@ -1,6 +1,7 @@
 """The command line's grammar, assembled: the top level's options, then each command's parser as
 its own module declares it (`register(sub)`, beside the command's body; what several commands share
 is in options.py), and the parsing that lets overrides come before, between and after options."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,12 @@ COMMAND_MODULES = (sweep, listing, report, ab, trace, tune, env)
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and its subcommands' parsers by name."""
-    p = argparse.ArgumentParser(prog="moebench", description="Benchmark modular MoE layer kernels.", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="moebench",
+        description="Benchmark modular MoE layer kernels.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"moebench {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     for module in COMMAND_MODULES:

@@ -6,6 +6,7 @@ a broken row, or no row ok on both sides (what counts is --fail-on); bad input r
 ValueError and a report folder that cannot be written OSError, before any work (the CLI
 exits 2 for both); a single run's report exits 0.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,24 +21,34 @@ from moebench.results.writable import probe
 
 def register(sub) -> None:
     """`report` and `compare` under the top level's subparsers."""
-    rp = options.command(sub, "report", "markdown report + plots of a run, or a baseline comparison",
-                         options.EXIT_STATUS)
+    rp = options.command(
+        sub, "report", "markdown report + plots of a run, or a baseline comparison", options.EXIT_STATUS
+    )
     rp.add_argument("run", nargs="?")
     rp.add_argument("--baseline")
     rp.add_argument("--candidate")
     options.out(rp, "report directory (default: <run>/report)")
     options.compare_options(rp)
-    rp.add_argument("--capacity", action="store_true",
-                    help="how many tokens per rank fit a memory budget, per reduction placement")
-    rp.add_argument("--budget", help="with --capacity: bytes (16GiB) or 'free' (the GPU's memory); default: "
-                    "the budget of the run's rows measured under runner.memory_budget")
+    rp.add_argument(
+        "--capacity", action="store_true", help="how many tokens per rank fit a memory budget, per reduction placement"
+    )
+    rp.add_argument(
+        "--budget",
+        help="with --capacity: bytes (16GiB) or 'free' (the GPU's memory); default: "
+        "the budget of the run's rows measured under runner.memory_budget",
+    )
 
-    cp = options.command(sub, "compare", "compare two runs, or one run along an axis; the verdict first",
-                         options.EXIT_STATUS)
+    cp = options.command(
+        sub, "compare", "compare two runs, or one run along an axis; the verdict first", options.EXIT_STATUS
+    )
     cp.add_argument("runs", nargs="+", metavar="RUN", help="BASE CAND, or one RUN with --axis")
-    cp.add_argument("--axis", metavar="FIELD=A:B", help="pair the rows of one run that differ only in FIELD "
-                    "(an axis such as reduction=finalize:experts, or a knob such as row_layout=gathered:contiguous); "
-                    "A is the baseline")
+    cp.add_argument(
+        "--axis",
+        metavar="FIELD=A:B",
+        help="pair the rows of one run that differ only in FIELD "
+        "(an axis such as reduction=finalize:experts, or a knob such as row_layout=gathered:contiguous); "
+        "A is the baseline",
+    )
     options.out(cp, "report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B)")
     options.compare_options(cp)
 
@@ -71,8 +82,11 @@ def _same_run(cmd: str, base, cand) -> None:
     from moebench.report.document import run_root
 
     if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
-        print(f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
-              "so the comparison says nothing", file=sys.stderr)
+        print(
+            f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
+            "so the comparison says nothing",
+            file=sys.stderr,
+        )
 
 
 def _finish(doc, path: Path, fmt: str) -> int:
@@ -87,9 +101,16 @@ def _finish(doc, path: Path, fmt: str) -> int:
     return doc.code
 
 
-def report_command(run: str | None, baseline: str | None, candidate: str | None,
-                   out: str | None, threshold: float = 1.05, fmt: str = "md", fail_on=None,
-                   cpu_verdict: bool = False) -> int:
+def report_command(
+    run: str | None,
+    baseline: str | None,
+    candidate: str | None,
+    out: str | None,
+    threshold: float = 1.05,
+    fmt: str = "md",
+    fail_on=None,
+    cpu_verdict: bool = False,
+) -> int:
     """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
     comparison's exit status)."""
     from moebench.report.document import build_report, report_out
@@ -99,8 +120,10 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
         raise ValueError("give the run either as RUN or as --candidate, not both")
     candidate = candidate if candidate is not None else run
     if candidate is None:
-        raise ValueError("nothing to report: `moebench report RUN` for one run, or "
-                         "`moebench report --baseline A --candidate B` to compare two")
+        raise ValueError(
+            "nothing to report: `moebench report RUN` for one run, or "
+            "`moebench report --baseline A --candidate B` to compare two"
+        )
     _exists(candidate, baseline)
     _same_run("report", baseline, candidate)
     where = probe(report_out(candidate, out))  # a read-only folder or a link: exit 2 before any work
@@ -108,9 +131,16 @@ def report_command(run: str | None, baseline: str | None, candidate: str | None,
     return _finish(rep.doc, rep.path, fmt)
 
 
-def compare_command(runs: list[str], axis: str | None = None, out: str | None = None, threshold: float = 1.05,
-                    fmt: str = "md", fail_on=None, names: tuple[str, str] | None = None,
-                    cpu_verdict: bool = False) -> int:
+def compare_command(
+    runs: list[str],
+    axis: str | None = None,
+    out: str | None = None,
+    threshold: float = 1.05,
+    fmt: str = "md",
+    fail_on=None,
+    names: tuple[str, str] | None = None,
+    cpu_verdict: bool = False,
+) -> int:
     """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
     replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
     from moebench.report.compare import compare_runs
@@ -161,11 +191,13 @@ def report_args(args) -> int:
         return capacity_command(args.run, args.budget, args.out)
     if not args.run and not (args.baseline and args.candidate):
         raise ValueError("give a run directory, or --baseline A --candidate B")
-    return report_command(args.run, args.baseline, args.candidate, args.out, args.threshold, args.format,
-                          args.fail_on, args.cpu_verdict)
+    return report_command(
+        args.run, args.baseline, args.candidate, args.out, args.threshold, args.format, args.fail_on, args.cpu_verdict
+    )
 
 
 def compare_args(args) -> int:
     """`moebench compare` from its parsed arguments."""
-    return compare_command(args.runs, args.axis, args.out, args.threshold, args.format, args.fail_on,
-                           cpu_verdict=args.cpu_verdict)
+    return compare_command(
+        args.runs, args.axis, args.out, args.threshold, args.format, args.fail_on, cpu_verdict=args.cpu_verdict
+    )

@@ -1,4 +1,5 @@
 """`moebench sweep` and `moebench run`: their arguments and bodies."""
+
 from __future__ import annotations
 
 from moebench.cli import options
@@ -9,22 +10,32 @@ def register(sub) -> None:
     """`sweep` and `run` under the top level's subparsers."""
     from moebench.run import slurm
 
-    s = options.command(sub, "sweep", "run every valid combination of the given axes",
-                        options.EPILOG + "\n\n" + options.SWEEP_EXIT)
+    s = options.command(
+        sub, "sweep", "run every valid combination of the given axes", options.EPILOG + "\n\n" + options.SWEEP_EXIT
+    )
     options.overrides(s, "group=option, key=value or comma lists (below); none: the embedded default sweep")
     s.add_argument("--sweep", default="default", help="named sweep in sweeps/ (or a path); default: %(default)s")
     options.out(s, "run directory (default: runs/<sweep>[-<hash of overrides>])")
-    s.add_argument("--redo", default="none", choices=("none", "failed", "all"),
-                   help="re-run stored rows: none (resume), failed (failed|timeout|oom|incorrect), all")
+    s.add_argument(
+        "--redo",
+        default="none",
+        choices=("none", "failed", "all"),
+        help="re-run stored rows: none (resume), failed (failed|timeout|oom|incorrect), all",
+    )
     s.add_argument("--dry-run", action="store_true", help="plan only: print what would run")
-    s.add_argument("--oversubscribe", action="store_true",
-                   help="CPU ranks only: allow more ranks than cores (timings contend)")
-    s.add_argument("--wait", action="store_true",
-                   help="if another sweep is writing --out, wait for it (default: refuse with exit 2)")
+    s.add_argument(
+        "--oversubscribe", action="store_true", help="CPU ranks only: allow more ranks than cores (timings contend)"
+    )
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another sweep is writing --out, wait for it (default: refuse with exit 2)",
+    )
     slurm.add_arguments(s)
 
-    r = options.command(sub, "run", "run one combination and print its rows",
-                        options.EPILOG + "\n\n" + options.SWEEP_EXIT)
+    r = options.command(
+        sub, "run", "run one combination and print its rows", options.EPILOG + "\n\n" + options.SWEEP_EXIT
+    )
     options.overrides(r, "group=option or key=value, naming one combination (below)")
     options.out(r, f"run directory (default: runs/{ADHOC}-<hash of the overrides>)")
 
@@ -33,8 +44,16 @@ def sweep_command(args) -> int:
     from moebench.run.slurm import options_from_args
     from moebench.run.sweep import execute
 
-    _, counts = execute(args.overrides, args.sweep, args.out, args.redo, args.dry_run,
-                        oversubscribe=args.oversubscribe, wait=args.wait, slurm=options_from_args(args))
+    _, counts = execute(
+        args.overrides,
+        args.sweep,
+        args.out,
+        args.redo,
+        args.dry_run,
+        oversubscribe=args.oversubscribe,
+        wait=args.wait,
+        slurm=options_from_args(args),
+    )
     return counts.exit_code()
 
 
@@ -47,8 +66,9 @@ def run_command(args) -> int:
 
     combos, _ = plan(args.overrides, None)
     if len(combos) != 1:
-        raise ValueError(f"`moebench run` takes one combination; these overrides give {len(combos)}: "
-                         "use `moebench sweep`")
+        raise ValueError(
+            f"`moebench run` takes one combination; these overrides give {len(combos)}: use `moebench sweep`"
+        )
     run_dir, counts = execute(args.overrides, None, args.out or None, redo="all")
     if counts.env_error or counts.terminated or counts.interrupted:  # said on stderr; its row may not be stored
         return counts.exit_code()

@@ -1,5 +1,6 @@
 """`moebench trace`: a run's or a file's traces (phases, timeline, overlap), or `--import` of
 Nsight Systems captures into exports and rows."""
+
 from __future__ import annotations
 
 from moebench.cli import options
@@ -8,16 +9,31 @@ from moebench.cli import options
 def register(sub) -> None:
     """`trace` under the top level's subparsers."""
     tr = options.command(sub, "trace", "phase timeline and overlap from a run's traces or a trace file")
-    tr.add_argument("target", nargs="?", help="a trace file (.json, .json.gz from trace=torch; .sqlite from nsys "
-                    "export) or a run directory, whose traces/ folder is read (results/ folders omit it)")
+    tr.add_argument(
+        "target",
+        nargs="?",
+        help="a trace file (.json, .json.gz from trace=torch; .sqlite from nsys "
+        "export) or a run directory, whose traces/ folder is read (results/ folders omit it)",
+    )
     tr.add_argument("--plot", action="store_true", help="write a timeline PNG next to each trace")
-    options.out(tr, "with --plot: write the PNGs under this directory, mirroring the layout below the run's "
-                "traces/ (default: next to each trace)")
-    tr.add_argument("--max-trace-mb", type=float, default=256.0,
-                    help="refuse traces larger than this, inflated (default %(default)g; 0: no limit)")
-    tr.add_argument("--import", dest="import_from", metavar="DIR_OR_CAPTURE",
-                    help="instead: export the nsys captures (.qdstrm, .qdstrm.xz, .nsys-rep) under a run or folder "
-                    "to SQLite with Nsight Systems' host tools (scripts/install_nsys.sh) and update the run's rows")
+    options.out(
+        tr,
+        "with --plot: write the PNGs under this directory, mirroring the layout below the run's "
+        "traces/ (default: next to each trace)",
+    )
+    tr.add_argument(
+        "--max-trace-mb",
+        type=float,
+        default=256.0,
+        help="refuse traces larger than this, inflated (default %(default)g; 0: no limit)",
+    )
+    tr.add_argument(
+        "--import",
+        dest="import_from",
+        metavar="DIR_OR_CAPTURE",
+        help="instead: export the nsys captures (.qdstrm, .qdstrm.xz, .nsys-rep) under a run or folder "
+        "to SQLite with Nsight Systems' host tools (scripts/install_nsys.sh) and update the run's rows",
+    )
 
 
 def trace_args(args) -> int:

@@ -1,5 +1,6 @@
 """`moebench tune`: the Triton tile search (with `--max-regression`'s check before `--install`),
 `--check-vllm`, `--results`, `--install-from`."""
+
 from __future__ import annotations
 
 import sys
@@ -9,39 +10,87 @@ from moebench.cli import options
 
 def register(sub) -> None:
     """`tune` under the top level's subparsers."""
-    tu = options.command(sub, "tune", "Triton tile search for one layer, a vLLM file's routing, or the best "
-                         "combination per size of a run", options.EPILOG)
-    options.overrides(tu, "one combination with experts=triton backend=local; the token grid is "
-                      "workload.tokens_per_rank (default: vLLM's 18 batch sizes, 1 ... 4096)")
-    tu.add_argument("--space", default="vllm", help="search space before pruning: vllm (vLLM's 1,920 configs), small, "
-                    "decode or prefill (default: %(default)s)")
-    tu.add_argument("--search", default="halving", help="halving (successive halving over tiles inside --budget) or "
-                    "exhaustive (default: %(default)s)")
-    tu.add_argument("--budget", type=float, default=0.15, help="halving: fraction of the pruned space timed per token "
-                    "count, baselines included (default: %(default)s)")
+    tu = options.command(
+        sub,
+        "tune",
+        "Triton tile search for one layer, a vLLM file's routing, or the best combination per size of a run",
+        options.EPILOG,
+    )
+    options.overrides(
+        tu,
+        "one combination with experts=triton backend=local; the token grid is "
+        "workload.tokens_per_rank (default: vLLM's 18 batch sizes, 1 ... 4096)",
+    )
+    tu.add_argument(
+        "--space",
+        default="vllm",
+        help="search space before pruning: vllm (vLLM's 1,920 configs), small, "
+        "decode or prefill (default: %(default)s)",
+    )
+    tu.add_argument(
+        "--search",
+        default="halving",
+        help="halving (successive halving over tiles inside --budget) or exhaustive (default: %(default)s)",
+    )
+    tu.add_argument(
+        "--budget",
+        type=float,
+        default=0.15,
+        help="halving: fraction of the pruned space timed per token count, baselines included (default: %(default)s)",
+    )
     tu.add_argument("--reps", type=int, default=10, help="timed samples per config (default: %(default)s)")
-    tu.add_argument("--final-reps", type=int, default=0,
-                    help="samples of each finalist, interleaved (default: 3 x --reps)")
-    tu.add_argument("--compile-workers", type=int, default=None,
-                    help="CPU processes compiling configs per GPU (default: the cores less one; 0: none)")
-    tu.add_argument("--gpus", type=int, default=None,
-                    help="GPUs to spread token counts over (default: every visible one)")
-    tu.add_argument("--fresh", action="store_true",
-                    help="ignore the trials stored in --out (default: resume from them)")
-    options.out(tu, "output directory (default: runs/tune-<hash of the arguments>); with --results, where the "
-                "table goes (default: RUN/report; runs/reports/<path> for a run under results/)")
-    tu.add_argument("--install", action="store_true", help="merge the config file into moebench/kernels/configs/ (or, while it "
-                    "does not cover vLLM's grid, moebench/kernels/configs/partial/)")
-    tu.add_argument("--max-regression", metavar="X", help="before --install: time the tuned table against the "
-                    "current one (an installed file, else the heuristic) at every tuned size, interleaved, "
-                    "--final-reps each; exit 1 without installing when it is slower by more than the fraction X "
-                    "(0.02: 2 %%) at any size")
-    tu.add_argument("--install-from", metavar="DIR", help="instead: install the config files of a finished tune's "
-                    "output directory (DIR/configs/*.json with their sidecars), as --install would")
-    tu.add_argument("--results", metavar="RUN", help="instead: the fastest combination per model x tokens of a run, "
-                    "its margin over the runner-up with a 95%% interval (table, JSON, heatmap)")
-    tu.add_argument("--check-vllm", metavar="FILE", help="instead: which batch sizes vLLM would route to which entry "
-                    "of FILE (exit 1 if it decides a grid size from an entry > 2x away)")
+    tu.add_argument(
+        "--final-reps", type=int, default=0, help="samples of each finalist, interleaved (default: 3 x --reps)"
+    )
+    tu.add_argument(
+        "--compile-workers",
+        type=int,
+        default=None,
+        help="CPU processes compiling configs per GPU (default: the cores less one; 0: none)",
+    )
+    tu.add_argument(
+        "--gpus", type=int, default=None, help="GPUs to spread token counts over (default: every visible one)"
+    )
+    tu.add_argument(
+        "--fresh", action="store_true", help="ignore the trials stored in --out (default: resume from them)"
+    )
+    options.out(
+        tu,
+        "output directory (default: runs/tune-<hash of the arguments>); with --results, where the "
+        "table goes (default: RUN/report; runs/reports/<path> for a run under results/)",
+    )
+    tu.add_argument(
+        "--install",
+        action="store_true",
+        help="merge the config file into moebench/kernels/configs/ (or, while it "
+        "does not cover vLLM's grid, moebench/kernels/configs/partial/)",
+    )
+    tu.add_argument(
+        "--max-regression",
+        metavar="X",
+        help="before --install: time the tuned table against the "
+        "current one (an installed file, else the heuristic) at every tuned size, interleaved, "
+        "--final-reps each; exit 1 without installing when it is slower by more than the fraction X "
+        "(0.02: 2 %%) at any size",
+    )
+    tu.add_argument(
+        "--install-from",
+        metavar="DIR",
+        help="instead: install the config files of a finished tune's "
+        "output directory (DIR/configs/*.json with their sidecars), as --install would",
+    )
+    tu.add_argument(
+        "--results",
+        metavar="RUN",
+        help="instead: the fastest combination per model x tokens of a run, "
+        "its margin over the runner-up with a 95%% interval (table, JSON, heatmap)",
+    )
+    tu.add_argument(
+        "--check-vllm",
+        metavar="FILE",
+        help="instead: which batch sizes vLLM would route to which entry "
+        "of FILE (exit 1 if it decides a grid size from an entry > 2x away)",
+    )
 
 
 def tune_command(args) -> int:
@@ -70,17 +119,31 @@ def tune_command(args) -> int:
     from moebench.tune import files
     from moebench.tune.search import TuneArgs, tune
 
-    targs = TuneArgs(overrides=list(args.overrides), space=args.space, search=args.search, budget=args.budget,
-                     reps=args.reps, final_reps=args.final_reps, workers=args.compile_workers, gpus=args.gpus,
-                     resume=not args.fresh)
-    key = list(args.overrides) + [f"--space={args.space}", f"--search={args.search}", f"--budget={args.budget}",
-                                  f"--reps={args.reps}"]
+    targs = TuneArgs(
+        overrides=list(args.overrides),
+        space=args.space,
+        search=args.search,
+        budget=args.budget,
+        reps=args.reps,
+        final_reps=args.final_reps,
+        workers=args.compile_workers,
+        gpus=args.gpus,
+        resume=not args.fresh,
+    )
+    key = list(args.overrides) + [
+        f"--space={args.space}",
+        f"--search={args.search}",
+        f"--budget={args.budget}",
+        f"--reps={args.reps}",
+    ]
     out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", key)
     try:
         info, pruned, results, stats, wall = tune(targs, out)
     except KeyboardInterrupt:
-        print(f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
-              file=sys.stderr)
+        print(
+            f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
+            file=sys.stderr,
+        )
         return 130
     extra = {"wall_s": wall, "compile": asdict(stats), "environment": files.environment()}
     path = files.write(info, results, out, extra=extra)  # first: a check that crashes loses no table
@@ -91,18 +154,25 @@ def tune_command(args) -> int:
         try:
             check = check_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr))
         except KeyboardInterrupt:
-            print(f"moebench tune: interrupted during the --max-regression check; the table is in {path}, nothing "
-                  "installed: the same command re-runs the check", file=sys.stderr)
+            print(
+                f"moebench tune: interrupted during the --max-regression check; the table is in {path}, nothing "
+                "installed: the same command re-runs the check",
+                file=sys.stderr,
+            )
             return 130
         path = files.write(info, results, out, extra={**extra, "regression_check": check.to_json()})
     print(files.summary(results, len(pruned.kept)))
     print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
     if path is None:
-        print(f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
-              file=sys.stderr)
+        print(
+            f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
+            file=sys.stderr,
+        )
         return 1
-    print(f"configs: {path} (provenance beside it, every trial in {out / 'trials.jsonl'}); use them with "
-          f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install")
+    print(
+        f"configs: {path} (provenance beside it, every trial in {out / 'trials.jsonl'}); use them with "
+        f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install"
+    )
     note = files.routing_note(path)
     if note:
         print(note)
@@ -111,8 +181,11 @@ def tune_command(args) -> int:
         if not check.passed:
             for line in check.lines():
                 print(f"moebench tune: regression: {line}", file=sys.stderr)
-            print(f"moebench tune: {check.verdict()}{'; not installed' if args.install else ''} ({path.name} stays in "
-                  f"{path.parent}; the check's samples in {out / 'tune.json'})", file=sys.stderr)
+            print(
+                f"moebench tune: {check.verdict()}{'; not installed' if args.install else ''} ({path.name} stays in "
+                f"{path.parent}; the check's samples in {out / 'tune.json'})",
+                file=sys.stderr,
+            )
             return 1
     if args.install:
         files.install(path, print)
@@ -126,9 +199,18 @@ def _max_regression(args):
         return None
     from moebench.tune.regression import parse_max_regression
 
-    modes = [f for f, v in (("--install-from", args.install_from), ("--results", args.results),
-                            ("--check-vllm", args.check_vllm)) if v]
+    modes = [
+        f
+        for f, v in (
+            ("--install-from", args.install_from),
+            ("--results", args.results),
+            ("--check-vllm", args.check_vllm),
+        )
+        if v
+    ]
     if modes:
-        raise ValueError(f"--max-regression times a tune's table against the current one and {modes[0]} times "
-                         "nothing: re-run the tune's own command with --install --max-regression X (it resumes)")
+        raise ValueError(
+            f"--max-regression times a tune's table against the current one and {modes[0]} times "
+            "nothing: re-run the tune's own command with --install --max-regression X (it resumes)"
+        )
     return parse_max_regression(args.max_regression)

@@ -4,6 +4,7 @@
 compose() does, at a fraction of its cost; `check_values` refuses bad values with a
 clear error; `to_combo` makes the frozen spec every later step uses.
 """
+
 from __future__ import annotations
 
 import re
@@ -135,8 +136,10 @@ def _meaning(raw: str) -> tuple[str, str, str]:
     if key in RENAMED:
         raise ValueError(f"{key} is now {RENAMED[key]}: use {RENAMED[key]}={ov.get_value_element_as_str()}")
     if ov.is_delete() or ov.is_force_add() or ov.is_add():
-        raise ValueError(f"unsupported override {ov.input_line!r}: use key=value or group=option "
-                         "(entries declare their knobs: `moebench list --knobs`)")
+        raise ValueError(
+            f"unsupported override {ov.input_line!r}: use key=value or group=option "
+            "(entries declare their knobs: `moebench list --knobs`)"
+        )
     if key in GROUPS:
         return "choice", key, ov.get_value_element_as_str()
     group, _, sub = key.partition(".")
@@ -165,8 +168,10 @@ def _typed_group(group: str, option: str, values: tuple[str, ...]) -> dict:
             ov = OverridesParser.create().parse_overrides([raw])[0]
             key = ov.key_or_group
             if OmegaConf.select(node, key, default="__missing__") == "__missing__":
-                raise ValueError(f"unknown config key '{group}.{key}' (see conf/{group}/, moebench/config/schema.py "
-                                 "and `moebench list --knobs`)")
+                raise ValueError(
+                    f"unknown config key '{group}.{key}' (see conf/{group}/, moebench/config/schema.py "
+                    "and `moebench list --knobs`)"
+                )
             OmegaConf.update(node, key, ov.value(), merge=True)
         return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except ValueError:
@@ -187,15 +192,39 @@ CHOICES = {
     ("runner", "timing"): ("auto", "events", "graph", "profiler"),
     ("runner", "device"): ("auto", "cpu", "cuda"),
 }
-POSITIVE = (("runner", "reps"), ("runner", "timeout_s"), ("runner", "startup_timeout_s"), ("runner", "world_size"),
-            ("runner", "phase_reps"),
-            ("model", "hidden"), ("model", "intermediate"), ("model", "num_experts"), ("model", "topk"),
-            ("backend", "simulate_ep"), ("trace", "samples"))
-NON_NEGATIVE = (("runner", "warmup"), ("runner", "warmup_ms"), ("runner", "graph_max_tokens"),
-                ("overlap", "shared_sm_carveout"), ("model", "num_shared_experts"),
-                ("model", "shared_intermediate"))
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
-          "gb": 10**9, "tb": 10**12}
+POSITIVE = (
+    ("runner", "reps"),
+    ("runner", "timeout_s"),
+    ("runner", "startup_timeout_s"),
+    ("runner", "world_size"),
+    ("runner", "phase_reps"),
+    ("model", "hidden"),
+    ("model", "intermediate"),
+    ("model", "num_experts"),
+    ("model", "topk"),
+    ("backend", "simulate_ep"),
+    ("trace", "samples"),
+)
+NON_NEGATIVE = (
+    ("runner", "warmup"),
+    ("runner", "warmup_ms"),
+    ("runner", "graph_max_tokens"),
+    ("overlap", "shared_sm_carveout"),
+    ("model", "num_shared_experts"),
+    ("model", "shared_intermediate"),
+)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 
 
 def parse_bytes(text) -> int:
@@ -252,10 +281,12 @@ def _check_routing(cfg: dict) -> None:
         from moebench.routing import file  # numpy: only where a recording is read
 
         if not w["routing_file"]:
-            raise ValueError("workload.routing=replay needs workload.routing_file=PATH (a recording, .npz: "
-                             "docs/routing.md)")
-        file.load(routing_file(cfg), None if w["routing_layer"] < 0 else w["routing_layer"], m["num_experts"],
-                  m["topk"])
+            raise ValueError(
+                "workload.routing=replay needs workload.routing_file=PATH (a recording, .npz: docs/routing.md)"
+            )
+        file.load(
+            routing_file(cfg), None if w["routing_layer"] < 0 else w["routing_layer"], m["num_experts"], m["topk"]
+        )
     # other routings leave routing_file and routing_layer out of the combination (to_combo): a
     # sweep crossing routings names the recording once, for its replay rows
     # EP-N's own limits (imbalanced_ranks) are validity.py's: a sweep may cross backends
@@ -272,8 +303,9 @@ def _check_routing(cfg: dict) -> None:
         if b["simulate_ep"] <= 1:
             raise ValueError(f"backend.simulate_rank={rank} emulates a rank of EP-N: set backend.simulate_ep=N too")
         if rank.isdigit() and int(rank) >= b["simulate_ep"]:
-            raise ValueError(f"backend.simulate_rank={rank} is not a rank of EP-{b['simulate_ep']} "
-                             f"(0 .. {b['simulate_ep'] - 1})")
+            raise ValueError(
+                f"backend.simulate_rank={rank} is not a rank of EP-{b['simulate_ep']} (0 .. {b['simulate_ep'] - 1})"
+            )
 
 
 def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
@@ -294,24 +326,47 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
     timing = r["timing"]
     replay = w["routing"] == "replay"
     return Combo(
-        backend=b["name"], experts=cfg["experts"]["name"], reduction=cfg["reduction"]["name"],
-        overlap=cfg["overlap"]["name"], quant=cfg["quant"]["name"], model=m["name"], hidden=m["hidden"],
-        intermediate=m["intermediate"], num_experts=m["num_experts"], topk=m["topk"],
-        num_shared_experts=m["num_shared_experts"], shared_intermediate=m["shared_intermediate"],
+        backend=b["name"],
+        experts=cfg["experts"]["name"],
+        reduction=cfg["reduction"]["name"],
+        overlap=cfg["overlap"]["name"],
+        quant=cfg["quant"]["name"],
+        model=m["name"],
+        hidden=m["hidden"],
+        intermediate=m["intermediate"],
+        num_experts=m["num_experts"],
+        topk=m["topk"],
+        num_shared_experts=m["num_shared_experts"],
+        shared_intermediate=m["shared_intermediate"],
         device=device or resolve_device(r["device"]),
-        world_size=1 if single else r["world_size"], simulate_ep=b["simulate_ep"] if single else 1,
+        world_size=1 if single else r["world_size"],
+        simulate_ep=b["simulate_ep"] if single else 1,
         shared_sm_carveout=cfg["overlap"]["shared_sm_carveout"],
         simulate_rank=_sim_rank(b) if single and b["simulate_ep"] > 1 else "",
-        routing=w["routing"], skew=float(w["skew"]) if w["routing"] == "zipf" else 1.2, seed=w["seed"],
+        routing=w["routing"],
+        skew=float(w["skew"]) if w["routing"] == "zipf" else 1.2,
+        seed=w["seed"],
         imbalance=float(w["imbalance"]) if w["routing"].startswith("imbalanced") else 2.0,
-        routing_file_sha256=_digest(cfg) if replay else "", routing_file=routing_file(cfg) if replay else "",
-        routing_layer=w["routing_layer"] if replay else -1, fill=float(w["fill"]),
-        timing=timing, graph_max_tokens=r["graph_max_tokens"] if timing == "graph" else 256,
-        l2_flush=r["l2_flush"], memory_budget=parse_bytes(r["memory_budget"]), trace=cfg["trace"]["name"],
-        knobs=knobs, reps=r["reps"], warmup=r["warmup"], warmup_ms=float(r["warmup_ms"]),
-        phase_reps=r["phase_reps"], timeout_s=float(r["timeout_s"]), startup_timeout_s=float(r["startup_timeout_s"]),
-        check=r["check"], memory=r["memory"],
-        trace_samples=cfg["trace"]["samples"], trace_dir=cfg["trace"]["dir"],
+        routing_file_sha256=_digest(cfg) if replay else "",
+        routing_file=routing_file(cfg) if replay else "",
+        routing_layer=w["routing_layer"] if replay else -1,
+        fill=float(w["fill"]),
+        timing=timing,
+        graph_max_tokens=r["graph_max_tokens"] if timing == "graph" else 256,
+        l2_flush=r["l2_flush"],
+        memory_budget=parse_bytes(r["memory_budget"]),
+        trace=cfg["trace"]["name"],
+        knobs=knobs,
+        reps=r["reps"],
+        warmup=r["warmup"],
+        warmup_ms=float(r["warmup_ms"]),
+        phase_reps=r["phase_reps"],
+        timeout_s=float(r["timeout_s"]),
+        startup_timeout_s=float(r["startup_timeout_s"]),
+        check=r["check"],
+        memory=r["memory"],
+        trace_samples=cfg["trace"]["samples"],
+        trace_dir=cfg["trace"]["dir"],
     )
 
 
@@ -339,5 +394,4 @@ def set_knobs(cfg: dict) -> list[str]:
     """'backend.num_sms' for each knob the config sets off its default (for the check that
     some chosen entry takes it)."""
     meta = knob_meta()
-    return [f"{g}.{k}" for g in ("backend", "experts") for k, v in cfg[g].items()
-            if k in meta and v != meta[k].default]
+    return [f"{g}.{k}" for g in ("backend", "experts") for k, v in cfg[g].items() if k in meta and v != meta[k].default]

@@ -4,6 +4,7 @@ is certain (importing torch takes 1-3 s: most of `moebench list` once it did).
 torch.cuda.is_available() is certainly False when CUDA_VISIBLE_DEVICES hides every GPU, or,
 on Linux, when no GPU device node exists (/dev/nvidia<N>; /dev/kfd for ROCm; /dev/dxg under
 WSL). Anywhere else torch answers, so a CPU-only torch build on a GPU host still says cpu."""
+
 from __future__ import annotations
 
 import functools
@@ -66,6 +67,7 @@ def cpu_threads() -> int:
     if not raw:
         return 1
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{CPU_THREADS}={raw!r}: give a positive integer, the torch threads of each CPU rank "
-                         "(unset: 1)")
+        raise ValueError(
+            f"{CPU_THREADS}={raw!r}: give a positive integer, the torch threads of each CPU rank (unset: 1)"
+        )
     return int(raw)

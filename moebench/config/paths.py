@@ -1,5 +1,6 @@
 """Where the Hydra config groups and named sweeps live (the repository's conf/
 and sweeps/; MOEBENCH_CONF_DIR / MOEBENCH_SWEEPS_DIR override)."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,9 @@ ADHOC = "adhoc"
 def conf_dir() -> Path:
     p = Path(os.environ.get("MOEBENCH_CONF_DIR", REPO_ROOT / "conf"))
     if not (p / "config.yaml").exists():
-        raise ValueError(f"moebench's config groups are not at {p}: install moebench from its repository (pip install -e .)")
+        raise ValueError(
+            f"moebench's config groups are not at {p}: install moebench from its repository (pip install -e .)"
+        )
     return p
 
 

@@ -1,6 +1,7 @@
 """What the harness says about plugins (docs/plugins.md): the disabled ones and why (sweep,
 list, env), each entry's origin, `list --json` records and `list --knobs`. The loading
 itself, the contract check and the clash rules live in kernels/registry.py."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,8 +28,11 @@ def summary() -> list[str]:
 
 def origin_tag(c) -> str:
     """'  [from mydist 0.1.0]' for a combination with a plugin's entries, else ''."""
-    found = {kind: registry.origin(kind, getattr(c.combo, kind)) for kind in ("backend", "experts")
-             if registry.plugin_of(kind, getattr(c.combo, kind)) is not None}
+    found = {
+        kind: registry.origin(kind, getattr(c.combo, kind))
+        for kind in ("backend", "experts")
+        if registry.plugin_of(kind, getattr(c.combo, kind)) is not None
+    }
     if len(set(found.values())) == 1:
         return f"  [from {next(iter(found.values()))}]"
     return "  [" + ", ".join(f"{kind} from {o}" for kind, o in found.items()) + "]" if found else ""
@@ -39,12 +43,16 @@ def combo_record(c) -> dict:
     sizes, world size, ...), its knobs and its entries' origins as fields of their own."""
     combo = c.combo
     return {
-        "key": c.key, "label": c.label,
+        "key": c.key,
+        "label": c.label,
         **{f.name: getattr(combo, f.name) for f in COLUMN_FIELDS},
         "knobs": dict(combo.knobs),
         **{f"{kind}_origin": registry.origin(kind, getattr(combo, kind)) for kind in ("backend", "experts")},
-        "overrides": list(c.overrides), "status": "skipped" if c.reason else "valid", "reason": c.reason,
-        "tokens": list(c.tokens), "skipped_tokens": {str(k): v for k, v in c.token_reasons.items()},
+        "overrides": list(c.overrides),
+        "status": "skipped" if c.reason else "valid",
+        "reason": c.reason,
+        "tokens": list(c.tokens),
+        "skipped_tokens": {str(k): v for k, v in c.token_reasons.items()},
     }
 
 
@@ -61,8 +69,10 @@ def knob_lines() -> list[str]:
         for name, knob in sorted(registry.knobs(kind).items()):
             allowed = f" in {{{', '.join(map(str, knob.choices))}}}" if knob.choices else ""
             low = f" >= {knob.minimum:g}" if knob.minimum is not None else ""
-            out.append(f"{kind}.{name:<22} {knob.type.__name__:<5} default {knob.default!r}{allowed}{low}  "
-                       f"[{', '.join(takers.get(name, []))}]  {knob.help}")
+            out.append(
+                f"{kind}.{name:<22} {knob.type.__name__:<5} default {knob.default!r}{allowed}{low}  "
+                f"[{', '.join(takers.get(name, []))}]  {knob.help}"
+            )
     return out
 
 

@@ -3,6 +3,7 @@ wrong type fails when the config is composed, before any work starts.
 
 The one home of the defaults: conf/*.yaml name only what an option changes, and the
 combination spec (spec.py) takes its fields' defaults from here."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass

@@ -14,6 +14,7 @@ added later keeps the keys of stored rows.
 A Combo is also a read-only mapping (`combo["backend"]`, `combo.get("num_sms")`): what
 an entry's `supports(combo)` reads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,14 @@ from moebench.config.schema import BackendConf, ModelConf, OverlapConf, RunnerCo
 _NO_DEFAULT = dataclasses.MISSING
 
 
-def _f(default: Any = _NO_DEFAULT, *, identity: bool = True, column: Optional[bool] = None,
-       tag: Optional[str] = None, doc: str = ""):
+def _f(
+    default: Any = _NO_DEFAULT,
+    *,
+    identity: bool = True,
+    column: Optional[bool] = None,
+    tag: Optional[str] = None,
+    doc: str = "",
+):
     """A Combo field: `column` defaults to `identity` (every identity field is stored)."""
     meta = {"identity": identity, "column": identity if column is None else column, "tag": tag, "doc": doc}
     return field(default=default, metadata=meta) if default is not _NO_DEFAULT else field(metadata=meta)
@@ -53,34 +60,48 @@ class Combo:
     shared_intermediate: int = _f(ModelConf.shared_intermediate, doc="I of one shared expert")
     # where it runs
     world_size: int = _f(1, tag="ws{}", doc="ranks (1 for single-rank backends)")
-    simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}",
-                          doc="single-rank backends: one rank's share of EP-N")
-    simulate_rank: str = _f(BackendConf.simulate_rank, tag="rank_{}",
-                            doc="simulate_ep=N: the emulated rank, hottest | K (empty: rank 0's share of one "
-                            "rank's tokens)")
-    shared_sm_carveout: int = _f(OverlapConf.shared_sm_carveout, tag="carve{}",
-                                 doc="SMs the shared experts' GEMMs leave free (CUDA)")
+    simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}", doc="single-rank backends: one rank's share of EP-N")
+    simulate_rank: str = _f(
+        BackendConf.simulate_rank,
+        tag="rank_{}",
+        doc="simulate_ep=N: the emulated rank, hottest | K (empty: rank 0's share of one rank's tokens)",
+    )
+    shared_sm_carveout: int = _f(
+        OverlapConf.shared_sm_carveout, tag="carve{}", doc="SMs the shared experts' GEMMs leave free (CUDA)"
+    )
     # workload
-    routing: str = _f(WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf | imbalanced_experts | "
-                      "imbalanced_ranks | replay")
+    routing: str = _f(
+        WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf | imbalanced_experts | imbalanced_ranks | replay"
+    )
     skew: float = _f(WorkloadConf.skew, tag="skew{}", doc="zipf exponent (zipf routing only)")
-    imbalance: float = _f(WorkloadConf.imbalance, tag="imb{}", doc="imbalanced_*: the hot expert's or "
-                          "rank's load over the mean")
+    imbalance: float = _f(
+        WorkloadConf.imbalance, tag="imb{}", doc="imbalanced_*: the hot expert's or rank's load over the mean"
+    )
     routing_file_sha256: str = _f("", tag="rec{:.8}", doc="replay: sha256 of the recording")
-    routing_layer: int = _f(WorkloadConf.routing_layer, tag="layer{}", doc="replay: the recording's layer "
-                            "(-1: its only one)")
-    routing_file: str = _f(WorkloadConf.routing_file, identity=False, column=True,
-                           doc="replay: the recording's path as given (not identity: its digest is)")
-    fill: float = _f(WorkloadConf.fill, tag="fill{}", doc="batched layouts: the busiest local expert's "
-                     "share of its buffer rows (0: the layout's own size)")
+    routing_layer: int = _f(
+        WorkloadConf.routing_layer, tag="layer{}", doc="replay: the recording's layer (-1: its only one)"
+    )
+    routing_file: str = _f(
+        WorkloadConf.routing_file,
+        identity=False,
+        column=True,
+        doc="replay: the recording's path as given (not identity: its digest is)",
+    )
+    fill: float = _f(
+        WorkloadConf.fill,
+        tag="fill{}",
+        doc="batched layouts: the busiest local expert's share of its buffer rows (0: the layout's own size)",
+    )
     seed: int = _f(WorkloadConf.seed, tag="seed{}")
     # how it is measured
     timing: str = _f(RunnerConf.timing, tag="{}", doc="requested timing: auto | events | graph | profiler")
-    graph_max_tokens: int = _f(RunnerConf.graph_max_tokens, tag="gmax{}",
-                               doc="timing=graph: CUDA graphs up to this many tokens")
+    graph_max_tokens: int = _f(
+        RunnerConf.graph_max_tokens, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens"
+    )
     l2_flush: bool = _f(RunnerConf.l2_flush, tag="noflush")
-    memory_budget: int = _f(int(RunnerConf.memory_budget), tag="budget{}",
-                            doc="bytes the layer may allocate above the check's (0: no cap)")
+    memory_budget: int = _f(
+        int(RunnerConf.memory_budget), tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)"
+    )
     trace: str = _f(TraceConf.name, tag="trace_{}", doc="none | nvtx | torch | nsys")
     # the chosen entries' knobs, (name, value) sorted by name; each is identity and a column
     knobs: tuple = _f((), column=False)
@@ -90,8 +111,9 @@ class Combo:
     warmup_ms: float = _f(RunnerConf.warmup_ms, identity=False)
     phase_reps: int = _f(RunnerConf.phase_reps, identity=False)
     timeout_s: float = _f(RunnerConf.timeout_s, identity=False)
-    startup_timeout_s: float = _f(RunnerConf.startup_timeout_s, identity=False,
-                                   doc="s for a process group to form (every rank joined)")
+    startup_timeout_s: float = _f(
+        RunnerConf.startup_timeout_s, identity=False, doc="s for a process group to form (every rank joined)"
+    )
     check: bool = _f(RunnerConf.check, identity=False)
     memory: bool = _f(RunnerConf.memory, identity=False)
     trace_samples: int = _f(TraceConf.samples, identity=False)

@@ -1,6 +1,7 @@
 """Sweep files (sweeps/*.yaml): a description and the overrides they expand, with a sweep
 file's per-device sections, expanded with Hydra's override parser into the cartesian
 product of the axes (docs/design.md, "Combinations and their identity")."""
+
 from __future__ import annotations
 
 import itertools
@@ -35,8 +36,10 @@ def load_sweep(name_or_path: str) -> dict:
         raise ValueError(f"{p}: expected a mapping with 'description' and 'overrides: {{key: value(s)}}'")
     unknown = set(data) - {"description", "overrides", *DEVICE_SECTIONS}
     if unknown:
-        raise ValueError(f"{p}: unknown sections {sorted(unknown)}; a sweep file has description, overrides "
-                         f"and optionally {' / '.join(DEVICE_SECTIONS)}")
+        raise ValueError(
+            f"{p}: unknown sections {sorted(unknown)}; a sweep file has description, overrides "
+            f"and optionally {' / '.join(DEVICE_SECTIONS)}"
+        )
     for section in ("overrides", *DEVICE_SECTIONS):
         values = data.get(section) or {}
         if not isinstance(values, dict):

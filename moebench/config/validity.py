@@ -2,6 +2,7 @@
 is a skipped row with its reason, never an exception. Rules of one entry live in that
 entry's `supports`; the rules here hold for every entry. And which timing runs for a token
 count (runner.timing: auto's choice between graph replays and held events)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,8 +25,10 @@ def validate(combo: Combo) -> Optional[str]:
         return registry.unavailable("experts", e)
     B, X = registry.BACKENDS[b], registry.EXPERTS[e]
     if B.activation_format != X.activation_format:
-        return (f"layouts differ: backend={b} produces the {B.activation_format.value} layout, "
-                f"experts={e} reads {X.activation_format.value}")
+        return (
+            f"layouts differ: backend={b} produces the {B.activation_format.value} layout, "
+            f"experts={e} reads {X.activation_format.value}"
+        )
     batched = B.activation_format.value == "batched"
     if batched and combo.reduction != "finalize":
         return f"batched backend={b} weights and reduces in its combine: only reduction=finalize"
@@ -48,8 +51,10 @@ def validate(combo: Combo) -> Optional[str]:
             return f"world_size={ws} does not divide num_experts={E}"
     if combo.routing == "imbalanced_ranks":
         if ep < 2:
-            return ("workload.routing=imbalanced_ranks loads one EP rank's experts: it needs an EP split "
-                    "(an EP backend, or backend.simulate_ep=N on one GPU)")
+            return (
+                "workload.routing=imbalanced_ranks loads one EP rank's experts: it needs an EP split "
+                "(an EP backend, or backend.simulate_ep=N on one GPU)"
+            )
         from moebench.routing.rules import RoutingSpec, check
 
         why = check(RoutingSpec(name=combo.routing, imbalance=combo.imbalance, ep_size=ep), E, combo.topk)
@@ -58,8 +63,10 @@ def validate(combo: Combo) -> Optional[str]:
     if combo.fill and b not in FILL_BACKENDS:
         if not batched:
             return f"workload.fill sizes the batched layouts' buffers: backend={b} uses the standard layout"
-        return (f"workload.fill sizes the buffers per token count; backend={b} allocates its buffers once per process "
-                "group (set backend.max_tokens_per_rank instead)")
+        return (
+            f"workload.fill sizes the buffers per token count; backend={b} allocates its buffers once per process "
+            "group (set backend.max_tokens_per_rank instead)"
+        )
     if combo.quant == "fp8_block" and (combo.hidden % 128 or combo.intermediate % 128):
         return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {combo.intermediate})"
     if combo.timing == "profiler" and combo.device != "cuda":
@@ -96,8 +103,10 @@ def auto_events(combo: Combo) -> Optional[str]:
     why = graph_capturable(combo)
     if why:
         return why
-    for kind, entry in (("backend", registry.entry("backend", combo.backend)),
-                        ("experts", registry.entry("experts", combo.experts))):
+    for kind, entry in (
+        ("backend", registry.entry("backend", combo.backend)),
+        ("experts", registry.entry("experts", combo.experts)),
+    ):
         if entry.graph_differs:
             return f"{kind}={getattr(combo, kind)}: a CUDA graph would do other work ({entry.graph_differs})"
     if combo.memory_budget:

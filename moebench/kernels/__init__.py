@@ -7,4 +7,5 @@ its entry point names); another version disables it with that reason. Bump it wh
 change to interfaces.py, knobs.py, registry.py's decorators or reference.py would break
 a plugin written against the old one.
 """
+
 CONTRACT_VERSION = 1

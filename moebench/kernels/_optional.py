@@ -1,6 +1,7 @@
 """An optional kernel library, imported on first use: why it cannot be used here
 (with how to get it), or the module. Each library's own module keeps its import
 checks (`importer`) and install hint; this keeps the wording and caching alike."""
+
 from __future__ import annotations
 
 import functools
@@ -15,8 +16,9 @@ class OptionalLibrary:
     library that is not installed is answered without running the importer (whose
     library would import torch): the same words as the failed import's."""
 
-    def __init__(self, missing: str, importer: Callable[[], tuple[Optional[Any], Optional[str]]], hint: str,
-                 module: str = ""):
+    def __init__(
+        self, missing: str, importer: Callable[[], tuple[Optional[Any], Optional[str]]], hint: str, module: str = ""
+    ):
         self.missing, self.hint, self.module = missing, hint, module
         self._import = functools.lru_cache(maxsize=1)(self._probe)
         self._importer = importer

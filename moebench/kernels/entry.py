@@ -13,6 +13,7 @@ these): plugins need not split theirs.
 
 Kernels never import moebench.
 """
+
 from __future__ import annotations
 
 import enum

@@ -13,6 +13,7 @@ Shape legend (suffixes on tensor names):
 
 Kernels never import moebench: this package is the system under test.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -212,8 +213,9 @@ class PrepareFinalize(BackendCard, ABC):
         # token count it measures next (None: the layout's own max_rows)
         self.rows_per_expert: Optional[int] = None
 
-    def reduced_rows(self, expert_out: torch.Tensor, prepared: "PreparedTokens", weight_and_reduce,
-                     fmt: "WeightAndReduce") -> torch.Tensor:
+    def reduced_rows(
+        self, expert_out: torch.Tensor, prepared: "PreparedTokens", weight_and_reduce, fmt: "WeightAndReduce"
+    ) -> torch.Tensor:
         """The rows a finalize sends back: the experts' output where they weighted and summed it
         already (`NoOp`), else `fmt`'s weight-and-reduce of it into partial [M, K] rows, inside
         the `weight_reduce` phase."""

@@ -9,6 +9,7 @@ value from `ctx.options[name]`.
 
 Kernels never import moebench: plugins declare knobs with this class too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 Legend: T tokens on this rank, P top-k, K hidden, S shared-expert width,
 M rows after dispatch (standard), E local experts, X max rows per expert (batched).
 """
+
 from __future__ import annotations
 
 import math
@@ -206,8 +207,12 @@ class MoEKernel:
     def _writes_output_directly(self, wr, expert_out: torch.Tensor, out_TK: torch.Tensor) -> bool:
         """Whether the experts may write the layer output itself: the finalize would only copy
         their [T, K] bf16 output into it (the out workspace stays allocated, so memory is as planned)."""
-        return (self.pf.noop_finalize_copies and isinstance(wr, NoOp) and expert_out.shape == out_TK.shape
-                and expert_out.dtype == out_TK.dtype)
+        return (
+            self.pf.noop_finalize_copies
+            and isinstance(wr, NoOp)
+            and expert_out.shape == out_TK.shape
+            and expert_out.dtype == out_TK.dtype
+        )
 
     # -- forward --------------------------------------------------------------
     def forward(

@@ -1,4 +1,5 @@
 """A plugin as the registry (registry.py) sees it, and the contract check (docs/plugins.md)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,21 +37,32 @@ class Plugin:
         return f"plugin module {self.module!r} ({PLUGIN_MODULES_VAR})"
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "module": self.module, "dist": self.dist, "version": self.version,
-                "contract": self.contract, "status": self.status, "reason": self.reason,
-                "entries": [f"{k}={n}" for k, n in self.entries]}
+        return {
+            "name": self.name,
+            "module": self.module,
+            "dist": self.dist,
+            "version": self.version,
+            "contract": self.contract,
+            "status": self.status,
+            "reason": self.reason,
+            "entries": [f"{k}={n}" for k, n in self.entries],
+        }
 
 
 def contract_problem(declared) -> Optional[str]:
     """Why a module declaring MOEBENCH_CONTRACT = `declared` (an int, or a tuple of the ints it
     supports) cannot load here, or None."""
     if declared is None:
-        return (f"it declares no MOEBENCH_CONTRACT; this moebench implements plugin contract "
-                f"{CONTRACT_VERSION}: set MOEBENCH_CONTRACT = {CONTRACT_VERSION} in the module its entry "
-                "point names once it follows that contract (docs/plugins.md)")
+        return (
+            f"it declares no MOEBENCH_CONTRACT; this moebench implements plugin contract "
+            f"{CONTRACT_VERSION}: set MOEBENCH_CONTRACT = {CONTRACT_VERSION} in the module its entry "
+            "point names once it follows that contract (docs/plugins.md)"
+        )
     accepted = tuple(declared) if isinstance(declared, (tuple, list, set, frozenset)) else (declared,)
     if CONTRACT_VERSION not in accepted:
-        return (f"it was written against plugin contract {declared}, this moebench implements contract "
-                f"{CONTRACT_VERSION}: use a version of the plugin written for contract {CONTRACT_VERSION}, or "
-                f"a moebench that implements contract {declared}")
+        return (
+            f"it was written against plugin contract {declared}, this moebench implements contract "
+            f"{CONTRACT_VERSION}: use a version of the plugin written for contract {CONTRACT_VERSION}, or "
+            f"a moebench that implements contract {declared}"
+        )
     return None

@@ -3,6 +3,7 @@ live in kernels/triton/quant.py, and `quant_activations` uses the 1 x 128 one on
 
 Legend: T rows, K columns, G = K / group groups, E experts.
 """
+
 from __future__ import annotations
 
 from typing import Optional

@@ -2,6 +2,7 @@
 
 Legend: T tokens, P top-k, K hidden, I intermediate, S shared-expert width.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Optional

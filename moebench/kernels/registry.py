@@ -19,6 +19,7 @@ name or knob that clashes with another entry. Otherwise the whole plugin is disa
 its reason (`PLUGINS`), its entries stay out of the tables, and everything else runs.
 Built-ins are never replaced.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -74,11 +75,15 @@ def _knob_conflict(kind: str, name: str, cls, others) -> Optional[str]:
                 if k.name != knob.name:
                     continue
                 if other_kind != kind:
-                    return (f"{kind} {name!r} declares knob {knob.name!r}, which {other_kind} {other_name!r} "
-                            "declares too: knob names are row columns")
+                    return (
+                        f"{kind} {name!r} declares knob {knob.name!r}, which {other_kind} {other_name!r} "
+                        "declares too: knob names are row columns"
+                    )
                 if (k.type, k.default) != (knob.type, knob.default):
-                    return (f"{kind} {name!r} declares knob {knob.name!r} = {knob.default!r}, {kind} "
-                            f"{other_name!r} as {k.default!r}: one knob, one type and default")
+                    return (
+                        f"{kind} {name!r} declares knob {knob.name!r} = {knob.default!r}, {kind} "
+                        f"{other_name!r} as {k.default!r}: one knob, one type and default"
+                    )
     return None
 
 
@@ -126,11 +131,15 @@ def _implement(kind: str, name: str, cls) -> None:
     _load_cards()
     card = CARDS.get((kind, name))
     if card is None:
-        raise ValueError(f"{kind} {name!r} ({cls.__module__}) has no card: declare one in kernels/cards/ "
-                         "(kernels/entry.py), or planning would import every implementation")
+        raise ValueError(
+            f"{kind} {name!r} ({cls.__module__}) has no card: declare one in kernels/cards/ "
+            "(kernels/entry.py), or planning would import every implementation"
+        )
     if not issubclass(cls, card) or cls.__module__ != f"{__package__}.{card.implementation}":
-        raise ValueError(f"{kind} {name!r}: {cls.__module__}.{cls.__qualname__} must subclass its card "
-                         f"{card.__qualname__}, whose implementation is {card.implementation!r}")
+        raise ValueError(
+            f"{kind} {name!r}: {cls.__module__}.{cls.__qualname__} must subclass its card "
+            f"{card.__qualname__}, whose implementation is {card.implementation!r}"
+        )
     table = _table(kind)
     if table.get(name) not in (card, cls):
         raise ValueError(f"{kind} {name!r} registered twice: {table[name]} and {cls}")
@@ -139,6 +148,7 @@ def _implement(kind: str, name: str, cls) -> None:
 
 def card(kind: str, name: str):
     """Class decorator of kernels/cards/: the card of moebench's own `kind=name`."""
+
     def deco(cls):
         CARDS[(kind, name)] = cls
         return _register(kind, name)(cls)
@@ -171,13 +181,13 @@ def _commit(p: Plugin) -> None:
             problems.append(f"it registers {kind} {name!r} twice")
             continue
         if not (isinstance(cls, type) and issubclass(cls, base[kind])):
-            problems.append(f"{kind} {name!r} is not a subclass of moebench.kernels.interfaces."
-                            f"{base[kind].__name__}")
+            problems.append(f"{kind} {name!r} is not a subclass of moebench.kernels.interfaces.{base[kind].__name__}")
         elif inspect.isabstract(cls):
             problems.append(f"{kind} {name!r} leaves {', '.join(sorted(cls.__abstractmethods__))} unimplemented")
         if name in _table(kind):
-            problems.append(f"it registers {kind} {name!r}, a name {_owner_text(kind, name)} registers "
-                            "already: rename it")
+            problems.append(
+                f"it registers {kind} {name!r}, a name {_owner_text(kind, name)} registers already: rename it"
+            )
         why = _knob_conflict(kind, name, cls, [*_active(), *staged[:i]])
         if why:
             problems.append(why)
@@ -261,8 +271,12 @@ def discover() -> None:
     _load_cards()
     for ep in _entry_points():
         dist = getattr(ep, "dist", None)
-        p = Plugin(name=ep.name, module=ep.module, dist=getattr(dist, "name", "") or "",
-                   version=getattr(dist, "version", "") or "")
+        p = Plugin(
+            name=ep.name,
+            module=ep.module,
+            dist=getattr(dist, "name", "") or "",
+            version=getattr(dist, "version", "") or "",
+        )
         _load(p, ep.load)
     for name in filter(None, os.environ.get(PLUGIN_MODULES_VAR, "").split(os.pathsep)):
         _load(Plugin(name=name, module=name), lambda name=name: importlib.import_module(name))
@@ -347,8 +361,10 @@ def entry(kind: str, name: str) -> type:
     discover()
     table = _table(kind)
     if name not in table:
-        raise ValueError(f"unknown {kind} {name!r}; registered: {sorted(table)}"
-                         + (f" ({unavailable(kind, name)})" if (kind, name) in DISABLED else ""))
+        raise ValueError(
+            f"unknown {kind} {name!r}; registered: {sorted(table)}"
+            + (f" ({unavailable(kind, name)})" if (kind, name) in DISABLED else "")
+        )
     return table[name]
 
 

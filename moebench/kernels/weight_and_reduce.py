@@ -4,6 +4,7 @@
 Shape legend as in kernels/interfaces.py (M rows, P top-k, K hidden, E local experts,
 X max tokens per expert).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 import torch
+
 
 class WeightAndReduce(ABC):
     """Turns the experts' output into [M, K] rows weighted by top-k weights."""

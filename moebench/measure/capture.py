@@ -1,6 +1,7 @@
 """Trace capture on one rank: profiler mode's kernel durations per phase, the torch trace
 of a row (trace=torch), and the NVTX range that opens one nsys capture per row
 (trace=nsys). Each returns what the row gets, as a dict of RankResult fields."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,14 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None, pa
         lead = timing.lead_cycles(fn, device, sync.agree)
     if cuda:
         timing.warm_for([fn], device, 200.0, sync.flush, sync.agree)  # the sustained clock, as timed samples see it
-    capture(fn, path, warmup=1, samples=samples,
-            barrier=timing.sample_start(sync.barrier, sync.flush, sync.align, lead), pace=pace)
+    capture(
+        fn,
+        path,
+        warmup=1,
+        samples=samples,
+        barrier=timing.sample_start(sync.barrier, sync.flush, sync.align, lead),
+        pace=pace,
+    )
     trace = load_traces(path)[0]
     out = {name: p.gpu_us for name, p in summarize(trace).phases.items() if p.gpu_us is not None}
     per_name: dict[str, dict[int, float]] = {}
@@ -65,8 +72,9 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None, pa
     return out
 
 
-def profiled_phases(kernel, fn, key: str, rank: int, tokens: int, run_dir: str, reps: int, sync: RankSync,
-                    device) -> dict:
+def profiled_phases(
+    kernel, fn, key: str, rank: int, tokens: int, run_dir: str, reps: int, sync: RankSync, device
+) -> dict:
     """Phase times from kernel durations (torch profiler), replacing the event-based ones:
     {"phases_us", "kernel_us", "profiler_trace_path", "num_phase_samples", "host_paced_phases"}
     (the profiled samples, and how many of them the host paced: NaN off a GPU)."""
@@ -81,9 +89,13 @@ def profiled_phases(kernel, fn, key: str, rank: int, tokens: int, run_dir: str, 
     finally:
         kernel.phases = NULL_PHASES
     kernels = prof.pop("kernels")
-    return {"phases_us": prof, "kernel_us": json.dumps(kernels, sort_keys=True),
-            "profiler_trace_path": os.path.relpath(path, run_dir),
-            "num_phase_samples": float(pace.taken), "host_paced_phases": pace.host_paced}
+    return {
+        "phases_us": prof,
+        "kernel_us": json.dumps(kernels, sort_keys=True),
+        "profiler_trace_path": os.path.relpath(path, run_dir),
+        "num_phase_samples": float(pace.taken),
+        "host_paced_phases": pace.host_paced,
+    }
 
 
 _nsys_captures = 0  # capture ranges this rank process has opened: nsys numbers its reports in this order
@@ -108,8 +120,9 @@ def nsys_capture(key: str, run_dir: str, tokens: int = 0, rank: int = 0) -> Iter
         yield {}
 
 
-def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, sync: RankSync, inputs=None,
-                  world_size: int = 1) -> dict:
+def capture_trace(
+    kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, sync: RankSync, inputs=None, world_size: int = 1
+) -> dict:
     """Torch trace of `combo.trace_samples` layer samples (`sample/<i>`); when the layer
     overlaps shared experts (overlap != none) and `inputs` = (x, w, ids) are given, then as
     many samples of the layer without them (`sample_noshared/<i>`: kernel(x, w, ids,
@@ -155,12 +168,16 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
     start = timing.sample_start(barrier, flush, align, lead) if (device is not None or flush is not None) else barrier
     pace = PaceCount(device)
     try:
-        torch_trace.capture(fn, path, samples=combo.trace_samples, combo_key=key, barrier=start,
-                            ablation=ablation, pace=pace)
+        torch_trace.capture(
+            fn, path, samples=combo.trace_samples, combo_key=key, barrier=start, ablation=ablation, pace=pace
+        )
     finally:
         kernel.phases = NULL_PHASES
-    out = {"trace_path": os.path.relpath(path, run_dir), "num_trace_samples": float(pace.taken),
-           "host_paced_trace": pace.host_paced}
+    out = {
+        "trace_path": os.path.relpath(path, run_dir),
+        "num_trace_samples": float(pace.taken),
+        "host_paced_trace": pace.host_paced,
+    }
     try:
         from moebench.traces.analyze import trace_row
 
@@ -177,8 +194,9 @@ def capture_trace(kernel, fn, key: str, rank: int, T: int, run_dir: str, combo, 
     if world_size > 1 and barrier is not None:
         barrier()  # every rank's trace is written
         if rank == 0:
-            paths = [torch_trace.trace_path(os.path.join(run_dir, combo.trace_dir), key, r, T)
-                     for r in range(world_size)]
+            paths = [
+                torch_trace.trace_path(os.path.join(run_dir, combo.trace_dir), key, r, T) for r in range(world_size)
+            ]
             try:
                 from moebench.traces.analyze import matched_figures
 

@@ -1,5 +1,6 @@
 """Derived figures per rank (docs/design.md, "Derived figures"), written out as formulas:
 the experts' FLOP rate, the HBM bytes they must move, the link rate of the communication."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,15 @@ def routing_counts(kernel: MoEKernel, x, w, ids) -> Routing:
     return Routing(pairs, hit, rows_in, rows_out, kernel.pf.comm_bytes(x.shape[0], prepared))
 
 
-def derived_figures(routing: Routing, phases_us: dict, hidden: int, intermediate: int, bytes_per_expert: int,
-                    act_bytes: int, overlap: str) -> dict:
+def derived_figures(
+    routing: Routing,
+    phases_us: dict,
+    hidden: int,
+    intermediate: int,
+    bytes_per_expert: int,
+    act_bytes: int,
+    overlap: str,
+) -> dict:
     """tflops and hbm_gbps over the experts phase, nvlink_gbps over dispatch + combine
     (only without overlap: the windows hold the shared experts otherwise)."""
     exp_us = phases_us.get("experts", NAN)
@@ -72,7 +80,9 @@ def derived_figures(routing: Routing, phases_us: dict, hidden: int, intermediate
     comm_us = phases_us.get("dispatch", 0.0) + phases_us.get("combine", 0.0)
     linked = routing.comm_bytes and overlap == "none"
     return {
-        "tflops": rate(flops, exp_us, 1e12), "hbm_gbps": rate(nbytes, exp_us, 1e9),
-        "expert_flops": float(flops), "expert_bytes": float(nbytes),
+        "tflops": rate(flops, exp_us, 1e12),
+        "hbm_gbps": rate(nbytes, exp_us, 1e9),
+        "expert_flops": float(flops),
+        "expert_bytes": float(nbytes),
         "nvlink_gbps": rate(routing.comm_bytes, comm_us, 1e9) if linked else NAN,
     }

@@ -1,6 +1,7 @@
 """Build one combination's layer on one rank: its KernelContext, this rank's expert
 weights, the backend, the experts and the shared experts, as every rank builds them
 (the worker and the tuner use this)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,25 +24,43 @@ class Layer:
 
 
 def layer_shape(combo: Combo) -> LayerShape:
-    return LayerShape(hidden=combo.hidden, intermediate=combo.intermediate, num_experts=combo.num_experts,
-                      topk=combo.topk, num_shared_experts=combo.num_shared_experts,
-                      shared_intermediate=combo.shared_intermediate)
+    return LayerShape(
+        hidden=combo.hidden,
+        intermediate=combo.intermediate,
+        num_experts=combo.num_experts,
+        topk=combo.topk,
+        num_shared_experts=combo.num_shared_experts,
+        shared_intermediate=combo.shared_intermediate,
+    )
 
 
-def kernel_context(combo: Combo, rank: int, world_size: int, group, device: torch.device,
-                   options: Optional[dict] = None) -> KernelContext:
+def kernel_context(
+    combo: Combo, rank: int, world_size: int, group, device: torch.device, options: Optional[dict] = None
+) -> KernelContext:
     """The context the entries see; `options` are the knobs (combo.options), plus what a
     caller passes beside them (the tuner: a tile config)."""
     return KernelContext(
-        shape=layer_shape(combo), quant=QuantSpec(combo.quant), device=device, rank=rank,
-        world_size=world_size, group=group, simulate_ep=combo.simulate_ep,
+        shape=layer_shape(combo),
+        quant=QuantSpec(combo.quant),
+        device=device,
+        rank=rank,
+        world_size=world_size,
+        group=group,
+        simulate_ep=combo.simulate_ep,
         max_tokens_per_rank=int(combo.get("max_tokens_per_rank", 512)),
         options={**combo.options, **(options or {})},
     )
 
 
-def build_layer(combo: Combo, rank: int, world_size: int, group, device: torch.device,
-                options: Optional[dict] = None, keep_weights: bool = False) -> Layer:
+def build_layer(
+    combo: Combo,
+    rank: int,
+    world_size: int,
+    group,
+    device: torch.device,
+    options: Optional[dict] = None,
+    keep_weights: bool = False,
+) -> Layer:
     """The layer; `keep_weights`: its expert weights are those of the previous build of the same
     model, quant, seed and share where this process kept them (the worker's families)."""
     ctx = kernel_context(combo, rank, world_size, group, device, options)

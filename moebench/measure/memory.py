@@ -1,5 +1,6 @@
 """Memory: the allocator peak of one forward and device-level use (so that
 buffers allocated outside PyTorch's allocator, e.g. DeepEP's / NVSHMEM's, count)."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -1,5 +1,6 @@
 """One rank's measurements of a built layer: correct first, then the timed samples (with
 the ablation's interleaved samples), the phase times and the memory peaks."""
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -64,8 +65,18 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
     return RankSync(barrier, flush, align, agree, device)
 
 
-def check(kernel: MoEKernel, inputs, ref_weights, kept, shared_ref, quant: str, group, device,
-          budget_bytes: int = 0, ref_key: Optional[tuple] = None) -> tuple[float, str]:
+def check(
+    kernel: MoEKernel,
+    inputs,
+    ref_weights,
+    kept,
+    shared_ref,
+    quant: str,
+    group,
+    device,
+    budget_bytes: int = 0,
+    ref_key: Optional[tuple] = None,
+) -> tuple[float, str]:
     """(rel_err, reason): the layer's output against the float32 reference on `inputs`, the
     max over ranks; reason is empty when within the quant's tolerance. The reference is
     computed first, outside runner.memory_budget's cap (`budget_bytes`): the layer's forward
@@ -190,11 +201,13 @@ class Timed:
         where there were no such samples."""
         nan = float("nan")
         ablation = self.shared_samples_us is not None
-        return {"host_paced_samples": float(self.host_paced) if cuda else nan,
-                "host_paced_no_shared": float(self.host_paced_no_shared) if cuda and ablation else nan,
-                "host_paced_shared": float(self.host_paced_shared) if cuda and ablation else nan,
-                "num_phase_samples": float(self.phases.taken) if self.phases.taken else nan,
-                "host_paced_phases": self.phases.host_paced if cuda and self.phases.taken else nan}
+        return {
+            "host_paced_samples": float(self.host_paced) if cuda else nan,
+            "host_paced_no_shared": float(self.host_paced_no_shared) if cuda and ablation else nan,
+            "host_paced_shared": float(self.host_paced_shared) if cuda and ablation else nan,
+            "num_phase_samples": float(self.phases.taken) if self.phases.taken else nan,
+            "host_paced_phases": self.phases.host_paced if cuda and self.phases.taken else nan,
+        }
 
 
 def _shared_alone(kernel: MoEKernel, x: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -209,8 +222,17 @@ def _shared_alone(kernel: MoEKernel, x: torch.Tensor) -> Callable[[], torch.Tens
     return lambda: shared(x)
 
 
-def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, graph: bool,
-               hold_us: Optional[float] = None, lap: Callable[[str], object] = lambda stage: None) -> Timed:
+def time_layer(
+    kernel: MoEKernel,
+    inputs,
+    combo,
+    sync: RankSync,
+    device,
+    rec,
+    graph: bool,
+    hold_us: Optional[float] = None,
+    lap: Callable[[str], object] = lambda stage: None,
+) -> Timed:
     """The layer's samples and, for the ablation, those of the layer without its shared
     experts and of the shared experts alone, interleaved; then the phase samples. On a GPU
     every sample waits behind a hold sized from `hold_us`, the host's enqueue time of one
@@ -224,16 +246,33 @@ def time_layer(kernel: MoEKernel, inputs, combo, sync: RankSync, device, rec, gr
         fns += [lambda: kernel(x, w, ids, with_shared=False), _shared_alone(kernel, x)]
     lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
     lap("probe")
-    timed = timing.time_interleaved(fns, device, combo.reps, combo.warmup, barrier=sync.barrier, flush=sync.flush,
-                                    align=sync.align, graph=graph, warmup_ms=combo.warmup_ms, agree=sync.agree,
-                                    hold_us=hold_us)
+    timed = timing.time_interleaved(
+        fns,
+        device,
+        combo.reps,
+        combo.warmup,
+        barrier=sync.barrier,
+        flush=sync.flush,
+        align=sync.align,
+        graph=graph,
+        warmup_ms=combo.warmup_ms,
+        agree=sync.agree,
+        hold_us=hold_us,
+    )
     lap("timing")
     phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else PhaseSamples({})
     lap("phases")
     shared = kernel.shared is not None
-    return Timed(timed[0].us, timed[1].us if shared else None, timed[2].us if shared else None, phases.us,
-                 timed[0].host_paced, timed[1].host_paced if shared else 0, timed[2].host_paced if shared else 0,
-                 phases)
+    return Timed(
+        timed[0].us,
+        timed[1].us if shared else None,
+        timed[2].us if shared else None,
+        phases.us,
+        timed[0].host_paced,
+        timed[1].host_paced if shared else 0,
+        timed[2].host_paced if shared else 0,
+        phases,
+    )
 
 
 def paced_mode(mode: str, host_us: float, host_paced: int, reps: int) -> str:
@@ -249,10 +288,14 @@ def paced_mode(mode: str, host_us: float, host_paced: int, reps: int) -> str:
 def host_time_note(host_us: float, host_paced: int, reps: int) -> str:
     """Why a row's latency is host time (its timing_mode `host`)."""
     if host_us > timing.HOST_SYNCS_US:
-        return (f"the forward syncs the host (its enqueue takes {host_us / 1e3:.1f} ms behind a busy GPU): "
-                "the host paced every sample")
-    return (f"{host_paced} of {reps} samples started on the GPU before the host had enqueued them, "
-            "with the hold doubled twice: the host paced them")
+        return (
+            f"the forward syncs the host (its enqueue takes {host_us / 1e3:.1f} ms behind a busy GPU): "
+            "the host paced every sample"
+        )
+    return (
+        f"{host_paced} of {reps} samples started on the GPU before the host had enqueued them, "
+        "with the hold doubled twice: the host paced them"
+    )
 
 
 def host_enqueue(kernel: MoEKernel, inputs, device) -> float:
@@ -270,8 +313,10 @@ def host_enqueue(kernel: MoEKernel, inputs, device) -> float:
 def memory_figures(kernel: MoEKernel, fn, tokens: int, device, setup_used, baseline_used) -> dict:
     """Analytic workspace and peak, the allocator peak of one forward above what was
     allocated before it, and the device-level peak above the context baseline (bytes)."""
-    out = {"workspace_bytes_analytic": float(kernel.workspace_bytes(tokens)),
-           "analytic_peak_bytes": float(kernel.analytic_peak_bytes(tokens))}
+    out = {
+        "workspace_bytes_analytic": float(kernel.workspace_bytes(tokens)),
+        "analytic_peak_bytes": float(kernel.analytic_peak_bytes(tokens)),
+    }
     peak = memory.forward_peak_bytes(fn, device, kernel.clear_workspaces)
     if peak is not None:
         out["workspace_bytes_peak"] = float(peak)

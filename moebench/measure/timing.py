@@ -2,6 +2,7 @@
 samples with median / p20 / p80, an L2 flush between samples, ranks barriered
 before each sample, and a hold before each GPU sample so that the events time
 the GPU, not the host's launches."""
+
 from __future__ import annotations
 
 import math
@@ -327,6 +328,7 @@ def sample_start(barrier=None, flush: Optional[L2Flusher] = None, align=None, le
 
 def warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
     """Call the callables (in turn, flushing L2 as sampling will) for ~warmup_ms."""
+
     def one_round():
         for fn in fns:
             if flush is not None:

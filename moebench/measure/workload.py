@@ -3,6 +3,7 @@ any expert's weights for the float32 reference without communication.
 
 Legend: T tokens, P top-k, K hidden, I intermediate, N = 2I, E experts, S shared width.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -135,6 +136,7 @@ class Routed:
     what the routing was: the pairs per global expert of the whole EP-N run (every rank's
     tokens where this process knows them: one rank, or the emulated run of simulate_rank), the
     replay window, the emulated rank and the tokens it receives."""
+
     inputs: tuple
     expert_pairs: torch.Tensor  # [E] on the CPU
     window: str = ""
@@ -146,10 +148,15 @@ def routing_spec(combo) -> generate.RoutingSpec:
     """The combination's routing (a Combo, or any mapping with its fields)."""
     ep = combo["world_size"] if combo["world_size"] > 1 else combo["simulate_ep"]
     layer = combo.get("routing_layer", -1)
-    return generate.RoutingSpec(name=combo["routing"], skew=float(combo["skew"]),
-                                imbalance=float(combo.get("imbalance", 1.0)), seed=int(combo["seed"]),
-                                ep_size=int(ep), file=combo.get("routing_file", "") or "",
-                                layer=None if layer is None or layer < 0 else layer)
+    return generate.RoutingSpec(
+        name=combo["routing"],
+        skew=float(combo["skew"]),
+        imbalance=float(combo.get("imbalance", 1.0)),
+        seed=int(combo["seed"]),
+        ep_size=int(ep),
+        file=combo.get("routing_file", "") or "",
+        layer=None if layer is None or layer < 0 else layer,
+    )
 
 
 def _one_rank(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, recording):
@@ -198,12 +205,16 @@ def _to(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device, copy=True)  # a copy, also on the CPU: the kept one stays as drawn
 
 
-def make_routed(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, device,
-                simulate_rank: str = "") -> Routed:
+def make_routed(
+    shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, device, simulate_rank: str = ""
+) -> Routed:
     """Rank `rank`'s T tokens as `spec` routes them (`_draw`), on `device`: drawn once per
     process and kept for the next combinations of the same workload."""
-    kept = _routed.get((shape, T, spec, rank, salt, simulate_rank),
-                       lambda: _draw(shape, T, spec, rank, salt, simulate_rank), lambda r: _nbytes(*r.inputs))
+    kept = _routed.get(
+        (shape, T, spec, rank, salt, simulate_rank),
+        lambda: _draw(shape, T, spec, rank, salt, simulate_rank),
+        lambda r: _nbytes(*r.inputs),
+    )
     return dataclasses.replace(kept, inputs=tuple(_to(t, device) for t in kept.inputs))
 
 
@@ -214,8 +225,9 @@ def cached_reference(key: tuple, compute: Callable[[], torch.Tensor], device) ->
     return _to(_references.get(key, lambda: compute().cpu(), _nbytes), device)
 
 
-def _draw(shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int,
-          simulate_rank: str = "") -> Routed:
+def _draw(
+    shape: LayerShape, T: int, spec: generate.RoutingSpec, rank: int, salt: int, simulate_rank: str = ""
+) -> Routed:
     """Rank `rank`'s T tokens as `spec` routes them, on the CPU. With `simulate_rank` (one GPU,
     simulate_ep=N): every one of the N ranks routes T tokens, and the inputs are the tokens
     rank K (or the hottest) receives from all of them, ids renamed so its experts are the

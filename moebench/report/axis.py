@@ -10,6 +10,7 @@ compared (triton's row_layout has no counterpart in deepgemm), so each triton ro
 the deepgemm row that agrees in everything else. Two triton rows that differ only in such
 a knob then meet the same deepgemm row: both pairs are listed, each with its knobs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,14 +30,15 @@ def parse_axis(text: str) -> Axis:
     field, eq, values = str(text).partition("=")
     a, colon, b = values.partition(":")
     if not (eq and colon and field and a and b):
-        raise ValueError(f"--axis {text!r}: write FIELD=A:B, e.g. reduction=finalize:experts "
-                         "(baseline A, candidate B)")
+        raise ValueError(f"--axis {text!r}: write FIELD=A:B, e.g. reduction=finalize:experts (baseline A, candidate B)")
     if a == b:
         raise ValueError(f"--axis {text!r}: A and B are the same value")
     names = {f.name for f in IDENTITY_FIELDS}
     if field not in names and field not in knob_meta():
-        raise ValueError(f"--axis {text!r}: {field!r} is neither an identity field of a combination "
-                         f"({', '.join(sorted(names))}) nor a knob ({', '.join(sorted(knob_meta()))})")
+        raise ValueError(
+            f"--axis {text!r}: {field!r} is neither an identity field of a combination "
+            f"({', '.join(sorted(names))}) nor a knob ({', '.join(sorted(knob_meta()))})"
+        )
     return Axis(field.strip(), a.strip(), b.strip())
 
 
@@ -90,18 +92,27 @@ def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame
     present = {fmt_value(v) for v in values}
     for v, text in ((a, axis.a), (b, axis.b)):
         if not any(x == v for x in values):
-            raise ValueError(f"--axis {axis}: no row has {axis.field}={text} (this run has "
-                             f"{axis.field} = {', '.join(sorted(present)) or 'none'})")
-    keys = pd.Series([f"{_set(c, axis.field, b, dropped).key}\x1f{fmt_value(t)}"
-                      for c, t in zip(combos, rows["tokens_per_rank"])], dtype=object)
+            raise ValueError(
+                f"--axis {axis}: no row has {axis.field}={text} (this run has "
+                f"{axis.field} = {', '.join(sorted(present)) or 'none'})"
+            )
+    keys = pd.Series(
+        [f"{_set(c, axis.field, b, dropped).key}\x1f{fmt_value(t)}" for c, t in zip(combos, rows["tokens_per_rank"])],
+        dtype=object,
+    )
     is_a = pd.Series([x == a for x in values])
     is_b = pd.Series([x == b for x in values])
-    return rows[is_a].reset_index(drop=True), rows[is_b].reset_index(drop=True), \
-        keys[is_a].reset_index(drop=True), keys[is_b].reset_index(drop=True)
+    return (
+        rows[is_a].reset_index(drop=True),
+        rows[is_b].reset_index(drop=True),
+        keys[is_a].reset_index(drop=True),
+        keys[is_b].reset_index(drop=True),
+    )
 
 
-def compare_axis(df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, alpha: float = 0.05,
-                 cpu_verdict: bool = False) -> Comparison:
+def compare_axis(
+    df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, alpha: float = 0.05, cpu_verdict: bool = False
+) -> Comparison:
     """Pairs of rows of one run that differ only in ``axis`` (module doc), compared as
     baseline (A) and candidate (B). The matched rows show their shared identity; a column
     whose two values differ reads 'A→B' (the axis itself, a dropped knob)."""

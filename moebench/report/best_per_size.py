@@ -17,6 +17,7 @@ stored twice at one size counts once (the last written).
 Writes <out>/best_per_size.json and <out>/best_per_size.png (default out: <RUN>/report, or for
 a run committed under results/ `runs/reports/<its path>/report`, as `moebench report` does).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,21 @@ from moebench.config.spec import knob_meta
 from moebench.results.row import Status
 
 # what must match for two rows to compete
-SETTING = ["model", "quant", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
-           "routing_file_sha256", "routing_layer", "fill", "timing_mode", "device"]
+SETTING = [
+    "model",
+    "quant",
+    "world_size",
+    "simulate_ep",
+    "simulate_rank",
+    "routing",
+    "skew",
+    "imbalance",
+    "routing_file_sha256",
+    "routing_layer",
+    "fill",
+    "timing_mode",
+    "device",
+]
 AXES = ["backend", "experts", "reduction", "overlap"]
 DRAWS = 2000
 
@@ -100,8 +114,10 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     left_out = [why for b, why in basis if b != GPU]
     ok = ok[[b == GPU for b, _ in basis]]
     if ok.empty:
-        raise ValueError(f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; "
-                         "measure on a GPU with runner.timing=auto")
+        raise ValueError(
+            f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; "
+            "measure on a GPU with runner.timing=auto"
+        )
     setting = [c for c in SETTING if c in ok.columns]
     rows = []
     for key, g in ok.groupby(setting + ["tokens_per_rank"], sort=True, dropna=False):
@@ -125,8 +141,13 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
             lo, hi = ratio_interval(_samples(first), _samples(second))
             row["margin_lo"], row["margin_hi"] = lo, hi
         else:
-            row.update(runner_up="", runner_up_us=float("nan"), margin=float("nan"), margin_lo=float("nan"),
-                       margin_hi=float("nan"))
+            row.update(
+                runner_up="",
+                runner_up_us=float("nan"),
+                margin=float("nan"),
+                margin_lo=float("nan"),
+                margin_hi=float("nan"),
+            )
         row["clear_win"] = bool(row["margin_lo"] > 1.0) if math.isfinite(row["margin_lo"]) else False
         rows.append(row)
     best = pd.DataFrame(rows)
@@ -152,30 +173,45 @@ def table(best: pd.DataFrame) -> str:
     from moebench.report.mdsafe import md_text
 
     vary = [c for c in SETTING if c in best.columns and best[c].astype(str).nunique() > 1]
-    lines = ["| setting | tokens | best | µs | runner-up | µs | margin [95 % CI] | clear | n |",
-             "|---|---:|---|---:|---|---:|---|:-:|---:|"]
+    lines = [
+        "| setting | tokens | best | µs | runner-up | µs | margin [95 % CI] | clear | n |",
+        "|---|---:|---|---:|---|---:|---|:-:|---:|",
+    ]
     for _, r in best.iterrows():
-        m = "–" if not math.isfinite(r["margin"]) else (
-            f"{r['margin']:.3f}" + (f" [{r['margin_lo']:.3f}, {r['margin_hi']:.3f}]" if math.isfinite(r["margin_lo"]) else ""))
+        m = (
+            "–"
+            if not math.isfinite(r["margin"])
+            else (
+                f"{r['margin']:.3f}"
+                + (f" [{r['margin_lo']:.3f}, {r['margin_hi']:.3f}]" if math.isfinite(r["margin_lo"]) else "")
+            )
+        )
         ru = f"{r['runner_up_us']:.1f}" if math.isfinite(r["runner_up_us"]) else "–"
         bu = f"{r['best_us']:.1f}" + (f" {r['best_paced']}" if r.get("best_paced") else "")
         ru += f" {r['runner_up_paced']}" if r.get("runner_up_paced") else ""
-        lines.append(f"| {md_text(_setting_label(r, vary))} | {int(r['tokens_per_rank'])} | {md_text(r['combination'])} | "
-                     f"{bu} | {md_text(r['runner_up']) if r['runner_up'] else '–'} | {ru} | {m} | "
-                     f"{'yes' if r['clear_win'] else 'no'} | {int(r['candidates'])} |")
+        lines.append(
+            f"| {md_text(_setting_label(r, vary))} | {int(r['tokens_per_rank'])} | {md_text(r['combination'])} | "
+            f"{bu} | {md_text(r['runner_up']) if r['runner_up'] else '–'} | {ru} | {m} | "
+            f"{'yes' if r['clear_win'] else 'no'} | {int(r['candidates'])} |"
+        )
     return "\n".join(lines)
 
 
 def paced_lines(best: pd.DataFrame) -> list[str]:
     """A line naming the best and runner-up rows with host-paced latency samples, with their counts
     ([] for none): they compete as GPU time, but never silently."""
-    hits = [f"{r[who]} at {int(r['tokens_per_rank'])} tokens ({r[f'{mark}_paced'].removeprefix('‡ ')})"
-            for _, r in best.iterrows() for who, mark in (("combination", "best"), ("runner_up", "runner_up"))
-            if r.get(f"{mark}_paced")]
+    hits = [
+        f"{r[who]} at {int(r['tokens_per_rank'])} tokens ({r[f'{mark}_paced'].removeprefix('‡ ')})"
+        for _, r in best.iterrows()
+        for who, mark in (("combination", "best"), ("runner_up", "runner_up"))
+        if r.get(f"{mark}_paced")
+    ]
     if not hits:
         return []
-    return [f"‡ host-paced latency samples (paced/samples; the GPU started them before the host had enqueued "
-            f"them): {'; '.join(hits)}: ranked as GPU time, their medians may hold host launch gaps"]
+    return [
+        f"‡ host-paced latency samples (paced/samples; the GPU started them before the host had enqueued "
+        f"them): {'; '.join(hits)}: ranked as GPU time, their medians may hold host launch gaps"
+    ]
 
 
 def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
@@ -197,14 +233,29 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
         grid[i, j] = r["margin"] if math.isfinite(r["margin"]) else 1.0
         ci = f"\n[{r['margin_lo']:.2f}, {r['margin_hi']:.2f}]" if math.isfinite(r["margin_lo"]) else ""
         mtxt = f"x{r['margin']:.2f}" if math.isfinite(r["margin"]) else "alone"
-        name = f"{r['backend']}/{r['experts']}\nred={r['reduction']} ovl={r['overlap']}" + (f"\n{r['knobs']}" if r["knobs"] else "")
+        name = f"{r['backend']}/{r['experts']}\nred={r['reduction']} ovl={r['overlap']}" + (
+            f"\n{r['knobs']}" if r["knobs"] else ""
+        )
         texts.append((j, i, f"{name}\n{mtxt}{ci}", r["clear_win"], grid[i, j]))
-    im = ax.imshow(grid, cmap="Greens", vmin=1.0, vmax=max(1.2, float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.2),
-                   aspect="auto")
+    im = ax.imshow(
+        grid,
+        cmap="Greens",
+        vmin=1.0,
+        vmax=max(1.2, float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.2),
+        aspect="auto",
+    )
     dark = im.norm.vmin + 0.6 * (im.norm.vmax - im.norm.vmin)
     for j, i, txt, clear, v in texts:
-        ax.text(j, i, txt, ha="center", va="center", fontsize=7, fontweight="bold" if clear else "normal",
-                color="white" if v > dark else "black")
+        ax.text(
+            j,
+            i,
+            txt,
+            ha="center",
+            va="center",
+            fontsize=7,
+            fontweight="bold" if clear else "normal",
+            color="white" if v > dark else "black",
+        )
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
     ax.set_yticks(range(len(settings)), settings)
     ax.set_xlabel("tokens per rank")
@@ -223,8 +274,9 @@ def results_command(run: str, out: Optional[str]) -> int:
     out_dir = report_out(run, out)  # no link below the run folder or --out (moebench/util/safe_write.py)
     refuse_links(out_dir, ["best_per_size.json", "best_per_size.png"])  # before anything is written
     records = json.loads(best.to_json(orient="records"))
-    write_text(out_dir / "best_per_size.json",
-               json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n")
+    write_text(
+        out_dir / "best_per_size.json", json.dumps({"run": str(run), "draws": DRAWS, "rows": records}, indent=2) + "\n"
+    )
     png = heatmap(best, out_dir / "best_per_size.png")
     print(table(best))
     for line in paced_lines(best):

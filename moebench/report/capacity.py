@@ -24,6 +24,7 @@ allocator never hands cached blocks back, so it is the cautious end. Rows measur
 `runner.memory_budget` are the confirmation: every ok at or below the allocations' limit,
 every oom above the reserved one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,14 +108,27 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
         conf = capped
         for col, v in zip(GROUP, key):
             conf = conf[conf[col].map(fmt_value) == fmt_value(v)]
-        out.append(dict(zip(GROUP, key), line=_label(key) + segment, points=len(g),
-                        tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
-                        ws_intercept=ws.intercept if ws else np.nan, ws_slope=ws.slope if ws else np.nan,
-                        ws_resid=ws.max_residual if ws else np.nan, ws_points=ws.points if ws else 0,
-                        dev_intercept=dev.intercept if dev else np.nan, dev_slope=dev.slope if dev else np.nan,
-                        dev_resid=dev.max_residual if dev else np.nan, max_tokens=limit, basis=basis,
-                        res_intercept=res.intercept if res else np.nan, res_slope=res.slope if res else np.nan,
-                        max_tokens_reserved=limit_res, confirmed=_confirmation(conf, limit, limit_res)))
+        out.append(
+            dict(
+                zip(GROUP, key),
+                line=_label(key) + segment,
+                points=len(g),
+                tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
+                ws_intercept=ws.intercept if ws else np.nan,
+                ws_slope=ws.slope if ws else np.nan,
+                ws_resid=ws.max_residual if ws else np.nan,
+                ws_points=ws.points if ws else 0,
+                dev_intercept=dev.intercept if dev else np.nan,
+                dev_slope=dev.slope if dev else np.nan,
+                dev_resid=dev.max_residual if dev else np.nan,
+                max_tokens=limit,
+                basis=basis,
+                res_intercept=res.intercept if res else np.nan,
+                res_slope=res.slope if res else np.nan,
+                max_tokens_reserved=limit_res,
+                confirmed=_confirmation(conf, limit, limit_res),
+            )
+        )
     return pd.DataFrame(out)
 
 
@@ -137,8 +151,15 @@ def _confirmation(conf: pd.DataFrame, limit: float, limit_reserved: float = floa
         return ""
     lo = limit_reserved if np.isfinite(limit_reserved) else limit
     parts = [f"{r.status} at {int(r.tokens_per_rank)}" for r in conf.sort_values("tokens_per_rank").itertuples()]
-    agree = all((r.tokens_per_rank <= limit) if r.status == Status.OK else (r.tokens_per_rank > lo)
-                for r in conf.itertuples() if r.status in (Status.OK, Status.OOM)) if np.isfinite(limit) else False
+    agree = (
+        all(
+            (r.tokens_per_rank <= limit) if r.status == Status.OK else (r.tokens_per_rank > lo)
+            for r in conf.itertuples()
+            if r.status in (Status.OK, Status.OOM)
+        )
+        if np.isfinite(limit)
+        else False
+    )
     return ", ".join(parts) + ("" if agree else " (disagrees with the prediction)")
 
 
@@ -151,10 +172,17 @@ def placement_ratios(cap: pd.DataFrame) -> pd.DataFrame:
         by = g.set_index("reduction")
         if {"experts", "finalize"} <= set(by.index):
             e, f = by.loc["experts"], by.loc["finalize"]
-            rows.append(dict(zip(keys, key), line=f.line, saving_per_token=f.ws_slope - e.ws_slope,
-                             slope_ratio=e.ws_slope / f.ws_slope if f.ws_slope else np.nan,
-                             tokens_ratio=e.max_tokens / f.max_tokens if f.max_tokens else np.nan,
-                             experts_tokens=e.max_tokens, finalize_tokens=f.max_tokens))
+            rows.append(
+                dict(
+                    zip(keys, key),
+                    line=f.line,
+                    saving_per_token=f.ws_slope - e.ws_slope,
+                    slope_ratio=e.ws_slope / f.ws_slope if f.ws_slope else np.nan,
+                    tokens_ratio=e.max_tokens / f.max_tokens if f.max_tokens else np.nan,
+                    experts_tokens=e.max_tokens,
+                    finalize_tokens=f.max_tokens,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -177,24 +205,63 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
         return "_No combination has ok rows at two or more token counts: nothing to fit._"
     reserved = "max_tokens_reserved" in cap and cap["max_tokens_reserved"].notna().any()
     # the labels, placements and statuses are the rows' text: escaped (moebench/report/mdsafe.py)
-    rows = [[md_text(r.line), md_text(r.reduction), f"{r.ws_slope / 1024:.1f}", f"{r.ws_intercept / MIB:.0f}",
-             _resid(r.ws_resid, r.ws_points), f"{r.dev_slope / 1024:.1f}", f"{r.dev_intercept / MIB:.0f}",
-             r.tokens_measured, _tok(r.max_tokens)] + ([_tok(r.max_tokens_reserved)] if reserved else [])
-            + [md_text(r.confirmed) if r.confirmed else "-"] for r in cap.itertuples()]
-    head = (["combination", "reduce in", "KiB / token", "intercept MiB", "worst resid", "device KiB / token",
-             "device intercept MiB", "tokens measured",
-             f"max tokens at {budget_text}" + (" (allocations)" if reserved else "")]
-            + ([f"max tokens at {budget_text} (allocator reserved)"] if reserved else [])
-            + ["confirmed (capped run)"])
+    rows = [
+        [
+            md_text(r.line),
+            md_text(r.reduction),
+            f"{r.ws_slope / 1024:.1f}",
+            f"{r.ws_intercept / MIB:.0f}",
+            _resid(r.ws_resid, r.ws_points),
+            f"{r.dev_slope / 1024:.1f}",
+            f"{r.dev_intercept / MIB:.0f}",
+            r.tokens_measured,
+            _tok(r.max_tokens),
+        ]
+        + ([_tok(r.max_tokens_reserved)] if reserved else [])
+        + [md_text(r.confirmed) if r.confirmed else "-"]
+        for r in cap.itertuples()
+    ]
+    head = (
+        [
+            "combination",
+            "reduce in",
+            "KiB / token",
+            "intercept MiB",
+            "worst resid",
+            "device KiB / token",
+            "device intercept MiB",
+            "tokens measured",
+            f"max tokens at {budget_text}" + (" (allocations)" if reserved else ""),
+        ]
+        + ([f"max tokens at {budget_text} (allocator reserved)"] if reserved else [])
+        + ["confirmed (capped run)"]
+    )
     text = md_table(head, rows, ["l", "l"] + ["r"] * (8 if reserved else 7) + ["l"])
     ratios = placement_ratios(cap)
     if len(ratios):
-        rr = [[md_text(r.line), f"{r.saving_per_token / 1024:.1f}", f"{r.slope_ratio:.3f}", _tok(r.finalize_tokens),
-               _tok(r.experts_tokens), "-" if not np.isfinite(r.tokens_ratio) else f"{r.tokens_ratio:.2f}×"]
-              for r in ratios.itertuples()]
-        text += "\n\n" + md_table(["combination", "saving KiB / token", "bytes ratio (experts / finalize)",
-                                   "max tokens, finalize", "max tokens, experts", "tokens ratio"], rr,
-                                  ["l"] + ["r"] * 5)
+        rr = [
+            [
+                md_text(r.line),
+                f"{r.saving_per_token / 1024:.1f}",
+                f"{r.slope_ratio:.3f}",
+                _tok(r.finalize_tokens),
+                _tok(r.experts_tokens),
+                "-" if not np.isfinite(r.tokens_ratio) else f"{r.tokens_ratio:.2f}×",
+            ]
+            for r in ratios.itertuples()
+        ]
+        text += "\n\n" + md_table(
+            [
+                "combination",
+                "saving KiB / token",
+                "bytes ratio (experts / finalize)",
+                "max tokens, finalize",
+                "max tokens, experts",
+                "tokens ratio",
+            ],
+            rr,
+            ["l"] + ["r"] * 5,
+        )
     return text
 
 
@@ -216,33 +283,66 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
         tmax = 1.0
         for r in sub.itertuples():
             color = colors.setdefault((r.quant, r.experts), f"C{len(colors) % 10}")
-            g = ok[(ok["model"] == model) & (ok["simulate_ep"] == sim) & (ok["quant"] == r.quant)
-                   & (ok["experts"] == r.experts) & (ok["reduction"] == r.reduction)
-                   & (ok["knobs"].fillna("") == r.knobs)].sort_values("tokens_per_rank")
+            g = ok[
+                (ok["model"] == model)
+                & (ok["simulate_ep"] == sim)
+                & (ok["quant"] == r.quant)
+                & (ok["experts"] == r.experts)
+                & (ok["reduction"] == r.reduction)
+                & (ok["knobs"].fillna("") == r.knobs)
+            ].sort_values("tokens_per_rank")
             t = g["tokens_per_rank"].to_numpy(float)
             tmax = max(tmax, float(t.max()) if len(t) else 1.0)
-            ax.plot(t, g["workspace_bytes_peak"] / 2**30, marker="o", ms=3, color=color,
-                    ls=REDUCTION_STYLE.get(r.reduction, "-"), label=f"{r.quant} {r.experts}, reduce in {r.reduction}")
+            ax.plot(
+                t,
+                g["workspace_bytes_peak"] / 2**30,
+                marker="o",
+                ms=3,
+                color=color,
+                ls=REDUCTION_STYLE.get(r.reduction, "-"),
+                label=f"{r.quant} {r.experts}, reduce in {r.reduction}",
+            )
             if np.isfinite(r.ws_slope):
                 xs = np.array([0.0, max(tmax, r.max_tokens if np.isfinite(r.max_tokens) else 0) * 1.05])
                 ax.plot(xs, (r.ws_intercept + r.ws_slope * xs) / 2**30, color=color, lw=0.6, ls=":")
-        capped = df[(pd.to_numeric(df.get("memory_budget", 0), errors="coerce").fillna(0) > 0)
-                    & (df["model"] == model) & (df["simulate_ep"] == sim)]
+        capped = df[
+            (pd.to_numeric(df.get("memory_budget", 0), errors="coerce").fillna(0) > 0)
+            & (df["model"] == model)
+            & (df["simulate_ep"] == sim)
+        ]
         for r in capped.itertuples():
             color = colors.get((r.quant, r.experts), "black")
-            ax.plot([r.tokens_per_rank], [r.memory_budget / 2**30], marker="o" if r.status == Status.OK else "x",
-                    ms=7, mfc="none", color=color, ls="none")
+            ax.plot(
+                [r.tokens_per_rank],
+                [r.memory_budget / 2**30],
+                marker="o" if r.status == Status.OK else "x",
+                ms=7,
+                mfc="none",
+                color=color,
+                ls="none",
+            )
         if budget is not None:
             ax.axhline(budget / 2**30, color="black", lw=1.0)
-            ax.text(0.01, budget / 2**30, f" budget {budget / 2**30:.0f} GiB", va="bottom", fontsize=8,
-                    transform=ax.get_yaxis_transform())
+            ax.text(
+                0.01,
+                budget / 2**30,
+                f" budget {budget / 2**30:.0f} GiB",
+                va="bottom",
+                fontsize=8,
+                transform=ax.get_yaxis_transform(),
+            )
         sim_s = f", EP-{int(sim)} share" if sim and int(sim) > 1 else ""
         ax.set(title=f"{model}{sim_s}", xlabel="tokens per rank", ylabel="workspace peak (GiB)")
         ax.grid(True, alpha=0.3)
         # below the panel: inside it, the legend hides the lines that cross the budget
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2,
-                  title="dotted: fit; on the budget: o ok, x oom (capped runs); lines that coincide "
-                        "share their workspaces", title_fontsize=7)
+        ax.legend(
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.16),
+            ncols=2,
+            title="dotted: fit; on the budget: o ok, x oom (capped runs); lines that coincide share their workspaces",
+            title_fontsize=7,
+        )
     fig.suptitle("Forward peak vs tokens per rank")
     return save_figure(fig, path)
 
@@ -259,17 +359,22 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     df, env = load_run(run)
     budget = gpu = None
     if budget_text in (None, ""):
-        budgets = sorted(set(pd.to_numeric(df.get("memory_budget", pd.Series(dtype=float)), errors="coerce")
-                             .dropna()) - {0})
+        budgets = sorted(
+            set(pd.to_numeric(df.get("memory_budget", pd.Series(dtype=float)), errors="coerce").dropna()) - {0}
+        )
         if not budgets:
-            raise ValueError("give --budget BYTES (e.g. 16GiB) or --budget free: this run has no rows "
-                             "measured under runner.memory_budget to take one from")
+            raise ValueError(
+                "give --budget BYTES (e.g. 16GiB) or --budget free: this run has no rows "
+                "measured under runner.memory_budget to take one from"
+            )
         budget = float(budgets[0])
     elif budget_text == "free":
         gpu = env.get("gpu_memory_bytes")
         if not gpu:
-            raise ValueError(f"--budget free needs the GPU's memory in {run}/env.json (gpu_memory_bytes): "
-                             "this run's fingerprint lacks it; give --budget BYTES")
+            raise ValueError(
+                f"--budget free needs the GPU's memory in {run}/env.json (gpu_memory_bytes): "
+                "this run's fingerprint lacks it; give --budget BYTES"
+            )
     else:
         budget = float(parse_bytes(budget_text))
     cap = capacity_frame(df, budget, gpu)
@@ -279,10 +384,18 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     dest = report_out(root, out)
     refuse_links(dest, ["capacity.md", "capacity.png"])  # before anything is written
     png = plot_capacity(df, cap, budget, dest / "capacity.png")
-    doc = [f"# Capacity: {md_text(root.name)}", f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'}"
-           " line).", body, f"![peak memory vs tokens per rank]({png.name})" if png else "", __doc__.strip()]
+    doc = [
+        f"# Capacity: {md_text(root.name)}",
+        f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'} line).",
+        body,
+        f"![peak memory vs tokens per rank]({png.name})" if png else "",
+        __doc__.strip(),
+    ]
     write_text(dest / "capacity.md", "\n\n".join(d for d in doc if d) + "\n")
-    print(doc[1] + (f" `--budget {budget_text}` read as {budget:,.0f} bytes." if budget_text and budget is not None else ""))
+    print(
+        doc[1]
+        + (f" `--budget {budget_text}` read as {budget:,.0f} bytes." if budget_text and budget is not None else "")
+    )
     print(body)
     print(f"capacity report written to {dest / 'capacity.md'}", file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ changes read "broken" (ok, now failed / incorrect / timeout / oom), "skipped" (o
 skipped), "fixed" (the reverse); "n/a" where neither side is ok. Workspace memory is
 compared by the same factor, without intervals (it is deterministic).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,9 +46,23 @@ SHOWN_COLUMNS = SHOWN_IDENTITY
 VERDICT_ORDER = list(Verdict)  # as the counts list them
 # the host's figures: its enqueue time and the samples it paced, with their counts (results/row.py)
 HOST_COLUMNS = schema.names("host", dtype="float")
-SIDE_COLUMNS = ["status", "reason", "timing_mode", "timing_note", "latency_us_median", "latency_us_p20",
-                "latency_us_p80", "samples_us", "combo_key", *HOST_COLUMNS,
-                "analytic_peak_bytes"] + MEMORY_COLUMNS + PHASE_COLUMNS
+SIDE_COLUMNS = (
+    [
+        "status",
+        "reason",
+        "timing_mode",
+        "timing_note",
+        "latency_us_median",
+        "latency_us_p20",
+        "latency_us_p80",
+        "samples_us",
+        "combo_key",
+        *HOST_COLUMNS,
+        "analytic_peak_bytes",
+    ]
+    + MEMORY_COLUMNS
+    + PHASE_COLUMNS
+)
 
 
 @dataclass
@@ -105,18 +120,22 @@ class Comparison:
     def geomean(self) -> tuple[float, float, float]:
         """Geometric mean of the ratios of the judged rows (ok on both sides, figures a
         verdict may rest on), with its interval."""
-        ok = (self.matched["base_status"] == Status.OK) & (self.matched["cand_status"] == Status.OK) & \
-            ~self.matched["verdict"].isin(NO_VERDICT)
+        ok = (
+            (self.matched["base_status"] == Status.OK)
+            & (self.matched["cand_status"] == Status.OK)
+            & ~self.matched["verdict"].isin(NO_VERDICT)
+        )
         idx = np.flatnonzero(ok.to_numpy())
-        return geometric_mean(self.matched["ratio"].to_numpy()[idx],
-                              [self.resampled[i] for i in idx] if self.resampled else [])
+        return geometric_mean(
+            self.matched["ratio"].to_numpy()[idx], [self.resampled[i] for i in idx] if self.resampled else []
+        )
 
 
-def latency_verdict(base: dict, cand: dict, threshold: float, alpha: float = 0.05,
-                    min_samples: int = MIN_SAMPLES) -> tuple[Verdict, float, float]:
+def latency_verdict(
+    base: dict, cand: dict, threshold: float, alpha: float = 0.05, min_samples: int = MIN_SAMPLES
+) -> tuple[Verdict, float, float]:
     """(verdict, ratio, p_value) for one matched pair of rows (dicts of row values)."""
-    ratio = cand["latency_us_median"] / base["latency_us_median"] \
-        if base["latency_us_median"] else float("nan")
+    ratio = cand["latency_us_median"] / base["latency_us_median"] if base["latency_us_median"] else float("nan")
     b_ok, c_ok = base["status"] == Status.OK, cand["status"] == Status.OK
     if not (b_ok and c_ok):
         if b_ok:
@@ -131,8 +150,7 @@ def latency_verdict(base: dict, cand: dict, threshold: float, alpha: float = 0.0
         return Verdict.SIMILAR, ratio, p
     if ratio >= threshold and cand["latency_us_p20"] > base["latency_us_p80"] and significant:
         return Verdict.SLOWER, ratio, p
-    if ratio <= 1.0 / threshold and cand["latency_us_p80"] < base["latency_us_p20"] \
-            and significant:
+    if ratio <= 1.0 / threshold and cand["latency_us_p80"] < base["latency_us_p20"] and significant:
         return Verdict.FASTER, ratio, p
     return Verdict.SIMILAR, ratio, p
 
@@ -187,9 +205,18 @@ def basis_verdict(verdict: Verdict, base: dict, cand: dict, cpu_verdict: bool = 
     return verdict, ""
 
 
-def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, cand_keys: pd.Series,
-                  threshold: float = 1.05, alpha: float = 0.05, min_samples: int = MIN_SAMPLES,
-                  shown: str = "cand", axis: Optional[Axis] = None, cpu_verdict: bool = False) -> Comparison:
+def compare_pairs(
+    base: pd.DataFrame,
+    cand: pd.DataFrame,
+    base_keys: pd.Series,
+    cand_keys: pd.Series,
+    threshold: float = 1.05,
+    alpha: float = 0.05,
+    min_samples: int = MIN_SAMPLES,
+    shown: str = "cand",
+    axis: Optional[Axis] = None,
+    cpu_verdict: bool = False,
+) -> Comparison:
     """Pair each candidate row with every baseline row of the same key (keys: one text per
     row, aligned with the frames' rows; two runs' keys are unique per side, an axis's may
     not be) and give each pair a verdict (module doc). ``shown`` names the side whose identity
@@ -215,8 +242,9 @@ def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, 
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
         where = {k: row.get(k) for k in ("device", "world_size", "tokens_per_rank")}
         v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
-        boot = bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) \
-            if np.isfinite(r) else np.empty(0)
+        boot = (
+            bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) if np.isfinite(r) else np.empty(0)
+        )
         lo, hi = interval(boot)
         sig = bool(np.isfinite(r) and not (p >= alpha) and np.isfinite(lo) and (lo > 1.0 or hi < 1.0))
         if v in (Verdict.SLOWER, Verdict.FASTER):
@@ -226,25 +254,54 @@ def compare_pairs(base: pd.DataFrame, cand: pd.DataFrame, base_keys: pd.Series, 
         mv, mr = memory_verdict(_workspace(row, "base"), _workspace(row, "cand"), threshold)
         db, dc = row["base_device_bytes_peak"], row["cand_device_bytes_peak"]
         dr = dc / db if np.isfinite(db) and np.isfinite(dc) and db > 0 else float("nan")
-        out.append(dict(ratio=r, ci_lo=lo, ci_hi=hi, p_value=p, significant=sig, verdict=v, no_verdict_why=why,
-                        mem_ratio=mr, mem_verdict=mv, dev_ratio=dr))
+        out.append(
+            dict(
+                ratio=r,
+                ci_lo=lo,
+                ci_hi=hi,
+                p_value=p,
+                significant=sig,
+                verdict=v,
+                no_verdict_why=why,
+                mem_ratio=mr,
+                mem_verdict=mv,
+                dev_ratio=dr,
+            )
+        )
         resampled.append(boot)
-    stats = pd.DataFrame(out, columns=["ratio", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
-                                       "no_verdict_why", "mem_ratio", "mem_verdict", "dev_ratio"])
+    stats = pd.DataFrame(
+        out,
+        columns=[
+            "ratio",
+            "ci_lo",
+            "ci_hi",
+            "p_value",
+            "significant",
+            "verdict",
+            "no_verdict_why",
+            "mem_ratio",
+            "mem_verdict",
+            "dev_ratio",
+        ],
+    )
     matched = pd.concat([matched, stats], axis=1)
     matched["label"] = combo_labels(matched).values if len(matched) else []
     only_b = base[~bk.isin(set(ck))].reset_index(drop=True)
     only_c = cand[~ck.isin(set(bk))].reset_index(drop=True)
-    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled, pairs=pairs,
-                      cpu_verdict=cpu_verdict)
+    return Comparison(matched, only_b, only_c, threshold, alpha, axis, resampled, pairs=pairs, cpu_verdict=cpu_verdict)
 
 
-def compare_runs(baseline: pd.DataFrame, candidate: pd.DataFrame, threshold: float = 1.05,
-                 alpha: float = 0.05, min_samples: int = MIN_SAMPLES, cpu_verdict: bool = False) -> Comparison:
+def compare_runs(
+    baseline: pd.DataFrame,
+    candidate: pd.DataFrame,
+    threshold: float = 1.05,
+    alpha: float = 0.05,
+    min_samples: int = MIN_SAMPLES,
+    cpu_verdict: bool = False,
+) -> Comparison:
     """Match candidate rows to baseline rows on (combo_key, tokens) and give each pair a
     verdict (module doc). Both frames are as ``load_run`` returns them (µs, bytes)."""
     base, cand = prepared_rows(baseline), prepared_rows(candidate)
-    return compare_pairs(base, cand, run_keys(base), run_keys(cand), threshold, alpha, min_samples,
-                         cpu_verdict=cpu_verdict)
-
-
+    return compare_pairs(
+        base, cand, run_keys(base), run_keys(cand), threshold, alpha, min_samples, cpu_verdict=cpu_verdict
+    )

@@ -1,5 +1,6 @@
 """The tables of a comparison (report/compare.py): latency pairs, memory pairs, the rows
 without a partner; each a report.table.Table (markdown, csv, json from the same values)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,15 +49,17 @@ def pair_names(m: pd.DataFrame) -> pd.Series:
     """'triton/experts mixtral_8x7b · 256 tok': what the verdict calls a pair, as Markdown (the
     rows' text escaped: moebench/report/mdsafe.py md_text)."""
     labels = combo_labels(m)
-    return pd.Series([md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"])],
-                     index=m.index, dtype=object)
+    return pd.Series(
+        [md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"])],
+        index=m.index,
+        dtype=object,
+    )
 
 
 def _side(row: dict, side: str) -> str:
     if row[f"{side}_status"] != Status.OK:
         return md_text(row[f"{side}_status"])
-    cell = fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"],
-                        row[f"{side}_latency_us_p80"])
+    cell = fmt_interval(row[f"{side}_latency_us_median"], row[f"{side}_latency_us_p20"], row[f"{side}_latency_us_p80"])
     mark = mark_of(row[f"{side}_host_paced_samples"], row[f"{side}_num_samples"])
     return f"{cell} {mark}" if mark else cell
 
@@ -75,11 +78,18 @@ def latency_pairs(cmp: Comparison) -> Table:
     data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
     data["tokens_per_rank"] = m["tokens_per_rank"]
     for side in ("base", "cand"):
-        for k in ("status", "timing_mode", "latency_us_median", "latency_us_p20", "latency_us_p80",
-                  "host_paced_samples"):
+        for k in (
+            "status",
+            "timing_mode",
+            "latency_us_median",
+            "latency_us_p20",
+            "latency_us_p80",
+            "host_paced_samples",
+        ):
             data[f"{side}_{k}"] = m[f"{side}_{k}"]
         data[f"{side}_num_samples"] = m[f"{side}_samples_us"].map(  # the host-paced mark's m
-            lambda v: float(len(v)) if isinstance(v, (list, tuple, np.ndarray)) else np.nan)
+            lambda v: float(len(v)) if isinstance(v, (list, tuple, np.ndarray)) else np.nan
+        )
     data["ratio"] = m["ratio"]
     data["change_pct"] = m["ratio"].map(pct)
     data["ci_lo_pct"] = m["ci_lo"].map(pct)
@@ -95,23 +105,40 @@ def latency_pairs(cmp: Comparison) -> Table:
     cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]
     if timing_varies:
         cols += [Column("timing", lambda r: _timing(r))]
-    cols += [Column(f"{cmp.baseline_name} µs", lambda r: _side(r, "base"), "r"),
-             Column(f"{cmp.candidate_name} µs", lambda r: _side(r, "cand"), "r"),
-             Column("change [95 % CI]", lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100,
-                                                              1 + r["ci_hi_pct"] / 100), "r"),
-             Column("p", lambda r: "-" if not np.isfinite(r["p_value"]) else f"{r['p_value']:.2g}", "r"),
-             Column("verdict", lambda r: r["verdict"] + (" (significant)" if r["verdict"] == Verdict.SIMILAR
-                                                         and r["significant"] else "")),
-             Column("flags", lambda r: " ".join(r["flags"]))]
-    caption = " ".join(x for x in [
-        "Times in µs: median (p20–p80). change = candidate median / baseline median − 1 with the 95 % bootstrap "
-        f"interval of that ratio; a verdict needs the p20–p80 intervals apart, the ratio past ×{cmp.threshold:g} and "
-        f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change (its "
-        "interval excludes 0, p below alpha) that is not called: under the threshold, or past it with the "
-        "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed.",
-        f"{PACED_MARK_TEXT}." if any(mark_of(r[f"{s}_host_paced_samples"], r[f"{s}_num_samples"])
-                                    for r in data.to_dict("records") for s in ("base", "cand")) else "",
-        _caption_tail(m)] if x)
+    cols += [
+        Column(f"{cmp.baseline_name} µs", lambda r: _side(r, "base"), "r"),
+        Column(f"{cmp.candidate_name} µs", lambda r: _side(r, "cand"), "r"),
+        Column(
+            "change [95 % CI]",
+            lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100, 1 + r["ci_hi_pct"] / 100),
+            "r",
+        ),
+        Column("p", lambda r: "-" if not np.isfinite(r["p_value"]) else f"{r['p_value']:.2g}", "r"),
+        Column(
+            "verdict",
+            lambda r: r["verdict"] + (" (significant)" if r["verdict"] == Verdict.SIMILAR and r["significant"] else ""),
+        ),
+        Column("flags", lambda r: " ".join(r["flags"])),
+    ]
+    caption = " ".join(
+        x
+        for x in [
+            "Times in µs: median (p20–p80). change = candidate median / baseline median − 1 with the 95 % bootstrap "
+            f"interval of that ratio; a verdict needs the p20–p80 intervals apart, the ratio past ×{cmp.threshold:g} and "
+            f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change (its "
+            "interval excludes 0, p below alpha) that is not called: under the threshold, or past it with the "
+            "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed.",
+            f"{PACED_MARK_TEXT}."
+            if any(
+                mark_of(r[f"{s}_host_paced_samples"], r[f"{s}_num_samples"])
+                for r in data.to_dict("records")
+                for s in ("base", "cand")
+            )
+            else "",
+            _caption_tail(m),
+        ]
+        if x
+    )
     num_na = int((cmp.matched["verdict"] == Verdict.NEITHER_OK).sum())
     notes = [f"{num_na} matched rows are ok on neither side (not shown)."] if num_na else []
     return Table("comparison", data.reset_index(drop=True), cols, caption, "_No comparable rows._", notes)
@@ -124,7 +151,9 @@ def _timing(r: dict) -> str:
 
 def _caption_tail(m: pd.DataFrame) -> str:
     const = constant_caption(m.drop(columns=[c for c in PER_ROW_COLUMNS if c in m.columns]))
-    modes = sorted({fmt_value(v) for v in pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]) if fmt_value(v) != "-"})
+    modes = sorted(
+        {fmt_value(v) for v in pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]) if fmt_value(v) != "-"}
+    )
     parts = [f"All rows: {md_text(const)}." if const else ""]
     if len(modes) == 1:
         parts.append(f"timing_mode={md_text(modes[0])} (what ran).")
@@ -135,15 +164,22 @@ def memory_pairs(cmp: Comparison) -> Table:
     """Workspace (allocator peak, else analytic) and device peak of each pair, in MiB, with
     the change; the verdict is the workspace's by the threshold factor."""
     m = cmp.matched
-    cols_mem = [f"{s}_{c}" for s in ("base", "cand") for c in
-                ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak")]
+    cols_mem = [
+        f"{s}_{c}"
+        for s in ("base", "cand")
+        for c in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak")
+    ]
     m = pair_order(m[m[cols_mem].notna().any(axis=1)])
     shown = _shown(m)
     data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
     data["tokens_per_rank"] = m["tokens_per_rank"]
     for c in cols_mem:
         data[c] = m[c]
-    data["workspace_ratio"], data["device_ratio"], data["mem_verdict"] = m["mem_ratio"], m["dev_ratio"], m["mem_verdict"]
+    data["workspace_ratio"], data["device_ratio"], data["mem_verdict"] = (
+        m["mem_ratio"],
+        m["dev_ratio"],
+        m["mem_verdict"],
+    )
     cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
     cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]
     for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
@@ -151,11 +187,15 @@ def memory_pairs(cmp: Comparison) -> Table:
     cols.append(Column("workspace change", lambda r: fmt_change(r["workspace_ratio"], np.nan, np.nan), "r"))
     for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
         cols.append(Column(f"device {name}", lambda r, s=side: fmt_mib(r[f"{s}_device_bytes_peak"]), "r"))
-    cols += [Column("device change", lambda r: fmt_change(r["device_ratio"], np.nan, np.nan), "r"),
-             Column("verdict", lambda r: r["mem_verdict"] or "-")]
-    caption = ("Memory in MiB (2^20 bytes): workspace = the allocator peak of one forward (the analytic workspace "
-               f"where no peak was measured), device = device memory in use at the peak; verdict by ×{cmp.threshold:g}."
-               + (f" All rows: {md_text(constant_caption(m))}." if constant_caption(m) else ""))
+    cols += [
+        Column("device change", lambda r: fmt_change(r["device_ratio"], np.nan, np.nan), "r"),
+        Column("verdict", lambda r: r["mem_verdict"] or "-"),
+    ]
+    caption = (
+        "Memory in MiB (2^20 bytes): workspace = the allocator peak of one forward (the analytic workspace "
+        f"where no peak was measured), device = device memory in use at the peak; verdict by ×{cmp.threshold:g}."
+        + (f" All rows: {md_text(constant_caption(m))}." if constant_caption(m) else "")
+    )
     return Table("memory", data.reset_index(drop=True), cols, caption, "_No memory measurements to compare._")
 
 
@@ -168,11 +208,16 @@ def unmatched(df: pd.DataFrame, name: str) -> Table:
     """Rows without a partner: combination, tokens, status."""
     shown = display_columns(df) if len(df) else []
     shown = [c for c in shown if c not in PER_ROW_COLUMNS]
-    data = df[[c for c in SHOWN_COLUMNS + ["knobs", "combo_key", "status", "reason"] if c in df.columns]].copy() \
-        if len(df) else pd.DataFrame()
+    data = (
+        df[[c for c in SHOWN_COLUMNS + ["knobs", "combo_key", "status", "reason"] if c in df.columns]].copy()
+        if len(df)
+        else pd.DataFrame()
+    )
     cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
-    cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
-             Column("status", lambda r: md_text(r["status"]))]
+    cols += [
+        Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
+        Column("status", lambda r: md_text(r["status"])),
+    ]
     return Table(name, data.reset_index(drop=True), cols, "", "_None._")
 
 
@@ -180,8 +225,10 @@ def memory_change_lines(cmp: Comparison, names: pd.Series, limit: int = 3) -> li
     """Workspace and device-peak changes past the threshold, largest first (verdict lines)."""
     m = cmp.matched
     out = []
-    for col, what, b_col, c_col in (("mem_ratio", "workspace", None, None),
-                                    ("dev_ratio", "device peak", "base_device_bytes_peak", "cand_device_bytes_peak")):
+    for col, what, b_col, c_col in (
+        ("mem_ratio", "workspace", None, None),
+        ("dev_ratio", "device peak", "base_device_bytes_peak", "cand_device_bytes_peak"),
+    ):
         r = m[col].astype(float)
         hit = m[np.isfinite(r) & ((r >= cmp.threshold) | (r <= 1 / cmp.threshold))]
         if not len(hit):
@@ -195,8 +242,11 @@ def memory_change_lines(cmp: Comparison, names: pd.Series, limit: int = 3) -> li
             items.append(f"{names.loc[i]} {fmt_pct(pct(row[col]))} % ({fmt_mib(b)} → {fmt_mib(c)} MiB)")
         more = f" (+{len(hit) - limit} more)" if len(hit) > limit else ""
         smaller = int((hit[col] < 1).sum())
-        out.append(f"{what}: {smaller} row(s) smaller, {len(hit) - smaller} larger beyond ×{cmp.threshold:g} — "
-                   + "; ".join(items) + more)
+        out.append(
+            f"{what}: {smaller} row(s) smaller, {len(hit) - smaller} larger beyond ×{cmp.threshold:g} — "
+            + "; ".join(items)
+            + more
+        )
     return out
 
 

@@ -7,6 +7,7 @@ Every file goes through moebench/util/safe_write.py: the report folder is made w
 before any work (``check_outputs``), and each file is opened without following one. Text read
 from the runs is escaped where it enters the Markdown (moebench/report/mdsafe.py md_text).
 """
+
 from __future__ import annotations
 
 import sys
@@ -63,8 +64,7 @@ def run_summary(df: pd.DataFrame) -> str:
     """'run r1 (sweep s) · 21 rows · 7 combinations · 2026-01-01 … 2026-01-02'."""
     runs = ", ".join(sorted({md_text(r) for r in df["run_id"].dropna()})) or "?"
     sweeps = ", ".join(sorted({md_text(s) for s in df["sweep"].dropna()})) or "?"
-    text = (f"run {runs} (sweep {sweeps}) · {len(df)} rows · "
-            f"{df['combo_key'].nunique()} combinations")
+    text = f"run {runs} (sweep {sweeps}) · {len(df)} rows · {df['combo_key'].nunique()} combinations"
     stamps = df["timestamp"].dropna().astype(str)
     if len(stamps):
         text += f" · {md_text(stamps.min())} … {md_text(stamps.max())}"
@@ -101,8 +101,11 @@ def default_report_dir(run_dir, *sub: str) -> Path:
 
     dest = default_runs_dir().joinpath("reports", rel, "report", *sub)
     committed = Path("results").joinpath(rel, "report", *sub)
-    print(f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
-          "the committed report)", file=sys.stderr)
+    print(
+        f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
+        "the committed report)",
+        file=sys.stderr,
+    )
     return dest
 
 
@@ -123,10 +126,20 @@ def report_out(run_dir, out=None, *sub: str) -> Path:
 
 
 # what a report folder receives: report.md, its plots, and the tables of --format csv / json
-REPORT_FILES = ("report.md", "latency.png", "phases.png", "overlap.png", "workspace.png", "comparison.png",
-                "comparison_latency.png", "comparison_workspace.png")
-TABLE_FILES = {"csv": ("rows.csv", "comparison.csv", "memory.csv", "only_baseline.csv", "only_candidate.csv"),
-               "json": ("report.json",)}
+REPORT_FILES = (
+    "report.md",
+    "latency.png",
+    "phases.png",
+    "overlap.png",
+    "workspace.png",
+    "comparison.png",
+    "comparison_latency.png",
+    "comparison_workspace.png",
+)
+TABLE_FILES = {
+    "csv": ("rows.csv", "comparison.csv", "memory.csv", "only_baseline.csv", "only_candidate.csv"),
+    "json": ("report.json",),
+}
 
 
 def check_outputs(out: Path, fmt: str = "md") -> None:
@@ -166,29 +179,42 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
         "\n".join(summary),
         f"Environment: {env_summary(env, df)}  \n{run_summary(df)}",
         *_quality_section(quality, cav),
-        "## Status", tables.status_table(df), tables.reasons_table(df),
-        "## Latency", tables.latency_table(df),
+        "## Status",
+        tables.status_table(df),
+        tables.reasons_table(df),
+        "## Latency",
+        tables.latency_table(df),
         _image(plots.plot_latency(df, out / "latency.png"), "latency vs tokens per rank"),
         *(["## Host time per forward", host] if (host := tables.host_table(df)) else []),
         *(["## Routing", routing] if (routing := routing_table(df)) else []),
-        "## Phase breakdown", tables.phase_table(df),
+        "## Phase breakdown",
+        tables.phase_table(df),
         _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
-        "## Shared-expert overlap", tables.overlap_table(df),
+        "## Shared-expert overlap",
+        tables.overlap_table(df),
         _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
         *(["## Traces", traces] if (traces := tables.traces_table(df)) else []),
-        "## Memory", tables.memory_table(df),
+        "## Memory",
+        tables.memory_table(df),
         _image(plots.plot_workspace(df, out / "workspace.png"), "workspace of one forward"),
-        "## Experts against the roofline", tables.roofline_table(df),
+        "## Experts against the roofline",
+        tables.roofline_table(df),
     ]
-    data = {"run": name, "environment": env_summary(env, df), "summary": summary, "data_quality": quality,
-            "rows": rows}
-    text = "\n\n".join(["\n".join(summary), f"Environment: {env_summary(env, df)}",
-                        tables.status_table(df), tables.latency_table(df)])
+    data = {"run": name, "environment": env_summary(env, df), "summary": summary, "data_quality": quality, "rows": rows}
+    text = "\n\n".join(
+        ["\n".join(summary), f"Environment: {env_summary(env, df)}", tables.status_table(df), tables.latency_table(df)]
+    )
     return Doc(blocks, {"rows": rows}, data, 0, summary, text)
 
 
-def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
-                   frames: tuple[pd.DataFrame, ...] = (), envs: tuple[dict, ...] = ()) -> Doc:
+def comparison_doc(
+    cmp: Comparison,
+    out: Path,
+    run_dirs: list[Path],
+    fail_on,
+    frames: tuple[pd.DataFrame, ...] = (),
+    envs: tuple[dict, ...] = (),
+) -> Doc:
     """A comparison's report: the verdict, environments, data quality, the pairs, memory,
     the rows on one side only; PNGs written into ``out``."""
     code, why = exit_status(cmp, fail_on)
@@ -197,36 +223,66 @@ def comparison_doc(cmp: Comparison, out: Path, run_dirs: list[Path], fail_on,
     only_c = unmatched(cmp.only_candidate, "only_candidate")
     quality = []
     if len(cmp.matched):
-        quality += flag_summary(pair_flags(cmp.matched), frame_names(cmp.matched),
-                                details=pair_paced_details(cmp.matched, (cmp.baseline_name, cmp.candidate_name)))
+        quality += flag_summary(
+            pair_flags(cmp.matched),
+            frame_names(cmp.matched),
+            details=pair_paced_details(cmp.matched, (cmp.baseline_name, cmp.candidate_name)),
+        )
     names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
     for df, env, name in zip(frames, envs, names):  # the pairs' flags hold the rows' own: provenance here
         quality += [x for x in run_notes(df, env, name) if x not in quality]
     cav = caveats([run_root(d) for d in run_dirs], _results_root(run_root(run_dirs[0])))
     verdict = verdict_lines(cmp, code, why, quality + cav)
     if cmp.axis is not None:
-        title = (f"# moebench compare: {md_text(run_root(run_dirs[0]).name)}, "
-                 f"{md_text(f'{cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}')}")
+        title = (
+            f"# moebench compare: {md_text(run_root(run_dirs[0]).name)}, "
+            f"{md_text(f'{cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}')}"
+        )
         envs_text = f"Environment: {env_summary(cmp.cand_env, frames[0] if frames else None)}"
     else:
         title = f"# moebench compare: {cmp.candidate_name} vs {cmp.baseline_name}"
-        envs_text = (f"Baseline ({cmp.baseline_name}): {env_summary(cmp.base_env, frames[0] if frames else None)}  \n"
-                     f"Candidate ({cmp.candidate_name}): {env_summary(cmp.cand_env, frames[1] if len(frames) > 1 else None)}")
-    blocks = [title, "\n".join(verdict), envs_text, *_quality_section(quality, cav),
-              "## Latency", lat.markdown(),
-              _image(plots.plot_comparison(cmp, out / "comparison.png"), "latency change per row with its interval"),
-              _image(plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
-                     "baseline and candidate latency"),
-              "## Memory", mem.markdown(),
-              _image(plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
-                     if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any() else None,
-                     "workspace change per row"),
-              f"## Only in {cmp.baseline_name}", only_b.markdown(),
-              f"## Only in {cmp.candidate_name}", only_c.markdown()]
-    data = {"verdict": verdict_record(cmp, code, why), "verdict_lines": verdict, "data_quality": quality,
-            "comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c}
-    return Doc(blocks, {"comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c},
-               data, code, verdict)
+        envs_text = (
+            f"Baseline ({cmp.baseline_name}): {env_summary(cmp.base_env, frames[0] if frames else None)}  \n"
+            f"Candidate ({cmp.candidate_name}): {env_summary(cmp.cand_env, frames[1] if len(frames) > 1 else None)}"
+        )
+    blocks = [
+        title,
+        "\n".join(verdict),
+        envs_text,
+        *_quality_section(quality, cav),
+        "## Latency",
+        lat.markdown(),
+        _image(plots.plot_comparison(cmp, out / "comparison.png"), "latency change per row with its interval"),
+        _image(plots.plot_comparison_latency(cmp, out / "comparison_latency.png"), "baseline and candidate latency"),
+        "## Memory",
+        mem.markdown(),
+        _image(
+            plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
+            if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any()
+            else None,
+            "workspace change per row",
+        ),
+        f"## Only in {cmp.baseline_name}",
+        only_b.markdown(),
+        f"## Only in {cmp.candidate_name}",
+        only_c.markdown(),
+    ]
+    data = {
+        "verdict": verdict_record(cmp, code, why),
+        "verdict_lines": verdict,
+        "data_quality": quality,
+        "comparison": lat,
+        "memory": mem,
+        "only_baseline": only_b,
+        "only_candidate": only_c,
+    }
+    return Doc(
+        blocks,
+        {"comparison": lat, "memory": mem, "only_baseline": only_b, "only_candidate": only_c},
+        data,
+        code,
+        verdict,
+    )
 
 
 def write(doc: Doc, out: Path, fmt: str = "md") -> Path:
@@ -254,8 +310,15 @@ def stdout_text(doc: Doc, fmt: str) -> str:
     return "\n".join(doc.head) + "\n\n" + main.markdown()
 
 
-def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, fmt: str = "md",
-                 fail_on=None, cpu_verdict: bool = False) -> Report:
+def build_report(
+    run_dir,
+    out_dir=None,
+    baseline=None,
+    threshold: float = 1.05,
+    fmt: str = "md",
+    fail_on=None,
+    cpu_verdict: bool = False,
+) -> Report:
     """Write report.md and its PNGs for ``run_dir``; with ``baseline`` (a run path) the
     comparison comes first and the run's own sections follow. ``out_dir`` defaults to
     ``<run>/report``."""
@@ -272,8 +335,14 @@ def build_report(run_dir, out_dir=None, baseline=None, threshold: float = 1.05, 
     cmp = compare_runs(base_df, df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, env
     cmp.baseline_name, cmp.candidate_name = run_names(Path(baseline), run_dir)
-    doc = comparison_doc(cmp, out, [Path(baseline), run_dir], DEFAULT_FAIL_ON if fail_on is None else fail_on,
-                         (base_df, df), (base_env, env))
+    doc = comparison_doc(
+        cmp,
+        out,
+        [Path(baseline), run_dir],
+        DEFAULT_FAIL_ON if fail_on is None else fail_on,
+        (base_df, df),
+        (base_env, env),
+    )
     own = run_doc(df, env, run_dir, out, title=False)
     doc.blocks += own.blocks
     return Report(write(doc, out, fmt), df, env, cmp, doc)

@@ -5,6 +5,7 @@ versions are said to be not comparable rather than silently compared).
 The text functions (env_summary, env_differences, comparable_summary) return Markdown: every
 value read from env.json or the rows is escaped (moebench/report/mdsafe.py md_text), since a run
 folder's text is untrusted; env_value / field_value / env_commit return the values as stored."""
+
 from __future__ import annotations
 
 import re
@@ -120,7 +121,7 @@ def env_commit(env: dict) -> tuple[Optional[str], Optional[bool]]:
 
 
 def tree_label(env: dict) -> str:
-    """"clean", "dirty" or "unknown": whether the files a run measured were its commit's.
+    """ "clean", "dirty" or "unknown": whether the files a run measured were its commit's.
     Unknown without a fingerprint, where neither a .git nor a tree stamp said (every GPU run
     before scripts/copy_tree.sh), and where the stored sha names no commit."""
     sha, dirty = env_commit(env)
@@ -197,8 +198,10 @@ def env_differences(base_env: dict, cand_env: dict) -> list[str]:
         if label == CPU_THREADS and not (a and b):  # a GPU machine's run on a side: the GPUs differ already
             continue
         if a != b or len(a) > 1:
-            diffs.append(f"{label}: {' / '.join(md_text(v) for v in a) or 'none'} → "
-                         f"{' / '.join(md_text(v) for v in b) or 'none'}")
+            diffs.append(
+                f"{label}: {' / '.join(md_text(v) for v in a) or 'none'} → "
+                f"{' / '.join(md_text(v) for v in b) or 'none'}"
+            )
     return diffs
 
 

@@ -33,6 +33,7 @@ one run, and the ``caveats.md`` stored with the run (its folder and those above 
 notes are Markdown: what they quote of env.json and the rows is escaped (moebench/report/mdsafe.py);
 caveats.md is the repository's own text and is kept verbatim.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,16 +55,16 @@ DECODE_TOKENS = 256  # runner.graph_max_tokens' default
 FLAG_TEXT = {
     "spread": f"wide spread (p80/p20 > {NOISY_SPREAD:.2f}): more runner.reps or a quieter machine",
     "host-bound": "host-bound: the latency is host time (the host paced the samples; or, in rows from before "
-                  f"each sample's hold, an enqueue ≥ {HOST_BOUND:.0%} of the events' median): no GPU-time figure",
+    f"each sample's hold, an enqueue ≥ {HOST_BOUND:.0%} of the events' median): no GPU-time figure",
     "host-sync": f"the layer syncs the host (enqueue > {HOST_SYNCS_US / 1e3:.0f} ms): its events include host waits",
     "gpu-idle": f"GPU busy under {GPU_IDLE:.0%} of the latency (profiler phases): the host bounds the sample",
     "phases≠latency": f"phases off the latency (by > {PHASE_GAP:.0%} under graph timing, > {PHASE_FACTOR:g}× "
-                      "under events): the phases come from forwards of their own; read the latency",
+    "under events): the phases come from forwards of their own; read the latency",
     "eager-decode": f"events timing at ≤ {DECODE_TOKENS} tokens on one rank, no host_enqueue_us (an older row): "
-                    "possibly host-bound",
+    "possibly host-bound",
     "host-paced": "with host-paced samples (the GPU started them before the host had enqueued them, behind a hold "
-                  f"doubled twice): their times may hold host launch gaps; up to {HOST_PACED_MAX:.0%} of a latency's "
-                  "samples it still counts as GPU time",
+    f"doubled twice): their times may hold host launch gaps; up to {HOST_PACED_MAX:.0%} of a latency's "
+    "samples it still counts as GPU time",
     "timing-differs": "the two sides ran different timing modes: the ratio mixes methods",
 }
 
@@ -79,11 +80,13 @@ def _num(row, col) -> float:
 
 # each family of a row's samples the host may pace: (its count of host-paced samples, what gives how
 # many samples it has: a list's length or a count, what the family is called); results/row.py
-PACED = (("host_paced_samples", "samples_us", "latency"),
-         ("host_paced_no_shared", "samples_us", "ablation without shared experts"),
-         ("host_paced_shared", "samples_us", "ablation shared experts alone"),
-         ("host_paced_phases", "num_phase_samples", "phases"),
-         ("host_paced_trace", "num_trace_samples", "trace"))
+PACED = (
+    ("host_paced_samples", "samples_us", "latency"),
+    ("host_paced_no_shared", "samples_us", "ablation without shared experts"),
+    ("host_paced_shared", "samples_us", "ablation shared experts alone"),
+    ("host_paced_phases", "num_phase_samples", "phases"),
+    ("host_paced_trace", "num_trace_samples", "trace"),
+)
 
 
 def _count(row, col) -> float:
@@ -137,8 +140,10 @@ def paced_mark(row) -> str:
     return mark_of(_num(row, "host_paced_samples"), _count(row, "samples_us"))
 
 
-PACED_MARK_TEXT = ("‡ n/m: n of the m latency samples host-paced (the GPU started them before the host had "
-                   "enqueued them; Data quality names the rows): the cell may hold host launch gaps")
+PACED_MARK_TEXT = (
+    "‡ n/m: n of the m latency samples host-paced (the GPU started them before the host had "
+    "enqueued them; Data quality names the rows): the cell may hold host launch gaps"
+)
 
 
 def flags_of(row) -> list[str]:
@@ -154,21 +159,29 @@ def flags_of(row) -> list[str]:
     held = np.isfinite(_num(row, "host_paced_samples"))  # timed with a hold before each sample
     if np.isfinite(host) and host > HOST_SYNCS_US:
         out.append("host-sync")
-    elif mode == "host" or (not held and mode == "events" and np.isfinite(host) and np.isfinite(med)
-                            and host >= HOST_BOUND * med):
+    elif mode == "host" or (
+        not held and mode == "events" and np.isfinite(host) and np.isfinite(med) and host >= HOST_BOUND * med
+    ):
         out.append("host-bound")
     total = phase_sum(row)
     if mode == "profiler" and np.isfinite(total) and np.isfinite(med) and total < GPU_IDLE * med:
         out.append("gpu-idle")
     if np.isfinite(total) and np.isfinite(med) and med > 0 and total > 0:
         ratio = total / med
-        if (mode == "graph" and abs(ratio - 1) > PHASE_GAP) or \
-                (mode == "events" and not 1 / PHASE_FACTOR <= ratio <= PHASE_FACTOR):
+        if (mode == "graph" and abs(ratio - 1) > PHASE_GAP) or (
+            mode == "events" and not 1 / PHASE_FACTOR <= ratio <= PHASE_FACTOR
+        ):
             out.append("phases≠latency")
     single = _num(row, "world_size") == 1 or str(row.get("world_size")) == "1"
     tokens = _num(row, "tokens_per_rank")
-    if (mode == "events" and not np.isfinite(host) and str(row.get("device")) == "cuda" and single
-            and np.isfinite(tokens) and tokens <= DECODE_TOKENS):
+    if (
+        mode == "events"
+        and not np.isfinite(host)
+        and str(row.get("device")) == "cuda"
+        and single
+        and np.isfinite(tokens)
+        and tokens <= DECODE_TOKENS
+    ):
         out.append("eager-decode")
     if paced_counts(row):
         out.append("host-paced")
@@ -206,13 +219,14 @@ def row_flags(df: pd.DataFrame) -> pd.Series:
 def paced_details(df: pd.DataFrame) -> pd.Series:
     """Per row (index of ``df``): {"host-paced": its counts (paced_text)} where it has any, for
     flag_summary to name the rows with their counts."""
-    return pd.Series([{"host-paced": t} if (t := paced_text(r)) else {} for r in df.to_dict("records")],
-                     index=df.index, dtype=object)
+    return pd.Series(
+        [{"host-paced": t} if (t := paced_text(r)) else {} for r in df.to_dict("records")], index=df.index, dtype=object
+    )
 
 
 def side_of(pair: dict, side: str) -> dict:
     """One side ("base" | "cand") of a comparison's pair as a row (its ``<side>_`` columns)."""
-    row = {k[len(side) + 1:]: v for k, v in pair.items() if k.startswith(side + "_")}
+    row = {k[len(side) + 1 :]: v for k, v in pair.items() if k.startswith(side + "_")}
     row.update({k: pair.get(k) for k in ("world_size", "device", "tokens_per_rank")})
     return row
 
@@ -223,8 +237,11 @@ def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baselin
     out = []
     for r in matched.to_dict("records"):
         texts = [paced_text(side_of(r, side)) for side in ("base", "cand")]
-        out.append({"host-paced": "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))}
-                   if any(texts) else {})
+        out.append(
+            {"host-paced": "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))}
+            if any(texts)
+            else {}
+        )
     return pd.Series(out, index=matched.index, dtype=object)
 
 
@@ -238,8 +255,9 @@ def pair_flags(matched: pd.DataFrame) -> pd.Series:
             # the phases' mismatch concerns the phase table, not the latency compared here
             tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
         tags = [t for t in FLAG_TEXT if t in tags]
-        if r.get("base_status") == r.get("cand_status") == Status.OK and \
-                str(r.get("base_timing_mode")) != str(r.get("cand_timing_mode")):
+        if r.get("base_status") == r.get("cand_status") == Status.OK and str(r.get("base_timing_mode")) != str(
+            r.get("cand_timing_mode")
+        ):
             tags.append("timing-differs")
         out.append(tags)
     return pd.Series(out, index=matched.index, dtype=object)
@@ -272,8 +290,10 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
         notes.append(f"{who}no git sha stored: which code ran is unknown")
     bad = [s for s in named if not is_commit(s)]
     if bad:
-        notes.append(f"{who}git sha {', '.join(md_code(s) for s in bad)} names no commit: which code ran is "
-                     "not recorded (see the caveats)")
+        notes.append(
+            f"{who}git sha {', '.join(md_code(s) for s in bad)} names no commit: which code ran is "
+            "not recorded (see the caveats)"
+        )
     if len(shas) > 1:
         notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(md_text(s[:10]) for s in shas)})")
     tree = tree_label(env) if env else None
@@ -281,11 +301,16 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
         paths = [str(p) for p in env.get("git_diff_paths") or []]  # text of a run folder: md_code
         shown = ", ".join(md_code(p) for p in paths[:5]) + (" …" if len(paths) > 5 else "")
         digest = str(env.get("git_diff_sha256") or "")[:12]
-        notes.append(f"{who}the tree was dirty (uncommitted changes) when it ran" + (f": {shown}" if paths else "")
-                     + (f" (diff sha256 `{digest}`)" if digest.isalnum() else ""))
+        notes.append(
+            f"{who}the tree was dirty (uncommitted changes) when it ran"
+            + (f": {shown}" if paths else "")
+            + (f" (diff sha256 `{digest}`)" if digest.isalnum() else "")
+        )
     elif tree == "unknown":
-        notes.append(f"{who}whether the files that ran were the commit's is not recorded (no .git or tree stamp "
-                     "where it ran: scripts/copy_tree.sh): uncommitted changes cannot be ruled out")
+        notes.append(
+            f"{who}whether the files that ran were the commit's is not recorded (no .git or tree stamp "
+            "where it ran: scripts/copy_tree.sh): uncommitted changes cannot be ruled out"
+        )
     return notes
 
 
@@ -299,13 +324,13 @@ def flag_summary(tags: pd.Series, names: pd.Series, limit: int = 4, details: pd.
     lines = []
     extra = list(details) if details is not None else [{}] * len(tags)
     for tag in FLAG_TEXT:
-        hit = [f"{n} ({d[tag]})" if tag in d else n for t, n, d in zip(tags, names, extra, strict=True)
-               if tag in t]
+        hit = [f"{n} ({d[tag]})" if tag in d else n for t, n, d in zip(tags, names, extra, strict=True) if tag in t]
         if hit:
             detailed = any(tag in d for d in extra)
             most = max(limit, DETAILED_LIMIT) if detailed else limit
-            shown = ("; " if detailed else ", ").join(hit[:most]) + (f" (+{len(hit) - most} more)"
-                                                                      if len(hit) > most else "")
+            shown = ("; " if detailed else ", ").join(hit[:most]) + (
+                f" (+{len(hit) - most} more)" if len(hit) > most else ""
+            )
             lines.append(f"{len(hit)} row(s) {FLAG_TEXT[tag]} — {shown}")
     return lines
 
@@ -322,6 +347,5 @@ def caveats_text(paths: list[Path], root: Path | None = None) -> list[str]:
                 pass
         body = p.read_text().strip()
         if body:
-            out.append(f"Caveats stored with the run ({md_code(shown.as_posix())}):"
-                       f"\n\n{body}")
+            out.append(f"Caveats stored with the run ({md_code(shown.as_posix())}):\n\n{body}")
     return out

@@ -1,5 +1,6 @@
 """How the report writes a number: µs with about four significant digits, intervals,
 MiB, fractions. Every table of report/ formats through these."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ A run is a directory ``<run>/rows/*.parquet`` (one file per finished combination
 row per tokens_per_rank) with ``<run>/env.json`` beside it. ``load_run`` also accepts a
 single ``.parquet`` file or a plain directory of parquet files.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,18 @@ PROVENANCE_COLUMNS = ["trace_path", *schema.names("provenance", combine=schema.R
 # A file lacking any of these is malformed: no table can be drawn without them. The
 # other columns are optional (filled with NaN / None) so that a report still renders rows
 # from an older or newer schema version.
-REQUIRED_COLUMNS = ["combo_key", "backend", "experts", "reduction", "overlap", "model", "quant",
-                    "world_size", "tokens_per_rank", "status"] + LATENCY_COLUMNS
+REQUIRED_COLUMNS = [
+    "combo_key",
+    "backend",
+    "experts",
+    "reduction",
+    "overlap",
+    "model",
+    "quant",
+    "world_size",
+    "tokens_per_rank",
+    "status",
+] + LATENCY_COLUMNS
 OPTIONAL_NUMERIC = [c for c in schema.names(dtype="float") if c not in LATENCY_COLUMNS]
 
 # Columns that name a combination in tables and plots, in display order; a table shows
@@ -44,26 +55,47 @@ COMBO_COLUMNS = ["backend", "experts", "reduction", "overlap", "quant", "model",
 # the other identity columns, shown where they vary within a run; "knobs" holds the tags of
 # the entries' knobs off their defaults (backend.num_sms=16 -> sms16), as the row stored them
 # (the recording's path is not identity: its digest, routing_file_sha256, is)
-EXTRA_COMBO_COLUMNS = [c for c in SPEC_COLUMNS if c not in COMBO_COLUMNS and c != "routing_file"] + ["timing_mode",
-                                                                                                  "knobs"]
+EXTRA_COMBO_COLUMNS = [c for c in SPEC_COLUMNS if c not in COMBO_COLUMNS and c != "routing_file"] + [
+    "timing_mode",
+    "knobs",
+]
 # columns of a row, not of its combination (graph timing runs events above graph_max_tokens)
 PER_ROW_COLUMNS = ("timing_mode",)
 # what makes a workload: combinations that share these saw the same tokens, so only they
 # compete for "fastest" (the routing's keys and the emulated rank included)
-WORKLOAD_COLUMNS = ("model", "world_size", "simulate_ep", "simulate_rank", "routing", "skew", "imbalance",
-                    "routing_file_sha256", "routing_layer", "fill", "seed")
+WORKLOAD_COLUMNS = (
+    "model",
+    "world_size",
+    "simulate_ep",
+    "simulate_rank",
+    "routing",
+    "skew",
+    "imbalance",
+    "routing_file_sha256",
+    "routing_layer",
+    "fill",
+    "seed",
+)
 # the model's sizes: shown only where they vary within one model
 MODEL_COLUMNS = ("hidden", "intermediate", "num_experts", "topk", "num_shared_experts", "shared_intermediate")
-SHORT_NAMES = {"world_size": "world", "simulate_ep": "sim_ep", "num_experts": "E",
-               "intermediate": "inter", "timing_mode": "timing", "reduction": "red",
-               "overlap": "ovl"}
+SHORT_NAMES = {
+    "world_size": "world",
+    "simulate_ep": "sim_ep",
+    "num_experts": "E",
+    "intermediate": "inter",
+    "timing_mode": "timing",
+    "reduction": "red",
+    "overlap": "ovl",
+}
 
 
 def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     """(row files outside a run folder or None for a run folder, run directory or None)."""
     if not path.exists():
-        raise ValueError(f"results path {path} does not exist: pass a run directory "
-                         "(with rows/*.parquet), a directory of .parquet files or one file")
+        raise ValueError(
+            f"results path {path} does not exist: pass a run directory "
+            "(with rows/*.parquet), a directory of .parquet files or one file"
+        )
     if path.is_file():
         run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
         return [path], run_dir
@@ -72,8 +104,10 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
         return None, path
     files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
     if not files:
-        raise ValueError(f"no results in {path}: expected {store.rows_dir}/*.parquet (run a sweep "
-                         "first, e.g. `moebench sweep ...`, or point at its output directory)")
+        raise ValueError(
+            f"no results in {path}: expected {store.rows_dir}/*.parquet (run a sweep "
+            "first, e.g. `moebench sweep ...`, or point at its output directory)"
+        )
     return files, path
 
 
@@ -111,8 +145,11 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     path, no rows or a malformed file.
     """
     files, run_dir = _source(Path(path))
-    df = (RunStore(path).load(required=REQUIRED_COLUMNS) if files is None
-          else load_files(files, str(path), required=REQUIRED_COLUMNS))
+    df = (
+        RunStore(path).load(required=REQUIRED_COLUMNS)
+        if files is None
+        else load_files(files, str(path), required=REQUIRED_COLUMNS)
+    )
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
     env = read_env(run_dir)
@@ -134,8 +171,9 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
         df["samples_us"] = None
     df["knobs"] = df["knobs"].fillna("") if "knobs" in df.columns else ""
     order = [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns]
-    df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last",
-                        kind="stable").reset_index(drop=True)
+    df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last", kind="stable").reset_index(
+        drop=True
+    )
     return df, env
 
 
@@ -181,15 +219,19 @@ def constant_caption(df: pd.DataFrame) -> str:
     parts = []
     shown = set(display_columns(df))
     for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS:
-        if c in df.columns and c not in shown and c not in MODEL_COLUMNS and len(df) \
-                and df[c].map(fmt_value).nunique() == 1:
+        if (
+            c in df.columns
+            and c not in shown
+            and c not in MODEL_COLUMNS
+            and len(df)
+            and df[c].map(fmt_value).nunique() == 1
+        ):
             v = fmt_value(df[c].iloc[0])
             try:
                 default = field_default(c)
             except KeyError:
                 default = None
-            if v in ("-", "", "None") or (default is not None and v == fmt_value(default)
-                                          and c not in COMBO_COLUMNS):
+            if v in ("-", "", "None") or (default is not None and v == fmt_value(default) and c not in COMBO_COLUMNS):
                 continue
             parts.append(f"{c}={v}")
     return ", ".join(parts)
@@ -219,8 +261,9 @@ def fmt_value(v) -> str:
     return str(v)
 
 
-def combo_labels(df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = None,
-                 fallback: str | None = None) -> pd.Series:
+def combo_labels(
+    df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = None, fallback: str | None = None
+) -> pd.Series:
     """Short label per row naming its combination: 'local/triton mixtral_8x7b red=finalize'.
 
     Only columns that vary within ``within`` (default ``df``) enter the label, less
@@ -234,8 +277,11 @@ def combo_labels(df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = Non
     ref = df if within is None else within
     if "knobs" not in ref.columns:
         ref = ref.assign(knobs="")
-    extra = [c for c in shown_varying(ref, COMBO_COLUMNS + EXTRA_COMBO_COLUMNS)
-             if c not in exclude and c not in PER_ROW_COLUMNS]
+    extra = [
+        c
+        for c in shown_varying(ref, COMBO_COLUMNS + EXTRA_COMBO_COLUMNS)
+        if c not in exclude and c not in PER_ROW_COLUMNS
+    ]
     if "knobs" in extra and "shared_sm_carveout" in extra:  # the knobs' tags hold the carveout (carve24)
         extra.remove("shared_sm_carveout")
 
@@ -243,8 +289,11 @@ def combo_labels(df: pd.DataFrame, exclude=(), within: pd.DataFrame | None = Non
         bare = [fmt_value(row[c]) for c in ("backend", "experts") if c in extra]
         parts = ["/".join(bare)] if bare else []
         parts += [fmt_value(row["model"])] if "model" in extra else []
-        parts += [f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}" for c in extra
-                  if c not in ("backend", "experts", "model", "knobs")]
+        parts += [
+            f"{SHORT_NAMES.get(c, c)}={fmt_value(row[c])}"
+            for c in extra
+            if c not in ("backend", "experts", "model", "knobs")
+        ]
         if "knobs" in extra and row["knobs"]:
             parts.append(str(row["knobs"]))
         text = " ".join(p for p in parts if p)
@@ -264,6 +313,7 @@ def phase_sum(row) -> float:
     span where it ran outside a communication span (overlap=none, or a backend without a
     dispatch span: the local ones run the shared experts in the layer's own sequence);
     NaN without phases. Rows from before `shared_experts_us` sum the routed phases."""
+
     def num(col):
         try:
             v = float(row.get(col))

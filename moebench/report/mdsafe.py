@@ -15,6 +15,7 @@ A field is one line: a newline in it shows as ``⏎`` (never a line break that w
 block of its own). The escapes are CommonMark's backslash escapes, and HTML's entities for
 ``<``, ``>`` and ``&`` (which every Markdown renderer leaves as text, inside HTML too).
 """
+
 from __future__ import annotations
 
 import re

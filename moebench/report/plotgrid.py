@@ -7,6 +7,7 @@ across the figure less the panel's own, so one label names one combination in ev
 panel and keeps one colour and line style; with at most MAX_SHARED labels one legend
 under the figure serves every panel, otherwise each panel has its own.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,20 @@ from moebench.report.load import combo_labels, fmt_value, varying
 
 MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
 MAX_SHARED = 20  # labels one legend under the figure holds (10 colours x 2 line styles)
-SPLIT_ORDER = ("model", "backend", "quant", "world_size", "simulate_ep", "experts", "reduction", "overlap",
-               "knobs", "timing", "routing", "seed")
+SPLIT_ORDER = (
+    "model",
+    "backend",
+    "quant",
+    "world_size",
+    "simulate_ep",
+    "experts",
+    "reduction",
+    "overlap",
+    "knobs",
+    "timing",
+    "routing",
+    "seed",
+)
 SHORT = {"world_size": "ws", "simulate_ep": "sim_ep", "reduction": "red", "overlap": "ovl"}
 LINESTYLES = ["-", "--", ":", "-."]
 MARKERS = "os^vD<>ph*"
@@ -33,12 +46,12 @@ MARKERS = "os^vD<>ph*"
 
 @dataclass
 class Panels:
-    cols: list[str]                      # the columns that split panels
+    cols: list[str]  # the columns that split panels
     groups: list[tuple[str, pd.DataFrame]]  # (title, rows) per panel
-    labels: pd.Series                    # series label per row (the frame's index)
-    styles: dict                         # (panel index, label) -> {color, linestyle}
+    labels: pd.Series  # series label per row (the frame's index)
+    styles: dict  # (panel index, label) -> {color, linestyle}
     shared_legend: bool
-    model: str = ""                      # the one model of every panel ('' when panels split by model)
+    model: str = ""  # the one model of every panel ('' when panels split by model)
 
     def color(self, i: int, label: str) -> str:
         return self.styles[(i, label)]["color"]
@@ -54,8 +67,13 @@ def _series_count(df: pd.DataFrame, cols: list[str], series_key: str) -> int:
     return int(df.groupby([df[c].map(fmt_value) for c in cols])[series_key].nunique().max())
 
 
-def panels(df: pd.DataFrame, series_key: str = "combo_key", max_series: int = MAX_SERIES,
-           first=("model", "backend"), fallback: str | None = None) -> Panels:
+def panels(
+    df: pd.DataFrame,
+    series_key: str = "combo_key",
+    max_series: int = MAX_SERIES,
+    first=("model", "backend"),
+    fallback: str | None = None,
+) -> Panels:
     """Split ``df`` into panels (module doc). ``series_key`` names one series (a
     combination's key; a comparison's pair)."""
     cols = [c for c in first if c in df.columns and c in varying(df, [c])]
@@ -73,8 +91,11 @@ def panels(df: pd.DataFrame, series_key: str = "combo_key", max_series: int = MA
     else:
         groups.append(("", df))
     # a column constant inside every panel (simulate_ep, one per model) joins the panel titles, not the labels
-    within = [c for c in varying(df, list(SPLIT_ORDER)) if c not in cols
-              and all(g[c].map(fmt_value).nunique() <= 1 for _, g in groups)]
+    within = [
+        c
+        for c in varying(df, list(SPLIT_ORDER))
+        if c not in cols and all(g[c].map(fmt_value).nunique() <= 1 for _, g in groups)
+    ]
     if within and len(groups) > 1:
         groups = [(" · ".join([t] * bool(t) + [_title(c, g[c].iloc[0]) for c in within]), g) for t, g in groups]
     labels = combo_labels(df, exclude=cols + (within if len(groups) > 1 else []), within=df, fallback=fallback)
@@ -209,9 +230,16 @@ def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> 
                     handles.append((h, lab))
         handles += list(extra_handles)
         if handles:
-            fig.legend([h for h, _ in handles], [lab for _, lab in handles], loc="outside lower center",
-                       ncols=min(3, len(handles)), fontsize=8, frameon=False, title=title or None,
-                       title_fontsize=8)
+            fig.legend(
+                [h for h, _ in handles],
+                [lab for _, lab in handles],
+                loc="outside lower center",
+                ncols=min(3, len(handles)),
+                fontsize=8,
+                frameon=False,
+                title=title or None,
+                title_fontsize=8,
+            )
         return
     for i, ax in enumerate(axes):
         hs, ls = ax.get_legend_handles_labels()

@@ -5,6 +5,7 @@ series a panel). Comparison plots: report/plots_compare.py.
 Every function writes one PNG at ``path`` and returns that path, or returns None (and
 writes nothing) when the rows hold nothing to plot, e.g. no overlap rows.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,14 @@ from moebench.results.row import Status
 
 MIB = 1024.0 * 1024.0
 REDUCTION_STYLES = {"experts": "-", "finalize": "--"}
-PHASE_COLORS = {"prepare_us": "C0", "dispatch_us": "C1", "experts_us": "C2", "weight_reduce_us": "C3",
-                "combine_us": "C4", "shared_experts_us": "C5"}
+PHASE_COLORS = {
+    "prepare_us": "C0",
+    "dispatch_us": "C1",
+    "experts_us": "C2",
+    "weight_reduce_us": "C3",
+    "combine_us": "C4",
+    "shared_experts_us": "C5",
+}
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -61,26 +68,43 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
             ax.plot(t, s["latency_us_median"], lw=1.4, label=lab, **st)
             if len(s) == 1:  # one token count: whiskers side by side instead of a band of one point
                 med = s["latency_us_median"].to_numpy(dtype=float)
-                ax.errorbar(t * (1 + 0.06 * (j - (len(series) - 1) / 2)), med,
-                            yerr=_whiskers(med, s["latency_us_p20"], s["latency_us_p80"]),
-                            fmt="o", ms=4, color=color, capsize=3)
+                ax.errorbar(
+                    t * (1 + 0.06 * (j - (len(series) - 1) / 2)),
+                    med,
+                    yerr=_whiskers(med, s["latency_us_p20"], s["latency_us_p80"]),
+                    fmt="o",
+                    ms=4,
+                    color=color,
+                    capsize=3,
+                )
                 continue
             ax.fill_between(t, s["latency_us_p20"], s["latency_us_p80"], color=color, alpha=0.2, lw=0)
             if len(modes) > 1:  # hollow: events above graph_max_tokens
                 for mode, pts in s.groupby(s["timing_mode"].astype(str)):
-                    ax.plot(pts["tokens_per_rank"], pts["latency_us_median"], "o", ms=4, color=color,
-                            markerfacecolor="white" if mode == "events" else color)
+                    ax.plot(
+                        pts["tokens_per_rank"],
+                        pts["latency_us_median"],
+                        "o",
+                        ms=4,
+                        color=color,
+                        markerfacecolor="white" if mode == "events" else color,
+                    )
             else:
                 ax.plot(t, s["latency_us_median"], "o", ms=3.5, color=color)
         tokens_axis(ax, ok["tokens_per_rank"])
         ax.set(title=title, xlabel="tokens per rank")
-        value_axis(ax, pd.concat([g["latency_us_p20"], g["latency_us_p80"]]),
-                   f"latency µs (median, {'whiskers' if single else 'band'} p20–p80)")
+        value_axis(
+            ax,
+            pd.concat([g["latency_us_p20"], g["latency_us_p80"]]),
+            f"latency µs (median, {'whiskers' if single else 'band'} p20–p80)",
+        )
         ax.grid(True, which="both", alpha=0.3)
     extra = []
     if len(modes) > 1:
-        extra = [(Line2D([], [], marker="o", ls="", color="k"), "graph replays"),
-                 (Line2D([], [], marker="o", ls="", color="k", markerfacecolor="white"), "events (eager)")]
+        extra = [
+            (Line2D([], [], marker="o", ls="", color="k"), "graph replays"),
+            (Line2D([], [], marker="o", ls="", color="k", markerfacecolor="white"), "events (eager)"),
+        ]
     legends(fig, axes, p, extra)
     fig.suptitle(p.suptitle("MoE layer latency") + (f" (timing {', '.join(sorted(modes))})" if modes else ""))
     return save(fig, path)
@@ -105,8 +129,12 @@ def plot_phases(df: pd.DataFrame, path, max_panels: int = 4) -> Path | None:
     tokens = _pick_tokens(sorted(int(t) for t in ok["tokens_per_rank"].unique()), max_panels)
     p = panels(ok)
     num_labels = max(p.labels.loc[g.index].nunique() for _, g in p.groups)
-    fig, axes = grid(len(p.groups) * len(tokens), ncols=len(tokens), width=max(3.6, 8.0 / len(tokens)),
-                     height=0.32 * num_labels + 1.3)
+    fig, axes = grid(
+        len(p.groups) * len(tokens),
+        ncols=len(tokens),
+        width=max(3.6, 8.0 / len(tokens)),
+        height=0.32 * num_labels + 1.3,
+    )
     for r, (title, g) in enumerate(p.groups):
         labels = sorted(set(p.labels.loc[g.index]))
         y = np.arange(len(labels))
@@ -176,12 +204,20 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
             ax_frac.plot(t, s["overlap_fraction"], marker="o", ms=3, label=lab, **st)
             if has_band and s["overlap_fraction_lo"].notna().any():
                 if len(s) > 1:  # else one point: a band draws nothing, whiskers do
-                    ax_frac.fill_between(t, s["overlap_fraction_lo"], s["overlap_fraction_hi"], color=color,
-                                         alpha=0.18, lw=0)
+                    ax_frac.fill_between(
+                        t, s["overlap_fraction_lo"], s["overlap_fraction_hi"], color=color, alpha=0.18, lw=0
+                    )
                 else:
                     f = s["overlap_fraction"].to_numpy(dtype=float)
-                    ax_frac.errorbar(t, f, yerr=_whiskers(f, s["overlap_fraction_lo"], s["overlap_fraction_hi"]),
-                                     fmt="none", ecolor=color, alpha=0.6, capsize=3)
+                    ax_frac.errorbar(
+                        t,
+                        f,
+                        yerr=_whiskers(f, s["overlap_fraction_lo"], s["overlap_fraction_hi"]),
+                        fmt="none",
+                        ecolor=color,
+                        alpha=0.6,
+                        capsize=3,
+                    )
             if s["trace_overlap_fraction"].notna().any():
                 ax_frac.plot(t, s["trace_overlap_fraction"], marker="x", ls=":", color=color)
             ax_exp.plot(t, s["shared_exposed_us"], marker="o", ms=3, **st)
@@ -192,11 +228,17 @@ def plot_overlap(df: pd.DataFrame, path) -> Path | None:
             ax.set_xlabel("tokens per rank")
         ax_frac.set(ylim=(-0.05, 1.05), ylabel="overlap fraction", title=f"{title} · hidden" if title else "hidden")
         ax_exp.set(ylabel="µs", title=f"{title} · exposed" if title else "exposed")
-    keys = [(Line2D([], [], color="k", marker="o", ms=3), "ablation figure / exposed µs"),
-            (Line2D([], [], color="k", ls=(0, (2, 2)), lw=0.9, marker="_", ms=10), "shared experts alone µs")]
+    keys = [
+        (Line2D([], [], color="k", marker="o", ms=3), "ablation figure / exposed µs"),
+        (Line2D([], [], color="k", ls=(0, (2, 2)), lw=0.9, marker="_", ms=10), "shared experts alone µs"),
+    ]
     if has_band:
-        keys.append((Line2D([], [], color="k", lw=6, alpha=0.18),
-                     "90 % bootstrap interval" + (" (whiskers at one token count)" if single else "")))
+        keys.append(
+            (
+                Line2D([], [], color="k", lw=6, alpha=0.18),
+                "90 % bootstrap interval" + (" (whiskers at one token count)" if single else ""),
+            )
+        )
     if has_trace:
         keys.append((Line2D([], [], color="k", marker="x", ls=":"), "trace's figure"))
     legends(fig, axes, p, keys)
@@ -222,13 +264,16 @@ def plot_workspace(df: pd.DataFrame, path) -> Path | None:
         ax.set(title=title, xlabel="tokens per rank")
         value_axis(ax, pd.concat([g["workspace_bytes_peak"], g["workspace_bytes_analytic"]]) / MIB, "workspace MiB")
         ax.grid(True, which="both", alpha=0.3)
-    keys = [(Line2D([], [], color="k", marker="o", ms=4), "allocator peak"),
-            (Line2D([], [], color="k", ls=":", marker="_", ms=10), "analytic (declared)")]
+    keys = [
+        (Line2D([], [], color="k", marker="o", ms=4), "allocator peak"),
+        (Line2D([], [], color="k", ls=":", marker="_", ms=10), "analytic (declared)"),
+    ]
     # a key only for a figure the rows have (CPU rows: no allocator peak)
     columns = ("workspace_bytes_peak", "workspace_bytes_analytic")
     keys = [k for k, col in zip(keys, columns, strict=True) if ok[col].notna().any()]
     legends(fig, axes, p, keys)
-    title = "Workspace of one forward" + ("" if ok["workspace_bytes_peak"].notna().any()
-                                          else " (analytic: no allocator peak on these rows)")
+    title = "Workspace of one forward" + (
+        "" if ok["workspace_bytes_peak"].notna().any() else " (analytic: no allocator peak on these rows)"
+    )
     fig.suptitle(p.suptitle(title))
     return save(fig, path)

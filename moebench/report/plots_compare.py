@@ -1,5 +1,6 @@
 """PNG plots of a comparison (report/compare.py): the change per pair with its interval,
 and baseline and candidate latency on the same axes, as small multiples."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,10 +39,10 @@ def _bars_frame(cmp: Comparison, what: str):
     m = cmp.matched[cmp.matched["verdict"] != Verdict.NEITHER_OK]
     if what == "workspace":
         m = m[np.isfinite(m["mem_ratio"].astype(float))]
-        return m.assign(_r=m["mem_ratio"], _lo=np.nan, _hi=np.nan,
-                        _color=[MEM_COLORS.get(v, NO_CHANGE) for v in m["mem_verdict"]])
-    return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"],
-                    _color=[_bar_color(r) for r in m.to_dict("records")])
+        return m.assign(
+            _r=m["mem_ratio"], _lo=np.nan, _hi=np.nan, _color=[MEM_COLORS.get(v, NO_CHANGE) for v in m["mem_verdict"]]
+        )
+    return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"], _color=[_bar_color(r) for r in m.to_dict("records")])
 
 
 def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None:
@@ -55,20 +56,23 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     if not len(m) or (what == "workspace" and not np.isfinite(m["_r"].astype(float)).any()):
         return None
     m = pair_order(m)
-    p = panels(m.assign(_pair=np.arange(len(m))), series_key="_pair", max_series=10 ** 6, fallback="")
+    p = panels(m.assign(_pair=np.arange(len(m))), series_key="_pair", max_series=10**6, fallback="")
     sizes = [len(g) for _, g in p.groups]
     fig = Figure(figsize=(10, 0.32 * sum(sizes) + 1.1 * len(sizes) + 1.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[s + 1.5 for s in sizes])).ravel()
     lo_t, hi_t = pct(1 / cmp.threshold), pct(cmp.threshold)
     finite = m[np.isfinite(m["_r"].astype(float))]
-    ends = np.concatenate([finite["_r"].map(pct), finite["_lo"].map(pct).dropna(),
-                           finite["_hi"].map(pct).dropna(), [lo_t, hi_t]])
+    ends = np.concatenate(
+        [finite["_r"].map(pct), finite["_lo"].map(pct).dropna(), finite["_hi"].map(pct).dropna(), [lo_t, hi_t]]
+    )
     left, right = min(ends.min(), lo_t), max(ends.max(), hi_t)
     span = max(right - left, 1.0)
     for ax, (title, g) in zip(axes, p.groups):
         y = np.arange(len(g))
-        names = [" · ".join(x for x in (p.labels.loc[i], f"{fmt_value(t)} tok") if x)
-                 for i, t in zip(g.index, g["tokens_per_rank"])]
+        names = [
+            " · ".join(x for x in (p.labels.loc[i], f"{fmt_value(t)} tok") if x)
+            for i, t in zip(g.index, g["tokens_per_rank"])
+        ]
         for yi, r in zip(y, g.to_dict("records")):
             if not np.isfinite(r["_r"]):
                 ax.text(0, yi, f"  {r['verdict']}: {r['cand_status']}", va="center", fontsize=8, color="tab:red")
@@ -81,9 +85,15 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
             edge = max(x, hi) if x >= 0 else min(x, lo)
             edge = x if not np.isfinite(edge) else edge
             text = fmt_change(r["_r"], r["_lo"], r["_hi"])
-            ax.text(edge + (0.02 * span if x >= 0 else -0.02 * span), yi, text, va="center",
-                    ha="left" if x >= 0 else "right", fontsize=7.5,
-                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.75, pad=0.4))
+            ax.text(
+                edge + (0.02 * span if x >= 0 else -0.02 * span),
+                yi,
+                text,
+                va="center",
+                ha="left" if x >= 0 else "right",
+                fontsize=7.5,
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.75, pad=0.4),
+            )
         ax.axvline(0, color="black", lw=0.8)
         for xt in (lo_t, hi_t):
             ax.axvline(xt, color="black", lw=0.7, ls="--")
@@ -93,22 +103,39 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
         ax.grid(True, axis="x", alpha=0.3)
         ax.set_title(title, fontsize=9, loc="left")
     if what == "workspace":
-        axes[-1].set_xlabel(f"change in the workspace's allocator peak, % ({cmp.candidate_name} vs "
-                            f"{cmp.baseline_name})\ndashed: the threshold ×{cmp.threshold:g}")
-        keys = [(Line2D([], [], color=MEM_COLORS["larger"], lw=6), "larger"),
-                (Line2D([], [], color=MEM_COLORS["smaller"], lw=6), "smaller"),
-                (Line2D([], [], color=NO_CHANGE, lw=6), "within the threshold")]
+        axes[-1].set_xlabel(
+            f"change in the workspace's allocator peak, % ({cmp.candidate_name} vs "
+            f"{cmp.baseline_name})\ndashed: the threshold ×{cmp.threshold:g}"
+        )
+        keys = [
+            (Line2D([], [], color=MEM_COLORS["larger"], lw=6), "larger"),
+            (Line2D([], [], color=MEM_COLORS["smaller"], lw=6), "smaller"),
+            (Line2D([], [], color=NO_CHANGE, lw=6), "within the threshold"),
+        ]
         heading = "Workspace change per row"
     else:
-        axes[-1].set_xlabel(f"change in median latency, % ({cmp.candidate_name} vs {cmp.baseline_name})\n"
-                            f"whiskers: 95 % bootstrap interval; dashed: the threshold ×{cmp.threshold:g}")
+        axes[-1].set_xlabel(
+            f"change in median latency, % ({cmp.candidate_name} vs {cmp.baseline_name})\n"
+            f"whiskers: 95 % bootstrap interval; dashed: the threshold ×{cmp.threshold:g}"
+        )
         keys = [(Line2D([], [], color=VERDICT_COLORS[v], lw=6), str(v)) for v in (Verdict.SLOWER, Verdict.FASTER)]
-        keys += [((Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
-                  "significant, no verdict (under the threshold, or noisy)"),
-                 (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change")]
+        keys += [
+            (
+                (Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
+                "significant, no verdict (under the threshold, or noisy)",
+            ),
+            (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change"),
+        ]
         heading = "Latency change per row"
-    fig.legend([h for h, _ in keys], [lab for _, lab in keys], loc="outside lower center", ncols=2, fontsize=8,
-               frameon=False, handler_map={tuple: HandlerTuple(ndivide=None)})
+    fig.legend(
+        [h for h, _ in keys],
+        [lab for _, lab in keys],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=8,
+        frameon=False,
+        handler_map={tuple: HandlerTuple(ndivide=None)},
+    )
     fig.suptitle(p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}"))
     return save(fig, path)
 
@@ -131,17 +158,36 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
             t = s["tokens_per_rank"]
             for side, ls, face in (("base", "--", "white"), ("cand", "-", color)):
                 ok = s[f"{side}_status"] == Status.OK
-                ax.plot(t[ok], s.loc[ok, f"{side}_latency_us_median"], ls=ls, marker="o", ms=4, color=color,
-                        markerfacecolor=face, label=lab if side == "cand" else "_" + lab)
-                ax.fill_between(t[ok], s.loc[ok, f"{side}_latency_us_p20"], s.loc[ok, f"{side}_latency_us_p80"],
-                                color=color, alpha=0.12, lw=0)
+                ax.plot(
+                    t[ok],
+                    s.loc[ok, f"{side}_latency_us_median"],
+                    ls=ls,
+                    marker="o",
+                    ms=4,
+                    color=color,
+                    markerfacecolor=face,
+                    label=lab if side == "cand" else "_" + lab,
+                )
+                ax.fill_between(
+                    t[ok],
+                    s.loc[ok, f"{side}_latency_us_p20"],
+                    s.loc[ok, f"{side}_latency_us_p80"],
+                    color=color,
+                    alpha=0.12,
+                    lw=0,
+                )
         tokens_axis(ax, m["tokens_per_rank"])
         ax.set(title=title, xlabel="tokens per rank")
-        value_axis(ax, pd.concat([g[f"{s}_latency_us_{q}"] for s in ("base", "cand") for q in ("p20", "p80")]),
-                   "latency µs (median, band p20–p80)")
+        value_axis(
+            ax,
+            pd.concat([g[f"{s}_latency_us_{q}"] for s in ("base", "cand") for q in ("p20", "p80")]),
+            "latency µs (median, band p20–p80)",
+        )
         ax.grid(True, which="both", alpha=0.3)
-    keys = [(Line2D([], [], color="k", marker="o", ms=4), cmp.candidate_name),
-            (Line2D([], [], color="k", ls="--", marker="o", ms=4, markerfacecolor="white"), cmp.baseline_name)]
+    keys = [
+        (Line2D([], [], color="k", marker="o", ms=4), cmp.candidate_name),
+        (Line2D([], [], color="k", ls="--", marker="o", ms=4, markerfacecolor="white"), cmp.baseline_name),
+    ]
     legends(fig, axes, p, keys)
     fig.suptitle(p.suptitle(f"Latency — solid: {cmp.candidate_name}, dashed: {cmp.baseline_name}"))
     return save(fig, path)

@@ -13,6 +13,7 @@ the commit it ran, before moebench/run/treestate.py preferred the stamp):
   recomputed) what no fingerprint could say. Its text says how it was established.
 
 The caveats win over the stamp's reading, which wins over the fingerprints as stored."""
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,10 @@ def declared(run_dir: Path) -> Optional[tuple[str, str]]:
     p = Path(run_dir) / CAVEATS
     found = set(DECLARED.findall(p.read_text())) if p.is_file() else set()
     if len(found) > 1:
-        raise ValueError(f"{p} states {len(found)} different commits for the code that ran "
-                         f"({', '.join(sorted(f'{c} {t}' for c, t in found))}): keep one")
+        raise ValueError(
+            f"{p} states {len(found)} different commits for the code that ran "
+            f"({', '.join(sorted(f'{c} {t}' for c, t in found))}): keep one"
+        )
     return next(iter(found), None)
 
 
@@ -60,8 +63,9 @@ def invocations(envs: list[dict], run_dir: Optional[Path] = None) -> list[tuple[
     out = []
     for e in envs:
         sha = str(env_commit(e)[0] or "unknown")
-        head = next((h for h in stale if isinstance(e, dict) and e.get("git_tree") == "git" and sha.startswith(h)),
-                    None)
+        head = next(
+            (h for h in stale if isinstance(e, dict) and e.get("git_tree") == "git" and sha.startswith(h)), None
+        )
         out.append((stale[head], "unknown") if head else (sha, tree_label(e)))
     return out
 

@@ -34,6 +34,7 @@ fenced longer than any backtick run inside (code_block). about.md and caveats.md
 repository's own text, kept as written. README.md is replaced through moebench/util/safe_write.py:
 never through a link.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -119,14 +120,19 @@ def sweep_command(sweep: dict, cli_overrides: list[str]) -> tuple[str, str]:
         given = {o.partition("=")[0].lstrip("+~") for o in args}
         missing = sorted(set(load_sweep("default")["overrides"]) - given)
         if missing:
-            raise ValueError(f"a run without a sweep file leaves {missing} to the default sweep: "
-                             "give them in the folder's about.md `also:` instead")
+            raise ValueError(
+                f"a run without a sweep file leaves {missing} to the default sweep: "
+                "give them in the folder's about.md `also:` instead"
+            )
         name = "default"
     else:  # today's sweep file against the recorded one, on the keys the command does not give
         now, then = load_sweep(name)["overrides"], sweep.get("overrides", {})
         given = {o.partition("=")[0] for o in args}
-        moved = [md_text(f"{k}: {then.get(k, '–')} → {now.get(k, '–')}") for k in sorted(set(now) | set(then))
-                 if k not in given and now.get(k) != then.get(k)]
+        moved = [
+            md_text(f"{k}: {then.get(k, '–')} → {now.get(k, '–')}")
+            for k in sorted(set(now) | set(then))
+            if k not in given and now.get(k) != then.get(k)
+        ]
         if moved:
             note = f"sweeps/{md_text(name)}.yaml has changed since this run ({'; '.join(moved)})"
     cmd = ["moebench", "sweep"] + ([] if name == "default" else ["--sweep", name]) + args
@@ -135,10 +141,17 @@ def sweep_command(sweep: dict, cli_overrides: list[str]) -> tuple[str, str]:
 
 def tune_command(layer: dict) -> str:
     # the halving tuner records what was typed (cli_overrides) beside what it resolved
-    cmd = ["moebench", "tune", *_args(layer.get("cli_overrides") or layer["overrides"], TUNE_ADDED),
-           "--space", layer["space"]]
+    cmd = [
+        "moebench",
+        "tune",
+        *_args(layer.get("cli_overrides") or layer["overrides"], TUNE_ADDED),
+        "--space",
+        layer["space"],
+    ]
     if "search" in layer:
-        cmd += ["--search", layer["search"]] + (["--budget", str(layer["budget"])] if layer["search"] == "halving" else [])
+        cmd += ["--search", layer["search"]] + (
+            ["--budget", str(layer["budget"])] if layer["search"] == "halving" else []
+        )
     return shell_join(cmd + ["--reps", str(layer["reps"])])
 
 
@@ -201,10 +214,19 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
         if env:
             machine = meta.get("machine") or _machine(env, int(tune["layer"].get("gpus") or 1))
         else:
-            machine = (meta.get("machine") or folder_meta.get("machine") or md_text(envs[0].get("device") or "?")) \
-                + " (no environment recorded)"
-        return Run(rel, machine, commit, f"{trials} trials ({sizes} tokens)", [tune_command(tune["layer"])] + also,
-                   meta.get("note", ""), report, tree)
+            machine = (
+                meta.get("machine") or folder_meta.get("machine") or md_text(envs[0].get("device") or "?")
+            ) + " (no environment recorded)"
+        return Run(
+            rel,
+            machine,
+            commit,
+            f"{trials} trials ({sizes} tokens)",
+            [tune_command(tune["layer"])] + also,
+            meta.get("note", ""),
+            report,
+            tree,
+        )
     counts, used = Counter(), 1
     if (d / "rows").is_dir():
         df = RunStore(d).load()
@@ -279,8 +301,9 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
         note = f" — {_cell(r.note)}" if r.note else ""
         link = f"[report]({r.report.as_posix()})" if r.report else "–"
         commits = ", ".join(_cell(md_code(c)) for c in r.commit.split(", "))
-        table.append(f"| {_cell(md_code(label))}{note} | {_cell(r.machine)} | {commits} | {r.tree} | "
-                     f"{_cell(r.rows)} | {link} |")
+        table.append(
+            f"| {_cell(md_code(label))}{note} | {_cell(r.machine)} | {commits} | {r.tree} | {_cell(r.rows)} | {link} |"
+        )
     parts.append("\n".join(table))
     if comparisons:
         parts.append("Comparison reports: " + ", ".join(f"[{text}]({c.as_posix()})" for text, c in comparisons))
@@ -293,7 +316,8 @@ def section(root: Path, folder: Path, level: str = "##") -> tuple[str, dict]:
         block += ["# also"] + [one_line(c) for c in about.meta["also"]]
     parts.append(code_block("\n".join(block), "bash"))
     summary = {
-        "name": name, "question": about.question,
+        "name": name,
+        "question": about.question,
         "machines": sorted({r.machine for r in runs}),
         "commits": list(dict.fromkeys(c.split(" ")[0] for r in runs for c in r.commit.split(", "))),
         "runs": len(runs),
@@ -346,12 +370,17 @@ def render(root: Path = RESULTS) -> str:
     index = ["| folder | question | machine | commit(s) | runs |", "|---|---|---|---|---|"]
     for _, s in current + old:
         anchor = str(s["name"]).replace("/", "").replace(".", "").lower()
-        index.append(f"| [{s['name']}](#{anchor}) | {_cell(s['question'])} | {_cell('; '.join(s['machines']))} | "
-                     f"{', '.join(_cell(md_code(c)) for c in s['commits'])} | {s['runs']} |")
+        index.append(
+            f"| [{s['name']}](#{anchor}) | {_cell(s['question'])} | {_cell('; '.join(s['machines']))} | "
+            f"{', '.join(_cell(md_code(c)) for c in s['commits'])} | {s['runs']} |"
+        )
     parts = [HEADER, "\n".join(index)] + [t for t, _ in current]
     if old:
-        parts += ["## archive", "Superseded generations: their rows and reports (plots removed to save "
-                  "space: `moebench report <folder>` redraws them), cited by the findings' history."]
+        parts += [
+            "## archive",
+            "Superseded generations: their rows and reports (plots removed to save "
+            "space: `moebench report <folder>` redraws them), cited by the findings' history.",
+        ]
         parts += [t for t, _ in old]
     return "\n\n".join(parts) + "\n"
 

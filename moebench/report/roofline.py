@@ -9,6 +9,7 @@ whose GPU has no file gets no floor: the report says "no ceiling measured for th
 rather than borrowing another GPU's figures. A file measured on the CPU (`--cpu`, a check of
 the script and its format) is never read as a GPU's ceiling.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,18 +65,29 @@ def read_ceilings(path: str | Path, require_gpu: bool = True) -> Ceilings:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable ceilings file ({e})") from e
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
-                         f"expected {SCHEMA!r} (written by benchmarks/ceilings.py)")
+        raise ValueError(
+            f"{path}: schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
+            f"expected {SCHEMA!r} (written by benchmarks/ceilings.py)"
+        )
     if require_gpu and doc.get("device") != "cuda":
         raise ValueError(f"{path}: measured on {doc.get('device')!r}, not a GPU: it is no GPU's ceiling")
     c = doc.get("ceilings") or {}
     copy, gemm = c.get("copy_bytes_per_s"), c.get("gemm_flops_per_s") or {}
     numbers = [copy] + [gemm.get(k) for k in ("bf16", "fp8")]
     if not all(isinstance(x, (int, float)) and np.isfinite(x) and x > 0 for x in numbers) or not doc.get("gpu"):
-        raise ValueError(f"{path}: needs gpu, ceilings.copy_bytes_per_s and ceilings.gemm_flops_per_s "
-                         f"bf16 and fp8 as positive numbers")
-    return Ceilings(str(doc["gpu"]), str(doc.get("device")), float(copy), {k: float(gemm[k]) for k in ("bf16", "fp8")},
-                    path, str(doc.get("commit") or "unknown"), str(doc.get("timestamp") or ""))
+        raise ValueError(
+            f"{path}: needs gpu, ceilings.copy_bytes_per_s and ceilings.gemm_flops_per_s "
+            f"bf16 and fp8 as positive numbers"
+        )
+    return Ceilings(
+        str(doc["gpu"]),
+        str(doc.get("device")),
+        float(copy),
+        {k: float(gemm[k]) for k in ("bf16", "fp8")},
+        path,
+        str(doc.get("commit") or "unknown"),
+        str(doc.get("timestamp") or ""),
+    )
 
 
 def find_ceilings(gpu, root: str | Path | None = None) -> Ceilings | None:
@@ -103,8 +115,11 @@ def add_floor(df: pd.DataFrame, root: str | Path | None = None) -> pd.DataFrame:
     found = {g: find_ceilings(g, root) for g in gpus.dropna().unique()}
     ceil = gpus.map(lambda g: found.get(g))
     copy = ceil.map(lambda c: c.copy_bytes_per_s if c else np.nan).astype(float)
-    peak = pd.Series([c.gemm_flops_per_s.get(PEAK_OF_QUANT.get(q, ""), np.nan) if c else np.nan
-                      for c, q in zip(ceil, out["quant"])], index=out.index, dtype=float)
+    peak = pd.Series(
+        [c.gemm_flops_per_s.get(PEAK_OF_QUANT.get(q, ""), np.nan) if c else np.nan for c, q in zip(ceil, out["quant"])],
+        index=out.index,
+        dtype=float,
+    )
     out["hbm_floor_us"] = out["expert_bytes"] / copy * 1e6
     out["flop_floor_us"] = out["expert_flops"] / peak * 1e6
     out["floor_us"] = out[["hbm_floor_us", "flop_floor_us"]].max(axis=1, skipna=False)
@@ -126,17 +141,21 @@ def ceilings_caption(df: pd.DataFrame, root: str | Path | None = None) -> str:
     """One sentence per GPU of the rows: the ceilings used and their file, or that none was
     measured (the floor columns then stay empty)."""
     parts = []
-    for gpu in (df["gpu"].dropna().unique() if "gpu" in df else []):
+    for gpu in df["gpu"].dropna().unique() if "gpu" in df else []:
         c = find_ceilings(gpu, root)
         if c is None:
             # the rows' gpu is a run folder's text: escaped (moebench/report/mdsafe.py)
-            parts.append(f"{md_text(gpu)}: {NO_CEILING} (`benchmarks/ceilings.py` on it writes "
-                         f"results/ceilings/{gpu_slug(gpu)}/ceilings.json), so its floor columns are empty.")
+            parts.append(
+                f"{md_text(gpu)}: {NO_CEILING} (`benchmarks/ceilings.py` on it writes "
+                f"results/ceilings/{gpu_slug(gpu)}/ceilings.json), so its floor columns are empty."
+            )
         else:
-            parts.append(f"Floor with the ceilings measured on {c.gpu} (`{_shown_path(c.path)}`, commit "
-                         f"{c.commit[:10]}): {c.copy_bytes_per_s / 1e12:.2f} TB/s copy (read + write); "
-                         f"{c.gemm_flops_per_s['bf16'] / 1e12:.0f} / {c.gemm_flops_per_s['fp8'] / 1e12:.0f} "
-                         "TFLOP/s bf16 / fp8 GEMMs.")
+            parts.append(
+                f"Floor with the ceilings measured on {c.gpu} (`{_shown_path(c.path)}`, commit "
+                f"{c.commit[:10]}): {c.copy_bytes_per_s / 1e12:.2f} TB/s copy (read + write); "
+                f"{c.gemm_flops_per_s['bf16'] / 1e12:.0f} / {c.gemm_flops_per_s['fp8'] / 1e12:.0f} "
+                "TFLOP/s bf16 / fp8 GEMMs."
+            )
     if "gpu" not in df or df["gpu"].isna().any():
         parts.append(f"Rows without a `gpu`: {NO_CEILING}, so their floor columns are empty.")
     return " ".join(parts)

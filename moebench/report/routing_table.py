@@ -1,6 +1,7 @@
 """The report's "Routing" section: each row's measured imbalance, whatever its routing
 (routing/generate.py, docs/routing.md), the emulated rank and its received tokens, the
 batched fill, and where replayed routing came from."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,9 +52,11 @@ def routing_table(df: pd.DataFrame) -> str:
     else:
         table_rows = [combo_cells(r, cols) + cells for r, cells in rows]
     table = md_table(cols + [str(t) for t in tokens], table_rows, ["l"] * len(cols) + ["r"] * len(tokens))
-    parts = ["Imbalance, max / mean pairs per expert / per rank of the EP split (1.00 / 1.00: even; ranks 1.00 "
-             "without a split), over every rank's tokens under an EP backend or simulate_rank, over the one rank's "
-             "tokens otherwise"]
+    parts = [
+        "Imbalance, max / mean pairs per expert / per rank of the EP split (1.00 / 1.00: even; ranks 1.00 "
+        "without a split), over every rank's tokens under an EP backend or simulate_rank, over the one rank's "
+        "tokens otherwise"
+    ]
     if ok.get("simulated_rank", pd.Series(dtype=float)).notna().any():
         parts.append("r*K*:*M*: simulate_rank ran EP rank *K*, which receives *M* tokens from all N ranks")
     if ok.get("fill_rows", pd.Series(dtype=float)).notna().any():
@@ -61,9 +64,15 @@ def routing_table(df: pd.DataFrame) -> str:
     text = f"{table}\n\n" + caption(ok, "; ".join(parts) + ".")
     if "routing_source" in ok.columns:
         replayed = ok[ok["routing"] == "replay"]
-        sources = sorted({(str(r.routing_file), str(r.routing_source), str(r.routing_file_sha256)[:12])
-                          for r in replayed.itertuples()})
+        sources = sorted(
+            {
+                (str(r.routing_file), str(r.routing_source), str(r.routing_file_sha256)[:12])
+                for r in replayed.itertuples()
+            }
+        )
         for path, source, digest in sources:
-            text += (f"\n\nReplayed routing from {md_code(path)} (sha256 {md_text(digest)}…): "
-                     f"{md_text(source) or 'no source recorded'}.")
+            text += (
+                f"\n\nReplayed routing from {md_code(path)} (sha256 {md_text(digest)}…): "
+                f"{md_text(source) or 'no source recorded'}."
+            )
     return text

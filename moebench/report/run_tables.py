@@ -5,6 +5,7 @@ combination, one column per tokens_per_rank, each cell ``median (p20–p80)`` in
 fastest GPU-time combination of each workload (model, quant-independent, world size) in bold;
 a cell some of whose samples the host paced carries ``‡ n/m``, a host-time one ``†``.
 """
+
 from __future__ import annotations
 
 from pathlib import PurePosixPath
@@ -13,7 +14,18 @@ import numpy as np
 import pandas as pd
 
 from moebench.config import plugins
-from moebench.report.load import WORKLOAD_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value, latest_rows, MEMORY_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, phase_sum
+from moebench.report.load import (
+    WORKLOAD_COLUMNS,
+    combo_labels,
+    constant_caption,
+    display_columns,
+    fmt_value,
+    latest_rows,
+    MEMORY_COLUMNS,
+    PER_ROW_COLUMNS,
+    PHASE_COLUMNS,
+    phase_sum,
+)
 from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
 from moebench.results.row import Status, STATUSES
@@ -73,8 +85,7 @@ def latency_table(df: pd.DataFrame) -> str:
             elif r["status"] != Status.OK:
                 cells.append(md_text(r["status"]))
             else:
-                cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"],
-                                    r["latency_us_p80"])
+                cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"], r["latency_us_p80"])
                 if basis.get(r.name) == "host":
                     cell, marked = f"{cell} †", True
                 elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((*(r[c] for c in work), t)):
@@ -83,14 +94,21 @@ def latency_table(df: pd.DataFrame) -> str:
                     cell, paced = f"{cell} {mark}", True
                 cells.append(cell)
         rows.append(combo_cells(g.iloc[0], cols) + cells)
-    table = md_table(cols + [str(t) for t in tokens], rows,
-                     ["l"] * len(cols) + ["r"] * len(tokens))
+    table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
     # what the cells hold, and only the marks that some cell carries (CPU rows are never bold)
-    text = caption(df, " ".join(x for x in [
-        "Times are in microseconds (µs): median (p20–p80) over samples, max over ranks; columns are tokens per rank.",
-        "Bold is the fastest GPU-time cell per workload (model, world size, routing)." if bolded else "",
-        f"{PACED_MARK_TEXT}; it still competes." if paced else "",
-        "† host time (the host paced the samples; see Data quality), never ranked." if marked else ""] if x))
+    text = caption(
+        df,
+        " ".join(
+            x
+            for x in [
+                "Times are in microseconds (µs): median (p20–p80) over samples, max over ranks; columns are tokens per rank.",
+                "Bold is the fastest GPU-time cell per workload (model, world size, routing)." if bolded else "",
+                f"{PACED_MARK_TEXT}; it still competes." if paced else "",
+                "† host time (the host paced the samples; see Data quality), never ranked." if marked else "",
+            ]
+            if x
+        ),
+    )
     return f"{table}\n\n{text}{timing_note(df)}"
 
 
@@ -118,12 +136,19 @@ def host_table(df: pd.DataFrame) -> str:
     from moebench.report.flags import HOST, figure_basis
 
     host = {i for i, r in zip(ok.index, ok.to_dict("records"), strict=True) if figure_basis(r)[0] == HOST}
-    tokens, cols, parts = grid(ok, lambda r: f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}"
-                                             + (" †" if r.name in host else ""))
+    tokens, cols, parts = grid(
+        ok,
+        lambda r: (
+            f"{fmt_us(r['host_enqueue_us'])} / {fmt_us(r['latency_us_median'])}" + (" †" if r.name in host else "")
+        ),
+    )
     rows = [combo_cells(first, cols) + cells for first, cells in parts]
     table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
-    return f"{table}\n\n" + caption(ok, "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
-                                          f"kept busy) beside the row's latency. {held_caption(ok, host)}")
+    return f"{table}\n\n" + caption(
+        ok,
+        "Host time / latency, µs: the host's enqueue of one eager forward (the GPU "
+        f"kept busy) beside the row's latency. {held_caption(ok, host)}",
+    )
 
 
 def held_caption(ok: pd.DataFrame, host: set) -> str:
@@ -134,8 +159,11 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
     from moebench.config.limits import HOST_SYNCS_US
     from moebench.report.flags import latency_paced
 
-    counts = pd.to_numeric(ok["host_paced_samples"], errors="coerce") if "host_paced_samples" in ok.columns else \
-        pd.Series(np.nan, index=ok.index)
+    counts = (
+        pd.to_numeric(ok["host_paced_samples"], errors="coerce")
+        if "host_paced_samples" in ok.columns
+        else pd.Series(np.nan, index=ok.index)
+    )
     # a forward that syncs the host gets no hold (timing.hold_cycles: none would help)
     syncs = counts.notna() & (pd.to_numeric(ok["host_enqueue_us"], errors="coerce") > HOST_SYNCS_US)
     held = ok[counts.notna() & ~syncs]
@@ -145,24 +173,33 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
     parts = []
     if len(held):
         paced = [i for i in held.index if counts[i] > 0]
-        text = (f"{len(held)} of {len(ok)} row(s) timed each sample behind a hold sized for the host to enqueue "
-                "the forward first")
+        text = (
+            f"{len(held)} of {len(ok)} row(s) timed each sample behind a hold sized for the host to enqueue "
+            "the forward first"
+        )
         if paced:
             shown = "; ".join(f"{names[i]} ({latency_paced(ok.loc[i])})" for i in paced[:8])
-            text += (f"; in {len(paced)} of them the GPU still started latency samples before the host had "
-                     f"enqueued them: {shown}" + (f" (+{len(paced) - 8} more)" if len(paced) > 8 else ""))
+            text += (
+                f"; in {len(paced)} of them the GPU still started latency samples before the host had "
+                f"enqueued them: {shown}" + (f" (+{len(paced) - 8} more)" if len(paced) > 8 else "")
+            )
         else:
             text += "; in none did the GPU start a latency sample before the host had enqueued it"
         parts.append(text + ".")
     if syncs.any():
-        parts.append(f"{int(syncs.sum())} row(s) sync the host inside a forward (enqueue over "
-                     f"{HOST_SYNCS_US / 1e3:.0f} ms): no hold, since none could help.")
+        parts.append(
+            f"{int(syncs.sum())} row(s) sync the host inside a forward (enqueue over "
+            f"{HOST_SYNCS_US / 1e3:.0f} ms): no hold, since none could help."
+        )
     if host:
-        parts.append(f"† {len(host)} row(s) host time (the host paced their samples or the layer syncs it: Data "
-                     "quality says why), never ranked.")
-    if (older := int(counts.isna().sum())):
-        parts.append(f"{older} row(s) timed before each sample had its hold: their latency may read the host "
-                     "(Data quality).")
+        parts.append(
+            f"† {len(host)} row(s) host time (the host paced their samples or the layer syncs it: Data "
+            "quality says why), never ranked."
+        )
+    if older := int(counts.isna().sum()):
+        parts.append(
+            f"{older} row(s) timed before each sample had its hold: their latency may read the host (Data quality)."
+        )
     return " ".join(parts)
 
 
@@ -183,10 +220,8 @@ def status_table(df: pd.DataFrame) -> str:
     g = df.groupby("status", sort=True)
     counts = pd.DataFrame({"rows": g.size(), "combinations": g["combo_key"].nunique()})
     order = list(STATUSES)
-    statuses = [s for s in order if s in counts.index] + \
-               [s for s in counts.index if s not in order]
-    rows = [[md_text(s), int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])]
-            for s in statuses]
+    statuses = [s for s in order if s in counts.index] + [s for s in counts.index if s not in order]
+    rows = [[md_text(s), int(counts.loc[s, "rows"]), int(counts.loc[s, "combinations"])] for s in statuses]
     rows.append(["total", len(df), df["combo_key"].nunique()])
     return md_table(["status", "rows", "combinations"], rows, ["l", "r", "r"])
 
@@ -198,15 +233,17 @@ def reasons_table(df: pd.DataFrame) -> str:
         return "_All rows are ok._"
     rows = []
     for (status, reason), g in bad.groupby(["status", bad["reason"].fillna("")], sort=True):
-        combos = sorted({md_text(f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}")
-                         for r in g.itertuples()})
+        combos = sorted(
+            {md_text(f"{r.backend}/{r.experts}/{r.reduction}/{r.overlap}/{r.quant}") for r in g.itertuples()}
+        )
         shown = ", ".join(combos[:4]) + (f" (+{len(combos) - 4} more)" if len(combos) > 4 else "")
         text = str(reason) or "(no reason given)"
         if len(text) > MAX_REASON_CHARS:
-            text = text[:MAX_REASON_CHARS - 1] + "…"
+            text = text[: MAX_REASON_CHARS - 1] + "…"
         rows.append([md_text(status), md_text(text) if reason else text, len(g), g["combo_key"].nunique(), shown])
-    return md_table(["status", "reason", "rows", "combinations", "backend/experts/red/ovl/quant"],
-                    rows, ["l", "l", "r", "r", "l"])
+    return md_table(
+        ["status", "reason", "rows", "combinations", "backend/experts/red/ovl/quant"], rows, ["l", "l", "r", "r", "l"]
+    )
 
 
 def phase_table(df: pd.DataFrame) -> str:
@@ -226,11 +263,13 @@ def phase_table(df: pd.DataFrame) -> str:
     for _, r in ok.iterrows():
         phases = [r[c] for c in PHASE_COLUMNS]
         total = phase_sum(r)
-        rows.append(combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
-                    + [fmt_us(p) for p in phases] + [fmt_us(total),
-                                                     fmt_us(r["latency_us_median"])])
-    headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + \
-              ["sum", "median"]
+        rows.append(
+            combo_cells(r, cols)
+            + [md_value(r["tokens_per_rank"])]
+            + [fmt_us(p) for p in phases]
+            + [fmt_us(total), fmt_us(r["latency_us_median"])]
+        )
+    headers = cols + ["tokens"] + [c.removesuffix("_us") for c in PHASE_COLUMNS] + ["sum", "median"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
     return f"{table}\n\n" + caption(ok, "Times are in µs.")
 
@@ -250,11 +289,13 @@ def memory_table(df: pd.DataFrame) -> str:
         if not (isinstance(declared, (int, float)) and np.isfinite(declared) and declared > 0):
             declared = r["workspace_bytes_analytic"]
         ratio = r["workspace_bytes_peak"] / declared if declared else np.nan
-        rows.append(combo_cells(r, cols) + [md_value(r["tokens_per_rank"])]
-                    + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
-                    + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"])
-    headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB",
-                      "device peak MiB", "peak / declared"]
+        rows.append(
+            combo_cells(r, cols)
+            + [md_value(r["tokens_per_rank"])]
+            + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
+            + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"]
+        )
+    headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB", "device peak MiB", "peak / declared"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
     return f"{table}\n\n" + caption(ok, "Memory in MiB (2^20 bytes).")
 
@@ -287,8 +328,10 @@ def single_rank_note(rows: pd.DataFrame) -> str:
     if not len(rows):
         return ""
     names = ", ".join(sorted({md_text(b) for b in rows["backend"].astype(str)}))
-    return (f"Left out: {len(rows)} row(s) of single-rank backends ({names}): they have no communication to "
-            "hide the shared experts behind (their ablation figures stay in the rows).")
+    return (
+        f"Left out: {len(rows)} row(s) of single-rank backends ({names}): they have no communication to "
+        "hide the shared experts behind (their ablation figures stay in the rows)."
+    )
 
 
 def overlap_table(df: pd.DataFrame) -> str:
@@ -310,21 +353,31 @@ def overlap_table(df: pd.DataFrame) -> str:
     cols = display_columns(rows_df)
     rows = []
     for _, r in rows_df.iterrows():
-        rows.append(combo_cells(r, cols) + [
-            md_value(r["tokens_per_rank"]), fmt_us(r["latency_us_median"]),
-            fmt_us(r["latency_no_shared_us"]), fmt_us(r["shared_us"]),
-            fmt_us(r["shared_exposed_us"]),
-            fmt_frac_interval(r["overlap_fraction"], r.get("overlap_fraction_lo"),
-                              r.get("overlap_fraction_hi")),
-            fmt_frac(r["trace_overlap_fraction"])])
-    headers = cols + ["tokens", "latency", "no shared", "shared", "exposed", "overlap",
-                      "trace overlap"]
+        rows.append(
+            combo_cells(r, cols)
+            + [
+                md_value(r["tokens_per_rank"]),
+                fmt_us(r["latency_us_median"]),
+                fmt_us(r["latency_no_shared_us"]),
+                fmt_us(r["shared_us"]),
+                fmt_us(r["shared_exposed_us"]),
+                fmt_frac_interval(r["overlap_fraction"], r.get("overlap_fraction_lo"), r.get("overlap_fraction_hi")),
+                fmt_frac(r["trace_overlap_fraction"]),
+            ]
+        )
+    headers = cols + ["tokens", "latency", "no shared", "shared", "exposed", "overlap", "trace overlap"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
-    return f"{table}\n\n" + caption(rows_df, "Times are in µs; overlap is the fraction of "
-                                               "the shared experts' time hidden, in brackets its 90 % "
-                                               "bootstrap interval over the samples: a figure inside it "
-                                               "(the trace's, another run's) is within noise.") + \
-        (f"\n\n{note}" if note else "")
+    return (
+        f"{table}\n\n"
+        + caption(
+            rows_df,
+            "Times are in µs; overlap is the fraction of "
+            "the shared experts' time hidden, in brackets its 90 % "
+            "bootstrap interval over the samples: a figure inside it "
+            "(the trace's, another run's) is within noise.",
+        )
+        + (f"\n\n{note}" if note else "")
+    )
 
 
 def traces_table(df: pd.DataFrame) -> str:
@@ -343,10 +396,17 @@ def traces_table(df: pd.DataFrame) -> str:
         label = g["label"].dropna().astype(str) if "label" in g.columns else pd.Series([], dtype=object)
         folders = sorted({str(PurePosixPath(str(p)).parent) for p in g["trace_path"]})
         tokens = ", ".join(fmt_value(t) for t in sorted(g["tokens_per_rank"].dropna().unique()))
-        rows.append([md_text(label.iloc[0]) if len(label) else md_text(key), md_text(tokens),
-                     ", ".join(md_code(f + "/") for f in folders)])
-    return md_table(["combination", "tokens", "traces"], rows) + \
-        "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); a folder is named by the combination's key."
+        rows.append(
+            [
+                md_text(label.iloc[0]) if len(label) else md_text(key),
+                md_text(tokens),
+                ", ".join(md_code(f + "/") for f in folders),
+            ]
+        )
+    return (
+        md_table(["combination", "tokens", "traces"], rows)
+        + "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); a folder is named by the combination's key."
+    )
 
 
 def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
@@ -361,8 +421,12 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
     need = {"expert_bytes", "expert_flops", "experts_us"}
     if not need <= set(df.columns):
         return "_No roofline figures in this run._"
-    ok = df[(df["status"] == Status.OK) & (df.get("device", "cuda") == "cuda") & df["experts_us"].notna()
-            & df["expert_bytes"].notna()]
+    ok = df[
+        (df["status"] == Status.OK)
+        & (df.get("device", "cuda") == "cuda")
+        & df["experts_us"].notna()
+        & df["expert_bytes"].notna()
+    ]
     if not len(ok):
         return "_No GPU rows with an experts phase in this run._"
     ok = add_floor(ok, ceilings_root)
@@ -371,19 +435,41 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
         return f"{x:.0f} %" if np.isfinite(x) else ""
 
     cols = display_columns(ok)
-    rows = [combo_cells(r, cols) + [md_value(r["tokens_per_rank"]), f"{r['latency_us_median']:.1f}",
-                                     f"{r['experts_us']:.1f}",
-                                     f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
-                                     r["bound"], pct(r["experts_pct_of_floor"]),
-                                     pct(r["floor_us"] / r["latency_us_median"] * 100), f"{r['tflops']:.1f}",
-                                     f"{r['hbm_gbps']:.0f}"]
-            for _, r in ok.iterrows()]
-    headers = cols + ["tokens", "layer µs", "experts µs", "floor µs", "bound", "% of floor", "layer % of floor",
-                      "TFLOP/s", "GB/s"]
+    rows = [
+        combo_cells(r, cols)
+        + [
+            md_value(r["tokens_per_rank"]),
+            f"{r['latency_us_median']:.1f}",
+            f"{r['experts_us']:.1f}",
+            f"{r['floor_us']:.1f}" if np.isfinite(r["floor_us"]) else "",
+            r["bound"],
+            pct(r["experts_pct_of_floor"]),
+            pct(r["floor_us"] / r["latency_us_median"] * 100),
+            f"{r['tflops']:.1f}",
+            f"{r['hbm_gbps']:.0f}",
+        ]
+        for _, r in ok.iterrows()
+    ]
+    headers = cols + [
+        "tokens",
+        "layer µs",
+        "experts µs",
+        "floor µs",
+        "bound",
+        "% of floor",
+        "layer % of floor",
+        "TFLOP/s",
+        "GB/s",
+    ]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r", "r", "r", "r", "l", "r", "r", "r", "r"])
-    return f"{table}\n\n" + caption(ok, ceilings_caption(ok, ceilings_root) + (
-        " `experts µs` comes from "
-        "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
-        "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer). "
-        "`layer % of floor` = floor / layer µs: a lower bound on the experts' figure, since the layer holds the "
-        "experts and more (routing, prepare, finalize)."))
+    return f"{table}\n\n" + caption(
+        ok,
+        ceilings_caption(ok, ceilings_root)
+        + (
+            " `experts µs` comes from "
+            "phase events around an eager forward (kernel durations in profiler timing mode), which include host "
+            "launch gaps at small sizes; in graph timing mode compare `layer µs` (graph replays, whole layer). "
+            "`layer % of floor` = floor / layer µs: a lower bound on the experts' figure, since the layer holds the "
+            "experts and more (routing, prepare, finalize)."
+        ),
+    )

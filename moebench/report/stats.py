@@ -6,6 +6,7 @@ samples with replacement (fixed seed) and takes candidate median / baseline medi
 geometric mean over rows reuses those resamples (one resample index across every row), so
 its interval carries the same noise.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,7 @@ def mann_whitney_p(a, b) -> float:
     ends = np.cumsum(counts)
     ranks = ((ends - counts + 1 + ends) / 2.0)[inverse]  # average rank of each tie group
     u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    tie = float((counts ** 3 - counts).sum()) / (n * (n - 1))
+    tie = float((counts**3 - counts).sum()) / (n * (n - 1))
     sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie))
     if sigma == 0:
         return 1.0

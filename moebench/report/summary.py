@@ -2,6 +2,7 @@
 combination of each model x tokens and its margin over the runner-up), what broke,
 memory, and the data-quality notes; and the run's rows as one Table for csv / json.
 Text from the rows enters the Markdown escaped (pair_names, md_text, md_value)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,32 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.compare_tables import pair_names
-from moebench.report.flags import caveat_files, caveats_text, CPU, figure_basis, flag_summary, GPU, HOST, latency_paced, paced_details, row_flags, run_notes
-from moebench.report.load import WORKLOAD_COLUMNS, constant_caption, display_columns, fmt_value, LATENCY_COLUMNS, latest_rows, MEMORY_COLUMNS, OVERLAP_COLUMNS, PER_ROW_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
+from moebench.report.flags import (
+    caveat_files,
+    caveats_text,
+    CPU,
+    figure_basis,
+    flag_summary,
+    GPU,
+    HOST,
+    latency_paced,
+    paced_details,
+    row_flags,
+    run_notes,
+)
+from moebench.report.load import (
+    WORKLOAD_COLUMNS,
+    constant_caption,
+    display_columns,
+    fmt_value,
+    LATENCY_COLUMNS,
+    latest_rows,
+    MEMORY_COLUMNS,
+    OVERLAP_COLUMNS,
+    PER_ROW_COLUMNS,
+    PHASE_COLUMNS,
+    SHOWN_IDENTITY,
+)
 from moebench.report.table import Column, md_text, Table
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value
@@ -53,12 +78,14 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
         apart = bool(best["latency_us_p80"] < second["latency_us_p20"])
         other = names.loc[g.index[1]].split(" · ")[0]
         times = f"{fmt_us(best['latency_us_median'])} vs {fmt_us(second['latency_us_median'])} µs"
-        text = (f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of {other} ({times})" if apart else
-                f"{names.loc[g.index[0]]}: no clear fastest, {margin:.2f}× by median over {other} ({times}) "
-                "with their p20–p80 overlapping")
+        text = (
+            f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of {other} ({times})"
+            if apart
+            else f"{names.loc[g.index[0]]}: no clear fastest, {margin:.2f}× by median over {other} ({times}) "
+            "with their p20–p80 overlapping"
+        )
         # a row with host-paced latency samples competes, but never silently
-        paced = [f"{who} {latency_paced(r)}" for who, r in (("the fastest", best), (other, second))
-                 if latency_paced(r)]
+        paced = [f"{who} {latency_paced(r)}" for who, r in (("the fastest", best), (other, second)) if latency_paced(r)]
         if paced:
             text += f"; host-paced latency samples: {', '.join(paced)}"
         out.append((apart, margin, text))
@@ -145,18 +172,40 @@ def rows_table(df: pd.DataFrame) -> Table:
     identity, tokens, timing that ran, status, latency, phases, overlap, memory, flags."""
     rows = latest_rows(df)
     shown = [c for c in display_columns(rows) if c not in PER_ROW_COLUMNS]
-    keep = [c for c in SHOWN_IDENTITY + ["knobs", "combo_key", "timing_mode", "status", "reason"] +
-            LATENCY_COLUMNS + PHASE_COLUMNS + OVERLAP_COLUMNS + MEMORY_COLUMNS + ["host_enqueue_us"] if c in rows.columns]
+    keep = [
+        c
+        for c in SHOWN_IDENTITY
+        + ["knobs", "combo_key", "timing_mode", "status", "reason"]
+        + LATENCY_COLUMNS
+        + PHASE_COLUMNS
+        + OVERLAP_COLUMNS
+        + MEMORY_COLUMNS
+        + ["host_enqueue_us"]
+        if c in rows.columns
+    ]
     data = rows[list(dict.fromkeys(keep))].copy()
     data["flags"] = row_flags(rows)
     cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
-    cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
-             Column("timing", lambda r: md_value(r.get("timing_mode"))),
-             Column("status", lambda r: md_text(r["status"])),
-             Column("latency µs", lambda r: "-" if r["status"] != Status.OK else
-                    fmt_interval(r["latency_us_median"], r["latency_us_p20"], r["latency_us_p80"]), "r"),
-             Column("workspace peak MiB", lambda r: fmt_mib(r.get("workspace_bytes_peak", np.nan)), "r"),
-             Column("flags", lambda r: " ".join(r["flags"]))]
+    cols += [
+        Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
+        Column("timing", lambda r: md_value(r.get("timing_mode"))),
+        Column("status", lambda r: md_text(r["status"])),
+        Column(
+            "latency µs",
+            lambda r: (
+                "-"
+                if r["status"] != Status.OK
+                else fmt_interval(r["latency_us_median"], r["latency_us_p20"], r["latency_us_p80"])
+            ),
+            "r",
+        ),
+        Column("workspace peak MiB", lambda r: fmt_mib(r.get("workspace_bytes_peak", np.nan)), "r"),
+        Column("flags", lambda r: " ".join(r["flags"])),
+    ]
     const = constant_caption(rows)
-    return Table("rows", data.reset_index(drop=True), cols,
-                 "Times in µs: median (p20–p80)." + (f" All rows: {md_text(const)}." if const else ""))
+    return Table(
+        "rows",
+        data.reset_index(drop=True),
+        cols,
+        "Times in µs: median (p20–p80)." + (f" All rows: {md_text(const)}." if const else ""),
+    )

@@ -5,6 +5,7 @@ markdown, a list of ``Column`` s that format a cell from a row. csv and json wri
 ``data`` as it is, so a number read back from them is the number the markdown cell
 rounds.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,7 @@ def md_table(headers: list[str], rows: list[list], align: list[str] | None = Non
     """A GitHub markdown table; ``align`` holds 'l' or 'r' per column (default: l)."""
     align = align or ["l"] * len(headers)
     sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |",
-             "| " + " | ".join(sep) + " |"]
+    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |", "| " + " | ".join(sep) + " |"]
     lines += ["| " + " | ".join(md_escape(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -91,6 +91,7 @@ def _json_value(v):
 
 def to_json(doc: dict) -> str:
     """A report document (tables as lists of records) as JSON text; NaN as null."""
+
     def default(o):
         if isinstance(o, Table):
             return o.records()

@@ -13,6 +13,7 @@ intersection of shared-expert and communication kernels is shaded across the GPU
 total in µs printed in the panel. `plot_ranks` stacks several ranks' panels on one time axis.
 Uses matplotlib's Agg canvas directly (no pyplot global state).
 """
+
 from __future__ import annotations
 
 import re
@@ -64,8 +65,7 @@ def _window(trace: Trace, sample: Optional[int]):
     # flushes or spin kernels; a warm-up) does not squeeze it into a corner
     phased = [k for k in trace.kernels if k.phases]
     if phased:
-        return (min(k.start_us for k in phased), max(k.end_us for k in phased),
-                "the kernels inside phase ranges", None)
+        return (min(k.start_us for k in phased), max(k.end_us for k in phased), "the kernels inside phase ranges", None)
     t0 = trace.t0_us()
     ends = [r.end_us for r in trace.ranges] + [k.end_us for k in trace.kernels]
     return t0, max(ends) if ends else t0 + 1.0, "whole trace", None
@@ -117,8 +117,8 @@ def _unmangle(name: str) -> str:
     rest, parts = m[1], []
     while rest[:1].isdigit():
         n = re.match(r"\d+", rest)[0]
-        parts.append(rest[len(n): len(n) + int(n)])
-        rest = rest[len(n) + int(n):]
+        parts.append(rest[len(n) : len(n) + int(n)])
+        rest = rest[len(n) + int(n) :]
     return "::".join(parts) or name
 
 
@@ -153,8 +153,11 @@ def _select(trace: Trace, sample: Optional[int]):
     inside = lambda a, b: b >= t0 and a <= t1
     # CPU ranges only where they fall in the window (on GPUs the CPU usually runs ahead)
     ranges = [r for r in trace.ranges if r.name in PHASES and inside(r.start_us, r.end_us)]
-    kernels = [k for k in trace.kernels if inside(k.start_us, k.end_us)
-               and (idx is None or (k.sample in (idx, None) and k.ablation is None))]
+    kernels = [
+        k
+        for k in trace.kernels
+        if inside(k.start_us, k.end_us) and (idx is None or (k.sample in (idx, None) and k.ablation is None))
+    ]
     return t0, t1, label, idx, ranges, kernels
 
 
@@ -165,8 +168,19 @@ def _lanes(ranges, kernels, t0: float, t1: float) -> list:
         placed = _depths([r for r in ranges if r.thread == thread])
         rows = max(d for _, d in placed) + 1
         # clipped to the window
-        bars = [(max(r.start_us, t0) - t0, min(r.end_us, t1) - max(r.start_us, t0), PHASE_COLORS[r.name],
-                 "none", None, 0, r.name, d) for r, d in placed]
+        bars = [
+            (
+                max(r.start_us, t0) - t0,
+                min(r.end_us, t1) - max(r.start_us, t0),
+                PHASE_COLORS[r.name],
+                "none",
+                None,
+                0,
+                r.name,
+                d,
+            )
+            for r, d in placed
+        ]
         lanes.append((f"CPU {thread}", bars, rows))
     spans = _gpu_phase_spans(kernels)
     if spans:
@@ -199,11 +213,20 @@ def _draw(ax, lanes, span_us: float, overlap: list, t0: float, title: str, kerne
     for name, bars, rows in lanes:
         for start, dur, color, edge, hatch, lw, text, depth in bars:
             yy = y + depth  # nested ranges below their parent
-            ax.broken_barh([(start, dur)], (yy + 0.1, 0.8), facecolors=color, edgecolors=edge,
-                           hatch=hatch, linewidth=lw)
+            ax.broken_barh(
+                [(start, dur)], (yy + 0.1, 0.8), facecolors=color, edgecolors=edge, hatch=hatch, linewidth=lw
+            )
             if text and name.startswith("GPU") and kernel_labels and dur > span_us * 0.02:
-                ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=6, clip_on=True,
-                        bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.5, "edgecolor": "none"})
+                ax.text(
+                    start + dur / 2,
+                    yy + 0.5,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    clip_on=True,
+                    bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.5, "edgecolor": "none"},
+                )
             elif text and not name.startswith("GPU") and dur > span_us * 0.06:
                 ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=7)
         has_gpu |= name.startswith("GPU")
@@ -213,9 +236,17 @@ def _draw(ax, lanes, span_us: float, overlap: list, t0: float, title: str, kerne
     if has_gpu:
         for s, e in overlap:
             ax.axvspan(s - t0, e - t0, ymin=0, ymax=1, color="#e41a1c", alpha=0.15, linewidth=0)
-        ax.text(0.995, 0.02, f"shared ∩ comm: {length(overlap):.1f} µs", transform=ax.transAxes, ha="right",
-                va="bottom", fontsize=8, color="#b2182b",
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#b2182b", "pad": 2})
+        ax.text(
+            0.995,
+            0.02,
+            f"shared ∩ comm: {length(overlap):.1f} µs",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            color="#b2182b",
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#b2182b", "pad": 2},
+        )
     ax.set_yticks(ticks)
     ax.set_yticklabels(tick_labels, fontsize=8)
     ax.set_ylim(-0.2, max(y, 1.0))
@@ -228,9 +259,11 @@ def _legend(ax) -> None:
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=PHASE_COLORS[p], label=p) for p in PHASES]
-    handles += [Patch(facecolor="white", edgecolor="red", hatch="///", label="communication"),
-                Patch(facecolor="white", edgecolor="black", linewidth=1.5, label="shared-expert kernel"),
-                Patch(facecolor="#e41a1c", alpha=0.15, label="shared ∩ comm")]
+    handles += [
+        Patch(facecolor="white", edgecolor="red", hatch="///", label="communication"),
+        Patch(facecolor="white", edgecolor="black", linewidth=1.5, label="shared-expert kernel"),
+        Patch(facecolor="#e41a1c", alpha=0.15, label="shared ∩ comm"),
+    ]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
 
 
@@ -242,8 +275,11 @@ def why_empty(traces: list, cpu_lanes: bool = True) -> Optional[str]:
         if kernels or (cpu_lanes and ranges):
             return None
     if not any(t.kernels for t in traces):
-        return ("no GPU kernels in the traces (a CPU run): the ranks' panels draw GPU lanes only" if not cpu_lanes
-                else "no phase ranges and no GPU kernels in the trace")
+        return (
+            "no GPU kernels in the traces (a CPU run): the ranks' panels draw GPU lanes only"
+            if not cpu_lanes
+            else "no phase ranges and no GPU kernels in the trace"
+        )
     return "no phase ranges and no GPU kernels in the plotted window"
 
 
@@ -279,8 +315,9 @@ def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Option
     labels = labels or [f"rank {i}" for i in range(len(traces))]
     first = _select(traces[0], sample)
     idx = first[3] if sample is None else sample
-    picked = [first] + [_select(t, idx if t.sample_ranges() and idx in {i for i, _ in t.sample_ranges()} else None)
-                        for t in traces[1:]]
+    picked = [first] + [
+        _select(t, idx if t.sample_ranges() and idx in {i for i, _ in t.sample_ranges()} else None) for t in traces[1:]
+    ]
     t0 = min(p[0] for p in picked)
     t1 = max(p[1] for p in picked)
     panels = [(_lanes([], p[5], t0, t1), p) for p in picked]

@@ -5,6 +5,7 @@ notes) enters the Markdown escaped (moebench/report/mdsafe.py). A trace with not
 activity, or no communication kernels: one rank) gets one line saying so instead of a table of
 dashes.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -25,8 +26,13 @@ def overlap_table(s: TraceSummary) -> str:
     alone = s.method == METHOD_STRETCH
     na = s.num_ablation_samples
     counts = f"{s.num_samples or 1} / {na.get('noshared', 0)} / {na.get('shared', 0)}"
-    frac_label = ("stretch-aware: 1 − exposed / shared alone" if alone else
-                  "plain intersection" if s.method == METHOD_INTERSECTION else "–")
+    frac_label = (
+        "stretch-aware: 1 − exposed / shared alone"
+        if alone
+        else "plain intersection"
+        if s.method == METHOD_INTERSECTION
+        else "–"
+    )
     exposed_label = "window − comm alone" if alone else "shared in layer − intersection"
     rows = [
         ("samples: layer / without shared experts / shared experts alone (medians below)", counts),
@@ -52,13 +58,17 @@ def no_overlap(s: TraceSummary) -> Optional[str]:
     the layer nor in its ablation samples (one rank, or a backend that moves no data)."""
     if s.comm_us is None and s.shared_us is None and s.comm_alone_us is None:
         na = s.num_ablation_samples
-        return (f"overlap: none to measure — no GPU activity in the trace (a CPU run; samples: layer "
-                f"{s.num_samples or 1} / without shared experts {na.get('noshared', 0)} / shared experts alone "
-                f"{na.get('shared', 0)}): the overlap of the shared experts with communication is read from GPU kernels")
+        return (
+            f"overlap: none to measure — no GPU activity in the trace (a CPU run; samples: layer "
+            f"{s.num_samples or 1} / without shared experts {na.get('noshared', 0)} / shared experts alone "
+            f"{na.get('shared', 0)}): the overlap of the shared experts with communication is read from GPU kernels"
+        )
     if not s.comm_us and not s.comm_alone_us:
         shared = f"; the shared experts took {fmt_figure(s.shared_us)} µs in the layer" if s.shared_us else ""
-        return ("overlap: none to measure — no communication kernels in the trace (one rank, or a backend that "
-                f"moves no data): nothing to hide the shared experts behind{shared}")
+        return (
+            "overlap: none to measure — no communication kernels in the trace (one rank, or a backend that "
+            f"moves no data): nothing to hide the shared experts behind{shared}"
+        )
     return None
 
 
@@ -78,14 +88,21 @@ def to_markdown(s: TraceSummary, labels: Optional[dict] = None, title: Optional[
     lines = head + ["", f"format: {md_text(s.fmt)}; combos: {combos_text(s.combos, labels)}; {samples}", ""]
     lines += ["| phase | cpu µs | gpu µs | ranges | kernels |", "|---|---:|---:|---:|---:|"]
     for p in s.phases.values():
-        lines.append(f"| {md_text(p.name)} | {fmt_figure(p.cpu_us)} | {fmt_figure(p.gpu_us)} | {p.num_ranges} | {p.num_kernels} |")
+        lines.append(
+            f"| {md_text(p.name)} | {fmt_figure(p.cpu_us)} | {fmt_figure(p.gpu_us)} | {p.num_ranges} | {p.num_kernels} |"
+        )
     if s.streams:
-        lines += ["", "| stream | kernels (all samples) | busy µs | comm µs | shared µs | phases (µs) |",
-                  "|---|---:|---:|---:|---:|---|"]
+        lines += [
+            "",
+            "| stream | kernels (all samples) | busy µs | comm µs | shared µs | phases (µs) |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
         for st in s.streams:
             ph = ", ".join(f"{md_text(k)} {v:.1f}" for k, v in sorted(st.phases.items(), key=lambda kv: -kv[1]))
-            lines.append(f"| {md_text(st.lane)} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
-                         f"{st.shared_us:.1f} | {ph or '–'} |")
+            lines.append(
+                f"| {md_text(st.lane)} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
+                f"{st.shared_us:.1f} | {ph or '–'} |"
+            )
     why = no_overlap(s)
     lines += ["", why or overlap_table(s)]
     for n in s.notes:

@@ -28,6 +28,7 @@ why). `--plot` writes through moebench/util/safe_write.py: beside the traces, no
 target and the PNG may be a link (a symlinked `traces/` is refused, one line, exit 2: give
 `--out DIR`); under `--out`, the same below it; the PNG names are checked before any is written.
 """
+
 from __future__ import annotations
 
 import re
@@ -108,8 +109,13 @@ def _trace_roots(p: Path) -> list:
         return [p]
     named = _row_trace_paths(p)
     # a trace.dir outside the run (a path starting with ..) is not searched: its parent holds other runs
-    roots = sorted({p / Path(n).parts[0] for n in named
-                    if len(Path(n).parts) > 1 and not Path(n).is_absolute() and Path(n).parts[0] != ".."})
+    roots = sorted(
+        {
+            p / Path(n).parts[0]
+            for n in named
+            if len(Path(n).parts) > 1 and not Path(n).is_absolute() and Path(n).parts[0] != ".."
+        }
+    )
     here = [r for r in roots if r.is_dir()]
     if here:
         return here
@@ -117,15 +123,18 @@ def _trace_roots(p: Path) -> list:
         raise ValueError(
             f"{p} has no traces/ folder: its rows name {len(named)} trace file(s) (e.g. {named[0]}) that are "
             "not here; results/ folders omit them: copy the run's traces/ from where it ran, or re-run with "
-            "trace=torch")
+            "trace=torch"
+        )
     if _rows_read_traces(p):
         raise ValueError(
             f"{p} has no traces/ folder and its rows name no trace file, though they hold figures read from "
             "traces: the traces were not kept (results/ folders omit them; see the run's caveats.md): re-run "
-            "with trace=torch")
+            "with trace=torch"
+        )
     raise ValueError(
         f"{p} has no traces/ folder and its rows name no trace file: they were measured with trace=none "
-        "(or nvtx, which leaves ranges for an external profiler only); re-run with trace=torch or trace=nsys")
+        "(or nvtx, which leaves ranges for an external profiler only); re-run with trace=torch or trace=nsys"
+    )
 
 
 def _plot_dir(path: Path, out: Optional[str], root: Optional[Path]) -> Path:
@@ -155,8 +164,10 @@ def _prepare_plots(target: Path, files: list, out: Optional[str], roots) -> None
         root = next((r for r in roots or () if f.is_relative_to(r)), None)
         d = safe_dir_below(base, _plot_dir(f, out, root))
         m = _RANK_FILE.fullmatch(f.name)
-        refuse_links(d, [f"{f.name}.timeline.png", f"{f.name}.ranks.timeline.png"]
-                     + ([f"T{m[2]}.ranks.timeline.png"] if m else []))
+        refuse_links(
+            d,
+            [f"{f.name}.timeline.png", f"{f.name}.ranks.timeline.png"] + ([f"T{m[2]}.ranks.timeline.png"] if m else []),
+        )
 
 
 def _title(label: Optional[str], path: Path, trace: Trace, several: bool) -> Optional[str]:
@@ -168,8 +179,12 @@ def _title(label: Optional[str], path: Path, trace: Trace, several: bool) -> Opt
     return f"{label} — {what}" + (f" ({trace.source.split('#')[-1]})" if several else "")
 
 
-def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] = None,
-                  max_trace_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> int:
+def trace_command(
+    target: Optional[str],
+    plot: bool = False,
+    out: Optional[str] = None,
+    max_trace_mb: Optional[float] = DEFAULT_MAX_TRACE_MB,
+) -> int:
     """Print per-phase durations, the stream timeline and shared/comm overlap of `target`.
 
     plot: also write `<trace>.timeline.png` next to each trace (or under `out`,
@@ -223,8 +238,11 @@ def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] 
                     png = None if why else plot_timeline(trace, _plot_path(trace, f, out, root))
                     print(f"timeline: {png}\n" if png else f"timeline: not drawn — {why}\n")
             if plot and len(traces) > 1:  # an nsys report of several ranks (processes)
-                _plot_ranks(traces, _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
-                            [t.source.split("#")[-1] for t in traces])
+                _plot_ranks(
+                    traces,
+                    _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
+                    [t.source.split("#")[-1] for t in traces],
+                )
         if len(ranks) > 1:
             order = sorted(ranks)
             matched = matched_overlap([ranks[r][1] for r in order]) if order == list(range(len(order))) else None
@@ -233,9 +251,11 @@ def trace_command(target: Optional[str], plot: bool = False, out: Optional[str] 
             print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched, labels.get(key0 or "")))
             if plot:
                 root = next((r for r in roots or () if f0.is_relative_to(r)), None)
-                _plot_ranks([ranks[r][1] for r in order], _plot_path(ranks[order[0]][1], f0, out, root,
-                                                                     f"T{key[1]}.ranks.timeline.png"),
-                            [f"rank {r}" for r in order])
+                _plot_ranks(
+                    [ranks[r][1] for r in order],
+                    _plot_path(ranks[order[0]][1], f0, out, root, f"T{key[1]}.ranks.timeline.png"),
+                    [f"rank {r}" for r in order],
+                )
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
@@ -247,8 +267,11 @@ def _plot_ranks(traces: list, path: Path, names: list) -> None:
     from moebench.report.timeline import plot_ranks, why_empty
 
     why = why_empty(traces, cpu_lanes=False)
-    print(f"ranks timeline: {plot_ranks(traces, path, names)}\n" if why is None else
-          f"ranks timeline: not drawn — {why}\n")
+    print(
+        f"ranks timeline: {plot_ranks(traces, path, names)}\n"
+        if why is None
+        else f"ranks timeline: not drawn — {why}\n"
+    )
 
 
 _RANK_FILE = re.compile(r"rank(\d+)_T(\d+)\.json(?:\.gz)?")
@@ -263,31 +286,51 @@ def ranks_table(folder: str, tokens: str, ranks: dict, matched=None, label: Opti
     GPU activity (a CPU run) get one line instead of a table of dashes."""
     from moebench.traces.matched import critical_rank
 
-    head = ([f"### ranks of {md_text(label)} at {tokens} tokens", "", f"traces: {md_code(folder)}"] if label
-            else [f"### ranks of {md_text(folder)} at {tokens} tokens"])
+    head = (
+        [f"### ranks of {md_text(label)} at {tokens} tokens", "", f"traces: {md_code(folder)}"]
+        if label
+        else [f"### ranks of {md_text(folder)} at {tokens} tokens"]
+    )
     order = sorted(ranks)
     if matched is None and all(ranks[r].layer_us is None for r in order):
-        return "\n".join(head + ["", f"ranks: nothing to compare — no GPU activity in the {len(order)} ranks' "
-                                      "traces (a CPU run): no layer span, wait or overlap per rank", ""])
+        return "\n".join(
+            head
+            + [
+                "",
+                f"ranks: nothing to compare — no GPU activity in the {len(order)} ranks' "
+                "traces (a CPU run): no layer span, wait or overlap per rank",
+                "",
+            ]
+        )
     crit = critical_rank([ranks[r].layer_us for r in order])
     if matched is not None:
         crit = matched.critical_rank
-    lines = head + ["",
-                    "| rank | layer span µs | waited for peers µs | trace_overlap_fraction | without the wait | "
-                    "intersection_fraction |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = head + [
+        "",
+        "| rank | layer span µs | waited for peers µs | trace_overlap_fraction | without the wait | "
+        "intersection_fraction |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for i, r in enumerate(order):
         s = ranks[r]
         mark = " (critical)" if crit == i else ""
         wait = matched.wait_us_per_rank[i] if matched else None
         fig = matched.fraction_per_rank[i] if matched else None
-        lines.append(f"| {r}{mark} | {fmt_figure(s.layer_us)} | {fmt_figure(wait)} | {fmt_figure(s.trace_overlap_fraction, 3)} | "
-                     f"{fmt_figure(fig, 3)} | {fmt_figure(s.intersection_fraction, 3)} |")
+        lines.append(
+            f"| {r}{mark} | {fmt_figure(s.layer_us)} | {fmt_figure(wait)} | {fmt_figure(s.trace_overlap_fraction, 3)} | "
+            f"{fmt_figure(fig, 3)} | {fmt_figure(s.intersection_fraction, 3)} |"
+        )
     if matched is not None:
-        row = (f"rank {order[crit]}'s without the wait for peers, {fmt_figure(matched.fraction, 3)} "
-               "(it waited least: the others waited for it)")
+        row = (
+            f"rank {order[crit]}'s without the wait for peers, {fmt_figure(matched.fraction, 3)} "
+            "(it waited least: the others waited for it)"
+        )
     else:
-        row = (f"rank {order[crit]}'s (its layer ends last)" if crit is not None
-               else "the ranks' mean (no rank's layer span stands out)")
+        row = (
+            f"rank {order[crit]}'s (its layer ends last)"
+            if crit is not None
+            else "the ranks' mean (no rank's layer span stands out)"
+        )
     lines += ["", "row figure: " + row, ""]
     return "\n".join(lines)
 
@@ -306,7 +349,10 @@ def find_traces(target) -> list:
     found = sorted(f for root in roots for f in root.rglob("*") if f.is_file() and is_trace_file(f))
     if not found:
         raw = sorted(r for root in roots for pat in ("*.nsys-rep", "*.qdstrm", "*.qdstrm.xz") for r in root.rglob(pat))
-        hint = (f"; {len(raw)} nsys capture(s) (.nsys-rep, .qdstrm) found: export them with "
-                f"`moebench trace --import {p}`") if raw else ""
+        hint = (
+            (f"; {len(raw)} nsys capture(s) (.nsys-rep, .qdstrm) found: export them with `moebench trace --import {p}`")
+            if raw
+            else ""
+        )
         raise ValueError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite) under {', '.join(map(str, roots))}{hint}")
     return found

@@ -8,6 +8,7 @@ exit status with why (docs/design.md, "Exit status").
 Text from the runs (names, values, reasons, environments) enters these lines escaped
 (moebench/report/mdsafe.py md_text; pair_names and envinfo's text escape their own).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,12 +29,16 @@ def why_nothing_matched(cmp: Comparison) -> str:
     do not share (or that no pair is ok on both)."""
     if len(cmp.matched):
         n = len(cmp.matched)
-        return (f"none of the {n} matched row(s) is ok on both sides "
-                f"({', '.join(f'{k} {v}' for k, v in cmp.counts().items() if v)})")
+        return (
+            f"none of the {n} matched row(s) is ok on both sides "
+            f"({', '.join(f'{k} {v}' for k, v in cmp.counts().items() if v)})"
+        )
     b, c = cmp.only_baseline, cmp.only_candidate
     if cmp.axis is not None:
-        return (f"no row matched: no row with {md_text(f'{cmp.axis.field}={cmp.axis.a}')} has a partner with "
-                f"{md_text(f'{cmp.axis.field}={cmp.axis.b}')} that agrees in every other identity field")
+        return (
+            f"no row matched: no row with {md_text(f'{cmp.axis.field}={cmp.axis.a}')} has a partner with "
+            f"{md_text(f'{cmp.axis.field}={cmp.axis.b}')} that agrees in every other identity field"
+        )
     if not len(b) or not len(c):
         return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
     disjoint, differ = [], []
@@ -49,8 +54,10 @@ def why_nothing_matched(cmp: Comparison) -> str:
     elif differ:
         where = "; the runs differ in " + ", ".join(differ[:4])
     else:
-        where = ("; their identity columns agree, so the keys differ in a field the rows do not show "
-                 "(moebench/config/spec.py)")
+        where = (
+            "; their identity columns agree, so the keys differ in a field the rows do not show "
+            "(moebench/config/spec.py)"
+        )
     return f"no row matched: the combination keys of the two runs never meet{where}"
 
 
@@ -67,8 +74,10 @@ def _change_line(verdict: Verdict, name: str, r: dict) -> str:
         return f"**{verdict}** {name}: ok → {md_text(r['cand_status'])}{why}"
     if verdict == Verdict.FIXED:
         return f"**fixed** {name}: {md_text(r['base_status'])} → ok"
-    return (f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'])} "
-            f"({fmt_us_pair(r['base_latency_us_median'], r['cand_latency_us_median'])})")
+    return (
+        f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'])} "
+        f"({fmt_us_pair(r['base_latency_us_median'], r['cand_latency_us_median'])})"
+    )
 
 
 def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str] = ()) -> list[str]:
@@ -82,24 +91,30 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
     tail = f" — exit {code}" + (f": {'; '.join(why)}" if why else "")
     if not len(ok) and counts[Verdict.CPU] and not counts[Verdict.HOST]:
-        head = (f"**No verdict ({subject}): CPU figures are pipeline checks, not performance figures** — "
-                f"{counts[Verdict.CPU]} row(s) ok on both sides, compared in the table below (`--cpu-verdict` asks "
-                f"for a verdict){tail}")
+        head = (
+            f"**No verdict ({subject}): CPU figures are pipeline checks, not performance figures** — "
+            f"{counts[Verdict.CPU]} row(s) ok on both sides, compared in the table below (`--cpu-verdict` asks "
+            f"for a verdict){tail}"
+        )
     else:
-        head = (f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides "
-                f"(threshold ×{cmp.threshold:g}){tail}")
+        head = (
+            f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides (threshold ×{cmp.threshold:g}){tail}"
+        )
     lines = [head]
     for tag, what_kind in ((Verdict.HOST, "a side's latency is host time"), (Verdict.CPU, "CPU time on both sides")):
         apart = m[m["verdict"] == tag]
         if len(apart) and (tag == Verdict.HOST or len(ok)):
             shown = ", ".join(names.loc[i] for i in apart.index[:LIMIT])
             more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
-            lines.append(f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
-                         f"{md_text(apart['no_verdict_why'].iloc[0])}")
+            lines.append(
+                f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
+                f"{md_text(apart['no_verdict_why'].iloc[0])}"
+            )
     changed_rows = m[m["verdict"].isin(CHANGED_VERDICTS)]
     order = {v: i for i, v in enumerate(CHANGED_VERDICTS)}
-    changed_rows = changed_rows.assign(_o=changed_rows["verdict"].map(order),
-                                       _d=-np.abs(np.log(changed_rows["ratio"].astype(float).fillna(1.0))))
+    changed_rows = changed_rows.assign(
+        _o=changed_rows["verdict"].map(order), _d=-np.abs(np.log(changed_rows["ratio"].astype(float).fillna(1.0)))
+    )
     changed_rows = changed_rows.sort_values(["_o", "_d"], kind="stable")
     for i, r in changed_rows.head(LIMIT).iterrows():
         lines.append("- " + _change_line(r["verdict"], names.loc[i], r.to_dict()))
@@ -108,13 +123,19 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
     sig = m[(m["verdict"] == Verdict.SIMILAR) & m["significant"].astype(bool)]
     r = sig["ratio"].astype(float)
     past = (r >= cmp.threshold) | (r <= 1 / cmp.threshold)
-    for rows, what in ((sig[~past], f"significant but under ×{cmp.threshold:g}"),
-                       (sig[past], f"significant and past ×{cmp.threshold:g}, but the p20–p80 intervals overlap "
-                                   "(noisy rows: no verdict)")):
+    for rows, what in (
+        (sig[~past], f"significant but under ×{cmp.threshold:g}"),
+        (
+            sig[past],
+            f"significant and past ×{cmp.threshold:g}, but the p20–p80 intervals overlap (noisy rows: no verdict)",
+        ),
+    ):
         if len(rows):
             rows = rows.assign(_d=-np.abs(np.log(rows["ratio"].astype(float)))).sort_values("_d", kind="stable")
-            items = [f"{names.loc[i]} {fmt_change(x['ratio'], x['ci_lo'], x['ci_hi'])}"
-                     for i, x in rows.head(LIMIT).iterrows()]
+            items = [
+                f"{names.loc[i]} {fmt_change(x['ratio'], x['ci_lo'], x['ci_hi'])}"
+                for i, x in rows.head(LIMIT).iterrows()
+            ]
             more = f" (+{len(rows) - LIMIT} more)" if len(rows) > LIMIT else ""
             lines.append(f"- {what}: " + "; ".join(items) + more)
     quiet = int(((m["verdict"] == Verdict.SIMILAR) & ~m["significant"].astype(bool)).sum())
@@ -132,8 +153,10 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str]
         lines.append("- memory: not measured")
     lines.append("- " + environment_line(cmp))
     if len(cmp.only_baseline) or len(cmp.only_candidate):
-        lines.append(f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
-                     f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)")
+        lines.append(
+            f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
+            f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)"
+        )
     num_na = counts[Verdict.NEITHER_OK]
     if num_na:
         lines.append(f"- {num_na} matched row(s) ok on neither side")
@@ -158,19 +181,36 @@ def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
     names = row_names(cmp.matched)
     changed = cmp.matched[cmp.matched["verdict"].isin(CHANGED_VERDICTS)]
     return {
-        "exit_status": code, "why": why, "baseline": cmp.baseline_name, "candidate": cmp.candidate_name,
-        "axis": str(cmp.axis) if cmp.axis else None, "threshold": cmp.threshold, "alpha": cmp.alpha,
-        "counts": cmp.counts(), "rows_ok_on_both_sides": int(len(cmp.comparable)),
+        "exit_status": code,
+        "why": why,
+        "baseline": cmp.baseline_name,
+        "candidate": cmp.candidate_name,
+        "axis": str(cmp.axis) if cmp.axis else None,
+        "threshold": cmp.threshold,
+        "alpha": cmp.alpha,
+        "counts": cmp.counts(),
+        "rows_ok_on_both_sides": int(len(cmp.comparable)),
         "rows_judged": int(len(cmp.judged)),
-        "no_verdict": [{"name": names.loc[i], "basis": r["verdict"], "why": r["no_verdict_why"]}
-                       for i, r in cmp.matched.iterrows() if r["verdict"] in NO_VERDICT],
-        "geomean_ratio": g, "geomean_ci": [lo, hi],
-        "changed": [{"name": names.loc[i], "verdict": r["verdict"], "ratio": r["ratio"], "ci": [r["ci_lo"], r["ci_hi"]]}
-                    for i, r in changed.iterrows()],
-        "significant_under_threshold": [names.loc[i] for i, r in cmp.matched.iterrows()
-                                        if r["verdict"] == Verdict.SIMILAR and bool(r["significant"])],
-        "environments_comparable": ok, "environment_differences": diffs,
-        "only_baseline": int(len(cmp.only_baseline)), "only_candidate": int(len(cmp.only_candidate)),
+        "no_verdict": [
+            {"name": names.loc[i], "basis": r["verdict"], "why": r["no_verdict_why"]}
+            for i, r in cmp.matched.iterrows()
+            if r["verdict"] in NO_VERDICT
+        ],
+        "geomean_ratio": g,
+        "geomean_ci": [lo, hi],
+        "changed": [
+            {"name": names.loc[i], "verdict": r["verdict"], "ratio": r["ratio"], "ci": [r["ci_lo"], r["ci_hi"]]}
+            for i, r in changed.iterrows()
+        ],
+        "significant_under_threshold": [
+            names.loc[i]
+            for i, r in cmp.matched.iterrows()
+            if r["verdict"] == Verdict.SIMILAR and bool(r["significant"])
+        ],
+        "environments_comparable": ok,
+        "environment_differences": diffs,
+        "only_baseline": int(len(cmp.only_baseline)),
+        "only_candidate": int(len(cmp.only_candidate)),
     }
 
 

@@ -11,6 +11,7 @@ writer (moebench/results/lock.py): a folder a sweep is writing is refused (LockH
 for (`wait`). The merged file is in place before the files it replaces are moved out (a crash
 leaves rows twice, never none: the precedence reads them once), `RunStore.load()` must return
 the same rows afterwards, and the run is put back as it was otherwise."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,12 @@ def canonical(df: pd.DataFrame) -> pd.DataFrame:
     return df.where(df.notna(), None)
 
 
-def compact_run(run_dir: str | os.PathLike, wait: bool = False, log: Callable[[str], None] = lambda s: None,
-                command: str = "scripts/compact_rows.py") -> tuple[int, int]:
+def compact_run(
+    run_dir: str | os.PathLike,
+    wait: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+    command: str = "scripts/compact_rows.py",
+) -> tuple[int, int]:
     """Merge the run's row files into rows/rows.parquet holding its lock (LockHeld when a
     sweep holds it, unless `wait`); (bytes before, bytes after) of its measured row files.
     A torn row file is an error naming it (a sweep sets it aside first)."""

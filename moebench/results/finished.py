@@ -1,6 +1,7 @@
 """What a sweep and a rank entry share (run/sweep.py, run/dist_worker.py): the work left to
 do against what the store holds, and the rows of a finished combination written under the
 run's lock."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -17,8 +18,12 @@ from moebench.results.store import LOST, RunStore
 def run_meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
     """The provenance columns every row of one invocation carries."""
     return {
-        "run_id": run_id, "sweep": sweep, "gpu": info.get("gpu"), "git_sha": info.get("git_sha"),
-        "env_id": env_id, "timestamp": now_iso(),
+        "run_id": run_id,
+        "sweep": sweep,
+        "gpu": info.get("gpu"),
+        "git_sha": info.get("git_sha"),
+        "env_id": env_id,
+        "timestamp": now_iso(),
     }
 
 
@@ -36,7 +41,7 @@ def rows_for(fin: Finished, meta: dict) -> list[dict]:
             if failed_at is not None and t != failed_at:
                 # a lost group's rows stay lost (LOST: a plain resume runs them again)
                 lost = LOST if why.startswith(LOST) else ""
-                st, why = Status.FAILED, f"{lost}not run: tokens_per_rank={failed_at} failed first ({why[len(lost):]})"
+                st, why = Status.FAILED, f"{lost}not run: tokens_per_rank={failed_at} failed first ({why[len(lost) :]})"
             rows.append(outcome_row(c, t, st, why, meta))
         else:
             rows.append(outcome_row(c, t, Status.FAILED, "no result from every rank", meta))

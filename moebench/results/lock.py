@@ -30,6 +30,7 @@ a random token.
 
 The lock file is never deleted or replaced (a new inode would be a second lock); its
 content is rewritten in place by each holder."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -56,8 +57,6 @@ JOB_WAIT_S = 20.0
 
 class LockHeld(ValueError):
     """The run folder is another sweep's (a ValueError: the CLI's exit 2, before any work)."""
-
-
 
 
 def _read(path: Path) -> dict:
@@ -122,8 +121,7 @@ def _job_id() -> Optional[str]:
 def describe(holder: dict) -> str:
     if not holder:
         return "a process that left no details"
-    return (f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}: "
-            f"`{holder.get('command')}`")
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}: `{holder.get('command')}`"
 
 
 def _open_lock(path: Path) -> int:
@@ -139,14 +137,21 @@ def _open_lock(path: Path) -> int:
             fd = os.open(path, flags | os.O_NONBLOCK)
         except OSError as e:
             if os.path.islink(path):
-                raise UnsafePath(f"{path} is a symbolic link (to {os.readlink(path)}): moebench never writes "
-                                 f"through a link in a run folder; {todo}") from None
+                raise UnsafePath(
+                    f"{path} is a symbolic link (to {os.readlink(path)}): moebench never writes "
+                    f"through a link in a run folder; {todo}"
+                ) from None
             if os.path.isdir(path):
                 raise UnsafePath(f"{path} is a directory, not moebench's lock file: {todo}") from None
             raise UnsafePath(f"{path} cannot be opened as moebench's lock file ({e.strerror}): {todo}") from None
     st = os.fstat(fd)
-    why = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
-           f"has {st.st_nlink} hard links (truncating it would truncate the other names)" if st.st_nlink > 1 else "")
+    why = (
+        "is not a regular file"
+        if not stat.S_ISREG(st.st_mode)
+        else f"has {st.st_nlink} hard links (truncating it would truncate the other names)"
+        if st.st_nlink > 1
+        else ""
+    )
     if why:
         os.close(fd)
         raise UnsafePath(f"{path} {why}: moebench's lock must be a file of its own; {todo}")
@@ -163,8 +168,15 @@ class RunLock:
         self.jobs: list[str] = []
 
     @classmethod
-    def acquire(cls, run_dir, wait: bool = False, command: Optional[str] = None, token: Optional[str] = None,
-                log: Callable[[str], None] = lambda s: None, poll_s: float = 0.5) -> "RunLock":
+    def acquire(
+        cls,
+        run_dir,
+        wait: bool = False,
+        command: Optional[str] = None,
+        token: Optional[str] = None,
+        log: Callable[[str], None] = lambda s: None,
+        poll_s: float = 0.5,
+    ) -> "RunLock":
         """Take the folder's lock before any work, or work under its holder's when `token`
         (default: $MOEBENCH_LOCK_TOKEN) is the holder's and the holder started this process
         (module docstring). Raises LockHeld unless `wait`; UnsafePath for a `.lock` that is
@@ -194,20 +206,29 @@ class RunLock:
                 except BlockingIOError:
                     holder = _read_fd(fd)
                     if not wait:
-                        raise LockHeld(f"{run_dir} is being written by another sweep ({describe(holder)}); "
-                                       "wait for it with --wait, or give another --out") from None
+                        raise LockHeld(
+                            f"{run_dir} is being written by another sweep ({describe(holder)}); "
+                            "wait for it with --wait, or give another --out"
+                        ) from None
                     if not told:
                         log(f"moebench: waiting for {run_dir}: held by {describe(holder)}")
                         told = True
                     time.sleep(poll_s)
             stale = _read_fd(fd)
             if stale.get("pid") and not (stale.get("host") == socket.gethostname() and _alive(stale["pid"])):
-                log(f"moebench: {run_dir}: taking the lock of a sweep that ended without releasing it "
-                    f"({describe(stale)})")
+                log(
+                    f"moebench: {run_dir}: taking the lock of a sweep that ended without releasing it "
+                    f"({describe(stale)})"
+                )
             me_stat = proc_stat(os.getpid())
-            me = {"pid": os.getpid(), "start": me_stat[1] if me_stat else None, "host": socket.gethostname(),
-                  "token": uuid.uuid4().hex, "command": command or " ".join(shlex.quote(a) for a in sys.argv),
-                  "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+            me = {
+                "pid": os.getpid(),
+                "start": me_stat[1] if me_stat else None,
+                "host": socket.gethostname(),
+                "token": uuid.uuid4().hex,
+                "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+                "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(me).encode(), 0)
             os.fsync(fd)
@@ -225,8 +246,11 @@ class RunLock:
             self.check(holder)
         except LockHeld as e:
             return str(e)
-        if holder.get("host") == socket.gethostname() and holder.get("start") \
-                and _is_ancestor(int(holder["pid"]), holder["start"]):
+        if (
+            holder.get("host") == socket.gethostname()
+            and holder.get("start")
+            and _is_ancestor(int(holder["pid"]), holder["start"])
+        ):
             return ""
         job = _job_id()
         deadline = time.monotonic() + job_wait_s
@@ -237,8 +261,10 @@ class RunLock:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
-        return (f"{self.run_dir}: its holder's token is honoured only in processes that holder started (its "
-                f"descendants, or its SLURM jobs), and this one is neither ({describe(holder)})")
+        return (
+            f"{self.run_dir}: its holder's token is honoured only in processes that holder started (its "
+            f"descendants, or its SLURM jobs), and this one is neither ({describe(holder)})"
+        )
 
     def check(self, holder: Optional[dict] = None) -> None:
         """Raise LockHeld unless this process may write: it holds the lock, or the lock file
@@ -249,8 +275,10 @@ class RunLock:
         holder = _read(self.path) if holder is None else holder
         if holder.get("token") != self.token or not _holder_alive(holder):
             now = describe(holder) if holder.get("token") != self.token and holder.get("token") else "no holder"
-            raise LockHeld(f"{self.run_dir}: the sweep this process works for no longer holds the folder "
-                           f"(now: {now}); nothing written")
+            raise LockHeld(
+                f"{self.run_dir}: the sweep this process works for no longer holds the folder "
+                f"(now: {now}); nothing written"
+            )
 
     def add_job(self, job_id: str) -> None:
         """Record a SLURM job this holder submitted: its tasks may borrow the lock

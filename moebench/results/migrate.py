@@ -8,6 +8,7 @@ today, on the device it ran on; the Combo so recovered must agree with every ide
 column the row stored, else the row keeps a key of its own (`v1-<old key>`), which
 pairs only with rows of the same old combination. Newer or unknown versions are refused.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -23,12 +24,27 @@ from moebench.results.row import SCHEMA_VERSION
 KNOWN_VERSIONS = (1, SCHEMA_VERSION)
 # what schema 1 stored of the identity, as (row column, Combo field or knob)
 V1_CHECKED = (
-    ("backend", "backend"), ("experts", "experts"), ("reduction", "reduction"), ("overlap", "overlap"),
-    ("model", "model"), ("num_experts", "num_experts"), ("topk", "topk"), ("hidden", "hidden"),
-    ("intermediate", "intermediate"), ("quant", "quant"), ("world_size", "world_size"),
-    ("simulate_ep", "simulate_ep"), ("routing", "routing"), ("seed", "seed"), ("device", "device"),
-    ("shared_sm_carveout", "shared_sm_carveout"), ("num_sms", "num_sms"), ("dispatch_nvl_chunk", "dispatch_nvl_chunk"),
-    ("combine_nvl_chunk", "combine_nvl_chunk"), ("row_layout", "row_layout"), ("fp8_layout", "row_layout"),
+    ("backend", "backend"),
+    ("experts", "experts"),
+    ("reduction", "reduction"),
+    ("overlap", "overlap"),
+    ("model", "model"),
+    ("num_experts", "num_experts"),
+    ("topk", "topk"),
+    ("hidden", "hidden"),
+    ("intermediate", "intermediate"),
+    ("quant", "quant"),
+    ("world_size", "world_size"),
+    ("simulate_ep", "simulate_ep"),
+    ("routing", "routing"),
+    ("seed", "seed"),
+    ("device", "device"),
+    ("shared_sm_carveout", "shared_sm_carveout"),
+    ("num_sms", "num_sms"),
+    ("dispatch_nvl_chunk", "dispatch_nvl_chunk"),
+    ("combine_nvl_chunk", "combine_nvl_chunk"),
+    ("row_layout", "row_layout"),
+    ("fp8_layout", "row_layout"),
 )
 V1_DEFAULTS = ("runner.timing=events",)  # schema 1's default timing
 
@@ -41,8 +57,10 @@ def check_versions(df: pd.DataFrame, where: str) -> None:
     unknown = [v for v in versions if v not in KNOWN_VERSIONS]
     if unknown or df["schema_version"].isna().any():
         shown = unknown or ["missing"]
-        raise ValueError(f"{where}: rows of schema_version {shown[0]}; this moebench reads versions "
-                         f"{', '.join(map(str, KNOWN_VERSIONS))}: use the moebench that wrote them, or re-run")
+        raise ValueError(
+            f"{where}: rows of schema_version {shown[0]}; this moebench reads versions "
+            f"{', '.join(map(str, KNOWN_VERSIONS))}: use the moebench that wrote them, or re-run"
+        )
 
 
 def _split_overrides(text: str) -> list[str]:
@@ -120,6 +138,8 @@ def migrate(df: pd.DataFrame, where: str = "results") -> pd.DataFrame:
             df.at[i, col] = v
     df.loc[old, "schema_version"] = SCHEMA_VERSION
     if failed:
-        warnings.warn(f"{where}: {failed} schema-1 rows keep their old keys (v1-...): their stored overrides no "
-                      "longer compose to the combination they ran")
+        warnings.warn(
+            f"{where}: {failed} schema-1 rows keep their old keys (v1-...): their stored overrides no "
+            "longer compose to the combination they ran"
+        )
     return df

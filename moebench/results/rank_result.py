@@ -1,6 +1,7 @@
 """What one rank measured for one (combination, tokens per rank) (`RankResult`, the typed
 message a rank sends, which results/rows.py aggregates over ranks into a row), what one
 combination produced (`Finished`) and why it has no complete result (`Failure`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

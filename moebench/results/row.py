@@ -14,6 +14,7 @@ rank's figure, with its `combine` rule here; `rows.py` where the rule is special
 measurement column needs no schema bump; a renamed or re-meant one does
 (`SCHEMA_VERSION`, and a migration in `migrate.py`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,6 +31,7 @@ NAN = float("nan")
 
 class Status(str, enum.Enum):
     """A row's outcome (the `status` column)."""
+
     OK = "ok"
     SKIPPED = "skipped"  # not run: why in `reason` (a rule, a missing library, too few GPUs)
     FAILED = "failed"
@@ -51,6 +53,7 @@ class Verdict(str, enum.Enum):
     table; moebench/report/compare.py says when each is given). Declared in the order the
     comparison counts them. `SKIPPED` is not `Status.SKIPPED`: a verdict says the candidate
     became skipped, a status says a row was."""
+
     BROKEN = "broken"  # ok in the baseline; failed / timeout / oom / incorrect in the candidate
     SLOWER = "slower"
     SKIPPED = "skipped"  # ok in the baseline, skipped in the candidate
@@ -104,8 +107,21 @@ def _c(name, dtype, group, combine, doc) -> Column:
     return Column(name, dtype, group, combine, doc)
 
 
-GROUPS = ("identity", "provenance", "outcome", "latency", "host", "phase", "overlap", "trace",
-          "memory", "rate", "layout", "routing", "harness")
+GROUPS = (
+    "identity",
+    "provenance",
+    "outcome",
+    "latency",
+    "host",
+    "phase",
+    "overlap",
+    "trace",
+    "memory",
+    "rate",
+    "layout",
+    "routing",
+    "harness",
+)
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
 
 MEASURED: tuple[Column, ...] = (
@@ -116,72 +132,134 @@ MEASURED: tuple[Column, ...] = (
     _c("git_sha", "str", "provenance", RUN, "the commit measured (a bare hex commit)"),
     _c("env_id", "str", "provenance", RUN, "digest of the environment fingerprint"),
     _c("timestamp", "str", "provenance", RUN, "when the row was written (UTC, ISO 8601)"),
-    _c("backend_origin", "str", "provenance", SAME, "where the backend came from: moebench, a plugin's "
-       "`<distribution> <version>` or `module <name>` (not identity)"),
+    _c(
+        "backend_origin",
+        "str",
+        "provenance",
+        SAME,
+        "where the backend came from: moebench, a plugin's "
+        "`<distribution> <version>` or `module <name>` (not identity)",
+    ),
     _c("experts_origin", "str", "provenance", SAME, "where the experts came from (as backend_origin)"),
     # outcome
     _c("status", "str", "outcome", WORST, "ok | skipped | failed | timeout | oom | incorrect"),
     _c("reason", "str", "outcome", WORST, "why a row is not ok (empty when ok)"),
     _c("rel_err", "float", "outcome", MAX, "‖y − ref‖ / ‖ref‖ against the float32 reference"),
     # time (µs)
-    _c("timing_mode", "str", "latency", WORST, "the mode that ran: graph | events | profiler | cpu, "
-       "or host where the host paced the samples"),
+    _c(
+        "timing_mode",
+        "str",
+        "latency",
+        WORST,
+        "the mode that ran: graph | events | profiler | cpu, or host where the host paced the samples",
+    ),
     _c("latency_us_median", "float", "latency", SAMPLES, "median of samples_us (µs)"),
     _c("latency_us_p20", "float", "latency", SAMPLES, "20th percentile of samples_us (µs)"),
     _c("latency_us_p80", "float", "latency", SAMPLES, "80th percentile of samples_us (µs)"),
     _c("samples_us", "list", "latency", SAMPLES, "the timed samples, each the maximum over ranks (µs)"),
     _c("latency_us_per_rank", "list", "latency", PER_RANK, "each rank's median (µs)"),
     _c("timing_note", "str", "host", WORST, "why auto timed eager forwards, or why the row is host time"),
-    _c("host_enqueue_us", "float", "host", MAX, "the host's time to enqueue one eager forward (µs, "
-       "median of five)"),
-    _c("host_paced_samples", "float", "host", MAX, "samples the GPU started before the host had "
-       "enqueued them (NaN before the hold and on the CPU)"),
-    _c("host_paced_no_shared", "float", "host", MAX, "the same of the ablation's samples of the layer "
-       "without its shared experts (of as many as samples_us; NaN without the ablation)"),
-    _c("host_paced_shared", "float", "host", MAX, "the same of the ablation's samples of the shared experts "
-       "alone (of as many as samples_us; NaN without the ablation)"),
-    _c("num_phase_samples", "float", "host", MAX, "the forwards the phases are medians of (the profiled "
-       "samples in profiler mode; NaN without phases)"),
-    _c("host_paced_phases", "float", "host", MAX, "the same as host_paced_samples of the phase forwards "
-       "(of num_phase_samples)"),
-    _c("num_trace_samples", "float", "host", MAX, "the samples of the row's torch trace, its ablation samples "
-       "included (NaN without one)"),
-    _c("host_paced_trace", "float", "host", MAX, "the same as host_paced_samples of the trace's samples "
-       "(of num_trace_samples; the trace marks them `host_paced/<sample>`)"),
-    *(_c(f"{p}_us", "float", "phase", MAX, f"the {p.replace('_', ' ')} phase of the phase forwards (µs)")
-      for p in PHASES),
+    _c("host_enqueue_us", "float", "host", MAX, "the host's time to enqueue one eager forward (µs, median of five)"),
+    _c(
+        "host_paced_samples",
+        "float",
+        "host",
+        MAX,
+        "samples the GPU started before the host had enqueued them (NaN before the hold and on the CPU)",
+    ),
+    _c(
+        "host_paced_no_shared",
+        "float",
+        "host",
+        MAX,
+        "the same of the ablation's samples of the layer "
+        "without its shared experts (of as many as samples_us; NaN without the ablation)",
+    ),
+    _c(
+        "host_paced_shared",
+        "float",
+        "host",
+        MAX,
+        "the same of the ablation's samples of the shared experts "
+        "alone (of as many as samples_us; NaN without the ablation)",
+    ),
+    _c(
+        "num_phase_samples",
+        "float",
+        "host",
+        MAX,
+        "the forwards the phases are medians of (the profiled samples in profiler mode; NaN without phases)",
+    ),
+    _c(
+        "host_paced_phases",
+        "float",
+        "host",
+        MAX,
+        "the same as host_paced_samples of the phase forwards (of num_phase_samples)",
+    ),
+    _c(
+        "num_trace_samples",
+        "float",
+        "host",
+        MAX,
+        "the samples of the row's torch trace, its ablation samples included (NaN without one)",
+    ),
+    _c(
+        "host_paced_trace",
+        "float",
+        "host",
+        MAX,
+        "the same as host_paced_samples of the trace's samples "
+        "(of num_trace_samples; the trace marks them `host_paced/<sample>`)",
+    ),
+    *(
+        _c(f"{p}_us", "float", "phase", MAX, f"the {p.replace('_', ' ')} phase of the phase forwards (µs)")
+        for p in PHASES
+    ),
     # overlap by ablation
-    _c("shared_us", "float", "overlap", SAMPLES, "median of the shared experts alone, as the layer runs them "
-       "(µs; `overlap=none`: added into an output by their down GEMM)"),
-    _c("latency_no_shared_us", "float", "overlap", SAMPLES, "median of the layer without its shared "
-       "experts (µs)"),
+    _c(
+        "shared_us",
+        "float",
+        "overlap",
+        SAMPLES,
+        "median of the shared experts alone, as the layer runs them "
+        "(µs; `overlap=none`: added into an output by their down GEMM)",
+    ),
+    _c("latency_no_shared_us", "float", "overlap", SAMPLES, "median of the layer without its shared experts (µs)"),
     _c("shared_exposed_us", "float", "overlap", DERIVED, "latency − latency without shared experts (µs)"),
     _c("overlap_fraction", "float", "overlap", DERIVED, "clamp(1 − exposed / shared, 0, 1)"),
     _c("overlap_fraction_lo", "float", "overlap", DERIVED, "90 % bootstrap interval of overlap_fraction, low"),
     _c("overlap_fraction_hi", "float", "overlap", DERIVED, "90 % bootstrap interval of overlap_fraction, high"),
     # traces
-    _c("trace_overlap_fraction", "float", "trace", CRITICAL, "the shared experts' overlap read from the "
-       "trace"),
+    _c("trace_overlap_fraction", "float", "trace", CRITICAL, "the shared experts' overlap read from the trace"),
     _c("trace_intersection_fraction", "float", "trace", CRITICAL, "the intersection figure of the trace"),
     _c("trace_overlap_method", "str", "trace", CRITICAL, "stretch | intersection | matched | mixed"),
     _c("trace_critical_rank", "float", "trace", CRITICAL, "the rank whose trace figures the row shows"),
     _c("trace_overlap_fraction_per_rank", "list", "trace", PER_RANK, "trace_overlap_fraction of each rank"),
     _c("trace_layer_us_per_rank", "list", "trace", PER_RANK, "each rank's layer span in its trace (µs)"),
     _c("trace_wait_us_per_rank", "list", "trace", PER_RANK, "each rank's wait for the last rank (µs)"),
-    _c("trace_trimmed_overlap_per_rank", "list", "trace", PER_RANK, "overlap on communication trimmed of "
-       "the wait"),
+    _c("trace_trimmed_overlap_per_rank", "list", "trace", PER_RANK, "overlap on communication trimmed of the wait"),
     _c("trace_path", "str", "trace", CRITICAL, "the trace file, relative to the run (empty: none kept)"),
     _c("trace_error", "str", "trace", WORST, "why a trace could not be read"),
     _c("kernel_us", "list", "trace", PROFILED, "profiler mode: communication kernel → µs, JSON per rank"),
     # memory (bytes)
     _c("workspace_bytes_analytic", "float", "memory", MAX, "the workspace the kernels declare (bytes)"),
     _c("analytic_peak_bytes", "float", "memory", MAX, "the declared peak of one forward (bytes)"),
-    _c("workspace_bytes_peak", "float", "memory", MAX, "allocator peak of one forward above what was "
-       "allocated before it (bytes)"),
-    _c("device_bytes_peak", "float", "memory", MAX, "the driver's view of the peak (bytes; other "
-       "processes count)"),
-    _c("reserved_bytes_peak", "float", "memory", MAX, "what the caching allocator reserved over the timed "
-       "work (bytes): what runner.memory_budget caps"),
+    _c(
+        "workspace_bytes_peak",
+        "float",
+        "memory",
+        MAX,
+        "allocator peak of one forward above what was allocated before it (bytes)",
+    ),
+    _c("device_bytes_peak", "float", "memory", MAX, "the driver's view of the peak (bytes; other processes count)"),
+    _c(
+        "reserved_bytes_peak",
+        "float",
+        "memory",
+        MAX,
+        "what the caching allocator reserved over the timed work (bytes): what runner.memory_budget caps",
+    ),
     _c("memory_cap_bytes", "float", "memory", MAX, "the cap under runner.memory_budget (bytes)"),
     # rates
     _c("tflops", "float", "rate", MEAN, "expert TFLOP/s (mean over ranks)"),
@@ -192,15 +270,30 @@ MEASURED: tuple[Column, ...] = (
     _c("tflops_per_rank", "list", "rate", PER_RANK, "tflops of each rank"),
     _c("hbm_gbps_per_rank", "list", "rate", PER_RANK, "hbm_gbps of each rank"),
     _c("nvlink_gbps_per_rank", "list", "rate", PER_RANK, "nvlink_gbps of each rank"),
-    _c("row_layout_used", "str", "layout", WORST, "the row layout the triton bf16 / fp8_block experts ran "
-       "(mixed when ranks differ)"),
-    _c("contiguous_gemm_used", "str", "layout", WORST, "the triton experts' contiguous GEMM kernels, gate/up's "
-       "and down's (e.g. gluon/gluon; empty off the contiguous layout, mixed when ranks differ)"),
+    _c(
+        "row_layout_used",
+        "str",
+        "layout",
+        WORST,
+        "the row layout the triton bf16 / fp8_block experts ran (mixed when ranks differ)",
+    ),
+    _c(
+        "contiguous_gemm_used",
+        "str",
+        "layout",
+        WORST,
+        "the triton experts' contiguous GEMM kernels, gate/up's "
+        "and down's (e.g. gluon/gluon; empty off the contiguous layout, mixed when ranks differ)",
+    ),
     # routing (moebench/routing/generate.py; docs/routing.md)
-    _c("imbalance_experts", "float", "routing", MAX, "max / mean pairs per expert over every rank's tokens "
-       "(1: even)"),
-    _c("imbalance_ranks", "float", "routing", MAX, "max / mean pairs per rank of the EP split (world_size or "
-       "simulate_ep; 1 without one)"),
+    _c("imbalance_experts", "float", "routing", MAX, "max / mean pairs per expert over every rank's tokens (1: even)"),
+    _c(
+        "imbalance_ranks",
+        "float",
+        "routing",
+        MAX,
+        "max / mean pairs per rank of the EP split (world_size or simulate_ep; 1 without one)",
+    ),
     _c("simulated_rank", "float", "routing", MAX, "simulate_rank: the EP rank whose received tokens ran"),
     _c("received_tokens", "float", "routing", MAX, "simulate_rank: the tokens that rank receives from all N ranks"),
     _c("routing_window", "str", "routing", SAME, "replay: rank 0's rows of the recording (start:end of n)"),
@@ -209,20 +302,30 @@ MEASURED: tuple[Column, ...] = (
     _c("fill_max", "float", "routing", MAX, "workload.fill: the busiest local expert's pairs / fill_rows"),
     _c("fill_mean", "float", "routing", MAX, "workload.fill: mean pairs per local expert / fill_rows"),
     # where the sweep's time went (s, the slowest rank's; run/worker.py's Stopwatch; not a measurement)
-    _c("harness_start_s", "float", "harness", MAX, "the rank processes' start, imports and process group "
-       "(s): on the first row a process ran, 0 after it; NaN where not known"),
-    _c("harness_setup_s", "float", "harness", MAX, "the combination's setup: layer, weights, reference "
-       "weights (s); on its first token count's row, 0 on the others"),
+    _c(
+        "harness_start_s",
+        "float",
+        "harness",
+        MAX,
+        "the rank processes' start, imports and process group "
+        "(s): on the first row a process ran, 0 after it; NaN where not known",
+    ),
+    _c(
+        "harness_setup_s",
+        "float",
+        "harness",
+        MAX,
+        "the combination's setup: layer, weights, reference "
+        "weights (s); on its first token count's row, 0 on the others",
+    ),
     _c("harness_check_s", "float", "harness", MAX, "the check against the float32 reference (s)"),
     _c("harness_inputs_s", "float", "harness", MAX, "the timed inputs and their routing figures (s)"),
     _c("harness_probe_s", "float", "harness", MAX, "the host-enqueue and phase-hold probes (s)"),
-    _c("harness_timing_s", "float", "harness", MAX, "warm-up and the timed samples, the ablation's "
-       "interleaved (s)"),
+    _c("harness_timing_s", "float", "harness", MAX, "warm-up and the timed samples, the ablation's interleaved (s)"),
     _c("harness_phases_s", "float", "harness", MAX, "the phase forwards (s)"),
     _c("harness_memory_s", "float", "harness", MAX, "the memory forward (s)"),
     _c("harness_trace_s", "float", "harness", MAX, "derived figures, traces and profiler phases (s)"),
-    _c("harness_total_s", "float", "harness", MAX, "the row's time on the rank, its setup and start "
-       "included (s)"),
+    _c("harness_total_s", "float", "harness", MAX, "the row's time on the rank, its setup and start included (s)"),
 )
 
 
@@ -237,16 +340,22 @@ def identity_columns() -> tuple[Column, ...]:
     from moebench.config.spec import COLUMN_FIELDS, Combo, builtin_knobs
 
     hints = typing.get_type_hints(Combo)
-    out = [_c("schema_version", "int", "identity", SAME, "the row's schema (migrate.py upgrades older ones)"),
-           _c("combo_key", "str", "identity", SAME, "digest of the combination's identity"),
-           _c("label", "str", "identity", SAME, "backend/experts/reduction/overlap/quant/model, then tags")]
-    out += [_c(f.name, _type_name(hints[f.name]), "identity", SAME, f.metadata.get("doc") or f.name)
-            for f in fields(Combo) if f in COLUMN_FIELDS]
-    out += [_c(k.name, _type_name(k.type), "identity", SAME, f"knob: {k.help}")
-            for k in builtin_knobs().values()]
-    out += [_c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults"),
-            _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes"),
-            _c("overrides", "str", "identity", SAME, "the overrides the combination was planned from")]
+    out = [
+        _c("schema_version", "int", "identity", SAME, "the row's schema (migrate.py upgrades older ones)"),
+        _c("combo_key", "str", "identity", SAME, "digest of the combination's identity"),
+        _c("label", "str", "identity", SAME, "backend/experts/reduction/overlap/quant/model, then tags"),
+    ]
+    out += [
+        _c(f.name, _type_name(hints[f.name]), "identity", SAME, f.metadata.get("doc") or f.name)
+        for f in fields(Combo)
+        if f in COLUMN_FIELDS
+    ]
+    out += [_c(k.name, _type_name(k.type), "identity", SAME, f"knob: {k.help}") for k in builtin_knobs().values()]
+    out += [
+        _c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults"),
+        _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes"),
+        _c("overrides", "str", "identity", SAME, "the overrides the combination was planned from"),
+    ]
     return tuple(out)
 
 
@@ -257,8 +366,13 @@ def columns() -> tuple[Column, ...]:
 
 def names(group: str | None = None, combine: str | None = None, dtype: str | None = None) -> list[str]:
     """The measured columns' names, filtered."""
-    return [c.name for c in MEASURED if (group is None or c.group == group)
-            and (combine is None or c.combine == combine) and (dtype is None or c.dtype == dtype)]
+    return [
+        c.name
+        for c in MEASURED
+        if (group is None or c.group == group)
+        and (combine is None or c.combine == combine)
+        and (dtype is None or c.dtype == dtype)
+    ]
 
 
 def empty() -> dict:
@@ -276,8 +390,16 @@ END = "<!-- end of row columns -->"
 
 def golden_text(cols=None) -> str:
     cols = columns() if cols is None else cols
-    return json.dumps({"schema_version": SCHEMA_VERSION,
-                       "columns": {c.name: c.dtype for c in sorted(cols, key=lambda c: c.name)}}, indent=1) + "\n"
+    return (
+        json.dumps(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "columns": {c.name: c.dtype for c in sorted(cols, key=lambda c: c.name)},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def _cell(text: str) -> str:
@@ -301,8 +423,10 @@ def design_text(current: str, cols=None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m moebench.results.row",
-                                 description="the golden row schema and design.md's column table, from row.py")
+    ap = argparse.ArgumentParser(
+        prog="python -m moebench.results.row",
+        description="the golden row schema and design.md's column table, from row.py",
+    )
     ap.add_argument("--write", action="store_true", help="rewrite both files (default: check them, exit 1 on drift)")
     args = ap.parse_args(argv)
     if not DESIGN.is_file():
@@ -316,8 +440,10 @@ def main(argv=None) -> int:
             print(f"wrote {p.relative_to(ROOT)}")
         return 0
     for p in stale:
-        print(f"{p.relative_to(ROOT)} differs from moebench/results/row.py: run `python -m moebench.results.row "
-              "--write`", file=sys.stderr)
+        print(
+            f"{p.relative_to(ROOT)} differs from moebench/results/row.py: run `python -m moebench.results.row --write`",
+            file=sys.stderr,
+        )
     return 1 if stale else 0
 
 

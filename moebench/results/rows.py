@@ -1,6 +1,7 @@
 """One tidy row per (combination, tokens per rank), aggregated over ranks:
 the max over ranks for latency (per sample, since ranks start each sample
 together), per-rank values kept in list columns."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,12 @@ OVERLAP_MIN_SAMPLES = 5
 def identity(c: Combination, tokens: int) -> dict:
     """The row's identity columns: every column of the spec (moebench/config/spec.py), the token
     count and the overrides it was planned from."""
-    return {"schema_version": SCHEMA_VERSION, **c.combo.columns(), "tokens_per_rank": int(tokens),
-            "overrides": " ".join(c.overrides)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **c.combo.columns(),
+        "tokens_per_rank": int(tokens),
+        "overrides": " ".join(c.overrides),
+    }
 
 
 def _elementwise_max(lists: list[list[float]]) -> list[float]:
@@ -125,8 +130,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     # one rank paced by its host makes the row's figure host time (its samples are the max)
     modes = {r.timing_mode for r in ranks}
     row["timing_mode"] = "host" if "host" in modes else ranks[0].timing_mode
-    row["timing_note"] = next((r.timing_note for r in ranks if r.timing_mode == row["timing_mode"] and r.timing_note),
-                              "")
+    row["timing_note"] = next(
+        (r.timing_note for r in ranks if r.timing_mode == row["timing_mode"] and r.timing_note), ""
+    )
     samples = _elementwise_max([r.samples_us for r in ranks])
     row["samples_us"] = samples
     row["latency_us_median"] = _q(samples, 50)
@@ -140,8 +146,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         row["latency_no_shared_us"] = _q(no_shared, 50)
         # overlap by ablation (docs/design.md): what the shared experts add to the layer
         row["shared_exposed_us"] = row["latency_us_median"] - row["latency_no_shared_us"]
-        row["overlap_fraction"] = float(overlap_fraction(row["latency_us_median"], row["latency_no_shared_us"],
-                                                         row["shared_us"]))
+        row["overlap_fraction"] = float(
+            overlap_fraction(row["latency_us_median"], row["latency_no_shared_us"], row["shared_us"])
+        )
         # the layer takes ~20x the shared experts at prefill sizes, so percent-level noise in
         # the two latency medians moves the fraction by tens of points: say how far
         if row["overlap_fraction"] == row["overlap_fraction"]:
@@ -185,8 +192,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     row["trace_path"] = ranks[crit if crit is not None else 0].trace_path
     row["trace_error"] = "; ".join(sorted({r.trace_error for r in ranks if r.trace_error}))
     # stretch | intersection; "mixed" when the ranks' traces disagree (the mean then mixes two figures)
-    methods = {r.trace_overlap_method for r in (ranks if crit is None else [ranks[crit]])
-               if r.trace_overlap_method}
+    methods = {r.trace_overlap_method for r in (ranks if crit is None else [ranks[crit]]) if r.trace_overlap_method}
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if matched:
         row["trace_overlap_method"] = METHOD_MATCHED

@@ -15,6 +15,7 @@ written by something else) is moved to rows/.corrupt/ by the next sweep, which m
 its rows again; readers warn, naming it, and read the rest. A parquet file lacking a row's
 columns is no row file: every reader refuses it, naming it (docs/design.md, "Environment
 errors and torn files")."""
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,25 @@ import pandas as pd
 from moebench.util.safe_write import UnsafePath
 from moebench.results.migrate import migrate
 from moebench.results.row import BAD_STATUSES, Status
+
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
-from moebench.results.store_read import (by_precedence, CORRUPT_DIR, find_runs,  # noqa: F401 (re-exported)
-                                         invocation_files, invocation_rows, latest, load_files, newest_last, PAIR,
-                                         read_all, read_env_file, read_row_file, SKIPPED_FILE, TornFile, warn)
+from moebench.results.store_read import (
+    by_precedence,
+    CORRUPT_DIR,
+    find_runs,  # noqa: F401 (re-exported)
+    invocation_files,
+    invocation_rows,
+    latest,
+    load_files,
+    newest_last,
+    PAIR,
+    read_all,
+    read_env_file,
+    read_row_file,
+    SKIPPED_FILE,
+    TornFile,
+    warn,
+)
 from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, with_path
 
 REDO_CHOICES = ("none", "failed", "all")
@@ -68,11 +84,14 @@ def _no_link(path: Path, root: Path, file: bool = True) -> None:
     for part in path.relative_to(root).parts:
         cur = cur / part
         if cur.is_symlink():
-            raise UnsafePath(f"{cur} is a symbolic link (to {os.readlink(cur)}): moebench never writes through a "
-                             f"link in a run folder; remove it (rm {cur}) or give another --out")
+            raise UnsafePath(
+                f"{cur} is a symbolic link (to {os.readlink(cur)}): moebench never writes through a "
+                f"link in a run folder; remove it (rm {cur}) or give another --out"
+            )
     if file and path.exists() and not path.is_file():
-        raise UnsafePath(f"{path} is not a regular file: moebench writes its results there; move it away or "
-                         "give another --out")
+        raise UnsafePath(
+            f"{path} is not a regular file: moebench writes its results there; move it away or give another --out"
+        )
 
 
 def _atomic_write(path: Path, write, root: Optional[Path] = None) -> None:
@@ -222,8 +241,9 @@ class RunStore:
 
     def write_json(self, name: str, data: dict) -> Path:
         path = self.dir / name
-        _atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)),
-                      self.dir)
+        _atomic_write(
+            path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True, default=str)), self.dir
+        )
         return path
 
     def write_env(self, info: dict, run_id: str) -> Path:
@@ -238,8 +258,9 @@ class RunStore:
     # -- reading ---------------------------------------------------------------
     def row_files(self) -> list[Path]:
         """The combinations' row files (a writer's leftover temp file is not one)."""
-        return sorted(p for p in self.rows_dir.glob("*.parquet")
-                      if p.name != SKIPPED_FILE and not p.name.startswith("."))
+        return sorted(
+            p for p in self.rows_dir.glob("*.parquet") if p.name != SKIPPED_FILE and not p.name.startswith(".")
+        )
 
     def env_of(self, run_id: str) -> dict:
         """The fingerprint an invocation measured under ({} for runs written before envs/, or
@@ -249,8 +270,7 @@ class RunStore:
     def envs(self) -> dict[str, dict]:
         """run_id -> fingerprint of every envs/*.json (a file that is not a JSON object is
         passed over with a warning naming it)."""
-        found = {p.stem: read_env_file(p) for p in sorted(self.envs_dir.glob("*.json"))
-                 if not p.name.startswith(".")}
+        found = {p.stem: read_env_file(p) for p in sorted(self.envs_dir.glob("*.json")) if not p.name.startswith(".")}
         return {k: v for k, v in found.items() if v}
 
     def env(self) -> dict:

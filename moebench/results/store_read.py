@@ -1,6 +1,7 @@
 """The store's reading side (store.py re-exports it; readers outside results/ import from
 store.py): row files read and refused, torn files passed over with a warning, the precedence
 among several rows of one (combination, tokens), fingerprint files."""
+
 from __future__ import annotations
 
 import json
@@ -45,19 +46,23 @@ def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
     missing = [c for c in required if c not in df.columns]
     if len(df.columns) and missing:
-        raise ValueError(f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
-                         "incompatible version); move it out of the run's rows/ folder")
+        raise ValueError(
+            f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
+            "incompatible version); move it out of the run's rows/ folder"
+        )
     check_versions(df, str(path))
     return df
 
 
 def newest_last(files: list[Path]) -> list[Path]:
     """Files in write order (rows of one second's timestamp are ordered by their file)."""
+
     def mtime(p: Path) -> int:
         try:
             return p.stat().st_mtime_ns
         except OSError:
             return 0
+
     return sorted(files, key=lambda p: (mtime(p), p.name))
 
 
@@ -69,8 +74,10 @@ def read_all(files: list[Path], warn_torn: bool, required=(*PAIR, "status")) -> 
             frames.append(read_row_file(p, required))
         except TornFile as e:
             if warn_torn:
-                warn(f"{e}: read the rest; the next sweep into the run moves it to rows/{CORRUPT_DIR}/ "
-                     "and measures its rows again")
+                warn(
+                    f"{e}: read the rest; the next sweep into the run moves it to rows/{CORRUPT_DIR}/ "
+                    "and measures its rows again"
+                )
     return frames
 
 
@@ -118,9 +125,13 @@ def read_env_file(path: Path) -> dict:
 def by_precedence(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in ascending precedence: skipped before measured, then by timestamp (a row without
     one first; stable, so frames concatenated in write order break ties)."""
-    keys = pd.DataFrame({"measured": df["status"] != Status.SKIPPED if "status" in df.columns else True,
-                         "t": df["timestamp"].map(lambda v: v if isinstance(v, str) else "")
-                         if "timestamp" in df.columns else ""}, index=df.index)
+    keys = pd.DataFrame(
+        {
+            "measured": df["status"] != Status.SKIPPED if "status" in df.columns else True,
+            "t": df["timestamp"].map(lambda v: v if isinstance(v, str) else "") if "timestamp" in df.columns else "",
+        },
+        index=df.index,
+    )
     return df.loc[keys.sort_values(["measured", "t"], kind="stable").index]
 
 

@@ -3,6 +3,7 @@
 The numbers are made up (a latency model of a + b * tokens with log-normal noise); only
 the layout and the column schema are the store's (schema 2: identity from moebench/config/spec.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,64 +23,121 @@ DEFAULT_COMBOS = [
     ("local", "torch", "finalize", "none", "bf16", Status.OK, ""),
     ("local", "triton", "experts", "dispatch", "bf16", Status.OK, ""),
     ("local", "triton", "finalize", "combine", "bf16", Status.OK, ""),
-    ("local", "deepgemm", "experts", "none", "bf16", Status.SKIPPED,
-     "deepgemm needs quant=fp8_block"),
-    ("local_batched", "torch", "experts", "none", "bf16", Status.SKIPPED,
-     "layouts differ: batched backend with standard experts"),
+    ("local", "deepgemm", "experts", "none", "bf16", Status.SKIPPED, "deepgemm needs quant=fp8_block"),
+    (
+        "local_batched",
+        "torch",
+        "experts",
+        "none",
+        "bf16",
+        Status.SKIPPED,
+        "layouts differ: batched backend with standard experts",
+    ),
     ("naive", "torch", "finalize", "none", "bf16", Status.FAILED, "RuntimeError: boom"),
 ]
 
 
-def samples_from(median_us: float, spread: float, num_samples: int,
-                 rng: np.random.Generator) -> np.ndarray:
+def samples_from(median_us: float, spread: float, num_samples: int, rng: np.random.Generator) -> np.ndarray:
     """``num_samples`` latencies (µs) log-normally spread around ``median_us``."""
     return median_us * np.exp(rng.normal(0.0, spread, num_samples))
 
 
-def make_row(backend: str, experts: str, reduction: str, overlap: str, quant: str,
-             tokens: int, status: str = Status.OK, reason: str = "", samples_us=None,
-             model: str = "tiny", world_size: int = 1, **extra) -> dict:
+def make_row(
+    backend: str,
+    experts: str,
+    reduction: str,
+    overlap: str,
+    quant: str,
+    tokens: int,
+    status: str = Status.OK,
+    reason: str = "",
+    samples_us=None,
+    model: str = "tiny",
+    world_size: int = 1,
+    **extra,
+) -> dict:
     """One store row (times in µs, memory in bytes); ``samples_us`` sets the latency.
     Identity fields (seed=, routing=, ...) and `knobs_set={"num_sms": 16}` go into the
     row's Combo, so its key changes with them; other keywords overwrite columns."""
     spec = {k: extra.pop(k) for k in list(extra) if k in IDENTITY_COLUMNS or k == "knobs_set"}
     knobs = tuple(sorted(spec.pop("knobs_set", {}).items()))
-    combo = Combo(backend=backend, experts=experts, reduction=reduction, overlap=overlap, quant=quant,
-                  model=model, hidden=spec.pop("hidden", 256), intermediate=spec.pop("intermediate", 512),
-                  num_experts=spec.pop("num_experts", 8), topk=spec.pop("topk", 2),
-                  device=spec.pop("device", "cuda"), world_size=world_size, knobs=knobs, **spec)
+    combo = Combo(
+        backend=backend,
+        experts=experts,
+        reduction=reduction,
+        overlap=overlap,
+        quant=quant,
+        model=model,
+        hidden=spec.pop("hidden", 256),
+        intermediate=spec.pop("intermediate", 512),
+        num_experts=spec.pop("num_experts", 8),
+        topk=spec.pop("topk", 2),
+        device=spec.pop("device", "cuda"),
+        world_size=world_size,
+        knobs=knobs,
+        **spec,
+    )
     # every column at row.py's default, then what a synthetic run fills in
-    row = {**schema.empty(), "schema_version": SCHEMA_VERSION, **combo.columns(), "tokens_per_rank": int(tokens),
-           "overrides": ""}
-    row.update(run_id="synthetic", sweep="synthetic", timing_mode="events", status=Status(status).value, reason=reason,
-               gpu="cpu", git_sha="0" * 40, env_id="synthetic", timestamp="2026-01-01T00:00:00")
+    row = {
+        **schema.empty(),
+        "schema_version": SCHEMA_VERSION,
+        **combo.columns(),
+        "tokens_per_rank": int(tokens),
+        "overrides": "",
+    }
+    row.update(
+        run_id="synthetic",
+        sweep="synthetic",
+        timing_mode="events",
+        status=Status(status).value,
+        reason=reason,
+        gpu="cpu",
+        git_sha="0" * 40,
+        env_id="synthetic",
+        timestamp="2026-01-01T00:00:00",
+    )
     if status == Status.OK and samples_us is not None:
         s = np.asarray(samples_us, dtype=float)
         med = float(np.median(s))
-        row.update(samples_us=s.tolist(), latency_us_median=med,
-                   latency_us_p20=float(np.percentile(s, 20)),
-                   latency_us_p80=float(np.percentile(s, 80)), rel_err=1e-3,
-                   host_enqueue_us=0.25 * med)  # a GPU-bound row: the host enqueues a forward in a quarter of it
+        row.update(
+            samples_us=s.tolist(),
+            latency_us_median=med,
+            latency_us_p20=float(np.percentile(s, 20)),
+            latency_us_p80=float(np.percentile(s, 80)),
+            rel_err=1e-3,
+            host_enqueue_us=0.25 * med,
+        )  # a GPU-bound row: the host enqueues a forward in a quarter of it
         # Phases: fixed shares of the median, weight_reduce only when the finalize reduces.
         shares = dict(prepare_us=0.1, dispatch_us=0.15, experts_us=0.55, combine_us=0.15)
         shares["weight_reduce_us"] = 0.05 if reduction == "finalize" else 0.0
         row.update({k: v * med for k, v in shares.items()})
         # Workspace: per-(token, k) rows of hidden bf16 when the finalize reduces.
         per_token = row["hidden"] * 2 * (row["topk"] if reduction == "finalize" else 1)
-        row.update(workspace_bytes_analytic=float(tokens * per_token + 4096),
-                   workspace_bytes_peak=float(tokens * per_token + 8192))
+        row.update(
+            workspace_bytes_analytic=float(tokens * per_token + 4096),
+            workspace_bytes_peak=float(tokens * per_token + 8192),
+        )
         if overlap != "none":
             shared = 0.2 * med
             exposed = shared * (0.3 if overlap == "dispatch" else 0.5)
-            row.update(shared_us=shared, latency_no_shared_us=med - exposed,
-                       shared_exposed_us=exposed,
-                       overlap_fraction=float(np.clip(1 - exposed / shared, 0, 1)))
+            row.update(
+                shared_us=shared,
+                latency_no_shared_us=med - exposed,
+                shared_exposed_us=exposed,
+                overlap_fraction=float(np.clip(1 - exposed / shared, 0, 1)),
+            )
     row.update(extra)
     return row
 
 
-def make_rows(tokens=(16, 64, 256), combos=DEFAULT_COMBOS, num_samples: int = 20,
-              spread: float = 0.02, seed: int = 0, scale: float = 1.0) -> pd.DataFrame:
+def make_rows(
+    tokens=(16, 64, 256),
+    combos=DEFAULT_COMBOS,
+    num_samples: int = 20,
+    spread: float = 0.02,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> pd.DataFrame:
     """Synthetic rows for ``combos`` x ``tokens``; ``scale`` multiplies every latency."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -87,8 +145,11 @@ def make_rows(tokens=(16, 64, 256), combos=DEFAULT_COMBOS, num_samples: int = 20
         for t in tokens:
             median = scale * (40.0 + 10.0 * i + 0.5 * t)
             samples = samples_from(median, spread, num_samples, rng)
-            rows.append(make_row(backend, experts, reduction, overlap, quant, t,
-                                 status=status, reason=reason, samples_us=samples))
+            rows.append(
+                make_row(
+                    backend, experts, reduction, overlap, quant, t, status=status, reason=reason, samples_us=samples
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -106,13 +167,23 @@ def write_run(run_dir: str | Path, df: pd.DataFrame, env: dict | None = None) ->
 
 def default_env() -> dict:
     """A plausible env.json fingerprint, shaped like moebench/run/env.py's."""
-    return {"gpu": "NVIDIA H200", "gpu_count": 2, "gpus": ["NVIDIA H200"] * 2,
-            "nvidia_smi": ["NVIDIA H200, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, "
-                           "700.00 W, 35"] * 2,
-            "cuda": "13.0", "nccl": "2.28.9", "torch": "2.11.0+cu130", "triton": "3.6.0",
-            "deep_ep": "1.2.1", "deep_gemm": None, "pplx_kernels": None,
-            "git_sha": "0123456789abcdef0123456789abcdef01234567", "git_dirty": False,
-            "hostname": "synthetic", "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+    return {
+        "gpu": "NVIDIA H200",
+        "gpu_count": 2,
+        "gpus": ["NVIDIA H200"] * 2,
+        "nvidia_smi": ["NVIDIA H200, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, 700.00 W, 35"] * 2,
+        "cuda": "13.0",
+        "nccl": "2.28.9",
+        "torch": "2.11.0+cu130",
+        "triton": "3.6.0",
+        "deep_ep": "1.2.1",
+        "deep_gemm": None,
+        "pplx_kernels": None,
+        "git_sha": "0123456789abcdef0123456789abcdef01234567",
+        "git_dirty": False,
+        "hostname": "synthetic",
+        "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    }
 
 
 def synthetic_run(run_dir: str | Path, scale: float = 1.0, seed: int = 0) -> Path:

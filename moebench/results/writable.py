@@ -6,6 +6,7 @@ exits 1 saying so. `probe` finds them before any work.
 
 Which OSErrors count is decided here and nowhere else (the CLI's error handling and the
 sweep's mid-run handling both ask `describe`)."""
+
 from __future__ import annotations
 
 import errno

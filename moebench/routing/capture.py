@@ -13,6 +13,7 @@ routing/hf.py; a vLLM model takes the same recorder (docs/routing.md, "Capture")
 
 Legend: T tokens of one forward call (a batch [B, S, P] counts B*S), P experts per token (top-k).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,14 +42,18 @@ def default_parse(module: torch.nn.Module, inputs: tuple, output: Any) -> tuple[
     tensors = [t for t in items if isinstance(t, torch.Tensor)]
     ints = [t for t in tensors if not t.is_floating_point() and t.dtype != torch.bool and t.dim() in (2, 3)]
     if len(ints) != 1:
-        raise ValueError(f"cannot find the top-k ids in the output of {type(module).__name__}: expected one integer "
-                         f"tensor [T, P] among {_describe(tensors)}; pass parse=(module, inputs, output) -> "
-                         "(ids, weights)")
+        raise ValueError(
+            f"cannot find the top-k ids in the output of {type(module).__name__}: expected one integer "
+            f"tensor [T, P] among {_describe(tensors)}; pass parse=(module, inputs, output) -> "
+            "(ids, weights)"
+        )
     ids = ints[0]
     same = [t for t in tensors if t.is_floating_point() and t.shape == ids.shape]
     if len(same) > 1:
-        raise ValueError(f"{type(module).__name__} returns {len(same)} float tensors shaped like its ids "
-                         f"{list(ids.shape)}: which are the weights is ambiguous; pass parse=")
+        raise ValueError(
+            f"{type(module).__name__} returns {len(same)} float tensors shaped like its ids "
+            f"{list(ids.shape)}: which are the weights is ambiguous; pass parse="
+        )
     return ids, (same[0] if same else None)
 
 
@@ -60,6 +65,7 @@ def _describe(tensors: list) -> str:
 class LayerSummary:
     """What one layer recorded: `tokens` rows kept, `dropped` rows past `max_tokens` (not kept),
     `steps` forward calls seen (recorded or not)."""
+
     layer: int
     tokens: int
     dropped: int
@@ -122,19 +128,23 @@ class RoutingRecorder:
         weights shaped alike or None. Callable directly from a hook of one's own (vLLM)."""
         ids_TP = _rows(ids, "ids")
         if ids_TP.dtype.kind not in "iu":
-            raise ValueError(f"layer {layer}: the ids are {ids_TP.dtype}, not integers: the parse picked the "
-                             "wrong tensor")
+            raise ValueError(
+                f"layer {layer}: the ids are {ids_TP.dtype}, not integers: the parse picked the wrong tensor"
+            )
         w_TP = None
         if weights is not None:
             w_TP = _rows(weights, "weights").astype(np.float32, copy=False)
             if w_TP.shape != ids_TP.shape:
-                raise ValueError(f"layer {layer}: weights {list(w_TP.shape)} and ids {list(ids_TP.shape)} differ "
-                                 "in shape")
+                raise ValueError(
+                    f"layer {layer}: weights {list(w_TP.shape)} and ids {list(ids_TP.shape)} differ in shape"
+                )
         if self._topk is None:
             self._topk = ids_TP.shape[1]
         elif ids_TP.shape[1] != self._topk:
-            raise ValueError(f"layer {layer} picks {ids_TP.shape[1]} experts per token, an earlier call picked "
-                             f"{self._topk}: one recording holds one top-k; record those layers apart")
+            raise ValueError(
+                f"layer {layer} picks {ids_TP.shape[1]} experts per token, an earlier call picked "
+                f"{self._topk}: one recording holds one top-k; record those layers apart"
+            )
         step = self._calls.get(layer, 0)
         self._calls[layer] = step + 1
         kept = self._kept.get(layer, 0)
@@ -154,8 +164,10 @@ class RoutingRecorder:
 
     def summary(self) -> list[LayerSummary]:
         """One entry per layer seen (a layer whose every row was dropped included)."""
-        return [LayerSummary(layer=k, tokens=self._kept.get(k, 0), dropped=self.dropped.get(k, 0),
-                             steps=self._calls[k]) for k in sorted(self._calls)]
+        return [
+            LayerSummary(layer=k, tokens=self._kept.get(k, 0), dropped=self.dropped.get(k, 0), steps=self._calls[k])
+            for k in sorted(self._calls)
+        ]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The file's arrays: topk_ids [N, P] int32, layer [N], step [N] (int32) and, where every
@@ -173,8 +185,10 @@ class RoutingRecorder:
         if all(given):
             out["topk_weights"] = np.concatenate(weights)  # type: ignore[arg-type]  # all not None, checked above
         elif any(given):
-            raise ValueError(f"{given.count(False)} of {len(given)} recorded calls gave no weights: a parse "
-                             "returns weights for every call or for none")
+            raise ValueError(
+                f"{given.count(False)} of {len(given)} recorded calls gave no weights: a parse "
+                "returns weights for every call or for none"
+            )
         return out
 
     def save(self, path: str, num_experts: Optional[int] = None, source: str = "") -> str:
@@ -183,8 +197,15 @@ class RoutingRecorder:
         a = self.arrays()
         if num_experts is not None and int(a["topk_ids"].max()) >= num_experts:
             raise ValueError(f"expert id {int(a['topk_ids'].max())} recorded, but num_experts={num_experts}")
-        return file.write(path, a["topk_ids"], a.get("topk_weights"), layer=a["layer"], step=a["step"],
-                          num_experts=num_experts, source=source)
+        return file.write(
+            path,
+            a["topk_ids"],
+            a.get("topk_weights"),
+            layer=a["layer"],
+            step=a["step"],
+            num_experts=num_experts,
+            source=source,
+        )
 
 
 def _rows(x, what: str) -> np.ndarray:

@@ -21,6 +21,7 @@ a window of consecutive rows is a run of consecutive real tokens.
 Errors are `RoutingFileError` (a ValueError): one line naming the file and what to do; the
 planner turns them into exit 2 before any work.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,6 +43,7 @@ class RoutingFileError(ValueError):
 @dataclass(frozen=True)
 class Recording:
     """One layer of a recording, validated."""
+
     path: str
     sha256: str
     ids: np.ndarray  # [n, P] int64
@@ -75,8 +77,9 @@ def _fail(path: str, what: str) -> RoutingFileError:
 _CACHE: dict = {}
 
 
-def load(path: str, layer: Optional[int] = None, num_experts: Optional[int] = None,
-         topk: Optional[int] = None) -> Recording:
+def load(
+    path: str, layer: Optional[int] = None, num_experts: Optional[int] = None, topk: Optional[int] = None
+) -> Recording:
     """The recording at `path`, layer `layer` (None: the file must hold one layer), checked
     against the model's `num_experts` and `topk` where given. Cached per (path, size, mtime)."""
     try:
@@ -89,16 +92,25 @@ def load(path: str, layer: Optional[int] = None, num_experts: Optional[int] = No
         rec = _read(path, layer)
         _CACHE[key] = rec
     if topk is not None and rec.topk != topk:
-        raise _fail(path, f"its topk_ids pick {rec.topk} experts per token, the model picks {topk} "
-                          f"(model.topk): record the same model, or set model.topk={rec.topk}")
+        raise _fail(
+            path,
+            f"its topk_ids pick {rec.topk} experts per token, the model picks {topk} "
+            f"(model.topk): record the same model, or set model.topk={rec.topk}",
+        )
     if num_experts is not None and rec.num_experts is not None and rec.num_experts != num_experts:
-        raise _fail(path, f"it was recorded on a model of {rec.num_experts} experts, the model has {num_experts} "
-                          "(model.num_experts): record the same model")
+        raise _fail(
+            path,
+            f"it was recorded on a model of {rec.num_experts} experts, the model has {num_experts} "
+            "(model.num_experts): record the same model",
+        )
     if num_experts is not None:
         hi = int(rec.ids.max())
         if hi >= num_experts:
-            raise _fail(path, f"expert id {hi} is outside the model's {num_experts} experts (model.num_experts): "
-                              "the recording comes from another model")
+            raise _fail(
+                path,
+                f"expert id {hi} is outside the model's {num_experts} experts (model.num_experts): "
+                "the recording comes from another model",
+            )
     return rec
 
 
@@ -109,43 +121,54 @@ def _read(path: str, layer: Optional[int]) -> Recording:
         raise _fail(path, "is empty: record some routing first (docs/routing.md)")
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":  # np.load would take it for a pickle or a .npy
-            raise _fail(path, "is not a readable .npz (not a zip archive): save it with numpy.savez or "
-                              "moebench.routing.file.write")
+            raise _fail(
+                path,
+                "is not a readable .npz (not a zip archive): save it with numpy.savez or moebench.routing.file.write",
+            )
     try:
         with np.load(path, allow_pickle=False) as z:
             names = set(z.files)
             missing = [n for n in REQUIRED if n not in names]
             if missing:
-                raise _fail(path, f"holds no {missing[0]} array (it holds: {', '.join(sorted(names)) or 'nothing'}); "
-                                  "see docs/routing.md for the format")
+                raise _fail(
+                    path,
+                    f"holds no {missing[0]} array (it holds: {', '.join(sorted(names)) or 'nothing'}); "
+                    "see docs/routing.md for the format",
+                )
             arrays = {n: z[n] for n in names if n in REQUIRED + OPTIONAL}
     except RoutingFileError:
         raise
     except ValueError:  # an object array: NumPy refuses to unpickle it
-        raise _fail(path, "cannot be read without unpickling (it holds an object array): save plain numeric "
-                          "arrays") from None
+        raise _fail(
+            path, "cannot be read without unpickling (it holds an object array): save plain numeric arrays"
+        ) from None
     except (OSError, zipfile.BadZipFile, EOFError) as e:
         raise _fail(path, f"is not a readable .npz ({type(e).__name__}: {e})") from None
     ids = arrays["topk_ids"]
     if ids.dtype.kind not in "iu" or ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise _fail(path, f"topk_ids must be a non-empty integer array [tokens, topk] (got {ids.dtype} "
-                          f"{list(ids.shape)})")
+        raise _fail(
+            path, f"topk_ids must be a non-empty integer array [tokens, topk] (got {ids.dtype} {list(ids.shape)})"
+        )
     n = ids.shape[0]
     if ids.min() < 0:
         raise _fail(path, f"topk_ids holds a negative expert id ({int(ids.min())}): record every token's experts")
     weights = arrays.get("topk_weights")
     if weights is not None:
         if weights.dtype.kind != "f" or weights.shape != ids.shape:
-            raise _fail(path, f"topk_weights must be a float array shaped like topk_ids {list(ids.shape)} "
-                              f"(got {weights.dtype} {list(weights.shape)})")
+            raise _fail(
+                path,
+                f"topk_weights must be a float array shaped like topk_ids {list(ids.shape)} "
+                f"(got {weights.dtype} {list(weights.shape)})",
+            )
         if not np.isfinite(weights).all():
             bad = int((~np.isfinite(weights)).any(axis=1).sum())
             raise _fail(path, f"topk_weights holds NaN or infinite values in {bad} of {n} tokens")
     for name in ("layer", "step"):
         a = arrays.get(name)
         if a is not None and (a.dtype.kind not in "iu" or a.shape != (n,)):
-            raise _fail(path, f"{name} must be an integer array with one entry per token ({n}); got {a.dtype} "
-                              f"{list(a.shape)}")
+            raise _fail(
+                path, f"{name} must be an integer array with one entry per token ({n}); got {a.dtype} {list(a.shape)}"
+            )
     ne = arrays.get("num_experts")
     if ne is not None and (ne.shape != () or ne.dtype.kind not in "iu" or int(ne) <= int(ids.max())):
         raise _fail(path, f"num_experts={ne!r} does not hold every id of topk_ids (max {int(ids.max())})")
@@ -167,9 +190,16 @@ def _read(path: str, layer: Optional[int]) -> Recording:
         weights = weights[keep] if weights is not None else None
     elif layer is not None:
         raise _fail(path, f"has no `layer` array, so workload.routing_layer={layer} picks nothing: leave it unset")
-    return Recording(path=path, sha256=sha256_of(path), ids=ids.astype(np.int64),
-                     weights=weights.astype(np.float32) if weights is not None else None, layer=picked,
-                     layers=layers, source=source[:200], num_experts=None if ne is None else int(ne))
+    return Recording(
+        path=path,
+        sha256=sha256_of(path),
+        ids=ids.astype(np.int64),
+        weights=weights.astype(np.float32) if weights is not None else None,
+        layer=picked,
+        layers=layers,
+        source=source[:200],
+        num_experts=None if ne is None else int(ne),
+    )
 
 
 def _short(layers) -> str:
@@ -192,9 +222,11 @@ def window(rec: Recording, tokens: int, rank: int, seed: int) -> tuple[np.ndarra
     return rows, f"{first}:{first + tokens} of {n}" + (" (wraps)" if wraps else "")
 
 
-def write(path: str, topk_ids, topk_weights=None, layer=None, step=None, num_experts: Optional[int] = None,
-          source: str = "") -> str:
+def write(
+    path: str, topk_ids, topk_weights=None, layer=None, step=None, num_experts: Optional[int] = None, source: str = ""
+) -> str:
     """Write a recording (the format above); returns its sha256. Arrays may be NumPy or torch."""
+
     def arr(a, dtype):
         if hasattr(a, "detach"):
             a = a.detach().cpu().numpy()

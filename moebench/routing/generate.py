@@ -20,6 +20,7 @@ Legend: T tokens of one rank, P top-k, E experts (global), N ranks the experts a
 The choices of the hot expert and the hot rank depend on the seed only, so every rank of a
 real EP-N run (and every token count) shares them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,8 +51,9 @@ def hot_rank(N: int, seed: int) -> int:
     return int(torch.randint(N, (1,), generator=gen(seed, 8)).item())
 
 
-def route(spec: RoutingSpec, num_experts: int, topk: int, T: int, rank: int, salt: int,
-          recording=None) -> tuple[torch.Tensor, Optional[torch.Tensor], str]:
+def route(
+    spec: RoutingSpec, num_experts: int, topk: int, T: int, rank: int, salt: int, recording=None
+) -> tuple[torch.Tensor, Optional[torch.Tensor], str]:
     """(ids [T, P] int64, weights [T, P] float32 or None (then drawn as the synthetic ones),
     the replay window's description or "") of rank `rank`'s T tokens, on the CPU. Not for the
     SYNTHETIC routings (workload.make_inputs keeps their stream)."""
@@ -144,6 +146,7 @@ def rotate(ids: torch.Tensor, num_experts: int, N: int, k: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Imbalance:
     """max / mean pairs per expert and per rank of one routing (1.0 = perfectly even)."""
+
     experts: float
     ranks: float
 
@@ -153,8 +156,10 @@ def imbalance(expert_pairs: torch.Tensor, N: int) -> Imbalance:
     c = expert_pairs.double()
     mean = c.mean().item()
     by_rank = c.view(N, -1).sum(dim=1) if N > 1 else c.sum().view(1)
-    return Imbalance(experts=c.max().item() / mean if mean else float("nan"),
-                     ranks=by_rank.max().item() / by_rank.mean().item() if by_rank.sum() else float("nan"))
+    return Imbalance(
+        experts=c.max().item() / mean if mean else float("nan"),
+        ranks=by_rank.max().item() / by_rank.mean().item() if by_rank.sum() else float("nan"),
+    )
 
 
 def expert_pairs(ids: torch.Tensor, num_experts: int) -> torch.Tensor:

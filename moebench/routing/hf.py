@@ -17,6 +17,7 @@ the model makes it, so the recorded ids are those the block dispatches:
 
 transformers is imported only inside these functions: moebench imports without it.
 """
+
 from __future__ import annotations
 
 import re
@@ -79,16 +80,20 @@ def find_moe_blocks(model: torch.nn.Module) -> list[tuple[int, str, torch.nn.Mod
             continue
         hits = _LAYER_RE.findall(name)
         if not hits:
-            raise ValueError(f"MoE block {name} ({type(m).__name__}) is not under a `layers.N` module: "
-                             "attach it with RoutingRecorder.attach(block.gate, layer=N) instead")
+            raise ValueError(
+                f"MoE block {name} ({type(m).__name__}) is not under a `layers.N` module: "
+                "attach it with RoutingRecorder.attach(block.gate, layer=N) instead"
+            )
         found.append((int(hits[-1]), name, m))
     if not found:
         import transformers
 
         missing = missing_blocks()
         looked = ", ".join(f"{c} ({missing.get(c, 'in this transformers')})" for c in BLOCKS)
-        raise ValueError(f"no MoE block found in {type(model).__name__} (transformers {transformers.__version__}); "
-                         f"looked for {looked}; for another model, hook its router with RoutingRecorder.attach")
+        raise ValueError(
+            f"no MoE block found in {type(model).__name__} (transformers {transformers.__version__}); "
+            f"looked for {looked}; for another model, hook its router with RoutingRecorder.attach"
+        )
     layers = [k for k, _, _ in found]
     if len(set(layers)) != len(layers):
         raise ValueError(f"several MoE blocks share a layer number ({layers}): attach them by hand")
@@ -114,8 +119,10 @@ def _linear_gate_parse(block: torch.nn.Module):
     elif kind in ("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock"):
         renorm = bool(block.norm_topk_prob)
     else:
-        raise ValueError(f"{type(block).__name__}: its gate returns logits, and this adapter knows the selection "
-                         "after it only for Mixtral and Qwen2/3-MoE; pass RoutingRecorder.attach a parse=")
+        raise ValueError(
+            f"{type(block).__name__}: its gate returns logits, and this adapter knows the selection "
+            "after it only for Mixtral and Qwen2/3-MoE; pass RoutingRecorder.attach a parse="
+        )
     top_k = int(block.top_k)  # type: ignore[arg-type]  # an int attribute of the blocks that have a Linear gate
 
     def parse(gate, inputs, logits_TE):
@@ -148,8 +155,13 @@ def model_num_experts(model: torch.nn.Module) -> int:
     return counts.pop()
 
 
-def capture_from_hf(model: torch.nn.Module, input_ids_batches: Iterable, path: str, source: Optional[str] = None,
-                    max_tokens: Optional[int] = None) -> RoutingRecorder:
+def capture_from_hf(
+    model: torch.nn.Module,
+    input_ids_batches: Iterable,
+    path: str,
+    source: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+) -> RoutingRecorder:
     """Run `model` (eval, no grad, no KV cache) on each batch of token ids ([B, S] or [S]),
     record every MoE block's routing and write it to `path` (routing/file.py's format), one
     step per batch. Every position is recorded, padding included: pass batches without

@@ -3,6 +3,7 @@ blocked in a collective cannot take part in another, so errors and the abort tra
 the process group's key-value store (`Channel`); rank 0's `LeadRows` writes the combination in
 flight, from its loop or its watchdog thread, with run/outcome.py deciding a failure's row.
 Imports the standard library only at load (a torchrun rank imports it before torch)."""
+
 from __future__ import annotations
 
 import json
@@ -96,8 +97,17 @@ class LeadRows:
         from moebench.run.outcome import Observed, decide
 
         assert self.idx is not None
-        self._write(decide(Observed(error=error, tokens=self._in_flight(), group_end="ended", sees_exits=False,
-                                    timeout_s=self.work[self.idx][0].combo.timeout_s)))
+        self._write(
+            decide(
+                Observed(
+                    error=error,
+                    tokens=self._in_flight(),
+                    group_end="ended",
+                    sees_exits=False,
+                    timeout_s=self.work[self.idx][0].combo.timeout_s,
+                )
+            )
+        )
         abort_group(self.chan)
 
     def watch(self) -> None:
@@ -120,8 +130,9 @@ class LeadRows:
 
         assert self.idx is not None
         c, toks = self.work[self.idx]
-        rows = write_finished(self.store, Finished(c, list(toks), dict(self.results), failure), self.meta,
-                              self.run_lock)
+        rows = write_finished(
+            self.store, Finished(c, list(toks), dict(self.results), failure), self.meta, self.run_lock
+        )
         self.written.extend(rows)
         self.log(f"  {c.label}: " + ", ".join(f"T={r['tokens_per_rank']} {r['status']}" for r in rows))
 
@@ -139,8 +150,7 @@ def follow(chan: Channel) -> NoReturn:
             exit_now(1)
 
 
-def not_formed(e: Exception, rank: int, work: list, store, meta: dict, run_dir: str,
-               token: Optional[str]) -> NoReturn:
+def not_formed(e: Exception, rank: int, work: list, store, meta: dict, run_dir: str, token: Optional[str]) -> NoReturn:
     """The group did not form in time: rank 0 says so in the first combination's rows (a plain
     resume retries them); every rank exits 1."""
     from moebench.results.finished import write_finished

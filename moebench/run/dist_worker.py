@@ -26,6 +26,7 @@ rows. The group is then spent: torchrun's --max-restarts
 Exit status: 0 every planned row ok or skipped, 1 otherwise (a fault, or failed rows; with
 torchrun's --max-restarts a group that ran everything exits 0, since torchrun would restart
 it), 2 bad input before any work."""
+
 from __future__ import annotations
 
 import argparse
@@ -65,11 +66,20 @@ class RankEnv:
     def from_environ(cls, env=os.environ) -> "RankEnv":
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
-            raise ValueError(f"{', '.join(missing)} not set: start moebench.dist_worker with torchrun "
-                             "(or use `moebench sweep`, which starts its own ranks)")
+            raise ValueError(
+                f"{', '.join(missing)} not set: start moebench.dist_worker with torchrun "
+                "(or use `moebench sweep`, which starts its own ranks)"
+            )
         ws = int(env["WORLD_SIZE"])
-        return cls(int(env["RANK"]), ws, int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", ws)),
-                   env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        return cls(
+            int(env["RANK"]),
+            ws,
+            int(env.get("LOCAL_RANK", 0)),
+            int(env.get("LOCAL_WORLD_SIZE", ws)),
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
 
 
 def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
@@ -87,8 +97,14 @@ def _setup(env: RankEnv, device_kind: str, startup_s: float = 30.0):
     return device, (dist.group.WORLD if env.world_size > 1 else None)
 
 
-def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optional[str] = None,
-              log: Callable[[str], None] = lambda s: None) -> list[dict]:
+def run_ranks(
+    work: list,
+    run_dir: str,
+    meta: dict,
+    env: RankEnv,
+    token: Optional[str] = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[dict]:
     """Run `work` [(Combination, tokens)] as this rank of `env`'s group; rank 0 writes each
     combination's rows to the run under the lock `token` names (or the lock it holds) and
     returns them. A fault ends the process (module docstring)."""
@@ -127,8 +143,16 @@ def run_ranks(work: list, run_dir: str, meta: dict, env: RankEnv, token: Optiona
         mine: dict = rows.mine if rows is not None else {}
         tokens = None
         try:
-            for tokens, res in run_combination(Task(i, c.combo, tuple(toks)), env.rank, env.world_size, group,
-                                               device, run_dir, baseline, start_s if i == 0 else 0.0):
+            for tokens, res in run_combination(
+                Task(i, c.combo, tuple(toks)),
+                env.rank,
+                env.world_size,
+                group,
+                device,
+                run_dir,
+                baseline,
+                start_s if i == 0 else 0.0,
+            ):
                 if res is None:
                     continue
                 mine[tokens] = res
@@ -190,11 +214,20 @@ def _plan(args, env: RankEnv, log):
     eid, run_id = envmod.env_id(info), uuid.uuid4().hex[:10]
     meta = run_meta(run_id, sweep_data["name"], info, eid)
     skipped, work, already = plan_work(combos, store, args.redo, meta)
-    log(f"moebench: {len(combos)} combinations, {len(work)} to run on {env.world_size} ranks, {len(skipped)} skipped "
-        f"rows, {already} rows already stored -> {args.out}")
+    log(
+        f"moebench: {len(combos)} combinations, {len(work)} to run on {env.world_size} ranks, {len(skipped)} skipped "
+        f"rows, {already} rows already stored -> {args.out}"
+    )
     store.write_env({**info, "env_id": eid}, run_id)
-    store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": list(args.overrides),
-                                               "run_id": run_id, "torchrun": dataclasses.asdict(env)})
+    store.write_json(
+        f"sweep-{run_id}.json",
+        {
+            "sweep": sweep_data,
+            "cli_overrides": list(args.overrides),
+            "run_id": run_id,
+            "torchrun": dataclasses.asdict(env),
+        },
+    )
     store.write_skipped(skipped)
     return lock, work, meta, [c.key for c in combos]
 
@@ -206,7 +239,7 @@ def main(argv=None) -> int:
     from moebench.results.row import BAD_STATUSES
 
     args = _parser().parse_args(argv)
-    log = (lambda s: print(s, file=sys.stderr, flush=True))
+    log = lambda s: print(s, file=sys.stderr, flush=True)
     try:
         env = RankEnv.from_environ()
     except ValueError as e:
@@ -254,8 +287,7 @@ def main(argv=None) -> int:
     df = RunStore(args.out).load()
     bad = df[df["combo_key"].isin(set(keys)) & df["status"].isin(BAD_STATUSES)] if len(df) else df
     lock.release()
-    log(f"moebench: done at {dt.datetime.now().isoformat(timespec='seconds')}; {len(bad)} rows not ok in "
-        f"{args.out}")
+    log(f"moebench: done at {dt.datetime.now().isoformat(timespec='seconds')}; {len(bad)} rows not ok in {args.out}")
     # torchrun restarts a group that exits non-zero: with restarts, a group that ran everything
     # exits 0 (its last line says how many rows are not ok), else as `moebench sweep` does
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)

@@ -1,6 +1,7 @@
 """Environment fingerprint (env.json) and `moebench env`: what this machine is,
 which libraries it has, and which entries are usable here (and if not, why and
 how to fix it)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +21,18 @@ from moebench.run.treestate import tree_state
 
 LIBRARIES = {
     # import name: (distribution names to ask for a version, how to install)
-    "deep_ep": (("deep_ep", "deep-ep"), "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'GPU machines and the optional libraries'"),
-    "deep_gemm": (("deep_gemm", "deep-gemm", "deepinfer-gemm"), "scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2); see README"),
-    "pplx_kernels": (("pplx_kernels", "pplx-kernels"), "build github.com/ppl-ai/pplx-kernels against NVSHMEM; see README"),
+    "deep_ep": (
+        ("deep_ep", "deep-ep"),
+        "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'GPU machines and the optional libraries'",
+    ),
+    "deep_gemm": (
+        ("deep_gemm", "deep-gemm", "deepinfer-gemm"),
+        "scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2); see README",
+    ),
+    "pplx_kernels": (
+        ("pplx_kernels", "pplx-kernels"),
+        "build github.com/ppl-ai/pplx-kernels against NVSHMEM; see README",
+    ),
     "nvtx": (("nvtx",), "pip install nvtx"),
 }
 ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "CUDA_", "TORCH_", "TRITON_", "PYTORCH_", "OMP_", "MOEBENCH_")
@@ -95,10 +105,13 @@ def fingerprint() -> dict:
         except Exception:
             info["nccl"] = None
         if shutil.which("nvidia-smi"):
-            info["nvidia_smi"] = _run([
-                "nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu",
-                "--format=csv,noheader",
-            ]).splitlines()
+            info["nvidia_smi"] = _run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu",
+                    "--format=csv,noheader",
+                ]
+            ).splitlines()
             info["topology"] = _run(["nvidia-smi", "topo", "-m"])
     else:
         info["gpu"] = "cpu"
@@ -144,32 +157,73 @@ def usable_entries(device: str, world_size: int) -> list[dict]:
 
     registry.discover()
     probe = {
-        "device": device, "world_size": world_size, "quant": "bf16", "hidden": 2048, "intermediate": 1408,
-        "num_experts": 64, "topk": 6, "reduction": "finalize", "overlap": "none", "simulate_ep": 1,
-        "max_tokens_per_rank": 512, "num_sms": 24, "deepgemm_min_tokens": 256, "tokens_per_rank": [64],
+        "device": device,
+        "world_size": world_size,
+        "quant": "bf16",
+        "hidden": 2048,
+        "intermediate": 1408,
+        "num_experts": 64,
+        "topk": 6,
+        "reduction": "finalize",
+        "overlap": "none",
+        "simulate_ep": 1,
+        "max_tokens_per_rank": 512,
+        "num_sms": 24,
+        "deepgemm_min_tokens": 256,
+        "tokens_per_rank": [64],
     }
     out = []
     for kind, table in (("backend", registry.BACKENDS), ("experts", registry.EXPERTS)):
         for name, cls in sorted(table.items()):
-            combo = dict(probe, backend=name if kind == "backend" else "local", experts=name if kind == "experts" else "torch")
+            combo = dict(
+                probe, backend=name if kind == "backend" else "local", experts=name if kind == "experts" else "torch"
+            )
             if "deepgemm" in name:  # deepgemm, deepgemm_masked, triton_or_deepgemm: fp8_block only
                 combo["quant"] = "fp8_block"
             if kind == "backend" and name.startswith("local"):
                 combo["world_size"] = 1
-            out.append({"kind": kind, "name": name, "layout": cls.activation_format.value,
-                        "origin": registry.origin(kind, name), "reason": registry.ask(kind, name, "supports", combo)})
+            out.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "layout": cls.activation_format.value,
+                    "origin": registry.origin(kind, name),
+                    "reason": registry.ask(kind, name, "supports", combo),
+                }
+            )
     for (kind, name), p in sorted(registry.DISABLED.items()):
         if name not in (registry.BACKENDS if kind == "backend" else registry.EXPERTS):
-            out.append({"kind": kind, "name": name, "layout": "?", "origin": p.origin,
-                        "reason": registry.unavailable(kind, name)})
+            out.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "layout": "?",
+                    "origin": p.origin,
+                    "reason": registry.unavailable(kind, name),
+                }
+            )
     for group, name in (("backend", p.stem) for p in sorted((REPO_ROOT / "conf" / "backend").glob("*.yaml"))):
         if name not in registry.BACKENDS:
-            out.append({"kind": "backend", "name": name, "layout": "?", "origin": "",
-                        "reason": "no implementation in this build yet"})
+            out.append(
+                {
+                    "kind": "backend",
+                    "name": name,
+                    "layout": "?",
+                    "origin": "",
+                    "reason": "no implementation in this build yet",
+                }
+            )
     for name in (p.stem for p in sorted((REPO_ROOT / "conf" / "experts").glob("*.yaml"))):
         if name not in registry.EXPERTS:
-            out.append({"kind": "experts", "name": name, "layout": "?", "origin": "",
-                        "reason": "no implementation in this build yet"})
+            out.append(
+                {
+                    "kind": "experts",
+                    "name": name,
+                    "layout": "?",
+                    "origin": "",
+                    "reason": "no implementation in this build yet",
+                }
+            )
     return out
 
 
@@ -184,12 +238,19 @@ def env_command(as_json: bool) -> int:
         print(json.dumps({"env": info, "env_id": env_id(info), "entries": entries}, indent=2, default=str))
         return 0
     print(f"moebench  {info['moebench']}")
-    print(f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}  "
-          f"torch threads per CPU rank {info['cpu_threads']}")
-    print(f"gpu       {info['gpu']} x{info['gpu_count']}" + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)"))
+    print(
+        f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}  "
+        f"torch threads per CPU rank {info['cpu_threads']}"
+    )
+    print(
+        f"gpu       {info['gpu']} x{info['gpu_count']}"
+        + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)")
+    )
     print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
     state = {True: f"dirty, diff {str(info.get('git_diff_sha256'))[:12]}", False: "clean", None: "state unknown"}
-    print(f"git       {info['git_sha'][:12]} ({state[info['git_dirty']]}; from {info['git_tree']})   env_id {env_id(info)}")
+    print(
+        f"git       {info['git_sha'][:12]} ({state[info['git_dirty']]}; from {info['git_tree']})   env_id {env_id(info)}"
+    )
     if info.get("git_tree_note"):
         print(f"          {info['git_tree_note']}")
     print()
@@ -203,8 +264,10 @@ def env_command(as_json: bool) -> int:
     where = f"{ns.get('path')}  {ns.get('version')}  ({ns.get('kind')})" if ns.get("path") else "missing"
     print(f"  nsys          {where}" + (f"\n                {ns['note']}" if ns.get("note") else ""))
     api = info.get("nvtx_api")
-    recorded = {"torch.cuda.nvtx": "recorded by Nsight Systems 2024.2",
-                "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)"}
+    recorded = {
+        "torch.cuda.nvtx": "recorded by Nsight Systems 2024.2",
+        "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)",
+    }
     print(f"  nvtx ranges   {api + ' (' + recorded.get(api, '') + ')' if api else 'none: no CUDA and no nvtx package'}")
     print()
     print(f"plugins (contract {CONTRACT_VERSION}; docs/plugins.md):" + ("" if info["plugins"] else " none"))

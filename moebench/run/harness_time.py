@@ -1,15 +1,24 @@
 """Where a sweep's time went: the rows' `harness_*_s` columns (run/worker.py's Stopwatch)
 summed over one invocation, beside its wall time and the timed samples themselves — the line a
 sweep prints at its end, so a user sees how much of the wait was measurement."""
+
 from __future__ import annotations
 
 import math
 import time
 
 # stage column -> what the line calls it, in the order a row's time is spent
-STAGES = (("harness_start_s", "rank starts"), ("harness_setup_s", "setup"), ("harness_check_s", "checks"),
-          ("harness_inputs_s", "inputs"), ("harness_probe_s", "probes"), ("harness_timing_s", "timing"),
-          ("harness_phases_s", "phases"), ("harness_memory_s", "memory"), ("harness_trace_s", "traces"))
+STAGES = (
+    ("harness_start_s", "rank starts"),
+    ("harness_setup_s", "setup"),
+    ("harness_check_s", "checks"),
+    ("harness_inputs_s", "inputs"),
+    ("harness_probe_s", "probes"),
+    ("harness_timing_s", "timing"),
+    ("harness_phases_s", "phases"),
+    ("harness_memory_s", "memory"),
+    ("harness_trace_s", "traces"),
+)
 
 
 class HarnessTally:
@@ -41,8 +50,13 @@ class HarnessTally:
         parts = [f"{name} {self.stages[col]:.1f} s" for col, name in STAGES if self.stages[col] >= 0.05]
         rest = wall - sum(self.stages.values())
         share = 100 * self.samples_s / wall if wall > 0 else math.nan
-        rest_text = (f"the rest {rest:.1f} s (row writes, process exits)" if rest >= 0 else
-                     "the stages add up to more than the wall: jobs ran side by side")
-        return (f"moebench: {wall:.1f} s wall for {self.rows} measured row(s): {', '.join(parts)}; the timed samples "
-                f"themselves {self.samples_s:.2f} s ({share:.0f} % of the wall); {rest_text}; per row: the "
-                "harness_*_s columns")
+        rest_text = (
+            f"the rest {rest:.1f} s (row writes, process exits)"
+            if rest >= 0
+            else "the stages add up to more than the wall: jobs ran side by side"
+        )
+        return (
+            f"moebench: {wall:.1f} s wall for {self.rows} measured row(s): {', '.join(parts)}; the timed samples "
+            f"themselves {self.samples_s:.2f} s ({share:.0f} % of the wall); {rest_text}; per row: the "
+            "harness_*_s columns"
+        )

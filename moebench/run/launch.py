@@ -3,6 +3,7 @@ torch.multiprocessing (one per GPU on CUDA, gloo ranks on CPU), a hard timeout
 per combination after which the whole group is killed, a crashed rank becomes a
 `failed` row, and the next combination starts in a clean group. This engine starts and
 watches the ranks; what a failure's row says is run/outcome.py's `decide`."""
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,9 @@ def run_ranks(target: Callable, world: int, args: tuple, timeout_s: float) -> li
             except queue_mod.Empty:
                 dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"ranks {'exited with ' + str(dead) if dead else f'gave no result in {timeout_s:.0f} s'}")
+                    raise RuntimeError(
+                        f"ranks {'exited with ' + str(dead) if dead else f'gave no result in {timeout_s:.0f} s'}"
+                    )
         for p in procs:
             p.join(60)
         return out
@@ -171,9 +174,13 @@ def _dead(procs, st: _GroupState, wait_s: float = 1.0) -> tuple[Death, ...]:
     deadline = time.monotonic() + wait_s
     while True:
         st.observe(procs)
-        dead = [r for r in st.seen_dead if r not in st.exited
-                and not (st.failure is not None and st.failure.reason.startswith(f"rank {r}:"))
-                and not (own and r not in (st.dead_before_failure or ()))]
+        dead = [
+            r
+            for r in st.seen_dead
+            if r not in st.exited
+            and not (st.failure is not None and st.failure.reason.startswith(f"rank {r}:"))
+            and not (own and r not in (st.dead_before_failure or ()))
+        ]
         if dead or time.monotonic() > deadline or st.failure is None or own:
             break
         time.sleep(0.05)
@@ -190,8 +197,13 @@ def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
 class Launcher:
     """Runs lists of (combination, token counts) and reports each one finished."""
 
-    def __init__(self, run_dir: str, on_finished: Callable[[Finished], None], should_stop: Callable[[], bool] = lambda: False,
-                 should_abort: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        run_dir: str,
+        on_finished: Callable[[Finished], None],
+        should_stop: Callable[[], bool] = lambda: False,
+        should_abort: Callable[[], bool] = lambda: False,
+    ):
         """`should_stop`: stop after the combination in flight (Ctrl-C); `should_abort`: stop
         now (SIGTERM), the combination in flight cancelled with its ranks and given no row."""
         self.run_dir = run_dir
@@ -223,8 +235,13 @@ class Launcher:
         return the work still to do."""
         procs, q, wrapper = self._start(work)
         try:
-            return self._watch(work, procs, q, _GroupState(work, work[0][0].combo.world_size),
-                               NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S)
+            return self._watch(
+                work,
+                procs,
+                q,
+                _GroupState(work, work[0][0].combo.world_size),
+                NSYS_EXIT_GRACE_S if wrapper else EXIT_GRACE_S,
+            )
         finally:
             _kill(procs)
             q.close()
@@ -250,8 +267,21 @@ class Launcher:
         # when the starting thread ends)
         life = (os.getpid(), threading.current_thread() is threading.main_thread())
         procs = [
-            ctx.Process(target=run_watched, args=(*life, f"{rank_main.__module__}:{rank_main.__name__}",
-                                                  r, ws, device, port, payload, q, self.run_dir), daemon=True)
+            ctx.Process(
+                target=run_watched,
+                args=(
+                    *life,
+                    f"{rank_main.__module__}:{rank_main.__name__}",
+                    r,
+                    ws,
+                    device,
+                    port,
+                    payload,
+                    q,
+                    self.run_dir,
+                ),
+                daemon=True,
+            )
             for r in range(ws)
         ]
         try:
@@ -322,8 +352,11 @@ class Launcher:
         fin = st.fins[bad]
         # the token count in flight: the first without every rank's result
         at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < st.ws), None)
-        fin.failure = decide(Observed(error=st.failure, deaths=_dead(procs, st), tokens=at,
-                                      timeout_s=work[st.current][0].combo.timeout_s))
+        fin.failure = decide(
+            Observed(
+                error=st.failure, deaths=_dead(procs, st), tokens=at, timeout_s=work[st.current][0].combo.timeout_s
+            )
+        )
         _kill(procs)
         self.on_finished(fin)
         return work[st.current : bad] + work[bad + 1 :]
@@ -344,7 +377,7 @@ class Launcher:
         out_dir.mkdir(parents=True, exist_ok=True)
         script = out_dir / "rank_under_nsys.sh"
         prefix = " ".join(shlex.quote(a) for a in nsys_rank_prefix(self.run_dir))
-        script.write_text(f"#!/bin/sh\nexec {prefix} {shlex.quote(sys.executable)} \"$@\"\n")
+        script.write_text(f'#!/bin/sh\nexec {prefix} {shlex.quote(sys.executable)} "$@"\n')
         script.chmod(0o755)
         return str(script)
 

@@ -14,6 +14,7 @@ takes seconds): a watch armed later would find a parent already gone and read pi
 adopted the rank, as its parent. The launcher's ranks start in `run_watched`;
 moebench/dist_worker.py (the `python -m` shim) and moebench/run/slurm.py call `watch_parent` at the top
 of the module."""
+
 from __future__ import annotations
 
 import ctypes
@@ -91,8 +92,11 @@ def watch_parent(init_means_gone: bool = False) -> Optional[int]:
     ppid = os.getppid()
     if ppid <= 1:
         if init_means_gone:
-            print("moebench: the process that started this one is gone (its parent is now pid 1); exiting",
-                  file=sys.stderr, flush=True)
+            print(
+                "moebench: the process that started this one is gone (its parent is now pid 1); exiting",
+                file=sys.stderr,
+                flush=True,
+            )
             _die()
         return None
     die_with(ppid, pdeathsig=False, start=_start_time(ppid))

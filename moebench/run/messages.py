@@ -2,6 +2,7 @@
 as typed values: a rank receives `Task`s and puts `Started`, `Result`, `Done`, `Error`
 and `Exited` messages on one queue. A `RankResult` is one rank's measurement of one
 (combination, tokens per rank); moebench/results/rows.py aggregates them over ranks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,5 +62,3 @@ class Error:
     reason: str
     tokens: Optional[int] = None  # the token count it was running, if any
     traceback: str = ""
-
-

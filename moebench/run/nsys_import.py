@@ -12,6 +12,7 @@
 - `import_command(target)`: `moebench trace --import DIR_OR_FILE`, both of the above.
 - `nsys_info()`: which nsys is on the PATH, its version, and whether it can trace here.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,10 @@ from moebench.traces.nsys import nsys_rank_dir
 from moebench.results.row import Status
 
 RAW_SUFFIXES = (".qdstrm", ".qdstrm.xz")
-INSTALL_HINT = ("scripts/install_nsys.sh --download installs them into .deps/nsys-host/ (a Debian machine "
-                "with the package registry), or set MOEBENCH_QDSTRM_IMPORTER")
+INSTALL_HINT = (
+    "scripts/install_nsys.sh --download installs them into .deps/nsys-host/ (a Debian machine "
+    "with the package registry), or set MOEBENCH_QDSTRM_IMPORTER"
+)
 TOOL_TIMEOUT_S = 900
 
 
@@ -52,8 +55,9 @@ def host_tools() -> HostTools:
     """Find QdstrmImporter and the `nsys` of the same install; ValueError (with the fix) when absent."""
     importer = os.environ.get("MOEBENCH_QDSTRM_IMPORTER") or shutil.which("QdstrmImporter")
     if not importer:
-        found = sorted(_host_root().glob("usr/lib/*/host-linux-x64/QdstrmImporter")) + \
-            sorted(_host_root().glob("usr/lib/*/*/host-linux-x64/QdstrmImporter"))
+        found = sorted(_host_root().glob("usr/lib/*/host-linux-x64/QdstrmImporter")) + sorted(
+            _host_root().glob("usr/lib/*/*/host-linux-x64/QdstrmImporter")
+        )
         importer = str(found[0]) if found else None
     if not importer or not os.access(importer, os.X_OK):
         raise ValueError(f"no QdstrmImporter (Nsight Systems' host package): {INSTALL_HINT}")
@@ -65,8 +69,11 @@ def host_tools() -> HostTools:
         raise ValueError(f"no nsys beside {importer} nor on PATH to export SQLite with: {INSTALL_HINT}")
     libs = [str(host)]
     # Debian's layout: libarrow/libparquet/libssh unpacked beside, in usr/lib/<multiarch>
-    libs += [str(d) for d in sorted(pkg.parent.glob("*-linux-gnu")) + sorted(pkg.parent.parent.glob("*-linux-gnu"))
-             if d.is_dir()]
+    libs += [
+        str(d)
+        for d in sorted(pkg.parent.glob("*-linux-gnu")) + sorted(pkg.parent.parent.glob("*-linux-gnu"))
+        if d.is_dir()
+    ]
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
     return HostTools(importer, nsys, env)
@@ -120,8 +127,11 @@ def import_capture(path, tools: Optional[HostTools] = None) -> Path:
             _run([tools.importer, "-f", "-i", str(raw), "-o", str(rep)], tools, f"QdstrmImporter on {raw.name}")
             if not rep.is_file():
                 raise ValueError(f"QdstrmImporter wrote no {rep.name}")
-        _run([tools.nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(sqlite), str(rep)],
-             tools, f"nsys export of {rep.name}")
+        _run(
+            [tools.nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(sqlite), str(rep)],
+            tools,
+            f"nsys export of {rep.name}",
+        )
         if not sqlite.is_file():
             raise ValueError(f"nsys export wrote no {sqlite.name}")
     finally:
@@ -149,27 +159,50 @@ def capture_state(run_dir, entry: dict) -> tuple:
     """(trace_path, trace_error, nsys_capture) of one recorded capture, paths relative to the run."""
     run = Path(run_dir)
     if entry.get("stem") is None:
-        return "", ("no NVTX capture range was opened for this row: the rank had no NVTX API (no CUDA and no "
-                    "nvtx package), so nsys captured nothing"), ""
+        return (
+            "",
+            (
+                "no NVTX capture range was opened for this row: the rank had no NVTX API (no CUDA and no "
+                "nvtx package), so nsys captured nothing"
+            ),
+            "",
+        )
     stem = run / entry["stem"]
     rel = lambda p: os.path.relpath(p, run)
     for suf in (".sqlite", ".nsys-rep"):
         p = stem.with_name(stem.name + suf)
         if p.is_file() and p.stat().st_size > 0:
-            return rel(p), ("" if suf == ".sqlite" else
-                            "report not exported to SQLite yet: run `moebench trace --import` on the run"), ""
+            return (
+                rel(p),
+                (
+                    ""
+                    if suf == ".sqlite"
+                    else "report not exported to SQLite yet: run `moebench trace --import` on the run"
+                ),
+                "",
+            )
     for suf in RAW_SUFFIXES:
         p = stem.with_name(stem.name + suf)
         if p.is_file():
-            return "", (f"captured as {rel(p)} only: the nsys that ran has no importer (a target-only install); "
-                        "run `moebench trace --import <run>` where scripts/install_nsys.sh installed the host "
-                        "tools"), rel(p)
+            return (
+                "",
+                (
+                    f"captured as {rel(p)} only: the nsys that ran has no importer (a target-only install); "
+                    "run `moebench trace --import <run>` where scripts/install_nsys.sh installed the host "
+                    "tools"
+                ),
+                rel(p),
+            )
     if entry.get("api") == "nvtx package":
-        why = ("the capture range went through the nvtx package (no CUDA here), whose ranges Nsight Systems "
-               "2024.2 does not record: no capture opened")
+        why = (
+            "the capture range went through the nvtx package (no CUDA here), whose ranges Nsight Systems "
+            "2024.2 does not record: no capture opened"
+        )
     else:
-        why = (f"nsys wrote no file for capture {entry.get('n')} of rank process {entry.get('pid')} "
-               f"({entry.get('stem')}.*): the rank was killed before nsys wrote it, or nsys failed")
+        why = (
+            f"nsys wrote no file for capture {entry.get('n')} of rank process {entry.get('pid')} "
+            f"({entry.get('stem')}.*): the rank was killed before nsys wrote it, or nsys failed"
+        )
     return "", why, ""
 
 
@@ -199,8 +232,10 @@ def resolve_nsys_rows(run_dir) -> dict:
         if "combo_key" not in cols or "tokens_per_rank" not in cols:
             return None
         rows = table.select([c for c in ("combo_key", "tokens_per_rank", "status") if c in cols]).to_pylist()
-        old = {c: table.column(c).to_pylist() if c in cols else [""] * len(rows)
-               for c in ("trace_path", "trace_error", "nsys_capture")}
+        old = {
+            c: table.column(c).to_pylist() if c in cols else [""] * len(rows)
+            for c in ("trace_path", "trace_error", "nsys_capture")
+        }
         new = {c: list(v) for c, v in old.items()}
         for i, r in enumerate(rows):
             if r.get("status", Status.OK) != Status.OK:
@@ -278,8 +313,10 @@ def import_command(target) -> int:
             counts = resolve_nsys_rows(run)
         finally:
             lock.release()
-        print(f"{run}: rows with a report {counts['report']}, with a raw capture only {counts['raw']}, "
-              f"without {counts['none']}")
+        print(
+            f"{run}: rows with a report {counts['report']}, with a raw capture only {counts['raw']}, "
+            f"without {counts['none']}"
+        )
     return 1 if failed else 0
 
 
@@ -305,8 +342,12 @@ def nsys_info(driver_cuda: Optional[str] = "detect") -> dict:
     """
     path = shutil.which("nsys")
     if path is None:
-        return {"path": None, "version": None, "kind": None,
-                "note": "not on PATH: trace=nsys falls back to trace=torch (scripts/install_nsys.sh)"}
+        return {
+            "path": None,
+            "version": None,
+            "kind": None,
+            "note": "not on PATH: trace=nsys falls back to trace=torch (scripts/install_nsys.sh)",
+        }
     real = os.path.realpath(path)
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -318,8 +359,10 @@ def nsys_info(driver_cuda: Optional[str] = "detect") -> dict:
     notes = []
     if "nsight-compute" in real.lower() or "nsight_compute" in real.lower():
         kind = "ncu-bundled"
-        notes.append("the nsys inside Nsight Compute collects no CUDA events and cannot import its .qdstrm: "
-                     "use the Nsight Systems target (scripts/install_nsys.sh --target-env)")
+        notes.append(
+            "the nsys inside Nsight Compute collects no CUDA events and cannot import its .qdstrm: "
+            "use the Nsight Systems target (scripts/install_nsys.sh --target-env)"
+        )
     elif (here.parent / "host-linux-x64" / "QdstrmImporter").exists() or shutil.which("QdstrmImporter"):
         kind = "full"
     else:
@@ -331,9 +374,13 @@ def nsys_info(driver_cuda: Optional[str] = "detect") -> dict:
     if driver_cuda and year is not None and kind != "ncu-bundled":
         major = int(driver_cuda.split(".")[0])
         if year <= 2023 and major >= 13:
-            notes.append(f"a {year} build under a CUDA {driver_cuda} driver: seen to miss most kernels "
-                         "(cuBLAS launches): not usable; use 2024.2.3")
+            notes.append(
+                f"a {year} build under a CUDA {driver_cuda} driver: seen to miss most kernels "
+                "(cuBLAS launches): not usable; use 2024.2.3"
+            )
         elif year <= 2024 and major >= 13:
-            notes.append(f"a {version} build under a CUDA {driver_cuda} driver: works, with nsys's note that it "
-                         "collects with its CUDA 12.5 libraries (every kernel seen on the H200 image)")
+            notes.append(
+                f"a {version} build under a CUDA {driver_cuda} driver: works, with nsys's note that it "
+                "collects with its CUDA 12.5 libraries (every kernel seen on the H200 image)"
+            )
     return {"path": path, "version": version, "kind": kind, "note": "; ".join(notes)}

@@ -15,6 +15,7 @@ The policy (docs/design.md, "Isolation and resume"):
   went away (peer_lost) is `lost:`;
 - nothing reported and nothing dead: `timeout` past the combination's runner.timeout_s.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,8 +30,15 @@ from moebench.results.store import LOST
 
 # what a rank's error says when a peer rank (or its node) went away under it: gloo's closed or
 # reset connection, NCCL's remote error; its cause is the peer's loss, not this rank's code
-PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited",
-             "communicator was aborted", "ncclremoteerror", "failed to recv, got 0 bytes")
+PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+    "ncclremoteerror",
+    "failed to recv, got 0 bytes",
+)
 
 # what allocators say when memory runs out: CUDA's caching allocator, the CPU allocator
 # (c10's DefaultCPUAllocator: "can't allocate memory ... Error code 12 (Cannot allocate
@@ -106,5 +114,6 @@ def decide(seen: Observed) -> Failure:
             # a peer rank or its node went away: not the combination's doing (resume retries it)
             return Failure(Status.FAILED, f"{LOST}{err.reason}", err.tokens)
         return err
-    return Failure(Status.TIMEOUT, f"no result within {seen.timeout_s:g} s: the process group was {seen.group_end}",
-                   seen.tokens)
+    return Failure(
+        Status.TIMEOUT, f"no result within {seen.timeout_s:g} s: the process group was {seen.group_end}", seen.tokens
+    )

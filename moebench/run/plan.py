@@ -1,6 +1,7 @@
 """A sweep's plan: its overrides expanded (config/sweeps.py) into Combinations, each checked by
 the validity rules (config/validity.py) and against this machine (its GPUs or cores), and the
 run folder's name. A combination that cannot run is a skipped row with its reason."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,9 @@ def check_machine(combos: list[Combination], explicit_world_size: bool, oversubs
 
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             if carveout >= sms:
-                raise ValueError(f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: "
-                                 f"this GPU has {sms} SMs")
+                raise ValueError(
+                    f"overlap.shared_sm_carveout={carveout} leaves no SM for the shared experts: this GPU has {sms} SMs"
+                )
     if not explicit_world_size:
         return
     for device in ("cuda", "cpu"):
@@ -53,10 +55,14 @@ def check_machine(combos: list[Combination], explicit_world_size: bool, oversubs
         if need <= have or (device == "cpu" and oversubscribe):
             continue
         if device == "cuda":
-            raise ValueError(f"runner.world_size={need} needs {need} GPUs (one rank per GPU) but this machine "
-                             f"has {have}: set runner.world_size<={have} or run on a larger machine")
-        raise ValueError(f"runner.world_size={need} starts {need} CPU ranks but this machine has {have} cores: "
-                         f"set runner.world_size<={have}, or pass --oversubscribe (timings will contend)")
+            raise ValueError(
+                f"runner.world_size={need} needs {need} GPUs (one rank per GPU) but this machine "
+                f"has {have}: set runner.world_size<={have} or run on a larger machine"
+            )
+        raise ValueError(
+            f"runner.world_size={need} starts {need} CPU ranks but this machine has {have} cores: "
+            f"set runner.world_size<={have}, or pass --oversubscribe (timings will contend)"
+        )
 
 
 def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
@@ -65,12 +71,15 @@ def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
     if combo.world_size <= have or (combo.device == "cpu" and oversubscribe):
         return None
     what = "GPUs" if combo.device == "cuda" else "CPU cores"
-    return (f"backend={combo.backend} runs runner.world_size={combo.world_size} ranks (one per "
-            f"{'GPU' if combo.device == 'cuda' else 'core'}): this machine has {have} {what if have != 1 else what[:-1]}")
+    return (
+        f"backend={combo.backend} runs runner.world_size={combo.world_size} ranks (one per "
+        f"{'GPU' if combo.device == 'cuda' else 'core'}): this machine has {have} {what if have != 1 else what[:-1]}"
+    )
 
 
-def plan(cli_overrides: list[str], sweep: Optional[str] = None,
-         oversubscribe: bool = False, this_machine: bool = True) -> tuple[list[Combination], dict]:
+def plan(
+    cli_overrides: list[str], sweep: Optional[str] = None, oversubscribe: bool = False, this_machine: bool = True
+) -> tuple[list[Combination], dict]:
     """Expand overrides (and a sweep file) into validated Combinations. `this_machine=False`:
     the ranks run elsewhere (torchrun, SLURM jobs), so this machine's cores and GPUs decide
     nothing."""
@@ -94,7 +103,9 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
             continue
         seen.add(key)
         reason = validate(combo)
-        if not reason and not explicit_ws and this_machine and _ranks_available(combo.device):  # no GPU at all: refused below
+        if (
+            not reason and not explicit_ws and this_machine and _ranks_available(combo.device)
+        ):  # no GPU at all: refused below
             reason = machine_reason(combo, oversubscribe)
         token_reasons = {}
         if not reason:
@@ -102,12 +113,13 @@ def plan(cli_overrides: list[str], sweep: Optional[str] = None,
                 why = validate_tokens(combo, t)
                 if why:
                     token_reasons[t] = why
-        combos.append(Combination(combo, tuple(cfg["workload"]["tokens_per_rank"]), tuple(ovs), reason,
-                                  token_reasons))
+        combos.append(Combination(combo, tuple(cfg["workload"]["tokens_per_rank"]), tuple(ovs), reason, token_reasons))
     unused = sorted(knobs_set - knobs_taken)
     if unused:
-        raise ValueError(f"{unused[0]} is set, but none of the chosen entries takes it "
-                         f"(`moebench list --knobs` shows which entry declares which knob)")
+        raise ValueError(
+            f"{unused[0]} is set, but none of the chosen entries takes it "
+            f"(`moebench list --knobs` shows which entry declares which knob)"
+        )
     if this_machine:
         check_machine(combos, explicit_ws, oversubscribe)
     return combos, sweep_data

@@ -13,6 +13,7 @@ a job that ended with nothing new stored (time limit, node failure) gives its fi
 combination a `lost:` row saying so (run/outcome.py decides what a failure's row says; the
 jobs' rows are read through the store, moebench/results/store.py). `--slurm-cluster local`
 runs the jobs as local processes (submitit's LocalExecutor), as the tests do."""
+
 from __future__ import annotations
 
 import sys
@@ -56,8 +57,9 @@ class SlurmOptions:
             raise ValueError("--slurm needs submitit: pip install 'moebench[slurm]'") from None
         for c in combos:
             if not c.reason and c.combo.world_size % self.nodes:
-                raise ValueError(f"{c.label}: world size {c.combo.world_size} does not split over "
-                                 f"--slurm-nodes {self.nodes}")
+                raise ValueError(
+                    f"{c.label}: world size {c.combo.world_size} does not split over --slurm-nodes {self.nodes}"
+                )
 
 
 def add_arguments(p) -> None:
@@ -67,16 +69,26 @@ def add_arguments(p) -> None:
     g.add_argument("--slurm-time", type=int, default=60, metavar="MIN", help="time limit per job (default %(default)s)")
     g.add_argument("--slurm-nodes", type=int, default=1, help="nodes per job: a family's ranks split evenly over them")
     g.add_argument("--slurm-cpus-per-task", type=int, default=None)
-    g.add_argument("--slurm-cluster", default="slurm", choices=CLUSTERS,
-                   help="slurm, or local: jobs as processes on this machine (submitit's LocalExecutor)")
+    g.add_argument(
+        "--slurm-cluster",
+        default="slurm",
+        choices=CLUSTERS,
+        help="slurm, or local: jobs as processes on this machine (submitit's LocalExecutor)",
+    )
     g.add_argument("--slurm-folder", help="submitit's logs (default: <run>/slurm)")
 
 
 def options_from_args(args) -> Optional[SlurmOptions]:
     if not getattr(args, "slurm", False):
         return None
-    return SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_nodes, args.slurm_cpus_per_task,
-                        args.slurm_cluster, args.slurm_folder)
+    return SlurmOptions(
+        args.slurm_partition,
+        args.slurm_time,
+        args.slurm_nodes,
+        args.slurm_cpus_per_task,
+        args.slurm_cluster,
+        args.slurm_folder,
+    )
 
 
 def job_main(work: list, run_dir: str, meta: dict, token: str, port: int, local: bool) -> int:
@@ -89,8 +101,9 @@ def job_main(work: list, run_dir: str, meta: dict, token: str, port: int, local:
     # outliving its job step would hold a GPU
     je = submitit.JobEnvironment()
     per_node = je.num_tasks // max(1, je.num_nodes)
-    env = RankEnv(je.global_rank, je.num_tasks, je.local_rank, per_node,
-                  "127.0.0.1" if local else je.hostnames[0], port)
+    env = RankEnv(
+        je.global_rank, je.num_tasks, je.local_rank, per_node, "127.0.0.1" if local else je.hostnames[0], port
+    )
     rows = run_ranks(work, run_dir, meta, env, token=token, log=print)
     return len(rows)
 
@@ -133,8 +146,9 @@ def _job_failure(job) -> str:
     else:
         tasks = [(k, job.task(k).paths.stderr if job.num_tasks > 1 else paths.stderr) for k in range(job.num_tasks)]
         said = [(k, err, _last_line(err)) for k, err in tasks]
-        k, err, last = next((s for s in said if s[2].startswith("moebench")), None) or \
-            next((s for s in said if s[2]), (0, paths.stderr, ""))
+        k, err, last = next((s for s in said if s[2].startswith("moebench")), None) or next(
+            (s for s in said if s[2]), (0, paths.stderr, "")
+        )
         text = f"task {k} last wrote: {last}" if last else "no task wrote to stderr"
         return clip(text, 600, str(err))
     return clip(text or "no message", 600, str(paths.stderr))
@@ -151,8 +165,13 @@ def _submit(ex, opts: SlurmOptions, work: list, run_dir: Path, meta: dict, token
 
     c0 = work[0][0].combo
     per_node = c0.world_size // opts.nodes
-    params = {"nodes": opts.nodes, "tasks_per_node": per_node, "timeout_min": opts.time_min,
-              "gpus_per_node": per_node if c0.device == "cuda" else 0, "name": f"moebench-{meta['run_id']}"}
+    params = {
+        "nodes": opts.nodes,
+        "tasks_per_node": per_node,
+        "timeout_min": opts.time_min,
+        "gpus_per_node": per_node if c0.device == "cuda" else 0,
+        "name": f"moebench-{meta['run_id']}",
+    }
     if opts.cpus_per_task:
         params["cpus_per_task"] = opts.cpus_per_task
     if opts.partition:
@@ -161,8 +180,9 @@ def _submit(ex, opts: SlurmOptions, work: list, run_dir: Path, meta: dict, token
     return ex.submit(job_main, work, str(run_dir), meta, token, free_port(), opts.cluster != "slurm")
 
 
-def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
-             should_stop: Callable[[], bool] = lambda: False) -> Generator[tuple[str, list[dict]], None, None]:
+def run_jobs(
+    work: list, store, meta: dict, lock, opts: SlurmOptions, should_stop: Callable[[], bool] = lambda: False
+) -> Generator[tuple[str, list[dict]], None, None]:
     """Submit one job per family, wait, resubmit a family's rest after a failure; yield
     (label, rows) for each combination as its rows land in the store."""
     from moebench.results.finished import write_finished
@@ -212,8 +232,9 @@ def run_jobs(work: list, store, meta: dict, lock, opts: SlurmOptions,
                     c, toks = rest[0]
                     # lost (a node, the time limit, a group that never formed): a plain resume retries it
                     ended = f"SLURM job {job.job_id} ended ({job.state}) without a result: {_job_failure(job)}"
-                    rows = write_finished(store, Finished(c, list(toks), {}, decide(Observed(job_ended=ended))),
-                                          meta, lock)
+                    rows = write_finished(
+                        store, Finished(c, list(toks), {}, decide(Observed(job_ended=ended))), meta, lock
+                    )
                     seen.update(f.name for f in invocation_files(store.rows_dir, meta["run_id"], c.key))
                     done.add(c.key)
                     yield c.label, rows  # counted here, once: collect() skips the file

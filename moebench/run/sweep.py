@@ -1,5 +1,6 @@
 """`moebench sweep` / `moebench run`: plan, skip what is stored, launch, write
 rows as each combination ends, stop cleanly on Ctrl-C."""
+
 from __future__ import annotations
 
 import signal
@@ -60,8 +61,9 @@ class _Progress:
 
     def update(self, label: str, statuses: Counter) -> None:
         wide = f" wide_spread={len(self.wide)}" if self.wide else ""
-        self.bar.set_postfix_str(f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())) + wide,
-                                 refresh=False)
+        self.bar.set_postfix_str(
+            f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())) + wide, refresh=False
+        )
         self.bar.update(1)
 
     def write(self, text: str) -> None:
@@ -73,8 +75,10 @@ class _Progress:
             return ""
         worst = sorted(self.wide, reverse=True)[:3]
         shown = "; ".join(f"{where} ({spread:.2f})" for spread, where in worst)
-        return (f"moebench: {len(self.wide)} row(s) with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
-                f"{shown}; more runner.reps or a quieter machine (the report flags them)")
+        return (
+            f"moebench: {len(self.wide)} row(s) with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
+            f"{shown}; more runner.reps or a quieter machine (the report flags them)"
+        )
 
     def close(self, keep: bool = True) -> None:
         """keep=False (an abort): the bar is cleared, not drawn again, so that the abort's one line
@@ -90,8 +94,10 @@ class Aborted(KeyboardInterrupt):
     prints its message as one line and exits 130 (moebench/cli/main.py)."""
 
     def __init__(self):
-        super().__init__("aborted (Ctrl-C again): the combination in flight was cancelled, finished combinations "
-                         "are stored. Re-run the same command to resume.")
+        super().__init__(
+            "aborted (Ctrl-C again): the combination in flight was cancelled, finished combinations "
+            "are stored. Re-run the same command to resume."
+        )
 
 
 class _Stop:
@@ -107,8 +113,10 @@ class _Stop:
         self._old: dict = {}
 
     def __enter__(self):
-        self._old = {signal.SIGINT: signal.signal(signal.SIGINT, self._handler),
-                     signal.SIGTERM: signal.signal(signal.SIGTERM, self._term)}
+        self._old = {
+            signal.SIGINT: signal.signal(signal.SIGINT, self._handler),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._term),
+        }
         return self
 
     def _handler(self, signum, frame):
@@ -172,8 +180,9 @@ def execute(
     Bad input, or a run directory another sweep holds (unless `wait`), raise ValueError
     before any work. `slurm`: a moebench.run.slurm.SlurmOptions to run the work as jobs."""
     # SLURM jobs run on other machines: this one's cores and GPUs decide nothing
-    combos, sweep_data = plan(cli_overrides, sweep, oversubscribe=oversubscribe,
-                              this_machine=slurm is None or slurm.cluster != "slurm")
+    combos, sweep_data = plan(
+        cli_overrides, sweep, oversubscribe=oversubscribe, this_machine=slurm is None or slurm.cluster != "slurm"
+    )
     if slurm is not None:
         slurm.check(combos)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
@@ -216,8 +225,10 @@ def execute(
                 print(dry_run_listing(work, combos, already))
             return run_dir, counts
         store.write_env({**info, "env_id": eid}, run_id)
-        store.write_json(f"sweep-{run_id}.json", {"sweep": sweep_data, "cli_overrides": cli_overrides,
-                                                   "run_id": run_id, "slurm": bool(slurm)})
+        store.write_json(
+            f"sweep-{run_id}.json",
+            {"sweep": sweep_data, "cli_overrides": cli_overrides, "run_id": run_id, "slurm": bool(slurm)},
+        )
         store.write_skipped(skipped)
         _run(work, store, meta, lock, counts, log, quiet, slurm, already)
         return run_dir, counts
@@ -236,8 +247,9 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
             progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
 
 
-def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm,
-         already: int = 0) -> None:
+def _run(
+    work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, log, quiet: bool, slurm, already: int = 0
+) -> None:
     """Run the work here (one process group per family) or as SLURM jobs; count the rows."""
     from moebench.run.harness_time import HarnessTally
 
@@ -268,8 +280,12 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
             else:
                 from moebench.run.launch import Launcher  # torch: only where ranks start, not for --dry-run
 
-                Launcher(str(store.dir), on_finished, should_stop=lambda: stop.requested,
-                         should_abort=lambda: stop.terminated).run(work)
+                Launcher(
+                    str(store.dir),
+                    on_finished,
+                    should_stop=lambda: stop.requested,
+                    should_abort=lambda: stop.terminated,
+                ).run(work)
         except OSError as e:
             # a full disk or a folder turned read-only: the rows written so far stay (each file
             # is whole or absent); measuring on would only lose more, so the sweep stops here
@@ -290,16 +306,23 @@ def _run(work, store: RunStore, meta: dict, lock: RunLock, counts: SweepCounts, 
     stored = f", {already} row(s) already stored" if already else ""
     log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
     if not work and not already:
-        log("moebench: nothing ran: every combination was skipped on this machine "
-            "(`moebench list -v` with the same options says why)")
+        log(
+            "moebench: nothing ran: every combination was skipped on this machine "
+            "(`moebench list -v` with the same options says why)"
+        )
     if counts.env_error:
         written = sum(n for status, n in counts.items() if status != Status.SKIPPED)
-        print(f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
-              "measured row(s) it stored: fix that, then re-run the same command to resume", file=sys.stderr)
+        print(
+            f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
+            "measured row(s) it stored: fix that, then re-run the same command to resume",
+            file=sys.stderr,
+        )
     elif stop.terminated:
         counts.terminated = True
-        log(f"moebench: terminated (SIGTERM): the work in flight was cancelled{' (its SLURM jobs too)' if slurm else ''};"
-            " finished combinations are stored. Re-run the same command to resume.")
+        log(
+            f"moebench: terminated (SIGTERM): the work in flight was cancelled{' (its SLURM jobs too)' if slurm else ''};"
+            " finished combinations are stored. Re-run the same command to resume."
+        )
     elif stop.requested:
         counts.interrupted = True
         log("moebench: interrupted; finished combinations are stored. Re-run the same command to resume.")

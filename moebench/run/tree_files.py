@@ -1,5 +1,6 @@
 """The files of a tree as git would list them without git: gitignore rules (IgnoreRules) and
 a walk that applies them (run/treestate.py's stamp and its check after a copy)."""
+
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STAMP = ".moebench-tree.json"
+
 
 def _glob_regex(pattern: str) -> str:
     """A gitignore glob as a regex: `*` and `?` stay within a path segment, `**` spans them."""
@@ -25,9 +27,9 @@ def _glob_regex(pattern: str) -> str:
         elif pattern[i] == "?":
             out.append("[^/]")
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
+        elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
             j = pattern.index("]", i + 2)
-            body = pattern[i + 1:j]
+            body = pattern[i + 1 : j]
             out.append("[" + ("^" + body[1:] if body[:1] == "!" else body).replace("\\", "\\\\") + "]")
             i = j + 1
         elif pattern[i] == "\\" and i + 1 < len(pattern):
@@ -74,7 +76,7 @@ class IgnoreRules:
         for r in self.rules:
             if r.base and not path.startswith(r.base + "/"):
                 continue
-            sub = path[len(r.base) + 1:] if r.base else path
+            sub = path[len(r.base) + 1 :] if r.base else path
             if (r.dir_only and not is_dir) or not r.regex.match(sub if r.anchored else sub.rsplit("/", 1)[-1]):
                 continue
             verdict = not r.negate

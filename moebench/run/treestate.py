@@ -24,6 +24,7 @@ one tree state has one digest whether git or a stamp reports it; None when clean
 
 Standard library only: scripts/copy_tree.sh runs it without torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,11 +60,18 @@ class TreeState:
     after_stamp: tuple[str, ...] = ()  # stamp only: paths changed, added or removed since it
 
     def fields(self) -> dict:
-        return {"git_sha": self.sha, "git_dirty": self.dirty, "git_diff_sha256": self.diff_sha256,
-                "git_tree": self.source, "git_tree_note": self.note, "git_diff_paths": list(self.changed)}
+        return {
+            "git_sha": self.sha,
+            "git_dirty": self.dirty,
+            "git_diff_sha256": self.diff_sha256,
+            "git_tree": self.source,
+            "git_tree_note": self.note,
+            "git_diff_paths": list(self.changed),
+        }
 
 
 # -- hashing and git -------------------------------------------------------------------
+
 
 def blob_id(path: Path) -> Optional[str]:
     """git's object id of a file's bytes (a symlink: its target's name); None when absent."""
@@ -128,8 +136,13 @@ def head_blobs(root: Path) -> dict[str, str]:
 def listed_files(root: Path) -> list[str]:
     """What a copy takes: the tracked files still there and the untracked ones git does not ignore."""
     paths = _paths(_git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"))
-    return sorted({p for p in paths if p != STAMP and os.path.lexists(root / p)
-                   and (os.path.islink(root / p) or not (root / p).is_dir())})
+    return sorted(
+        {
+            p
+            for p in paths
+            if p != STAMP and os.path.lexists(root / p) and (os.path.islink(root / p) or not (root / p).is_dir())
+        }
+    )
 
 
 def differences(now: dict[str, Optional[str]], head_of) -> dict[str, Optional[str]]:
@@ -139,21 +152,26 @@ def differences(now: dict[str, Optional[str]], head_of) -> dict[str, Optional[st
 
 def from_git(root: Path, head: str) -> TreeState:
     """The state of a checkout: the paths `git status` lists, compared with HEAD by content."""
-    status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
-                  "--ignore-submodules")
+    status = _git(
+        root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules"
+    )
     if status is None:
-        return TreeState(sha=head, source="git", note="git status failed: whether the tree was the commit's is not known")
+        return TreeState(
+            sha=head, source="git", note="git status failed: whether the tree was the commit's is not known"
+        )
     listed = [e[3:] for e in _paths(status) if len(e) > 3 and not e.endswith("/") and e[3:] != STAMP]
     blobs = head_blobs(root)
     diff = differences({p: blob_id(root / p) for p in listed}, blobs.get)
-    return TreeState(sha=head, dirty=bool(diff), diff_sha256=digest(diff), source="git",
-                     changed=tuple(sorted(diff)[:LISTED]))
+    return TreeState(
+        sha=head, dirty=bool(diff), diff_sha256=digest(diff), source="git", changed=tuple(sorted(diff)[:LISTED])
+    )
 
 
 # -- .gitignore rules, for a tree without .git -------------------------------------------
 
 
 # -- the stamp ---------------------------------------------------------------------------
+
 
 def make_stamp(root: Path) -> dict:
     """The stamp of a checkout as it is now (ValueError where `root` is no checkout's top level)."""
@@ -165,7 +183,10 @@ def make_stamp(root: Path) -> dict:
     blobs = head_blobs(root)
     diff = differences({**{p: None for p in blobs}, **files}, blobs.get)
     return {
-        "format": FORMAT, "commit": head, "dirty": bool(diff), "git_diff_sha256": digest(diff),
+        "format": FORMAT,
+        "commit": head,
+        "dirty": bool(diff),
+        "git_diff_sha256": digest(diff),
         "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "files": files,
         "head": {p: blobs.get(p) for p in sorted(diff)},  # HEAD's blob where it is not the file's (None: untracked)
@@ -211,8 +232,15 @@ def from_stamp(root: Path, stamp: dict) -> TreeState:
     if after:
         shown = ", ".join(after[:LISTED]) + (f" (+{len(after) - LISTED} more)" if len(after) > LISTED else "")
         note += f"; {len(after)} file(s) changed, added or removed since: {shown}"
-    return TreeState(sha=stamp["commit"], dirty=bool(diff), diff_sha256=digest(diff), source="stamp", note=note,
-                     changed=tuple(sorted(diff)[:LISTED]), after_stamp=tuple(after))
+    return TreeState(
+        sha=stamp["commit"],
+        dirty=bool(diff),
+        diff_sha256=digest(diff),
+        source="stamp",
+        note=note,
+        changed=tuple(sorted(diff)[:LISTED]),
+        after_stamp=tuple(after),
+    )
 
 
 def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
@@ -231,8 +259,11 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
     if stamp is not None and (state is None or stamp["commit"] != head):
         stamped = from_stamp(root, stamp)
         if state is None or not stamped.after_stamp or older_than(root, head, stamp["commit"]):
-            state = stamped if state is None else replace(stamped, note=f"{stamped.note}; the .git here is at "
-                                                                        f"{head[:12]}, not the stamp's commit")
+            state = (
+                stamped
+                if state is None
+                else replace(stamped, note=f"{stamped.note}; the .git here is at {head[:12]}, not the stamp's commit")
+            )
     if named:
         agrees = state is not None and re.fullmatch(r"[0-9a-f]{7,40}", named) and state.sha.startswith(named)
         if state is not None and state.source == "stamp" and not agrees:
@@ -240,12 +271,17 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
         elif not agrees:
             commit = named if re.fullmatch(r"[0-9a-f]{7,40}", named) else "unknown"
             where = f"the .git here is at {head[:12]}" if head else "no .git or stamp here"
-            state = TreeState(sha=commit, source="MOEBENCH_GIT_SHA",
-                              note=f"MOEBENCH_GIT_SHA={named!r}" + ("" if commit != "unknown" else " names no commit")
-                              + f"; {where}: whether the files were the commit's is not known")
+            state = TreeState(
+                sha=commit,
+                source="MOEBENCH_GIT_SHA",
+                note=f"MOEBENCH_GIT_SHA={named!r}"
+                + ("" if commit != "unknown" else " names no commit")
+                + f"; {where}: whether the files were the commit's is not known",
+            )
     if state is None:
-        state = TreeState(note=why or f"no .git and no {STAMP} here (scripts/copy_tree.sh writes one): "
-                                      "which code ran is not recorded")
+        state = TreeState(
+            note=why or f"no .git and no {STAMP} here (scripts/copy_tree.sh writes one): which code ran is not recorded"
+        )
     return state
 
 
@@ -257,8 +293,10 @@ def copy_tree(root: Path, dest: Path) -> dict:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ValueError(f"{dest} is not an empty folder: give a new or empty one")
     if dest.is_relative_to(root) and _git(root, "check-ignore", "-q", str(dest)) is None:
-        raise ValueError(f"{dest} lies in the checkout and git does not ignore it: the copy would change "
-                         "the tree it stamps (use a folder git ignores, e.g. .gpu/tree, or one outside)")
+        raise ValueError(
+            f"{dest} lies in the checkout and git does not ignore it: the copy would change "
+            "the tree it stamps (use a folder git ignores, e.g. .gpu/tree, or one outside)"
+        )
     stamp = make_stamp(root)
     for p in stamp["files"]:
         (dest / p).parent.mkdir(parents=True, exist_ok=True)
@@ -272,8 +310,12 @@ def copy_tree(root: Path, dest: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m moebench.run.treestate", description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=("stamp", "copy", "show"), help="stamp: write ROOT/" + STAMP + "; copy DEST: "
-                   "the checkout's files to DEST with their stamp; show: the state env.json would record")
+    p.add_argument(
+        "action",
+        choices=("stamp", "copy", "show"),
+        help="stamp: write ROOT/" + STAMP + "; copy DEST: "
+        "the checkout's files to DEST with their stamp; show: the state env.json would record",
+    )
     p.add_argument("dest", nargs="?", type=Path, help="copy: the new or empty folder to copy to")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the tree (default: the current folder)")
     args = p.parse_args(argv)

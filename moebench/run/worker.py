@@ -2,6 +2,7 @@
 capture traces — one typed step each (layer.py, measure.py, derived.py, capture.py).
 Ranks receive `Task`s and report `messages` through a queue to launch.py; they never
 run @hydra.main."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,15 @@ from moebench.kernels import registry
 from moebench.measure.layer import build_layer, kernel_context
 from moebench.run.lifeline import die_with
 from moebench.run.outcome import raised_status
-from moebench.measure.samples import check, host_enqueue, host_time_note, memory_figures, paced_mode, rank_sync, time_layer
+from moebench.measure.samples import (
+    check,
+    host_enqueue,
+    host_time_note,
+    memory_figures,
+    paced_mode,
+    rank_sync,
+    time_layer,
+)
 from moebench.results.rank_result import NAN, RankResult
 from moebench.run.messages import Done, Error, Exited, Result, Started, Task
 from moebench.config.device import cpu_threads
@@ -87,9 +96,16 @@ def process_age_s() -> float:
         return NAN
 
 
-def run_combination(task: Task, rank: int, world_size: int, group, device: torch.device, run_dir: str,
-                    baseline_used: Optional[int] = None,
-                    start_s: Optional[float] = None) -> Iterator[tuple[int, Optional[RankResult]]]:
+def run_combination(
+    task: Task,
+    rank: int,
+    world_size: int,
+    group,
+    device: torch.device,
+    run_dir: str,
+    baseline_used: Optional[int] = None,
+    start_s: Optional[float] = None,
+) -> Iterator[tuple[int, Optional[RankResult]]]:
     """For each token count of one combination, yield (tokens, None) when it starts and
     (tokens, this rank's RankResult) when it is done. The first row carries the combination's
     setup time and `start_s` (the rank's start and group formation where this is the first
@@ -105,7 +121,9 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
     setup_used = memory.device_used_bytes(device)
     sync = rank_sync(group, device, combo.l2_flush)
     ref_weights = reference_expert_fn(shape, quant, seed, device)
-    kept = range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
+    kept = (
+        range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
+    )
     shared_ref = (kernel.shared.w13_NK.float(), kernel.shared.w2_KS.float()) if kernel.shared is not None else None
     rec = make_recorder(device, nvtx=combo.trace in ("nvtx", "nsys"))
     under_nsys = _under_nsys(combo)
@@ -119,18 +137,41 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
         for i, T in enumerate(task.tokens):
             yield T, None
             clock = Stopwatch(device)
-            res = RankResult(rank=rank, harness_setup_s=setup_s if i == 0 else 0.0,
-                             harness_start_s=(NAN if start_s is None else start_s) if i == 0 else 0.0)
+            res = RankResult(
+                rank=rank,
+                harness_setup_s=setup_s if i == 0 else 0.0,
+                harness_start_s=(NAN if start_s is None else start_s) if i == 0 else 0.0,
+            )
             # correct first: fresh random data, compared with the float32 reference
             try:
                 if combo.check:
                     checked = route(T, 1)
                     inputs = checked.inputs
                     _fill(kernel, combo, checked, group, world_size)
-                    ref_key = (shape, quant, seed, T, spec, rank, 1, combo.simulate_rank,
-                               (kept.start, kept.stop) if kept is not None else None, shared_ref is not None)
-                    err, why = check(kernel, inputs, ref_weights, kept, shared_ref, quant.name, group, device,
-                                     combo.memory_budget, ref_key)
+                    ref_key = (
+                        shape,
+                        quant,
+                        seed,
+                        T,
+                        spec,
+                        rank,
+                        1,
+                        combo.simulate_rank,
+                        (kept.start, kept.stop) if kept is not None else None,
+                        shared_ref is not None,
+                    )
+                    err, why = check(
+                        kernel,
+                        inputs,
+                        ref_weights,
+                        kept,
+                        shared_ref,
+                        quant.name,
+                        group,
+                        device,
+                        combo.memory_budget,
+                        ref_key,
+                    )
                     res = dataclasses.replace(res, rel_err=err)
                     del inputs
                     clock.lap("check")
@@ -139,13 +180,27 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                         continue
                 routed = route(T, 2)
                 inputs = routed.inputs
-                res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group,
-                                                                world_size))
+                res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group, world_size))
                 kernel.clear_workspaces()
                 clock.lap("inputs")
                 with memory.capped(device, combo.memory_budget) as cap:
-                    fields = _measure(task, kernel, layer, inputs, T, rank, world_size, sync, device, run_dir,
-                                      rec, under_nsys, setup_used, baseline_used, clock)
+                    fields = _measure(
+                        task,
+                        kernel,
+                        layer,
+                        inputs,
+                        T,
+                        rank,
+                        world_size,
+                        sync,
+                        device,
+                        run_dir,
+                        rec,
+                        under_nsys,
+                        setup_used,
+                        baseline_used,
+                        clock,
+                    )
             except torch.OutOfMemoryError as e:
                 if not combo.memory_budget or world_size > 1:
                     raise  # a real OOM: the whole process group goes (its peers wait in a collective)
@@ -154,9 +209,19 @@ def run_combination(task: Task, rank: int, world_size: int, group, device: torch
                 _release_cached(device)
                 # torch's first line says what was allowed, allocated and reserved-but-unallocated
                 msg = str(e).splitlines()[0][:700]
-                yield T, clock.stamp(dataclasses.replace(res, status=Status.OOM, reason=(
-                    f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
-                    f"{T} tokens per rank (OutOfMemoryError: {msg})")))
+                yield (
+                    T,
+                    clock.stamp(
+                        dataclasses.replace(
+                            res,
+                            status=Status.OOM,
+                            reason=(
+                                f"runner.memory_budget={combo.memory_budget} bytes: the layer needs more at "
+                                f"{T} tokens per rank (OutOfMemoryError: {msg})"
+                            ),
+                        )
+                    ),
+                )
                 continue
             fields["memory_cap_bytes"] = float(cap) if cap else float("nan")
             yield T, clock.stamp(dataclasses.replace(res, **fields))
@@ -186,7 +251,7 @@ def _local_counts(kernel, routed, group, world_size: int) -> torch.Tensor:
         ids = routed.inputs[2].flatten()
         local = ids[(ids >= first) & (ids < first + n)] - first
         return torch.bincount(local.cpu(), minlength=n)
-    return _global_pairs(routed, group, world_size)[first:first + n]
+    return _global_pairs(routed, group, world_size)[first : first + n]
 
 
 def _fill(kernel, combo, routed, group, world_size: int) -> Optional[tuple[int, torch.Tensor]]:
@@ -220,13 +285,29 @@ def routing_fields(routed, combo, kernel, ep_size: int, group, world_size: int) 
     filled = _fill(kernel, combo, routed, group, world_size)
     if filled:
         rows, counts = filled
-        out.update(fill_rows=float(rows), fill_max=counts.max().item() / rows,
-                   fill_mean=counts.double().mean().item() / rows)
+        out.update(
+            fill_rows=float(rows), fill_max=counts.max().item() / rows, fill_mean=counts.double().mean().item() / rows
+        )
     return out
 
 
-def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: int, sync, device, run_dir: str,
-             rec, under_nsys: bool, setup_used, baseline_used, clock: Stopwatch) -> dict:
+def _measure(
+    task: Task,
+    kernel,
+    layer,
+    inputs,
+    T: int,
+    rank: int,
+    world_size: int,
+    sync,
+    device,
+    run_dir: str,
+    rec,
+    under_nsys: bool,
+    setup_used,
+    baseline_used,
+    clock: Stopwatch,
+) -> dict:
     """One token count's timed samples, phases, memory, derived figures and traces (each
     stage's seconds on `clock`)."""
     combo, shape, quant = task.combo, layer.ctx.shape, layer.ctx.quant
@@ -237,18 +318,25 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     host_us = host_enqueue(kernel, inputs, device)
     clock.lap("probe")
     with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
-        timed = time_layer(kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us,
-                           lap=clock.lap)
+        timed = time_layer(
+            kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us, lap=clock.lap
+        )
     if device.type == "cuda":
         paced = paced_mode(mode, host_us, timed.host_paced, len(timed.samples_us))
         if paced != mode:
             note = host_time_note(host_us, timed.host_paced, len(timed.samples_us))
         mode = paced
-    fields = {"timing_mode": mode, "samples_us": timed.samples_us, "phases_us": timed.phases_us,
-              "no_shared_samples_us": timed.no_shared_samples_us,
-              "shared_samples_us": timed.shared_samples_us, "host_enqueue_us": host_us,
-              **timed.paced_fields(device.type == "cuda"),
-              "timing_note": note, **nsys_row}
+    fields = {
+        "timing_mode": mode,
+        "samples_us": timed.samples_us,
+        "phases_us": timed.phases_us,
+        "no_shared_samples_us": timed.no_shared_samples_us,
+        "shared_samples_us": timed.shared_samples_us,
+        "host_enqueue_us": host_us,
+        **timed.paced_fields(device.type == "cuda"),
+        "timing_note": note,
+        **nsys_row,
+    }
     if mode == "profiler":
         fields.update(profiled_phases(kernel, fn, task.key, rank, T, run_dir, combo.reps, sync, device))
         clock.lap("trace")
@@ -261,12 +349,21 @@ def _measure(task: Task, kernel, layer, inputs, T: int, rank: int, world_size: i
     if reserved is not None:
         fields["reserved_bytes_peak"] = float(reserved)
     clock.lap("memory")
-    fields.update(derived_figures(routing_counts(kernel, x, w, ids), fields["phases_us"], shape.hidden,
-                                  shape.intermediate, layer.weights.nbytes_per_expert(), quant.act_bytes,
-                                  combo.overlap))
+    fields.update(
+        derived_figures(
+            routing_counts(kernel, x, w, ids),
+            fields["phases_us"],
+            shape.hidden,
+            shape.intermediate,
+            layer.weights.nbytes_per_expert(),
+            quant.act_bytes,
+            combo.overlap,
+        )
+    )
     if combo.trace == "torch" or (combo.trace == "nsys" and not under_nsys):
-        fields.update(capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs,
-                                    world_size=world_size))
+        fields.update(
+            capture_trace(kernel, fn, task.key, rank, T, run_dir, combo, sync, inputs=inputs, world_size=world_size)
+        )
     fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
     fields["contiguous_gemm_used"] = getattr(kernel.experts, "last_gemm", "")
     clock.lap("trace")
@@ -304,13 +401,21 @@ def form_group(device: torch.device, rank: int, world_size: int, init_method: st
     cuda = device.type == "cuda"
     kw = {"device_id": device} if cuda else {}
     try:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=startup_s), **kw)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=startup_s),
+            **kw,
+        )
     except Exception as e:  # the store's timeout, a refused or reset connection
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise GroupNotFormed(f"{LOST}the process group of {world_size} ranks did not form within "
-                             f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "
-                             f"(rank {rank}: {type(e).__name__}: {first})") from e
+        raise GroupNotFormed(
+            f"{LOST}the process group of {world_size} ranks did not form within "
+            f"{startup_s:g} s (runner.startup_timeout_s): a rank was lost or never started "
+            f"(rank {rank}: {type(e).__name__}: {first})"
+        ) from e
     long = c10d.default_pg_nccl_timeout if cuda else c10d.default_pg_timeout
     c10d._set_pg_timeout(long, None)
     c10d._get_default_store().set_timeout(long)
@@ -324,8 +429,17 @@ def _setup(rank: int, world_size: int, device_kind: str, port: int, startup_s: f
     return device, group
 
 
-def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: list[Task], queue, run_dir: str,
-              parent_pid: Optional[int] = None, pdeathsig: bool = True) -> None:
+def rank_main(
+    rank: int,
+    world_size: int,
+    device_kind: str,
+    port: int,
+    tasks: list[Task],
+    queue,
+    run_dir: str,
+    parent_pid: Optional[int] = None,
+    pdeathsig: bool = True,
+) -> None:
     """Entry point of one rank: run `tasks` in order, report each result. The rank dies with
     `parent_pid` (moebench/run/lifeline.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when to stop
@@ -333,8 +447,9 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
     idx: Optional[int] = None
     tokens: Optional[int] = None
     try:
-        device, group = _setup(rank, world_size, device_kind, port,
-                               max((t.combo.startup_timeout_s for t in tasks), default=30.0))
+        device, group = _setup(
+            rank, world_size, device_kind, port, max((t.combo.startup_timeout_s for t in tasks), default=30.0)
+        )
         baseline = memory.device_used_bytes(device)
         backends = set()
         start_s: Optional[float] = process_age_s()  # the first combination's rows carry it
@@ -346,8 +461,7 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
             from moebench.traces.nvtx import combo_range
 
             with combo_range(task.key) if marked else nullcontext():
-                for tokens, res in run_combination(task, rank, world_size, group, device, run_dir, baseline,
-                                                   start_s):
+                for tokens, res in run_combination(task, rank, world_size, group, device, run_dir, baseline, start_s):
                     if res is not None:
                         queue.put(Result(idx, rank, tokens, res))
             start_s = 0.0
@@ -360,8 +474,7 @@ def rank_main(rank: int, world_size: int, device_kind: str, port: int, tasks: li
         queue.put(Exited(rank))
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
         msg = f"{type(e).__name__}: {e}".strip()
-        queue.put(Error(idx, rank, raised_status(e), msg[:500], tokens,
-                        traceback.format_exc()[-4000:]))
+        queue.put(Error(idx, rank, raised_status(e), msg[:500], tokens, traceback.format_exc()[-4000:]))
     finally:
         queue.close()
         queue.join_thread()

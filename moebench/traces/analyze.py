@@ -1,4 +1,5 @@
 """One-call trace figures for the worker: the overlap fraction and the `trace_*` row columns."""
+
 from __future__ import annotations
 
 from typing import Optional

@@ -1,5 +1,6 @@
 """Trace files: which files of a folder or run are traces (torch's Chrome JSON, gzipped or not;
 Nsight Systems' SQLite exports) and loading them into the trace model."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The overlap of several ranks' traces of one combination on communication intervals trimmed
 of the wait for the last rank (traces/metrics.py's module doc, "Several ranks")."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,15 +54,25 @@ def trim_comm_waits(traces: list) -> tuple[list, list, list]:
             last = max(ks[i].start_us for ks in lists)
             # the collective the overlap is about: one that ran beside shared experts on some rank
             beside = key[0] == "sample" and any(
-                length(intersect([(ks[i].start_us, ks[i].end_us)], shared_busy[r])) for r, ks in enumerate(lists))
+                length(intersect([(ks[i].start_us, ks[i].end_us)], shared_busy[r])) for r, ks in enumerate(lists)
+            )
             for r, ks in enumerate(lists):
                 starts[id(ks[i])] = min(last, ks[i].end_us)
                 if beside:
                     wait_us[r] += starts[id(ks[i])] - ks[i].start_us
-    notes = [f"{unmatched} samples whose ranks ran different numbers of communication kernels: "
-             "left untrimmed"] if unmatched else []
-    out = [dataclasses.replace(t, kernels=[dataclasses.replace(k, start_us=starts[id(k)]) if id(k) in starts else k
-                                           for k in t.kernels], notes=list(t.notes) + notes) for t in traces]
+    notes = (
+        [f"{unmatched} samples whose ranks ran different numbers of communication kernels: left untrimmed"]
+        if unmatched
+        else []
+    )
+    out = [
+        dataclasses.replace(
+            t,
+            kernels=[dataclasses.replace(k, start_us=starts[id(k)]) if id(k) in starts else k for k in t.kernels],
+            notes=list(t.notes) + notes,
+        )
+        for t in traces
+    ]
     return out, wait_us, notes
 
 

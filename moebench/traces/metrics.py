@@ -56,6 +56,7 @@ before the host had enqueued them, behind the hold every trace sample gets) stay
 figures; the summary names them (`host_paced`, a note), since their kernels may hold the
 host's launch gaps.
 """
+
 from __future__ import annotations
 
 import re
@@ -223,8 +224,12 @@ def _ablation_figures(kernels: list) -> dict:
     }
 
 
-def stretch_aware(window_us: Optional[float], comm_alone_us: Optional[float], shared_alone_us: Optional[float],
-                  overlap_us: Optional[float] = None) -> tuple:
+def stretch_aware(
+    window_us: Optional[float],
+    comm_alone_us: Optional[float],
+    shared_alone_us: Optional[float],
+    overlap_us: Optional[float] = None,
+) -> tuple:
     """(shared_exposed_us, trace_overlap_fraction) from the medians (module docstring).
 
     exposed = max(0, window − comm alone); fraction = clamp(1 − exposed / shared alone, 0, 1),
@@ -280,8 +285,10 @@ def _stream_stats(groups: list) -> list:
 def host_paced_note(paced: list, total: int) -> str:
     """The note of a trace whose capture marked samples host-paced (`paced`: their range names)."""
     shown = ", ".join(paced[:6]) + (f" (+{len(paced) - 6} more)" if len(paced) > 6 else "")
-    return (f"{len(paced)} of {total} samples host-paced ({shown}): the GPU started them before the host had "
-            "enqueued them, so their kernels may hold the host's launch gaps and the figures from them host time")
+    return (
+        f"{len(paced)} of {total} samples host-paced ({shown}): the GPU started them before the host had "
+        "enqueued them, so their kernels may hold the host's launch gaps and the figures from them host time"
+    )
 
 
 def summarize(trace: Trace) -> TraceSummary:
@@ -296,8 +303,10 @@ def summarize(trace: Trace) -> TraceSummary:
             groups.append((idx, ks, rs))
         outside = sum(k.sample is None and k.ablation is None for k in trace.kernels)
         if outside:
-            notes.append(f"{outside} GPU activities outside every sample range (warm-up, the ranks' alignment "
-                         "before each sample?) left out")
+            notes.append(
+                f"{outside} GPU activities outside every sample range (warm-up, the ranks' alignment "
+                "before each sample?) left out"
+            )
     else:
         groups = [(None, [k for k in trace.kernels if k.ablation is None], trace.phase_ranges())]
     if not trace.kernels:
@@ -336,8 +345,11 @@ def summarize(trace: Trace) -> TraceSummary:
             method = METHOD_STRETCH
     if method is None and intersection_fraction is not None:
         method, fraction, exposed = METHOD_INTERSECTION, intersection_fraction, plain_exposed
-        notes.append(PLAIN_NOTE if not trace.has_ablation() else
-                     "plain intersection: the ablation samples hold no GPU time of the shared experts")
+        notes.append(
+            PLAIN_NOTE
+            if not trace.has_ablation()
+            else "plain intersection: the ablation samples hold no GPU time of the shared experts"
+        )
 
     paced = trace.host_paced()
     if paced:

@@ -12,6 +12,7 @@ metric downstream has one code path.
 All times are µs on the trace's own clock (torch: µs since the epoch; nsys: ns
 since session start / 1000); only differences are meaningful.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -133,7 +134,7 @@ class Trace:
         for r in self.ranges:
             if r.name.startswith(prefix):
                 try:
-                    out.append((int(r.name[len(prefix):]), r))
+                    out.append((int(r.name[len(prefix) :]), r))
                 except ValueError:
                     continue
         return sorted(out, key=lambda x: x[1].start_us)
@@ -144,14 +145,14 @@ class Trace:
 
     def host_paced(self) -> list:
         """The sample ranges (`sample/<i>`, `sample_noshared/<i>`, ...) the capture marked host-paced."""
-        return sorted({r.name[len(HOST_PACED_PREFIX):] for r in self.ranges if r.name.startswith(HOST_PACED_PREFIX)})
+        return sorted({r.name[len(HOST_PACED_PREFIX) :] for r in self.ranges if r.name.startswith(HOST_PACED_PREFIX)})
 
     def has_ablation(self) -> bool:
         """Whether the trace holds both ablation families (`sample_noshared/<i>` and `sample_shared/<i>`)."""
         return all(self.ablation_ranges(kind) for kind in ABLATION_PREFIXES)
 
     def combos(self) -> list:
-        return sorted({r.name[len(COMBO_PREFIX):] for r in self.ranges if r.name.startswith(COMBO_PREFIX)})
+        return sorted({r.name[len(COMBO_PREFIX) :] for r in self.ranges if r.name.startswith(COMBO_PREFIX)})
 
     def t0_us(self) -> float:
         """Earliest timestamp in the trace (µs), the origin of relative times."""
@@ -216,7 +217,7 @@ def attribute(trace: Trace, comm_pattern: Optional[re.Pattern] = None) -> Trace:
         names = enclosing.get(i, ())
         k.phases = tuple(n for n in names if n in PHASES)
         combos = [n for n in names if n.startswith(COMBO_PREFIX)]
-        k.combo = combos[-1][len(COMBO_PREFIX):] if combos else None
+        k.combo = combos[-1][len(COMBO_PREFIX) :] if combos else None
         k.comm = is_comm_kernel(k.name, comm_pattern)
         t = k.launch_us if k.launch_us is not None else k.start_us
         k.sample = sample_at(samples, starts, t)

@@ -35,6 +35,7 @@ Parse: `parse_nsys_sqlite(path)` reads the tables of `nsys export --type sqlite`
 globalTid / globalPid carry the process id in bits 24..47. It yields the same
 `Trace` as the torch parser, so both share one metrics code path.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,10 +48,7 @@ from typing import Optional, Sequence
 from moebench.util.safe_write import append_text, safe_dir
 from moebench.traces.model import CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, Kernel, Range, Trace, attribute
 
-NSYS_MISSING = (
-    "nsys not found on PATH: writing the torch trace instead; "
-    "install Nsight Systems to get nsys reports"
-)
+NSYS_MISSING = "nsys not found on PATH: writing the torch trace instead; install Nsight Systems to get nsys reports"
 # moebench's NVTX ranges: default domain, messages `moebench/<name>` (traces/nvtx.py)
 NVTX_PREFIX = f"{DOMAIN}/"
 # what keeps a capture small: CUDA + NVTX only, no CPU sampling (2 GB -> 1.9 MB on a small program)
@@ -59,8 +57,18 @@ DEFAULT_MAX_TRACE_MB = 256.0  # `moebench trace` refuses larger traces (inflated
 NVTX_RANGE_TYPES = (59, 60, 70, 71)  # PushPop, StartEnd (+ payload variants)
 NVTX_DOMAIN_CREATE = 75
 # CUPTI_ACTIVITY_MEMCPY_KIND -> the names torch gives the same copies
-_COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
-              9: "HtoH", 10: "PtoP"}
+_COPY_KIND = {
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+}
 
 
 def nsys_available() -> bool:
@@ -77,7 +85,9 @@ def _nsys_args(output, nvtx_range: Optional[str], end: str) -> list:
     """`nsys profile` options; with `nvtx_range`, capture only while the default-domain NVTX range
     `moebench/<nvtx_range>` is open (`end`: what nsys does when it closes)."""
     args = [
-        "nsys", "profile", *CAPTURE_FLAGS,
+        "nsys",
+        "profile",
+        *CAPTURE_FLAGS,
         "--cuda-graph-trace=node",
         "--export=sqlite",
         "--force-overwrite=true",
@@ -131,14 +141,22 @@ def capture_manifest(run_dir, pid: int) -> Path:
     return nsys_rank_dir(run_dir) / f"captures_{pid}.jsonl"
 
 
-def record_capture(run_dir, pid: int, n: Optional[int], combo_key: str, tokens: int, rank: int,
-                   api: Optional[str]) -> dict:
+def record_capture(
+    run_dir, pid: int, n: Optional[int], combo_key: str, tokens: int, rank: int, api: Optional[str]
+) -> dict:
     """Append one capture to the rank process's manifest and return the entry: `stem` (relative
     to the run; None when no range was pushed, n None) and `api` (what pushed the range, None
     for none) are what traces/nsys_import.py needs to say which report a row has, or why none."""
     stem = os.path.relpath(nsys_capture_stem(run_dir, pid, n), run_dir) if n is not None else None
-    entry = {"pid": pid, "n": n, "stem": stem, "combo_key": combo_key, "tokens_per_rank": int(tokens),
-             "rank": int(rank), "api": api}
+    entry = {
+        "pid": pid,
+        "n": n,
+        "stem": stem,
+        "combo_key": combo_key,
+        "tokens_per_rank": int(tokens),
+        "rank": int(rank),
+        "api": api,
+    }
     path = capture_manifest(run_dir, pid)
     safe_dir(run_dir, *path.parent.relative_to(Path(run_dir)).parts)  # never through a link (safe_write)
     append_text(path, json.dumps(entry, sort_keys=True) + "\n")
@@ -166,8 +184,9 @@ def check_size(path, max_mb: Optional[float]) -> None:
     """ValueError when file `path` is larger than `max_mb` MB (None: no limit)."""
     size = Path(path).stat().st_size
     if max_mb is not None and size > max_mb * 1e6:
-        raise ValueError(f"{path}: {size / 1e6:.0f} MB is over the {max_mb:g} MB limit on a trace "
-                         "(--max-trace-mb raises it)")
+        raise ValueError(
+            f"{path}: {size / 1e6:.0f} MB is over the {max_mb:g} MB limit on a trace (--max-trace-mb raises it)"
+        )
 
 
 def _connect(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> sqlite3.Connection:
@@ -213,15 +232,26 @@ def _nvtx_ranges(con, strings: dict, pid: Optional[int], domain: str, notes: lis
     text = "text" if "text" in cols else "NULL"
     text_id = "textId" if "textId" in cols else "NULL"
     dom = "domainId" if "domainId" in cols else "0"
-    rows = con.execute(f"SELECT start, end, eventType, {text} AS text, {text_id} AS textId, "
-                       f"globalTid, {dom} AS domainId FROM NVTX_EVENTS").fetchall()
+    rows = con.execute(
+        f"SELECT start, end, eventType, {text} AS text, {text_id} AS textId, "
+        f"globalTid, {dom} AS domainId FROM NVTX_EVENTS"
+    ).fetchall()
     name_of = lambda r: r["text"] if r["text"] is not None else strings.get(r["textId"])
     prefix = f"{domain}/"
     # reports of earlier versions: ranges of an NVTX domain `moebench`, names unprefixed
-    legacy = {(_pid(r["globalTid"]), r["domainId"]) for r in rows
-              if r["eventType"] == NVTX_DOMAIN_CREATE and name_of(r) == domain}
-    ranges = [r for r in rows if r["eventType"] in NVTX_RANGE_TYPES and r["end"] is not None
-              and r["end"] >= r["start"] and (pid is None or _pid(r["globalTid"]) == pid)]
+    legacy = {
+        (_pid(r["globalTid"]), r["domainId"])
+        for r in rows
+        if r["eventType"] == NVTX_DOMAIN_CREATE and name_of(r) == domain
+    }
+    ranges = [
+        r
+        for r in rows
+        if r["eventType"] in NVTX_RANGE_TYPES
+        and r["end"] is not None
+        and r["end"] >= r["start"]
+        and (pid is None or _pid(r["globalTid"]) == pid)
+    ]
     ours = legacy or any((name_of(r) or "").startswith(prefix) for r in ranges)
     if not ours:
         notes.append(f"no {prefix}… NVTX range (nor a domain {domain!r}) in the report: using every range")
@@ -231,7 +261,7 @@ def _nvtx_ranges(con, strings: dict, pid: Optional[int], domain: str, notes: lis
         if not name:
             continue
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
         elif ours and (_pid(r["globalTid"]), r["domainId"]) not in legacy:
             continue
         out.append(Range(name, r["start"] / 1e3, r["end"] / 1e3, str(r["globalTid"])))
@@ -246,8 +276,9 @@ def _gpu_rows(con, strings: dict, pid: Optional[int]):
         sel = ", ".join(names) if names else "NULL"
         gp = "globalPid" if "globalPid" in cols else "NULL"
         txt = "name" if "name" in cols else "NULL"
-        for r in con.execute(f"SELECT start, end, deviceId, streamId, correlationId, {gp}, {txt}, {sel} "
-                             "FROM CUPTI_ACTIVITY_KIND_KERNEL"):
+        for r in con.execute(
+            f"SELECT start, end, deviceId, streamId, correlationId, {gp}, {txt}, {sel} FROM CUPTI_ACTIVITY_KIND_KERNEL"
+        ):
             ids = r[7:]
             name = next((strings[i] for i in ids if i in strings), None) or r[6] or "kernel"
             yield name, "kernel", r[0], r[1], r[2], r[3], r[4], _pid(r[5])
@@ -262,8 +293,9 @@ def _gpu_rows(con, strings: dict, pid: Optional[int]):
             yield name, kind, r[0], r[1], r[2], r[3], r[4], _pid(r[5])
 
 
-def parse_nsys_sqlite(path, pid: Optional[int] = None, domain: str = DOMAIN,
-                      max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> Trace:
+def parse_nsys_sqlite(
+    path, pid: Optional[int] = None, domain: str = DOMAIN, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB
+) -> Trace:
     """Parse an nsys SQLite export into an attributed `Trace` (µs).
 
     pid: keep one process (rank) only; by default everything in the report. NVTX
@@ -291,11 +323,19 @@ def parse_nsys_sqlite(path, pid: Optional[int] = None, domain: str = DOMAIN,
             if launch is None and kpid is None:  # no globalPid column: match on correlation alone
                 launch = by_corr.get(corr)
             missing += launch is None
-            trace.kernels.append(Kernel(
-                name=name, start_us=s / 1e3, end_us=e / 1e3, device=int(dev), stream=int(stream),
-                correlation=corr, kind=kind,
-                launch_thread=launch[0] if launch else None, launch_us=launch[1] if launch else None,
-            ))
+            trace.kernels.append(
+                Kernel(
+                    name=name,
+                    start_us=s / 1e3,
+                    end_us=e / 1e3,
+                    device=int(dev),
+                    stream=int(stream),
+                    correlation=corr,
+                    kind=kind,
+                    launch_thread=launch[0] if launch else None,
+                    launch_us=launch[1] if launch else None,
+                )
+            )
         if missing:
             trace.notes.append(f"{missing} GPU activities without a launch record: no phase for them")
     except sqlite3.DatabaseError as e:

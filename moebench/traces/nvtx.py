@@ -20,6 +20,7 @@ nsys in use records (`nvtx_emitter()`):
 MOEBENCH_NVTX_API=torch|nvtx|none forces one. Without any, no NVTX range is emitted
 (one warning).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,8 +92,10 @@ def nvtx_emitter() -> Optional[NvtxEmitter]:
         elif forced == "":
             _EMITTER = _torch_emitter() or _package_emitter()
         if _EMITTER is None and forced != "none":
-            log.warning("no NVTX API: no CUDA build of torch with a GPU, and the nvtx package is not installed "
-                        "(pip install nvtx): no NVTX ranges")
+            log.warning(
+                "no NVTX API: no CUDA build of torch with a GPU, and the nvtx package is not installed "
+                "(pip install nvtx): no NVTX ranges"
+            )
     return _EMITTER
 
 

@@ -21,6 +21,7 @@ with `ph: "X"` complete events, `ts`/`dur` in µs;
 - `ph: "s"/"f"`, `cat: "ac2g"`: launch -> GPU flow arrows (id = correlation), used
   only when a GPU event lacks its `correlation` arg.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -89,8 +90,11 @@ def capture(
     if unknown:
         raise ValueError(f"ablation kinds {sorted(unknown)}; valid: {', '.join(ABLATION_PREFIXES)}")
     runs = [(lambda i: sample_range(i) if mark_samples else contextlib.nullcontext(), fn, SAMPLE_PREFIX)]
-    runs += [(lambda i, kind=kind: ablation_range(kind, i), ablation[kind], ABLATION_PREFIXES[kind])
-             for kind in ABLATION_PREFIXES if kind in ablation]
+    runs += [
+        (lambda i, kind=kind: ablation_range(kind, i), ablation[kind], ABLATION_PREFIXES[kind])
+        for kind in ABLATION_PREFIXES
+        if kind in ablation
+    ]
     if cuda is None:
         cuda = torch.cuda.is_available()
     for _, f, _ in runs:
@@ -147,8 +151,10 @@ def _read_capped(path: Path, max_mb: Optional[float]) -> bytes:
                     break
                 total += len(chunk)
                 if limit is not None and total > limit:
-                    raise ValueError(f"{path}: more than {max_mb:g} MB{' inflated' if opener is gzip.open else ''}, "
-                                     "the limit on a trace (--max-trace-mb raises it)")
+                    raise ValueError(
+                        f"{path}: more than {max_mb:g} MB{' inflated' if opener is gzip.open else ''}, "
+                        "the limit on a trace (--max-trace-mb raises it)"
+                    )
                 chunks.append(chunk)
     except (OSError, EOFError, zlib.error) as e:
         raise ValueError(f"{path}: not a readable JSON trace ({e})") from e
@@ -163,8 +169,9 @@ def load_json(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> dict:
     try:
         data = json.loads(data)
     except RecursionError:
-        raise ValueError(f"{path}: JSON nested too deeply to be a Chrome/Perfetto trace "
-                         f"(over ~{sys.getrecursionlimit()} levels)") from None
+        raise ValueError(
+            f"{path}: JSON nested too deeply to be a Chrome/Perfetto trace (over ~{sys.getrecursionlimit()} levels)"
+        ) from None
     except MemoryError:
         raise ValueError(f"{path}: too large to parse in this machine's memory (--max-trace-mb lower)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

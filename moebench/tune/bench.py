@@ -8,6 +8,7 @@ time the host), CUDA events above, an L2 flush before each sample.
 
 Legend: T tokens, P top-k, K hidden, I intermediate, E local experts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,9 +57,14 @@ def dims_of(combo: dict) -> LayerDims:
     """The layer's GEMM dimensions from a flat combination (plan.flat_combo), one rank's
     share of the experts (KernelContext.num_local_experts: local backends, world size 1)."""
     q = QuantSpec(combo["quant"])
-    return LayerDims(num_experts=combo["num_experts"] // max(1, combo["simulate_ep"]),
-                     intermediate=combo["intermediate"], hidden=combo["hidden"], topk=combo["topk"],
-                     operand_bytes=1 if q.is_fp8 else 2, block_shape=(q.block_n, q.block_k) if q.is_block else None)
+    return LayerDims(
+        num_experts=combo["num_experts"] // max(1, combo["simulate_ep"]),
+        intermediate=combo["intermediate"],
+        hidden=combo["hidden"],
+        topk=combo["topk"],
+        operand_bytes=1 if q.is_fp8 else 2,
+        block_shape=(q.block_n, q.block_k) if q.is_block else None,
+    )
 
 
 def rows_of(combo, shape, T: int, salt: int = 7) -> int:
@@ -88,8 +94,9 @@ class TokenBench:
         self.ref = reference_moe(x, w, ids, L.ref_w, L.kept)
         self.prepared = L.kernel.pf.prepare(x, w, ids, L.experts.input_quant)
         self.dims = dims = L.kernel._dims(self.prepared.x.shape[0])
-        self.ws13, self.ws2, self.out = (torch.empty(s, dtype=L.experts.workspace_dtype, device=dev)
-                                         for s in L.experts.workspace_shapes(*dims))
+        self.ws13, self.ws2, self.out = (
+            torch.empty(s, dtype=L.experts.workspace_dtype, device=dev) for s in L.experts.workspace_shapes(*dims)
+        )
         self.final = torch.empty(self.rows, L.shape.hidden, dtype=torch.bfloat16, device=dev)
         self.graph = dev.type == "cuda" and T <= L.graph_max
         self.timing = "graph" if self.graph else ("events" if dev.type == "cuda" else "host")
@@ -166,6 +173,7 @@ class TokenBench:
                 ex.ctx = own
                 ex.__dict__.pop("_config_cache", None)
                 self.apply()
+
             return fn
 
         if ok:
@@ -183,11 +191,15 @@ class TokenBench:
         t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
         t.host_paced = float(s.host_paced) if self.layer.device.type == "cuda" else float("nan")
         if s.host_paced:
-            t.error = (f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples started on the GPU before the "
-                       "host had enqueued them, with the hold doubled twice: host time, not ranked")
+            t.error = (
+                f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples started on the GPU before the "
+                "host had enqueued them, with the hold doubled twice: host time, not ranked"
+            )
 
     def _time(self, fns, reps: int) -> list[timing.Samples]:
         L = self.layer
         warm_ms = 50.0 if self._warm else 5.0
         self._warm = False
-        return timing.time_interleaved(fns, L.device, reps, L.warmup, flush=L.flush, graph=self.graph, warmup_ms=warm_ms)
+        return timing.time_interleaved(
+            fns, L.device, reps, L.warmup, flush=L.flush, graph=self.graph, warmup_ms=warm_ms
+        )

@@ -17,6 +17,7 @@ that launches. So a batch goes in two steps:
 The workers need no GPU. They rebuild each kernel's source the way
 `JITFunction.preload` does from the hook's specialization data.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -151,8 +152,11 @@ def compile_job(module: str, qualname: str, spec: str, target: tuple) -> tuple[f
             fn = getattr(fn, part)
         d = json.loads(spec)
         constexprs = {
-            tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
-            tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+            tuple(k): tl.dtype(v)
+            if tl.dtype.is_dtype(v)
+            else tl.constexpr(v["constexpr"])
+            if isinstance(v, dict) and "constexpr" in v
+            else v
             for k, v in zip(d["constant_keys"], d["constant_vals"])
         }
         attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"]))
@@ -184,8 +188,9 @@ class Pool:
         t0 = time.perf_counter()
         try:
             if self._ex is None:
-                self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_init_worker)
+                self._ex = ProcessPoolExecutor(
+                    self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
+                )
             for (module, name, _), (sec, err) in zip(jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs])):
                 st.kernels += 1
                 st.core_s += sec

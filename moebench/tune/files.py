@@ -19,6 +19,7 @@ batch-size grid, else into kernels/configs/partial/, a folder vLLM never reads (
 would route every batch size to the nearest entry, however far: vllm_check.py); with
 `--max-regression` only once the check passed (the sidecar then carries its figures).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ from moebench.kernels.triton import config as tconfig
 from moebench.util.safe_write import replace_text, safe_dir
 from moebench.tune.vllm_check import covers_grid, describe_routes
 
-KERNEL_NOTE = ("tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
-               "fused_moe_kernel: same file format and tile semantics, different kernel code (see kernels/configs/README.md)")
+KERNEL_NOTE = (
+    "tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
+    "fused_moe_kernel: same file format and tile semantics, different kernel code (see kernels/configs/README.md)"
+)
 
 
 def environment() -> dict:
@@ -44,8 +47,13 @@ def environment() -> dict:
     from moebench.run.env import git_info
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": dev, "device_name": tconfig.device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, **git_info()}
+    return {
+        "device": dev,
+        "device_name": tconfig.device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        **git_info(),
+    }
 
 
 def write_env(out_dir: Path) -> Path:
@@ -70,7 +78,7 @@ def _trial(t) -> Optional[dict]:
 
 
 def stem(name: str) -> str:
-    return name[:-len(".json")] if name.endswith(".json") else name
+    return name[: -len(".json")] if name.endswith(".json") else name
 
 
 def sidecar_name(name: str) -> str:
@@ -78,8 +86,11 @@ def sidecar_name(name: str) -> str:
 
 
 def _entries(results) -> dict[str, dict]:
-    return {str(r.key): {k: int(r.best[k]) for k in tconfig.CONFIG_KEYS} for r in sorted(results, key=lambda r: r.key)
-            if r.best is not None}
+    return {
+        str(r.key): {k: int(r.best[k]) for k in tconfig.CONFIG_KEYS}
+        for r in sorted(results, key=lambda r: r.key)
+        if r.best is not None
+    }
 
 
 def _provenance(info: dict, results, env: dict, check: Optional[dict] = None) -> dict:
@@ -92,16 +103,25 @@ def _provenance(info: dict, results, env: dict, check: Optional[dict] = None) ->
             continue
         h, cur = r.baselines.get("heuristic"), r.baselines.get("current")
         per[str(r.key)] = {
-            "us": _num(r.best_us), "heuristic_us": _num(h.us) if h else None, "current_us": _num(cur.us) if cur else None,
-            "speedup_vs_heuristic": _num(r.speedup("heuristic")), "rel_err_recheck": _num(r.recheck_rel_err),
-            "timed": r.num_timed, "space_size": info["space_size"],
+            "us": _num(r.best_us),
+            "heuristic_us": _num(h.us) if h else None,
+            "current_us": _num(cur.us) if cur else None,
+            "speedup_vs_heuristic": _num(r.speedup("heuristic")),
+            "rel_err_recheck": _num(r.recheck_rel_err),
+            "timed": r.num_timed,
+            "space_size": info["space_size"],
         }
         s = checked.get(r.tokens)
         if s is not None:  # the install-time check against the config the layer ran before it
             per[str(r.key)]["max_regression_check"] = {
-                "max_regression": check["max_regression"], "tuned_us": s["tuned_us"], "current_us": s["current_us"],
-                "ratio": s["ratio"], "ci": [s["ci_lo"], s["ci_hi"]], "current": s["current"],
-                "regressed": s["regressed"]}
+                "max_regression": check["max_regression"],
+                "tuned_us": s["tuned_us"],
+                "current_us": s["current_us"],
+                "ratio": s["ratio"],
+                "ci": [s["ci_lo"], s["ci_hi"]],
+                "current": s["current"],
+                "regressed": s["regressed"],
+            }
     return {"tuner": "moebench tune", "kernel": KERNEL_NOTE, "layer": info, "environment": env, "entries": per}
 
 
@@ -109,13 +129,29 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
     """tune.json, and the config file with its sidecar when a config won anywhere
     (the file's path, else None). `extra`: more top-level fields for tune.json."""
     out_dir = safe_dir(out_dir)  # the files below it never through a link (moebench/util/safe_write.py)
-    detail = {"layer": info, **(extra or {}), "results": [
-        {"tokens": r.tokens, "rows": r.key, "best": r.best, "best_us": _num(r.best_us),
-         "speedup_vs_heuristic": _num(r.speedup("heuristic")), "speedup_vs_current": _num(r.speedup("current")),
-         "timed": r.num_timed, "budget": r.budget, "rungs": r.rungs, "recheck_rel_err": _num(r.recheck_rel_err),
-         "wall_s": _num(r.wall_s), "errors": r.errors,
-         "baselines": {k: _trial(v) for k, v in r.baselines.items()}, "finalists": [_trial(t) for t in r.final]}
-        for r in results]}
+    detail = {
+        "layer": info,
+        **(extra or {}),
+        "results": [
+            {
+                "tokens": r.tokens,
+                "rows": r.key,
+                "best": r.best,
+                "best_us": _num(r.best_us),
+                "speedup_vs_heuristic": _num(r.speedup("heuristic")),
+                "speedup_vs_current": _num(r.speedup("current")),
+                "timed": r.num_timed,
+                "budget": r.budget,
+                "rungs": r.rungs,
+                "recheck_rel_err": _num(r.recheck_rel_err),
+                "wall_s": _num(r.wall_s),
+                "errors": r.errors,
+                "baselines": {k: _trial(v) for k, v in r.baselines.items()},
+                "finalists": [_trial(t) for t in r.final],
+            }
+            for r in results
+        ],
+    }
     # first: when no config ran, the trials' errors are what the user needs to read
     replace_text(out_dir / "tune.json", json.dumps(detail, indent=2, default=str) + "\n")
     entries = _entries(results)
@@ -169,8 +205,10 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
         if side.is_file():
             side.unlink()
     if dest == part:
-        log(f"installed into {dest.parent} (not moebench/kernels/configs/: {len(merged)} token counts do not cover vLLM's grid "
-            f"{list(tconfig.VLLM_BATCH_SIZES)}; vLLM would route {describe_routes([int(k) for k in merged])})")
+        log(
+            f"installed into {dest.parent} (not moebench/kernels/configs/: {len(merged)} token counts do not cover vLLM's grid "
+            f"{list(tconfig.VLLM_BATCH_SIZES)}; vLLM would route {describe_routes([int(k) for k in merged])})"
+        )
     else:
         log(f"installed {dest}")
     tconfig._load_configs.cache_clear()
@@ -179,8 +217,10 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
 
 def summary(results, space_size: int) -> str:
     """Markdown: per token count, the baselines' time, the best config and its speed-up."""
-    lines = ["| tokens | heuristic µs | current µs | best µs | vs heuristic | best config | timed / space |",
-             "|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| tokens | heuristic µs | current µs | best µs | vs heuristic | best config | timed / space |",
+        "|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for r in results:
         h, c = r.baselines.get("heuristic"), r.baselines.get("current")
         hu = f"{h.us:.1f}" if h is not None and h.ok else "–"
@@ -188,7 +228,9 @@ def summary(results, space_size: int) -> str:
         if r.best is None:
             lines.append(f"| {r.tokens} | {hu} | {cu} | – | – | none ran | {r.num_timed} / {space_size} |")
             continue
-        cfg = " ".join(f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={r.best[k]}" for k in tconfig.CONFIG_KEYS)
+        cfg = " ".join(
+            f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={r.best[k]}" for k in tconfig.CONFIG_KEYS
+        )
         x = r.speedup()  # NaN where the heuristic did not run or its figure was host time
         vs = f"{x:.2f}x" if math.isfinite(x) else "–"
         lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {vs} | {cfg} | {r.num_timed} / {space_size} |")
@@ -206,13 +248,19 @@ def paced_lines(results) -> list[str]:
         base = [k for k, t in r.baselines.items() if t is not None and t.error.startswith(HOST_PACED_ERROR)]
         final = sum(t is not None and t.error.startswith(HOST_PACED_ERROR) for t in r.final)
         if n or base or final:
-            out.append(f"{r.tokens} tokens: {n} screened config(s)" + (f" and {final} finalist(s)" if final else "")
-                       + " left out, their samples host-paced after the holds were doubled twice (host time)"
-                       + (f"; baselines among them: {', '.join(base)} (no speed-up against them)" if base else ""))
+            out.append(
+                f"{r.tokens} tokens: {n} screened config(s)"
+                + (f" and {final} finalist(s)" if final else "")
+                + " left out, their samples host-paced after the holds were doubled twice (host time)"
+                + (f"; baselines among them: {', '.join(base)} (no speed-up against them)" if base else "")
+            )
     if not out:
         return []
-    return ["", "Host-paced trials (never ranked; each trial's count in tune.json / trials.jsonl `host_paced`):",
-            *[f"- {x}" for x in out]]
+    return [
+        "",
+        "Host-paced trials (never ranked; each trial's count in tune.json / trials.jsonl `host_paced`):",
+        *[f"- {x}" for x in out],
+    ]
 
 
 def routing_note(path: Path) -> str:
@@ -220,7 +268,8 @@ def routing_note(path: Path) -> str:
     keys = [int(k) for k in json.loads(Path(path).read_text())]
     if covers_grid(keys):
         return ""
-    return (f"{path.name} holds {len(keys)} token count(s) ({', '.join(map(str, sorted(keys)))}); vLLM routes every "
-            f"batch size to the nearest entry: {describe_routes(keys)}. Do not put it in VLLM_TUNED_CONFIG_FOLDER "
-            "unless those sizes should run these tiles (`moebench tune --check-vllm FILE`).")
-
+    return (
+        f"{path.name} holds {len(keys)} token count(s) ({', '.join(map(str, sorted(keys)))}); vLLM routes every "
+        f"batch size to the nearest entry: {describe_routes(keys)}. Do not put it in VLLM_TUNED_CONFIG_FOLDER "
+        "unless those sizes should run these tiles (`moebench tune --check-vllm FILE`)."
+    )

@@ -17,6 +17,7 @@ rests on the medians, as the search's own did.
 
 Never read from or written to the trial store: a resumed tune times its check again.
 """
+
 from __future__ import annotations
 
 import math
@@ -124,8 +125,10 @@ class Check:
             r = f"{s.ratio:.3f}{ci}" if math.isfinite(s.ratio) else "–"
             why = s.tuned_error or (f"current failed: {s.current_error}" if s.current_error else "")
             verdict = "REGRESSED" if regressed(s, self.max_regression) else "ok"
-            rows.append(f"| {s.tokens} | {_us(s.tuned_us)} | {_us(s.current_us)} | {r} | {verdict}"
-                        f"{' (' + why + ')' if why else ''} |")
+            rows.append(
+                f"| {s.tokens} | {_us(s.tuned_us)} | {_us(s.current_us)} | {r} | {verdict}"
+                f"{' (' + why + ')' if why else ''} |"
+            )
         return "\n".join(rows)
 
     def to_json(self) -> dict:
@@ -135,8 +138,13 @@ class Check:
             d = {k: _num(v) for k, v in asdict(s).items()}
             d.update(same=s.same, ratio=_num(s.ratio), regressed=regressed(s, self.max_regression))
             sizes.append(d)
-        return {"max_regression": self.max_regression, "passed": self.passed, "reps": self.reps,
-                "timing": self.timing, "sizes": sizes}
+        return {
+            "max_regression": self.max_regression,
+            "passed": self.passed,
+            "reps": self.reps,
+            "timing": self.timing,
+            "sizes": sizes,
+        }
 
 
 def _num(v):
@@ -151,8 +159,10 @@ def _line(s: SizeCheck, x: float) -> str:
     if s.tuned_error or not math.isfinite(s.tuned_us):
         return f"{s.tokens} tokens: the tuned config failed in the check ({s.tuned_error or 'no time'})"
     ci = f" [95 % CI {s.ci_lo:.3f}, {s.ci_hi:.3f}]" if math.isfinite(s.ci_lo) else ""
-    return (f"{s.tokens} tokens: tuned {s.tuned_us:.1f} µs vs current {s.current_us:.1f} µs = {s.ratio:.3f}x{ci}, "
-            f"above {1 + x:g}x")
+    return (
+        f"{s.tokens} tokens: tuned {s.tuned_us:.1f} µs vs current {s.current_us:.1f} µs = {s.ratio:.3f}x{ci}, "
+        f"above {1 + x:g}x"
+    )
 
 
 def interval(current_samples, tuned_samples) -> tuple[float, float]:
@@ -163,8 +173,9 @@ def interval(current_samples, tuned_samples) -> tuple[float, float]:
     return percentile_interval(bootstrap_ratios(current_samples, tuned_samples))
 
 
-def measure(c, entries: dict[int, dict], reps: int, device, max_regression: float,
-            log: Callable[[str], None] = lambda s: None) -> Check:
+def measure(
+    c, entries: dict[int, dict], reps: int, device, max_regression: float, log: Callable[[str], None] = lambda s: None
+) -> Check:
     """Time each tuned entry ({token count: config}) against the layer's current config at
     that count, `reps` interleaved samples each, on combination `c` (plan.Combination) on
     `device`; the current config is looked up now (kernels/configs/, MOEBENCH_TRITON_CONFIG_DIR)."""

@@ -8,6 +8,7 @@ the float32 reference and timed (bench.py); every trial is stored as it finishes
 GPU takes a share of the token counts. The baselines (what the harness runs today, and
 the heuristic) compete, so tuning never makes a size slower. files.py writes the result.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -110,11 +111,15 @@ def _one_layer(overrides: list[str]):
         raise ValueError(f"`moebench tune` takes one combination; these overrides give {len(combos)}")
     c = combos[0]
     if c.combo["experts"] != "triton" or c.combo["backend"] not in ("local",):
-        raise ValueError("moebench tune searches the Triton experts' tiles on one GPU: use experts=triton backend=local "
-                         "(backend.simulate_ep=N for an EP-N rank's share)")
+        raise ValueError(
+            "moebench tune searches the Triton experts' tiles on one GPU: use experts=triton backend=local "
+            "(backend.simulate_ep=N for an EP-N rank's share)"
+        )
     if c.combo.get("row_layout", "auto") == "contiguous":
-        raise ValueError("experts.row_layout=contiguous runs kernels/triton/contiguous_gemm.py, whose tile is fixed "
-                         "(DEFAULT_CONFIG, BF16_CONFIG): `moebench tune` searches the gathered kernel's tiles (moebench/kernels/configs/)")
+        raise ValueError(
+            "experts.row_layout=contiguous runs kernels/triton/contiguous_gemm.py, whose tile is fixed "
+            "(DEFAULT_CONFIG, BF16_CONFIG): `moebench tune` searches the gathered kernel's tiles (moebench/kernels/configs/)"
+        )
     if c.reason:
         raise ValueError(f"this combination cannot run here: {c.reason}")
     return c
@@ -129,9 +134,20 @@ class Measurer:
     time them one by one, storing each as it finishes. `bench` None: replay only
     (every trial must be stored already)."""
 
-    def __init__(self, bench, store: TrialStore, layer: str, T: int, args: TuneArgs, timing_mode: str,
-                 pool: Optional[tcompile.Pool] = None, target=None, stats: Optional[tcompile.Stats] = None,
-                 progress=None, log: Callable[[str], None] = lambda s: None):
+    def __init__(
+        self,
+        bench,
+        store: TrialStore,
+        layer: str,
+        T: int,
+        args: TuneArgs,
+        timing_mode: str,
+        pool: Optional[tcompile.Pool] = None,
+        target=None,
+        stats: Optional[tcompile.Stats] = None,
+        progress=None,
+        log: Callable[[str], None] = lambda s: None,
+    ):
         self.bench, self.store, self.layer, self.T, self.args, self.log = bench, store, layer, T, args, log
         self.timing, self.pool, self.target = timing_mode, pool, target
         self.stats = stats if stats is not None else tcompile.Stats()
@@ -166,7 +182,9 @@ class Measurer:
         torch.cuda.synchronize(self.bench.layer.device)
         if not rec.jobs:
             return
-        self.log(f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs on {self.pool.workers} processes")
+        self.log(
+            f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs on {self.pool.workers} processes"
+        )
         st = self.pool.compile(list(rec.jobs.values()), self.target)
         self.stats.add(st)
         if st.errors:
@@ -209,9 +227,17 @@ def bm_prior(topk: int, num_experts: int, T: int) -> Callable[[tuple], float]:
     return lambda t: abs(math.log2(t[0] / target)) + 0.25 * (abs(math.log2(t[1] / 128)) + abs(math.log2(t[2] / 128)))
 
 
-def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: torch.device,
-               log: Callable[[str], None], pool: Optional[tcompile.Pool] = None, position: int = 0,
-               replay: bool = False):
+def run_tokens(
+    c,
+    tokens: list[int],
+    args: TuneArgs,
+    store: TrialStore,
+    device: torch.device,
+    log: Callable[[str], None],
+    pool: Optional[tcompile.Pool] = None,
+    position: int = 0,
+    replay: bool = False,
+):
     """Tune `tokens` on `device` (replay: only read the store, as the GPU workers left it;
     `device` then only gives the shared-memory limit): (Pruned, [TokenResult], Stats)."""
     from tqdm import tqdm
@@ -231,14 +257,26 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
     # the rows entering the experts (simulate_rank: the emulated rank's M) key the table and the look-ups
     rows = {T: rows_of(c.combo, layer_shape(c.combo), T) for T in tokens}
     if any(rows[T] != T for T in tokens):
-        log("tune: backend.simulate_rank: the experts see " + ", ".join(f"{rows[T]} rows at {T}" for T in tokens)
-            + " tokens per rank; the table's entries are keyed by those rows")
+        log(
+            "tune: backend.simulate_rank: the experts see "
+            + ", ".join(f"{rows[T]} rows at {T}" for T in tokens)
+            + " tokens per rank; the table's entries are keyed by those rows"
+        )
     bases = {T: baselines_of(dims, c.combo["quant"], rows[T]) for T in tokens}
     nbase = {T: len({config_key(b) for b in bases[T].values()}) for T in tokens}
-    budgets = {T: strategy.budget_of(args.budget, size, nbase[T]) if args.search == "halving" else size + nbase[T]
-               for T in tokens}
-    bar = tqdm(total=sum(budgets.values()), desc=f"tune {c.combo['model']}", position=position, file=sys.stderr,
-               mininterval=2.0, disable=replay, dynamic_ncols=True)
+    budgets = {
+        T: strategy.budget_of(args.budget, size, nbase[T]) if args.search == "halving" else size + nbase[T]
+        for T in tokens
+    }
+    bar = tqdm(
+        total=sum(budgets.values()),
+        desc=f"tune {c.combo['model']}",
+        position=position,
+        file=sys.stderr,
+        mininterval=2.0,
+        disable=replay,
+        dynamic_ncols=True,
+    )
     timing_mode = None
     results = []
     for T in tokens:
@@ -256,11 +294,23 @@ def run_tokens(c, tokens: list[int], args: TuneArgs, store: TrialStore, device: 
         if args.search == "exhaustive":
             out = strategy.exhaustive(pruned.kept, m, base_cfgs, args.finalists)
         else:
-            out = strategy.halving(pruned.kept, m, budgets[T], base_cfgs, finalists=args.finalists,
-                                   prior=bm_prior(dims.topk, c.combo["num_experts"], rows[T]))
-        res = TokenResult(tokens=T, rows=rows[T], best=out.best, best_us=float("nan"), num_timed=out.num_timed,
-                          budget=budgets[T],
-                          rungs=out.rungs)
+            out = strategy.halving(
+                pruned.kept,
+                m,
+                budgets[T],
+                base_cfgs,
+                finalists=args.finalists,
+                prior=bm_prior(dims.topk, c.combo["num_experts"], rows[T]),
+            )
+        res = TokenResult(
+            tokens=T,
+            rows=rows[T],
+            best=out.best,
+            best_us=float("nan"),
+            num_timed=out.num_timed,
+            budget=budgets[T],
+            rungs=out.rungs,
+        )
         trials = {config_key(t.config): t for t in (m.store.get(m._key(cfg, "screen")) for cfg in out.order)}
         for name, cfg in base.items():
             res.baselines[name] = trials.get(config_key(cfg))
@@ -322,8 +372,16 @@ def _gpu_main(rank: int, overrides: list, shares: list, args: TuneArgs, out_dir:
     store = TrialStore(Path(out_dir))
     pool = tcompile.Pool(workers) if workers > 0 else None
     try:
-        run_tokens(c, shares[rank], args, store, torch.device("cuda", rank), lambda s: print(f"[gpu{rank}] {s}", file=sys.stderr),
-                   pool, position=rank)
+        run_tokens(
+            c,
+            shares[rank],
+            args,
+            store,
+            torch.device("cuda", rank),
+            lambda s: print(f"[gpu{rank}] {s}", file=sys.stderr),
+            pool,
+            position=rank,
+        )
     finally:
         if pool is not None:
             pool.close()
@@ -335,8 +393,12 @@ def split_tokens(tokens: list[int], num_gpus: int) -> list[list[int]]:
     return [sorted(order[i::num_gpus]) for i in range(num_gpus) if order[i::num_gpus]]
 
 
-def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-         pool: Optional[tcompile.Pool] = None):
+def tune(
+    args: TuneArgs,
+    out_dir: Path,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    pool: Optional[tcompile.Pool] = None,
+):
     """Tune one layer's token counts; trials go to out_dir/trials.jsonl. Returns
     (layer info, Pruned, [TokenResult], compile Stats, wall seconds)."""
     c, tokens = resolve(args.overrides)
@@ -352,7 +414,9 @@ def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: p
     if cuda and ngpu > 1 and len(tokens) > 1:
         shares = split_tokens(tokens, ngpu)
         log(f"tune: {len(tokens)} token counts over {ngpu} GPUs")
-        torch.multiprocessing.spawn(_gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=len(shares))
+        torch.multiprocessing.spawn(
+            _gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=len(shares)
+        )
         store.reload()
         pruned, results, stats = run_tokens(c, tokens, args, store, torch.device("cuda", 0), log, replay=True)
     else:
@@ -368,12 +432,26 @@ def tune(args: TuneArgs, out_dir: Path, log: Callable[[str], None] = lambda s: p
     dims = dims_of(c.combo)
 
     info = {
-        "E": dims.num_experts, "N": dims.intermediate, "dtype": config_dtype(c.combo["quant"]),
-        "block_shape": config_block_shape(c.combo["quant"]), "model": c.combo["model"], "quant": c.combo["quant"],
-        "simulate_ep": c.combo["simulate_ep"], "device": c.combo["device"], "layer_key": c.key,
-        "overrides": list(c.overrides), "cli_overrides": list(args.overrides), "space": args.space, "space_size": len(pruned.kept), "pruning": pruned.summary(),
-        "search": args.search, "budget": args.budget, "reps": args.reps, "final_reps": args.final_reps,
+        "E": dims.num_experts,
+        "N": dims.intermediate,
+        "dtype": config_dtype(c.combo["quant"]),
+        "block_shape": config_block_shape(c.combo["quant"]),
+        "model": c.combo["model"],
+        "quant": c.combo["quant"],
+        "simulate_ep": c.combo["simulate_ep"],
+        "device": c.combo["device"],
+        "layer_key": c.key,
+        "overrides": list(c.overrides),
+        "cli_overrides": list(args.overrides),
+        "space": args.space,
+        "space_size": len(pruned.kept),
+        "pruning": pruned.summary(),
+        "search": args.search,
+        "budget": args.budget,
+        "reps": args.reps,
+        "final_reps": args.final_reps,
         "timing": f"graph replays up to {c.combo['graph_max_tokens']} tokens, events above" if cuda else "host clock",
-        "gpus": max(1, ngpu) if cuda else 0, "compile_workers": workers,
+        "gpus": max(1, ngpu) if cuda else 0,
+        "compile_workers": workers,
     }
     return info, pruned, results, stats, wall

@@ -20,6 +20,7 @@ The space does not depend on the token count (so one compile serves every size).
 
 Legend: BM/BN/BK the tile, G GROUP_SIZE_M, w num_warps, s num_stages.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,16 +32,35 @@ from moebench.kernels.triton.config import CONFIG_KEYS
 
 # the axes in vLLM's order (and its file's key order)
 SPACES = {
-    "vllm": dict(BLOCK_SIZE_M=[16, 32, 64, 128, 256], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256],
-                 GROUP_SIZE_M=[1, 16, 32, 64], num_warps=[4, 8], num_stages=[2, 3, 4, 5]),
+    "vllm": dict(
+        BLOCK_SIZE_M=[16, 32, 64, 128, 256],
+        BLOCK_SIZE_N=[32, 64, 128, 256],
+        BLOCK_SIZE_K=[64, 128, 256],
+        GROUP_SIZE_M=[1, 16, 32, 64],
+        num_warps=[4, 8],
+        num_stages=[2, 3, 4, 5],
+    ),
     # the Triton interpreter and smoke runs
-    "small": dict(BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4],
-                  num_stages=[2]),
+    "small": dict(
+        BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]
+    ),
     # the spaces of the tunes committed before "vllm" (results/tune): kept to reproduce them
-    "decode": dict(BLOCK_SIZE_M=[16, 32, 64], BLOCK_SIZE_N=[32, 64, 128, 256], BLOCK_SIZE_K=[64, 128, 256],
-                   GROUP_SIZE_M=[1], num_warps=[4, 8], num_stages=[3, 4, 5]),
-    "prefill": dict(BLOCK_SIZE_M=[128], BLOCK_SIZE_N=[128, 256], BLOCK_SIZE_K=[64, 128], GROUP_SIZE_M=[1, 16],
-                    num_warps=[4, 8], num_stages=[3, 4]),
+    "decode": dict(
+        BLOCK_SIZE_M=[16, 32, 64],
+        BLOCK_SIZE_N=[32, 64, 128, 256],
+        BLOCK_SIZE_K=[64, 128, 256],
+        GROUP_SIZE_M=[1],
+        num_warps=[4, 8],
+        num_stages=[3, 4, 5],
+    ),
+    "prefill": dict(
+        BLOCK_SIZE_M=[128],
+        BLOCK_SIZE_N=[128, 256],
+        BLOCK_SIZE_K=[64, 128],
+        GROUP_SIZE_M=[1, 16],
+        num_warps=[4, 8],
+        num_stages=[3, 4],
+    ),
 }
 assert all(tuple(axes) == CONFIG_KEYS for axes in SPACES.values())
 

@@ -26,6 +26,7 @@ trials (trials.py).
 when the config failed; one with an `.error`, e.g. host-paced samples, ranks as failed),
 phase "screen" or "final" (interleaved, more samples).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,10 @@ from typing import Callable, Optional, Sequence
 
 from moebench.tune.space import config_key, KNOB_KEYS, TILE_KEYS
 
-RUNG0_KNOBS = ({"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}, {"GROUP_SIZE_M": 16, "num_warps": 8, "num_stages": 4})
+RUNG0_KNOBS = (
+    {"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3},
+    {"GROUP_SIZE_M": 16, "num_warps": 8, "num_stages": 4},
+)
 RUNG0_SHARE = 0.6  # rung 0 may take this much of the budget with two settings a tile
 STRATEGIES = ("halving", "exhaustive")
 
@@ -90,7 +94,7 @@ def _finish(timer: _Timer, measure: Callable, finalists: int) -> Outcome:
     ok = sorted((c for c in out.order if math.isfinite(timer.us(c))), key=lambda c: (timer.us(c), config_key(c)))
     if not ok:
         return out
-    out.finalists = ok[:max(1, finalists)]
+    out.finalists = ok[: max(1, finalists)]
     if len(out.finalists) == 1:
         out.final_us = [timer.us(out.finalists[0])]
         out.best = dict(out.finalists[0])
@@ -101,11 +105,15 @@ def _finish(timer: _Timer, measure: Callable, finalists: int) -> Outcome:
     return out
 
 
-def exhaustive(configs: Sequence[dict], measure: Callable, baselines: Sequence[dict] = (), finalists: int = 3) -> Outcome:
+def exhaustive(
+    configs: Sequence[dict], measure: Callable, baselines: Sequence[dict] = (), finalists: int = 3
+) -> Outcome:
     """Time every config (and the baselines), then the best `finalists` again."""
     timer = _Timer(measure, Outcome(best=None))
     timer.screen(list(baselines) + list(configs))
-    timer.out.rungs.append({"rung": 0, "tiles": len({config_key(c)[:3] for c in configs}), "timed": timer.out.num_timed})
+    timer.out.rungs.append(
+        {"rung": 0, "tiles": len({config_key(c)[:3] for c in configs}), "timed": timer.out.num_timed}
+    )
     return _finish(timer, measure, finalists)
 
 
@@ -157,7 +165,7 @@ def halving(
     timer.screen(list(baselines))
     order = sorted(tiles, key=lambda t: (prior(t) if prior else 0.0, t))
     per_tile = 2 if 2 * len(order) <= RUNG0_SHARE * left() else 1
-    order = order[:max(1, min(len(order), int(RUNG0_SHARE * left()) // per_tile or 1))]
+    order = order[: max(1, min(len(order), int(RUNG0_SHARE * left()) // per_tile or 1))]
     rung0 = []
     for t in order:
         picks = []
@@ -167,7 +175,7 @@ def halving(
             if best not in picks:
                 picks.append(best)
         rung0 += picks
-    timer.screen(rung0[:max(0, left())])
+    timer.screen(rung0[: max(0, left())])
     timer.out.rungs.append({"rung": 0, "tiles": len(order), "timed": timer.out.num_timed})
 
     def tile_best(t) -> Optional[dict]:
@@ -175,15 +183,17 @@ def halving(
         return min(tried, key=lambda c: (timer.us(c), config_key(c))) if tried else None
 
     def ranked(ts):
-        return sorted((t for t in ts if tile_best(t) is not None and math.isfinite(timer.us(tile_best(t)))),
-                      key=lambda t: (timer.us(tile_best(t)), t))
+        return sorted(
+            (t for t in ts if tile_best(t) is not None and math.isfinite(timer.us(tile_best(t)))),
+            key=lambda t: (timer.us(tile_best(t)), t),
+        )
 
     survivors = ranked(order)
     rung = 0
     while survivors and left() > 0:
         rung += 1
-        survivors = survivors[:max(1, math.ceil(len(survivors) / eta))]
-        share = max(1, min(eta ** rung, left() // len(survivors)))
+        survivors = survivors[: max(1, math.ceil(len(survivors) / eta))]
+        share = max(1, min(eta**rung, left() // len(survivors)))
         lead = tile_best(survivors[0])
         batch: list[dict] = []
 
@@ -200,7 +210,7 @@ def halving(
             n = int(add(dict(best, **{k: lead[k] for k in KNOB_KEYS})))
             untried = [c for c in tiles[t] if config_key(c) not in timer.out.screen and c not in batch]
             untried.sort(key=lambda c: (_distance(c, best, values, KNOB_KEYS), config_key(c)))
-            for c in untried[:max(0, share - n)]:
+            for c in untried[: max(0, share - n)]:
                 add(c)
             if i < 2:  # the two leading tiles' neighbour tiles, with their knobs
                 for k in TILE_KEYS:
@@ -208,7 +218,7 @@ def halving(
                         vs, j = values[k], values[k].index(int(best[k])) + step
                         if 0 <= j < len(vs):
                             add(dict(best, **{k: vs[j]}))
-        batch = batch[:left()]
+        batch = batch[: left()]
         if not batch:
             break
         timer.screen(batch)

@@ -8,6 +8,7 @@ combination's key (plan.Combination.key: model, quant, simulate_ep, seed, ...), 
 store may hold several layers and token grids; a trial of another identity is never
 reused. Several processes (one per GPU) append to one file under an advisory lock.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -54,7 +55,15 @@ class Trial:
         return not self.error and math.isfinite(self.us)
 
     def key(self) -> tuple:
-        return (self.layer, int(self.tokens), config_key(self.config), self.phase, int(self.reps), self.timing, self.group)
+        return (
+            self.layer,
+            int(self.tokens),
+            config_key(self.config),
+            self.phase,
+            int(self.reps),
+            self.timing,
+            self.group,
+        )
 
 
 def _clean(v):

@@ -15,6 +15,7 @@ exits 1 when the file would decide a grid size from an entry more than 2x away, 
 fields vLLM's kernel does not take, or lacks one of the six every vLLM entry holds; 0
 when none of these.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,27 @@ from moebench.kernels.triton.config import config_file_name, CONFIG_KEYS, IGNORE
 
 # the fields of an entry that vLLM's fused_moe_kernel launch accepts (its constexprs and
 # Triton's launch options; SPLIT_K and the ROCm knobs in vLLM's own files)
-VLLM_ENTRY_FIELDS = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "SPLIT_K", "num_warps",
-                     "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack"}
+VLLM_ENTRY_FIELDS = {
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "SPLIT_K",
+    "num_warps",
+    "num_stages",
+    "waves_per_eu",
+    "matrix_instr_nonkdim",
+    "kpack",
+}
 # the fields every entry must hold: the kernel's tile constexprs (no default: a launch without
 # one raises) and the launch options it was tuned with (without them Triton's defaults run,
 # not the tuned config); vLLM's own files hold all six, as moebench's (CONFIG_KEYS)
 VLLM_REQUIRED_FIELDS = CONFIG_KEYS
 MAX_DISTANCE = 2.0  # an entry further than this (ratio) from a grid size decides it blind
-_NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<dev>[^,]+)(?:,dtype=(?P<dtype>[^,]+?))?"
-                   r"(?:,block_shape=\[(?P<bs>[\d, ]+)\])?\.json$")
+_NAME = re.compile(
+    r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<dev>[^,]+)(?:,dtype=(?P<dtype>[^,]+?))?"
+    r"(?:,block_shape=\[(?P<bs>[\d, ]+)\])?\.json$"
+)
 
 
 def vllm_pick(keys_in_file_order: list[int], M: int) -> int:
@@ -133,9 +146,13 @@ def check_file(path) -> Report:
 def format_report(r: Report) -> str:
     lines = [f"{r.path.name}"]
     if r.name_ok is None:
-        lines.append("  name: not vLLM's E=..,N=..,device_name=..[,dtype=..][,block_shape=[..]].json: vLLM never opens it")
+        lines.append(
+            "  name: not vLLM's E=..,N=..,device_name=..[,dtype=..][,block_shape=[..]].json: vLLM never opens it"
+        )
     elif not r.name_ok:
-        lines.append("  name: parsed, but vLLM spells it differently (device name or block_shape spacing): vLLM never opens it")
+        lines.append(
+            "  name: parsed, but vLLM spells it differently (device name or block_shape spacing): vLLM never opens it"
+        )
     lines.append(f"  {len(r.keys)} entries" + (f"; ignored as vLLM does: {', '.join(r.ignored)}" if r.ignored else ""))
     lines.append("  | entry | batch sizes vLLM routes to it | of vLLM's grid |")
     lines.append("  |---:|---|---|")
@@ -144,15 +161,19 @@ def format_report(r: Report) -> str:
         span = f"{lo} and up" if hi is None else (f"{lo}" if lo == hi else f"{lo}-{hi}")
         lines.append(f"  | {k} | {span} | {', '.join(map(str, grid)) or '-'} |")
     for k, extra in r.foreign.items():
-        lines.append(f"  PROBLEM: entry {k} has fields vLLM passes to its kernel but it takes none such: {', '.join(extra)}")
+        lines.append(
+            f"  PROBLEM: entry {k} has fields vLLM passes to its kernel but it takes none such: {', '.join(extra)}"
+        )
     lacking: dict[tuple, list] = {}  # the fields missing -> the entries missing them
     for k, lacks in r.missing.items():
         lacking.setdefault(tuple(lacks), []).append(k)
     for lacks, entries in lacking.items():
         which = f"entry {entries[0]}" if len(entries) == 1 else f"entries {', '.join(map(str, entries))}"
-        lines.append(f"  PROBLEM: {which} lack{'s' if len(entries) == 1 else ''} {', '.join(lacks)} (every vLLM "
-                     "entry holds the six: its kernel launch fails without a tile field, and runs Triton's "
-                     "default num_warps / num_stages, not the tuned ones, without those)")
+        lines.append(
+            f"  PROBLEM: {which} lack{'s' if len(entries) == 1 else ''} {', '.join(lacks)} (every vLLM "
+            "entry holds the six: its kernel launch fails without a tile field, and runs Triton's "
+            "default num_warps / num_stages, not the tuned ones, without those)"
+        )
     if r.far:
         sizes = ", ".join(f"{M} -> {k} ({ratio:.0f}x)" for M, k, ratio in r.far)
         lines.append(f"  PROBLEM: grid sizes decided by an entry more than {MAX_DISTANCE:g}x away: {sizes}")
@@ -161,7 +182,9 @@ def format_report(r: Report) -> str:
     elif r.missing or r.foreign:
         lines.append("  not ok: placed in VLLM_TUNED_CONFIG_FOLDER this file breaks vLLM's launch or runs it untuned")
     else:
-        lines.append("  not ok: placed in VLLM_TUNED_CONFIG_FOLDER this file changes vLLM at sizes it was not measured at")
+        lines.append(
+            "  not ok: placed in VLLM_TUNED_CONFIG_FOLDER this file changes vLLM at sizes it was not measured at"
+        )
     return "\n".join(lines)
 
 

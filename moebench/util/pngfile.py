@@ -10,6 +10,7 @@ Both write through moebench/util/safe_write.py: never through a link (a link at 
 folder is refused, one line, exit 2); a caller writing into a run folder makes the folder with
 safe_write.safe_dir first, so that no folder on the way is a link either.
 """
+
 from __future__ import annotations
 
 import io

@@ -24,6 +24,7 @@ the run folder as `base`.
     refuse_links(out, ["report.md", "latency.png"])   # before any work
     write_text(out / "report.md", text)
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,8 +47,10 @@ LinkRefused = UnsafePath  # the name report and trace writers use
 
 
 def _refused(path, what: str = "is a symbolic link") -> LinkRefused:
-    return LinkRefused(f"{path} {what}: moebench writes no file through a link, so that nothing outside the "
-                       "run folder (or --out) changes; remove it, or give --out DIR")
+    return LinkRefused(
+        f"{path} {what}: moebench writes no file through a link, so that nothing outside the "
+        "run folder (or --out) changes; remove it, or give --out DIR"
+    )
 
 
 def _not_regular(path) -> UnsafePath:

@@ -1,5 +1,6 @@
 """moebench ab on the CPU: two commits of a small repository (this checkout's code, then a
 trivial change), one tiny combination run by each commit's own worktree, then compared."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,19 @@ from moebench import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ("moebench", "kernels", "conf", "sweeps", "pyproject.toml")  # what a sweep needs of the checkout
-TINY = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-        "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=0", "runner.phase_reps=1",
-        "runner.device=cpu"]
+TINY = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.device=cpu",
+]
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -39,8 +50,13 @@ def _code_files() -> list[str]:
 def two_commits(tmp_path, monkeypatch):
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    for k, v in {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                 "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null"}.items():
+    for k, v in {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+    }.items():
         monkeypatch.setenv(k, v)
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -77,7 +93,9 @@ def test_ab_runs_both_commits_alternately_and_compares(two_commits, tmp_path, ca
         assert env["env"].get("MOEBENCH_AB_MARK") == ("cand" if side == "cand" else None)  # ... and its own code
     assert (out / "report" / "report.md").read_text().startswith(f"# moebench compare: {cand} vs {base}")
     # alternately: base, then cand, for the one combination
-    order = [line.split("] ")[1].split(":")[0] for line in captured.err.splitlines() if line.startswith("moebench ab: [")]
+    order = [
+        line.split("] ")[1].split(":")[0] for line in captured.err.splitlines() if line.startswith("moebench ab: [")
+    ]
     assert order == ["base", "cand"]
     assert not (out / "src" / "base").exists() and _git(repo, "worktree", "list").count("\n") == 0
 

@@ -2,6 +2,7 @@
 them beside its body (`register(sub)`), parser.py only assembles the modules, and what several
 commands share lives in options.py. Checked on parser.py's syntax and on what each module registers;
 the modules stay light at import, since the parser reads every one of them on every command."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,11 @@ PARSER = ROOT / "moebench" / "cli" / "parser.py"
 
 
 def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == name]
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+    ]
 
 
 def test_parser_declares_only_the_top_level():
@@ -27,8 +31,9 @@ def test_parser_declares_only_the_top_level():
     tree = ast.parse(PARSER.read_text())
     declared = [ast.literal_eval(c.args[0]) for c in _calls(tree, "add_argument")]
     assert declared == ["--version"], f"parser.py declares {declared}: a command's arguments go in its module"
-    assert not _calls(tree, "add_parser") and not _calls(tree, "add_argument_group"), \
+    assert not _calls(tree, "add_parser") and not _calls(tree, "add_argument_group"), (
         "parser.py adds a command's parser itself: its module's register(sub) does"
+    )
     assert len(_calls(tree, "add_subparsers")) == 1
 
 
@@ -75,9 +80,11 @@ def test_shared_options_are_declared_once():
 def test_the_parser_imports_no_heavy_library():
     """Every command imports every command's module for its arguments: none imports pandas or torch
     at module level (report.py's bodies import moebench.report inside)."""
-    code = ("import sys; import moebench.cli.parser as p; p.build_parser(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'numpy', 'pandas', "
-            "'pyarrow')))")
+    code = (
+        "import sys; import moebench.cli.parser as p; p.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'numpy', 'pandas', "
+        "'pyarrow')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"

@@ -1,5 +1,6 @@
 """`moebench run --help` names the folder a run is written to (moebench/config/paths.py ADHOC, the
 sweep name a run without a sweep file records; moebench/run/plan.py run_name)."""
+
 from __future__ import annotations
 
 import re
@@ -9,9 +10,19 @@ import pytest
 from moebench import cli
 from moebench.run.plan import run_name
 
-TINY = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-        "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=0", "runner.phase_reps=1",
-        "runner.device=cpu"]
+TINY = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.device=cpu",
+]
 
 
 @pytest.mark.multiprocess

@@ -1,5 +1,6 @@
 """One version: moebench/__init__.py's __version__, which pyproject.toml's must equal, printed by
 `moebench --version` and `moebench env` (and recorded in env.json: tests/run/test_env_record.py)."""
+
 from __future__ import annotations
 
 import tomllib

@@ -1,5 +1,6 @@
 """runner.device=auto and the GPU count without torch where the answer is certain
 (moebench/config/device.py), and torch's answer everywhere else."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """One definition of a combination (moebench/config/spec.py): the key, label, stored columns and
 compare's matching derive from it; committed rows keep keys that their stored fields
 recompute; the row schema is pinned."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,16 @@ def _run_rows(run: Path) -> pd.DataFrame:
 def test_identity_fields_are_columns_and_the_key_covers_them():
     fields = {f.name for f in spec.IDENTITY_FIELDS}
     assert fields <= set(spec.IDENTITY_COLUMNS)  # every identity field is stored
-    assert {"skew", "num_shared_experts", "shared_intermediate", "trace", "l2_flush", "graph_max_tokens",
-            "timing", "memory_budget"} <= fields
+    assert {
+        "skew",
+        "num_shared_experts",
+        "shared_intermediate",
+        "trace",
+        "l2_flush",
+        "graph_max_tokens",
+        "timing",
+        "memory_budget",
+    } <= fields
     (c,), _ = plan.plan(["backend=local", "experts=torch", "model=tiny"], None)
     for f in spec.IDENTITY_FIELDS:  # changing any identity field changes the key
         v = getattr(c.combo, f.name)
@@ -47,22 +56,47 @@ def test_identity_fields_are_columns_and_the_key_covers_them():
 
 def _two_runs(tmp_path, base_changes: dict, cand_changes: dict, name: str):
     rng = np.random.default_rng(0)
-    rows_a = [make_row("local", "torch", "experts", "none", "bf16", t, samples_us=samples_from(100 + t, 0.01, 20, rng),
-                       **base_changes) for t in (16, 64)]
-    rows_b = [make_row("local", "torch", "experts", "none", "bf16", t, samples_us=samples_from(100 + t, 0.01, 20, rng),
-                       **cand_changes) for t in (16, 64)]
+    rows_a = [
+        make_row(
+            "local",
+            "torch",
+            "experts",
+            "none",
+            "bf16",
+            t,
+            samples_us=samples_from(100 + t, 0.01, 20, rng),
+            **base_changes,
+        )
+        for t in (16, 64)
+    ]
+    rows_b = [
+        make_row(
+            "local",
+            "torch",
+            "experts",
+            "none",
+            "bf16",
+            t,
+            samples_us=samples_from(100 + t, 0.01, 20, rng),
+            **cand_changes,
+        )
+        for t in (16, 64)
+    ]
     a = write_run(tmp_path / f"{name}_a", pd.DataFrame(rows_a))
     b = write_run(tmp_path / f"{name}_b", pd.DataFrame(rows_b))
     return load_run(a)[0], load_run(b)[0]
 
 
-@pytest.mark.parametrize("base, cand", [
-    ({"routing": "zipf", "skew": 1.2}, {"routing": "zipf", "skew": 3.0}),  # the issue's wrong pairing
-    ({}, {"shared_sm_carveout": 24}),
-    ({"knobs_set": {"num_sms": 24}}, {"knobs_set": {"num_sms": 16}}),
-    ({}, {"timing": "graph"}),
-    ({}, {"trace": "torch"}),
-])
+@pytest.mark.parametrize(
+    "base, cand",
+    [
+        ({"routing": "zipf", "skew": 1.2}, {"routing": "zipf", "skew": 3.0}),  # the issue's wrong pairing
+        ({}, {"shared_sm_carveout": 24}),
+        ({"knobs_set": {"num_sms": 24}}, {"knobs_set": {"num_sms": 16}}),
+        ({}, {"timing": "graph"}),
+        ({}, {"trace": "torch"}),
+    ],
+)
 def test_compare_pairs_no_rows_of_combinations_that_differ_in_one_field_or_knob(tmp_path, base, cand):
     a, b = _two_runs(tmp_path, base, cand, "x")
     cmp = compare_runs(a, b)
@@ -72,8 +106,14 @@ def test_compare_pairs_no_rows_of_combinations_that_differ_in_one_field_or_knob(
 
 
 def test_plans_that_differ_only_in_a_knob_have_different_keys():
-    ovs = ["backend=deepep_ht", "experts=torch", "reduction=finalize", "overlap=combine", "model=deepseek_v3",
-           "runner.device=cpu"]
+    ovs = [
+        "backend=deepep_ht",
+        "experts=torch",
+        "reduction=finalize",
+        "overlap=combine",
+        "model=deepseek_v3",
+        "runner.device=cpu",
+    ]
     (a,), _ = plan.plan(ovs + ["backend.num_sms=16"], None)
     (b,), _ = plan.plan(ovs + ["backend.num_sms=24"], None)
     (c,), _ = plan.plan(ovs + ["overlap.shared_sm_carveout=24"], None)
@@ -129,8 +169,14 @@ def test_compare_over_committed_runs_pairs_only_equal_keys_and_identities():
                 continue
             cmp = compare_runs(loaded[a], loaded[b])
             base = loaded[a].drop_duplicates(["combo_key", "tokens_per_rank"], keep="last")
-            got = cmp.matched.merge(base, on=["combo_key", "tokens_per_rank"], how="left", suffixes=("", "@base"),
-                                    indicator=True, validate="many_to_one")
+            got = cmp.matched.merge(
+                base,
+                on=["combo_key", "tokens_per_rank"],
+                how="left",
+                suffixes=("", "@base"),
+                indicator=True,
+                validate="many_to_one",
+            )
             assert (got["_merge"] == "both").all(), (a, b)
             for col in cols:
                 if col in base.columns and col != "tokens_per_rank":
@@ -148,8 +194,20 @@ def _cpu_sweep(out, overrides=SCHEMA_SWEEP):
     from moebench.results.store import RunStore
     from moebench.run.sweep import execute
 
-    run_dir, _ = execute([*overrides, "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=2",
-                          "runner.warmup=0", "runner.phase_reps=1"], "default", str(out), quiet=True)
+    run_dir, _ = execute(
+        [
+            *overrides,
+            "quant=bf16",
+            "model=tiny",
+            "workload.tokens_per_rank=[4]",
+            "runner.reps=2",
+            "runner.warmup=0",
+            "runner.phase_reps=1",
+        ],
+        "default",
+        str(out),
+        quiet=True,
+    )
     return RunStore(run_dir).load()
 
 
@@ -204,9 +262,18 @@ def _kind(col: pd.Series) -> str:
     vals = [v for v in col if v is not None and not (isinstance(v, float) and np.isnan(v))]
     if not vals:
         return "null"
-    kinds = {"list" if isinstance(v, (list, np.ndarray)) else "bool" if isinstance(v, (bool, np.bool_))
-             else "int" if isinstance(v, (int, np.integer)) else "float" if isinstance(v, (float, np.floating))
-             else "str" for v in vals}
+    kinds = {
+        "list"
+        if isinstance(v, (list, np.ndarray))
+        else "bool"
+        if isinstance(v, (bool, np.bool_))
+        else "int"
+        if isinstance(v, (int, np.integer))
+        else "float"
+        if isinstance(v, (float, np.floating))
+        else "str"
+        for v in vals
+    }
     if kinds == {"int", "float"}:
         return "float"
     return "|".join(sorted(kinds))
@@ -217,5 +284,3 @@ def _diff(golden: dict, now: dict) -> str:
     gone = sorted(set(golden) - set(now))
     changed = sorted(k for k in set(now) & set(golden) if now[k] != golden[k])
     return f"added {added}, removed {gone}, changed {[(k, golden[k], now[k]) for k in changed]}"
-
-

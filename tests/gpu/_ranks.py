@@ -6,6 +6,7 @@ rank, then module._after_job(rows) (the collective clean-up of its library), and
 the per-rank rows, or raises with the first rank's traceback. A rendezvous port taken
 between choosing it and binding it (EADDRINUSE) is retried with a new one.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,8 +36,9 @@ def _rank_entry(rank, port, module, fn_name, args, out_dir):
     try:
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                device_id=device)
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, device_id=device
+        )
         mod = importlib.import_module(module)
         rows = getattr(mod, fn_name)(rank, device, *args)
     except BaseException:
@@ -60,8 +62,7 @@ def _spawn_once(module, fn_name, args, out_dir, timeout_s, hang_hint):
             os.remove(path)
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_rank_entry, args=(r, port, module, fn_name, args, str(out_dir)))
-             for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank_entry, args=(r, port, module, fn_name, args, str(out_dir))) for r in range(WORLD)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s

@@ -9,6 +9,7 @@ checks what DeepEP handed over: local ids, row counts, comm_bytes().
 
 Run: pytest -m gpu tests/gpu/test_deepep_ht.py -s
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,10 +32,12 @@ WORLD = 2
 SEED = 1234
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 MODELS = {
-    "deepseek_v2_lite": LayerShape(hidden=2048, intermediate=1408, num_experts=64, topk=6,
-                                   num_shared_experts=2, shared_intermediate=1408),
-    "deepseek_v3": LayerShape(hidden=7168, intermediate=2048, num_experts=256, topk=8,
-                              num_shared_experts=1, shared_intermediate=2048),
+    "deepseek_v2_lite": LayerShape(
+        hidden=2048, intermediate=1408, num_experts=64, topk=6, num_shared_experts=2, shared_intermediate=1408
+    ),
+    "deepseek_v3": LayerShape(
+        hidden=7168, intermediate=2048, num_experts=256, topk=8, num_shared_experts=1, shared_intermediate=2048
+    ),
 }
 # fp8_tensor (dispatched bf16, quantized after) on the small model only
 QUANTS = {"deepseek_v2_lite": ("bf16", "fp8_block", "fp8_tensor"), "deepseek_v3": ("bf16", "fp8_block")}
@@ -169,8 +172,15 @@ def _run_rank(rank, shape_name, shape, quants, tokens, device):
     shared = SharedExperts(sh13, sh2)
     for qname in quants:
         quant = QuantSpec(qname)
-        ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD,
-                            group=dist.group.WORLD, options={"num_sms": 24})
+        ctx = KernelContext(
+            shape=shape,
+            quant=quant,
+            device=device,
+            rank=rank,
+            world_size=WORLD,
+            group=dist.group.WORLD,
+            options={"num_sms": 24},
+        )
         experts = {"experts": TorchExperts(_local_weights(shape, quant, ctx), "experts", ctx)}
         experts["finalize"] = copy.copy(experts["experts"])  # shares the bf16 weight copies
         experts["finalize"].reduction = "finalize"
@@ -185,8 +195,19 @@ def _run_rank(rank, shape_name, shape, quants, tokens, device):
                     kernel = MoEKernel(DeepEPHTPrepareFinalize(ctx), experts[red], shared, overlap=ov)
                     errs = [rel_err(kernel(x, w, ids), ref) for _ in range(2)]  # reuse: workspaces, buffer
                     kernel.close()
-                    rows.append(dict(model=shape_name, quant=qname, tokens=T, reduction=red, overlap=ov,
-                                     rel_err=max(errs), tol=TOL[qname], rows=M, checks=checks))
+                    rows.append(
+                        dict(
+                            model=shape_name,
+                            quant=qname,
+                            tokens=T,
+                            reduction=red,
+                            overlap=ov,
+                            rel_err=max(errs),
+                            tol=TOL[qname],
+                            rows=M,
+                            checks=checks,
+                        )
+                    )
         del experts
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -201,8 +222,9 @@ def _worker(rank, port, shape_name, shape, quants, tokens, out_dir, device_type=
     if device_type == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=WORLD, device_id=device)
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, device_id=device
+        )
     else:  # a CPU dry run of this test's own logic (with a stand-in deep_ep)
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -235,8 +257,12 @@ def run_job(shape_name, shape, quants, tokens, out_dir, device_type="cuda"):
     import torch.multiprocessing as mp
 
     os.environ.update(COMM_ENV)
-    mp.spawn(_worker, args=(_free_port(), shape_name, shape, quants, tokens, str(out_dir), device_type),
-             nprocs=WORLD, join=True)
+    mp.spawn(
+        _worker,
+        args=(_free_port(), shape_name, shape, quants, tokens, str(out_dir), device_type),
+        nprocs=WORLD,
+        join=True,
+    )
     per_rank = []
     for r in range(WORLD):
         with open(os.path.join(out_dir, f"rank{r}.json")) as f:
@@ -248,15 +274,21 @@ def report(per_rank) -> list[str]:
     """Print one line per case (max rel_err over ranks); return the failures."""
     failures = []
     cases = [r for r in per_rank[0] if "rel_err" in r]
-    print(f"\n{'model':17s} {'quant':10s} {'tokens':>6s} {'reduction':9s} {'overlap':8s} {'rows/rank':>14s} {'rel_err':>9s}  tol")
+    print(
+        f"\n{'model':17s} {'quant':10s} {'tokens':>6s} {'reduction':9s} {'overlap':8s} {'rows/rank':>14s} {'rel_err':>9s}  tol"
+    )
     for i, c in enumerate(cases):
         errs = [pr[i]["rel_err"] for pr in per_rank]
         rows = "/".join(str(pr[i]["rows"]) for pr in per_rank)
         bad_checks = sorted({k for pr in per_rank for k, v in pr[i]["checks"].items() if not v})
-        print(f"{c['model']:17s} {c['quant']:10s} {c['tokens']:6d} {c['reduction']:9s} {c['overlap']:8s} "
-              f"{rows:>14s} {max(errs):9.2e}  {c['tol']:.0e} {'FAIL ' + ','.join(bad_checks) if bad_checks else ''}")
+        print(
+            f"{c['model']:17s} {c['quant']:10s} {c['tokens']:6d} {c['reduction']:9s} {c['overlap']:8s} "
+            f"{rows:>14s} {max(errs):9.2e}  {c['tol']:.0e} {'FAIL ' + ','.join(bad_checks) if bad_checks else ''}"
+        )
         if not max(errs) <= c["tol"]:
-            failures.append(f"{c['model']}/{c['quant']}/{c['tokens']}/{c['reduction']}/{c['overlap']}: rel_err {max(errs):.3e} > {c['tol']}")
+            failures.append(
+                f"{c['model']}/{c['quant']}/{c['tokens']}/{c['reduction']}/{c['overlap']}: rel_err {max(errs):.3e} > {c['tol']}"
+            )
         if bad_checks:
             failures.append(f"{c['model']}/{c['quant']}/{c['tokens']}: checks failed {bad_checks}")
     buffers = [pr[-1].get("buffers") for pr in per_rank]
@@ -294,11 +326,28 @@ def test_deepep_ht_chunk_configs_and_carveout_through_the_sweep(tmp_path):
     if reason:
         pytest.skip(reason)
     os.environ.update(COMM_ENV)
-    run_dir, _ = execute(["backend=deepep_ht", "experts=torch", "reduction=finalize", "overlap=none,combine",
-                          "quant=bf16,fp8_block", "model=deepseek_v2_lite", "workload.tokens_per_rank=[128,1024]",
-                          "backend.dispatch_nvl_chunk=0,24", "backend.combine_nvl_chunk=8",
-                          "overlap.shared_sm_carveout=24", "runner.device=cuda", "runner.reps=5", "runner.warmup_ms=0",
-                          "runner.warmup=2", "runner.phase_reps=2"], None, str(tmp_path), quiet=False)
+    run_dir, _ = execute(
+        [
+            "backend=deepep_ht",
+            "experts=torch",
+            "reduction=finalize",
+            "overlap=none,combine",
+            "quant=bf16,fp8_block",
+            "model=deepseek_v2_lite",
+            "workload.tokens_per_rank=[128,1024]",
+            "backend.dispatch_nvl_chunk=0,24",
+            "backend.combine_nvl_chunk=8",
+            "overlap.shared_sm_carveout=24",
+            "runner.device=cuda",
+            "runner.reps=5",
+            "runner.warmup_ms=0",
+            "runner.warmup=2",
+            "runner.phase_reps=2",
+        ],
+        None,
+        str(tmp_path),
+        quiet=False,
+    )
     df = RunStore(run_dir).load()
     print(df[["label", "tokens_per_rank", "status", "rel_err", "overlap_fraction"]].to_string())
     assert len(df) == 16 and (df.status == "ok").all(), df[["label", "tokens_per_rank", "status", "reason"]]

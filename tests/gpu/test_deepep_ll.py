@@ -16,6 +16,7 @@
 
 Run: python3 -m pytest -m gpu tests/gpu/test_deepep_ll.py --require deep_ep -s
 """
+
 from __future__ import annotations
 
 import os
@@ -54,9 +55,23 @@ def _execute(overrides, out):
 
 
 def _show(df) -> None:
-    cols = ["label", "tokens_per_rank", "status", "rel_err", "timing_mode", "latency_us_median", "dispatch_us",
-            "experts_us", "combine_us", "nvlink_gbps", "overlap_fraction", "workspace_bytes_peak",
-            "analytic_peak_bytes", "device_bytes_peak", "reason"]
+    cols = [
+        "label",
+        "tokens_per_rank",
+        "status",
+        "rel_err",
+        "timing_mode",
+        "latency_us_median",
+        "dispatch_us",
+        "experts_us",
+        "combine_us",
+        "nvlink_gbps",
+        "overlap_fraction",
+        "workspace_bytes_peak",
+        "analytic_peak_bytes",
+        "device_bytes_peak",
+        "reason",
+    ]
     print("\n" + df[[c for c in cols if c in df.columns]].sort_values(["label", "tokens_per_rank"]).to_string())
 
 
@@ -68,9 +83,19 @@ def _show(df) -> None:
 def test_deepep_ll_matches_reference_through_the_sweep(model, tmp_path):
     _require_setup()
     tokens = SWEEP_TOKENS[model]
-    df = _execute(["backend=deepep_ll", "experts=triton_batched,torch_batched", "reduction=finalize",
-                   "overlap=none,dispatch,combine", "quant=bf16,fp8_block", f"model={model}",
-                   f"workload.tokens_per_rank=[{','.join(map(str, tokens))}]", *QUICK], tmp_path / model)
+    df = _execute(
+        [
+            "backend=deepep_ll",
+            "experts=triton_batched,torch_batched",
+            "reduction=finalize",
+            "overlap=none,dispatch,combine",
+            "quant=bf16,fp8_block",
+            f"model={model}",
+            f"workload.tokens_per_rank=[{','.join(map(str, tokens))}]",
+            *QUICK,
+        ],
+        tmp_path / model,
+    )
     _show(df)
     assert len(df) == 2 * 2 * 3 * len(tokens), "every combination is valid: none may be missing or skipped"
     bad = df[df.status != "ok"]
@@ -86,9 +111,20 @@ def test_deepep_ll_matches_reference_through_the_sweep(model, tmp_path):
 
 def test_deepep_ll_graph_timing(tmp_path):
     _require_setup()
-    df = _execute(["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "overlap=none,dispatch,combine",
-                   "quant=fp8_block", "model=deepseek_v2_lite", "workload.tokens_per_rank=[128]",
-                   "runner.timing=graph", *QUICK], tmp_path / "graph")
+    df = _execute(
+        [
+            "backend=deepep_ll",
+            "experts=triton_batched",
+            "reduction=finalize",
+            "overlap=none,dispatch,combine",
+            "quant=fp8_block",
+            "model=deepseek_v2_lite",
+            "workload.tokens_per_rank=[128]",
+            "runner.timing=graph",
+            *QUICK,
+        ],
+        tmp_path / "graph",
+    )
     _show(df)
     assert len(df) == 3
     bad = df[df.status != "ok"]
@@ -118,10 +154,12 @@ def _shape(name):
     from moebench.kernels.interfaces import LayerShape
 
     return {
-        "deepseek_v2_lite": LayerShape(hidden=2048, intermediate=1408, num_experts=64, topk=6,
-                                       num_shared_experts=2, shared_intermediate=1408),
-        "deepseek_v3": LayerShape(hidden=7168, intermediate=2048, num_experts=256, topk=8,
-                                  num_shared_experts=1, shared_intermediate=2048),
+        "deepseek_v2_lite": LayerShape(
+            hidden=2048, intermediate=1408, num_experts=64, topk=6, num_shared_experts=2, shared_intermediate=1408
+        ),
+        "deepseek_v3": LayerShape(
+            hidden=7168, intermediate=2048, num_experts=256, topk=8, num_shared_experts=1, shared_intermediate=2048
+        ),
     }[name]
 
 
@@ -175,7 +213,9 @@ def _handover_checks(pf, ctx, x, w, ids, quant, hook):
     checks["rows"], checks["layout_range"] = rows_ok, ranges_ok
     pairs_in = sum(int(((a // E) == rank).logical_and(a >= 0).sum()) for j, a in enumerate(all_ids) if j != rank)
     pairs_out = int(((ids >= 0) & (ids // E != rank)).sum())
-    checks["comm_bytes"] = pf.comm_bytes(x.shape[0], prep) == (pairs_out + pairs_in) * (dispatch_msg_bytes(K, fp8) + 2 * K)
+    checks["comm_bytes"] = pf.comm_bytes(x.shape[0], prep) == (pairs_out + pairs_in) * (
+        dispatch_msg_bytes(K, fp8) + 2 * K
+    )
     nbytes = prep.x.numel() * prep.x.element_size() + (prep.x_scale.numel() * 4 if fp8 else 0)
     nbytes += src_info_EX.numel() * 4 + layout_ER.numel() * 8 + count_E.numel() * 4
     checks["prepared_bytes"] = pf.prepared_bytes(x.shape[0], quant) == nbytes
@@ -242,8 +282,15 @@ def _direct(rank, device, model, quants, tokens, cap):
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float())
     for qname in quants:
         quant = QuantSpec(qname)
-        ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD,
-                            group=dist.group.WORLD, max_tokens_per_rank=cap)
+        ctx = KernelContext(
+            shape=shape,
+            quant=quant,
+            device=device,
+            rank=rank,
+            world_size=WORLD,
+            group=dist.group.WORLD,
+            max_tokens_per_rank=cap,
+        )
         experts = TritonBatchedExperts(build_expert_weights(ctx, seed), "finalize", ctx)
         ref_fn = reference_expert_fn(shape, quant, seed, device)
         for T in tokens:
@@ -275,8 +322,10 @@ def test_deepep_ll_hands_over_what_deepep_promises_and_replays_in_graphs(tmp_pat
         bad = sorted({k for pr in per_rank for k, v in pr[i].get("checks", {}).items() if not v})
         errs = [pr[i].get("rel_err") for pr in per_rank]
         err = max(errs) if errs[0] is not None else None
-        print(f"{c['what']:30s} {c['quant']:10s} {c['tokens']:4d} "
-              + (f"rel_err {err:.2e}" if err is not None else f"checks {'FAIL ' + ','.join(bad) if bad else 'ok'}"))
+        print(
+            f"{c['what']:30s} {c['quant']:10s} {c['tokens']:4d} "
+            + (f"rel_err {err:.2e}" if err is not None else f"checks {'FAIL ' + ','.join(bad) if bad else 'ok'}")
+        )
         if bad:
             failures.append(f"{c['what']} {c['quant']} T={c['tokens']}: {bad}")
         if err is not None and not err <= TOL[c["quant"]]:
@@ -301,8 +350,15 @@ def _coexist(rank, device):
     from moebench.measure.workload import build_expert_weights, make_inputs, reference_expert_fn
 
     shape, quant, seed = _shape("deepseek_v2_lite"), QuantSpec("bf16"), 0
-    ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD, group=dist.group.WORLD,
-                        options={"num_sms": 24})
+    ctx = KernelContext(
+        shape=shape,
+        quant=quant,
+        device=device,
+        rank=rank,
+        world_size=WORLD,
+        group=dist.group.WORLD,
+        options={"num_sms": 24},
+    )
     weights = build_expert_weights(ctx, seed)
     x, w, ids = make_inputs(shape, 64, "uniform", 1.2, seed, rank, 1, device)
     ref = reference_moe(x, w, ids, reference_expert_fn(shape, quant, seed, device))

@@ -17,6 +17,7 @@ Run: python3 -m pytest -m gpu tests/gpu/test_deepgemm.py --require deep_gemm
 (with third_party/deepgemm_build on PYTHONPATH; without the library the tests
 fail under --require and skip otherwise).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -43,11 +44,15 @@ def deep_gemm_here():
     mod, reason = _deep_gemm.load()
     if mod is None:
         pytest.skip(reason)  # the reason names deep_gemm, so --require turns this into a failure
-    reason = _deep_gemm.deepgemm_unsupported({"quant": "fp8_block", "hidden": 2048, "intermediate": 1408, "device": "cuda"})
+    reason = _deep_gemm.deepgemm_unsupported(
+        {"quant": "fp8_block", "hidden": 2048, "intermediate": 1408, "device": "cuda"}
+    )
     if reason:
         pytest.skip(reason)
-    print(f"\ndeep_gemm {getattr(mod, '__version__', '?')} from {mod.__file__}, "
-          f"mk alignment {mod.get_mk_alignment_for_contiguous_layout()}")
+    print(
+        f"\ndeep_gemm {getattr(mod, '__version__', '?')} from {mod.__file__}, "
+        f"mk alignment {mod.get_mk_alignment_for_contiguous_layout()}"
+    )
 
 
 # -- through moebench sweep ------------------------------------------------------
@@ -62,23 +67,51 @@ def _execute(overrides, out):
 
 
 def _show(df):
-    cols = ["backend", "experts", "reduction", "routing", "tokens_per_rank", "status", "rel_err",
-            "experts_us", "workspace_bytes_peak", "analytic_peak_bytes", "reason"]
+    cols = [
+        "backend",
+        "experts",
+        "reduction",
+        "routing",
+        "tokens_per_rank",
+        "status",
+        "rel_err",
+        "experts_us",
+        "workspace_bytes_peak",
+        "analytic_peak_bytes",
+        "reason",
+    ]
     print(df[[c for c in cols if c in df.columns]].sort_values(cols[:5]).to_string(max_colwidth=60))
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_valid_combination_through_moebench(model, tmp_path):
-    df = _execute(["backend=local,local_batched", "experts=deepgemm,deepgemm_masked,triton_or_deepgemm",
-                   "reduction=experts,finalize", "overlap=none", "quant=fp8_block", f"model={model}",
-                   f"workload.tokens_per_rank=[{','.join(map(str, TOKENS))}]", "workload.routing=uniform,zipf",
-                   f"experts.deepgemm_min_tokens={MIN_TOKENS}", "runner.device=cuda", "runner.timing=events",
-                   "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.warmup_ms=0"], tmp_path / model)
+    df = _execute(
+        [
+            "backend=local,local_batched",
+            "experts=deepgemm,deepgemm_masked,triton_or_deepgemm",
+            "reduction=experts,finalize",
+            "overlap=none",
+            "quant=fp8_block",
+            f"model={model}",
+            f"workload.tokens_per_rank=[{','.join(map(str, TOKENS))}]",
+            "workload.routing=uniform,zipf",
+            f"experts.deepgemm_min_tokens={MIN_TOKENS}",
+            "runner.device=cuda",
+            "runner.timing=events",
+            "runner.reps=5",
+            "runner.warmup=2",
+            "runner.phase_reps=2",
+            "runner.warmup_ms=0",
+        ],
+        tmp_path / model,
+    )
     _show(df)
     ran = df[df.status != "skipped"]
     # local x {deepgemm, triton_or_deepgemm} x 2 reductions + local_batched x deepgemm_masked x finalize
     assert len(ran) == 5 * 2 * len(TOKENS), df[["backend", "experts", "reduction", "status", "reason"]].to_string()
-    assert set(ran.status) == {"ok"}, ran[ran.status != "ok"][["label", "tokens_per_rank", "status", "reason"]].to_string()
+    assert set(ran.status) == {"ok"}, ran[ran.status != "ok"][
+        ["label", "tokens_per_rank", "status", "reason"]
+    ].to_string()
     assert (ran.rel_err <= TOL).all()
     skipped = df[df.status == "skipped"]
     assert all(("layouts differ" in r) or ("reduction=finalize" in r) for r in skipped.reason), skipped.reason.unique()
@@ -86,10 +119,23 @@ def test_every_valid_combination_through_moebench(model, tmp_path):
 
 def test_graph_timing_through_moebench(tmp_path):
     """runner.timing=graph captures the standard-layout experts (<= 256 tokens)."""
-    df = _execute(["backend=local", "experts=deepgemm,triton_or_deepgemm", "reduction=experts,finalize",
-                   "overlap=none", "quant=fp8_block", "model=deepseek_v2_lite", "workload.tokens_per_rank=[16,256]",
-                   "runner.device=cuda", "runner.timing=graph", "runner.reps=5", "runner.warmup=2",
-                   "runner.phase_reps=2"], tmp_path / "graph")
+    df = _execute(
+        [
+            "backend=local",
+            "experts=deepgemm,triton_or_deepgemm",
+            "reduction=experts,finalize",
+            "overlap=none",
+            "quant=fp8_block",
+            "model=deepseek_v2_lite",
+            "workload.tokens_per_rank=[16,256]",
+            "runner.device=cuda",
+            "runner.timing=graph",
+            "runner.reps=5",
+            "runner.warmup=2",
+            "runner.phase_reps=2",
+        ],
+        tmp_path / "graph",
+    )
     _show(df)
     assert len(df) == 2 * 2 * 2 and set(df.status) == {"ok"}, df[["label", "status", "reason"]].to_string()
     assert set(df.timing_mode) == {"graph"}
@@ -105,9 +151,18 @@ def build(model: str, backend: str, experts: str, reduction: str, min_tokens: in
     from moebench.measure.layer import build_layer
     from moebench.measure.workload import reference_expert_fn
 
-    cfg = compose.compose_config([f"backend={backend}", f"experts={experts}", f"reduction={reduction}",
-                               "overlap=none", "quant=fp8_block", f"model={model}",
-                               f"experts.deepgemm_min_tokens={min_tokens}", "runner.device=cuda"])
+    cfg = compose.compose_config(
+        [
+            f"backend={backend}",
+            f"experts={experts}",
+            f"reduction={reduction}",
+            "overlap=none",
+            "quant=fp8_block",
+            f"model={model}",
+            f"experts.deepgemm_min_tokens={min_tokens}",
+            "runner.device=cuda",
+        ]
+    )
     combo = compose.to_combo(cfg)
     assert validity.validate(combo) is None, validity.validate(combo)
     layer = build_layer(combo, 0, 1, None, DEV)
@@ -156,10 +211,14 @@ def test_contiguous_with_a_bf16_input():
     ctx, kernel, ref_w = build("deepseek_v2_lite", "local", "deepgemm", "experts")
     ex, T = kernel.experts, 300
     x, w, ids = inputs(ctx, T)
-    prepared = PreparedTokens(x=x, x_scale=None, topk_ids_MP=localize_ids(ids, 0, ctx.num_local_experts), topk_weights_MP=w)
+    prepared = PreparedTokens(
+        x=x, x_scale=None, topk_ids_MP=localize_ids(ids, 0, ctx.num_local_experts), topk_weights_MP=w
+    )
     s = ctx.shape
-    ws13, ws2, out = (torch.empty(sh, dtype=torch.bfloat16, device=DEV)
-                      for sh in ex.workspace_shapes(T, s.n, s.hidden, s.topk, ctx.num_local_experts))
+    ws13, ws2, out = (
+        torch.empty(sh, dtype=torch.bfloat16, device=DEV)
+        for sh in ex.workspace_shapes(T, s.n, s.hidden, s.topk, ctx.num_local_experts)
+    )
     ex.apply(out, prepared, ws13, ws2)
     assert rel_err(out, reference_moe(x, w, ids, ref_w)) <= TOL
 
@@ -199,10 +258,15 @@ def _peak(fn) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-@pytest.mark.parametrize("backend,experts,reduction,T", [
-    ("local", "deepgemm", "experts", 16), ("local", "deepgemm", "finalize", 512),
-    ("local_batched", "deepgemm_masked", "finalize", 100), ("local_batched", "deepgemm_masked", "finalize", 256),
-])
+@pytest.mark.parametrize(
+    "backend,experts,reduction,T",
+    [
+        ("local", "deepgemm", "experts", 16),
+        ("local", "deepgemm", "finalize", 512),
+        ("local_batched", "deepgemm_masked", "finalize", 100),
+        ("local_batched", "deepgemm_masked", "finalize", 256),
+    ],
+)
 def test_apply_allocates_what_it_declares(backend, experts, reduction, T):
     ctx, kernel, _ = build("deepseek_v2_lite", backend, experts, reduction)
     ex, pf = kernel.experts, kernel.pf
@@ -216,7 +280,9 @@ def test_apply_allocates_what_it_declares(backend, experts, reduction, T):
     apply_peak = _peak(lambda: ex.apply(ws[2], prepared, ws[0], ws[1]))
     transient = ex.transient_bytes(*dims)
     total = sum(t.numel() * 2 for t in ws) + transient
-    print(f"{experts} T={T}: apply peak {apply_peak} B, declared transient {transient} B, workspaces {total - transient} B")
+    print(
+        f"{experts} T={T}: apply peak {apply_peak} B, declared transient {transient} B, workspaces {total - transient} B"
+    )
     assert apply_peak <= transient, (apply_peak, transient)
     assert transient - apply_peak <= 0.05 * total, (apply_peak, transient, total)
 

@@ -3,6 +3,7 @@ default sweep runs a real model (DeepSeek-V3's EP-8 share at 128 and 4096 tokens
 and ends with ok rows for every combination this machine can run, each checked against the
 reference; the EP combinations a machine with fewer GPUs cannot run are skipped rows that
 say how many GPUs they need."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,14 @@ def test_default_sweep_on_this_machine(tmp_path):
     # keeps its rows); the sweep then resumes there and must still end with these rows
     out = Path(os.environ.get("MOEBENCH_DEFAULT_SWEEP_OUT") or tmp_path / "default")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "moebench.cli", "sweep", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-m", "moebench.cli", "sweep", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ),
+    )
     wall = time.monotonic() - t0
     print(proc.stderr[-3000:])
     print(f"default sweep: {wall:.0f} s on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
@@ -47,9 +54,12 @@ def test_default_sweep_on_this_machine(tmp_path):
         assert len(ep) and (ep.status == "skipped").all()
         # the pairings that could run say how many GPUs they need (the rest break a rule first)
         runnable = ep[~ep.reason.str.contains("layouts differ|need quant=fp8_block|only reduction=finalize")]
-        assert len(runnable) and runnable.reason.str.contains("ranks (one per GPU): this machine has 1 GPU",
-                                                              regex=False).all()
+        assert (
+            len(runnable)
+            and runnable.reason.str.contains("ranks (one per GPU): this machine has 1 GPU", regex=False).all()
+        )
     # the default timing at decode sizes: graph replays where the layer can be captured
     small = ok[ok.tokens_per_rank == 128]
-    assert (small[small.experts.isin(["triton", "triton_batched"]) & small.backend.eq("local")].timing_mode
-            == "graph").all()
+    assert (
+        small[small.experts.isin(["triton", "triton_batched"]) & small.backend.eq("local")].timing_mode == "graph"
+    ).all()

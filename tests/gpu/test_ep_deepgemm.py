@@ -3,6 +3,7 @@ experts=deepgemm`): deepep_ht with `deepgemm` and `triton_or_deepgemm` for both 
 the three overlap modes, deepep_ll and pplx with `deepgemm_masked`, each against the float32
 reference with skewed (zipf) routing that sends every token to rank 0's experts, so that rank
 1's experts get no token."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,11 @@ CASES = [  # (backend, experts, reductions, tokens)
 ]
 # what each case exercises, for --require (tests/support/_require.py): both libraries and 2 GPUs, so the
 # one-GPU suite's --require deep_gemm lets them skip and --require deep_ep,deep_gemm does not
-NEEDS = {"deepep_ht": ("deep_ep", "deep_gemm"), "deepep_ll": ("deep_ep", "deep_gemm"),
-         "pplx": ("pplx_kernels", "deep_gemm")}
+NEEDS = {
+    "deepep_ht": ("deep_ep", "deep_gemm"),
+    "deepep_ll": ("deep_ep", "deep_gemm"),
+    "pplx": ("pplx_kernels", "deep_gemm"),
+}
 OVERLAPS = ("none", "dispatch", "combine")
 
 
@@ -56,8 +60,17 @@ def _rank(rank, port, backend, experts, reductions, tokens, q):
     try:
         for red in reductions:
             for ov in OVERLAPS:
-                cfg = compose_config([f"backend={backend}", f"experts={experts}", f"reduction={red}", f"overlap={ov}",
-                                      "quant=fp8_block", "model=deepseek_v3", f"runner.world_size={WORLD}"])
+                cfg = compose_config(
+                    [
+                        f"backend={backend}",
+                        f"experts={experts}",
+                        f"reduction={red}",
+                        f"overlap={ov}",
+                        "quant=fp8_block",
+                        "model=deepseek_v3",
+                        f"runner.world_size={WORLD}",
+                    ]
+                )
                 combo = to_combo(cfg, device="cuda")
                 why = validate(combo)
                 if why:
@@ -69,12 +82,23 @@ def _rank(rank, port, backend, experts, reductions, tokens, q):
                 sh = kernel.shared
                 for T in tokens:
                     x, w, ids = _skewed_inputs(shape, T, rank, dev)
-                    local = int(((ids >= layer.ctx.first_local_expert)
-                                 & (ids < layer.ctx.first_local_expert + layer.ctx.num_local_experts)).sum())
+                    local = int(
+                        (
+                            (ids >= layer.ctx.first_local_expert)
+                            & (ids < layer.ctx.first_local_expert + layer.ctx.num_local_experts)
+                        ).sum()
+                    )
                     ref = reference_moe(x, w, ids, ref_w, None, (sh.w13_NK.float(), sh.w2_KS.float()))
                     errs = [rel_err(kernel(x, w, ids), ref) for _ in range(2)]  # reuses workspaces, buffers
-                    out.append({"case": f"{red}/{ov}", "tokens": T, "rel_err": max(errs),
-                                "tol": TOLERANCE["fp8_block"], "own_pairs_routed_here": local})
+                    out.append(
+                        {
+                            "case": f"{red}/{ov}",
+                            "tokens": T,
+                            "rel_err": max(errs),
+                            "tol": TOLERANCE["fp8_block"],
+                            "own_pairs_routed_here": local,
+                        }
+                    )
                 kernel.close()
                 del layer
                 torch.cuda.empty_cache()
@@ -84,8 +108,10 @@ def _rank(rank, port, backend, experts, reductions, tokens, q):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} GPUs")
-@pytest.mark.parametrize("backend, experts, reductions, tokens",
-                         [pytest.param(*c, marks=pytest.mark.needs(*NEEDS[c[0]]), id=f"{c[0]}-{c[1]}") for c in CASES])
+@pytest.mark.parametrize(
+    "backend, experts, reductions, tokens",
+    [pytest.param(*c, marks=pytest.mark.needs(*NEEDS[c[0]]), id=f"{c[0]}-{c[1]}") for c in CASES],
+)
 def test_deepgemm_behind_the_ep_backend_with_an_empty_rank(backend, experts, reductions, tokens):
     results = dict(run_ranks(_rank, WORLD, (backend, experts, reductions, tokens), timeout_s=900))
     rows = {r: json.loads(v) for r, v in results.items()}

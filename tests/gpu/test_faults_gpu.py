@@ -1,6 +1,7 @@
 """The fault-injection suite's one-GPU variant: a real CUDA out-of-memory and a kernel that
 never returns each give their row (`oom`, `timeout`), the next combination runs clean, no
 rank is left, and the GPU's memory is back to its baseline after each faulty combination."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,18 +20,35 @@ def _used_bytes() -> int:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fault, status, words", [
-    ("oom", "oom", "OutOfMemoryError"),
-    ("gpu_hang", "timeout", "no result within"),
-])
+@pytest.mark.parametrize(
+    "fault, status, words",
+    [
+        ("oom", "oom", "OutOfMemoryError"),
+        ("gpu_hang", "timeout", "no result within"),
+    ],
+)
 def test_gpu_fault_gives_its_row_and_frees_the_gpu(tmp_path, fault, status, words):
     torch.cuda.init()
     torch.zeros(1, device="cuda")  # this process's own context, in the baseline
     baseline = _used_bytes()
-    run, counts = execute(["backend=local", "experts=fault", "model=deepseek_v2_lite", "quant=bf16",
-                           "reduction=experts", "overlap=none", "runner.device=cuda",
-                           "workload.tokens_per_rank=[64]", f"experts.fault={fault},none",
-                           "runner.timeout_s=30", *QUICK], None, str(tmp_path / fault), quiet=True)
+    run, counts = execute(
+        [
+            "backend=local",
+            "experts=fault",
+            "model=deepseek_v2_lite",
+            "quant=bf16",
+            "reduction=experts",
+            "overlap=none",
+            "runner.device=cuda",
+            "workload.tokens_per_rank=[64]",
+            f"experts.fault={fault},none",
+            "runner.timeout_s=30",
+            *QUICK,
+        ],
+        None,
+        str(tmp_path / fault),
+        quiet=True,
+    )
     df = RunStore(run).load().set_index("fault")
     assert df.loc[fault, "status"] == status and words in df.loc[fault, "reason"], df.loc[fault, "reason"]
     assert df.loc["none", "status"] == "ok"  # the next combination, in a clean process group
@@ -45,10 +63,26 @@ def test_a_hang_inside_an_nccl_collective_times_out_and_frees_both_gpus(tmp_path
     timeout, the next combination runs in a clean group, each GPU's memory is back."""
     torch.zeros(1, device="cuda:0"), torch.zeros(1, device="cuda:1")
     base = [torch.cuda.mem_get_info(d) for d in (0, 1)]
-    run, _ = execute(["backend=naive", "experts=fault", "model=deepseek_v2_lite", "quant=bf16",
-                      "reduction=experts", "overlap=none", "runner.device=cuda", "runner.world_size=2",
-                      "workload.tokens_per_rank=[64]", "experts.fault=hang_collective,none", "experts.fault_rank=0",
-                      "runner.timeout_s=30", *QUICK], None, str(tmp_path / "nccl_hang"), quiet=True)
+    run, _ = execute(
+        [
+            "backend=naive",
+            "experts=fault",
+            "model=deepseek_v2_lite",
+            "quant=bf16",
+            "reduction=experts",
+            "overlap=none",
+            "runner.device=cuda",
+            "runner.world_size=2",
+            "workload.tokens_per_rank=[64]",
+            "experts.fault=hang_collective,none",
+            "experts.fault_rank=0",
+            "runner.timeout_s=30",
+            *QUICK,
+        ],
+        None,
+        str(tmp_path / "nccl_hang"),
+        quiet=True,
+    )
     df = RunStore(run).load().set_index("fault")
     assert df.loc["hang_collective", "status"] == "timeout" and df.loc["none", "status"] == "ok"
     for d, (free0, total) in zip((0, 1), base):

@@ -3,6 +3,7 @@ NCCL all-gather (64 MiB per rank, 2 GPUs) against an independent timing of the s
 callable, calls enqueued back to back between two events (do_bench's way;
 moebench.measure.timing.back_to_back_us). benchmarks/nccl_timing.py prints the same figures
 beside a hand-written barrier loop."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,9 +46,14 @@ def test_allgather_timing_matches_back_to_back_events(tmp_path):
     per_rank = run_job(__name__, "_allgather_job", (MIB, REPS, RUNS), tmp_path, timeout_s=300)
     for rank, pairs in enumerate(per_rank):
         medians = [p["median"] for p in pairs]
-        print(f"all-gather rank {rank}: moebench " + " / ".join(f"{m:.1f}" for m in medians) + " µs, back to back "
-              + " / ".join(f"{p['ref']:.1f}" for p in pairs) + " µs, p80/p20 "
-              + " ".join(f"{p['p80'] / p['p20']:.3f}" for p in pairs))
+        print(
+            f"all-gather rank {rank}: moebench "
+            + " / ".join(f"{m:.1f}" for m in medians)
+            + " µs, back to back "
+            + " / ".join(f"{p['ref']:.1f}" for p in pairs)
+            + " µs, p80/p20 "
+            + " ".join(f"{p['p80'] / p['p20']:.3f}" for p in pairs)
+        )
         for p in pairs:  # within 5 % of the independent timing; tight within a set
             assert abs(p["median"] / p["ref"] - 1) <= 0.05, (rank, pairs)
             assert p["p80"] / p["p20"] <= 1.05, (rank, pairs)

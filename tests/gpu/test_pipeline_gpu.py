@@ -1,6 +1,7 @@
 """GPU suite for the harness: NCCL sweeps, timing validated against independent
 timers, and trace-vs-ablation overlap agreement. Run with
 `python -m pytest -m gpu tests/gpu` on a machine with 2 GPUs."""
+
 from __future__ import annotations
 
 import os
@@ -27,10 +28,22 @@ def _execute(overrides, out, sweep="default"):
 
 @needs_2gpu
 def test_ep_backends_over_nccl_are_ok(tmp_path):
-    df = _execute(["backend=naive,allgather_rs,naive_batched", "experts=torch,torch_batched",
-                   "reduction=experts,finalize", "overlap=none,dispatch,combine", "quant=bf16,fp8_block",
-                   "model=tiny,deepseek_v2_lite", "workload.tokens_per_rank=[128]", "runner.device=cuda",
-                   "runner.reps=10", "runner.warmup=3", "runner.warmup_ms=0"], tmp_path / "nccl")
+    df = _execute(
+        [
+            "backend=naive,allgather_rs,naive_batched",
+            "experts=torch,torch_batched",
+            "reduction=experts,finalize",
+            "overlap=none,dispatch,combine",
+            "quant=bf16,fp8_block",
+            "model=tiny,deepseek_v2_lite",
+            "workload.tokens_per_rank=[128]",
+            "runner.device=cuda",
+            "runner.reps=10",
+            "runner.warmup=3",
+            "runner.warmup_ms=0",
+        ],
+        tmp_path / "nccl",
+    )
     ran = df[df.status != "skipped"]
     assert len(ran) == 2 * 2 * (6 + 6 + 3), ran[["label", "status"]]
     assert set(ran.status) == {"ok"}, ran[ran.status != "ok"][["label", "status", "reason"]].to_string()
@@ -39,16 +52,25 @@ def test_ep_backends_over_nccl_are_ok(tmp_path):
     print(ran.groupby("backend").latency_us_median.describe().to_string())
 
 
-
 @needs_gpu
 def test_memory_budget_caps_the_allocator_and_rows_carry_its_reserved_peak(tmp_path):
     """runner.memory_budget=1GiB on qwen3_30b_a3b's triton experts: 256 tokens per rank fit (their
     allocator reserved peak under the cap), 65536 do not (an oom row with torch's whole account
     of allowed / allocated / reserved memory); rows carry the reserved peak of the timed work,
     at least the forward's allocations."""
-    common = ["backend=local", "experts=triton", "reduction=experts,finalize", "overlap=none", "quant=bf16",
-              "model=qwen3_30b_a3b", "runner.device=cuda", "runner.reps=3", "runner.warmup=1",
-              "runner.warmup_ms=0", "runner.phase_reps=1"]
+    common = [
+        "backend=local",
+        "experts=triton",
+        "reduction=experts,finalize",
+        "overlap=none",
+        "quant=bf16",
+        "model=qwen3_30b_a3b",
+        "runner.device=cuda",
+        "runner.reps=3",
+        "runner.warmup=1",
+        "runner.warmup_ms=0",
+        "runner.phase_reps=1",
+    ]
     df = _execute(common + ["workload.tokens_per_rank=[256,65536]", "runner.memory_budget=1GiB"], tmp_path / "cap")
     by = df.set_index(["reduction", "tokens_per_rank"])
     for red in ("experts", "finalize"):
@@ -61,8 +83,10 @@ def test_memory_budget_caps_the_allocator_and_rows_carry_its_reserved_peak(tmp_p
     free = _execute(common + ["workload.tokens_per_rank=[4096]"], tmp_path / "free")
     assert set(free.status) == {"ok"}
     assert (free.reserved_bytes_peak >= 0.95 * free.workspace_bytes_peak).all(), free[
-        ["reduction", "workspace_bytes_peak", "reserved_bytes_peak"]]
+        ["reduction", "workspace_bytes_peak", "reserved_bytes_peak"]
+    ]
     print(free[["reduction", "workspace_bytes_peak", "reserved_bytes_peak"]].to_string())
+
 
 def _rel(a, b):
     return abs(a / b - 1.0)
@@ -87,8 +111,17 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     gemm()
     torch.testing.assert_close(c, (a.float() @ b.float()).bfloat16(), rtol=2e-2, atol=1)
 
-    cfg = compose.compose_config(["backend=local", "backend.simulate_ep=8", "experts=torch", "model=deepseek_v3",
-                               "reduction=experts", "quant=bf16", "overlap=none"])
+    cfg = compose.compose_config(
+        [
+            "backend=local",
+            "backend.simulate_ep=8",
+            "experts=torch",
+            "model=deepseek_v3",
+            "reduction=experts",
+            "quant=bf16",
+            "overlap=none",
+        ]
+    )
     layer = build_layer(compose.to_combo(cfg), 0, 1, None, dev)
     ctx, kernel = layer.ctx, layer.kernel
     # 4096 tokens: do_bench calls back to back with no hold, so it times the host wherever the
@@ -126,11 +159,18 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
                 ref = do_bench(fn, warmup=2, rep=window_ms, return_mode="median") * 1e3
             pairs.append((ours, ref))
         ratios = [o.median / r for o, r in pairs]
-        runs = [statistics.median(ratios[i:i + 16]) for i in (0, 16, 32)]
+        runs = [statistics.median(ratios[i : i + 16]) for i in (0, 16, 32)]
         pooled = statistics.median(ratios)
-        print(f"{name}: moebench " + " / ".join(f"{o.median:.1f}" for o, _ in pairs) + " µs, do_bench "
-              + " / ".join(f"{r:.1f}" for _, r in pairs) + " µs, run ratios " + " ".join(f"{x:.3f}" for x in runs)
-              + f", pooled {pooled:.3f}, p80/p20 " + " ".join(f"{o.p80 / o.p20:.3f}" for o, _ in pairs))
+        print(
+            f"{name}: moebench "
+            + " / ".join(f"{o.median:.1f}" for o, _ in pairs)
+            + " µs, do_bench "
+            + " / ".join(f"{r:.1f}" for _, r in pairs)
+            + " µs, run ratios "
+            + " ".join(f"{x:.3f}" for x in runs)
+            + f", pooled {pooled:.3f}, p80/p20 "
+            + " ".join(f"{o.p80 / o.p20:.3f}" for o, _ in pairs)
+        )
         for run_ratio in runs:  # (not `x`: the layer's lambda reads the input x)
             assert abs(run_ratio - 1) <= 0.05, (name, runs)
         assert abs(pooled - 1) <= 0.03, (name, pooled, ratios)
@@ -145,15 +185,30 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     overlap=none nothing overlaps; with overlap=combine the two figures agree within 10
     percentage points (issue #4; the sweep behind it, with the SM carveout and torch
     experts beside, is sweeps/trace_vs_ablation.yaml, docs/findings/trace-vs-ablation.md)."""
-    df = _execute(["backend=allgather_rs", "experts=triton", "reduction=experts", "overlap=none,combine", "quant=bf16",
-                   "model=deepseek_v3", "workload.tokens_per_rank=[4096]", "runner.device=cuda", "trace=torch",
-                   "trace.samples=10", "runner.reps=40"], tmp_path / "ovl")
+    df = _execute(
+        [
+            "backend=allgather_rs",
+            "experts=triton",
+            "reduction=experts",
+            "overlap=none,combine",
+            "quant=bf16",
+            "model=deepseek_v3",
+            "workload.tokens_per_rank=[4096]",
+            "runner.device=cuda",
+            "trace=torch",
+            "trace.samples=10",
+            "runner.reps=40",
+        ],
+        tmp_path / "ovl",
+    )
     ok = df[df.status == "ok"].set_index("overlap")
     assert set(ok.index) == {"none", "combine"}
     for ovl, r in ok.iterrows():
-        print(f"{ovl}: overlap_fraction {r.overlap_fraction:.3f} (shared {r.shared_us:.0f} µs, exposed "
-              f"{r.shared_exposed_us:.0f} µs), trace_overlap_fraction {r.trace_overlap_fraction:.3f} "
-              f"({r.trace_overlap_method}; plain intersection {r.trace_intersection_fraction:.3f})")
+        print(
+            f"{ovl}: overlap_fraction {r.overlap_fraction:.3f} (shared {r.shared_us:.0f} µs, exposed "
+            f"{r.shared_exposed_us:.0f} µs), trace_overlap_fraction {r.trace_overlap_fraction:.3f} "
+            f"({r.trace_overlap_method}; plain intersection {r.trace_intersection_fraction:.3f})"
+        )
         assert os.path.exists(os.path.join(tmp_path / "ovl", r.trace_path))
     assert ok.loc["none", "trace_overlap_fraction"] == 0.0
     # with overlap=none the shared experts run after the combine: the ablation must find
@@ -166,8 +221,12 @@ def test_trace_overlap_is_measured_from_real_kernels(tmp_path):
     assert 0.0 <= ok.loc["combine", "trace_overlap_fraction"] <= 1.0
     # issue #4's criterion: 0.5-7.5 points apart in 5 sweeps at 40-80 reps (docs/findings/trace-vs-ablation.md)
     combine = ok.loc["combine"]
-    assert abs(combine.trace_overlap_fraction - combine.overlap_fraction) <= 0.10, \
-        (combine.overlap_fraction, combine.overlap_fraction_lo, combine.overlap_fraction_hi, combine.trace_overlap_fraction)
+    assert abs(combine.trace_overlap_fraction - combine.overlap_fraction) <= 0.10, (
+        combine.overlap_fraction,
+        combine.overlap_fraction_lo,
+        combine.overlap_fraction_hi,
+        combine.trace_overlap_fraction,
+    )
     # the traces hold the ablation samples, and rank 0 read both ranks' traces: the figure of
     # the rank its peer waited for, on collectives trimmed of that wait
     assert ok.loc["combine", "trace_overlap_method"] == "stretch_matched"
@@ -181,14 +240,28 @@ def test_profiler_mode_reports_kernel_durations_per_phase(tmp_path):
     profiler (no host gaps), with the communication kernels' durations per rank."""
     import json
 
-    df = _execute(["backend=allgather_rs", "experts=triton", "reduction=experts", "overlap=none", "quant=bf16",
-                   "model=deepseek_v2_lite", "workload.tokens_per_rank=[256]", "runner.device=cuda",
-                   "runner.timing=profiler", "runner.reps=10"], tmp_path / "prof")
+    df = _execute(
+        [
+            "backend=allgather_rs",
+            "experts=triton",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "model=deepseek_v2_lite",
+            "workload.tokens_per_rank=[256]",
+            "runner.device=cuda",
+            "runner.timing=profiler",
+            "runner.reps=10",
+        ],
+        tmp_path / "prof",
+    )
     ok = df[df.status == "ok"]
     assert len(ok) == 1, df[["label", "status", "reason"]].to_string()
     r = ok.iloc[0]
-    print(f"profiler: layer {r.latency_us_median:.1f} µs, dispatch {r.dispatch_us:.1f}, experts {r.experts_us:.1f}, "
-          f"combine {r.combine_us:.1f}, kernels {list(r.kernel_us)}")
+    print(
+        f"profiler: layer {r.latency_us_median:.1f} µs, dispatch {r.dispatch_us:.1f}, experts {r.experts_us:.1f}, "
+        f"combine {r.combine_us:.1f}, kernels {list(r.kernel_us)}"
+    )
     assert r.timing_mode == "profiler"
     for phase in ("dispatch", "experts", "combine"):
         assert 0 < r[f"{phase}_us"] < r.latency_us_median, phase  # busy time of a part of the layer
@@ -223,6 +296,8 @@ def test_shared_sm_carveout_limits_the_shared_experts_gemms():
     t_full = do_bench(lambda: full(x), warmup=50, rep=300, return_mode="median")
     t_carved = do_bench(lambda: carved(x), warmup=50, rep=300, return_mode="median")
     t_half = do_bench(lambda: SharedExperts(w13, w2, sm_carveout=sms // 2)(x), warmup=50, rep=300, return_mode="median")
-    print(f"shared expert T={T}: all {sms} SMs {t_full * 1e3:.1f} µs, {sms - sms // 2} SMs {t_half * 1e3:.1f} µs, "
-          f"16 SMs {t_carved * 1e3:.1f} µs")
+    print(
+        f"shared expert T={T}: all {sms} SMs {t_full * 1e3:.1f} µs, {sms - sms // 2} SMs {t_half * 1e3:.1f} µs, "
+        f"16 SMs {t_carved * 1e3:.1f} µs"
+    )
     assert t_carved > 2.0 * t_full, (t_full, t_carved)

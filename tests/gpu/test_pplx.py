@@ -17,6 +17,7 @@ NVSHMEM transport with `backend.pplx_mode=internode`).
 Run: python3 -m pytest -m gpu tests/gpu/test_pplx.py --require pplx_kernels -s
 (with pplx_kernels importable: PYTHONPATH=third_party/pplx_build after build_pplx.sh).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,14 @@ EXPERTS = ("triton_batched", "torch_batched")
 OVERLAPS = ("none", "dispatch", "combine")
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}  # docs/design.md
 # correctness sweeps: no time-based warm-up (runner.warmup_ms, 200 ms a token count on a GPU)
-QUICK = ["runner.device=cuda", "runner.reps=5", "runner.warmup=2", "runner.phase_reps=2", "runner.timeout_s=300",
-         "runner.warmup_ms=0"]
+QUICK = [
+    "runner.device=cuda",
+    "runner.reps=5",
+    "runner.warmup=2",
+    "runner.phase_reps=2",
+    "runner.timeout_s=300",
+    "runner.warmup_ms=0",
+]
 JOB_TIMEOUT_S = 600  # a protocol mistake shows up as a hang: kill and fail
 
 
@@ -79,14 +86,17 @@ def _run_job(fn_name, args, out_dir, timeout_s=JOB_TIMEOUT_S):
     """Spawn WORLD ranks running fn_name(rank, device, *args) of this module (tests/gpu/_ranks.py)."""
     from _ranks import run_job
 
-    return run_job(__name__, fn_name, args, out_dir, timeout_s, hang_hint=" (a dispatch without its combine hangs the next one)")
+    return run_job(
+        __name__, fn_name, args, out_dir, timeout_s, hang_hint=" (a dispatch without its combine hangs the next one)"
+    )
 
 
 def _shape():
     from moebench.kernels.interfaces import LayerShape
 
-    return LayerShape(hidden=2048, intermediate=1408, num_experts=64, topk=6, num_shared_experts=2,
-                      shared_intermediate=1408)
+    return LayerShape(
+        hidden=2048, intermediate=1408, num_experts=64, topk=6, num_shared_experts=2, shared_intermediate=1408
+    )
 
 
 def _same_rows(got, exp, tol) -> bool:
@@ -212,18 +222,31 @@ def _direct(rank, device, mode, quants, tokens):
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float())
     for qname in quants:
         quant = QuantSpec(qname)
-        ctx = KernelContext(shape=shape, quant=quant, device=device, rank=rank, world_size=WORLD,
-                            group=dist.group.WORLD, options={"pplx_mode": mode})
+        ctx = KernelContext(
+            shape=shape,
+            quant=quant,
+            device=device,
+            rank=rank,
+            world_size=WORLD,
+            group=dist.group.WORLD,
+            options={"pplx_mode": mode},
+        )
         weights = build_expert_weights(ctx, seed)
-        experts = {"triton_batched": TritonBatchedExperts(weights, "finalize", ctx),
-                   "torch_batched": TorchBatchedExperts(weights, "finalize", ctx)}
+        experts = {
+            "triton_batched": TritonBatchedExperts(weights, "finalize", ctx),
+            "torch_batched": TorchBatchedExperts(weights, "finalize", ctx),
+        }
         ref_fn = reference_expert_fn(shape, quant, seed, device)
         for T in tokens:
             x, w, ids = make_inputs(shape, T, "uniform", 1.2, seed, rank, 1, device)
             ref = reference_moe(x, w, ids, ref_fn, None, shared_ref)
             for split in (False, True):
-                checks = _handover_checks(PplxPrepareFinalize(ctx), ctx, x, w, ids, experts["triton_batched"].input_quant, split)
-                rows.append(dict(what=f"handover {'split' if split else 'fused'}", quant=qname, tokens=T, checks=checks))
+                checks = _handover_checks(
+                    PplxPrepareFinalize(ctx), ctx, x, w, ids, experts["triton_batched"].input_quant, split
+                )
+                rows.append(
+                    dict(what=f"handover {'split' if split else 'fused'}", quant=qname, tokens=T, checks=checks)
+                )
             for ename, ex in experts.items():
                 for ov in OVERLAPS:
                     kernel = MoEKernel(PplxPrepareFinalize(ctx), ex, shared, overlap=ov)
@@ -256,8 +279,10 @@ def test_pplx_matches_reference_and_hands_over_what_it_promises(mode, tmp_path):
         bad = sorted({k for pr in per_rank for k, v in pr[i].get("checks", {}).items() if not v})
         errs = [pr[i].get("rel_err") for pr in per_rank]
         err = max(errs) if errs[0] is not None else None
-        print(f"{c['what']:34s} {c['quant']:10s} {c['tokens']:4d} "
-              + (f"rel_err {err:.2e}" if err is not None else f"checks {'FAIL ' + ','.join(bad) if bad else 'ok'}"))
+        print(
+            f"{c['what']:34s} {c['quant']:10s} {c['tokens']:4d} "
+            + (f"rel_err {err:.2e}" if err is not None else f"checks {'FAIL ' + ','.join(bad) if bad else 'ok'}")
+        )
         if bad:
             failures.append(f"{c['what']} {c['quant']} T={c['tokens']}: {bad}")
         if err is not None and not err <= TOL[c["quant"]]:
@@ -287,9 +312,23 @@ def _execute(overrides, out):
 
 
 def _show(df) -> None:
-    cols = ["label", "tokens_per_rank", "status", "rel_err", "timing_mode", "latency_us_median", "dispatch_us",
-            "experts_us", "combine_us", "nvlink_gbps", "overlap_fraction", "workspace_bytes_peak",
-            "analytic_peak_bytes", "device_bytes_peak", "reason"]
+    cols = [
+        "label",
+        "tokens_per_rank",
+        "status",
+        "rel_err",
+        "timing_mode",
+        "latency_us_median",
+        "dispatch_us",
+        "experts_us",
+        "combine_us",
+        "nvlink_gbps",
+        "overlap_fraction",
+        "workspace_bytes_peak",
+        "analytic_peak_bytes",
+        "device_bytes_peak",
+        "reason",
+    ]
     print("\n" + df[[c for c in cols if c in df.columns]].sort_values(["label", "tokens_per_rank"]).to_string())
 
 
@@ -305,9 +344,19 @@ def _all_ok(df, n):
 
 def test_pplx_through_the_sweep(tmp_path):
     _require_setup()
-    df = _execute(["backend=pplx", f"experts={','.join(EXPERTS)}", "reduction=finalize",
-                   f"overlap={','.join(OVERLAPS)}", f"quant={','.join(QUANTS)}", f"model={MODEL}",
-                   f"workload.tokens_per_rank=[{','.join(map(str, TOKENS))}]", *QUICK], tmp_path / "events")
+    df = _execute(
+        [
+            "backend=pplx",
+            f"experts={','.join(EXPERTS)}",
+            "reduction=finalize",
+            f"overlap={','.join(OVERLAPS)}",
+            f"quant={','.join(QUANTS)}",
+            f"model={MODEL}",
+            f"workload.tokens_per_rank=[{','.join(map(str, TOKENS))}]",
+            *QUICK,
+        ],
+        tmp_path / "events",
+    )
     _all_ok(df, len(EXPERTS) * len(OVERLAPS) * len(QUANTS) * len(TOKENS))
     assert (df.timing_mode == "events").all()
     linked = df[(df.overlap == "none") & (df.tokens_per_rank >= 128)]
@@ -316,12 +365,34 @@ def test_pplx_through_the_sweep(tmp_path):
 
 def test_pplx_graph_timing_and_internode_through_the_sweep(tmp_path):
     _require_setup()
-    df = _execute(["backend=pplx", "experts=triton_batched", "reduction=finalize", "overlap=none,combine",
-                   f"quant={','.join(QUANTS)}", f"model={MODEL}", "workload.tokens_per_rank=[128]",
-                   "runner.timing=graph", *QUICK], tmp_path / "graph")
+    df = _execute(
+        [
+            "backend=pplx",
+            "experts=triton_batched",
+            "reduction=finalize",
+            "overlap=none,combine",
+            f"quant={','.join(QUANTS)}",
+            f"model={MODEL}",
+            "workload.tokens_per_rank=[128]",
+            "runner.timing=graph",
+            *QUICK,
+        ],
+        tmp_path / "graph",
+    )
     _all_ok(df, 2 * len(QUANTS))
     assert (df.timing_mode == "graph").all()
-    df = _execute(["backend=pplx", "experts=triton_batched", "reduction=finalize", "overlap=none,dispatch",
-                   f"quant={','.join(QUANTS)}", f"model={MODEL}", "workload.tokens_per_rank=[1,128]",
-                   "backend.pplx_mode=internode", *QUICK], tmp_path / "internode")
+    df = _execute(
+        [
+            "backend=pplx",
+            "experts=triton_batched",
+            "reduction=finalize",
+            "overlap=none,dispatch",
+            f"quant={','.join(QUANTS)}",
+            f"model={MODEL}",
+            "workload.tokens_per_rank=[1,128]",
+            "backend.pplx_mode=internode",
+            *QUICK,
+        ],
+        tmp_path / "internode",
+    )
     _all_ok(df, 2 * len(QUANTS) * 2)

@@ -11,6 +11,7 @@ everything else bit for bit.
 
 Run: pytest -m gpu tests/gpu/test_triton_fastlaunch.py
 """
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,9 @@ def _equal(a, b):
             assert y is None
             continue
         assert x.dtype == y.dtype and x.shape == y.shape
-        assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
-                           y.view(torch.uint8) if y.element_size() == 1 else y)
+        assert torch.equal(
+            x.view(torch.uint8) if x.element_size() == 1 else x, y.view(torch.uint8) if y.element_size() == 1 else y
+        )
 
 
 def _ids(T, P, E, seed=0, drop=True):
@@ -194,8 +196,10 @@ def _sm90():
 
 
 GLUON_CONFIGS = {  # gluon_contiguous.GluonGemm's kernels: c_desc a descriptor or None; the pipelined; the wide tile
-    "ws_tma_epilogue": None, "ws_register_epilogue": dict(EPILOGUE_TMA=False),
-    "pipelined": dict(WS=False, EPILOGUE_TMA=False), "wide": dict(BLOCK_SIZE_N=192),
+    "ws_tma_epilogue": None,
+    "ws_register_epilogue": dict(EPILOGUE_TMA=False),
+    "pipelined": dict(WS=False, EPILOGUE_TMA=False),
+    "wide": dict(BLOCK_SIZE_N=192),
 }
 
 
@@ -232,7 +236,7 @@ def test_gluon_gemm_through_the_handle(config):
     a_deq = a.float() * a_s.repeat_interleave(128, dim=1)
     w_deq = w.float() * w_s.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
     used = Mp - 128
-    ref = torch.cat([a_deq[r:r + 128] @ w_deq[int(m_idx[r])].t() for r in range(0, used, 128)])
+    ref = torch.cat([a_deq[r : r + 128] @ w_deq[int(m_idx[r])].t() for r in range(0, used, 128)])
     assert (got[:used].float() - ref).norm() <= 1e-2 * ref.norm() and (got[used:] == 0).all()
     handle, fills = fl.stats["handle"], fl.stats["fills"]
     _equal(run(), got)
@@ -371,8 +375,9 @@ def test_shared_experts_added_by_the_down_gemm(T):
 
     from moebench.measure.workload import build_shared
 
-    shape = LayerShape(hidden=7168, intermediate=2048, num_experts=256, topk=8, num_shared_experts=1,
-                       shared_intermediate=2048)
+    shape = LayerShape(
+        hidden=7168, intermediate=2048, num_experts=256, topk=8, num_shared_experts=1, shared_intermediate=2048
+    )
     shared = build_shared(shape, 0, DEV)
     g = torch.Generator(device=DEV).manual_seed(T)
     x = torch.randn(T, 7168, generator=g, device=DEV).to(torch.bfloat16)
@@ -382,5 +387,7 @@ def test_shared_experts_added_by_the_down_gemm(T):
     shared.add_to(out, x)
     twice = base.float() + y
     assert ((out.float() - twice).abs() <= (base.float().abs() + y.abs()) * 2**-7 + 1e-3).all()
-    exact = base.float() + silu_and_mul(x.float() @ shared.w13_NK.float().t()).bfloat16().float() @ shared.w2_KS.float().t()
+    exact = (
+        base.float() + silu_and_mul(x.float() @ shared.w13_NK.float().t()).bfloat16().float() @ shared.w2_KS.float().t()
+    )
     assert (out.float() - exact).abs().mean() <= (twice.bfloat16().float() - exact).abs().mean() * 1.05

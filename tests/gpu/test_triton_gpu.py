@@ -13,6 +13,7 @@
 
 Run: pytest -m gpu tests/gpu/test_triton_gpu.py
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -121,8 +122,11 @@ def test_matches_reference(model, quant, layout, reduction, T):
 SKEWED_CASES = sorted(
     [("deepseek_v3_ep8", q, lay, red, "gathered" if lay == "standard" else "") for q in QUANTS for lay, red in LAYOUTS]
     + [("qwen3_30b_a3b", "fp8_block", lay, red, "gathered" if lay == "standard" else "") for lay, red in LAYOUTS]
-    + [(m, q, "standard", red, "contiguous") for q in CONTIGUOUS_QUANTS
-       for m, red in (("qwen3_30b_a3b", "experts"), ("deepseek_v3_ep8", "finalize"))],
+    + [
+        (m, q, "standard", red, "contiguous")
+        for q in CONTIGUOUS_QUANTS
+        for m, red in (("qwen3_30b_a3b", "experts"), ("deepseek_v3_ep8", "finalize"))
+    ],
     key=lambda case: case[:2],
 )
 
@@ -144,8 +148,10 @@ def test_skewed_routing(model, quant, layout, reduction, row_layout):
     assert err <= TOL[quant], f"rel_err {err:.4g} > {TOL[quant]}"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="the contiguous layout loads through TMA: SM90 or newer")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+    reason="the contiguous layout loads through TMA: SM90 or newer",
+)
 @pytest.mark.parametrize("model,T", [("deepseek_v3_ep8", 4096), ("qwen3_30b_a3b", 256)])
 @pytest.mark.parametrize("reduction", ["experts", "finalize"])
 @pytest.mark.parametrize("quant", ["fp8_block", "bf16"])
@@ -262,14 +268,22 @@ def forward_memory(model: str, quant: str, reduction: str, T: int) -> dict:
     forward_peak = _peak(lambda: kernel(x, tw, ids))  # workspaces were cleared: they count
     kernel.clear_workspaces()
     return dict(
-        forward=forward_peak, apply=apply_peak, prepare=prepare_peak, prepared=prepared_bytes, finalize=finalize_peak,
-        workspaces=kernel.workspace_bytes(T), transient=experts.transient_bytes(*dims),
-        analytic=kernel.analytic_peak_bytes(T), out=T * ctx.shape.hidden * 2,
+        forward=forward_peak,
+        apply=apply_peak,
+        prepare=prepare_peak,
+        prepared=prepared_bytes,
+        finalize=finalize_peak,
+        workspaces=kernel.workspace_bytes(T),
+        transient=experts.transient_bytes(*dims),
+        analytic=kernel.analytic_peak_bytes(T),
+        out=T * ctx.shape.hidden * 2,
     )
 
 
 # fp8_block at 4096 tokens and bf16 qwen3 at 16384 (1024 pairs per expert) run the contiguous layout
-MEMORY_CASES = [(m, q, T) for m in MODELS for q in ("bf16", "fp8_block") for T in (256, 4096)] + [("qwen3_30b_a3b", "bf16", 16384)]
+MEMORY_CASES = [(m, q, T) for m in MODELS for q in ("bf16", "fp8_block") for T in (256, 4096)] + [
+    ("qwen3_30b_a3b", "bf16", 16384)
+]
 
 
 @pytest.mark.parametrize("model,quant,T", MEMORY_CASES)
@@ -291,7 +305,9 @@ def test_allocator_peak_matches_analytic(model, quant, T):
 @pytest.mark.parametrize("model,quant,T", MEMORY_CASES)
 def test_reduction_in_experts_saves_the_topk_buffer(model, quant, T):
     shape = MODELS[model][0]
-    saved = forward_memory(model, quant, "finalize", T)["forward"] - forward_memory(model, quant, "experts", T)["forward"]
+    saved = (
+        forward_memory(model, quant, "finalize", T)["forward"] - forward_memory(model, quant, "experts", T)["forward"]
+    )
     # reduction=experts never stores the [T, topk, K] bf16 rows, but still writes a [T, K] bf16
     # output (workspace_shapes; test_triton_kernels.py checks the same difference on a CPU)
     expect = T * (shape.topk - 1) * shape.hidden * 2
@@ -331,8 +347,19 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product():
     (`--gluon --check`). In a subprocess with a timeout: Triton's automatic warp specialization
     of the Triton kernel hung on this GPU (docs/findings/triton-vs-deepgemm.md), and a hung
     kernel must fail this test, not stall the suite."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "triton_fp8_contiguous.py"), "--gluon", "--check", "1e-2",
-           "--models", "qwen3_30b_a3b", "deepseek_v3", "--tokens", "256", "4096"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "triton_fp8_contiguous.py"),
+        "--gluon",
+        "--check",
+        "1e-2",
+        "--models",
+        "qwen3_30b_a3b",
+        "deepseek_v3",
+        "--tokens",
+        "256",
+        "4096",
+    ]
     res = _run_or_fail(cmd, "the Gluon GEMM")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "failed:" not in res.stdout and "FAILED" not in res.stdout, res.stdout[-4000:]

@@ -1,4 +1,5 @@
 """A @triton.jit body for tests/kernels/test_triton_launch.py (JITFunction reads its source)."""
+
 import triton.language as tl
 
 

@@ -8,6 +8,7 @@ through launch.py's handle and the C entry. Each must hand the C entry what the 
 it (tensors as their pointers), the second filling no descriptor again. make_tensordesc_arg's CUDA
 call (cuTensorMapEncodeTiled) is replaced by a stand-in of what it encodes. Prints `checked N
 kernels` and exits 0, or raises."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,11 @@ def fake_fill(arg, meta):
     """make_tensordesc_arg without CUDA: what the CUtensorMap would encode, then shape and strides."""
     if meta is None:
         return [arg.base, *arg.shape, *arg.strides, arg.padding == "nan", *arg.shape, *arg.strides]
-    return [("CUtensorMap", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), repr(sorted(meta.items()))),
-            *arg.shape, *arg.strides]
+    return [
+        ("CUtensorMap", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), repr(sorted(meta.items()))),
+        *arg.shape,
+        *arg.strides,
+    ]
 
 
 class CudaLauncher:
@@ -45,8 +49,9 @@ class CudaLauncher:
 
     def __init__(self, kernel):
         self.c_calls: list = []
-        self.launch = drv.wrap_handle_tensordesc(lambda *a: self.c_calls.append(a), kernel.src.signature,
-                                                 kernel.metadata.tensordesc_meta)
+        self.launch = drv.wrap_handle_tensordesc(
+            lambda *a: self.c_calls.append(a), kernel.src.signature, kernel.metadata.tensordesc_meta
+        )
         self.global_scratch_size = self.profile_scratch_size = 0
         self.num_ctas, self.launch_cooperative_grid, self.launch_pdl = 1, False, False
 
@@ -77,8 +82,11 @@ def main() -> int:
     c = torch.empty(Mp, N, dtype=torch.bfloat16)
     m_idx = (torch.arange(Mp) // 128 % E).to(torch.int32)
     rows = torch.tensor([Mp], dtype=torch.int32)
-    compiled = {name: cc._compile(fn, types, consts, 90, warps, stages)
-                for name, fn, types, consts, warps, stages in cc.variants(True) if name in VARIANTS}
+    compiled = {
+        name: cc._compile(fn, types, consts, 90, warps, stages)
+        for name, fn, types, consts, warps, stages in cc.variants(True)
+        if name in VARIANTS
+    }
     assert len(compiled) == len(VARIANTS), sorted(compiled)
     for name, config in VARIANTS.items():
         launcher = CudaLauncher(compiled[name])

@@ -3,6 +3,7 @@ every Triton launch of benchmarks/host_python.py's pieces (the experts' forwards
 launched twice with Triton's JIT stubbed, must hand CompiledKernel.run, on the handle path, the
 values JITFunction.run would bind: every parameter in declaration order (bind()). Prints
 `checked N handle launches of K kernels` and exits 0, or raises."""
+
 from __future__ import annotations
 
 import os
@@ -67,16 +68,25 @@ def extra() -> list:
         w2, s2 = quant_weights(torch.randn(E, K, N // 2, generator=g), q)
         ew = ExpertWeights(w13_ENK=w13, w2_EKI=w2, w13_scale=s13, w2_scale=s2, quant=q)
         tail = moe.standard_ws2_tail_rows(M, P, E, cfg["BLOCK_SIZE_M"], N // 2)  # the experts' ws2: the scratch's rows
-        ws13, ws2 = torch.empty(M * P * N, dtype=torch.bfloat16), torch.empty((M * P + tail) * N // 2, dtype=torch.bfloat16)
+        ws13, ws2 = (
+            torch.empty(M * P * N, dtype=torch.bfloat16),
+            torch.empty((M * P + tail) * N // 2, dtype=torch.bfloat16),
+        )
         y = torch.empty(M, P, K, dtype=torch.bfloat16)
-        out.append(lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
-            x, None, ids, tw, ew, y, ws13, ws2, cfg, "finalize"))
+        out.append(
+            lambda ew=ew, ws13=ws13, ws2=ws2, y=y: moe.fused_moe_standard(
+                x, None, ids, tw, ew, y, ws13, ws2, cfg, "finalize"
+            )
+        )
         xb = torch.randn(E, X, K, generator=g).to(torch.bfloat16)
         counts = torch.randint(0, X + 1, (E,), generator=g, dtype=torch.int32)
         wb13, wb2 = torch.empty(E * X * N, dtype=torch.bfloat16), torch.empty(E * X * N // 2, dtype=torch.bfloat16)
         yb = torch.empty(E, X, K, dtype=torch.bfloat16)
-        out.append(lambda ew=ew, wb13=wb13, wb2=wb2, yb=yb, xb=xb, counts=counts: moe.fused_moe_batched(
-            xb, None, counts, ew, yb, wb13, wb2, cfg))
+        out.append(
+            lambda ew=ew, wb13=wb13, wb2=wb2, yb=yb, xb=xb, counts=counts: moe.fused_moe_batched(
+                xb, None, counts, ew, yb, wb13, wb2, cfg
+            )
+        )
     out += [_contiguous_layer(q) for q in ("bf16", "fp8_block")]
     out += [lambda ids=ids: group_quant_and_localize(x, 128, ids, 2, 4) for ids in (ids, ids.int())]
     return out + _gluon_gemms()
@@ -116,8 +126,13 @@ def _contiguous_layer(quant: str):
     from moebench.measure.workload import build_expert_weights, make_inputs
 
     shape = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)
-    ctx = KernelContext(shape=shape, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=2,
-                        options={"row_layout": "contiguous"})
+    ctx = KernelContext(
+        shape=shape,
+        quant=QuantSpec(quant),
+        device=torch.device("cpu"),
+        simulate_ep=2,
+        options={"row_layout": "contiguous"},
+    )
     experts = registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx)
     layer = MoEKernel(registry.get_backend("local")(ctx), experts, None, "none")
     x, w, ids = make_inputs(shape, 40, "uniform", 1.0, 0, 0, 1, "cpu")

@@ -1,6 +1,7 @@
 """moebench's entries and their cards (kernels/entry.py, kernels/cards/): every implementation
 module is named by a card, each implementation subclasses its card and keeps its answers, and
 an implementation that does not is refused when it registers."""
+
 from __future__ import annotations
 
 import pkgutil

@@ -2,6 +2,7 @@
 seeds and routings, including experts that receive no token; simulate_ep keeps
 exactly the pairs routed to the kept experts. (Multi-rank combinations are
 checked end to end in test_sweep_cpu.py.)"""
+
 from __future__ import annotations
 
 import itertools
@@ -18,9 +19,7 @@ from moebench.kernels.reference import TOLERANCE
 from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shared_experts=1, shared_intermediate=128)
-CASES = [
-    ("local", "torch", red) for red in ("experts", "finalize")
-] + [("local_batched", "torch_batched", "finalize")]
+CASES = [("local", "torch", red) for red in ("experts", "finalize")] + [("local_batched", "torch_batched", "finalize")]
 
 
 def build(backend, experts, reduction, overlap, quant, seed, simulate_ep=1, shape=SHAPE):
@@ -39,8 +38,13 @@ def test_matches_reference(backend, experts, reduction, quant):
         ctx, k = build(backend, experts, reduction, overlap, quant, seed)
         x, w, ids = make_inputs(SHAPE, T, routing, 1.5, seed, 0, 1, ctx.device)
         y = k(x, w, ids)
-        ref = reference_moe(x, w, ids, reference_expert_fn(SHAPE, ctx.quant, seed, ctx.device),
-                            shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()))
+        ref = reference_moe(
+            x,
+            w,
+            ids,
+            reference_expert_fn(SHAPE, ctx.quant, seed, ctx.device),
+            shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()),
+        )
         err = rel_err(y, ref)
         assert err <= TOLERANCE[quant], (seed, routing, overlap, T, err)
         if T == 1:  # most experts got no token
@@ -51,8 +55,13 @@ def test_experts_without_tokens_and_all_on_one_expert():
     ctx, k = build("local", "torch", "finalize", "none", "bf16", 0)
     x, w, _ = make_inputs(SHAPE, 9, "uniform", 1.0, 0, 0, 1, ctx.device)
     ids = torch.tensor([[3, 5]] * 9)  # experts 0,1,2,4,6,7 idle
-    ref = reference_moe(x, w, ids, reference_expert_fn(SHAPE, ctx.quant, 0, ctx.device),
-                        shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()))
+    ref = reference_moe(
+        x,
+        w,
+        ids,
+        reference_expert_fn(SHAPE, ctx.quant, 0, ctx.device),
+        shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()),
+    )
     assert rel_err(k(x, w, ids), ref) <= 2e-2
 
 
@@ -70,12 +79,23 @@ def test_simulate_ep_keeps_exactly_the_pairs_of_the_kept_experts(backend, expert
     else:
         assert int((prepared.topk_ids_MP >= 0).sum()) == kept_pairs
     kept = range(0, SHAPE.num_experts // sim)
-    ref = reference_moe(x, w, ids, reference_expert_fn(SHAPE, ctx.quant, 3, ctx.device), kept_experts=kept,
-                        shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()))
+    ref = reference_moe(
+        x,
+        w,
+        ids,
+        reference_expert_fn(SHAPE, ctx.quant, 3, ctx.device),
+        kept_experts=kept,
+        shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()),
+    )
     assert rel_err(k(x, w, ids), ref) <= 2e-2
     # and differs from the all-experts output (the dropped pairs mattered)
-    full = reference_moe(x, w, ids, reference_expert_fn(SHAPE, ctx.quant, 3, ctx.device),
-                         shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()))
+    full = reference_moe(
+        x,
+        w,
+        ids,
+        reference_expert_fn(SHAPE, ctx.quant, 3, ctx.device),
+        shared=(k.shared.w13_NK.float(), k.shared.w2_KS.float()),
+    )
     assert rel_err(full, ref) > 0.1
 
 

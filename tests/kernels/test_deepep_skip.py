@@ -6,6 +6,7 @@ per process, one process group per buffer shape) are checked on stubs, and its
 plumbing runs end to end on 2 gloo ranks over a CPU stand-in of DeepEP's
 low-latency API (tests/support/deepep_ll_standin.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,21 @@ from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _deepep
 
 COMBO = {
-    "backend": "deepep_ht", "experts": "torch", "reduction": "finalize", "overlap": "none",
-    "model": "deepseek_v3", "hidden": 7168, "intermediate": 2048, "num_experts": 256, "topk": 8,
-    "num_shared_experts": 1, "shared_intermediate": 2048, "quant": "bf16", "world_size": 2,
-    "num_sms": 24, "device": "cuda",
+    "backend": "deepep_ht",
+    "experts": "torch",
+    "reduction": "finalize",
+    "overlap": "none",
+    "model": "deepseek_v3",
+    "hidden": 7168,
+    "intermediate": 2048,
+    "num_experts": 256,
+    "topk": 8,
+    "num_shared_experts": 1,
+    "shared_intermediate": 2048,
+    "quant": "bf16",
+    "world_size": 2,
+    "num_sms": 24,
+    "device": "cuda",
 }
 LL_COMBO = dict(COMBO, backend="deepep_ll", experts="triton_batched", max_tokens_per_rank=512)
 SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the helpers, by bare name
@@ -38,6 +50,8 @@ def planned(backend="deepep_ht", experts="torch", **changes):
     """validity.validate on a deepseek_v3 Combo on CUDA: the contract's rules beside the entry's."""
     cfg = compose_config([f"backend={backend}", f"experts={experts}", "reduction=finalize", "model=deepseek_v3"])
     return validity.validate(to_combo(cfg, device="cuda").replace(**changes))
+
+
 REPO = SUPPORT.parents[1]
 
 
@@ -51,10 +65,13 @@ def no_deep_ep(monkeypatch):
     _deepep.reset_import_cache()
 
 
-@pytest.mark.parametrize("backend, module, cls", [
-    ("deepep_ht", "deepep_ht", "DeepEPHTPrepareFinalize"),
-    ("deepep_ll", "deepep_ll", "DeepEPLLPrepareFinalize"),
-])
+@pytest.mark.parametrize(
+    "backend, module, cls",
+    [
+        ("deepep_ht", "deepep_ht", "DeepEPHTPrepareFinalize"),
+        ("deepep_ll", "deepep_ll", "DeepEPLLPrepareFinalize"),
+    ],
+)
 def test_module_imports_without_deep_ep(backend, module, cls):
     """A fresh interpreter where `import deep_ep` fails still imports the backend."""
     code = (
@@ -79,8 +96,17 @@ def test_registered_and_reason_says_how_to_install(no_deep_ep, backend):
 
 
 def test_planned_deepep_ll_rows_are_skipped_with_how_to_install(no_deep_ep):
-    combos, _ = plan.plan(["backend=deepep_ll", "experts=triton_batched,torch_batched", "reduction=finalize",
-                           "overlap=none", "quant=bf16", "model=deepseek_v3"], None)
+    combos, _ = plan.plan(
+        [
+            "backend=deepep_ll",
+            "experts=triton_batched,torch_batched",
+            "reduction=finalize",
+            "overlap=none",
+            "quant=bf16",
+            "model=deepseek_v3",
+        ],
+        None,
+    )
     assert len(combos) == 2
     assert all("deep_ep is not installed" in c.reason and "v1.2.1" in c.reason for c in combos)
 
@@ -139,8 +165,15 @@ def test_deepep_ll_graph_capture_is_declared():
 
     assert DeepEPLLPrepareFinalize.graph_capturable  # no host sync: vLLM / SGLang capture it
     assert not DeepEPHTPrepareFinalize.graph_capturable
-    cfg = compose_config(["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "model=deepseek_v3",
-                          "runner.timing=graph"])
+    cfg = compose_config(
+        [
+            "backend=deepep_ll",
+            "experts=triton_batched",
+            "reduction=finalize",
+            "model=deepseek_v3",
+            "runner.timing=graph",
+        ]
+    )
     combo = to_combo(cfg, device="cuda")
     assert validity.validate_tokens(combo, 128) is None
     assert "max_tokens_per_rank=512" in validity.validate_tokens(combo, 513)
@@ -152,13 +185,23 @@ def test_deepep_ll_graph_capture_is_declared():
 
 def _families(overrides):
     combos, _ = plan.plan([*overrides, "runner.device=cpu"], None)  # families do not depend on validity
-    return {(c.combo["backend"], c.combo["model"], c.combo["experts"], c.combo["quant"], c.combo["overlap"]): c.family
-            for c in combos}
+    return {
+        (c.combo["backend"], c.combo["model"], c.combo["experts"], c.combo["quant"], c.combo["overlap"]): c.family
+        for c in combos
+    }
 
 
 def test_deepep_ll_gets_one_process_group_per_buffer_shape():
-    fam = _families(["backend=deepep_ll,deepep_ht", "experts=triton_batched,torch_batched", "reduction=finalize",
-                     "overlap=none,combine", "quant=bf16,fp8_block", "model=deepseek_v2_lite,deepseek_v3"])
+    fam = _families(
+        [
+            "backend=deepep_ll,deepep_ht",
+            "experts=triton_batched,torch_batched",
+            "reduction=finalize",
+            "overlap=none,combine",
+            "quant=bf16,fp8_block",
+            "model=deepseek_v2_lite,deepseek_v3",
+        ]
+    )
     ll = {k: v for k, v in fam.items() if k[0] == "deepep_ll"}
     ht = {k: v for k, v in fam.items() if k[0] == "deepep_ht"}
     # one family per model (buffer shape), shared by every experts / quant / overlap of it
@@ -169,8 +212,17 @@ def test_deepep_ll_gets_one_process_group_per_buffer_shape():
     (v3,) = {v for k, v in ll.items() if k[1] == "deepseek_v3"}
     assert v3[2:] == ("nvshmem", 7168, 256, 512)
     # another token cap is another buffer shape
-    capped = _families(["backend=deepep_ll", "experts=triton_batched", "reduction=finalize", "overlap=none",
-                        "quant=bf16", "model=deepseek_v3", "backend.max_tokens_per_rank=128"])
+    capped = _families(
+        [
+            "backend=deepep_ll",
+            "experts=triton_batched",
+            "reduction=finalize",
+            "overlap=none",
+            "quant=bf16",
+            "model=deepseek_v3",
+            "backend.max_tokens_per_rank=128",
+        ]
+    )
     assert set(capped.values()) != {v3}
 
 
@@ -191,11 +243,26 @@ class _StubDeepEP:
     class Buffer:
         made: list = []
 
-        def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
-                     allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, explicitly_destroy=False, comm=None):
-            self.args = dict(num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes, low_latency_mode=low_latency_mode,
-                             num_qps_per_rank=num_qps_per_rank, allow_nvlink=allow_nvlink_for_low_latency_mode,
-                             explicitly_destroy=explicitly_destroy)
+        def __init__(
+            self,
+            group,
+            num_nvl_bytes=0,
+            num_rdma_bytes=0,
+            low_latency_mode=False,
+            num_qps_per_rank=24,
+            allow_nvlink_for_low_latency_mode=True,
+            allow_mnnvl=False,
+            explicitly_destroy=False,
+            comm=None,
+        ):
+            self.args = dict(
+                num_nvl_bytes=num_nvl_bytes,
+                num_rdma_bytes=num_rdma_bytes,
+                low_latency_mode=low_latency_mode,
+                num_qps_per_rank=num_qps_per_rank,
+                allow_nvlink=allow_nvlink_for_low_latency_mode,
+                explicitly_destroy=explicitly_destroy,
+            )
             self.destroyed = False
             type(self).made.append(self)
 
@@ -221,8 +288,14 @@ def test_ll_buffer_is_one_per_process(stub_ll):
     a = _deepep.get_ll_buffer(g, 512, 7168, 256)
     assert _deepep.get_ll_buffer(g, 512, 7168, 256) is a  # cached: every combination of the shape shares it
     (buf,) = stub_ll.Buffer.made
-    assert buf.args == dict(num_nvl_bytes=0, num_rdma_bytes=128 * 512 * 7168 * 256, low_latency_mode=True,
-                            num_qps_per_rank=128, allow_nvlink=True, explicitly_destroy=True)
+    assert buf.args == dict(
+        num_nvl_bytes=0,
+        num_rdma_bytes=128 * 512 * 7168 * 256,
+        low_latency_mode=True,
+        num_qps_per_rank=128,
+        allow_nvlink=True,
+        explicitly_destroy=True,
+    )
     assert _deepep.cached_buffer_count() == 1
     with pytest.raises(RuntimeError, match="NVSHMEM"):
         _deepep.get_ll_buffer(g, 512, 2048, 64)  # another shape in the same process
@@ -263,14 +336,23 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
 
     assert hasattr(deep_ep.Buffer, "created"), "expected the stand-in, not a real DeepEP"
     rows, dev, seed = [], torch.device("cpu"), 3
-    shape = LayerShape(hidden=512, intermediate=128, num_experts=8, topk=3, num_shared_experts=1, shared_intermediate=128)
+    shape = LayerShape(
+        hidden=512, intermediate=128, num_experts=8, topk=3, num_shared_experts=1, shared_intermediate=128
+    )
     shared = build_shared(shape, seed, dev)
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float())
     try:
         for qname in STANDIN_QUANTS:
             quant = QuantSpec(qname)
-            ctx = KernelContext(shape=shape, quant=quant, device=dev, rank=rank, world_size=2, group=dist.group.WORLD,
-                                max_tokens_per_rank=STANDIN_CAP)
+            ctx = KernelContext(
+                shape=shape,
+                quant=quant,
+                device=dev,
+                rank=rank,
+                world_size=2,
+                group=dist.group.WORLD,
+                max_tokens_per_rank=STANDIN_CAP,
+            )
             experts = TorchBatchedExperts(build_expert_weights(ctx, seed), "finalize", ctx)
             ref_w = reference_expert_fn(shape, quant, seed, dev)
             E, R, K, X = ctx.num_local_experts, 2, shape.hidden, 2 * STANDIN_CAP
@@ -291,12 +373,21 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
                     "x": tuple(prep.x.shape) == (E, X, K)
                     and prep.x.dtype == (torch.float8_e4m3fn if fp8 else torch.bfloat16),
                     "scale": (prep.x_scale is None) != fp8
-                    and (not fp8 or (tuple(prep.x_scale.shape) == (E, X, K // 128) and prep.x_scale.stride()[1:] == (1, X))),
-                    "counts": prep.expert_num_tokens_E.dtype == torch.int32 and prep.expert_num_tokens_E.tolist() == per_expert,
+                    and (
+                        not fp8
+                        or (tuple(prep.x_scale.shape) == (E, X, K // 128) and prep.x_scale.stride()[1:] == (1, X))
+                    ),
+                    "counts": prep.expert_num_tokens_E.dtype == torch.int32
+                    and prep.expert_num_tokens_E.tolist() == per_expert,
                     "max_rows": pf.max_rows(T) == X,
-                    "comm_bytes": pf.comm_bytes(T, prep) == (pairs_out + pairs_in) * (dispatch_msg_bytes(K, fp8) + 2 * K),
-                    "prepared_bytes": pf.prepared_bytes(T, experts.input_quant) == prep.x.numel() * prep.x.element_size()
-                    + (prep.x_scale.numel() * 4 if fp8 else 0) + E * X * 4 + E * R * 8 + E * 4,
+                    "comm_bytes": pf.comm_bytes(T, prep)
+                    == (pairs_out + pairs_in) * (dispatch_msg_bytes(K, fp8) + 2 * K),
+                    "prepared_bytes": pf.prepared_bytes(T, experts.input_quant)
+                    == prep.x.numel() * prep.x.element_size()
+                    + (prep.x_scale.numel() * 4 if fp8 else 0)
+                    + E * X * 4
+                    + E * R * 8
+                    + E * 4,
                 }
                 # identity experts: the combine gives back x * sum of the token's weights (= 1)
                 ident = prep.x.float()
@@ -357,6 +448,7 @@ def test_deepep_ll_plumbing_over_a_cpu_standin(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     from moebench.kernels.reference import TOLERANCE as tol
+
     for r, rows in enumerate(per_rank):
         *cases, tail = rows
         assert len(cases) == len(STANDIN_QUANTS) * len(STANDIN_TOKENS) * 3

@@ -16,6 +16,7 @@ Triton's interpreter and `deep_gemm` is a stand-in written from the 2.8.2 source
 
 The GPU suite (tests/gpu/test_deepgemm.py) runs the real library.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,9 +90,22 @@ class FakeDeepGemm(types.ModuleType):
         if not _mn_major_tma_aligned(sf):
             self.transposes += 1
 
-    def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
-                                         compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
-                                         ensure_zero_padding=True, expected_m_for_psum_layout=None, epilogue=None):
+    def m_grouped_fp8_gemm_nt_contiguous(
+        self,
+        a,
+        b,
+        d,
+        grouped_layout,
+        recipe=None,
+        recipe_a=None,
+        recipe_b=None,
+        compiled_dims="nk",
+        disable_ue8m0_cast=False,
+        use_psum_layout=False,
+        ensure_zero_padding=True,
+        expected_m_for_psum_layout=None,
+        epilogue=None,
+    ):
         self.calls.append("contiguous")
         (x, sfa), (w, sfb) = a, b
         M, K = x.shape
@@ -117,14 +131,26 @@ class FakeDeepGemm(types.ModuleType):
             for r0 in range(0, M, 64):
                 e = gl[r0 // 128 * 128]
                 if gl[r0] < 0:
-                    d[r0:r0 + 64] = 0
+                    d[r0 : r0 + 64] = 0
                     continue
-                d[r0:r0 + 64] = (_dequant_a(x[r0:r0 + 64], sfa[r0:r0 + 64]) @ wf[max(e, 0)].T).to(d.dtype)
-                pad = torch.tensor(gl[r0:r0 + 64]) < 0
-                d[r0:r0 + 64][pad.to(d.device)] = float("nan")
+                d[r0 : r0 + 64] = (_dequant_a(x[r0 : r0 + 64], sfa[r0 : r0 + 64]) @ wf[max(e, 0)].T).to(d.dtype)
+                pad = torch.tensor(gl[r0 : r0 + 64]) < 0
+                d[r0 : r0 + 64][pad.to(d.device)] = float("nan")
 
-    def m_grouped_fp8_gemm_nt_masked(self, a, b, d, masked_m, expected_m, recipe=None, recipe_a=None,
-                                     recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False, epilogue=None):
+    def m_grouped_fp8_gemm_nt_masked(
+        self,
+        a,
+        b,
+        d,
+        masked_m,
+        expected_m,
+        recipe=None,
+        recipe_a=None,
+        recipe_b=None,
+        compiled_dims="nk",
+        disable_ue8m0_cast=False,
+        epilogue=None,
+    ):
         self.calls.append("masked")
         (x, sfa), (w, sfb) = a, b
         G, X, K = x.shape
@@ -160,8 +186,13 @@ def fake_dg(monkeypatch):
 
 
 def layer(experts: str, reduction: str, backend: str = "local", simulate_ep: int = 1, min_tokens: int = 256):
-    ctx = KernelContext(shape=SHAPE, quant=QuantSpec("fp8_block"), device=DEV, simulate_ep=simulate_ep,
-                        options={"deepgemm_min_tokens": min_tokens, "triton_config": TRITON_CFG})
+    ctx = KernelContext(
+        shape=SHAPE,
+        quant=QuantSpec("fp8_block"),
+        device=DEV,
+        simulate_ep=simulate_ep,
+        options={"deepgemm_min_tokens": min_tokens, "triton_config": TRITON_CFG},
+    )
     w = build_expert_weights(ctx, 0)
     ex = get_experts(experts)(w, reduction, ctx)
     return ctx, MoEKernel(get_backend(backend)(ctx), ex)
@@ -227,7 +258,7 @@ def test_permute_layouts(fake_dg):
     assert lay.ends_E.tolist() == (starts + counts).tolist()
     m_idx = lay.m_indices_Mp
     for e in range(E):
-        assert (m_idx[starts[e]:starts[e] + counts[e]] == e).all()
+        assert (m_idx[starts[e] : starts[e] + counts[e]] == e).all()
     assert int((m_idx >= 0).sum()) == int(counts.sum())
     # expert 1: 130 pairs, expert 4: 133, expert 6: 5; blocks past them hold none
     assert lay.counts_B.tolist() == [128, 2, 128, 5, 5] + [0] * (mp // A - 5)

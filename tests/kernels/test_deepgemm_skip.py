@@ -1,6 +1,7 @@
 """The `deepgemm*` experts without deep_gemm (CPU CI): registered, their modules
 import, supports() says why they are disabled and how to install DeepGEMM, the
 planner skips their rows with that reason and `moebench env` lists it."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,9 +17,19 @@ from moebench.kernels.experts import _deep_gemm
 
 NAMES = ("deepgemm", "deepgemm_masked", "triton_or_deepgemm")
 COMBO = {
-    "backend": "local", "experts": "deepgemm", "reduction": "finalize", "overlap": "none",
-    "model": "deepseek_v2_lite", "hidden": 2048, "intermediate": 1408, "num_experts": 64, "topk": 6,
-    "quant": "fp8_block", "world_size": 1, "simulate_ep": 1, "device": "cuda",
+    "backend": "local",
+    "experts": "deepgemm",
+    "reduction": "finalize",
+    "overlap": "none",
+    "model": "deepseek_v2_lite",
+    "hidden": 2048,
+    "intermediate": 1408,
+    "num_experts": 64,
+    "topk": 6,
+    "quant": "fp8_block",
+    "world_size": 1,
+    "simulate_ep": 1,
+    "device": "cuda",
 }
 
 
@@ -81,8 +92,16 @@ def test_structural_reasons_when_library_present(monkeypatch):
     assert "CUDA" in std.supports(dict(COMBO, device="cpu"))
     assert "CUDA" in masked.supports(dict(COMBO, experts="deepgemm_masked", device="cpu"))
     # the contract's rules (validity.validate), not the entries': fp8_block's 128 multiples, batched -> finalize
-    rs = reasons(["backend=local,local_batched", "experts=deepgemm,deepgemm_masked", "reduction=experts",
-                  "quant=fp8_block", "model=gpt_oss_120b", "overlap=none"])
+    rs = reasons(
+        [
+            "backend=local,local_batched",
+            "experts=deepgemm,deepgemm_masked",
+            "reduction=experts",
+            "quant=fp8_block",
+            "model=gpt_oss_120b",
+            "overlap=none",
+        ]
+    )
     assert "multiples of 128" in rs[("local", "deepgemm", "experts", "fp8_block")]
     assert "only reduction=finalize" in rs[("local_batched", "deepgemm_masked", "experts", "fp8_block")]
     import torch
@@ -97,8 +116,15 @@ def reasons(overrides):
 
 
 def test_planning_skips_them_with_the_right_reason(no_deep_gemm):
-    rs = reasons(["backend=local,local_batched", "experts=deepgemm,deepgemm_masked,triton_or_deepgemm",
-                  "reduction=experts,finalize", "quant=bf16,fp8_block", "model=deepseek_v2_lite"])
+    rs = reasons(
+        [
+            "backend=local,local_batched",
+            "experts=deepgemm,deepgemm_masked,triton_or_deepgemm",
+            "reduction=experts,finalize",
+            "quant=bf16,fp8_block",
+            "model=deepseek_v2_lite",
+        ]
+    )
     assert len(rs) == 2 * 3 * 2 * 2
     for (backend, experts, reduction, quant), why in rs.items():
         assert why, (backend, experts, reduction, quant)

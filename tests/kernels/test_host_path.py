@@ -1,6 +1,7 @@
 """Issue #34, the host's side of a forward: what is cached per size equals what is
 computed afresh, and the one-kernel id localization equals the torch form exactly
 (the Triton kernel through the interpreter)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shar
 
 
 def _layer(experts="triton", quant="bf16", simulate_ep=1, options=None):
-    ctx = KernelContext(shape=SHAPE, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=simulate_ep,
-                        options=options or {})
+    ctx = KernelContext(
+        shape=SHAPE, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=simulate_ep, options=options or {}
+    )
     w = build_expert_weights(ctx, 0)
     pf = registry.get_backend("local")(ctx)
     ex = registry.get_experts(experts)(w, "experts", ctx)
@@ -169,8 +171,11 @@ def test_batched_layout_kernels_equal_torch(scaled, M, P, E, X):
     got = to_batched_fused(x, scale, ids, E, X)
     n = want.expert_num_tokens_E
     assert got.expert_num_tokens_E.dtype == torch.int32 and torch.equal(got.expert_num_tokens_E, n)
-    for a, b in ((got.handle.slot_token_EX, want.handle.slot_token_EX), (got.handle.slot_k_EX, want.handle.slot_k_EX),
-                 (got.handle.pair_row_MP, want.handle.pair_row_MP)):
+    for a, b in (
+        (got.handle.slot_token_EX, want.handle.slot_token_EX),
+        (got.handle.slot_k_EX, want.handle.slot_k_EX),
+        (got.handle.pair_row_MP, want.handle.pair_row_MP),
+    ):
         assert a.dtype == b.dtype and torch.equal(a, b)
     counted = torch.arange(X)[None, :] < n[:, None].long()  # [E, X]
     bits = torch.uint8 if x.element_size() == 1 else torch.int16
@@ -191,13 +196,21 @@ def test_workspace_views_kept_on_the_tensor_equal_a_fresh_carve(monkeypatch):
     from moebench.kernels.triton import common, moe
 
     ws = torch.empty(4096, dtype=torch.bfloat16)
-    for offset, shape, dtype in [(0, (16, 64), torch.bfloat16), (0, (8, 128), FP8_DTYPE), (1024, (4, 8), torch.float32),
-                                 (0, (2, 3, 64), torch.bfloat16)]:
+    for offset, shape, dtype in [
+        (0, (16, 64), torch.bfloat16),
+        (0, (8, 128), FP8_DTYPE),
+        (1024, (4, 8), torch.float32),
+        (0, (2, 3, 64), torch.bfloat16),
+    ]:
         v = moe.ws_view(ws, offset, shape, dtype)
         fresh = common.carve(common.as_bytes(ws), offset, shape, dtype)
         assert moe.ws_view(ws, offset, torch.Size(shape), dtype) is v  # kept: the same view object
         assert (v.data_ptr(), v.shape, v.stride(), v.dtype) == (
-            fresh.data_ptr(), fresh.shape, fresh.stride(), fresh.dtype)
+            fresh.data_ptr(),
+            fresh.shape,
+            fresh.stride(),
+            fresh.dtype,
+        )
     other = torch.empty(4096, dtype=torch.bfloat16)  # views live on their own tensor
     assert moe.ws_view(other, 0, (16, 64), torch.bfloat16).data_ptr() == other.data_ptr()
     monkeypatch.setattr(moe, "MAX_VIEWS", 2)
@@ -266,8 +279,13 @@ def test_gluon_gemms_set_up_once_and_no_import_per_forward(monkeypatch):
         (args[3].base if fn is gluon_wide.gluon_fp8_wide_kernel else args[2]).zero_()  # c: what comes next reads it
 
     monkeypatch.setattr(gc, "launch", fake_launch)
-    ctx = KernelContext(shape=shape, quant=QuantSpec("fp8_block"), device=torch.device("cpu"), simulate_ep=1,
-                        options={"row_layout": "contiguous"})
+    ctx = KernelContext(
+        shape=shape,
+        quant=QuantSpec("fp8_block"),
+        device=torch.device("cpu"),
+        simulate_ep=1,
+        options={"row_layout": "contiguous"},
+    )
     experts = registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx)
     layer = MoEKernel(registry.get_backend("local")(ctx), experts, None, "none")
     assert [g.w for g in experts._gluon] == [experts._contiguous_w.w13, experts._contiguous_w.w2]
@@ -289,5 +307,6 @@ def test_gluon_gemms_set_up_once_and_no_import_per_forward(monkeypatch):
     (_, _, ws1, kw1), (_, _, wide1, _), (_, _, ws2, _), (_, _, wide2, _) = launches
     assert ws1[1] is ws2[1] and wide1[1:3] == wide2[1:3] and wide1[1] is wide2[1]  # the weights' descriptors: kept
     assert ws1[0] is not ws2[0]  # a's: built per call
-    assert kw1 == dict(K=SHAPE.hidden, GROUP_N=128, GROUP_SIZE_M=8, STAGES=4, num_warps=4, SCALE_AHEAD=1,
-                       EPILOGUE_TMA=True)
+    assert kw1 == dict(
+        K=SHAPE.hidden, GROUP_N=128, GROUP_SIZE_M=8, STAGES=4, num_warps=4, SCALE_AHEAD=1, EPILOGUE_TMA=True
+    )

@@ -5,6 +5,7 @@ list` and `moebench env`, run on 2 gloo ranks, their rows carry the plugin's ver
 the A/B axis comparison pairs mykernel_v1 with mykernel_v2. Broken plugins beside it (an
 import error, a name clash, an old contract, a `supports` that raises) are reported and
 disabled, and the rest of the sweep runs."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,8 @@ QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=2", "runner.memo
 # distribution -> (its module's source, the entries it would register); each is broken one way
 BROKEN = {
     "broken-import": ("MOEBENCH_CONTRACT = 1\nimport moebench_no_such_module_anywhere\n", ()),
-    "clash": ("""
+    "clash": (
+        """
         MOEBENCH_CONTRACT = 1
         from moebench.kernels.experts.torch import TorchExperts
         from moebench.kernels.registry import register_experts
@@ -42,8 +44,11 @@ BROKEN = {
         @register_experts("torch")  # a built-in's name
         class Theirs(TorchExperts):
             pass
-        """, ("clashy_only",)),
-    "old-contract": ("""
+        """,
+        ("clashy_only",),
+    ),
+    "old-contract": (
+        """
         MOEBENCH_CONTRACT = 0
         from moebench.kernels.experts.torch import TorchExperts
         from moebench.kernels.registry import register_experts
@@ -51,8 +56,11 @@ BROKEN = {
         @register_experts("old_kernel")
         class Old(TorchExperts):
             pass
-        """, ("old_kernel",)),
-    "raises-in-supports": ("""
+        """,
+        ("old_kernel",),
+    ),
+    "raises-in-supports": (
+        """
         MOEBENCH_CONTRACT = 1
         from moebench.kernels.experts.torch import TorchExperts
         from moebench.kernels.registry import register_experts
@@ -62,7 +70,9 @@ BROKEN = {
             @classmethod
             def supports(cls, combo):
                 raise RuntimeError("boom in supports")
-        """, ("raising_kernel",)),
+        """,
+        ("raising_kernel",),
+    ),
 }
 
 
@@ -83,8 +93,24 @@ def sites(tmp_path_factory):
     src = base / "src"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     good = base / "good"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--target", str(good), str(src)], capture_output=True, text=True, timeout=300)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(good),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert pip.returncode == 0, f"pip install of the example plugin failed:\n{pip.stdout[-3000:]}{pip.stderr[-6000:]}"
     assert list(good.glob("moebench_example_plugin-0.1.0.dist-info/entry_points.txt"))
     bad = base / "bad"
@@ -98,15 +124,23 @@ def moebench(args: list[str], paths: list[Path], cwd: Path, timeout: float = 300
     env = {k: v for k, v in os.environ.items() if k != registry.PLUGIN_MODULES_VAR}
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), str(ROOT)])
     env["MOEBENCH_RUNS"] = str(cwd / "runs")
-    return subprocess.run([sys.executable, "-m", "moebench.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "moebench.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.multiprocess
 def test_list_shows_the_example_entries_with_each_field_of_their_combination(sites, tmp_path):
     good, _ = sites
-    ovs = ["backend=example_a2a,naive", "experts=mykernel_v1,mykernel_v2,torch", "reduction=experts",
-           "overlap=none", "quant=bf16,fp8_block", "model=tiny", "runner.device=cpu"]
+    ovs = [
+        "backend=example_a2a,naive",
+        "experts=mykernel_v1,mykernel_v2,torch",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16,fp8_block",
+        "model=tiny",
+        "runner.device=cpu",
+    ]
     p = moebench(["list", "--json", *ovs], [good], tmp_path)
     assert p.returncode == 0, p.stderr
     items = {(i["backend"], i["experts"], i["quant"]): i for i in json.loads(p.stdout)}
@@ -139,8 +173,12 @@ def test_env_lists_the_plugins_loaded_and_disabled_with_their_reasons(sites, tmp
     plugins = {x["name"]: x for x in out["env"]["plugins"]}
     assert set(plugins) == {"example", *BROKEN}
     ex = plugins["example"]
-    assert (ex["status"], ex["dist"], ex["version"], ex["contract"]) == ("loaded", "moebench-example-plugin", "0.1.0",
-                                                                          CONTRACT_VERSION)
+    assert (ex["status"], ex["dist"], ex["version"], ex["contract"]) == (
+        "loaded",
+        "moebench-example-plugin",
+        "0.1.0",
+        CONTRACT_VERSION,
+    )
     assert ex["entries"] == ["backend=example_a2a", "experts=mykernel_v1", "experts=mykernel_v2"]
     assert plugins["raises-in-supports"]["status"] == "loaded"
     reasons = {n: x["reason"] for n, x in plugins.items() if x["status"] == "disabled"}
@@ -164,10 +202,26 @@ def sweep_run(sites, tmp_path_factory):
     entries named on the command line (no sweep file edited)."""
     cwd = tmp_path_factory.mktemp("sweep")
     run = cwd / "run"
-    p = moebench(["sweep", "backend=example_a2a", "experts=mykernel_v1,mykernel_v2,torch,raising_kernel,clashy_only",
-                  "reduction=experts,finalize", "overlap=none", "quant=bf16", "model=tiny", "runner.device=cpu",
-                  "runner.world_size=2", "workload.tokens_per_rank=[5]", *QUICK, "--out", str(run)],
-                 list(sites), cwd, timeout=600)
+    p = moebench(
+        [
+            "sweep",
+            "backend=example_a2a",
+            "experts=mykernel_v1,mykernel_v2,torch,raising_kernel,clashy_only",
+            "reduction=experts,finalize",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "runner.device=cpu",
+            "runner.world_size=2",
+            "workload.tokens_per_rank=[5]",
+            *QUICK,
+            "--out",
+            str(run),
+        ],
+        list(sites),
+        cwd,
+        timeout=600,
+    )
     return run, p
 
 
@@ -237,9 +291,24 @@ def test_moebench_compare_axis_gives_the_verdict(sweep_run, tmp_path):
     run, _ = sweep_run
     env = {k: v for k, v in os.environ.items() if k != registry.PLUGIN_MODULES_VAR}
     env["PYTHONPATH"] = str(ROOT)  # a report needs no plugin installed
-    p = subprocess.run([sys.executable, "-m", "moebench.cli", "compare", str(run), "--axis",
-                        "experts=mykernel_v1:mykernel_v2", "--out", str(tmp_path / "cmp"), "--cpu-verdict"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moebench.cli",
+            "compare",
+            str(run),
+            "--axis",
+            "experts=mykernel_v1:mykernel_v2",
+            "--out",
+            str(tmp_path / "cmp"),
+            "--cpu-verdict",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # CPU rows get a verdict only when asked (--cpu-verdict); 1: a regression verdict, a valid outcome
     assert p.returncode in (0, 1), p.stderr
     # the two pairs test_the_two_versions_pair_on_the_experts_axis finds, both ok

@@ -5,6 +5,7 @@ plumbing (layouts, fp8 scale padding, the send/receive split, the dispatch-then-
 protocol, the per-group AllToAll cache, NVSHMEM init for internode) runs end to end on
 2 gloo ranks over a CPU stand-in of pplx_kernels.AllToAll defined below.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,17 +27,30 @@ from moebench.kernels.prepare_finalize import _pplx
 SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the helpers, by bare name
 REPO = SUPPORT.parents[1]
 COMBO = {
-    "backend": "pplx", "experts": "triton_batched", "reduction": "finalize", "overlap": "none",
-    "model": "deepseek_v2_lite", "hidden": 2048, "intermediate": 1408, "num_experts": 64, "topk": 6,
-    "num_shared_experts": 2, "shared_intermediate": 1408, "quant": "bf16", "world_size": 2,
-    "max_tokens_per_rank": 512, "device": "cuda", "pplx_mode": "intranode",
+    "backend": "pplx",
+    "experts": "triton_batched",
+    "reduction": "finalize",
+    "overlap": "none",
+    "model": "deepseek_v2_lite",
+    "hidden": 2048,
+    "intermediate": 1408,
+    "num_experts": 64,
+    "topk": 6,
+    "num_shared_experts": 2,
+    "shared_intermediate": 1408,
+    "quant": "bf16",
+    "world_size": 2,
+    "max_tokens_per_rank": 512,
+    "device": "cuda",
+    "pplx_mode": "intranode",
 }
 
 
 def planned(*overrides, **changes):
     """validity.validate on a deepseek_v2_lite pplx Combo on CUDA: the contract's rules beside the entry's."""
-    cfg = compose_config(["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite",
-                          *overrides])
+    cfg = compose_config(
+        ["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite", *overrides]
+    )
     return validity.validate(to_combo(cfg, device="cuda").replace(**changes))
 
 
@@ -86,9 +100,18 @@ def test_a_library_that_failed_to_load_counts_as_missing(monkeypatch):
 
 
 def test_planned_rows_are_skipped_with_how_to_install(no_pplx):
-    combos, _ = plan.plan(["backend=pplx", "experts=triton_batched,torch_batched", "reduction=finalize",
-                           "overlap=none,dispatch,combine", "quant=bf16,fp8_block", "model=deepseek_v2_lite",
-                           "runner.device=cuda"], None)
+    combos, _ = plan.plan(
+        [
+            "backend=pplx",
+            "experts=triton_batched,torch_batched",
+            "reduction=finalize",
+            "overlap=none,dispatch,combine",
+            "quant=bf16,fp8_block",
+            "model=deepseek_v2_lite",
+            "runner.device=cuda",
+        ],
+        None,
+    )
     assert len(combos) == 12
     for c in combos:
         assert "pplx_kernels is not installed" in c.reason and "github.com/ppl-ai/pplx-kernels" in c.reason
@@ -121,8 +144,15 @@ def test_layout_rules_in_plan(monkeypatch):
 
     monkeypatch.setattr(_pplx, "unavailable_reason", lambda: None)
     check_batched_layout_rules("pplx", "deepseek_v2_lite")
-    cfg = compose_config(["backend=pplx", "experts=triton_batched", "reduction=finalize", "model=deepseek_v2_lite",
-                          "runner.timing=graph"])
+    cfg = compose_config(
+        [
+            "backend=pplx",
+            "experts=triton_batched",
+            "reduction=finalize",
+            "model=deepseek_v2_lite",
+            "runner.timing=graph",
+        ]
+    )
     combo = to_combo(cfg, device="cuda")
     assert validity.validate_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
     assert "max_tokens_per_rank=512" in validity.validate_tokens(combo, 513)
@@ -155,8 +185,19 @@ def test_sizes():
 class StandinAllToAll:
     created = 0
 
-    def __init__(self, mode, max_num_tokens, num_experts, experts_per_token, rank, world_size, dp_size,
-                 hidden_dim, hidden_dim_bytes, hidden_dim_scale_bytes):
+    def __init__(
+        self,
+        mode,
+        max_num_tokens,
+        num_experts,
+        experts_per_token,
+        rank,
+        world_size,
+        dp_size,
+        hidden_dim,
+        hidden_dim_bytes,
+        hidden_dim_scale_bytes,
+    ):
         assert world_size % dp_size == 0 and world_size // dp_size > 1
         assert hidden_dim_bytes % 16 == 0 and hidden_dim_scale_bytes % 16 == 0, "pplx: 16-byte multiples"
         assert hidden_dim_scale_bytes <= hidden_dim_bytes
@@ -187,8 +228,18 @@ class StandinAllToAll:
         assert self.state == "idle", f"destroyed while {self.state}"
         self._ptr = None
 
-    def dispatch(self, out_expert_num_tokens, out_expert_x, out_expert_x_scale, dp_x, dp_x_scale, indices,
-                 bound_m, do_send=True, do_recv=True):
+    def dispatch(
+        self,
+        out_expert_num_tokens,
+        out_expert_x,
+        out_expert_x_scale,
+        dp_x,
+        dp_x_scale,
+        indices,
+        bound_m,
+        do_send=True,
+        do_recv=True,
+    ):
         import torch.distributed as dist
 
         assert self._ptr is not None
@@ -319,15 +370,25 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
     assert P.unavailable_reason() is None
     rows, dev, seed, R = [], torch.device("cpu"), 3, 2
     # hidden 256: two 1x128 scale groups a row, padded to four (16 bytes) for pplx
-    shape = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=3, num_shared_experts=1, shared_intermediate=128)
+    shape = LayerShape(
+        hidden=256, intermediate=128, num_experts=8, topk=3, num_shared_experts=1, shared_intermediate=128
+    )
     shared = build_shared(shape, seed, dev)
     shared_ref = (shared.w13_NK.float(), shared.w2_KS.float())
     try:
         for mode in ("intranode", "internode"):
             for qname in STANDIN_QUANTS:
                 quant = QuantSpec(qname)
-                ctx = KernelContext(shape=shape, quant=quant, device=dev, rank=rank, world_size=R, group=dist.group.WORLD,
-                                    max_tokens_per_rank=STANDIN_CAP, options={"pplx_mode": mode})
+                ctx = KernelContext(
+                    shape=shape,
+                    quant=quant,
+                    device=dev,
+                    rank=rank,
+                    world_size=R,
+                    group=dist.group.WORLD,
+                    max_tokens_per_rank=STANDIN_CAP,
+                    options={"pplx_mode": mode},
+                )
                 experts = TorchBatchedExperts(build_expert_weights(ctx, seed), "finalize", ctx)
                 ref_w = reference_expert_fn(shape, quant, seed, dev)
                 E, K, X = ctx.num_local_experts, shape.hidden, R * STANDIN_CAP
@@ -374,7 +435,9 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
                         kernel = MoEKernel(PplxPrepareFinalize(ctx), experts, shared, overlap=ov)
                         errs = [rel_err(kernel(x, w, ids), ref) for _ in range(2)]  # reuse: workspaces, AllToAll
                         kernel.close()
-                        rows.append(dict(mode=mode, quant=qname, tokens=T, overlap=ov, rel_err=max(errs), checks=checks))
+                        rows.append(
+                            dict(mode=mode, quant=qname, tokens=T, overlap=ov, rel_err=max(errs), checks=checks)
+                        )
         rows.append(dict(cached=P.cached_count(), created=StandinAllToAll.created, nvshmem=dict(STANDIN_NVSHMEM)))
     finally:
         P.release_group(dist.group.WORLD)
@@ -407,6 +470,7 @@ def test_plumbing_over_a_cpu_standin(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     from moebench.kernels.reference import TOLERANCE as tol
+
     for r, rows in enumerate(per_rank):
         *cases, tail, released = rows
         assert len(cases) == 2 * len(STANDIN_QUANTS) * len(STANDIN_TOKENS) * 3

@@ -3,6 +3,7 @@ and the expert ids' localization in one Triton launch and one allocation
 (triton/quant.py: group_quant_and_localize) equal the two kernels they replace bit for bit,
 and the prepare takes it exactly where both would launch a kernel; on a machine without
 CUDA through Triton's interpreter (tests/gpu/test_triton_gpu.py: the prepare on CUDA)."""
+
 from __future__ import annotations
 
 import functools
@@ -51,12 +52,15 @@ def _same_as_two_kernels(got, x, group, ids, first, num_local):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("T, K, P, first, num_local", [
-    (0, 256, 2, 4, 4),  # no rows: empty outputs, no launch
-    (1, 256, 8, 0, 2),
-    (37, 256, 3, 4, 4),  # rows past the last full block of 16, P not a power of two
-    (64, 384, 8, 2, 3),  # three groups a row
-])
+@pytest.mark.parametrize(
+    "T, K, P, first, num_local",
+    [
+        (0, 256, 2, 4, 4),  # no rows: empty outputs, no launch
+        (1, 256, 8, 0, 2),
+        (37, 256, 3, 4, 4),  # rows past the last full block of 16, P not a power of two
+        (64, 384, 8, 2, 3),  # three groups a row
+    ],
+)
 def test_fused_equals_the_two_kernels(dtype, T, K, P, first, num_local):
     x, ids = _inputs(T, K, P, dtype, seed=T + P)
     got = group_quant_and_localize(x, 128, ids, first, num_local)
@@ -114,15 +118,18 @@ def _equal(got, want):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.element_size() == 1 else torch.equal(a, b)
 
 
-@pytest.mark.parametrize("quant, dtype, first, num_local, num_experts, fused", [
-    ("fp8_block", torch.int64, 4, 4, 8, True),  # another rank's experts: ids to localize
-    ("fp8_block", torch.int32, 0, 8, 8, True),  # every expert local, int32 ids: converted by a kernel
-    ("fp8_block", torch.int64, 0, 8, None, True),  # no global count: localized
-    ("fp8_block", torch.int64, 0, 8, 8, False),  # every expert local, int64: the ids as they are, one kernel
-    ("fp8_tensor", torch.int64, 4, 4, 8, False),  # per-tensor scale: the torch quantization
-    ("bf16", torch.int64, 4, 4, 8, False),
-    (None, torch.int32, 4, 4, 8, False),
-])
+@pytest.mark.parametrize(
+    "quant, dtype, first, num_local, num_experts, fused",
+    [
+        ("fp8_block", torch.int64, 4, 4, 8, True),  # another rank's experts: ids to localize
+        ("fp8_block", torch.int32, 0, 8, 8, True),  # every expert local, int32 ids: converted by a kernel
+        ("fp8_block", torch.int64, 0, 8, None, True),  # no global count: localized
+        ("fp8_block", torch.int64, 0, 8, 8, False),  # every expert local, int64: the ids as they are, one kernel
+        ("fp8_tensor", torch.int64, 4, 4, 8, False),  # per-tensor scale: the torch quantization
+        ("bf16", torch.int64, 4, 4, 8, False),
+        (None, torch.int32, 4, 4, 8, False),
+    ],
+)
 def test_quant_and_localize_fuses_where_both_halves_launch(quant, dtype, first, num_local, num_experts, fused):
     q = None if quant is None else QuantSpec(quant)
     x, ids = _inputs(37, 256, 4, dtype, seed=7)
@@ -157,8 +164,9 @@ def test_local_prepare_takes_the_fused_path_with_the_same_values(monkeypatch, si
     experts, int32 ids) the fused one, with the values of the two kernels it ran before on CUDA;
     every expert local with int64 ids: the plain quantization, the ids as they are."""
     quant = QuantSpec("fp8_block")
-    ctx = KernelContext(LayerShape(hidden=256, intermediate=128, num_experts=8, topk=4), quant, DEV,
-                        simulate_ep=simulate_ep)
+    ctx = KernelContext(
+        LayerShape(hidden=256, intermediate=128, num_experts=8, topk=4), quant, DEV, simulate_ep=simulate_ep
+    )
     if DEV.type == "cpu":  # the prepare fuses on CUDA: here the interpreter runs the fused kernel
         monkeypatch.setattr(local, "quant_and_localize", functools.partial(_common.quant_and_localize, fuse=True))
     x, ids = _inputs(37, 256, 4, dtype, seed=simulate_ep, high=8)  # a router's ids: the 8 experts, -1

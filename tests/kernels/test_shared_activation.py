@@ -1,6 +1,7 @@
 """The shared experts' SiLU-and-mul (issue #34): one Triton kernel on CUDA for bf16
 (kernels/triton/activation.py: silu_and_mul_rows, here through the interpreter) equals the
 torch form (reference.silu_and_mul) within bf16 rounding; the CPU keeps the torch form."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ float32 reference; on a machine without CUDA through Triton's interpreter.
 Shapes are tiny (K=256, I=128, E=8, P=2, T<=16) and tile configs large enough
 that each kernel runs a handful of programs: the interpreter is slow.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,12 +58,18 @@ CFG = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=2, 
 CFG_BK64 = dict(CFG, BLOCK_SIZE_K=64)
 
 
-def make_layer(quant: str, simulate_ep: int = 1, config: dict | None = CFG, seed: int = 0, K: int = K, I: int = I,
-               row_layout: str = "auto"):
+def make_layer(
+    quant: str,
+    simulate_ep: int = 1,
+    config: dict | None = CFG,
+    seed: int = 0,
+    K: int = K,
+    I: int = I,
+    row_layout: str = "auto",
+):
     """(ctx, local ExpertWeights, e -> fp32 dequantized (w13, w2) of global expert e)."""
     q = QuantSpec(quant)
-    ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep,
-                        options={"row_layout": row_layout})
+    ctx = KernelContext(LayerShape(K, I, E, P), q, DEV, simulate_ep=simulate_ep, options={"row_layout": row_layout})
     if config is not None:
         ctx.options["triton_config"] = config
     g = torch.Generator().manual_seed(seed)
@@ -117,14 +124,19 @@ def recorded_allocations():
             if sys._getframe(1).f_code.co_filename.startswith(KERNELS_DIR):
                 sizes.append(alloc_bytes(t.untyped_storage().nbytes()))
             return t
+
         return alloc
 
-    with mock.patch.object(torch, "empty", recording(torch.empty)), mock.patch.object(torch, "zeros", recording(torch.zeros)):
+    with (
+        mock.patch.object(torch, "empty", recording(torch.empty)),
+        mock.patch.object(torch, "zeros", recording(torch.zeros)),
+    ):
         yield sizes
 
 
-def run_layer(layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I,
-              row_layout="auto"):
+def run_layer(
+    layout, quant, reduction, simulate_ep=1, routing="uniform", prequant=True, config=CFG, K=K, I=I, row_layout="auto"
+):
     """Experts.apply on NaN-filled workspaces (its allocations against transient_bytes),
     then the backend's finalize -> rel_err vs reference."""
     ctx, w, ref_weights = make_layer(quant, simulate_ep, config, K=K, I=I, row_layout=row_layout)
@@ -179,23 +191,29 @@ def test_standard_matches_reference(quant, reduction, simulate_ep, routing, preq
     assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
 
 
-@pytest.mark.parametrize("reduction,simulate_ep,routing,prequant", [
-    ("experts", 1, "skewed", True),  # an expert without rows, one with most
-    ("finalize", 2, "uniform", False),  # pairs of other ranks; the permute quantizes a bf16 input
-    ("finalize", 2, "skewed", True),  # pairs of other ranks beside an empty local expert
-])
+@pytest.mark.parametrize(
+    "reduction,simulate_ep,routing,prequant",
+    [
+        ("experts", 1, "skewed", True),  # an expert without rows, one with most
+        ("finalize", 2, "uniform", False),  # pairs of other ranks; the permute quantizes a bf16 input
+        ("finalize", 2, "skewed", True),  # pairs of other ranks beside an empty local expert
+    ],
+)
 def test_standard_fp8_block_contiguous_layout(reduction, simulate_ep, routing, prequant):
     err = run_layer("standard", "fp8_block", reduction, simulate_ep, routing, prequant, row_layout="contiguous")
     assert err <= TOL["fp8_block"], f"rel_err {err:.3g} > {TOL['fp8_block']}"
 
 
-@pytest.mark.parametrize("reduction,simulate_ep,routing,K_,I_", [
-    ("experts", 2, "skewed", K, I),  # pairs of other ranks, an expert without rows
-    ("finalize", 1, "uniform", K, I),
-    ("finalize", 2, "uniform", 128, 256),  # hidden < intermediate: ws13 holds the wider activation
-    ("finalize", 2, "skewed", K, I),  # pairs of other ranks beside an empty local expert
-    ("experts", 1, "skewed", 384, 128),  # N = 384 for the down GEMM: BLOCK_SIZE_N falls back to 128
-])
+@pytest.mark.parametrize(
+    "reduction,simulate_ep,routing,K_,I_",
+    [
+        ("experts", 2, "skewed", K, I),  # pairs of other ranks, an expert without rows
+        ("finalize", 1, "uniform", K, I),
+        ("finalize", 2, "uniform", 128, 256),  # hidden < intermediate: ws13 holds the wider activation
+        ("finalize", 2, "skewed", K, I),  # pairs of other ranks beside an empty local expert
+        ("experts", 1, "skewed", 384, 128),  # N = 384 for the down GEMM: BLOCK_SIZE_N falls back to 128
+    ],
+)
 def test_standard_bf16_contiguous_layout(reduction, simulate_ep, routing, K_, I_):
     err = run_layer("standard", "bf16", reduction, simulate_ep, routing, row_layout="contiguous", K=K_, I=I_)
     assert err <= TOL["bf16"], f"rel_err {err:.3g} > {TOL['bf16']}"
@@ -235,16 +253,19 @@ def test_row_layout_choice():
     assert not get_experts("triton")(tw, "experts", tctx).contiguous(10**6, P)
 
 
-@pytest.mark.parametrize("cfg,programs,quant", [
-    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64), 3, "fp8_block"),  # persistent: programs walk several tiles
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256), None, "fp8_block"),  # a tile spans two weight-scale blocks
-    (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128), 5, "bf16"),
-    # issue #35's option: only the row tiles in use walked (BOUNDED)
-    # (M = 160: expert 3 gets more than 128 pairs, so its segment has a second row tile)
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BOUNDED=True, M=160), 3, "fp8_block"),
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BOUNDED=True), None, "fp8_block"),
-    (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BOUNDED=True, M=160), 5, "bf16"),
-])
+@pytest.mark.parametrize(
+    "cfg,programs,quant",
+    [
+        (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64), 3, "fp8_block"),  # persistent: programs walk several tiles
+        (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256), None, "fp8_block"),  # a tile spans two weight-scale blocks
+        (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128), 5, "bf16"),
+        # issue #35's option: only the row tiles in use walked (BOUNDED)
+        # (M = 160: expert 3 gets more than 128 pairs, so its segment has a second row tile)
+        (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BOUNDED=True, M=160), 3, "fp8_block"),
+        (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BOUNDED=True), None, "fp8_block"),
+        (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BOUNDED=True, M=160), 5, "bf16"),
+    ],
+)
 def test_contiguous_gemm(cfg, programs, quant):
     g = torch.Generator().manual_seed(3)
     cfg = dict(cfg)
@@ -277,7 +298,7 @@ def test_contiguous_gemm(cfg, programs, quant):
     bounded = cfg.get("BOUNDED")
     if bounded:  # rows past the rows in use given a real expert: only a bounded walk leaves them unwritten
         m_idx = m_idx.clone()
-        m_idx[int(lay.num_post):] = 0
+        m_idx[int(lay.num_post) :] = 0
     contiguous_gemm(a, a_s, w, ws, c, m_idx, config=cfg, num_programs=programs, rows_in_use=lay.num_post)
     ref = torch.einsum("rk,rnk->rn", af[valid], wf[rows[valid]])
     assert rel_err(c[valid], ref) < 1e-2
@@ -286,7 +307,9 @@ def test_contiguous_gemm(cfg, programs, quant):
     assert used % 128 == 0 and bool(valid[0:used:128].all()) and not bool(valid[used:].any())
     if M > 128:
         assert int(rows[valid].bincount().max()) > 128  # an expert with two row tiles
-    assert c[used:].isnan().all()  # padding tiles: skipped (CHECK) or, numbered as expert 0 above, never walked (BOUNDED)
+    assert (
+        c[used:].isnan().all()
+    )  # padding tiles: skipped (CHECK) or, numbered as expert 0 above, never walked (BOUNDED)
 
 
 # weight scales in [0.5, 1.5): a tile that reads another group's scale, or one scale for a
@@ -319,8 +342,20 @@ def test_block_fp8_gemm_weight_scales_per_tile_width(layout, block_n, N):
         a_s = torch.rand(rows, Kc // 128, generator=g) + 0.5
         sorted_ids, expert_ids, num_post = moe_align_block_size(ids.to(DEV), Ec, 16)
         c = torch.full((rows * P, N), float("nan"), dtype=torch.bfloat16, device=DEV)
-        gemm.invoke_fused_moe_gemm(a.to(DEV), a_s.to(DEV), w, ws, c, sorted_ids, expert_ids, num_post, rows * P, cfg,
-                                   quant=gemm.QUANT_BLOCK, a_row_div=P)
+        gemm.invoke_fused_moe_gemm(
+            a.to(DEV),
+            a_s.to(DEV),
+            w,
+            ws,
+            c,
+            sorted_ids,
+            expert_ids,
+            num_post,
+            rows * P,
+            cfg,
+            quant=gemm.QUANT_BLOCK,
+            a_row_div=P,
+        )
         af = a.float() * a_s.repeat_interleave(128, 1)
         ref = torch.einsum("rk,rnk->rn", af[torch.arange(rows * P) // P], wf[ids.reshape(-1)])
         assert rel_err(c.cpu(), ref) < 1e-2
@@ -376,7 +411,9 @@ def test_batched_on_pplx_sized_buffers(quant):
 
     q = QuantSpec(quant)
     En, X, Kx, Ix = 3, 1024, 256, 128
-    cfg = tconfig.get_config(128, 2048, X, tconfig.config_dtype(quant), tconfig.config_block_shape(quant), device="nowhere")
+    cfg = tconfig.get_config(
+        128, 2048, X, tconfig.config_dtype(quant), tconfig.config_block_shape(quant), device="nowhere"
+    )
     assert (cfg["BLOCK_SIZE_M"], cfg["GROUP_SIZE_M"]) == (64, 8), cfg
     g = torch.Generator().manual_seed(5)
     a, sa = quant_weights((torch.randn(En, 2 * Ix, Kx, generator=g) * Kx**-0.5).to(DEV), q)
@@ -403,14 +440,18 @@ def test_batched_on_pplx_sized_buffers(quant):
         assert rel_err(out[e, :n], ref) <= TOL[quant], (e, n)
 
 
-@pytest.mark.parametrize("layout,reduction,quant", [("standard", "experts", "bf16"), ("batched", "finalize", "fp8_tensor")])
+@pytest.mark.parametrize(
+    "layout,reduction,quant", [("standard", "experts", "bf16"), ("batched", "finalize", "fp8_tensor")]
+)
 def test_sizes_off_the_tile_grid(layout, reduction, quant):
     """K=200, I=72: masked K tiles, N (144, 200) not a multiple of BLOCK_N, I not of the SiLU tile."""
     err = run_layer(layout, quant, reduction, simulate_ep=2, routing="skewed", K=200, I=72)
     assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
 
 
-@pytest.mark.parametrize("layout,reduction", [("standard", "experts"), ("standard", "finalize"), ("batched", "finalize")])
+@pytest.mark.parametrize(
+    "layout,reduction", [("standard", "experts"), ("standard", "finalize"), ("batched", "finalize")]
+)
 def test_moe_kernel_forward(layout, reduction):
     """Through MoEKernel (its own workspaces), fp8_block, simulate_ep=2."""
     ctx, w, ref_weights = make_layer("fp8_block", simulate_ep=2)
@@ -519,8 +560,13 @@ def test_compile_check_flags_a_kernel_whose_wgmmas_ptxas_serializes():
 def test_config_file_name_matches_vllm():
     name = tconfig.config_file_name(128, 768, "fp8_w8a8", [128, 128], device="NVIDIA H200")
     assert name == "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
-    assert tconfig.config_file_name(32, 2048, None, None, device="NVIDIA_H200") == "E=32,N=2048,device_name=NVIDIA_H200.json"
-    assert tconfig.config_file_name(8, 128, "fp8_w8a8", None, device="x") == "E=8,N=128,device_name=x,dtype=fp8_w8a8.json"
+    assert (
+        tconfig.config_file_name(32, 2048, None, None, device="NVIDIA_H200")
+        == "E=32,N=2048,device_name=NVIDIA_H200.json"
+    )
+    assert (
+        tconfig.config_file_name(8, 128, "fp8_w8a8", None, device="x") == "E=8,N=128,device_name=x,dtype=fp8_w8a8.json"
+    )
 
 
 def test_config_lookup_nearest(tmp_path, monkeypatch):
@@ -551,8 +597,19 @@ def test_config_lookup_nearest(tmp_path, monkeypatch):
 
 
 def test_supports(monkeypatch):
-    combo = dict(backend="local", experts="triton", reduction="experts", overlap="none", quant="bf16",
-                 model="tiny", device="cpu", hidden=256, intermediate=128, num_experts=8, topk=2)
+    combo = dict(
+        backend="local",
+        experts="triton",
+        reduction="experts",
+        overlap="none",
+        quant="bf16",
+        model="tiny",
+        device="cpu",
+        hidden=256,
+        intermediate=128,
+        num_experts=8,
+        topk=2,
+    )
     cls, bcls = get_experts("triton"), get_experts("triton_batched")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert "CUDA" in cls.supports(combo)
@@ -568,7 +625,9 @@ def test_supports(monkeypatch):
 
     base = to_combo(compose_config(["backend=local", "experts=triton", "model=tiny"]), device="cpu")
     assert "multiples of 128" in validity.validate(base.replace(quant="fp8_block", intermediate=96))
-    assert "only reduction=finalize" in validity.validate(base.replace(backend="local_batched", experts="triton_batched"))
+    assert "only reduction=finalize" in validity.validate(
+        base.replace(backend="local_batched", experts="triton_batched")
+    )
 
 
 def test_workspace_shapes_and_reduction_saving():

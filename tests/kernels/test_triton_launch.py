@@ -2,6 +2,7 @@
 specialization (pure Python, against Triton's own specializer), and under the
 interpreter launch() is the plain JIT launch. The compiled-handle launch itself runs
 on a GPU: tests/gpu/test_triton_fastlaunch.py."""
+
 from __future__ import annotations
 
 import itertools
@@ -27,10 +28,35 @@ def _triton_spec(a):
 
 def _samples():
     base = torch.empty(64, dtype=torch.float32)
-    ints = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 1, 2**31, 2**31 + 16, 2**32, 2**63, 2**63 + 16, -(2**31),
-            -(2**31) - 1]
-    tensors = [base, base[1:], base[4:], base.view(8, 8).t(), base.to(torch.bfloat16),
-               base.to(torch.bfloat16)[8:], base.to(torch.int32), torch.empty(3, dtype=torch.int64)]
+    ints = [
+        0,
+        1,
+        2,
+        15,
+        16,
+        17,
+        32,
+        -1,
+        -16,
+        2**31 - 1,
+        2**31,
+        2**31 + 16,
+        2**32,
+        2**63,
+        2**63 + 16,
+        -(2**31),
+        -(2**31) - 1,
+    ]
+    tensors = [
+        base,
+        base[1:],
+        base[4:],
+        base.view(8, 8).t(),
+        base.to(torch.bfloat16),
+        base.to(torch.bfloat16)[8:],
+        base.to(torch.int32),
+        torch.empty(3, dtype=torch.int64),
+    ]
     return ints + tensors + [True, False, 1.0, 0.5, None]
 
 
@@ -213,8 +239,9 @@ def test_launch_mechanics(monkeypatch):
         from triton.runtime.jit import JITFunction
 
         real = JITFunction.run
-        monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **k: real(self, *a, grid=grid,
-                                                                                          warmup=True, **k))
+        monkeypatch.setattr(
+            JITFunction, "run", lambda self, *a, grid, warmup, **k: real(self, *a, grid=grid, warmup=True, **k)
+        )
         fl.launch(fn, (5,), x, 32, BLOCK=64, FLAG=True, num_warps=4)
         assert (len(jit_calls), len(compiled.calls)) == (n + 2, m)
         monkeypatch.setattr(JITFunction, "run", real)
@@ -237,7 +264,9 @@ def test_interpreted_sees_through_wrappers():
     wrapper = type("Autotuner", (), {"fn": jit})()
     assert not fl.interpreted(jit) and not fl.interpreted(wrapper)
     InterpretedFunction = type("InterpretedFunction", (), {})
-    assert fl.interpreted(InterpretedFunction()) and fl.interpreted(type("Autotuner", (), {"fn": InterpretedFunction()})())
+    assert fl.interpreted(InterpretedFunction()) and fl.interpreted(
+        type("Autotuner", (), {"fn": InterpretedFunction()})()
+    )
 
 
 def test_site_key_partitions_like_spec_key():
@@ -245,8 +274,13 @@ def test_site_key_partitions_like_spec_key():
     runtime argument sampled and constexpr / option values of both types: at least as fine as
     Triton's specialization wherever spec_key is (test_spec_key_at_least_as_fine_as_triton)."""
     plan = fl._Plan(_FakeJit())
-    calls = [((a, n), dict(BLOCK=b, num_warps=w)) for a in _samples() for n in (1, 5, 16, True)
-             for b in (64, 64.0, True, 1) for w in (4, 8)]
+    calls = [
+        ((a, n), dict(BLOCK=b, num_warps=w))
+        for a in _samples()
+        for n in (1, 5, 16, True)
+        for b in (64, 64.0, True, 1)
+        for w in (4, 8)
+    ]
     site = [fl.site_key_args(0, args, kw)[0] for args, kw in calls]
     spec = [fl.spec_key(plan, *fl.bind(plan, args, kw)) for args, kw in calls]
     for i, j in itertools.combinations(range(len(calls)), 2):
@@ -336,8 +370,13 @@ def test_handle_launches_get_the_values_the_jit_binds():
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, str(repo / "tests" / "kernels" / "_launch_vals.py")], env=env,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(repo / "tests" / "kernels" / "_launch_vals.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     words = res.stdout.split()  # "checked N handle launches of K kernels"
     launches, kernels = int(words[1]), int(words[5])
@@ -367,10 +406,17 @@ def test_arg_key_gluon_tensor_descriptor_at_least_as_fine_as_triton():
     trans_int = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, transposed=1)
     assert trans == trans_int and repr(trans) != repr(trans_int)
     other = torch.empty(256, 128, dtype=torch.float8_e4m3fn)
-    samples = [_gluon_desc(f8, [128, 128]), _gluon_desc(other, [128, 128]), _gluon_desc(f8, [64, 128]),
-               _gluon_desc(f8, [128, 128], swz), _gluon_desc(f8, [128, 128], trans),
-               _gluon_desc(f8, [128, 128], trans_int), _gluon_desc(b16, [64, 128]),
-               _gluon_desc(b16[:, :128], [64, 128]), _gluon_desc(b16, [64, 64])]
+    samples = [
+        _gluon_desc(f8, [128, 128]),
+        _gluon_desc(other, [128, 128]),
+        _gluon_desc(f8, [64, 128]),
+        _gluon_desc(f8, [128, 128], swz),
+        _gluon_desc(f8, [128, 128], trans),
+        _gluon_desc(f8, [128, 128], trans_int),
+        _gluon_desc(b16, [64, 128]),
+        _gluon_desc(b16[:, :128], [64, 128]),
+        _gluon_desc(b16, [64, 64]),
+    ]
     for a, b in itertools.combinations(samples, 2):
         if fl.arg_key(a) == fl.arg_key(b):
             assert _triton_spec(a) == _triton_spec(b), (a, b)
@@ -413,8 +459,11 @@ def _fake_fills(monkeypatch) -> list:
         if meta is None:
             return [arg.base, *arg.shape, *arg.strides, arg.padding == "nan", *arg.shape, *arg.strides]
         made.append(arg)
-        return [("CUtensorMap", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), id(meta)),
-                *arg.shape, *arg.strides]
+        return [
+            ("CUtensorMap", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), id(meta)),
+            *arg.shape,
+            *arg.strides,
+        ]
 
     monkeypatch.setattr(drv, "make_tensordesc_arg", make)
     return made
@@ -426,8 +475,14 @@ def test_descriptor_expansion_is_tritons_with_fills_kept(monkeypatch):
     order, TMA metadata or none), and fills a descriptor again only for another pointer or shape."""
     pytest.importorskip("triton.backends.nvidia.driver")
     made = _fake_fills(monkeypatch)
-    sig = {"a": "tensordesc<fp8e4nv[128, 128],L>", "n": "i32", "b": "tensordesc<bf16[64, 64]>", "p": "*bf16",
-           "c": "tensordesc<bf16[64, 128],L>", "K": "constexpr"}
+    sig = {
+        "a": "tensordesc<fp8e4nv[128, 128],L>",
+        "n": "i32",
+        "b": "tensordesc<bf16[64, 64]>",
+        "p": "*bf16",
+        "c": "tensordesc<bf16[64, 128],L>",
+        "K": "constexpr",
+    }
     metas = [{"swizzle": 3}, None, {"swizzle": 2}]
     launcher = CudaLauncher(sig, metas)
     entry, function, coop, pdl, packed, descs = le.direct(_DescCompiled(launcher))
@@ -437,8 +492,14 @@ def test_descriptor_expansion_is_tritons_with_fills_kept(monkeypatch):
     base = (3, 1, 1, 0, 77, False, False, None, None, (4, 1, 0), None, None, None)
 
     def args_for(a):
-        return [_gluon_desc(a, [128, 128]), 5, _gluon_desc(b16, [64, 64]), b16.data_ptr(), _gluon_desc(b16, [64, 128]),
-                2048]
+        return [
+            _gluon_desc(a, [128, 128]),
+            5,
+            _gluon_desc(b16, [64, 64]),
+            b16.data_ptr(),
+            _gluon_desc(b16, [64, 128]),
+            2048,
+        ]
 
     for a, fills in ((f8, 2), (f8, 0), (f8[256:], 1)):  # the same pointers refill nothing; a new base, its own
         args = args_for(a)
@@ -459,8 +520,10 @@ def test_launch_hands_the_c_entry_tritons_expansion(monkeypatch):
     pytest.importorskip("triton.backends.nvidia.driver")
     made = _fake_fills(monkeypatch)
     fn = _jit_kernel()
-    launcher = CudaLauncher({"x_ptr": "tensordesc<fp8e4nv[128, 128],L>", "n": "i32", "BLOCK": "constexpr",
-                             "FLAG": "constexpr"}, [{"swizzle": 3}])
+    launcher = CudaLauncher(
+        {"x_ptr": "tensordesc<fp8e4nv[128, 128],L>", "n": "i32", "BLOCK": "constexpr", "FLAG": "constexpr"},
+        [{"swizzle": 3}],
+    )
     jit_calls = []
     monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, **kw: jit_calls.append(a) or _DescCompiled(launcher))
     hooks = type("Hooks", (), {"launch_enter_hook": None, "launch_exit_hook": None, "jit_cache_hook": None})()
@@ -494,6 +557,11 @@ def test_gluon_gemm_handle_hands_the_c_entry_what_the_jit_does():
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, str(repo / "tests" / "kernels" / "_gluon_c_entry.py")], env=env,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(repo / "tests" / "kernels" / "_gluon_c_entry.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0 and "checked 4 kernels" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]

@@ -1,6 +1,7 @@
 """The overlap ablation's parts: the layer without shared experts keeps its overlap
 mode's async path, and the row's trace figures are the critical rank's (the ranks'
 mean when their trace spans tie or are missing)."""
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ from moebench.measure.workload import make_inputs
 
 
 def _layer(overlap: str):
-    cfg = compose.compose_config(["backend=local", "experts=torch", "model=tiny", "reduction=finalize",
-                               "quant=bf16", f"overlap={overlap}"])
+    cfg = compose.compose_config(
+        ["backend=local", "experts=torch", "model=tiny", "reduction=finalize", "quant=bf16", f"overlap={overlap}"]
+    )
     kernel = build_layer(compose.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
@@ -74,12 +76,31 @@ def test_row_takes_the_critical_ranks_trace_figures():
     """The rank whose layer samples span longest in its trace sets the layer's end, as the
     max over ranks sets the ablation's latency: its figures are the row's."""
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
-    base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],
-            "shared_samples_us": [2.0, 2.0]}
-    ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 11597.0,
-              "trace_path": "traces/k/rank0_T8.json", "trace_overlap_method": "intersection"},
-             {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11790.0,
-              "trace_path": "traces/k/rank1_T8.json", "trace_overlap_method": "stretch"}]
+    base = {
+        "status": "ok",
+        "rel_err": 1e-3,
+        "samples_us": [10.0, 11.0],
+        "no_shared_samples_us": [9.0, 9.5],
+        "shared_samples_us": [2.0, 2.0],
+    }
+    ranks = [
+        {
+            **base,
+            "trace_overlap_fraction": 0.73,
+            "trace_intersection_fraction": 0.9,
+            "trace_layer_us": 11597.0,
+            "trace_path": "traces/k/rank0_T8.json",
+            "trace_overlap_method": "intersection",
+        },
+        {
+            **base,
+            "trace_overlap_fraction": 0.28,
+            "trace_intersection_fraction": 0.5,
+            "trace_layer_us": 11790.0,
+            "trace_path": "traces/k/rank1_T8.json",
+            "trace_overlap_method": "stretch",
+        },
+    ]
     row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert row["trace_critical_rank"] == 1
     assert row["trace_overlap_fraction"] == 0.28 and row["trace_intersection_fraction"] == 0.5
@@ -101,9 +122,17 @@ def test_row_takes_the_matched_figure_of_the_rank_that_waited_least():
     the row holds the trimmed figure of the rank its peers waited for, whatever the spans say."""
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "trace_overlap_method": "stretch"}
-    ranks = [{**base, "trace_overlap_fraction": 0.73, "trace_intersection_fraction": 0.9, "trace_layer_us": 12000.0,
-              "trace_matched_overlap_per_rank": [0.1, 0.35], "trace_wait_us_per_rank": [800.0, 0.0]},
-             {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11000.0}]
+    ranks = [
+        {
+            **base,
+            "trace_overlap_fraction": 0.73,
+            "trace_intersection_fraction": 0.9,
+            "trace_layer_us": 12000.0,
+            "trace_matched_overlap_per_rank": [0.1, 0.35],
+            "trace_wait_us_per_rank": [800.0, 0.0],
+        },
+        {**base, "trace_overlap_fraction": 0.28, "trace_intersection_fraction": 0.5, "trace_layer_us": 11000.0},
+    ]
     row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert row["trace_critical_rank"] == 1 and row["trace_overlap_fraction"] == 0.35
     assert row["trace_overlap_method"] == "stretch_matched"
@@ -111,7 +140,9 @@ def test_row_takes_the_matched_figure_of_the_rank_that_waited_least():
     assert row["trace_trimmed_overlap_per_rank"] == [0.1, 0.35] and row["trace_wait_us_per_rank"] == [800.0, 0.0]
     assert row["trace_overlap_fraction_per_rank"] == [0.73, 0.28]  # untrimmed, as each rank read it
     ranks[0]["row_layout_used"], ranks[1]["row_layout_used"] = "contiguous", "gathered"
-    assert row["row_layout_used"] == "" and rows.measured_row(combos[0], 8, _rr(ranks), {})["row_layout_used"] == "mixed"
+    assert (
+        row["row_layout_used"] == "" and rows.measured_row(combos[0], 8, _rr(ranks), {})["row_layout_used"] == "mixed"
+    )
     # a rank's figure missing: back to the span rule (rank 0's span is the longest)
     ranks[0]["trace_matched_overlap_per_rank"] = [0.1, None]
     row = rows.measured_row(combos[0], 8, _rr(ranks), {})
@@ -121,10 +152,17 @@ def test_row_takes_the_matched_figure_of_the_rank_that_waited_least():
 
 def test_row_takes_the_ranks_mean_trace_figures_without_spans():
     combos, _ = plan.plan(["backend=naive", "experts=torch", "model=tiny", "overlap=combine", "runner.device=cpu"])
-    base = {"status": "ok", "rel_err": 1e-3, "samples_us": [10.0, 11.0], "no_shared_samples_us": [9.0, 9.5],
-            "shared_samples_us": [2.0, 2.0]}
-    ranks = [{**base, "trace_overlap_fraction": 0.8, "trace_intersection_fraction": 0.9},
-             {**base, "trace_overlap_fraction": 0.3, "trace_intersection_fraction": 0.5}]
+    base = {
+        "status": "ok",
+        "rel_err": 1e-3,
+        "samples_us": [10.0, 11.0],
+        "no_shared_samples_us": [9.0, 9.5],
+        "shared_samples_us": [2.0, 2.0],
+    }
+    ranks = [
+        {**base, "trace_overlap_fraction": 0.8, "trace_intersection_fraction": 0.9},
+        {**base, "trace_overlap_fraction": 0.3, "trace_intersection_fraction": 0.5},
+    ]
     row = rows.measured_row(combos[0], 8, _rr(ranks), {})
     assert abs(row["trace_overlap_fraction"] - 0.55) < 1e-9
     assert abs(row["trace_intersection_fraction"] - 0.7) < 1e-9

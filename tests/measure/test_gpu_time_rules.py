@@ -1,6 +1,7 @@
 """A figure moebench calls latency is GPU time unless the row says otherwise (docs/design.md,
 "Timing"): which timing auto chooses, that the local paths never sync the host (so they can be
 captured and held), and that no summary, verdict or tuned table rests on host or CPU time."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,10 @@ def test_auto_replays_graphs_at_every_size_where_the_layer_captures():
 
 def test_auto_times_eager_forwards_where_a_graph_cannot_or_would_do_other_work(monkeypatch):
     # every local path captures now (no host sync): torch, torch_batched behind local_batched
-    for overrides in (("backend=local", "experts=torch"), ("backend=local_batched", "experts=torch_batched",
-                                                          "reduction=finalize")):
+    for overrides in (
+        ("backend=local", "experts=torch"),
+        ("backend=local_batched", "experts=torch_batched", "reduction=finalize"),
+    ):
         assert validity.timing_mode(_combo(*overrides), 64) == "graph", overrides
     # an entry whose captured forward pads to an upper bound where the eager one reads host counts
     experts = registry.get_experts("torch")
@@ -77,9 +80,15 @@ def test_graph_max_tokens_is_no_identity_under_auto():
 
 # ops whose output size or value reaches the host: a CUDA graph cannot hold them, and a
 # held sample would wait for the GPU inside the forward
-HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique",
-              "aten::_unique2", "aten::item",
-              "aten::bincount")  # sizes its output from the largest value: a read-back on CUDA
+HOST_READS = (
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::unique",
+    "aten::_unique2",
+    "aten::item",
+    "aten::bincount",
+)  # sizes its output from the largest value: a read-back on CUDA
 
 
 class HostReads(TorchDispatchMode):
@@ -89,21 +98,33 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
-        if name in HOST_READS or (name == "aten::index.Tensor" and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()) if i is not None)):
+        if name in HOST_READS or (
+            name == "aten::index.Tensor"
+            and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()) if i is not None)
+        ):
             self.seen.append(name)
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("backend, experts, reduction", [
-    ("local", "torch", "experts"), ("local", "torch", "finalize"),
-    ("local_batched", "torch_batched", "finalize")])
+@pytest.mark.parametrize(
+    "backend, experts, reduction",
+    [("local", "torch", "experts"), ("local", "torch", "finalize"), ("local_batched", "torch_batched", "finalize")],
+)
 def test_local_torch_paths_read_nothing_back_to_the_host(backend, experts, reduction):
     from moebench.measure.layer import build_layer
     from moebench.measure.workload import make_inputs
 
-    cfg = compose.compose_config([f"backend={backend}", f"experts={experts}", f"reduction={reduction}",
-                               "model=tiny", "quant=bf16", "overlap=none", "backend.simulate_ep=2"])
+    cfg = compose.compose_config(
+        [
+            f"backend={backend}",
+            f"experts={experts}",
+            f"reduction={reduction}",
+            "model=tiny",
+            "quant=bf16",
+            "overlap=none",
+            "backend.simulate_ep=2",
+        ]
+    )
     layer = build_layer(compose.to_combo(cfg, device="cpu"), 0, 1, None, torch.device("cpu"))
     x, w, ids = make_inputs(layer.ctx.shape, 16, "uniform", 1.2, 0, 0, 2, torch.device("cpu"))
     layer.kernel(x, w, ids)  # workspaces and weights outside the check
@@ -119,13 +140,38 @@ def _rows(host_mode_fast: bool = True):
     """Two combinations at one size: `torch` in GPU time, `triton` faster by median but its
     samples paced by the host (timing_mode host)."""
     rng = np.random.default_rng(0)
-    gpu = make_row("local", "torch", "experts", "none", "bf16", 64, samples_us=200 * np.exp(rng.normal(0, .01, 30)),
-                   host_paced_samples=0.0)
-    host = make_row("local", "triton", "experts", "none", "bf16", 64, samples_us=100 * np.exp(rng.normal(0, .01, 30)),
-                    timing_mode="host" if host_mode_fast else "events", host_paced_samples=30.0,
-                    timing_note="the forward syncs the host (its enqueue takes 21.0 ms behind a busy GPU)")
-    third = make_row("local", "torch", "finalize", "none", "bf16", 64, samples_us=210 * np.exp(rng.normal(0, .01, 30)),
-                     host_paced_samples=0.0)
+    gpu = make_row(
+        "local",
+        "torch",
+        "experts",
+        "none",
+        "bf16",
+        64,
+        samples_us=200 * np.exp(rng.normal(0, 0.01, 30)),
+        host_paced_samples=0.0,
+    )
+    host = make_row(
+        "local",
+        "triton",
+        "experts",
+        "none",
+        "bf16",
+        64,
+        samples_us=100 * np.exp(rng.normal(0, 0.01, 30)),
+        timing_mode="host" if host_mode_fast else "events",
+        host_paced_samples=30.0,
+        timing_note="the forward syncs the host (its enqueue takes 21.0 ms behind a busy GPU)",
+    )
+    third = make_row(
+        "local",
+        "torch",
+        "finalize",
+        "none",
+        "bf16",
+        64,
+        samples_us=210 * np.exp(rng.normal(0, 0.01, 30)),
+        host_paced_samples=0.0,
+    )
     return pd.DataFrame([gpu, host, third])
 
 
@@ -167,9 +213,19 @@ def test_a_host_time_pair_gets_no_verdict(tmp_path):
 
 def _cpu_run(path, scale: float):
     rng = np.random.default_rng(int(scale * 10))
-    rows = [make_row("local", e, "experts", "none", "bf16", 16, device="cpu",
-                     samples_us=scale * m * np.exp(rng.normal(0, .005, 20)))
-            for e, m in (("torch", 100.0), ("triton", 300.0))]
+    rows = [
+        make_row(
+            "local",
+            e,
+            "experts",
+            "none",
+            "bf16",
+            16,
+            device="cpu",
+            samples_us=scale * m * np.exp(rng.normal(0, 0.005, 20)),
+        )
+        for e, m in (("torch", 100.0), ("triton", 300.0))
+    ]
     return write_run(path, pd.DataFrame(rows))
 
 

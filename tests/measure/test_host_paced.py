@@ -1,6 +1,7 @@
 """Host-paced samples are counted wherever a GPU figure is made (docs/design.md, "Timing"): the
 layer's timed samples, the ablation's, the phase forwards' and the trace's; the row keeps each
 count. The GPU is stood in for by events whose `query()` says whether the GPU had passed them."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -72,8 +73,9 @@ def _shared_layer():
     from moebench.config import compose
     from moebench.measure.layer import build_layer
 
-    cfg = compose.compose_config(["backend=local", "experts=torch", "model=tiny", "reduction=finalize",
-                                  "quant=bf16", "overlap=dispatch"])
+    cfg = compose.compose_config(
+        ["backend=local", "experts=torch", "model=tiny", "reduction=finalize", "quant=bf16", "overlap=dispatch"]
+    )
     return build_layer(compose.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
 
 
@@ -98,9 +100,16 @@ def test_the_ablations_host_paced_counts_reach_the_row(monkeypatch):
         assert (timed.host_paced, timed.host_paced_no_shared, timed.host_paced_shared) == per_rank[r]
         fields = timed.paced_fields(cuda=True)
         assert np.isnan(fields["num_phase_samples"]) and np.isnan(fields["host_paced_phases"])  # no phases
-        results.append(RankResult(rank=r, timing_mode="events", samples_us=timed.samples_us,
-                                  no_shared_samples_us=timed.no_shared_samples_us,
-                                  shared_samples_us=timed.shared_samples_us, **fields))
+        results.append(
+            RankResult(
+                rank=r,
+                timing_mode="events",
+                samples_us=timed.samples_us,
+                no_shared_samples_us=timed.no_shared_samples_us,
+                shared_samples_us=timed.shared_samples_us,
+                **fields,
+            )
+        )
     c = plan.plan(["backend=local", "experts=torch", "model=tiny", "overlap=dispatch"], None)[0][0]
     row = rows.measured_row(c, 16, results, {})
     assert (row["host_paced_samples"], row["host_paced_no_shared"], row["host_paced_shared"]) == (5.0, 4.0, 2.0)

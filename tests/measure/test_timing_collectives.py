@@ -3,6 +3,7 @@ same sequence of calls that hold collectives (the callable itself, `agree`, barr
 align), whatever its own host measures, or an NCCL group deadlocks; and the CPU path
 never touches CUDA. The CUDA calls are stand-ins here (no figure is measured): what is
 checked is the order of calls, which depends only on agreed values."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -57,15 +58,24 @@ def _rank(monkeypatch, host_s: float, agreed: list, fns: int = 2, flush: bool = 
         def fn():
             log.append(("fn", j))
             clock[0] += host_s
+
         return fn
 
     def agree(v):
         log.append(("agree",))
         return answers.pop(0)
 
-    timing.time_interleaved([make(j) for j in range(fns)], CUDA, reps=3, warmup=2,
-                            barrier=lambda: log.append(("barrier",)), align=lambda: log.append(("align",)),
-                            flush=_Flusher(log) if flush else None, warmup_ms=50.0, agree=agree)
+    timing.time_interleaved(
+        [make(j) for j in range(fns)],
+        CUDA,
+        reps=3,
+        warmup=2,
+        barrier=lambda: log.append(("barrier",)),
+        align=lambda: log.append(("align",)),
+        flush=_Flusher(log) if flush else None,
+        warmup_ms=50.0,
+        agree=agree,
+    )
     assert not answers, "every agreed value was asked for"
     return log
 
@@ -88,7 +98,7 @@ def test_ranks_make_the_same_calls_whatever_their_hosts_measure(monkeypatch):
     # the head start is measured before the time-based warm-up (its 20 ms spins idle the
     # GPU), so sampling follows the warm-up rounds directly
     warm_agree = [i for i, e in enumerate(fast) if e == ("agree",)][2]
-    assert fast[warm_agree + 1:].index(("barrier",)) == 40 * 2
+    assert fast[warm_agree + 1 :].index(("barrier",)) == 40 * 2
 
 
 def test_with_a_flush_the_hold_is_more_flushes_not_a_spin(monkeypatch):
@@ -98,10 +108,10 @@ def test_with_a_flush_the_hold_is_more_flushes_not_a_spin(monkeypatch):
     log = _rank(monkeypatch, 1e-5, agreed, flush=True)
     assert not [e for e in log if e[0] == "sleep" and e[1] < 20_000 * 1000]  # no spin hold
     j = log.index(("align",))
-    assert log[j - 6:j + 2] == [("barrier",)] + [("flush",)] * 5 + [("align",), ("fn", 0)]
+    assert log[j - 6 : j + 2] == [("barrier",)] + [("flush",)] * 5 + [("align",), ("fn", 0)]
     # the second callable (30 ms of host: it syncs) gets its flush and no hold
     k = log.index(("fn", 1), j)
-    assert log[k - 3:k] == [("barrier",), ("flush",), ("align",)]
+    assert log[k - 3 : k] == [("barrier",), ("flush",), ("align",)]
 
 
 def test_a_retake_of_host_paced_samples_is_agreed(monkeypatch):
@@ -122,8 +132,15 @@ def test_one_rank_and_cpu_paths_ask_nothing_of_the_others(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", no_cuda)
     monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
     asked = []
-    out = timing.time_interleaved([lambda: None], torch.device("cpu"), reps=2, warmup=1,
-                                  barrier=lambda: None, warmup_ms=50.0, agree=lambda v: asked.append(v) or v)
+    out = timing.time_interleaved(
+        [lambda: None],
+        torch.device("cpu"),
+        reps=2,
+        warmup=1,
+        barrier=lambda: None,
+        warmup_ms=50.0,
+        agree=lambda v: asked.append(v) or v,
+    )
     assert len(out[0].us) == 2 and not asked
 
 

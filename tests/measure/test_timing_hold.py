@@ -12,6 +12,7 @@ timing loop's logic against that model, not a figure of a real GPU (tests/gpu do
 - a host that is sometimes slower than the hold makes the loop take the samples again
   with a doubled hold.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,11 +79,13 @@ def layer(st: Stream, kernels: int = 15, gpu_us: float = 20.0, host_us: float = 
     """An eager forward: `kernels` launches of `host_us` host time and `gpu_us` GPU time each
     (a Triton launcher's ~50 µs against short kernels); `sync_at`: the host waits for the GPU
     after that many launches (reading a count back)."""
+
     def fn():
         for i in range(kernels):
             st.launch(gpu_us, host_us)
             if i == sync_at:
                 st.sync()
+
     return fn
 
 

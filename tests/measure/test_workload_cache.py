@@ -1,6 +1,7 @@
 """A rank draws each workload's inputs and computes its float32 reference once and keeps them
 for the next combinations (measure/workload.py, issue #33): the same tensors as drawn afresh,
 never shared with a kernel that writes its inputs, bounded in bytes, and the rows unchanged."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,10 @@ def _fresh(monkeypatch):
 
 def test_kept_inputs_equal_a_fresh_draw_and_a_kernel_cannot_write_them(monkeypatch):
     _fresh(monkeypatch)
-    for spec, sim in ((RoutingSpec(name="zipf", skew=1.5, seed=3), ""),
-                      (RoutingSpec(name="uniform", seed=1, ep_size=4), "hottest")):
+    for spec, sim in (
+        (RoutingSpec(name="zipf", skew=1.5, seed=3), ""),
+        (RoutingSpec(name="uniform", seed=1, ep_size=4), "hottest"),
+    ):
         first = workload.make_routed(SHAPE, 32, spec, 1, 2, "cpu", sim)
         drawn = workload._draw(SHAPE, 32, spec, 1, 2, sim)
         for a, b in zip(first.inputs, drawn.inputs, strict=True):
@@ -63,13 +66,24 @@ def test_a_reference_is_computed_once_per_workload_and_the_rows_do_not_change(mo
     calls = []
     real = samples.reference_moe
     monkeypatch.setattr(samples, "reference_moe", lambda *a: (calls.append(1), real(*a))[1])
-    base = ["backend=local", "model=tiny", "overlap=none", "runner.device=cpu", "runner.reps=2",
-            "runner.warmup=1", "runner.phase_reps=1", "workload.tokens_per_rank=[4,8]"]
+    base = [
+        "backend=local",
+        "model=tiny",
+        "overlap=none",
+        "runner.device=cpu",
+        "runner.reps=2",
+        "runner.warmup=1",
+        "runner.phase_reps=1",
+        "workload.tokens_per_rank=[4,8]",
+    ]
     rows = {}
     for experts, reduction in (("torch", "experts"), ("torch", "finalize"), ("torch", "experts")):
         (c,), _ = plan.plan([*base, f"experts={experts}", f"reduction={reduction}"])
-        out = [r for _, r in worker.run_combination(Task(0, c.combo, (4, 8)), 0, 1, None, torch.device("cpu"),
-                                                     str(tmp_path)) if r is not None]
+        out = [
+            r
+            for _, r in worker.run_combination(Task(0, c.combo, (4, 8)), 0, 1, None, torch.device("cpu"), str(tmp_path))
+            if r is not None
+        ]
         assert all(r.status == "ok" for r in out)
         rows.setdefault(reduction, []).append(out)
     assert len(calls) == 2  # one reference per token count, for three combinations of one workload
@@ -91,18 +105,34 @@ def test_a_family_builds_each_set_of_expert_weights_once_and_keeps_one_set(monke
     built = []
     real = workload.build_expert_weights
     monkeypatch.setattr(workload, "build_expert_weights", lambda *a: (built.append(a[0].quant.name), real(*a))[1])
-    base = ["backend=local", "model=tiny", "overlap=none", "runner.device=cpu", "runner.reps=2",
-            "runner.warmup=1", "runner.phase_reps=1", "workload.tokens_per_rank=[4]", "experts=torch"]
+    base = [
+        "backend=local",
+        "model=tiny",
+        "overlap=none",
+        "runner.device=cpu",
+        "runner.reps=2",
+        "runner.warmup=1",
+        "runner.phase_reps=1",
+        "workload.tokens_per_rank=[4]",
+        "experts=torch",
+    ]
     layers = []
     monkeypatch.setattr(worker, "build_layer", lambda *a, **k: layers.append(build(*a, **k)) or layers[-1])
     from moebench.measure.layer import build_layer as build
 
     rows = []
-    for extra in (["reduction=experts"], ["reduction=finalize"], ["reduction=experts", "quant=fp8_tensor"],
-                  ["reduction=experts"]):
+    for extra in (
+        ["reduction=experts"],
+        ["reduction=finalize"],
+        ["reduction=experts", "quant=fp8_tensor"],
+        ["reduction=experts"],
+    ):
         (c,), _ = plan.plan([*base, *extra])
-        rows += [r for _, r in worker.run_combination(Task(0, c.combo, (4,)), 0, 1, None, torch.device("cpu"),
-                                                      str(tmp_path)) if r is not None]
+        rows += [
+            r
+            for _, r in worker.run_combination(Task(0, c.combo, (4,)), 0, 1, None, torch.device("cpu"), str(tmp_path))
+            if r is not None
+        ]
         assert len(workload._weights) == 1
     assert [r.status for r in rows] == ["ok"] * 4
     assert built == ["bf16", "fp8_tensor", "bf16"]  # the second combination reused the first's weights

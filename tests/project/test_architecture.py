@@ -2,6 +2,7 @@
 may import which, no import cycle (imports inside functions and under TYPE_CHECKING count: an
 import moved into a function to break a cycle is still a cycle), kernels import nothing of the
 harness, no module over 400 lines, no private name imported from another module."""
+
 from __future__ import annotations
 
 import ast
@@ -46,8 +47,11 @@ MODULES = modules()
 
 def room(mod: str) -> str:
     parts = mod.split(".")
-    if len(parts) == 1 or (len(parts) == 2 and f"{parts[0]}.{parts[1]}" in MODULES
-                           and MODULES[f"{parts[0]}.{parts[1]}"].name != "__init__.py"):
+    if len(parts) == 1 or (
+        len(parts) == 2
+        and f"{parts[0]}.{parts[1]}" in MODULES
+        and MODULES[f"{parts[0]}.{parts[1]}"].name != "__init__.py"
+    ):
         return "moebench"
     return parts[1]
 
@@ -104,8 +108,13 @@ def test_rooms_import_only_what_the_rules_allow():
 
 
 def test_kernels_import_nothing_of_the_harness():
-    bad = [f"{MODULES[m].relative_to(ROOT)}: {t}" for m in MODULES if room(m) == "kernels"
-           for t, _, _ in imports(m) if room(t) != "kernels"]
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}: {t}"
+        for m in MODULES
+        if room(m) == "kernels"
+        for t, _, _ in imports(m)
+        if room(t) != "kernels"
+    ]
     assert not bad, bad
 
 
@@ -154,14 +163,18 @@ def test_the_cycle_check_can_fail():
 
 
 def test_no_module_over_the_limit():
-    long = {str(p.relative_to(ROOT)): n for p in MODULES.values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {str(p.relative_to(ROOT)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
 def test_no_private_name_is_imported_from_another_module():
-    bad = [f"{MODULES[m].relative_to(ROOT)}:{line} {t}.{n}" for m in MODULES for t, line, names in imports(m)
-           for n in names if n.startswith("_") and not n.startswith("__") and t != m]
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}:{line} {t}.{n}"
+        for m in MODULES
+        for t, line, names in imports(m)
+        for n in names
+        if n.startswith("_") and not n.startswith("__") and t != m
+    ]
     assert not bad, "private names imported across modules:\n" + "\n".join(bad)
 
 
@@ -176,8 +189,10 @@ def test_reports_and_the_store_read_results_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, moebench.report.document, moebench.report.compare, moebench.report.flags, "
-            "moebench.results.store, moebench.results.row; print('torch' in sys.modules)")
+    code = (
+        "import sys, moebench.report.document, moebench.report.compare, moebench.report.flags, "
+        "moebench.results.store, moebench.results.row; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"

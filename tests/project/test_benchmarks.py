@@ -1,6 +1,7 @@
 """The DeepEP comparison scripts' parsing and tables, on the committed logs and rows of
 the 2 x H200 runs in results/deepep_vs_own_benchmarks/{ht,ll} (docs/findings/deepep-pplx.md): the
 GPU-only parts (running DeepEP's tests and moebench) are the same calls the GPU runs made."""
+
 from __future__ import annotations
 
 import glob
@@ -35,9 +36,17 @@ def test_intranode_comparison_table_from_the_stored_rows():
     deepep = ht.parse_intranode((HT_RUN / "deepep_test_intranode.log").read_text())
     df = pd.concat(pd.read_parquet(f) for f in glob.glob(str(HT_RUN / "rows" / "*.parquet")))
     kernels = {"dispatch": "intranode::dispatch<", "combine": "intranode::combine<"}
-    rows = [{"quant": r["quant"], "overlap": r["overlap"], "status": r["status"], "dispatch_us": r["dispatch_us"],
-             "combine_us": r["combine_us"], "kernels": [kernel_sums(json.loads(t), kernels) for t in r["kernel_us"]]}
-            for _, r in df.iterrows()]
+    rows = [
+        {
+            "quant": r["quant"],
+            "overlap": r["overlap"],
+            "status": r["status"],
+            "dispatch_us": r["dispatch_us"],
+            "combine_us": r["combine_us"],
+            "kernels": [kernel_sums(json.loads(t), kernels) for t in r["kernel_us"]],
+        }
+        for _, r in df.iterrows()
+    ]
     bf16 = next(r for r in rows if r["quant"] == "bf16")
     # the same table: moebench's bf16 dispatch kernel 345.8 / 350.2 µs; notify kernels not counted
     assert [round(k["dispatch"], 1) for k in bf16["kernels"]] == [345.8, 350.2]
@@ -52,18 +61,28 @@ def test_low_latency_log_parses_to_its_figures_and_table():
     # read off the log by hand: "[rank r] Dispatch bandwidth: ... avg_t=28.51 us | Combine ... avg_t=39.95 us",
     # the hook pair as send + recv ("19.57 + 8.18 us"); the "Dispatch + combine" line is neither
     assert res == {
-        0: {"dispatch": 28.51, "combine": 39.95, "dispatch_hook": pytest.approx(19.57 + 8.18),
-            "combine_hook": pytest.approx(31.18 + 9.56)},
-        1: {"dispatch": 27.71, "combine": 40.42, "dispatch_hook": pytest.approx(19.12 + 8.45),
-            "combine_hook": pytest.approx(33.90 + 9.61)},
+        0: {
+            "dispatch": 28.51,
+            "combine": 39.95,
+            "dispatch_hook": pytest.approx(19.57 + 8.18),
+            "combine_hook": pytest.approx(31.18 + 9.56),
+        },
+        1: {
+            "dispatch": 27.71,
+            "combine": 40.42,
+            "dispatch_hook": pytest.approx(19.12 + 8.45),
+            "combine_hook": pytest.approx(33.90 + 9.61),
+        },
     }
     rows = json.loads((LL_RUN / "comparison.json").read_text())["moebench"]  # moebench's side, as stored
     table = ll.compare(res, rows, 2).splitlines()
     assert table[0].startswith("DeepEP low-latency kernels, 2 ranks, 128 tokens per rank, hidden 7168")
     line = next(x for x in table if x.startswith("| dispatch fp8 (send + receive, one kernel) |"))
     # DeepEP 28.51 / 27.71 µs; the fp8_block overlap=none row's kernels 118.21 / 27.06 µs; 118.21 / 28.51 = 4.15
-    assert line == ("| dispatch fp8 (send + receive, one kernel) | 28.5 / 27.7 | 118.2 / 27.1 "
-                    "(quant=fp8_block, overlap=none) | 4.15 / 0.98 |")
+    assert line == (
+        "| dispatch fp8 (send + receive, one kernel) | 28.5 / 27.7 | 118.2 / 27.1 "
+        "(quant=fp8_block, overlap=none) | 4.15 / 0.98 |"
+    )
     line = next(x for x in table if x.startswith("| combine bf16, hook: send + receive |"))
     assert "| 40.7 / 43.5 |" in line and line.endswith("| 1.10 / 1.00 |")
 
@@ -97,22 +116,42 @@ def test_contiguous_gemm_benchmark_runs_through_the_interpreter(tmp_path):
     import triton_fp8_contiguous as bench
 
     for quant in ("fp8_block", "bf16"):
-        out = bench.main(["--device", "cpu", "--models", "tiny", "--tokens", "16", "--configs", "2",
-                          "--quant", quant, "--json", str(tmp_path / f"{quant}.json")])
+        out = bench.main(
+            [
+                "--device",
+                "cpu",
+                "--models",
+                "tiny",
+                "--tokens",
+                "16",
+                "--configs",
+                "2",
+                "--quant",
+                quant,
+                "--json",
+                str(tmp_path / f"{quant}.json"),
+            ]
+        )
         rows = json.loads((tmp_path / f"{quant}.json").read_text())
         assert len(out) == len(rows)
         # 2 GEMMs x the first 2 tiles of the benchmark's list x (persistent, one program per tile)
-        tiles = {"fp8_block": ["128x128x128 g8 w8 s4", "128x128x128 g8 w4 s4"],
-                 "bf16": ["128x128x64 g8 w8 s4", "128x256x64 g8 w8 s3"]}[quant]
+        tiles = {
+            "fp8_block": ["128x128x128 g8 w8 s4", "128x128x128 g8 w4 s4"],
+            "bf16": ["128x128x64 g8 w8 s4", "128x256x64 g8 w8 s3"],
+        }[quant]
         assert sorted((r["gemm"], r["kernel"]) for r in rows) == sorted(
-            (g, f"{t} {p}") for g in ("gate_up", "down") for t in tiles for p in ("persist", "grid"))
-        assert all(r["model"] == "tiny" and r["tokens"] == 16 and r["quant"] == quant and r["vs_deepgemm"] is None
-                   for r in rows), rows
+            (g, f"{t} {p}") for g in ("gate_up", "down") for t in tiles for p in ("persist", "grid")
+        )
+        assert all(
+            r["model"] == "tiny" and r["tokens"] == 16 and r["quant"] == quant and r["vs_deepgemm"] is None
+            for r in rows
+        ), rows
         assert all(r["rel_err"] < 2e-2 and r["us"] > 0 for r in rows), rows
         # tflops = 2 * pairs * N * K / us: tiny (hidden 256, intermediate 128) gives gate_up N 256 (2 x 128),
         # K 256 and down N 256, K 128; both count the same local (token, expert) pairs, at most 16 x top-2
-        pairs = {round(r["tflops"] * r["us"] * 1e6 / (2 * 256 * (256 if r["gemm"] == "gate_up" else 128)), 6)
-                 for r in rows}
+        pairs = {
+            round(r["tflops"] * r["us"] * 1e6 / (2 * 256 * (256 if r["gemm"] == "gate_up" else 128)), 6) for r in rows
+        }
         assert len(pairs) == 1 and next(iter(pairs)).is_integer() and 1 <= next(iter(pairs)) <= 32, pairs
 
 
@@ -121,11 +160,29 @@ def test_host_enqueue_script_refuses_bad_input_and_writes_its_table():
 
     assert he.main(["--cases", "nope"]) == 2
     assert he.main(["--profile", "nope"]) == 2
-    rows = [{"case": "qwen3_bf16_triton_32", "tokens": 32, "kernels": 9, "copies": 1, "host_us": 280.0,
-             "gpu_us": 282.5, "gpu_timing": "graph", "host_over_gpu": 0.99},
-            {"case": "dsv3_ep8_bf16_triton_4096", "tokens": 4096, "kernels": 12, "copies": 0, "host_us": 410.0,
-             "gpu_us": 1951.0, "gpu_timing": "graph", "host_over_gpu": 0.21},
-            {"case": "qwen3_fp8_deepgemm_1024", "tokens": 1024, "skipped": "deep_gemm not installed"}]
+    rows = [
+        {
+            "case": "qwen3_bf16_triton_32",
+            "tokens": 32,
+            "kernels": 9,
+            "copies": 1,
+            "host_us": 280.0,
+            "gpu_us": 282.5,
+            "gpu_timing": "graph",
+            "host_over_gpu": 0.99,
+        },
+        {
+            "case": "dsv3_ep8_bf16_triton_4096",
+            "tokens": 4096,
+            "kernels": 12,
+            "copies": 0,
+            "host_us": 410.0,
+            "gpu_us": 1951.0,
+            "gpu_timing": "graph",
+            "host_over_gpu": 0.21,
+        },
+        {"case": "qwen3_fp8_deepgemm_1024", "tokens": 1024, "skipped": "deep_gemm not installed"},
+    ]
     text = he.table(rows).splitlines()
     assert text[2] == "| qwen3_bf16_triton_32 | 32 | 9 (+1 copies) | 280 | 282.5 (graph) | 0.99 | 498, 282, 14 |"
     assert "| 410 ✗ |" in text[3]  # a triton path over the issue's 300 µs
@@ -158,10 +215,26 @@ def test_host_enqueue_gluon_pairs(capsys):
     probes = he.probe_rounds(["a", "b", "c"], 3, lambda n: seen.append(n) or float(len(seen)))
     assert seen == ["a", "b", "c", "c", "b", "a", "a", "b", "c"] and probes["a"] == [1.0, 6.0, 7.0]
     auto, triton = next(iter(he.GLUON_PAIRS.items()))
-    rows = [{"case": auto, "tokens": 4096, "label": "L", "host_us": 650.0, "host_us_probes": [600.0, 650.0, 700.0],
-             "host_rounds": "interleaved", "last_gemm": "gluon/gluon"},
-            {"case": triton, "tokens": 4096, "label": "L", "host_us": 500.0, "host_us_probes": [500.0, 500.0, 500.0],
-             "host_rounds": "interleaved", "last_gemm": "triton/triton"}]
+    rows = [
+        {
+            "case": auto,
+            "tokens": 4096,
+            "label": "L",
+            "host_us": 650.0,
+            "host_us_probes": [600.0, 650.0, 700.0],
+            "host_rounds": "interleaved",
+            "last_gemm": "gluon/gluon",
+        },
+        {
+            "case": triton,
+            "tokens": 4096,
+            "label": "L",
+            "host_us": 500.0,
+            "host_us_probes": [500.0, 500.0, 500.0],
+            "host_rounds": "interleaved",
+            "last_gemm": "triton/triton",
+        },
+    ]
     rows = he.add_pair_ratios(rows)
     assert rows[0]["pair_case"] == triton and rows[0]["host_ratio"] == pytest.approx(1.3)
     assert rows[0]["host_ratio_p20"] == pytest.approx(1.24) and "host_ratio" not in rows[1]
@@ -191,16 +264,33 @@ def test_host_python_script_times_every_piece_with_launches_stubbed(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     out = tmp_path / "rows.json"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "host_python.py"), "--number", "3", "--repeats", "3", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "host_python.py"),
+        "--number",
+        "3",
+        "--repeats",
+        "3",
+        "--json",
+        str(out),
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     data = json.loads(out.read_text())
     launches = {r["piece"]: r["launches"] for r in data["rows"]}
     # one launch a wrapper; the bf16 experts: align, gate/up GEMM, SiLU-and-mul, down GEMM; fp8_block adds
     # the input's quantization; the layer (every expert local, reduction=experts) launches the experts' four
-    assert launches == {"launch_gemm": 1, "launch_align": 1, "invoke_fused_moe_gemm": 1, "per_token_group_quant_fp8": 1,
-                        "moe_align_block_size": 1, "silu_and_mul_rows": 1, "moe_kernel_bf16": 4,
-                        "fused_moe_standard_bf16": 4, "fused_moe_standard_fp8_block": 5}
+    assert launches == {
+        "launch_gemm": 1,
+        "launch_align": 1,
+        "invoke_fused_moe_gemm": 1,
+        "per_token_group_quant_fp8": 1,
+        "moe_align_block_size": 1,
+        "silu_and_mul_rows": 1,
+        "moe_kernel_bf16": 4,
+        "fused_moe_standard_bf16": 4,
+        "fused_moe_standard_fp8_block": 5,
+    }
     for r in data["rows"]:
         assert len(r["samples"]) == 3 and r["p20"] <= r["us"] <= r["p80"] and r["us"] > 0, r
     assert set(data["env"]) >= {"python", "torch", "triton"}
@@ -229,9 +319,14 @@ def test_contiguous_gemm_benchmark_refuses_a_variant_it_does_not_have():
     """A wrong --variant must not run nothing and exit 0 (a shell loop would read a pass)."""
     import triton_fp8_contiguous as bench
 
-    for argv in (["--variants", "--variant", str(len(bench.VARIANTS["fp8_block"]))], ["--variants", "--variant", "-1"],
-                 ["--variant", "0"], ["--gluon"], ["--gluon", "--quant", "bf16"],  # (Gluon: no interpreter)
-                 ["--device", "cuda", "--gluon", "--variant", str(len(bench.GLUON_VARIANTS))]):
+    for argv in (
+        ["--variants", "--variant", str(len(bench.VARIANTS["fp8_block"]))],
+        ["--variants", "--variant", "-1"],
+        ["--variant", "0"],
+        ["--gluon"],
+        ["--gluon", "--quant", "bf16"],  # (Gluon: no interpreter)
+        ["--device", "cuda", "--gluon", "--variant", str(len(bench.GLUON_VARIANTS))],
+    ):
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", "cpu", "--models", "tiny", *argv])
         assert e.value.code == 2, argv

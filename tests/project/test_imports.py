@@ -2,6 +2,7 @@
 imports is a declared dependency (pyproject.toml), so that a fresh install from
 pyproject alone has what the code needs. The optional kernel libraries are imported
 only inside their own modules."""
+
 from __future__ import annotations
 
 import ast
@@ -47,8 +48,9 @@ def _declared() -> set[str]:
 
 def _extras() -> dict[str, set[str]]:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
-    return {k: {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in v}
-            for k, v in extras.items()}
+    return {
+        k: {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in v} for k, v in extras.items()
+    }
 
 
 def test_every_module_imports():
@@ -96,8 +98,9 @@ def test_third_party_imports_are_declared():
 
 def test_every_readme_section_a_message_names_exists():
     """Skip reasons and install hints say "see README '<section>'": that heading must exist."""
-    headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines()
-                if line.startswith("#")}
+    headings = {
+        line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("#")
+    }
     named = {}
     for path in list((ROOT / "moebench").rglob("*.py")):
         for m in re.finditer(r"README:? '([^']+)'", path.read_text()):

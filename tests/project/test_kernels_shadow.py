@@ -1,6 +1,7 @@
 """Nothing of the repository stands in for Hugging Face's `kernels` (which transformers imports):
 the layer under test is moebench/kernels/, and the tests put only tests/support/ on the path,
 never tests/ (whose kernels/ folder would shadow it)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,10 +17,19 @@ def test_import_kernels_from_the_root_gives_the_installed_distribution(tmp_path)
     site = tmp_path / "site"
     (site / "kernels").mkdir(parents=True)
     (site / "kernels" / "__init__.py").write_text("WHO = 'installed'\n")
-    p = subprocess.run([sys.executable, "-c", f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(site)!r}]\n"
-                        "import kernels, moebench.kernels as mk\n"
-                        "print(kernels.WHO, kernels.__file__, mk.CONTRACT_VERSION, mk.__file__)"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(site)!r}]\n"
+            "import kernels, moebench.kernels as mk\n"
+            "print(kernels.WHO, kernels.__file__, mk.CONTRACT_VERSION, mk.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     who, where, version, ours = p.stdout.split()
     assert who == "installed" and where == str(site / "kernels" / "__init__.py")

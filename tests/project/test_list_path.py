@@ -1,6 +1,7 @@
 """`moebench list` plans from the entries' cards (kernels/cards/) and the spec: its path imports
 neither torch, Triton, pandas nor an implementation module (issue #33: importing torch alone
 took 1.2-3.3 s of a 6 s `list`), and `benchmarks/list_time.py` times it."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,14 @@ def _imports_of(*args: str) -> dict:
     # GPU host too (there runner.device=auto asks torch: moebench/config/device.py)
     env = {k: v for k, v in os.environ.items() if k not in ("MOEBENCH_PLUGIN_MODULES", "PYTHONPATH")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    out = subprocess.run([sys.executable, "-c", CODE.format(heavy=HEAVY), *args], capture_output=True, text=True,
-                         cwd=REPO, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CODE.format(heavy=HEAVY), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.rpartition("@@")[2])
 

@@ -1,5 +1,6 @@
 """The analysis notebook runs top to bottom on a committed GPU run; it picks the newest run
 by its rows' timestamps, not by name."""
+
 from __future__ import annotations
 
 import os
@@ -23,12 +24,12 @@ def test_explore_results_notebook_runs_on_a_committed_run(monkeypatch):
     monkeypatch.setenv("MOEBENCH_RUN", str(COMMITTED))
     monkeypatch.delenv("MOEBENCH_BASELINE", raising=False)
     # The kernel is a fresh process: let it import this checkout and draw headless.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    )
     client.execute()  # raises CellExecutionError on any failing cell
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]

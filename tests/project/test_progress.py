@@ -1,6 +1,7 @@
 """The progress line per test file (tests/support/_progress.py) on tiny test files run by pytest's own
 `pytester`: one line per file as its last test finishes, in order, with its outcomes; pytest's
 summary still comes last; `-x` gets the stopped file's line; deselected files are not counted."""
+
 from __future__ import annotations
 
 import re
@@ -50,6 +51,7 @@ def run(pytester):
         res = pytester.runpytest_inprocess("-p", "_progress", "-p", "no:cacheprovider", *args)
         lines = [m.groups() for m in map(LINE.match, res.outlines) if m]
         return res, lines
+
     return _run
 
 
@@ -63,13 +65,15 @@ def test_a_line_per_file_in_order_with_its_outcomes_and_the_summary_after(run):
     ], res.outlines
     res.assert_outcomes(passed=4, failed=1, skipped=1, errors=1)
     last = [i for i, s in enumerate(res.outlines) if LINE.match(s)][-1]
-    assert any("1 failed, 4 passed, 1 skipped, 1 error" in s for s in res.outlines[last + 1:]), res.outlines
+    assert any("1 failed, 4 passed, 1 skipped, 1 error" in s for s in res.outlines[last + 1 :]), res.outlines
 
 
 def test_x_stops_with_the_line_of_the_file_in_flight(run):
     res, lines = run("-q", "-x")
     assert [(f, what, stopped) for *_, f, what, _, stopped in lines] == [
-        ("test_a.py", "2 passed", None), ("test_b.py", "1 failed, 1 error, 1 passed", "  stopped")], res.outlines
+        ("test_a.py", "2 passed", None),
+        ("test_b.py", "1 failed, 1 error, 1 passed", "  stopped"),
+    ], res.outlines
     assert res.ret == pytest.ExitCode.TESTS_FAILED
     assert any("stopping after 2 failures" in s for s in res.outlines), res.outlines
 
@@ -77,7 +81,9 @@ def test_x_stops_with_the_line_of_the_file_in_flight(run):
 def test_deselected_files_are_not_counted_and_verbose_runs_get_the_lines_too(run):
     res, lines = run("-v", "-k", "one or last")
     assert [(done, total, f, what) for done, total, _, f, what, _, _ in lines] == [
-        ("1", "2", "test_a.py", "1 passed"), ("2", "2", "test_c.py", "1 passed")], res.outlines
+        ("1", "2", "test_a.py", "1 passed"),
+        ("2", "2", "test_c.py", "1 passed"),
+    ], res.outlines
     res.assert_outcomes(passed=2, deselected=4)
 
 
@@ -85,7 +91,6 @@ def test_qq_and_no_progress_print_no_line(run):
     for args in (("-qq",), ("-q", "-p", "no:_progress")):
         res, lines = run(*args)
         assert lines == [] and res.ret == pytest.ExitCode.TESTS_FAILED, (args, res.outlines)
-
 
 
 @pytest.mark.multiprocess
@@ -111,4 +116,4 @@ def test_under_xdist_each_file_gets_its_line_once_all_its_tests_ran_on_the_worke
         assert sorted(done for done, *_ in lines) == ["1", "2", "3"], res.outlines
         res.assert_outcomes(passed=4, failed=1, skipped=1, errors=1)
         last = [i for i, s in enumerate(res.outlines) if LINE.match(s)][-1]
-        assert any("1 failed, 4 passed, 1 skipped, 1 error" in s for s in res.outlines[last + 1:]), res.outlines
+        assert any("1 failed, 4 passed, 1 skipped, 1 error" in s for s in res.outlines[last + 1 :]), res.outlines

@@ -1,6 +1,7 @@
 """No repository file names a package registry's host (scripts fetch by package name
 through pip and apt, which know their own indexes), and the DeepGEMM sdist download
 resolves through pip's configured index."""
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # hosts of the registries this project's machines reach (PyPI, Debian, npm) and their mirrors
 REGISTRY_HOSTS = (
-    "pypi.org", "pypi.python.org", "pythonhosted.org", "deb.debian.org", "security.debian.org",
-    "snapshot.debian.org", "ftp.debian.org", "debian.net", "cdn-fastly.deb.debian", "registry.npmjs.org",
-    "npmjs.com", "registry.yarnpkg.com",
+    "pypi.org",
+    "pypi.python.org",
+    "pythonhosted.org",
+    "deb.debian.org",
+    "security.debian.org",
+    "snapshot.debian.org",
+    "ftp.debian.org",
+    "debian.net",
+    "cdn-fastly.deb.debian",
+    "registry.npmjs.org",
+    "npmjs.com",
+    "registry.yarnpkg.com",
 )
 
 
@@ -43,11 +53,24 @@ def test_deep_gemm_download_fetches_the_sdist_by_name(tmp_path):
     """`scripts/install_deep_gemm.sh --download` on a CPU machine: the sdist (sha256 checked)
     and the two .debs. Needs the registries; skipped when they cannot be reached."""
     env = dict(os.environ, DEPS=str(tmp_path))
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "install_deep_gemm.sh"), "--download"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install_deep_gemm.sh"), "--download"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = p.stdout + p.stderr
-    if p.returncode and any(s in out for s in ("urlopen error", "Temporary failure", "Could not resolve",
-                                               "Network is unreachable", "Failed to fetch")):
+    if p.returncode and any(
+        s in out
+        for s in (
+            "urlopen error",
+            "Temporary failure",
+            "Could not resolve",
+            "Network is unreachable",
+            "Failed to fetch",
+        )
+    ):
         pytest.skip(f"no registry reachable: {out[-300:]}")
     assert p.returncode == 0, out
     assert "deepinfer_gemm-2.8.2.tar.gz: OK" in out

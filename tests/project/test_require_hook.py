@@ -2,6 +2,7 @@
 empty stand-ins for the libraries so that they import: a skip of a test whose libraries were all
 promised fails the run whatever its reason, a test that needs one more library may skip, and a
 promised library none of whose tests ran fails the run."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,7 @@ def run(pytester, monkeypatch):
 
     def _run(*args):
         return pytester.runpytest_inprocess("-p", "_require", "-p", "no:cacheprovider", *args)
+
     return _run
 
 
@@ -44,15 +46,18 @@ def test_a_skip_for_too_few_gpus_fails_under_require(pytester, run):
 
 def test_skips_in_setup_fail_too(pytester, run):
     """A module's skipif mark, a fixture's skip (the wrong architecture): whatever the reason."""
-    pytester.makepyfile(test_inner="""
+    pytester.makepyfile(
+        test_inner="""
         import pytest
 
         pytestmark = [pytest.mark.needs("deep_gemm"), pytest.mark.skipif(True, reason="needs a CUDA GPU")]
 
         def test_grouped_gemm():
             pass
-    """)
-    pytester.makepyfile(test_arch="""
+    """
+    )
+    pytester.makepyfile(
+        test_arch="""
         import pytest
 
         pytestmark = pytest.mark.needs("deep_gemm")
@@ -63,7 +68,8 @@ def test_skips_in_setup_fail_too(pytester, run):
 
         def test_masked():
             pass
-    """)
+    """
+    )
     res = run("--require", "deep_gemm")
     assert res.ret == pytest.ExitCode.TESTS_FAILED
     res.assert_outcomes(errors=2)  # a failed setup is reported as an error
@@ -74,7 +80,8 @@ def test_skips_in_setup_fail_too(pytester, run):
 def test_a_test_that_needs_an_unpromised_library_may_skip(pytester, run):
     """The one-GPU suite: --require deep_gemm runs the one-GPU DeepGEMM tests, and the 2-GPU tests
     of deep_ep with deep_gemm skip; --require deep_ep,deep_gemm promises them."""
-    pytester.makepyfile(test_inner="""
+    pytester.makepyfile(
+        test_inner="""
         import pytest
 
         @pytest.mark.needs("deep_gemm")
@@ -84,7 +91,8 @@ def test_a_test_that_needs_an_unpromised_library_may_skip(pytester, run):
         @pytest.mark.needs("deep_ep", "deep_gemm")
         def test_behind_deepep():
             pytest.skip("needs 2 GPUs")
-    """)
+    """
+    )
     res = run("--require", "deep_gemm")
     assert res.ret == pytest.ExitCode.OK
     res.assert_outcomes(passed=1, skipped=1)
@@ -97,7 +105,8 @@ def test_a_test_that_needs_an_unpromised_library_may_skip(pytester, run):
 
 
 def test_an_unmarked_skip_that_names_a_required_library_fails(pytester, run):
-    pytester.makepyfile(test_inner="""
+    pytester.makepyfile(
+        test_inner="""
         import pytest
 
         @pytest.mark.needs("pplx_kernels")
@@ -109,20 +118,23 @@ def test_an_unmarked_skip_that_names_a_required_library_fails(pytester, run):
 
         def test_unrelated():
             pytest.skip("needs 2 GPUs")
-    """)
+    """
+    )
     res = run("--require", "pplx_kernels")
     assert res.ret == pytest.ExitCode.TESTS_FAILED
     res.assert_outcomes(passed=1, failed=1, skipped=1)
 
 
 def test_an_expected_failure_counts_as_run(pytester, run):
-    pytester.makepyfile(test_inner="""
+    pytester.makepyfile(
+        test_inner="""
         import pytest
 
         @pytest.mark.needs("deep_ep")
         def test_probe():
             pytest.xfail("an HT and an LL buffer cannot share a process here")
-    """)
+    """
+    )
     res = run("--require", "deep_ep")
     assert res.ret == pytest.ExitCode.OK
     res.assert_outcomes(xfailed=1)
@@ -130,7 +142,8 @@ def test_an_expected_failure_counts_as_run(pytester, run):
 
 def test_a_required_library_whose_tests_did_not_run_fails_the_run(pytester, run):
     """Deselected, or never collected: the promise was not kept."""
-    pytester.makepyfile(test_inner="""
+    pytester.makepyfile(
+        test_inner="""
         import pytest
 
         @pytest.mark.needs("deep_ep")
@@ -139,7 +152,8 @@ def test_a_required_library_whose_tests_did_not_run_fails_the_run(pytester, run)
 
         def test_other():
             pass
-    """)
+    """
+    )
     res = run("--require", "deep_ep", "-k", "other")
     assert res.ret == pytest.ExitCode.TESTS_FAILED
     res.assert_outcomes(passed=1, deselected=1)
@@ -148,14 +162,17 @@ def test_a_required_library_whose_tests_did_not_run_fails_the_run(pytester, run)
 
 
 def test_modules_that_never_collect_cannot_pass(pytester, run):
-    pytester.makepyfile(test_fine="""
+    pytester.makepyfile(
+        test_fine="""
         import pytest
 
         @pytest.mark.needs("deep_ep")
         def test_ht():
             pass
-    """)
-    pytester.makepyfile(test_broken="""
+    """
+    )
+    pytester.makepyfile(
+        test_broken="""
         import pytest
         import deep_ep_missing_symbol_here  # an import error: the module never collects
 
@@ -163,16 +180,19 @@ def test_modules_that_never_collect_cannot_pass(pytester, run):
 
         def test_ll():
             pass
-    """)
+    """
+    )
     res = run("--require", "deep_ep")
     assert res.ret != pytest.ExitCode.OK
     res.stdout.fnmatch_lines(["*ERROR collecting test_broken.py*"])
     (pytester.path / "test_broken.py").unlink()
-    pytester.makepyfile(test_skipped_whole="""
+    pytester.makepyfile(
+        test_skipped_whole="""
         import pytest
 
         pytest.skip("DeepEP is not built for this GPU", allow_module_level=True)
-    """)
+    """
+    )
     res = run("--require", "deep_ep")
     assert res.ret != pytest.ExitCode.OK
     res.stdout.fnmatch_lines(["*test_skipped_whole.py skipped whole although --require deep_ep*"])

@@ -1,6 +1,7 @@
 """results/: small enough to travel to the GPU machine beside carried builds, and
 results/README.md as moebench.report.results_index writes it, with every command in it
 valid for today's code (`moebench list` on a sweep's overrides exits 0)."""
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,17 @@ def test_results_stay_under_20_mb():
     files = [p for p in RESULTS.rglob("*") if p.is_file()]
     total = sum(p.stat().st_size for p in files)
     biggest = sorted(files, key=lambda p: p.stat().st_size)[-3:]
-    assert total <= MAX_BYTES, (f"results/ holds {total / 1e6:.1f} MB (limit {MAX_BYTES / 1e6:.0f} MB); largest: "
-                                + ", ".join(f"{p.relative_to(RESULTS)} {p.stat().st_size / 1e6:.1f} MB" for p in biggest)
-                                + ": archive or remove superseded generations, scripts/compact_rows.py for row files")
+    assert total <= MAX_BYTES, (
+        f"results/ holds {total / 1e6:.1f} MB (limit {MAX_BYTES / 1e6:.0f} MB); largest: "
+        + ", ".join(f"{p.relative_to(RESULTS)} {p.stat().st_size / 1e6:.1f} MB" for p in biggest)
+        + ": archive or remove superseded generations, scripts/compact_rows.py for row files"
+    )
 
 
 def test_readme_is_what_the_generator_writes():
-    assert README.read_text() == results_index.render(RESULTS), \
+    assert README.read_text() == results_index.render(RESULTS), (
         "results/README.md is out of date: python -m moebench.report.results_index"
+    )
 
 
 def test_readme_lists_commands():
@@ -70,16 +74,22 @@ def test_every_listed_command_plans_today(cmd, capsys):
 
 def test_a_renamed_key_is_rendered_under_its_new_name(capsys):
     """The recorded fp8_layouts command used experts.fp8_layout, which plan() now refuses."""
-    old = ["backend=local", "experts=triton", "quant=fp8_block", "model=qwen3_30b_a3b",
-           "experts.fp8_layout=gathered,contiguous"]
+    old = [
+        "backend=local",
+        "experts=triton",
+        "quant=fp8_block",
+        "model=qwen3_30b_a3b",
+        "experts.fp8_layout=gathered,contiguous",
+    ]
     assert cli.main(["list", *old, "runner.device=cpu"]) == 2
     assert "use experts.row_layout=gathered" in capsys.readouterr().err
     assert results_index.rename("experts.fp8_layout=gathered") == "experts.row_layout=gathered"
     assert results_index.rename("+extra.pplx_mode=internode") == "backend.pplx_mode=internode"  # a knob now
     assert cli.main(["list", "backend=pplx", "experts=triton_batched", "+extra.pplx_mode=internode"]) == 2
-    cmd, note = results_index.sweep_command({"name": "adhoc", "overrides": {}},
-                                            old + ["reduction=experts", "overlap=none", "runner.device=cuda",
-                                                   "workload.tokens_per_rank=[16]"])
+    cmd, note = results_index.sweep_command(
+        {"name": "adhoc", "overrides": {}},
+        old + ["reduction=experts", "overlap=none", "runner.device=cuda", "workload.tokens_per_rank=[16]"],
+    )
     assert cmd.startswith("moebench sweep backend=local") and "experts.row_layout=gathered,contiguous" in cmd
     assert "runner.device" not in cmd and note == ""
 
@@ -108,10 +118,23 @@ def test_a_runs_machine_counts_the_hosts_gpus_and_its_tree_says_whether_it_was_c
     """nvidia-smi lists every GPU of the host where CUDA_VISIBLE_DEVICES hides one (gpu_count 1);
     a run's tree is dirty where one invocation's was, unknown where one's is not recorded."""
     smi = ["NVIDIA H200, 580.159.04, 345 MHz", "NVIDIA H200, 580.159.04, 345 MHz"]
-    pinned = {"gpu": "NVIDIA H200", "gpu_count": 1, "nvidia_smi": smi, "env": {"CUDA_VISIBLE_DEVICES": "1"},
-              "git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2", "git_dirty": True}  # before the tree stamp
-    clean = {"gpu": "NVIDIA H200", "gpu_count": 1, "nvidia_smi": smi[:1], "git_sha": "a" * 40, "git_dirty": False,
-             "git_diff_sha256": None, "git_tree": "stamp"}
+    pinned = {
+        "gpu": "NVIDIA H200",
+        "gpu_count": 1,
+        "nvidia_smi": smi,
+        "env": {"CUDA_VISIBLE_DEVICES": "1"},
+        "git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2",
+        "git_dirty": True,
+    }  # before the tree stamp
+    clean = {
+        "gpu": "NVIDIA H200",
+        "gpu_count": 1,
+        "nvidia_smi": smi[:1],
+        "git_sha": "a" * 40,
+        "git_dirty": False,
+        "git_diff_sha256": None,
+        "git_tree": "stamp",
+    }
     dirty = dict(clean, git_dirty=True, git_diff_sha256="d" * 64, git_tree="git")
     _write(tmp_path / "q" / "old" / "env.json", pinned)
     old = results_index.read_run(tmp_path, tmp_path / "q" / "old", {}, "old")
@@ -133,8 +156,9 @@ def test_tune_folders_show_the_environment_they_recorded(tmp_path):
     old = results_index.read_run(tmp_path, tmp_path / "t" / "old", {}, "old")
     assert (old.machine, old.commit, old.tree) == ("NVIDIA H200 (no environment recorded)", "1fbca28", "unknown")
     _write(tmp_path / "t" / "older" / "tune.json", {"layer": layer, "results": []})
-    older = results_index.read_run(tmp_path, tmp_path / "t" / "older", {"machine": "1 × NVIDIA H200",
-                                                                          "commit": "bd66478"}, "older")
+    older = results_index.read_run(
+        tmp_path, tmp_path / "t" / "older", {"machine": "1 × NVIDIA H200", "commit": "bd66478"}, "older"
+    )
     assert (older.machine, older.commit) == ("1 × NVIDIA H200 (no environment recorded)", "bd66478")
     fingerprint = {"gpu": "NVIDIA H200", "gpu_count": 2, "git_sha": "b" * 40, "git_dirty": False, "git_tree": "git"}
     _write(tmp_path / "t" / "new" / "tune.json", {"layer": layer, "environment": env, "results": []})
@@ -148,11 +172,22 @@ def test_a_runs_caveats_or_stamp_name_the_code_that_ran_over_a_stale_git(tmp_pat
     read from that .git describe nothing that ran. The index shows what the run's caveats state,
     else the commit of the stamp that a later invocation read beside that .git (tree unknown)."""
     stale, ran = "f9a235642dedda4c92fa8208db1b5526e3d99be1", "16c72ff6b9617fe5af282e9271ba2bb43f71daa5"
-    from_git = {"gpu": "NVIDIA H200", "git_sha": stale, "git_dirty": True, "git_diff_sha256": "6" * 64,
-                "git_tree": "git", "git_tree_note": ""}
-    from_stamp = dict(from_git, git_sha=ran, git_dirty=False, git_diff_sha256=None, git_tree="stamp",
-                      git_tree_note=f"stamp of 2026-12-01T19:17:40+00:00; the .git here is at {stale[:12]}, "
-                                    "not the stamp's commit")
+    from_git = {
+        "gpu": "NVIDIA H200",
+        "git_sha": stale,
+        "git_dirty": True,
+        "git_diff_sha256": "6" * 64,
+        "git_tree": "git",
+        "git_tree_note": "",
+    }
+    from_stamp = dict(
+        from_git,
+        git_sha=ran,
+        git_dirty=False,
+        git_diff_sha256=None,
+        git_tree="stamp",
+        git_tree_note=f"stamp of 2026-12-01T19:17:40+00:00; the .git here is at {stale[:12]}, not the stamp's commit",
+    )
     d = tmp_path / "q" / "run"
     _write(d / "env.json", from_git)
     _write(d / "envs" / "1.json", from_git)
@@ -161,8 +196,11 @@ def test_a_runs_caveats_or_stamp_name_the_code_that_ran_over_a_stale_git(tmp_pat
     _write(d / "envs" / "2.json", from_stamp)  # a resume read the stamp, naming the .git beside it
     stamped = results_index.read_run(tmp_path, d, {}, "run")
     assert (stamped.commit, stamped.tree) == ("16c72ff", "unknown")
-    _write(d / "caveats.md", "- **Which code ran: commit `16c72ff`, clean.** The first invocations read a stale "
-                             "`.git` at f9a2356; the diff digest recomputed says so.\n- Another caveat.\n")
+    _write(
+        d / "caveats.md",
+        "- **Which code ran: commit `16c72ff`, clean.** The first invocations read a stale "
+        "`.git` at f9a2356; the diff digest recomputed says so.\n- Another caveat.\n",
+    )
     declared = results_index.read_run(tmp_path, d, {}, "run")
     assert (declared.commit, declared.tree) == ("16c72ff", "clean")
     _write(tmp_path / "q" / "about.md", "Q?\n")
@@ -174,7 +212,9 @@ def test_a_runs_caveats_or_stamp_name_the_code_that_ran_over_a_stale_git(tmp_pat
     _write(tmp_path / "q" / "one" / "caveats.md", "- **Which code ran: commit `16c72ff`, dirty.** Why.\n")
     one = results_index.read_run(tmp_path, tmp_path / "q" / "one", {}, "one")
     assert (one.commit, one.tree) == ("16c72ff", "dirty")
-    _write(tmp_path / "q" / "one" / "caveats.md", "Which code ran: commit `16c72ff`, clean. Which code ran: "
-                                                  "commit `abcdef0`, clean.\n")
+    _write(
+        tmp_path / "q" / "one" / "caveats.md",
+        "Which code ran: commit `16c72ff`, clean. Which code ran: commit `abcdef0`, clean.\n",
+    )
     with pytest.raises(ValueError, match="2 different commits"):
         results_index.read_run(tmp_path, tmp_path / "q" / "one", {}, "one")

@@ -2,6 +2,7 @@
 rows under results/ (trace_path, profiler_trace_path, ...) is empty or names a file that exists
 relative to its run folder (where moebench writes them) or to the repository. Rows whose
 traces were not kept say so in their caveats.md, not with a path to nothing."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,10 @@ def test_committed_rows_name_only_files_that_exist():
     files = list(RESULTS.rglob("rows/*.parquet"))
     assert len(files) > 40  # the walk finds the committed runs
     bad = missing_files(RESULTS)
-    assert not bad, (f"{len(bad)} committed row(s) name files that are not in the repository (commit the file, "
-                     "or empty the column and say so in the run's caveats.md):\n" + "\n".join(bad[:20]))
+    assert not bad, (
+        f"{len(bad)} committed row(s) name files that are not in the repository (commit the file, "
+        "or empty the column and say so in the run's caveats.md):\n" + "\n".join(bad[:20])
+    )
 
 
 def test_the_check_sees_a_missing_trace(tmp_path):
@@ -45,7 +48,13 @@ def test_the_check_sees_a_missing_trace(tmp_path):
     (run / "rows").mkdir(parents=True)
     (run / "traces" / "k").mkdir(parents=True)
     (run / "traces" / "k" / "rank0_T4.json").write_text("{}")
-    pd.DataFrame({"trace_path": ["traces/k/rank0_T4.json", "", None],
-                  "profiler_trace_path": ["", "traces/profiler/k/rank0_T8.json.gz", ""],
-                  "reason": ["a/b.json", "", ""]}).to_parquet(run / "rows" / "rows.parquet")
-    assert missing_files(tmp_path) == ["q/run/rows/rows.parquet: profiler_trace_path = traces/profiler/k/rank0_T8.json.gz"]
+    pd.DataFrame(
+        {
+            "trace_path": ["traces/k/rank0_T4.json", "", None],
+            "profiler_trace_path": ["", "traces/profiler/k/rank0_T8.json.gz", ""],
+            "reason": ["a/b.json", "", ""],
+        }
+    ).to_parquet(run / "rows" / "rows.parquet")
+    assert missing_files(tmp_path) == [
+        "q/run/rows/rows.parquet: profiler_trace_path = traces/profiler/k/rank0_T8.json.gz"
+    ]

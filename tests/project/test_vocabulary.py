@@ -5,6 +5,7 @@ moebench/ outside it, but for the exceptions below, each with its reason.
 
 A literal counts when it equals a value exactly (a log line that holds the word does not);
 docstrings do not count."""
+
 from __future__ import annotations
 
 import ast
@@ -20,20 +21,37 @@ OWNER = "moebench/results"  # the one place the words are written
 # timing mode (`cpu`), and report/flags.py's figure basis (both), which the verdicts `host` and `cpu`
 # are named after. Outside the modules that give or read verdicts they are those words, not verdicts.
 SHARED_WORDS = {Verdict.HOST.value, Verdict.CPU.value}
-VERDICT_MODULES = {"moebench/report/compare.py", "moebench/report/compare_tables.py",
-                   "moebench/report/verdict.py", "moebench/report/plots_compare.py", "moebench/report/axis.py"}
+VERDICT_MODULES = {
+    "moebench/report/compare.py",
+    "moebench/report/compare_tables.py",
+    "moebench/report/verdict.py",
+    "moebench/report/plots_compare.py",
+    "moebench/report/axis.py",
+}
 
 # (file, value, where: the enclosing function or class by its qualified name, or "<module>") -> why it
 # stays a string
 EXCEPTIONS = {
-    ("moebench/cli/sweep.py", "failed", "register"):
-        "`--redo failed`: a word of the command line (none | failed | all), checked by results/store.py",
-    ("moebench/run/dist_worker.py", "failed", "_parser"):
-        "`--redo failed` of the torchrun entry, as the CLI's (its parser imports nothing of moebench)",
-    ("moebench/config/plugins.py", "skipped", "combo_record"):
-        "`moebench list --json`'s `valid | skipped`: config stands below results and may not import it",
-    ("moebench/report/compare.py", "~", "memory_verdict"):
-        "the workspace's verdict, its own vocabulary (larger | smaller | ~), no latency verdict",
+    (
+        "moebench/cli/sweep.py",
+        "failed",
+        "register",
+    ): "`--redo failed`: a word of the command line (none | failed | all), checked by results/store.py",
+    (
+        "moebench/run/dist_worker.py",
+        "failed",
+        "_parser",
+    ): "`--redo failed` of the torchrun entry, as the CLI's (its parser imports nothing of moebench)",
+    (
+        "moebench/config/plugins.py",
+        "skipped",
+        "combo_record",
+    ): "`moebench list --json`'s `valid | skipped`: config stands below results and may not import it",
+    (
+        "moebench/report/compare.py",
+        "~",
+        "memory_verdict",
+    ): "the workspace's verdict, its own vocabulary (larger | smaller | ~), no latency verdict",
     ("moebench/report/compare.py", "host", "<module>"): "the `host` column group of results/row.py",
     ("moebench/tune/regression.py", "ok", "Check.table"): "the tune check's cell (REGRESSED | ok), no row status",
     ("moebench/kernels/triton/launch.py", "ok", "_Plan"): "an attribute's name in __slots__",
@@ -47,8 +65,12 @@ def _docstrings(tree: ast.AST) -> set[int]:
     out = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
             out.add(id(body[0].value))
     return out
 
@@ -64,9 +86,13 @@ def literals(path: Path, rel: str) -> list[tuple[str, str, str, int]]:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 visit(child, child.name if where == "<module>" else f"{where}.{child.name}")
                 continue
-            if isinstance(child, ast.Constant) and isinstance(child.value, str) and child.value in VALUES \
-                    and id(child) not in docs \
-                    and (child.value not in SHARED_WORDS or rel in VERDICT_MODULES):
+            if (
+                isinstance(child, ast.Constant)
+                and isinstance(child.value, str)
+                and child.value in VALUES
+                and id(child) not in docs
+                and (child.value not in SHARED_WORDS or rel in VERDICT_MODULES)
+            ):
                 found.append((rel, child.value, where, child.lineno))
             visit(child, where)
 
@@ -87,8 +113,10 @@ def scan(root: Path = ROOT) -> list[tuple[str, str, str, int]]:
 def test_statuses_and_verdicts_are_members():
     found = scan()
     bad = [f"{f}:{line}: {v!r} in {where}" for f, v, where, line in found if (f, v, where) not in EXCEPTIONS]
-    assert not bad, ("a status or verdict written as a string; use moebench.results.row's Status / Verdict member "
-                     "(or list it in EXCEPTIONS with why):\n" + "\n".join(bad))
+    assert not bad, (
+        "a status or verdict written as a string; use moebench.results.row's Status / Verdict member "
+        "(or list it in EXCEPTIONS with why):\n" + "\n".join(bad)
+    )
 
 
 def test_exceptions_are_still_needed():
@@ -102,16 +130,17 @@ def test_a_literal_is_caught(tmp_path):
     in an f-string's expression, and passes a docstring and a longer text."""
     pkg = tmp_path / "moebench" / "report"
     pkg.mkdir(parents=True)
-    (pkg / "x.py").write_text('"""ok"""\n'
-                              'def f(df, n):\n'
-                              '    """failed"""\n'
-                              '    log = "the sweep failed"\n'
-                              '    return df[df["status"] == "ok"], {"slower": 1}, f"{n[\'oom\']}"\n')
+    (pkg / "x.py").write_text(
+        '"""ok"""\n'
+        "def f(df, n):\n"
+        '    """failed"""\n'
+        '    log = "the sweep failed"\n'
+        '    return df[df["status"] == "ok"], {"slower": 1}, f"{n[\'oom\']}"\n'
+    )
     (tmp_path / "moebench" / "results").mkdir()
     (tmp_path / "moebench" / "results" / "y.py").write_text('S = "ok"\n')
     found = scan(tmp_path)
-    assert [(v, where, line) for _, v, where, line in found] == [("ok", "f", 5), ("slower", "f", 5),
-                                                                 ("oom", "f", 5)]
+    assert [(v, where, line) for _, v, where, line in found] == [("ok", "f", 5), ("slower", "f", 5), ("oom", "f", 5)]
 
 
 def test_skipped_is_two_members():

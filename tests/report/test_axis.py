@@ -1,4 +1,5 @@
 """moebench compare RUN --axis FIELD=A:B: rows of one run paired through the spec."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,13 +60,15 @@ def _row(experts, tokens=64, scale=1.0, **kw):
 
 
 def test_knob_axis_and_entries_whose_knobs_differ(tmp_path, capsys):
-    rows = pd.DataFrame([
-        _row("triton", knobs_set={"row_layout": "gathered"}),
-        _row("triton", scale=0.8, knobs_set={"row_layout": "contiguous"}),
-        _row("triton", scale=0.9, knobs_set={"row_layout": "contiguous"}, seed=1),  # another seed: no partner
-        _row("deepgemm", scale=0.7),
-        _row("torch", scale=2.0),
-    ])
+    rows = pd.DataFrame(
+        [
+            _row("triton", knobs_set={"row_layout": "gathered"}),
+            _row("triton", scale=0.8, knobs_set={"row_layout": "contiguous"}),
+            _row("triton", scale=0.9, knobs_set={"row_layout": "contiguous"}, seed=1),  # another seed: no partner
+            _row("deepgemm", scale=0.7),
+            _row("torch", scale=2.0),
+        ]
+    )
     df, _ = load_run(write_run(tmp_path / "run", rows))
     layout = compare_axis(df, "row_layout=gathered:contiguous")
     assert len(layout.matched) == 1 and layout.matched["verdict"].iloc[0] == "faster"
@@ -75,8 +78,9 @@ def test_knob_axis_and_entries_whose_knobs_differ(tmp_path, capsys):
     assert len(swap.matched) == 2 and swap.matched["cand_combo_key"].nunique() == 1
     assert sorted(swap.matched["knobs"]) == ["contiguous→-", "gathered→-"]  # each pair says which triton row
     assert len(swap.only_baseline) == 1  # the seed=1 triton row
-    code = cli.main(["compare", str(tmp_path / "run"), "--axis", "experts=triton:deepgemm",
-                     "--out", str(tmp_path / "r")])
+    code = cli.main(
+        ["compare", str(tmp_path / "run"), "--axis", "experts=triton:deepgemm", "--out", str(tmp_path / "r")]
+    )
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("**Verdict (experts=deepgemm vs experts=triton): 2 faster")
     assert (tmp_path / "r" / "report.md").read_text().startswith("# moebench compare: run, experts triton → deepgemm")

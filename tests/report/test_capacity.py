@@ -1,6 +1,7 @@
 """The capacity view (moebench report RUN --capacity): bytes per token from a line through the
 measured peaks, the tokens per rank that fit a budget, the ratio between placements, the
 capped confirmation rows, and its refusals."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,12 @@ from moebench.results.synthetic import make_row, samples_from, write_run
 GIB = 2**30
 TOKENS = (1024, 8192, 32768, 131072)
 # (experts, reduction): (intercept, bytes per token) of the workspace peak
-LINES = {("triton", "experts"): (48e6, 110_000.0), ("triton", "finalize"): (48e6, 211_000.0),
-         ("deepgemm", "experts"): (96e6, 130_000.0), ("deepgemm", "finalize"): (96e6, 231_000.0)}
+LINES = {
+    ("triton", "experts"): (48e6, 110_000.0),
+    ("triton", "finalize"): (48e6, 211_000.0),
+    ("deepgemm", "experts"): (96e6, 130_000.0),
+    ("deepgemm", "finalize"): (96e6, 231_000.0),
+}
 
 
 def _rows(noise=0.0, capped=(), reserved=None):
@@ -26,13 +31,38 @@ def _rows(noise=0.0, capped=(), reserved=None):
         for t in TOKENS:
             peak = (a + b * t) * (1 + noise * rng.normal())
             extra = {"reserved_bytes_peak": peak * reserved} if reserved else {}
-            rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
-                                 simulate_ep=8, samples_us=samples_from(100, 0.01, 5, rng),
-                                 workspace_bytes_peak=peak, device_bytes_peak=peak + 10 * GIB, **extra))
+            rows.append(
+                make_row(
+                    "local",
+                    experts,
+                    reduction,
+                    "none",
+                    "fp8_block",
+                    t,
+                    model="deepseek_v3",
+                    simulate_ep=8,
+                    samples_us=samples_from(100, 0.01, 5, rng),
+                    workspace_bytes_peak=peak,
+                    device_bytes_peak=peak + 10 * GIB,
+                    **extra,
+                )
+            )
     for experts, reduction, t, status in capped:
-        rows.append(make_row("local", experts, reduction, "none", "fp8_block", t, model="deepseek_v3",
-                             simulate_ep=8, status=status, memory_budget=12 * GIB,
-                             samples_us=samples_from(100, 0.01, 5, rng) if status == "ok" else None))
+        rows.append(
+            make_row(
+                "local",
+                experts,
+                reduction,
+                "none",
+                "fp8_block",
+                t,
+                model="deepseek_v3",
+                simulate_ep=8,
+                status=status,
+                memory_budget=12 * GIB,
+                samples_us=samples_from(100, 0.01, 5, rng) if status == "ok" else None,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -57,10 +87,16 @@ def test_capacity_table_recovers_each_line_and_the_placement_ratio():
 
 def test_capped_rows_confirm_or_contradict_the_prediction():
     limit = (12 * GIB - 48e6) / 211_000.0  # triton, finalize: ~60 800 tokens
-    good = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 0.97), "ok"),
-                                        ("triton", "finalize", int(limit * 1.03), "oom")]), 12 * GIB)
+    good = capacity_frame(
+        _rows(
+            capped=[("triton", "finalize", int(limit * 0.97), "ok"), ("triton", "finalize", int(limit * 1.03), "oom")]
+        ),
+        12 * GIB,
+    )
     row = good.set_index(["experts", "reduction"]).loc[("triton", "finalize")]
-    assert row["confirmed"].startswith("ok at ") and "oom at" in row["confirmed"] and "disagrees" not in row["confirmed"]
+    assert (
+        row["confirmed"].startswith("ok at ") and "oom at" in row["confirmed"] and "disagrees" not in row["confirmed"]
+    )
     bad = capacity_frame(_rows(capped=[("triton", "finalize", int(limit * 1.2), "ok")]), 12 * GIB)
     assert "disagrees" in bad.set_index(["experts", "reduction"]).loc[("triton", "finalize"), "confirmed"]
 
@@ -84,6 +120,7 @@ def test_the_allocators_reserved_line_bounds_the_limit_from_below():
     assert "disagrees" in confirmed(hi * 1.02, "ok")["confirmed"]
     assert "disagrees" not in confirmed(lo * 0.98, "ok")["confirmed"]
     from moebench.report.capacity import capacity_markdown
+
     text = capacity_markdown(capacity_frame(_rows(reserved=1.03), 12 * GIB), "12 GiB")
     assert "(allocator reserved)" in text and f"{int(lo):,}" in text
     assert "allocator reserved" not in capacity_markdown(capacity_frame(_rows(), 12 * GIB), "12 GiB")
@@ -108,11 +145,28 @@ def test_the_line_goes_through_the_largest_sizes_row_layout():
     a line through both bends; the capacity line uses the large sizes' layout only."""
     rng = np.random.default_rng(1)
     rows = []
-    for t, layout, (a, b) in ((1024, "gathered", (0.0, 250_000.0)), (8192, "gathered", (0.0, 250_000.0)),
-                              (32768, "contiguous", (1e8, 385_000.0)), (131072, "contiguous", (1e8, 385_000.0))):
-        rows.append(make_row("local", "triton", "finalize", "none", "bf16", t, model="deepseek_v3", simulate_ep=8,
-                             samples_us=samples_from(100, 0.01, 5, rng), workspace_bytes_peak=a + b * t,
-                             device_bytes_peak=a + b * t, row_layout_used=layout))
+    for t, layout, (a, b) in (
+        (1024, "gathered", (0.0, 250_000.0)),
+        (8192, "gathered", (0.0, 250_000.0)),
+        (32768, "contiguous", (1e8, 385_000.0)),
+        (131072, "contiguous", (1e8, 385_000.0)),
+    ):
+        rows.append(
+            make_row(
+                "local",
+                "triton",
+                "finalize",
+                "none",
+                "bf16",
+                t,
+                model="deepseek_v3",
+                simulate_ep=8,
+                samples_us=samples_from(100, 0.01, 5, rng),
+                workspace_bytes_peak=a + b * t,
+                device_bytes_peak=a + b * t,
+                row_layout_used=layout,
+            )
+        )
     (cap,) = capacity_frame(pd.DataFrame(rows), budget=12 * GIB).itertuples()
     assert cap.ws_slope == pytest.approx(385_000.0) and cap.points == 2 and "contiguous rows" in cap.line
     assert cap.max_tokens == pytest.approx((12 * GIB - 1e8) / 385_000.0, abs=1)
@@ -126,7 +180,9 @@ def test_committed_capacity_rows_save_the_formula_at_every_size():
     from moebench.report.load import load_run
 
     root = Path(__file__).resolve().parents[2] / "results" / "weight_reduce_memory"
-    df = pd.concat([load_run(root / name)[0].assign(run=name) for name in ("capacity_h200x1", "capacity_h200x1_confirmed")])
+    df = pd.concat(
+        [load_run(root / name)[0].assign(run=name) for name in ("capacity_h200x1", "capacity_h200x1_confirmed")]
+    )
     ok = df[(df.status == "ok") & (pd.to_numeric(df.memory_budget) == 0)]
     keys = ["model", "simulate_ep", "quant", "experts", "tokens_per_rank", "run"]
     pairs, seen = 0, set()
@@ -172,10 +228,15 @@ def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
     from moebench.report.capacity import capacity_command
 
     root = Path(__file__).resolve().parents[2] / "results" / "weight_reduce_memory"
-    for run, budget, report in (("capacity_h200x1", "12GiB", "report"), ("capacity_h200x1", "free", "report/free"),
-                                ("capacity_h200x1_confirmed", None, "report")):
+    for run, budget, report in (
+        ("capacity_h200x1", "12GiB", "report"),
+        ("capacity_h200x1", "free", "report/free"),
+        ("capacity_h200x1_confirmed", None, "report"),
+    ):
         out = tmp_path / run / report
         assert capacity_command(str(root / run), budget, str(out)) == 0
         assert (out / "capacity.md").read_text() == (root / run / report / "capacity.md").read_text(), (
             f"regenerate: moebench report {root / run} --capacity"
-            + (f" --budget {budget}" if budget else "") + f" --out {root / run / report}")
+            + (f" --budget {budget}" if budget else "")
+            + f" --out {root / run / report}"
+        )

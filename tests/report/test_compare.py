@@ -1,4 +1,5 @@
 """moebench compare: the verdict, the exit status CI gates on, csv / json, bad input."""
+
 from __future__ import annotations
 
 import io
@@ -18,8 +19,7 @@ NUM = re.compile(r"[+\u2212-]?\d+(?:\.\d+)?")
 
 
 def _runs(tmp_path, base: pd.DataFrame, cand: pd.DataFrame, cand_env=None):
-    return (str(write_run(tmp_path / "base", base)),
-            str(write_run(tmp_path / "cand", cand, cand_env)))
+    return (str(write_run(tmp_path / "base", base)), str(write_run(tmp_path / "cand", cand, cand_env)))
 
 
 def _compare(capsys, *argv):
@@ -55,8 +55,12 @@ def test_noise_the_size_of_the_rows_spread_is_not_flagged(tmp_path, capsys, seed
 
 
 def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
-    other = pd.DataFrame([make_row("local", "torch", "experts", "none", "bf16", t, model="other",
-                                   samples_us=np.full(20, 50.0)) for t in (16, 64)])
+    other = pd.DataFrame(
+        [
+            make_row("local", "torch", "experts", "none", "bf16", t, model="other", samples_us=np.full(20, 50.0))
+            for t in (16, 64)
+        ]
+    )
     base, cand = _runs(tmp_path, make_rows(), other)
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
     assert code == 1
@@ -65,10 +69,15 @@ def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
 
 
 def test_broken_and_skipped_rows(tmp_path, capsys):
-    rows = [make_row("local", "torch", "experts", "none", "bf16", t, samples_us=np.full(20, 50.0) + t)
-            for t in (16, 64, 256)]
-    cand = [dict(rows[0]), make_row("local", "torch", "experts", "none", "bf16", 64, status="oom", reason="CUDA OOM"),
-            make_row("local", "torch", "experts", "none", "bf16", 256, status="skipped", reason="no GPU")]
+    rows = [
+        make_row("local", "torch", "experts", "none", "bf16", t, samples_us=np.full(20, 50.0) + t)
+        for t in (16, 64, 256)
+    ]
+    cand = [
+        dict(rows[0]),
+        make_row("local", "torch", "experts", "none", "bf16", 64, status="oom", reason="CUDA OOM"),
+        make_row("local", "torch", "experts", "none", "bf16", 256, status="skipped", reason="no GPU"),
+    ]
     cmp = compare_runs(pd.DataFrame(rows), pd.DataFrame(cand))
     assert cmp.counts()["broken"] == 1 and cmp.counts()["skipped"] == 1
     assert exit_status(cmp) == (1, ["1 row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)"])
@@ -80,9 +89,22 @@ def test_broken_and_skipped_rows(tmp_path, capsys):
 
 def test_fail_on_tunes_what_exits_1(tmp_path, capsys):
     def rows(scale, ws):
-        return pd.DataFrame([make_row("local", "torch", "experts", "none", "bf16", t, samples_us=np.full(20, 50.0) * scale
-                                      * np.exp(np.random.default_rng(t).normal(0, 0.01, 20)),
-                                      workspace_bytes_peak=ws * t) for t in (16, 64)])
+        return pd.DataFrame(
+            [
+                make_row(
+                    "local",
+                    "torch",
+                    "experts",
+                    "none",
+                    "bf16",
+                    t,
+                    samples_us=np.full(20, 50.0) * scale * np.exp(np.random.default_rng(t).normal(0, 0.01, 20)),
+                    workspace_bytes_peak=ws * t,
+                )
+                for t in (16, 64)
+            ]
+        )
+
     base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.0, 2e6))
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 0  # memory: reported, not fatal
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "memory")
@@ -136,7 +158,9 @@ def test_csv_and_json_parse_back_to_the_markdown_numbers(tmp_path, capsys):
             assert shown == pytest.approx(rec[f"{side}_latency_us_median"], rel=5e-3)
             assert line[f"{side}_latency_us_median"] == pytest.approx(rec[f"{side}_latency_us_median"])
         change, lo, hi = [float(x.replace("\u2212", "-")) for x in NUM.findall(cell["change [95 % CI]"])]
-        assert change == pytest.approx(line["change_pct"], abs=0.051) and change == pytest.approx(rec["change_pct"], abs=0.051)
+        assert change == pytest.approx(line["change_pct"], abs=0.051) and change == pytest.approx(
+            rec["change_pct"], abs=0.051
+        )
         assert lo == pytest.approx(rec["ci_lo_pct"], abs=0.051) and hi == pytest.approx(rec["ci_hi_pct"], abs=0.051)
         assert cell["verdict"].split()[0] == rec["verdict"] == line["verdict"]
     assert (tmp_path / "r" / "comparison.csv").read_text() == csv

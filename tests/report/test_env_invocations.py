@@ -1,5 +1,6 @@
 """compare's environment check reads every invocation's fingerprint (envs/<run_id>.json), not
 only env.json: a run resumed under another driver is not comparable, and says why."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 row's reason, labels and identity values, sweep-*.json's cli_overrides, a trace's names. The
 report's Markdown keeps its own structure: no heading, HTML tag, link, image or extra table
 cell comes out of that text, and no content closes a code block."""
+
 from __future__ import annotations
 
 import json
@@ -38,17 +39,32 @@ def assert_inert(md: str) -> None:
         assert cells == header, line
 
 
-@pytest.mark.parametrize("text, want", [
-    ("\n# Verdict\n<img src=x>", "⏎ # Verdict ⏎ &lt;img src=x&gt;"),
-    ("# Verdict", "\\# Verdict"),
-    ("> quote", "&gt; quote"),
-    ("- item", "\\- item"), ("+ item", "\\+ item"), ("* item", "\\* item"), ("1. item", "1\\. item"),
-    ("---", "\\---"), ("===", "\\==="),
-    ("[x](http://e)", "\\[x\\](http://e)"), ("![i](x)", "!\\[i\\](x)"), ("<b>", "&lt;b&gt;"),
-    ("a | b", "a \\| b"), ("`code`", "\\`code\\`"), ("*em* _u_", "\\*em\\* \\_u\\_"),
-    ("tokens_per_rank", "tokens_per_rank"), ("-0.5", "-0.5"), ("1.5 ms", "1.5 ms"),
-    ("NVIDIA H200 (of 2)", "NVIDIA H200 (of 2)"), ("a\\b", "a\\\\b"), ("x\x1b[31m", "x\ufffd\\[31m"),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("\n# Verdict\n<img src=x>", "⏎ # Verdict ⏎ &lt;img src=x&gt;"),
+        ("# Verdict", "\\# Verdict"),
+        ("> quote", "&gt; quote"),
+        ("- item", "\\- item"),
+        ("+ item", "\\+ item"),
+        ("* item", "\\* item"),
+        ("1. item", "1\\. item"),
+        ("---", "\\---"),
+        ("===", "\\==="),
+        ("[x](http://e)", "\\[x\\](http://e)"),
+        ("![i](x)", "!\\[i\\](x)"),
+        ("<b>", "&lt;b&gt;"),
+        ("a | b", "a \\| b"),
+        ("`code`", "\\`code\\`"),
+        ("*em* _u_", "\\*em\\* \\_u\\_"),
+        ("tokens_per_rank", "tokens_per_rank"),
+        ("-0.5", "-0.5"),
+        ("1.5 ms", "1.5 ms"),
+        ("NVIDIA H200 (of 2)", "NVIDIA H200 (of 2)"),
+        ("a\\b", "a\\\\b"),
+        ("x\x1b[31m", "x\ufffd\\[31m"),
+    ],
+)
 def test_md_text_neutralizes_markdown_and_html(text, want):
     assert md_text(text) == want
 
@@ -66,8 +82,16 @@ def _hostile_run(path: Path, scale: float = 1.0, seed: int = 0) -> Path:
     df["reason"] = df["reason"].where(df["status"] == "ok", HOSTILE)
     for col in ("run_id", "sweep", "gpu", "git_sha", "timestamp"):
         df[col] = HOSTILE
-    env = default_env() | {"gpu": HOSTILE, "cuda": HOSTILE, "torch": HOSTILE, "hostname": HOSTILE,
-                           "git_sha": HOSTILE, "git_dirty": True, "git_tree": "x", "git_diff_paths": [HOSTILE]}
+    env = default_env() | {
+        "gpu": HOSTILE,
+        "cuda": HOSTILE,
+        "torch": HOSTILE,
+        "hostname": HOSTILE,
+        "git_sha": HOSTILE,
+        "git_dirty": True,
+        "git_tree": "x",
+        "git_diff_paths": [HOSTILE],
+    }
     return write_run(path, df, env)
 
 
@@ -102,7 +126,9 @@ def _results_tree(root: Path, overrides: list[str]) -> Path:
     (root / "q" / "run").mkdir(parents=True)
     (root / "q" / "about.md").write_text("# Does it hold?\n")
     (root / "q" / "run" / "env.json").write_text(json.dumps({"gpu": HOSTILE, "git_sha": HOSTILE}))
-    (root / "q" / "run" / "sweep-0.json").write_text(json.dumps({"sweep": {"name": "adhoc"}, "cli_overrides": overrides}))
+    (root / "q" / "run" / "sweep-0.json").write_text(
+        json.dumps({"sweep": {"name": "adhoc"}, "cli_overrides": overrides})
+    )
     return root
 
 
@@ -130,10 +156,21 @@ def test_trace_names_reach_the_markdown_escaped():
     from moebench.report.trace_markdown import to_markdown
     from moebench.traces.metrics import StreamStats, TraceSummary
 
-    s = TraceSummary(source=HOSTILE, fmt="torch", num_samples=1, combos=[HOSTILE], phases={},
-                     streams=[StreamStats(HOSTILE, 1, 1.0, 0.5, 0.5, {HOSTILE: 1.0})], shared_us=0.5, comm_us=0.5,
-                     overlap_us=0.2, trace_overlap_fraction=0.4, shared_exposed_us=0.3, intersection_fraction=0.4,
-                     notes=[HOSTILE])
+    s = TraceSummary(
+        source=HOSTILE,
+        fmt="torch",
+        num_samples=1,
+        combos=[HOSTILE],
+        phases={},
+        streams=[StreamStats(HOSTILE, 1, 1.0, 0.5, 0.5, {HOSTILE: 1.0})],
+        shared_us=0.5,
+        comm_us=0.5,
+        overlap_us=0.2,
+        trace_overlap_fraction=0.4,
+        shared_exposed_us=0.3,
+        intersection_fraction=0.4,
+        notes=[HOSTILE],
+    )
     assert_inert(to_markdown(s))
     assert_inert(to_markdown(s, {HOSTILE: HOSTILE}, HOSTILE))
     assert_inert(ranks_table(HOSTILE, "16", {0: s, 1: s}, None, HOSTILE))

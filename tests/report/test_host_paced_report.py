@@ -3,6 +3,7 @@ names it with its counts, the latency cell carries `‡ n/m`, a bold one too, th
 says it), in `moebench compare` (Data quality names the pair with each side's counts) and in
 `tune --results`; the host-time table's caption says what the holds did; a report with nothing
 bold says nothing of bold (docs/design.md, "Timing" and "Data quality")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,13 +22,26 @@ def _rows(paced: int = 5, device: str = "cuda", **extra) -> pd.DataFrame:
     """Three combinations at 64 tokens, 30 samples each, every one held (host_paced_samples set)."""
     rng = np.random.default_rng(0)
     out = []
-    for experts, reduction, median in ((PACED, "experts", 100.0), ("torch", "experts", 200.0),
-                                       ("torch", "finalize", 210.0)):
+    for experts, reduction, median in (
+        (PACED, "experts", 100.0),
+        ("torch", "experts", 200.0),
+        ("torch", "finalize", 210.0),
+    ):
         kw = {**extra} if experts == PACED else {}
-        out.append(make_row("local", experts, reduction, "none", "bf16", 64, device=device,
-                            samples_us=median * np.exp(rng.normal(0, .01, 30)),
-                            host_paced_samples=float(paced if experts == PACED else 0) if device == "cuda" else np.nan,
-                            **kw))
+        out.append(
+            make_row(
+                "local",
+                experts,
+                reduction,
+                "none",
+                "bf16",
+                64,
+                device=device,
+                samples_us=median * np.exp(rng.normal(0, 0.01, 30)),
+                host_paced_samples=float(paced if experts == PACED else 0) if device == "cuda" else np.nan,
+                **kw,
+            )
+        )
     return pd.DataFrame(out)
 
 
@@ -38,8 +52,10 @@ def _section(text: str, head: str) -> str:
 def test_paced_counts_of_every_family_are_named():
     row = _rows(5, host_paced_phases=2.0, num_phase_samples=10.0, host_paced_shared=1.0).iloc[0].to_dict()
     assert "host-paced" in flags_of(row)
-    assert paced_text(row) == ("latency: 5 of 30 samples host-paced, ablation shared experts alone: 1 of 30 samples "
-                               "host-paced, phases: 2 of 10 samples host-paced")
+    assert paced_text(row) == (
+        "latency: 5 of 30 samples host-paced, ablation shared experts alone: 1 of 30 samples "
+        "host-paced, phases: 2 of 10 samples host-paced"
+    )
     clean = _rows(0).iloc[0].to_dict()
     assert "host-paced" not in flags_of(clean) and paced_text(clean) == ""
     phases_only = _rows(0, host_paced_phases=3.0, num_phase_samples=10.0).iloc[0].to_dict()
@@ -72,14 +88,18 @@ def test_report_names_a_row_with_five_of_thirty_samples_host_paced(tmp_path):
 def test_a_clean_run_has_no_mark_and_its_caption_says_so(tmp_path):
     text = write_report(write_run(tmp_path / "run", _rows(0))).read_text()
     assert "‡" not in text and "host-paced" not in _section(text, "## Data quality")
-    assert "in none did the GPU start a latency sample before the host had enqueued it" in \
-        _section(text, "## Host time per forward")
+    assert "in none did the GPU start a latency sample before the host had enqueued it" in _section(
+        text, "## Host time per forward"
+    )
 
 
 def test_host_time_caption_beside_a_host_time_row(tmp_path):
     rows = _rows(0)
     rows.loc[0, ["timing_mode", "host_paced_samples", "timing_note"]] = [
-        "host", 30.0, "30 of 30 samples started on the GPU before the host had enqueued them"]
+        "host",
+        30.0,
+        "30 of 30 samples started on the GPU before the host had enqueued them",
+    ]
     text = write_report(write_run(tmp_path / "run", rows)).read_text()
     host = _section(text, "## Host time per forward")
     assert "† 1 row(s) host time" in host and host.count("†") == 2  # the cell and the caption
@@ -106,8 +126,10 @@ def test_compare_names_the_paced_rows_with_counts_per_side(tmp_path, capsys):
     assert line.startswith("- 1 row(s) with host-paced samples") and PACED in line
     # each side by the run's name, escaped once, as the title has it
     new, old = text.splitlines()[0].removeprefix("# moebench compare: ").split(" vs ")
-    assert "\\*" in old and (f"({old}: none; {new}: latency: 5 of 30 samples host-paced, phases: 2 of 10 samples "
-                           "host-paced)") in line
+    assert (
+        "\\*" in old
+        and (f"({old}: none; {new}: latency: 5 of 30 samples host-paced, phases: 2 of 10 samples host-paced)") in line
+    )
     latency = _section(text, "## Latency")
     assert "‡ 5/30" in latency and "‡ n/m" in latency
 
@@ -127,7 +149,11 @@ def test_tune_results_marks_the_paced_best(tmp_path):
 def test_host_time_caption_says_a_syncing_forward_had_no_hold(tmp_path):
     rows = _rows(0)
     rows.loc[1, ["timing_mode", "host_paced_samples", "host_enqueue_us", "timing_note"]] = [
-        "host", 0.0, 21_000.0, "the forward syncs the host (its enqueue takes 21.0 ms behind a busy GPU)"]
+        "host",
+        0.0,
+        21_000.0,
+        "the forward syncs the host (its enqueue takes 21.0 ms behind a busy GPU)",
+    ]
     host = _section(write_report(write_run(tmp_path / "run", rows)).read_text(), "## Host time per forward")
     assert "2 of 3 row(s) timed each sample behind a hold" in host
     assert "1 row(s) sync the host inside a forward (enqueue over 15 ms): no hold" in host

@@ -1,13 +1,23 @@
 """moebench.report: loading, tables, comparison verdicts, plots, the markdown report."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from moebench.report import (compare_runs, latency_table, load_run, mann_whitney_p,
-                             memory_table, overlap_table, phase_table, reasons_table,
-                             status_table, write_report)
+from moebench.report import (
+    compare_runs,
+    latency_table,
+    load_run,
+    mann_whitney_p,
+    memory_table,
+    overlap_table,
+    phase_table,
+    reasons_table,
+    status_table,
+    write_report,
+)
 from moebench.cli.report import report_command
 from moebench.report import plots
 from moebench.results.synthetic import make_row, make_rows, synthetic_run, write_run
@@ -25,13 +35,13 @@ def _row(tokens=64, scale=1.0, spread=0.02, seed=0, **kw):
     """An ok local/torch row whose samples sit around 100 µs * scale."""
     rng = np.random.default_rng(seed)
     samples = 100.0 * scale * np.exp(rng.normal(0, spread, 30))
-    args = dict(backend="local", experts="torch", reduction="experts", overlap="none",
-                quant="bf16")
+    args = dict(backend="local", experts="torch", reduction="experts", overlap="none", quant="bf16")
     args.update(kw)
     return make_row(tokens=tokens, samples_us=samples, **args)
 
 
 # --- loading -------------------------------------------------------------------------
+
 
 def test_load_run_concatenates_sorts_and_reads_env(run_dir):
     df, env = load_run(run_dir)
@@ -68,18 +78,31 @@ def test_load_errors_name_the_problem(tmp_path, run_dir, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "zz_garbage.parquet: torn row file" in err
     bad.unlink()
-    pd.DataFrame({"backend": ["local"], "status": ["ok"]}).to_parquet(
-        run_dir / "rows" / "zz_columns.parquet")
+    pd.DataFrame({"backend": ["local"], "status": ["ok"]}).to_parquet(run_dir / "rows" / "zz_columns.parquet")
     with pytest.raises(ValueError, match=r"zz_columns.parquet: missing columns .*experts"):
         load_run(run_dir)
 
 
 def test_load_fills_optional_columns(tmp_path):
-    rows = pd.DataFrame([{"combo_key": "k", "backend": "local", "experts": "torch", "reduction": "experts",
-                          "overlap": "none", "model": "tiny", "quant": "bf16",
-                          "world_size": 1, "tokens_per_rank": 16, "status": "ok",
-                          "latency_us_median": 10.0, "latency_us_p20": 9.0,
-                          "latency_us_p80": 11.0}])
+    rows = pd.DataFrame(
+        [
+            {
+                "combo_key": "k",
+                "backend": "local",
+                "experts": "torch",
+                "reduction": "experts",
+                "overlap": "none",
+                "model": "tiny",
+                "quant": "bf16",
+                "world_size": 1,
+                "tokens_per_rank": 16,
+                "status": "ok",
+                "latency_us_median": 10.0,
+                "latency_us_p20": 9.0,
+                "latency_us_p80": 11.0,
+            }
+        ]
+    )
     (tmp_path / "rows").mkdir()
     rows.to_parquet(tmp_path / "rows" / "minimal.parquet")
     df, _ = load_run(tmp_path)
@@ -90,15 +113,15 @@ def test_load_fills_optional_columns(tmp_path):
 
 # --- tables --------------------------------------------------------------------------
 
+
 def test_latency_table_cells(tmp_path):
-    rows = [_row(16, latency_us_median=412.3, latency_us_p20=405.0, latency_us_p80=420.0),
-            _row(64, latency_us_median=41.23, latency_us_p20=40.51, latency_us_p80=42.0),
-            make_row("local", "torch", "experts", "none", "bf16", 256, status="oom",
-                     reason="CUDA out of memory"),
-            _row(16, experts="triton", latency_us_median=500.0, latency_us_p20=490.0,
-                 latency_us_p80=510.0, combo_key="k2"),
-            make_row("local", "deepgemm", "experts", "none", "bf16", 16, status="skipped",
-                     reason="needs fp8_block")]
+    rows = [
+        _row(16, latency_us_median=412.3, latency_us_p20=405.0, latency_us_p80=420.0),
+        _row(64, latency_us_median=41.23, latency_us_p20=40.51, latency_us_p80=42.0),
+        make_row("local", "torch", "experts", "none", "bf16", 256, status="oom", reason="CUDA out of memory"),
+        _row(16, experts="triton", latency_us_median=500.0, latency_us_p20=490.0, latency_us_p80=510.0, combo_key="k2"),
+        make_row("local", "deepgemm", "experts", "none", "bf16", 16, status="skipped", reason="needs fp8_block"),
+    ]
     df, _ = load_run(write_run(tmp_path / "r", pd.DataFrame(rows)))
     table = latency_table(df)
     assert "**412.3 (405–420)**" in table  # fastest at 16 tokens is bold
@@ -122,21 +145,59 @@ def test_status_and_reasons_tables(run_dir):
 
 
 def test_phase_memory_overlap_tables(tmp_path):
-    rows = [_row(64, latency_us_median=100.0, prepare_us=10.0, dispatch_us=20.0,
-                 experts_us=50.0, weight_reduce_us=np.nan, combine_us=15.0,
-                 workspace_bytes_analytic=2.0 * MIB, workspace_bytes_peak=3.0 * MIB,
-                 device_bytes_peak=250.0 * MIB),
-            _row(64, backend="naive", world_size=2, overlap="dispatch", combo_key="ovl", latency_us_median=110.0,
-                 shared_us=20.0, latency_no_shared_us=104.0, shared_exposed_us=6.0,
-                 overlap_fraction=0.7)]
+    rows = [
+        _row(
+            64,
+            latency_us_median=100.0,
+            prepare_us=10.0,
+            dispatch_us=20.0,
+            experts_us=50.0,
+            weight_reduce_us=np.nan,
+            combine_us=15.0,
+            workspace_bytes_analytic=2.0 * MIB,
+            workspace_bytes_peak=3.0 * MIB,
+            device_bytes_peak=250.0 * MIB,
+        ),
+        _row(
+            64,
+            backend="naive",
+            world_size=2,
+            overlap="dispatch",
+            combo_key="ovl",
+            latency_us_median=110.0,
+            shared_us=20.0,
+            latency_no_shared_us=104.0,
+            shared_exposed_us=6.0,
+            overlap_fraction=0.7,
+        ),
+    ]
     df, _ = load_run(write_run(tmp_path / "r", pd.DataFrame(rows)))
     pt = phase_table(df)
     assert "| 10.00 | 20.00 | 50.00 | - | 15.00 | - | 95.00 | 100.0 |" in pt
     # the shared experts count in the sum where they ran outside a communication span
-    seq = _row(64, combo_key="seq", latency_us_median=100.0, prepare_us=10.0, dispatch_us=np.nan, experts_us=50.0,
-               weight_reduce_us=np.nan, combine_us=5.0, shared_experts_us=30.0)
-    inside = _row(64, overlap="combine", combo_key="in", latency_us_median=100.0, prepare_us=10.0, dispatch_us=20.0,
-                  experts_us=50.0, weight_reduce_us=np.nan, combine_us=35.0, shared_experts_us=30.0)
+    seq = _row(
+        64,
+        combo_key="seq",
+        latency_us_median=100.0,
+        prepare_us=10.0,
+        dispatch_us=np.nan,
+        experts_us=50.0,
+        weight_reduce_us=np.nan,
+        combine_us=5.0,
+        shared_experts_us=30.0,
+    )
+    inside = _row(
+        64,
+        overlap="combine",
+        combo_key="in",
+        latency_us_median=100.0,
+        prepare_us=10.0,
+        dispatch_us=20.0,
+        experts_us=50.0,
+        weight_reduce_us=np.nan,
+        combine_us=35.0,
+        shared_experts_us=30.0,
+    )
     both, _ = load_run(write_run(tmp_path / "s", pd.DataFrame([seq, inside])))
     pt = phase_table(both)
     assert "| 10.00 | - | 50.00 | - | 5.000 | 30.00 | 95.00 | 100.0 |" in pt
@@ -148,19 +209,30 @@ def test_phase_memory_overlap_tables(tmp_path):
     assert ot.count("\n| tiny") == 1  # only the overlap != none row (constant columns: caption)
     assert "All rows: backend=naive" in ot and "Left out" not in ot
     # a single-rank backend has no communication to hide the shared experts behind: left out, said why
-    local = _row(64, overlap="dispatch", combo_key="lov", latency_us_median=110.0, shared_us=20.0,
-                 latency_no_shared_us=104.0, shared_exposed_us=6.0, overlap_fraction=0.7)
+    local = _row(
+        64,
+        overlap="dispatch",
+        combo_key="lov",
+        latency_us_median=110.0,
+        shared_us=20.0,
+        latency_no_shared_us=104.0,
+        shared_exposed_us=6.0,
+        overlap_fraction=0.7,
+    )
     with_local, _ = load_run(write_run(tmp_path / "l", pd.DataFrame(rows + [local])))
     ot = overlap_table(with_local)
     assert ot.count("\n| tiny") == 1 and "All rows: backend=naive" in ot
-    assert ("Left out: 1 row(s) of single-rank backends (local): they have no communication to hide the "
-            "shared experts behind") in ot
+    assert (
+        "Left out: 1 row(s) of single-rank backends (local): they have no communication to hide the "
+        "shared experts behind"
+    ) in ot
     only_local, _ = load_run(write_run(tmp_path / "o", pd.DataFrame([local])))
     assert overlap_table(only_local).startswith("_No rows with shared-expert overlap")
     assert "Left out: 1 row(s)" in overlap_table(only_local)
 
 
 # --- comparison ----------------------------------------------------------------------
+
 
 def _compare(tmp_path, cand_kw, base_kw=None, threshold=1.05):
     base = pd.DataFrame([_row(**(base_kw or {}))])
@@ -178,11 +250,9 @@ def test_compare_verdicts(tmp_path):
     assert tight["cand_latency_us_p20"] > tight["base_latency_us_p80"]
     assert tight["verdict"] == "~"
     # ... and a lower threshold factor makes it significant.
-    assert _compare(tmp_path, dict(scale=1.03, spread=0.001), dict(spread=0.001),
-                    threshold=1.02)["verdict"] == "slower"
+    assert _compare(tmp_path, dict(scale=1.03, spread=0.001), dict(spread=0.001), threshold=1.02)["verdict"] == "slower"
     # A 2x ratio with overlapping intervals is not significant.
-    wide = _compare(tmp_path, dict(scale=2.0, latency_us_p20=50.0),
-                    dict(latency_us_p80=250.0))
+    wide = _compare(tmp_path, dict(scale=2.0, latency_us_p20=50.0), dict(latency_us_p80=250.0))
     assert wide["verdict"] == "~"
 
 
@@ -195,15 +265,15 @@ def test_compare_without_samples_uses_intervals(tmp_path):
 
 
 def test_compare_status_changes_unmatched_and_memory(tmp_path):
-    base = pd.DataFrame([
-        _row(16, workspace_bytes_peak=4.0 * MIB), _row(64),
-        _row(256), _row(1024)])
-    cand = pd.DataFrame([
-        _row(16, seed=1, workspace_bytes_peak=2.0 * MIB),
-        make_row("local", "torch", "experts", "none", "bf16", 64, status="failed",
-                 reason="boom"),
-        _row(256, seed=1, world_size=1.0),  # float vs int still matches
-        _row(4096, seed=1)])
+    base = pd.DataFrame([_row(16, workspace_bytes_peak=4.0 * MIB), _row(64), _row(256), _row(1024)])
+    cand = pd.DataFrame(
+        [
+            _row(16, seed=1, workspace_bytes_peak=2.0 * MIB),
+            make_row("local", "torch", "experts", "none", "bf16", 64, status="failed", reason="boom"),
+            _row(256, seed=1, world_size=1.0),  # float vs int still matches
+            _row(4096, seed=1),
+        ]
+    )
     cmp = compare_runs(base, cand)
     by_t = cmp.matched.set_index("tokens_per_rank")
     assert by_t.loc[64, "verdict"] == "broken"
@@ -219,10 +289,14 @@ def test_compare_status_changes_unmatched_and_memory(tmp_path):
 def test_compare_keeps_rows_apart_that_differ_only_in_knobs():
     """A run that sweeps a knob (experts.row_layout, backend.num_sms) holds rows whose
     identity columns agree: each must meet its own counterpart, none may vanish."""
+
     def rows(seed, scale_contiguous):  # a knob off its default is in the combo key (moebench/config/spec.py)
-        return pd.DataFrame([dict(_row(4096, seed=seed), knobs="gathered", combo_key="k-gathered"),
-                             dict(_row(4096, seed=seed, scale=scale_contiguous), knobs="contiguous",
-                                  combo_key="k-contiguous")])
+        return pd.DataFrame(
+            [
+                dict(_row(4096, seed=seed), knobs="gathered", combo_key="k-gathered"),
+                dict(_row(4096, seed=seed, scale=scale_contiguous), knobs="contiguous", combo_key="k-contiguous"),
+            ]
+        )
 
     base, cand = rows(0, 2.0), rows(1, 1.0)
     m = compare_runs(base, cand).matched.set_index("knobs")
@@ -238,6 +312,7 @@ def test_mann_whitney_p():
 
 # --- plots and report ----------------------------------------------------------------
 
+
 def _is_png(path):
     data = path.read_bytes()
     return len(data) > 1000 and data[:8] == PNG_SIGNATURE
@@ -246,8 +321,7 @@ def _is_png(path):
 def test_plots_write_pngs(run_dir, tmp_path):
     df, _ = load_run(run_dir)
     multi = df.assign(backend=df["backend"].replace({"local": "naive"}), world_size=2)  # overlap over communication
-    for fn in (plots.plot_latency, plots.plot_phases, plots.plot_overlap,
-               plots.plot_workspace):
+    for fn in (plots.plot_latency, plots.plot_phases, plots.plot_overlap, plots.plot_workspace):
         path = fn(multi if fn is plots.plot_overlap else df, tmp_path / f"{fn.__name__}.png")
         assert path is not None and _is_png(path), fn.__name__
     cmp = compare_runs(df, make_rows(scale=1.5, seed=2))
@@ -343,8 +417,11 @@ def test_a_copied_trees_commit_wins_over_its_stale_git_in_older_env_files():
     from moebench.report.envinfo import env_commit, env_summary
     from moebench.report.flags import run_notes
 
-    old = {"git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2", "git_dirty": True,
-           "env": {"MOEBENCH_GIT_SHA": "bd66478"}}
+    old = {
+        "git_sha": "cb40768c241aea96a78e9b5aeb6dd19d3a2ea3f2",
+        "git_dirty": True,
+        "env": {"MOEBENCH_GIT_SHA": "bd66478"},
+    }
     assert env_commit(old) == ("bd66478", None)
     assert "git bd66478" in env_summary(old) and "dirty" not in env_summary(old)
     df = pd.DataFrame({"git_sha": ["bd66478"]})
@@ -362,12 +439,20 @@ def test_labels_tell_apart_combinations_that_differ_only_in_knobs():
 
     from moebench.report.load import combo_labels
 
-    base = dict(backend="deepep_ht", experts="torch", reduction="finalize", overlap="combine", quant="bf16",
-                model="deepseek_v3", world_size=2)
+    base = dict(
+        backend="deepep_ht",
+        experts="torch",
+        reduction="finalize",
+        overlap="combine",
+        quant="bf16",
+        model="deepseek_v3",
+        world_size=2,
+    )
     df = pd.DataFrame([dict(base, knobs=""), dict(base, knobs="carve24 sms16")])
     labels = list(combo_labels(df))
     assert labels[0] != labels[1] and labels[1].endswith("carve24 sms16")
     assert "carve" not in " ".join(combo_labels(df.iloc[1:]))  # constant knobs stay out
+
 
 def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -396,9 +481,18 @@ def test_the_report_maps_each_trace_folder_to_its_combination(tmp_path):
     by the row's label (issue #31, item 12); a run without traces has no such section."""
     from moebench.report.run_tables import traces_table
 
-    rows = [_row(t, backend="naive", world_size=2, overlap="dispatch", combo_key="0123456789ab",
-                 label="naive/torch/experts/dispatch/bf16/tiny/ws2", trace_path=f"traces/0123456789ab/rank0_T{t}.json")
-            for t in (16, 64)] + [_row(16, combo_key="fedcba987654", trace_path="")]
+    rows = [
+        _row(
+            t,
+            backend="naive",
+            world_size=2,
+            overlap="dispatch",
+            combo_key="0123456789ab",
+            label="naive/torch/experts/dispatch/bf16/tiny/ws2",
+            trace_path=f"traces/0123456789ab/rank0_T{t}.json",
+        )
+        for t in (16, 64)
+    ] + [_row(16, combo_key="fedcba987654", trace_path="")]
     run = write_run(tmp_path / "r", pd.DataFrame(rows))
     df, _ = load_run(run)
     table = traces_table(df)

@@ -1,4 +1,5 @@
 """Data-quality flags in reports, and what `moebench list` / `sweep --dry-run` say of skips."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,15 +23,27 @@ def test_flags_of_rows():
     assert flags_of(_row(host_enqueue_us=95.0)) == ["host-bound"]  # events: the host enqueues for 95 of 100 µs
     assert flags_of(_row(host_enqueue_us=20_000.0)) == ["host-sync"]
     assert flags_of(_row(timing_mode="graph", host_enqueue_us=300.0)) == []  # graph replays hide the host
-    graph = _row(timing_mode="graph", prepare_us=100.0, experts_us=100.0, combine_us=0.0, dispatch_us=np.nan,
-                 weight_reduce_us=np.nan)
+    graph = _row(
+        timing_mode="graph",
+        prepare_us=100.0,
+        experts_us=100.0,
+        combine_us=0.0,
+        dispatch_us=np.nan,
+        weight_reduce_us=np.nan,
+    )
     assert "phases≠latency" in flags_of(graph)
     ev = dict(prepare_us=40.0, experts_us=50.0, combine_us=10.0, dispatch_us=np.nan, weight_reduce_us=np.nan)
     assert "phases≠latency" not in flags_of(_row(**ev))  # events: 100 µs of phases in 100 µs
     assert "phases≠latency" not in flags_of(_row(**{**ev, "experts_us": 120.0}))  # 1.7x: overlap may do that
     assert "phases≠latency" in flags_of(_row(**{**ev, "experts_us": 900.0}))  # 9.5x, as a CPU run beside other work
-    idle = _row(timing_mode="profiler", prepare_us=5.0, experts_us=20.0, combine_us=1.0, dispatch_us=np.nan,
-                weight_reduce_us=np.nan)
+    idle = _row(
+        timing_mode="profiler",
+        prepare_us=5.0,
+        experts_us=20.0,
+        combine_us=1.0,
+        dispatch_us=np.nan,
+        weight_reduce_us=np.nan,
+    )
     assert "gpu-idle" in flags_of(idle)
     old = _row(host_enqueue_us=np.nan)  # an older row at a decode size, timed eagerly
     assert flags_of(old) == ["eager-decode"] and flags_of(_row(4096, host_enqueue_us=np.nan)) == []
@@ -52,8 +65,15 @@ def test_report_carries_flags_git_sha_and_caveats(tmp_path):
 
 
 def test_list_counts_skip_reasons_and_verbose_lists_each(capsys):
-    overrides = ["backend=local,local_batched", "experts=torch,torch_batched", "reduction=experts",
-                 "overlap=none", "quant=bf16", "model=tiny", "runner.device=cpu"]
+    overrides = [
+        "backend=local,local_batched",
+        "experts=torch,torch_batched",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "runner.device=cpu",
+    ]
     assert cli.main(["list", *overrides]) == 0
     out = capsys.readouterr().out
     assert "skipped, by reason (3 combinations; --verbose lists each):" in out
@@ -63,8 +83,16 @@ def test_list_counts_skip_reasons_and_verbose_lists_each(capsys):
 
 
 def test_sweep_dry_run_lists_what_would_run(tmp_path, capsys):
-    overrides = ["backend=local,local_batched", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16",
-                 "model=tiny", "workload.tokens_per_rank=[4,8]", "runner.device=cpu"]
+    overrides = [
+        "backend=local,local_batched",
+        "experts=torch",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4,8]",
+        "runner.device=cpu",
+    ]
     assert cli.main(["sweep", "--dry-run", "--out", str(tmp_path / "run"), *overrides]) == 0
     out = capsys.readouterr().out
     assert "would run 1 combination(s), 2 row(s):" in out and "local/torch/experts/none/bf16/tiny  tokens 4, 8" in out
@@ -86,11 +114,27 @@ def test_the_summary_names_a_fastest_only_where_the_intervals_are_apart():
     from moebench.report.summary import reviewer_summary, wins
 
     def row(experts, tokens, med, lo, hi):
-        return make_row("local", experts, "experts", "none", "bf16", tokens, latency_us_median=med,
-                        latency_us_p20=lo, latency_us_p80=hi, host_enqueue_us=1.0)
+        return make_row(
+            "local",
+            experts,
+            "experts",
+            "none",
+            "bf16",
+            tokens,
+            latency_us_median=med,
+            latency_us_p20=lo,
+            latency_us_p80=hi,
+            host_enqueue_us=1.0,
+        )
 
-    df = pd.DataFrame([row("triton", 16, 100.0, 98.0, 102.0), row("torch", 16, 150.0, 147.0, 153.0),
-                       row("triton", 64, 2361.0, 2024.0, 8439.0), row("torch", 64, 4493.0, 4361.0, 4643.0)])
+    df = pd.DataFrame(
+        [
+            row("triton", 16, 100.0, 98.0, 102.0),
+            row("torch", 16, 150.0, 147.0, 153.0),
+            row("triton", 64, 2361.0, 2024.0, 8439.0),
+            row("torch", 64, 4493.0, 4361.0, 4643.0),
+        ]
+    )
     lines = wins(df)
     assert lines[0].startswith("triton") and "fastest, 1.50× ahead of torch" in lines[0]  # apart: a winner
     assert "no clear fastest, 1.90× by median over torch" in lines[1] and "overlapping" in lines[1]
@@ -161,7 +205,10 @@ def test_the_workspace_plot_keys_only_the_figures_its_rows_have(tmp_path, monkey
     for peak, keyed in ((float("nan"), False), (2 << 20, True)):
         df["workspace_bytes_peak"] = peak
         fig = _drawn_figure(monkeypatch, "plot_workspace", df, tmp_path / "workspace.png")
-        texts = [t.get_text() for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
-                 for t in leg.get_texts()]
+        texts = [
+            t.get_text()
+            for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+            for t in leg.get_texts()
+        ]
         assert ("allocator peak" in texts) == keyed and "analytic (declared)" in texts, texts
         assert ("no allocator peak" in fig.get_suptitle()) != keyed

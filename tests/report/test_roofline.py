@@ -2,6 +2,7 @@
 (results/ceilings/<gpu>/ceilings.json, as benchmarks/ceilings.py writes it), and its report
 table. The ceilings here are synthetic files written by the tests, with round figures that
 no GPU has, so every expected floor below is computed by hand from them."""
+
 from __future__ import annotations
 
 import json
@@ -12,40 +13,79 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moebench.report.roofline import (CEILINGS_ENV, NO_CEILING, SCHEMA, add_floor, find_ceilings, gpu_slug,
-                                      read_ceilings)
+from moebench.report.roofline import CEILINGS_ENV, NO_CEILING, SCHEMA, add_floor, find_ceilings, gpu_slug, read_ceilings
 from moebench.report.run_tables import roofline_table
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = "NVIDIA Test GPU"
 
 
-def write_ceilings(root: Path, gpu: str = GPU, device: str = "cuda", copy: float = 2.0e12, bf16: float = 5.0e14,
-                   fp8: float = 1.0e15, timestamp: str = "2026-12-01T00:00:00+00:00", folder: str = "") -> Path:
+def write_ceilings(
+    root: Path,
+    gpu: str = GPU,
+    device: str = "cuda",
+    copy: float = 2.0e12,
+    bf16: float = 5.0e14,
+    fp8: float = 1.0e15,
+    timestamp: str = "2026-12-01T00:00:00+00:00",
+    folder: str = "",
+) -> Path:
     path = root / (folder or gpu_slug(gpu)) / "ceilings.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(schema=SCHEMA, device=device, gpu=gpu, commit="abc1234", timestamp=timestamp,
-                                    ceilings=dict(copy_bytes_per_s=copy, gemm_flops_per_s=dict(bf16=bf16, fp8=fp8)))))
+    path.write_text(
+        json.dumps(
+            dict(
+                schema=SCHEMA,
+                device=device,
+                gpu=gpu,
+                commit="abc1234",
+                timestamp=timestamp,
+                ceilings=dict(copy_bytes_per_s=copy, gemm_flops_per_s=dict(bf16=bf16, fp8=fp8)),
+            )
+        )
+    )
     return path
 
 
 def row(**kw):
-    base = dict(combo_key="k", timestamp="2026-11-30T00:00:00", status="ok", device="cuda", gpu=GPU, backend="local",
-                experts="triton", reduction="experts", overlap="none", quant="bf16", model="m", world_size=1,
-                tokens_per_rank=16, latency_us_median=1000.0, experts_us=800.0, expert_bytes=1.2e9,
-                expert_flops=1.0e11, tflops=1.0, hbm_gbps=3000.0)
+    base = dict(
+        combo_key="k",
+        timestamp="2026-11-30T00:00:00",
+        status="ok",
+        device="cuda",
+        gpu=GPU,
+        backend="local",
+        experts="triton",
+        reduction="experts",
+        overlap="none",
+        quant="bf16",
+        model="m",
+        world_size=1,
+        tokens_per_rank=16,
+        latency_us_median=1000.0,
+        experts_us=800.0,
+        expert_bytes=1.2e9,
+        expert_flops=1.0e11,
+        tflops=1.0,
+        hbm_gbps=3000.0,
+    )
     return base | kw
 
 
 def test_floor_of_hand_made_rows_from_the_gpus_ceilings_file(tmp_path):
     write_ceilings(tmp_path)
-    df = add_floor(pd.DataFrame([
-        row(),  # 1.2e9 B / 2e12 B/s = 600 µs; 1e11 FLOP / 5e14 = 200 µs: memory-bound, 600 / 800 µs = 75 %
-        row(expert_bytes=1e6, expert_flops=5e11),  # 0.5 µs vs 1000 µs: compute-bound at the bf16 peak
-        row(expert_bytes=1e6, expert_flops=5e11, quant="fp8_block"),  # 5e11 / 1e15 = 500 µs: the fp8 peak
-        row(expert_bytes=1e6, expert_flops=5e11, quant="fp8_tensor"),  # the same fp8 peak
-        row(gpu="NVIDIA Other GPU"),  # no file for this GPU: no floor
-    ]), root=tmp_path)
+    df = add_floor(
+        pd.DataFrame(
+            [
+                row(),  # 1.2e9 B / 2e12 B/s = 600 µs; 1e11 FLOP / 5e14 = 200 µs: memory-bound, 600 / 800 µs = 75 %
+                row(expert_bytes=1e6, expert_flops=5e11),  # 0.5 µs vs 1000 µs: compute-bound at the bf16 peak
+                row(expert_bytes=1e6, expert_flops=5e11, quant="fp8_block"),  # 5e11 / 1e15 = 500 µs: the fp8 peak
+                row(expert_bytes=1e6, expert_flops=5e11, quant="fp8_tensor"),  # the same fp8 peak
+                row(gpu="NVIDIA Other GPU"),  # no file for this GPU: no floor
+            ]
+        ),
+        root=tmp_path,
+    )
     assert df["floor_us"].tolist()[:4] == pytest.approx([600.0, 1000.0, 500.0, 500.0])
     assert df["bound"].tolist() == ["memory", "compute", "compute", "compute", ""]
     assert df.loc[0, "experts_pct_of_floor"] == pytest.approx(75.0)
@@ -101,8 +141,12 @@ def test_no_ceiling_constant_is_left_in_the_package():
     """The floors come from measured files only: no figure of the former H200 constants
     (4.0 TB/s, 779 and 1407 TFLOP/s) in moebench's code."""
     pattern = re.compile(r"\b(779|1407)(\.0)?(e12)?\b|\b4(\.0)?e12\b|H200_(COPY|PEAK)")
-    hits = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "moebench").rglob("*.py"))
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in sorted((REPO / "moebench").rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits, hits
 
 
@@ -122,8 +166,12 @@ def test_ceilings_script_writes_its_format_on_the_cpu_and_refuses_the_results_fo
     names = {(m["kind"], m["name"]) for m in doc["measurements"]}
     assert {("copy", "copy"), ("gemm", "bf16"), ("gemm", "fp8_tensor"), ("gemm", "fp8_block")} <= names
     for m in doc["measurements"]:  # every figure timed or saying why not
-        assert m["status"] == "ok" and m["median_us"] > 0 and m["rate_per_s"] == pytest.approx(
-            m["work"] / (m["median_us"] * 1e-6)) or m["reason"], m
+        assert (
+            m["status"] == "ok"
+            and m["median_us"] > 0
+            and m["rate_per_s"] == pytest.approx(m["work"] / (m["median_us"] * 1e-6))
+            or m["reason"]
+        ), m
     bf16 = [m["rate_per_s"] for m in doc["measurements"] if m["name"] == "bf16"]
     assert doc["ceilings"]["gemm_flops_per_s"]["bf16"] == max(bf16)  # the largest over the sizes
     assert json.loads((out.parent / "env.json").read_text())["gpu"] == "cpu"

@@ -2,6 +2,7 @@
 sample indices that keeps each interleaved (layer, layer without shared experts, shared
 experts alone) triplet together, its place in every row, and how reports show it (or
 render older rows without it)."""
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,13 @@ def _combo():
 
 
 def _row(layer, no_shared, shared, num_ranks=2):
-    base = {"status": "ok", "rel_err": 1e-3, "samples_us": layer, "no_shared_samples_us": no_shared,
-            "shared_samples_us": shared}
+    base = {
+        "status": "ok",
+        "rel_err": 1e-3,
+        "samples_us": layer,
+        "no_shared_samples_us": no_shared,
+        "shared_samples_us": shared,
+    }
     return rows.measured_row(_combo(), 8, [RankResult(rank=r, **base) for r in range(num_ranks)], {})
 
 
@@ -82,10 +88,10 @@ def test_interval_is_nan_without_the_ablation_or_with_few_samples():
     no_ablation = rows.measured_row(_combo(), 8, [RankResult(rank=r, samples_us=[10.0] * 8) for r in range(2)], {})
     assert math.isnan(no_ablation["overlap_fraction"])
     assert math.isnan(no_ablation["overlap_fraction_lo"]) and math.isnan(no_ablation["overlap_fraction_hi"])
-    few = _row(*(s[:rows.OVERLAP_MIN_SAMPLES - 1] for s in _triplets()))
+    few = _row(*(s[: rows.OVERLAP_MIN_SAMPLES - 1] for s in _triplets()))
     assert not math.isnan(few["overlap_fraction"])
     assert math.isnan(few["overlap_fraction_lo"]) and math.isnan(few["overlap_fraction_hi"])
-    enough = _row(*(s[:rows.OVERLAP_MIN_SAMPLES] for s in _triplets()))
+    enough = _row(*(s[: rows.OVERLAP_MIN_SAMPLES] for s in _triplets()))
     assert 0.0 <= enough["overlap_fraction_lo"] <= enough["overlap_fraction_hi"] <= 1.0
     failed = rows.outcome_row(_combo(), 8, "failed", "boom", {})
     assert math.isnan(failed["overlap_fraction_lo"]) and math.isnan(failed["overlap_fraction_hi"])
@@ -97,8 +103,15 @@ def test_interval_takes_the_max_over_ranks_per_sample():
     layer, no_shared, shared = _triplets(noise=0.001)
     slow = [x + 0.5 * SHARED_US for x in no_shared]  # rank 1 hides more of the shared experts
     base = {"status": "ok", "rel_err": 1e-3, "samples_us": layer, "shared_samples_us": shared}
-    row = rows.measured_row(_combo(), 8, [RankResult(rank=0, **base, no_shared_samples_us=no_shared),
-                                          RankResult(rank=1, **base, no_shared_samples_us=slow)], {})
+    row = rows.measured_row(
+        _combo(),
+        8,
+        [
+            RankResult(rank=0, **base, no_shared_samples_us=no_shared),
+            RankResult(rank=1, **base, no_shared_samples_us=slow),
+        ],
+        {},
+    )
     assert row["overlap_fraction"] == pytest.approx(TRUE_OVERLAP + 0.5, abs=0.02)
     assert row["overlap_fraction_lo"] <= row["overlap_fraction"] <= row["overlap_fraction_hi"]
     assert row["overlap_fraction_lo"] > TRUE_OVERLAP + 0.4
@@ -113,17 +126,33 @@ def test_clipped_figures_clip_their_interval():
 
 # --- reports -------------------------------------------------------------------------
 
+
 def _overlap_row(**kw):
     samples = 100.0 * np.exp(np.random.default_rng(0).normal(0, 0.02, 30))
     # a backend with communication (two ranks): a single-rank one has no overlap panel or table row
-    return make_row("naive", "torch", "experts", "dispatch", "bf16", 64, samples_us=samples, combo_key="ovl", world_size=2,
-                    latency_us_median=110.0, shared_us=20.0, latency_no_shared_us=104.0,
-                    shared_exposed_us=6.0, overlap_fraction=0.7, **kw)
+    return make_row(
+        "naive",
+        "torch",
+        "experts",
+        "dispatch",
+        "bf16",
+        64,
+        samples_us=samples,
+        combo_key="ovl",
+        world_size=2,
+        latency_us_median=110.0,
+        shared_us=20.0,
+        latency_no_shared_us=104.0,
+        shared_exposed_us=6.0,
+        overlap_fraction=0.7,
+        **kw,
+    )
 
 
 def test_overlap_table_shows_the_interval(tmp_path):
-    df, _ = load_run(write_run(tmp_path / "r", pd.DataFrame([
-        _overlap_row(overlap_fraction_lo=0.551, overlap_fraction_hi=0.824)])))
+    df, _ = load_run(
+        write_run(tmp_path / "r", pd.DataFrame([_overlap_row(overlap_fraction_lo=0.551, overlap_fraction_hi=0.824)]))
+    )
     table = overlap_table(df)
     assert "| 6.000 | 70% [55–82] | - |" in table
     assert "bootstrap interval" in table
@@ -155,9 +184,24 @@ def test_cpu_run_stores_the_interval(tmp_path):
     from moebench.results.store import RunStore
     from moebench.run.sweep import execute
 
-    run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
-                          "model=tiny", "workload.tokens_per_rank=[8]", "runner.reps=8", "runner.warmup=1",
-                          "runner.phase_reps=2", "runner.memory=false"], None, str(tmp_path / "run"), quiet=True)
+    run_dir, _ = execute(
+        [
+            "backend=naive",
+            "experts=torch",
+            "reduction=finalize",
+            "overlap=combine",
+            "quant=bf16",
+            "model=tiny",
+            "workload.tokens_per_rank=[8]",
+            "runner.reps=8",
+            "runner.warmup=1",
+            "runner.phase_reps=2",
+            "runner.memory=false",
+        ],
+        None,
+        str(tmp_path / "run"),
+        quiet=True,
+    )
     row = RunStore(run_dir).load().iloc[0]
     assert row["status"] == "ok", row["reason"]
     assert 0.0 <= row["overlap_fraction_lo"] <= row["overlap_fraction_hi"] <= 1.0

@@ -1,6 +1,7 @@
 """The store's only door for discovery and compaction (issue #47): run folders found under a
 root (moebench/results/store_read.py `find_runs`), row files merged under the run's lock
 (moebench/results/compact.py) and scripts/compact_rows.py, which calls it."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -74,9 +75,11 @@ def test_compaction_keeps_what_the_store_reads_and_a_later_redo_still_wins(tmp_p
 def test_compaction_refuses_or_waits_for_a_run_a_sweep_holds(tmp_path, capsys):
     store = _run(tmp_path / "run")
     files = store.row_files()
-    code = ("import sys, time; from moebench.results.lock import RunLock; "
-            f"lock = RunLock.acquire({str(store.dir)!r}, command='a sweep'); print('held', flush=True); "
-            "sys.stdin.readline(); lock.release(); print('released', flush=True); time.sleep(30)")
+    code = (
+        "import sys, time; from moebench.results.lock import RunLock; "
+        f"lock = RunLock.acquire({str(store.dir)!r}, command='a sweep'); print('held', flush=True); "
+        "sys.stdin.readline(); lock.release(); print('released', flush=True); time.sleep(30)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"

@@ -13,6 +13,7 @@ How each condition is made, so that the tests run in CI without root:
   (chattr +i, EPERM even for root); skipped where neither binds (root without
   CAP_LINUX_IMMUTABLE).
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,8 +33,15 @@ from moebench.results.store import RunStore
 from tests.run.test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
-LOCAL = ["backend=local", "experts=torch", "overlap=none", "quant=bf16", "model=tiny",
-         "workload.tokens_per_rank=[4]", *QUICK]
+LOCAL = [
+    "backend=local",
+    "experts=torch",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    *QUICK,
+]
 ONE = [*LOCAL, "reduction=experts"]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,8 +68,11 @@ def read_only():
         os.chmod(path, 0o555)
         immutable = False
         if os.access(path, os.W_OK):  # root: permissions do not bind; the immutable flag does
-            immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0 \
-                if shutil.which("chattr") else False
+            immutable = (
+                subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+                if shutil.which("chattr")
+                else False
+            )
         made.append((path, immutable))
         try:
             (path / "probe").touch()
@@ -144,8 +155,7 @@ def test_report_and_compare_into_a_read_only_folder_exit_2_not_1(tmp_path, capsy
 
 
 @pytest.mark.multiprocess
-def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_completes(tmp_path, capsys,
-                                                                                      monkeypatch):
+def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_completes(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     two = [*LOCAL, "reduction=experts,finalize"]
     writes = []
@@ -179,8 +189,7 @@ def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_co
 def _userns_mount_works() -> bool:
     if not shutil.which("unshare"):
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
     return probe.returncode == 0
 
 
@@ -190,11 +199,14 @@ def test_a_really_full_filesystem_before_any_work_is_exit_2(tmp_path):
     """A 64 KiB tmpfs, filled, in a mount namespace of its own (gone with the process)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    script = (f"mount -t tmpfs -o size=64k tmpfs {mnt} && (dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) "
-              f"&& exec {sys.executable} -m moebench.cli sweep {' '.join(map(shlex.quote, ONE))} --out {mnt}/run")
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {mnt} && (dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) "
+        f"&& exec {sys.executable} -m moebench.cli sweep {' '.join(map(shlex.quote, ONE))} --out {mnt}/run"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=300)
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert done.returncode == 2, done.stderr
     line = _one_line(done.stderr)
     assert line == f"moebench sweep: environment error: {mnt}/run: no space left on the device; nothing was measured"

@@ -4,6 +4,7 @@ exit 2 by `sweep`, `run` and `moebench.dist_worker`, its target untouched; so ar
 symlinked rows/, envs/, env.json or row file. The lock's token is honoured only in
 processes its holder started (descendants, or SLURM jobs it listed): a top-level sweep with
 MOEBENCH_LOCK_TOKEN set is refused like any second sweep and touches nothing."""
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,19 @@ from moebench.results.lock import JOBS_FILE, LOCK_FILE, LockHeld, RunLock, TOKEN
 from moebench.results.store import RunStore
 from tests.run.test_sweep_cpu import children
 
-LOCAL = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-         "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=0", "runner.phase_reps=1",
-         "runner.memory=false"]
+LOCAL = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.memory=false",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -40,8 +51,13 @@ def _one_line_exit_2(capsys, code: int, *words: str) -> str:
 
 def _dist_worker(run, monkeypatch) -> int:
     """moebench.dist_worker as torchrun would start a group of one (backend=local)."""
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": "29599"}.items():
+    for k, v in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29599",
+    }.items():
         monkeypatch.setenv(k, v)
     return dist_worker.main([*LOCAL, "--out", str(run)])
 
@@ -123,13 +139,20 @@ time.sleep(120)
 
 
 def _borrow(run, token, **env) -> str:
-    code = ("import sys; from moebench.results import lock; from moebench.results.lock import RunLock, LockHeld\n"
-            "lock.JOB_WAIT_S = 1.0  # a job's rank 0 waits this long for its id to be listed\n"
-            "try:\n    RunLock.acquire(sys.argv[1], token=sys.argv[2]); print('borrowed')\n"
-            "except LockHeld as e:\n    print('refused:', e)")
+    code = (
+        "import sys; from moebench.results import lock; from moebench.results.lock import RunLock, LockHeld\n"
+        "lock.JOB_WAIT_S = 1.0  # a job's rank 0 waits this long for its id to be listed\n"
+        "try:\n    RunLock.acquire(sys.argv[1], token=sys.argv[2]); print('borrowed')\n"
+        "except LockHeld as e:\n    print('refused:', e)"
+    )
     full = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID")}
-    p = subprocess.run([sys.executable, "-c", code, str(run), token], env=dict(full, **env), capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(run), token],
+        env=dict(full, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return p.stdout.strip() + p.stderr.strip()
 
 
@@ -138,7 +161,8 @@ def test_the_lock_token_is_honoured_only_where_its_holder_started_the_process(tm
     run = tmp_path / "r"
     (run / "rows").mkdir(parents=True)
     pd.DataFrame([{"combo_key": "x", "tokens_per_rank": 4, "status": "skipped", "reason": "theirs"}]).to_parquet(
-        run / "rows" / "skipped.parquet")
+        run / "rows" / "skipped.parquet"
+    )
     skipped_before = (run / "rows" / "skipped.parquet").read_bytes()
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
     try:

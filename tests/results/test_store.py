@@ -1,6 +1,7 @@
 """The store's guarantees and the run lock (docs/design.md, "The store"): torn files are
 ignored and cleaned, a skip never hides a measurement, nothing is deleted, one fingerprint
 per invocation; one sweep per run folder (a second refuses, or waits with --wait)."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,9 @@ def test_a_skip_never_hides_a_measurement_and_nothing_is_deleted(tmp_path):
     store = RunStore(tmp_path)
     store.write_rows("a", [_row("a", 4, "failed", "2026-01-01T00:00:00", run_id="r1")])
     store.write_rows("a", [_row("a", 4, "ok", "2026-01-01T00:00:00", run_id="r2")])  # same second: file order
-    store.write_skipped([_row("a", 4, "skipped", "2026-01-03T00:00:00"), _row("b", 4, "skipped", "2026-01-03T00:00:00")])
+    store.write_skipped(
+        [_row("a", 4, "skipped", "2026-01-03T00:00:00"), _row("b", 4, "skipped", "2026-01-03T00:00:00")]
+    )
     store.write_skipped([_row("c", 8, "skipped", "2026-01-04T00:00:00")])  # a narrower sweep's skips
     df = RunStore(tmp_path).load().set_index("combo_key")
     assert df.loc["a", "status"] == "ok"  # the later redo, and no newer skip over it
@@ -80,7 +83,8 @@ def test_rows_of_another_schema_version_refuse_the_sweep_before_any_work(tmp_pat
     run = tmp_path / "run"
     (run / "rows").mkdir(parents=True)
     pd.DataFrame([dict(_row("k", 4, "ok", "2026-01-01T00:00:00"), schema_version=999)]).to_parquet(
-        run / "rows" / "k-T4.parquet")
+        run / "rows" / "k-T4.parquet"
+    )
     before = sorted(p.name for p in run.rglob("*"))
     assert cli.main(["sweep", *LOCAL, "workload.tokens_per_rank=[4]", "--out", str(run)]) == 2
     assert "schema_version 999" in capsys.readouterr().err
@@ -101,8 +105,10 @@ def test_lock_tokens_and_a_dead_holder(tmp_path):
     with pytest.raises(LockHeld, match="no longer holds"):
         child.check()  # the holder is gone: its jobs write nothing more
     # a holder killed with -9: the kernel dropped its flock; its details are reported, replaced
-    code = ("import sys, time; from moebench.results.lock import RunLock; "
-            f"RunLock.acquire({str(run)!r}, command='doomed'); print('held', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from moebench.results.lock import RunLock; "
+        f"RunLock.acquire({str(run)!r}, command='doomed'); print('held', flush=True); time.sleep(60)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     p.kill()
@@ -116,9 +122,21 @@ def test_lock_tokens_and_a_dead_holder(tmp_path):
 @pytest.mark.multiprocess
 def test_a_second_sweep_into_one_folder_refuses_or_waits_and_no_row_is_stored_twice(tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["sweep", "backend=local", "experts=fault", "experts.fault=sleep,none", "experts.fault_s=0.75",
-            "reduction=experts",
-            "overlap=none", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4,8]", *QUICK, "--out", str(run)]
+    args = [
+        "sweep",
+        "backend=local",
+        "experts=fault",
+        "experts.fault=sleep,none",
+        "experts.fault_s=0.75",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4,8]",
+        *QUICK,
+        "--out",
+        str(run),
+    ]
     env = dict(os.environ, TRITON_INTERPRET="0")
     first = subprocess.Popen([sys.executable, "-m", "moebench.cli", *args], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 60
@@ -127,8 +145,9 @@ def test_a_second_sweep_into_one_folder_refuses_or_waits_and_no_row_is_stored_tw
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert f"pid {first.pid}" in err and "--wait" in err, err
-    waiter = subprocess.Popen([sys.executable, "-m", "moebench.cli", *args, "--wait"], stderr=subprocess.PIPE,
-                              text=True, env=env)
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "moebench.cli", *args, "--wait"], stderr=subprocess.PIPE, text=True, env=env
+    )
     assert first.wait(timeout=240) == 0, first.stderr.read()
     out = waiter.communicate(timeout=240)[1]
     assert waiter.returncode == 0 and "waiting for" in out and "0 to run" in out, out
@@ -155,11 +174,27 @@ def _alive(pid: int) -> bool:
 def test_ranks_die_with_their_parent(tmp_path):
     """kill -9 of the sweep process alone (not its group): its ranks do not live on."""
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "moebench.cli", "sweep", "backend=naive", "experts=fault", "experts.fault=sleep",
-            "experts.fault_s=120", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-            "workload.tokens_per_rank=[4]", *QUICK, "--out", str(run)]
-    p = subprocess.Popen(args, stderr=subprocess.DEVNULL, env=dict(os.environ, TRITON_INTERPRET="0"),
-                         start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "moebench.cli",
+        "sweep",
+        "backend=naive",
+        "experts=fault",
+        "experts.fault=sleep",
+        "experts.fault_s=120",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        *QUICK,
+        "--out",
+        str(run),
+    ]
+    p = subprocess.Popen(
+        args, stderr=subprocess.DEVNULL, env=dict(os.environ, TRITON_INTERPRET="0"), start_new_session=True
+    )
     try:
         deadline, ranks = time.time() + 120, []
         while time.time() < deadline and len(ranks) < 2:  # both ranks (and the resource tracker)
@@ -186,11 +221,13 @@ def test_the_watchdog_kills_a_rank_whose_parent_is_gone(tmp_path):
     """Without the kernel's death signal (a rank under nsys, whose parent is nsys; a rank of
     torchrun), the lifeline's watchdog thread ends the rank once its starter is gone."""
     pid_file = tmp_path / "grandchild"
-    child = ("import subprocess, sys, os, time; "
-             "g = subprocess.Popen([sys.executable, '-c', "
-             "'import os, sys, time; from moebench.run.lifeline import die_with; "
-             "die_with(int(sys.argv[1]), pdeathsig=False); time.sleep(60)', str(os.getpid())]); "
-             f"open({str(pid_file)!r}, 'w').write(str(g.pid)); time.sleep(60)")
+    child = (
+        "import subprocess, sys, os, time; "
+        "g = subprocess.Popen([sys.executable, '-c', "
+        "'import os, sys, time; from moebench.run.lifeline import die_with; "
+        "die_with(int(sys.argv[1]), pdeathsig=False); time.sleep(60)', str(os.getpid())]); "
+        f"open({str(pid_file)!r}, 'w').write(str(g.pid)); time.sleep(60)"
+    )
     p = subprocess.Popen([sys.executable, "-c", child])
     deadline = time.time() + 30
     while time.time() < deadline and not (pid_file.is_file() and pid_file.read_text()):

@@ -4,6 +4,7 @@ next sweep (rows/.corrupt/, one line) and its rows measured again, and every rea
 store's load, report, compare) warns in one line naming it and reads the rest; a parquet
 file of another tool, or of an unknown schema version, is an error naming the file; a
 fingerprint in envs/ that is not JSON is passed over with a line naming it."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -16,8 +17,16 @@ from moebench.results.store import CORRUPT_DIR, RunStore, SKIPPED_FILE
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 # one combination to measure and one skipped (DeepGEMM needs fp8_block): a row file and skipped.parquet
-SWEEP = ["backend=local", "experts=torch,deepgemm", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-         "workload.tokens_per_rank=[4]", *QUICK]
+SWEEP = [
+    "backend=local",
+    "experts=torch,deepgemm",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    *QUICK,
+]
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +66,7 @@ def test_the_stores_readers_warn_about_a_torn_file_and_read_the_rest(tmp_path, c
     assert sorted(dest.name for _, dest in moved) == sorted([torn.name, SKIPPED_FILE])
     assert all(dest.parent == store.rows_dir / CORRUPT_DIR and dest.exists() for _, dest in moved)
     torn.write_bytes(b"PAR1 torn again")
-    (_, again), = store.set_aside_torn()
+    ((_, again),) = store.set_aside_torn()
     assert again.name == f"{torn.name}.1" and (store.rows_dir / CORRUPT_DIR / torn.name).exists()
     assert list(store.load()["combo_key"]) == ["a"] and _warnings(capsys.readouterr().err) == []
 
@@ -83,7 +92,7 @@ def test_a_sweep_sets_a_torn_file_aside_says_so_and_measures_its_rows_again(tmp_
     run = tmp_path / "run"
     assert cli.main(["sweep", *SWEEP, "--out", str(run)]) == 0
     store = RunStore(run)
-    row_file, = store.row_files()
+    (row_file,) = store.row_files()
     _tear(row_file)
     _tear(store.rows_dir / SKIPPED_FILE)
     capsys.readouterr()
@@ -106,8 +115,11 @@ def test_a_foreign_parquet_is_an_error_naming_it(tmp_path, capsys):
     foreign = run / "rows" / "from-elsewhere.parquet"
     pd.DataFrame({"a": [1, 2]}).to_parquet(foreign)
     before = sorted((run / "rows").iterdir())
-    for argv in (["report", str(run)], ["compare", str(run), str(synthetic_run(tmp_path / "b"))],
-                 ["sweep", *SWEEP, "--out", str(run)]):
+    for argv in (
+        ["report", str(run)],
+        ["compare", str(run), str(synthetic_run(tmp_path / "b"))],
+        ["sweep", *SWEEP, "--out", str(run)],
+    ):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         lines = [ln for ln in err.strip().splitlines() if "%|" not in ln]

@@ -3,6 +3,7 @@ recorder on plain modules, and on tiny randomly initialized transformers MoE mod
 here (no download), where the recorded ids and weights must be those the block dispatched:
 what its experts module received, and what reproduces the block's output.
 scripts/make_synthetic_recording.py at small sizes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,6 +45,7 @@ def _route(router, x):
 
 
 # -- the recorder on plain modules --------------------------------------------------------
+
 
 def test_recorder_keeps_each_layers_rows_in_routing_order(tmp_path):
     r0, r1 = Router(seed=0), Router(seed=1)
@@ -166,13 +168,16 @@ def test_bad_outputs_and_uses_say_what_to_do(tmp_path):
 
 
 def test_moebench_routing_imports_without_transformers():
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "import moebench.routing.hf, moebench.routing.capture, moebench.routing.file; print('ok')")
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import moebench.routing.hf, moebench.routing.capture, moebench.routing.file; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 # -- transformers MoE blocks --------------------------------------------------------------
+
 
 def tiny_model(arch: str):
     """A randomly initialized *ForCausalLM with 8 experts, top-2, hidden 32. Qwen2-MoE and
@@ -182,20 +187,52 @@ def tiny_model(arch: str):
     torch.manual_seed(0)
     common = dict(vocab_size=128, hidden_size=H, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
     if arch == "mixtral":
-        return tf.MixtralForCausalLM(tf.MixtralConfig(num_local_experts=E, num_experts_per_tok=K,
-                                                      num_hidden_layers=2, **common))
+        return tf.MixtralForCausalLM(
+            tf.MixtralConfig(num_local_experts=E, num_experts_per_tok=K, num_hidden_layers=2, **common)
+        )
     if arch == "qwen2_moe":
-        return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
-            num_experts=E, num_experts_per_tok=K, moe_intermediate_size=16, shared_expert_intermediate_size=16,
-            norm_topk_prob=False, num_hidden_layers=3, mlp_only_layers=[0], **common))
+        return tf.Qwen2MoeForCausalLM(
+            tf.Qwen2MoeConfig(
+                num_experts=E,
+                num_experts_per_tok=K,
+                moe_intermediate_size=16,
+                shared_expert_intermediate_size=16,
+                norm_topk_prob=False,
+                num_hidden_layers=3,
+                mlp_only_layers=[0],
+                **common,
+            )
+        )
     if arch == "qwen3_moe":
-        return tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(num_experts=E, num_experts_per_tok=K, moe_intermediate_size=16,
-                                                        norm_topk_prob=True, num_hidden_layers=2, **common))
+        return tf.Qwen3MoeForCausalLM(
+            tf.Qwen3MoeConfig(
+                num_experts=E,
+                num_experts_per_tok=K,
+                moe_intermediate_size=16,
+                norm_topk_prob=True,
+                num_hidden_layers=2,
+                **common,
+            )
+        )
     common.pop("num_key_value_heads")
-    model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
-        n_routed_experts=E, num_experts_per_tok=K, n_group=2, topk_group=1, first_k_dense_replace=1,
-        num_hidden_layers=3, moe_intermediate_size=16, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, **common))
+    model = tf.DeepseekV3ForCausalLM(
+        tf.DeepseekV3Config(
+            n_routed_experts=E,
+            num_experts_per_tok=K,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            num_hidden_layers=3,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            **common,
+        )
+    )
     with torch.no_grad():  # a trained model's correction bias is not zero; the top-k must take it in
         for name, buf in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
@@ -203,8 +240,12 @@ def tiny_model(arch: str):
     return model
 
 
-ARCHS = {"mixtral": ("MixtralSparseMoeBlock", [0, 1]), "qwen2_moe": ("Qwen2MoeSparseMoeBlock", [1, 2]),
-         "qwen3_moe": ("Qwen3MoeSparseMoeBlock", [0, 1]), "deepseek_v3": ("DeepseekV3MoE", [1, 2])}
+ARCHS = {
+    "mixtral": ("MixtralSparseMoeBlock", [0, 1]),
+    "qwen2_moe": ("Qwen2MoeSparseMoeBlock", [1, 2]),
+    "qwen3_moe": ("Qwen3MoeSparseMoeBlock", [0, 1]),
+    "deepseek_v3": ("DeepseekV3MoE", [1, 2]),
+}
 
 
 class Dispatch:
@@ -242,8 +283,11 @@ class Dispatch:
             on(block.experts.register_forward_pre_hook(experts_in, with_kwargs=True))
         for name in ("shared_expert", "shared_expert_gate", "shared_experts"):
             if hasattr(block, name):
-                on(getattr(block, name).register_forward_hook(
-                    lambda mod, args, out, name=name: calls[-1].__setitem__(name, out.reshape(-1, out.shape[-1]))))
+                on(
+                    getattr(block, name).register_forward_hook(
+                        lambda mod, args, out, name=name: calls[-1].__setitem__(name, out.reshape(-1, out.shape[-1]))
+                    )
+                )
 
     def remove(self):
         for h in self.handles:
@@ -277,8 +321,11 @@ def test_capture_records_the_routing_the_block_dispatched(arch, tmp_path):
     assert cls not in (missing := hf.missing_blocks()), missing[cls]
     model = tiny_model(arch)
     g = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, 128, (2, 5), generator=g), torch.randint(0, 128, (7,), generator=g),
-               torch.randint(0, 128, (1, 4), generator=g)]
+    batches = [
+        torch.randint(0, 128, (2, 5), generator=g),
+        torch.randint(0, 128, (7,), generator=g),
+        torch.randint(0, 128, (1, 4), generator=g),
+    ]
     seen = Dispatch(model)
     path = tmp_path / f"{arch}.npz"
     rec = hf.capture_from_hf(model, batches, str(path), source=f"tiny {arch}")
@@ -291,7 +338,7 @@ def test_capture_records_the_routing_the_block_dispatched(arch, tmp_path):
         rows = np.cumsum([0, 10, 7, 4])
         assert len(seen.calls[layer]) == 3
         for i, call in enumerate(seen.calls[layer]):
-            ids, w = got.ids[rows[i]:rows[i + 1]], got.weights[rows[i]:rows[i + 1]]
+            ids, w = got.ids[rows[i] : rows[i + 1]], got.weights[rows[i] : rows[i + 1]]
             if "ids" in call:  # what the experts module was handed, exactly
                 np.testing.assert_array_equal(ids, call["ids"].numpy())
                 np.testing.assert_array_equal(w, call["w"].float().numpy())
@@ -343,9 +390,11 @@ def test_a_block_whose_import_fails_is_reported_with_the_import_s_own_exception(
 
 # -- scripts/make_synthetic_recording.py --------------------------------------------------
 
+
 def _script():
-    spec = importlib.util.spec_from_file_location("make_synthetic_recording",
-                                                  ROOT / "scripts" / "make_synthetic_recording.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_synthetic_recording", ROOT / "scripts" / "make_synthetic_recording.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -353,15 +402,28 @@ def _script():
 
 def test_synthetic_recording_script(tmp_path, capsys):
     script = _script()
-    args = ["--experts", "32", "--topk", "8", "--tokens", "40", "--seq", "16", "--arch", "deepseek_v3",
-            "--hidden", "32"]
+    args = [
+        "--experts",
+        "32",
+        "--topk",
+        "8",
+        "--tokens",
+        "40",
+        "--seq",
+        "16",
+        "--arch",
+        "deepseek_v3",
+        "--hidden",
+        "32",
+    ]
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
     assert script.main(args + ["--out", str(a)]) == 0
     assert script.main(args + ["--out", str(b)]) == 0
     for layer in (0, 1):
         got = file.load(str(a), layer=layer, num_experts=32, topk=8)
         assert got.tokens == 40 and got.source.startswith(
-            "synthetic: randomly initialized transformers DeepseekV3 (no trained weights), seed 0")
+            "synthetic: randomly initialized transformers DeepseekV3 (no trained weights), seed 0"
+        )
         # DeepSeek-V3's router, scaled down: 8 groups of 4 experts, a token's 8 in at most 4 of them
         assert max(len(set(e // 4 for e in row)) for row in got.ids.tolist()) <= 4
         np.testing.assert_array_equal(got.ids, file.load(str(b), layer=layer).ids)  # one seed, one recording
@@ -373,9 +435,11 @@ def test_synthetic_recording_script(tmp_path, capsys):
     got = file.load(str(m), layer=0, num_experts=8, topk=2)
     assert "transformers Mixtral " in got.source and got.tokens == 8
     capsys.readouterr()
-    for bad, says in ((["--experts", "4", "--topk", "8"], "--topk 8 must lie in 1..--experts (4)"),
-                      (["--model", "nope"], "no conf/model/nope.yaml"),
-                      (["--model", "tiny", "--topk", "2"], "give one or the other")):
+    for bad, says in (
+        (["--experts", "4", "--topk", "8"], "--topk 8 must lie in 1..--experts (4)"),
+        (["--model", "nope"], "no conf/model/nope.yaml"),
+        (["--model", "tiny", "--topk", "2"], "give one or the other"),
+    ):
         assert script.main(bad + ["--out", str(tmp_path / "x.npz")]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err

@@ -2,6 +2,7 @@
 picks the rank an explicit EP-N split of the same ids loads most, the synthetic routings draw
 the ids they drew before, replay reads consecutive windows and refuses bad files with one
 line, fill levels produce the stated fills."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ def test_imbalanced_experts_loads_the_hot_expert_r_times_the_mean(R):
     hot = generate.hot_expert(128, 3)
     assert abs(c[hot] / c.mean() - R) / R < 0.05
     assert abs(generate.imbalance(r.expert_pairs, 1).experts - R) / R < 0.05  # the row's figure
-    others = torch.cat([c[:hot], c[hot + 1:]])
+    others = torch.cat([c[:hot], c[hot + 1 :]])
     assert others.max() < c[hot] and others.std() / others.mean() < 0.15  # the rest: uniform
 
 
@@ -128,20 +129,49 @@ def test_replay_reads_consecutive_windows_rank_after_rank(tmp_path):
 
 def test_a_recordings_layer_is_picked_and_its_digest_is_the_combinations_identity(tmp_path, capsys):
     path, ids, _ = _recording(tmp_path, layers=np.arange(1000) % 2)
-    assert cli.main(["list", "backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.routing=replay",
-                     f"workload.routing_file={path}"]) == 2
+    assert (
+        cli.main(
+            [
+                "list",
+                "backend=local",
+                "experts=torch",
+                "model=qwen3_30b_a3b",
+                "workload.routing=replay",
+                f"workload.routing_file={path}",
+            ]
+        )
+        == 2
+    )
     assert "holds 2 layers (0, 1): pick one with workload.routing_layer=N" in capsys.readouterr().err
     from moebench.run.plan import plan
 
-    (a,), _ = plan(["backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.routing=replay",
-                    f"workload.routing_file={path}", "workload.routing_layer=1"], None)
+    (a,), _ = plan(
+        [
+            "backend=local",
+            "experts=torch",
+            "model=qwen3_30b_a3b",
+            "workload.routing=replay",
+            f"workload.routing_file={path}",
+            "workload.routing_layer=1",
+        ],
+        None,
+    )
     assert a.combo.routing_file_sha256 == file.sha256_of(path) and a.combo.routing_layer == 1
     rec = file.load(path, 1)
     assert np.array_equal(rec.ids, ids[1::2])
     other = str(tmp_path / "other.npz")
     file.write(other, ids[:500], layer=(np.arange(500) % 2))
-    (b,), _ = plan(["backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.routing=replay",
-                    f"workload.routing_file={other}", "workload.routing_layer=1"], None)
+    (b,), _ = plan(
+        [
+            "backend=local",
+            "experts=torch",
+            "model=qwen3_30b_a3b",
+            "workload.routing=replay",
+            f"workload.routing_file={other}",
+            "workload.routing_layer=1",
+        ],
+        None,
+    )
     assert a.key != b.key  # another recording: another combination
     assert f"rec{file.sha256_of(path)[:8]}" in a.label
 
@@ -153,17 +183,20 @@ def _bad(tmp_path, name, **arrays):
     return path
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("out_of_range", "expert id 200 is outside the model's 128 experts"),
-    ("wrong_topk", "pick 4 experts per token, the model picks 8"),
-    ("nan", "topk_weights holds NaN or infinite values in 1 of 10 tokens"),
-    ("empty", "is empty"),
-    ("pickled", "cannot be read without unpickling"),
-    ("no_ids", "holds no topk_ids array"),
-    ("not_npz", "is not a readable .npz"),
-    ("missing", "cannot read it"),
-    ("duplicate", "pick one expert twice"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("out_of_range", "expert id 200 is outside the model's 128 experts"),
+        ("wrong_topk", "pick 4 experts per token, the model picks 8"),
+        ("nan", "topk_weights holds NaN or infinite values in 1 of 10 tokens"),
+        ("empty", "is empty"),
+        ("pickled", "cannot be read without unpickling"),
+        ("no_ids", "holds no topk_ids array"),
+        ("not_npz", "is not a readable .npz"),
+        ("missing", "cannot read it"),
+        ("duplicate", "pick one expert twice"),
+    ],
+)
 def test_every_bad_recording_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, case, needle):
     rng = np.random.default_rng(1)
     ids = np.stack([rng.choice(128, 8, replace=False) for _ in range(10)])
@@ -192,8 +225,18 @@ def test_every_bad_recording_is_one_line_and_exit_2_before_any_work(tmp_path, ca
     else:
         ids[2, 1] = ids[2, 0]
         path = _bad(tmp_path, "a.npz", topk_ids=ids)
-    rc = cli.main(["sweep", "--out", str(tmp_path / "run"), "backend=local", "experts=torch", "model=qwen3_30b_a3b",
-                   "workload.routing=replay", f"workload.routing_file={path}"])
+    rc = cli.main(
+        [
+            "sweep",
+            "--out",
+            str(tmp_path / "run"),
+            "backend=local",
+            "experts=torch",
+            "model=qwen3_30b_a3b",
+            "workload.routing=replay",
+            f"workload.routing_file={path}",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -201,15 +244,18 @@ def test_every_bad_recording_is_one_line_and_exit_2_before_any_work(tmp_path, ca
     assert not (tmp_path / "run").exists()  # before any work
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["workload.routing=replay"], "needs workload.routing_file=PATH"),
-    (["workload.routing=imbalanced_experts", "workload.imbalance=0.5"], "must be >= 1"),
-    (["workload.routing=imbalanced_experts", "workload.imbalance=20"], "exceeds E/P = 128/8 = 16"),
-    (["workload.fill=1.5"], "workload.fill=1.5 must be in (0, 1]"),
-    (["backend.simulate_rank=hottest"], "set backend.simulate_ep=N too"),
-    (["backend.simulate_ep=8", "backend.simulate_rank=8"], "is not a rank of EP-8 (0 .. 7)"),
-    (["backend.simulate_ep=8", "backend.simulate_rank=hot"], "valid: hottest, or a rank"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["workload.routing=replay"], "needs workload.routing_file=PATH"),
+        (["workload.routing=imbalanced_experts", "workload.imbalance=0.5"], "must be >= 1"),
+        (["workload.routing=imbalanced_experts", "workload.imbalance=20"], "exceeds E/P = 128/8 = 16"),
+        (["workload.fill=1.5"], "workload.fill=1.5 must be in (0, 1]"),
+        (["backend.simulate_rank=hottest"], "set backend.simulate_ep=N too"),
+        (["backend.simulate_ep=8", "backend.simulate_rank=8"], "is not a rank of EP-8 (0 .. 7)"),
+        (["backend.simulate_ep=8", "backend.simulate_rank=hot"], "valid: hottest, or a rank"),
+    ],
+)
 def test_bad_routing_keys_are_one_line_and_exit_2(capsys, overrides, needle):
     assert cli.main(["list", "backend=local", "experts=torch", "model=qwen3_30b_a3b", *overrides]) == 2
     assert needle in capsys.readouterr().err
@@ -222,11 +268,21 @@ def test_routings_an_ep_split_cannot_take_are_skipped_with_the_reason():
     (c,), _ = plan(["backend=local", "experts=torch", "model=tiny", "workload.routing_file=x.npz"], None)
     assert c.combo.routing_file == "" and c.combo.routing_file_sha256 == "" and not c.reason
 
-    combos, _ = plan(["backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.routing=imbalanced_ranks"],
-                     None)
+    combos, _ = plan(
+        ["backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.routing=imbalanced_ranks"], None
+    )
     assert "needs an EP split" in combos[0].reason
-    combos, _ = plan(["backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.routing=imbalanced_ranks",
-                      "backend.simulate_ep=2", "workload.imbalance=1.9"], None)
+    combos, _ = plan(
+        [
+            "backend=local",
+            "experts=torch",
+            "model=qwen3_30b_a3b",
+            "workload.routing=imbalanced_ranks",
+            "backend.simulate_ep=2",
+            "workload.imbalance=1.9",
+        ],
+        None,
+    )
     assert combos[0].reason is None
     combos, _ = plan(["backend=local", "experts=torch", "model=qwen3_30b_a3b", "workload.fill=0.5"], None)
     assert "sizes the batched layouts' buffers" in combos[0].reason
@@ -238,10 +294,25 @@ def test_fill_sizes_the_batched_rows_so_the_busiest_expert_fills_the_stated_shar
     from moebench.results.store import RunStore
 
     out = tmp_path / "f"
-    rc = cli.main(["sweep", "--out", str(out), "backend=local_batched", "experts=torch_batched", "reduction=finalize",
-                   "overlap=none", "quant=bf16", "model=tiny", "workload.fill=1.0,0.25,0.05",
-                   "workload.tokens_per_rank=[64]", "runner.reps=2", "runner.warmup=0", "runner.phase_reps=1",
-                   "runner.memory=false"])
+    rc = cli.main(
+        [
+            "sweep",
+            "--out",
+            str(out),
+            "backend=local_batched",
+            "experts=torch_batched",
+            "reduction=finalize",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.fill=1.0,0.25,0.05",
+            "workload.tokens_per_rank=[64]",
+            "runner.reps=2",
+            "runner.warmup=0",
+            "runner.phase_reps=1",
+            "runner.memory=false",
+        ]
+    )
     assert rc == 0
     df = RunStore(out).load().sort_values("fill")
     assert (df.status == "ok").all(), df.reason.tolist()
@@ -271,12 +342,23 @@ def test_a_models_placeholder_picks_each_models_own_recording(tmp_path):
 
     for name, E in (("qwen3_30b_a3b", 128), ("deepseek_v3", 256)):
         rng = np.random.default_rng(E)
-        file.write(str(tmp_path / f"{name}.npz"), np.stack([rng.choice(E, 8, replace=False) for _ in range(64)]),
-                   num_experts=E)
-    combos, _ = plan(["backend=local", "experts=torch", "model=qwen3_30b_a3b,deepseek_v3", "workload.routing=replay",
-                      f"workload.routing_file={tmp_path}/%model%.npz"], None)
+        file.write(
+            str(tmp_path / f"{name}.npz"), np.stack([rng.choice(E, 8, replace=False) for _ in range(64)]), num_experts=E
+        )
+    combos, _ = plan(
+        [
+            "backend=local",
+            "experts=torch",
+            "model=qwen3_30b_a3b,deepseek_v3",
+            "workload.routing=replay",
+            f"workload.routing_file={tmp_path}/%model%.npz",
+        ],
+        None,
+    )
     assert {c.combo.model: c.combo.routing_file for c in combos} == {
-        "qwen3_30b_a3b": f"{tmp_path}/qwen3_30b_a3b.npz", "deepseek_v3": f"{tmp_path}/deepseek_v3.npz"}
+        "qwen3_30b_a3b": f"{tmp_path}/qwen3_30b_a3b.npz",
+        "deepseek_v3": f"{tmp_path}/deepseek_v3.npz",
+    }
     assert len({c.combo.routing_file_sha256 for c in combos}) == 2
 
 
@@ -287,20 +369,45 @@ def test_a_replayed_sweep_stores_the_recordings_digest_window_and_source_and_the
 
     rng = np.random.default_rng(7)
     path = str(tmp_path / "rec.npz")
-    digest = file.write(path, np.stack([rng.choice(8, 2, replace=False) for _ in range(100)]),
-                        rng.random((100, 2)).astype(np.float32), num_experts=8, source="synthetic: a test's ids")
+    digest = file.write(
+        path,
+        np.stack([rng.choice(8, 2, replace=False) for _ in range(100)]),
+        rng.random((100, 2)).astype(np.float32),
+        num_experts=8,
+        source="synthetic: a test's ids",
+    )
     out = tmp_path / "r"
-    rc = cli.main(["sweep", "--out", str(out), "backend=local", "experts=torch", "reduction=experts", "overlap=none",
-                   "quant=bf16", "model=tiny", "workload.routing=replay", f"workload.routing_file={path}",
-                   "workload.tokens_per_rank=[16,64]", "runner.reps=2", "runner.warmup=0", "runner.phase_reps=1",
-                   "runner.memory=false"])
+    rc = cli.main(
+        [
+            "sweep",
+            "--out",
+            str(out),
+            "backend=local",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.routing=replay",
+            f"workload.routing_file={path}",
+            "workload.tokens_per_rank=[16,64]",
+            "runner.reps=2",
+            "runner.warmup=0",
+            "runner.phase_reps=1",
+            "runner.memory=false",
+        ]
+    )
     assert rc == 0
     df = RunStore(out).load()
     assert (df.status == "ok").all() and (df.routing_file_sha256 == digest).all() and (df.routing_file == path).all()
     assert (df.routing_source == "synthetic: a test's ids").all()
     start = file.window_start(100, 0)
-    assert sorted(df.routing_window) == sorted([f"{start}:{start + 16} of 100" + (" (wraps)" if start + 16 > 100 else ""),
-                                                f"{start}:{start + 64} of 100" + (" (wraps)" if start + 64 > 100 else "")])
+    assert sorted(df.routing_window) == sorted(
+        [
+            f"{start}:{start + 16} of 100" + (" (wraps)" if start + 16 > 100 else ""),
+            f"{start}:{start + 64} of 100" + (" (wraps)" if start + 64 > 100 else ""),
+        ]
+    )
     assert df.imbalance_experts.gt(1.0).all()
     text = write_report(out).read_text()
     assert "## Routing" in text and "synthetic: a test's ids" in text and digest[:12] in text
@@ -331,10 +438,27 @@ def test_a_recording_round_trips_from_the_capture_helper_through_a_sweep(tmp_pat
     recording = file.load(path, 3, num_experts=8, topk=2)
     assert recording.tokens == 160 and recording.layers == (3,)
     out = tmp_path / "r"
-    rc = cli.main(["sweep", "--out", str(out), "backend=local", "experts=torch", "reduction=experts", "overlap=none",
-                   "quant=bf16", "model=tiny", "workload.routing=replay", f"workload.routing_file={path}",
-                   "workload.routing_layer=3", "workload.tokens_per_rank=[32]", "runner.reps=2", "runner.warmup=0",
-                   "runner.phase_reps=1", "runner.memory=false"])
+    rc = cli.main(
+        [
+            "sweep",
+            "--out",
+            str(out),
+            "backend=local",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.routing=replay",
+            f"workload.routing_file={path}",
+            "workload.routing_layer=3",
+            "workload.tokens_per_rank=[32]",
+            "runner.reps=2",
+            "runner.warmup=0",
+            "runner.phase_reps=1",
+            "runner.memory=false",
+        ]
+    )
     assert rc == 0
     (row,) = RunStore(out).load().itertuples()
     assert row.status == "ok" and row.routing_file_sha256 == digest and row.routing_layer == 3
@@ -353,8 +477,19 @@ def test_a_recording_of_a_model_with_other_experts_is_refused_naming_both_counts
     path = str(tmp_path / "four.npz")
     file.write(path, ids, num_experts=4, source="a 4-expert model")
     out = tmp_path / "run"
-    rc = cli.main(["sweep", "--out", str(out), "backend=local", "experts=torch", "model=tiny", "quant=bf16",
-                   "workload.routing=replay", f"workload.routing_file={path}"])
+    rc = cli.main(
+        [
+            "sweep",
+            "--out",
+            str(out),
+            "backend=local",
+            "experts=torch",
+            "model=tiny",
+            "quant=bf16",
+            "workload.routing=replay",
+            f"workload.routing_file={path}",
+        ]
+    )
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, err

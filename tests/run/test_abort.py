@@ -1,5 +1,6 @@
 """A second Ctrl-C aborts a sweep now: one line on stderr, exit 130, the ranks and SLURM jobs of the
 combination in flight gone (moebench/run/sweep.py Aborted, moebench/cli/main.py)."""
+
 from __future__ import annotations
 
 import os
@@ -54,10 +55,26 @@ def _group_gone(pgid: int, timeout_s: float) -> bool:
 @pytest.mark.multiprocess
 def test_a_second_ctrl_c_leaves_one_line_and_exits_130(tmp_path):
     fired = tmp_path / "fired"  # created by the rank as it enters its 120 s sleep (MOEBENCH_FAULT_ONCE)
-    args = [sys.executable, "-m", "moebench.cli", "sweep", "backend=local", "experts=fault", "experts.fault=sleep",
-            "experts.fault_s=120", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-            "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=1", "runner.phase_reps=2",
-            "--out", str(tmp_path / "run")]
+    args = [
+        sys.executable,
+        "-m",
+        "moebench.cli",
+        "sweep",
+        "backend=local",
+        "experts=fault",
+        "experts.fault=sleep",
+        "experts.fault_s=120",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        "runner.reps=3",
+        "runner.warmup=1",
+        "runner.phase_reps=2",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     env = dict(os.environ, TRITON_INTERPRET="0", MOEBENCH_FAULT_ONCE=str(fired))
     # a process group of its own, signalled whole as a terminal's Ctrl-C signals the foreground one
     p = subprocess.Popen(args, stderr=subprocess.PIPE, env=env, start_new_session=True)

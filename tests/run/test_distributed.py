@@ -1,6 +1,7 @@
 """Beyond one machine, on the CPU: the worker entry point under two `torchrun --nnodes=2`
 invocations on localhost writing one store, and `moebench sweep --slurm` through submitit's
 LocalExecutor running two families' jobs at once under the sweep's lock."""
+
 from __future__ import annotations
 
 import os
@@ -38,12 +39,34 @@ def _finish(nodes: list, timeout: float = 240) -> list[str]:
 def test_two_torchrun_nodes_write_one_store(tmp_path):
     run, port = tmp_path / "tr", free_port()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    nodes = [subprocess.Popen(
-        [torchrun, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={n}", "--master-addr=127.0.0.1",
-         f"--master-port={port}", "-m", "moebench.dist_worker", "--out", str(run), "backend=naive,allgather_rs",
-         "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-         "workload.tokens_per_rank=[4,8]", *QUICK], stderr=subprocess.PIPE, text=True, env=_env())
-        for n in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                torchrun,
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={n}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "moebench.dist_worker",
+                "--out",
+                str(run),
+                "backend=naive,allgather_rs",
+                "experts=torch",
+                "reduction=experts",
+                "overlap=none",
+                "quant=bf16",
+                "model=tiny",
+                "workload.tokens_per_rank=[4,8]",
+                *QUICK,
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        for n in (0, 1)
+    ]
     errs = _finish(nodes)
     assert [p.returncode for p in nodes] == [0, 0], errs
     assert "2 to run on 2 ranks" in errs[0]
@@ -61,11 +84,26 @@ def test_slurm_jobs_of_one_sweep_write_under_its_lock(tmp_path, capsys):
     """Two families (local: 1 rank, naive: 2 ranks), one job each at once; in each the first
     combination fails, which ends its job, and the sweep submits the family's rest."""
     run = tmp_path / "sl"
-    args = ["sweep", "--slurm", "--slurm-cluster", "local", "--slurm-time", "5", "backend=local,naive",
-            "experts=fault", "experts.fault=raise,none", "reduction=experts", "overlap=none", "quant=bf16",
-            "model=tiny", "workload.tokens_per_rank=[4]", *QUICK, "--out", str(run)]
-    p = subprocess.Popen([sys.executable, "-m", "moebench.cli", *args], stderr=subprocess.PIPE, text=True,
-                         env=_env())
+    args = [
+        "sweep",
+        "--slurm",
+        "--slurm-cluster",
+        "local",
+        "--slurm-time",
+        "5",
+        "backend=local,naive",
+        "experts=fault",
+        "experts.fault=raise,none",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        *QUICK,
+        "--out",
+        str(run),
+    ]
+    p = subprocess.Popen([sys.executable, "-m", "moebench.cli", *args], stderr=subprocess.PIPE, text=True, env=_env())
     most, refused = 0, None
     while p.poll() is None:
         jobs = [d for d in _descendants(p.pid) if b"submitit.local._local" in _cmdline(d)]
@@ -79,8 +117,12 @@ def test_slurm_jobs_of_one_sweep_write_under_its_lock(tmp_path, capsys):
     assert most >= 2, "the families' jobs ran one after the other"
     df = RunStore(run).load()
     got = {(r.backend, r.overrides.split("experts.fault=")[1].split()[0]): r.status for r in df.itertuples()}
-    assert got == {("local", "raise"): "failed", ("local", "none"): "ok",
-                   ("naive", "raise"): "failed", ("naive", "none"): "ok"}, df[["label", "status", "reason"]]
+    assert got == {
+        ("local", "raise"): "failed",
+        ("local", "none"): "ok",
+        ("naive", "raise"): "failed",
+        ("naive", "none"): "ok",
+    }, df[["label", "status", "reason"]]
     assert df[df.status == "failed"].reason.str.match(r"rank \d: RuntimeError: injected failure on rank \d").all()
     assert len(set(df.run_id)) == 1  # every job wrote under the sweep's invocation
     assert not _descendants(p.pid)

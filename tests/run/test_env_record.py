@@ -1,6 +1,7 @@
 """What every env.json records of moebench itself: its version (tests/cli/test_version.py) and the
 torch threads of each CPU rank (MOEBENCH_CPU_THREADS, 1 unless set: moebench/config/device.py
 cpu_threads)."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,19 @@ from moebench.config.device import cpu_threads
 from moebench.run.sweep import execute
 from moebench.run.worker import rank_device
 
-TINY = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-        "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=0", "runner.phase_reps=1",
-        "runner.device=cpu"]
+TINY = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.device=cpu",
+]
 
 
 @pytest.mark.multiprocess

@@ -2,6 +2,7 @@
 ranks over backend=naive, one fault per combination, a clean combination after them in the
 same sweep. Each fault gives its status and reason, the other rows are intact, no process is
 left, and the combination after a fault runs clean in a fresh process group."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,20 @@ from moebench.results.store import RunStore
 from moebench.run.sweep import execute
 from tests.run.test_sweep_cpu import children
 
-BASE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-        "workload.tokens_per_rank=[4,8]", "experts.fault_rank=1", "runner.reps=3", "runner.warmup=0",
-        "runner.phase_reps=1", "runner.memory=false"]
+BASE = [
+    "backend=naive",
+    "experts=fault",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4,8]",
+    "experts.fault_rank=1",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.memory=false",
+]
 NOT_RUN = "not run: tokens_per_rank=4 failed first"
 
 pytestmark = pytest.mark.multiprocess
@@ -69,19 +81,20 @@ def _check_wrong(rows):
         assert st == "incorrect" and why.startswith("rel_err") and "> 0.02 (bf16)" in why, why
 
 
-CHECKS = {"raise": _check_raise, "kill": _check_kill, "oom": _check_oom, "desync": _check_desync,
-          "wrong": _check_wrong}
+CHECKS = {"raise": _check_raise, "kill": _check_kill, "oom": _check_oom, "desync": _check_desync, "wrong": _check_wrong}
 
 
 # the default tier: a rank killed by a signal and real memory exhaustion (a raise, wrong numbers
 # and a timeout: tests/run/test_sweep_cpu.py); the slow tier every crashing fault in one sweep
-@pytest.mark.parametrize("faults", [
-    pytest.param(["kill", "oom", "none"], id="kill-oom"),
-    pytest.param(["raise", "kill", "oom", "desync", "wrong", "none"], id="all", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param(["kill", "oom", "none"], id="kill-oom"),
+        pytest.param(["raise", "kill", "oom", "desync", "wrong", "none"], id="all", marks=pytest.mark.slow),
+    ],
+)
 def test_crashing_faults_give_their_status_and_the_next_combination_runs_clean(faults, tmp_path):
-    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}"], None, str(tmp_path / "crash"),
-                              quiet=True)
+    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}"], None, str(tmp_path / "crash"), quiet=True)
     rows = _by_fault(run_dir)
     assert set(rows) == set(faults) and all(set(r) == {4, 8} for r in rows.values()), rows
     for fault in faults[:-1]:
@@ -98,8 +111,9 @@ def test_crashing_faults_give_their_status_and_the_next_combination_runs_clean(f
 @pytest.mark.slow
 def test_hanging_faults_time_out_and_the_next_combination_runs_clean(tmp_path):
     faults = ["hang_collective", "stuck_rank", "none"]
-    run_dir, counts = execute([*BASE, f"experts.fault={','.join(faults)}", "runner.timeout_s=10"], None,
-                              str(tmp_path / "hang"), quiet=True)
+    run_dir, counts = execute(
+        [*BASE, f"experts.fault={','.join(faults)}", "runner.timeout_s=10"], None, str(tmp_path / "hang"), quiet=True
+    )
     rows = _by_fault(run_dir)
     for fault in ("hang_collective", "stuck_rank"):  # one rank in a barrier its peer never reaches; one stuck
         st, why = rows[fault][4]

@@ -1,5 +1,6 @@
 """Where a sweep's time goes (issue #33): each row's `harness_*_s` columns (run/worker.py's
 Stopwatch) and the line a sweep prints (run/harness_time.py)."""
+
 from __future__ import annotations
 
 import math
@@ -39,11 +40,27 @@ def test_process_age_is_this_process_lifetime():
 
 
 def test_each_row_of_a_combination_says_where_its_time_went(tmp_path):
-    combos, _ = plan.plan(["backend=local", "experts=torch", "model=tiny", "reduction=experts", "overlap=none",
-                           "runner.device=cpu", "runner.reps=3", "runner.warmup=1", "workload.tokens_per_rank=[4,8]"])
+    combos, _ = plan.plan(
+        [
+            "backend=local",
+            "experts=torch",
+            "model=tiny",
+            "reduction=experts",
+            "overlap=none",
+            "runner.device=cpu",
+            "runner.reps=3",
+            "runner.warmup=1",
+            "workload.tokens_per_rank=[4,8]",
+        ]
+    )
     (c,) = combos
-    out = [r for _, r in worker.run_combination(Task(0, c.combo, (4, 8)), 0, 1, None, torch.device("cpu"),
-                                                 str(tmp_path), start_s=2.5) if r is not None]
+    out = [
+        r
+        for _, r in worker.run_combination(
+            Task(0, c.combo, (4, 8)), 0, 1, None, torch.device("cpu"), str(tmp_path), start_s=2.5
+        )
+        if r is not None
+    ]
     first, second = out
     assert first.status == second.status == "ok"
     # setup and start once per combination: on its first row, 0 on the others
@@ -80,10 +97,14 @@ def test_the_sweep_line_sums_the_rows_and_names_the_share_of_timed_samples(monke
     assert tally.line() == ""  # nothing measured: no line
     import numpy as np
 
-    tally.add([_row(6.0, [500_000.0, 500_000.0], harness_start_s=2.0, harness_setup_s=1.0, harness_timing_s=3.0),
-               # rows read back from a SLURM job's files hold their samples as NumPy arrays
-               {**_row(3.0, harness_check_s=1.0, harness_timing_s=2.0), "samples_us": np.array([250_000.0, 750_000.0])},
-               {"status": "skipped", "harness_total_s": float("nan")}])  # a skipped row: not counted
+    tally.add(
+        [
+            _row(6.0, [500_000.0, 500_000.0], harness_start_s=2.0, harness_setup_s=1.0, harness_timing_s=3.0),
+            # rows read back from a SLURM job's files hold their samples as NumPy arrays
+            {**_row(3.0, harness_check_s=1.0, harness_timing_s=2.0), "samples_us": np.array([250_000.0, 750_000.0])},
+            {"status": "skipped", "harness_total_s": float("nan")},
+        ]
+    )  # a skipped row: not counted
     now[0] += 10.0
     line = tally.line()
     assert "10.0 s wall for 2 measured row(s)" in line

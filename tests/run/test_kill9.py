@@ -2,6 +2,7 @@
 tokens) stored twice, every file readable, a report that renders, and the rows of an
 uninterrupted run. The default tier kills once, while the sweep writes rows; the slow tier
 (`-m slow`) kills 20 times at random times, some during start-up."""
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,22 @@ pytestmark = pytest.mark.multiprocess
 
 # each forward sleeps 10 ms (tests/support/fault_experts.py), so that the sweep spends seconds
 # writing rows: kills land before, between and after its combinations
-SWEEP = ["backend=local", "experts=fault", "experts.fault=sleep", "experts.fault_s=0.01",
-         "reduction=experts,finalize", "overlap=none,dispatch,combine", "workload.seed=0,1",
-         "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4,8]", "runner.reps=3", "runner.warmup=0",
-         "runner.phase_reps=1", "runner.memory=false"]
+SWEEP = [
+    "backend=local",
+    "experts=fault",
+    "experts.fault=sleep",
+    "experts.fault_s=0.01",
+    "reduction=experts,finalize",
+    "overlap=none,dispatch,combine",
+    "workload.seed=0,1",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4,8]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.memory=false",
+]
 
 
 COMBOS = 12
@@ -52,8 +65,7 @@ def test_kill9s_then_a_rerun_store_what_an_uninterrupted_run_does(kills, tmp_pat
     t0, mid = time.monotonic(), 0
     for i in range(kills):
         before = _stored(run)
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                             start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
         if i % 4 == 0 and kills > 1:  # while it starts, plans, takes the lock, writes its fingerprint
             time.sleep(rng.uniform(0.1, 3.0))
         else:  # once this run has stored a combination: while the next ones run and are written

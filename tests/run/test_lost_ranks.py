@@ -7,6 +7,7 @@ cancelled, finished rows kept, a resume completes); a rank lost mid-combination 
 is a `lost:` row that a plain resume runs again, the token counts measured before it kept; a
 SLURM job that stored nothing is counted once; a peer's abort after a rank's own error is not
 named as the cause."""
+
 from __future__ import annotations
 
 import os
@@ -82,8 +83,13 @@ def _kill_all(pids) -> None:
 
 
 def _sweep(run, *args, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "moebench.cli", "sweep", *args, "--out", str(run)],
-                            stderr=subprocess.PIPE, text=True, env=_env(**env), start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "moebench.cli", "sweep", *args, "--out", str(run)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(**env),
+        start_new_session=True,
+    )
 
 
 def _nodes(cmd, env, timeout_s: float = 240.0):
@@ -93,8 +99,9 @@ def _nodes(cmd, env, timeout_s: float = 240.0):
     waited) and then SIGKILL, and the test fails with what they printed."""
     import threading
 
-    procs = [subprocess.Popen(cmd(n), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-             for n in (0, 1)]
+    procs = [
+        subprocess.Popen(cmd(n), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True) for n in (0, 1)
+    ]
     errs = [[], []]
     readers = [threading.Thread(target=lambda p=p, e=e: e.extend(p.stderr), daemon=True) for p, e in zip(procs, errs)]
     for r in readers:
@@ -128,15 +135,34 @@ def test_torchrun_ranks_die_with_an_agent_killed_during_their_start_up(tmp_path)
     """The issue's reproduction: the agent killed while its ranks import torch."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     agent = subprocess.Popen(
-        [torchrun, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-         "-m", "moebench.dist_worker", "--out", str(tmp_path / "orph"), *NAIVE, "experts.fault=sleep",
-         "experts.fault_s=60", "workload.tokens_per_rank=[4]"],
-        stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
+        [
+            torchrun,
+            "--nnodes=1",
+            "--nproc-per-node=2",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            "-m",
+            "moebench.dist_worker",
+            "--out",
+            str(tmp_path / "orph"),
+            *NAIVE,
+            "experts.fault=sleep",
+            "experts.fault_s=60",
+            "workload.tokens_per_rank=[4]",
+        ],
+        stderr=subprocess.DEVNULL,
+        env=_env(),
+        start_new_session=True,
+    )
     ranks = []
     try:
-        ranks = _poll(lambda: [d for d in _descendants(agent.pid)
-                               if b"moebench.dist_worker" in _read(f"/proc/{d}/cmdline")][:2] if
-                      len(_descendants(agent.pid)) >= 2 else None)
+        ranks = _poll(
+            lambda: (
+                [d for d in _descendants(agent.pid) if b"moebench.dist_worker" in _read(f"/proc/{d}/cmdline")][:2]
+                if len(_descendants(agent.pid)) >= 2
+                else None
+            )
+        )
         time.sleep(1.0)  # past their first line, inside torch's import (seconds)
         agent.kill()
         agent.wait()
@@ -153,8 +179,16 @@ def test_slurm_tasks_die_with_their_job_and_the_sweep_stores_one_lost_row(tmp_pa
     """submitit's local controller (the job) killed while its tasks start: they end, and the
     sweep writes one `lost:` row for the job that stored nothing, counted once."""
     run = tmp_path / "s"
-    p = _sweep(run, "--slurm", "--slurm-cluster", "local", *NAIVE, "experts.fault=sleep", "experts.fault_s=60",
-               "workload.tokens_per_rank=[4]")
+    p = _sweep(
+        run,
+        "--slurm",
+        "--slurm-cluster",
+        "local",
+        *NAIVE,
+        "experts.fault=sleep",
+        "experts.fault_s=60",
+        "workload.tokens_per_rank=[4]",
+    )
     tasks = []
     try:
         tasks = _poll(lambda: (lambda t: t if len(t) == 2 else None)(_tasks(p.pid)))
@@ -180,8 +214,16 @@ def test_a_rank_lost_before_the_group_forms_fails_its_combination_and_the_sweep_
     runner.startup_timeout_s, rank 0 writes the row saying so, the lock is freed."""
     run = tmp_path / "s"
     t0 = time.monotonic()
-    p = _sweep(run, "--slurm", "--slurm-cluster", "local", *NAIVE, "experts.fault=none",
-               "workload.tokens_per_rank=[4]", "runner.startup_timeout_s=5")
+    p = _sweep(
+        run,
+        "--slurm",
+        "--slurm-cluster",
+        "local",
+        *NAIVE,
+        "experts.fault=none",
+        "workload.tokens_per_rank=[4]",
+        "runner.startup_timeout_s=5",
+    )
     try:
         second = _poll(lambda: (lambda t: t[1] if len(t) == 2 else None)(_tasks(p.pid)))
         os.kill(second, signal.SIGKILL)
@@ -191,8 +233,9 @@ def test_a_rank_lost_before_the_group_forms_fails_its_combination_and_the_sweep_
         df = RunStore(run).load()
         (reason,) = df.reason
         assert df.status.tolist() == ["failed"], reason
-        assert reason.startswith(f"{LOST}the process group of 2 ranks did not form within 5 s "
-                                 "(runner.startup_timeout_s)"), reason
+        assert reason.startswith(
+            f"{LOST}the process group of 2 ranks did not form within 5 s (runner.startup_timeout_s)"
+        ), reason
         with RunLock.acquire(run):  # freed
             pass
         assert not _descendants(p.pid)
@@ -211,8 +254,18 @@ def test_startup_timeout_is_a_typed_runner_key_outside_the_identity(capsys):
 @pytest.mark.multiprocess
 def test_sigterm_stops_the_sweep_now_with_143_and_a_resume_completes(tmp_path):
     run = tmp_path / "t"
-    args = ["backend=local", "experts=fault", "experts.fault=none,sleep", "experts.fault_s=60", "reduction=experts",
-            "overlap=none", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]", *QUICK]
+    args = [
+        "backend=local",
+        "experts=fault",
+        "experts.fault=none,sleep",
+        "experts.fault_s=60",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        *QUICK,
+    ]
     once = dict(MOEBENCH_FAULT_ONCE=str(tmp_path / "fired"))  # the sleep holds the first run only
     p = _sweep(run, *args, **once)
     ranks = []
@@ -226,8 +279,13 @@ def test_sigterm_stops_the_sweep_now_with_143_and_a_resume_completes(tmp_path):
         assert _wait_gone(ranks, 2.0) == []
         df = RunStore(run).load()
         assert df.status.tolist() == ["ok"]  # the finished combination; none for the cancelled one
-        again = subprocess.run([sys.executable, "-m", "moebench.cli", "sweep", *args, "--out", str(run)],
-                               stderr=subprocess.PIPE, text=True, env=_env(**once), timeout=240)
+        again = subprocess.run(
+            [sys.executable, "-m", "moebench.cli", "sweep", *args, "--out", str(run)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(**once),
+            timeout=240,
+        )
         assert again.returncode == 0 and "1 to run" in again.stderr, again.stderr
         assert RunStore(run).load().status.tolist() == ["ok", "ok"]
     finally:
@@ -239,8 +297,16 @@ def test_sigterm_stops_the_sweep_now_with_143_and_a_resume_completes(tmp_path):
 @pytest.mark.multiprocess
 def test_sigterm_cancels_a_sweeps_slurm_jobs(tmp_path):
     run = tmp_path / "s"
-    p = _sweep(run, "--slurm", "--slurm-cluster", "local", *NAIVE, "experts.fault=sleep", "experts.fault_s=60",
-               "workload.tokens_per_rank=[4]")
+    p = _sweep(
+        run,
+        "--slurm",
+        "--slurm-cluster",
+        "local",
+        *NAIVE,
+        "experts.fault=sleep",
+        "experts.fault_s=60",
+        "workload.tokens_per_rank=[4]",
+    )
     tasks = []
     try:
         tasks = _poll(lambda: (lambda t: t if len(t) == 2 else None)(_tasks(p.pid)))
@@ -264,10 +330,23 @@ def test_a_torchrun_rank_lost_mid_combination_is_a_lost_row_a_plain_resume_runs_
     same commands again run that one only."""
     run, port = tmp_path / "tr", free_port()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = lambda n: [torchrun, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={n}",  # noqa: E731
-                     "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "moebench.dist_worker", "--out",
-                     str(run), *NAIVE, "experts.fault=kill", "experts.fault_rank=1", "experts.fault_rows=16",
-                     "workload.tokens_per_rank=[4,8]"]
+    cmd = lambda n: [
+        torchrun,
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        f"--node-rank={n}",  # noqa: E731
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        "-m",
+        "moebench.dist_worker",
+        "--out",
+        str(run),
+        *NAIVE,
+        "experts.fault=kill",
+        "experts.fault_rank=1",
+        "experts.fault_rows=16",
+        "workload.tokens_per_rank=[4,8]",
+    ]
     env = _env(MOEBENCH_FAULT_ONCE=str(tmp_path / "fired"), PYTHONFAULTHANDLER="1")
     nodes, errs = _nodes(cmd, env)
     assert [p.returncode for p in nodes] == [1, 1], errs
@@ -333,5 +412,6 @@ def test_a_peer_aborting_after_a_ranks_own_error_is_not_named_as_the_cause():
     # both dead at one poll, no error: the kill first, gloo's abort (its consequence) after
     procs = _procs(-signal.SIGABRT, -signal.SIGKILL)
     st = _GroupState(work, 2)
-    assert _died(procs, st, wait_s=0.2) == ("rank 1 died with exit code -9 (SIGKILL); "
-                                            "rank 0 died with exit code -6 (SIGABRT)")
+    assert _died(procs, st, wait_s=0.2) == (
+        "rank 1 died with exit code -9 (SIGKILL); rank 0 died with exit code -6 (SIGABRT)"
+    )

@@ -1,6 +1,7 @@
 """trace=nsys rows name a report that exists or say why none (traces/nsys_import.py), and
 `moebench trace --import` turns real captures into SQLite exports. The real-capture tests run
 where scripts/install_nsys.sh --download has installed Nsight Systems into .deps/ (else skip)."""
+
 from __future__ import annotations
 
 import lzma
@@ -42,8 +43,9 @@ def _run_with_rows(tmp_path, keys) -> Path:
     run = tmp_path / "run"
     (run / "rows").mkdir(parents=True)
     for key, tokens in keys:
-        pd.DataFrame([{"combo_key": key, "tokens_per_rank": tokens, "status": "ok", "trace_path": "",
-                       "latency_us_median": 1.0}]).to_parquet(run / "rows" / f"{key}-T{tokens}.parquet", index=False)
+        pd.DataFrame(
+            [{"combo_key": key, "tokens_per_rank": tokens, "status": "ok", "trace_path": "", "latency_us_median": 1.0}]
+        ).to_parquet(run / "rows" / f"{key}-T{tokens}.parquet", index=False)
     return run
 
 
@@ -101,6 +103,7 @@ def test_torch_rows_are_left_alone(tmp_path):
 
 def test_which_nsys(tmp_path, monkeypatch):
     """The Nsight Compute copy is named as such; a 2024.2 target under a 13.0 driver gets its note."""
+
     def fake(folder: Path, version: str) -> None:
         folder.mkdir(parents=True)
         (folder / "nsys").write_text(f"#!/bin/sh\necho 'NVIDIA Nsight Systems version {version}'\n")
@@ -137,9 +140,23 @@ def test_import_a_real_capture_and_update_its_row(tmp_path, capsys):
     run = _run_with_rows(tmp_path, [("k", 8)])
     nsys_dir = run / "traces" / "nsys"
     nsys_dir.mkdir(parents=True)
-    p = subprocess.run([nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none", "-o",
-                        str(nsys_dir / "ranks_7.1"), sys.executable, "-c", "print('captured')"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            nsys,
+            "profile",
+            "--trace=nvtx",
+            "--sample=none",
+            "--cpuctxsw=none",
+            "-o",
+            str(nsys_dir / "ranks_7.1"),
+            sys.executable,
+            "-c",
+            "print('captured')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (nsys_dir / "ranks_7.1.qdstrm").is_file(), p.stdout + p.stderr
     assert not (nsys_dir / "ranks_7.1.nsys-rep").exists(), "the target alone cannot import"
     with open(nsys_dir / "ranks_7.1.qdstrm", "rb") as src, lzma.open(nsys_dir / "ranks_7.1.qdstrm.xz", "wb") as dst:

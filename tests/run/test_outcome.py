@@ -1,6 +1,7 @@
 """The one failure policy every engine calls (moebench/run/outcome.py): what a row says for
 what the launcher, torchrun's ranks or a SLURM job saw. Unit tests; the engines' own fault
 tests (test_faults.py, test_lost_ranks.py, test_abort.py) run the processes."""
+
 from __future__ import annotations
 
 import errno
@@ -16,18 +17,24 @@ CLOSED = "rank 0: RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:123
 
 def test_nothing_reported_and_nothing_dead_is_a_timeout_worded_by_the_engine():
     assert decide(Observed(timeout_s=2.5, tokens=8)) == Failure(
-        Status.TIMEOUT, "no result within 2.5 s: the process group was killed", 8)
-    assert decide(Observed(timeout_s=60, group_end="ended")).reason == \
-        "no result within 60 s: the process group was ended"
+        Status.TIMEOUT, "no result within 2.5 s: the process group was killed", 8
+    )
+    assert (
+        decide(Observed(timeout_s=60, group_end="ended")).reason == "no result within 60 s: the process group was ended"
+    )
 
 
 def test_a_dead_rank_is_named_before_what_its_peers_said():
     deaths = (Death(1, -signal.SIGKILL), Death(0, -signal.SIGABRT))
     got = decide(Observed(error=Failure(Status.FAILED, CLOSED, 4), deaths=deaths, tokens=8))
-    assert got == Failure(Status.FAILED, "rank 1 died with exit code -9 (SIGKILL); rank 0 died with exit code -6 "
-                                         f"(SIGABRT); then {CLOSED}", 4)
+    assert got == Failure(
+        Status.FAILED,
+        f"rank 1 died with exit code -9 (SIGKILL); rank 0 died with exit code -6 (SIGABRT); then {CLOSED}",
+        4,
+    )
     assert decide(Observed(deaths=(Death(2, 3),), tokens=8)) == Failure(
-        Status.FAILED, "rank 2 died with exit code 3", 8)
+        Status.FAILED, "rank 2 died with exit code 3", 8
+    )
     # an allocator's error is the cause, whatever died after it
     oom = Failure(Status.OOM, "rank 0: OutOfMemoryError: CUDA out of memory", 8)
     assert decide(Observed(error=oom, deaths=deaths)) is oom

@@ -1,5 +1,6 @@
 """Planning: sweep expansion with Hydra's override parser, sweep files, the
 validity rules of docs/design.md and refusals before any work starts."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,15 @@ from moebench.config import sweeps
 from moebench.config import validity
 from moebench.config.compose import compose_config, to_combo
 
-ISSUE_SWEEP = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
-               "workload.tokens_per_rank=[16,64]", "model=tiny", "quant=bf16"]
+ISSUE_SWEEP = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts,finalize",
+    "overlap=none,combine",
+    "workload.tokens_per_rank=[16,64]",
+    "model=tiny",
+    "quant=bf16",
+]
 
 
 def reasons(overrides):
@@ -26,7 +34,11 @@ def test_issue_sweep_expands_to_four_combinations_of_two_tokens():
     combos, _ = plan.plan(ISSUE_SWEEP, "default")
     assert len(combos) == 4 and all(c.reason is None for c in combos)
     assert sorted((c.combo["reduction"], c.combo["overlap"]) for c in combos) == [
-        ("experts", "combine"), ("experts", "none"), ("finalize", "combine"), ("finalize", "none")]
+        ("experts", "combine"),
+        ("experts", "none"),
+        ("finalize", "combine"),
+        ("finalize", "none"),
+    ]
     assert all(c.tokens == (16, 64) for c in combos)
     assert len({c.key for c in combos}) == 4
 
@@ -69,8 +81,13 @@ def test_validity_rules_give_reasons(monkeypatch):
     assert validity.timing_mode(auto.replace(experts="triton"), 65536) == "graph"
     assert validity.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "events"
     # a batched buffer's cap is the backend's (deepep_ll, pplx), per token count
-    pplx = base.replace(backend="pplx", experts="torch_batched", reduction="finalize", world_size=2,
-                        knobs=(("max_tokens_per_rank", 512), ("pplx_mode", "intranode")))
+    pplx = base.replace(
+        backend="pplx",
+        experts="torch_batched",
+        reduction="finalize",
+        world_size=2,
+        knobs=(("max_tokens_per_rank", 512), ("pplx_mode", "intranode")),
+    )
     assert validity.validate_tokens(pplx, 512) is None
     assert "max_tokens_per_rank=512" in validity.validate_tokens(pplx, 513)
     assert validity.validate_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
@@ -93,7 +110,11 @@ def test_default_sweep_on_cpu_counts():
         by_backend[c.combo["backend"]] = by_backend.get(c.combo["backend"], 0) + 1
     # torch experts on the CPU backends (README states these counts)
     triton_valid = sum(1 for c in valid if c.combo["experts"].startswith("triton"))
-    assert by_backend.get("local", 0) - sum(1 for c in valid if c.combo["backend"] == "local" and c.combo["experts"] != "torch") == 18
+    assert (
+        by_backend.get("local", 0)
+        - sum(1 for c in valid if c.combo["backend"] == "local" and c.combo["experts"] != "torch")
+        == 18
+    )
     assert len(valid) - triton_valid == 72
 
 
@@ -109,8 +130,18 @@ def test_world_size_beyond_the_gpus_is_refused_with_the_numbers(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"runner.world_size=4 needs 4 GPUs .* has 2"):
-        plan.plan(["backend=naive", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16",
-                   "runner.device=cuda", "runner.world_size=4"], "default")
+        plan.plan(
+            [
+                "backend=naive",
+                "experts=torch",
+                "reduction=experts",
+                "overlap=none",
+                "quant=bf16",
+                "runner.device=cuda",
+                "runner.world_size=4",
+            ],
+            "default",
+        )
 
 
 def test_an_explicit_world_size_beyond_the_cores_is_refused_even_where_its_combinations_skip(monkeypatch, capsys):
@@ -145,11 +176,14 @@ def test_sweep_axes_outside_identity_still_give_distinct_combinations():
     assert len({c.key for c in combos}) == 4
 
 
-@pytest.mark.parametrize("text, words", [
-    ("overrides: [1, 2", "not valid YAML"),
-    ("- a\n- b\n", "expected a mapping"),
-    ("overrides:\n  backend: {a: 1}\n", "not a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("overrides: [1, 2", "not valid YAML"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("overrides:\n  backend: {a: 1}\n", "not a mapping"),
+    ],
+)
 def test_malformed_sweep_files_are_clear(tmp_path, text, words):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
@@ -157,26 +191,40 @@ def test_malformed_sweep_files_are_clear(tmp_path, text, words):
         plan.plan([], str(p))
 
 
-@pytest.mark.parametrize("bad, words", [
-    (["workload.routing=foo"], "valid: uniform"), (["model.topk=9"], "exceeds"),
-    (["runner.timing=grpah"], "valid: auto, events"), (["runner.reps=0"], "must be > 0"),
-    (["overlap.shared_sm_carveout=-1"], "must be >= 0"), (["backend.combine_nvl_chunk=-2"], "must be >= 0"),
-    (["experts.row_layout=sorted"], "valid: auto, gathered, contiguous"),
-    (["workload.tokens_per_rank=[]"], "holds no token count"), (["workload.tokens_per_rank=[16,16]"], "twice"),
-    (["workload.tokens_per_rank=[0]"], "integers >= 1"), (["workload.tokens_per_rank=[-16]"], "integers >= 1"),
-    (["runner.memory_budget=lots"], "not a size"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (["workload.routing=foo"], "valid: uniform"),
+        (["model.topk=9"], "exceeds"),
+        (["runner.timing=grpah"], "valid: auto, events"),
+        (["runner.reps=0"], "must be > 0"),
+        (["overlap.shared_sm_carveout=-1"], "must be >= 0"),
+        (["backend.combine_nvl_chunk=-2"], "must be >= 0"),
+        (["experts.row_layout=sorted"], "valid: auto, gathered, contiguous"),
+        (["workload.tokens_per_rank=[]"], "holds no token count"),
+        (["workload.tokens_per_rank=[16,16]"], "twice"),
+        (["workload.tokens_per_rank=[0]"], "integers >= 1"),
+        (["workload.tokens_per_rank=[-16]"], "integers >= 1"),
+        (["runner.memory_budget=lots"], "not a size"),
+    ],
+)
 def test_bad_values_are_refused_before_work(bad, words):
     with pytest.raises(ValueError, match=words):
         plan.plan(["backend=local", "experts=torch", *bad], None)
 
 
-@pytest.mark.parametrize("argv, overrides", [
-    (["sweep", "backend=local", "--sweep", "deepep_ll", "experts=torch"], ["backend=local", "experts=torch"]),
-    (["sweep", "--sweep", "deepep_ll", "backend=local", "--dry-run", "experts=torch"], ["backend=local", "experts=torch"]),
-    (["list", "--json", "a=1", "--sweep", "x", "a=2"], ["a=1", "a=2"]),  # order kept: the last value wins
-    (["tune", "experts=triton", "--space", "decode", "model=tiny"], ["experts=triton", "model=tiny"]),
-])
+@pytest.mark.parametrize(
+    "argv, overrides",
+    [
+        (["sweep", "backend=local", "--sweep", "deepep_ll", "experts=torch"], ["backend=local", "experts=torch"]),
+        (
+            ["sweep", "--sweep", "deepep_ll", "backend=local", "--dry-run", "experts=torch"],
+            ["backend=local", "experts=torch"],
+        ),
+        (["list", "--json", "a=1", "--sweep", "x", "a=2"], ["a=1", "a=2"]),  # order kept: the last value wins
+        (["tune", "experts=triton", "--space", "decode", "model=tiny"], ["experts=triton", "model=tiny"]),
+    ],
+)
 def test_cli_overrides_may_follow_options(argv, overrides):
     from moebench import cli
 
@@ -184,11 +232,14 @@ def test_cli_overrides_may_follow_options(argv, overrides):
     assert args.overrides == overrides
 
 
-@pytest.mark.parametrize("argv", [
-    ["sweep", "backend=local", "--sweep", "x", "--nope"],  # an unknown option
-    ["sweep", "backend=local", "--out", "d", "junk"],  # a word that is no override
-    ["report", "run_a", "backend=local"],  # a command without overrides
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "backend=local", "--sweep", "x", "--nope"],  # an unknown option
+        ["sweep", "backend=local", "--out", "d", "junk"],  # a word that is no override
+        ["report", "run_a", "backend=local"],  # a command without overrides
+    ],
+)
 def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
     from moebench import cli
 
@@ -199,8 +250,15 @@ def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
     assert err.startswith(f"usage: moebench {argv[0]} ") and f"moebench {argv[0]}: error:" in err  # its own usage
 
 
-V3_COMBINE = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
-              "model=deepseek_v3", "runner.device=cpu"]
+V3_COMBINE = [
+    "backend=naive",
+    "experts=torch",
+    "reduction=finalize",
+    "overlap=combine",
+    "quant=bf16",
+    "model=deepseek_v3",
+    "runner.device=cpu",
+]
 
 
 def test_fields_and_knobs_at_their_defaults_stay_out_of_the_key():
@@ -234,26 +292,38 @@ def test_knob_sweeps_give_distinct_keys_labels_and_cpu_reasons():
     carved = next(c for c in combos if c.combo["shared_sm_carveout"])
     assert carved.label.endswith("/carve24")
     assert "needs CUDA" in carved.reason  # no SM to leave free on the CPU
-    (noshared,), _ = plan.plan(V3_COMBINE[:3] + ["overlap=none", "model=mixtral_8x7b", "overlap.shared_sm_carveout=8"], None)
+    (noshared,), _ = plan.plan(
+        V3_COMBINE[:3] + ["overlap=none", "model=mixtral_8x7b", "overlap.shared_sm_carveout=8"], None
+    )
     assert "has none" in noshared.reason
     with pytest.raises(ValueError, match="backend.combine_nvl_chunk is set, but none of the chosen entries"):
         plan.plan(V3_COMBINE + ["backend.combine_nvl_chunk=4"], None)
     # in a sweep over backends, the knob splits the backend that takes it only
     combos, _ = plan.plan(V3_COMBINE[1:] + ["backend=naive,deepep_ht", "backend.num_sms=16,24"], None)
-    assert sorted(c.label for c in combos) == ["deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2",
-                                               "deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2/sms16",
-                                               "naive/torch/finalize/combine/bf16/deepseek_v3/ws2"]
+    assert sorted(c.label for c in combos) == [
+        "deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2",
+        "deepep_ht/torch/finalize/combine/bf16/deepseek_v3/ws2/sms16",
+        "naive/torch/finalize/combine/bf16/deepseek_v3/ws2",
+    ]
 
 
 def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
     class Props:
         multi_processor_count = 132
+
     fake_gpu_machine(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
-    ovs = ["backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
-           "model=deepseek_v3", "runner.device=cuda"]
+    ovs = [
+        "backend=naive",
+        "experts=torch",
+        "reduction=finalize",
+        "overlap=combine",
+        "quant=bf16",
+        "model=deepseek_v3",
+        "runner.device=cuda",
+    ]
     with pytest.raises(ValueError, match="this GPU has 132 SMs"):
         plan.plan(ovs + ["overlap.shared_sm_carveout=132"], None)
     combos, _ = plan.plan(ovs + ["overlap.shared_sm_carveout=131"], None)
@@ -263,17 +333,30 @@ def test_carveout_beyond_the_gpus_sms_is_refused(monkeypatch):
 def test_rows_carry_the_knobs_as_columns():
     from moebench.results import rows
 
-    (c,), _ = plan.plan(V3_COMBINE[1:] + ["backend=deepep_ht", "overlap.shared_sm_carveout=24",
-                                          "backend.num_sms=16"], None)
+    (c,), _ = plan.plan(
+        V3_COMBINE[1:] + ["backend=deepep_ht", "overlap.shared_sm_carveout=24", "backend.num_sms=16"], None
+    )
     row = rows.identity(c, 8)
-    assert (row["num_sms"], row["shared_sm_carveout"], row["dispatch_nvl_chunk"], row["combine_nvl_chunk"]) == (16, 24, 0, 0)
+    assert (row["num_sms"], row["shared_sm_carveout"], row["dispatch_nvl_chunk"], row["combine_nvl_chunk"]) == (
+        16,
+        24,
+        0,
+        0,
+    )
     assert row["row_layout"] is None  # torch experts take no row layout
     assert row["knobs"] == "carve24 sms16" and row["combo_key"] == c.key
 
 
 def test_row_layout_knob():
-    ovs = ["backend=local", "experts=triton", "reduction=experts", "overlap=none", "quant=fp8_block",
-           "model=deepseek_v3", "runner.device=cpu"]
+    ovs = [
+        "backend=local",
+        "experts=triton",
+        "reduction=experts",
+        "overlap=none",
+        "quant=fp8_block",
+        "model=deepseek_v3",
+        "runner.device=cpu",
+    ]
     (auto,), _ = plan.plan(ovs, None)
     combos, _ = plan.plan(ovs + ["experts.row_layout=gathered,contiguous"], None)
     assert {c.label.rsplit("/", 1)[1] for c in combos} == {"gathered", "contiguous"}
@@ -293,8 +376,15 @@ def test_contiguous_gemm_knob(monkeypatch):
     own key and label tag; planned with the reason it cannot run where it cannot (another quant,
     the gathered rows, no GPU: Gluon has no interpreter), each before any work starts."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CPU's Triton experts run (the Gluon one cannot)
-    ovs = ["backend=local", "experts=triton", "reduction=experts", "overlap=none", "quant=fp8_block",
-           "model=deepseek_v3", "runner.device=cpu"]
+    ovs = [
+        "backend=local",
+        "experts=triton",
+        "reduction=experts",
+        "overlap=none",
+        "quant=fp8_block",
+        "model=deepseek_v3",
+        "runner.device=cpu",
+    ]
     (triton,), _ = plan.plan(ovs, None)
     (gluon,), _ = plan.plan(ovs + ["experts.contiguous_gemm=gluon"], None)
     assert triton.reason is None and gluon.key != triton.key and "gemm=gluon" in gluon.label
@@ -313,20 +403,23 @@ def test_contiguous_gemm_knob(monkeypatch):
         plan.plan(ovs + ["experts.contiguous_gemm=cuda"], None)
 
 
-@pytest.mark.parametrize("mode,quant,cap,n,kernel", [
-    ("auto", "fp8_block", (9, 0), 4096, "gluon"),  # DeepSeek-V3's EP-8 gate/up: measured faster on Gluon
-    ("auto", "fp8_block", (9, 0), 7168, "gluon"),
-    ("auto", "fp8_block", (9, 0), 1536, "gluon"),  # qwen3's gate/up: faster too since the TMA-store epilogue
-    ("auto", "fp8_block", (10, 0), 7168, "triton"),  # Gluon's WGMMA is sm_90's
-    ("auto", "fp8_block", None, 7168, "triton"),  # no GPU: the interpreter runs Triton only
-    ("auto", "bf16", (9, 0), 7168, "triton"),  # the Gluon kernel is fp8_block's
-    ("triton", "fp8_block", (9, 0), 7168, "triton"),
-    ("gluon", "fp8_block", (9, 0), 1536, "gluon"),
-    ("gluon", "fp8_block", None, 7168, ValueError),  # forced where Gluon cannot run: refused, not recorded as run
-    ("gluon", "fp8_block", (10, 0), 7168, ValueError),
-    ("gluon_wide", "fp8_block", (9, 0), 4096, "gluon_wide"),  # the 128 x 192 tile: opt-in only
-    ("gluon_wide", "fp8_block", None, 4096, ValueError),
-])
+@pytest.mark.parametrize(
+    "mode,quant,cap,n,kernel",
+    [
+        ("auto", "fp8_block", (9, 0), 4096, "gluon"),  # DeepSeek-V3's EP-8 gate/up: measured faster on Gluon
+        ("auto", "fp8_block", (9, 0), 7168, "gluon"),
+        ("auto", "fp8_block", (9, 0), 1536, "gluon"),  # qwen3's gate/up: faster too since the TMA-store epilogue
+        ("auto", "fp8_block", (10, 0), 7168, "triton"),  # Gluon's WGMMA is sm_90's
+        ("auto", "fp8_block", None, 7168, "triton"),  # no GPU: the interpreter runs Triton only
+        ("auto", "bf16", (9, 0), 7168, "triton"),  # the Gluon kernel is fp8_block's
+        ("triton", "fp8_block", (9, 0), 7168, "triton"),
+        ("gluon", "fp8_block", (9, 0), 1536, "gluon"),
+        ("gluon", "fp8_block", None, 7168, ValueError),  # forced where Gluon cannot run: refused, not recorded as run
+        ("gluon", "fp8_block", (10, 0), 7168, ValueError),
+        ("gluon_wide", "fp8_block", (9, 0), 4096, "gluon_wide"),  # the 128 x 192 tile: opt-in only
+        ("gluon_wide", "fp8_block", None, 4096, ValueError),
+    ],
+)
 def test_contiguous_gemm_auto_picks_the_kernel_measured_faster(mode, quant, cap, n, kernel):
     """experts.contiguous_gemm=auto (the default): the Gluon kernel for the GEMMs it measured
     faster on (at least GLUON_MIN_N output columns — every N since its TMA-store epilogue —, an SM90

@@ -1,5 +1,6 @@
 """The CPU pipeline end to end: 1-rank and 2-rank (gloo) sweeps, isolation
 (timeout, crash), resume, clean stop, and bad input."""
+
 from __future__ import annotations
 
 import os
@@ -47,13 +48,28 @@ def children() -> list[int]:
 @pytest.mark.multiprocess
 def test_issue_sweep_writes_exactly_eight_rows(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = cli.main(["sweep", "backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none,combine",
-                   "workload.tokens_per_rank=[16,64]", "model=tiny", "quant=bf16", *QUICK, "--out", str(out)])
+    rc = cli.main(
+        [
+            "sweep",
+            "backend=local",
+            "experts=torch",
+            "reduction=experts,finalize",
+            "overlap=none,combine",
+            "workload.tokens_per_rank=[16,64]",
+            "model=tiny",
+            "quant=bf16",
+            *QUICK,
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     df = RunStore(out).load()
     assert len(df) == 8 and set(df["status"]) == {"ok"}
     assert (df["rel_err"] <= TOLERANCE["bf16"]).all()
-    assert (df["latency_us_p20"] <= df["latency_us_median"]).all() and (df["latency_us_median"] <= df["latency_us_p80"]).all()
+    assert (df["latency_us_p20"] <= df["latency_us_median"]).all() and (
+        df["latency_us_median"] <= df["latency_us_p80"]
+    ).all()
     assert df["samples_us"].map(len).eq(3).all()
     assert df["experts_us"].notna().all() and df["shared_us"].gt(0).all()
     # reduction=finalize has a separate weight-and-reduce step, reduction=experts does not
@@ -69,10 +85,20 @@ def test_issue_sweep_writes_exactly_eight_rows(tmp_path, capsys):
 @pytest.mark.multiprocess
 def test_two_gloo_ranks_every_ep_backend_matches_the_reference(tmp_path):
     run_dir, counts = execute(
-        ["backend=naive,allgather_rs,naive_batched", "experts=torch,torch_batched", "reduction=experts,finalize",
-         "overlap=none,dispatch,combine", "quant=bf16,fp8_block,fp8_tensor", "model=tiny",
-         "workload.tokens_per_rank=[1,9]", *QUICK, "runner.memory=false"],
-        "default", str(tmp_path / "ep"), quiet=True,
+        [
+            "backend=naive,allgather_rs,naive_batched",
+            "experts=torch,torch_batched",
+            "reduction=experts,finalize",
+            "overlap=none,dispatch,combine",
+            "quant=bf16,fp8_block,fp8_tensor",
+            "model=tiny",
+            "workload.tokens_per_rank=[1,9]",
+            *QUICK,
+            "runner.memory=false",
+        ],
+        "default",
+        str(tmp_path / "ep"),
+        quiet=True,
     )
     df = RunStore(run_dir).load()
     ok = df[df.status == "ok"]
@@ -90,10 +116,24 @@ def test_two_gloo_ranks_every_ep_backend_matches_the_reference(tmp_path):
 @pytest.mark.multiprocess
 def test_routings_and_seeds_across_ranks(tmp_path):
     run_dir, _ = execute(
-        ["backend=allgather_rs,naive_batched", "experts=torch,torch_batched", "reduction=finalize", "overlap=none",
-         "quant=bf16", "model=tiny", "workload.routing=uniform,balanced,zipf", "workload.seed=0,7",
-         "workload.tokens_per_rank=[3]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"],
-        "default", str(tmp_path / "rs"), quiet=True,
+        [
+            "backend=allgather_rs,naive_batched",
+            "experts=torch,torch_batched",
+            "reduction=finalize",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.routing=uniform,balanced,zipf",
+            "workload.seed=0,7",
+            "workload.tokens_per_rank=[3]",
+            "runner.reps=1",
+            "runner.warmup=0",
+            "runner.phase_reps=1",
+            "runner.memory=false",
+        ],
+        "default",
+        str(tmp_path / "rs"),
+        quiet=True,
     )
     ok = RunStore(run_dir).load().query("status == 'ok'")
     assert len(ok) == 2 * 3 * 2 and (ok.rel_err <= 2e-2).all()
@@ -102,8 +142,16 @@ def test_routings_and_seeds_across_ranks(tmp_path):
 @pytest.mark.multiprocess
 def test_sweep_exit_status_says_whether_every_row_is_ok_or_skipped(tmp_path):
     """0: every row ok or skipped with a reason; 1: a failed (or incorrect, timeout, oom) row."""
-    base = ["backend=local", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-            "workload.tokens_per_rank=[4]", *QUICK]
+    base = [
+        "backend=local",
+        "experts=fault",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        *QUICK,
+    ]
     assert cli.main(["sweep", *base, "experts.fault=none", "--out", str(tmp_path / "ok")]) == 0
     assert cli.main(["sweep", *base, "experts.fault=none,raise", "--out", str(tmp_path / "bad")]) == 1
     assert cli.main(["sweep", *base, "experts.fault=wrong", "--out", str(tmp_path / "wrong")]) == 1
@@ -115,19 +163,43 @@ def test_sweep_exit_status_says_whether_every_row_is_ok_or_skipped(tmp_path):
 @pytest.mark.multiprocess
 def test_timeout_and_crash_become_rows_and_the_sweep_goes_on(tmp_path):
     run_dir, counts = execute(
-        ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-         "workload.tokens_per_rank=[4]", "experts.fault=none,sleep", "experts.fault_s=60", "runner.timeout_s=5",
-         *QUICK],
-        None, str(tmp_path / "t"), quiet=True,
+        [
+            "backend=naive",
+            "experts=fault",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.tokens_per_rank=[4]",
+            "experts.fault=none,sleep",
+            "experts.fault_s=60",
+            "runner.timeout_s=5",
+            *QUICK,
+        ],
+        None,
+        str(tmp_path / "t"),
+        quiet=True,
     )
     df = RunStore(run_dir).load().set_index("overrides")
     assert sorted(df.status) == ["ok", "timeout"]
     assert "no result within 5 s" in df[df.status == "timeout"].reason.iloc[0]
     assert children() == []
     run_dir, _ = execute(
-        ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-         "workload.tokens_per_rank=[4,8]", "experts.fault=raise,none", "experts.fault_rank=1", *QUICK],
-        None, str(tmp_path / "f"), quiet=True,
+        [
+            "backend=naive",
+            "experts=fault",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.tokens_per_rank=[4,8]",
+            "experts.fault=raise,none",
+            "experts.fault_rank=1",
+            *QUICK,
+        ],
+        None,
+        str(tmp_path / "f"),
+        quiet=True,
     )
     df = RunStore(run_dir).load()
     failed = df[df.status == "failed"]
@@ -139,9 +211,22 @@ def test_timeout_and_crash_become_rows_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.multiprocess
 def test_interrupted_sweep_resumes_without_redoing_anything(tmp_path):
     out = tmp_path / "resume"
-    args = [sys.executable, "-m", "moebench.cli", "sweep", "backend=local,naive", "experts=torch",
-            "reduction=experts,finalize", "overlap=none,combine", "quant=bf16", "model=tiny",
-            "workload.tokens_per_rank=[4]", *QUICK, "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "moebench.cli",
+        "sweep",
+        "backend=local,naive",
+        "experts=torch",
+        "reduction=experts,finalize",
+        "overlap=none,combine",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        *QUICK,
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, TRITON_INTERPRET="0")
     p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
     rows = out / "rows"
@@ -164,13 +249,16 @@ def test_interrupted_sweep_resumes_without_redoing_anything(tmp_path):
     assert "0 to run" in r3.stderr
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["sweep", "backend=nope"], ["unknown backend='nope'", "allgather_rs"]),
-    (["run", "experts=torch", "model.hidden=abc"], ["abc"]),
-    (["run", "reduction=experts,finalize"], ["one combination"]),
-    (["list", "--sweep", "nope"], ["no sweep 'nope'"]),
-    (["report", "/nonexistent/run"], ["/nonexistent/run"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["sweep", "backend=nope"], ["unknown backend='nope'", "allgather_rs"]),
+        (["run", "experts=torch", "model.hidden=abc"], ["abc"]),
+        (["run", "reduction=experts,finalize"], ["one combination"]),
+        (["list", "--sweep", "nope"], ["no sweep 'nope'"]),
+        (["report", "/nonexistent/run"], ["/nonexistent/run"]),
+    ],
+)
 def test_bad_input_exits_2_before_any_work(argv, words, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(argv) == 2
@@ -181,7 +269,9 @@ def test_bad_input_exits_2_before_any_work(argv, words, capsys, tmp_path, monkey
 
 
 def test_explicit_invalid_combination_is_a_skipped_row(tmp_path):
-    run_dir, counts = execute(["backend=local", "experts=torch_batched", "model=tiny"], None, str(tmp_path / "s"), quiet=True)
+    run_dir, counts = execute(
+        ["backend=local", "experts=torch_batched", "model=tiny"], None, str(tmp_path / "s"), quiet=True
+    )
     df = RunStore(run_dir).load()
     assert set(df.status) == {"skipped"} and df.reason.str.contains("layouts differ").all()
 
@@ -197,8 +287,20 @@ def test_list_json(capsys):
 
 @pytest.mark.multiprocess
 def test_moebench_run_prints_its_rows(capsys, tmp_path):
-    rc = cli.main(["run", "backend=naive", "experts=torch", "reduction=finalize", "overlap=combine", "quant=bf16",
-                   "workload.tokens_per_rank=[8]", *QUICK, "--out", str(tmp_path / "one")])
+    rc = cli.main(
+        [
+            "run",
+            "backend=naive",
+            "experts=torch",
+            "reduction=finalize",
+            "overlap=combine",
+            "quant=bf16",
+            "workload.tokens_per_rank=[8]",
+            *QUICK,
+            "--out",
+            str(tmp_path / "one"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "ok" in out and "latency_us_median" in out
 
@@ -222,7 +324,9 @@ def test_group_state_takes_messages_out_of_order():
     from moebench.run.messages import Done, Error, Result
     from moebench.run.plan import plan
 
-    combos, _ = plan(["backend=naive", "experts=torch", "reduction=experts,finalize", "overlap=none", "quant=bf16"], None)
+    combos, _ = plan(
+        ["backend=naive", "experts=torch", "reduction=experts,finalize", "overlap=none", "quant=bf16"], None
+    )
     st = _GroupState([(c, [8]) for c in combos], world_size=2)
     st.take(Done(0, 0))
     st.take(Result(1, 0, 8, RankResult(rank=0, reason="rank0-combo1")))  # rank 0 is ahead
@@ -273,7 +377,7 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
         "#!/bin/sh\n"
         '[ "$1" = --version ] && { echo "NVIDIA Nsight Systems version 0.0 (stand-in)"; exit 0; }  # moebench env\n'
         'printf "%s\\n" "$@" > "$FAKE_NSYS_ARGV.$$"\n'
-        'shift  # profile\n'
+        "shift  # profile\n"
         'out=""\n'
         'while [ "$#" -gt 0 ]; do case "$1" in -o) out="$2"; shift 2; break;; *) shift;; esac; done\n'
         'out=$(echo "$out" | sed "s/%p/$$/")  # nsys expands %p to the process id\n'
@@ -283,9 +387,22 @@ def test_trace_nsys_starts_each_rank_under_nsys(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_NSYS_ARGV", str(tmp_path / "argv"))
-    run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=experts", "overlap=combine", "quant=bf16",
-                          "trace=nsys", "workload.tokens_per_rank=[4,8]", "runner.memory=false", *QUICK], None,
-                         str(tmp_path / "n"), quiet=True)
+    run_dir, _ = execute(
+        [
+            "backend=naive",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=combine",
+            "quant=bf16",
+            "trace=nsys",
+            "workload.tokens_per_rank=[4,8]",
+            "runner.memory=false",
+            *QUICK,
+        ],
+        None,
+        str(tmp_path / "n"),
+        quiet=True,
+    )
     df = RunStore(run_dir).load().sort_values("tokens_per_rank")
     assert list(df.status) == ["ok", "ok"]
     nsys_dir = run_dir / "traces" / "nsys"
@@ -327,9 +444,23 @@ def test_trace_nsys_without_nsys_says_so_and_writes_the_torch_trace(tmp_path, mo
 
     path = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nsys").exists()]
     monkeypatch.setenv("PATH", os.pathsep.join(path))
-    run_dir, _ = execute(["backend=local", "runner.world_size=1", "experts=torch", "reduction=experts",
-                          "overlap=none", "quant=bf16", "trace=nsys", "trace.samples=2", "workload.tokens_per_rank=[4]",
-                          "runner.memory=false", *QUICK], None, str(tmp_path / "n"))
+    run_dir, _ = execute(
+        [
+            "backend=local",
+            "runner.world_size=1",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "trace=nsys",
+            "trace.samples=2",
+            "workload.tokens_per_rank=[4]",
+            "runner.memory=false",
+            *QUICK,
+        ],
+        None,
+        str(tmp_path / "n"),
+    )
     assert NSYS_MISSING in capsys.readouterr().err
     (row,) = RunStore(run_dir).load().itertuples()
     assert row.status == "ok" and row.trace_path.endswith("rank0_T4.json") and (run_dir / row.trace_path).is_file()
@@ -343,8 +474,18 @@ def test_a_sweep_where_nothing_can_run_says_so_and_a_resumed_one_counts_what_was
     _, counts = execute(none, None, str(tmp_path / "none"))
     err = capsys.readouterr().err
     assert set(counts) == {"skipped"} and "nothing ran: every combination was skipped" in err
-    quick = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny",
-             "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1"]
+    quick = [
+        "backend=local",
+        "experts=torch",
+        "reduction=experts",
+        "overlap=none",
+        "quant=bf16",
+        "model=tiny",
+        "workload.tokens_per_rank=[4]",
+        "runner.reps=1",
+        "runner.warmup=0",
+        "runner.phase_reps=1",
+    ]
     execute(quick, None, str(tmp_path / "once"))
     capsys.readouterr()
     execute(quick, None, str(tmp_path / "once"))  # resumed: nothing left to run

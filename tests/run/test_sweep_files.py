@@ -1,6 +1,7 @@
 """Every sweep file of sweeps/: planned in tiny mode (each keeps a row that runs on the CPU), run
 end to end in tiny mode (the one-rank `local` ones in the slow tier: default.yaml's local rows take
 their path), and what the GPU-only files plan on a CPU."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,38 +23,61 @@ SWEEPS = sorted(p.stem for p in (Path(__file__).parents[2] / "sweeps").glob("*.y
 # (their Triton / DeepGEMM rows are skipped, the runner options are the test's): the same path as
 # default.yaml's local rows. The default tier plans them (below) and runs the others end to end;
 # the slow tier runs them too
-ONE_RANK_LOCAL = {"timing_validation", "triton_roofline", "triton_roofline_v3", "triton_vs_deepgemm",
-                  "triton_vs_deepgemm_v3", "triton_vs_torch_events", "weight_reduce_memory", "host_path_gpu_time",
-                  "host_path_gpu_time_v3", "gluon_gemm", "gluon_gemm_v3"}
-TINY = ["model=tiny", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1",
-        "runner.memory=false", "runner.timing=events"]
+ONE_RANK_LOCAL = {
+    "timing_validation",
+    "triton_roofline",
+    "triton_roofline_v3",
+    "triton_vs_deepgemm",
+    "triton_vs_deepgemm_v3",
+    "triton_vs_torch_events",
+    "weight_reduce_memory",
+    "host_path_gpu_time",
+    "host_path_gpu_time_v3",
+    "gluon_gemm",
+    "gluon_gemm_v3",
+}
+TINY = [
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=1",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.memory=false",
+    "runner.timing=events",
+]
 
 
 def _tiny_extra(sweep: str, tmp_path: Path) -> list[str]:
     """A sweep file's overrides for its CPU run in tiny mode (and the recording routing reads)."""
     # ep_scaling is for 4 and 8 GPUs: on the CPU, 4 gloo ranks with torch experts
     # deepep_ht_sm_budget's knobs are for DeepEP on GPUs: on the CPU its layer over naive
-    extra = {"ep_scaling": ["runner.world_size=4", "experts=torch,torch_batched", "quant=bf16",
-                            "overlap=none,combine"],
-             "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
-             # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
-             "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
-             # host_path_gpu_time's rows are Triton's alone (issue #34's GPU check): on the CPU the same layers' torch experts
-             "host_path_gpu_time": ["experts=torch"], "host_path_gpu_time_v3": ["experts=torch"],
-             # gluon_gemm's rows are GPU-only (issue #35's Gluon GEMM, DeepGEMM): on the CPU the same layers'
-             # torch experts beside the triton ones (skipped here), which keep the file's knob declared
-             "gluon_gemm": ["experts=torch,triton"], "gluon_gemm_v3": ["experts=torch,triton"],
-             # routing's kernels need a GPU and its recordings are the GPU models': torch experts, a tiny recording
-             "routing": ["experts=torch,torch_batched", "quant=bf16", f"workload.routing_file={tmp_path}/%model%.npz"],
-             }.get(sweep, [])
+    extra = {
+        "ep_scaling": ["runner.world_size=4", "experts=torch,torch_batched", "quant=bf16", "overlap=none,combine"],
+        "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
+        # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
+        "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
+        # host_path_gpu_time's rows are Triton's alone (issue #34's GPU check): on the CPU the same layers' torch experts
+        "host_path_gpu_time": ["experts=torch"],
+        "host_path_gpu_time_v3": ["experts=torch"],
+        # gluon_gemm's rows are GPU-only (issue #35's Gluon GEMM, DeepGEMM): on the CPU the same layers'
+        # torch experts beside the triton ones (skipped here), which keep the file's knob declared
+        "gluon_gemm": ["experts=torch,triton"],
+        "gluon_gemm_v3": ["experts=torch,triton"],
+        # routing's kernels need a GPU and its recordings are the GPU models': torch experts, a tiny recording
+        "routing": ["experts=torch,torch_batched", "quant=bf16", f"workload.routing_file={tmp_path}/%model%.npz"],
+    }.get(sweep, [])
     if sweep == "routing":
         import numpy as np
 
         from moebench.routing import file
 
         rng = np.random.default_rng(0)
-        file.write(str(tmp_path / "tiny.npz"), np.stack([rng.choice(8, 2, replace=False) for _ in range(64)]),
-                   num_experts=8, source="synthetic: the test's")
+        file.write(
+            str(tmp_path / "tiny.npz"),
+            np.stack([rng.choice(8, 2, replace=False) for _ in range(64)]),
+            num_experts=8,
+            source="synthetic: the test's",
+        )
     return extra
 
 
@@ -68,11 +92,17 @@ def test_every_sweep_file_plans_runnable_rows_in_tiny_mode(sweep, tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("sweep", [pytest.param(s, marks=pytest.mark.slow) if s in ONE_RANK_LOCAL else s
-                                   for s in SWEEPS])
+@pytest.mark.parametrize(
+    "sweep", [pytest.param(s, marks=pytest.mark.slow) if s in ONE_RANK_LOCAL else s for s in SWEEPS]
+)
 def test_every_sweep_file_runs_in_tiny_mode(sweep, tmp_path):
-    run_dir, counts = execute([*TINY, *_tiny_extra(sweep, tmp_path)], sweep, str(tmp_path / sweep), quiet=True,
-                              oversubscribe=sweep == "ep_scaling")
+    run_dir, counts = execute(
+        [*TINY, *_tiny_extra(sweep, tmp_path)],
+        sweep,
+        str(tmp_path / sweep),
+        quiet=True,
+        oversubscribe=sweep == "ep_scaling",
+    )
     df = RunStore(run_dir).load()
     assert set(df.status) <= {"ok", "skipped"}, df[["label", "status", "reason"]]
     assert (df.status == "ok").any(), "a sweep file whose every row is skipped tests nothing"
@@ -104,10 +134,15 @@ def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus(
     # shared experts
     reasons = {c.reason for c in combos if c.reason}
     assert not [r for r in reasons if "does not divide" in r], reasons
-    naive_triton = [c for c in combos if c.combo["backend"] == "naive" and c.combo["experts"] == "triton"
-                    and c.combo["model"] == "deepseek_v3"]
-    assert naive_triton and all(not c.reason or "Triton experts need a CUDA GPU" in c.reason
-                                or "this machine has" in c.reason for c in naive_triton)
+    naive_triton = [
+        c
+        for c in combos
+        if c.combo["backend"] == "naive" and c.combo["experts"] == "triton" and c.combo["model"] == "deepseek_v3"
+    ]
+    assert naive_triton and all(
+        not c.reason or "Triton experts need a CUDA GPU" in c.reason or "this machine has" in c.reason
+        for c in naive_triton
+    )
     # on CUDA this machine (no GPU, or fewer than 4) is refused before any work
     with pytest.raises(ValueError, match=r"runner.device=cuda but no CUDA GPU|needs \d+ GPUs"):
         plan.plan(["runner.device=cuda"], "ep_scaling")

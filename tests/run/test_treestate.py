@@ -2,6 +2,7 @@
 scripts/copy_tree.sh): a real git repository of this checkout's code, copied by the script,
 then the copy's own moebench asked for its fingerprint (`moebench env --json`, in a fresh
 process whose code is the copy's), as a GPU machine's run would."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ from moebench.report.flags import run_notes
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "copy_tree.sh"
 CODE = ("moebench", "conf", "sweeps", "pyproject.toml", ".gitignore")  # what `moebench env` needs
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+}
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -58,8 +64,14 @@ def _env_json(tree: Path) -> dict:
     """`moebench env --json` of a tree's own code, run there (no MOEBENCH_GIT_SHA)."""
     env = {k: v for k, v in os.environ.items() if k != "MOEBENCH_GIT_SHA"}
     env["PYTHONPATH"] = str(tree)
-    done = subprocess.run([sys.executable, "-m", "moebench.cli", "env", "--json"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "moebench.cli", "env", "--json"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)["env"]
     assert info["git_tree"] in ("stamp", "git", "none"), info
@@ -87,7 +99,9 @@ def test_a_copy_of_a_clean_clone_records_a_clean_tree(repo, tmp_path):
 @pytest.mark.multiprocess
 def test_a_copy_of_a_clone_with_an_uncommitted_change_records_dirty(repo, tmp_path):
     _edit(repo / "sweeps" / "default.yaml")
-    (repo / "moebench" / "kernels" / "experts" / "mine.py").write_text("# an untracked module: the registry would load it\n")
+    (repo / "moebench" / "kernels" / "experts" / "mine.py").write_text(
+        "# an untracked module: the registry would load it\n"
+    )
     source = treestate.tree_state(repo)  # what git says of the clone
     assert source.source == "git" and source.dirty and source.diff_sha256
     dest = tmp_path / "copy"
@@ -98,8 +112,10 @@ def test_a_copy_of_a_clone_with_an_uncommitted_change_records_dirty(repo, tmp_pa
     assert info["git_diff_paths"] == ["moebench/kernels/experts/mine.py", "sweeps/default.yaml"]
     # the report says so: the run's notes, the environment line, the results index
     notes = run_notes(pd.DataFrame({"git_sha": [info["git_sha"]]}), info, "cand")
-    assert any(n.startswith("cand: the tree was dirty") and "`sweeps/default.yaml`" in n
-               and source.diff_sha256[:12] in n for n in notes), notes
+    assert any(
+        n.startswith("cand: the tree was dirty") and "`sweeps/default.yaml`" in n and source.diff_sha256[:12] in n
+        for n in notes
+    ), notes
     assert "(dirty)" in env_summary(info)
     run = tmp_path / "results" / "q" / "run"
     run.mkdir(parents=True)
@@ -119,9 +135,16 @@ def test_a_copy_edited_after_the_copy_records_dirty(repo, tmp_path):
     assert any("the tree was dirty" in n for n in run_notes(pd.DataFrame({"git_sha": [info["git_sha"]]}), info))
 
 
-@pytest.mark.parametrize("change, dirty", [
-    ("edit", True), ("add", True), ("remove", True), ("add an ignored file", False), ("edit back", False),
-])
+@pytest.mark.parametrize(
+    "change, dirty",
+    [
+        ("edit", True),
+        ("add", True),
+        ("remove", True),
+        ("add an ignored file", False),
+        ("edit back", False),
+    ],
+)
 def test_what_counts_as_a_change_after_the_copy(repo, tmp_path, change, dirty):
     dest = tmp_path / "copy"
     assert _copy(repo, dest).returncode == 0
@@ -207,8 +230,9 @@ def test_ab_worktrees_record_their_state(repo, tmp_path):
     tree = tmp_path / "wt"
     _git(repo, "worktree", "add", "-q", "--detach", str(tree), sha)
     code = "import json; from moebench.run.env import git_info; print(json.dumps(git_info()))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=ab.tree_env(tree, sha), capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env=ab.tree_env(tree, sha), capture_output=True, text=True, check=True
+    )
     info = json.loads(done.stdout)
     assert (info["git_sha"], info["git_dirty"], info["git_tree"]) == (sha, False, "git")
 
@@ -217,25 +241,49 @@ def test_the_script_refuses_what_it_cannot_do(repo, tmp_path):
     full = tmp_path / "full"
     full.mkdir()
     (full / "x").write_text("")
-    for args, words in (((), "usage"), ((str(full),), "not an empty folder"),
-                        ((str(repo / "sub"),), "git does not ignore it")):
+    for args, words in (
+        ((), "usage"),
+        ((str(full),), "not an empty folder"),
+        ((str(repo / "sub"),), "git does not ignore it"),
+    ):
         done = subprocess.run([str(SCRIPT), *args], cwd=repo, capture_output=True, text=True)
         assert done.returncode == 2 and words in done.stderr, (args, done.stderr)
     assert _copy(repo, repo / "runs" / "tree").returncode == 0  # a folder git ignores is fine
     assert subprocess.run([str(SCRIPT), "--stamp"], cwd=tmp_path, capture_output=True).returncode == 2  # no checkout
 
 
-@pytest.mark.parametrize("rules", [
-    None,  # the repository's own .gitignore
-    "*.log\n!keep.log\n/top/\nsub/deep/\n**/gen/**\ndocs/*.tmp\n\\#lit\nspace\\ \n",
-])
+@pytest.mark.parametrize(
+    "rules",
+    [
+        None,  # the repository's own .gitignore
+        "*.log\n!keep.log\n/top/\nsub/deep/\n**/gen/**\ndocs/*.tmp\n\\#lit\nspace\\ \n",
+    ],
+)
 def test_ignore_rules_agree_with_git(tmp_path, rules):
     """The walk that finds files added to a copy ignores what git ignores (a fresh repository:
     every file untracked, so `git ls-files --others --exclude-standard` lists exactly those)."""
     tree = tmp_path / "t"
-    for rel in ("a.py", "x.log", "keep.log", "top/f", "a/top/f", "sub/deep/f", "sub/x/deep/f", "p/gen/q/f",
-                "docs/a.tmp", "docs/b/a.tmp", "#lit", "space ", "runs/r", "a/runs/r", "__pycache__/c.pyc",
-                "moebench.egg-info/PKG", "examples/p/build/f", "x/.lock", ".moebench-tree.json"):
+    for rel in (
+        "a.py",
+        "x.log",
+        "keep.log",
+        "top/f",
+        "a/top/f",
+        "sub/deep/f",
+        "sub/x/deep/f",
+        "p/gen/q/f",
+        "docs/a.tmp",
+        "docs/b/a.tmp",
+        "#lit",
+        "space ",
+        "runs/r",
+        "a/runs/r",
+        "__pycache__/c.pyc",
+        "moebench.egg-info/PKG",
+        "examples/p/build/f",
+        "x/.lock",
+        ".moebench-tree.json",
+    ):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(rel)
     (tree / ".gitignore").write_text(rules if rules is not None else (ROOT / ".gitignore").read_text())

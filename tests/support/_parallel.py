@@ -25,6 +25,7 @@ Without pytest-xdist installed (an environment from before it joined the `test` 
 three options are accepted and ignored, and the header says so: the run takes one process.
 Tested by tests/project/test_parallel.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,11 +41,19 @@ def pytest_addoption(parser, pluginmanager):
     if pluginmanager.has_plugin("xdist"):
         return
     group = parser.getgroup("xdist", "pytest-xdist is not installed: these options are ignored")
-    group.addoption("--numprocesses", dest="numprocesses", default=None,
-                    help="ignored: pytest-xdist is not installed (pip install -e '.[test]')")
+    group.addoption(
+        "--numprocesses",
+        dest="numprocesses",
+        default=None,
+        help="ignored: pytest-xdist is not installed (pip install -e '.[test]')",
+    )
     group.addoption("--dist", dest="dist", default="no", help="ignored: pytest-xdist is not installed")
-    group.addoption("--no-loadscope-reorder", dest="loadscopereorder", action="store_false",
-                    help="ignored: pytest-xdist is not installed")
+    group.addoption(
+        "--no-loadscope-reorder",
+        dest="loadscopereorder",
+        action="store_false",
+        help="ignored: pytest-xdist is not installed",
+    )
 
 
 def pytest_report_header(config):
@@ -97,6 +106,8 @@ def file_order(tests: list[tuple[str, bool]]) -> list[str]:
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # only in a worker: each collects, and sorts alike
         return
-    rank = {f: i for i, f in enumerate(file_order([(i.nodeid, i.get_closest_marker("multiprocess") is not None)
-                                                    for i in items]))}
+    rank = {
+        f: i
+        for i, f in enumerate(file_order([(i.nodeid, i.get_closest_marker("multiprocess") is not None) for i in items]))
+    }
     items.sort(key=lambda i: rank[i.nodeid.split("::", 1)[0]])  # stable: a file's tests keep their order

@@ -13,6 +13,7 @@ the selected tests from the workers' collections; a file's line comes when all i
 finished, in whatever order the workers ran them (with `--dist loadfile` a file runs on one
 worker, so its time is its own). Tested by tests/project/test_progress.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -99,8 +100,10 @@ class Progress:
         width = len(str(n))
         if tr._tw.width_of_current_line:  # -q's dots (ensure_newline() knows of -v's lines only)
             tr._tw.line()
-        tr.write_line(f"[{len(self.printed):>{width}}/{n} {fmt_s(now - self.t0):>6}] {f}  {what or 'nothing ran'}"
-                      f"  {fmt_s(now - self.started.get(f, now))}{note}")
+        tr.write_line(
+            f"[{len(self.printed):>{width}}/{n} {fmt_s(now - self.t0):>6}] {f}  {what or 'nothing ran'}"
+            f"  {fmt_s(now - self.started.get(f, now))}{note}"
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:

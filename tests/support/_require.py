@@ -21,6 +21,7 @@ test files). The rule:
 
 Skip inside tests or fixtures, not at module level: a module skipped whole hides its marks.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,8 @@ _RAN = pytest.StashKey[dict]()
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--require", default=os.environ.get("MOEBENCH_REQUIRE", ""),
+        "--require",
+        default=os.environ.get("MOEBENCH_REQUIRE", ""),
         help="comma-separated libraries this run must exercise (e.g. deep_ep,deep_gemm): a test marked "
         "needs(...) with only required libraries fails instead of skipping, whatever the reason, and "
         "each required library needs at least one of its tests run (tests/support/_require.py)",
@@ -48,8 +50,10 @@ def required(config) -> list[str]:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "needs(*libs): the optional libraries a test exercises; under --require a test whose "
-        "libraries are all required must run (tests/support/_require.py)")
+        "markers",
+        "needs(*libs): the optional libraries a test exercises; under --require a test whose "
+        "libraries are all required must run (tests/support/_require.py)",
+    )
     config.stash[_RAN] = {lib: 0 for lib in required(config)}
     missing = []
     for lib in required(config):
@@ -119,8 +123,11 @@ def pytest_make_collect_report(collector):
 
 def _unmet(config) -> list[str]:
     ran = config.stash.get(_RAN, {})
-    return [f"--require {lib}: no test marked needs({lib!r}) ran (deselected, skipped, not collected or unmarked)"
-            for lib, n in ran.items() if n == 0]
+    return [
+        f"--require {lib}: no test marked needs({lib!r}) ran (deselected, skipped, not collected or unmarked)"
+        for lib, n in ran.items()
+        if n == 0
+    ]
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -4,6 +4,7 @@ replaces them (the quick tier's `-m "not multiprocess"`, `-m multiprocess`) and 
 both; this hook deselects them again. So the README's command runs neither, `-m slow` is exactly
 the slow tier (its GPU tests aside) and `-m gpu` the GPU tests. Loaded by tests/conftest.py;
 tested by tests/project/test_tiers.py."""
+
 from __future__ import annotations
 
 TIER_MARKERS = ("gpu", "slow")

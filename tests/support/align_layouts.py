@@ -1,5 +1,6 @@
 """The one-launch alignment against the two-kernel path (kernels/triton/align.py), shared by the
 interpreter's test (tests/kernels/test_host_path.py) and the GPU's (tests/gpu/test_triton_fastlaunch.py)."""
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ padding rows and scales are NaN (DeepEP leaves them uninitialised); before a
 receive hook runs, the outputs hold garbage; fp8 uses one fp32 scale = amax / 448
 per 1x128 group (amax >= 1e-4), scales [E, X, G] as a transposed [E, G, X] tensor.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,7 +38,9 @@ def _layout_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks:
     num_scales = hidden // 128
     dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
     combine_msg = num_scales * 4 + hidden * 2
-    send = max(num_max_dispatch_tokens_per_rank * dispatch_msg, num_experts * num_max_dispatch_tokens_per_rank * combine_msg)
+    send = max(
+        num_max_dispatch_tokens_per_rank * dispatch_msg, num_experts * num_max_dispatch_tokens_per_rank * combine_msg
+    )
     recv = num_experts * num_max_dispatch_tokens_per_rank * max(dispatch_msg, combine_msg)
     signal = -(-(num_experts * 4) // 128) * 128
     return 2 * (send + recv + signal)
@@ -47,9 +50,18 @@ class Buffer:
     num_sms: int = 20
     created: int = 0  # Buffers made in this process (the tests check there is one)
 
-    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
-                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
-                 explicitly_destroy: bool = False, comm=None) -> None:
+    def __init__(
+        self,
+        group,
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 24,
+        allow_nvlink_for_low_latency_mode: bool = True,
+        allow_mnnvl: bool = False,
+        explicitly_destroy: bool = False,
+        comm=None,
+    ) -> None:
         assert group is not None
         assert num_rdma_bytes % _NUM_BUFFER_ALIGNMENT_BYTES == 0 and num_nvl_bytes % _NUM_BUFFER_ALIGNMENT_BYTES == 0
         assert low_latency_mode and num_rdma_bytes > 0, "the stand-in models the low-latency mode only"
@@ -70,7 +82,9 @@ class Buffer:
         self.runtime = None
 
     @staticmethod
-    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+    def get_low_latency_rdma_size_hint(
+        num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int
+    ) -> int:
         n = _layout_bytes(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
         return ((n + _NUM_BUFFER_ALIGNMENT_BYTES) // _NUM_BUFFER_ALIGNMENT_BYTES) * _NUM_BUFFER_ALIGNMENT_BYTES
 
@@ -81,10 +95,20 @@ class Buffer:
         self.low_latency_buffer_idx ^= 1
 
     # -- dispatch -----------------------------------------------------------------
-    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
-                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
-                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
-                             async_finish: bool = False, return_recv_hook: bool = False):
+    def low_latency_dispatch(
+        self,
+        x,
+        topk_idx,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        cumulative_local_expert_recv_stats=None,
+        dispatch_wait_recv_cost_stats=None,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+    ):
         R, r, X0 = self.group_size, self.rank, num_max_dispatch_tokens_per_rank
         assert x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16
         assert x.size(1) % 8 == 0 and x.size(1) % 128 == 0
@@ -145,9 +169,19 @@ class Buffer:
         return (recv_x, scales) if use_fp8 else recv_x, count, handle, EventOverlap(None), hook
 
     # -- combine ------------------------------------------------------------------
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False, zero_copy: bool = False,
-                            async_finish: bool = False, return_recv_hook: bool = False, out=None,
-                            combine_wait_recv_cost_stats=None):
+    def low_latency_combine(
+        self,
+        x,
+        topk_idx,
+        topk_weights,
+        handle,
+        use_logfmt: bool = False,
+        zero_copy: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+        out=None,
+        combine_wait_recv_cost_stats=None,
+    ):
         src_info, layout, X0, K, num_experts = handle
         R, r = self.group_size, self.rank
         E = num_experts // R
@@ -160,7 +194,9 @@ class Buffer:
         assert not (async_finish and return_recv_hook) and not use_logfmt and not zero_copy
         T = topk_idx.size(0)
         if out is not None:
-            assert out.dim() == 2 and out.is_contiguous() and tuple(out.shape) == (T, x.size(2)) and out.dtype == x.dtype
+            assert (
+                out.dim() == 2 and out.is_contiguous() and tuple(out.shape) == (T, x.size(2)) and out.dtype == x.dtype
+            )
         self._check_layout(X0, x.size(2), num_experts)
 
         # send phase: each counted row goes back to its source rank, keyed by (global expert, source token)

@@ -5,6 +5,7 @@ users. Knobs: experts.fault (what goes wrong), experts.fault_rank (-1: every ran
 experts.fault_s (seconds, for sleep), experts.fault_rows (only from this many rows in
 apply(): a later token count). With MOEBENCH_FAULT_ONCE=<path> the fault fires once, in the
 process that creates <path> first (a resume then runs clean)."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,13 @@ class FaultExperts(TorchExperts):
         Knob("fault", "none", "what goes wrong in apply()", choices=FAULTS, tag="{}"),
         Knob("fault_rank", -1, "the rank it goes wrong on (-1: every rank)", minimum=-1, tag="r{}"),
         Knob("fault_s", 0.0, "seconds of a sleep fault", minimum=0.0, tag="{}s"),
-        Knob("fault_rows", 0, "the fault fires only when apply() gets at least this many rows (0: always)",
-             minimum=0, tag="rows{}"),
+        Knob(
+            "fault_rows",
+            0,
+            "the fault fires only when apply() gets at least this many rows (0: always)",
+            minimum=0,
+            tag="rows{}",
+        ),
     )
 
     def apply(self, output, prepared, workspace13, workspace2):

@@ -3,6 +3,7 @@
 benchmark JSON, tune.json) at the H200's committed ceilings (results/ceilings/nvidia-h200),
 through moebench.report.roofline as `moebench report` computes them. Each function returns the
 figures of one passage, in its order; units as the docs write them (µs, %, TFLOP/s, TB/s)."""
+
 from __future__ import annotations
 
 import functools
@@ -77,17 +78,32 @@ def busy_ranges():
     for q in ("bf16", "fp8_block"):
         p = [busy(m, q, t).experts_pct_of_floor for m in MODELS for t in (16, 64, 256)]
         out += [min(p), max(p)]
-    gap = max(abs(busy(m, q, t).experts_pct_of_floor - busy(m, q, t, "finalize").experts_pct_of_floor)
-              for m in MODELS for q in ("bf16", "fp8_block") for t in (16, 64, 256))
+    gap = max(
+        abs(busy(m, q, t).experts_pct_of_floor - busy(m, q, t, "finalize").experts_pct_of_floor)
+        for m in MODELS
+        for q in ("bf16", "fp8_block")
+        for t in (16, 64, 256)
+    )
     return [*out, int(np.ceil(gap))]
 
 
 def target_misses():
     """The busy-time cells under issue #5's 80 %: exactly those the doc names, in its order."""
-    miss = [(m, q, t) for q in ("bf16", "fp8_block") for m in MODELS for t in (16, 64, 256)
-            if busy(m, q, t).experts_pct_of_floor < 80]
-    named = [("mixtral_8x7b", "bf16", 64), ("qwen3_30b_a3b", "fp8_block", 16), ("qwen3_30b_a3b", "fp8_block", 64),
-             ("qwen3_30b_a3b", "fp8_block", 256), ("mixtral_8x7b", "fp8_block", 256), ("deepseek_v3", "fp8_block", 16)]
+    miss = [
+        (m, q, t)
+        for q in ("bf16", "fp8_block")
+        for m in MODELS
+        for t in (16, 64, 256)
+        if busy(m, q, t).experts_pct_of_floor < 80
+    ]
+    named = [
+        ("mixtral_8x7b", "bf16", 64),
+        ("qwen3_30b_a3b", "fp8_block", 16),
+        ("qwen3_30b_a3b", "fp8_block", 64),
+        ("qwen3_30b_a3b", "fp8_block", 256),
+        ("mixtral_8x7b", "fp8_block", 256),
+        ("deepseek_v3", "fp8_block", 16),
+    ]
     assert miss == named, miss
     m128 = pick("fp8_decode_kernels", model="mixtral_8x7b", tokens_per_rank=128).experts_pct_of_floor
     p = [busy(*c).experts_pct_of_floor for c in named]
@@ -102,8 +118,10 @@ def hbm_floor_us():
 
 def read_mostly():
     """The busy-time table's highest cell and the bytes per second it moved (TB/s)."""
-    r = max((busy(m, q, t) for m in MODELS for q in ("bf16", "fp8_block") for t in (16, 64, 256)),
-            key=lambda r: r.experts_pct_of_floor)
+    r = max(
+        (busy(m, q, t) for m in MODELS for q in ("bf16", "fp8_block") for t in (16, 64, 256)),
+        key=lambda r: r.experts_pct_of_floor,
+    )
     assert (r.model, r.quant, r.tokens_per_rank) == ("deepseek_v3", "bf16", 64)
     return [r.experts_pct_of_floor, r.expert_bytes / r.experts_us / 1e6]
 
@@ -121,18 +139,29 @@ def layer_pct(run: str, model: str, quant: str, tokens) -> list:
 def graph_replays():
     q3m, d3 = "triton_roofline/qwen3_mixtral", "triton_roofline/deepseek_v3"
     dec = (16, 64, 256)
-    return [*layer_pct(q3m, "qwen3_30b_a3b", "bf16", dec), *layer_pct(q3m, "qwen3_30b_a3b", "fp8_block", dec),
-            *layer_pct(q3m, "mixtral_8x7b", "bf16", dec), *layer_pct(d3, "deepseek_v3", "bf16", dec),
-            *layer_pct(d3, "deepseek_v3", "fp8_block", dec),
-            *layer_pct("fp8_decode_tiles/mixtral/installed", "mixtral_8x7b", "fp8_block", (16, 64, 128, 256)),
-            *layer_pct("fp8_scale_fold/B2", "mixtral_8x7b", "fp8_block", (256,))]
+    return [
+        *layer_pct(q3m, "qwen3_30b_a3b", "bf16", dec),
+        *layer_pct(q3m, "qwen3_30b_a3b", "fp8_block", dec),
+        *layer_pct(q3m, "mixtral_8x7b", "bf16", dec),
+        *layer_pct(d3, "deepseek_v3", "bf16", dec),
+        *layer_pct(d3, "deepseek_v3", "fp8_block", dec),
+        *layer_pct("fp8_decode_tiles/mixtral/installed", "mixtral_8x7b", "fp8_block", (16, 64, 128, 256)),
+        *layer_pct("fp8_scale_fold/B2", "mixtral_8x7b", "fp8_block", (256,)),
+    ]
 
 
 def busy_vs_replay_points():
     """The largest gap (points of the floor) between busy time and graph replays at 16 tokens in fp8."""
-    gaps = {m: busy(m, "fp8_block", 16).experts_pct_of_floor - layer_pct(
-        "triton_roofline/deepseek_v3" if m == "deepseek_v3" else "triton_roofline/qwen3_mixtral", m, "fp8_block",
-        (16,))[0] for m in MODELS}
+    gaps = {
+        m: busy(m, "fp8_block", 16).experts_pct_of_floor
+        - layer_pct(
+            "triton_roofline/deepseek_v3" if m == "deepseek_v3" else "triton_roofline/qwen3_mixtral",
+            m,
+            "fp8_block",
+            (16,),
+        )[0]
+        for m in MODELS
+    }
     assert max(gaps, key=gaps.get) == "deepseek_v3"
     d = busy("deepseek_v3", "fp8_block", 16).experts_pct_of_floor
     return [gaps["deepseek_v3"], d, d - gaps["deepseek_v3"]]
@@ -145,16 +174,26 @@ def bf16_16384():
     mxc = pick("bf16_layouts", model="mixtral_8x7b", row_layout="contiguous", tokens_per_rank=16384)
     d3 = pick("triton_roofline/deepseek_v3", experts="triton", quant="bf16", tokens_per_rank=16384)
     assert {q3c.bound, q3g.bound, mxc.bound, d3.bound} == {"compute"}
-    return [q3c.experts_us, q3c.experts_pct_of_floor, q3g.experts_pct_of_floor, d3.experts_us,
-            d3.experts_pct_of_floor, mxc.experts_us, mxc.experts_pct_of_floor]
+    return [
+        q3c.experts_us,
+        q3c.experts_pct_of_floor,
+        q3g.experts_pct_of_floor,
+        d3.experts_us,
+        d3.experts_pct_of_floor,
+        mxc.experts_us,
+        mxc.experts_pct_of_floor,
+    ]
 
 
 def bf16_gemms_alone():
     """The bf16 grouped GEMMs alone (BF16_CONFIG's tile), % of the bf16 ceiling: qwen3 and
     deepseek_v3, then mixtral."""
     bench = json.loads((RESULTS / "bf16_layouts" / "bf16_contiguous.json").read_text())
-    pct = {(b["model"], b["gemm"]): 100 * b["tflops"] / tflops(h200())[0] for b in bench
-           if b.get("kernel") == "128x256x64 g8 w8 s3 persist" and b["tokens"] == 16384}
+    pct = {
+        (b["model"], b["gemm"]): 100 * b["tflops"] / tflops(h200())[0]
+        for b in bench
+        if b.get("kernel") == "128x256x64 g8 w8 s3 persist" and b["tokens"] == 16384
+    }
     two = [v for (m, _), v in pct.items() if m != "mixtral_8x7b"]
     mx = [v for (m, _), v in pct.items() if m == "mixtral_8x7b"]
     assert len(two) == 4 and len(mx) == 2
@@ -170,15 +209,24 @@ def gemm_split() -> dict:
 
     out = {}
     for r in floors("fp8_decode_kernels").itertuples():
-        path = RESULTS / "fp8_decode_kernels" / "traces" / "profiler" / r.combo_key_v1 / f"rank0_T{r.tokens_per_rank}.json.gz"
+        path = (
+            RESULTS
+            / "fp8_decode_kernels"
+            / "traces"
+            / "profiler"
+            / r.combo_key_v1
+            / f"rank0_T{r.tokens_per_rank}.json.gz"
+        )
         per_sample: dict = {}
         for k in attribute(parse_torch_trace(path)).kernels:
             if k.sample is not None and k.phase == "experts" and k.name == "fused_moe_kernel":
                 per_sample.setdefault(k.sample, []).append(k)
         assert len(per_sample) == 20 and all(len(v) == 2 for v in per_sample.values())
         gemms = [sorted(v, key=lambda k: k.start_us) for v in per_sample.values()]
-        out[(r.model, r.tokens_per_rank)] = (float(np.median([g[0].dur_us for g in gemms])),
-                                            float(np.median([g[1].dur_us for g in gemms])))
+        out[(r.model, r.tokens_per_rank)] = (
+            float(np.median([g[0].dur_us for g in gemms])),
+            float(np.median([g[1].dur_us for g in gemms])),
+        )
     return out
 
 
@@ -188,8 +236,18 @@ def split_line(model: str, tokens: int):
     r = pick("fp8_decode_kernels", model=model, tokens_per_rank=tokens)
     up, down = gemm_split()[(model, tokens)]
     floor = r.hbm_floor_us
-    return [model.split("_")[0], tokens, r.experts_us, floor, r.experts_pct_of_floor, up, 100 * floor * 2 / 3 / up,
-            down, 100 * floor / 3 / down, r.experts_us - up - down]
+    return [
+        model.split("_")[0],
+        tokens,
+        r.experts_us,
+        floor,
+        r.experts_pct_of_floor,
+        up,
+        100 * floor * 2 / 3 / up,
+        down,
+        100 * floor / 3 / down,
+        r.experts_us - up - down,
+    ]
 
 
 def gemm_pct(model: str, tokens: int) -> tuple[float, float]:
@@ -211,11 +269,24 @@ def mixtral_gemm_fall():
 def qwen3_above_floor():
     """qwen3 fp8_block: graph latency − floor at 16 / 64 / 256 tokens, and the GEMMs' µs over
     their floor at 16 and 256 (busy time)."""
-    above = [r.latency_us_median - r.floor_us for r in
-             (pick("triton_roofline/qwen3_mixtral", experts="triton", model="qwen3_30b_a3b", quant="fp8_block",
-                   tokens_per_rank=t) for t in (16, 64, 256))]
-    over = [sum(gemm_split()[("qwen3_30b_a3b", t)]) - pick("fp8_decode_kernels", model="qwen3_30b_a3b",
-                                                           tokens_per_rank=t).hbm_floor_us for t in (16, 256)]
+    above = [
+        r.latency_us_median - r.floor_us
+        for r in (
+            pick(
+                "triton_roofline/qwen3_mixtral",
+                experts="triton",
+                model="qwen3_30b_a3b",
+                quant="fp8_block",
+                tokens_per_rank=t,
+            )
+            for t in (16, 64, 256)
+        )
+    ]
+    over = [
+        sum(gemm_split()[("qwen3_30b_a3b", t)])
+        - pick("fp8_decode_kernels", model="qwen3_30b_a3b", tokens_per_rank=t).hbm_floor_us
+        for t in (16, 256)
+    ]
     return [min(above), max(above), above[0], over[0], over[1]]
 
 
@@ -267,8 +338,15 @@ def tuned_prefill() -> dict:
         shape = rows("bf16_layouts").query("model == @layer['model']").iloc[0]
         assert best["tokens"] == 16384 and shape.num_experts // layer["simulate_ep"] == layer["E"]
         flops = 2 * best["tokens"] * shape.topk / layer["simulate_ep"] * 3 * shape.hidden * shape.intermediate
-        row = pd.DataFrame({"gpu": [h200().gpu], "quant": [layer["quant"]], "expert_flops": [flops],
-                            "expert_bytes": [np.nan], "experts_us": [best["best"]["us"]]})
+        row = pd.DataFrame(
+            {
+                "gpu": [h200().gpu],
+                "quant": [layer["quant"]],
+                "expert_flops": [flops],
+                "expert_bytes": [np.nan],
+                "experts_us": [best["best"]["us"]],
+            }
+        )
         f = add_floor(row, CEILINGS).iloc[0]
         out[name] = (flops / best["best"]["us"] / 1e6, 100 * f.flop_floor_us / f.experts_us)
     return out
@@ -296,10 +374,15 @@ def shared_expert_floor():
 def predicted_16384():
     """triton-roofline.md's predictions at 16384 tokens (µs, as the doc states them) against the bf16 ceiling."""
     out = []
-    for run, model, us in (("bf16_layouts", "qwen3_30b_a3b", 2650), ("triton_roofline/deepseek_v3", "deepseek_v3", 3070),
-                           ("bf16_layouts", "mixtral_8x7b", 18700)):
+    for run, model, us in (
+        ("bf16_layouts", "qwen3_30b_a3b", 2650),
+        ("triton_roofline/deepseek_v3", "deepseek_v3", 3070),
+        ("bf16_layouts", "mixtral_8x7b", 18700),
+    ):
         sel = floors(run)
-        r = sel[(sel.experts == "triton") & (sel.model == model) & (sel.quant == "bf16") & (sel.tokens_per_rank == 16384)]
+        r = sel[
+            (sel.experts == "triton") & (sel.model == model) & (sel.quant == "bf16") & (sel.tokens_per_rank == 16384)
+        ]
         assert r.flop_floor_us.nunique() == 1  # the layouts route the same pairs
         out += [us, 100 * r.flop_floor_us.iloc[0] / us]
     return [*out[:2], tflops(h200())[0], *out[2:]]

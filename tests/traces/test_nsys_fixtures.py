@@ -4,6 +4,7 @@
 are there by name, and `moebench trace` gives per-phase kernel time, the stream timeline, the
 shared ∩ communication overlap and the exposed time from them. The fixtures are committed: a missing
 one fails, as it would hide what these tests check."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -21,8 +22,10 @@ FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 SMOKE = FIX / "h200_nsys_smoke.sqlite"
 OVERLAPS = ("none", "combine")
 # the committed sweep exports, by name (a glob would pass with none), and any added beside them
-SWEEP = sorted({FIX / f"h200_nsys_triton_{ov}_T256.sqlite" for ov in OVERLAPS}
-               | {p for p in FIX.glob("h200_nsys_*.sqlite") if p != SMOKE})
+SWEEP = sorted(
+    {FIX / f"h200_nsys_triton_{ov}_T256.sqlite" for ov in OVERLAPS}
+    | {p for p in FIX.glob("h200_nsys_*.sqlite") if p != SMOKE}
+)
 ALL = [SMOKE, *SWEEP]
 MISSING = "missing: made by .gpu/nsys_call.sh on the GPU machine, then import_nsys_fixtures.py --install"
 
@@ -35,8 +38,10 @@ def _present(path: Path) -> Path:
 def _names(path) -> set:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = con.execute("SELECT COALESCE(e.text, s.value) FROM NVTX_EVENTS e "
-                           "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType IN (59, 60)").fetchall()
+        rows = con.execute(
+            "SELECT COALESCE(e.text, s.value) FROM NVTX_EVENTS e "
+            "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType IN (59, 60)"
+        ).fetchall()
     finally:
         con.close()
     return {r[0] for r in rows if r[0]}
@@ -55,14 +60,21 @@ def test_a_real_export_holds_kernels_ranges_and_its_provenance(path):
     assert _present(path).stat().st_size < 2_000_000, "keep fixtures small"
     tables = _tables(path)
     # unmodified: the export's own provenance tables are there
-    assert {"TARGET_INFO_GPU", "META_DATA_CAPTURE", "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_KERNEL",
-            "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "StringIds"} <= tables
+    assert {
+        "TARGET_INFO_GPU",
+        "META_DATA_CAPTURE",
+        "META_DATA_EXPORT",
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "NVTX_EVENTS",
+        "StringIds",
+    } <= tables
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     gpu = con.execute("SELECT * FROM TARGET_INFO_GPU").fetchall()
     con.close()
     assert any("H200" in str(v) for g in gpu for v in g), gpu
     names = _names(path)
-    ours = {n[len(NVTX_PREFIX):] for n in names if n.startswith(NVTX_PREFIX)}
+    ours = {n[len(NVTX_PREFIX) :] for n in names if n.startswith(NVTX_PREFIX)}
     assert {"experts"} <= ours and any(n.startswith("combo/") for n in ours), names
     (trace,) = load_traces(path)
     assert trace.kernels and all(k.end_us >= k.start_us for k in trace.kernels)
@@ -94,7 +106,7 @@ def test_moebench_trace_on_a_sweep_export(path, capsys, tmp_path):
     """A row's report from `moebench sweep trace=nsys`: the phases of the layer as its phase
     samples ran them, the streams (a second one for the shared experts with overlap=combine),
     the overlap table; and the timeline PNG."""
-    names = {n[len(NVTX_PREFIX):] for n in _names(_present(path)) if n.startswith(NVTX_PREFIX)}
+    names = {n[len(NVTX_PREFIX) :] for n in _names(_present(path)) if n.startswith(NVTX_PREFIX)}
     assert {"prepare", "experts", "finalize"} <= names
     (trace,) = load_traces(path)
     s = summarize(trace)

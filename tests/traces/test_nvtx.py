@@ -4,6 +4,7 @@ torch record_function ranges, and with measurement off the timed forwards run wi
 
 The NVTX emitter is a fake that records push / pop calls, so these tests do not depend
 on an NVTX API being installed (nor on a profiler listening to it)."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ class FakeDomain:
 
     def _push(self, message):
         assert message.startswith(NVTX_PREFIX), message
-        self.push_range(message[len(NVTX_PREFIX):])
+        self.push_range(message[len(NVTX_PREFIX) :])
 
     def push_range(self, name):
         self.calls.append(("push", name))
@@ -68,8 +69,9 @@ def domain(monkeypatch):
 
 
 def _layer(overlap: str, reduction: str) -> MoEKernel:
-    cfg = compose.compose_config(["backend=local", "experts=torch", "model=tiny", f"reduction={reduction}",
-                               "quant=bf16", f"overlap={overlap}"])
+    cfg = compose.compose_config(
+        ["backend=local", "experts=torch", "model=tiny", f"reduction={reduction}", "quant=bf16", f"overlap={overlap}"]
+    )
     kernel = build_layer(compose.to_combo(cfg), 0, 1, None, torch.device("cpu")).kernel
     assert kernel.shared is not None
     return kernel
@@ -77,8 +79,10 @@ def _layer(overlap: str, reduction: str) -> MoEKernel:
 
 def _record_function_tree(chrome_trace: dict) -> list:
     """(name, depth) of the trace's record_function ranges in start order, depth by containment."""
-    evs = sorted((e for e in chrome_trace["traceEvents"] if e.get("cat") == "user_annotation" and e.get("ph") == "X"),
-                 key=lambda e: (e["ts"], -e["dur"]))
+    evs = sorted(
+        (e for e in chrome_trace["traceEvents"] if e.get("cat") == "user_annotation" and e.get("ph") == "X"),
+        key=lambda e: (e["ts"], -e["dur"]),
+    )
     out, open_ends = [], []
     for e in evs:
         start, end = e["ts"], e["ts"] + e["dur"]
@@ -138,6 +142,7 @@ def test_without_an_nvtx_api_no_range_and_one_warning(monkeypatch, caplog):
 def test_the_api_follows_cuda_and_can_be_forced(monkeypatch):
     """With CUDA, torch.cuda.nvtx (the one Nsight Systems 2024.2 records); without, the nvtx
     package; MOEBENCH_NVTX_API picks one."""
+
     def resolve(forced=None):
         monkeypatch.setattr(nvtx_mod, "_RESOLVED", False)
         monkeypatch.setattr(nvtx_mod, "_EMITTER", None)
@@ -191,9 +196,22 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
     too), with no NVTX call and no record_function range. The phase samples around them do
     get a recorder (so a recorder left installed would show), with NVTX pushes for trace=nvtx
     and none for trace=none."""
-    combos, _ = plan.plan(["backend=local", "experts=torch", "model=tiny", "reduction=finalize", "overlap=combine",
-                           "quant=bf16", f"trace={trace}", "runner.device=cpu", "runner.reps=3", "runner.warmup=1",
-                           "runner.phase_reps=2", "runner.memory=false"])
+    combos, _ = plan.plan(
+        [
+            "backend=local",
+            "experts=torch",
+            "model=tiny",
+            "reduction=finalize",
+            "overlap=combine",
+            "quant=bf16",
+            f"trace={trace}",
+            "runner.device=cpu",
+            "runner.reps=3",
+            "runner.warmup=1",
+            "runner.phase_reps=2",
+            "runner.memory=false",
+        ]
+    )
     (c,) = combos
     state = {"timed": False}
     seen = []  # (timed, kernel phases, pf phases, experts phases) per layer forward
@@ -231,6 +249,7 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
                 return fn()
             finally:
                 state["timed"] = False
+
         return run
 
     def spy_time_interleaved(fns, *a, **k):
@@ -240,8 +259,9 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
     monkeypatch.setattr(timing, "time_interleaved", spy_time_interleaved)
 
     task = Task(0, c.combo, (4, 8))
-    results = [(t, r) for t, r in worker.run_combination(task, 0, 1, None, torch.device("cpu"), str(tmp_path))
-               if r is not None]
+    results = [
+        (t, r) for t, r in worker.run_combination(task, 0, 1, None, torch.device("cpu"), str(tmp_path)) if r is not None
+    ]
     assert [t for t, _ in results] == [4, 8] and all(r.status == "ok" for _, r in results)
 
     in_timed = [s for s in seen if s[0]]

@@ -2,6 +2,7 @@
 trace=none runs) fail with a message saying why, instead of reading the run's own
 JSON files as traces; the same folder with its traces copied back, a trace file,
 a folder of traces and another `trace.dir` are read; the arguments have help text."""
+
 from __future__ import annotations
 
 import shutil
@@ -103,8 +104,12 @@ def test_another_trace_dir_named_by_the_rows_is_read(tmp_path, capsys):
     d = run / "mytraces" / TRITON_KEY
     d.mkdir(parents=True)
     shutil.copy(TRITON_RANKS[0], d / "rank0_T4096.json.gz")
-    pd.DataFrame([{"combo_key": TRITON_KEY, "trace_path": f"mytraces/{TRITON_KEY}/rank0_T4096.json.gz"},
-                  {"combo_key": "other", "trace_path": ""}]).to_parquet(run / "rows" / "k-T4096.parquet")
+    pd.DataFrame(
+        [
+            {"combo_key": TRITON_KEY, "trace_path": f"mytraces/{TRITON_KEY}/rank0_T4096.json.gz"},
+            {"combo_key": "other", "trace_path": ""},
+        ]
+    ).to_parquet(run / "rows" / "k-T4096.parquet")
     assert find_traces(run) == [d / "rank0_T4096.json.gz"]
     rc, out, err = _trace([run, "--plot", "--out", tmp_path / "plots"], capsys)
     assert rc == 0 and "skipped:" not in err
@@ -158,7 +163,9 @@ def test_plot_labels_top_kernels_shades_the_overlap_and_stacks_the_ranks(tmp_pat
     per_sample = {f["sample"]: f for f in summarize(trace).per_sample}
     assert length(_overlap(kernels)) == pytest.approx(per_sample[idx]["overlap_us"], abs=1e-6)
     assert short_name("_ZN7cutlass13device_kernelIN2xx") == "device_kernel"
-    assert short_name("void at::native::vectorized_elementwise_kernel<4, float>(int)") == "vectorized_elementwise_kernel"
+    assert (
+        short_name("void at::native::vectorized_elementwise_kernel<4, float>(int)") == "vectorized_elementwise_kernel"
+    )
 
 
 def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, capsys):
@@ -170,8 +177,18 @@ def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, ca
     from moebench.report.trace_markdown import OVERLAP_HEADER
 
     label = "naive/torch/experts/dispatch/bf16/tiny/ws2/trace_torch"
-    row = make_row("naive", "torch", "experts", "dispatch", "bf16", 16, samples_us=[100.0] * 5, world_size=2,
-                   combo_key="0123456789ab", label=label)
+    row = make_row(
+        "naive",
+        "torch",
+        "experts",
+        "dispatch",
+        "bf16",
+        16,
+        samples_us=[100.0] * 5,
+        world_size=2,
+        combo_key="0123456789ab",
+        label=label,
+    )
     run = write_run(tmp_path / "run", pd.DataFrame([row]))
     for key, ranks in (("0123456789ab", (0, 1)), ("ffffffffffff", (0,))):
         (run / "traces" / key).mkdir(parents=True)
@@ -186,9 +203,12 @@ def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, ca
     assert OVERLAP_HEADER not in out and "| – | – |" not in out and "| rank |" not in out
     assert out.count("overlap: none to measure — no GPU activity in the trace (a CPU run") == 3
     assert "ranks: nothing to compare — no GPU activity in the 2 ranks' traces (a CPU run)" in out
-    assert ("ranks timeline: not drawn — no GPU kernels in the traces (a CPU run): the ranks' panels draw GPU "
-            "lanes only") in out
+    assert (
+        "ranks timeline: not drawn — no GPU kernels in the traces (a CPU run): the ranks' panels draw GPU lanes only"
+    ) in out
     assert not list((tmp_path / "plots").rglob("*.ranks.timeline.png"))
     # each rank's own figure has its CPU lanes to draw
-    assert sorted(p.name for p in (tmp_path / "plots" / "0123456789ab").iterdir()) == \
-        ["rank0_T16.json.gz.timeline.png", "rank1_T16.json.gz.timeline.png"]
+    assert sorted(p.name for p in (tmp_path / "plots" / "0123456789ab").iterdir()) == [
+        "rank0_T16.json.gz.timeline.png",
+        "rank1_T16.json.gz.timeline.png",
+    ]

@@ -1,6 +1,7 @@
 """`moebench trace` on hostile inputs (issue #18): a gzip that inflates far past the size cap,
 and JSON nested deeper than Python's recursion limit, each refused with one line and exit 2,
 in bounded memory."""
+
 from __future__ import annotations
 
 import gzip

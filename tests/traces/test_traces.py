@@ -3,6 +3,7 @@
 CPU only. Fixtures under tests/fixtures/traces/ come from make_fixtures.py there
 (the synthetic scenario and its exact figures are described in its docstring).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -23,11 +24,25 @@ from moebench.traces.files import summarize_file
 from moebench.report.trace_report import find_traces
 from moebench.report.trace_markdown import OVERLAP_HEADER, to_markdown
 from moebench.traces.metrics import (
-    METHOD_INTERSECTION, METHOD_STRETCH, PLAIN_NOTE, intersect, length, stretch_aware, summarize, union,
+    METHOD_INTERSECTION,
+    METHOD_STRETCH,
+    PLAIN_NOTE,
+    intersect,
+    length,
+    stretch_aware,
+    summarize,
+    union,
 )
 from moebench.traces.model import ABLATION_PREFIXES, DOMAIN, is_comm_kernel
-from moebench.traces.nsys import (NSYS_MISSING, nsys_available, nsys_capture_stem, nsys_command, nsys_processes,
-                                  nsys_rank_prefix, parse_nsys_sqlite)
+from moebench.traces.nsys import (
+    NSYS_MISSING,
+    nsys_available,
+    nsys_capture_stem,
+    nsys_command,
+    nsys_processes,
+    nsys_rank_prefix,
+    parse_nsys_sqlite,
+)
 from moebench.traces.nvtx import combo_range, make_phase_recorder, sample_range
 from moebench.traces.torch_trace import capture, parse_torch_trace, trace_path
 
@@ -57,9 +72,26 @@ def _md_row(md: str, label: str) -> str:
             return line.rsplit("|", 2)[1].strip()
     raise AssertionError(f"no row {label!r} in\n{md}")
 
+
 # exact figures of the synthetic scenario (µs per sample)
-CPU_US = {"prepare": 10, "dispatch": 10, "shared_experts": 20, "experts": 20, "finalize": 40, "weight_reduce": 8, "combine": 20}
-GPU_US = {"prepare": 10, "dispatch": 70, "shared_experts": 100, "experts": 100, "finalize": 55, "weight_reduce": 10, "combine": 40}
+CPU_US = {
+    "prepare": 10,
+    "dispatch": 10,
+    "shared_experts": 20,
+    "experts": 20,
+    "finalize": 40,
+    "weight_reduce": 8,
+    "combine": 20,
+}
+GPU_US = {
+    "prepare": 10,
+    "dispatch": 70,
+    "shared_experts": 100,
+    "experts": 100,
+    "finalize": 55,
+    "weight_reduce": 10,
+    "combine": 40,
+}
 
 
 # -- recorder -----------------------------------------------------------------
@@ -165,8 +197,9 @@ def test_capture_marks_samples_and_combo_and_worker_helpers(tmp_path):
         with rec("shared_experts"):
             x + 1
 
-    path = capture(fn, trace_path(tmp_path, "k", 0, 64), warmup=2, samples=3, combo_key="k",
-                   barrier=lambda: calls.append(1))
+    path = capture(
+        fn, trace_path(tmp_path, "k", 0, 64), warmup=2, samples=3, combo_key="k", barrier=lambda: calls.append(1)
+    )
     assert len(calls) == 3
     s = summarize(parse_torch_trace(path))
     assert s.num_samples == 3 and s.combos == ["k"] and s.phases["experts"].num_ranges == 1
@@ -243,7 +276,9 @@ def test_real_h200_trace_with_nccl():
         shared = [k for k in ks if k.shared]
         assert len(shared) == 4 and {k.lane for k in shared} == {"dev0/s7"}
         # our shared-expert span equals torch's own GPU-side projection of the range
-        (a, b), = [(a, b) for n, a, b, _ in trace.gpu_ranges if n == "shared_experts" and a <= shared[0].start_us <= b]
+        ((a, b),) = [
+            (a, b) for n, a, b, _ in trace.gpu_ranges if n == "shared_experts" and a <= shared[0].start_us <= b
+        ]
         assert max(k.end_us for k in shared) - min(k.start_us for k in shared) == pytest.approx(b - a, abs=0.01)
     assert s.trace_overlap_fraction == pytest.approx(0.5697, abs=1e-3)
     assert 0 < s.shared_exposed_us < s.shared_us  # medians of per-sample figures
@@ -268,8 +303,12 @@ def test_nsys_two_ranks_in_one_report_split_by_process(tmp_path):
     shutil.copy(NSYS, db_path)
     shift = (4343 - 4242) << 24
     with sqlite3.connect(db_path) as db:
-        for table, col in (("NVTX_EVENTS", "globalTid"), ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid"),
-                           ("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "globalPid")):
+        for table, col in (
+            ("NVTX_EVENTS", "globalTid"),
+            ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid"),
+            ("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"),
+            ("CUPTI_ACTIVITY_KIND_MEMCPY", "globalPid"),
+        ):
             cols = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
             sel = ", ".join(f"{c} + {shift}" if c == col else c for c in cols)
             db.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {sel} FROM {table}")
@@ -345,9 +384,13 @@ def test_interval_helpers_and_comm_names():
     u = union([(0, 10), (5, 20), (30, 40), (40, 41)])
     assert u == [(0, 20), (30, 41)] and length(u) == 31
     assert intersect(u, [(15, 35)]) == [(15, 20), (30, 35)]
-    for name in ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ncclKernel_AllGather_RING_LL_Sum_int8_t",
-                 "void deep_ep::intranode::dispatch<8, 768>(...)", "pplx::combineKernel",
-                 "void c10d::symmetric_memory::one_shot_all_reduce_kernel<bf16>"):
+    for name in (
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+        "ncclKernel_AllGather_RING_LL_Sum_int8_t",
+        "void deep_ep::intranode::dispatch<8, 768>(...)",
+        "pplx::combineKernel",
+        "void c10d::symmetric_memory::one_shot_all_reduce_kernel<bf16>",
+    ):
         assert is_comm_kernel(name), name
     assert not is_comm_kernel("fused_moe_kernel") and not is_comm_kernel("void dispatch_tokens_local()")
 
@@ -434,8 +477,9 @@ def test_fixture_script_reproduces_synthetic_trace(tmp_path):
     _check_scenario(summarize(parse_nsys_sqlite(tmp_path / "n.sqlite")))
     mod.write_chrome(tmp_path / "a.json", mod.ablation_samples(), mod.STRETCH_COMBO)
     mod.write_nsys(tmp_path / "a.sqlite", mod.ablation_samples(), mod.STRETCH_COMBO)
-    assert (json.loads((tmp_path / "a.json").read_text())["traceEvents"]
-            == json.loads(ABLATION.read_text())["traceEvents"])
+    assert (
+        json.loads((tmp_path / "a.json").read_text())["traceEvents"] == json.loads(ABLATION.read_text())["traceEvents"]
+    )
     _check_stretch_scenario(summarize(parse_nsys_sqlite(tmp_path / "a.sqlite")))
 
 
@@ -474,11 +518,19 @@ def test_stretch_aware_fixture_chrome_and_nsys(tmp_path, capsys):
     assert trace_command(str(ABLATION), plot=True, out=str(tmp_path)) == 0
     md = capsys.readouterr().out
     assert (tmp_path / "synthetic_ablation.json.timeline.png").stat().st_size > 5000
-    for label, want in [("samples: layer", "3 / 3 / 3"), ("shared experts alone", "80.0"),
-                        ("shared experts in the layer", "80.0"), ("comm alone", "170.0"),
-                        ("comm in the layer", "190.0"), ("comm stretch", "1.118"), ("window", "190.0"),
-                        ("intersection: comm ∩ shared", "80.0"), ("exposed (window − comm alone)", "20.0"),
-                        ("**trace_overlap_fraction** (stretch-aware", "0.750"), ("intersection_fraction", "1.000")]:
+    for label, want in [
+        ("samples: layer", "3 / 3 / 3"),
+        ("shared experts alone", "80.0"),
+        ("shared experts in the layer", "80.0"),
+        ("comm alone", "170.0"),
+        ("comm in the layer", "190.0"),
+        ("comm stretch", "1.118"),
+        ("window", "190.0"),
+        ("intersection: comm ∩ shared", "80.0"),
+        ("exposed (window − comm alone)", "20.0"),
+        ("**trace_overlap_fraction** (stretch-aware", "0.750"),
+        ("intersection_fraction", "1.000"),
+    ]:
         assert _md_row(md, label) == want, label
     assert PLAIN_NOTE not in md
 
@@ -580,14 +632,27 @@ def test_capture_records_ablation_families(tmp_path):
         with rec("shared_experts"):
             x + 1
 
-    path = capture(layer, tmp_path / "t.json", warmup=1, samples=2, combo_key="k", barrier=lambda: calls.append(1),
-                   ablation={"shared": shared, "noshared": noshared})
+    path = capture(
+        layer,
+        tmp_path / "t.json",
+        warmup=1,
+        samples=2,
+        combo_key="k",
+        barrier=lambda: calls.append(1),
+        ablation={"shared": shared, "noshared": noshared},
+    )
     assert order == ["layer", "noshared", "shared"] + ["layer"] * 2 + ["noshared"] * 2 + ["shared"] * 2
     assert len(calls) == 6
     trace = parse_torch_trace(path)
     names = {r.name for r in trace.ranges}
-    assert {"sample/0", "sample/1", "sample_noshared/0", "sample_noshared/1", "sample_shared/0",
-            "sample_shared/1"} <= names
+    assert {
+        "sample/0",
+        "sample/1",
+        "sample_noshared/0",
+        "sample_noshared/1",
+        "sample_shared/0",
+        "sample_shared/1",
+    } <= names
     assert trace.has_ablation()
     s = summarize(trace)
     assert s.num_samples == 2 and s.num_ablation_samples == {"noshared": 2, "shared": 2}
@@ -607,10 +672,26 @@ def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monke
     from moebench.run.sweep import execute
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    run_dir, _ = execute(["backend=naive", "experts=torch", "reduction=experts", "overlap=none,combine",
-                          "quant=bf16", "model=tiny", "trace=torch", "trace.samples=2",
-                          "workload.tokens_per_rank=[4]", "runner.reps=3", "runner.warmup=1", "runner.phase_reps=2",
-                          "runner.memory=false"], None, str(tmp_path / "run"), quiet=True)
+    run_dir, _ = execute(
+        [
+            "backend=naive",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=none,combine",
+            "quant=bf16",
+            "model=tiny",
+            "trace=torch",
+            "trace.samples=2",
+            "workload.tokens_per_rank=[4]",
+            "runner.reps=3",
+            "runner.warmup=1",
+            "runner.phase_reps=2",
+            "runner.memory=false",
+        ],
+        None,
+        str(tmp_path / "run"),
+        quiet=True,
+    )
     df = RunStore(run_dir).load().set_index("overlap")
     assert set(df.status) == {"ok"} and set(df.index) == {"none", "combine"}
     for overlap, row in df.iterrows():
@@ -626,12 +707,16 @@ def test_worker_trace_records_ablation_samples_on_two_gloo_ranks(tmp_path, monke
                 # the ablation samples come after the layer samples; the layer without shared
                 # experts has no shared_experts range; the shared experts alone have theirs only
                 last_layer = max(r.end_us for _, r in trace.sample_ranges())
-                assert all(r.start_us >= last_layer for kind in ABLATION_PREFIXES
-                           for _, r in trace.ablation_ranges(kind))
+                assert all(
+                    r.start_us >= last_layer for kind in ABLATION_PREFIXES for _, r in trace.ablation_ranges(kind)
+                )
                 for kind, want in (("noshared", False), ("shared", True)):
                     for _, sr in trace.ablation_ranges(kind):
-                        inner = {r.name for r in trace.ranges if sr.start_us <= r.start_us <= r.end_us <= sr.end_us
-                                 and r is not sr}
+                        inner = {
+                            r.name
+                            for r in trace.ranges
+                            if sr.start_us <= r.start_us <= r.end_us <= sr.end_us and r is not sr
+                        }
                         assert ("shared_experts" in inner) == want, (kind, inner)
                         if kind == "shared":
                             assert inner == {"shared_experts"}
@@ -671,12 +756,17 @@ def _rank_trace(comm, shared, comm_alone, shared_alone):
     of the layer without shared experts, one of the shared experts alone (µs)."""
     from moebench.traces.model import Kernel, Range, Trace
 
-    ranges = [Range("sample/0", 0.0, 1000.0, "t"), Range("sample_noshared/0", 1000.0, 2000.0, "t"),
-              Range("sample_shared/0", 2000.0, 3000.0, "t")]
-    k = [Kernel("ncclDevKernel_ReduceScatter", *comm, 0, 1, sample=0, comm=True),
-         Kernel("gemm", *shared, 0, 0, sample=0, phases=("shared_experts",)),
-         Kernel("ncclDevKernel_ReduceScatter", *comm_alone, 0, 1, ablation=("noshared", 0), comm=True),
-         Kernel("gemm", *shared_alone, 0, 0, ablation=("shared", 0), phases=("shared_experts",))]
+    ranges = [
+        Range("sample/0", 0.0, 1000.0, "t"),
+        Range("sample_noshared/0", 1000.0, 2000.0, "t"),
+        Range("sample_shared/0", 2000.0, 3000.0, "t"),
+    ]
+    k = [
+        Kernel("ncclDevKernel_ReduceScatter", *comm, 0, 1, sample=0, comm=True),
+        Kernel("gemm", *shared, 0, 0, sample=0, phases=("shared_experts",)),
+        Kernel("ncclDevKernel_ReduceScatter", *comm_alone, 0, 1, ablation=("noshared", 0), comm=True),
+        Kernel("gemm", *shared_alone, 0, 0, ablation=("shared", 0), phases=("shared_experts",)),
+    ]
     return Trace(source="synthetic", fmt="torch", ranges=ranges, kernels=k)
 
 
@@ -698,6 +788,7 @@ def test_matched_overlap_trims_the_wait_for_the_last_rank():
     assert matched_overlap([r0]) is None  # one rank: nothing to match
     # ranks that ran different numbers of collectives in a sample are left as they are
     from moebench.traces.model import Kernel
+
     r1.kernels.append(Kernel("ncclDevKernel_AllGather", 0, 50, 0, 1, sample=0, comm=True))
     trimmed, _, notes = trim_comm_waits([r0, r1])
     assert [k.start_us for k in trimmed[0].kernels if k.comm] == [100, 1150] and "1 samples" in notes[0]
@@ -721,8 +812,16 @@ def test_capture_marks_the_samples_the_host_paced(tmp_path):
 
     x = torch.randn(16, 16)
     pace = Pace()
-    path = capture(lambda: x @ x, tmp_path / "t.json", warmup=1, samples=2, combo_key="k", cuda=False, pace=pace,
-                   ablation={"noshared": lambda: x @ x, "shared": lambda: x + 1})
+    path = capture(
+        lambda: x @ x,
+        tmp_path / "t.json",
+        warmup=1,
+        samples=2,
+        combo_key="k",
+        cuda=False,
+        pace=pace,
+        ablation={"noshared": lambda: x @ x, "shared": lambda: x + 1},
+    )
     assert pace.started_n == 6
     trace = parse_torch_trace(path)
     assert trace.host_paced() == ["sample/1", "sample_shared/1"]

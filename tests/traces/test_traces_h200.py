@@ -4,6 +4,7 @@ kernels, classifies DeepEP's kernels as communication, and shows why ablation
 and trace overlap differ (the combine kernel stretches when the shared experts
 run beside it). The end of the file pins the parser's figures on every H200
 fixture (regression pins, not targets)."""
+
 from __future__ import annotations
 
 import statistics
@@ -129,8 +130,10 @@ def test_trace_command_on_a_run_names_the_critical_rank(tmp_path, capsys):
         shutil.copy(FIX / f"h200_allgather_rs_triton_combine_rank{r}_T4096.json.gz", d / f"rank{r}_T4096.json.gz")
     assert trace_command(str(tmp_path / "run")) == 0
     out = capsys.readouterr().out
-    table = out[out.index("### ranks of"):]
-    assert "| 1 (critical) | 7871.8 | 0.0 | 0.399 | 0.399 |" in table and "row figure: rank 1's without the wait" in table
+    table = out[out.index("### ranks of") :]
+    assert (
+        "| 1 (critical) | 7871.8 | 0.0 | 0.399 | 0.399 |" in table and "row figure: rank 1's without the wait" in table
+    )
 
 
 @pytest.mark.parametrize("experts, combo_key", [("torch", "4908d11138e9"), ("triton", "dfb6438509fd")])
@@ -159,39 +162,111 @@ def test_matched_overlap_on_real_traces(experts, combo_key):
 # Per phase: median over the layer samples of the GPU busy time (µs) of the kernels
 # launched inside the phase's range (combine and weight_reduce nest in finalize).
 PINNED_PHASE_GPU_US = {
-    "allgather_rs_torch_combine_rank0_T4096": {"prepare": 6.91016, "dispatch": 366.847, "experts": 9309.39,
-                                               "finalize": 1427.74, "combine": 1427.74, "shared_experts": 589.694},
-    "allgather_rs_torch_combine_rank1_T4096": {"prepare": 6.75098, "dispatch": 273.6, "experts": 9627.28,
-                                               "finalize": 640.894, "combine": 640.894, "shared_experts": 637.918},
-    "allgather_rs_triton_combine_rank0_T4096": {"prepare": 6.75391, "dispatch": 274.847, "experts": 6659.28,
-                                                "finalize": 806.783, "combine": 806.783, "shared_experts": 587.196},
-    "allgather_rs_triton_combine_rank1_T4096": {"prepare": 6.7832, "dispatch": 274.688, "experts": 6900.95,
-                                                "finalize": 603.324, "combine": 603.324, "shared_experts": 592.606},
-    "deepep_ht_combine_rank0_T4096": {"prepare": 31.2002, "dispatch": 565.855, "experts": 6642.1,
-                                      "finalize": 1232.7, "combine": 1232.7, "shared_experts": 590.271},
-    "deepep_ht_none_rank0_T4096": {"prepare": 31.6484, "dispatch": 415.198, "experts": 6641.87,
-                                   "finalize": 696.927, "combine": 696.927, "shared_experts": 515.006},
-    "nccl_rank0_T1024": {"prepare": 7.7915, "dispatch": 477.902, "experts": 264.191, "weight_reduce": 13.6958,
-                         "finalize": 560.285, "combine": 546.605, "shared_experts": 174.063},
+    "allgather_rs_torch_combine_rank0_T4096": {
+        "prepare": 6.91016,
+        "dispatch": 366.847,
+        "experts": 9309.39,
+        "finalize": 1427.74,
+        "combine": 1427.74,
+        "shared_experts": 589.694,
+    },
+    "allgather_rs_torch_combine_rank1_T4096": {
+        "prepare": 6.75098,
+        "dispatch": 273.6,
+        "experts": 9627.28,
+        "finalize": 640.894,
+        "combine": 640.894,
+        "shared_experts": 637.918,
+    },
+    "allgather_rs_triton_combine_rank0_T4096": {
+        "prepare": 6.75391,
+        "dispatch": 274.847,
+        "experts": 6659.28,
+        "finalize": 806.783,
+        "combine": 806.783,
+        "shared_experts": 587.196,
+    },
+    "allgather_rs_triton_combine_rank1_T4096": {
+        "prepare": 6.7832,
+        "dispatch": 274.688,
+        "experts": 6900.95,
+        "finalize": 603.324,
+        "combine": 603.324,
+        "shared_experts": 592.606,
+    },
+    "deepep_ht_combine_rank0_T4096": {
+        "prepare": 31.2002,
+        "dispatch": 565.855,
+        "experts": 6642.1,
+        "finalize": 1232.7,
+        "combine": 1232.7,
+        "shared_experts": 590.271,
+    },
+    "deepep_ht_none_rank0_T4096": {
+        "prepare": 31.6484,
+        "dispatch": 415.198,
+        "experts": 6641.87,
+        "finalize": 696.927,
+        "combine": 696.927,
+        "shared_experts": 515.006,
+    },
+    "nccl_rank0_T1024": {
+        "prepare": 7.7915,
+        "dispatch": 477.902,
+        "experts": 264.191,
+        "weight_reduce": 13.6958,
+        "finalize": 560.285,
+        "combine": 546.605,
+        "shared_experts": 174.063,
+    },
 }
 _COMMON = ("trace_overlap_fraction", "intersection_fraction", "shared_us", "comm_us", "overlap_us", "layer_us")
 _STRETCH = ("shared_alone_us", "comm_alone_us", "shared_stretch", "comm_stretch", "shared_exposed_us")
 # (method, TraceSummary figures): the allgather_rs captures hold ablation samples (stretch-aware
 # figure), the older ones do not (plain intersection figure)
 PINNED_OVERLAP = {
-    "allgather_rs_torch_combine_rank0_T4096": ("stretch", dict(zip(_COMMON + _STRETCH, (
-        0.726358, 0.61895, 589.694, 1591.93, 364.991, 11597.4, 502.495, 1811.45, 1.17353, 0.878815, 4.47852)))),
-    "allgather_rs_torch_combine_rank1_T4096": ("stretch", dict(zip(_COMMON + _STRETCH, (
-        0.280536, 0.460046, 637.918, 570.399, 293.472, 11790.1, 520.832, 540.126, 1.22481, 1.05605, 374.72)))),
-    "allgather_rs_triton_combine_rank0_T4096": ("stretch", dict(zip(_COMMON + _STRETCH, (
-        0.698442, 0.617888, 587.196, 858.462, 362.786, 7826.06, 519.422, 998.493, 1.13048, 0.859757, 84.3213)))),
-    "allgather_rs_triton_combine_rank1_T4096": ("stretch", dict(zip(_COMMON + _STRETCH, (
-        0.398704, 0.564607, 592.606, 621.856, 338.4, 7871.76, 539.999, 553.12, 1.09742, 1.12427, 324.699)))),
-    "deepep_ht_combine_rank0_T4096": ("intersection", dict(zip(_COMMON, (
-        0.599698, 0.599698, 590.271, 1484.83, 353.984, 8646.22)))),
+    "allgather_rs_torch_combine_rank0_T4096": (
+        "stretch",
+        dict(
+            zip(
+                _COMMON + _STRETCH,
+                (0.726358, 0.61895, 589.694, 1591.93, 364.991, 11597.4, 502.495, 1811.45, 1.17353, 0.878815, 4.47852),
+            )
+        ),
+    ),
+    "allgather_rs_torch_combine_rank1_T4096": (
+        "stretch",
+        dict(
+            zip(
+                _COMMON + _STRETCH,
+                (0.280536, 0.460046, 637.918, 570.399, 293.472, 11790.1, 520.832, 540.126, 1.22481, 1.05605, 374.72),
+            )
+        ),
+    ),
+    "allgather_rs_triton_combine_rank0_T4096": (
+        "stretch",
+        dict(
+            zip(
+                _COMMON + _STRETCH,
+                (0.698442, 0.617888, 587.196, 858.462, 362.786, 7826.06, 519.422, 998.493, 1.13048, 0.859757, 84.3213),
+            )
+        ),
+    ),
+    "allgather_rs_triton_combine_rank1_T4096": (
+        "stretch",
+        dict(
+            zip(
+                _COMMON + _STRETCH,
+                (0.398704, 0.564607, 592.606, 621.856, 338.4, 7871.76, 539.999, 553.12, 1.09742, 1.12427, 324.699),
+            )
+        ),
+    ),
+    "deepep_ht_combine_rank0_T4096": (
+        "intersection",
+        dict(zip(_COMMON, (0.599698, 0.599698, 590.271, 1484.83, 353.984, 8646.22))),
+    ),
     "deepep_ht_none_rank0_T4096": ("intersection", dict(zip(_COMMON, (0.0, 0.0, 515.006, 1115.1, 0.0, 8587.43)))),
-    "nccl_rank0_T1024": ("intersection", dict(zip(_COMMON, (
-        0.569686, 0.569686, 174.063, 993.435, 99.1357, 1421.72)))),
+    "nccl_rank0_T1024": ("intersection", dict(zip(_COMMON, (0.569686, 0.569686, 174.063, 993.435, 99.1357, 1421.72)))),
 }
 # metrics.matched_overlap over both ranks: (fraction per rank, µs each rank's communication
 # waited for the other, critical rank)
@@ -206,7 +281,9 @@ def _pin(x):
 
 
 def test_pinned_fixtures_are_every_h200_fixture():
-    assert sorted(PINNED_PHASE_GPU_US) == sorted(p.name[len("h200_"):-len(".json.gz")] for p in FIX.glob("h200_*.json.gz"))
+    assert sorted(PINNED_PHASE_GPU_US) == sorted(
+        p.name[len("h200_") : -len(".json.gz")] for p in FIX.glob("h200_*.json.gz")
+    )
 
 
 @pytest.mark.parametrize("name", sorted(PINNED_PHASE_GPU_US))

@@ -3,6 +3,7 @@
 look-up reading vLLM's and SGLang's files, vLLM's naming and routing rules,
 `--check-vllm`, the committed config files, and `--results` on committed and
 synthetic runs."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,23 @@ def _entry(bm=16, bn=64, bk=128, g=1, w=4, s=3):
 
 def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, monkeypatch, capsys):
     out = tmp_path / "tune"
-    argv = ["tune", "experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu",
-            "workload.tokens_per_rank=[4]", "--space", "small", "--reps", "2", "--final-reps", "1", "--out", str(out)]
+    argv = [
+        "tune",
+        "experts=triton",
+        "backend=local",
+        "model=tiny",
+        "quant=bf16",
+        "runner.device=cpu",
+        "workload.tokens_per_rank=[4]",
+        "--space",
+        "small",
+        "--reps",
+        "2",
+        "--final-reps",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     name = tconfig.config_file_name(8, 128, None, None)
     best = json.loads((out / "configs" / name).read_text())
@@ -72,14 +88,20 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     assert tconfig.get_config(8, 128, 4) == best["4"]
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["tune", "experts=torch", "backend=local"], "experts=triton"),
-    (["tune", "experts=triton", "backend=naive"], "backend=local"),
-    (["tune", "experts=triton", "backend=local", "--space", "huge"], "--space"),
-    (["tune", "experts=triton", "backend=local", "--search", "random"], "--search"),
-    (["tune", "experts=triton", "backend=local", "--budget", "1.5"], "--budget"),
-    (["tune", "experts=triton", "backend=local", "quant=fp8_block", "experts.row_layout=contiguous"], "gathered kernel"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["tune", "experts=torch", "backend=local"], "experts=triton"),
+        (["tune", "experts=triton", "backend=naive"], "backend=local"),
+        (["tune", "experts=triton", "backend=local", "--space", "huge"], "--space"),
+        (["tune", "experts=triton", "backend=local", "--search", "random"], "--search"),
+        (["tune", "experts=triton", "backend=local", "--budget", "1.5"], "--budget"),
+        (
+            ["tune", "experts=triton", "backend=local", "quant=fp8_block", "experts.row_layout=contiguous"],
+            "gathered kernel",
+        ),
+    ],
+)
 def test_tune_refuses_what_it_cannot_search(argv, words, capsys, monkeypatch):
     from moebench.measure import layer
 
@@ -111,7 +133,9 @@ def test_no_config_ran_still_leaves_the_trials_errors(tmp_path):
 
     bad = Trial(config=_entry(), error="OutOfResources: shared memory")
     info = {"E": 8, "N": 128, "dtype": None, "block_shape": None, "space_size": 2}
-    res = TokenResult(tokens=4, best=None, best_us=float("nan"), baselines={"heuristic": bad}, errors={"OutOfResources": 1})
+    res = TokenResult(
+        tokens=4, best=None, best_us=float("nan"), baselines={"heuristic": bad}, errors={"OutOfResources": 1}
+    )
     assert write(info, [res], tmp_path / "t") is None
     detail = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert detail["results"][0]["baselines"]["heuristic"]["error"] == "OutOfResources: shared memory"
@@ -149,25 +173,31 @@ def test_install_keeps_a_partial_file_where_vllm_never_looks(tmp_path, monkeypat
 
 # -- the look-up, vLLM's rules --------------------------------------------------------
 
-@pytest.mark.parametrize("raw, field", [
-    ("NVIDIA H200", "NVIDIA_H200"),
-    ("NVIDIA H200 NVL", "NVIDIA_H200"),  # the H200 family shares vLLM's H200 files
-    ("NVIDIA H200 141GB HBM3e", "NVIDIA_H200"),
-    ("NVIDIA_H200_NVL", "NVIDIA_H200"),  # already formed: the rule is idempotent
-    ("NVIDIA GH200 480GB", "NVIDIA_GH200_480GB"),  # "GH200" is no "H200" word
-    ("NVIDIA H20", "NVIDIA_H20"),
-    ("NVIDIA H20-3e", "NVIDIA_H20-3e"),
-    ("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
-    ("NVIDIA A100-SXM4-80GB", "NVIDIA_A100-SXM4-80GB"),
-    ("NVIDIA B200", "NVIDIA_B200"),
-])
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ("NVIDIA H200", "NVIDIA_H200"),
+        ("NVIDIA H200 NVL", "NVIDIA_H200"),  # the H200 family shares vLLM's H200 files
+        ("NVIDIA H200 141GB HBM3e", "NVIDIA_H200"),
+        ("NVIDIA_H200_NVL", "NVIDIA_H200"),  # already formed: the rule is idempotent
+        ("NVIDIA GH200 480GB", "NVIDIA_GH200_480GB"),  # "GH200" is no "H200" word
+        ("NVIDIA H20", "NVIDIA_H20"),
+        ("NVIDIA H20-3e", "NVIDIA_H20-3e"),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA_A100-SXM4-80GB"),
+        ("NVIDIA B200", "NVIDIA_B200"),
+    ],
+)
 def test_file_names_follow_vllms_rule(raw, field):
     def vllm_get_config_file_name(E, N, dtype, block_shape, device_name):  # vLLM's, given its device name
         device_name = device_name.replace(" ", "_")
         if "H200" in device_name.split("_"):
             device_name = "NVIDIA_H200"
         dtype_selector = "" if not dtype else f",dtype={dtype}"
-        block_shape_selector = ("" if not block_shape or not all(block_shape) else f",block_shape={block_shape}").replace(" ", "")
+        block_shape_selector = (
+            "" if not block_shape or not all(block_shape) else f",block_shape={block_shape}"
+        ).replace(" ", "")
         return f"E={E},N={N},device_name={device_name}{dtype_selector}{block_shape_selector}.json"
 
     assert tconfig.vllm_device_name(raw) == field
@@ -177,7 +207,12 @@ def test_file_names_follow_vllms_rule(raw, field):
 
 def test_loader_reads_vllm_and_sglang_files(tmp_path, monkeypatch):
     # vLLM's own format: a "triton_version" key beside the batch sizes
-    vllm = {"triton_version": "3.4.0", "1": _entry(16, 32), "64": _entry(32, 128), "4096": _entry(128, 256, 64, 16, 8, 4)}
+    vllm = {
+        "triton_version": "3.4.0",
+        "1": _entry(16, 32),
+        "64": _entry(32, 128),
+        "4096": _entry(128, 256, 64, 16, 8, 4),
+    }
     name = tconfig.config_file_name(128, 768, None, None, device="NVIDIA H200")
     (tmp_path / name).write_text(json.dumps(vllm, indent=4))
     # SGLang's: block_shape spelt with a space, in a per-Triton-version folder
@@ -220,8 +255,10 @@ def test_check_vllm_reports_the_routing(tmp_path, capsys):
     lacking.write_text(json.dumps({str(m): _entry() for m in tconfig.VLLM_BATCH_SIZES} | {"16": {"BLOCK_SIZE_M": 16}}))
     assert cli.main(["tune", "--check-vllm", str(lacking)]) == 1
     out = capsys.readouterr().out
-    assert ("PROBLEM: entry 16 lacks BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages" in out
-            and "not ok" in out)
+    assert (
+        "PROBLEM: entry 16 lacks BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages" in out
+        and "not ok" in out
+    )
     # the routing is vLLM's expression, ties to the key first in the file
     for keys in ([64, 256], [256, 64], [1, 2, 4, 8], list(tconfig.VLLM_BATCH_SIZES), [3, 5, 100]):
         for k, lo, hi in routes(keys):
@@ -308,10 +345,28 @@ def test_results_margin_interval_on_a_synthetic_run(tmp_path):
         make_row("local", "torch", "experts", "none", "bf16", 256, samples_us=201 * np.exp(rng.normal(0, 0.05, 30))),
         make_row("local", "triton", "finalize", "none", "bf16", 256, samples_us=None, status="failed", reason="boom"),
         # the same combination with a knob off its default competes as its own entry
-        make_row("local", "triton", "experts", "none", "bf16", 64, samples_us=105 * np.exp(rng.normal(0, 0.01, 30)),
-                 combo_key="local/triton/experts/none/bf16/tiny/1/gathered", row_layout="gathered"),
-        make_row("local", "triton", "experts", "none", "bf16", 64, samples_us=130 * np.exp(rng.normal(0, 0.01, 30)),
-                 combo_key="local/triton/experts/none/bf16/tiny/1/gemm=gluon", contiguous_gemm="gluon"),
+        make_row(
+            "local",
+            "triton",
+            "experts",
+            "none",
+            "bf16",
+            64,
+            samples_us=105 * np.exp(rng.normal(0, 0.01, 30)),
+            combo_key="local/triton/experts/none/bf16/tiny/1/gathered",
+            row_layout="gathered",
+        ),
+        make_row(
+            "local",
+            "triton",
+            "experts",
+            "none",
+            "bf16",
+            64,
+            samples_us=130 * np.exp(rng.normal(0, 0.01, 30)),
+            combo_key="local/triton/experts/none/bf16/tiny/1/gemm=gluon",
+            contiguous_gemm="gluon",
+        ),
     ]
     df, _ = load_run(write_run(tmp_path / "run", pd.DataFrame(rows)))
     best = best_per_size(df).set_index("tokens_per_rank")
@@ -334,17 +389,30 @@ def test_the_winners_knob_tags_are_the_cards_own():
 
     from moebench.report.best_per_size import knobs_of
 
-    row = pd.Series(dict(backend="local", experts="triton_or_deepgemm", deepgemm_min_tokens=512.0,
-                         shared_sm_carveout=24.0, contiguous_gemm="auto", row_layout="gathered", num_sms=float("nan")))
+    row = pd.Series(
+        dict(
+            backend="local",
+            experts="triton_or_deepgemm",
+            deepgemm_min_tokens=512.0,
+            shared_sm_carveout=24.0,
+            contiguous_gemm="auto",
+            row_layout="gathered",
+            num_sms=float("nan"),
+        )
+    )
     assert knobs_of(row) == "carve24 gathered dgmin512"
     assert knobs_of(pd.Series(dict(backend="deepep_ht", experts="triton", num_sms=24.0, row_layout="auto"))) == "sms24"
     assert knobs_of(pd.Series(dict(backend="local", knobs="from the label"))) == "from the label"
-
 
 
 def test_several_gpus_split_the_grid():
     from moebench.tune import search
 
     shares = search.split_tokens(list(tconfig.VLLM_BATCH_SIZES), 4)
-    assert sorted(sum(shares, [])) == list(tconfig.VLLM_BATCH_SIZES) and [s[-1] for s in shares] == [4096, 3072, 2048, 1536]
+    assert sorted(sum(shares, [])) == list(tconfig.VLLM_BATCH_SIZES) and [s[-1] for s in shares] == [
+        4096,
+        3072,
+        2048,
+        1536,
+    ]
     assert search.split_tokens([16], 8) == [[16]]

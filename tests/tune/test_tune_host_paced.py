@@ -2,6 +2,7 @@
 doubled holds) never wins on host time: the trial keeps its figures and count, carries an error,
 ranks as failed, and the tune's summary and tune.json say which were left out (docs/design.md,
 "Reports, comparisons and tuning"). The GPU's answer is stood in for by the timing loop's."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,23 @@ def test_a_host_paced_trial_never_wins_and_the_tune_says_so(tmp_path, monkeypatc
     monkeypatch.setattr(bench.TokenBench, "use", spy)
     monkeypatch.setattr(timing, "time_interleaved", fake)
     out = tmp_path / "tune"
-    argv = ["tune", "experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu",
-            "workload.tokens_per_rank=[4]", "--space", "small", "--reps", "2", "--final-reps", "2", "--out", str(out)]
+    argv = [
+        "tune",
+        "experts=triton",
+        "backend=local",
+        "model=tiny",
+        "quant=bf16",
+        "runner.device=cpu",
+        "workload.tokens_per_rank=[4]",
+        "--space",
+        "small",
+        "--reps",
+        "2",
+        "--final-reps",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     paced = config_key(timed[0])
@@ -47,8 +63,11 @@ def test_a_host_paced_trial_never_wins_and_the_tune_says_so(tmp_path, monkeypatc
     assert res["errors"] == {"host-paced": 1}
     assert res["baselines"]["heuristic"]["error"].startswith("host-paced: 1 of 2 samples started on the GPU")
     assert res["speedup_vs_heuristic"] is None  # no speed-up against a host-time figure
-    (trial,) = [t for t in map(json.loads, (out / "trials.jsonl").read_text().splitlines())
-                if t["phase"] == "screen" and config_key(t["config"]) == paced]
+    (trial,) = [
+        t
+        for t in map(json.loads, (out / "trials.jsonl").read_text().splitlines())
+        if t["phase"] == "screen" and config_key(t["config"]) == paced
+    ]
     assert trial["us"] == 1.0 and trial["error"].startswith("host-paced")  # its figure kept, for reading
     assert "Host-paced trials (never ranked" in text
     assert "4 tokens: 1 screened config(s) left out, their samples host-paced" in text

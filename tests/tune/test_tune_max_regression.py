@@ -2,6 +2,7 @@
 before any work, and two real runs through the interpreter on the tiny layer: a tuned table
 timed against a slower installed one passes and is installed; a table slower than the one
 installed is refused (exit 1, nothing installed, the file kept in --out)."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,21 @@ def _entry(bm=16, bn=64, bk=128, g=1, w=4, s=3):
 # in the interpreter a tile this small runs ~3.4x the programs' work of the small space's
 # 64-wide ones (measured: 7.6 s against 1.5-2.2 s a call on the tiny layer at 4 tokens)
 SLOW = _entry(16, 32, 32)
-ARGV = ["tune", "experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu",
-        "workload.tokens_per_rank=[4]", "--space", "small", "--reps", "2", "--final-reps", "1"]
+ARGV = [
+    "tune",
+    "experts=triton",
+    "backend=local",
+    "model=tiny",
+    "quant=bf16",
+    "runner.device=cpu",
+    "workload.tokens_per_rank=[4]",
+    "--space",
+    "small",
+    "--reps",
+    "2",
+    "--final-reps",
+    "1",
+]
 
 
 def test_max_regression_decides_on_the_medians():
@@ -43,8 +57,12 @@ def test_max_regression_decides_on_the_medians():
     assert not regressed(size(100.0, float("nan"), current_error="OutOfResources: shared memory"), 0.0)
     same = size(500.0, 100.0, current=dict(a))  # one config: installing changes nothing there
     assert same.same and same.ratio == 1.0 and not regressed(same, 0.0)
-    check = Check(max_regression=0.02, reps=30, timing="graph",
-                  sizes=[size(101.0, 100.0), size(130.0, 100.0, ci_lo=1.21, ci_hi=1.38), same])
+    check = Check(
+        max_regression=0.02,
+        reps=30,
+        timing="graph",
+        sizes=[size(101.0, 100.0), size(130.0, 100.0, ci_lo=1.21, ci_hi=1.38), same],
+    )
     assert not check.passed and [s.tokens for s in check.regressions] == [64]
     (line,) = check.lines()
     assert line == "64 tokens: tuned 130.0 µs vs current 100.0 µs = 1.300x [95 % CI 1.210, 1.380], above 1.02x"
@@ -59,14 +77,17 @@ def test_max_regression_takes_a_fraction(text):
     assert parse_max_regression(text) == float(text)
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--max-regression", "-0.1"], "--max-regression -0.1: give a finite fraction >= 0"),
-    (["--max-regression", "2%"], "--max-regression '2%': give a fraction >= 0"),
-    (["--max-regression", "nan"], "give a finite fraction"),
-    (["--max-regression", "inf"], "give a finite fraction"),
-    (["--max-regression", "0.02", "--install-from", "somewhere"], "--install-from times nothing"),
-    (["--max-regression", "0.02", "--check-vllm", "file.json"], "--check-vllm times nothing"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--max-regression", "-0.1"], "--max-regression -0.1: give a finite fraction >= 0"),
+        (["--max-regression", "2%"], "--max-regression '2%': give a fraction >= 0"),
+        (["--max-regression", "nan"], "give a finite fraction"),
+        (["--max-regression", "inf"], "give a finite fraction"),
+        (["--max-regression", "0.02", "--install-from", "somewhere"], "--install-from times nothing"),
+        (["--max-regression", "0.02", "--check-vllm", "file.json"], "--check-vllm times nothing"),
+    ],
+)
 def test_a_bad_max_regression_exits_2_before_any_work(extra, words, tmp_path, monkeypatch, capsys):
     from moebench.measure import layer
 
@@ -110,8 +131,9 @@ def test_max_regression_installs_a_faster_table_and_refuses_a_slower_one(tmp_pat
     assert 0 < s["tuned_us"] < s["current_us"] and s["ratio"] < 1 and not s["regressed"]
     assert "--max-regression 0.5 (50 %): passed at 1 token count(s)" in captured.out
     assert json.loads((part / name).read_text())["4"] == tuned  # installed over SLOW
-    side = json.loads((part / tconfig.config_file_name(8, 128, None, None).replace(".json", ".provenance.json"))
-                      .read_text())
+    side = json.loads(
+        (part / tconfig.config_file_name(8, 128, None, None).replace(".json", ".provenance.json")).read_text()
+    )
     assert side["entries"]["4"]["max_regression_check"]["current"] == SLOW
 
     # 2. the tuned table is now the current one. A search that picks SLOW again (stored trials of

@@ -2,6 +2,7 @@
 runs/reports/<its path> as `moebench report` does (reading a committed run changes no tracked
 file), elsewhere beside the run; a tune's folder holds its environment fingerprint (env.json)
 from the start, so that an interrupted one has it too."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,19 @@ def test_a_tune_folder_holds_its_environment_even_when_interrupted(tmp_path, mon
 
     monkeypatch.setattr(search, "run_tokens", interrupted)
     out = tmp_path / "tune"
-    argv = ["tune", "experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu",
-            "workload.tokens_per_rank=[4]", "--space", "small", "--out", str(out)]
+    argv = [
+        "tune",
+        "experts=triton",
+        "backend=local",
+        "model=tiny",
+        "quant=bf16",
+        "runner.device=cpu",
+        "workload.tokens_per_rank=[4]",
+        "--space",
+        "small",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 130
     env = json.loads((out / "env.json").read_text())
     assert env["gpu"] == "cpu" and env["env_id"] and "git_tree" in env and "git_dirty" in env

@@ -1,6 +1,7 @@
 """`moebench tune` on a routing (issue #32): the tiles are timed on the combination's routing,
 and with backend.simulate_rank the table's entry is keyed by the rows the emulated rank's
 experts receive (what the experts' config look-up keys on), not the tokens per rank."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,17 @@ def interpreter(monkeypatch):
 
 def test_tune_on_the_hottest_rank_keys_its_entry_by_the_rows_that_rank_receives(tmp_path):
     out = tmp_path / "tune"
-    over = ["experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu",
-            "backend.simulate_ep=2", "backend.simulate_rank=hottest", "workload.routing=zipf",
-            "workload.tokens_per_rank=[4]"]
+    over = [
+        "experts=triton",
+        "backend=local",
+        "model=tiny",
+        "quant=bf16",
+        "runner.device=cpu",
+        "backend.simulate_ep=2",
+        "backend.simulate_rank=hottest",
+        "workload.routing=zipf",
+        "workload.tokens_per_rank=[4]",
+    ]
     assert cli.main(["tune", *over, "--space", "small", "--reps", "2", "--final-reps", "1", "--out", str(out)]) == 0
     (c,), _ = plan(over, None)
     rows = make_routed(layer_shape(c.combo), 4, routing_spec(c.combo), 0, 7, "cpu", "hottest").received_tokens

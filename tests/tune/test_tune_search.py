@@ -1,6 +1,7 @@
 """`moebench tune`'s search without a GPU: the pruned space, the halving search against
 exhaustive search on synthetic cost landscapes, resuming from stored trials, and the
 compile workers' round trip into Triton's cache."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,21 @@ from pathlib import Path
 import pytest
 
 from moebench.tune import strategy
-from moebench.tune.space import SM90_SHARED_BYTES, LayerDims, acc_registers, config_key, drop_reason, prune, shared_bytes
+from moebench.tune.space import (
+    SM90_SHARED_BYTES,
+    LayerDims,
+    acc_registers,
+    config_key,
+    drop_reason,
+    prune,
+    shared_bytes,
+)
 from moebench.tune.trials import Trial, TrialStore
 
 ROOT = Path(__file__).resolve().parents[2]
-DSV3_EP8_FP8 = LayerDims(num_experts=32, intermediate=2048, hidden=7168, topk=8, operand_bytes=1, block_shape=(128, 128))
+DSV3_EP8_FP8 = LayerDims(
+    num_experts=32, intermediate=2048, hidden=7168, topk=8, operand_bytes=1, block_shape=(128, 128)
+)
 QWEN3_BF16 = LayerDims(num_experts=128, intermediate=768, hidden=2048, topk=8, operand_bytes=2)
 
 
@@ -35,8 +46,12 @@ def test_vllm_space_pruned_for_the_tuned_layers():
     assert all(shared_bytes(c, 2) <= SM90_SHARED_BYTES for c in qw.kept)
     assert len({config_key(c) for c in qw.kept}) == len(qw.kept)
     tiny = LayerDims(num_experts=8, intermediate=128, hidden=256, topk=2, operand_bytes=2)
-    assert drop_reason(dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=512, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=4, num_stages=2),
-                       tiny) == "wider_than_layer"
+    assert (
+        drop_reason(
+            dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=512, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=4, num_stages=2), tiny
+        )
+        == "wider_than_layer"
+    )
 
 
 def test_shared_memory_rule_matches_the_out_of_resources_the_gpu_reported():
@@ -47,8 +62,11 @@ def test_shared_memory_rule_matches_the_out_of_resources_the_gpu_reported():
         d = json.loads(path.read_text())
         nbytes = 1 if str(d["layer"].get("quant", "")).startswith("fp8") else 2
         jsonl = path.parent / "trials.jsonl"  # the halving search keeps its trials beside tune.json
-        trials = ([json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()] if jsonl.is_file()
-                  else [t for r in d["results"] for t in r["trials"]])
+        trials = (
+            [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+            if jsonl.is_file()
+            else [t for r in d["results"] for t in r["trials"]]
+        )
         for t in trials:
             m = re.search(r"shared memory, Required: (\d+)", t.get("error") or "")
             if m:
@@ -79,7 +97,9 @@ def _landscape(seed: int, configs):
         if t in tiles:
             continue
         d = [math.log2(v) - o for v, o in zip(t, opt)]
-        tiles[t] = (1 + 0.08 * d[0] ** 2 + 0.05 * d[1] ** 2 + 0.04 * d[2] ** 2 + 0.03 * d[0] * d[1]) * math.exp(rng.gauss(0, 0.06))
+        tiles[t] = (1 + 0.08 * d[0] ** 2 + 0.05 * d[1] ** 2 + 0.04 * d[2] ** 2 + 0.03 * d[0] * d[1]) * math.exp(
+            rng.gauss(0, 0.06)
+        )
         s_opt = {64: 4, 128: 3, 256: 2}[t[2]] if rng.random() > 0.3 else rng.choice([2, 3, 4, 5])
         w_opt = (8 if t[0] * t[1] >= 16384 else 4) if rng.random() > 0.2 else rng.choice([4, 8])
         knobs[t] = (s_opt, w_opt, {g: math.exp(rng.gauss(0, 0.015)) for g in (1, 16, 32, 64)})
@@ -87,15 +107,21 @@ def _landscape(seed: int, configs):
     def cost(c):
         t = config_key(c)[:3]
         s_opt, w_opt, g = knobs[t]
-        return (tiles[t] * (1 + 0.05 * abs(c["num_stages"] - s_opt)) * (1.0 if c["num_warps"] == w_opt else 1.10)
-                * g.get(c["GROUP_SIZE_M"], 1.0))
+        return (
+            tiles[t]
+            * (1 + 0.05 * abs(c["num_stages"] - s_opt))
+            * (1.0 if c["num_warps"] == w_opt else 1.10)
+            * g.get(c["GROUP_SIZE_M"], 1.0)
+        )
 
     return cost
 
 
 def _noisy(cost, seed):
     rng = random.Random(seed)
-    return lambda cfgs, phase: [_R(cost(c) * math.exp(rng.gauss(0, 0.01 if phase == "screen" else 0.004))) for c in cfgs]
+    return lambda cfgs, phase: [
+        _R(cost(c) * math.exp(rng.gauss(0, 0.01 if phase == "screen" else 0.004))) for c in cfgs
+    ]
 
 
 @pytest.mark.parametrize("dims", [DSV3_EP8_FP8, QWEN3_BF16], ids=["dsv3_ep8_fp8", "qwen3_bf16"])
@@ -133,8 +159,10 @@ def test_halving_is_deterministic_and_keeps_the_baselines_in_the_race():
 def test_failed_configs_never_win():
     configs = prune("small", QWEN3_BF16).kept + prune("prefill", QWEN3_BF16).kept
     fail = {config_key(c) for c in configs[::2]}
-    measure = lambda cfgs, phase: [_R(float("nan") if config_key(c) in fail else 1.0 + 0.01 * i)  # noqa: E731
-                                   for i, c in enumerate(cfgs)]
+    measure = lambda cfgs, phase: [
+        _R(float("nan") if config_key(c) in fail else 1.0 + 0.01 * i)  # noqa: E731
+        for i, c in enumerate(cfgs)
+    ]
     out = strategy.exhaustive(configs, measure)
     assert out.best is not None and config_key(out.best) not in fail
     none = strategy.exhaustive(configs, lambda cfgs, phase: [_R(float("inf")) for _ in cfgs])
@@ -195,7 +223,9 @@ def test_an_interrupted_tune_resumes_from_its_stored_trials(tmp_path):
     third = _FakeBench(cost)
     search(third, TrialStore(tmp_path / "cut"))
     assert third.timed == 0
-    other = Measurer(_FakeBench(cost), TrialStore(tmp_path / "cut"), "layerkey", 16, TuneArgs(overrides=[], reps=7), "graph")
+    other = Measurer(
+        _FakeBench(cost), TrialStore(tmp_path / "cut"), "layerkey", 16, TuneArgs(overrides=[], reps=7), "graph"
+    )
     other(configs[:1], "screen")
     assert other.measured == 1
 

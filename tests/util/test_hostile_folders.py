@@ -4,6 +4,7 @@ results/README.md makes `moebench report` / `compare` / `trace --plot` / the res
 with one line naming the link and exit 2, before anything is written, and the link's target
 is left as it was; reading through a link still works. Below them, moebench/util/safe_write.py
 itself: folders, files, hard links and FIFOs."""
+
 from __future__ import annotations
 
 import os
@@ -46,6 +47,7 @@ def _untouched(victim: Path) -> None:
 
 
 # -- moebench report ------------------------------------------------------------------
+
 
 def test_a_symlinked_report_folder_is_refused(tmp_path, capsys):
     run, victim = synthetic_run(tmp_path / "run"), _victim(tmp_path)
@@ -135,10 +137,21 @@ def test_capacity_and_tune_results_refuse_a_linked_output(tmp_path, capsys):
 
 # -- moebench trace --plot ------------------------------------------------------------
 
+
 def _traced_run(tmp_path) -> tuple[Path, Path]:
     """A run whose traces/ is a link to a folder outside it (the traces themselves are there)."""
-    row = make_row("naive", "torch", "experts", "dispatch", "bf16", 16, samples_us=[100.0] * 5, world_size=2,
-                   combo_key="k0", label="naive/torch/experts/dispatch/bf16/tiny/ws2")
+    row = make_row(
+        "naive",
+        "torch",
+        "experts",
+        "dispatch",
+        "bf16",
+        16,
+        samples_us=[100.0] * 5,
+        world_size=2,
+        combo_key="k0",
+        label="naive/torch/experts/dispatch/bf16/tiny/ws2",
+    )
     run = write_run(tmp_path / "run", pd.DataFrame([row]))
     outside = tmp_path / "outside_traces"
     (outside / "k0").mkdir(parents=True)
@@ -179,6 +192,7 @@ def test_a_symlinked_timeline_png_is_refused_before_any_figure(tmp_path, capsys)
 
 # -- results/README.md ----------------------------------------------------------------
 
+
 def test_the_results_index_refuses_a_linked_readme(tmp_path, capsys):
     from moebench.report import results_index
 
@@ -195,6 +209,7 @@ def test_the_results_index_refuses_a_linked_readme(tmp_path, capsys):
 
 
 # -- moebench/util/safe_write.py -----------------------------------------------------------
+
 
 def test_safe_dir_creates_real_folders_and_refuses_a_link_below_the_base(tmp_path):
     victim = _victim(tmp_path)
@@ -261,9 +276,25 @@ def test_a_sweep_that_traces_refuses_a_symlinked_traces_folder_before_any_work(t
     run, victim = tmp_path / "run", _victim(tmp_path)
     run.mkdir()
     (run / "traces").symlink_to(victim)
-    rc, out, err = _main(["sweep", "--out", run, "backend=local", "experts=torch", "reduction=experts",
-                          "overlap=none", "quant=bf16", "model=tiny", "workload.tokens_per_rank=[4]",
-                          "trace=torch", "runner.reps=1", "runner.warmup=0", "runner.phase_reps=1"], capsys)
+    rc, out, err = _main(
+        [
+            "sweep",
+            "--out",
+            run,
+            "backend=local",
+            "experts=torch",
+            "reduction=experts",
+            "overlap=none",
+            "quant=bf16",
+            "model=tiny",
+            "workload.tokens_per_rank=[4]",
+            "trace=torch",
+            "runner.reps=1",
+            "runner.warmup=0",
+            "runner.phase_reps=1",
+        ],
+        capsys,
+    )
     assert rc == 2
     _one_line_naming(err, run / "traces")
     assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and not (run / "rows").exists()

@@ -1,4 +1,5 @@
 """moebench's PNGs are palette images that look like matplotlib's own rendering."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,6 +1,7 @@
 """The cards of moebench's backends: layout, ranks, CUDA-graph flags, knobs and the rules
 (`supports`, `token_limit`, `process_group_family`) planning reads without importing the
 implementations (kernels/prepare_finalize/, named by each card's `implementation`)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -11,9 +12,14 @@ from ..prepare_finalize import _deepep, _pplx
 from ..registry import card
 
 # the batched buffers of deepep_ll and pplx are sized for this many tokens per rank
-MAX_TOKENS_KNOB = Knob("max_tokens_per_rank", 512, "tokens per rank the batched buffers hold (DeepEP "
-                       "low-latency's num_max_dispatch_tokens_per_rank, pplx's max_num_tokens)", minimum=1,
-                       tag="cap{}")
+MAX_TOKENS_KNOB = Knob(
+    "max_tokens_per_rank",
+    512,
+    "tokens per rank the batched buffers hold (DeepEP "
+    "low-latency's num_max_dispatch_tokens_per_rank, pplx's max_num_tokens)",
+    minimum=1,
+    tag="cap{}",
+)
 
 
 def max_tokens_reason(combo, tokens: int):
@@ -93,11 +99,15 @@ class DeepEPHTCard(BackendCard):
     carries_fp8 = True  # fp8_block: fp8 rows + 1x128 scales; fp8_tensor: bf16 then quantize
     graph_capturable = False  # dispatch waits on the CPU for the received counts
     knobs = (
-        Knob("num_sms", DEFAULT_NUM_SMS, "SMs DeepEP's high-throughput kernels may use (even)", minimum=2,
-             tag="sms{}"),
-        Knob("dispatch_nvl_chunk", 0, "tokens per NVLink chunk of the dispatch (Config's "
-             "num_max_nvl_chunked_send_tokens, with a 256-token receive buffer); 0 = DeepEP's recommended config",
-             minimum=0, tag="dchunk{}"),
+        Knob("num_sms", DEFAULT_NUM_SMS, "SMs DeepEP's high-throughput kernels may use (even)", minimum=2, tag="sms{}"),
+        Knob(
+            "dispatch_nvl_chunk",
+            0,
+            "tokens per NVLink chunk of the dispatch (Config's "
+            "num_max_nvl_chunked_send_tokens, with a 256-token receive buffer); 0 = DeepEP's recommended config",
+            minimum=0,
+            tag="dchunk{}",
+        ),
         Knob("combine_nvl_chunk", 0, "the same for the combine", minimum=0, tag="cchunk{}"),
     )
 
@@ -108,8 +118,9 @@ class DeepEPHTCard(BackendCard):
             return reason
         ws = combo.get("world_size", 2)
         if ws not in _deepep.INTRANODE_WORLD_SIZES:
-            return (f"deepep_ht runs DeepEP's intranode kernels: world_size in {_deepep.INTRANODE_WORLD_SIZES} "
-                    f"(got {ws})")
+            return (
+                f"deepep_ht runs DeepEP's intranode kernels: world_size in {_deepep.INTRANODE_WORLD_SIZES} (got {ws})"
+            )
         E, P, K = combo.get("num_experts", ws), combo.get("topk", 1), combo.get("hidden", 128)
         quant = combo.get("quant", "bf16")
         if E // ws > MAX_HT_LOCAL_EXPERTS:
@@ -128,8 +139,10 @@ class DeepEPHTCard(BackendCard):
         for name in ("dispatch_nvl_chunk", "combine_nvl_chunk"):
             chunk = combo.get(name, 0)
             if not 0 <= chunk < _deepep.NVL_RECV_TOKENS:
-                return (f"backend.{name}={chunk}: 0 (DeepEP's recommended config) or 1..{_deepep.NVL_RECV_TOKENS - 1} "
-                        f"tokens per chunk (the receive buffer holds {_deepep.NVL_RECV_TOKENS})")
+                return (
+                    f"backend.{name}={chunk}: 0 (DeepEP's recommended config) or 1..{_deepep.NVL_RECV_TOKENS - 1} "
+                    f"tokens per chunk (the receive buffer holds {_deepep.NVL_RECV_TOKENS})"
+                )
         return None
 
 
@@ -164,8 +177,10 @@ class DeepEPLLCard(BackendCard):
             return f"DeepEP low-latency supports top-k <= {MAX_TOPK} (got {P})"
         cap = combo.get("max_tokens_per_rank", 512)
         if (ws * cap) % 4:
-            return (f"DeepEP low-latency needs world_size * backend.max_tokens_per_rank to be a multiple of 4 "
-                    f"(got {ws} * {cap})")
+            return (
+                f"DeepEP low-latency needs world_size * backend.max_tokens_per_rank to be a multiple of 4 "
+                f"(got {ws} * {cap})"
+            )
         return None
 
     @classmethod
@@ -201,8 +216,14 @@ class PplxCard(BackendCard):
     graph_capturable = True  # no host sync; pplx supports CUDA graphs (vLLM captures it)
     knobs = (
         MAX_TOKENS_KNOB,
-        Knob("pplx_mode", _pplx.DEFAULT_MODE, "pplx's transport: intranode (CUDA IPC, as vLLM runs it on one "
-             "node) or internode (NVSHMEM, what pplx's own benchmark times)", choices=_pplx.MODES, tag="{}"),
+        Knob(
+            "pplx_mode",
+            _pplx.DEFAULT_MODE,
+            "pplx's transport: intranode (CUDA IPC, as vLLM runs it on one "
+            "node) or internode (NVSHMEM, what pplx's own benchmark times)",
+            choices=_pplx.MODES,
+            tag="{}",
+        ),
     )
 
     @classmethod
@@ -220,12 +241,16 @@ class PplxCard(BackendCard):
         quant = combo.get("quant", "bf16")
         row, scale_bytes, _ = pplx_dispatch_format(K, quant)
         if row % 16 or K % 8:
-            return (f"pplx moves rows in 16-byte units: hidden={K} ({row} bytes a row) must be a multiple of 16 bytes "
-                    "and of 8")
+            return (
+                f"pplx moves rows in 16-byte units: hidden={K} ({row} bytes a row) must be a multiple of 16 bytes "
+                "and of 8"
+            )
         staged = _pplx.round_up(row + scale_bytes + 4, 16)
         if mode == "intranode" and staged > _pplx.MAX_STAGED_ROW_BYTES:
-            return (f"pplx's intranode dispatch stages a row in <= 48 KiB of shared memory (hidden={K}, {quant}: "
-                    f"{staged} bytes)")
+            return (
+                f"pplx's intranode dispatch stages a row in <= 48 KiB of shared memory (hidden={K}, {quant}: "
+                f"{staged} bytes)"
+            )
         return None
 
     @classmethod

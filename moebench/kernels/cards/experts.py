@@ -2,6 +2,7 @@
 planning reads without importing the implementations (kernels/experts/, named by each
 card's `implementation`) or Triton; torch only where the answer needs the GPU's
 compute capability (device=cuda)."""
+
 from __future__ import annotations
 
 import os
@@ -22,10 +23,15 @@ from ..registry import card
 CONTIGUOUS_MIN_PAIRS_PER_EXPERT = {"bf16": 1024, "fp8_block": 128}
 CONTIGUOUS_QUANTS = tuple(CONTIGUOUS_MIN_PAIRS_PER_EXPERT)  # experts.row_layout applies to these
 ROW_LAYOUTS = ("auto", "gathered", "contiguous")
-ROW_LAYOUT_KNOB = Knob("row_layout", "auto", "bf16 / fp8_block: gathered rows as vLLM's fused_moe reads them, "
-                       "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
-                       "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)", choices=ROW_LAYOUTS,
-                       tag="{}")
+ROW_LAYOUT_KNOB = Knob(
+    "row_layout",
+    "auto",
+    "bf16 / fp8_block: gathered rows as vLLM's fused_moe reads them, "
+    "contiguous rows permuted per expert (TMA loads), or auto (contiguous from "
+    "CONTIGUOUS_MIN_PAIRS_PER_EXPERT expected local pairs per expert)",
+    choices=ROW_LAYOUTS,
+    tag="{}",
+)
 CONTIGUOUS_GEMMS = ("auto", "triton", "gluon", "gluon_wide")
 GLUON_GEMMS = ("gluon", "gluon_wide")  # the Gluon kernels: SM90 only
 # auto: the Gluon kernel for a GEMM of at least this many output columns (N), on an SM90 GPU,
@@ -40,12 +46,17 @@ GLUON_GEMMS = ("gluon", "gluon_wide")  # the Gluon kernels: SM90 only
 # 0.95 and down 0.91, 0.96: every N measured gains. qwen3's GEMMs lose at 1024 tokens (1.09 and 1.59),
 # where the layer runs the gathered rows (row_layout=auto), not this choice
 GLUON_MIN_N = 0
-CONTIGUOUS_GEMM_KNOB = Knob("contiguous_gemm", "auto", "fp8_block on the contiguous layout: the grouped GEMM in "
-                            "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
-                            "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), the same at a 128 x 192 "
-                            "tile (gluon_wide, kernels/triton/gluon_wide.py: opt-in, not yet measured), or auto "
-                            "(Gluon on an SM90 GPU, else Triton)",
-                            choices=CONTIGUOUS_GEMMS, tag="gemm={}")
+CONTIGUOUS_GEMM_KNOB = Knob(
+    "contiguous_gemm",
+    "auto",
+    "fp8_block on the contiguous layout: the grouped GEMM in "
+    "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
+    "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), the same at a 128 x 192 "
+    "tile (gluon_wide, kernels/triton/gluon_wide.py: opt-in, not yet measured), or auto "
+    "(Gluon on an SM90 GPU, else Triton)",
+    choices=CONTIGUOUS_GEMMS,
+    tag="gemm={}",
+)
 
 
 GLUON_MIN_TRITON = (3, 6)  # the Gluon API the kernel is written against (gl.warp_specialize's list form)
@@ -80,8 +91,10 @@ def contiguous_gemm_kernel(mode: str, quant: str, capability: Optional[tuple[int
         return "triton"
     sm90 = capability is not None and capability[0] == 9
     if mode in GLUON_GEMMS and not sm90:
-        raise ValueError(f"experts.contiguous_gemm={mode} needs an SM90 GPU that runs Gluon (capability "
-                         f"{capability}; {gluon_runtime_unsupported() or 'Triton >= 3.6 found'})")
+        raise ValueError(
+            f"experts.contiguous_gemm={mode} needs an SM90 GPU that runs Gluon (capability "
+            f"{capability}; {gluon_runtime_unsupported() or 'Triton >= 3.6 found'})"
+        )
     if mode != "auto":
         return mode
     return "gluon" if sm90 and n >= GLUON_MIN_N else "triton"
@@ -95,8 +108,9 @@ def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
     are multiples of 128; the rows are permuted 128 columns at a time)."""
     if quant not in CONTIGUOUS_QUANTS:
         return f"the contiguous layout runs {' and '.join(CONTIGUOUS_QUANTS)}, not quant={quant}"
-    bad = [f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", intermediate))
-           if v is not None and int(v) % 128]
+    bad = [
+        f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", intermediate)) if v is not None and int(v) % 128
+    ]
     if bad:
         return f"the contiguous layout needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})"
     return None
@@ -145,8 +159,7 @@ def triton_unsupported(combo: dict) -> Optional[str]:
                 return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
     layout = combo.get("row_layout", "auto")
     if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
-        return (f"experts.row_layout={layout} picks the row layout of quant="
-                f"{' or '.join(CONTIGUOUS_QUANTS)} only")
+        return f"experts.row_layout={layout} picks the row layout of quant={' or '.join(CONTIGUOUS_QUANTS)} only"
     gemm = combo.get("contiguous_gemm", "auto")
     if gemm in GLUON_GEMMS:
         why = gluon_unsupported(quant, layout, device)
@@ -228,8 +241,15 @@ class TritonOrDeepGemmCard(ExpertsCard):
     implementation = "experts.triton_or_deepgemm"
     activation_format = ActivationFormat.STANDARD
     graph_capturable = DeepGemmCard.graph_capturable and TritonCard.graph_capturable
-    knobs = (Knob("deepgemm_min_tokens", DEFAULT_MIN_TOKENS, "DeepGEMM at or above this many rows after "
-                  "dispatch, Triton below", minimum=1, tag="dgmin{}"),)
+    knobs = (
+        Knob(
+            "deepgemm_min_tokens",
+            DEFAULT_MIN_TOKENS,
+            "DeepGEMM at or above this many rows after dispatch, Triton below",
+            minimum=1,
+            tag="dgmin{}",
+        ),
+    )
 
     @classmethod
     def supports(cls, combo):

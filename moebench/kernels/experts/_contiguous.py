@@ -20,6 +20,7 @@ int32 scratch (sort + layout metadata).
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts, Mp padded rows,
 D = max(K, I).
 """
+
 from __future__ import annotations
 
 import torch
@@ -80,8 +81,7 @@ def contiguous_workspace_shapes(mp: int, M: int, N: int, K: int, topk: int, redu
     return (mp, fp8_scaled_bytes(D) // 2 if scaled else D), (mp, max(N, K)), out
 
 
-def contiguous_apply(gemm, w: ContiguousWeights, align: int, reduction: str, output, prepared, workspace13,
-                     workspace2):
+def contiguous_apply(gemm, w: ContiguousWeights, align: int, reduction: str, output, prepared, workspace13, workspace2):
     """permute -> gemm(gate/up) -> SiLU-and-mul (+ fp8 quant) -> gemm(down) -> unpermute
     (module doc); gemm(a, a_scale, w, w_scale, out, layout) is the grouped GEMM (scales
     None for bf16)."""
@@ -104,8 +104,14 @@ def contiguous_apply(gemm, w: ContiguousWeights, align: int, reduction: str, out
         layout = permute_contiguous(prepared.x, prepared.x_scale, ids, E, align, a1, a1_s, scratch)
         gemm(a1, a1_s, w.w13, w.s13, h, layout)
         act, act_s = fp8_rows_with_scales(u13, mp, I, D)  # a1 is consumed: reuse its bytes
-        silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_GROUP, scale=act_s,
-                     expert_num_tokens=layout.counts_B, group=GROUP)
+        silu_and_mul(
+            h.view(blocks, align, N),
+            act.view(blocks, align, I),
+            MODE_GROUP,
+            scale=act_s,
+            expert_num_tokens=layout.counts_B,
+            group=GROUP,
+        )
     else:
         assert workspace13.is_contiguous(), "workspaces must be contiguous"
         flat13 = workspace13.reshape(-1)
@@ -114,9 +120,15 @@ def contiguous_apply(gemm, w: ContiguousWeights, align: int, reduction: str, out
         layout = permute_contiguous(prepared.x, None, ids, E, align, a1, None, scratch)
         gemm(a1, None, w.w13, None, h, layout)
         act, act_s = flat13[: mp * I].view(mp, I), None  # a1 is consumed
-        silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_BF16,
-                     expert_num_tokens=layout.counts_B)
+        silu_and_mul(h.view(blocks, align, N), act.view(blocks, align, I), MODE_BF16, expert_num_tokens=layout.counts_B)
     y = flat2[: mp * K].view(mp, K)  # h is consumed
     gemm(act, act_s, w.w2, w.s2, y, layout)
-    unpermute_contiguous(y, ids.contiguous(), prepared.topk_weights_MP.contiguous(), layout.inv_R, output, E,
-                         reduce=reduction == "experts")
+    unpermute_contiguous(
+        y,
+        ids.contiguous(),
+        prepared.topk_weights_MP.contiguous(),
+        layout.inv_R,
+        output,
+        E,
+        reduce=reduction == "experts",
+    )

@@ -12,6 +12,7 @@ stride rounded up to 4) and are transposed into that layout by the library when
 they come row-major (a transient tensor). On SM100 the library turns fp32 scales
 into UE8M0 powers of two, which our 128x128 fp32 weight scales are not: SM90 only.
 """
+
 from __future__ import annotations
 
 import functools

@@ -22,6 +22,7 @@ scratch (sort + layout metadata).
 Legend: M rows, P top-k, R = M*P pairs, K hidden, N = 2I, E local experts,
 Mp padded rows, D = max(K, I).
 """
+
 from __future__ import annotations
 
 from ..cards.experts import DeepGemmCard
@@ -69,8 +70,10 @@ class DeepGemmExperts(DeepGemmCard, Experts):
 
         def gemm(a, a_s, w, w_s, out, layout):
             grouped = layout.ends_E if psum else layout.m_indices_Mp
-            dg.m_grouped_fp8_gemm_nt_contiguous((a, a_s), (w, w_s), out, grouped, disable_ue8m0_cast=True,
-                                                use_psum_layout=psum)
+            dg.m_grouped_fp8_gemm_nt_contiguous(
+                (a, a_s), (w, w_s), out, grouped, disable_ue8m0_cast=True, use_psum_layout=psum
+            )
 
-        contiguous_apply(gemm, self.dg_w, _deep_gemm.mk_alignment(), self.reduction, output, prepared,
-                         workspace13, workspace2)
+        contiguous_apply(
+            gemm, self.dg_w, _deep_gemm.mk_alignment(), self.reduction, output, prepared, workspace13, workspace2
+        )

@@ -15,6 +15,7 @@ into [E, Xp, K] (Xp = X rounded up to 128) and the down output copied back.
 
 Legend: E local experts, X rows per expert, Xp padded, K hidden, N = 2I.
 """
+
 from __future__ import annotations
 
 import torch

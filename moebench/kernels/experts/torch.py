@@ -6,6 +6,7 @@ after dispatch: the numerics are fp8's, the speed is bf16's.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts, R = valid pairs.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ ignored by the finalize, as in vLLM's NaiveBatchedExperts.
 
 Legend: E local experts, X rows per expert, K hidden, N = 2I.
 """
+
 from __future__ import annotations
 
 import torch

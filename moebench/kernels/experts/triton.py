@@ -22,6 +22,7 @@ once, in __init__ (issue #46: a forward's host enqueue).
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,7 +66,9 @@ class TritonConfigMixin:
             else:
                 q = self.w.quant
                 E, _, I = self.w.w2_EKI.shape
-                cfg = get_config(E, I, M, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k), topk=topk)
+                cfg = get_config(
+                    E, I, M, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k), topk=topk
+                )
             cache[(M, topk)] = cfg
         return cache[(M, topk)]
 
@@ -165,12 +168,28 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
             _, N, K = self.w.w13_ENK.shape
             self.last_gemm = f"{self._gemm_kernel[N]}/{self._gemm_kernel[K]}" if contiguous else ""
         if contiguous:
-            contiguous_apply(self._contiguous_gemm, self._contiguous_w, ALIGN, self.reduction, output, prepared,
-                             workspace13, workspace2)
+            contiguous_apply(
+                self._contiguous_gemm,
+                self._contiguous_w,
+                ALIGN,
+                self.reduction,
+                output,
+                prepared,
+                workspace13,
+                workspace2,
+            )
             return
         fused_moe_standard(
-            prepared.x, prepared.x_scale, ids, prepared.topk_weights_MP, self.w,
-            output, workspace13, workspace2, self._config(ids.shape[0], ids.shape[1]), self.reduction,
+            prepared.x,
+            prepared.x_scale,
+            ids,
+            prepared.topk_weights_MP,
+            self.w,
+            output,
+            workspace13,
+            workspace2,
+            self._config(ids.shape[0], ids.shape[1]),
+            self.reduction,
         )
 
     def _contiguous_gemm(self, a, a_s, w, w_s, out, layout):

@@ -5,6 +5,7 @@ are left unwritten (the finalize reads only counted rows).
 
 Legend: E local experts, X rows per expert, K hidden, N = 2I.
 """
+
 from __future__ import annotations
 
 from ..cards.experts import TritonBatchedCard
@@ -42,6 +43,12 @@ class TritonBatchedExperts(TritonBatchedCard, TritonConfigMixin, Experts):
     def apply(self, output, prepared, workspace13, workspace2):
         x = prepared.x
         fused_moe_batched(
-            x, prepared.x_scale, prepared.expert_num_tokens_E, self.w,
-            output, workspace13, workspace2, self._config(x.shape[1], self.ctx.shape.topk),
+            x,
+            prepared.x_scale,
+            prepared.expert_num_tokens_E,
+            self.w,
+            output,
+            workspace13,
+            workspace2,
+            self._config(x.shape[1], self.ctx.shape.topk),
         )

@@ -9,6 +9,7 @@ workspace_shapes and transient_bytes answer for the implementation that runs
 at that M (as vLLM's does now), so the declared memory is the one in use.
 vLLM also sends I <= 512 to Triton; here the threshold is the only knob.
 """
+
 from __future__ import annotations
 
 from ..cards.experts import DEFAULT_MIN_TOKENS, TritonOrDeepGemmCard

@@ -2,6 +2,7 @@
 
 Legend: M dispatched token rows, P top-k, K hidden, E local experts, X rows per expert.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,22 +31,31 @@ def localize_ids(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_expe
     return localize_ids_torch(topk_ids_MP, first, num_local)
 
 
-def fuses_quant_and_localize(quant: QuantSpec | None, topk_ids_MP: torch.Tensor, first: int, num_local: int,
-                             num_experts: int | None = None) -> bool:
+def fuses_quant_and_localize(
+    quant: QuantSpec | None, topk_ids_MP: torch.Tensor, first: int, num_local: int, num_experts: int | None = None
+) -> bool:
     """Whether quant_and_localize's one kernel applies (on a device that runs Triton): both halves
     would launch a Triton kernel (1 x 128 fp8 groups; ids that localize_ids must convert)."""
     return quant is not None and quant.is_block and not _local_as_they_are(topk_ids_MP, first, num_local, num_experts)
 
 
-def quant_and_localize(hidden_TK: torch.Tensor, topk_ids_MP: torch.Tensor, quant: QuantSpec | None, first: int,
-                       num_local: int, num_experts: int | None = None, fuse: bool | None = None):
+def quant_and_localize(
+    hidden_TK: torch.Tensor,
+    topk_ids_MP: torch.Tensor,
+    quant: QuantSpec | None,
+    first: int,
+    num_local: int,
+    num_experts: int | None = None,
+    fuse: bool | None = None,
+):
     """(x, scale or None, int64 local ids like topk_ids_MP): quant_activations(hidden_TK, quant) and
     localize_ids(topk_ids_MP, ...). Where fuses_quant_and_localize, one Triton launch and one
     allocation do both (triton/quant.py: group_quant_and_localize, bit-equal to the two kernels;
     issue #34: a launch and two allocations fewer). `fuse`: take it where it applies (None: with
     both tensors on CUDA; the interpreter's tests pass True on a CPU)."""
     if fuses_quant_and_localize(quant, topk_ids_MP, first, num_local, num_experts) and (
-            hidden_TK.is_cuda and topk_ids_MP.is_cuda if fuse is None else fuse):
+        hidden_TK.is_cuda and topk_ids_MP.is_cuda if fuse is None else fuse
+    ):
         from ..triton.quant import group_quant_and_localize
 
         assert quant is not None  # (fuses_quant_and_localize)
@@ -79,8 +89,13 @@ def to_batched(
     could get; the counts are clamped to X), land in one scratch row past the buffer.
     """
     M, P = local_ids_MP.shape
-    if (x_MK.is_cuda and M * P <= _batched_max_pairs() and x_MK.element_size() in (1, 2) and x_MK.stride(1) == 1
-            and (scale is None or scale.numel() == 1 or (scale.dim() == 2 and scale.stride(1) == 1))):
+    if (
+        x_MK.is_cuda
+        and M * P <= _batched_max_pairs()
+        and x_MK.element_size() in (1, 2)
+        and x_MK.stride(1) == 1
+        and (scale is None or scale.numel() == 1 or (scale.dim() == 2 and scale.stride(1) == 1))
+    ):
         return to_batched_fused(x_MK, scale, local_ids_MP, num_local, max_rows)  # two launches, not ~30
     K = x_MK.shape[1]
     E, X = num_local, max_rows
@@ -115,10 +130,15 @@ def to_batched(
     # each pair's row in the flat [E * X] buffer, -1 for pairs not kept (Batched reads it)
     pair_row = torch.full((M * P,), -1, dtype=torch.long, device=dev)
     pair_row[order] = torch.where(kept, dst, -1)
-    handle = BatchedHandle(slot_token_EX=slot_token[: E * X].view(E, X), slot_k_EX=slot_k[: E * X].view(E, X),
-                           num_tokens=M, pair_row_MP=pair_row.view(M, P))
+    handle = BatchedHandle(
+        slot_token_EX=slot_token[: E * X].view(E, X),
+        slot_k_EX=slot_k[: E * X].view(E, X),
+        num_tokens=M,
+        pair_row_MP=pair_row.view(M, P),
+    )
     return PreparedTokens(
-        x=x_flat[: E * X].view(E, X, K), x_scale=scale_b,
+        x=x_flat[: E * X].view(E, X, K),
+        x_scale=scale_b,
         expert_num_tokens_E=counts[:E].clamp(max=X).to(torch.int32),
         handle=handle,
     )
@@ -136,7 +156,6 @@ def to_batched_fused(x_MK, scale, local_ids_MP, num_local: int, max_rows: int) -
     from ..triton.batched_layout import to_batched_triton
 
     M = local_ids_MP.shape[0]
-    x, scale_b, counts, slot_token, slot_k, pair_row = to_batched_triton(x_MK, scale, local_ids_MP, num_local,
-                                                                         max_rows)
+    x, scale_b, counts, slot_token, slot_k, pair_row = to_batched_triton(x_MK, scale, local_ids_MP, num_local, max_rows)
     handle = BatchedHandle(slot_token_EX=slot_token, slot_k_EX=slot_k, num_tokens=M, pair_row_MP=pair_row)
     return PreparedTokens(x=x, x_scale=scale_b, expert_num_tokens_E=counts, handle=handle)

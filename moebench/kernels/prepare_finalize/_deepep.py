@@ -5,6 +5,7 @@ install the library, and a per-process cache of buffers: high-throughput
 `deep_ep` is imported inside functions only, so this module (and every backend
 built on it) imports fine on machines without the library.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,8 +87,9 @@ def ht_configs(world_size: int, num_sms: int, dispatch_chunk: int = 0, combine_c
     return d, c
 
 
-def get_ht_buffer(group: Any, hidden_bytes: int, num_sms: int, dispatch_chunk: int = 0,
-                  combine_chunk: int = 0) -> HTBuffer:
+def get_ht_buffer(
+    group: Any, hidden_bytes: int, num_sms: int, dispatch_chunk: int = 0, combine_chunk: int = 0
+) -> HTBuffer:
     """The shared high-throughput buffer of `group` for rows of `hidden_bytes`
     (DeepEP sizes by hidden * max(element size, 2): bf16 and fp8 rows share one).
 
@@ -213,8 +215,13 @@ def get_ll_buffer(group: Any, max_tokens_per_rank: int, hidden: int, num_experts
     # NVLink between the ranks of a node instead of RDMA loopback; explicitly_destroy:
     # release_buffers() frees it (a destructor-time free can hang exception handling)
     buf = deep_ep.Buffer(
-        group, 0, num_rdma_bytes, low_latency_mode=True, num_qps_per_rank=num_experts // world_size,
-        allow_nvlink_for_low_latency_mode=True, explicitly_destroy=True,
+        group,
+        0,
+        num_rdma_bytes,
+        low_latency_mode=True,
+        num_qps_per_rank=num_experts // world_size,
+        allow_nvlink_for_low_latency_mode=True,
+        explicitly_destroy=True,
     )
     _LL = LLBuffer(group, buf, max_tokens_per_rank, hidden, num_experts, num_rdma_bytes)
     return _LL

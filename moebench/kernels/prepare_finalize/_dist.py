@@ -4,6 +4,7 @@ receive (so shared experts run inside the communication's window).
 
 Legend: T tokens per rank, W ranks, K hidden, P top-k.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,7 +44,9 @@ def broadcast_rows(tensors: list[torch.Tensor], group, world_size: int, rank: in
         out[rank * T : (rank + 1) * T].copy_(t)
         for src in range(world_size):
             src_global = dist.get_global_rank(group, src) if group is not None and group != dist.group.WORLD else src
-            works.append(dist.broadcast(comm_view(out[src * T : (src + 1) * T]), src_global, group=group, async_op=True))
+            works.append(
+                dist.broadcast(comm_view(out[src * T : (src + 1) * T]), src_global, group=group, async_op=True)
+            )
         outs.append(out)
     return outs, works
 

@@ -10,6 +10,7 @@ Two transports (`AllToAll.intranode` / `.internode`, the same dispatch/combine A
 - internode: NVSHMEM symmetric buffers (what pplx's own benchmark runs); NVSHMEM is
   initialised once per process from a unique id broadcast over the torch group.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -93,9 +94,14 @@ class A2ASpec:
 
     def kwargs(self) -> dict:
         return dict(
-            max_num_tokens=self.max_num_tokens, num_experts=self.num_experts,
-            experts_per_token=self.experts_per_token, rank=self.rank, world_size=self.world_size,
-            dp_size=self.dp_size, hidden_dim=self.hidden_dim, hidden_dim_bytes=self.hidden_dim_bytes,
+            max_num_tokens=self.max_num_tokens,
+            num_experts=self.num_experts,
+            experts_per_token=self.experts_per_token,
+            rank=self.rank,
+            world_size=self.world_size,
+            dp_size=self.dp_size,
+            hidden_dim=self.hidden_dim,
+            hidden_dim_bytes=self.hidden_dim_bytes,
             hidden_dim_scale_bytes=self.hidden_dim_scale_bytes,
         )
 

@@ -4,6 +4,7 @@ hands each rank its own rows).
 
 Legend: T tokens per rank, W ranks, M = W*T rows after dispatch, K hidden, P top-k, G scale groups.
 """
+
 from __future__ import annotations
 
 from ..cards.backends import AllGatherReduceScatterCard
@@ -15,7 +16,6 @@ from ._dist import EPPrepareFinalize, row_bytes
 
 @register_backend("allgather_rs")
 class AllGatherReduceScatter(AllGatherReduceScatterCard, EPPrepareFinalize):
-
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx
         gathered = self.gather_quantized(hidden_TK, topk_weights_TP, topk_ids_TP, quant)

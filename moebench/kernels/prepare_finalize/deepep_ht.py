@@ -13,6 +13,7 @@ Async:    prepare_async / finalize_async launch on DeepEP's communication stream
 Legend: T tokens on this rank, M rows received, P top-k, K hidden, G = K / 128,
 R ranks, E local experts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,7 +52,9 @@ class DeepEPHTPrepareFinalize(DeepEPHTCard, PrepareFinalize):
         super().__init__(ctx)
         self.num_sms = int(ctx.options.get("num_sms", DEFAULT_NUM_SMS))
         if self.num_sms <= 0 or self.num_sms % 2:
-            raise ValueError(f"num_sms={self.num_sms}: DeepEP needs a positive even SM count (one send + one receive SM per channel)")
+            raise ValueError(
+                f"num_sms={self.num_sms}: DeepEP needs a positive even SM count (one send + one receive SM per channel)"
+            )
         if ctx.group is not None:
             self.group = ctx.group
         else:
@@ -61,8 +64,11 @@ class DeepEPHTPrepareFinalize(DeepEPHTCard, PrepareFinalize):
         # allocate (collectively) at setup, not in the first timed forward;
         # bf16 and fp8 rows share one buffer sized for hidden * 2 bytes
         self._ht = _deepep.get_ht_buffer(
-            self.group, ctx.shape.hidden * 2, self.num_sms,
-            int(ctx.options.get("dispatch_nvl_chunk", 0)), int(ctx.options.get("combine_nvl_chunk", 0)),
+            self.group,
+            ctx.shape.hidden * 2,
+            self.num_sms,
+            int(ctx.options.get("dispatch_nvl_chunk", 0)),
+            int(ctx.options.get("combine_nvl_chunk", 0)),
         )
 
     # -- prepare ----------------------------------------------------------------

@@ -24,6 +24,7 @@ CUDA graphs: no host sync anywhere; every forward makes two LL calls (dispatch,
 Legend: T tokens on this rank, P top-k, K hidden, G = K / 128, R ranks,
 E local experts, X = R * max_tokens_per_rank rows per expert.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,9 +90,15 @@ class DeepEPLLPrepareFinalize(DeepEPLLCard, PrepareFinalize):
             w_TP = topk_weights_TP.to(torch.float32).contiguous()
         span = OpenRange(self.phases, "dispatch")  # launch -> receive
         recv, count_E, handle, _, recv_hook = self._ll.buffer.low_latency_dispatch(
-            x_TK, ids_TP, self.max_tokens, self.ctx.shape.num_experts,
-            use_fp8=use_fp8, round_scale=False, use_ue8m0=False,
-            async_finish=False, return_recv_hook=hook,
+            x_TK,
+            ids_TP,
+            self.max_tokens,
+            self.ctx.shape.num_experts,
+            use_fp8=use_fp8,
+            round_scale=False,
+            use_ue8m0=False,
+            async_finish=False,
+            return_recv_hook=hook,
         )
         msg = dispatch_msg_bytes(K, use_fp8)
 
@@ -101,7 +108,9 @@ class DeepEPLLPrepareFinalize(DeepEPLLCard, PrepareFinalize):
             span.close()
             x_EXK, scale_EXG = recv if use_fp8 else (recv, None)
             return PreparedTokens(
-                x=x_EXK, x_scale=scale_EXG, expert_num_tokens_E=count_E,
+                x=x_EXK,
+                x_scale=scale_EXG,
+                expert_num_tokens_E=count_E,
                 handle=DeepEPLLHandle(handle, ids_TP, w_TP, msg),
             )
 
@@ -128,8 +137,14 @@ class DeepEPLLPrepareFinalize(DeepEPLLCard, PrepareFinalize):
         direct = out_TK.dtype == torch.bfloat16 and out_TK.is_contiguous()
         span = OpenRange(self.phases, "combine")  # launch -> receive
         combined_TK, _, recv_hook = self._ll.buffer.low_latency_combine(
-            x_EXK, h.topk_ids_TP, h.topk_weights_TP, h.deepep,
-            use_logfmt=False, zero_copy=False, async_finish=False, return_recv_hook=hook,
+            x_EXK,
+            h.topk_ids_TP,
+            h.topk_weights_TP,
+            h.deepep,
+            use_logfmt=False,
+            zero_copy=False,
+            async_finish=False,
+            return_recv_hook=hook,
             out=out_TK if direct else None,
         )
 

@@ -3,6 +3,7 @@
 With simulate_ep=N the rank keeps experts [0, E/N) and only the pairs routed to
 them, so one GPU measures the per-rank expert work of an EP-N deployment.
 """
+
 from __future__ import annotations
 
 from ..cards.backends import LocalCard
@@ -24,8 +25,14 @@ class LocalPrepareFinalize(LocalCard, PrepareFinalize):
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):
             # on CUDA with fp8_block and ids to localize: one kernel for both (issue #34)
-            x, scale, ids = quant_and_localize(hidden_TK, topk_ids_TP, quant, self.ctx.first_local_expert,
-                                               self.ctx.num_local_experts, self.ctx.shape.num_experts)
+            x, scale, ids = quant_and_localize(
+                hidden_TK,
+                topk_ids_TP,
+                quant,
+                self.ctx.first_local_expert,
+                self.ctx.num_local_experts,
+                self.ctx.shape.num_experts,
+            )
         prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
         return lambda: prepared
 

@@ -1,5 +1,6 @@
 """One rank, batched layout: tokens scattered into [E, X, K] per-expert buffers,
 as the low-latency dispatchers produce them; the finalize weights and sums."""
+
 from __future__ import annotations
 
 from ..cards.backends import LocalBatchedCard
@@ -11,7 +12,6 @@ from ._common import localize_ids, to_batched
 
 @register_backend("local_batched")
 class LocalBatchedPrepareFinalize(LocalBatchedCard, PrepareFinalize):
-
     def max_rows(self, num_tokens: int) -> int:
         # an expert gets each token at most once; workload.fill sets its own (validity.FILL_BACKENDS)
         return self.rows_per_expert or num_tokens
@@ -19,8 +19,9 @@ class LocalBatchedPrepareFinalize(LocalBatchedCard, PrepareFinalize):
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         with self.phases("prepare"):
             x, scale = quant_activations(hidden_TK, quant)
-            ids = localize_ids(topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts,
-                               self.ctx.shape.num_experts)
+            ids = localize_ids(
+                topk_ids_TP, self.ctx.first_local_expert, self.ctx.num_local_experts, self.ctx.shape.num_experts
+            )
             prepared = to_batched(x, scale, ids, self.ctx.num_local_experts, self.max_rows(hidden_TK.shape[0]))
             prepared.topk_ids_MP = ids
             prepared.topk_weights_MP = topk_weights_TP

@@ -5,6 +5,7 @@ quantize after the dispatch.
 
 Legend: T tokens per rank, W ranks, M = W*T rows after dispatch, K hidden, P top-k.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist
@@ -19,7 +20,6 @@ from ._dist import EPPrepareFinalize, OpenRange, broadcast_rows, row_bytes, wait
 
 @register_backend("naive")
 class NaivePrepareFinalize(NaiveCard, EPPrepareFinalize):
-
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx
         rng = OpenRange(self.phases, "dispatch")

@@ -5,6 +5,7 @@ reduce-scatter returns each rank its rows.
 
 Legend: T tokens per rank, W ranks, M = W*T, E local experts, X rows per expert, K hidden.
 """
+
 from __future__ import annotations
 
 from ..cards.backends import NaiveBatchedCard
@@ -16,7 +17,6 @@ from ._dist import EPPrepareFinalize, row_bytes
 
 @register_backend("naive_batched")
 class NaiveBatchedPrepareFinalize(NaiveBatchedCard, EPPrepareFinalize):
-
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
         ctx = self.ctx
         gathered = self.gather_quantized(hidden_TK, topk_weights_TP, topk_ids_TP, quant)

@@ -27,6 +27,7 @@ global memory and does not share this race.
 Legend: T tokens on this rank, P top-k, K hidden, G = K / 128 (Gp: G rounded up to 4),
 E local experts, X rows per expert, W ranks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,9 +70,15 @@ class PplxPrepareFinalize(PplxCard, PrepareFinalize):
         self.block = ctx.quant.is_block
         row, scale_bytes, self.gp = _dispatch_format(s.hidden, "fp8_block" if self.block else "bf16")
         self.spec = _pplx.A2ASpec(
-            mode=self.mode, max_num_tokens=ctx.max_tokens_per_rank, num_experts=s.num_experts,
-            experts_per_token=s.topk, rank=ctx.rank, world_size=W, hidden_dim=s.hidden,
-            hidden_dim_bytes=row, hidden_dim_scale_bytes=scale_bytes,
+            mode=self.mode,
+            max_num_tokens=ctx.max_tokens_per_rank,
+            num_experts=s.num_experts,
+            experts_per_token=s.topk,
+            rank=ctx.rank,
+            world_size=W,
+            hidden_dim=s.hidden,
+            hidden_dim_bytes=row,
+            hidden_dim_scale_bytes=scale_bytes,
         )
         self.X = ctx.max_tokens_per_rank * W  # rows per expert: every rank's tokens may pick it
         # allocate (collectively) at setup, not in the first timed forward
@@ -105,7 +112,9 @@ class PplxPrepareFinalize(PplxCard, PrepareFinalize):
         ctx, a2a = self.ctx, self._entry.a2a
         T, K = hidden_TK.shape
         if T > ctx.max_tokens_per_rank:
-            raise ValueError(f"{T} tokens exceed the pplx buffers' cap backend.max_tokens_per_rank={ctx.max_tokens_per_rank}")
+            raise ValueError(
+                f"{T} tokens exceed the pplx buffers' cap backend.max_tokens_per_rank={ctx.max_tokens_per_rank}"
+            )
         block = quant is not None and quant.is_block
         if block != self.block:
             raise ValueError(f"this pplx AllToAll was sized for {'fp8_block' if self.block else 'bf16'} rows")
@@ -124,12 +133,15 @@ class PplxPrepareFinalize(PplxCard, PrepareFinalize):
             counts_E = torch.empty(E, dtype=torch.int32, device=dev)
             x_EXK = torch.empty(E, self.X, K, dtype=x_TK.dtype, device=dev)
             xs_EXG = torch.empty(E, self.X, self.gp, dtype=torch.float32, device=dev) if block else None
-        handle = PplxHandle(ids_TP, w_TP, topk_ids_TP, self.spec.hidden_dim_bytes + self.spec.hidden_dim_scale_bytes + 4)
+        handle = PplxHandle(
+            ids_TP, w_TP, topk_ids_TP, self.spec.hidden_dim_bytes + self.spec.hidden_dim_scale_bytes + 4
+        )
         span = OpenRange(self.phases, "dispatch")  # launch -> receive
         a2a.dispatch(counts_E, x_EXK, xs_EXG, x_TK, scale_TG, ids_TP, None, do_send=True, do_recv=not split)
         entry = self._entry
         combine_later = self._dummy_combine(handle, x_EXK)
         if split:
+
             def finish_recv():
                 a2a.dispatch(counts_E, x_EXK, xs_EXG, x_TK, scale_TG, ids_TP, None, do_send=False, do_recv=True)
 

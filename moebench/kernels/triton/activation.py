@@ -16,6 +16,7 @@ row of a dense [R, 2S] (the shared experts).
 
 Legend: rows = pairs (standard) or E * X (batched), N = 2I gate/up width.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -154,13 +155,31 @@ def silu_and_mul(
     if num_rblk == 0:
         return
     dummy = h2
-    launch(_silu_mul_kernel, (num_rblk, cdiv(I, block_c)),
-        h2, o2,
-        scale if scale is not None else dummy, amax if amax is not None else dummy,
-        ids, post, num_pairs, counts, X, I,
-        h_sm, o_sm, s_m, s_g,
-        BATCHED=batched, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
-        FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+    launch(
+        _silu_mul_kernel,
+        (num_rblk, cdiv(I, block_c)),
+        h2,
+        o2,
+        scale if scale is not None else dummy,
+        amax if amax is not None else dummy,
+        ids,
+        post,
+        num_pairs,
+        counts,
+        X,
+        I,
+        h_sm,
+        o_sm,
+        s_m,
+        s_g,
+        BATCHED=batched,
+        MODE=mode,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        FP8_MAX=FP8_MAX,
+        EPS=EPS,
+        EXACT_ROUND=_EXACT_ROUND,
+        num_warps=4,
     )
 
 
@@ -200,13 +219,27 @@ def silu_and_mul_rows(h_RN: torch.Tensor, block_r: int = 16) -> torch.Tensor:
     out = torch.empty((R, S), dtype=h_RN.dtype, device=h_RN.device)
     if R and S:
         block_c = min(256, next_power_of_2(S))
-        launch(_silu_mul_rows_kernel, (cdiv(R, block_r), cdiv(S, block_c)), h_RN, out, R, S, h_sm, S,
-               BLOCK_R=block_r, BLOCK_C=block_c, EXACT_ROUND=_EXACT_ROUND, num_warps=4)
+        launch(
+            _silu_mul_rows_kernel,
+            (cdiv(R, block_r), cdiv(S, block_c)),
+            h_RN,
+            out,
+            R,
+            S,
+            h_sm,
+            S,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            EXACT_ROUND=_EXACT_ROUND,
+            num_warps=4,
+        )
     return out
 
 
 @triton.jit
-def _zero_rows_kernel(out_ptr, ids_ptr, num_rows, num_experts, K, stride_om, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _zero_rows_kernel(
+    out_ptr, ids_ptr, num_rows, num_experts, K, stride_om, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ids = tl.load(ids_ptr + r, mask=r < num_rows, other=0)
@@ -223,6 +256,16 @@ def zero_nonlocal_rows(out_RK: torch.Tensor, topk_ids: torch.Tensor, num_experts
     if R == 0:
         return
     block_r, block_c = 16, 256
-    launch(_zero_rows_kernel, (cdiv(R, block_r), cdiv(K, block_c)),
-        out_RK, ids, R, num_experts, K, out_RK.stride(0), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
+    launch(
+        _zero_rows_kernel,
+        (cdiv(R, block_r), cdiv(K, block_c)),
+        out_RK,
+        ids,
+        R,
+        num_experts,
+        K,
+        out_RK.stride(0),
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=4,
     )

@@ -13,6 +13,7 @@ in exactly one row).
 
 Legend: R = num_pairs (M * P), E local experts, B = blocks of BLOCK_M rows.
 """
+
 from __future__ import annotations
 
 import functools
@@ -156,7 +157,8 @@ def moe_align_block_size(
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.reshape(-1)
     num_pairs = ids.numel()
     rows, num_blocks, need, count_kw, one_launch, num_pair_programs = _plan(
-        num_pairs, num_experts, block_m, ONE_LAUNCH_MAX_PAIRS)
+        num_pairs, num_experts, block_m, ONE_LAUNCH_MAX_PAIRS
+    )
     if scratch is None:
         scratch = torch.empty(need, dtype=torch.int32, device=ids.device)
     assert scratch.dtype == torch.int32 and scratch.numel() >= need, (scratch.dtype, scratch.numel(), need)
@@ -165,9 +167,18 @@ def moe_align_block_size(
     meta = scratch[rows + num_blocks : need]
     launch(_align_count_kernel, (1,), ids, meta, expert_ids, sorted_ids, num_pairs, num_experts, num_blocks, **count_kw)
     if not one_launch:
-        launch(_align_scatter_kernel, (num_pair_programs + num_experts,),
-            ids, meta, sorted_ids, num_pairs, num_experts, num_pair_programs,
-            BLOCK_M=block_m, BLOCK=SCATTER_BLOCK, num_warps=4,
+        launch(
+            _align_scatter_kernel,
+            (num_pair_programs + num_experts,),
+            ids,
+            meta,
+            sorted_ids,
+            num_pairs,
+            num_experts,
+            num_pair_programs,
+            BLOCK_M=block_m,
+            BLOCK=SCATTER_BLOCK,
+            num_warps=4,
         )
     return sorted_ids, expert_ids, meta[3 * num_experts :]
 
@@ -183,7 +194,20 @@ def _plan(num_pairs: int, num_experts: int, block_m: int, one_launch_max: int) -
     rows = max_padded_rows(num_pairs, num_experts, block_m)
     num_bins = next_power_of_2(num_experts + 1)
     one_launch = num_pairs <= one_launch_max
-    count_kw = dict(BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=1024, BLOCK_B=max(1, min(64, 8192 // num_bins)),
-                    SCATTER=one_launch, PAD_C=max(1, min(block_m, 4096 // num_bins)), num_warps=4)
-    return (rows, rows // block_m, align_scratch_numel(num_pairs, num_experts, block_m), count_kw, one_launch,
-            cdiv(num_pairs, SCATTER_BLOCK))
+    count_kw = dict(
+        BLOCK_M=block_m,
+        NUM_BINS=num_bins,
+        CHUNK=1024,
+        BLOCK_B=max(1, min(64, 8192 // num_bins)),
+        SCATTER=one_launch,
+        PAD_C=max(1, min(block_m, 4096 // num_bins)),
+        num_warps=4,
+    )
+    return (
+        rows,
+        rows // block_m,
+        align_scratch_numel(num_pairs, num_experts, block_m),
+        count_kw,
+        one_launch,
+        cdiv(num_pairs, SCATTER_BLOCK),
+    )

@@ -14,6 +14,7 @@ takes about thirty small kernels and as many host calls.
 Legend: M token rows, P top-k, R = M * P pairs, K hidden (elements of the row type), G
 scale groups, E local experts, X rows per expert.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,19 @@ MAX_PAIRS = 1024
 
 
 @triton.jit
-def _slots_kernel(ids_ptr, pair_row_ptr, slot_token_ptr, slot_k_ptr, counts_ptr, num_pairs, num_experts, X,
-                  TOPK: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
+def _slots_kernel(
+    ids_ptr,
+    pair_row_ptr,
+    slot_token_ptr,
+    slot_k_ptr,
+    counts_ptr,
+    num_pairs,
+    num_experts,
+    X,
+    TOPK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+):
     bins = tl.arange(0, NUM_BINS)
     base = tl.zeros((NUM_BINS,), dtype=tl.int32)
     start = 0
@@ -53,9 +65,27 @@ def _slots_kernel(ids_ptr, pair_row_ptr, slot_token_ptr, slot_k_ptr, counts_ptr,
 
 
 @triton.jit
-def _fill_kernel(x_ptr, xo_ptr, s_ptr, so_ptr, slot_token_ptr, slot_k_ptr, counts_ptr, num_rows, X, K, G,
-                 stride_x, stride_xo, stride_s, stride_so,
-                 HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr):
+def _fill_kernel(
+    x_ptr,
+    xo_ptr,
+    s_ptr,
+    so_ptr,
+    slot_token_ptr,
+    slot_k_ptr,
+    counts_ptr,
+    num_rows,
+    X,
+    K,
+    G,
+    stride_x,
+    stride_xo,
+    stride_s,
+    stride_so,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     inr = r < num_rows
     n = tl.load(counts_ptr + r // X, mask=inr, other=0)
@@ -92,8 +122,22 @@ def to_batched_triton(x_MK: torch.Tensor, scale, local_ids_MP: torch.Tensor, num
     pair_row = torch.empty(R, dtype=torch.long, device=dev)
     counts = torch.empty(E, dtype=torch.int32, device=dev)
     bins = next_power_of_2(max(E, 2))
-    launch(_slots_kernel, (1,), ids, pair_row, slot_token, slot_k, counts, R, E, X,
-           TOPK=P, CHUNK=max(16, min(256, 8192 // bins)), NUM_BINS=bins, num_warps=4)
+    launch(
+        _slots_kernel,
+        (1,),
+        ids,
+        pair_row,
+        slot_token,
+        slot_k,
+        counts,
+        R,
+        E,
+        X,
+        TOPK=P,
+        CHUNK=max(16, min(256, 8192 // bins)),
+        NUM_BINS=bins,
+        num_warps=4,
+    )
     s_flat = None
     if scale is not None and scale.numel() != 1:  # per-row scales
         s_flat = torch.empty(E * X + 1, scale.shape[1], dtype=scale.dtype, device=dev)
@@ -105,10 +149,36 @@ def to_batched_triton(x_MK: torch.Tensor, scale, local_ids_MP: torch.Tensor, num
         sp, sop = (scale, s_flat) if scale is not None and s_flat is not None else (xb, ob)  # (unread without)
         G = sop.shape[1] if per_row else 1
         block_k = min(1024, next_power_of_2(K))
-        launch(_fill_kernel, (cdiv(E * X, 16), cdiv(K, block_k)),
-               xb, ob, sp, sop, slot_token, slot_k, counts, E * X, X, K, G,
-               xb.stride(0), ob.stride(0), sp.stride(0), sop.stride(0),
-               HAS_SCALE=per_row, BLOCK_R=16, BLOCK_K=block_k, BLOCK_G=next_power_of_2(max(G, 2)), num_warps=4)
+        launch(
+            _fill_kernel,
+            (cdiv(E * X, 16), cdiv(K, block_k)),
+            xb,
+            ob,
+            sp,
+            sop,
+            slot_token,
+            slot_k,
+            counts,
+            E * X,
+            X,
+            K,
+            G,
+            xb.stride(0),
+            ob.stride(0),
+            sp.stride(0),
+            sop.stride(0),
+            HAS_SCALE=per_row,
+            BLOCK_R=16,
+            BLOCK_K=block_k,
+            BLOCK_G=next_power_of_2(max(G, 2)),
+            num_warps=4,
+        )
     scale_b = s_flat[: E * X].view(E, X, -1) if s_flat is not None else scale
-    return (x_flat[: E * X].view(E, X, K), scale_b, counts, slot_token[: E * X].view(E, X),
-            slot_k[: E * X].view(E, X), pair_row.view(M, P))
+    return (
+        x_flat[: E * X].view(E, X, K),
+        scale_b,
+        counts,
+        slot_token[: E * X].view(E, X),
+        slot_k[: E * X].view(E, X),
+        pair_row.view(M, P),
+    )

@@ -10,6 +10,7 @@ Interpreter defects worked around (Triton 3.6):
   * `range(runtime_scalar)` fails with numpy >= 2: loops over runtime bounds use
     `while` (GEMM K loops use a constexpr K).
 """
+
 from __future__ import annotations
 
 import functools

@@ -16,6 +16,7 @@ cover vLLM's batch-size grid), kernels/configs/partial/ (measured at a few token
 counts only: a name vLLM never loads, see kernels/configs/README.md). The entry
 nearest to M serves it within 2x (`nearest`); else the heuristic applies.
 """
+
 from __future__ import annotations
 
 import functools
@@ -111,8 +112,9 @@ def read_config_file(path: Path) -> dict[int, dict]:
         try:
             tokens = int(m)
         except ValueError:
-            raise ValueError(f"{path}: key {m!r} is no token count (expected e.g. \"64\"); "
-                             "remove it or fix the file") from None
+            raise ValueError(
+                f'{path}: key {m!r} is no token count (expected e.g. "64"); remove it or fix the file'
+            ) from None
         if not isinstance(cfg, dict) or not all(k in cfg for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")):
             raise ValueError(f"{path}: entry {m!r} lacks BLOCK_SIZE_M/N/K")
         out[tokens] = {k: int(v) for k, v in cfg.items() if k in CONFIG_KEYS}

@@ -28,6 +28,7 @@ route is the Gluon kernel of gluon_contiguous.py.
 Legend: Mp padded rows, N output columns, K reduction dim (multiple of 128),
 E experts, G = K / 128 scale groups.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -51,10 +52,28 @@ BF16_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=64, GROUP_SI
 
 @triton.jit
 def _tile_body(
-    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, expert, pid_m, pid_n, N,
-    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-    K: tl.constexpr, SCALED: tl.constexpr, GROUP_N: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, INTERPRET: tl.constexpr,
+    a_desc,
+    b_desc,
+    c_ptr,
+    as_ptr,
+    bs_ptr,
+    expert,
+    pid_m,
+    pid_n,
+    N,
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    K: tl.constexpr,
+    SCALED: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     off_m = pid_m * BLOCK_SIZE_M
     off_n = pid_n * BLOCK_SIZE_N
@@ -90,11 +109,31 @@ def _tile_body(
 
 @triton.jit
 def _tile(
-    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, tile, num_pid_m, num_pid_n, N,
-    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-    K: tl.constexpr, SCALED: tl.constexpr, GROUP_N: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, CHECK: tl.constexpr, INTERPRET: tl.constexpr,
+    a_desc,
+    b_desc,
+    c_ptr,
+    as_ptr,
+    bs_ptr,
+    m_idx_ptr,
+    tile,
+    num_pid_m,
+    num_pid_n,
+    N,
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    K: tl.constexpr,
+    SCALED: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    CHECK: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile of the GROUP_SIZE_M-swizzled order; with CHECK
     skipped where its first row is padding (without, every tile walked has a valid first row)."""
@@ -107,13 +146,55 @@ def _tile(
     expert = tl.load(m_idx_ptr + pid_m * BLOCK_SIZE_M)
     if CHECK:
         if expert >= 0:
-            _tile_body(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, expert, pid_m, pid_n, N,
-                       stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                       K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, INTERPRET)
+            _tile_body(
+                a_desc,
+                b_desc,
+                c_ptr,
+                as_ptr,
+                bs_ptr,
+                expert,
+                pid_m,
+                pid_n,
+                N,
+                stride_cm,
+                stride_asm,
+                stride_asg,
+                stride_bse,
+                stride_bsn,
+                stride_bsk,
+                K,
+                SCALED,
+                GROUP_N,
+                BLOCK_SIZE_M,
+                BLOCK_SIZE_N,
+                BLOCK_SIZE_K,
+                INTERPRET,
+            )
     else:
-        _tile_body(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, expert, pid_m, pid_n, N,
-                   stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                   K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, INTERPRET)
+        _tile_body(
+            a_desc,
+            b_desc,
+            c_ptr,
+            as_ptr,
+            bs_ptr,
+            expert,
+            pid_m,
+            pid_n,
+            N,
+            stride_cm,
+            stride_asm,
+            stride_asg,
+            stride_bse,
+            stride_bsn,
+            stride_bsk,
+            K,
+            SCALED,
+            GROUP_N,
+            BLOCK_SIZE_M,
+            BLOCK_SIZE_N,
+            BLOCK_SIZE_K,
+            INTERPRET,
+        )
 
 
 @triton.jit
@@ -156,10 +237,33 @@ def _contiguous_kernel(
         tile = tl.program_id(0) + i * num_programs
         i += 1
         if tile < num_tiles:  # the last pass of some programs has no tile (and group_m would be 0)
-            _tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, tile, num_pid_m, num_pid_n, N,
-                  stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-                  K, SCALED, GROUP_N, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, not BOUNDED,
-                  INTERPRET)
+            _tile(
+                a_desc,
+                b_desc,
+                c_ptr,
+                as_ptr,
+                bs_ptr,
+                m_idx_ptr,
+                tile,
+                num_pid_m,
+                num_pid_n,
+                N,
+                stride_cm,
+                stride_asm,
+                stride_asg,
+                stride_bse,
+                stride_bsn,
+                stride_bsk,
+                K,
+                SCALED,
+                GROUP_N,
+                BLOCK_SIZE_M,
+                BLOCK_SIZE_N,
+                BLOCK_SIZE_K,
+                GROUP_SIZE_M,
+                not BOUNDED,
+                INTERPRET,
+            )
 
 
 # decided when the kernel was decorated (TRITON_INTERPRET then): once, not per launch
@@ -204,8 +308,10 @@ def contiguous_gemm(
     assert bn <= GROUP or bn % GROUP == 0, bn
     assert a.stride(1) == 1 and w.is_contiguous() and c.stride(1) == 1 and m_indices.numel() >= Mp
     if scaled:
-        assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), \
-            (a_scale.shape, w_scale.shape)
+        assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), (
+            a_scale.shape,
+            w_scale.shape,
+        )
     assert "WS" not in cfg, "WS (Triton's warp specialization) hung on every launch and was removed (issue #35)"
     bounded = bool(cfg.get("BOUNDED", False))
     assert not bounded or (rows_in_use is not None and bm == ALIGN), "BOUNDED: rows_in_use and 128-row tiles"
@@ -221,10 +327,32 @@ def contiguous_gemm(
     w_s = w_scale if scaled else m_indices
     a_strides = tuple(a_scale.stride()) if scaled else (0, 0)
     w_strides = tuple(w_scale.stride()) if scaled else (0, 0, 0)
-    launch(_contiguous_kernel, grid,
-        a_desc, b_desc, c, a_s, w_s, m_indices, rows_in_use if bounded else m_indices,
-        Mp, N, grid[0], cdiv(tiles, grid[0]), c.stride(0), *a_strides, *w_strides,
-        K=K, SCALED=scaled, GROUP_N=GROUP,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-        INTERPRET=_INTERPRET, BOUNDED=bounded, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    launch(
+        _contiguous_kernel,
+        grid,
+        a_desc,
+        b_desc,
+        c,
+        a_s,
+        w_s,
+        m_indices,
+        rows_in_use if bounded else m_indices,
+        Mp,
+        N,
+        grid[0],
+        cdiv(tiles, grid[0]),
+        c.stride(0),
+        *a_strides,
+        *w_strides,
+        K=K,
+        SCALED=scaled,
+        GROUP_N=GROUP,
+        BLOCK_SIZE_M=bm,
+        BLOCK_SIZE_N=bn,
+        BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
+        INTERPRET=_INTERPRET,
+        BOUNDED=bounded,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )

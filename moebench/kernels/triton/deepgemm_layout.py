@@ -26,6 +26,7 @@ Legend: M token rows, P top-k, R = M*P pairs, K row width, E local experts,
 A alignment, Mp padded rows, B = Mp / A blocks, G = K / 128 scale groups,
 X rows per expert (batched), Xp = X rounded up to 128.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,14 +65,33 @@ class ContiguousLayout:
 
 @triton.jit
 def _permute_kernel(
-    x_ptr, xs_ptr,  # x [M, K] fp8 (+ scales [M, G]) or bf16
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # from moe_align_block_size
-    a_ptr, as_ptr,  # a [Mp, K] fp8 (bf16 with COPY); scales MN-major: (row, g) at g * Mp + row
-    m_idx_ptr, inv_ptr, counts_ptr, ends_ptr,
-    num_pairs, num_experts, Mp, K,
-    stride_xm, stride_xsm, stride_xsg,
-    TOPK: tl.constexpr, A: tl.constexpr, GROUP: tl.constexpr, NUM_BINS: tl.constexpr,
-    QUANT_IN: tl.constexpr, COPY: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    x_ptr,
+    xs_ptr,  # x [M, K] fp8 (+ scales [M, G]) or bf16
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_ptr,  # from moe_align_block_size
+    a_ptr,
+    as_ptr,  # a [Mp, K] fp8 (bf16 with COPY); scales MN-major: (row, g) at g * Mp + row
+    m_idx_ptr,
+    inv_ptr,
+    counts_ptr,
+    ends_ptr,
+    num_pairs,
+    num_experts,
+    Mp,
+    K,
+    stride_xm,
+    stride_xsm,
+    stride_xsg,
+    TOPK: tl.constexpr,
+    A: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+    QUANT_IN: tl.constexpr,
+    COPY: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     b = tl.program_id(0)  # block of A rows
     g = tl.program_id(1)  # scale group along K
@@ -166,15 +186,40 @@ def permute_contiguous(
     ends = rest[:num_experts]
     quant_in = x_MK.dtype != FP8_DTYPE and not copy
     xs = x_MK if quant_in or copy else x_scale_MG
-    assert quant_in or copy or (x_scale_MG is not None and x_scale_MG.shape == (M, K // GROUP)), "fp8 input needs 1x128 scales"
+    assert quant_in or copy or (x_scale_MG is not None and x_scale_MG.shape == (M, K // GROUP)), (
+        "fp8 input needs 1x128 scales"
+    )
     if mp:
-        launch(_permute_kernel, (mp // align, K // GROUP),
-            x_MK, xs, sorted_ids, expert_ids, num_post,
-            a_MpK, a_MpK if copy else a_scale, m_idx, inv, counts, ends,
-            R, num_experts, mp, K,
-            x_MK.stride(0), xs.stride(0), xs.stride(1),
-            TOPK=P, A=align, GROUP=GROUP, NUM_BINS=next_power_of_2(num_experts + 1),
-            QUANT_IN=quant_in, COPY=copy, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND,
+        launch(
+            _permute_kernel,
+            (mp // align, K // GROUP),
+            x_MK,
+            xs,
+            sorted_ids,
+            expert_ids,
+            num_post,
+            a_MpK,
+            a_MpK if copy else a_scale,
+            m_idx,
+            inv,
+            counts,
+            ends,
+            R,
+            num_experts,
+            mp,
+            K,
+            x_MK.stride(0),
+            xs.stride(0),
+            xs.stride(1),
+            TOPK=P,
+            A=align,
+            GROUP=GROUP,
+            NUM_BINS=next_power_of_2(num_experts + 1),
+            QUANT_IN=quant_in,
+            COPY=copy,
+            FP8_MAX=FP8_MAX,
+            EPS=EPS,
+            EXACT_ROUND=_EXACT_ROUND,
             num_warps=4,
         )
     return ContiguousLayout(num_rows=mp, m_indices_Mp=m_idx, ends_E=ends, counts_B=counts, inv_R=inv, num_post=num_post)
@@ -182,9 +227,19 @@ def permute_contiguous(
 
 @triton.jit
 def _unpermute_kernel(
-    y_ptr, ids_ptr, w_ptr, inv_ptr, out_ptr,
-    num_experts, K, stride_ym, stride_om,
-    TOPK: tl.constexpr, REDUCE: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    y_ptr,
+    ids_ptr,
+    w_ptr,
+    inv_ptr,
+    out_ptr,
+    num_experts,
+    K,
+    stride_ym,
+    stride_om,
+    TOPK: tl.constexpr,
+    REDUCE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # a token (REDUCE) or a pair
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -230,10 +285,23 @@ def unpermute_contiguous(
     if rows == 0:
         return
     block_k = min(block_k, next_power_of_2(K))
-    launch(_unpermute_kernel, (rows, cdiv(K, block_k)),
-        y_MpK, topk_ids_MP, topk_weights_MP, inv_R, out2,
-        num_experts, K, y_MpK.stride(0), out2.stride(0),
-        TOPK=P, REDUCE=reduce, BLOCK_K=block_k, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+    launch(
+        _unpermute_kernel,
+        (rows, cdiv(K, block_k)),
+        y_MpK,
+        topk_ids_MP,
+        topk_weights_MP,
+        inv_R,
+        out2,
+        num_experts,
+        K,
+        y_MpK.stride(0),
+        out2.stride(0),
+        TOPK=P,
+        REDUCE=reduce,
+        BLOCK_K=block_k,
+        EXACT_ROUND=_EXACT_ROUND,
+        num_warps=4,
     )
 
 
@@ -248,11 +316,25 @@ def padded_rows(X: int, multiple: int = 128) -> int:
 
 @triton.jit
 def _pad_batched_kernel(
-    x_ptr, xs_ptr, counts_ptr, a_ptr, as_ptr,
-    Xp, K, G,
-    stride_xe, stride_xr, stride_xse, stride_xsr, stride_xsg,
-    BLOCK_R: tl.constexpr, GROUP: tl.constexpr,
-    QUANT_IN: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    x_ptr,
+    xs_ptr,
+    counts_ptr,
+    a_ptr,
+    as_ptr,
+    Xp,
+    K,
+    G,
+    stride_xe,
+    stride_xr,
+    stride_xse,
+    stride_xsr,
+    stride_xsg,
+    BLOCK_R: tl.constexpr,
+    GROUP: tl.constexpr,
+    QUANT_IN: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     e = tl.program_id(0).to(tl.int64)
     r0 = tl.program_id(1) * BLOCK_R
@@ -296,19 +378,42 @@ def pad_batched(
     assert quant_in or (x_scale is not None and x_scale.shape == (E, X, G)), "fp8 input needs [E, X, K/128] scales"
     if E == 0 or X == 0:
         return
-    launch(_pad_batched_kernel, (E, cdiv(X, block_r), G),
-        x_EXK, xs, expert_num_tokens_E, a_EXpK, a_scale,
-        Xp, K, G,
-        x_EXK.stride(0), x_EXK.stride(1), xs.stride(0), xs.stride(1), xs.stride(2),
-        BLOCK_R=block_r, GROUP=GROUP, QUANT_IN=quant_in, FP8_MAX=FP8_MAX, EPS=EPS,
-        EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+    launch(
+        _pad_batched_kernel,
+        (E, cdiv(X, block_r), G),
+        x_EXK,
+        xs,
+        expert_num_tokens_E,
+        a_EXpK,
+        a_scale,
+        Xp,
+        K,
+        G,
+        x_EXK.stride(0),
+        x_EXK.stride(1),
+        xs.stride(0),
+        xs.stride(1),
+        xs.stride(2),
+        BLOCK_R=block_r,
+        GROUP=GROUP,
+        QUANT_IN=quant_in,
+        FP8_MAX=FP8_MAX,
+        EPS=EPS,
+        EXACT_ROUND=_EXACT_ROUND,
+        num_warps=4,
     )
 
 
 @triton.jit
 def _unpad_batched_kernel(
-    y_ptr, counts_ptr, out_ptr, X, Xp, K,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    y_ptr,
+    counts_ptr,
+    out_ptr,
+    X,
+    Xp,
+    K,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     e = tl.program_id(0).to(tl.int64)
     r0 = tl.program_id(1) * BLOCK_R
@@ -321,8 +426,13 @@ def _unpad_batched_kernel(
         tl.store(out_ptr + (e * X + r)[:, None] * K + cols[None, :], y, mask=mask)
 
 
-def unpad_batched(y_EXpK: torch.Tensor, expert_num_tokens_E: torch.Tensor, out_EXK: torch.Tensor,
-                  block_r: int = 16, block_k: int = 512) -> None:
+def unpad_batched(
+    y_EXpK: torch.Tensor,
+    expert_num_tokens_E: torch.Tensor,
+    out_EXK: torch.Tensor,
+    block_r: int = 16,
+    block_k: int = 512,
+) -> None:
     """out[e, :n_e] = y[e, :n_e]; rows past n_e are left unwritten (the finalize
     reads only counted rows)."""
     E, Xp, K = y_EXpK.shape
@@ -331,6 +441,16 @@ def unpad_batched(y_EXpK: torch.Tensor, expert_num_tokens_E: torch.Tensor, out_E
     if E == 0 or X == 0:
         return
     block_k = min(block_k, next_power_of_2(K))
-    launch(_unpad_batched_kernel, (E, cdiv(X, block_r), cdiv(K, block_k)),
-        y_EXpK, expert_num_tokens_E, out_EXK, X, Xp, K, BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4,
+    launch(
+        _unpad_batched_kernel,
+        (E, cdiv(X, block_r), cdiv(K, block_k)),
+        y_EXpK,
+        expert_num_tokens_E,
+        out_EXK,
+        X,
+        Xp,
+        K,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        num_warps=4,
     )

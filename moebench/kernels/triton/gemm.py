@@ -20,6 +20,7 @@ applied once after the K loop); 2 fp8 block (a_scale [rows, K/GROUP_K] per
 Legend: rows = pairs (standard) or X (batched), N output columns, K reduction
 dim, E experts, G = K / GROUP_K.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -177,12 +178,29 @@ def fused_moe_kernel(
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
-    b_scale_ptrs = _b_scale_ptrs(b_scale_ptr + expert * stride_bse, stride_bsn, offs_bn, pid_n, BLOCK_SIZE_N, QUANT, GROUP_N)
+    b_scale_ptrs = _b_scale_ptrs(
+        b_scale_ptr + expert * stride_bse, stride_bsn, offs_bn, pid_n, BLOCK_SIZE_N, QUANT, GROUP_N
+    )
 
     acc = _mma_loop(
-        a_ptrs, b_ptrs, a_scale_ptrs, b_scale_ptrs, row_mask, offs_k,
-        stride_ak, stride_bk, stride_ask, stride_bsk,
-        K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, QUANT, GROUP_N, GROUP_K, INTERPRET,
+        a_ptrs,
+        b_ptrs,
+        a_scale_ptrs,
+        b_scale_ptrs,
+        row_mask,
+        offs_k,
+        stride_ak,
+        stride_bk,
+        stride_ask,
+        stride_bsk,
+        K,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+        BLOCK_SIZE_K,
+        QUANT,
+        GROUP_N,
+        GROUP_K,
+        INTERPRET,
     )
     if QUANT == 1:
         acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse))
@@ -250,12 +268,29 @@ def batched_moe_kernel(
     a_ptrs = a_ptr + expert * stride_ae + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     a_scale_ptrs = a_scale_ptr + expert * stride_ase + offs_m * stride_asm
-    b_scale_ptrs = _b_scale_ptrs(b_scale_ptr + expert * stride_bse, stride_bsn, offs_bn, pid_n, BLOCK_SIZE_N, QUANT, GROUP_N)
+    b_scale_ptrs = _b_scale_ptrs(
+        b_scale_ptr + expert * stride_bse, stride_bsn, offs_bn, pid_n, BLOCK_SIZE_N, QUANT, GROUP_N
+    )
 
     acc = _mma_loop(
-        a_ptrs, b_ptrs, a_scale_ptrs, b_scale_ptrs, row_mask, offs_k,
-        stride_ak, stride_bk, stride_ask, stride_bsk,
-        K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, QUANT, GROUP_N, GROUP_K, INTERPRET,
+        a_ptrs,
+        b_ptrs,
+        a_scale_ptrs,
+        b_scale_ptrs,
+        row_mask,
+        offs_k,
+        stride_ak,
+        stride_bk,
+        stride_ask,
+        stride_bsk,
+        K,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+        BLOCK_SIZE_K,
+        QUANT,
+        GROUP_N,
+        GROUP_K,
+        INTERPRET,
     )
     if QUANT == 1:
         acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse))
@@ -335,15 +370,38 @@ def invoke_fused_moe_gemm(
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
     tw = topk_weights if topk_weights is not None else sorted_ids
-    launch(fused_moe_kernel, grid,
-        a, w, c, a_s, b_s, tw, sorted_ids, expert_ids, num_post,
-        N, EM, num_pairs,
-        s_am, s_ak, s_be, s_bn, s_bk, s_cm, s_cn,
+    launch(
+        fused_moe_kernel,
+        grid,
+        a,
+        w,
+        c,
+        a_s,
+        b_s,
+        tw,
+        sorted_ids,
+        expert_ids,
+        num_post,
+        N,
+        EM,
+        num_pairs,
+        s_am,
+        s_ak,
+        s_be,
+        s_bn,
+        s_bk,
+        s_cm,
+        s_cn,
         *(_strides(a_scale, 2) if quant == QUANT_BLOCK else (0, 0)),
         *_w_scale_strides(w_scale, quant),
-        K=K, A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div,
-        MUL_ROUTED_WEIGHT=topk_weights is not None, ATOMIC_ADD=atomic_add,
-        QUANT=quant, GROUP_N=group_shape[0], GROUP_K=group_shape[1],
+        K=K,
+        A_ROW_DIV=a_row_div,
+        C_ROW_DIV=c_row_div,
+        MUL_ROUTED_WEIGHT=topk_weights is not None,
+        ATOMIC_ADD=atomic_add,
+        QUANT=quant,
+        GROUP_N=group_shape[0],
+        GROUP_K=group_shape[1],
         **_launch_kwargs(config),
     )
 
@@ -375,12 +433,25 @@ def invoke_batched_moe_gemm(
     grid = (cdiv(X, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]), E)
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
-    launch(batched_moe_kernel, grid,
-        a, w, c, a_s, b_s, expert_num_tokens,
-        N, X,
-        *a.stride(), *w.stride(), *c.stride(),
+    launch(
+        batched_moe_kernel,
+        grid,
+        a,
+        w,
+        c,
+        a_s,
+        b_s,
+        expert_num_tokens,
+        N,
+        X,
+        *a.stride(),
+        *w.stride(),
+        *c.stride(),
         *(_strides(a_scale, 3) if quant == QUANT_BLOCK else (0, 0, 0)),
         *_w_scale_strides(w_scale, quant),
-        K=K, QUANT=quant, GROUP_N=group_shape[0], GROUP_K=group_shape[1],
+        K=K,
+        QUANT=quant,
+        GROUP_N=group_shape[0],
+        GROUP_K=group_shape[1],
         **_launch_kwargs(config),
     )

@@ -1,5 +1,6 @@
 """What the Gluon GEMM kernels share (gluon_contiguous.py's warp-specialized kernel and
 gluon_pipelined.py's counter-example): a stage's TMA loads and a tile's coordinates."""
+
 from __future__ import annotations
 
 from triton.experimental import gluon

@@ -50,6 +50,7 @@ Gluon has no interpreter: the CPU checks lower the kernels for sm_90 (compile_ch
 the handle's C-entry arguments with the JIT launch's (tests/kernels/test_triton_launch.py); only a
 GPU runs them (benchmarks/triton_fp8_contiguous.py --gluon, tests/gpu/test_triton_*.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,20 +76,42 @@ from .launch import launch
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS: a TMA producer and two math warp groups
 # (12 warps), else the pipelined kernel on num_warps; SCALE_AHEAD and EPILOGUE_TMA: WS only (module doc)
-GLUON_CONFIG = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1,
-                    EPILOGUE_TMA=True)
+GLUON_CONFIG = dict(
+    BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1, EPILOGUE_TMA=True
+)
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
 # (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
 # stages (6: 6 x 32 KiB of stages + 32 KiB of output tiles, inside SM90's 227 KiB); 7 the 128 x 192 tile of
 # gluon_wide.py (4 x 40 KiB of stages + 48 KiB of output tiles), checked on a GPU, not yet timed
-GLUON_VARIANTS = ((True, 4, 1, False, 128), (True, 6, 1, False, 128), (False, 4, 1, False, 128),
-                  (True, 4, 2, False, 128), (True, 4, 1, True, 128), (True, 5, 1, True, 128), (True, 6, 1, True, 128),
-                  (True, 4, 1, True, WIDE_N))
+GLUON_VARIANTS = (
+    (True, 4, 1, False, 128),
+    (True, 6, 1, False, 128),
+    (False, 4, 1, False, 128),
+    (True, 4, 2, False, 128),
+    (True, 4, 1, True, 128),
+    (True, 5, 1, True, 128),
+    (True, 6, 1, True, 128),
+    (True, 4, 1, True, WIDE_N),
+)
 
 
 @gluon.jit
-def _ws_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                 GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr):
+def _ws_producer(
+    a_desc,
+    b_desc,
+    a_bufs,
+    b_bufs,
+    ready,
+    empty,
+    m_idx_ptr,
+    N,
+    num_pid_m,
+    num_pid_n,
+    num_programs,
+    GROUP_SIZE_M: gl.constexpr,
+    K: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """The TMA partition: for every K step of this program's tiles, wait until both math warp
     groups released the stage (`empty`), then load A's 128-row tile and B's tile into it."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -109,24 +132,63 @@ def _ws_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num
 
 
 @gluon.jit
-def _ws_scale_ptrs(tile, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group, stride_asm, stride_bse, stride_bsn,
-                   HALF: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, BM: gl.constexpr,
-                   BN: gl.constexpr, layout: gl.constexpr):
+def _ws_scale_ptrs(
+    tile,
+    as_ptr,
+    bs_ptr,
+    m_idx_ptr,
+    num_pid_m,
+    num_in_group,
+    stride_asm,
+    stride_bse,
+    stride_bsn,
+    HALF: gl.constexpr,
+    GROUP_N: gl.constexpr,
+    GROUP_SIZE_M: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    layout: gl.constexpr,
+):
     """K tile 0's activation-scale pointers of this warp group's rows of `tile`, and its weight
     scale's pointer (the tile's expert and column block)."""
     off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
     offs_m = off_m + HALF * (BM // 2) + gl.arange(0, BM // 2, layout=layout)
     expert = gl.maximum(gl.load(m_idx_ptr + off_m), 0)  # (a padding row's -1: only where the scales go unused)
-    return (as_ptr + offs_m.to(gl.int64) * stride_asm,
-            bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn)
+    return (
+        as_ptr + offs_m.to(gl.int64) * stride_asm,
+        bs_ptr + expert.to(gl.int64) * stride_bse + (off_n // GROUP_N) * stride_bsn,
+    )
 
 
 @gluon.jit
-def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-             stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, HALF: gl.constexpr,
-             GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
-             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SCALE_AHEAD: gl.constexpr,
-             EPILOGUE_TMA: gl.constexpr):
+def _ws_math(
+    ring,
+    epi,
+    c_ptr,
+    as_ptr,
+    bs_ptr,
+    m_idx_ptr,
+    N,
+    num_pid_m,
+    num_pid_n,
+    num_programs,
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    HALF: gl.constexpr,
+    GROUP_N: gl.constexpr,
+    GROUP_SIZE_M: gl.constexpr,
+    K: gl.constexpr,
+    STAGES: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    SCALE_AHEAD: gl.constexpr,
+    EPILOGUE_TMA: gl.constexpr,
+):
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile. Each K step waits
     for its stage, runs its WGMMA into a fresh partial and waits for it at once, releases the stage,
     then scales and adds the partial into the accumulator: while it promotes, the other warp group's
@@ -154,9 +216,23 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
         # this program's first tile (a program with none, or no rows in use at all: tile 0's rows of row tile
         # 0, which exist in Mp, loaded and unused)
         first = gl.minimum(gl.program_id(0), gl.maximum(num_tiles - 1, 0))
-        as_ptrs, bs_ptrs = _ws_scale_ptrs(first, as_ptr, bs_ptr, m_idx_ptr, gl.maximum(num_pid_m, 1), num_in_group,
-                                          stride_asm, stride_bse, stride_bsn, HALF, GROUP_N, GROUP_SIZE_M, BM, BN,
-                                          rows_l)
+        as_ptrs, bs_ptrs = _ws_scale_ptrs(
+            first,
+            as_ptr,
+            bs_ptr,
+            m_idx_ptr,
+            gl.maximum(num_pid_m, 1),
+            num_in_group,
+            stride_asm,
+            stride_bse,
+            stride_bsn,
+            HALF,
+            GROUP_N,
+            GROUP_SIZE_M,
+            BM,
+            BN,
+            rows_l,
+        )
         a0 = gl.load(as_ptrs)
         b0 = gl.load(bs_ptrs)
         a1 = gl.load(as_ptrs + stride_asg)
@@ -167,18 +243,52 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
         acc = gl.zeros([ROWS, BN], gl.float32, mma)
         part = gl.zeros([ROWS, BN], gl.float32, mma)
         if SCALE_AHEAD == 2:
-            as_ptrs, bs_ptrs = _ws_scale_ptrs(tile, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group, stride_asm,
-                                              stride_bse, stride_bsn, HALF, GROUP_N, GROUP_SIZE_M, BM, BN, rows_l)
+            as_ptrs, bs_ptrs = _ws_scale_ptrs(
+                tile,
+                as_ptr,
+                bs_ptr,
+                m_idx_ptr,
+                num_pid_m,
+                num_in_group,
+                stride_asm,
+                stride_bse,
+                stride_bsn,
+                HALF,
+                GROUP_N,
+                GROUP_SIZE_M,
+                BM,
+                BN,
+                rows_l,
+            )
             # the next tile's first scales are loaded in this tile's last two steps (the last tile reloads its own)
             nxt = tile + (tile + num_programs < num_tiles).to(gl.int32) * num_programs
-            nas_ptrs, nbs_ptrs = _ws_scale_ptrs(nxt, as_ptr, bs_ptr, m_idx_ptr, num_pid_m, num_in_group,
-                                                stride_asm, stride_bse, stride_bsn, HALF, GROUP_N, GROUP_SIZE_M,
-                                                BM, BN, rows_l)
+            nas_ptrs, nbs_ptrs = _ws_scale_ptrs(
+                nxt,
+                as_ptr,
+                bs_ptr,
+                m_idx_ptr,
+                num_pid_m,
+                num_in_group,
+                stride_asm,
+                stride_bse,
+                stride_bsn,
+                HALF,
+                GROUP_N,
+                GROUP_SIZE_M,
+                BM,
+                BN,
+                rows_l,
+            )
             for k in range(KT):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
-                part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)),
-                                     part, use_acc=False, is_async=True)
+                part = warpgroup_mma(
+                    a_bufs.index(s).slice(HALF * ROWS, ROWS),
+                    b_bufs.index(s).permute((1, 0)),
+                    part,
+                    use_acc=False,
+                    is_async=True,
+                )
                 g = k + 2
                 here = g < KT
                 gg = g - (g >= KT).to(gl.int32) * KT
@@ -198,8 +308,13 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
             for k in range(KT):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
-                part = warpgroup_mma(a_bufs.index(s).slice(HALF * ROWS, ROWS), b_bufs.index(s).permute((1, 0)),
-                                     part, use_acc=False, is_async=True)
+                part = warpgroup_mma(
+                    a_bufs.index(s).slice(HALF * ROWS, ROWS),
+                    b_bufs.index(s).permute((1, 0)),
+                    part,
+                    use_acc=False,
+                    is_async=True,
+                )
                 g = min(k + 1, KT - 1)  # (the last step reloads its own)
                 a_next = gl.load(as_ptrs + g * stride_asg)
                 b_next = gl.load(bs_ptrs + g * stride_bsk)
@@ -225,11 +340,29 @@ def _ws_math(ring, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_
 
 @gluon.jit
 def _gluon_fp8_ws_kernel(
-    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,  # as gluon_fp8_pipelined_kernel's
-    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+    a_desc,
+    b_desc,
+    c_ptr,
+    as_ptr,
+    bs_ptr,
+    m_idx_ptr,
+    rows_ptr,
+    N,
+    num_programs,  # as gluon_fp8_pipelined_kernel's
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
     c_desc,  # c in 64 x BN blocks (EPILOGUE_TMA), or None; before the constexprs: launch.py keys it positionally
-    K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
-    SCALE_AHEAD: gl.constexpr, EPILOGUE_TMA: gl.constexpr,
+    K: gl.constexpr,
+    GROUP_N: gl.constexpr,
+    GROUP_SIZE_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+    SCALE_AHEAD: gl.constexpr,
+    EPILOGUE_TMA: gl.constexpr,
 ):
     """DeepGEMM's structure: a TMA producer (the default partition, 4 warps, of which one thread
     issues) and two math warp groups (the workers, 4 warps each, registers raised to 232), each
@@ -257,18 +390,93 @@ def _gluon_fp8_ws_kernel(
         epi = (c_desc, gl.allocate_shared_memory(c_desc.dtype, [2, BM // 2, BN], c_desc.layout))
     else:
         epi = (a_desc, a_bufs)  # (unused: the math groups store from registers)
-    gl.warp_specialize([
-        (_ws_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, m_idx_ptr, N, num_pid_m, num_pid_n,
-                        num_programs, gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES))),
-        (_ws_math, (ws_ready, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(0),
-                    gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                    BM, BN, BK, gl.constexpr(SCALE_AHEAD), gl.constexpr(EPILOGUE_TMA))),
-        (_ws_math, (ws_ready, epi, c_ptr, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(1),
-                    gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                    BM, BN, BK, gl.constexpr(SCALE_AHEAD), gl.constexpr(EPILOGUE_TMA))),
-    ], [4, 4], [232, 232])
+    gl.warp_specialize(
+        [
+            (
+                _ws_producer,
+                (
+                    a_desc,
+                    b_desc,
+                    a_bufs,
+                    b_bufs,
+                    ready,
+                    empty,
+                    m_idx_ptr,
+                    N,
+                    num_pid_m,
+                    num_pid_n,
+                    num_programs,
+                    gl.constexpr(GROUP_SIZE_M),
+                    gl.constexpr(K),
+                    gl.constexpr(STAGES),
+                ),
+            ),
+            (
+                _ws_math,
+                (
+                    ws_ready,
+                    epi,
+                    c_ptr,
+                    as_ptr,
+                    bs_ptr,
+                    m_idx_ptr,
+                    N,
+                    num_pid_m,
+                    num_pid_n,
+                    num_programs,
+                    stride_cm,
+                    stride_asm,
+                    stride_asg,
+                    stride_bse,
+                    stride_bsn,
+                    stride_bsk,
+                    gl.constexpr(0),
+                    gl.constexpr(GROUP_N),
+                    gl.constexpr(GROUP_SIZE_M),
+                    gl.constexpr(K),
+                    gl.constexpr(STAGES),
+                    BM,
+                    BN,
+                    BK,
+                    gl.constexpr(SCALE_AHEAD),
+                    gl.constexpr(EPILOGUE_TMA),
+                ),
+            ),
+            (
+                _ws_math,
+                (
+                    ws_ready,
+                    epi,
+                    c_ptr,
+                    as_ptr,
+                    bs_ptr,
+                    m_idx_ptr,
+                    N,
+                    num_pid_m,
+                    num_pid_n,
+                    num_programs,
+                    stride_cm,
+                    stride_asm,
+                    stride_asg,
+                    stride_bse,
+                    stride_bsn,
+                    stride_bsk,
+                    gl.constexpr(1),
+                    gl.constexpr(GROUP_N),
+                    gl.constexpr(GROUP_SIZE_M),
+                    gl.constexpr(K),
+                    gl.constexpr(STAGES),
+                    BM,
+                    BN,
+                    BK,
+                    gl.constexpr(SCALE_AHEAD),
+                    gl.constexpr(EPILOGUE_TMA),
+                ),
+            ),
+        ],
+        [4, 4],
+        [232, 232],
+    )
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
@@ -295,8 +503,9 @@ class GluonGemm:
     weight's TMA descriptors; each call builds a's and c's and launches through launch.py's
     compiled handle (after a key's first launch, which goes through the JIT)."""
 
-    def __init__(self, w: torch.Tensor, w_scale: torch.Tensor, config: dict | None = None,
-                 num_programs: int | None = None):
+    def __init__(
+        self, w: torch.Tensor, w_scale: torch.Tensor, config: dict | None = None, num_programs: int | None = None
+    ):
         cfg = dict(GLUON_CONFIG, **(config or {}))
         E, N, K = w.shape
         bm, bn, ws = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], bool(cfg["WS"])
@@ -335,8 +544,14 @@ class GluonGemm:
             if ws:
                 self.constexprs.update(SCALE_AHEAD=cfg["SCALE_AHEAD"], EPILOGUE_TMA=self.epi_tma)
 
-    def __call__(self, a: torch.Tensor, a_scale: torch.Tensor, c: torch.Tensor, m_indices: torch.Tensor,
-                 rows_in_use: torch.Tensor) -> None:
+    def __call__(
+        self,
+        a: torch.Tensor,
+        a_scale: torch.Tensor,
+        c: torch.Tensor,
+        m_indices: torch.Tensor,
+        rows_in_use: torch.Tensor,
+    ) -> None:
         """c [Mp, N] bf16 = the product of a [Mp, K] fp8 with its 1 x 128 scales a_scale [Mp, K/128]
         (MN-major) and the weight, row r by expert m_indices[r] (int32, >= Mp of them); rows_in_use:
         int32 [1] on the device, the layout's num_post (only its row tiles are walked)."""
@@ -347,28 +562,72 @@ class GluonGemm:
         assert m_indices.dtype == torch.int32 and m_indices.is_contiguous() and m_indices.numel() >= Mp
         assert rows_in_use.numel() == 1 and rows_in_use.dtype == torch.int32, rows_in_use
         dev = self.device
-        assert a.device == dev and a_scale.device == dev and c.device == dev and m_indices.device == dev \
-            and rows_in_use.device == dev, "one device"
-        assert not self.epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), \
+        assert (
+            a.device == dev
+            and a_scale.device == dev
+            and c.device == dev
+            and m_indices.device == dev
+            and rows_in_use.device == dev
+        ), "one device"
+        assert not self.epi_tma or (c.data_ptr() % 16 == 0 and c.stride(0) * c.element_size() % 16 == 0), (
             "EPILOGUE_TMA: c's rows 16-byte aligned (a TMA store)"
+        )
         if Mp == 0:
             return
         grid = (max(1, min((Mp // self.bm) * self.num_pid_n, self.max_programs)),)
         a_desc = _descriptor(a, (self.bm, GROUP))
         c_descs = [_descriptor(c, block, gl.bfloat16) for block in self.c_blocks]
         if self.wide:
-            launch(self.kernel, grid, a_desc, *self.b_descs, *c_descs, a_scale, self.w_scale, m_indices, rows_in_use,
-                   self.N, grid[0], *a_scale.stride(), *self.w_scale_strides, **self.constexprs)
+            launch(
+                self.kernel,
+                grid,
+                a_desc,
+                *self.b_descs,
+                *c_descs,
+                a_scale,
+                self.w_scale,
+                m_indices,
+                rows_in_use,
+                self.N,
+                grid[0],
+                *a_scale.stride(),
+                *self.w_scale_strides,
+                **self.constexprs,
+            )
             return
         # the warp-specialized kernel's c_desc (None: it stores from registers); the pipelined kernel has none
         epi = (c_descs[0] if c_descs else None,) if self.ws else ()
-        launch(self.kernel, grid, a_desc, self.b_descs[0], c, a_scale, self.w_scale, m_indices, rows_in_use, self.N,
-               grid[0], c.stride(0), *a_scale.stride(), *self.w_scale_strides, *epi, **self.constexprs)
+        launch(
+            self.kernel,
+            grid,
+            a_desc,
+            self.b_descs[0],
+            c,
+            a_scale,
+            self.w_scale,
+            m_indices,
+            rows_in_use,
+            self.N,
+            grid[0],
+            c.stride(0),
+            *a_scale.stride(),
+            *self.w_scale_strides,
+            *epi,
+            **self.constexprs,
+        )
 
 
-def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                          c: torch.Tensor, m_indices: torch.Tensor, rows_in_use: torch.Tensor,
-                          config: dict | None = None, num_programs: int | None = None) -> None:
+def gluon_contiguous_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    c: torch.Tensor,
+    m_indices: torch.Tensor,
+    rows_in_use: torch.Tensor,
+    config: dict | None = None,
+    num_programs: int | None = None,
+) -> None:
     """c [Mp, N] bf16 = contiguous_gemm's fp8 product (same arguments, fp8 only; rows_in_use, int32
     [1] on the device, the layout's num_post, is required), by GluonGemm set up for this call (a
     layer holds one per weight: kernels/experts/triton.py)."""
@@ -377,12 +636,22 @@ def gluon_contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tenso
 
 def signature_types(bm: int = 128, bn: int = 128) -> dict:
     """The kernel's argument types as a launch specializes them (compile_check lowers it without a GPU)."""
+
     def desc(rows: int) -> str:
         layout = gl.NVMMASharedLayout.get_default_for([rows, GROUP], gl.float8e4nv)
         return f"tensordesc<fp8e4nv[{rows}, {GROUP}],{layout!r}>"
 
-    t = dict(a_desc=desc(bm), b_desc=desc(bn), c_ptr="*bf16", as_ptr="*fp32", bs_ptr="*fp32", m_idx_ptr="*i32",
-             rows_ptr="*i32", N="i32", num_programs="i32")
+    t = dict(
+        a_desc=desc(bm),
+        b_desc=desc(bn),
+        c_ptr="*bf16",
+        as_ptr="*fp32",
+        bs_ptr="*fp32",
+        m_idx_ptr="*i32",
+        rows_ptr="*i32",
+        N="i32",
+        num_programs="i32",
+    )
     for s in ("cm", "asm", "asg", "bse", "bsn", "bsk"):
         t[f"stride_{s}"] = "i32"
     return t

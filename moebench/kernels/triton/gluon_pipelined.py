@@ -8,6 +8,7 @@ overlap it was written for does not happen: measured 0.60-0.74 x DeepGEMM on gat
 the Triton kernel or up to 10 % slower (docs/findings/triton-vs-deepgemm.md). compile_check's CPU test uses it as the
 kernel whose WGMMA serialization it must flag. Launched by gluon_contiguous.GluonGemm (config WS=False).
 """
+
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -33,7 +34,12 @@ def gluon_fp8_pipelined_kernel(
     rows_ptr,  # [1] int32: the rows in use (every expert's ALIGN-padded segment: the layout's num_post)
     N,
     num_programs,
-    stride_cm, stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
+    stride_cm,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
     K: gl.constexpr,
     GROUP_N: gl.constexpr,
     GROUP_SIZE_M: gl.constexpr,
@@ -48,8 +54,9 @@ def gluon_fp8_pipelined_kernel(
     gl.static_assert(BN <= GROUP_N, "one weight scale per K tile and output tile")
     gl.static_assert(STAGES >= 2, "the ring refills the stage the previous WGMMA read")
     # each warp 16 rows of the tile, all BN columns: WGMMA m64 x nBN x k32 per warp group
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 256 // a_desc.dtype.primitive_bitwidth])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN, 256 // a_desc.dtype.primitive_bitwidth]
+    )
     # the tile stored in 16-byte pieces along the row (the WGMMA layout would store 2 bytes at a time)
     out_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BN, BN // 8], [num_warps, 1], [1, 0])
 
@@ -89,16 +96,14 @@ def gluon_fp8_pipelined_kernel(
             it = base + k
             s = it % STAGES
             mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
-            nxt = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), spare, use_acc=False,
-                                is_async=True)
+            nxt = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
             nxt_scale = gl.load(as_ptrs + k * stride_asg) * gl.load(bs_ptrs + k * stride_bsk)
             # the previous K tile's WGMMA is done (this one may still run): promote its partial
             done = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
             # both warp groups past that WGMMA before its stage is refilled
             gl.thread_barrier()
             if k + STAGES - 1 < KT:
-                load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it + STAGES - 1, k + STAGES - 1,
-                            STAGES)
+                load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it + STAGES - 1, k + STAGES - 1, STAGES)
             acc += done * scale[:, None]
             spare = done
             part = nxt

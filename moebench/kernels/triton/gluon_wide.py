@@ -16,6 +16,7 @@ expert's rows or TMA's zero fill and are not stored (TMA clips the store). The o
 shared memory and two TMA stores, as EPILOGUE_TMA does. Not yet run on a GPU: lowered for sm_90 by
 compile_check; benchmarks/triton_fp8_contiguous.py --gluon times and checks it (GLUON_VARIANTS).
 """
+
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -35,8 +36,20 @@ WIDE_N = 192  # the tile's columns: a 128- and a 64-column WGMMA
 
 
 @gluon.jit
-def _wide_producer(a_desc, b0_desc, b1_desc, ring, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                   GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr):
+def _wide_producer(
+    a_desc,
+    b0_desc,
+    b1_desc,
+    ring,
+    m_idx_ptr,
+    N,
+    num_pid_m,
+    num_pid_n,
+    num_programs,
+    GROUP_SIZE_M: gl.constexpr,
+    K: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """The TMA partition: each K step of this program's tiles, wait until both math warp groups
     released the stage (`empty`), then load A's 128-row tile and B's 128 + 64 rows into it."""
     a_bufs, b0_bufs, b1_bufs, ready, empty = ring
@@ -64,10 +77,31 @@ def _wide_producer(a_desc, b0_desc, b1_desc, ring, m_idx_ptr, N, num_pid_m, num_
 
 
 @gluon.jit
-def _wide_math(ring, epi, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-               stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, HALF: gl.constexpr,
-               GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
-               BM: gl.constexpr, BN0: gl.constexpr, BN1: gl.constexpr, BK: gl.constexpr):
+def _wide_math(
+    ring,
+    epi,
+    as_ptr,
+    bs_ptr,
+    m_idx_ptr,
+    N,
+    num_pid_m,
+    num_pid_n,
+    num_programs,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    HALF: gl.constexpr,
+    GROUP_N: gl.constexpr,
+    GROUP_SIZE_M: gl.constexpr,
+    K: gl.constexpr,
+    STAGES: gl.constexpr,
+    BM: gl.constexpr,
+    BN0: gl.constexpr,
+    BN1: gl.constexpr,
+    BK: gl.constexpr,
+):
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile, as
     gluon_contiguous._ws_math with SCALE_AHEAD=1 and EPILOGUE_TMA, over the two column parts."""
     a_bufs, b0_bufs, b1_bufs, ready, empty = ring
@@ -133,9 +167,27 @@ def _wide_math(ring, epi, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, nu
 
 @gluon.jit
 def gluon_fp8_wide_kernel(
-    a_desc, b0_desc, b1_desc, c0_desc, c1_desc, as_ptr, bs_ptr, m_idx_ptr, rows_ptr, N, num_programs,
-    stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk,
-    K: gl.constexpr, GROUP_N: gl.constexpr, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    a_desc,
+    b0_desc,
+    b1_desc,
+    c0_desc,
+    c1_desc,
+    as_ptr,
+    bs_ptr,
+    m_idx_ptr,
+    rows_ptr,
+    N,
+    num_programs,
+    stride_asm,
+    stride_asg,
+    stride_bse,
+    stride_bsn,
+    stride_bsk,
+    K: gl.constexpr,
+    GROUP_N: gl.constexpr,
+    GROUP_SIZE_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """gluon_contiguous._gluon_fp8_ws_kernel's structure (a TMA producer and two math warp groups
     meeting only at the stages' `ready` / `empty` mbarriers) over 128 x (BN0 + BN1) tiles: A in
@@ -145,8 +197,10 @@ def gluon_fp8_wide_kernel(
     BN0: gl.constexpr = gl.constexpr(b0_desc.block_type.shape[0])
     BN1: gl.constexpr = gl.constexpr(b1_desc.block_type.shape[0])
     gl.static_assert(BK == GROUP_N, "one scale group per K tile")
-    gl.static_assert(BN0 == GROUP_N and BN1 * 2 == GROUP_N,
-                     "tiles at multiples of 1.5 scale blocks: the second part inside one block")
+    gl.static_assert(
+        BN0 == GROUP_N and BN1 * 2 == GROUP_N,
+        "tiles at multiples of 1.5 scale blocks: the second part inside one block",
+    )
     gl.static_assert(BM == 128, "two math warp groups of 64 rows")
     gl.static_assert(num_warps == 4, "the producer partition is one warp group")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
@@ -161,20 +215,91 @@ def gluon_fp8_wide_kernel(
     num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
     num_pid_n = gl.cdiv(N, BN0 + BN1)
     ring = (a_bufs, b0_bufs, b1_bufs, ready, empty)
-    epi = (c0_desc, c1_desc, gl.allocate_shared_memory(c0_desc.dtype, [2, BM // 2, BN0], c0_desc.layout),
-           gl.allocate_shared_memory(c1_desc.dtype, [2, BM // 2, BN1], c1_desc.layout))
-    gl.warp_specialize([
-        (_wide_producer, (a_desc, b0_desc, b1_desc, ring, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                          gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES))),
-        (_wide_math, (ring, epi, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                      stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(0),
-                      gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                      BM, BN0, BN1, BK)),
-        (_wide_math, (ring, epi, as_ptr, bs_ptr, m_idx_ptr, N, num_pid_m, num_pid_n, num_programs,
-                      stride_asm, stride_asg, stride_bse, stride_bsn, stride_bsk, gl.constexpr(1),
-                      gl.constexpr(GROUP_N), gl.constexpr(GROUP_SIZE_M), gl.constexpr(K), gl.constexpr(STAGES),
-                      BM, BN0, BN1, BK)),
-    ], [4, 4], [232, 232])
+    epi = (
+        c0_desc,
+        c1_desc,
+        gl.allocate_shared_memory(c0_desc.dtype, [2, BM // 2, BN0], c0_desc.layout),
+        gl.allocate_shared_memory(c1_desc.dtype, [2, BM // 2, BN1], c1_desc.layout),
+    )
+    gl.warp_specialize(
+        [
+            (
+                _wide_producer,
+                (
+                    a_desc,
+                    b0_desc,
+                    b1_desc,
+                    ring,
+                    m_idx_ptr,
+                    N,
+                    num_pid_m,
+                    num_pid_n,
+                    num_programs,
+                    gl.constexpr(GROUP_SIZE_M),
+                    gl.constexpr(K),
+                    gl.constexpr(STAGES),
+                ),
+            ),
+            (
+                _wide_math,
+                (
+                    ring,
+                    epi,
+                    as_ptr,
+                    bs_ptr,
+                    m_idx_ptr,
+                    N,
+                    num_pid_m,
+                    num_pid_n,
+                    num_programs,
+                    stride_asm,
+                    stride_asg,
+                    stride_bse,
+                    stride_bsn,
+                    stride_bsk,
+                    gl.constexpr(0),
+                    gl.constexpr(GROUP_N),
+                    gl.constexpr(GROUP_SIZE_M),
+                    gl.constexpr(K),
+                    gl.constexpr(STAGES),
+                    BM,
+                    BN0,
+                    BN1,
+                    BK,
+                ),
+            ),
+            (
+                _wide_math,
+                (
+                    ring,
+                    epi,
+                    as_ptr,
+                    bs_ptr,
+                    m_idx_ptr,
+                    N,
+                    num_pid_m,
+                    num_pid_n,
+                    num_programs,
+                    stride_asm,
+                    stride_asg,
+                    stride_bse,
+                    stride_bsn,
+                    stride_bsk,
+                    gl.constexpr(1),
+                    gl.constexpr(GROUP_N),
+                    gl.constexpr(GROUP_SIZE_M),
+                    gl.constexpr(K),
+                    gl.constexpr(STAGES),
+                    BM,
+                    BN0,
+                    BN1,
+                    BK,
+                ),
+            ),
+        ],
+        [4, 4],
+        [232, 232],
+    )
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
@@ -182,15 +307,25 @@ def gluon_fp8_wide_kernel(
 
 def wide_signature_types(bm: int = 128) -> dict:
     """gluon_fp8_wide_kernel's argument types as a launch specializes them (compile_check)."""
+
     def desc(rows: int, cols: int, dtype, name: str) -> str:
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
         return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
 
     half = GROUP // 2
-    t = dict(a_desc=desc(bm, GROUP, gl.float8e4nv, "fp8e4nv"), b0_desc=desc(GROUP, GROUP, gl.float8e4nv, "fp8e4nv"),
-             b1_desc=desc(half, GROUP, gl.float8e4nv, "fp8e4nv"), c0_desc=desc(bm // 2, GROUP, gl.bfloat16, "bf16"),
-             c1_desc=desc(bm // 2, half, gl.bfloat16, "bf16"), as_ptr="*fp32", bs_ptr="*fp32", m_idx_ptr="*i32",
-             rows_ptr="*i32", N="i32", num_programs="i32")
+    t = dict(
+        a_desc=desc(bm, GROUP, gl.float8e4nv, "fp8e4nv"),
+        b0_desc=desc(GROUP, GROUP, gl.float8e4nv, "fp8e4nv"),
+        b1_desc=desc(half, GROUP, gl.float8e4nv, "fp8e4nv"),
+        c0_desc=desc(bm // 2, GROUP, gl.bfloat16, "bf16"),
+        c1_desc=desc(bm // 2, half, gl.bfloat16, "bf16"),
+        as_ptr="*fp32",
+        bs_ptr="*fp32",
+        m_idx_ptr="*i32",
+        rows_ptr="*i32",
+        N="i32",
+        num_programs="i32",
+    )
     for s in ("asm", "asg", "bse", "bsn", "bsk"):
         t[f"stride_{s}"] = "i32"
     return t

@@ -35,6 +35,7 @@ instrumentation mode; the launch hooks (profilers) are read on every launch.
 MOEBENCH_TRITON_FASTLAUNCH=0 turns the fast path off (read once; `set_enabled` for tests), as
 does a Triton other than the 3.6 whose launch convention this copies (KNOWN_TRITON).
 """
+
 from __future__ import annotations
 
 import os
@@ -130,8 +131,14 @@ def arg_key(a: Any) -> Any:
         return None
     if t.__name__ == "TensorDescriptor":  # triton.tools.tensor_descriptor's (host TMA) or Gluon's
         layout = getattr(a, "layout", None)  # (Gluon's: part of its signature, tensordesc<dtype[block],layout>)
-        return (t, a.base.dtype, tuple(a.block_shape), getattr(a, "padding", None), len(a.shape),
-                None if layout is None else layout_text(layout))
+        return (
+            t,
+            a.base.dtype,
+            tuple(a.block_shape),
+            getattr(a, "padding", None),
+            len(a.shape),
+            None if layout is None else layout_text(layout),
+        )
     return _UNKEYED
 
 
@@ -212,8 +219,20 @@ def spec_key(plan: _Plan, vals: list, options: dict) -> Any:
 
 # launch options a call may pass beside the kernel's parameters (JITFunction.run's options);
 # a call site with any other keyword that is not a constexpr parameter takes the generic key
-OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
-                     "launch_pdl", "debug", "sanitize_overflow", "enable_reflect_ftz"})
+OPTIONS = frozenset(
+    {
+        "num_warps",
+        "num_stages",
+        "num_ctas",
+        "maxnreg",
+        "enable_fp_fusion",
+        "launch_cooperative_grid",
+        "launch_pdl",
+        "debug",
+        "sanitize_overflow",
+        "enable_reflect_ftz",
+    }
+)
 
 
 class _Site:
@@ -337,14 +356,54 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
         c_launch, function, coop, pdl, packed, descs = direct
         stats["direct"] += 1
         if descs:  # tensor descriptors: expanded here, as Triton's wrapper of the entry would
-            c_launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, coop, pdl, None, None,
-                     packed, None, None, None, *expand_descriptors(descs, [*ptr_args, *tail], stats))
+            c_launch(
+                grid[0],
+                grid[1] if n > 1 else 1,
+                grid[2] if n > 2 else 1,
+                stream,
+                function,
+                coop,
+                pdl,
+                None,
+                None,
+                packed,
+                None,
+                None,
+                None,
+                *expand_descriptors(descs, [*ptr_args, *tail], stats),
+            )
             return
-        c_launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, coop, pdl, None, None,
-                 packed, None, None, None, *ptr_args, *tail)
+        c_launch(
+            grid[0],
+            grid[1] if n > 1 else 1,
+            grid[2] if n > 2 else 1,
+            stream,
+            function,
+            coop,
+            pdl,
+            None,
+            None,
+            packed,
+            None,
+            None,
+            None,
+            *ptr_args,
+            *tail,
+        )
         return
-    kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, kernel.function,
-               kernel.packed_metadata, None, None, None, *ptr_args, *tail)
+    kernel.run(
+        grid[0],
+        grid[1] if n > 1 else 1,
+        grid[2] if n > 2 else 1,
+        stream,
+        kernel.function,
+        kernel.packed_metadata,
+        None,
+        None,
+        None,
+        *ptr_args,
+        *tail,
+    )
 
 
 def _jit_launch(fn, grid, args, kwargs):
@@ -365,8 +424,18 @@ def _run(kernel, grid: tuple, stream, rt, vals) -> None:
         exit_ = None
     meta = kernel.launch_metadata(grid, stream, *vals) if enter is not None or exit_ is not None else None
     n = len(grid)
-    kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, kernel.function,
-               kernel.packed_metadata, meta, enter, exit_, *vals)
+    kernel.run(
+        grid[0],
+        grid[1] if n > 1 else 1,
+        grid[2] if n > 2 else 1,
+        stream,
+        kernel.function,
+        kernel.packed_metadata,
+        meta,
+        enter,
+        exit_,
+        *vals,
+    )
 
 
 def _launch_generic(plan: _Plan, fn, grid: tuple, args: tuple, kwargs: dict) -> None:

@@ -12,6 +12,7 @@ where they sat refills none (issue #46; `stats["fills"]` counts the fills). A de
 TMA metadata expands to its tensor and is never kept.
 A Gluon descriptor's layout keys its binary as the text Triton's signature writes (`layout_text`).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -32,8 +33,12 @@ def direct(kernel) -> Optional[tuple]:
         run = kernel.run
     except Exception:  # noqa: BLE001 (a kernel that cannot load: its JIT launch raised already)
         return None
-    if (type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) != 0
-            or getattr(run, "profile_scratch_size", 1) != 0 or getattr(run, "num_ctas", 1) != 1):
+    if (
+        type(run).__name__ != "CudaLauncher"
+        or getattr(run, "global_scratch_size", 1) != 0
+        or getattr(run, "profile_scratch_size", 1) != 0
+        or getattr(run, "num_ctas", 1) != 1
+    ):
         return None
     entry = getattr(run, "launch", None)
     if entry is None or kernel.function is None:
@@ -53,8 +58,11 @@ def descriptor_entry(entry) -> tuple:
     code = getattr(entry, "__code__", None)
     if code is None:  # the C entry itself: no descriptor arguments
         return entry, ()
-    if (getattr(entry, "__module__", None) != "triton.backends.nvidia.driver" or code.co_name != "inner"
-            or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}):
+    if (
+        getattr(entry, "__module__", None) != "triton.backends.nvidia.driver"
+        or code.co_name != "inner"
+        or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}
+    ):
         return entry, ()
     cells = dict(zip(code.co_freevars, (c.cell_contents for c in entry.__closure__), strict=True))
     make = entry.__globals__.get("make_tensordesc_arg")
@@ -74,7 +82,7 @@ def expand_descriptors(descs: tuple, args: list, stats: dict) -> list:
     for pos, meta, fills, make in descs:  # (last first: the positions before it stay put)
         d = args[pos]
         if meta is None:  # no TMA metadata: the base tensor, shape and strides (the tensor not kept)
-            args[pos:pos + 1] = make(d, None)
+            args[pos : pos + 1] = make(d, None)
             continue
         key = (d.base.data_ptr(), *d.shape, *d.strides, d.padding)
         filled = fills.get(key)
@@ -83,7 +91,7 @@ def expand_descriptors(descs: tuple, args: list, stats: dict) -> list:
                 fills.clear()
             filled = fills[key] = make(d, meta)
             stats["fills"] += 1
-        args[pos:pos + 1] = filled
+        args[pos : pos + 1] = filled
     return args
 
 

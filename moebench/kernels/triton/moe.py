@@ -19,6 +19,7 @@ the output, which the down GEMM writes only after the gate/up GEMM read it).
 Legend: M token rows, P top-k, R = M*P pairs, K hidden, N = 2I, E local experts,
 X rows per expert (batched), G = I / 128 activation-scale groups.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,9 @@ def input_quant_bytes(rows: int, K: int, quant) -> int:
     return n
 
 
-def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_num_tokens=None,
-                    limit: Optional[int] = None):
+def _quantize_input(
+    x, quant, space: Optional[torch.Tensor], fscratch, expert_num_tokens=None, limit: Optional[int] = None
+):
     """bf16 activations -> fp8 (+ scales) when the dispatch did not carry fp8.
     Written into the first bytes of the contiguous tensor `space` (at most `limit` of them;
     None: all) when they are enough, else into new tensors."""
@@ -89,7 +91,11 @@ def _quantize_input(x, quant, space: Optional[torch.Tensor], fscratch, expert_nu
     need = input_quant_bytes(rows, K, quant)
     if space is not None and (_nbytes(space) if limit is None else limit) >= need:
         xq = ws_view(space, 0, shape, FP8_DTYPE)
-        xs = ws_view(space, align16(rows * K), (*shape[:-1], K // quant.block_k), torch.float32) if quant.is_block else None
+        xs = (
+            ws_view(space, align16(rows * K), (*shape[:-1], K // quant.block_k), torch.float32)
+            if quant.is_block
+            else None
+        )
     else:
         xq = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
         xs = None
@@ -185,8 +191,19 @@ def fused_moe_standard(
     gs = _group_shape(quant)
     h = ws_view(ws13, 0, (R, N), ws13.dtype)
     invoke_fused_moe_gemm(
-        x, x_scale, w.w13_ENK, w.w13_scale, h, sorted_ids, expert_ids, num_post, R, config,
-        quant=mode, a_row_div=P, group_shape=gs,
+        x,
+        x_scale,
+        w.w13_ENK,
+        w.w13_scale,
+        h,
+        sorted_ids,
+        expert_ids,
+        num_post,
+        R,
+        config,
+        quant=mode,
+        a_row_div=P,
+        group_shape=gs,
     )
     act, act_scale = _activation(h, ws2, quant, fscratch, sorted_ids=sorted_ids, num_post=num_post, num_pairs=R)
     if reduction == "experts":
@@ -197,17 +214,41 @@ def fused_moe_standard(
             acc = torch.empty(M, K, dtype=torch.float32, device=x.device)
         acc.zero_()
         invoke_fused_moe_gemm(
-            act, act_scale, w.w2_EKI, w.w2_scale, acc, sorted_ids, expert_ids, num_post, R, config,
-            quant=mode, a_row_div=1, c_row_div=P, topk_weights=_flat(topk_weights_MP),
-            atomic_add=True, group_shape=gs,
+            act,
+            act_scale,
+            w.w2_EKI,
+            w.w2_scale,
+            acc,
+            sorted_ids,
+            expert_ids,
+            num_post,
+            R,
+            config,
+            quant=mode,
+            a_row_div=1,
+            c_row_div=P,
+            topk_weights=_flat(topk_weights_MP),
+            atomic_add=True,
+            group_shape=gs,
         )
         output.copy_(acc)
     else:
         assert output.shape == (M, P, K), output.shape
         out = output.view(R, K)
         invoke_fused_moe_gemm(
-            act, act_scale, w.w2_EKI, w.w2_scale, out, sorted_ids, expert_ids, num_post, R, config,
-            quant=mode, a_row_div=1, group_shape=gs,
+            act,
+            act_scale,
+            w.w2_EKI,
+            w.w2_scale,
+            out,
+            sorted_ids,
+            expert_ids,
+            num_post,
+            R,
+            config,
+            quant=mode,
+            a_row_div=1,
+            group_shape=gs,
         )
         zero_nonlocal_rows(out, topk_ids_MP, E)
 
@@ -240,6 +281,10 @@ def fused_moe_batched(
     assert (x.dtype == FP8_DTYPE) == (mode != QUANT_NONE), (x.dtype, quant)
     gs = _group_shape(quant)
     h = ws_view(ws13, 0, (E, X, N), ws13.dtype)
-    invoke_batched_moe_gemm(x, x_scale, w.w13_ENK, w.w13_scale, h, expert_num_tokens_E, config, quant=mode, group_shape=gs)
+    invoke_batched_moe_gemm(
+        x, x_scale, w.w13_ENK, w.w13_scale, h, expert_num_tokens_E, config, quant=mode, group_shape=gs
+    )
     act, act_scale = _activation(h, ws2, quant, fscratch, expert_num_tokens=expert_num_tokens_E)
-    invoke_batched_moe_gemm(act, act_scale, w.w2_EKI, w.w2_scale, output, expert_num_tokens_E, config, quant=mode, group_shape=gs)
+    invoke_batched_moe_gemm(
+        act, act_scale, w.w2_EKI, w.w2_scale, output, expert_num_tokens_E, config, quant=mode, group_shape=gs
+    )

@@ -15,6 +15,7 @@ garbage (and would poison a per-tensor amax).
 
 Legend: R rows, K columns, G = K / GROUP, E experts, X rows per expert, P top-k.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -42,8 +43,20 @@ def _row_mask(r, R, counts_ptr, X, ROW_COUNTS: tl.constexpr):
 
 @triton.jit
 def _quant_group(
-    x_ptr, q_ptr, s_ptr, r, valid, g, stride_xr, stride_qr, stride_sr, stride_sg,
-    GROUP: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    r,
+    valid,
+    g,
+    stride_xr,
+    stride_qr,
+    stride_sr,
+    stride_sg,
+    GROUP: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     """Group g of rows r (int64, `valid` masks them): fp8 into q, the fp32 scale into s
     (both kernels below: one quantization math)."""
@@ -51,29 +64,60 @@ def _quant_group(
     x = tl.load(x_ptr + r[:, None] * stride_xr + c[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
     s = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
     q = tl.clamp(x / s[:, None], -FP8_MAX, FP8_MAX)
-    tl.store(q_ptr + r[:, None] * stride_qr + c[None, :], to_fp8(q, q_ptr.dtype.element_ty, EXACT_ROUND), mask=valid[:, None])
+    tl.store(
+        q_ptr + r[:, None] * stride_qr + c[None, :], to_fp8(q, q_ptr.dtype.element_ty, EXACT_ROUND), mask=valid[:, None]
+    )
     tl.store(s_ptr + r * stride_sr + g * stride_sg, s, mask=valid)
 
 
 @triton.jit
 def _group_quant_kernel(
-    x_ptr, q_ptr, s_ptr, counts_ptr, R, X, stride_xr, stride_qr, stride_sr, stride_sg,
-    ROW_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr,
-    FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    counts_ptr,
+    R,
+    X,
+    stride_xr,
+    stride_qr,
+    stride_sr,
+    stride_sg,
+    ROW_COUNTS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    GROUP: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     g = tl.program_id(1)
     valid = _row_mask(r, R, counts_ptr, X, ROW_COUNTS)
     r = r.to(tl.int64)
-    _quant_group(x_ptr, q_ptr, s_ptr, r, valid, g, stride_xr, stride_qr, stride_sr, stride_sg,
-                 GROUP, FP8_MAX, EPS, EXACT_ROUND)
+    _quant_group(
+        x_ptr, q_ptr, s_ptr, r, valid, g, stride_xr, stride_qr, stride_sr, stride_sg, GROUP, FP8_MAX, EPS, EXACT_ROUND
+    )
 
 
 @triton.jit
 def _quant_localize_kernel(
-    x_ptr, q_ptr, s_ptr, ids_ptr, local_ptr, R, stride_xr, stride_qr, stride_sr, P, first, num_local,
-    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, GROUP: tl.constexpr,
-    FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    ids_ptr,
+    local_ptr,
+    R,
+    stride_xr,
+    stride_qr,
+    stride_sr,
+    P,
+    first,
+    num_local,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    GROUP: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     g = tl.program_id(1)
@@ -90,8 +134,16 @@ def _quant_localize_kernel(
 
 @triton.jit
 def _amax_kernel(
-    x_ptr, amax_ptr, counts_ptr, R, K, X, stride_xr,
-    ROW_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr,
+    amax_ptr,
+    counts_ptr,
+    R,
+    K,
+    X,
+    stride_xr,
+    ROW_COUNTS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -103,9 +155,22 @@ def _amax_kernel(
 
 @triton.jit
 def _tensor_quant_kernel(
-    x_ptr, q_ptr, amax_ptr, scale_ptr, counts_ptr, R, K, X, stride_xr, stride_qr,
-    ROW_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    FP8_MAX: tl.constexpr, EPS: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    amax_ptr,
+    scale_ptr,
+    counts_ptr,
+    R,
+    K,
+    X,
+    stride_xr,
+    stride_qr,
+    ROW_COUNTS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EPS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -170,9 +235,26 @@ def per_token_group_quant_fp8(
     s_sr, s_sg = s2.stride()
     counts, X, row_counts = _counts_args(expert_num_tokens, x, x2)
     if R:
-        launch(_group_quant_kernel, (cdiv(R, block_r), G),
-            x2, q2, s2, counts, R, X, x_sr, q_sr, s_sr, s_sg,
-            ROW_COUNTS=row_counts, BLOCK_R=block_r, GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+        launch(
+            _group_quant_kernel,
+            (cdiv(R, block_r), G),
+            x2,
+            q2,
+            s2,
+            counts,
+            R,
+            X,
+            x_sr,
+            q_sr,
+            s_sr,
+            s_sg,
+            ROW_COUNTS=row_counts,
+            BLOCK_R=block_r,
+            GROUP=group,
+            FP8_MAX=FP8_MAX,
+            EPS=EPS,
+            EXACT_ROUND=_EXACT_ROUND,
+            num_warps=4,
         )
     return out, out_scale
 
@@ -201,10 +283,41 @@ def per_tensor_quant_fp8(
     counts, X, row_counts = _counts_args(expert_num_tokens, x, x2)
     block_c = min(block_c, next_power_of_2(max(K, 1)))
     grid = (max(1, cdiv(R, block_r)), cdiv(K, block_c))
-    launch(_amax_kernel, grid, x2, amax, counts, R, K, X, x2.stride(0), ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
-    launch(_tensor_quant_kernel, grid,
-        x2, q2, amax, scale, counts, R, K, X, x2.stride(0), q2.stride(0),
-        ROW_COUNTS=row_counts, BLOCK_R=block_r, BLOCK_C=block_c, FP8_MAX=FP8_MAX, EPS=EPS, EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+    launch(
+        _amax_kernel,
+        grid,
+        x2,
+        amax,
+        counts,
+        R,
+        K,
+        X,
+        x2.stride(0),
+        ROW_COUNTS=row_counts,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    launch(
+        _tensor_quant_kernel,
+        grid,
+        x2,
+        q2,
+        amax,
+        scale,
+        counts,
+        R,
+        K,
+        X,
+        x2.stride(0),
+        q2.stride(0),
+        ROW_COUNTS=row_counts,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        FP8_MAX=FP8_MAX,
+        EPS=EPS,
+        EXACT_ROUND=_EXACT_ROUND,
+        num_warps=4,
     )
     return out, scale
 
@@ -239,9 +352,27 @@ def group_quant_and_localize(
     scale = carve(buf, s_at, (R, G), torch.float32)
     local = carve(buf, ids_at, (R, P), torch.int64)
     if R:
-        launch(_quant_localize_kernel, (cdiv(R, block_r), G),
-            x, q, scale, ids, local, R, x_sr, K, G, P, first, num_local,
-            BLOCK_R=block_r, BLOCK_P=next_power_of_2(P), GROUP=group, FP8_MAX=FP8_MAX, EPS=EPS,
-            EXACT_ROUND=_EXACT_ROUND, num_warps=4,
+        launch(
+            _quant_localize_kernel,
+            (cdiv(R, block_r), G),
+            x,
+            q,
+            scale,
+            ids,
+            local,
+            R,
+            x_sr,
+            K,
+            G,
+            P,
+            first,
+            num_local,
+            BLOCK_R=block_r,
+            BLOCK_P=next_power_of_2(P),
+            GROUP=group,
+            FP8_MAX=FP8_MAX,
+            EPS=EPS,
+            EXACT_ROUND=_EXACT_ROUND,
+            num_warps=4,
         )
     return q, scale, local

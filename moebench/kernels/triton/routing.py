@@ -6,6 +6,7 @@ local = id - first where 0 <= id - first < num_local, else -1; int64 out, like
 
 Legend: R = M * P pairs.
 """
+
 from __future__ import annotations
 
 import torch

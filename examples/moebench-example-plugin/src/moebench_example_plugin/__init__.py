@@ -8,6 +8,7 @@ Importing this module registers three entries with moebench:
 - backend `example_a2a`: a standard-layout prepare/finalize over
   torch.distributed.all_to_all_single (NCCL on GPUs, gloo on CPU ranks).
 """
+
 # the moebench plugin contract this package follows (moebench.kernels.CONTRACT_VERSION)
 MOEBENCH_CONTRACT = 1
 

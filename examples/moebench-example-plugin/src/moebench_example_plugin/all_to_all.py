@@ -10,6 +10,7 @@ layer cannot be captured in a CUDA graph.
 Legend: T tokens on this rank, W ranks, S rows this rank sends, M rows it receives,
 K hidden, P top-k, E experts per rank.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moebench.kernels.interfaces import (ActivationFormat, Contiguous, Knob, OpenRange, PrepareFinalize,
-                                         PreparedTokens)
+from moebench.kernels.interfaces import ActivationFormat, Contiguous, Knob, OpenRange, PrepareFinalize, PreparedTokens
 from moebench.kernels.quant import quant_activations
 from moebench.kernels.registry import register_backend
 
@@ -37,8 +37,15 @@ class AllToAllPrepareFinalize(PrepareFinalize):
     activation_format = ActivationFormat.STANDARD
     carries_fp8 = False  # bf16 travels; fp8 experts get their input quantized after the dispatch
     graph_capturable = False
-    knobs = (Knob("a2a_async", True, "launch the all-to-alls asynchronously (false: wait inside the launch, so "
-                  "shared experts cannot overlap them)", tag="a2a_sync"),)
+    knobs = (
+        Knob(
+            "a2a_async",
+            True,
+            "launch the all-to-alls asynchronously (false: wait inside the launch, so "
+            "shared experts cannot overlap them)",
+            tag="a2a_sync",
+        ),
+    )
 
     def max_rows(self, num_tokens: int) -> int:
         return num_tokens * self.ctx.world_size  # at most every peer's every token
@@ -65,8 +72,9 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         outs, works = [], []
         for t in (hidden_TK, topk_weights_TP, topk_ids_TP.long()):
             out = t.new_empty((M, *t.shape[1:]))
-            works.append(dist.all_to_all_single(out, t[token_S].contiguous(), recv_W, send_W, group=ctx.group,
-                                                async_op=True))
+            works.append(
+                dist.all_to_all_single(out, t[token_S].contiguous(), recv_W, send_W, group=ctx.group, async_op=True)
+            )
             outs.append(out)
         if not ctx.options.get("a2a_async", True):
             for w in works:
@@ -81,8 +89,9 @@ class AllToAllPrepareFinalize(PrepareFinalize):
                 x, scale = quant_activations(x_MK, quant)
                 local_MP = ids_MP - ctx.rank * E
                 local_MP = torch.where((local_MP >= 0) & (local_MP < E), local_MP, torch.full_like(local_MP, -1))
-            return PreparedTokens(x=x, x_scale=scale, topk_ids_MP=local_MP, topk_weights_MP=w_MP,
-                                  handle=Route(token_S, send_W, recv_W))
+            return PreparedTokens(
+                x=x, x_scale=scale, topk_ids_MP=local_MP, topk_weights_MP=w_MP, handle=Route(token_S, send_W, recv_W)
+            )
 
         return receive
 
@@ -91,8 +100,9 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         partial_MK = self.reduced_rows(expert_out, prepared, weight_and_reduce, Contiguous())
         rng = OpenRange(self.phases, "combine")
         back_SK = partial_MK.new_empty((route.token_S.numel(), partial_MK.shape[1]))
-        work = dist.all_to_all_single(back_SK, partial_MK.contiguous(), route.send_W, route.recv_W,
-                                      group=ctx.group, async_op=True)
+        work = dist.all_to_all_single(
+            back_SK, partial_MK.contiguous(), route.send_W, route.recv_W, group=ctx.group, async_op=True
+        )
         if not ctx.options.get("a2a_async", True):
             work.wait()
 

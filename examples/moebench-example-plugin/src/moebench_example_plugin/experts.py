@@ -5,6 +5,7 @@ plain torch function of the dispatched rows and this rank's weights.
 Legend: M dispatched rows, P top-k, K hidden, N = 2I gate/up width, I intermediate,
 E local experts, X rows of the fullest expert, R local (token, k) pairs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,11 @@ def loop_moe(x_MK, ids_MP, weights_MP, w13_ENK, w2_EKI, reduce: bool) -> torch.T
     [M, P, K] in x's dtype (one row per pair, zero rows for other ranks' pairs)."""
     M, P = ids_MP.shape
     K = x_MK.shape[1]
-    out = (torch.zeros(M, K, dtype=torch.float32, device=x_MK.device) if reduce
-           else torch.zeros(M, P, K, dtype=x_MK.dtype, device=x_MK.device))
+    out = (
+        torch.zeros(M, K, dtype=torch.float32, device=x_MK.device)
+        if reduce
+        else torch.zeros(M, P, K, dtype=x_MK.dtype, device=x_MK.device)
+    )
     for e in range(w13_ENK.shape[0]):
         tok, k = torch.nonzero(ids_MP == e, as_tuple=True)
         if tok.numel() == 0:
@@ -84,8 +88,14 @@ class FunctionExperts(Experts):
 
     def apply(self, output, prepared, workspace13, workspace2):
         assert prepared.x.dtype == torch.bfloat16, "supports() admits bf16 only"
-        y = self.fn(prepared.x, prepared.topk_ids_MP, prepared.topk_weights_MP, self.w.w13_ENK, self.w.w2_EKI,
-                    reduce=self.reduction == "experts")
+        y = self.fn(
+            prepared.x,
+            prepared.topk_ids_MP,
+            prepared.topk_weights_MP,
+            self.w.w13_ENK,
+            self.w.w2_EKI,
+            reduce=self.reduction == "experts",
+        )
         output.copy_(y)
 
 
