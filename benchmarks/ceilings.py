@@ -40,8 +40,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from moebench.run.env import fingerprint, git_info
 from moebench.report.roofline import SCHEMA, ceilings_dir, gpu_slug
+from moebench.run.env import fingerprint, git_info
 
 MIB = 2**20
 GPU_SIZES = dict(copy_bytes=[256 * MIB, 1024 * MIB, 2048 * MIB], gemm=[4096, 8192, 16384])

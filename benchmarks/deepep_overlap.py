@@ -17,11 +17,11 @@ import json
 import torch
 import torch.distributed as dist
 
-from moebench.measure import timing
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.prepare_finalize import _deepep
-from moebench.run.launch import run_ranks
+from moebench.measure import timing
 from moebench.measure.samples import rank_sync
+from moebench.run.launch import run_ranks
 
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
 

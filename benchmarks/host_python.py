@@ -53,8 +53,9 @@ class StubCompiled:
 def stub_triton() -> None:
     """Every JITFunction's launch returns the stand-in kernel; launch.py's device is 0, its
     stream 0, no launch hooks."""
-    from moebench.kernels.triton import launch as fl
     from triton.runtime.jit import JITFunction
+
+    from moebench.kernels.triton import launch as fl
 
     compiled = StubCompiled()
 
@@ -89,6 +90,7 @@ def pieces() -> dict[str, Optional[Callable[[], None]]]:
     """name -> a zero-argument call of one piece, its inputs built here (tiny CPU tensors); None
     where this tree lacks the piece."""
     import torch
+
     from moebench.kernels.interfaces import ExpertWeights, QuantSpec
     from moebench.kernels.triton import align, gemm, moe, quant
     from moebench.kernels.triton.launch import launch
@@ -215,10 +217,10 @@ def _layer_forward(M: int):
     """One MoEKernel forward: local backend (every expert local: the ids need no localizing, whose
     CPU form is torch's), triton experts, bf16, reduction=experts, tiny shape."""
     import torch
+
     from moebench.kernels import registry
     from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
     from moebench.kernels.modular import MoEKernel
-
     from moebench.measure.workload import build_expert_weights, make_inputs
 
     shape = LayerShape(

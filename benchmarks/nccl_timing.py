@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from moebench.measure import timing
-from moebench.run.launch import run_ranks
 from moebench.measure.samples import rank_sync
+from moebench.run.launch import run_ranks
 
 
 def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:

@@ -27,8 +27,8 @@ import torch
 
 from moebench.measure import timing
 from moebench.measure.layer import build_layer
-from moebench.run.plan import plan
 from moebench.measure.workload import make_inputs
+from moebench.run.plan import plan
 
 CASES = [  # (name, overrides, tokens)
     (

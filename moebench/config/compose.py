@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from moebench.config import paths
 from moebench.config.device import resolve_device
-from moebench.config.schema import group_schemas, GROUPS, register_schemas
+from moebench.config.schema import GROUPS, group_schemas, register_schemas
 from moebench.config.spec import Combo, knob_meta
 
 # old key -> new key: a clear error (and results/README's commands rendered through it)

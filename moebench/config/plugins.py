@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from moebench.kernels import registry
 from moebench.config.spec import COLUMN_FIELDS, Combination
+from moebench.kernels import registry
 
 
 def problems() -> list[str]:

@@ -13,8 +13,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from moebench.measure import timing
 from moebench.kernels.interfaces import NULL_PHASES
+from moebench.measure import timing
 from moebench.measure.samples import PaceCount, RankSync
 from moebench.util.safe_write import safe_dir
 

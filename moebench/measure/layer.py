@@ -9,10 +9,10 @@ from typing import Optional
 
 import torch
 
+from moebench.config.spec import Combo
 from moebench.kernels import registry
 from moebench.kernels.interfaces import ExpertWeights, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import MoEKernel
-from moebench.config.spec import Combo
 from moebench.measure.workload import build_expert_weights, build_shared, kept_expert_weights
 
 

@@ -10,10 +10,10 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from moebench.measure import memory, timing
 from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
-from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
+from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
+from moebench.measure import memory, timing
 from moebench.measure.workload import cached_reference
 
 

@@ -5,11 +5,9 @@ Entry points: ``load_run`` (rows + env), ``tables.*`` (markdown tables), ``plots
 ``write_report`` (report.md and its plots); the CLI bodies are moebench/cli/report.py.
 """
 
-from moebench.report.compare import compare_runs, Comparison
-from moebench.report.verdict import exit_status
-from moebench.report.load import load_run, newest_run
+from moebench.report.compare import Comparison, compare_runs
 from moebench.report.document import write_report
-from moebench.report.stats import mann_whitney_p
+from moebench.report.load import load_run, newest_run
 from moebench.report.run_tables import (
     latency_table,
     memory_table,
@@ -18,6 +16,8 @@ from moebench.report.run_tables import (
     reasons_table,
     status_table,
 )
+from moebench.report.stats import mann_whitney_p
+from moebench.report.verdict import exit_status
 
 __all__ = [
     "Comparison",

@@ -18,8 +18,8 @@ import dataclasses
 import pandas as pd
 
 from moebench.config.plugins import entry_knobs
-from moebench.config.spec import Combo, from_row, IDENTITY_FIELDS, knob_meta
-from moebench.report.compare import prepared_rows, Axis, compare_pairs, Comparison, SHOWN_COLUMNS
+from moebench.config.spec import IDENTITY_FIELDS, Combo, from_row, knob_meta
+from moebench.report.compare import SHOWN_COLUMNS, Axis, Comparison, compare_pairs, prepared_rows
 from moebench.report.load import fmt_value
 
 ENTRY_FIELDS = ("backend", "experts")  # axes whose values are registered entries with knobs

@@ -101,9 +101,8 @@ def combination(row) -> str:
 def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     """One row per setting x tokens_per_rank: the best ok combination, its median (µs),
     the runner-up's, the margin with its interval, and how many competed."""
+    from moebench.report.flags import GPU, figure_basis, paced_mark
     from moebench.report.load import latest_rows
-
-    from moebench.report.flags import figure_basis, GPU, paced_mark
 
     ok = latest_rows(df)
     ok = ok[ok["status"] == Status.OK]
@@ -265,8 +264,8 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
 
 
 def results_command(run: str, out: Optional[str]) -> int:
-    from moebench.report.load import load_run
     from moebench.report.document import report_out
+    from moebench.report.load import load_run
     from moebench.util.safe_write import refuse_links, write_text
 
     df, _ = load_run(run)

@@ -34,13 +34,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moebench.util.pngfile import save_figure
+from moebench.report.document import report_out
 from moebench.report.load import fmt_value
 from moebench.report.mdsafe import md_text
-from moebench.util.safe_write import refuse_links, write_text
-from moebench.report.document import report_out
 from moebench.report.table import md_table
 from moebench.results.row import Status
+from moebench.util.pngfile import save_figure
+from moebench.util.safe_write import refuse_links, write_text
 
 MIB = 2.0**20
 GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination

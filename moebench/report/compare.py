@@ -34,9 +34,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from moebench.report.load import combo_labels, fmt_value, latest_rows, MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY
+from moebench.report.load import MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY, combo_labels, fmt_value, latest_rows
+from moebench.report.stats import MIN_SAMPLES, bootstrap_ratios, geometric_mean, interval, mann_whitney_p, samples_of
 from moebench.results import row as schema
-from moebench.report.stats import bootstrap_ratios, geometric_mean, interval, mann_whitney_p, MIN_SAMPLES, samples_of
 from moebench.results.row import NO_VERDICT, Status, Verdict
 
 __all__ = ["Comparison", "compare_runs", "compare_pairs", "mann_whitney_p", "latency_verdict", "memory_verdict"]
@@ -195,7 +195,7 @@ def basis_verdict(verdict: Verdict, base: dict, cand: dict, cpu_verdict: bool = 
     latency verdict; other pairs keep it. ``base`` / ``cand``: row values (device included)."""
     if verdict not in (Verdict.SLOWER, Verdict.FASTER, Verdict.SIMILAR):
         return verdict, ""
-    from moebench.report.flags import CPU, figure_basis, HOST
+    from moebench.report.flags import CPU, HOST, figure_basis
 
     (bb, bw), (cb, cw) = figure_basis(base), figure_basis(cand)
     if HOST in (bb, cb):

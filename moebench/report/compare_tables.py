@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moebench.report.compare import Comparison, SHOWN_COLUMNS
-from moebench.report.flags import mark_of, pair_flags, PACED_MARK_TEXT
-from moebench.report.load import combo_labels, constant_caption, display_columns, fmt_value, PER_ROW_COLUMNS
-from moebench.report.stats import pct
-from moebench.report.table import Column, md_text, Table
+from moebench.report.compare import SHOWN_COLUMNS, Comparison
+from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
+from moebench.report.load import PER_ROW_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value
 from moebench.report.run_tables import md_value
+from moebench.report.stats import pct
+from moebench.report.table import Column, Table, md_text
 from moebench.results.row import Status, Verdict
 
 MARKS = {Verdict.SLOWER: "+", Verdict.BROKEN: "+", Verdict.SKIPPED: "+", Verdict.FASTER: "-", Verdict.FIXED: "-"}

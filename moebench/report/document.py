@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from moebench.report.mdsafe import md_text
-from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
-from moebench.report.routing_table import routing_table
-from moebench.report import plots, run_tables as tables
-from moebench.report.compare import compare_runs, Comparison
-from moebench.report.verdict import exit_status
+from moebench.report import plots
+from moebench.report import run_tables as tables
+from moebench.report.compare import Comparison, compare_runs
 from moebench.report.compare_tables import latency_pairs, memory_pairs, unmatched
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
 from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, run_notes
 from moebench.report.load import load_run
+from moebench.report.mdsafe import md_text
+from moebench.report.routing_table import routing_table
 from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
 from moebench.report.table import Table, to_json
-from moebench.report.verdict import frame_names, verdict_lines, verdict_record
+from moebench.report.verdict import exit_status, frame_names, verdict_lines, verdict_record
+from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
 
 FORMATS = ("md", "csv", "json")
 

@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moebench.report.mdsafe import md_code, md_text
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.load import phase_sum
+from moebench.report.mdsafe import md_code, md_text
 from moebench.results.row import Status
 
 HOST_BOUND = 0.8

@@ -15,7 +15,7 @@ import pandas as pd
 
 from moebench.config.spec import IDENTITY_COLUMNS as SPEC_COLUMNS
 from moebench.results import row as schema
-from moebench.results.store import find_runs, latest, load_files, read_row_file, RunStore, TornFile, warn
+from moebench.results.store import RunStore, TornFile, find_runs, latest, load_files, read_row_file, warn
 
 # A row's identity: the spec's columns (moebench/config/spec.py), the key and the token count;
 # run_id / sweep / schema_version say where it came from

@@ -20,8 +20,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullLocator
 
-from moebench.util.pngfile import save_figure
 from moebench.report.load import combo_labels, fmt_value, varying
+from moebench.util.pngfile import save_figure
 
 MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
 MAX_SHARED = 20  # labels one legend under the figure holds (10 colours x 2 line styles)

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from moebench.report.load import latest_rows, PHASE_COLUMNS
-from moebench.report.plotgrid import grid, legends, MARKERS, narrow_us_axis, panels, save, tokens_axis, value_axis
+from moebench.report.load import PHASE_COLUMNS, latest_rows
+from moebench.report.plotgrid import MARKERS, grid, legends, narrow_us_axis, panels, save, tokens_axis, value_axis
 from moebench.report.plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
 from moebench.results.row import Status
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moebench.report.mdsafe import md_text
 from moebench.config.paths import REPO_ROOT
+from moebench.report.mdsafe import md_text
 
 CEILINGS_ENV = "MOEBENCH_CEILINGS_DIR"
 SCHEMA = "moebench-ceilings/1"

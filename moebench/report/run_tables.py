@@ -14,21 +14,21 @@ import numpy as np
 import pandas as pd
 
 from moebench.config import plugins
+from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.load import (
+    MEMORY_COLUMNS,
+    PER_ROW_COLUMNS,
+    PHASE_COLUMNS,
     WORKLOAD_COLUMNS,
     combo_labels,
     constant_caption,
     display_columns,
     fmt_value,
     latest_rows,
-    MEMORY_COLUMNS,
-    PER_ROW_COLUMNS,
-    PHASE_COLUMNS,
     phase_sum,
 )
-from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
-from moebench.results.row import Status, STATUSES
+from moebench.results.row import STATUSES, Status
 
 MAX_REASON_CHARS = 160
 

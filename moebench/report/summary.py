@@ -12,34 +12,34 @@ import pandas as pd
 
 from moebench.report.compare_tables import pair_names
 from moebench.report.flags import (
-    caveat_files,
-    caveats_text,
     CPU,
-    figure_basis,
-    flag_summary,
     GPU,
     HOST,
+    caveat_files,
+    caveats_text,
+    figure_basis,
+    flag_summary,
     latency_paced,
     paced_details,
     row_flags,
     run_notes,
 )
+from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.load import (
-    WORKLOAD_COLUMNS,
-    constant_caption,
-    display_columns,
-    fmt_value,
     LATENCY_COLUMNS,
-    latest_rows,
     MEMORY_COLUMNS,
     OVERLAP_COLUMNS,
     PER_ROW_COLUMNS,
     PHASE_COLUMNS,
     SHOWN_IDENTITY,
+    WORKLOAD_COLUMNS,
+    constant_caption,
+    display_columns,
+    fmt_value,
+    latest_rows,
 )
-from moebench.report.table import Column, md_text, Table
-from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value
+from moebench.report.table import Column, Table, md_text
 from moebench.results.row import BAD_STATUSES, Status
 
 BAD = BAD_STATUSES

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.traces.metrics import intersect, length, union
-from moebench.util.pngfile import save_figure
 from moebench.traces.model import PHASES, Trace
+from moebench.util.pngfile import save_figure
 
 TOP_KERNELS = 5
 

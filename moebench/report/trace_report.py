@@ -37,14 +37,14 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.report.mdsafe import md_code, md_text
-from moebench.util.safe_write import refuse_links, safe_dir_below
 from moebench.report.trace_markdown import fmt_figure, to_markdown
+from moebench.results.store import RunStore
+from moebench.traces.files import TRACE_SUFFIXES, is_trace_file, load_traces
 from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import TraceSummary, summarize
 from moebench.traces.model import Trace
-from moebench.traces.files import TRACE_SUFFIXES, is_trace_file, load_traces
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
-from moebench.results.store import RunStore
+from moebench.util.safe_write import refuse_links, safe_dir_below
 
 
 def is_run_dir(path) -> bool:

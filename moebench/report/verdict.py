@@ -17,7 +17,7 @@ import pandas as pd
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
 from moebench.report.envinfo import comparable_summary, environment_check
-from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, fmt_value, PER_ROW_COLUMNS
+from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, PER_ROW_COLUMNS, fmt_value
 from moebench.report.table import md_text
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 

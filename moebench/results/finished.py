@@ -9,9 +9,9 @@ from typing import Optional
 
 from moebench.config.spec import Combination
 from moebench.results.lock import RunLock
-from moebench.results.rows import measured_row, outcome_row
 from moebench.results.rank_result import Finished
 from moebench.results.row import Status
+from moebench.results.rows import measured_row, outcome_row
 from moebench.results.store import LOST, RunStore
 
 

@@ -8,12 +8,12 @@ import math
 
 import numpy as np
 
-from moebench.results.rank_result import RankResult
 from moebench.config.plugins import provenance
 from moebench.config.spec import Combination
 from moebench.results import row as schema
+from moebench.results.rank_result import RankResult
 from moebench.results.row import PHASES, SCHEMA_VERSION, Status
-from moebench.traces.matched import critical_rank, CRITICAL_SPAN_TIE  # noqa: F401 (rows.critical_rank: its users)
+from moebench.traces.matched import CRITICAL_SPAN_TIE, critical_rank  # noqa: F401 (rows.critical_rank: its users)
 from moebench.traces.metrics import METHOD_MATCHED
 
 NAN = float("nan")

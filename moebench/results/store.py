@@ -26,29 +26,29 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from moebench.util.safe_write import UnsafePath
 from moebench.results.migrate import migrate
 from moebench.results.row import BAD_STATUSES, Status
 
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
 from moebench.results.store_read import (
-    by_precedence,
     CORRUPT_DIR,
+    PAIR,
+    SKIPPED_FILE,
+    TornFile,
+    by_precedence,
     find_runs,  # noqa: F401 (re-exported)
     invocation_files,
     invocation_rows,
     latest,
     load_files,
     newest_last,
-    PAIR,
     read_all,
     read_env_file,
     read_row_file,
-    SKIPPED_FILE,
-    TornFile,
     warn,
 )
 from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, with_path
+from moebench.util.safe_write import UnsafePath
 
 REDO_CHOICES = ("none", "failed", "all")
 FAILED = BAD_STATUSES  # what --redo failed runs again

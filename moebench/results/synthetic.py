@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moebench.config.spec import Combo, IDENTITY_COLUMNS
+from moebench.config.spec import IDENTITY_COLUMNS, Combo
 from moebench.results import row as schema
 from moebench.results.row import SCHEMA_VERSION, Status
 

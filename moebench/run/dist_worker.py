@@ -193,11 +193,11 @@ def _parser() -> argparse.ArgumentParser:
 def _plan(args, env: RankEnv, log):
     """Rank 0: lock, clean, plan against the store, write what an invocation writes.
     Returns (lock, work, meta) or raises ValueError (bad input, a folder another sweep holds)."""
-    from moebench.run import env as envmod
-    from moebench.results.lock import RunLock
-    from moebench.run.plan import plan
-    from moebench.results.store import RunStore
     from moebench.results.finished import plan_work, run_meta
+    from moebench.results.lock import RunLock
+    from moebench.results.store import RunStore
+    from moebench.run import env as envmod
+    from moebench.run.plan import plan
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
     other = [c for c in combos if not c.reason and c.combo.world_size != env.world_size]
@@ -235,8 +235,8 @@ def _plan(args, env: RankEnv, log):
 def main(argv=None) -> int:
     import torch.distributed as dist
 
-    from moebench.results.store import RunStore
     from moebench.results.row import BAD_STATUSES
+    from moebench.results.store import RunStore
 
     args = _parser().parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)

@@ -9,20 +9,20 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import shlex
-import sys
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
 
 import torch.multiprocessing as mp
 
-from moebench.run.lifeline import run_watched
-from moebench.run.outcome import Death, decide, Observed, peer_lost
-from moebench.run.messages import Done, Error, Exited, Result, Started, Task
-from moebench.results.rank_result import Failure, Finished
 from moebench.config.spec import Combination
+from moebench.results.rank_result import Failure, Finished
+from moebench.run.lifeline import run_watched
+from moebench.run.messages import Done, Error, Exited, Result, Started, Task
+from moebench.run.outcome import Death, Observed, decide, peer_lost
 from moebench.run.worker import rank_main
 
 STARTUP_S = 180.0  # process start, imports, process-group init (on top of a combination's timeout)

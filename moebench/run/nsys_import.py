@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.config.paths import REPO_ROOT
-from moebench.util.safe_write import refuse_links
-from moebench.traces.nsys import nsys_rank_dir
 from moebench.results.row import Status
+from moebench.traces.nsys import nsys_rank_dir
+from moebench.util.safe_write import refuse_links
 
 RAW_SUFFIXES = (".qdstrm", ".qdstrm.xz")
 INSTALL_HINT = (

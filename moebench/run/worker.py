@@ -17,13 +17,13 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from moebench.config.device import cpu_threads
+from moebench.config.validity import timing_mode, timing_note
+from moebench.kernels import registry
 from moebench.measure import memory
 from moebench.measure.capture import capture_trace, make_recorder, nsys_capture, profiled_phases
 from moebench.measure.derived import derived_figures, routing_counts
-from moebench.kernels import registry
 from moebench.measure.layer import build_layer, kernel_context
-from moebench.run.lifeline import die_with
-from moebench.run.outcome import raised_status
 from moebench.measure.samples import (
     check,
     host_enqueue,
@@ -33,12 +33,12 @@ from moebench.measure.samples import (
     rank_sync,
     time_layer,
 )
-from moebench.results.rank_result import NAN, RankResult
-from moebench.run.messages import Done, Error, Exited, Result, Started, Task
-from moebench.config.device import cpu_threads
-from moebench.config.validity import timing_mode, timing_note
 from moebench.measure.workload import drop_kept_weights, make_routed, reference_expert_fn, routing_spec, weights_key
+from moebench.results.rank_result import NAN, RankResult
 from moebench.results.row import Status
+from moebench.run.lifeline import die_with
+from moebench.run.messages import Done, Error, Exited, Result, Started, Task
+from moebench.run.outcome import raised_status
 
 
 def _release_cached(device: torch.device) -> None:

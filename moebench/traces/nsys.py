@@ -45,8 +45,8 @@ import sqlite3
 from pathlib import Path
 from typing import Optional, Sequence
 
-from moebench.util.safe_write import append_text, safe_dir
 from moebench.traces.model import CAPTURE_RANGE, COMBO_PREFIX, DOMAIN, Kernel, Range, Trace, attribute
+from moebench.util.safe_write import append_text, safe_dir
 
 NSYS_MISSING = "nsys not found on PATH: writing the torch trace instead; install Nsight Systems to get nsys reports"
 # moebench's NVTX ranges: default domain, messages `moebench/<name>` (traces/nvtx.py)

@@ -35,9 +35,9 @@ import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
-from moebench.util.safe_write import open_write
 from moebench.traces.model import Kernel, Range, Trace, attribute
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
+from moebench.util.safe_write import open_write
 
 _GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")

@@ -18,11 +18,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from moebench.kernels.interfaces import QuantSpec
+from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
+from moebench.kernels.triton.config import config_dtype, default_config, get_config
 from moebench.measure import layer as layers
 from moebench.measure import timing
-from moebench.kernels.interfaces import QuantSpec
-from moebench.kernels.reference import reference_moe, rel_err, TOLERANCE
-from moebench.kernels.triton.config import config_dtype, default_config, get_config
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.space import LayerDims
 from moebench.tune.trials import HOST_PACED_ERROR, Trial

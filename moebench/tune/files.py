@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from moebench.kernels.triton import config as tconfig
-from moebench.util.safe_write import replace_text, safe_dir
 from moebench.tune.vllm_check import covers_grid, describe_routes
+from moebench.util.safe_write import replace_text, safe_dir
 
 KERNEL_NOTE = (
     "tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
@@ -59,8 +59,8 @@ def environment() -> dict:
 def write_env(out_dir: Path) -> Path:
     """The fingerprint of this invocation into a tune's folder (RunStore.write_env's layout:
     envs/<id>.json, and env.json where the folder has none); returns envs/<id>.json."""
-    from moebench.run import env as envmod
     from moebench.results.store import RunStore
+    from moebench.run import env as envmod
 
     info = envmod.fingerprint()
     return RunStore(out_dir).write_env({**info, "env_id": envmod.env_id(info)}, uuid.uuid4().hex[:10])

@@ -22,14 +22,14 @@ from typing import Callable, Optional
 
 import torch
 
-from moebench.run import plan as planmod
 from moebench.kernels.experts.triton import CONTIGUOUS_QUANTS
-from moebench.kernels.triton.config import config_block_shape, config_dtype, VLLM_BATCH_SIZES
+from moebench.kernels.triton.config import VLLM_BATCH_SIZES, config_block_shape, config_dtype
+from moebench.run import plan as planmod
 from moebench.tune import compile as tcompile
 from moebench.tune import files as tfiles
 from moebench.tune import strategy
 from moebench.tune.bench import baselines_of, dims_of, rows_of
-from moebench.tune.space import config_key, prune, shared_limit_of, SPACES
+from moebench.tune.space import SPACES, config_key, prune, shared_limit_of
 from moebench.tune.trials import Trial, TrialStore
 
 TOKENS_KEY = "workload.tokens_per_rank"

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from moebench.tune.space import config_key, KNOB_KEYS, TILE_KEYS
+from moebench.tune.space import KNOB_KEYS, TILE_KEYS, config_key
 
 RUNG0_KNOBS = (
     {"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3},

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from moebench.kernels.triton.config import config_file_name, CONFIG_KEYS, IGNORED_FILE_KEYS, VLLM_BATCH_SIZES
+from moebench.kernels.triton.config import CONFIG_KEYS, IGNORED_FILE_KEYS, VLLM_BATCH_SIZES, config_file_name
 
 # the fields of an entry that vLLM's fused_moe_kernel launch accepts (its constexprs and
 # Triton's launch options; SPLIT_K and the ROCm knobs in vLLM's own files)

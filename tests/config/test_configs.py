@@ -4,6 +4,7 @@ composer agrees with Hydra's compose()."""
 from __future__ import annotations
 
 import pytest
+
 from moebench.config import compose
 from moebench.config.schema import GROUPS
 

@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 
 from moebench.config import spec
-from moebench.results import row as rowschema
-from moebench.run import plan
-from moebench.results.migrate import migrate, migrate_v1_row
 from moebench.report.compare import compare_runs
 from moebench.report.load import load_run
+from moebench.results import row as rowschema
+from moebench.results.migrate import migrate, migrate_v1_row
 from moebench.results.synthetic import make_row, samples_from, write_run
+from moebench.run import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "row_schema.json"

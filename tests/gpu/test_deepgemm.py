@@ -146,8 +146,7 @@ def test_graph_timing_through_moebench(tmp_path):
 
 def build(model: str, backend: str, experts: str, reduction: str, min_tokens: int = MIN_TOKENS):
     """(ctx, kernel, reference weights fn) exactly as a moebench rank builds them."""
-    from moebench.config import compose
-    from moebench.config import validity
+    from moebench.config import compose, validity
     from moebench.measure.layer import build_layer
     from moebench.measure.workload import reference_expert_fn
 

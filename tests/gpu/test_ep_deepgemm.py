@@ -47,9 +47,9 @@ def _rank(rank, port, backend, experts, reductions, tokens, q):
     import torch.distributed as dist
 
     from moebench.config.compose import compose_config, to_combo
+    from moebench.config.validity import validate
     from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
     from moebench.measure.layer import build_layer
-    from moebench.config.validity import validate
     from moebench.measure.workload import reference_expert_fn
 
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")

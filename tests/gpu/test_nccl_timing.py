@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _ranks import WORLD  # noqa: E402  (tests/gpu/_ranks.py)
 
 pytestmark = [

@@ -96,8 +96,8 @@ def _rel(a, b):
 def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     from triton.testing import do_bench
 
-    from moebench.measure import timing
     from moebench.config import compose
+    from moebench.measure import timing
     from moebench.measure.layer import build_layer
     from moebench.measure.workload import make_inputs
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from moebench.kernels.triton import launch as fl
 
 pytestmark = [
@@ -168,12 +169,13 @@ def test_layer(model, quant, experts, reduction, row_layout, T):
     program); within 1e-3 with experts (fp32 atomic adds in another order)."""
     import dataclasses
 
+    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
+
     from moebench.kernels.modular import MoEKernel
     from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
     from moebench.kernels.prepare_finalize.local_batched import LocalBatchedPrepareFinalize
     from moebench.kernels.reference import rel_err
     from moebench.kernels.registry import get_experts
-    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
 
     if row_layout == "contiguous" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the contiguous layout loads through TMA: SM90 or newer")
@@ -255,11 +257,12 @@ def test_layer_gluon_gemm_through_the_handle(monkeypatch):
     Gluon GEMM's launch took the handle."""
     import dataclasses
 
+    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
+
     from moebench.kernels.modular import MoEKernel
     from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
     from moebench.kernels.registry import get_experts
     from moebench.kernels.triton import gluon_contiguous
-    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
 
     _sm90()
     ctx, w, _ = layer("deepseek_v3_ep8", "fp8_block")
@@ -344,12 +347,12 @@ def test_layer_with_shared_experts(monkeypatch, quant, T):
     the one-kernel activation equals the torch form's within bf16 rounding of the shared part."""
     import dataclasses
 
+    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
+
     from moebench.kernels import modular
     from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
     from moebench.kernels.reference import rel_err
     from moebench.kernels.registry import get_experts
-    from test_triton_gpu import inputs, layer  # tests/gpu/ is on sys.path under pytest
-
     from moebench.measure.workload import build_shared
 
     ctx, w, _ = layer("deepseek_v3_ep8", quant)
@@ -372,7 +375,6 @@ def test_shared_experts_added_by_the_down_gemm(T):
     bf16 rounding of the terms, and the float32 math's distance no larger than the add's."""
     from moebench.kernels.interfaces import LayerShape
     from moebench.kernels.reference import silu_and_mul
-
     from moebench.measure.workload import build_shared
 
     shape = LayerShape(

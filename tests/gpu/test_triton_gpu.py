@@ -195,9 +195,10 @@ def test_prepare_fuses_fp8_block_quant_and_localize(model, T):
     EP-8 share, int32 ids) the fused quantize-and-localize, its three outputs views of one buffer,
     bit-equal to per_token_group_quant_fp8 and localize_ids_triton (the two kernels it ran before);
     every expert local with int64 ids (qwen3): the quantization alone, the ids as they are."""
+    from torch.profiler import ProfilerActivity, profile
+
     from moebench.kernels.triton.quant import per_token_group_quant_fp8
     from moebench.kernels.triton.routing import localize_ids_triton
-    from torch.profiler import ProfilerActivity, profile
 
     shape, ep = MODELS[model]
     ctx = KernelContext(shape, QuantSpec("fp8_block"), DEV, simulate_ep=ep)

@@ -18,10 +18,11 @@ os.environ.pop("TRITON_INTERPRET", None)  # before the kernels' modules are impo
 
 import torch
 import triton.backends.nvidia.driver as drv
+from triton.runtime.jit import JITFunction
+
 from moebench.kernels.triton import compile_check as cc
 from moebench.kernels.triton import gluon_contiguous as gc
 from moebench.kernels.triton import launch as fl
-from triton.runtime.jit import JITFunction
 
 # GluonGemm's config -> compile_check's name of the variant it launches
 VARIANTS = {

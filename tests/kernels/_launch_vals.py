@@ -50,6 +50,7 @@ def extra() -> list:
     fp8_tensor (the amax and tensor passes), the batched layout, the local prepare's fused fp8
     quantize-and-localize (CUDA only in a layer)."""
     import torch
+
     from moebench.kernels.interfaces import ExpertWeights, QuantSpec
     from moebench.kernels.quant import quant_weights
     from moebench.kernels.triton import moe
@@ -97,6 +98,7 @@ def _gluon_gemms() -> list:
     (c_desc a descriptor) and without (c_desc None), the pipelined one and the 128 x 192 tile, each
     a GluonGemm set up once (its weight's descriptors kept) on CPU tensors, the SM count stubbed."""
     import torch
+
     from moebench.kernels.triton import gluon_contiguous as gc
     from moebench.kernels.triton.gluon_wide import WIDE_N
 
@@ -119,10 +121,10 @@ def _contiguous_layer(quant: str):
     """One MoEKernel forward on the contiguous (TMA) row layout: the permute, the grouped GEMM
     through tensor descriptors, the un-permute."""
     import torch
+
     from moebench.kernels import registry
     from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
     from moebench.kernels.modular import MoEKernel
-
     from moebench.measure.workload import build_expert_weights, make_inputs
 
     shape = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)

@@ -14,8 +14,7 @@ from moebench.kernels import registry
 from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import MoEKernel
 from moebench.kernels.prepare_finalize._common import localize_ids
-from moebench.kernels.reference import reference_moe, rel_err
-from moebench.kernels.reference import TOLERANCE
+from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
 from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shared_experts=1, shared_intermediate=128)

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from moebench.run import plan
-
 from moebench.config import validity
 from moebench.config.compose import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _deepep
+from moebench.run import plan
 
 COMBO = {
     "backend": "deepep_ht",
@@ -160,8 +159,8 @@ def test_deepep_ll_layout_rules_in_plan(monkeypatch):
 
 
 def test_deepep_ll_graph_capture_is_declared():
-    from moebench.kernels.prepare_finalize.deepep_ll import DeepEPLLPrepareFinalize
     from moebench.kernels.prepare_finalize.deepep_ht import DeepEPHTPrepareFinalize
+    from moebench.kernels.prepare_finalize.deepep_ll import DeepEPLLPrepareFinalize
 
     assert DeepEPLLPrepareFinalize.graph_capturable  # no host sync: vLLM / SGLang capture it
     assert not DeepEPHTPrepareFinalize.graph_capturable
@@ -326,8 +325,8 @@ def _standin_rank(rank: int, port: int, out_dir: str) -> None:
     from moebench.kernels.experts.torch_batched import TorchBatchedExperts
     from moebench.kernels.interfaces import Delegate, KernelContext, LayerShape, NoOp, QuantSpec
     from moebench.kernels.modular import MoEKernel
-    from moebench.kernels.reference import reference_moe, rel_err
     from moebench.kernels.prepare_finalize.deepep_ll import DeepEPLLPrepareFinalize, dispatch_msg_bytes
+    from moebench.kernels.reference import reference_moe, rel_err
     from moebench.measure.workload import build_expert_weights, build_shared, make_inputs, reference_expert_fn
 
     torch.set_num_threads(1)

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from moebench.run import env as envmod
-from moebench.run import plan
 from moebench.config import validity
 from moebench.kernels import registry
 from moebench.kernels.experts import _deep_gemm
+from moebench.run import env as envmod
+from moebench.run import plan
 
 NAMES = ("deepgemm", "deepgemm_masked", "triton_or_deepgemm")
 COMBO = {

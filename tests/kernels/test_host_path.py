@@ -16,7 +16,6 @@ from moebench.kernels import registry
 from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import MoEKernel
 from moebench.kernels.prepare_finalize._common import localize_ids, localize_ids_torch
-
 from moebench.measure.workload import build_expert_weights, make_inputs
 
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2, num_shared_experts=0, shared_intermediate=0)
@@ -146,6 +145,7 @@ def test_one_launch_align_equals_two(monkeypatch, M, P, E, block_m):
 def test_host_integer_helpers_equal_tritons():
     """common.cdiv / next_power_of_2 (plain functions) give triton.cdiv's / next_power_of_2's values."""
     import triton
+
     from moebench.kernels.triton.common import cdiv, next_power_of_2
 
     for a in (0, 1, 2, 15, 16, 17, 1000, 2**31 + 5):

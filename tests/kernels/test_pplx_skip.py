@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from moebench.run import plan
-
 from moebench.config import validity
 from moebench.config.compose import compose_config, to_combo
 from moebench.kernels import registry
 from moebench.kernels.prepare_finalize import _pplx
+from moebench.run import plan
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the helpers, by bare name
 REPO = SUPPORT.parents[1]

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
+
 from moebench.kernels.interfaces import FP8_DTYPE, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.prepare_finalize import _common, local
 from moebench.kernels.quant import quant_activations

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined
 
 import pytest  # noqa: E402
 
+from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # noqa: E402
 from moebench.kernels.interfaces import (  # noqa: E402
     FP8_DTYPE,
     ExpertWeights,
@@ -41,14 +42,18 @@ from moebench.kernels.reference import reference_moe, rel_err, silu_and_mul  # n
 from moebench.kernels.registry import get_experts  # noqa: E402
 from moebench.kernels.triton import config as tconfig  # noqa: E402
 from moebench.kernels.triton.activation import silu_and_mul as triton_silu_and_mul  # noqa: E402
-from moebench.kernels.triton.align import moe_align_block_size  # noqa: E402
-from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
-from moebench.kernels.triton.moe import standard_scratch_numel, standard_ws2_tail_rows  # noqa: E402
-from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # noqa: E402
-from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
+from moebench.kernels.triton.align import (
+    max_padded_rows,  # noqa: E402
+    moe_align_block_size,  # noqa: E402
+)
 from moebench.kernels.triton.contiguous_gemm import contiguous_gemm  # noqa: E402
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
-from moebench.kernels.triton.moe import alloc_bytes  # noqa: E402
+from moebench.kernels.triton.moe import (  # noqa: E402
+    alloc_bytes,  # noqa: E402
+    standard_scratch_numel,
+    standard_ws2_tail_rows,
+)
+from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from moebench.results import rows
-from moebench.run import plan
 from moebench.config import compose
 from moebench.measure.layer import build_layer
-from moebench.results.rank_result import RankResult
 from moebench.measure.workload import make_inputs
+from moebench.results import rows
+from moebench.results.rank_result import RankResult
+from moebench.run import plan
 
 
 def _layer(overlap: str):

@@ -13,15 +13,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from moebench import cli
-from moebench.config import compose
-from moebench.config import validity
+from moebench.config import compose, validity
 from moebench.kernels import registry
+from moebench.report.best_per_size import best_per_size
 from moebench.report.compare import compare_runs
 from moebench.report.flags import CPU, GPU, HOST, figure_basis
 from moebench.report.load import load_run
 from moebench.report.summary import reviewer_summary, wins
 from moebench.results.synthetic import make_row, write_run
-from moebench.report.best_per_size import best_per_size
 
 
 def _combo(*overrides: str, device: str = "cuda"):

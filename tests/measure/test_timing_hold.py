@@ -20,7 +20,8 @@ import contextlib
 import pytest
 import torch
 
-from moebench.measure import samples as measure, timing
+from moebench.measure import samples as measure
+from moebench.measure import timing
 
 CUDA = torch.device("cuda", 0)
 CYCLES_PER_US = 1000.0

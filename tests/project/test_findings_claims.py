@@ -25,9 +25,6 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 import pytest
-
-from moebench.results.store import RunStore
-
 from findings_floors import (  # the floors' queries, at the committed ceilings
     bf16_16384,
     bf16_gemms_alone,
@@ -55,6 +52,8 @@ from findings_floors import (  # the floors' queries, at the committed ceilings
     tflops,
     tuned_prefill,
 )
+
+from moebench.results.store import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS, FINDINGS = REPO / "results", REPO / "docs" / "findings"

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from moebench import cli
+from moebench.config.spec import IDENTITY_COLUMNS, from_row
 from moebench.report.axis import compare_axis, parse_axis
 from moebench.report.load import load_run
 from moebench.results.synthetic import make_row, write_run
-from moebench.config.spec import from_row, IDENTITY_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_RUN = ROOT / "results" / "weight_reduce_memory"  # deepseek_v3's EP-8 share, both reductions, GPU

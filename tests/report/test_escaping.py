@@ -152,8 +152,8 @@ def test_cli_overrides_cannot_break_out_of_the_results_index_bash_block(tmp_path
 
 
 def test_trace_names_reach_the_markdown_escaped():
-    from moebench.report.trace_report import ranks_table
     from moebench.report.trace_markdown import to_markdown
+    from moebench.report.trace_report import ranks_table
     from moebench.traces.metrics import StreamStats, TraceSummary
 
     s = TraceSummary(

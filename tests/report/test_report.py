@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moebench.cli.report import report_command
 from moebench.report import (
     compare_runs,
     latency_table,
@@ -14,12 +15,11 @@ from moebench.report import (
     memory_table,
     overlap_table,
     phase_table,
+    plots,
     reasons_table,
     status_table,
     write_report,
 )
-from moebench.cli.report import report_command
-from moebench.report import plots
 from moebench.results.synthetic import make_row, make_rows, synthetic_run, write_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 
 from moebench import cli
-from moebench.report.flags import flags_of
 from moebench.report.document import write_report
+from moebench.report.flags import flags_of
 from moebench.results.synthetic import make_row, write_run
 from moebench.run.sweep import _Progress, reason_groups
 

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moebench.results.rank_result import RankResult
-from moebench.results import rows
-from moebench.run import plan
 from moebench.report import load_run, overlap_table, write_report
-from moebench.results.synthetic import make_row, write_run
 from moebench.report.fmt import fmt_frac_interval
+from moebench.results import rows
+from moebench.results.rank_result import RankResult
+from moebench.results.synthetic import make_row, write_run
+from moebench.run import plan
 
 SHARED_US = 550.0  # the deepseek_v3 shared expert on an H200 at 4096 tokens
 LAYER_US = 10000.0

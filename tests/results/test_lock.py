@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.run import dist_worker
-from moebench.results.lock import JOBS_FILE, LOCK_FILE, LockHeld, RunLock, TOKEN_ENV, UnsafePath
+from moebench.results.lock import JOBS_FILE, LOCK_FILE, TOKEN_ENV, LockHeld, RunLock, UnsafePath
 from moebench.results.store import RunStore
+from moebench.run import dist_worker
 from tests.run.test_sweep_cpu import children
 
 LOCAL = [

@@ -12,8 +12,8 @@ import pytest
 
 from moebench import cli
 from moebench.report.load import load_run
+from moebench.results.store import CORRUPT_DIR, SKIPPED_FILE, RunStore
 from moebench.results.synthetic import synthetic_run
-from moebench.results.store import CORRUPT_DIR, RunStore, SKIPPED_FILE
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 # one combination to measure and one skipped (DeepGEMM needs fp8_block): a row file and skipped.parquet

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from moebench.kernels.interfaces import LayerShape
 
 from moebench import cli
+from moebench.kernels.interfaces import LayerShape
 from moebench.measure.workload import make_inputs, make_routed
 from moebench.routing import file, generate
 from moebench.routing.generate import RoutingSpec

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from moebench import cli
-from moebench.run.launch import _descendants, free_port
 from moebench.results.store import RunStore
+from moebench.run.launch import _descendants, free_port
 
 pytestmark = pytest.mark.multiprocess
 

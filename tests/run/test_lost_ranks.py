@@ -20,15 +20,14 @@ from types import SimpleNamespace
 import pytest
 
 from moebench import cli
-from moebench.run.launch import _descendants, _died, _GroupState, free_port, peer_lost
-from moebench.results.rank_result import Finished
+from moebench.results.finished import rows_for
 from moebench.results.lock import RunLock
+from moebench.results.rank_result import Failure, Finished
+from moebench.results.store import LOST, RunStore
+from moebench.run.launch import _descendants, _died, _GroupState, free_port, peer_lost
 from moebench.run.messages import Error
-from moebench.results.rank_result import Failure
 from moebench.run.plan import plan
 from moebench.run.slurm import clip
-from moebench.results.store import LOST, RunStore
-from moebench.results.finished import rows_for
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
 NAIVE = ["backend=naive", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", *QUICK]

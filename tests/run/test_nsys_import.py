@@ -17,8 +17,8 @@ import pytest
 from moebench import cli
 from moebench.config.paths import REPO_ROOT
 from moebench.run import nsys_import
-from moebench.traces.nsys import record_capture
 from moebench.run.nsys_import import nsys_info, read_captures, resolve_nsys_rows
+from moebench.traces.nsys import record_capture
 
 INSTALL = REPO_ROOT / "scripts" / "install_nsys.sh"
 

@@ -7,12 +7,9 @@ import pytest
 import torch
 
 from moebench.cli.parser import parse_args
-from moebench.run import plan
-
-from moebench.config import sweeps
-
-from moebench.config import validity
+from moebench.config import sweeps, validity
 from moebench.config.compose import compose_config, to_combo
+from moebench.run import plan
 
 ISSUE_SWEEP = [
     "backend=local",

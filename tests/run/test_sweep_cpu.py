@@ -319,8 +319,8 @@ def test_stored_keeps_the_newest_row(tmp_path):
 
 
 def test_group_state_takes_messages_out_of_order():
-    from moebench.run.launch import _GroupState
     from moebench.results.rank_result import RankResult
+    from moebench.run.launch import _GroupState
     from moebench.run.messages import Done, Error, Result
     from moebench.run.plan import plan
 

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 
 from moebench.cli import ab
-from moebench.run import treestate
 from moebench.report import results_index
 from moebench.report.envinfo import env_summary, tree_label
 from moebench.report.flags import run_notes
+from moebench.run import treestate
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "copy_tree.sh"

@@ -14,17 +14,17 @@ import sys
 import pytest
 import torch
 
-from moebench.measure.layer import build_layer
-from moebench.run.messages import Task
-from moebench.measure import timing
 from moebench.config import compose
-from moebench.run import plan, worker
 from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
+from moebench.measure import timing
+from moebench.measure.layer import build_layer
+from moebench.measure.workload import make_inputs
+from moebench.run import plan, worker
+from moebench.run.messages import Task
 from moebench.traces import nvtx as nvtx_mod
 from moebench.traces.nsys import NVTX_PREFIX
 from moebench.traces.nvtx import PhaseRecorder, combo_range, make_phase_recorder, phase_recorder_for, sample_range
-from moebench.measure.workload import make_inputs
 
 
 class FakeDomain:

@@ -143,9 +143,9 @@ def test_arguments_have_help(capsys):
 def test_plot_labels_top_kernels_shades_the_overlap_and_stacks_the_ranks(tmp_path, capsys):
     """--plot on a combination's ranks: one PNG per rank and one with the ranks stacked; the top
     kernels carry their short names, the shared ∩ comm intervals are shaded with their total."""
+    from moebench.report.timeline import TOP_KERNELS, _lanes, _overlap, _select, short_name
     from moebench.traces.files import load_traces
     from moebench.traces.metrics import length
-    from moebench.report.timeline import _lanes, _overlap, _select, short_name, TOP_KERNELS
 
     for r, f in enumerate(TRITON_RANKS):
         shutil.copy(f, tmp_path / f"rank{r}_T4096.json.gz")
@@ -173,8 +173,8 @@ def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, ca
     key beside it; a folder no row names keeps its key), there is no overlap table of dashes and
     no ranks table of dashes but a line each saying why, and the stacked ranks' figure, which
     draws GPU lanes only, is not written: a line says why."""
-    from moebench.results.synthetic import make_row, write_run
     from moebench.report.trace_markdown import OVERLAP_HEADER
+    from moebench.results.synthetic import make_row, write_run
 
     label = "naive/torch/experts/dispatch/bf16/tiny/ws2/trace_torch"
     row = make_row(

@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moebench.traces import nsys as nsys_mod
-from moebench.report.trace_report import trace_command
-from moebench.traces.files import summarize_file
-from moebench.report.trace_report import find_traces
 from moebench.report.trace_markdown import OVERLAP_HEADER, to_markdown
+from moebench.report.trace_report import find_traces, trace_command
+from moebench.traces import nsys as nsys_mod
+from moebench.traces.files import summarize_file
 from moebench.traces.metrics import (
     METHOD_INTERSECTION,
     METHOD_STRETCH,
@@ -338,8 +337,8 @@ def test_nsys_rank_capture_matches_the_range_the_worker_opens(tmp_path, monkeypa
     work, once per row (repeat); the worker records each capture as nsys numbers them, and
     the row names no file before one exists."""
     from moebench.measure import capture as capture_mod
-    from moebench.traces import nvtx as nvtx_mod
     from moebench.run.nsys_import import read_captures
+    from moebench.traces import nvtx as nvtx_mod
 
     prefix = nsys_rank_prefix(tmp_path)
     assert prefix[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx" in prefix

@@ -308,8 +308,8 @@ def _committed_run() -> Path:
 
 
 def test_results_on_a_committed_run(tmp_path, capsys):
+    from moebench.report.best_per_size import SETTING, best_per_size
     from moebench.report.load import latest_rows, load_run
-    from moebench.report.best_per_size import best_per_size, SETTING
 
     run = _committed_run()
     df, _ = load_run(run)
@@ -333,9 +333,9 @@ def test_results_on_a_committed_run(tmp_path, capsys):
 
 
 def test_results_margin_interval_on_a_synthetic_run(tmp_path):
+    from moebench.report.best_per_size import best_per_size
     from moebench.report.load import load_run
     from moebench.results.synthetic import make_row, write_run
-    from moebench.report.best_per_size import best_per_size
 
     rng = np.random.default_rng(0)
     rows = [

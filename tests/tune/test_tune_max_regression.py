@@ -9,9 +9,9 @@ import json
 import math
 
 import pytest
-from moebench.kernels.triton import config as tconfig
 
 from moebench import cli
+from moebench.kernels.triton import config as tconfig
 from moebench.tune.regression import Check, SizeCheck, parse_max_regression, regressed
 
 

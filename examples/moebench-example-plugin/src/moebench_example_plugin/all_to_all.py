@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moebench.kernels.interfaces import ActivationFormat, Contiguous, Knob, OpenRange, PrepareFinalize, PreparedTokens
+from moebench.kernels.interfaces import ActivationFormat, Contiguous, Knob, OpenRange, PreparedTokens, PrepareFinalize
 from moebench.kernels.quant import quant_activations
 from moebench.kernels.registry import register_backend
 
