@@ -1,0 +1,276 @@
+"""The report's figures, one question each, titled with the answer in words and numbers
+(docs/design.md, "What a report answers"):
+
+- ``plot_effects``: what each choice does (report/effects.py): ratio on a log axis with its
+  interval, one row per axis value and token count (and interacting value);
+- ``plot_fastest``: latency vs tokens of the fastest few combinations and the baseline;
+- ``plot_phase_fastest``: where the time goes, for the fastest combination per size and its
+  nearest alternatives;
+- ``plot_memory``: the workspace vs tokens by reduction placement, the budget line where given.
+
+Whatever the number of rows, a figure stays legible at 900 px and within MAX_PX: past its
+budget it shows the rows that matter (largest effects, the fastest, the baseline) and its
+caption (the returned `Figure.left_out`) says how many it left out. On a CPU run each title
+says it is a pipeline check, not performance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+
+from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
+from moebench.util.pngfile import DPI, save_figure
+
+MAX_PX = (2000, 1800)  # width, height
+WIDTH_IN = 9.0  # ~990 px at moebench's dpi
+MAX_EFFECT_ROWS = 28
+MAX_SERIES = 6
+MAX_PHASE_ROWS = 4  # the fastest and its three nearest, per token count
+MAX_PANELS = 4
+CPU_PREFIX = "CPU pipeline check, not performance: "
+MIB = 2.0**20
+# names the rows of a figure, telling apart only what varies among them (report.columns.combo_labels)
+Labeller = Callable[[pd.DataFrame], pd.Series]
+PHASES = ("prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us", "shared_experts_us")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A written figure: its file, its title (the Markdown image's alt text) and what it left out."""
+
+    path: Path
+    title: str
+    left_out: str = ""
+
+    def markdown(self) -> str:
+        tail = f"\n\n*{self.left_out}*" if self.left_out else ""
+        return f"![{self.title}]({self.path.name}){tail}"
+
+
+def _fig(height_in: float, ncols: int = 1, nrows: int = 1):
+    height_in = min(height_in, MAX_PX[1] / DPI - 0.05)
+    fig = MplFigure(figsize=(WIDTH_IN, height_in), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
+    return fig, axes
+
+
+def _save(fig: MplFigure, path, title: str, cpu: bool, left_out: str = "") -> Figure:
+    title = (CPU_PREFIX if cpu else "") + title
+    fig.suptitle(title, fontsize=10, wrap=True)
+    return Figure(save_figure(fig, path), title, left_out)
+
+
+def _tokens_axis(ax, tokens: list[int]) -> None:
+    """Tokens per rank on a log-2 axis, labelled with the run's own token counts."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ax.minorticks_off()
+    ax.set_xlabel("tokens per rank")
+
+
+def _us(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+# -- what each choice does --------------------------------------------------------------------
+
+
+def _effect_label(e: Effect) -> str:
+    where = f" · {e.by}={e.by_value}" if e.by else ""
+    return f"{e.axis}={e.value} vs {e.baseline}{where} · {e.tokens} tok"
+
+
+def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | None:
+    """Each effect as its ratio with its interval on a log axis, the no-difference band shaded;
+    past MAX_EFFECT_ROWS the largest effects (by |log ratio|) are kept."""
+    if not effects:
+        return None
+    ranked = sorted(effects, key=lambda e: -abs(math.log(e.ratio)))
+    shown = ranked[:MAX_EFFECT_ROWS]
+    order = {id(e): i for i, e in enumerate(effects)}
+    shown.sort(key=lambda e: order[id(e)])  # the text's order: axis, value, tokens
+    fig, (ax,) = _fig(0.3 * len(shown) + 1.6)
+    y = np.arange(len(shown))[::-1]
+    ratio = np.array([e.ratio for e in shown])
+    lo, hi = np.array([e.lo for e in shown]), np.array([e.hi for e in shown])
+    colors = ["C2" if h < 1 / BAND else "C3" if lo_ > BAND else "0.45" for lo_, h in zip(lo, hi, strict=True)]
+    ax.axvspan(1 / BAND, BAND, color="0.9", lw=0, label=f"no difference (±{(BAND - 1) * 100:.0f} %)")
+    ax.axvline(1.0, color="0.5", lw=0.8)
+    ax.hlines(y, lo, hi, colors=colors, lw=1.4)
+    ax.scatter(np.r_[lo, hi], np.r_[y, y], marker="|", c=colors + colors, s=40)
+    ax.scatter(ratio, y, c=colors, s=22, zorder=3)
+    ax.set_yticks(y, [_effect_label(e) for e in shown], fontsize=7.5)
+    ax.set_xscale("log")
+    span = max(1.3, float(np.nanmax(np.r_[hi, 1 / lo])) * 1.15)
+    ax.set_xlim(1 / span, span)
+    ticks = [t for t in (0.25, 0.33, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if 1 / span <= t <= span]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("latency ratio, value ÷ baseline (< 1: faster); geometric mean over pairs, 95 % interval")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    top = ranked[0]
+    where = f" with {top.by}={top.by_value}" if top.by else ""
+    title = (
+        f"What each choice does: {top.axis}={top.value} takes {fmt_ratio(top.ratio)} the latency of "
+        f"{top.baseline}{where} at {top.tokens} tok {fmt_interval(top.lo, top.hi)} (largest effect)"
+    )
+    left = len(effects) - len(shown)
+    note = f"{left} smaller effects left out (all are in the text above)" if left else ""
+    return _save(fig, path, title, cpu, note)
+
+
+# -- the fastest combinations -----------------------------------------------------------------
+
+
+def fastest_keys(ok: pd.DataFrame, limit: int = MAX_SERIES, baseline_key: str | None = None) -> list[str]:
+    """combo_keys of the fastest combination at each token count, then by their best rank over
+    the token counts, up to `limit`; the baseline's key kept (last) when it ran."""
+    rank = ok.groupby("tokens_per_rank")["latency_us_median"].rank(method="first")
+    best = pd.DataFrame({"key": ok["combo_key"], "rank": rank}).groupby("key")["rank"].min().sort_values(kind="stable")
+    keys = list(best.index[: limit - (baseline_key is not None)])
+    if baseline_key is not None and baseline_key in set(ok["combo_key"]) and baseline_key not in keys:
+        keys.append(baseline_key)
+    return keys
+
+
+def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | None = None,
+                 cpu: bool = False) -> Figure | None:  # fmt: skip
+    """Median latency with p20–p80 whiskers of the fastest few combinations (and the baseline):
+    a dot chart per token count where the run has at most three, else lines on log-log axes."""
+    if ok.empty:
+        return None
+    keys = fastest_keys(ok, MAX_SERIES, baseline_key)
+    sub = ok[ok["combo_key"].isin(keys)]
+    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
+    labels = label(sub)
+    names = {k: str(labels.loc[sub.index[sub["combo_key"] == k][0]]) for k in keys}
+    if baseline_key in names:
+        names[baseline_key] += " (baseline)"
+    if len(tokens) <= 3:  # a panel per token count: a dot per combination, fastest on top
+        fig, axes = _fig(0.9 + (0.3 * len(keys) + 0.7) * len(tokens), nrows=len(tokens))
+        for ax, t in zip(axes, tokens, strict=True):
+            s = sub[sub["tokens_per_rank"] == t].sort_values("latency_us_median")
+            y = np.arange(len(s))[::-1]
+            med = s["latency_us_median"].to_numpy(dtype=float)
+            err = [np.maximum(med - s["latency_us_p20"], 0), np.maximum(s["latency_us_p80"] - med, 0)]
+            ax.errorbar(med, y, xerr=err, fmt="o", ms=5, capsize=3, color="C0")
+            ax.set_yticks(y, [names[k] for k in s["combo_key"]], fontsize=7.5)
+            ax.set_title(f"{t} tokens per rank", fontsize=9)
+            ax.set_xlabel("latency µs (median, p20–p80)")
+            ax.grid(True, axis="x", alpha=0.3)
+    else:
+        fig, (ax,) = _fig(4.6)
+        for j, k in enumerate(keys):
+            s = sub[sub["combo_key"] == k].sort_values("tokens_per_rank")
+            ax.plot(s["tokens_per_rank"], s["latency_us_median"], "o-", ms=3.5, color=f"C{j}", label=names[k])
+            ax.fill_between(s["tokens_per_rank"], s["latency_us_p20"], s["latency_us_p80"], color=f"C{j}", alpha=0.15)
+        _tokens_axis(ax, tokens)
+        ax.set_yscale("log")
+        ax.set_ylabel("latency µs (median, p20–p80)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", frameon=False)
+    big = max(tokens)
+    at = ok[ok["tokens_per_rank"] == big].sort_values("latency_us_median")
+    first = at.iloc[0]
+    margin = (
+        f", {fmt_ratio(at.iloc[1]['latency_us_median'] / first['latency_us_median'])} to the next"
+        if len(at) > 1
+        else ""
+    )
+    title = f"Fastest at {big} tok: {label(ok).loc[first.name]}, {_us(first['latency_us_median'])} µs{margin}"
+    left = ok["combo_key"].nunique() - len(keys)
+    note = f"{left} slower combinations left out (the tables below hold every one)" if left > 0 else ""
+    return _save(fig, path, title, cpu, note)
+
+
+# -- where the time goes ------------------------------------------------------------------------
+
+
+def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False) -> Figure | None:
+    """Stacked phase times of the fastest combination at each token count and its nearest
+    alternatives (MAX_PHASE_ROWS), a panel per token count (at most MAX_PANELS, spread over
+    the range); a tick marks each row's median latency."""
+    cols = [c for c in PHASES if c in ok.columns and (pd.to_numeric(ok[c], errors="coerce") > 0).any()]
+    ok = ok[ok[cols].notna().any(axis=1)] if cols else ok.iloc[:0]
+    if ok.empty:
+        return None
+    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
+    if len(tokens) > MAX_PANELS:
+        tokens = [tokens[i] for i in sorted(set(np.linspace(0, len(tokens) - 1, MAX_PANELS).round().astype(int)))]
+    fig, axes = _fig(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(tokens), nrows=len(tokens))
+    share = ""
+    for ax, t in zip(axes, tokens, strict=True):
+        at = ok[ok["tokens_per_rank"] == t].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
+        labels = label(at)
+        y = np.arange(len(at))[::-1]
+        left = np.zeros(len(at))
+        for i, c in enumerate(cols):
+            v = at[c].fillna(0).to_numpy(dtype=float)
+            ax.barh(y, v, left=left, color=f"C{i}", label=c.removesuffix("_us").replace("_", " "), height=0.6)
+            left += v
+        ax.plot(at["latency_us_median"], y, "|", color="k", ms=14, mew=2, label="layer latency (median)")
+        ax.set_yticks(y, [str(labels.loc[i]) for i in at.index], fontsize=7.5)
+        ax.set_title(f"{t} tokens per rank: the fastest and its nearest", fontsize=9)
+        ax.set_xlabel("µs")
+        ax.grid(True, axis="x", alpha=0.3)
+        if t == tokens[-1]:
+            row = at.iloc[0]
+            total = sum(float(row[c]) for c in cols if row[c] == row[c])
+            big = max(cols, key=lambda c: float(row[c]) if row[c] == row[c] else -1)
+            if total > 0:
+                share = (
+                    f"{big.removesuffix('_us').replace('_', ' ')} {100 * float(row[big]) / total:.0f} % of the phases"
+                )
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
+    fastest = label(ok).loc[labels.index[0]]  # named among all the rows
+    title = f"Where the time goes at {tokens[-1]} tok: {share} of the fastest ({fastest})"
+    return _save(fig, path, title, cpu)
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def plot_memory(ok: pd.DataFrame, path, budget: float | None = None, cpu: bool = False) -> Figure | None:
+    """The workspace peak of one forward vs tokens, per reduction placement: the median over
+    its combinations and their range; the budget as a line where one is given."""
+    col = "workspace_bytes_peak"
+    if col not in ok.columns or "reduction" not in ok.columns:
+        return None
+    ok = ok[pd.to_numeric(ok[col], errors="coerce") > 0]
+    if ok.empty:
+        return None
+    fig, (ax,) = _fig(4.2)
+    med = {}
+    for j, (red, g) in enumerate(ok.groupby("reduction", sort=True)):
+        s = g.groupby("tokens_per_rank")[col].agg(["median", "min", "max"]) / MIB
+        ax.plot(
+            s.index, s["median"], "o-", color=f"C{j}", label=f"reduction={red} (median of {g['combo_key'].nunique()})"
+        )
+        ax.fill_between(s.index, s["min"], s["max"], color=f"C{j}", alpha=0.15)
+        med[red] = s["median"]
+    if budget:
+        ax.axhline(budget / MIB, color="C3", ls="--", lw=1, label=f"budget {budget / MIB:,.0f} MiB")
+    _tokens_axis(ax, sorted(int(t) for t in ok["tokens_per_rank"].unique()))
+    ax.set_yscale("log")
+    ax.set_ylabel("workspace of one forward, MiB (median, range)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
+    big = int(ok["tokens_per_rank"].max())
+    at = {r: float(s.loc[big]) for r, s in med.items() if big in s.index}
+    if len(at) >= 2:
+        lo_r, hi_r = min(at, key=lambda r: at[r]), max(at, key=lambda r: at[r])
+        versus = f"{fmt_ratio(at[lo_r] / at[hi_r])} of {hi_r}'s {at[hi_r]:,.0f} MiB"
+        title = f"Workspace at {big} tok: reduction={lo_r} {at[lo_r]:,.0f} MiB, {versus} (medians)"
+    else:
+        ((r, v),) = at.items()
+        title = f"Workspace at {big} tok: reduction={r} {v:,.0f} MiB (median)"
+    return _save(fig, path, title, cpu)
