@@ -1,0 +1,186 @@
+"""The opening of a run's report: the answers, on one screen (docs/design.md, "What a report
+answers"). What each choice does (report/effects.py), the fastest combination per size, memory
+per reduction placement, the shared experts' overlap where something can overlap, and the data
+quality notes that change how to read them; then the figures that picture them
+(report/answer_plots.py). The notebook draws the same through `answers()`.
+
+Latency here is GPU time only: host-time rows are left out of the effects and the fastest (and
+named in the data-quality notes); a CPU run's figures are titled as a pipeline check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from moebench.report import answer_plots as ap
+from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
+from moebench.report.flags import CPU, GPU, figure_basis
+from moebench.report.fmt import fmt_frac, fmt_mib
+from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, PER_ROW_COLUMNS, combo_labels
+from moebench.report.run_tables import single_rank
+from moebench.results.row import Status
+
+# the axes whose values are choices a reader makes (the rest of the combination is the workload)
+CHOICES = ["backend", "experts", "reduction", "overlap", "quant", "knobs"]
+
+
+@dataclass
+class Answers:
+    """What the opening says: its Markdown lines, the effects behind them and the figures."""
+
+    lines: list[str]
+    effects: list[Effect] = field(default_factory=list)
+    figures: list[ap.Figure] = field(default_factory=list)
+    cpu: bool = False
+
+    def markdown(self) -> str:
+        """The lines as Markdown: a blank line around each heading, paragraph and figure."""
+        out: list[str] = []
+        for line in self.lines:
+            if out and not (line.startswith("- ") and out[-1].startswith("- ")):
+                out.append("")
+            out.append(line)
+        return "\n".join(out)
+
+
+def measured(df: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """(the ok rows whose latency is GPU time — or, in a run of CPU rows only, CPU time —,
+    whether they are CPU rows)."""
+    ok = df[(df["status"] == Status.OK) & df["latency_us_median"].notna()]
+    basis = [figure_basis(r)[0] for r in ok.to_dict("records")]
+    gpu = ok[[b == GPU for b in basis]]
+    if len(gpu) or not len(ok):
+        return gpu, False
+    return ok[[b == CPU for b in basis]], True
+
+
+def pair_key(df: pd.DataFrame) -> list[str]:
+    """The columns a pair must share (every combination column but the per-row ones)."""
+    return [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns and c not in PER_ROW_COLUMNS]
+
+
+def _label(rows: pd.DataFrame) -> pd.Series:
+    return combo_labels(rows)
+
+
+def effect_section(ok: pd.DataFrame, cpu: bool) -> tuple[list[str], list[Effect]]:
+    axes = varying_axes(ok, CHOICES)
+    if not axes:
+        return [], []
+    effects = axis_effects(ok, axes, pair_key(ok))
+    head = "## What each choice does" + (" (CPU: a pipeline check, not performance)" if cpu else "")
+    how = (
+        "Latency of each value ÷ its baseline's, over the pairs of rows that differ only in that axis: "
+        f"geometric mean `0.69 ×`, its 95 % interval `[0.68, 0.70]` (bootstrap over the pairs and each row's "
+        f"samples) and the pairs; **no difference** when the interval lies inside ±{(BAND - 1) * 100:.0f} %, "
+        "**inconclusive** when it straddles that bound. Where the pairs disagree the effect is split by the "
+        "axis that explains it. Baselines: finalize, overlap none, bf16, the torch experts, the local "
+        "backend, default knobs where the run has them, else the most measured value."
+    )
+    lines = [head, how, *effect_lines(effects)]
+    paired = {e.axis for e in effects}
+    for axis in axes:
+        if axis not in paired:
+            base = baseline_value(ok, axis)
+            lines.append(
+                f"- `{axis}`: no pair of rows differs only in {axis} (each value ran with other "
+                f"choices; baseline `{base}`): see the tables below"
+            )
+    return lines, effects
+
+
+def fastest_section(wins: list[str]) -> list[str]:
+    return ["## Fastest per size", *(f"- {w}" for w in wins)] if wins else []
+
+
+def memory_section(ok: pd.DataFrame) -> list[str]:
+    """One line per reduction placement: the workspace of one forward at the largest token
+    count (median over its combinations, and its range) and the largest device peak."""
+    col = "workspace_bytes_peak"
+    if col not in ok.columns or "reduction" not in ok.columns or not (ok[col] > 0).any():
+        return []
+    big = int(ok["tokens_per_rank"].max())
+    at = ok[ok["tokens_per_rank"] == big]
+    meds = at.groupby("reduction")[col].median()
+    lines = ["## Memory"]
+    for red, g in at.groupby("reduction", sort=True):
+        vs = [f"{meds[red] / meds[o]:.2f} × `{o}`" for o in meds.index if o != red and meds[o] > 0]
+        device = g["device_bytes_peak"].max() if "device_bytes_peak" in g else np.nan
+        peak = f"; device peak up to {_mib(device)}" if np.isfinite(device) else ""
+        lines.append(
+            f"- `reduction={red}` at {big} tok: workspace {_mib(meds[red])} (median of "
+            f"{g['combo_key'].nunique()} combinations, {_mib(g[col].min())}–{_mib(g[col].max())})"
+            + (f", {', '.join(vs)}" if vs else "")
+            + peak
+        )
+    return lines
+
+
+def _mib(nbytes: float) -> str:
+    mib = float(nbytes) / 2**20
+    return f"{mib:,.0f} MiB" if mib >= 100 else fmt_mib(nbytes) + " MiB"
+
+
+def overlap_section(ok: pd.DataFrame) -> list[str]:
+    """The shared experts' hidden fraction where a backend communicates; else one line saying
+    why there is nothing to show."""
+    if "overlap" not in ok.columns:
+        return []
+    tried = ok[ok["overlap"].fillna("none").astype(str) != "none"]
+    if not len(tried):
+        return ["## Overlap", "- no row overlapped the shared experts (overlap=none throughout)"]
+    comm = tried[~single_rank(tried)]
+    if not len(comm):
+        names = ", ".join(sorted(set(tried["backend"].astype(str))))
+        return [
+            "## Overlap",
+            f"- nothing to show: every row ran a single-rank backend ({names}), which has no communication "
+            "to hide the shared experts behind",
+        ]
+    lines = ["## Overlap"]
+    for (ovl, t), g in comm.groupby(["overlap", "tokens_per_rank"], sort=True):
+        frac = g["overlap_fraction"].dropna()
+        if len(frac):
+            lines.append(
+                f"- `overlap={ovl}` at {int(t)} tok: hides {fmt_frac(float(frac.median()))} of the shared experts "
+                f"(median of {len(frac)} rows, {fmt_frac(float(frac.min()))}–{fmt_frac(float(frac.max()))})"
+            )
+    return lines
+
+
+def answers(
+    df: pd.DataFrame,
+    out: Path | None,
+    wins: list[str],
+    quality: list[str],
+    budget: float | None = None,
+) -> Answers:
+    """The opening's lines and, with `out`, its figures written there. `df`: the run's rows (one
+    per combination and token count); `wins`: the fastest-per-size lines; `quality`: the data
+    quality notes to show (the first few; the rest stay in the report's section)."""
+    ok, cpu = measured(df)
+    effect_lines_, effects = effect_section(ok, cpu)
+    lines = [*effect_lines_]
+    figures: list[ap.Figure] = []
+    if out is not None and effects:
+        fig = ap.plot_effects(effects, out / "effects.png", cpu)
+        if fig:
+            figures.append(fig)
+            lines.append(fig.markdown())
+    lines += fastest_section(wins)
+    lines += memory_section(ok)
+    lines += overlap_section(ok)
+    if quality:
+        lines += ["## Read with care", *(f"- {q}" for q in quality)]
+    if out is not None and len(ok):
+        more = [
+            ap.plot_fastest(ok, _label, out / "fastest.png", cpu=cpu),
+            ap.plot_phase_fastest(ok, _label, out / "phases.png", cpu=cpu),
+            ap.plot_memory(ok, out / "memory.png", budget, cpu=cpu),
+        ]
+        figures += [f for f in more if f]
+    return Answers(lines, effects, figures, cpu)
