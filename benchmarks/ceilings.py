@@ -204,7 +204,7 @@ def ceilings(rows: list[dict]) -> dict:
         best(lambda r: r["name"] == "bf16"),
         best(lambda r: r["name"].startswith("fp8")),
     )
-    src = lambda r: f"{r['name']} {'x'.join(map(str, r['shape']))}"  # noqa: E731  (a label, used thrice)
+    src = lambda r: f"{r['name']} {'x'.join(map(str, r['shape']))}"
     return dict(
         copy_bytes_per_s=copy["rate_per_s"],
         gemm_flops_per_s=dict(bf16=bf16["rate_per_s"], fp8=fp8["rate_per_s"]),

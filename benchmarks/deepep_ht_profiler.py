@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _deepep_compare import fmt_us, main, moebench_kernel_rows, ratios, run_deepep_script  # noqa: E402
+from _deepep_compare import fmt_us, main, moebench_kernel_rows, ratios, run_deepep_script
 
 TOKENS, HIDDEN, TOPK, EXPERTS, SMS = 4096, 7168, 8, 256, 24
 _DEFAULT = re.compile(r"\[tuning\] SMs (\d+), NVL chunk default: .*?avg_t: ([\d.]+) us")

@@ -24,7 +24,7 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, device_id=dev)
     inp = torch.randn(mib * 2**20 // 2, device=dev, dtype=torch.bfloat16)
     out = torch.empty(2 * inp.numel(), device=dev, dtype=torch.bfloat16)
-    fn = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+    fn = lambda: dist.all_gather_into_tensor(out, inp)
     sync = rank_sync(dist.group.WORLD, dev)  # barrier, flush, align, agree: as moebench's rows start samples
     flush = sync.flush
     one = torch.zeros(1, device=dev)

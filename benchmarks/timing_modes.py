@@ -140,7 +140,7 @@ def measure(name, overrides, tokens, reps) -> dict:
         return {"case": name, "skipped": c.reason}
     layer = build_layer(c.combo, 0, 1, None, device)
     x, w, ids = make_inputs(layer.ctx.shape, tokens, "uniform", 1.2, 0, 0, 2, device)
-    fn = lambda: layer.kernel(x, w, ids)  # noqa: E731
+    fn = lambda: layer.kernel(x, w, ids)
     flush = timing.L2Flusher(device)
     out = {"case": name, "tokens": tokens, "label": c.label}
     ev = timing.time_samples(fn, device, reps, 5, flush=flush, warmup_ms=200)

@@ -210,11 +210,11 @@ def main(argv=None) -> list[dict]:
                     # stores zeros for every padding row of the host-side bound Mp, which for
                     # deepseek_v3's EP-8 share (all pairs counted, 1/8 of them local) is ~88 %
                     if args.quant == "bf16":
-                        dg = lambda: deep_gemm.m_grouped_bf16_gemm_nt_contiguous(  # noqa: E731
+                        dg = lambda: deep_gemm.m_grouped_bf16_gemm_nt_contiguous(
                             a, w, c_ref, lay.ends_E, use_psum_layout=True
                         )
                     else:
-                        dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(  # noqa: E731
+                        dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(
                             (a, a_s), (w, s), c_ref, lay.ends_E, disable_ue8m0_cast=True, use_psum_layout=True
                         )
                     dg()
@@ -260,7 +260,7 @@ def main(argv=None) -> list[dict]:
                             s,
                             c,
                             lay.m_indices_Mp,
-                            cfg,  # noqa: E731
+                            cfg,
                             num_programs=progs if progs else 1 << 30,
                             rows_in_use=lay.num_post,
                         )
@@ -280,7 +280,7 @@ def main(argv=None) -> list[dict]:
                                 SCALE_AHEAD=extra["SCALE_AHEAD"],
                                 EPILOGUE_TMA=extra["EPILOGUE_TMA"],
                             )
-                            fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)  # noqa: E731
+                            fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)
                         try:
                             fn()
                             if dev.type == "cuda":

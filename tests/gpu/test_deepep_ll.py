@@ -23,7 +23,7 @@ import os
 
 import pytest
 import torch
-from _ranks import COMM_ENV, WORLD  # noqa: E402  (tests/gpu/_ranks.py)
+from _ranks import COMM_ENV, WORLD
 
 pytestmark = [pytest.mark.gpu, pytest.mark.needs("deep_ep")]  # --require: tests/support/_require.py
 

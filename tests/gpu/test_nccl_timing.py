@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _ranks import WORLD  # noqa: E402  (tests/gpu/_ranks.py)
+from _ranks import WORLD
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,7 +26,7 @@ def _allgather_job(rank, device, mib, reps, runs):
 
     inp = torch.randn(mib * 2**20 // 2, device=device, dtype=torch.bfloat16)
     out = torch.empty(WORLD * inp.numel(), device=device, dtype=torch.bfloat16)
-    fn = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+    fn = lambda: dist.all_gather_into_tensor(out, inp)
     sync = rank_sync(dist.group.WORLD, device)  # barrier, flush, align, agree: as the rows' samples start
     for _ in range(30):
         fn()

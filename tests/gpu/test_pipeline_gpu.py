@@ -129,7 +129,7 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
     # against 1.27 ms of GPU, do_bench then read 1280-1575 µs); at 4096 the GPU's 2.9 ms
     # exceed the host's ~2.3 ms, and the independent figure is the GPU's too
     x, w, ids = make_inputs(ctx.shape, 4096, "uniform", 1.0, 0, 0, 2, dev)
-    layer = lambda: kernel(x, w, ids)  # noqa: E731
+    layer = lambda: kernel(x, w, ids)
 
     flush = timing.L2Flusher(dev)
     for name, fn in (("triton gemm", gemm), ("moe layer", layer)):

@@ -28,17 +28,17 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined
     os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
+import pytest
 
-from moebench.kernels.experts import _deep_gemm  # noqa: E402
-from moebench.kernels.interfaces import FP8_DTYPE, KernelContext, LayerShape, PreparedTokens, QuantSpec  # noqa: E402
-from moebench.kernels.modular import MoEKernel  # noqa: E402
-from moebench.kernels.prepare_finalize._common import localize_ids  # noqa: E402
-from moebench.kernels.reference import reference_moe, rel_err  # noqa: E402
-from moebench.kernels.registry import get_backend, get_experts  # noqa: E402
-from moebench.kernels.triton.align import max_padded_rows  # noqa: E402
-from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
-from moebench.measure.workload import build_expert_weights, make_inputs, reference_expert_fn  # noqa: E402
+from moebench.kernels.experts import _deep_gemm
+from moebench.kernels.interfaces import FP8_DTYPE, KernelContext, LayerShape, PreparedTokens, QuantSpec
+from moebench.kernels.modular import MoEKernel
+from moebench.kernels.prepare_finalize._common import localize_ids
+from moebench.kernels.reference import reference_moe, rel_err
+from moebench.kernels.registry import get_backend, get_experts
+from moebench.kernels.triton.align import max_padded_rows
+from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
+from moebench.measure.workload import build_expert_weights, make_inputs, reference_expert_fn
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from moebench.config import validity
 from moebench.kernels import registry
 from moebench.kernels.experts import _deep_gemm
 from moebench.run import env as envmod

@@ -19,41 +19,41 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined
     os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
+import pytest
 
-from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT  # noqa: E402
-from moebench.kernels.interfaces import (  # noqa: E402
+from moebench.kernels.experts.triton import CONTIGUOUS_MIN_PAIRS_PER_EXPERT
+from moebench.kernels.interfaces import (
     FP8_DTYPE,
     ExpertWeights,
     KernelContext,
     LayerShape,
     QuantSpec,
 )
-from moebench.kernels.modular import MoEKernel  # noqa: E402
-from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize  # noqa: E402
-from moebench.kernels.prepare_finalize.local_batched import LocalBatchedPrepareFinalize  # noqa: E402
-from moebench.kernels.quant import (  # noqa: E402
+from moebench.kernels.modular import MoEKernel
+from moebench.kernels.prepare_finalize.local import LocalPrepareFinalize
+from moebench.kernels.prepare_finalize.local_batched import LocalBatchedPrepareFinalize
+from moebench.kernels.quant import (
     dequant_weight,
     quant_fp8_per_tensor,
     quant_fp8_per_token_group,
     quant_weights,
 )
-from moebench.kernels.reference import reference_moe, rel_err, silu_and_mul  # noqa: E402
-from moebench.kernels.registry import get_experts  # noqa: E402
-from moebench.kernels.triton import config as tconfig  # noqa: E402
-from moebench.kernels.triton.activation import silu_and_mul as triton_silu_and_mul  # noqa: E402
+from moebench.kernels.reference import reference_moe, rel_err, silu_and_mul
+from moebench.kernels.registry import get_experts
+from moebench.kernels.triton import config as tconfig
+from moebench.kernels.triton.activation import silu_and_mul as triton_silu_and_mul
 from moebench.kernels.triton.align import (
-    max_padded_rows,  # noqa: E402
-    moe_align_block_size,  # noqa: E402
+    max_padded_rows,
+    moe_align_block_size,
 )
-from moebench.kernels.triton.contiguous_gemm import contiguous_gemm  # noqa: E402
-from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous  # noqa: E402
-from moebench.kernels.triton.moe import (  # noqa: E402
-    alloc_bytes,  # noqa: E402
+from moebench.kernels.triton.contiguous_gemm import contiguous_gemm
+from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
+from moebench.kernels.triton.moe import (
+    alloc_bytes,
     standard_scratch_numel,
     standard_ws2_tail_rows,
 )
-from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8  # noqa: E402
+from moebench.kernels.triton.quant import per_tensor_quant_fp8, per_token_group_quant_fp8
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {"bf16": 2e-2, "fp8_block": 6e-2, "fp8_tensor": 1e-1}
@@ -89,7 +89,7 @@ def make_layer(
         return dequant_weight(a[e : e + 1], s13, q)[0], dequant_weight(b[e : e + 1], s2, q)[0]
 
     n = ctx.num_local_experts
-    loc = lambda s: None if s is None else s[:n].contiguous()  # noqa: E731
+    loc = lambda s: None if s is None else s[:n].contiguous()
     w = ExpertWeights(a[:n].contiguous(), b[:n].contiguous(), loc(sa), loc(sb), q)
     return ctx, w, ref_weights
 
@@ -582,7 +582,7 @@ def test_config_lookup_nearest(tmp_path, monkeypatch):
     name = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128], device="testgpu")
     (tmp_path / name).write_text(json.dumps(data))
     monkeypatch.setenv(tconfig.CONFIG_DIR_ENV, str(tmp_path))
-    get = lambda m: tconfig.get_config(8, 128, m, "fp8_w8a8", [128, 128], device="testgpu")  # noqa: E731
+    get = lambda m: tconfig.get_config(8, 128, m, "fp8_w8a8", [128, 128], device="testgpu")
     assert get(1)["BLOCK_SIZE_M"] == 16
     assert get(40)["BLOCK_SIZE_M"] == 32
     assert get(600)["BLOCK_SIZE_M"] == 128
@@ -590,7 +590,7 @@ def test_config_lookup_nearest(tmp_path, monkeypatch):
     # a file tuned at one large size decides only sizes within 2x below it
     only = tconfig.config_file_name(128, 768, None, None, device="testgpu")
     (tmp_path / only).write_text(json.dumps({"16384": dict(entry(128), BLOCK_SIZE_N=256, BLOCK_SIZE_K=64)}))
-    one = lambda m: tconfig.get_config(128, 768, m, None, None, device="testgpu")  # noqa: E731
+    one = lambda m: tconfig.get_config(128, 768, m, None, None, device="testgpu")
     assert one(16384)["BLOCK_SIZE_N"] == 256 and one(9000)["BLOCK_SIZE_N"] == 256 and one(40000)["BLOCK_SIZE_N"] == 256
     assert one(16) == tconfig.default_config(16, 128, 768) and one(16)["BLOCK_SIZE_M"] <= 32
     assert one(4096) == tconfig.default_config(4096, 128, 768)
@@ -640,7 +640,7 @@ def test_workspace_shapes_and_reduction_saving():
     ex = get_experts("triton")(w, "experts", ctx)
     fin = get_experts("triton")(w, "finalize", ctx)
     Mt, N, topk = 64, 2 * I, 8
-    bytes_of = lambda e: sum(torch.Size(s).numel() for s in e.workspace_shapes(Mt, N, K, topk, E)) * 2  # noqa: E731
+    bytes_of = lambda e: sum(torch.Size(s).numel() for s in e.workspace_shapes(Mt, N, K, topk, E)) * 2
     tail = standard_ws2_tail_rows(Mt, topk, E, ex._config(Mt, topk)["BLOCK_SIZE_M"], I)
     assert ex.workspace_shapes(Mt, N, K, topk, E) == ((Mt * topk, N), (Mt * topk + tail, I), (Mt, K))
     assert fin.workspace_shapes(Mt, N, K, topk, E)[2] == (Mt, topk, K)

@@ -4,8 +4,6 @@ captured and held), and that no summary, verdict or tuned table rests on host or
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest

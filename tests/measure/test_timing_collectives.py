@@ -177,7 +177,7 @@ def test_phase_samples_get_the_timed_samples_head_start(monkeypatch):
         with rec("experts"):
             pass
 
-    agree = lambda v: v  # noqa: E731
+    agree = lambda v: v
     ranks = RankSync(barrier=lambda: None, flush=None, align=None, agree=agree)
     assert measure.phase_head_start(kernel, fn, rec, ranks, CUDA) == 0
     assert asked == [(CUDA, agree)] and seen == [True] and kernel.phases is not rec

@@ -147,7 +147,7 @@ def events_over_graph():
 
 def events_over_graph_by_size():
     _, t = validation()
-    pct = lambda x: f"{100 * (x - 1):.1f}"  # noqa: E731
+    pct = lambda x: f"{100 * (x - 1):.1f}"
     g = t.groupby("tokens_per_rank")["events_over_graph"]
     return [pct(g.min()[16]), pct(g.max()[16]), pct(g.min()[16384]), pct(g.max()[16384])]
 
@@ -272,7 +272,7 @@ def low_latency():
 def deepep_ll_layers():
     df = rows("deepep_ll")
     ok = df[df.status == "ok"]
-    ms = lambda sel: ok[sel].latency_us_median / 1e3  # noqa: E731
+    ms = lambda sel: ok[sel].latency_us_median / 1e3
     fp8, bf16 = (
         ms((ok.experts == "triton_batched") & (ok.quant == "fp8_block")),
         ms((ok.experts == "triton_batched") & (ok.quant == "bf16")),

@@ -13,8 +13,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import moebench
-
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = {  # import name -> the only modules allowed to import it
     "deep_ep": {"moebench/kernels/prepare_finalize/_deepep.py"},

@@ -333,7 +333,7 @@ def test_a_torchrun_rank_lost_mid_combination_is_a_lost_row_a_plain_resume_runs_
         torchrun,
         "--nnodes=2",
         "--nproc-per-node=1",
-        f"--node-rank={n}",  # noqa: E731
+        f"--node-rank={n}",
         "--master-addr=127.0.0.1",
         f"--master-port={port}",
         "-m",

@@ -223,8 +223,6 @@ def test_bad_values_are_refused_before_work(bad, words):
     ],
 )
 def test_cli_overrides_may_follow_options(argv, overrides):
-    from moebench import cli
-
     args = parse_args(argv)
     assert args.overrides == overrides
 
@@ -238,8 +236,6 @@ def test_cli_overrides_may_follow_options(argv, overrides):
     ],
 )
 def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
-    from moebench import cli
-
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     err = capsys.readouterr().err

@@ -32,7 +32,7 @@ from moebench.traces.metrics import (
     summarize,
     union,
 )
-from moebench.traces.model import ABLATION_PREFIXES, DOMAIN, is_comm_kernel
+from moebench.traces.model import ABLATION_PREFIXES, is_comm_kernel
 from moebench.traces.nsys import (
     NSYS_MISSING,
     nsys_available,

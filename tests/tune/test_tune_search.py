@@ -144,11 +144,11 @@ def test_halving_reaches_the_exhaustive_optimum_at_15_percent(dims):
 def test_halving_is_deterministic_and_keeps_the_baselines_in_the_race():
     configs = prune("vllm", DSV3_EP8_FP8).kept
     cost = _landscape(3, configs)
-    exact = lambda cfgs, phase: [_R(cost(c)) for c in cfgs]  # noqa: E731
+    exact = lambda cfgs, phase: [_R(cost(c)) for c in cfgs]
     best_possible = min(configs, key=cost)
     outside = dict(best_possible, GROUP_SIZE_M=8)  # a baseline outside the space that beats it
-    cost2 = lambda c: cost(c) * (0.5 if c == outside else 1.0)  # noqa: E731
-    measure = lambda cfgs, phase: [_R(cost2(c)) for c in cfgs]  # noqa: E731
+    cost2 = lambda c: cost(c) * (0.5 if c == outside else 1.0)
+    measure = lambda cfgs, phase: [_R(cost2(c)) for c in cfgs]
     a = strategy.halving(configs, measure, 37, baselines=[outside])
     b = strategy.halving(configs, measure, 37, baselines=[outside])
     assert [config_key(c) for c in a.order] == [config_key(c) for c in b.order]
@@ -160,8 +160,7 @@ def test_failed_configs_never_win():
     configs = prune("small", QWEN3_BF16).kept + prune("prefill", QWEN3_BF16).kept
     fail = {config_key(c) for c in configs[::2]}
     measure = lambda cfgs, phase: [
-        _R(float("nan") if config_key(c) in fail else 1.0 + 0.01 * i)  # noqa: E731
-        for i, c in enumerate(cfgs)
+        _R(float("nan") if config_key(c) in fail else 1.0 + 0.01 * i) for i, c in enumerate(cfgs)
     ]
     out = strategy.exhaustive(configs, measure)
     assert out.best is not None and config_key(out.best) not in fail
