@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import shlex
 import sys
@@ -158,7 +159,7 @@ def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms
     for nbytes in sizes["copy_bytes"]:
         src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        samples = time_samples(lambda: dst.copy_(src), device, reps, warmup, warmup_ms)
+        samples = time_samples(functools.partial(dst.copy_, src), device, reps, warmup, warmup_ms)
         rows.append(
             dict(
                 kind="copy",

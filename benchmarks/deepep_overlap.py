@@ -26,6 +26,25 @@ from moebench.run.launch import run_ranks
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
 
 
+def _timed_fns(ht, recv_x, handle, shared: SharedExperts, x: torch.Tensor) -> dict:
+    """The four things timed for one (tokens, carveout): combine alone, the shared expert alone,
+    both overlapped, both in sequence (their own arguments, not the loop's variables)."""
+
+    def combine(async_finish=False):
+        return ht.buffer.combine(recv_x, handle, config=ht.combine_config, async_finish=async_finish)
+
+    def overlapped():
+        _, _, event = combine(async_finish=True)
+        shared(x)
+        event.current_stream_wait()
+
+    def sequential():
+        combine()
+        shared(x)
+
+    return {"combine": combine, "shared": lambda: shared(x), "overlapped": overlapped, "sequential": sequential}
+
+
 def rank_main(rank: int, port: int, args, q) -> None:
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
@@ -53,21 +72,7 @@ def rank_main(rank: int, port: int, args, q) -> None:
             config=ht.dispatch_config,
         )
         for carveout in args.carveout:
-            shared = SharedExperts(w13, w2, sm_carveout=carveout)
-
-            def combine(async_finish=False):
-                return ht.buffer.combine(recv_x, handle, config=ht.combine_config, async_finish=async_finish)
-
-            def overlapped():
-                _, _, event = combine(async_finish=True)
-                shared(x)
-                event.current_stream_wait()
-
-            def sequential():
-                combine()
-                shared(x)
-
-            fns = {"combine": combine, "shared": lambda: shared(x), "overlapped": overlapped, "sequential": sequential}
+            fns = _timed_fns(ht, recv_x, handle, SharedExperts(w13, w2, sm_carveout=carveout), x)
             s = timing.time_interleaved(
                 list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync.kwargs()
             )

@@ -24,6 +24,7 @@ rows as a whole, or of the worst one).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -210,12 +211,18 @@ def main(argv=None) -> list[dict]:
                     # stores zeros for every padding row of the host-side bound Mp, which for
                     # deepseek_v3's EP-8 share (all pairs counted, 1/8 of them local) is ~88 %
                     if args.quant == "bf16":
-                        dg = lambda: deep_gemm.m_grouped_bf16_gemm_nt_contiguous(
-                            a, w, c_ref, lay.ends_E, use_psum_layout=True
+                        dg = functools.partial(
+                            deep_gemm.m_grouped_bf16_gemm_nt_contiguous, a, w, c_ref, lay.ends_E, use_psum_layout=True
                         )
                     else:
-                        dg = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(
-                            (a, a_s), (w, s), c_ref, lay.ends_E, disable_ue8m0_cast=True, use_psum_layout=True
+                        dg = functools.partial(
+                            deep_gemm.m_grouped_fp8_gemm_nt_contiguous,
+                            (a, a_s),
+                            (w, s),
+                            c_ref,
+                            lay.ends_E,
+                            disable_ue8m0_cast=True,
+                            use_psum_layout=True,
                         )
                     dg()
                     dg_us = bench_us(dg, dev)
@@ -253,7 +260,8 @@ def main(argv=None) -> list[dict]:
                         label += "".join(f" {k}={v}" for k, v in extra.items())
                         # NaN first: a kernel that leaves tiles unwritten must not read a freed buffer's product
                         c = torch.full((mp, N), float("nan"), device=dev, dtype=torch.bfloat16)
-                        fn = lambda: contiguous_gemm(
+                        fn = functools.partial(
+                            contiguous_gemm,
                             a,
                             a_s,
                             w,
@@ -280,7 +288,9 @@ def main(argv=None) -> list[dict]:
                                 SCALE_AHEAD=extra["SCALE_AHEAD"],
                                 EPILOGUE_TMA=extra["EPILOGUE_TMA"],
                             )
-                            fn = lambda: gluon_contiguous_gemm(a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg)
+                            fn = functools.partial(
+                                gluon_contiguous_gemm, a, a_s, w, s, c, lay.m_indices_Mp, lay.num_post, gcfg
+                            )
                         try:
                             fn()
                             if dev.type == "cuda":

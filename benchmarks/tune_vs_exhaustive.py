@@ -22,6 +22,7 @@ DIR carried back resumes from the stored trials.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -246,8 +247,8 @@ def main(argv=None) -> int:
     try:
         for name in a.layers.split(","):  # a layer's grid right after its evidence: the cheap one finishes first
             for step, fn in (
-                ("evidence", lambda: evidence(name, a, out, pool, clock, summary, kw, save)),
-                ("grid", lambda: grid(name, out, pool, clock, summary, kw, grid_tokens, save)),
+                ("evidence", functools.partial(evidence, name, a, out, pool, clock, summary, kw, save)),
+                ("grid", functools.partial(grid, name, out, pool, clock, summary, kw, grid_tokens, save)),
             ):
                 try:
                     fn()

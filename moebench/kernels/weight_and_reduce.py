@@ -26,7 +26,9 @@ class WeightAndReduce(ABC):
         expert_out: torch.Tensor,
         topk_weights_MP: torch.Tensor,
         topk_ids_MP: torch.Tensor,
-        prepared: "PreparedTokens",
+        # a PreparedTokens: interfaces.py, which re-exports the strategies, defines it (importing
+        # it here, even for type checking only, would be an import cycle)
+        prepared: Any,
     ) -> torch.Tensor: ...
 
     def __repr__(self) -> str:

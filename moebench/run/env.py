@@ -202,7 +202,7 @@ def usable_entries(device: str, world_size: int) -> list[dict]:
                     "reason": registry.unavailable(kind, name),
                 }
             )
-    for group, name in (("backend", p.stem) for p in sorted((REPO_ROOT / "conf" / "backend").glob("*.yaml"))):
+    for name in (p.stem for p in sorted((REPO_ROOT / "conf" / "backend").glob("*.yaml"))):
         if name not in registry.BACKENDS:
             out.append(
                 {

@@ -255,6 +255,11 @@ def _lane_key(lane: str) -> tuple:
     return (int(m.group(1)), int(m.group(2)), "") if m else (1 << 30, 0, lane)
 
 
+def _busy(ks: list, sel) -> float:
+    """The time covered by the kernels of `ks` that `sel` picks (overlaps counted once)."""
+    return length(union((k.start_us, k.end_us) for k in ks if sel(k)))
+
+
 def _stream_stats(groups: list) -> list:
     """Per-lane figures: busy/comm/shared/phase time per sample, medians across `groups` (lists of kernels)."""
     lanes = sorted({k.lane for ks in groups for k in ks}, key=_lane_key)
@@ -265,9 +270,8 @@ def _stream_stats(groups: list) -> list:
         for ks in groups:
             ks = [k for k in ks if k.lane == lane]
             count += len(ks)
-            iv = lambda sel: length(union((k.start_us, k.end_us) for k in ks if sel(k)))
-            phases = {ph: iv(lambda k, ph=ph: k.phase == ph) for ph in PHASES}
-            per.append((iv(lambda k: True), iv(lambda k: k.comm), iv(lambda k: k.shared), phases))
+            phases = {ph: _busy(ks, lambda k, ph=ph: k.phase == ph) for ph in PHASES}
+            per.append((_busy(ks, lambda k: True), _busy(ks, lambda k: k.comm), _busy(ks, lambda k: k.shared), phases))
         phases = {ph: statistics.median(p[3][ph] for p in per) for ph in PHASES}
         out.append(
             StreamStats(

@@ -191,7 +191,7 @@ class Pool:
                 self._ex = ProcessPoolExecutor(
                     self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
                 )
-            for (module, name, _), (sec, err) in zip(jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs])):
+            for (_, name, _), (sec, err) in zip(jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs])):
                 st.kernels += 1
                 st.core_s += sec
                 if err:

@@ -188,6 +188,12 @@ def halving(
             key=lambda t: (timer.us(tile_best(t)), t),
         )
 
+    def add(batch: list[dict], c) -> bool:
+        if config_key(c) in in_space and config_key(c) not in timer.out.screen and c not in batch:
+            batch.append(c)
+            return True
+        return False
+
     survivors = ranked(order)
     rung = 0
     while survivors and left() > 0:
@@ -196,28 +202,21 @@ def halving(
         share = max(1, min(eta**rung, left() // len(survivors)))
         lead = tile_best(survivors[0])
         batch: list[dict] = []
-
-        def add(c) -> bool:
-            if config_key(c) in in_space and config_key(c) not in timer.out.screen and c not in batch:
-                batch.append(c)
-                return True
-            return False
-
         for i, t in enumerate(survivors):
             best = tile_best(t)
             # the leader's knobs first (knob effects carry over between tiles), then the
             # untried knob settings nearest to this tile's best
-            n = int(add(dict(best, **{k: lead[k] for k in KNOB_KEYS})))
+            n = int(add(batch, dict(best, **{k: lead[k] for k in KNOB_KEYS})))
             untried = [c for c in tiles[t] if config_key(c) not in timer.out.screen and c not in batch]
             untried.sort(key=lambda c: (_distance(c, best, values, KNOB_KEYS), config_key(c)))
             for c in untried[: max(0, share - n)]:
-                add(c)
+                add(batch, c)
             if i < 2:  # the two leading tiles' neighbour tiles, with their knobs
                 for k in TILE_KEYS:
                     for step in (-1, 1):
                         vs, j = values[k], values[k].index(int(best[k])) + step
                         if 0 <= j < len(vs):
-                            add(dict(best, **{k: vs[j]}))
+                            add(batch, dict(best, **{k: vs[j]}))
         batch = batch[: left()]
         if not batch:
             break

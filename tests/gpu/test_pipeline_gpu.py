@@ -150,6 +150,7 @@ def test_timing_matches_do_bench_for_a_triton_gemm_and_a_moe_layer():
         hold_us = timing.host_enqueue_us(fn, dev)
         do_bench(fn, warmup=10, rep=2000)  # 2 s of load first: past the clock's first drop
         pairs = []
+        window_ms = 2.0  # each pair's window is set by the even pair before it, before an odd one reads it
         for i in range(48):
             if i % 2:
                 ref = do_bench(fn, warmup=2, rep=window_ms, return_mode="median") * 1e3  # ms -> µs
