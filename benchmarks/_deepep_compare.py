@@ -77,7 +77,7 @@ def fmt_us(xs) -> str:
 def ratios(mine: list, theirs: list) -> str:
     if not mine or len(mine) != len(theirs):
         return "n/a"
-    return " / ".join(f"{m / t:.2f}" for m, t in zip(mine, theirs))
+    return " / ".join(f"{m / t:.2f}" for m, t in zip(mine, theirs, strict=True))
 
 
 def main(doc: str, name: str, log_name: str, run_deepep_test, run_moebench, compare) -> None:

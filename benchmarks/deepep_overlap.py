@@ -76,7 +76,7 @@ def rank_main(rank: int, port: int, args, q) -> None:
             s = timing.time_interleaved(
                 list(fns.values()), dev, reps=args.reps, warmup=5, warmup_ms=200, **sync.kwargs()
             )
-            med = {k: v.median for k, v in zip(fns, s)}
+            med = {k: v.median for k, v in zip(fns, s, strict=True)}
             hidden = (med["combine"] + med["shared"] - med["overlapped"]) / med["shared"]
             rows.append({"rank": rank, "tokens": T, "carveout": carveout, **med, "hidden_fraction": hidden})
     q.put(rows)

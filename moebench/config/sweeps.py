@@ -78,7 +78,7 @@ def expand(sweep_overrides: dict, cli_overrides: list[str]) -> list[list[str]]:
     """Cartesian product of sweep values; CLI overrides replace the sweep file's value for
     the same key."""
     merged: dict[str, str] = {k: f"{k}={_value_str(v)}" for k, v in sweep_overrides.items()}
-    for raw, ov in zip(cli_overrides, parse_overrides(cli_overrides)):
+    for raw, ov in zip(cli_overrides, parse_overrides(cli_overrides), strict=True):
         merged[ov.key_or_group] = raw
     axes: list[list[str]] = []
     for raw in merged.values():

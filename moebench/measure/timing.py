@@ -165,7 +165,7 @@ def time_interleaved(
     for attempt in range(HOLD_RETRIES + 1):
         out = _held_samples(fns, device, reps, holds, barrier, flush, align)
         # only a held callable can be helped by a longer hold
-        paced = float(sum(s.host_paced for s, h in zip(out, holds) if h))
+        paced = float(sum(s.host_paced for s, h in zip(out, holds, strict=True) if h))
         if agree is not None:
             paced = agree(paced)
         if not paced or not any(holds) or attempt == HOLD_RETRIES:

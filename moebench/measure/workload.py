@@ -33,7 +33,7 @@ def expert_weights_bf16(shape: LayerShape, e: int, seed: int, device) -> tuple[t
 def build_expert_weights(ctx: KernelContext, seed: int) -> ExpertWeights:
     """This rank's local experts, quantized as ctx.quant says."""
     first, E = ctx.first_local_expert, ctx.num_local_experts
-    w13s, w2s = zip(*(expert_weights_bf16(ctx.shape, first + i, seed, ctx.device) for i in range(E)))
+    w13s, w2s = zip(*(expert_weights_bf16(ctx.shape, first + i, seed, ctx.device) for i in range(E)), strict=True)
     w13_q, w13_s = quant_weights(torch.stack(w13s), ctx.quant)
     w2_q, w2_s = quant_weights(torch.stack(w2s), ctx.quant)
     return ExpertWeights(w13_ENK=w13_q, w2_EKI=w2_q, w13_scale=w13_s, w2_scale=w2_s, quant=ctx.quant)

@@ -179,7 +179,7 @@ class TokenBench:
         if ok:
             t0 = time.perf_counter()
             # graph mode captures each callable with its config set: replays need no host work
-            for t, s in zip(ok, self._time([bound(dict(t.config)) for t in ok], reps)):
+            for t, s in zip(ok, self._time([bound(dict(t.config)) for t in ok], reps), strict=True):
                 self._record(t, s)
                 t.seconds = (time.perf_counter() - t0) / len(ok)
         return out

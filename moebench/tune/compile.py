@@ -157,9 +157,9 @@ def compile_job(module: str, qualname: str, spec: str, target: tuple) -> tuple[f
             else tl.constexpr(v["constexpr"])
             if isinstance(v, dict) and "constexpr" in v
             else v
-            for k, v in zip(d["constant_keys"], d["constant_vals"])
+            for k, v in zip(d["constant_keys"], d["constant_vals"], strict=True)
         }
-        attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"]))
+        attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"], strict=True))
         signature = {k: convert_to_tuple_if_list(v) for k, v in d["signature"].items()}
         options = {k: tuple(v) if isinstance(v, list) else v for k, v in d["options"].items()}
         src = ASTSource(fn, signature, constexprs, attrs)
@@ -191,7 +191,9 @@ class Pool:
                 self._ex = ProcessPoolExecutor(
                     self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
                 )
-            for (_, name, _), (sec, err) in zip(jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs])):
+            for (_, name, _), (sec, err) in zip(
+                jobs, self._ex.map(_run, [(*j, tuple(target)) for j in jobs]), strict=True
+            ):
                 st.kernels += 1
                 st.core_s += sec
                 if err:

@@ -133,7 +133,7 @@ def prune(space: str, dims: LayerDims, shared_limit: int = SM90_SHARED_BYTES) ->
     axes = SPACES[space]
     out = Pruned(kept=[])
     for values in itertools.product(*axes.values()):
-        cfg = dict(zip(axes, values))
+        cfg = dict(zip(axes, values, strict=True))
         out.total += 1
         why = drop_reason(cfg, dims, shared_limit)
         if why:

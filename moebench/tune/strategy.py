@@ -81,7 +81,7 @@ class _Timer:
                 seen.add(k)
         if not new:
             return
-        for c, r in zip(new, self.measure(new, "screen")):
+        for c, r in zip(new, self.measure(new, "screen"), strict=True):
             self.out.screen[config_key(c)] = _us(r)
             self.out.order.append(c)
 
@@ -133,7 +133,7 @@ def _index(cfg: dict, values: dict[str, list[int]], keys: Sequence[str]) -> tupl
 
 
 def _distance(a: dict, b: dict, values: dict[str, list[int]], keys: Sequence[str]) -> int:
-    return sum(abs(x - y) for x, y in zip(_index(a, values, keys), _index(b, values, keys)))
+    return sum(abs(x - y) for x, y in zip(_index(a, values, keys), _index(b, values, keys), strict=True))
 
 
 def halving(
@@ -170,7 +170,7 @@ def halving(
     for t in order:
         picks = []
         for target in RUNG0_KNOBS[:per_tile]:
-            want = dict(zip(TILE_KEYS, t), **target)
+            want = dict(zip(TILE_KEYS, t, strict=True), **target)
             best = min(tiles[t], key=lambda c: (_distance(c, want, values, KNOB_KEYS), config_key(c)))
             if best not in picks:
                 picks.append(best)

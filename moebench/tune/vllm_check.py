@@ -18,6 +18,7 @@ when none of these.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ def routes(keys_in_file_order: list[int]) -> list[tuple[int, int, Optional[int]]
     """[(entry, first M, last M or None = every larger M)] in entry order, M >= 1."""
     keys = sorted(set(keys_in_file_order))
     firsts = [1]
-    for a, b in zip(keys, keys[1:]):
+    for a, b in itertools.pairwise(keys):
         mid = (a + b) // 2
         # below the midpoint a, above it b; at an integer midpoint the key first in the file
         first_b = mid + 1 if (a + b) % 2 or vllm_pick(keys_in_file_order, mid) == a else mid

@@ -132,7 +132,7 @@ def test_every_committed_row_recomputes_its_key():
     for run in runs:
         df = _run_rows(run)
         migrated = migrate(df, str(run))
-        for (_, row), (_, new) in zip(df.iterrows(), migrated.iterrows()):
+        for (_, row), (_, new) in zip(df.iterrows(), migrated.iterrows(), strict=True):
             row, new = row.to_dict(), new.to_dict()
             if int(row["schema_version"]) == rowschema.SCHEMA_VERSION:
                 assert spec.from_row(row).key == row["combo_key"], (run, row["label"])

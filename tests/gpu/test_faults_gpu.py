@@ -85,6 +85,6 @@ def test_a_hang_inside_an_nccl_collective_times_out_and_frees_both_gpus(tmp_path
     )
     df = RunStore(run).load().set_index("fault")
     assert df.loc["hang_collective", "status"] == "timeout" and df.loc["none", "status"] == "ok"
-    for d, (free0, _) in zip((0, 1), base):
+    for d, (free0, _) in zip((0, 1), base, strict=True):
         free, _ = torch.cuda.mem_get_info(d)
         assert free0 - free < 64 * 2**20, (d, free0, free)

@@ -56,7 +56,7 @@ def test_modules_import_without_deep_gemm():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 3
-    for name, line in zip(NAMES, lines):
+    for name, line in zip(NAMES, lines, strict=True):
         assert line.startswith(f"{name} moebench.kernels.experts.{name} |"), line
         assert "deep_gemm not installed" in line and "scripts/install_deep_gemm.sh" in line
 

@@ -67,7 +67,7 @@ def test_the_synthetic_routings_draw_what_they_drew_before(routing):
     spec = RoutingSpec(name=routing, skew=1.5, seed=4)
     a = make_inputs(BIG, 64, routing, 1.5, 4, 1, 2, "cpu")
     b = make_routed(BIG, 64, spec, 1, 2, "cpu").inputs
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("routing", ["uniform", "zipf", "imbalanced_ranks"])
@@ -97,7 +97,9 @@ def test_simulate_rank_without_it_keeps_simulate_eps_meaning():
     spec = RoutingSpec(name="uniform", seed=0, ep_size=8)
     r = make_routed(BIG, 64, spec, 0, 2, "cpu")
     assert r.simulated_rank is None and r.inputs[0].shape[0] == 64
-    assert all(torch.equal(x, y) for x, y in zip(r.inputs, make_inputs(BIG, 64, "uniform", 1.2, 0, 0, 2, "cpu")))
+    assert all(
+        torch.equal(x, y) for x, y in zip(r.inputs, make_inputs(BIG, 64, "uniform", 1.2, 0, 0, 2, "cpu"), strict=True)
+    )
 
 
 # -- replay ------------------------------------------------------------------------------------

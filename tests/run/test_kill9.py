@@ -53,7 +53,7 @@ def _stored(run) -> int:
 
 def _rows(run) -> set:
     df = RunStore(run).load()
-    return set(zip(df.combo_key, df.tokens_per_rank.astype(int), df.status))
+    return set(zip(df.combo_key, df.tokens_per_rank.astype(int), df.status, strict=True))
 
 
 @pytest.mark.parametrize("kills", [1, pytest.param(20, marks=pytest.mark.slow)])

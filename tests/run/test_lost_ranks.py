@@ -102,7 +102,10 @@ def _nodes(cmd, env, timeout_s: float = 240.0):
         subprocess.Popen(cmd(n), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True) for n in (0, 1)
     ]
     errs = [[], []]
-    readers = [threading.Thread(target=lambda p=p, e=e: e.extend(p.stderr), daemon=True) for p, e in zip(procs, errs)]
+    readers = [
+        threading.Thread(target=lambda p=p, e=e: e.extend(p.stderr), daemon=True)
+        for p, e in zip(procs, errs, strict=True)
+    ]
     for r in readers:
         r.start()
     deadline = time.monotonic() + timeout_s
@@ -118,7 +121,7 @@ def _nodes(cmd, env, timeout_s: float = 240.0):
                 except OSError:
                     pass
             time.sleep(pause)
-    for p, r in zip(procs, readers):
+    for p, r in zip(procs, readers, strict=True):
         p.wait()
         r.join(5.0)
     text = ["".join(e) for e in errs]
@@ -356,7 +359,7 @@ def test_a_torchrun_rank_lost_mid_combination_is_a_lost_row_a_plain_resume_runs_
     again, errs = _nodes(cmd, env)
     assert [p.returncode for p in again] == [0, 0] and "1 to run on 2 ranks" in errs[0], errs
     df = RunStore(run).load()
-    assert sorted(zip(df.tokens_per_rank, df.status)) == [(4, "ok"), (8, "ok")]
+    assert sorted(zip(df.tokens_per_rank, df.status, strict=True)) == [(4, "ok"), (8, "ok")]
 
 
 def test_lost_rows_stay_lost_for_every_token_count_and_a_plain_resume_retries_them(tmp_path):

@@ -158,7 +158,7 @@ def test_real_cpu_trace_phase_durations_and_nesting(tmp_path):
     assert s.num_samples == 3 and s.combos == ["local-torch"]
     assert not trace.kernels and s.trace_overlap_fraction is None
     sample_us = {int(r.name.split("/")[1]): r.end_us - r.start_us for r in trace.ranges if r.name.startswith("sample/")}
-    for i, (fig, meas) in enumerate(zip(s.per_sample, measured)):
+    for i, (fig, meas) in enumerate(zip(s.per_sample, measured, strict=True)):
         for name, us in meas.items():
             got = fig["phases"][name]["cpu_us"]
             # the record_function range encloses the perf_counter window: never shorter; and it

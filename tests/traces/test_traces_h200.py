@@ -150,7 +150,7 @@ def test_matched_overlap_on_real_traces(experts, combo_key):
     for i in sorted({k.sample for k in traces[0].kernels if k.sample is not None}):
         starts = [[k.start_us for k in t.kernels if k.comm and k.sample == i] for t in trimmed]
         assert len(starts[0]) == len(starts[1]) > 0
-        assert all(abs(a - b) < 1e-9 for a, b in zip(sorted(starts[0]), sorted(starts[1])))
+        assert all(abs(a - b) < 1e-9 for a, b in zip(sorted(starts[0]), sorted(starts[1]), strict=True))
     m = matched_overlap(traces)
     assert m.critical_rank == 1 and 0.0 <= m.fraction_per_rank[0] <= m.fraction_per_rank[1] <= 1.0
 
@@ -231,6 +231,7 @@ PINNED_OVERLAP = {
             zip(
                 _COMMON + _STRETCH,
                 (0.726358, 0.61895, 589.694, 1591.93, 364.991, 11597.4, 502.495, 1811.45, 1.17353, 0.878815, 4.47852),
+                strict=True,
             )
         ),
     ),
@@ -240,6 +241,7 @@ PINNED_OVERLAP = {
             zip(
                 _COMMON + _STRETCH,
                 (0.280536, 0.460046, 637.918, 570.399, 293.472, 11790.1, 520.832, 540.126, 1.22481, 1.05605, 374.72),
+                strict=True,
             )
         ),
     ),
@@ -249,6 +251,7 @@ PINNED_OVERLAP = {
             zip(
                 _COMMON + _STRETCH,
                 (0.698442, 0.617888, 587.196, 858.462, 362.786, 7826.06, 519.422, 998.493, 1.13048, 0.859757, 84.3213),
+                strict=True,
             )
         ),
     ),
@@ -258,15 +261,22 @@ PINNED_OVERLAP = {
             zip(
                 _COMMON + _STRETCH,
                 (0.398704, 0.564607, 592.606, 621.856, 338.4, 7871.76, 539.999, 553.12, 1.09742, 1.12427, 324.699),
+                strict=True,
             )
         ),
     ),
     "deepep_ht_combine_rank0_T4096": (
         "intersection",
-        dict(zip(_COMMON, (0.599698, 0.599698, 590.271, 1484.83, 353.984, 8646.22))),
+        dict(zip(_COMMON, (0.599698, 0.599698, 590.271, 1484.83, 353.984, 8646.22), strict=True)),
     ),
-    "deepep_ht_none_rank0_T4096": ("intersection", dict(zip(_COMMON, (0.0, 0.0, 515.006, 1115.1, 0.0, 8587.43)))),
-    "nccl_rank0_T1024": ("intersection", dict(zip(_COMMON, (0.569686, 0.569686, 174.063, 993.435, 99.1357, 1421.72)))),
+    "deepep_ht_none_rank0_T4096": (
+        "intersection",
+        dict(zip(_COMMON, (0.0, 0.0, 515.006, 1115.1, 0.0, 8587.43), strict=True)),
+    ),
+    "nccl_rank0_T1024": (
+        "intersection",
+        dict(zip(_COMMON, (0.569686, 0.569686, 174.063, 993.435, 99.1357, 1421.72), strict=True)),
+    ),
 }
 # metrics.matched_overlap over both ranks: (fraction per rank, µs each rank's communication
 # waited for the other, critical rank)

@@ -96,7 +96,7 @@ def _landscape(seed: int, configs):
         t = config_key(c)[:3]
         if t in tiles:
             continue
-        d = [math.log2(v) - o for v, o in zip(t, opt)]
+        d = [math.log2(v) - o for v, o in zip(t, opt, strict=True)]
         tiles[t] = (1 + 0.08 * d[0] ** 2 + 0.05 * d[1] ** 2 + 0.04 * d[2] ** 2 + 0.03 * d[0] * d[1]) * math.exp(
             rng.gauss(0, 0.06)
         )
