@@ -101,7 +101,8 @@ def main() -> None:
         key=lambda r: (r["tokens"], r["carveout"], r["rank"]),
     )
     print(
-        f"DeepEP HT num_sms={args.num_sms} combine_chunk={args.combine_chunk or 'recommended'}; µs, medians of {args.reps}"
+        f"DeepEP HT num_sms={args.num_sms} combine_chunk={args.combine_chunk or 'recommended'}; "
+        f"µs, medians of {args.reps}"
     )
     for r in rows:
         print(

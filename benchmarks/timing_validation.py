@@ -68,7 +68,8 @@ def order_failures(t: pd.DataFrame) -> tuple[list[str], int]:
         at, ad = g.loc["triton", "auto_us"], g.loc["deepgemm", "auto_us"]
         if (gt < gd) != (at < ad):
             bad.append(
-                f"{dict(zip(keys, k, strict=True))}: graph triton {gt:.1f} vs deepgemm {gd:.1f}, auto {at:.1f} vs {ad:.1f}"
+                f"{dict(zip(keys, k, strict=True))}: graph triton {gt:.1f} vs deepgemm {gd:.1f}, "
+                f"auto {at:.1f} vs {ad:.1f}"
             )
     return bad, checked
 

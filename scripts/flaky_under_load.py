@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Run one test many times beside busy loops and count the passes: how a test that races
+r"""Run one test many times beside busy loops and count the passes: how a test that races
 (gloo's abort against the launcher's kill, issue #31 item 11) behaves on CI's loaded 2-core
 machines.
 
     python scripts/flaky_under_load.py                      # the crashing faults' test, 20 runs, 2 busy loops
-    python scripts/flaky_under_load.py --runs 5 --busy 1 tests/run/test_faults.py::test_hanging_faults_time_out_and_the_next_combination_runs_clean
+    python scripts/flaky_under_load.py --runs 5 --busy 1 \
+        tests/run/test_faults.py::test_hanging_faults_time_out_and_the_next_combination_runs_clean
 
 Each run is a fresh `python -m pytest -q -p no:cacheprovider TEST` (its own processes, as
 CI's); the busy loops are plain Python spins, one per --busy, ended with the script. Prints a

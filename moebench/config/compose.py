@@ -312,7 +312,8 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
     """The Combo of a composed config. Fields that cannot matter are set to their defaults,
     so that two configs measuring the same thing have one key: world_size for single-rank
     backends, simulate_ep for EP backends, skew without zipf routing, graph_max_tokens
-    outside graph timing (auto replays graphs at every size). Knobs: only those the chosen backend and experts declare."""
+    outside graph timing (auto replays graphs at every size). Knobs: only those the chosen
+    backend and experts declare."""
     from moebench.kernels import registry
 
     b, m, r, w = cfg["backend"], cfg["model"], cfg["runner"], cfg["workload"]

@@ -35,7 +35,10 @@ def validate(combo: Combo) -> Optional[str]:
     if combo.overlap != "none" and combo.num_shared_experts == 0:
         return f"overlap={combo.overlap} needs shared experts; model={combo.model} has none"
     if combo.shared_sm_carveout and combo.num_shared_experts == 0:
-        return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} applies to shared experts; model={combo.model} has none"
+        return (
+            f"overlap.shared_sm_carveout={combo.shared_sm_carveout} applies to shared experts; "
+            f"model={combo.model} has none"
+        )
     if combo.shared_sm_carveout and combo.device != "cuda":
         return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
     E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep

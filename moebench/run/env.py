@@ -23,7 +23,8 @@ LIBRARIES = {
     # import name: (distribution names to ask for a version, how to install)
     "deep_ep": (
         ("deep_ep", "deep-ep"),
-        "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; see README 'GPU machines and the optional libraries'",
+        "build DeepEP v1.2.1 (github.com/deepseek-ai/DeepEP) against NVSHMEM; "
+        "see README 'GPU machines and the optional libraries'",
     ),
     "deep_gemm": (
         ("deep_gemm", "deep-gemm", "deepinfer-gemm"),
@@ -249,7 +250,8 @@ def env_command(as_json: bool) -> int:
     print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
     state = {True: f"dirty, diff {str(info.get('git_diff_sha256'))[:12]}", False: "clean", None: "state unknown"}
     print(
-        f"git       {info['git_sha'][:12]} ({state[info['git_dirty']]}; from {info['git_tree']})   env_id {env_id(info)}"
+        f"git       {info['git_sha'][:12]} ({state[info['git_dirty']]}; "
+        f"from {info['git_tree']})   env_id {env_id(info)}"
     )
     if info.get("git_tree_note"):
         print(f"          {info['git_tree_note']}")

@@ -320,7 +320,8 @@ def _run(
     elif stop.terminated:
         counts.terminated = True
         log(
-            f"moebench: terminated (SIGTERM): the work in flight was cancelled{' (its SLURM jobs too)' if slurm else ''};"
+            f"moebench: terminated (SIGTERM): the work in flight was cancelled"
+            f"{' (its SLURM jobs too)' if slurm else ''};"
             " finished combinations are stored. Re-run the same command to resume."
         )
     elif stop.requested:

@@ -206,7 +206,8 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
             side.unlink()
     if dest == part:
         log(
-            f"installed into {dest.parent} (not moebench/kernels/configs/: {len(merged)} token counts do not cover vLLM's grid "
+            f"installed into {dest.parent} (not moebench/kernels/configs/: "
+            f"{len(merged)} token counts do not cover vLLM's grid "
             f"{list(tconfig.VLLM_BATCH_SIZES)}; vLLM would route {describe_routes([int(k) for k in merged])})"
         )
     else:

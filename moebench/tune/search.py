@@ -118,7 +118,8 @@ def _one_layer(overrides: list[str]):
     if c.combo.get("row_layout", "auto") == "contiguous":
         raise ValueError(
             "experts.row_layout=contiguous runs kernels/triton/contiguous_gemm.py, whose tile is fixed "
-            "(DEFAULT_CONFIG, BF16_CONFIG): `moebench tune` searches the gathered kernel's tiles (moebench/kernels/configs/)"
+            "(DEFAULT_CONFIG, BF16_CONFIG): "
+            "`moebench tune` searches the gathered kernel's tiles (moebench/kernels/configs/)"
         )
     if c.reason:
         raise ValueError(f"this combination cannot run here: {c.reason}")
@@ -183,7 +184,8 @@ class Measurer:
         if not rec.jobs:
             return
         self.log(
-            f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs on {self.pool.workers} processes"
+            f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs "
+            f"on {self.pool.workers} processes"
         )
         st = self.pool.compile(list(rec.jobs.values()), self.target)
         self.stats.add(st)

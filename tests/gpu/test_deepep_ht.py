@@ -275,7 +275,8 @@ def report(per_rank) -> list[str]:
     failures = []
     cases = [r for r in per_rank[0] if "rel_err" in r]
     print(
-        f"\n{'model':17s} {'quant':10s} {'tokens':>6s} {'reduction':9s} {'overlap':8s} {'rows/rank':>14s} {'rel_err':>9s}  tol"
+        f"\n{'model':17s} {'quant':10s} {'tokens':>6s} {'reduction':9s} {'overlap':8s} "
+        f"{'rows/rank':>14s} {'rel_err':>9s}  tol"
     )
     for i, c in enumerate(cases):
         errs = [pr[i]["rel_err"] for pr in per_rank]
@@ -287,7 +288,8 @@ def report(per_rank) -> list[str]:
         )
         if not max(errs) <= c["tol"]:
             failures.append(
-                f"{c['model']}/{c['quant']}/{c['tokens']}/{c['reduction']}/{c['overlap']}: rel_err {max(errs):.3e} > {c['tol']}"
+                f"{c['model']}/{c['quant']}/{c['tokens']}/{c['reduction']}/{c['overlap']}: rel_err {max(errs):.3e} "
+                f"> {c['tol']}"
             )
         if bad_checks:
             failures.append(f"{c['model']}/{c['quant']}/{c['tokens']}: checks failed {bad_checks}")

@@ -280,7 +280,8 @@ def test_apply_allocates_what_it_declares(backend, experts, reduction, T):
     transient = ex.transient_bytes(*dims)
     total = sum(t.numel() * 2 for t in ws) + transient
     print(
-        f"{experts} T={T}: apply peak {apply_peak} B, declared transient {transient} B, workspaces {total - transient} B"
+        f"{experts} T={T}: apply peak {apply_peak} B, declared transient {transient} B, "
+        f"workspaces {total - transient} B"
     )
     assert apply_peak <= transient, (apply_peak, transient)
     assert transient - apply_peak <= 0.05 * total, (apply_peak, transient, total)

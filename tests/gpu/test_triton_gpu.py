@@ -408,8 +408,8 @@ def test_the_layer_with_the_gluon_gemm_matches_the_triton_one():
     a handful of rows) on the contiguous layout with the Gluon GEMM matches the same layer with
     the Triton GEMM within 1e-2 (the same block-scaled products), and the default, auto, runs the
     kernel its rule names (experts' last_gemm: Gluon for both models' GEMMs on an SM90 GPU) with
-    that kernel's output; gluon_wide (the 128 x 192 tile, opt-in) matches too. In a subprocess with a timeout, as the GEMM's own test: a hang fails here
-    instead of stalling the suite."""
+    that kernel's output; gluon_wide (the 128 x 192 tile, opt-in) matches too. In a subprocess
+    with a timeout, as the GEMM's own test: a hang fails here instead of stalling the suite."""
     res = _run_or_fail([sys.executable, "-c", _GLUON_LAYER], "the layer with the Gluon GEMM")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert res.stdout.count("rel err") == 3, res.stdout[-4000:]

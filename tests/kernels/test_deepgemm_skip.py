@@ -50,7 +50,8 @@ def test_modules_import_without_deep_gemm():
         "from moebench.kernels import registry\n"
         "registry.discover()\n"
         f"for n in {NAMES!r}:\n"
-        "    print(n, registry.get_experts(n).__module__, '|', registry.EXPERTS[n].supports({'quant': 'fp8_block', 'device': 'cuda'}))\n"
+        "    print(n, registry.get_experts(n).__module__, '|', "
+        "registry.EXPERTS[n].supports({'quant': 'fp8_block', 'device': 'cuda'}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -78,7 +78,8 @@ def test_module_imports_without_pplx_kernels():
 def test_registered_and_reason_says_how_to_install(no_pplx):
     reason = registry.get_backend("pplx").supports(dict(COMBO))
     assert reason.startswith(
-        "pplx_kernels is not installed: build it from github.com/ppl-ai/pplx-kernels (README: 'GPU machines and the optional libraries')"
+        "pplx_kernels is not installed: build it from github.com/ppl-ai/pplx-kernels "
+        "(README: 'GPU machines and the optional libraries')"
     )
     with pytest.raises(ImportError, match="github.com/ppl-ai/pplx-kernels"):
         _pplx.require()

@@ -546,7 +546,8 @@ def test_compile_check_flags_a_kernel_whose_wgmmas_ptxas_serializes():
 
         pipelined = cc._compile(gluon_fp8_pipelined_kernel, g.signature_types(), dict(consts, num_warps=8), 90, 8, 1)
         assert "C751" in cc._wgmma_serialized(pipelined.asm["ptx"], 90)
-        for ahead, epi_tma in ((1, False), (2, False), (1, True)):  # (scales 1 or 2 K steps ahead; a TMA-store epilogue)
+        # (scales 1 or 2 K steps ahead; a TMA-store epilogue)
+        for ahead, epi_tma in ((1, False), (2, False), (1, True)):
             types, epi = g.ws_constexprs(epi_tma)
             ws = cc._compile(g._gluon_fp8_ws_kernel, dict(g.signature_types(), **types),
                              dict(consts, num_warps=4, SCALE_AHEAD=ahead, **epi), 90, 4, 1)

@@ -716,7 +716,8 @@ CLAIMS = {
     "roofline/target-misses": Claim(
         "triton-roofline.md",
         "bf16 misses only mixtral at 64 tokens ({:.0f} %); fp8_block misses qwen3 at 16, 64 and 256 "
-        "tokens ({:.0f}, {:.0f}, {:.0f} %), mixtral at 256 ({:.0f} %; {:.0f} % at 128) and deepseek_v3 at 16 ({:.0f} %)",
+        "tokens ({:.0f}, {:.0f}, {:.0f} %), mixtral at 256 ({:.0f} %; "
+        "{:.0f} % at 128) and deepseek_v3 at 16 ({:.0f} %)",
         target_misses,
     ),
     "roofline/fold": Claim(
@@ -727,7 +728,8 @@ CLAIMS = {
     "roofline/bf16-16384": Claim(
         "triton-roofline.md",
         "At 16384 tokens bf16 reaches {:.1f} % of the measured {:.0f} TFLOP/s on qwen3 (contiguous "
-        "layout), {:.1f} % on deepseek_v3's EP-8 share (gathered, tuned tiles) and {:.0f} % on mixtral (contiguous): the "
+        "layout), {:.1f} % on deepseek_v3's EP-8 share (gathered, tuned tiles) "
+        "and {:.0f} % on mixtral (contiguous): the "
         "60 % target holds, by {:.1f} and {:.1f} points on the first two",
         lambda: (lambda b: [b[1], tflops(h200())[0], b[4], b[6], b[1] - 60, b[4] - 60])(bf16_16384()),
     ),
@@ -754,7 +756,8 @@ CLAIMS = {
     "roofline/graph-replays": Claim(
         "triton-roofline.md",
         "qwen3 bf16 {:.0f} / {:.0f} / {:.0f} %, fp8_block {:.0f} / {:.0f} / {:.0f} %; mixtral bf16 "
-        "{:.0f} / {:.0f} / {:.0f} %; deepseek_v3 bf16 {:.0f} / {:.0f} / {:.0f} %, fp8_block {:.0f} / {:.0f} / {:.0f} %; "
+        "{:.0f} / {:.0f} / {:.0f} %; deepseek_v3 bf16 {:.0f} / {:.0f} / {:.0f} %, "
+        "fp8_block {:.0f} / {:.0f} / {:.0f} %; "
         "mixtral fp8_block with its installed decode tiles {:.0f} / {:.0f} / {:.0f} / {:.0f} % at 16 / 64 / 128 / 256 "
         "tokens, {:.0f} % at 256 after the fold",
         graph_replays,
@@ -811,7 +814,8 @@ CLAIMS = {
     "fp8-decode/above-floor-split": Claim(
         "fp8-decode.md",
         "At 16 tokens qwen3's {:.0f} µs above the floor in graph replays split into ~19 µs outside the "
-        "experts phase (routing, prepare, launch gaps), 12 µs of small kernels and ~{:.0f} µs of GEMM. At 256 tokens the "
+        "experts phase (routing, prepare, launch gaps), 12 µs of small kernels and ~{:.0f} µs of GEMM. "
+        "At 256 tokens the "
         "GEMMs are the larger part: qwen3's take {:.0f} µs over their floor",
         lambda: qwen3_above_floor()[2:],
     ),

@@ -21,10 +21,12 @@ import json, sys
 from moebench.cli import main
 rc = main(sys.argv[1:])
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
-impl = sorted(m for m in sys.modules if m.startswith(("moebench.kernels.prepare_finalize.", "moebench.kernels.experts."))
+impl = sorted(m for m in sys.modules
+              if m.startswith(("moebench.kernels.prepare_finalize.", "moebench.kernels.experts."))
               and not m.rpartition(".")[2].startswith("_"))
 others = sorted(m for m in sys.modules if m.startswith("moebench.kernels.") and m.rpartition(".")[2] in
-                ("interfaces", "modular", "reference", "quant", "weight_and_reduce") or m.startswith("moebench.kernels.triton"))
+                ("interfaces", "modular", "reference", "quant", "weight_and_reduce")
+                or m.startswith("moebench.kernels.triton"))
 print("@@" + json.dumps({{"rc": rc, "heavy": heavy, "impl": impl, "others": others}}))
 """
 

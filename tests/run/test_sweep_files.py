@@ -56,7 +56,8 @@ def _tiny_extra(sweep: str, tmp_path: Path) -> list[str]:
         "deepep_ht_sm_budget": ["backend=naive", "backend.num_sms=24", "overlap.shared_sm_carveout=0"],
         # shared_overlap's Triton experts need a GPU: on the CPU its EP layers with torch experts
         "shared_overlap": ["experts=torch,torch_batched", "quant=bf16", "model=tiny"],
-        # host_path_gpu_time's rows are Triton's alone (issue #34's GPU check): on the CPU the same layers' torch experts
+        # host_path_gpu_time's rows are Triton's alone (issue #34's GPU check): on the CPU the same
+        # layers' torch experts
         "host_path_gpu_time": ["experts=torch"],
         "host_path_gpu_time_v3": ["experts=torch"],
         # gluon_gemm's rows are GPU-only (issue #35's Gluon GEMM, DeepGEMM): on the CPU the same layers'

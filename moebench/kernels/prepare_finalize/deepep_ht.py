@@ -173,7 +173,8 @@ class DeepEPHTPrepareFinalize(DeepEPHTCard, PrepareFinalize):
         """Bytes this rank sends + receives over NVLink in dispatch + combine.
 
         rows_out = rows this rank dispatches to other ranks = sum_{j != r} is_token_in_rank[:, j]
-        rows_in  = rows it receives from other ranks = sum_{i != r} (rank_prefix_matrix[i, r] - rank_prefix_matrix[i-1, r])
+        rows_in  = rows it receives from other ranks
+                 = sum_{i != r} (rank_prefix_matrix[i, r] - rank_prefix_matrix[i-1, r])
         dispatch moves each row as x (K bytes fp8 or 2K bf16) + scales (4 K/128, fp8_block)
                  + top-k ids and weights (12 P) + source index (4);
         combine sends back each received row as 2K bf16 bytes and receives the rows it sent.
