@@ -254,7 +254,7 @@ def main(argv=None) -> int:
                     fn()
                 except KeyboardInterrupt:
                     raise
-                except Exception as e:  # the next step still runs
+                except Exception as e:  # noqa: BLE001 (any failure is recorded in the summary; the next step still runs)
                     summary.setdefault("errors", []).append(f"{name} {step}: {type(e).__name__}: {e}")
                     traceback.print_exc()
                     save()

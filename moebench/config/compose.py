@@ -17,6 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from moebench.config import paths
 from moebench.config.device import resolve_device
@@ -176,7 +177,8 @@ def _typed_group(group: str, option: str, values: tuple[str, ...]) -> dict:
         return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except ValueError:
         raise
-    except Exception as e:  # omegaconf validation errors (wrong key or type)
+    # an override that does not parse; omegaconf's wrong key or type
+    except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"config error in {group}={option} {list(values)}: {e}") from None
 
 

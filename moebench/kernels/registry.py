@@ -226,7 +226,7 @@ def _load(p: Plugin, load: Callable[[], Any]) -> None:
     _loading = p
     try:
         load()
-    except (Exception, SystemExit) as e:  # a broken plugin must not break the harness
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (a broken plugin must not break the harness: disabled, with why)
         _disable(p, f"import failed: {type(e).__name__}: {e}")
         return
     finally:

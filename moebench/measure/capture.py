@@ -189,7 +189,7 @@ def capture_trace(
             out["trace_intersection_fraction"] = row["trace_intersection_fraction"]
         if row.get("trace_layer_us") is not None:
             out["trace_layer_us"] = row["trace_layer_us"]
-    except Exception as e:  # a trace we cannot parse still leaves the row
+    except Exception as e:  # noqa: BLE001 (a trace we cannot parse still leaves the row, with trace_error)
         out["trace_error"] = f"{type(e).__name__}: {e}"
     if world_size > 1 and barrier is not None:
         barrier()  # every rank's trace is written
@@ -201,6 +201,6 @@ def capture_trace(
                 from moebench.traces.analyze import matched_figures
 
                 out.update(matched_figures(paths))
-            except Exception as e:  # a peer's trace missing or unreadable: the per-rank figures stay
+            except Exception as e:  # noqa: BLE001 (a peer's trace missing or unreadable: the per-rank figures stay)
                 out["trace_error"] = f"matched figure: {type(e).__name__}: {e}"
     return out

@@ -42,7 +42,8 @@ ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "CUDA_", "TORCH_", "TRITON_", "PYTORCH_", "
 def _run(cmd: list[str]) -> str:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception:
+    # not installed, not runnable, past its 20 s, or output that is not text
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
         return ""
 
 
@@ -51,7 +52,7 @@ def library_version(name: str) -> str | None:
     dists, _ = LIBRARIES[name]
     try:
         mod = __import__(name)
-    except Exception:
+    except Exception:  # noqa: BLE001 (a compiled optional library fails in its own ways: OSError, RuntimeError; absent then)
         return None
     for d in dists:
         try:
@@ -94,7 +95,7 @@ def fingerprint() -> dict:
         import triton
 
         info["triton"] = triton.__version__
-    except Exception:
+    except Exception:  # noqa: BLE001 (the fingerprint records what imports; a broken Triton is None, not a failed run)
         info["triton"] = None
     for lib in LIBRARIES:
         info[lib] = library_version(lib)
@@ -103,7 +104,7 @@ def fingerprint() -> dict:
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(info["gpu_count"])]
         try:
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:
+        except Exception:  # noqa: BLE001 (a torch built without NCCL, or one that fails to load it: None)
             info["nccl"] = None
         if shutil.which("nvidia-smi"):
             info["nvidia_smi"] = _run(

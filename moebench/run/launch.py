@@ -58,7 +58,7 @@ def run_ranks(target: Callable, world: int, args: tuple, timeout_s: float) -> li
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"ranks {'exited with ' + str(dead) if dead else f'gave no result in {timeout_s:.0f} s'}"
-                    )
+                    ) from None
         for p in procs:
             p.join(60)
         return out

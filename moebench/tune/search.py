@@ -178,7 +178,7 @@ class Measurer:
             for c in cfgs:
                 try:
                     self.bench.dry_run(c)
-                except Exception:  # the timed trial meets it again and records it
+                except Exception:  # noqa: BLE001 (the timed trial meets it again and records it)
                     pass
         torch.cuda.synchronize(self.bench.layer.device)
         if not rec.jobs:
@@ -361,7 +361,7 @@ def _recheck(layer, store: TrialStore, key: str, T: int, cfg: dict, timing_mode:
             t.rel_err = tb.check()
             if not t.rel_err <= layer.tol:
                 t.error = f"incorrect on a second input: rel_err {t.rel_err:.3g} > {layer.tol:g}"
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (any failure of the second check is the trial's error)
             t.error = f"{type(e).__name__}: {e}"[:200]
         store.add(t)
     return t.rel_err, t.error

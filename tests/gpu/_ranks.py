@@ -41,7 +41,7 @@ def _rank_entry(rank, port, module, fn_name, args, out_dir):
         )
         mod = importlib.import_module(module)
         rows = getattr(mod, fn_name)(rank, device, *args)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (a rank must report any failure, exit included, before it dies)
         _write(out, {"error": traceback.format_exc()})
         os._exit(1)  # no collective clean-up: the other rank may be stuck in a collective
     after = getattr(mod, "_after_job", None)

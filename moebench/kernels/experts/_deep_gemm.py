@@ -35,7 +35,7 @@ REQUIRED_API = (
 def _import() -> tuple[Optional[Any], Optional[str]]:
     try:
         import deep_gemm  # its _C extension initialises the JIT
-    except Exception as e:  # ImportError, or OSError / RuntimeError from the extension
+    except Exception as e:  # noqa: BLE001 (ImportError, or OSError / RuntimeError from the extension: unavailable, with why)
         return None, f"{type(e).__name__}: {e}"
     missing = [name for name in REQUIRED_API if not hasattr(deep_gemm, name)]
     if missing:

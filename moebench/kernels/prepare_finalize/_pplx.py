@@ -45,7 +45,7 @@ def _import() -> tuple[Optional[Any], Optional[str]]:
         if not hasattr(ops, "all_to_all_intranode_create"):
             return None, "libpplx_kernels.so did not load (its import logged the reason)"
         return pplx_kernels, None
-    except Exception as e:  # ImportError, or OSError for a missing libnvshmem_host
+    except Exception as e:  # noqa: BLE001 (ImportError, or OSError for a missing libnvshmem_host: unavailable, with why)
         return None, f"{type(e).__name__}: {e}"
 
 

@@ -558,7 +558,7 @@ def main(argv=None) -> int:
                 print(f"FAIL  {name}: ptxas serializes its WGMMAs: {serialized}")
                 continue
             print(f"ok    {name}  (shared memory {k.metadata.shared} B)")
-        except Exception as e:  # report every failing kernel, not only the first
+        except Exception as e:  # noqa: BLE001 (report every failing kernel, not only the first)
             failed += 1
             print(f"FAIL  {name}: {type(e).__name__}: {e}")
     print(f"{failed} of {len(variants(args.quick))} kernel variants failed for sm_{args.arch}")
