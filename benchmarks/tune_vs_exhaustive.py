@@ -35,11 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from moebench.kernels.triton.config import VLLM_BATCH_SIZES  # noqa: E402
-from moebench.report.best_per_size import ratio_interval  # noqa: E402
-from moebench.tune import compile as tcompile  # noqa: E402
-from moebench.tune import files  # noqa: E402
-from moebench.tune.search import TuneArgs, resolve, tune  # noqa: E402
+from moebench.kernels.triton.config import VLLM_BATCH_SIZES  # noqa: E402 (after sys.path takes this checkout)
+from moebench.report.best_per_size import ratio_interval  # noqa: E402 (after sys.path takes this checkout)
+from moebench.tune import compile as tcompile  # noqa: E402 (after sys.path takes this checkout)
+from moebench.tune import files  # noqa: E402 (after sys.path takes this checkout)
+from moebench.tune.search import TuneArgs, resolve, tune  # noqa: E402 (after sys.path takes this checkout)
 
 LAYERS = {
     "dsv3": (["model=deepseek_v3", "backend.simulate_ep=8", "quant=fp8_block"], [16, 4096]),

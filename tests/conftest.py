@@ -45,7 +45,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_support_dir, os.environ.
 # @triton.jit reads TRITON_INTERPRET when a kernel module is imported: import them all now,
 # so that a harness-only test that sets TRITON_INTERPRET=0 (test_sweep_cpu.py) and happens
 # to import them first cannot leave them unrunnable for the tests after it in this process
-from moebench.kernels import registry as _registry  # noqa: E402
+from moebench.kernels import registry as _registry  # noqa: E402 (after TRITON_INTERPRET and the plugin environment are set)
 
 _registry.discover()
 
@@ -54,7 +54,7 @@ _registry.discover()
 pytest_plugins = ["_progress", "_parallel"]
 
 # the --require gate's hooks (tests/support/_require.py), found here by name
-from _require import (  # noqa: E402, F401
+from _require import (  # noqa: E402, F401 (pytest takes the hooks from here by name; after sys.path takes tests/support)
     pytest_addoption,
     pytest_configure,
     pytest_make_collect_report,
@@ -64,7 +64,7 @@ from _require import (  # noqa: E402, F401
 )
 
 # the tiers: gpu and slow tests run only where -m names them (tests/support/_tiers.py)
-from _tiers import pytest_collection_modifyitems  # noqa: E402, F401
+from _tiers import pytest_collection_modifyitems  # noqa: E402, F401 (pytest takes the hook from here by name; after sys.path takes tests/support)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def recording_launch(fn, grid, *args, **kwargs):
 
 fl.launch = recording_launch  # before the kernel modules import it by name
 
-import host_python as hp  # noqa: E402
+import host_python as hp  # noqa: E402 (after the recording launch is patched in, which host_python imports by name)
 
 handle_vals: list = []  # (index into calls, the values CompiledKernel.run received)
 

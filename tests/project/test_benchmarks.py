@@ -15,9 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import deepep_ht_profiler as ht  # noqa: E402
-import deepep_ll_profiler as ll  # noqa: E402
-from _deepep_compare import kernel_sums  # noqa: E402
+import deepep_ht_profiler as ht  # noqa: E402 (after sys.path takes benchmarks/)
+import deepep_ll_profiler as ll  # noqa: E402 (after sys.path takes benchmarks/)
+from _deepep_compare import kernel_sums  # noqa: E402 (after sys.path takes benchmarks/)
 
 HT_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ht"
 LL_RUN = REPO / "results" / "deepep_vs_own_benchmarks" / "ll"

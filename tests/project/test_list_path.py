@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import list_time  # noqa: E402
+import list_time  # noqa: E402 (after sys.path takes benchmarks/)
 
 HEAVY = ("torch", "triton", "numpy", "pandas", "pyarrow")
 CODE = """
