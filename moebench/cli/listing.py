@@ -53,7 +53,7 @@ def list_command(args) -> int:
             print(f"skipped {c.label}{plugins.origin_tag(c)}  ({c.reason})")
     elif skipped:
         print(f"\nskipped, by reason ({len(skipped)} combinations; --verbose lists each):")
-        for n, line in reason_groups([c.reason for c in skipped]):
+        for n, line in reason_groups([c.reason for c in skipped if c.reason]):
             print(f"  {n:4d}  {line}")
     print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")
     lines = plugins.summary()

@@ -174,7 +174,9 @@ def _typed_group(group: str, option: str, values: tuple[str, ...]) -> dict:
                     "and `moebench list --knobs`)"
                 )
             OmegaConf.update(node, key, ov.value(), merge=True)
-        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+        out = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+        assert isinstance(out, dict)  # a group's schema is a dataclass: a DictConfig
+        return out
     except ValueError:
         raise
     # an override that does not parse; omegaconf's wrong key or type
@@ -186,7 +188,9 @@ def compose_with_hydra(overrides: list[str]) -> dict:
     """Hydra's own compose (slow: ~0.1 s); the tests check compose_config against it."""
     _init_hydra()
     cfg = compose(config_name="config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert isinstance(out, dict)  # Hydra composes a DictConfig
+    return out
 
 
 CHOICES = {

@@ -222,6 +222,7 @@ class PrepareFinalize(BackendCard, ABC):
         wr = resolve_weight_and_reduce(weight_and_reduce, fmt)
         if isinstance(wr, NoOp):
             return expert_out
+        assert prepared.topk_weights_MP is not None, "a weight-and-reduce weighs by the prepared top-k weights"
         with self.phases("weight_reduce"):
             return wr.apply(None, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
 

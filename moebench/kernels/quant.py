@@ -93,6 +93,7 @@ def dequant_weight(w_ENK: torch.Tensor, scale: Optional[torch.Tensor], quant: Qu
     """fp32 copy of (quantized) weights."""
     if not quant.is_fp8:
         return w_ENK.float()
+    assert scale is not None, "fp8 weights come with their scales"
     if quant.is_block:
         E, N, K = w_ENK.shape
         s = scale.repeat_interleave(quant.block_n, dim=1)[:, :N].repeat_interleave(quant.block_k, dim=2)[:, :, :K]

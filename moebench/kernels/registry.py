@@ -22,22 +22,26 @@ Built-ins are never replaced.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
 import os
 import pkgutil
 import sys
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, cast, overload
 
-from .entry import EntryCard
+from .entry import BackendCard, EntryCard, ExpertsCard
 from .plugin import PLUGIN_MODULES_VAR, Plugin, contract_problem
+
+if TYPE_CHECKING:  # the implementations' bases import torch: planning imports none of them
+    from .interfaces import Experts, PrepareFinalize
 
 ENTRY_POINT_GROUP = "moebench.kernels"
 BUILTIN_ORIGIN = "moebench"  # the provenance of moebench's own entries
 
-BACKENDS: dict[str, type] = {}  # name -> the card (moebench's, until implemented) or the class
-EXPERTS: dict[str, type] = {}
+BACKENDS: dict[str, type[BackendCard]] = {}  # name -> the card (moebench's, until implemented) or the class
+EXPERTS: dict[str, type[ExpertsCard]] = {}
 CARDS: dict[tuple[str, str], type[EntryCard]] = {}  # (kind, name) -> the card of one of moebench's own entries
 PLUGINS: list["Plugin"] = []  # every plugin discover() found, loaded or disabled
 DISABLED: dict[tuple[str, str], "Plugin"] = {}  # (kind, name) of a disabled plugin's entries
@@ -279,7 +283,7 @@ def discover() -> None:
         )
         _load(p, ep.load)
     for name in filter(None, os.environ.get(PLUGIN_MODULES_VAR, "").split(os.pathsep)):
-        _load(Plugin(name=name, module=name), lambda name=name: importlib.import_module(name))
+        _load(Plugin(name=name, module=name), functools.partial(importlib.import_module, name))
 
 
 def plugins() -> list[Plugin]:
@@ -355,7 +359,13 @@ def knobs(kind: str, builtin_only: bool = False) -> dict:
     return out
 
 
-def entry(kind: str, name: str) -> type:
+@overload
+def entry(kind: Literal["backend"], name: str) -> type[BackendCard]: ...
+@overload
+def entry(kind: Literal["experts"], name: str) -> type[ExpertsCard]: ...
+@overload
+def entry(kind: str, name: str) -> type[EntryCard]: ...
+def entry(kind: str, name: str) -> type[EntryCard]:
     """What answers for `kind=name` in planning (its metadata and rules) without importing an
     implementation: moebench's card (or its implementation, once imported), a plugin's class."""
     discover()
@@ -368,7 +378,7 @@ def entry(kind: str, name: str) -> type:
     return table[name]
 
 
-def _implementation(kind: str, name: str) -> type:
+def _implementation(kind: str, name: str) -> type[EntryCard]:
     cls, card = entry(kind, name), CARDS.get((kind, name))
     if card is not None and cls is card:  # moebench's own, not imported yet: its decorator replaces the card
         module = card.implementation
@@ -378,11 +388,13 @@ def _implementation(kind: str, name: str) -> type:
     return _table(kind)[name]
 
 
-def get_backend(name: str) -> type:
+def get_backend(name: str) -> type[PrepareFinalize]:
     """The backend's implementation (PrepareFinalize), imported on first use."""
-    return _implementation("backend", name)
+    # an implementation replaces its card only if it subclasses it (_implement); a plugin's
+    # class enters only as a PrepareFinalize (_commit)
+    return cast("type[PrepareFinalize]", _implementation("backend", name))
 
 
-def get_experts(name: str) -> type:
+def get_experts(name: str) -> type[Experts]:
     """The experts' implementation (Experts), imported on first use."""
-    return _implementation("experts", name)
+    return cast("type[Experts]", _implementation("experts", name))  # as get_backend's

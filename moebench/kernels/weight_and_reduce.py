@@ -25,7 +25,7 @@ class WeightAndReduce(ABC):
         out_MK: Optional[torch.Tensor],
         expert_out: torch.Tensor,
         topk_weights_MP: torch.Tensor,
-        topk_ids_MP: torch.Tensor,
+        topk_ids_MP: Optional[torch.Tensor],  # Contiguous's; Batched reads prepared.handle
         # a PreparedTokens: interfaces.py, which re-exports the strategies, defines it (importing
         # it here, even for type checking only, would be an import cycle)
         prepared: Any,

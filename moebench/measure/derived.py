@@ -50,12 +50,14 @@ def routing_counts(kernel: MoEKernel, x, w, ids) -> Routing:
     """Count what one prepare hands to this rank's experts (outside timing)."""
     prepared = kernel.pf.prepare(x, w, ids, kernel.experts.input_quant)
     if kernel.experts.activation_format == ActivationFormat.BATCHED:
+        assert prepared.expert_num_tokens_E is not None, "a batched prepare counts each expert's rows"
         counts = prepared.expert_num_tokens_E.long()
         pairs = int(counts.sum())
         hit = int((counts > 0).sum())
         rows_in, rows_out = pairs, pairs
     else:
         local = prepared.topk_ids_MP
+        assert local is not None, "a standard prepare hands over the local top-k ids"
         pairs = int((local >= 0).sum())
         hit = int(torch.unique(local[local >= 0]).numel())
         rows_in = int(((local >= 0).any(dim=1)).sum())

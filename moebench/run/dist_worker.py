@@ -284,6 +284,7 @@ def main(argv=None) -> int:
         dist.destroy_process_group()
     if not lead:
         return 0
+    assert lock is not None and keys is not None  # the lead planned: a failed plan returned 2 above
     df = RunStore(args.out).load()
     bad = df[df["combo_key"].isin(set(keys)) & df["status"].isin(BAD_STATUSES)] if len(df) else df
     lock.release()

@@ -276,13 +276,13 @@ def env_command(as_json: bool) -> int:
     print(f"plugins (contract {CONTRACT_VERSION}; docs/plugins.md):" + ("" if info["plugins"] else " none"))
     for p in info["plugins"]:
         where = f"{p['dist']} {p['version']}" if p["dist"] else f"module {p['module']}"
-        state = "loaded: " + " ".join(p["entries"]) if p["status"] == "loaded" else f"disabled: {p['reason']}"
+        status = "loaded: " + " ".join(p["entries"]) if p["status"] == "loaded" else f"disabled: {p['reason']}"
         contract = "?" if p["contract"] is None else p["contract"]  # unknown when the import failed
-        print(f"  {p['name']:<13} {where}  contract {contract}  {state}")
+        print(f"  {p['name']:<13} {where}  contract {contract}  {status}")
     print()
     print(f"entries on this machine (device={device}):")
     for e in entries:
-        state = "usable" if not e["reason"] else f"not usable: {e['reason']}"
+        status = "usable" if not e["reason"] else f"not usable: {e['reason']}"
         where = f"  [{e['origin']}]" if e["origin"] not in ("moebench", "") else ""
-        print(f"  {e['kind']:<8} {e['name']:<20} {e['layout']:<9} {state}{where}")
+        print(f"  {e['kind']:<8} {e['name']:<20} {e['layout']:<9} {status}{where}")
     return 0

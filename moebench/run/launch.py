@@ -48,7 +48,8 @@ def run_ranks(target: Callable, world: int, args: tuple, timeout_s: float) -> li
     procs = [ctx.Process(target=target, args=(r, port, *args, q)) for r in range(world)]
     for p in procs:
         p.start()
-    out, deadline = [], time.monotonic() + timeout_s
+    out: list[Any] = []  # each rank's result, as it arrives
+    deadline = time.monotonic() + timeout_s
     try:
         while len(out) < world:
             try:

@@ -83,7 +83,7 @@ def plan(
     """Expand overrides (and a sweep file) into validated Combinations. `this_machine=False`:
     the ranks run elsewhere (torchrun, SLURM jobs), so this machine's cores and GPUs decide
     nothing."""
-    sweep_data = load_sweep(sweep) if sweep else {"name": ADHOC, "overrides": {}}
+    sweep_data: dict = load_sweep(sweep) if sweep else {"name": ADHOC, "overrides": {}}
     cli_overrides = list(cli_overrides)
     renamed = [o for o in cli_overrides if rename(o) != o]
     if renamed:

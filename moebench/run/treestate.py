@@ -258,10 +258,11 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
     state = from_git(root, head) if head else None
     if stamp is not None and (state is None or stamp["commit"] != head):
         stamped = from_stamp(root, stamp)
-        if state is None or not stamped.after_stamp or older_than(root, head, stamp["commit"]):
+        # (state is None whenever head is: the `head is None` tests only tell the type checker)
+        if state is None or head is None or not stamped.after_stamp or older_than(root, head, stamp["commit"]):
             state = (
                 stamped
-                if state is None
+                if state is None or head is None
                 else replace(stamped, note=f"{stamped.note}; the .git here is at {head[:12]}, not the stamp's commit")
             )
     if named:

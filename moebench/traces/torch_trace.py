@@ -78,6 +78,7 @@ def capture(
     the host's launch gaps. Returns the written path (a `.gz` suffix writes gzipped JSON).
     """
     import contextlib
+    import functools
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -89,9 +90,12 @@ def capture(
     unknown = set(ablation) - set(ABLATION_PREFIXES)
     if unknown:
         raise ValueError(f"ablation kinds {sorted(unknown)}; valid: {', '.join(ABLATION_PREFIXES)}")
-    runs = [(lambda i: sample_range(i) if mark_samples else contextlib.nullcontext(), fn, SAMPLE_PREFIX)]
+    # (the range one sample of it runs in, the callable, the ranges' prefix)
+    runs: list[tuple[Callable[[int], contextlib.AbstractContextManager], Callable, str]] = [
+        (lambda i: sample_range(i) if mark_samples else contextlib.nullcontext(), fn, SAMPLE_PREFIX)
+    ]
     runs += [
-        (lambda i, kind=kind: ablation_range(kind, i), ablation[kind], ABLATION_PREFIXES[kind])
+        (functools.partial(ablation_range, kind), ablation[kind], ABLATION_PREFIXES[kind])
         for kind in ABLATION_PREFIXES
         if kind in ablation
     ]
@@ -165,9 +169,9 @@ def load_json(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> dict:
     """The JSON object of a `.json` or `.json.gz` trace (ValueError when unreadable, larger than
     `max_mb` MB once inflated (None: no limit), or nested deeper than Python's recursion limit)."""
     path = Path(path)
-    data = _read_capped(path, max_mb)
+    raw = _read_capped(path, max_mb)
     try:
-        data = json.loads(data)
+        data = json.loads(raw)
     except RecursionError:
         raise ValueError(
             f"{path}: JSON nested too deeply to be a Chrome/Perfetto trace (over ~{sys.getrecursionlimit()} levels)"

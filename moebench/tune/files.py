@@ -201,9 +201,9 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
         old_side.write_text(json.dumps(fresh, indent=2) + "\n")
     if dest == top and part.is_file():  # superseded
         part.unlink()
-        side = part.with_name(sidecar_name(part.name))
-        if side.is_file():
-            side.unlink()
+        part_side = part.with_name(sidecar_name(part.name))
+        if part_side.is_file():
+            part_side.unlink()
     if dest == part:
         log(
             f"installed into {dest.parent} (not moebench/kernels/configs/: "

@@ -280,7 +280,7 @@ def run_tokens(
         dynamic_ncols=True,
     )
     timing_mode = None
-    results = []
+    results: list[TokenResult] = []
     for T in tokens:
         t0 = time.perf_counter()
         if args.stop_at is not None and results:
@@ -313,7 +313,11 @@ def run_tokens(
             budget=budgets[T],
             rungs=out.rungs,
         )
-        trials = {config_key(t.config): t for t in (m.store.get(m._key(cfg, "screen")) for cfg in out.order)}
+        trials: dict[tuple, Trial] = {}
+        for cfg in out.order:
+            t = m.store.get(m._key(cfg, "screen"))
+            assert t is not None, f"{cfg}: the search screened it, the store has no trial of it"
+            trials[config_key(t.config)] = t
         for name, cfg in base.items():
             res.baselines[name] = trials.get(config_key(cfg))
         for t in trials.values():
@@ -423,13 +427,12 @@ def tune(
         pruned, results, stats = run_tokens(c, tokens, args, store, torch.device("cuda", 0), log, replay=True)
     else:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        own = pool is None and workers > 0 and cuda
-        pool = tcompile.Pool(workers) if own else pool
+        own = tcompile.Pool(workers) if pool is None and workers > 0 and cuda else None
         try:
-            pruned, results, stats = run_tokens(c, tokens, args, store, device, log, pool)
+            pruned, results, stats = run_tokens(c, tokens, args, store, device, log, own if own is not None else pool)
         finally:
-            if own:
-                pool.close()
+            if own is not None:
+                own.close()
     wall = time.perf_counter() - t0
     dims = dims_of(c.combo)
 

@@ -171,9 +171,9 @@ def halving(
         picks = []
         for target in RUNG0_KNOBS[:per_tile]:
             want = dict(zip(TILE_KEYS, t, strict=True), **target)
-            best = min(tiles[t], key=lambda c: (_distance(c, want, values, KNOB_KEYS), config_key(c)))
-            if best not in picks:
-                picks.append(best)
+            pick = min(tiles[t], key=lambda c: (_distance(c, want, values, KNOB_KEYS), config_key(c)))
+            if pick not in picks:
+                picks.append(pick)
         rung0 += picks
     timer.screen(rung0[: max(0, left())])
     timer.out.rungs.append({"rung": 0, "tiles": len(order), "timed": timer.out.num_timed})
@@ -204,6 +204,7 @@ def halving(
         batch: list[dict] = []
         for i, t in enumerate(survivors):
             best = tile_best(t)
+            assert lead is not None and best is not None  # ranked() keeps only tiles with a best
             # the leader's knobs first (knob effects carry over between tiles), then the
             # untried knob settings nearest to this tile's best
             n = int(add(batch, dict(best, **{k: lead[k] for k in KNOB_KEYS})))

@@ -41,7 +41,7 @@ from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the test
     gluon_runtime_unsupported,
     triton_unsupported,
 )
-from ..interfaces import Experts
+from ..interfaces import Experts, ExpertWeights, KernelContext
 from ..registry import register_experts
 from ..triton.align import max_padded_rows
 from ..triton.config import config_block_shape, config_dtype, get_config
@@ -54,6 +54,10 @@ from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspa
 class TritonConfigMixin:
     """Tile config per row count: ctx.options["triton_config"] (a dict with
     vLLM's keys, e.g. from the tuner) overrides kernels/configs/ and the heuristic."""
+
+    # the Experts' attributes this mixes into
+    ctx: KernelContext
+    w: ExpertWeights
 
     def _config(self, M: int, topk: int) -> dict:
         cache = self.__dict__.setdefault("_config_cache", {})  # no file look-ups in the hot path

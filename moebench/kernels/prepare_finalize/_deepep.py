@@ -133,9 +133,9 @@ def release_buffers(group: Any = None, kind: Optional[str] = None) -> int:
             entry.buffer.destroy()
             n += 1
     if kind in (None, "ll") and _LL is not None and (group is None or _LL.group is group):
-        entry, _LL = _LL, None
+        ll, _LL = _LL, None
         _LL_DESTROYED = True  # NVSHMEM is finalised now: no second LL buffer in this process
-        entry.buffer.destroy()
+        ll.buffer.destroy()
         n += 1
     return n
 

@@ -243,6 +243,7 @@ class PplxPrepareFinalize(PplxCard, PrepareFinalize):
         routed = ids_TP >= 0  # an id of -1 (no expert) sends nothing
         to_self = int(((owner_TP == ctx.rank) & routed).sum())
         pairs_out = int(routed.sum()) - to_self
+        assert prepared.expert_num_tokens_E is not None, "pplx's dispatch counts each expert's rows"
         pairs_in = int(prepared.expert_num_tokens_E.long().sum()) - to_self
         return (pairs_out + pairs_in) * (h.dispatch_row_bytes + 2 * ctx.shape.hidden)
 

@@ -147,6 +147,7 @@ def silu_and_mul(
         num_rblk = E * cdiv(X, block_r)
         ids, post, counts = h2, h2, expert_num_tokens
     else:
+        assert sorted_ids is not None and num_post is not None, "the standard layout: sorted_ids and num_post"
         X = 0
         num_rblk = cdiv(sorted_ids.numel(), block_r)
         ids, post, counts = sorted_ids, num_post, sorted_ids

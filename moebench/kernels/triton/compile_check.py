@@ -404,14 +404,14 @@ def variants(quick: bool):
         stride_xsm="i32",
         stride_xsg="i32",
     )
-    for mode, x, xs, a, a_s, quant_in, copy in (
+    for how, x, xs, a, a_s, quant_in, copy in (
         ("fp8 in", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", False, False),
         ("bf16 quantized", "*bf16", "*bf16", "*fp8e4nv", "*fp32", True, False),
         ("bf16 copied", "*bf16", "*bf16", "*bf16", "*bf16", False, True),
     ):
         out.append(
             (
-                f"permute_contiguous {mode}",
+                f"permute_contiguous {how}",
                 deepgemm_layout._permute_kernel,
                 dict(perm, x_ptr=x, xs_ptr=xs, a_ptr=a, as_ptr=a_s),
                 dict(

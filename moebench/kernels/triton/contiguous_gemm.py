@@ -307,7 +307,7 @@ def contiguous_gemm(
     assert Mp % ALIGN == 0 and ALIGN % bm == 0 and N % bn == 0, (Mp, N, bm, bn)
     assert bn <= GROUP or bn % GROUP == 0, bn
     assert a.stride(1) == 1 and w.is_contiguous() and c.stride(1) == 1 and m_indices.numel() >= Mp
-    if scaled:
+    if a_scale is not None and w_scale is not None:  # scaled
         assert a_scale.shape == (Mp, K // GROUP) and w_scale.shape == (E, N // GROUP, K // GROUP), (
             a_scale.shape,
             w_scale.shape,
@@ -325,8 +325,8 @@ def contiguous_gemm(
     b_desc = _descriptor(w.view(E * N, K), [bn, bk])
     a_s = a_scale if scaled else m_indices  # (unread without scales)
     w_s = w_scale if scaled else m_indices
-    a_strides = tuple(a_scale.stride()) if scaled else (0, 0)
-    w_strides = tuple(w_scale.stride()) if scaled else (0, 0, 0)
+    a_strides = tuple(a_scale.stride()) if a_scale is not None else (0, 0)
+    w_strides = tuple(w_scale.stride()) if w_scale is not None else (0, 0, 0)
     launch(
         _contiguous_kernel,
         grid,

@@ -154,7 +154,7 @@ def permute_contiguous(
     num_experts: int,
     align: int,
     a_MpK: torch.Tensor,
-    a_scale: torch.Tensor,
+    a_scale: torch.Tensor | None,
     scratch: torch.Tensor,
 ) -> ContiguousLayout:
     """Sort pairs by expert into DeepGEMM's contiguous layout (see the module doc).
@@ -172,7 +172,7 @@ def permute_contiguous(
     assert scratch.dtype == torch.int32 and scratch.numel() >= contiguous_scratch_numel(R, num_experts, align)
     copy = a_scale is None
     assert a_MpK.shape == (mp, K) and a_MpK.is_contiguous(), (a_MpK.shape, mp)
-    if copy:
+    if a_scale is None:  # copy
         assert a_MpK.dtype == x_MK.dtype != FP8_DTYPE and x_scale_MG is None, (a_MpK.dtype, x_MK.dtype)
     else:
         assert a_MpK.dtype == FP8_DTYPE, a_MpK.dtype

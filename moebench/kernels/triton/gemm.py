@@ -312,8 +312,11 @@ def _strides(t: Optional[torch.Tensor], n: int) -> tuple[int, ...]:
 def _w_scale_strides(w_scale: Optional[torch.Tensor], quant: int) -> tuple[int, int, int]:
     """(stride_bse, stride_bsn, stride_bsk): [E, N/128, K/128] block scales or [E] tensor scales."""
     if quant == QUANT_BLOCK:
-        return tuple(w_scale.stride())
+        assert w_scale is not None, "block-scaled weights come with their scales"
+        e, n, k = w_scale.stride()
+        return (e, n, k)
     if quant == QUANT_TENSOR:
+        assert w_scale is not None, "tensor-scaled weights come with their scale"
         return (w_scale.stride(0), 0, 0)
     return (0, 0, 0)
 
