@@ -25,6 +25,17 @@ from typing import Any, Iterator, Optional
 
 from moebench.config.schema import BackendConf, ModelConf, OverlapConf, RunnerConf, TraceConf, WorkloadConf
 
+# a column's roles in the report (moebench/results/row.py reads them into `Column.roles`; the
+# report derives its lists from them, docs/design.md "The vocabulary of columns")
+AXIS = "axis"  # names a combination in every table, in this order; a caption names it even at its default
+COMBO = "combo"  # names a combination where it varies within a table; a caption names it off its default
+BARE = "bare"  # shown as its bare value in a combination's label (local/triton mixtral_8x7b)
+WORKLOAD = "workload"  # rows equal in every workload column saw the same tokens: only they compete for fastest
+MODEL_SIZE = "model size"  # shown only where it varies within one model (the model's name tells it)
+PLACE = "place"  # where a row ran: what a comparison's pair shares and a figure's basis reads
+REQUIRED = "required"  # a row file lacking it is malformed (no table can be drawn without it)
+_AXIS, _COMBO, _WORK, _SIZE = (AXIS, REQUIRED), (COMBO,), (COMBO, WORKLOAD), (COMBO, MODEL_SIZE)
+
 _NO_DEFAULT = dataclasses.MISSING
 
 
@@ -35,51 +46,79 @@ def _f(
     column: Optional[bool] = None,
     tag: Optional[str] = None,
     doc: str = "",
+    roles: tuple[str, ...] = (),
+    short: str = "",
 ):
-    """A Combo field: `column` defaults to `identity` (every identity field is stored)."""
-    meta = {"identity": identity, "column": identity if column is None else column, "tag": tag, "doc": doc}
+    """A Combo field: `column` defaults to `identity` (every identity field is stored). `roles`
+    and `short`: the column's roles in the report and its short label (results/row.py: AXIS...)."""
+    meta = {
+        "identity": identity,
+        "column": identity if column is None else column,
+        "tag": tag,
+        "doc": doc,
+        "roles": roles,
+        "short": short,
+    }
     return field(default=default, metadata=meta) if default is not _NO_DEFAULT else field(metadata=meta)
 
 
 @dataclass(frozen=True)
 class Combo:
     # the four axes
-    backend: str = _f(doc="all2all backend (backend=...)")
-    experts: str = _f(doc="expert implementation (experts=...)")
-    reduction: str = _f(doc="top-k weight-and-reduce placement: experts | finalize")
-    overlap: str = _f(doc="shared-expert overlap: none | dispatch | combine")
-    quant: str = _f(doc="bf16 | fp8_block | fp8_tensor")
+    backend: str = _f(roles=(*_AXIS, BARE), doc="all2all backend (backend=...)")
+    experts: str = _f(roles=(*_AXIS, BARE), doc="expert implementation (experts=...)")
+    reduction: str = _f(roles=_AXIS, short="red", doc="top-k weight-and-reduce placement: experts | finalize")
+    overlap: str = _f(roles=_AXIS, short="ovl", doc="shared-expert overlap: none | dispatch | combine")
+    quant: str = _f(roles=_AXIS, doc="bf16 | fp8_block | fp8_tensor")
     # the layer
-    model: str = _f(doc="model name (conf/model/)")
-    hidden: int = _f(doc="K")
-    intermediate: int = _f(doc="I per routed expert")
-    num_experts: int = _f(doc="routed experts (global)")
-    topk: int = _f()
-    device: str = _f(doc="cpu | cuda (runner.device=auto resolved)")
-    num_shared_experts: int = _f(ModelConf.num_shared_experts)
-    shared_intermediate: int = _f(ModelConf.shared_intermediate, doc="I of one shared expert")
+    model: str = _f(roles=(*_AXIS, BARE, WORKLOAD), doc="model name (conf/model/)")
+    hidden: int = _f(roles=_SIZE, doc="K")
+    intermediate: int = _f(roles=_SIZE, short="inter", doc="I per routed expert")
+    num_experts: int = _f(roles=_SIZE, short="E", doc="routed experts (global)")
+    topk: int = _f(roles=_SIZE)
+    device: str = _f(roles=(COMBO, PLACE), doc="cpu | cuda (runner.device=auto resolved)")
+    num_shared_experts: int = _f(ModelConf.num_shared_experts, roles=_SIZE)
+    shared_intermediate: int = _f(ModelConf.shared_intermediate, roles=_SIZE, doc="I of one shared expert")
     # where it runs
-    world_size: int = _f(1, tag="ws{}", doc="ranks (1 for single-rank backends)")
-    simulate_ep: int = _f(BackendConf.simulate_ep, tag="sim_ep{}", doc="single-rank backends: one rank's share of EP-N")
+    world_size: int = _f(
+        1, roles=(*_AXIS, WORKLOAD, PLACE), short="world", tag="ws{}", doc="ranks (1 for single-rank backends)"
+    )
+    simulate_ep: int = _f(
+        BackendConf.simulate_ep,
+        roles=_WORK,
+        short="sim_ep",
+        tag="sim_ep{}",
+        doc="single-rank backends: one rank's share of EP-N",
+    )
     simulate_rank: str = _f(
         BackendConf.simulate_rank,
+        roles=_WORK,
         tag="rank_{}",
         doc="simulate_ep=N: the emulated rank, hottest | K (empty: rank 0's share of one rank's tokens)",
     )
     shared_sm_carveout: int = _f(
-        OverlapConf.shared_sm_carveout, tag="carve{}", doc="SMs the shared experts' GEMMs leave free (CUDA)"
+        OverlapConf.shared_sm_carveout,
+        roles=_COMBO,
+        tag="carve{}",
+        doc="SMs the shared experts' GEMMs leave free (CUDA)",
     )
     # workload
     routing: str = _f(
-        WorkloadConf.routing, tag="{}", doc="uniform | balanced | zipf | imbalanced_experts | imbalanced_ranks | replay"
+        WorkloadConf.routing,
+        roles=_WORK,
+        tag="{}",
+        doc="uniform | balanced | zipf | imbalanced_experts | imbalanced_ranks | replay",
     )
-    skew: float = _f(WorkloadConf.skew, tag="skew{}", doc="zipf exponent (zipf routing only)")
+    skew: float = _f(WorkloadConf.skew, roles=_WORK, tag="skew{}", doc="zipf exponent (zipf routing only)")
     imbalance: float = _f(
-        WorkloadConf.imbalance, tag="imb{}", doc="imbalanced_*: the hot expert's or rank's load over the mean"
+        WorkloadConf.imbalance,
+        roles=_WORK,
+        tag="imb{}",
+        doc="imbalanced_*: the hot expert's or rank's load over the mean",
     )
-    routing_file_sha256: str = _f("", tag="rec{:.8}", doc="replay: sha256 of the recording")
+    routing_file_sha256: str = _f("", roles=_WORK, tag="rec{:.8}", doc="replay: sha256 of the recording")
     routing_layer: int = _f(
-        WorkloadConf.routing_layer, tag="layer{}", doc="replay: the recording's layer (-1: its only one)"
+        WorkloadConf.routing_layer, roles=_WORK, tag="layer{}", doc="replay: the recording's layer (-1: its only one)"
     )
     routing_file: str = _f(
         WorkloadConf.routing_file,
@@ -89,20 +128,26 @@ class Combo:
     )
     fill: float = _f(
         WorkloadConf.fill,
+        roles=_WORK,
         tag="fill{}",
         doc="batched layouts: the busiest local expert's share of its buffer rows (0: the layout's own size)",
     )
-    seed: int = _f(WorkloadConf.seed, tag="seed{}")
+    seed: int = _f(WorkloadConf.seed, roles=_WORK, tag="seed{}")
     # how it is measured
-    timing: str = _f(RunnerConf.timing, tag="{}", doc="requested timing: auto | events | graph | profiler")
+    timing: str = _f(
+        RunnerConf.timing, roles=_COMBO, tag="{}", doc="requested timing: auto | events | graph | profiler"
+    )
     graph_max_tokens: int = _f(
-        RunnerConf.graph_max_tokens, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens"
+        RunnerConf.graph_max_tokens, roles=_COMBO, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens"
     )
-    l2_flush: bool = _f(RunnerConf.l2_flush, tag="noflush")
+    l2_flush: bool = _f(RunnerConf.l2_flush, roles=_COMBO, tag="noflush")
     memory_budget: int = _f(
-        int(RunnerConf.memory_budget), tag="budget{}", doc="bytes the layer may allocate above the check's (0: no cap)"
+        int(RunnerConf.memory_budget),
+        roles=_COMBO,
+        tag="budget{}",
+        doc="bytes the layer may allocate above the check's (0: no cap)",
     )
-    trace: str = _f(TraceConf.name, tag="trace_{}", doc="none | nvtx | torch | nsys")
+    trace: str = _f(TraceConf.name, roles=_COMBO, tag="trace_{}", doc="none | nvtx | torch | nsys")
     # the chosen entries' knobs, (name, value) sorted by name; each is identity and a column
     knobs: tuple = _f((), column=False)
     # settings that do not change what is measured, only how long and how often

@@ -4,93 +4,67 @@ combination produced (`Finished`) and why it has no complete result (`Failure`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from moebench.config.spec import Combination
+from moebench.results import row
 from moebench.results.row import Status
 
 NAN = float("nan")
 
 
-@dataclass
-class RankResult:
-    """One rank's figures for one token count (µs, bytes; NaN where not measured)."""
+# RankResult's own fields, beside the columns a rank measures (row.py `rank_columns`): what
+# rows.py turns into columns of their own (phases, the ablation, the trace's span and matched
+# overlap) or keeps out of the row (the profiler's trace file)
+RANK_ONLY: tuple[tuple[str, Any, Any], ...] = (
+    ("rank", int, dataclasses.MISSING),
+    ("phases_us", dict, field(default_factory=dict)),  # phase -> median µs (the `<phase>_us` columns)
+    # the ablation's samples (layers with shared experts): shared_us, latency_no_shared_us, overlap_*
+    ("no_shared_samples_us", Optional[list], None),
+    ("shared_samples_us", Optional[list], None),
+    ("trace_layer_us", Optional[float], None),  # this rank's layer span in its trace (trace_layer_us_per_rank)
+    ("trace_matched_overlap_per_rank", Optional[list], None),  # rank 0 only, from every rank's trace
+    ("profiler_trace_path", str, ""),  # profiler mode: the torch profiler's trace file
+)
+_TYPES = {"float": float, "str": str, "list": list, "int": int, "bool": bool}
 
-    rank: int
-    status: Status = Status.OK  # ok | incorrect (failed / timeout / oom come as an Error)
-    reason: str = ""
-    rel_err: float = NAN
-    # the mode that ran: events | graph | profiler, or host where the host set the pace of the
-    # samples (measure.paced_mode): its latency is host time, not GPU time
-    timing_mode: str = ""
-    timing_note: str = ""  # why the timing that ran is not the requested replays, or is host time
-    samples_us: list = field(default_factory=list)
-    no_shared_samples_us: Optional[list] = None  # the ablation (layers with shared experts)
-    shared_samples_us: Optional[list] = None
-    phases_us: dict = field(default_factory=dict)  # phase -> median µs
-    host_enqueue_us: float = NAN  # host time to enqueue one eager forward (timing.host_enqueue_us)
-    # samples the GPU started before the host had enqueued the whole forward (timing.Samples):
-    # the layer's timed ones, the ablation's, the phase forwards' (of num_phase_samples) and the
-    # trace's (of num_trace_samples); NaN where none were taken or off a GPU
-    host_paced_samples: float = NAN
-    host_paced_no_shared: float = NAN
-    host_paced_shared: float = NAN
-    num_phase_samples: float = NAN
-    host_paced_phases: float = NAN
-    num_trace_samples: float = NAN
-    host_paced_trace: float = NAN
-    # memory
-    workspace_bytes_analytic: float = NAN
-    analytic_peak_bytes: float = NAN
-    workspace_bytes_peak: float = NAN
-    device_bytes_peak: float = NAN
-    memory_cap_bytes: float = NAN  # runner.memory_budget: the allocator's cap (allocated + budget)
-    # what the caching allocator reserved above the bytes allocated at the start of the measured
-    # work (timed samples, phases, one forward): what runner.memory_budget caps, fragmentation included
-    reserved_bytes_peak: float = NAN
-    # derived (moebench/measure/derived.py)
-    tflops: float = NAN
-    hbm_gbps: float = NAN
-    nvlink_gbps: float = NAN
-    expert_flops: float = NAN
-    expert_bytes: float = NAN
-    row_layout_used: str = ""
-    contiguous_gemm_used: str = ""
-    # routing (moebench/routing/generate.py): what the measured inputs were
-    imbalance_experts: float = NAN
-    imbalance_ranks: float = NAN
-    received_tokens: float = NAN
-    simulated_rank: float = NAN
-    routing_window: str = ""
-    routing_source: str = ""
-    fill_rows: float = NAN
-    fill_max: float = NAN
-    fill_mean: float = NAN
-    # where the rank's time went (s; run/worker.py's Stopwatch): setup and start on a
-    # combination's first row only
-    harness_start_s: float = NAN
-    harness_setup_s: float = NAN
-    harness_check_s: float = NAN
-    harness_inputs_s: float = NAN
-    harness_probe_s: float = NAN
-    harness_timing_s: float = NAN
-    harness_phases_s: float = NAN
-    harness_memory_s: float = NAN
-    harness_trace_s: float = NAN
-    harness_total_s: float = NAN
-    # traces (moebench/measure/capture.py)
-    trace_path: str = ""
-    trace_error: str = ""
-    trace_overlap_fraction: Optional[float] = None
-    trace_overlap_method: str = ""
-    trace_intersection_fraction: Optional[float] = None
-    trace_layer_us: Optional[float] = None
-    trace_matched_overlap_per_rank: Optional[list] = None  # rank 0 only, from every rank's trace
-    trace_wait_us_per_rank: Optional[list] = None
-    # profiler mode
-    kernel_us: Optional[str] = None  # JSON: communication kernel -> µs
-    profiler_trace_path: str = ""
+
+def _field(c: row.Column) -> tuple[str, Any, Any]:
+    default = Status.OK if c.name == "status" else c.rank_default  # failed / timeout / oom come as an Error
+    typ = _TYPES[c.dtype] if default is not None else Optional[_TYPES[c.dtype]]
+    return c.name, typ, field(default_factory=list) if isinstance(default, list) else field(default=default)
+
+
+def rank_result_class() -> type:
+    """RankResult, made from the declarations: RANK_ONLY and a field per column a rank measures
+    (row.py's `rank_columns`, at each one's rank default: NaN, "", None for a trace's figure).
+    A column declared with `rank` in row.py is a field here without another edit."""
+    made = dataclasses.make_dataclass(
+        "RankResult", [*RANK_ONLY[:1], *(_field(c) for c in row.rank_columns()), *RANK_ONLY[1:]]
+    )
+    made.__module__ = __name__  # pickled across the rank processes' queue: importable by this name
+    made.__doc__ = "One rank's figures for one token count (µs, bytes; NaN where not measured)."
+    return made
+
+
+if TYPE_CHECKING:
+
+    @dataclass
+    class RankResult:
+        """The checker's view of the made class: the fields are the declarations' (any type)."""
+
+        rank: int
+        status: Status
+        phases_us: dict
+
+        def __init__(self, **fields: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    RankResult = rank_result_class()
 
 
 @dataclass(frozen=True)

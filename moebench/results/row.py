@@ -23,7 +23,10 @@ import json
 import sys
 import typing
 from dataclasses import dataclass, fields
+from functools import cache
 from pathlib import Path
+
+from moebench.config.spec import AXIS, BARE, COMBO, MODEL_SIZE, PLACE, REQUIRED, WORKLOAD
 
 SCHEMA_VERSION = 2  # of the stored rows; migrate.py upgrades older ones
 NAN = float("nan")
@@ -86,6 +89,22 @@ DERIVED = "derived"  # computed from the row's other columns
 DTYPES = ("str", "int", "float", "bool", "list")
 
 
+# a column's roles in the report (`Column.roles`): the identity's are on the spec's fields
+# (config/spec.py: AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED); these are the rest
+PER_ROW = "per-row"  # a row's, not its combination's (graph timing runs events above graph_max_tokens)
+ORIGIN = "origin"  # which row it is and where it came from: identity a table never shows
+# the report's tables that show a column (report/run_tables.py, summary.py, compare_tables.py)
+LATENCY_TABLE = "latency table"  # each side of a compared pair's latency cell
+MEMORY_TABLE = "memory table"
+OVERLAP_TABLE = "overlap table"  # the ablation's figures and the trace's
+RATE_TABLE = "rate table"
+PROVENANCE_TABLE = "provenance table"  # where a row came from (the provenance table)
+ROWS_TABLE = "rows table"  # what names a row beside its identity in the every-row tables
+ROOFLINE = "roofline"  # what the roofline table needs
+ROLES: tuple[str, ...] = (AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED, PER_ROW, ORIGIN)
+ROLES += (LATENCY_TABLE, MEMORY_TABLE, OVERLAP_TABLE, RATE_TABLE, PROVENANCE_TABLE, ROWS_TABLE, ROOFLINE)
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -93,6 +112,22 @@ class Column:
     group: str  # GROUPS
     combine: str
     doc: str
+    roles: tuple[str, ...] = ()  # ROLES: what the report does with it
+    short: str = ""  # the label a table or plot names it by ("" : its name)
+    unit: str = ""  # µs | bytes | s | GB/s | TFLOP/s | FLOP ("" : none)
+    rank: bool = False  # a rank measures it: a field of RankResult (results/rank_result.py)
+
+    @property
+    def label(self) -> str:
+        return self.short or self.name
+
+    @property
+    def rank_default(self):
+        """A RankResult's value where the rank did not measure it: None for a trace's figure
+        (a rank without a trace) and a list a rank may not send, else the row's default."""
+        if (self.dtype == "float" and self.combine == CRITICAL) or (self.dtype == "list" and self.combine != SAMPLES):
+            return None
+        return self.default
 
     @property
     def default(self):
@@ -102,9 +137,30 @@ class Column:
         return {"float": NAN, "str": "", "list": []}.get(self.dtype)
 
 
-def _c(name, dtype, group, combine, doc) -> Column:
+def _unit(name: str) -> str:
+    """The unit a column's name says (`_us` µs, `_bytes` bytes, `_s` seconds, rates)."""
+    if name.endswith("_us") or "_us_" in name:
+        return "µs"
+    if "bytes" in name:
+        return "bytes"
+    if name.endswith("_s"):
+        return "s"
+    return {"tflops": "TFLOP/s", "hbm_gbps": "GB/s", "nvlink_gbps": "GB/s", "expert_flops": "FLOP"}.get(
+        name.removesuffix("_per_rank"), ""
+    )
+
+
+# what a rank measures by default: the columns combined from every rank's value
+_BY_RANK = (WORST, MAX, MEAN, CRITICAL, PROFILED)
+
+
+def _c(name, dtype, group, combine, doc, roles=(), short="", unit=None, rank=None) -> Column:
+    """A column; `rank` (default: its combine rule takes every rank's value, phases aside: they
+    come in `phases_us`) makes it a RankResult field."""
     assert dtype in DTYPES, (name, dtype)
-    return Column(name, dtype, group, combine, doc)
+    assert set(roles) <= set(ROLES), (name, roles)
+    rank = combine in _BY_RANK and group != "phase" if rank is None else rank
+    return Column(name, dtype, group, combine, doc, tuple(roles), short, _unit(name) if unit is None else unit, rank)
 
 
 GROUPS = (
@@ -123,15 +179,17 @@ GROUPS = (
     "harness",
 )
 PHASES = ("prepare", "dispatch", "experts", "weight_reduce", "combine", "shared_experts")
+_PROV, _PROV_ORIGIN = (PROVENANCE_TABLE,), (PROVENANCE_TABLE, ORIGIN)
+_LAT, _MEM = (REQUIRED, LATENCY_TABLE), (MEMORY_TABLE,)
 
 MEASURED: tuple[Column, ...] = (
     # provenance (the invocation's)
-    _c("run_id", "str", "provenance", RUN, "the invocation that wrote the row (envs/<run_id>.json)"),
-    _c("sweep", "str", "provenance", RUN, "the sweep file's name"),
-    _c("gpu", "str", "provenance", RUN, "GPU name (cpu on the CPU)"),
-    _c("git_sha", "str", "provenance", RUN, "the commit measured (a bare hex commit)"),
-    _c("env_id", "str", "provenance", RUN, "digest of the environment fingerprint"),
-    _c("timestamp", "str", "provenance", RUN, "when the row was written (UTC, ISO 8601)"),
+    _c("run_id", "str", "provenance", RUN, "the invocation that wrote the row (envs/<run_id>.json)", _PROV_ORIGIN),
+    _c("sweep", "str", "provenance", RUN, "the sweep file's name", _PROV_ORIGIN),
+    _c("gpu", "str", "provenance", RUN, "GPU name (cpu on the CPU)", _PROV),
+    _c("git_sha", "str", "provenance", RUN, "the commit measured (a bare hex commit)", _PROV),
+    _c("env_id", "str", "provenance", RUN, "digest of the environment fingerprint", _PROV),
+    _c("timestamp", "str", "provenance", RUN, "when the row was written (UTC, ISO 8601)", _PROV),
     _c(
         "backend_origin",
         "str",
@@ -142,8 +200,15 @@ MEASURED: tuple[Column, ...] = (
     ),
     _c("experts_origin", "str", "provenance", SAME, "where the experts came from (as backend_origin)"),
     # outcome
-    _c("status", "str", "outcome", WORST, "ok | skipped | failed | timeout | oom | incorrect"),
-    _c("reason", "str", "outcome", WORST, "why a row is not ok (empty when ok)"),
+    _c(
+        "status",
+        "str",
+        "outcome",
+        WORST,
+        "ok | skipped | failed | timeout | oom | incorrect",
+        (REQUIRED, ROWS_TABLE, LATENCY_TABLE),
+    ),
+    _c("reason", "str", "outcome", WORST, "why a row is not ok (empty when ok)", (ROWS_TABLE,)),
     _c("rel_err", "float", "outcome", MAX, "‖y − ref‖ / ‖ref‖ against the float32 reference"),
     # time (µs)
     _c(
@@ -152,11 +217,13 @@ MEASURED: tuple[Column, ...] = (
         "latency",
         WORST,
         "the mode that ran: graph | events | profiler | cpu, or host where the host paced the samples",
+        (COMBO, PER_ROW, ROWS_TABLE, LATENCY_TABLE),
+        "timing",
     ),
-    _c("latency_us_median", "float", "latency", SAMPLES, "median of samples_us (µs)"),
-    _c("latency_us_p20", "float", "latency", SAMPLES, "20th percentile of samples_us (µs)"),
-    _c("latency_us_p80", "float", "latency", SAMPLES, "80th percentile of samples_us (µs)"),
-    _c("samples_us", "list", "latency", SAMPLES, "the timed samples, each the maximum over ranks (µs)"),
+    _c("latency_us_median", "float", "latency", SAMPLES, "median of samples_us (µs)", _LAT),
+    _c("latency_us_p20", "float", "latency", SAMPLES, "20th percentile of samples_us (µs)", _LAT),
+    _c("latency_us_p80", "float", "latency", SAMPLES, "80th percentile of samples_us (µs)", _LAT),
+    _c("samples_us", "list", "latency", SAMPLES, "the timed samples, each the maximum over ranks (µs)", rank=True),
     _c("latency_us_per_rank", "list", "latency", PER_RANK, "each rank's median (µs)"),
     _c("timing_note", "str", "host", WORST, "why auto timed eager forwards, or why the row is host time"),
     _c("host_enqueue_us", "float", "host", MAX, "the host's time to enqueue one eager forward (µs, median of five)"),
@@ -166,6 +233,7 @@ MEASURED: tuple[Column, ...] = (
         "host",
         MAX,
         "samples the GPU started before the host had enqueued them (NaN before the hold and on the CPU)",
+        (LATENCY_TABLE,),
     ),
     _c(
         "host_paced_no_shared",
@@ -213,7 +281,14 @@ MEASURED: tuple[Column, ...] = (
         "(of num_trace_samples; the trace marks them `host_paced/<sample>`)",
     ),
     *(
-        _c(f"{p}_us", "float", "phase", MAX, f"the {p.replace('_', ' ')} phase of the phase forwards (µs)")
+        _c(
+            f"{p}_us",
+            "float",
+            "phase",
+            MAX,
+            f"the {p.replace('_', ' ')} phase of the phase forwards (µs)",
+            (ROOFLINE,) if p == "experts" else (),
+        )
         for p in PHASES
     ),
     # overlap by ablation
@@ -224,26 +299,78 @@ MEASURED: tuple[Column, ...] = (
         SAMPLES,
         "median of the shared experts alone, as the layer runs them "
         "(µs; `overlap=none`: added into an output by their down GEMM)",
+        (OVERLAP_TABLE,),
     ),
-    _c("latency_no_shared_us", "float", "overlap", SAMPLES, "median of the layer without its shared experts (µs)"),
-    _c("shared_exposed_us", "float", "overlap", DERIVED, "latency − latency without shared experts (µs)"),
-    _c("overlap_fraction", "float", "overlap", DERIVED, "clamp(1 − exposed / shared, 0, 1)"),
-    _c("overlap_fraction_lo", "float", "overlap", DERIVED, "90 % bootstrap interval of overlap_fraction, low"),
-    _c("overlap_fraction_hi", "float", "overlap", DERIVED, "90 % bootstrap interval of overlap_fraction, high"),
+    _c(
+        "latency_no_shared_us",
+        "float",
+        "overlap",
+        SAMPLES,
+        "median of the layer without its shared experts (µs)",
+        (OVERLAP_TABLE,),
+    ),
+    _c(
+        "shared_exposed_us",
+        "float",
+        "overlap",
+        DERIVED,
+        "latency − latency without shared experts (µs)",
+        (OVERLAP_TABLE,),
+    ),
+    _c("overlap_fraction", "float", "overlap", DERIVED, "clamp(1 − exposed / shared, 0, 1)", (OVERLAP_TABLE,)),
+    _c(
+        "overlap_fraction_lo",
+        "float",
+        "overlap",
+        DERIVED,
+        "90 % bootstrap interval of overlap_fraction, low",
+        (OVERLAP_TABLE,),
+    ),
+    _c(
+        "overlap_fraction_hi",
+        "float",
+        "overlap",
+        DERIVED,
+        "90 % bootstrap interval of overlap_fraction, high",
+        (OVERLAP_TABLE,),
+    ),
     # traces
-    _c("trace_overlap_fraction", "float", "trace", CRITICAL, "the shared experts' overlap read from the trace"),
+    _c(
+        "trace_overlap_fraction",
+        "float",
+        "trace",
+        CRITICAL,
+        "the shared experts' overlap read from the trace",
+        (OVERLAP_TABLE,),
+    ),
     _c("trace_intersection_fraction", "float", "trace", CRITICAL, "the intersection figure of the trace"),
     _c("trace_overlap_method", "str", "trace", CRITICAL, "stretch | intersection | matched | mixed"),
-    _c("trace_critical_rank", "float", "trace", CRITICAL, "the rank whose trace figures the row shows"),
+    _c("trace_critical_rank", "float", "trace", CRITICAL, "the rank whose trace figures the row shows", rank=False),
     _c("trace_overlap_fraction_per_rank", "list", "trace", PER_RANK, "trace_overlap_fraction of each rank"),
     _c("trace_layer_us_per_rank", "list", "trace", PER_RANK, "each rank's layer span in its trace (µs)"),
-    _c("trace_wait_us_per_rank", "list", "trace", PER_RANK, "each rank's wait for the last rank (µs)"),
+    _c(
+        "trace_wait_us_per_rank",
+        "list",
+        "trace",
+        PER_RANK,
+        "each rank's wait for the last rank (µs; rank 0 sends every rank's)",
+        rank=True,
+    ),
     _c("trace_trimmed_overlap_per_rank", "list", "trace", PER_RANK, "overlap on communication trimmed of the wait"),
-    _c("trace_path", "str", "trace", CRITICAL, "the trace file, relative to the run (empty: none kept)"),
+    _c("trace_path", "str", "trace", CRITICAL, "the trace file, relative to the run (empty: none kept)", _PROV),
+    _c(
+        "nsys_capture",
+        "str",
+        "trace",
+        CRITICAL,
+        "trace=nsys: the raw capture (.qdstrm[.xz], relative to the run) when that is all there is "
+        "(empty otherwise: the report is trace_path; run/nsys_import.py)",
+        rank=False,
+    ),
     _c("trace_error", "str", "trace", WORST, "why a trace could not be read"),
     _c("kernel_us", "list", "trace", PROFILED, "profiler mode: communication kernel → µs, JSON per rank"),
     # memory (bytes)
-    _c("workspace_bytes_analytic", "float", "memory", MAX, "the workspace the kernels declare (bytes)"),
+    _c("workspace_bytes_analytic", "float", "memory", MAX, "the workspace the kernels declare (bytes)", _MEM),
     _c("analytic_peak_bytes", "float", "memory", MAX, "the declared peak of one forward (bytes)"),
     _c(
         "workspace_bytes_peak",
@@ -251,8 +378,16 @@ MEASURED: tuple[Column, ...] = (
         "memory",
         MAX,
         "allocator peak of one forward above what was allocated before it (bytes)",
+        _MEM,
     ),
-    _c("device_bytes_peak", "float", "memory", MAX, "the driver's view of the peak (bytes; other processes count)"),
+    _c(
+        "device_bytes_peak",
+        "float",
+        "memory",
+        MAX,
+        "the driver's view of the peak (bytes; other processes count)",
+        _MEM,
+    ),
     _c(
         "reserved_bytes_peak",
         "float",
@@ -262,11 +397,11 @@ MEASURED: tuple[Column, ...] = (
     ),
     _c("memory_cap_bytes", "float", "memory", MAX, "the cap under runner.memory_budget (bytes)"),
     # rates
-    _c("tflops", "float", "rate", MEAN, "expert TFLOP/s (mean over ranks)"),
-    _c("hbm_gbps", "float", "rate", MEAN, "expert HBM GB/s (mean over ranks)"),
-    _c("nvlink_gbps", "float", "rate", MEAN, "link GB/s (mean over ranks)"),
-    _c("expert_flops", "float", "rate", MEAN, "the experts' FLOPs, tflops' numerator"),
-    _c("expert_bytes", "float", "rate", MEAN, "the experts' bytes, hbm_gbps' numerator"),
+    _c("tflops", "float", "rate", MEAN, "expert TFLOP/s (mean over ranks)", (RATE_TABLE,)),
+    _c("hbm_gbps", "float", "rate", MEAN, "expert HBM GB/s (mean over ranks)", (RATE_TABLE,)),
+    _c("nvlink_gbps", "float", "rate", MEAN, "link GB/s (mean over ranks)", (RATE_TABLE,)),
+    _c("expert_flops", "float", "rate", MEAN, "the experts' FLOPs, tflops' numerator", (ROOFLINE,)),
+    _c("expert_bytes", "float", "rate", MEAN, "the experts' bytes, hbm_gbps' numerator", (ROOFLINE,)),
     _c("tflops_per_rank", "list", "rate", PER_RANK, "tflops of each rank"),
     _c("hbm_gbps_per_rank", "list", "rate", PER_RANK, "hbm_gbps of each rank"),
     _c("nvlink_gbps_per_rank", "list", "rate", PER_RANK, "nvlink_gbps of each rank"),
@@ -296,8 +431,8 @@ MEASURED: tuple[Column, ...] = (
     ),
     _c("simulated_rank", "float", "routing", MAX, "simulate_rank: the EP rank whose received tokens ran"),
     _c("received_tokens", "float", "routing", MAX, "simulate_rank: the tokens that rank receives from all N ranks"),
-    _c("routing_window", "str", "routing", SAME, "replay: rank 0's rows of the recording (start:end of n)"),
-    _c("routing_source", "str", "routing", SAME, "replay: what made the recording (its `source`)"),
+    _c("routing_window", "str", "routing", SAME, "replay: rank 0's rows of the recording (start:end of n)", rank=True),
+    _c("routing_source", "str", "routing", SAME, "replay: what made the recording (its `source`)", rank=True),
     _c("fill_rows", "float", "routing", MAX, "workload.fill: rows per expert the batched buffers held"),
     _c("fill_max", "float", "routing", MAX, "workload.fill: the busiest local expert's pairs / fill_rows"),
     _c("fill_mean", "float", "routing", MAX, "workload.fill: mean pairs per local expert / fill_rows"),
@@ -334,29 +469,41 @@ def _type_name(t) -> str:
     return {int: "int", float: "float", bool: "bool", str: "str"}.get(t, "str")
 
 
+@cache
 def identity_columns() -> tuple[Column, ...]:
-    """The spec's columns (config/spec.py: fields, then the built-in entries' knobs), the key,
-    the label, the knob tags, the token count and the overrides."""
+    """The spec's columns (config/spec.py: fields with their roles and short labels, then the
+    built-in entries' knobs), the key, the label, the knob tags, the token count and the overrides."""
     from moebench.config.spec import COLUMN_FIELDS, Combo, builtin_knobs
 
     hints = typing.get_type_hints(Combo)
     out = [
-        _c("schema_version", "int", "identity", SAME, "the row's schema (migrate.py upgrades older ones)"),
-        _c("combo_key", "str", "identity", SAME, "digest of the combination's identity"),
+        _c("schema_version", "int", "identity", SAME, "the row's schema (migrate.py upgrades older ones)", (ORIGIN,)),
+        _c("combo_key", "str", "identity", SAME, "digest of the combination's identity", _KEY),
         _c("label", "str", "identity", SAME, "backend/experts/reduction/overlap/quant/model, then tags"),
     ]
     out += [
-        _c(f.name, _type_name(hints[f.name]), "identity", SAME, f.metadata.get("doc") or f.name)
+        _c(
+            f.name,
+            _type_name(hints[f.name]),
+            "identity",
+            SAME,
+            f.metadata.get("doc") or f.name,
+            f.metadata["roles"],
+            f.metadata["short"],
+        )
         for f in fields(Combo)
         if f in COLUMN_FIELDS
     ]
     out += [_c(k.name, _type_name(k.type), "identity", SAME, f"knob: {k.help}") for k in builtin_knobs().values()]
     out += [
-        _c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults"),
-        _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes"),
+        _c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults", (COMBO, ROWS_TABLE)),
+        _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes", (REQUIRED,)),
         _c("overrides", "str", "identity", SAME, "the overrides the combination was planned from"),
     ]
     return tuple(out)
+
+
+_KEY = (ORIGIN, REQUIRED, ROWS_TABLE)
 
 
 def columns() -> tuple[Column, ...]:
@@ -364,15 +511,54 @@ def columns() -> tuple[Column, ...]:
     return identity_columns() + MEASURED
 
 
-def names(group: str | None = None, combine: str | None = None, dtype: str | None = None) -> list[str]:
-    """The measured columns' names, filtered."""
+def column(name: str) -> Column:
+    """The declaration of `name` (KeyError for an undeclared column)."""
+    for c in columns():
+        if c.name == name:
+            return c
+    raise KeyError(name)
+
+
+def names(
+    group: str | None = None, combine: str | None = None, dtype: str | None = None, role: str | None = None
+) -> list[str]:
+    """The measured columns' names, filtered (`role`: every column's, identity first)."""
+    assert role is None or role in ROLES, role
     return [
         c.name
-        for c in MEASURED
+        for c in (MEASURED if role is None else columns())
         if (group is None or c.group == group)
         and (combine is None or c.combine == combine)
         and (dtype is None or c.dtype == dtype)
+        and (role is None or role in c.roles)
     ]
+
+
+def having(role: str) -> list[str]:
+    """Every column with `role` (ROLES), in declaration order: the spec's fields first."""
+    return names(role=role)
+
+
+def label(name: str) -> str:
+    """The short label a table or plot names a column by (`world` for world_size); an
+    undeclared column (a plugin's knob) by its name."""
+    try:
+        return column(name).label
+    except KeyError:
+        return name
+
+
+def rank_columns() -> tuple[Column, ...]:
+    """The columns a rank measures: RankResult's fields beside its own (results/rank_result.py)."""
+    return tuple(c for c in MEASURED if c.rank)
+
+
+def declared(name: str) -> bool:
+    """Whether `name` is a declared column: row.py's or the spec's, or a registered knob's
+    (a plugin's knobs are columns of its rows)."""
+    from moebench.config.spec import knob_meta
+
+    return any(c.name == name for c in columns()) or name in knob_meta()
 
 
 def empty() -> dict:

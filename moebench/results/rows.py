@@ -4,6 +4,7 @@ together), per-rank values kept in list columns."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -45,10 +46,53 @@ def _q(xs: list[float], p: float) -> float:
     return float(np.percentile(xs, p)) if xs else NAN
 
 
+# RankResult fields (results/rank_result.py) by how measured_row combines them: by their column's
+# rule (max, mean, rank 0's routing) or by a rule of its own below; a field in neither is an error
+_OWN_RULE = frozenset(
+    {
+        "rank",
+        "status",
+        "reason",
+        "timing_mode",
+        "timing_note",
+        "samples_us",
+        "no_shared_samples_us",
+        "shared_samples_us",
+        "phases_us",
+        "trace_overlap_fraction",
+        "trace_intersection_fraction",
+        "trace_layer_us",
+        "trace_matched_overlap_per_rank",
+        "trace_wait_us_per_rank",
+        "trace_path",
+        "trace_error",
+        "trace_overlap_method",
+        "row_layout_used",
+        "contiguous_gemm_used",
+        "kernel_us",
+        "profiler_trace_path",
+    }
+)
+
+
+def _by_column_rule() -> set[str]:
+    """The rank's columns measured_row combines by their declared rule."""
+    return {
+        c.name
+        for c in schema.rank_columns()
+        if c.combine in (schema.MAX, schema.MEAN) or (c.combine == schema.SAME and c.group == "routing")
+    }
+
+
+def unknown_fields() -> list[str]:
+    """RankResult fields measured_row would not put in a row (none: every field has a rule)."""
+    known = _OWN_RULE | _by_column_rule()
+    return [f.name for f in dataclasses.fields(RankResult) if f.name not in known]
+
+
 def _values(ranks: list, key: str) -> list:
-    """The ranks' values of `key` (a phase, or a RankResult field); none for a column row.py
-    declares before any code measures it (its rows hold the default)."""
-    vals = [r.phases_us.get(key) if key in PHASES else getattr(r, key, None) for r in ranks]
+    """The ranks' values of `key` (a phase, or a RankResult field), NaN and None left out."""
+    vals = [r.phases_us.get(key) if key in PHASES else getattr(r, key) for r in ranks]
     return [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
@@ -117,7 +161,14 @@ def per_rank_columns(n: int) -> dict:
 
 
 def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dict) -> dict:
-    """Aggregate the per-rank results of one (combination, tokens)."""
+    """Aggregate the per-rank results of one (combination, tokens). ValueError for a RankResult
+    field without a rule here (a column declared `rank` in row.py whose combine rule is not
+    max, mean or routing's same): say how its ranks combine."""
+    if unknown := unknown_fields():
+        raise ValueError(
+            f"RankResult field(s) {unknown}: results/rows.py has no rule to combine them over ranks; "
+            "declare their column in results/row.py with combine max or mean, or add the rule to rows.py"
+        )
     row = {**identity(c, tokens), **provenance(c), **empty_measurements(), **per_rank_columns(len(ranks)), **meta}
     row["rel_err"] = _max(ranks, "rel_err")  # a bad row keeps it
     bad = [r for r in ranks if r.status != Status.OK]
@@ -125,8 +176,10 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         row.update(status=Status(bad[0].status).value, reason=bad[0].reason)  # a plain string to Parquet
         return row
     row["status"] = Status.OK.value
-    for k in schema.names(combine=schema.MAX):  # the phases from each rank's phases_us
-        row[k] = _max(ranks, k.removesuffix("_us") if k.removesuffix("_us") in PHASES else k)
+    for k in schema.names(group="phase"):  # each rank's phases_us
+        row[k] = _max(ranks, k.removesuffix("_us"))
+    for k in _by_column_rule() & set(schema.names(combine=schema.MAX)):
+        row[k] = _max(ranks, k)
     # one rank paced by its host makes the row's figure host time (its samples are the max)
     modes = {r.timing_mode for r in ranks}
     row["timing_mode"] = "host" if "host" in modes else ranks[0].timing_mode
@@ -153,7 +206,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
         # the two latency medians moves the fraction by tens of points: say how far
         if row["overlap_fraction"] == row["overlap_fraction"]:
             row["overlap_fraction_lo"], row["overlap_fraction_hi"] = overlap_interval(samples, no_shared, shared)
-    for k in schema.names(combine=schema.MEAN):
+    for k in _by_column_rule() & set(schema.names(combine=schema.MEAN)):
         row[k] = _mean(ranks, k)
     # without every rank's span (below), the trace figures are the ranks' mean
     for k in ("trace_overlap_fraction", "trace_intersection_fraction"):
@@ -169,8 +222,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
             v = getattr(ranks[crit], k)
             row[k] = float(v) if v is not None else NAN
     # derived per rank (docs/design.md); the row holds the mean (trace figures: see above)
+    fields = {f.name for f in dataclasses.fields(RankResult)}
     for col in schema.names(combine=schema.PER_RANK):
-        if hasattr(ranks[0], k := col.removesuffix("_per_rank")):  # the rest are set below
+        if (k := col.removesuffix("_per_rank")) in fields:  # the rest are set above and below
             row[col] = [float(v) if (v := getattr(r, k)) is not None else NAN for r in ranks]
     # several ranks with every trace readable on rank 0: the overlap on communication intervals
     # trimmed of the wait for the last rank (traces/metrics.py), of the rank that waited least
@@ -196,8 +250,8 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     row["trace_overlap_method"] = methods.pop() if len(methods) == 1 else ("mixed" if methods else "")
     if matched:
         row["trace_overlap_method"] = METHOD_MATCHED
-    for k in schema.names(group="routing", combine=schema.SAME):  # rank 0's (the same on every rank)
-        row[k] = getattr(ranks[0], k)
+    for k in sorted(_by_column_rule() & set(schema.names(group="routing", combine=schema.SAME))):
+        row[k] = getattr(ranks[0], k)  # rank 0's (the same on every rank)
     # experts=triton + bf16 / fp8_block: the row layout apply() ran ("mixed" when the ranks differ)
     for k in ("row_layout_used", "contiguous_gemm_used"):  # (and its contiguous GEMMs' kernels)
         used = {getattr(r, k) or "" for r in ranks}
