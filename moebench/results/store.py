@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from moebench.results.migrate import migrate
-from moebench.results.row import BAD_STATUSES, Status
+from moebench.results.row import BAD_STATUSES, Status, declared
 
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
 from moebench.results.store_read import (
@@ -94,6 +94,19 @@ def _no_link(path: Path, root: Path, file: bool = True) -> None:
         )
 
 
+def refuse_undeclared(names) -> None:
+    """ValueError naming each column of `names` that is neither declared (results/row.py's
+    MEASURED, the spec's fields in config/spec.py) nor a registered knob (kernels/knobs.py: a
+    plugin's knobs are columns of its rows): a row never stores a column no table can know."""
+    unknown = sorted(n for n in names if not declared(n))
+    if unknown:
+        raise ValueError(
+            f"undeclared row column(s) {unknown}: declare each once, in moebench/results/row.py's MEASURED "
+            "(a measurement) or as a field of moebench/config/spec.py's Combo (identity), with its roles; "
+            "then `python -m moebench.results.row --write`"
+        )
+
+
 def _atomic_write(path: Path, write, root: Optional[Path] = None) -> None:
     """`write(tmp)` then rename over `path`: a reader sees the old file, the new one, or none.
     With `root` (the run folder), never through a link below it (_no_link)."""
@@ -147,7 +160,9 @@ class RunStore:
 
     def write_rows(self, combo_key: str, rows: list[dict]) -> Path:
         """One file per finished combination and invocation (its token counts in one file);
-        a redo writes a file of its own beside the earlier one."""
+        a redo writes a file of its own beside the earlier one. ValueError for a column that
+        is not declared (refuse_undeclared)."""
+        refuse_undeclared({k for r in rows for k in r})
         tokens = "_".join(str(r["tokens_per_rank"]) for r in rows)
         run_id = rows[0].get("run_id") if rows else None
         path = self.rows_dir / f"{combo_key}-T{tokens}{f'-{run_id}' if run_id else ''}.parquet"
@@ -175,6 +190,7 @@ class RunStore:
                 continue
             new = update(table)
             if new is not None:
+                refuse_undeclared(set(new.column_names) - set(table.column_names))
                 _atomic_write(f, lambda p, t=new: pq.write_table(t, p), self.dir)
                 n += 1
         return n
@@ -183,6 +199,7 @@ class RunStore:
         """Merge skipped rows into rows/skipped.parquet: a newer skip replaces an older skip of
         the same (combination, tokens); a pair that has a measured row gets none (a skip never
         hides a measurement); the skipped rows of other combinations stay."""
+        refuse_undeclared({k for r in rows for k in r})
         path = self.rows_dir / SKIPPED_FILE
         measured = {(k, int(t)) for k, ts in self.stored().items() for t in ts}
         rows = [r for r in rows if (r["combo_key"], int(r["tokens_per_rank"])) not in measured]
