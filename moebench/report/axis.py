@@ -19,8 +19,8 @@ import pandas as pd
 
 from moebench.config.plugins import entry_knobs
 from moebench.config.spec import IDENTITY_FIELDS, Combo, from_row, knob_meta
+from moebench.report.columns import fmt_value
 from moebench.report.compare import SHOWN_COLUMNS, Axis, Comparison, compare_pairs, prepared_rows
-from moebench.report.load import fmt_value
 
 ENTRY_FIELDS = ("backend", "experts")  # axes whose values are registered entries with knobs
 
@@ -97,7 +97,10 @@ def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame
                 f"{axis.field} = {', '.join(sorted(present)) or 'none'})"
             )
     keys = pd.Series(
-        [f"{_set(c, axis.field, b, dropped).key}\x1f{fmt_value(t)}" for c, t in zip(combos, rows["tokens_per_rank"])],
+        [
+            f"{_set(c, axis.field, b, dropped).key}\x1f{fmt_value(t)}"
+            for c, t in zip(combos, rows["tokens_per_rank"], strict=False)
+        ],
         dtype=object,
     )
     is_a = pd.Series([x == a for x in values])
@@ -129,8 +132,8 @@ def compare_axis(
             differs = bv != cv
             if differs.any():
                 m[col] = m[col].astype(object)
-                m.loc[differs, col] = [f"{x or '-'}→{y or '-'}" for x, y in zip(bv[differs], cv[differs])]
-        from moebench.report.load import combo_labels
+                m.loc[differs, col] = [f"{x or '-'}→{y or '-'}" for x, y in zip(bv[differs], cv[differs], strict=False)]
+        from moebench.report.columns import combo_labels
 
         m["label"] = combo_labels(m).values
     cmp.baseline_name, cmp.candidate_name = f"{axis.field}={axis.a}", f"{axis.field}={axis.b}"

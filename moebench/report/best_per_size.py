@@ -5,14 +5,15 @@ the samples) and CPU rows are left out, and the command says how many. A competi
 whose samples the host paced (up to moebench.config.limits.HOST_PACED_MAX of them) is marked
 with the count (`‡ 5/30`) wherever it stands as best or runner-up, and the command names them.
 
-Competing: every `ok` combination (backend, experts, reduction, overlap, the shared experts'
-SM carveout and every knob of the entries, kernels/knobs.py) that
-shares the setting (model, quant, world size, simulate_ep, routing, timing mode,
-device) and the token count. `ok` rows passed the reference check. The margin is
-runner-up median / best median; its 95 % interval a bootstrap of that ratio of
-medians, resampling each row's `samples_us` (2,000 draws, seeded). A win is clear when
-the interval's low end is above 1. Rows are told apart by `combo_key`; a combination
-stored twice at one size counts once (the last written).
+Competing: every `ok` combination (backend, experts, reduction, overlap, quant, the shared
+experts' SM carveout and every knob of the entries, kernels/knobs.py) that saw the same
+workload (the columns results/row.py gives the WORKLOAD role: model, world size, simulate_ep
+and simulate_rank, the routing and its parameters, seed; the report's bold cell uses the same)
+and the token count. `ok` rows passed the reference check, a quantized one included: it
+competes with bf16. The margin is runner-up median / best median; its 95 % interval a
+bootstrap of that ratio of medians, resampling each row's `samples_us` (2,000 draws, seeded).
+A win is clear when the interval's low end is above 1. Rows are told apart by `combo_key`; a
+combination stored twice at one size counts once (load_run keeps the last written).
 
 Writes <out>/best_per_size.json and <out>/best_per_size.png (default out: <RUN>/report, or for
 a run committed under results/ `runs/reports/<its path>/report`, as `moebench report` does).
@@ -29,25 +30,13 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.spec import knob_meta
+from moebench.report.columns import COMBO_COLUMNS, WORKLOAD_COLUMNS, label
 from moebench.results.row import Status
 
-# what must match for two rows to compete
-SETTING = [
-    "model",
-    "quant",
-    "world_size",
-    "simulate_ep",
-    "simulate_rank",
-    "routing",
-    "skew",
-    "imbalance",
-    "routing_file_sha256",
-    "routing_layer",
-    "fill",
-    "timing_mode",
-    "device",
-]
-AXES = ["backend", "experts", "reduction", "overlap"]
+# what must match for two rows to compete: the workload (results/row.py's WORKLOAD role, the
+# report's bold cell's too); what competes: the axes that are not workload (quant among them)
+SETTING = list(WORKLOAD_COLUMNS)
+AXES = [c for c in COMBO_COLUMNS if c not in WORKLOAD_COLUMNS]
 DRAWS = 2000
 
 
@@ -92,8 +81,8 @@ def _present(v) -> bool:
 
 
 def combination(row) -> str:
-    """'local/triton red=experts ovl=none sms16' (what a cell of the table names)."""
-    s = f"{row['backend']}/{row['experts']} red={row['reduction']} ovl={row['overlap']}"
+    """'local/triton red=experts ovl=none quant=bf16 sms16' (what a cell of the table names)."""
+    s = f"{row['backend']}/{row['experts']} red={row['reduction']} ovl={row['overlap']} quant={row['quant']}"
     k = knobs_of(row)
     return f"{s} {k}" if k else s
 
@@ -102,10 +91,8 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     """One row per setting x tokens_per_rank: the best ok combination, its median (µs),
     the runner-up's, the margin with its interval, and how many competed."""
     from moebench.report.flags import GPU, figure_basis, paced_mark
-    from moebench.report.load import latest_rows
 
-    ok = latest_rows(df)
-    ok = ok[ok["status"] == Status.OK]
+    ok = df[df["status"] == Status.OK]
     ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
     if ok.empty:
         raise ValueError("no ok rows in this run: nothing to rank (run `moebench report RUN` for the failures)")
@@ -122,7 +109,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     for key, g in ok.groupby(setting + ["tokens_per_rank"], sort=True, dropna=False):
         g = g.sort_values(["latency_us_median", "combo_key"], kind="stable")
         first = g.iloc[0]
-        row = dict(zip(setting + ["tokens_per_rank"], key))
+        row = dict(zip(setting + ["tokens_per_rank"], key, strict=False))
         row.update({k: first[k] for k in AXES})
         row["knobs"] = knobs_of(first)
         row["combination"] = combination(first)
@@ -162,9 +149,7 @@ def _samples(row) -> list:
 
 
 def _setting_label(r, vary: list[str]) -> str:
-    parts = [str(r["model"]), str(r["quant"])]
-    parts += [f"{c}={r[c]}" for c in vary if c not in ("model", "quant")]
-    return " ".join(parts)
+    return " ".join([str(r["model"]), *(f"{label(c)}={r[c]}" for c in vary if c != "model")])
 
 
 def table(best: pd.DataFrame) -> str:
@@ -232,7 +217,7 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
         grid[i, j] = r["margin"] if math.isfinite(r["margin"]) else 1.0
         ci = f"\n[{r['margin_lo']:.2f}, {r['margin_hi']:.2f}]" if math.isfinite(r["margin_lo"]) else ""
         mtxt = f"x{r['margin']:.2f}" if math.isfinite(r["margin"]) else "alone"
-        name = f"{r['backend']}/{r['experts']}\nred={r['reduction']} ovl={r['overlap']}" + (
+        name = f"{r['backend']}/{r['experts']}\nred={r['reduction']} ovl={r['overlap']} {r['quant']}" + (
             f"\n{r['knobs']}" if r["knobs"] else ""
         )
         texts.append((j, i, f"{name}\n{mtxt}{ci}", r["clear_win"], grid[i, j]))

@@ -34,7 +34,16 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from moebench.report.load import MEMORY_COLUMNS, PHASE_COLUMNS, SHOWN_IDENTITY, combo_labels, fmt_value, latest_rows
+from moebench.report.columns import (
+    MEMORY_COLUMNS,
+    PAIR_LATENCY_COLUMNS,
+    PHASE_COLUMNS,
+    PLACE_COLUMNS,
+    ROW_COLUMNS,
+    SHOWN_IDENTITY,
+    combo_labels,
+    fmt_value,
+)
 from moebench.report.stats import MIN_SAMPLES, bootstrap_ratios, geometric_mean, interval, mann_whitney_p, samples_of
 from moebench.results import row as schema
 from moebench.results.row import NO_VERDICT, Status, Verdict
@@ -46,22 +55,20 @@ SHOWN_COLUMNS = SHOWN_IDENTITY
 VERDICT_ORDER = list(Verdict)  # as the counts list them
 # the host's figures: its enqueue time and the samples it paced, with their counts (results/row.py)
 HOST_COLUMNS = schema.names("host", dtype="float")
-SIDE_COLUMNS = (
-    [
-        "status",
-        "reason",
-        "timing_mode",
-        "timing_note",
-        "latency_us_median",
-        "latency_us_p20",
-        "latency_us_p80",
-        "samples_us",
-        "combo_key",
-        *HOST_COLUMNS,
-        "analytic_peak_bytes",
-    ]
-    + MEMORY_COLUMNS
-    + PHASE_COLUMNS
+# what each side of a matched pair carries: its outcome and latency cell, the row's names (less
+# the knobs: the pair's own), its samples, the host's figures, memory and phases
+SIDE_COLUMNS = list(
+    dict.fromkeys(
+        [
+            *PAIR_LATENCY_COLUMNS,
+            *(c for c in ROW_COLUMNS if c != "knobs"),
+            "samples_us",
+            *schema.names("host"),
+            "analytic_peak_bytes",
+            *MEMORY_COLUMNS,
+            *PHASE_COLUMNS,
+        ]
+    )
 )
 
 
@@ -168,8 +175,9 @@ def memory_verdict(base_bytes: float, cand_bytes: float, threshold: float) -> tu
 
 
 def prepared_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The newest row per (combo_key, tokens_per_rank), every shown column present."""
-    df = latest_rows(df).copy()
+    """`df`'s rows (as load_run returns them: one per combo_key and tokens_per_rank), every
+    shown column present."""
+    df = df.copy()
     for col in SHOWN_COLUMNS + SIDE_COLUMNS + ["knobs"]:
         if col not in df.columns:
             df[col] = "" if col == "knobs" else None
@@ -240,7 +248,7 @@ def compare_pairs(
     for row in matched.to_dict("records"):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
-        where = {k: row.get(k) for k in ("device", "world_size", "tokens_per_rank")}
+        where = {k: row.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")}
         v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
         boot = (
             bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) if np.isfinite(r) else np.empty(0)

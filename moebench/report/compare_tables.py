@@ -6,10 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from moebench.report.columns import (
+    MEMORY_COLUMNS,
+    PAIR_LATENCY_COLUMNS,
+    PER_ROW_COLUMNS,
+    ROW_COLUMNS,
+    combo_columns,
+    combo_labels,
+    constant_caption,
+    fmt_value,
+)
 from moebench.report.compare import SHOWN_COLUMNS, Comparison
 from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
-from moebench.report.load import PER_ROW_COLUMNS, combo_labels, constant_caption, display_columns, fmt_value
 from moebench.report.run_tables import md_value
 from moebench.report.stats import pct
 from moebench.report.table import Column, Table, md_text
@@ -39,7 +48,7 @@ def fmt_change(ratio: float, lo: float, hi: float) -> str:
 
 def pair_order(m: pd.DataFrame) -> pd.DataFrame:
     """Matched rows in combination then token order (as the run's tables list them)."""
-    cols = [c for c in display_columns(m) if c not in PER_ROW_COLUMNS]
+    cols = combo_columns(m)
     keys = [m[c].map(fmt_value) for c in cols]
     order = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)}).assign(_t=m["tokens_per_rank"].astype(float))
     return m.loc[order.sort_values(list(order.columns), kind="stable").index]
@@ -50,7 +59,7 @@ def pair_names(m: pd.DataFrame) -> pd.Series:
     rows' text escaped: moebench/report/mdsafe.py md_text)."""
     labels = combo_labels(m)
     return pd.Series(
-        [md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"])],
+        [md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"], strict=False)],
         index=m.index,
         dtype=object,
     )
@@ -65,7 +74,7 @@ def _side(row: dict, side: str) -> str:
 
 
 def _shown(m: pd.DataFrame) -> list[str]:
-    return [c for c in display_columns(m) if c not in PER_ROW_COLUMNS]
+    return combo_columns(m)
 
 
 def latency_pairs(cmp: Comparison) -> Table:
@@ -78,14 +87,7 @@ def latency_pairs(cmp: Comparison) -> Table:
     data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
     data["tokens_per_rank"] = m["tokens_per_rank"]
     for side in ("base", "cand"):
-        for k in (
-            "status",
-            "timing_mode",
-            "latency_us_median",
-            "latency_us_p20",
-            "latency_us_p80",
-            "host_paced_samples",
-        ):
+        for k in PAIR_LATENCY_COLUMNS:
             data[f"{side}_{k}"] = m[f"{side}_{k}"]
         data[f"{side}_num_samples"] = m[f"{side}_samples_us"].map(  # the host-paced mark's m
             lambda v: float(len(v)) if isinstance(v, (list, tuple, np.ndarray)) else np.nan
@@ -124,7 +126,8 @@ def latency_pairs(cmp: Comparison) -> Table:
         x
         for x in [
             "Times in µs: median (p20–p80). change = candidate median / baseline median − 1 with the 95 % bootstrap "
-            f"interval of that ratio; a verdict needs the p20–p80 intervals apart, the ratio past ×{cmp.threshold:g} and "
+            "interval of that ratio; a verdict needs the p20–p80 intervals apart, "
+            f"the ratio past ×{cmp.threshold:g} and "
             f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change (its "
             "interval excludes 0, p below alpha) that is not called: under the threshold, or past it with the "
             "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed.",
@@ -164,11 +167,7 @@ def memory_pairs(cmp: Comparison) -> Table:
     """Workspace (allocator peak, else analytic) and device peak of each pair, in MiB, with
     the change; the verdict is the workspace's by the threshold factor."""
     m = cmp.matched
-    cols_mem = [
-        f"{s}_{c}"
-        for s in ("base", "cand")
-        for c in ("workspace_bytes_analytic", "workspace_bytes_peak", "device_bytes_peak")
-    ]
+    cols_mem = [f"{s}_{c}" for s in ("base", "cand") for c in MEMORY_COLUMNS]
     m = pair_order(m[m[cols_mem].notna().any(axis=1)])
     shown = _shown(m)
     data = m[[c for c in SHOWN_COLUMNS + ["knobs"] if c in m.columns]].copy()
@@ -206,10 +205,11 @@ def _ws(r: dict, side: str) -> float:
 
 def unmatched(df: pd.DataFrame, name: str) -> Table:
     """Rows without a partner: combination, tokens, status."""
-    shown = display_columns(df) if len(df) else []
-    shown = [c for c in shown if c not in PER_ROW_COLUMNS]
+    shown = combo_columns(df) if len(df) else []
     data = (
-        df[[c for c in SHOWN_COLUMNS + ["knobs", "combo_key", "status", "reason"] if c in df.columns]].copy()
+        df[
+            [c for c in dict.fromkeys(SHOWN_COLUMNS + ROW_COLUMNS) if c in df.columns and c not in PER_ROW_COLUMNS]
+        ].copy()
         if len(df)
         else pd.DataFrame()
     )

@@ -42,8 +42,8 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
+from moebench.report.columns import PLACE_COLUMNS, phase_sum
 from moebench.report.envinfo import env_value, is_commit, tree_label
-from moebench.report.load import phase_sum
 from moebench.report.mdsafe import md_code, md_text
 from moebench.results.row import Status
 
@@ -227,7 +227,7 @@ def paced_details(df: pd.DataFrame) -> pd.Series:
 def side_of(pair: dict, side: str) -> dict:
     """One side ("base" | "cand") of a comparison's pair as a row (its ``<side>_`` columns)."""
     row = {k[len(side) + 1 :]: v for k, v in pair.items() if k.startswith(side + "_")}
-    row.update({k: pair.get(k) for k in ("world_size", "device", "tokens_per_rank")})
+    row.update({k: pair.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")})
     return row
 
 

@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullLocator
 
-from moebench.report.load import combo_labels, fmt_value, varying
+from moebench.report.columns import BARE_COLUMNS, combo_labels, fmt_value, label, varying
 from moebench.util.pngfile import save_figure
 
 MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
@@ -39,7 +39,6 @@ SPLIT_ORDER = (
     "routing",
     "seed",
 )
-SHORT = {"world_size": "ws", "simulate_ep": "sim_ep", "reduction": "red", "overlap": "ovl"}
 LINESTYLES = ["-", "--", ":", "-."]
 MARKERS = "os^vD<>ph*"
 
@@ -87,7 +86,7 @@ def panels(
         keys = [tuple(fmt_value(r[c]) for c in cols) for r in df.to_dict("records")]
         for key in sorted(set(keys)):  # panels in the order of their columns' values
             g = df[[k == key for k in keys]]
-            groups.append((" · ".join(_title(c, v) for c, v in zip(cols, key)), g))
+            groups.append((" · ".join(_title(c, v) for c, v in zip(cols, key, strict=False)), g))
     else:
         groups.append(("", df))
     # a column constant inside every panel (simulate_ep, one per model) joins the panel titles, not the labels
@@ -112,7 +111,7 @@ def panels(
 
 def _title(col: str, value) -> str:
     v = fmt_value(value)
-    return v if col in ("model", "backend", "experts", "quant") else f"{SHORT.get(col, col)}={v}"
+    return v if col in BARE_COLUMNS else f"{label(col)}={v}"
 
 
 def grid(n: int, ncols: int = 3, width: float = 4.6, height: float = 3.4, sharex: bool = False):
@@ -224,7 +223,7 @@ def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> 
     if p.shared_legend:
         handles, seen = [], set()
         for ax in axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=False):
                 if lab not in seen and not lab.startswith("_"):
                     seen.add(lab)
                     handles.append((h, lab))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from moebench.report.load import PHASE_COLUMNS, latest_rows
+from moebench.report.columns import PHASE_COLUMNS
 from moebench.report.plotgrid import MARKERS, grid, legends, narrow_us_axis, panels, save, tokens_axis, value_axis
 from moebench.report.plots_compare import plot_comparison, plot_comparison_latency  # noqa: F401  (one import for callers)
 from moebench.results.row import Status
@@ -32,7 +32,6 @@ PHASE_COLORS = {
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    df = latest_rows(df)
     df = df[(df["status"] == Status.OK) & df["tokens_per_rank"].notna()].copy()
     return df.sort_values(["combo_key", "tokens_per_rank"], kind="stable")
 
@@ -61,7 +60,7 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
     fig, axes = grid(len(p.groups))
     modes = set(ok["timing_mode"].dropna().astype(str)) if "timing_mode" in ok else set()
     single = ok["tokens_per_rank"].nunique() == 1
-    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=False)):
         series = list(_series(p, i, g))
         for j, (lab, s, st) in enumerate(series):
             t, color = s["tokens_per_rank"], st["color"]
@@ -255,7 +254,7 @@ def plot_workspace(df: pd.DataFrame, path) -> Path | None:
         return None
     p = panels(ok)
     fig, axes = grid(len(p.groups))
-    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=False)):
         for j, (lab, s, st) in enumerate(_series(p, i, g)):
             t, color = s["tokens_per_rank"], st["color"]
             ax.plot(t, s["workspace_bytes_peak"] / MIB, color=color, marker=MARKERS[j % 10], ms=4, label=lab)

@@ -11,9 +11,9 @@ from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 
+from moebench.report.columns import fmt_value
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, pair_order
-from moebench.report.load import fmt_value
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from moebench.report.stats import pct
 from moebench.results.row import Status, Verdict
@@ -67,13 +67,13 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     )
     left, right = min(ends.min(), lo_t), max(ends.max(), hi_t)
     span = max(right - left, 1.0)
-    for ax, (title, g) in zip(axes, p.groups):
+    for ax, (title, g) in zip(axes, p.groups, strict=False):
         y = np.arange(len(g))
         names = [
             " · ".join(x for x in (p.labels.loc[i], f"{fmt_value(t)} tok") if x)
-            for i, t in zip(g.index, g["tokens_per_rank"])
+            for i, t in zip(g.index, g["tokens_per_rank"], strict=False)
         ]
-        for yi, r in zip(y, g.to_dict("records")):
+        for yi, r in zip(y, g.to_dict("records"), strict=False):
             if not np.isfinite(r["_r"]):
                 ax.text(0, yi, f"  {r['verdict']}: {r['cand_status']}", va="center", fontsize=8, color="tab:red")
                 continue
@@ -151,7 +151,7 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
     m = pair_order(m).assign(_series=lambda d: d["combo_key"].astype(str))
     p = panels(m, series_key="_series", max_series=2)  # two lines and two bands each
     fig, axes = grid(len(p.groups))
-    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups)):
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=False)):
         for lab, s in g.groupby(p.labels.loc[g.index], sort=True):
             color = p.color(i, lab)
             s = s.sort_values("tokens_per_rank")

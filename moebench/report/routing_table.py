@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moebench.report.load import WORKLOAD_COLUMNS, latest_rows
+from moebench.report.columns import WORKLOAD_COLUMNS
 from moebench.report.mdsafe import md_code
 from moebench.report.run_tables import caption, combo_cells, grid
 from moebench.report.table import md_table, md_text
@@ -31,7 +31,6 @@ def routing_table(df: pd.DataFrame) -> str:
     """Per combination x tokens: max/mean pairs per expert / per rank; with simulate_rank the
     emulated rank and the tokens it received; with workload.fill the busiest expert's fill.
     '' for a run without the routing columns (rows written before them)."""
-    df = latest_rows(df)
     if "imbalance_experts" not in df.columns:
         return ""
     ok = df[(df["status"] == Status.OK) & df["imbalance_experts"].notna()]

@@ -14,19 +14,20 @@ import numpy as np
 import pandas as pd
 
 from moebench.config import plugins
-from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
-from moebench.report.load import (
+from moebench.report.columns import (
     MEMORY_COLUMNS,
-    PER_ROW_COLUMNS,
     PHASE_COLUMNS,
+    ROOFLINE_COLUMNS,
     WORKLOAD_COLUMNS,
+    combo_columns,
     combo_labels,
     constant_caption,
     display_columns,
     fmt_value,
-    latest_rows,
+    label,
     phase_sum,
 )
+from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
 from moebench.results.row import STATUSES, Status
 
@@ -52,30 +53,29 @@ def latency_table(df: pd.DataFrame) -> str:
     """Median latency (µs) with p20–p80 per combination (rows) x tokens_per_rank (cols).
 
     Non-ok rows show their status; combinations with no ok row are left out (the status
-    summary lists them). The fastest ok cell of each workload (load.WORKLOAD_COLUMNS: the
+    summary lists them). The fastest ok cell of each workload (columns.WORKLOAD_COLUMNS: the
     model, world size, routing, ...) and token count is bold.
     """
-    df = latest_rows(df)
     df = df[df["tokens_per_rank"].notna()]
     ok_keys = set(df.loc[df["status"] == Status.OK, "combo_key"])
     df = df[df["combo_key"].isin(ok_keys)]
     if not len(df):
         return "_No ok rows to tabulate._"
     tokens = sorted(int(t) for t in df["tokens_per_rank"].unique())
-    cols = [c for c in display_columns(df) if c not in PER_ROW_COLUMNS]  # a row's, not a combination's
+    cols = combo_columns(df)  # a row's, not a combination's
     # Fastest per workload: the same model and world size see the same tokens; only GPU
     # time competes (a host-time cell is marked, never bold; a cell with host-paced samples
     # competes, marked with their count)
     from moebench.report.flags import GPU, PACED_MARK_TEXT, figure_basis, paced_mark
 
     ok = df[df["status"] == Status.OK]
-    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"))}
+    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"), strict=False)}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
     work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
     best = gpu_ok.groupby([*work, "tokens_per_rank"], dropna=False)["latency_us_median"].min()
     marked = bolded = paced = False
     rows = []
-    for key, g in df.groupby("combo_key", sort=False):
+    for _, g in df.groupby("combo_key", sort=False):
         by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
         cells = []
         for t in tokens:
@@ -101,7 +101,8 @@ def latency_table(df: pd.DataFrame) -> str:
         " ".join(
             x
             for x in [
-                "Times are in microseconds (µs): median (p20–p80) over samples, max over ranks; columns are tokens per rank.",
+                "Times are in microseconds (µs): median (p20–p80) over samples, max over ranks; "
+                "columns are tokens per rank.",
                 "Bold is the fastest GPU-time cell per workload (model, world size, routing)." if bolded else "",
                 f"{PACED_MARK_TEXT}; it still competes." if paced else "",
                 "† host time (the host paced the samples; see Data quality), never ranked." if marked else "",
@@ -117,7 +118,7 @@ def grid(ok: pd.DataFrame, cell) -> tuple[list[int], list[str], list[tuple]]:
     shown, [(a combination's first row, its cells: `cell(row)` per token count, '' where it
     has none)])."""
     tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
-    cols = [c for c in display_columns(ok) if c not in PER_ROW_COLUMNS]
+    cols = combo_columns(ok)
     rows = []
     for _, g in ok.groupby("combo_key", sort=False):
         by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
@@ -129,7 +130,6 @@ def host_table(df: pd.DataFrame) -> str:
     """The host's time to enqueue one eager forward (µs, median of five, behind a busy GPU)
     per combination x tokens: a figure of its own beside the GPU time. An eager layer whose
     enqueue exceeds its GPU time leaves an engine's GPU idle; '' without measurements."""
-    df = latest_rows(df)
     ok = df[(df["status"] == Status.OK) & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
     if not len(ok):
         return ""
@@ -254,7 +254,6 @@ def phase_table(df: pd.DataFrame) -> str:
     a communication span (inside one, that span holds them); it can differ from the median
     end-to-end latency (gaps between phases, the launch gaps a graph replay removes).
     """
-    df = latest_rows(df)
     ok = df[(df["status"] == Status.OK) & df[PHASE_COLUMNS].notna().any(axis=1)]
     if not len(ok):
         return "_No per-phase times in this run._"
@@ -276,7 +275,6 @@ def phase_table(df: pd.DataFrame) -> str:
 
 def memory_table(df: pd.DataFrame) -> str:
     """Workspace (analytic and allocator peak) and device peak memory in MiB, ok rows."""
-    df = latest_rows(df)
     ok = df[(df["status"] == Status.OK) & df[MEMORY_COLUMNS].notna().any(axis=1)]
     if not len(ok):
         return "_No memory measurements in this run._"
@@ -295,7 +293,7 @@ def memory_table(df: pd.DataFrame) -> str:
             + [fmt_mib(r[c]) for c in MEMORY_COLUMNS]
             + ["-" if not np.isfinite(ratio) else f"{ratio:.2f}"]
         )
-    headers = cols + ["tokens", "workspace analytic MiB", "workspace peak MiB", "device peak MiB", "peak / declared"]
+    headers = cols + ["tokens"] + [f"{label(c)} MiB" for c in MEMORY_COLUMNS] + ["peak / declared"]
     table = md_table(headers, rows, ["l"] * len(cols) + ["r"] * (len(headers) - len(cols)))
     return f"{table}\n\n" + caption(ok, "Memory in MiB (2^20 bytes).")
 
@@ -320,7 +318,7 @@ def single_rank(df: pd.DataFrame) -> pd.Series:
     if not len(df):
         return pd.Series([], dtype=bool)
     world = df["world_size"] if "world_size" in df.columns else pd.Series(np.nan, index=df.index)
-    return pd.Series([one(b, w) for b, w in zip(df["backend"], world)], index=df.index, dtype=bool)
+    return pd.Series([one(b, w) for b, w in zip(df["backend"], world, strict=False)], index=df.index, dtype=bool)
 
 
 def single_rank_note(rows: pd.DataFrame) -> str:
@@ -342,7 +340,6 @@ def overlap_table(df: pd.DataFrame) -> str:
     (µs); overlap = clamp(1 − exposed / shared, 0, 1) with its 90 % bootstrap interval
     (overlap_fraction_lo / _hi) where the row has one; trace = the same from a trace.
     """
-    df = latest_rows(df)
     rows_df = df[(df["status"] == Status.OK) & (df["overlap"].fillna("none").astype(str) != "none")]
     alone = single_rank(rows_df)
     note = single_rank_note(rows_df[alone])
@@ -387,7 +384,7 @@ def traces_table(df: pd.DataFrame) -> str:
 
     if "trace_path" not in df.columns:
         return ""
-    rows_df = latest_rows(df)
+    rows_df = df
     rows_df = rows_df[rows_df["trace_path"].fillna("").astype(str) != ""]
     if not len(rows_df):
         return ""
@@ -405,7 +402,8 @@ def traces_table(df: pd.DataFrame) -> str:
         )
     return (
         md_table(["combination", "tokens", "traces"], rows)
-        + "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); a folder is named by the combination's key."
+        + "\n\n`moebench trace RUN` reads them (`--plot` draws their timelines); "
+        "a folder is named by the combination's key."
     )
 
 
@@ -417,8 +415,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
     floor columns and says so."""
     from moebench.report.roofline import add_floor, ceilings_caption
 
-    df = latest_rows(df)
-    need = {"expert_bytes", "expert_flops", "experts_us"}
+    need = set(ROOFLINE_COLUMNS)
     if not need <= set(df.columns):
         return "_No roofline figures in this run._"
     ok = df[

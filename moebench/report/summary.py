@@ -10,6 +10,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moebench.report.columns import (
+    LATENCY_COLUMNS,
+    MEMORY_COLUMNS,
+    OVERLAP_COLUMNS,
+    PHASE_COLUMNS,
+    ROW_COLUMNS,
+    SHOWN_IDENTITY,
+    WORKLOAD_COLUMNS,
+    combo_columns,
+    constant_caption,
+    fmt_value,
+)
 from moebench.report.compare_tables import pair_names
 from moebench.report.flags import (
     CPU,
@@ -25,19 +37,6 @@ from moebench.report.flags import (
     run_notes,
 )
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
-from moebench.report.load import (
-    LATENCY_COLUMNS,
-    MEMORY_COLUMNS,
-    OVERLAP_COLUMNS,
-    PER_ROW_COLUMNS,
-    PHASE_COLUMNS,
-    SHOWN_IDENTITY,
-    WORKLOAD_COLUMNS,
-    constant_caption,
-    display_columns,
-    fmt_value,
-    latest_rows,
-)
 from moebench.report.run_tables import md_value
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import BAD_STATUSES, Status
@@ -61,7 +60,7 @@ def bases(ok: pd.DataFrame) -> pd.Series:
 def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
     """The largest margins of a fastest combination over the runner-up of its workload,
     among the rows whose latency is GPU time (host and CPU time are never ranked)."""
-    ok = latest_rows(df)
+    ok = df
     ok = ok[(ok["status"] == Status.OK) & ok["latency_us_median"].notna()]
     ok = ok[[b == GPU for b, _ in bases(ok)]] if len(ok) else ok
     if ok["combo_key"].nunique() < 2:
@@ -95,7 +94,7 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
 
 def unranked_lines(df: pd.DataFrame) -> list[str]:
     """The ok rows the summary does not rank, with why: host time (named), CPU time (counted)."""
-    ok = latest_rows(df)
+    ok = df
     ok = ok[(ok["status"] == Status.OK) & ok["latency_us_median"].notna()]
     if not len(ok):
         return []
@@ -113,7 +112,7 @@ def unranked_lines(df: pd.DataFrame) -> list[str]:
 
 
 def memory_lines(df: pd.DataFrame) -> list[str]:
-    ok = latest_rows(df)
+    ok = df
     ok = ok[ok["status"] == Status.OK]
     names = pair_names(ok) if len(ok) else pd.Series([], dtype=object)
     out = []
@@ -126,7 +125,7 @@ def memory_lines(df: pd.DataFrame) -> list[str]:
 
 def quality_lines(df: pd.DataFrame, env: dict, run_dir: Path | None, name: str = "") -> list[str]:
     """Data-quality bullets of one run: its flagged rows by flag, provenance notes."""
-    rows = latest_rows(df)
+    rows = df
     ok = rows[rows["status"] == Status.OK]
     lines = flag_summary(row_flags(ok), pair_names(ok), details=paced_details(ok)) if len(ok) else []
     if name:
@@ -146,7 +145,7 @@ def caveats(run_dirs, root: Path | None = None) -> list[str]:
 
 def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     """Bullets: status counts with what broke, biggest wins, memory, data quality."""
-    rows = latest_rows(df)
+    rows = df
     counts = rows["status"].value_counts()
     order = [Status.OK, Status.SKIPPED, *BAD]
     head = ", ".join(f"{int(counts[s])} {s}" for s in order if s in counts)
@@ -170,12 +169,12 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
 def rows_table(df: pd.DataFrame) -> Table:
     """Every row of the run (the newest per combination and tokens), its figures unrounded:
     identity, tokens, timing that ran, status, latency, phases, overlap, memory, flags."""
-    rows = latest_rows(df)
-    shown = [c for c in display_columns(rows) if c not in PER_ROW_COLUMNS]
+    rows = df
+    shown = combo_columns(rows)
     keep = [
         c
         for c in SHOWN_IDENTITY
-        + ["knobs", "combo_key", "timing_mode", "status", "reason"]
+        + ROW_COLUMNS
         + LATENCY_COLUMNS
         + PHASE_COLUMNS
         + OVERLAP_COLUMNS

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from moebench.report.columns import COMBINATION_COLUMNS, PER_ROW_COLUMNS, fmt_value
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
 from moebench.report.envinfo import comparable_summary, environment_check
-from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, PER_ROW_COLUMNS, fmt_value
 from moebench.report.table import md_text
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 
@@ -42,7 +42,7 @@ def why_nothing_matched(cmp: Comparison) -> str:
     if not len(b) or not len(c):
         return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
     disjoint, differ = [], []
-    for col in [*COMBO_COLUMNS, *EXTRA_COMBO_COLUMNS, "tokens_per_rank"]:
+    for col in [*COMBINATION_COLUMNS, "tokens_per_rank"]:
         if col in PER_ROW_COLUMNS or col not in b.columns or col not in c.columns:
             continue
         vb, vc = set(b[col].map(fmt_value).map(md_text)), set(c[col].map(fmt_value).map(md_text))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from moebench.config.spec import Combination
 from moebench.results import row
@@ -51,10 +51,11 @@ def rank_result_class() -> type:
 
 if TYPE_CHECKING:
 
-    @dataclass
     class RankResult:
-        """The checker's view of the made class: the fields are the declarations' (any type)."""
+        """The checker's view of the made class: a dataclass whose fields are the declarations'
+        (any type)."""
 
+        __dataclass_fields__: ClassVar[dict[str, Any]]
         rank: int
         status: Status
         phases_us: dict
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
         def __init__(self, **fields: Any) -> None: ...
 
         def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
 else:
     RankResult = rank_result_class()

@@ -97,12 +97,11 @@ ORIGIN = "origin"  # which row it is and where it came from: identity a table ne
 LATENCY_TABLE = "latency table"  # each side of a compared pair's latency cell
 MEMORY_TABLE = "memory table"
 OVERLAP_TABLE = "overlap table"  # the ablation's figures and the trace's
-RATE_TABLE = "rate table"
 PROVENANCE_TABLE = "provenance table"  # where a row came from (the provenance table)
 ROWS_TABLE = "rows table"  # what names a row beside its identity in the every-row tables
 ROOFLINE = "roofline"  # what the roofline table needs
 ROLES: tuple[str, ...] = (AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED, PER_ROW, ORIGIN)
-ROLES += (LATENCY_TABLE, MEMORY_TABLE, OVERLAP_TABLE, RATE_TABLE, PROVENANCE_TABLE, ROWS_TABLE, ROOFLINE)
+ROLES += (LATENCY_TABLE, MEMORY_TABLE, OVERLAP_TABLE, PROVENANCE_TABLE, ROWS_TABLE, ROOFLINE)
 
 
 @dataclass(frozen=True)
@@ -370,7 +369,15 @@ MEASURED: tuple[Column, ...] = (
     _c("trace_error", "str", "trace", WORST, "why a trace could not be read"),
     _c("kernel_us", "list", "trace", PROFILED, "profiler mode: communication kernel → µs, JSON per rank"),
     # memory (bytes)
-    _c("workspace_bytes_analytic", "float", "memory", MAX, "the workspace the kernels declare (bytes)", _MEM),
+    _c(
+        "workspace_bytes_analytic",
+        "float",
+        "memory",
+        MAX,
+        "the workspace the kernels declare (bytes)",
+        _MEM,
+        "workspace analytic",
+    ),
     _c("analytic_peak_bytes", "float", "memory", MAX, "the declared peak of one forward (bytes)"),
     _c(
         "workspace_bytes_peak",
@@ -379,6 +386,7 @@ MEASURED: tuple[Column, ...] = (
         MAX,
         "allocator peak of one forward above what was allocated before it (bytes)",
         _MEM,
+        "workspace peak",
     ),
     _c(
         "device_bytes_peak",
@@ -387,6 +395,7 @@ MEASURED: tuple[Column, ...] = (
         MAX,
         "the driver's view of the peak (bytes; other processes count)",
         _MEM,
+        "device peak",
     ),
     _c(
         "reserved_bytes_peak",
@@ -397,9 +406,9 @@ MEASURED: tuple[Column, ...] = (
     ),
     _c("memory_cap_bytes", "float", "memory", MAX, "the cap under runner.memory_budget (bytes)"),
     # rates
-    _c("tflops", "float", "rate", MEAN, "expert TFLOP/s (mean over ranks)", (RATE_TABLE,)),
-    _c("hbm_gbps", "float", "rate", MEAN, "expert HBM GB/s (mean over ranks)", (RATE_TABLE,)),
-    _c("nvlink_gbps", "float", "rate", MEAN, "link GB/s (mean over ranks)", (RATE_TABLE,)),
+    _c("tflops", "float", "rate", MEAN, "expert TFLOP/s (mean over ranks)"),
+    _c("hbm_gbps", "float", "rate", MEAN, "expert HBM GB/s (mean over ranks)"),
+    _c("nvlink_gbps", "float", "rate", MEAN, "link GB/s (mean over ranks)"),
     _c("expert_flops", "float", "rate", MEAN, "the experts' FLOPs, tflops' numerator", (ROOFLINE,)),
     _c("expert_bytes", "float", "rate", MEAN, "the experts' bytes, hbm_gbps' numerator", (ROOFLINE,)),
     _c("tflops_per_rank", "list", "rate", PER_RANK, "tflops of each rank"),
@@ -473,7 +482,18 @@ def _type_name(t) -> str:
 def identity_columns() -> tuple[Column, ...]:
     """The spec's columns (config/spec.py: fields with their roles and short labels, then the
     built-in entries' knobs), the key, the label, the knob tags, the token count and the overrides."""
-    from moebench.config.spec import COLUMN_FIELDS, Combo, builtin_knobs
+    from moebench.config.spec import builtin_knobs
+
+    head, tail = _identity_parts()
+    knobs = tuple(_c(k.name, _type_name(k.type), "identity", SAME, f"knob: {k.help}") for k in builtin_knobs().values())
+    return head + knobs + tail
+
+
+@cache
+def _identity_parts() -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+    """identity_columns() before and after the knobs: the columns that may have roles (a knob has
+    none), read without the registry (so without torch: the report runs on a laptop)."""
+    from moebench.config.spec import COLUMN_FIELDS, Combo
 
     hints = typing.get_type_hints(Combo)
     out = [
@@ -494,13 +514,12 @@ def identity_columns() -> tuple[Column, ...]:
         for f in fields(Combo)
         if f in COLUMN_FIELDS
     ]
-    out += [_c(k.name, _type_name(k.type), "identity", SAME, f"knob: {k.help}") for k in builtin_knobs().values()]
-    out += [
+    tail = (
         _c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults", (COMBO, ROWS_TABLE)),
         _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes", (REQUIRED,)),
         _c("overrides", "str", "identity", SAME, "the overrides the combination was planned from"),
-    ]
-    return tuple(out)
+    )
+    return tuple(out), tail
 
 
 _KEY = (ORIGIN, REQUIRED, ROWS_TABLE)
@@ -522,11 +541,12 @@ def column(name: str) -> Column:
 def names(
     group: str | None = None, combine: str | None = None, dtype: str | None = None, role: str | None = None
 ) -> list[str]:
-    """The measured columns' names, filtered (`role`: every column's, identity first)."""
+    """The measured columns' names, filtered (`role`: every column's, identity first; a knob
+    has no role)."""
     assert role is None or role in ROLES, role
     return [
         c.name
-        for c in (MEASURED if role is None else columns())
+        for c in (MEASURED if role is None else (*_identity_parts()[0], *_identity_parts()[1], *MEASURED))
         if (group is None or c.group == group)
         and (combine is None or c.combine == combine)
         and (dtype is None or c.dtype == dtype)
@@ -540,12 +560,9 @@ def having(role: str) -> list[str]:
 
 
 def label(name: str) -> str:
-    """The short label a table or plot names a column by (`world` for world_size); an
-    undeclared column (a plugin's knob) by its name."""
-    try:
-        return column(name).label
-    except KeyError:
-        return name
+    """The short label a table or plot names a column by (`world` for world_size); a knob and an
+    undeclared column by its name."""
+    return next((c.label for c in (*_identity_parts()[0], *MEASURED) if c.name == name), name)
 
 
 def rank_columns() -> tuple[Column, ...]:
@@ -599,13 +616,50 @@ def table_text(cols=None) -> str:
     return "\n".join(lines)
 
 
-def design_text(current: str, cols=None) -> str:
-    """docs/design.md with the text between BEGIN and END replaced by the table."""
-    head, sep, rest = current.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
+ROLES_BEGIN = "<!-- column roles: generated by `python -m moebench.results.row --write` from the declarations -->"
+ROLES_END = "<!-- end of column roles -->"
+ROLE_DOCS = {
+    AXIS: "names a combination in every table, in this order; a caption names it even at its default",
+    COMBO: "names a combination where it varies within a table; a caption names it off its default",
+    BARE: "shown bare in a combination's label (local/triton mixtral_8x7b)",
+    WORKLOAD: "the competing-workload key: rows equal in all of these saw the same tokens and compete for "
+    "fastest (the report's bold cell, `moebench tune --results`)",
+    MODEL_SIZE: "shown only where it varies within one model",
+    PLACE: "where a row ran: what a compared pair shares and a figure's basis reads",
+    REQUIRED: "a row file without it is malformed",
+    PER_ROW: "a row's, not its combination's: left out of a combination's label and columns",
+    ORIGIN: "which row it is and where it came from; never a table's column",
+    LATENCY_TABLE: "each side's latency cell of a compared pair",
+    MEMORY_TABLE: "a column of the memory tables (MiB, under its short label)",
+    OVERLAP_TABLE: "the overlap figures of the every-row table",
+    PROVENANCE_TABLE: "where a row came from (filled with None where a row lacks it)",
+    ROWS_TABLE: "names a row beside its identity in the every-row and unmatched tables",
+    ROOFLINE: "what the roofline table needs",
+}
+
+
+def roles_text(cols=None) -> str:
+    """The roles and the columns that have each (short labels in parentheses)."""
+    cols = columns() if cols is None else cols
+    lines = ["| role | meaning | columns |", "| --- | --- | --- |"]
+    for role in ROLES:
+        have = [f"`{c.name}`" + (f" ({c.short})" if c.short else "") for c in cols if role in c.roles]
+        lines.append(f"| {role} | {_cell(ROLE_DOCS[role])} | {', '.join(have)} |")
+    return "\n".join(lines)
+
+
+def _between(text: str, begin: str, end: str, body: str) -> str:
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise ValueError(f"{DESIGN}: the markers {BEGIN!r} … {END!r} are missing")
-    return f"{head}{BEGIN}\n{table_text(cols)}\n{END}{tail}"
+        raise ValueError(f"{DESIGN}: the markers {begin!r} … {end!r} are missing")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def design_text(current: str, cols=None) -> str:
+    """docs/design.md with the column table between BEGIN and END, and the roles between
+    ROLES_BEGIN and ROLES_END, replaced by the declarations'."""
+    return _between(_between(current, BEGIN, END, table_text(cols)), ROLES_BEGIN, ROLES_END, roles_text(cols))
 
 
 def main(argv=None) -> int:

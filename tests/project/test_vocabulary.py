@@ -156,3 +156,99 @@ def test_members_print_as_their_value():
         assert str(m) == f"{m}" == format(m) == "{}".format(m) == m.value
         assert f"{m:>12}" == f"{m.value:>12}"
         assert json.dumps({m: m}) == json.dumps({m.value: m.value})
+
+
+# -- column names: the report asks the declarations ------------------------------------------
+# A column is declared once (moebench/results/row.py's MEASURED, the spec's fields in
+# moebench/config/spec.py), with its roles; the report derives its lists from them
+# (moebench/report/columns.py). No list, tuple or set literal of three or more string constants,
+# all of them declared column names, appears in moebench/report/ but for these, each with why.
+REPORT = "moebench/report"
+# (file, where: the module-level name assigned or the enclosing function) -> why it stays a literal
+COLUMN_LIST_EXCEPTIONS = {
+    ("moebench/report/plotgrid.py", "SPLIT_ORDER"): "the order in which a figure splits its rows into panels when "
+    "it has too many series: a preference of the plots, not a set of columns sharing a role",
+    ("moebench/report/capacity.py", "GROUP"): "what one line of the capacity figure holds fixed: capacity's "
+    "own grouping (its fits compare the reductions within it), not a role of the columns",
+    ("moebench/report/flags.py", "PACED"): "(count column, its denominator column, the family's name): the "
+    "name shown to people, `trace`, happens to equal the trace field's",
+}
+
+
+def column_names() -> set[str]:
+    from moebench.config.spec import knob_meta
+    from moebench.results import row
+
+    return {c.name for c in row.columns()} | set(knob_meta())
+
+
+def column_lists(path: Path, rel: str, names: set[str]) -> list[tuple[str, str, int, list[str]]]:
+    """(file, where, line, the names) of each literal of three or more string constants that
+    are all column names (other elements, a starred query, do not count)."""
+    tree = ast.parse(path.read_text(), filename=rel)
+    found = []
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            here = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                here = child.name if where == "<module>" else f"{where}.{child.name}"
+            elif where == "<module>" and isinstance(child, (ast.Assign, ast.AnnAssign)):
+                target = child.targets[0] if isinstance(child, ast.Assign) else child.target
+                here = target.id if isinstance(target, ast.Name) else where
+            if isinstance(child, (ast.List, ast.Tuple, ast.Set)):
+                strings = [e.value for e in child.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if len(strings) >= 3 and all(s in names for s in strings):
+                    found.append((rel, here, child.lineno, strings))
+            visit(child, here)
+
+    visit(tree, "<module>")
+    return found
+
+
+def scan_column_lists(root: Path = ROOT) -> list[tuple[str, str, int, list[str]]]:
+    names = column_names()
+    out = []
+    for path in sorted((root / REPORT).rglob("*.py")):
+        out += column_lists(path, path.relative_to(root).as_posix(), names)
+    return out
+
+
+def test_the_report_types_no_column_list():
+    bad = [
+        f"{f}:{line}: {names} in {where}"
+        for f, where, line, names in scan_column_lists()
+        if (f, where) not in COLUMN_LIST_EXCEPTIONS
+    ]
+    assert not bad, (
+        "a list of column names typed in the report; ask the declarations (moebench/report/columns.py, "
+        "moebench.results.row.having(role)), give the columns a role there, or list it in "
+        "COLUMN_LIST_EXCEPTIONS with why:\n" + "\n".join(bad)
+    )
+
+
+def test_column_list_exceptions_are_still_needed():
+    seen = {(f, where) for f, where, _, _ in scan_column_lists()}
+    assert not set(COLUMN_LIST_EXCEPTIONS) - seen, sorted(set(COLUMN_LIST_EXCEPTIONS) - seen)
+
+
+def test_a_column_list_is_caught(tmp_path):
+    """The walk finds a list, a tuple and a set of column names, beside a starred query and in a
+    function, and passes two names, a list with a word that is no column, and other folders."""
+    pkg = tmp_path / "moebench" / "report"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text(
+        'MEM = ["workspace_bytes_peak", "device_bytes_peak", "workspace_bytes_analytic"]\n'
+        'TWO = ("status", "reason")\n'
+        'WORDS = ["status", "reason", "not a column"]\n'
+        "def f(df, q):\n"
+        '    return df[[*q, "backend", "experts", "model"]], {"quant", "seed", "fill"}\n'
+    )
+    (tmp_path / "moebench" / "results").mkdir()
+    (tmp_path / "moebench" / "results" / "y.py").write_text('X = ["status", "reason", "rel_err"]\n')
+    found = [(where, line, names) for _, where, line, names in scan_column_lists(tmp_path)]
+    assert found == [
+        ("MEM", 1, ["workspace_bytes_peak", "device_bytes_peak", "workspace_bytes_analytic"]),
+        ("f", 5, ["backend", "experts", "model"]),
+        ("f", 5, ["quant", "seed", "fill"]),
+    ]

@@ -437,7 +437,7 @@ def test_labels_tell_apart_combinations_that_differ_only_in_knobs():
     and only when they vary."""
     import pandas as pd
 
-    from moebench.report.load import combo_labels
+    from moebench.report.columns import combo_labels
 
     base = dict(
         backend="deepep_ht",
@@ -460,7 +460,7 @@ def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
     from moebench.report.plotgrid import fit_titles, grid, plain_log
 
     fig, axes = grid(3)
-    for ax, (lo, hi) in zip(axes, [(5000, 60000), (0.02, 0.3), (800, 250000)]):
+    for ax, (lo, hi) in zip(axes, [(5000, 60000), (0.02, 0.3), (800, 250000)], strict=False):
         ax.set_yscale("log")
         ax.plot([1, 2], [lo, hi])
         plain_log(ax.yaxis)

@@ -371,14 +371,14 @@ def test_results_margin_interval_on_a_synthetic_run(tmp_path):
     df, _ = load_run(write_run(tmp_path / "run", pd.DataFrame(rows)))
     best = best_per_size(df).set_index("tokens_per_rank")
     clear, tie = best.loc[64], best.loc[256]
-    assert clear.combination == "local/triton red=experts ovl=none" and clear.candidates == 4
-    assert clear.runner_up == "local/triton red=experts ovl=none gathered"
+    assert clear.combination == "local/triton red=experts ovl=none quant=bf16" and clear.candidates == 4
+    assert clear.runner_up == "local/triton red=experts ovl=none quant=bf16 gathered"
     assert clear.clear_win and 1.0 < clear.margin_lo <= clear.margin <= clear.margin_hi < 1.1
     assert tie.candidates == 2 and not tie.clear_win and tie.margin_lo < 1.0 < tie.margin_hi
     from moebench.report.best_per_size import combination  # the gluon row: its own entry, named by its tag
 
     gluon = df[df.combo_key.str.endswith("gemm=gluon")].iloc[0]
-    assert combination(gluon) == "local/triton red=experts ovl=none gemm=gluon"
+    assert combination(gluon) == "local/triton red=experts ovl=none quant=bf16 gemm=gluon"
 
 
 def test_the_winners_knob_tags_are_the_cards_own():
