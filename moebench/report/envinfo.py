@@ -136,7 +136,7 @@ def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
     Falls back to the rows' ``gpu`` / ``git_sha`` columns where env.json lacks them.
     """
     parts = []
-    for label, keys in ENV_FIELDS:
+    for label, _keys in ENV_FIELDS:
         value = field_value(env, label)
         if label == "GPU":
             value = _gpu_text(value, env)

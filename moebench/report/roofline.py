@@ -116,7 +116,10 @@ def add_floor(df: pd.DataFrame, root: str | Path | None = None) -> pd.DataFrame:
     ceil = gpus.map(lambda g: found.get(g))
     copy = ceil.map(lambda c: c.copy_bytes_per_s if c else np.nan).astype(float)
     peak = pd.Series(
-        [c.gemm_flops_per_s.get(PEAK_OF_QUANT.get(q, ""), np.nan) if c else np.nan for c, q in zip(ceil, out["quant"])],
+        [
+            c.gemm_flops_per_s.get(PEAK_OF_QUANT.get(q, ""), np.nan) if c else np.nan
+            for c, q in zip(ceil, out["quant"], strict=False)
+        ],
         index=out.index,
         dtype=float,
     )

@@ -82,7 +82,7 @@ def _gpu_phase_spans(kernels) -> list:
     # dispatch or combine) and nested ones do not hide each other
     rows: list = []
     out = []
-    for ph, (s, e, d) in sorted(spans.items(), key=lambda kv: (kv[1][2], kv[1][0])):
+    for ph, (s, e, _d) in sorted(spans.items(), key=lambda kv: (kv[1][2], kv[1][0])):
         row = next((i for i, used in enumerate(rows) if all(e <= a or s >= b for a, b in used)), len(rows))
         if row == len(rows):
             rows.append([])
@@ -325,7 +325,7 @@ def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Option
     fig = Figure(figsize=(13, max(3.0, 0.45 * sum(heights) + 0.8)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
-    for ax, (lanes, p), name in zip(axes, panels, labels):
+    for ax, (lanes, p), name in zip(axes, panels, labels, strict=False):
         _draw(ax, lanes, t1 - t0, _overlap(p[5]), t0, f"{name} — {p[2]}")
     axes[-1].set_xlabel("µs from the earliest window start")
     _legend(axes[0])

@@ -89,7 +89,8 @@ def to_markdown(s: TraceSummary, labels: Optional[dict] = None, title: Optional[
     lines += ["| phase | cpu µs | gpu µs | ranges | kernels |", "|---|---:|---:|---:|---:|"]
     for p in s.phases.values():
         lines.append(
-            f"| {md_text(p.name)} | {fmt_figure(p.cpu_us)} | {fmt_figure(p.gpu_us)} | {p.num_ranges} | {p.num_kernels} |"
+            f"| {md_text(p.name)} | {fmt_figure(p.cpu_us)} | {fmt_figure(p.gpu_us)} | "
+            f"{p.num_ranges} | {p.num_kernels} |"
         )
     if s.streams:
         lines += [

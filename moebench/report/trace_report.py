@@ -76,7 +76,7 @@ def combo_labels(target) -> dict:
     out: dict = {}
     if df is None or not {"combo_key", "label"} <= set(df.columns):
         return out
-    for key, label in zip(df["combo_key"], df["label"]):
+    for key, label in zip(df["combo_key"], df["label"], strict=False):
         if key and label:
             out.setdefault(str(key), str(label))
     return out
@@ -317,7 +317,8 @@ def ranks_table(folder: str, tokens: str, ranks: dict, matched=None, label: Opti
         wait = matched.wait_us_per_rank[i] if matched else None
         fig = matched.fraction_per_rank[i] if matched else None
         lines.append(
-            f"| {r}{mark} | {fmt_figure(s.layer_us)} | {fmt_figure(wait)} | {fmt_figure(s.trace_overlap_fraction, 3)} | "
+            f"| {r}{mark} | {fmt_figure(s.layer_us)} | {fmt_figure(wait)} | "
+            f"{fmt_figure(s.trace_overlap_fraction, 3)} | "
             f"{fmt_figure(fig, 3)} | {fmt_figure(s.intersection_fraction, 3)} |"
         )
     if matched is not None:

@@ -140,6 +140,7 @@ def migrate(df: pd.DataFrame, where: str = "results") -> pd.DataFrame:
     if failed:
         warnings.warn(
             f"{where}: {failed} schema-1 rows keep their old keys (v1-...): their stored overrides no "
-            "longer compose to the combination they ran"
+            "longer compose to the combination they ran",
+            stacklevel=2,
         )
     return df

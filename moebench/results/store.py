@@ -37,10 +37,10 @@ from moebench.results.store_read import (
     TornFile,
     by_precedence,
     find_runs,  # noqa: F401 (re-exported)
-    invocation_files,
-    invocation_rows,
-    latest,
-    load_files,
+    invocation_files,  # noqa: F401 (re-exported)
+    invocation_rows,  # noqa: F401 (re-exported)
+    latest,  # noqa: F401 (re-exported)
+    load_files,  # noqa: F401 (re-exported)
     newest_last,
     read_all,
     read_env_file,
@@ -208,8 +208,8 @@ class RunStore:
         new = pd.DataFrame(rows)
         old = self._skipped_rows()
         if old is not None:
-            fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int)))
-            keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"])]
+            fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int), strict=False))
+            keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"], strict=False)]
             new = pd.concat([old[keep], new], ignore_index=True)
         _atomic_write(path, lambda p: new.to_parquet(p, index=False), self.dir)
         return path
