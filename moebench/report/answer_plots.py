@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
+from moebench.report.columns import PHASE_COLUMNS
 from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
 from moebench.util.pngfile import DPI, save_figure
 
@@ -38,7 +39,7 @@ CPU_PREFIX = "CPU pipeline check, not performance: "
 MIB = 2.0**20
 # names the rows of a figure, telling apart only what varies among them (report.columns.combo_labels)
 Labeller = Callable[[pd.DataFrame], pd.Series]
-PHASES = ("prepare_us", "dispatch_us", "experts_us", "weight_reduce_us", "combine_us", "shared_experts_us")
+PHASES = tuple(PHASE_COLUMNS)
 
 
 @dataclass(frozen=True)

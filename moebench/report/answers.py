@@ -17,15 +17,15 @@ import numpy as np
 import pandas as pd
 
 from moebench.report import answer_plots as ap
+from moebench.report.columns import CHOICE_COLUMNS, COMBINATION_COLUMNS, PER_ROW_COLUMNS, combo_labels
 from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
 from moebench.report.flags import CPU, GPU, figure_basis
 from moebench.report.fmt import fmt_frac, fmt_mib
-from moebench.report.load import COMBO_COLUMNS, EXTRA_COMBO_COLUMNS, PER_ROW_COLUMNS, combo_labels
 from moebench.report.run_tables import single_rank
 from moebench.results.row import Status
 
 # the axes whose values are choices a reader makes (the rest of the combination is the workload)
-CHOICES = ["backend", "experts", "reduction", "overlap", "quant", "knobs"]
+CHOICES = CHOICE_COLUMNS
 
 
 @dataclass
@@ -60,7 +60,7 @@ def measured(df: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 def pair_key(df: pd.DataFrame) -> list[str]:
     """The columns a pair must share (every combination column but the per-row ones)."""
-    return [c for c in COMBO_COLUMNS + EXTRA_COMBO_COLUMNS if c in df.columns and c not in PER_ROW_COLUMNS]
+    return [c for c in COMBINATION_COLUMNS if c in df.columns and c not in PER_ROW_COLUMNS]
 
 
 def _label(rows: pd.DataFrame) -> pd.Series:

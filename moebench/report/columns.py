@@ -30,6 +30,9 @@ PER_ROW_COLUMNS = tuple(schema.having(schema.PER_ROW))
 WORKLOAD_COLUMNS = tuple(schema.having(schema.WORKLOAD))
 # the model's sizes: shown only where they vary within one model
 MODEL_COLUMNS = tuple(schema.having(schema.MODEL_SIZE))
+# what competes within a workload: the axes that are no workload (quant among them), then the knobs
+AXES = [c for c in COMBO_COLUMNS if c not in WORKLOAD_COLUMNS]
+CHOICE_COLUMNS = [*AXES, "knobs"]
 BARE_COLUMNS = tuple(schema.having(schema.BARE))  # shown bare in a label: local/triton mixtral
 PLACE_COLUMNS = tuple(schema.having(schema.PLACE))  # where a row ran (a compared pair shares it)
 # the identity a table may show of a row: the spec's columns and the token count

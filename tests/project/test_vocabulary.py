@@ -53,6 +53,9 @@ EXCEPTIONS = {
         "memory_verdict",
     ): "the workspace's verdict, its own vocabulary (larger | smaller | ~), no latency verdict",
     ("moebench/report/compare.py", "host", "<module>"): "the `host` column group of results/row.py",
+    ("moebench/report/effects.py", "faster", "<module>"): "an effect's direction (faster | slower | no "
+    "difference | inconclusive), effects.py's own vocabulary, no verdict of a compared pair",
+    ("moebench/report/effects.py", "slower", "<module>"): "an effect's direction, as `faster`",
     ("moebench/tune/regression.py", "ok", "Check.table"): "the tune check's cell (REGRESSED | ok), no row status",
     ("moebench/kernels/triton/launch.py", "ok", "_Plan"): "an attribute's name in __slots__",
     ("moebench/kernels/triton/launch.py", "ok", "_Site"): "an attribute's name in __slots__",
@@ -172,6 +175,8 @@ COLUMN_LIST_EXCEPTIONS = {
     "own grouping (its fits compare the reductions within it), not a role of the columns",
     ("moebench/report/flags.py", "PACED"): "(count column, its denominator column, the family's name): the "
     "name shown to people, `trace`, happens to equal the trace field's",
+    ("moebench/report/effects.py", "INTERACTION_ORDER"): "the order in which an effect whose pairs disagree "
+    "is split by another axis: a preference of effects.py, not a set of columns sharing a role",
 }
 
 
