@@ -30,13 +30,12 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.spec import knob_meta
-from moebench.report.columns import COMBO_COLUMNS, WORKLOAD_COLUMNS, label
+from moebench.report.columns import AXES, WORKLOAD_COLUMNS, label
 from moebench.results.row import Status
 
 # what must match for two rows to compete: the workload (results/row.py's WORKLOAD role, the
-# report's bold cell's too); what competes: the axes that are not workload (quant among them)
+# report's bold cell's too); what competes: columns.AXES, the axes that are no workload (quant among them)
 SETTING = list(WORKLOAD_COLUMNS)
-AXES = [c for c in COMBO_COLUMNS if c not in WORKLOAD_COLUMNS]
 DRAWS = 2000
 
 
@@ -221,14 +220,9 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
             f"\n{r['knobs']}" if r["knobs"] else ""
         )
         texts.append((j, i, f"{name}\n{mtxt}{ci}", r["clear_win"], grid[i, j]))
-    im = ax.imshow(
-        grid,
-        cmap="Greens",
-        vmin=1.0,
-        vmax=max(1.2, float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.2),
-        aspect="auto",
-    )
-    dark = im.norm.vmin + 0.6 * (im.norm.vmax - im.norm.vmin)
+    vmax = max(1.2, float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.2)
+    im = ax.imshow(grid, cmap="Greens", vmin=1.0, vmax=vmax, aspect="auto")
+    dark = 1.0 + 0.6 * (vmax - 1.0)
     for j, i, txt, clear, v in texts:
         ax.text(
             j,

@@ -378,7 +378,7 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
     else:
         budget = float(parse_bytes(budget_text))
     cap = capacity_frame(df, budget, gpu)
-    text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {gpu / 2**30:.0f} GiB"
+    text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {float(gpu or 0) / 2**30:.0f} GiB"
     body = capacity_markdown(cap, text_budget)
     root = Path(run) if Path(run).is_dir() else Path(run).parent
     dest = report_out(root, out)

@@ -3,6 +3,8 @@ without a partner; each a report.table.Table (markdown, csv, json from the same 
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 import pandas as pd
 
@@ -19,7 +21,7 @@ from moebench.report.columns import (
 from moebench.report.compare import SHOWN_COLUMNS, Comparison
 from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
-from moebench.report.run_tables import md_value
+from moebench.report.run_tables import md_value, value_cell
 from moebench.report.stats import pct
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import Status, Verdict
@@ -73,6 +75,15 @@ def _side(row: dict, side: str) -> str:
     return f"{cell} {mark}" if mark else cell
 
 
+def _side_cell(side: str, fmt: Callable[[Any, str], str]) -> Callable[[Any], str]:
+    """A cell formatter of one side ("base" | "cand") of a pair: `fmt(row, side)`."""
+
+    def cell(row) -> str:
+        return fmt(row, side)
+
+    return cell
+
+
 def _shown(m: pd.DataFrame) -> list[str]:
     return combo_columns(m)
 
@@ -103,7 +114,7 @@ def latency_pairs(cmp: Comparison) -> Table:
     data["base_combo_key"], data["cand_combo_key"] = m["base_combo_key"], m["cand_combo_key"]
     timing_varies = pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]).map(fmt_value).nunique() > 1
     cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]
-    cols += [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols += [Column(c, value_cell(c)) for c in shown]
     cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]
     if timing_varies:
         cols += [Column("timing", lambda r: _timing(r))]
@@ -179,13 +190,13 @@ def memory_pairs(cmp: Comparison) -> Table:
         m["dev_ratio"],
         m["mem_verdict"],
     )
-    cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols = [Column(c, value_cell(c)) for c in shown]
     cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]
     for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
-        cols.append(Column(f"workspace {name}", lambda r, s=side: fmt_mib(_ws(r, s)), "r"))
+        cols.append(Column(f"workspace {name}", _side_cell(side, lambda r, s: fmt_mib(_ws(r, s))), "r"))
     cols.append(Column("workspace change", lambda r: fmt_change(r["workspace_ratio"], np.nan, np.nan), "r"))
     for side, name in (("base", cmp.baseline_name), ("cand", cmp.candidate_name)):
-        cols.append(Column(f"device {name}", lambda r, s=side: fmt_mib(r[f"{s}_device_bytes_peak"]), "r"))
+        cols.append(Column(f"device {name}", _side_cell(side, lambda r, s: fmt_mib(r[f"{s}_device_bytes_peak"])), "r"))
     cols += [
         Column("device change", lambda r: fmt_change(r["device_ratio"], np.nan, np.nan), "r"),
         Column("verdict", lambda r: r["mem_verdict"] or "-"),
@@ -213,7 +224,7 @@ def unmatched(df: pd.DataFrame, name: str) -> Table:
         if len(df)
         else pd.DataFrame()
     )
-    cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols = [Column(c, value_cell(c)) for c in shown]
     cols += [
         Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
         Column("status", lambda r: md_text(r["status"])),

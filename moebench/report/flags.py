@@ -72,10 +72,9 @@ FLAG_TEXT = {
 def _num(row, col) -> float:
     v = row.get(col) if hasattr(row, "get") else None
     try:
-        v = float(v)
+        return float(v) if v is not None else float("nan")
     except (TypeError, ValueError):
         return float("nan")
-    return v
 
 
 # each family of a row's samples the host may pace: (its count of host-paced samples, what gives how

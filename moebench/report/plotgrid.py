@@ -211,7 +211,7 @@ def fit_titles(fig: Figure) -> None:
         text, spec = ax.get_title(), ax.get_subplotspec()
         if not text or spec is None or "\n" in text:
             continue
-        size = ax.title.get_fontsize()
+        size = float(ax.title.get_fontsize())
         chars = max(16, int(fig.get_figwidth() / spec.get_gridspec().ncols * 72 / (size * 0.6)))
         if len(text) > chars:
             ax.set_title(textwrap.fill(text, chars, break_long_words=False), fontsize=size)

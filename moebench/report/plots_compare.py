@@ -4,6 +4,7 @@ and baseline and candidate latency on the same axes, as small multiples."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -107,7 +108,7 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
             f"change in the workspace's allocator peak, % ({cmp.candidate_name} vs "
             f"{cmp.baseline_name})\ndashed: the threshold ×{cmp.threshold:g}"
         )
-        keys = [
+        keys: list[tuple[Any, str]] = [
             (Line2D([], [], color=MEM_COLORS["larger"], lw=6), "larger"),
             (Line2D([], [], color=MEM_COLORS["smaller"], lw=6), "smaller"),
             (Line2D([], [], color=NO_CHANGE, lw=6), "within the threshold"),

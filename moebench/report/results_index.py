@@ -89,7 +89,7 @@ def read_about(folder: Path) -> About:
     p = folder / "about.md"
     if not p.is_file():
         raise ValueError(f"{p} is missing: its first line states the folder's question")
-    text, meta = p.read_text(), {}
+    text, meta = p.read_text(), dict[str, str]()
     if text.startswith("---\n"):
         head, _, text = text[4:].partition("\n---\n")
         meta = yaml.safe_load(head) or {}
@@ -227,7 +227,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
             report,
             tree,
         )
-    counts, used = Counter(), 1
+    counts, used = Counter[str](), 1
     if (d / "rows").is_dir():
         df = RunStore(d).load()
         if len(df):

@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -82,7 +83,7 @@ def read_ceilings(path: str | Path, require_gpu: bool = True) -> Ceilings:
     return Ceilings(
         str(doc["gpu"]),
         str(doc.get("device")),
-        float(copy),
+        float(cast(float, copy)),  # checked a positive number above
         {k: float(gemm[k]) for k in ("bf16", "fp8")},
         path,
         str(doc.get("commit") or "unknown"),

@@ -9,6 +9,7 @@ a cell some of whose samples the host paced carries ``‡ n/m``, a host-time one
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -38,6 +39,15 @@ def md_value(v) -> str:
     """A value read from the rows as a markdown cell or phrase: fmt_value, escaped (md_text)."""
     text = fmt_value(v)
     return text if text == "-" else md_text(text)
+
+
+def value_cell(col: str) -> Callable[[Any], str]:
+    """A table cell's formatter: the row's value of `col` (md_value)."""
+
+    def cell(row) -> str:
+        return md_value(row[col])
+
+    return cell
 
 
 def combo_cells(row, cols: list[str]) -> list[str]:

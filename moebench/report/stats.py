@@ -10,6 +10,7 @@ its interval carries the same noise.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def interval(resampled: np.ndarray, confidence: float = CONFIDENCE) -> tuple[flo
     return float(lo), float(hi)
 
 
-def geometric_mean(ratios, resampled: list[np.ndarray] = ()) -> tuple[float, float, float]:
+def geometric_mean(ratios, resampled: Sequence[np.ndarray] = ()) -> tuple[float, float, float]:
     """(geometric mean of `ratios`, interval low, high). The interval comes from the rows'
     resamples (bootstrap_ratios, one array per ratio, all of one length) where every row
     has them, else NaN."""

@@ -37,7 +37,7 @@ from moebench.report.flags import (
     run_notes,
 )
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
-from moebench.report.run_tables import md_value
+from moebench.report.run_tables import md_value, value_cell
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import BAD_STATUSES, Status
 
@@ -184,7 +184,7 @@ def rows_table(df: pd.DataFrame) -> Table:
     ]
     data = rows[list(dict.fromkeys(keep))].copy()
     data["flags"] = row_flags(rows)
-    cols = [Column(c, lambda r, c=c: md_value(r[c])) for c in shown]
+    cols = [Column(c, value_cell(c)) for c in shown]
     cols += [
         Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r"),
         Column("timing", lambda r: md_value(r.get("timing_mode"))),

@@ -102,7 +102,8 @@ def _kernel_style(k) -> tuple:
 
 def _depths(ranges) -> list:
     """Nesting depth of each range among `ranges` (one thread), by start order."""
-    out, stack = [], []
+    out: list = []
+    stack: list = []
     for r in sorted(ranges, key=lambda r: (r.start_us, -r.end_us)):
         while stack and stack[-1].end_us <= r.start_us:
             stack.pop()
@@ -114,9 +115,9 @@ def _depths(ranges) -> list:
 def _unmangle(name: str) -> str:
     """`a::b` from an Itanium-mangled `_ZN1a1bI...` (the nested names' lengths prefix them)."""
     m = re.match(r"_ZN?(.*)", name)
-    rest, parts = m[1], []
+    rest, parts = (m[1] if m else name), []
     while rest[:1].isdigit():
-        n = re.match(r"\d+", rest)[0]
+        n = rest[: len(rest) - len(rest.lstrip("0123456789"))]  # the length prefix
         parts.append(rest[len(n) : len(n) + int(n)])
         rest = rest[len(n) + int(n) :]
     return "::".join(parts) or name

@@ -323,7 +323,7 @@ def ranks_table(folder: str, tokens: str, ranks: dict, matched=None, label: Opti
         )
     if matched is not None:
         row = (
-            f"rank {order[crit]}'s without the wait for peers, {fmt_figure(matched.fraction, 3)} "
+            f"rank {order[matched.critical_rank]}'s without the wait for peers, {fmt_figure(matched.fraction, 3)} "
             "(it waited least: the others waited for it)"
         )
     else:

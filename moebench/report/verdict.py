@@ -11,6 +11,8 @@ Text from the runs (names, values, reasons, environments) enters these lines esc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -41,7 +43,8 @@ def why_nothing_matched(cmp: Comparison) -> str:
         )
     if not len(b) or not len(c):
         return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
-    disjoint, differ = [], []
+    disjoint: list[str] = []
+    differ: list[str] = []
     for col in [*COMBINATION_COLUMNS, "tokens_per_rank"]:
         if col in PER_ROW_COLUMNS or col not in b.columns or col not in c.columns:
             continue
@@ -80,7 +83,7 @@ def _change_line(verdict: Verdict, name: str, r: dict) -> str:
     )
 
 
-def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: list[str] = ()) -> list[str]:
+def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[str] = ()) -> list[str]:
     """Markdown: a bold headline, then one bullet per fact (module doc)."""
     m = cmp.matched
     names = row_names(m)

@@ -235,7 +235,7 @@ class RunLock:
         except BaseException:
             os.close(fd)
             raise
-        return cls(run_dir, me["token"], fd)
+        return cls(run_dir, str(me["token"]), fd)
 
     def _not_borrowable(self, job_wait_s: float) -> str:
         """Why this process may not work under the holder's lock with this token, or '' (module

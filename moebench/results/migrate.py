@@ -56,7 +56,7 @@ def check_versions(df: pd.DataFrame, where: str) -> None:
     versions = sorted({int(v) for v in pd.to_numeric(df["schema_version"], errors="coerce").dropna()})
     unknown = [v for v in versions if v not in KNOWN_VERSIONS]
     if unknown or df["schema_version"].isna().any():
-        shown = unknown or ["missing"]
+        shown: list = unknown or ["missing"]
         raise ValueError(
             f"{where}: rows of schema_version {shown[0]}; this moebench reads versions "
             f"{', '.join(map(str, KNOWN_VERSIONS))}: use the moebench that wrote them, or re-run"

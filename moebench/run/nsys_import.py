@@ -63,8 +63,8 @@ def host_tools() -> HostTools:
         raise ValueError(f"no QdstrmImporter (Nsight Systems' host package): {INSTALL_HINT}")
     host = Path(importer).resolve().parent
     pkg = host.parent  # .../nsight-systems/{host,target}-linux-x64
-    nsys = pkg / "target-linux-x64" / "nsys"
-    nsys = str(nsys) if nsys.is_file() else shutil.which("nsys")
+    bundled = pkg / "target-linux-x64" / "nsys"
+    nsys = str(bundled) if bundled.is_file() else shutil.which("nsys")
     if not nsys:
         raise ValueError(f"no nsys beside {importer} nor on PATH to export SQLite with: {INSTALL_HINT}")
     libs = [str(host)]

@@ -11,8 +11,8 @@ import os
 import signal
 import time
 import traceback
-from contextlib import nullcontext
-from typing import Iterator, Optional
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,6 +20,7 @@ import torch.distributed as dist
 from moebench.config.device import cpu_threads
 from moebench.config.validity import timing_mode, timing_note
 from moebench.kernels import registry
+from moebench.kernels.interfaces import PrepareFinalize
 from moebench.measure import memory
 from moebench.measure.capture import capture_trace, make_recorder, nsys_capture, profiled_phases
 from moebench.measure.derived import derived_figures, routing_counts
@@ -317,7 +318,8 @@ def _measure(
     reserved_base = memory.region_start(device)
     host_us = host_enqueue(kernel, inputs, device)
     clock.lap("probe")
-    with nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({}) as nsys_row:
+    capture: AbstractContextManager[dict] = nsys_capture(task.key, run_dir, T, rank) if under_nsys else nullcontext({})
+    with capture as nsys_row:
         timed = time_layer(
             kernel, inputs, combo, sync, device, rec, graph=mode == "graph", hold_us=host_us, lap=clock.lap
         )
@@ -345,7 +347,8 @@ def _measure(
         # x's rows, not T: simulate_rank runs the M tokens the emulated rank receives
         fields.update(memory_figures(kernel, fn, x.shape[0], device, setup_used, baseline_used))
         # memory_figures reset the peak counters for its one forward: the larger of the two
-        reserved = max(reserved, memory.reserved_peak_bytes(device, reserved_base)) if reserved is not None else None
+        again = memory.reserved_peak_bytes(device, reserved_base)
+        reserved = max(reserved, again) if reserved is not None and again is not None else reserved
     if reserved is not None:
         fields["reserved_bytes_peak"] = float(reserved)
     clock.lap("memory")
@@ -399,7 +402,7 @@ def form_group(device: torch.device, rank: int, world_size: int, init_method: st
     from moebench.results.store import LOST
 
     cuda = device.type == "cuda"
-    kw = {"device_id": device} if cuda else {}
+    kw: dict[str, Any] = {"device_id": device} if cuda else {}
     try:
         dist.init_process_group(
             "nccl" if cuda else "gloo",
@@ -417,6 +420,7 @@ def form_group(device: torch.device, rank: int, world_size: int, init_method: st
             f"(rank {rank}: {type(e).__name__}: {first})"
         ) from e
     long = c10d.default_pg_nccl_timeout if cuda else c10d.default_pg_timeout
+    assert long is not None  # torch's defaults: NCCL's is set wherever NCCL formed the group above
     c10d._set_pg_timeout(long, None)
     c10d._get_default_store().set_timeout(long)
     return dist.group.WORLD
@@ -469,7 +473,8 @@ def rank_main(
             tokens = None
         if group is not None:
             for name in sorted(backends):  # collective: every rank releases the same backends
-                registry.get_backend(name).release_group(group)
+                backend: type[PrepareFinalize] = registry.get_backend(name)
+                backend.release_group(group)
             dist.destroy_process_group()
         queue.put(Exited(rank))
     except BaseException as e:  # noqa: BLE001 - everything becomes a row
