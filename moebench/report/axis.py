@@ -99,7 +99,7 @@ def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame
     keys = pd.Series(
         [
             f"{_set(c, axis.field, b, dropped).key}\x1f{fmt_value(t)}"
-            for c, t in zip(combos, rows["tokens_per_rank"], strict=False)
+            for c, t in zip(combos, rows["tokens_per_rank"], strict=True)
         ],
         dtype=object,
     )
@@ -132,7 +132,7 @@ def compare_axis(
             differs = bv != cv
             if differs.any():
                 m[col] = m[col].astype(object)
-                m.loc[differs, col] = [f"{x or '-'}→{y or '-'}" for x, y in zip(bv[differs], cv[differs], strict=False)]
+                m.loc[differs, col] = [f"{x or '-'}→{y or '-'}" for x, y in zip(bv[differs], cv[differs], strict=True)]
         from moebench.report.columns import combo_labels
 
         m["label"] = combo_labels(m).values

@@ -108,7 +108,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     for key, g in ok.groupby(setting + ["tokens_per_rank"], sort=True, dropna=False):
         g = g.sort_values(["latency_us_median", "combo_key"], kind="stable")
         first = g.iloc[0]
-        row = dict(zip(setting + ["tokens_per_rank"], key, strict=False))
+        row = dict(zip(setting + ["tokens_per_rank"], key, strict=True))
         row.update({k: first[k] for k in AXES})
         row["knobs"] = knobs_of(first)
         row["combination"] = combination(first)

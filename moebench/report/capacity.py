@@ -106,11 +106,11 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
             limit, basis = max_tokens(dev, gpu_bytes if gpu_bytes else float("nan")), "device"
             limit_res = float("nan")
         conf = capped
-        for col, v in zip(GROUP, key, strict=False):
+        for col, v in zip(GROUP, key, strict=True):
             conf = conf[conf[col].map(fmt_value) == fmt_value(v)]
         out.append(
             dict(
-                zip(GROUP, key, strict=False),
+                zip(GROUP, key, strict=True),
                 line=_label(key) + segment,
                 points=len(g),
                 tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
@@ -174,7 +174,7 @@ def placement_ratios(cap: pd.DataFrame) -> pd.DataFrame:
             e, f = by.loc["experts"], by.loc["finalize"]
             rows.append(
                 dict(
-                    zip(keys, key, strict=False),
+                    zip(keys, key, strict=True),
                     line=f.line,
                     saving_per_token=f.ws_slope - e.ws_slope,
                     slope_ratio=e.ws_slope / f.ws_slope if f.ws_slope else np.nan,
@@ -274,11 +274,11 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
         ok = ok[pd.to_numeric(ok["memory_budget"], errors="coerce").fillna(0) == 0]
     if not len(ok) or not len(cap):
         return None
-    panels = list(dict.fromkeys(zip(cap["model"], cap["simulate_ep"], strict=False)))
+    panels = list(dict.fromkeys(zip(cap["model"], cap["simulate_ep"], strict=True)))
     fig = Figure(figsize=(5.6 * len(panels), 5.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=False))
     colors: dict = {}
-    for ax, (model, sim) in zip(axes, panels, strict=False):
+    for ax, (model, sim) in zip(axes, panels, strict=True):
         sub = cap[(cap["model"] == model) & (cap["simulate_ep"] == sim)]
         tmax = 1.0
         for r in sub.itertuples():

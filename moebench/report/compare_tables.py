@@ -61,7 +61,7 @@ def pair_names(m: pd.DataFrame) -> pd.Series:
     rows' text escaped: moebench/report/mdsafe.py md_text)."""
     labels = combo_labels(m)
     return pd.Series(
-        [md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"], strict=False)],
+        [md_text(f"{lab} · {fmt_value(t)} tok") for lab, t in zip(labels, m["tokens_per_rank"], strict=True)],
         index=m.index,
         dtype=object,
     )

@@ -229,7 +229,7 @@ def comparison_doc(
             details=pair_paced_details(cmp.matched, (cmp.baseline_name, cmp.candidate_name)),
         )
     names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
-    for df, env, name in zip(frames, envs, names, strict=False):  # the pairs' flags hold the rows' own: provenance here
+    for df, env, name in zip(frames, envs, names, strict=True):  # the pairs' flags hold the rows' own: provenance here
         quality += [x for x in run_notes(df, env, name) if x not in quality]
     cav = caveats([run_root(d) for d in run_dirs], _results_root(run_root(run_dirs[0])))
     verdict = verdict_lines(cmp, code, why, quality + cav)

@@ -86,7 +86,7 @@ def panels(
         keys = [tuple(fmt_value(r[c]) for c in cols) for r in df.to_dict("records")]
         for key in sorted(set(keys)):  # panels in the order of their columns' values
             g = df[[k == key for k in keys]]
-            groups.append((" · ".join(_title(c, v) for c, v in zip(cols, key, strict=False)), g))
+            groups.append((" · ".join(_title(c, v) for c, v in zip(cols, key, strict=True)), g))
     else:
         groups.append(("", df))
     # a column constant inside every panel (simulate_ep, one per model) joins the panel titles, not the labels
@@ -223,7 +223,7 @@ def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> 
     if p.shared_legend:
         handles, seen = [], set()
         for ax in axes:
-            for h, lab in zip(*ax.get_legend_handles_labels(), strict=False):
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 if lab not in seen and not lab.startswith("_"):
                     seen.add(lab)
                     handles.append((h, lab))

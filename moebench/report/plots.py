@@ -60,7 +60,7 @@ def plot_latency(df: pd.DataFrame, path) -> Path | None:
     fig, axes = grid(len(p.groups))
     modes = set(ok["timing_mode"].dropna().astype(str)) if "timing_mode" in ok else set()
     single = ok["tokens_per_rank"].nunique() == 1
-    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=False)):
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=True)):
         series = list(_series(p, i, g))
         for j, (lab, s, st) in enumerate(series):
             t, color = s["tokens_per_rank"], st["color"]
@@ -254,7 +254,7 @@ def plot_workspace(df: pd.DataFrame, path) -> Path | None:
         return None
     p = panels(ok)
     fig, axes = grid(len(p.groups))
-    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=False)):
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=True)):
         for j, (lab, s, st) in enumerate(_series(p, i, g)):
             t, color = s["tokens_per_rank"], st["color"]
             ax.plot(t, s["workspace_bytes_peak"] / MIB, color=color, marker=MARKERS[j % 10], ms=4, label=lab)

@@ -68,13 +68,13 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     )
     left, right = min(ends.min(), lo_t), max(ends.max(), hi_t)
     span = max(right - left, 1.0)
-    for ax, (title, g) in zip(axes, p.groups, strict=False):
+    for ax, (title, g) in zip(axes, p.groups, strict=True):
         y = np.arange(len(g))
         names = [
             " · ".join(x for x in (p.labels.loc[i], f"{fmt_value(t)} tok") if x)
-            for i, t in zip(g.index, g["tokens_per_rank"], strict=False)
+            for i, t in zip(g.index, g["tokens_per_rank"], strict=True)
         ]
-        for yi, r in zip(y, g.to_dict("records"), strict=False):
+        for yi, r in zip(y, g.to_dict("records"), strict=True):
             if not np.isfinite(r["_r"]):
                 ax.text(0, yi, f"  {r['verdict']}: {r['cand_status']}", va="center", fontsize=8, color="tab:red")
                 continue
@@ -152,7 +152,7 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
     m = pair_order(m).assign(_series=lambda d: d["combo_key"].astype(str))
     p = panels(m, series_key="_series", max_series=2)  # two lines and two bands each
     fig, axes = grid(len(p.groups))
-    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=False)):
+    for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=True)):
         for lab, s in g.groupby(p.labels.loc[g.index], sort=True):
             color = p.color(i, lab)
             s = s.sort_values("tokens_per_rank")

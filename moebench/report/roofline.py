@@ -119,7 +119,7 @@ def add_floor(df: pd.DataFrame, root: str | Path | None = None) -> pd.DataFrame:
     peak = pd.Series(
         [
             c.gemm_flops_per_s.get(PEAK_OF_QUANT.get(q, ""), np.nan) if c else np.nan
-            for c, q in zip(ceil, out["quant"], strict=False)
+            for c, q in zip(ceil, out["quant"], strict=True)
         ],
         index=out.index,
         dtype=float,

@@ -79,7 +79,7 @@ def latency_table(df: pd.DataFrame) -> str:
     from moebench.report.flags import GPU, PACED_MARK_TEXT, figure_basis, paced_mark
 
     ok = df[df["status"] == Status.OK]
-    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"), strict=False)}
+    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"), strict=True)}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
     work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
     best = gpu_ok.groupby([*work, "tokens_per_rank"], dropna=False)["latency_us_median"].min()
@@ -328,7 +328,7 @@ def single_rank(df: pd.DataFrame) -> pd.Series:
     if not len(df):
         return pd.Series([], dtype=bool)
     world = df["world_size"] if "world_size" in df.columns else pd.Series(np.nan, index=df.index)
-    return pd.Series([one(b, w) for b, w in zip(df["backend"], world, strict=False)], index=df.index, dtype=bool)
+    return pd.Series([one(b, w) for b, w in zip(df["backend"], world, strict=True)], index=df.index, dtype=bool)
 
 
 def single_rank_note(rows: pd.DataFrame) -> str:

@@ -326,7 +326,7 @@ def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Option
     fig = Figure(figsize=(13, max(3.0, 0.45 * sum(heights) + 0.8)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
-    for ax, (lanes, p), name in zip(axes, panels, labels, strict=False):
+    for ax, (lanes, p), name in zip(axes, panels, labels, strict=True):
         _draw(ax, lanes, t1 - t0, _overlap(p[5]), t0, f"{name} — {p[2]}")
     axes[-1].set_xlabel("µs from the earliest window start")
     _legend(axes[0])

@@ -76,7 +76,7 @@ def combo_labels(target) -> dict:
     out: dict = {}
     if df is None or not {"combo_key", "label"} <= set(df.columns):
         return out
-    for key, label in zip(df["combo_key"], df["label"], strict=False):
+    for key, label in zip(df["combo_key"], df["label"], strict=True):
         if key and label:
             out.setdefault(str(key), str(label))
     return out

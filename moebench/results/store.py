@@ -208,8 +208,8 @@ class RunStore:
         new = pd.DataFrame(rows)
         old = self._skipped_rows()
         if old is not None:
-            fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int), strict=False))
-            keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"], strict=False)]
+            fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int), strict=True))
+            keep = [(k, int(t)) not in fresh for k, t in zip(old["combo_key"], old["tokens_per_rank"], strict=True)]
             new = pd.concat([old[keep], new], ignore_index=True)
         _atomic_write(path, lambda p: new.to_parquet(p, index=False), self.dir)
         return path

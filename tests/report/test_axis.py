@@ -49,11 +49,11 @@ def test_experts_axis_drops_the_swapped_entries_knobs():
     triton, deepgemm = df[df["experts"] == "triton"], df[df["experts"] == "deepgemm"]
     assert dict(from_row(triton.iloc[0].to_dict()).knobs).get("row_layout") == "auto"  # a knob deepgemm lacks
     assert len(m) == len(triton) == len(deepgemm) == 15
-    assert set(zip(m["model"], m["tokens_per_rank"], strict=False)) == set(
-        zip(triton["model"], triton["tokens_per_rank"], strict=False)
+    assert set(zip(m["model"], m["tokens_per_rank"], strict=True)) == set(
+        zip(triton["model"], triton["tokens_per_rank"], strict=True)
     )
     assert set(m["experts"]) == {"triton→deepgemm"}
-    assert "torch" not in set(m["base_combo_key"].map(dict(zip(df["combo_key"], df["experts"], strict=False))))
+    assert "torch" not in set(m["base_combo_key"].map(dict(zip(df["combo_key"], df["experts"], strict=True))))
 
 
 def _row(experts, tokens=64, scale=1.0, **kw):

@@ -150,8 +150,8 @@ def test_csv_and_json_parse_back_to_the_markdown_numbers(tmp_path, capsys):
     cols = [c.strip() for c in header.strip("|").split("|")]
     cells = _md_rows(md)
     assert len(cells) == 12
-    for row, rec, (_, line) in zip(cells, doc["comparison"], table.iterrows(), strict=False):
-        cell = dict(zip(cols, row, strict=False))
+    for row, rec, (_, line) in zip(cells, doc["comparison"], table.iterrows(), strict=True):
+        cell = dict(zip(cols, row, strict=True))
         assert int(cell["tokens"]) == rec["tokens_per_rank"] == line["tokens_per_rank"]
         for side, name in (("base", "base µs"), ("cand", "cand µs")):
             shown = _num(cell[name])

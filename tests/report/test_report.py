@@ -460,7 +460,7 @@ def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
     from moebench.report.plotgrid import fit_titles, grid, plain_log
 
     fig, axes = grid(3)
-    for ax, (lo, hi) in zip(axes, [(5000, 60000), (0.02, 0.3), (800, 250000)], strict=False):
+    for ax, (lo, hi) in zip(axes, [(5000, 60000), (0.02, 0.3), (800, 250000)], strict=True):
         ax.set_yscale("log")
         ax.plot([1, 2], [lo, hi])
         plain_log(ax.yaxis)
