@@ -82,7 +82,10 @@ def latency_table(df: pd.DataFrame) -> str:
     basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"), strict=True)}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
     work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
-    best = gpu_ok.groupby([*work, "tokens_per_rank"], dropna=False)["latency_us_median"].min()
+    # the fastest rows, found within their groups (a lookup by key would miss: None and NaN
+    # cells of an unused workload column do not match as dictionary keys)
+    fastest = gpu_ok.groupby([*work, "tokens_per_rank"], dropna=False)["latency_us_median"].transform("min")
+    best = set(gpu_ok.index[gpu_ok["latency_us_median"] == fastest])
     marked = bolded = paced = False
     rows = []
     for _, g in df.groupby("combo_key", sort=False):
@@ -98,7 +101,7 @@ def latency_table(df: pd.DataFrame) -> str:
                 cell = fmt_interval(r["latency_us_median"], r["latency_us_p20"], r["latency_us_p80"])
                 if basis.get(r.name) == "host":
                     cell, marked = f"{cell} †", True
-                elif basis.get(r.name) == GPU and r["latency_us_median"] == best.get((*(r[c] for c in work), t)):
+                elif r.name in best:
                     cell, bolded = f"**{cell}**", True
                 if basis.get(r.name) == GPU and (mark := paced_mark(r)):
                     cell, paced = f"{cell} {mark}", True

@@ -501,3 +501,19 @@ def test_the_report_maps_each_trace_folder_to_its_combination(tmp_path):
     text = write_report(run).read_text()
     assert text.index("## Shared-expert overlap") < text.index("## Traces") < text.index("## Memory")
     assert traces_table(df[df["combo_key"] == "fedcba987654"]) == ""
+
+
+def test_the_fastest_cell_is_bold_when_a_workload_column_is_empty(tmp_path):
+    """The rows of a run that routes synthetically hold None in the recording's columns
+    (routing_file_sha256, routing_layer, ...): the fastest cell per token count is still bold
+    (a lookup by key once missed, None and NaN not matching)."""
+    from moebench.report.load import load_run
+    from moebench.report.run_tables import latency_table
+    from moebench.results.synthetic import synthetic_run
+
+    df, _ = load_run(synthetic_run(tmp_path / "run"))
+    df["routing_file_sha256"] = None  # as results/default_sweep/h200x1_held stores it
+    ok = df[df["status"] == "ok"]
+    table = latency_table(df)
+    assert table.count("**") == 2 * ok["tokens_per_rank"].nunique(), table
+    assert "bold is the fastest" in table
