@@ -516,4 +516,4 @@ def test_the_fastest_cell_is_bold_when_a_workload_column_is_empty(tmp_path):
     ok = df[df["status"] == "ok"]
     table = latency_table(df)
     assert table.count("**") == 2 * ok["tokens_per_rank"].nunique(), table
-    assert "bold is the fastest" in table
+    assert "Bold is the fastest" in table
