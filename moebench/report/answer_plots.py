@@ -51,7 +51,7 @@ class Figure:
     left_out: str = ""
 
     def markdown(self) -> str:
-        tail = f"\n\n*{self.left_out}*" if self.left_out else ""
+        tail = f" *{self.left_out}*" if self.left_out else ""
         return f"![{self.title}]({self.path.name}){tail}"
 
 

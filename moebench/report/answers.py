@@ -106,7 +106,7 @@ def memory_section(ok: pd.DataFrame) -> list[str]:
     big = int(ok["tokens_per_rank"].max())
     at = ok[ok["tokens_per_rank"] == big]
     meds = at.groupby("reduction")[col].median()
-    lines = ["## Memory"]
+    lines = ["## Workspace per reduction placement"]
     for red, g in at.groupby("reduction", sort=True):
         vs = [f"{meds[red] / meds[o]:.2f} × `{o}`" for o in meds.index if o != red and meds[o] > 0]
         device = g["device_bytes_peak"].max() if "device_bytes_peak" in g else np.nan
@@ -132,16 +132,16 @@ def overlap_section(ok: pd.DataFrame) -> list[str]:
         return []
     tried = ok[ok["overlap"].fillna("none").astype(str) != "none"]
     if not len(tried):
-        return ["## Overlap", "- no row overlapped the shared experts (overlap=none throughout)"]
+        return ["## Shared experts hidden", "- no row overlapped the shared experts (overlap=none throughout)"]
     comm = tried[~single_rank(tried)]
     if not len(comm):
         names = ", ".join(sorted(set(tried["backend"].astype(str))))
         return [
-            "## Overlap",
+            "## Shared experts hidden",
             f"- nothing to show: every row ran a single-rank backend ({names}), which has no communication "
             "to hide the shared experts behind",
         ]
-    lines = ["## Overlap"]
+    lines = ["## Shared experts hidden"]
     for (ovl, t), g in comm.groupby(["overlap", "tokens_per_rank"], sort=True):
         frac = g["overlap_fraction"].dropna()
         if len(frac):
@@ -164,23 +164,28 @@ def answers(
     quality notes to show (the first few; the rest stay in the report's section)."""
     ok, cpu = measured(df)
     effect_lines_, effects = effect_section(ok, cpu)
-    lines = [*effect_lines_]
     figures: list[ap.Figure] = []
-    if out is not None and effects:
-        fig = ap.plot_effects(effects, out / "effects.png", cpu)
-        if fig:
-            figures.append(fig)
-            lines.append(fig.markdown())
-    lines += fastest_section(wins)
-    lines += memory_section(ok)
+
+    def figure(made: ap.Figure | None) -> list[str]:
+        if made is None:
+            return []
+        figures.append(made)
+        return [made.markdown()]
+
+    lines = [*effect_lines_]
+    if out is not None and len(ok) and effects:
+        lines += figure(ap.plot_effects(effects, out / "effects.png", cpu))
+    fastest = fastest_section(wins)
+    lines += fastest
+    if out is not None and len(ok) and fastest:
+        lines += figure(ap.plot_fastest(ok, _label, out / "latency.png", cpu=cpu))
+    memory = memory_section(ok)
+    lines += memory
+    if out is not None and len(ok) and memory:
+        lines += figure(ap.plot_memory(ok, out / "workspace.png", budget, cpu=cpu))
     lines += overlap_section(ok)
     if quality:
         lines += ["## Read with care", *(f"- {q}" for q in quality)]
-    if out is not None and len(ok):
-        more = [
-            ap.plot_fastest(ok, _label, out / "fastest.png", cpu=cpu),
-            ap.plot_phase_fastest(ok, _label, out / "phases.png", cpu=cpu),
-            ap.plot_memory(ok, out / "memory.png", budget, cpu=cpu),
-        ]
-        figures += [f for f in more if f]
+    if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
+        figure(ap.plot_phase_fastest(ok, _label, out / "phases.png", cpu=cpu))
     return Answers(lines, effects, figures, cpu)

@@ -31,6 +31,7 @@ from moebench.report.verdict import exit_status, frame_names, verdict_lines, ver
 from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
 
 FORMATS = ("md", "csv", "json")
+QUALITY_FIRST = 4  # the data-quality notes the opening shows; the rest are folded below
 
 
 @dataclass
@@ -128,6 +129,7 @@ def report_out(run_dir, out=None, *sub: str) -> Path:
 # what a report folder receives: report.md, its plots, and the tables of --format csv / json
 REPORT_FILES = (
     "report.md",
+    "effects.png",
     "latency.png",
     "phases.png",
     "overlap.png",
@@ -165,8 +167,25 @@ def _quality_section(lines: list[str], caveat_blocks: list[str]) -> list[str]:
     return ["## Data quality", "\n".join(f"- {x}" for x in lines), *caveat_blocks]
 
 
-def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool = True) -> Doc:
-    """A single run's report; PNGs written into ``out``."""
+def details(summary: str, *blocks: str) -> str:
+    """A block GitHub renders folded: `summary` as its one line, `blocks` inside ('' when
+    they hold nothing but a heading)."""
+    inner = [b for b in blocks if b]
+    if not [b for b in inner if not b.startswith("## ")]:
+        return ""
+    body = "\n\n".join(inner)
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
+
+
+def run_doc(
+    df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool = True, budget: float | None = None
+) -> Doc:
+    """A single run's report, the answers first (report/answers.py: what each choice does, the
+    fastest per size, memory, overlap, what to read with care, and their figures), then every
+    table folded in a <details> block; PNGs written into ``out``."""
+    from moebench.report.answers import answers
+    from moebench.report.summary import wins
+
     here, root = run_root(run_dir), _results_root(run_root(run_dir))
     # a run inside a results/ tree is named by its path there (ep_backends/deepep_ht), else its folder
     name = here.resolve().relative_to(root).as_posix() if root and here.resolve() != root else here.name
@@ -175,36 +194,54 @@ def run_doc(df: pd.DataFrame, env: dict, run_dir: Path, out: Path, title: bool =
     cav = caveats([run_root(run_dir)], root)
     summary = reviewer_summary(df, quality + cav)
     rows = rows_table(df)
+    # the opening reads the first notes; the rest and the stored caveats are counted
+    first = quality[:QUALITY_FIRST]
+    rest = [f"{len(quality) - len(first)} more note(s)"] if len(quality) > len(first) else []
+    rest += [f"{len(cav)} caveat file(s) stored with the run"] if cav else []
+    if rest:
+        first.append(f"and {' and '.join(rest)} in *Data quality* below")
+    opening = answers(df, out, wins(df), first, budget)
+    figures = {f.path.name: f for f in opening.figures}
+    host = tables.host_table(df)
+    routing = routing_table(df)
+    traces = tables.traces_table(df)
     blocks = ([f"# moebench report: {name}"] if title else [f"## This run: {name}"]) + [
-        "\n".join(summary),
+        summary[0],
         f"Environment: {env_summary(env, df)}  \n{run_summary(df)}",
-        *_quality_section(quality, cav),
-        "## Status",
-        tables.status_table(df),
-        tables.reasons_table(df),
-        "## Latency",
-        tables.latency_table(df),
-        _image(plots.plot_latency(df, out / "latency.png"), "latency vs tokens per rank"),
-        *(["## Host time per forward", host] if (host := tables.host_table(df)) else []),
-        *(["## Routing", routing] if (routing := routing_table(df)) else []),
-        "## Phase breakdown",
-        tables.phase_table(df),
-        _image(plots.plot_phases(df, out / "phases.png"), "phase breakdown"),
-        "## Shared-expert overlap",
-        tables.overlap_table(df),
-        _image(plots.plot_overlap(df, out / "overlap.png"), "shared-expert overlap"),
-        *(["## Traces", traces] if (traces := tables.traces_table(df)) else []),
-        "## Memory",
-        tables.memory_table(df),
-        _image(plots.plot_workspace(df, out / "workspace.png"), "workspace of one forward"),
-        "## Experts against the roofline",
-        tables.roofline_table(df),
+        opening.markdown(),
+        "## Everything else",
+        "The tables and notes behind the answers, folded: click a line to open it.",
+        details("Data quality", *_quality_section(quality, cav)),
+        details("Status and skip reasons", "## Status", tables.status_table(df), tables.reasons_table(df)),
+        details("Latency of every combination", "## Latency", tables.latency_table(df)),
+        details("Host time per forward", "## Host time per forward", host) if host else "",
+        details("Routing", "## Routing", routing) if routing else "",
+        details(
+            "Phase breakdown",
+            "## Phase breakdown",
+            tables.phase_table(df),
+            figures["phases.png"].markdown() if "phases.png" in figures else "",
+        ),
+        details("Shared-expert overlap", "## Shared-expert overlap", tables.overlap_table(df)),
+        details("Traces", "## Traces", traces) if traces else "",
+        details("Memory", "## Memory", tables.memory_table(df)),
+        details("Experts against the roofline", "## Experts against the roofline", tables.roofline_table(df)),
+        details("The summary's other lines", "\n".join(summary[1:])),
     ]
-    data = {"run": name, "environment": env_summary(env, df), "summary": summary, "data_quality": quality, "rows": rows}
+    data = {
+        "run": name,
+        "environment": env_summary(env, df),
+        "summary": summary,
+        "answers": opening.lines,
+        "effects": [{**e.__dict__, "verdict": e.verdict} for e in opening.effects],
+        "data_quality": quality,
+        "rows": rows,
+    }
     text = "\n\n".join(
         ["\n".join(summary), f"Environment: {env_summary(env, df)}", tables.status_table(df), tables.latency_table(df)]
     )
-    return Doc(blocks, {"rows": rows}, data, 0, summary, text)
+    head = [summary[0], *opening.lines]
+    return Doc(blocks, {"rows": rows}, data, 0, head, text)
 
 
 def comparison_doc(

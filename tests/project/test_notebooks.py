@@ -34,13 +34,16 @@ def test_explore_results_notebook_runs_on_a_committed_run(monkeypatch):
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     markdown = "\n".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
-    assert "**Summary:** 24 ok" in markdown  # the reviewer summary
+    assert "**Summary:** 24 ok" in markdown  # the reviewer summary's first line
+    # the report's opening, through report/answers.py: what each choice does, split by experts
+    assert "- `reduction=experts` vs `finalize`: at 4096 tok with experts=torch 0.91 × [" in markdown
+    assert "## Fastest per size" in markdown and "## Memory" in markdown
     assert "| ok | 24 | 8 |" in markdown  # the status table
     assert "| experts | reduction | quant |" in markdown  # latency: only the columns that vary
     assert "workspace analytic MiB" in markdown  # memory
     assert "**Verdict (reduction=finalize vs reduction=experts)" in markdown  # one comparison, along reduction
-    # latency, phases, workspace, the comparison's bars (no overlap rows in this run)
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+    # the opening's four figures (effects, latency, workspace, phases) and the comparison's bars
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
     assert str(COMMITTED) in "".join(o.get("text", "") for o in outputs)
 
 

@@ -58,7 +58,10 @@ def test_report_carries_flags_git_sha_and_caveats(tmp_path):
     (run / "caveats.md").write_text("- the run's own caveat\n")
     text = write_report(run).read_text()
     head, _, rest = text.partition("## Data quality")
-    assert "**Summary:** 2 ok" in head and "data quality: 5 note(s)" in head  # 2 flags, the sha, 2 caveats
+    assert "**Summary:** 2 ok" in head and "data quality: 5 note(s)" in rest  # 2 flags, the sha, 2 caveats
+    # the opening reads the notes (the flags, the sha) and counts the caveat files
+    care = head.partition("## Read with care")[2]
+    assert "1 row(s) wide spread" in care and "- and 2 caveat file(s) stored with the run in *Data quality*" in care
     assert "1 row(s) wide spread" in rest and "1 row(s) host-bound" in rest
     assert "git sha `unknown` names no commit" in rest
     assert rest.index("the folder's caveat") < rest.index("the run's own caveat") < rest.index("## Status")
