@@ -138,6 +138,21 @@ class Comparison:
         )
 
 
+def never_runs(row: dict) -> bool:
+    """Whether a skipped row's reason is a rule of the plan its combination breaks, whatever the
+    machine (config/validity.py's `validate`: a batched backend with reduction=experts, layouts
+    that differ, ...), rather than something this machine lacked (a library, GPUs, a plugin):
+    such a row can never run that way, so a comparison gives it no verdict."""
+    from moebench.config.spec import from_row
+    from moebench.config.validity import validate
+
+    try:
+        why = validate(from_row(row))
+    except (KeyError, TypeError, ValueError):  # a row of an older schema or another build's entry
+        return False
+    return why is not None and why == row.get("reason") and "registered in this build" not in why
+
+
 def latency_verdict(
     base: dict, cand: dict, threshold: float, alpha: float = 0.05, min_samples: int = MIN_SAMPLES
 ) -> tuple[Verdict, float, float]:
@@ -245,9 +260,11 @@ def compare_pairs(
     c = cand.iloc[ci][SIDE_COLUMNS].reset_index(drop=True).add_prefix("cand_")
     matched = pd.concat([ident, c, b], axis=1)
     out, resampled = [], []
-    for row in matched.to_dict("records"):
+    for n, row in enumerate(matched.to_dict("records")):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
+        if v == Verdict.SKIPPED and never_runs(cand.iloc[ci[n]].to_dict()):
+            v = Verdict.CANNOT_RUN
         where = {k: row.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")}
         v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
         boot = (

@@ -160,6 +160,13 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
             f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
             f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)"
         )
+    never = m[m["verdict"] == Verdict.CANNOT_RUN]
+    if len(never):
+        lines.append(
+            f"- no verdict, cannot run: {len(never)} row(s) ok in {cmp.baseline_name} whose combination in "
+            f"{cmp.candidate_name} breaks a rule of the plan (e.g. {md_text(never['cand_reason'].iloc[0])}); "
+            "in the table below"
+        )
     num_na = counts[Verdict.NEITHER_OK]
     if num_na:
         lines.append(f"- {num_na} matched row(s) ok on neither side")

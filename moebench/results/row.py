@@ -66,6 +66,9 @@ class Verdict(str, enum.Enum):
     HOST = "host"  # ok on both sides, a side's latency is host time: no verdict
     CPU = "cpu"  # ok on both sides, CPU time on both: no verdict unless --cpu-verdict
     NEITHER_OK = "n/a"  # ok on neither side
+    # ok in the baseline; the candidate's combination breaks a rule of the plan
+    # (config/validity.py), whatever the machine: it can never run that way, so no verdict
+    CANNOT_RUN = "cannot run"
 
     def __str__(self) -> str:
         return self.value

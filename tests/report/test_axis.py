@@ -95,3 +95,40 @@ def test_parse_axis_types_its_values():
         parse_axis("reduction")
     with pytest.raises(ValueError, match="same value"):
         parse_axis("reduction=experts:experts")
+
+
+def test_a_combination_that_can_never_run_that_way_gets_no_verdict():
+    """compare --axis reduction=finalize:experts on a run with a batched backend: its rows are
+    ok with finalize and skipped by a rule of the plan with experts (a batched backend weights
+    and reduces in its combine). They are 'cannot run', out of the verdict's bullets and its
+    count, and counted in one line; a skip the machine caused (a library missing) stays
+    'skipped'."""
+    from moebench.report.axis import compare_axis
+    from moebench.report.verdict import exit_status, verdict_lines
+    from moebench.results.synthetic import make_row
+
+    rule = "batched backend=local_batched weights and reduces in its combine: only reduction=finalize"
+    rows = [
+        make_row("local_batched", "torch_batched", "finalize", "none", "bf16", 64, samples_us=[100.0] * 10),
+        make_row("local_batched", "torch_batched", "experts", "none", "bf16", 64, status="skipped", reason=rule),
+        make_row("local", "deepgemm", "finalize", "none", "fp8_block", 64, samples_us=[90.0] * 10),
+        make_row(
+            "local",
+            "deepgemm",
+            "experts",
+            "none",
+            "fp8_block",
+            64,
+            status="skipped",
+            reason="deep_gemm is not installed",
+        ),  # fmt: skip
+    ]
+    df = pd.DataFrame(rows)
+    cmp = compare_axis(df, "reduction=finalize:experts")
+    verdicts = dict(zip(cmp.matched["experts"], cmp.matched["verdict"].astype(str), strict=True))
+    assert verdicts == {"torch_batched": "cannot run", "deepgemm": "skipped"}
+    code, why = exit_status(cmp)
+    lines = verdict_lines(cmp, code, why)
+    assert lines[0].startswith("**Verdict (reduction=experts vs reduction=finalize): 1 skipped** in 0 row(s)")
+    assert not any("torch_batched" in x and x.startswith("- **skipped**") for x in lines)
+    assert any(x.startswith("- no verdict, cannot run: 1 row(s)") and rule in x for x in lines)
