@@ -19,7 +19,7 @@ import pandas as pd
 from moebench.report import plots
 from moebench.report import run_tables as tables
 from moebench.report.compare import Comparison, compare_runs
-from moebench.report.compare_tables import latency_pairs, memory_pairs, unmatched
+from moebench.report.compare_tables import fmt_change, latency_pairs, memory_pairs, unmatched
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
 from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, run_notes
 from moebench.report.load import load_run
@@ -28,6 +28,7 @@ from moebench.report.routing_table import routing_table
 from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
 from moebench.report.table import Table, to_json
 from moebench.report.verdict import exit_status, frame_names, verdict_lines, verdict_record
+from moebench.results.row import Verdict
 from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
 
 FORMATS = ("md", "csv", "json")
@@ -282,6 +283,15 @@ def comparison_doc(
             f"Baseline ({cmp.baseline_name}): {env_summary(cmp.base_env, frames[0] if frames else None)}  \n"
             f"Candidate ({cmp.candidate_name}): {env_summary(cmp.cand_env, frames[1] if len(frames) > 1 else None)}"
         )
+    counts = cmp.counts()
+    g, lo, hi = cmp.geomean()
+    called = (
+        ", ".join(f"{counts[v]} {v}" for v in (Verdict.SLOWER, Verdict.FASTER) if counts[v]) or "none slower or faster"
+    )
+    change_words = f"{called} of {len(cmp.judged)} rows, geometric mean {fmt_change(g, lo, hi)}"
+    mem_counts = cmp.matched["mem_verdict"].astype(str).value_counts()
+    larger, smaller = (int(mem_counts.get(k, 0)) for k in ("larger", "smaller"))
+    mem_words = f"{larger} larger, {smaller} smaller beyond ×{cmp.threshold:g}"
     blocks = [
         title,
         "\n".join(verdict),
@@ -289,15 +299,18 @@ def comparison_doc(
         *_quality_section(quality, cav),
         "## Latency",
         lat.markdown(),
-        _image(plots.plot_comparison(cmp, out / "comparison.png"), "latency change per row with its interval"),
-        _image(plots.plot_comparison_latency(cmp, out / "comparison_latency.png"), "baseline and candidate latency"),
+        _image(plots.plot_comparison(cmp, out / "comparison.png"), f"Latency change per row: {change_words}"),
+        _image(
+            plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
+            f"Latency of {cmp.baseline_name} and {cmp.candidate_name}: {change_words}",
+        ),
         "## Memory",
         mem.markdown(),
         _image(
             plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
             if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any()
             else None,
-            "workspace change per row",
+            f"Workspace change per row: {mem_words}",
         ),
         f"## Only in {cmp.baseline_name}",
         only_b.markdown(),

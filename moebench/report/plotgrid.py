@@ -105,7 +105,8 @@ def panels(
         for j, lab in enumerate(sorted(set(labels.loc[g.index]))):
             k = uniq.index(lab) if shared else j
             styles[(i, lab)] = {"color": f"C{k % 10}", "linestyle": LINESTYLES[(k // 10) % len(LINESTYLES)]}
-    model = fmt_value(df["model"].iloc[0]) if "model" in df.columns and "model" not in cols and len(df) else ""
+    one_model = "model" in df.columns and "model" not in cols and len(df) and df["model"].map(fmt_value).nunique() == 1
+    model = fmt_value(df["model"].iloc[0]) if one_model else ""  # a title names the model only when one
     return Panels(cols, groups, labels, styles, shared, model)
 
 

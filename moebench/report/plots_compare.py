@@ -17,11 +17,15 @@ from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, pair_order
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from moebench.report.stats import pct
-from moebench.results.row import Status, Verdict
+from moebench.results.row import CHANGED_VERDICTS, Status, Verdict
 
 VERDICT_COLORS = {Verdict.SLOWER: "tab:red", Verdict.FASTER: "tab:green"}
 UNDER_COLORS = {True: "#f4a6a6", False: "#a6dba0"}  # significant under the threshold: slower / faster
 NO_CHANGE = "#b0b0b0"
+# a figure's budget, whatever the rows: at most 1,800 px tall at moebench's dpi (110)
+MAX_BARS = 40
+MAX_PANELS = 6
+MAX_HEIGHT_IN = 16.0
 
 
 def _bar_color(r: dict) -> str:
@@ -46,6 +50,20 @@ def _bars_frame(cmp: Comparison, what: str):
     return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"], _color=[_bar_color(r) for r in m.to_dict("records")])
 
 
+def most_telling(m: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """The `limit` pairs a reader must see first: those with a verdict that changed (broken,
+    slower, skipped, faster, fixed, in that order), then the significant ones, then by the size of
+    the change (`_r`, a ratio)."""
+    order = {v: i for i, v in enumerate(CHANGED_VERDICTS)}
+    size = np.abs(np.log(pd.to_numeric(m["_r"], errors="coerce").astype(float).fillna(1.0).clip(lower=1e-9)))
+    rank = m.assign(
+        _o=m["verdict"].map(order).fillna(len(order)),
+        _s=~m["significant"].fillna(False).astype(bool) if "significant" in m.columns else True,
+        _d=-size,
+    )
+    return m.loc[rank.sort_values(["_o", "_s", "_d"], kind="stable").index[:limit]]
+
+
 def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None:
     """Horizontal bars of the change (%) per pair, a panel per model (and backend), rows in
     combination then token order, the value printed; the threshold dashed. ``what``:
@@ -56,10 +74,15 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     m = _bars_frame(cmp, what)
     if not len(m) or (what == "workspace" and not np.isfinite(m["_r"].astype(float)).any()):
         return None
+    total = len(m)
+    if total > MAX_BARS:  # the rows that matter: the changes called first, then by size
+        m = most_telling(m, MAX_BARS)
     m = pair_order(m)
-    p = panels(m.assign(_pair=np.arange(len(m))), series_key="_pair", max_series=10**6, fallback="")
+    first = ("model", "backend") if total <= MAX_BARS else ()  # one panel for a selection
+    p = panels(m.assign(_pair=np.arange(len(m))), series_key="_pair", max_series=10**6, first=first, fallback="")
     sizes = [len(g) for _, g in p.groups]
-    fig = Figure(figsize=(10, 0.32 * sum(sizes) + 1.1 * len(sizes) + 1.0), layout="constrained")
+    height = min(0.32 * sum(sizes) + 1.1 * len(sizes) + 1.0, MAX_HEIGHT_IN)
+    fig = Figure(figsize=(10, height), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[s + 1.5 for s in sizes])).ravel()
     lo_t, hi_t = pct(1 / cmp.threshold), pct(cmp.threshold)
     finite = m[np.isfinite(m["_r"].astype(float))]
@@ -137,7 +160,8 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
         frameon=False,
         handler_map={tuple: HandlerTuple(ndivide=None)},
     )
-    fig.suptitle(p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}"))
+    shown = f" ({len(m)} of {total} rows: the changes called, then the largest)" if total > len(m) else ""
+    fig.suptitle(p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}{shown}"))
     return save(fig, path)
 
 
@@ -151,6 +175,13 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
         return None
     m = pair_order(m).assign(_series=lambda d: d["combo_key"].astype(str))
     p = panels(m, series_key="_series", max_series=2)  # two lines and two bands each
+    total = len(p.groups)
+    if total > MAX_PANELS:  # the panels holding the largest changes
+        size = np.abs(np.log(pd.to_numeric(m["ratio"], errors="coerce").astype(float).fillna(1.0).clip(lower=1e-9)))
+        keep = sorted(range(total), key=lambda i: -float(size.loc[p.groups[i][1].index].max()))[:MAX_PANELS]
+        keep = sorted(keep)
+        p.groups = [p.groups[i] for i in keep]
+        p.styles = {(new, lab): st for new, old in enumerate(keep) for (i, lab), st in p.styles.items() if i == old}
     fig, axes = grid(len(p.groups))
     for i, (ax, (title, g)) in enumerate(zip(axes, p.groups, strict=True)):
         for lab, s in g.groupby(p.labels.loc[g.index], sort=True):
@@ -190,5 +221,6 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
         (Line2D([], [], color="k", ls="--", marker="o", ms=4, markerfacecolor="white"), cmp.baseline_name),
     ]
     legends(fig, axes, p, keys)
-    fig.suptitle(p.suptitle(f"Latency — solid: {cmp.candidate_name}, dashed: {cmp.baseline_name}"))
+    shown = f" ({len(p.groups)} of {total} panels: the largest changes)" if total > len(p.groups) else ""
+    fig.suptitle(p.suptitle(f"Latency — solid: {cmp.candidate_name}, dashed: {cmp.baseline_name}{shown}"))
     return save(fig, path)
