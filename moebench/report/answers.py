@@ -18,7 +18,7 @@ import pandas as pd
 
 from moebench.report import answer_plots as ap
 from moebench.report.columns import CHOICE_COLUMNS, COMBINATION_COLUMNS, PER_ROW_COLUMNS, combo_labels
-from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
+from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, text, varying_axes
 from moebench.report.flags import CPU, GPU, figure_basis
 from moebench.report.fmt import fmt_frac, fmt_mib
 from moebench.report.run_tables import single_rank
@@ -65,6 +65,17 @@ def pair_key(df: pd.DataFrame) -> list[str]:
 
 def _label(rows: pd.DataFrame) -> pd.Series:
     return combo_labels(rows)
+
+
+def baseline_key(ok: pd.DataFrame) -> str | None:
+    """The combination made of every varying choice's baseline value (the fastest such), the
+    reference a latency figure shows beside the fastest; None when the run has none."""
+    axes = varying_axes(ok, CHOICES)
+    if not axes or ok.empty:
+        return None
+    same = np.logical_and.reduce([ok[a].map(text) == baseline_value(ok, a) for a in axes])
+    rows = ok[same]
+    return str(rows.loc[rows["latency_us_median"].idxmin(), "combo_key"]) if len(rows) else None
 
 
 def effect_section(ok: pd.DataFrame, cpu: bool) -> tuple[list[str], list[Effect]]:
@@ -178,7 +189,7 @@ def answers(
     fastest = fastest_section(wins)
     lines += fastest
     if out is not None and len(ok) and fastest:
-        lines += figure(ap.plot_fastest(ok, _label, out / "latency.png", cpu=cpu))
+        lines += figure(ap.plot_fastest(ok, _label, out / "latency.png", baseline_key(ok), cpu=cpu))
     memory = memory_section(ok)
     lines += memory
     if out is not None and len(ok) and memory:

@@ -37,7 +37,7 @@ def test_explore_results_notebook_runs_on_a_committed_run(monkeypatch):
     assert "**Summary:** 24 ok" in markdown  # the reviewer summary's first line
     # the report's opening, through report/answers.py: what each choice does, split by experts
     assert "- `reduction=experts` vs `finalize`: at 4096 tok with experts=torch 0.91 × [" in markdown
-    assert "## Fastest per size" in markdown and "## Memory" in markdown
+    assert "## Fastest per size" in markdown and "## Workspace per reduction placement" in markdown
     assert "| ok | 24 | 8 |" in markdown  # the status table
     assert "| experts | reduction | quant |" in markdown  # latency: only the columns that vary
     assert "workspace analytic MiB" in markdown  # memory
