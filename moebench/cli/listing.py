@@ -41,6 +41,8 @@ def list_command(args) -> int:
     if args.json:
         print(json.dumps([plugins.combo_record(c) for c in combos], indent=2))
         return 0
+    for line in _model_lines(combos, args.verbose):
+        print(line)
     valid = [c for c in combos if not c.reason]
     for c in valid:
         extra = ""
@@ -60,3 +62,28 @@ def list_command(args) -> int:
     if lines:
         print("\nplugins:\n" + "\n".join(f"  {line}" for line in lines))
     return 0
+
+
+def _model_lines(combos, verbose: bool) -> list[str]:
+    """The layer sizes, as plain integers, of each model=hf:... config the plan reads (its name does
+    not tell them) and, with --verbose, of every model."""
+    from moebench.config import hf
+
+    out, seen = [], set()
+    for c in combos:
+        option = next((o.partition("=")[2] for o in c.overrides if o.partition("=")[0] == "model"), "")
+        option = option.replace("\\:", ":")  # a sweep's expansion escapes the colon
+        if hf.is_hf(option):
+            line = hf.sizes_line(hf.resolve(option))
+        elif verbose:
+            m = c.combo
+            line = (
+                f"{m.model}: hidden {m.hidden}, intermediate {m.intermediate}, experts {m.num_experts}, "
+                f"topk {m.topk}, shared {m.num_shared_experts} x {m.shared_intermediate}"
+            )
+        else:
+            continue
+        if line not in seen:
+            seen.add(line)
+            out.append(f"model   {line}")
+    return out + ([""] if out else [])

@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from moebench.config import paths
+from moebench.config import hf, names, paths
 from moebench.config.device import resolve_device
 from moebench.config.schema import GROUPS, group_schemas, register_schemas
 from moebench.config.spec import Combo, knob_meta
@@ -64,6 +64,10 @@ def group_options(group: str) -> list[str]:
 
 @lru_cache(maxsize=None)
 def _group_node(group: str, option: str):
+    if group == "model" and hf.is_hf(option):  # a Hugging Face config.json (config/hf.py)
+        return OmegaConf.create(hf.resolve(option).model_node())
+    if group == "quant":  # vLLM's names (config/names.py)
+        option = names.quant_option(option)
     path = paths.conf_dir() / group / f"{option}.yaml"
     if path.exists():
         return OmegaConf.load(path)
@@ -74,7 +78,9 @@ def _group_node(group: str, option: str):
         from moebench.config.plugins import problems
 
         hint = "".join(f"; {line}" for line in problems())
-    raise ValueError(f"unknown {group}={option!r}; valid options: {', '.join(group_options(group))}{hint}")
+    valid = group_options(group)
+    near = names.did_you_mean(option, valid)
+    raise ValueError(f"unknown {group}={option!r}{near} valid options: {', '.join(valid)}{hint}")
 
 
 @lru_cache(maxsize=1)
@@ -142,10 +148,12 @@ def _meaning(raw: str) -> tuple[str, str, str]:
             "(entries declare their knobs: `moebench list --knobs`)"
         )
     if key in GROUPS:
-        return "choice", key, ov.get_value_element_as_str()
+        value = ov.value()  # `hf:ORG/NAME` as given (the element's string escapes the colon)
+        return "choice", key, value if isinstance(value, str) else ov.get_value_element_as_str()
     group, _, sub = key.partition(".")
     if group not in GROUPS or not sub:
-        raise ValueError(f"unknown config key {key!r}; groups: {', '.join(GROUPS)}")
+        near = names.did_you_mean(group, GROUPS)
+        raise ValueError(f"unknown config key {key!r}{near or ';'} groups: {', '.join(GROUPS)}")
     return "value", group, f"{sub}={ov.get_value_element_as_str()}"
 
 
@@ -169,14 +177,15 @@ def _typed_group(group: str, option: str, values: tuple[str, ...]) -> dict:
             ov = OverridesParser.create().parse_overrides([raw])[0]
             key = ov.key_or_group
             if OmegaConf.select(node, key, default="__missing__") == "__missing__":
+                near = names.did_you_mean(key, [str(k) for k in node], prefix=f"{group}.")
                 raise ValueError(
-                    f"unknown config key '{group}.{key}' (see conf/{group}/, moebench/config/schema.py "
-                    "and `moebench list --knobs`)"
+                    f"unknown config key '{group}.{key}'{near} (see conf/{group}/, "
+                    "moebench/config/schema.py and `moebench list --knobs`)"
                 )
             OmegaConf.update(node, key, ov.value(), merge=True)
         out = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
         assert isinstance(out, dict)  # a group's schema is a dataclass: a DictConfig
-        return out
+        return names.resolve_quant(option, out) if group == "quant" else out
     except ValueError:
         raise
     # an override that does not parse; omegaconf's wrong key or type
@@ -345,6 +354,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         topk=m["topk"],
         num_shared_experts=m["num_shared_experts"],
         shared_intermediate=m["shared_intermediate"],
+        model_config_sha256=m["config_sha256"],
         device=device or resolve_device(r["device"]),
         world_size=1 if single else r["world_size"],
         simulate_ep=b["simulate_ep"] if single else 1,

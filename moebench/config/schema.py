@@ -55,11 +55,15 @@ class ModelConf:
     topk: int = MISSING
     num_shared_experts: int = 0
     shared_intermediate: int = 0  # per shared expert
+    # model=hf:<path-or-id> (config/hf.py): sha256 of the config.json the layer was read from
+    config_sha256: str = ""
 
 
 @dataclass
 class QuantConf:
-    name: str = MISSING  # bf16 | fp8_block | fp8_tensor
+    name: str = MISSING  # bf16 | fp8_block | fp8_tensor (vLLM's names: compose.QUANT_ALIASES)
+    # quant=fp8_w8a8 (vLLM's name): [] is moebench's fp8_tensor, [128,128] its fp8_block
+    block_shape: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -69,9 +69,9 @@ class Combo:
     experts: str = _f(roles=(*_AXIS, BARE), doc="expert implementation (experts=...)")
     reduction: str = _f(roles=_AXIS, short="red", doc="top-k weight-and-reduce placement: experts | finalize")
     overlap: str = _f(roles=_AXIS, short="ovl", doc="shared-expert overlap: none | dispatch | combine")
-    quant: str = _f(roles=_AXIS, doc="bf16 | fp8_block | fp8_tensor")
+    quant: str = _f(roles=_AXIS, doc="bf16 | fp8_block | fp8_tensor (fp8_w8a8 is stored as one of these)")
     # the layer
-    model: str = _f(roles=(*_AXIS, BARE, WORKLOAD), doc="model name (conf/model/)")
+    model: str = _f(roles=(*_AXIS, BARE, WORKLOAD), doc="model name (conf/model/, or the name of an hf: config)")
     hidden: int = _f(roles=_SIZE, doc="K")
     intermediate: int = _f(roles=_SIZE, short="inter", doc="I per routed expert")
     num_experts: int = _f(roles=_SIZE, short="E", doc="routed experts (global)")
@@ -79,6 +79,13 @@ class Combo:
     device: str = _f(roles=(COMBO, PLACE), doc="cpu | cuda (runner.device=auto resolved)")
     num_shared_experts: int = _f(ModelConf.num_shared_experts, roles=_SIZE)
     shared_intermediate: int = _f(ModelConf.shared_intermediate, roles=_SIZE, doc="I of one shared expert")
+    model_config_sha256: str = _f(
+        ModelConf.config_sha256,
+        roles=_SIZE,
+        short="config",
+        tag="cfg{:.8}",
+        doc="model=hf:...: sha256 of the config.json the layer was read from (empty: a conf/model/ card)",
+    )
     # where it runs
     world_size: int = _f(
         1, roles=(*_AXIS, WORKLOAD, PLACE), short="world", tag="ws{}", doc="ranks (1 for single-rank backends)"
