@@ -80,7 +80,7 @@ def _group_node(group: str, option: str):
         hint = "".join(f"; {line}" for line in problems())
     valid = group_options(group)
     near = names.did_you_mean(option, valid)
-    raise ValueError(f"unknown {group}={option!r}{near} valid options: {', '.join(valid)}{hint}")
+    raise ValueError(f"unknown {group}={option!r}{near or ';'} valid options: {', '.join(valid)}{hint}")
 
 
 @lru_cache(maxsize=1)
