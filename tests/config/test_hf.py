@@ -189,3 +189,12 @@ def test_a_sweep_over_hf_and_built_in_models_expands_each(capsys):
     assert cli.main([*argv, "overlap=none", "reduction=experts"]) == 0
     out = capsys.readouterr().out
     assert "valid   local/torch/experts/none/bf16/tiny\n" in out and "/bf16/tiny-qwen3-moe/cfg" in out
+    assert (
+        "model   tiny-qwen3-moe: hidden 256, intermediate 128, experts 16, topk 4, shared 0 x 0, 3 of 4 layers" in out
+    )
+
+
+def test_tune_reads_model_hf_through_the_same_plan(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert cli.main(["tune", "model=hf:acme/tune-not-cached", "experts=triton", "backend=local"]) == 2
+    assert "huggingface-cli download acme/tune-not-cached config.json" in capsys.readouterr().err
