@@ -14,7 +14,18 @@ from moebench import cli
 from moebench.config import compose, hf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe", "llama4", "gpt_oss")
+FAMILIES = (
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2_lite",
+    "deepseek_v3",
+    "kimi_k2",
+    "glm4_moe",
+    "llama4",
+    "gpt_oss",
+    "gpt_oss_120b",
+)
 FIELDS = ("hidden", "intermediate", "num_experts", "topk", "num_shared_experts", "shared_intermediate")
 
 
@@ -41,7 +52,7 @@ def expected(family: str) -> tuple:
         )
     if family == "qwen3_moe":
         return c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["num_experts_per_tok"], 0, 0, n
-    if family in ("deepseek_v3", "kimi_k2", "glm4_moe"):  # n_shared_experts of the experts' width
+    if family in ("deepseek_v2_lite", "deepseek_v3", "kimi_k2", "glm4_moe"):  # n_shared_experts of the experts' width
         return (
             c["hidden_size"],
             c["moe_intermediate_size"],
@@ -62,7 +73,7 @@ def expected(family: str) -> tuple:
             t["intermediate_size"],
             t["num_hidden_layers"],
         )
-    assert family == "gpt_oss"
+    assert family in ("gpt_oss", "gpt_oss_120b")
     return c["hidden_size"], c["intermediate_size"], c["num_local_experts"], c["experts_per_token"], 0, 0, n
 
 
@@ -71,11 +82,13 @@ PUBLISHED = {
     "mixtral": ("Mixtral-8x7B-v0.1", 4096, 14336, 8, 2, 0, 0),
     "qwen2_moe": ("Qwen1.5-MoE-A2.7B", 2048, 1408, 60, 4, 1, 5632),
     "qwen3_moe": ("Qwen3-30B-A3B", 2048, 768, 128, 8, 0, 0),
+    "deepseek_v2_lite": ("DeepSeek-V2-Lite", 2048, 1408, 64, 6, 2, 1408),
     "deepseek_v3": ("DeepSeek-V3", 7168, 2048, 256, 8, 1, 2048),
     "kimi_k2": ("Kimi-K2-Instruct", 7168, 2048, 384, 8, 1, 2048),
     "glm4_moe": ("GLM-4.5-Air", 4096, 1408, 128, 8, 1, 1408),
     "llama4": ("Llama-4-Scout-17B-16E-Instruct", 5120, 8192, 16, 1, 1, 8192),
     "gpt_oss": ("gpt-oss-20b", 2880, 2880, 32, 4, 0, 0),
+    "gpt_oss_120b": ("gpt-oss-120b", 2880, 2880, 128, 4, 0, 0),
 }
 
 
@@ -97,11 +110,21 @@ def test_every_mapped_field_is_the_configs_own_number(family):
     assert combo.model_config_sha256 == layer.config_sha256 and combo.label.endswith(f"cfg{layer.config_sha256[:8]}")
 
 
-def test_the_built_in_cards_and_their_configs_agree():
-    for card, family in (("mixtral_8x7b", "mixtral"), ("qwen3_30b_a3b", "qwen3_moe"), ("deepseek_v3", "deepseek_v3")):
-        built_in = compose.compose_config([f"model={card}"])["model"]
-        layer = hf.resolve(f"hf:{FIXTURES / family}")
-        assert tuple(built_in[f] for f in FIELDS) == tuple(getattr(layer, f) for f in FIELDS), card
+# every built-in card (conf/model/) but the CPU-sized tiny is a public model's: its config gives the same layer
+CARDS = {
+    "mixtral_8x7b": "mixtral",
+    "qwen3_30b_a3b": "qwen3_moe",
+    "deepseek_v2_lite": "deepseek_v2_lite",
+    "deepseek_v3": "deepseek_v3",
+    "gpt_oss_120b": "gpt_oss_120b",
+}
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_the_built_in_cards_and_their_configs_agree(card):
+    built_in = compose.compose_config([f"model={card}"])["model"]
+    layer = hf.resolve(f"hf:{FIXTURES / CARDS[card]}")
+    assert tuple(built_in[f] for f in FIELDS) == tuple(getattr(layer, f) for f in FIELDS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
