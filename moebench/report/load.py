@@ -98,18 +98,19 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
     env = read_env(run_dir)
+    # the columns an older or newer schema lacks, added at once (one by one fragments the frame)
+    missing: dict[str, object] = {c: np.nan for c in OPTIONAL_NUMERIC if c not in df.columns}
+    missing.update({c: None for c in IDENTITY_COLUMNS + PROVENANCE_COLUMNS if c not in df.columns and c not in missing})
+    if missing:
+        df = pd.concat([df, pd.DataFrame(missing, index=df.index)], axis=1)
     for col in OPTIONAL_NUMERIC:
-        if col not in df.columns:
-            df[col] = np.nan
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     # Plain float64 (NaN, never pd.NA) so that numpy predicates work on every cell.
     for col in LATENCY_COLUMNS + ["tokens_per_rank"]:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     if df["tokens_per_rank"].notna().all():
         df["tokens_per_rank"] = df["tokens_per_rank"].astype("int64")
-    for col in IDENTITY_COLUMNS + PROVENANCE_COLUMNS:
-        if col not in df.columns:
-            df[col] = None
+    df = df.copy()  # one block per dtype again: each column converted above took a block of its own
     df["reason"] = df["reason"].fillna("") if "reason" in df.columns else ""
     df["timing_note"] = df["timing_note"].fillna("") if "timing_note" in df.columns else ""
     if "samples_us" not in df.columns:
