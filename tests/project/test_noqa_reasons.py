@@ -59,7 +59,9 @@ def python_files() -> list[Path]:
         text=True,
         check=True,
     ).stdout.split()
-    return [ROOT / p for p in listed if (ROOT / p).is_file()]
+    # ruff's own default excludes: a virtual environment inside the checkout is not the repository's code
+    skip = {".venv", "venv", ".git", ".tox", ".nox", "build", "dist", "site-packages", "node_modules", "__pypackages__"}
+    return [ROOT / p for p in listed if (ROOT / p).is_file() and not skip & set(Path(p).parts)]
 
 
 def test_a_noqa_or_type_ignore_without_reason_is_found():
