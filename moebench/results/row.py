@@ -193,6 +193,14 @@ MEASURED: tuple[Column, ...] = (
     _c("env_id", "str", "provenance", RUN, "digest of the environment fingerprint", _PROV),
     _c("timestamp", "str", "provenance", RUN, "when the row was written (UTC, ISO 8601)", _PROV),
     _c(
+        "write_seq",
+        "int",
+        "provenance",
+        RUN,
+        "the run folder's write sequence (results/sequence.py): the newest of a pair's rows, not the clock",
+        (ORIGIN,),
+    ),
+    _c(
         "backend_origin",
         "str",
         "provenance",

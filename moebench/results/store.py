@@ -7,7 +7,8 @@ Guarantees (docs/design.md, "The store"): a file is complete or absent (written 
 reader and removed at the next start); rows are written as soon as a combination ends;
 nothing is overwritten (each invocation writes its own files) or deleted; a measured
 row always beats a skipped one, and among measured rows of one (combination, tokens)
-the newest wins. Writers hold the run's lock (moebench/results/lock.py) and never write through a
+the latest written wins (the folder's write sequence, `write_seq`: results/sequence.py, not
+the clock). Writers hold the run's lock (moebench/results/lock.py) and never write through a
 symbolic link below the run folder (UnsafePath, exit 2).
 
 A torn row file (one that cannot be read as parquet: cut short by a copy or a disk fault,
@@ -28,6 +29,7 @@ import pandas as pd
 
 from moebench.results.migrate import migrate
 from moebench.results.row import BAD_STATUSES, Status, declared
+from moebench.results.sequence import SEQ_COLUMN, SEQ_FILE, next_seq
 
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
 from moebench.results.store_read import (
@@ -136,6 +138,7 @@ class RunStore:
         self.dir = Path(run_dir)
         self.rows_dir = self.dir / "rows"
         self.envs_dir = self.dir / "envs"
+        self._seq_synced = False  # this process has read the stored rows' largest write_seq
 
     # -- writing ---------------------------------------------------------------
     def refuse_links(self) -> None:
@@ -158,15 +161,34 @@ class RunStore:
                     pass
         return gone
 
+    def next_seq(self) -> int:
+        """The run folder's next write sequence number (moebench/results/sequence.py): what orders
+        a pair's rows, whatever the clocks said."""
+        _no_link(self.dir / SEQ_FILE, self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        n = next_seq(self.dir, self.max_seq, self._seq_synced)
+        self._seq_synced = True
+        return n
+
+    def max_seq(self) -> int:
+        """The largest `write_seq` of the stored rows (0 where none has one)."""
+        col = self.column_values([SEQ_COLUMN]).get(SEQ_COLUMN)
+        if col is None:
+            return 0
+        seqs = pd.to_numeric(col, errors="coerce").dropna()
+        return int(seqs.max()) if len(seqs) else 0
+
     def write_rows(self, combo_key: str, rows: list[dict]) -> Path:
         """One file per finished combination and invocation (its token counts in one file);
-        a redo writes a file of its own beside the earlier one. ValueError for a column that
-        is not declared (refuse_undeclared)."""
+        a redo writes a file of its own beside the earlier one. Its rows get the folder's next
+        `write_seq` (the order of writes, which the precedence reads before the timestamps).
+        ValueError for a column that is not declared (refuse_undeclared)."""
         refuse_undeclared({k for r in rows for k in r})
         tokens = "_".join(str(r["tokens_per_rank"]) for r in rows)
         run_id = rows[0].get("run_id") if rows else None
         path = self.rows_dir / f"{combo_key}-T{tokens}{f'-{run_id}' if run_id else ''}.parquet"
-        df = pd.DataFrame(rows)
+        seq = self.next_seq() if rows else 0
+        df = pd.DataFrame([{**r, SEQ_COLUMN: seq} for r in rows])
         _atomic_write(path, lambda p: df.to_parquet(p, index=False), self.dir)
         return path
 
@@ -205,7 +227,8 @@ class RunStore:
         rows = [r for r in rows if (r["combo_key"], int(r["tokens_per_rank"])) not in measured]
         if not rows:
             return path if path.exists() else None
-        new = pd.DataFrame(rows)
+        seq = self.next_seq()
+        new = pd.DataFrame([{**r, SEQ_COLUMN: seq} for r in rows])
         old = self._skipped_rows()
         if old is not None:
             fresh = set(zip(new["combo_key"], new["tokens_per_rank"].astype(int), strict=True))

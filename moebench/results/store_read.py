@@ -12,6 +12,7 @@ import pandas as pd
 
 from moebench.results.migrate import check_versions, migrate
 from moebench.results.row import Status
+from moebench.results.sequence import SEQ_COLUMN
 from moebench.results.writable import CAUSES
 
 SKIPPED_FILE = "skipped.parquet"
@@ -123,21 +124,26 @@ def read_env_file(path: Path) -> dict:
 
 
 def by_precedence(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows in ascending precedence: skipped before measured, then by timestamp (a row without
-    one first; stable, so frames concatenated in write order break ties)."""
+    """Rows in ascending precedence: skipped before measured, then by the run folder's write
+    sequence (`write_seq`, moebench/results/sequence.py: the clock may have stepped back between
+    two writes), a row without one (written before it existed) first and among those by
+    timestamp (a row without one first); stable, so frames concatenated in write order break
+    ties."""
+    seq = pd.to_numeric(df[SEQ_COLUMN], errors="coerce") if SEQ_COLUMN in df.columns else None
     keys = pd.DataFrame(
         {
             "measured": df["status"] != Status.SKIPPED if "status" in df.columns else True,
+            "seq": seq.fillna(-1) if seq is not None else -1,
             "t": df["timestamp"].map(lambda v: v if isinstance(v, str) else "") if "timestamp" in df.columns else "",
         },
         index=df.index,
     )
-    return df.loc[keys.sort_values(["measured", "t"], kind="stable").index]
+    return df.loc[keys.sort_values(["measured", "seq", "t"], kind="stable").index]
 
 
 def latest(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (combination, tokens), the store's precedence deciding (a measured row beats
-    a skipped one, then the newest wins; rows in write order break ties), in `df`'s order."""
+    a skipped one, then the latest written wins: by_precedence), in `df`'s order."""
     if df.empty:
         return df
     return by_precedence(df).drop_duplicates(PAIR, keep="last").sort_index()
