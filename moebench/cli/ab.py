@@ -21,6 +21,7 @@ from pathlib import Path
 
 from moebench.cli import options
 from moebench.config.paths import default_runs_dir
+from moebench.run.treestate import git_env
 
 # variables that would point a worktree's moebench at this checkout's files
 LEAKED_ENV = ("MOEBENCH_CONF_DIR", "MOEBENCH_SWEEPS_DIR", "MOEBENCH_GIT_SHA", "MOEBENCH_RUNS")
@@ -47,7 +48,14 @@ def register(sub) -> None:
 
 def _git(repo: Path, *args: str) -> str:
     try:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+        # no optional locks (treestate.git_env): a `git commit` in the repository meanwhile must not fail
+        done = subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=git_env(),
+        )
     except FileNotFoundError:
         raise ValueError("moebench ab needs git on PATH") from None
     if done.returncode:

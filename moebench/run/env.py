@@ -65,7 +65,7 @@ def library_version(name: str) -> str | None:
 def git_info() -> dict:
     """Which code runs (moebench/run/treestate.py): `git_sha` (the commit, bare hex, or "unknown"),
     `git_dirty` (True / False / None: not known), `git_diff_sha256` (the difference from the
-    commit, None when clean), `git_tree` (what said so: git, stamp, MOEBENCH_GIT_SHA or none),
+    commit, None when clean), `git_tree` (what said so: git, stamp, MOEBENCH_GIT_SHA, git-unsafe or none),
     `git_tree_note` and `git_diff_paths`. From the checkout's .git, else from the
     .moebench-tree.json that scripts/copy_tree.sh writes (a tree copied without .git: its files
     are rehashed, once per call), else from MOEBENCH_GIT_SHA with the state unknown; `moebench

@@ -45,6 +45,7 @@ from moebench.run.tree_files import STAMP, known_ignored, outermost_ignored, wal
 FORMAT = 1
 LISTED = 20  # paths named in a fingerprint; the digest covers them all
 HEX40 = re.compile(r"[0-9a-f]{40}")
+UNSAFE = "git-unsafe"  # a source: a .git that git refuses to read (another user's, not in safe.directory)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class TreeState:
     sha: str = "unknown"  # the commit, 40 hex digits (7+ when only MOEBENCH_GIT_SHA names it), or "unknown"
     dirty: Optional[bool] = None  # None: whether the files were the commit's is not known
     diff_sha256: Optional[str] = None  # the difference's digest (module doc); None when clean or unknown
-    source: str = "none"  # git | stamp | MOEBENCH_GIT_SHA | none
+    source: str = "none"  # git | stamp | MOEBENCH_GIT_SHA | UNSAFE | none
     note: str = ""
     changed: tuple[str, ...] = ()  # the first LISTED paths that differ from the commit
     after_stamp: tuple[str, ...] = ()  # stamp only: paths changed, added or removed since it
@@ -92,12 +93,45 @@ def digest(diff: dict[str, Optional[str]]) -> Optional[str]:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _git(root: Path, *args: str) -> Optional[bytes]:
+def git_env() -> dict[str, str]:
+    """The environment of every git this module runs: no optional locks (GIT_OPTIONAL_LOCKS=0,
+    as --no-optional-locks): `git status` would otherwise take `.git/index.lock` to refresh the
+    index, and a `git commit` in the checkout meanwhile fails on it."""
+    return dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+
+
+def _run_git(root: Path, *args: str) -> Optional[subprocess.CompletedProcess]:
     try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=60)
+        return subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, timeout=60, env=git_env()
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout if done.returncode == 0 else None
+
+
+def _git(root: Path, *args: str) -> Optional[bytes]:
+    done = _run_git(root, *args)
+    return done.stdout if done is not None and done.returncode == 0 else None
+
+
+def git_refusal(root: Path) -> str:
+    """Why git refuses the checkout at `root` as unsafe (another user's: "dubious ownership",
+    until `safe.directory` trusts it), or "" (no refusal: no .git, no git, or git reads it)."""
+    done = _run_git(root, "rev-parse", "--git-dir")
+    err = os.fsdecode(done.stderr) if done is not None and done.returncode else ""
+    if "dubious ownership" not in err and "safe.directory" not in err:
+        return ""
+    at = re.search(r"repository at '([^']*)'", err)
+    if at and Path(at[1]).resolve() not in (Path(root).resolve(), Path(root).resolve() / ".git"):
+        return ""  # a checkout around `root` (a copy lying in it) says nothing of the tree
+    try:
+        owner = f"owned by uid {os.stat(root).st_uid}, this process is uid {os.geteuid()}"
+    except OSError:
+        owner = "another user's"
+    return (
+        f"git refuses the checkout at {root} as unsafe (dubious ownership: {owner}); "
+        f"`git config --global --add safe.directory {root}` trusts it"
+    )
 
 
 def git_head(root: Path) -> Optional[str]:
@@ -254,6 +288,7 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
     named = (named or "").strip()
     named = "" if named.lower() == "unknown" else named  # a script's unset placeholder names nothing
     head = git_head(root)
+    refused = "" if head else git_refusal(root)  # a .git git will not read is not "no .git"
     stamp, why = read_stamp(root)
     state = from_git(root, head) if head else None
     if stamp is not None and (state is None or stamp["commit"] != head):
@@ -265,13 +300,15 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
                 if state is None or head is None
                 else replace(stamped, note=f"{stamped.note}; the .git here is at {head[:12]}, not the stamp's commit")
             )
+        if refused and state is not None:
+            state = replace(state, note=f"{state.note}; {refused}")
     if named:
         agrees = state is not None and re.fullmatch(r"[0-9a-f]{7,40}", named) and state.sha.startswith(named)
         if state is not None and state.source == "stamp" and not agrees:
             state = replace(state, note=f"{state.note}; MOEBENCH_GIT_SHA={named!r} is not the stamp's commit")
         elif not agrees:
             commit = named if re.fullmatch(r"[0-9a-f]{7,40}", named) else "unknown"
-            where = f"the .git here is at {head[:12]}" if head else "no .git or stamp here"
+            where = f"the .git here is at {head[:12]}" if head else refused or "no .git or stamp here"
             state = TreeState(
                 sha=commit,
                 source="MOEBENCH_GIT_SHA",
@@ -279,6 +316,8 @@ def tree_state(root: Path, named: Optional[str] = None) -> TreeState:
                 + ("" if commit != "unknown" else " names no commit")
                 + f"; {where}: whether the files were the commit's is not known",
             )
+    if state is None and refused:
+        state = TreeState(source=UNSAFE, note=f"{refused}: which code ran is not recorded")
     if state is None:
         state = TreeState(
             note=why or f"no .git and no {STAMP} here (scripts/copy_tree.sh writes one): which code ran is not recorded"

@@ -294,3 +294,60 @@ def test_ignore_rules_agree_with_git(tmp_path, rules):
     _git(tree, "init", "-q")
     listed = set(_git(tree, "-c", "core.quotepath=off", "ls-files", "--others", "--exclude-standard").splitlines())
     assert treestate.walk(tree) == listed - {treestate.STAMP}
+
+
+def _recording_git(tmp_path: Path, monkeypatch) -> Path:
+    """A `git` first on PATH that logs each call's arguments and GIT_OPTIONAL_LOCKS, then runs the real git."""
+    real, log = shutil.which("git"), tmp_path / "git-calls.log"
+    fake = tmp_path / "fakebin" / "git"
+    fake.parent.mkdir()
+    fake.write_text(
+        f'#!/bin/sh\nprintf "%s|%s\\n" "GIT_OPTIONAL_LOCKS=$GIT_OPTIONAL_LOCKS" "$*" >> {log}\nexec {real} "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_git_takes_no_optional_locks(repo, tmp_path, monkeypatch):
+    """`git status` refreshes a stale index under `.git/index.lock` unless told not to; a `git
+    commit` in the checkout meanwhile would fail on the lock (issue #52)."""
+    log = _recording_git(tmp_path, monkeypatch)
+    index = repo / ".git" / "index"
+    st = (repo / "pyproject.toml").stat()
+    os.utime(repo / "pyproject.toml", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))  # same bytes, new time
+    before = index.stat().st_mtime_ns
+    state = treestate.tree_state(repo)
+    assert (state.source, state.dirty) == ("git", False)
+    assert index.stat().st_mtime_ns == before  # the index was not rewritten: no lock was taken
+    ab._git(repo, "rev-parse", "HEAD")
+    calls = log.read_text().splitlines()
+    assert len(calls) >= 4 and any(" status " in c for c in calls), calls
+    assert all(c.startswith("GIT_OPTIONAL_LOCKS=0|--no-optional-locks ") for c in calls), calls
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another uid needs root")
+def test_a_checkout_git_refuses_as_unsafe_is_recorded_as_such(repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")  # no safe.directory but the test's (GIT_CONFIG_GLOBAL: none)
+    stamped = tmp_path / "stamped"
+    shutil.copytree(repo, stamped, symlinks=True)
+    treestate.write_stamp(stamped)
+    for tree in (repo, stamped):  # another user's checkout: git refuses it ("dubious ownership")
+        for d, _, files in os.walk(tree):
+            for name in [".", *files]:
+                os.chown(os.path.join(d, name), 12345, 12345, follow_symlinks=False)
+    state = treestate.tree_state(repo)
+    assert (state.source, state.sha, state.dirty) == (treestate.UNSAFE, "unknown", None)
+    assert "dubious ownership" in state.note and f"safe.directory {repo}" in state.note, state.note
+    assert "no .git" not in state.note and "uid 12345" in state.note
+    assert tree_label(state.fields()) == "unknown"
+    # a stamp there still says which code ran; its note names the refusal
+    state = treestate.tree_state(stamped)
+    assert state.source == "stamp" and "refuses the checkout" in state.note, state.note
+    named = treestate.tree_state(repo, "2be9ad1")
+    assert named.source == "MOEBENCH_GIT_SHA" and "refuses the checkout" in named.note, named.note
+    # trusted through safe.directory, it is read as any checkout
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "safe.directory")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", str(repo))
+    assert treestate.tree_state(repo).source == "git"
