@@ -223,6 +223,7 @@ POSITIVE = (
 NON_NEGATIVE = (
     ("runner", "warmup"),
     ("runner", "warmup_ms"),
+    ("runner", "nvml_poll_ms"),
     ("runner", "graph_max_tokens"),
     ("overlap", "shared_sm_carveout"),
     ("model", "num_shared_experts"),
@@ -378,6 +379,8 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         warmup=r["warmup"],
         warmup_ms=float(r["warmup_ms"]),
         phase_reps=r["phase_reps"],
+        nvml_poll_ms=float(r["nvml_poll_ms"]),
+        drop_throttled=r["drop_throttled"],
         timeout_s=float(r["timeout_s"]),
         startup_timeout_s=float(r["startup_timeout_s"]),
         check=r["check"],

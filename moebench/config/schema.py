@@ -94,6 +94,10 @@ class RunnerConf:
     warmup_ms: float = 200.0  # GPU: keep calling this long after warmup, so samples see the sustained clock
     phase_reps: int = 10  # extra samples with phase events recorded
     l2_flush: bool = True
+    # GPU: NVML's power, temperature, clocks and throttle reasons read every this many ms over
+    # the timed samples (0: off; measure/nvml.py); records only, never sets a clock or a limit
+    nvml_poll_ms: float = 50.0
+    drop_throttled: bool = False  # retake a pass with throttled samples, as a host-paced one (twice at most)
     timeout_s: float = 600.0  # per combination, all token counts together
     # seconds a process group may take to form once its first rank is ready (every rank
     # joined): a rank lost before that fails the combination instead of holding the sweep

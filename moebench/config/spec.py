@@ -162,6 +162,8 @@ class Combo:
     warmup: int = _f(RunnerConf.warmup, identity=False)
     warmup_ms: float = _f(RunnerConf.warmup_ms, identity=False)
     phase_reps: int = _f(RunnerConf.phase_reps, identity=False)
+    nvml_poll_ms: float = _f(RunnerConf.nvml_poll_ms, identity=False)
+    drop_throttled: bool = _f(RunnerConf.drop_throttled, identity=False)
     timeout_s: float = _f(RunnerConf.timeout_s, identity=False)
     startup_timeout_s: float = _f(
         RunnerConf.startup_timeout_s, identity=False, doc="s for a process group to form (every rank joined)"

@@ -14,6 +14,7 @@ from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
 from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
 from moebench.measure import memory, timing
+from moebench.measure.gpu_state import ClockWatch
 from moebench.measure.workload import cached_reference
 
 
@@ -195,6 +196,7 @@ class Timed:
     host_paced_no_shared: int = 0
     host_paced_shared: int = 0
     phases: PhaseSamples = field(default_factory=lambda: PhaseSamples({}))
+    clock: dict = field(default_factory=dict)  # the clock group's columns (gpu_state.ClockWatch.fields)
 
     def paced_fields(self, cuda: bool) -> dict:
         """The row's host-paced counts (results/row.py, group "host"): NaN off a GPU (no hold) and
@@ -245,20 +247,25 @@ def time_layer(
     if kernel.shared is not None:
         fns += [lambda: kernel(x, w, ids, with_shared=False), _shared_alone(kernel, x)]
     lead = phase_head_start(kernel, fn, rec, sync, device) if combo.phase_reps else 0
+    # (a stand-in combination without the knobs: no polling, no retakes)
+    watch = ClockWatch.for_device(device, getattr(combo, "nvml_poll_ms", 0.0), getattr(combo, "drop_throttled", False))
     lap("probe")
-    timed = timing.time_interleaved(
-        fns,
-        device,
-        combo.reps,
-        combo.warmup,
-        barrier=sync.barrier,
-        flush=sync.flush,
-        align=sync.align,
-        graph=graph,
-        warmup_ms=combo.warmup_ms,
-        agree=sync.agree,
-        hold_us=hold_us,
-    )
+    with watch.polling():
+        timed = timing.time_interleaved(
+            fns,
+            device,
+            combo.reps,
+            combo.warmup,
+            barrier=sync.barrier,
+            flush=sync.flush,
+            align=sync.align,
+            graph=graph,
+            warmup_ms=combo.warmup_ms,
+            agree=sync.agree,
+            hold_us=hold_us,
+            probe=watch.probe,
+            retake=watch.retake(),
+        )
     lap("timing")
     phases = phase_samples(kernel, fn, rec, combo.phase_reps, sync, lead) if combo.phase_reps else PhaseSamples({})
     lap("phases")
@@ -272,6 +279,7 @@ def time_layer(
         timed[1].host_paced if shared else 0,
         timed[2].host_paced if shared else 0,
         phases,
+        watch.fields(timed[0], device.type == "cuda"),
     )
 
 

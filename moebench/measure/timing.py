@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD  # noqa: F401 (timing.<name>: the loop's thresholds)
+
+if TYPE_CHECKING:
+    from moebench.measure.clock import ClockProbe
 
 L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 HOLD_RETRIES = 2  # samples retaken with a doubled hold when the GPU caught up with the host
@@ -26,6 +29,10 @@ class Samples:
 
     us: list[float]
     host_paced: int = 0
+    # with a clock probe (measure/clock.py): each sample's SM clock (MHz) and its span on the
+    # host's clock (time.time_ns: start, end), where NVML's readings are placed
+    clock_mhz: list[float] = field(default_factory=list)
+    spans_ns: list[tuple[int, int]] = field(default_factory=list)
 
     def q(self, p: float) -> float:
         return float(np.percentile(self.us, p)) if self.us else float("nan")
@@ -93,9 +100,13 @@ def time_samples(
     warmup_ms: float = 0.0,
     agree: Optional[Callable[[float], float]] = None,
     hold_us: Optional[float] = None,
+    probe: Optional[ClockProbe] = None,
+    retake: Optional[Callable[[list[Samples]], float]] = None,
 ) -> Samples:
     """Time fn() `reps` times after `warmup` calls (see time_interleaved)."""
-    return time_interleaved([fn], device, reps, warmup, barrier, flush, align, graph, warmup_ms, agree, hold_us)[0]
+    return time_interleaved(
+        [fn], device, reps, warmup, barrier, flush, align, graph, warmup_ms, agree, hold_us, probe, retake
+    )[0]
 
 
 def time_interleaved(
@@ -110,6 +121,8 @@ def time_interleaved(
     warmup_ms: float = 0.0,
     agree: Optional[Callable[[float], float]] = None,
     hold_us: Optional[float] = None,
+    probe: Optional[ClockProbe] = None,
+    retake: Optional[Callable[[list[Samples]], float]] = None,
 ) -> list[Samples]:
     """Time several callables with their samples interleaved (A B C A B C ...),
     so that drift (clocks, temperature, other tenants of the host) hits them
@@ -145,6 +158,12 @@ def time_interleaved(
     rather than at its idle boost (an H200 runs a GEMM ~10% faster in its first
     tens of ms than after ~100 ms: docs/findings/timing.md). With several ranks,
     `agree` (a max over the ranks) makes them run the same number of calls.
+
+    probe (GPU, measure/clock.py): stamps the SM clock right before each sample's start event
+    and right after its end event, so each Samples carries its samples' clocks and spans; the
+    start stamp's host enqueue is added to the hold. `retake(pass)`: samples of the pass to
+    drop (runner.drop_throttled: the throttled ones); any makes the pass taken again, as a
+    host-paced sample does, within the same HOLD_RETRIES.
     """
     if graph:
         fns = [_capture(fn, device, warmup) for fn in fns]
@@ -160,17 +179,23 @@ def time_interleaved(
         holds = [lead_cycles(fn, device, agree) for fn in fns]
     else:
         holds = [hold_cycles(agree(hold_us) if agree is not None else hold_us, device)] * len(fns)
+    if probe is not None:  # the start stamp is enqueued after the hold: the hold covers it too
+        extra = hold_cycles(probe.host_us, device) - hold_cycles(0.0, device)
+        holds = [h + extra if h else 0 for h in holds]
     if warmup_ms > 0:
         warm_for(fns, device, warmup_ms, flush, agree)
     for attempt in range(HOLD_RETRIES + 1):
-        out = _held_samples(fns, device, reps, holds, barrier, flush, align)
+        out = _held_samples(fns, device, reps, holds, barrier, flush, align, probe)
         # only a held callable can be helped by a longer hold
         paced = float(sum(s.host_paced for s, h in zip(out, holds, strict=True) if h))
+        dropped = retake(out) if retake is not None else 0.0
         if agree is not None:
             paced = agree(paced)
-        if not paced or not any(holds) or attempt == HOLD_RETRIES:
+            dropped = agree(dropped) if retake is not None else dropped  # the same calls on every rank
+        if attempt == HOLD_RETRIES or not ((paced and any(holds)) or dropped):
             return out
-        holds = [2 * h for h in holds]
+        if paced:
+            holds = [2 * h for h in holds]
     return out  # pragma: no cover (the loop returns)
 
 
@@ -186,25 +211,38 @@ def _host_clock(fns, reps: int, barrier) -> list[Samples]:
     return [Samples(o) for o in out]
 
 
-def _held_samples(fns, device, reps: int, holds: list[int], barrier, flush, align) -> list[Samples]:
+def _held_samples(fns, device, reps: int, holds: list[int], barrier, flush, align, probe=None) -> list[Samples]:
     """One pass of `reps` interleaved samples, each after its start (barrier, flush, align,
-    hold); µs and the count of host-paced samples per callable."""
+    hold); µs and the count of host-paced samples per callable, and with a probe each
+    sample's clock, stamped right outside its events."""
     several = barrier is not None
     events: list[list[tuple]] = [[] for _ in fns]
     starts = [sample_start(barrier, flush, align, h) for h in holds]
-    for _ in range(reps):
+    if probe is not None:
+        probe.begin(reps * len(fns))
+    for i in range(reps):
         for j, fn in enumerate(fns):
             starts[j]()
+            if probe is not None:
+                probe.stamp(i * len(fns) + j, end=False)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()
             paced = s.query()  # the GPU passed the start before the host had enqueued all of fn
             e.record()
+            if probe is not None:
+                probe.stamp(i * len(fns) + j, end=True)
             if several:
                 e.synchronize()
             events[j].append((s, e, paced))
     torch.cuda.synchronize(device)
-    return [Samples([s.elapsed_time(e) * 1e3 for s, e, _ in evs], sum(p for _, _, p in evs)) for evs in events]
+    out = [Samples([s.elapsed_time(e) * 1e3 for s, e, _ in evs], sum(p for _, _, p in evs)) for evs in events]
+    if probe is not None:
+        mhz, spans = probe.read()
+        for j, o in enumerate(out):
+            o.clock_mhz = [float(x) for x in mhz[j :: len(fns)]]
+            o.spans_ns = spans[j :: len(fns)]
+    return out
 
 
 _CYCLES_PER_US: dict = {}

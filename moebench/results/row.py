@@ -171,6 +171,7 @@ GROUPS = (
     "outcome",
     "latency",
     "host",
+    "clock",
     "phase",
     "overlap",
     "trace",
@@ -290,6 +291,41 @@ MEASURED: tuple[Column, ...] = (
         "the same as host_paced_samples of the trace's samples "
         "(of num_trace_samples; the trace marks them `host_paced/<sample>`)",
     ),
+    # the GPU's clock and state over the samples (measure/clock.py, measure/nvml.py; empty on the CPU)
+    *(
+        _c(
+            f"sm_clock_mhz_{q}",
+            "float",
+            "clock",
+            SAMPLES,
+            f"{q} SM clock of the samples (MHz, read in the stream)",
+            unit="MHz",
+        )
+        for q in ("min", "median", "max")
+    ),
+    _c(
+        "sm_clock_mhz_samples",
+        "list",
+        "clock",
+        SAMPLES,
+        "each sample's SM clock, the slowest rank's (MHz; globaltimer and clock64 before and after it)",
+        unit="MHz",
+        rank=True,
+    ),
+    _c(
+        "throttled_samples",
+        "float",
+        "clock",
+        MAX,
+        "samples below 0.9 x the median clock or under an NVML thermal / power / sync-boost reason",
+    ),
+    _c("clock_reasons", "str", "clock", WORST, "NVML clocks-event reasons seen over the samples (the ranks' union)"),
+    _c("gpu_power_w_median", "float", "clock", MAX, "median power draw over the samples (W, NVML)", unit="W"),
+    _c("gpu_power_limit_w", "float", "clock", MAX, "the enforced power limit (W, NVML)", unit="W"),
+    _c("gpu_temp_c_max", "float", "clock", MAX, "highest GPU temperature over the samples (°C, NVML)", unit="°C"),
+    _c("mem_clock_mhz_median", "float", "clock", MAX, "median memory clock over the samples (MHz, NVML)", unit="MHz"),
+    _c("nvml_polls", "float", "clock", MAX, "NVML readings over the samples (runner.nvml_poll_ms; NaN: none)"),
+    _c("clock_note", "str", "clock", WORST, "why a GPU row lacks its clock or NVML columns"),
     *(
         _c(
             f"{p}_us",

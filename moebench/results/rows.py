@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,9 @@ _OWN_RULE = frozenset(
         "trace_overlap_method",
         "row_layout_used",
         "contiguous_gemm_used",
+        "sm_clock_mhz_samples",
+        "clock_reasons",
+        "clock_note",
         "kernel_us",
         "profiler_trace_path",
     }
@@ -155,6 +159,19 @@ def outcome_row(c: Combination, tokens: int, status: str, reason: str, meta: dic
     return row
 
 
+def clock_columns(ranks: list) -> dict:
+    """The clock group's own rules (measure/clock.py): each sample's clock is the slowest rank's,
+    the band is the min / median / max of those, the NVML reasons are the ranks' union."""
+    clocks = [r.sm_clock_mhz_samples for r in ranks]
+    per_sample = [float(min(c)) for c in zip(*clocks, strict=False)] if all(clocks) else []
+    finite = [c for c in per_sample if c == c]
+    out: dict[str, Any] = {f"sm_clock_mhz_{q}": _q(finite, p) for q, p in (("min", 0), ("median", 50), ("max", 100))}
+    out["sm_clock_mhz_samples"] = per_sample
+    out["clock_reasons"] = ",".join(sorted({x for r in ranks for x in (r.clock_reasons or "").split(",") if x}))
+    out["clock_note"] = next((r.clock_note for r in ranks if r.clock_note), "")
+    return out
+
+
 def per_rank_columns(n: int) -> dict:
     """The list columns with one value per rank (NaN each until measured)."""
     return {c: [NAN] * n for c in schema.names(combine=schema.PER_RANK)}
@@ -192,6 +209,7 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     row["latency_us_p20"] = _q(samples, 20)
     row["latency_us_p80"] = _q(samples, 80)
     row["latency_us_per_rank"] = [_q(r.samples_us, 50) for r in ranks]
+    row.update(clock_columns(ranks))
     if all(r.shared_samples_us is not None for r in ranks):
         shared = _elementwise_max([r.shared_samples_us for r in ranks])
         no_shared = _elementwise_max([r.no_shared_samples_us for r in ranks])

@@ -336,6 +336,7 @@ def _measure(
         "shared_samples_us": timed.shared_samples_us,
         "host_enqueue_us": host_us,
         **timed.paced_fields(device.type == "cuda"),
+        **timed.clock,
         "timing_note": note,
         **nsys_row,
     }

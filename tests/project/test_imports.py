@@ -18,6 +18,7 @@ OPTIONAL = {  # import name -> the only modules allowed to import it
     "deep_ep": {"moebench/kernels/prepare_finalize/_deepep.py"},
     "deep_gemm": {"moebench/kernels/experts/_deep_gemm.py"},
     "pplx_kernels": {"moebench/kernels/prepare_finalize/_pplx.py"},
+    "pynvml": {"moebench/measure/nvml.py"},  # nvidia-ml-py, the [nvml] extra (on the GPU image)
 }
 # imported by name only where the tool needs it, declared as extras (not core deps)
 EXTRAS_ONLY: dict[str, str] = {"submitit": "slurm", "transformers": "test"}  # transformers: routing/hf.py
