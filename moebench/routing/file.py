@@ -18,8 +18,11 @@ A recording is one NumPy `.npz` (read with `allow_pickle=False`: nothing in it c
 Rows of one layer keep the file's order (a layer's tokens in the order they were routed), so
 a window of consecutive rows is a run of consecutive real tokens.
 
-Errors are `RoutingFileError` (a ValueError): one line naming the file and what to do; the
-planner turns them into exit 2 before any work.
+Errors are `RoutingFileError` (a ValueError): one line naming the file (and the member, where
+one is at fault) and what to do; the planner turns them into exit 2 before any work. Members
+are checked before they are read (routing/npz.py): an uncompressed size over the limit (1 GiB,
+`MOEBENCH_ROUTING_MAX_BYTES`) is refused before anything is inflated, a member cut short is
+called truncated or corrupt, an object array is refused without unpickling.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
+from moebench.routing.npz import MemberError, limit, members, read_member
 
 REQUIRED = ("topk_ids",)
 OPTIONAL = ("topk_weights", "layer", "step", "num_experts", "source")
@@ -126,24 +131,23 @@ def _read(path: str, layer: Optional[int]) -> Recording:
                 "is not a readable .npz (not a zip archive): save it with numpy.savez or moebench.routing.file.write",
             )
     try:
-        with np.load(path, allow_pickle=False) as z:
-            names = set(z.files)
-            missing = [n for n in REQUIRED if n not in names]
+        max_bytes = limit()
+        with zipfile.ZipFile(path) as zf:
+            found = members(zf)
+            missing = [n for n in REQUIRED if n not in found]
             if missing:
                 raise _fail(
                     path,
-                    f"holds no {missing[0]} array (it holds: {', '.join(sorted(names)) or 'nothing'}); "
+                    f"holds no {missing[0]} array (it holds: {', '.join(sorted(found)) or 'nothing'}); "
                     "see docs/routing.md for the format",
                 )
-            arrays = {n: z[n] for n in names if n in REQUIRED + OPTIONAL}
+            arrays = {n: read_member(zf, found[n], max_bytes) for n in REQUIRED + OPTIONAL if n in found}
     except RoutingFileError:
         raise
-    except ValueError:  # an object array: NumPy refuses to unpickle it
-        raise _fail(
-            path, "cannot be read without unpickling (it holds an object array): save plain numeric arrays"
-        ) from None
+    except MemberError as e:
+        raise _fail(path, str(e)) from None
     except (OSError, zipfile.BadZipFile, EOFError) as e:
-        raise _fail(path, f"is not a readable .npz ({type(e).__name__}: {e})") from None
+        raise _fail(path, f"is not a readable .npz, or is cut short ({type(e).__name__}: {e})") from None
     ids = arrays["topk_ids"]
     if ids.dtype.kind not in "iu" or ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
         raise _fail(
