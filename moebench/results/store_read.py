@@ -8,10 +8,11 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from moebench.results.migrate import check_versions, migrate
-from moebench.results.row import Status
+from moebench.results.row import Status, columns
 from moebench.results.sequence import SEQ_COLUMN
 from moebench.results.writable import CAUSES
 
@@ -51,8 +52,49 @@ def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
             f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
             "incompatible version); move it out of the run's rows/ folder"
         )
+    check_types(df, path)
     check_versions(df, str(path))
     return df
+
+
+def _numeric_columns() -> dict[str, str]:
+    return {c.name: c.dtype for c in columns() if c.dtype in ("int", "float")}
+
+
+def check_types(df: pd.DataFrame, path: Path) -> None:
+    """ValueError naming the file, the column and a value where a declared number column
+    (results/row.py) holds something else, or a row lacks its combination or token count: a
+    corrupt file read on would fail later (`int('four')`) without saying which file it was."""
+    for name in PAIR:
+        if name in df.columns and df[name].isna().any():
+            raise ValueError(
+                f"{path}: {int(df[name].isna().sum())} row(s) without {name}: the file is corrupt or "
+                "not moebench's; move it out of the run's rows/ folder"
+            )
+    numeric = _numeric_columns()
+    for name in df.columns:
+        if name not in numeric or df[name].dtype.kind in "iufb":
+            continue
+        values = df[name]
+        bad = values.map(_not_number)
+        if bad.any():
+            shown = repr(values[bad].iloc[0])
+            raise ValueError(
+                f"{path}: column {name} holds {shown[:60]}{'...' if len(shown) > 60 else ''} where a number "
+                f"({numeric[name]}) belongs: the file is corrupt or not moebench's; move it out of the run's "
+                "rows/ folder"
+            )
+
+
+def _not_number(v) -> bool:
+    """A cell that is neither missing nor a number (nor text of one)."""
+    if v is None or v is pd.NA or isinstance(v, (int, float, np.number)):
+        return False
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return True
+    return False
 
 
 def newest_last(files: list[Path]) -> list[Path]:
