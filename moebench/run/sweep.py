@@ -18,7 +18,7 @@ from moebench.results.finished import plan_work, run_meta, write_finished
 from moebench.results.lock import RunLock
 from moebench.results.rank_result import Finished
 from moebench.results.row import BAD_STATUSES, Status
-from moebench.results.store import RunStore
+from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
@@ -311,7 +311,12 @@ def _run(
             "(`moebench list -v` with the same options says why)"
         )
     if counts.env_error:
-        written = sum(n for status, n in counts.items() if status != Status.SKIPPED)
+        # what is on disk, not what was counted: a write can fail after its file is in place
+        # (the folder's fsync after the rename), and its rows are stored all the same
+        try:
+            written = sum(len(df) for df in invocation_rows(store.rows_dir, meta["run_id"]).values())
+        except OSError:  # the disk refuses reads too: what was counted
+            written = sum(n for status, n in counts.items() if status != Status.SKIPPED)
         print(
             f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
             "measured row(s) it stored: fix that, then re-run the same command to resume",
