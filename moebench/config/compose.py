@@ -59,7 +59,8 @@ def _registered(group: str) -> set[str]:
 
 
 def group_options(group: str) -> list[str]:
-    return sorted({p.stem for p in (paths.conf_dir() / group).glob("*.yaml")} | _registered(group))
+    extra = set(names.NOT_IMPLEMENTED) if group == "quant" else set()  # accepted: their rows are skipped
+    return sorted({p.stem for p in (paths.conf_dir() / group).glob("*.yaml")} | _registered(group) | extra)
 
 
 @lru_cache(maxsize=None)
@@ -68,6 +69,8 @@ def _group_node(group: str, option: str):
         return OmegaConf.create(hf.resolve(option).model_node())
     if group == "quant":  # vLLM's names (config/names.py)
         option = names.quant_option(option)
+        if option in names.NOT_IMPLEMENTED:  # accepted; its rows are skipped (config/validity.py)
+            return OmegaConf.create({"name": option})
     path = paths.conf_dir() / group / f"{option}.yaml"
     if path.exists():
         return OmegaConf.load(path)
@@ -78,7 +81,7 @@ def _group_node(group: str, option: str):
         from moebench.config.plugins import problems
 
         hint = "".join(f"; {line}" for line in problems())
-    valid = group_options(group)
+    valid = group_options(group) + (sorted(names.QUANT_ALIASES) if group == "quant" else [])
     near = names.did_you_mean(option, valid)
     raise ValueError(f"unknown {group}={option!r}{near or ';'} valid options: {', '.join(valid)}{hint}")
 
@@ -218,6 +221,7 @@ POSITIVE = (
     ("model", "num_experts"),
     ("model", "topk"),
     ("backend", "simulate_ep"),
+    ("backend", "simulate_tp"),
     ("trace", "samples"),
 )
 NON_NEGATIVE = (
@@ -312,6 +316,11 @@ def _check_routing(cfg: dict) -> None:
         raise ValueError(why)
     if not 0.0 <= w["fill"] <= 1.0:
         raise ValueError(f"workload.fill={w['fill']!r} must be in (0, 1] (0: the layout's own rows per expert)")
+    if b["simulate_tp"] > 1 and b["simulate_ep"] > 1:
+        raise ValueError(
+            f"backend.simulate_tp={b['simulate_tp']} with backend.simulate_ep={b['simulate_ep']}: expert "
+            "parallelism replaces the experts' TP split (as in vLLM), so a rank is one or the other: set one to 1"
+        )
     rank = _sim_rank(b)
     if rank:
         if rank != "hottest" and not rank.isdigit():
@@ -361,6 +370,7 @@ def to_combo(cfg: dict, device: Optional[str] = None) -> Combo:
         simulate_ep=b["simulate_ep"] if single else 1,
         shared_sm_carveout=cfg["overlap"]["shared_sm_carveout"],
         simulate_rank=_sim_rank(b) if single and b["simulate_ep"] > 1 else "",
+        simulate_tp=b["simulate_tp"],
         routing=w["routing"],
         skew=float(w["skew"]) if w["routing"] == "zipf" else 1.2,
         seed=w["seed"],

@@ -24,6 +24,9 @@ class BackendConf:
     # meaning before this key); "hottest" or K: the tokens all N ranks send to the most loaded
     # rank, or to rank K, of a real EP-N run (docs/routing.md)
     simulate_rank: str = ""
+    # single-rank backends: one rank of TP-N as vLLM's fused MoE shards it (each expert's and the
+    # shared experts' intermediate split N ways, every expert kept); EP replaces it (no both)
+    simulate_tp: int = 1
 
 
 @dataclass

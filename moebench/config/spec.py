@@ -103,6 +103,13 @@ class Combo:
         tag="rank_{}",
         doc="simulate_ep=N: the emulated rank, hottest | K (empty: rank 0's share of one rank's tokens)",
     )
+    simulate_tp: int = _f(
+        BackendConf.simulate_tp,
+        roles=_WORK,
+        short="sim_tp",
+        tag="tp{}",
+        doc="single-rank backends: one rank's shard of TP-N (intermediate / N per expert, every expert)",
+    )
     shared_sm_carveout: int = _f(
         OverlapConf.shared_sm_carveout,
         roles=_COMBO,
@@ -196,6 +203,17 @@ class Combo:
         yield from (k for k, _ in self.knobs)
 
     @property
+    def intermediate_per_rank(self) -> int:
+        """One rank's width of each routed expert: intermediate / simulate_tp (vLLM's
+        intermediate_size_per_partition; the tuned files' N)."""
+        return self.intermediate // max(1, self.simulate_tp)
+
+    @property
+    def shared_intermediate_per_rank(self) -> int:
+        """One rank's width of each shared expert (vLLM shards them with the same TP split)."""
+        return self.shared_intermediate // max(1, self.simulate_tp)
+
+    @property
     def options(self) -> dict:
         """The knobs as KernelContext.options ({name: value})."""
         return dict(self.knobs)
@@ -257,6 +275,7 @@ class Combo:
         out.update({k: None for k in builtin_knobs()})
         out.update(dict(self.knobs))
         out.update(combo_key=self.key, label=self.label, knobs=self.knob_tags)
+        out["intermediate_per_rank"] = self.intermediate_per_rank
         return out
 
     def replace(self, **changes) -> "Combo":

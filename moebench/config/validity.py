@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from moebench.config.names import not_implemented
 from moebench.config.spec import Combo
 
 # the batched backends whose rows per expert follow workload.fill (kernels' `rows_per_expert`)
@@ -23,6 +24,9 @@ def validate(combo: Combo) -> Optional[str]:
         return registry.unavailable("backend", b)
     if e not in registry.EXPERTS:
         return registry.unavailable("experts", e)
+    unrun = not_implemented(combo.quant)
+    if unrun:
+        return unrun
     B, X = registry.BACKENDS[b], registry.EXPERTS[e]
     if B.activation_format != X.activation_format:
         return (
@@ -44,6 +48,16 @@ def validate(combo: Combo) -> Optional[str]:
     E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep
     single = B.single_rank
     ep = sim if single else ws  # the EP split the routing sees
+    tp = combo.simulate_tp
+    if tp > 1 and not single:
+        return (
+            f"backend={b} is expert parallel: EP replaces the experts' TP split (as in vLLM); "
+            "backend.simulate_tp shards one rank of a single-rank backend"
+        )
+    if combo.intermediate % tp or combo.shared_intermediate % tp:
+        return f"simulate_tp={tp} does not divide the experts' intermediate={combo.intermediate}" + (
+            f" and shared {combo.shared_intermediate}" if combo.shared_intermediate % tp else ""
+        )
     if single:
         if E % sim:
             return f"simulate_ep={sim} does not divide num_experts={E}"
@@ -70,8 +84,10 @@ def validate(combo: Combo) -> Optional[str]:
             f"workload.fill sizes the buffers per token count; backend={b} allocates its buffers once per process "
             "group (set backend.max_tokens_per_rank instead)"
         )
-    if combo.quant == "fp8_block" and (combo.hidden % 128 or combo.intermediate % 128):
-        return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {combo.intermediate})"
+    inter = combo.intermediate_per_rank
+    if combo.quant == "fp8_block" and (combo.hidden % 128 or inter % 128):
+        shard = f" (intermediate {combo.intermediate} / simulate_tp={tp})" if tp > 1 else ""
+        return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {inter}{shard})"
     if combo.timing == "profiler" and combo.device != "cuda":
         return "timing=profiler reports GPU kernel durations: it needs CUDA"
     if combo.memory_budget and combo.device != "cuda":

@@ -24,13 +24,15 @@ class Layer:
 
 
 def layer_shape(combo: Combo) -> LayerShape:
+    """One rank's layer: with simulate_tp=N each expert's intermediate is the rank's 1/N shard
+    (every routed expert kept: vLLM's fused MoE under TP without EP)."""
     return LayerShape(
         hidden=combo.hidden,
-        intermediate=combo.intermediate,
+        intermediate=combo.intermediate_per_rank,
         num_experts=combo.num_experts,
         topk=combo.topk,
         num_shared_experts=combo.num_shared_experts,
-        shared_intermediate=combo.shared_intermediate,
+        shared_intermediate=combo.shared_intermediate_per_rank,
     )
 
 

@@ -295,6 +295,13 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
         )
     if len(shas) > 1:
         notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(md_text(s[:10]) for s in shas)})")
+    tp = pd.to_numeric(df.get("simulate_tp", pd.Series(dtype=float)), errors="coerce")
+    if (tp > 1).any():
+        sizes = ", ".join(f"TP-{int(n)}" for n in sorted(tp[tp > 1].unique()))
+        notes.append(
+            f"{who}{int((tp > 1).sum())} row(s) time one rank's shard of {sizes} (backend.simulate_tp): the "
+            "all-reduce of the ranks' partial outputs (tokens × hidden × 2 bytes a rank) is not timed on one GPU"
+        )
     tree = tree_label(env) if env else None
     if tree == "dirty":
         paths = [str(p) for p in env.get("git_diff_paths") or []]  # text of a run folder: md_code

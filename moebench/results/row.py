@@ -563,6 +563,14 @@ def _identity_parts() -> tuple[tuple[Column, ...], tuple[Column, ...]]:
     ]
     tail = (
         _c("knobs", "str", "identity", SAME, "tags of the knobs off their defaults", (COMBO, ROWS_TABLE)),
+        _c(
+            "intermediate_per_rank",
+            "int",
+            "identity",
+            SAME,
+            "one rank's width of each routed expert: intermediate / simulate_tp (vLLM's N)",
+            short="inter/rank",
+        ),
         _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes", (REQUIRED,)),
         _c("overrides", "str", "identity", SAME, "the overrides the combination was planned from"),
     )

@@ -59,7 +59,7 @@ def dims_of(combo: dict) -> LayerDims:
     q = QuantSpec(combo["quant"])
     return LayerDims(
         num_experts=combo["num_experts"] // max(1, combo["simulate_ep"]),
-        intermediate=combo["intermediate"],
+        intermediate=combo["intermediate"] // max(1, combo.get("simulate_tp", 1)),  # the rank's shard (vLLM's N)
         hidden=combo["hidden"],
         topk=combo["topk"],
         operand_bytes=1 if q.is_fp8 else 2,

@@ -3,6 +3,8 @@
     <out>/configs/<vLLM name>.json             the winner per measured token count, six
                                                fields an entry (vLLM passes every field of an
                                                entry to its kernel: nothing else goes in)
+    <out>/configs/sglang/triton_X_Y_Z/<SGLang name>  the same entries where SGLang looks (its
+                                               per-Triton-version folder, `block_shape=[128, 128]`)
     <out>/configs/<vLLM stem>.provenance.json  the sidecar: what each entry measured, against
                                                what, on which kernel and machine
     <out>/tune.json                            the run: layer, space, budget, per token count
@@ -31,7 +33,7 @@ from typing import Callable, Optional
 
 from moebench.kernels.triton import config as tconfig
 from moebench.tune.vllm_check import covers_grid, describe_routes
-from moebench.util.safe_write import replace_text, safe_dir
+from moebench.util.safe_write import replace_text, safe_dir, safe_dir_below
 
 KERNEL_NOTE = (
     "tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
@@ -163,7 +165,19 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
     env = (extra or {}).get("environment", {})
     side = _provenance(info, results, env, (extra or {}).get("regression_check"))
     replace_text(cfg_dir / sidecar_name(name), json.dumps(side, indent=2, default=str) + "\n")
+    sglang = sglang_path(cfg_dir, name)
+    replace_text(safe_dir_below(cfg_dir, sglang.parent) / sglang.name, json.dumps(entries, indent=4) + "\n")
     return path
+
+
+def sglang_path(cfg_dir: Path, name: str) -> Path:
+    """Where SGLang looks for the same file: its per-Triton-version folder
+    (sglang/srt/layers/moe/fused_moe_triton/configs/triton_3_6_0/), and its spelling of the
+    name (`block_shape=[128, 128]`, Python's list text, where vLLM writes no space)."""
+    import triton
+
+    version = "triton_" + triton.__version__.split("+")[0].replace(".", "_")
+    return cfg_dir / "sglang" / version / tconfig.name_variants(name)[-1]
 
 
 def tuned_files(out_dir: Path) -> list[Path]:

@@ -444,6 +444,7 @@ def tune(
         "model": c.combo["model"],
         "quant": c.combo["quant"],
         "simulate_ep": c.combo["simulate_ep"],
+        "simulate_tp": c.combo["simulate_tp"],
         "device": c.combo["device"],
         "layer_key": c.key,
         "overrides": list(c.overrides),

@@ -33,3 +33,22 @@ def test_a_sweep_of_an_hf_config_stores_its_name_sizes_and_digest(tmp_path):
     sizes = df[["hidden", "intermediate", "num_experts", "topk", "num_shared_experts"]].drop_duplicates()
     assert sizes.values.tolist() == [[256, 128, 16, 4, 0]]
     assert set(df["quant"]) == {"bf16", "fp8_tensor"}
+
+
+@pytest.mark.multiprocess
+def test_a_tensor_parallel_shard_of_an_hf_config_stores_the_models_width_and_the_ranks(tmp_path):
+    out = tmp_path / "run"
+    argv = ["sweep", f"model=hf:{CONFIG.parent}", "backend=local", "experts=torch", "reduction=experts"]
+    argv += ["overlap=none", "quant=bf16", "backend.simulate_tp=4", "workload.tokens_per_rank=[4,8]", *QUICK]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    df = RunStore(out).load()
+    assert len(df) == 2 and set(df["status"]) == {"ok"}  # the shard agrees with its own reference
+    assert set(df["intermediate"]) == {128} and set(df["intermediate_per_rank"]) == {32}
+    assert set(df["simulate_tp"]) == {4} and all(lbl.endswith("/tp4") for lbl in df["label"])
+    # one rank's shard does a quarter of the experts' FLOPs of the whole layer
+    whole = tmp_path / "whole"
+    unsharded = [a for a in argv if not a.startswith("backend.simulate_tp=")]
+    assert cli.main([*unsharded, "--out", str(whole)]) == 0
+    full = RunStore(whole).load().set_index("tokens_per_rank")["expert_flops"]
+    shard = df.set_index("tokens_per_rank")["expert_flops"]
+    assert (shard * 4 == full).all()

@@ -416,3 +416,40 @@ def test_several_gpus_split_the_grid():
         1536,
     ]
     assert search.split_tokens([16], 8) == [[16]]
+
+
+TINY_QWEN3 = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs" / "tiny_qwen3_moe"
+
+
+def test_a_tensor_parallel_shard_is_tuned_under_the_name_vllm_and_sglang_open(tmp_path):
+    # vLLM's benchmark_moe.py --tp-size N: shard_intermediate_size = 2 * intermediate_size // tp_size,
+    # saved as get_config_file_name(E, shard_intermediate_size // 2, ...); at run time fused_moe looks
+    # the file up with N = w2.shape[2], the rank's intermediate_size_per_partition (vLLM's
+    # fused_moe/configs/README: Mixtral's N = 14336 is 7168 under TP2, 3584 under TP4)
+    out = tmp_path / "tune"
+    argv = ["tune", "experts=triton", "backend=local", f"model=hf:{TINY_QWEN3}", "backend.simulate_tp=4"]
+    argv += ["quant=bf16", "runner.device=cpu", "workload.tokens_per_rank=[4]", "--space", "small"]
+    argv += ["--reps", "2", "--final-reps", "1", "--out", str(out)]
+    assert cli.main(argv) == 0
+    config = json.loads((TINY_QWEN3 / "config.json").read_text())
+    E, N = config["num_experts"], config["moe_intermediate_size"] // 4
+    name = f"E={E},N={N},device_name={tconfig.vllm_device_name(tconfig.device_name())}.json"
+    assert name == "E=16,N=32,device_name=cpu.json"
+    best = json.loads((out / "configs" / name).read_text())
+    assert set(best) == {"4"}
+    detail = json.loads((out / "tune.json").read_text())
+    assert detail["layer"]["simulate_tp"] == 4 and detail["layer"]["N"] == 32
+    # SGLang's layout of the same file: its per-Triton-version folder
+    version = "triton_" + tconfig.triton.__version__.split("+")[0].replace(".", "_")
+    assert json.loads((out / "configs" / "sglang" / version / name).read_text()) == best
+    # the layer built for that shard looks the tuned entry up by the same (E, N)
+    assert tconfig.config_file_name(E, N, None, None) == name
+
+
+def test_sglang_spells_the_block_shape_with_a_space(tmp_path):
+    from moebench.tune.files import sglang_path
+
+    name = tconfig.config_file_name(128, 384, "fp8_w8a8", [128, 128], device="NVIDIA H100 80GB HBM3")
+    path = sglang_path(tmp_path, name)
+    assert path.name == "E=128,N=384,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    assert path.parent.name.startswith("triton_") and path.parent.parent == tmp_path / "sglang"

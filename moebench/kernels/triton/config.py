@@ -84,7 +84,7 @@ def config_file_name(
     return f"E={E},N={N},device_name={dev}{dtype_sel}{block_sel}.json"
 
 
-def _name_variants(file_name: str) -> list[str]:
+def name_variants(file_name: str) -> list[str]:
     """vLLM's spelling, then SGLang's (`block_shape=[128, 128]`: its name keeps the space)."""
     if "block_shape=[" not in file_name:
         return [file_name]
@@ -127,7 +127,7 @@ def find_config_file(file_name: str, dirs: Sequence[Path]) -> Optional[Path]:
     version_dir = f"triton_{triton.__version__.split('+')[0].replace('.', '_')}"
     for d in dirs:
         for folder in (d, d / version_dir):
-            for name in _name_variants(file_name):
+            for name in name_variants(file_name):
                 if (folder / name).is_file():
                     return folder / name
     return None

@@ -1,0 +1,60 @@
+"""backend.simulate_tp=N (issue #49): one rank's shard of a tensor-parallel MoE layer as vLLM's
+fused MoE shards it, the rules that keep it apart from expert parallelism, and vLLM's
+quantization names moebench cannot run (skipped rows with the reason, not a refusal)."""
+
+from __future__ import annotations
+
+import pytest
+
+from moebench import cli
+from moebench.config.compose import compose_config, to_combo
+from moebench.config.validity import validate
+from moebench.measure.layer import layer_shape
+
+BASE = ["backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "runner.device=cpu"]
+
+
+def combo(*overrides):
+    return to_combo(compose_config([*BASE, *overrides]))
+
+
+def test_the_shard_splits_each_experts_width_and_keeps_every_expert():
+    c = combo("model=qwen3_30b_a3b", "backend.simulate_tp=4")
+    assert (c.intermediate, c.intermediate_per_rank, c.simulate_tp) == (768, 192, 4)
+    shape = layer_shape(c)
+    assert (shape.intermediate, shape.num_experts, shape.hidden) == (192, 128, 2048)
+    assert c.columns()["intermediate_per_rank"] == 192 and "tp4" in c.label
+    assert validate(c) is None
+    # shared experts are split the same way (DeepSeek-V2-Lite: 2 shared of 1408)
+    d = combo("model=deepseek_v2_lite", "backend.simulate_tp=2")
+    assert (layer_shape(d).shared_intermediate, layer_shape(d).intermediate) == (704, 704)
+    assert combo("model=qwen3_30b_a3b").key != c.key  # another workload, another combination
+
+
+def test_fp8_blocks_need_the_shards_width_a_multiple_of_128():
+    c = combo("model=qwen3_30b_a3b", "backend.simulate_tp=4", "quant=fp8_block")
+    assert "192 (intermediate 768 / simulate_tp=4)" in validate(c)
+    assert validate(combo("model=qwen3_30b_a3b", "backend.simulate_tp=2", "quant=fp8_block")) is None
+
+
+def test_a_width_the_split_does_not_divide_is_skipped():
+    assert "does not divide" in validate(combo("model=qwen3_30b_a3b", "backend.simulate_tp=5"))
+
+
+def test_ep_backends_take_no_tp_split():
+    c = to_combo(compose_config(["backend=naive", "experts=torch", "runner.world_size=2", "backend.simulate_tp=2"]))
+    assert "EP replaces the experts' TP split" in validate(c)
+
+
+def test_tp_with_ep_is_refused_before_any_work(capsys):
+    assert cli.main(["list", "backend=local", "backend.simulate_tp=2", "backend.simulate_ep=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expert parallelism replaces the experts' TP split" in err[0]
+
+
+@pytest.mark.parametrize("name", ["int8_w8a16", "mxfp4", "w4a16"])
+def test_vllms_other_quantizations_are_skipped_rows_with_the_reason(name):
+    c = combo("model=tiny", f"quant={name}")
+    assert c.quant == name
+    why = validate(c)
+    assert why.startswith(f"quant={name} is ") and "no moebench experts implementation runs it" in why
