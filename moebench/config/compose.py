@@ -73,7 +73,10 @@ def _group_node(group: str, option: str):
             return OmegaConf.create({"name": option})
     path = paths.conf_dir() / group / f"{option}.yaml"
     if path.exists():
-        return OmegaConf.load(path)
+        node = OmegaConf.load(path)
+        if group == "model" and "hf_config" in node:  # a built-in card of a public config (config/hf.py)
+            return OmegaConf.create(hf.card_node(str(node["name"]), paths.hf_configs_dir() / str(node["hf_config"])))
+        return node
     if option in _registered(group):  # an entry registered from outside: its knobs are its config
         return OmegaConf.create({"name": option})
     hint = ""

@@ -206,6 +206,14 @@ def resolve(option: str) -> Layer:
         raise ValueError(f"model=hf:{given}: {e}") from None
 
 
+def card_node(name: str, folder: Path) -> dict:
+    """A built-in model card's values (conf/model/NAME.yaml with `hf_config: FOLDER`): the layer
+    the mapping reads from that public config, under the card's name. No digest: the card's name
+    is its identity (as before cards were read from configs), so stored rows keep their keys."""
+    node = resolve(f"{PREFIX}{folder}").model_node()
+    return {**node, "name": name, "config_sha256": ""}
+
+
 def sizes_line(layer: Layer) -> str:
     """The layer's sizes as plain integers (`moebench list`)."""
     structure = f", {layer.moe_layers} of {layer.num_layers} layers MoE" if layer.num_layers else ""

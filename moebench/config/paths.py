@@ -21,6 +21,12 @@ def conf_dir() -> Path:
     return p
 
 
+def hf_configs_dir() -> Path:
+    """The public models' config.json files (fields only) that the built-in model cards name by
+    `hf_config:` and the tests check the mapping on (tests/fixtures/hf_configs/README.md)."""
+    return REPO_ROOT / "tests" / "fixtures" / "hf_configs"
+
+
 def sweeps_dir() -> Path:
     return Path(os.environ.get("MOEBENCH_SWEEPS_DIR", REPO_ROOT / "sweeps"))
 

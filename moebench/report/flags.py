@@ -295,7 +295,8 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
         )
     if len(shas) > 1:
         notes.append(f"{who}rows of {len(shas)} commits in one run ({', '.join(md_text(s[:10]) for s in shas)})")
-    tp = pd.to_numeric(df.get("simulate_tp", pd.Series(dtype=float)), errors="coerce")
+    measured = df[df["status"] == Status.OK] if "status" in df.columns else df
+    tp = pd.to_numeric(measured.get("simulate_tp", pd.Series(dtype=float)), errors="coerce")
     if (tp > 1).any():
         sizes = ", ".join(f"TP-{int(n)}" for n in sorted(tp[tp > 1].unique()))
         notes.append(

@@ -24,7 +24,9 @@ def test_every_option_composes(group):
     "overrides",
     [
         [],
-        ["backend=naive", "experts=torch", "model=deepseek_v3", "quant=fp8_block", "workload.tokens_per_rank=[1,2]"],
+        # (a card read from a public config, `hf_config:`, is composed by compose_config alone:
+        # tests/config/test_hf.py checks those against the mapping)
+        ["backend=naive", "experts=torch", "model=tiny", "quant=fp8_block", "workload.tokens_per_rank=[1,2]"],
         ["backend=local", "backend.simulate_ep=8", "runner.reps=3", "trace=torch"],
         [
             "backend=deepep_ht",

@@ -14,6 +14,7 @@ from moebench import cli
 from moebench.config import compose, hf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = (
     "mixtral",
     "qwen2_moe",
@@ -121,10 +122,15 @@ CARDS = {
 
 
 @pytest.mark.parametrize("card", sorted(CARDS))
-def test_the_built_in_cards_and_their_configs_agree(card):
+def test_the_built_in_cards_are_read_from_their_configs(card):
+    # one path from a config to a layer: the card names its public config, the mapping reads it
+    text = (ROOT / "conf" / "model" / f"{card}.yaml").read_text()
+    assert f"hf_config: {CARDS[card]}\n" in text and "hidden:" not in text
     built_in = compose.compose_config([f"model={card}"])["model"]
     layer = hf.resolve(f"hf:{FIXTURES / CARDS[card]}")
-    assert tuple(built_in[f] for f in FIELDS) == tuple(getattr(layer, f) for f in FIELDS)
+    assert tuple(built_in[f] for f in FIELDS) == tuple(getattr(layer, f) for f in FIELDS) == PUBLISHED[CARDS[card]][1:]
+    # named by the card, with no digest: the combinations of stored runs keep their keys
+    assert built_in["name"] == card and built_in["config_sha256"] == ""
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -58,3 +58,15 @@ def test_vllms_other_quantizations_are_skipped_rows_with_the_reason(name):
     assert c.quant == name
     why = validate(c)
     assert why.startswith(f"quant={name} is ") and "no moebench experts implementation runs it" in why
+
+
+def test_the_report_says_once_that_the_tp_all_reduce_is_not_timed():
+    import pandas as pd
+
+    from moebench.report.flags import run_notes
+
+    df = pd.DataFrame({"status": ["ok", "ok", "skipped"], "simulate_tp": [4, 1, 4], "git_sha": ["a" * 40] * 3})
+    notes = [n for n in run_notes(df, {}) if "TP-4" in n]
+    assert len(notes) == 1 and notes[0].startswith("1 row(s) time one rank's shard of TP-4")
+    assert "not timed" in notes[0]
+    assert not [n for n in run_notes(df.assign(simulate_tp=1), {}) if "TP-" in n]
