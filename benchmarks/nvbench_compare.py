@@ -1,0 +1,176 @@
+"""An independent timer again (issue #50): the same layer forwards timed by NVIDIA's nvbench (its
+Python bindings, `cuda-bench`: its blocking kernel, L2 flush, throttle detection and stopping rule)
+beside moebench's own figure, in alternating rounds, on one GPU.
+
+moebench's side is the worker's call (measure/samples.py `time_layer`: the default timing, CUDA-graph
+replays where the layer captures, held events elsewhere; the hold; the L2 flush), its median of
+`runner.reps` samples. nvbench's side is its cold measurement of the eager forward launched on
+nvbench's stream: a blocking kernel holds the stream while the forward is enqueued (where the
+forward never waits on the host: moebench's `graph_capturable`; elsewhere `sync=True`, nvbench's
+own mode for launchers that synchronise, without the blocking kernel), L2 flushed before each
+sample, samples whose clock fell below nvbench's throttle threshold dropped and retaken, until its
+noise criterion (stdrel) or timeout stops it. Its mean is compared (the JSON's only centre).
+
+    python benchmarks/nvbench_compare.py [--rounds 2] [--tokens 16,256,2048,16384] [--json OUT]
+        [--combo 'experts=triton quant=fp8_block' ...]
+
+Prints one line per combination and size: moebench µs, nvbench µs, moebench ÷ nvbench, and
+nvbench's throttled-sample count; --json keeps every round. Not a test: a ratio on a shared GPU is a
+benchmark; docs/findings/timing.md states what it printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+BASE = ["backend=local", "model=qwen3_30b_a3b", "reduction=experts", "overlap=none", "runner.device=cuda"]
+COMBOS = ["experts=triton quant=fp8_block", "experts=deepgemm quant=fp8_block", "experts=triton quant=bf16"]
+
+
+def layer(overrides: list[str], T: int):
+    """(combo, kernel, inputs, forward) of one combination at T tokens, built as the worker builds it."""
+    import torch
+
+    from moebench.config.compose import check_values, compose_config, to_combo
+    from moebench.measure.layer import build_layer
+    from moebench.measure.workload import make_routed, routing_spec
+
+    cfg = compose_config([*BASE, *overrides, f"workload.tokens_per_rank=[{T}]"])
+    check_values(cfg)
+    combo = to_combo(cfg).replace(phase_reps=0)
+    dev = torch.device("cuda", 0)
+    built = build_layer(combo, 0, 1, None, dev)
+    inputs = make_routed(built.ctx.shape, T, routing_spec(combo), 0, 7, dev).inputs
+    kernel = built.kernel
+    x, w, ids = inputs
+    return combo, kernel, inputs, lambda: kernel(x, w, ids)
+
+
+def moebench_us(combo, kernel, inputs) -> float:
+    """The worker's figure: time_layer's median over runner.reps samples (µs)."""
+    import torch
+
+    from moebench.config.validity import timing_mode
+    from moebench.measure.capture import make_recorder
+    from moebench.measure.samples import host_enqueue, rank_sync, time_layer
+
+    dev = torch.device("cuda", 0)
+    T = int(inputs[0].shape[0])
+    sync = rank_sync(None, dev, combo.l2_flush)
+    rec = make_recorder(dev, nvtx=False)
+    graph = timing_mode(combo, T) == "graph"
+    timed = time_layer(kernel, inputs, combo, sync, dev, rec, graph, hold_us=host_enqueue(kernel, inputs, dev))
+    return statistics.median(timed.samples_us)
+
+
+def register(cases: list[tuple[str, object, bool]]) -> None:
+    """One nvbench benchmark per case (registered once; each round runs them all again)."""
+    import cuda.bench as bench
+    import torch
+
+    for name, fn, syncs in cases:
+
+        def run(state, fn=fn, syncs=syncs) -> None:
+            stream = torch.cuda.ExternalStream(state.get_stream().addressof(), device=torch.device("cuda", 0))
+            with torch.cuda.stream(stream):
+                fn()  # warm on this stream
+
+                def launch(_launch) -> None:
+                    fn()
+
+                state.exec(launch, sync=syncs)
+
+        bench.register(run).set_name(name)
+
+
+def nvbench_round(out: Path) -> dict[str, dict]:
+    """nvbench's cold figures of every registered case ({name: {summary tag: value}})."""
+    import cuda.bench as bench
+
+    bench.run_all_benchmarks([sys.argv[0], "--json", str(out)])
+    return summaries(json.loads(out.read_text()))
+
+
+def summaries(doc: dict) -> dict[str, dict]:
+    """{benchmark name: {tag's last part: value}} of nvbench's JSON (its cold GPU time summaries)."""
+    out: dict[str, dict] = {}
+    for b in doc.get("benchmarks", []):
+        for state in b.get("states", []):
+            got = {}
+            for s in state.get("summaries", []):
+                tag = s.get("tag", "")
+                values = {d.get("name"): d.get("value") for d in s.get("data", [])}
+                if tag.startswith("nv/cold/") and "value" in values:
+                    got[tag.removeprefix("nv/cold/")] = float(values["value"])
+            out[b["name"]] = got
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tokens", default="16,256,2048,16384")
+    ap.add_argument("--combo", action="append", default=None, help="overrides of one combination (repeatable)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    try:
+        tokens = [int(t) for t in args.tokens.split(",") if t]
+    except ValueError:
+        tokens = []
+    if args.rounds < 1 or not tokens or min(tokens) < 1:
+        print("nvbench_compare: --rounds >= 1 and --tokens a list of counts >= 1", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("nvbench_compare: needs a CUDA GPU (it compares two GPU timers)", file=sys.stderr)
+        return 2
+    try:
+        import cuda.bench  # noqa: F401 (present or not: the one line below says how to get it)
+    except ImportError:
+        print("nvbench_compare: needs NVIDIA's nvbench bindings: pip install cuda-bench", file=sys.stderr)
+        return 2
+    from moebench.config.validity import graph_capturable
+
+    cases, built = [], {}
+    for combo_text in args.combo or COMBOS:
+        for T in tokens:
+            name = f"{combo_text.replace(' ', '/')}/T{T}"
+            combo, kernel, inputs, fn = layer(combo_text.split(), T)
+            built[name] = (combo, kernel, inputs)
+            cases.append((name, fn, graph_capturable(combo) is not None))
+    register(cases)
+    rows: dict[str, dict] = {name: {"moebench_us": [], "nvbench": []} for name, _, _ in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = ["moebench", "nvbench"] if r % 2 == 0 else ["nvbench", "moebench"]
+            for side in order:
+                if side == "moebench":
+                    for name, (combo, kernel, inputs) in built.items():
+                        rows[name]["moebench_us"].append(moebench_us(combo, kernel, inputs))
+                else:
+                    got = nvbench_round(Path(tmp) / f"round{r}.json")
+                    for name in rows:
+                        rows[name]["nvbench"].append(got.get(name, {}))
+            print(f"round {r} done ({' then '.join(order)})", flush=True)
+    print(f"{'combination':44} {'moebench µs':>12} {'nvbench µs':>11} {'ratio':>6}  nvbench samples")
+    for name, v in rows.items():
+        ours = statistics.median(v["moebench_us"])
+        means = [g["time/gpu/mean"] * 1e6 for g in v["nvbench"] if "time/gpu/mean" in g]
+        theirs = statistics.median(means) if means else float("nan")
+        n = [int(g.get("sample_size", 0)) for g in v["nvbench"]]
+        v.update(moebench_median_us=ours, nvbench_mean_us=theirs, ratio=ours / theirs)
+        print(f"{name:44} {ours:12.1f} {theirs:11.1f} {ours / theirs:6.3f}  {n}")
+    if args.json:
+        device = torch.cuda.get_device_name()
+        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
