@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from moebench.report.clock_verdict import CLOCK_COLUMN, bounds, clock_verdict
 from moebench.report.columns import (
     MEMORY_COLUMNS,
     PAIR_LATENCY_COLUMNS,
@@ -67,6 +68,7 @@ SIDE_COLUMNS = list(
             "analytic_peak_bytes",
             *MEMORY_COLUMNS,
             *PHASE_COLUMNS,
+            *schema.names("clock"),
         ]
     )
 )
@@ -259,6 +261,10 @@ def compare_pairs(
     b = base.iloc[bi][SIDE_COLUMNS].reset_index(drop=True).add_prefix("base_")
     c = cand.iloc[ci][SIDE_COLUMNS].reset_index(drop=True).add_prefix("cand_")
     matched = pd.concat([ident, c, b], axis=1)
+    # compute-bound or not, per candidate row: only where a clock may need normalising
+    clocked = CLOCK_COLUMN in cand.columns and pd.to_numeric(cand[CLOCK_COLUMN], errors="coerce").notna().any()
+    bound_of = bounds(cand) if clocked else []
+    judge = lambda b, c: latency_verdict(b, c, threshold, alpha, min_samples)[0]
     out, resampled = [], []
     for n, row in enumerate(matched.to_dict("records")):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
@@ -267,6 +273,9 @@ def compare_pairs(
             v = Verdict.CANNOT_RUN
         where = {k: row.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")}
         v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
+        bound = bound_of[ci[n]] if bound_of else (False, "")
+        v, clock_why, clock_check = clock_verdict(v, side["base"], side["cand"], threshold, judge, bound)
+        why = why or clock_why
         boot = (
             bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) if np.isfinite(r) else np.empty(0)
         )
@@ -288,6 +297,7 @@ def compare_pairs(
                 significant=sig,
                 verdict=v,
                 no_verdict_why=why,
+                clock_check=clock_check,
                 mem_ratio=mr,
                 mem_verdict=mv,
                 dev_ratio=dr,
@@ -304,6 +314,7 @@ def compare_pairs(
             "significant",
             "verdict",
             "no_verdict_why",
+            "clock_check",
             "mem_ratio",
             "mem_verdict",
             "dev_ratio",

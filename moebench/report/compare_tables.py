@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from moebench.report.clock_verdict import CLOCK_COLUMN
 from moebench.report.columns import (
     MEMORY_COLUMNS,
     PAIR_LATENCY_COLUMNS,
@@ -75,6 +76,12 @@ def _side(row: dict, side: str) -> str:
     return f"{cell} {mark}" if mark else cell
 
 
+def _clock_cell(row) -> str:
+    """'1944 → 1800': each side's median SM clock (MHz), '-' where a side has none."""
+    b, c = (row[f"{s}_{CLOCK_COLUMN}"] for s in ("base", "cand"))
+    return " → ".join(f"{x:.0f}" if np.isfinite(x) else "-" for x in (b, c))
+
+
 def _side_cell(side: str, fmt: Callable[[Any, str], str]) -> Callable[[Any], str]:
     """A cell formatter of one side ("base" | "cand") of a pair: `fmt(row, side)`."""
 
@@ -112,6 +119,9 @@ def latency_pairs(cmp: Comparison) -> Table:
     data["verdict"] = m["verdict"]
     data["flags"] = pair_flags(m)
     data["base_combo_key"], data["cand_combo_key"] = m["base_combo_key"], m["cand_combo_key"]
+    for side in ("base", "cand"):  # each side's median SM clock (report/clock_verdict.py)
+        data[f"{side}_{CLOCK_COLUMN}"] = pd.to_numeric(m.get(f"{side}_{CLOCK_COLUMN}"), errors="coerce")
+    clocked = bool(len(data)) and data[[f"base_{CLOCK_COLUMN}", f"cand_{CLOCK_COLUMN}"]].notna().any().any()
     timing_varies = pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]).map(fmt_value).nunique() > 1
     cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]
     cols += [Column(c, value_cell(c)) for c in shown]
@@ -121,6 +131,7 @@ def latency_pairs(cmp: Comparison) -> Table:
     cols += [
         Column(f"{cmp.baseline_name} µs", lambda r: _side(r, "base"), "r"),
         Column(f"{cmp.candidate_name} µs", lambda r: _side(r, "cand"), "r"),
+        *([Column("SM MHz", _clock_cell, "r")] if clocked else []),
         Column(
             "change [95 % CI]",
             lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100, 1 + r["ci_hi_pct"] / 100),

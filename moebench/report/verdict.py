@@ -16,10 +16,12 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from moebench.report.clock_verdict import NOT_RECORDED
 from moebench.report.columns import COMBINATION_COLUMNS, PER_ROW_COLUMNS, fmt_value
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
 from moebench.report.envinfo import comparable_summary, environment_check
+from moebench.report.flags import CPU
 from moebench.report.table import md_text
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 
@@ -104,9 +106,13 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
             f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides (threshold ×{cmp.threshold:g}){tail}"
         )
     lines = [head]
-    for tag, what_kind in ((Verdict.HOST, "a side's latency is host time"), (Verdict.CPU, "CPU time on both sides")):
+    for tag, what_kind in (
+        (Verdict.HOST, "a side's latency is host time"),
+        (Verdict.CPU, "CPU time on both sides"),
+        (Verdict.CLOCK, "the sides' GPU clocks differ"),
+    ):
         apart = m[m["verdict"] == tag]
-        if len(apart) and (tag == Verdict.HOST or len(ok)):
+        if len(apart) and (tag != Verdict.CPU or len(ok)):
             shown = ", ".join(names.loc[i] for i in apart.index[:LIMIT])
             more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
             lines.append(
@@ -155,6 +161,8 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     else:
         lines.append("- memory: not measured")
     lines.append("- " + environment_line(cmp))
+    if clocks := clock_line(cmp):
+        lines.append("- " + clocks)
     if len(cmp.only_baseline) or len(cmp.only_candidate):
         lines.append(
             f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
@@ -173,6 +181,30 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     if quality:
         lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section")
     return lines
+
+
+def clock_line(cmp: Comparison) -> str:
+    """Whether the two sides ran at the same SM clock (report/clock_verdict.py): how many pairs
+    matched, differed (with the verdict kept by normalising or not) or lack a clock; "" without
+    pairs ok on both sides."""
+    m = cmp.comparable
+    if "device" in m.columns:  # CPU rows have no clock to speak of
+        m = m[m["device"].astype(str) != CPU]
+    if not len(m) or "clock_check" not in m.columns:
+        return ""
+    check = m["clock_check"].fillna("").astype(str)
+    differ = int((m["verdict"] == Verdict.CLOCK).sum())
+    survived = int(check.str.contains("survives normalising").sum())
+    matched = int(check.str.startswith("clocks matched").sum())
+    missing = int((check == NOT_RECORDED).sum())
+    if missing == len(m):
+        return f"clocks: {NOT_RECORDED} (a side's rows have no SM clock: verdicts as before clocks were read)"
+    parts = [f"matched in {matched} row(s)"] if matched else []
+    if differ or survived:
+        parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound)")
+    if missing:
+        parts.append(f"{NOT_RECORDED} in {missing}")
+    return "clocks (median SM clock of each side): " + ", ".join(parts)
 
 
 def environment_line(cmp: Comparison) -> str:

@@ -65,6 +65,7 @@ class Verdict(str, enum.Enum):
     SIMILAR = "~"  # ok on both sides, no change called
     HOST = "host"  # ok on both sides, a side's latency is host time: no verdict
     CPU = "cpu"  # ok on both sides, CPU time on both: no verdict unless --cpu-verdict
+    CLOCK = "clock differs"  # ok on both sides, their GPU clocks differ: no verdict (report/clock_verdict.py)
     NEITHER_OK = "n/a"  # ok on neither side
     # ok in the baseline; the candidate's combination breaks a rule of the plan
     # (config/validity.py), whatever the machine: it can never run that way, so no verdict
@@ -75,7 +76,7 @@ class Verdict(str, enum.Enum):
 
 
 CHANGED_VERDICTS = (Verdict.BROKEN, Verdict.SLOWER, Verdict.SKIPPED, Verdict.FASTER, Verdict.FIXED)
-NO_VERDICT = (Verdict.HOST, Verdict.CPU)  # ok on both sides, but a figure no verdict may rest on
+NO_VERDICT = (Verdict.HOST, Verdict.CPU, Verdict.CLOCK)  # ok on both sides, but a figure no verdict may rest on
 
 # how the ranks' values make the row's (`Column.combine`)
 SAME = "same"  # the combination's, equal on every rank

@@ -1,0 +1,107 @@
+"""A comparison never credits a change with what the GPU's clock did (docs/design.md, "Reports,
+comparisons and tuning": clock in the verdict).
+
+Each side's median SM clock (`sm_clock_mhz_median`, measure/clock.py) is compared first. Where
+the two differ by more than CLOCK_TOLERANCE (2 %) or a third of the threshold's margin,
+whichever is smaller, the pair's verdict is `clock differs` (Verdict.CLOCK), listed apart like
+host-time pairs, unless the row is compute-bound and its verdict is the same once the
+candidate's latency is scaled by the clocks' ratio (a compute-bound kernel's time goes as
+1 / clock; a memory-bound one's does not, so no scaling is claimed for it). Compute-bound: the
+roofline's arithmetic intensity (expert FLOPs over expert bytes) above the ridge of the row's
+GPU ceilings (GEMM peak over copy bandwidth, report/roofline.py). A side without a clock
+(rows from before the column, the CPU) keeps today's verdict, with the note "clock not recorded".
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from moebench.report.roofline import add_floor
+from moebench.results.row import Verdict
+
+CLOCK_TOLERANCE = 0.02  # sides whose median clocks differ by more than this get no plain verdict
+CLOCK_COLUMN = "sm_clock_mhz_median"
+NOT_RECORDED = "clock not recorded"
+# the latency figures scaled by the clocks' ratio when a compute-bound pair is normalised
+_SCALED = ("latency_us_median", "latency_us_p20", "latency_us_p80")
+
+
+def clock_tolerance(threshold: float) -> float:
+    """The clocks' relative difference a pair may carry and keep its verdict: 2 %, or a third
+    of the threshold's margin where that is smaller (×1.05: 1.67 %)."""
+    return min(CLOCK_TOLERANCE, (threshold - 1.0) / 3.0)
+
+
+def _finite(x) -> bool:
+    try:
+        return bool(np.isfinite(float(x))) and float(x) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def bounds(df: pd.DataFrame) -> list[tuple[bool, str]]:
+    """Per row of `df` (a run's rows): (compute-bound, why), from the roofline (module doc)."""
+    need = ("gpu", "quant", "expert_flops", "expert_bytes")
+    if not len(df) or any(c not in df.columns for c in need):
+        return [(False, "no roofline inputs: not treated as compute-bound")] * len(df)
+    rows = df.copy()
+    if "experts_us" not in rows.columns:
+        rows["experts_us"] = np.nan
+    for c in ("expert_flops", "expert_bytes", "experts_us"):
+        rows[c] = pd.to_numeric(rows[c], errors="coerce").astype(float)
+    floor = add_floor(rows)
+    out = []
+    for (_, r), (_, f) in zip(rows.iterrows(), floor.iterrows(), strict=True):
+        if not f["bound"]:
+            out.append((False, "no ceiling measured for its GPU: not treated as compute-bound"))
+            continue
+        ai = r["expert_flops"] / r["expert_bytes"]
+        ridge = f["hbm_floor_us"] / f["flop_floor_us"] * ai  # peak FLOP/s over copy bytes/s
+        word = "compute" if f["bound"] == "compute" else "memory"
+        out.append(
+            (word == "compute", f"{word}-bound: {ai:.0f} FLOP/B against the ridge {ridge:.0f} ({f['ceilings_file']})")
+        )
+    return out
+
+
+def clock_verdict(
+    verdict: Verdict,
+    base: dict,
+    cand: dict,
+    threshold: float,
+    judge: Callable[[dict, dict], Verdict],
+    bound: tuple[bool, str] = (False, ""),
+) -> tuple[Verdict, str, str]:
+    """(verdict, why it is none, note) for a pair already given `verdict`: Verdict.CLOCK where the
+    clocks differ past clock_tolerance and the change does not survive normalising (module doc);
+    `judge(base, cand)` re-judges the normalised pair. The note says what was done: the clocks
+    matched, a side's clock not recorded, or the verdict survived normalising."""
+    if verdict not in (Verdict.SLOWER, Verdict.FASTER, Verdict.SIMILAR):
+        return verdict, "", ""
+    cb, cc = base.get(CLOCK_COLUMN), cand.get(CLOCK_COLUMN)
+    if not (_finite(cb) and _finite(cc)):
+        return verdict, "", NOT_RECORDED
+    ratio = float(cc) / float(cb)
+    tol = clock_tolerance(threshold)
+    clocks = f"median SM clock {float(cb):.0f} → {float(cc):.0f} MHz (×{ratio:.3f})"
+    if abs(ratio - 1.0) <= tol:
+        return verdict, "", f"clocks matched: {clocks}"
+    compute, why_bound = bound
+    if compute:
+        scaled = dict(cand)
+        for k in _SCALED:
+            scaled[k] = float(cand[k]) * ratio  # the candidate at the baseline's clock
+        samples = cand.get("samples_us")
+        if samples is not None and len(samples):
+            scaled["samples_us"] = [float(x) * ratio for x in samples]
+        if judge(base, scaled) == verdict:
+            return verdict, "", f"{clocks}, beyond {tol:.1%}; the verdict survives normalising ({why_bound})"
+    why = f"{clocks}, beyond {tol:.1%}" + (
+        f"; normalised by the clocks the verdict changes ({why_bound})"
+        if compute
+        else f"; not normalised ({why_bound or 'not compute-bound'})"
+    )
+    return Verdict.CLOCK, why, ""

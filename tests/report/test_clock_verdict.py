@@ -1,0 +1,88 @@
+"""A comparison never credits a change with the GPU's clock (report/clock_verdict.py): synthetic
+pairs whose latencies differ by 8 % exactly as their median SM clocks do read "clock differs"
+where compute-bound, and the same 8 % at equal clocks reads "slower"."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench.report.clock_verdict import clock_tolerance
+from moebench.report.compare import compare_runs
+from moebench.report.verdict import verdict_lines
+from moebench.results.row import NO_VERDICT, Verdict
+from moebench.results.synthetic import make_row
+
+GPU = "NVIDIA H200"  # results/ceilings/nvidia-h200: bf16 ridge ~163 FLOP/B
+COMPUTE = dict(expert_flops=1e12, expert_bytes=1e9)  # 1000 FLOP/B: compute-bound
+MEMORY = dict(expert_flops=1e9, expert_bytes=1e9)  # 1 FLOP/B: memory-bound
+
+
+def _row(tokens: int, median: float, mhz: float | None, bound: dict, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    samples = median * (1 + 0.002 * rng.standard_normal(30))
+    extra = {"sm_clock_mhz_median": mhz} if mhz is not None else {}
+    return make_row(
+        "local", "triton", "finalize", "none", "bf16", tokens, samples_us=samples, gpu=GPU, **bound, **extra
+    )
+
+
+def _compare(base_rows: list[dict], cand_rows: list[dict]):
+    return compare_runs(pd.DataFrame(base_rows), pd.DataFrame(cand_rows))
+
+
+def test_eight_percent_slower_at_an_eight_percent_lower_clock_is_the_clock_where_compute_bound():
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0)]
+    cand = [_row(256, 1080.0, 1800.0, COMPUTE, 1)]  # 1944 / 1800 = 1.08
+    r = _compare(base, cand).matched.iloc[0]
+    assert r["verdict"] == Verdict.CLOCK and Verdict.CLOCK in NO_VERDICT
+    assert "1944 → 1800 MHz" in r["no_verdict_why"] and "compute-bound" in r["no_verdict_why"]
+
+
+def test_the_same_eight_percent_at_equal_clocks_is_slower():
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0)]
+    cand = [_row(256, 1080.0, 1944.0, COMPUTE, 1)]
+    r = _compare(base, cand).matched.iloc[0]
+    assert r["verdict"] == Verdict.SLOWER and r["clock_check"].startswith("clocks matched")
+
+
+def test_a_change_that_survives_normalising_keeps_its_verdict_and_a_memory_bound_one_does_not():
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0), _row(1024, 1000.0, 1944.0, MEMORY, 2)]
+    # 20 % slower at an 8 % lower clock: 1.2 / 1.08 = 1.11 at equal clocks, still slower
+    cand = [_row(256, 1200.0, 1800.0, COMPUTE, 1), _row(1024, 1200.0, 1800.0, MEMORY, 3)]
+    m = _compare(base, cand).matched.set_index("tokens_per_rank")
+    assert m.loc[256, "verdict"] == Verdict.SLOWER and "survives normalising" in m.loc[256, "clock_check"]
+    # memory-bound: its time does not go as 1 / clock, so nothing is normalised
+    assert m.loc[1024, "verdict"] == Verdict.CLOCK and "memory-bound" in m.loc[1024, "no_verdict_why"]
+
+
+def test_a_side_without_clock_columns_keeps_todays_verdict_and_says_so():
+    base = [_row(256, 1000.0, None, COMPUTE, 0)]  # an older run: no clock recorded
+    cand = [_row(256, 1080.0, 1800.0, COMPUTE, 1)]
+    cmp = _compare(base, cand)
+    r = cmp.matched.iloc[0]
+    assert r["verdict"] == Verdict.SLOWER and r["clock_check"] == "clock not recorded"
+    lines = verdict_lines(cmp, 1, [])
+    assert sum("clock not recorded" in x for x in lines) == 1
+
+
+def test_the_verdict_lists_clock_pairs_apart_and_says_whether_the_clocks_matched():
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0), _row(1024, 1000.0, 1944.0, COMPUTE, 2)]
+    cand = [_row(256, 1080.0, 1800.0, COMPUTE, 1), _row(1024, 1000.0, 1950.0, COMPUTE, 3)]
+    cmp = _compare(base, cand)
+    lines = verdict_lines(cmp, 0, [])
+    apart = [x for x in lines if "the sides' GPU clocks differ" in x]
+    assert len(apart) == 1 and "1 row(s)" in apart[0]
+    clocks = [x for x in lines if x.startswith("- clocks")]
+    assert clocks == [
+        "- clocks (median SM clock of each side): matched in 1 row(s), "
+        "differ in 1 (0 kept their verdict normalised as compute-bound)"
+    ]
+    # a clock pair carries no weight in the geometric mean: only the matched-clock row does
+    assert len(cmp.judged) == 1
+
+
+@pytest.mark.parametrize("threshold, tol", [(1.05, 0.05 / 3), (1.10, 0.02), (1.03, 0.01)])
+def test_the_clock_tolerance_is_two_percent_or_a_third_of_the_margin(threshold, tol):
+    assert clock_tolerance(threshold) == pytest.approx(tol)
