@@ -19,14 +19,16 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from moebench.report.columns import ROOFLINE_COLUMNS
 from moebench.report.roofline import add_floor
+from moebench.results import row as schema
 from moebench.results.row import Verdict
 
 CLOCK_TOLERANCE = 0.02  # sides whose median clocks differ by more than this get no plain verdict
 CLOCK_COLUMN = "sm_clock_mhz_median"
 NOT_RECORDED = "clock not recorded"
 # the latency figures scaled by the clocks' ratio when a compute-bound pair is normalised
-_SCALED = ("latency_us_median", "latency_us_p20", "latency_us_p80")
+_SCALED = schema.names(group="latency", dtype="float")  # median, p20, p80
 
 
 def clock_tolerance(threshold: float) -> float:
@@ -35,23 +37,22 @@ def clock_tolerance(threshold: float) -> float:
     return min(CLOCK_TOLERANCE, (threshold - 1.0) / 3.0)
 
 
-def _finite(x) -> bool:
+def _mhz(x) -> float:
+    """A side's median clock (MHz) as a float; NaN where it is missing or not positive."""
     try:
-        return bool(np.isfinite(float(x))) and float(x) > 0
+        v = float(x)
     except (TypeError, ValueError):
-        return False
+        return float("nan")
+    return v if v > 0 else float("nan")
 
 
 def bounds(df: pd.DataFrame) -> list[tuple[bool, str]]:
     """Per row of `df` (a run's rows): (compute-bound, why), from the roofline (module doc)."""
-    need = ("gpu", "quant", "expert_flops", "expert_bytes")
-    if not len(df) or any(c not in df.columns for c in need):
+    if not len(df) or "gpu" not in df.columns or "quant" not in df.columns:
         return [(False, "no roofline inputs: not treated as compute-bound")] * len(df)
     rows = df.copy()
-    if "experts_us" not in rows.columns:
-        rows["experts_us"] = np.nan
-    for c in ("expert_flops", "expert_bytes", "experts_us"):
-        rows[c] = pd.to_numeric(rows[c], errors="coerce").astype(float)
+    for c in ROOFLINE_COLUMNS:  # experts_us, expert_flops, expert_bytes
+        rows[c] = pd.to_numeric(rows[c], errors="coerce").astype(float) if c in rows.columns else np.nan
     floor = add_floor(rows)
     out = []
     for (_, r), (_, f) in zip(rows.iterrows(), floor.iterrows(), strict=True):
@@ -81,12 +82,12 @@ def clock_verdict(
     matched, a side's clock not recorded, or the verdict survived normalising."""
     if verdict not in (Verdict.SLOWER, Verdict.FASTER, Verdict.SIMILAR):
         return verdict, "", ""
-    cb, cc = base.get(CLOCK_COLUMN), cand.get(CLOCK_COLUMN)
-    if not (_finite(cb) and _finite(cc)):
+    cb, cc = _mhz(base.get(CLOCK_COLUMN)), _mhz(cand.get(CLOCK_COLUMN))
+    if not (np.isfinite(cb) and np.isfinite(cc)):
         return verdict, "", NOT_RECORDED
-    ratio = float(cc) / float(cb)
+    ratio = cc / cb
     tol = clock_tolerance(threshold)
-    clocks = f"median SM clock {float(cb):.0f} → {float(cc):.0f} MHz (×{ratio:.3f})"
+    clocks = f"median SM clock {cb:.0f} → {cc:.0f} MHz (×{ratio:.3f})"
     if abs(ratio - 1.0) <= tol:
         return verdict, "", f"clocks matched: {clocks}"
     compute, why_bound = bound
