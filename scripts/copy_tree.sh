@@ -21,6 +21,8 @@ case "$1" in
     /*) action=(copy "$1") ;;
     *) action=(copy "$PWD/$1") ;;
 esac
+# no optional locks (as moebench/run/treestate.py): a `git commit` in the checkout meanwhile must not fail
+export GIT_OPTIONAL_LOCKS=0
 repo="$(git rev-parse --show-toplevel 2>/dev/null)" || {
     echo "copy_tree.sh: $(pwd) is not in a git checkout" >&2; exit 2; }
 # this script's own moebench does the hashing (standard library only: no torch needed); run

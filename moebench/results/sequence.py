@@ -13,7 +13,8 @@ never goes back: the first number a process takes is past both the file's and th
 `write_seq` stored (a counter lost, cut short or copied without the rows keeps counting from
 the rows), so a resume, a compaction (which keeps each row's `write_seq`) or a folder moved
 between machines continues the order. On NFS the flock relies on the server's lock support,
-as the run lock does."""
+as the run lock does. The numbers order the rows of one folder: row files of several folders
+read together (`load_files`) are ordered by numbers of different counters."""
 
 from __future__ import annotations
 
