@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from moebench.config import hf, names, paths
@@ -74,8 +74,8 @@ def _group_node(group: str, option: str):
     path = paths.conf_dir() / group / f"{option}.yaml"
     if path.exists():
         node = OmegaConf.load(path)
-        if group == "model" and "hf_config" in node:  # a built-in card of a public config (config/hf.py)
-            return OmegaConf.create(hf.card_node(str(node["name"]), paths.hf_configs_dir() / str(node["hf_config"])))
+        if group == "model" and isinstance(node, DictConfig) and "hf_config" in node:  # a card of a public config
+            return OmegaConf.create(hf.card_node(str(node.name), paths.hf_configs_dir() / str(node.hf_config)))
         return node
     if option in _registered(group):  # an entry registered from outside: its knobs are its config
         return OmegaConf.create({"name": option})
