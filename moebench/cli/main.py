@@ -68,9 +68,8 @@ def _main(args) -> int:
         return 2
     except KeyboardInterrupt as e:
         # a sweep's second Ctrl-C (moebench/run/sweep.py Aborted) says what became of the work; one line
-        if args.cmd not in ("report", "compare", "list", "ab", "sweep", "run"):
-            raise
-        print(f"moebench {args.cmd}: {e or 'interrupted'}", file=sys.stderr)
+        # for every command (a Ctrl-C while a plugin imports included)
+        print(f"moebench {args.cmd}: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
     except _Terminated:
         print(

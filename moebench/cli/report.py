@@ -9,6 +9,7 @@ exits 2 for both); a single run's report exits 0.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -181,6 +182,21 @@ def compare_command(
     return _finish(doc, write(doc, where, fmt), fmt)
 
 
+def _without_plugins(command):
+    """A command that reads stored rows (which name their entries) and imports no plugin: a broken
+    or hanging one cannot stop it (docs/design.md, "Plugins")."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        from moebench.kernels.registry import without_plugins
+
+        with without_plugins():
+            return command(args)
+
+    return run
+
+
+@_without_plugins
 def report_args(args) -> int:
     """`moebench report` from its parsed arguments (`--capacity`: report/capacity.py)."""
     if args.capacity:
@@ -196,6 +212,7 @@ def report_args(args) -> int:
     )
 
 
+@_without_plugins
 def compare_args(args) -> int:
     """`moebench compare` from its parsed arguments."""
     return compare_command(

@@ -12,8 +12,10 @@ register theirs as plugins (docs/plugins.md): an entry point of the group
 the same way without an installed distribution (a plugin under development, the tests'
 fault-injection experts).
 
-A plugin's entries are staged while its module imports and committed only when all of
-them are sound: the module declares the contract version this build implements
+A plugin's module imports in a daemon thread within MOEBENCH_PLUGIN_TIMEOUT_S (plugin.py
+`import_within`): one still importing then is disabled and abandoned, and the command goes on.
+Its entries are staged while its module imports and committed only when all of them are
+sound: the module declares the contract version this build implements
 (`MOEBENCH_CONTRACT`, kernels/__init__.py), imports without an error, and registers no
 name or knob that clashes with another entry. Otherwise the whole plugin is disabled with
 its reason (`PLUGINS`), its entries stay out of the tables, and everything else runs.
@@ -29,10 +31,13 @@ import inspect
 import os
 import pkgutil
 import sys
+import threading
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, cast, overload
 
 from .entry import BackendCard, EntryCard, ExpertsCard
-from .plugin import PLUGIN_MODULES_VAR, Plugin, contract_problem
+from .plugin import PLUGIN_MODULES_VAR, Plugin, contract_problem, import_within, timed_out_earlier
+from .plugin import timeout_s as plugin_timeout_s
 
 if TYPE_CHECKING:  # the implementations' bases import torch: planning imports none of them
     from .interfaces import Experts, PrepareFinalize
@@ -46,8 +51,9 @@ CARDS: dict[tuple[str, str], type[EntryCard]] = {}  # (kind, name) -> the card o
 PLUGINS: list["Plugin"] = []  # every plugin discover() found, loaded or disabled
 DISABLED: dict[tuple[str, str], "Plugin"] = {}  # (kind, name) of a disabled plugin's entries
 _OWNER: dict[tuple[str, str], "Plugin"] = {}  # (kind, name) -> the plugin that registered it
-_loading: Optional["Plugin"] = None  # the plugin whose module is importing: its decorators stage
+_stage = threading.local()  # .plugin: the plugin whose module this thread imports (its decorators stage)
 _discovered = False
+_plugins_off = 0  # inside without_plugins(): discover() reads moebench's own cards only
 _cards_loaded = False
 _generation = 0  # bumped whenever a table changes (what the harness caches from them: generation())
 
@@ -108,8 +114,9 @@ def _add(kind: str, name: str, cls, plugin: Optional[Plugin] = None) -> None:
 
 def _register(kind: str, name: str):
     def deco(cls):
-        if _loading is not None and not cls.__module__.startswith(__package__ + "."):
-            _loading.staged.append((kind, name, cls))  # committed once the plugin's import ends
+        loading = getattr(_stage, "plugin", None)
+        if loading is not None and not cls.__module__.startswith(__package__ + "."):
+            loading.staged.append((kind, name, cls))  # committed once the plugin's import ends
             return cls
         if is_builtin(cls) and not _is_card_module(cls.__module__):
             _implement(kind, name, cls)
@@ -223,18 +230,15 @@ def disable(p: Plugin, reason: str) -> None:
         _disable(p, reason)
 
 
-def _load(p: Plugin, load: Callable[[], Any]) -> None:
-    global _loading
+def _load(p: Plugin, load: Callable[[], Any], seconds: Optional[float] = None) -> None:
+    seconds = plugin_timeout_s() if seconds is None else seconds
     PLUGINS.append(p)
     before = set(sys.modules)
-    _loading = p
-    try:
-        load()
-    except (Exception, SystemExit) as e:  # noqa: BLE001 (a broken plugin must not break the harness: disabled, with why)
-        _disable(p, f"import failed: {type(e).__name__}: {e}")
+    # a broken or hung plugin must not break the harness; one the starting process gave up on is not waited for again
+    why = timed_out_earlier(p.module, seconds) or import_within(p, load, seconds, _stage)
+    if why:
+        _disable(p, why)
         return
-    finally:
-        _loading = None
     if not p.staged and p.module in before:  # imported before discover(): adopt its entries
         for kind, name, cls in list(_active()):
             mod = cls.__module__
@@ -271,8 +275,11 @@ def discover() -> None:
     global _discovered
     if _discovered:
         return
-    _discovered = True
     _load_cards()
+    if _plugins_off:
+        return
+    seconds = plugin_timeout_s()
+    _discovered = True
     for ep in _entry_points():
         dist = getattr(ep, "dist", None)
         p = Plugin(
@@ -281,9 +288,21 @@ def discover() -> None:
             dist=getattr(dist, "name", "") or "",
             version=getattr(dist, "version", "") or "",
         )
-        _load(p, ep.load)
+        _load(p, ep.load, seconds)
     for name in filter(None, os.environ.get(PLUGIN_MODULES_VAR, "").split(os.pathsep)):
-        _load(Plugin(name=name, module=name), functools.partial(importlib.import_module, name))
+        _load(Plugin(name=name, module=name), functools.partial(importlib.import_module, name), seconds)
+
+
+@contextmanager
+def without_plugins() -> Iterator[None]:
+    """Inside it, discover() reads moebench's own cards and imports no plugin: for commands that need
+    none (report, compare), whose rows already name their entries, so a broken plugin cannot stop them."""
+    global _plugins_off
+    _plugins_off += 1
+    try:
+        yield
+    finally:
+        _plugins_off -= 1
 
 
 def plugins() -> list[Plugin]:
@@ -371,9 +390,11 @@ def entry(kind: str, name: str) -> type[EntryCard]:
     discover()
     table = _table(kind)
     if name not in table:
+        # a plugin disabled before it registered anything (its import failed or timed out) may be the one
+        why = [unavailable(kind, name)] if (kind, name) in DISABLED else []
+        why = why or [f"{p.who} is disabled: {p.reason}" for p in PLUGINS if p.status == "disabled" and not p.entries]
         raise ValueError(
-            f"unknown {kind} {name!r}; registered: {sorted(table)}"
-            + (f" ({unavailable(kind, name)})" if (kind, name) in DISABLED else "")
+            f"unknown {kind} {name!r}; registered: {sorted(table)}" + (f" ({'; '.join(why)})" if why else "")
         )
     return table[name]
 

@@ -73,9 +73,10 @@ def git_info() -> dict:
     return tree_state(REPO_ROOT, os.environ.get("MOEBENCH_GIT_SHA")).fields()
 
 
-def fingerprint() -> dict:
+def fingerprint(with_plugins: bool = True) -> dict:
     """moebench's version, GPU, driver, CUDA, NCCL, torch, triton, library versions, clocks, env
-    vars, git."""
+    vars, git; and the plugins (imported here, each within MOEBENCH_PLUGIN_TIMEOUT_S) unless not
+    `with_plugins`."""
     import torch
 
     info: dict = {
@@ -120,7 +121,8 @@ def fingerprint() -> dict:
     info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
     info.update(git_info())
     info.update(profiler_info())
-    info["plugins"] = plugin_info()
+    if with_plugins:
+        info["plugins"] = plugin_info()
     return info
 
 
@@ -230,15 +232,29 @@ def usable_entries(device: str, world_size: int) -> list[dict]:
 
 
 def env_command(as_json: bool) -> int:
-    info = fingerprint()
+    """`moebench env`: the machine and its libraries first (no plugin imported for them), then the
+    plugins and which entries are usable here."""
+    info = fingerprint(with_plugins=False)
+    if as_json:
+        info["plugins"] = plugin_info()
+        entries = _entries(info)
+        print(json.dumps({"env": info, "env_id": env_id(info), "entries": entries}, indent=2, default=str))
+        return 0
+    _print_machine(info)
+    info["plugins"] = plugin_info()  # a hanging plugin: disabled after its deadline, said below
+    _print_plugins(info, _entries(info))
+    return 0
+
+
+def _entries(info: dict) -> list[dict]:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ws = max(2, info["gpu_count"]) if device == "cuda" else 2
-    entries = usable_entries(device, min(ws, info["gpu_count"]) if device == "cuda" else 2)
-    if as_json:
-        print(json.dumps({"env": info, "env_id": env_id(info), "entries": entries}, indent=2, default=str))
-        return 0
+    return usable_entries(device, min(ws, info["gpu_count"]) if device == "cuda" else 2)
+
+
+def _print_machine(info: dict) -> None:
     print(f"moebench  {info['moebench']}")
     print(
         f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}  "
@@ -272,7 +288,10 @@ def env_command(as_json: bool) -> int:
         "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)",
     }
     print(f"  nvtx ranges   {api + ' (' + recorded.get(api, '') + ')' if api else 'none: no CUDA and no nvtx package'}")
-    print()
+    print(flush=True)
+
+
+def _print_plugins(info: dict, entries: list[dict]) -> None:
     print(f"plugins (contract {CONTRACT_VERSION}; docs/plugins.md):" + ("" if info["plugins"] else " none"))
     for p in info["plugins"]:
         where = f"{p['dist']} {p['version']}" if p["dist"] else f"module {p['module']}"
@@ -280,9 +299,8 @@ def env_command(as_json: bool) -> int:
         contract = "?" if p["contract"] is None else p["contract"]  # unknown when the import failed
         print(f"  {p['name']:<13} {where}  contract {contract}  {status}")
     print()
-    print(f"entries on this machine (device={device}):")
+    print(f"entries on this machine (device={'cuda' if info['gpu_count'] else 'cpu'}):")
     for e in entries:
         status = "usable" if not e["reason"] else f"not usable: {e['reason']}"
         where = f"  [{e['origin']}]" if e["origin"] not in ("moebench", "") else ""
         print(f"  {e['kind']:<8} {e['name']:<20} {e['layout']:<9} {status}{where}")
-    return 0

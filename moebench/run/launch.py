@@ -124,6 +124,7 @@ class _GroupState:
         self.failure: Optional[Failure] = None
         self.failure_idx: Optional[int] = None  # which combination the error came from
         self.polls = 0
+        self.started: set[int] = set()  # combinations some rank has started (the first: start-up is over)
         self.seen_dead: dict[int, int] = {}  # rank -> the poll its death was first seen at
         self.dead_before_failure: Optional[set] = None  # ranks seen dead before the first error came
 
@@ -135,7 +136,9 @@ class _GroupState:
                 self.seen_dead[r] = self.polls
 
     def take(self, msg) -> None:
-        if isinstance(msg, Result):
+        if isinstance(msg, Started):
+            self.started.add(msg.idx)
+        elif isinstance(msg, Result):
             self.fins[msg.idx].results.setdefault(msg.tokens, {})[msg.rank] = msg.result
         elif isinstance(msg, Done):
             self.done.setdefault(msg.idx, set()).add(msg.rank)
@@ -353,10 +356,11 @@ class Launcher:
         fin = st.fins[bad]
         # the token count in flight: the first without every rank's result
         at = next((t for t in fin.tokens if len(fin.results.get(t, {})) < st.ws), None)
+        timeout_s = work[st.current][0].combo.timeout_s
+        # no rank began the group's first combination: its start-up hung (imports, plugins, init)
+        startup_s = STARTUP_S + timeout_s if bad == 0 and not st.started else 0.0
         fin.failure = decide(
-            Observed(
-                error=st.failure, deaths=_dead(procs, st), tokens=at, timeout_s=work[st.current][0].combo.timeout_s
-            )
+            Observed(error=st.failure, deaths=_dead(procs, st), tokens=at, timeout_s=timeout_s, startup_s=startup_s)
         )
         _kill(procs)
         self.on_finished(fin)

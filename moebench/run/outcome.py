@@ -13,7 +13,8 @@ The policy (docs/design.md, "Isolation and resume"):
 - a rank's own error is the row's: `oom` when an allocator's (is_oom), else `failed`;
   where the engine cannot see its ranks' exits (torchrun, SLURM) an error that says a peer
   went away (peer_lost) is `lost:`;
-- nothing reported and nothing dead: `timeout` past the combination's runner.timeout_s.
+- nothing reported and nothing dead: `timeout` past the combination's runner.timeout_s, or
+  past the start-up allowance when no rank began (a hang in imports or a plugin's import).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from moebench.kernels.plugin import PLUGIN_TIMEOUT_VAR
 from moebench.results.rank_result import Failure
 from moebench.results.row import Status
 from moebench.results.store import LOST
@@ -90,6 +92,7 @@ class Observed:
     deaths: tuple[Death, ...] = ()  # ranks that ended without reporting and caused it, to name in order
     tokens: Optional[int] = None  # the token count in flight
     timeout_s: float = 0.0  # the combination's runner.timeout_s: the reason when nothing else went wrong
+    startup_s: float = 0.0  # no rank had started the combination: the start-up allowance that passed
     group_end: str = "killed"  # what the engine did to the group at its timeout ("killed", "ended")
     sees_exits: bool = True  # the engine sees every rank's exit (else a peer's loss makes a `lost:` row)
     not_formed: str = ""  # the start-up deadline passed: why the group did not form (LOST's text)
@@ -114,6 +117,14 @@ def decide(seen: Observed) -> Failure:
             # a peer rank or its node went away: not the combination's doing (resume retries it)
             return Failure(Status.FAILED, f"{LOST}{err.reason}", err.tokens)
         return err
+    if seen.startup_s:
+        return Failure(
+            Status.TIMEOUT,
+            f"start-up: no rank started within {seen.startup_s:g} s (process start, imports, the plugins' "
+            f"imports, each bounded by {PLUGIN_TIMEOUT_VAR}, process-group init): the process group was "
+            f"{seen.group_end}",
+            seen.tokens,
+        )
     return Failure(
         Status.TIMEOUT, f"no result within {seen.timeout_s:g} s: the process group was {seen.group_end}", seen.tokens
     )

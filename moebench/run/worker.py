@@ -452,6 +452,9 @@ def rank_main(
     idx: Optional[int] = None
     tokens: Optional[int] = None
     try:
+        # the plugins import first, each within MOEBENCH_PLUGIN_TIMEOUT_S: a hang there is the start-up's
+        # (run/outcome.py), and one that ends disables its plugin before any combination asks for it
+        registry.discover()
         device, group = _setup(
             rank, world_size, device_kind, port, max((t.combo.startup_timeout_s for t in tasks), default=30.0)
         )
