@@ -12,7 +12,7 @@ from moebench.results.lock import RunLock
 from moebench.results.rank_result import Finished
 from moebench.results.row import Status
 from moebench.results.rows import measured_row, outcome_row
-from moebench.results.store import LOST, RunStore
+from moebench.results.store import LOST, NOT_RUN, RunStore
 
 
 def run_meta(run_id: str, sweep: str, info: dict, env_id: str) -> dict:
@@ -41,7 +41,7 @@ def rows_for(fin: Finished, meta: dict) -> list[dict]:
             if failed_at is not None and t != failed_at:
                 # a lost group's rows stay lost (LOST: a plain resume runs them again)
                 lost = LOST if why.startswith(LOST) else ""
-                st, why = Status.FAILED, f"{lost}not run: tokens_per_rank={failed_at} failed first ({why[len(lost) :]})"
+                st, why = Status.FAILED, f"{lost}{NOT_RUN}tokens_per_rank={failed_at} failed first ({why[len(lost) :]})"
             rows.append(outcome_row(c, t, st, why, meta))
         else:
             rows.append(outcome_row(c, t, Status.FAILED, "no result from every rank", meta))

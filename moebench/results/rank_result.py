@@ -87,3 +87,4 @@ class Finished:
     tokens: list[int]
     results: dict = field(default_factory=dict)  # tokens -> {rank: RankResult}
     failure: Optional[Failure] = None
+    rest_follows: bool = False  # the token counts after the failed one run in a fresh process group

@@ -58,6 +58,10 @@ FAILED = BAD_STATUSES  # what --redo failed runs again
 # mid-combination, a group that never formed, a SLURM job that ended without a result): not
 # the combination's doing, so a plain resume (--redo none) runs it again; stored() says "lost"
 LOST = "lost: "
+# reason prefix (after LOST where the group was lost) of a row whose token count never ran because an
+# earlier count of its combination failed first (torchrun's and SLURM's ranks): nothing was measured,
+# so a plain resume runs it too; stored() says "lost"
+NOT_RUN = "not run: "
 
 
 def _fsync(path) -> None:
@@ -349,7 +353,7 @@ class RunStore:
     def stored(self) -> dict[str, dict[int, str]]:
         """combo_key -> {tokens: status} of the measured (not skipped) rows, the newest of
         each pair (older schema versions under their migrated keys); "lost" for a failed row
-        whose reason starts with LOST."""
+        whose reason starts with LOST or NOT_RUN (nothing measured: a plain resume runs it)."""
         # a torn file is redone (the sweep sets it aside first and says so: set_aside_torn)
         frames = read_all(newest_last(self.row_files()), warn_torn=False)
         out: dict[str, dict[int, str]] = {}
@@ -361,13 +365,13 @@ class RunStore:
             df["reason"] = ""
         cols = ["combo_key", "tokens_per_rank", "status", "reason"]
         for key, t, st, why in by_precedence(df)[cols].itertuples(index=False):
-            lost = st == Status.FAILED and isinstance(why, str) and why.startswith(LOST)
+            lost = st == Status.FAILED and isinstance(why, str) and why.startswith((LOST, NOT_RUN))
             out.setdefault(key, {})[int(t)] = "lost" if lost else st
         return out
 
     def todo_tokens(self, combo_key: str, tokens: Iterable[int], redo: str, stored=None) -> list[int]:
-        """Token counts of a combination that still need running: not stored, or lost (LOST),
-        and with `redo` failed the failed ones, with all every one."""
+        """Token counts of a combination that still need running: not stored, lost (LOST) or not
+        run (NOT_RUN), and with `redo` failed the failed ones, with all every one."""
         if redo not in REDO_CHOICES:
             raise ValueError(f"--redo {redo!r}; valid: {', '.join(REDO_CHOICES)}")
         have = (stored if stored is not None else self.stored()).get(combo_key, {})

@@ -198,6 +198,19 @@ def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
     return "; ".join(d.text() for d in _dead(procs, st, wait_s))
 
 
+def _rest(fin: Finished, startup: bool) -> list[int]:
+    """The token counts after the one that failed (OOM, timeout, a crash), which run in a fresh
+    process group rather than inherit its failure: `fin` keeps the counts up to the failed one.
+    None ([]) where the failure was no token count's (the layer's setup, the group's start-up)."""
+    failed_at = fin.failure.tokens if fin.failure is not None else None
+    if startup or failed_at is None or failed_at not in fin.tokens:
+        return []
+    i = fin.tokens.index(failed_at)
+    rest = fin.tokens[i + 1 :]
+    fin.tokens, fin.rest_follows = fin.tokens[: i + 1], bool(rest)
+    return rest
+
+
 class Launcher:
     """Runs lists of (combination, token counts) and reports each one finished."""
 
@@ -363,8 +376,9 @@ class Launcher:
             Observed(error=st.failure, deaths=_dead(procs, st), tokens=at, timeout_s=timeout_s, startup_s=startup_s)
         )
         _kill(procs)
+        rest = _rest(fin, startup_s > 0)
         self.on_finished(fin)
-        return work[st.current : bad] + work[bad + 1 :]
+        return work[st.current : bad] + ([(fin.combo, rest)] if rest else []) + work[bad + 1 :]
 
     def _nsys_wrapper(self, work) -> Optional[str]:
         """With trace=nsys and nsys on PATH, ranks start under `nsys profile`

@@ -59,12 +59,12 @@ class _Progress:
         self.bar = tqdm(total=total, unit="combo", dynamic_ncols=True, file=sys.stderr, disable=total == 0)
         self.wide: list[tuple[float, str]] = []  # (p80/p20, 'label T=tokens') of each wide-spread row
 
-    def update(self, label: str, statuses: Counter) -> None:
+    def update(self, label: str, statuses: Counter, step: int = 1) -> None:
         wide = f" wide_spread={len(self.wide)}" if self.wide else ""
         self.bar.set_postfix_str(
             f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())) + wide, refresh=False
         )
-        self.bar.update(1)
+        self.bar.update(step)
 
     def write(self, text: str) -> None:
         self.bar.write(text, file=sys.stderr)
@@ -261,7 +261,7 @@ def _run(
         tally.add(rows)
         counts.update(r["status"] for r in rows)
         _report(fin.combo.label, rows, progress, quiet)
-        progress.update(fin.combo.label, counts)
+        progress.update(fin.combo.label, counts, 0 if fin.rest_follows else 1)
 
     with _Stop() as stop:
         try:
