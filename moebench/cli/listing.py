@@ -83,8 +83,8 @@ def _model_lines(combos, verbose: bool) -> list[str]:
             )
         else:
             continue
-        if c.combo.simulate_tp > 1:  # the shard one rank holds (backend.simulate_tp)
-            line += f"; TP-{c.combo.simulate_tp} rank: intermediate {c.combo.intermediate_per_rank}" + (
+        if c.combo.tp_size > 1:  # the shard one rank holds (backend.simulate_tp, or backend=tp's ranks)
+            line += f"; TP-{c.combo.tp_size} rank: intermediate {c.combo.intermediate_per_rank}" + (
                 f", shared {c.combo.num_shared_experts} x {c.combo.shared_intermediate_per_rank}"
                 if c.combo.num_shared_experts
                 else ""

@@ -203,15 +203,23 @@ class Combo:
         yield from (k for k, _ in self.knobs)
 
     @property
+    def tp_size(self) -> int:
+        """The experts' TP split: world_size on a tensor_parallel backend (backend=tp), else
+        simulate_tp (one rank's shard timed on one GPU)."""
+        from moebench.config.plugins import tensor_parallel
+
+        return self.world_size if tensor_parallel(self.backend) else max(1, self.simulate_tp)
+
+    @property
     def intermediate_per_rank(self) -> int:
-        """One rank's width of each routed expert: intermediate / simulate_tp (vLLM's
+        """One rank's width of each routed expert: intermediate / tp_size (vLLM's
         intermediate_size_per_partition; the tuned files' N)."""
-        return self.intermediate // max(1, self.simulate_tp)
+        return self.intermediate // self.tp_size
 
     @property
     def shared_intermediate_per_rank(self) -> int:
         """One rank's width of each shared expert (vLLM shards them with the same TP split)."""
-        return self.shared_intermediate // max(1, self.simulate_tp)
+        return self.shared_intermediate // self.tp_size
 
     @property
     def options(self) -> dict:

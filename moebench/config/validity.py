@@ -46,22 +46,15 @@ def validate(combo: Combo) -> Optional[str]:
     if combo.shared_sm_carveout and combo.device != "cuda":
         return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
     E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep
-    single = B.single_rank
-    ep = sim if single else ws  # the EP split the routing sees
-    tp = combo.simulate_tp
-    if tp > 1 and not single:
-        return (
-            f"backend={b} is expert parallel: EP replaces the experts' TP split (as in vLLM); "
-            "backend.simulate_tp shards one rank of a single-rank backend"
-        )
-    if combo.intermediate % tp or combo.shared_intermediate % tp:
-        return f"simulate_tp={tp} does not divide the experts' intermediate={combo.intermediate}" + (
-            f" and shared {combo.shared_intermediate}" if combo.shared_intermediate % tp else ""
-        )
+    single, tp_ranks = B.single_rank, B.tensor_parallel
+    ep = sim if single else (1 if tp_ranks else ws)  # the EP split the routing sees
+    why = _tp_rule(combo, b, single, tp_ranks)
+    if why:
+        return why
     if single:
         if E % sim:
             return f"simulate_ep={sim} does not divide num_experts={E}"
-    else:
+    elif not tp_ranks:
         if ws < 2:
             return f"backend={b} is an EP backend: it needs runner.world_size >= 2 (one rank per GPU)"
         if E % ws:
@@ -84,9 +77,10 @@ def validate(combo: Combo) -> Optional[str]:
             f"workload.fill sizes the buffers per token count; backend={b} allocates its buffers once per process "
             "group (set backend.max_tokens_per_rank instead)"
         )
-    inter = combo.intermediate_per_rank
+    inter, tp = combo.intermediate_per_rank, combo.tp_size
     if combo.quant == "fp8_block" and (combo.hidden % 128 or inter % 128):
-        shard = f" (intermediate {combo.intermediate} / simulate_tp={tp})" if tp > 1 else ""
+        by = "world_size" if tp_ranks else "simulate_tp"
+        shard = f" (intermediate {combo.intermediate} / {by}={tp})" if tp > 1 else ""
         return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {inter}{shard})"
     if combo.timing == "profiler" and combo.device != "cuda":
         return "timing=profiler reports GPU kernel durations: it needs CUDA"
@@ -96,6 +90,31 @@ def validate(combo: Combo) -> Optional[str]:
         reason = registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
         if reason:
             return reason
+    return None
+
+
+def _tp_rule(combo: Combo, b: str, single: bool, tp_ranks: bool) -> Optional[str]:
+    """The experts' TP split (docs/models.md, "Tensor parallelism"): simulate_tp on one rank of a
+    single-rank backend, world_size ranks on a tensor_parallel one, never beside EP; it must
+    divide the experts' and the shared experts' widths."""
+    if combo.simulate_tp > 1 and not single:
+        if tp_ranks:
+            return (
+                f"backend={b} splits the experts over runner.world_size={combo.world_size} ranks: "
+                "backend.simulate_tp shards one rank of a single-rank backend (leave it 1)"
+            )
+        return (
+            f"backend={b} is expert parallel: EP replaces the experts' TP split (as in vLLM); "
+            "backend.simulate_tp shards one rank of a single-rank backend"
+        )
+    if tp_ranks and combo.world_size < 2:
+        return f"backend={b} is tensor parallel: it needs runner.world_size >= 2 (one rank per GPU)"
+    tp = combo.tp_size
+    if combo.intermediate % tp or combo.shared_intermediate % tp:
+        by = "world_size" if tp_ranks else "simulate_tp"
+        return f"{by}={tp} does not divide the experts' intermediate={combo.intermediate}" + (
+            f" and shared {combo.shared_intermediate}" if combo.shared_intermediate % tp else ""
+        )
     return None
 
 

@@ -60,8 +60,12 @@ class BackendCard(EntryCard):
     # experts quantize after dispatch
     carries_fp8: ClassVar[bool] = False
     # one rank that keeps every expert (or, with simulate_ep=N, one rank's share of an
-    # EP-N deployment); otherwise an EP backend: runner.world_size ranks, one per GPU
+    # EP-N deployment); otherwise runner.world_size ranks, one per GPU: an EP backend, or a TP
+    # one (`tensor_parallel`)
     single_rank: ClassVar[bool] = False
+    # tensor parallel over runner.world_size ranks (vLLM's fused MoE under TP without EP): every
+    # rank holds every expert at intermediate / world_size and routes the same tokens
+    tensor_parallel: ClassVar[bool] = False
 
     @classmethod
     def process_group_family(cls, combo) -> tuple:

@@ -85,9 +85,14 @@ class KernelContext:
     simulate_ep: int = 1  # local backends: keep 1/simulate_ep of the experts
     max_tokens_per_rank: int = 512  # batched buffers' cap
     options: dict = field(default_factory=dict)  # the chosen entries' knobs by name (kernels/knobs.py)
+    # ranks each expert's intermediate is split over (a tensor_parallel backend: world_size); the
+    # shape is then rank `rank`'s shard and every expert is local (TP replaces EP, as in vLLM)
+    tp_size: int = 1
 
     @property
     def ep_size(self) -> int:
+        if self.tp_size > 1:
+            return 1
         return self.world_size if self.world_size > 1 else self.simulate_ep
 
     @property
@@ -97,7 +102,7 @@ class KernelContext:
     @property
     def first_local_expert(self) -> int:
         """Global id of local expert 0 (simulate_ep keeps rank 0's share)."""
-        return self.rank * self.num_local_experts if self.world_size > 1 else 0
+        return self.rank * self.num_local_experts if self.world_size > 1 and self.ep_size > 1 else 0
 
 
 @dataclass
@@ -205,6 +210,9 @@ class PrepareFinalize(BackendCard, ABC):
     # into out_TK (one rank, nothing to combine): MoEKernel then lets the experts write out_TK
     # itself and the finalize skips the copy (issue #34)
     noop_finalize_copies: bool = False
+    # True where the layer's output is a partial sum to reduce after the shared experts added
+    # theirs (TP: `reduce_output`, one all-reduce of routed + shared, as vLLM's MoE layers)
+    reduces_output: bool = False
 
     def __init__(self, ctx: KernelContext):
         self.ctx = ctx
@@ -252,6 +260,10 @@ class PrepareFinalize(BackendCard, ABC):
 
     def finalize(self, out_TK, expert_out, prepared, weight_and_reduce) -> None:
         self.finalize_async(out_TK, expert_out, prepared, weight_and_reduce)()
+
+    def reduce_output(self, out_TK: torch.Tensor) -> None:
+        """Where `reduces_output`: reduce the rank's partial output [T, K] in place, after the
+        shared experts (MoEKernel calls it last)."""
 
     def comm_bytes(self, num_tokens: int, prepared: PreparedTokens) -> int:
         """Bytes this rank sends + receives in dispatch + combine (0 on one rank)."""

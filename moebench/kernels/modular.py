@@ -263,6 +263,8 @@ class MoEKernel:
                 shared.add_to(out_TK, hidden_TK)
         elif shared_out is not None:
             out_TK.add_(shared_out)
+        if self.pf.reduces_output:  # TP: the ranks' partial sums, shared experts' included
+            self.pf.reduce_output(out_TK)
         return out_TK
 
     @property

@@ -30,9 +30,48 @@ def expert_weights_bf16(shape: LayerShape, e: int, seed: int, device) -> tuple[t
     return w13.to(torch.bfloat16), w2.to(torch.bfloat16)
 
 
+def full_shape(ctx: KernelContext) -> LayerShape:
+    """The whole layer's shape: ctx.shape, the widths times ctx.tp_size (a TP rank's shape is its shard)."""
+    s, n = ctx.shape, ctx.tp_size
+    return dataclasses.replace(s, intermediate=s.intermediate * n, shared_intermediate=s.shared_intermediate * n)
+
+
+def tp_slice(t: torch.Tensor, dim: int, rank: int, size: int, halves: int = 1) -> torch.Tensor:
+    """Rank `rank`'s 1/`size` of `t` along `dim`, split in each of `halves` equal parts (w13's
+    gate and up rows: vLLM's MergedColumnParallelLinear shard); the identity for size 1."""
+    if size == 1:
+        return t
+    parts = t.chunk(halves, dim)
+    return torch.cat([p.chunk(size, dim)[rank] for p in parts], dim).contiguous()
+
+
+def _shard_expert(ctx: KernelContext, e: int, seed: int):
+    """(w13, w13 scale, w2, w2 scale) of global expert e [1, ...], quantized whole and then sliced to
+    this rank's TP shard: rank r's slice of the weights every rank draws, so the ranks' partial
+    outputs sum to the whole layer's (quantized once, as a checkpoint is: fp8_block's 128 x 128
+    blocks fall inside one shard where the shard's width is a multiple of 128, which validity asks;
+    fp8_tensor keeps the expert's one scale)."""
+    r, n, q = ctx.rank, ctx.tp_size, ctx.quant
+    w13, w2 = expert_weights_bf16(full_shape(ctx), e, seed, ctx.device)
+    w13_q, w13_s = quant_weights(w13.unsqueeze(0), q)
+    w2_q, w2_s = quant_weights(w2.unsqueeze(0), q)
+    block = w13_s is not None and q.is_block
+    return (
+        tp_slice(w13_q, 1, r, n, 2),
+        tp_slice(w13_s, 1, r, n, 2) if block else w13_s,
+        tp_slice(w2_q, 2, r, n),
+        tp_slice(w2_s, 2, r, n) if block else w2_s,
+    )
+
+
 def build_expert_weights(ctx: KernelContext, seed: int) -> ExpertWeights:
-    """This rank's local experts, quantized as ctx.quant says."""
+    """This rank's local experts, quantized as ctx.quant says (a TP rank's: its shard of each)."""
     first, E = ctx.first_local_expert, ctx.num_local_experts
+    if ctx.tp_size > 1:
+        parts = [_shard_expert(ctx, first + i, seed) for i in range(E)]
+        w13_q, w13_s, w2_q, w2_s = (None if p[0] is None else torch.cat(p) for p in zip(*parts, strict=True))
+        assert w13_q is not None and w2_q is not None
+        return ExpertWeights(w13_ENK=w13_q, w2_EKI=w2_q, w13_scale=w13_s, w2_scale=w2_s, quant=ctx.quant)
     w13s, w2s = zip(*(expert_weights_bf16(ctx.shape, first + i, seed, ctx.device) for i in range(E)), strict=True)
     w13_q, w13_s = quant_weights(torch.stack(w13s), ctx.quant)
     w2_q, w2_s = quant_weights(torch.stack(w2s), ctx.quant)
@@ -48,7 +87,8 @@ _weights: dict = {}
 
 def weights_key(ctx: KernelContext, seed: int) -> tuple:
     """What a rank's expert weights depend on."""
-    return (ctx.shape, ctx.quant, seed, ctx.first_local_expert, ctx.num_local_experts, str(ctx.device))
+    tp = (ctx.tp_size, ctx.rank) if ctx.tp_size > 1 else ()  # a TP rank's shard of the whole layer
+    return (ctx.shape, ctx.quant, seed, ctx.first_local_expert, ctx.num_local_experts, str(ctx.device), *tp)
 
 
 def kept_expert_weights(ctx: KernelContext, seed: int) -> ExpertWeights:
@@ -87,15 +127,19 @@ def reference_expert_fn(shape: LayerShape, quant: QuantSpec, seed: int, device):
     return fn
 
 
-def build_shared(shape: LayerShape, seed: int, device, sm_carveout: int = 0) -> SharedExperts | None:
+def build_shared(
+    shape: LayerShape, seed: int, device, sm_carveout: int = 0, tp_rank: int = 0, tp_size: int = 1
+) -> SharedExperts | None:
     """The shared experts fused into one bf16 MLP of width num_shared * shared_intermediate
-    (`sm_carveout`: SMs its GEMMs leave free, see SharedExperts)."""
+    (`sm_carveout`: SMs its GEMMs leave free, see SharedExperts). With `tp_size` > 1, `shape` is
+    a TP rank's (its shard's width) and the MLP is rank `tp_rank`'s slice of the whole one."""
     if shape.num_shared_experts == 0:
         return None
     g = _gen(seed, 2, device=device)
-    K, S = shape.hidden, shape.num_shared_experts * shape.shared_intermediate
+    K, S = shape.hidden, shape.num_shared_experts * shape.shared_intermediate * tp_size
     w13 = (torch.randn(2 * S, K, generator=g, device=device) * K**-0.5).to(torch.bfloat16)
     w2 = (torch.randn(K, S, generator=g, device=device) * S**-0.5).to(torch.bfloat16)
+    w13, w2 = tp_slice(w13, 0, tp_rank, tp_size, 2), tp_slice(w2, 1, tp_rank, tp_size)
     return SharedExperts(w13, w2, sm_carveout=sm_carveout)
 
 
@@ -144,9 +188,17 @@ class Routed:
     received_tokens: Optional[int] = None
 
 
+def tokens_rank(ctx: KernelContext) -> int:
+    """The rank whose tokens this rank draws: its own (each EP rank holds its own batch), rank 0's
+    under TP (TP ranks see the same batch: vLLM's TP group runs one sequence of tokens)."""
+    return 0 if ctx.tp_size > 1 else ctx.rank
+
+
 def routing_spec(combo) -> generate.RoutingSpec:
-    """The combination's routing (a Combo, or any mapping with its fields)."""
-    ep = combo["world_size"] if combo["world_size"] > 1 else combo["simulate_ep"]
+    """The combination's routing (a Combo, or any mapping with its fields); a TP backend's ranks
+    split no experts (EP size 1)."""
+    tp = getattr(combo, "tp_size", 1) > 1 and combo["world_size"] > 1
+    ep = 1 if tp else (combo["world_size"] if combo["world_size"] > 1 else combo["simulate_ep"])
     layer = combo.get("routing_layer", -1)
     return generate.RoutingSpec(
         name=combo["routing"],

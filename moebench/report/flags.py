@@ -277,6 +277,23 @@ def caveat_files(run_dir: Path | None, levels: int = 3) -> list[Path]:
     return list(reversed(found))
 
 
+def _tp_ranks_note(measured: pd.DataFrame, who: str) -> list[str]:
+    """The rows of a tensor-parallel backend (backend=tp): their all-reduce ran and is timed."""
+    from moebench.config.plugins import tensor_parallel
+
+    if "backend" not in measured.columns or measured.empty:
+        return []
+    tp = measured[measured["backend"].map(lambda b: tensor_parallel(str(b)))]
+    if tp.empty:
+        return []
+    ws = pd.to_numeric(tp.get("world_size", pd.Series(dtype=float)), errors="coerce").dropna()
+    sizes = ", ".join(f"TP-{int(n)}" for n in sorted(ws.unique())) or "TP"
+    return [
+        f"{who}{len(tp)} row(s) run {sizes} over real ranks (backend=tp): the all-reduce of the ranks' partial "
+        "outputs is timed, in the combine phase and the latency"
+    ]
+
+
 def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
     """Sentences about a run's provenance: git sha unknown or not a commit, several, a tree
     dirty or not known to be clean (envinfo.tree_label)."""
@@ -303,6 +320,7 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
             f"{who}{int((tp > 1).sum())} row(s) time one rank's shard of {sizes} (backend.simulate_tp): the "
             "all-reduce of the ranks' partial outputs (tokens × hidden × 2 bytes a rank) is not timed on one GPU"
         )
+    notes += _tp_ranks_note(measured, who)
     tree = tree_label(env) if env else None
     if tree == "dirty":
         paths = [str(p) for p in env.get("git_diff_paths") or []]  # text of a run folder: md_code

@@ -24,7 +24,7 @@ from moebench.kernels.interfaces import PrepareFinalize
 from moebench.measure import memory
 from moebench.measure.capture import capture_trace, make_recorder, nsys_capture, profiled_phases
 from moebench.measure.derived import derived_figures, routing_counts
-from moebench.measure.layer import build_layer, kernel_context
+from moebench.measure.layer import build_layer, kernel_context, reference_of
 from moebench.measure.samples import (
     check,
     host_enqueue,
@@ -34,7 +34,7 @@ from moebench.measure.samples import (
     rank_sync,
     time_layer,
 )
-from moebench.measure.workload import drop_kept_weights, make_routed, reference_expert_fn, routing_spec, weights_key
+from moebench.measure.workload import drop_kept_weights, make_routed, routing_spec, tokens_rank, weights_key
 from moebench.results.rank_result import NAN, RankResult
 from moebench.results.row import Status
 from moebench.run.lifeline import die_with
@@ -121,18 +121,16 @@ def run_combination(
     shape, quant, seed = ctx.shape, ctx.quant, combo.seed
     setup_used = memory.device_used_bytes(device)
     sync = rank_sync(group, device, combo.l2_flush)
-    ref_weights = reference_expert_fn(shape, quant, seed, device)
-    kept = (
-        range(ctx.first_local_expert, ctx.first_local_expert + ctx.num_local_experts) if ctx.simulate_ep > 1 else None
-    )
-    shared_ref = (kernel.shared.w13_NK.float(), kernel.shared.w2_KS.float()) if kernel.shared is not None else None
+    ref = reference_of(layer, seed, device)  # a TP rank's: the whole layer's
+    ref_weights, kept, shared_ref = ref.expert_fn, ref.kept, ref.shared
+    drawn = tokens_rank(ctx)  # TP ranks draw rank 0's tokens
     rec = make_recorder(device, nvtx=combo.trace in ("nvtx", "nsys"))
     under_nsys = _under_nsys(combo)
     spec = routing_spec(combo)
     setup_s = clock.lap("setup")
 
     def route(T: int, salt: int):
-        return make_routed(shape, T, spec, rank, salt, device, combo.simulate_rank)
+        return make_routed(shape, T, spec, drawn, salt, device, combo.simulate_rank)
 
     try:
         for i, T in enumerate(task.tokens):
@@ -150,12 +148,12 @@ def run_combination(
                     inputs = checked.inputs
                     _fill(kernel, combo, checked, group, world_size)
                     ref_key = (
-                        shape,
+                        ref.shape,
                         quant,
                         seed,
                         T,
                         spec,
-                        rank,
+                        drawn,
                         1,
                         combo.simulate_rank,
                         (kept.start, kept.stop) if kept is not None else None,
@@ -181,7 +179,8 @@ def run_combination(
                         continue
                 routed = route(T, 2)
                 inputs = routed.inputs
-                res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group, world_size))
+                ep_world = world_size if ctx.tp_size == 1 else 1  # TP ranks route the same tokens: sum none
+                res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group, ep_world))
                 kernel.clear_workspaces()
                 clock.lap("inputs")
                 with memory.capped(device, combo.memory_budget) as cap:

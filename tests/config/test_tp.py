@@ -70,3 +70,73 @@ def test_the_report_says_once_that_the_tp_all_reduce_is_not_timed():
     assert len(notes) == 1 and notes[0].startswith("1 row(s) time one rank's shard of TP-4")
     assert "not timed" in notes[0]
     assert not [n for n in run_notes(df.assign(simulate_tp=1), {}) if "TP-" in n]
+
+
+# -- backend=tp: TP over runner.world_size real ranks -------------------------------------------
+def tp_combo(*overrides):
+    return to_combo(compose_config(["backend=tp", *BASE[1:], *overrides]))
+
+
+def test_tp_ranks_split_each_experts_width_by_the_world_size():
+    c = tp_combo("model=qwen3_30b_a3b", "runner.world_size=2")
+    assert (c.world_size, c.simulate_tp, c.tp_size, c.intermediate_per_rank) == (2, 1, 2, 384)
+    assert c.columns()["intermediate_per_rank"] == 384 and validate(c) is None
+    shape = layer_shape(c)
+    assert (shape.intermediate, shape.num_experts) == (384, 128)  # every expert, its shard's width
+    d = tp_combo("model=deepseek_v2_lite", "runner.world_size=2")
+    assert (layer_shape(d).intermediate, layer_shape(d).shared_intermediate) == (704, 704)
+    assert "192 (intermediate 768 / world_size=4)" in validate(
+        tp_combo("model=qwen3_30b_a3b", "runner.world_size=4", "quant=fp8_block")
+    )
+
+
+def test_tp_ranks_take_every_expert_on_every_rank():
+    import torch
+
+    from moebench.measure.layer import kernel_context
+
+    c = tp_combo("model=tiny", "runner.world_size=2")
+    for rank in (0, 1):
+        ctx = kernel_context(c, rank, 2, None, torch.device("cpu"))
+        assert (ctx.tp_size, ctx.ep_size, ctx.num_local_experts, ctx.first_local_expert) == (2, 1, 8, 0)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["runner.world_size=3"], "world_size=3 does not divide the experts' intermediate=128"),
+        (["runner.world_size=1"], "backend=tp is tensor parallel: it needs runner.world_size >= 2"),
+        (["runner.world_size=2", "backend.simulate_tp=2"], "backend.simulate_tp shards one rank"),
+        (["runner.world_size=2", "overlap=combine"], "only overlap=none"),
+        (["runner.world_size=2", "workload.routing=imbalanced_ranks"], "needs an EP split"),
+    ],
+)
+def test_tp_ranks_rules_are_skipped_rows_with_the_reason(overrides, words):
+    assert words in (validate(tp_combo("model=tiny", *overrides)) or "")
+
+
+def test_a_world_size_that_does_not_divide_the_width_is_a_skipped_row(tmp_path):
+    import pandas as pd
+
+    from moebench.results.store import RunStore
+
+    rc = cli.main(
+        ["sweep", "backend=tp", "runner.world_size=3", "experts=torch", "model=tiny", "runner.device=cpu"]
+        + ["workload.tokens_per_rank=[4]", "--oversubscribe", "--out", str(tmp_path / "run")]
+    )
+    df = RunStore(tmp_path / "run").load()
+    assert rc == 0 and len(df) and set(df.status) == {"skipped"}
+    assert df.reason.str.contains("world_size=3 does not divide the experts' intermediate=128").all()
+    assert (pd.to_numeric(df.world_size) == 3).all()
+
+
+def test_the_report_says_the_tp_ranks_all_reduce_is_timed():
+    import pandas as pd
+
+    from moebench.report.flags import run_notes
+
+    df = pd.DataFrame(
+        {"status": ["ok", "ok"], "backend": ["tp", "naive"], "world_size": [2, 2], "git_sha": ["a" * 40] * 2}
+    )
+    (note,) = [n for n in run_notes(df, {}) if "backend=tp" in n]
+    assert note.startswith("1 row(s) run TP-2 over real ranks") and "is timed" in note

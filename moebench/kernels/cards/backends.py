@@ -69,6 +69,26 @@ class AllGatherReduceScatterCard(BackendCard):
     carries_fp8 = True
 
 
+@card("backend", "tp")
+class TPCard(BackendCard):
+    implementation = "prepare_finalize.tp"
+    activation_format = ActivationFormat.STANDARD
+    carries_fp8 = True  # no dispatch: the rank quantizes its own (everyone's) tokens
+    tensor_parallel = True
+
+    @classmethod
+    def supports(cls, combo) -> Optional[str]:
+        overlap = combo.get("overlap", "none")
+        if overlap != "none":
+            # vLLM's MoE under TP adds the shared experts' partial output to the routed one and
+            # all-reduces the sum once: no dispatch to hide them behind, no combine without them
+            return (
+                f"overlap={overlap}: backend=tp all-reduces the shared experts' partial output with the "
+                "routed one (one all-reduce, as vLLM's MoE layers under TP): only overlap=none"
+            )
+        return None
+
+
 # -- DeepEP high-throughput ---------------------------------------------------------
 DEFAULT_NUM_SMS = 24  # DeepEP's tests and README use 24 SMs for the HT kernels
 # intranode dispatch stages half a row per warp in 8 KiB of shared memory (TMA),

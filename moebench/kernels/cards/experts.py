@@ -172,7 +172,8 @@ def triton_unsupported(combo: dict) -> Optional[str]:
             if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
                 return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
         inter = combo.get("intermediate")
-        inter = inter // max(1, combo.get("simulate_tp") or 1) if inter is not None else None  # the rank's shard
+        tp = getattr(combo, "tp_size", None) or combo.get("simulate_tp") or 1  # (a Combo's: world_size for backend=tp)
+        inter = inter // max(1, tp) if inter is not None else None  # the rank's shard
         why = contiguous_unsupported(quant, combo.get("hidden"), inter)
         if why:
             return f"experts.row_layout=contiguous: {why}"
