@@ -96,11 +96,3 @@ def single_rank(backend: str) -> Optional[bool]:
         return bool(registry.entry("backend", str(backend)).single_rank)
     except ValueError:
         return None
-
-
-def tensor_parallel(backend: str) -> bool:
-    """Whether a backend runs TP over its ranks (backend=tp); False for one not registered here."""
-    try:
-        return bool(getattr(registry.entry("backend", str(backend)), "tensor_parallel", False))
-    except ValueError:
-        return False

@@ -206,8 +206,6 @@ class Combo:
     def tp_size(self) -> int:
         """The experts' TP split: world_size on a tensor_parallel backend (backend=tp), else
         simulate_tp (one rank's shard timed on one GPU)."""
-        from moebench.config.plugins import tensor_parallel
-
         return self.world_size if tensor_parallel(self.backend) else max(1, self.simulate_tp)
 
     @property
@@ -297,6 +295,16 @@ COLUMN_FIELDS = tuple(f for f in _ALL_FIELDS if f.metadata["column"])
 # the row columns a combination is stored as (knob columns beside them: knob_meta())
 IDENTITY_COLUMNS = tuple(f.name for f in COLUMN_FIELDS)
 RESERVED = _FIELD_NAMES | {"combo_key", "label", "tokens_per_rank", "name"}
+
+
+def tensor_parallel(backend: str) -> bool:
+    """Whether a backend runs TP over its ranks (backend=tp); False for one not registered here."""
+    from moebench.kernels import registry
+
+    try:
+        return bool(registry.entry("backend", str(backend)).tensor_parallel)
+    except ValueError:
+        return False
 
 
 def key_of(identity: dict) -> str:

@@ -279,7 +279,7 @@ def caveat_files(run_dir: Path | None, levels: int = 3) -> list[Path]:
 
 def _tp_ranks_note(measured: pd.DataFrame, who: str) -> list[str]:
     """The rows of a tensor-parallel backend (backend=tp): their all-reduce ran and is timed."""
-    from moebench.config.plugins import tensor_parallel
+    from moebench.config.spec import tensor_parallel
 
     if "backend" not in measured.columns or measured.empty:
         return []

@@ -569,7 +569,8 @@ def _identity_parts() -> tuple[tuple[Column, ...], tuple[Column, ...]]:
             "int",
             "identity",
             SAME,
-            "one rank's width of each routed expert: intermediate / simulate_tp, or / world_size on backend=tp (vLLM's N)",
+            "one rank's width of each routed expert: intermediate / simulate_tp, "
+            "or / world_size on backend=tp (vLLM's N)",
             short="inter/rank",
         ),
         _c("tokens_per_rank", "int", "identity", SAME, "tokens each rank routes", (REQUIRED,)),
