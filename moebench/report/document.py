@@ -18,6 +18,7 @@ import pandas as pd
 
 from moebench.report import plots
 from moebench.report import run_tables as tables
+from moebench.report.clock_report import clock_table
 from moebench.report.compare import Comparison, compare_runs
 from moebench.report.compare_tables import fmt_change, latency_pairs, memory_pairs, unmatched
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
@@ -204,6 +205,7 @@ def run_doc(
     opening = answers(df, out, wins(df), first, budget)
     figures = {f.path.name: f for f in opening.figures}
     host = tables.host_table(df)
+    clock = clock_table(df)
     routing = routing_table(df)
     traces = tables.traces_table(df)
     blocks = ([f"# moebench report: {name}"] if title else [f"## This run: {name}"]) + [
@@ -216,6 +218,7 @@ def run_doc(
         details("Status and skip reasons", "## Status", tables.status_table(df), tables.reasons_table(df)),
         details("Latency of every combination", "## Latency", tables.latency_table(df)),
         details("Host time per forward", "## Host time per forward", host) if host else "",
+        details("SM clock and GPU state", "## SM clock and GPU state", clock) if clock else "",
         details("Routing", "## Routing", routing) if routing else "",
         details(
             "Phase breakdown",

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
+from moebench.report.clock_report import throttled_text
 from moebench.report.columns import PLACE_COLUMNS, phase_sum
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.mdsafe import md_code, md_text
@@ -65,6 +66,8 @@ FLAG_TEXT = {
     "host-paced": "with host-paced samples (the GPU started them before the host had enqueued them, behind a hold "
     f"doubled twice): their times may hold host launch gaps; up to {HOST_PACED_MAX:.0%} of a latency's "
     "samples it still counts as GPU time",
+    "throttled": "with throttled samples (an SM clock below 0.9 × the row's median, or under an NVML thermal, "
+    "power or sync-boost reason): their times carry the GPU's clock; runner.drop_throttled retakes them",
     "timing-differs": "the two sides ran different timing modes: the ratio mixes methods",
 }
 
@@ -184,6 +187,8 @@ def flags_of(row) -> list[str]:
         out.append("eager-decode")
     if paced_counts(row):
         out.append("host-paced")
+    if _num(row, "throttled_samples") > 0:
+        out.append("throttled")
     return out
 
 
@@ -218,9 +223,13 @@ def row_flags(df: pd.DataFrame) -> pd.Series:
 def paced_details(df: pd.DataFrame) -> pd.Series:
     """Per row (index of ``df``): {"host-paced": its counts (paced_text)} where it has any, for
     flag_summary to name the rows with their counts."""
-    return pd.Series(
-        [{"host-paced": t} if (t := paced_text(r)) else {} for r in df.to_dict("records")], index=df.index, dtype=object
-    )
+    return pd.Series([_details(r) for r in df.to_dict("records")], index=df.index, dtype=object)
+
+
+def _details(row) -> dict:
+    """{tag: the row's counts} of its host-paced and throttled samples (those it has)."""
+    out = {"host-paced": paced_text(row), "throttled": throttled_text(row)}
+    return {k: v for k, v in out.items() if v}
 
 
 def side_of(pair: dict, side: str) -> dict:
@@ -235,12 +244,12 @@ def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baselin
     as Comparison holds them): 'baseline: none; candidate: latency: 5 of 30 samples host-paced'."""
     out = []
     for r in matched.to_dict("records"):
-        texts = [paced_text(side_of(r, side)) for side in ("base", "cand")]
-        out.append(
-            {"host-paced": "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))}
-            if any(texts)
-            else {}
-        )
+        d = {}
+        for tag, text in (("host-paced", paced_text), ("throttled", throttled_text)):
+            texts = [text(side_of(r, side)) for side in ("base", "cand")]
+            if any(texts):
+                d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
+        out.append(d)
     return pd.Series(out, index=matched.index, dtype=object)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moebench.report.clock_report import clock_notes
 from moebench.report.columns import (
     LATENCY_COLUMNS,
     MEMORY_COLUMNS,
@@ -128,6 +129,7 @@ def quality_lines(df: pd.DataFrame, env: dict, run_dir: Path | None, name: str =
     rows = df
     ok = rows[rows["status"] == Status.OK]
     lines = flag_summary(row_flags(ok), pair_names(ok), details=paced_details(ok)) if len(ok) else []
+    lines += clock_notes(df)  # said once: the clock or NVML not recorded
     if name:
         lines = [f"{name}: {x}" for x in lines]
     return lines + run_notes(df, env, name)
