@@ -89,7 +89,7 @@ def clock_table(df: pd.DataFrame) -> str:
     ]
     rows = []
     for name, r in zip(names, gpu.to_dict("records"), strict=True):
-        n, p, lim = (_num(r, c) for c in ("throttled_samples", "gpu_power_w_median", "gpu_power_limit_w"))
+        n, p, lim = _num(r, "throttled_samples"), _num(r, "gpu_power_w_median"), _num(r, "gpu_power_limit_w")
         temp, mem = _num(r, "gpu_temp_c_max"), _num(r, "mem_clock_mhz_median")
         rows.append(
             [
