@@ -19,6 +19,11 @@ experts.contiguous_gemm=auto (the default) takes it on an SM90 GPU for GEMMs of 
 GLUON_MIN_N output columns (0 since its TMA-store epilogue: all); triton or gluon force one.
 Each such weight's GEMM (gluon_contiguous.GluonGemm: its kernel and TMA descriptors) is set up
 once, in __init__ (issue #46: a forward's host enqueue).
+Where `moebench tune --decisions` left a sidecar beside the layer's tiles file (kernels/triton/
+decisions.py, issue #51), its entry nearest M (the tiles' rule) decides the row layout under
+row_layout=auto and the contiguous GEMM's kernel and Gluon variant under contiguous_gemm=auto; read
+once in __init__ (every plan's GEMMs set up there), then cached per (M, topk): no per-forward work.
+A Gluon choice where Gluon cannot run falls back to auto's answer; no entry: the constants above.
 
 Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 """
@@ -46,9 +51,16 @@ from ..registry import register_experts
 from ..triton.align import max_padded_rows
 from ..triton.config import config_block_shape, config_dtype, get_config
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
+from ..triton.decisions import GLUON_WIDE_N, load_decisions
 from ..triton.deepgemm_layout import contiguous_scratch_numel
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_ws2_tail_rows
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
+
+
+def gluon_runs(capability, quant: str) -> bool:
+    """Whether a tuned Gluon choice can run here: fp8_block on an SM90 GPU that runs Gluon
+    (capability None: none here, gluon_runtime_unsupported)."""
+    return capability is not None and capability[0] == 9 and quant == "fp8_block"
 
 
 class TritonConfigMixin:
@@ -88,26 +100,91 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         self._contiguous_w = ContiguousWeights(weights) if self._contiguous_ok else None
         self.last_layout = ""  # bf16 / fp8_block: the layout the last apply() ran
         # experts.contiguous_gemm: each contiguous GEMM's kernel by its output columns (gate/up N, down K)
-        mode = (ctx.options or {}).get("contiguous_gemm", "auto")
+        opts = ctx.options or {}
+        mode = opts.get("contiguous_gemm", "auto")
         dev = ctx.device
         cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" and not gluon_runtime_unsupported() else None
+        self._sm90 = gluon_runs(cap, q.name)
         self._gemm_kernel = {n: contiguous_gemm_kernel(mode, q.name, cap, n) for n in (N, K)}
+        # `moebench tune --decisions`' choices for this layer on this GPU (kernels/triton/decisions.py),
+        # read once here; None: today's constants decide
+        self.decisions = load_decisions(
+            E, N // 2, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k), K
+        )
+        self._tuned_gemm = mode == "auto"  # a forced kernel is never replaced by a tuned one
         # "gate/up's kernel/down's kernel" of the last apply() on the contiguous layout, else ""
         self.last_gemm = ""
-        # the Gluon GEMM of each weight whose GEMM runs on a Gluon kernel, set up here (its module
+        # each GEMM plan the layer may run (the default, and each tuned entry's): its callable, with
+        # the Gluon GEMM of each weight whose GEMM runs on a Gluon kernel set up here (its module
         # imported only then: Hopper only): a forward neither imports nor rebuilds the weight's TMA
         # descriptors (issue #46)
-        self._gluon: list = []
-        if self._contiguous_ok and any(k in GLUON_GEMMS for k in self._gemm_kernel.values()):
-            from ..triton.gluon_contiguous import GluonGemm
-            from ..triton.gluon_wide import WIDE_N
+        self._gemm_fns = {}  # plan -> its gemm
+        self._gluons = {}  # plan -> its Gluon GEMMs
+        self._default_plan = self._plan_of(mode, opts.get("gluon_config"))
+        plans = [self._default_plan]
+        if self.decisions is not None and self._tuned_gemm:
+            plans += [self._tuned_plan(e) for e in self.decisions.entries.values()]
+        for plan in plans:
+            if self._contiguous_ok and plan not in self._gemm_fns:
+                self._gemm_fns[plan] = self._gemm_fn(plan)
+        self._gluon = self._gluons.get(self._default_plan, [])  # the default plan's Gluon GEMMs
 
-            cw = self._contiguous_w
-            for wt, st in ((cw.w13, cw.s13), (cw.w2, cw.s2)):
-                kernel = self._gemm_kernel[wt.shape[1]]
+    def _plan_of(self, mode: str, gluon_config) -> tuple:
+        """(gate/up kernel, down kernel, Gluon config items or ()) under contiguous_gemm=mode."""
+        _, N, K = self.w.w13_ENK.shape
+        kernels: tuple = (self._gemm_kernel[N], self._gemm_kernel[K])
+        if not (gluon_config and any(k in GLUON_GEMMS for k in kernels)):
+            return (*kernels, ())
+        if gluon_config.get("BLOCK_SIZE_N") == GLUON_WIDE_N:  # the tuner's forced variant: its tile names it
+            kernels = tuple("gluon_wide" if k in GLUON_GEMMS else k for k in kernels)
+        return (*kernels, tuple(sorted(gluon_config.items())))
+
+    def _tuned_plan(self, entry: dict) -> tuple:
+        """A tuned entry's GEMM plan; a Gluon choice where Gluon cannot run (no SM90 GPU, the
+        interpreter) and an entry without one: the default plan."""
+        kernel = entry.get("contiguous_gemm")
+        if kernel == "triton":
+            return ("triton", "triton", ())
+        if kernel == "gluon" and self._sm90:
+            cfg = entry.get("gluon_config") or {}
+            label = "gluon_wide" if cfg.get("BLOCK_SIZE_N") == GLUON_WIDE_N else "gluon"
+            return (label, label, tuple(sorted(cfg.items())))
+        return self._default_plan
+
+    def _gemm_fn(self, plan: tuple):
+        """The contiguous layout's gemm(a, a_s, w, w_s, out, layout) of one plan."""
+        cw = self._contiguous_w
+        gluons = []
+        if any(k in GLUON_GEMMS for k in plan[:2]):
+            from ..triton.gluon_contiguous import GluonGemm
+
+            for kernel, (wt, st) in zip(plan[:2], ((cw.w13, cw.s13), (cw.w2, cw.s2)), strict=True):
                 if kernel in GLUON_GEMMS:
-                    config = dict(BLOCK_SIZE_N=WIDE_N) if kernel == "gluon_wide" else None
-                    self._gluon.append(GluonGemm(wt, st, config))
+                    wide = {"BLOCK_SIZE_N": GLUON_WIDE_N} if kernel == "gluon_wide" else {}
+                    gluons.append(GluonGemm(wt, st, {**dict(plan[2]), **wide} or None))
+        self._gluons[plan] = gluons
+
+        def gemm(a, a_s, w, w_s, out, layout):
+            for g in gluons:  # (at most two: the weight itself picks its GEMM)
+                if g.w is w:  # w's scales are the ones it holds (w_s: the same tensor)
+                    g(a, a_s, out, layout.m_indices_Mp, layout.num_post)
+                    return
+            contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, rows_in_use=layout.num_post)
+
+        return gemm
+
+    def _run_plan(self, M: int, topk: int) -> tuple:
+        """(contiguous?, its gemm or None, the rows' gemm label) for M rows: decided once per (M, topk)."""
+        cache = self.__dict__.setdefault("_run_cache", {})
+        hit = cache.get((M, topk))
+        if hit is None:
+            contiguous = self.contiguous(M, topk)
+            plan = self._default_plan
+            if contiguous and self.decisions is not None and self._tuned_gemm:
+                plan = self._tuned_plan(self.decisions.at(M))
+            label = f"{plan[0]}/{plan[1]}" if contiguous else ""
+            cache[(M, topk)] = hit = (contiguous, self._gemm_fns.get(plan) if contiguous else None, label)
+        return hit
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc); decided once per
@@ -132,6 +209,9 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         dev = self.ctx.device
         if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
             return False  # TMA: SM90 and later
+        tuned = self.decisions.at(M).get("row_layout") if self.decisions is not None else None
+        if tuned is not None:
+            return tuned == "contiguous"
         # ids hold all top-k picks of a row; about E_local / E_global of them are local
         local_pairs = M * topk * self.ctx.num_local_experts / self.ctx.shape.num_experts
         return local_pairs >= CONTIGUOUS_MIN_PAIRS_PER_EXPERT[self.w.quant.name] * self.ctx.num_local_experts
@@ -166,22 +246,12 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
 
     def apply(self, output, prepared, workspace13, workspace2):
         ids = prepared.topk_ids_MP
-        contiguous = self.contiguous(*ids.shape)
+        contiguous, gemm, label = self._run_plan(*ids.shape)
         if self._contiguous_ok:  # what ran, for the rows (experts.row_layout=auto decides per call)
             self.last_layout = "contiguous" if contiguous else "gathered"
-            _, N, K = self.w.w13_ENK.shape
-            self.last_gemm = f"{self._gemm_kernel[N]}/{self._gemm_kernel[K]}" if contiguous else ""
+            self.last_gemm = label
         if contiguous:
-            contiguous_apply(
-                self._contiguous_gemm,
-                self._contiguous_w,
-                ALIGN,
-                self.reduction,
-                output,
-                prepared,
-                workspace13,
-                workspace2,
-            )
+            contiguous_apply(gemm, self._contiguous_w, ALIGN, self.reduction, output, prepared, workspace13, workspace2)
             return
         fused_moe_standard(
             prepared.x,
@@ -195,10 +265,3 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
             self._config(ids.shape[0], ids.shape[1]),
             self.reduction,
         )
-
-    def _contiguous_gemm(self, a, a_s, w, w_s, out, layout):
-        for gluon in self._gluon:  # (at most two: the weight itself picks its GEMM)
-            if gluon.w is w:  # w's scales are the ones it holds (w_s: the same tensor)
-                gluon(a, a_s, out, layout.m_indices_Mp, layout.num_post)
-                return
-        contiguous_gemm(a, a_s, w, w_s, out, layout.m_indices_Mp, rows_in_use=layout.num_post)

@@ -7,7 +7,9 @@ DeepGEMM when M >= the knob experts.deepgemm_min_tokens (default 256) and
 the GEMM shapes are multiples of DeepGEMM's alignment, Triton otherwise.
 workspace_shapes and transient_bytes answer for the implementation that runs
 at that M (as vLLM's does now), so the declared memory is the one in use.
-vLLM also sends I <= 512 to Triton; here the threshold is the only knob.
+vLLM also sends I <= 512 to Triton; here the threshold is the only knob. At its default, the
+switch-over `moebench tune --decisions` measured for this layer and GPU replaces it (the tiles'
+sidecar, kernels/triton/decisions.py), itself looked up once, here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ class TritonOrDeepGemmExperts(TritonOrDeepGemmCard, Experts):
         super().__init__(weights, reduction, ctx)
         self.deepgemm = DeepGemmExperts(weights, reduction, ctx)
         self.triton = TritonExperts(weights, reduction, ctx)
-        self.min_tokens = int((ctx.options or {}).get("deepgemm_min_tokens", DEFAULT_MIN_TOKENS))
+        knob = int((ctx.options or {}).get("deepgemm_min_tokens", DEFAULT_MIN_TOKENS))
+        # at the knob's default a tuned switch-over decides (kernels/triton/decisions.py, read once
+        # when the Triton experts were built); any other value forces its own
+        tuned = self.triton.decisions.deepgemm_min_tokens if self.triton.decisions is not None else None
+        self.min_tokens = tuned if knob == DEFAULT_MIN_TOKENS and tuned is not None else knob
         self.last_gemm = ""
 
     def uses_deepgemm(self, M: int) -> bool:

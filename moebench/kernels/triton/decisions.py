@@ -1,0 +1,129 @@
+"""The layer's tuned decisions beside its tile file (issue #51): what `moebench tune --decisions`
+measured per token count, besides the gathered kernel's tiles.
+
+The tiles file keeps exactly vLLM's keys (vLLM maps every key through int(): a moebench key
+inside it would break vLLM's load), so the decisions live in a sidecar of the same stem:
+
+    E={E},N={N},device_name={name}[,dtype=..][,block_shape=[..]].moebench.json
+
+a name vLLM never opens. Its content:
+
+    {"moebench_decisions": 1,
+     "layer": {"E": 8, "N": 14336, "hidden": 4096, "topk": 2, "quant": "fp8_block", ...},
+     "deepgemm_min_tokens": 2048,      # triton_or_deepgemm: DeepGEMM from this many rows (null: untuned)
+     "entries": {"16": {"row_layout": "gathered"},
+                 "4096": {"row_layout": "contiguous", "contiguous_gemm": "gluon",
+                          "gluon_config": {"WS": true, "STAGES": 5, "SCALE_AHEAD": 1,
+                                           "EPILOGUE_TMA": true, "BLOCK_SIZE_N": 128}}}}
+
+Found in the folders the tiles are (config._config_dirs: MOEBENCH_TRITON_CONFIG_DIR first, then
+kernels/configs/, kernels/configs/partial/); an entry serves M rows by the tiles' nearest-key rule
+(config.nearest: within 2x, the largest entry every larger M). A sidecar measured on another
+hidden size (the tile file's name has no K) is ignored. Read once when the experts are built:
+a forward reads a per-M cache, never the file. Absent an entry, today's constants decide
+(kernels/cards/experts.py: CONTIGUOUS_MIN_PAIRS_PER_EXPERT, contiguous_gemm=auto, DEFAULT_MIN_TOKENS).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .config import _config_dirs, config_file_name, find_config_file, nearest
+
+SUFFIX = ".moebench.json"
+SCHEMA_KEY = "moebench_decisions"
+SCHEMA_VERSION = 1
+ROW_LAYOUTS = ("gathered", "contiguous")
+GEMM_KERNELS = ("triton", "gluon")  # a Gluon variant's tile (gluon_wide: BLOCK_SIZE_N 192) is in gluon_config
+GLUON_FIELDS = ("WS", "STAGES", "SCALE_AHEAD", "EPILOGUE_TMA", "BLOCK_SIZE_N")  # gluon_contiguous.GLUON_VARIANTS
+ENTRY_FIELDS = ("row_layout", "contiguous_gemm", "gluon_config")
+GLUON_WIDE_N = 192  # gluon_wide.WIDE_N (the 128 x 192 tile; not imported here: Gluon loads on Hopper only)
+
+
+def decisions_name(tiles_name: str) -> str:
+    """The sidecar's name for a tiles file's name (vLLM's spelling)."""
+    stem = tiles_name[: -len(".json")] if tiles_name.endswith(".json") else tiles_name
+    return stem + SUFFIX
+
+
+def is_decisions_file(path) -> bool:
+    return Path(path).name.endswith(SUFFIX)
+
+
+def gluon_config_of(variant: Sequence) -> dict:
+    """A GLUON_VARIANTS tuple (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N) as GluonGemm's config."""
+    ws, stages, ahead, epi_tma, bn = variant
+    return dict(
+        WS=bool(ws), STAGES=int(stages), SCALE_AHEAD=int(ahead), EPILOGUE_TMA=bool(epi_tma), BLOCK_SIZE_N=int(bn)
+    )
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """One layer's tuned decisions: {rows: entry} and the triton_or_deepgemm switch-over."""
+
+    entries: dict = field(default_factory=dict)
+    deepgemm_min_tokens: Optional[int] = None
+    hidden: Optional[int] = None
+    source: str = ""
+
+    def at(self, M: int) -> dict:
+        """The entry serving M rows (the tiles' nearest-key rule), {} where none does."""
+        return (nearest(self.entries, M) or {}) if self.entries else {}
+
+
+def parse(raw, where: str = "decisions") -> Decisions:
+    """A sidecar's JSON as Decisions; ValueError naming the field for a malformed one."""
+    if not isinstance(raw, dict) or raw.get(SCHEMA_KEY) != SCHEMA_VERSION:
+        raise ValueError(f"{where}: not a moebench decisions file ({SCHEMA_KEY}: {SCHEMA_VERSION} missing)")
+    entries = {}
+    for k, e in (raw.get("entries") or {}).items():
+        try:
+            m = int(k)
+        except ValueError:
+            raise ValueError(f"{where}: entry key {k!r} is no token count") from None
+        if not isinstance(e, dict) or set(e) - set(ENTRY_FIELDS):
+            raise ValueError(f"{where}: entry {k}: fields {sorted(set(e) - set(ENTRY_FIELDS))}; allowed {ENTRY_FIELDS}")
+        if e.get("row_layout", "gathered") not in ROW_LAYOUTS:
+            raise ValueError(f"{where}: entry {k}: row_layout {e['row_layout']!r}; valid: {', '.join(ROW_LAYOUTS)}")
+        if e.get("contiguous_gemm", "triton") not in GEMM_KERNELS:
+            raise ValueError(f"{where}: entry {k}: contiguous_gemm {e['contiguous_gemm']!r}; valid: {GEMM_KERNELS}")
+        g = e.get("gluon_config")
+        if g is not None and (not isinstance(g, dict) or set(g) != set(GLUON_FIELDS)):
+            raise ValueError(f"{where}: entry {k}: gluon_config needs exactly {', '.join(GLUON_FIELDS)}")
+        entries[m] = dict(e)
+    dg = raw.get("deepgemm_min_tokens")
+    if dg is not None and (not isinstance(dg, int) or dg < 1):
+        raise ValueError(f"{where}: deepgemm_min_tokens {dg!r}: a token count >= 1, or null")
+    hidden = (raw.get("layer") or {}).get("hidden")
+    return Decisions(entries=entries, deepgemm_min_tokens=dg, hidden=hidden, source=where)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(tiles_name: str, dirs: tuple[Path, ...]) -> Optional[Decisions]:
+    path = find_config_file(decisions_name(tiles_name), dirs)
+    return parse(json.loads(path.read_text()), str(path)) if path is not None else None
+
+
+def load_decisions(
+    E: int,
+    N: int,
+    dtype: Optional[str],
+    block_shape: Optional[Sequence[int]],
+    hidden: int,
+    device: Optional[str] = None,
+) -> Optional[Decisions]:
+    """The sidecar of the tiles file for (E, N = I, dtype, block_shape) on this device, None where
+    there is none or it was measured at another hidden size."""
+    d = _load(config_file_name(E, N, dtype, block_shape, device), tuple(_config_dirs()))
+    if d is None or (d.hidden is not None and int(d.hidden) != int(hidden)):
+        return None
+    return d
+
+
+def clear_cache() -> None:
+    _load.cache_clear()
