@@ -24,7 +24,7 @@ def register(sub) -> None:
     tu.add_argument(
         "--space",
         default="vllm",
-        help="search space before pruning: vllm (vLLM's 1,920 configs), small, "
+        help="search space before pruning: vllm (vLLM's 1,920 configs), small / small_fp8 (the interpreter's), "
         "decode or prefill (default: %(default)s)",
     )
     tu.add_argument(
@@ -58,6 +58,13 @@ def register(sub) -> None:
         tu,
         "output directory (default: runs/tune-<hash of the arguments>); with --results, where the "
         "table goes (default: RUN/report; runs/reports/<path> for a run under results/)",
+    )
+    tu.add_argument(
+        "--decisions",
+        action="store_true",
+        help="after the tiles: every other choice of the layer per token count (row layout, contiguous "
+        "GEMM kernel and Gluon variant, triton_or_deepgemm's switch-over), whole layers timed "
+        "interleaved; written beside the tiles file as <stem>.moebench.json, which vLLM never opens",
     )
     tu.add_argument(
         "--install",
@@ -109,8 +116,10 @@ def tune_command(args) -> int:
         from moebench.tune import files
 
         found = files.tuned_files(Path(args.install_from))
+        from moebench.tune import decision_files
+
         for f in found:
-            files.install(f, print)
+            decision_files.install(f, files.install(f, print), print)
         return 0
     from dataclasses import asdict
 
@@ -160,7 +169,9 @@ def tune_command(args) -> int:
                 file=sys.stderr,
             )
             return 130
-        path = files.write(info, results, out, extra={**extra, "regression_check": check.to_json()})
+        extra = {**extra, "regression_check": check.to_json()}
+        path = files.write(info, results, out, extra=extra)
+    dec, dec_check, dec_path = _decisions(args, targs, info, results, out, path, extra, max_regression)
     print(files.summary(results, len(pruned.kept)))
     print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
     if path is None:
@@ -176,6 +187,16 @@ def tune_command(args) -> int:
     note = files.routing_note(path)
     if note:
         print(note)
+    if dec is not None:
+        from moebench.tune.decide import summary as decisions_summary
+
+        print(f"\ndecisions (whole layers, interleaved):\n{decisions_summary(dec)}")
+        print(f"decisions: {dec_path} (deepgemm_min_tokens and entries the layer reads)" if dec_path else "")
+    if dec_check is not None and not dec_check.passed:
+        for line in dec_check.regressions():
+            print(f"moebench tune: decisions regression: {line}", file=sys.stderr)
+        print(f"moebench tune: the decisions regress{'; nothing installed' if args.install else ''}", file=sys.stderr)
+        return 1
     if check is not None:
         print(f"\n{check.table()}\n{check.verdict()}")
         if not check.passed:
@@ -188,7 +209,9 @@ def tune_command(args) -> int:
             )
             return 1
     if args.install:
-        files.install(path, print)
+        from moebench.tune import decision_files
+
+        decision_files.install(path, files.install(path, print), print)
     return 0 if all(r.best is not None for r in results) else 1
 
 
@@ -214,3 +237,18 @@ def _max_regression(args):
             "nothing: re-run the tune's own command with --install --max-regression X (it resumes)"
         )
     return parse_max_regression(args.max_regression)
+
+
+def _decisions(args, targs, info, results, out, path, extra, max_regression):
+    """--decisions after the tiles: ([DecisionResult], DecisionCheck or None, the sidecar's path);
+    (None, None, None) without --decisions or when no tile ran. tune.json gains their figures."""
+    if not args.decisions or path is None:
+        return None, None, None
+    from moebench.tune import decide, decision_files, files
+
+    found, dec_check = decide.for_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr))
+    more = {"decisions": decision_files.to_json(found)}
+    if dec_check is not None:
+        more["decisions_check"] = dec_check.to_json()
+    files.write(info, results, out, extra={**extra, **more})
+    return found, dec_check, decision_files.write(info, found, out, path.name)

@@ -183,7 +183,8 @@ def sglang_path(cfg_dir: Path, name: str) -> Path:
 def tuned_files(out_dir: Path) -> list[Path]:
     """The config files a tune wrote into out_dir/configs/ (sidecars left out)."""
     d = Path(out_dir) / "configs"
-    files = sorted(p for p in d.glob("*.json") if not p.name.endswith(".provenance.json")) if d.is_dir() else []
+    side = (".provenance.json", ".moebench.json")  # the sidecars (decision_files.py: the second)
+    files = sorted(p for p in d.glob("*.json") if not p.name.endswith(side)) if d.is_dir() else []
     if not files:
         raise ValueError(f"--install-from {out_dir}: no {d}/*.json (give the --out directory of a finished tune)")
     return files

@@ -439,6 +439,8 @@ def tune(
     info = {
         "E": dims.num_experts,
         "N": dims.intermediate,
+        "hidden": dims.hidden,
+        "topk": dims.topk,
         "dtype": config_dtype(c.combo["quant"]),
         "block_shape": config_block_shape(c.combo["quant"]),
         "model": c.combo["model"],

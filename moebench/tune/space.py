@@ -44,6 +44,10 @@ SPACES = {
     "small": dict(
         BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[64], BLOCK_SIZE_K=[64], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]
     ),
+    # the same for fp8_block (its N and K tiles multiples of the 128 block)
+    "small_fp8": dict(
+        BLOCK_SIZE_M=[16, 32], BLOCK_SIZE_N=[128], BLOCK_SIZE_K=[128], GROUP_SIZE_M=[1], num_warps=[4], num_stages=[2]
+    ),
     # the spaces of the tunes committed before "vllm" (results/tune): kept to reproduce them
     "decode": dict(
         BLOCK_SIZE_M=[16, 32, 64],

@@ -190,6 +190,22 @@ def format_report(r: Report) -> str:
 
 
 def check_command(path) -> int:
-    r = check_file(path)
+    """0 when vLLM reads the tiles file as tuned (its decisions sidecar, if any, parsing too), 1 when not;
+    a decisions sidecar itself: 0 when the layer can read it (vLLM never opens it)."""
+    from moebench.kernels.triton import decisions
+
+    p = Path(path)
+    if decisions.is_decisions_file(p):
+        decisions.parse(json.loads(p.read_text()), str(p))  # ValueError (exit 2) names what is wrong
+        print(f"{p.name}\n  moebench's decisions sidecar (kernels/triton/decisions.py): vLLM never opens it; it parses")
+        return 0
+    r = check_file(p)
     print(format_report(r))
+    side = p.with_name(decisions.decisions_name(p.name))
+    if side.is_file():  # beside the tiles: the layer reads it, vLLM does not (its name is none of vLLM's)
+        d = decisions.parse(json.loads(side.read_text()), str(side))
+        print(
+            f"  beside it: {side.name}, moebench's decisions ({len(d.entries)} entries, deepgemm_min_tokens "
+            f"{d.deepgemm_min_tokens}): vLLM never opens it"
+        )
     return 0 if r.ok else 1

@@ -1,0 +1,358 @@
+"""`moebench tune --decisions`: every choice the layer's experts make besides the gathered tiles,
+per token count, timed as the layer runs (issue #51).
+
+The options at a token count, each one whole layer (prepare, experts, finalize: one forward of
+MoEKernel, the shared experts left out since no option changes them), built once with the
+tune's weights (kept: one copy for all):
+
+  gathered            experts.row_layout=gathered on this tune's winning tile at that count
+                      (else the layer's own look-up)
+  contiguous/triton   the contiguous layout on kernels/triton/contiguous_gemm.py
+  contiguous/gluon:V  the contiguous layout on the Gluon kernel, variant V of
+                      gluon_contiguous.GLUON_VARIANTS (stages, scale look-ahead, epilogue, tile:
+                      gluon_wide is the 128 x 192 one); fp8_block on an SM90 GPU only
+  deepgemm            the `deepgemm` experts (triton_or_deepgemm's other side); where DeepGEMM runs
+  current             the baseline: what the layer builds today (row_layout / contiguous_gemm auto:
+                      the constants, or an installed sidecar), never a winner itself
+
+An option that cannot run here is skipped with its reason (on the CPU: every Gluon variant and
+DeepGEMM). A handful of options: all are timed, exhaustively, their samples interleaved
+(`final_reps` each, the runner's timing: graph replays up to runner.graph_max_tokens, events
+above), each checked against the float32 reference first. The fastest Triton option is the
+sidecar's entry at that count (kernels/triton/decisions.py); DeepGEMM's switch-over is the
+smallest tuned count from which DeepGEMM won at every larger one.
+
+Legend: T tokens per rank, M rows entering the experts (the entries' key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from moebench.kernels.cards.experts import contiguous_unsupported, gluon_unsupported
+from moebench.kernels.experts._deep_gemm import deepgemm_unsupported
+from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
+from moebench.kernels.triton.decisions import gluon_config_of
+from moebench.measure import layer as layers
+from moebench.measure import timing
+from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
+
+NAN = float("nan")
+CURRENT = "current"
+DEEPGEMM = "deepgemm"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way the layer can run: the experts entry and the options its context gets."""
+
+    name: str
+    experts: str = "triton"
+    options: tuple = ()  # sorted (key, value) pairs; gluon_config / triton_config as sorted pairs too
+
+    def opts(self) -> dict:
+        return {k: dict(v) if isinstance(v, tuple) else v for k, v in self.options}
+
+    def entry(self) -> dict:
+        """The sidecar entry this option stands for ({} for deepgemm and the baseline)."""
+        o = self.opts()
+        if self.experts != "triton" or self.name == CURRENT:
+            return {}
+        if o.get("row_layout") == "gathered":
+            return {"row_layout": "gathered"}
+        e: dict = {"row_layout": "contiguous", "contiguous_gemm": "gluon" if "gluon_config" in o else "triton"}
+        if "gluon_config" in o:
+            e["gluon_config"] = o["gluon_config"]
+        return e
+
+
+def _opt(name: str, experts: str = "triton", **options) -> Option:
+    pairs = ((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in options.items())
+    return Option(name, experts, tuple(sorted(pairs)))
+
+
+def variant_name(cfg: dict) -> str:
+    """gluon:ws4-tma / gluon:ws6 / gluon:pipelined4 / gluon:ws4-ahead2 / gluon_wide:ws4-tma."""
+    kind = ("gluon_wide" if cfg["BLOCK_SIZE_N"] != 128 else "gluon") + ":" + ("ws" if cfg["WS"] else "pipelined")
+    tail = ("-tma" if cfg["EPILOGUE_TMA"] else "") + ("-ahead2" if cfg["SCALE_AHEAD"] == 2 else "")
+    return f"{kind}{cfg['STAGES']}{tail}"
+
+
+def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[Option], list[tuple[str, str]]]:
+    """(the options timed at a count whose gathered tile is `tile`, [(options skipped, why)])."""
+    quant = str(combo["quant"])
+    flat = {k: combo[k] for k in combo.keys()}
+    out = [_opt(CURRENT, row_layout="auto", contiguous_gemm="auto")]
+    gathered = {"row_layout": "gathered"} if tile is None else {"row_layout": "gathered", "triton_config": tile}
+    out.append(_opt("gathered", **gathered))
+    skipped = []
+    inter = combo["intermediate"] // max(1, combo.get("simulate_tp") or 1)
+    why = contiguous_unsupported(quant, combo["hidden"], inter)
+    if why is None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        why = "the contiguous layout loads through TMA: SM90 or newer"
+    if why:
+        skipped.append(("contiguous (every GEMM kernel)", why))
+    else:
+        out.append(_opt("contiguous/triton", row_layout="contiguous", contiguous_gemm="triton"))
+        gwhy = gluon_unsupported(quant, "contiguous", str(device))
+        if gwhy:
+            skipped.append(("contiguous/gluon (every GLUON_VARIANTS entry)", gwhy))
+        else:
+            from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
+
+            for v in GLUON_VARIANTS:
+                cfg = gluon_config_of(v)
+                name = "contiguous/" + variant_name(cfg)
+                out.append(_opt(name, row_layout="contiguous", contiguous_gemm="gluon", gluon_config=cfg))
+    dwhy = deepgemm_unsupported({**flat, "device": device.type})
+    if dwhy:
+        skipped.append((DEEPGEMM, dwhy))
+    else:
+        out.append(_opt(DEEPGEMM, DEEPGEMM))
+    return out, skipped
+
+
+@dataclass
+class Timed:
+    """One option at one token count: µs are the interleaved medians of whole-layer forwards."""
+
+    option: str
+    us: float = NAN
+    p20: float = NAN
+    p80: float = NAN
+    rel_err: float = NAN
+    error: str = ""
+    samples: list = field(default_factory=list)
+    ran: str = ""  # what the layer reported running (its experts' last_layout / last_gemm)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and math.isfinite(self.us)
+
+
+@dataclass
+class DecisionResult:
+    """One token count's decisions."""
+
+    tokens: int
+    rows: int
+    timed: list = field(default_factory=list)  # [Timed]
+    skipped: list = field(default_factory=list)  # [(options, why)]
+    best: str = ""  # the fastest Triton option
+    best_overall: str = ""  # the fastest option (deepgemm included)
+    entry: dict = field(default_factory=dict)
+    wall_s: float = NAN
+
+    def get(self, name: str) -> Optional[Timed]:
+        return next((t for t in self.timed if t.option == name), None)
+
+    def ratio(self, name: str, than: str) -> float:
+        """how many times slower `than` is than `name` (than / name)."""
+        a, b = self.get(name), self.get(than)
+        return b.us / a.us if a is not None and b is not None and a.ok and b.ok else NAN
+
+
+class DecisionBench:
+    """The layer of combination `c` under each option, on `device`."""
+
+    def __init__(self, c, device: torch.device):
+        self.c, self.device = c, device
+        self.combo = c.combo
+        self.layers: dict[Option, layers.Layer] = {}
+        q = self.combo["quant"]
+        self.tol = TOLERANCE[str(q)]
+        self.flush = timing.L2Flusher(device) if device.type == "cuda" else None
+        self.warmup = 3 if device.type == "cuda" else 1
+
+    def layer(self, o: Option) -> layers.Layer:
+        if o not in self.layers:
+            combo = dataclasses.replace(self.combo, experts=o.experts)
+            self.layers[o] = layers.build_layer(combo, 0, 1, None, self.device, options=o.opts(), keep_weights=True)
+        return self.layers[o]
+
+    def run(self, T: int, opts: list[Option], reps: int, salt: int = 7) -> list[Timed]:
+        """Each option checked on T tokens' routing, then all timed interleaved (`reps` samples each)."""
+        combo = self.combo
+        L0 = self.layer(opts[0])
+        routed = make_routed(L0.ctx.shape, T, routing_spec(combo), 0, salt, self.device, combo["simulate_rank"])
+        x, w, ids = routed.inputs
+        ref_w = reference_expert_fn(L0.ctx.shape, L0.ctx.quant, combo["seed"], self.device)
+        kept = range(0, L0.ctx.num_local_experts) if L0.ctx.simulate_ep > 1 else None
+        ref = reference_moe(x, w, ids, ref_w, kept)
+        out, fns = [], []
+        for o in opts:
+            t = Timed(o.name)
+            try:
+                kernel = self.layer(o).kernel
+                t.rel_err = rel_err(kernel.forward(x, w, ids, with_shared=False), ref)
+                ex = kernel.experts
+                t.ran = "/".join(s for s in (getattr(ex, "last_layout", ""), getattr(ex, "last_gemm", "")) if s)
+                if not t.rel_err <= self.tol:
+                    t.error = f"incorrect: rel_err {t.rel_err:.3g} > {self.tol:g}"
+            except Exception as e:  # noqa: BLE001 (a failing option is its trial's error; the others still run)
+                t.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            out.append(t)
+            if not t.error:
+                fns.append((t, (lambda k=kernel: k.forward(x, w, ids, with_shared=False))))
+        if fns:
+            graph = self.device.type == "cuda" and T <= combo["graph_max_tokens"]
+            samples = timing.time_interleaved(
+                [f for _, f in fns], self.device, reps, self.warmup, flush=self.flush, graph=graph, warmup_ms=50.0
+            )
+            for (t, _), s in zip(fns, samples, strict=True):
+                t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
+                if s.host_paced and self.device.type == "cuda":
+                    t.error = f"host-paced: {s.host_paced} of {len(s.us)} samples: host time, not ranked"
+        return out
+
+
+def decide(
+    c,
+    tokens: list[int],
+    rows: dict[int, int],
+    tiles: dict[int, dict],
+    reps: int,
+    device: torch.device,
+    log: Callable[[str], None] = lambda s: None,
+    bench: Optional[DecisionBench] = None,
+) -> list[DecisionResult]:
+    """The decisions at each token count (tiles: this tune's winning gathered tile per count)."""
+    bench = bench or DecisionBench(c, device)
+    results = []
+    for T in tokens:
+        t0 = time.perf_counter()
+        opts, skipped = options_of(c.combo, device, tiles.get(T))
+        r = DecisionResult(tokens=T, rows=rows.get(T, T), skipped=skipped)
+        r.timed = bench.run(T, opts, reps)
+        ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
+        triton = [t for t in ranked if t.option != DEEPGEMM]
+        if triton:
+            r.best = triton[0].option
+            r.entry = next(o for o in opts if o.name == r.best).entry()
+        r.best_overall = ranked[0].option if ranked else ""
+        r.wall_s = time.perf_counter() - t0
+        results.append(r)
+        why = "".join(f"; skipped {n}: {w}" for n, w in skipped)
+        log(f"tune decisions T={T}: {r.best_overall or 'nothing ran'}{why}")
+    return results
+
+
+def switch_over(results: list[DecisionResult]) -> Optional[int]:
+    """triton_or_deepgemm's deepgemm_min_tokens: the smallest tuned row count from which DeepGEMM won at
+    every larger one; one past the largest where it never won at the largest; None where it never ran."""
+    timed = sorted((r for r in results if r.get(DEEPGEMM) is not None and r.best_overall), key=lambda r: r.rows)
+    if not timed:
+        return None
+    m = None
+    for r in reversed(timed):
+        if r.best_overall != DEEPGEMM:
+            break
+        m = r.rows
+    return m if m is not None else timed[-1].rows + 1
+
+
+def summary(results: list[DecisionResult]) -> str:
+    """Markdown: per token count what was chosen, what it beat and by how much."""
+    lines = [
+        "| tokens | chosen | µs | vs current (today's constants) | runner-up | skipped |",
+        "|---:|---|---:|---:|---|---|",
+    ]
+    for r in results:
+        best = r.get(r.best_overall) if r.best_overall else None
+        if best is None:
+            errs = "; ".join(f"{t.option}: {t.error}" for t in r.timed if t.error)[:200]
+            lines.append(f"| {r.tokens} | none ran ({errs}) | – | – | – | |")
+            continue
+        cur = r.get(CURRENT)
+        vs = "–"
+        if cur is not None and cur.ok:
+            vs = f"{r.ratio(best.option, CURRENT):.2f}x (current ran {cur.ran or '?'}: {cur.us:.1f} µs)"
+        others = sorted((t for t in r.timed if t.ok and t.option not in (CURRENT, best.option)), key=lambda t: t.us)
+        up = f"{others[0].option} {others[0].us:.1f} µs ({others[0].us / best.us:.2f}x)" if others else "–"
+        skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.skipped)  # (tune.json: whole)
+        lines.append(f"| {r.tokens} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
+    return "\n".join(lines)
+
+
+@dataclass
+class DecisionCheck:
+    """--max-regression on the decisions: each count's chosen option against the current one, timed
+    again together (fresh interleaved samples, as regression.py checks the tiles)."""
+
+    max_regression: float
+    sizes: list = field(default_factory=list)  # [(tokens, chosen Timed, current Timed)]
+
+    def regressions(self) -> list[str]:
+        out = []
+        for T, got, cur in self.sizes:
+            if not got.ok:
+                out.append(f"{T} tokens: the chosen {got.option} failed in the check ({got.error or 'no time'})")
+            elif cur.ok and got.us > (1 + self.max_regression) * cur.us:
+                out.append(
+                    f"{T} tokens: chosen {got.option} {got.us:.1f} µs vs current {cur.us:.1f} µs = "
+                    f"{got.us / cur.us:.3f}x, above {1 + self.max_regression:g}x"
+                )
+        return out
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions()
+
+    def to_json(self) -> dict:
+        return {
+            "max_regression": self.max_regression,
+            "passed": self.passed,
+            "regressions": self.regressions(),
+            "sizes": [
+                {"tokens": T, "chosen": dataclasses.asdict(g), "current": dataclasses.asdict(cu)}
+                for T, g, cu in self.sizes
+            ],
+        }
+
+
+def check(
+    c,
+    results: list[DecisionResult],
+    tiles: dict[int, dict],
+    reps: int,
+    device: torch.device,
+    max_regression: float,
+    bench: Optional[DecisionBench] = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> DecisionCheck:
+    """Time each count's overall winner against the current layer again, interleaved."""
+    bench = bench or DecisionBench(c, device)
+    out = DecisionCheck(max_regression)
+    for r in results:
+        if not r.best_overall:
+            continue
+        opts, _ = options_of(c.combo, device, tiles.get(r.tokens))
+        pick = [o for o in opts if o.name in (r.best_overall, CURRENT)]
+        got, cur = sorted(bench.run(r.tokens, pick, reps, salt=13), key=lambda t: t.option == CURRENT)
+        out.sizes.append((r.tokens, got, cur))
+        log(f"tune decisions check T={r.tokens}: {got.option} {got.us:.1f} µs, current {cur.us:.1f} µs")
+    return out
+
+
+def for_tune(args, results, max_regression: Optional[float], log: Callable[[str], None]):
+    """`moebench tune --decisions` after the tile search (search.TuneArgs `args`, its [TokenResult]):
+    ([DecisionResult], DecisionCheck or None), on the device the tune's single-process path uses,
+    `args.final_reps` interleaved samples per option."""
+    from moebench.tune.search import resolve
+
+    c, _ = resolve(args.overrides)
+    cuda = c.combo["device"] == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    tiles = {r.tokens: r.best for r in results if r.best is not None}
+    rows = {r.tokens: r.key for r in results}
+    bench = DecisionBench(c, device)
+    found = decide(c, [r.tokens for r in results], rows, tiles, args.final_reps, device, log, bench)
+    if max_regression is None:
+        return found, None
+    return found, check(c, found, tiles, args.final_reps, device, max_regression, bench, log)

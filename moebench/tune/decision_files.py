@@ -1,0 +1,94 @@
+"""What `moebench tune --decisions` writes beside the tiles file, and how `--install` merges it.
+
+    <out>/configs/<vLLM stem>.moebench.json   the decisions sidecar (kernels/triton/decisions.py:
+                                              the format the layer reads), plus a "provenance"
+                                              section the layer ignores: per entry what was
+                                              chosen, what it beat and by how much
+    <out>/tune.json "decisions"               every option's figures per token count
+
+The tiles file itself is left exactly as vLLM reads it (files.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+from moebench.kernels.triton import decisions as kdec
+from moebench.tune.decide import CURRENT, DecisionResult, switch_over
+from moebench.util.safe_write import replace_text, safe_dir
+
+
+def _num(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _provenance(r: DecisionResult) -> dict:
+    best = r.get(r.best) if r.best else None
+    return {
+        "tokens": r.tokens,
+        "chosen": r.best,
+        "chosen_us": _num(best.us) if best else None,
+        "fastest_overall": r.best_overall,
+        "beat": {t.option: _num(t.us / best.us) for t in r.timed if best and t.ok and t.option != r.best},
+        "current_ran": (r.get(CURRENT).ran if r.get(CURRENT) else ""),  # type: ignore[union-attr]
+        "skipped": [list(s) for s in r.skipped],
+    }
+
+
+def sidecar(info: dict, results: list[DecisionResult]) -> dict:
+    """The decisions file's content (kernels/triton/decisions.py's format)."""
+    entries = {str(r.rows): r.entry for r in sorted(results, key=lambda r: r.rows) if r.entry}
+    return {
+        kdec.SCHEMA_KEY: kdec.SCHEMA_VERSION,
+        "layer": {k: info.get(k) for k in ("E", "N", "hidden", "topk", "quant", "model", "simulate_ep", "simulate_tp")},
+        "deepgemm_min_tokens": switch_over(results),
+        "entries": entries,
+        "provenance": {str(r.rows): _provenance(r) for r in results},
+    }
+
+
+def to_json(results: list[DecisionResult]) -> list[dict]:
+    """tune.json's "decisions": every option's figures at every count."""
+    return [
+        {
+            **{k: _num(v) for k, v in dataclasses.asdict(r).items() if k != "timed"},
+            "timed": [{k: _num(v) for k, v in dataclasses.asdict(t).items()} for t in r.timed],
+        }
+        for r in results
+    ]
+
+
+def write(info: dict, results: list[DecisionResult], out_dir: Path, tiles_name: str) -> Optional[Path]:
+    """The sidecar beside the tiles file of that name in out_dir/configs (None: no entry and no switch-over)."""
+    side = sidecar(info, results)
+    kdec.parse(side, "the decisions written")  # what the layer will read must parse
+    if not side["entries"] and side["deepgemm_min_tokens"] is None:
+        return None
+    cfg_dir = safe_dir(Path(out_dir), "configs")
+    return replace_text(cfg_dir / kdec.decisions_name(tiles_name), json.dumps(side, indent=2) + "\n")
+
+
+def install(tiles_src: Path, tiles_dest: Path, log: Callable[[str], None]) -> Optional[Path]:
+    """Merge the sidecar beside tiles_src (if any) into the one beside tiles_dest (its entries win;
+    a new switch-over replaces the old). Returns where it went."""
+    src = Path(tiles_src).with_name(kdec.decisions_name(Path(tiles_src).name))
+    if not src.is_file():
+        return None
+    dest = Path(tiles_dest).with_name(kdec.decisions_name(Path(tiles_dest).name))
+    new = json.loads(src.read_text())
+    if dest.is_file():
+        old = json.loads(dest.read_text())
+        new["entries"] = {**old.get("entries", {}), **new.get("entries", {})}
+        new["provenance"] = {**old.get("provenance", {}), **new.get("provenance", {})}
+        if new.get("deepgemm_min_tokens") is None:
+            new["deepgemm_min_tokens"] = old.get("deepgemm_min_tokens")
+    new["entries"] = {k: new["entries"][k] for k in sorted(new["entries"], key=int)}
+    kdec.parse(new, str(dest))
+    dest.write_text(json.dumps(new, indent=2) + "\n")
+    kdec.clear_cache()
+    log(f"installed {dest}")
+    return dest

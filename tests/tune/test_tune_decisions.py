@@ -1,0 +1,222 @@
+"""`moebench tune --decisions` (issue #51): the decisions sidecar the layer reads at build time
+(row layout, contiguous GEMM kernel and Gluon variant, triton_or_deepgemm's switch-over), its
+fall-back to today's constants, vLLM's reading of the tiles file beside it, and the decision
+search end to end through the interpreter on the tiny layer (Gluon and DeepGEMM skipped with
+their reasons on the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from moebench import cli
+from moebench.kernels import registry
+from moebench.kernels.cards.experts import CONTIGUOUS_MIN_PAIRS_PER_EXPERT
+from moebench.kernels.interfaces import KernelContext, LayerShape, QuantSpec
+from moebench.kernels.triton import config as tconfig
+from moebench.kernels.triton import decisions as kdec
+from moebench.measure.workload import build_expert_weights
+
+SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)  # the tiny model
+P = SHAPE.topk
+GLUON5 = dict(WS=True, STAGES=5, SCALE_AHEAD=1, EPILOGUE_TMA=True, BLOCK_SIZE_N=128)
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv(tconfig.CONFIG_DIR_ENV, str(tmp_path / "tuned"))
+    kdec.clear_cache()
+    yield
+    kdec.clear_cache()
+
+
+def _sidecar(tmp_path, entries, quant="fp8_block", hidden=256, dg=None):
+    dtype, bs = tconfig.config_dtype(quant), tconfig.config_block_shape(quant)
+    name = kdec.decisions_name(tconfig.config_file_name(8, 128, dtype, bs))
+    d = tmp_path / "tuned"
+    d.mkdir(exist_ok=True)
+    body = {kdec.SCHEMA_KEY: 1, "layer": {"hidden": hidden}, "deepgemm_min_tokens": dg, "entries": entries}
+    (d / name).write_text(json.dumps(body))
+    kdec.clear_cache()
+    return d / name
+
+
+def _experts(quant="fp8_block", name="triton", **options):
+    ctx = KernelContext(
+        shape=SHAPE, quant=QuantSpec(quant), device=torch.device("cpu"), simulate_ep=1, options=dict(options)
+    )
+    return registry.get_experts(name)(build_expert_weights(ctx, 0), "experts", ctx)
+
+
+def _constant_rows(quant):
+    """The fewest rows from which today's constant picks the contiguous layout (tiny: all 8 experts local)."""
+    return CONTIGUOUS_MIN_PAIRS_PER_EXPERT[quant] * SHAPE.num_experts // P
+
+
+def test_a_tuned_sidecar_changes_the_row_layout_and_a_missing_entry_keeps_the_constants(tmp_path):
+    need = _constant_rows("fp8_block")  # 512 rows
+    ex = _experts()
+    assert ex.decisions is None and not ex.contiguous(8, P) and ex.contiguous(need, P)  # no sidecar: constants
+    _sidecar(tmp_path, {"8": {"row_layout": "contiguous"}, "4096": {"row_layout": "gathered"}})
+    ex = _experts()
+    assert ex.decisions is not None
+    assert ex.contiguous(8, P) and ex.contiguous(12, P)  # the tuned entry at 8 serves 4 .. 16 rows
+    assert not ex.contiguous(4096, P) and not ex.contiguous(10**5, P)  # the largest entry: every larger M
+    assert ex.contiguous(need, P) and not ex.contiguous(need - 1, P)  # no entry within 2x: the constants
+    assert not _experts(row_layout="gathered").contiguous(8, P)  # a forced layout wins over a tuned one
+    # the layer builds and runs what the entry says (a forward through the interpreter)
+    from moebench.kernels.modular import MoEKernel
+    from moebench.measure.workload import make_inputs
+
+    ctx = ex.ctx
+    layer = MoEKernel(registry.get_backend("local")(ctx), ex, None, "none")
+    x, w, ids = make_inputs(SHAPE, 8, "uniform", 1.0, 0, 0, 1, "cpu")
+    assert torch.isfinite(layer(x, w, ids)).all()
+    assert ex.last_layout == "contiguous" and ex.last_gemm == "triton/triton"
+    # measured at another hidden size (a tiles file's name has no K): ignored
+    _sidecar(tmp_path, {"8": {"row_layout": "contiguous"}}, hidden=512)
+    assert _experts().decisions is None
+
+
+def test_a_tuned_sidecar_picks_the_contiguous_gemm_and_its_gluon_variant(tmp_path, monkeypatch):
+    """contiguous_gemm=auto on an SM90 GPU (stubbed: the CPU runs no Gluon) takes the Gluon kernel at
+    GLUON_CONFIG's variant; a tuned entry replaces it by the Triton kernel or another variant, set up at
+    build; where Gluon cannot run, a tuned Gluon choice is auto's answer (Triton)."""
+    from moebench.kernels.experts import triton as experts_triton
+    from moebench.kernels.triton import gluon_contiguous as gc
+
+    _sidecar(
+        tmp_path,
+        {
+            "600": {"row_layout": "contiguous", "contiguous_gemm": "triton"},
+            "4096": {"row_layout": "contiguous", "contiguous_gemm": "gluon", "gluon_config": GLUON5},
+        },
+    )
+    ex = _experts()  # the CPU: the tuned Gluon variant falls back
+    assert [ex._run_plan(m, P)[2] for m in (600, 4096)] == ["triton/triton", "triton/triton"]
+    monkeypatch.setattr(experts_triton, "contiguous_gemm_kernel", lambda mode, quant, cap, n: "gluon")
+    monkeypatch.setattr(experts_triton, "gluon_runs", lambda cap, quant: True)
+    monkeypatch.setattr(gc, "num_sms", lambda device: 4)
+    ex = _experts()
+    assert ex._run_plan(600, P)[2] == "triton/triton"  # tuned: Triton where auto runs Gluon
+    assert ex._run_plan(4096, P)[2] == "gluon/gluon" and ex._run_plan(2048, P)[2] == "gluon/gluon"
+    assert ex._run_plan(300, P)[2] == "triton/triton"  # 600's entry (within 2x)
+    assert ex._run_plan(8, P) == (False, None, "")  # no entry, few rows: gathered (constants)
+    stages = {plan: [g.constexprs["STAGES"] for g in gl] for plan, gl in ex._gluons.items()}
+    assert sorted(s for s in stages.values() if s) == [[4, 4], [5, 5]]  # the default and the tuned variant: built once
+    assert ex._run_plan(4096, P)[1] is ex._gemm_fns[next(p for p, s in stages.items() if s == [5, 5])]
+    forced = _experts(contiguous_gemm="gluon")  # a forced kernel: the tuned one never replaces it
+    assert forced._run_plan(600, P)[2] == "gluon/gluon"
+
+
+def test_triton_or_deepgemm_takes_the_tuned_switch_over_at_the_knobs_default(tmp_path):
+    from moebench.kernels.cards.experts import DEFAULT_MIN_TOKENS
+
+    try:
+        plain = _experts(name="triton_or_deepgemm")
+    except Exception as e:  # noqa: BLE001 (DeepGEMM's experts may not build without its library)
+        pytest.skip(f"the DeepGEMM experts do not build here: {e}")
+    assert plain.min_tokens == DEFAULT_MIN_TOKENS
+    _sidecar(tmp_path, {}, dg=2048)
+    assert _experts(name="triton_or_deepgemm").min_tokens == 2048
+    assert _experts(name="triton_or_deepgemm", deepgemm_min_tokens=64).min_tokens == 64  # forced
+
+
+def test_a_malformed_sidecar_says_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="row_layout"):
+        kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"row_layout": "sorted"}}})
+    with pytest.raises(ValueError, match="gluon_config"):
+        kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": {"WS": 1}}}})
+    with pytest.raises(ValueError, match="not a moebench decisions file"):
+        kdec.parse({"8": {}})
+
+
+def test_gluon_constants_match_the_kernels():
+    from moebench.kernels.triton import gluon_wide
+    from moebench.kernels.triton.gluon_contiguous import GLUON_CONFIG, GLUON_VARIANTS
+    from moebench.tune.decide import variant_name
+
+    assert kdec.GLUON_WIDE_N == gluon_wide.WIDE_N
+    cfgs = [kdec.gluon_config_of(v) for v in GLUON_VARIANTS]
+    assert {k: GLUON_CONFIG[k] for k in kdec.GLUON_FIELDS if k != "BLOCK_SIZE_N"} in [
+        {k: c[k] for k in kdec.GLUON_FIELDS if k != "BLOCK_SIZE_N"} for c in cfgs
+    ]
+    assert len({variant_name(c) for c in cfgs}) == len(cfgs)  # every variant's option has its own name
+
+
+def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch, capsys):
+    """fp8_block on the tiny layer at 4 and 16 tokens: the tiles, then every decision timed as whole
+    layers (gathered vs contiguous/triton; Gluon and DeepGEMM skipped with their reasons), the sidecar
+    beside the tiles file, the check, the install; the layer built afterwards reads what was chosen,
+    and vLLM's rule still reads the tiles file."""
+    out = tmp_path / "tune"
+    top, part = tmp_path / "configs", tmp_path / "configs" / "partial"
+    monkeypatch.setattr(tconfig, "CONFIG_DIR", top)
+    monkeypatch.setattr(tconfig, "PARTIAL_DIR", part)
+    argv = [
+        "tune",
+        "experts=triton",
+        "backend=local",
+        "model=tiny",
+        "quant=fp8_block",
+        "runner.device=cpu",
+        "workload.tokens_per_rank=[4,16]",
+        "--space",
+        "small_fp8",
+        "--reps",
+        "1",
+        "--final-reps",
+        "1",
+        "--decisions",
+        "--max-regression",
+        "50",  # the interpreter's times are the host's: the check runs, its verdict is not at stake
+        "--install",
+        "--out",
+        str(out),
+    ]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "decisions (whole layers, interleaved)" in text and "vs current" in text
+    tiles = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128])
+    side = json.loads((out / "configs" / kdec.decisions_name(tiles)).read_text())
+    parsed = kdec.parse(side)
+    assert set(parsed.entries) == {4, 16} and parsed.deepgemm_min_tokens is None  # DeepGEMM: no CPU
+    assert all(e["row_layout"] in ("gathered", "contiguous") for e in parsed.entries.values())
+    detail = json.loads((out / "tune.json").read_text())
+    for d in detail["decisions"]:
+        names = {t["option"] for t in d["timed"]}
+        assert {"current", "gathered", "contiguous/triton"} <= names
+        assert all(t["error"] == "" and t["rel_err"] < 0.1 for t in d["timed"]), d["timed"]
+        why = dict(d["skipped"])
+        assert "interpreter" in why["contiguous/gluon (every GLUON_VARIANTS entry)"] and why["deepgemm"]
+    assert detail["decisions_check"]["passed"]
+    # installed beside the tiles (partial/: two sizes), the tiles file as vLLM reads it
+    assert (part / kdec.decisions_name(tiles)).is_file()
+    assert set(json.loads((part / tiles).read_text())) == {"4", "16"}
+    assert cli.main(["tune", "--check-vllm", str(out / "configs" / tiles)]) == 1  # two sizes: far, as before
+    report = capsys.readouterr().out
+    assert "PROBLEM: grid sizes" in report and "moebench's decisions" in report and "lack" not in report
+    assert cli.main(["tune", "--check-vllm", str(out / "configs" / kdec.decisions_name(tiles))]) == 0
+    # the layer built now takes the tuned layout at each tuned size
+    monkeypatch.delenv(tconfig.CONFIG_DIR_ENV)
+    kdec.clear_cache()
+    tconfig._load_configs.cache_clear()
+    ex = _experts()
+    assert ex.decisions is not None
+    for m, e in parsed.entries.items():
+        assert ex.contiguous(m, P) == (e["row_layout"] == "contiguous")
+
+
+def test_vllm_reads_the_tiles_file_unchanged_beside_a_sidecar(tmp_path, capsys):
+    name = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128], device="NVIDIA H100 80GB HBM3")
+    entry = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    (tmp_path / name).write_text(json.dumps({str(m): entry for m in tconfig.VLLM_BATCH_SIZES}))
+    body = {kdec.SCHEMA_KEY: 1, "deepgemm_min_tokens": 1024, "entries": {"16": {"row_layout": "gathered"}}}
+    (tmp_path / kdec.decisions_name(name)).write_text(json.dumps(body))
+    assert cli.main(["tune", "--check-vllm", str(tmp_path / name)]) == 0
+    text = capsys.readouterr().out
+    assert "ok: vLLM would use an entry within 2x" in text and "deepgemm_min_tokens 1024" in text
+    assert sorted(tconfig.read_config_file(tmp_path / name)) == sorted(tconfig.VLLM_BATCH_SIZES)
