@@ -147,6 +147,7 @@ def test_gluon_constants_match_the_kernels():
     assert len({variant_name(c) for c in cfgs}) == len(cfgs)  # every variant's option has its own name
 
 
+@pytest.mark.slow  # minutes through the interpreter (fp8 layers at two sizes, three times each)
 def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch, capsys):
     """fp8_block on the tiny layer at 4 and 16 tokens: the tiles, then every decision timed as whole
     layers (gathered vs contiguous/triton; Gluon and DeepGEMM skipped with their reasons), the sidecar

@@ -93,7 +93,7 @@ def name_variants(file_name: str) -> list[str]:
     return [file_name, f"{head}block_shape=[{inner.replace(' ', '').replace(',', ', ')}]{rest}"]
 
 
-def _config_dirs() -> list[Path]:
+def config_dirs() -> list[Path]:
     extra = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
     return extra + [CONFIG_DIR, PARTIAL_DIR]
 
@@ -141,7 +141,7 @@ def _load_configs(file_name: str, dirs: tuple[Path, ...]) -> Optional[dict[int, 
 
 def load_configs(E, N, dtype=None, block_shape=None, device=None) -> Optional[dict[int, dict]]:
     """{token count: config} from the first matching file, or None."""
-    return _load_configs(config_file_name(E, N, dtype, block_shape, device), tuple(_config_dirs()))
+    return _load_configs(config_file_name(E, N, dtype, block_shape, device), tuple(config_dirs()))
 
 
 def nearest(configs: dict[int, dict], M: int, within: float = 2.0) -> Optional[dict]:

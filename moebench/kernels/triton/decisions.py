@@ -16,7 +16,7 @@ a name vLLM never opens. Its content:
                           "gluon_config": {"WS": true, "STAGES": 5, "SCALE_AHEAD": 1,
                                            "EPILOGUE_TMA": true, "BLOCK_SIZE_N": 128}}}}
 
-Found in the folders the tiles are (config._config_dirs: MOEBENCH_TRITON_CONFIG_DIR first, then
+Found in the folders the tiles are (config.config_dirs: MOEBENCH_TRITON_CONFIG_DIR first, then
 kernels/configs/, kernels/configs/partial/); an entry serves M rows by the tiles' nearest-key rule
 (config.nearest: within 2x, the largest entry every larger M). A sidecar measured on another
 hidden size (the tile file's name has no K) is ignored. Read once when the experts are built:
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import _config_dirs, config_file_name, find_config_file, nearest
+from .config import config_dirs, config_file_name, find_config_file, nearest
 
 SUFFIX = ".moebench.json"
 SCHEMA_KEY = "moebench_decisions"
@@ -119,7 +119,7 @@ def load_decisions(
 ) -> Optional[Decisions]:
     """The sidecar of the tiles file for (E, N = I, dtype, block_shape) on this device, None where
     there is none or it was measured at another hidden size."""
-    d = _load(config_file_name(E, N, dtype, block_shape, device), tuple(_config_dirs()))
+    d = _load(config_file_name(E, N, dtype, block_shape, device), tuple(config_dirs()))
     if d is None or (d.hidden is not None and int(d.hidden) != int(hidden)):
         return None
     return d
