@@ -177,7 +177,12 @@ class DecisionBench:
         return self.layers[o]
 
     def run(self, T: int, opts: list[Option], reps: int, salt: int = 7) -> list[Timed]:
-        """Each option checked on T tokens' routing, then all timed interleaved (`reps` samples each)."""
+        """Each option checked on T tokens' routing, then all timed interleaved (`reps` samples each).
+        The layers are built for this call only (their weights kept: one copy): the workspaces of the
+        previous count's do not stay on the GPU."""
+        self.layers.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         combo = self.combo
         L0 = self.layer(opts[0])
         routed = make_routed(L0.ctx.shape, T, routing_spec(combo), 0, salt, self.device, combo["simulate_rank"])
@@ -326,14 +331,15 @@ def check(
     bench: Optional[DecisionBench] = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> DecisionCheck:
-    """Time each count's overall winner against the current layer again, interleaved."""
+    """Time each count's entry (the Triton option the triton experts will run) against the current
+    layer again, interleaved."""
     bench = bench or DecisionBench(c, device)
     out = DecisionCheck(max_regression)
     for r in results:
-        if not r.best_overall:
+        if not r.best:
             continue
         opts, _ = options_of(c.combo, device, tiles.get(r.tokens))
-        pick = [o for o in opts if o.name in (r.best_overall, CURRENT)]
+        pick = [o for o in opts if o.name in (r.best, CURRENT)]
         got, cur = sorted(bench.run(r.tokens, pick, reps, salt=13), key=lambda t: t.option == CURRENT)
         out.sizes.append((r.tokens, got, cur))
         log(f"tune decisions check T={r.tokens}: {got.option} {got.us:.1f} µs, current {cur.us:.1f} µs")
