@@ -143,7 +143,7 @@ class DecisionResult:
     tokens: int
     rows: int
     timed: list = field(default_factory=list)  # [Timed]
-    skipped: list = field(default_factory=list)  # [(options, why)]
+    not_run: list = field(default_factory=list)  # [(options, why they cannot run here)]
     best: str = ""  # the fastest Triton option
     best_overall: str = ""  # the fastest option (deepgemm included)
     entry: dict = field(default_factory=dict)
@@ -233,7 +233,7 @@ def decide(
     for T in tokens:
         t0 = time.perf_counter()
         opts, skipped = options_of(c.combo, device, tiles.get(T))
-        r = DecisionResult(tokens=T, rows=rows.get(T, T), skipped=skipped)
+        r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped)
         r.timed = bench.run(T, opts, reps)
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
         triton = [t for t in ranked if t.option != DEEPGEMM]
@@ -280,7 +280,7 @@ def summary(results: list[DecisionResult]) -> str:
             vs = f"{r.ratio(best.option, CURRENT):.2f}x (current ran {cur.ran or '?'}: {cur.us:.1f} µs)"
         others = sorted((t for t in r.timed if t.ok and t.option not in (CURRENT, best.option)), key=lambda t: t.us)
         up = f"{others[0].option} {others[0].us:.1f} µs ({others[0].us / best.us:.2f}x)" if others else "–"
-        skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.skipped)  # (tune.json: whole)
+        skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.not_run)  # (tune.json: whole)
         lines.append(f"| {r.tokens} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
     return "\n".join(lines)
 

@@ -28,14 +28,15 @@ def _num(v):
 
 def _provenance(r: DecisionResult) -> dict:
     best = r.get(r.best) if r.best else None
+    cur = r.get(CURRENT)
     return {
         "tokens": r.tokens,
         "chosen": r.best,
         "chosen_us": _num(best.us) if best else None,
         "fastest_overall": r.best_overall,
         "beat": {t.option: _num(t.us / best.us) for t in r.timed if best and t.ok and t.option != r.best},
-        "current_ran": (r.get(CURRENT).ran if r.get(CURRENT) else ""),  # type: ignore[union-attr]
-        "skipped": [list(s) for s in r.skipped],
+        "current_ran": cur.ran if cur is not None else "",
+        "not_run": [list(s) for s in r.not_run],  # (options, why)
     }
 
 

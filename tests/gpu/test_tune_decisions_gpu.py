@@ -38,7 +38,7 @@ def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkey
     found = decide.decide(c, TOKENS, {T: T for T in TOKENS}, {}, 5, dev, print)
     for r in found:
         names = {t.option for t in r.timed}
-        assert sum(n.startswith("contiguous/gluon") for n in names) == len(GLUON_VARIANTS), r.skipped
+        assert sum(n.startswith("contiguous/gluon") for n in names) == len(GLUON_VARIANTS), r.not_run
         assert {"current", "gathered", "contiguous/triton"} <= names
         bad = [(t.option, t.error) for t in r.timed if t.error]
         assert not bad, bad

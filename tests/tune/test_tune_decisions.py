@@ -191,7 +191,7 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
         names = {t["option"] for t in d["timed"]}
         assert {"current", "gathered", "contiguous/triton"} <= names
         assert all(t["error"] == "" and t["rel_err"] < 0.1 for t in d["timed"]), d["timed"]
-        why = dict(d["skipped"])
+        why = dict(d["not_run"])
         assert "interpreter" in why["contiguous/gluon (every GLUON_VARIANTS entry)"] and why["deepgemm"]
     assert detail["decisions_check"]["passed"]
     # installed beside the tiles (partial/: two sizes), the tiles file as vLLM reads it
