@@ -198,12 +198,12 @@ def _died(procs, st: _GroupState, wait_s: float = 1.0) -> str:
     return "; ".join(d.text() for d in _dead(procs, st, wait_s))
 
 
-def _rest(fin: Finished, startup: bool) -> list[int]:
+def _rest(fin: Finished) -> list[int]:
     """The token counts after the one that failed (OOM, timeout, a crash), which run in a fresh
     process group rather than inherit its failure: `fin` keeps the counts up to the failed one.
     None ([]) where the failure was no token count's (the layer's setup, the group's start-up)."""
     failed_at = fin.failure.tokens if fin.failure is not None else None
-    if startup or failed_at is None or failed_at not in fin.tokens:
+    if failed_at is None or failed_at not in fin.tokens:
         return []
     i = fin.tokens.index(failed_at)
     rest = fin.tokens[i + 1 :]
@@ -372,11 +372,17 @@ class Launcher:
         timeout_s = work[st.current][0].combo.timeout_s
         # no rank began the group's first combination: its start-up hung (imports, plugins, init)
         startup_s = STARTUP_S + timeout_s if bad == 0 and not st.started else 0.0
-        fin.failure = decide(
-            Observed(error=st.failure, deaths=_dead(procs, st), tokens=at, timeout_s=timeout_s, startup_s=startup_s)
+        fin.failure = decide(  # a start-up's failure is no token count's: every count's row says it
+            Observed(
+                error=st.failure,
+                deaths=_dead(procs, st),
+                tokens=None if startup_s else at,
+                timeout_s=timeout_s,
+                startup_s=startup_s,
+            )
         )
         _kill(procs)
-        rest = _rest(fin, startup_s > 0)
+        rest = _rest(fin)
         self.on_finished(fin)
         return work[st.current : bad] + ([(fin.combo, rest)] if rest else []) + work[bad + 1 :]
 

@@ -175,3 +175,30 @@ def test_a_group_that_never_started_names_its_start_up():
     assert failure.reason.startswith("start-up: no rank started within 210 s") and "plugins" in failure.reason
     assert PLUGIN_TIMEOUT_VAR in failure.reason
     assert decide(Observed(tokens=16, timeout_s=30)).reason.startswith("no result within 30 s")
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_at_start_up_gets_a_row_naming_start_up(tmp_path, monkeypatch):
+    """A hang the plugin deadline does not end (here: a deadline longer than the start-up allowance)
+    keeps every rank from beginning its first combination: the row says start-up, not a kernel's
+    timeout."""
+    from moebench.results.store import RunStore
+    from moebench.run import launch
+    from moebench.run.sweep import execute
+    from tests.run.test_sweep_cpu import children
+
+    (tmp_path / "startup_hang_plugin.py").write_text(
+        "import multiprocessing, time\nwhile multiprocessing.parent_process() is not None:\n    time.sleep(1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned ranks start with this process's sys.path
+    monkeypatch.setenv(registry.PLUGIN_MODULES_VAR, os.pathsep.join(["fault_experts", "startup_hang_plugin"]))
+    monkeypatch.setenv(PLUGIN_TIMEOUT_VAR, "600")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launch, "STARTUP_S", 4.0)
+    ovs = ["backend=local", "experts=torch", "model=tiny", "quant=bf16", "reduction=experts", "overlap=none"]
+    ovs += ["workload.tokens_per_rank=[4,8]", "runner.timeout_s=4", "runner.reps=3", "runner.warmup=0"]
+    run_dir, counts = execute(ovs, None, str(tmp_path / "out"), quiet=True)
+    rows = RunStore(run_dir).load()
+    assert sorted(rows.tokens_per_rank) == [4, 8] and set(rows.status) == {Status.TIMEOUT.value}, rows.reason
+    assert all(r.startswith("start-up: no rank started within 8 s") for r in rows.reason), rows.reason
+    assert counts.exit_code() == 1 and children() == []  # the hung ranks were killed
