@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from moebench.measure.gpu_state import probe_for
 from moebench.report.roofline import SCHEMA, ceilings_dir, gpu_slug
 from moebench.run.env import fingerprint, git_info
 
@@ -54,12 +55,16 @@ BLOCK = 128
 FP8 = torch.float8_e4m3fn
 
 
+_CLOCK: dict = {}  # the SM clock (MHz) of the last GPU sample set (time_samples), NaN where unread
+
+
 def time_samples(
     fn: Callable[[], object], device: torch.device, reps: int, warmup: int, warmup_ms: float
 ) -> list[float]:
     """`reps` samples of fn() in µs: CUDA events around each call, enqueued back to back
     and read once (the host's launches stay hidden behind the GPU's work); the monotonic
-    clock on the CPU."""
+    clock on the CPU. On a GPU the SM clock over the whole set (measure/clock.py's stamps
+    before the first sample and after the last) is left in _CLOCK["mhz"]."""
     for _ in range(warmup):
         fn()
     cuda = device.type == "cuda"
@@ -71,11 +76,18 @@ def time_samples(
                 fn()
             torch.cuda.synchronize(device)
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        probe, _ = probe_for(device)
+        if probe is not None:
+            probe.begin(1)
+            probe.stamp(0, end=False)
         for start, end in ev:
             start.record()
             fn()
             end.record()
+        if probe is not None:
+            probe.stamp(0, end=True)
         torch.cuda.synchronize(device)
+        _CLOCK["mhz"] = float(probe.read()[0][0]) if probe is not None else float("nan")
         return [s.elapsed_time(e) * 1e3 for s, e in ev]
     out = []
     for _ in range(reps):
@@ -140,6 +152,11 @@ def check(name: str, device: torch.device) -> str:
     return "" if np.isfinite(err) and err < 2e-2 else f"incorrect: rel_err {err:.3g} against float32"
 
 
+def _mhz(x) -> float | None:
+    """A clock for the JSON: None where unread (JSON has no NaN)."""
+    return float(x) if x is not None and np.isfinite(x) else None
+
+
 def summary(samples: list[float], work: float) -> dict:
     s = np.asarray(samples)
     med = float(np.median(s))
@@ -149,6 +166,7 @@ def summary(samples: list[float], work: float) -> dict:
         p80_us=float(np.percentile(s, 80)),
         reps=len(samples),
         rate_per_s=work / (med * 1e-6),
+        sm_clock_mhz=_mhz(_CLOCK.pop("mhz", None)),  # None on the CPU and without the probe
     )
 
 
@@ -210,6 +228,8 @@ def ceilings(rows: list[dict]) -> dict:
         copy_bytes_per_s=copy["rate_per_s"],
         gemm_flops_per_s=dict(bf16=bf16["rate_per_s"], fp8=fp8["rate_per_s"]),
         source=dict(copy=src(copy), bf16=src(bf16), fp8=src(fp8)),
+        # the SM clock each peak ran at: the roofline scales a GEMM peak to a row's clock
+        sm_clock_mhz={k: r.get("sm_clock_mhz") for k, r in (("copy", copy), ("bf16", bf16), ("fp8", fp8))},
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -44,6 +44,8 @@ class Ceilings:
     path: Path
     commit: str
     timestamp: str
+    # the SM clock (MHz) each GEMM peak ran at ("bf16" / "fp8"; files from before the clock: none)
+    clock_mhz: dict = field(default_factory=dict)
 
 
 def gpu_slug(gpu: str) -> str:
@@ -88,6 +90,11 @@ def read_ceilings(path: str | Path, require_gpu: bool = True) -> Ceilings:
         path,
         str(doc.get("commit") or "unknown"),
         str(doc.get("timestamp") or ""),
+        {
+            k: float(v)
+            for k, v in (c.get("sm_clock_mhz") or {}).items()
+            if k in ("bf16", "fp8") and isinstance(v, (int, float)) and np.isfinite(v) and v > 0
+        },
     )
 
 
@@ -124,8 +131,20 @@ def add_floor(df: pd.DataFrame, root: str | Path | None = None) -> pd.DataFrame:
         index=out.index,
         dtype=float,
     )
+    # the GEMM peak at the row's clock where both are known: a compute-bound kernel's rate goes as
+    # the SM clock (docs/design.md, "Derived rates and the roofline"); 1 elsewhere
+    peak_clock = pd.Series(
+        [
+            c.clock_mhz.get(PEAK_OF_QUANT.get(q, ""), np.nan) if c else np.nan
+            for c, q in zip(ceil, out["quant"], strict=True)
+        ],
+        index=out.index,
+        dtype=float,
+    )
+    row_clock = pd.to_numeric(out.get("sm_clock_mhz_median", pd.Series(np.nan, index=out.index)), errors="coerce")
+    out["flop_clock_scale"] = (row_clock / peak_clock).where(lambda x: np.isfinite(x) & (x > 0), 1.0)
     out["hbm_floor_us"] = out["expert_bytes"] / copy * 1e6
-    out["flop_floor_us"] = out["expert_flops"] / peak * 1e6
+    out["flop_floor_us"] = out["expert_flops"] / (peak * out["flop_clock_scale"]) * 1e6
     out["floor_us"] = out[["hbm_floor_us", "flop_floor_us"]].max(axis=1, skipna=False)
     has = out["floor_us"].notna()
     out["bound"] = np.where(~has, "", np.where(out["hbm_floor_us"] >= out["flop_floor_us"], "memory", "compute"))
@@ -159,6 +178,14 @@ def ceilings_caption(df: pd.DataFrame, root: str | Path | None = None) -> str:
                 f"{c.commit[:10]}): {c.copy_bytes_per_s / 1e12:.2f} TB/s copy (read + write); "
                 f"{c.gemm_flops_per_s['bf16'] / 1e12:.0f} / {c.gemm_flops_per_s['fp8'] / 1e12:.0f} "
                 "TFLOP/s bf16 / fp8 GEMMs."
+                + (
+                    " The GEMM peaks ran at "
+                    + " / ".join(f"{c.clock_mhz[k]:.0f}" for k in ("bf16", "fp8") if k in c.clock_mhz)
+                    + " MHz; a row with its own median SM clock gets its FLOP floor from the peak scaled to "
+                    "that clock (compute-bound rows' % of floor reads the kernel, not the clock)."
+                    if c.clock_mhz
+                    else " No clock recorded with these peaks: FLOP floors are not scaled to a row's clock."
+                )
             )
     if "gpu" not in df or df["gpu"].isna().any():
         parts.append(f"Rows without a `gpu`: {NO_CEILING}, so their floor columns are empty.")

@@ -4,14 +4,18 @@ run's GPU rows recorded no clock or NVML."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pytest
 
 from moebench.report.clock_report import clock_notes, clock_table, throttled_text
 from moebench.report.document import write_report
 from moebench.report.flags import flags_of
 from moebench.results.synthetic import make_row, write_run
 
+REPO = Path(__file__).resolve().parents[2]
 CLOCKED = dict(
     sm_clock_mhz_min=1515.0,
     sm_clock_mhz_median=1900.0,
@@ -60,3 +64,21 @@ def test_rows_without_clock_columns_get_one_note_and_no_table():
     assert note.startswith("no NVML in every GPU row (no NVML (nvidia-ml-py is not installed))")
     # a CPU run or synthetic rows that name no GPU: nothing to say
     assert clock_notes(pd.DataFrame([{**_row(64), "gpu": "cpu"}])) == []
+
+
+def test_a_rows_flop_floor_uses_the_peak_scaled_to_its_clock(tmp_path):
+    import json
+
+    from moebench.report.roofline import add_floor, ceilings_caption
+
+    doc = json.loads((REPO / "results/ceilings/nvidia-h200/ceilings.json").read_text())
+    doc["ceilings"]["sm_clock_mhz"] = {"copy": 1980.0, "bf16": 1800.0, "fp8": 1700.0}
+    (tmp_path / "nvidia-h200").mkdir()
+    (tmp_path / "nvidia-h200" / "ceilings.json").write_text(json.dumps(doc))
+    compute = dict(expert_flops=1e12, expert_bytes=1e9, experts_us=2000.0)
+    df = pd.DataFrame([_row(256, **compute, sm_clock_mhz_median=900.0), _row(512, **compute)])
+    out = add_floor(df, tmp_path).set_index("tokens_per_rank")
+    # at half the peak's clock the FLOP floor doubles; a row without a clock keeps the peak's
+    assert out.loc[256, "flop_clock_scale"] == 0.5 and out.loc[512, "flop_clock_scale"] == 1.0
+    assert out.loc[256, "flop_floor_us"] == pytest.approx(2 * out.loc[512, "flop_floor_us"])
+    assert "ran at 1800 / 1700 MHz" in ceilings_caption(df, tmp_path)
