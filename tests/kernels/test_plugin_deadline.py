@@ -86,6 +86,34 @@ def test_list_goes_on_after_the_deadline_with_one_line_naming_the_plugin(site, t
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("command", [["list", *ARGS], ["env"]])
+def test_ctrl_c_while_a_plugin_imports_is_one_line_and_exit_130(site, tmp_path, command):
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k not in (registry.PLUGIN_MODULES_VAR, TIMED_OUT_VAR)}
+    env.update(PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), HANG_MARKER=str(tmp_path / "imported"))
+    env[PLUGIN_TIMEOUT_VAR] = "600"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moebench.cli", *command],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "imported").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert (tmp_path / "imported").exists(), "the plugin never started importing"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [f"moebench {command[0]}: interrupted"], err
+    if command == ["env"]:  # the machine and its libraries come before any plugin is imported
+        assert "optional libraries:" in out and "plugins (contract" not in out, out
+
+
+@pytest.mark.multiprocess
 def test_report_and_compare_never_import_a_plugin(site, tmp_path):
     from moebench.results.synthetic import synthetic_run
 
