@@ -54,10 +54,13 @@ def clock_mhz(start_ns, start_cycles, end_ns, end_cycles) -> np.ndarray:
     """Each sample's SM clock (MHz) from the stamps before and after it: arrays [samples, SMs]
     of `%globaltimer` ns and `%clock64` cycles (0: that SM did not read). Per SM, cycles over
     ns; the sample's clock is the median over the SMs that read both times; NaN where none did."""
-    s_ns, s_cy, e_ns, e_cy = (np.asarray(a, dtype=np.float64) for a in (start_ns, start_cycles, end_ns, end_cycles))
+    # differences in int64 first: globaltimer counts ns since the epoch (~1.8e18), where a
+    # float64 is 256 ns coarse
+    s_ns, s_cy, e_ns, e_cy = (np.asarray(a, dtype=np.int64) for a in (start_ns, start_cycles, end_ns, end_cycles))
     ok = (s_ns > 0) & (e_ns > s_ns) & (s_cy > 0) & (e_cy > s_cy)
+    d_ns, d_cy = (e_ns - s_ns).astype(np.float64), (e_cy - s_cy).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mhz = np.where(ok, (e_cy - s_cy) / (e_ns - s_ns) * 1e3, np.nan)  # cycles per ns = GHz
+        mhz = np.where(ok, d_cy / d_ns * 1e3, np.nan)  # cycles per ns = GHz
     out = np.full(mhz.shape[0], np.nan)
     has = ok.any(axis=1)
     out[has] = np.nanmedian(mhz[has], axis=1)

@@ -47,7 +47,10 @@ def nvml_for(device: torch.device, nvml_module: Any = None) -> tuple[Any, Any, s
             try:
                 _HANDLES[key] = (mod, nvml.device_handle(mod, uuid, device.index or 0))
             except nvml.nvml_error(mod):  # a UUID NVML does not know: by index
-                _HANDLES[key] = (mod, nvml.device_handle(mod, "", device.index or 0))
+                try:
+                    _HANDLES[key] = (mod, nvml.device_handle(mod, "", device.index or 0))
+                except nvml.nvml_error(mod) as e:  # no handle: no NVML columns, the row still runs
+                    _HANDLES[key] = (None, f"no NVML handle for {device} ({type(e).__name__})")
     mod, h = _HANDLES[key]
     return (None, None, h) if mod is None else (mod, h, "")
 
@@ -95,8 +98,10 @@ class ClockWatch:
         return clock.throttled(clocks, self.masks(s))
 
     def retake(self) -> Optional[Any]:
-        """timing.time_interleaved's `retake` (runner.drop_throttled), or None."""
-        if not self.drop or (self.probe is None and self.poller is None):
+        """timing.time_interleaved's `retake` (runner.drop_throttled), or None: given wherever the
+        knob is on, even without a probe or NVML here (0 then), since its count is agreed over
+        the ranks and every rank must make that call."""
+        if not self.drop:  # never by what this rank measured: every rank must agree alike
             return None
         return lambda out: float(sum(int(self.throttled(s).sum()) for s in out))
 

@@ -28,6 +28,14 @@ def test_clock_is_cycles_over_ns_per_sm_and_the_median_over_sms():
     assert math.isnan(none[0])
 
 
+def test_the_clock_keeps_nanoseconds_of_an_epoch_timer():
+    # globaltimer counts ns since the epoch: a float64 there is 256 ns coarse, a 1 µs sample's
+    # clock would be off by a quarter
+    t0 = 1_800_000_000_000_000_123
+    mhz = clock.clock_mhz([[t0]], [[5_000_000]], [[t0 + 1000]], [[5_001_900]])
+    assert mhz[0] == pytest.approx(1900.0, rel=1e-9)
+
+
 def test_a_sample_below_nine_tenths_of_the_median_clock_is_throttled():
     clocks = [1965.0, 1960.0, 1950.0, 1700.0, 1515.0, float("nan")]
     got = clock.throttled(clocks)
@@ -147,7 +155,7 @@ def test_a_watch_names_throttled_samples_from_clocks_and_nvml_and_fills_the_row(
 
 def test_on_the_cpu_a_watch_is_empty_and_without_a_probe_or_nvml_it_records_nothing():
     cpu = gpu_state.ClockWatch.for_device(torch.device("cpu"), 50.0, True)
-    assert cpu.probe is None and cpu.poller is None and cpu.note == "" and cpu.retake() is None
+    assert cpu.probe is None and cpu.poller is None and cpu.note == "" and cpu.retake() is not None
     assert cpu.fields(Samples([1.0, 2.0]), cuda=False) == {}
     # a GPU row without the probe or NVML: NaN counts and the note, no list
     bare = gpu_state.ClockWatch(None, note="clock not recorded (ImportError: triton)")
