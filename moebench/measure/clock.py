@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+MAX_SLOTS = 512  # samples a pass may stamp (reps x callables): 8 MiB of stamps on a 132-SM GPU
 THROTTLE_CLOCK_FRACTION = 0.9  # a sample below this share of the row's median clock is throttled
 # NVML's clocks-event reasons (nvml.h nvmlClocksEventReason*): the bits that slow the SM clock
 NVML_REASONS = {
@@ -129,25 +130,29 @@ class ClockProbe:
     enqueued between the hold and the start event, so the hold grows by it
     (timing.time_interleaved); the end stamp follows the end event, outside the sample."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, max_slots: int = 0):
         self.device = device
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         # %smid may exceed the SM count (ids need not be dense): room for twice as many
         self.width = 1 << (2 * self.num_sms - 1).bit_length()
-        self.buf = torch.zeros(0, dtype=torch.int64, device=device)
+        # allocated once, with the harness's own buffers (measure/samples.py rank_sync), never
+        # inside a row's measured memory region or under runner.memory_budget's cap
+        self.max_slots = max_slots or MAX_SLOTS
+        self.buf = torch.zeros((self.max_slots + 1) * 2 * self.width * 2, dtype=torch.int64, device=device)
+        self.slots, self._skipped = 0, 0
         self._kernel = _stamp_kernel()
         self._host_us: Optional[float] = None
 
     def begin(self, slots: int) -> None:
-        """A zeroed buffer for `slots` samples (+1: the host-clock alignment's stamp)."""
-        n = (slots + 1) * 2 * self.width * 2
-        if self.buf.numel() < n:
-            self.buf = torch.zeros(n, dtype=torch.int64, device=self.device)
-        else:
-            self.buf[:n].zero_()
-        self.slots = slots
+        """Zeroes the slots of a pass of `slots` samples (+1: the host-clock alignment's stamp).
+        A pass longer than max_slots is not stamped (its clocks read NaN)."""
+        self.slots = slots if slots <= self.max_slots else 0
+        self._skipped = slots - self.slots
+        self.buf[: (self.slots + 1) * 2 * self.width * 2].zero_()
 
     def stamp(self, slot: int, end: bool) -> None:
+        if self._skipped and slot < self._skipped:  # a pass past max_slots: not stamped
+            return
         base = (2 * slot + int(end)) * self.width * 2
         self._kernel[(self.num_sms,)](self.buf, base, WIDTH=self.width, num_warps=1)
 
@@ -179,6 +184,8 @@ class ClockProbe:
         st = self.buf[: (self.slots + 1) * 2 * self.width * 2].view(self.slots + 1, 2, self.width, 2).cpu().numpy()
         ref = st[self.slots, 0, :, 0]
         offset = (t0 + t1) // 2 - int(ref[ref > 0].max()) if (ref > 0).any() else 0
+        if self._skipped:
+            return np.full(self._skipped, np.nan), [(0, 0)] * self._skipped
         st = st[: self.slots]
         mhz = clock_mhz(st[:, 0, :, 0], st[:, 0, :, 1], st[:, 1, :, 0], st[:, 1, :, 1])
         spans = []

@@ -14,7 +14,7 @@ from moebench.kernels.interfaces import NULL_PHASES
 from moebench.kernels.modular import MoEKernel
 from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
 from moebench.measure import memory, timing
-from moebench.measure.gpu_state import ClockWatch
+from moebench.measure.gpu_state import ClockWatch, probe_for
 from moebench.measure.workload import cached_reference
 
 
@@ -47,6 +47,7 @@ def rank_sync(group, device, l2_flush: bool = True) -> RankSync:
     """barrier / flush / align / agree on this rank of `group`, as the harness starts its
     samples (benchmarks/ use it too)."""
     flush = timing.L2Flusher(device) if device.type == "cuda" and l2_flush else None
+    probe_for(device)  # the clock probe's stamps: allocated and compiled here, with the flush's buffer
     if group is None:
         return RankSync(None, flush, None, None, device)
 
