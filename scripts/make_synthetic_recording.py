@@ -24,14 +24,15 @@ ARCHS = ("auto", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 
 def model_shape(name: str) -> tuple[int, int]:
-    """(num_experts, topk) of moebench's conf/model/NAME.yaml."""
-    import yaml
-
+    """(num_experts, topk) of moebench's conf/model/NAME.yaml, as moebench composes it (a card may
+    name a public config.json instead of holding the sizes: hf_config)."""
     path = ROOT / "conf" / "model" / f"{name}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
         raise ValueError(f"--model {name}: no conf/model/{name}.yaml (models: {', '.join(names)})")
-    cfg = yaml.safe_load(path.read_text())
+    from moebench.config.compose import compose_config
+
+    cfg = compose_config([f"model={name}"])["model"]
     return int(cfg["num_experts"]), int(cfg["topk"])
 
 

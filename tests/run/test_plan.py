@@ -465,5 +465,6 @@ def test_the_default_sweeps_plan_is_pinned(monkeypatch):
     # statuses and reasons as before. Session 9: that default is auto, not triton — with "auto"
     # written back as "triton" the records hash to session 8's c83cd01b…. Issue #49: each record
     # gains the field model_config_sha256, "" for the built-in cards; without it the records hash
-    # to 3e804377…, the pin before: keys, labels, statuses and reasons as before)
-    assert digest == "203bbda0aa062f537f6f2da85e26edce7d66b4ee"
+    # to 3e804377…, the pin before: keys, labels, statuses and reasons as before. Session 13: each
+    # record gains simulate_tp, 1 everywhere; without it the records hash to 203bbda0…, the pin before)
+    assert digest == "b5af536908ea76c028672c7747e7d041579b736c"
