@@ -2,11 +2,17 @@
 
 The numbers are made up (a latency model of a + b * tokens with log-normal noise); only
 the layout and the column schema are the store's (schema 2: identity from moebench/config/spec.py).
+
+A run of any size, the same for the same arguments (what the scale benchmark and tests use):
+
+    python -m moebench.results.synthetic --combinations 1000 --tokens 16 32 ... 8192 --out DIR
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -189,3 +195,47 @@ def default_env() -> dict:
 def synthetic_run(run_dir: str | Path, scale: float = 1.0, seed: int = 0) -> Path:
     """Create a small synthetic run (ok, skipped, failed, overlap rows) at ``run_dir``."""
     return write_run(run_dir, make_rows(scale=scale, seed=seed))
+
+
+# what varies among `many_rows`' combinations: 24 per model, then the next model (m0, m1, ...)
+_AXES = (("torch", "triton"), ("finalize", "experts"), ("none", "dispatch", "combine"), ("bf16", "fp8_block"))
+TOKENS = tuple(2**k for k in range(4, 14))  # 16 ... 8192: ten token counts
+
+
+def many_rows(
+    num_combinations: int, tokens=TOKENS, seed: int = 0, scale: float = 1.0, num_samples: int = 20
+) -> pd.DataFrame:
+    """`num_combinations` ok combinations x `tokens`: models m0, m1, ... of 24 combinations each
+    (experts x reduction x overlap x quant on the local backend); latency (µs) 40 + 0.5 * tokens,
+    0.7 x for triton, up to 6 % apart by model, times `scale`; the same rows for the same arguments."""
+    rng = np.random.default_rng(seed)
+    per_model = list(itertools.product(*_AXES))
+    rows = []
+    for n in range(num_combinations):
+        m, i = divmod(n, len(per_model))
+        experts, reduction, overlap, quant = per_model[i]
+        for t in tokens:
+            med = scale * (40 + 0.5 * t) * (0.7 if experts == "triton" else 1) * (1 + 0.01 * ((m + i) % 7))
+            samples = samples_from(med, 0.02, num_samples, rng)
+            rows.append(make_row("local", experts, reduction, overlap, quant, t, samples_us=samples, model=f"m{m}"))
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="write a synthetic run of N combinations x token counts")
+    ap.add_argument("--combinations", type=int, default=24, metavar="N")
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies every latency (a slower candidate: 1.03)")
+    ap.add_argument("--samples", type=int, default=20, help="latency samples per row")
+    ap.add_argument("--out", required=True, help="the run folder to write (rows/*.parquet, env.json)")
+    args = ap.parse_args(argv)
+    if args.combinations < 1 or not args.tokens or min(args.tokens) < 1:
+        ap.error("--combinations and every --tokens value must be positive")
+    df = many_rows(args.combinations, args.tokens, args.seed, args.scale, args.samples)
+    print(f"{write_run(args.out, df)}: {len(df)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
