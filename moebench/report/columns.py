@@ -62,9 +62,29 @@ def fmt_value(v) -> str:
     return str(v)
 
 
+def fmt_series(s: pd.Series) -> pd.Series:
+    """`s.map(fmt_value)`, each distinct value formatted once (a 10,000-row run holds a few
+    dozen distinct values per identity column: formatting every cell took most of a report)."""
+    try:
+        codes, uniques = pd.factorize(s, use_na_sentinel=False)
+    except TypeError:  # unhashable cells (lists)
+        return s.map(fmt_value)
+    texts = np.array([fmt_value(v) for v in uniques], dtype=object)
+    return pd.Series(texts[codes], index=s.index, dtype=object)
+
+
+def num_distinct(s: pd.Series) -> int:
+    """How many texts `s` shows (fmt_value: 1.0 and 1, NaN and None are one each)."""
+    try:
+        uniques = pd.unique(s)
+    except TypeError:  # unhashable cells (lists)
+        return s.map(fmt_value).nunique()
+    return len({fmt_value(v) for v in uniques})
+
+
 def varying(df: pd.DataFrame, columns) -> list[str]:
     """Columns (of ``columns``) that take more than one value in ``df`` (NaN counts)."""
-    return [c for c in columns if c in df.columns and df[c].map(fmt_value).nunique() > 1]
+    return [c for c in columns if c in df.columns and num_distinct(df[c]) > 1]
 
 
 def _by_model(df: pd.DataFrame, col: str) -> bool:
@@ -73,8 +93,8 @@ def _by_model(df: pd.DataFrame, col: str) -> bool:
     keys = ["model"] if col in MODEL_COLUMNS else ["model", "routing"] if col == RECORDING else None
     if keys is None or any(k not in df.columns for k in keys):
         return False
-    by = [df[k].map(fmt_value) for k in keys]
-    return bool((df.groupby(by)[col].agg(lambda s: s.map(fmt_value).nunique()) <= 1).all())
+    by = [fmt_series(df[k]) for k in keys]
+    return bool((df.groupby(by)[col].agg(num_distinct) <= 1).all())
 
 
 def shown_varying(df: pd.DataFrame, columns) -> list[str]:
@@ -108,7 +128,7 @@ def constant_caption(df: pd.DataFrame) -> str:
             and c not in shown
             and c not in MODEL_COLUMNS
             and len(df)
-            and df[c].map(fmt_value).nunique() == 1
+            and num_distinct(df[c]) == 1
         ):
             v = fmt_value(df[c].iloc[0])
             try:
@@ -159,7 +179,13 @@ def combo_labels(
 
     if not len(df):
         return pd.Series([], dtype=object)
-    return df.apply(one, axis=1)
+    # one label per distinct combination of the columns it reads (10,000 rows: a few hundred)
+    cols = [c for c in dict.fromkeys([*path, *extra, "model", "knobs"]) if c in df.columns]
+    keys = [fmt_series(df[c]) if c != "knobs" else df[c].astype(str) for c in cols]
+    codes, _ = pd.factorize(pd.Series(list(zip(*keys, strict=True)), index=df.index, dtype=object))
+    _, first = np.unique(codes, return_index=True)
+    labels = np.array([one(df.iloc[i]) for i in first], dtype=object)
+    return pd.Series(labels[codes], index=df.index, dtype=object)
 
 
 def phase_sum(row) -> float:
