@@ -46,6 +46,7 @@ from moebench.results.store_read import (
     newest_last,
     read_all,
     read_env_file,
+    read_frame,
     read_row_file,
     warn,
 )
@@ -389,10 +390,10 @@ class RunStore:
         files = newest_last(self.row_files())
         if (self.rows_dir / SKIPPED_FILE).exists():
             files = [self.rows_dir / SKIPPED_FILE, *files]
-        frames = [f for f in read_all(files, warn_torn=True, required=required) if len(f)]
-        if not frames:
+        df = read_frame(files, warn_torn=True, required=required)
+        if df.empty:
             return pd.DataFrame()
-        df = migrate(pd.concat(frames, ignore_index=True), str(self.dir))
+        df = migrate(df, str(self.dir))
         if all_rows:
             return df
         return by_precedence(df).drop_duplicates(PAIR, keep="last").reset_index(drop=True)
