@@ -123,13 +123,7 @@ def constant_caption(df: pd.DataFrame) -> str:
     parts = []
     shown = set(display_columns(df))
     for c in COMBINATION_COLUMNS:
-        if (
-            c in df.columns
-            and c not in shown
-            and c not in MODEL_COLUMNS
-            and len(df)
-            and num_distinct(df[c]) == 1
-        ):
+        if c in df.columns and c not in shown and c not in MODEL_COLUMNS and len(df) and num_distinct(df[c]) == 1:
             v = fmt_value(df[c].iloc[0])
             try:
                 default = field_default(c)
@@ -184,7 +178,7 @@ def combo_labels(
     keys = [fmt_series(df[c]) if c != "knobs" else df[c].astype(str) for c in cols]
     codes, _ = pd.factorize(pd.Series(list(zip(*keys, strict=True)), index=df.index, dtype=object))
     _, first = np.unique(codes, return_index=True)
-    labels = np.array([one(df.iloc[i]) for i in first], dtype=object)
+    labels = np.array([one(r) for r in df[cols].iloc[first].to_dict("records")], dtype=object)
     return pd.Series(labels[codes], index=df.index, dtype=object)
 
 

@@ -17,7 +17,9 @@ from moebench.report.columns import (
     combo_columns,
     combo_labels,
     constant_caption,
+    fmt_series,
     fmt_value,
+    num_distinct,
 )
 from moebench.report.compare import SHOWN_COLUMNS, Comparison
 from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags
@@ -52,7 +54,7 @@ def fmt_change(ratio: float, lo: float, hi: float) -> str:
 def pair_order(m: pd.DataFrame) -> pd.DataFrame:
     """Matched rows in combination then token order (as the run's tables list them)."""
     cols = combo_columns(m)
-    keys = [m[c].map(fmt_value) for c in cols]
+    keys = [fmt_series(m[c]) for c in cols]
     order = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)}).assign(_t=m["tokens_per_rank"].astype(float))
     return m.loc[order.sort_values(list(order.columns), kind="stable").index]
 
@@ -122,7 +124,7 @@ def latency_pairs(cmp: Comparison) -> Table:
     for side in ("base", "cand"):  # each side's median SM clock (report/clock_verdict.py)
         data[f"{side}_{CLOCK_COLUMN}"] = pd.to_numeric(m.get(f"{side}_{CLOCK_COLUMN}"), errors="coerce")
     clocked = bool(len(data)) and data[[f"base_{CLOCK_COLUMN}", f"cand_{CLOCK_COLUMN}"]].notna().any().any()
-    timing_varies = pd.concat([m["base_timing_mode"], m["cand_timing_mode"]]).map(fmt_value).nunique() > 1
+    timing_varies = num_distinct(pd.concat([m["base_timing_mode"], m["cand_timing_mode"]])) > 1
     cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]
     cols += [Column(c, value_cell(c)) for c in shown]
     cols += [Column("tokens", lambda r: md_value(r["tokens_per_rank"]), "r")]

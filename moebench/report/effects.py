@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from moebench.report.columns import fmt_series, num_distinct
+
 # an interval inside [1/BAND, BAND] is "no difference"; one that straddles a bound is
 # "inconclusive"; one beyond a bound is faster / slower (compare's threshold, 5 %)
 BAND = 1.05
@@ -77,24 +79,15 @@ def classify(lo: float, hi: float) -> str:
     return UNSURE
 
 
-def text(v) -> str:
-    """A cell as the key of a pair: integral floats without '.0', None / NaN as '-'."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, (float, np.floating)) and float(v).is_integer():
-        return str(int(v))
-    return str(v)
-
-
 def varying_axes(df: pd.DataFrame, axes: list[str]) -> list[str]:
     """The axes (of `axes`, in that order) that take more than one value among `df`'s rows."""
-    return [a for a in axes if a in df.columns and df[a].map(text).nunique() > 1]
+    return [a for a in axes if a in df.columns and num_distinct(df[a]) > 1]
 
 
 def baseline_value(df: pd.DataFrame, axis: str) -> str:
     """PREFERRED_BASELINE's value where `df` holds it, else the most common value (ties: the
     first in sorted order)."""
-    values = df[axis].map(text)
+    values = fmt_series(df[axis])
     want = PREFERRED_BASELINE.get(axis)
     if want is not None and (values == want).any():
         return want
@@ -110,11 +103,25 @@ def _row_medians(samples: list, medians: np.ndarray, rng: np.random.Generator) -
     for n in sorted(set(lengths.tolist()) - {0}):
         rows = np.flatnonzero(lengths == n)
         idx = rng.integers(0, n, size=(RESAMPLES, n))
+        counts = np.stack([np.bincount(d, minlength=n) for d in idx])  # [RESAMPLES, n]: draws of each sample
         for start in range(0, len(rows), ROW_CHUNK):
             part = rows[start : start + ROW_CHUNK]
             x = np.array([np.asarray(samples[i], dtype=float) for i in part])  # [rows, n]
-            out[part] = np.median(x[:, idx], axis=2)
+            out[part] = _medians(x, counts)
     return out
+
+
+def _medians(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[rows, RESAMPLES] medians of each row of `x` [rows, n] resampled by `counts` [RESAMPLES,
+    n] (how often each sample is drawn): the two middle values are where the cumulative counts
+    over the row's sorted samples pass the middle; the values np.median of the drawn samples
+    takes, without sorting rows x RESAMPLES resamples."""
+    n = x.shape[1]
+    order = np.argsort(x, axis=1, kind="stable")
+    cum = np.cumsum(counts[:, order].transpose(1, 0, 2), axis=2)  # [rows, RESAMPLES, n]
+    lo, hi = (cum <= (n - 1) // 2).sum(axis=2), (cum <= n // 2).sum(axis=2)
+    xs = np.take_along_axis(x, order, axis=1)
+    return (np.take_along_axis(xs, lo, axis=1) + np.take_along_axis(xs, hi, axis=1)) / 2.0
 
 
 def _interval(log_pairs: np.ndarray, rng: np.random.Generator) -> tuple[float, float, int]:
@@ -142,8 +149,9 @@ class _Pairs:
 def pairs(df: pd.DataFrame, axis: str, key: list[str], baseline: str) -> list[_Pairs]:
     """Per (value, tokens), the row positions of the pairs that differ only in `axis`."""
     other = [c for c in key if c != axis and c in df.columns]
-    keys = df[other].map(text).agg("\x1f".join, axis=1) if other else pd.Series("", index=df.index)
-    values = df[axis].map(text)
+    texts = [fmt_series(df[c]) for c in other]
+    keys = pd.Series(["\x1f".join(t) for t in zip(*texts, strict=True)] if other else "", index=df.index)
+    values = fmt_series(df[axis])
     pos = pd.Series(np.arange(len(df)), index=df.index)
     base = {k: p for k, p, v in zip(keys, pos, values, strict=True) if v == baseline}
     found: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
@@ -212,7 +220,7 @@ def _split(df, p: _Pairs, whole: Effect, candidates: list[str], boot, point, mem
     between its parts' means, with two parts' intervals apart and beyond BAND); [] when none."""
     best: tuple[float, list[Effect]] = (BAND, [])
     for by in candidates:
-        values = df[by].map(text).to_numpy()[p.a]
+        values = fmt_series(df[by]).to_numpy()[p.a]
         parts = [
             _effect(p, np.flatnonzero(values == v), boot, point, mem, whole.baseline, by=by, by_value=v)
             for v in sorted(set(values.tolist()))

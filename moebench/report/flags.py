@@ -239,14 +239,23 @@ def side_of(pair: dict, side: str) -> dict:
     return row
 
 
+def side_rows(matched: pd.DataFrame, side: str) -> list[dict]:
+    """side_of of every pair, in `matched`'s order: the side's columns renamed at once (a
+    10,000-pair comparison spent 10 s renaming them row by row)."""
+    cols = [c for c in matched.columns if c.startswith(side + "_")]
+    sub = matched[cols].rename(columns={c: c[len(side) + 1 :] for c in cols})
+    place = {k: matched[k] if k in matched.columns else None for k in (*PLACE_COLUMNS, "tokens_per_rank")}
+    return sub.drop(columns=[k for k in place if k in sub.columns]).assign(**place).to_dict("records")
+
+
 def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baseline", "candidate")) -> pd.Series:
     """paced_details of a comparison's pairs: each side's counts, the sides by ``names`` (Markdown,
     as Comparison holds them): 'baseline: none; candidate: latency: 5 of 30 samples host-paced'."""
     out = []
-    for r in matched.to_dict("records"):
+    for sides in zip(side_rows(matched, "base"), side_rows(matched, "cand"), strict=True):
         d = {}
         for tag, text in (("host-paced", paced_text), ("throttled", throttled_text)):
-            texts = [text(side_of(r, side)) for side in ("base", "cand")]
+            texts = [text(row) for row in sides]
             if any(texts):
                 d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
         out.append(d)
@@ -256,15 +265,14 @@ def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baselin
 def pair_flags(matched: pd.DataFrame) -> pd.Series:
     """Flags of a comparison's pairs: either side's, and `timing-differs`."""
     out = []
-    for r in matched.to_dict("records"):
+    for base, cand in zip(side_rows(matched, "base"), side_rows(matched, "cand"), strict=True):
         tags = []
-        for side in ("base", "cand"):
-            side_row = side_of(r, side)
+        for side_row in (base, cand):
             # the phases' mismatch concerns the phase table, not the latency compared here
             tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
         tags = [t for t in FLAG_TEXT if t in tags]
-        if r.get("base_status") == r.get("cand_status") == Status.OK and str(r.get("base_timing_mode")) != str(
-            r.get("cand_timing_mode")
+        if base.get("status") == cand.get("status") == Status.OK and str(base.get("timing_mode")) != str(
+            cand.get("timing_mode")
         ):
             tags.append("timing-differs")
         out.append(tags)

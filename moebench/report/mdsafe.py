@@ -18,6 +18,7 @@ block of its own). The escapes are CommonMark's backslash escapes, and HTML's en
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 
@@ -50,6 +51,11 @@ def md_text(value) -> str:
     (code spans), `*` `~` and `_` at a word's edge (emphasis; `tokens_per_rank` stays readable),
     `$` (math), and backslashes themselves. Leading and trailing blanks are dropped.
     """
+    return _md_text(str(value))  # str(): what one_line reads of a str subclass (an enum member) too
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a report escapes the same labels and statuses thousands of times
+def _md_text(value: str) -> str:
     text = one_line(value).strip()
     text = _ALWAYS.sub(r"\\\1", text)
     # `_` opens or closes emphasis only at a word's edge: `a_b` is left alone

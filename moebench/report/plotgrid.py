@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullLocator
 
-from moebench.report.columns import BARE_COLUMNS, combo_labels, fmt_value, label, varying
+from moebench.report.columns import BARE_COLUMNS, combo_labels, fmt_series, fmt_value, label, num_distinct, varying
 from moebench.util.pngfile import save_figure
 
 MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
@@ -63,7 +63,7 @@ class Panels:
 def _series_count(df: pd.DataFrame, cols: list[str], series_key: str) -> int:
     if not cols:
         return df[series_key].nunique()
-    return int(df.groupby([df[c].map(fmt_value) for c in cols])[series_key].nunique().max())
+    return int(df.groupby([fmt_series(df[c]) for c in cols])[series_key].nunique().max())
 
 
 def panels(
@@ -83,17 +83,14 @@ def panels(
             cols.append(c)
     groups = []
     if cols:
-        keys = [tuple(fmt_value(r[c]) for c in cols) for r in df.to_dict("records")]
-        for key in sorted(set(keys)):  # panels in the order of their columns' values
-            g = df[[k == key for k in keys]]
+        # panels in the order of their columns' values (as text)
+        for key, g in df.groupby([fmt_series(df[c]) for c in cols], sort=True):
             groups.append((" · ".join(_title(c, v) for c, v in zip(cols, key, strict=True)), g))
     else:
         groups.append(("", df))
     # a column constant inside every panel (simulate_ep, one per model) joins the panel titles, not the labels
     within = [
-        c
-        for c in varying(df, list(SPLIT_ORDER))
-        if c not in cols and all(g[c].map(fmt_value).nunique() <= 1 for _, g in groups)
+        c for c in varying(df, list(SPLIT_ORDER)) if c not in cols and all(num_distinct(g[c]) <= 1 for _, g in groups)
     ]
     if within and len(groups) > 1:
         groups = [(" · ".join([t] * bool(t) + [_title(c, g[c].iloc[0]) for c in within]), g) for t, g in groups]
@@ -105,7 +102,7 @@ def panels(
         for j, lab in enumerate(sorted(set(labels.loc[g.index]))):
             k = uniq.index(lab) if shared else j
             styles[(i, lab)] = {"color": f"C{k % 10}", "linestyle": LINESTYLES[(k // 10) % len(LINESTYLES)]}
-    one_model = "model" in df.columns and "model" not in cols and len(df) and df["model"].map(fmt_value).nunique() == 1
+    one_model = "model" in df.columns and "model" not in cols and len(df) and num_distinct(df["model"]) == 1
     model = fmt_value(df["model"].iloc[0]) if one_model else ""  # a title names the model only when one
     return Panels(cols, groups, labels, styles, shared, model)
 

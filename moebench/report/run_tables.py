@@ -50,6 +50,23 @@ def value_cell(col: str) -> Callable[[Any], str]:
     return cell
 
 
+class Row(dict):
+    """A row as a mapping, its index label as `.name`: what `iterrows` gives a table's cells, without
+    building a Series per row (a 10,000-row report spent most of its tables' time there)."""
+
+    name: Any = None
+
+
+def rows_of(df: pd.DataFrame) -> list[Row]:
+    """`df`'s rows in order, each a Row."""
+    out = []
+    for i, rec in zip(df.index, df.to_dict("records"), strict=True):
+        row = Row(rec)
+        row.name = i
+        out.append(row)
+    return out
+
+
 def combo_cells(row, cols: list[str]) -> list[str]:
     return [md_value(row[c]) for c in cols]
 
@@ -88,8 +105,9 @@ def latency_table(df: pd.DataFrame) -> str:
     best = set(gpu_ok.index[gpu_ok["latency_us_median"] == fastest])
     marked = bolded = paced = False
     rows = []
+    recs = dict(zip(df.index, rows_of(df), strict=True))
     for _, g in df.groupby("combo_key", sort=False):
-        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
+        by_t = {int(recs[i]["tokens_per_rank"]): recs[i] for i in g.index}
         cells = []
         for t in tokens:
             r = by_t.get(t)
@@ -106,7 +124,7 @@ def latency_table(df: pd.DataFrame) -> str:
                 if basis.get(r.name) == GPU and (mark := paced_mark(r)):
                     cell, paced = f"{cell} {mark}", True
                 cells.append(cell)
-        rows.append(combo_cells(g.iloc[0], cols) + cells)
+        rows.append(combo_cells(recs[g.index[0]], cols) + cells)
     table = md_table(cols + [str(t) for t in tokens], rows, ["l"] * len(cols) + ["r"] * len(tokens))
     # what the cells hold, and only the marks that some cell carries (CPU rows are never bold)
     text = caption(
@@ -133,9 +151,10 @@ def grid(ok: pd.DataFrame, cell) -> tuple[list[int], list[str], list[tuple]]:
     tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
     cols = combo_columns(ok)
     rows = []
+    recs = dict(zip(ok.index, rows_of(ok), strict=True))
     for _, g in ok.groupby("combo_key", sort=False):
-        by_t = {int(r["tokens_per_rank"]): r for _, r in g.iterrows()}
-        rows.append((g.iloc[0], ["" if t not in by_t else cell(by_t[t]) for t in tokens]))
+        by_t = {int(recs[i]["tokens_per_rank"]): recs[i] for i in g.index}
+        rows.append((recs[g.index[0]], ["" if t not in by_t else cell(by_t[t]) for t in tokens]))
     return tokens, cols, rows
 
 
@@ -272,7 +291,7 @@ def phase_table(df: pd.DataFrame) -> str:
         return "_No per-phase times in this run._"
     cols = display_columns(ok)
     rows = []
-    for _, r in ok.iterrows():
+    for r in rows_of(ok):
         phases = [r[c] for c in PHASE_COLUMNS]
         total = phase_sum(r)
         rows.append(
@@ -293,7 +312,7 @@ def memory_table(df: pd.DataFrame) -> str:
         return "_No memory measurements in this run._"
     cols = display_columns(ok)
     rows = []
-    for _, r in ok.iterrows():
+    for r in rows_of(ok):
         # the peak of a whole forward against what the layer declares for it:
         # workspaces + transients + the layer output (older rows: workspaces only)
         declared = r.get("analytic_peak_bytes", np.nan)
@@ -362,7 +381,7 @@ def overlap_table(df: pd.DataFrame) -> str:
         return f"{empty}\n\n{note}" if note else empty
     cols = display_columns(rows_df)
     rows = []
-    for _, r in rows_df.iterrows():
+    for r in rows_of(rows_df):
         rows.append(
             combo_cells(r, cols)
             + [
@@ -458,7 +477,7 @@ def roofline_table(df: pd.DataFrame, ceilings_root=None) -> str:
             f"{r['tflops']:.1f}",
             f"{r['hbm_gbps']:.0f}",
         ]
-        for _, r in ok.iterrows()
+        for r in rows_of(ok)
     ]
     headers = cols + [
         "tokens",

@@ -21,7 +21,7 @@ from moebench.report.columns import (
     WORKLOAD_COLUMNS,
     combo_columns,
     constant_caption,
-    fmt_value,
+    fmt_series,
 )
 from moebench.report.compare_tables import pair_names
 from moebench.report.flags import (
@@ -68,7 +68,7 @@ def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
         return []
     names = pair_names(ok)
     out = []
-    for _, g in ok.groupby([ok[c].map(fmt_value) for c in _workloads(ok)], sort=False):
+    for _, g in ok.groupby([fmt_series(ok[c]) for c in _workloads(ok)], sort=False):
         if len(g) < 2:
             continue
         g = g.sort_values("latency_us_median")
