@@ -240,32 +240,41 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
 # -- memory --------------------------------------------------------------------------------------
 
 
-def plot_memory(ok: pd.DataFrame, path, budget: float | None = None, cpu: bool = False) -> Figure | None:
-    """The workspace peak of one forward vs tokens, per reduction placement: the median over
-    its combinations and their range; the budget as a line where one is given."""
+def workspace_stats(ok: pd.DataFrame) -> pd.DataFrame | None:
+    """The workspace peak of one forward (bytes) per (reduction, tokens_per_rank) over the rows
+    that recorded one: median, min, max and how many combinations; None where no row did. What
+    the memory lines (answers.memory_section) and plot_memory both read."""
     col = "workspace_bytes_peak"
     if col not in ok.columns or "reduction" not in ok.columns:
         return None
-    ok = ok[pd.to_numeric(ok[col], errors="coerce") > 0]
+    ok = ok.assign(**{col: pd.to_numeric(ok[col], errors="coerce")})
+    ok = ok[ok[col] > 0]
     if ok.empty:
         return None
+    by = ok.groupby(["reduction", "tokens_per_rank"], sort=True)
+    return by[col].agg(["median", "min", "max"]).assign(combinations=by["combo_key"].nunique())
+
+
+def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool = False) -> Figure | None:
+    """The workspace peak of one forward vs tokens, per reduction placement (`ws`: workspace_stats):
+    the median over its combinations and their range; the budget as a line where one is given."""
     fig, (ax,) = _fig(4.2)
     med = {}
-    for j, (red, g) in enumerate(ok.groupby("reduction", sort=True)):
-        s = g.groupby("tokens_per_rank")[col].agg(["median", "min", "max"]) / MIB
-        ax.plot(
-            s.index, s["median"], "o-", color=f"C{j}", label=f"reduction={red} (median of {g['combo_key'].nunique()})"
-        )
+    for j, (red, g) in enumerate(ws.groupby(level="reduction", sort=True)):
+        s = g.droplevel("reduction")[["median", "min", "max"]] / MIB
+        most = int(g["combinations"].max())
+        ax.plot(s.index, s["median"], "o-", color=f"C{j}", label=f"reduction={red} (median of {most})")
         ax.fill_between(s.index, s["min"], s["max"], color=f"C{j}", alpha=0.15)
         med[red] = s["median"]
     if budget:
         ax.axhline(budget / MIB, color="C3", ls="--", lw=1, label=f"budget {budget / MIB:,.0f} MiB")
-    _tokens_axis(ax, sorted(int(t) for t in ok["tokens_per_rank"].unique()))
+    tokens = sorted(int(t) for t in ws.index.get_level_values("tokens_per_rank").unique())
+    _tokens_axis(ax, tokens)
     ax.set_yscale("log")
     ax.set_ylabel("workspace of one forward, MiB (median, range)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", frameon=False)
-    big = int(ok["tokens_per_rank"].max())
+    big = tokens[-1]
     at = {r: float(s.loc[big]) for r, s in med.items() if big in s.index}
     if len(at) >= 2:
         lo_r, hi_r = min(at, key=lambda r: at[r]), max(at, key=lambda r: at[r])

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from moebench.report import answer_plots as ap
-from moebench.report.columns import CHOICE_COLUMNS, COMBINATION_COLUMNS, PER_ROW_COLUMNS, combo_labels
-from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, text, varying_axes
+from moebench.report.columns import CHOICE_COLUMNS, COMBINATION_COLUMNS, PER_ROW_COLUMNS, combo_labels, fmt_series
+from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
 from moebench.report.flags import CPU, GPU, figure_basis
 from moebench.report.fmt import fmt_frac, fmt_mib
 from moebench.report.run_tables import single_rank
@@ -63,17 +63,13 @@ def pair_key(df: pd.DataFrame) -> list[str]:
     return [c for c in COMBINATION_COLUMNS if c in df.columns and c not in PER_ROW_COLUMNS]
 
 
-def _label(rows: pd.DataFrame) -> pd.Series:
-    return combo_labels(rows)
-
-
 def baseline_key(ok: pd.DataFrame) -> str | None:
     """The combination made of every varying choice's baseline value (the fastest such), the
     reference a latency figure shows beside the fastest; None when the run has none."""
     axes = varying_axes(ok, CHOICES)
     if not axes or ok.empty:
         return None
-    same = np.logical_and.reduce([ok[a].map(text) == baseline_value(ok, a) for a in axes])
+    same = np.logical_and.reduce([fmt_series(ok[a]) == baseline_value(ok, a) for a in axes])
     rows = ok[same]
     return str(rows.loc[rows["latency_us_median"].idxmin(), "combo_key"]) if len(rows) else None
 
@@ -108,23 +104,27 @@ def fastest_section(wins: list[str]) -> list[str]:
     return ["## Fastest per size", *(f"- {w}" for w in wins)] if wins else []
 
 
-def memory_section(ok: pd.DataFrame) -> list[str]:
+def memory_section(ok: pd.DataFrame, ws: pd.DataFrame | None) -> list[str]:
     """One line per reduction placement: the workspace of one forward at the largest token
-    count (median over its combinations, and its range) and the largest device peak."""
-    col = "workspace_bytes_peak"
-    if col not in ok.columns or "reduction" not in ok.columns or not (ok[col] > 0).any():
+    count (median over its combinations, and its range: `ws`, answer_plots.workspace_stats)
+    and the largest device peak."""
+    if ws is None:
         return []
-    big = int(ok["tokens_per_rank"].max())
-    at = ok[ok["tokens_per_rank"] == big]
-    meds = at.groupby("reduction")[col].median()
+    big = int(ws.index.get_level_values("tokens_per_rank").max())
+    at = ws.xs(big, level="tokens_per_rank")
+    device = (
+        ok[ok["tokens_per_rank"] == big].groupby("reduction")["device_bytes_peak"].max()
+        if "device_bytes_peak" in ok
+        else pd.Series(dtype=float)
+    )
     lines = ["## Workspace per reduction placement"]
-    for red, g in at.groupby("reduction", sort=True):
-        vs = [f"{meds[red] / meds[o]:.2f} × `{o}`" for o in meds.index if o != red and meds[o] > 0]
-        device = g["device_bytes_peak"].max() if "device_bytes_peak" in g else np.nan
-        peak = f"; device peak up to {_mib(device)}" if np.isfinite(device) else ""
+    for red, s in at.iterrows():
+        vs = [f"{s['median'] / at.loc[o, 'median']:.2f} × `{o}`" for o in at.index if o != red]
+        dev = float(device.get(red, np.nan))
+        peak = f"; device peak up to {_mib(dev)}" if np.isfinite(dev) else ""
         lines.append(
-            f"- `reduction={red}` at {big} tok: workspace {_mib(meds[red])} (median of "
-            f"{g['combo_key'].nunique()} combinations, {_mib(g[col].min())}–{_mib(g[col].max())})"
+            f"- `reduction={red}` at {big} tok: workspace {_mib(s['median'])} (median of "
+            f"{int(s['combinations'])} combinations, {_mib(s['min'])}–{_mib(s['max'])})"
             + (f", {', '.join(vs)}" if vs else "")
             + peak
         )
@@ -189,14 +189,15 @@ def answers(
     fastest = fastest_section(wins)
     lines += fastest
     if out is not None and len(ok) and fastest:
-        lines += figure(ap.plot_fastest(ok, _label, out / "latency.png", baseline_key(ok), cpu=cpu))
-    memory = memory_section(ok)
+        lines += figure(ap.plot_fastest(ok, combo_labels, out / "latency.png", baseline_key(ok), cpu=cpu))
+    ws = ap.workspace_stats(ok)  # the workspace medians, once for the lines and the figure
+    memory = memory_section(ok, ws)
     lines += memory
-    if out is not None and len(ok) and memory:
-        lines += figure(ap.plot_memory(ok, out / "workspace.png", budget, cpu=cpu))
+    if out is not None and len(ok) and ws is not None:
+        lines += figure(ap.plot_memory(ws, out / "workspace.png", budget, cpu=cpu))
     lines += overlap_section(ok)
     if quality:
         lines += ["## Read with care", *(f"- {q}" for q in quality)]
     if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
-        figure(ap.plot_phase_fastest(ok, _label, out / "phases.png", cpu=cpu))
+        figure(ap.plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu))
     return Answers(lines, effects, figures, cpu)
