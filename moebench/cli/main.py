@@ -6,7 +6,9 @@ Bad input (unknown option, malformed results, a world size the machine lacks)
 exits with code 2 and a message that says what to do, before any work starts; so does an
 environment error (a full disk, a read-only folder, `--out` naming a file: one line naming
 the path and the cause, moebench/results/writable.py). A sweep that meets one mid-run keeps its
-rows and exits 1 saying so (moebench/run/sweep.py).
+rows and exits 1 saying so (moebench/run/sweep.py). A comparison's command (`compare`, `report`,
+`ab`) that fails any other way (a defect, memory, a library's refusal) exits NO_RESULT, never 1: a CI
+gate must not read a crash as "slower".
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+import traceback
 
 from moebench.cli.parser import parse_args
 
@@ -29,6 +32,12 @@ COMMANDS = {
     "tune": ("tune", "tune_command"),
     "env": ("env", "env_args"),
 }
+
+
+# the comparison could not be produced: the commands whose 1 means "slower" (or "broken") exit this
+# instead when they fail (docs/design.md, "Exit status"); their traceback stays on stderr
+NO_RESULT = 3
+COMPARING = ("report", "compare", "ab")
 
 
 class _Terminated(BaseException):
@@ -63,9 +72,11 @@ def _main(args) -> int:
     except OSError as e:
         line = _environment_line(e, args)
         if line is None:
-            raise
+            return _no_result(args, e)
         print(f"moebench {args.cmd}: environment error: {line}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 (any failure of a comparison is NO_RESULT, never 1; others re-raise)
+        return _no_result(args, e)
     except KeyboardInterrupt as e:
         # a sweep's second Ctrl-C (moebench/run/sweep.py Aborted) says what became of the work; one line
         # for every command (a Ctrl-C while a plugin imports included)
@@ -79,6 +90,21 @@ def _main(args) -> int:
         )
         return 143
     return 2
+
+
+def _no_result(args, e: Exception) -> int:
+    """A comparison's command that failed: its traceback, one line saying no comparison was made,
+    NO_RESULT; any other command's failure re-raised (exit 1, Python's)."""
+    if args.cmd not in COMPARING:
+        raise e
+    traceback.print_exception(e)
+    first = (str(e).splitlines() or [""])[0]
+    print(
+        f"moebench {args.cmd}: could not produce the comparison or report ({type(e).__name__}: {first}); "
+        f"exit {NO_RESULT}: no verdict on the runs, a failure of moebench or of the machine (the traceback above)",
+        file=sys.stderr,
+    )
+    return NO_RESULT
 
 
 def _environment_line(e: OSError, args) -> str | None:

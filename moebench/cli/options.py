@@ -21,7 +21,8 @@ combination, a world size this machine lacks, an unwritable --out); 130 interrup
 EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
 failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
 missing run, an unknown schema version, an axis value no row has, an unknown option) or an environment
-error (a full disk, a read-only --out); 130 interrupted; 143 terminated (SIGTERM; sweep and run).
+error (a full disk, a read-only --out); 3 the comparison or report could not be produced (moebench or
+the machine failed: no verdict on the runs); 130 interrupted; 143 terminated (SIGTERM; sweep and run).
 A single run's report exits 0."""
 
 
