@@ -8,11 +8,14 @@ The rule, for every writer:
 - the folder the user named (the run folder, or --out) may itself be a link: it is theirs;
 - below it, every folder on the way to the file is a real folder: `safe_dir(base, *parts)`
   creates the missing ones and refuses a link (or a file) in their place;
-- the file itself is never a link, nor a hard link of another file: `write_text` /
-  `write_bytes` open it with O_NOFOLLOW (no O_TRUNC before the check: a hard-linked file is
-  refused untouched); `replace_text` / `replace_bytes` write a new temp file beside it
-  (O_CREAT | O_EXCL | O_NOFOLLOW) and rename it over the old one, for files a reader must
-  never see half-written;
+- the file itself is never a link, nor a hard link of another file, nor a FIFO: `write_text` /
+  `write_bytes` / `open_write` refuse those untouched, then write a new temp file beside it
+  (O_CREAT | O_EXCL | O_NOFOLLOW, `.<name>.<pid>.<hex>.tmp`) and rename it over the old one:
+  a reader, or a full disk, never leaves a half-written file (a truncated plot), only the old
+  one or the new one; the temp file is removed when the write fails. `replace_text` /
+  `replace_bytes` do the same, but replace a hard-linked file (the other name keeps its text);
+- a write the machine refuses (ENOSPC, EACCES, ...) raises its OSError naming the file, never
+  the temp file or nothing (moebench/results/writable.py makes it the CLI's one line);
 - `refuse_links(folder, names)` checks, before any work, that none of the files a command
   will write is a link, so that it stops before it has written anything.
 
@@ -28,6 +31,7 @@ the run folder as `base`.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import secrets
 import stat
@@ -123,45 +127,107 @@ def refuse_links(folder, names: Iterable[str]) -> None:
             raise _refused(path, f"is a hard link of another file ({st.st_nlink} names)")
 
 
-def _open(path: Path) -> int:
-    """A descriptor of `path` to write, emptied: created if missing; never through a link; a
-    file that is not a regular one, or that another name links to, refused untouched."""
+def _check_target(path: Path) -> None:
+    """Refuse, before writing anything, what `path` must not be: a link (or one for its folder), a
+    hard link of another file, a FIFO or socket; a folder is an environment error (EISDIR)."""
     if os.path.islink(path.parent):
         raise _refused(path.parent)
     try:
-        # O_NONBLOCK: a FIFO planted under the name fails at once instead of blocking the open
-        fd = os.open(path, _WRITE | os.O_NONBLOCK, 0o666)
-    except OSError as e:
-        if os.path.islink(path):
-            raise _refused(path) from None
-        if os.path.lexists(path) and not os.path.isdir(path) and not os.path.isfile(path):
-            raise _not_regular(path) from None  # a FIFO without a reader (ENXIO), a socket
-        raise e
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _refused(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path)
+    if st.st_nlink > 1:
+        raise _refused(path, f"is a hard link of another file ({st.st_nlink} names)")
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """`e` naming `path`, the file the command writes (not its temp file, nor nothing: pyarrow's
+    and write()'s ENOSPC name none)."""
+    if e.errno is None:
+        return e
+    return type(e)(e.errno, os.strerror(e.errno), str(path))
+
+
+def _write_all(f, data: bytes) -> None:
+    """Every byte of `data` to the open file `f` (the point where a full disk refuses a block)."""
+    f.write(data)
+
+
+class _AtomicFile(io.BufferedWriter):
+    """A binary file written under a temp name beside `path`, renamed over it when closed after
+    success (or as a context manager, when its block ends without an exception); removed instead
+    when the block raises, or the write or the rename fails."""
+
+    def __init__(self, path: Path):
+        self.final = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise _named(e, path) from e
+        super().__init__(io.FileIO(fd, "wb", closefd=True))
+
+    def __exit__(self, kind, value, tb):
+        if kind is not None:
+            self.discard()
+        else:
+            self.commit()
+        return None
+
+    def discard(self) -> None:
+        """Close and remove the temp file (after a failure: the old file stays as it was)."""
+        try:
+            super().close()  # a flush the disk refuses again: the temp file goes all the same
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def commit(self) -> None:
+        """Flush, sync and rename the temp file over the file; an OSError names the file."""
+        try:
+            self.flush()
+            os.fsync(self.fileno())
+            super().close()
+            os.replace(self.tmp, self.final)
+        except OSError as e:
+            self.discard()
+            raise _named(e, self.final) from e
+
+
+def _write(path: Path, data: bytes) -> Path:
+    f = _AtomicFile(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _not_regular(path)
-        if st.st_nlink > 1:
-            raise _refused(path, f"is a hard link of another file ({st.st_nlink} names)")
-        os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)
-    except BaseException:
-        os.close(fd)
+        _write_all(f, data)
+    except BaseException as e:
+        f.discard()
+        if isinstance(e, OSError):
+            raise _named(e, path) from e
         raise
-    return fd
-
-
-def write_bytes(path, data: bytes) -> Path:
-    """Write `data` to `path` (created or emptied) without following a link (module doc)."""
-    path = Path(path)
-    with os.fdopen(_open(path), "wb") as f:
-        f.write(data)
+    f.commit()
     return path
 
 
+def write_bytes(path, data: bytes) -> Path:
+    """Write `data` to `path` whole or not at all: a temp file beside it renamed over it, never
+    through a link, nor over a hard-linked file or a FIFO (module doc); an OSError names `path`."""
+    path = Path(path)
+    _check_target(path)
+    return _write(path, data)
+
+
 def open_write(path):
-    """A binary file object writing `path` (created or emptied) without following a link."""
-    return os.fdopen(_open(Path(path)), "wb")
+    """A binary file object for `path`, used as a context manager: written under a temp name,
+    renamed over `path` when the block ends without an exception (module doc)."""
+    path = Path(path)
+    _check_target(path)
+    return _AtomicFile(path)
 
 
 def append_text(path, text: str) -> Path:
@@ -189,25 +255,14 @@ def write_text(path, text: str) -> Path:
 
 
 def replace_bytes(path, data: bytes) -> Path:
-    """Write `data` to a new temp file beside `path` (O_EXCL | O_NOFOLLOW), then rename it over
-    `path`: a reader sees the old file or the new one, never a part. A link at `path` is refused."""
+    """`write_bytes`, but a hard-linked file is replaced (a new file under the name: the other
+    name keeps its text). A link at `path` or its folder is refused."""
     path = Path(path)
     if os.path.islink(path.parent):
         raise _refused(path.parent)
     if os.path.islink(path):
         raise _refused(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return _write(path, data)
 
 
 def replace_text(path, text: str) -> Path:
