@@ -40,7 +40,6 @@ SPLIT_ORDER = (
     "seed",
 )
 LINESTYLES = ["-", "--", ":", "-."]
-MARKERS = "os^vD<>ph*"
 
 
 @dataclass
@@ -166,20 +165,6 @@ def value_axis(ax, values, label: str) -> None:
     if len(v) and v.max() / v.min() >= 4:
         ax.set_yscale("log")
         plain_log(ax.yaxis)
-
-
-def short_us(x, _pos=None) -> str:
-    """A tick's µs in at most ~5 characters: 150000 as 150k, 2500 as 2.5k, 80 as 80."""
-    return f"{x / 1000:g}k" if abs(x) >= 1000 else f"{x:g}"
-
-
-def narrow_us_axis(axis, nbins: int = 4) -> None:
-    """A linear µs axis of a narrow panel: at most nbins + 1 ticks, each short_us (six-digit
-    plain numbers side by side ran together at three inches)."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
-
-    axis.set_major_locator(MaxNLocator(nbins=nbins, min_n_ticks=2))
-    axis.set_major_formatter(FuncFormatter(short_us))
 
 
 class PlainLogFormatter(LogFormatter):
