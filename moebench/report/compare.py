@@ -155,6 +155,15 @@ def never_runs(row: dict) -> bool:
     return why is not None and why == row.get("reason") and "registered in this build" not in why
 
 
+def _never_runs_once(row: pd.Series, cache: dict) -> bool:
+    """never_runs of a candidate row, decided once per (combo_key, reason): a combination's rows
+    share the Combo validate judges (a 10,000-row comparison rebuilt one per skipped pair)."""
+    key = (row.get("combo_key"), row.get("reason"))
+    if key not in cache:
+        cache[key] = never_runs(row.to_dict())
+    return cache[key]
+
+
 def latency_verdict(
     base: dict, cand: dict, threshold: float, alpha: float = 0.05, min_samples: int = MIN_SAMPLES
 ) -> tuple[Verdict, float, float]:
@@ -266,10 +275,11 @@ def compare_pairs(
     bound_of = bounds(cand) if clocked else []
     judge = lambda b, c: latency_verdict(b, c, threshold, alpha, min_samples)[0]
     out, resampled = [], []
+    never: dict = {}  # (combo_key, reason) -> never_runs: one Combo and validate per combination
     for n, row in enumerate(matched.to_dict("records")):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
-        if v == Verdict.SKIPPED and never_runs(cand.iloc[ci[n]].to_dict()):
+        if v == Verdict.SKIPPED and _never_runs_once(cand.iloc[ci[n]], never):
             v = Verdict.CANNOT_RUN
         where = {k: row.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")}
         v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
