@@ -56,6 +56,9 @@ class Row(dict):
 
     name: Any = None
 
+    def get(self, key, default=None) -> Any:  # Any, as Series.get: the cells' types vary by column
+        return super().get(key, default)
+
 
 def rows_of(df: pd.DataFrame) -> list[Row]:
     """`df`'s rows in order, each a Row."""
