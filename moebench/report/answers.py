@@ -17,7 +17,14 @@ import numpy as np
 import pandas as pd
 
 from moebench.report import answer_plots as ap
-from moebench.report.columns import CHOICE_COLUMNS, COMBINATION_COLUMNS, PER_ROW_COLUMNS, combo_labels, fmt_series
+from moebench.report.columns import (
+    CHOICE_COLUMNS,
+    COMBINATION_COLUMNS,
+    PER_ROW_COLUMNS,
+    combo_labels,
+    fmt_series,
+    records,
+)
 from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
 from moebench.report.flags import CPU, GPU, figure_basis
 from moebench.report.fmt import fmt_frac, fmt_mib
@@ -51,7 +58,7 @@ def measured(df: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     """(the ok rows whose latency is GPU time — or, in a run of CPU rows only, CPU time —,
     whether they are CPU rows)."""
     ok = df[(df["status"] == Status.OK) & df["latency_us_median"].notna()]
-    basis = [figure_basis(r)[0] for r in ok.to_dict("records")]
+    basis = [figure_basis(r)[0] for r in records(ok)]
     gpu = ok[[b == GPU for b in basis]]
     if len(gpu) or not len(ok):
         return gpu, False

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.spec import knob_meta
-from moebench.report.columns import AXES, WORKLOAD_COLUMNS, label
+from moebench.report.columns import AXES, WORKLOAD_COLUMNS, label, records
 from moebench.results.row import Status
 
 # what must match for two rows to compete: the workload (results/row.py's WORKLOAD role, the
@@ -95,7 +95,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
     if ok.empty:
         raise ValueError("no ok rows in this run: nothing to rank (run `moebench report RUN` for the failures)")
-    basis = [figure_basis(r) for r in ok.to_dict("records")]
+    basis = [figure_basis(r) for r in records(ok)]
     left_out = [why for b, why in basis if b != GPU]
     ok = ok[[b == GPU for b, _ in basis]]
     if ok.empty:

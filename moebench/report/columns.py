@@ -82,6 +82,19 @@ def num_distinct(s: pd.Series) -> int:
     return len({fmt_value(v) for v in uniques})
 
 
+def records(df: pd.DataFrame) -> list[dict]:
+    """`df.to_dict("records")`, the same values and types (Python scalars), read column by column
+    (tolist) instead of boxed cell by cell: 0.4 s instead of 1.5 s for 10,000 rows of 130 columns."""
+    cols = list(df.columns)
+    if len(set(cols)) != len(cols):  # a name twice: pandas' own way (the last one wins)
+        return df.to_dict("records")
+    return (
+        [dict(zip(cols, row, strict=True)) for row in zip(*(df[c].tolist() for c in cols), strict=True)]
+        if cols
+        else [{} for _ in range(len(df))]
+    )
+
+
 def varying(df: pd.DataFrame, columns) -> list[str]:
     """Columns (of ``columns``) that take more than one value in ``df`` (NaN counts)."""
     return [c for c in columns if c in df.columns and num_distinct(df[c]) > 1]

@@ -44,6 +44,7 @@ from moebench.report.columns import (
     SHOWN_IDENTITY,
     combo_labels,
     fmt_value,
+    records,
 )
 from moebench.report.stats import MIN_SAMPLES, bootstrap_ratios, geometric_mean, interval, mann_whitney_p, samples_of
 from moebench.results import row as schema
@@ -276,7 +277,7 @@ def compare_pairs(
     judge = lambda b, c: latency_verdict(b, c, threshold, alpha, min_samples)[0]
     out, resampled = [], []
     never: dict = {}  # (combo_key, reason) -> never_runs: one Combo and validate per combination
-    for n, row in enumerate(matched.to_dict("records")):
+    for n, row in enumerate(records(matched)):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)
         if v == Verdict.SKIPPED and _never_runs_once(cand.iloc[ci[n]], never):

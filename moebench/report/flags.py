@@ -43,7 +43,7 @@ import pandas as pd
 
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
 from moebench.report.clock_report import throttled_text
-from moebench.report.columns import PLACE_COLUMNS, phase_sum
+from moebench.report.columns import PLACE_COLUMNS, phase_sum, records
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.mdsafe import md_code, md_text
 from moebench.results.row import Status
@@ -217,13 +217,13 @@ def row_flags(df: pd.DataFrame) -> pd.Series:
     """A list of flags per row (index of ``df``)."""
     if not len(df):
         return pd.Series([], dtype=object)
-    return pd.Series([flags_of(r) for r in df.to_dict("records")], index=df.index, dtype=object)
+    return pd.Series([flags_of(r) for r in records(df)], index=df.index, dtype=object)
 
 
 def paced_details(df: pd.DataFrame) -> pd.Series:
     """Per row (index of ``df``): {"host-paced": its counts (paced_text)} where it has any, for
     flag_summary to name the rows with their counts."""
-    return pd.Series([_details(r) for r in df.to_dict("records")], index=df.index, dtype=object)
+    return pd.Series([_details(r) for r in records(df)], index=df.index, dtype=object)
 
 
 def _details(row) -> dict:
@@ -245,7 +245,7 @@ def side_rows(matched: pd.DataFrame, side: str) -> list[dict]:
     cols = [c for c in matched.columns if c.startswith(side + "_")]
     sub = matched[cols].rename(columns={c: c[len(side) + 1 :] for c in cols})
     place = {k: matched[k] if k in matched.columns else None for k in (*PLACE_COLUMNS, "tokens_per_rank")}
-    return sub.drop(columns=[k for k in place if k in sub.columns]).assign(**place).to_dict("records")
+    return records(sub.drop(columns=[k for k in place if k in sub.columns]).assign(**place))
 
 
 def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baseline", "candidate")) -> pd.Series:

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 
-from moebench.report.columns import fmt_value
+from moebench.report.columns import fmt_value, records
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, pair_order
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
@@ -47,7 +47,7 @@ def _bars_frame(cmp: Comparison, what: str):
         return m.assign(
             _r=m["mem_ratio"], _lo=np.nan, _hi=np.nan, _color=[MEM_COLORS.get(v, NO_CHANGE) for v in m["mem_verdict"]]
         )
-    return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"], _color=[_bar_color(r) for r in m.to_dict("records")])
+    return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"], _color=[_bar_color(r) for r in records(m)])
 
 
 def most_telling(m: pd.DataFrame, limit: int) -> pd.DataFrame:
@@ -97,7 +97,7 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
             " · ".join(x for x in (p.labels.loc[i], f"{fmt_value(t)} tok") if x)
             for i, t in zip(g.index, g["tokens_per_rank"], strict=True)
         ]
-        for yi, r in zip(y, g.to_dict("records"), strict=True):
+        for yi, r in zip(y, records(g), strict=True):
             if not np.isfinite(r["_r"]):
                 ax.text(0, yi, f"  {r['verdict']}: {r['cand_status']}", va="center", fontsize=8, color="tab:red")
                 continue

@@ -27,6 +27,7 @@ from moebench.report.columns import (
     fmt_value,
     label,
     phase_sum,
+    records,
 )
 from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
@@ -63,7 +64,7 @@ class Row(dict):
 def rows_of(df: pd.DataFrame) -> list[Row]:
     """`df`'s rows in order, each a Row."""
     out = []
-    for i, rec in zip(df.index, df.to_dict("records"), strict=True):
+    for i, rec in zip(df.index, records(df), strict=True):
         row = Row(rec)
         row.name = i
         out.append(row)
@@ -99,7 +100,7 @@ def latency_table(df: pd.DataFrame) -> str:
     from moebench.report.flags import GPU, PACED_MARK_TEXT, figure_basis, paced_mark
 
     ok = df[df["status"] == Status.OK]
-    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, ok.to_dict("records"), strict=True)}
+    basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, records(ok), strict=True)}
     gpu_ok = ok[[basis[i] == GPU for i in ok.index]]
     work = [c for c in WORKLOAD_COLUMNS if c in gpu_ok.columns]
     # the fastest rows, found within their groups (a lookup by key would miss: None and NaN
@@ -170,7 +171,7 @@ def host_table(df: pd.DataFrame) -> str:
         return ""
     from moebench.report.flags import HOST, figure_basis
 
-    host = {i for i, r in zip(ok.index, ok.to_dict("records"), strict=True) if figure_basis(r)[0] == HOST}
+    host = {i for i, r in zip(ok.index, records(ok), strict=True) if figure_basis(r)[0] == HOST}
     tokens, cols, parts = grid(
         ok,
         lambda r: (

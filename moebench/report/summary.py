@@ -22,6 +22,7 @@ from moebench.report.columns import (
     combo_columns,
     constant_caption,
     fmt_series,
+    records,
 )
 from moebench.report.compare_tables import pair_names
 from moebench.report.flags import (
@@ -55,7 +56,7 @@ def _workloads(ok: pd.DataFrame) -> list[str]:
 
 def bases(ok: pd.DataFrame) -> pd.Series:
     """figure_basis of each row: (gpu | host | cpu, why)."""
-    return pd.Series([figure_basis(r) for r in ok.to_dict("records")], index=ok.index, dtype=object)
+    return pd.Series([figure_basis(r) for r in records(ok)], index=ok.index, dtype=object)
 
 
 def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:

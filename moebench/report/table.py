@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from moebench.report.columns import records as row_records
 from moebench.report.mdsafe import md_text, one_line  # noqa: F401  (md_text: the escape of a run folder's text, for callers)
 
 
@@ -57,7 +58,7 @@ class Table:
     def markdown(self) -> str:
         if not len(self.data):
             return self.empty
-        rows = [[c.cell(r) for c in self.columns] for r in self.data.to_dict("records")]
+        rows = [[c.cell(r) for c in self.columns] for r in row_records(self.data)]
         text = md_table([c.header for c in self.columns], rows, [c.align for c in self.columns])
         return "\n\n".join([text, *(x for x in [self.caption, *self.notes] if x)])
 
@@ -65,7 +66,7 @@ class Table:
         return _plain(self.data).to_csv(index=False)
 
     def records(self) -> list[dict]:
-        return [{k: _json_value(v) for k, v in r.items()} for r in _plain(self.data).to_dict("records")]
+        return [{k: _json_value(v) for k, v in r.items()} for r in row_records(_plain(self.data))]
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
