@@ -44,7 +44,8 @@ def timed(args: list[str], code: Path, out_dir: Path) -> dict:
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     with open(out_dir / "stdout.txt", "wb") as so, open(out_dir / "stderr.txt", "wb") as se:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(code)}, stdout=so, stderr=se)
+        # cwd: `python -c` puts the working folder first on sys.path, before PYTHONPATH
+        proc = subprocess.Popen(cmd, cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, stdout=so, stderr=se)
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
