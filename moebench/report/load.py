@@ -110,15 +110,15 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     if df["tokens_per_rank"].notna().all():
         df["tokens_per_rank"] = df["tokens_per_rank"].astype("int64")
+    # pandas' Arrow-backed text columns as plain objects: the tables read the rows one by one
+    # (to_dict), which boxes every Arrow cell anew each time (2.4 s a pass at 10,000 rows, 1.0 s so)
+    df = df.astype({c: object for c in df.columns if isinstance(df[c].dtype, pd.StringDtype)})
     df = df.copy()  # one block per dtype again: each column converted above took a block of its own
     df["reason"] = df["reason"].fillna("") if "reason" in df.columns else ""
     df["timing_note"] = df["timing_note"].fillna("") if "timing_note" in df.columns else ""
     if "samples_us" not in df.columns:
         df["samples_us"] = None
     df["knobs"] = df["knobs"].fillna("") if "knobs" in df.columns else ""
-    # pandas' Arrow-backed text columns as plain objects: the tables read the rows one by one
-    # (to_dict), which boxes every Arrow cell anew each time (2.4 s a pass at 10,000 rows, 1.0 s so)
-    df = df.astype({c: object for c in df.columns if isinstance(df[c].dtype, pd.StringDtype)})
     order = [c for c in COMBINATION_COLUMNS if c in df.columns]
     df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last", kind="stable").reset_index(
         drop=True
