@@ -99,17 +99,20 @@ def _not_number(v) -> bool:
     return False
 
 
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
+
+
 def _check_table_types(table: pa.Table, path: Path) -> None:
-    """check_types on an Arrow table: only the columns that could fail it (the pair's, and declared
-    numbers Arrow holds as something else) are converted to pandas."""
+    """check_types on an Arrow table: only the columns that could fail it are converted to pandas
+    (a pair column with a null, or of floats: NaN; a declared number Arrow holds as something else)."""
     numeric = _numeric_columns()
     suspect = [
         n
         for n in table.column_names
-        if n in PAIR
-        or (n in numeric and not (pa.types.is_integer(t := table.schema.field(n).type) or pa.types.is_floating(t)
-                                  or pa.types.is_boolean(t) or pa.types.is_null(t)))
-    ]  # fmt: skip
+        if (n in PAIR and (table.column(n).null_count or pa.types.is_floating(table.schema.field(n).type)))
+        or (n in numeric and not _is_number(table.schema.field(n).type))
+    ]
     if suspect:
         check_types(table.select(suspect).to_pandas(), path)
 
