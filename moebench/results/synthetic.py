@@ -22,6 +22,7 @@ import pandas as pd
 from moebench.config.spec import IDENTITY_COLUMNS, Combo
 from moebench.results import row as schema
 from moebench.results.row import SCHEMA_VERSION, Status
+from moebench.util.safe_write import replace_text
 
 # (backend, experts, reduction, overlap, quant, status, reason)
 DEFAULT_COMBOS = [
@@ -167,7 +168,7 @@ def write_run(run_dir: str | Path, df: pd.DataFrame, env: dict | None = None) ->
         name = hashlib.sha1(str(key).encode()).hexdigest()[:12]
         group.to_parquet(run_dir / "rows" / f"{name}.parquet", index=False)
     env = env if env is not None else default_env()
-    (run_dir / "env.json").write_text(json.dumps(env, indent=2))
+    replace_text(run_dir / "env.json", json.dumps(env, indent=2))
     return run_dir
 
 

@@ -28,6 +28,7 @@ called truncated or corrupt, an object array is refused without unpickling.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import zipfile
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Optional
 import numpy as np
 
 from moebench.routing.npz import MemberError, limit, members, read_member
+from moebench.util.safe_write import replace_bytes
 
 REQUIRED = ("topk_ids",)
 OPTIONAL = ("topk_weights", "layer", "step", "num_experts", "source")
@@ -247,6 +249,7 @@ def write(
         out["num_experts"] = np.asarray(int(num_experts), dtype=np.int64)
     if source:
         out["source"] = np.asarray(str(source))
-    with open(path, "wb") as f:
-        np.savez_compressed(f, **out)
+    buf = io.BytesIO()  # written whole through a temporary name and a rename (no torn recording)
+    np.savez_compressed(buf, **out)
+    replace_bytes(path, buf.getvalue())
     return sha256_of(path)

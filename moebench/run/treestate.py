@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.run.tree_files import STAMP, known_ignored, outermost_ignored, walk
+from moebench.util.safe_write import replace_text
 
 FORMAT = 1
 LISTED = 20  # paths named in a fingerprint; the digest covers them all
@@ -232,7 +233,7 @@ def write_stamp(root: Path) -> Path:
     """Write the stamp of the checkout `root` in place (root/STAMP, which git ignores)."""
     stamp = make_stamp(root)
     out = Path(root) / STAMP
-    out.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+    replace_text(out, json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     return out
 
 
@@ -341,7 +342,7 @@ def copy_tree(root: Path, dest: Path) -> dict:
     for p in stamp["files"]:
         (dest / p).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / p, dest / p, follow_symlinks=False)
-    (dest / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+    replace_text(dest / STAMP, json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     moved = from_stamp(dest, stamp).after_stamp
     if moved:
         raise ValueError(f"{len(moved)} file(s) changed during the copy ({', '.join(moved[:LISTED])}): copy again")

@@ -89,7 +89,7 @@ def install(tiles_src: Path, tiles_dest: Path, log: Callable[[str], None]) -> Op
             new["deepgemm_min_tokens"] = old.get("deepgemm_min_tokens")
     new["entries"] = {k: new["entries"][k] for k in sorted(new["entries"], key=int)}
     kdec.parse(new, str(dest))
-    dest.write_text(json.dumps(new, indent=2) + "\n")
+    replace_text(dest, json.dumps(new, indent=2) + "\n")
     kdec.clear_cache()
     log(f"installed {dest}")
     return dest

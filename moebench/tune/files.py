@@ -204,7 +204,7 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
     merged = {k: merged[k] for k in sorted(merged, key=int)}
     dest = top if covers_grid(merged) else part
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(merged, indent=4) + "\n")
+    replace_text(dest, json.dumps(merged, indent=4) + "\n")
     side_src = path.with_name(sidecar_name(path.name))
     if side_src.is_file():
         side = {}
@@ -213,7 +213,7 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
             side = json.loads(old_side.read_text())
         fresh = json.loads(side_src.read_text())
         fresh["entries"] = {**side.get("entries", {}), **fresh.get("entries", {})}
-        old_side.write_text(json.dumps(fresh, indent=2) + "\n")
+        replace_text(old_side, json.dumps(fresh, indent=2) + "\n")
     if dest == top and part.is_file():  # superseded
         part.unlink()
         part_side = part.with_name(sidecar_name(part.name))
