@@ -39,6 +39,11 @@ PLACE_COLUMNS = tuple(schema.having(schema.PLACE))  # where a row ran (a compare
 SHOWN_IDENTITY = [*SPEC_COLUMNS, "tokens_per_rank"]
 LATENCY_COLUMNS = schema.names("latency", dtype="float")  # median, p20, p80
 PHASE_COLUMNS = schema.names("phase")
+# the lists a report, comparison or table reads (samples_us: the bootstrap's intervals, the
+# host-paced and clock figures); load_run leaves the rest unread (per-rank figures, each sample's
+# clock: at 10,000 rows each list costs as much memory as samples_us)
+READ_LISTS = ("samples_us",)
+UNREAD_COLUMNS = tuple(c for c in schema.names(dtype="list") if c not in READ_LISTS)
 OVERLAP_COLUMNS = schema.having(schema.OVERLAP_TABLE)  # the ablation's figures and the trace's
 MEMORY_COLUMNS = schema.having(schema.MEMORY_TABLE)  # (the analytic peak and the reserve are in the rows too)
 PROVENANCE_COLUMNS = schema.having(schema.PROVENANCE_TABLE)

@@ -19,6 +19,7 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
     PHASE_COLUMNS,
     PROVENANCE_COLUMNS,
     SHOWN_IDENTITY,
+    UNREAD_COLUMNS,
     phase_sum,
 )
 from moebench.results import row as schema
@@ -85,15 +86,17 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
 
     Rows are read by the store (results/store.py), which also decides which of several rows
     of one (combination, tokens) stands. Times are in µs, memory in bytes, as stored.
+    The lists no report, comparison or table reads (columns.UNREAD_COLUMNS: per-rank and
+    per-sample lists besides samples_us) are not read from disk: RunStore.load has them.
     Optional numeric columns that are absent are added as NaN. Rows are sorted by
     combination then tokens_per_rank. Raises ValueError (what to do included) for a missing
     path, no rows or a malformed file.
     """
     files, run_dir = _source(Path(path))
     df = (
-        RunStore(path).load(required=REQUIRED_COLUMNS)
+        RunStore(path).load(required=REQUIRED_COLUMNS, skip=UNREAD_COLUMNS)
         if files is None
-        else load_files(files, str(path), required=REQUIRED_COLUMNS)
+        else load_files(files, str(path), required=REQUIRED_COLUMNS, skip=UNREAD_COLUMNS)
     )
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")

@@ -383,14 +383,15 @@ class RunStore:
                 todo.append(t)
         return todo
 
-    def load(self, all_rows: bool = False, required=(*PAIR, "status")) -> pd.DataFrame:
+    def load(self, all_rows: bool = False, required=(*PAIR, "status"), skip=()) -> pd.DataFrame:
         """The rows of the run, one per (combination, tokens): a measured row beats a skipped
         one whatever their times, then the newest wins. `all_rows`: every stored row.
-        `required`: the columns without which a file is not a row file (ValueError)."""
+        `required`: the columns without which a file is not a row file (ValueError); `skip`:
+        columns not read at all (the report's loader leaves out lists it never reads)."""
         files = newest_last(self.row_files())
         if (self.rows_dir / SKIPPED_FILE).exists():
             files = [self.rows_dir / SKIPPED_FILE, *files]
-        df = read_frame(files, warn_torn=True, required=required)
+        df = read_frame(files, warn_torn=True, required=required, skip=skip)
         if df.empty:
             return pd.DataFrame()
         df = migrate(df, str(self.dir))

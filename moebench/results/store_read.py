@@ -117,15 +117,16 @@ def _check_table_types(table: pa.Table, path: Path) -> None:
         check_types(table.select(suspect).to_pandas(), path)
 
 
-def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None) -> pa.Table:
+def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=()) -> pa.Table:
     """`read_row_file` as an Arrow table, only the `wanted` columns (those of them it has; None:
-    all): a reader of many files converts their concatenation to pandas once (a 1,000-file run
-    took 11 s converting file by file)."""
+    all) less those in `skip` (never read from disk): a reader of many files converts their
+    concatenation to pandas once (a 1,000-file run took 11 s converting file by file)."""
     keep = None if wanted is None else {*wanted, *required, "schema_version"}
     try:
         with pq.ParquetFile(path) as pf:
             names = pf.schema_arrow.names
-            table = pf.read(columns=None if keep is None else [c for c in names if c in keep])
+            cols = [c for c in names if (keep is None or c in keep) and c not in skip]
+            table = pf.read(columns=None if keep is None and not skip else cols)
     except OSError as e:
         if e.errno in CAUSES:  # the machine refused the read: not the file's fault
             raise
@@ -145,7 +146,7 @@ def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None) -> pa.Ta
     return table
 
 
-def read_frame(files: list[Path], warn_torn: bool, required=(*PAIR, "status"), wanted=None) -> pd.DataFrame:
+def read_frame(files: list[Path], warn_torn: bool, required=(*PAIR, "status"), wanted=None, skip=()) -> pd.DataFrame:
     """The rows of `files` in their order as one frame (only the `wanted` columns, where given), the
     tables concatenated before their one conversion to pandas; a torn file is passed over as
     `read_all` does. Files whose types Arrow cannot unify (an old schema's) are converted one
@@ -153,7 +154,7 @@ def read_frame(files: list[Path], warn_torn: bool, required=(*PAIR, "status"), w
     tables = []
     for p in files:
         try:
-            table = read_row_table(p, required, wanted)
+            table = read_row_table(p, required, wanted, skip)
         except TornFile as e:
             if warn_torn:
                 warn(
@@ -265,11 +266,12 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
     return by_precedence(df).drop_duplicates(PAIR, keep="last").sort_index()
 
 
-def load_files(files: list[Path], origin: str, required=(*PAIR, "status")) -> pd.DataFrame:
+def load_files(files: list[Path], origin: str, required=(*PAIR, "status"), skip=()) -> pd.DataFrame:
     """The rows of row files outside a run folder (a copied file, a folder of them), migrated,
     the newest of each (combination, tokens) by the store's precedence; torn files are passed
-    over with a warning. `required`: the columns without which a file is not a row file."""
-    df = read_frame(newest_last(list(files)), warn_torn=True, required=required)
+    over with a warning. `required`: the columns without which a file is not a row file; `skip`:
+    columns not read."""
+    df = read_frame(newest_last(list(files)), warn_torn=True, required=required, skip=skip)
     if df.empty:
         return df
     df = migrate(df, origin)
