@@ -35,15 +35,16 @@ COMBOS = [
 SIDES = ("off", "poll", "bare")
 
 
-def layer(overrides: list[str], T: int):
-    """(combo, kernel, inputs) of one combination at T tokens, built as the worker builds it."""
+def layer(overrides: list[str], T: int, base: list[str] = BASE):
+    """(combo, kernel, inputs) of one combination at T tokens, built as the worker builds it
+    (benchmarks/nvbench_compare.py builds its layers here too, on its own `base`)."""
     import torch
 
     from moebench.config.compose import check_values, compose_config, to_combo
     from moebench.measure.layer import build_layer
     from moebench.measure.workload import make_routed, routing_spec
 
-    cfg = compose_config([*BASE, *overrides, f"workload.tokens_per_rank=[{T}]"])
+    cfg = compose_config([*base, *overrides, f"workload.tokens_per_rank=[{T}]"])
     check_values(cfg)
     combo = to_combo(cfg).replace(phase_reps=0)
     dev = torch.device("cuda", 0)

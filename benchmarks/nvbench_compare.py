@@ -34,19 +34,9 @@ COMBOS = ["experts=triton quant=fp8_block", "experts=deepgemm quant=fp8_block", 
 
 def layer(overrides: list[str], T: int):
     """(combo, kernel, inputs, forward) of one combination at T tokens, built as the worker builds it."""
-    import torch
+    from clock_poll_ab import layer as build  # benchmarks/ is sys.path[0] when run as a script
 
-    from moebench.config.compose import check_values, compose_config, to_combo
-    from moebench.measure.layer import build_layer
-    from moebench.measure.workload import make_routed, routing_spec
-
-    cfg = compose_config([*BASE, *overrides, f"workload.tokens_per_rank=[{T}]"])
-    check_values(cfg)
-    combo = to_combo(cfg).replace(phase_reps=0)
-    dev = torch.device("cuda", 0)
-    built = build_layer(combo, 0, 1, None, dev)
-    inputs = make_routed(built.ctx.shape, T, routing_spec(combo), 0, 7, dev).inputs
-    kernel = built.kernel
+    combo, kernel, inputs = build(overrides, T, BASE)
     x, w, ids = inputs
     return combo, kernel, inputs, lambda: kernel(x, w, ids)
 
