@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -118,7 +119,11 @@ def import_within(p: Plugin, load: Callable[[], Any], seconds: float, stage: Any
 
     thread = threading.Thread(target=run, name=f"moebench plugin {p.name}", daemon=True)
     thread.start()
-    thread.join(seconds)
+    # waited for in short slices: the main thread runs Python between them, so a Ctrl-C that the
+    # kernel delivered to another thread (torch's, NVML's) is seen at once, not at the deadline
+    end = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < end:
+        thread.join(min(0.1, max(0.0, end - time.monotonic())))
     if thread.is_alive():
         # the processes this one starts (ranks) skip it rather than wait again
         os.environ[TIMED_OUT_VAR] = os.pathsep.join(filter(None, [os.environ.get(TIMED_OUT_VAR, ""), p.module]))

@@ -101,12 +101,17 @@ def test_ctrl_c_while_a_plugin_imports_is_one_line_and_exit_130(site, tmp_path, 
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "imported").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert (tmp_path / "imported").exists(), "the plugin never started importing"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "imported").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (tmp_path / "imported").exists(), "the plugin never started importing"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:  # a process left hanging would fail every later test that counts this one's children
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [f"moebench {command[0]}: interrupted"], err
     if command == ["env"]:  # the machine and its libraries come before any plugin is imported

@@ -24,7 +24,7 @@ MAX_STATEMENTS = 300
 RULES = {
     "kernels": set(),
     "util": set(),
-    "routing": set(),
+    "routing": {"util"},
     "config": {"kernels", "routing", "util"},
     "traces": {"kernels", "util"},
     "results": {"config", "traces", "util"},
