@@ -100,6 +100,9 @@ def test_ctrl_c_while_a_plugin_imports_is_one_line_and_exit_130(site, tmp_path, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as a terminal starts it: a pytest-xdist worker ignores SIGINT, and a child inherits an
+        # ignored signal (Python then installs no KeyboardInterrupt handler): the Ctrl-C would be lost
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
