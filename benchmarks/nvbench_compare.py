@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -101,12 +102,43 @@ def summaries(doc: dict) -> dict[str, dict]:
     return out
 
 
+def child_round(r: int, combos: list[str], tokens: list[int], out: Path) -> int:
+    """One round in this process: every layer built, then moebench's side and nvbench's in the
+    round's order (moebench first on even rounds); {name: {moebench_us: [..], nvbench: [..]}} to `out`."""
+    from moebench.config.validity import graph_capturable
+
+    cases, built = [], {}
+    for combo_text in combos:
+        for T in tokens:
+            name = f"{combo_text.replace(' ', '/')}/T{T}"
+            combo, kernel, inputs, fn = layer(combo_text.split(), T)
+            built[name] = (combo, kernel, inputs)
+            cases.append((name, fn, graph_capturable(combo) is not None))
+    register(cases)
+    rows: dict[str, dict] = {name: {"moebench_us": [], "nvbench": []} for name, _, _ in cases}
+    order = ["moebench", "nvbench"] if r % 2 == 0 else ["nvbench", "moebench"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for side in order:
+            if side == "moebench":
+                for name, (combo, kernel, inputs) in built.items():
+                    rows[name]["moebench_us"].append(moebench_us(combo, kernel, inputs))
+            else:
+                got = nvbench_round(Path(tmp) / "nvbench.json")
+                for name in rows:
+                    rows[name]["nvbench"].append(got.get(name, {}))
+    print(f"round {r} done ({' then '.join(order)})", flush=True)
+    out.write_text(json.dumps(rows))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", default="16,256,2048,16384")
     ap.add_argument("--combo", action="append", default=None, help="overrides of one combination (repeatable)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--child-round", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
         tokens = [int(t) for t in args.tokens.split(",") if t]
@@ -125,29 +157,26 @@ def main(argv=None) -> int:
     except ImportError:
         print("nvbench_compare: needs NVIDIA's nvbench bindings: pip install cuda-bench", file=sys.stderr)
         return 2
-    from moebench.config.validity import graph_capturable
 
-    cases, built = [], {}
-    for combo_text in args.combo or COMBOS:
-        for T in tokens:
-            name = f"{combo_text.replace(' ', '/')}/T{T}"
-            combo, kernel, inputs, fn = layer(combo_text.split(), T)
-            built[name] = (combo, kernel, inputs)
-            cases.append((name, fn, graph_capturable(combo) is not None))
-    register(cases)
-    rows: dict[str, dict] = {name: {"moebench_us": [], "nvbench": []} for name, _, _ in cases}
+    if args.child_round is not None:
+        return child_round(args.child_round, args.combo or COMBOS, tokens, Path(args.child_json))
+    # nvbench runs its registered benchmarks once per process (a second run_all_benchmarks is
+    # "Benchmarks were already executed"): each round is a child process, sides in alternating order
+    rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = ["moebench", "nvbench"] if r % 2 == 0 else ["nvbench", "moebench"]
-            for side in order:
-                if side == "moebench":
-                    for name, (combo, kernel, inputs) in built.items():
-                        rows[name]["moebench_us"].append(moebench_us(combo, kernel, inputs))
-                else:
-                    got = nvbench_round(Path(tmp) / f"round{r}.json")
-                    for name in rows:
-                        rows[name]["nvbench"].append(got.get(name, {}))
-            print(f"round {r} done ({' then '.join(order)})", flush=True)
+            out = Path(tmp) / f"round{r}.json"
+            cmd = [sys.executable, __file__, "--tokens", args.tokens, "--child-round", str(r), "--child-json", str(out)]
+            for c in args.combo or []:
+                cmd += ["--combo", c]
+            done = subprocess.run(cmd, check=False)
+            if done.returncode != 0:
+                print(f"nvbench_compare: round {r} failed (exit {done.returncode})", file=sys.stderr)
+                return 1
+            for name, v in json.loads(out.read_text()).items():
+                row = rows.setdefault(name, {"moebench_us": [], "nvbench": []})
+                row["moebench_us"] += v["moebench_us"]
+                row["nvbench"] += v["nvbench"]
     print(f"{'combination':44} {'moebench µs':>12} {'nvbench µs':>11} {'ratio':>6}  nvbench samples")
     for name, v in rows.items():
         ours = statistics.median(v["moebench_us"])
