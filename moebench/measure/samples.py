@@ -172,6 +172,13 @@ def phase_samples(kernel: MoEKernel, fn, rec, reps: int, sync: RankSync, lead: i
     nvtx = getattr(rec, "_nvtx", None) is not None
     try:
         start = timing.sample_start(sync.barrier, sync.flush, sync.align, lead)
+        # one forward first, not counted: after the timed samples the GPU sits idle, so the first
+        # sample's hold began as soon as it was enqueued and the host, with the phase ranges on
+        # for the first time, fell behind it (on an H100 every row's first phase sample of the
+        # default sweep was host-paced, 1 of 10); behind this one each hold queues as the rest do
+        start()
+        rec.reset()
+        fn()
         for i in range(reps):
             start()
             rec.reset()
