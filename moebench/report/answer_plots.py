@@ -114,7 +114,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     ticks = [t for t in (0.25, 0.33, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if 1 / span <= t <= span]
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.minorticks_off()
-    ax.set_xlabel("latency ratio, value ÷ baseline (< 1: faster); geometric mean over pairs, 95 % interval")
+    ax.set_xlabel("latency ratio, value ÷ baseline (< 1: faster)\ngeometric mean over pairs, 95 % interval")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(loc="lower right", fontsize=7, frameon=False)
     top = ranked[0]
