@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,18 +38,26 @@ def warn(text: str) -> None:
     print(f"moebench: warning: {text}", file=sys.stderr)
 
 
-def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
-    """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
-    parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
-    missing, a schema version this code does not know); an environment error passes."""
+@contextmanager
+def _torn_if_unreadable(path: Path) -> Iterator[None]:
+    """Turns a failed parquet read inside the block into TornFile; an environment error
+    (writable.CAUSES: the machine refused the read, not the file's fault) passes as it is."""
     try:
-        df = pd.read_parquet(path)
+        yield
     except OSError as e:
-        if e.errno in CAUSES:  # the machine refused the read: not the file's fault
+        if e.errno in CAUSES:
             raise
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, ...) for a torn file
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+
+
+def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
+    """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
+    parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
+    missing, a schema version this code does not know); an environment error passes."""
+    with _torn_if_unreadable(path):
+        df = pd.read_parquet(path)
     missing = [c for c in required if c not in df.columns]
     if len(df.columns) and missing:
         raise ValueError(
@@ -122,17 +132,10 @@ def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=())
     all) less those in `skip` (never read from disk): a reader of many files converts their
     concatenation to pandas once (a 1,000-file run took 11 s converting file by file)."""
     keep = None if wanted is None else {*wanted, *required, "schema_version"}
-    try:
-        with pq.ParquetFile(path) as pf:
-            names = pf.schema_arrow.names
-            cols = [c for c in names if (keep is None or c in keep) and c not in skip]
-            table = pf.read(columns=None if keep is None and not skip else cols)
-    except OSError as e:
-        if e.errno in CAUSES:  # the machine refused the read: not the file's fault
-            raise
-        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
-    except Exception as e:  # pyarrow raises several types (ArrowInvalid, ...) for a torn file
-        raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
+    with _torn_if_unreadable(path), pq.ParquetFile(path) as pf:
+        names = pf.schema_arrow.names
+        cols = [c for c in names if (keep is None or c in keep) and c not in skip]
+        table = pf.read(columns=None if keep is None and not skip else cols)
     missing = [c for c in required if c not in names]
     if names and missing:
         raise ValueError(
