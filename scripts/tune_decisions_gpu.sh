@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# Issue #51's GPU done-when on one H100 (or H200; compare within one machine only):
-#   1. before: triton vs deepgemm vs triton_or_deepgemm, whole layers, today's constants;
-#   2. tune mixtral_8x7b and deepseek_v2_lite fp8_block: the gathered tiles, then every decision
-#      (--decisions: row layout, contiguous GEMM kernel and Gluon variant, DeepGEMM's switch-over),
-#      guarded by --max-regression; the tuned files stay in OUT/tune_<model>/configs;
-#   3. after: the same sweep reading them (MOEBENCH_TRITON_CONFIG_DIR), then the comparisons.
-# Nothing is installed into moebench/kernels/configs/: after reading the report, install with
-#   moebench tune --install-from OUT/tune_<model>
+# Issue #51's GPU done-when on one H100 (or H200; tune, verify and compare on one machine kind):
+#   before        today's constants: triton vs deepgemm, whole layers, mixtral_8x7b and
+#                 deepseek_v2_lite fp8_block at the issue's sizes (the default timing; both
+#                 reductions, so that each side's fastest is read)
+#   tune MODEL    the gathered tiles, then every decision (--decisions: row layout, contiguous
+#                 GEMM kernel and Gluon variant, DeepGEMM's switch-over) for one model, guarded by
+#                 --max-regression; the tuned files stay in OUT/tune_MODEL/configs. A rerun with the
+#                 same OUT resumes: tiles and decisions timed before are reused
+#   after         in one call: the same sweep reading the tuned files (MOEBENCH_TRITON_CONFIG_DIR),
+#                 then qwen3_30b_a3b and DeepSeek-V3's EP-8 share with and without them (the
+#                 tuned files must leave them no slower), then the comparisons and the report
+#   all           every stage in turn (a machine without a 10-minute limit per call)
+# Each stage is sized for one 10-minute device call on one H100 (a stage cut by the limit resumes
+# where it stopped when run again with the same OUT). Nothing is installed into
+# moebench/kernels/configs/: after reading the report, `moebench tune --install-from OUT/tune_MODEL`.
 #
-# Usage: scripts/tune_decisions_gpu.sh OUT [--quick]
-#   --quick: 256 and 4096 tokens, the small_fp8 tile space, deepseek_v2_lite only (minutes: checks the path)
+# Usage: scripts/tune_decisions_gpu.sh OUT before|tune MODEL|after|all [--quick]
+#   --quick: 256 and 4096 tokens, the small_fp8 tile space, deepseek_v2_lite only (checks the path)
 set -euo pipefail
-OUT=${1:?usage: $0 OUT [--quick]}
-QUICK=${2:-}
+OUT=${1:?usage: $0 OUT before|tune MODEL|after|all [--quick]}
+STAGE=${2:?usage: $0 OUT before|tune MODEL|after|all [--quick]}
+shift 2
+MODEL=
+if [ "$STAGE" = "tune" ]; then
+  MODEL=${1:?usage: $0 OUT tune MODEL [--quick]}
+  shift
+fi
+QUICK=${1:-}
 TOKENS='[16,256,1024,2048,4096,16384]'
 SPACE=vllm
 MODELS=(mixtral_8x7b deepseek_v2_lite)
@@ -22,23 +36,60 @@ if [ "$QUICK" = "--quick" ]; then
   MODELS=(deepseek_v2_lite)
 fi
 MODEL_LIST=$(IFS=,; echo "${MODELS[*]}")
-LAYER=(backend=local quant=fp8_block reduction=experts overlap=none runner.timing=graph
-       "model=$MODEL_LIST" "workload.tokens_per_rank=$TOKENS")
+LAYER=(backend=local quant=fp8_block reduction=experts,finalize overlap=none
+       "workload.tokens_per_rank=$TOKENS")
+# the models the tuned files must not slow down: every size, triton experts only
+OTHERS=(backend=local quant=fp8_block experts=triton reduction=experts overlap=none
+        "workload.tokens_per_rank=$TOKENS")
 
-moebench sweep --out "$OUT/before" experts=triton,deepgemm,triton_or_deepgemm "${LAYER[@]}"
+tuned_dirs() {
+  local dirs=() m
+  for m in "${MODELS[@]}"; do
+    [ -d "$OUT/tune_$m/configs" ] && dirs+=("$OUT/tune_$m/configs")
+  done
+  (IFS=:; echo "${dirs[*]}")
+}
 
-DIRS=()
-for m in "${MODELS[@]}"; do
+before() {
+  moebench sweep --out "$OUT/before" experts=triton,deepgemm,triton_or_deepgemm "model=$MODEL_LIST" "${LAYER[@]}"
+}
+
+tune() {
   # exit 1: a size regressed or none ran; the figures are in tune.json either way
-  moebench tune experts=triton backend=local quant=fp8_block "model=$m" "workload.tokens_per_rank=$TOKENS" \
-    --space "$SPACE" --decisions --max-regression 0.02 --out "$OUT/tune_$m" || echo "tune $m: exit $?"
-  DIRS+=("$OUT/tune_$m/configs")
-done
+  moebench tune experts=triton backend=local quant=fp8_block "model=$1" "workload.tokens_per_rank=$TOKENS" \
+    --space "$SPACE" --decisions --max-regression 0.02 --out "$OUT/tune_$1" || echo "tune $1: exit $?"
+}
 
-MOEBENCH_TRITON_CONFIG_DIR=$(IFS=:; echo "${DIRS[*]}") \
-  moebench sweep --out "$OUT/after" experts=triton,deepgemm,triton_or_deepgemm "${LAYER[@]}"
+after() {
+  local dirs
+  dirs=$(tuned_dirs)
+  [ -n "$dirs" ] || { echo "after: no OUT/tune_*/configs (run the tune stage first)" >&2; exit 2; }
+  MOEBENCH_TRITON_CONFIG_DIR=$dirs \
+    moebench sweep --out "$OUT/after" experts=triton,deepgemm,triton_or_deepgemm "model=$MODEL_LIST" "${LAYER[@]}"
+  local other
+  for other in "model=qwen3_30b_a3b" "model=deepseek_v3 backend.simulate_ep=8"; do
+    local name=${other%% *}; name=${name#model=}
+    # shellcheck disable=SC2086 (the overrides of one model, split on spaces)
+    moebench sweep --out "$OUT/${name}_today" $other "${OTHERS[@]}"
+    # shellcheck disable=SC2086
+    MOEBENCH_TRITON_CONFIG_DIR=$dirs moebench sweep --out "$OUT/${name}_tuned" $other "${OTHERS[@]}"
+  done
+  moebench compare "$OUT/before" "$OUT/after" || true                          # the tuned layer against today's
+  moebench compare "$OUT/after" --axis experts=deepgemm:triton || true         # triton / deepgemm after tuning
+  moebench compare "$OUT/before" --axis experts=deepgemm:triton || true        # ... and before
+  moebench compare "$OUT/qwen3_30b_a3b_today" "$OUT/qwen3_30b_a3b_tuned" || true  # no slower elsewhere
+  moebench compare "$OUT/deepseek_v3_today" "$OUT/deepseek_v3_tuned" || true
+  moebench report "$OUT/after"
+}
 
-moebench compare "$OUT/before" "$OUT/after" || true            # the tuned layer against today's
-moebench compare "$OUT/after" --axis experts=deepgemm:triton || true  # triton / deepgemm after tuning
-moebench compare "$OUT/before" --axis experts=deepgemm:triton || true # ... and before
-moebench report "$OUT/after"
+case "$STAGE" in
+  before) before ;;
+  tune) tune "$MODEL" ;;
+  after) after ;;
+  all)
+    before
+    for m in "${MODELS[@]}"; do tune "$m"; done
+    after
+    ;;
+  *) echo "unknown stage '$STAGE': before, tune MODEL, after or all" >&2; exit 2 ;;
+esac
