@@ -80,6 +80,24 @@ def trial_from_json(d: dict) -> Trial:
     return Trial(**{k: v for k, v in d.items() if k in known})
 
 
+def append_line(path: Path, line: str) -> None:
+    """One JSON line appended to a store file whole: one write under an advisory lock (several
+    GPU processes append to one file); a line cut short by a kill is skipped when read back, and
+    ended first, so that the line appended after it is not lost with it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # O_NOFOLLOW: a link planted at the store file is refused, never appended through
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    with os.fdopen(fd, "r+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            end = os.fstat(fd).st_size
+            cut = end > 0 and os.pread(fd, 1, end - 1) != b"\n"
+            f.write((("\n" if cut else "") + line + "\n").encode("utf-8"))
+            f.flush()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class TrialStore:
     """The trials of one tune directory (FILE_NAME), read once, appended to as they run."""
 
@@ -106,17 +124,7 @@ class TrialStore:
         return self._trials.get(key)
 
     def add(self, t: Trial) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({k: _clean(v) for k, v in asdict(t).items()}) + "\n"
-        # O_NOFOLLOW: a link planted at trials.jsonl is refused, never appended through
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        with os.fdopen(fd, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                f.write(line)
-                f.flush()
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        append_line(self.path, json.dumps({k: _clean(v) for k, v in asdict(t).items()}))
         self._trials[t.key()] = t
 
     def __len__(self) -> int:
