@@ -246,7 +246,13 @@ def _decisions(args, targs, info, results, out, path, extra, max_regression):
         return None, None, None
     from moebench.tune import decide, decision_files, files
 
-    found, dec_check = decide.for_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr))
+    try:
+        found, dec_check = decide.for_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr), out)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"interrupted during --decisions; the tiles are in {path}, the decisions timed so far in "
+            f"{out / 'decisions.jsonl'}, nothing installed: the same command resumes"
+        ) from None
     more = {"decisions": decision_files.to_json(found)}
     if dec_check is not None:
         more["decisions_check"] = dec_check.to_json()

@@ -28,9 +28,9 @@ Legend: T tokens per rank, M rows entering the experts (the entries' key).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -42,6 +42,7 @@ from moebench.kernels.triton.decisions import gluon_config_of
 from moebench.measure import layer as layers
 from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
+from moebench.tune.decision_trials import DecisionStore, Timed, open_store
 
 NAN = float("nan")
 CURRENT = "current"
@@ -119,24 +120,6 @@ def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[
 
 
 @dataclass
-class Timed:
-    """One option at one token count: µs are the interleaved medians of whole-layer forwards."""
-
-    option: str
-    us: float = NAN
-    p20: float = NAN
-    p80: float = NAN
-    rel_err: float = NAN
-    error: str = ""
-    samples: list = field(default_factory=list)
-    ran: str = ""  # what the layer reported running (its experts' last_layout / last_gemm)
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and math.isfinite(self.us)
-
-
-@dataclass
 class DecisionResult:
     """One token count's decisions."""
 
@@ -176,6 +159,12 @@ class DecisionBench:
             self.layers[o] = layers.build_layer(combo, 0, 1, None, self.device, options=o.opts(), keep_weights=True)
         return self.layers[o]
 
+    def timing(self, T: int) -> str:
+        """How run() times T tokens: graph (replays) | events | host."""
+        if self.device.type != "cuda":
+            return "host"
+        return "graph" if T <= self.combo["graph_max_tokens"] else "events"
+
     def run(self, T: int, opts: list[Option], reps: int, salt: int = 7) -> list[Timed]:
         """Each option checked on T tokens' routing, then all timed interleaved (`reps` samples each).
         The layers are built for this call only (their weights kept: one copy): the workspaces of the
@@ -206,7 +195,7 @@ class DecisionBench:
             if not t.error:
                 fns.append((t, (lambda k=kernel: k.forward(x, w, ids, with_shared=False))))
         if fns:
-            graph = self.device.type == "cuda" and T <= combo["graph_max_tokens"]
+            graph = self.timing(T) == "graph"
             samples = timing.time_interleaved(
                 [f for _, f in fns], self.device, reps, self.warmup, flush=self.flush, graph=graph, warmup_ms=50.0
             )
@@ -226,15 +215,24 @@ def decide(
     device: torch.device,
     log: Callable[[str], None] = lambda s: None,
     bench: Optional[DecisionBench] = None,
+    store: Optional[DecisionStore] = None,
 ) -> list[DecisionResult]:
-    """The decisions at each token count (tiles: this tune's winning gathered tile per count)."""
+    """The decisions at each token count (tiles: this tune's winning gathered tile per count).
+    With a `store` (decision_trials.py) each count's timings are recorded as they finish and the
+    ones stored already (a resumed tune) are read instead of timed."""
     bench = bench or DecisionBench(c, device)
+    plan = {T: options_of(c.combo, device, tiles.get(T)) for T in tokens}
+    if store is not None:
+        keys = [store.key(T, o, reps, bench.timing(T)) for T in tokens for o in plan[T][0]]
+        reused = sum(store.get(k) is not None for k in keys)
+        if reused:
+            log(f"tune decisions: {reused} of {len(keys)} timings reused from {store.path}")
     results = []
     for T in tokens:
         t0 = time.perf_counter()
-        opts, skipped = options_of(c.combo, device, tiles.get(T))
+        opts, skipped = plan[T]
         r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped)
-        r.timed = bench.run(T, opts, reps)
+        r.timed = _timed(bench, store, T, opts, reps)
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
         triton = [t for t in ranked if t.option != DEEPGEMM]
         if triton:
@@ -246,6 +244,20 @@ def decide(
         why = "".join(f"; skipped {n}: {w}" for n, w in skipped)
         log(f"tune decisions T={T}: {r.best_overall or 'nothing ran'}{why}")
     return results
+
+
+def _timed(bench: DecisionBench, store: Optional[DecisionStore], T: int, opts: list[Option], reps: int):
+    """[Timed] of `opts` at T: the stored ones read, the rest timed together (interleaved) and stored."""
+    if store is None:
+        return bench.run(T, opts, reps)
+    keys = {o: store.key(T, o, reps, bench.timing(T)) for o in opts}
+    have = {o: store.get(k) for o, k in keys.items()}
+    missing = [o for o in opts if have[o] is None]
+    if missing:
+        for o, t in zip(missing, bench.run(T, missing, reps), strict=True):
+            store.add(keys[o], t)
+            have[o] = t
+    return [have[o] for o in opts]
 
 
 def switch_over(results: list[DecisionResult]) -> Optional[int]:
@@ -346,10 +358,13 @@ def check(
     return out
 
 
-def for_tune(args, results, max_regression: Optional[float], log: Callable[[str], None]):
+def for_tune(
+    args, results, max_regression: Optional[float], log: Callable[[str], None], out_dir: Optional[Path] = None
+):
     """`moebench tune --decisions` after the tile search (search.TuneArgs `args`, its [TokenResult]):
     ([DecisionResult], DecisionCheck or None), on the device the tune's single-process path uses,
-    `args.final_reps` interleaved samples per option."""
+    `args.final_reps` interleaved samples per option; recorded in out_dir/decisions.jsonl and, unless
+    `args.resume` is off (--fresh), read back from it (decision_trials.py). The check is never stored."""
     from moebench.tune.search import resolve
 
     c, _ = resolve(args.overrides)
@@ -358,7 +373,8 @@ def for_tune(args, results, max_regression: Optional[float], log: Callable[[str]
     tiles = {r.tokens: r.best for r in results if r.best is not None}
     rows = {r.tokens: r.key for r in results}
     bench = DecisionBench(c, device)
-    found = decide(c, [r.tokens for r in results], rows, tiles, args.final_reps, device, log, bench)
+    store = open_store(out_dir, c, device, args.resume)
+    found = decide(c, [r.tokens for r in results], rows, tiles, args.final_reps, device, log, bench, store)
     if max_regression is None:
         return found, None
     return found, check(c, found, tiles, args.final_reps, device, max_regression, bench, log)

@@ -221,3 +221,89 @@ def test_vllm_reads_the_tiles_file_unchanged_beside_a_sidecar(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ok: vLLM would use an entry within 2x" in text and "deepgemm_min_tokens 1024" in text
     assert sorted(tconfig.read_config_file(tmp_path / name)) == sorted(tconfig.VLLM_BATCH_SIZES)
+
+
+# -- resuming the decisions stage (decision_trials.py) ------------------------------------
+
+BF16 = ["experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu"]
+# host figures ranked as a GPU's might: gathered wins at 1 token, contiguous/triton at 2 (µs)
+FIXED = {"current": (10.0, 10.0), "gathered": (9.0, 12.0), "contiguous/triton": (11.0, 8.0)}
+
+
+def _counting_bench(c, fail_at=None):
+    """The real DecisionBench (every option checked and timed through the interpreter) that records
+    which options it timed, ranks them by FIXED (the host's figures decide nothing here) and, at
+    token count `fail_at`, stops as a Ctrl-C would."""
+    from moebench.tune import decide
+
+    class Counting(decide.DecisionBench):
+        def run(self, T, opts, reps, salt=7):
+            if T == fail_at:
+                raise KeyboardInterrupt
+            out = super().run(T, opts, reps, salt)
+            self.calls.append((T, sorted(o.name for o in opts)))
+            for t in out:
+                t.us = FIXED[t.option][T - 1] if t.ok else t.us
+            return out
+
+    bench = Counting(c, torch.device("cpu"))
+    bench.calls = []
+    return bench
+
+
+def _choices(found):
+    from moebench.tune.decide import switch_over
+
+    return [(r.tokens, r.best, r.best_overall, r.entry) for r in found], switch_over(found)
+
+
+def test_an_interrupted_decisions_stage_resumes_without_timing_again(tmp_path):
+    from moebench.tune import decide
+    from moebench.tune.decision_trials import FILE_NAME, DecisionStore, env_key
+    from moebench.tune.search import resolve
+
+    c, _ = resolve(BF16 + ["workload.tokens_per_rank=[1,2]"])
+    cpu = torch.device("cpu")
+    rows = {1: 1, 2: 2}
+
+    def run(out, fail_at=None, log=lambda s: None):
+        bench = _counting_bench(c, fail_at)
+        store = DecisionStore(out, c.key, env_key(cpu))
+        return decide.decide(c, [1, 2], rows, {}, 1, cpu, log, bench, store), bench.calls
+
+    clean, calls = run(tmp_path / "clean")
+    every = ["contiguous/triton", "current", "gathered"]
+    assert calls == [(1, every), (2, every)]
+    # interrupted at 2 tokens: the timings at 1 are stored, each option one line
+    out = tmp_path / "tune"
+    with pytest.raises(KeyboardInterrupt):
+        run(out, fail_at=2)
+    assert len((out / FILE_NAME).read_text().splitlines()) == 3
+    with open(out / FILE_NAME, "a") as f:
+        f.write('{"key": {"layer": "cut short by a ki')  # a kill mid-line: skipped when read
+    lines = []
+    resumed, calls = run(out, log=lines.append)
+    assert calls == [(2, every)]  # 1 token's options were read, not timed again
+    assert f"tune decisions: 3 of 6 timings reused from {out / FILE_NAME}" in lines
+    assert _choices(resumed) == _choices(clean)
+    assert _choices(clean) == (
+        [
+            (1, "gathered", "gathered", {"row_layout": "gathered"}),
+            (2, "contiguous/triton", "contiguous/triton", {"row_layout": "contiguous", "contiguous_gemm": "triton"}),
+        ],
+        None,
+    )
+    stored = resumed[0].get("gathered")
+    assert stored.ok and stored.rel_err < 0.1 and stored.samples and stored.ran  # the figures came back whole
+
+    # all six stored now; none is another layer's, another machine's or code's, and --fresh forgets them
+    def found(store):
+        opts = decide.options_of(c.combo, cpu, None)[0]
+        return sum(store.get(store.key(T, o, 1, "host")) is not None for T in (1, 2) for o in opts)
+
+    other, _ = resolve(BF16 + ["workload.tokens_per_rank=[1,2]", "workload.seed=1"])
+    assert other.key != c.key
+    assert found(DecisionStore(out, c.key, env_key(cpu))) == 6
+    assert found(DecisionStore(out, other.key, env_key(cpu))) == 0
+    assert found(DecisionStore(out, c.key, "another GPU, torch, Triton or moebench source")) == 0
+    assert found(DecisionStore(out, c.key, env_key(cpu), resume=False)) == 0 and not (out / FILE_NAME).exists()

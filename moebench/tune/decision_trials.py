@@ -1,0 +1,144 @@
+"""Stored timings of `moebench tune --decisions` (decide.py): one JSON line per option timed at a
+token count, appended as that count's interleaved timing finishes, so that a tune interrupted in
+its decisions stage (Ctrl-C, a crash, a time limit) times again on the same command only what is
+not stored, as its tile trials resume (trials.py, whose append this shares).
+
+    <out>/decisions.jsonl   {"key": RecordKey, "timed": Timed} per line
+
+A record's identity is RecordKey: the combination's key (as a tile trial's `layer`: model, quant,
+simulate_ep, seed, ...), the token count, the option's whole spec (its experts, tile, Gluon
+variant), the samples and the timing mode, and `env`: the GPU, torch, Triton and moebench's own
+source (a hash of its .py files, so a record is never reused by other code, committed or not).
+A record of another identity is never reused; `--fresh` empties the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from moebench.tune.trials import append_line
+
+FILE_NAME = "decisions.jsonl"
+_FLOATS = ("us", "p20", "p80", "rel_err")
+NAN = float("nan")
+
+
+@dataclass
+class Timed:
+    """One option at one token count: µs are the interleaved medians of whole-layer forwards."""
+
+    option: str
+    us: float = NAN
+    p20: float = NAN
+    p80: float = NAN
+    rel_err: float = NAN
+    error: str = ""
+    samples: list = field(default_factory=list)
+    ran: str = ""  # what the layer reported running (its experts' last_layout / last_gemm)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and math.isfinite(self.us)
+
+
+@dataclass(frozen=True)
+class RecordKey:
+    """What a stored decision timing was timed as: equal keys, interchangeable timings."""
+
+    layer: str  # plan.Combination.key
+    tokens: int
+    option: str  # decide.Option as sorted JSON (name, experts, options)
+    reps: int
+    timing: str  # graph | events | host
+    env: str  # env_key(): GPU, torch, Triton, moebench's source
+
+
+def option_text(option) -> str:
+    """A decide.Option as one canonical string (its tile and Gluon variant included)."""
+    return json.dumps(dataclasses.asdict(option), sort_keys=True, default=str)
+
+
+def source_sha() -> str:
+    """sha256 of moebench's .py files (path and content): the code that builds and times the layer."""
+    import moebench
+
+    root = Path(moebench.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def env_key(device) -> str:
+    """16 hex digits over what changes a decision's figures besides the layer: the device (the GPU's
+    name), torch, Triton and moebench's source."""
+    import torch
+    import triton
+
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    parts = {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "source": source_sha()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def timed_from_json(d: dict) -> Timed:
+    """A Timed from its JSON (this file's, tune.json's): null figures are NaN, unknown keys dropped."""
+    known = Timed.__dataclass_fields__
+    fields: dict[str, Any] = {k: (NAN if k in _FLOATS and v is None else v) for k, v in d.items() if k in known}
+    return Timed(**fields)
+
+
+def _clean(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class DecisionStore:
+    """The decision timings of one tune directory (FILE_NAME), for one layer on one machine."""
+
+    def __init__(self, directory: Path, layer: str, env: str, resume: bool = True):
+        self.path = Path(directory) / FILE_NAME
+        self.layer, self.env = layer, env
+        self._timed: dict[RecordKey, dict] = {}
+        if not resume and self.path.is_file():
+            self.path.unlink()
+        elif self.path.is_file():
+            self._read()
+
+    def _read(self) -> None:
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                    key = RecordKey(**d["key"])
+                    timed = dict(d["timed"])
+                except (ValueError, TypeError, KeyError):
+                    continue  # a line cut short by a kill (or of another format): that option runs again
+                self._timed[key] = timed
+
+    def key(self, tokens: int, option, reps: int, timing: str) -> RecordKey:
+        return RecordKey(self.layer, int(tokens), option_text(option), int(reps), timing, self.env)
+
+    def get(self, key: RecordKey):
+        """The stored Timed of `key` (a new object each call), or None."""
+        d = self._timed.get(key)
+        return None if d is None else timed_from_json(d)
+
+    def add(self, key: RecordKey, timed: Timed) -> None:
+        d = {k: _clean(v) for k, v in dataclasses.asdict(timed).items()}
+        append_line(self.path, json.dumps({"key": dataclasses.asdict(key), "timed": d}))
+        self._timed[key] = d
+
+    def __len__(self) -> int:
+        return len(self._timed)
+
+
+def open_store(directory: Optional[Path], c, device, resume: bool) -> Optional[DecisionStore]:
+    """The store of a tune's --out (None without one: nothing is recorded)."""
+    if directory is None:
+        return None
+    return DecisionStore(Path(directory), c.key, env_key(device), resume)
