@@ -84,7 +84,9 @@ def register(sub) -> None:
         "--install-from",
         metavar="DIR",
         help="instead: install the config files of a finished tune's "
-        "output directory (DIR/configs/*.json with their sidecars), as --install would",
+        "output directory (DIR/configs/*.json with their sidecars), as --install would; with "
+        "--max-regression X (else the tune's own, if it ran one) exit 1 without installing when DIR/tune.json's "
+        "figures regress by more than X, tiles or decisions",
     )
     tu.add_argument(
         "--results",
@@ -113,11 +115,13 @@ def tune_command(args) -> int:
 
         return results_command(args.results, args.out)
     if args.install_from:
-        from moebench.tune import files
+        from moebench.tune import decision_files, files, install_check
 
         found = files.tuned_files(Path(args.install_from))
-        from moebench.tune import decision_files
-
+        refused = install_check.refusal(Path(args.install_from), max_regression)
+        if refused is not None:
+            print(f"moebench tune: {refused.line(Path(args.install_from))}", file=sys.stderr)
+            return 1
         for f in found:
             decision_files.install(f, files.install(f, print), print)
         return 0
@@ -217,7 +221,7 @@ def tune_command(args) -> int:
 
 def _max_regression(args):
     """--max-regression as a fraction (None when not given); ValueError for a bad value or a
-    mode with no tuned table to measure."""
+    mode with no tuned table to check (--install-from checks the figures its tune.json holds)."""
     if args.max_regression is None:
         return None
     from moebench.tune.regression import parse_max_regression
@@ -225,7 +229,6 @@ def _max_regression(args):
     modes = [
         f
         for f, v in (
-            ("--install-from", args.install_from),
             ("--results", args.results),
             ("--check-vllm", args.check_vllm),
         )

@@ -102,7 +102,7 @@ class Check:
 
     def lines(self) -> list[str]:
         """One line per size that regresses (what the refusal prints)."""
-        return [_line(s, self.max_regression) for s in self.regressions]
+        return [size_line(s, self.max_regression) for s in self.regressions]
 
     def verdict(self) -> str:
         """One line: passed or refused, with the worst ratio."""
@@ -155,7 +155,8 @@ def _us(v: float) -> str:
     return f"{v:.1f}" if math.isfinite(v) else "–"
 
 
-def _line(s: SizeCheck, x: float) -> str:
+def size_line(s: SizeCheck, x: float) -> str:
+    """One size that regresses, in words (what a refusal prints)."""
     if s.tuned_error or not math.isfinite(s.tuned_us):
         return f"{s.tokens} tokens: the tuned config failed in the check ({s.tuned_error or 'no time'})"
     ci = f" [95 % CI {s.ci_lo:.3f}, {s.ci_hi:.3f}]" if math.isfinite(s.ci_lo) else ""

@@ -307,3 +307,86 @@ def test_an_interrupted_decisions_stage_resumes_without_timing_again(tmp_path):
     assert found(DecisionStore(out, other.key, env_key(cpu))) == 0
     assert found(DecisionStore(out, c.key, "another GPU, torch, Triton or moebench source")) == 0
     assert found(DecisionStore(out, c.key, env_key(cpu), resume=False)) == 0 and not (out / FILE_NAME).exists()
+
+
+def _finished_tune(out, decisions_check=None):
+    """A finished tune's folder: tiles at 4 and 16 tokens, their decisions sidecar, and tune.json whose
+    figures have the chosen option 1.2x slower than the layer's current run at 16 tokens."""
+    tiles = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128])
+    entry = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    (out / "configs").mkdir(parents=True)
+    (out / "configs" / tiles).write_text(json.dumps({"4": entry, "16": entry}))
+    side = {kdec.SCHEMA_KEY: 1, "deepgemm_min_tokens": None, "entries": {"16": {"row_layout": "contiguous"}}}
+    (out / "configs" / kdec.decisions_name(tiles)).write_text(json.dumps(side))
+
+    def timed(option, us):
+        return {"option": option, "us": us, "p20": us, "p80": us, "rel_err": 0.0, "error": "", "samples": [us]}
+
+    current = {"config": {**entry, "BLOCK_SIZE_N": 128}, "us": 10.0, "error": ""}
+    detail = {
+        "results": [
+            {"tokens": T, "rows": T, "best": entry, "best_us": 9.0, "baselines": {"current": current}} for T in (4, 16)
+        ],
+        "decisions": [
+            {"tokens": 4, "best": "gathered", "timed": [timed("current", 10.0), timed("gathered", 9.0)]},
+            {
+                "tokens": 16,
+                "best": "contiguous/triton",
+                "timed": [timed("current", 10.0), timed("contiguous/triton", 12.0)],
+            },
+        ],
+    }
+    if decisions_check is not None:
+        detail["decisions_check"] = decisions_check
+    (out / "tune.json").write_text(json.dumps(detail))
+    return tiles
+
+
+def test_install_from_applies_max_regression_to_the_decisions(tmp_path, monkeypatch, capsys):
+    """--install-from DIR --max-regression X decides on DIR/tune.json's figures as a fresh --install
+    decides on its check: 1.2x at 16 tokens passes 0.5 and is refused at 0.1 (exit 1, one line,
+    nothing installed); a tune whose own check refused is not installed without the flag either."""
+    top, part = tmp_path / "configs", tmp_path / "configs" / "partial"
+    monkeypatch.setattr(tconfig, "CONFIG_DIR", top)
+    monkeypatch.setattr(tconfig, "PARTIAL_DIR", part)
+    out = tmp_path / "tune"
+    tiles = _finished_tune(out)
+    assert cli.main(["tune", "--install-from", str(out), "--max-regression", "0.1"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"moebench tune: --install-from {out}: --max-regression 0.1: not installed: decisions at 16 tokens: "
+        "chosen contiguous/triton 12.0 µs vs current 10.0 µs = 1.200x, above 1.1x "
+        "(tune.json decisions (chosen and current timed together))"
+    )
+    assert not top.exists()  # neither the tiles nor the decisions
+    assert cli.main(["tune", "--install-from", str(out), "--max-regression", "0.5"]) == 0
+    assert (part / tiles).is_file() and json.loads((part / kdec.decisions_name(tiles)).read_text())["entries"]
+    # the tiles are held to the same threshold (here on the search's figures: no check was run)
+    detail = json.loads((out / "tune.json").read_text())
+    detail["results"][1]["best_us"] = 16.0
+    (out / "tune.json").write_text(json.dumps(detail))
+    assert cli.main(["tune", "--install-from", str(out), "--max-regression", "0.5"]) == 1
+    assert "not installed: tiles at 16 tokens: tuned 16.0 µs vs current 10.0 µs = 1.600x" in capsys.readouterr().err
+    # the tune ran its own check (0.02) and it refused: re-checked on its figures, flag or not
+    check = {
+        "max_regression": 0.02,
+        "passed": False,
+        "sizes": [
+            {
+                "tokens": 16,
+                "chosen": {"option": "contiguous/triton", "us": 10.5},
+                "current": {"option": "current", "us": 10.0},
+            }
+        ],
+    }
+    again = tmp_path / "again"
+    _finished_tune(again, check)
+    assert cli.main(["tune", "--install-from", str(again)]) == 1
+    err = capsys.readouterr().err
+    assert "--max-regression 0.02 (the tune's own): not installed: decisions at 16 tokens" in err
+    assert "1.050x, above 1.02x (tune.json decisions_check)" in err
+    assert cli.main(["tune", "--install-from", str(again), "--max-regression", "0.1"]) == 0  # a looser X: passes
+    (again / "tune.json").unlink()  # tuned files only: nothing to decide on
+    assert cli.main(["tune", "--install-from", str(again), "--max-regression", "0.1"]) == 2
+    assert f"no {again / 'tune.json'}: --max-regression has no figures" in capsys.readouterr().err
+    assert cli.main(["tune", "--install-from", str(again)]) == 0  # as before

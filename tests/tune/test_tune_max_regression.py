@@ -84,7 +84,7 @@ def test_max_regression_takes_a_fraction(text):
         (["--max-regression", "2%"], "--max-regression '2%': give a fraction >= 0"),
         (["--max-regression", "nan"], "give a finite fraction"),
         (["--max-regression", "inf"], "give a finite fraction"),
-        (["--max-regression", "0.02", "--install-from", "somewhere"], "--install-from times nothing"),
+        (["--max-regression", "0.02", "--install-from", "somewhere"], "--install-from somewhere: no "),
         (["--max-regression", "0.02", "--check-vllm", "file.json"], "--check-vllm times nothing"),
     ],
 )
