@@ -5,6 +5,7 @@
                                               section the layer ignores: per entry what was
                                               chosen, what it beat and by how much
     <out>/tune.json "decisions"               every option's figures per token count
+    <out>/decisions.jsonl                     the same, appended as timed (decision_trials.py: a resume)
 
 The tiles file itself is left exactly as vLLM reads it (files.py).
 """

@@ -11,6 +11,7 @@
                                                the search's steps, baselines, finalists; with
                                                --max-regression the check (regression.py)
     <out>/trials.jsonl                         every trial of the search (trials.py)
+    <out>/decisions.jsonl                      with --decisions, every option's timing (decision_trials.py)
     <out>/env.json, <out>/envs/<id>.json       the machine's fingerprint (moebench/run/env.py), as a
                                                sweep's run folder has it: the first invocation's,
                                                and each invocation's (a resumed tune may run
@@ -19,7 +20,8 @@
 `--install` merges the entries into kernels/configs/ when the file then covers vLLM's
 batch-size grid, else into kernels/configs/partial/, a folder vLLM never reads (it
 would route every batch size to the nearest entry, however far: vllm_check.py); with
-`--max-regression` only once the check passed (the sidecar then carries its figures).
+`--max-regression` only once the check passed (the sidecar then carries its figures);
+`--install-from` decides the same on the figures tune.json holds (install_check.py).
 """
 
 from __future__ import annotations
