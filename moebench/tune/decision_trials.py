@@ -7,8 +7,9 @@ not stored, as its tile trials resume (trials.py, whose append this shares).
 
 A record's identity is RecordKey: the combination's key (as a tile trial's `layer`: model, quant,
 simulate_ep, seed, ...), the token count, the option's whole spec (its experts, tile, Gluon
-variant), the samples and the timing mode, and `env`: the GPU, torch, Triton and moebench's own
-source (a hash of its .py files, so a record is never reused by other code, committed or not).
+variant), the samples and the timing mode, and `env`: the GPU, torch, Triton, moebench's own
+source (a hash of its .py files, so a record is never reused by other code, committed or not) and
+the tuned files the layer looks up (an --install meanwhile changes what `current` runs).
 A record of another identity is never reused; `--fresh` empties the file.
 """
 
@@ -18,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -65,13 +67,19 @@ def option_text(option) -> str:
 
 
 def source_sha() -> str:
-    """sha256 of moebench's .py files (path and content): the code that builds and times the layer."""
+    """sha256 of moebench's .py files and of the tuned files the layer looks up (kernels/configs/ and
+    MOEBENCH_TRITON_CONFIG_DIR's: the tiles and sidecars the `current` option runs), by path within
+    their folder and content."""
     import moebench
+    from moebench.kernels.triton import config as tconfig
 
-    root = Path(moebench.__file__).parent
+    folders = [(Path(moebench.__file__).parent, "*.py"), (Path(tconfig.CONFIG_DIR), "*.json")]
+    if os.environ.get(tconfig.CONFIG_DIR_ENV):
+        folders.append((Path(os.environ[tconfig.CONFIG_DIR_ENV]), "*.json"))
     h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    for i, (root, pattern) in enumerate(folders):
+        for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+            h.update(f"{i}:{p.relative_to(root)}".encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 

@@ -178,7 +178,7 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
         "--out",
         str(out),
     ]
-    assert cli.main(argv) == 0
+    assert cli.main([a for a in argv if a != "--install"]) == 0
     text = capsys.readouterr().out
     assert "decisions (whole layers, interleaved)" in text and "vs current" in text
     tiles = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128])
@@ -194,6 +194,9 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
         why = dict(d["not_run"])
         assert "interpreter" in why["contiguous/gluon (every GLUON_VARIANTS entry)"] and why["deepgemm"]
     assert detail["decisions_check"]["passed"]
+    # the same command with --install: the tiles' trials and the decisions' timings are read, not timed
+    assert cli.main(argv) == 0
+    assert "tune decisions: 6 of 6 timings reused from " in capsys.readouterr().err
     # installed beside the tiles (partial/: two sizes), the tiles file as vLLM reads it
     assert (part / kdec.decisions_name(tiles)).is_file()
     assert set(json.loads((part / tiles).read_text())) == {"4", "16"}
@@ -306,6 +309,8 @@ def test_an_interrupted_decisions_stage_resumes_without_timing_again(tmp_path):
     assert found(DecisionStore(out, c.key, env_key(cpu))) == 6
     assert found(DecisionStore(out, other.key, env_key(cpu))) == 0
     assert found(DecisionStore(out, c.key, "another GPU, torch, Triton or moebench source")) == 0
+    _sidecar(tmp_path, {"8": {"row_layout": "contiguous"}}, quant="bf16")  # an install changes `current`
+    assert found(DecisionStore(out, c.key, env_key(cpu))) == 0
     assert found(DecisionStore(out, c.key, env_key(cpu), resume=False)) == 0 and not (out / FILE_NAME).exists()
 
 
@@ -390,3 +395,26 @@ def test_install_from_applies_max_regression_to_the_decisions(tmp_path, monkeypa
     assert cli.main(["tune", "--install-from", str(again), "--max-regression", "0.1"]) == 2
     assert f"no {again / 'tune.json'}: --max-regression has no figures" in capsys.readouterr().err
     assert cli.main(["tune", "--install-from", str(again)]) == 0  # as before
+
+
+def test_ctrl_c_in_the_decisions_stage_says_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    from moebench.tune import compile as tcompile
+    from moebench.tune import decide, search
+    from moebench.tune.search import TokenResult
+
+    entry = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    info = {"E": 8, "N": 128, "dtype": None, "block_shape": None, "space_size": 1}
+    found = (info, None, [TokenResult(tokens=4, best=entry, best_us=1.0)], tcompile.Stats(), 0.0)
+    monkeypatch.setattr(search, "tune", lambda *a, **k: found)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decide, "for_tune", interrupted)
+    out = tmp_path / "tune"
+    assert cli.main(["tune", *BF16, "workload.tokens_per_rank=[4]", "--decisions", "--out", str(out)]) == 130
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("moebench tune: interrupted during --decisions; the tiles are in ")
+    assert (
+        f"the decisions timed so far in {out / 'decisions.jsonl'}, nothing installed: the same command resumes" in line
+    )
