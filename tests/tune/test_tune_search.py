@@ -4,6 +4,7 @@ compile workers' round trip into Triton's cache."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -61,10 +62,14 @@ def test_shared_memory_rule_matches_the_out_of_resources_the_gpu_reported():
     for path in sorted((ROOT / "results").glob("**/tune.json")):
         d = json.loads(path.read_text())
         nbytes = 1 if str(d["layer"].get("quant", "")).startswith("fp8") else 2
-        jsonl = path.parent / "trials.jsonl"  # the halving search keeps its trials beside tune.json
+        # the halving search keeps its trials beside tune.json (gzip-compressed where committed large)
+        jsonl, gz = path.parent / "trials.jsonl", path.parent / "trials.jsonl.gz"
+        text = (
+            jsonl.read_text() if jsonl.is_file() else gzip.decompress(gz.read_bytes()).decode() if gz.is_file() else ""
+        )
         trials = (
-            [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-            if jsonl.is_file()
+            [json.loads(line) for line in text.splitlines() if line.strip()]
+            if text
             else [t for r in d["results"] for t in r["trials"]]
         )
         for t in trials:
