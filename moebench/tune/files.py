@@ -236,7 +236,7 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
 def summary(results, space_size: int) -> str:
     """Markdown: per token count, the baselines' time, the best config and its speed-up."""
     lines = [
-        "| tokens | heuristic µs | current µs | best µs | vs heuristic | best config | timed / space |",
+        "| tokens | heuristic µs | current µs | best µs | vs heuristic | best config | timed / space (+ baselines) |",
         "|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in results:
