@@ -340,7 +340,8 @@ def run_tokens(
         res.wall_s = time.perf_counter() - t0
         results.append(res)
         b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if out.best else "no config ran"
-        log(f"tune T={T}: {res.num_timed} configs timed (the space kept {len(pruned.kept)}; the heuristic and installed tiles are timed beside it), best {b}")
+        kept = len(pruned.kept)
+        log(f"tune T={T}: {res.num_timed} timed (the space's {kept}, the heuristic, installed tiles), best {b}")
     bar.close()
     return pruned, results, stats
 
