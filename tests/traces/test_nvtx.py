@@ -270,7 +270,8 @@ def test_timed_forwards_run_with_null_phases(domain, monkeypatch, tmp_path, trac
     assert timed_pushes == [] and [n for t, n in record_functions if t] == []
     # the phase samples (after each token count's timed samples) ran with the worker's recorder
     recorded = [p for t, p, _, _ in seen if not t and p is not NULL_PHASES]
-    assert len(recorded) == 2 * 2 and all(isinstance(p, PhaseRecorder) for p in recorded)
+    # 2 token counts x (phase_reps + the uncounted forward before them)
+    assert len(recorded) == 2 * (2 + 1) and all(isinstance(p, PhaseRecorder) for p in recorded)
     assert {n for t, n in record_functions if not t} >= {"experts", "finalize", "shared_experts"}
     pushed = [n for op, n in domain.calls if op == "push"]
     if trace == "none":
