@@ -9,21 +9,21 @@ A record's identity is RecordKey: the combination's key (as a tile trial's `laye
 simulate_ep, seed, ...), the token count, the option's whole spec (its experts, tile, Gluon
 variant), the samples and the timing mode, and `env`: the GPU, torch, Triton, moebench's own
 source (a hash of its .py files, so a record is never reused by other code, committed or not) and
-the tuned files the layer looks up (an --install meanwhile changes what `current` runs).
+the tuned files the layer looks up (an --install meanwhile changes what `current` runs):
+fingerprint.env_key, as the tile trials' fingerprint but for those files.
 A record of another identity is never reused; `--fresh` empties the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from moebench.tune.fingerprint import env_key
 from moebench.tune.trials import append_line
 
 FILE_NAME = "decisions.jsonl"
@@ -58,40 +58,12 @@ class RecordKey:
     option: str  # decide.Option as sorted JSON (name, experts, options)
     reps: int
     timing: str  # graph | events | host
-    env: str  # env_key(): GPU, torch, Triton, moebench's source
+    env: str  # fingerprint.env_key(): GPU, torch, Triton, moebench's source and tuned files
 
 
 def option_text(option) -> str:
     """A decide.Option as one canonical string (its tile and Gluon variant included)."""
     return json.dumps(dataclasses.asdict(option), sort_keys=True, default=str)
-
-
-def source_sha() -> str:
-    """sha256 of moebench's .py files and of the tuned files the layer looks up (kernels/configs/ and
-    MOEBENCH_TRITON_CONFIG_DIR's: the tiles and sidecars the `current` option runs), by path within
-    their folder and content."""
-    import moebench
-    from moebench.kernels.triton import config as tconfig
-
-    folders = [(Path(moebench.__file__).parent, "*.py"), (Path(tconfig.CONFIG_DIR), "*.json")]
-    if os.environ.get(tconfig.CONFIG_DIR_ENV):
-        folders.append((Path(os.environ[tconfig.CONFIG_DIR_ENV]), "*.json"))
-    h = hashlib.sha256()
-    for i, (root, pattern) in enumerate(folders):
-        for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
-            h.update(f"{i}:{p.relative_to(root)}".encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def env_key(device) -> str:
-    """16 hex digits over what changes a decision's figures besides the layer: the device (the GPU's
-    name), torch, Triton and moebench's source."""
-    import torch
-    import triton
-
-    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    parts = {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "source": source_sha()}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def timed_from_json(d: dict) -> Timed:
