@@ -77,7 +77,8 @@ def _num(v):
 def _trial(t) -> Optional[dict]:
     if t is None:
         return None
-    d = {k: _num(v) for k, v in asdict(t).items() if k not in ("samples", "layer")}
+    # a trial's fingerprint (`env`) is this tune's: tune.json's "environment" holds it once
+    d = {k: _num(v) for k, v in asdict(t).items() if k not in ("samples", "layer", "env")}
     return d
 
 

@@ -30,7 +30,7 @@ from moebench.tune import files as tfiles
 from moebench.tune import strategy
 from moebench.tune.bench import baselines_of, dims_of, rows_of
 from moebench.tune.space import SPACES, config_key, prune, shared_limit_of
-from moebench.tune.trials import Trial, TrialStore
+from moebench.tune.trials import Trial, TrialStore, open_store, trial_env
 
 TOKENS_KEY = "workload.tokens_per_rank"
 
@@ -376,7 +376,7 @@ def _gpu_main(rank: int, overrides: list, shares: list, args: TuneArgs, out_dir:
     """One GPU's share of the token counts (a spawned process)."""
     torch.cuda.set_device(rank)
     c, _ = resolve(overrides)
-    store = TrialStore(Path(out_dir))
+    store = TrialStore(Path(out_dir), trial_env(torch.device("cuda", rank)))
     pool = tcompile.Pool(workers) if workers > 0 else None
     try:
         run_tokens(
@@ -410,13 +410,16 @@ def tune(
     (layer info, Pruned, [TokenResult], compile Stats, wall seconds)."""
     c, tokens = resolve(args.overrides)
     cuda = c.combo["device"] == "cuda"
-    store = TrialStore(out_dir, resume=args.resume)
-    if not args.resume and store.path.exists():
-        store.path.unlink()
-    tfiles.write_env(out_dir)  # before any trial: an interrupted tune has its environment too
-    t0 = time.perf_counter()
     ngpu = torch.cuda.device_count() if cuda else 0
     ngpu = min(ngpu, args.gpus) if args.gpus else ngpu
+    if cuda and ngpu > 1 and len(tokens) > 1:
+        names = {torch.cuda.get_device_name(i) for i in range(ngpu)}
+        if len(names) > 1:  # one table from two GPU models, and a replay that finds only one's trials
+            raise ValueError(f"the visible GPUs differ ({', '.join(sorted(names))}): tune on one model (--gpus 1)")
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    store = open_store(out_dir, device, args.resume, c.key, log)  # says which stored trials it passes over
+    tfiles.write_env(out_dir)  # before any trial: an interrupted tune has its environment too
+    t0 = time.perf_counter()
     workers = args.workers if args.workers is not None else (tcompile.default_workers(max(1, ngpu)) if cuda else 0)
     if cuda and ngpu > 1 and len(tokens) > 1:
         shares = split_tokens(tokens, ngpu)
@@ -427,7 +430,6 @@ def tune(
         store.reload()
         pruned, results, stats = run_tokens(c, tokens, args, store, torch.device("cuda", 0), log, replay=True)
     else:
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         own = tcompile.Pool(workers) if pool is None and workers > 0 and cuda else None
         try:
             pruned, results, stats = run_tokens(c, tokens, args, store, device, log, own if own is not None else pool)

@@ -6,7 +6,11 @@ re-run with the same arguments reads the stored ones instead of timing them agai
 A trial's identity is (layer, tokens, config, phase, reps, timing): `layer` is the
 combination's key (plan.Combination.key: model, quant, simulate_ep, seed, ...), so a
 store may hold several layers and token grids; a trial of another identity is never
-reused. Several processes (one per GPU) append to one file under an advisory lock.
+reused. Each trial carries the fingerprint it was measured under (`env`: fingerprint.py's
+GPU, torch, Triton and moebench's source), and only those of this process's are reused: a
+tune resumed on another GPU or by other code times again. The others (and those stored
+before fingerprints) stay in the file, for reading, and `foreign_lines` says why they were
+passed over. Several processes (one per GPU) append to one file under an advisory lock.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
+from moebench.tune.fingerprint import Fingerprint, fingerprint
 from moebench.tune.space import config_key
 
 FILE_NAME = "trials.jsonl"
@@ -49,6 +54,7 @@ class Trial:
     # (timing.Samples.host_paced; NaN off a GPU and in trials stored before the count): any makes
     # the trial's figure host time, so it carries an error (HOST_PACED_ERROR) and never wins
     host_paced: float = float("nan")
+    env: dict = field(default_factory=dict)  # Fingerprint.stamp() of what measured it ({}: stored before)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +72,13 @@ class Trial:
         )
 
 
+def trial_env(device) -> Fingerprint:
+    """The tile trials' fingerprint on `device` (a torch.device): the installed tuned files left out,
+    as a trial runs the tile it names (an --install changes only which tile `current` is: another
+    trial), so that a rerun after an --install reuses the search."""
+    return fingerprint(device, tuned_files=False)
+
+
 def _clean(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None  # JSON has no NaN
@@ -76,6 +89,8 @@ def trial_from_json(d: dict) -> Trial:
     nan = float("nan")
     for k in ("us", "p20", "p80", "rel_err", "seconds", "host_paced"):
         d[k] = nan if d.get(k) is None else float(d[k])
+    if not isinstance(d.get("env", {}), dict):
+        d["env"] = {}  # no fingerprint to match
     known = Trial.__dataclass_fields__
     return Trial(**{k: v for k, v in d.items() if k in known})
 
@@ -99,16 +114,20 @@ def append_line(path: Path, line: str) -> None:
 
 
 class TrialStore:
-    """The trials of one tune directory (FILE_NAME), read once, appended to as they run."""
+    """The trials of one tune directory (FILE_NAME) measured under `env`, read once, appended to as
+    they run (stamped with `env`). Trials of another fingerprint are read into `foreign`, never
+    reused."""
 
-    def __init__(self, directory: Path, resume: bool = True):
+    def __init__(self, directory: Path, env: Fingerprint, resume: bool = True):
         self.path = Path(directory) / FILE_NAME
+        self.env = env
         self._trials: dict[tuple, Trial] = {}
+        self.foreign: list[Trial] = []  # stored under another fingerprint (or none): kept, not reused
         if resume and self.path.is_file():
             self.reload()
 
     def reload(self) -> None:
-        self._trials = {}
+        self._trials, self.foreign = {}, []
         with open(self.path) as f:
             for line in f:
                 line = line.strip()
@@ -118,12 +137,16 @@ class TrialStore:
                     t = trial_from_json(json.loads(line))
                 except (ValueError, TypeError):
                     continue  # a line cut short by a kill: that trial runs again
-                self._trials[t.key()] = t
+                if self.env.matches(t.env):
+                    self._trials[t.key()] = t
+                else:
+                    self.foreign.append(t)
 
     def get(self, key: tuple) -> Optional[Trial]:
         return self._trials.get(key)
 
     def add(self, t: Trial) -> None:
+        t.env = self.env.stamp()
         append_line(self.path, json.dumps({k: _clean(v) for k, v in asdict(t).items()}))
         self._trials[t.key()] = t
 
@@ -132,3 +155,30 @@ class TrialStore:
 
     def select(self, layer: str, tokens: Optional[int] = None) -> Iterable[Trial]:
         return (t for t in self._trials.values() if t.layer == layer and (tokens is None or t.tokens == tokens))
+
+    def foreign_lines(self, layer: str) -> list[str]:
+        """One progress line per reason that stored trials of `layer` are not reused (another GPU,
+        torch or Triton, other moebench code, no fingerprint), with their count; [] where none."""
+        why: dict[str, list[Trial]] = {}
+        for t in self.foreign:
+            if t.layer == layer:
+                why.setdefault(self.env.difference(t.env), []).append(t)
+        lines = []
+        for reason, trials in why.items():
+            keys = sorted({str(t.env.get("key")) for t in trials if t.env.get("key")})
+            fp = f" (fingerprint {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})" if keys else ""
+            lines.append(
+                f"tune: {len(trials)} stored trials {reason}{fp}; timing again (they stay in {self.path.name})"
+            )
+        return lines
+
+
+def open_store(directory: Path, device, resume: bool, layer: str, log: Callable[[str], None]) -> TrialStore:
+    """A tune's store of trials measured on `device` (a torch.device); without `resume` (--fresh)
+    emptied; `log` says which stored trials of `layer` it passes over, and why."""
+    store = TrialStore(directory, trial_env(device), resume)
+    if not resume and store.path.exists():
+        store.path.unlink()
+    for line in store.foreign_lines(layer):
+        log(line)
+    return store

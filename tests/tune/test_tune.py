@@ -72,7 +72,7 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     import torch
 
     from moebench.tune import bench, search
-    from moebench.tune.trials import TrialStore
+    from moebench.tune.trials import TrialStore, trial_env
 
     def no_layer(*a, **k):
         raise AssertionError("replay built a layer")
@@ -80,12 +80,57 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     monkeypatch.setattr(bench, "LayerBench", no_layer)
     targs = search.TuneArgs(overrides=argv[1:7], space="small", reps=2, final_reps=1)
     c, tokens = search.resolve(targs.overrides)
-    _, again, _ = search.run_tokens(c, tokens, targs, TrialStore(out), torch.device("cpu"), lambda s: None, replay=True)
+    _, again, _ = search.run_tokens(
+        c,
+        tokens,
+        targs,
+        TrialStore(out, trial_env(torch.device("cpu"))),
+        torch.device("cpu"),
+        lambda s: None,
+        replay=True,
+    )
     assert [(r.tokens, r.best, r.num_timed) for r in again] == [(4, best["4"], 3)]
     # the harness's lookup now returns the tuned tile for that layer
     monkeypatch.setenv(tconfig.CONFIG_DIR_ENV, str(out / "configs"))
     tconfig._load_configs.cache_clear()
     assert tconfig.get_config(8, 128, 4) == best["4"]
+
+
+def test_a_tune_resumed_on_another_gpu_times_again_and_says_so(tmp_path, capsys):
+    """--out holds this layer's trials, as the same command would ask for them, measured on an H200
+    (the figures are made up: 1 ns each, they would win): the command on this device times every
+    one again, says why in one line, and keeps the H200's in the file."""
+    from dataclasses import replace
+
+    import torch
+
+    from moebench.tune import search
+    from moebench.tune.bench import baselines_of, dims_of
+    from moebench.tune.space import prune
+    from moebench.tune.trials import Trial, TrialStore, trial_env
+
+    out = tmp_path / "tune"
+    argv = ["tune", "experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu"]
+    argv += ["workload.tokens_per_rank=[4]", "--space", "small", "--reps", "2", "--final-reps", "1", "--out", str(out)]
+    targs = search.TuneArgs(overrides=argv[1:7], space="small", reps=2, final_reps=1)
+    c, _ = search.resolve(targs.overrides)
+    dims = dims_of(c.combo)
+    cfgs = prune("small", dims).kept + list(baselines_of(dims, "bf16", 4).values())
+    h200 = replace(trial_env(torch.device("cpu")), device="NVIDIA H200")
+    there = TrialStore(out, h200)
+    keys = [search.Measurer(None, there, c.key, 4, targs, "host")._key(cfg, "screen") for cfg in cfgs]
+    for cfg in cfgs:
+        there.add(Trial(config=dict(cfg), us=0.001, p20=0.001, p80=0.001, layer=c.key, tokens=4, reps=2, timing="host"))
+    assert all(TrialStore(out, h200).get(k) is not None for k in keys)  # what the H200 would resume from
+    stored = (out / "trials.jsonl").read_text().splitlines()
+    assert cli.main(argv) == 0
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert lines[: len(stored)] == stored  # kept
+    here = [json.loads(x) for x in lines[len(stored) :]]
+    assert {x["env"]["device"] for x in here} == {"cpu"}
+    assert all(TrialStore(out, trial_env(torch.device("cpu"))).get(k).us > 0.001 for k in keys)  # timed again
+    err = capsys.readouterr().err
+    assert f"tune: {len(stored)} stored trials were measured on another GPU (NVIDIA H200; this is cpu)" in err
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from moebench.tune import strategy
+from moebench.tune.fingerprint import Fingerprint
 from moebench.tune.space import (
     SM90_SHARED_BYTES,
     LayerDims,
@@ -33,6 +34,7 @@ DSV3_EP8_FP8 = LayerDims(
     num_experts=32, intermediate=2048, hidden=7168, topk=8, operand_bytes=1, block_shape=(128, 128)
 )
 QWEN3_BF16 = LayerDims(num_experts=128, intermediate=768, hidden=2048, topk=8, operand_bytes=2)
+H100 = Fingerprint("NVIDIA H100 80GB HBM3", "2.9.0", "3.5.0", "a" * 64)  # what a store's trials are measured under
 
 
 def test_vllm_space_pruned_for_the_tuned_layers():
@@ -213,36 +215,99 @@ def test_an_interrupted_tune_resumes_from_its_stored_trials(tmp_path):
         m = Measurer(bench, store, "layerkey", 16, args, "graph")
         return strategy.halving(configs, m, 37), m
 
-    whole, _ = search(_FakeBench(cost), TrialStore(tmp_path / "whole"))
+    whole, _ = search(_FakeBench(cost), TrialStore(tmp_path / "whole", H100))
     cut = _FakeBench(cost, stop_after=20)
     with pytest.raises(KeyboardInterrupt):
-        search(cut, TrialStore(tmp_path / "cut"))
-    assert len(TrialStore(tmp_path / "cut")) == 20
+        search(cut, TrialStore(tmp_path / "cut", H100))
+    assert len(TrialStore(tmp_path / "cut", H100)) == 20
     again = _FakeBench(cost)
-    resumed, m = search(again, TrialStore(tmp_path / "cut"))
+    resumed, m = search(again, TrialStore(tmp_path / "cut", H100))
     assert again.timed == whole.num_timed + len(whole.finalists) - 20  # only what was not stored
     assert [config_key(c) for c in resumed.order] == [config_key(c) for c in whole.order]
     assert resumed.best == whole.best
     # a third run times nothing; a different reps count is another identity
     third = _FakeBench(cost)
-    search(third, TrialStore(tmp_path / "cut"))
+    search(third, TrialStore(tmp_path / "cut", H100))
     assert third.timed == 0
     other = Measurer(
-        _FakeBench(cost), TrialStore(tmp_path / "cut"), "layerkey", 16, TuneArgs(overrides=[], reps=7), "graph"
+        _FakeBench(cost), TrialStore(tmp_path / "cut", H100), "layerkey", 16, TuneArgs(overrides=[], reps=7), "graph"
     )
     other(configs[:1], "screen")
     assert other.measured == 1
 
 
 def test_a_line_cut_short_by_a_kill_is_timed_again(tmp_path):
-    store = TrialStore(tmp_path)
+    store = TrialStore(tmp_path, H100)
     t = Trial(config=prune("small", QWEN3_BF16).kept[0], us=1.0, layer="k", tokens=4, reps=2, timing="host")
     store.add(t)
     with open(store.path, "a") as f:
         f.write('{"config": {"BLOCK_SIZE_M": 3')  # the process died mid-line
-    again = TrialStore(tmp_path)
+    again = TrialStore(tmp_path, H100)
     assert len(again) == 1 and again.get(t.key()).us == 1.0
-    assert TrialStore(tmp_path, resume=False).get(t.key()) is None
+    assert TrialStore(tmp_path, H100, resume=False).get(t.key()) is None
+
+
+def test_trials_of_another_gpu_or_code_are_kept_but_timed_again(tmp_path):
+    """Only trials stamped with this process's fingerprint are reused; the others (another GPU,
+    torch, Triton, moebench source; none at all, stored before fingerprints) stay in the file,
+    are timed again, and one line per reason says so."""
+    from dataclasses import replace
+
+    from moebench.tune.search import Measurer, TuneArgs
+
+    configs = prune("small", QWEN3_BF16).kept
+    args = TuneArgs(overrides=[], reps=2)
+
+    def screen(env, directory=tmp_path):
+        store, bench = TrialStore(directory, env), _FakeBench(lambda c: 1.0 + config_key(c)[0])
+        Measurer(bench, store, "layerkey", 16, args, "graph")(configs, "screen")
+        return store, bench.timed
+
+    n = len(configs)
+    assert screen(H100)[1] == n
+    again, timed = screen(H100)
+    assert timed == 0 and again.foreign == [] and again.foreign_lines("layerkey") == []
+    h200 = replace(H100, device="NVIDIA H200")
+    store, timed = screen(h200)
+    assert timed == n and len(store.foreign) == n
+    (line,) = store.foreign_lines("layerkey")
+    assert line == (
+        f"tune: {n} stored trials were measured on another GPU (NVIDIA H100 80GB HBM3; this is NVIDIA H200) "
+        f"(fingerprint {H100.key}); timing again (they stay in trials.jsonl)"
+    )
+    assert store.foreign_lines("another layer") == []
+    stamps = [json.loads(x)["env"] for x in (tmp_path / "trials.jsonl").read_text().splitlines()]
+    assert stamps == [H100.stamp()] * n + [h200.stamp()] * n  # nothing deleted; each trial says where it ran
+    assert screen(H100)[1] == 0  # the first GPU's trials are still its own
+    assert (
+        "under torch 2.9.0 (this is 2.10.0)"
+        in TrialStore(tmp_path, replace(H100, torch="2.10.0")).foreign_lines("layerkey")[0]
+    )
+    code, gpu = TrialStore(tmp_path, replace(H100, source="b" * 64)).foreign_lines("layerkey")
+    assert code.startswith(f"tune: {n} stored trials were measured by other code (moebench's .py sources differ)")
+    assert gpu.startswith(f"tune: {n} stored trials were measured on another GPU (NVIDIA H200; this is NVIDIA H100")
+
+
+def test_trials_stored_before_fingerprints_are_not_reused(tmp_path):
+    """A trials.jsonl written before trials carried `env` (results/tune/... hold such files) is read
+    for analysis, never resumed from."""
+    from moebench.tune.search import Measurer, TuneArgs
+
+    configs = prune("small", QWEN3_BF16).kept
+    old = [
+        {"config": c, "us": 1.0, "layer": "layerkey", "tokens": 16, "phase": "screen", "reps": 2, "timing": "graph"}
+        for c in configs
+    ]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in old))
+    store, bench = TrialStore(tmp_path, H100), _FakeBench(lambda c: 2.0)
+    assert len(store) == 0 and len(store.foreign) == len(configs)
+    assert store.foreign_lines("layerkey") == [
+        f"tune: {len(configs)} stored trials predate fingerprints (no record of the GPU or code that timed them); "
+        "timing again (they stay in trials.jsonl)"
+    ]
+    Measurer(bench, store, "layerkey", 16, TuneArgs(overrides=[], reps=2), "graph")(configs, "screen")
+    assert bench.timed == len(configs)
+    assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 2 * len(configs)
 
 
 # -- the compile workers ---------------------------------------------------------------
