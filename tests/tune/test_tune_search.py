@@ -288,6 +288,24 @@ def test_trials_of_another_gpu_or_code_are_kept_but_timed_again(tmp_path):
     assert gpu.startswith(f"tune: {n} stored trials were measured on another GPU (NVIDIA H200; this is NVIDIA H100")
 
 
+def test_a_tune_over_gpus_of_different_models_is_refused(tmp_path, monkeypatch):
+    """Each GPU's trials carry its own name: one table from two models, whose replay would find one
+    model's trials only, is refused before any trial."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from moebench.tune import search
+
+    layer = SimpleNamespace(combo={"device": "cuda"}, key="layerkey")
+    monkeypatch.setattr(search, "resolve", lambda overrides: (layer, [4, 8]))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: ["NVIDIA H100 80GB HBM3", "NVIDIA H200"][i])
+    with pytest.raises(ValueError, match=r"the visible GPUs differ \(NVIDIA H100 80GB HBM3, NVIDIA H200\)"):
+        search.tune(search.TuneArgs(overrides=[]), tmp_path)
+    assert not (tmp_path / "trials.jsonl").exists()
+
+
 def test_trials_stored_before_fingerprints_are_not_reused(tmp_path):
     """A trials.jsonl written before trials carried `env` (results/tune/... hold such files) is read
     for analysis, never resumed from."""
