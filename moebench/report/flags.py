@@ -232,16 +232,10 @@ def _details(row) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
-def side_of(pair: dict, side: str) -> dict:
-    """One side ("base" | "cand") of a comparison's pair as a row (its ``<side>_`` columns)."""
-    row = {k[len(side) + 1 :]: v for k, v in pair.items() if k.startswith(side + "_")}
-    row.update({k: pair.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")})
-    return row
-
-
 def side_rows(matched: pd.DataFrame, side: str) -> list[dict]:
-    """side_of of every pair, in `matched`'s order: the side's columns renamed at once (a
-    10,000-pair comparison spent 10 s renaming them row by row)."""
+    """One side ("base" | "cand") of every pair of a comparison as a row (its ``<side>_`` columns,
+    with the pair's place and token count), in `matched`'s order: the side's columns renamed at
+    once (a 10,000-pair comparison spent 10 s renaming them row by row)."""
     cols = [c for c in matched.columns if c.startswith(side + "_")]
     sub = matched[cols].rename(columns={c: c[len(side) + 1 :] for c in cols})
     place = {k: matched[k] if k in matched.columns else None for k in (*PLACE_COLUMNS, "tokens_per_rank")}
@@ -300,7 +294,8 @@ def _tp_ranks_note(measured: pd.DataFrame, who: str) -> list[str]:
 
     if "backend" not in measured.columns or measured.empty:
         return []
-    tp = measured[measured["backend"].map(lambda b: tensor_parallel(str(b)))]
+    tp_backends = [b for b in measured["backend"].unique() if tensor_parallel(str(b))]  # one lookup a backend
+    tp = measured[measured["backend"].isin(tp_backends)]
     if tp.empty:
         return []
     ws = pd.to_numeric(tp.get("world_size", pd.Series(dtype=float)), errors="coerce").dropna()

@@ -38,8 +38,6 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
-_WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-
 
 class UnsafePath(ValueError):
     """A write that would go through a symbolic link, or into something that is not a regular
