@@ -8,6 +8,7 @@ The tile trials (trials.py) and the decisions' timings (decision_trials.py) are 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -15,22 +16,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def _feed(h, i: int, root: Path, pattern: str) -> None:
+    for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+        h.update(f"{i}:{p.relative_to(root)}".encode() + b"\0" + p.read_bytes() + b"\0")
+
+
+@functools.lru_cache(maxsize=1)
+def _sources_hashed():
+    """The hash fed with moebench's .py files, once a process (~190 files: the trials' store, the
+    decisions' and each GPU process asked for it again); copied before the tuned files go in."""
+    import moebench
+
+    h = hashlib.sha256()
+    _feed(h, 0, Path(moebench.__file__).parent, "*.py")
+    return h
+
+
 def source_sha(tuned_files: bool = True) -> str:
     """sha256 of moebench's .py files and (`tuned_files`) of the tuned files the layer looks up
     (kernels/configs/ and MOEBENCH_TRITON_CONFIG_DIR's: the tiles and sidecars the `current` option
-    runs), by path within their folder and content."""
-    import moebench
+    runs, read each call: an install changes them), by path within their folder and content."""
     from moebench.kernels.triton import config as tconfig
 
-    folders = [(Path(moebench.__file__).parent, "*.py")]
+    h = _sources_hashed().copy()
     if tuned_files:
-        folders.append((Path(tconfig.CONFIG_DIR), "*.json"))
+        folders = [Path(tconfig.CONFIG_DIR)]
         if os.environ.get(tconfig.CONFIG_DIR_ENV):
-            folders.append((Path(os.environ[tconfig.CONFIG_DIR_ENV]), "*.json"))
-    h = hashlib.sha256()
-    for i, (root, pattern) in enumerate(folders):
-        for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
-            h.update(f"{i}:{p.relative_to(root)}".encode() + b"\0" + p.read_bytes() + b"\0")
+            folders.append(Path(os.environ[tconfig.CONFIG_DIR_ENV]))
+        for i, root in enumerate(folders, start=1):
+            _feed(h, i, root, "*.json")
     return h.hexdigest()
 
 
