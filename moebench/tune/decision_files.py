@@ -76,21 +76,32 @@ def write(info: dict, results: list[DecisionResult], out_dir: Path, tiles_name: 
 
 def install(tiles_src: Path, tiles_dest: Path, log: Callable[[str], None]) -> Optional[Path]:
     """Merge the sidecar beside tiles_src (if any) into the one beside tiles_dest (its entries win;
-    a new switch-over replaces the old). Returns where it went."""
+    a new switch-over replaces the old). Where the tiles moved up from kernels/configs/partial/ (the
+    merged file covers vLLM's grid: files.install removed the partial one), the partial sidecar is
+    merged in first and removed, as the tiles' and the provenance's are. Returns where it went."""
+    from moebench.kernels.triton import config as tconfig
+
     src = Path(tiles_src).with_name(kdec.decisions_name(Path(tiles_src).name))
-    if not src.is_file():
-        return None
     dest = Path(tiles_dest).with_name(kdec.decisions_name(Path(tiles_dest).name))
-    new = json.loads(src.read_text())
-    if dest.is_file():
-        old = json.loads(dest.read_text())
-        new["entries"] = {**old.get("entries", {}), **new.get("entries", {})}
-        new["provenance"] = {**old.get("provenance", {}), **new.get("provenance", {})}
-        if new.get("deepgemm_min_tokens") is None:
-            new["deepgemm_min_tokens"] = old.get("deepgemm_min_tokens")
+    part = tconfig.PARTIAL_DIR / dest.name
+    superseded = part if part != dest and part.is_file() else None
+    if not src.is_file() and superseded is None:
+        return None
+    new: dict = {}
+    for side in (superseded, dest, src):  # later wins
+        if side is None or not side.is_file():
+            continue
+        got = json.loads(side.read_text())
+        got["entries"] = {**new.get("entries", {}), **got.get("entries", {})}
+        got["provenance"] = {**new.get("provenance", {}), **got.get("provenance", {})}
+        if got.get("deepgemm_min_tokens") is None:
+            got["deepgemm_min_tokens"] = new.get("deepgemm_min_tokens")
+        new = got
     new["entries"] = {k: new["entries"][k] for k in sorted(new["entries"], key=int)}
     kdec.parse(new, str(dest))
     replace_text(dest, json.dumps(new, indent=2) + "\n")
+    if superseded is not None:
+        superseded.unlink()
     kdec.clear_cache()
     log(f"installed {dest}")
     return dest

@@ -415,3 +415,52 @@ def test_ctrl_c_in_the_decisions_stage_says_the_same_command_resumes(tmp_path, m
     assert (
         f"the decisions timed so far in {out / 'decisions.jsonl'}, nothing installed: the same command resumes" in line
     )
+
+
+def test_a_partial_sidecar_moves_up_with_its_tiles(tmp_path, monkeypatch):
+    """Tiles installed into partial/ (too few sizes for vLLM's grid) with their decisions, then the
+    rest of the grid: the tiles move to kernels/configs/, and the decisions with them, merged (the
+    new entries win), the partial sidecar gone (the layer searches partial/ too); an install of
+    tiles alone moves it as well."""
+    from moebench.tune import decision_files, files
+
+    top, part = tmp_path / "configs", tmp_path / "configs" / "partial"
+    monkeypatch.setattr(tconfig, "CONFIG_DIR", top)
+    monkeypatch.setattr(tconfig, "PARTIAL_DIR", part)
+    tile = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    name = tconfig.config_file_name(8, 128, None, None, device="NVIDIA H100")
+    out = tmp_path / "out"
+    out.mkdir()
+    src, side = out / name, out / kdec.decisions_name(name)
+
+    def install(tiles: dict, entries: dict | None, dg=None) -> None:
+        src.write_text(json.dumps(tiles))
+        side.unlink(missing_ok=True)
+        if entries is not None:
+            body = {kdec.SCHEMA_KEY: 1, "layer": {"hidden": 256}, "deepgemm_min_tokens": dg, "entries": entries}
+            side.write_text(json.dumps(body))
+        decision_files.install(src, files.install(src, print), print)
+
+    install({"16": tile}, {"16": {"row_layout": "gathered"}, "256": {"row_layout": "gathered"}}, dg=512)
+    assert (part / kdec.decisions_name(name)).is_file() and not (top / kdec.decisions_name(name)).exists()
+    install({str(m): tile for m in tconfig.VLLM_BATCH_SIZES}, {"256": {"row_layout": "contiguous"}})
+    up = json.loads((top / kdec.decisions_name(name)).read_text())
+    assert up["entries"] == {"16": {"row_layout": "gathered"}, "256": {"row_layout": "contiguous"}}
+    assert up["deepgemm_min_tokens"] == 512  # kept: the new sidecar set none
+    assert not (part / kdec.decisions_name(name)).exists() and not (part / name).exists()
+    # tiles alone (no --decisions): a partial sidecar left from before moves up all the same
+    other = tconfig.config_file_name(8, 64, None, None, device="NVIDIA H100")
+    (part).mkdir(exist_ok=True)
+    (part / other).write_text(json.dumps({"16": tile}))
+    body = {
+        kdec.SCHEMA_KEY: 1,
+        "layer": {"hidden": 256},
+        "deepgemm_min_tokens": None,
+        "entries": {"16": {"row_layout": "gathered"}},
+    }
+    (part / kdec.decisions_name(other)).write_text(json.dumps(body))
+    src2 = out / other
+    src2.write_text(json.dumps({str(m): tile for m in tconfig.VLLM_BATCH_SIZES}))
+    decision_files.install(src2, files.install(src2, print), print)
+    assert json.loads((top / kdec.decisions_name(other)).read_text())["entries"] == {"16": {"row_layout": "gathered"}}
+    assert not (part / kdec.decisions_name(other)).exists()
