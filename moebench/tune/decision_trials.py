@@ -7,10 +7,10 @@ not stored, as its tile trials resume (trials.py, whose append this shares).
 
 A record's identity is RecordKey: the combination's key (as a tile trial's `layer`: model, quant,
 simulate_ep, seed, ...), the token count, the option's whole spec (its experts, tile, Gluon
-variant), the samples and the timing mode, and `env`: the GPU, torch, Triton, moebench's own
-source (a hash of its .py files, so a record is never reused by other code, committed or not) and
-the tuned files the layer looks up (an --install meanwhile changes what `current` runs):
-fingerprint.env_key, as the tile trials' fingerprint but for those files.
+variant), the samples and the timing mode, and `env`: the GPU, torch, Triton, DeepGEMM, CUDA,
+moebench's own source on the timed path (a hash of its .py files, so a record is never reused by
+other code, committed or not) and this layer's tuned files (an --install of them meanwhile changes
+what `current` runs): fingerprint.env_key, as the tile trials' fingerprint but for those.
 A record of another identity is never reused; `--fresh` empties the file.
 """
 
@@ -121,4 +121,7 @@ def open_store(directory: Optional[Path], c, device, resume: bool) -> Optional[D
     """The store of a tune's --out (None without one: nothing is recorded)."""
     if directory is None:
         return None
-    return DecisionStore(Path(directory), c.key, env_key(device), resume)
+    from moebench.tune.bench import dims_of
+
+    dims = dims_of(c.combo)
+    return DecisionStore(Path(directory), c.key, env_key(device, (dims.num_experts, dims.intermediate)), resume)
