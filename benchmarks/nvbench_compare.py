@@ -12,7 +12,7 @@ sample, samples whose clock fell below nvbench's throttle threshold dropped and 
 noise criterion (stdrel) or timeout stops it. Its mean is compared (the JSON's only centre).
 
     python benchmarks/nvbench_compare.py [--rounds 2] [--tokens 16,256,2048,16384] [--json OUT]
-        [--combo 'experts=triton quant=fp8_block' ...]
+        [--combo 'experts=triton quant=fp8_block' ...] [--nvbench-timeout S]
 
 Prints one line per combination and size: moebench µs, nvbench µs, moebench ÷ nvbench, and
 nvbench's throttled-sample count; --json keeps every round. Not a test: a ratio on a shared GPU is a
@@ -79,11 +79,14 @@ def register(cases: list[tuple[str, object, bool]]) -> None:
         bench.register(run).set_name(name)
 
 
-def nvbench_round(out: Path) -> dict[str, dict]:
-    """nvbench's cold figures of every registered case ({name: {summary tag: value}})."""
+def nvbench_round(out: Path, timeout_s: float | None = None) -> dict[str, dict]:
+    """nvbench's cold figures of every registered case ({name: {summary tag: value}}); `timeout_s`
+    caps each case's time (nvbench's --timeout, 15 s by default) where its noise criterion has not
+    stopped it sooner."""
     import cuda.bench as bench
 
-    bench.run_all_benchmarks([sys.argv[0], "--json", str(out)])
+    extra = ["--timeout", f"{timeout_s:g}"] if timeout_s else []
+    bench.run_all_benchmarks([sys.argv[0], "--json", str(out), *extra])
     return summaries(json.loads(out.read_text()))
 
 
@@ -102,7 +105,7 @@ def summaries(doc: dict) -> dict[str, dict]:
     return out
 
 
-def child_round(r: int, combos: list[str], tokens: list[int], out: Path) -> int:
+def child_round(r: int, combos: list[str], tokens: list[int], out: Path, timeout_s: float | None = None) -> int:
     """One round in this process: every layer built, then moebench's side and nvbench's in the
     round's order (moebench first on even rounds); {name: {moebench_us: [..], nvbench: [..]}} to `out`."""
     from moebench.config.validity import graph_capturable
@@ -123,7 +126,7 @@ def child_round(r: int, combos: list[str], tokens: list[int], out: Path) -> int:
                 for name, (combo, kernel, inputs) in built.items():
                     rows[name]["moebench_us"].append(moebench_us(combo, kernel, inputs))
             else:
-                got = nvbench_round(Path(tmp) / "nvbench.json")
+                got = nvbench_round(Path(tmp) / "nvbench.json", timeout_s)
                 for name in rows:
                     rows[name]["nvbench"].append(got.get(name, {}))
     print(f"round {r} done ({' then '.join(order)})", flush=True)
@@ -136,7 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", default="16,256,2048,16384")
     ap.add_argument("--combo", action="append", default=None, help="overrides of one combination (repeatable)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="every round's figures, written again after each round")
+    ap.add_argument("--nvbench-timeout", type=float, default=None, help="nvbench's --timeout per case, s")
     ap.add_argument("--child-round", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
         return 2
 
     if args.child_round is not None:
-        return child_round(args.child_round, args.combo or COMBOS, tokens, Path(args.child_json))
+        return child_round(args.child_round, args.combo or COMBOS, tokens, Path(args.child_json), args.nvbench_timeout)
     # nvbench runs its registered benchmarks once per process (a second run_all_benchmarks is
     # "Benchmarks were already executed"): each round is a child process, sides in alternating order
     rows: dict[str, dict] = {}
@@ -169,6 +173,8 @@ def main(argv=None) -> int:
             cmd = [sys.executable, __file__, "--tokens", args.tokens, "--child-round", str(r), "--child-json", str(out)]
             for c in args.combo or []:
                 cmd += ["--combo", c]
+            if args.nvbench_timeout:
+                cmd += ["--nvbench-timeout", str(args.nvbench_timeout)]
             done = subprocess.run(cmd, check=False)
             if done.returncode != 0:
                 print(f"nvbench_compare: round {r} failed (exit {done.returncode})", file=sys.stderr)
@@ -177,18 +183,24 @@ def main(argv=None) -> int:
                 row = rows.setdefault(name, {"moebench_us": [], "nvbench": []})
                 row["moebench_us"] += v["moebench_us"]
                 row["nvbench"] += v["nvbench"]
+            summarise(rows)
+            if args.json:  # after each round: a call cut short keeps the rounds it finished
+                doc = {"device": torch.cuda.get_device_name(), "rounds": r + 1, "rows": rows}
+                Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"{'combination':44} {'moebench µs':>12} {'nvbench µs':>11} {'ratio':>6}  nvbench samples")
     for name, v in rows.items():
+        n = [int(g.get("sample_size", 0)) for g in v["nvbench"]]
+        print(f"{name:44} {v['moebench_median_us']:12.1f} {v['nvbench_mean_us']:11.1f} {v['ratio']:6.3f}  {n}")
+    return 0
+
+
+def summarise(rows: dict[str, dict]) -> None:
+    """Each row's moebench median, nvbench's median of its rounds' means and their ratio, in place."""
+    for v in rows.values():
         ours = statistics.median(v["moebench_us"])
         means = [g["time/gpu/mean"] * 1e6 for g in v["nvbench"] if "time/gpu/mean" in g]
         theirs = statistics.median(means) if means else float("nan")
-        n = [int(g.get("sample_size", 0)) for g in v["nvbench"]]
         v.update(moebench_median_us=ours, nvbench_mean_us=theirs, ratio=ours / theirs)
-        print(f"{name:44} {ours:12.1f} {theirs:11.1f} {ours / theirs:6.3f}  {n}")
-    if args.json:
-        device = torch.cuda.get_device_name()
-        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1, default=str) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
