@@ -55,16 +55,13 @@ BLOCK = 128
 FP8 = torch.float8_e4m3fn
 
 
-_CLOCK: dict = {}  # the SM clock (MHz) of the last GPU sample set (time_samples), NaN where unread
-
-
 def time_samples(
     fn: Callable[[], object], device: torch.device, reps: int, warmup: int, warmup_ms: float
-) -> list[float]:
-    """`reps` samples of fn() in µs: CUDA events around each call, enqueued back to back
-    and read once (the host's launches stay hidden behind the GPU's work); the monotonic
-    clock on the CPU. On a GPU the SM clock over the whole set (measure/clock.py's stamps
-    before the first sample and after the last) is left in _CLOCK["mhz"]."""
+) -> tuple[list[float], float]:
+    """(`reps` samples of fn() in µs, the SM clock in MHz over them): CUDA events around each
+    call, enqueued back to back and read once (the host's launches stay hidden behind the GPU's
+    work), the clock from measure/clock.py's stamps before the first sample and after the last
+    (NaN without the probe); the monotonic clock and NaN on the CPU."""
     for _ in range(warmup):
         fn()
     cuda = device.type == "cuda"
@@ -87,14 +84,14 @@ def time_samples(
         if probe is not None:
             probe.stamp(0, end=True)
         torch.cuda.synchronize(device)
-        _CLOCK["mhz"] = float(probe.read()[0][0]) if probe is not None else float("nan")
-        return [s.elapsed_time(e) * 1e3 for s, e in ev]
+        mhz = float(probe.read()[0][0]) if probe is not None else float("nan")
+        return [s.elapsed_time(e) * 1e3 for s, e in ev], mhz
     out = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t) * 1e6)
-    return out
+    return out, float("nan")
 
 
 def _fp8(x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +154,9 @@ def _mhz(x) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
 
 
-def summary(samples: list[float], work: float) -> dict:
+def summary(timed: tuple[list[float], float], work: float) -> dict:
+    """time_samples' (samples, clock) as a record's figures; `work` in bytes or FLOPs."""
+    samples, mhz = timed
     s = np.asarray(samples)
     med = float(np.median(s))
     return dict(
@@ -166,7 +165,7 @@ def summary(samples: list[float], work: float) -> dict:
         p80_us=float(np.percentile(s, 80)),
         reps=len(samples),
         rate_per_s=work / (med * 1e-6),
-        sm_clock_mhz=_mhz(_CLOCK.pop("mhz", None)),  # None on the CPU and without the probe
+        sm_clock_mhz=_mhz(mhz),  # None on the CPU and without the probe
     )
 
 
@@ -177,7 +176,7 @@ def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms
     for nbytes in sizes["copy_bytes"]:
         src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        samples = time_samples(functools.partial(dst.copy_, src), device, reps, warmup, warmup_ms)
+        timed = time_samples(functools.partial(dst.copy_, src), device, reps, warmup, warmup_ms)
         rows.append(
             dict(
                 kind="copy",
@@ -187,7 +186,7 @@ def measure(device: torch.device, sizes: dict, reps: int, warmup: int, warmup_ms
                 reason="",
                 work=2.0 * nbytes,
                 unit="bytes (read + write)",
-                **summary(samples, 2.0 * nbytes),
+                **summary(timed, 2.0 * nbytes),
             )
         )
         del src, dst
