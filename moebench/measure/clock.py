@@ -177,6 +177,8 @@ class ClockProbe:
         the offset between globaltimer and the host's clock is read from one more stamp, taken
         between two host readings (a few tens of µs of error, far under NVML's poll period)."""
         torch.cuda.synchronize(self.device)
+        if self._skipped:  # nothing was stamped: no reference stamp, no copy
+            return np.full(self._skipped, np.nan), [(0, 0)] * self._skipped
         t0 = time.time_ns()
         self.stamp(self.slots, False)
         torch.cuda.synchronize(self.device)
@@ -184,8 +186,6 @@ class ClockProbe:
         st = self.buf[: (self.slots + 1) * 2 * self.width * 2].view(self.slots + 1, 2, self.width, 2).cpu().numpy()
         ref = st[self.slots, 0, :, 0]
         offset = (t0 + t1) // 2 - int(ref[ref > 0].max()) if (ref > 0).any() else 0
-        if self._skipped:
-            return np.full(self._skipped, np.nan), [(0, 0)] * self._skipped
         st = st[: self.slots]
         mhz = clock_mhz(st[:, 0, :, 0], st[:, 0, :, 1], st[:, 1, :, 0], st[:, 1, :, 1])
         spans = []
