@@ -38,7 +38,7 @@ import torch
 from moebench.kernels.cards.experts import contiguous_unsupported, gluon_unsupported
 from moebench.kernels.experts._deep_gemm import deepgemm_unsupported
 from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
-from moebench.kernels.triton.decisions import gluon_config_of
+from moebench.kernels.triton.decisions import GLUON_WIDE_N, gluon_config_of
 from moebench.measure import layer as layers
 from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
@@ -80,7 +80,9 @@ def _opt(name: str, experts: str = "triton", **options) -> Option:
 
 def variant_name(cfg: dict) -> str:
     """gluon:ws4-tma / gluon:ws6 / gluon:pipelined4 / gluon:ws4-ahead2 / gluon_wide:ws4-tma."""
-    kind = ("gluon_wide" if cfg["BLOCK_SIZE_N"] != 128 else "gluon") + ":" + ("ws" if cfg["WS"] else "pipelined")
+    kind = (
+        ("gluon_wide" if cfg["BLOCK_SIZE_N"] == GLUON_WIDE_N else "gluon") + ":" + ("ws" if cfg["WS"] else "pipelined")
+    )
     tail = ("-tma" if cfg["EPILOGUE_TMA"] else "") + ("-ahead2" if cfg["SCALE_AHEAD"] == 2 else "")
     return f"{kind}{cfg['STAGES']}{tail}"
 

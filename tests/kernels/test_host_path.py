@@ -288,7 +288,8 @@ def test_gluon_gemms_set_up_once_and_no_import_per_forward(monkeypatch):
     )
     experts = registry.get_experts("triton")(build_expert_weights(ctx, 0), "experts", ctx)
     layer = MoEKernel(registry.get_backend("local")(ctx), experts, None, "none")
-    assert [g.w for g in experts._gluon] == [experts._contiguous_w.w13, experts._contiguous_w.w2]
+    gluons = experts._gluons[experts._default_plan]
+    assert [g.w for g in gluons] == [experts._contiguous_w.w13, experts._contiguous_w.w2]
     x, w, ids = make_inputs(shape, 64, "uniform", 1.0, 0, 0, 1, "cpu")
     layer(x, w, ids)
     imported = []

@@ -30,6 +30,8 @@ Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the tests import them from here)
@@ -70,9 +72,12 @@ class TritonConfigMixin:
     # the Experts' attributes this mixes into
     ctx: KernelContext
     w: ExpertWeights
+    _config_cache: dict[tuple[int, int], dict]  # set on first use; the tuner's bench pops it
 
     def _config(self, M: int, topk: int) -> dict:
-        cache = self.__dict__.setdefault("_config_cache", {})  # no file look-ups in the hot path
+        cache: Optional[dict] = self.__dict__.get("_config_cache")  # no file look-ups in the hot path
+        if cache is None:  # (the tuner's bench pops it when it swaps the tile)
+            cache = self._config_cache = {}
         if (M, topk) not in cache:
             override = self.ctx.options.get("triton_config") if self.ctx.options else None
             if override:
@@ -127,7 +132,8 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         for plan in plans:
             if self._contiguous_ok and plan not in self._gemm_fns:
                 self._gemm_fns[plan] = self._gemm_fn(plan)
-        self._gluon = self._gluons.get(self._default_plan, [])  # the default plan's Gluon GEMMs
+        # (contiguous?, its gemm, label) per (M, topk): _run_plan
+        self._run_cache: dict[tuple[int, int], tuple] = {}
 
     def _plan_of(self, mode: str, gluon_config) -> tuple:
         """(gate/up kernel, down kernel, Gluon config items or ()) under contiguous_gemm=mode."""
@@ -175,25 +181,20 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
 
     def _run_plan(self, M: int, topk: int) -> tuple:
         """(contiguous?, its gemm or None, the rows' gemm label) for M rows: decided once per (M, topk)."""
-        cache = self.__dict__.setdefault("_run_cache", {})
-        hit = cache.get((M, topk))
+        hit = self._run_cache.get((M, topk))
         if hit is None:
-            contiguous = self.contiguous(M, topk)
+            contiguous = self._contiguous(M, topk)
             plan = self._default_plan
             if contiguous and self.decisions is not None and self._tuned_gemm:
                 plan = self._tuned_plan(self.decisions.at(M))
             label = f"{plan[0]}/{plan[1]}" if contiguous else ""
-            cache[(M, topk)] = hit = (contiguous, self._gemm_fns.get(plan) if contiguous else None, label)
+            self._run_cache[(M, topk)] = hit = (contiguous, self._gemm_fns.get(plan) if contiguous else None, label)
         return hit
 
     def contiguous(self, M: int, topk: int) -> bool:
         """Whether M token rows run on the contiguous layout (module doc); decided once per
         (M, topk): it reads the options and the device's capability (issue #34)."""
-        cache = self.__dict__.setdefault("_contiguous_cache", {})
-        hit = cache.get((M, topk))
-        if hit is None:
-            cache[(M, topk)] = hit = self._contiguous(M, topk)
-        return hit
+        return self._run_plan(M, topk)[0]
 
     def _contiguous(self, M: int, topk: int) -> bool:
         layout = (self.ctx.options or {}).get("row_layout", "auto")

@@ -69,7 +69,6 @@ class Decisions:
     entries: dict = field(default_factory=dict)
     deepgemm_min_tokens: Optional[int] = None
     hidden: Optional[int] = None
-    source: str = ""
 
     def at(self, M: int) -> dict:
         """The entry serving M rows (the tiles' nearest-key rule), {} where none does."""
@@ -100,7 +99,7 @@ def parse(raw, where: str = "decisions") -> Decisions:
     if dg is not None and (not isinstance(dg, int) or dg < 1):
         raise ValueError(f"{where}: deepgemm_min_tokens {dg!r}: a token count >= 1, or null")
     hidden = (raw.get("layer") or {}).get("hidden")
-    return Decisions(entries=entries, deepgemm_min_tokens=dg, hidden=hidden, source=where)
+    return Decisions(entries=entries, deepgemm_min_tokens=dg, hidden=hidden)
 
 
 @functools.lru_cache(maxsize=None)
