@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.columns import fmt_series, num_distinct
+from moebench.report.stats import resampled_medians
 
 # an interval inside [1/BAND, BAND] is "no difference"; one that straddles a bound is
 # "inconclusive"; one beyond a bound is faster / slower (compare's threshold, 5 %)
@@ -107,21 +108,8 @@ def _row_medians(samples: list, medians: np.ndarray, rng: np.random.Generator) -
         for start in range(0, len(rows), ROW_CHUNK):
             part = rows[start : start + ROW_CHUNK]
             x = np.array([np.asarray(samples[i], dtype=float) for i in part])  # [rows, n]
-            out[part] = _medians(x, counts)
+            out[part] = resampled_medians(x, counts)
     return out
-
-
-def _medians(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """[rows, RESAMPLES] medians of each row of `x` [rows, n] resampled by `counts` [RESAMPLES,
-    n] (how often each sample is drawn): the two middle values are where the cumulative counts
-    over the row's sorted samples pass the middle; the values np.median of the drawn samples
-    takes, without sorting rows x RESAMPLES resamples."""
-    n = x.shape[1]
-    order = np.argsort(x, axis=1, kind="stable")
-    cum = np.cumsum(counts[:, order].transpose(1, 0, 2), axis=2)  # [rows, RESAMPLES, n]
-    lo, hi = (cum <= (n - 1) // 2).sum(axis=2), (cum <= n // 2).sum(axis=2)
-    xs = np.take_along_axis(x, order, axis=1)
-    return (np.take_along_axis(xs, lo, axis=1) + np.take_along_axis(xs, hi, axis=1)) / 2.0
 
 
 def _interval(log_pairs: np.ndarray, rng: np.random.Generator) -> tuple[float, float, int]:

@@ -64,7 +64,7 @@ def bootstrap_ratios(base, cand, num: int = NUM_RESAMPLES, seed: int = SEED) -> 
     if min(len(b), len(c)) < MIN_SAMPLES:
         return np.empty(0)
     counts_b, counts_c = _draw_counts(len(b), len(c), num, seed)
-    return _medians(c, counts_c) / _medians(b, counts_b)
+    return resampled_medians(c[None], counts_c)[0] / resampled_medians(b[None], counts_b)[0]
 
 
 @functools.lru_cache(maxsize=4)  # a run's rows mostly share one sample count; [num, n] int32 each
@@ -82,16 +82,18 @@ def _draw_counts(nb: int, nc: int, num: int, seed: int) -> tuple[np.ndarray, np.
     return out[0], out[1]
 
 
-def _medians(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Each resample's median of `x`, the resample given by its draw counts: the two middle
-    values are where the cumulative counts over the sorted samples pass the middle (the
-    values np.median of the drawn samples takes, without sorting every resample)."""
-    n = len(x)
-    order = np.argsort(x, kind="stable")
-    cum = np.cumsum(counts[:, order], axis=1)
-    lo, hi = (cum <= (n - 1) // 2).sum(axis=1), (cum <= n // 2).sum(axis=1)
-    xs = x[order]
-    return (xs[lo] + xs[hi]) / 2.0
+def resampled_medians(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[rows, num] medians of each row of `x` [rows, n] resampled by `counts` [num, n] (how often
+    each sample is drawn in each resample): the two middle values are where the cumulative counts
+    over the row's sorted samples pass the middle; the values np.median of the drawn samples takes,
+    without sorting rows x num resamples. The one bootstrap median of compare (one row) and of the
+    effects (report/effects.py: rows of one sample count at once)."""
+    n = x.shape[1]
+    order = np.argsort(x, axis=1, kind="stable")
+    cum = np.cumsum(counts[:, order].transpose(1, 0, 2), axis=2)  # [rows, num, n]
+    lo, hi = (cum <= (n - 1) // 2).sum(axis=2), (cum <= n // 2).sum(axis=2)
+    xs = np.take_along_axis(x, order, axis=1)
+    return (np.take_along_axis(xs, lo, axis=1) + np.take_along_axis(xs, hi, axis=1)) / 2.0
 
 
 def interval(resampled: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
