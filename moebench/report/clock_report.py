@@ -1,7 +1,7 @@
 """What a report says of the GPU's clock and state over each row's samples (results/row.py,
-group "clock"; measure/clock.py, measure/nvml.py): the rows' clock band table, the throttled
-rows named with their counts (report/flags.py's `throttled` flag), and one note where the clock
-or NVML was not recorded."""
+group "clock"; measure/clock.py, measure/nvml.py): the rows' clock band table and one note where
+the clock or NVML was not recorded. The throttled rows are named with their counts by
+report/flags.py (its `throttled` flag and throttled_text, counted as the host-paced ones are)."""
 
 from __future__ import annotations
 
@@ -9,35 +9,9 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.columns import combo_labels, fmt_value
+from moebench.report.flags import clock_band, float_of
 from moebench.report.table import md_table, md_text
 from moebench.results.row import Status
-
-
-def _num(row, col) -> float:
-    try:
-        v = row.get(col)
-        return float(v) if v is not None else float("nan")
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _band(row) -> str:
-    """'1515–1900–1965' (min–median–max MHz), '' without a clock."""
-    lo, med, hi = (_num(row, f"sm_clock_mhz_{q}") for q in ("min", "median", "max"))
-    return f"{lo:.0f}–{med:.0f}–{hi:.0f}" if np.isfinite(med) else ""
-
-
-def throttled_text(row) -> str:
-    """'3 of 30 samples throttled (SM 1515–1900–1965 MHz; sw_power_cap)' ('' for none)."""
-    n = _num(row, "throttled_samples")
-    if not (np.isfinite(n) and n > 0):
-        return ""
-    samples = row.get("samples_us")
-    of = f" of {len(samples)}" if isinstance(samples, (list, tuple, np.ndarray)) else ""
-    why = [f"SM {b} MHz" for b in [_band(row)] if b]
-    if reasons := str(row.get("clock_reasons") or ""):
-        why.append(md_text(reasons))
-    return f"{int(n)}{of} samples throttled" + (f" ({'; '.join(why)})" if why else "")
 
 
 def _gpu_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -89,12 +63,16 @@ def clock_table(df: pd.DataFrame) -> str:
     ]
     rows = []
     for name, r in zip(names, gpu.to_dict("records"), strict=True):
-        n, p, lim = _num(r, "throttled_samples"), _num(r, "gpu_power_w_median"), _num(r, "gpu_power_limit_w")
-        temp, mem = _num(r, "gpu_temp_c_max"), _num(r, "mem_clock_mhz_median")
+        n, p, lim = (
+            float_of(r, "throttled_samples"),
+            float_of(r, "gpu_power_w_median"),
+            float_of(r, "gpu_power_limit_w"),
+        )
+        temp, mem = float_of(r, "gpu_temp_c_max"), float_of(r, "mem_clock_mhz_median")
         rows.append(
             [
                 name,
-                _band(r) or "-",
+                clock_band(r) or "-",
                 f"{int(n)}" if np.isfinite(n) else "-",
                 f"{p:.0f} / {lim:.0f}" if np.isfinite(p) else "-",
                 f"{temp:.0f}" if np.isfinite(temp) else "-",

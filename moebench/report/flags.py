@@ -42,7 +42,6 @@ import numpy as np
 import pandas as pd
 
 from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
-from moebench.report.clock_report import throttled_text
 from moebench.report.columns import PLACE_COLUMNS, phase_sum, records
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.mdsafe import md_code, md_text
@@ -72,7 +71,8 @@ FLAG_TEXT = {
 }
 
 
-def _num(row, col) -> float:
+def float_of(row, col) -> float:
+    """A row's column as a float: NaN where it is missing, None or not a number."""
     v = row.get(col) if hasattr(row, "get") else None
     try:
         return float(v) if v is not None else float("nan")
@@ -91,12 +91,16 @@ PACED = (
 )
 
 
+def _length(row, col) -> float:
+    """The length of a samples list (NaN where the column holds no list)."""
+    v = row.get(col) if hasattr(row, "get") else None
+    return float(len(v)) if isinstance(v, (list, tuple, np.ndarray)) else float("nan")
+
+
 def _count(row, col) -> float:
     """How many samples a family has: the length of a samples list, or a count column."""
-    v = row.get(col) if hasattr(row, "get") else None
-    if isinstance(v, (list, tuple, np.ndarray)):
-        return float(len(v))
-    return _num(row, col)
+    n = _length(row, col)
+    return n if np.isfinite(n) else float_of(row, col)
 
 
 def paced_counts(row) -> list[tuple[int, float, str]]:
@@ -104,7 +108,7 @@ def paced_counts(row) -> list[tuple[int, float, str]]:
     samples with any host-paced one (PACED)."""
     out = []
     for col, of, what in PACED:
-        n = _num(row, col)
+        n = float_of(row, col)
         if np.isfinite(n) and n > 0:
             out.append((int(n), _count(row, of), what))
     return out
@@ -119,9 +123,27 @@ def paced_text(row) -> str:
     return ", ".join(f"{what}: {_of(n, total)} samples host-paced" for n, total, what in paced_counts(row))
 
 
+def clock_band(row) -> str:
+    """'1515–1900–1965' (min–median–max SM MHz of the row's samples), '' without a clock."""
+    lo, med, hi = (float_of(row, f"sm_clock_mhz_{q}") for q in ("min", "median", "max"))
+    return f"{lo:.0f}–{med:.0f}–{hi:.0f}" if np.isfinite(med) else ""
+
+
+def throttled_text(row) -> str:
+    """'3 of 30 samples throttled (SM 1515–1900–1965 MHz; sw_power_cap)' ('' for none): of the
+    latency's samples, counted as paced_text counts them."""
+    n = float_of(row, "throttled_samples")
+    if not (np.isfinite(n) and n > 0):
+        return ""
+    why = [f"SM {b} MHz" for b in [clock_band(row)] if b]
+    if reasons := str(row.get("clock_reasons") or ""):
+        why.append(md_text(reasons))
+    return f"{_of(int(n), _length(row, 'samples_us'))} samples throttled" + (f" ({'; '.join(why)})" if why else "")
+
+
 def latency_paced(row) -> str:
     """'5 of 30': how many of the row's latency samples the host paced ('' for none)."""
-    n = _num(row, "host_paced_samples")
+    n = float_of(row, "host_paced_samples")
     return _of(int(n), _count(row, "samples_us")) if np.isfinite(n) and n > 0 else ""
 
 
@@ -139,7 +161,7 @@ def mark_of(paced: float, total: float) -> str:
 def paced_mark(row) -> str:
     """The latency cell's mark of a row some of whose latency samples the host paced:
     '‡ 5/30' ('' for none)."""
-    return mark_of(_num(row, "host_paced_samples"), _count(row, "samples_us"))
+    return mark_of(float_of(row, "host_paced_samples"), _count(row, "samples_us"))
 
 
 PACED_MARK_TEXT = (
@@ -153,12 +175,12 @@ def flags_of(row) -> list[str]:
     if row.get("status") != Status.OK:
         return []
     out = []
-    med, p20, p80 = _num(row, "latency_us_median"), _num(row, "latency_us_p20"), _num(row, "latency_us_p80")
+    med, p20, p80 = float_of(row, "latency_us_median"), float_of(row, "latency_us_p20"), float_of(row, "latency_us_p80")
     mode = str(row.get("timing_mode") or "")
     if np.isfinite(p20) and p20 > 0 and p80 / p20 > NOISY_SPREAD:
         out.append("spread")
-    host = _num(row, "host_enqueue_us")
-    held = np.isfinite(_num(row, "host_paced_samples"))  # timed with a hold before each sample
+    host = float_of(row, "host_enqueue_us")
+    held = np.isfinite(float_of(row, "host_paced_samples"))  # timed with a hold before each sample
     if np.isfinite(host) and host > HOST_SYNCS_US:
         out.append("host-sync")
     elif mode == "host" or (
@@ -174,8 +196,8 @@ def flags_of(row) -> list[str]:
             mode == "events" and not 1 / PHASE_FACTOR <= ratio <= PHASE_FACTOR
         ):
             out.append("phases≠latency")
-    single = _num(row, "world_size") == 1 or str(row.get("world_size")) == "1"
-    tokens = _num(row, "tokens_per_rank")
+    single = float_of(row, "world_size") == 1 or str(row.get("world_size")) == "1"
+    tokens = float_of(row, "tokens_per_rank")
     if (
         mode == "events"
         and not np.isfinite(host)
@@ -187,7 +209,7 @@ def flags_of(row) -> list[str]:
         out.append("eager-decode")
     if paced_counts(row):
         out.append("host-paced")
-    if _num(row, "throttled_samples") > 0:
+    if float_of(row, "throttled_samples") > 0:
         out.append("throttled")
     return out
 
@@ -206,7 +228,7 @@ def figure_basis(row) -> tuple[str, str]:
         return HOST, "host time: " + (str(note) if isinstance(note, str) and note else "the host paced the samples")
     tags = flags_of(row)
     # rows from before each sample had its hold: the old signs of a host-paced figure
-    older = ("host-bound", "eager-decode", "gpu-idle") if not np.isfinite(_num(row, "host_paced_samples")) else ()
+    older = ("host-bound", "eager-decode", "gpu-idle") if not np.isfinite(float_of(row, "host_paced_samples")) else ()
     for tag in ("host-sync", *older):
         if tag in tags:
             return HOST, "host time: " + FLAG_TEXT[tag]

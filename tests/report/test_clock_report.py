@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moebench.report.clock_report import clock_notes, clock_table, throttled_text
+from moebench.report.clock_report import clock_notes, clock_table
 from moebench.report.document import write_report
-from moebench.report.flags import flags_of
+from moebench.report.flags import flags_of, throttled_text
 from moebench.results.synthetic import make_row, write_run
 
 REPO = Path(__file__).resolve().parents[2]
