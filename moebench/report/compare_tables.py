@@ -22,7 +22,7 @@ from moebench.report.columns import (
     num_distinct,
 )
 from moebench.report.compare import SHOWN_COLUMNS, Comparison
-from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags
+from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags, pair_rows
 from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value, value_cell
 from moebench.report.stats import pct
@@ -97,10 +97,11 @@ def _shown(m: pd.DataFrame) -> list[str]:
     return combo_columns(m)
 
 
-def latency_pairs(cmp: Comparison) -> Table:
+def latency_pairs(cmp: Comparison, flags: pd.Series | None = None) -> Table:
     """Every matched pair ok on at least one side, in combination and token order:
     baseline and candidate median (p20–p80) µs, the change with its 95 % interval, p, the
-    verdict and the rows' data-quality flags."""
+    verdict and the rows' data-quality flags (``flags``: pair_flags of every matched pair where
+    the caller has them, else built here)."""
     m = cmp.matched
     m = pair_order(m[m["verdict"] != Verdict.NEITHER_OK])
     shown = _shown(m)
@@ -119,7 +120,7 @@ def latency_pairs(cmp: Comparison) -> Table:
     data["p_value"] = m["p_value"]
     data["significant"] = m["significant"]
     data["verdict"] = m["verdict"]
-    data["flags"] = pair_flags(m)
+    data["flags"] = pair_flags(pair_rows(m)) if flags is None else flags.loc[m.index]
     data["base_combo_key"], data["cand_combo_key"] = m["base_combo_key"], m["cand_combo_key"]
     for side in ("base", "cand"):  # each side's median SM clock (report/clock_verdict.py)
         data[f"{side}_{CLOCK_COLUMN}"] = pd.to_numeric(m.get(f"{side}_{CLOCK_COLUMN}"), errors="coerce")

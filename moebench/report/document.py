@@ -22,7 +22,7 @@ from moebench.report.clock_report import clock_table
 from moebench.report.compare import Comparison, compare_runs
 from moebench.report.compare_tables import fmt_change, latency_pairs, memory_pairs, unmatched
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
-from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, run_notes
+from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, pair_rows, run_notes
 from moebench.report.load import load_run
 from moebench.report.mdsafe import md_text
 from moebench.report.routing_table import routing_table
@@ -259,15 +259,17 @@ def comparison_doc(
     """A comparison's report: the verdict, environments, data quality, the pairs, memory,
     the rows on one side only; PNGs written into ``out``."""
     code, why = exit_status(cmp, fail_on)
-    lat, mem = latency_pairs(cmp), memory_pairs(cmp)
+    pairs = pair_rows(cmp.matched)  # each side's rows once, for the flags, the table and the counts
+    flags = pair_flags(pairs)
+    lat, mem = latency_pairs(cmp, flags), memory_pairs(cmp)
     only_b = unmatched(cmp.only_baseline, "only_baseline")
     only_c = unmatched(cmp.only_candidate, "only_candidate")
     quality = []
     if len(cmp.matched):
         quality += flag_summary(
-            pair_flags(cmp.matched),
+            flags,
             frame_names(cmp.matched),
-            details=pair_paced_details(cmp.matched, (cmp.baseline_name, cmp.candidate_name)),
+            details=pair_paced_details(pairs, (cmp.baseline_name, cmp.candidate_name)),
         )
     names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
     for df, env, name in zip(frames, envs, names, strict=True):  # the pairs' flags hold the rows' own: provenance here

@@ -36,6 +36,7 @@ caveats.md is the repository's own text and is kept verbatim.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -264,24 +265,40 @@ def side_rows(matched: pd.DataFrame, side: str) -> list[dict]:
     return records(sub.drop(columns=[k for k in place if k in sub.columns]).assign(**place))
 
 
-def pair_paced_details(matched: pd.DataFrame, names: tuple[str, str] = ("baseline", "candidate")) -> pd.Series:
+@dataclass(frozen=True)
+class PairRows:
+    """Both sides of every pair of a comparison as rows (side_rows), in `matched`'s order: built
+    once for the pairs' flags and their counts (pair_rows)."""
+
+    index: pd.Index  # matched's
+    base: list[dict]
+    cand: list[dict]
+
+
+def pair_rows(matched: pd.DataFrame) -> PairRows:
+    """Each side's rows of a comparison's pairs, built once (side_rows renames a side's columns
+    of every pair: a report built them for each of its flags, tables and counts)."""
+    return PairRows(matched.index, side_rows(matched, "base"), side_rows(matched, "cand"))
+
+
+def pair_paced_details(pairs: PairRows, names: tuple[str, str] = ("baseline", "candidate")) -> pd.Series:
     """paced_details of a comparison's pairs: each side's counts, the sides by ``names`` (Markdown,
     as Comparison holds them): 'baseline: none; candidate: latency: 5 of 30 samples host-paced'."""
     out = []
-    for sides in zip(side_rows(matched, "base"), side_rows(matched, "cand"), strict=True):
+    for sides in zip(pairs.base, pairs.cand, strict=True):
         d = {}
         for tag, text in (("host-paced", paced_text), ("throttled", throttled_text)):
             texts = [text(row) for row in sides]
             if any(texts):
                 d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
         out.append(d)
-    return pd.Series(out, index=matched.index, dtype=object)
+    return pd.Series(out, index=pairs.index, dtype=object)
 
 
-def pair_flags(matched: pd.DataFrame) -> pd.Series:
+def pair_flags(pairs: PairRows) -> pd.Series:
     """Flags of a comparison's pairs: either side's, and `timing-differs`."""
     out = []
-    for base, cand in zip(side_rows(matched, "base"), side_rows(matched, "cand"), strict=True):
+    for base, cand in zip(pairs.base, pairs.cand, strict=True):
         tags = []
         for side_row in (base, cand):
             # the phases' mismatch concerns the phase table, not the latency compared here
@@ -292,7 +309,7 @@ def pair_flags(matched: pd.DataFrame) -> pd.Series:
         ):
             tags.append("timing-differs")
         out.append(tags)
-    return pd.Series(out, index=matched.index, dtype=object)
+    return pd.Series(out, index=pairs.index, dtype=object)
 
 
 def caveat_files(run_dir: Path | None, levels: int = 3) -> list[Path]:

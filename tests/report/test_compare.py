@@ -216,3 +216,22 @@ def test_a_run_compared_with_itself_says_so_and_still_reports(tmp_path, capsys):
     other = str(write_run(tmp_path / "other", make_rows()))
     _, _, err = _compare(capsys, run, other, "--out", str(tmp_path / "r3"))
     assert "same run" not in err
+
+
+def test_a_comparison_report_builds_each_sides_rows_once(tmp_path, monkeypatch):
+    """The pairs' flags, the latency table's and the flags' counts share one build of each side's
+    rows (report/flags.py side_rows renames every pair's columns: a report built them six times)."""
+    from moebench.report import flags
+    from moebench.report.document import build_report
+
+    calls, real = [], flags.side_rows
+
+    def counted(matched, side):
+        calls.append(side)
+        return real(matched, side)
+
+    monkeypatch.setattr(flags, "side_rows", counted)
+    base, cand = _runs(tmp_path, make_rows(seed=0), make_rows(scale=1.10, seed=1))
+    report = build_report(cand, tmp_path / "r", base)
+    assert "flags" in report.path.read_text()  # the pairs' table with its flags column
+    assert sorted(calls) == ["base", "cand"]
