@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Callable, Optional
 
 from moebench.kernels.triton import decisions as kdec
 from moebench.tune.decide import CURRENT, DecisionResult, switch_over
+from moebench.tune.trials import json_num
 from moebench.util.safe_write import replace_text, safe_dir
-
-
-def _num(v):
-    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def _provenance(r: DecisionResult) -> dict:
@@ -33,9 +29,9 @@ def _provenance(r: DecisionResult) -> dict:
     return {
         "tokens": r.tokens,
         "chosen": r.best,
-        "chosen_us": _num(best.us) if best else None,
+        "chosen_us": json_num(best.us) if best else None,
         "fastest_overall": r.best_overall,
-        "beat": {t.option: _num(t.us / best.us) for t in r.timed if best and t.ok and t.option != r.best},
+        "beat": {t.option: json_num(t.us / best.us) for t in r.timed if best and t.ok and t.option != r.best},
         "current_ran": cur.ran if cur is not None else "",
         "not_run": [list(s) for s in r.not_run],  # (options, why)
     }
@@ -57,8 +53,8 @@ def to_json(results: list[DecisionResult]) -> list[dict]:
     """tune.json's "decisions": every option's figures at every count."""
     return [
         {
-            **{k: _num(v) for k, v in dataclasses.asdict(r).items() if k != "timed"},
-            "timed": [{k: _num(v) for k, v in dataclasses.asdict(t).items()} for t in r.timed],
+            **{k: json_num(v) for k, v in dataclasses.asdict(r).items() if k != "timed"},
+            "timed": [{k: json_num(v) for k, v in dataclasses.asdict(t).items()} for t in r.timed],
         }
         for r in results
     ]

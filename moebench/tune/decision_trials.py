@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from moebench.tune.fingerprint import env_key
-from moebench.tune.trials import append_line
+from moebench.tune.trials import append_line, json_num
 
 FILE_NAME = "decisions.jsonl"
 _FLOATS = ("us", "p20", "p80", "rel_err")
@@ -73,10 +73,6 @@ def timed_from_json(d: dict) -> Timed:
     return Timed(**fields)
 
 
-def _clean(v):
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 class DecisionStore:
     """The decision timings of one tune directory (FILE_NAME), for one layer on one machine."""
 
@@ -109,7 +105,7 @@ class DecisionStore:
         return None if d is None else timed_from_json(d)
 
     def add(self, key: RecordKey, timed: Timed) -> None:
-        d = {k: _clean(v) for k, v in dataclasses.asdict(timed).items()}
+        d = {k: json_num(v) for k, v in dataclasses.asdict(timed).items()}
         append_line(self.path, json.dumps({"key": dataclasses.asdict(key), "timed": d}))
         self._timed[key] = d
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from moebench.kernels.triton import config as tconfig
+from moebench.tune.trials import json_num
 from moebench.tune.vllm_check import covers_grid, describe_routes
 from moebench.util.safe_write import replace_text, safe_dir, safe_dir_below
 
@@ -70,15 +71,11 @@ def write_env(out_dir: Path) -> Path:
     return RunStore(out_dir).write_env({**info, "env_id": envmod.env_id(info)}, uuid.uuid4().hex[:10])
 
 
-def _num(v):
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 def _trial(t) -> Optional[dict]:
     if t is None:
         return None
     # a trial's fingerprint (`env`) is this tune's: tune.json's "environment" holds it once
-    d = {k: _num(v) for k, v in asdict(t).items() if k not in ("samples", "layer", "env")}
+    d = {k: json_num(v) for k, v in asdict(t).items() if k not in ("samples", "layer", "env")}
     return d
 
 
@@ -108,11 +105,11 @@ def _provenance(info: dict, results, env: dict, check: Optional[dict] = None) ->
             continue
         h, cur = r.baselines.get("heuristic"), r.baselines.get("current")
         per[str(r.key)] = {
-            "us": _num(r.best_us),
-            "heuristic_us": _num(h.us) if h else None,
-            "current_us": _num(cur.us) if cur else None,
-            "speedup_vs_heuristic": _num(r.speedup("heuristic")),
-            "rel_err_recheck": _num(r.recheck_rel_err),
+            "us": json_num(r.best_us),
+            "heuristic_us": json_num(h.us) if h else None,
+            "current_us": json_num(cur.us) if cur else None,
+            "speedup_vs_heuristic": json_num(r.speedup("heuristic")),
+            "rel_err_recheck": json_num(r.recheck_rel_err),
             "timed": r.num_timed,
             "space_size": info["space_size"],
         }
@@ -142,14 +139,14 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
                 "tokens": r.tokens,
                 "rows": r.key,
                 "best": r.best,
-                "best_us": _num(r.best_us),
-                "speedup_vs_heuristic": _num(r.speedup("heuristic")),
-                "speedup_vs_current": _num(r.speedup("current")),
+                "best_us": json_num(r.best_us),
+                "speedup_vs_heuristic": json_num(r.speedup("heuristic")),
+                "speedup_vs_current": json_num(r.speedup("current")),
                 "timed": r.num_timed,
                 "budget": r.budget,
                 "rungs": r.rungs,
-                "recheck_rel_err": _num(r.recheck_rel_err),
-                "wall_s": _num(r.wall_s),
+                "recheck_rel_err": json_num(r.recheck_rel_err),
+                "wall_s": json_num(r.wall_s),
                 "errors": r.errors,
                 "baselines": {k: _trial(v) for k, v in r.baselines.items()},
                 "finalists": [_trial(t) for t in r.final],

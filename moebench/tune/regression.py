@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from moebench.tune.space import config_key
+from moebench.tune.trials import json_num
 
 NAN = float("nan")
 
@@ -135,8 +136,8 @@ class Check:
         """tune.json's "regression_check" (NaN as None)."""
         sizes = []
         for s in self.sizes:
-            d = {k: _num(v) for k, v in asdict(s).items()}
-            d.update(same=s.same, ratio=_num(s.ratio), regressed=regressed(s, self.max_regression))
+            d = {k: json_num(v) for k, v in asdict(s).items()}
+            d.update(same=s.same, ratio=json_num(s.ratio), regressed=regressed(s, self.max_regression))
             sizes.append(d)
         return {
             "max_regression": self.max_regression,
@@ -145,10 +146,6 @@ class Check:
             "timing": self.timing,
             "sizes": sizes,
         }
-
-
-def _num(v):
-    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def _us(v: float) -> str:

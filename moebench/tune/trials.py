@@ -79,10 +79,10 @@ def trial_env(device) -> Fingerprint:
     return fingerprint(device, tuned_files=False)
 
 
-def _clean(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None  # JSON has no NaN
-    return v
+def json_num(v):
+    """v, or None for a float that is NaN or infinite (JSON has neither): the one spelling of that
+    for what a tune writes (tune.json, the sidecars, trials.jsonl, decisions.jsonl); not recursive."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def trial_from_json(d: dict) -> Trial:
@@ -147,7 +147,7 @@ class TrialStore:
 
     def add(self, t: Trial) -> None:
         t.env = self.env.stamp()
-        append_line(self.path, json.dumps({k: _clean(v) for k, v in asdict(t).items()}))
+        append_line(self.path, json.dumps({k: json_num(v) for k, v in asdict(t).items()}))
         self._trials[t.key()] = t
 
     def __len__(self) -> int:
