@@ -259,5 +259,5 @@ def _decisions(args, targs, info, results, out, path, extra, max_regression):
     more = {"decisions": decision_files.to_json(found)}
     if dec_check is not None:
         more["decisions_check"] = dec_check.to_json()
-    files.write(info, results, out, extra={**extra, **more})
+    files.write_detail(info, results, out, extra={**extra, **more})  # the config files stay as written
     return found, dec_check, decision_files.write(info, found, out, path.name)

@@ -127,9 +127,9 @@ def _provenance(info: dict, results, env: dict, check: Optional[dict] = None) ->
     return {"tuner": "moebench tune", "kernel": KERNEL_NOTE, "layer": info, "environment": env, "entries": per}
 
 
-def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> Optional[Path]:
-    """tune.json, and the config file with its sidecar when a config won anywhere
-    (the file's path, else None). `extra`: more top-level fields for tune.json."""
+def write_detail(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> Path:
+    """tune.json alone (its path; the config files untouched): the layer, `extra`'s top-level
+    fields and per token count the search's figures. Rewritten whole each call."""
     out_dir = safe_dir(out_dir)  # the files below it never through a link (moebench/util/safe_write.py)
     detail = {
         "layer": info,
@@ -154,8 +154,14 @@ def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> O
             for r in results
         ],
     }
+    return replace_text(out_dir / "tune.json", json.dumps(detail, indent=2, default=str) + "\n")
+
+
+def write(info: dict, results, out_dir: Path, extra: Optional[dict] = None) -> Optional[Path]:
+    """tune.json, and the config file with its sidecar when a config won anywhere
+    (the file's path, else None). `extra`: more top-level fields for tune.json."""
     # first: when no config ran, the trials' errors are what the user needs to read
-    replace_text(out_dir / "tune.json", json.dumps(detail, indent=2, default=str) + "\n")
+    out_dir = write_detail(info, results, out_dir, extra).parent  # the folder safe_dir checked
     entries = _entries(results)
     if not entries:
         return None

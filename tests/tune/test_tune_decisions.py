@@ -417,6 +417,50 @@ def test_ctrl_c_in_the_decisions_stage_says_the_same_command_resumes(tmp_path, m
     )
 
 
+TILE = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+
+
+def _searched(monkeypatch, found_decisions, dec_check=None):
+    """`moebench tune` with its tile search stubbed (TILE won at 4 tokens) and --decisions'
+    stage returning `found_decisions` and `dec_check`."""
+    from types import SimpleNamespace
+
+    from moebench.tune import compile as tcompile
+    from moebench.tune import decide, search
+    from moebench.tune.search import TokenResult
+
+    info = {"E": 8, "N": 128, "dtype": None, "block_shape": None, "space_size": 1}
+    pruned = SimpleNamespace(kept=[TILE], summary=lambda: "1 config")
+    found = (info, pruned, [TokenResult(tokens=4, best=dict(TILE), best_us=1.0)], tcompile.Stats(), 0.0)
+    monkeypatch.setattr(search, "tune", lambda *a, **k: found)
+    monkeypatch.setattr(decide, "for_tune", lambda *a, **k: (found_decisions, dec_check))
+
+
+def test_the_decisions_extend_tune_json_without_writing_the_tiles_again(tmp_path, monkeypatch):
+    """--decisions adds its figures to tune.json alone: the tiles file, its provenance and SGLang's
+    copy are written once (they were written a second time, unchanged, with tune.json's decisions)."""
+    from moebench.tune import files
+
+    _searched(monkeypatch, [])
+    written = []
+    real = files.replace_text
+
+    def counting(path, text):
+        written.append(path.name)
+        return real(path, text)
+
+    monkeypatch.setattr(files, "replace_text", counting)
+    out = tmp_path / "tune"
+    assert cli.main(["tune", *BF16, "workload.tokens_per_rank=[4]", "--decisions", "--out", str(out)]) == 0
+    tiles = tconfig.config_file_name(8, 128, None, None)
+    assert written.count("tune.json") == 2  # the tiles' figures, then with the decisions'
+    assert sorted(n for n in written if n != "tune.json") == sorted(
+        [tiles, files.sidecar_name(tiles), tconfig.name_variants(tiles)[-1]]
+    )
+    assert json.loads((out / "tune.json").read_text())["decisions"] == []
+    assert json.loads((out / "configs" / tiles).read_text()) == {"4": TILE}
+
+
 def test_a_partial_sidecar_moves_up_with_its_tiles(tmp_path, monkeypatch):
     """Tiles installed into partial/ (too few sizes for vLLM's grid) with their decisions, then the
     rest of the grid: the tiles move to kernels/configs/, and the decisions with them, merged (the
