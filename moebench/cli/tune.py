@@ -196,11 +196,12 @@ def tune_command(args) -> int:
 
         print(f"\ndecisions (whole layers, interleaved):\n{decisions_summary(dec)}")
         print(f"decisions: {dec_path} (deepgemm_min_tokens and entries the layer reads)" if dec_path else "")
+    regressed = False  # both checks reported before exit 1
     if dec_check is not None and not dec_check.passed:
         for line in dec_check.regressions():
             print(f"moebench tune: decisions regression: {line}", file=sys.stderr)
         print(f"moebench tune: the decisions regress{'; nothing installed' if args.install else ''}", file=sys.stderr)
-        return 1
+        regressed = True
     if check is not None:
         print(f"\n{check.table()}\n{check.verdict()}")
         if not check.passed:
@@ -211,7 +212,9 @@ def tune_command(args) -> int:
                 f"{path.parent}; the check's samples in {out / 'tune.json'})",
                 file=sys.stderr,
             )
-            return 1
+            regressed = True
+    if regressed:
+        return 1
     if args.install:
         from moebench.tune import decision_files
 

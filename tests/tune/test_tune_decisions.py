@@ -461,6 +461,29 @@ def test_the_decisions_extend_tune_json_without_writing_the_tiles_again(tmp_path
     assert json.loads((out / "configs" / tiles).read_text()) == {"4": TILE}
 
 
+def test_a_decisions_regression_still_reports_the_tiles_check(tmp_path, monkeypatch, capsys):
+    """--max-regression refusing the decisions and the tiles both: each check's lines are printed
+    (the decisions' refusal returned before the tiles' table and lines), then exit 1."""
+    from moebench.tune import regression
+    from moebench.tune.decide import DecisionCheck
+    from moebench.tune.decision_trials import Timed
+
+    slower = Timed("contiguous/triton", us=12.0, rel_err=0.0)
+    _searched(monkeypatch, [], DecisionCheck(0.1, [(4, slower, Timed("current", us=10.0, rel_err=0.0))]))
+    size = regression.SizeCheck(tokens=4, tuned=dict(TILE), current={**TILE, "BLOCK_SIZE_N": 128})
+    size.tuned_us, size.current_us = 20.0, 10.0
+    check = regression.Check(max_regression=0.1, reps=3, timing="host", sizes=[size])
+    monkeypatch.setattr(regression, "check_tune", lambda *a, **k: check)
+    out = tmp_path / "tune"
+    argv = ["tune", *BF16, "workload.tokens_per_rank=[4]", "--decisions", "--max-regression", "0.1"]
+    assert cli.main(argv + ["--out", str(out)]) == 1
+    got = capsys.readouterr()
+    assert "moebench tune: decisions regression: 4 tokens: chosen contiguous/triton 12.0 µs" in got.err
+    assert "moebench tune: the decisions regress\n" in got.err
+    assert "moebench tune: regression: 4 tokens: tuned " in got.err and "above 1.1x" in got.err
+    assert check.table() in got.out and "1 of 1 token count(s) regress; worst 2.000x at 4 tokens" in got.out
+
+
 def test_a_partial_sidecar_moves_up_with_its_tiles(tmp_path, monkeypatch):
     """Tiles installed into partial/ (too few sizes for vLLM's grid) with their decisions, then the
     rest of the grid: the tiles move to kernels/configs/, and the decisions with them, merged (the
