@@ -205,8 +205,10 @@ class Combo:
     @property
     def tp_size(self) -> int:
         """The experts' TP split: world_size on a tensor_parallel backend (backend=tp), else
-        simulate_tp (one rank's shard timed on one GPU)."""
-        return self.world_size if tensor_parallel(self.backend) else max(1, self.simulate_tp)
+        simulate_tp (one rank's shard timed on one GPU): kernels/split.py's rule."""
+        from moebench.kernels import registry
+
+        return registry.ep_split(self).tp
 
     @property
     def intermediate_per_rank(self) -> int:

@@ -47,7 +47,7 @@ def validate(combo: Combo) -> Optional[str]:
         return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
     E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep
     single, tp_ranks = B.single_rank, B.tensor_parallel
-    ep = sim if single else (1 if tp_ranks else ws)  # the EP split the routing sees
+    ep = registry.ep_split(combo).ep  # the EP split the routing sees (kernels/split.py)
     why = _tp_rule(combo, b, single, tp_ranks)
     if why:
         return why

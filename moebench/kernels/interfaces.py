@@ -23,6 +23,7 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 
 from .entry import ActivationFormat, BackendCard, ExpertsCard  # noqa: F401 (ActivationFormat: re-exported)
+from .split import split
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -91,9 +92,8 @@ class KernelContext:
 
     @property
     def ep_size(self) -> int:
-        if self.tp_size > 1:
-            return 1
-        return self.world_size if self.world_size > 1 else self.simulate_ep
+        """Ranks the routed experts are split over (split.py's rule: 1 under TP)."""
+        return split(self.world_size, self.simulate_ep, tensor_parallel=self.tp_size > 1).ep
 
     @property
     def num_local_experts(self) -> int:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, ca
 from .entry import BackendCard, EntryCard, ExpertsCard
 from .plugin import PLUGIN_MODULES_VAR, Plugin, contract_problem, import_within, timed_out_earlier
 from .plugin import timeout_s as plugin_timeout_s
+from .split import Split, split
 
 if TYPE_CHECKING:  # the implementations' bases import torch: planning imports none of them
     from .interfaces import Experts, PrepareFinalize
@@ -397,6 +398,21 @@ def entry(kind: str, name: str) -> type[EntryCard]:
             f"unknown {kind} {name!r}; registered: {sorted(table)}" + (f" ({'; '.join(why)})" if why else "")
         )
     return table[name]
+
+
+def ep_split(combo) -> Split:
+    """The split that `combo` (a Combo, or any mapping with its fields: backend, world_size,
+    simulate_ep, simulate_tp; those missing or None read 1) really uses: split.py's rule over its
+    backend's card; a backend not registered here splits as an EP backend."""
+    discover()
+    card = BACKENDS.get(str(combo.get("backend", "")), BackendCard)
+    return split(
+        int(combo.get("world_size") or 1),
+        int(combo.get("simulate_ep") or 1),
+        int(combo.get("simulate_tp") or 1),
+        tensor_parallel=card.tensor_parallel,
+        single_rank=card.single_rank,
+    )
 
 
 def _implementation(kind: str, name: str) -> type[EntryCard]:

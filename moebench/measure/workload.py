@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from moebench.kernels import registry
 from moebench.kernels.interfaces import ExpertWeights, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import SharedExperts
 from moebench.kernels.quant import dequant_weight, quant_weights
@@ -195,17 +196,15 @@ def tokens_rank(ctx: KernelContext) -> int:
 
 
 def routing_spec(combo) -> generate.RoutingSpec:
-    """The combination's routing (a Combo, or any mapping with its fields); a TP backend's ranks
-    split no experts (EP size 1)."""
-    tp = getattr(combo, "tp_size", 1) > 1 and combo["world_size"] > 1
-    ep = 1 if tp else (combo["world_size"] if combo["world_size"] > 1 else combo["simulate_ep"])
+    """The combination's routing (a Combo, or any mapping with its fields); its EP size is the
+    split's (kernels/split.py: a TP backend's ranks split no experts, EP size 1)."""
     layer = combo.get("routing_layer", -1)
     return generate.RoutingSpec(
         name=combo["routing"],
         skew=float(combo["skew"]),
         imbalance=float(combo.get("imbalance", 1.0)),
         seed=int(combo["seed"]),
-        ep_size=int(ep),
+        ep_size=registry.ep_split(combo).ep,
         file=combo.get("routing_file", "") or "",
         layer=None if layer is None or layer < 0 else layer,
     )

@@ -179,7 +179,8 @@ def run_combination(
                         continue
                 routed = route(T, 2)
                 inputs = routed.inputs
-                ep_world = world_size if ctx.tp_size == 1 else 1  # TP ranks route the same tokens: sum none
+                # the ranks' routings are summed over an EP split only (TP ranks route the same tokens)
+                ep_world = world_size if spec.ep_size > 1 else 1
                 res = dataclasses.replace(res, **routing_fields(routed, combo, kernel, spec.ep_size, group, ep_world))
                 kernel.clear_workspaces()
                 clock.lap("inputs")

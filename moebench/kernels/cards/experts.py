@@ -11,7 +11,7 @@ from typing import Optional
 from ..entry import ActivationFormat, ExpertsCard
 from ..experts import _deep_gemm
 from ..knobs import Knob
-from ..registry import card
+from ..registry import card, ep_split
 
 # fp8_block: the contiguous layout from this many expected local pairs per expert on. Measured
 # on an H200 (docs/findings/triton-vs-deepgemm.md, experts phase, gathered / contiguous): qwen3_30b_a3b at 64
@@ -172,8 +172,8 @@ def triton_unsupported(combo: dict) -> Optional[str]:
             if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
                 return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
         inter = combo.get("intermediate")
-        tp = getattr(combo, "tp_size", None) or combo.get("simulate_tp") or 1  # (a Combo's: world_size for backend=tp)
-        inter = inter // max(1, tp) if inter is not None else None  # the rank's shard
+        tp = ep_split(combo).tp  # (backend=tp: world_size; else simulate_tp)
+        inter = inter // tp if inter is not None else None  # the rank's shard
         why = contiguous_unsupported(quant, combo.get("hidden"), inter)
         if why:
             return f"experts.row_layout=contiguous: {why}"
