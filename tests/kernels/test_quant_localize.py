@@ -169,7 +169,7 @@ def test_local_prepare_takes_the_fused_path_with_the_same_values(monkeypatch, si
         LayerShape(hidden=256, intermediate=128, num_experts=8, topk=4), quant, DEV, simulate_ep=simulate_ep
     )
     if DEV.type == "cpu":  # the prepare fuses on CUDA: here the interpreter runs the fused kernel
-        monkeypatch.setattr(local, "quant_and_localize", functools.partial(_common.quant_and_localize, fuse=True))
+        monkeypatch.setattr(_common, "quant_and_localize", functools.partial(_common.quant_and_localize, fuse=True))
     x, ids = _inputs(37, 256, 4, dtype, seed=simulate_ep, high=8)  # a router's ids: the 8 experts, -1
     w = torch.rand(37, 4, generator=torch.Generator().manual_seed(0)).to(DEV)
     prepared = local.LocalPrepareFinalize(ctx).prepare(x, w, ids, quant)

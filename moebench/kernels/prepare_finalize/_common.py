@@ -5,10 +5,64 @@ Legend: M dispatched token rows, P top-k, K hidden, E local experts, X rows per 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Callable
+
 import torch
 
-from ..interfaces import BatchedHandle, PreparedTokens, QuantSpec
+from ..interfaces import (
+    BatchedHandle,
+    Contiguous,
+    NoOp,
+    PreparedTokens,
+    PrepareFinalize,
+    QuantSpec,
+    WeightAndReduce,
+    resolve_weight_and_reduce,
+)
 from ..quant import quant_activations
+
+
+def prepare_on_rank(
+    pf: PrepareFinalize,
+    hidden_TK: torch.Tensor,
+    topk_weights_TP: torch.Tensor,
+    topk_ids_TP: torch.Tensor,
+    quant: QuantSpec | None,
+) -> Callable[[], PreparedTokens]:
+    """prepare_async of a backend that dispatches nothing (local, tp): the rank's own tokens,
+    quantized, their ids made local (phase "prepare")."""
+    ctx = pf.ctx
+    with pf.phases("prepare"):
+        # on CUDA with fp8_block and ids to localize: one kernel for both (issue #34)
+        x, scale, ids = quant_and_localize(
+            hidden_TK, topk_ids_TP, quant, ctx.first_local_expert, ctx.num_local_experts, ctx.shape.num_experts
+        )
+    prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
+    return lambda: prepared
+
+
+def finalize_on_rank(
+    pf: PrepareFinalize,
+    out_TK: torch.Tensor,
+    expert_out: torch.Tensor,
+    prepared: PreparedTokens,
+    weight_and_reduce: WeightAndReduce,
+    copy_phase: str | None,
+) -> Callable[[], None]:
+    """finalize_async of a backend that combines nothing (local, tp): the experts' output weighted
+    and reduced into out_TK (phase "weight_reduce"), or copied where the experts did that (none
+    where they wrote out_TK: MoEKernel, noop_finalize_copies), timed as `copy_phase` (None: untimed)."""
+    wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
+    if isinstance(wr, NoOp):
+        with pf.phases(copy_phase) if copy_phase else nullcontext():
+            if expert_out is not out_TK:
+                out_TK.copy_(expert_out)
+    else:
+        assert prepared.topk_weights_MP is not None  # (prepare_on_rank's: the router's weights)
+        with pf.phases("weight_reduce"):
+            wr.apply(out_TK, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
+    return lambda: None
 
 
 def _local_as_they_are(topk_ids_MP: torch.Tensor, first: int, num_local: int, num_experts: int | None) -> bool:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..cards.backends import TPCard
-from ..interfaces import Contiguous, NoOp, PreparedTokens, PrepareFinalize, resolve_weight_and_reduce
+from ..interfaces import PrepareFinalize
 from ..registry import register_backend
-from ._common import quant_and_localize
+from ._common import finalize_on_rank, prepare_on_rank
 
 
 @register_backend("tp")
@@ -23,24 +23,13 @@ class TPPrepareFinalize(TPCard, PrepareFinalize):
     reduces_output = True
 
     def prepare_async(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant):
-        ctx = self.ctx
-        with self.phases("prepare"):  # no dispatch: every rank holds every expert
-            x, scale, ids = quant_and_localize(
-                hidden_TK, topk_ids_TP, quant, ctx.first_local_expert, ctx.num_local_experts, ctx.shape.num_experts
-            )
-        prepared = PreparedTokens(x=x, x_scale=scale, topk_ids_MP=ids, topk_weights_MP=topk_weights_TP)
-        return lambda: prepared
+        # no dispatch: every rank holds every expert (and routes the same tokens)
+        return prepare_on_rank(self, hidden_TK, topk_weights_TP, topk_ids_TP, quant)
 
     def finalize_async(self, out_TK, expert_out, prepared, weight_and_reduce):
-        # the rank's partial output into out_TK; reduce_output all-reduces it after the shared experts
-        wr = resolve_weight_and_reduce(weight_and_reduce, Contiguous())
-        if isinstance(wr, NoOp):
-            if expert_out is not out_TK:  # (none where the experts wrote out_TK: noop_finalize_copies)
-                out_TK.copy_(expert_out)
-        else:
-            with self.phases("weight_reduce"):
-                wr.apply(out_TK, expert_out, prepared.topk_weights_MP, prepared.topk_ids_MP, prepared)
-        return lambda: None
+        # the rank's partial output into out_TK; reduce_output all-reduces it after the shared
+        # experts (the copy takes no phase: the combine phase is the all-reduce)
+        return finalize_on_rank(self, out_TK, expert_out, prepared, weight_and_reduce, copy_phase=None)
 
     def reduce_output(self, out_TK) -> None:
         with self.phases("combine"):  # vLLM's tensor_model_parallel_all_reduce, timed
