@@ -42,8 +42,9 @@ def layer(overrides: list[str], T: int):
     return combo, kernel, inputs, lambda: kernel(x, w, ids)
 
 
-def moebench_us(combo, kernel, inputs) -> float:
-    """The worker's figure: time_layer's median over runner.reps samples (µs)."""
+def moebench_us(combo, kernel, inputs) -> tuple[float, float, str]:
+    """The worker's figure: (time_layer's median over runner.reps samples in µs, the median SM
+    clock of those samples in MHz (NaN without the probe), the timing mode: graph or events)."""
     import torch
 
     from moebench.config.validity import timing_mode
@@ -56,7 +57,13 @@ def moebench_us(combo, kernel, inputs) -> float:
     rec = make_recorder(dev, nvtx=False)
     graph = timing_mode(combo, T) == "graph"
     timed = time_layer(kernel, inputs, combo, sync, dev, rec, graph, hold_us=host_enqueue(kernel, inputs, dev))
-    return statistics.median(timed.samples_us)
+    clocks = [m for m in timed.clock.get("sm_clock_mhz_samples") or [] if m == m]  # NaN: a sample unread
+    mhz = statistics.median(clocks) if clocks else None
+    return (
+        statistics.median(timed.samples_us),
+        float("nan") if mhz is None else float(mhz),
+        "graph" if graph else "events",
+    )
 
 
 def register(cases: list[tuple[str, object, bool]]) -> None:
@@ -118,13 +125,18 @@ def child_round(r: int, combos: list[str], tokens: list[int], out: Path, timeout
             built[name] = (combo, kernel, inputs)
             cases.append((name, fn, graph_capturable(combo) is not None))
     register(cases)
-    rows: dict[str, dict] = {name: {"moebench_us": [], "nvbench": []} for name, _, _ in cases}
+    rows: dict[str, dict] = {
+        name: {"moebench_us": [], "moebench_sm_mhz": [], "moebench_timing": "", "nvbench": []} for name, _, _ in cases
+    }
     order = ["moebench", "nvbench"] if r % 2 == 0 else ["nvbench", "moebench"]
     with tempfile.TemporaryDirectory() as tmp:
         for side in order:
             if side == "moebench":
                 for name, (combo, kernel, inputs) in built.items():
-                    rows[name]["moebench_us"].append(moebench_us(combo, kernel, inputs))
+                    us, mhz, mode = moebench_us(combo, kernel, inputs)
+                    rows[name]["moebench_us"].append(us)
+                    rows[name]["moebench_sm_mhz"].append(mhz)
+                    rows[name]["moebench_timing"] = mode
             else:
                 got = nvbench_round(Path(tmp) / "nvbench.json", timeout_s)
                 for name in rows:
@@ -180,17 +192,26 @@ def main(argv=None) -> int:
                 print(f"nvbench_compare: round {r} failed (exit {done.returncode})", file=sys.stderr)
                 return 1
             for name, v in json.loads(out.read_text()).items():
-                row = rows.setdefault(name, {"moebench_us": [], "nvbench": []})
+                row = rows.setdefault(name, {"moebench_us": [], "moebench_sm_mhz": [], "nvbench": []})
                 row["moebench_us"] += v["moebench_us"]
+                row["moebench_sm_mhz"] += v["moebench_sm_mhz"]
+                row["moebench_timing"] = v["moebench_timing"]
                 row["nvbench"] += v["nvbench"]
             summarise(rows)
             if args.json:  # after each round: a call cut short keeps the rounds it finished
                 doc = {"device": torch.cuda.get_device_name(), "rounds": r + 1, "rows": rows}
                 Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    print(f"{'combination':44} {'moebench µs':>12} {'nvbench µs':>11} {'ratio':>6}  nvbench samples")
+    print(
+        f"{'combination':44} {'moebench µs':>12} {'nvbench µs':>11} {'ratio':>6}  SM MHz (moebench / nvbench), samples"
+    )
     for name, v in rows.items():
         n = [int(g.get("sample_size", 0)) for g in v["nvbench"]]
-        print(f"{name:44} {v['moebench_median_us']:12.1f} {v['nvbench_mean_us']:11.1f} {v['ratio']:6.3f}  {n}")
+        ours = "/".join(f"{m:.0f}" for m in v["moebench_sm_mhz"])
+        theirs = "/".join(f"{g['sm_clock_rate/mean'] / 1e6:.0f}" for g in v["nvbench"] if "sm_clock_rate/mean" in g)
+        print(
+            f"{name:44} {v['moebench_median_us']:12.1f} {v['nvbench_mean_us']:11.1f} {v['ratio']:6.3f}"
+            f"  {ours} / {theirs}, {n}"
+        )
     return 0
 
 
