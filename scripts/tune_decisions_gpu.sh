@@ -36,9 +36,13 @@ if [ "$QUICK" = "--quick" ]; then
   MODELS=(deepseek_v2_lite)
 fi
 MODEL_LIST=$(IFS=,; echo "${MODELS[*]}")
-LAYER=(backend=local quant=fp8_block reduction=experts,finalize overlap=none
+# backend.simulate_ep=1: the whole layer, the shape `moebench tune` tunes (the default sweep's
+# cuda section sets simulate_ep=8, DeepSeek-V3's EP-8 share: another layer shape, whose tuned
+# file these tunes do not write)
+LAYER=(backend=local backend.simulate_ep=1 quant=fp8_block reduction=experts,finalize overlap=none
        "workload.tokens_per_rank=$TOKENS")
-# the models the tuned files must not slow down: every size, triton experts only
+# the models the tuned files must not slow down: every size, triton experts only (each names its
+# simulate_ep below)
 OTHERS=(backend=local quant=fp8_block experts=triton reduction=experts overlap=none
         "workload.tokens_per_rank=$TOKENS")
 
@@ -60,6 +64,21 @@ tune() {
     --space "$SPACE" --decisions --max-regression 0.02 --out "$OUT/tune_$1" || echo "tune $1: exit $?"
 }
 
+tuned_rows() {
+  # what each triton row ran and which tuned files it read: a tune that did not apply shows here
+  python3 - "$1" <<'PY'
+import sys
+from moebench.results.store import RunStore
+df = RunStore(sys.argv[1]).load()
+ok = df[(df.status == "ok") & df.experts.isin(["triton", "triton_or_deepgemm"])]
+cols = [c for c in ("model", "experts", "reduction", "tokens_per_rank", "simulate_ep", "row_layout_used",
+                    "contiguous_gemm_used", "tuned_files", "latency_us_median") if c in ok.columns]
+print(ok[cols].to_string(index=False))
+if "tuned_files" in ok.columns and not ok.tuned_files.fillna("").str.len().all():
+    print("after: some triton rows read no tuned file (their layer's shape has none): see tuned_files", file=sys.stderr)
+PY
+}
+
 after() {
   local dirs
   dirs=$(tuned_dirs)
@@ -67,13 +86,14 @@ after() {
   MOEBENCH_TRITON_CONFIG_DIR=$dirs \
     moebench sweep --out "$OUT/after" experts=triton,deepgemm,triton_or_deepgemm "model=$MODEL_LIST" "${LAYER[@]}"
   local other
-  for other in "model=qwen3_30b_a3b" "model=deepseek_v3 backend.simulate_ep=8"; do
+  for other in "model=qwen3_30b_a3b backend.simulate_ep=1" "model=deepseek_v3 backend.simulate_ep=8"; do
     local name=${other%% *}; name=${name#model=}
     # shellcheck disable=SC2086 (the overrides of one model, split on spaces)
     moebench sweep --out "$OUT/${name}_today" $other "${OTHERS[@]}"
     # shellcheck disable=SC2086
     MOEBENCH_TRITON_CONFIG_DIR=$dirs moebench sweep --out "$OUT/${name}_tuned" $other "${OTHERS[@]}"
   done
+  tuned_rows "$OUT/after"
   moebench compare "$OUT/before" "$OUT/after" || true                          # the tuned layer against today's
   moebench compare "$OUT/after" --axis experts=deepgemm:triton || true         # triton / deepgemm after tuning
   moebench compare "$OUT/before" --axis experts=deepgemm:triton || true        # ... and before

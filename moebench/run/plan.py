@@ -77,6 +77,33 @@ def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
     )
 
 
+# a device section's keys that size its model's share (sweeps/default.yaml's cuda section runs
+# DeepSeek-V3's EP-8 share): they go with that section's model
+MODEL_SHARE_KEYS = ("backend.simulate_ep", "backend.simulate_tp", "backend.simulate_rank")
+
+
+def model_share(section: dict, cli_overrides: list[str], sweep_name: str, device: str) -> tuple[dict, list[str]]:
+    """(the device section to merge, notes to print): where the section sets a model and the
+    command line names another, the section's MODEL_SHARE_KEYS (set for its model) are dropped
+    unless the command line sets them too, and a note says so; `model=mixtral_8x7b` on a GPU is
+    then the whole layer, not one eighth of its experts."""
+    if "model" not in section:
+        return section, []
+    given = {ov.key_or_group: ov for ov in parse_overrides(cli_overrides)}
+    if "model" not in given:
+        return section, []
+    dropped = [k for k in MODEL_SHARE_KEYS if k in section and k not in given]
+    if not dropped:
+        return section, []
+    kept = {k: v for k, v in section.items() if k not in dropped}
+    what = ", ".join(f"{k}={section[k]}" for k in dropped)
+    keep = " ".join(f"{k}={section[k]}" for k in dropped)
+    return kept, [
+        f"the {sweep_name} sweep's {device} section sets {what} for its model ({section['model']}); "
+        f"{given['model'].input_line} runs without it (pass {keep} to keep it)"
+    ]
+
+
 def plan(
     cli_overrides: list[str], sweep: Optional[str] = None, oversubscribe: bool = False, this_machine: bool = True
 ) -> tuple[list[Combination], dict]:
@@ -89,7 +116,10 @@ def plan(
     if renamed:
         raise ValueError(f"{renamed[0]}: renamed, use {rename(renamed[0])}")
     device = sweep_device(cli_overrides)
-    overrides = {**sweep_data["overrides"], **sweep_data.get(device, {})}
+    section, notes = model_share(sweep_data.get(device, {}), cli_overrides, sweep_data["name"], device)
+    overrides = {**sweep_data["overrides"], **section}
+    if notes:
+        sweep_data = {**sweep_data, "notes": notes}
     explicit_ws = any(ov.key_or_group == "runner.world_size" for ov in parse_overrides(cli_overrides))
     combos, seen, knobs_set, knobs_taken = [], set(), set(), set()
     for ovs in expand(overrides, cli_overrides):

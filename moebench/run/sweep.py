@@ -213,6 +213,8 @@ def execute(
             f"moebench: {len(combos)} combinations, {len(work)} to run, "
             f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
         )
+        for note in sweep_data.get("notes", ()):  # e.g. a device section's model share left out
+            log(f"moebench: {note}")
         for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs
             log(f"moebench: {line}")
         if any(c.combo.trace == "nsys" and not c.reason for c in combos):

@@ -468,3 +468,27 @@ def test_the_default_sweeps_plan_is_pinned(monkeypatch):
     # to 3e804377…, the pin before: keys, labels, statuses and reasons as before. Session 13: each
     # record gains simulate_tp, 1 everywhere; without it the records hash to 203bbda0…, the pin before)
     assert digest == "b5af536908ea76c028672c7747e7d041579b736c"
+
+
+def test_a_model_named_on_a_gpu_runs_without_the_default_sweeps_ep8_share():
+    """sweeps/default.yaml's cuda section runs DeepSeek-V3's EP-8 share (backend.simulate_ep=8):
+    `model=mixtral_8x7b` runs mixtral's whole layer and says why in one note; naming the share
+    too keeps it, and the default model keeps its share without a note."""
+
+    def single_rank(overrides):
+        combos, data = plan.plan(["runner.device=cuda", *overrides], "default", this_machine=False)
+        shares = {c.combo.simulate_ep for c in combos if c.combo.backend in ("local", "local_batched")}
+        return shares, {c.combo.model for c in combos}, data.get("notes", [])
+
+    assert single_rank([]) == ({8}, {"deepseek_v3"}, [])
+    assert single_rank(["model=mixtral_8x7b"]) == (
+        {1},
+        {"mixtral_8x7b"},
+        [
+            "the default sweep's cuda section sets backend.simulate_ep=8 for its model (deepseek_v3); "
+            "model=mixtral_8x7b runs without it (pass backend.simulate_ep=8 to keep it)"
+        ],
+    )
+    assert single_rank(["model=mixtral_8x7b", "backend.simulate_ep=2"]) == ({2}, {"mixtral_8x7b"}, [])
+    combos, data = plan.plan(["model=mixtral_8x7b", "runner.device=cpu"], "default")
+    assert "notes" not in data  # the cpu section names no model
