@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 import torch
 
+from moebench.kernels import registry
 from moebench.kernels.cards.experts import contiguous_unsupported, gluon_unsupported
 from moebench.kernels.experts._deep_gemm import deepgemm_unsupported
 from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
@@ -95,7 +96,7 @@ def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[
     gathered = {"row_layout": "gathered"} if tile is None else {"row_layout": "gathered", "triton_config": tile}
     out.append(_opt("gathered", **gathered))
     skipped = []
-    inter = combo["intermediate"] // max(1, combo.get("simulate_tp") or 1)
+    inter = combo["intermediate"] // registry.ep_split(combo).tp  # one rank's shard under TP (backend=tp too)
     why = contiguous_unsupported(quant, combo["hidden"], inter)
     if why is None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
         why = "the contiguous layout loads through TMA: SM90 or newer"

@@ -531,3 +531,19 @@ def test_a_partial_sidecar_moves_up_with_its_tiles(tmp_path, monkeypatch):
     decision_files.install(src2, files.install(src2, print), print)
     assert json.loads((top / kdec.decisions_name(other)).read_text())["entries"] == {"16": {"row_layout": "gathered"}}
     assert not (part / kdec.decisions_name(other)).exists()
+
+
+def test_the_contiguous_options_are_judged_on_one_tp_ranks_shard():
+    """options_of reads the shard's width through the one TP rule (registry.ep_split): backend=tp
+    over two ranks halves a 384-wide expert to 192, which the contiguous layout cannot run, as
+    simulate_tp=2 does on one rank; the whole 384 can."""
+    from moebench.tune.decide import options_of
+
+    def skipped(**split):
+        combo = {"backend": "local", "world_size": 1, "simulate_ep": 1, "simulate_tp": 1, "quant": "bf16"}
+        combo.update(hidden=2048, intermediate=384, **split)
+        return [what for what, _ in options_of(combo, torch.device("cpu"), None)[1]]
+
+    assert "contiguous (every GEMM kernel)" not in skipped()
+    assert "contiguous (every GEMM kernel)" in skipped(simulate_tp=2)
+    assert "contiguous (every GEMM kernel)" in skipped(backend="tp", world_size=2)
