@@ -66,6 +66,9 @@ FLAG_TEXT = {
     "host-paced": "with host-paced samples (the GPU started them before the host had enqueued them, behind a hold "
     f"doubled twice): their times may hold host launch gaps; up to {HOST_PACED_MAX:.0%} of a latency's "
     "samples it still counts as GPU time",
+    "host-paced-aside": "with host-paced samples outside the latency's only (phases, ablation or trace; "
+    "the latency's samples had none, so the latency is GPU time): the phase split, ablation or trace of "
+    "these rows may hold host launch gaps",
     "throttled": "with throttled samples (an SM clock below 0.9 × the row's median, or under an NVML thermal, "
     "power or sync-boost reason): their times carry the GPU's clock; runner.drop_throttled retakes them",
     "timing-differs": "the two sides ran different timing modes: the ratio mixes methods",
@@ -117,6 +120,15 @@ def paced_counts(row) -> list[tuple[int, float, str]]:
 
 def _of(n: int, total: float) -> str:
     return f"{n} of {int(total)}" if np.isfinite(total) else str(n)
+
+
+def paced_tag(row) -> str:
+    """`host-paced` where the row's latency samples were host-paced, `host-paced-aside` where only
+    its other families were (phases, ablation, trace), '' for none."""
+    counts = paced_counts(row)
+    if not counts:
+        return ""
+    return "host-paced" if any(what == "latency" for _, _, what in counts) else "host-paced-aside"
 
 
 def paced_text(row) -> str:
@@ -208,8 +220,8 @@ def flags_of(row) -> list[str]:
         and tokens <= DECODE_TOKENS
     ):
         out.append("eager-decode")
-    if paced_counts(row):
-        out.append("host-paced")
+    if tag := paced_tag(row):
+        out.append(tag)
     if float_of(row, "throttled_samples") > 0:
         out.append("throttled")
     return out
@@ -251,8 +263,8 @@ def paced_details(df: pd.DataFrame) -> pd.Series:
 
 def _details(row) -> dict:
     """{tag: the row's counts} of its host-paced and throttled samples (those it has)."""
-    out = {"host-paced": paced_text(row), "throttled": throttled_text(row)}
-    return {k: v for k, v in out.items() if v}
+    out = {paced_tag(row): paced_text(row), "throttled": throttled_text(row)}
+    return {k: v for k, v in out.items() if k and v}
 
 
 def side_rows(matched: pd.DataFrame, side: str) -> list[dict]:
@@ -287,10 +299,12 @@ def pair_paced_details(pairs: PairRows, names: tuple[str, str] = ("baseline", "c
     out = []
     for sides in zip(pairs.base, pairs.cand, strict=True):
         d = {}
-        for tag, text in (("host-paced", paced_text), ("throttled", throttled_text)):
+        paced = {paced_tag(row) for row in sides} - {""}  # the pair's flags: either side's
+        for tags, text in ((paced, paced_text), ({"throttled"}, throttled_text)):
             texts = [text(row) for row in sides]
             if any(texts):
-                d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
+                for tag in tags:
+                    d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
         out.append(d)
     return pd.Series(out, index=pairs.index, dtype=object)
 

@@ -59,7 +59,23 @@ def test_paced_counts_of_every_family_are_named():
     clean = _rows(0).iloc[0].to_dict()
     assert "host-paced" not in flags_of(clean) and paced_text(clean) == ""
     phases_only = _rows(0, host_paced_phases=3.0, num_phase_samples=10.0).iloc[0].to_dict()
-    assert "host-paced" in flags_of(phases_only) and paced_text(phases_only) == "phases: 3 of 10 samples host-paced"
+    assert paced_text(phases_only) == "phases: 3 of 10 samples host-paced"
+    # its latency is GPU time: flagged apart, not as a row whose latency the host may have paced
+    assert "host-paced-aside" in flags_of(phases_only) and "host-paced" not in flags_of(phases_only)
+    assert "host-paced-aside" not in flags_of(row)  # (the latency's own: host-paced, as above)
+
+
+def test_a_row_paced_in_its_phases_only_is_named_apart_from_one_paced_in_its_latency(tmp_path):
+    rows = _rows(5)  # PACED's latency samples: 5 of 30 host-paced
+    rows.loc[rows.experts != PACED, ["host_paced_phases", "num_phase_samples"]] = [2.0, 10.0]
+    quality = _section(write_report(write_run(tmp_path / "run", rows)).read_text(), "## Data quality")
+    lines = [x for x in quality.splitlines() if "host-paced" in x]
+    assert len(lines) == 2
+    latency, aside = lines
+    assert latency.startswith("- 1 row(s) with host-paced samples (the GPU started them") and PACED in latency
+    assert aside.startswith("- 2 row(s) with host-paced samples outside the latency's only")
+    assert "the latency is GPU time" in aside and PACED not in aside
+    assert aside.count("(phases: 2 of 10 samples host-paced)") == 2
 
 
 def test_report_names_a_row_with_five_of_thirty_samples_host_paced(tmp_path):
