@@ -30,6 +30,7 @@ Legend: M rows, P top-k, K hidden, N = 2I, E local experts.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -51,7 +52,7 @@ from ..cards.experts import (  # noqa: F401 (re-exported: the tuner and the test
 from ..interfaces import Experts, ExpertWeights, KernelContext
 from ..registry import register_experts
 from ..triton.align import max_padded_rows
-from ..triton.config import config_block_shape, config_dtype, get_config
+from ..triton.config import config_block_shape, config_dtype, files_label, get_config, tiles_file
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.decisions import GLUON_WIDE_N, load_decisions
 from ..triton.deepgemm_layout import contiguous_scratch_numel
@@ -73,6 +74,15 @@ class TritonConfigMixin:
     ctx: KernelContext
     w: ExpertWeights
     _config_cache: dict[tuple[int, int], dict]  # set on first use; the tuner's bench pops it
+
+    def _tiles_file(self) -> Optional[Path]:
+        """The tiles file `_config` reads for this layer (config.tiles_file: the same look-up), None
+        where there is none or ctx.options["triton_config"] stands in for it."""
+        if self.ctx.options and self.ctx.options.get("triton_config"):
+            return None
+        q = self.w.quant
+        E, _, I = self.w.w2_EKI.shape
+        return tiles_file(E, I, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k))
 
     def _config(self, M: int, topk: int) -> dict:
         cache: Optional[dict] = self.__dict__.get("_config_cache")  # no file look-ups in the hot path
@@ -117,6 +127,9 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
             E, N // 2, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k), K
         )
         self._tuned_gemm = mode == "auto"  # a forced kernel is never replaced by a tuned one
+        # the rows' tuned_files: the tiles file and the sidecar this layer read ("" : the heuristic
+        # tiles and today's constants), named once here, never per forward
+        self.tuned_files = files_label([self._tiles_file(), self.decisions.path if self.decisions else None])
         # "gate/up's kernel/down's kernel" of the last apply() on the contiguous layout, else ""
         self.last_gemm = ""
         # each GEMM plan the layer may run (the default, and each tuned entry's): its callable, with

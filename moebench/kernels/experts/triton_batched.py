@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..cards.experts import TritonBatchedCard
 from ..interfaces import Experts
 from ..registry import register_experts
+from ..triton.config import files_label
 from ..triton.moe import alloc_bytes, fused_moe_batched, input_quant_bytes
 from .triton import TritonConfigMixin
 
@@ -21,6 +22,7 @@ class TritonBatchedExperts(TritonBatchedCard, TritonConfigMixin, Experts):
         if reduction != "finalize":
             raise ValueError("triton_batched supports reduction=finalize only (the batched combine reduces)")
         super().__init__(weights, reduction, ctx)
+        self.tuned_files = files_label([self._tiles_file()])  # the rows' tuned_files (no sidecar read here)
 
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
         # M is X, the rows of each expert's buffer; fp8 modes keep the fp8

@@ -33,6 +33,8 @@ class TritonOrDeepGemmExperts(TritonOrDeepGemmCard, Experts):
         tuned = self.triton.decisions.deepgemm_min_tokens if self.triton.decisions is not None else None
         self.min_tokens = tuned if knob == DEFAULT_MIN_TOKENS and tuned is not None else knob
         self.last_gemm = ""
+        # the rows' tuned_files: the Triton experts' (the sidecar's switch-over decides at every M)
+        self.tuned_files = self.triton.tuned_files
 
     def uses_deepgemm(self, M: int) -> bool:
         """Whether M rows after dispatch go to DeepGEMM."""

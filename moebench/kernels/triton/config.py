@@ -93,9 +93,13 @@ def name_variants(file_name: str) -> list[str]:
     return [file_name, f"{head}block_shape=[{inner.replace(' ', '').replace(',', ', ')}]{rest}"]
 
 
+def extra_config_dirs() -> list[Path]:
+    """MOEBENCH_TRITON_CONFIG_DIR's folders, in its order."""
+    return [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
+
+
 def config_dirs() -> list[Path]:
-    extra = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
-    return extra + [CONFIG_DIR, PARTIAL_DIR]
+    return extra_config_dirs() + [CONFIG_DIR, PARTIAL_DIR]
 
 
 def read_config_file(path: Path) -> dict[int, dict]:
@@ -134,14 +138,35 @@ def find_config_file(file_name: str, dirs: Sequence[Path]) -> Optional[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_configs(file_name: str, dirs: tuple[Path, ...]) -> Optional[dict[int, dict]]:
+def _load_configs(file_name: str, dirs: tuple[Path, ...]) -> tuple[Optional[Path], Optional[dict[int, dict]]]:
     path = find_config_file(file_name, dirs)
-    return read_config_file(path) if path is not None else None
+    return path, (read_config_file(path) if path is not None else None)
 
 
 def load_configs(E, N, dtype=None, block_shape=None, device=None) -> Optional[dict[int, dict]]:
     """{token count: config} from the first matching file, or None."""
-    return _load_configs(config_file_name(E, N, dtype, block_shape, device), tuple(config_dirs()))
+    return _load_configs(config_file_name(E, N, dtype, block_shape, device), tuple(config_dirs()))[1]
+
+
+def tiles_file(E, N, dtype=None, block_shape=None, device=None) -> Optional[Path]:
+    """The file `load_configs` reads for these arguments (the same look-up, cached), or None."""
+    return _load_configs(config_file_name(E, N, dtype, block_shape, device), tuple(config_dirs()))[0]
+
+
+def file_label(path: Path) -> str:
+    """A config file as a row names it (the `tuned_files` column): `kernels/configs/<rel>` inside
+    the package's folder (partial/ and SGLang's triton_<version>/ kept), `$MOEBENCH_TRITON_CONFIG_DIR/<rel>`
+    inside one of that variable's folders (which one: env.json's fingerprint has the variable), else
+    the path as found."""
+    for base, label in ((CONFIG_DIR, "kernels/configs"), *((d, f"${CONFIG_DIR_ENV}") for d in extra_config_dirs())):
+        if path.is_relative_to(base):
+            return f"{label}/{path.relative_to(base).as_posix()}"
+    return str(path)
+
+
+def files_label(paths: Sequence[Optional[Path]]) -> str:
+    """The files a layer read, each as `file_label` names it, joined by "; " ("" : none)."""
+    return "; ".join(file_label(p) for p in paths if p is not None)
 
 
 def nearest(configs: dict[int, dict], M: int, within: float = 2.0) -> Optional[dict]:

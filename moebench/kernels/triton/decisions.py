@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -69,6 +69,7 @@ class Decisions:
     entries: dict = field(default_factory=dict)
     deepgemm_min_tokens: Optional[int] = None
     hidden: Optional[int] = None
+    path: Optional[Path] = field(default=None, compare=False)  # the sidecar read (the rows' tuned_files)
 
     def at(self, M: int) -> dict:
         """The entry serving M rows (the tiles' nearest-key rule), {} where none does."""
@@ -105,7 +106,7 @@ def parse(raw, where: str = "decisions") -> Decisions:
 @functools.lru_cache(maxsize=None)
 def _load(tiles_name: str, dirs: tuple[Path, ...]) -> Optional[Decisions]:
     path = find_config_file(decisions_name(tiles_name), dirs)
-    return parse(json.loads(path.read_text()), str(path)) if path is not None else None
+    return replace(parse(json.loads(path.read_text()), str(path)), path=path) if path is not None else None
 
 
 def load_decisions(
