@@ -119,6 +119,7 @@ class Column:
     short: str = ""  # the label a table or plot names it by ("" : its name)
     unit: str = ""  # µs | bytes | s | GB/s | TFLOP/s | FLOP ("" : none)
     rank: bool = False  # a rank measures it: a field of RankResult (results/rank_result.py)
+    nullable: bool = False  # None where not measured, not the dtype's empty value ("" then says something)
 
     @property
     def label(self) -> str:
@@ -135,7 +136,7 @@ class Column:
     @property
     def default(self):
         """What a row without the measurement holds."""
-        if self.combine == PROFILED:
+        if self.combine == PROFILED or self.nullable:
             return None
         return {"float": NAN, "str": "", "list": []}.get(self.dtype)
 
@@ -157,13 +158,14 @@ def _unit(name: str) -> str:
 _BY_RANK = (WORST, MAX, MEAN, CRITICAL, PROFILED)
 
 
-def _c(name, dtype, group, combine, doc, roles=(), short="", unit=None, rank=None) -> Column:
+def _c(name, dtype, group, combine, doc, roles=(), short="", unit=None, rank=None, nullable=False) -> Column:
     """A column; `rank` (default: its combine rule takes every rank's value, phases aside: they
     come in `phases_us`) makes it a RankResult field."""
     assert dtype in DTYPES, (name, dtype)
     assert set(roles) <= set(ROLES), (name, roles)
     rank = combine in _BY_RANK and group != "phase" if rank is None else rank
-    return Column(name, dtype, group, combine, doc, tuple(roles), short, _unit(name) if unit is None else unit, rank)
+    unit = _unit(name) if unit is None else unit
+    return Column(name, dtype, group, combine, doc, tuple(roles), short, unit, rank, nullable)
 
 
 GROUPS = (
@@ -476,6 +478,18 @@ MEASURED: tuple[Column, ...] = (
         WORST,
         "the triton experts' contiguous GEMM kernels, gate/up's "
         "and down's (e.g. gluon/gluon; empty off the contiguous layout, mixed when ranks differ)",
+    ),
+    _c(
+        "tuned_files",
+        "str",
+        "layout",
+        WORST,
+        "the tuned files the Triton experts (triton, triton_or_deepgemm, triton_batched) read for the "
+        "layer's shape, found once at build: the tiles file, then the decisions sidecar, joined by '; ', "
+        "each as kernels/configs/[partial/]NAME or $MOEBENCH_TRITON_CONFIG_DIR/NAME; empty: none "
+        "(heuristic tiles, today's constants); None where the experts read no Triton config (torch, "
+        "deepgemm) or the row did not run; mixed when ranks differ",
+        nullable=True,
     ),
     # routing (moebench/routing/generate.py; docs/routing.md)
     _c("imbalance_experts", "float", "routing", MAX, "max / mean pairs per expert over every rank's tokens (1: even)"),

@@ -70,6 +70,7 @@ _OWN_RULE = frozenset(
         "trace_overlap_method",
         "row_layout_used",
         "contiguous_gemm_used",
+        "tuned_files",
         "sm_clock_mhz_samples",
         "clock_reasons",
         "clock_note",
@@ -274,6 +275,9 @@ def measured_row(c: Combination, tokens: int, ranks: list[RankResult], meta: dic
     for k in ("row_layout_used", "contiguous_gemm_used"):  # (and its contiguous GEMMs' kernels)
         used = {getattr(r, k) or "" for r in ranks}
         row[k] = used.pop() if len(used) == 1 else "mixed"
+    # the Triton experts' tuned files (None: experts that read none; kernels/triton/config.py)
+    named = {r.tuned_files for r in ranks}
+    row["tuned_files"] = named.pop() if len(named) == 1 else "mixed"
     if ranks[0].kernel_us is not None:  # profiler mode: per-rank communication kernel durations (JSON)
         row["kernel_us"] = [r.kernel_us or "{}" for r in ranks]
     return row

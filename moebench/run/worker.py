@@ -370,6 +370,7 @@ def _measure(
         )
     fields["row_layout_used"] = getattr(kernel.experts, "last_layout", "")
     fields["contiguous_gemm_used"] = getattr(kernel.experts, "last_gemm", "")
+    fields["tuned_files"] = getattr(kernel.experts, "tuned_files", None)  # set at build: Triton experts only
     clock.lap("trace")
     return fields
 
