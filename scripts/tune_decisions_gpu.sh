@@ -15,7 +15,7 @@
 # where it stopped when run again with the same OUT). Nothing is installed into
 # moebench/kernels/configs/: after reading the report, `moebench tune --install-from OUT/tune_MODEL`.
 #
-# Usage: scripts/tune_decisions_gpu.sh OUT before|tune MODEL|after|all [--quick]
+# Usage: [I51_MODELS="m1 m2 ..."] scripts/tune_decisions_gpu.sh OUT before|tune MODEL|after|all [--quick]
 #   --quick: 256 and 4096 tokens, the small_fp8 tile space, deepseek_v2_lite only (checks the path)
 set -euo pipefail
 OUT=${1:?usage: $0 OUT before|tune MODEL|after|all [--quick]}
@@ -29,7 +29,9 @@ fi
 QUICK=${1:-}
 TOKENS='[16,256,1024,2048,4096,16384]'
 SPACE=vllm
-MODELS=(mixtral_8x7b deepseek_v2_lite)
+# I51_MODELS="mixtral_8x7b deepseek_v2_lite hf:tests/fixtures/hf_configs/glm4_moe": the models
+# tuned and swept (a model from its Hugging Face config too; the issue asks for one)
+read -r -a MODELS <<< "${I51_MODELS:-mixtral_8x7b deepseek_v2_lite}"
 if [ "$QUICK" = "--quick" ]; then
   TOKENS='[256,4096]'
   SPACE=small_fp8
@@ -46,10 +48,17 @@ LAYER=(backend=local backend.simulate_ep=1 quant=fp8_block reduction=experts,fin
 OTHERS=(backend=local quant=fp8_block experts=triton reduction=experts overlap=none
         "workload.tokens_per_rank=$TOKENS")
 
+tune_dir() {
+  # OUT/tune_<model>, the model's ':' and '/' as '_' (hf:path/to/config)
+  local m=${1//[:\/]/_}
+  echo "$OUT/tune_$m"
+}
+
 tuned_dirs() {
-  local dirs=() m
+  local dirs=() m d
   for m in "${MODELS[@]}"; do
-    [ -d "$OUT/tune_$m/configs" ] && dirs+=("$OUT/tune_$m/configs")
+    d=$(tune_dir "$m")
+    [ -d "$d/configs" ] && dirs+=("$d/configs")
   done
   (IFS=:; echo "${dirs[*]}")
 }
@@ -61,7 +70,7 @@ before() {
 tune() {
   # exit 1: a size regressed or none ran; the figures are in tune.json either way
   moebench tune experts=triton backend=local quant=fp8_block "model=$1" "workload.tokens_per_rank=$TOKENS" \
-    --space "$SPACE" --decisions --max-regression 0.02 --out "$OUT/tune_$1" || echo "tune $1: exit $?"
+    --space "$SPACE" --decisions --max-regression 0.02 --out "$(tune_dir "$1")" || echo "tune $1: exit $?"
 }
 
 tuned_rows() {
