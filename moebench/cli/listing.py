@@ -35,8 +35,8 @@ def list_command(args) -> int:
     if args.knobs:
         print("\n".join(plugins.knob_lines()))
         return 0
-    combos, _ = plan(args.overrides, args.sweep, oversubscribe=args.oversubscribe)
-    for line in plugins.problems():
+    combos, sweep_data = plan(args.overrides, args.sweep, oversubscribe=args.oversubscribe)
+    for line in (*sweep_data.get("notes", ()), *plugins.problems()):
         print(f"moebench list: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps([plugins.combo_record(c) for c in combos], indent=2))

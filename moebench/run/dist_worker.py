@@ -200,6 +200,8 @@ def _plan(args, env: RankEnv, log):
     from moebench.run.plan import plan
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
+    for note in sweep_data.get("notes", ()):  # e.g. a sweep file's model share left out
+        log(f"moebench: {note}")
     other = [c for c in combos if not c.reason and c.combo.world_size != env.world_size]
     for c in other:
         log(f"moebench: left out (runs {c.combo.world_size} ranks, this group has {env.world_size}): {c.label}")

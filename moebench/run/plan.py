@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Optional
 
 from moebench.config.compose import check_values, compose_shared, rename, set_knobs, to_combo
@@ -77,31 +78,51 @@ def machine_reason(combo: Combo, oversubscribe: bool = False) -> Optional[str]:
     )
 
 
-# a device section's keys that size its model's share (sweeps/default.yaml's cuda section runs
-# DeepSeek-V3's EP-8 share): they go with that section's model
+# the keys that size a model's share (sweeps/default.yaml's cuda section runs DeepSeek-V3's EP-8
+# share): a sweep file sets them for its own model
 MODEL_SHARE_KEYS = ("backend.simulate_ep", "backend.simulate_tp", "backend.simulate_rank")
 
 
-def model_share(section: dict, cli_overrides: list[str], sweep_name: str, device: str) -> tuple[dict, list[str]]:
-    """(the device section to merge, notes to print): where the section sets a model and the
-    command line names another, the section's MODEL_SHARE_KEYS (set for its model) are dropped
-    unless the command line sets them too, and a note says so; `model=mixtral_8x7b` on a GPU is
-    then the whole layer, not one eighth of its experts."""
-    if "model" not in section:
-        return section, []
-    given = {ov.key_or_group: ov for ov in parse_overrides(cli_overrides)}
+@dataclass(frozen=True)
+class ModelShare:
+    """A sweep file's model share: the MODEL_SHARE_KEYS it sets (its overrides and the device's
+    section merged) for its one `model`, which a point of another model leaves out."""
+
+    model: str = ""
+    keys: dict = field(default_factory=dict)  # key -> the file's value
+
+    def drop(self, ovs: list[str]) -> tuple[list[str], str]:
+        """(the point's overrides, its model where the share was left out, else '')."""
+        if not self.keys:
+            return ovs, ""
+        model = next((o.split("=", 1)[1] for o in ovs if o.split("=", 1)[0] == "model"), self.model)
+        if model == self.model:
+            return ovs, ""
+        return [o for o in ovs if o.split("=", 1)[0] not in self.keys], model
+
+    def note(self, sweep_name: str, models: list[str]) -> str:
+        what = ", ".join(f"{k}={v}" for k, v in self.keys.items())
+        keep = " ".join(f"{k}={v}" for k, v in self.keys.items())
+        runs = ", ".join(f"model={m}" for m in models)
+        return (
+            f"the {sweep_name} sweep sets {what} for its model ({self.model}); {runs} "
+            f"{'runs' if len(models) == 1 else 'run'} without it (pass {keep} to keep it)"
+        )
+
+
+def model_share(merged: dict, cli_overrides: list[str]) -> ModelShare:
+    """The share a sweep file's points of another model leave out: its MODEL_SHARE_KEYS, where the
+    file names one model and the command line names a model but not the key (the command line's
+    own values always stand); `model=mixtral_8x7b` on a GPU is then the whole layer, not one eighth
+    of its experts, and `model=deepseek_v3,mixtral_8x7b` keeps the share for deepseek_v3 alone."""
+    model = merged.get("model")
+    if not isinstance(model, str) or "," in model:  # none, or several: no one model owns the share
+        return ModelShare()
+    given = {ov.key_or_group for ov in parse_overrides(cli_overrides)}
     if "model" not in given:
-        return section, []
-    dropped = [k for k in MODEL_SHARE_KEYS if k in section and k not in given]
-    if not dropped:
-        return section, []
-    kept = {k: v for k, v in section.items() if k not in dropped}
-    what = ", ".join(f"{k}={section[k]}" for k in dropped)
-    keep = " ".join(f"{k}={section[k]}" for k in dropped)
-    return kept, [
-        f"the {sweep_name} sweep's {device} section sets {what} for its model ({section['model']}); "
-        f"{given['model'].input_line} runs without it (pass {keep} to keep it)"
-    ]
+        return ModelShare()
+    keys = {k: merged[k] for k in MODEL_SHARE_KEYS if k in merged and k not in given}
+    return ModelShare(model, keys) if keys else ModelShare()
 
 
 def plan(
@@ -116,13 +137,14 @@ def plan(
     if renamed:
         raise ValueError(f"{renamed[0]}: renamed, use {rename(renamed[0])}")
     device = sweep_device(cli_overrides)
-    section, notes = model_share(sweep_data.get(device, {}), cli_overrides, sweep_data["name"], device)
-    overrides = {**sweep_data["overrides"], **section}
-    if notes:
-        sweep_data = {**sweep_data, "notes": notes}
+    overrides = {**sweep_data["overrides"], **sweep_data.get(device, {})}
+    share, unshared = model_share(overrides, cli_overrides), []
     explicit_ws = any(ov.key_or_group == "runner.world_size" for ov in parse_overrides(cli_overrides))
     combos, seen, knobs_set, knobs_taken = [], set(), set(), set()
     for ovs in expand(overrides, cli_overrides):
+        ovs, other = share.drop(ovs)
+        if other and other not in unshared:
+            unshared.append(other)
         cfg = compose_shared(ovs)  # read only: its groups are shared with other combinations
         check_values(cfg)
         combo = to_combo(cfg)
@@ -152,6 +174,8 @@ def plan(
         )
     if this_machine:
         check_machine(combos, explicit_ws, oversubscribe)
+    if unshared:
+        sweep_data = {**sweep_data, "notes": [share.note(sweep_data["name"], unshared)]}
     return combos, sweep_data
 
 

@@ -473,22 +473,31 @@ def test_the_default_sweeps_plan_is_pinned(monkeypatch):
 def test_a_model_named_on_a_gpu_runs_without_the_default_sweeps_ep8_share():
     """sweeps/default.yaml's cuda section runs DeepSeek-V3's EP-8 share (backend.simulate_ep=8):
     `model=mixtral_8x7b` runs mixtral's whole layer and says why in one note; naming the share
-    too keeps it, and the default model keeps its share without a note."""
+    too keeps it; deepseek_v3 named or swept beside another model keeps its own share."""
 
-    def single_rank(overrides):
-        combos, data = plan.plan(["runner.device=cuda", *overrides], "default", this_machine=False)
-        shares = {c.combo.simulate_ep for c in combos if c.combo.backend in ("local", "local_batched")}
-        return shares, {c.combo.model for c in combos}, data.get("notes", [])
+    def single_rank(overrides, sweep="default"):
+        combos, data = plan.plan(["runner.device=cuda", *overrides], sweep, this_machine=False)
+        shares = {(c.combo.model, c.combo.simulate_ep) for c in combos if c.combo.backend in ("local", "local_batched")}
+        return shares, data.get("notes", [])
 
-    assert single_rank([]) == ({8}, {"deepseek_v3"}, [])
+    assert single_rank([]) == ({("deepseek_v3", 8)}, [])
     assert single_rank(["model=mixtral_8x7b"]) == (
-        {1},
-        {"mixtral_8x7b"},
+        {("mixtral_8x7b", 1)},
         [
-            "the default sweep's cuda section sets backend.simulate_ep=8 for its model (deepseek_v3); "
+            "the default sweep sets backend.simulate_ep=8 for its model (deepseek_v3); "
             "model=mixtral_8x7b runs without it (pass backend.simulate_ep=8 to keep it)"
         ],
     )
-    assert single_rank(["model=mixtral_8x7b", "backend.simulate_ep=2"]) == ({2}, {"mixtral_8x7b"}, [])
+    assert single_rank(["model=deepseek_v3"]) == ({("deepseek_v3", 8)}, [])  # its own model: kept
+    shares, notes = single_rank(["model=deepseek_v3,mixtral_8x7b,qwen3_30b_a3b"])
+    assert shares == {("deepseek_v3", 8), ("mixtral_8x7b", 1), ("qwen3_30b_a3b", 1)}
+    assert notes == [
+        "the default sweep sets backend.simulate_ep=8 for its model (deepseek_v3); "
+        "model=mixtral_8x7b, model=qwen3_30b_a3b run without it (pass backend.simulate_ep=8 to keep it)"
+    ]
+    assert single_rank(["model=mixtral_8x7b", "backend.simulate_ep=2"]) == ({("mixtral_8x7b", 2)}, [])
+    # a sweep file whose overrides (not a device section) set the share for its model: the same rule
+    shares, notes = single_rank(["model=mixtral_8x7b"], "gluon_gemm_v3")
+    assert shares == {("mixtral_8x7b", 1)} and len(notes) == 1 and "gluon_gemm_v3 sweep" in notes[0]
     combos, data = plan.plan(["model=mixtral_8x7b", "runner.device=cpu"], "default")
-    assert "notes" not in data  # the cpu section names no model
+    assert "notes" not in data  # the cpu section sets no share
