@@ -19,11 +19,13 @@ Per ok row (``row_flags``), each a short tag:
   other conditions than the timed ones, e.g. a CPU run beside other work);
 - ``eager-decode``: events timing of one rank at or below the graph size (decode sizes) with
   no ``host_enqueue_us`` (rows older than it): possibly host-bound, unknown;
-- ``host-paced``: any sample of the row the host paced (the GPU started it before the host had
-  enqueued it, behind a hold doubled twice), whatever the count: of the latency's samples
-  (``host_paced_samples``), the ablation's, the phase forwards' or the trace's (``PACED``).
+- ``host-paced``: any of the row's latency samples the host paced (the GPU started it before the
+  host had enqueued it, behind a hold doubled twice), whatever the count (``host_paced_samples``).
   Up to moebench.config.limits.HOST_PACED_MAX of the latency's samples the row is still GPU
-  time and competes, marked (``paced_mark``) and named with its counts (``paced_text``).
+  time and competes, marked (``paced_mark``) and named with its counts (``paced_text``);
+- ``host-paced-aside``: host-paced samples of the ablation's, the phase forwards' or the trace's
+  only (``PACED``): the latency is GPU time; those figures may hold host launch gaps. A
+  comparison's pair carries one of the two (``pair_paced_tag``: host-paced wins).
 
 ``figure_basis`` says what a row's latency measures (GPU time, host time or CPU time): the
 summary, ``compare``'s verdicts and ``tune --results`` rank rows on GPU time only.
@@ -256,8 +258,8 @@ def row_flags(df: pd.DataFrame) -> pd.Series:
 
 
 def paced_details(df: pd.DataFrame) -> pd.Series:
-    """Per row (index of ``df``): {"host-paced": its counts (paced_text)} where it has any, for
-    flag_summary to name the rows with their counts."""
+    """Per row (index of ``df``): {its paced_tag: its counts (paced_text), "throttled": ...} where it
+    has any, for flag_summary to name the rows with their counts."""
     return pd.Series([_details(r) for r in records(df)], index=df.index, dtype=object)
 
 
@@ -299,14 +301,20 @@ def pair_paced_details(pairs: PairRows, names: tuple[str, str] = ("baseline", "c
     out = []
     for sides in zip(pairs.base, pairs.cand, strict=True):
         d = {}
-        paced = {paced_tag(row) for row in sides} - {""}  # the pair's flags: either side's
-        for tags, text in ((paced, paced_text), ({"throttled"}, throttled_text)):
+        for tag, text in ((pair_paced_tag(*sides), paced_text), ("throttled", throttled_text)):
             texts = [text(row) for row in sides]
-            if any(texts):
-                for tag in tags:
-                    d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
+            if tag and any(texts):
+                d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
         out.append(d)
     return pd.Series(out, index=pairs.index, dtype=object)
+
+
+def pair_paced_tag(base, cand) -> str:
+    """A pair's one host-paced tag: `host-paced` where either side's latency samples were paced,
+    else `host-paced-aside` where either side's others were, '' for none (a pair on both lines
+    would say its latency is GPU time beside saying the host may have paced it)."""
+    tags = {paced_tag(base), paced_tag(cand)}
+    return "host-paced" if "host-paced" in tags else "host-paced-aside" if "host-paced-aside" in tags else ""
 
 
 def pair_flags(pairs: PairRows) -> pd.Series:
@@ -317,7 +325,8 @@ def pair_flags(pairs: PairRows) -> pd.Series:
         for side_row in (base, cand):
             # the phases' mismatch concerns the phase table, not the latency compared here
             tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
-        tags = [t for t in FLAG_TEXT if t in tags]
+        paced = pair_paced_tag(base, cand)
+        tags = [t for t in FLAG_TEXT if t in tags and (t == paced or t not in ("host-paced", "host-paced-aside"))]
         if base.get("status") == cand.get("status") == Status.OK and str(base.get("timing_mode")) != str(
             cand.get("timing_mode")
         ):

@@ -174,3 +174,20 @@ def test_host_time_caption_says_a_syncing_forward_had_no_hold(tmp_path):
     assert "2 of 3 row(s) timed each sample behind a hold" in host
     assert "1 row(s) sync the host inside a forward (enqueue over 15 ms): no hold" in host
     assert "† 1 row(s) host time" in host
+
+
+def test_a_pair_paced_in_one_sides_latency_and_the_others_phases_is_on_the_host_paced_line_only(tmp_path):
+    """One tag a pair: the baseline's latency paced, the candidate's phases only: `host-paced` (its
+    latency may hold host gaps), never also `host-paced-aside` (which says the latency is GPU time)."""
+    from moebench.report.flags import pair_paced_tag
+
+    base = write_run(tmp_path / "base", _rows(5))
+    cand = write_run(tmp_path / "cand", _rows(0, host_paced_phases=2.0, num_phase_samples=10.0))
+    cli.main(["compare", str(base), str(cand), "--out", str(tmp_path / "r")])
+    quality = _section((tmp_path / "r" / "report.md").read_text(), "## Data quality")
+    lines = [x for x in quality.splitlines() if "host-paced" in x]
+    assert len(lines) == 1 and lines[0].startswith("- 1 row(s) with host-paced samples (the GPU started them")
+    assert "base: latency: 5 of 30 samples host-paced; cand: phases: 2 of 10 samples host-paced" in lines[0]
+    paced, aside = {"host_paced_samples": 5.0}, {"host_paced_phases": 2.0, "num_phase_samples": 10.0}
+    assert pair_paced_tag(paced, aside) == pair_paced_tag(aside, paced) == "host-paced"
+    assert pair_paced_tag({}, aside) == "host-paced-aside" and pair_paced_tag({}, {}) == ""
