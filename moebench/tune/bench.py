@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from moebench.kernels import registry
 from moebench.kernels.interfaces import QuantSpec
 from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
 from moebench.kernels.triton.config import config_dtype, default_config, get_config
@@ -57,9 +58,10 @@ def dims_of(combo: dict) -> LayerDims:
     """The layer's GEMM dimensions from a flat combination (plan.flat_combo), one rank's
     share of the experts (KernelContext.num_local_experts: local backends, world size 1)."""
     q = QuantSpec(combo["quant"])
+    split = registry.ep_split(combo)  # the one TP-replaces-EP rule
     return LayerDims(
-        num_experts=combo["num_experts"] // max(1, combo["simulate_ep"]),
-        intermediate=combo["intermediate"] // max(1, combo.get("simulate_tp", 1)),  # the rank's shard (vLLM's N)
+        num_experts=combo["num_experts"] // split.ep,
+        intermediate=combo["intermediate"] // split.tp,  # the rank's shard (vLLM's N)
         hidden=combo["hidden"],
         topk=combo["topk"],
         operand_bytes=1 if q.is_fp8 else 2,

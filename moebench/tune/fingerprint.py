@@ -1,7 +1,9 @@
 """What a stored timing of `moebench tune` was measured on, so that a resume reuses only timings of
 this machine and this code: the GPU's name, torch, Triton and a hash of moebench's own .py files on
-the timed path (never reused by other code, committed or not; the CLI, the report and the trace
-parsers are left out: they run before or after a timing, never inside one), with the tuned files of
+the timed path (never reused by other code, committed or not; the CLI, the report and the traces
+are left out: they run before or after a tune's timing, never inside one — a sweep's timing does
+wrap its forwards in traces/nvtx.py's ranges, a tune's does not; test_fingerprint.py checks the
+tune's timing modules import none of them), with the tuned files of
 the layer being tuned where they change what is timed (the decisions' `current` option; a tile
 trial names its tile itself). The decisions' timings carry DeepGEMM's version and torch's CUDA as
 well (a `deepgemm` option runs DeepGEMM's kernels; the tile trials run Triton's only, and importing
@@ -20,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-# moebench's subpackages that never run inside a timing: a change to them keeps a tune's stored
-# timings (a report or CLI fix between two calls of a long tune does not time it all again)
+# moebench's subpackages that never run inside a tune's timing: a change to them keeps a tune's
+# stored timings (a report or CLI fix between two calls of a long tune does not time it all again)
 OFF_TIMED_PATH = ("cli", "report", "traces")
 
 
@@ -120,7 +122,7 @@ class Fingerprint:
         if stamp.get("device") != self.device:
             return f"were measured on another GPU ({stamp.get('device')}; this is {self.device})"
         versions = [
-            f"{name} {stamp.get(name)} (this is {mine})"
+            f"{name} {stamp.get(name) or 'none'} (this is {mine or 'none'})"
             for name, mine in (("torch", self.torch), ("triton", self.triton), ("libs", self.libs))
             if (stamp.get(name) or "") != mine
         ]

@@ -68,3 +68,28 @@ def test_the_decisions_key_names_deepgemm_and_cuda_and_says_when_they_differ():
     # the tile trials carry no libs: their key and stamp are as before the field
     tiles = dataclasses.replace(here, libs="")
     assert "libs" not in tiles.stamp() and tiles.difference(tiles.stamp()) == ""
+
+
+def test_the_tunes_timing_modules_import_nothing_the_hash_leaves_out():
+    """What OFF_TIMED_PATH leaves out of the hash must never run inside a tune's timing: its
+    timing modules, imported in a fresh process, pull in no moebench.cli, report or traces."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import moebench.tune.bench, moebench.tune.decide, moebench.tune.trials, moebench.tune.decision_trials\n"
+        "import moebench.measure.timing, moebench.measure.layer, moebench.kernels.experts.triton\n"
+        f"off = {fp.OFF_TIMED_PATH!r}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] in [['moebench', o] for o in off]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_a_record_from_before_libs_says_none():
+    import triton
+
+    here = fp.Fingerprint("cpu", torch.__version__, triton.__version__, "s", "deep_gemm 2.8.2; cuda 13.0")
+    old = {"key": "0" * 16, "device": "cpu", "torch": torch.__version__, "triton": triton.__version__}
+    assert here.difference(old) == "were measured under libs none (this is deep_gemm 2.8.2; cuda 13.0)"
