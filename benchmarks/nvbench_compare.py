@@ -200,7 +200,9 @@ def main(argv=None) -> int:
             summarise(rows)
             if args.json:  # after each round: a call cut short keeps the rounds it finished
                 doc = {"device": torch.cuda.get_device_name(), "rounds": r + 1, "rows": rows}
-                Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+                tmp_json = Path(args.json).with_name(Path(args.json).name + ".tmp")
+                tmp_json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+                tmp_json.replace(args.json)  # a kill mid-write leaves the last whole file
     print(
         f"{'combination':44} {'moebench µs':>12} {'nvbench µs':>11} {'ratio':>6}  SM MHz (moebench / nvbench), samples"
     )

@@ -79,7 +79,7 @@ tuned_rows() {
 import sys
 from moebench.results.store import RunStore
 df = RunStore(sys.argv[1]).load()
-ok = df[(df.status == "ok") & df.experts.isin(["triton", "triton_or_deepgemm"])]
+ok = df[(df.status == "ok") & df.experts.isin(["triton", "triton_or_deepgemm", "triton_batched"])]
 cols = [c for c in ("model", "experts", "reduction", "tokens_per_rank", "simulate_ep", "row_layout_used",
                     "contiguous_gemm_used", "tuned_files", "latency_us_median") if c in ok.columns]
 print(ok[cols].to_string(index=False))
@@ -102,7 +102,7 @@ after() {
     # shellcheck disable=SC2086
     MOEBENCH_TRITON_CONFIG_DIR=$dirs moebench sweep --out "$OUT/${name}_tuned" $other "${OTHERS[@]}"
   done
-  tuned_rows "$OUT/after"
+  tuned_rows "$OUT/after" || echo "after: could not read $OUT/after's rows" >&2
   moebench compare "$OUT/before" "$OUT/after" || true                          # the tuned layer against today's
   moebench compare "$OUT/after" --axis experts=deepgemm:triton || true         # triton / deepgemm after tuning
   moebench compare "$OUT/before" --axis experts=deepgemm:triton || true        # ... and before

@@ -488,7 +488,9 @@ MEASURED: tuple[Column, ...] = (
         "layer's shape, found once at build: the tiles file, then the decisions sidecar, joined by '; ', "
         "each as kernels/configs/[partial/]NAME or $MOEBENCH_TRITON_CONFIG_DIR/NAME; empty: none "
         "(heuristic tiles, today's constants); None where the experts read no Triton config (torch, "
-        "deepgemm) or the row did not run; mixed when ranks differ",
+        "deepgemm) or the row did not run; mixed when ranks differ. Files found, not entries used: an "
+        "entry serves a token count within 2x of its own (the nearest-key rule), and a forced row_layout "
+        "or contiguous_gemm leaves the sidecar unread; row_layout_used and contiguous_gemm_used say what ran",
         nullable=True,
     ),
     # routing (moebench/routing/generate.py; docs/routing.md)
