@@ -70,6 +70,7 @@ SIDE_COLUMNS = list(
             *MEMORY_COLUMNS,
             *PHASE_COLUMNS,
             *schema.names("clock"),
+            *schema.names("layout"),  # what the Triton experts ran: flags.pair_ran_text
         ]
     )
 )

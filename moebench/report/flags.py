@@ -48,6 +48,7 @@ from moebench.config.limits import HOST_PACED_MAX, HOST_SYNCS_US, NOISY_SPREAD
 from moebench.report.columns import PLACE_COLUMNS, phase_sum, records
 from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.mdsafe import md_code, md_text
+from moebench.results import row as schema
 from moebench.results.row import Status
 
 HOST_BOUND = 0.8
@@ -74,7 +75,12 @@ FLAG_TEXT = {
     "throttled": "with throttled samples (an SM clock below 0.9 × the row's median, or under an NVML thermal, "
     "power or sync-boost reason): their times carry the GPU's clock; runner.drop_throttled retakes them",
     "timing-differs": "the two sides ran different timing modes: the ratio mixes methods",
+    "ran-differs": "the two sides ran different row layouts, GEMM kernels or tuned files (row_layout_used, "
+    "contiguous_gemm_used, tuned_files): what the layer ran changed, not only how fast",
 }
+
+# what a row says its Triton experts ran (results/row.py's group "layout"), compared by pair_ran_text
+RAN_COLUMNS = schema.names("layout")
 
 
 def float_of(row, col) -> float:
@@ -305,8 +311,29 @@ def pair_paced_details(pairs: PairRows, names: tuple[str, str] = ("baseline", "c
             texts = [text(row) for row in sides]
             if tag and any(texts):
                 d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
+        if ran := pair_ran_text(*sides):
+            d["ran-differs"] = ran
         out.append(d)
     return pd.Series(out, index=pairs.index, dtype=object)
+
+
+def _ran(row, col) -> str | None:
+    """A RAN_COLUMNS value; None where not recorded (a run from before the column, experts that
+    read no Triton config)."""
+    v = row.get(col) if hasattr(row, "get") else None
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+
+
+def pair_ran_text(base, cand) -> str:
+    """'contiguous_gemm_used `gluon/gluon` → `gluon_wide/gluon_wide`' for each RAN_COLUMNS value
+    the pair's sides differ in ('' where they ran the same; a value one side did not record is
+    not compared)."""
+    out = []
+    for col in RAN_COLUMNS:
+        a, b = _ran(base, col), _ran(cand, col)
+        if a is not None and b is not None and a != b:
+            out.append(f"{col} {md_code(a) if a else 'none'} → {md_code(b) if b else 'none'}")
+    return "; ".join(out)
 
 
 def pair_paced_tag(base, cand) -> str:
@@ -318,7 +345,7 @@ def pair_paced_tag(base, cand) -> str:
 
 
 def pair_flags(pairs: PairRows) -> pd.Series:
-    """Flags of a comparison's pairs: either side's, and `timing-differs`."""
+    """Flags of a comparison's pairs: either side's, `timing-differs` and `ran-differs`."""
     out = []
     for base, cand in zip(pairs.base, pairs.cand, strict=True):
         tags = []
@@ -331,6 +358,8 @@ def pair_flags(pairs: PairRows) -> pd.Series:
             cand.get("timing_mode")
         ):
             tags.append("timing-differs")
+        if base.get("status") == cand.get("status") == Status.OK and pair_ran_text(base, cand):
+            tags.append("ran-differs")
         out.append(tags)
     return pd.Series(out, index=pairs.index, dtype=object)
 
