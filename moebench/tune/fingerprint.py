@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -69,9 +68,7 @@ def source_sha(tuned_files: bool = True, layer: Optional[tuple[int, int]] = None
     h = _sources_hashed().copy()
     if tuned_files:
         keep = layer_files(*layer) if layer is not None else (lambda rel: True)
-        folders = [Path(tconfig.CONFIG_DIR)]
-        folders += [Path(p) for p in os.environ.get(tconfig.CONFIG_DIR_ENV, "").split(os.pathsep) if p]
-        for i, root in enumerate(folders, start=1):
+        for i, root in enumerate([Path(tconfig.CONFIG_DIR), *tconfig.extra_config_dirs()], start=1):
             _feed(h, i, root, "*.json", keep)
     return h.hexdigest()
 
@@ -131,13 +128,16 @@ class Fingerprint:
         return "were measured by other code (moebench's .py sources differ)"
 
 
-def fingerprint(device, tuned_files: bool = True) -> Fingerprint:
+def fingerprint(
+    device, tuned_files: bool = True, layer: Optional[tuple[int, int]] = None, libs: str = ""
+) -> Fingerprint:
     """This process's Fingerprint on `device` (a torch.device); `tuned_files` False leaves the
-    installed tuned files out of the source hash (a tile trial runs the tile it names)."""
+    installed tuned files out of the source hash (a tile trial runs the tile it names), `layer`
+    (E, N) keeps to one layer's (source_sha); `libs` as Fingerprint's."""
     import torch
     import triton
 
-    return Fingerprint(device_name(device), torch.__version__, triton.__version__, source_sha(tuned_files))
+    return Fingerprint(device_name(device), torch.__version__, triton.__version__, source_sha(tuned_files, layer), libs)
 
 
 def other_libs() -> str:
@@ -152,9 +152,4 @@ def other_libs() -> str:
 def env_key(device, layer: Optional[tuple[int, int]] = None) -> str:
     """The decisions' key (decision_trials.RecordKey.env): the fingerprint with the tuned files (of
     the layer (E, N) where given) and other_libs()."""
-    import torch
-    import triton
-
-    return Fingerprint(
-        device_name(device), torch.__version__, triton.__version__, source_sha(True, layer), other_libs()
-    ).key
+    return fingerprint(device, True, layer, other_libs()).key
