@@ -75,14 +75,18 @@ class TritonConfigMixin:
     w: ExpertWeights
     _config_cache: dict[tuple[int, int], dict]  # set on first use; the tuner's bench pops it
 
+    def _file_args(self) -> tuple:
+        """(E, N, dtype, block_shape): the tiles file's key for this layer (vLLM's name's fields)."""
+        q = self.w.quant
+        E, _, I = self.w.w2_EKI.shape
+        return E, I, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k)
+
     def _tiles_file(self) -> Optional[Path]:
         """The tiles file `_config` reads for this layer (config.tiles_file: the same look-up), None
         where there is none or ctx.options["triton_config"] stands in for it."""
         if self.ctx.options and self.ctx.options.get("triton_config"):
             return None
-        q = self.w.quant
-        E, _, I = self.w.w2_EKI.shape
-        return tiles_file(E, I, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k))
+        return tiles_file(*self._file_args())
 
     def _config(self, M: int, topk: int) -> dict:
         cache: Optional[dict] = self.__dict__.get("_config_cache")  # no file look-ups in the hot path
@@ -95,11 +99,8 @@ class TritonConfigMixin:
                 if self.w.quant.is_block:  # a K tile must stay inside one scale group
                     cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], self.w.quant.block_k)
             else:
-                q = self.w.quant
-                E, _, I = self.w.w2_EKI.shape
-                cfg = get_config(
-                    E, I, M, config_dtype(q.name), config_block_shape(q.name, q.block_n, q.block_k), topk=topk
-                )
+                E, N, dtype, block_shape = self._file_args()
+                cfg = get_config(E, N, M, dtype, block_shape, topk=topk)
             cache[(M, topk)] = cfg
         return cache[(M, topk)]
 
