@@ -119,6 +119,10 @@ def run_combination(
     layer = build_layer(combo, rank, world_size, group, device, keep_weights=True)
     ctx, kernel = layer.ctx, layer.kernel
     shape, quant, seed = ctx.shape, ctx.quant, combo.seed
+    # the build's freed temporaries (drawing and quantizing the expert weights: ~4 GiB of cached
+    # blocks for deepseek_v2_lite) must not count as the layer's: only a combination that built
+    # its weights, not one that reused the kept ones, would hold them
+    _release_cached(device)
     setup_used = memory.device_used_bytes(device)
     sync = rank_sync(group, device, combo.l2_flush)
     ref = reference_of(layer, seed, device)  # a TP rank's: the whole layer's
