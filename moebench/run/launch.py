@@ -211,6 +211,14 @@ def _rest(fin: Finished) -> list[int]:
     return rest
 
 
+def execution_order(work: list[tuple[Combination, list[int]]]) -> list[tuple[Combination, list[int]]]:
+    """The order a sweep runs its work in, stable: families together; inside one, the same hidden
+    size adjacent (backends that cache buffers per size, e.g. DeepEP, reuse them) and one model's
+    combinations adjacent (a worker keeps one model's expert weights: models that alternate rebuild
+    them at every combination)."""
+    return sorted(work, key=lambda w: (w[0].family, w[0].combo.hidden, w[0].combo.model))
+
+
 class Launcher:
     """Runs lists of (combination, token counts) and reports each one finished."""
 
@@ -233,9 +241,7 @@ class Launcher:
     def run(self, work: list[tuple[Combination, list[int]]]) -> None:
         """Group consecutive work of one family into a process group; after a
         failure or timeout the group is killed and restarted for the rest."""
-        # stable: families together, and inside one the same hidden size adjacent
-        # (backends that cache buffers per size, e.g. DeepEP, reuse them)
-        work = sorted(work, key=lambda w: (w[0].family, w[0].combo.hidden))
+        work = execution_order(work)
         i = 0
         while i < len(work) and not self.should_stop():
             fam = work[i][0].family
