@@ -189,7 +189,12 @@ def plain_log(axis) -> None:
 
 def fit_titles(fig: Figure) -> None:
     """Wrap a panel title wider than its grid cell (a long combination name was cut at the
-    figure's edge)."""
+    figure's edge), and the figure's title wider than the figure (a comparison's run names)."""
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None and sup.get_text() and "\n" not in sup.get_text():
+        chars = max(24, int(fig.get_figwidth() * 72 / (float(sup.get_fontsize()) * 0.6)))
+        if len(sup.get_text()) > chars:
+            sup.set_text(textwrap.fill(sup.get_text(), chars, break_long_words=False))
     for ax in fig.axes:
         text, spec = ax.get_title(), ax.get_subplotspec()
         if not text or spec is None or "\n" in text:

@@ -459,6 +459,10 @@ def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
     long = "local_batched · fp8_tensor · ws=1 · torch_batched · deepseek_v2_lite · 4096 tok"
     axes[2].set_title(long)
     axes[0].set_title("short")
+    heading = (
+        "Latency change per row: h200x1_hostpath vs h200x1_cold "
+        "(40 of 134 rows: the changes called, then the largest) — deepseek_v3"
+    )
     fit_titles(fig)
     FigureCanvasAgg(fig).draw()
     labels = [t.get_text() for ax in axes for minor in (False, True) for t in ax.get_yticklabels(minor=minor)]
@@ -466,6 +470,15 @@ def test_log_axes_label_plain_numbers_and_long_titles_wrap_inside_their_cell():
     assert "20000" in labels and "0.1" in labels
     assert axes[0].get_title() == "short" and "\n" in axes[2].get_title()
     assert axes[2].get_title().replace("\n", " ") == long
+    # the figure's title too (a comparison's, 11 inches wide): wrapped inside the figure, every word kept
+    from matplotlib.figure import Figure
+
+    narrow = Figure(figsize=(11, 4))
+    narrow.suptitle(heading)
+    fit_titles(narrow)
+    sup = narrow._suptitle.get_text()
+    assert "\n" in sup and sup.replace("\n", " ") == heading
+    assert max(map(len, sup.splitlines())) * narrow._suptitle.get_fontsize() * 0.6 <= narrow.get_figwidth() * 72
 
 
 def test_the_report_maps_each_trace_folder_to_its_combination(tmp_path):
