@@ -88,9 +88,10 @@ def effect_section(ok: pd.DataFrame, cpu: bool) -> tuple[list[str], list[Effect]
     effects = axis_effects(ok, axes, pair_key(ok))
     head = "## What each choice does" + (" (CPU: a pipeline check, not performance)" if cpu else "")
     how = (
-        "Latency of each value ÷ its baseline's, over the pairs of rows that differ only in that axis: "
-        f"geometric mean `0.69 ×`, its 95 % interval `[0.68, 0.70]` (bootstrap over the pairs and each row's "
-        f"samples) and the pairs; **no difference** when the interval lies inside ±{(BAND - 1) * 100:.0f} %, "
+        "Latency of each value ÷ its baseline's, over the pairs of rows that differ only in that axis, read "
+        "`ratio × [low, high] (n pairs)`: the geometric mean, its 95 % interval (bootstrap over the pairs "
+        "and each row's samples) and the pairs; **no difference** when the interval lies inside "
+        f"±{(BAND - 1) * 100:.0f} %, "
         "**inconclusive** when it straddles that bound. Where the pairs disagree the effect is split by the "
         "axis that explains it. Baselines: finalize, overlap none, bf16, the torch experts, the local "
         "backend, default knobs where the run has them, else the most measured value."

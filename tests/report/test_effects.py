@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -97,3 +98,15 @@ def test_a_row_without_a_latency_never_enters():
     run.loc[0, "latency_us_median"] = math.nan
     eff = fx.axis_effects(run, AXES, KEY)
     assert sum(e.pairs for e in by(eff, axis="quant", tokens=128)) == 7
+
+
+def test_the_sections_explanation_prints_only_the_runs_figures():
+    """The explanation above the effects once showed `0.69 ×` and `[0.68, 0.70]` as its example, read
+    as this run's figures in every report: every ratio in the section comes from the run."""
+    from moebench.report.answers import effect_section
+
+    lines, eff = effect_section(known_run(), cpu=False)
+    how = lines[1]
+    assert "ratio × [low, high] (n pairs)" in how
+    assert not re.search(r"\d\.\d+ ×|\[\d\.\d+, \d\.\d+\]", how), how
+    assert eff and any("0.50 × [" in x for x in lines[2:])
