@@ -6,6 +6,8 @@
 - ``plot_fastest``: latency vs tokens of the fastest few combinations and the baseline;
 - ``plot_phase_fastest``: where the time goes, for the fastest combination per size and its
   nearest alternatives;
+  both a panel per workload where the run holds several (models, routings: combinations are
+  ranked only against those that saw the same tokens, as the fastest-per-size lines are);
 - ``plot_memory``: the workspace vs tokens by reduction placement, the budget line where given.
 
 Whatever the number of rows, a figure stays legible at 900 px and within MAX_PX: past its
@@ -25,8 +27,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
-from moebench.report.columns import PHASE_COLUMNS
+from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, fmt_series
 from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
+from moebench.report.plotgrid import plain_log
 from moebench.util.pngfile import DPI, save_figure
 
 MAX_PX = (2000, 1800)  # width, height
@@ -142,12 +145,105 @@ def fastest_keys(ok: pd.DataFrame, limit: int = MAX_SERIES, baseline_key: str | 
     return keys
 
 
+def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The run's workloads, [(name, rows)] in name order: the rows of each value of the workload
+    columns that vary (model, world size, routing, ...; report.columns.WORKLOAD_COLUMNS), named by
+    those values (the model bare, the others `column=value`); one unnamed group where none varies."""
+    cols = [c for c in WORKLOAD_COLUMNS if c in ok.columns and fmt_series(ok[c]).nunique() > 1]
+    if not cols:
+        return [("", ok)]
+    texts = pd.DataFrame({c: fmt_series(ok[c]) for c in cols}, index=ok.index)
+
+    def named(r) -> str:  # an empty value (a routing file's hash where no file ran) says nothing
+        parts = (v if c == "model" else f"{c}={v[:8] if c.endswith('_sha256') else v}" for c, v in r.items() if v)
+        return " · ".join(parts)
+
+    name = texts.apply(named, axis=1)
+    return [(str(n), ok.loc[g.index]) for n, g in ok.groupby(name, sort=True)]
+
+
+def _spread(groups: list[tuple[str, pd.DataFrame]], limit: int = MAX_PANELS) -> list[tuple[str, pd.DataFrame]]:
+    """Up to `limit` workloads, taken in turn from each model (the name's first part), so that a run
+    of two models and five routings shows both models, not one model's first four."""
+    buckets: dict[str, list] = {}
+    for g in groups:
+        buckets.setdefault(g[0].split(" · ")[0], []).append(g)
+    order = [b[i] for i in range(max(map(len, buckets.values()))) for b in buckets.values() if i < len(b)]
+    return order[:limit]
+
+
+def _latency_lines(ax, sub: pd.DataFrame, keys: list[str], names: dict, tokens: list[int], colors=None) -> None:
+    """A line per combination key (`colors`: its colour by name, the same in every panel)."""
+    for j, k in enumerate(keys):
+        s = sub[sub["combo_key"] == k].sort_values("tokens_per_rank")
+        c = colors[names[k]] if colors else f"C{j}"
+        ax.plot(s["tokens_per_rank"], s["latency_us_median"], "o-", ms=3.5, color=c, label=names[k])
+        ax.fill_between(s["tokens_per_rank"], s["latency_us_p20"], s["latency_us_p80"], color=c, alpha=0.15)
+    _tokens_axis(ax, tokens)
+    ax.set_yscale("log")
+    plain_log(ax.yaxis)
+    ax.set_ylabel("latency µs (median, p20–p80)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
+
+
+def _fastest_at(ok: pd.DataFrame, label: Labeller, big: int) -> tuple[str, str]:
+    """(`<label>, <µs> µs`, `, <ratio> to the next` or '') of the fastest row at `big` tokens."""
+    at = ok[ok["tokens_per_rank"] == big].sort_values("latency_us_median")
+    first = at.iloc[0]
+    margin = (
+        f", {fmt_ratio(at.iloc[1]['latency_us_median'] / first['latency_us_median'])} to the next"
+        if len(at) > 1
+        else ""
+    )
+    return f"{label(ok).loc[first.name]}, {_us(first['latency_us_median'])} µs", margin
+
+
+def _plot_fastest_per_workload(groups, label: Labeller, path, baseline_key, cpu: bool) -> Figure:
+    """plot_fastest for a run of several workloads: a panel each (up to MAX_PANELS, spread over the models),
+    its own fastest few and the baseline, on its own token counts."""
+    shown = _spread(groups)
+    fig, axes = _fig(0.6 + 3.0 * len(shown), nrows=len(shown))
+    panels = []
+    for name, g in shown:
+        keys = fastest_keys(g, MAX_SERIES, baseline_key)
+        sub = g[g["combo_key"].isin(keys)]
+        labels = label(sub)
+        names = {k: str(labels.loc[sub.index[sub["combo_key"] == k][0]]) for k in keys}
+        if baseline_key in names:
+            names[baseline_key] += " (baseline)"
+        panels.append((name, g, keys, sub, names))
+    # one colour per combination across the panels (deepgemm the same colour for every model)
+    every = sorted({n for *_, names in panels for n in names.values()})
+    colors = {n: f"C{i % 10}" for i, n in enumerate(every)}
+    said, left = [], 0
+    for ax, (name, g, keys, sub, names) in zip(axes, panels, strict=True):
+        tokens = sorted(int(t) for t in g["tokens_per_rank"].unique())
+        _latency_lines(ax, sub, keys, names, tokens, colors)
+        big = max(tokens)
+        who, margin = _fastest_at(g, label, big)
+        ax.set_title(f"{name}: fastest at {big} tok {who}{margin}", fontsize=9, loc="left")
+        said.append(f"{name}: {who}")
+        left += g["combo_key"].nunique() - len(keys)
+    title = "Fastest at each workload's largest size: " + "; ".join(said)
+    notes = []
+    if left > 0:
+        notes.append(f"{left} slower combinations left out (the tables below hold every one)")
+    if len(groups) > len(shown):
+        notes.append(f"{len(groups) - len(shown)} of {len(groups)} workloads not drawn (the tables below hold them)")
+    return _save(fig, path, title, cpu, "; ".join(notes))
+
+
 def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | None = None,
                  cpu: bool = False) -> Figure | None:  # fmt: skip
     """Median latency with p20–p80 whiskers of the fastest few combinations (and the baseline):
-    a dot chart per token count where the run has at most three, else lines on log-log axes."""
+    a dot chart per token count where the run has at most three, else lines on log-log axes; a
+    panel per workload where the run holds several (the fastest is named within its workload)."""
     if ok.empty:
         return None
+    groups = workloads(ok)
+    if len(groups) > 1:
+        return _plot_fastest_per_workload(groups, label, path, baseline_key, cpu)
     keys = fastest_keys(ok, MAX_SERIES, baseline_key)
     sub = ok[ok["combo_key"].isin(keys)]
     tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
@@ -169,24 +265,9 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | No
             ax.grid(True, axis="x", alpha=0.3)
     else:
         fig, (ax,) = _fig(4.6)
-        for j, k in enumerate(keys):
-            s = sub[sub["combo_key"] == k].sort_values("tokens_per_rank")
-            ax.plot(s["tokens_per_rank"], s["latency_us_median"], "o-", ms=3.5, color=f"C{j}", label=names[k])
-            ax.fill_between(s["tokens_per_rank"], s["latency_us_p20"], s["latency_us_p80"], color=f"C{j}", alpha=0.15)
-        _tokens_axis(ax, tokens)
-        ax.set_yscale("log")
-        ax.set_ylabel("latency µs (median, p20–p80)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", frameon=False)
+        _latency_lines(ax, sub, keys, names, tokens)
     big = max(tokens)
-    at = ok[ok["tokens_per_rank"] == big].sort_values("latency_us_median")
-    first = at.iloc[0]
-    margin = (
-        f", {fmt_ratio(at.iloc[1]['latency_us_median'] / first['latency_us_median'])} to the next"
-        if len(at) > 1
-        else ""
-    )
-    title = f"Fastest at {big} tok: {label(ok).loc[first.name]}, {_us(first['latency_us_median'])} µs{margin}"
+    title = "Fastest at {} tok: {}{}".format(big, *_fastest_at(ok, label, big))
     left = ok["combo_key"].nunique() - len(keys)
     note = f"{left} slower combinations left out (the tables below hold every one)" if left > 0 else ""
     return _save(fig, path, title, cpu, note)
@@ -195,44 +276,64 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | No
 # -- where the time goes ------------------------------------------------------------------------
 
 
+def _phase_panel(ax, at: pd.DataFrame, cols: list[str], label: Labeller, title: str) -> str:
+    """Stacked phases of the rows `at` (fastest first, at the top), a tick at each row's median
+    latency; returns the fastest's largest phase as `<phase> <n> % of the phases` ('' if none)."""
+    labels = label(at)
+    y = np.arange(len(at))[::-1]
+    left = np.zeros(len(at))
+    for i, c in enumerate(cols):
+        v = at[c].fillna(0).to_numpy(dtype=float)
+        ax.barh(y, v, left=left, color=f"C{i}", label=c.removesuffix("_us").replace("_", " "), height=0.6)
+        left += v
+    ax.plot(at["latency_us_median"], y, "|", color="k", ms=14, mew=2, label="layer latency (median)")
+    ax.set_yticks(y, [str(labels.loc[i]) for i in at.index], fontsize=7.5)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("µs")
+    ax.grid(True, axis="x", alpha=0.3)
+    row = at.iloc[0]
+    total = sum(float(row[c]) for c in cols if row[c] == row[c])
+    big = max(cols, key=lambda c: float(row[c]) if row[c] == row[c] else -1)
+    if total <= 0:
+        return ""
+    return f"{big.removesuffix('_us').replace('_', ' ')} {100 * float(row[big]) / total:.0f} % of the phases"
+
+
 def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False) -> Figure | None:
     """Stacked phase times of the fastest combination at each token count and its nearest
     alternatives (MAX_PHASE_ROWS), a panel per token count (at most MAX_PANELS, spread over
-    the range); a tick marks each row's median latency."""
+    the range); a tick marks each row's median latency. A run of several workloads gets a panel
+    per workload instead (up to MAX_PANELS, spread over the models), each at its largest token count."""
     cols = [c for c in PHASES if c in ok.columns and (pd.to_numeric(ok[c], errors="coerce") > 0).any()]
     ok = ok[ok[cols].notna().any(axis=1)] if cols else ok.iloc[:0]
     if ok.empty:
         return None
+    groups = workloads(ok)
+    if len(groups) > 1:
+        shown = _spread(groups)
+        fig, axes = _fig(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(shown), nrows=len(shown))
+        said = []
+        for ax, (name, g) in zip(axes, shown, strict=True):
+            big = int(g["tokens_per_rank"].max())
+            at = g[g["tokens_per_rank"] == big].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
+            share = _phase_panel(ax, at, cols, label, f"{name} at {big} tok: the fastest and its nearest")
+            said.append(f"{name}: {share or 'no phases'} ({label(at).loc[at.index[0]]}, {big} tok)")
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
+        left = len(groups) - len(shown)
+        note = f"{left} of {len(groups)} workloads not drawn (the tables below hold them)" if left else ""
+        return _save(fig, path, "Where the time goes, the fastest of each workload: " + "; ".join(said), cpu, note)
     tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
     if len(tokens) > MAX_PANELS:
         tokens = [tokens[i] for i in sorted(set(np.linspace(0, len(tokens) - 1, MAX_PANELS).round().astype(int)))]
     fig, axes = _fig(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(tokens), nrows=len(tokens))
-    share = ""
+    share, at = "", ok.iloc[:0]
     for ax, t in zip(axes, tokens, strict=True):
         at = ok[ok["tokens_per_rank"] == t].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
-        labels = label(at)
-        y = np.arange(len(at))[::-1]
-        left = np.zeros(len(at))
-        for i, c in enumerate(cols):
-            v = at[c].fillna(0).to_numpy(dtype=float)
-            ax.barh(y, v, left=left, color=f"C{i}", label=c.removesuffix("_us").replace("_", " "), height=0.6)
-            left += v
-        ax.plot(at["latency_us_median"], y, "|", color="k", ms=14, mew=2, label="layer latency (median)")
-        ax.set_yticks(y, [str(labels.loc[i]) for i in at.index], fontsize=7.5)
-        ax.set_title(f"{t} tokens per rank: the fastest and its nearest", fontsize=9)
-        ax.set_xlabel("µs")
-        ax.grid(True, axis="x", alpha=0.3)
-        if t == tokens[-1]:
-            row = at.iloc[0]
-            total = sum(float(row[c]) for c in cols if row[c] == row[c])
-            big = max(cols, key=lambda c: float(row[c]) if row[c] == row[c] else -1)
-            if total > 0:
-                share = (
-                    f"{big.removesuffix('_us').replace('_', ' ')} {100 * float(row[big]) / total:.0f} % of the phases"
-                )
+        share = _phase_panel(ax, at, cols, label, f"{t} tokens per rank: the fastest and its nearest")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
-    fastest = label(ok).loc[labels.index[0]]  # named among all the rows
+    fastest = label(ok).loc[at.index[0]]  # named among all the rows
     title = f"Where the time goes at {tokens[-1]} tok: {share} of the fastest ({fastest})"
     return _save(fig, path, title, cpu)
 

@@ -142,3 +142,38 @@ def test_a_run_of_many_rows_keeps_every_figure_in_budget(tmp_path):
 @pytest.mark.slow
 def test_two_runs_of_ten_thousand_rows_keep_every_figure_in_budget(tmp_path):
     report_and_compare_stay_in_budget(tmp_path, models=42)
+
+
+def test_a_run_of_several_models_names_each_ones_fastest(tmp_path):
+    """A run of two models (the tuner's after sweep): the fastest figure ranked rows of different
+    models against each other and drew the small model alone ("Fastest at 16384 tok: deepgemm
+    deepseek_v2_lite"). Each workload gets its panel and its own fastest, here a different expert."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for model, scale, quick in (("small", 1.0, "triton"), ("large", 8.0, "torch")):
+        for e, t in itertools.product(("torch", "triton"), (256, 1024, 4096)):
+            med = scale * (40 + 0.5 * t) * (0.8 if e == quick else 1.0)
+            s = samples_from(med, 0.01, 20, rng)
+            phases = dict(prepare_us=0.05 * med, experts_us=0.9 * med, combine_us=0.05 * med)
+            rows.append(make_row("local", e, "experts", "none", "bf16", t, samples_us=s, model=model, **phases))
+    out = tmp_path / "report"
+    build_report(write_run(tmp_path / "run", pd.DataFrame(rows)), out)
+    md = (out / "report.md").read_text()
+    shown = dict((p.name, alt) for alt, p in figures(md, out))
+    latency = shown["latency.png"]
+    assert latency.startswith("Fastest at each workload's largest size: ")
+    assert "large: torch, " in latency and "small: triton, " in latency, latency
+    phases = shown["phases.png"]
+    assert re.search(r"large: experts \d+ % of the phases \(torch, 4096 tok\)", phases), phases
+    assert re.search(r"small: experts \d+ % of the phases \(triton, 4096 tok\)", phases), phases
+    check_figures(out, md)
+
+
+def test_the_workloads_drawn_are_spread_over_the_models():
+    """Ten workloads, two models × five routings: the four panels take both models in turn (the
+    routing run's figures once showed deepseek_v3's first four routings and no qwen3)."""
+    from moebench.report.answer_plots import _spread
+
+    groups = [(f"{m} · routing={r}", pd.DataFrame()) for m in ("deepseek_v3", "qwen3") for r in "abcde"]
+    names = [n for n, _ in _spread(groups)]
+    assert names == ["deepseek_v3 · routing=a", "qwen3 · routing=a", "deepseek_v3 · routing=b", "qwen3 · routing=b"]
