@@ -547,3 +547,64 @@ def test_the_contiguous_options_are_judged_on_one_tp_ranks_shard():
     assert "contiguous (every GEMM kernel)" not in skipped()
     assert "contiguous (every GEMM kernel)" in skipped(simulate_tp=2)
     assert "contiguous (every GEMM kernel)" in skipped(backend="tp", world_size=2)
+
+
+class _Paced:
+    """Timings whose first `paced` pairs come back host-paced (the host busy for a moment: on the
+    H200 one of mixtral's 30 check samples at 256 tokens), each later pair `us` (µs by name)."""
+
+    def __init__(self, us, paced=1):
+        self.us, self.calls, self.paced = us, 0, paced
+
+    def pair(self, names):
+        from moebench.tune.trials import HOST_PACED_ERROR
+
+        self.calls += 1
+        paced = f"{HOST_PACED_ERROR}: 1 of 3 samples: host time, not ranked" if self.calls <= self.paced else ""
+        return [(n, self.us[n], "" if n == "current" else paced) for n in names]
+
+
+def _layer_bench(script):
+    """regression.measure's LayerBench, answering from `script` (the tuned entry, then the current)."""
+    from types import SimpleNamespace
+
+    class At:
+        timing = "host"
+
+        def interleaved(self, configs, reps):
+            return [
+                SimpleNamespace(us=us, error=e, samples=[us] * reps) for _, us, e in script.pair(["tuned", "current"])
+            ]
+
+    return type("LayerBench", (), {"__init__": lambda self, c, d: None, "shape": SHAPE, "at": lambda self, T: At()})
+
+
+@pytest.mark.parametrize("paced, passes", [(1, True), (2, False)])
+def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, paced, passes):
+    """Both --max-regression checks: a pair whose samples the host paced is timed once more; the
+    second figures decide (`retimed` says why), and only a second host-paced result refuses."""
+    from moebench.tune import bench as tbench
+    from moebench.tune import regression
+    from moebench.tune.decide import DecisionBench, DecisionResult, check
+    from moebench.tune.decision_trials import Timed
+    from moebench.tune.search import resolve
+
+    c, _ = resolve(BF16)
+    cpu = torch.device("cpu")
+    tiles = _Paced({"tuned": 9.0, "current": 10.0}, paced)
+    monkeypatch.setattr(tbench, "baselines_of", lambda dims, quant, rows: {"current": {**TILE, "BLOCK_SIZE_N": 128}})
+    monkeypatch.setattr(tbench, "LayerBench", _layer_bench(tiles))
+    got = regression.measure(c, {4: dict(TILE)}, 3, cpu, 0.02)
+    (s,) = got.sizes
+    assert tiles.calls == 2 and s.retimed.startswith("host-paced") and got.passed is passes
+    assert bool(s.tuned_error) is not passes
+
+    decisions = _Paced({"gathered": 9.0, "current": 10.0}, paced)
+
+    class Bench(DecisionBench):
+        def run(self, T, opts, reps, salt=7):
+            return [Timed(n, us=us, rel_err=0.0, error=e) for n, us, e in decisions.pair([o.name for o in opts])]
+
+    dc = check(c, [DecisionResult(tokens=4, rows=8, best="gathered")], {}, 3, cpu, 0.02, bench=Bench(c, cpu))
+    assert decisions.calls == 2 and dc.passed is passes, dc.regressions()
+    assert dc.to_json()["retimed"]["4"].startswith("host-paced")
