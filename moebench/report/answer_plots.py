@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
-from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, fmt_series
+from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, combo_labels
 from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
 from moebench.report.plotgrid import plain_log
+from moebench.report.workloads import spread, workloads
 from moebench.util.pngfile import DPI, save_figure
 
 MAX_PX = (2000, 1800)  # width, height
@@ -145,40 +146,13 @@ def fastest_keys(ok: pd.DataFrame, limit: int = MAX_SERIES, baseline_key: str | 
     return keys
 
 
-def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The run's workloads, [(name, rows)] in name order: the rows of each value of the workload
-    columns that vary (model, world size, routing, ...; report.columns.WORKLOAD_COLUMNS), named by
-    those values (the model bare, the others `column=value`); one unnamed group where none varies."""
-    cols = [c for c in WORKLOAD_COLUMNS if c in ok.columns and fmt_series(ok[c]).nunique() > 1]
-    if not cols:
-        return [("", ok)]
-    texts = pd.DataFrame({c: fmt_series(ok[c]) for c in cols}, index=ok.index)
-
-    def named(r) -> str:  # an empty value (a routing file's hash where no file ran) says nothing
-        parts = (v if c == "model" else f"{c}={v[:8] if c.endswith('_sha256') else v}" for c, v in r.items() if v)
-        return " · ".join(parts)
-
-    name = texts.apply(named, axis=1)
-    return [(str(n), ok.loc[g.index]) for n, g in ok.groupby(name, sort=True)]
-
-
-def _spread(groups: list[tuple[str, pd.DataFrame]], limit: int = MAX_PANELS) -> list[tuple[str, pd.DataFrame]]:
-    """Up to `limit` workloads, taken in turn from each model (the name's first part), so that a run
-    of two models and five routings shows both models, not one model's first four."""
-    buckets: dict[str, list] = {}
-    for g in groups:
-        buckets.setdefault(g[0].split(" · ")[0], []).append(g)
-    order = [b[i] for i in range(max(map(len, buckets.values()))) for b in buckets.values() if i < len(b)]
-    return order[:limit]
-
-
-def _latency_lines(ax, sub: pd.DataFrame, keys: list[str], names: dict, tokens: list[int], colors=None) -> None:
-    """A line per combination key (`colors`: its colour by name, the same in every panel)."""
+def _latency_lines(ax, sub: pd.DataFrame, keys: list[str], names: dict, tokens: list[int], styles=None) -> None:
+    """A line per combination key (`styles`: its colour and line style by key, the same in every panel)."""
     for j, k in enumerate(keys):
         s = sub[sub["combo_key"] == k].sort_values("tokens_per_rank")
-        c = colors[names[k]] if colors else f"C{j}"
-        ax.plot(s["tokens_per_rank"], s["latency_us_median"], "o-", ms=3.5, color=c, label=names[k])
-        ax.fill_between(s["tokens_per_rank"], s["latency_us_p20"], s["latency_us_p80"], color=c, alpha=0.15)
+        st = styles[k] if styles else {"color": f"C{j}", "linestyle": "-"}
+        ax.plot(s["tokens_per_rank"], s["latency_us_median"], marker="o", ms=3.5, label=names[k], **st)
+        ax.fill_between(s["tokens_per_rank"], s["latency_us_p20"], s["latency_us_p80"], color=st["color"], alpha=0.15)
     _tokens_axis(ax, tokens)
     ax.set_yscale("log")
     plain_log(ax.yaxis)
@@ -199,30 +173,63 @@ def _fastest_at(ok: pd.DataFrame, label: Labeller, big: int) -> tuple[str, str]:
     return f"{label(ok).loc[first.name]}, {_us(first['latency_us_median'])} µs", margin
 
 
-def _plot_fastest_per_workload(groups, label: Labeller, path, baseline_key, cpu: bool) -> Figure:
-    """plot_fastest for a run of several workloads: a panel each (up to MAX_PANELS, spread over the models),
-    its own fastest few and the baseline, on its own token counts."""
-    shown = _spread(groups)
-    fig, axes = _fig(0.6 + 3.0 * len(shown), nrows=len(shown))
-    panels = []
+def _dots(ax, at: pd.DataFrame, names: dict, title: str) -> None:
+    """One token count's rows as dots with p20–p80 whiskers, the fastest on top."""
+    s = at.sort_values("latency_us_median")
+    y = np.arange(len(s))[::-1]
+    med = s["latency_us_median"].to_numpy(dtype=float)
+    err = [np.maximum(med - s["latency_us_p20"], 0), np.maximum(s["latency_us_p80"] - med, 0)]
+    ax.errorbar(med, y, xerr=err, fmt="o", ms=5, capsize=3, color="C0")
+    ax.set_yticks(y, [names[k] for k in s["combo_key"]], fontsize=7.5)
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.set_xlabel("latency µs (median, p20–p80)")
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def _union_labels(rows: pd.DataFrame) -> pd.Series:
+    """Labels of `rows` (several workloads' panels) naming the combination alike in every panel:
+    the columns that vary over all of them, less the workload's own."""
+    return combo_labels(rows, exclude=set(WORKLOAD_COLUMNS), within=rows, fallback="the one combination")
+
+
+def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
+    """plot_fastest for a run of several workloads: a panel each (up to MAX_PANELS, spread over the
+    models), its own fastest few and its own baseline (`baseline_of(rows)`), a combination named and
+    styled alike in every panel; lines over its token counts, or dots at its largest where it has at
+    most three."""
+    shown = spread(groups, MAX_PANELS)
+    picked = []
     for name, g in shown:
-        keys = fastest_keys(g, MAX_SERIES, baseline_key)
-        sub = g[g["combo_key"].isin(keys)]
-        labels = label(sub)
-        names = {k: str(labels.loc[sub.index[sub["combo_key"] == k][0]]) for k in keys}
-        if baseline_key in names:
-            names[baseline_key] += " (baseline)"
-        panels.append((name, g, keys, sub, names))
-    # one colour per combination across the panels (deepgemm the same colour for every model)
-    every = sorted({n for *_, names in panels for n in names.values()})
-    colors = {n: f"C{i % 10}" for i, n in enumerate(every)}
+        base = baseline_of(g) if baseline_of else None
+        keys = fastest_keys(g, MAX_SERIES, base)
+        picked.append((name, g, keys, base))
+    union = pd.concat([g[g["combo_key"].isin(keys)] for _, g, keys, _ in picked])
+    labels = _union_labels(union)
+    label_of = {k: str(labels.loc[union.index[union["combo_key"] == k][0]]) for k in dict.fromkeys(union["combo_key"])}
+    every = sorted(set(label_of.values()))  # one style per label: 10 colours, then line styles
+    style_of = {
+        n: {"color": f"C{i % 10}", "linestyle": ("-", "--", ":", "-.")[(i // 10) % 4]} for i, n in enumerate(every)
+    }
+    fig, axes = _fig(0.6 + 3.0 * len(shown), nrows=len(shown))
     said, left = [], 0
-    for ax, (name, g, keys, sub, names) in zip(axes, panels, strict=True):
+    for ax, (name, g, keys, base) in zip(axes, picked, strict=True):
+        sub = g[g["combo_key"].isin(keys)]
+        names = {k: label_of[k] + (" (baseline)" if k == base else "") for k in keys}
         tokens = sorted(int(t) for t in g["tokens_per_rank"].unique())
-        _latency_lines(ax, sub, keys, names, tokens, colors)
         big = max(tokens)
-        who, margin = _fastest_at(g, label, big)
-        ax.set_title(f"{name}: fastest at {big} tok {who}{margin}", fontsize=9, loc="left")
+        at = g[g["tokens_per_rank"] == big].sort_values("latency_us_median")
+        first = at.iloc[0]
+        who = f"{label_of.get(first['combo_key'], str(first['combo_key']))}, {_us(first['latency_us_median'])} µs"
+        margin = (
+            f", {fmt_ratio(at.iloc[1]['latency_us_median'] / first['latency_us_median'])} to the next"
+            if len(at) > 1
+            else ""
+        )
+        if len(tokens) <= 3:
+            _dots(ax, sub[sub["tokens_per_rank"] == big], names, f"{name} at {big} tok: fastest {who}{margin}")
+        else:
+            _latency_lines(ax, sub, keys, names, tokens, {k: style_of[label_of[k]] for k in keys})
+            ax.set_title(f"{name}: fastest at {big} tok {who}{margin}", fontsize=9, loc="left")
         said.append(f"{name}: {who}")
         left += g["combo_key"].nunique() - len(keys)
     title = "Fastest at each workload's largest size: " + "; ".join(said)
@@ -235,15 +242,17 @@ def _plot_fastest_per_workload(groups, label: Labeller, path, baseline_key, cpu:
 
 
 def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | None = None,
-                 cpu: bool = False) -> Figure | None:  # fmt: skip
+                 cpu: bool = False, baseline_of: Callable[[pd.DataFrame], str | None] | None = None,
+                 ) -> Figure | None:  # fmt: skip
     """Median latency with p20–p80 whiskers of the fastest few combinations (and the baseline):
     a dot chart per token count where the run has at most three, else lines on log-log axes; a
-    panel per workload where the run holds several (the fastest is named within its workload)."""
+    panel per workload where the run holds several (the fastest named within its workload, the
+    baseline `baseline_of(the workload's rows)`)."""
     if ok.empty:
         return None
     groups = workloads(ok)
     if len(groups) > 1:
-        return _plot_fastest_per_workload(groups, label, path, baseline_key, cpu)
+        return _plot_fastest_per_workload(groups, path, baseline_of, cpu)
     keys = fastest_keys(ok, MAX_SERIES, baseline_key)
     sub = ok[ok["combo_key"].isin(keys)]
     tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
@@ -254,15 +263,7 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | No
     if len(tokens) <= 3:  # a panel per token count: a dot per combination, fastest on top
         fig, axes = _fig(0.9 + (0.3 * len(keys) + 0.7) * len(tokens), nrows=len(tokens))
         for ax, t in zip(axes, tokens, strict=True):
-            s = sub[sub["tokens_per_rank"] == t].sort_values("latency_us_median")
-            y = np.arange(len(s))[::-1]
-            med = s["latency_us_median"].to_numpy(dtype=float)
-            err = [np.maximum(med - s["latency_us_p20"], 0), np.maximum(s["latency_us_p80"] - med, 0)]
-            ax.errorbar(med, y, xerr=err, fmt="o", ms=5, capsize=3, color="C0")
-            ax.set_yticks(y, [names[k] for k in s["combo_key"]], fontsize=7.5)
-            ax.set_title(f"{t} tokens per rank", fontsize=9)
-            ax.set_xlabel("latency µs (median, p20–p80)")
-            ax.grid(True, axis="x", alpha=0.3)
+            _dots(ax, sub[sub["tokens_per_rank"] == t], names, f"{t} tokens per rank")
     else:
         fig, (ax,) = _fig(4.6)
         _latency_lines(ax, sub, keys, names, tokens)
@@ -310,14 +311,21 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
         return None
     groups = workloads(ok)
     if len(groups) > 1:
-        shown = _spread(groups)
+        shown = spread(groups, MAX_PANELS)
         fig, axes = _fig(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(shown), nrows=len(shown))
-        said = []
-        for ax, (name, g) in zip(axes, shown, strict=True):
+        ats = []
+        for name, g in shown:
             big = int(g["tokens_per_rank"].max())
-            at = g[g["tokens_per_rank"] == big].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
-            share = _phase_panel(ax, at, cols, label, f"{name} at {big} tok: the fastest and its nearest")
-            said.append(f"{name}: {share or 'no phases'} ({label(at).loc[at.index[0]]}, {big} tok)")
+            ats.append(
+                (name, big, g[g["tokens_per_rank"] == big].sort_values("latency_us_median").head(MAX_PHASE_ROWS))
+            )
+        named = _union_labels(pd.concat([at for *_, at in ats]))  # a combination named alike in every panel
+        said = []
+        for ax, (name, big, at) in zip(axes, ats, strict=True):
+            share = _phase_panel(
+                ax, at, cols, lambda d: named.loc[d.index], f"{name} at {big} tok: the fastest and its nearest"
+            )
+            said.append(f"{name}: {share or 'no phases'} ({named.loc[at.index[0]]}, {big} tok)")
         handles, names = axes[0].get_legend_handles_labels()
         fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
         left = len(groups) - len(shown)

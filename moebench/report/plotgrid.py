@@ -187,14 +187,35 @@ def plain_log(axis) -> None:
     axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
+def wrap_to_width(text: str, font, width_px: float, dpi: float) -> str:
+    """`text` wrapped at word breaks so that every line, as Agg renders it in `font`, is at most
+    `width_px` wide (a word wider than that stays whole on its line)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+
+    r = RendererAgg(int(width_px) + 1, 10, dpi)
+
+    def wide(line: str) -> float:
+        return r.get_text_width_height_descent(line, font, ismath=False)[0]
+
+    full = wide(text)
+    if full <= width_px:
+        return text
+    chars = max(8, int(len(text) * width_px / full))
+    while True:
+        wrapped = textwrap.fill(text, chars, break_long_words=False)
+        if chars <= 8 or max(map(wide, wrapped.splitlines())) <= width_px:
+            return wrapped
+        chars -= max(1, chars // 20)
+
+
 def fit_titles(fig: Figure) -> None:
     """Wrap a panel title wider than its grid cell (a long combination name was cut at the
     figure's edge), and the figure's title wider than the figure (a comparison's run names)."""
     sup = getattr(fig, "_suptitle", None)
     if sup is not None and sup.get_text() and "\n" not in sup.get_text():
-        chars = max(24, int(fig.get_figwidth() * 72 / (float(sup.get_fontsize()) * 0.6)))
-        if len(sup.get_text()) > chars:
-            sup.set_text(textwrap.fill(sup.get_text(), chars, break_long_words=False))
+        sup.set_text(
+            wrap_to_width(sup.get_text(), sup.get_fontproperties(), 0.97 * fig.get_figwidth() * fig.dpi, fig.dpi)
+        )
     for ax in fig.axes:
         text, spec = ax.get_title(), ax.get_subplotspec()
         if not text or spec is None or "\n" in text:

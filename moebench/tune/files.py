@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from moebench.kernels.triton import config as tconfig
+from moebench.kernels.triton import decisions as kdecisions
 from moebench.tune.trials import json_num
 from moebench.tune.vllm_check import covers_grid, describe_routes
 from moebench.util.safe_write import replace_text, safe_dir, safe_dir_below
@@ -83,8 +84,13 @@ def stem(name: str) -> str:
     return name[: -len(".json")] if name.endswith(".json") else name
 
 
+PROVENANCE_SUFFIX = ".provenance.json"
+# the files beside a tiles file that are not tiles: its provenance and the decisions (decision_files.py)
+SIDECARS = (PROVENANCE_SUFFIX, kdecisions.SUFFIX)
+
+
 def sidecar_name(name: str) -> str:
-    return stem(name) + ".provenance.json"
+    return stem(name) + PROVENANCE_SUFFIX
 
 
 def _entries(results) -> dict[str, dict]:
@@ -189,8 +195,7 @@ def sglang_path(cfg_dir: Path, name: str) -> Path:
 def tuned_files(out_dir: Path) -> list[Path]:
     """The config files a tune wrote into out_dir/configs/ (sidecars left out)."""
     d = Path(out_dir) / "configs"
-    side = (".provenance.json", ".moebench.json")  # the sidecars (decision_files.py: the second)
-    files = sorted(p for p in d.glob("*.json") if not p.name.endswith(side)) if d.is_dir() else []
+    files = sorted(p for p in d.glob("*.json") if not p.name.endswith(SIDECARS)) if d.is_dir() else []
     if not files:
         raise ValueError(f"--install-from {out_dir}: no {d}/*.json (give the --out directory of a finished tune)")
     return files

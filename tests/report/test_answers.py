@@ -172,8 +172,52 @@ def test_a_run_of_several_models_names_each_ones_fastest(tmp_path):
 def test_the_workloads_drawn_are_spread_over_the_models():
     """Ten workloads, two models × five routings: the four panels take both models in turn (the
     routing run's figures once showed deepseek_v3's first four routings and no qwen3)."""
-    from moebench.report.answer_plots import _spread
+    from moebench.report.workloads import spread
 
     groups = [(f"{m} · routing={r}", pd.DataFrame()) for m in ("deepseek_v3", "qwen3") for r in "abcde"]
-    names = [n for n, _ in _spread(groups)]
+    names = [n for n, _ in spread(groups, 4)]
     assert names == ["deepseek_v3 · routing=a", "qwen3 · routing=a", "deepseek_v3 · routing=b", "qwen3 · routing=b"]
+
+
+def test_each_workloads_panel_has_its_baseline_and_names_a_combination_alike(tmp_path, monkeypatch):
+    """Model A varies the experts and the reduction, model B the experts alone: B's triton row is
+    labelled with its reduction as A's are (a label per panel said just `triton`), each panel draws
+    its own workload's baseline (the run-wide one belonged to one model only), and one combination
+    has one colour and line style in every panel."""
+    from moebench.report import answer_plots as ap
+    from moebench.report.answers import baseline_key
+    from moebench.report.columns import combo_labels
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for model, combos in (("A", [("torch", "finalize"), ("triton", "finalize"), ("triton", "experts")]),
+                          ("B", [("torch", "finalize"), ("triton", "finalize")])):  # fmt: skip
+        for (e, r), t in itertools.product(combos, (16, 64, 256, 1024)):
+            med = (100 + t) * (0.8 if e == "triton" else 1.0) * (0.9 if r == "experts" else 1.0)
+            rows.append(
+                make_row("local", e, r, "none", "bf16", t, samples_us=samples_from(med, 0.01, 10, rng), model=model)
+            )
+    ok = pd.DataFrame(rows)
+    ok["status"] = "ok"
+    drawn = {}
+    real_save = ap._save
+    monkeypatch.setattr(
+        ap,
+        "_save",
+        lambda fig, path, title, cpu, left_out="": (
+            drawn.setdefault("fig", fig) and real_save(fig, path, title, cpu, left_out)
+        ),
+    )
+    made = ap.plot_fastest(ok, combo_labels, tmp_path / "latency.png", baseline_key(ok), False, baseline_key)
+    assert made is not None and made.title.startswith("Fastest at each workload's largest size: A: ")
+    panels = drawn["fig"].axes
+    legends = [
+        {t.get_text(): h for h, t in zip(ax.get_legend().legend_handles, ax.get_legend().get_texts(), strict=True)}
+        for ax in panels
+    ]
+    for names in legends:
+        assert any(n.endswith("(baseline)") for n in names), names
+        assert "triton red=finalize" in {n.removesuffix(" (baseline)") for n in names}, names
+    style = [{n.removesuffix(" (baseline)"): (h.get_color(), h.get_linestyle()) for n, h in d.items()} for d in legends]
+    assert style[0]["triton red=finalize"] == style[1]["triton red=finalize"]
+    assert style[0]["torch red=finalize"] == style[1]["torch red=finalize"]

@@ -316,10 +316,11 @@ def test_committed_config_files_cover_vllms_grid():
     """A file vLLM could load from kernels/configs/ must hold every grid size (vLLM routes
     each batch size to the nearest entry with no limit); partial measurements stay in
     partial/, which neither vLLM nor a VLLM_TUNED_CONFIG_FOLDER pointed here reads."""
+    from moebench.kernels.triton.decisions import SUFFIX, decisions_name
+    from moebench.tune.files import SIDECARS  # provenance, and the decisions vLLM never opens
     from moebench.tune.vllm_check import check_file
 
-    sidecars = (".provenance.json", ".moebench.json")  # provenance, and the decisions vLLM never opens
-    top = sorted(p for p in tconfig.CONFIG_DIR.glob("*.json") if not p.name.endswith(sidecars))
+    top = sorted(p for p in tconfig.CONFIG_DIR.glob("*.json") if not p.name.endswith(SIDECARS))
     # the committed files (kernels/configs/README.md's table says where each came from): a glob
     # that finds none, a moved folder say, must not pass as "every file covers the grid"
     assert len(top) >= 2, f"{tconfig.CONFIG_DIR}: expected the committed tile files, found {top}"
@@ -330,16 +331,16 @@ def test_committed_config_files_cover_vllms_grid():
         assert p.with_name(p.name[:-5] + ".provenance.json").is_file(), f"{p.name}: no provenance sidecar"
         assert all(list(e) == list(tconfig.CONFIG_KEYS) for e in json.loads(p.read_text()).values())
         assert f"`{p.name}`" in readme, f"{p.name}: kernels/configs/README.md does not say where it came from"
-    partial = sorted(p for p in tconfig.PARTIAL_DIR.glob("*.json") if not p.name.endswith(sidecars))
+    partial = sorted(p for p in tconfig.PARTIAL_DIR.glob("*.json") if not p.name.endswith(SIDECARS))
     assert partial, f"{tconfig.PARTIAL_DIR}: expected the committed partial files"
     for p in partial:
         assert not (tconfig.CONFIG_DIR / p.name).exists(), f"{p.name} in both folders"
         # a file that covered the grid would belong in the folder above (tune --install moves it)
         assert check_file(p).far, f"partial/{p.name} covers vLLM's grid: move it up"
     # a decisions sidecar sits beside its tiles file (the layer finds it by the tiles' name)
-    for d in (tconfig.CONFIG_DIR, tconfig.PARTIAL_DIR):
-        for side in d.glob("*.moebench.json"):
-            assert side.with_name(side.name.replace(".moebench.json", ".json")).is_file(), side.name
+    for d, tiles in ((tconfig.CONFIG_DIR, top), (tconfig.PARTIAL_DIR, partial)):
+        names = {decisions_name(p.name) for p in tiles}
+        assert all(side.name in names for side in d.glob(f"*{SUFFIX}")), sorted(d.glob(f"*{SUFFIX}"))
 
 
 # -- --results -------------------------------------------------------------------------

@@ -553,15 +553,15 @@ class _Paced:
     """Timings whose first `paced` pairs come back host-paced (the host busy for a moment: on the
     H200 one of mixtral's 30 check samples at 256 tokens), each later pair `us` (µs by name)."""
 
-    def __init__(self, us, paced=1):
-        self.us, self.calls, self.paced = us, 0, paced
+    def __init__(self, us, paced=1, side="tuned"):
+        self.us, self.calls, self.paced, self.side = us, 0, paced, side
 
     def pair(self, names):
         from moebench.tune.trials import HOST_PACED_ERROR
 
         self.calls += 1
         paced = f"{HOST_PACED_ERROR}: 1 of 3 samples: host time, not ranked" if self.calls <= self.paced else ""
-        return [(n, self.us[n], "" if n == "current" else paced) for n in names]
+        return [(n, self.us[n], paced if (n == "current") == (self.side == "current") else "") for n in names]
 
 
 def _layer_bench(script):
@@ -579,10 +579,13 @@ def _layer_bench(script):
     return type("LayerBench", (), {"__init__": lambda self, c, d: None, "shape": SHAPE, "at": lambda self, T: At()})
 
 
-@pytest.mark.parametrize("paced, passes", [(1, True), (2, False)])
-def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, paced, passes):
+@pytest.mark.parametrize(
+    "paced, side, passes", [(1, "tuned", True), (2, "tuned", False), (1, "current", True), (2, "current", True)]
+)
+def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, paced, side, passes):
     """Both --max-regression checks: a pair whose samples the host paced is timed once more; the
-    second figures decide (`retimed` says why), and only a second host-paced result refuses."""
+    second figures decide (`retimed` says why), and only a second host-paced tuned side refuses (a
+    current side that never gave a figure cannot be regressed from)."""
     from moebench.tune import bench as tbench
     from moebench.tune import regression
     from moebench.tune.decide import DecisionBench, DecisionResult, check
@@ -591,15 +594,16 @@ def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, 
 
     c, _ = resolve(BF16)
     cpu = torch.device("cpu")
-    tiles = _Paced({"tuned": 9.0, "current": 10.0}, paced)
+    tiles = _Paced({"tuned": 9.0, "current": 10.0}, paced, side)
     monkeypatch.setattr(tbench, "baselines_of", lambda dims, quant, rows: {"current": {**TILE, "BLOCK_SIZE_N": 128}})
     monkeypatch.setattr(tbench, "LayerBench", _layer_bench(tiles))
     got = regression.measure(c, {4: dict(TILE)}, 3, cpu, 0.02)
     (s,) = got.sizes
     assert tiles.calls == 2 and s.retimed.startswith("host-paced") and got.passed is passes
-    assert bool(s.tuned_error) is not passes
+    assert bool(s.tuned_error) is (side == "tuned" and paced == 2)
+    assert bool(s.current_error) is (side == "current" and paced == 2)
 
-    decisions = _Paced({"gathered": 9.0, "current": 10.0}, paced)
+    decisions = _Paced({"gathered": 9.0, "current": 10.0}, paced, side)
 
     class Bench(DecisionBench):
         def run(self, T, opts, reps, salt=7):

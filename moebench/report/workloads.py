@@ -1,0 +1,48 @@
+"""A run's workloads for its figures: the rows that saw the same tokens (the model, world size,
+routing and the other report.columns.WORKLOAD_COLUMNS that vary), each named by what tells it
+apart; a figure ranks combinations only within one (report/answer_plots.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from moebench.report.columns import WORKLOAD_COLUMNS, fmt_series, shown_varying
+
+
+def workload_columns(ok: pd.DataFrame) -> list[str]:
+    """The workload columns (report.columns.WORKLOAD_COLUMNS) that tell this run's workloads apart:
+    those that vary, less what the model already names (a recording's digest where each model
+    replays its own)."""
+    return shown_varying(ok, WORKLOAD_COLUMNS)
+
+
+def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The run's workloads, [(name, rows)] in name order: the rows of each value of the varying
+    workload columns (model, world size, routing, ...), named by those values (the model bare, the
+    others `column=value`, a digest by its first 8 characters, a missing value left out); one
+    unnamed group where none varies."""
+    cols = workload_columns(ok)
+    if not cols:
+        return [("", ok)]
+    texts = pd.DataFrame({c: fmt_series(ok[c]) for c in cols}, index=ok.index)
+
+    def named(r) -> str:
+        parts = (
+            v if c == "model" else f"{c}={v[:8] if c.endswith('_sha256') else v}"
+            for c, v in r.items()
+            if v not in ("", "-")
+        )
+        return " · ".join(parts)
+
+    name = texts.apply(named, axis=1)
+    return [(str(n), ok.loc[g.index]) for n, g in ok.groupby(name, sort=True)]
+
+
+def spread(groups: list[tuple[str, pd.DataFrame]], limit: int) -> list[tuple[str, pd.DataFrame]]:
+    """Up to `limit` workloads, taken in turn from each model (the name's first part), so that a run
+    of two models and five routings shows both models, not one model's first four."""
+    buckets: dict[str, list] = {}
+    for g in groups:
+        buckets.setdefault(g[0].split(" · ")[0], []).append(g)
+    order = [b[i] for i in range(max(map(len, buckets.values()))) for b in buckets.values() if i < len(b)]
+    return order[:limit]
