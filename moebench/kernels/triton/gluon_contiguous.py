@@ -31,7 +31,9 @@ TMA-loaded shared-memory stages with mbarriers whose phases carry across a progr
 - `gluon_fp8_wide_kernel` (BLOCK_SIZE_N=192, gluon_wide.py, opt-in): the warp-specialized kernel at
   the 128 x 192 tile DeepGEMM's heuristic picks for most of these GEMMs, as a 128- and a 64-column
   WGMMA per K step (Gluon's shapes are powers of two). Lowered (168 registers, no spill, no
-  serialization warning); checked on an H100 by the GPU tests, not yet timed.
+  serialization warning); checked on an H100 by the GPU tests; a tuned sidecar selects it
+  (`moebench tune --decisions`): on an H200 the tuner chose it from 1024 tokens for mixtral_8x7b
+  and GLM-4.5-Air, 1.07-1.15 x the layer at the 128 x 128 tile (docs/findings/tuning.md).
 
 SCALE_AHEAD=2 (WS only, opt-in) loads the block scales two K steps ahead and across tiles
 (_ws_math): measured -6.5 % to +6 % against SCALE_AHEAD=1 cell by cell, no trend. The TMA-store
@@ -82,7 +84,7 @@ GLUON_CONFIG = dict(
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
 # (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
 # stages (6: 6 x 32 KiB of stages + 32 KiB of output tiles, inside SM90's 227 KiB); 7 the 128 x 192 tile of
-# gluon_wide.py (4 x 40 KiB of stages + 48 KiB of output tiles), checked on a GPU, not yet timed
+# gluon_wide.py (4 x 40 KiB of stages + 48 KiB of output tiles), timed by `tune --decisions` (module doc)
 GLUON_VARIANTS = (
     (True, 4, 1, False, 128),
     (True, 6, 1, False, 128),

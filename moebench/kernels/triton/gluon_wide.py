@@ -13,8 +13,11 @@ DeepGEMM's single 192-wide WGMMA takes 96 + 96). The weight scales: tiles start 
 touches, and the 128-column part lies in the first or straddles both (a scale per column, as
 DeepGEMM's 192-wide tile takes). A tile's columns past N (N 4096 is 21 1/3 tiles) read the next
 expert's rows or TMA's zero fill and are not stored (TMA clips the store). The output goes through
-shared memory and two TMA stores, as EPILOGUE_TMA does. Not yet run on a GPU: lowered for sm_90 by
-compile_check; benchmarks/triton_fp8_contiguous.py --gluon times and checks it (GLUON_VARIANTS).
+shared memory and two TMA stores, as EPILOGUE_TMA does. Lowered for sm_90 by compile_check, checked
+on GPUs by tests/gpu, timed by benchmarks/triton_fp8_contiguous.py --gluon (GLUON_VARIANTS) and by
+`moebench tune --decisions`, which on an H200 chose it from 1024 tokens for mixtral_8x7b and
+GLM-4.5-Air (docs/findings/tuning.md). At mixtral's shapes it still does 0.80-0.84 x DeepGEMM's
+FLOP/s: the 2-CTA multicast of B and one 192-wide WGMMA in place of 128 + 64 are what it lacks.
 """
 
 from __future__ import annotations
