@@ -29,7 +29,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, combo_labels
 from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
-from moebench.report.plotgrid import plain_log
+from moebench.report.plotgrid import LINESTYLES, plain_log
 from moebench.report.workloads import spread, workloads
 from moebench.util.pngfile import DPI, save_figure
 
@@ -205,11 +205,15 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
         picked.append((name, g, keys, base))
     union = pd.concat([g[g["combo_key"].isin(keys)] for _, g, keys, _ in picked])
     labels = _union_labels(union)
-    label_of = {k: str(labels.loc[union.index[union["combo_key"] == k][0]]) for k in dict.fromkeys(union["combo_key"])}
+    label_of = labels.groupby(union["combo_key"], sort=False).first().astype(str).to_dict()
     every = sorted(set(label_of.values()))  # one style per label: 10 colours, then line styles
     style_of = {
-        n: {"color": f"C{i % 10}", "linestyle": ("-", "--", ":", "-.")[(i // 10) % 4]} for i, n in enumerate(every)
+        n: {"color": f"C{i % 10}", "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)]} for i, n in enumerate(every)
     }
+
+    def named(rows: pd.DataFrame) -> pd.Series:  # the Labeller of every panel: one name per combination
+        return rows["combo_key"].map(lambda key: label_of.get(key, str(key)))
+
     fig, axes = _fig(0.6 + 3.0 * len(shown), nrows=len(shown))
     said, left = [], 0
     for ax, (name, g, keys, base) in zip(axes, picked, strict=True):
@@ -217,14 +221,7 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
         names = {k: label_of[k] + (" (baseline)" if k == base else "") for k in keys}
         tokens = sorted(int(t) for t in g["tokens_per_rank"].unique())
         big = max(tokens)
-        at = g[g["tokens_per_rank"] == big].sort_values("latency_us_median")
-        first = at.iloc[0]
-        who = f"{label_of.get(first['combo_key'], str(first['combo_key']))}, {_us(first['latency_us_median'])} µs"
-        margin = (
-            f", {fmt_ratio(at.iloc[1]['latency_us_median'] / first['latency_us_median'])} to the next"
-            if len(at) > 1
-            else ""
-        )
+        who, margin = _fastest_at(g, named, big)
         if len(tokens) <= 3:
             _dots(ax, sub[sub["tokens_per_rank"] == big], names, f"{name} at {big} tok: fastest {who}{margin}")
         else:
@@ -241,18 +238,18 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
     return _save(fig, path, title, cpu, "; ".join(notes))
 
 
-def plot_fastest(ok: pd.DataFrame, label: Labeller, path, baseline_key: str | None = None,
-                 cpu: bool = False, baseline_of: Callable[[pd.DataFrame], str | None] | None = None,
-                 ) -> Figure | None:  # fmt: skip
-    """Median latency with p20–p80 whiskers of the fastest few combinations (and the baseline):
-    a dot chart per token count where the run has at most three, else lines on log-log axes; a
-    panel per workload where the run holds several (the fastest named within its workload, the
-    baseline `baseline_of(the workload's rows)`)."""
+def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
+                 baseline_of: Callable[[pd.DataFrame], str | None] | None = None) -> Figure | None:  # fmt: skip
+    """Median latency with p20–p80 whiskers of the fastest few combinations (and the baseline,
+    `baseline_of(rows)`'s combo_key): a dot chart per token count where the run has at most three,
+    else lines on log-log axes; a panel per workload where the run holds several (the fastest and
+    the baseline each workload's own)."""
     if ok.empty:
         return None
     groups = workloads(ok)
     if len(groups) > 1:
         return _plot_fastest_per_workload(groups, path, baseline_of, cpu)
+    baseline_key = baseline_of(ok) if baseline_of else None
     keys = fastest_keys(ok, MAX_SERIES, baseline_key)
     sub = ok[ok["combo_key"].isin(keys)]
     tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())

@@ -197,8 +197,7 @@ def answers(
     fastest = fastest_section(wins)
     lines += fastest
     if out is not None and len(ok) and fastest:
-        made = ap.plot_fastest(ok, combo_labels, out / "latency.png", baseline_key(ok), cpu, baseline_key)
-        lines += figure(made)
+        lines += figure(ap.plot_fastest(ok, combo_labels, out / "latency.png", cpu, baseline_key))
     ws = ap.workspace_stats(ok)  # the workspace medians, once for the lines and the figure
     memory = memory_section(ok, ws)
     lines += memory

@@ -9,19 +9,12 @@ import pandas as pd
 from moebench.report.columns import WORKLOAD_COLUMNS, fmt_series, shown_varying
 
 
-def workload_columns(ok: pd.DataFrame) -> list[str]:
-    """The workload columns (report.columns.WORKLOAD_COLUMNS) that tell this run's workloads apart:
-    those that vary, less what the model already names (a recording's digest where each model
-    replays its own)."""
-    return shown_varying(ok, WORKLOAD_COLUMNS)
-
-
 def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """The run's workloads, [(name, rows)] in name order: the rows of each value of the varying
     workload columns (model, world size, routing, ...), named by those values (the model bare, the
     others `column=value`, a digest by its first 8 characters, a missing value left out); one
     unnamed group where none varies."""
-    cols = workload_columns(ok)
+    cols = shown_varying(ok, WORKLOAD_COLUMNS)  # less what the model names (a recording per model)
     if not cols:
         return [("", ok)]
     texts = pd.DataFrame({c: fmt_series(ok[c]) for c in cols}, index=ok.index)

@@ -208,7 +208,7 @@ def test_each_workloads_panel_has_its_baseline_and_names_a_combination_alike(tmp
             drawn.setdefault("fig", fig) and real_save(fig, path, title, cpu, left_out)
         ),
     )
-    made = ap.plot_fastest(ok, combo_labels, tmp_path / "latency.png", baseline_key(ok), False, baseline_key)
+    made = ap.plot_fastest(ok, combo_labels, tmp_path / "latency.png", False, baseline_key)
     assert made is not None and made.title.startswith("Fastest at each workload's largest size: A: ")
     panels = drawn["fig"].axes
     legends = [
