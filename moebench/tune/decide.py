@@ -44,7 +44,7 @@ from moebench.measure import layer as layers
 from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.decision_trials import DecisionStore, Timed, open_store
-from moebench.tune.trials import HOST_PACED_ERROR
+from moebench.tune.trials import HOST_PACED_ERROR, host_paced_error
 
 NAN = float("nan")
 CURRENT = "current"
@@ -359,10 +359,9 @@ def check(
         opts, _ = options_of(c.combo, device, tiles.get(r.tokens))
         pick = [o for o in opts if o.name in (r.best, CURRENT)]
         got, cur = sorted(bench.run(r.tokens, pick, reps, salt=13), key=lambda t: t.option == CURRENT)
-        paced = [t.error for t in (got, cur) if t.error.startswith(HOST_PACED_ERROR)]
-        if paced:  # as regression.measure: a host-paced pair is timed once more before it decides
-            out.retimed[r.tokens] = paced[0]
-            log(f"tune decisions check T={r.tokens}: {paced[0]}; timing the pair once more")
+        if paced := host_paced_error(got, cur):  # as regression.measure: timed once more before it decides
+            out.retimed[r.tokens] = paced
+            log(f"tune decisions check T={r.tokens}: {paced}; timing the pair once more")
             got, cur = sorted(bench.run(r.tokens, pick, reps, salt=13), key=lambda t: t.option == CURRENT)
         out.sizes.append((r.tokens, got, cur))
         log(f"tune decisions check T={r.tokens}: {got.option} {got.us:.1f} µs, current {cur.us:.1f} µs")

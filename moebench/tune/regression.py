@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from moebench.tune.space import config_key
-from moebench.tune.trials import HOST_PACED_ERROR, json_num
+from moebench.tune.trials import host_paced_error, json_num
 
 NAN = float("nan")
 
@@ -197,10 +197,9 @@ def measure(
         tb = layer.at(T)
         check.timing = check.timing or tb.timing
         tuned, cur = tb.interleaved([s.tuned, s.current], reps)
-        paced = [t.error for t in (tuned, cur) if t.error.startswith(HOST_PACED_ERROR)]
-        if paced:  # host time is no figure, and one busy moment of the host is no verdict: once more
-            s.retimed = paced[0]
-            log(f"tune check T={T}: {paced[0]}; timing the pair once more")
+        if paced := host_paced_error(tuned, cur):  # host time is no figure, one busy moment no verdict
+            s.retimed = paced
+            log(f"tune check T={T}: {paced}; timing the pair once more")
             tuned, cur = tb.interleaved([s.tuned, s.current], reps)
         s.tuned_us, s.tuned_error, s.tuned_samples = tuned.us, tuned.error, list(tuned.samples)
         s.current_us, s.current_error, s.current_samples = cur.us, cur.error, list(cur.samples)

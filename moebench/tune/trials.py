@@ -30,6 +30,12 @@ FILE_NAME = "trials.jsonl"
 HOST_PACED_ERROR = "host-paced"  # the kind (error's first word) of a trial the host paced
 
 
+def host_paced_error(*timed) -> str:
+    """The first of these timed results' errors that says the host paced them ('' for none): what a
+    --max-regression check times once more before it decides (regression.measure, decide.check)."""
+    return next((t.error for t in timed if t.error.startswith(HOST_PACED_ERROR)), "")
+
+
 @dataclass
 class Trial:
     """One config timed at one token count (µs); `error` set when it did not run or
