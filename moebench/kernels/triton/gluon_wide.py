@@ -16,7 +16,7 @@ expert's rows or TMA's zero fill and are not stored (TMA clips the store). The o
 shared memory and two TMA stores, as EPILOGUE_TMA does. Lowered for sm_90 by compile_check, checked
 on GPUs by tests/gpu, timed by benchmarks/triton_fp8_contiguous.py --gluon (GLUON_VARIANTS) and by
 `moebench tune --decisions`, which on an H200 chose it from 1024 tokens for mixtral_8x7b and
-GLM-4.5-Air (docs/findings/tuning.md). At mixtral's shapes it still does 0.80-0.84 x DeepGEMM's
+GLM-4.5-Air (docs/findings/tuning.md). At mixtral's shapes it still does 0.80-0.86 x DeepGEMM's
 FLOP/s: the 2-CTA multicast of B and one 192-wide WGMMA in place of 128 + 64 are what it lacks.
 """
 
