@@ -510,7 +510,7 @@ def variants(quick: bool):
                     f"gluon_wide fp8_block 128x{bn}x128 WS stages {stages} TMA epilogue",
                     gluon_wide.gluon_fp8_wide_kernel,
                     gluon_wide.wide_signature_types(),
-                    dict(consts, num_warps=4, A_REGS=False),
+                    dict(consts, num_warps=4),
                     4,
                     1,
                 )

@@ -104,7 +104,6 @@ def _wide_math(
     BN0: gl.constexpr,
     BN1: gl.constexpr,
     BK: gl.constexpr,
-    A_REGS: gl.constexpr,
 ):
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile, as
     gluon_contiguous._ws_math with SCALE_AHEAD=1 and EPILOGUE_TMA, over the two column parts."""
@@ -143,14 +142,8 @@ def _wide_math(
             s = it % STAGES
             mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
             a_tile = a_bufs.index(s).slice(HALF * ROWS, ROWS)
-            if A_REGS:  # A read from shared memory once, into registers, for both WGMMAs
-                a0 = a_tile.load(gl.DotOperandLayout(operand_index=0, parent=mma0, k_width=4))
-                a1 = gl.convert_layout(a0, gl.DotOperandLayout(operand_index=0, parent=mma1, k_width=4))
-                part0 = warpgroup_mma(a0, b0_bufs.index(s).permute((1, 0)), part0, use_acc=False, is_async=True)
-                part1 = warpgroup_mma(a1, b1_bufs.index(s).permute((1, 0)), part1, use_acc=False, is_async=True)
-            else:
-                part0 = warpgroup_mma(a_tile, b0_bufs.index(s).permute((1, 0)), part0, use_acc=False, is_async=True)
-                part1 = warpgroup_mma(a_tile, b1_bufs.index(s).permute((1, 0)), part1, use_acc=False, is_async=True)
+            part0 = warpgroup_mma(a_tile, b0_bufs.index(s).permute((1, 0)), part0, use_acc=False, is_async=True)
+            part1 = warpgroup_mma(a_tile, b1_bufs.index(s).permute((1, 0)), part1, use_acc=False, is_async=True)
             g = min(k + 1, KT - 1)  # (the last step reloads its own)
             a_next = gl.load(as_ptrs + g * stride_asg)
             b_next = gl.load(w_ptrs + g * stride_bsk)
@@ -198,7 +191,6 @@ def gluon_fp8_wide_kernel(
     GROUP_SIZE_M: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
-    A_REGS: gl.constexpr = False,
 ):
     """gluon_contiguous._gluon_fp8_ws_kernel's structure (a TMA producer and two math warp groups
     meeting only at the stages' `ready` / `empty` mbarriers) over 128 x (BN0 + BN1) tiles: A in
@@ -277,7 +269,6 @@ def gluon_fp8_wide_kernel(
                     BN0,
                     BN1,
                     BK,
-                    A_REGS,
                 ),
             ),
             (
@@ -306,7 +297,6 @@ def gluon_fp8_wide_kernel(
                     BN0,
                     BN1,
                     BK,
-                    A_REGS,
                 ),
             ),
         ],
