@@ -9,14 +9,15 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
-                                               [--variants | --gluon [--group-m G]] [--variant I]
+                                               [--variants | --gluon [--group-m G | --group-n G]] [--variant I]
                                                [--check TOL] [--json out.json]
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
 warp-specialized one at 4 and 6 stages, the pipelined one at 4, the warp-specialized one at 4 stages
 with its block scales loaded two K steps ahead, with its output TMA-stored at 4, 5 and 6 stages, and that at
 a 128 x 192 tile, gluon_wide.py)
-beside our default Triton tile, in GROUP_SIZE_M-swizzled tile order (--group-m, 8); --check TOL only
+beside our default Triton tile, in GROUP_SIZE_M-swizzled tile order (--group-m, 8) or in bands of
+--group-n column tiles (DeepGEMM's order: kernels/triton/gluon_common.tile_coords); --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
@@ -170,11 +171,19 @@ def main(argv=None) -> list[dict]:
         metavar="TOL",
         help="no timing: each kernel once, exit 1 when its relative error exceeds TOL",
     )
+    ap.add_argument(
+        "--group-n",
+        type=int,
+        default=0,
+        help="--gluon: walk bands of G column tiles over every row tile instead (GROUP_SIZE_N; 0: --group-m's order)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
     if args.gluon and (args.quant != "fp8_block" or args.variants or not args.device.startswith("cuda")):
         ap.error("--gluon is fp8_block on a CUDA GPU only (Gluon has no interpreter), without --variants")
+    if args.group_n < 0 or args.group_m < 1 or (args.group_n and not args.gluon):
+        ap.error("--group-m takes G >= 1; --group-n takes G >= 1 (0: off), with --gluon only")
     if args.variant is not None:
         n = len(GLUON_VARIANTS) if args.gluon else len(VARIANTS[args.quant])
         if not ((args.variants or args.gluon) and 0 <= args.variant < n):
@@ -276,13 +285,15 @@ def main(argv=None) -> list[dict]:
                         if extra.get("gluon"):
                             from moebench.kernels.triton.gluon_contiguous import gluon_contiguous_gemm
 
-                            label = f"gluon {bm}x{bn}x{bk} g{gm} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
+                            order = f"band{args.group_n}" if args.group_n else f"g{gm}"
+                            label = f"gluon {bm}x{bn}x{bk} {order} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
                             label += f" ahead {extra['SCALE_AHEAD']}" if extra["SCALE_AHEAD"] != 1 else ""
                             label += " tma-epi" if extra["EPILOGUE_TMA"] else ""
                             gcfg = dict(
                                 BLOCK_SIZE_M=bm,
                                 BLOCK_SIZE_N=bn,
                                 GROUP_SIZE_M=gm,
+                                GROUP_SIZE_N=args.group_n,
                                 STAGES=ns,
                                 num_warps=nw,
                                 WS=extra["WS"],

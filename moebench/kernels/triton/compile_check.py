@@ -537,6 +537,10 @@ def variants(quick: bool):
                 1,
             )
         )
+    # the column-band tile order (GROUP_SIZE_N: gluon_common.tile_coords's other branch) of the
+    # default variant and of the 128 x 192 tile
+    for name, fn, types, consts, warps, stages in [v for v in out if v[0].endswith("WS stages 4 TMA epilogue")]:
+        out.append((name + " column bands", fn, types, dict(consts, GROUP_SIZE_M=-16), warps, stages))
     return out
 
 

@@ -21,11 +21,23 @@ def load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, off_m, b_row, it, k, STAGE
 
 
 @gluon.jit
-def tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """(off_m, off_n) of a tile in GROUP_SIZE_M-swizzled order."""
-    first_m = (tile // num_in_group) * GROUP_SIZE_M
-    group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
-    return (first_m + (tile % num_in_group) % group_m) * BM, ((tile % num_in_group) // group_m) * BN
+def tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """(off_m, off_n) of a program's tile-th tile. GROUP_SIZE_M > 0: groups of that many row tiles,
+    each walked over every column tile, its row tiles fastest (Triton's matmul tutorial order).
+    GROUP_SIZE_M < 0: bands of -GROUP_SIZE_M column tiles, each walked over every row tile, its
+    column tiles fastest (DeepGEMM's order for its grouped GEMMs). A grouped GEMM's row tiles
+    change expert along M, so a row group that straddles two experts streams both experts' whole
+    weight; a column band reads each weight tile once and re-reads the activations once a band."""
+    if GROUP_SIZE_M > 0:
+        num_in_group = GROUP_SIZE_M * num_pid_n
+        first_m = (tile // num_in_group) * GROUP_SIZE_M
+        group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
+        return (first_m + (tile % num_in_group) % group_m) * BM, ((tile % num_in_group) // group_m) * BN
+    else:
+        num_in_band = -GROUP_SIZE_M * num_pid_m
+        first_n = (tile // num_in_band) * -GROUP_SIZE_M
+        band_n = min(num_pid_n - first_n, -GROUP_SIZE_M)
+        return ((tile % num_in_band) // band_n) * BM, (first_n + (tile % num_in_band) % band_n) * BN
 
 
 __all__ = ["load_stage", "tile_coords"]

@@ -11,7 +11,8 @@ longer serializes with the tensor cores. Triton's `tl.dot` waits for each WGMMA 
 result is not an accumulator, and both warp groups meet at a CTA barrier every K step.
 
 Two kernels, both a persistent grid (at most one program per SM) over the 128 x 128 output tiles
-in GROUP_SIZE_M-swizzled order, only the row tiles below the layout's rows in use (its num_post,
+in GROUP_SIZE_M-swizzled order (GROUP_SIZE_N: in bands of column tiles, gluon_common.tile_coords),
+only the row tiles below the layout's rows in use (its num_post,
 read on the device: with ALIGN-row segments each starts on a valid row, so there is no padding
 branch, and an EP share's ~7/8 of padding rows cost nothing), each fed by a STAGES-deep ring of
 TMA-loaded shared-memory stages with mbarriers whose phases carry across a program's tiles:
@@ -77,9 +78,19 @@ from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel
 from .launch import launch
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS: a TMA producer and two math warp groups
-# (12 warps), else the pipelined kernel on num_warps; SCALE_AHEAD and EPILOGUE_TMA: WS only (module doc)
+# (12 warps), else the pipelined kernel on num_warps; SCALE_AHEAD and EPILOGUE_TMA: WS only (module doc).
+# The tile order: GROUP_SIZE_N > 0 walks bands of that many column tiles over every row tile
+# (DeepGEMM's order), else groups of GROUP_SIZE_M row tiles over every column tile (gluon_common.tile_coords)
 GLUON_CONFIG = dict(
-    BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=8, STAGES=4, WS=True, num_warps=8, SCALE_AHEAD=1, EPILOGUE_TMA=True
+    BLOCK_SIZE_M=128,
+    BLOCK_SIZE_N=128,
+    GROUP_SIZE_M=8,
+    GROUP_SIZE_N=0,
+    STAGES=4,
+    WS=True,
+    num_warps=8,
+    SCALE_AHEAD=1,
+    EPILOGUE_TMA=True,
 )
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
 # (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
@@ -120,10 +131,9 @@ def _ws_producer(
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     KT: gl.constexpr = K // BK
-    num_in_group = GROUP_SIZE_M * num_pid_n
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M, BM, BN)
         b_row = gl.load(m_idx_ptr + off_m) * N + off_n
         for k in range(KT):
             s = it % STAGES
@@ -140,7 +150,7 @@ def _ws_scale_ptrs(
     bs_ptr,
     m_idx_ptr,
     num_pid_m,
-    num_in_group,
+    num_pid_n,
     stride_asm,
     stride_bse,
     stride_bsn,
@@ -153,7 +163,7 @@ def _ws_scale_ptrs(
 ):
     """K tile 0's activation-scale pointers of this warp group's rows of `tile`, and its weight
     scale's pointer (the tile's expert and column block)."""
-    off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+    off_m, off_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M, BM, BN)
     offs_m = off_m + HALF * (BM // 2) + gl.arange(0, BM // 2, layout=layout)
     expert = gl.maximum(gl.load(m_idx_ptr + off_m), 0)  # (a padding row's -1: only where the scales go unused)
     return (
@@ -210,7 +220,6 @@ def _ws_math(
     KT: gl.constexpr = K // BK
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-    num_in_group = GROUP_SIZE_M * num_pid_n
     num_tiles = num_pid_m * num_pid_n
     it = 0
     if SCALE_AHEAD == 2:
@@ -224,7 +233,7 @@ def _ws_math(
             bs_ptr,
             m_idx_ptr,
             gl.maximum(num_pid_m, 1),
-            num_in_group,
+            num_pid_n,
             stride_asm,
             stride_bse,
             stride_bsn,
@@ -240,7 +249,7 @@ def _ws_math(
         a1 = gl.load(as_ptrs + stride_asg)
         b1 = gl.load(bs_ptrs + stride_bsk)
     for tile in range(gl.program_id(0), num_tiles, num_programs):
-        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M, BM, BN)
         offs_m = off_m + HALF * ROWS + gl.arange(0, ROWS, layout=rows_l)
         acc = gl.zeros([ROWS, BN], gl.float32, mma)
         part = gl.zeros([ROWS, BN], gl.float32, mma)
@@ -251,7 +260,7 @@ def _ws_math(
                 bs_ptr,
                 m_idx_ptr,
                 num_pid_m,
-                num_in_group,
+                num_pid_n,
                 stride_asm,
                 stride_bse,
                 stride_bsn,
@@ -270,7 +279,7 @@ def _ws_math(
                 bs_ptr,
                 m_idx_ptr,
                 num_pid_m,
-                num_in_group,
+                num_pid_n,
                 stride_asm,
                 stride_bse,
                 stride_bsn,
@@ -528,7 +537,10 @@ class GluonGemm:
         self.max_programs = min(sms, num_programs or sms)
         self.w_scale_strides = tuple(w_scale.stride())
         w_rows = w.view(E * N, K)
-        self.constexprs = dict(K=K, GROUP_N=GROUP, GROUP_SIZE_M=cfg["GROUP_SIZE_M"], STAGES=cfg["STAGES"])
+        assert cfg["GROUP_SIZE_M"] > 0 and cfg["GROUP_SIZE_N"] >= 0, cfg
+        # the kernels' one order constexpr: > 0 row groups, < 0 column bands (gluon_common.tile_coords)
+        order = -cfg["GROUP_SIZE_N"] if cfg["GROUP_SIZE_N"] else cfg["GROUP_SIZE_M"]
+        self.constexprs = dict(K=K, GROUP_N=GROUP, GROUP_SIZE_M=order, STAGES=cfg["STAGES"])
         self.b_descs: tuple
         self.c_blocks: tuple[tuple[int, int], ...]
         if wide:

@@ -70,10 +70,9 @@ def gluon_fp8_pipelined_kernel(
     # only the row tiles in use: with ALIGN-row segments each starts on a valid row (no padding branch)
     num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
     num_pid_n = gl.cdiv(N, BN)
-    num_in_group = GROUP_SIZE_M * num_pid_n
     base = 0  # this program's K steps before the current tile
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M, BM, BN)
         expert = gl.load(m_idx_ptr + off_m)
         b_row = expert * N + off_n
         offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))

@@ -62,10 +62,9 @@ def _wide_producer(
     BN: gl.constexpr = BN0 + b1_desc.block_type.shape[0]
     KT: gl.constexpr = K // BK
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b0_desc.block_type.nbytes + b1_desc.block_type.nbytes
-    num_in_group = GROUP_SIZE_M * num_pid_n
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M, BM, BN)
         b_row = gl.load(m_idx_ptr + off_m) * N + off_n
         for k in range(KT):
             s = it % STAGES
@@ -117,11 +116,10 @@ def _wide_math(
     rows0: gl.constexpr = gl.SliceLayout(1, mma0)
     rows1: gl.constexpr = gl.SliceLayout(1, mma1)
     cols0: gl.constexpr = gl.SliceLayout(0, mma0)
-    num_in_group = GROUP_SIZE_M * num_pid_n
     last_block = gl.cdiv(N, GROUP_N) - 1
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
-        off_m, off_n = tile_coords(tile, num_pid_m, num_in_group, GROUP_SIZE_M, BM, BN)
+        off_m, off_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M, BM, BN)
         acc0 = gl.zeros([ROWS, BN0], gl.float32, mma0)
         part0 = gl.zeros([ROWS, BN0], gl.float32, mma0)
         acc1 = gl.zeros([ROWS, BN1], gl.float32, mma1)
