@@ -9,7 +9,8 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
-                                               [--variants | --gluon [--group-m G | --group-n G]] [--variant I]
+                                               [--variants | --gluon [--group-m G | --group-n G] [--scale-tma]]
+                                               [--variant I]
                                                [--check TOL] [--json out.json]
 
 --gluon times the Gluon kernels (kernels/triton/gluon_contiguous.py, GLUON_VARIANTS: the
@@ -17,7 +18,8 @@ warp-specialized one at 4 and 6 stages, the pipelined one at 4, the warp-special
 with its block scales loaded two K steps ahead, with its output TMA-stored at 4, 5 and 6 stages, and that at
 a 128 x 192 tile, gluon_wide.py)
 beside our default Triton tile, in GROUP_SIZE_M-swizzled tile order (--group-m, 8) or in bands of
---group-n column tiles (DeepGEMM's order: kernels/triton/gluon_common.tile_coords); --check TOL only
+--group-n column tiles (DeepGEMM's order: kernels/triton/gluon_common.tile_coords), the 128 x 192
+tile with its activation scales TMA-loaded with each stage under --scale-tma; --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
@@ -39,6 +41,7 @@ from moebench.kernels.triton.align import max_padded_rows
 from moebench.kernels.triton.contiguous_gemm import ALIGN, contiguous_gemm
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
 from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
+from moebench.kernels.triton.gluon_wide import WIDE_N
 
 # name: (experts in the model, experts on this rank, top-k, hidden K, intermediate I)
 SHAPES = {
@@ -177,13 +180,18 @@ def main(argv=None) -> list[dict]:
         default=0,
         help="--gluon: walk bands of G column tiles over every row tile instead (GROUP_SIZE_N; 0: --group-m's order)",
     )
+    ap.add_argument(
+        "--scale-tma",
+        action="store_true",
+        help="--gluon: the 128 x 192 tile TMA-loads the activation scales with each stage (SCALE_TMA)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
     if args.gluon and (args.quant != "fp8_block" or args.variants or not args.device.startswith("cuda")):
         ap.error("--gluon is fp8_block on a CUDA GPU only (Gluon has no interpreter), without --variants")
-    if args.group_n < 0 or args.group_m < 1 or (args.group_n and not args.gluon):
-        ap.error("--group-m takes G >= 1; --group-n takes G >= 1 (0: off), with --gluon only")
+    if args.group_n < 0 or args.group_m < 1 or ((args.group_n or args.scale_tma) and not args.gluon):
+        ap.error("--group-m takes G >= 1; --group-n takes G >= 1 (0: off); --group-n and --scale-tma need --gluon")
     if args.variant is not None:
         n = len(GLUON_VARIANTS) if args.gluon else len(VARIANTS[args.quant])
         if not ((args.variants or args.gluon) and 0 <= args.variant < n):
@@ -289,11 +297,14 @@ def main(argv=None) -> list[dict]:
                             label = f"gluon {bm}x{bn}x{bk} {order} {'WS' if extra['WS'] else f'w{nw}'} stages {ns}"
                             label += f" ahead {extra['SCALE_AHEAD']}" if extra["SCALE_AHEAD"] != 1 else ""
                             label += " tma-epi" if extra["EPILOGUE_TMA"] else ""
+                            scale_tma = args.scale_tma and bn == WIDE_N  # (the 128 x 192 tile's option)
+                            label += " scales-tma" if scale_tma else ""
                             gcfg = dict(
                                 BLOCK_SIZE_M=bm,
                                 BLOCK_SIZE_N=bn,
                                 GROUP_SIZE_M=gm,
                                 GROUP_SIZE_N=args.group_n,
+                                SCALE_TMA=scale_tma,
                                 STAGES=ns,
                                 num_warps=nw,
                                 WS=extra["WS"],

@@ -336,8 +336,10 @@ def _gluon_variants():
     return GLUON_VARIANTS
 
 
-@pytest.mark.parametrize("order", [[], ["--group-n", "5"]], ids=["row-groups", "column-bands"])
-def test_gluon_contiguous_gemm_matches_the_fp32_product(order):
+@pytest.mark.parametrize(
+    "option", [[], ["--group-n", "5"], ["--scale-tma"]], ids=["row-groups", "column-bands", "scales-by-tma"]
+)
+def test_gluon_contiguous_gemm_matches_the_fp32_product(option):
     """kernels/triton/gluon_contiguous.py (issue #35: the block-scale promotion beside the tensor
     cores' work), its kernels as benchmarks/triton_fp8_contiguous.py's GLUON_VARIANTS run them
     (warp-specialized at 4 and 6 stages, pipelined at 4, warp-specialized with the block scales two
@@ -347,7 +349,8 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product(order):
     EP-8 share (most row tiles padding) at 256 and 4096 tokens, beside our Triton tile: within
     1e-2 of the fp32 torch product, as a whole and row by row, every output row written
     (`--gluon --check`). In both tile orders (gluon_common.tile_coords): groups of 8 row tiles, and
-    bands of 5 column tiles, which leaves a part band in every GEMM here. In a subprocess with a
+    bands of 5 column tiles, which leaves a part band in every GEMM here; and with the 128 x 192
+    tile's activation scales TMA-loaded with its stages (SCALE_TMA). In a subprocess with a
     timeout: Triton's automatic warp specialization of the Triton kernel hung on this GPU
     (docs/findings/triton-vs-deepgemm.md), and a hung kernel must fail this test, not stall the suite."""
     cmd = [
@@ -362,7 +365,7 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product(order):
         "--tokens",
         "256",
         "4096",
-        *order,
+        *option,
     ]
     res = _run_or_fail(cmd, "the Gluon GEMM")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
@@ -370,7 +373,8 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product(order):
     # 2 models x 2 sizes x 2 GEMMs x the Gluon variants (each line beside our tile's)
     n = len(_gluon_variants())
     assert res.stdout.count("gluon 128x") == 8 * n and n >= 8, res.stdout[-4000:]
-    assert res.stdout.count(" band5 ") == (8 * n if order else 0), res.stdout[-4000:]
+    assert res.stdout.count(" band5 ") == (8 * n if "--group-n" in option else 0), res.stdout[-4000:]
+    assert res.stdout.count(" scales-tma") == (8 if "--scale-tma" in option else 0), res.stdout[-4000:]
 
 
 _GLUON_LAYER = """if True:

@@ -1,13 +1,13 @@
 """Run as a script (its own process: the kernels must be JITFunctions, not the interpreter's):
-the Gluon GEMM's kernels (gluon_contiguous.GluonGemm's four: the TMA or the register epilogue, the
-pipelined kernel, the 128 x 192 tile), lowered for sm_90 as compile_check lowers them, each behind a
-stand-in CudaLauncher built from its real signature and TMA metadata with Triton's own
-driver.wrap_handle_tensordesc. A call's first launch goes through the (stubbed) JIT, which launches
-as JITFunction.run does (CompiledKernel.run: Triton's wrapper expands the descriptors); the next two
-through launch.py's handle and the C entry. Each must hand the C entry what the JIT's launch handed
-it (tensors as their pointers), the second filling no descriptor again. make_tensordesc_arg's CUDA
-call (cuTensorMapEncodeTiled) is replaced by a stand-in of what it encodes. Prints `checked N
-kernels` and exits 0, or raises."""
+the Gluon GEMM's kernels (gluon_contiguous.GluonGemm's six: the TMA or the register epilogue, the
+pipelined kernel, the 128 x 192 tile, the column-band order, the activation scales by TMA),
+lowered for sm_90 as compile_check lowers them, each behind a stand-in CudaLauncher built from its
+real signature and TMA metadata with Triton's own driver.wrap_handle_tensordesc. A call's first
+launch goes through the (stubbed) JIT, which launches as JITFunction.run does (CompiledKernel.run:
+Triton's wrapper expands the descriptors); the next two through launch.py's handle and the C
+entry. Each must hand the C entry what the JIT's launch handed it (tensors as their pointers), the
+second filling no descriptor again. make_tensordesc_arg's CUDA call (cuTensorMapEncodeTiled) is
+replaced by a stand-in of what it encodes. Prints `checked N kernels` and exits 0, or raises."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ VARIANTS = {
     "gluon_contiguous fp8_block 128x128x128 WS stages 4": dict(EPILOGUE_TMA=False),
     "gluon_contiguous fp8_block 128x128x128 stages 4": dict(WS=False, EPILOGUE_TMA=False),
     "gluon_wide fp8_block 128x192x128 WS stages 4 TMA epilogue": dict(BLOCK_SIZE_N=192),
+    "gluon_contiguous fp8_block 128x128x128 WS stages 4 TMA epilogue column bands": dict(GROUP_SIZE_N=16),
+    "gluon_wide fp8_block 128x192x128 WS stages 4 TMA epilogue scales by TMA": dict(BLOCK_SIZE_N=192, SCALE_TMA=True),
 }
 BASE = (5, 99, False, False, None, None, (4, 1, 1000), None, None, None)  # stream .. exit hook (after the grid)
 

@@ -510,7 +510,7 @@ def variants(quick: bool):
                     f"gluon_wide fp8_block 128x{bn}x128 WS stages {stages} TMA epilogue",
                     gluon_wide.gluon_fp8_wide_kernel,
                     gluon_wide.wide_signature_types(),
-                    dict(consts, num_warps=4),
+                    dict(consts, num_warps=4, as_desc=None, SCALE_TMA=False),
                     4,
                     1,
                 )
@@ -541,6 +541,10 @@ def variants(quick: bool):
     # default variant and of the 128 x 192 tile
     for name, fn, types, consts, warps, stages in [v for v in out if v[0].endswith("WS stages 4 TMA epilogue")]:
         out.append((name + " column bands", fn, types, dict(consts, GROUP_SIZE_M=-16), warps, stages))
+    # the 128 x 192 tile with its activation scales TMA-loaded with each stage (SCALE_TMA)
+    for name, fn, types, consts, warps, stages in [v for v in out if v[0].startswith("gluon_wide")]:
+        consts = {k: v for k, v in consts.items() if k != "as_desc"}
+        out.append((name + " scales by TMA", fn, types, dict(consts, SCALE_TMA=True), warps, stages))
     return out
 
 

@@ -74,13 +74,14 @@ from .common import num_sms
 from .contiguous_gemm import ALIGN, GROUP
 from .gluon_common import load_stage, tile_coords
 from .gluon_pipelined import gluon_fp8_pipelined_kernel
-from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel
+from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel, scale_layout
 from .launch import launch
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS: a TMA producer and two math warp groups
 # (12 warps), else the pipelined kernel on num_warps; SCALE_AHEAD and EPILOGUE_TMA: WS only (module doc).
 # The tile order: GROUP_SIZE_N > 0 walks bands of that many column tiles over every row tile
-# (DeepGEMM's order), else groups of GROUP_SIZE_M row tiles over every column tile (gluon_common.tile_coords)
+# (DeepGEMM's order), else groups of GROUP_SIZE_M row tiles over every column tile (gluon_common.tile_coords).
+# SCALE_TMA (the 128 x 192 tile only): the activation scales TMA-loaded with each stage (gluon_wide.py)
 GLUON_CONFIG = dict(
     BLOCK_SIZE_M=128,
     BLOCK_SIZE_N=128,
@@ -91,6 +92,7 @@ GLUON_CONFIG = dict(
     num_warps=8,
     SCALE_AHEAD=1,
     EPILOGUE_TMA=True,
+    SCALE_TMA=False,
 )
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
 # (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
@@ -493,6 +495,9 @@ def _gluon_fp8_ws_kernel(
         mbarrier.invalidate(empty.index(i))
 
 
+_SCALE_LAYOUT = scale_layout()
+
+
 @functools.lru_cache(maxsize=None)
 def _layout(block: tuple, dtype) -> gl.NVMMASharedLayout:
     """The shared-memory layout of a TMA block, once per (block, dtype): get_default_for costs ~9 µs
@@ -524,6 +529,7 @@ class GluonGemm:
         assert w.dtype == torch.float8_e4m3fn and w.is_contiguous() and K % GROUP == 0, (w.dtype, w.shape)
         assert bm == ALIGN and (N % bn == 0 and bn <= GROUP or wide), (N, bm, bn)
         assert not wide or (ws and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]), cfg
+        assert wide or not cfg["SCALE_TMA"], cfg
         assert w_scale.shape == (E, N // GROUP, K // GROUP) and w_scale.device == w.device, w_scale.shape
         assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
         assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or (cfg["SCALE_AHEAD"] == 1 and not cfg["EPILOGUE_TMA"])), cfg
@@ -549,6 +555,8 @@ class GluonGemm:
             self.b_descs = (_descriptor(w_rows, (GROUP, GROUP)), _descriptor(w_rows, (half, GROUP)))
             self.c_blocks = ((bm // 2, GROUP), (bm // 2, half))  # the 128- and the 64-column parts
             self.constexprs["num_warps"] = 4
+            if cfg["SCALE_TMA"]:  # (absent otherwise: the default's launch key stays as it was)
+                self.constexprs["SCALE_TMA"] = True
         else:
             # (the pipelined kernel: the counter-example)
             self.kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel
@@ -592,12 +600,18 @@ class GluonGemm:
         a_desc = _descriptor(a, (self.bm, GROUP))
         c_descs = [_descriptor(c, block, gl.bfloat16) for block in self.c_blocks]
         if self.wide:
+            as_desc = None
+            if self.constexprs.get("SCALE_TMA"):  # a_scale's [K/128, Mp] storage in [1, BM] blocks
+                st = a_scale.t()
+                assert st.is_contiguous() and st.data_ptr() % 16 == 0, "SCALE_TMA: MN-major, 16-byte aligned scales"
+                as_desc = TensorDescriptor(st, st.shape, st.stride(), [1, self.bm], _SCALE_LAYOUT)
             launch(
                 self.kernel,
                 grid,
                 a_desc,
                 *self.b_descs,
                 *c_descs,
+                as_desc,
                 a_scale,
                 self.w_scale,
                 m_indices,

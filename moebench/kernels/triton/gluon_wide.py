@@ -18,6 +18,12 @@ on GPUs by tests/gpu, timed by benchmarks/triton_fp8_contiguous.py --gluon (GLUO
 `moebench tune --decisions`, which on an H200 chose it from 1024 tokens for mixtral_8x7b and
 GLM-4.5-Air (docs/findings/tuning.md). At mixtral's shapes it still does 0.80-0.86 x DeepGEMM's
 FLOP/s: the 2-CTA multicast of B and one 192-wide WGMMA in place of 128 + 64 are what it lacks.
+Nsight Compute on an H100 (docs/findings/triton-vs-deepgemm.md, "Where the 128 x 192 kernel loses
+to DeepGEMM") adds two causes that are not structural: its math warps stall on the activation
+scales' global loads (SCALE_TMA, opt-in, TMA-loads them with each stage, as DeepGEMM does), and its
+row-group tile order streams an expert's weight once per group of row tiles (GROUP_SIZE_N's column
+bands read it once). Both are lowered on the CPU and not yet timed; A read once into registers for
+both WGMMAs was tried and ran 1.10-1.22 x slower (commit 4c3af08).
 """
 
 from __future__ import annotations
@@ -38,11 +44,17 @@ from .gluon_common import tile_coords
 WIDE_N = 192  # the tile's columns: a 128- and a 64-column WGMMA
 
 
+def scale_layout() -> gl.NVMMASharedLayout:
+    """SCALE_TMA's shared layout for a [1, BM] fp32 block of activation scales (unswizzled)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
 @gluon.jit
 def _wide_producer(
     a_desc,
     b0_desc,
     b1_desc,
+    as_desc,
     ring,
     m_idx_ptr,
     N,
@@ -52,10 +64,12 @@ def _wide_producer(
     GROUP_SIZE_M: gl.constexpr,
     K: gl.constexpr,
     STAGES: gl.constexpr,
+    SCALE_TMA: gl.constexpr,
 ):
     """The TMA partition: each K step of this program's tiles, wait until both math warp groups
-    released the stage (`empty`), then load A's 128-row tile and B's 128 + 64 rows into it."""
-    a_bufs, b0_bufs, b1_bufs, ready, empty = ring
+    released the stage (`empty`), then load A's 128-row tile and B's 128 + 64 rows into it (and,
+    SCALE_TMA, the A tile's 128 block scales of that K step)."""
+    a_bufs, b0_bufs, b1_bufs, as_bufs, ready, empty = ring
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -71,7 +85,11 @@ def _wide_producer(
             # a fresh barrier's previous phase counts as done: the first pass through the ring waits for nothing
             mbarrier.wait(empty.index(s), phase=((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, nbytes)
+            if SCALE_TMA:
+                mbarrier.expect(bar, nbytes + as_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(as_desc, [k, off_m], bar, as_bufs.index(s))
+            else:
+                mbarrier.expect(bar, nbytes)
             tma.async_copy_global_to_shared(a_desc, [off_m, k * BK], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b0_desc, [b_row, k * BK], bar, b0_bufs.index(s))
             tma.async_copy_global_to_shared(b1_desc, [b_row + BN0, k * BK], bar, b1_bufs.index(s))
@@ -103,10 +121,13 @@ def _wide_math(
     BN0: gl.constexpr,
     BN1: gl.constexpr,
     BK: gl.constexpr,
+    SCALE_TMA: gl.constexpr,
 ):
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile, as
-    gluon_contiguous._ws_math with SCALE_AHEAD=1 and EPILOGUE_TMA, over the two column parts."""
-    a_bufs, b0_bufs, b1_bufs, ready, empty = ring
+    gluon_contiguous._ws_math with SCALE_AHEAD=1 and EPILOGUE_TMA, over the two column parts.
+    SCALE_TMA: the activation scales come with the stage (read from shared memory once it is
+    ready) instead of a global load one K step ahead, as DeepGEMM's kernel takes them."""
+    a_bufs, b0_bufs, b1_bufs, as_bufs, ready, empty = ring
     c0_desc, c1_desc, c0_bufs, c1_bufs = epi
     ROWS: gl.constexpr = BM // 2
     KT: gl.constexpr = K // BK
@@ -116,6 +137,7 @@ def _wide_math(
     rows0: gl.constexpr = gl.SliceLayout(1, mma0)
     rows1: gl.constexpr = gl.SliceLayout(1, mma1)
     cols0: gl.constexpr = gl.SliceLayout(0, mma0)
+    scale_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # SCALE_TMA's [1, ROWS] read
     last_block = gl.cdiv(N, GROUP_N) - 1
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
@@ -133,7 +155,8 @@ def _wide_math(
         w2_ptrs = bs_ptr + expert.to(gl.int64) * stride_bse + gl.minimum(first + 1, last_block) * stride_bsn
         # the 128-column part's columns in the second block (none when the tile starts on a block)
         in_second = (off_n + gl.arange(0, BN0, layout=cols0)) // GROUP_N > first
-        a_s = gl.load(as_ptrs)  # K tile 0's scales; each step loads the next step's (their latency behind a step)
+        if not SCALE_TMA:
+            a_s = gl.load(as_ptrs)  # K tile 0's scales; each step loads the next step's (their latency behind a step)
         b_s = gl.load(w_ptrs)
         b_s2 = gl.load(w2_ptrs)
         for k in range(KT):
@@ -143,7 +166,11 @@ def _wide_math(
             part0 = warpgroup_mma(a_tile, b0_bufs.index(s).permute((1, 0)), part0, use_acc=False, is_async=True)
             part1 = warpgroup_mma(a_tile, b1_bufs.index(s).permute((1, 0)), part1, use_acc=False, is_async=True)
             g = min(k + 1, KT - 1)  # (the last step reloads its own)
-            a_next = gl.load(as_ptrs + g * stride_asg)
+            if SCALE_TMA:  # this step's, from the stage (read before the stage is released)
+                a_row = as_bufs.index(s).slice(HALF * ROWS, ROWS, dim=1).load(scale_l)  # [1, ROWS]
+                a_s = gl.convert_layout(gl.sum(a_row, axis=0), rows0)
+            else:
+                a_next = gl.load(as_ptrs + g * stride_asg)
             b_next = gl.load(w_ptrs + g * stride_bsk)
             b2_next = gl.load(w2_ptrs + g * stride_bsk)
             part0, part1 = warpgroup_mma_wait(num_outstanding=0, deps=(part0, part1))
@@ -151,7 +178,8 @@ def _wide_math(
             # (a_s * b_s first, as the 128-column kernel scales: the same products, bit for bit)
             acc0 += part0 * (a_s[:, None] * gl.where(in_second, b_s2, b_s)[None, :])
             acc1 += part1 * gl.convert_layout(a_s * b_s2, rows1)[:, None]
-            a_s = a_next
+            if not SCALE_TMA:
+                a_s = a_next
             b_s = b_next
             b_s2 = b2_next
             it += 1
@@ -173,6 +201,7 @@ def gluon_fp8_wide_kernel(
     b1_desc,
     c0_desc,
     c1_desc,
+    as_desc,
     as_ptr,
     bs_ptr,
     m_idx_ptr,
@@ -189,6 +218,7 @@ def gluon_fp8_wide_kernel(
     GROUP_SIZE_M: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
+    SCALE_TMA: gl.constexpr = False,
 ):
     """gluon_contiguous._gluon_fp8_ws_kernel's structure (a TMA producer and two math warp groups
     meeting only at the stages' `ready` / `empty` mbarriers) over 128 x (BN0 + BN1) tiles: A in
@@ -207,6 +237,10 @@ def gluon_fp8_wide_kernel(
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, BN0, BK], b0_desc.layout)
     b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, BN1, BK], b1_desc.layout)
+    if SCALE_TMA:  # as_desc: the activation scales as [K / 128, Mp] in [1, BM] blocks
+        as_bufs = gl.allocate_shared_memory(as_desc.dtype, [STAGES, 1, BM], as_desc.layout)
+    else:
+        as_bufs = a_bufs  # (unused)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -215,7 +249,7 @@ def gluon_fp8_wide_kernel(
     fence_async_shared()
     num_pid_m = min(gl.cdiv(gl.load(rows_ptr), BM), a_desc.shape[0] // BM)  # (never past Mp)
     num_pid_n = gl.cdiv(N, BN0 + BN1)
-    ring = (a_bufs, b0_bufs, b1_bufs, ready, empty)
+    ring = (a_bufs, b0_bufs, b1_bufs, as_bufs, ready, empty)
     epi = (
         c0_desc,
         c1_desc,
@@ -230,6 +264,7 @@ def gluon_fp8_wide_kernel(
                     a_desc,
                     b0_desc,
                     b1_desc,
+                    as_desc if SCALE_TMA else a_desc,
                     ring,
                     m_idx_ptr,
                     N,
@@ -239,6 +274,7 @@ def gluon_fp8_wide_kernel(
                     gl.constexpr(GROUP_SIZE_M),
                     gl.constexpr(K),
                     gl.constexpr(STAGES),
+                    gl.constexpr(SCALE_TMA),
                 ),
             ),
             (
@@ -267,6 +303,7 @@ def gluon_fp8_wide_kernel(
                     BN0,
                     BN1,
                     BK,
+                    gl.constexpr(SCALE_TMA),
                 ),
             ),
             (
@@ -295,6 +332,7 @@ def gluon_fp8_wide_kernel(
                     BN0,
                     BN1,
                     BK,
+                    gl.constexpr(SCALE_TMA),
                 ),
             ),
         ],
@@ -313,6 +351,9 @@ def wide_signature_types(bm: int = 128) -> dict:
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
         return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
 
+    def scale_desc(cols: int) -> str:
+        return f"tensordesc<fp32[1, {cols}],{scale_layout()!r}>"
+
     half = GROUP // 2
     t = dict(
         a_desc=desc(bm, GROUP, gl.float8e4nv, "fp8e4nv"),
@@ -320,6 +361,7 @@ def wide_signature_types(bm: int = 128) -> dict:
         b1_desc=desc(half, GROUP, gl.float8e4nv, "fp8e4nv"),
         c0_desc=desc(bm // 2, GROUP, gl.bfloat16, "bf16"),
         c1_desc=desc(bm // 2, half, gl.bfloat16, "bf16"),
+        as_desc=scale_desc(bm),
         as_ptr="*fp32",
         bs_ptr="*fp32",
         m_idx_ptr="*i32",
@@ -332,4 +374,4 @@ def wide_signature_types(bm: int = 128) -> dict:
     return t
 
 
-__all__ = ["WIDE_N", "gluon_fp8_wide_kernel", "wide_signature_types"]
+__all__ = ["WIDE_N", "gluon_fp8_wide_kernel", "scale_layout", "wide_signature_types"]
