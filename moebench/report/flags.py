@@ -287,31 +287,36 @@ def side_rows(matched: pd.DataFrame, side: str) -> list[dict]:
 
 @dataclass(frozen=True)
 class PairRows:
-    """Both sides of every pair of a comparison as rows (side_rows), in `matched`'s order: built
-    once for the pairs' flags and their counts (pair_rows)."""
+    """Both sides of every pair of a comparison as rows (side_rows), in `matched`'s order, with each
+    pair's host-paced tag and ran-differs text: built once for the pairs' flags and their counts
+    (pair_rows)."""
 
     index: pd.Index  # matched's
     base: list[dict]
     cand: list[dict]
+    paced: list[str]  # pair_paced_tag of each pair
+    ran: list[str]  # pair_ran_text of each pair
 
 
 def pair_rows(matched: pd.DataFrame) -> PairRows:
     """Each side's rows of a comparison's pairs, built once (side_rows renames a side's columns
     of every pair: a report built them for each of its flags, tables and counts)."""
-    return PairRows(matched.index, side_rows(matched, "base"), side_rows(matched, "cand"))
+    base, cand = side_rows(matched, "base"), side_rows(matched, "cand")
+    sides = list(zip(base, cand, strict=True))
+    return PairRows(matched.index, base, cand, [pair_paced_tag(*p) for p in sides], [pair_ran_text(*p) for p in sides])
 
 
 def pair_paced_details(pairs: PairRows, names: tuple[str, str] = ("baseline", "candidate")) -> pd.Series:
     """paced_details of a comparison's pairs: each side's counts, the sides by ``names`` (Markdown,
     as Comparison holds them): 'baseline: none; candidate: latency: 5 of 30 samples host-paced'."""
     out = []
-    for sides in zip(pairs.base, pairs.cand, strict=True):
+    for *sides, paced, ran in zip(pairs.base, pairs.cand, pairs.paced, pairs.ran, strict=True):
         d = {}
-        for tag, text in ((pair_paced_tag(*sides), paced_text), ("throttled", throttled_text)):
+        for tag, text in ((paced, paced_text), ("throttled", throttled_text)):
             texts = [text(row) for row in sides]
             if tag and any(texts):
                 d[tag] = "; ".join(f"{n}: {t or 'none'}" for n, t in zip(names, texts, strict=True))
-        if ran := pair_ran_text(*sides):
+        if ran:
             d["ran-differs"] = ran
         out.append(d)
     return pd.Series(out, index=pairs.index, dtype=object)
@@ -347,18 +352,17 @@ def pair_paced_tag(base, cand) -> str:
 def pair_flags(pairs: PairRows) -> pd.Series:
     """Flags of a comparison's pairs: either side's, `timing-differs` and `ran-differs`."""
     out = []
-    for base, cand in zip(pairs.base, pairs.cand, strict=True):
+    for base, cand, paced, ran in zip(pairs.base, pairs.cand, pairs.paced, pairs.ran, strict=True):
         tags = []
         for side_row in (base, cand):
             # the phases' mismatch concerns the phase table, not the latency compared here
             tags += [t for t in flags_of(side_row) if t not in tags and t != "phases≠latency"]
-        paced = pair_paced_tag(base, cand)
         tags = [t for t in FLAG_TEXT if t in tags and (t == paced or t not in ("host-paced", "host-paced-aside"))]
         if base.get("status") == cand.get("status") == Status.OK and str(base.get("timing_mode")) != str(
             cand.get("timing_mode")
         ):
             tags.append("timing-differs")
-        if base.get("status") == cand.get("status") == Status.OK and pair_ran_text(base, cand):
+        if base.get("status") == cand.get("status") == Status.OK and ran:
             tags.append("ran-differs")
         out.append(tags)
     return pd.Series(out, index=pairs.index, dtype=object)
