@@ -297,6 +297,12 @@ def _phase_panel(ax, at: pd.DataFrame, cols: list[str], label: Labeller, title: 
     return f"{big.removesuffix('_us').replace('_', ' ')} {100 * float(row[big]) / total:.0f} % of the phases"
 
 
+def _phase_legend(fig: MplFigure, axes) -> None:
+    """The phases' colours, once below the panels (every panel draws the same phases)."""
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
+
+
 def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False) -> Figure | None:
     """Stacked phase times of the fastest combination at each token count and its nearest
     alternatives (MAX_PHASE_ROWS), a panel per token count (at most MAX_PANELS, spread over
@@ -323,8 +329,7 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
                 ax, at, cols, lambda d: named.loc[d.index], f"{name} at {big} tok: the fastest and its nearest"
             )
             said.append(f"{name}: {share or 'no phases'} ({named.loc[at.index[0]]}, {big} tok)")
-        handles, names = axes[0].get_legend_handles_labels()
-        fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
+        _phase_legend(fig, axes)
         left = len(groups) - len(shown)
         note = f"{left} of {len(groups)} workloads not drawn (the tables below hold them)" if left else ""
         return _save(fig, path, "Where the time goes, the fastest of each workload: " + "; ".join(said), cpu, note)
@@ -336,8 +341,7 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
     for ax, t in zip(axes, tokens, strict=True):
         at = ok[ok["tokens_per_rank"] == t].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
         share = _phase_panel(ax, at, cols, label, f"{t} tokens per rank: the fastest and its nearest")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
+    _phase_legend(fig, axes)
     fastest = label(ok).loc[at.index[0]]  # named among all the rows
     title = f"Where the time goes at {tokens[-1]} tok: {share} of the fastest ({fastest})"
     return _save(fig, path, title, cpu)
