@@ -25,9 +25,11 @@ def test_the_setup_figure_leaves_out_the_blocks_the_weights_build_freed(monkeypa
     monkeypatch.setattr(workload, "_routed", workload._Kept(4 << 30))
     monkeypatch.setattr(workload, "_references", workload._Kept(4 << 30))
     cached = {"bytes": 0}
+    builds = []
     real_build, real_release = workload.build_expert_weights, worker._release_cached
 
     def build(*a):
+        builds.append(a)
         cached["bytes"] += 4 * GiB  # the build's temporaries, freed into the cache
         return real_build(*a)
 
@@ -50,7 +52,7 @@ def test_the_setup_figure_leaves_out_the_blocks_the_weights_build_freed(monkeypa
         "runner.phase_reps=1",
         "workload.tokens_per_rank=[4]",
     ]
-    peaks = []
+    peaks, built = [], []
     for reduction in ("experts", "finalize"):  # the first builds the weights, the second reuses them
         (c,), _ = plan.plan([*base, f"reduction={reduction}"])
         rows = [
@@ -62,5 +64,7 @@ def test_the_setup_figure_leaves_out_the_blocks_the_weights_build_freed(monkeypa
         ]
         assert [r.status for r in rows] == ["ok"]
         peaks.append(rows[0].device_bytes_peak)
+        built.append(len(builds))
+    assert built == [1, 1]  # the second combination reused the kept weights: the case the fix is for
     # nothing held above the baseline on the stand-in: the figure is the forward's peak, built or reused
     assert peaks == [float(PEAK), float(PEAK)]
