@@ -28,6 +28,7 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr, BM: gl.c
     column tiles fastest (DeepGEMM's order for its grouped GEMMs). A grouped GEMM's row tiles
     change expert along M, so a row group that straddles two experts streams both experts' whole
     weight; a column band reads each weight tile once and re-reads the activations once a band."""
+    gl.static_assert(GROUP_SIZE_M != 0, "GROUP_SIZE_M: > 0 row groups, < 0 column bands")
     if GROUP_SIZE_M > 0:
         num_in_group = GROUP_SIZE_M * num_pid_n
         first_m = (tile // num_in_group) * GROUP_SIZE_M
