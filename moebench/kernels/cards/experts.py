@@ -52,7 +52,7 @@ CONTIGUOUS_GEMM_KNOB = Knob(
     "fp8_block on the contiguous layout: the grouped GEMM in "
     "Triton (kernels/triton/contiguous_gemm.py), the warp-specialized Gluon kernel "
     "(kernels/triton/gluon_contiguous.py, SM90 only; issue #35), the same at a 128 x 192 "
-    "tile (gluon_wide, kernels/triton/gluon_wide.py: opt-in, not yet measured), or auto "
+    "tile (gluon_wide, kernels/triton/gluon_wide.py: opt-in, or chosen by a tuned sidecar), or auto "
     "(Gluon on an SM90 GPU, else Triton)",
     choices=CONTIGUOUS_GEMMS,
     tag="gemm={}",
