@@ -537,9 +537,8 @@ def variants(quick: bool):
                 1,
             )
         )
-    # the column-band tile order (GROUP_SIZE_N: gluon_common.tile_coords's other branch) of the
-    # default variant and of the 128 x 192 tile
-    for name, fn, types, consts, warps, stages in [v for v in out if v[0].endswith("WS stages 4 TMA epilogue")]:
+    # the column-band tile order (GROUP_SIZE_N: gluon_common.tile_coords's other branch) of every Gluon variant
+    for name, fn, types, consts, warps, stages in [v for v in out if v[0].startswith("gluon_")]:
         out.append((name + " column bands", fn, types, dict(consts, GROUP_SIZE_M=-16), warps, stages))
     # the 128 x 192 tile with its activation scales TMA-loaded with each stage (SCALE_TMA)
     for name, fn, types, consts, warps, stages in [v for v in out if v[0].startswith("gluon_wide")]:
