@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -313,6 +314,21 @@ def test_hold_bias_script_refuses_bad_arguments_and_a_machine_without_a_gpu():
 
     if not torch.cuda.is_available():  # CI: it compares two GPU timers, so it must refuse, not run
         assert hold_bias.main([]) == 2
+
+
+def test_gluon_options_benchmark_refuses_a_machine_without_an_sm90_gpu(capsys):
+    """benchmarks/gluon_options.py times Gluon kernels, which have no interpreter: without an SM90
+    GPU it says so in one line and exits 2 before building anything (a shell loop must not read a
+    pass); its kernel table pairs every option with a default it must equal bit for bit."""
+    import gluon_options as bench
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the refusal is the CPU machine's path")
+    assert bench.main(["--tokens", "16"]) == 2
+    assert "needs an SM90 GPU" in capsys.readouterr().err
+    defaults = {name for name, (default, _) in bench.KERNELS.items() if default is None}
+    assert defaults == {"gluon 128x128", "gluon 128x192"}
+    assert all(d in defaults for d, _ in bench.KERNELS.values() if d is not None)
 
 
 def test_contiguous_gemm_benchmark_refuses_a_variant_it_does_not_have():
