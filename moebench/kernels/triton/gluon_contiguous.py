@@ -74,7 +74,7 @@ from .common import num_sms
 from .contiguous_gemm import ALIGN, GROUP
 from .gluon_common import load_stage, tile_coords
 from .gluon_pipelined import gluon_fp8_pipelined_kernel
-from .gluon_wide import WIDE_N, gluon_fp8_wide_kernel, scale_layout
+from .gluon_wide import SCALE_LAYOUT, WIDE_N, gluon_fp8_wide_kernel
 from .launch import launch
 
 # 128 x 128 output tiles (BLOCK_K the 128-wide scale group). WS: a TMA producer and two math warp groups
@@ -495,9 +495,6 @@ def _gluon_fp8_ws_kernel(
         mbarrier.invalidate(empty.index(i))
 
 
-_SCALE_LAYOUT = scale_layout()
-
-
 @functools.lru_cache(maxsize=None)
 def _layout(block: tuple, dtype) -> gl.NVMMASharedLayout:
     """The shared-memory layout of a TMA block, once per (block, dtype): get_default_for costs ~9 µs
@@ -604,7 +601,7 @@ class GluonGemm:
             if self.constexprs.get("SCALE_TMA"):  # a_scale's [K/128, Mp] storage in [1, BM] blocks
                 st = a_scale.t()
                 assert st.is_contiguous() and st.data_ptr() % 16 == 0, "SCALE_TMA: MN-major, 16-byte aligned scales"
-                as_desc = TensorDescriptor(st, st.shape, st.stride(), [1, self.bm], _SCALE_LAYOUT)
+                as_desc = TensorDescriptor(st, st.shape, st.stride(), [1, self.bm], SCALE_LAYOUT)
             launch(
                 self.kernel,
                 grid,

@@ -44,9 +44,8 @@ from .gluon_common import tile_coords
 WIDE_N = 192  # the tile's columns: a 128- and a 64-column WGMMA
 
 
-def scale_layout() -> gl.NVMMASharedLayout:
-    """SCALE_TMA's shared layout for a [1, BM] fp32 block of activation scales (unswizzled)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+# SCALE_TMA's shared layout for a [1, BM] fp32 block of activation scales (unswizzled)
+SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 @gluon.jit
@@ -352,7 +351,7 @@ def wide_signature_types(bm: int = 128) -> dict:
         return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
 
     def scale_desc(cols: int) -> str:
-        return f"tensordesc<fp32[1, {cols}],{scale_layout()!r}>"
+        return f"tensordesc<fp32[1, {cols}],{SCALE_LAYOUT!r}>"
 
     half = GROUP // 2
     t = dict(
@@ -374,4 +373,4 @@ def wide_signature_types(bm: int = 128) -> dict:
     return t
 
 
-__all__ = ["WIDE_N", "gluon_fp8_wide_kernel", "scale_layout", "wide_signature_types"]
+__all__ = ["WIDE_N", "gluon_fp8_wide_kernel", "SCALE_LAYOUT", "wide_signature_types"]
