@@ -27,7 +27,9 @@ import statistics
 import sys
 
 import torch
-from triton_fp8_contiguous import SHAPES, act_rows, layer_rows, rel, weights  # (benchmarks/ is sys.path[0])
+
+# (benchmarks/ is sys.path[0])
+from triton_fp8_contiguous import SHAPES, act_rows, deepgemm_gemm, layer_rows, rel, weights
 
 # name: (the default it must match bit for bit, GluonGemm's config over GLUON_CONFIG)
 KERNELS = {
@@ -82,17 +84,7 @@ def main(argv=None) -> int:
                 N = w.shape[1]
                 out = {name: torch.full((mp, N), float("nan"), device=dev, dtype=torch.bfloat16) for name in KERNELS}
                 out["deep_gemm"] = torch.zeros(mp, N, device=dev, dtype=torch.bfloat16)
-                fns = {
-                    "deep_gemm": functools.partial(
-                        deep_gemm.m_grouped_fp8_gemm_nt_contiguous,
-                        (a, a_s),
-                        (w, s),
-                        out["deep_gemm"],
-                        lay.ends_E,
-                        disable_ue8m0_cast=True,
-                        use_psum_layout=True,
-                    )
-                }
+                fns = {"deep_gemm": deepgemm_gemm(deep_gemm, "fp8_block", a, a_s, w, s, out["deep_gemm"], lay)}
                 for name, (_, cfg) in KERNELS.items():
                     g = GluonGemm(w, s, cfg)
                     fns[name] = functools.partial(g, a, a_s, out[name], lay.m_indices_Mp, lay.num_post)

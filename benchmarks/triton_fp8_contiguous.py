@@ -117,6 +117,23 @@ def act_rows(mp, I, dev, quant):
     return a, s
 
 
+def deepgemm_gemm(deep_gemm, quant: str, a, a_s, w, s, c, lay):
+    """DeepGEMM's grouped GEMM of the layout's rows into c, as the deepgemm experts call it (the psum
+    layout: with m_indices DeepGEMM stores zeros for every padding row of the host-side bound Mp,
+    which for deepseek_v3's EP-8 share, all pairs counted and 1/8 of them local, is ~88 %)."""
+    if quant == "bf16":
+        return functools.partial(deep_gemm.m_grouped_bf16_gemm_nt_contiguous, a, w, c, lay.ends_E, use_psum_layout=True)
+    return functools.partial(
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous,
+        (a, a_s),
+        (w, s),
+        c,
+        lay.ends_E,
+        disable_ue8m0_cast=True,
+        use_psum_layout=True,
+    )
+
+
 def bench_us(fn, dev) -> float:
     """Median µs: triton.testing.do_bench on a GPU; a few plain calls on the CPU (smoke test only)."""
     if dev.type == "cuda":
@@ -225,23 +242,7 @@ def main(argv=None) -> list[dict]:
                 dg_us = None
                 if deep_gemm is not None:
                     c_ref = torch.empty(mp, N, device=dev, dtype=torch.bfloat16)
-                    # the psum layout, as the deepgemm experts call it: with m_indices DeepGEMM
-                    # stores zeros for every padding row of the host-side bound Mp, which for
-                    # deepseek_v3's EP-8 share (all pairs counted, 1/8 of them local) is ~88 %
-                    if args.quant == "bf16":
-                        dg = functools.partial(
-                            deep_gemm.m_grouped_bf16_gemm_nt_contiguous, a, w, c_ref, lay.ends_E, use_psum_layout=True
-                        )
-                    else:
-                        dg = functools.partial(
-                            deep_gemm.m_grouped_fp8_gemm_nt_contiguous,
-                            (a, a_s),
-                            (w, s),
-                            c_ref,
-                            lay.ends_E,
-                            disable_ue8m0_cast=True,
-                            use_psum_layout=True,
-                        )
+                    dg = deepgemm_gemm(deep_gemm, args.quant, a, a_s, w, s, c_ref, lay)
                     dg()
                     dg_us = bench_us(dg, dev)
                     row = dict(model=name, tokens=M, gemm=gemm, kernel="deep_gemm", us=dg_us, tflops=flop / dg_us / 1e6)
