@@ -10,7 +10,9 @@ tune's weights (kept: one copy for all):
   contiguous/triton   the contiguous layout on kernels/triton/contiguous_gemm.py
   contiguous/gluon:V  the contiguous layout on the Gluon kernel, variant V of
                       gluon_contiguous.GLUON_VARIANTS (stages, scale look-ahead, epilogue, tile:
-                      gluon_wide is the 128 x 192 one); fp8_block on an SM90 GPU only
+                      gluon_wide is the 128 x 192 one), and GLUON_EXTRAS (a variant in column
+                      bands, -bands16; the 128 x 192 tile's scales by TMA, -scaletma); fp8_block
+                      on an SM90 GPU only
   deepgemm            the `deepgemm` experts (triton_or_deepgemm's other side); where DeepGEMM runs
   current             the baseline: what the layer builds today (row_layout / contiguous_gemm auto:
                       the constants, or an installed sidecar), never a winner itself
@@ -81,11 +83,15 @@ def _opt(name: str, experts: str = "triton", **options) -> Option:
 
 
 def variant_name(cfg: dict) -> str:
-    """gluon:ws4-tma / gluon:ws6 / gluon:pipelined4 / gluon:ws4-ahead2 / gluon_wide:ws4-tma."""
+    """gluon:ws4-tma / gluon:ws6 / gluon:pipelined4 / gluon:ws4-ahead2 / gluon_wide:ws4-tma, and with a
+    GLUON_EXTRAS entry's options: gluon:ws4-tma-bands16 / gluon_wide:ws4-tma-bands16-scaletma."""
     kind = (
         ("gluon_wide" if cfg["BLOCK_SIZE_N"] == GLUON_WIDE_N else "gluon") + ":" + ("ws" if cfg["WS"] else "pipelined")
     )
     tail = ("-tma" if cfg["EPILOGUE_TMA"] else "") + ("-ahead2" if cfg["SCALE_AHEAD"] == 2 else "")
+    tail += (f"-bands{cfg['GROUP_SIZE_N']}" if cfg.get("GROUP_SIZE_N") else "") + (
+        "-scaletma" if cfg.get("SCALE_TMA") else ""
+    )
     return f"{kind}{cfg['STAGES']}{tail}"
 
 
@@ -107,12 +113,12 @@ def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[
         out.append(_opt("contiguous/triton", row_layout="contiguous", contiguous_gemm="triton"))
         gwhy = gluon_unsupported(quant, "contiguous", str(device))
         if gwhy:
-            skipped.append(("contiguous/gluon (every GLUON_VARIANTS entry)", gwhy))
+            skipped.append(("contiguous/gluon (every GLUON_VARIANTS and GLUON_EXTRAS entry)", gwhy))
         else:
-            from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
+            from moebench.kernels.triton.gluon_contiguous import GLUON_EXTRAS, GLUON_VARIANTS
 
-            for v in GLUON_VARIANTS:
-                cfg = gluon_config_of(v)
+            for v, extra in [(v, None) for v in GLUON_VARIANTS] + list(GLUON_EXTRAS):
+                cfg = gluon_config_of(v, extra)
                 name = "contiguous/" + variant_name(cfg)
                 out.append(_opt(name, row_layout="contiguous", contiguous_gemm="gluon", gluon_config=cfg))
     dwhy = deepgemm_unsupported({**flat, "device": device.type})

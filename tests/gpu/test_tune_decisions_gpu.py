@@ -26,7 +26,7 @@ TOKENS = [256, 2048]
 def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkeypatch):
     from moebench.kernels.triton import config as tconfig
     from moebench.kernels.triton import decisions as kdec
-    from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
+    from moebench.kernels.triton.gluon_contiguous import GLUON_EXTRAS, GLUON_VARIANTS
     from moebench.measure import layer as layers
     from moebench.measure.workload import make_inputs
     from moebench.tune import decide, decision_files
@@ -38,7 +38,8 @@ def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkey
     found = decide.decide(c, TOKENS, {T: T for T in TOKENS}, {}, 5, dev, print)
     for r in found:
         names = {t.option for t in r.timed}
-        assert sum(n.startswith("contiguous/gluon") for n in names) == len(GLUON_VARIANTS), r.not_run
+        gluons = sum(n.startswith("contiguous/gluon") for n in names)
+        assert gluons == len(GLUON_VARIANTS) + len(GLUON_EXTRAS), r.not_run
         assert {"current", "gathered", "contiguous/triton"} <= names
         bad = [(t.option, t.error) for t in r.timed if t.error]
         assert not bad, bad

@@ -22,6 +22,7 @@ from moebench.measure.workload import build_expert_weights
 SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)  # the tiny model
 P = SHAPE.topk
 GLUON5 = dict(WS=True, STAGES=5, SCALE_AHEAD=1, EPILOGUE_TMA=True, BLOCK_SIZE_N=128)
+WIDE_EXTRAS = dict(GLUON5, STAGES=4, BLOCK_SIZE_N=192, GROUP_SIZE_N=16, SCALE_TMA=True)
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +94,7 @@ def test_a_tuned_sidecar_picks_the_contiguous_gemm_and_its_gluon_variant(tmp_pat
         {
             "600": {"row_layout": "contiguous", "contiguous_gemm": "triton"},
             "4096": {"row_layout": "contiguous", "contiguous_gemm": "gluon", "gluon_config": GLUON5},
+            "16384": {"row_layout": "contiguous", "contiguous_gemm": "gluon", "gluon_config": WIDE_EXTRAS},
         },
     )
     ex = _experts()  # the CPU: the tuned Gluon variant falls back
@@ -105,9 +107,13 @@ def test_a_tuned_sidecar_picks_the_contiguous_gemm_and_its_gluon_variant(tmp_pat
     assert ex._run_plan(4096, P)[2] == "gluon/gluon" and ex._run_plan(2048, P)[2] == "gluon/gluon"
     assert ex._run_plan(300, P)[2] == "triton/triton"  # 600's entry (within 2x)
     assert ex._run_plan(8, P) == (False, None, "")  # no entry, few rows: gathered (constants)
-    stages = {plan: [g.constexprs["STAGES"] for g in gl] for plan, gl in ex._gluons.items()}
+    stages = {plan: [g.constexprs["STAGES"] for g in gl] for plan, gl in ex._gluons.items() if not (gl and gl[0].wide)}
     assert sorted(s for s in stages.values() if s) == [[4, 4], [5, 5]]  # the default and the tuned variant: built once
     assert ex._run_plan(4096, P)[1] is ex._gemm_fns[next(p for p, s in stages.items() if s == [5, 5])]
+    assert ex._run_plan(16384, P)[2] == "gluon_wide/gluon_wide"  # the tuned 128 x 192 tile, in bands, scales by TMA
+    wide = ex._gluons[next(p for p in ex._gluons if p[0] == "gluon_wide")]
+    built = [(g.wide, g.constexprs["GROUP_SIZE_M"], g.constexprs.get("SCALE_TMA")) for g in wide]
+    assert built == [(True, -16, True)] * 2
     forced = _experts(contiguous_gemm="gluon")  # a forced kernel: the tuned one never replaces it
     assert forced._run_plan(600, P)[2] == "gluon/gluon"
 
@@ -127,13 +133,24 @@ def test_a_malformed_sidecar_says_what_is_wrong(tmp_path):
         kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"row_layout": "sorted"}}})
     with pytest.raises(ValueError, match="gluon_config"):
         kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": {"WS": 1}}}})
+    five = dict(WS=True, STAGES=4, SCALE_AHEAD=1, EPILOGUE_TMA=True, BLOCK_SIZE_N=128)
+    for bad, says in (
+        (dict(five, GROUP_SIZE_N=-2), "GROUP_SIZE_N"),
+        (dict(five, SCALE_TMA=True), "SCALE_TMA: the 128 x 192 tile only"),
+        (dict(five, SCALE_TMA=1), "SCALE_TMA 1"),
+        (dict(five, STAGE=4), "optionally GROUP_SIZE_N, SCALE_TMA"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": bad}}})
+    old = kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": five}}})
+    assert old.at(8)["gluon_config"] == five  # a sidecar of the five fields (sessions before the extras) still reads
     with pytest.raises(ValueError, match="not a moebench decisions file"):
         kdec.parse({"8": {}})
 
 
 def test_gluon_constants_match_the_kernels():
     from moebench.kernels.triton import gluon_wide
-    from moebench.kernels.triton.gluon_contiguous import GLUON_CONFIG, GLUON_VARIANTS
+    from moebench.kernels.triton.gluon_contiguous import GLUON_CONFIG, GLUON_EXTRAS, GLUON_VARIANTS
     from moebench.tune.decide import variant_name
 
     assert kdec.GLUON_WIDE_N == gluon_wide.WIDE_N
@@ -141,7 +158,14 @@ def test_gluon_constants_match_the_kernels():
     assert {k: GLUON_CONFIG[k] for k in kdec.GLUON_FIELDS if k != "BLOCK_SIZE_N"} in [
         {k: c[k] for k in kdec.GLUON_FIELDS if k != "BLOCK_SIZE_N"} for c in cfgs
     ]
-    assert len({variant_name(c) for c in cfgs}) == len(cfgs)  # every variant's option has its own name
+    extras = [kdec.gluon_config_of(v, x) for v, x in GLUON_EXTRAS]
+    assert all(v in GLUON_VARIANTS and set(x) <= set(kdec.GLUON_EXTRA_FIELDS) for v, x in GLUON_EXTRAS)
+    assert {k: GLUON_CONFIG[k] for k in kdec.GLUON_EXTRA_FIELDS} == kdec.GLUON_EXTRA_FIELDS  # absent = the default
+    names = [variant_name(c) for c in cfgs + extras]
+    assert len(set(names)) == len(names)  # every option has its own name
+    assert "gluon_wide:ws4-tma-bands16-scaletma" in names and "gluon:ws4-tma-bands16" in names
+    for c in extras:  # a tuned extra is a valid sidecar entry
+        kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": c}}})
 
 
 @pytest.mark.slow  # minutes through the interpreter (fp8 layers at two sizes, three times each)
@@ -189,7 +213,8 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
         assert {"current", "gathered", "contiguous/triton"} <= names
         assert all(t["error"] == "" and t["rel_err"] < 0.1 for t in d["timed"]), d["timed"]
         why = dict(d["not_run"])
-        assert "interpreter" in why["contiguous/gluon (every GLUON_VARIANTS entry)"] and why["deepgemm"]
+        assert "interpreter" in why["contiguous/gluon (every GLUON_VARIANTS and GLUON_EXTRAS entry)"]
+        assert why["deepgemm"]
     assert detail["decisions_check"]["passed"]
     # the same command with --install: the tiles' trials and the decisions' timings are read, not timed
     assert cli.main(argv) == 0

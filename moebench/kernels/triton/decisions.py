@@ -14,7 +14,16 @@ a name vLLM never opens. Its content:
      "entries": {"16": {"row_layout": "gathered"},
                  "4096": {"row_layout": "contiguous", "contiguous_gemm": "gluon",
                           "gluon_config": {"WS": true, "STAGES": 5, "SCALE_AHEAD": 1,
-                                           "EPILOGUE_TMA": true, "BLOCK_SIZE_N": 128}}}}
+                                           "EPILOGUE_TMA": true, "BLOCK_SIZE_N": 128}},
+                 "16384": {"row_layout": "contiguous", "contiguous_gemm": "gluon",
+                           "gluon_config": {"WS": true, "STAGES": 4, "SCALE_AHEAD": 1,
+                                            "EPILOGUE_TMA": true, "BLOCK_SIZE_N": 192,
+                                            "GROUP_SIZE_N": 16, "SCALE_TMA": true}}}}
+
+gluon_config: a GLUON_VARIANTS entry's five fields, and where the tuner chose them, the tile order
+(GROUP_SIZE_N: bands of that many column tiles; 0 or absent, groups of row tiles) and SCALE_TMA
+(the 128 x 192 tile's activation scales TMA-loaded with each stage; false or absent, global loads):
+gluon_contiguous.GLUON_EXTRAS.
 
 Found in the folders the tiles are (config.config_dirs: MOEBENCH_TRITON_CONFIG_DIR first, then
 kernels/configs/, kernels/configs/partial/); an entry serves M rows by the tiles' nearest-key rule
@@ -40,6 +49,8 @@ SCHEMA_VERSION = 1
 ROW_LAYOUTS = ("gathered", "contiguous")
 GEMM_KERNELS = ("triton", "gluon")  # a Gluon variant's tile (gluon_wide: BLOCK_SIZE_N 192) is in gluon_config
 GLUON_FIELDS = ("WS", "STAGES", "SCALE_AHEAD", "EPILOGUE_TMA", "BLOCK_SIZE_N")  # gluon_contiguous.GLUON_VARIANTS
+# a variant's options the tuner may add (gluon_contiguous.GLUON_EXTRAS), their defaults where absent
+GLUON_EXTRA_FIELDS = {"GROUP_SIZE_N": 0, "SCALE_TMA": False}
 ENTRY_FIELDS = ("row_layout", "contiguous_gemm", "gluon_config")
 GLUON_WIDE_N = 192  # gluon_wide.WIDE_N (the 128 x 192 tile; not imported here: Gluon loads on Hopper only)
 
@@ -54,12 +65,28 @@ def is_decisions_file(path) -> bool:
     return Path(path).name.endswith(SUFFIX)
 
 
-def gluon_config_of(variant: Sequence) -> dict:
-    """A GLUON_VARIANTS tuple (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N) as GluonGemm's config."""
+def gluon_config_of(variant: Sequence, extra: Optional[dict] = None) -> dict:
+    """A GLUON_VARIANTS tuple (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N) as GluonGemm's config,
+    with a GLUON_EXTRAS entry's options (GROUP_SIZE_N, SCALE_TMA) where given."""
     ws, stages, ahead, epi_tma, bn = variant
-    return dict(
+    cfg = dict(
         WS=bool(ws), STAGES=int(stages), SCALE_AHEAD=int(ahead), EPILOGUE_TMA=bool(epi_tma), BLOCK_SIZE_N=int(bn)
     )
+    return {**cfg, **(extra or {})}
+
+
+def _gluon_config_error(g) -> Optional[str]:
+    """What is wrong with a sidecar's gluon_config (None: nothing)."""
+    if not isinstance(g, dict) or not set(GLUON_FIELDS) <= set(g) <= set(GLUON_FIELDS) | set(GLUON_EXTRA_FIELDS):
+        return f"needs {', '.join(GLUON_FIELDS)} (and optionally {', '.join(GLUON_EXTRA_FIELDS)})"
+    n = g.get("GROUP_SIZE_N", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return f"GROUP_SIZE_N {n!r}: column tiles a band (an int >= 1), or 0 for row groups"
+    if not isinstance(g.get("SCALE_TMA", False), bool):
+        return f"SCALE_TMA {g['SCALE_TMA']!r}: true or false"
+    if g.get("SCALE_TMA") and g["BLOCK_SIZE_N"] != GLUON_WIDE_N:
+        return f"SCALE_TMA: the 128 x {GLUON_WIDE_N} tile only (BLOCK_SIZE_N {g['BLOCK_SIZE_N']!r})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -93,8 +120,9 @@ def parse(raw, where: str = "decisions") -> Decisions:
         if e.get("contiguous_gemm", "triton") not in GEMM_KERNELS:
             raise ValueError(f"{where}: entry {k}: contiguous_gemm {e['contiguous_gemm']!r}; valid: {GEMM_KERNELS}")
         g = e.get("gluon_config")
-        if g is not None and (not isinstance(g, dict) or set(g) != set(GLUON_FIELDS)):
-            raise ValueError(f"{where}: entry {k}: gluon_config needs exactly {', '.join(GLUON_FIELDS)}")
+        gerr = None if g is None else _gluon_config_error(g)
+        if gerr:
+            raise ValueError(f"{where}: entry {k}: gluon_config {gerr}")
         entries[m] = dict(e)
     dg = raw.get("deepgemm_min_tokens")
     if dg is not None and (not isinstance(dg, int) or dg < 1):

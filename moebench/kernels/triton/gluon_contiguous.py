@@ -108,6 +108,15 @@ GLUON_VARIANTS = (
     (True, 6, 1, True, 128),
     (True, 4, 1, True, WIDE_N),
 )
+# the tile order and scale loads `tune --decisions` also times, each over the variant it names (GluonGemm
+# config keys; session 17's Nsight Compute reading, docs/findings/triton-vs-deepgemm.md): column bands of
+# 16 over the default 128 x 128 variant and the 128 x 192 one, the 128 x 192 tile's SCALE_TMA, and both
+GLUON_EXTRAS: tuple[tuple[tuple, dict], ...] = (
+    ((True, 4, 1, True, 128), dict(GROUP_SIZE_N=16)),
+    ((True, 4, 1, True, WIDE_N), dict(GROUP_SIZE_N=16)),
+    ((True, 4, 1, True, WIDE_N), dict(SCALE_TMA=True)),
+    ((True, 4, 1, True, WIDE_N), dict(GROUP_SIZE_N=16, SCALE_TMA=True)),
+)
 
 
 @gluon.jit
@@ -691,4 +700,12 @@ def ws_constexprs(epilogue_tma: bool, bm: int = 128, bn: int = 128) -> tuple[dic
     return dict(c_desc=f"tensordesc<bf16[{bm // 2}, {bn}],{layout!r}>"), dict(EPILOGUE_TMA=True)
 
 
-__all__ = ["GLUON_CONFIG", "GLUON_VARIANTS", "GluonGemm", "gluon_contiguous_gemm", "signature_types", "ws_constexprs"]
+__all__ = [
+    "GLUON_CONFIG",
+    "GLUON_EXTRAS",
+    "GLUON_VARIANTS",
+    "GluonGemm",
+    "gluon_contiguous_gemm",
+    "signature_types",
+    "ws_constexprs",
+]
