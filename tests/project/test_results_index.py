@@ -19,7 +19,9 @@ from moebench.run.plan import plan
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 README = RESULTS / "README.md"
-MAX_BYTES = 20 * 10**6  # the tracked tree travels whole to a device with a 64 MiB carry limit
+# the tracked tree travels whole to a device with a 64 MiB limit (with the carried wheels and DeepGEMM's
+# source: ~27 + ~9 MB at session 18, when this rose from 20 to 21 MB for #51's H100 tune and sweeps)
+MAX_BYTES = 21 * 10**6
 
 
 def _commands() -> list[str]:
@@ -27,7 +29,7 @@ def _commands() -> list[str]:
     return [line for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_results_stay_under_20_mb():
+def test_results_stay_under_the_size_limit():
     files = [p for p in RESULTS.rglob("*") if p.is_file()]
     total = sum(p.stat().st_size for p in files)
     biggest = sorted(files, key=lambda p: p.stat().st_size)[-3:]
