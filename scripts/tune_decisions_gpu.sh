@@ -103,9 +103,13 @@ after() {
     MOEBENCH_TRITON_CONFIG_DIR=$dirs moebench sweep --out "$OUT/${name}_tuned" $other "${OTHERS[@]}"
   done
   tuned_rows "$OUT/after" || echo "after: could not read $OUT/after's rows" >&2
-  moebench compare "$OUT/before" "$OUT/after" || true                          # the tuned layer against today's
   moebench compare "$OUT/after" --axis experts=deepgemm:triton || true         # triton / deepgemm after tuning
-  moebench compare "$OUT/before" --axis experts=deepgemm:triton || true        # ... and before
+  if [ -d "$OUT/before" ]; then
+    moebench compare "$OUT/before" "$OUT/after" || true                        # the tuned layer against today's
+    moebench compare "$OUT/before" --axis experts=deepgemm:triton || true      # ... and triton / deepgemm before
+  else
+    echo "after: no $OUT/before (the before stage did not run in this OUT): its comparisons left out" >&2
+  fi
   moebench compare "$OUT/qwen3_30b_a3b_today" "$OUT/qwen3_30b_a3b_tuned" || true  # no slower elsewhere
   moebench compare "$OUT/deepseek_v3_today" "$OUT/deepseek_v3_tuned" || true
   moebench report "$OUT/after"
