@@ -139,6 +139,8 @@ def test_a_malformed_sidecar_says_what_is_wrong(tmp_path):
         (dict(five, SCALE_TMA=True), "SCALE_TMA: the 128 x 192 tile only"),
         (dict(five, SCALE_TMA=1), "SCALE_TMA 1"),
         (dict(five, STAGE=4), "optionally GROUP_SIZE_N, SCALE_TMA"),
+        (dict(five, BLOCK_SIZE_N=192, WS=False, SCALE_TMA=True), "warp-specialized"),
+        (dict(five, BLOCK_SIZE_N=192, SCALE_AHEAD=2), "scales 1 ahead"),
     ):
         with pytest.raises(ValueError, match=says):
             kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": bad}}})

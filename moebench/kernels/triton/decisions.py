@@ -86,6 +86,12 @@ def _gluon_config_error(g) -> Optional[str]:
         return f"SCALE_TMA {g['SCALE_TMA']!r}: true or false"
     if g.get("SCALE_TMA") and g["BLOCK_SIZE_N"] != GLUON_WIDE_N:
         return f"SCALE_TMA: the 128 x {GLUON_WIDE_N} tile only (BLOCK_SIZE_N {g['BLOCK_SIZE_N']!r})"
+    if g["BLOCK_SIZE_N"] == GLUON_WIDE_N and not (g["WS"] and g["SCALE_AHEAD"] == 1 and g["EPILOGUE_TMA"]):
+        # (gluon_wide.py's one shape: GluonGemm asserts it)
+        return (
+            f"the 128 x {GLUON_WIDE_N} tile is warp-specialized, scales 1 ahead, a TMA epilogue "
+            "(WS, SCALE_AHEAD 1, EPILOGUE_TMA)"
+        )
     return None
 
 
