@@ -84,10 +84,17 @@ def _gluon_config_error(g) -> Optional[str]:
         return f"GROUP_SIZE_N {n!r}: column tiles a band (an int >= 1), or 0 for row groups"
     if not isinstance(g.get("SCALE_TMA", False), bool):
         return f"SCALE_TMA {g['SCALE_TMA']!r}: true or false"
-    if g.get("SCALE_TMA") and g["BLOCK_SIZE_N"] != GLUON_WIDE_N:
-        return f"SCALE_TMA: the 128 x {GLUON_WIDE_N} tile only (BLOCK_SIZE_N {g['BLOCK_SIZE_N']!r})"
-    if g["BLOCK_SIZE_N"] == GLUON_WIDE_N and not (g["WS"] and g["SCALE_AHEAD"] == 1 and g["EPILOGUE_TMA"]):
-        # (gluon_wide.py's one shape: GluonGemm asserts it)
+    return gluon_shape_error(g)
+
+
+def gluon_shape_error(cfg: dict) -> Optional[str]:
+    """Why a Gluon config (a sidecar's gluon_config, GluonGemm's config) names no kernel that exists,
+    None where it names one: SCALE_TMA is the 128 x 192 tile's, and that tile (gluon_wide.py) has one
+    shape, warp-specialized with its scales one step ahead and a TMA epilogue."""
+    wide = cfg["BLOCK_SIZE_N"] == GLUON_WIDE_N
+    if cfg.get("SCALE_TMA") and not wide:
+        return f"SCALE_TMA: the 128 x {GLUON_WIDE_N} tile only (BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']!r})"
+    if wide and not (cfg["WS"] and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]):
         return (
             f"the 128 x {GLUON_WIDE_N} tile is warp-specialized, scales 1 ahead, a TMA epilogue "
             "(WS, SCALE_AHEAD 1, EPILOGUE_TMA)"

@@ -72,6 +72,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import num_sms
 from .contiguous_gemm import ALIGN, GROUP
+from .decisions import gluon_shape_error
 from .gluon_common import load_stage, tile_coords
 from .gluon_pipelined import gluon_fp8_pipelined_kernel
 from .gluon_wide import SCALE_LAYOUT, WIDE_N, gluon_fp8_wide_kernel
@@ -111,11 +112,12 @@ GLUON_VARIANTS = (
 # the tile order and scale loads `tune --decisions` also times, each over the variant it names (GluonGemm
 # config keys; session 17's Nsight Compute reading, docs/findings/triton-vs-deepgemm.md): column bands of
 # 16 over the default 128 x 128 variant and the 128 x 192 one, the 128 x 192 tile's SCALE_TMA, and both
+_DEFAULT, _WIDE = (True, 4, 1, True, 128), (True, 4, 1, True, WIDE_N)  # GLUON_CONFIG's variant at each tile
 GLUON_EXTRAS: tuple[tuple[tuple, dict], ...] = (
-    ((True, 4, 1, True, 128), dict(GROUP_SIZE_N=16)),
-    ((True, 4, 1, True, WIDE_N), dict(GROUP_SIZE_N=16)),
-    ((True, 4, 1, True, WIDE_N), dict(SCALE_TMA=True)),
-    ((True, 4, 1, True, WIDE_N), dict(GROUP_SIZE_N=16, SCALE_TMA=True)),
+    (_DEFAULT, dict(GROUP_SIZE_N=16)),
+    (_WIDE, dict(GROUP_SIZE_N=16)),
+    (_WIDE, dict(SCALE_TMA=True)),
+    (_WIDE, dict(GROUP_SIZE_N=16, SCALE_TMA=True)),
 )
 
 
@@ -534,8 +536,8 @@ class GluonGemm:
         wide = bn == WIDE_N  # the 128 x 192 tile (gluon_wide.py): WS, its scales one step ahead, a TMA store
         assert w.dtype == torch.float8_e4m3fn and w.is_contiguous() and K % GROUP == 0, (w.dtype, w.shape)
         assert bm == ALIGN and (N % bn == 0 and bn <= GROUP or wide), (N, bm, bn)
-        assert not wide or (ws and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]), cfg
-        assert wide or not cfg["SCALE_TMA"], cfg
+        shape_error = gluon_shape_error(cfg)
+        assert shape_error is None, (shape_error, cfg)
         assert w_scale.shape == (E, N // GROUP, K // GROUP) and w_scale.device == w.device, w_scale.shape
         assert ws or cfg["num_warps"] in (4, 8), cfg  # (the pipelined kernel's WGMMA layout: 16 rows a warp)
         assert cfg["SCALE_AHEAD"] in (1, 2) and (ws or (cfg["SCALE_AHEAD"] == 1 and not cfg["EPILOGUE_TMA"])), cfg
