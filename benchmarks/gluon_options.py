@@ -31,16 +31,26 @@ import torch
 # (benchmarks/ is sys.path[0])
 from triton_fp8_contiguous import SHAPES, act_rows, deepgemm_gemm, layer_rows, rel, weights
 
-# name: (the default it must match bit for bit, GluonGemm's config over GLUON_CONFIG)
-KERNELS = {
-    "gluon 128x128": (None, {}),
-    "gluon 128x128 bands16": ("gluon 128x128", dict(GROUP_SIZE_N=16)),
-    "gluon 128x192": (None, dict(BLOCK_SIZE_N=192)),
-    "gluon 128x192 bands16": ("gluon 128x192", dict(BLOCK_SIZE_N=192, GROUP_SIZE_N=16)),
-    "gluon 128x192 bands8": ("gluon 128x192", dict(BLOCK_SIZE_N=192, GROUP_SIZE_N=8)),
-    "gluon 128x192 scale-tma": ("gluon 128x192", dict(BLOCK_SIZE_N=192, SCALE_TMA=True)),
-    "gluon 128x192 bands16 scale-tma": ("gluon 128x192", dict(BLOCK_SIZE_N=192, GROUP_SIZE_N=16, SCALE_TMA=True)),
-}
+from moebench.kernels.triton.decisions import gluon_config_of
+from moebench.kernels.triton.gluon_contiguous import GLUON_EXTRAS
+
+
+def _kernels() -> dict:
+    """name: (the default it must match bit for bit, GluonGemm's config): each tile's default and
+    the options `tune --decisions` times over it (GLUON_EXTRAS, each over GLUON_CONFIG's variant of
+    its tile), plus the 128 x 192 tile in bands of 8 (the band width's other side)."""
+    wide = next(v for v, _ in GLUON_EXTRAS if v[4] != 128)
+    out: dict = {}
+    for v, extra in (*GLUON_EXTRAS, (wide, dict(GROUP_SIZE_N=8))):
+        base = f"gluon 128x{v[4]}"
+        out.setdefault(base, (None, gluon_config_of(v)))
+        assert out[base][1] == gluon_config_of(v), (base, v)  # one variant a tile (the name says no more)
+        name = base + (f" bands{extra['GROUP_SIZE_N']}" if extra.get("GROUP_SIZE_N") else "")
+        out[name + (" scale-tma" if extra.get("SCALE_TMA") else "")] = (base, gluon_config_of(v, extra))
+    return out
+
+
+KERNELS = _kernels()
 
 
 def _sm_mhz() -> float:
