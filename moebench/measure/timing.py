@@ -123,6 +123,7 @@ def time_interleaved(
     hold_us: Optional[float] = None,
     probe: Optional[ClockProbe] = None,
     retake: Optional[Callable[[list[Samples]], float]] = None,
+    share_pool: bool = False,
 ) -> list[Samples]:
     """Time several callables with their samples interleaved (A B C A B C ...),
     so that drift (clocks, temperature, other tenants of the host) hits them
@@ -151,7 +152,15 @@ def time_interleaved(
     the decision is agreed). One rank reads its events once at the end; several
     ranks wait for each sample's end before the next barrier.
 
-    graph=True captures each callable in a CUDA graph and times its replays.
+    graph=True captures each callable in a CUDA graph and times its replays. Each graph has
+    its own private memory pool, unless `share_pool`: then one pool (torch.cuda.graph_pool_handle,
+    one per call) serves every capture, so the graphs hold about one callable's temporaries
+    rather than one set per callable (16 whole-layer options at 16384 tokens: a pool of several
+    GB each). That is safe here because the graphs are replayed one at a time on one stream,
+    never concurrently, and nothing a replay leaves in the pool is read by another: each callable
+    writes its temporaries before it reads them and its outputs are discarded (a tensor kept
+    alive past its capture stays allocated, never handed to another), so the blocks one capture
+    freed can serve the next. Not for callables that read what another's replay wrote there.
 
     warmup_ms (GPU only): after the `warmup` calls, keep calling for about this
     long, so that sampling starts at the clock the GPU sustains under this load
@@ -166,7 +175,8 @@ def time_interleaved(
     host-paced sample does, within the same HOLD_RETRIES.
     """
     if graph:
-        fns = [_capture(fn, device, warmup) for fn in fns]
+        pool = torch.cuda.graph_pool_handle() if share_pool else None
+        fns = [_capture(fn, device, warmup, pool) for fn in fns]
     for _ in range(warmup):
         for fn in fns:
             fn()
@@ -385,8 +395,10 @@ def warm_for(fns, device, warmup_ms: float, flush, agree) -> None:
     _sync(device)
 
 
-def _capture(fn: Callable[[], object], device: torch.device, warmup: int) -> Callable[[], None]:
-    """fn() captured once in a CUDA graph; returns its replay (launch gaps removed)."""
+def _capture(fn: Callable[[], object], device: torch.device, warmup: int, pool=None) -> Callable[[], None]:
+    """fn() captured once in a CUDA graph; returns its replay (launch gaps removed). `pool`: a
+    torch.cuda.graph_pool_handle() the capture allocates from (shared with other captures), or
+    None for the graph's own private pool."""
     s = torch.cuda.Stream(device)
     s.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(s):  # warm up outside the capture (allocator, autotuning)
@@ -395,6 +407,6 @@ def _capture(fn: Callable[[], object], device: torch.device, warmup: int) -> Cal
     torch.cuda.current_stream(device).wait_stream(s)
     _sync(device)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, pool=pool):
         fn()
     return g.replay

@@ -144,6 +144,65 @@ def test_the_hold_follows_the_eager_forward_for_every_callable(stream):
     assert out[0].median == pytest.approx(300.0, abs=2.0) and out[1].median == pytest.approx(40.0, abs=2.0)
 
 
+class Graphs:
+    """torch.cuda's graph capture in the model: a capture records the forward's kernels without
+    running them, a replay launches their GPU work as one launch of 5 µs of host time; which
+    pool each capture was given is kept."""
+
+    def __init__(self, st: Stream, monkeypatch):
+        self.st, self.pools, self.handles = st, [], 0
+        graphs = self
+
+        class CUDAGraph:
+            def __init__(self):
+                self.gpu_us = 0.0
+
+            def replay(self):
+                graphs.st.launch(self.gpu_us, 5.0)
+
+        @contextlib.contextmanager
+        def graph(g, pool=None):
+            self.pools.append(pool)
+
+            def record(gpu_us: float, host_us: float) -> float:
+                g.gpu_us += gpu_us
+                return st.gpu
+
+            st.launch = record  # captured, not run
+            try:
+                yield
+            finally:
+                del st.launch
+
+        def graph_pool_handle():
+            self.handles += 1
+            return ("pool", self.handles)
+
+        side = type("SideStream", (), {"wait_stream": lambda self, other: None})()
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", CUDAGraph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", graph_pool_handle)
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: side)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: side)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_graph_captures_share_one_pool_only_when_asked(stream, monkeypatch, share):
+    """time_interleaved(graph=True, share_pool=True) makes one pool per call and captures every
+    callable into it (decide.py's whole-layer options: one forward's temporaries, not one per
+    option); without share_pool each graph keeps its own private pool (pool=None)."""
+    graphs = Graphs(stream, monkeypatch)
+    slow, cheap = layer(stream), layer(stream, kernels=2, host_us=5.0)
+    for call in (1, 2):
+        out = timing.time_interleaved([slow, cheap], CUDA, reps=5, warmup=1, graph=True, share_pool=share)
+        assert [len(s.us) for s in out] == [5, 5] and [s.host_paced for s in out] == [0, 0]
+        assert out[0].median == pytest.approx(300.0, abs=2.0) and out[1].median == pytest.approx(40.0, abs=2.0)
+        got = graphs.pools[-2:]
+        assert got == ([("pool", call)] * 2 if share else [None, None])
+    assert graphs.handles == (2 if share else 0)
+
+
 def test_a_forward_that_syncs_the_host_is_detected_and_labelled(stream):
     fn = layer(stream, sync_at=7)
     host_us = timing.host_enqueue_us(fn, CUDA)  # the host waits for the 20 ms of queued work
