@@ -19,8 +19,10 @@ tune's weights (kept: one copy for all):
 
 An option that cannot run here is skipped with its reason (on the CPU: every Gluon variant and
 DeepGEMM). A handful of options: all are timed, exhaustively, their samples interleaved
-(`final_reps` each, the runner's timing: graph replays up to runner.graph_max_tokens, events
-above), each checked against the float32 reference first. The fastest Triton option is the
+(`final_reps` each, the runner's timing: validity.timing_mode of the combination at that count, as
+the sweep times the layer; auto, the default, is graph replays at every size wherever the layer
+can be captured, their captures sharing one memory pool; profiler is timed as events), each
+checked against the float32 reference first. The fastest Triton option is the
 sidecar's entry at that count (kernels/triton/decisions.py); DeepGEMM's switch-over is the
 smallest tuned count from which DeepGEMM won at every larger one.
 
@@ -37,6 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
+from moebench.config.validity import timing_mode
 from moebench.kernels import registry
 from moebench.kernels.cards.experts import contiguous_unsupported, gluon_unsupported
 from moebench.kernels.experts._deep_gemm import deepgemm_unsupported
@@ -129,6 +132,16 @@ def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[
     return out, skipped
 
 
+def decision_timing(combo, T: int, device_type: str) -> str:
+    """How the decisions at T tokens are timed: as the runner times the layer (worker.py), by
+    validity.timing_mode of the combination: graph (replays; auto at every size wherever the
+    layer can be captured, graph up to runner.graph_max_tokens) | events (held eager forwards;
+    profiler too: the decisions are never profiled) | host (not CUDA: the host's clock)."""
+    if device_type != "cuda":
+        return "host"
+    return "graph" if timing_mode(combo, T) == "graph" else "events"
+
+
 @dataclass
 class DecisionResult:
     """One token count's decisions."""
@@ -170,10 +183,8 @@ class DecisionBench:
         return self.layers[o]
 
     def timing(self, T: int) -> str:
-        """How run() times T tokens: graph (replays) | events | host."""
-        if self.device.type != "cuda":
-            return "host"
-        return "graph" if T <= self.combo["graph_max_tokens"] else "events"
+        """How run() times T tokens: graph (replays) | events | host (decision_timing)."""
+        return decision_timing(self.combo, T, self.device.type)
 
     def run(self, T: int, opts: list[Option], reps: int, salt: int = 7) -> list[Timed]:
         """Each option checked on T tokens' routing, then all timed interleaved (`reps` samples each).
@@ -207,7 +218,14 @@ class DecisionBench:
         if fns:
             graph = self.timing(T) == "graph"
             samples = timing.time_interleaved(
-                [f for _, f in fns], self.device, reps, self.warmup, flush=self.flush, graph=graph, warmup_ms=50.0
+                [f for _, f in fns],
+                self.device,
+                reps,
+                self.warmup,
+                flush=self.flush,
+                graph=graph,
+                warmup_ms=50.0,
+                share_pool=True,  # one pool for all options' graphs: a layer's temporaries once, not per option
             )
             for (t, _), s in zip(fns, samples, strict=True):
                 t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]

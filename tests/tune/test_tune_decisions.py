@@ -591,6 +591,35 @@ class _Paced:
         return [(n, self.us[n], paced if (n == "current") == (self.side == "current") else "") for n in names]
 
 
+def test_the_decisions_are_timed_as_the_runner_times_the_layer():
+    """DecisionBench times each count by the runner's rule (validity.timing_mode, worker.py):
+    auto, the default, replays graphs at every size wherever the layer captures (the tune's own
+    combination does); graph only up to runner.graph_max_tokens; events and profiler as held
+    events; off CUDA the host's clock."""
+    from moebench.config import compose
+    from moebench.tune.decide import DecisionBench, decision_timing
+    from moebench.tune.search import resolve
+
+    def combo(*overrides: str):
+        base = ["model=tiny", "quant=bf16", "reduction=experts", "overlap=none", "backend=local", "experts=triton"]
+        return compose.to_combo(compose.compose_config([*base, *overrides]), device="cuda")
+
+    sizes = (16, 256, 1024, 16384)
+    assert [decision_timing(combo(), T, "cuda") for T in sizes] == ["graph"] * 4
+    graph = combo("runner.timing=graph", "runner.graph_max_tokens=256")
+    assert [decision_timing(graph, T, "cuda") for T in sizes] == ["graph", "graph", "events", "events"]
+    for mode in ("events", "profiler"):
+        assert [decision_timing(combo(f"runner.timing={mode}"), T, "cuda") for T in sizes] == ["events"] * 4
+    # auto's own exceptions hold too: under a memory budget it times events (no private pools)
+    assert decision_timing(combo("runner.memory_budget=1GiB"), 16384, "cuda") == "events"
+    assert decision_timing(combo(), 16384, "cpu") == "host"
+    # the tune's combination (gathered rows pinned) as on a GPU: replays at 16384 tokens
+    c, _ = resolve(BF16)
+    assert c.combo["timing"] == "auto"
+    assert decision_timing(c.combo.replace(device="cuda"), 16384, "cuda") == "graph"
+    assert DecisionBench(c, torch.device("cpu")).timing(16384) == "host"
+
+
 def _layer_bench(script):
     """regression.measure's LayerBench, answering from `script` (the tuned entry, then the current)."""
     from types import SimpleNamespace
