@@ -154,6 +154,7 @@ class DecisionResult:
     best_overall: str = ""  # the fastest option (deepgemm included)
     entry: dict = field(default_factory=dict)
     wall_s: float = NAN
+    timing: str = ""  # how the count was timed: graph | events | host (decision_timing)
 
     def get(self, name: str) -> Optional[Timed]:
         return next((t for t in self.timed if t.option == name), None)
@@ -259,7 +260,7 @@ def decide(
     for T in tokens:
         t0 = time.perf_counter()
         opts, skipped = plan[T]
-        r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped)
+        r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped, timing=bench.timing(T))
         r.timed = _timed(bench, store, T, opts, reps)
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
         triton = [t for t in ranked if t.option != DEEPGEMM]
@@ -305,14 +306,14 @@ def switch_over(results: list[DecisionResult]) -> Optional[int]:
 def summary(results: list[DecisionResult]) -> str:
     """Markdown: per token count what was chosen, what it beat and by how much."""
     lines = [
-        "| tokens | chosen | µs | vs current (today's constants) | runner-up | skipped |",
-        "|---:|---|---:|---:|---|---|",
+        "| tokens | timing | chosen | µs | vs current (today's constants) | runner-up | skipped |",
+        "|---:|---|---|---:|---:|---|---|",
     ]
     for r in results:
         best = r.get(r.best_overall) if r.best_overall else None
         if best is None:
             errs = "; ".join(f"{t.option}: {t.error}" for t in r.timed if t.error)[:200]
-            lines.append(f"| {r.tokens} | none ran ({errs}) | – | – | – | |")
+            lines.append(f"| {r.tokens} | {r.timing or '–'} | none ran ({errs}) | – | – | – | |")
             continue
         cur = r.get(CURRENT)
         vs = "–"
@@ -321,7 +322,7 @@ def summary(results: list[DecisionResult]) -> str:
         others = sorted((t for t in r.timed if t.ok and t.option not in (CURRENT, best.option)), key=lambda t: t.us)
         up = f"{others[0].option} {others[0].us:.1f} µs ({others[0].us / best.us:.2f}x)" if others else "–"
         skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.not_run)  # (tune.json: whole)
-        lines.append(f"| {r.tokens} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
+        lines.append(f"| {r.tokens} | {r.timing or '–'} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
     return "\n".join(lines)
 
 

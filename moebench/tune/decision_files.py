@@ -28,6 +28,7 @@ def _provenance(r: DecisionResult) -> dict:
     cur = r.get(CURRENT)
     return {
         "tokens": r.tokens,
+        "timing": r.timing,
         "chosen": r.best,
         "chosen_us": json_num(best.us) if best else None,
         "fastest_overall": r.best_overall,

@@ -461,6 +461,7 @@ def tune(
         "budget": args.budget,
         "reps": args.reps,
         "final_reps": args.final_reps,
+        # the tile trials' (bench.py); --decisions times each count as the runner does (its provenance's "timing")
         "timing": f"graph replays up to {c.combo['graph_max_tokens']} tokens, events above" if cuda else "host clock",
         "gpus": max(1, ngpu) if cuda else 0,
         "compile_workers": workers,

@@ -204,13 +204,16 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
     assert cli.main([a for a in argv if a != "--install"]) == 0
     text = capsys.readouterr().out
     assert "decisions (whole layers, interleaved)" in text and "vs current" in text
+    assert "| 4 | host | " in text  # each count says how it was timed (the host's clock: no CUDA)
     tiles = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128])
     side = json.loads((out / "configs" / kdec.decisions_name(tiles)).read_text())
+    assert {p["timing"] for p in side["provenance"].values()} == {"host"}
     parsed = kdec.parse(side)
     assert set(parsed.entries) == {4, 16} and parsed.deepgemm_min_tokens is None  # DeepGEMM: no CPU
     assert all(e["row_layout"] in ("gathered", "contiguous") for e in parsed.entries.values())
     detail = json.loads((out / "tune.json").read_text())
     for d in detail["decisions"]:
+        assert d["timing"] == "host"
         names = {t["option"] for t in d["timed"]}
         assert {"current", "gathered", "contiguous/triton"} <= names
         assert all(t["error"] == "" and t["rel_err"] < 0.1 for t in d["timed"]), d["timed"]
