@@ -9,7 +9,8 @@ Times are triton.testing.do_bench medians; TFLOP/s count the valid rows only
 (pairs x 2 x N x K), so the padding of the layout counts against both kernels.
 
     python benchmarks/triton_fp8_contiguous.py [--quant fp8_block|bf16] [--tokens 4096 16384] [--configs N]
-                                               [--variants | --gluon [--group-m G | --group-n G] [--scale-tma]]
+                                               [--variants | --gluon [--group-m G | --group-n G]
+                                                             [--scale-tma [--producer-1w]]]
                                                [--variant I]
                                                [--check TOL] [--json out.json]
 
@@ -19,7 +20,8 @@ with its block scales loaded two K steps ahead, with its output TMA-stored at 4,
 a 128 x 192 tile, gluon_wide.py)
 beside our default Triton tile, in GROUP_SIZE_M-swizzled tile order (--group-m, 8) or in bands of
 --group-n column tiles (DeepGEMM's order: kernels/triton/gluon_common.tile_coords), the 128 x 192
-tile with its activation scales TMA-loaded with each stage under --scale-tma; --check TOL only
+tile with its activation scales TMA-loaded with each stage under --scale-tma (and its TMA producer one
+warp under --producer-1w); --check TOL only
 runs each kernel once into a NaN-filled output, checks it against the fp32 torch product (no
 DeepGEMM) and exits 1 when one did not run or differs by more than TOL (relative error of the valid
 rows as a whole, or of the worst one).
@@ -202,6 +204,11 @@ def main(argv=None) -> list[dict]:
         action="store_true",
         help="--gluon: the 128 x 192 tile TMA-loads the activation scales with each stage (SCALE_TMA)",
     )
+    ap.add_argument(
+        "--producer-1w",
+        action="store_true",
+        help="--scale-tma: and the 128 x 192 tile's TMA producer is one warp (PRODUCER_1W)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke test, no timing)")
     args = ap.parse_args(argv)
@@ -209,6 +216,8 @@ def main(argv=None) -> list[dict]:
         ap.error("--gluon is fp8_block on a CUDA GPU only (Gluon has no interpreter), without --variants")
     if args.group_n < 0 or args.group_m < 1 or ((args.group_n or args.scale_tma) and not args.gluon):
         ap.error("--group-m takes G >= 1; --group-n takes G >= 1 (0: off); --group-n and --scale-tma need --gluon")
+    if args.producer_1w and not args.scale_tma:
+        ap.error("--producer-1w needs --scale-tma (GLUON_EXTRAS times the one-warp producer over SCALE_TMA)")
     if args.variant is not None:
         n = len(GLUON_VARIANTS) if args.gluon else len(VARIANTS[args.quant])
         if not ((args.variants or args.gluon) and 0 <= args.variant < n):
@@ -300,12 +309,15 @@ def main(argv=None) -> list[dict]:
                             label += " tma-epi" if extra["EPILOGUE_TMA"] else ""
                             scale_tma = args.scale_tma and bn == WIDE_N  # (the 128 x 192 tile's option)
                             label += " scales-tma" if scale_tma else ""
+                            producer_1w = args.producer_1w and scale_tma
+                            label += " producer-1w" if producer_1w else ""
                             gcfg = dict(
                                 BLOCK_SIZE_M=bm,
                                 BLOCK_SIZE_N=bn,
                                 GROUP_SIZE_M=gm,
                                 GROUP_SIZE_N=args.group_n,
                                 SCALE_TMA=scale_tma,
+                                PRODUCER_1W=producer_1w,
                                 STAGES=ns,
                                 num_warps=nw,
                                 WS=extra["WS"],

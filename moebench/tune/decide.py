@@ -11,7 +11,8 @@ tune's weights (kept: one copy for all):
   contiguous/gluon:V  the contiguous layout on the Gluon kernel, variant V of
                       gluon_contiguous.GLUON_VARIANTS (stages, scale look-ahead, epilogue, tile:
                       gluon_wide is the 128 x 192 one), and GLUON_EXTRAS (a variant in column
-                      bands, -bands16; the 128 x 192 tile's scales by TMA, -scaletma); fp8_block
+                      bands, -bands16; the 128 x 192 tile's scales by TMA, -scaletma, and with a
+                      one-warp TMA producer, -scaletma-1w); fp8_block
                       on an SM90 GPU only
   deepgemm            the `deepgemm` experts (triton_or_deepgemm's other side); where DeepGEMM runs
   current             the baseline: what the layer builds today (row_layout / contiguous_gemm auto:
@@ -87,13 +88,16 @@ def _opt(name: str, experts: str = "triton", **options) -> Option:
 
 def variant_name(cfg: dict) -> str:
     """gluon:ws4-tma / gluon:ws6 / gluon:pipelined4 / gluon:ws4-ahead2 / gluon_wide:ws4-tma, and with a
-    GLUON_EXTRAS entry's options: gluon:ws4-tma-bands16 / gluon_wide:ws4-tma-bands16-scaletma."""
+    GLUON_EXTRAS entry's options: gluon:ws4-tma-bands16 / gluon_wide:ws4-tma-bands16-scaletma /
+    gluon_wide:ws4-tma-scaletma-1w."""
     kind = (
         ("gluon_wide" if cfg["BLOCK_SIZE_N"] == GLUON_WIDE_N else "gluon") + ":" + ("ws" if cfg["WS"] else "pipelined")
     )
     tail = ("-tma" if cfg["EPILOGUE_TMA"] else "") + ("-ahead2" if cfg["SCALE_AHEAD"] == 2 else "")
-    tail += (f"-bands{cfg['GROUP_SIZE_N']}" if cfg.get("GROUP_SIZE_N") else "") + (
-        "-scaletma" if cfg.get("SCALE_TMA") else ""
+    tail += (
+        (f"-bands{cfg['GROUP_SIZE_N']}" if cfg.get("GROUP_SIZE_N") else "")
+        + ("-scaletma" if cfg.get("SCALE_TMA") else "")
+        + ("-1w" if cfg.get("PRODUCER_1W") else "")
     )
     return f"{kind}{cfg['STAGES']}{tail}"
 

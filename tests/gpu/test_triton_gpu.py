@@ -337,7 +337,9 @@ def _gluon_variants():
 
 
 @pytest.mark.parametrize(
-    "option", [[], ["--group-n", "5"], ["--scale-tma"]], ids=["row-groups", "column-bands", "scales-by-tma"]
+    "option",
+    [[], ["--group-n", "5"], ["--scale-tma"], ["--scale-tma", "--producer-1w"]],
+    ids=["row-groups", "column-bands", "scales-by-tma", "one-warp-producer"],
 )
 def test_gluon_contiguous_gemm_matches_the_fp32_product(option):
     """kernels/triton/gluon_contiguous.py (issue #35: the block-scale promotion beside the tensor
@@ -350,7 +352,8 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product(option):
     1e-2 of the fp32 torch product, as a whole and row by row, every output row written
     (`--gluon --check`). In both tile orders (gluon_common.tile_coords): groups of 8 row tiles, and
     bands of 5 column tiles, which leaves a part band in every GEMM here; and with the 128 x 192
-    tile's activation scales TMA-loaded with its stages (SCALE_TMA). In a subprocess with a
+    tile's activation scales TMA-loaded with its stages (SCALE_TMA), and that with its TMA producer
+    one warp (PRODUCER_1W: a barrier the partitions disagree on would hang). In a subprocess with a
     timeout: Triton's automatic warp specialization of the Triton kernel hung on this GPU
     (docs/findings/triton-vs-deepgemm.md), and a hung kernel must fail this test, not stall the suite."""
     cmd = [
@@ -375,6 +378,7 @@ def test_gluon_contiguous_gemm_matches_the_fp32_product(option):
     assert res.stdout.count("gluon 128x") == 8 * n and n >= 8, res.stdout[-4000:]
     assert res.stdout.count(" band5 ") == (8 * n if "--group-n" in option else 0), res.stdout[-4000:]
     assert res.stdout.count(" scales-tma") == (8 if "--scale-tma" in option else 0), res.stdout[-4000:]
+    assert res.stdout.count(" producer-1w") == (8 if "--producer-1w" in option else 0), res.stdout[-4000:]
 
 
 _GLUON_LAYER = """if True:

@@ -1,6 +1,7 @@
 """Run as a script (its own process: the kernels must be JITFunctions, not the interpreter's):
-the Gluon GEMM's kernels (gluon_contiguous.GluonGemm's six: the TMA or the register epilogue, the
-pipelined kernel, the 128 x 192 tile, the column-band order, the activation scales by TMA),
+the Gluon GEMM's kernels (gluon_contiguous.GluonGemm's seven: the TMA or the register epilogue, the
+pipelined kernel, the 128 x 192 tile, the column-band order, the activation scales by TMA, and with
+the one-warp producer),
 lowered for sm_90 as compile_check lowers them, each behind a stand-in CudaLauncher built from its
 real signature and TMA metadata with Triton's own driver.wrap_handle_tensordesc. A call's first
 launch goes through the (stubbed) JIT, which launches as JITFunction.run does (CompiledKernel.run:
@@ -32,6 +33,9 @@ VARIANTS = {
     "gluon_wide fp8_block 128x192x128 WS stages 4 TMA epilogue": dict(BLOCK_SIZE_N=192),
     "gluon_contiguous fp8_block 128x128x128 WS stages 4 TMA epilogue column bands": dict(GROUP_SIZE_N=16),
     "gluon_wide fp8_block 128x192x128 WS stages 4 TMA epilogue scales by TMA": dict(BLOCK_SIZE_N=192, SCALE_TMA=True),
+    "gluon_wide fp8_block 128x192x128 WS stages 4 TMA epilogue scales by TMA, one-warp producer": dict(
+        BLOCK_SIZE_N=192, SCALE_TMA=True, PRODUCER_1W=True
+    ),
 }
 BASE = (5, 99, False, False, None, None, (4, 1, 1000), None, None, None)  # stream .. exit hook (after the grid)
 

@@ -23,6 +23,7 @@ SHAPE = LayerShape(hidden=256, intermediate=128, num_experts=8, topk=2)  # the t
 P = SHAPE.topk
 GLUON5 = dict(WS=True, STAGES=5, SCALE_AHEAD=1, EPILOGUE_TMA=True, BLOCK_SIZE_N=128)
 WIDE_EXTRAS = dict(GLUON5, STAGES=4, BLOCK_SIZE_N=192, GROUP_SIZE_N=16, SCALE_TMA=True)
+WIDE_1W = dict(GLUON5, STAGES=4, BLOCK_SIZE_N=192, SCALE_TMA=True, PRODUCER_1W=True)
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +96,7 @@ def test_a_tuned_sidecar_picks_the_contiguous_gemm_and_its_gluon_variant(tmp_pat
             "600": {"row_layout": "contiguous", "contiguous_gemm": "triton"},
             "4096": {"row_layout": "contiguous", "contiguous_gemm": "gluon", "gluon_config": GLUON5},
             "16384": {"row_layout": "contiguous", "contiguous_gemm": "gluon", "gluon_config": WIDE_EXTRAS},
+            "65536": {"row_layout": "contiguous", "contiguous_gemm": "gluon", "gluon_config": WIDE_1W},
         },
     )
     ex = _experts()  # the CPU: the tuned Gluon variant falls back
@@ -114,6 +116,10 @@ def test_a_tuned_sidecar_picks_the_contiguous_gemm_and_its_gluon_variant(tmp_pat
     wide = ex._gluons[next(p for p in ex._gluons if p[0] == "gluon_wide")]
     built = [(g.wide, g.constexprs["GROUP_SIZE_M"], g.constexprs.get("SCALE_TMA")) for g in wide]
     assert built == [(True, -16, True)] * 2
+    assert all("PRODUCER_1W" not in g.constexprs for g in wide)  # absent: the default kernel's launch key
+    ex._run_plan(65536, P)  # the one-warp producer reaches the kernel as its constexpr
+    one = [g for p, gl in ex._gluons.items() for g in gl if g.constexprs.get("PRODUCER_1W")]
+    assert len(one) == 2 and all(g.wide and g.constexprs["SCALE_TMA"] and g.constexprs["GROUP_SIZE_M"] > 0 for g in one)
     forced = _experts(contiguous_gemm="gluon")  # a forced kernel: the tuned one never replaces it
     assert forced._run_plan(600, P)[2] == "gluon/gluon"
 
@@ -138,7 +144,9 @@ def test_a_malformed_sidecar_says_what_is_wrong(tmp_path):
         (dict(five, GROUP_SIZE_N=-2), "GROUP_SIZE_N"),
         (dict(five, SCALE_TMA=True), "SCALE_TMA: the 128 x 192 tile only"),
         (dict(five, SCALE_TMA=1), "SCALE_TMA 1"),
-        (dict(five, STAGE=4), "optionally GROUP_SIZE_N, SCALE_TMA"),
+        (dict(five, PRODUCER_1W=True), "PRODUCER_1W: the 128 x 192 tile only"),
+        (dict(five, BLOCK_SIZE_N=192, PRODUCER_1W="yes"), "PRODUCER_1W 'yes'"),
+        (dict(five, STAGE=4), "optionally GROUP_SIZE_N, SCALE_TMA, PRODUCER_1W"),
         (dict(five, BLOCK_SIZE_N=192, WS=False, SCALE_TMA=True), "warp-specialized"),
         (dict(five, BLOCK_SIZE_N=192, SCALE_AHEAD=2), "scales 1 ahead"),
     ):
@@ -166,6 +174,7 @@ def test_gluon_constants_match_the_kernels():
     names = [variant_name(c) for c in cfgs + extras]
     assert len(set(names)) == len(names)  # every option has its own name
     assert "gluon_wide:ws4-tma-bands16-scaletma" in names and "gluon:ws4-tma-bands16" in names
+    assert "gluon_wide:ws4-tma-scaletma-1w" in names
     for c in extras:  # a tuned extra is a valid sidecar entry
         kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": c}}})
 

@@ -510,7 +510,7 @@ def variants(quick: bool):
                     f"gluon_wide fp8_block 128x{bn}x128 WS stages {stages} TMA epilogue",
                     gluon_wide.gluon_fp8_wide_kernel,
                     gluon_wide.wide_signature_types(),
-                    dict(consts, num_warps=4, as_desc=None, SCALE_TMA=False),
+                    dict(consts, num_warps=4, as_desc=None, SCALE_TMA=False, PRODUCER_1W=False),
                     4,
                     1,
                 )
@@ -544,6 +544,17 @@ def variants(quick: bool):
     for name, fn, types, consts, warps, stages in [v for v in out if v[0].startswith("gluon_wide")]:
         consts = {k: v for k, v in consts.items() if k != "as_desc"}
         out.append((name + " scales by TMA", fn, types, dict(consts, SCALE_TMA=True), warps, stages))
+        if "column bands" not in name:  # (GLUON_EXTRAS: the one-warp producer over SCALE_TMA alone)
+            out.append(
+                (
+                    name + " scales by TMA, one-warp producer",
+                    fn,
+                    types,
+                    dict(consts, SCALE_TMA=True, PRODUCER_1W=True),
+                    warps,
+                    stages,
+                )
+            )
     return out
 
 

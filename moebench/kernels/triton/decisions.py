@@ -21,8 +21,9 @@ a name vLLM never opens. Its content:
                                             "GROUP_SIZE_N": 16, "SCALE_TMA": true}}}}
 
 gluon_config: a GLUON_VARIANTS entry's five fields, and where the tuner chose them, the tile order
-(GROUP_SIZE_N: bands of that many column tiles; 0 or absent, groups of row tiles) and SCALE_TMA
-(the 128 x 192 tile's activation scales TMA-loaded with each stage; false or absent, global loads):
+(GROUP_SIZE_N: bands of that many column tiles; 0 or absent, groups of row tiles), SCALE_TMA
+(the 128 x 192 tile's activation scales TMA-loaded with each stage; false or absent, global loads)
+and PRODUCER_1W (the 128 x 192 tile's TMA producer one warp; false or absent, a warp group):
 gluon_contiguous.GLUON_EXTRAS.
 
 Found in the folders the tiles are (config.config_dirs: MOEBENCH_TRITON_CONFIG_DIR first, then
@@ -50,7 +51,7 @@ ROW_LAYOUTS = ("gathered", "contiguous")
 GEMM_KERNELS = ("triton", "gluon")  # a Gluon variant's tile (gluon_wide: BLOCK_SIZE_N 192) is in gluon_config
 GLUON_FIELDS = ("WS", "STAGES", "SCALE_AHEAD", "EPILOGUE_TMA", "BLOCK_SIZE_N")  # gluon_contiguous.GLUON_VARIANTS
 # a variant's options the tuner may add (gluon_contiguous.GLUON_EXTRAS), their defaults where absent
-GLUON_EXTRA_FIELDS = {"GROUP_SIZE_N": 0, "SCALE_TMA": False}
+GLUON_EXTRA_FIELDS = {"GROUP_SIZE_N": 0, "SCALE_TMA": False, "PRODUCER_1W": False}
 ENTRY_FIELDS = ("row_layout", "contiguous_gemm", "gluon_config")
 GLUON_WIDE_N = 192  # gluon_wide.WIDE_N (the 128 x 192 tile; not imported here: Gluon loads on Hopper only)
 
@@ -67,7 +68,7 @@ def is_decisions_file(path) -> bool:
 
 def gluon_config_of(variant: Sequence, extra: Optional[dict] = None) -> dict:
     """A GLUON_VARIANTS tuple (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N) as GluonGemm's config,
-    with a GLUON_EXTRAS entry's options (GROUP_SIZE_N, SCALE_TMA) where given."""
+    with a GLUON_EXTRAS entry's options (GROUP_SIZE_N, SCALE_TMA, PRODUCER_1W) where given."""
     ws, stages, ahead, epi_tma, bn = variant
     cfg = dict(
         WS=bool(ws), STAGES=int(stages), SCALE_AHEAD=int(ahead), EPILOGUE_TMA=bool(epi_tma), BLOCK_SIZE_N=int(bn)
@@ -82,18 +83,20 @@ def _gluon_config_error(g) -> Optional[str]:
     n = g.get("GROUP_SIZE_N", 0)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         return f"GROUP_SIZE_N {n!r}: column tiles a band (an int >= 1), or 0 for row groups"
-    if not isinstance(g.get("SCALE_TMA", False), bool):
-        return f"SCALE_TMA {g['SCALE_TMA']!r}: true or false"
+    for flag in ("SCALE_TMA", "PRODUCER_1W"):
+        if not isinstance(g.get(flag, False), bool):
+            return f"{flag} {g[flag]!r}: true or false"
     return gluon_shape_error(g)
 
 
 def gluon_shape_error(cfg: dict) -> Optional[str]:
     """Why a Gluon config (a sidecar's gluon_config, GluonGemm's config) names no kernel that exists,
-    None where it names one: SCALE_TMA is the 128 x 192 tile's, and that tile (gluon_wide.py) has one
-    shape, warp-specialized with its scales one step ahead and a TMA epilogue."""
+    None where it names one: SCALE_TMA and PRODUCER_1W are the 128 x 192 tile's, and that tile
+    (gluon_wide.py) has one shape, warp-specialized with its scales one step ahead and a TMA epilogue."""
     wide = cfg["BLOCK_SIZE_N"] == GLUON_WIDE_N
-    if cfg.get("SCALE_TMA") and not wide:
-        return f"SCALE_TMA: the 128 x {GLUON_WIDE_N} tile only (BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']!r})"
+    for flag in ("SCALE_TMA", "PRODUCER_1W"):
+        if cfg.get(flag) and not wide:
+            return f"{flag}: the 128 x {GLUON_WIDE_N} tile only (BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']!r})"
     if wide and not (cfg["WS"] and cfg["SCALE_AHEAD"] == 1 and cfg["EPILOGUE_TMA"]):
         return (
             f"the 128 x {GLUON_WIDE_N} tile is warp-specialized, scales 1 ahead, a TMA epilogue "

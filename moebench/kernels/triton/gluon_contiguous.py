@@ -94,6 +94,7 @@ GLUON_CONFIG = dict(
     SCALE_AHEAD=1,
     EPILOGUE_TMA=True,
     SCALE_TMA=False,
+    PRODUCER_1W=False,
 )
 # every variant measured (benchmarks/triton_fp8_contiguous.py --gluon --variant I) and lowered on the CPU
 # (compile_check): (WS, STAGES, SCALE_AHEAD, EPILOGUE_TMA, BLOCK_SIZE_N); 4-6 the TMA epilogue at 4, 5 and 6
@@ -111,13 +112,15 @@ GLUON_VARIANTS = (
 )
 # the tile order and scale loads `tune --decisions` also times, each over the variant it names (GluonGemm
 # config keys; session 17's Nsight Compute reading, docs/findings/triton-vs-deepgemm.md): column bands of
-# 16 over the default 128 x 128 variant and the 128 x 192 one, the 128 x 192 tile's SCALE_TMA, and both
+# 16 over the default 128 x 128 variant and the 128 x 192 one, the 128 x 192 tile's SCALE_TMA, and both;
+# and (session 19) SCALE_TMA with the 128 x 192 tile's TMA producer one warp (PRODUCER_1W)
 _DEFAULT, _WIDE = (True, 4, 1, True, 128), (True, 4, 1, True, WIDE_N)  # GLUON_CONFIG's variant at each tile
 GLUON_EXTRAS: tuple[tuple[tuple, dict], ...] = (
     (_DEFAULT, dict(GROUP_SIZE_N=16)),
     (_WIDE, dict(GROUP_SIZE_N=16)),
     (_WIDE, dict(SCALE_TMA=True)),
     (_WIDE, dict(GROUP_SIZE_N=16, SCALE_TMA=True)),
+    (_WIDE, dict(SCALE_TMA=True, PRODUCER_1W=True)),
 )
 
 
@@ -563,8 +566,9 @@ class GluonGemm:
             self.b_descs = (_descriptor(w_rows, (GROUP, GROUP)), _descriptor(w_rows, (half, GROUP)))
             self.c_blocks = ((bm // 2, GROUP), (bm // 2, half))  # the 128- and the 64-column parts
             self.constexprs["num_warps"] = 4
-            if cfg["SCALE_TMA"]:  # (absent otherwise: the default's launch key stays as it was)
-                self.constexprs["SCALE_TMA"] = True
+            for flag in ("SCALE_TMA", "PRODUCER_1W"):  # (absent otherwise: the default's launch key stays as it was)
+                if cfg[flag]:
+                    self.constexprs[flag] = True
         else:
             # (the pipelined kernel: the counter-example)
             self.kernel = _gluon_fp8_ws_kernel if ws else gluon_fp8_pipelined_kernel
