@@ -4,7 +4,8 @@ One GPU (SM90, DeepGEMM importable). Both GEMMs of a layer on the permuted rows 
 routing (triton_fp8_contiguous.py's shapes, rows and weights): DeepGEMM's
 `m_grouped_fp8_gemm_nt_contiguous`, the 128 x 128 Gluon kernel and the 128 x 192 one
 (gluon_wide.py), each also in the column-band tile order (GROUP_SIZE_N) and, for the 128 x 192
-tile, with its activation scales TMA-loaded with each stage (SCALE_TMA). Each kernel is timed in
+tile, with its activation scales TMA-loaded with each stage (SCALE_TMA), and that with its TMA
+producer one warp (PRODUCER_1W). Each kernel is timed in
 --rounds rounds that take every kernel in turn (triton.testing.do_bench, median of the rounds),
 so a clock that drifts under the power cap lands on every kernel alike; the SM clock is read
 after each (torch.cuda.clock_rate). Every option's output must equal its default's bit for bit
@@ -46,7 +47,9 @@ def _kernels() -> dict:
         out.setdefault(base, (None, gluon_config_of(v)))
         assert out[base][1] == gluon_config_of(v), (base, v)  # one variant a tile (the name says no more)
         name = base + (f" bands{extra['GROUP_SIZE_N']}" if extra.get("GROUP_SIZE_N") else "")
-        out[name + (" scale-tma" if extra.get("SCALE_TMA") else "")] = (base, gluon_config_of(v, extra))
+        name += (" scale-tma" if extra.get("SCALE_TMA") else "") + (" producer-1w" if extra.get("PRODUCER_1W") else "")
+        assert name not in out, name  # every option its own name
+        out[name] = (base, gluon_config_of(v, extra))
     return out
 
 
