@@ -7,6 +7,8 @@ tune's weights (kept: one copy for all):
 
   gathered            experts.row_layout=gathered on this tune's winning tile at that count
                       (else the layer's own look-up)
+  gathered-btma       the same, the weights' tiles loaded through a TMA descriptor (gemm.py's
+                      B_TMA; the sidecar entry's b_tma); SM90 or newer, or the interpreter
   contiguous/triton   the contiguous layout on kernels/triton/contiguous_gemm.py
   contiguous/gluon:V  the contiguous layout on the Gluon kernel, variant V of
                       gluon_contiguous.GLUON_VARIANTS (stages, scale look-ahead, epilogue, tile:
@@ -33,6 +35,7 @@ Legend: T tokens per rank, M rows entering the experts (the entries' key).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +77,10 @@ class Option:
         if self.experts != "triton" or self.name == CURRENT:
             return {}
         if o.get("row_layout") == "gathered":
-            return {"row_layout": "gathered"}
+            return {
+                "row_layout": "gathered",
+                **({"b_tma": True} if (o.get("triton_config") or {}).get("B_TMA") else {}),
+            }
         e: dict = {"row_layout": "contiguous", "contiguous_gemm": "gluon" if "gluon_config" in o else "triton"}
         if "gluon_config" in o:
             e["gluon_config"] = o["gluon_config"]
@@ -102,6 +108,22 @@ def variant_name(cfg: dict) -> str:
     return f"{kind}{cfg['STAGES']}{tail}"
 
 
+def b_tma_unsupported(device: torch.device, tile: Optional[dict], hidden: int, inter: int) -> Optional[str]:
+    """Why the gathered kernel cannot load the weights' tiles by TMA here (gemm.py's B_TMA; None: it
+    can): TMA needs SM90 or newer (or the interpreter), and the kernel a tile whose K step divides both
+    GEMMs' K (hidden for gate/up, the rank's intermediate for down)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return "the weights by TMA: SM90 or newer"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "the weights by TMA: a GPU or Triton's interpreter"
+    if tile is None:
+        return "the weights by TMA: over this tune's gathered tile, and none was tuned at this count"
+    bk = tile["BLOCK_SIZE_K"]
+    if hidden % bk or inter % bk:
+        return f"the weights by TMA: BLOCK_SIZE_K {bk} divides neither hidden {hidden} nor intermediate {inter}"
+    return None
+
+
 def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[Option], list[tuple[str, str]]]:
     """(the options timed at a count whose gathered tile is `tile`, [(options skipped, why)])."""
     quant = str(combo["quant"])
@@ -111,6 +133,11 @@ def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[
     out.append(_opt("gathered", **gathered))
     skipped = []
     inter = combo["intermediate"] // registry.ep_split(combo).tp  # one rank's shard under TP (backend=tp too)
+    bwhy = b_tma_unsupported(device, tile, combo["hidden"], inter)
+    if bwhy:
+        skipped.append(("gathered-btma", bwhy))
+    else:
+        out.append(_opt("gathered-btma", row_layout="gathered", triton_config={**(tile or {}), "B_TMA": True}))
     why = contiguous_unsupported(quant, combo["hidden"], inter)
     if why is None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
         why = "the contiguous layout loads through TMA: SM90 or newer"

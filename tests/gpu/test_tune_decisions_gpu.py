@@ -1,6 +1,6 @@
 """Issue #51 on one H100 / H200, quickly: `moebench tune --decisions`' options all run and check as whole
-layers at real shapes (deepseek_v2_lite fp8_block: gathered, contiguous on Triton and on every Gluon
-variant, DeepGEMM where installed), the sidecar written from them parses, and the layer built
+layers at real shapes (deepseek_v2_lite fp8_block: gathered, with the weights by TMA too, contiguous on
+Triton and on every Gluon variant, DeepGEMM where installed), the sidecar written from them parses, and the layer built
 beside it runs what was chosen. The full tune and the triton-vs-deepgemm comparison:
 scripts/tune_decisions_gpu.sh.
 
@@ -21,6 +21,9 @@ pytestmark = [
 
 OVERRIDES = ["experts=triton", "backend=local", "quant=fp8_block", "model=deepseek_v2_lite", "runner.device=cuda"]
 TOKENS = [256, 2048]
+# the tune's gathered tile at each count (here one fixed vLLM fp8 tile): the gathered options run on it,
+# gathered-btma with the weights' tiles by TMA
+TILE = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
 
 
 def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkeypatch):
@@ -35,12 +38,12 @@ def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkey
 
     c, _ = resolve(OVERRIDES + [f"workload.tokens_per_rank=[{','.join(map(str, TOKENS))}]"])
     dev = torch.device("cuda", torch.cuda.current_device())
-    found = decide.decide(c, TOKENS, {T: T for T in TOKENS}, {}, 5, dev, print)
+    found = decide.decide(c, TOKENS, {T: T for T in TOKENS}, {T: TILE for T in TOKENS}, 5, dev, print)
     for r in found:
         names = {t.option for t in r.timed}
         gluons = sum(n.startswith("contiguous/gluon") for n in names)
         assert gluons == len(GLUON_VARIANTS) + len(GLUON_EXTRAS), r.not_run
-        assert {"current", "gathered", "contiguous/triton"} <= names
+        assert {"current", "gathered", "gathered-btma", "contiguous/triton"} <= names, r.not_run
         bad = [(t.option, t.error) for t in r.timed if t.error]
         assert not bad, bad
         assert r.best and r.entry, r

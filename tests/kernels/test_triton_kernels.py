@@ -196,6 +196,63 @@ def test_standard_matches_reference(quant, reduction, simulate_ep, routing, preq
     assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
 
 
+@pytest.mark.parametrize("quant", ["bf16", "fp8_block"])
+@pytest.mark.parametrize("atomic", [False, True], ids=["store", "weighted-atomic-add"])
+def test_the_weights_by_tma_equal_the_pointer_loads(quant, atomic):
+    """gemm.py's B_TMA (a tuned decision: the gathered kernel's weight tiles through a host TMA
+    descriptor over w as [E * N, K]) gives the pointer path's output bit for bit: the same tiles in
+    the same order, in both epilogues (store, and the down GEMM's weighted atomic add); N past the
+    last whole tile (the descriptor's rows run into the next expert's or its zero fill, never
+    stored)."""
+    from moebench.kernels.triton import align, gemm
+    from moebench.kernels.triton import quant as tq
+
+    g = torch.Generator().manual_seed(3)
+    E, N, Kx, M = 4, 192, 256, 12
+    w = torch.randn(E, N, Kx, generator=g) * 0.05
+    x = torch.randn(M, Kx, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:P] for _ in range(M)]).to(torch.int32)
+    cfg = dict(CFG, BLOCK_SIZE_K=128 if quant == "fp8_block" else 64)
+    if quant == "fp8_block":
+        ws = torch.rand(E, -(-N // 128), Kx // 128, generator=g) * 0.01 + 0.005
+        w, (a, a_s), mode = w.to(FP8_DTYPE), tq.per_token_group_quant_fp8(x, 128), gemm.QUANT_BLOCK
+    else:
+        ws, w, a, a_s, mode = None, w.to(torch.bfloat16), x, None, gemm.QUANT_NONE
+    sorted_ids, expert_ids, num_post = align.moe_align_block_size(ids, E, cfg["BLOCK_SIZE_M"])
+    tw = torch.rand(M * P, generator=g)
+    outs = []
+    for b_tma in (False, True):
+        c = torch.zeros((M, N) if atomic else (M * P, N), dtype=torch.float32 if atomic else torch.bfloat16)
+        gemm.invoke_fused_moe_gemm(
+            a,
+            a_s,
+            w,
+            ws,
+            c,
+            sorted_ids,
+            expert_ids,
+            num_post,
+            M * P,
+            dict(cfg, B_TMA=b_tma),
+            quant=mode,
+            a_row_div=P,
+            c_row_div=P if atomic else 1,
+            topk_weights=tw if atomic else None,
+            atomic_add=atomic,
+        )
+        outs.append(c)
+    assert outs[0].abs().sum() > 0 and torch.equal(outs[0], outs[1])
+    assert gemm.b_tma_error(w[:, :, :200], cfg) is not None  # a strided view: no descriptor
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8_block"])
+def test_the_layer_with_the_weights_by_tma_matches_the_reference(quant):
+    """The whole gathered layer with B_TMA in its tile (as the tuner's gathered-btma option runs it)."""
+    cfg = dict(CFG_BK64 if quant == "bf16" else CFG, B_TMA=True)
+    err = run_layer("standard", quant, "experts", 2, "uniform", True, cfg, row_layout="gathered")
+    assert err <= TOL[quant], f"rel_err {err:.3g} > {TOL[quant]}"
+
+
 @pytest.mark.parametrize(
     "reduction,simulate_ep,routing,prequant",
     [

@@ -124,6 +124,24 @@ def test_a_tuned_sidecar_picks_the_contiguous_gemm_and_its_gluon_variant(tmp_pat
     assert forced._run_plan(600, P)[2] == "gluon/gluon"
 
 
+def test_a_tuned_b_tma_reaches_the_gathered_kernels_tile(tmp_path):
+    """A gathered entry's b_tma (the weights' tiles by TMA, gemm.py's B_TMA) is added to the tile the
+    gathered GEMMs run at the counts it serves, once per count (the tile cache); elsewhere, and with
+    no sidecar, the tile is the plain one; the layer runs it through the interpreter."""
+    assert "B_TMA" not in _experts()._config(8, P)  # no sidecar
+    _sidecar(tmp_path, {"8": {"row_layout": "gathered", "b_tma": True}, "64": {"row_layout": "gathered"}})
+    ex = _experts()
+    assert ex._config(8, P)["B_TMA"] is True and ex._config(12, P)["B_TMA"] is True
+    assert "B_TMA" not in ex._config(64, P)  # an entry without it: pointer loads
+    assert ex._config(8, P) is ex._config(8, P)  # decided once a count
+    from moebench.kernels.modular import MoEKernel
+    from moebench.measure.workload import make_inputs
+
+    layer = MoEKernel(registry.get_backend("local")(ex.ctx), ex, None, "none")
+    x, w, ids = make_inputs(SHAPE, 8, "uniform", 1.0, 0, 0, 1, "cpu")
+    assert torch.isfinite(layer(x, w, ids)).all() and ex.last_layout == "gathered"
+
+
 def test_triton_or_deepgemm_takes_the_tuned_switch_over_at_the_knobs_default(tmp_path):
     from moebench.kernels.cards.experts import DEFAULT_MIN_TOKENS
 
@@ -152,6 +170,9 @@ def test_a_malformed_sidecar_says_what_is_wrong(tmp_path):
     ):
         with pytest.raises(ValueError, match=says):
             kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": bad}}})
+    for entry in ({"row_layout": "gathered", "b_tma": 1}, {"row_layout": "contiguous", "b_tma": True}):
+        with pytest.raises(ValueError, match="b_tma .*on a gathered entry only"):
+            kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": entry}})
     old = kdec.parse({kdec.SCHEMA_KEY: 1, "entries": {"8": {"contiguous_gemm": "gluon", "gluon_config": five}}})
     assert old.at(8)["gluon_config"] == five  # a sidecar of the five fields (sessions before the extras) still reads
     with pytest.raises(ValueError, match="not a moebench decisions file"):
@@ -224,7 +245,7 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
     for d in detail["decisions"]:
         assert d["timing"] == "host"
         names = {t["option"] for t in d["timed"]}
-        assert {"current", "gathered", "contiguous/triton"} <= names
+        assert {"current", "gathered", "gathered-btma", "contiguous/triton"} <= names
         assert all(t["error"] == "" and t["rel_err"] < 0.1 for t in d["timed"]), d["timed"]
         why = dict(d["not_run"])
         assert "interpreter" in why["contiguous/gluon (every GLUON_VARIANTS and GLUON_EXTRAS entry)"]
@@ -232,7 +253,7 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
     assert detail["decisions_check"]["passed"]
     # the same command with --install: the tiles' trials and the decisions' timings are read, not timed
     assert cli.main(argv) == 0
-    assert "tune decisions: 6 of 6 timings reused from " in capsys.readouterr().err
+    assert "tune decisions: 8 of 8 timings reused from " in capsys.readouterr().err
     # installed beside the tiles (partial/: two sizes), the tiles file as vLLM reads it
     assert (part / kdec.decisions_name(tiles)).is_file()
     assert set(json.loads((part / tiles).read_text())) == {"4", "16"}

@@ -56,6 +56,7 @@ from ..triton.config import config_block_shape, config_dtype, files_label, get_c
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.decisions import GLUON_WIDE_N, load_decisions
 from ..triton.deepgemm_layout import contiguous_scratch_numel
+from ..triton.gemm import b_tma_error
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_ws2_tail_rows
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
 
@@ -101,8 +102,12 @@ class TritonConfigMixin:
             else:
                 E, N, dtype, block_shape = self._file_args()
                 cfg = get_config(E, N, M, dtype, block_shape, topk=topk)
-            cache[(M, topk)] = cfg
+            cache[(M, topk)] = self._tuned_tile(M, cfg)
         return cache[(M, topk)]
+
+    def _tuned_tile(self, M: int, cfg: dict) -> dict:
+        """The tile with what a tuned decision adds to it (TritonExperts: B_TMA); here, cfg."""
+        return cfg
 
 
 @register_experts("triton")
@@ -158,6 +163,19 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         if gluon_config.get("BLOCK_SIZE_N") == GLUON_WIDE_N:  # the tuner's forced variant: its tile names it
             kernels = tuple("gluon_wide" if k in GLUON_GEMMS else k for k in kernels)
         return (*kernels, tuple(sorted(gluon_config.items())))
+
+    def _tuned_tile(self, M: int, cfg: dict) -> dict:
+        """The gathered kernel's tile for M rows with the tuned entry's b_tma (the weights' tiles by
+        TMA: gemm.py's B_TMA) where it can run: an SM90 or newer GPU or the interpreter, and both
+        weights TMA-loadable in this tile. Read once per (M, topk), in _config's cache."""
+        if self.decisions is None or not self.decisions.at(M).get("b_tma") or cfg.get("B_TMA"):
+            return cfg
+        dev = self.ctx.device
+        if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
+            return cfg
+        if any(b_tma_error(w, cfg) for w in (self.w.w13_ENK, self.w.w2_EKI)):
+            return cfg
+        return {**cfg, "B_TMA": True}
 
     def _tuned_plan(self, entry: dict) -> tuple:
         """A tuned entry's GEMM plan; a Gluon choice where Gluon cannot run (no SM90 GPU, the

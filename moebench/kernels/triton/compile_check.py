@@ -72,6 +72,7 @@ def _gemm_types(a: str, c: str, scale: str) -> dict:
     t = dict(
         a_ptr=a,
         b_ptr=a,
+        b_desc=a,  # (B_TMA: a descriptor; else b_ptr again)
         c_ptr=c,
         a_scale_ptr=scale,
         b_scale_ptr=scale,
@@ -217,6 +218,7 @@ def variants(quick: bool):
                     BLOCK_SIZE_K=bk,
                     GROUP_SIZE_M=8,
                     INTERPRET=False,
+                    B_TMA=False,
                     **_UNIT,
                 )
                 c = "*fp32" if atomic else "*bf16"
@@ -230,6 +232,18 @@ def variants(quick: bool):
                         stages,
                     )
                 )
+                if qname != "fp8_tensor" and bm <= 128 and bn <= 128:  # the weights by TMA (a tuned decision)
+                    types = dict(_gemm_types(a, c, scale), b_desc=f"tensordesc<{a[1:]}[{bn}, {bk}]>")
+                    out.append(
+                        (
+                            f"fused_moe {qname} {bm}x{bn}x{bk} {'atomic' if atomic else 'store'} weights by TMA",
+                            gemm.fused_moe_kernel,
+                            types,
+                            dict(consts, B_TMA=True),
+                            warps,
+                            stages,
+                        )
+                    )
         for bn in (64, 256):
             out.append(
                 (

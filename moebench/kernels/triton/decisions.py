@@ -11,7 +11,7 @@ a name vLLM never opens. Its content:
     {"moebench_decisions": 1,
      "layer": {"E": 8, "N": 14336, "hidden": 4096, "topk": 2, "quant": "fp8_block", ...},
      "deepgemm_min_tokens": 2048,      # triton_or_deepgemm: DeepGEMM from this many rows (null: untuned)
-     "entries": {"16": {"row_layout": "gathered"},
+     "entries": {"16": {"row_layout": "gathered", "b_tma": true},
                  "4096": {"row_layout": "contiguous", "contiguous_gemm": "gluon",
                           "gluon_config": {"WS": true, "STAGES": 5, "SCALE_AHEAD": 1,
                                            "EPILOGUE_TMA": true, "BLOCK_SIZE_N": 128}},
@@ -24,7 +24,8 @@ gluon_config: a GLUON_VARIANTS entry's five fields, and where the tuner chose th
 (GROUP_SIZE_N: bands of that many column tiles; 0 or absent, groups of row tiles), SCALE_TMA
 (the 128 x 192 tile's activation scales TMA-loaded with each stage; false or absent, global loads)
 and PRODUCER_1W (the 128 x 192 tile's TMA producer one warp; false or absent, a warp group):
-gluon_contiguous.GLUON_EXTRAS.
+gluon_contiguous.GLUON_EXTRAS. b_tma (a gathered entry's): the gathered kernel loads the weights'
+tiles through a TMA descriptor (gemm.py's B_TMA; false or absent, pointer loads).
 
 Found in the folders the tiles are (config.config_dirs: MOEBENCH_TRITON_CONFIG_DIR first, then
 kernels/configs/, kernels/configs/partial/); an entry serves M rows by the tiles' nearest-key rule
@@ -52,7 +53,8 @@ GEMM_KERNELS = ("triton", "gluon")  # a Gluon variant's tile (gluon_wide: BLOCK_
 GLUON_FIELDS = ("WS", "STAGES", "SCALE_AHEAD", "EPILOGUE_TMA", "BLOCK_SIZE_N")  # gluon_contiguous.GLUON_VARIANTS
 # a variant's options the tuner may add (gluon_contiguous.GLUON_EXTRAS), their defaults where absent
 GLUON_EXTRA_FIELDS = {"GROUP_SIZE_N": 0, "SCALE_TMA": False, "PRODUCER_1W": False}
-ENTRY_FIELDS = ("row_layout", "contiguous_gemm", "gluon_config")
+# b_tma: the gathered kernel's weight tiles TMA-loaded (gemm.py's B_TMA; a gathered entry's only)
+ENTRY_FIELDS = ("row_layout", "contiguous_gemm", "gluon_config", "b_tma")
 GLUON_WIDE_N = 192  # gluon_wide.WIDE_N (the 128 x 192 tile; not imported here: Gluon loads on Hopper only)
 
 
@@ -135,6 +137,8 @@ def parse(raw, where: str = "decisions") -> Decisions:
             raise ValueError(f"{where}: entry {k}: row_layout {e['row_layout']!r}; valid: {', '.join(ROW_LAYOUTS)}")
         if e.get("contiguous_gemm", "triton") not in GEMM_KERNELS:
             raise ValueError(f"{where}: entry {k}: contiguous_gemm {e['contiguous_gemm']!r}; valid: {GEMM_KERNELS}")
+        if "b_tma" in e and (not isinstance(e["b_tma"], bool) or e.get("row_layout") != "gathered"):
+            raise ValueError(f"{where}: entry {k}: b_tma {e['b_tma']!r}: true or false, on a gathered entry only")
         g = e.get("gluon_config")
         gerr = None if g is None else _gluon_config_error(g)
         if gerr:

@@ -70,6 +70,8 @@ def _b_scale_ptrs(base, stride_bsn, offs_bn, pid_n, BLOCK_N: tl.constexpr, QUANT
 def _mma_loop(
     a_ptrs,
     b_ptrs,
+    b_desc,
+    b_row,
     a_scale_ptrs,
     b_scale_ptrs,
     row_mask,
@@ -86,8 +88,13 @@ def _mma_loop(
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     INTERPRET: tl.constexpr,
+    B_TMA: tl.constexpr,
 ):
     """[BLOCK_M, BLOCK_N] fp32 sum over K of A tile @ B tile (block scales applied per K tile).
+
+    B_TMA: B's tiles come through b_desc (a host TMA descriptor over the weights as [E * N, K]
+    rows, [BLOCK_N, BLOCK_K] blocks) from row b_row, not through b_ptrs: K % BLOCK_K == 0 (the
+    caller's rule). The same values in the same order: the products are the pointer path's.
 
     A tile whose width divides the weight-scale group's (tiles start at multiples of
     BLOCK_N) has one weight scale per K tile: it is folded into the row
@@ -95,7 +102,10 @@ def _mma_loop(
     read another group's scale, but they are never stored."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if K % BLOCK_K == 0:  # compile-time: no K mask, B loads unmasked
+        if B_TMA:  # (K % BLOCK_K == 0: invoke_fused_moe_gemm's rule)
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            b = b_desc.load([b_row, k * BLOCK_K]).T
+        elif K % BLOCK_K == 0:  # compile-time: no K mask, B loads unmasked
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             b = tl.load(b_ptrs)
         else:
@@ -124,6 +134,7 @@ def _mma_loop(
 def fused_moe_kernel(
     a_ptr,
     b_ptr,  # [E, N, K]
+    b_desc,  # B_TMA: a TMA descriptor over b as [E * N, K] in [BLOCK_SIZE_N, BLOCK_SIZE_K] blocks (else b_ptr again)
     c_ptr,
     a_scale_ptr,
     b_scale_ptr,
@@ -159,6 +170,7 @@ def fused_moe_kernel(
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     INTERPRET: tl.constexpr,
+    B_TMA: tl.constexpr = False,
 ):
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
@@ -185,6 +197,8 @@ def fused_moe_kernel(
     acc = _mma_loop(
         a_ptrs,
         b_ptrs,
+        b_desc,
+        (expert * N + pid_n * BLOCK_SIZE_N).to(tl.int32),  # B_TMA: the tile's first row of b as [E * N, K]
         a_scale_ptrs,
         b_scale_ptrs,
         row_mask,
@@ -201,6 +215,7 @@ def fused_moe_kernel(
         GROUP_N,
         GROUP_K,
         INTERPRET,
+        B_TMA,
     )
     if QUANT == 1:
         acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse))
@@ -275,6 +290,8 @@ def batched_moe_kernel(
     acc = _mma_loop(
         a_ptrs,
         b_ptrs,
+        b_ptr,  # (no B_TMA here)
+        0,
         a_scale_ptrs,
         b_scale_ptrs,
         row_mask,
@@ -291,6 +308,7 @@ def batched_moe_kernel(
         GROUP_N,
         GROUP_K,
         INTERPRET,
+        False,
     )
     if QUANT == 1:
         acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse))
@@ -358,7 +376,9 @@ def invoke_fused_moe_gemm(
 
     a [rows, K] (bf16 or fp8), w [E, N, K], c [rows', N]; a_scale [rows, G] /
     [1] / None, w_scale [E, ceil(N/128), G] / [E] / None. topk_weights [pairs]
-    multiplies each row; atomic_add accumulates into an fp32 c.
+    multiplies each row; atomic_add accumulates into an fp32 c. config["B_TMA"] (moebench's key,
+    never in vLLM's files: a tuned decision, kernels/triton/decisions.py): the weights' tiles
+    through a host TMA descriptor (w contiguous, K a multiple of BLOCK_SIZE_K).
     """
     # each stride() tuple read once (a stride(i) call each costs about as much: issue #34)
     (s_am, s_ak), (s_be, s_bn, s_bk), (s_cm, s_cn) = a.stride(), w.stride(), c.stride()
@@ -370,6 +390,9 @@ def invoke_fused_moe_gemm(
         assert config["BLOCK_SIZE_K"] <= group_shape[1] and group_shape[1] % config["BLOCK_SIZE_K"] == 0
     EM = sorted_ids.numel()
     grid = (cdiv(EM, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]),)
+    b_desc, b_tma = w, bool(config.get("B_TMA"))
+    if b_tma:
+        b_desc = weight_descriptor(w, config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"])
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w
     tw = topk_weights if topk_weights is not None else sorted_ids
@@ -378,6 +401,7 @@ def invoke_fused_moe_gemm(
         grid,
         a,
         w,
+        b_desc,
         c,
         a_s,
         b_s,
@@ -406,7 +430,30 @@ def invoke_fused_moe_gemm(
         GROUP_N=group_shape[0],
         GROUP_K=group_shape[1],
         **_launch_kwargs(config),
+        **({"B_TMA": True} if b_tma else {}),  # (absent otherwise: the default's launch key stays as it was)
     )
+
+
+def b_tma_error(w: torch.Tensor, config: dict) -> Optional[str]:
+    """Why the weights w [E, N, K] cannot be TMA-loaded in config's tiles (None: they can): a TMA
+    descriptor needs them contiguous with 16-byte rows, and the kernel's TMA path no K mask."""
+    E, N, K = w.shape
+    if not w.is_contiguous() or (K * w.element_size()) % 16 or w.data_ptr() % 16:
+        return "B_TMA: the weights contiguous, 16-byte aligned, with rows a multiple of 16 bytes"
+    if K % config["BLOCK_SIZE_K"]:
+        return f"B_TMA: K {K} a multiple of BLOCK_SIZE_K {config['BLOCK_SIZE_K']}"
+    return None
+
+
+def weight_descriptor(w: torch.Tensor, block_n: int, block_k: int):
+    """The host TMA descriptor of w [E, N, K] as [E * N, K] rows in [block_n, block_k] blocks."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    why = b_tma_error(w, {"BLOCK_SIZE_K": block_k})
+    assert why is None, why
+    E, N, K = w.shape
+    rows = w.view(E * N, K)
+    return TensorDescriptor(rows, [E * N, K], [K, 1], [block_n, block_k])
 
 
 def invoke_batched_moe_gemm(
