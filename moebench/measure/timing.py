@@ -155,8 +155,8 @@ def time_interleaved(
     graph=True captures each callable in a CUDA graph and times its replays. Each graph has
     its own private memory pool, unless `share_pool`: then one pool (torch.cuda.graph_pool_handle,
     one per call) serves every capture, so the graphs hold about one callable's temporaries
-    rather than one set per callable (16 whole-layer options at 16384 tokens: a pool of several
-    GB each). That is safe here because the graphs are replayed one at a time on one stream,
+    rather than one set per callable (a tune's 18 whole-layer options at 16384 tokens: a pool of
+    several GB each). That is safe here because the graphs are replayed one at a time on one stream,
     never concurrently, and nothing a replay leaves in the pool is read by another: each callable
     writes its temporaries before it reads them and its outputs are discarded (a tensor kept
     alive past its capture stays allocated, never handed to another), so the blocks one capture

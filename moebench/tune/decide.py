@@ -58,6 +58,7 @@ from moebench.tune.trials import HOST_PACED_ERROR, host_paced_error
 NAN = float("nan")
 CURRENT = "current"
 DEEPGEMM = "deepgemm"
+TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,9 @@ def variant_name(cfg: dict) -> str:
     return f"{kind}{cfg['STAGES']}{tail}"
 
 
-def b_tma_unsupported(device: torch.device, tile: Optional[dict], hidden: int, inter: int) -> Optional[str]:
+def b_tma_unsupported(
+    device: torch.device, tile: Optional[dict], hidden: int, inter: int, quant: str = ""
+) -> Optional[str]:
     """Why the gathered kernel cannot load the weights' tiles by TMA here (gemm.py's B_TMA; None: it
     can): TMA needs SM90 or newer (or the interpreter), and the kernel a tile whose K step divides both
     GEMMs' K (hidden for gate/up, the rank's intermediate for down)."""
@@ -119,8 +122,10 @@ def b_tma_unsupported(device: torch.device, tile: Optional[dict], hidden: int, i
     if tile is None:
         return "the weights by TMA: over this tune's gathered tile, and none was tuned at this count"
     bk = tile["BLOCK_SIZE_K"]
+    if quant == "fp8_block":  # the layer keeps a K tile inside one 128-wide scale group (_config)
+        bk = min(bk, 128)
     if hidden % bk or inter % bk:
-        return f"the weights by TMA: BLOCK_SIZE_K {bk} divides neither hidden {hidden} nor intermediate {inter}"
+        return f"the weights by TMA: BLOCK_SIZE_K {bk} must divide hidden {hidden} and intermediate {inter}"
     return None
 
 
@@ -133,7 +138,7 @@ def options_of(combo, device: torch.device, tile: Optional[dict]) -> tuple[list[
     out.append(_opt("gathered", **gathered))
     skipped = []
     inter = combo["intermediate"] // registry.ep_split(combo).tp  # one rank's shard under TP (backend=tp too)
-    bwhy = b_tma_unsupported(device, tile, combo["hidden"], inter)
+    bwhy = b_tma_unsupported(device, tile, combo["hidden"], inter, quant)
     if bwhy:
         skipped.append(("gathered-btma", bwhy))
     else:
@@ -249,16 +254,25 @@ class DecisionBench:
                 fns.append((t, (lambda k=kernel: k.forward(x, w, ids, with_shared=False))))
         if fns:
             graph = self.timing(T) == "graph"
-            samples = timing.time_interleaved(
-                [f for _, f in fns],
-                self.device,
-                reps,
-                self.warmup,
-                flush=self.flush,
-                graph=graph,
-                warmup_ms=50.0,
-                share_pool=True,  # one pool for all options' graphs: a layer's temporaries once, not per option
-            )
+            try:
+                samples = timing.time_interleaved(
+                    [f for _, f in fns],
+                    self.device,
+                    reps,
+                    self.warmup,
+                    flush=self.flush,
+                    graph=graph,
+                    warmup_ms=50.0,
+                    share_pool=True,  # one pool for all options' graphs: a layer's temporaries once, not per option
+                )
+            except Exception as e:  # noqa: BLE001 (e.g. out of memory capturing: every option of this count says so)
+                why = f"{TIMING_FAILED} ({'graph replays' if graph else 'eager forwards'}): {type(e).__name__}: "
+                why += str(e).splitlines()[0][:200] if str(e) else ""
+                for t, _ in fns:
+                    t.error = why
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                return out
             for (t, _), s in zip(fns, samples, strict=True):
                 t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
                 if s.host_paced and self.device.type == "cuda":
@@ -315,7 +329,8 @@ def _timed(bench: DecisionBench, store: Optional[DecisionStore], T: int, opts: l
     missing = [o for o in opts if have[o] is None]
     if missing:
         for o, t in zip(missing, bench.run(T, missing, reps), strict=True):
-            store.add(keys[o], t)
+            if not t.error.startswith(TIMING_FAILED):  # (a failed timing is timed again on resume)
+                store.add(keys[o], t)
             have[o] = t
     return [have[o] for o in opts]
 

@@ -294,6 +294,10 @@ def test_host_python_script_times_every_piece_with_launches_stubbed(tmp_path):
     }
     for r in data["rows"]:
         assert len(r["samples"]) == 3 and r["p20"] <= r["us"] <= r["p80"] and r["us"] > 0, r
+    # every launch after a piece's first takes launch.py's compiled handle: the arguments match the
+    # kernel's signature (a stale argument list would go through the JIT every time)
+    handle = {r["piece"]: r["handle_launches"] for r in data["rows"]}
+    assert handle == launches, (handle, launches)
     assert set(data["env"]) >= {"python", "torch", "triton"}
     assert "| launch_gemm | 1 |" in res.stdout
 

@@ -134,6 +134,8 @@ def test_a_tuned_b_tma_reaches_the_gathered_kernels_tile(tmp_path):
     assert ex._config(8, P)["B_TMA"] is True and ex._config(12, P)["B_TMA"] is True
     assert "B_TMA" not in ex._config(64, P)  # an entry without it: pointer loads
     assert ex._config(8, P) is ex._config(8, P)  # decided once a count
+    tile = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    assert "B_TMA" not in _experts(triton_config=tile)._config(8, P)  # an explicit tile (the tuner's) says it all
     from moebench.kernels.modular import MoEKernel
     from moebench.measure.workload import make_inputs
 
@@ -402,6 +404,35 @@ def _finished_tune(out, decisions_check=None):
         detail["decisions_check"] = decisions_check
     (out / "tune.json").write_text(json.dumps(detail))
     return tiles
+
+
+def test_a_count_whose_timing_fails_says_why_and_is_timed_again_on_resume(tmp_path, monkeypatch):
+    """time_interleaved raising (e.g. out of memory while capturing every option's graph) fails that
+    count's options with the reason, not the tune; the failure is not stored, so a resumed tune times
+    the count again."""
+    from moebench.measure import timing
+    from moebench.tune import decide
+    from moebench.tune.decision_trials import FILE_NAME, DecisionStore, env_key
+    from moebench.tune.search import resolve
+
+    c, _ = resolve(BF16 + ["workload.tokens_per_rank=[1]"])
+    cpu = torch.device("cpu")
+    real = timing.time_interleaved
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(timing, "time_interleaved", oom)
+    store = DecisionStore(tmp_path, c.key, env_key(cpu))
+    (r,) = decide.decide(c, [1], {1: 1}, {}, 1, cpu, bench=None, store=store)
+    assert r.timed and all(
+        t.error.startswith("timing failed (eager forwards): RuntimeError: CUDA out of") for t in r.timed
+    )
+    stored = tmp_path / FILE_NAME
+    assert r.best == "" and (not stored.exists() or not stored.read_text().strip())  # nothing stored
+    monkeypatch.setattr(timing, "time_interleaved", real)
+    (r,) = decide.decide(c, [1], {1: 1}, {}, 1, cpu, bench=None, store=DecisionStore(tmp_path, c.key, env_key(cpu)))
+    assert r.best and all(not t.error for t in r.timed)
 
 
 def test_install_from_applies_max_regression_to_the_decisions(tmp_path, monkeypatch, capsys):

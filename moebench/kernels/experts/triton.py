@@ -101,8 +101,9 @@ class TritonConfigMixin:
                     cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], self.w.quant.block_k)
             else:
                 E, N, dtype, block_shape = self._file_args()
-                cfg = get_config(E, N, M, dtype, block_shape, topk=topk)
-            cache[(M, topk)] = self._tuned_tile(M, cfg)
+                # (a tuned decision's additions: on the looked-up tile only, never an explicit one)
+                cfg = self._tuned_tile(M, get_config(E, N, M, dtype, block_shape, topk=topk))
+            cache[(M, topk)] = cfg
         return cache[(M, topk)]
 
     def _tuned_tile(self, M: int, cfg: dict) -> dict:
@@ -167,8 +168,10 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
     def _tuned_tile(self, M: int, cfg: dict) -> dict:
         """The gathered kernel's tile for M rows with the tuned entry's b_tma (the weights' tiles by
         TMA: gemm.py's B_TMA) where it can run: an SM90 or newer GPU or the interpreter, and both
-        weights TMA-loadable in this tile. Read once per (M, topk), in _config's cache."""
-        if self.decisions is None or not self.decisions.at(M).get("b_tma") or cfg.get("B_TMA"):
+        weights TMA-loadable in this tile. Read at the first forward of each (M, topk), into
+        _config's cache; never on an explicit triton_config (the tuner's own tiles say what they
+        time), and by the entries' nearest-key rule, as the row layout is."""
+        if self.decisions is None or not self.decisions.at(M).get("b_tma") or "B_TMA" in cfg:
             return cfg
         dev = self.ctx.device
         if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:

@@ -371,6 +371,7 @@ def invoke_fused_moe_gemm(
     topk_weights: Optional[torch.Tensor] = None,
     atomic_add: bool = False,
     group_shape: tuple[int, int] = (128, 128),
+    b_desc=None,
 ) -> None:
     """Standard layout: c[pair // c_row_div] (+)= a[pair // a_row_div] @ w[e]^T.
 
@@ -378,7 +379,8 @@ def invoke_fused_moe_gemm(
     [1] / None, w_scale [E, ceil(N/128), G] / [E] / None. topk_weights [pairs]
     multiplies each row; atomic_add accumulates into an fp32 c. config["B_TMA"] (moebench's key,
     never in vLLM's files: a tuned decision, kernels/triton/decisions.py): the weights' tiles
-    through a host TMA descriptor (w contiguous, K a multiple of BLOCK_SIZE_K).
+    through a host TMA descriptor (w contiguous, K a multiple of BLOCK_SIZE_K): b_desc, the caller's
+    (weight_descriptor, built once), else one built here.
     """
     # each stride() tuple read once (a stride(i) call each costs about as much: issue #34)
     (s_am, s_ak), (s_be, s_bn, s_bk), (s_cm, s_cn) = a.stride(), w.stride(), c.stride()
@@ -390,8 +392,10 @@ def invoke_fused_moe_gemm(
         assert config["BLOCK_SIZE_K"] <= group_shape[1] and group_shape[1] % config["BLOCK_SIZE_K"] == 0
     EM = sorted_ids.numel()
     grid = (cdiv(EM, config["BLOCK_SIZE_M"]) * cdiv(N, config["BLOCK_SIZE_N"]),)
-    b_desc, b_tma = w, bool(config.get("B_TMA"))
-    if b_tma:
+    b_tma = bool(config.get("B_TMA"))
+    if not b_tma:
+        b_desc = w
+    elif b_desc is None:
         b_desc = weight_descriptor(w, config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"])
     a_s = a_scale if a_scale is not None else a
     b_s = w_scale if w_scale is not None else w

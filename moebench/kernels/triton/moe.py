@@ -31,7 +31,15 @@ from ..interfaces import FP8_DTYPE, ExpertWeights
 from .activation import MODE_AMAX, MODE_BF16, MODE_GROUP, MODE_TENSOR, silu_and_mul, zero_nonlocal_rows
 from .align import align_scratch_numel, moe_align_block_size
 from .common import align16, as_bytes, carve
-from .gemm import QUANT_BLOCK, QUANT_NONE, QUANT_TENSOR, invoke_batched_moe_gemm, invoke_fused_moe_gemm, quant_mode
+from .gemm import (
+    QUANT_BLOCK,
+    QUANT_NONE,
+    QUANT_TENSOR,
+    invoke_batched_moe_gemm,
+    invoke_fused_moe_gemm,
+    quant_mode,
+    weight_descriptor,
+)
 from .quant import per_tensor_quant_fp8, per_token_group_quant_fp8
 
 ALLOC_ROUND = 512  # CUDA caching allocator block granularity (bytes)
@@ -189,6 +197,7 @@ def fused_moe_standard(
         x, x_scale = _quantize_input(x, quant, ws2, fscratch, limit=limit)
     assert (x.dtype == FP8_DTYPE) == (mode != QUANT_NONE), (x.dtype, quant)
     gs = _group_shape(quant)
+    d13, d2 = _weight_descriptors(w, config) if config.get("B_TMA") else (None, None)
     h = ws_view(ws13, 0, (R, N), ws13.dtype)
     invoke_fused_moe_gemm(
         x,
@@ -204,6 +213,7 @@ def fused_moe_standard(
         quant=mode,
         a_row_div=P,
         group_shape=gs,
+        b_desc=d13,
     )
     act, act_scale = _activation(h, ws2, quant, fscratch, sorted_ids=sorted_ids, num_post=num_post, num_pairs=R)
     if reduction == "experts":
@@ -230,6 +240,7 @@ def fused_moe_standard(
             topk_weights=_flat(topk_weights_MP),
             atomic_add=True,
             group_shape=gs,
+            b_desc=d2,
         )
         output.copy_(acc)
     else:
@@ -249,8 +260,19 @@ def fused_moe_standard(
             quant=mode,
             a_row_div=1,
             group_shape=gs,
+            b_desc=d2,
         )
         zero_nonlocal_rows(out, topk_ids_MP, E)
+
+
+def _weight_descriptors(w: ExpertWeights, config: dict) -> tuple:
+    """The TMA descriptors of w's two weights in config's tiles (B_TMA), built once per tile shape and
+    kept on w: a forward looks them up, never rebuilds them (issues #34, #46)."""
+    key = (config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"], w.w13_ENK.data_ptr(), w.w2_EKI.data_ptr())
+    cache = w.__dict__.setdefault("_tma_descriptors", {})
+    if key not in cache:
+        cache[key] = tuple(weight_descriptor(t, *key[:2]) for t in (w.w13_ENK, w.w2_EKI))
+    return cache[key]
 
 
 def fused_moe_batched(
