@@ -192,7 +192,7 @@ def tune_command(args) -> int:
     if note:
         print(note)
     if dec is not None:
-        from moebench.tune.decide import summary as decisions_summary
+        from moebench.tune.decision_files import summary as decisions_summary
 
         print(f"\ndecisions (whole layers, interleaved):\n{decisions_summary(dec)}")
         print(f"decisions: {dec_path} (deepgemm_min_tokens and entries the layer reads)" if dec_path else "")

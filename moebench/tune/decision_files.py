@@ -6,6 +6,8 @@
                                               chosen, what it beat and by how much
     <out>/tune.json "decisions"               every option's figures per token count
     <out>/decisions.jsonl                     the same, appended as timed (decision_trials.py: a resume)
+    the printed table (summary)               per token count how it was timed, what was chosen,
+                                              against the layer today and the runner-up
 
 The tiles file itself is left exactly as vLLM reads it (files.py).
 """
@@ -102,3 +104,26 @@ def install(tiles_src: Path, tiles_dest: Path, log: Callable[[str], None]) -> Op
     kdec.clear_cache()
     log(f"installed {dest}")
     return dest
+
+
+def summary(results: list[DecisionResult]) -> str:
+    """Markdown: per token count what was chosen, what it beat and by how much."""
+    lines = [
+        "| tokens | timing | chosen | µs | vs current (today's constants) | runner-up | skipped |",
+        "|---:|---|---|---:|---:|---|---|",
+    ]
+    for r in results:
+        best = r.get(r.best_overall) if r.best_overall else None
+        if best is None:
+            errs = "; ".join(f"{t.option}: {t.error}" for t in r.timed if t.error)[:200]
+            lines.append(f"| {r.tokens} | {r.timing or '–'} | none ran ({errs}) | – | – | – | |")
+            continue
+        cur = r.get(CURRENT)
+        vs = "–"
+        if cur is not None and cur.ok:
+            vs = f"{r.ratio(best.option, CURRENT):.2f}x (current ran {cur.ran or '?'}: {cur.us:.1f} µs)"
+        others = sorted((t for t in r.timed if t.ok and t.option not in (CURRENT, best.option)), key=lambda t: t.us)
+        up = f"{others[0].option} {others[0].us:.1f} µs ({others[0].us / best.us:.2f}x)" if others else "–"
+        skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.not_run)  # (tune.json: whole)
+        lines.append(f"| {r.tokens} | {r.timing or '–'} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
+    return "\n".join(lines)

@@ -47,7 +47,7 @@ def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkey
         bad = [(t.option, t.error) for t in r.timed if t.error]
         assert not bad, bad
         assert r.best and r.entry, r
-    print(decide.summary(found))
+    print(decision_files.summary(found))
     dims = dims_of(c.combo)
     info = {"E": dims.num_experts, "N": dims.intermediate, "hidden": dims.hidden, "topk": dims.topk}
     tiles = tconfig.config_file_name(dims.num_experts, dims.intermediate, "fp8_w8a8", [128, 128])
