@@ -35,7 +35,6 @@ Legend: T tokens per rank, M rows entering the experts (the entries' key).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +46,10 @@ from moebench.config.validity import timing_mode
 from moebench.kernels import registry
 from moebench.kernels.cards.experts import contiguous_unsupported, gluon_unsupported
 from moebench.kernels.experts._deep_gemm import deepgemm_unsupported
+from moebench.kernels.interfaces import QuantSpec
 from moebench.kernels.reference import TOLERANCE, reference_moe, rel_err
 from moebench.kernels.triton.decisions import GLUON_WIDE_N, gluon_config_of
+from moebench.kernels.triton.gemm import b_tma_device_error
 from moebench.measure import layer as layers
 from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
@@ -115,15 +116,15 @@ def b_tma_unsupported(
     """Why the gathered kernel cannot load the weights' tiles by TMA here (gemm.py's B_TMA; None: it
     can): TMA needs SM90 or newer (or the interpreter), and the kernel a tile whose K step divides both
     GEMMs' K (hidden for gate/up, the rank's intermediate for down)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
-        return "the weights by TMA: SM90 or newer"
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return "the weights by TMA: a GPU or Triton's interpreter"
+    why = b_tma_device_error(device)
+    if why:
+        return why
     if tile is None:
         return "the weights by TMA: over this tune's gathered tile, and none was tuned at this count"
     bk = tile["BLOCK_SIZE_K"]
-    if quant == "fp8_block":  # the layer keeps a K tile inside one 128-wide scale group (_config)
-        bk = min(bk, 128)
+    q = QuantSpec(quant)
+    if q.is_block:  # the layer keeps a K tile inside one scale group (TritonConfigMixin._config)
+        bk = min(bk, q.block_k)
     if hidden % bk or inter % bk:
         return f"the weights by TMA: BLOCK_SIZE_K {bk} must divide hidden {hidden} and intermediate {inter}"
     return None

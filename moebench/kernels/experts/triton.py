@@ -56,7 +56,7 @@ from ..triton.config import config_block_shape, config_dtype, files_label, get_c
 from ..triton.contiguous_gemm import ALIGN, contiguous_gemm
 from ..triton.decisions import GLUON_WIDE_N, load_decisions
 from ..triton.deepgemm_layout import contiguous_scratch_numel
-from ..triton.gemm import b_tma_error
+from ..triton.gemm import b_tma_device_error, b_tma_error
 from ..triton.moe import alloc_bytes, fused_moe_standard, input_quant_bytes, standard_ws2_tail_rows
 from ._contiguous import ContiguousWeights, contiguous_apply, contiguous_workspace_shapes
 
@@ -173,10 +173,7 @@ class TritonExperts(TritonCard, TritonConfigMixin, Experts):
         time), and by the entries' nearest-key rule, as the row layout is."""
         if self.decisions is None or not self.decisions.at(M).get("b_tma") or "B_TMA" in cfg:
             return cfg
-        dev = self.ctx.device
-        if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
-            return cfg
-        if any(b_tma_error(w, cfg) for w in (self.w.w13_ENK, self.w.w2_EKI)):
+        if b_tma_device_error(self.ctx.device) or any(b_tma_error(w, cfg) for w in (self.w.w13_ENK, self.w.w2_EKI)):
             return cfg
         return {**cfg, "B_TMA": True}
 

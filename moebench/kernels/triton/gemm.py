@@ -23,6 +23,7 @@ dim, E experts, G = K / GROUP_K.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -436,6 +437,14 @@ def invoke_fused_moe_gemm(
         **_launch_kwargs(config),
         **({"B_TMA": True} if b_tma else {}),  # (absent otherwise: the default's launch key stays as it was)
     )
+
+
+def b_tma_device_error(device: torch.device) -> Optional[str]:
+    """Why the gathered kernel cannot TMA-load the weights on device (None: it can): TMA needs SM90
+    or newer; off CUDA, Triton's interpreter (which runs descriptor loads)."""
+    if device.type == "cuda":
+        return None if torch.cuda.get_device_capability(device)[0] >= 9 else "the weights by TMA: SM90 or newer"
+    return None if os.environ.get("TRITON_INTERPRET") == "1" else "the weights by TMA: a GPU or Triton's interpreter"
 
 
 def b_tma_error(w: torch.Tensor, config: dict) -> Optional[str]:
