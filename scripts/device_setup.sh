@@ -29,8 +29,25 @@ fi
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 python3 -c "import hydra, omegaconf, nvtx" 2>/dev/null ||
     python3 -m pip install -q --no-index --find-links "$ROOT/.whl" hydra-core omegaconf nvtx antlr4-python3-runtime
-python3 -c "import moebench, sys; sys.exit(0 if moebench.__file__.startswith('$ROOT') else 1)" 2>/dev/null ||
+# checked from / : from the repository root `python3 -c` imports ./moebench whether installed or not
+# (session 20 found it never installed that way: `moebench` not on PATH, benchmarks/ unable to import it)
+moebench_installed() {
+    (cd / && python3 -c "import moebench, sys; sys.exit(0 if moebench.__file__.startswith('$ROOT') else 1)") 2>/dev/null &&
+        command -v moebench >/dev/null
+}
+moebench_installed ||
     python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT"
+if ! moebench_installed; then
+    # no setuptools to build the editable install offline: the checkout on PYTHONPATH and a
+    # `moebench` that runs its CLI, in a folder outside the checkout
+    echo "[device_setup] moebench did not install; using the checkout through PYTHONPATH"
+    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    mkdir -p /tmp/moebench_bin
+    printf '#!/bin/sh\nexec python3 -c "import sys; from moebench.cli import main; sys.argv[0] = \\"moebench\\"; sys.exit(main())" "$@"\n' \
+        > /tmp/moebench_bin/moebench
+    chmod +x /tmp/moebench_bin/moebench
+    export PATH=/tmp/moebench_bin:$PATH
+fi
 DG_DEST=${DG_DEST:-/tmp/deepgemm_build}
 export PYTHONPATH=$DG_DEST${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import deep_gemm" 2>/dev/null; then

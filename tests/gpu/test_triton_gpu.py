@@ -320,9 +320,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run_or_fail(cmd: list, what: str, timeout: int = 240) -> subprocess.CompletedProcess:
     """cmd in a process of its own from the checkout's root, its output printed; a hang (past
-    `timeout` s) fails the calling test with what it printed so far instead of stalling the suite."""
+    `timeout` s) fails the calling test with what it printed so far instead of stalling the suite.
+    The checkout leads PYTHONPATH: a script under benchmarks/ imports the moebench this suite
+    tests, installed or not (session 20's device ran the suite from an uninstalled checkout)."""
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": pythonpath}
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ))
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired as e:  # (its stdout is bytes, text=True or not)
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"{what} did not finish in {timeout} s (a hang?); printed so far:\n{out}")
