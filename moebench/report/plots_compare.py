@@ -17,11 +17,15 @@ from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_change, pair_order
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from moebench.report.stats import pct
-from moebench.results.row import CHANGED_VERDICTS, Status, Verdict
+from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Status, Verdict
 
 VERDICT_COLORS = {Verdict.SLOWER: "tab:red", Verdict.FASTER: "tab:green"}
 UNDER_COLORS = {True: "#f4a6a6", False: "#a6dba0"}  # significant under the threshold: slower / faster
 NO_CHANGE = "#b0b0b0"
+# ok on both sides but no verdict may rest on the figure (the clocks differ, host or CPU time): not
+# "no change", which a +16 % bar in grey would claim
+NO_VERDICT_COLOR = "#c9b8e3"
+NO_VERDICT_LABELS = {Verdict.CLOCK: "the GPU clocks differ", Verdict.HOST: "host time", Verdict.CPU: "CPU time"}
 # a figure's budget, whatever the rows: at most 1,800 px tall at moebench's dpi (110)
 MAX_BARS = 40
 MAX_PANELS = 6
@@ -33,7 +37,15 @@ def _bar_color(r: dict) -> str:
         return VERDICT_COLORS[r["verdict"]]
     if r["verdict"] == Verdict.SIMILAR and r["significant"] and np.isfinite(r["ratio"]):
         return UNDER_COLORS[r["ratio"] > 1]
+    if r["verdict"] in NO_VERDICT:
+        return NO_VERDICT_COLOR
     return NO_CHANGE
+
+
+def _no_verdict_label(verdicts) -> str:
+    """The legend's entry for the rows drawn in NO_VERDICT_COLOR: why they have no verdict."""
+    why = [NO_VERDICT_LABELS[v] for v in NO_VERDICT if v in set(verdicts)]
+    return "no verdict (" + ", ".join(why) + ")"
 
 
 MEM_COLORS = {"larger": "tab:red", "smaller": "tab:green"}
@@ -68,7 +80,8 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     """Horizontal bars of the change (%) per pair, a panel per model (and backend), rows in
     combination then token order, the value printed; the threshold dashed. ``what``:
     "latency" (the median's change with its 95 % interval; red slower / green faster past
-    the threshold, pale where significant without a verdict, grey no change; broken and
+    the threshold, pale where significant without a verdict, grey no change, lilac no verdict
+    possible: the clocks differ, host or CPU time; broken and
     skipped rows named without a bar) or "workspace" (the allocator peak, deterministic:
     red larger / green smaller past the threshold)."""
     m = _bars_frame(cmp, what)
@@ -150,6 +163,8 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
             ),
             (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change"),
         ]
+        if m["verdict"].isin(NO_VERDICT).any():
+            keys.append((Line2D([], [], color=NO_VERDICT_COLOR, lw=6), _no_verdict_label(m["verdict"])))
         heading = "Latency change per row"
     fig.legend(
         [h for h, _ in keys],

@@ -86,3 +86,24 @@ def test_the_verdict_lists_clock_pairs_apart_and_says_whether_the_clocks_matched
 @pytest.mark.parametrize("threshold, tol", [(1.05, 0.05 / 3), (1.10, 0.02), (1.03, 0.01)])
 def test_the_clock_tolerance_is_two_percent_or_a_third_of_the_margin(threshold, tol):
     assert clock_tolerance(threshold) == pytest.approx(tol)
+
+
+def test_the_comparison_plot_draws_a_clock_pair_as_no_verdict_not_as_no_change(monkeypatch, tmp_path):
+    # session 20: mixtral's +16 % at 4096 tokens (clocks 1416 → 1365 MHz) was drawn grey, under the
+    # legend "no significant change"
+    from matplotlib.colors import to_hex
+
+    from moebench.report import plots_compare
+
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0), _row(1024, 1000.0, 1944.0, COMPUTE, 2)]
+    cand = [_row(256, 1080.0, 1800.0, COMPUTE, 1), _row(1024, 1000.0, 1944.0, COMPUTE, 3)]
+    cmp = _compare(base, cand)
+    assert list(cmp.matched.sort_values("tokens_per_rank")["verdict"]) == [Verdict.CLOCK, Verdict.SIMILAR]
+    figs = []
+    monkeypatch.setattr(plots_compare, "save", lambda fig, path: figs.append(fig) or path)
+    plots_compare.plot_comparison(cmp, tmp_path / "cmp.png")
+    (fig,) = figs
+    bars = [(round(p.get_width()), to_hex(p.get_facecolor())) for ax in fig.axes for p in ax.patches]
+    assert bars == [(8, plots_compare.NO_VERDICT_COLOR), (0, plots_compare.NO_CHANGE)]  # 256, then 1024 tokens
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "no verdict (the GPU clocks differ)" in labels and "no significant change" in labels
