@@ -35,19 +35,22 @@ moebench_installed() {
     (cd / && python3 -c "import moebench, sys; sys.exit(0 if moebench.__file__.startswith('$ROOT') else 1)") 2>/dev/null &&
         command -v moebench >/dev/null
 }
+# (`|| true`: a caller under `set -e` must reach the fallback below when pip fails)
 moebench_installed ||
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" || true
 if ! moebench_installed; then
     # no setuptools to build the editable install offline: the checkout on PYTHONPATH and a
     # `moebench` that runs its CLI, in a folder outside the checkout
     echo "[device_setup] moebench did not install; using the checkout through PYTHONPATH"
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
     mkdir -p /tmp/moebench_bin
-    printf '#!/bin/sh\nexec python3 -c "import sys; from moebench.cli import main; sys.argv[0] = \\"moebench\\"; sys.exit(main())" "$@"\n' \
-        > /tmp/moebench_bin/moebench
+    # the checkout is written into the launcher, so that it works in a shell without this PYTHONPATH
+    printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec python3 -c "import sys; from moebench.cli import main; sys.argv[0] = \\"moebench\\"; sys.exit(main())" "$@"\n' \
+        "$ROOT" > /tmp/moebench_bin/moebench
     chmod +x /tmp/moebench_bin/moebench
     export PATH=/tmp/moebench_bin:$PATH
 fi
+unset -f moebench_installed
 DG_DEST=${DG_DEST:-/tmp/deepgemm_build}
 export PYTHONPATH=$DG_DEST${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import deep_gemm" 2>/dev/null; then

@@ -107,3 +107,17 @@ def test_the_comparison_plot_draws_a_clock_pair_as_no_verdict_not_as_no_change(m
     assert bars == [(8, plots_compare.NO_VERDICT_COLOR), (0, plots_compare.NO_CHANGE)]  # 256, then 1024 tokens
     labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
     assert "no verdict (the GPU clocks differ)" in labels and "no significant change" in labels
+
+
+@pytest.mark.parametrize(
+    "verdicts, label",
+    [
+        ([Verdict.CLOCK], "no verdict (the GPU clocks differ)"),
+        ([Verdict.HOST, Verdict.SIMILAR], "no verdict (host time)"),
+        ([Verdict.CPU, Verdict.HOST, Verdict.CLOCK], "no verdict (host time, CPU time, the GPU clocks differ)"),
+    ],
+)
+def test_the_no_verdict_legend_names_why(verdicts, label):
+    from moebench.report.plots_compare import _no_verdict_label
+
+    assert _no_verdict_label(pd.Series(verdicts)) == label
