@@ -192,6 +192,9 @@ class DecisionResult:
     entry: dict = field(default_factory=dict)
     wall_s: float = NAN
     timing: str = ""  # how the count was timed: graph | events | host (decision_timing)
+    # the process's GPU memory reserved at its peak while this count's options were built, checked and
+    # timed (bytes; NaN: not timed here, or no GPU): the shared graph pool included
+    device_peak_bytes: float = NAN
 
     def get(self, name: str) -> Optional[Timed]:
         return next((t for t in self.timed if t.option == name), None)
@@ -213,6 +216,7 @@ class DecisionBench:
         self.tol = TOLERANCE[str(q)]
         self.flush = timing.L2Flusher(device) if device.type == "cuda" else None
         self.warmup = 3 if device.type == "cuda" else 1
+        self.ran = False  # whether run() timed anything since decide() last looked (a resumed count reads its timings)
 
     def layer(self, o: Option) -> layers.Layer:
         if o not in self.layers:
@@ -229,6 +233,7 @@ class DecisionBench:
         The layers are built for this call only (their weights kept: one copy): the workspaces of the
         previous count's do not stay on the GPU."""
         self.layers.clear()
+        self.ran = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         combo = self.combo
@@ -307,7 +312,12 @@ def decide(
         t0 = time.perf_counter()
         opts, skipped = plan[T]
         r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped, timing=bench.timing(T))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        bench.ran = False
         r.timed = _timed(bench, store, T, opts, reps)
+        if device.type == "cuda" and bench.ran:
+            r.device_peak_bytes = float(torch.cuda.max_memory_reserved(device))
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
         triton = [t for t in ranked if t.option != DEEPGEMM]
         if triton:
@@ -317,7 +327,10 @@ def decide(
         r.wall_s = time.perf_counter() - t0
         results.append(r)
         why = "".join(f"; skipped {n}: {w}" for n, w in skipped)
-        log(f"tune decisions T={T}: {r.best_overall or 'nothing ran'}{why}")
+        peak = (
+            f" (GPU memory reserved at peak {r.device_peak_bytes / 2**30:.1f} GiB)" if r.device_peak_bytes > 0 else ""
+        )
+        log(f"tune decisions T={T}: {r.best_overall or 'nothing ran'}{peak}{why}")
     return results
 
 

@@ -47,6 +47,8 @@ def test_every_decision_runs_and_the_layer_takes_the_chosen_one(tmp_path, monkey
         bad = [(t.option, t.error) for t in r.timed if t.error]
         assert not bad, bad
         assert r.best and r.entry, r
+        # what the count held on the GPU, the options' shared graph pool included (tune.json records it)
+        assert 0 < r.device_peak_bytes <= torch.cuda.get_device_properties(dev).total_memory, r.device_peak_bytes
     print(decision_files.summary(found))
     dims = dims_of(c.combo)
     info = {"E": dims.num_experts, "N": dims.intermediate, "hidden": dims.hidden, "topk": dims.topk}

@@ -246,6 +246,7 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
     detail = json.loads((out / "tune.json").read_text())
     for d in detail["decisions"]:
         assert d["timing"] == "host"
+        assert d["device_peak_bytes"] is None  # no GPU: no peak (a GPU's is tests/gpu/test_tune_decisions_gpu.py's)
         names = {t["option"] for t in d["timed"]}
         assert {"current", "gathered", "gathered-btma", "contiguous/triton"} <= names
         assert all(t["error"] == "" and t["rel_err"] < 0.1 for t in d["timed"]), d["timed"]
