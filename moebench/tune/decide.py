@@ -216,7 +216,6 @@ class DecisionBench:
         self.tol = TOLERANCE[str(q)]
         self.flush = timing.L2Flusher(device) if device.type == "cuda" else None
         self.warmup = 3 if device.type == "cuda" else 1
-        self.ran = False  # whether run() timed anything since decide() last looked (a resumed count reads its timings)
 
     def layer(self, o: Option) -> layers.Layer:
         if o not in self.layers:
@@ -233,7 +232,6 @@ class DecisionBench:
         The layers are built for this call only (their weights kept: one copy): the workspaces of the
         previous count's do not stay on the GPU."""
         self.layers.clear()
-        self.ran = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         combo = self.combo
@@ -314,9 +312,8 @@ def decide(
         r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped, timing=bench.timing(T))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        bench.ran = False
-        r.timed = _timed(bench, store, T, opts, reps)
-        if device.type == "cuda" and bench.ran:
+        r.timed, ran = _timed(bench, store, T, opts, reps)
+        if device.type == "cuda" and ran:  # (a count read back from the store held nothing here)
             r.device_peak_bytes = float(torch.cuda.max_memory_reserved(device))
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
         triton = [t for t in ranked if t.option != DEEPGEMM]
@@ -335,9 +332,10 @@ def decide(
 
 
 def _timed(bench: DecisionBench, store: Optional[DecisionStore], T: int, opts: list[Option], reps: int):
-    """[Timed] of `opts` at T: the stored ones read, the rest timed together (interleaved) and stored."""
+    """([Timed] of `opts` at T, whether any was timed now): the stored ones read, the rest timed together
+    (interleaved) and stored."""
     if store is None:
-        return bench.run(T, opts, reps)
+        return bench.run(T, opts, reps), True
     keys = {o: store.key(T, o, reps, bench.timing(T)) for o in opts}
     have = {o: store.get(k) for o, k in keys.items()}
     missing = [o for o in opts if have[o] is None]
@@ -346,7 +344,7 @@ def _timed(bench: DecisionBench, store: Optional[DecisionStore], T: int, opts: l
             if not t.error.startswith(TIMING_FAILED):  # (a failed timing is timed again on resume)
                 store.add(keys[o], t)
             have[o] = t
-    return [have[o] for o in opts]
+    return [have[o] for o in opts], bool(missing)
 
 
 def switch_over(results: list[DecisionResult]) -> Optional[int]:
