@@ -195,6 +195,9 @@ class DecisionResult:
     # the process's GPU memory reserved at its peak while this count's options were built, checked and
     # timed (bytes; NaN: not timed here, or no GPU): the shared graph pool included
     device_peak_bytes: float = NAN
+    # why this count's options were timed twice ('' when once): the host paced some option's samples the
+    # first time, so every option was timed again together and the second timing ranks (as check does)
+    retimed: str = ""
 
     def get(self, name: str) -> Optional[Timed]:
         return next((t for t in self.timed if t.option == name), None)
@@ -312,7 +315,7 @@ def decide(
         r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped, timing=bench.timing(T))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        r.timed, ran = _timed(bench, store, T, opts, reps)
+        r.timed, ran, r.retimed = _timed(bench, store, T, opts, reps, log)
         if device.type == "cuda" and ran:  # (a count read back from the store held nothing here)
             r.device_peak_bytes = float(torch.cuda.max_memory_reserved(device))
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
@@ -331,20 +334,44 @@ def decide(
     return results
 
 
-def _timed(bench: DecisionBench, store: Optional[DecisionStore], T: int, opts: list[Option], reps: int):
-    """([Timed] of `opts` at T, whether any was timed now): the stored ones read, the rest timed together
-    (interleaved) and stored."""
+def _timed(
+    bench: DecisionBench,
+    store: Optional[DecisionStore],
+    T: int,
+    opts: list[Option],
+    reps: int,
+    log: Callable[[str], None] = lambda s: None,
+):
+    """([Timed] of `opts` at T, whether any was timed now, why they were timed twice): the stored ones
+    read, the rest timed together (interleaved; `_run`) and stored."""
     if store is None:
-        return bench.run(T, opts, reps), True
+        got, why = _run(bench, T, opts, reps, log)
+        return got, True, why
     keys = {o: store.key(T, o, reps, bench.timing(T)) for o in opts}
     have = {o: store.get(k) for o, k in keys.items()}
     missing = [o for o in opts if have[o] is None]
+    why = ""
     if missing:
-        for o, t in zip(missing, bench.run(T, missing, reps), strict=True):
+        got, why = _run(bench, T, missing, reps, log)
+        for o, t in zip(missing, got, strict=True):
             if not t.error.startswith(TIMING_FAILED):  # (a failed timing is timed again on resume)
                 store.add(keys[o], t)
             have[o] = t
-    return [have[o] for o in opts], bool(missing)
+    return [have[o] for o in opts], bool(missing), why
+
+
+def _run(bench: DecisionBench, T: int, opts: list[Option], reps: int, log: Callable[[str], None]):
+    """bench.run, and once more when the host paced an option's samples (a moment's host stall outlasting
+    the holds: on an H100 one of 90 graph replays at 256 tokens): every option again, together, so that
+    the figures that rank them were taken side by side; the second timing stands, host-paced or not (as
+    check and regression.measure do). ([Timed], why it was timed twice or '')."""
+    got = bench.run(T, opts, reps)
+    paced = [t.option for t in got if t.error.startswith(HOST_PACED_ERROR)]
+    if not paced:
+        return got, ""
+    why = f"{', '.join(paced)}: {host_paced_error(*got)}"
+    log(f"tune decisions T={T}: {why}; timing the count's {len(opts)} options once more")
+    return bench.run(T, opts, reps), why
 
 
 def switch_over(results: list[DecisionResult]) -> Optional[int]:

@@ -37,6 +37,7 @@ def _provenance(r: DecisionResult) -> dict:
         "beat": {t.option: json_num(t.us / best.us) for t in r.timed if best and t.ok and t.option != r.best},
         "current_ran": cur.ran if cur is not None else "",
         "not_run": [list(s) for s in r.not_run],  # (options, why)
+        "retimed": r.retimed,  # why the count's options were timed twice ('' once)
     }
 
 
@@ -126,4 +127,7 @@ def summary(results: list[DecisionResult]) -> str:
         up = f"{others[0].option} {others[0].us:.1f} µs ({others[0].us / best.us:.2f}x)" if others else "–"
         skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.not_run)  # (tune.json: whole)
         lines.append(f"| {r.tokens} | {r.timing or '–'} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
+    twice = [f"{r.tokens} tokens ({r.retimed})" for r in results if r.retimed]
+    if twice:  # (the figures above are the second timing's)
+        lines.append(f"\nTimed twice, the host having paced a sample the first time: {'; '.join(twice)}.")
     return "\n".join(lines)

@@ -733,3 +733,44 @@ def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, 
     dc = check(c, [DecisionResult(tokens=4, rows=8, best="gathered")], {}, 3, cpu, 0.02, bench=Bench(c, cpu))
     assert decisions.calls == 2 and dc.passed is passes, dc.regressions()
     assert dc.to_json()["retimed"]["4"].startswith("host-paced")
+
+
+@pytest.mark.parametrize("paced", [1, 2])
+def test_a_count_the_host_paced_is_timed_once_more_before_it_ranks(tmp_path, paced):
+    """A count whose first timing came back host-paced for any option (on an H100 the current layer, 1 of
+    5 samples at 256 tokens) is timed again, every option together, and the second timing ranks; the
+    result, tune.json's record, the sidecar's provenance and the summary say why it ran twice. Paced
+    twice, that option stays unranked; the stored trials are the second timing's."""
+    from moebench.tune import decide, decision_files
+    from moebench.tune.decide import DecisionBench
+    from moebench.tune.decision_trials import DecisionStore, Timed, env_key
+    from moebench.tune.search import resolve
+
+    c, _ = resolve(BF16 + ["workload.tokens_per_rank=[4]"])
+    cpu = torch.device("cpu")
+    script = _Paced({"current": 10.0, "gathered": 9.0, "contiguous/triton": 11.0}, paced, side="current")
+    lines: list[str] = []
+
+    class Bench(DecisionBench):
+        def run(self, T, opts, reps, salt=7):
+            names = [o.name for o in opts]
+            us = {n: script.us.get(n, 20.0) for n in names}
+            got = [(n, us[n], e) for n, _, e in script.pair(names)]
+            return [Timed(n, us=u, rel_err=0.0, error=e) for n, u, e in got]
+
+    store = DecisionStore(tmp_path, c.key, env_key(cpu))
+    (r,) = decide.decide(c, [4], {4: 4}, {}, 3, cpu, lines.append, bench=Bench(c, cpu), store=store)
+    assert script.calls == 2
+    assert r.retimed.startswith("current: host-paced: 1 of 3 samples"), r.retimed
+    assert any(s.startswith("tune decisions T=4: current: host-paced") and "once more" in s for s in lines), lines
+    cur = r.get("current")
+    assert bool(cur.error) is (paced == 2) and r.best == "gathered"
+    assert decision_files.to_json([r])[0]["retimed"] == r.retimed
+    assert decision_files.sidecar({"E": 2}, [r])["provenance"]["4"]["retimed"] == r.retimed
+    assert "Timed twice, the host having paced a sample the first time: 4 tokens (current: host-paced" in (
+        decision_files.summary([r])
+    )
+    # what was stored is the second timing: a resumed tune reads it back and times nothing
+    again = DecisionStore(tmp_path, c.key, env_key(cpu))
+    (back,) = decide.decide(c, [4], {4: 4}, {}, 3, cpu, bench=Bench(c, cpu), store=again)
+    assert script.calls == 2 and bool(back.get("current").error) is (paced == 2) and back.retimed == ""
