@@ -127,8 +127,7 @@ def _wide_math(
     """One math warp group: rows [HALF * BM/2, (HALF + 1) * BM/2) of every tile, as
     gluon_contiguous._ws_math with SCALE_AHEAD=1 and EPILOGUE_TMA, over the two column parts.
     SCALE_TMA: the activation scales come with the stage (read from shared memory once it is
-    ready, straight into the accumulators' row layout) instead of a global load one K step ahead,
-    as DeepGEMM's kernel takes them."""
+    ready) instead of a global load one K step ahead, as DeepGEMM's kernel takes them."""
     a_bufs, b0_bufs, b1_bufs, as_bufs, ready, empty = ring
     c0_desc, c1_desc, c0_bufs, c1_bufs = epi
     ROWS: gl.constexpr = BM // 2
@@ -139,6 +138,7 @@ def _wide_math(
     rows0: gl.constexpr = gl.SliceLayout(1, mma0)
     rows1: gl.constexpr = gl.SliceLayout(1, mma1)
     cols0: gl.constexpr = gl.SliceLayout(0, mma0)
+    scale_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # SCALE_TMA's [1, ROWS] read
     last_block = gl.cdiv(N, GROUP_N) - 1
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, num_programs):
@@ -168,12 +168,8 @@ def _wide_math(
             part1 = warpgroup_mma(a_tile, b1_bufs.index(s).permute((1, 0)), part1, use_acc=False, is_async=True)
             g = min(k + 1, KT - 1)  # (the last step reloads its own)
             if SCALE_TMA:  # this step's, from the stage (read before the stage is released)
-                # read straight into the accumulators' row layout: the [1, ROWS] block viewed as
-                # [ROWS, 1] and loaded in mma0 (each thread its two rows, as DeepGEMM reads them);
-                # reading it in a blocked layout and converting cost a shared-memory round trip and
-                # one more warp-group barrier every K step (session 20, in the SASS)
-                a_col = as_bufs.index(s).permute((1, 0)).slice(HALF * ROWS, ROWS)  # [ROWS, 1]
-                a_s = gl.sum(a_col.load(mma0), axis=1)  # (one element a row: the scale itself)
+                a_row = as_bufs.index(s).slice(HALF * ROWS, ROWS, dim=1).load(scale_l)  # [1, ROWS]
+                a_s = gl.convert_layout(gl.sum(a_row, axis=0), rows0)
             else:
                 a_next = gl.load(as_ptrs + g * stride_asg)
             b_next = gl.load(w_ptrs + g * stride_bsk)
