@@ -29,6 +29,7 @@ CLOCK_COLUMN = "sm_clock_mhz_median"
 NOT_RECORDED = "clock not recorded"
 # the latency figures scaled by the clocks' ratio when a compute-bound pair is normalised
 _SCALED = schema.names(group="latency", dtype="float")  # median, p20, p80
+MEDIAN = "latency_us_median"
 
 
 def clock_tolerance(threshold: float) -> float:
@@ -44,6 +45,11 @@ def _mhz(x) -> float:
     except (TypeError, ValueError):
         return float("nan")
     return v if v > 0 else float("nan")
+
+
+def _change(ratio: float) -> str:
+    """'+16.9 %' / '−4.1 %' (compare_tables.fmt_change's form, which this module cannot import)."""
+    return f"{100 * (ratio - 1):+.1f} %".replace("-", "\u2212")
 
 
 def bounds(df: pd.DataFrame) -> list[tuple[bool, str]]:
@@ -75,22 +81,26 @@ def clock_verdict(
     threshold: float,
     judge: Callable[[dict, dict], Verdict],
     bound: tuple[bool, str] = (False, ""),
-) -> tuple[Verdict, str, str]:
-    """(verdict, why it is none, note) for a pair already given `verdict`: Verdict.CLOCK where the
-    clocks differ past clock_tolerance and the change does not survive normalising (module doc);
-    `judge(base, cand)` re-judges the normalised pair. The note says what was done: the clocks
-    matched, a side's clock not recorded, or the verdict survived normalising."""
+) -> tuple[Verdict, str, str, float]:
+    """(verdict, why it is none, note, the clock-scaled ratio) for a pair already given `verdict`:
+    Verdict.CLOCK where the clocks differ past clock_tolerance and the change does not survive
+    normalising (module doc); `judge(base, cand)` re-judges the normalised pair. The note says what
+    was done: the clocks matched, a side's clock not recorded, or the verdict survived normalising.
+    The scaled ratio (the candidate's median at the baseline's clock over the baseline's) is NaN
+    unless the pair was normalised: clocks apart and compute-bound; the note or the reason gives it."""
+    nan = float("nan")
     if verdict not in (Verdict.SLOWER, Verdict.FASTER, Verdict.SIMILAR):
-        return verdict, "", ""
+        return verdict, "", "", nan
     cb, cc = _mhz(base.get(CLOCK_COLUMN)), _mhz(cand.get(CLOCK_COLUMN))
     if not (np.isfinite(cb) and np.isfinite(cc)):
-        return verdict, "", NOT_RECORDED
+        return verdict, "", NOT_RECORDED, nan
     ratio = cc / cb
     tol = clock_tolerance(threshold)
     clocks = f"median SM clock {cb:.0f} → {cc:.0f} MHz (×{ratio:.3f})"
     if abs(ratio - 1.0) <= tol:
-        return verdict, "", f"clocks matched: {clocks}"
+        return verdict, "", f"clocks matched: {clocks}", nan
     compute, why_bound = bound
+    scaled_ratio = nan
     if compute:
         scaled = dict(cand)
         for k in _SCALED:
@@ -98,11 +108,15 @@ def clock_verdict(
         samples = cand.get("samples_us")
         if samples is not None and len(samples):
             scaled["samples_us"] = [float(x) * ratio for x in samples]
+        b_med = _mhz(base.get(MEDIAN))  # (a positive float or NaN, as a clock is)
+        scaled_ratio = scaled[MEDIAN] / b_med if np.isfinite(b_med) else nan
+        at = f"{_change(scaled_ratio)} at the baseline's clock" if np.isfinite(scaled_ratio) else ""
         if judge(base, scaled) == verdict:
-            return verdict, "", f"{clocks}, beyond {tol:.1%}; the verdict survives normalising ({why_bound})"
+            note = f"{clocks}, beyond {tol:.1%}; the verdict survives normalising" + (f": {at}" if at else "")
+            return verdict, "", f"{note} ({why_bound})", scaled_ratio
     why = f"{clocks}, beyond {tol:.1%}" + (
-        f"; normalised by the clocks the verdict changes ({why_bound})"
+        f"; normalised by the clocks{f' ({at})' if at else ''} the verdict changes ({why_bound})"
         if compute
         else f"; not normalised ({why_bound or 'not compute-bound'})"
     )
-    return Verdict.CLOCK, why, ""
+    return Verdict.CLOCK, why, "", scaled_ratio

@@ -93,7 +93,9 @@ class Comparison:
     """Result of compare_runs / compare_pairs. ``matched`` has one row per pair with the
     identity columns (the candidate's), ``base_*`` / ``cand_*`` columns (µs, bytes),
     ``ratio`` with ``ci_lo`` / ``ci_hi`` (95 % bootstrap), ``p_value``, ``significant``,
-    ``verdict``, ``mem_ratio``, ``mem_verdict``, ``dev_ratio`` and ``label``;
+    ``verdict``, ``clock_check`` and ``clock_ratio`` (report/clock_verdict.py: the ratio with the
+    candidate at the baseline's clock, where a compute-bound pair's clocks differ), ``mem_ratio``,
+    ``mem_verdict``, ``dev_ratio`` and ``label``;
     ``only_baseline`` / ``only_candidate`` hold the rows without a partner."""
 
     matched: pd.DataFrame
@@ -286,7 +288,7 @@ def compare_pairs(
         where = {k: row.get(k) for k in (*PLACE_COLUMNS, "tokens_per_rank")}
         v, why = basis_verdict(v, {**side["base"], **where}, {**side["cand"], **where}, cpu_verdict)
         bound = bound_of[ci[n]] if bound_of else (False, "")
-        v, clock_why, clock_check = clock_verdict(v, side["base"], side["cand"], threshold, judge, bound)
+        v, clock_why, clock_check, clock_ratio = clock_verdict(v, side["base"], side["cand"], threshold, judge, bound)
         why = why or clock_why
         boot = (
             bootstrap_ratios(side["base"]["samples_us"], side["cand"]["samples_us"]) if np.isfinite(r) else np.empty(0)
@@ -310,6 +312,7 @@ def compare_pairs(
                 verdict=v,
                 no_verdict_why=why,
                 clock_check=clock_check,
+                clock_ratio=clock_ratio,
                 mem_ratio=mr,
                 mem_verdict=mv,
                 dev_ratio=dr,
@@ -327,6 +330,7 @@ def compare_pairs(
             "verdict",
             "no_verdict_why",
             "clock_check",
+            "clock_ratio",
             "mem_ratio",
             "mem_verdict",
             "dev_ratio",

@@ -124,6 +124,10 @@ def latency_pairs(cmp: Comparison, flags: pd.Series | None = None) -> Table:
     data["base_combo_key"], data["cand_combo_key"] = m["base_combo_key"], m["cand_combo_key"]
     for side in ("base", "cand"):  # each side's median SM clock (report/clock_verdict.py)
         data[f"{side}_{CLOCK_COLUMN}"] = pd.to_numeric(m.get(f"{side}_{CLOCK_COLUMN}"), errors="coerce")
+    # the change with the candidate at the baseline's clock, where a compute-bound pair was normalised
+    data["clock_scaled_change_pct"] = (
+        pd.to_numeric(m["clock_ratio"], errors="coerce").map(pct) if "clock_ratio" in m.columns else np.nan
+    )
     clocked = bool(len(data)) and data[[f"base_{CLOCK_COLUMN}", f"cand_{CLOCK_COLUMN}"]].notna().any().any()
     timing_varies = num_distinct(pd.concat([m["base_timing_mode"], m["cand_timing_mode"]])) > 1
     cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]

@@ -201,7 +201,15 @@ def clock_line(cmp: Comparison) -> str:
         return f"clocks: {NOT_RECORDED} (a side's rows have no SM clock: verdicts as before clocks were read)"
     parts = [f"matched in {matched} row(s)"] if matched else []
     if differ or survived:
-        parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound)")
+        kept = m[check.str.contains("survives normalising")]
+        names = row_names(cmp.matched)
+        scaled = [
+            f"{names.loc[i]} {fmt_change(float(r), np.nan, np.nan)}"
+            for i, r in kept["clock_ratio"].items()
+            if "clock_ratio" in kept.columns and np.isfinite(float(r))
+        ][:LIMIT]
+        at = f": {', '.join(scaled)} at the baseline's clock" if scaled else ""
+        parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound{at})")
     if missing:
         parts.append(f"{NOT_RECORDED} in {missing}")
     return "clocks (median SM clock of each side): " + ", ".join(parts)

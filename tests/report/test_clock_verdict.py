@@ -121,3 +121,29 @@ def test_the_no_verdict_legend_names_why(verdicts, label):
     from moebench.report.plots_compare import _no_verdict_label
 
     assert _no_verdict_label(pd.Series(verdicts)) == label
+
+
+def test_a_normalised_pair_says_its_change_at_the_baselines_clock():
+    """Session 21: mixtral's 4096-token cell kept its verdict normalised, but the figure the bound
+    rests on (the change at equal clocks) had to be worked out by hand. Now the pair carries it
+    (`clock_ratio`), the clocks line names each such row with it, and a pair whose verdict the
+    normalising changed says it in its reason; a memory-bound or matched pair has none."""
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0), _row(1024, 1000.0, 1944.0, MEMORY, 2)]
+    base += [_row(4096, 1000.0, 1944.0, COMPUTE, 4), _row(16384, 1000.0, 1944.0, COMPUTE, 6)]
+    # 256: 20 % slower at a 1800 / 1944 clock = +11.1 % at equal clocks (kept: slower);
+    # 4096: 8 % slower at that clock = 0.0 % at equal clocks (the verdict changes); 16384: clocks match
+    cand = [_row(256, 1200.0, 1800.0, COMPUTE, 1), _row(1024, 1200.0, 1800.0, MEMORY, 3)]
+    cand += [_row(4096, 1080.0, 1800.0, COMPUTE, 5), _row(16384, 1080.0, 1944.0, COMPUTE, 7)]
+    cmp = _compare(base, cand)
+    m = cmp.matched.set_index("tokens_per_rank")
+    kept = 1200.0 * 1800.0 / 1944.0 / 1000.0
+    assert m.loc[256, "clock_ratio"] == pytest.approx(kept, rel=0.01)
+    assert "the verdict survives normalising: +11.1 % at the baseline's clock" in m.loc[256, "clock_check"]
+    assert m.loc[4096, "verdict"] == Verdict.CLOCK and m.loc[4096, "clock_ratio"] == pytest.approx(1.0, abs=0.01)
+    assert "normalised by the clocks (" in m.loc[4096, "no_verdict_why"]
+    assert "at the baseline's clock) the verdict changes" in m.loc[4096, "no_verdict_why"]
+    assert np.isnan(m.loc[1024, "clock_ratio"]) and np.isnan(m.loc[16384, "clock_ratio"])
+    (line,) = [x for x in verdict_lines(cmp, 1, []) if x.startswith("- clocks")]
+    assert line.endswith(
+        "differ in 3 (1 kept their verdict normalised as compute-bound: tiny · 256 tok +11.1 % at the baseline's clock)"
+    ), line
