@@ -202,13 +202,12 @@ def clock_line(cmp: Comparison) -> str:
     parts = [f"matched in {matched} row(s)"] if matched else []
     if differ or survived:
         kept = m[check.str.contains("survives normalising")]
+        ratios = kept["clock_ratio"].astype(float) if "clock_ratio" in kept.columns else pd.Series(dtype=float)
+        ratios = ratios[np.isfinite(ratios)]
         names = row_names(cmp.matched)
-        scaled = [
-            f"{names.loc[i]} {fmt_change(float(r), np.nan, np.nan)}"
-            for i, r in kept["clock_ratio"].items()
-            if "clock_ratio" in kept.columns and np.isfinite(float(r))
-        ][:LIMIT]
-        at = f": {', '.join(scaled)} at the baseline's clock" if scaled else ""
+        scaled = [f"{names.loc[i]} {fmt_change(r, np.nan, np.nan)}" for i, r in ratios.head(LIMIT).items()]
+        more = f" (+{len(ratios) - LIMIT} more)" if len(ratios) > LIMIT else ""
+        at = f": {', '.join(scaled)}{more} at the baseline's clock" if scaled else ""
         parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound{at})")
     if missing:
         parts.append(f"{NOT_RECORDED} in {missing}")

@@ -349,7 +349,9 @@ def _timed(
         return got, True, why
     keys = {o: store.key(T, o, reps, bench.timing(T)) for o in opts}
     have = {o: store.get(k) for o, k in keys.items()}
-    missing = [o for o in opts if have[o] is None]
+    # timed again: what is not stored, and what was stored host-paced (twice in a row, or by a tune
+    # from before _run timed such a count once more), which never ranks
+    missing = [o for o in opts if have[o] is None or have[o].error.startswith(HOST_PACED_ERROR)]
     why = ""
     if missing:
         got, why = _run(bench, T, missing, reps, log)
@@ -357,21 +359,26 @@ def _timed(
             if not t.error.startswith(TIMING_FAILED):  # (a failed timing is timed again on resume)
                 store.add(keys[o], t)
             have[o] = t
-    return [have[o] for o in opts], bool(missing), why
+    timed = [have[o] for o in opts]
+    return timed, bool(missing), why or next((t.retimed for t in timed if t.retimed), "")
 
 
 def _run(bench: DecisionBench, T: int, opts: list[Option], reps: int, log: Callable[[str], None]):
     """bench.run, and once more when the host paced an option's samples (a moment's host stall outlasting
-    the holds: on an H100 one of 90 graph replays at 256 tokens): every option again, together, so that
-    the figures that rank them were taken side by side; the second timing stands, host-paced or not (as
-    check and regression.measure do). ([Timed], why it was timed twice or '')."""
+    the holds: on an H100 one of 90 graph replays at 256 tokens): every option of `opts` again, together,
+    so that the figures that rank them were taken side by side; the second timing stands, host-paced or
+    not (as check and regression.measure do), each of its Timed carrying why. ([Timed], why it was timed
+    twice or ''). (A resumed count times only the options not stored: `_timed`.)"""
     got = bench.run(T, opts, reps)
     paced = [t.option for t in got if t.error.startswith(HOST_PACED_ERROR)]
     if not paced:
         return got, ""
     why = f"{', '.join(paced)}: {host_paced_error(*got)}"
     log(f"tune decisions T={T}: {why}; timing the count's {len(opts)} options once more")
-    return bench.run(T, opts, reps), why
+    again = bench.run(T, opts, reps)
+    for t in again:
+        t.retimed = why
+    return again, why
 
 
 def switch_over(results: list[DecisionResult]) -> Optional[int]:

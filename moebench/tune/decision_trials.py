@@ -43,6 +43,10 @@ class Timed:
     error: str = ""
     samples: list = field(default_factory=list)
     ran: str = ""  # what the layer reported running (its experts' last_layout / last_gemm)
+    # why this timing is its count's second ('' the first): the host paced an option the first time
+    # (decide._run), so the count's options were timed again together; kept with the record, so a
+    # resumed tune still says so
+    retimed: str = ""
 
     @property
     def ok(self) -> bool:
