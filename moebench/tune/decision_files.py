@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from moebench.kernels.triton import decisions as kdec
-from moebench.tune.decide import CURRENT, DecisionResult, switch_over
+from moebench.tune.decide import DecisionResult, switch_over
+from moebench.tune.decision_options import CURRENT
 from moebench.tune.trials import json_num
 from moebench.util.safe_write import replace_text, safe_dir
 

@@ -59,14 +59,14 @@ class RecordKey:
 
     layer: str  # plan.Combination.key
     tokens: int
-    option: str  # decide.Option as sorted JSON (name, experts, options)
+    option: str  # decision_options.Option as sorted JSON (name, experts, options)
     reps: int
     timing: str  # graph | events | host
     env: str  # fingerprint.env_key(): GPU, torch, Triton, moebench's source and tuned files
 
 
 def option_text(option) -> str:
-    """A decide.Option as one canonical string (its tile and Gluon variant included)."""
+    """A decision_options.Option as one canonical string (its tile and Gluon variant included)."""
     return json.dumps(dataclasses.asdict(option), sort_keys=True, default=str)
 
 

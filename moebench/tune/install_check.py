@@ -24,7 +24,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from moebench.tune.decide import CURRENT, DecisionCheck
+from moebench.tune.decide import DecisionCheck
+from moebench.tune.decision_options import CURRENT
 from moebench.tune.decision_trials import timed_from_json
 from moebench.tune.regression import SizeCheck, regressed, size_line
 

@@ -184,7 +184,7 @@ def test_a_malformed_sidecar_says_what_is_wrong(tmp_path):
 def test_gluon_constants_match_the_kernels():
     from moebench.kernels.triton import gluon_wide
     from moebench.kernels.triton.gluon_contiguous import GLUON_CONFIG, GLUON_EXTRAS, GLUON_VARIANTS
-    from moebench.tune.decide import variant_name
+    from moebench.tune.decision_options import variant_name
 
     assert kdec.GLUON_WIDE_N == gluon_wide.WIDE_N
     cfgs = [kdec.gluon_config_of(v) for v in GLUON_VARIANTS]
@@ -321,7 +321,7 @@ def _choices(found):
 
 
 def test_an_interrupted_decisions_stage_resumes_without_timing_again(tmp_path):
-    from moebench.tune import decide
+    from moebench.tune import decide, decision_options
     from moebench.tune.decision_trials import FILE_NAME, DecisionStore, env_key
     from moebench.tune.search import resolve
 
@@ -361,7 +361,7 @@ def test_an_interrupted_decisions_stage_resumes_without_timing_again(tmp_path):
 
     # all six stored now; none is another layer's, another machine's or code's, and --fresh forgets them
     def found(store):
-        opts = decide.options_of(c.combo, cpu, None)[0]
+        opts = decision_options.options_of(c.combo, cpu, None)[0]
         return sum(store.get(store.key(T, o, 1, "host")) is not None for T in (1, 2) for o in opts)
 
     other, _ = resolve(BF16 + ["workload.tokens_per_rank=[1,2]", "workload.seed=1"])
@@ -629,7 +629,7 @@ def test_the_contiguous_options_are_judged_on_one_tp_ranks_shard():
     """options_of reads the shard's width through the one TP rule (registry.ep_split): backend=tp
     over two ranks halves a 384-wide expert to 192, which the contiguous layout cannot run, as
     simulate_tp=2 does on one rank; the whole 384 can."""
-    from moebench.tune.decide import options_of
+    from moebench.tune.decision_options import options_of
 
     def skipped(**split):
         combo = {"backend": "local", "world_size": 1, "simulate_ep": 1, "simulate_tp": 1, "quant": "bf16"}
@@ -662,7 +662,8 @@ def test_the_decisions_are_timed_as_the_runner_times_the_layer():
     combination does); graph only up to runner.graph_max_tokens; events and profiler as held
     events; off CUDA the host's clock."""
     from moebench.config import compose
-    from moebench.tune.decide import DecisionBench, decision_timing
+    from moebench.tune.decide import DecisionBench
+    from moebench.tune.decision_options import decision_timing
     from moebench.tune.search import resolve
 
     def combo(*overrides: str):
