@@ -13,7 +13,7 @@ after each (torch.cuda.clock_rate). Every option's output must equal its default
 kernel that does not prints FAILED and the script exits 1.
 
     python benchmarks/gluon_options.py [--models mixtral_8x7b ...] [--tokens 2048 4096 16384]
-                                       [--rounds 5] [--json out.json]
+                                       [--rounds 5] [--json out.json] [--kernels "gluon 128x192 scale-tma" ...]
 
 Session 17's Nsight Compute reading of the 128 x 192 kernel (docs/findings/triton-vs-deepgemm.md,
 "Where the 128 x 192 kernel loses to DeepGEMM") is what the options answer.
@@ -56,6 +56,15 @@ def _kernels() -> dict:
 KERNELS = _kernels()
 
 
+def chosen(names=None) -> dict:
+    """KERNELS, or only `names` and the defaults their outputs must equal (--kernels: e.g. one option
+    under Nsight Compute), in KERNELS' order."""
+    if not names:
+        return dict(KERNELS)
+    keep = set(names) | {KERNELS[n][0] for n in names if KERNELS[n][0]}
+    return {n: v for n, v in KERNELS.items() if n in keep}
+
+
 def _sm_mhz() -> float:
     """The SM clock now (NVML through torch); NaN where NVML is missing."""
     try:
@@ -70,7 +79,17 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=list(KERNELS),
+        default=None,
+        metavar="NAME",
+        help="only these Gluon kernels (quoted names, as printed), each with its default, beside DeepGEMM; "
+        "default: every one",
+    )
     args = ap.parse_args(argv)
+    kernels = chosen(args.kernels)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("gluon_options.py: needs an SM90 GPU (the Gluon kernels have no interpreter)", file=sys.stderr)
         return 2
@@ -95,10 +114,10 @@ def main(argv=None) -> int:
             valid = lay.m_indices_Mp[:mp] >= 0
             for gemm, (a, a_s, w, s) in (("gate_up", (a1, a1_s, w13, s13)), ("down", (a2, a2_s, w2, s2))):
                 N = w.shape[1]
-                out = {name: torch.full((mp, N), float("nan"), device=dev, dtype=torch.bfloat16) for name in KERNELS}
+                out = {name: torch.full((mp, N), float("nan"), device=dev, dtype=torch.bfloat16) for name in kernels}
                 out["deep_gemm"] = torch.zeros(mp, N, device=dev, dtype=torch.bfloat16)
                 fns = {"deep_gemm": deepgemm_gemm(deep_gemm, "fp8_block", a, a_s, w, s, out["deep_gemm"], lay)}
-                for name, (_, cfg) in KERNELS.items():
+                for name, (_, cfg) in kernels.items():
                     g = GluonGemm(w, s, cfg)
                     fns[name] = functools.partial(g, a, a_s, out[name], lay.m_indices_Mp, lay.num_post)
                 for f in fns.values():
@@ -113,7 +132,7 @@ def main(argv=None) -> int:
                 dg = statistics.median(us["deep_gemm"])
                 flop = 2.0 * pairs * N * w.shape[2]
                 for n in fns:
-                    default = KERNELS[n][0] if n in KERNELS else None
+                    default = kernels[n][0] if n in kernels else None
                     same = bool(torch.equal(out[n][valid], out[default][valid])) if default else None
                     err, _ = rel(out[n], out["deep_gemm"], valid)
                     row = dict(

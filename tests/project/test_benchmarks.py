@@ -335,6 +335,20 @@ def test_gluon_options_benchmark_refuses_a_machine_without_an_sm90_gpu(capsys):
     assert all(d in defaults for d, _ in bench.KERNELS.values() if d is not None)
 
 
+def test_gluon_options_kernels_picks_options_with_their_defaults(capsys):
+    """--kernels NAME ...: only those Gluon kernels, each with the default its output must equal (one
+    option under Nsight Compute: the fewest launches); an unknown name is refused (exit 2, argparse's
+    line naming the choices) before any GPU check."""
+    import gluon_options as bench
+
+    assert list(bench.chosen(["gluon 128x192 scale-tma"])) == ["gluon 128x192", "gluon 128x192 scale-tma"]
+    assert list(bench.chosen(["gluon 128x128"])) == ["gluon 128x128"]
+    assert bench.chosen(None) == bench.KERNELS
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--kernels", "gluon 128x192 direct-read"])
+    assert e.value.code == 2 and "invalid choice: 'gluon 128x192 direct-read'" in capsys.readouterr().err
+
+
 def test_contiguous_gemm_benchmark_refuses_a_variant_it_does_not_have():
     """A wrong --variant must not run nothing and exit 0 (a shell loop would read a pass)."""
     import triton_fp8_contiguous as bench
