@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.columns import ROOFLINE_COLUMNS
+from moebench.report.fmt import fmt_change
 from moebench.report.roofline import add_floor
 from moebench.results import row as schema
 from moebench.results.row import Verdict
@@ -45,11 +46,6 @@ def _mhz(x) -> float:
     except (TypeError, ValueError):
         return float("nan")
     return v if v > 0 else float("nan")
-
-
-def _change(ratio: float) -> str:
-    """'+16.9 %' / '−4.1 %' (compare_tables.fmt_change's form, which this module cannot import)."""
-    return f"{100 * (ratio - 1):+.1f} %".replace("-", "\u2212")
 
 
 def bounds(df: pd.DataFrame) -> list[tuple[bool, str]]:
@@ -108,9 +104,8 @@ def clock_verdict(
         samples = cand.get("samples_us")
         if samples is not None and len(samples):
             scaled["samples_us"] = [float(x) * ratio for x in samples]
-        b_med = _mhz(base.get(MEDIAN))  # (a positive float or NaN, as a clock is)
-        scaled_ratio = scaled[MEDIAN] / b_med if np.isfinite(b_med) else nan
-        at = f"{_change(scaled_ratio)} at the baseline's clock" if np.isfinite(scaled_ratio) else ""
+        scaled_ratio = scaled[MEDIAN] / float(base[MEDIAN])  # (NaN where a median is)
+        at = f"{fmt_change(scaled_ratio)} at the baseline's clock" if np.isfinite(scaled_ratio) else ""
         if judge(base, scaled) == verdict:
             note = f"{clocks}, beyond {tol:.1%}; the verdict survives normalising" + (f": {at}" if at else "")
             return verdict, "", f"{note} ({why_bound})", scaled_ratio

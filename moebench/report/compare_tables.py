@@ -23,32 +23,13 @@ from moebench.report.columns import (
 )
 from moebench.report.compare import SHOWN_COLUMNS, Comparison
 from moebench.report.flags import PACED_MARK_TEXT, mark_of, pair_flags, pair_rows
-from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
+from moebench.report.fmt import fmt_change, fmt_interval, fmt_mib, fmt_pct, fmt_us
 from moebench.report.run_tables import md_value, value_cell
 from moebench.report.stats import pct
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import Status, Verdict
 
 MARKS = {Verdict.SLOWER: "+", Verdict.BROKEN: "+", Verdict.SKIPPED: "+", Verdict.FASTER: "-", Verdict.FIXED: "-"}
-MINUS = "\u2212"
-
-
-def fmt_pct(x: float, signed: bool = True) -> str:
-    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen); NaN as '-'."""
-    if x is None or not np.isfinite(x):
-        return "-"
-    text = f"{x:+.1f}" if signed else f"{x:.1f}"
-    return text.replace("-", MINUS)
-
-
-def fmt_change(ratio: float, lo: float, hi: float) -> str:
-    """'−8.3 % [−8.6, −8.0]': the change and its 95 % interval in percent."""
-    if ratio is None or not np.isfinite(ratio):
-        return "-"
-    text = f"{fmt_pct(pct(ratio))} %"
-    if np.isfinite(lo) and np.isfinite(hi):
-        text += f" [{fmt_pct(pct(lo))}, {fmt_pct(pct(hi))}]"
-    return text
 
 
 def pair_order(m: pd.DataFrame) -> pd.DataFrame:
@@ -125,9 +106,7 @@ def latency_pairs(cmp: Comparison, flags: pd.Series | None = None) -> Table:
     for side in ("base", "cand"):  # each side's median SM clock (report/clock_verdict.py)
         data[f"{side}_{CLOCK_COLUMN}"] = pd.to_numeric(m.get(f"{side}_{CLOCK_COLUMN}"), errors="coerce")
     # the change with the candidate at the baseline's clock, where a compute-bound pair was normalised
-    data["clock_scaled_change_pct"] = (
-        pd.to_numeric(m["clock_ratio"], errors="coerce").map(pct) if "clock_ratio" in m.columns else np.nan
-    )
+    data["clock_scaled_change_pct"] = pd.to_numeric(m["clock_ratio"], errors="coerce").map(pct)
     clocked = bool(len(data)) and data[[f"base_{CLOCK_COLUMN}", f"cand_{CLOCK_COLUMN}"]].notna().any().any()
     timing_varies = num_distinct(pd.concat([m["base_timing_mode"], m["cand_timing_mode"]])) > 1
     cols = [Column("", lambda r: MARKS.get(r["verdict"], ""))]

@@ -20,9 +20,10 @@ from moebench.report import plots
 from moebench.report import run_tables as tables
 from moebench.report.clock_report import clock_table
 from moebench.report.compare import Comparison, compare_runs
-from moebench.report.compare_tables import fmt_change, latency_pairs, memory_pairs, unmatched
+from moebench.report.compare_tables import latency_pairs, memory_pairs, unmatched
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
 from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, pair_rows, run_notes
+from moebench.report.fmt import fmt_change
 from moebench.report.load import load_run
 from moebench.report.mdsafe import md_text
 from moebench.report.routing_table import routing_table

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from moebench.report.stats import pct
+
 MIB = 1024.0 * 1024.0
 
 
@@ -64,3 +66,25 @@ def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
     if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
         return fmt_frac(x)
     return f"{fmt_frac(x)} [{100 * lo:.0f}–{100 * hi:.0f}]"
+
+
+MINUS = "\u2212"
+
+
+def fmt_pct(x: float, signed: bool = True) -> str:
+    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen); NaN as '-'."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    text = f"{x:+.1f}" if signed else f"{x:.1f}"
+    return text.replace("-", MINUS)
+
+
+def fmt_change(ratio: float, lo: float = float("nan"), hi: float = float("nan")) -> str:
+    """'−8.3 % [−8.6, −8.0]': the change and its 95 % interval in percent
+    (without an interval: '+16.9 %')."""
+    if ratio is None or not np.isfinite(ratio):
+        return "-"
+    text = f"{fmt_pct(pct(ratio))} %"
+    if np.isfinite(lo) and np.isfinite(hi):
+        text += f" [{fmt_pct(pct(lo))}, {fmt_pct(pct(hi))}]"
+    return text

@@ -14,7 +14,8 @@ from matplotlib.lines import Line2D
 
 from moebench.report.columns import fmt_value, records
 from moebench.report.compare import Comparison
-from moebench.report.compare_tables import fmt_change, pair_order
+from moebench.report.compare_tables import pair_order
+from moebench.report.fmt import fmt_change
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from moebench.report.stats import pct
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Status, Verdict

@@ -19,9 +19,10 @@ import pandas as pd
 from moebench.report.clock_verdict import NOT_RECORDED
 from moebench.report.columns import COMBINATION_COLUMNS, PER_ROW_COLUMNS, fmt_value
 from moebench.report.compare import Comparison
-from moebench.report.compare_tables import fmt_change, fmt_us_pair, memory_change_lines, pair_names
+from moebench.report.compare_tables import fmt_us_pair, memory_change_lines, pair_names
 from moebench.report.envinfo import comparable_summary, environment_check
 from moebench.report.flags import CPU
+from moebench.report.fmt import fmt_change
 from moebench.report.table import md_text
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 
@@ -202,10 +203,10 @@ def clock_line(cmp: Comparison) -> str:
     parts = [f"matched in {matched} row(s)"] if matched else []
     if differ or survived:
         kept = m[check.str.contains("survives normalising")]
-        ratios = kept["clock_ratio"].astype(float) if "clock_ratio" in kept.columns else pd.Series(dtype=float)
+        ratios = kept["clock_ratio"].astype(float)
         ratios = ratios[np.isfinite(ratios)]
         names = row_names(cmp.matched)
-        scaled = [f"{names.loc[i]} {fmt_change(r, np.nan, np.nan)}" for i, r in ratios.head(LIMIT).items()]
+        scaled = [f"{names.loc[i]} {fmt_change(r)}" for i, r in ratios.head(LIMIT).items()]
         more = f" (+{len(ratios) - LIMIT} more)" if len(ratios) > LIMIT else ""
         at = f": {', '.join(scaled)}{more} at the baseline's clock" if scaled else ""
         parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound{at})")

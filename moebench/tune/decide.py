@@ -53,9 +53,13 @@ class DecisionResult:
     # the process's GPU memory reserved at its peak while this count's options were built, checked and
     # timed (bytes; NaN: not timed here, or no GPU): the shared graph pool included
     device_peak_bytes: float = NAN
-    # why this count's options were timed twice ('' when once): the host paced some option's samples the
-    # first time, so every option was timed again together and the second timing ranks (as check does)
-    retimed: str = ""
+
+    @property
+    def retimed(self) -> str:
+        """Why this count's options were timed twice ('' when once): the host paced some option's
+        samples the first time, so every option was timed again together and the second timing ranks
+        (as check does); each such Timed carries it, stored with it (`_run`)."""
+        return next((t.retimed for t in self.timed if t.retimed), "")
 
     def get(self, name: str) -> Optional[Timed]:
         return next((t for t in self.timed if t.option == name), None)
@@ -173,7 +177,7 @@ def decide(
         r = DecisionResult(tokens=T, rows=rows.get(T, T), not_run=skipped, timing=bench.timing(T))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        r.timed, ran, r.retimed = _timed(bench, store, T, opts, reps, log)
+        r.timed, ran = _timed(bench, store, T, opts, reps, log)
         if device.type == "cuda" and ran:  # (a count read back from the store held nothing here)
             r.device_peak_bytes = float(torch.cuda.max_memory_reserved(device))
         ranked = sorted((t for t in r.timed if t.ok and t.option != CURRENT), key=lambda t: t.us)
@@ -200,43 +204,39 @@ def _timed(
     reps: int,
     log: Callable[[str], None] = lambda s: None,
 ):
-    """([Timed] of `opts` at T, whether any was timed now, why they were timed twice): the stored ones
-    read, the rest timed together (interleaved; `_run`) and stored."""
+    """([Timed] of `opts` at T, whether any was timed now): the stored ones read, the rest timed
+    together (interleaved; `_run`) and stored."""
     if store is None:
-        got, why = _run(bench, T, opts, reps, log)
-        return got, True, why
+        return _run(bench, T, opts, reps, log), True
     keys = {o: store.key(T, o, reps, bench.timing(T)) for o in opts}
     have = {o: store.get(k) for o, k in keys.items()}
     # timed again: what is not stored, and what was stored host-paced (twice in a row, or by a tune
     # from before _run timed such a count once more), which never ranks
     missing = [o for o in opts if have[o] is None or have[o].error.startswith(HOST_PACED_ERROR)]
-    why = ""
     if missing:
-        got, why = _run(bench, T, missing, reps, log)
-        for o, t in zip(missing, got, strict=True):
+        for o, t in zip(missing, _run(bench, T, missing, reps, log), strict=True):
             if not t.error.startswith(TIMING_FAILED):  # (a failed timing is timed again on resume)
                 store.add(keys[o], t)
             have[o] = t
-    timed = [have[o] for o in opts]
-    return timed, bool(missing), why or next((t.retimed for t in timed if t.retimed), "")
+    return [have[o] for o in opts], bool(missing)
 
 
 def _run(bench: DecisionBench, T: int, opts: list[Option], reps: int, log: Callable[[str], None]):
     """bench.run, and once more when the host paced an option's samples (a moment's host stall outlasting
     the holds: on an H100 one of 90 graph replays at 256 tokens): every option of `opts` again, together,
     so that the figures that rank them were taken side by side; the second timing stands, host-paced or
-    not (as check and regression.measure do), each of its Timed carrying why. ([Timed], why it was timed
-    twice or ''). (A resumed count times only the options not stored: `_timed`.)"""
+    not (as check and regression.measure do), each of its Timed carrying why (`retimed`). (A resumed
+    count times only the options not stored: `_timed`.)"""
     got = bench.run(T, opts, reps)
     paced = [t.option for t in got if t.error.startswith(HOST_PACED_ERROR)]
     if not paced:
-        return got, ""
+        return got
     why = f"{', '.join(paced)}: {host_paced_error(*got)}"
     log(f"tune decisions T={T}: {why}; timing the count's {len(opts)} options once more")
     again = bench.run(T, opts, reps)
     for t in again:
         t.retimed = why
-    return again, why
+    return again
 
 
 def switch_over(results: list[DecisionResult]) -> Optional[int]:
