@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -31,7 +32,7 @@ from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.decision_options import CURRENT, DEEPGEMM, Option, decision_timing, options_of
 from moebench.tune.decision_trials import DecisionStore, Timed, open_store
-from moebench.tune.trials import HOST_PACED_ERROR, host_paced_error
+from moebench.tune.trials import HOST_PACED_ERROR, host_paced_error, retime_host_paced
 
 NAN = float("nan")
 TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
@@ -222,21 +223,16 @@ def _timed(
 
 
 def _run(bench: DecisionBench, T: int, opts: list[Option], reps: int, log: Callable[[str], None]):
-    """bench.run, and once more when the host paced an option's samples (a moment's host stall outlasting
-    the holds: on an H100 one of 90 graph replays at 256 tokens): every option of `opts` again, together,
-    so that the figures that rank them were taken side by side; the second timing stands, host-paced or
-    not (as check and regression.measure do), each of its Timed carrying why (`retimed`). (A resumed
-    count times only the options not stored: `_timed`.)"""
-    got = bench.run(T, opts, reps)
-    paced = [t.option for t in got if t.error.startswith(HOST_PACED_ERROR)]
-    if not paced:
-        return got
-    why = f"{', '.join(paced)}: {host_paced_error(*got)}"
-    log(f"tune decisions T={T}: {why}; timing the count's {len(opts)} options once more")
-    again = bench.run(T, opts, reps)
-    for t in again:
+    """bench.run, and once more when the host paced an option's samples (on an H100 one of 90 graph
+    replays at 256 tokens): every option of `opts` again, together (trials.retime_host_paced); the
+    second timing ranks, each of its Timed carrying why (`retimed`). (A resumed count times only the
+    options not stored: `_timed`.)"""
+    got, why = retime_host_paced(
+        partial(bench.run, T, opts, reps), [o.name for o in opts], f"tune decisions T={T}", log
+    )
+    for t in got:
         t.retimed = why
-    return again
+    return got
 
 
 def switch_over(results: list[DecisionResult]) -> Optional[int]:

@@ -36,6 +36,25 @@ def host_paced_error(*timed) -> str:
     return next((t.error for t in timed if t.error.startswith(HOST_PACED_ERROR)), "")
 
 
+def retime_host_paced(
+    time: Callable[[], list], names: list[str], where: str, log: Callable[[str], None]
+) -> tuple[list, str]:
+    """`time()`, and once more when the host paced any of its results (their error HOST_PACED_ERROR:
+    host time, no figure; a moment's host stall outlasting the timing loop's holds): every one of them
+    again, together, so that the figures that decide were taken side by side and one busy moment
+    decides nothing. The second timing stands, host-paced or not. `time` returns timed results (each
+    with an `.error`) in the order of `names`, theirs in words. Returns (the timing that stands, why it
+    was taken twice: '<the paced names>: <the first paced error>', e.g. 'current: host-paced: 1 of 5
+    samples: host time, not ranked'; '' when once); `log` gets the retime, prefixed by `where`."""
+    got = time()
+    paced = [n for n, t in zip(names, got, strict=True) if t.error.startswith(HOST_PACED_ERROR)]
+    if not paced:
+        return got, ""
+    why = f"{', '.join(paced)}: {host_paced_error(*got)}"
+    log(f"{where}: {why}; timing all {len(names)} once more, together")
+    return time(), why
+
+
 @dataclass
 class Trial:
     """One config timed at one token count (µs); `error` set when it did not run or
