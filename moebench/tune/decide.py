@@ -32,7 +32,7 @@ from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.decision_options import CURRENT, DEEPGEMM, Option, decision_timing, options_of
 from moebench.tune.decision_trials import DecisionStore, Timed, open_store
-from moebench.tune.trials import HOST_PACED_ERROR, host_paced_error, retime_host_paced
+from moebench.tune.trials import HOST_PACED_ERROR, retime_host_paced
 
 NAN = float("nan")
 TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
@@ -306,11 +306,16 @@ def check(
             continue
         opts, _ = options_of(c.combo, device, tiles.get(r.tokens))
         pick = [o for o in opts if o.name in (r.best, CURRENT)]
-        got, cur = sorted(bench.run(r.tokens, pick, reps, salt=13), key=lambda t: t.option == CURRENT)
-        if paced := host_paced_error(got, cur):  # as regression.measure: timed once more before it decides
-            out.retimed[r.tokens] = paced
-            log(f"tune decisions check T={r.tokens}: {paced}; timing the pair once more")
-            got, cur = sorted(bench.run(r.tokens, pick, reps, salt=13), key=lambda t: t.option == CURRENT)
+        # as regression.measure: host time is no figure, one busy moment no verdict
+        pair, why = retime_host_paced(
+            partial(bench.run, r.tokens, pick, reps, salt=13),
+            [o.name for o in pick],
+            f"tune decisions check T={r.tokens}",
+            log,
+        )
+        if why:
+            out.retimed[r.tokens] = why
+        got, cur = sorted(pair, key=lambda t: t.option == CURRENT)
         out.sizes.append((r.tokens, got, cur))
         log(f"tune decisions check T={r.tokens}: {got.option} {got.us:.1f} µs, current {cur.us:.1f} µs")
     return out

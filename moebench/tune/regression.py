@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Callable
 
 from moebench.tune.space import config_key
-from moebench.tune.trials import host_paced_error, json_num
+from moebench.tune.trials import json_num, retime_host_paced
 
 NAN = float("nan")
 
@@ -196,11 +197,9 @@ def measure(
             continue
         tb = layer.at(T)
         check.timing = check.timing or tb.timing
-        tuned, cur = tb.interleaved([s.tuned, s.current], reps)
-        if paced := host_paced_error(tuned, cur):  # host time is no figure, one busy moment no verdict
-            s.retimed = paced
-            log(f"tune check T={T}: {paced}; timing the pair once more")
-            tuned, cur = tb.interleaved([s.tuned, s.current], reps)
+        # host time is no figure, one busy moment no verdict: a host-paced pair is timed once more
+        timed = partial(tb.interleaved, [s.tuned, s.current], reps)
+        (tuned, cur), s.retimed = retime_host_paced(timed, ["tuned", "current"], f"tune check T={T}", log)
         s.tuned_us, s.tuned_error, s.tuned_samples = tuned.us, tuned.error, list(tuned.samples)
         s.current_us, s.current_error, s.current_samples = cur.us, cur.error, list(cur.samples)
         s.ci_lo, s.ci_hi = interval(s.current_samples, s.tuned_samples)

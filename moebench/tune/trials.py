@@ -30,12 +30,6 @@ FILE_NAME = "trials.jsonl"
 HOST_PACED_ERROR = "host-paced"  # the kind (error's first word) of a trial the host paced
 
 
-def host_paced_error(*timed) -> str:
-    """The first of these timed results' errors that says the host paced them ('' for none): what a
-    --max-regression check times once more before it decides (regression.measure, decide.check)."""
-    return next((t.error for t in timed if t.error.startswith(HOST_PACED_ERROR)), "")
-
-
 def retime_host_paced(
     time: Callable[[], list], names: list[str], where: str, log: Callable[[str], None]
 ) -> tuple[list, str]:
@@ -45,12 +39,13 @@ def retime_host_paced(
     decides nothing. The second timing stands, host-paced or not. `time` returns timed results (each
     with an `.error`) in the order of `names`, theirs in words. Returns (the timing that stands, why it
     was taken twice: '<the paced names>: <the first paced error>', e.g. 'current: host-paced: 1 of 5
-    samples: host time, not ranked'; '' when once); `log` gets the retime, prefixed by `where`."""
+    samples: host time, not ranked'; '' when once); `log` gets the retime, prefixed by `where`.
+    Used by decide._run (the decisions), decide.check and regression.measure (--max-regression)."""
     got = time()
-    paced = [n for n, t in zip(names, got, strict=True) if t.error.startswith(HOST_PACED_ERROR)]
+    paced = [(n, t.error) for n, t in zip(names, got, strict=True) if t.error.startswith(HOST_PACED_ERROR)]
     if not paced:
         return got, ""
-    why = f"{', '.join(paced)}: {host_paced_error(*got)}"
+    why = f"{', '.join(n for n, _ in paced)}: {paced[0][1]}"
     log(f"{where}: {why}; timing all {len(names)} once more, together")
     return time(), why
 

@@ -706,8 +706,9 @@ def _layer_bench(script):
 )
 def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, paced, side, passes):
     """Both --max-regression checks: a pair whose samples the host paced is timed once more; the
-    second figures decide (`retimed` says why), and only a second host-paced tuned side refuses (a
-    current side that never gave a figure cannot be regressed from)."""
+    second figures decide (`retimed` says why, as the decisions' own retime: '<the paced side>: host-paced:
+    …'), and only a second host-paced tuned side refuses (a current side that never gave a figure cannot
+    be regressed from)."""
     from moebench.tune import bench as tbench
     from moebench.tune import regression
     from moebench.tune.decide import DecisionBench, DecisionResult, check
@@ -721,7 +722,7 @@ def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, 
     monkeypatch.setattr(tbench, "LayerBench", _layer_bench(tiles))
     got = regression.measure(c, {4: dict(TILE)}, 3, cpu, 0.02)
     (s,) = got.sizes
-    assert tiles.calls == 2 and s.retimed.startswith("host-paced") and got.passed is passes
+    assert tiles.calls == 2 and s.retimed.startswith(f"{side}: host-paced: 1 of 3 samples") and got.passed is passes
     assert bool(s.tuned_error) is (side == "tuned" and paced == 2)
     assert bool(s.current_error) is (side == "current" and paced == 2)
 
@@ -733,7 +734,8 @@ def test_a_host_paced_check_times_the_pair_again_before_it_decides(monkeypatch, 
 
     dc = check(c, [DecisionResult(tokens=4, rows=8, best="gathered")], {}, 3, cpu, 0.02, bench=Bench(c, cpu))
     assert decisions.calls == 2 and dc.passed is passes, dc.regressions()
-    assert dc.to_json()["retimed"]["4"].startswith("host-paced")
+    paced_name = "current" if side == "current" else "gathered"
+    assert dc.to_json()["retimed"]["4"].startswith(f"{paced_name}: host-paced: 1 of 3 samples"), dc.retimed
 
 
 @pytest.mark.parametrize("paced", [1, 2])
