@@ -392,6 +392,9 @@ class Combination:
     overrides: tuple[str, ...] = ()
     reason: Optional[str] = None  # why it cannot run (all token counts)
     token_reasons: dict = field(default_factory=dict)  # tokens -> reason
+    # `reason` breaks a rule of the plan, which no machine lifts (config/validity.py's Skip.rule);
+    # False where this machine, a library or a plugin is why
+    rule: bool = False
 
     @property
     def key(self) -> str:

@@ -5,6 +5,7 @@ count (runner.timing: auto's choice between graph replays and held events)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from moebench.config.names import not_implemented
@@ -14,16 +15,47 @@ from moebench.config.spec import Combo
 FILL_BACKENDS = ("local_batched", "naive_batched")
 
 
+@dataclass(frozen=True)
+class Skip:
+    """Why a combination cannot run: the skipped row's `reason`, and whether it breaks a rule
+    of the plan, which no machine lifts (`rule`: layouts that differ, a split that does not
+    divide, ...), or names what this machine lacks (a plugin, CUDA; an entry's own `supports`
+    mixes its limits with its library and GPU, so its reasons count as the machine's)."""
+
+    reason: str
+    rule: bool
+
+
 def validate(combo: Combo) -> Optional[str]:
     """Reason this combination cannot run (every token count), or None."""
+    skip = check(combo)
+    return skip.reason if skip else None
+
+
+def check(combo: Combo) -> Optional[Skip]:
+    """Why this combination cannot run (every token count), or None: the rules of the plan
+    first, then what the machine lacks (docs/design.md, "Validity")."""
     from moebench.kernels import registry
 
     registry.discover()
+    for kind, name in (("backend", combo.backend), ("experts", combo.experts)):
+        if name not in (registry.BACKENDS if kind == "backend" else registry.EXPERTS):
+            return Skip(registry.unavailable(kind, name), rule=False)  # e.g. a plugin disabled here
+    why = _plan_rule(combo)
+    if why:
+        return Skip(why, rule=True)
+    why = _needs_cuda(combo)
+    for kind, name in (("backend", combo.backend), ("experts", combo.experts)):
+        why = why or registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
+    return Skip(why, rule=False) if why else None
+
+
+def _plan_rule(combo: Combo) -> Optional[str]:
+    """The contract's rules that hold whatever the machine: a combination that breaks one can
+    never run (its entries are registered: check)."""
+    from moebench.kernels import registry
+
     b, e = combo.backend, combo.experts
-    if b not in registry.BACKENDS:
-        return registry.unavailable("backend", b)
-    if e not in registry.EXPERTS:
-        return registry.unavailable("experts", e)
     unrun = not_implemented(combo.quant)
     if unrun:
         return unrun
@@ -43,8 +75,6 @@ def validate(combo: Combo) -> Optional[str]:
             f"overlap.shared_sm_carveout={combo.shared_sm_carveout} applies to shared experts; "
             f"model={combo.model} has none"
         )
-    if combo.shared_sm_carveout and combo.device != "cuda":
-        return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
     E, ws, sim = combo.num_experts, combo.world_size, combo.simulate_ep
     single, tp_ranks = B.single_rank, B.tensor_parallel
     ep = registry.ep_split(combo).ep  # the EP split the routing sees (kernels/split.py)
@@ -65,9 +95,9 @@ def validate(combo: Combo) -> Optional[str]:
                 "workload.routing=imbalanced_ranks loads one EP rank's experts: it needs an EP split "
                 "(an EP backend, or backend.simulate_ep=N on one GPU)"
             )
-        from moebench.routing.rules import RoutingSpec, check
+        from moebench.routing import rules
 
-        why = check(RoutingSpec(name=combo.routing, imbalance=combo.imbalance, ep_size=ep), E, combo.topk)
+        why = rules.check(rules.RoutingSpec(name=combo.routing, imbalance=combo.imbalance, ep_size=ep), E, combo.topk)
         if why:
             return why
     if combo.fill and b not in FILL_BACKENDS:
@@ -82,14 +112,20 @@ def validate(combo: Combo) -> Optional[str]:
         by = "world_size" if tp_ranks else "simulate_tp"
         shard = f" (intermediate {combo.intermediate} / {by}={tp})" if tp > 1 else ""
         return f"fp8_block needs hidden and intermediate multiples of 128 (got {combo.hidden}, {inter}{shard})"
-    if combo.timing == "profiler" and combo.device != "cuda":
+    return None
+
+
+def _needs_cuda(combo: Combo) -> Optional[str]:
+    """What needs CUDA where the combination runs on the CPU (runner.device=auto on a machine
+    without a GPU, or runner.device=cpu): counted as the machine's."""
+    if combo.device == "cuda":
+        return None
+    if combo.shared_sm_carveout:
+        return f"overlap.shared_sm_carveout={combo.shared_sm_carveout} leaves GPU SMs free (cuBLASLt): it needs CUDA"
+    if combo.timing == "profiler":
         return "timing=profiler reports GPU kernel durations: it needs CUDA"
-    if combo.memory_budget and combo.device != "cuda":
+    if combo.memory_budget:
         return "runner.memory_budget caps the CUDA caching allocator: it needs CUDA"
-    for kind, name in (("backend", b), ("experts", e)):
-        reason = registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
-        if reason:
-            return reason
     return None
 
 

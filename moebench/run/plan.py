@@ -15,7 +15,7 @@ from moebench.config.device import cuda_available, cuda_device_count
 from moebench.config.paths import ADHOC
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
-from moebench.config.validity import validate, validate_tokens
+from moebench.config.validity import check, validate_tokens
 
 
 def _ranks_available(device: str) -> int:
@@ -154,7 +154,8 @@ def plan(
         if key in seen:  # e.g. single-rank backends with different world sizes
             continue
         seen.add(key)
-        reason = validate(combo)
+        skip = check(combo)
+        reason, rule = (skip.reason, skip.rule) if skip else (None, False)
         if (
             not reason and not explicit_ws and this_machine and _ranks_available(combo.device)
         ):  # no GPU at all: refused below
@@ -165,7 +166,8 @@ def plan(
                 why = validate_tokens(combo, t)
                 if why:
                     token_reasons[t] = why
-        combos.append(Combination(combo, tuple(cfg["workload"]["tokens_per_rank"]), tuple(ovs), reason, token_reasons))
+        tokens = tuple(cfg["workload"]["tokens_per_rank"])
+        combos.append(Combination(combo, tokens, tuple(ovs), reason, token_reasons, rule))
     unused = sorted(knobs_set - knobs_taken)
     if unused:
         raise ValueError(

@@ -90,6 +90,32 @@ def test_validity_rules_give_reasons(monkeypatch):
     assert validity.validate_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
 
 
+def test_check_tells_a_rule_of_the_plan_from_what_the_machine_lacks(monkeypatch):
+    """config/validity.py's Skip.rule: layouts, splits and quant names no machine lifts; CUDA, an
+    entry's library or GPU, too few ranks are the machine's. A rule comes first."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    base = to_combo(compose_config(["backend=local", "experts=torch", "model=tiny", "runner.device=cpu"]))
+    assert validity.check(base) is None
+    rules = [
+        base.replace(experts="torch_batched"),
+        base.replace(simulate_ep=3),
+        base.replace(backend="local_batched", experts="torch_batched"),
+        base.replace(quant="mxfp4"),
+        base.replace(experts="torch_batched", timing="profiler"),  # a rule before what the machine lacks
+    ]
+    for c in rules:
+        skip = validity.check(c)
+        assert skip and skip.rule and skip.reason == validity.validate(c), c.label
+    for c in (base.replace(timing="profiler"), base.replace(experts="triton")):
+        skip = validity.check(c)
+        assert skip and not skip.rule and "CUDA" in skip.reason, c.label
+    combos, _ = plan.plan(["backend=local,naive", "experts=torch,torch_batched", "model=tiny", "quant=bf16"], None)
+    assert all(bool(c.rule) == ("layouts differ" in (c.reason or "")) for c in combos)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 1)  # naive's two ranks: the machine's
+    (c,) = plan.plan(["backend=naive", "experts=torch", "model=tiny", "quant=bf16", "runner.device=cpu"], None)[0]
+    assert "this machine has 1 CPU core" in c.reason and not c.rule
+
+
 def test_missing_library_entries_are_skipped_with_how_to_install():
     rs = reasons(["backend=deepep_ht", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16"])
     (why,) = rs.values()
