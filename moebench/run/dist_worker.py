@@ -250,9 +250,10 @@ def main(argv=None) -> int:
     lead = env.rank == 0
     device = "cpu"
     try:  # every rank plans (bad input fails alike everywhere, before the group exists)
-        from moebench.run.plan import plan
+        from moebench.run.plan import plan, refuse_impossible
 
         combos, _ = plan(list(args.overrides), args.sweep, this_machine=False)
+        refuse_impossible(combos)
         mine = [c.combo for c in combos if c.combo.world_size == env.world_size]
         device = mine[0].device if mine else "cpu"
     except ValueError as e:

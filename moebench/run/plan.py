@@ -181,6 +181,19 @@ def plan(
     return combos, sweep_data
 
 
+def refuse_impossible(combos: list[Combination]) -> None:
+    """Refuse, before any work (ValueError: one line, exit 2), a request whose every combination
+    breaks a rule of the plan (Combination.rule): no machine runs any of it. Where one can run, or
+    this machine is why one is skipped, the sweep goes on and each is a skipped row with its reason."""
+    if not combos or not all(c.reason and c.rule for c in combos):
+        return
+    groups = reason_groups([c.reason or "" for c in combos])
+    if len(combos) == 1:
+        raise ValueError(f"no machine can run this combination: {groups[0][1]}")
+    rules = "; ".join(f"{n} with {text}" for n, text in groups)
+    raise ValueError(f"no machine can run any of these {len(combos)} combinations, each breaks a rule: {rules}")
+
+
 def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
     """(count, text) per reason, most frequent first; reasons that share their head (the
     text before the first ':', e.g. 'layouts differ') are one group: its most frequent

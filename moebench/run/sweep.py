@@ -22,7 +22,7 @@ from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
-from moebench.run.plan import plan, reason_groups, run_name
+from moebench.run.plan import plan, reason_groups, refuse_impossible, run_name
 from moebench.util.safe_write import safe_dir
 
 
@@ -183,6 +183,7 @@ def execute(
     combos, sweep_data = plan(
         cli_overrides, sweep, oversubscribe=oversubscribe, this_machine=slurm is None or slurm.cluster != "slurm"
     )
+    refuse_impossible(combos)  # every combination breaks a rule: one line, exit 2, nothing written
     if slurm is not None:
         slurm.check(combos)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)

@@ -1,6 +1,7 @@
 """backend.simulate_tp=N (issue #49): one rank's shard of a tensor-parallel MoE layer as vLLM's
 fused MoE shards it, the rules that keep it apart from expert parallelism, and vLLM's
-quantization names moebench cannot run (skipped rows with the reason, not a refusal)."""
+quantization names moebench cannot run (skipped rows with the reason, not a refusal, where another
+combination of the request runs)."""
 
 from __future__ import annotations
 
@@ -115,19 +116,26 @@ def test_tp_ranks_rules_are_skipped_rows_with_the_reason(overrides, words):
     assert words in (validate(tp_combo("model=tiny", *overrides)) or "")
 
 
-def test_a_world_size_that_does_not_divide_the_width_is_a_skipped_row(tmp_path):
+@pytest.mark.multiprocess
+def test_a_world_size_that_does_not_divide_the_width_is_a_skipped_row(tmp_path, capsys):
+    """A skipped row beside a combination that runs (one rank of backend=local); alone, no machine
+    runs it: refused in one line, exit 2 (docs/design.md, "Validity")."""
     import pandas as pd
 
     from moebench.results.store import RunStore
 
-    rc = cli.main(
-        ["sweep", "backend=tp", "runner.world_size=3", "experts=torch", "model=tiny", "runner.device=cpu"]
-        + ["workload.tokens_per_rank=[4]", "--oversubscribe", "--out", str(tmp_path / "run")]
-    )
+    one = ["runner.world_size=3", "experts=torch", "model=tiny", "runner.device=cpu", "reduction=experts"]
+    one += ["overlap=none", "quant=bf16", "workload.tokens_per_rank=[4]", "runner.reps=1", "runner.warmup=0"]
+    rc = cli.main(["sweep", "backend=tp,local", *one, "--oversubscribe", "--out", str(tmp_path / "run")])
     df = RunStore(tmp_path / "run").load()
-    assert rc == 0 and len(df) and set(df.status) == {"skipped"}
-    assert df.reason.str.contains("world_size=3 does not divide the experts' intermediate=128").all()
-    assert (pd.to_numeric(df.world_size) == 3).all()
+    assert rc == 0 and dict(zip(df.backend, df.status, strict=True)) == {"tp": "skipped", "local": "ok"}
+    tp = df[df.backend == "tp"]
+    assert tp.reason.str.contains("world_size=3 does not divide the experts' intermediate=128").all()
+    assert (pd.to_numeric(tp.world_size) == 3).all()
+    capsys.readouterr()
+    assert cli.main(["sweep", "backend=tp", *one, "--oversubscribe", "--out", str(tmp_path / "tp")]) == 2
+    assert "world_size=3 does not divide the experts' intermediate=128" in capsys.readouterr().err
+    assert not (tmp_path / "tp").exists()
 
 
 def test_the_report_says_the_tp_ranks_all_reduce_is_timed():

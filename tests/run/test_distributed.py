@@ -134,3 +134,19 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_the_worker_refuses_an_impossible_combination_before_its_group_forms(tmp_path, capsys, monkeypatch):
+    """Every rank plans; a request no machine runs (every combination breaks a rule) exits 2 in
+    one line before the group forms, and writes nothing."""
+    from moebench.run import dist_worker
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    assert dist_worker.main(["backend=local", "experts=torch_batched", "model=tiny", "--out", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "moebench worker: error: no machine can run this combination: layouts differ: backend=local produces the "
+        "standard layout, experts=torch_batched reads batched"
+    ]
+    assert not run.exists()

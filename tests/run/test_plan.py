@@ -3,6 +3,8 @@ validity rules of docs/design.md and refusals before any work starts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -114,6 +116,13 @@ def test_check_tells_a_rule_of_the_plan_from_what_the_machine_lacks(monkeypatch)
     monkeypatch.setattr(plan.os, "cpu_count", lambda: 1)  # naive's two ranks: the machine's
     (c,) = plan.plan(["backend=naive", "experts=torch", "model=tiny", "quant=bf16", "runner.device=cpu"], None)[0]
     assert "this machine has 1 CPU core" in c.reason and not c.rule
+    plan.refuse_impossible(combos)  # some run: a sweep with skipped rows
+    with pytest.raises(
+        ValueError, match=r"these 2 combinations, each breaks a rule: 2 with layouts differ: .* \(and 1 more like it\)$"
+    ):
+        plan.refuse_impossible([c for c in combos if c.rule])
+    machine = [c for c in combos if not c.reason][0]
+    plan.refuse_impossible([c for c in combos if c.rule] + [replace(machine, reason="too few GPUs")])
 
 
 def test_missing_library_entries_are_skipped_with_how_to_install():

@@ -268,12 +268,43 @@ def test_bad_input_exits_2_before_any_work(argv, words, capsys, tmp_path, monkey
     assert not (tmp_path / "runs").exists()
 
 
-def test_explicit_invalid_combination_is_a_skipped_row(tmp_path):
-    run_dir, counts = execute(
-        ["backend=local", "experts=torch_batched", "model=tiny"], None, str(tmp_path / "s"), quiet=True
-    )
-    df = RunStore(run_dir).load()
-    assert set(df.status) == {"skipped"} and df.reason.str.contains("layouts differ").all()
+LAYOUTS = "layouts differ: backend=local produces the standard layout, experts=torch_batched reads batched"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "backend=local", "experts=torch_batched"], f"no machine can run this combination: {LAYOUTS}"),
+        (["run", "backend.simulate_ep=3"], "no machine can run this combination: simulate_ep=3 does not divide"),
+        (["sweep", "backend=local", "experts=torch_batched"], "no machine can run any of these 18 combinations"),
+        (["sweep", "--dry-run", "backend=local", "experts=torch_batched"], f"each breaks a rule: 18 with {LAYOUTS}"),
+    ],
+    ids=["run-layouts", "run-simulate_ep", "sweep", "sweep-dry-run"],
+)
+def test_an_impossible_combination_is_refused_in_one_line_and_writes_nothing(
+    argv, words, capsys, tmp_path, monkeypatch
+):
+    """Every combination asked for breaks a rule of the plan (config/validity.py's Skip.rule),
+    so no machine runs any: exit 2, one line, no run folder (--out or the default)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*argv, "model=tiny", "--out", str(tmp_path / "r")]) == 2
+    assert cli.main([*argv, "model=tiny"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert len(err) == 2 and err[0] == err[1] and err[0].startswith(f"moebench {argv[0]}: error: ") and words in err[0]
+    assert captured.out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.multiprocess
+def test_a_sweep_with_an_impossible_combination_runs_the_others(tmp_path, capsys):
+    """Some combinations run: the impossible ones are skipped rows with their rule (docs/design.md,
+    "Validity"), and the sweep exits 0."""
+    one = ["backend=local", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", *QUICK]
+    argv = ["sweep", *one, "experts=torch,torch_batched", "workload.tokens_per_rank=[4]", "--out", str(tmp_path / "s")]
+    assert cli.main(argv) == 0
+    df = RunStore(tmp_path / "s").load()
+    assert dict(zip(df.experts, df.status, strict=True)) == {"torch": "ok", "torch_batched": "skipped"}
+    assert df[df.status == "skipped"].reason.tolist() == [LAYOUTS]
 
 
 def test_list_json(capsys):
