@@ -197,7 +197,7 @@ def _plan(args, env: RankEnv, log):
     from moebench.results.lock import RunLock
     from moebench.results.store import RunStore
     from moebench.run import env as envmod
-    from moebench.run.plan import plan
+    from moebench.run.plan import counted, plan
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
     for note in sweep_data.get("notes", ()):  # e.g. a sweep file's model share left out
@@ -217,8 +217,8 @@ def _plan(args, env: RankEnv, log):
     meta = run_meta(run_id, sweep_data["name"], info, eid)
     skipped, work, already = plan_work(combos, store, args.redo, meta)
     log(
-        f"moebench: {len(combos)} combinations, {len(work)} to run on {env.world_size} ranks, {len(skipped)} skipped "
-        f"rows, {already} rows already stored -> {args.out}"
+        f"moebench: {counted(len(combos), 'combination')}, {len(work)} to run on {env.world_size} ranks, "
+        f"{counted(len(skipped), 'skipped row')}, {counted(already, 'row')} already stored -> {args.out}"
     )
     store.write_env({**info, "env_id": eid}, run_id)
     store.write_json(

@@ -22,7 +22,7 @@ from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
-from moebench.run.plan import plan, reason_groups, refuse_impossible, run_name
+from moebench.run.plan import counted, plan, reason_groups, refuse_impossible, run_name
 from moebench.util.safe_write import safe_dir
 
 
@@ -211,8 +211,8 @@ def execute(
         skipped, work, already = plan_work(combos, store, redo, meta)
         counts = SweepCounts({Status.SKIPPED: len(skipped)})
         log(
-            f"moebench: {len(combos)} combinations, {len(work)} to run, "
-            f"{len(skipped)} skipped rows, {already} rows already stored -> {run_dir}"
+            f"moebench: {counted(len(combos), 'combination')}, {len(work)} to run, "
+            f"{counted(len(skipped), 'skipped row')}, {counted(already, 'row')} already stored -> {run_dir}"
         )
         for note in sweep_data.get("notes", ()):  # e.g. a device section's model share left out
             log(f"moebench: {note}")
@@ -234,6 +234,8 @@ def execute(
         )
         store.write_skipped(skipped)
         _run(work, store, meta, lock, counts, log, quiet, slurm, already)
+        if not work and not already:
+            log(nothing_ran(combos))
         return run_dir, counts
     finally:
         if lock is not None:
@@ -248,6 +250,20 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
                 progress.write(f"  {r['status']}: {label} T={r['tokens_per_rank']}: {r['reason']}")
         elif r["status"] == Status.OK and r["latency_us_p80"] > NOISY_SPREAD * r["latency_us_p20"]:
             progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
+
+
+def nothing_ran(combos: list[Combination]) -> str:
+    """The line a sweep that ran nothing ends with: every combination skipped, on this machine
+    (a library, GPUs, CUDA, a token count's limit), and those that break a rule of the plan named
+    apart (no machine runs them; where every one does, the sweep was refused: refuse_impossible)."""
+    rules = sum(1 for c in combos if c.reason and c.rule)
+    where = " on this machine"
+    if rules:
+        where = f": {len(combos) - rules} on this machine, {rules} by a rule of the plan that no machine lifts"
+    return (
+        f"moebench: nothing ran: every combination was skipped{where} "
+        "(`moebench list -v` with the same options says why)"
+    )
 
 
 def _run(
@@ -308,11 +324,6 @@ def _run(
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     stored = f", {already} row(s) already stored" if already else ""
     log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
-    if not work and not already:
-        log(
-            "moebench: nothing ran: every combination was skipped on this machine "
-            "(`moebench list -v` with the same options says why)"
-        )
     if counts.env_error:
         # what is on disk, not what was counted: a write can fail after its file is in place
         # (the folder's fsync after the rename), and its rows are stored all the same

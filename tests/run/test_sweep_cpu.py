@@ -302,9 +302,27 @@ def test_a_sweep_with_an_impossible_combination_runs_the_others(tmp_path, capsys
     one = ["backend=local", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", *QUICK]
     argv = ["sweep", *one, "experts=torch,torch_batched", "workload.tokens_per_rank=[4]", "--out", str(tmp_path / "s")]
     assert cli.main(argv) == 0
+    assert "moebench: 2 combinations, 1 to run, 1 skipped row, 0 rows already stored" in capsys.readouterr().err
     df = RunStore(tmp_path / "s").load()
     assert dict(zip(df.experts, df.status, strict=True)) == {"torch": "ok", "torch_batched": "skipped"}
     assert df[df.status == "skipped"].reason.tolist() == [LAYOUTS]
+
+
+def test_nothing_ran_names_the_rule_apart_from_the_machine(tmp_path, capsys):
+    """Every combination skipped, one by the machine (Triton on a CPU without its interpreter):
+    exit 0 and the skipped rows stored; the line says which were this machine's."""
+    one = ["backend=local", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", "runner.device=cpu"]
+    assert cli.main(["sweep", *one, "experts=triton,torch_batched", "--out", str(tmp_path / "s")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "moebench: nothing ran: every combination was skipped: 1 on this machine, 1 by a rule of the plan "
+        "that no machine lifts (`moebench list -v` with the same options says why)"
+    ) in err
+    assert set(RunStore(tmp_path / "s").load().status) == {"skipped"}
+    assert cli.main(["run", *one, "experts=triton", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "moebench: 1 combination, 0 to run, 2 skipped rows, 0 rows already stored" in err
+    assert "nothing ran: every combination was skipped on this machine (" in err
 
 
 def test_list_json(capsys):
