@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from moebench.util.safe_write import NotCreatable, safe_dir  # safe_dir raises NotCreatable
+
 # a writer's temp files (the store's, the probe's): never *.parquet, so no reader's glob
 # matches a torn one, and the next sweep's clean_temp removes a killed writer's leftover
 TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"
@@ -34,12 +36,6 @@ CAUSES = {
 }
 NOT_CREATABLE = "cannot be created here (the file system makes no folders there: /proc, /sys?)"
 PROBE_NAME = "probe-"  # after the store's temp prefix: no reader sees it, the next sweep removes a leftover
-
-
-class NotCreatable(FileNotFoundError):
-    """A folder mkdir refused with ENOENT though it was asked to make the parents: a file system
-    that makes no folders there (/proc), or one removed under it. An environment error (its
-    one line), where any other ENOENT, a file gone from under a reader, stays what it was."""
 
 
 def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> Optional[str]:
@@ -72,10 +68,7 @@ def probe(folder: os.PathLike | str) -> Path:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileNotFoundError as e:  # (parents=True: not a missing parent but a folder the system will not make)
-        raise NotCreatable(errno.ENOENT, os.strerror(errno.ENOENT), str(folder)) from e
+    safe_dir(folder)  # mkdir -p; a folder the system will not make (/proc) is NotCreatable
     path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

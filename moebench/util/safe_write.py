@@ -48,6 +48,13 @@ class UnsafePath(ValueError):
 LinkRefused = UnsafePath  # the name report and trace writers use
 
 
+class NotCreatable(FileNotFoundError):
+    """A folder mkdir refused with ENOENT though it was asked to make the parents: a file system
+    that makes no folders there (/proc), or one removed under it. An environment error (its
+    one line, moebench/results/writable.py), where any other ENOENT, a file gone from under a
+    reader, stays what it was."""
+
+
 def _refused(path, what: str = "is a symbolic link") -> LinkRefused:
     return LinkRefused(
         f"{path} {what}: moebench writes no file through a link, so that nothing outside the "
@@ -81,7 +88,9 @@ def safe_dir(base, *parts) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a file (or a dangling link) by that name, or on the way
         # an environment error (moebench/results/writable.py): the CLI's one line names the path, exit 2
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
+        raise _not_a_dir(path) from None
+    except FileNotFoundError as e:  # (parents=True: not a missing parent but a folder the system will not make)
+        raise NotCreatable(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from e
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     for part in parts:
@@ -96,6 +105,10 @@ def safe_dir(base, *parts) -> Path:
                 pass
             _check_dir(path)  # a link made in between is refused too
     return path
+
+
+def _not_a_dir(path: Path) -> NotADirectoryError:
+    return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
 def safe_dir_below(base, path) -> Path:

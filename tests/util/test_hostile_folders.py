@@ -16,7 +16,15 @@ import pytest
 
 from moebench import cli
 from moebench.results.synthetic import make_row, synthetic_run, write_run
-from moebench.util.safe_write import LinkRefused, refuse_links, replace_text, safe_dir, write_bytes, write_text
+from moebench.util.safe_write import (
+    LinkRefused,
+    NotCreatable,
+    refuse_links,
+    replace_text,
+    safe_dir,
+    write_bytes,
+    write_text,
+)
 
 FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 CPU_TRACE = FIX / "cpu_phases.json.gz"  # a CPU run's torch trace: phase ranges, no GPU kernels
@@ -231,6 +239,16 @@ def test_safe_dir_creates_real_folders_and_refuses_a_link_below_the_base(tmp_pat
     with pytest.raises(NotADirectoryError, match="afile"):  # --out naming a file: an environment error, one line
         safe_dir(base / "afile")
     _untouched(victim)
+
+
+def test_safe_dir_says_a_folder_the_file_system_will_not_make_is_not_creatable():
+    """mkdir -p under /proc answers ENOENT: NotCreatable, the environment's one line (writable.describe)."""
+    from moebench.results.writable import NOT_CREATABLE, describe
+
+    out = f"/proc/moebench-{os.getpid()}/x"
+    with pytest.raises(NotCreatable) as e:
+        safe_dir(out)
+    assert describe(e.value) == f"{out}: {NOT_CREATABLE}"
 
 
 def test_writes_refuse_links_hard_links_and_fifos_and_leave_their_targets(tmp_path):

@@ -1,0 +1,59 @@
+"""Bad input and an unwritable --out, for the commands that read runs (report, compare, trace,
+tune --results): one line, exit 2, and nothing left behind (moebench/cli/main.py).
+
+- an --out the file system will not make (/proc: mkdir answers ENOENT) is the environment's one
+  line, as for sweep, not a traceback and exit 3 (or 1)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from moebench import cli
+from moebench.results.synthetic import synthetic_run
+from moebench.results.writable import NOT_CREATABLE
+
+CPU_TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "cpu_phases.json.gz"
+
+
+def _main(argv, capsys) -> tuple[int, str]:
+    rc = cli.main([str(a) for a in argv])
+    return rc, capsys.readouterr().err
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    """A synthetic run whose rows have reduction = finalize and experts, and a trace in traces/."""
+    run = synthetic_run(tmp_path / "run")
+    (run / "traces" / "abc").mkdir(parents=True)
+    shutil.copy(CPU_TRACE, run / "traces" / "abc" / CPU_TRACE.name)
+    return run
+
+
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
+def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(cmd, run, tmp_path, capsys):
+    out = f"/proc/moebench-{os.getpid()}/{cmd}"
+    argv = {
+        "report": ["report", run],
+        "compare": ["compare", synthetic_run(tmp_path / "base"), run],
+        "trace": ["trace", "--plot", run],
+        "tune": ["tune", "--results", run],
+    }[cmd]
+    before = _tree(tmp_path)
+    rc, err = _main([*argv, "--out", out], capsys)
+    assert rc == 2
+    assert _one_line(err) == f"moebench {cmd}: environment error: {out}: {NOT_CREATABLE}"
+    assert _tree(tmp_path) == before
