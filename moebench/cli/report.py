@@ -3,8 +3,9 @@
 Both write the report (report.md + PNGs, with csv files or report.json as --format asks)
 and print it in that format. Exit status: 0 clean; 1 a row slower beyond the threshold,
 a broken row, or no row ok on both sides (what counts is --fail-on); bad input raises
-ValueError and a report folder that cannot be written OSError, before any work (the CLI
-exits 2 for both); a single run's report exits 0.
+ValueError and a report folder that cannot be written OSError, before anything is written (the
+CLI exits 2 for both; the folder is checked before the runs are read and made only once there is
+a report to write, so a refused command leaves none behind); a single run's report exits 0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 from moebench.cli import options
-from moebench.results.writable import probe
 
 # moebench.report (pandas, 1-2 s) is imported inside the functions: the parser imports this module
 # for its arguments on every command, `list` and `env` included (tests/project/test_list_path.py)
@@ -114,7 +114,7 @@ def report_command(
 ) -> int:
     """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
     comparison's exit status)."""
-    from moebench.report.document import build_report, report_out
+    from moebench.report.document import build_report
 
     fmt = _check_format(fmt)
     if run is not None and candidate is not None and Path(run) != Path(candidate):
@@ -127,8 +127,8 @@ def report_command(
         )
     _exists(candidate, baseline)
     _same_run("report", baseline, candidate)
-    where = probe(report_out(candidate, out))  # a read-only folder or a link: exit 2 before any work
-    rep = build_report(candidate, where, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
+    # the report folder checked before the runs are read, made once there is a report (exit 2 either way)
+    rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
     return _finish(rep.doc, rep.path, fmt)
 
 
@@ -145,7 +145,15 @@ def compare_command(
     """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
     replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
     from moebench.report.compare import compare_runs
-    from moebench.report.document import check_outputs, comparison_doc, report_out, run_names, run_root, write
+    from moebench.report.document import (
+        check_outputs,
+        comparison_doc,
+        output_names,
+        report_dir,
+        run_names,
+        run_root,
+        write,
+    )
     from moebench.report.load import load_run
     from moebench.report.mdsafe import md_text
 
@@ -158,11 +166,13 @@ def compare_command(
 
         ax = parse_axis(axis)
         _exists(runs[0])
-        where = probe(report_out(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}"))
-        check_outputs(where, fmt)
+        place = report_dir(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}")
+        place.check(output_names(fmt))  # nothing made until the run is read and its pairs found
         df, env = load_run(runs[0])
         cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
         cmp.base_env = cmp.cand_env = env
+        where = place.make()
+        check_outputs(where, fmt)
         cmp.baseline_name, cmp.candidate_name = md_text(cmp.baseline_name), md_text(cmp.candidate_name)
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
@@ -171,11 +181,13 @@ def compare_command(
     base, cand = runs
     _exists(base, cand)
     _same_run("compare", base, cand)
-    where = probe(report_out(cand, out, f"vs-{run_root(base).name}"))
-    check_outputs(where, fmt)
+    place = report_dir(cand, out, f"vs-{run_root(base).name}")
+    place.check(output_names(fmt))  # nothing made until both runs are read and compared
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
+    where = place.make()
+    check_outputs(where, fmt)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else run_names(Path(base), Path(cand))
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))

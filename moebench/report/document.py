@@ -2,8 +2,9 @@
 first (report/verdict.py). Each report is a ``Doc``: markdown blocks for report.md, the
 tables for csv, a JSON document; ``write`` puts them on disk.
 
-Every file goes through moebench/util/safe_write.py: the report folder is made with ``report_out``
-(no link below the run folder or --out), the names a report writes are checked for links
+Every file goes through moebench/util/safe_write.py: the report folder (``report_dir``) is checked
+before the runs are read and made once there is a report to write (no link below the run folder or
+--out; a refused command leaves no folder behind), the names a report writes are checked for links
 before any work (``check_outputs``), and each file is opened without following one. Text read
 from the runs is escaped where it enters the Markdown (moebench/report/mdsafe.py md_text).
 """
@@ -31,7 +32,8 @@ from moebench.report.summary import caveats, quality_lines, reviewer_summary, ro
 from moebench.report.table import Table, to_json
 from moebench.report.verdict import exit_status, frame_names, verdict_lines, verdict_record
 from moebench.results.row import Verdict
-from moebench.util.safe_write import refuse_links, replace_text, safe_dir, safe_dir_below, write_text
+from moebench.results.writable import probe
+from moebench.util.safe_write import check_dir, refuse_links, replace_text, safe_dir, write_text
 
 FORMATS = ("md", "csv", "json")
 QUALITY_FIRST = 4  # the data-quality notes the opening shows; the rest are folded below
@@ -113,20 +115,48 @@ def default_report_dir(run_dir, *sub: str) -> Path:
     return dest
 
 
-def report_out(run_dir, out=None, *sub: str) -> Path:
-    """The report folder, made without following a link below the folder the user named
-    (moebench/util/safe_write.py): ``out`` as given (itself may be a link: the user named it), else
-    ``default_report_dir(run_dir, *sub)`` below the run folder (a link at `report/` or below is
+@dataclass(frozen=True)
+class ReportDir:
+    """Where a report goes, before it is made: `base` (the folder the user named: the run folder,
+    --out, or the runs folder for a committed run) and the folders below it. ``check`` before
+    reading the inputs makes nothing; ``make`` once there is something to write: a refused command
+    leaves no empty report folder behind (moebench/util/safe_write.py check_dir)."""
+
+    base: Path
+    parts: tuple[str, ...] = ()
+
+    def check(self, names=()) -> Path:
+        """The folder it will be, checked as ``make`` would check it (a link below `base`, a file in
+        the way: exit 2; a read-only folder: the environment's line), and ``names`` for links."""
+        path = check_dir(self.base, *self.parts)
+        refuse_links(path, names)
+        return path
+
+    def make(self) -> Path:
+        """The folder, made without following a link below `base`, and probed with a file (a full
+        disk, /proc: the environment's line, exit 2, before any file of the report)."""
+        return probe(safe_dir(self.base, *self.parts))
+
+
+def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
+    """The report folder, not made yet: ``out`` as given (itself may be a link: the user named it),
+    else ``default_report_dir(run_dir, *sub)`` below the run folder (a link at `report/` or below is
     refused, one line, exit 2), or below the runs folder for a committed run."""
     if out is not None:
-        return safe_dir(out)
+        return ReportDir(Path(out))
     dest = default_report_dir(run_dir, *sub)
     root = run_root(run_dir)
     if dest.is_relative_to(root):
-        return safe_dir(root, *dest.relative_to(root).parts)
+        return ReportDir(root, dest.relative_to(root).parts)
     from moebench.config.paths import default_runs_dir
 
-    return safe_dir_below(default_runs_dir(), dest)
+    runs = default_runs_dir()
+    return ReportDir(runs, dest.relative_to(runs).parts)
+
+
+def report_out(run_dir, out=None, *sub: str) -> Path:
+    """``report_dir(run_dir, out, *sub)`` made: for a command whose inputs are read already."""
+    return report_dir(run_dir, out, *sub).make()
 
 
 # what a report folder receives: report.md, its plots, and the tables of --format csv / json
@@ -147,10 +177,15 @@ TABLE_FILES = {
 }
 
 
+def output_names(fmt: str = "md") -> tuple[str, ...]:
+    """The files a report in format ``fmt`` may write into its folder."""
+    return REPORT_FILES + TABLE_FILES.get(fmt, ())
+
+
 def check_outputs(out: Path, fmt: str = "md") -> None:
     """Refuse (LinkRefused, exit 2) before any work when a file the report writes into ``out``
     is a symbolic link: nothing is written then."""
-    refuse_links(out, REPORT_FILES + TABLE_FILES.get(fmt, ()))
+    refuse_links(out, output_names(fmt))
 
 
 def _image(path: Path | None, alt: str) -> str:
@@ -377,20 +412,24 @@ def build_report(
 ) -> Report:
     """Write report.md and its PNGs for ``run_dir``; with ``baseline`` (a run path) the
     comparison comes first and the run's own sections follow. ``out_dir`` defaults to
-    ``<run>/report``."""
+    ``<run>/report``, checked first and made once the runs are read and compared."""
     from moebench.report.verdict import DEFAULT_FAIL_ON
 
     run_dir = Path(run_dir)
+    place = report_dir(run_dir, out_dir)
+    place.check(output_names(fmt))  # before the runs are read; nothing is made yet
     df, env = load_run(run_dir)
-    out = report_out(run_dir, out_dir)
-    check_outputs(out, fmt)
     if baseline is None:
+        out = place.make()
+        check_outputs(out, fmt)
         doc = run_doc(df, env, run_dir, out)
         return Report(write(doc, out, fmt), df, env, None, doc)
     base_df, base_env = load_run(baseline)
     cmp = compare_runs(base_df, df, threshold=threshold, cpu_verdict=cpu_verdict)
     cmp.base_env, cmp.cand_env = base_env, env
     cmp.baseline_name, cmp.candidate_name = run_names(Path(baseline), run_dir)
+    out = place.make()  # the inputs read and compared: there is a report to write
+    check_outputs(out, fmt)
     doc = comparison_doc(
         cmp,
         out,

@@ -17,12 +17,16 @@ The rule, for every writer:
 - a write the machine refuses (ENOSPC, EACCES, ...) raises its OSError naming the file, never
   the temp file or nothing (moebench/results/writable.py makes it the CLI's one line);
 - `refuse_links(folder, names)` checks, before any work, that none of the files a command
-  will write is a link, so that it stops before it has written anything.
+  will write is a link, so that it stops before it has written anything;
+- `check_dir(base, *parts)` is `safe_dir` without making anything: a command checks its output
+  folder with it before reading its inputs, and makes the folder only once it has something to
+  write, so that a refused command leaves no empty folder behind.
 
 A refusal is `UnsafePath` (also named `LinkRefused`), a ValueError: one line naming the path, and the CLI exits 2.
 Usable by any writer of a run folder (the store's rows and env files, the lock): give it
 the run folder as `base`.
 
+    check_dir(run, "report")                          # before reading the inputs: nothing made
     out = safe_dir(run, "report")                     # <run>/report, a real folder
     refuse_links(out, ["report.md", "latency.png"])   # before any work
     write_text(out / "report.md", text)
@@ -109,6 +113,46 @@ def safe_dir(base, *parts) -> Path:
 
 def _not_a_dir(path: Path) -> NotADirectoryError:
     return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+
+
+def _can_make_in(folder: Path, path: Path) -> None:
+    """The OSError mkdir or a write in `folder` would raise, naming `path`: a read-only file
+    system, or a folder not ours to write (a file system that makes no folders, /proc, says so
+    only when asked to make one: `safe_dir`)."""
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+
+def check_dir(base, *parts) -> Path:
+    """What `safe_dir(base, *parts)` would return, checked without making anything: the refusals
+    it would raise (a link or a file below `base`, a file at or above it) and the environment
+    errors a write would meet in the nearest existing folder (read-only, not ours). Then the
+    inputs are read, and `safe_dir` makes the folder only once there is something to write."""
+    path = Path(base)
+    if os.path.lexists(path) and not path.is_dir():  # a file, or a dangling link, by that name
+        raise _not_a_dir(path)
+    if not path.exists():
+        for above in path.absolute().parents:
+            if above.is_dir():
+                _can_make_in(above, path)
+                break
+            if os.path.lexists(above):  # a file on the way
+                raise _not_a_dir(path)
+    elif path.is_symlink():
+        path = Path(os.path.realpath(path))
+    deepest = path if path.is_dir() else None
+    for part in parts:
+        for name in Path(part).parts:
+            if name in ("..", "/") or name.startswith("/"):
+                raise ValueError(f"{path / part}: a folder below {base} must not leave it ({part!r})")
+            path = path / name
+            _check_dir(path)
+            deepest = path if deepest is not None and path.is_dir() else deepest
+    if deepest is not None:
+        _can_make_in(deepest, path)
+    return path
 
 
 def safe_dir_below(base, path) -> Path:

@@ -1,8 +1,12 @@
 """Bad input and an unwritable --out, for the commands that read runs (report, compare, trace,
-tune --results): one line, exit 2, and nothing left behind (moebench/cli/main.py).
+tune --results): one line, exit 2, and nothing left behind (moebench/cli/main.py; the report
+folder is checked before the runs are read and made only once there is a report to write,
+moebench/report/document.py ReportDir).
 
 - an --out the file system will not make (/proc: mkdir answers ENOENT) is the environment's one
-  line, as for sweep, not a traceback and exit 3 (or 1)."""
+  line, as for sweep, not a traceback and exit 3 (or 1);
+- a command refused for its input (a file given as a run, an axis value no row has, a folder of
+  foreign parquet) leaves no empty report folder in the run or in an unrelated folder."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from moebench import cli
@@ -57,3 +62,36 @@ def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(cmd, run, t
     assert rc == 2
     assert _one_line(err) == f"moebench {cmd}: environment error: {out}: {NOT_CREATABLE}"
     assert _tree(tmp_path) == before
+
+
+def _foreign(folder: Path) -> Path:
+    """A folder whose only parquet file holds no moebench rows."""
+    folder.mkdir()
+    pd.DataFrame({"a": [1, 2]}).to_parquet(folder / "x.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("case", ["file_as_base", "bogus_axis_value", "foreign_parquet", "file_and_unrelated_folder"])
+def test_a_refused_command_leaves_no_report_folder_behind(case, run, tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# not a run\n")
+    somedir = tmp_path / "somedir"
+    somedir.mkdir()
+    argv = {
+        "file_as_base": ["compare", readme, run],
+        "bogus_axis_value": ["compare", run, "--axis", "reduction=finalize:bogus"],
+        "foreign_parquet": ["report", _foreign(tmp_path / "fake")],
+        "file_and_unrelated_folder": ["compare", readme, somedir],
+    }[case]
+    before = _tree(tmp_path)
+    rc, err = _main(argv, capsys)
+    assert rc == 2
+    assert err.strip().splitlines()[-1].startswith(f"moebench {argv[0]}: error: ")
+    assert _tree(tmp_path) == before  # no report/, report/vs-…, report/axis-… anywhere
+
+
+def test_the_report_folder_is_made_once_there_is_a_report(run, capsys):
+    """The other side of the rule: a command that succeeds still makes its folders."""
+    rc, _ = _main(["compare", run, "--axis", "reduction=finalize:experts"], capsys)
+    assert rc in (0, 1)
+    assert (run / "report" / "axis-reduction-finalize-experts" / "report.md").is_file()

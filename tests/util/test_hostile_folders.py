@@ -19,6 +19,7 @@ from moebench.results.synthetic import make_row, synthetic_run, write_run
 from moebench.util.safe_write import (
     LinkRefused,
     NotCreatable,
+    check_dir,
     refuse_links,
     replace_text,
     safe_dir,
@@ -238,6 +239,30 @@ def test_safe_dir_creates_real_folders_and_refuses_a_link_below_the_base(tmp_pat
         safe_dir(base, "..", "x")
     with pytest.raises(NotADirectoryError, match="afile"):  # --out naming a file: an environment error, one line
         safe_dir(base / "afile")
+    _untouched(victim)
+
+
+def test_check_dir_refuses_what_safe_dir_would_and_makes_nothing(tmp_path):
+    """check_dir: safe_dir's answer (the path, or its refusal) without making a folder, so that a
+    command checks its report folder before reading its inputs and leaves none when refused."""
+    victim = _victim(tmp_path)
+    base = tmp_path / "run"
+    assert check_dir(base, "report", "vs-x") == base / "report" / "vs-x"
+    assert check_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]  # nothing made
+    base.mkdir()
+    (base / "traces").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(LinkRefused, match="traces is a symbolic link"):
+        check_dir(base, "traces", "k0")
+    (base / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is not a folder"):
+        check_dir(base, "afile")
+    with pytest.raises(ValueError, match="must not leave it"):
+        check_dir(base, "..", "x")
+    for out in (base / "afile", base / "afile" / "sub"):  # --out naming a file, or one on its way
+        with pytest.raises(NotADirectoryError, match="afile"):
+            check_dir(out)
+    assert sorted(p.name for p in base.iterdir()) == ["afile", "traces"]
     _untouched(victim)
 
 
