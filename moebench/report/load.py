@@ -23,7 +23,16 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
     phase_sum,
 )
 from moebench.results import row as schema
-from moebench.results.store import RunStore, TornFile, find_runs, latest, load_files, read_row_file, warn
+from moebench.results.store import (
+    RunStore,
+    TornFile,
+    check_run_path,
+    find_runs,
+    latest,
+    load_files,
+    read_row_file,
+    warn,
+)
 
 # A row's identity: where it came from and which row it is (schema_version, run_id, sweep,
 # combo_key), the spec's columns (moebench/config/spec.py) and the token count
@@ -42,7 +51,7 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
             f"results path {path} does not exist: pass a run directory "
             "(with rows/*.parquet), a directory of .parquet files or one file"
         )
-    if path.is_file():
+    if check_run_path(path).is_file():
         run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
         return [path], run_dir
     store = RunStore(path)

@@ -38,7 +38,7 @@ from typing import Optional
 
 from moebench.report.mdsafe import md_code, md_text
 from moebench.report.trace_markdown import fmt_figure, to_markdown
-from moebench.results.store import RunStore
+from moebench.results.store import RunStore, not_a_run_file
 from moebench.traces.files import TRACE_SUFFIXES, is_trace_file, load_traces
 from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import TraceSummary, summarize
@@ -344,7 +344,7 @@ def find_traces(target) -> list:
         raise ValueError(f"{p}: no such file or directory (give a trace file or a run directory)")
     if p.is_file():
         if not is_trace_file(p):
-            raise ValueError(f"{p}: not a trace file (expected {', '.join(TRACE_SUFFIXES)})")
+            raise not_a_run_file(p, f"a trace file ({', '.join(TRACE_SUFFIXES)})")
         return [p]
     roots = _trace_roots(p)
     found = sorted(f for root in roots for f in root.rglob("*") if f.is_file() and is_trace_file(f))

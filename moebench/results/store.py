@@ -38,12 +38,14 @@ from moebench.results.store_read import (
     SKIPPED_FILE,
     TornFile,
     by_precedence,
+    check_run_path,  # noqa: F401 (re-exported)
     find_runs,  # noqa: F401 (re-exported)
     invocation_files,  # noqa: F401 (re-exported)
     invocation_rows,  # noqa: F401 (re-exported)
     latest,  # noqa: F401 (re-exported)
     load_files,  # noqa: F401 (re-exported)
     newest_last,
+    not_a_run_file,  # noqa: F401 (re-exported)
     read_all,
     read_env_file,
     read_frame,

@@ -33,6 +33,23 @@ class TornFile(ValueError):
         self.path, self.why = Path(path), why
 
 
+def not_a_run_file(path: Path, files: str = "one of its rows/*.parquet files") -> ValueError:
+    """The one line for a plain file given where a run goes (report, compare, trace, tune --results):
+    '<path>: a file, not a run folder (pass ...)'. `files` names the files the command reads alone."""
+    return ValueError(
+        f"{path}: a file, not a run folder (pass the folder `moebench sweep` wrote, the one holding rows/ "
+        f"and env.json, or {files})"
+    )
+
+
+def check_run_path(path: Path) -> Path:
+    """`path` as a run, a folder of row files or one row file: ValueError (`not_a_run_file`) for a
+    file that is not a .parquet one, before it is read as rows (a README is not a torn row file)."""
+    if path.is_file() and path.suffix != ".parquet":
+        raise not_a_run_file(path)
+    return path
+
+
 def warn(text: str) -> None:
     """One warning line on stderr (a reader passing over what it cannot use)."""
     print(f"moebench: warning: {text}", file=sys.stderr)

@@ -6,7 +6,8 @@ moebench/report/document.py ReportDir).
 - an --out the file system will not make (/proc: mkdir answers ENOENT) is the environment's one
   line, as for sweep, not a traceback and exit 3 (or 1);
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
-  foreign parquet) leaves no empty report folder in the run or in an unrelated folder."""
+  foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
+- a plain file given as a run is 'a file, not a run folder', not a torn row file."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_a_refused_command_leaves_no_report_folder_behind(case, run, tmp_path, c
     before = _tree(tmp_path)
     rc, err = _main(argv, capsys)
     assert rc == 2
-    assert err.strip().splitlines()[-1].startswith(f"moebench {argv[0]}: error: ")
+    assert _one_line(err).startswith(f"moebench {argv[0]}: error: ")
     assert _tree(tmp_path) == before  # no report/, report/vs-…, report/axis-… anywhere
 
 
@@ -95,3 +96,22 @@ def test_the_report_folder_is_made_once_there_is_a_report(run, capsys):
     rc, _ = _main(["compare", run, "--axis", "reduction=finalize:experts"], capsys)
     assert rc in (0, 1)
     assert (run / "report" / "axis-reduction-finalize-experts" / "report.md").is_file()
+
+
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
+def test_a_plain_file_given_as_a_run_is_one_line_saying_so(cmd, run, tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# not a run\n")
+    argv = {
+        "report": ["report", readme],
+        "compare": ["compare", readme, run],
+        "trace": ["trace", readme],
+        "tune": ["tune", "--results", readme],
+    }[cmd]
+    before = _tree(tmp_path)
+    rc, err = _main(argv, capsys)
+    assert rc == 2
+    line = _one_line(err)
+    assert line.startswith(f"moebench {cmd}: error: {readme}: a file, not a run folder (pass the folder ")
+    assert "torn" not in line and "no rows" not in line
+    assert _tree(tmp_path) == before

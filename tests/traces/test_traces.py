@@ -443,7 +443,7 @@ def test_bad_paths_raise_value_error(tmp_path):
         trace_command(str(tmp_path / "empty"), plot=False, out=None)
     bad_ext = tmp_path / "x.txt"
     bad_ext.write_text("{}")
-    with pytest.raises(ValueError, match="not a trace file"):
+    with pytest.raises(ValueError, match="x.txt: a file, not a run folder"):
         trace_command(str(bad_ext), plot=False, out=None)
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("{not json")
