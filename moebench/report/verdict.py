@@ -86,6 +86,23 @@ def _change_line(verdict: Verdict, name: str, r: dict) -> str:
     )
 
 
+_APART = {Verdict.CLOCK: "clocks differ", Verdict.HOST: "host time", Verdict.CPU: "CPU time"}
+
+
+def _judged_of(cmp: Comparison) -> str:
+    """'5 row(s) ok on both sides (threshold ×1.05)', or where some of those carry no verdict
+    '5 of 6 row(s) ok on both sides (1 without a verdict: clocks differ; threshold ×1.05)': the
+    count the verdict rests on and the rows it leaves out, so the headline agrees with the table."""
+    n_ok, n_both = len(cmp.judged), len(cmp.comparable)
+    threshold = f"threshold ×{cmp.threshold:g}"
+    if n_ok == n_both:
+        return f"{n_ok} row(s) ok on both sides ({threshold})"
+    vc = cmp.comparable["verdict"].value_counts()
+    why = [(n, _APART[v]) for v in NO_VERDICT if (n := int(vc.get(v, 0)))]
+    because = why[0][1] if len(why) == 1 else ", ".join(f"{n} {w}" for n, w in why)
+    return f"{n_ok} of {n_both} row(s) ok on both sides ({n_both - n_ok} without a verdict: {because}; {threshold})"
+
+
 def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[str] = ()) -> list[str]:
     """Markdown: a bold headline, then one bullet per fact (module doc)."""
     m = cmp.matched
@@ -103,9 +120,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
             f"for a verdict){tail}"
         )
     else:
-        head = (
-            f"**Verdict ({subject}): {what}** in {len(ok)} row(s) ok on both sides (threshold ×{cmp.threshold:g}){tail}"
-        )
+        head = f"**Verdict ({subject}): {what}** in {_judged_of(cmp)}{tail}"
     lines = [head]
     for tag, what_kind in (
         (Verdict.HOST, "a side's latency is host time"),

@@ -83,6 +83,18 @@ def test_the_verdict_lists_clock_pairs_apart_and_says_whether_the_clocks_matched
     assert len(cmp.judged) == 1
 
 
+def test_the_headline_counts_the_judged_rows_of_those_ok_on_both_sides_and_says_why_the_rest_are_not():
+    # two matched-clock rows and one whose clocks differ: all three ok on both sides, two judged
+    base = [_row(t, 1000.0, 1944.0, COMPUTE, i) for i, t in enumerate((256, 1024, 4096))]
+    cand = [_row(256, 1000.0, 1944.0, COMPUTE, 7), _row(1024, 1000.0, 1944.0, COMPUTE, 8)]
+    cand.append(_row(4096, 1080.0, 1800.0, COMPUTE, 9))
+    head = verdict_lines(_compare(base, cand), 0, [])[0]
+    assert "in 2 of 3 row(s) ok on both sides (1 without a verdict: clocks differ; threshold ×1.05)" in head, head
+    # all judged: the plain count
+    head = verdict_lines(_compare(base[:2], cand[:2]), 0, [])[0]
+    assert "in 2 row(s) ok on both sides (threshold" in head, head
+
+
 @pytest.mark.parametrize("threshold, tol", [(1.05, 0.05 / 3), (1.10, 0.02), (1.03, 0.01)])
 def test_the_clock_tolerance_is_two_percent_or_a_third_of_the_margin(threshold, tol):
     assert clock_tolerance(threshold) == pytest.approx(tol)
