@@ -432,6 +432,30 @@ def test_results_margin_interval_on_a_synthetic_run(tmp_path):
     assert combination(gluon) == "local/triton red=experts ovl=none quant=bf16 gemm=gluon"
 
 
+def test_results_table_names_its_test_apart_from_the_reports_fastest(tmp_path):
+    """tune --results' column is the margin's 95 % interval above 1, not the report's p20–p80
+    test: a row both noisy and far apart in samples reads 'yes' here and 'no clear fastest' there,
+    so the header and key name the test (no bare 'clear')."""
+    from moebench.report.best_per_size import best_per_size, table
+    from moebench.report.summary import wins
+    from moebench.results.synthetic import make_row
+
+    rng = np.random.default_rng(0)
+    # 1 % apart by median, 5 % spread, 400 samples: the ratio's interval is above 1, p20–p80 overlap
+    rows = [
+        make_row("local", "triton", "experts", "none", "bf16", 64, samples_us=100 * np.exp(rng.normal(0, 0.05, 400))),
+        make_row("local", "torch", "experts", "none", "bf16", 64, samples_us=101 * np.exp(rng.normal(0, 0.05, 400))),
+    ]
+    df = pd.DataFrame(rows)
+    best = best_per_size(df)
+    assert bool(best.iloc[0].clear_win)
+    assert any("no clear fastest" in w and "p20–p80" in w for w in wins(df))
+    text = table(best)
+    header = text.splitlines()[0]
+    assert "| CI > 1 |" in header and "| clear |" not in header
+    assert "95 % bootstrap interval lies above 1" in text and "p20–p80 intervals are apart" in text
+
+
 def test_the_winners_knob_tags_are_the_cards_own():
     """best_per_size names a combination's knobs as the labels do (each card's Knob.tag), for
     every registered knob: a float column read back from Parquet prints as its knob's type, a
