@@ -209,6 +209,18 @@ def paced_lines(best: pd.DataFrame) -> list[str]:
     ]
 
 
+def cell_text(r) -> str:
+    """A heatmap cell: the winner one choice a line (knobs wrapped), its margin and interval to
+    3 decimals (a clear win may sit at [1.001, 1.006], which 2 decimals print as [1.00, 1.01])."""
+    import textwrap
+
+    name = [f"{r['backend']}/{r['experts']}", f"red={r['reduction']} ovl={r['overlap']}", str(r["quant"])]
+    name += textwrap.wrap(str(r["knobs"]), 24) if r["knobs"] else []
+    margin = f"×{r['margin']:.3f}" if math.isfinite(r["margin"]) else "alone"
+    ci = [f"[{r['margin_lo']:.3f}, {r['margin_hi']:.3f}]"] if math.isfinite(r["margin_lo"]) else []
+    return "\n".join([*name, margin, *ci])
+
+
 def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
     """Settings x tokens; colour: the margin; each cell: the winner, its margin and interval."""
     from matplotlib.figure import Figure
@@ -220,22 +232,22 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
     settings = list(dict.fromkeys(best["setting"]))
     tokens = sorted({int(t) for t in best["tokens_per_rank"]})
     grid = np.full((len(settings), len(tokens)), np.nan)
-    fig = Figure(figsize=(max(6.0, 2.3 * len(tokens)), max(2.5, 1.1 * len(settings) + 1.2)))
-    ax = fig.add_subplot(1, 1, 1)
-    texts = []
+    cells = []
     for _, r in best.iterrows():
         i, j = settings.index(r["setting"]), tokens.index(int(r["tokens_per_rank"]))
         grid[i, j] = r["margin"] if math.isfinite(r["margin"]) else 1.0
-        ci = f"\n[{r['margin_lo']:.2f}, {r['margin_hi']:.2f}]" if math.isfinite(r["margin_lo"]) else ""
-        mtxt = f"x{r['margin']:.2f}" if math.isfinite(r["margin"]) else "alone"
-        name = f"{r['backend']}/{r['experts']}\nred={r['reduction']} ovl={r['overlap']} {r['quant']}" + (
-            f"\n{r['knobs']}" if r["knobs"] else ""
-        )
-        texts.append((j, i, f"{name}\n{mtxt}{ci}", r["clear_win"], grid[i, j]))
+        cells.append((j, i, cell_text(r), r["clear_win"], grid[i, j]))
+    # each cell as wide as its longest line and as tall as its lines (7 pt: ~0.065 in a character, 0.17 a line)
+    chars = max(len(line) for _, _, txt, _, _ in cells for line in txt.splitlines())
+    lines = max(txt.count("\n") + 1 for _, _, txt, _, _ in cells)
+    fig = Figure(
+        figsize=(max(6.0, max(1.6, 0.065 * chars) * len(tokens) + 3.0), max(2.5, 0.17 * lines * len(settings) + 1.2))
+    )
+    ax = fig.add_subplot(1, 1, 1)
     vmax = max(1.2, float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.2)
     im = ax.imshow(grid, cmap="Greens", vmin=1.0, vmax=vmax, aspect="auto")
     dark = 1.0 + 0.6 * (vmax - 1.0)
-    for j, i, txt, clear, v in texts:
+    for j, i, txt, clear, v in cells:
         ax.text(
             j,
             i,
@@ -249,7 +261,7 @@ def heatmap(best: pd.DataFrame, path: Path) -> Optional[Path]:
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
     ax.set_yticks(range(len(settings)), settings)
     ax.set_xlabel("tokens per rank")
-    ax.set_title("best combination per size: margin = runner-up / best median (bold: 95 % CI above 1)")
+    ax.set_title("best combination per size: margin = runner-up / best median (bold: 95 % CI above 1)", fontsize=10)
     fig.colorbar(im, ax=ax, label="margin over the runner-up")
     return save_figure(fig, path, bbox_inches="tight")
 

@@ -528,3 +528,36 @@ def test_sglang_spells_the_block_shape_with_a_space(tmp_path):
     path = sglang_path(tmp_path, name)
     assert path.name == "E=128,N=384,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128, 128].json"
     assert path.parent.name.startswith("triton_") and path.parent.parent == tmp_path / "sglang"
+
+
+def test_results_heatmap_cells_hold_their_text_and_print_the_interval_to_3_decimals(tmp_path, monkeypatch):
+    """Each cell's text stays inside its cell (the longest winner names, with knobs), and a clear
+    win of a few tenths of a percent prints an interval that is visibly above 1 ([1.001, 1.006],
+    not [1.00, 1.01])."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    import moebench.util.pngfile as pngfile
+    from moebench.report.best_per_size import heatmap
+
+    figs = []
+    monkeypatch.setattr(pngfile, "save_figure", lambda fig, path, **kw: figs.append(fig) or path)
+    cell = dict(backend="local", experts="triton_or_deepgemm", reduction="experts", overlap="dispatch")
+    best = pd.DataFrame(
+        [
+            dict(model=m, tokens_per_rank=t, quant="fp8_block", knobs=k, margin=1.002, margin_lo=1.001, margin_hi=1.006)
+            | dict(clear_win=True, **cell)
+            for m in ("deepseek_v3", "mixtral_8x7b")
+            for t, k in ((128, ""), (4096, "carve24 sms16 gathered gemm=gluon"), (16384, ""))
+        ]
+    )
+    heatmap(best, tmp_path / "best_per_size.png")
+    (fig,) = figs
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    cell_px = ax.get_window_extent().width / 3, ax.get_window_extent().height / 2
+    texts = [t for t in ax.texts if t.get_text()]
+    assert len(texts) == 6
+    for t in texts:
+        box = t.get_window_extent()
+        assert box.width < cell_px[0] and box.height < cell_px[1], (t.get_text(), box, cell_px)
+    assert all("[1.001, 1.006]" in t.get_text() for t in texts)
