@@ -30,6 +30,7 @@ from matplotlib.figure import Figure as MplFigure
 from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, combo_labels
 from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
 from moebench.report.plotgrid import LINESTYLES, plain_log
+from moebench.report.timeline import PHASE_COLORS
 from moebench.report.workloads import spread, workloads
 from moebench.util.pngfile import DPI, save_figure
 
@@ -280,9 +281,10 @@ def _phase_panel(ax, at: pd.DataFrame, cols: list[str], label: Labeller, title: 
     labels = label(at)
     y = np.arange(len(at))[::-1]
     left = np.zeros(len(at))
-    for i, c in enumerate(cols):
+    for c in cols:
         v = at[c].fillna(0).to_numpy(dtype=float)
-        ax.barh(y, v, left=left, color=f"C{i}", label=c.removesuffix("_us").replace("_", " "), height=0.6)
+        phase = c.removesuffix("_us")  # one colour a phase in every figure, the trace timelines' too
+        ax.barh(y, v, left=left, color=PHASE_COLORS[phase], label=phase.replace("_", " "), height=0.6)
         left += v
     ax.plot(at["latency_us_median"], y, "|", color="k", ms=14, mew=2, label="layer latency (median)")
     ax.set_yticks(y, [str(labels.loc[i]) for i in at.index], fontsize=7.5)

@@ -221,3 +221,39 @@ def test_each_workloads_panel_has_its_baseline_and_names_a_combination_alike(tmp
     style = [{n.removesuffix(" (baseline)"): (h.get_color(), h.get_linestyle()) for n, h in d.items()} for d in legends]
     assert style[0]["triton red=finalize"] == style[1]["triton red=finalize"]
     assert style[0]["torch red=finalize"] == style[1]["torch red=finalize"]
+
+
+def test_a_phase_has_one_colour_in_every_phase_figure_whichever_phases_a_run_has(tmp_path, monkeypatch):
+    """phases.png colours each phase as the trace timelines do (report/timeline.py PHASE_COLORS),
+    not by its position among the phases a run happens to have: a run without dispatch and one
+    with it draw experts, weight reduce and combine alike."""
+    from matplotlib.colors import to_hex
+
+    from moebench.report import answer_plots as ap
+    from moebench.report.columns import combo_labels
+    from moebench.report.timeline import PHASE_COLORS
+
+    rng = np.random.default_rng(3)
+    drawn = []
+    real_save = ap._save
+    monkeypatch.setattr(ap, "_save", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
+    for with_dispatch in (False, True):
+        rows = []
+        for e in ("torch", "triton"):
+            phases = dict(experts_us=60.0, weight_reduce_us=20.0, combine_us=10.0)
+            phases |= dict(dispatch_us=15.0) if with_dispatch else {}
+            rows.append(
+                make_row("local", e, "experts", "none", "bf16", 64, samples_us=samples_from(100, 0.01, 10, rng))
+                | phases
+            )
+        ok = pd.DataFrame(rows).assign(status="ok")
+        assert ap.plot_phase_fastest(ok, combo_labels, tmp_path / f"phases{with_dispatch}.png") is not None
+    for fig in drawn:
+        handles, names = fig.axes[0].get_legend_handles_labels()
+        colours = {
+            n: to_hex(h.patches[0].get_facecolor())
+            for h, n in zip(handles, names, strict=True)
+            if n != "layer latency (median)"
+        }
+        assert colours == {n: PHASE_COLORS[n.replace(" ", "_")] for n in colours}, colours
+        assert {"experts", "weight reduce", "combine"} <= set(colours)
