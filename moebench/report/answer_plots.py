@@ -93,6 +93,31 @@ def _effect_label(e: Effect) -> str:
     return f"{e.axis}={e.value} vs {e.baseline}{where} · {e.tokens} tok"
 
 
+EFFECT_COLORS = {"faster": "C2", "slower": "C3", "neither": "0.45"}
+
+
+def _side(lo: float, hi: float) -> str:
+    """Which colour an interval takes: wholly below the band (faster), wholly above (slower), or
+    inside or across it (effects.py: no difference, inconclusive)."""
+    return "faster" if hi < 1 / BAND else "slower" if lo > BAND else "neither"
+
+
+def _effect_legend(fig: MplFigure) -> None:
+    """What the band and the three colours mean, below the panel (inside, it hid an error bar)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    pct = f"{(BAND - 1) * 100:.0f} %"
+    line = dict(marker="o", ms=4, lw=1.4)
+    handles = [
+        Patch(color="0.9", label=f"band: no difference (±{pct})"),
+        Line2D([], [], color=EFFECT_COLORS["faster"], label="faster: interval wholly below the band", **line),
+        Line2D([], [], color=EFFECT_COLORS["slower"], label="slower: interval wholly above the band", **line),
+        Line2D([], [], color=EFFECT_COLORS["neither"], label="no call: interval inside or across the band", **line),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+
+
 def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | None:
     """Each effect as its ratio with its interval on a log axis, the no-difference band shaded;
     past MAX_EFFECT_ROWS the largest effects (by |log ratio|) are kept."""
@@ -102,12 +127,12 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     shown = ranked[:MAX_EFFECT_ROWS]
     order = {id(e): i for i, e in enumerate(effects)}
     shown.sort(key=lambda e: order[id(e)])  # the text's order: axis, value, tokens
-    fig, (ax,) = _fig(0.3 * len(shown) + 1.6)
+    fig, (ax,) = _fig(0.3 * len(shown) + 1.95)  # 0.35 in of it the legend's
     y = np.arange(len(shown))[::-1]
     ratio = np.array([e.ratio for e in shown])
     lo, hi = np.array([e.lo for e in shown]), np.array([e.hi for e in shown])
-    colors = ["C2" if h < 1 / BAND else "C3" if lo_ > BAND else "0.45" for lo_, h in zip(lo, hi, strict=True)]
-    ax.axvspan(1 / BAND, BAND, color="0.9", lw=0, label=f"no difference (±{(BAND - 1) * 100:.0f} %)")
+    colors = [EFFECT_COLORS[_side(lo_, h)] for lo_, h in zip(lo, hi, strict=True)]
+    ax.axvspan(1 / BAND, BAND, color="0.9", lw=0)
     ax.axvline(1.0, color="0.5", lw=0.8)
     ax.hlines(y, lo, hi, colors=colors, lw=1.4)
     ax.scatter(np.r_[lo, hi], np.r_[y, y], marker="|", c=colors + colors, s=40)
@@ -121,7 +146,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     ax.minorticks_off()
     ax.set_xlabel("latency ratio, value ÷ baseline (< 1: faster)\ngeometric mean over pairs, 95 % interval")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    _effect_legend(fig)
     top = ranked[0]
     where = f" with {top.by}={top.by_value}" if top.by else ""
     title = (

@@ -110,3 +110,36 @@ def test_the_sections_explanation_prints_only_the_runs_figures():
     assert "ratio × [low, high] (n pairs)" in how
     assert not re.search(r"\d\.\d+ ×|\[\d\.\d+, \d\.\d+\]", how), how
     assert eff and any("0.50 × [" in x for x in lines[2:])
+
+
+def test_the_effects_figure_keys_its_colours_below_the_panel(tmp_path, monkeypatch):
+    """effects.png's legend names the band and what green, red and grey mean, and sits outside
+    the panel: inside, it covered the last error bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from moebench.report import answer_plots as ap
+
+    drawn = []
+    real_save = ap._save
+    monkeypatch.setattr(ap, "_save", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
+    effects = [
+        fx.Effect("quant", "fp8_block", "bf16", 64, 1.30, 1.15, 1.48, 3),  # slower: red
+        fx.Effect("experts", "triton", "torch", 64, 0.5, 0.45, 0.55, 3),  # faster: green
+        fx.Effect("overlap", "dispatch", "none", 64, 1.40, 1.02, 1.50, 3),  # across the band: grey, at the bottom right
+    ]
+    assert ap.plot_effects(effects, tmp_path / "effects.png") is not None
+    (fig,) = drawn
+    FigureCanvasAgg(fig).draw()
+    (ax,) = fig.axes
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    legend = fig.legends[0]
+    words = " | ".join(t.get_text() for t in legend.get_texts())
+    for what in ("no difference (±5 %)", "faster", "slower", "inside or across the band"):
+        assert what in words, words
+    colours = {
+        t.get_text().split(":")[0]: h.get_color()
+        for h, t in zip(legend.legend_handles, legend.get_texts(), strict=True)
+        if t.get_text().split(":")[0] != "band"
+    }
+    assert colours == {"faster": "C2", "slower": "C3", "no call": "0.45"}
+    assert not legend.get_window_extent().overlaps(ax.get_window_extent())
