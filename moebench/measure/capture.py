@@ -25,7 +25,9 @@ def make_recorder(device, nvtx: bool):
     return make_phase_recorder(nvtx=nvtx, record_function=True, cuda_events=True, device=device)
 
 
-def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None, pace: PaceCount | None = None) -> dict:
+def profile_kernels(
+    fn, path: str, samples: int, sync: RankSync, device=None, pace: PaceCount | None = None, key: str | None = None
+) -> dict:
     """Profiler mode: kernel durations per phase, what library benchmarks report.
 
     Each sample starts as a timed one does: on a GPU after the L2 flush and a hold long
@@ -59,6 +61,7 @@ def profile_kernels(fn, path: str, samples: int, sync: RankSync, device=None, pa
         samples=samples,
         barrier=timing.sample_start(sync.barrier, sync.flush, sync.align, lead),
         pace=pace,
+        combo_key=key,  # the trace names its combination (`moebench trace`'s combos line), as trace=torch's do
     )
     trace = load_traces(path)[0]
     out = {name: p.gpu_us for name, p in summarize(trace).phases.items() if p.gpu_us is not None}
@@ -85,7 +88,9 @@ def profiled_phases(
     kernel.phases = make_recorder(torch.device("cpu"), nvtx=False)  # record_function ranges only
     pace = PaceCount(device)
     try:
-        prof = profile_kernels(fn, str(path), samples=max(3, min(reps, 20)), sync=sync, device=device, pace=pace)
+        prof = profile_kernels(
+            fn, str(path), samples=max(3, min(reps, 20)), sync=sync, device=device, pace=pace, key=key
+        )
     finally:
         kernel.phases = NULL_PHASES
     kernels = prof.pop("kernels")

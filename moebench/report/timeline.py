@@ -284,9 +284,11 @@ def why_empty(traces: list, cpu_lanes: bool = True) -> Optional[str]:
     return "no phase ranges and no GPU kernels in the plotted window"
 
 
-def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optional[str] = None) -> Path:
+def plot_timeline(trace: Trace, path, sample: Optional[int] = None, name: Optional[str] = None) -> Path:
     """Write the timeline PNG of `trace` to `path` and return the path (`why_empty` first: a
-    trace with nothing to draw is no figure)."""
+    trace with nothing to draw is no figure). Its title: `name` (what the trace is of: the
+    combination, rank and tokens, as `moebench trace`'s heading; default the trace's file name),
+    then the window drawn."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -296,19 +298,22 @@ def plot_timeline(trace: Trace, path, sample: Optional[int] = None, title: Optio
     fig = Figure(figsize=(13, max(2.6, 1.0 + 0.45 * total_rows + 0.3 * len(lanes))), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    _draw(ax, lanes, t1 - t0, _overlap(kernels), t0, title or f"{Path(trace.source).name} — {label}")
+    _draw(ax, lanes, t1 - t0, _overlap(kernels), t0, f"{name or Path(trace.source).name} — {label}")
     ax.set_xlabel("µs from window start")
     _legend(ax)
     return save_figure(fig, path)
 
 
-def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Optional[int] = None) -> Path:
+def plot_ranks(
+    traces: list, path, labels: Optional[list] = None, sample: Optional[int] = None, title: Optional[str] = None
+) -> Path:
     """Several ranks' timelines (one combination and token count) stacked on one time axis.
 
     Each panel shows its rank's window (the same sample index, by default the median one of the
     first rank); the x axis is µs from the earliest window start, so that the ranks line up
     (one host, one clock). CPU lanes are left out: the GPU lanes are what the ranks share, so a
     CPU run's ranks draw an empty frame (`why_empty(traces, cpu_lanes=False)` says so first).
+    `title`: what the figure shows (the combination and token count), above the panels.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -329,5 +334,7 @@ def plot_ranks(traces: list, path, labels: Optional[list] = None, sample: Option
     for ax, (lanes, p), name in zip(axes, panels, labels, strict=True):
         _draw(ax, lanes, t1 - t0, _overlap(p[5]), t0, f"{name} — {p[2]}")
     axes[-1].set_xlabel("µs from the earliest window start")
+    if title:
+        fig.suptitle(title, fontsize=10)
     _legend(axes[0])
     return save_figure(fig, path)

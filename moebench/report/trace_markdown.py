@@ -79,13 +79,20 @@ def combos_text(keys, labels: Optional[dict] = None) -> str:
     return ", ".join(f"{md_text(labels[k])} ({md_text(k)})" if k in labels else md_text(k) for k in keys) or "–"
 
 
-def to_markdown(s: TraceSummary, labels: Optional[dict] = None, title: Optional[str] = None) -> str:
+def to_markdown(
+    s: TraceSummary, labels: Optional[dict] = None, title: Optional[str] = None, folder_key: Optional[str] = None
+) -> str:
     """The summary as markdown tables (phases, streams, overlap). `labels` maps combination keys
     to their rows' labels (traces/cli.py combo_labels); `title` (plain text, escaped here) heads
-    the section instead of the trace's path, which then follows on a line of its own."""
+    the section instead of the trace's path, which then follows on a line of its own;
+    `folder_key`: the combination its folder names, for a trace whose ranges name none (a
+    profiler-mode trace written before it opened a `combo/` range)."""
     samples = f"{s.num_samples} samples (median)" if s.num_samples else "whole trace"
     head = [f"### {md_text(title)}", "", f"trace: {md_code(s.source)}"] if title else [f"### {md_text(s.source)}"]
-    lines = head + ["", f"format: {md_text(s.fmt)}; combos: {combos_text(s.combos, labels)}; {samples}", ""]
+    combos = combos_text(s.combos, labels)
+    if not s.combos and folder_key:
+        combos = f"{combos_text([folder_key], labels)}, by its folder (no `combo/` range in the trace)"
+    lines = head + ["", f"format: {md_text(s.fmt)}; combos: {combos}; {samples}", ""]
     lines += ["| phase | cpu µs | gpu µs | ranges | kernels |", "|---|---:|---:|---:|---:|"]
     for p in s.phases.values():
         lines.append(

@@ -226,8 +226,10 @@ def trace_command(
             root = next((r for r in roots or () if Path(f).is_relative_to(r)), None)
             for trace in traces:
                 summary: TraceSummary = summarize(trace)
-                label = labels.get(_key_of(Path(f), summary, labels) or "")
-                print(to_markdown(summary, labels, _title(label, Path(f), trace, len(traces) > 1)))
+                key_f = _key_of(Path(f), summary, labels)
+                label = labels.get(key_f or "")
+                title = _title(label, Path(f), trace, len(traces) > 1)
+                print(to_markdown(summary, labels, title, None if summary.combos else key_f))
                 m = _RANK_FILE.fullmatch(Path(f).name)
                 if m:
                     ranks[int(m[1])] = (summary, trace)
@@ -235,13 +237,14 @@ def trace_command(
                     from moebench.report.timeline import plot_timeline, why_empty
 
                     why = why_empty([trace])
-                    png = None if why else plot_timeline(trace, _plot_path(trace, f, out, root))
+                    png = None if why else plot_timeline(trace, _plot_path(trace, f, out, root), name=title)
                     print(f"timeline: {png}\n" if png else f"timeline: not drawn — {why}\n")
             if plot and len(traces) > 1:  # an nsys report of several ranks (processes)
                 _plot_ranks(
                     traces,
                     _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
                     [t.source.split("#")[-1] for t in traces],
+                    f"{label} — {Path(f).name}" if label else None,
                 )
         if len(ranks) > 1:
             order = sorted(ranks)
@@ -251,24 +254,26 @@ def trace_command(
             print(ranks_table(key[0], key[1], {r: s for r, (s, _) in ranks.items()}, matched, labels.get(key0 or "")))
             if plot:
                 root = next((r for r in roots or () if f0.is_relative_to(r)), None)
+                label0 = labels.get(key0 or "")
                 _plot_ranks(
                     [ranks[r][1] for r in order],
                     _plot_path(ranks[order[0]][1], f0, out, root, f"T{key[1]}.ranks.timeline.png"),
                     [f"rank {r}" for r in order],
+                    f"{label0} — {key[1]} tokens" if label0 else None,
                 )
     if errors and len(errors) == len(files):
         raise ValueError(f"{target}: no readable trace ({len(errors)} unreadable; first: {errors[0]})")
     return 0
 
 
-def _plot_ranks(traces: list, path: Path, names: list) -> None:
-    """The ranks stacked in one figure, or one line saying why there is none (a CPU run's ranks
-    have no GPU lanes to stack)."""
+def _plot_ranks(traces: list, path: Path, names: list, title: Optional[str] = None) -> None:
+    """The ranks stacked in one figure (`title`: the combination and token count it shows), or one
+    line saying why there is none (a CPU run's ranks have no GPU lanes to stack)."""
     from moebench.report.timeline import plot_ranks, why_empty
 
     why = why_empty(traces, cpu_lanes=False)
     print(
-        f"ranks timeline: {plot_ranks(traces, path, names)}\n"
+        f"ranks timeline: {plot_ranks(traces, path, names, title=title)}\n"
         if why is None
         else f"ranks timeline: not drawn — {why}\n"
     )
@@ -336,6 +341,12 @@ def ranks_table(folder: str, tokens: str, ranks: dict, matched=None, label: Opti
     return "\n".join(lines)
 
 
+def _file_order(f: Path) -> tuple:
+    """A folder's traces in order of token count, then rank, as numbers (16 before 128), then the rest by name."""
+    m = _RANK_FILE.fullmatch(f.name)
+    return (str(f.parent), 0, int(m[2]), int(m[1]), f.name) if m else (str(f.parent), 1, 0, 0, f.name)
+
+
 def find_traces(target) -> list:
     """Trace files of `target`: itself if a file, else those under the folders `_trace_roots`
     gives (`<target>/traces/` for a run directory), recursively."""
@@ -347,7 +358,7 @@ def find_traces(target) -> list:
             raise not_a_run_file(p, f"a trace file ({', '.join(TRACE_SUFFIXES)})")
         return [p]
     roots = _trace_roots(p)
-    found = sorted(f for root in roots for f in root.rglob("*") if f.is_file() and is_trace_file(f))
+    found = sorted((f for root in roots for f in root.rglob("*") if f.is_file() and is_trace_file(f)), key=_file_order)
     if not found:
         raw = sorted(r for root in roots for pat in ("*.nsys-rep", "*.qdstrm", "*.qdstrm.xz") for r in root.rglob(pat))
         hint = (

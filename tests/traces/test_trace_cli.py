@@ -212,3 +212,36 @@ def test_a_cpu_run_names_its_combinations_and_draws_no_empty_figure(tmp_path, ca
         "rank0_T16.json.gz.timeline.png",
         "rank1_T16.json.gz.timeline.png",
     ]
+
+
+def test_committed_profiler_traces_say_their_combination_in_token_order(tmp_path, capsys, monkeypatch):
+    """results/fp8_decode_kernels' profiler-mode traces (written before profiler mode opened a
+    `combo/` range; their folder is the combination key): each heading, combos line and timeline
+    title names the combination, and the token counts come as numbers (16, 64, 128, 256), not as
+    strings (128, 16, 256, 64)."""
+    import moebench.report.timeline as timeline
+
+    titles = []
+    monkeypatch.setattr(timeline, "plot_timeline", lambda trace, path, name=None: titles.append(name) or path)
+    rc, out, _ = _trace([REPO / "results" / "fp8_decode_kernels", "--plot", "--out", tmp_path], capsys)
+    assert rc == 0
+    heads = [x.removeprefix("### ") for x in out.splitlines() if x.startswith("### ")]
+    for model in ("mixtral_8x7b", "qwen3_30b_a3b"):
+        label = f"local/triton/experts/none/fp8_block/{model}"
+        mine = [h for h in heads if h.startswith(label + " — ")]
+        assert [int(h.split(", ")[-1].split()[0]) for h in mine] == [16, 64, 128, 256], heads
+    assert "combos: –" not in out and out.count("by its folder (no `combo/` range in the trace)") == len(heads)
+    assert titles == heads  # each timeline's title is its section's heading
+
+
+def test_a_profiler_mode_trace_names_its_combination(tmp_path):
+    """profile_kernels opens the `combo/<key>` range its trace=torch sibling does, so `moebench
+    trace` reads the combination from the trace itself."""
+    from moebench.measure.capture import profile_kernels
+    from moebench.measure.samples import RankSync
+    from moebench.traces.files import load_traces
+
+    path = tmp_path / "rank0_T16.json.gz"
+    x = __import__("torch").ones(8, 8)
+    profile_kernels(lambda: x @ x, str(path), samples=3, sync=RankSync(None, None, None, None), key="abc123")
+    assert load_traces(path)[0].combos() == ["abc123"]
