@@ -104,17 +104,18 @@ def _side(lo: float, hi: float) -> str:
 
 def _effect_legend(fig: MplFigure) -> None:
     """What the band and the three colours mean, below the panel (inside, it hid an error bar)."""
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     pct = f"{(BAND - 1) * 100:.0f} %"
-    line = dict(marker="o", ms=4, lw=1.4)
-    handles = [
-        Patch(color="0.9", label=f"band: no difference (±{pct})"),
-        Line2D([], [], color=EFFECT_COLORS["faster"], label="faster: interval wholly below the band", **line),
-        Line2D([], [], color=EFFECT_COLORS["slower"], label="slower: interval wholly above the band", **line),
-        Line2D([], [], color=EFFECT_COLORS["neither"], label="no call: interval inside or across the band", **line),
-    ]
+    keys = (
+        ("faster", "faster: interval wholly below the band"),
+        ("slower", "slower: interval wholly above the band"),
+        ("neither", "no call: interval inside or across the band"),
+    )
+    handles: list[Artist] = [Patch(color="0.9", label=f"band: no difference (±{pct})")]
+    handles += [Line2D([], [], color=EFFECT_COLORS[k], label=text, marker="o", ms=4, lw=1.4) for k, text in keys]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
 
 
