@@ -29,7 +29,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, combo_labels
 from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
-from moebench.report.plotgrid import LINESTYLES, plain_log
+from moebench.report.plotgrid import EFFECT_COLORS, LINESTYLES, NO_CALL, effect_legend, plain_log
 from moebench.report.timeline import PHASE_COLORS
 from moebench.report.workloads import spread, workloads
 from moebench.util.pngfile import DPI, save_figure
@@ -93,32 +93,6 @@ def _effect_label(e: Effect) -> str:
     return f"{e.axis}={e.value} vs {e.baseline}{where} · {e.tokens} tok"
 
 
-EFFECT_COLORS = {"faster": "C2", "slower": "C3", "neither": "0.45"}
-
-
-def _side(lo: float, hi: float) -> str:
-    """Which colour an interval takes: wholly below the band (faster), wholly above (slower), or
-    inside or across it (effects.py: no difference, inconclusive)."""
-    return "faster" if hi < 1 / BAND else "slower" if lo > BAND else "neither"
-
-
-def _effect_legend(fig: MplFigure) -> None:
-    """What the band and the three colours mean, below the panel (inside, it hid an error bar)."""
-    from matplotlib.artist import Artist
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    pct = f"{(BAND - 1) * 100:.0f} %"
-    keys = (
-        ("faster", "faster: interval wholly below the band"),
-        ("slower", "slower: interval wholly above the band"),
-        ("neither", "no call: interval inside or across the band"),
-    )
-    handles: list[Artist] = [Patch(color="0.9", label=f"band: no difference (±{pct})")]
-    handles += [Line2D([], [], color=EFFECT_COLORS[k], label=text, marker="o", ms=4, lw=1.4) for k, text in keys]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
-
-
 def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | None:
     """Each effect as its ratio with its interval on a log axis, the no-difference band shaded;
     past MAX_EFFECT_ROWS the largest effects (by |log ratio|) are kept."""
@@ -132,7 +106,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     y = np.arange(len(shown))[::-1]
     ratio = np.array([e.ratio for e in shown])
     lo, hi = np.array([e.lo for e in shown]), np.array([e.hi for e in shown])
-    colors = [EFFECT_COLORS[_side(lo_, h)] for lo_, h in zip(lo, hi, strict=True)]
+    colors = [EFFECT_COLORS.get(e.verdict, NO_CALL) for e in shown]
     ax.axvspan(1 / BAND, BAND, color="0.9", lw=0)
     ax.axvline(1.0, color="0.5", lw=0.8)
     ax.hlines(y, lo, hi, colors=colors, lw=1.4)
@@ -147,7 +121,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     ax.minorticks_off()
     ax.set_xlabel("latency ratio, value ÷ baseline (< 1: faster)\ngeometric mean over pairs, 95 % interval")
     ax.grid(True, axis="x", alpha=0.3)
-    _effect_legend(fig)
+    effect_legend(fig)
     top = ranked[0]
     where = f" with {top.by}={top.by_value}" if top.by else ""
     title = (
