@@ -324,6 +324,8 @@ def _run(
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     stored = f", {already} row(s) already stored" if already else ""
     log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
+    if counts[Status.OK] and not counts.env_error and not counts.interrupted and not counts.terminated:
+        log(f"moebench: next: moebench report {store.dir}  (or moebench compare {store.dir} OTHER_RUN)")
     if counts.env_error:
         # what is on disk, not what was counted: a write can fail after its file is in place
         # (the folder's fsync after the rename), and its rows are stored all the same
