@@ -5,6 +5,7 @@ is in options.py), and the parsing that lets overrides come before, between and 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from moebench import __version__
 from moebench.cli import ab, env, listing, report, sweep, trace, tune
@@ -34,6 +35,9 @@ def parse_args(argv):
     """argparse stops filling `overrides` at the first option, so `sweep a=1 --sweep x b=2`
     would refuse b=2: overrides may come before, between and after options."""
     parser, commands = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `moebench`: what it does and its commands
+        parser.print_help(sys.stderr)
+        raise SystemExit(2)
     args, rest = parser.parse_known_args(argv)
     if rest and hasattr(args, "overrides"):
         stray = [a for a in rest if a.startswith("-") or "=" not in a]

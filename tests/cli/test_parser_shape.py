@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from moebench import cli
 from moebench.cli import options, parser
 from moebench.cli.main import COMMANDS
 
@@ -88,3 +91,13 @@ def test_the_parser_imports_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_bare_moebench_prints_its_help_and_exits_2(capsys):
+    """`moebench` alone: the help (what it does, its commands) on stderr, exit 2; was argparse's
+    'the following arguments are required: cmd'."""
+    with pytest.raises(SystemExit) as done:
+        cli.main([])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("usage: moebench") and "Benchmark modular MoE layer kernels." in err
+    assert "arguments are required" not in err
