@@ -15,6 +15,7 @@ import pytest
 from moebench import cli
 from moebench.kernels.reference import TOLERANCE
 from moebench.results.store import RunStore
+from moebench.run.plan import counted
 from moebench.run.sweep import execute
 
 QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=2"]
@@ -241,7 +242,7 @@ def test_interrupted_sweep_resumes_without_redoing_anything(tmp_path):
     assert 1 <= len(first) < 8
     r2 = subprocess.run(args, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
     assert r2.returncode == 0, r2.stderr
-    assert f"{8 - len(first)} to run" in r2.stderr and f"{len(first)} rows already stored" in r2.stderr
+    assert f"{8 - len(first)} to run" in r2.stderr and f"{counted(len(first), 'row')} already stored" in r2.stderr
     after = {f.name: f.stat().st_mtime_ns for f in rows.glob("*-T*.parquet")}
     assert len(after) == 8
     assert all(after[k] == v for k, v in first.items()), "a stored combination was redone"
