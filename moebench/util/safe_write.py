@@ -97,18 +97,27 @@ def safe_dir(base, *parts) -> Path:
         raise NotCreatable(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from e
     if path.is_symlink():
         path = Path(os.path.realpath(path))
+    for name in _names_below(base, path, parts):
+        path = path / name
+        _check_dir(path)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        _check_dir(path)  # a link made in between is refused too
+    return path
+
+
+def _names_below(base, path: Path, parts) -> list[str]:
+    """The folder names of `parts` in order, each of them checked to stay below `base` (`path`:
+    where `base` resolved to; ValueError for a '..' or an absolute part)."""
+    names = []
     for part in parts:
         for name in Path(part).parts:
             if name in ("..", "/") or name.startswith("/"):
                 raise ValueError(f"{path / part}: a folder below {base} must not leave it ({part!r})")
-            path = path / name
-            _check_dir(path)
-            try:
-                os.mkdir(path)
-            except FileExistsError:
-                pass
-            _check_dir(path)  # a link made in between is refused too
-    return path
+            names.append(name)
+    return names
 
 
 def _not_a_dir(path: Path) -> NotADirectoryError:
@@ -143,13 +152,10 @@ def check_dir(base, *parts) -> Path:
     elif path.is_symlink():
         path = Path(os.path.realpath(path))
     deepest = path if path.is_dir() else None
-    for part in parts:
-        for name in Path(part).parts:
-            if name in ("..", "/") or name.startswith("/"):
-                raise ValueError(f"{path / part}: a folder below {base} must not leave it ({part!r})")
-            path = path / name
-            _check_dir(path)
-            deepest = path if deepest is not None and path.is_dir() else deepest
+    for name in _names_below(base, path, parts):
+        path = path / name
+        _check_dir(path)
+        deepest = path if deepest is not None and path.is_dir() else deepest
     if deepest is not None:
         _can_make_in(deepest, path)
     return path
