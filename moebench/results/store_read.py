@@ -69,6 +69,14 @@ def _torn_if_unreadable(path: Path) -> Iterator[None]:
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
 
 
+def _what_to_do(path) -> str:
+    """The advice for a file that holds no rows of moebench's: out of the run's rows/ folder where it
+    lies in one, else what to pass instead (a file given as a run, or a folder of other parquet)."""
+    if Path(path).parent.name == "rows":
+        return "move it out of the run's rows/ folder"
+    return "pass the folder `moebench sweep` wrote (the one holding rows/ and env.json) or its rows/*.parquet files"
+
+
 def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
     """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
     parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
@@ -79,7 +87,7 @@ def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
     if len(df.columns) and missing:
         raise ValueError(
             f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
-            "incompatible version); move it out of the run's rows/ folder"
+            f"incompatible version); {_what_to_do(path)}"
         )
     check_types(df, path)
     check_versions(df, str(path))
@@ -98,7 +106,7 @@ def check_types(df: pd.DataFrame, path: Path) -> None:
         if name in df.columns and df[name].isna().any():
             raise ValueError(
                 f"{path}: {int(df[name].isna().sum())} row(s) without {name}: the file is corrupt or "
-                "not moebench's; move it out of the run's rows/ folder"
+                f"not moebench's; {_what_to_do(path)}"
             )
     numeric = _numeric_columns()
     for name in df.columns:
@@ -110,8 +118,7 @@ def check_types(df: pd.DataFrame, path: Path) -> None:
             shown = repr(values[bad].iloc[0])
             raise ValueError(
                 f"{path}: column {name} holds {shown[:60]}{'...' if len(shown) > 60 else ''} where a number "
-                f"({numeric[name]}) belongs: the file is corrupt or not moebench's; move it out of the run's "
-                "rows/ folder"
+                f"({numeric[name]}) belongs: the file is corrupt or not moebench's; {_what_to_do(path)}"
             )
 
 
@@ -157,7 +164,7 @@ def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=())
     if names and missing:
         raise ValueError(
             f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
-            "incompatible version); move it out of the run's rows/ folder"
+            f"incompatible version); {_what_to_do(path)}"
         )
     _check_table_types(table, path)
     if "schema_version" in names:

@@ -124,7 +124,16 @@ def test_a_foreign_parquet_is_an_error_naming_it(tmp_path, capsys):
         err = capsys.readouterr().err
         lines = [ln for ln in err.strip().splitlines() if "%|" not in ln]
         assert len(lines) == 1 and f"{foreign}: missing columns" in lines[0], (argv, err)
+        assert lines[0].endswith("move it out of the run's rows/ folder"), lines[0]
     assert sorted((run / "rows").iterdir()) == before  # the sweep wrote nothing and moved nothing
+    # a folder of other parquet given as a run: no rows/ folder to move it out of; what to pass instead
+    other = tmp_path / "other"
+    other.mkdir()
+    pd.DataFrame({"a": [1, 2]}).to_parquet(other / "x.parquet")
+    assert cli.main(["report", str(other)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "missing columns" in line and "rows/ folder" not in line and "pass the folder `moebench sweep` wrote" in line
+    assert not (other / "report").exists()
     # rows of a schema version this code does not know: the error names their file, not only the run
     foreign.unlink()
     newer = sorted((run / "rows").glob("*.parquet"))[0]
