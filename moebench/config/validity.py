@@ -38,14 +38,15 @@ def check(combo: Combo) -> Optional[Skip]:
     from moebench.kernels import registry
 
     registry.discover()
-    for kind, name in (("backend", combo.backend), ("experts", combo.experts)):
-        if name not in (registry.BACKENDS if kind == "backend" else registry.EXPERTS):
+    entries = (("backend", combo.backend, registry.BACKENDS), ("experts", combo.experts, registry.EXPERTS))
+    for kind, name, known in entries:
+        if name not in known:
             return Skip(registry.unavailable(kind, name), rule=False)  # e.g. a plugin disabled here
     why = _plan_rule(combo)
     if why:
         return Skip(why, rule=True)
     why = _needs_cuda(combo)
-    for kind, name in (("backend", combo.backend), ("experts", combo.experts)):
+    for kind, name, _ in entries:
         why = why or registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
     return Skip(why, rule=False) if why else None
 

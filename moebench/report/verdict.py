@@ -210,14 +210,15 @@ def clock_line(cmp: Comparison) -> str:
         return ""
     check = m["clock_check"].fillna("").astype(str)
     differ = int((m["verdict"] == Verdict.CLOCK).sum())
-    survived = int(check.str.contains("survives normalising").sum())
+    survives = check.str.contains("survives normalising")
+    survived = int(survives.sum())
     matched = int(check.str.startswith("clocks matched").sum())
     missing = int((check == NOT_RECORDED).sum())
     if missing == len(m):
         return f"clocks: {NOT_RECORDED} (a side's rows have no SM clock: verdicts as before clocks were read)"
     parts = [f"matched in {matched} row(s)"] if matched else []
     if differ or survived:
-        kept = m[check.str.contains("survives normalising")]
+        kept = m[survives]
         ratios = kept["clock_ratio"].astype(float)
         ratios = ratios[np.isfinite(ratios)]
         names = row_names(cmp.matched)

@@ -33,13 +33,13 @@ class TornFile(ValueError):
         self.path, self.why = Path(path), why
 
 
+A_RUN = "the folder `moebench sweep` wrote, the one holding rows/ and env.json"  # what a run argument takes
+
+
 def not_a_run_file(path: Path, files: str = "one of its rows/*.parquet files") -> ValueError:
     """The one line for a plain file given where a run goes (report, compare, trace, tune --results):
     '<path>: a file, not a run folder (pass ...)'. `files` names the files the command reads alone."""
-    return ValueError(
-        f"{path}: a file, not a run folder (pass the folder `moebench sweep` wrote, the one holding rows/ "
-        f"and env.json, or {files})"
-    )
+    return ValueError(f"{path}: a file, not a run folder (pass {A_RUN}, or {files})")
 
 
 def check_run_path(path: Path) -> Path:
@@ -74,7 +74,7 @@ def _what_to_do(path) -> str:
     lies in one, else what to pass instead (a file given as a run, or a folder of other parquet)."""
     if Path(path).parent.name == "rows":
         return "move it out of the run's rows/ folder"
-    return "pass the folder `moebench sweep` wrote (the one holding rows/ and env.json) or its rows/*.parquet files"
+    return f"pass {A_RUN} or its rows/*.parquet files"
 
 
 def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:

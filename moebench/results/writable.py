@@ -66,9 +66,7 @@ def probe(folder: os.PathLike | str) -> Path:
     followed), named like the store's temp files (readers skip those; a killed probe's
     leftover is removed at the next sweep's start)."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
-    safe_dir(folder)  # mkdir -p; a folder the system will not make (/proc) is NotCreatable
+    safe_dir(folder)  # mkdir -p; a file in the way is NotADirectoryError, /proc NotCreatable
     path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -185,7 +185,7 @@ def refuse_impossible(combos: list[Combination]) -> None:
     """Refuse, before any work (ValueError: one line, exit 2), a request whose every combination
     breaks a rule of the plan (Combination.rule): no machine runs any of it. Where one can run, or
     this machine is why one is skipped, the sweep goes on and each is a skipped row with its reason."""
-    if not combos or not all(c.reason and c.rule for c in combos):
+    if not combos or not all(c.rule for c in combos):
         return
     groups = reason_groups([c.reason or "" for c in combos])
     if len(combos) == 1:

@@ -256,7 +256,7 @@ def nothing_ran(combos: list[Combination]) -> str:
     """The line a sweep that ran nothing ends with: every combination skipped, on this machine
     (a library, GPUs, CUDA, a token count's limit), and those that break a rule of the plan named
     apart (no machine runs them; where every one does, the sweep was refused: refuse_impossible)."""
-    rules = sum(1 for c in combos if c.reason and c.rule)
+    rules = sum(1 for c in combos if c.rule)
     where = " on this machine"
     if rules:
         where = f": {len(combos) - rules} on this machine, {rules} by a rule of the plan that no machine lifts"

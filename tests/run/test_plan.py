@@ -99,15 +99,15 @@ def test_check_tells_a_rule_of_the_plan_from_what_the_machine_lacks(monkeypatch)
     base = to_combo(compose_config(["backend=local", "experts=torch", "model=tiny", "runner.device=cpu"]))
     assert validity.check(base) is None
     rules = [
-        base.replace(experts="torch_batched"),
-        base.replace(simulate_ep=3),
-        base.replace(backend="local_batched", experts="torch_batched"),
-        base.replace(quant="mxfp4"),
-        base.replace(experts="torch_batched", timing="profiler"),  # a rule before what the machine lacks
+        (base.replace(experts="torch_batched"), "layouts differ"),
+        (base.replace(simulate_ep=3), "simulate_ep=3 does not divide"),
+        (base.replace(backend="local_batched", experts="torch_batched"), "only reduction=finalize"),
+        (base.replace(quant="mxfp4"), "quant=mxfp4 is MXFP4 weights"),
+        (base.replace(experts="torch_batched", timing="profiler"), "layouts differ"),  # a rule before the machine's
     ]
-    for c in rules:
+    for c, says in rules:
         skip = validity.check(c)
-        assert skip and skip.rule and skip.reason == validity.validate(c), c.label
+        assert skip and skip.rule and says in skip.reason and skip.reason == validity.validate(c), c.label
     for c in (base.replace(timing="profiler"), base.replace(experts="triton")):
         skip = validity.check(c)
         assert skip and not skip.rule and "CUDA" in skip.reason, c.label
