@@ -55,12 +55,15 @@ def sidecar(info: dict, results: list[DecisionResult]) -> dict:
 
 
 def to_json(results: list[DecisionResult]) -> list[dict]:
-    """tune.json's "decisions": every option's figures at every count."""
+    """tune.json's "decisions": every option's figures at every count. Why a count was timed twice
+    is stored once, as its record's `retimed`, not again in each of its options' (every one carries
+    the same string: decide._run; decisions.jsonl keeps it per option, its lines read alone). A
+    tune.json written with both reads the same (install_check reads the options' figures only)."""
     return [
         {
             **{k: json_num(v) for k, v in dataclasses.asdict(r).items() if k != "timed"},
             "retimed": r.retimed,  # (a property: why the count was timed twice)
-            "timed": [{k: json_num(v) for k, v in dataclasses.asdict(t).items()} for t in r.timed],
+            "timed": [{k: json_num(v) for k, v in dataclasses.asdict(t).items() if k != "retimed"} for t in r.timed],
         }
         for r in results
     ]

@@ -782,3 +782,24 @@ def test_a_count_the_host_paced_is_timed_once_more_before_it_ranks(tmp_path, pac
     (back,) = decide.decide(c, [4], {4: 4}, {}, 3, cpu, bench=Bench(c, cpu), store=again)
     assert back.retimed == r.retimed and back.get("current").ok
     assert calls[2:] == ([["current"]] if paced == 2 else [])
+
+
+def test_tune_json_says_once_why_a_count_was_timed_twice_and_reads_a_file_that_said_it_twice():
+    """tune.json's decision record holds `retimed` once, not again in each option's figures (each
+    carried the same string); a tune.json written with both still decides --install-from alike."""
+    from moebench.tune import decision_files, install_check
+    from moebench.tune.decide import DecisionResult
+    from moebench.tune.decision_trials import Timed
+
+    why = "current: host-paced: 1 of 3 samples: host time, not ranked"
+    timed = [Timed("current", us=10.0, rel_err=0.0, retimed=why), Timed("gathered", us=12.0, rel_err=0.0, retimed=why)]
+    r = DecisionResult(tokens=4, rows=8, timed=timed, best="gathered", best_overall="gathered")
+    (record,) = decision_files.to_json([r])
+    assert record["retimed"] == why and all("retimed" not in t for t in record["timed"])
+    old = {**record, "timed": [{**t, "retimed": why} for t in record["timed"]]}  # as written before
+    for stored in (record, old):
+        dc, where = install_check.decision_check(json.loads(json.dumps({"decisions": [stored]})), 0.1)
+        assert where.startswith("tune.json decisions") and [(T, g.option, c.option) for T, g, c in dc.sizes] == [
+            (4, "gathered", "current")
+        ]
+        assert dc.regressions() == ["4 tokens: chosen gathered 12.0 µs vs current 10.0 µs = 1.200x, above 1.1x"]
