@@ -163,7 +163,8 @@ def decide(
 ) -> list[DecisionResult]:
     """The decisions at each token count (tiles: this tune's winning gathered tile per count).
     With a `store` (decision_trials.py) each count's timings are recorded as they finish and the
-    ones stored already (a resumed tune) are read instead of timed."""
+    ones stored already (a resumed tune) are read instead of timed, but for a count with an option
+    stored host-paced: timed again whole (`_timed`)."""
     bench = bench or DecisionBench(c, device)
     plan = {T: options_of(c.combo, device, tiles.get(T)) for T in tokens}
     if store is not None:
@@ -206,32 +207,43 @@ def _timed(
     log: Callable[[str], None] = lambda s: None,
 ):
     """([Timed] of `opts` at T, whether any was timed now): the stored ones read, the rest timed
-    together (interleaved; `_run`) and stored."""
+    together (interleaved) and stored. Where any of them, stored or timed now, is host-paced (stored
+    so: paced twice in a row, or by a tune from before _run timed such a count once more), every
+    option of the count is timed again together, as a fresh count's are (`_run`)."""
     if store is None:
         return _run(bench, T, opts, reps, log), True
     keys = {o: store.key(T, o, reps, bench.timing(T)) for o in opts}
     have = {o: store.get(k) for o, k in keys.items()}
-    # timed again: what is not stored, and what was stored host-paced (twice in a row, or by a tune
-    # from before _run timed such a count once more), which never ranks
-    missing = [o for o in opts if have[o] is None or have[o].error.startswith(HOST_PACED_ERROR)]
-    if missing:
-        for o, t in zip(missing, _run(bench, T, missing, reps, log), strict=True):
-            if not t.error.startswith(TIMING_FAILED):  # (a failed timing is timed again on resume)
-                store.add(keys[o], t)
-            have[o] = t
-    return [have[o] for o in opts], bool(missing)
+    missing = [o for o in opts if have[o] is None]
+    paced = any(t is not None and t.error.startswith(HOST_PACED_ERROR) for t in have.values())
+    if not missing and not paced:
+        return [have[o] for o in opts], False
+    now = iter(bench.run(T, missing, reps) if missing else [])
+    got = _run(bench, T, opts, reps, log, first=[have[o] if have[o] is not None else next(now) for o in opts])
+    for o, t in zip(opts, got, strict=True):
+        if t is not have[o] and not t.error.startswith(TIMING_FAILED):  # (a failed timing: again on resume)
+            store.add(keys[o], t)
+    return got, True
 
 
-def _run(bench: DecisionBench, T: int, opts: list[Option], reps: int, log: Callable[[str], None]):
+def _run(
+    bench: DecisionBench,
+    T: int,
+    opts: list[Option],
+    reps: int,
+    log: Callable[[str], None],
+    first: Optional[list[Timed]] = None,
+):
     """bench.run, and once more when the host paced an option's samples (on an H100 one of 90 graph
     replays at 256 tokens): every option of `opts` again, together (trials.retime_host_paced); the
-    second timing ranks, each of its Timed carrying why (`retimed`). (A resumed count times only the
-    options not stored: `_timed`.)"""
+    second timing ranks, each of its Timed carrying why (`retimed`). `first`: the count's first
+    timing where a resumed tune holds it already (`_timed`: the stored, the rest timed now)."""
     got, why = retime_host_paced(
-        partial(bench.run, T, opts, reps), [o.name for o in opts], f"tune decisions T={T}", log
+        partial(bench.run, T, opts, reps), [o.name for o in opts], f"tune decisions T={T}", log, first
     )
-    for t in got:
-        t.retimed = why
+    if why:  # (else each keeps its own: a stored one why its count was timed twice before)
+        for t in got:
+            t.retimed = why
     return got
 
 

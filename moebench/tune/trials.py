@@ -31,7 +31,7 @@ HOST_PACED_ERROR = "host-paced"  # the kind (error's first word) of a trial the 
 
 
 def retime_host_paced(
-    time: Callable[[], list], names: list[str], where: str, log: Callable[[str], None]
+    time: Callable[[], list], names: list[str], where: str, log: Callable[[str], None], first: Optional[list] = None
 ) -> tuple[list, str]:
     """`time()`, and once more when the host paced any of its results (their error HOST_PACED_ERROR:
     host time, no figure; a moment's host stall outlasting the timing loop's holds): every one of them
@@ -40,8 +40,10 @@ def retime_host_paced(
     with an `.error`) in the order of `names`, theirs in words. Returns (the timing that stands, why it
     was taken twice: '<the paced names>: <the first paced error>', e.g. 'current: host-paced: 1 of 5
     samples: host time, not ranked'; '' when once); `log` gets the retime, prefixed by `where`.
-    Used by decide._run (the decisions), decide.check and regression.measure (--max-regression)."""
-    got = time()
+    `first`: the first timing where it was taken already (a resumed decisions tune's stored results),
+    so only the retime, if any, is timed. Used by decide._run (the decisions), decide.check and
+    regression.measure (--max-regression)."""
+    got = time() if first is None else first
     paced = [(n, t.error) for n, t in zip(names, got, strict=True) if t.error.startswith(HOST_PACED_ERROR)]
     if not paced:
         return got, ""

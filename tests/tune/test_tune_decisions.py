@@ -744,7 +744,7 @@ def test_a_count_the_host_paced_is_timed_once_more_before_it_ranks(tmp_path, pac
     5 samples at 256 tokens) is timed again, every option together, and the second timing ranks; the
     result, tune.json's record, the sidecar's provenance and the summary say why it ran twice. Paced
     twice, that option stays unranked. What is stored is the second timing, with why: a resumed tune
-    reads it back and still says so, and times again only an option stored host-paced."""
+    reads it back and still says so, and times a count with an option stored host-paced again, whole."""
     from moebench.tune import decide, decision_files
     from moebench.tune.decide import DecisionBench
     from moebench.tune.decision_trials import DecisionStore, Timed, env_key
@@ -776,12 +776,12 @@ def test_a_count_the_host_paced_is_timed_once_more_before_it_ranks(tmp_path, pac
     assert "Timed twice, the host having paced a sample the first time: 4 tokens (current: host-paced" in (
         decision_files.summary([r])
     )
-    # resumed: the stored second timing is read back with why it was taken; only an option stored
-    # host-paced (paced twice) is timed again
+    # resumed: the stored second timing is read back with why it was taken; a count with an option
+    # stored host-paced (paced twice) is timed again, every option together
     again = DecisionStore(tmp_path, c.key, env_key(cpu))
     (back,) = decide.decide(c, [4], {4: 4}, {}, 3, cpu, bench=Bench(c, cpu), store=again)
     assert back.retimed == r.retimed and back.get("current").ok
-    assert calls[2:] == ([["current"]] if paced == 2 else [])
+    assert calls[2:] == ([calls[0]] if paced == 2 else [])
 
 
 def test_tune_json_says_once_why_a_count_was_timed_twice_and_reads_a_file_that_said_it_twice():
@@ -803,3 +803,47 @@ def test_tune_json_says_once_why_a_count_was_timed_twice_and_reads_a_file_that_s
             (4, "gathered", "current")
         ]
         assert dc.regressions() == ["4 tokens: chosen gathered 12.0 µs vs current 10.0 µs = 1.200x, above 1.1x"]
+
+
+def test_a_resumed_count_stored_host_paced_is_timed_again_with_every_option_together(tmp_path):
+    """A count read back from decisions.jsonl with one option host-paced (paced twice in a row, or
+    stored by a tune from before the retime) is timed again as a fresh count's retime is
+    (trials.retime_host_paced): every option together, not the paced one alone against nothing, so
+    its figure is taken side by side with the others'; the new timing ranks and is stored, `retimed`
+    naming the stored paced option, and a second resume times nothing."""
+    from moebench.tune import decide
+    from moebench.tune.decision_options import options_of
+    from moebench.tune.decision_trials import DecisionStore, Timed, env_key
+    from moebench.tune.search import resolve
+    from moebench.tune.trials import HOST_PACED_ERROR
+
+    c, _ = resolve(BF16 + ["workload.tokens_per_rank=[4]"])
+    cpu = torch.device("cpu")
+    us = {"current": 10.0, "gathered": 9.0, "contiguous/triton": 11.0}
+    calls: list[list[str]] = []
+
+    class Bench(decide.DecisionBench):
+        def run(self, T, opts, reps, salt=7):
+            calls.append([o.name for o in opts])
+            return [Timed(o.name, us=us.get(o.name, 20.0), rel_err=0.0) for o in opts]
+
+    opts = options_of(c.combo, cpu, None)[0]
+    store = DecisionStore(tmp_path, c.key, env_key(cpu))
+    paced = f"{HOST_PACED_ERROR}: 1 of 3 samples: host time, not ranked"
+    for o in opts:  # stored: gathered (the fastest) host-paced, the others timed beside it
+        t = Timed(o.name, us=8.0 if o.name == "gathered" else us.get(o.name, 20.0), rel_err=0.0)
+        t.error = paced if o.name == "gathered" else ""
+        store.add(store.key(4, o, 3, "host"), t)
+    lines: list[str] = []
+    every = [o.name for o in opts]
+    (r,) = decide.decide(
+        c, [4], {4: 4}, {}, 3, cpu, lines.append, Bench(c, cpu), DecisionStore(tmp_path, c.key, env_key(cpu))
+    )
+    assert calls == [every] and len(every) > 2  # was [["gathered"]]: the paced one timed alone
+    assert r.best == "gathered" and r.get("gathered").us == 9.0 and all(t.ok for t in r.timed)
+    assert r.retimed == f"gathered: {paced}"
+    assert any(s.startswith(f"tune decisions T=4: gathered: {HOST_PACED_ERROR}") and "once more" in s for s in lines)
+    (back,) = decide.decide(
+        c, [4], {4: 4}, {}, 3, cpu, bench=Bench(c, cpu), store=DecisionStore(tmp_path, c.key, env_key(cpu))
+    )
+    assert calls == [every] and back.retimed == r.retimed and back.get("current").us == 10.0
