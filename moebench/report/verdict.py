@@ -209,8 +209,12 @@ def clock_line(cmp: Comparison) -> str:
     if not len(m) or "clock_check" not in m.columns:
         return ""
     check = m["clock_check"].fillna("").astype(str)
-    differ = int((m["verdict"] == Verdict.CLOCK).sum())
-    survives = check.str.contains("survives normalising")
+    clock = m["verdict"] == Verdict.CLOCK
+    differ = int(clock.sum())
+    # normalised (clock_ratio set: clocks apart, compute-bound) and not `clock differs`: the verdict
+    # survived normalising (clock_verdict)
+    ratio = pd.to_numeric(m["clock_ratio"], errors="coerce").astype(float)
+    survives = np.isfinite(ratio) & ~clock
     survived = int(survives.sum())
     matched = int(check.str.startswith("clocks matched").sum())
     missing = int((check == NOT_RECORDED).sum())
@@ -218,9 +222,7 @@ def clock_line(cmp: Comparison) -> str:
         return f"clocks: {NOT_RECORDED} (a side's rows have no SM clock: verdicts as before clocks were read)"
     parts = [f"matched in {matched} row(s)"] if matched else []
     if differ or survived:
-        kept = m[survives]
-        ratios = kept["clock_ratio"].astype(float)
-        ratios = ratios[np.isfinite(ratios)]
+        ratios = ratio[survives]
         names = row_names(cmp.matched)
         scaled = [f"{names.loc[i]} {fmt_change(r)}" for i, r in ratios.head(LIMIT).items()]
         more = f" (+{len(ratios) - LIMIT} more)" if len(ratios) > LIMIT else ""

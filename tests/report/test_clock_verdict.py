@@ -4,6 +4,8 @@ where compute-bound, and the same 8 % at equal clocks reads "slower"."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -159,3 +161,9 @@ def test_a_normalised_pair_says_its_change_at_the_baselines_clock():
     assert line.endswith(
         "differ in 3 (1 kept their verdict normalised as compute-bound: tiny · 256 tok +11.1 % at the baseline's clock)"
     ), line
+    # the line reads which pairs kept their verdict from the data (a clock_ratio and no `clock differs`),
+    # not from the note's words: notes worded otherwise give the same line
+    from moebench.report.verdict import clock_line
+
+    reworded = cmp.matched.assign(clock_check=cmp.matched["clock_check"].str.replace("survives normalising", "held"))
+    assert clock_line(replace(cmp, matched=reworded)) == clock_line(cmp) == line.removeprefix("- ")
