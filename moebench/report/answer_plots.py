@@ -28,8 +28,8 @@ import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
 from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, combo_labels
-from moebench.report.effects import BAND, Effect, fmt_interval, fmt_ratio
-from moebench.report.plotgrid import EFFECT_COLORS, LINESTYLES, NO_CALL, effect_legend, plain_log
+from moebench.report.effects import BAND, FASTER, SLOWER, Effect, fmt_interval, fmt_ratio
+from moebench.report.plotgrid import LINESTYLES, plain_log
 from moebench.report.timeline import PHASE_COLORS
 from moebench.report.workloads import spread, workloads
 from moebench.util.pngfile import DPI, save_figure
@@ -86,6 +86,28 @@ def _us(x: float) -> str:
 
 
 # -- what each choice does --------------------------------------------------------------------
+
+
+# an effect's colour by its verdict (effects.py classify): an interval wholly below the band green,
+# wholly above red, inside or across it (no difference, inconclusive) grey
+EFFECT_COLORS = {FASTER: "C2", SLOWER: "C3"}
+NO_CALL = "0.45"
+
+
+def effect_legend(fig: MplFigure) -> None:
+    """What effects.png's band and three colours mean, under the panel (inside, it hid an error bar)."""
+    from matplotlib.artist import Artist
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    keys = (
+        (EFFECT_COLORS[FASTER], f"{FASTER}: interval wholly below the band"),
+        (EFFECT_COLORS[SLOWER], f"{SLOWER}: interval wholly above the band"),
+        (NO_CALL, "no call: interval inside or across the band"),
+    )
+    handles: list[Artist] = [Patch(color="0.9", label=f"band: no difference (±{(BAND - 1) * 100:.0f} %)")]
+    handles += [Line2D([], [], color=c, label=text, marker="o", ms=4, lw=1.4) for c, text in keys]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
 
 
 def _effect_label(e: Effect) -> str:
@@ -352,23 +374,8 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
 # -- memory --------------------------------------------------------------------------------------
 
 
-def workspace_stats(ok: pd.DataFrame) -> pd.DataFrame | None:
-    """The workspace peak of one forward (bytes) per (reduction, tokens_per_rank) over the rows
-    that recorded one: median, min, max and how many combinations; None where no row did. What
-    the memory lines (answers.memory_section) and plot_memory both read."""
-    col = "workspace_bytes_peak"
-    if col not in ok.columns or "reduction" not in ok.columns:
-        return None
-    ok = ok.assign(**{col: pd.to_numeric(ok[col], errors="coerce")})
-    ok = ok[ok[col] > 0]
-    if ok.empty:
-        return None
-    by = ok.groupby(["reduction", "tokens_per_rank"], sort=True)
-    return by[col].agg(["median", "min", "max"]).assign(combinations=by["combo_key"].nunique())
-
-
 def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool = False) -> Figure | None:
-    """The workspace peak of one forward vs tokens, per reduction placement (`ws`: workspace_stats):
+    """The workspace peak of one forward vs tokens, per reduction placement (`ws`: answers.workspace_stats):
     the median over its combinations and their range; the budget as a line where one is given."""
     fig, (ax,) = _fig(4.2)
     med = {}

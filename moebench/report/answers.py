@@ -112,9 +112,24 @@ def fastest_section(wins: list[str]) -> list[str]:
     return ["## Fastest per size", *(f"- {w}" for w in wins)] if wins else []
 
 
+def workspace_stats(ok: pd.DataFrame) -> pd.DataFrame | None:
+    """The workspace peak of one forward (bytes) per (reduction, tokens_per_rank) over the rows
+    that recorded one: median, min, max and how many combinations; None where no row did. What
+    the memory lines (memory_section) and answer_plots.plot_memory both read."""
+    col = "workspace_bytes_peak"
+    if col not in ok.columns or "reduction" not in ok.columns:
+        return None
+    ok = ok.assign(**{col: pd.to_numeric(ok[col], errors="coerce")})
+    ok = ok[ok[col] > 0]
+    if ok.empty:
+        return None
+    by = ok.groupby(["reduction", "tokens_per_rank"], sort=True)
+    return by[col].agg(["median", "min", "max"]).assign(combinations=by["combo_key"].nunique())
+
+
 def memory_section(ok: pd.DataFrame, ws: pd.DataFrame | None) -> list[str]:
     """One line per reduction placement: the workspace of one forward at the largest token
-    count (median over its combinations, and its range: `ws`, answer_plots.workspace_stats)
+    count (median over its combinations, and its range: `ws`, workspace_stats)
     and the largest device peak."""
     if ws is None:
         return []
@@ -198,7 +213,7 @@ def answers(
     lines += fastest
     if out is not None and len(ok) and fastest:
         lines += figure(ap.plot_fastest(ok, combo_labels, out / "latency.png", cpu, baseline_key))
-    ws = ap.workspace_stats(ok)  # the workspace medians, once for the lines and the figure
+    ws = workspace_stats(ok)  # the workspace medians, once for the lines and the figure
     memory = memory_section(ok, ws)
     lines += memory
     if out is not None and len(ok) and ws is not None:

@@ -21,7 +21,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullLocator
 
 from moebench.report.columns import BARE_COLUMNS, combo_labels, fmt_series, fmt_value, label, num_distinct, varying
-from moebench.report.effects import BAND, FASTER, SLOWER
 from moebench.util.pngfile import save_figure
 
 MAX_SERIES = 6  # the issue asks for at most ~8; 6 keeps bands and dotted lines apart
@@ -261,25 +260,3 @@ def legends(fig: Figure, axes, p: Panels, extra_handles=(), title: str = "") -> 
 def save(fig: Figure, path) -> Path:
     fit_titles(fig)
     return save_figure(fig, path)
-
-
-# an effect's colour by its verdict (effects.py classify): an interval wholly below the band green,
-# wholly above red, inside or across it (no difference, inconclusive) grey
-EFFECT_COLORS = {FASTER: "C2", SLOWER: "C3"}
-NO_CALL = "0.45"
-
-
-def effect_legend(fig: Figure) -> None:
-    """What effects.png's band and three colours mean, under the panel (inside, it hid an error bar)."""
-    from matplotlib.artist import Artist
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    keys = (
-        (EFFECT_COLORS[FASTER], f"{FASTER}: interval wholly below the band"),
-        (EFFECT_COLORS[SLOWER], f"{SLOWER}: interval wholly above the band"),
-        (NO_CALL, "no call: interval inside or across the band"),
-    )
-    handles: list[Artist] = [Patch(color="0.9", label=f"band: no difference (±{(BAND - 1) * 100:.0f} %)")]
-    handles += [Line2D([], [], color=c, label=text, marker="o", ms=4, lw=1.4) for c, text in keys]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
