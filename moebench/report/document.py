@@ -32,7 +32,7 @@ from moebench.report.summary import caveats, quality_lines, reviewer_summary, ro
 from moebench.report.table import Table, to_json
 from moebench.report.verdict import exit_status, frame_names, verdict_lines, verdict_record
 from moebench.results.row import Verdict
-from moebench.results.writable import probe
+from moebench.results.writable import probe_in
 from moebench.util.safe_write import check_dir, refuse_links, replace_text, safe_dir, write_text
 
 FORMATS = ("md", "csv", "json")
@@ -135,7 +135,7 @@ class ReportDir:
     def make(self) -> Path:
         """The folder, made without following a link below `base`, and probed with a file (a full
         disk, /proc: the environment's line, exit 2, before any file of the report)."""
-        return probe(safe_dir(self.base, *self.parts))
+        return probe_in(safe_dir(self.base, *self.parts))  # made once: probe_in makes nothing
 
 
 def report_dir(run_dir, out=None, *sub: str) -> ReportDir:

@@ -61,12 +61,19 @@ def with_path(exc: OSError, path: os.PathLike | str, replace: bool = False) -> O
 
 def probe(folder: os.PathLike | str) -> Path:
     """Create `folder` (with its parents) and a file in it, then remove the file, so that a
-    full disk, a read-only folder or a file in the way raises its OSError before any work.
+    full disk, a read-only folder or a file in the way raises its OSError before any work
+    (`probe_in`)."""
+    folder = Path(folder)
+    safe_dir(folder)  # mkdir -p; a file in the way is NotADirectoryError, /proc NotCreatable
+    return probe_in(folder)
+
+
+def probe_in(folder: os.PathLike | str) -> Path:
+    """`probe` of a folder made already (safe_write.safe_dir): a file created in it and removed.
     The file is created with O_EXCL and O_NOFOLLOW (a link planted under its name is never
     followed), named like the store's temp files (readers skip those; a killed probe's
     leftover is removed at the next sweep's start)."""
     folder = Path(folder)
-    safe_dir(folder)  # mkdir -p; a file in the way is NotADirectoryError, /proc NotCreatable
     path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -115,3 +115,14 @@ def test_a_plain_file_given_as_a_run_is_one_line_saying_so(cmd, run, tmp_path, c
     assert line.startswith(f"moebench {cmd}: error: {readme}: a file, not a run folder (pass the folder ")
     assert "torn" not in line and "no rows" not in line
     assert _tree(tmp_path) == before
+
+
+def test_a_report_folder_is_made_once(run, monkeypatch):
+    """ReportDir.make makes the folder and probes it with a file, without making it again."""
+    from moebench.report.document import report_dir
+
+    made, mkdir = [], os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda path, *a, **k: made.append(Path(path)) or mkdir(path, *a, **k))
+    out = report_dir(run, None, "vs-x").make()
+    assert out == run / "report" / "vs-x" and out.is_dir() and not list(out.iterdir())
+    assert made.count(out) == 1, made
