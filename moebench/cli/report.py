@@ -151,7 +151,6 @@ def compare_command(
     replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
     from moebench.report.compare import compare_runs
     from moebench.report.document import (
-        check_outputs,
         comparison_doc,
         output_names,
         report_dir,
@@ -177,7 +176,6 @@ def compare_command(
         cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
         cmp.base_env = cmp.cand_env = env
         where = place.make()
-        check_outputs(where, fmt)
         cmp.baseline_name, cmp.candidate_name = md_text(cmp.baseline_name), md_text(cmp.candidate_name)
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
@@ -192,7 +190,6 @@ def compare_command(
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     where = place.make()
-    check_outputs(where, fmt)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else run_names(Path(base), Path(cand))
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))

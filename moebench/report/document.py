@@ -5,7 +5,8 @@ tables for csv, a JSON document; ``write`` puts them on disk.
 Every file goes through moebench/util/safe_write.py: the report folder (``report_dir``) is checked
 before the runs are read and made once there is a report to write (no link below the run folder or
 --out; a refused command leaves no folder behind), the names a report writes are checked for links
-before any work (``check_outputs``), and each file is opened without following one. Text read
+once, with the folder, before any work (``ReportDir.check``), and each file is opened without
+following one. Text read
 from the runs is escaped where it enters the Markdown (moebench/report/mdsafe.py md_text).
 """
 
@@ -127,7 +128,9 @@ class ReportDir:
 
     def check(self, names=()) -> Path:
         """The folder it will be, checked as ``make`` would check it (a link below `base`, a file in
-        the way: exit 2; a read-only folder: the environment's line), and ``names`` for links."""
+        the way: exit 2; a read-only folder: the environment's line), and ``names`` (the files the
+        command writes there, ``output_names``) for links: the one check of them, before any work
+        (a link planted later is still refused by each write, safe_write.write_text)."""
         path = check_dir(self.base, *self.parts)
         refuse_links(path, names)
         return path
@@ -180,12 +183,6 @@ TABLE_FILES = {
 def output_names(fmt: str = "md") -> tuple[str, ...]:
     """The files a report in format ``fmt`` may write into its folder."""
     return REPORT_FILES + TABLE_FILES.get(fmt, ())
-
-
-def check_outputs(out: Path, fmt: str = "md") -> None:
-    """Refuse (LinkRefused, exit 2) before any work when a file the report writes into ``out``
-    is a symbolic link: nothing is written then."""
-    refuse_links(out, output_names(fmt))
 
 
 def _image(path: Path | None, alt: str) -> str:
@@ -421,7 +418,6 @@ def build_report(
     df, env = load_run(run_dir)
     if baseline is None:
         out = place.make()
-        check_outputs(out, fmt)
         doc = run_doc(df, env, run_dir, out)
         return Report(write(doc, out, fmt), df, env, None, doc)
     base_df, base_env = load_run(baseline)
@@ -429,7 +425,6 @@ def build_report(
     cmp.base_env, cmp.cand_env = base_env, env
     cmp.baseline_name, cmp.candidate_name = run_names(Path(baseline), run_dir)
     out = place.make()  # the inputs read and compared: there is a report to write
-    check_outputs(out, fmt)
     doc = comparison_doc(
         cmp,
         out,

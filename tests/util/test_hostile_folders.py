@@ -122,6 +122,38 @@ def test_a_hard_linked_report_md_is_refused(tmp_path, capsys):
     _untouched(victim)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "{cand}"],
+        ["report", "--baseline", "{base}", "--candidate", "{cand}"],
+        ["compare", "{base}", "{cand}"],
+        ["compare", "{cand}", "--axis", "reduction=finalize:experts"],
+    ],
+)
+def test_a_report_checks_its_files_for_links_once_before_reading_the_runs(argv, tmp_path, capsys, monkeypatch):
+    from moebench.report import document, load
+
+    runs = {"base": synthetic_run(tmp_path / "base"), "cand": synthetic_run(tmp_path / "cand", scale=2.0, seed=5)}
+    events: list[str] = []
+
+    def refuse(folder, names):
+        events.append("links")
+        return refuse_links(folder, names)
+
+    def reading(path):
+        events.append("read")
+        return load_run(path)
+
+    load_run = load.load_run
+    monkeypatch.setattr(document, "refuse_links", refuse)
+    for module in (document, load):
+        monkeypatch.setattr(module, "load_run", reading)
+    rc, _, _ = _main([a.format(**runs) for a in argv], capsys)
+    assert rc in (0, 1)
+    assert events[0] == "links" and events.count("links") == 1 and "read" in events, events
+
+
 def test_a_run_reached_through_a_link_is_read_and_reported(tmp_path, capsys):
     """Reading follows links: a run folder named through one reports as usual, inside itself."""
     run = synthetic_run(tmp_path / "run")
