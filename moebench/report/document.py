@@ -34,7 +34,7 @@ from moebench.report.table import Table, to_json
 from moebench.report.verdict import exit_status, frame_names, verdict_lines, verdict_record
 from moebench.results.row import Verdict
 from moebench.results.writable import probe_in
-from moebench.util.safe_write import check_dir, refuse_links, replace_text, safe_dir, write_text
+from moebench.util.safe_write import check_dir_below, refuse_links, replace_text, safe_dir_below, write_text
 
 FORMATS = ("md", "csv", "json")
 QUALITY_FIRST = 4  # the data-quality notes the opening shows; the rest are folded below
@@ -119,26 +119,26 @@ def default_report_dir(run_dir, *sub: str) -> Path:
 @dataclass(frozen=True)
 class ReportDir:
     """Where a report goes, before it is made: `base` (the folder the user named: the run folder,
-    --out, or the runs folder for a committed run) and the folders below it. ``check`` before
+    --out, or the runs folder for a committed run) and `path`, the folder at or below it. ``check`` before
     reading the inputs makes nothing; ``make`` once there is something to write: a refused command
     leaves no empty report folder behind (moebench/util/safe_write.py check_dir)."""
 
     base: Path
-    parts: tuple[str, ...] = ()
+    path: Path
 
     def check(self, names=()) -> Path:
         """The folder it will be, checked as ``make`` would check it (a link below `base`, a file in
         the way: exit 2; a read-only folder: the environment's line), and ``names`` (the files the
         command writes there, ``output_names``) for links: the one check of them, before any work
         (a link planted later is still refused by each write, safe_write.write_text)."""
-        path = check_dir(self.base, *self.parts)
+        path = check_dir_below(self.base, self.path)
         refuse_links(path, names)
         return path
 
     def make(self) -> Path:
         """The folder, made without following a link below `base`, and probed with a file (a full
         disk, /proc: the environment's line, exit 2, before any file of the report)."""
-        return probe_in(safe_dir(self.base, *self.parts))  # made once: probe_in makes nothing
+        return probe_in(safe_dir_below(self.base, self.path))  # made once: probe_in makes nothing
 
 
 def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
@@ -146,15 +146,11 @@ def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
     else ``default_report_dir(run_dir, *sub)`` below the run folder (a link at `report/` or below is
     refused, one line, exit 2), or below the runs folder for a committed run."""
     if out is not None:
-        return ReportDir(Path(out))
-    dest = default_report_dir(run_dir, *sub)
-    root = run_root(run_dir)
-    if dest.is_relative_to(root):
-        return ReportDir(root, dest.relative_to(root).parts)
+        return ReportDir(Path(out), Path(out))
+    dest, root = default_report_dir(run_dir, *sub), run_root(run_dir)
     from moebench.config.paths import default_runs_dir
 
-    runs = default_runs_dir()
-    return ReportDir(runs, dest.relative_to(runs).parts)
+    return ReportDir(root if dest.is_relative_to(root) else default_runs_dir(), dest)
 
 
 def report_out(run_dir, out=None, *sub: str) -> Path:

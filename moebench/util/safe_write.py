@@ -20,7 +20,8 @@ The rule, for every writer:
   will write is a link, so that it stops before it has written anything;
 - `check_dir(base, *parts)` is `safe_dir` without making anything: a command checks its output
   folder with it before reading its inputs, and makes the folder only once it has something to
-  write, so that a refused command leaves no empty folder behind.
+  write, so that a refused command leaves no empty folder behind (`check_dir_below` /
+  `safe_dir_below`: the same for a full path below `base`).
 
 A refusal is `UnsafePath` (also named `LinkRefused`), a ValueError: one line naming the path, and the CLI exits 2.
 Usable by any writer of a run folder (the store's rows and env files, the lock): give it
@@ -161,14 +162,22 @@ def check_dir(base, *parts) -> Path:
     return path
 
 
-def safe_dir_below(base, path) -> Path:
-    """`safe_dir` for a full `path` that lies below `base` (ValueError if it does not)."""
-    base, path = Path(base), Path(path)
+def _parts_below(base, path) -> tuple[str, ...]:
+    """The folder names from `base` down to `path` (ValueError if `path` is not below `base`)."""
     try:
-        rel = path.relative_to(base)
+        return Path(path).relative_to(base).parts
     except ValueError:
         raise ValueError(f"{path} is not below {base}") from None
-    return safe_dir(base, *rel.parts)
+
+
+def safe_dir_below(base, path) -> Path:
+    """`safe_dir` for a full `path` that lies below `base` (ValueError if it does not)."""
+    return safe_dir(base, *_parts_below(base, path))
+
+
+def check_dir_below(base, path) -> Path:
+    """`check_dir` for a full `path` that lies below `base` (ValueError if it does not)."""
+    return check_dir(base, *_parts_below(base, path))
 
 
 def refuse_links(folder, names: Iterable[str]) -> None:

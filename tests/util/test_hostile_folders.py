@@ -20,9 +20,11 @@ from moebench.util.safe_write import (
     LinkRefused,
     NotCreatable,
     check_dir,
+    check_dir_below,
     refuse_links,
     replace_text,
     safe_dir,
+    safe_dir_below,
     write_bytes,
     write_text,
 )
@@ -295,6 +297,23 @@ def test_check_dir_refuses_what_safe_dir_would_and_makes_nothing(tmp_path):
         with pytest.raises(NotADirectoryError, match="afile"):
             check_dir(out)
     assert sorted(p.name for p in base.iterdir()) == ["afile", "traces"]
+    _untouched(victim)
+
+
+def test_check_dir_below_and_safe_dir_below_take_a_full_path_below_the_base(tmp_path):
+    """The report folder is named by its full path (the run's report/vs-x, or --out itself)."""
+    base, victim = tmp_path / "base", _victim(tmp_path)
+    base.mkdir()
+    assert check_dir_below(base, base / "report" / "vs-x") == base / "report" / "vs-x"
+    assert check_dir_below(base, base) == base and not list(base.iterdir())  # nothing made
+    assert safe_dir_below(base, base / "report" / "vs-x").is_dir()
+    (base / "traces").symlink_to(victim, target_is_directory=True)
+    for fn in (check_dir_below, safe_dir_below):
+        with pytest.raises(LinkRefused, match="traces is a symbolic link"):
+            fn(base, base / "traces" / "k0")
+        with pytest.raises(ValueError, match="is not below"):
+            fn(base, tmp_path / "other")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "elsewhere"]
     _untouched(victim)
 
 
