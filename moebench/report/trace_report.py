@@ -26,7 +26,9 @@ it; a trace of no row keeps its key. A trace with nothing to overlap (a CPU run,
 one line saying so instead of a table of dashes, and no empty figure is written (one line says
 why). `--plot` writes through moebench/util/safe_write.py: beside the traces, no folder between the
 target and the PNG may be a link (a symlinked `traces/` is refused, one line, exit 2: give
-`--out DIR`); under `--out`, the same below it; the PNG names are checked before any is written.
+`--out DIR`); under `--out`, the same below it. The folders and the PNG names are checked before
+any trace is read, and a folder is made only when a PNG is drawn into it: a trace that fails to
+read leaves no empty folder behind.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import TraceSummary, summarize
 from moebench.traces.model import Trace
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
-from moebench.util.safe_write import refuse_links, safe_dir_below
+from moebench.util.safe_write import check_dir_below, refuse_links, safe_dir_below
 
 
 def is_run_dir(path) -> bool:
@@ -154,15 +156,27 @@ def _plot_path(trace: Trace, path: Path, out: Optional[str], root: Optional[Path
     return _plot_dir(path, out, root) / base
 
 
-def _prepare_plots(target: Path, files: list, out: Optional[str], roots) -> None:
-    """Before any figure is written: every folder the PNGs go to made or checked without a link
-    between the target (or `out`) and it, and the PNG names known in advance checked for links
-    (safe_write: LinkRefused, exit 2)."""
-    base = Path(out) if out is not None else (target if target.is_dir() else target.parent)
+def _plot_base(target: Path, out: Optional[str]) -> Path:
+    """The folder below which no folder on the way to a PNG may be a link: `out`, else the target's."""
+    return Path(out) if out is not None else (target if target.is_dir() else target.parent)
+
+
+def _made(base: Path, png: Path) -> Path:
+    """`png`, its folder made below `base` (safe_write.safe_dir_below) now that it is drawn."""
+    safe_dir_below(base, png.parent)
+    return png
+
+
+def _check_plots(target: Path, files: list, out: Optional[str], roots) -> None:
+    """Before any trace is read: every folder the PNGs go to checked, nothing made (no link between
+    the target, or `out`, and it; a file in the way; a read-only folder), and the PNG names known in
+    advance checked for links (safe_write: LinkRefused, exit 2). A folder is made only when a PNG is
+    drawn into it (`_made`): a trace that fails to read leaves none behind."""
+    base = _plot_base(target, out)
     for f in files:
         f = Path(f)
         root = next((r for r in roots or () if f.is_relative_to(r)), None)
-        d = safe_dir_below(base, _plot_dir(f, out, root))
+        d = check_dir_below(base, _plot_dir(f, out, root))
         m = _RANK_FILE.fullmatch(f.name)
         refuse_links(
             d,
@@ -203,7 +217,8 @@ def trace_command(
     tp = Path(target)
     roots = None if tp.is_file() else _trace_roots(tp)
     if plot:
-        _prepare_plots(tp, files, out, roots)
+        _check_plots(tp, files, out, roots)
+    base = _plot_base(tp, out)
     labels = combo_labels(tp)
     errors = []
     # the ranks of one combination and token count are read together (their ranks' table
@@ -237,11 +252,14 @@ def trace_command(
                     from moebench.report.timeline import plot_timeline, why_empty
 
                     why = why_empty([trace])
-                    png = None if why else plot_timeline(trace, _plot_path(trace, f, out, root), name=title)
+                    png = (
+                        None if why else plot_timeline(trace, _made(base, _plot_path(trace, f, out, root)), name=title)
+                    )
                     print(f"timeline: {png}\n" if png else f"timeline: not drawn — {why}\n")
             if plot and len(traces) > 1:  # an nsys report of several ranks (processes)
                 _plot_ranks(
                     traces,
+                    base,
                     _plot_path(traces[0], f, out, root, f"{Path(f).name}.ranks.timeline.png"),
                     [t.source.split("#")[-1] for t in traces],
                     f"{label} — {Path(f).name}" if label else None,
@@ -257,6 +275,7 @@ def trace_command(
                 label0 = labels.get(key0 or "")
                 _plot_ranks(
                     [ranks[r][1] for r in order],
+                    base,
                     _plot_path(ranks[order[0]][1], f0, out, root, f"T{key[1]}.ranks.timeline.png"),
                     [f"rank {r}" for r in order],
                     f"{label0} — {key[1]} tokens" if label0 else None,
@@ -266,14 +285,14 @@ def trace_command(
     return 0
 
 
-def _plot_ranks(traces: list, path: Path, names: list, title: Optional[str] = None) -> None:
-    """The ranks stacked in one figure (`title`: the combination and token count it shows), or one
-    line saying why there is none (a CPU run's ranks have no GPU lanes to stack)."""
+def _plot_ranks(traces: list, base: Path, path: Path, names: list, title: Optional[str] = None) -> None:
+    """The ranks stacked in one figure at `path` below `base` (`title`: the combination and token count
+    it shows), or one line saying why there is none (a CPU run's ranks have no GPU lanes to stack)."""
     from moebench.report.timeline import plot_ranks, why_empty
 
     why = why_empty(traces, cpu_lanes=False)
     print(
-        f"ranks timeline: {plot_ranks(traces, path, names, title=title)}\n"
+        f"ranks timeline: {plot_ranks(traces, _made(base, path), names, title=title)}\n"
         if why is None
         else f"ranks timeline: not drawn — {why}\n"
     )

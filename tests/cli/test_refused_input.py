@@ -126,3 +126,29 @@ def test_a_report_folder_is_made_once(run, monkeypatch):
     out = report_dir(run, None, "vs-x").make()
     assert out == run / "report" / "vs-x" and out.is_dir() and not list(out.iterdir())
     assert made.count(out) == 1, made
+
+
+@pytest.mark.parametrize("target", ["file", "run"])
+def test_a_trace_that_fails_to_read_leaves_no_plot_folder_behind(target, run, tmp_path, capsys):
+    """trace --plot --out checks its folders before reading and makes one only for a PNG drawn."""
+    bad = run / "traces" / "abc" / "rank0_T16.json.gz"
+    bad.write_bytes(b"not gzip")
+    if target == "run":  # every trace of the run unreadable: each skipped, then the error
+        (run / "traces" / "abc" / CPU_TRACE.name).unlink()
+    out = tmp_path / "plots" / "here"
+    before = _tree(tmp_path)
+    rc, err = _main(["trace", "--plot", bad if target == "file" else run, "--out", out], capsys)
+    assert rc == 2
+    last = err.strip().splitlines()[-1]
+    if target == "file":
+        assert _one_line(err) == last
+    assert last.startswith("moebench trace: error: ") and str(bad) in last and "Traceback" not in err
+    assert _tree(tmp_path) == before  # neither plots/ nor plots/here/abc
+
+
+def test_a_trace_drawn_under_out_makes_its_folder(run, tmp_path, capsys):
+    """The other side: a readable trace's PNG goes under --out, its folder made then."""
+    out = tmp_path / "plots"
+    rc, _ = _main(["trace", "--plot", run, "--out", out], capsys)
+    assert rc == 0
+    assert [p.relative_to(out).as_posix() for p in out.rglob("*.png")] == [f"abc/{CPU_TRACE.name}.timeline.png"]
