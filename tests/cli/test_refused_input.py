@@ -3,8 +3,9 @@ tune --results): one line, exit 2, and nothing left behind (moebench/cli/main.py
 folder is checked before the runs are read and made only once there is a report to write,
 moebench/report/document.py ReportDir).
 
-- an --out the file system will not make (/proc: mkdir answers ENOENT) is the environment's one
-  line, as for sweep, not a traceback and exit 3 (or 1);
+- an --out the file system will not make (as /proc, where mkdir answers ENOENT; a read-only file
+  system; a folder not ours) is the environment's one line, as for sweep, not a traceback and exit
+  3 (or 1): the same line for root and a user (tests/support/refusing_fs.py);
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
 - a plain file given as a run is 'a file, not a run folder', not a torn row file."""
@@ -17,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from refusing_fs import REFUSALS, refusing
 
 from moebench import cli
 from moebench.results.synthetic import synthetic_run
-from moebench.results.writable import NOT_CREATABLE
 
 CPU_TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "cpu_phases.json.gz"
 
@@ -49,9 +50,12 @@ def run(tmp_path) -> Path:
     return run
 
 
+@pytest.mark.parametrize("kind", REFUSALS)
 @pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
-def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(cmd, run, tmp_path, capsys):
-    out = f"/proc/moebench-{os.getpid()}/{cmd}"
+def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(cmd, kind, run, tmp_path, capsys, monkeypatch):
+    """--out in a folder that makes no folder (as /proc), a read-only one, or one not ours: the same
+    line for root and a user (tests/support/refusing_fs.py)."""
+    out = refusing(monkeypatch, tmp_path / "fs", kind) / cmd
     argv = {
         "report": ["report", run],
         "compare": ["compare", synthetic_run(tmp_path / "base"), run],
@@ -61,7 +65,7 @@ def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(cmd, run, t
     before = _tree(tmp_path)
     rc, err = _main([*argv, "--out", out], capsys)
     assert rc == 2
-    assert _one_line(err) == f"moebench {cmd}: environment error: {out}: {NOT_CREATABLE}"
+    assert _one_line(err) == f"moebench {cmd}: environment error: {out}: {REFUSALS[kind][1]}"
     assert _tree(tmp_path) == before
 
 

@@ -317,6 +317,32 @@ def test_check_dir_below_and_safe_dir_below_take_a_full_path_below_the_base(tmp_
     _untouched(victim)
 
 
+@pytest.mark.parametrize("kind", ["read_only", "not_ours"])
+def test_check_dir_says_what_a_write_would_meet_and_makes_nothing(kind, tmp_path, monkeypatch):
+    """A read-only file system (statvfs) or a folder not ours (os.access): check_dir raises the
+    OSError that safe_dir's mkdir meets, naming the folder asked for, before anything is made;
+    the same for root and a user (tests/support/refusing_fs.py)."""
+    from refusing_fs import REFUSALS, refusing
+
+    from moebench.results.writable import describe
+
+    code, cause = REFUSALS[kind]
+    fs = refusing(monkeypatch, tmp_path / "fs", kind)
+    for args, named in [
+        ((fs / "out" / "deeper",), fs / "out" / "deeper"),  # missing: the nearest folder that is asked
+        ((fs, "report", "vs-x"), fs / "report" / "vs-x"),  # below an existing base
+        ((fs,), fs),  # the base itself
+    ]:
+        with pytest.raises(OSError) as e:
+            check_dir(*args)
+        assert e.value.errno == code and describe(e.value) == f"{named}: {cause}"
+        if named != fs:
+            with pytest.raises(OSError) as e:
+                safe_dir(*args)  # what the check foretold, naming the first folder it could not make
+            assert e.value.errno == code and describe(e.value) == f"{fs / named.relative_to(fs).parts[0]}: {cause}"
+    assert not list(fs.iterdir())
+
+
 def test_safe_dir_says_a_folder_the_file_system_will_not_make_is_not_creatable():
     """mkdir -p under /proc answers ENOENT: NotCreatable, the environment's one line (writable.describe)."""
     from moebench.results.writable import NOT_CREATABLE, describe

@@ -1,0 +1,54 @@
+"""A folder that refuses to have a folder made in it, the same for root and for a user
+(tests/cli/test_refused_input.py, tests/util/test_hostile_folders.py).
+
+The real ones are not the same: root may write in /proc (os.access says yes; mkdir -p then
+answers ENOENT), where a user is told EACCES by os.access before mkdir is asked; and a chmod
+binds no root. So each refusal is made where moebench asks (moebench/util/safe_write.py):
+os.mkdir raises its errno, and the check that makes nothing (check_dir) sees it too: a read-only
+file system through os.statvfs, a folder not ours through os.access."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+from moebench.results.writable import CAUSES, NOT_CREATABLE
+
+# kind -> (the errno mkdir answers, the cause the environment's one line states)
+REFUSALS = {
+    "not_creatable": (errno.ENOENT, NOT_CREATABLE),  # /proc: no folder is made there
+    "read_only": (errno.EROFS, CAUSES[errno.EROFS]),  # a read-only file system
+    "not_ours": (errno.EACCES, CAUSES[errno.EACCES]),  # a folder this user may not write
+}
+
+
+def _is(path, folder: Path) -> bool:
+    return isinstance(path, (str, os.PathLike)) and Path(path) == folder
+
+
+def refusing(monkeypatch, folder: Path, kind: str) -> Path:
+    """Make `folder`, then have it refuse, as `kind` says, every folder made inside it; return it."""
+    code = REFUSALS[kind][0]
+    folder.mkdir()
+    mkdir, statvfs, access = os.mkdir, os.statvfs, os.access
+
+    def refused_mkdir(path, *args, **kwargs):
+        # as the kernel does, a missing parent is ENOENT first (mkdir -p then asks for the parent)
+        if isinstance(path, (str, os.PathLike)) and folder in Path(path).parents and Path(path).parent.is_dir():
+            raise OSError(code, os.strerror(code), str(path))  # FileNotFoundError, PermissionError, ...
+        return mkdir(path, *args, **kwargs)
+
+    def read_only(path):
+        return SimpleNamespace(f_flag=os.ST_RDONLY) if _is(path, folder) else statvfs(path)
+
+    def not_ours(path, mode, **kwargs):
+        return False if _is(path, folder) else access(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refused_mkdir)
+    if kind == "read_only":
+        monkeypatch.setattr(os, "statvfs", read_only)
+    if kind == "not_ours":
+        monkeypatch.setattr(os, "access", not_ours)
+    return folder
