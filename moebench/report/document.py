@@ -6,8 +6,8 @@ Every file goes through moebench/util/safe_write.py: the report folder (``report
 before the runs are read and made once there is a report to write (no link below the run folder or
 --out; a refused command leaves no folder behind), the names a report writes are checked for links
 once, with the folder, before any work (``ReportDir.check``), and each file is opened without
-following one. Text read
-from the runs is escaped where it enters the Markdown (moebench/report/mdsafe.py md_text).
+following one. Text read from the runs is escaped where it enters the Markdown
+(moebench/report/mdsafe.py md_text).
 """
 
 from __future__ import annotations
