@@ -84,7 +84,7 @@ def _fail_on(fail_on) -> tuple[str, ...]:
 
 def _same_run(cmd: str, base, cand) -> None:
     """Say so when both sides are one run: every pair is then identical, and a clean verdict
-    would read as a finding."""
+    would read as a finding. Said once both are read and compared: input refused is its one line alone."""
     from moebench.report.document import run_root
 
     if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
@@ -131,9 +131,9 @@ def report_command(
             "`moebench report --baseline A --candidate B` to compare two"
         )
     _exists(candidate, baseline)
-    _same_run("report", baseline, candidate)
     # the report folder checked before the runs are read, made once there is a report (exit 2 either way)
     rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
+    _same_run("report", baseline, candidate)
     return _finish(rep.doc, rep.path, fmt)
 
 
@@ -183,13 +183,13 @@ def compare_command(
         raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
     base, cand = runs
     _exists(base, cand)
-    _same_run("compare", base, cand)
     place = report_dir(cand, out, f"vs-{run_root(base).name}")
     place.check(output_names(fmt))  # nothing made until both runs are read and compared
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     where = place.make()
+    _same_run("compare", base, cand)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else run_names(Path(base), Path(cand))
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))

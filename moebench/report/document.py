@@ -93,27 +93,25 @@ def committed_results() -> Path:
     return REPO_ROOT / "results"
 
 
+def _committed_path(run_dir) -> Path | None:
+    """The run's path below the repository's committed results/, or None for a run elsewhere."""
+    try:
+        return run_root(run_dir).resolve().relative_to(committed_results().resolve())
+    except ValueError:
+        return None
+
+
 def default_report_dir(run_dir, *sub: str) -> Path:
     """Where a report of `run_dir` goes without --out: `<run>/report/<sub>`, except for a run
     inside the repository's committed results/, whose reports are part of the commit: those
-    go to `<runs>/reports/<its path under results/>/report/<sub>` (stderr says so, and how to
-    update the committed one), so that reading a committed run changes no tracked file."""
-    root = run_root(run_dir).resolve()
-    results = committed_results().resolve()
-    try:
-        rel = root.relative_to(results)
-    except ValueError:
+    go to `<runs>/reports/<its path under results/>/report/<sub>` (``report_dir``'s note says so,
+    and how to update the committed one), so that reading a committed run changes no tracked file."""
+    rel = _committed_path(run_dir)
+    if rel is None:
         return run_root(run_dir).joinpath("report", *sub)
     from moebench.config.paths import default_runs_dir  # where sweeps write (MOEBENCH_RUNS, else runs/)
 
-    dest = default_runs_dir().joinpath("reports", rel, "report", *sub)
-    committed = Path("results").joinpath(rel, "report", *sub)
-    print(
-        f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
-        "the committed report)",
-        file=sys.stderr,
-    )
-    return dest
+    return default_runs_dir().joinpath("reports", rel, "report", *sub)
 
 
 @dataclass(frozen=True)
@@ -125,6 +123,7 @@ class ReportDir:
 
     base: Path
     path: Path
+    note: str = ""  # said on stderr once the folder is made (a committed run's: where its report goes)
 
     def check(self, names=()) -> Path:
         """The folder it will be, checked as ``make`` would check it (a link below `base`, a file in
@@ -137,8 +136,12 @@ class ReportDir:
 
     def make(self) -> Path:
         """The folder, made without following a link below `base`, and probed with a file (a full
-        disk, /proc: the environment's line, exit 2, before any file of the report)."""
-        return probe_in(safe_dir_below(self.base, self.path))  # made once: probe_in makes nothing
+        disk, /proc: the environment's line, exit 2, before any file of the report); then its note,
+        so that input refused before (not a run, no rows) reads as its one line alone."""
+        path = probe_in(safe_dir_below(self.base, self.path))  # made once: probe_in makes nothing
+        if self.note:
+            print(self.note, file=sys.stderr)
+        return path
 
 
 def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
@@ -147,10 +150,15 @@ def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
     refused, one line, exit 2), or below the runs folder for a committed run."""
     if out is not None:
         return ReportDir(Path(out), Path(out))
-    dest, root = default_report_dir(run_dir, *sub), run_root(run_dir)
+    dest, root, rel = default_report_dir(run_dir, *sub), run_root(run_dir), _committed_path(run_dir)
+    if rel is None:
+        return ReportDir(root, dest)
     from moebench.config.paths import default_runs_dir
 
-    return ReportDir(root if dest.is_relative_to(root) else default_runs_dir(), dest)
+    committed = Path("results").joinpath(rel, "report", *sub)
+    note = f"moebench: {Path('results') / rel} is committed: writing to {dest} (--out {committed} updates "
+    note += "the committed report)"
+    return ReportDir(default_runs_dir(), dest, note)
 
 
 def report_out(run_dir, out=None, *sub: str) -> Path:

@@ -8,7 +8,9 @@ moebench/report/document.py ReportDir).
   3 (or 1): the same line for root and a user (tests/support/refusing_fs.py);
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
-- a plain file given as a run is 'a file, not a run folder', not a torn row file."""
+- a plain file given as a run is 'a file, not a run folder', not a torn row file;
+- input refused is its one line alone: a report's notes (a committed run's, the same run on both
+  sides of a comparison) come once the runs are read."""
 
 from __future__ import annotations
 
@@ -118,6 +120,26 @@ def test_a_plain_file_given_as_a_run_is_one_line_saying_so(cmd, run, tmp_path, c
     line = _one_line(err)
     assert line.startswith(f"moebench {cmd}: error: {readme}: a file, not a run folder (pass the folder ")
     assert "torn" not in line and "no rows" not in line
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", ["committed_folder", "same_empty_folder", "same_file", "same_missing"])
+def test_input_refused_before_a_note_is_its_one_line(case, tmp_path, monkeypatch, capsys):
+    """The notes a report may open with (a committed run's 'is committed: writing to ...', compare's
+    'both sides are the same run') come once the runs are read: input refused is one line alone."""
+    monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "runs"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "README.md").write_text("# not a run\n")
+    argv = {
+        "committed_folder": ["report", Path(__file__).parents[2] / "results"],  # the repository's: no run
+        "same_empty_folder": ["compare", tmp_path / "empty", tmp_path / "empty"],
+        "same_file": ["compare", tmp_path / "README.md", tmp_path / "README.md"],
+        "same_missing": ["compare", tmp_path / "nowhere", tmp_path / "nowhere"],
+    }[case]
+    before = _tree(tmp_path)
+    rc, err = _main(argv, capsys)
+    assert rc == 2
+    assert _one_line(err).startswith(f"moebench {argv[0]}: error: ")
     assert _tree(tmp_path) == before
 
 
