@@ -64,14 +64,13 @@ def _check_format(fmt: str) -> str:
 
 
 def _exists(*paths) -> None:
-    """Each run there, and a folder or a .parquet row file (a README is no run: one line, exit 2)."""
-    from moebench.results.store import check_run_path
-
+    """Each run there, before its report folder is checked: a missing run would otherwise read as its
+    folder's environment error ('not a directory' for README.md/x, 'permission denied' for a parent
+    not ours). What lies there is load_run's to judge, for every caller (report/load.py: a file that
+    is no row file, a folder without rows)."""
     for p in paths:
         if p is not None and not Path(p).exists():
             raise ValueError(f"results path {p} does not exist: pass a run directory (with rows/*.parquet)")
-        if p is not None:
-            check_run_path(Path(p))
 
 
 def _fail_on(fail_on) -> tuple[str, ...]:
