@@ -7,12 +7,14 @@ matters where reports are committed (results/ travels whole to the GPU machine).
     compact_png(path)                          # an existing PNG, rewritten only if smaller
 
 Both write through moebench/util/safe_write.py: never through a link (a link at `path` or at its
-folder is refused, one line, exit 2); a caller writing into a run folder makes the folder with
-safe_write.safe_dir first, so that no folder on the way is a link either.
+folder is refused, one line, exit 2). Neither makes a folder: the caller makes it first with
+safe_write.safe_dir (or the report's ReportDir.make), which knows the folder the user named and
+refuses a link on the way below it; a mkdir here would follow one.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 from pathlib import Path
 
@@ -28,10 +30,14 @@ def _palette(im: Image.Image) -> Image.Image:
 
 
 def save_figure(fig, path, **kwargs) -> Path:
-    """fig.savefig into memory at moebench's dpi, then the palette PNG at `path` (a missing
-    folder is created; a link at `path` or its folder refused: module doc)."""
+    """fig.savefig into memory at moebench's dpi, then the palette PNG at `path`, whose folder the
+    caller made (FileNotFoundError naming it otherwise, before any drawing; a link at `path` or its
+    folder refused: module doc)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():  # a defect of the caller's: its traceback, not an environment error
+        raise FileNotFoundError(
+            errno.ENOENT, "no such folder: save_figure makes none (make it with safe_write.safe_dir)", str(path.parent)
+        )
     buf = io.BytesIO()
     fig.savefig(buf, format="png", **{"dpi": DPI, **kwargs})
     buf.seek(0)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -33,7 +34,7 @@ def _pixels(path: Path) -> np.ndarray:
 
 def test_a_saved_figure_is_a_palette_png_that_matches_matplotlibs_rendering(tmp_path):
     fig = _figure()
-    ours = save_figure(fig, tmp_path / "sub" / "ours.png")
+    ours = save_figure(fig, tmp_path / "ours.png")
     fig.savefig(tmp_path / "mpl.png", dpi=110)
     with Image.open(ours) as im:
         assert im.mode == "P" and im.format == "PNG"
@@ -41,6 +42,19 @@ def test_a_saved_figure_is_a_palette_png_that_matches_matplotlibs_rendering(tmp_
     assert a.shape == b.shape
     assert np.abs(a - b).mean() < 1.0  # of 255: lines, markers and text where they were
     assert ours.stat().st_size < (tmp_path / "mpl.png").stat().st_size
+
+
+def test_a_figure_goes_only_into_a_folder_the_caller_made(tmp_path):
+    """save_figure makes no folder: a mkdir with its parents would follow a link on the way (here
+    link/ -> elsewhere/, making elsewhere/new/ and writing the PNG there). The callers make the
+    folder through safe_write, which refuses the link."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    for folder in (tmp_path / "link" / "new", tmp_path / "missing"):
+        with pytest.raises(FileNotFoundError, match="save_figure makes none") as e:
+            save_figure(_figure(), folder / "plot.png")
+        assert e.value.filename == str(folder)
+    assert not list((tmp_path / "elsewhere").iterdir()) and not (tmp_path / "missing").exists()
 
 
 def test_compacting_an_rgba_png_shrinks_it_once_and_keeps_the_picture(tmp_path):
