@@ -292,11 +292,15 @@ class DecisionCheck:
             "passed": self.passed,
             "regressions": self.regressions(),
             "retimed": {str(T): why for T, why in self.retimed.items()},
-            "sizes": [
-                {"tokens": T, "chosen": dataclasses.asdict(g), "current": dataclasses.asdict(cu)}
-                for T, g, cu in self.sizes
-            ],
+            "sizes": [{"tokens": T, "chosen": _option(g), "current": _option(cu)} for T, g, cu in self.sizes],
         }
+
+
+def _option(t: Timed) -> dict:
+    """One option of the check as tune.json stores it: its figures without `retimed`, which a check's
+    option never carries (the check keeps why a pair was timed twice in its own `retimed` map; a
+    file written with the empty field reads the same, decision_trials.timed_from_json)."""
+    return {k: v for k, v in dataclasses.asdict(t).items() if k != "retimed"}
 
 
 def check(

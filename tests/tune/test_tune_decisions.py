@@ -486,6 +486,28 @@ def test_install_from_applies_max_regression_to_the_decisions(tmp_path, monkeypa
     assert cli.main(["tune", "--install-from", str(again)]) == 0  # as before
 
 
+def test_the_decisions_check_keeps_why_it_retimed_once_not_in_each_option():
+    """tune.json's decisions_check: why a pair was timed twice lives in the check's own `retimed` map;
+    its options carry no `retimed` field (it was written '' for each); a file with it reads the same."""
+    from moebench.tune.decide import DecisionCheck
+    from moebench.tune.decision_trials import Timed
+    from moebench.tune.install_check import decision_check
+
+    chosen = Timed("contiguous/triton", us=9.0, p20=8.9, p80=9.1, rel_err=0.0, samples=[9.0], ran="contiguous")
+    current = Timed("current", us=10.0, p20=9.9, p80=10.1, rel_err=0.0, samples=[10.0])
+    got = DecisionCheck(0.1, [(16, chosen, current)], {16: "current: host-paced: 1 of 5 samples"}).to_json()
+    assert got["retimed"] == {"16": "current: host-paced: 1 of 5 samples"}
+    size = got["sizes"][0]
+    assert "retimed" not in size["chosen"] and "retimed" not in size["current"]
+    assert size["chosen"]["us"] == 9.0 and size["current"]["option"] == "current"
+    old = json.loads(json.dumps(got))
+    old["sizes"][0]["chosen"]["retimed"] = old["sizes"][0]["current"]["retimed"] = ""  # as older tunes wrote
+    for stored in (got, old):
+        check, where = decision_check({"decisions_check": stored}, 0.1)
+        assert where == "tune.json decisions_check" and check.sizes == [(16, chosen, current)]
+        assert check.passed
+
+
 def test_ctrl_c_in_the_decisions_stage_says_the_same_command_resumes(tmp_path, monkeypatch, capsys):
     from moebench.tune import compile as tcompile
     from moebench.tune import decide, search
