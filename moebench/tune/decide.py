@@ -32,7 +32,7 @@ from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.decision_options import CURRENT, DEEPGEMM, Option, decision_timing, options_of
 from moebench.tune.decision_trials import DecisionStore, Timed, open_store
-from moebench.tune.trials import HOST_PACED_ERROR, retime_host_paced
+from moebench.tune.trials import HOST_PACED_ERROR, json_num, retime_host_paced
 
 NAN = float("nan")
 TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
@@ -297,10 +297,11 @@ class DecisionCheck:
 
 
 def _option(t: Timed) -> dict:
-    """One option of the check as tune.json stores it: its figures without `retimed`, which a check's
-    option never carries (the check keeps why a pair was timed twice in its own `retimed` map; a
-    file written with the empty field reads the same, decision_trials.timed_from_json)."""
-    return {k: v for k, v in dataclasses.asdict(t).items() if k != "retimed"}
+    """One option of the check as tune.json stores it: its figures (NaN as null, as json_num writes
+    every tune figure) without `retimed`, which a check's option never carries (the check keeps why a
+    pair was timed twice in its own `retimed` map; a file written with the empty field reads the
+    same, decision_trials.timed_from_json)."""
+    return {k: json_num(v) for k, v in dataclasses.asdict(t).items() if k != "retimed"}
 
 
 def check(

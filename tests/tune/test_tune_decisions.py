@@ -506,6 +506,13 @@ def test_the_decisions_check_keeps_why_it_retimed_once_not_in_each_option():
         check, where = decision_check({"decisions_check": stored}, 0.1)
         assert where == "tune.json decisions_check" and check.sizes == [(16, chosen, current)]
         assert check.passed
+    # a chosen option that failed in the check: its figures null (strict JSON), NaN again when read
+    failed = Timed("contiguous/triton", error="RuntimeError: out of memory")
+    text = json.dumps(DecisionCheck(0.1, [(16, failed, current)]).to_json(), allow_nan=False)
+    check, _ = decision_check({"decisions_check": json.loads(text)}, 0.1)
+    back = check.sizes[0][1]
+    assert back.error == failed.error and back.us != back.us  # NaN
+    assert check.regressions() == [f"16 tokens: the chosen contiguous/triton failed in the check ({failed.error})"]
 
 
 def test_ctrl_c_in_the_decisions_stage_says_the_same_command_resumes(tmp_path, monkeypatch, capsys):
