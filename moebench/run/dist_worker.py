@@ -197,7 +197,8 @@ def _plan(args, env: RankEnv, log):
     from moebench.results.lock import RunLock
     from moebench.results.store import RunStore
     from moebench.run import env as envmod
-    from moebench.run.plan import counted, plan
+    from moebench.run.plan import plan
+    from moebench.util.words import counted
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
     for note in sweep_data.get("notes", ()):  # e.g. a sweep file's model share left out

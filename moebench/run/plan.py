@@ -194,11 +194,6 @@ def refuse_impossible(combos: list[Combination]) -> None:
     raise ValueError(f"no machine can run any of these {len(combos)} combinations, each breaks a rule: {rules}")
 
 
-def counted(n: int, noun: str) -> str:
-    """'1 combination', '2 combinations': a count of a noun that takes an s."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:
     """(count, text) per reason, most frequent first; reasons that share their head (the
     text before the first ':', e.g. 'layouts differ') are one group: its most frequent

@@ -22,8 +22,9 @@ from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
-from moebench.run.plan import counted, plan, reason_groups, refuse_impossible, run_name
+from moebench.run.plan import plan, reason_groups, refuse_impossible, run_name
 from moebench.util.safe_write import safe_dir
+from moebench.util.words import counted
 
 
 class SweepCounts(Counter):

@@ -15,8 +15,8 @@ import pytest
 from moebench import cli
 from moebench.kernels.reference import TOLERANCE
 from moebench.results.store import RunStore
-from moebench.run.plan import counted
 from moebench.run.sweep import execute
+from moebench.util.words import counted
 
 QUICK = ["runner.reps=3", "runner.warmup=1", "runner.phase_reps=2"]
 
