@@ -71,13 +71,13 @@ class _Progress:
         self.bar.write(text, file=sys.stderr)
 
     def summary(self) -> str:
-        """'3 rows with a wide spread (p80/p20 > 1.10), widest 1.31: <label> T=16; ...' or ''."""
+        """'moebench: 3 rows with a wide spread (p80/p20 > 1.10), widest: <label> T=16 (1.31); ...' or ''."""
         if not self.wide:
             return ""
         worst = sorted(self.wide, reverse=True)[:3]
         shown = "; ".join(f"{where} ({spread:.2f})" for spread, where in worst)
         return (
-            f"moebench: {len(self.wide)} row(s) with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
+            f"moebench: {counted(len(self.wide), 'row')} with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
             f"{shown}; more runner.reps or a quieter machine (the report flags them)"
         )
 
@@ -323,7 +323,7 @@ def _run(
     if line:
         log(line)
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-    stored = f", {already} row(s) already stored" if already else ""
+    stored = f", {counted(already, 'row')} already stored" if already else ""
     log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
     if counts[Status.OK] and not counts.env_error and not counts.interrupted and not counts.terminated:
         log(f"moebench: next: moebench report {store.dir}  (or moebench compare {store.dir} OTHER_RUN)")
@@ -335,8 +335,8 @@ def _run(
         except OSError:  # the disk refuses reads too: what was counted
             written = sum(n for status, n in counts.items() if status != Status.SKIPPED)
         print(
-            f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the {written} "
-            "measured row(s) it stored: fix that, then re-run the same command to resume",
+            f"moebench: environment error: {counts.env_error}; the sweep stopped, keeping the "
+            f"{counted(written, 'measured row')} it stored: fix that, then re-run the same command to resume",
             file=sys.stderr,
         )
     elif stop.terminated:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.kernels.triton.config import CONFIG_KEYS, IGNORED_FILE_KEYS, VLLM_BATCH_SIZES, config_file_name
+from moebench.util.words import counted
 
 # the fields of an entry that vLLM's fused_moe_kernel launch accepts (its constexprs and
 # Triton's launch options; SPLIT_K and the ROCm knobs in vLLM's own files)
@@ -154,7 +155,8 @@ def format_report(r: Report) -> str:
         lines.append(
             "  name: parsed, but vLLM spells it differently (device name or block_shape spacing): vLLM never opens it"
         )
-    lines.append(f"  {len(r.keys)} entries" + (f"; ignored as vLLM does: {', '.join(r.ignored)}" if r.ignored else ""))
+    ignored = f"; ignored as vLLM does: {', '.join(r.ignored)}" if r.ignored else ""
+    lines.append(f"  {counted(len(r.keys), 'entry', 'entries')}{ignored}")
     lines.append("  | entry | batch sizes vLLM routes to it | of vLLM's grid |")
     lines.append("  |---:|---|---|")
     for k, lo, hi in routes(r.keys):
@@ -205,7 +207,7 @@ def check_command(path) -> int:
     if side.is_file():  # beside the tiles: the layer reads it, vLLM does not (its name is none of vLLM's)
         d = decisions.parse(json.loads(side.read_text()), str(side))
         print(
-            f"  beside it: {side.name}, moebench's decisions ({len(d.entries)} entries, deepgemm_min_tokens "
-            f"{d.deepgemm_min_tokens}): vLLM never opens it"
+            f"  beside it: {side.name}, moebench's decisions ({counted(len(d.entries), 'entry', 'entries')}, "
+            f"deepgemm_min_tokens {d.deepgemm_min_tokens}): vLLM never opens it"
         )
     return 0 if r.ok else 1

@@ -108,7 +108,7 @@ def test_wide_spreads_are_summarised_not_printed_one_by_one():
     assert progress.summary() == ""
     progress.wide += [(1.3, "a T=16"), (2.0, "b T=64"), (1.2, "c T=4")]
     text = progress.summary()
-    assert text.startswith("moebench: 3 row(s) with a wide spread") and text.index("b T=64") < text.index("a T=16")
+    assert text.startswith("moebench: 3 rows with a wide spread") and text.index("b T=64") < text.index("a T=16")
     progress.close()
     assert reason_groups(["x: 1", "x: 2", "x: 1", "y"]) == [(3, "x: 1 (and 1 more like it)"), (1, "y")]
 

@@ -173,7 +173,7 @@ def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_co
     err = capsys.readouterr().err
     line = next(ln for ln in err.splitlines() if "environment error" in ln)
     assert line.startswith(f"moebench: environment error: {run / 'rows'}/") and ".parquet: no space left" in line
-    assert "keeping the 1 measured row(s)" in line and "re-run the same command to resume" in line
+    assert "keeping the 1 measured row it stored" in line and "re-run the same command to resume" in line
     assert "Traceback" not in err
     kept = RunStore(run).load()
     assert len(kept) == 1 and set(kept["status"]) == {"ok"}  # the row written before the full disk

@@ -39,7 +39,7 @@ def test_a_failed_folder_fsync_counts_the_rows_stored(tmp_path, capsys, monkeypa
     monkeypatch.setattr(store_mod, "_fsync", real)
     err = capsys.readouterr().err
     line = next(ln for ln in err.splitlines() if "environment error" in ln)
-    assert "input/output error" in line and "keeping the 4 measured row(s)" in line, err
+    assert "input/output error" in line and "keeping the 4 measured rows it stored" in line, err
     assert len(RunStore(run).load()) == 4
     assert cli.main(["sweep", *two, "--out", str(run)]) == 0
     assert "4 rows already stored" in capsys.readouterr().err

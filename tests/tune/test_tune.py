@@ -285,10 +285,11 @@ def test_check_vllm_reports_the_routing(tmp_path, capsys):
     assert cli.main(["tune", "--check-vllm", str(one)]) == 1
     text = capsys.readouterr().out
     assert "| 16384 | 1 and up | 1, 2, 4, 8, 16" in text and "1 -> 16384 (16384x)" in text
+    assert "\n  1 entry\n" in text  # (was '1 entries')
     grid = tmp_path / tconfig.config_file_name(128, 768, None, None, device="NVIDIA H200")
     grid.write_text(json.dumps({"triton_version": "3.6.0", **{str(m): _entry() for m in tconfig.VLLM_BATCH_SIZES}}))
     assert cli.main(["tune", "--check-vllm", str(grid)]) == 0
-    assert "ignored as vLLM does: triton_version" in capsys.readouterr().out
+    assert f"  {len(tconfig.VLLM_BATCH_SIZES)} entries; ignored as vLLM does: triton_version" in capsys.readouterr().out
     extra = tmp_path / "E=8,N=128,device_name=NVIDIA_H200.json"
     extra.write_text(json.dumps({str(m): dict(_entry(), us=1.0) for m in tconfig.VLLM_BATCH_SIZES}))
     assert cli.main(["tune", "--check-vllm", str(extra)]) == 1

@@ -282,7 +282,7 @@ def test_vllm_reads_the_tiles_file_unchanged_beside_a_sidecar(tmp_path, capsys):
     (tmp_path / kdec.decisions_name(name)).write_text(json.dumps(body))
     assert cli.main(["tune", "--check-vllm", str(tmp_path / name)]) == 0
     text = capsys.readouterr().out
-    assert "ok: vLLM would use an entry within 2x" in text and "deepgemm_min_tokens 1024" in text
+    assert "ok: vLLM would use an entry within 2x" in text and "decisions (1 entry, deepgemm_min_tokens 1024)" in text
     assert sorted(tconfig.read_config_file(tmp_path / name)) == sorted(tconfig.VLLM_BATCH_SIZES)
 
 
