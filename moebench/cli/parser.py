@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from moebench import __version__
 from moebench.cli import ab, env, listing, report, sweep, trace, tune
@@ -16,9 +17,19 @@ from moebench.cli.options import EPILOG
 COMMAND_MODULES = (sweep, listing, report, ab, trace, tune, env)
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse's refusals (an unknown option, a missing argument, a bad value) as the project's bad
+    input: one line naming the command and where its help is, exit 2; argparse prints its usage block
+    first. The subcommands' parsers are of this class too (add_subparsers takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.splitlines())
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and its subcommands' parsers by name."""
-    p = argparse.ArgumentParser(
+    p = OneLineErrors(
         prog="moebench",
         description="Benchmark modular MoE layer kernels.",
         epilog=EPILOG,

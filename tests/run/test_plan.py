@@ -275,7 +275,9 @@ def test_cli_refuses_what_is_neither_option_nor_override(argv, capsys):
         parse_args(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "unrecognized arguments" in err
-    assert err.startswith(f"usage: moebench {argv[0]} ") and f"moebench {argv[0]}: error:" in err  # its own usage
+    # one line naming the command and its own help (not the top level's list of commands)
+    assert err.startswith(f"moebench {argv[0]}: error:") and err.endswith(f"(see moebench {argv[0]} --help)\n")
+    assert err.count("\n") == 1
 
 
 V3_COMBINE = [

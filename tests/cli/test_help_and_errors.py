@@ -1,0 +1,53 @@
+"""What a new user meets first: argparse's refusals as one line (the project's rule for bad input),
+and each command's --help stating its units and its exit statuses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from moebench import cli
+from moebench.cli import parser
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2, argv
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, cmd, says",
+    [
+        (["sweep", "--nope"], "sweep", "unrecognized arguments: --nope"),  # an unknown flag
+        (["tune", "--budget"], "tune", "argument --budget: expected one argument"),  # a flag's missing value
+        (["tune", "--budget", "abc"], "tune", "invalid float value: 'abc'"),
+        (["compare"], "compare", "the following arguments are required: RUN"),  # a missing argument
+        (["report", "r", "--format", "x"], "report", "argument --format: invalid choice: 'x'"),
+        (["report", "r", "backend=local"], "report", "unrecognized arguments: backend=local"),  # parse_args' own
+        (["env", "--x"], "env", "unrecognized arguments: --x"),
+        (["list", "--sweep"], "list", "argument --sweep: expected one argument"),
+    ],
+)
+def test_an_argparse_error_is_one_line_naming_the_command_and_its_help(argv, cmd, says, capsys):
+    """Was argparse's usage block (every option of the command) before the error line."""
+    err = _refused(argv, capsys)
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert re.fullmatch(rf"moebench {cmd}: error: .+ \(see moebench {cmd} --help\)\n", err), err
+    assert says in err
+
+
+def test_an_unknown_command_is_one_line_pointing_at_the_top_level_help(capsys):
+    err = _refused(["nope"], capsys)
+    assert err.count("\n") == 1 and err.startswith("moebench: error: argument cmd: invalid choice: 'nope'")
+    assert err.endswith("(see moebench --help)\n")
+
+
+def test_every_command_parser_refuses_in_one_line():
+    """Every subcommand's parser is built by the class whose error is one line (none added another way)."""
+    top, commands = parser.build_parser()
+    assert isinstance(top, parser.OneLineErrors)
+    for cmd, p in commands.items():
+        assert isinstance(p, parser.OneLineErrors), cmd
