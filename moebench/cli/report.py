@@ -35,8 +35,10 @@ def register(sub) -> None:
     )
     rp.add_argument(
         "--budget",
-        help="with --capacity: bytes (16GiB) or 'free' (the GPU's memory); default: "
-        "the budget of the run's rows measured under runner.memory_budget",
+        metavar="BYTES",
+        help="with --capacity: the memory budget in bytes, a number with its unit (16GiB, 80GB; a bare "
+        "number is bytes, 1 MiB at least), or 'free' (the GPU's memory); not a fraction (tune's --budget is "
+        "one); default: the budget of the run's rows measured under runner.memory_budget",
     )
 
     cp = options.command(

@@ -36,7 +36,9 @@ def register(sub) -> None:
         "--budget",
         type=float,
         default=0.15,
-        help="halving: fraction of the pruned space timed per token count, baselines included (default: %(default)s)",
+        metavar="FRACTION",
+        help="halving: the fraction of the pruned space timed per token count, in (0, 1], baselines "
+        "included; a fraction, not bytes (default: %(default)s, i.e. 15 %%)",
     )
     tu.add_argument("--reps", type=int, default=10, help="timed samples per config (default: %(default)s)")
     tu.add_argument(

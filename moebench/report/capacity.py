@@ -347,15 +347,33 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
     return save_figure(fig, path)
 
 
+# a budget below this is a slip (a fraction, as `tune --budget` takes, or a size that lost its unit), never a GPU's
+MIN_BUDGET = 2**20
+
+
+def budget_bytes(text: str) -> float:
+    """`--budget`'s memory size in bytes ('16GiB', '80GB', '17179869184'); ValueError for what is no
+    size or one below 1 MiB."""
+    from moebench.config.compose import parse_bytes
+
+    budget = float(parse_bytes(text))
+    if budget < MIN_BUDGET:
+        raise ValueError(
+            f"--budget {text} reads as {budget:,.0f} bytes, less than 1 MiB: give a memory size with its "
+            "unit (16GiB, 80GB) or free; a fraction is `moebench tune --budget`'s"
+        )
+    return budget
+
+
 def capacity_command(run: str, budget_text: str | None, out: str | None = None) -> int:
     """`moebench report RUN --capacity [--budget 16GiB|free]`: capacity.md and capacity.png in
     the report folder, the table on stdout. Without --budget: the budget the run's capped rows
     used, else an error (exit 2)."""
     import sys
 
-    from moebench.config.compose import parse_bytes
     from moebench.report.load import load_run
 
+    given = budget_bytes(budget_text) if budget_text not in (None, "", "free") else None  # before the run is read
     df, env = load_run(run)
     budget = gpu = None
     if budget_text in (None, ""):
@@ -376,7 +394,7 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
                 "this run's fingerprint lacks it; give --budget BYTES"
             )
     else:
-        budget = float(parse_bytes(budget_text))
+        budget = given
     cap = capacity_frame(df, budget, gpu)
     text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {float(gpu or 0) / 2**30:.0f} GiB"
     body = capacity_markdown(cap, text_budget)

@@ -51,3 +51,27 @@ def test_every_command_parser_refuses_in_one_line():
     assert isinstance(top, parser.OneLineErrors)
     for cmd, p in commands.items():
         assert isinstance(p, parser.OneLineErrors), cmd
+
+
+def _help(cmd: str) -> str:
+    _, commands = parser.build_parser()
+    return commands[cmd].format_help()
+
+
+def _option_help(cmd: str, flag: str) -> str:
+    """The option's lines of the command's --help, as printed (argparse fills %(default)s, wraps)."""
+    text = _help(cmd)
+    start = text.index(f"  {flag} ")
+    end = re.search(r"\n  -", text[start + 1 :])
+    return " ".join(text[start : start + 1 + end.start() if end else None].split())
+
+
+def test_each_budget_says_its_unit():
+    """`tune --budget` is a fraction, `report --capacity --budget` bytes: each help says which, and
+    that it is not the other."""
+    tune = _option_help("tune", "--budget")
+    assert tune.startswith("--budget FRACTION ") and "fraction of the pruned space" in tune, tune
+    assert "not bytes" in tune and "(default: 0.15, i.e. 15 %)" in tune, tune
+    report = _option_help("report", "--budget")
+    assert report.startswith("--budget BYTES ") and "in bytes" in report and "16GiB" in report, report
+    assert "not a fraction" in report, report

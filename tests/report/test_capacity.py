@@ -240,3 +240,13 @@ def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
             + (f" --budget {budget}" if budget else "")
             + f" --out {root / run / report}"
         )
+
+
+@pytest.mark.parametrize("budget", ["0.15", "80", "0"])
+def test_a_budget_below_a_mebibyte_is_refused_before_the_run_is_read(budget, tmp_path, capsys):
+    """`tune --budget` is a fraction; `report --capacity --budget` bytes: 0.15 there read as 0 bytes
+    and reported 0 tokens everywhere. Refused in one line (exit 2), before the run is read."""
+    rc = cli.main(["report", str(tmp_path / "no-such-run"), "--capacity", "--budget", budget])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"--budget {budget} reads as" in err, err
+    assert "less than 1 MiB" in err and "16GiB" in err and "tune --budget" in err
