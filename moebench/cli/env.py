@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from moebench.cli import options
 
+EXIT_STATUS = """exit status: 0 the machine described (a plugin that fails to import or hangs is said, not
+fatal); 2 an unknown option; 130 interrupted."""
+
 
 def register(sub) -> None:
     """`env` under the top level's subparsers."""
-    ev = options.command(sub, "env", "this machine, its libraries and which entries are usable here")
+    ev = options.command(sub, "env", "this machine, its libraries and which entries are usable here", EXIT_STATUS)
     ev.add_argument("--json", action="store_true")
 
 

@@ -7,10 +7,14 @@ import sys
 
 from moebench.cli import options
 
+EXIT_STATUS = """exit status: 0 the plan listed (--json and --knobs too), skipped combinations included, even
+when every one is skipped (each says why); 2 bad input (an unknown option, group option or key, a bad
+value, a sweep file that is not there, a world size this machine lacks); 130 interrupted."""
+
 
 def register(sub) -> None:
     """`list` under the top level's subparsers."""
-    ls = options.command(sub, "list", "list the combinations a sweep would run, with validity")
+    ls = options.command(sub, "list", "list the combinations a sweep would run, with validity", EXIT_STATUS)
     options.overrides(ls)
     ls.add_argument("--sweep", default="default")
     ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")

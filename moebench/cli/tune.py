@@ -7,6 +7,17 @@ import sys
 
 from moebench.cli import options
 
+EXIT_STATUS = """exit status: 0 every token count tuned (and, with --install, installed); --install-from: installed;
+--results: the table written; --check-vllm: vLLM reads FILE as tuned. 1 a token count no config ran
+correctly at (none at any: nothing written); --max-regression X: a tuned size slower than the current
+config by more than X, or --decisions' choices regress (nothing installed); --install-from: DIR/tune.json's
+figures regress by more than X (nothing installed); --check-vllm: vLLM would not use FILE as tuned (a
+grid size decided by an entry more than 2x away, an entry with a field missing or foreign to vLLM's
+kernel, a file name vLLM never opens). 2 bad input before any work (an unknown option or value, a
+combination the tuner cannot search, a --budget outside (0, 1], a bad --max-regression, a FILE, DIR or
+RUN that is missing or does not read) or an environment error (an unwritable --out); 130 interrupted
+(the trials so far are kept: the same command resumes)."""
+
 
 def register(sub) -> None:
     """`tune` under the top level's subparsers."""
@@ -14,7 +25,7 @@ def register(sub) -> None:
         sub,
         "tune",
         "Triton tile search for one layer, a vLLM file's routing, or the best combination per size of a run",
-        options.EPILOG,
+        options.EPILOG + "\n\n" + EXIT_STATUS,
     )
     options.overrides(
         tu,

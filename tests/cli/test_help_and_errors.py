@@ -75,3 +75,27 @@ def test_each_budget_says_its_unit():
     report = _option_help("report", "--budget")
     assert report.startswith("--budget BYTES ") and "in bytes" in report and "16GiB" in report, report
     assert "not a fraction" in report, report
+
+
+def _codes(text: str) -> set[int]:
+    """The exit codes an epilog states: each opens the text after 'exit status:' or a clause after ';' / '.'."""
+    epilog = text[text.index("exit status:") :]
+    return {int(c) for c in re.findall(r"(?:exit status:|[;.])\s+(\d+) ", epilog)}
+
+
+# what each command returns (main.py maps ValueError and an environment error to 2, Ctrl-C to 130):
+# trace 1 is --import's failed capture; tune 1 a regression, an untuned size or --check-vllm's not-ok
+STATES = {"trace": {0, 1, 2, 130}, "tune": {0, 1, 2, 130}, "list": {0, 2, 130}, "env": {0, 2, 130}}
+
+
+@pytest.mark.parametrize("cmd", sorted(STATES))
+def test_each_help_names_the_exit_codes_its_command_returns(cmd):
+    """trace, tune, list and env had no exit status in their --help, where sweep, compare and report had."""
+    assert _codes(_help(cmd)) == STATES[cmd], _help(cmd)
+
+
+def test_every_command_help_has_an_exit_status():
+    _, commands = parser.build_parser()
+    for cmd in commands:
+        text = _help(cmd)
+        assert "exit status:" in text and {0, 2, 130} <= _codes(text), cmd
