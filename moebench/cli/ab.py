@@ -22,6 +22,7 @@ from pathlib import Path
 from moebench.cli import options
 from moebench.config.paths import default_runs_dir
 from moebench.run.treestate import git_env
+from moebench.util.words import counted
 
 # variables that would point a worktree's moebench at this checkout's files
 LEAKED_ENV = ("MOEBENCH_CONF_DIR", "MOEBENCH_SWEEPS_DIR", "MOEBENCH_GIT_SHA", "MOEBENCH_RUNS")
@@ -166,7 +167,7 @@ def ab_command(args) -> int:
         if not todo:
             raise ValueError("no valid combination in either revision's plan: `moebench list` says why")
         log(
-            f"{len(todo)} combination(s), each run by {args.base_rev} ({shas['base'][:10]}) then "
+            f"{counted(len(todo), 'combination')}, each run by {args.base_rev} ({shas['base'][:10]}) then "
             f"{args.cand_rev} ({shas['cand'][:10]}) -> {out}"
         )
         for i, ovs in enumerate(todo, 1):

@@ -36,6 +36,7 @@ import pandas as pd
 from moebench.config.spec import knob_meta
 from moebench.report.columns import AXES, WORKLOAD_COLUMNS, label, records
 from moebench.results.row import Status
+from moebench.util.words import counted
 
 # what must match for two rows to compete: the workload (results/row.py's WORKLOAD role, the
 # report's bold cell's too); what competes: columns.AXES, the axes that are no workload (quant among them)
@@ -285,6 +286,6 @@ def results_command(run: str, out: Optional[str]) -> int:
         print(f"\n{line}")
     if best.attrs.get("left_out"):
         why = best.attrs["left_out"]
-        print(f"\nnot ranked: {len(why)} ok row(s) whose latency is no GPU time ({why[0]})")
+        print(f"\nnot ranked: {counted(len(why), 'ok row')} whose latency is no GPU time ({why[0]})")
     print(f"\n{out_dir / 'best_per_size.json'}, {png}")
     return 0

@@ -28,6 +28,7 @@ from moebench.report.run_tables import md_value, value_cell
 from moebench.report.stats import pct
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import Status, Verdict
+from moebench.util.words import counted
 
 MARKS = {Verdict.SLOWER: "+", Verdict.BROKEN: "+", Verdict.SKIPPED: "+", Verdict.FASTER: "-", Verdict.FIXED: "-"}
 
@@ -251,7 +252,7 @@ def memory_change_lines(cmp: Comparison, names: pd.Series, limit: int = 3) -> li
         more = f" (+{len(hit) - limit} more)" if len(hit) > limit else ""
         smaller = int((hit[col] < 1).sum())
         out.append(
-            f"{what}: {smaller} row(s) smaller, {len(hit) - smaller} larger beyond ×{cmp.threshold:g} — "
+            f"{what}: {counted(smaller, 'row')} smaller, {len(hit) - smaller} larger beyond ×{cmp.threshold:g} — "
             + "; ".join(items)
             + more
         )

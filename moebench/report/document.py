@@ -35,6 +35,7 @@ from moebench.report.verdict import exit_status, frame_names, verdict_lines, ver
 from moebench.results.row import Verdict
 from moebench.results.writable import probe_in
 from moebench.util.safe_write import check_dir_below, refuse_links, replace_text, safe_dir_below, write_text
+from moebench.util.words import counted
 
 FORMATS = ("md", "csv", "json")
 QUALITY_FIRST = 4  # the data-quality notes the opening shows; the rest are folded below
@@ -235,8 +236,8 @@ def run_doc(
     rows = rows_table(df)
     # the opening reads the first notes; the rest and the stored caveats are counted
     first = quality[:QUALITY_FIRST]
-    rest = [f"{len(quality) - len(first)} more note(s)"] if len(quality) > len(first) else []
-    rest += [f"{len(cav)} caveat file(s) stored with the run"] if cav else []
+    rest = [counted(len(quality) - len(first), "more note")] if len(quality) > len(first) else []
+    rest += [f"{counted(len(cav), 'caveat file')} stored with the run"] if cav else []
     if rest:
         first.append(f"and {' and '.join(rest)} in *Data quality* below")
     opening = answers(df, out, wins(df), first, budget)

@@ -50,6 +50,7 @@ from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.mdsafe import md_code, md_text
 from moebench.results import row as schema
 from moebench.results.row import Status
+from moebench.util.words import counted
 
 HOST_BOUND = 0.8
 GPU_IDLE = 0.5
@@ -396,7 +397,8 @@ def _tp_ranks_note(measured: pd.DataFrame, who: str) -> list[str]:
     ws = pd.to_numeric(tp.get("world_size", pd.Series(dtype=float)), errors="coerce").dropna()
     sizes = ", ".join(f"TP-{int(n)}" for n in sorted(ws.unique())) or "TP"
     return [
-        f"{who}{len(tp)} row(s) run {sizes} over real ranks (backend=tp): the all-reduce of the ranks' partial "
+        f"{who}{counted(len(tp), 'row')} {'runs' if len(tp) == 1 else 'run'} {sizes} over real ranks "
+        "(backend=tp): the all-reduce of the ranks' partial "
         "outputs is timed, in the combine phase and the latency"
     ]
 
@@ -423,8 +425,10 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
     tp = pd.to_numeric(measured.get("simulate_tp", pd.Series(dtype=float)), errors="coerce")
     if (tp > 1).any():
         sizes = ", ".join(f"TP-{int(n)}" for n in sorted(tp[tp > 1].unique()))
+        num_sharded = int((tp > 1).sum())
         notes.append(
-            f"{who}{int((tp > 1).sum())} row(s) time one rank's shard of {sizes} (backend.simulate_tp): the "
+            f"{who}{counted(num_sharded, 'row')} {'times' if num_sharded == 1 else 'time'} one rank's shard of "
+            f"{sizes} (backend.simulate_tp): the "
             "all-reduce of the ranks' partial outputs (tokens × hidden × 2 bytes a rank) is not timed on one GPU"
         )
     notes += _tp_ranks_note(measured, who)
@@ -463,7 +467,7 @@ def flag_summary(tags: pd.Series, names: pd.Series, limit: int = 4, details: pd.
             shown = ("; " if detailed else ", ").join(hit[:most]) + (
                 f" (+{len(hit) - most} more)" if len(hit) > most else ""
             )
-            lines.append(f"{len(hit)} row(s) {FLAG_TEXT[tag]} — {shown}")
+            lines.append(f"{counted(len(hit), 'row')} {FLAG_TEXT[tag]} — {shown}")
     return lines
 
 

@@ -32,6 +32,7 @@ from moebench.report.columns import (
 from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
 from moebench.results.row import STATUSES, Status
+from moebench.util.words import counted
 
 MAX_REASON_CHARS = 160
 
@@ -210,7 +211,7 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
     if len(held):
         paced = [i for i in held.index if counts[i] > 0]
         text = (
-            f"{len(held)} of {len(ok)} row(s) timed each sample behind a hold sized for the host to enqueue "
+            f"{len(held)} of {counted(len(ok), 'row')} timed each sample behind a hold sized for the host to enqueue "
             "the forward first"
         )
         if paced:
@@ -223,18 +224,20 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
             text += "; in none did the GPU start a latency sample before the host had enqueued it"
         parts.append(text + ".")
     if syncs.any():
+        num_syncing = int(syncs.sum())
         parts.append(
-            f"{int(syncs.sum())} row(s) sync the host inside a forward (enqueue over "
-            f"{HOST_SYNCS_US / 1e3:.0f} ms): no hold, since none could help."
+            f"{counted(num_syncing, 'row')} {'syncs' if num_syncing == 1 else 'sync'} the host inside a forward "
+            f"(enqueue over {HOST_SYNCS_US / 1e3:.0f} ms): no hold, since none could help."
         )
     if host:
         parts.append(
-            f"† {len(host)} row(s) host time (the host paced their samples or the layer syncs it: Data "
+            f"† {counted(len(host), 'row')} host time (the host paced their samples or the layer syncs it: Data "
             "quality says why), never ranked."
         )
     if older := int(counts.isna().sum()):
         parts.append(
-            f"{older} row(s) timed before each sample had its hold: their latency may read the host (Data quality)."
+            f"{counted(older, 'row')} timed before each sample had its hold: their latency may read the host "
+            "(Data quality)."
         )
     return " ".join(parts)
 
@@ -363,7 +366,7 @@ def single_rank_note(rows: pd.DataFrame) -> str:
         return ""
     names = ", ".join(sorted({md_text(b) for b in rows["backend"].astype(str)}))
     return (
-        f"Left out: {len(rows)} row(s) of single-rank backends ({names}): they have no communication to "
+        f"Left out: {counted(len(rows), 'row')} of single-rank backends ({names}): they have no communication to "
         "hide the shared experts behind (their ablation figures stay in the rows)."
     )
 

@@ -42,6 +42,7 @@ from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value, value_cell
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import BAD_STATUSES, Status
+from moebench.util.words import counted
 
 BAD = BAD_STATUSES
 TOP = 5
@@ -106,10 +107,13 @@ def unranked_lines(df: pd.DataFrame) -> list[str]:
     if len(host):
         names = pair_names(ok).loc[host.index]
         shown = ", ".join(names.head(TOP)) + (f" (+{len(host) - TOP} more)" if len(host) > TOP else "")
-        out.append(f"not ranked, host time: {len(host)} row(s) — {shown}; {md_text(b.loc[host.index[0]][1])}")
+        out.append(f"not ranked, host time: {counted(len(host), 'row')} — {shown}; {md_text(b.loc[host.index[0]][1])}")
     num_cpu = sum(x == CPU for x, _ in b)
     if num_cpu:
-        out.append(f"no fastest named: {num_cpu} ok row(s) are CPU time (pipeline checks, not performance figures)")
+        are = "is" if num_cpu == 1 else "are"
+        out.append(
+            f"no fastest named: {counted(num_cpu, 'ok row')} {are} CPU time (pipeline checks, not performance figures)"
+        )
     return out
 
 
@@ -152,7 +156,9 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     counts = rows["status"].value_counts()
     order = [Status.OK, Status.SKIPPED, *BAD]
     head = ", ".join(f"{int(counts[s])} {s}" for s in order if s in counts)
-    lines = [f"**Summary:** {head} row(s) of {rows['combo_key'].nunique()} combination(s)"]
+    # the statuses' counts share the noun: 'row' after a total of one ('1 ok row'), else 'rows'
+    noun = "row" if len(rows) == 1 else "rows"
+    lines = [f"**Summary:** {head} {noun} of {counted(rows['combo_key'].nunique(), 'combination')}"]
     bad = rows[rows["status"].isin(BAD)]
     if len(bad):
         names = pair_names(rows)  # named among every row, so that the combination shows
@@ -164,8 +170,8 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     if quality:
         ok = rows[rows["status"] == Status.OK]
         flagged = int(sum(bool(t) for t in row_flags(ok))) if len(ok) else 0
-        of = f"; {flagged} of {len(ok)} ok row(s) flagged" if flagged else ""
-        lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section{of}")
+        of = f"; {flagged} of {counted(len(ok), 'ok row')} flagged" if flagged else ""
+        lines.append(f"- data quality: {counted(len(quality), 'note')} in the report's Data quality section{of}")
     return lines
 
 

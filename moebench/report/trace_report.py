@@ -47,6 +47,7 @@ from moebench.traces.metrics import TraceSummary, summarize
 from moebench.traces.model import Trace
 from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB
 from moebench.util.safe_write import check_dir_below, refuse_links, safe_dir_below
+from moebench.util.words import counted
 
 
 def is_run_dir(path) -> bool:
@@ -123,7 +124,7 @@ def _trace_roots(p: Path) -> list:
         return here
     if named:
         raise ValueError(
-            f"{p} has no traces/ folder: its rows name {len(named)} trace file(s) (e.g. {named[0]}) that are "
+            f"{p} has no traces/ folder: its rows name {counted(len(named), 'trace file')} (e.g. {named[0]}) that are "
             "not here; results/ folders omit them: copy the run's traces/ from where it ran, or re-run with "
             "trace=torch"
         )
@@ -381,7 +382,10 @@ def find_traces(target) -> list:
     if not found:
         raw = sorted(r for root in roots for pat in ("*.nsys-rep", "*.qdstrm", "*.qdstrm.xz") for r in root.rglob(pat))
         hint = (
-            (f"; {len(raw)} nsys capture(s) (.nsys-rep, .qdstrm) found: export them with `moebench trace --import {p}`")
+            (
+                f"; {counted(len(raw), 'nsys capture')} (.nsys-rep, .qdstrm) found: export them with "
+                f"`moebench trace --import {p}`"
+            )
             if raw
             else ""
         )

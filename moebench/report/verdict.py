@@ -25,6 +25,7 @@ from moebench.report.flags import CPU
 from moebench.report.fmt import fmt_change
 from moebench.report.table import md_text
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
+from moebench.util.words import counted
 
 LIMIT = 8  # changed rows named one a line; the rest counted
 
@@ -35,7 +36,7 @@ def why_nothing_matched(cmp: Comparison) -> str:
     if len(cmp.matched):
         n = len(cmp.matched)
         return (
-            f"none of the {n} matched row(s) is ok on both sides "
+            f"none of the {counted(n, 'matched row')} is ok on both sides "
             f"({', '.join(f'{k} {v}' for k, v in cmp.counts().items() if v)})"
         )
     b, c = cmp.only_baseline, cmp.only_candidate
@@ -90,17 +91,20 @@ _APART = {Verdict.CLOCK: "clocks differ", Verdict.HOST: "host time", Verdict.CPU
 
 
 def _judged_of(cmp: Comparison) -> str:
-    """'5 row(s) ok on both sides (threshold ×1.05)', or where some of those carry no verdict
-    '5 of 6 row(s) ok on both sides (1 without a verdict: clocks differ; threshold ×1.05)': the
+    """'5 rows ok on both sides (threshold ×1.05)', or where some of those carry no verdict
+    '5 of 6 rows ok on both sides (1 without a verdict: clocks differ; threshold ×1.05)': the
     count the verdict rests on and the rows it leaves out, so the headline agrees with the table."""
     n_ok, n_both = len(cmp.judged), len(cmp.comparable)
     threshold = f"threshold ×{cmp.threshold:g}"
     if n_ok == n_both:
-        return f"{n_ok} row(s) ok on both sides ({threshold})"
+        return f"{counted(n_ok, 'row')} ok on both sides ({threshold})"
     vc = cmp.comparable["verdict"].value_counts()
     why = [(n, _APART[v]) for v in NO_VERDICT if (n := int(vc.get(v, 0)))]
     because = why[0][1] if len(why) == 1 else ", ".join(f"{n} {w}" for n, w in why)
-    return f"{n_ok} of {n_both} row(s) ok on both sides ({n_both - n_ok} without a verdict: {because}; {threshold})"
+    return (
+        f"{n_ok} of {counted(n_both, 'row')} ok on both sides ({n_both - n_ok} without a verdict: {because}; "
+        f"{threshold})"
+    )
 
 
 def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[str] = ()) -> list[str]:
@@ -116,8 +120,8 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     if not len(ok) and counts[Verdict.CPU] and not counts[Verdict.HOST]:
         head = (
             f"**No verdict ({subject}): CPU figures are pipeline checks, not performance figures** — "
-            f"{counts[Verdict.CPU]} row(s) ok on both sides, compared in the table below (`--cpu-verdict` asks "
-            f"for a verdict){tail}"
+            f"{counted(counts[Verdict.CPU], 'row')} ok on both sides, compared in the table below "
+            f"(`--cpu-verdict` asks for a verdict){tail}"
         )
     else:
         head = f"**Verdict ({subject}): {what}** in {_judged_of(cmp)}{tail}"
@@ -132,7 +136,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
             shown = ", ".join(names.loc[i] for i in apart.index[:LIMIT])
             more = f" (+{len(apart) - LIMIT} more)" if len(apart) > LIMIT else ""
             lines.append(
-                f"- no verdict ({what_kind}): {len(apart)} row(s) — {shown}{more}; "
+                f"- no verdict ({what_kind}): {counted(len(apart), 'row')} — {shown}{more}; "
                 f"{md_text(apart['no_verdict_why'].iloc[0])}"
             )
     changed_rows = m[m["verdict"].isin(CHANGED_VERDICTS)]
@@ -144,7 +148,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     for i, r in changed_rows.head(LIMIT).iterrows():
         lines.append("- " + _change_line(r["verdict"], names.loc[i], r.to_dict()))
     if len(changed_rows) > LIMIT:
-        lines.append(f"- … and {len(changed_rows) - LIMIT} more changed row(s) (table below)")
+        lines.append(f"- … and {counted(len(changed_rows) - LIMIT, 'more changed row')} (table below)")
     sig = m[(m["verdict"] == Verdict.SIMILAR) & m["significant"].astype(bool)]
     r = sig["ratio"].astype(float)
     past = (r >= cmp.threshold) | (r <= 1 / cmp.threshold)
@@ -165,10 +169,10 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
             lines.append(f"- {what}: " + "; ".join(items) + more)
     quiet = int(((m["verdict"] == Verdict.SIMILAR) & ~m["significant"].astype(bool)).sum())
     if quiet:
-        lines.append(f"- no significant change: {quiet} row(s)")
+        lines.append(f"- no significant change: {counted(quiet, 'row')}")
     g, lo, hi = cmp.geomean()
     if np.isfinite(g):
-        lines.append(f"- geometric mean over {len(ok)} row(s): {fmt_change(g, lo, hi)}")
+        lines.append(f"- geometric mean over {counted(len(ok), 'row')}: {fmt_change(g, lo, hi)}")
     mem = memory_change_lines(cmp, names)
     if mem:
         lines += [f"- memory: {x}" for x in mem]
@@ -181,21 +185,21 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
         lines.append("- " + clocks)
     if len(cmp.only_baseline) or len(cmp.only_candidate):
         lines.append(
-            f"- unmatched: {len(cmp.only_baseline)} row(s) only in {cmp.baseline_name}, "
+            f"- unmatched: {counted(len(cmp.only_baseline), 'row')} only in {cmp.baseline_name}, "
             f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)"
         )
     never = m[m["verdict"] == Verdict.CANNOT_RUN]
     if len(never):
         lines.append(
-            f"- no verdict, cannot run: {len(never)} row(s) ok in {cmp.baseline_name} whose combination in "
+            f"- no verdict, cannot run: {counted(len(never), 'row')} ok in {cmp.baseline_name} whose combination in "
             f"{cmp.candidate_name} breaks a rule of the plan (e.g. {md_text(never['cand_reason'].iloc[0])}); "
             "in the table below"
         )
     num_na = counts[Verdict.NEITHER_OK]
     if num_na:
-        lines.append(f"- {num_na} matched row(s) ok on neither side")
+        lines.append(f"- {counted(num_na, 'matched row')} ok on neither side")
     if quality:
-        lines.append(f"- data quality: {len(quality)} note(s) in the report's Data quality section")
+        lines.append(f"- data quality: {counted(len(quality), 'note')} in the report's Data quality section")
     return lines
 
 
@@ -220,7 +224,7 @@ def clock_line(cmp: Comparison) -> str:
     missing = int((check == NOT_RECORDED).sum())
     if missing == len(m):
         return f"clocks: {NOT_RECORDED} (a side's rows have no SM clock: verdicts as before clocks were read)"
-    parts = [f"matched in {matched} row(s)"] if matched else []
+    parts = [f"matched in {counted(matched, 'row')}"] if matched else []
     if differ or survived:
         ratios = ratio[survives]
         names = row_names(cmp.matched)
@@ -308,13 +312,15 @@ def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str
     if "empty" in fail_on and not len(cmp.comparable):
         why.append(why_nothing_matched(cmp))
     if Verdict.SLOWER in fail_on and counts[Verdict.SLOWER]:
-        why.append(f"{counts[Verdict.SLOWER]} row(s) slower beyond ×{cmp.threshold:g}")
+        why.append(f"{counted(counts[Verdict.SLOWER], 'row')} slower beyond ×{cmp.threshold:g}")
     if Verdict.BROKEN in fail_on and counts[Verdict.BROKEN]:
-        why.append(f"{counts[Verdict.BROKEN]} row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)")
+        why.append(
+            f"{counted(counts[Verdict.BROKEN], 'row')} broken (ok in the baseline, now failed/incorrect/timeout/oom)"
+        )
     if "memory" in fail_on and (cmp.matched["mem_verdict"] == "larger").any():
-        why.append(f"{int((cmp.matched['mem_verdict'] == 'larger').sum())} row(s) with a larger workspace")
+        why.append(f"{counted(int((cmp.matched['mem_verdict'] == 'larger').sum()), 'row')} with a larger workspace")
     if "missing" in fail_on and len(cmp.only_baseline):
-        why.append(f"{len(cmp.only_baseline)} baseline row(s) missing from the candidate")
+        why.append(f"{counted(len(cmp.only_baseline), 'baseline row')} missing from the candidate")
     if "env" in fail_on and cmp.axis is None:
         ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
         if not ok:

@@ -19,6 +19,7 @@ from moebench.results.migrate import check_versions, migrate
 from moebench.results.row import Status, columns
 from moebench.results.sequence import SEQ_COLUMN
 from moebench.results.writable import CAUSES
+from moebench.util.words import counted
 
 SKIPPED_FILE = "skipped.parquet"
 PAIR = ["combo_key", "tokens_per_rank"]
@@ -105,7 +106,7 @@ def check_types(df: pd.DataFrame, path: Path) -> None:
     for name in PAIR:
         if name in df.columns and df[name].isna().any():
             raise ValueError(
-                f"{path}: {int(df[name].isna().sum())} row(s) without {name}: the file is corrupt or "
+                f"{path}: {counted(int(df[name].isna().sum()), 'row')} without {name}: the file is corrupt or "
                 f"not moebench's; {_what_to_do(path)}"
             )
     numeric = _numeric_columns()

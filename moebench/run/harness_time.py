@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import time
 
+from moebench.util.words import counted
+
 # stage column -> what the line calls it, in the order a row's time is spent
 STAGES = (
     ("harness_start_s", "rank starts"),
@@ -56,7 +58,7 @@ class HarnessTally:
             else "the stages add up to more than the wall: jobs ran side by side"
         )
         return (
-            f"moebench: {wall:.1f} s wall for {self.rows} measured row(s): {', '.join(parts)}; the timed samples "
-            f"themselves {self.samples_s:.2f} s ({share:.0f} % of the wall); {rest_text}; per row: the "
+            f"moebench: {wall:.1f} s wall for {counted(self.rows, 'measured row')}: {', '.join(parts)}; the timed "
+            f"samples themselves {self.samples_s:.2f} s ({share:.0f} % of the wall); {rest_text}; per row: the "
             "harness_*_s columns"
         )

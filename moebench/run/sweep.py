@@ -140,7 +140,7 @@ class _Stop:
 def dry_run_listing(work: list, combos: list, already: int) -> str:
     """What `sweep --dry-run` prints: each combination to run with its token counts, then
     the skipped ones counted by reason."""
-    lines = [f"would run {len(work)} combination(s), {sum(len(t) for _, t in work)} row(s):"]
+    lines = [f"would run {counted(len(work), 'combination')}, {counted(sum(len(t) for _, t in work), 'row')}:"]
     lines += [f"  {c.label}  tokens {', '.join(map(str, tokens))}" for c, tokens in work]
     reasons = [c.reason for c in combos if c.reason]
     reasons += [why for c in combos if not c.reason for why in c.token_reasons.values()]
@@ -148,7 +148,7 @@ def dry_run_listing(work: list, combos: list, already: int) -> str:
         lines.append(f"would skip {len(reasons)} (combination or token count), by reason:")
         lines += [f"  {n:4d}  {text}" for n, text in reason_groups(reasons)]
     if already:
-        lines.append(f"{already} row(s) already stored (--redo failed|all to re-run them)")
+        lines.append(f"{counted(already, 'row')} already stored (--redo failed|all to re-run them)")
     return "\n".join(lines)
 
 

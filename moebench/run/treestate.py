@@ -42,6 +42,7 @@ from typing import Optional
 
 from moebench.run.tree_files import STAMP, known_ignored, outermost_ignored, walk
 from moebench.util.safe_write import replace_text
+from moebench.util.words import counted
 
 FORMAT = 1
 LISTED = 20  # paths named in a fingerprint; the digest covers them all
@@ -266,7 +267,7 @@ def from_stamp(root: Path, stamp: dict) -> TreeState:
     note = f"stamp of {stamp.get('written', '?')}"
     if after:
         shown = ", ".join(after[:LISTED]) + (f" (+{len(after) - LISTED} more)" if len(after) > LISTED else "")
-        note += f"; {len(after)} file(s) changed, added or removed since: {shown}"
+        note += f"; {counted(len(after), 'file')} changed, added or removed since: {shown}"
     return TreeState(
         sha=stamp["commit"],
         dirty=bool(diff),
@@ -345,7 +346,9 @@ def copy_tree(root: Path, dest: Path) -> dict:
     replace_text(dest / STAMP, json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     moved = from_stamp(dest, stamp).after_stamp
     if moved:
-        raise ValueError(f"{len(moved)} file(s) changed during the copy ({', '.join(moved[:LISTED])}): copy again")
+        raise ValueError(
+            f"{counted(len(moved), 'file')} changed during the copy ({', '.join(moved[:LISTED])}): copy again"
+        )
     return stamp
 
 

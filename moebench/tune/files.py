@@ -38,6 +38,7 @@ from moebench.kernels.triton import decisions as kdecisions
 from moebench.tune.trials import json_num
 from moebench.tune.vllm_check import covers_grid, describe_routes
 from moebench.util.safe_write import replace_text, safe_dir, safe_dir_below
+from moebench.util.words import counted
 
 KERNEL_NOTE = (
     "tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
@@ -276,8 +277,8 @@ def paced_lines(results) -> list[str]:
         final = sum(t is not None and t.error.startswith(HOST_PACED_ERROR) for t in r.final)
         if n or base or final:
             out.append(
-                f"{r.tokens} tokens: {n} screened config(s)"
-                + (f" and {final} finalist(s)" if final else "")
+                f"{r.tokens} tokens: {counted(n, 'screened config')}"
+                + (f" and {counted(final, 'finalist')}" if final else "")
                 + " left out, their samples host-paced after the holds were doubled twice (host time)"
                 + (f"; baselines among them: {', '.join(base)} (no speed-up against them)" if base else "")
             )
@@ -296,7 +297,7 @@ def routing_note(path: Path) -> str:
     if covers_grid(keys):
         return ""
     return (
-        f"{path.name} holds {len(keys)} token count(s) ({', '.join(map(str, sorted(keys)))}); vLLM routes every "
-        f"batch size to the nearest entry: {describe_routes(keys)}. Do not put it in VLLM_TUNED_CONFIG_FOLDER "
-        "unless those sizes should run these tiles (`moebench tune --check-vllm FILE`)."
+        f"{path.name} holds {counted(len(keys), 'token count')} ({', '.join(map(str, sorted(keys)))}); vLLM "
+        f"routes every batch size to the nearest entry: {describe_routes(keys)}. Do not put it in "
+        "VLLM_TUNED_CONFIG_FOLDER unless those sizes should run these tiles (`moebench tune --check-vllm FILE`)."
     )

@@ -28,6 +28,7 @@ from typing import Callable
 
 from moebench.tune.space import config_key
 from moebench.tune.trials import json_num, retime_host_paced
+from moebench.util.words import counted
 
 NAN = float("nan")
 
@@ -115,8 +116,9 @@ class Check:
         tail = f"; worst {worst.ratio:.3f}x at {worst.tokens} tokens" if worst else ""
         n, x = len(self.sizes), f"{self.max_regression:g} ({self.max_regression * 100:g} %)"
         if self.passed:
-            return f"--max-regression {x}: passed at {n} token count(s) against the current configs{tail}"
-        return f"--max-regression {x}: {len(self.regressions)} of {n} token count(s) regress{tail}"
+            return f"--max-regression {x}: passed at {counted(n, 'token count')} against the current configs{tail}"
+        regress = "regresses" if len(self.regressions) == 1 else "regress"
+        return f"--max-regression {x}: {len(self.regressions)} of {counted(n, 'token count')} {regress}{tail}"
 
     def table(self) -> str:
         """Markdown: per size the tuned and current medians, their ratio and its interval."""

@@ -68,7 +68,7 @@ def test_the_report_says_once_that_the_tp_all_reduce_is_not_timed():
 
     df = pd.DataFrame({"status": ["ok", "ok", "skipped"], "simulate_tp": [4, 1, 4], "git_sha": ["a" * 40] * 3})
     notes = [n for n in run_notes(df, {}) if "TP-4" in n]
-    assert len(notes) == 1 and notes[0].startswith("1 row(s) time one rank's shard of TP-4")
+    assert len(notes) == 1 and notes[0].startswith("1 row times one rank's shard of TP-4")
     assert "not timed" in notes[0]
     assert not [n for n in run_notes(df.assign(simulate_tp=1), {}) if "TP-" in n]
 
@@ -147,4 +147,4 @@ def test_the_report_says_the_tp_ranks_all_reduce_is_timed():
         {"status": ["ok", "ok"], "backend": ["tp", "naive"], "world_size": [2, 2], "git_sha": ["a" * 40] * 2}
     )
     (note,) = [n for n in run_notes(df, {}) if "backend=tp" in n]
-    assert note.startswith("1 row(s) run TP-2 over real ranks") and "is timed" in note
+    assert note.startswith("1 row runs TP-2 over real ranks") and "is timed" in note

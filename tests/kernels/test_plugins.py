@@ -314,7 +314,7 @@ def test_moebench_compare_axis_gives_the_verdict(sweep_run, tmp_path):
     # the two pairs test_the_two_versions_pair_on_the_experts_axis finds, both ok
     head = p.stdout.splitlines()[0]
     assert head.startswith("**Verdict (experts=mykernel_v2 vs experts=mykernel_v1):"), p.stdout[:2000]
-    assert "in 2 row(s) ok on both sides" in head and f"exit {p.returncode}" in head, head
+    assert "in 2 rows ok on both sides" in head and f"exit {p.returncode}" in head, head
 
 
 # ---------------------------------------------------------------------------

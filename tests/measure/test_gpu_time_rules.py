@@ -189,7 +189,7 @@ def test_no_summary_or_tuned_table_names_a_host_time_row_fastest(tmp_path):
     df, _ = load_run(write_run(tmp_path / "run", _rows()))
     assert wins(df) and all("triton" not in w for w in wins(df))
     text = "\n".join(reviewer_summary(df, []))
-    assert "not ranked, host time: 1 row(s)" in text and "syncs the host" in text
+    assert "not ranked, host time: 1 row —" in text and "syncs the host" in text
     best = best_per_size(df)
     assert list(best.combination) == ["local/torch red=experts ovl=none quant=bf16"] and best.candidates.tolist() == [2]
     assert len(best.attrs["left_out"]) == 1

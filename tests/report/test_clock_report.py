@@ -49,7 +49,7 @@ def test_the_report_shows_each_rows_clock_band_and_names_throttled_rows(tmp_path
     text = write_report(run).read_text()
     assert "SM clock and GPU state" in text and "1515–1900–1965" in text and "690 / 700" in text
     quality = text.partition("<summary>Data quality</summary>")[2].partition("</details>")[0]
-    assert "2 row(s) with throttled samples" in quality and "3 of 30 samples throttled" in quality
+    assert "2 rows with throttled samples" in quality and "3 of 30 samples throttled" in quality
     assert "clock not recorded" not in text
 
 

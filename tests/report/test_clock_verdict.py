@@ -75,10 +75,10 @@ def test_the_verdict_lists_clock_pairs_apart_and_says_whether_the_clocks_matched
     cmp = _compare(base, cand)
     lines = verdict_lines(cmp, 0, [])
     apart = [x for x in lines if "the sides' GPU clocks differ" in x]
-    assert len(apart) == 1 and "1 row(s)" in apart[0]
+    assert len(apart) == 1 and "1 row —" in apart[0]
     clocks = [x for x in lines if x.startswith("- clocks")]
     assert clocks == [
-        "- clocks (median SM clock of each side): matched in 1 row(s), "
+        "- clocks (median SM clock of each side): matched in 1 row, "
         "differ in 1 (0 kept their verdict normalised as compute-bound)"
     ]
     # a clock pair carries no weight in the geometric mean: only the matched-clock row does
@@ -91,10 +91,10 @@ def test_the_headline_counts_the_judged_rows_of_those_ok_on_both_sides_and_says_
     cand = [_row(256, 1000.0, 1944.0, COMPUTE, 7), _row(1024, 1000.0, 1944.0, COMPUTE, 8)]
     cand.append(_row(4096, 1080.0, 1800.0, COMPUTE, 9))
     head = verdict_lines(_compare(base, cand), 0, [])[0]
-    assert "in 2 of 3 row(s) ok on both sides (1 without a verdict: clocks differ; threshold ×1.05)" in head, head
+    assert "in 2 of 3 rows ok on both sides (1 without a verdict: clocks differ; threshold ×1.05)" in head, head
     # all judged: the plain count
     head = verdict_lines(_compare(base[:2], cand[:2]), 0, [])[0]
-    assert "in 2 row(s) ok on both sides (threshold" in head, head
+    assert "in 2 rows ok on both sides (threshold" in head, head
 
 
 @pytest.mark.parametrize("threshold, tol", [(1.05, 0.05 / 3), (1.10, 0.02), (1.03, 0.01)])

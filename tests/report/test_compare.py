@@ -38,7 +38,7 @@ def test_a_10_percent_slowdown_is_flagged_and_exits_1(tmp_path, capsys):
     assert len(slower) >= 8  # 12 rows ok on both sides; the sizes are named, not counted
     sizes = [float(NUM.findall(line.split(": ", 1)[1])[0].replace("\u2212", "-")) for line in slower]
     assert all(5 < s < 16 for s in sizes), sizes
-    assert "geometric mean over 12 row(s): +10" in out or "geometric mean over 12 row(s): +9" in out
+    assert "geometric mean over 12 rows: +10" in out or "geometric mean over 12 rows: +9" in out
     assert "slower beyond ×1.05" in err
     report = (tmp_path / "r" / "report.md").read_text()
     assert report.splitlines()[2].startswith("**Verdict")  # the verdict on line 3, after the title
@@ -65,7 +65,7 @@ def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
     assert code == 1
     assert "no row matched" in err and "model (tiny vs other)" in err
-    assert "only in base" in out.lower() or "row(s) only in base" in out
+    assert "only in base" in out.lower() or "rows only in base" in out
 
 
 def test_broken_and_skipped_rows(tmp_path, capsys):
@@ -80,7 +80,7 @@ def test_broken_and_skipped_rows(tmp_path, capsys):
     ]
     cmp = compare_runs(pd.DataFrame(rows), pd.DataFrame(cand))
     assert cmp.counts()["broken"] == 1 and cmp.counts()["skipped"] == 1
-    assert exit_status(cmp) == (1, ["1 row(s) broken (ok in the baseline, now failed/incorrect/timeout/oom)"])
+    assert exit_status(cmp) == (1, ["1 row broken (ok in the baseline, now failed/incorrect/timeout/oom)"])
     assert exit_status(cmp, ("slower",)) == (0, [])  # a broken row counts only where fail_on names it
     base, cand_dir = _runs(tmp_path, pd.DataFrame(rows), pd.DataFrame(cand))
     code, out, _ = _compare(capsys, base, cand_dir, "--out", str(tmp_path / "r"))
@@ -108,7 +108,7 @@ def test_fail_on_tunes_what_exits_1(tmp_path, capsys):
     base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.0, 2e6))
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 0  # memory: reported, not fatal
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "memory")
-    assert code == 1 and "larger workspace" in err and "memory: workspace: 0 row(s) smaller, 2 larger" in out
+    assert code == 1 and "larger workspace" in err and "memory: workspace: 0 rows smaller, 2 larger" in out
     base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.5, 1e6))
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 1
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "none")[0] == 0

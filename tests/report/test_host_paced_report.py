@@ -72,8 +72,8 @@ def test_a_row_paced_in_its_phases_only_is_named_apart_from_one_paced_in_its_lat
     lines = [x for x in quality.splitlines() if "host-paced" in x]
     assert len(lines) == 2
     latency, aside = lines
-    assert latency.startswith("- 1 row(s) with host-paced samples (the GPU started them") and PACED in latency
-    assert aside.startswith("- 2 row(s) with host-paced samples outside the latency's only")
+    assert latency.startswith("- 1 row with host-paced samples (the GPU started them") and PACED in latency
+    assert aside.startswith("- 2 rows with host-paced samples outside the latency's only")
     assert "the latency is GPU time" in aside and PACED not in aside
     assert aside.count("(phases: 2 of 10 samples host-paced)") == 2
 
@@ -82,7 +82,7 @@ def test_report_names_a_row_with_five_of_thirty_samples_host_paced(tmp_path):
     text = write_report(write_run(tmp_path / "run", _rows(5))).read_text()
     quality = _section(text, "## Data quality")
     line = next(x for x in quality.splitlines() if "host-paced" in x)
-    assert line.startswith("- 1 row(s) with host-paced samples") and PACED in line
+    assert line.startswith("- 1 row with host-paced samples") and PACED in line
     assert "(latency: 5 of 30 samples host-paced)" in line
     # it may compete (a fifth or fewer), but its cell is marked with the count, bold or not
     latency = _section(text, "## Latency")
@@ -96,7 +96,7 @@ def test_report_names_a_row_with_five_of_thirty_samples_host_paced(tmp_path):
     assert "host-paced latency samples: the fastest 5 of 30" in fastest
     # the host-time table's caption: what the holds did, not what they should have done
     host = _section(text, "## Host time per forward")
-    assert "3 of 3 row(s) timed each sample behind a hold" in host
+    assert "3 of 3 rows timed each sample behind a hold" in host
     assert "in 1 of them the GPU still started latency samples before the host had enqueued them" in host
     assert "(5 of 30)" in host and "each sample waited behind a hold until" not in host
 
@@ -118,7 +118,7 @@ def test_host_time_caption_beside_a_host_time_row(tmp_path):
     ]
     text = write_report(write_run(tmp_path / "run", rows)).read_text()
     host = _section(text, "## Host time per forward")
-    assert "† 1 row(s) host time" in host and host.count("†") == 2  # the cell and the caption
+    assert "† 1 row host time" in host and host.count("†") == 2  # the cell and the caption
     assert "in 1 of them the GPU still started latency samples" in host and "(30 of 30)" in host
 
 
@@ -139,7 +139,7 @@ def test_compare_names_the_paced_rows_with_counts_per_side(tmp_path, capsys):
     text = (tmp_path / "r" / "report.md").read_text()
     quality = _section(text, "## Data quality")
     line = next(x for x in quality.splitlines() if "host-paced" in x)
-    assert line.startswith("- 1 row(s) with host-paced samples") and PACED in line
+    assert line.startswith("- 1 row with host-paced samples") and PACED in line
     # each side by the run's name, escaped once, as the title has it
     new, old = text.splitlines()[0].removeprefix("# moebench compare: ").split(" vs ")
     assert (
@@ -171,9 +171,9 @@ def test_host_time_caption_says_a_syncing_forward_had_no_hold(tmp_path):
         "the forward syncs the host (its enqueue takes 21.0 ms behind a busy GPU)",
     ]
     host = _section(write_report(write_run(tmp_path / "run", rows)).read_text(), "## Host time per forward")
-    assert "2 of 3 row(s) timed each sample behind a hold" in host
-    assert "1 row(s) sync the host inside a forward (enqueue over 15 ms): no hold" in host
-    assert "† 1 row(s) host time" in host
+    assert "2 of 3 rows timed each sample behind a hold" in host
+    assert "1 row syncs the host inside a forward (enqueue over 15 ms): no hold" in host
+    assert "† 1 row host time" in host
 
 
 def test_a_pair_paced_in_one_sides_latency_and_the_others_phases_is_on_the_host_paced_line_only(tmp_path):
@@ -186,7 +186,7 @@ def test_a_pair_paced_in_one_sides_latency_and_the_others_phases_is_on_the_host_
     cli.main(["compare", str(base), str(cand), "--out", str(tmp_path / "r")])
     quality = _section((tmp_path / "r" / "report.md").read_text(), "## Data quality")
     lines = [x for x in quality.splitlines() if "host-paced" in x]
-    assert len(lines) == 1 and lines[0].startswith("- 1 row(s) with host-paced samples (the GPU started them")
+    assert len(lines) == 1 and lines[0].startswith("- 1 row with host-paced samples (the GPU started them")
     assert "base: latency: 5 of 30 samples host-paced; cand: phases: 2 of 10 samples host-paced" in lines[0]
     paced, aside = {"host_paced_samples": 5.0}, {"host_paced_phases": 2.0, "num_phase_samples": 10.0}
     assert pair_paced_tag(paced, aside) == pair_paced_tag(aside, paced) == "host-paced"

@@ -43,7 +43,7 @@ def test_a_pair_that_ran_another_kernel_and_tuned_file_is_named_with_both_values
     capsys.readouterr()
     text = (tmp_path / "r" / "report.md").read_text()
     line = next(x for x in text.partition("## Data quality")[2].splitlines() if "ran different" in x)
-    assert line.startswith("- 2 row(s) the two sides ran different row layouts, GEMM kernels or tuned files")
+    assert line.startswith("- 2 rows the two sides ran different row layouts, GEMM kernels or tuned files")
     assert "contiguous_gemm_used `gluon/gluon` → `gluon_wide/gluon_wide`" in line
     assert line.count("tuned_files none → ") == 2
     assert text.partition("## Latency")[2].partition("\n## ")[0].count("ran-differs") == 2  # the rows' flags

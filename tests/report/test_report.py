@@ -223,12 +223,11 @@ def test_phase_memory_overlap_tables(tmp_path):
     ot = overlap_table(with_local)
     assert ot.count("\n| tiny") == 1 and "All rows: backend=naive" in ot
     assert (
-        "Left out: 1 row(s) of single-rank backends (local): they have no communication to hide the "
-        "shared experts behind"
+        "Left out: 1 row of single-rank backends (local): they have no communication to hide the shared experts behind"
     ) in ot
     only_local, _ = load_run(write_run(tmp_path / "o", pd.DataFrame([local])))
     assert overlap_table(only_local).startswith("_No rows with shared-expert overlap")
-    assert "Left out: 1 row(s)" in overlap_table(only_local)
+    assert "Left out: 1 row of" in overlap_table(only_local)
 
 
 # --- comparison ----------------------------------------------------------------------

@@ -58,11 +58,11 @@ def test_report_carries_flags_git_sha_and_caveats(tmp_path):
     (run / "caveats.md").write_text("- the run's own caveat\n")
     text = write_report(run).read_text()
     head, _, rest = text.partition("## Data quality")
-    assert "**Summary:** 2 ok" in head and "data quality: 5 note(s)" in rest  # 2 flags, the sha, 2 caveats
+    assert "**Summary:** 2 ok" in head and "data quality: 5 notes" in rest  # 2 flags, the sha, 2 caveats
     # the opening reads the notes (the flags, the sha) and counts the caveat files
     care = head.partition("## Read with care")[2]
-    assert "1 row(s) wide spread" in care and "- and 2 caveat file(s) stored with the run in *Data quality*" in care
-    assert "1 row(s) wide spread" in rest and "1 row(s) host-bound" in rest
+    assert "1 row wide spread" in care and "- and 2 caveat files stored with the run in *Data quality*" in care
+    assert "1 row wide spread" in rest and "1 row host-bound" in rest
     assert "git sha `unknown` names no commit" in rest
     assert rest.index("the folder's caveat") < rest.index("the run's own caveat") < rest.index("## Status")
 
@@ -98,7 +98,7 @@ def test_sweep_dry_run_lists_what_would_run(tmp_path, capsys):
     ]
     assert cli.main(["sweep", "--dry-run", "--out", str(tmp_path / "run"), *overrides]) == 0
     out = capsys.readouterr().out
-    assert "would run 1 combination(s), 2 row(s):" in out and "local/torch/experts/none/bf16/tiny  tokens 4, 8" in out
+    assert "would run 1 combination, 2 rows:" in out and "local/torch/experts/none/bf16/tiny  tokens 4, 8" in out
     assert "would skip 1" in out and "layouts differ" in out
     assert not (tmp_path / "run").exists()
 
@@ -142,7 +142,7 @@ def test_the_summary_names_a_fastest_only_where_the_intervals_are_apart():
     assert lines[0].startswith("triton") and "fastest, 1.50× ahead of torch" in lines[0]  # apart: a winner
     assert "no clear fastest, 1.90× by median over torch" in lines[1] and "overlapping" in lines[1]
     summary = reviewer_summary(df, ["a note"])
-    assert summary[-1].endswith("1 note(s) in the report's Data quality section; 1 of 4 ok row(s) flagged")
+    assert summary[-1].endswith("1 note in the report's Data quality section; 1 of 4 ok rows flagged")
 
 
 def test_token_ticks_that_would_print_over_each_other_are_left_unlabelled():

@@ -23,7 +23,7 @@ def no_interpreter(monkeypatch):
     [
         ("tokens_per_rank", "four", "column tokens_per_rank holds 'four' where a number (int) belongs"),
         ("latency_us_median", "fast", "column latency_us_median holds 'fast' where a number (float) belongs"),
-        ("combo_key", None, "row(s) without combo_key"),
+        ("combo_key", None, "rows without combo_key"),
     ],
 )
 def test_a_row_file_with_corrupt_column_types_is_named(tmp_path, capsys, column, value, needle):

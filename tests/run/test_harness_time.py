@@ -107,7 +107,7 @@ def test_the_sweep_line_sums_the_rows_and_names_the_share_of_timed_samples(monke
     )  # a skipped row: not counted
     now[0] += 10.0
     line = tally.line()
-    assert "10.0 s wall for 2 measured row(s)" in line
+    assert "10.0 s wall for 2 measured rows" in line
     assert "rank starts 2.0 s, setup 1.0 s, checks 1.0 s, timing 5.0 s" in line and "memory" not in line
     assert "timed samples themselves 2.00 s (20 % of the wall)" in line and "the rest 1.0 s" in line
 

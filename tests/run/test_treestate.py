@@ -131,7 +131,7 @@ def test_a_copy_edited_after_the_copy_records_dirty(repo, tmp_path):
     info = _env_json(dest)
     assert info["git_sha"] == _git(repo, "rev-parse", "HEAD") and info["git_dirty"] is True
     assert info["git_diff_paths"] == ["conf/quant/bf16.yaml"]
-    assert "1 file(s) changed, added or removed since: conf/quant/bf16.yaml" in info["git_tree_note"]
+    assert "1 file changed, added or removed since: conf/quant/bf16.yaml" in info["git_tree_note"]
     assert any("the tree was dirty" in n for n in run_notes(pd.DataFrame({"git_sha": [info["git_sha"]]}), info))
 
 

@@ -58,7 +58,7 @@ def test_a_run_copied_without_the_traces_its_rows_name_says_why(tmp_path, capsys
         df.to_parquet(f)
     rc, out, err = _trace([run], capsys)
     assert rc == 2 and out == "" and f"{run} has no traces/ folder" in err
-    assert "rows name 4 trace file(s)" in err and "traces/2ef5c09335d4/rank0_T4096.json" in err
+    assert "rows name 4 trace files" in err and "traces/2ef5c09335d4/rank0_T4096.json" in err
     assert "results/ folders omit them" in err and "re-run with trace=torch" in err
 
 

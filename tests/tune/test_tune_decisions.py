@@ -602,7 +602,7 @@ def test_a_decisions_regression_still_reports_the_tiles_check(tmp_path, monkeypa
     assert "moebench tune: decisions regression: 4 tokens: chosen contiguous/triton 12.0 µs" in got.err
     assert "moebench tune: the decisions regress\n" in got.err
     assert "moebench tune: regression: 4 tokens: tuned " in got.err and "above 1.1x" in got.err
-    assert check.table() in got.out and "1 of 1 token count(s) regress; worst 2.000x at 4 tokens" in got.out
+    assert check.table() in got.out and "1 of 1 token count regresses; worst 2.000x at 4 tokens" in got.out
 
 
 def test_a_partial_sidecar_moves_up_with_its_tiles(tmp_path, monkeypatch):

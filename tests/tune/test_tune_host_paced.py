@@ -70,5 +70,5 @@ def test_a_host_paced_trial_never_wins_and_the_tune_says_so(tmp_path, monkeypatc
     ]
     assert trial["us"] == 1.0 and trial["error"].startswith("host-paced")  # its figure kept, for reading
     assert "Host-paced trials (never ranked" in text
-    assert "4 tokens: 1 screened config(s) left out, their samples host-paced" in text
+    assert "4 tokens: 1 screened config left out, their samples host-paced" in text
     assert "baselines among them: " in text and "heuristic" in text.partition("baselines among them: ")[2]

@@ -66,7 +66,7 @@ def test_max_regression_decides_on_the_medians():
     assert not check.passed and [s.tokens for s in check.regressions] == [64]
     (line,) = check.lines()
     assert line == "64 tokens: tuned 130.0 µs vs current 100.0 µs = 1.300x [95 % CI 1.210, 1.380], above 1.02x"
-    assert "1 of 3 token count(s) regress; worst 1.300x at 64 tokens" in check.verdict()
+    assert "1 of 3 token counts regresses; worst 1.300x at 64 tokens" in check.verdict()
     d = check.to_json()
     assert d["passed"] is False and [s["regressed"] for s in d["sizes"]] == [False, True, False]
     assert d["sizes"][2]["same"] and d["sizes"][0]["ci_lo"] is None  # NaN written as null
@@ -129,7 +129,7 @@ def test_max_regression_installs_a_faster_table_and_refuses_a_slower_one(tmp_pat
     assert s["tokens"] == 4 and s["tuned"] == tuned and s["current"] == SLOW and not s["same"]
     assert len(s["tuned_samples"]) == len(s["current_samples"]) == 3  # --final-reps, timed in this call
     assert 0 < s["tuned_us"] < s["current_us"] and s["ratio"] < 1 and not s["regressed"]
-    assert "--max-regression 0.5 (50 %): passed at 1 token count(s)" in captured.out
+    assert "--max-regression 0.5 (50 %): passed at 1 token count against" in captured.out
     assert json.loads((part / name).read_text())["4"] == tuned  # installed over SLOW
     side = json.loads(
         (part / tconfig.config_file_name(8, 128, None, None).replace(".json", ".provenance.json")).read_text()
