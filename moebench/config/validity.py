@@ -10,6 +10,7 @@ from typing import Optional
 
 from moebench.config.names import not_implemented
 from moebench.config.spec import Combo
+from moebench.kernels.entry import Rule
 
 # the batched backends whose rows per expert follow workload.fill (kernels' `rows_per_expert`)
 FILL_BACKENDS = ("local_batched", "naive_batched")
@@ -19,8 +20,9 @@ FILL_BACKENDS = ("local_batched", "naive_batched")
 class Skip:
     """Why a combination cannot run: the skipped row's `reason`, and whether it breaks a rule
     of the plan, which no machine lifts (`rule`: layouts that differ, a split that does not
-    divide, ...), or names what this machine lacks (a plugin, CUDA; an entry's own `supports`
-    mixes its limits with its library and GPU, so its reasons count as the machine's)."""
+    divide, an entry's own limit its `supports` marks as a `Rule`, ...), or names what this
+    machine lacks (a plugin, CUDA, and every reason of `supports` left a plain `str`: an
+    entry's library, its GPU)."""
 
     reason: str
     rule: bool
@@ -34,7 +36,8 @@ def validate(combo: Combo) -> Optional[str]:
 
 def check(combo: Combo) -> Optional[Skip]:
     """Why this combination cannot run (every token count), or None: the rules of the plan
-    first, then what the machine lacks (docs/design.md, "Validity")."""
+    first (the contract's, then the entries' `Rule`s), then what the machine lacks
+    (docs/design.md, "Validity")."""
     from moebench.kernels import registry
 
     registry.discover()
@@ -45,10 +48,13 @@ def check(combo: Combo) -> Optional[Skip]:
     why = _plan_rule(combo)
     if why:
         return Skip(why, rule=True)
-    why = _needs_cuda(combo)
-    for kind, name, _ in entries:
-        why = why or registry.ask(kind, name, "supports", combo)  # a plugin that raises: the reason says so
-    return Skip(why, rule=False) if why else None
+    # a plugin that raises: a plain reason saying so (the machine's: its code, not the plan)
+    said = [registry.ask(kind, name, "supports", combo) for kind, name, _ in entries]
+    rule = next((why for why in said if isinstance(why, Rule)), None)
+    if rule:
+        return Skip(str(rule), rule=True)
+    why = _needs_cuda(combo) or next((why for why in said if why), None)
+    return Skip(str(why), rule=False) if why else None
 
 
 def _plan_rule(combo: Combo) -> Optional[str]:

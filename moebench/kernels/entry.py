@@ -27,6 +27,16 @@ class ActivationFormat(str, enum.Enum):
     BATCHED = "batched"  # [E, X, K] per-expert buffers + per-expert counts
 
 
+class Rule(str):
+    """A reason `supports` returns where no machine could run the combination: a quant, layout,
+    size or setting the entry never runs (`return Rule(f"... hidden={k}")`). The harness counts it
+    as a rule of the plan (a request made only of such combinations is refused, exit 2); a plain
+    `str` is what this machine lacks (a library, a GPU, its compute capability): a skipped row.
+    It is a `str`, so a reason marked so reads as one everywhere."""
+
+    __slots__ = ()
+
+
 class EntryCard:
     """What every entry declares, backend or experts."""
 
@@ -49,7 +59,8 @@ class EntryCard:
     def supports(cls, combo) -> Optional[str]:
         """Reason this entry cannot run `combo`, or None. `combo` is a read-only mapping: the
         axes, the model's sizes, quant, world_size, simulate_ep, device, timing and the chosen
-        entries' knobs, by name."""
+        entries' knobs, by name. A reason no machine lifts is a `Rule`; check those before what
+        the machine lacks, so that the answer is the same on every machine."""
         return None
 
 

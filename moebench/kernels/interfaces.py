@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
-from .entry import ActivationFormat, BackendCard, ExpertsCard  # noqa: F401 (ActivationFormat: re-exported)
+from .entry import ActivationFormat, BackendCard, ExpertsCard, Rule  # noqa: F401 (ActivationFormat, Rule: re-exported)
 from .split import split
 
 FP8_DTYPE = torch.float8_e4m3fn

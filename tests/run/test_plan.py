@@ -125,6 +125,31 @@ def test_check_tells_a_rule_of_the_plan_from_what_the_machine_lacks(monkeypatch)
     plan.refuse_impossible([c for c in combos if c.rule] + [replace(machine, reason="too few GPUs")])
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["Rule", "str"])
+def test_an_entrys_own_rule_is_a_rule_of_the_plan_and_a_plain_reason_the_machines(marked, monkeypatch):
+    """`supports` marks a reason no machine lifts with `Rule` (docs/plugins.md): check counts it as
+    a rule of the plan, before what the machine lacks (CUDA, the other entry's library); a plain
+    str, as every plugin written before the marker says it, stays the machine's."""
+    from moebench.kernels import registry
+    from moebench.kernels.interfaces import Rule
+
+    said = "experts=fault never runs this hidden size"
+    fault = registry.entry("experts", "fault")  # a plugin's entry (tests/support/fault_experts.py)
+    monkeypatch.setattr(fault, "supports", classmethod(lambda cls, combo: Rule(said) if marked else said))
+    base = to_combo(compose_config(["backend=local", "experts=fault", "model=tiny", "runner.device=cpu"]))
+    skip = validity.check(base)
+    assert skip == validity.Skip(said, rule=marked) and type(skip.reason) is str
+    profiler = validity.check(base.replace(timing="profiler"))  # CUDA, which this machine lacks
+    assert profiler.rule == marked and (said if marked else "needs CUDA") in profiler.reason
+    (c,) = plan.plan(["backend=local", "experts=fault", "model=tiny", "quant=bf16", "reduction=experts"], None)[0]
+    assert (c.reason, c.rule) == (said, marked)
+    if marked:
+        with pytest.raises(ValueError, match=f"^no machine can run this combination: {said}$"):
+            plan.refuse_impossible([c])
+    else:
+        plan.refuse_impossible([c])  # a skipped row
+
+
 def test_missing_library_entries_are_skipped_with_how_to_install():
     rs = reasons(["backend=deepep_ht", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16"])
     (why,) = rs.values()

@@ -296,6 +296,30 @@ def test_an_impossible_combination_is_refused_in_one_line_and_writes_nothing(
     assert captured.out == "" and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["Rule", "str"])
+def test_a_plugins_own_rule_is_refused_and_its_plain_reason_skipped(marked, capsys, tmp_path, monkeypatch):
+    """A plugin's `supports` that marks its reason a `Rule` (docs/plugins.md): a run of only that
+    combination is refused as a rule of the plan's (exit 2, one line, no run folder). The same
+    reason as a plain str is what this machine lacks: a skipped row, exit 0."""
+    from moebench.kernels import registry
+    from moebench.kernels.interfaces import Rule
+
+    said = "experts=fault never runs this hidden size"
+    fault = registry.entry("experts", "fault")  # a plugin's entry (tests/support/fault_experts.py)
+    monkeypatch.setattr(fault, "supports", classmethod(lambda cls, combo: Rule(said) if marked else said))
+    monkeypatch.chdir(tmp_path)
+    one = ["backend=local", "experts=fault", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny"]
+    code = cli.main(["run", *one, "runner.device=cpu", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    if marked:
+        assert code == 2 and err.splitlines() == [f"moebench run: error: no machine can run this combination: {said}"]
+        assert list(tmp_path.iterdir()) == []
+        return
+    assert code == 0 and "nothing ran: every combination was skipped on this machine (" in err
+    df = RunStore(tmp_path / "r").load()
+    assert set(df.status) == {"skipped"} and set(df.reason) == {said}
+
+
 @pytest.mark.multiprocess
 def test_a_sweep_with_an_impossible_combination_runs_the_others(tmp_path, capsys):
     """Some combinations run: the impossible ones are skipped rows with their rule (docs/design.md,
