@@ -10,7 +10,7 @@ from typing import Optional
 
 from moebench.config.names import not_implemented
 from moebench.config.spec import Combo
-from moebench.kernels.entry import Rule
+from moebench.kernels.entry import Rule, first_reason
 
 # the batched backends whose rows per expert follow workload.fill (kernels' `rows_per_expert`)
 FILL_BACKENDS = ("local_batched", "naive_batched")
@@ -49,11 +49,10 @@ def check(combo: Combo) -> Optional[Skip]:
     if why:
         return Skip(why, rule=True)
     # a plugin that raises: a plain reason saying so (the machine's: its code, not the plan)
-    said = [registry.ask(kind, name, "supports", combo) for kind, name, _ in entries]
-    rule = next((why for why in said if isinstance(why, Rule)), None)
-    if rule:
-        return Skip(str(rule), rule=True)
-    why = _needs_cuda(combo) or next((why for why in said if why), None)
+    said = first_reason(*(registry.ask(kind, name, "supports", combo) for kind, name, _ in entries))
+    if isinstance(said, Rule):
+        return Skip(str(said), rule=True)
+    why = _needs_cuda(combo) or said
     return Skip(str(why), rule=False) if why else None
 
 

@@ -37,6 +37,14 @@ class Rule(str):
     __slots__ = ()
 
 
+def first_reason(*reasons: Optional[str]) -> Optional[str]:
+    """The first `Rule` among `reasons`, else the first reason, else None: a rule no machine
+    lifts comes before what this machine lacks, whichever was asked first."""
+    return next((why for why in reasons if isinstance(why, Rule) and why), None) or next(
+        (why for why in reasons if why), None
+    )
+
+
 class EntryCard:
     """What every entry declares, backend or experts."""
 

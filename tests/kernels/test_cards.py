@@ -48,3 +48,69 @@ def test_an_implementation_must_subclass_its_card(monkeypatch):
     with pytest.raises(ValueError, match="has no card"):
         registry.register_experts("no_card_here")(nameless)
     assert registry.EXPERTS["torch"] is TorchExperts
+
+
+# the built-ins' `supports` on plain mappings: (kind, entry, the combination's changes, words of the
+# reason, whether it is a Rule), on a machine without DeepEP, pplx, DeepGEMM, a GPU or the interpreter
+STANDARD = {"backend": "local", "hidden": 2048, "intermediate": 1408, "quant": "fp8_block", "world_size": 1}
+EP = {"hidden": 7168, "num_experts": 256, "topk": 8, "quant": "bf16", "world_size": 2, "device": "cuda"}
+SUPPORTS = [
+    # rules: a quant, layout, size or setting the entry never runs, whatever the machine
+    ("experts", "deepgemm", {"quant": "bf16"}, "need quant=fp8_block", True),
+    ("experts", "deepgemm_masked", {"quant": "fp8_tensor"}, "need quant=fp8_block", True),
+    ("experts", "triton_or_deepgemm", {"quant": "bf16"}, "need quant=fp8_block", True),
+    ("experts", "triton", {"quant": "fp8_tensor", "row_layout": "gathered"}, "row_layout=gathered picks", True),
+    ("experts", "triton", {"row_layout": "contiguous", "hidden": 2880}, "multiples of 128 (hidden=2880)", True),
+    ("experts", "triton", {"quant": "bf16", "contiguous_gemm": "gluon"}, "fp8_block GEMM, not quant=bf16", True),
+    (
+        "experts",
+        "triton",
+        {"row_layout": "gathered", "contiguous_gemm": "gluon_wide"},
+        "contiguous layout's rows",
+        True,
+    ),
+    ("backend", "tp", {"overlap": "combine"}, "only overlap=none", True),
+    ("backend", "deepep_ht", {"world_size": 6}, "world_size in (2, 4, 8)", True),
+    ("backend", "deepep_ht", {"num_experts": 4096}, "at most 1024 experts per rank", True),
+    ("backend", "deepep_ht", {"topk": 40}, "top-k <= 32", True),
+    ("backend", "deepep_ht", {"hidden": 8192}, "16368 bytes", True),
+    ("backend", "deepep_ht", {"num_sms": 23}, "positive even SM count", True),
+    ("backend", "deepep_ht", {"combine_nvl_chunk": 256}, "receive buffer holds 256", True),
+    ("backend", "deepep_ll", {"world_size": 12}, "multiple of 8", True),
+    ("backend", "deepep_ll", {"hidden": 256}, "hidden in (2048", True),
+    ("backend", "deepep_ll", {"topk": 12}, "top-k <= 11", True),
+    ("backend", "deepep_ll", {"max_tokens_per_rank": 3}, "multiple of 4", True),
+    ("backend", "pplx", {"pplx_mode": "nvlink"}, "backend.pplx_mode='nvlink'", True),
+    ("backend", "pplx", {"hidden": 2044}, "16-byte units", True),
+    ("backend", "pplx", {"hidden": 32768}, "48 KiB", True),
+    # the machine's: a library, a GPU (or the interpreter), the device
+    ("experts", "deepgemm", {}, "deep_gemm not installed", False),
+    ("experts", "triton", {}, "Triton experts need a CUDA GPU", False),
+    ("experts", "triton", {"contiguous_gemm": "gluon"}, "Triton experts need a CUDA GPU", False),
+    ("experts", "triton_or_deepgemm", {}, "deep_gemm not installed", False),
+    ("backend", "deepep_ht", {}, "deep_ep is not installed", False),
+    ("backend", "deepep_ll", {}, "deep_ep is not installed", False),
+    ("backend", "pplx", {}, "pplx_kernels is not installed", False),
+]
+
+
+@pytest.mark.parametrize(
+    "kind, name, changes, says, rule",
+    SUPPORTS,
+    ids=[f"{c[1]}-{'-'.join(map(str, c[2].values())) or 'ok'}" for c in SUPPORTS],
+)
+def test_the_builtins_mark_what_no_machine_lifts_as_a_rule(kind, name, changes, says, rule, monkeypatch):
+    """Each built-in's `supports` returns a `Rule` for a limit no machine lifts (docs/design.md,
+    "Validity"), checked before its library and GPU, so that every machine refuses it alike; what
+    this machine lacks stays a plain str."""
+    from moebench.kernels.entry import Rule
+    from moebench.kernels.experts import _deep_gemm
+    from moebench.kernels.prepare_finalize import _deepep, _pplx
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_deep_gemm, "load", lambda: (None, "deep_gemm not installed: how to install it"))
+    monkeypatch.setattr(_deepep, "unavailable_reason", lambda: "deep_ep is not installed: how to install it")
+    monkeypatch.setattr(_pplx, "unavailable_reason", lambda: "pplx_kernels is not installed: how to install it")
+    base = dict(EP, backend=name) if kind == "backend" else dict(STANDARD, experts=name, device="cpu")
+    why = registry.entry(kind, name).supports({**base, **changes})
+    assert why is not None and says in why and isinstance(why, Rule) == rule, why

@@ -279,14 +279,20 @@ LAYOUTS = "layouts differ: backend=local produces the standard layout, experts=t
         (["run", "backend.simulate_ep=3"], "no machine can run this combination: simulate_ep=3 does not divide"),
         (["sweep", "backend=local", "experts=torch_batched"], "no machine can run any of these 18 combinations"),
         (["sweep", "--dry-run", "backend=local", "experts=torch_batched"], f"each breaks a rule: 18 with {LAYOUTS}"),
+        (["run", "experts=deepgemm", "quant=bf16"], "no machine can run this combination: DeepGEMM experts need quant"),
+        (
+            ["run", "backend=deepep_ll", "experts=torch_batched", "reduction=finalize"],
+            "no machine can run this combination: DeepEP low-latency kernels exist for hidden in",
+        ),
     ],
-    ids=["run-layouts", "run-simulate_ep", "sweep", "sweep-dry-run"],
+    ids=["run-layouts", "run-simulate_ep", "sweep", "sweep-dry-run", "run-experts-rule", "run-backend-rule"],
 )
 def test_an_impossible_combination_is_refused_in_one_line_and_writes_nothing(
     argv, words, capsys, tmp_path, monkeypatch
 ):
-    """Every combination asked for breaks a rule of the plan (config/validity.py's Skip.rule),
-    so no machine runs any: exit 2, one line, no run folder (--out or the default)."""
+    """Every combination asked for breaks a rule of the plan (config/validity.py's Skip.rule: the
+    contract's, or an entry's own `Rule`, here on a machine without DeepGEMM nor DeepEP), so no
+    machine runs any: exit 2, one line, no run folder (--out or the default)."""
     monkeypatch.chdir(tmp_path)
     assert cli.main([*argv, "model=tiny", "--out", str(tmp_path / "r")]) == 2
     assert cli.main([*argv, "model=tiny"]) == 2

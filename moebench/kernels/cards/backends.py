@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..entry import ActivationFormat, BackendCard
+from ..entry import ActivationFormat, BackendCard, Rule
 from ..knobs import Knob
 from ..prepare_finalize import _deepep, _pplx
 from ..registry import card
@@ -82,7 +82,7 @@ class TPCard(BackendCard):
         if overlap != "none":
             # vLLM's MoE under TP adds the shared experts' partial output to the routed one and
             # all-reduces the sum once: no dispatch to hide them behind, no combine without them
-            return (
+            return Rule(
                 f"overlap={overlap}: backend=tp all-reduces the shared experts' partial output with the "
                 "routed one (one all-reduce, as vLLM's MoE layers under TP): only overlap=none"
             )
@@ -133,37 +133,35 @@ class DeepEPHTCard(BackendCard):
 
     @classmethod
     def supports(cls, combo: dict) -> Optional[str]:
-        reason = _deepep_unusable("deepep_ht", combo)
-        if reason:
-            return reason
+        # the kernels' limits (DeepEP v1.2.1's, as wired here: Rules) before its library and GPUs
         ws = combo.get("world_size", 2)
         if ws not in _deepep.INTRANODE_WORLD_SIZES:
-            return (
+            return Rule(
                 f"deepep_ht runs DeepEP's intranode kernels: world_size in {_deepep.INTRANODE_WORLD_SIZES} (got {ws})"
             )
         E, P, K = combo.get("num_experts", ws), combo.get("topk", 1), combo.get("hidden", 128)
         quant = combo.get("quant", "bf16")
         if E // ws > MAX_HT_LOCAL_EXPERTS:
-            return f"DeepEP supports at most {MAX_HT_LOCAL_EXPERTS} experts per rank (got {E // ws})"
+            return Rule(f"DeepEP supports at most {MAX_HT_LOCAL_EXPERTS} experts per rank (got {E // ws})")
         if P > MAX_HT_TOPK:
-            return f"DeepEP HT supports top-k <= {MAX_HT_TOPK} (got {P})"
+            return Rule(f"DeepEP HT supports top-k <= {MAX_HT_TOPK} (got {P})")
         row = ht_row_bytes(K, quant)
         if row % 32 or row > MAX_HT_ROW_BYTES:
-            return (
+            return Rule(
                 f"DeepEP intranode dispatch needs rows of a multiple of 32 bytes and at most "
                 f"{MAX_HT_ROW_BYTES} bytes (hidden={K}, quant={quant}: {row} bytes)"
             )
         sms = combo.get("num_sms", DEFAULT_NUM_SMS)
         if sms <= 0 or sms % 2:
-            return f"backend.num_sms={sms}: DeepEP needs a positive even SM count"
+            return Rule(f"backend.num_sms={sms}: DeepEP needs a positive even SM count")
         for name in ("dispatch_nvl_chunk", "combine_nvl_chunk"):
             chunk = combo.get(name, 0)
             if not 0 <= chunk < _deepep.NVL_RECV_TOKENS:
-                return (
+                return Rule(
                     f"backend.{name}={chunk}: 0 (DeepEP's recommended config) or 1..{_deepep.NVL_RECV_TOKENS - 1} "
                     f"tokens per chunk (the receive buffer holds {_deepep.NVL_RECV_TOKENS})"
                 )
-        return None
+        return _deepep_unusable("deepep_ht", combo)
 
 
 # -- DeepEP low-latency ---------------------------------------------------------------
@@ -184,24 +182,22 @@ class DeepEPLLCard(BackendCard):
 
     @classmethod
     def supports(cls, combo: dict) -> Optional[str]:
-        reason = _deepep_unusable("deepep_ll", combo)
-        if reason:
-            return reason
+        # the kernels' limits (DeepEP v1.2.1's: Rules) before its library and GPUs
         ws = combo.get("world_size", 2)
         if ws >= MAX_NVL_PEERS and ws % MAX_NVL_PEERS:
-            return f"DeepEP needs fewer than {MAX_NVL_PEERS} ranks or a multiple of {MAX_NVL_PEERS} (got {ws})"
+            return Rule(f"DeepEP needs fewer than {MAX_NVL_PEERS} ranks or a multiple of {MAX_NVL_PEERS} (got {ws})")
         P, K = combo.get("topk", 1), combo.get("hidden", 7168)
         if K not in SUPPORTED_HIDDEN:
-            return f"DeepEP low-latency kernels exist for hidden in {SUPPORTED_HIDDEN} (got hidden={K})"
+            return Rule(f"DeepEP low-latency kernels exist for hidden in {SUPPORTED_HIDDEN} (got hidden={K})")
         if P > MAX_TOPK:
-            return f"DeepEP low-latency supports top-k <= {MAX_TOPK} (got {P})"
+            return Rule(f"DeepEP low-latency supports top-k <= {MAX_TOPK} (got {P})")
         cap = combo.get("max_tokens_per_rank", 512)
         if (ws * cap) % 4:
-            return (
+            return Rule(
                 f"DeepEP low-latency needs world_size * backend.max_tokens_per_rank to be a multiple of 4 "
                 f"(got {ws} * {cap})"
             )
-        return None
+        return _deepep_unusable("deepep_ll", combo)
 
     @classmethod
     def process_group_family(cls, combo) -> tuple:
@@ -248,29 +244,30 @@ class PplxCard(BackendCard):
 
     @classmethod
     def supports(cls, combo: dict) -> Optional[str]:
+        # the kernels' limits (Rules) before the library and the GPUs
+        mode = pplx_mode(combo)
+        if mode not in _pplx.MODES:
+            return Rule(f"backend.pplx_mode={mode!r}; valid: {', '.join(_pplx.MODES)}")
+        K = combo.get("hidden", 128)
+        quant = combo.get("quant", "bf16")
+        row, scale_bytes, _ = pplx_dispatch_format(K, quant)
+        if row % 16 or K % 8:
+            return Rule(
+                f"pplx moves rows in 16-byte units: hidden={K} ({row} bytes a row) must be a multiple of 16 bytes "
+                "and of 8"
+            )
+        staged = _pplx.round_up(row + scale_bytes + 4, 16)
+        if mode == "intranode" and staged > _pplx.MAX_STAGED_ROW_BYTES:
+            return Rule(
+                f"pplx's intranode dispatch stages a row in <= 48 KiB of shared memory (hidden={K}, {quant}: "
+                f"{staged} bytes)"
+            )
         reason = _pplx.unavailable_reason()
         if reason:
             return reason
         device = combo.get("device", "cuda")
         if device != "cuda":
             return f"pplx needs CUDA GPUs (device={device})"
-        mode = pplx_mode(combo)
-        if mode not in _pplx.MODES:
-            return f"backend.pplx_mode={mode!r}; valid: {', '.join(_pplx.MODES)}"
-        K = combo.get("hidden", 128)
-        quant = combo.get("quant", "bf16")
-        row, scale_bytes, _ = pplx_dispatch_format(K, quant)
-        if row % 16 or K % 8:
-            return (
-                f"pplx moves rows in 16-byte units: hidden={K} ({row} bytes a row) must be a multiple of 16 bytes "
-                "and of 8"
-            )
-        staged = _pplx.round_up(row + scale_bytes + 4, 16)
-        if mode == "intranode" and staged > _pplx.MAX_STAGED_ROW_BYTES:
-            return (
-                f"pplx's intranode dispatch stages a row in <= 48 KiB of shared memory (hidden={K}, {quant}: "
-                f"{staged} bytes)"
-            )
         return None
 
     @classmethod

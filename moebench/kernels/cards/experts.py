@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..entry import ActivationFormat, ExpertsCard
+from ..entry import ActivationFormat, ExpertsCard, Rule, first_reason
 from ..experts import _deep_gemm
 from ..knobs import Knob
 from ..registry import card, ep_split
@@ -105,24 +105,24 @@ DEFAULT_MIN_TOKENS = 256  # triton_or_deepgemm: DeepGEMM from this many rows aft
 
 def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
     """Why the contiguous layout cannot run these shapes, or None (the GEMM's N tiles
-    are multiples of 128; the rows are permuted 128 columns at a time)."""
+    are multiples of 128; the rows are permuted 128 columns at a time): a Rule, whatever the GPU."""
     if quant not in CONTIGUOUS_QUANTS:
-        return f"the contiguous layout runs {' and '.join(CONTIGUOUS_QUANTS)}, not quant={quant}"
+        return Rule(f"the contiguous layout runs {' and '.join(CONTIGUOUS_QUANTS)}, not quant={quant}")
     bad = [
         f"{n}={v}" for n, v in (("hidden", hidden), ("intermediate", intermediate)) if v is not None and int(v) % 128
     ]
     if bad:
-        return f"the contiguous layout needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})"
+        return Rule(f"the contiguous layout needs hidden and intermediate to be multiples of 128 ({', '.join(bad)})")
     return None
 
 
 def gluon_unsupported(quant: str, layout: str, device: str) -> Optional[str]:
-    """Why the Gluon GEMM cannot run, or None: fp8_block rows on the contiguous layout of a
-    Hopper GPU (its WGMMA and TMA are sm_90's; Gluon has no interpreter)."""
+    """Why the Gluon GEMM cannot run, or None: fp8_block rows on the contiguous layout (a Rule
+    otherwise) of a Hopper GPU (its WGMMA and TMA are sm_90's; Gluon has no interpreter)."""
     if quant != "fp8_block":
-        return f"it is an fp8_block GEMM, not quant={quant}"
+        return Rule(f"it is an fp8_block GEMM, not quant={quant}")
     if layout == "gathered":
-        return "it runs the contiguous layout's rows (experts.row_layout=auto or contiguous)"
+        return Rule("it runs the contiguous layout's rows (experts.row_layout=auto or contiguous)")
     if not device.startswith("cuda"):
         return "Gluon kernels have no interpreter: it runs on a Hopper GPU only"
     why = gluon_runtime_unsupported()
@@ -143,40 +143,55 @@ def _quant_name(combo: dict) -> str:
     return str(q)
 
 
+def _prefixed(prefix: str, why: Optional[str]) -> Optional[str]:
+    """`why` after `prefix`, a Rule kept a Rule; None for None."""
+    if not why:
+        return None
+    return Rule(prefix + why) if isinstance(why, Rule) else prefix + why
+
+
 def triton_unsupported(combo: dict) -> Optional[str]:
-    """Reason the Triton experts cannot run `combo`, or None (both layouts)."""
+    """Reason the Triton experts cannot run `combo`, or None (both layouts): the knobs' rules
+    (a Rule: a quant, layout or shape they never run) before what the machine lacks."""
     device = str(combo.get("device", "cuda"))
     quant = _quant_name(combo)
-    if not device.startswith("cuda"):
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            return "Triton experts need a CUDA GPU (or TRITON_INTERPRET=1 for the interpreter)"
-    else:
-        import torch  # the GPU's compute capability: only where the combination runs on CUDA
-
-        if quant.startswith("fp8") and torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            if (major, minor) < (8, 9):
-                return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
     layout = combo.get("row_layout", "auto")
     if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
-        return f"experts.row_layout={layout} picks the row layout of quant={' or '.join(CONTIGUOUS_QUANTS)} only"
+        return Rule(f"experts.row_layout={layout} picks the row layout of quant={' or '.join(CONTIGUOUS_QUANTS)} only")
     gemm = combo.get("contiguous_gemm", "auto")
+    gluon = None
     if gemm in GLUON_GEMMS:
-        why = gluon_unsupported(quant, layout, device)
-        if why:
-            return f"experts.contiguous_gemm={gemm}: {why}"
+        gluon = _prefixed(f"experts.contiguous_gemm={gemm}: ", gluon_unsupported(quant, layout, device))
+        if isinstance(gluon, Rule):
+            return gluon
     if layout == "contiguous":
-        if device.startswith("cuda"):
-            import torch
-
-            if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
-                return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
         inter = combo.get("intermediate")
         tp = ep_split(combo).tp  # (backend=tp: world_size; else simulate_tp)
         inter = inter // tp if inter is not None else None  # the rank's shard
-        why = contiguous_unsupported(quant, combo.get("hidden"), inter)
+        why = contiguous_unsupported(quant, combo.get("hidden"), inter)  # a Rule
         if why:
-            return f"experts.row_layout=contiguous: {why}"
+            return _prefixed("experts.row_layout=contiguous: ", why)
+    return _triton_machine(device, quant, layout, gluon)
+
+
+def _triton_machine(device: str, quant: str, layout: str, gluon: Optional[str]) -> Optional[str]:
+    """What the machine lacks for the Triton experts: a GPU (or the interpreter), an fp8 dot's
+    compute capability, what the Gluon GEMM needs (`gluon`: why not, or None), the contiguous
+    layout's TMA."""
+    if not device.startswith("cuda"):
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return "Triton experts need a CUDA GPU (or TRITON_INTERPRET=1 for the interpreter)"
+        return gluon
+    import torch  # the GPU's compute capability: only where the combination runs on CUDA
+
+    if quant.startswith("fp8") and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
+    if gluon:
+        return gluon
+    if layout == "contiguous" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
+        return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
     return None
 
 
@@ -256,4 +271,4 @@ class TritonOrDeepGemmCard(ExpertsCard):
 
     @classmethod
     def supports(cls, combo):
-        return _deep_gemm.deepgemm_unsupported(combo) or triton_unsupported(combo)
+        return first_reason(_deep_gemm.deepgemm_unsupported(combo), triton_unsupported(combo))

@@ -19,6 +19,7 @@ import functools
 from typing import Any, Optional
 
 from .._optional import OptionalLibrary
+from ..entry import Rule
 
 INSTALL_HINT = (
     "run scripts/install_deep_gemm.sh on the GPU machine (PyPI deepinfer-gemm 2.8.2) "
@@ -73,7 +74,7 @@ def _quant_name(combo: dict) -> str:
 def deepgemm_unsupported(combo: dict) -> Optional[str]:
     """Reason the DeepGEMM experts cannot run `combo` here, or None (both layouts)."""
     if _quant_name(combo) != "fp8_block":  # a rule of the combination, before what this machine lacks
-        return "DeepGEMM experts need quant=fp8_block (fp8 with 128x128 weight / 1x128 activation scales)"
+        return Rule("DeepGEMM experts need quant=fp8_block (fp8 with 128x128 weight / 1x128 activation scales)")
     _, reason = load()
     if reason:
         return reason
