@@ -146,22 +146,24 @@ class Comparison:
 
 def never_runs(row: dict) -> bool:
     """Whether a skipped row's reason is a rule of the plan its combination breaks, whatever the
-    machine (config/validity.py's `validate`: a batched backend with reduction=experts, layouts
-    that differ, ...), rather than something this machine lacked (a library, GPUs, a plugin):
-    such a row can never run that way, so a comparison gives it no verdict."""
+    machine (config/validity.py's `check` with `Skip.rule`: a batched backend with
+    reduction=experts, layouts that differ, an entry's own `Rule`, ...), rather than something a
+    machine lacked (a library, GPUs, CUDA, a plugin), even where this machine lacks it too: such a
+    row can never run that way, so a comparison gives it no verdict. The rule must be the reason
+    the row recorded."""
     from moebench.config.spec import from_row
-    from moebench.config.validity import validate
+    from moebench.config.validity import check
 
     try:
-        why = validate(from_row(row))
+        skip = check(from_row(row))
     except (KeyError, TypeError, ValueError):  # a row of an older schema or another build's entry
         return False
-    return why is not None and why == row.get("reason") and "registered in this build" not in why
+    return skip is not None and skip.rule and skip.reason == row.get("reason")
 
 
 def _never_runs_once(row: pd.Series, cache: dict) -> bool:
     """never_runs of a candidate row, decided once per (combo_key, reason): a combination's rows
-    share the Combo validate judges (a 10,000-row comparison rebuilt one per skipped pair)."""
+    share the Combo check judges (a 10,000-row comparison rebuilt one per skipped pair)."""
     key = (row.get("combo_key"), row.get("reason"))
     if key not in cache:
         cache[key] = never_runs(row.to_dict())
@@ -279,7 +281,7 @@ def compare_pairs(
     bound_of = bounds(cand) if clocked else []
     judge = lambda b, c: latency_verdict(b, c, threshold, alpha, min_samples)[0]
     out, resampled = [], []
-    never: dict = {}  # (combo_key, reason) -> never_runs: one Combo and validate per combination
+    never: dict = {}  # (combo_key, reason) -> never_runs: one Combo and check per combination
     for n, row in enumerate(records(matched)):
         side = {s: {k: row[f"{s}_{k}"] for k in SIDE_COLUMNS} for s in ("base", "cand")}
         v, r, p = latency_verdict(side["base"], side["cand"], threshold, alpha, min_samples)

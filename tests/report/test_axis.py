@@ -132,3 +132,27 @@ def test_a_combination_that_can_never_run_that_way_gets_no_verdict():
     assert lines[0].startswith("**Verdict (reduction=experts vs reduction=finalize): 1 skipped** in 0 rows")
     assert not any("torch_batched" in x and x.startswith("- **skipped**") for x in lines)
     assert any(x.startswith("- no verdict, cannot run: 1 row ") and rule in x for x in lines)
+
+
+def test_cannot_run_is_a_rule_of_the_plan_not_a_reason_this_machine_shares(monkeypatch):
+    """never_runs asks config/validity.py's check for Skip.rule: a row skipped by an entry's own
+    Rule (the DeepGEMM experts with bf16) is 'cannot run'; one skipped because its machine lacked
+    DeepGEMM stays 'skipped', even where the machine comparing lacks it too and gives the very same
+    reason (no verdict must not rest on what one machine lacks)."""
+    from moebench.config.validity import validate
+    from moebench.kernels.experts import _deep_gemm
+    from moebench.report.compare import never_runs
+
+    monkeypatch.setattr(_deep_gemm, "load", lambda: (None, "deep_gemm not installed: how to install it"))
+    rows = []
+    for quant in ("bf16", "fp8_block"):
+        rows.append(make_row("local", "deepgemm", "finalize", "none", quant, 64, samples_us=[90.0] * 10))
+        skipped = make_row("local", "deepgemm", "experts", "none", quant, 64, status="skipped")
+        rows.append({**skipped, "reason": validate(from_row(skipped))})  # the reason this machine gives too
+    rule, machine = rows[1], rows[3]
+    assert "need quant=fp8_block" in rule["reason"] and "deep_gemm not installed" in machine["reason"]
+    assert never_runs(rule) and not never_runs(machine)
+    assert not never_runs({**rule, "reason": "another build's words"})  # the row's own reason must be the rule
+    cmp = compare_axis(pd.DataFrame(rows), "reduction=finalize:experts")
+    verdicts = dict(zip(cmp.matched["quant"], cmp.matched["verdict"].astype(str), strict=True))
+    assert verdicts == {"bf16": "cannot run", "fp8_block": "skipped"}
