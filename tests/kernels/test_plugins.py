@@ -155,6 +155,12 @@ def test_list_shows_the_example_entries_with_each_field_of_their_combination(sit
     skipped = items[("naive", "mykernel_v2", "fp8_block")]  # the plugin's own supports() rule
     assert skipped["status"] == "skipped" and "bf16 only" in skipped["reason"]
     assert items[("example_a2a", "torch", "fp8_block")]["status"] == "valid"
+    # its supports() returns a Rule (docs/plugins.md): a run of nothing else is refused, no run folder
+    one = ["backend=naive", "experts=mykernel_v2", "quant=fp8_block", "reduction=experts", "overlap=none", "model=tiny"]
+    only = moebench(["run", *one, "runner.device=cpu"], [good], tmp_path)
+    assert only.returncode == 2, only.stderr
+    assert "error: no machine can run this combination: experts=mykernel_v2 computes in bf16 only" in only.stderr
+    assert not (tmp_path / "runs").exists()
 
     text = moebench(["list", *ovs], [good], tmp_path)
     assert text.returncode == 0, text.stderr

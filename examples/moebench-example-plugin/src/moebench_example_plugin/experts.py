@@ -14,6 +14,11 @@ from moebench.kernels.interfaces import ActivationFormat, Experts
 from moebench.kernels.reference import silu_and_mul
 from moebench.kernels.registry import register_experts
 
+try:
+    from moebench.kernels.interfaces import Rule  # a reason no machine lifts (docs/plugins.md)
+except ImportError:  # moebench 0.2.0: no marker, a plain reason (counted as the machine's)
+    Rule = str
+
 
 def loop_moe(x_MK, ids_MP, weights_MP, w13_ENK, w2_EKI, reduce: bool) -> torch.Tensor:
     """The local experts one at a time. ids_MP holds local expert ids, -1 for pairs of other
@@ -72,8 +77,8 @@ class FunctionExperts(Experts):
 
     @classmethod
     def supports(cls, combo):
-        if combo["quant"] != "bf16":
-            return f"experts={combo['experts']} computes in bf16 only (quant={combo['quant']})"
+        if combo["quant"] != "bf16":  # no machine lifts it: a rule of the plan
+            return Rule(f"experts={combo['experts']} computes in bf16 only (quant={combo['quant']})")
         return None
 
     def workspace_shapes(self, M, N, K, topk, num_local_experts):
