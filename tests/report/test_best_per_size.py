@@ -21,30 +21,15 @@ def test_results_margin_interval_on_a_synthetic_run(tmp_path):
         make_row("local", "triton", "experts", "none", "bf16", 256, samples_us=200 * np.exp(rng.normal(0, 0.05, 30))),
         make_row("local", "torch", "experts", "none", "bf16", 256, samples_us=201 * np.exp(rng.normal(0, 0.05, 30))),
         make_row("local", "triton", "finalize", "none", "bf16", 256, samples_us=None, status="failed", reason="boom"),
-        # the same combination with a knob off its default competes as its own entry
-        make_row(
-            "local",
-            "triton",
-            "experts",
-            "none",
-            "bf16",
-            64,
-            samples_us=105 * np.exp(rng.normal(0, 0.01, 30)),
-            combo_key="local/triton/experts/none/bf16/tiny/1/gathered",
-            row_layout="gathered",
-        ),
-        make_row(
-            "local",
-            "triton",
-            "experts",
-            "none",
-            "bf16",
-            64,
-            samples_us=130 * np.exp(rng.normal(0, 0.01, 30)),
-            combo_key="local/triton/experts/none/bf16/tiny/1/gemm=gluon",
-            contiguous_gemm="gluon",
-        ),
     ]
+
+    def knob_row(us: float, tail: str, **knob):
+        """The 64-token triton row with a knob off its default: it competes as its own entry."""
+        samples = us * np.exp(rng.normal(0, 0.01, 30))
+        key = f"local/triton/experts/none/bf16/tiny/1/{tail}"
+        return make_row("local", "triton", "experts", "none", "bf16", 64, samples_us=samples, combo_key=key, **knob)
+
+    rows += [knob_row(105, "gathered", row_layout="gathered"), knob_row(130, "gemm=gluon", contiguous_gemm="gluon")]
     df, _ = load_run(write_run(tmp_path / "run", pd.DataFrame(rows)))
     best = best_per_size(df).set_index("tokens_per_rank")
     clear, tie = best.loc[64], best.loc[256]
