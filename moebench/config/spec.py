@@ -395,6 +395,10 @@ class Combination:
     # `reason` breaks a rule of the plan, which no machine lifts (config/validity.py's Skip.rule);
     # False where this machine, a library or a plugin is why
     rule: bool = False
+    # tokens -> reason, the token counts that break a rule of the plan (config/validity.py's
+    # check_tokens: a cap the config sets), asked where the combination breaks none itself, this
+    # machine's reasons aside: no machine runs a combination every token count of which is here
+    token_rules: dict = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -409,6 +413,12 @@ class Combination:
         if self.reason:
             return []
         return [t for t in self.tokens if t not in self.token_reasons]
+
+    @property
+    def ruled_out(self) -> bool:
+        """No machine runs any of it: the combination breaks a rule of the plan, or each of its
+        token counts does."""
+        return self.rule or all(t in self.token_rules for t in self.tokens)
 
     @property
     def family(self) -> tuple:

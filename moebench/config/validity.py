@@ -217,11 +217,24 @@ def timing_note(combo: Combo, tokens: int) -> str:
 
 
 def validate_tokens(combo: Combo, tokens: int) -> Optional[str]:
-    """Reason one token count cannot run (e.g. over a batched buffer's cap)."""
+    """Reason one token count cannot run (e.g. over a batched buffer's cap), or None."""
+    skip = check_tokens(combo, tokens)
+    return skip.reason if skip else None
+
+
+def check_tokens(combo: Combo, tokens: int) -> Optional[Skip]:
+    """Why one token count cannot run, or None, with whether it breaks a rule of the plan
+    (docs/design.md, "Validity"). timing=graph at or below graph_max_tokens: needing CUDA is the
+    machine's (as _needs_cuda's), an entry that cannot be captured is its card's declaration, the
+    same everywhere: a rule. A backend's `token_limit`: a `Rule` (the cards' cap, from
+    backend.max_tokens_per_rank) is a rule, a plain str the machine's."""
     from moebench.kernels import registry
 
+    if combo.backend not in registry.BACKENDS or combo.experts not in registry.EXPERTS:
+        return None  # an entry this build lacks (a disabled plugin): check's reason, the machine's
     if combo.timing == "graph" and tokens <= combo.graph_max_tokens:
         why = graph_capturable(combo)
         if why:
-            return f"timing=graph: {why}; use runner.timing=auto or events"
-    return registry.ask("backend", combo.backend, "token_limit", combo, tokens)
+            return Skip(f"timing=graph: {why}; use runner.timing=auto or events", rule=combo.device == "cuda")
+    said = registry.ask("backend", combo.backend, "token_limit", combo, tokens)
+    return Skip(str(said), rule=isinstance(said, Rule)) if said else None

@@ -96,7 +96,8 @@ class BackendCard(EntryCard):
 
     @classmethod
     def token_limit(cls, combo, tokens: int) -> Optional[str]:
-        """Reason `tokens` per rank cannot run with `combo` (e.g. a buffer's cap), or None."""
+        """Reason `tokens` per rank cannot run with `combo` (e.g. a buffer's cap), or None; a
+        `Rule` where no machine lifts it (a cap the config sets), as `supports`'s."""
         return None
 
 

@@ -15,7 +15,7 @@ from moebench.config.device import cuda_available, cuda_device_count
 from moebench.config.paths import ADHOC
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
-from moebench.config.validity import check, validate_tokens
+from moebench.config.validity import check, check_tokens
 
 
 def _ranks_available(device: str) -> int:
@@ -160,14 +160,13 @@ def plan(
             not reason and not explicit_ws and this_machine and _ranks_available(combo.device)
         ):  # no GPU at all: refused below
             reason = machine_reason(combo, oversubscribe)
-        token_reasons = {}
-        if not reason:
-            for t in cfg["workload"]["tokens_per_rank"]:
-                why = validate_tokens(combo, t)
-                if why:
-                    token_reasons[t] = why
         tokens = tuple(cfg["workload"]["tokens_per_rank"])
-        combos.append(Combination(combo, tokens, tuple(ovs), reason, token_reasons, rule))
+        # asked beside this machine's reason too: a cap no machine lifts rules a token count out
+        # wherever it runs (a rule before what the machine lacks, as check's)
+        token_skips = {t: check_tokens(combo, t) for t in tokens} if not rule else {}
+        token_reasons = {t: s.reason for t, s in token_skips.items() if s and not reason}
+        token_rules = {t: s.reason for t, s in token_skips.items() if s and s.rule}
+        combos.append(Combination(combo, tokens, tuple(ovs), reason, token_reasons, rule, token_rules))
     unused = sorted(knobs_set - knobs_taken)
     if unused:
         raise ValueError(
@@ -182,16 +181,26 @@ def plan(
 
 
 def refuse_impossible(combos: list[Combination]) -> None:
-    """Refuse, before any work (ValueError: one line, exit 2), a request whose every combination
-    breaks a rule of the plan (Combination.rule): no machine runs any of it. Where one can run, or
+    """Refuse, before any work (ValueError: one line, exit 2), a request no machine runs any of:
+    every combination breaks a rule of the plan (Combination.rule), or each of its token counts
+    does (token_rules: a cap the config sets). Where one (combination, token count) can run, or
     this machine is why one is skipped, the sweep goes on and each is a skipped row with its reason."""
-    if not combos or not all(c.rule for c in combos):
+    if not combos or not all(c.ruled_out for c in combos):
         return
-    groups = reason_groups([c.reason or "" for c in combos])
-    if len(combos) == 1:
-        raise ValueError(f"no machine can run this combination: {groups[0][1]}")
+    pairs = not all(c.rule for c in combos)  # a token count's rule: count (combination, token count) pairs
+    reasons = []
+    for c in combos:
+        if not pairs:
+            reasons.append(c.reason or "")
+        else:
+            reasons += [c.reason or "" for _ in c.tokens] if c.rule else [c.token_rules[t] for t in c.tokens]
+    groups = reason_groups(reasons)
+    if len(reasons) == 1:
+        at = f" at workload.tokens_per_rank={combos[0].tokens[0]}" if pairs else ""
+        raise ValueError(f"no machine can run this combination{at}: {groups[0][1]}")
     rules = "; ".join(f"{n} with {text}" for n, text in groups)
-    raise ValueError(f"no machine can run any of these {len(combos)} combinations, each breaks a rule: {rules}")
+    what = f"{len(reasons)} (combination, token count) pairs" if pairs else f"{len(combos)} combinations"
+    raise ValueError(f"no machine can run any of these {what}, each breaks a rule: {rules}")
 
 
 def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:

@@ -255,9 +255,9 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
 
 def nothing_ran(combos: list[Combination]) -> str:
     """The line a sweep that ran nothing ends with: every combination skipped, on this machine
-    (a library, GPUs, CUDA, a token count's limit), and those that break a rule of the plan named
+    (a library, GPUs, CUDA), and those that break a rule of the plan (or each token count does) named
     apart (no machine runs them; where every one does, the sweep was refused: refuse_impossible)."""
-    rules = sum(1 for c in combos if c.rule)
+    rules = sum(1 for c in combos if c.ruled_out)
     where = " on this machine"
     if rules:
         where = f": {len(combos) - rules} on this machine, {rules} by a rule of the plan that no machine lifts"

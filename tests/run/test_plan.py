@@ -150,6 +150,39 @@ def test_an_entrys_own_rule_is_a_rule_of_the_plan_and_a_plain_reason_the_machine
         plan.refuse_impossible([c])  # a skipped row
 
 
+CAPPED = ["backend=pplx", "experts=torch_batched", "reduction=finalize", "quant=bf16", "model=tiny"]
+
+
+def test_a_token_count_over_the_cap_is_a_rule_and_refused_where_every_one_is(monkeypatch):
+    """config/validity.py's check_tokens: backend.max_tokens_per_rank is the config's cap, a rule of
+    the plan (asked beside this machine's reason, pplx's library absent here); timing=graph's
+    entry that cannot be captured is its card's (a rule), needing CUDA the machine's. A request
+    every (combination, token count) of which is over the cap is refused naming the cap and what
+    to change; one with a token count under it goes on (its rows skipped here, for the library)."""
+    base = to_combo(compose_config(["backend=local", "experts=torch", "model=tiny", "runner.device=cpu"]))
+    pplx = base.replace(backend="pplx", experts="torch_batched", reduction="finalize", world_size=2)
+    assert validity.check_tokens(pplx, 512) is None
+    over = validity.check_tokens(pplx, 513)
+    assert over.rule and "max_tokens_per_rank=512" in over.reason and type(over.reason) is str
+    g = base.replace(timing="graph", graph_max_tokens=256)
+    assert not validity.check_tokens(g, 16).rule  # needs CUDA: the machine's
+    from moebench.kernels import registry
+
+    monkeypatch.setattr(registry.get_experts("torch"), "graph_capturable", False)
+    assert validity.check_tokens(g.replace(device="cuda"), 16).rule  # the entry's declaration
+    (c,) = plan.plan([*CAPPED, "workload.tokens_per_rank=[1024,2048]"], None)[0]
+    assert "pplx_kernels" in c.reason and not c.rule and c.ruled_out and c.token_reasons == {}
+    with pytest.raises(ValueError, match=r"^no machine can run any of these 2 \(combination, token count\) pairs") as e:
+        plan.refuse_impossible([c])
+    assert "raise backend.max_tokens_per_rank or lower workload.tokens_per_rank" in str(e.value)
+    (c,) = plan.plan([*CAPPED, "workload.tokens_per_rank=[1024]", "backend.max_tokens_per_rank=1024"], None)[0]
+    assert not c.ruled_out and c.token_rules == {}
+    plan.refuse_impossible([c])  # raised the cap: the library is this machine's reason, a skipped row
+    (c,) = plan.plan([*CAPPED, "workload.tokens_per_rank=[256,1024]"], None)[0]
+    assert list(c.token_rules) == [1024] and not c.ruled_out
+    plan.refuse_impossible([c])  # 256 tokens run where pplx is installed
+
+
 def test_missing_library_entries_are_skipped_with_how_to_install():
     rs = reasons(["backend=deepep_ht", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16"])
     (why,) = rs.values()

@@ -270,6 +270,7 @@ def test_bad_input_exits_2_before_any_work(argv, words, capsys, tmp_path, monkey
 
 
 LAYOUTS = "layouts differ: backend=local produces the standard layout, experts=torch_batched reads batched"
+CAP = "backend.max_tokens_per_rank=512 caps the batched buffers:"
 
 
 @pytest.mark.parametrize(
@@ -284,15 +285,33 @@ LAYOUTS = "layouts differ: backend=local produces the standard layout, experts=t
             ["run", "backend=deepep_ll", "experts=torch_batched", "reduction=finalize"],
             "no machine can run this combination: DeepEP low-latency kernels exist for hidden in",
         ),
+        (
+            ["run", "backend=pplx", "experts=torch_batched", "reduction=finalize", "workload.tokens_per_rank=[1024]"],
+            f"no machine can run this combination at workload.tokens_per_rank=1024: {CAP} 1024 tokens per rank",
+        ),
+        (
+            ["sweep", "backend=pplx", "experts=triton_batched", "workload.tokens_per_rank=[1024,2048]"],
+            f"no machine can run any of these 36 (combination, token count) pairs, each breaks a rule: 18 with {CAP}",
+        ),
     ],
-    ids=["run-layouts", "run-simulate_ep", "sweep", "sweep-dry-run", "run-experts-rule", "run-backend-rule"],
+    ids=[
+        "run-layouts",
+        "run-simulate_ep",
+        "sweep",
+        "sweep-dry-run",
+        "run-experts-rule",
+        "run-backend-rule",
+        "run-over-the-cap",
+        "sweep-over-the-cap",
+    ],
 )
 def test_an_impossible_combination_is_refused_in_one_line_and_writes_nothing(
     argv, words, capsys, tmp_path, monkeypatch
 ):
     """Every combination asked for breaks a rule of the plan (config/validity.py's Skip.rule: the
-    contract's, or an entry's own `Rule`, here on a machine without DeepGEMM nor DeepEP), so no
-    machine runs any: exit 2, one line, no run folder (--out or the default)."""
+    contract's, or an entry's own `Rule`, here on a machine without DeepGEMM nor DeepEP), or each
+    of its token counts does (over pplx's cap, here on a machine without pplx), so no machine runs
+    any: exit 2, one line, no run folder (--out or the default)."""
     monkeypatch.chdir(tmp_path)
     assert cli.main([*argv, "model=tiny", "--out", str(tmp_path / "r")]) == 2
     assert cli.main([*argv, "model=tiny"]) == 2

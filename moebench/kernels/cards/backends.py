@@ -23,10 +23,15 @@ MAX_TOKENS_KNOB = Knob(
 
 
 def max_tokens_reason(combo, tokens: int):
-    """Why `tokens` per rank do not fit the batched buffers of `combo`, or None."""
+    """Why `tokens` per rank do not fit the batched buffers of `combo`, or None: a `Rule`, the
+    cap is the config's knob, the same on every machine. The text before ':' names the cap alone,
+    so a sweep's reasons group by cap."""
     cap = combo.get("max_tokens_per_rank", MAX_TOKENS_KNOB.default)
     if tokens > cap:
-        return f"{tokens} tokens per rank exceed the batched buffers' cap backend.max_tokens_per_rank={cap}"
+        return Rule(
+            f"backend.max_tokens_per_rank={cap} caps the batched buffers: {tokens} tokens per rank exceed it "
+            "(raise backend.max_tokens_per_rank or lower workload.tokens_per_rank)"
+        )
     return None
 
 
