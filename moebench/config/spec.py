@@ -418,7 +418,7 @@ class Combination:
     def ruled_out(self) -> bool:
         """No machine runs any of it: the combination breaks a rule of the plan, or each of its
         token counts does."""
-        return self.rule or all(t in self.token_rules for t in self.tokens)
+        return self.rule or (bool(self.tokens) and all(t in self.token_rules for t in self.tokens))
 
     @property
     def family(self) -> tuple:
