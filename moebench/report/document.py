@@ -107,7 +107,11 @@ def default_report_dir(run_dir, *sub: str) -> Path:
     inside the repository's committed results/, whose reports are part of the commit: those
     go to `<runs>/reports/<its path under results/>/report/<sub>` (``report_dir``'s note says so,
     and how to update the committed one), so that reading a committed run changes no tracked file."""
-    rel = _committed_path(run_dir)
+    return _default_dest(run_dir, _committed_path(run_dir), sub)
+
+
+def _default_dest(run_dir, rel: "Path | None", sub: tuple) -> Path:
+    """default_report_dir's folder, given the run's path under results/ (`rel`, None: not committed)."""
     if rel is None:
         return run_root(run_dir).joinpath("report", *sub)
     from moebench.config.paths import default_runs_dir  # where sweeps write (MOEBENCH_RUNS, else runs/)
@@ -151,9 +155,10 @@ def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
     refused, one line, exit 2), or below the runs folder for a committed run."""
     if out is not None:
         return ReportDir(Path(out), Path(out))
-    dest, root, rel = default_report_dir(run_dir, *sub), run_root(run_dir), _committed_path(run_dir)
+    rel = _committed_path(run_dir)
+    dest = _default_dest(run_dir, rel, sub)
     if rel is None:
-        return ReportDir(root, dest)
+        return ReportDir(run_root(run_dir), dest)
     from moebench.config.paths import default_runs_dir
 
     committed = Path("results").joinpath(rel, "report", *sub)

@@ -168,12 +168,11 @@ def _made(base: Path, png: Path) -> Path:
     return png
 
 
-def _check_plots(target: Path, files: list, out: Optional[str], roots) -> None:
+def _check_plots(base: Path, files: list, out: Optional[str], roots) -> None:
     """Before any trace is read: every folder the PNGs go to checked, nothing made (no link between
     the target, or `out`, and it; a file in the way; a read-only folder), and the PNG names known in
     advance checked for links (safe_write: LinkRefused, exit 2). A folder is made only when a PNG is
-    drawn into it (`_made`): a trace that fails to read leaves none behind."""
-    base = _plot_base(target, out)
+    drawn into it (`_made`): a trace that fails to read leaves none behind. `base`: _plot_base's."""
     for f in files:
         f = Path(f)
         root = next((r for r in roots or () if f.is_relative_to(r)), None)
@@ -217,9 +216,9 @@ def trace_command(
     files = find_traces(target)
     tp = Path(target)
     roots = None if tp.is_file() else _trace_roots(tp)
-    if plot:
-        _check_plots(tp, files, out, roots)
     base = _plot_base(tp, out)
+    if plot:
+        _check_plots(base, files, out, roots)
     labels = combo_labels(tp)
     errors = []
     # the ranks of one combination and token count are read together (their ranks' table

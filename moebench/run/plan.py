@@ -188,12 +188,10 @@ def refuse_impossible(combos: list[Combination]) -> None:
     if not combos or not all(c.ruled_out for c in combos):
         return
     pairs = not all(c.rule for c in combos)  # a token count's rule: count (combination, token count) pairs
-    reasons = []
-    for c in combos:
-        if not pairs:
-            reasons.append(c.reason or "")
-        else:
-            reasons += [c.reason or "" for _ in c.tokens] if c.rule else [c.token_rules[t] for t in c.tokens]
+    if pairs:
+        reasons = [(c.reason or "") if c.rule else c.token_rules[t] for c in combos for t in c.tokens]
+    else:
+        reasons = [c.reason or "" for c in combos]
     groups = reason_groups(reasons)
     if len(reasons) == 1:
         at = f" at workload.tokens_per_rank={combos[0].tokens[0]}" if pairs else ""

@@ -31,8 +31,8 @@ from moebench.measure import layer as layers
 from moebench.measure import timing
 from moebench.measure.workload import make_routed, reference_expert_fn, routing_spec
 from moebench.tune.decision_options import CURRENT, DEEPGEMM, Option, decision_timing, options_of
-from moebench.tune.decision_trials import DecisionStore, Timed, open_store
-from moebench.tune.trials import HOST_PACED_ERROR, json_num, retime_host_paced
+from moebench.tune.decision_trials import DecisionStore, Timed, open_store, timed_to_json
+from moebench.tune.trials import HOST_PACED_ERROR, retime_host_paced
 
 NAN = float("nan")
 TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
@@ -218,8 +218,8 @@ def _timed(
     paced = any(t is not None and t.error.startswith(HOST_PACED_ERROR) for t in have.values())
     if not missing and not paced:
         return [have[o] for o in opts], False
-    now = iter(bench.run(T, missing, reps) if missing else [])
-    got = _run(bench, T, opts, reps, log, first=[have[o] if have[o] is not None else next(now) for o in opts])
+    fresh = dict(zip(missing, bench.run(T, missing, reps), strict=True)) if missing else {}
+    got = _run(bench, T, opts, reps, log, first=[have[o] or fresh[o] for o in opts])
     for o, t in zip(opts, got, strict=True):
         if t is not have[o] and not t.error.startswith(TIMING_FAILED):  # (a failed timing: again on resume)
             store.add(keys[o], t)
@@ -292,16 +292,10 @@ class DecisionCheck:
             "passed": self.passed,
             "regressions": self.regressions(),
             "retimed": {str(T): why for T, why in self.retimed.items()},
-            "sizes": [{"tokens": T, "chosen": _option(g), "current": _option(cu)} for T, g, cu in self.sizes],
+            "sizes": [
+                {"tokens": T, "chosen": timed_to_json(g), "current": timed_to_json(cu)} for T, g, cu in self.sizes
+            ],
         }
-
-
-def _option(t: Timed) -> dict:
-    """One option of the check as tune.json stores it: its figures (NaN as null, as json_num writes
-    every tune figure) without `retimed`, which a check's option never carries (the check keeps why a
-    pair was timed twice in its own `retimed` map; a file written with the empty field reads the
-    same, decision_trials.timed_from_json)."""
-    return {k: json_num(v) for k, v in dataclasses.asdict(t).items() if k != "retimed"}
 
 
 def check(

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 from moebench.kernels.triton import decisions as kdec
 from moebench.tune.decide import DecisionResult, switch_over
 from moebench.tune.decision_options import CURRENT
+from moebench.tune.decision_trials import timed_to_json
 from moebench.tune.trials import json_num
 from moebench.util.safe_write import replace_text, safe_dir
 
@@ -63,7 +64,7 @@ def to_json(results: list[DecisionResult]) -> list[dict]:
         {
             **{k: json_num(v) for k, v in dataclasses.asdict(r).items() if k != "timed"},
             "retimed": r.retimed,  # (a property: why the count was timed twice)
-            "timed": [{k: json_num(v) for k, v in dataclasses.asdict(t).items() if k != "retimed"} for t in r.timed],
+            "timed": [timed_to_json(t) for t in r.timed],
         }
         for r in results
     ]

@@ -77,6 +77,13 @@ def timed_from_json(d: dict) -> Timed:
     return Timed(**fields)
 
 
+def timed_to_json(t: Timed, with_retimed: bool = False) -> dict:
+    """A Timed as JSON (NaN as null, as json_num writes every tune figure): with `retimed` in this
+    file, whose lines are read alone; without it in tune.json, whose count's record (decisions) or
+    check (decisions_check) says once why it was timed twice."""
+    return {k: json_num(v) for k, v in dataclasses.asdict(t).items() if with_retimed or k != "retimed"}
+
+
 class DecisionStore:
     """The decision timings of one tune directory (FILE_NAME), for one layer on one machine."""
 
@@ -109,7 +116,7 @@ class DecisionStore:
         return None if d is None else timed_from_json(d)
 
     def add(self, key: RecordKey, timed: Timed) -> None:
-        d = {k: json_num(v) for k, v in dataclasses.asdict(timed).items()}
+        d = timed_to_json(timed, with_retimed=True)
         append_line(self.path, json.dumps({"key": dataclasses.asdict(key), "timed": d}))
         self._timed[key] = d
 
