@@ -373,9 +373,10 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
 
     from moebench.report.load import load_run
 
-    given = budget_bytes(budget_text) if budget_text not in (None, "", "free") else None  # before the run is read
+    # a size given: parsed before the run is read (a bad one refused first)
+    budget = budget_bytes(budget_text) if budget_text not in (None, "", "free") else None
     df, env = load_run(run)
-    budget = gpu = None
+    gpu = None
     if budget_text in (None, ""):
         budgets = sorted(
             set(pd.to_numeric(df.get("memory_budget", pd.Series(dtype=float)), errors="coerce").dropna()) - {0}
@@ -393,8 +394,6 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
                 f"--budget free needs the GPU's memory in {run}/env.json (gpu_memory_bytes): "
                 "this run's fingerprint lacks it; give --budget BYTES"
             )
-    else:
-        budget = given
     cap = capacity_frame(df, budget, gpu)
     text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {float(gpu or 0) / 2**30:.0f} GiB"
     body = capacity_markdown(cap, text_budget)
