@@ -391,14 +391,14 @@ class Combination:
     tokens: tuple[int, ...]
     overrides: tuple[str, ...] = ()
     reason: Optional[str] = None  # why it cannot run (all token counts)
-    token_reasons: dict = field(default_factory=dict)  # tokens -> reason
     # `reason` breaks a rule of the plan, which no machine lifts (config/validity.py's Skip.rule);
     # False where this machine, a library or a plugin is why
     rule: bool = False
-    # tokens -> reason, the token counts that break a rule of the plan (config/validity.py's
-    # check_tokens: a cap the config sets), asked where the combination breaks none itself, this
-    # machine's reasons aside: no machine runs a combination every token count of which is here
-    token_rules: dict = field(default_factory=dict)
+    # tokens -> config/validity.py's Skip (its reason, and whether it is a rule), the token counts
+    # that cannot run (check_tokens), asked where the combination breaks no rule itself, beside
+    # this machine's reason too: a token count's rule (a cap the config sets) comes before what
+    # the machine lacks
+    token_skips: dict = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -409,16 +409,29 @@ class Combination:
         return self.combo.label
 
     @property
+    def token_reasons(self) -> dict[int, str]:
+        """tokens -> reason, the token counts skipped on their own: none where the whole
+        combination is (`reason`)."""
+        return {} if self.reason else {t: s.reason for t, s in self.token_skips.items()}
+
+    @property
+    def token_rules(self) -> dict[int, str]:
+        """tokens -> reason, the token counts that break a rule of the plan, the combination's
+        machine reason aside: no machine runs a combination every token count of which is here."""
+        return {t: s.reason for t, s in self.token_skips.items() if s.rule}
+
+    @property
     def runnable_tokens(self) -> list[int]:
         if self.reason:
             return []
-        return [t for t in self.tokens if t not in self.token_reasons]
+        return [t for t in self.tokens if t not in self.token_skips]
 
     @property
     def ruled_out(self) -> bool:
         """No machine runs any of it: the combination breaks a rule of the plan, or each of its
-        token counts does."""
-        return self.rule or (bool(self.tokens) and all(t in self.token_rules for t in self.tokens))
+        token counts does (False for a combination without token counts)."""
+        rules = self.token_rules
+        return self.rule or (bool(self.tokens) and all(t in rules for t in self.tokens))
 
     @property
     def family(self) -> tuple:

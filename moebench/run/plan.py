@@ -163,10 +163,8 @@ def plan(
         tokens = tuple(cfg["workload"]["tokens_per_rank"])
         # asked beside this machine's reason too: a cap no machine lifts rules a token count out
         # wherever it runs (a rule before what the machine lacks, as check's)
-        token_skips = {t: check_tokens(combo, t) for t in tokens} if not rule else {}
-        token_reasons = {t: s.reason for t, s in token_skips.items() if s and not reason}
-        token_rules = {t: s.reason for t, s in token_skips.items() if s and s.rule}
-        combos.append(Combination(combo, tokens, tuple(ovs), reason, token_reasons, rule, token_rules))
+        token_skips = {t: s for t in tokens if (s := check_tokens(combo, t))} if not rule else {}
+        combos.append(Combination(combo, tokens, tuple(ovs), reason, rule, token_skips))
     unused = sorted(knobs_set - knobs_taken)
     if unused:
         raise ValueError(
@@ -189,7 +187,7 @@ def refuse_impossible(combos: list[Combination]) -> None:
         return
     pairs = not all(c.rule for c in combos)  # a token count's rule: count (combination, token count) pairs
     if pairs:
-        reasons = [(c.reason or "") if c.rule else c.token_rules[t] for c in combos for t in c.tokens]
+        reasons = [(c.reason or "") if c.rule else c.token_skips[t].reason for c in combos for t in c.tokens]
     else:
         reasons = [c.reason or "" for c in combos]
     groups = reason_groups(reasons)
