@@ -6,7 +6,7 @@ count (runner.timing: auto's choice between graph replays and held events)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 from moebench.config.names import not_implemented
 from moebench.config.spec import Combo
@@ -38,22 +38,30 @@ def check(combo: Combo) -> Optional[Skip]:
     """Why this combination cannot run (every token count), or None: the rules of the plan
     first (the contract's, then the entries' `Rule`s), then what the machine lacks
     (docs/design.md, "Validity")."""
+    return check_with_tokens(combo, ())[0]
+
+
+def check_with_tokens(combo: Combo, tokens: Iterable[int]) -> tuple[Optional[Skip], dict[int, Skip]]:
+    """check's answer for `combo`, and check_tokens's for each of `tokens` that cannot run:
+    asked where the entries are registered and the combination breaks no rule of the plan
+    itself, beside what this machine lacks too (a token count's rule, a cap the config sets,
+    rules it out wherever it runs)."""
     from moebench.kernels import registry
 
     registry.discover()
     entries = (("backend", combo.backend, registry.BACKENDS), ("experts", combo.experts, registry.EXPERTS))
     for kind, name, known in entries:
         if name not in known:
-            return Skip(registry.unavailable(kind, name), rule=False)  # e.g. a plugin disabled here
+            return Skip(registry.unavailable(kind, name), rule=False), {}  # e.g. a plugin disabled here
     why = _plan_rule(combo)
     if why:
-        return Skip(why, rule=True)
+        return Skip(why, rule=True), {}
     # a plugin that raises: a plain reason saying so (the machine's: its code, not the plan)
     said = first_reason(*(registry.ask(kind, name, "supports", combo) for kind, name, _ in entries))
     if isinstance(said, Rule):
-        return Skip(str(said), rule=True)
+        return Skip(str(said), rule=True), {}
     why = _needs_cuda(combo) or said
-    return Skip(str(why), rule=False) if why else None
+    return (Skip(str(why), rule=False) if why else None), {t: s for t in tokens if (s := check_tokens(combo, t))}
 
 
 def _plan_rule(combo: Combo) -> Optional[str]:
@@ -224,14 +232,13 @@ def validate_tokens(combo: Combo, tokens: int) -> Optional[str]:
 
 def check_tokens(combo: Combo, tokens: int) -> Optional[Skip]:
     """Why one token count cannot run, or None, with whether it breaks a rule of the plan
-    (docs/design.md, "Validity"). timing=graph at or below graph_max_tokens: needing CUDA is the
+    (docs/design.md, "Validity"); `combo`'s entries are registered here (check_with_tokens asks
+    it only then). timing=graph at or below graph_max_tokens: needing CUDA is the
     machine's (as _needs_cuda's), an entry that cannot be captured is its card's declaration, the
     same everywhere: a rule. A backend's `token_limit`: a `Rule` (the cards' cap, from
     backend.max_tokens_per_rank) is a rule, a plain str the machine's."""
     from moebench.kernels import registry
 
-    if combo.backend not in registry.BACKENDS or combo.experts not in registry.EXPERTS:
-        return None  # an entry this build lacks (a disabled plugin): check's reason, the machine's
     if combo.timing == "graph" and tokens <= combo.graph_max_tokens:
         why = graph_capturable(combo)
         if why:

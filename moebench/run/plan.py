@@ -15,7 +15,7 @@ from moebench.config.device import cuda_available, cuda_device_count
 from moebench.config.paths import ADHOC
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
-from moebench.config.validity import check, check_tokens
+from moebench.config.validity import check_with_tokens
 
 
 def _ranks_available(device: str) -> int:
@@ -154,16 +154,13 @@ def plan(
         if key in seen:  # e.g. single-rank backends with different world sizes
             continue
         seen.add(key)
-        skip = check(combo)
+        tokens = tuple(cfg["workload"]["tokens_per_rank"])
+        skip, token_skips = check_with_tokens(combo, tokens)
         reason, rule = (skip.reason, skip.rule) if skip else (None, False)
         if (
             not reason and not explicit_ws and this_machine and _ranks_available(combo.device)
         ):  # no GPU at all: refused below
             reason = machine_reason(combo, oversubscribe)
-        tokens = tuple(cfg["workload"]["tokens_per_rank"])
-        # asked beside this machine's reason too: a cap no machine lifts rules a token count out
-        # wherever it runs (a rule before what the machine lacks, as check's)
-        token_skips = {t: s for t in tokens if (s := check_tokens(combo, t))} if not rule else {}
         combos.append(Combination(combo, tokens, tuple(ovs), reason, rule, token_skips))
     unused = sorted(knobs_set - knobs_taken)
     if unused:

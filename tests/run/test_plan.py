@@ -164,6 +164,10 @@ def test_a_token_count_over_the_cap_is_a_rule_and_refused_where_every_one_is(mon
     assert validity.check_tokens(pplx, 512) is None
     over = validity.check_tokens(pplx, 513)
     assert over.rule and "max_tokens_per_rank=512" in over.reason and type(over.reason) is str
+    assert validity.check_with_tokens(pplx, (512, 513)) == (validity.check(pplx), {513: over})
+    # an entry not registered here: check's reason alone, no token count asked of entries it lacks
+    gone, none = validity.check_with_tokens(pplx.replace(experts="not_here"), (513,))
+    assert "experts=not_here has no implementation" in gone.reason and not gone.rule and none == {}
     g = base.replace(timing="graph", graph_max_tokens=256)
     assert not validity.check_tokens(g, 16).rule  # needs CUDA: the machine's
     from moebench.kernels import registry
