@@ -117,12 +117,24 @@ def contiguous_unsupported(quant: str, hidden, intermediate) -> Optional[str]:
 
 
 def gluon_unsupported(quant: str, layout: str, device: str) -> Optional[str]:
-    """Why the Gluon GEMM cannot run, or None: fp8_block rows on the contiguous layout (a Rule
-    otherwise) of a Hopper GPU (its WGMMA and TMA are sm_90's; Gluon has no interpreter)."""
+    """Why the Gluon GEMM cannot run, or None: its rule (gluon_rule) before what the machine
+    lacks (gluon_machine)."""
+    return gluon_rule(quant, layout) or gluon_machine(device)
+
+
+def gluon_rule(quant: str, layout: str) -> Optional[Rule]:
+    """Why the Gluon GEMM never runs these rows, or None: it runs fp8_block rows on the
+    contiguous layout."""
     if quant != "fp8_block":
         return Rule(f"it is an fp8_block GEMM, not quant={quant}")
     if layout == "gathered":
         return Rule("it runs the contiguous layout's rows (experts.row_layout=auto or contiguous)")
+    return None
+
+
+def gluon_machine(device: str) -> Optional[str]:
+    """What this machine lacks for the Gluon GEMM, or None: a Hopper GPU (its WGMMA and TMA are
+    sm_90's; Gluon has no interpreter)."""
     if not device.startswith("cuda"):
         return "Gluon kernels have no interpreter: it runs on a Hopper GPU only"
     why = gluon_runtime_unsupported()
@@ -143,56 +155,61 @@ def _quant_name(combo: dict) -> str:
     return str(q)
 
 
-def _prefixed(prefix: str, why: Optional[str]) -> Optional[str]:
-    """`why` after `prefix`, a Rule kept a Rule; None for None."""
-    if not why:
-        return None
-    return Rule(prefix + why) if isinstance(why, Rule) else prefix + why
-
-
 def triton_unsupported(combo: dict) -> Optional[str]:
     """Reason the Triton experts cannot run `combo`, or None (both layouts): the knobs' rules
     (a Rule: a quant, layout or shape they never run) before what the machine lacks."""
     device = str(combo.get("device", "cuda"))
     quant = _quant_name(combo)
     layout = combo.get("row_layout", "auto")
-    if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
-        return Rule(f"experts.row_layout={layout} picks the row layout of quant={' or '.join(CONTIGUOUS_QUANTS)} only")
     gemm = combo.get("contiguous_gemm", "auto")
-    gluon = None
-    if gemm in GLUON_GEMMS:
-        gluon = _prefixed(f"experts.contiguous_gemm={gemm}: ", gluon_unsupported(quant, layout, device))
-        if isinstance(gluon, Rule):
-            return gluon
+    gluon = f"experts.contiguous_gemm={gemm}: " if gemm in GLUON_GEMMS else ""  # the Gluon GEMM's reasons
+    return first_reason(*_triton_rules(combo, quant, layout, gluon), *_triton_machine(device, quant, layout, gluon))
+
+
+def _triton_rules(combo: dict, quant: str, layout: str, gluon: str) -> tuple[Optional[Rule], ...]:
+    """The knobs' rules, each a Rule or None, in the order they are told: the row layout's
+    quants, the Gluon GEMM's rows (`gluon`: its reasons' prefix, '' where it is not chosen), the
+    contiguous layout's shapes (of the rank's shard)."""
+    quants = None
+    if layout != "auto" and quant not in CONTIGUOUS_QUANTS:
+        quants = Rule(
+            f"experts.row_layout={layout} picks the row layout of quant={' or '.join(CONTIGUOUS_QUANTS)} only"
+        )
+    rows = gluon_rule(quant, layout) if gluon else None
+    shapes = None
     if layout == "contiguous":
         inter = combo.get("intermediate")
         tp = ep_split(combo).tp  # (backend=tp: world_size; else simulate_tp)
-        inter = inter // tp if inter is not None else None  # the rank's shard
-        why = contiguous_unsupported(quant, combo.get("hidden"), inter)  # a Rule
-        if why:
-            return _prefixed("experts.row_layout=contiguous: ", why)
-    return _triton_machine(device, quant, layout, gluon)
+        shapes = contiguous_unsupported(quant, combo.get("hidden"), inter // tp if inter is not None else None)
+    return (
+        quants,
+        Rule(gluon + rows) if rows else None,
+        Rule("experts.row_layout=contiguous: " + shapes) if shapes else None,
+    )
 
 
-def _triton_machine(device: str, quant: str, layout: str, gluon: Optional[str]) -> Optional[str]:
-    """What the machine lacks for the Triton experts: a GPU (or the interpreter), an fp8 dot's
-    compute capability, what the Gluon GEMM needs (`gluon`: why not, or None), the contiguous
-    layout's TMA."""
+def _triton_machine(device: str, quant: str, layout: str, gluon: str) -> tuple[Optional[str], ...]:
+    """What the machine lacks for the Triton experts, each a reason or None, in the order they
+    are told: a GPU (or the interpreter), an fp8 dot's compute capability, what the Gluon GEMM
+    needs (`gluon`: as _triton_rules's), the contiguous layout's TMA."""
+    needs = gluon_machine(device) if gluon else None
+    gluon_needs = gluon + needs if needs else None
     if not device.startswith("cuda"):
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            return "Triton experts need a CUDA GPU (or TRITON_INTERPRET=1 for the interpreter)"
-        return gluon
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        return (
+            None if interpreted else "Triton experts need a CUDA GPU (or TRITON_INTERPRET=1 for the interpreter)",
+            gluon_needs,
+        )
     import torch  # the GPU's compute capability: only where the combination runs on CUDA
 
-    if quant.startswith("fp8") and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        if (major, minor) < (8, 9):
-            return f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {major}.{minor})"
-    if gluon:
-        return gluon
-    if layout == "contiguous" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
-        return "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
-    return None
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    fp8 = None
+    if cap and quant.startswith("fp8") and cap < (8, 9):
+        fp8 = f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {cap[0]}.{cap[1]})"
+    tma = None
+    if cap and cap[0] < 9 and layout == "contiguous":
+        tma = "experts.row_layout=contiguous loads through TMA: it needs SM90 or newer"
+    return (fp8, gluon_needs, tma)
 
 
 @card("experts", "torch")
