@@ -23,7 +23,8 @@ def register(sub) -> None:
         "--verbose",
         "-v",
         action="store_true",
-        help="every skipped combination with its reason (default: the count per reason)",
+        help="every skipped combination with its reason (default: the count per reason); a skipped token count "
+        "that breaks a rule of the plan marked [rule]",
     )
     ls.add_argument(
         "--oversubscribe",
@@ -49,10 +50,7 @@ def list_command(args) -> int:
         print(line)
     valid = [c for c in combos if not c.reason]
     for c in valid:
-        extra = ""
-        if c.token_reasons:
-            extra = "  (skipped tokens: " + "; ".join(f"{t}: {r}" for t, r in c.token_reasons.items()) + ")"
-        print(f"valid   {c.label}{plugins.origin_tag(c)}{extra}")
+        print(f"valid   {c.label}{plugins.origin_tag(c)}{_skipped_tokens(c, args.verbose)}")
     skipped = [c for c in combos if c.reason]
     if skipped and args.verbose:
         for c in skipped:
@@ -66,6 +64,16 @@ def list_command(args) -> int:
     if lines:
         print("\nplugins:\n" + "\n".join(f"  {line}" for line in lines))
     return 0
+
+
+def _skipped_tokens(c, verbose: bool) -> str:
+    """'  (skipped tokens: 16: why; ...)' of a valid combination, '' where none is skipped; with
+    --verbose, each token count that breaks a rule of the plan (no machine runs it) is marked
+    '[rule]', the rest are what this machine lacks."""
+    if not c.token_reasons:
+        return ""
+    said = [f"{t}{' [rule]' if verbose and c.token_skips[t].rule else ''}: {r}" for t, r in c.token_reasons.items()]
+    return "  (skipped tokens: " + "; ".join(said) + ")"
 
 
 def _model_lines(combos, verbose: bool) -> list[str]:

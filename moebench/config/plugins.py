@@ -38,9 +38,16 @@ def origin_tag(c) -> str:
     return "  [" + ", ".join(f"{kind} from {o}" for kind, o in found.items()) + "]" if found else ""
 
 
+def _skip_kind(rule: bool) -> str:
+    """A skip's kind in `list --json`: 'rule' (a rule of the plan, which no machine lifts) or
+    'machine' (what this machine lacks; docs/design.md, "Validity")."""
+    return "rule" if rule else "machine"
+
+
 def combo_record(c) -> dict:
     """`list --json`: a planned combination with each field of its Combo (the axes, the model's
-    sizes, world size, ...), its knobs and its entries' origins as fields of their own."""
+    sizes, world size, ...), its knobs and its entries' origins as fields of their own, and each
+    skip reason with its kind (_skip_kind)."""
     combo = c.combo
     return {
         "key": c.key,
@@ -51,8 +58,10 @@ def combo_record(c) -> dict:
         "overrides": list(c.overrides),
         "status": "skipped" if c.reason else "valid",
         "reason": c.reason,
+        "reason_kind": _skip_kind(c.rule) if c.reason else None,
         "tokens": list(c.tokens),
         "skipped_tokens": {str(k): v for k, v in c.token_reasons.items()},
+        "skipped_token_kinds": {str(k): _skip_kind(c.token_skips[k].rule) for k in c.token_reasons},
     }
 
 

@@ -568,8 +568,10 @@ def test_the_default_sweeps_plan_is_pinned(monkeypatch):
     # record gains simulate_tp, 1 everywhere; without it the records hash to 203bbda0…, the pin before.
     # Session 23: an entry's Rule comes before what the machine lacks: 57 reasons change, keys, labels
     # and statuses as before — deepep_ll on tiny's hidden size before "deep_ep is not installed", and
-    # DeepGEMM's quant=fp8_block before deep_ep's or pplx_kernels' absence; the pin before b5af5369…)
-    assert digest == "ca54222b913be0e24132d44939b8966aa31d856e"
+    # DeepGEMM's quant=fp8_block before deep_ep's or pplx_kernels' absence; the pin before b5af5369….
+    # Session 24: each record gains reason_kind (753 rule, 183 machine, 72 null) and skipped_token_kinds
+    # ({} everywhere); without them the records hash to ca54222b…, the pin before)
+    assert digest == "b1cc7831cdd4337fd1c8d8fbe32ed2dda528b186"
 
 
 def test_a_model_named_on_a_gpu_runs_without_the_default_sweeps_ep8_share():
