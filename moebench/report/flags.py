@@ -50,7 +50,7 @@ from moebench.report.envinfo import env_value, is_commit, tree_label
 from moebench.report.mdsafe import md_code, md_text
 from moebench.results import row as schema
 from moebench.results.row import Status
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 HOST_BOUND = 0.8
 GPU_IDLE = 0.5
@@ -397,7 +397,7 @@ def _tp_ranks_note(measured: pd.DataFrame, who: str) -> list[str]:
     ws = pd.to_numeric(tp.get("world_size", pd.Series(dtype=float)), errors="coerce").dropna()
     sizes = ", ".join(f"TP-{int(n)}" for n in sorted(ws.unique())) or "TP"
     return [
-        f"{who}{counted(len(tp), 'row')} {'runs' if len(tp) == 1 else 'run'} {sizes} over real ranks "
+        f"{who}{counted(len(tp), 'row')} {agree(len(tp), 'runs', 'run')} {sizes} over real ranks "
         "(backend=tp): the all-reduce of the ranks' partial "
         "outputs is timed, in the combine phase and the latency"
     ]
@@ -427,7 +427,7 @@ def run_notes(df: pd.DataFrame, env: dict, name: str = "") -> list[str]:
         sizes = ", ".join(f"TP-{int(n)}" for n in sorted(tp[tp > 1].unique()))
         num_sharded = int((tp > 1).sum())
         notes.append(
-            f"{who}{counted(num_sharded, 'row')} {'times' if num_sharded == 1 else 'time'} one rank's shard of "
+            f"{who}{counted(num_sharded, 'row')} {agree(num_sharded, 'times', 'time')} one rank's shard of "
             f"{sizes} (backend.simulate_tp): the "
             "all-reduce of the ranks' partial outputs (tokens × hidden × 2 bytes a rank) is not timed on one GPU"
         )

@@ -32,7 +32,7 @@ from moebench.report.columns import (
 from moebench.report.fmt import fmt_frac, fmt_frac_interval, fmt_interval, fmt_mib, fmt_us
 from moebench.report.table import md_table, md_text
 from moebench.results.row import STATUSES, Status
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 MAX_REASON_CHARS = 160
 
@@ -226,7 +226,7 @@ def held_caption(ok: pd.DataFrame, host: set) -> str:
     if syncs.any():
         num_syncing = int(syncs.sum())
         parts.append(
-            f"{counted(num_syncing, 'row')} {'syncs' if num_syncing == 1 else 'sync'} the host inside a forward "
+            f"{counted(num_syncing, 'row')} {agree(num_syncing, 'syncs', 'sync')} the host inside a forward "
             f"(enqueue over {HOST_SYNCS_US / 1e3:.0f} ms): no hold, since none could help."
         )
     if host:

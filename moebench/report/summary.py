@@ -42,7 +42,7 @@ from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
 from moebench.report.run_tables import md_value, value_cell
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import BAD_STATUSES, Status
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 BAD = BAD_STATUSES
 TOP = 5
@@ -110,9 +110,9 @@ def unranked_lines(df: pd.DataFrame) -> list[str]:
         out.append(f"not ranked, host time: {counted(len(host), 'row')} — {shown}; {md_text(b.loc[host.index[0]][1])}")
     num_cpu = sum(x == CPU for x, _ in b)
     if num_cpu:
-        are = "is" if num_cpu == 1 else "are"
         out.append(
-            f"no fastest named: {counted(num_cpu, 'ok row')} {are} CPU time (pipeline checks, not performance figures)"
+            f"no fastest named: {counted(num_cpu, 'ok row')} {agree(num_cpu, 'is', 'are')} CPU time "
+            "(pipeline checks, not performance figures)"
         )
     return out
 
@@ -157,7 +157,7 @@ def reviewer_summary(df: pd.DataFrame, quality: list[str]) -> list[str]:
     order = [Status.OK, Status.SKIPPED, *BAD]
     head = ", ".join(f"{int(counts[s])} {s}" for s in order if s in counts)
     # the statuses' counts share the noun: 'row' after a total of one ('1 ok row'), else 'rows'
-    noun = "row" if len(rows) == 1 else "rows"
+    noun = agree(len(rows), "row", "rows")
     lines = [f"**Summary:** {head} {noun} of {counted(rows['combo_key'].nunique(), 'combination')}"]
     bad = rows[rows["status"].isin(BAD)]
     if len(bad):

@@ -16,6 +16,7 @@ from moebench.config.paths import ADHOC
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
 from moebench.config.validity import check_with_tokens
+from moebench.util.words import agree
 
 
 def _ranks_available(device: str) -> int:
@@ -106,7 +107,7 @@ class ModelShare:
         runs = ", ".join(f"model={m}" for m in models)
         return (
             f"the {sweep_name} sweep sets {what} for its model ({self.model}); {runs} "
-            f"{'runs' if len(models) == 1 else 'run'} without it (pass {keep} to keep it)"
+            f"{agree(len(models), 'runs', 'run')} without it (pass {keep} to keep it)"
         )
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 from moebench.tune.space import config_key
 from moebench.tune.trials import json_num, retime_host_paced
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 NAN = float("nan")
 
@@ -117,7 +117,7 @@ class Check:
         n, x = len(self.sizes), f"{self.max_regression:g} ({self.max_regression * 100:g} %)"
         if self.passed:
             return f"--max-regression {x}: passed at {counted(n, 'token count')} against the current configs{tail}"
-        regress = "regresses" if len(self.regressions) == 1 else "regress"
+        regress = agree(len(self.regressions), "regresses", "regress")
         return f"--max-regression {x}: {len(self.regressions)} of {counted(n, 'token count')} {regress}{tail}"
 
     def table(self) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.kernels.triton.config import CONFIG_KEYS, IGNORED_FILE_KEYS, VLLM_BATCH_SIZES, config_file_name
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 # the fields of an entry that vLLM's fused_moe_kernel launch accepts (its constexprs and
 # Triton's launch options; SPLIT_K and the ROCm knobs in vLLM's own files)
@@ -171,9 +171,10 @@ def format_report(r: Report) -> str:
     for k, lacks in r.missing.items():
         lacking.setdefault(tuple(lacks), []).append(k)
     for lacks, entries in lacking.items():
-        which = f"entry {entries[0]}" if len(entries) == 1 else f"entries {', '.join(map(str, entries))}"
+        n = len(entries)
         lines.append(
-            f"  PROBLEM: {which} lack{'s' if len(entries) == 1 else ''} {', '.join(lacks)} (every vLLM "
+            f"  PROBLEM: {agree(n, 'entry', 'entries')} {', '.join(map(str, entries))} {agree(n, 'lacks', 'lack')} "
+            f"{', '.join(lacks)} (every vLLM "
             "entry holds the six: its kernel launch fails without a tile field, and runs Triton's "
             "default num_warps / num_stages, not the tuned ones, without those)"
         )
