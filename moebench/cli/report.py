@@ -65,16 +65,6 @@ def _check_format(fmt: str) -> str:
     return fmt
 
 
-def _exists(*paths) -> None:
-    """Each run there, before its report folder is checked: a missing run would otherwise read as its
-    folder's environment error ('not a directory' for README.md/x, 'permission denied' for a parent
-    not ours). What lies there is load_run's to judge, for every caller (report/load.py: a file that
-    is no row file, a folder without rows)."""
-    for p in paths:
-        if p is not None and not Path(p).exists():
-            raise ValueError(f"results path {p} does not exist: pass a run directory (with rows/*.parquet)")
-
-
 def _fail_on(fail_on) -> tuple[str, ...]:
     from moebench.report.verdict import DEFAULT_FAIL_ON, parse_fail_on
 
@@ -121,6 +111,7 @@ def report_command(
     """`moebench report RUN` (exit 0) or `report --baseline A --candidate B` (the
     comparison's exit status)."""
     from moebench.report.document import build_report
+    from moebench.results.store import check_run_path
 
     fmt = _check_format(fmt)
     if run is not None and candidate is not None and Path(run) != Path(candidate):
@@ -131,7 +122,9 @@ def report_command(
             "nothing to report: `moebench report RUN` for one run, or "
             "`moebench report --baseline A --candidate B` to compare two"
         )
-    _exists(candidate, baseline)
+    for given in (candidate, baseline):  # each run there, before its report folder is checked
+        if given is not None:
+            check_run_path(given)
     # the report folder checked before the runs are read, made once there is a report (exit 2 either way)
     rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
     _same_run("report", baseline, candidate)
@@ -161,6 +154,7 @@ def compare_command(
     )
     from moebench.report.load import load_run
     from moebench.report.mdsafe import md_text
+    from moebench.results.store import check_run_path
 
     fmt = _check_format(fmt)
     fail = _fail_on(fail_on)
@@ -170,7 +164,7 @@ def compare_command(
         from moebench.report.axis import compare_axis, parse_axis
 
         ax = parse_axis(axis)
-        _exists(runs[0])
+        check_run_path(runs[0])  # the run there, before its report folder is checked
         place = report_dir(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}")
         place.check(output_names(fmt))  # nothing made until the run is read and its pairs found
         df, env = load_run(runs[0])
@@ -183,7 +177,8 @@ def compare_command(
     if len(runs) != 2:
         raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
     base, cand = runs
-    _exists(base, cand)
+    check_run_path(base)  # both runs there, before the report folder is checked
+    check_run_path(cand)
     place = report_dir(cand, out, f"vs-{run_root(base).name}")
     place.check(output_names(fmt))  # nothing made until both runs are read and compared
     base_df, base_env = load_run(base)

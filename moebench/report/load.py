@@ -46,11 +46,6 @@ OPTIONAL_NUMERIC = [c for c in schema.names(dtype="float") if c not in LATENCY_C
 
 def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     """(row files outside a run folder or None for a run folder, run directory or None)."""
-    if not path.exists():
-        raise ValueError(
-            f"results path {path} does not exist: pass a run directory "
-            "(with rows/*.parquet), a directory of .parquet files or one file"
-        )
     if check_run_path(path).is_file():
         run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
         return [path], run_dir

@@ -43,9 +43,15 @@ def not_a_run_file(path: Path, files: str = "one of its rows/*.parquet files") -
     return ValueError(f"{path}: a file, not a run folder (pass {A_RUN}, or {files})")
 
 
-def check_run_path(path: Path) -> Path:
-    """`path` as a run, a folder of row files or one row file: ValueError (`not_a_run_file`) for a
-    file that is not a .parquet one, before it is read as rows (a README is not a torn row file)."""
+def check_run_path(path: str | Path) -> Path:
+    """`path` as a run, a folder of row files or one row file: ValueError with what to pass where
+    nothing is there, and (`not_a_run_file`) for a file that is not a .parquet one, before it is read
+    as rows (a README is not a torn row file). A report checks its runs so before its report folder:
+    a missing run would otherwise read as that folder's environment error ('not a directory' for
+    README.md/x, 'permission denied' for a parent not ours)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"results path {path} does not exist: pass {A_RUN}, or its rows/*.parquet files")
     if path.is_file() and path.suffix != ".parquet":
         raise not_a_run_file(path)
     return path

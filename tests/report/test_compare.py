@@ -185,7 +185,10 @@ def test_single_run_csv_and_json_match_the_latency_table(tmp_path, capsys):
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys):
     good = str(write_run(tmp_path / "good", make_rows()))
     code, _, err = _compare(capsys, good, str(tmp_path / "missing"))
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "does not exist" in err
+    assert (
+        code == 2 and len(err.strip().splitlines()) == 1 and "does not exist: pass the folder `moebench sweep`" in err
+    )
+    assert not (tmp_path / "missing").exists()  # refused before its report folder is made
     future = str(write_run(tmp_path / "future", make_rows().assign(schema_version=99)))
     code, _, err = _compare(capsys, good, future)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "schema_version 99" in err
