@@ -35,6 +35,9 @@ class TornFile(ValueError):
 
 
 A_RUN = "the folder `moebench sweep` wrote, the one holding rows/ and env.json"  # what a run argument takes
+# what to do about a file that holds no rows of moebench's, as its reader knows where it lies (`advice`):
+MOVE_OUT = "move it out of the run's rows/ folder"  # a file among a run's rows/ (RunStore's readers)
+PASS_A_RUN = f"pass {A_RUN}, or its rows/*.parquet files"  # files given in place of a run (load_files)
 
 
 def not_a_run_file(path: Path, files: str = "one of its rows/*.parquet files") -> ValueError:
@@ -51,7 +54,7 @@ def check_run_path(path: str | Path) -> Path:
     README.md/x, 'permission denied' for a parent not ours)."""
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"results path {path} does not exist: pass {A_RUN}, or its rows/*.parquet files")
+        raise ValueError(f"results path {path} does not exist: {PASS_A_RUN}")
     if path.is_file() and path.suffix != ".parquet":
         raise not_a_run_file(path)
     return path
@@ -76,27 +79,20 @@ def _torn_if_unreadable(path: Path) -> Iterator[None]:
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
 
 
-def _what_to_do(path) -> str:
-    """The advice for a file that holds no rows of moebench's: out of the run's rows/ folder where it
-    lies in one, else what to pass instead (a file given as a run, or a folder of other parquet)."""
-    if Path(path).parent.name == "rows":
-        return "move it out of the run's rows/ folder"
-    return f"pass {A_RUN} or its rows/*.parquet files"
-
-
-def read_row_file(path: Path, required=(*PAIR, "status")) -> pd.DataFrame:
+def read_row_file(path: Path, required=(*PAIR, "status"), advice: str = MOVE_OUT) -> pd.DataFrame:
     """One row file (or skipped.parquet) of a run. Raises TornFile when it cannot be read as
     parquet, ValueError naming it when it holds no rows of moebench's (`required` columns
-    missing, a schema version this code does not know); an environment error passes."""
+    missing, a schema version this code does not know), `advice` its last words (MOVE_OUT for a
+    file of a run's rows/, PASS_A_RUN for one given in place of a run); an environment error passes."""
     with _torn_if_unreadable(path):
         df = pd.read_parquet(path)
     missing = [c for c in required if c not in df.columns]
     if len(df.columns) and missing:
         raise ValueError(
             f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
-            f"incompatible version); {_what_to_do(path)}"
+            f"incompatible version); {advice}"
         )
-    check_types(df, path)
+    check_types(df, path, advice)
     check_versions(df, str(path))
     return df
 
@@ -105,15 +101,16 @@ def _numeric_columns() -> dict[str, str]:
     return {c.name: c.dtype for c in columns() if c.dtype in ("int", "float")}
 
 
-def check_types(df: pd.DataFrame, path: Path) -> None:
+def check_types(df: pd.DataFrame, path: Path, advice: str = MOVE_OUT) -> None:
     """ValueError naming the file, the column and a value where a declared number column
     (results/row.py) holds something else, or a row lacks its combination or token count: a
-    corrupt file read on would fail later (`int('four')`) without saying which file it was."""
+    corrupt file read on would fail later (`int('four')`) without saying which file it was
+    (`advice`: what to do, as read_row_file)."""
     for name in PAIR:
         if name in df.columns and df[name].isna().any():
             raise ValueError(
                 f"{path}: {counted(int(df[name].isna().sum()), 'row')} without {name}: the file is corrupt or "
-                f"not moebench's; {_what_to_do(path)}"
+                f"not moebench's; {advice}"
             )
     numeric = _numeric_columns()
     for name in df.columns:
@@ -125,7 +122,7 @@ def check_types(df: pd.DataFrame, path: Path) -> None:
             shown = repr(values[bad].iloc[0])
             raise ValueError(
                 f"{path}: column {name} holds {shown[:60]}{'...' if len(shown) > 60 else ''} where a number "
-                f"({numeric[name]}) belongs: the file is corrupt or not moebench's; {_what_to_do(path)}"
+                f"({numeric[name]}) belongs: the file is corrupt or not moebench's; {advice}"
             )
 
 
@@ -144,7 +141,7 @@ def _is_number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
 
 
-def _check_table_types(table: pa.Table, path: Path) -> None:
+def _check_table_types(table: pa.Table, path: Path, advice: str) -> None:
     """check_types on an Arrow table: only the columns that could fail it are converted to pandas
     (a pair column with a null, or of floats: NaN; a declared number Arrow holds as something else)."""
     numeric = _numeric_columns()
@@ -155,10 +152,10 @@ def _check_table_types(table: pa.Table, path: Path) -> None:
         or (n in numeric and not _is_number(table.schema.field(n).type))
     ]
     if suspect:
-        check_types(table.select(suspect).to_pandas(), path)
+        check_types(table.select(suspect).to_pandas(), path, advice)
 
 
-def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=()) -> pa.Table:
+def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=(), advice: str = MOVE_OUT) -> pa.Table:
     """`read_row_file` as an Arrow table, only the `wanted` columns (those of them it has; None:
     all) less those in `skip` (never read from disk): a reader of many files converts their
     concatenation to pandas once (a 1,000-file run took 11 s converting file by file)."""
@@ -171,24 +168,26 @@ def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=())
     if names and missing:
         raise ValueError(
             f"{path}: missing columns {missing}: not a row file of moebench's store (or of an "
-            f"incompatible version); {_what_to_do(path)}"
+            f"incompatible version); {advice}"
         )
-    _check_table_types(table, path)
+    _check_table_types(table, path, advice)
     if "schema_version" in names:
         versions = table.column("schema_version").to_numpy(zero_copy_only=False)  # no pandas frame per file
         check_versions(pd.DataFrame({"schema_version": versions}), str(path))
     return table
 
 
-def read_frame(files: list[Path], warn_torn: bool, required=(*PAIR, "status"), wanted=None, skip=()) -> pd.DataFrame:
+def read_frame(
+    files: list[Path], warn_torn: bool, required=(*PAIR, "status"), wanted=None, skip=(), advice: str = MOVE_OUT
+) -> pd.DataFrame:
     """The rows of `files` in their order as one frame (only the `wanted` columns, where given), the
     tables concatenated before their one conversion to pandas; a torn file is passed over as
-    `read_all` does. Files whose types Arrow cannot unify (an old schema's) are converted one
-    by one and concatenated by pandas, as `read_all`'s callers do."""
+    `read_all` does (`advice`: as read_row_file's). Files whose types Arrow cannot unify (an old
+    schema's) are converted one by one and concatenated by pandas, as `read_all`'s callers do."""
     tables = []
     for p in files:
         try:
-            table = read_row_table(p, required, wanted, skip)
+            table = read_row_table(p, required, wanted, skip, advice)
         except TornFile as e:
             if warn_torn:
                 warn(
@@ -305,7 +304,7 @@ def load_files(files: list[Path], origin: str, required=(*PAIR, "status"), skip=
     the newest of each (combination, tokens) by the store's precedence; torn files are passed
     over with a warning. `required`: the columns without which a file is not a row file; `skip`:
     columns not read."""
-    df = read_frame(newest_last(list(files)), warn_torn=True, required=required, skip=skip)
+    df = read_frame(newest_last(list(files)), warn_torn=True, required=required, skip=skip, advice=PASS_A_RUN)
     if df.empty:
         return df
     df = migrate(df, origin)

@@ -126,6 +126,10 @@ def test_a_foreign_parquet_is_an_error_naming_it(tmp_path, capsys):
         assert len(lines) == 1 and f"{foreign}: missing columns" in lines[0], (argv, err)
         assert lines[0].endswith("move it out of the run's rows/ folder"), lines[0]
     assert sorted((run / "rows").iterdir()) == before  # the sweep wrote nothing and moved nothing
+    # the file itself given: its reader knows it was given, so what to pass instead
+    assert cli.main(["report", str(foreign), "--out", str(tmp_path / "r")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{foreign}: missing columns" in line and line.endswith("or its rows/*.parquet files"), line
     # a folder of other parquet given as a run: no rows/ folder to move it out of; what to pass instead
     other = tmp_path / "other"
     other.mkdir()
