@@ -10,11 +10,16 @@ a report to write, so a refused command leaves none behind); a single run's repo
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moebench.cli import options
+
+if TYPE_CHECKING:
+    from moebench.report.capacity import Budget
 
 # moebench.report (pandas, 1-2 s) is imported inside the functions: the parser imports this module
 # for its arguments on every command, `list` and `env` included (tests/project/test_list_path.py)
@@ -36,6 +41,7 @@ def register(sub) -> None:
     rp.add_argument(
         "--budget",
         metavar="BYTES",
+        type=_budget,
         help="with --capacity: the memory budget in bytes, a number with its unit (16GiB, 80GB; a bare "
         "number is bytes, 1 MiB at least), or 'free' (the GPU's memory); not a fraction (tune's --budget is "
         "one); default: the budget of the run's rows measured under runner.memory_budget",
@@ -54,6 +60,19 @@ def register(sub) -> None:
     )
     options.out(cp, "report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B)")
     options.compare_options(cp)
+
+
+def _budget(text: str) -> Budget | None:
+    """--budget's value as report/capacity.py reads it (parse_budget), when the command line is parsed:
+    a bad one is argparse's one line, exit 2, before any run is read; '' is no budget given."""
+    if not text:
+        return None
+    from moebench.report.capacity import parse_budget  # pandas: only where a budget is given
+
+    try:
+        return parse_budget(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _check_format(fmt: str) -> str:

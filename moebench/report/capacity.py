@@ -351,33 +351,45 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
 MIN_BUDGET = 2**20
 
 
-def budget_bytes(text: str) -> float:
-    """`--budget`'s memory size in bytes ('16GiB', '80GB', '17179869184'); ValueError for what is no
-    size or one below 1 MiB."""
+@dataclass(frozen=True)
+class Budget:
+    """`--budget` as given (`text`) and read: its bytes, None for 'free' (the GPU's memory)."""
+
+    text: str
+    bytes: float | None
+
+
+def parse_budget(text: str) -> Budget:
+    """`--budget`'s value: 'free', or a memory size ('16GiB', '80GB', '17179869184'); ValueError for
+    what is no size or one below 1 MiB (the CLI parses it as argparse's type: cli/report.py)."""
     from moebench.config.compose import parse_bytes
 
-    budget = float(parse_bytes(text))
+    if text == "free":
+        return Budget(text, None)
+    try:
+        budget = float(parse_bytes(text))
+    except ValueError as e:
+        raise ValueError(f"{e}, or free (the GPU's memory)") from e
     if budget < MIN_BUDGET:
         raise ValueError(
-            f"--budget {text} reads as {budget:,.0f} bytes, less than 1 MiB: give a memory size with its "
+            f"{text} reads as {budget:,.0f} bytes, less than 1 MiB: give a memory size with its "
             "unit (16GiB, 80GB) or free; a fraction is `moebench tune --budget`'s"
         )
-    return budget
+    return Budget(text, budget)
 
 
-def capacity_command(run: str, budget_text: str | None, out: str | None = None) -> int:
+def capacity_command(run: str, given: Budget | None, out: str | None = None) -> int:
     """`moebench report RUN --capacity [--budget 16GiB|free]`: capacity.md and capacity.png in
-    the report folder, the table on stdout. Without --budget: the budget the run's capped rows
-    used, else an error (exit 2)."""
+    the report folder, the table on stdout (`given`: --budget, parse_budget's). Without --budget:
+    the budget the run's capped rows used, else an error (exit 2)."""
     import sys
 
     from moebench.report.load import load_run
 
-    # a size given: parsed before the run is read (a bad one refused first)
-    budget = budget_bytes(budget_text) if budget_text not in (None, "", "free") else None
+    budget = given.bytes if given else None
     df, env = load_run(run)
     gpu = None
-    if budget_text in (None, ""):
+    if given is None:
         budgets = sorted(
             set(pd.to_numeric(df.get("memory_budget", pd.Series(dtype=float)), errors="coerce").dropna()) - {0}
         )
@@ -387,7 +399,7 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
                 "measured under runner.memory_budget to take one from"
             )
         budget = float(budgets[0])
-    elif budget_text == "free":
+    elif budget is None:  # free
         gpu = env.get("gpu_memory_bytes")
         if not gpu:
             raise ValueError(
@@ -409,10 +421,7 @@ def capacity_command(run: str, budget_text: str | None, out: str | None = None) 
         __doc__.strip(),
     ]
     write_text(dest / "capacity.md", "\n\n".join(d for d in doc if d) + "\n")
-    print(
-        doc[1]
-        + (f" `--budget {budget_text}` read as {budget:,.0f} bytes." if budget_text and budget is not None else "")
-    )
+    print(doc[1] + (f" `--budget {given.text}` read as {budget:,.0f} bytes." if given and budget is not None else ""))
     print(body)
     print(f"capacity report written to {dest / 'capacity.md'}", file=sys.stderr)
     return 0

@@ -27,6 +27,7 @@ def _refused(argv, capsys) -> str:
         (["compare"], "compare", "the following arguments are required: RUN"),  # a missing argument
         (["report", "r", "--format", "x"], "report", "argument --format: invalid choice: 'x'"),
         (["report", "r", "backend=local"], "report", "unrecognized arguments: backend=local"),  # parse_args' own
+        (["report", "r", "--capacity", "--budget", "0.15"], "report", "argument --budget: 0.15 reads as 0 bytes"),
         (["env", "--x"], "env", "unrecognized arguments: --x"),
         (["list", "--sweep"], "list", "argument --sweep: expected one argument"),
     ],

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from moebench import cli
-from moebench.report.capacity import capacity_frame, fit_line, max_tokens, placement_ratios
+from moebench.report.capacity import capacity_frame, fit_line, max_tokens, parse_budget, placement_ratios
 from moebench.results.synthetic import make_row, samples_from, write_run
 
 GIB = 2**30
@@ -136,8 +136,10 @@ def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_pa
     plain = write_run(tmp_path / "plain", _rows())
     assert cli.main(["report", str(plain), "--capacity"]) == 2
     assert "give --budget" in capsys.readouterr().err
-    assert cli.main(["report", str(plain), "--capacity", "--budget", "lots"]) == 2
     assert cli.main(["report", str(plain), "--capacity", "--budget", "free"]) == 2  # env.json has no GPU memory
+    assert "--budget free needs the GPU's memory" in capsys.readouterr().err
+    assert cli.main(["report", str(plain), "--capacity", "--budget", ""]) == 2  # '' is no budget given
+    assert "give --budget" in capsys.readouterr().err
 
 
 def test_the_line_goes_through_the_largest_sizes_row_layout():
@@ -234,7 +236,7 @@ def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
         ("capacity_h200x1_confirmed", None, "report"),
     ):
         out = tmp_path / run / report
-        assert capacity_command(str(root / run), budget, str(out)) == 0
+        assert capacity_command(str(root / run), parse_budget(budget) if budget else None, str(out)) == 0
         assert (out / "capacity.md").read_text() == (root / run / report / "capacity.md").read_text(), (
             f"regenerate: moebench report {root / run} --capacity"
             + (f" --budget {budget}" if budget else "")
@@ -242,11 +244,29 @@ def test_committed_capacity_reports_are_what_the_command_writes_today(tmp_path):
         )
 
 
+def _refused_budget(budget: str, tmp_path, capsys) -> str:
+    """argparse's one line (exit 2) for --budget, given before a run that is not there: refused
+    while the command line is parsed, before any run is read."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["report", str(tmp_path / "no-such-run"), "--capacity", "--budget", budget])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("moebench report: error: argument --budget: ") and err.endswith(
+        " (see moebench report --help)\n"
+    ), err
+    return err
+
+
 @pytest.mark.parametrize("budget", ["0.15", "80", "0"])
 def test_a_budget_below_a_mebibyte_is_refused_before_the_run_is_read(budget, tmp_path, capsys):
     """`tune --budget` is a fraction; `report --capacity --budget` bytes: 0.15 there read as 0 bytes
     and reported 0 tokens everywhere. Refused in one line (exit 2), before the run is read."""
-    rc = cli.main(["report", str(tmp_path / "no-such-run"), "--capacity", "--budget", budget])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and f"--budget {budget} reads as" in err, err
-    assert "less than 1 MiB" in err and "16GiB" in err and "tune --budget" in err
+    err = _refused_budget(budget, tmp_path, capsys)
+    assert f"--budget: {budget} reads as" in err and "less than 1 MiB" in err, err
+    assert "16GiB" in err and "tune --budget" in err
+
+
+def test_a_budget_that_is_no_size_is_refused_saying_what_is(tmp_path, capsys):
+    err = _refused_budget("lots", tmp_path, capsys)
+    assert "'lots' is not a size" in err and "GiB" in err and "or free" in err, err
+    assert parse_budget("free").bytes is None and parse_budget("16GiB").bytes == 16 * 2**30
