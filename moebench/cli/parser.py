@@ -6,25 +6,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
 
 from moebench import __version__
 from moebench.cli import ab, env, listing, report, sweep, trace, tune
 from moebench.cli.options import EPILOG
+from moebench.util.arg_errors import OneLineErrors  # the commands' parsers, one line per refusal
 
 # in `moebench --help`'s order; a module may declare two commands (sweep.py: sweep and run; report.py:
 # report and compare), the module main.py's COMMANDS runs them from
 COMMAND_MODULES = (sweep, listing, report, ab, trace, tune, env)
-
-
-class OneLineErrors(argparse.ArgumentParser):
-    """argparse's refusals (an unknown option, a missing argument, a bad value) as the project's bad
-    input: one line naming the command and where its help is, exit 2; argparse prints its usage block
-    first. The subcommands' parsers are of this class too (add_subparsers takes the parent's)."""
-
-    def error(self, message: str) -> NoReturn:
-        line = " ".join(message.splitlines())
-        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

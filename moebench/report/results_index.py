@@ -37,7 +37,6 @@ never through a link.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -55,6 +54,7 @@ from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell
 from moebench.report.table import md_escape
 from moebench.results.row import BAD_STATUSES, Status
 from moebench.results.store import RunStore
+from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 
 RESULTS = REPO_ROOT / "results"
@@ -386,7 +386,7 @@ def render(root: Path = RESULTS) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m moebench.report.results_index", description=__doc__.splitlines()[0])
+    p = OneLineErrors(prog="python -m moebench.report.results_index", description=__doc__.splitlines()[0])
     p.add_argument("--root", type=Path, default=RESULTS, help="the results folder (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="exit 1 when README.md differs from what would be written")
     args = p.parse_args(argv)

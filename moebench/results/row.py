@@ -17,7 +17,6 @@ measurement column needs no schema bump; a renamed or re-meant one does
 
 from __future__ import annotations
 
-import argparse
 import enum
 import json
 import sys
@@ -27,6 +26,7 @@ from functools import cache
 from pathlib import Path
 
 from moebench.config.spec import AXIS, BARE, COMBO, MODEL_SIZE, PLACE, REQUIRED, WORKLOAD
+from moebench.util.arg_errors import OneLineErrors
 
 SCHEMA_VERSION = 2  # of the stored rows; migrate.py upgrades older ones
 NAN = float("nan")
@@ -736,7 +736,7 @@ def design_text(current: str, cols=None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = OneLineErrors(
         prog="python -m moebench.results.row",
         description="the golden row schema and design.md's column table, from row.py",
     )

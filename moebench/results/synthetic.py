@@ -10,7 +10,6 @@ A run of any size, the same for the same arguments (what the scale benchmark and
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
@@ -22,6 +21,7 @@ import pandas as pd
 from moebench.config.spec import IDENTITY_COLUMNS, Combo
 from moebench.results import row as schema
 from moebench.results.row import SCHEMA_VERSION, Status
+from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 
 # (backend, experts, reduction, overlap, quant, status, reason)
@@ -223,7 +223,10 @@ def many_rows(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="write a synthetic run of N combinations x token counts")
+    ap = OneLineErrors(
+        prog="python -m moebench.results.synthetic",
+        description="write a synthetic run of N combinations x token counts",
+    )
     ap.add_argument("--combinations", type=int, default=24, metavar="N")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     ap.add_argument("--seed", type=int, default=0)

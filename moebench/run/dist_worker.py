@@ -48,6 +48,7 @@ if __name__ == "__main__":
     watch_parent()
 
 from moebench.run.dist_faults import Channel, LeadRows, exit_now, follow, not_formed, raised  # stdlib only
+from moebench.util.arg_errors import OneLineErrors
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def run_ranks(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moebench.dist_worker", description=__doc__.split("\n\n")[0])
+    p = OneLineErrors(prog="python -m moebench.dist_worker", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*")
     p.add_argument("--sweep", default=None, help="named sweep in sweeps/ (or a path); default: the overrides only")
     p.add_argument("--out", required=True, help="run directory (on a filesystem rank 0 can write)")

@@ -27,7 +27,6 @@ Standard library only: scripts/copy_tree.sh runs it without torch.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.run.tree_files import STAMP, known_ignored, outermost_ignored, walk
+from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 from moebench.util.words import counted
 
@@ -353,7 +353,7 @@ def copy_tree(root: Path, dest: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m moebench.run.treestate", description=__doc__.splitlines()[0])
+    p = OneLineErrors(prog="python -m moebench.run.treestate", description=__doc__.splitlines()[0])
     p.add_argument(
         "action",
         choices=("stamp", "copy", "show"),

@@ -54,6 +54,30 @@ def test_every_command_parser_refuses_in_one_line():
         assert isinstance(p, parser.OneLineErrors), cmd
 
 
+@pytest.mark.parametrize(
+    "module, argv",
+    [
+        ("moebench.run.dist_worker", ["--out"]),  # the rank entry point (tests/run/test_distributed.py: its run)
+        ("moebench.report.results_index", ["--nope"]),
+        ("moebench.results.synthetic", []),  # --out is required
+        ("moebench.results.row", ["--nope"]),
+        ("moebench.run.treestate", ["nope"]),
+    ],
+)
+def test_each_python_m_entry_point_refuses_in_one_line_naming_itself(module, argv, capsys):
+    """`python -m moebench...`'s own parsers: argparse's usage block before the error line, as the
+    commands' was."""
+    import importlib
+
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(module).main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    prog = "python -m moebench.dist_worker" if module.endswith("dist_worker") else f"python -m {module}"
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(f"{prog}: error: ") and err.endswith(f" (see {prog} --help)\n"), err
+
+
 def _help(cmd: str) -> str:
     _, commands = parser.build_parser()
     return commands[cmd].format_help()

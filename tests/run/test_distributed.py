@@ -150,3 +150,21 @@ def test_the_worker_refuses_an_impossible_combination_before_its_group_forms(tmp
         "standard layout, experts=torch_batched reads batched"
     ]
     assert not run.exists()
+
+
+def test_the_worker_refuses_its_command_line_in_one_line():
+    """`python -m moebench.dist_worker` (what torchrun and SLURM start) given a bad command line: one
+    line naming it and its help, exit 2, as moebench's commands; argparse printed its usage block
+    (every option) first."""
+    for argv, says in [(["--nope"], "the following arguments are required: --out"), (["--redo", "x"], "--redo")]:
+        res = subprocess.run(
+            [sys.executable, "-m", "moebench.dist_worker", *argv],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 2 and res.stdout == "", res
+        prog = "python -m moebench.dist_worker"
+        assert res.stderr.startswith(f"{prog}: error: ") and res.stderr.endswith(f" (see {prog} --help)\n"), res.stderr
+        assert res.stderr.count("\n") == 1 and "usage:" not in res.stderr and says in res.stderr, res.stderr
