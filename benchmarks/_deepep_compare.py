@@ -15,6 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from moebench.util.arg_errors import OneLineErrors, script_prog  # noqa: E402 (after sys.path takes this checkout)
+
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -83,9 +85,7 @@ def ratios(mine: list, theirs: list) -> str:
 def main(doc: str, name: str, log_name: str, run_deepep_test, run_moebench, compare) -> None:
     """The command line both comparisons share: DeepEP's test, then moebench, then the table
     (<out>/<log_name>, <out>/moebench, <out>/comparison.md and comparison.json)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap = OneLineErrors(prog=script_prog(sys.argv[0]), description=doc.split("\n\n")[0])
     ap.add_argument("--deepep-src", default=str(REPO / "third_party" / "DeepEP"), help="DeepEP v1.2.1 source tree")
     ap.add_argument("--out", default=str(REPO / "runs" / name))
     ap.add_argument("--reps", type=int, default=20, help="moebench runner.reps (profiler samples: min(reps, 20))")

@@ -28,7 +28,6 @@ smallest GEMM's, whose rate is not the largest.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import json
@@ -44,6 +43,7 @@ import torch
 from moebench.measure.gpu_state import probe_for
 from moebench.report.roofline import SCHEMA, ceilings_dir, gpu_slug
 from moebench.run.env import fingerprint, git_info
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 MIB = 2**20
 GPU_SIZES = dict(copy_bytes=[256 * MIB, 1024 * MIB, 2048 * MIB], gemm=[4096, 8192, 16384])
@@ -234,7 +234,7 @@ def ceilings(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     p.add_argument(
         "--out",
         type=Path,

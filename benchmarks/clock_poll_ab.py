@@ -17,13 +17,14 @@ what it printed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 BASE = ["backend=local", "model=deepseek_v3", "backend.simulate_ep=8", "overlap=none", "runner.device=cuda"]
 COMBOS = [
@@ -96,7 +97,7 @@ def one_side(side: str, combo, kernel, inputs, poll_ms: float) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--poll-ms", type=float, default=20.0)
     ap.add_argument("--tokens", default="128,4096")

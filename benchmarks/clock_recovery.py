@@ -15,11 +15,12 @@ SM clock. docs/findings/harness.md, "Warm-up".
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
+
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 
 def gemm_times(a, b, count: int) -> list[tuple[float, float]]:
@@ -37,7 +38,7 @@ def gemm_times(a, b, count: int) -> list[tuple[float, float]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8192, help="the GEMM's M = N = K")
     ap.add_argument("--ramp-ms", type=float, default=400.0, help="load before each gap (and the ramp's length)")
     ap.add_argument("--gaps", default="0,25,50,100,200,400,800", help="idle gaps, ms")

@@ -22,6 +22,7 @@ from moebench.kernels.prepare_finalize import _deepep
 from moebench.measure import timing
 from moebench.measure.samples import rank_sync
 from moebench.run.launch import run_ranks
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 HIDDEN, EXPERTS, TOPK, SHARED_I = 7168, 256, 8, 2048  # deepseek_v3
 
@@ -85,7 +86,9 @@ def rank_main(rank: int, port: int, args, q) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineErrors(
+        prog=script_prog(__file__), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
     ap.add_argument("--num-sms", type=int, default=24)
     ap.add_argument("--combine-chunk", type=int, default=0, help="0: DeepEP's recommended combine config")

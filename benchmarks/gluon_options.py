@@ -34,6 +34,7 @@ from triton_fp8_contiguous import SHAPES, act_rows, deepgemm_gemm, layer_rows, r
 
 from moebench.kernels.triton.decisions import gluon_config_of
 from moebench.kernels.triton.gluon_contiguous import GLUON_EXTRAS
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 
 def _kernels() -> dict:
@@ -74,7 +75,9 @@ def _sm_mhz() -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineErrors(
+        prog=script_prog(__file__), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", nargs="+", choices=[m for m in SHAPES if m != "tiny"], default=["mixtral_8x7b"])
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=5)

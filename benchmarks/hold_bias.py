@@ -20,10 +20,11 @@ moebench's hold became flushes (moebench/measure/timing.py: sample_start).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
+
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 MODES = {"held": None, "unheld": float("inf"), "long": 400.0, "spin": None, "longspin": 400.0}
 
@@ -101,7 +102,7 @@ def pairs_for(fn, mode: str, count: int, flush, dev) -> list[tuple[float, float]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="held,unheld,spin", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--pairs", type=int, default=12, help="moebench / do_bench pairs per mode and round")
     ap.add_argument("--rounds", type=int, default=2, help="the modes in turn, this many times")

@@ -36,6 +36,8 @@ import pstats
 import sys
 from pathlib import Path
 
+from moebench.util.arg_errors import OneLineErrors, script_prog
+
 LOCAL = ["backend=local", "reduction=experts", "overlap=none", "workload.routing=uniform"]
 QWEN3, DSV3_EP8 = ["model=qwen3_30b_a3b"], ["model=deepseek_v3", "backend.simulate_ep=8"]
 CASES = {  # name -> (overrides, tokens): the issue's table, measured at f9a2356
@@ -459,7 +461,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument(
         "--cases",
         default="issue34",

@@ -27,7 +27,6 @@ Each figure: µs per call, the median of --repeats timings of --number calls (p2
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -35,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 
 class StubCompiled:
@@ -273,7 +274,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--number", type=int, default=2000, help="calls per timing")
     ap.add_argument("--repeats", type=int, default=15, help="timings per piece")
     ap.add_argument("--only", default="", help="comma-separated pieces (default: all)")

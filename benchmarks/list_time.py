@@ -9,7 +9,6 @@ planning the combinations.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
@@ -19,6 +18,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this checkout's moebench, installed or not
+    sys.path.insert(0, str(REPO))
+
+from moebench.util.arg_errors import OneLineErrors, script_prog  # noqa: E402 (after sys.path takes this checkout)
+
 COMMAND = [sys.executable, "-c", "import sys; from moebench.cli import main; sys.exit(main())", "list"]
 
 
@@ -51,7 +55,7 @@ def summary(times: list[float], cpu: list | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("overrides", nargs="*", help="after --: overrides for `moebench list`")

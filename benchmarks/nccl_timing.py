@@ -8,14 +8,13 @@ issue #4's criterion on the same callable (moebench vs back-to-back events): wit
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.distributed as dist
 
 from moebench.measure import timing
 from moebench.measure.samples import rank_sync
 from moebench.run.launch import run_ranks
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 
 def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
@@ -59,7 +58,7 @@ def rank_main(rank: int, port: int, mib: int, reps: int, q) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = OneLineErrors(prog=script_prog(__file__))
     ap.add_argument("--mib", type=int, default=64, help="MiB each rank contributes")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from moebench.util.arg_errors import OneLineErrors, script_prog
+
 BASE = ["backend=local", "model=qwen3_30b_a3b", "reduction=experts", "overlap=none", "runner.device=cuda"]
 COMBOS = ["experts=triton quant=fp8_block", "experts=deepgemm quant=fp8_block", "experts=triton quant=bf16"]
 
@@ -147,7 +149,7 @@ def child_round(r: int, combos: list[str], tokens: list[int], out: Path, timeout
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", default="16,256,2048,16384")
     ap.add_argument("--combo", action="append", default=None, help="overrides of one combination (repeatable)")

@@ -13,7 +13,6 @@ the same arguments; `--code TREE` times another checkout's moebench on them (a b
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,6 +25,11 @@ from pathlib import Path
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this checkout's moebench, installed or not
+    sys.path.insert(0, str(REPO))
+
+from moebench.util.arg_errors import OneLineErrors, script_prog  # noqa: E402 (after sys.path takes this checkout)
+
 MAX_PX = (2000, 1800)
 
 
@@ -71,7 +75,7 @@ def figures(folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--combinations", type=int, default=1000, help="per run (x 10 token counts)")
     ap.add_argument("--work", help="folder for the runs and outputs (default: a temp folder)")
     ap.add_argument("--code", default=str(REPO), help="the checkout whose moebench is timed")

@@ -18,7 +18,6 @@ For each combination (moebench overrides, one token count):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -29,6 +28,7 @@ from moebench.measure import timing
 from moebench.measure.layer import build_layer
 from moebench.measure.workload import make_inputs
 from moebench.run.plan import plan
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 CASES = [  # (name, overrides, tokens)
     (
@@ -169,7 +169,7 @@ def measure(name, overrides, tokens, reps) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--cases", default=",".join(n for n, _, _ in CASES))

@@ -16,13 +16,13 @@ when a criterion fails, so the figures in the findings are the script's, not a h
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 import pandas as pd
 
 from moebench.report.load import latest_rows, load_run
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 LO, HI = 0.99, 1.10
 ORDER_GAP = 1.03
@@ -109,7 +109,7 @@ def markdown(t: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.split("\n\n")[0])
     ap.add_argument("run")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--default-sweeps", nargs=2, metavar=("AUTO_RUN", "EVENTS_RUN"))

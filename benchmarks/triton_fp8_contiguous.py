@@ -44,6 +44,7 @@ from moebench.kernels.triton.contiguous_gemm import ALIGN, contiguous_gemm
 from moebench.kernels.triton.deepgemm_layout import contiguous_scratch_numel, permute_contiguous
 from moebench.kernels.triton.gluon_contiguous import GLUON_VARIANTS
 from moebench.kernels.triton.gluon_wide import WIDE_N
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 # name: (experts in the model, experts on this rank, top-k, hidden K, intermediate I)
 SHAPES = {
@@ -168,7 +169,9 @@ def rel(x, y, valid) -> tuple[float, float]:
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineErrors(
+        prog=script_prog(__file__), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--models", nargs="+", choices=list(SHAPES), default=[m for m in SHAPES if m != "tiny"])
     ap.add_argument(

@@ -21,7 +21,6 @@ DIR carried back resumes from the stored trials.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -40,6 +39,7 @@ from moebench.report.best_per_size import ratio_interval  # noqa: E402 (after sy
 from moebench.tune import compile as tcompile  # noqa: E402 (after sys.path takes this checkout)
 from moebench.tune import files  # noqa: E402 (after sys.path takes this checkout)
 from moebench.tune.search import TuneArgs, resolve, tune  # noqa: E402 (after sys.path takes this checkout)
+from moebench.util.arg_errors import OneLineErrors, script_prog  # noqa: E402 (after sys.path takes this checkout)
 
 LAYERS = {
     "dsv3": (["model=deepseek_v3", "backend.simulate_ep=8", "quant=fp8_block"], [16, 4096]),
@@ -194,7 +194,7 @@ def _pick(results, T):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--layers", default="dsv3,qwen3")
     p.add_argument("--deadline-s", type=float, default=490.0, help="stop starting work after this many seconds")

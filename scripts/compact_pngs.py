@@ -10,15 +10,15 @@ times the bytes for the same picture.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from moebench.util.arg_errors import OneLineErrors, script_prog
 from moebench.util.pngfile import compact_png
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", type=Path)
     args = ap.parse_args(argv)
     total_before = total_after = 0

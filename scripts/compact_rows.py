@@ -8,16 +8,16 @@ or waited for with --wait; a torn row file stops it, exit 2, until a sweep sets 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from moebench.results.compact import compact_run
 from moebench.results.store import find_runs
+from moebench.util.arg_errors import OneLineErrors, script_prog
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineErrors(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="+", type=Path)
     p.add_argument("--wait", action="store_true", help="wait for a sweep writing a run instead of refusing it")
     args = p.parse_args(argv)

@@ -14,7 +14,6 @@ when every run passed, 1 otherwise. Writes nothing."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -22,10 +21,14 @@ import time
 
 DEFAULT = "tests/run/test_faults.py::test_crashing_faults_give_their_status_and_the_next_combination_runs_clean"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # this checkout's moebench, installed or not
+    sys.path.insert(0, ROOT)
+
+from moebench.util.arg_errors import OneLineErrors, script_prog  # noqa: E402 (after sys.path takes this checkout)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineErrors(prog=script_prog(__file__), description=__doc__.split("\n\n")[0])
     p.add_argument("test", nargs="?", default=DEFAULT, help="a pytest node id (default: %(default)s)")
     p.add_argument("--runs", type=int, default=20, help="how many times (default %(default)s)")
     p.add_argument("--busy", type=int, default=2, help="busy loops beside it (default %(default)s)")

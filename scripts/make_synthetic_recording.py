@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from moebench.util.arg_errors import OneLineErrors, script_prog
+
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("auto", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
@@ -98,7 +100,9 @@ def build(arch: str, experts: int, topk: int, layers: int, hidden: int, vocab: i
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = OneLineErrors(
+        prog=script_prog(__file__), description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--model", help="take --experts and --topk from conf/model/MODEL.yaml")
     p.add_argument("--experts", type=int, help="routed experts (e.g. 128 for qwen3_30b_a3b, 256 for DeepSeek-V3)")
     p.add_argument("--topk", type=int, help="experts per token")

@@ -4,6 +4,7 @@ and each command's --help stating its units and its exit statuses."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,22 @@ def test_each_python_m_entry_point_refuses_in_one_line_naming_itself(module, arg
     prog = "python -m moebench.dist_worker" if module.endswith("dist_worker") else f"python -m {module}"
     assert err.count("\n") == 1 and "usage:" not in err, err
     assert err.startswith(f"{prog}: error: ") and err.endswith(f" (see {prog} --help)\n"), err
+
+
+def test_no_command_line_builds_its_parser_another_way():
+    """Every argparse parser in moebench/, benchmarks/ and scripts/ is a OneLineErrors (moebench/util/
+    arg_errors.py), so that none prints argparse's usage block; kernels/ imports nothing of the harness,
+    so the compile check (`python -m moebench.kernels.triton.compile_check`, a developer's tool) keeps
+    argparse's own."""
+    root = Path(__file__).resolve().parents[2]
+    exempt = {Path("moebench/util/arg_errors.py"), Path("moebench/kernels/triton/compile_check.py")}
+    files = [p for folder in ("moebench", "benchmarks", "scripts") for p in (root / folder).rglob("*.py")]
+    plain = [
+        str(p.relative_to(root))
+        for p in files
+        if p.relative_to(root) not in exempt and re.search(r"\bArgumentParser\(", p.read_text())
+    ]
+    assert not plain, f"parsers that print argparse's usage block: {plain}"
 
 
 def _help(cmd: str) -> str:

@@ -400,3 +400,61 @@ def test_contiguous_gemm_benchmark_check_mode_fails_a_wrong_kernel(monkeypatch, 
     monkeypatch.setattr(bench, "contiguous_gemm", partial)
     rows = bench.main(argv)
     assert any(r.get("failed") for r in rows), rows
+
+
+SCRIPTS = sorted(p.relative_to(REPO) for folder in ("benchmarks", "scripts") for p in (REPO / folder).glob("[!_]*.py"))
+
+
+def _one_line_refusal(err: str, script: str) -> str:
+    """The error of `err`, which must be one line naming the script as it is run and its help."""
+    prog = f"python {script}"
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(f"{prog}: error: ") and err.endswith(f" (see {prog} --help)\n"), err
+    return err[len(f"{prog}: error: ") : -len(f" (see {prog} --help)\n")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=str)
+def test_every_scripts_command_line_refusal_is_one_line_naming_it(script, monkeypatch, capsys):
+    """benchmarks/*.py and scripts/*.py given an unknown option: one line and exit 2, as moebench's
+    commands (moebench/util/arg_errors.py); argparse printed the script's whole usage block first. A
+    main takes its arguments or reads sys.argv; the DeepEP comparisons' main is _deepep_compare's."""
+    import importlib
+    import inspect
+
+    monkeypatch.syspath_prepend(str(REPO / script.parent))
+    monkeypatch.setattr(sys, "argv", [str(script), "--no-such-option"])
+    module = importlib.import_module(script.stem)
+    with pytest.raises(SystemExit) as done:
+        if module.main.__module__ != script.stem:  # deepep_{ht,ll}_profiler: (doc, name, log, three steps)
+            module.main(module.__doc__, script.stem, "x.log", None, None, None)
+        elif inspect.signature(module.main).parameters:
+            module.main(["--no-such-option"])
+        else:
+            module.main()
+    assert done.value.code == 2
+    line = _one_line_refusal(capsys.readouterr().err, str(script))
+    assert "--no-such-option" in line or "the following arguments are required" in line, line
+
+
+def test_a_scripts_own_refusal_is_the_same_one_line(capsys):
+    """A script's own `error(...)` after parsing (a flag that needs another) takes the same form."""
+    import triton_fp8_contiguous as bench
+
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--device", "cpu", "--models", "tiny", "--variant", "0"])
+    assert done.value.code == 2
+    line = _one_line_refusal(capsys.readouterr().err, "benchmarks/triton_fp8_contiguous.py")
+    assert line.startswith("--variant needs --variants"), line
+
+
+def test_a_script_run_as_a_file_refuses_in_one_line_with_this_checkouts_moebench(tmp_path):
+    """`python benchmarks/list_time.py --nope` from another folder and without PYTHONPATH: it finds this
+    checkout's moebench (arg_errors), names itself as run, exit 2."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "list_time.py"), "--nope"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stdout == "", res
+    assert _one_line_refusal(res.stderr, "benchmarks/list_time.py") == "unrecognized arguments: --nope"
