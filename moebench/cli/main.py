@@ -110,14 +110,14 @@ def _no_result(args, e: Exception) -> int:
 def _environment_line(e: OSError, args) -> str | None:
     """The one line of an environment error (moebench/results/writable.py decides which OSErrors are
     one), with what to do; None for any other OSError (a defect: its traceback stays)."""
-    from moebench.results.writable import describe
+    from moebench.results.writable import GIVE_OUT, describe
 
     out = getattr(args, "out", None)
     line = describe(e, out)
     if line is None:
         return None
-    if args.cmd in ("report", "compare", "trace") and not out:
-        return f"{line} (--out DIR writes elsewhere)"
+    if args.cmd in ("report", "compare", "trace") and not out and not line.endswith(GIVE_OUT):
+        return f"{line}; {GIVE_OUT}"  # what a folder not made says (writable.describe), for any other refusal
     return f"{line}; nothing was measured" if args.cmd in ("sweep", "run") else line
 
 

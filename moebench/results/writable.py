@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from moebench.util.safe_write import NotCreatable, safe_dir  # safe_dir raises NotCreatable
+from moebench.util.safe_write import NotMade, safe_dir  # safe_dir and check_dir raise NotMade
 
 # a writer's temp files (the store's, the probe's): never *.parquet, so no reader's glob
 # matches a torn one, and the next sweep's clean_temp removes a killed writer's leftover
@@ -34,16 +34,25 @@ CAUSES = {
     errno.ELOOP: "a symbolic link, which moebench does not write through",
     errno.EIO: "input/output error (a failing disk or a lost network mount?)",
 }
-NOT_CREATABLE = "cannot be created here (the file system makes no folders there: /proc, /sys?)"
+# a folder not made (safe_write.NotMade): ENOENT's cause; and what to do where the place refused it
+NOT_CREATABLE = "cannot be created here: the file system makes no folders there, as in /proc or /sys"
+GIVE_OUT = "give --out a folder you can write"
+ELSEWHERE = (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM)  # not a full disk: that one may be freed
 PROBE_NAME = "probe-"  # after the store's temp prefix: no reader sees it, the next sweep removes a leftover
 
 
 def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> Optional[str]:
     """'<path>: <cause>' for an environment error, None for any other exception. `where`
-    stands in for the path when the error names none (pyarrow's and write()'s ENOSPC)."""
-    if isinstance(exc, NotCreatable):
-        cause = NOT_CREATABLE
-    elif isinstance(exc, OSError) and exc.errno in CAUSES:
+    stands in for the path when the error names none (pyarrow's and write()'s ENOSPC). A folder
+    not made is '<folder asked for>: <cause> (<first folder not made> could not be made); give
+    --out ...' (read-only, not ours, /proc), the same whether safe_dir met it or check_dir foresaw it."""
+    if isinstance(exc, NotMade):
+        cause = NOT_CREATABLE if exc.errno == errno.ENOENT else CAUSES.get(exc.errno or 0)
+        if cause is None:
+            return None
+        first = "" if exc.first == exc.filename else f" ({exc.first} could not be made)"
+        return f"{exc.filename}: {cause}{first}" + (f"; {GIVE_OUT}" if exc.errno in ELSEWHERE else "")
+    if isinstance(exc, OSError) and exc.errno in CAUSES:
         cause = CAUSES[exc.errno]
     else:
         return None

@@ -53,11 +53,36 @@ class UnsafePath(ValueError):
 LinkRefused = UnsafePath  # the name report and trace writers use
 
 
-class NotCreatable(FileNotFoundError):
-    """A folder mkdir refused with ENOENT though it was asked to make the parents: a file system
-    that makes no folders there (/proc), or one removed under it. An environment error (its
-    one line, moebench/results/writable.py), where any other ENOENT, a file gone from under a
-    reader, stays what it was."""
+class NotMade(OSError):
+    """A folder that could not be made (`safe_dir`), or would not be (`check_dir`): the refusal's
+    errno, `filename` the folder asked for, `first` the first folder on the way to it that could
+    not be made (the one asked for, or a missing parent of it). Both name the same two folders, so
+    that every command's line says the same (moebench/results/writable.py words it)."""
+
+    first: str
+
+
+class NotCreatable(NotMade, FileNotFoundError):
+    """A folder mkdir refused with ENOENT though its parent is there: a file system that makes no
+    folders there (/proc), or one removed under it. An environment error (its one line,
+    moebench/results/writable.py), where any other ENOENT, a file gone from under a reader, stays
+    what it was."""
+
+
+def _not_made(code: int, asked, first) -> NotMade:
+    err = (NotCreatable if code == errno.ENOENT else NotMade)(code, os.strerror(code), str(asked))
+    err.first = str(first)
+    return err
+
+
+def _first_missing(path: Path) -> Path:
+    """The first folder mkdir -p of `path` makes: `path`, or its topmost missing parent."""
+    first = path
+    for above in path.parents:
+        if os.path.lexists(above):
+            break
+        first = above
+    return first
 
 
 def _refused(path, what: str = "is a symbolic link") -> LinkRefused:
@@ -89,22 +114,30 @@ def safe_dir(base, *parts) -> Path:
     mkdir -p would, links in it followed: it is the folder the user named. Returns the path; where
     `base` itself is a link, by the folder it names (so that the files' own folder is no link)."""
     path = Path(base)
+    names = _names_below(base, path, parts)
+    asked = path.joinpath(*names)  # as the user would name it: a line names it so
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a file (or a dangling link) by that name, or on the way
         # an environment error (moebench/results/writable.py): the CLI's one line names the path, exit 2
         raise _not_a_dir(path) from None
-    except FileNotFoundError as e:  # (parents=True: not a missing parent but a folder the system will not make)
-        raise NotCreatable(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from e
+    except OSError as e:  # read-only, not ours; ENOENT (parents=True): a folder the system will not make
+        if e.errno is None:
+            raise
+        raise _not_made(e.errno, asked, _first_missing(path)) from e
     if path.is_symlink():
         path = Path(os.path.realpath(path))
-    for name in _names_below(base, path, parts):
+    for i, name in enumerate(names):
         path = path / name
         _check_dir(path)
         try:
             os.mkdir(path)
         except FileExistsError:
             pass
+        except OSError as e:
+            if e.errno is None:
+                raise
+            raise _not_made(e.errno, asked, Path(base).joinpath(*names[: i + 1])) from e
         _check_dir(path)  # a link made in between is refused too
     return path
 
@@ -125,14 +158,25 @@ def _not_a_dir(path: Path) -> NotADirectoryError:
     return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
-def _can_make_in(folder: Path, path: Path) -> None:
-    """The OSError mkdir or a write in `folder` would raise, naming `path`: a read-only file
-    system, or a folder not ours to write (a file system that makes no folders, /proc, says so
-    only when asked to make one: `safe_dir`)."""
+def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
+    """The OSError `safe_dir` would meet making `first` in `folder` (None: a file is written in
+    `folder`, which is `path`), naming `path`: a read-only file system, or a folder not ours to
+    write. Where os.access says no, mkdir says why: EACCES, or ENOENT for a file system that makes
+    no folders (/proc, to a user: os.access refuses it before mkdir is asked). That mkdir is
+    expected to fail; one that does not (os.access was wrong) is undone, so that nothing is made."""
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-    if not os.access(folder, os.W_OK | os.X_OK):
+        if first is None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        raise _not_made(errno.EROFS, path, first)
+    if os.access(folder, os.W_OK | os.X_OK):
+        return
+    if first is None:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    try:
+        os.mkdir(first)
+    except OSError as e:
+        raise _not_made(e.errno or errno.EACCES, path, first) from None
+    os.rmdir(first)
 
 
 def check_dir(base, *parts) -> Path:
@@ -143,22 +187,27 @@ def check_dir(base, *parts) -> Path:
     path = Path(base)
     if os.path.lexists(path) and not path.is_dir():  # a file, or a dangling link, by that name
         raise _not_a_dir(path)
+    names = _names_below(base, path, parts)
+    asked = path.joinpath(*names)  # the folder named in a refusal, as safe_dir names it
     if not path.exists():
-        for above in path.absolute().parents:
+        for above in path.parents:
             if above.is_dir():
-                _can_make_in(above, path)
-                break
+                _can_make_in(above, asked, _first_missing(path))
+                return asked
             if os.path.lexists(above):  # a file on the way
                 raise _not_a_dir(path)
-    elif path.is_symlink():
+        return asked
+    if path.is_symlink():
         path = Path(os.path.realpath(path))
-    deepest = path if path.is_dir() else None
-    for name in _names_below(base, path, parts):
+    deepest, first = path, None
+    for i, name in enumerate(names):
         path = path / name
         _check_dir(path)
-        deepest = path if deepest is not None and path.is_dir() else deepest
-    if deepest is not None:
-        _can_make_in(deepest, path)
+        if first is None and path.is_dir():
+            deepest = path
+        elif first is None:
+            first = Path(base).joinpath(*names[: i + 1])
+    _can_make_in(deepest, asked, first)
     return path
 
 

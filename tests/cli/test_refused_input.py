@@ -4,8 +4,9 @@ folder is checked before the runs are read and made only once there is a report 
 moebench/report/document.py ReportDir).
 
 - an --out the file system will not make (as /proc, where mkdir answers ENOENT; a read-only file
-  system; a folder not ours) is the environment's one line, as for sweep, not a traceback and exit
-  3 (or 1): the same line for root and a user (tests/support/refusing_fs.py);
+  system; a folder not ours) is the environment's one line, not a traceback and exit 3 (or 1): the
+  same line for every command, sweep's included, and for root and a user
+  (tests/support/refusing_fs.py);
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
 - a plain file given as a run is 'a file, not a run folder', not a torn row file;
@@ -24,6 +25,7 @@ from refusing_fs import REFUSALS, refusing
 
 from moebench import cli
 from moebench.results.synthetic import synthetic_run
+from moebench.results.writable import GIVE_OUT
 
 CPU_TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "cpu_phases.json.gz"
 
@@ -52,22 +54,37 @@ def run(tmp_path) -> Path:
     return run
 
 
+SWEEP = ["sweep", "backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny"]
+
+
 @pytest.mark.parametrize("kind", REFUSALS)
-@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
-def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(cmd, kind, run, tmp_path, capsys, monkeypatch):
-    """--out in a folder that makes no folder (as /proc), a read-only one, or one not ours: the same
-    line for root and a user (tests/support/refusing_fs.py)."""
-    out = refusing(monkeypatch, tmp_path / "fs", kind) / cmd
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune", "sweep"])
+@pytest.mark.parametrize("deeper", [False, True])
+def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(
+    cmd, kind, deeper, run, tmp_path, capsys, monkeypatch
+):
+    """--out in a folder that makes no folder (as /proc), a read-only one, or one not ours: one
+    wording for every command (report, compare and trace check the folder before they read, sweep
+    and tune meet mkdir's answer; /proc was 'permission denied' in the first three to a user, 'cannot
+    be created here' in the others), for root and a user (tests/support/refusing_fs.py); it names the
+    folder asked for and, when it lies deeper, the first one that could not be made."""
+    fs = refusing(monkeypatch, tmp_path / "fs", kind)
+    out = fs / cmd / "deeper" if deeper else fs / cmd
     argv = {
         "report": ["report", run],
         "compare": ["compare", synthetic_run(tmp_path / "base"), run],
         "trace": ["trace", "--plot", run],
         "tune": ["tune", "--results", run],
+        "sweep": SWEEP,
     }[cmd]
+    asked = out / "abc" if cmd == "trace" else out  # trace: the PNGs' folder below --out, as the run's traces/abc
     before = _tree(tmp_path)
     rc, err = _main([*argv, "--out", out], capsys)
     assert rc == 2
-    assert _one_line(err) == f"moebench {cmd}: environment error: {out}: {REFUSALS[kind][1]}"
+    made = f" ({fs / cmd} could not be made)" if asked != fs / cmd else ""
+    tail = "; nothing was measured" if cmd == "sweep" else ""
+    cause = REFUSALS[kind][1]
+    assert _one_line(err) == f"moebench {cmd}: environment error: {asked}: {cause}{made}; {GIVE_OUT}{tail}"
     assert _tree(tmp_path) == before
 
 

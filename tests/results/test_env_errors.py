@@ -113,7 +113,11 @@ def test_an_out_folder_the_file_system_will_not_make_is_one_line_and_exit_2(caps
     out = f"/proc/moebench-{os.getpid()}/run"
     assert cli.main(["sweep", *ONE, "--out", out]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert line == f"moebench sweep: environment error: {out}: {writable.NOT_CREATABLE}; nothing was measured"
+    first = f"/proc/moebench-{os.getpid()}"
+    assert line == (
+        f"moebench sweep: environment error: {out}: {writable.NOT_CREATABLE} ({first} could not be made); "
+        f"{writable.GIVE_OUT}; nothing was measured"
+    )
     assert children() == []
 
 
@@ -150,7 +154,7 @@ def test_report_and_compare_into_a_read_only_folder_exit_2_not_1(tmp_path, capsy
     read_only(Path(base))
     assert cli.main(["report", str(base)]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert f"{base / 'report'}: " in line and "--out DIR writes elsewhere" in line
+    assert f"{base / 'report'}: " in line and line.endswith(f"; {writable.GIVE_OUT}")
     assert not list(ro.iterdir())
 
 

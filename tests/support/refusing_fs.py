@@ -5,7 +5,8 @@ The real ones are not the same: root may write in /proc (os.access says yes; mkd
 answers ENOENT), where a user is told EACCES by os.access before mkdir is asked; and a chmod
 binds no root. So each refusal is made where moebench asks (moebench/util/safe_write.py):
 os.mkdir raises its errno, and the check that makes nothing (check_dir) sees it too: a read-only
-file system through os.statvfs, a folder not ours through os.access."""
+file system through os.statvfs, a folder not ours through os.access; /proc as a user sees both
+(os.access says no, mkdir answers ENOENT), as root does mkdir's ENOENT only."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from moebench.results.writable import CAUSES, NOT_CREATABLE
 
 # kind -> (the errno mkdir answers, the cause the environment's one line states)
 REFUSALS = {
-    "not_creatable": (errno.ENOENT, NOT_CREATABLE),  # /proc: no folder is made there
+    "not_creatable": (errno.ENOENT, NOT_CREATABLE),  # /proc to root: no folder is made there
+    "not_creatable_user": (errno.ENOENT, NOT_CREATABLE),  # /proc to a user: not ours, and no folder is made
     "read_only": (errno.EROFS, CAUSES[errno.EROFS]),  # a read-only file system
     "not_ours": (errno.EACCES, CAUSES[errno.EACCES]),  # a folder this user may not write
 }
@@ -49,6 +51,6 @@ def refusing(monkeypatch, folder: Path, kind: str) -> Path:
     monkeypatch.setattr(os, "mkdir", refused_mkdir)
     if kind == "read_only":
         monkeypatch.setattr(os, "statvfs", read_only)
-    if kind == "not_ours":
+    if kind in ("not_ours", "not_creatable_user"):
         monkeypatch.setattr(os, "access", not_ours)
     return folder

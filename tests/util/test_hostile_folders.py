@@ -19,6 +19,7 @@ from moebench.results.synthetic import make_row, synthetic_run, write_run
 from moebench.util.safe_write import (
     LinkRefused,
     NotCreatable,
+    NotMade,
     check_dir,
     check_dir_below,
     refuse_links,
@@ -317,40 +318,64 @@ def test_check_dir_below_and_safe_dir_below_take_a_full_path_below_the_base(tmp_
     _untouched(victim)
 
 
-@pytest.mark.parametrize("kind", ["read_only", "not_ours"])
+@pytest.mark.parametrize("kind", ["read_only", "not_ours", "not_creatable_user"])
 def test_check_dir_says_what_a_write_would_meet_and_makes_nothing(kind, tmp_path, monkeypatch):
-    """A read-only file system (statvfs) or a folder not ours (os.access): check_dir raises the
-    OSError that safe_dir's mkdir meets, naming the folder asked for, before anything is made;
-    the same for root and a user (tests/support/refusing_fs.py)."""
+    """A read-only file system (statvfs), a folder not ours (os.access), /proc to a user (os.access,
+    then mkdir's ENOENT): check_dir raises what safe_dir's mkdir meets, before anything is made, and
+    both name the same folders: the one asked for, and the first that could not be made when that is
+    a parent of it (safe_dir named only the first, check_dir only the one asked for). The same for
+    root and a user (tests/support/refusing_fs.py)."""
     from refusing_fs import REFUSALS, refusing
 
-    from moebench.results.writable import describe
+    from moebench.results.writable import GIVE_OUT, describe
 
     code, cause = REFUSALS[kind]
     fs = refusing(monkeypatch, tmp_path / "fs", kind)
-    for args, named in [
-        ((fs / "out" / "deeper",), fs / "out" / "deeper"),  # missing: the nearest folder that is asked
-        ((fs, "report", "vs-x"), fs / "report" / "vs-x"),  # below an existing base
-        ((fs,), fs),  # the base itself
+    for args, asked, first in [
+        ((fs / "out" / "deeper",), fs / "out" / "deeper", fs / "out"),  # a missing base, two folders down
+        ((fs / "out", "report"), fs / "out" / "report", fs / "out"),  # a missing base and a folder below it
+        ((fs, "report", "vs-x"), fs / "report" / "vs-x", fs / "report"),  # below an existing base
+        ((fs, "report"), fs / "report", fs / "report"),  # the first is the one asked for
     ]:
+        made = f" ({first} could not be made)" if first != asked else ""
+        line = f"{asked}: {cause}{made}; {GIVE_OUT}"
+        for fn in (check_dir, safe_dir):
+            with pytest.raises(NotMade) as e:
+                fn(*args)
+            assert e.value.errno == code and describe(e.value) == line, fn
+    if kind != "not_creatable_user":  # the base itself: a file written in it, no folder made
         with pytest.raises(OSError) as e:
-            check_dir(*args)
-        assert e.value.errno == code and describe(e.value) == f"{named}: {cause}"
-        if named != fs:
-            with pytest.raises(OSError) as e:
-                safe_dir(*args)  # what the check foretold, naming the first folder it could not make
-            assert e.value.errno == code and describe(e.value) == f"{fs / named.relative_to(fs).parts[0]}: {cause}"
+            check_dir(fs)
+        assert e.value.errno == code and describe(e.value) == f"{fs}: {cause}"
     assert not list(fs.iterdir())
 
 
+def test_check_dir_makes_nothing_where_mkdir_contradicts_os_access(tmp_path, monkeypatch):
+    """check_dir asks mkdir why os.access says no (/proc to a user: ENOENT, not EACCES); a mkdir that
+    succeeds all the same is undone, and the folder is reported as one that can be made."""
+    real = os.access
+
+    def access(path, mode, **kwargs):
+        return False if Path(path) == tmp_path else real(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    assert check_dir(tmp_path / "out" / "deeper") == tmp_path / "out" / "deeper"
+    assert not list(tmp_path.iterdir())
+
+
 def test_safe_dir_says_a_folder_the_file_system_will_not_make_is_not_creatable():
-    """mkdir -p under /proc answers ENOENT: NotCreatable, the environment's one line (writable.describe)."""
+    """mkdir -p under /proc answers ENOENT: NotCreatable, the environment's one line (writable.describe),
+    naming the folder asked for and the first one that could not be made."""
     from moebench.results.writable import NOT_CREATABLE, describe
 
     out = f"/proc/moebench-{os.getpid()}/x"
     with pytest.raises(NotCreatable) as e:
         safe_dir(out)
-    assert describe(e.value) == f"{out}: {NOT_CREATABLE}"
+    assert describe(e.value) == (
+        f"{out}: cannot be created here: the file system makes no folders there, as in /proc or /sys "
+        f"(/proc/moebench-{os.getpid()} could not be made); give --out a folder you can write"
+    )
+    assert NOT_CREATABLE in describe(e.value)
 
 
 def test_writes_refuse_links_hard_links_and_fifos_and_leave_their_targets(tmp_path):
