@@ -25,13 +25,10 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
 from moebench.results import row as schema
 from moebench.results.store import (
     RunStore,
-    TornFile,
     check_run_path,
     find_runs,
     latest,
     load_files,
-    read_row_file,
-    warn,
 )
 
 # A row's identity: where it came from and which row it is (schema_version, run_id, sweep,
@@ -59,18 +56,6 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
             "first, e.g. `moebench sweep ...`, or point at its output directory)"
         )
     return files, path
-
-
-def read_rows_file(path: str | Path) -> pd.DataFrame | None:
-    """Read one parquet results file through the store's reader; None (and a warning line
-    naming it) for a torn file, which the next sweep into the run sets aside and measures
-    again; ValueError naming it for a file of some other tool or an unknown schema version."""
-    path = Path(path)
-    try:
-        return read_row_file(path, REQUIRED_COLUMNS)
-    except TornFile as exc:
-        warn(f"{exc}: the report reads the rest (a sweep into the run moves it aside and measures its rows again)")
-        return None
 
 
 def read_env(run_dir: Path | None) -> dict:

@@ -79,6 +79,20 @@ def test_each_python_m_entry_point_refuses_in_one_line_naming_itself(module, arg
     assert err.startswith(f"{prog}: error: ") and err.endswith(f" (see {prog} --help)\n"), err
 
 
+def test_python_m_moebench_is_the_console_script():
+    """`python -m moebench` runs what `moebench` runs (a checkout without the console script on PATH):
+    an unknown command is the same one line and exit 2."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "moebench", "nope"], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "nope" in done.stderr, done.stderr
+
+
 def test_no_command_line_builds_its_parser_another_way():
     """Every argparse parser in moebench/, benchmarks/ and scripts/ is a OneLineErrors (moebench/util/
     arg_errors.py), so that none prints argparse's usage block; kernels/ imports nothing of the harness,
