@@ -23,8 +23,9 @@ def register(sub) -> None:
         "--verbose",
         "-v",
         action="store_true",
-        help="every skipped combination with its reason (default: the count per reason); a skipped token count "
-        "that breaks a rule of the plan marked [rule]",
+        help="every skipped combination with its reason (default: the count per reason); a skipped combination or "
+        "token count that breaks a rule of the plan marked [rule], and of a combination this machine skips, the "
+        "token counts a rule skips",
     )
     ls.add_argument(
         "--oversubscribe",
@@ -54,7 +55,8 @@ def list_command(args) -> int:
     skipped = [c for c in combos if c.reason]
     if skipped and args.verbose:
         for c in skipped:
-            print(f"skipped {c.label}{plugins.origin_tag(c)}  ({c.reason})")
+            mark = "[rule] " if c.rule else ""
+            print(f"skipped {c.label}{plugins.origin_tag(c)}  {mark}({c.reason}){_skipped_tokens(c, True)}")
     elif skipped:
         print(f"\nskipped, by reason ({len(skipped)} combinations; --verbose lists each):")
         for n, line in reason_groups([c.reason for c in skipped if c.reason]):
@@ -69,10 +71,13 @@ def list_command(args) -> int:
 def _skipped_tokens(c, verbose: bool) -> str:
     """'  (skipped tokens: 16: why; ...)' of a valid combination, '' where none is skipped; with
     --verbose, each token count that breaks a rule of the plan (no machine runs it) is marked
-    '[rule]', the rest are what this machine lacks."""
-    if not c.token_reasons:
+    '[rule]', the rest are what this machine lacks. Of a combination this machine skips whole
+    (--verbose only), the token counts a rule skips wherever it ran: where they are all of its
+    token counts, no machine runs any of it (list --json's ruled_out)."""
+    reasons = c.token_rules if c.reason else c.token_reasons
+    if not reasons:
         return ""
-    said = [f"{t}{' [rule]' if verbose and c.token_skips[t].rule else ''}: {r}" for t, r in c.token_reasons.items()]
+    said = [f"{t}{' [rule]' if verbose and c.token_skips[t].rule else ''}: {r}" for t, r in reasons.items()]
     return "  (skipped tokens: " + "; ".join(said) + ")"
 
 

@@ -46,8 +46,10 @@ def _skip_kind(rule: bool) -> str:
 
 def combo_record(c) -> dict:
     """`list --json`: a planned combination with each field of its Combo (the axes, the model's
-    sizes, world size, ...), its knobs and its entries' origins as fields of their own, and each
-    skip reason with its kind (_skip_kind)."""
+    sizes, world size, ...), its knobs and its entries' origins as fields of their own, each
+    skip reason with its kind (_skip_kind), and whether no machine runs any of it (`ruled_out`:
+    a rule of the plan skips the combination or each of its token counts, told even where this
+    machine skips it whole and its token counts' reasons are not listed)."""
     combo = c.combo
     return {
         "key": c.key,
@@ -62,6 +64,7 @@ def combo_record(c) -> dict:
         "tokens": list(c.tokens),
         "skipped_tokens": {str(k): v for k, v in c.token_reasons.items()},
         "skipped_token_kinds": {str(k): _skip_kind(c.token_skips[k].rule) for k in c.token_reasons},
+        "ruled_out": c.ruled_out,
     }
 
 

@@ -51,3 +51,41 @@ def test_list_verbose_marks_the_token_counts_a_rule_skips(capped, capsys):
     assert cli.main(["list", "backend=local", *BASE, *TOKENS]) == 0  # the default line as it was
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("valid ")]
     assert "[rule]" not in line and "; 128: cap 64: 128)" in line
+
+
+PPLX = ["backend=pplx", "experts=torch_batched", "reduction=finalize", "quant=bf16", "model=tiny"]
+
+
+def test_list_json_says_whether_a_rule_rules_out_each_combination(capped, capsys):
+    """`ruled_out`: no machine runs any of the combination (a rule of the plan skips it, or each of
+    its token counts), told too where this machine skips it whole and lists no token reason."""
+    got = _records(capsys, "backend=local,local_batched", *BASE, *TOKENS)
+    assert got["local"]["ruled_out"] is False  # 32 runs
+    assert got["local_batched"]["ruled_out"] is True and got["local_batched"]["reason_kind"] == "rule"
+    over = _records(capsys, "backend=local", *BASE, "workload.tokens_per_rank=[128,256]")["local"]
+    assert over["status"] == "valid" and over["ruled_out"] is True  # each token count over the cap
+    for tokens, ruled_out in (("[1024]", True), ("[16,1024]", False)):
+        pplx = _records(capsys, *PPLX, f"workload.tokens_per_rank={tokens}")["pplx"]
+        assert pplx["reason_kind"] == "machine" and pplx["skipped_tokens"] == {}  # pplx_kernels lacking
+        assert pplx["ruled_out"] is ruled_out, tokens  # 1024 over pplx's cap of 512
+
+
+def test_list_verbose_marks_the_combinations_a_rule_skips(capsys):
+    """--verbose: a combination skipped by a rule is marked `[rule]` before its reason; of one this
+    machine skips, the token counts a rule skips wherever it ran follow, marked `[rule]` too."""
+    assert cli.main(["list", "--verbose", "backend=pplx,local", *PPLX[1:], "workload.tokens_per_rank=[16,1024]"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("skipped ")]
+    pplx = [x for x in lines if x.startswith("skipped pplx/")]
+    local = [x for x in lines if x.startswith("skipped local/")]
+    assert pplx and local
+    for line in local:
+        assert "  [rule] (layouts differ: " in line and "skipped tokens" not in line
+    for line in pplx:
+        assert "  (pplx_kernels is not installed" in line and "[rule] (" not in line
+        assert line.endswith(
+            "  (skipped tokens: 1024 [rule]: backend.max_tokens_per_rank=512 caps the batched "
+            "buffers: 1024 tokens per rank exceed it (raise backend.max_tokens_per_rank or lower "
+            "workload.tokens_per_rank))"
+        )
+    assert cli.main(["list", "backend=pplx,local", *PPLX[1:], "workload.tokens_per_rank=[16,1024]"]) == 0
+    assert "[rule]" not in capsys.readouterr().out  # the default listing as it was
