@@ -96,12 +96,18 @@ def _not_regular(path) -> UnsafePath:
     return UnsafePath(f"{path} is not a regular file: moebench writes only files of its own there")
 
 
-def _check_dir(path: Path) -> None:
-    """`path` exists as a real folder, or not at all (then it is created by the caller)."""
+def _check_dir(path: Path, asked: Path, first: Path) -> None:
+    """`path` exists as a real folder, or not at all (then it is created by the caller). One that
+    may not be looked at (EACCES: its folder is not searchable, /root to a user) is NotMade, naming
+    `asked` and `first`, the first folder not made, as mkdir's refusal would."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise _not_made(e.errno, asked, first) from None
     if stat.S_ISLNK(st.st_mode):
         raise _refused(path)
     if not stat.S_ISDIR(st.st_mode):
@@ -128,8 +134,8 @@ def safe_dir(base, *parts) -> Path:
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     for i, name in enumerate(names):
-        path = path / name
-        _check_dir(path)
+        path, first = path / name, Path(base).joinpath(*names[: i + 1])
+        _check_dir(path, asked, first)
         try:
             os.mkdir(path)
         except FileExistsError:
@@ -137,8 +143,8 @@ def safe_dir(base, *parts) -> Path:
         except OSError as e:
             if e.errno is None:
                 raise
-            raise _not_made(e.errno, asked, Path(base).joinpath(*names[: i + 1])) from e
-        _check_dir(path)  # a link made in between is refused too
+            raise _not_made(e.errno, asked, first) from e
+        _check_dir(path, asked, first)  # a link made in between is refused too
     return path
 
 
@@ -179,19 +185,35 @@ def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
     os.rmdir(first)
 
 
+def _is_dir(path: Path, asked: Path, base: Path) -> bool:
+    """Whether `path` (`base` or a folder above it) is a folder, as Path.is_dir() says; one that may
+    not be looked at (EACCES: a folder above it the user may not search, /root to a user), where
+    Path.is_dir() raises a bare PermissionError, is what safe_dir's mkdir -p of `base` meets: NotMade,
+    naming the folder asked for and the first one not made (moebench/results/writable.py words it)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):  # Path.is_dir()'s False
+            return False
+        if e.errno is None:
+            raise
+        raise _not_made(e.errno, asked, _first_missing(base)) from None
+
+
 def check_dir(base, *parts) -> Path:
     """What `safe_dir(base, *parts)` would return, checked without making anything: the refusals
     it would raise (a link or a file below `base`, a file at or above it) and the environment
-    errors a write would meet in the nearest existing folder (read-only, not ours). Then the
+    errors a write would meet in the nearest existing folder (read-only, not ours) or above it (a
+    folder not searchable, where mkdir -p meets EACCES: NotMade as safe_dir's). Then the
     inputs are read, and `safe_dir` makes the folder only once there is something to write."""
     path = Path(base)
     if os.path.lexists(path) and not path.is_dir():  # a file, or a dangling link, by that name
         raise _not_a_dir(path)
     names = _names_below(base, path, parts)
     asked = path.joinpath(*names)  # the folder named in a refusal, as safe_dir names it
-    if not path.exists():
+    if not _is_dir(path, asked, path):
         for above in path.parents:
-            if above.is_dir():
+            if _is_dir(above, asked, path):
                 _can_make_in(above, asked, _first_missing(path))
                 return asked
             if os.path.lexists(above):  # a file on the way
@@ -202,7 +224,7 @@ def check_dir(base, *parts) -> Path:
     deepest, first = path, None
     for i, name in enumerate(names):
         path = path / name
-        _check_dir(path)
+        _check_dir(path, asked, first or Path(base).joinpath(*names[: i + 1]))
         if first is None and path.is_dir():
             deepest = path
         elif first is None:

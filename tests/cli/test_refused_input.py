@@ -4,9 +4,9 @@ folder is checked before the runs are read and made only once there is a report 
 moebench/report/document.py ReportDir).
 
 - an --out the file system will not make (as /proc, where mkdir answers ENOENT; a read-only file
-  system; a folder not ours) is the environment's one line, not a traceback and exit 3 (or 1): the
-  same line for every command, sweep's included, and for root and a user
-  (tests/support/refusing_fs.py);
+  system; a folder not ours; one below a folder the user may not search, as /root) is the
+  environment's one line, not a traceback and exit 3 (or 1): the same line for every command,
+  sweep's included, and for root and a user (tests/support/refusing_fs.py);
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
 - a plain file given as a run is 'a file, not a run folder', not a torn row file;
@@ -63,11 +63,12 @@ SWEEP = ["sweep", "backend=local", "experts=torch", "reduction=experts", "overla
 def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(
     cmd, kind, deeper, run, tmp_path, capsys, monkeypatch
 ):
-    """--out in a folder that makes no folder (as /proc), a read-only one, or one not ours: one
-    wording for every command (report, compare and trace check the folder before they read, sweep
-    and tune meet mkdir's answer; /proc was 'permission denied' in the first three to a user, 'cannot
-    be created here' in the others), for root and a user (tests/support/refusing_fs.py); it names the
-    folder asked for and, when it lies deeper, the first one that could not be made."""
+    """--out in a folder that makes no folder (as /proc), a read-only one, one not ours, or one not
+    searchable (as /root to a user): one wording for every command (report, compare and trace check
+    the folder before they read, sweep and tune meet mkdir's answer; /proc was 'permission denied' in
+    the first three to a user, 'cannot be created here' in the others, and below /root their line
+    was Path.exists()'s bare 'permission denied'), for root and a user (tests/support/refusing_fs.py);
+    it names the folder asked for and, when it lies deeper, the first one that could not be made."""
     fs = refusing(monkeypatch, tmp_path / "fs", kind)
     out = fs / cmd / "deeper" if deeper else fs / cmd
     argv = {

@@ -6,7 +6,9 @@ answers ENOENT), where a user is told EACCES by os.access before mkdir is asked;
 binds no root. So each refusal is made where moebench asks (moebench/util/safe_write.py):
 os.mkdir raises its errno, and the check that makes nothing (check_dir) sees it too: a read-only
 file system through os.statvfs, a folder not ours through os.access; /proc as a user sees both
-(os.access says no, mkdir answers ENOENT), as root does mkdir's ENOENT only."""
+(os.access says no, mkdir answers ENOENT), as root does mkdir's ENOENT only. A folder a user may
+not search (/root to a user): nothing below it can be looked at (stat and lstat answer EACCES, so
+Path.exists() raises where os.path.lexists() says False), nor made, missing parent or not."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ REFUSALS = {
     "not_creatable_user": (errno.ENOENT, NOT_CREATABLE),  # /proc to a user: not ours, and no folder is made
     "read_only": (errno.EROFS, CAUSES[errno.EROFS]),  # a read-only file system
     "not_ours": (errno.EACCES, CAUSES[errno.EACCES]),  # a folder this user may not write
+    "not_searchable": (errno.EACCES, CAUSES[errno.EACCES]),  # /root to a user: nothing below it is seen
 }
 
 
@@ -30,27 +33,44 @@ def _is(path, folder: Path) -> bool:
     return isinstance(path, (str, os.PathLike)) and Path(path) == folder
 
 
+def _below(path, folder: Path) -> bool:
+    return isinstance(path, (str, os.PathLike)) and folder in Path(path).parents
+
+
 def refusing(monkeypatch, folder: Path, kind: str) -> Path:
     """Make `folder`, then have it refuse, as `kind` says, every folder made inside it; return it."""
     code = REFUSALS[kind][0]
     folder.mkdir()
-    mkdir, statvfs, access = os.mkdir, os.statvfs, os.access
+    mkdir, statvfs, access, stat, lstat = os.mkdir, os.statvfs, os.access, os.stat, os.lstat
+    unsearchable = kind == "not_searchable"
 
     def refused_mkdir(path, *args, **kwargs):
-        # as the kernel does, a missing parent is ENOENT first (mkdir -p then asks for the parent)
-        if isinstance(path, (str, os.PathLike)) and folder in Path(path).parents and Path(path).parent.is_dir():
+        # as the kernel does, a missing parent is ENOENT first (mkdir -p then asks for the parent),
+        # but where the folder may not be searched: EACCES before it looks for the parent
+        if _below(path, folder) and (unsearchable or Path(path).parent.is_dir()):
             raise OSError(code, os.strerror(code), str(path))  # FileNotFoundError, PermissionError, ...
         return mkdir(path, *args, **kwargs)
+
+    def unsearched(real):
+        def look(path, *args, **kwargs):
+            if _below(path, folder):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real(path, *args, **kwargs)
+
+        return look
 
     def read_only(path):
         return SimpleNamespace(f_flag=os.ST_RDONLY) if _is(path, folder) else statvfs(path)
 
     def not_ours(path, mode, **kwargs):
-        return False if _is(path, folder) else access(path, mode, **kwargs)
+        return False if _is(path, folder) or _below(path, folder) else access(path, mode, **kwargs)
 
     monkeypatch.setattr(os, "mkdir", refused_mkdir)
     if kind == "read_only":
         monkeypatch.setattr(os, "statvfs", read_only)
-    if kind in ("not_ours", "not_creatable_user"):
+    if kind in ("not_ours", "not_creatable_user", "not_searchable"):
         monkeypatch.setattr(os, "access", not_ours)
+    if unsearchable:
+        monkeypatch.setattr(os, "stat", unsearched(stat))
+        monkeypatch.setattr(os, "lstat", unsearched(lstat))
     return folder

@@ -318,10 +318,11 @@ def test_check_dir_below_and_safe_dir_below_take_a_full_path_below_the_base(tmp_
     _untouched(victim)
 
 
-@pytest.mark.parametrize("kind", ["read_only", "not_ours", "not_creatable_user"])
+@pytest.mark.parametrize("kind", ["read_only", "not_ours", "not_creatable_user", "not_searchable"])
 def test_check_dir_says_what_a_write_would_meet_and_makes_nothing(kind, tmp_path, monkeypatch):
     """A read-only file system (statvfs), a folder not ours (os.access), /proc to a user (os.access,
-    then mkdir's ENOENT): check_dir raises what safe_dir's mkdir meets, before anything is made, and
+    then mkdir's ENOENT), a folder not searchable (/root to a user: stat and lstat below it answer
+    EACCES, which Path.exists() raised bare): check_dir raises what safe_dir's mkdir meets, before anything is made, and
     both name the same folders: the one asked for, and the first that could not be made when that is
     a parent of it (safe_dir named only the first, check_dir only the one asked for). The same for
     root and a user (tests/support/refusing_fs.py)."""
