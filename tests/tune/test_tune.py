@@ -303,6 +303,15 @@ def test_check_vllm_reports_the_routing(tmp_path, capsys):
         "PROBLEM: entry 16 lacks BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages" in out
         and "not ok" in out
     )
+    # entries lacking the same fields: one line naming them all, its noun and verb plural
+    untuned = {k: v for k, v in _entry().items() if k not in ("num_warps", "num_stages")}
+    lacking.write_text(
+        json.dumps({str(m): _entry() for m in tconfig.VLLM_BATCH_SIZES} | {"16": untuned, "32": untuned})
+    )
+    assert cli.main(["tune", "--check-vllm", str(lacking)]) == 1
+    out = capsys.readouterr().out
+    assert "  PROBLEM: entries 16, 32 lack num_warps, num_stages (every vLLM entry holds the six: " in out
+    assert out.count("PROBLEM: ") == 1 and "not ok" in out
     # the routing is vLLM's expression, ties to the key first in the file
     for keys in ([64, 256], [256, 64], [1, 2, 4, 8], list(tconfig.VLLM_BATCH_SIZES), [3, 5, 100]):
         for k, lo, hi in routes(keys):
