@@ -95,11 +95,11 @@ def _fail_on(fail_on) -> tuple[str, ...]:
 def _same_run(cmd: str, base, cand) -> None:
     """Say so when both sides are one run: every pair is then identical, and a clean verdict
     would read as a finding. Said once both are read and compared: input refused is its one line alone."""
-    from moebench.report.document import run_root
+    from moebench.results.store import run_dir_of
 
-    if base is not None and cand is not None and run_root(base).resolve() == run_root(cand).resolve():
+    if base is not None and cand is not None and run_dir_of(base).resolve() == run_dir_of(cand).resolve():
         print(
-            f"moebench {cmd}: both sides are the same run ({run_root(cand)}): every pair is identical, "
+            f"moebench {cmd}: both sides are the same run ({run_dir_of(cand)}): every pair is identical, "
             "so the comparison says nothing",
             file=sys.stderr,
         )
@@ -168,12 +168,11 @@ def compare_command(
         output_names,
         report_dir,
         run_names,
-        run_root,
         write,
     )
     from moebench.report.load import load_run
     from moebench.report.mdsafe import md_text
-    from moebench.results.store import check_run_path
+    from moebench.results.store import check_run_path, run_dir_of
 
     fmt = _check_format(fmt)
     fail = _fail_on(fail_on)
@@ -198,7 +197,7 @@ def compare_command(
     base, cand = runs
     check_run_path(base)  # both runs there, before the report folder is checked
     check_run_path(cand)
-    place = report_dir(cand, out, f"vs-{run_root(base).name}")
+    place = report_dir(cand, out, f"vs-{run_dir_of(base).name}")
     place.check(output_names(fmt))  # nothing made until both runs are read and compared
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)

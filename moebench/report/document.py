@@ -33,6 +33,7 @@ from moebench.report.summary import caveats, quality_lines, reviewer_summary, ro
 from moebench.report.table import Table, to_json
 from moebench.report.verdict import exit_status, frame_names, verdict_lines, verdict_record
 from moebench.results.row import Verdict
+from moebench.results.store import run_dir_of
 from moebench.results.writable import probe_in
 from moebench.util.safe_write import check_dir_below, refuse_links, replace_text, safe_dir_below, write_text
 from moebench.util.words import counted
@@ -79,14 +80,6 @@ def run_summary(df: pd.DataFrame) -> str:
     return text
 
 
-def run_root(path) -> Path:
-    """The run directory for a run dir, a rows/ file or a loose parquet file."""
-    path = Path(path)
-    if path.is_dir():
-        return path
-    return path.parent.parent if path.parent.name == "rows" else path.parent
-
-
 def committed_results() -> Path:
     """The repository's curated results/ tree (what a commit carries)."""
     from moebench.config.paths import REPO_ROOT
@@ -97,7 +90,7 @@ def committed_results() -> Path:
 def _committed_path(run_dir) -> Path | None:
     """The run's path below the repository's committed results/, or None for a run elsewhere."""
     try:
-        return run_root(run_dir).resolve().relative_to(committed_results().resolve())
+        return run_dir_of(run_dir).resolve().relative_to(committed_results().resolve())
     except ValueError:
         return None
 
@@ -113,7 +106,7 @@ def default_report_dir(run_dir, *sub: str) -> Path:
 def _default_dest(run_dir, rel: "Path | None", sub: tuple) -> Path:
     """default_report_dir's folder, given the run's path under results/ (`rel`, None: not committed)."""
     if rel is None:
-        return run_root(run_dir).joinpath("report", *sub)
+        return run_dir_of(run_dir).joinpath("report", *sub)
     from moebench.config.paths import default_runs_dir  # where sweeps write (MOEBENCH_RUNS, else runs/)
 
     return default_runs_dir().joinpath("reports", rel, "report", *sub)
@@ -158,7 +151,7 @@ def report_dir(run_dir, out=None, *sub: str) -> ReportDir:
     rel = _committed_path(run_dir)
     dest = _default_dest(run_dir, rel, sub)
     if rel is None:
-        return ReportDir(run_root(run_dir), dest)
+        return ReportDir(run_dir_of(run_dir), dest)
     from moebench.config.paths import default_runs_dir
 
     committed = Path("results").joinpath(rel, "report", *sub)
@@ -231,12 +224,12 @@ def run_doc(
     from moebench.report.answers import answers
     from moebench.report.summary import wins
 
-    here, root = run_root(run_dir), _results_root(run_root(run_dir))
+    here, root = run_dir_of(run_dir), _results_root(run_dir_of(run_dir))
     # a run inside a results/ tree is named by its path there (ep_backends/deepep_ht), else its folder
     name = here.resolve().relative_to(root).as_posix() if root and here.resolve() != root else here.name
     name = md_text(name)  # a folder's name: text like any other read from the run
     quality = quality_lines(df, env, run_dir)
-    cav = caveats([run_root(run_dir)], root)
+    cav = caveats([run_dir_of(run_dir)], root)
     summary = reviewer_summary(df, quality + cav)
     rows = rows_table(df)
     # the opening reads the first notes; the rest and the stored caveats are counted
@@ -317,11 +310,11 @@ def comparison_doc(
     names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
     for df, env, name in zip(frames, envs, names, strict=True):  # the pairs' flags hold the rows' own: provenance here
         quality += [x for x in run_notes(df, env, name) if x not in quality]
-    cav = caveats([run_root(d) for d in run_dirs], _results_root(run_root(run_dirs[0])))
+    cav = caveats([run_dir_of(d) for d in run_dirs], _results_root(run_dir_of(run_dirs[0])))
     verdict = verdict_lines(cmp, code, why, quality + cav)
     if cmp.axis is not None:
         title = (
-            f"# moebench compare: {md_text(run_root(run_dirs[0]).name)}, "
+            f"# moebench compare: {md_text(run_dir_of(run_dirs[0]).name)}, "
             f"{md_text(f'{cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}')}"
         )
         envs_text = f"Environment: {env_summary(cmp.cand_env, frames[0] if frames else None)}"
@@ -451,7 +444,7 @@ def build_report(
 def run_names(base: Path, cand: Path) -> tuple[str, str]:
     """Short names of two runs: their folder names, with the parent's where those agree; as
     Markdown (md_text: a folder's name is text read from the run like any other)."""
-    a, b = run_root(base), run_root(cand)
+    a, b = run_dir_of(base), run_dir_of(cand)
     if a.name != b.name:
         return md_text(a.name), md_text(b.name)
     return md_text(f"{a.parent.name}/{a.name}"), md_text(f"{b.parent.name}/{b.name}")

@@ -29,6 +29,7 @@ from moebench.results.store import (
     find_runs,
     latest,
     load_files,
+    run_dir_of,
 )
 
 # A row's identity: where it came from and which row it is (schema_version, run_id, sweep,
@@ -44,8 +45,7 @@ OPTIONAL_NUMERIC = [c for c in schema.names(dtype="float") if c not in LATENCY_C
 def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     """(row files outside a run folder or None for a run folder, run directory or None)."""
     if check_run_path(path).is_file():
-        run_dir = path.parent.parent if path.parent.name == "rows" else path.parent
-        return [path], run_dir
+        return [path], run_dir_of(path)
     store = RunStore(path)
     if store.row_files() or (store.rows_dir / "skipped.parquet").is_file():
         return None, path

@@ -35,6 +35,7 @@ from moebench.results.sequence import SEQ_COLUMN, SEQ_FILE, next_seq
 from moebench.results.store_read import (
     CORRUPT_DIR,
     PAIR,
+    ROWS_DIR,
     SKIPPED_FILE,
     TornFile,
     by_precedence,
@@ -50,6 +51,7 @@ from moebench.results.store_read import (
     read_env_file,
     read_frame,
     read_row_file,
+    run_dir_of,  # noqa: F401 (re-exported)
     warn,
 )
 from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, with_path
@@ -143,7 +145,7 @@ class RunStore:
 
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
-        self.rows_dir = self.dir / "rows"
+        self.rows_dir = self.dir / ROWS_DIR
         self.envs_dir = self.dir / "envs"
         self._seq_synced = False  # this process has read the stored rows' largest write_seq
 

@@ -21,6 +21,7 @@ from moebench.results.sequence import SEQ_COLUMN
 from moebench.results.writable import CAUSES
 from moebench.util.words import counted
 
+ROWS_DIR = "rows"  # a run's row files' folder, <run>/rows/ (RunStore.rows_dir)
 SKIPPED_FILE = "skipped.parquet"
 PAIR = ["combo_key", "tokens_per_rank"]
 CORRUPT_DIR = ".corrupt"  # under rows/: torn files set aside (no reader's rows/*.parquet glob looks inside)
@@ -58,6 +59,15 @@ def check_run_path(path: str | Path) -> Path:
     if path.is_file() and path.suffix != ".parquet":
         raise not_a_run_file(path)
     return path
+
+
+def run_dir_of(path: str | Path) -> Path:
+    """The run folder `path` stands for: a folder itself; a row file in a run's rows/ its run (the
+    folder holding env.json), a loose parquet file its own folder."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == ROWS_DIR else path.parent
 
 
 def warn(text: str) -> None:

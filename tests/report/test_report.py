@@ -62,6 +62,11 @@ def test_load_single_file_and_plain_directory(run_dir, tmp_path):
         (plain / f.name).write_bytes(f.read_bytes())
     df, env = load_run(plain)
     assert len(df) == 6 and env == {}
+    # the run each stands for: the store's run_dir_of (report folders, env.json, the same-run check)
+    from moebench.results.store import run_dir_of
+
+    assert run_dir_of(files[0]) == run_dir_of(run_dir) == run_dir
+    assert run_dir_of(plain / files[0].name) == run_dir_of(plain) == plain
 
 
 def test_load_errors_name_the_problem(tmp_path, run_dir, capsys):
