@@ -53,7 +53,7 @@ from moebench.report import provenance
 from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
 from moebench.report.table import md_escape
 from moebench.results.row import BAD_STATUSES, Status
-from moebench.results.store import RunStore
+from moebench.results.store import ROWS_DIR, RunStore
 from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 
@@ -186,7 +186,7 @@ def _commit(stored: list[str], named) -> str:
 
 
 def _is_run(d: Path) -> bool:
-    return (d / "env.json").is_file() or (d / "rows").is_dir() or (d / "tune.json").is_file()
+    return (d / "env.json").is_file() or (d / ROWS_DIR).is_dir() or (d / "tune.json").is_file()
 
 
 def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
@@ -228,7 +228,7 @@ def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:
             tree,
         )
     counts, used = Counter[str](), 1
-    if (d / "rows").is_dir():
+    if (d / ROWS_DIR).is_dir():
         df = RunStore(d).load()
         if len(df):
             counts = Counter(df["status"])
@@ -252,7 +252,7 @@ def question_runs(root: Path, folder: Path, meta: dict) -> tuple[list[Run], list
     runs, comparisons = [], []
     dirs = [folder] + sorted(p for p in folder.rglob("*") if p.is_dir())
     for d in dirs:
-        if any(part in ("rows", "report", "traces") for part in d.relative_to(folder).parts):
+        if any(part in (ROWS_DIR, "report", "traces") for part in d.relative_to(folder).parts):
             continue
         if _is_run(d):
             runs.append(read_run(root, d, meta, "." if d == folder else str(d.relative_to(folder))))

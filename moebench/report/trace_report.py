@@ -40,7 +40,7 @@ from typing import Optional
 
 from moebench.report.mdsafe import md_code, md_text
 from moebench.report.trace_markdown import fmt_figure, to_markdown
-from moebench.results.store import RunStore, not_a_run_file
+from moebench.results.store import ROWS_DIR, RunStore, not_a_run_file
 from moebench.traces.files import TRACE_SUFFIXES, is_trace_file, load_traces
 from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import TraceSummary, summarize
@@ -53,7 +53,7 @@ from moebench.util.words import counted
 def is_run_dir(path) -> bool:
     """True for a run directory as `moebench sweep` writes it (rows/, env.json)."""
     p = Path(path)
-    return (p / "rows").is_dir() or (p / "env.json").is_file()
+    return (p / ROWS_DIR).is_dir() or (p / "env.json").is_file()
 
 
 def _row_trace_paths(run: Path) -> list:

@@ -21,6 +21,7 @@ import pandas as pd
 from moebench.config.spec import IDENTITY_COLUMNS, Combo
 from moebench.results import row as schema
 from moebench.results.row import SCHEMA_VERSION, Status
+from moebench.results.store import ROWS_DIR
 from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 
@@ -163,10 +164,11 @@ def make_rows(
 def write_run(run_dir: str | Path, df: pd.DataFrame, env: dict | None = None) -> Path:
     """Write ``df`` as a run: one rows/<hash>.parquet per combo_key, plus env.json."""
     run_dir = Path(run_dir)
-    (run_dir / "rows").mkdir(parents=True, exist_ok=True)
+    rows_dir = run_dir / ROWS_DIR
+    rows_dir.mkdir(parents=True, exist_ok=True)
     for key, group in df.groupby("combo_key", sort=False):
         name = hashlib.sha1(str(key).encode()).hexdigest()[:12]
-        group.to_parquet(run_dir / "rows" / f"{name}.parquet", index=False)
+        group.to_parquet(rows_dir / f"{name}.parquet", index=False)
     env = env if env is not None else default_env()
     replace_text(run_dir / "env.json", json.dumps(env, indent=2))
     return run_dir

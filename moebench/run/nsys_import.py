@@ -260,8 +260,10 @@ def resolve_nsys_rows(run_dir) -> dict:
 
 def _run_dir_of(path: Path) -> Optional[Path]:
     """The run directory (rows/ or env.json) `path` lies in, if any."""
+    from moebench.results.store import ROWS_DIR  # pandas, pyarrow: only where a run is looked for
+
     for d in [path, *path.parents]:
-        if (d / "rows").is_dir() or (d / "env.json").is_file():
+        if (d / ROWS_DIR).is_dir() or (d / "env.json").is_file():
             return d
     return None
 
