@@ -39,6 +39,7 @@ from moebench.report.document import report_out
 from moebench.report.mdsafe import md_text
 from moebench.report.table import md_table
 from moebench.results.row import Status
+from moebench.results.store import run_dir_of
 from moebench.util.pngfile import save_figure
 from moebench.util.safe_write import refuse_links, write_text
 
@@ -409,7 +410,7 @@ def capacity_command(run: str, given: Budget | None, out: str | None = None) -> 
     cap = capacity_frame(df, budget, gpu)
     text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {float(gpu or 0) / 2**30:.0f} GiB"
     body = capacity_markdown(cap, text_budget)
-    root = Path(run) if Path(run).is_dir() else Path(run).parent
+    root = run_dir_of(run)  # a row file's run, as `moebench report FILE` writes there (not rows/report/)
     dest = report_out(root, out)
     refuse_links(dest, ["capacity.md", "capacity.png"])  # before anything is written
     png = plot_capacity(df, cap, budget, dest / "capacity.png")

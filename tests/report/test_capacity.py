@@ -142,6 +142,18 @@ def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_pa
     assert "give --budget" in capsys.readouterr().err
 
 
+def test_a_row_file_given_writes_the_capacity_report_in_its_run_like_the_report(tmp_path, capsys):
+    # one of a run's rows/*.parquet files: the run's report/ (as `moebench report FILE` writes), not rows/report/
+    run = write_run(tmp_path / "run", _rows())
+    one = sorted((run / "rows").glob("*.parquet"))[0]
+    assert cli.main(["report", str(one), "--capacity", "--budget", "12GiB"]) == 0
+    assert "# Capacity: run" in (run / "report" / "capacity.md").read_text()
+    assert (run / "report" / "capacity.png").is_file() and not (run / "rows" / "report").exists()
+    assert cli.main(["report", str(one)]) == 0
+    assert (run / "report" / "report.md").is_file() and not (run / "rows" / "report").exists()
+    assert f"{run / 'report' / 'capacity.md'}" in capsys.readouterr().err
+
+
 def test_the_line_goes_through_the_largest_sizes_row_layout():
     """triton's row_layout=auto runs gathered rows at small sizes and contiguous at large ones:
     a line through both bends; the capacity line uses the large sizes' layout only."""
