@@ -404,7 +404,7 @@ def capacity_command(run: str, given: Budget | None, out: str | None = None) -> 
         gpu = env.get("gpu_memory_bytes")
         if not gpu:
             raise ValueError(
-                f"--budget free needs the GPU's memory in {run}/env.json (gpu_memory_bytes): "
+                f"--budget free needs the GPU's memory in {run_dir_of(run) / 'env.json'} (gpu_memory_bytes): "
                 "this run's fingerprint lacks it; give --budget BYTES"
             )
     cap = capacity_frame(df, budget, gpu)

@@ -152,6 +152,8 @@ def test_a_row_file_given_writes_the_capacity_report_in_its_run_like_the_report(
     assert cli.main(["report", str(one)]) == 0
     assert (run / "report" / "report.md").is_file() and not (run / "rows" / "report").exists()
     assert f"{run / 'report' / 'capacity.md'}" in capsys.readouterr().err
+    assert cli.main(["report", str(one), "--capacity", "--budget", "free"]) == 2  # the run's env.json, not the file's
+    assert f"GPU's memory in {run / 'env.json'} (gpu_memory_bytes)" in capsys.readouterr().err
 
 
 def test_the_line_goes_through_the_largest_sizes_row_layout():
