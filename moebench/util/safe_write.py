@@ -18,10 +18,11 @@ The rule, for every writer:
   the temp file or nothing (moebench/results/writable.py makes it the CLI's one line);
 - `refuse_links(folder, names)` checks, before any work, that none of the files a command
   will write is a link, so that it stops before it has written anything;
-- `check_dir(base, *parts)` is `safe_dir` without making anything: a command checks its output
-  folder with it before reading its inputs, and makes the folder only once it has something to
-  write, so that a refused command leaves no empty folder behind (`check_dir_below` /
-  `safe_dir_below`: the same for a full path below `base`).
+- `check_dir(base, *parts)` is `safe_dir` without making any of those folders: a command checks its
+  output folder with it before reading its inputs, and makes the folder only once it has something
+  to write, so that a refused command leaves no empty folder behind (`check_dir_below` /
+  `safe_dir_below`: the same for a full path below `base`). Where os.access refuses, it asks mkdir
+  why with a probe folder of its own name (PROBE_PREFIX), removed at once if it is made.
 
 A refusal is `UnsafePath` (also named `LinkRefused`), a ValueError: one line naming the path, and the CLI exits 2.
 Usable by any writer of a run folder (the store's rows and env files, the lock): give it
@@ -164,12 +165,17 @@ def _not_a_dir(path: Path) -> NotADirectoryError:
     return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
+PROBE_PREFIX = ".moebench-probe-"  # the folder check_dir's mkdir asks for: never one of the user's
+
+
 def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
     """The OSError `safe_dir` would meet making `first` in `folder` (None: a file is written in
     `folder`, which is `path`), naming `path`: a read-only file system, or a folder not ours to
     write. Where os.access says no, mkdir says why: EACCES, or ENOENT for a file system that makes
-    no folders (/proc, to a user: os.access refuses it before mkdir is asked). That mkdir is
-    expected to fail; one that does not (os.access was wrong) is undone, so that nothing is made."""
+    no folders (/proc, to a user: os.access refuses it before mkdir is asked). mkdir is asked for a
+    name of moebench's own in `folder` (the errno is the same for any name), never `first`, which
+    another process may make meanwhile; a probe folder that is made all the same (os.access was
+    wrong: CAP_DAC_OVERRIDE, NFS, ACLs) is removed at once, and the folder reported as writable."""
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
         if first is None:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
@@ -178,11 +184,17 @@ def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
         return
     if first is None:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    probe = Path(folder) / f"{PROBE_PREFIX}{secrets.token_hex(4)}"
     try:
-        os.mkdir(first)
+        os.mkdir(probe)  # a link by that name is not followed: EEXIST
+    except FileExistsError:  # the name is taken: mkdir did not say, safe_dir will
+        return
     except OSError as e:
         raise _not_made(e.errno or errno.EACCES, path, first) from None
-    os.rmdir(first)
+    try:
+        os.rmdir(probe)
+    except OSError:  # something was put in it meanwhile: it stays, no error of the user's folder
+        pass
 
 
 def _is_dir(path: Path, asked: Path, base: Path) -> bool:
@@ -201,8 +213,8 @@ def _is_dir(path: Path, asked: Path, base: Path) -> bool:
 
 
 def check_dir(base, *parts) -> Path:
-    """What `safe_dir(base, *parts)` would return, checked without making anything: the refusals
-    it would raise (a link or a file below `base`, a file at or above it) and the environment
+    """What `safe_dir(base, *parts)` would return, checked without making any of its folders: the
+    refusals it would raise (a link or a file below `base`, a file at or above it) and the environment
     errors a write would meet in the nearest existing folder (read-only, not ours) or above it (a
     folder not searchable, where mkdir -p meets EACCES: NotMade as safe_dir's). Then the
     inputs are read, and `safe_dir` makes the folder only once there is something to write."""

@@ -364,6 +364,30 @@ def test_check_dir_makes_nothing_where_mkdir_contradicts_os_access(tmp_path, mon
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("meanwhile", ["filled", "taken"])
+def test_check_dir_asks_mkdir_for_a_name_of_its_own_never_the_users(meanwhile, tmp_path, monkeypatch):
+    """Where os.access says no but may be wrong (CAP_DAC_OVERRIDE, NFS, ACLs), mkdir is asked for a
+    probe folder of moebench's own name in the existing folder, never for the folder the user named:
+    that one may be another process's, made meanwhile. A probe that is filled before it is removed
+    (rmdir's ENOTEMPTY), or a name taken already (EEXIST), is no error of the user's folder."""
+    from moebench.util.safe_write import PROBE_PREFIX
+
+    real_access, real_mkdir, asked = os.access, os.mkdir, []
+
+    def mkdir(path, *args, **kwargs):
+        asked.append(Path(path))
+        if meanwhile == "taken":
+            raise FileExistsError(17, os.strerror(17), str(path))
+        real_mkdir(path, *args, **kwargs)
+        (Path(path) / "landed").write_text("another process's")
+
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == tmp_path else real_access(p, mode, **k))
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    assert check_dir(tmp_path / "out") == tmp_path / "out"
+    assert [p.parent for p in asked] == [tmp_path] and asked[0].name.startswith(PROBE_PREFIX)
+    assert not (tmp_path / "out").exists()
+
+
 def test_safe_dir_says_a_folder_the_file_system_will_not_make_is_not_creatable():
     """mkdir -p under /proc answers ENOENT: NotCreatable, the environment's one line (writable.describe),
     naming the folder asked for and the first one that could not be made."""
