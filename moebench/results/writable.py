@@ -50,8 +50,9 @@ def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> O
         cause = NOT_CREATABLE if exc.errno == errno.ENOENT else CAUSES.get(exc.errno or 0)
         if cause is None:
             return None
-        first = "" if exc.first == exc.filename else f" ({exc.first} could not be made)"
-        return f"{exc.filename}: {cause}{first}" + (f"; {GIVE_OUT}" if exc.errno in ELSEWHERE else "")
+        first = exc.first or exc.filename  # None: rebuilt from errno and path (with_path), the one asked for
+        made = "" if first == exc.filename else f" ({first} could not be made)"
+        return f"{exc.filename}: {cause}{made}" + (f"; {GIVE_OUT}" if exc.errno in ELSEWHERE else "")
     if isinstance(exc, OSError) and exc.errno in CAUSES:
         cause = CAUSES[exc.errno]
     else:

@@ -57,10 +57,11 @@ LinkRefused = UnsafePath  # the name report and trace writers use
 class NotMade(OSError):
     """A folder that could not be made (`safe_dir`), or would not be (`check_dir`): the refusal's
     errno, `filename` the folder asked for, `first` the first folder on the way to it that could
-    not be made (the one asked for, or a missing parent of it). Both name the same two folders, so
-    that every command's line says the same (moebench/results/writable.py words it)."""
+    not be made (the one asked for, or a missing parent of it; None: the one asked for, as in one
+    rebuilt from its errno and path alone). Both name the same two folders, so that every command's
+    line says the same (moebench/results/writable.py words it)."""
 
-    first: str
+    first: str | None = None
 
 
 class NotCreatable(NotMade, FileNotFoundError):

@@ -214,3 +214,14 @@ def test_a_really_full_filesystem_before_any_work_is_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     line = _one_line(done.stderr)
     assert line == f"moebench sweep: environment error: {mnt}/run: no space left on the device; nothing was measured"
+
+
+def test_a_folder_not_made_rebuilt_from_its_errno_and_path_is_still_described():
+    """with_path(replace=True) and safe_write's _named rebuild an OSError as type(e)(errno, msg, path):
+    a NotMade so rebuilt has no first folder of its own, and reads as the folder asked for."""
+    from moebench.util.safe_write import NotCreatable, NotMade
+
+    for cls, cause in ((NotMade, writable.CAUSES[errno.EACCES]), (NotCreatable, writable.NOT_CREATABLE)):
+        code = errno.ENOENT if cls is NotCreatable else errno.EACCES
+        e = writable.with_path(cls(code, os.strerror(code), "/old"), "/new", replace=True)
+        assert type(e) is cls and writable.describe(e) == f"/new: {cause}; {writable.GIVE_OUT}"
