@@ -38,6 +38,7 @@ CAUSES = {
 NOT_CREATABLE = "cannot be created here: the file system makes no folders there, as in /proc or /sys"
 GIVE_OUT = "give --out a folder you can write"
 ELSEWHERE = (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM)  # not a full disk: that one may be freed
+REFUSING = (errno.EROFS, errno.EACCES, errno.EPERM)  # an existing folder that takes no file: read-only, not ours
 PROBE_NAME = "probe-"  # after the store's temp prefix: no reader sees it, the next sweep removes a leftover
 
 
@@ -82,12 +83,15 @@ def probe_in(folder: os.PathLike | str) -> Path:
     """`probe` of a folder made already (safe_write.safe_dir): a file created in it and removed.
     The file is created with O_EXCL and O_NOFOLLOW (a link planted under its name is never
     followed), named like the store's temp files (readers skip those; a killed probe's
-    leftover is removed at the next sweep's start)."""
+    leftover is removed at the next sweep's start). A folder that takes no file (read-only, not
+    ours) is NotMade, as check_dir says of it: its line says to give --out another folder."""
     folder = Path(folder)
     path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:  # the folder refused, not the probe's own name
+        if e.errno in REFUSING:  # as check_dir words it (safe_write.NotMade): give --out another folder
+            raise NotMade(e.errno, os.strerror(e.errno), str(folder)) from e
         raise with_path(e, folder, replace=True) from e
     try:
         os.write(fd, b"\0")  # a full disk refuses a block, not a name

@@ -55,11 +55,12 @@ LinkRefused = UnsafePath  # the name report and trace writers use
 
 
 class NotMade(OSError):
-    """A folder that could not be made (`safe_dir`), or would not be (`check_dir`): the refusal's
-    errno, `filename` the folder asked for, `first` the first folder on the way to it that could
-    not be made (the one asked for, or a missing parent of it; None: the one asked for, as in one
-    rebuilt from its errno and path alone). Both name the same two folders, so that every command's
-    line says the same (moebench/results/writable.py words it)."""
+    """A folder that could not be made (`safe_dir`), or would not be (`check_dir`), or an existing
+    one that takes no file (read-only, not ours): the refusal's errno, `filename` the folder asked
+    for, `first` the first folder on the way to it that could not be made (the one asked for, or a
+    missing parent of it; None: the one asked for, as in one rebuilt from its errno and path alone).
+    Both name the same two folders, so that every command's line says the same
+    (moebench/results/writable.py words it)."""
 
     first: str | None = None
 
@@ -170,7 +171,7 @@ PROBE_PREFIX = ".moebench-probe-"  # the folder check_dir's mkdir asks for: neve
 
 
 def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
-    """The OSError `safe_dir` would meet making `first` in `folder` (None: a file is written in
+    """The NotMade `safe_dir` would meet making `first` in `folder` (None: a file is written in
     `folder`, which is `path`), naming `path`: a read-only file system, or a folder not ours to
     write. Where os.access says no, mkdir says why: EACCES, or ENOENT for a file system that makes
     no folders (/proc, to a user: os.access refuses it before mkdir is asked). mkdir is asked for a
@@ -178,13 +179,11 @@ def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
     another process may make meanwhile; a probe folder that is made all the same (os.access was
     wrong: CAP_DAC_OVERRIDE, NFS, ACLs) is removed at once, and the folder reported as writable."""
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
-        if first is None:
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-        raise _not_made(errno.EROFS, path, first)
+        raise _not_made(errno.EROFS, path, first or path)
     if os.access(folder, os.W_OK | os.X_OK):
         return
-    if first is None:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    if first is None:  # an existing folder refused as one not made: the line says to give another
+        raise _not_made(errno.EACCES, path, path)
     probe = Path(folder) / f"{PROBE_PREFIX}{secrets.token_hex(4)}"
     try:
         os.mkdir(probe)  # a link by that name is not followed: EEXIST

@@ -6,7 +6,8 @@ moebench/report/document.py ReportDir).
 - an --out the file system will not make (as /proc, where mkdir answers ENOENT; a read-only file
   system; a folder not ours; one below a folder the user may not search, as /root) is the
   environment's one line, not a traceback and exit 3 (or 1): the same line for every command,
-  sweep's included, and for root and a user (tests/support/refusing_fs.py);
+  sweep's included, and for root and a user (tests/support/refusing_fs.py); an existing --out that
+  takes no file says the same, to give another;
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
 - a plain file given as a run is 'a file, not a run folder', not a torn row file;
@@ -86,6 +87,29 @@ def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(
     tail = "; nothing was measured" if cmd == "sweep" else ""
     cause = REFUSALS[kind][1]
     assert _one_line(err) == f"moebench {cmd}: environment error: {asked}: {cause}{made}; {GIVE_OUT}{tail}"
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["read_only", "not_ours", "not_searchable"])
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune", "sweep"])
+def test_an_existing_out_that_takes_no_file_says_to_give_another(cmd, kind, run, tmp_path, capsys, monkeypatch):
+    """An --out that exists but takes no file (read-only, not ours; /root itself to a user): the same
+    line as a folder that cannot be made there, advice included (report and compare said only
+    'permission denied', sweep and tune likewise, where --out new below it said to give another)."""
+    fs = refusing(monkeypatch, tmp_path / "fs", kind)
+    argv = {
+        "report": ["report", run],
+        "compare": ["compare", synthetic_run(tmp_path / "base"), run],
+        "trace": ["trace", "--plot", run],
+        "tune": ["tune", "--results", run],
+        "sweep": SWEEP,
+    }[cmd]
+    asked = fs / "abc" if cmd == "trace" else fs  # trace: the PNGs' folder below --out
+    before = _tree(tmp_path)
+    rc, err = _main([*argv, "--out", fs], capsys)
+    assert rc == 2
+    tail = "; nothing was measured" if cmd == "sweep" else ""
+    assert _one_line(err) == f"moebench {cmd}: environment error: {asked}: {REFUSALS[kind][1]}; {GIVE_OUT}{tail}"
     assert _tree(tmp_path) == before
 
 

@@ -8,7 +8,9 @@ os.mkdir raises its errno, and the check that makes nothing (check_dir) sees it 
 file system through os.statvfs, a folder not ours through os.access; /proc as a user sees both
 (os.access says no, mkdir answers ENOENT), as root does mkdir's ENOENT only. A folder a user may
 not search (/root to a user): nothing below it can be looked at (stat and lstat answer EACCES, so
-Path.exists() raises where os.path.lexists() says False), nor made, missing parent or not."""
+Path.exists() raises where os.path.lexists() says False), nor made, missing parent or not. A
+file is created in none of them (os.open with O_CREAT answers the same errno), so that an
+existing --out there refuses the probe file a sweep or a report writes before any work."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def refusing(monkeypatch, folder: Path, kind: str) -> Path:
     """Make `folder`, then have it refuse, as `kind` says, every folder made inside it; return it."""
     code = REFUSALS[kind][0]
     folder.mkdir()
-    mkdir, statvfs, access, stat, lstat = os.mkdir, os.statvfs, os.access, os.stat, os.lstat
+    mkdir, statvfs, access, stat, lstat, open_ = os.mkdir, os.statvfs, os.access, os.stat, os.lstat, os.open
     unsearchable = kind == "not_searchable"
 
     def refused_mkdir(path, *args, **kwargs):
@@ -50,6 +52,11 @@ def refusing(monkeypatch, folder: Path, kind: str) -> Path:
         if _below(path, folder) and (unsearchable or Path(path).parent.is_dir()):
             raise OSError(code, os.strerror(code), str(path))  # FileNotFoundError, PermissionError, ...
         return mkdir(path, *args, **kwargs)
+
+    def refused_open(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and _below(path, folder):
+            raise OSError(code, os.strerror(code), str(path))
+        return open_(path, flags, *args, **kwargs)
 
     def unsearched(real):
         def look(path, *args, **kwargs):
@@ -66,6 +73,7 @@ def refusing(monkeypatch, folder: Path, kind: str) -> Path:
         return False if _is(path, folder) or _below(path, folder) else access(path, mode, **kwargs)
 
     monkeypatch.setattr(os, "mkdir", refused_mkdir)
+    monkeypatch.setattr(os, "open", refused_open)
     if kind == "read_only":
         monkeypatch.setattr(os, "statvfs", read_only)
     if kind in ("not_ours", "not_creatable_user", "not_searchable"):

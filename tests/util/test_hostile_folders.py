@@ -347,7 +347,7 @@ def test_check_dir_says_what_a_write_would_meet_and_makes_nothing(kind, tmp_path
     if kind != "not_creatable_user":  # the base itself: a file written in it, no folder made
         with pytest.raises(OSError) as e:
             check_dir(fs)
-        assert e.value.errno == code and describe(e.value) == f"{fs}: {cause}"
+        assert e.value.errno == code and describe(e.value) == f"{fs}: {cause}; {GIVE_OUT}"
     assert not list(fs.iterdir())
 
 
