@@ -49,5 +49,8 @@ def trace_args(args) -> int:
 
         return import_command(args.import_from)
     from moebench.report.trace_report import trace_command
+    from moebench.results.store import check_readable
 
+    if args.target is not None:
+        check_readable(args.target)  # a run that may not be looked at: its one line (no --out helps)
     return trace_command(args.target, args.plot, args.out, args.max_trace_mb)

@@ -39,6 +39,7 @@ from moebench.results.store_read import (
     SKIPPED_FILE,
     TornFile,
     by_precedence,
+    check_readable,  # noqa: F401 (re-exported)
     check_run_path,  # noqa: F401 (re-exported)
     find_runs,  # noqa: F401 (re-exported)
     invocation_files,  # noqa: F401 (re-exported)

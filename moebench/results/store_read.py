@@ -52,13 +52,24 @@ def check_run_path(path: str | Path) -> Path:
     nothing is there, and (`not_a_run_file`) for a file that is not a .parquet one, before it is read
     as rows (a README is not a torn row file). A report checks its runs so before its report folder:
     a missing run would otherwise read as that folder's environment error ('not a directory' for
-    README.md/x, 'permission denied' for a parent not ours)."""
+    README.md/x, 'permission denied' for a parent not ours). A run that may not be looked at (below
+    a folder the user may not search) says so: no --out helps there."""
     path = Path(path)
-    if not path.exists():
+    if not check_readable(path):
         raise ValueError(f"results path {path} does not exist: {PASS_A_RUN}")
     if path.is_file() and path.suffix != ".parquet":
         raise not_a_run_file(path)
     return path
+
+
+def check_readable(path: str | Path) -> bool:
+    """Whether `path` exists (Path.exists()); ValueError, one line, for one that may not be looked
+    at (EACCES: below a folder the user may not search, where Path.exists() raises), which no --out
+    helps: 'PATH: cannot be read (Permission denied): pass a run you can read'."""
+    try:
+        return Path(path).exists()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror}): pass a run you can read") from None
 
 
 def run_dir_of(path: str | Path) -> Path:

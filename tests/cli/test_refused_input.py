@@ -113,6 +113,26 @@ def test_an_existing_out_that_takes_no_file_says_to_give_another(cmd, kind, run,
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
+def test_a_run_below_a_folder_the_user_may_not_search_says_it_cannot_be_read(cmd, run, tmp_path, capsys, monkeypatch):
+    """A run below a folder the user may not search (/root to a user: Path.exists() raises EACCES)
+    is one line saying it cannot be read, exit 2; it said 'permission denied; give --out a folder you
+    can write', which no --out helps."""
+    fs = refusing(monkeypatch, tmp_path / "fs", "not_searchable")
+    os.rename(run, fs / "run")
+    hidden = fs / "run"
+    argv = {
+        "report": ["report", hidden],
+        "compare": ["compare", hidden, hidden],
+        "trace": ["trace", "--plot", hidden],
+        "tune": ["tune", "--results", hidden],
+    }[cmd]
+    rc, err = _main(argv, capsys)
+    assert rc == 2
+    line = f"moebench {cmd}: error: {hidden}: cannot be read (Permission denied): pass a run you can read"
+    assert _one_line(err) == line
+
+
 def _foreign(folder: Path) -> Path:
     """A folder whose only parquet file holds no moebench rows."""
     folder.mkdir()
