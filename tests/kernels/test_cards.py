@@ -114,3 +114,31 @@ def test_the_builtins_mark_what_no_machine_lifts_as_a_rule(kind, name, changes, 
     base = dict(EP, backend=name) if kind == "backend" else dict(STANDARD, experts=name, device="cpu")
     why = registry.entry(kind, name).supports({**base, **changes})
     assert why is not None and says in why and isinstance(why, Rule) == rule, why
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_rule_of_the_triton_experts_decides_before_the_machine_is_asked(device, monkeypatch):
+    """Where a rule decides, what the machine lacks is not asked: no torch import, no CUDA started in
+    the planning process for a compute capability, no Gluon version check."""
+    from moebench.kernels.cards import experts
+
+    def asked(*args):
+        raise AssertionError("the machine was asked")
+
+    monkeypatch.setattr(experts, "_triton_machine", asked)
+    combo = dict(STANDARD, experts="triton", device=device, quant="fp8_tensor", row_layout="gathered")
+    assert "row_layout=gathered picks" in registry.entry("experts", "triton").supports(combo)
+
+
+def test_the_triton_experts_ask_the_compute_capability_only_where_a_reason_needs_it(monkeypatch):
+    """bf16 rows on the gathered layout need neither the fp8 dot's capability nor TMA: the GPU's
+    compute capability is not asked (asking starts CUDA in the planning process)."""
+    import torch
+
+    def capability(*args):
+        raise AssertionError("the compute capability was asked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    combo = dict(STANDARD, experts="triton", device="cuda", quant="bf16")
+    assert registry.entry("experts", "triton").supports(combo) is None

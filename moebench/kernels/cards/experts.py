@@ -157,13 +157,16 @@ def _quant_name(combo: dict) -> str:
 
 def triton_unsupported(combo: dict) -> Optional[str]:
     """Reason the Triton experts cannot run `combo`, or None (both layouts): the knobs' rules
-    (a Rule: a quant, layout or shape they never run) before what the machine lacks."""
+    (a Rule: a quant, layout or shape they never run) before what the machine lacks, which is
+    not asked where a rule decided (torch's import, CUDA's start, the Gluon version check)."""
     device = str(combo.get("device", "cuda"))
     quant = _quant_name(combo)
     layout = combo.get("row_layout", "auto")
     gemm = combo.get("contiguous_gemm", "auto")
     gluon = f"experts.contiguous_gemm={gemm}: " if gemm in GLUON_GEMMS else ""  # the Gluon GEMM's reasons
-    return first_reason(*_triton_rules(combo, quant, layout, gluon), *_triton_machine(device, quant, layout, gluon))
+    return first_reason(*_triton_rules(combo, quant, layout, gluon)) or first_reason(
+        *_triton_machine(device, quant, layout, gluon)
+    )
 
 
 def _triton_rules(combo: dict, quant: str, layout: str, gluon: str) -> tuple[Optional[Rule], ...]:
@@ -202,7 +205,8 @@ def _triton_machine(device: str, quant: str, layout: str, gluon: str) -> tuple[O
         )
     import torch  # the GPU's compute capability: only where the combination runs on CUDA
 
-    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    asked = quant.startswith("fp8") or layout == "contiguous"  # else no reason needs it: CUDA not started
+    cap = torch.cuda.get_device_capability() if asked and torch.cuda.is_available() else None
     fp8 = None
     if cap and quant.startswith("fp8") and cap < (8, 9):
         fp8 = f"fp8 tl.dot needs compute capability >= 8.9 (this GPU is {cap[0]}.{cap[1]})"
