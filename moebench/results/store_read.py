@@ -41,6 +41,12 @@ MOVE_OUT = "move it out of the run's rows/ folder"  # a file among a run's rows/
 PASS_A_RUN = f"pass {A_RUN}, or its rows/*.parquet files"  # files given in place of a run (load_files)
 
 
+def given_advice(path: Path) -> str:
+    """What to do about a file given in place of a run (load_files) that holds no rows: MOVE_OUT where
+    it lies in a run's rows/ folder (run_dir_of's run: reading that run fails on it too), else PASS_A_RUN."""
+    return MOVE_OUT if Path(path).parent.name == ROWS_DIR else PASS_A_RUN
+
+
 def not_a_run_file(path: Path, files: str = "one of its rows/*.parquet files") -> ValueError:
     """The one line for a plain file given where a run goes (report, compare, trace, tune --results):
     '<path>: a file, not a run folder (pass ...)'. `files` names the files the command reads alone."""
@@ -199,16 +205,22 @@ def read_row_table(path: Path, required=(*PAIR, "status"), wanted=None, skip=(),
 
 
 def read_frame(
-    files: list[Path], warn_torn: bool, required=(*PAIR, "status"), wanted=None, skip=(), advice: str = MOVE_OUT
+    files: list[Path],
+    warn_torn: bool,
+    required=(*PAIR, "status"),
+    wanted=None,
+    skip=(),
+    advice: str | None = MOVE_OUT,
 ) -> pd.DataFrame:
     """The rows of `files` in their order as one frame (only the `wanted` columns, where given), the
     tables concatenated before their one conversion to pandas; a torn file is passed over as
-    `read_all` does (`advice`: as read_row_file's). Files whose types Arrow cannot unify (an old
-    schema's) are converted one by one and concatenated by pandas, as `read_all`'s callers do."""
+    `read_all` does (`advice`: as read_row_file's; None: each file's given_advice). Files whose
+    types Arrow cannot unify (an old schema's) are converted one by one and concatenated by pandas,
+    as `read_all`'s callers do."""
     tables = []
     for p in files:
         try:
-            table = read_row_table(p, required, wanted, skip, advice)
+            table = read_row_table(p, required, wanted, skip, advice if advice is not None else given_advice(p))
         except TornFile as e:
             if warn_torn:
                 warn(
@@ -325,7 +337,7 @@ def load_files(files: list[Path], origin: str, required=(*PAIR, "status"), skip=
     the newest of each (combination, tokens) by the store's precedence; torn files are passed
     over with a warning. `required`: the columns without which a file is not a row file; `skip`:
     columns not read."""
-    df = read_frame(newest_last(list(files)), warn_torn=True, required=required, skip=skip, advice=PASS_A_RUN)
+    df = read_frame(newest_last(list(files)), warn_torn=True, required=required, skip=skip, advice=None)
     if df.empty:
         return df
     df = migrate(df, origin)

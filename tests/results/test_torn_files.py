@@ -7,6 +7,8 @@ fingerprint in envs/ that is not JSON is passed over with a line naming it."""
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -126,10 +128,16 @@ def test_a_foreign_parquet_is_an_error_naming_it(tmp_path, capsys):
         assert len(lines) == 1 and f"{foreign}: missing columns" in lines[0], (argv, err)
         assert lines[0].endswith("move it out of the run's rows/ folder"), lines[0]
     assert sorted((run / "rows").iterdir()) == before  # the sweep wrote nothing and moved nothing
-    # the file itself given: its reader knows it was given, so what to pass instead
+    # the file itself given, where it lies in the run's rows/: the same advice (the run fails on it too)
     assert cli.main(["report", str(foreign), "--out", str(tmp_path / "r")]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"{foreign}: missing columns" in line and line.endswith("or its rows/*.parquet files"), line
+    assert f"{foreign}: missing columns" in line and line.endswith("move it out of the run's rows/ folder"), line
+    # a copy of it given outside any rows/ folder: what to pass instead
+    loose = tmp_path / "from-elsewhere.parquet"
+    shutil.copy(foreign, loose)
+    assert cli.main(["report", str(loose), "--out", str(tmp_path / "r")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{loose}: missing columns" in line and line.endswith("or its rows/*.parquet files"), line
     # a folder of other parquet given as a run: no rows/ folder to move it out of; what to pass instead
     other = tmp_path / "other"
     other.mkdir()
