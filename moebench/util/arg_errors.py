@@ -12,8 +12,8 @@ from typing import NoReturn
 class OneLineErrors(argparse.ArgumentParser):
     """argparse's refusals (an unknown option, a missing argument, a bad value, a script's own
     `error(...)`) as the project's bad input: one line naming the command and where its help is,
-    exit 2; argparse prints its usage block first. The subcommands' parsers are of this class too
-    (add_subparsers takes the parent's)."""
+    exit 2, without the usage block argparse's own error() prints first. The subcommands' parsers
+    are of this class too (add_subparsers takes the parent's)."""
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.splitlines())

@@ -66,8 +66,8 @@ def test_every_command_parser_refuses_in_one_line():
     ],
 )
 def test_each_python_m_entry_point_refuses_in_one_line_naming_itself(module, argv, capsys):
-    """`python -m moebench...`'s own parsers: argparse's usage block before the error line, as the
-    commands' was."""
+    """`python -m moebench...`'s own parsers: the error line alone, naming the entry point as run,
+    without argparse's usage block before it, as the commands'."""
     import importlib
 
     with pytest.raises(SystemExit) as done:
