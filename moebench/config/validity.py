@@ -224,12 +224,6 @@ def timing_note(combo: Combo, tokens: int) -> str:
     return f"graph timing above runner.graph_max_tokens={combo.graph_max_tokens}: eager forwards"
 
 
-def validate_tokens(combo: Combo, tokens: int) -> Optional[str]:
-    """Reason one token count cannot run (e.g. over a batched buffer's cap), or None."""
-    skip = check_tokens(combo, tokens)
-    return skip.reason if skip else None
-
-
 def check_tokens(combo: Combo, tokens: int) -> Optional[Skip]:
     """Why one token count cannot run, or None, with whether it breaks a rule of the plan
     (docs/design.md, "Validity"); `combo`'s entries are registered here (check_with_tokens asks

@@ -174,8 +174,8 @@ def test_deepep_ll_graph_capture_is_declared():
         ]
     )
     combo = to_combo(cfg, device="cuda")
-    assert validity.validate_tokens(combo, 128) is None
-    assert "max_tokens_per_rank=512" in validity.validate_tokens(combo, 513)
+    assert validity.check_tokens(combo, 128) is None
+    assert "max_tokens_per_rank=512" in validity.check_tokens(combo, 513).reason
 
 
 # ---------------------------------------------------------------------------

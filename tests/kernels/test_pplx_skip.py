@@ -154,8 +154,8 @@ def test_layout_rules_in_plan(monkeypatch):
         ]
     )
     combo = to_combo(cfg, device="cuda")
-    assert validity.validate_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
-    assert "max_tokens_per_rank=512" in validity.validate_tokens(combo, 513)
+    assert validity.check_tokens(combo, 128) is None  # pplx may be captured in a CUDA graph
+    assert "max_tokens_per_rank=512" in validity.check_tokens(combo, 513).reason
 
 
 def test_sizes():

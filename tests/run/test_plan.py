@@ -62,20 +62,20 @@ def test_validity_rules_give_reasons(monkeypatch):
     assert "multiples of 128" in r(base.replace(quant="fp8_block", hidden=2880, intermediate=2880))
     assert "need quant=fp8_block" in r(base.replace(experts="deepgemm"))  # the entry's own rule
     g = base.replace(timing="graph", graph_max_tokens=256)
-    assert "needs CUDA" in validity.validate_tokens(g, 16)
-    assert validity.validate_tokens(g.replace(device="cuda"), 256) is None  # the torch experts capture
+    assert "needs CUDA" in validity.check_tokens(g, 16).reason
+    assert validity.check_tokens(g.replace(device="cuda"), 256) is None  # the torch experts capture
     from moebench.kernels import registry
 
     torch_experts = registry.get_experts("torch")
     monkeypatch.setattr(torch_experts, "graph_capturable", False)  # as an entry that reads counts back
-    assert "syncs the host" in validity.validate_tokens(g.replace(device="cuda"), 256)
-    assert validity.validate_tokens(g.replace(device="cuda"), 257) is None  # events above graph_max_tokens
+    assert "syncs the host" in validity.check_tokens(g.replace(device="cuda"), 256).reason
+    assert validity.check_tokens(g.replace(device="cuda"), 257) is None  # events above graph_max_tokens
     batched = g.replace(device="cuda", backend="local_batched", experts="triton_batched", reduction="finalize")
-    assert validity.validate_tokens(batched, 16) is None  # local_batched's scatter captures
-    assert validity.validate_tokens(batched.replace(backend="pplx", world_size=2), 16) is None  # pplx captures
+    assert validity.check_tokens(batched, 16) is None  # local_batched's scatter captures
+    assert validity.check_tokens(batched.replace(backend="pplx", world_size=2), 16) is None  # pplx captures
     # auto never skips: graphs where the layer can be captured (at any size), events elsewhere
     auto = g.replace(timing="auto", device="cuda")
-    assert validity.validate_tokens(auto, 16) is None and validity.timing_mode(auto, 16) == "events"  # no capture
+    assert validity.check_tokens(auto, 16) is None and validity.timing_mode(auto, 16) == "events"  # no capture
     assert validity.timing_mode(auto.replace(experts="triton"), 16) == "graph"
     assert validity.timing_mode(auto.replace(experts="triton"), 65536) == "graph"
     assert validity.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "events"
@@ -87,9 +87,9 @@ def test_validity_rules_give_reasons(monkeypatch):
         world_size=2,
         knobs=(("max_tokens_per_rank", 512), ("pplx_mode", "intranode")),
     )
-    assert validity.validate_tokens(pplx, 512) is None
-    assert "max_tokens_per_rank=512" in validity.validate_tokens(pplx, 513)
-    assert validity.validate_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
+    assert validity.check_tokens(pplx, 512) is None
+    assert "max_tokens_per_rank=512" in validity.check_tokens(pplx, 513).reason
+    assert validity.check_tokens(base.replace(backend="local_batched", experts="torch_batched"), 4096) is None
 
 
 def test_check_tells_a_rule_of_the_plan_from_what_the_machine_lacks(monkeypatch):
