@@ -5,6 +5,7 @@ among several rows of one (combination, tokens), fingerprint files."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from moebench.results.migrate import check_versions, migrate
 from moebench.results.row import Status, columns
 from moebench.results.sequence import SEQ_COLUMN
 from moebench.results.writable import CAUSES
+from moebench.util.safe_write import NO_SUCH
 from moebench.util.words import counted
 
 ROWS_DIR = "rows"  # a run's row files' folder, <run>/rows/ (RunStore.rows_dir)
@@ -73,9 +75,12 @@ def check_readable(path: str | Path) -> bool:
     at (EACCES: below a folder the user may not search, where Path.exists() raises), which no --out
     helps: 'PATH: cannot be read (Permission denied): pass a run you can read'."""
     try:
-        return Path(path).exists()
+        os.stat(path)  # Path.exists() raises EACCES up to Python 3.13, reads it as False from 3.14
     except OSError as e:
+        if e.errno in NO_SUCH:
+            return False
         raise ValueError(f"{path}: cannot be read ({e.strerror}): pass a run you can read") from None
+    return True
 
 
 def run_dir_of(path: str | Path) -> Path:

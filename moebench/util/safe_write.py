@@ -53,6 +53,11 @@ class UnsafePath(ValueError):
 
 LinkRefused = UnsafePath  # the name report and trace writers use
 
+# the errnos Path.exists() and Path.is_dir() read as "no such path" up to Python 3.13 (pathlib's own
+# list, private); from 3.14 they read every OSError so, as os.path.isdir() and os.path.exists() do,
+# EACCES included, which a folder the user may not search answers and a line must tell apart
+NO_SUCH = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+
 
 class NotMade(OSError):
     """A folder that could not be made (`safe_dir`), or would not be (`check_dir`), or an existing
@@ -136,8 +141,9 @@ def safe_dir(base, *parts) -> Path:
         raise _not_made(e.errno, asked, _first_missing(path)) from e
     if path.is_symlink():
         path = Path(os.path.realpath(path))
-    for i, name in enumerate(names):
-        path, first = path / name, Path(base).joinpath(*names[: i + 1])
+    first = Path(base)  # each folder below `base` as the user would name it
+    for name in names:
+        path, first = path / name, first / name
         _check_dir(path, asked, first)
         try:
             os.mkdir(path)
@@ -205,7 +211,7 @@ def _is_dir(path: Path, asked: Path, base: Path) -> bool:
     try:
         return stat.S_ISDIR(os.stat(path).st_mode)
     except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):  # Path.is_dir()'s False
+        if e.errno in NO_SUCH:  # Path.is_dir()'s False
             return False
         if e.errno is None:
             raise
@@ -233,14 +239,14 @@ def check_dir(base, *parts) -> Path:
         return asked
     if path.is_symlink():
         path = Path(os.path.realpath(path))
-    deepest, first = path, None
-    for i, name in enumerate(names):
-        path = path / name
-        _check_dir(path, asked, first or Path(base).joinpath(*names[: i + 1]))
+    deepest, first, named = path, None, Path(base)  # named: `path` as the user would name it
+    for name in names:
+        path, named = path / name, named / name
+        _check_dir(path, asked, first or named)
         if first is None and path.is_dir():
             deepest = path
         elif first is None:
-            first = Path(base).joinpath(*names[: i + 1])
+            first = named
     _can_make_in(deepest, asked, first)
     return path
 
