@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from moebench.util.safe_write import NotMade, safe_dir  # safe_dir and check_dir raise NotMade
+from moebench.util.safe_write import NotMade, TakesNoFiles, safe_dir  # safe_dir and check_dir raise NotMade
 
 # a writer's temp files (the store's, the probe's): never *.parquet, so no reader's glob
 # matches a torn one, and the next sweep's clean_temp removes a killed writer's leftover
@@ -36,6 +36,7 @@ CAUSES = {
 }
 # a folder not made (safe_write.NotMade): ENOENT's cause; and what to do where the place refused it
 NOT_CREATABLE = "cannot be created here: the file system makes no folders there, as in /proc or /sys"
+NO_FILES = "takes no files: the file system makes none there, as in /proc or /sys"  # TakesNoFiles
 GIVE_OUT = "give --out a folder you can write"
 ELSEWHERE = (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM)  # not a full disk: that one may be freed
 REFUSING = (errno.EROFS, errno.EACCES, errno.EPERM)  # an existing folder that takes no file: read-only, not ours
@@ -48,7 +49,10 @@ def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> O
     not made is '<folder asked for>: <cause> (<first folder not made> could not be made); give
     --out ...' (read-only, not ours, /proc), the same whether safe_dir met it or check_dir foresaw it."""
     if isinstance(exc, NotMade):
-        cause = NOT_CREATABLE if exc.errno == errno.ENOENT else CAUSES.get(exc.errno or 0)
+        if isinstance(exc, TakesNoFiles):
+            cause: Optional[str] = NO_FILES
+        else:
+            cause = NOT_CREATABLE if exc.errno == errno.ENOENT else CAUSES.get(exc.errno or 0)
         if cause is None:
             return None
         first = exc.first or exc.filename  # None: rebuilt from errno and path (with_path), the one asked for
@@ -92,6 +96,8 @@ def probe_in(folder: os.PathLike | str) -> Path:
     except OSError as e:  # the folder refused, not the probe's own name
         if e.errno in REFUSING:  # as check_dir words it (safe_write.NotMade): give --out another folder
             raise NotMade(e.errno, os.strerror(e.errno), str(folder)) from e
+        if e.errno == errno.ENOENT and folder.is_dir():  # /proc, /sys: the folder is there, no file is made
+            raise TakesNoFiles(errno.ENOENT, os.strerror(errno.ENOENT), str(folder)) from e
         raise with_path(e, folder, replace=True) from e
     try:
         os.write(fd, b"\0")  # a full disk refuses a block, not a name

@@ -22,7 +22,9 @@ The rule, for every writer:
   output folder with it before reading its inputs, and makes the folder only once it has something
   to write, so that a refused command leaves no empty folder behind (`check_dir_below` /
   `safe_dir_below`: the same for a full path below `base`). Where os.access refuses, it asks mkdir
-  why with a probe folder of its own name (PROBE_PREFIX), removed at once if it is made.
+  why with a probe folder of its own name (PROBE_PREFIX), removed at once if it is made; an output
+  folder that exists already is asked with a probe file of that name, made and removed (root may
+  write in /proc by os.access, where no file is made).
 
 A refusal is `UnsafePath` (also named `LinkRefused`), a ValueError: one line naming the path, and the CLI exits 2.
 Usable by any writer of a run folder (the store's rows and env files, the lock): give it
@@ -75,6 +77,11 @@ class NotCreatable(NotMade, FileNotFoundError):
     folders there (/proc), or one removed under it. An environment error (its one line,
     moebench/results/writable.py), where any other ENOENT, a file gone from under a reader, stays
     what it was."""
+
+
+class TakesNoFiles(NotMade, FileNotFoundError):
+    """An existing folder in which a file cannot be created with ENOENT: a file system that makes
+    no files there (/proc, /sys). Named apart from NotCreatable, whose line speaks of folders."""
 
 
 def _not_made(code: int, asked, first) -> NotMade:
@@ -186,10 +193,10 @@ def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
     wrong: CAP_DAC_OVERRIDE, NFS, ACLs) is removed at once, and the folder reported as writable."""
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
         raise _not_made(errno.EROFS, path, first or path)
+    if first is None:  # an existing folder that is to take files: a file of our own says whether it does
+        return _takes_files(folder, path)
     if os.access(folder, os.W_OK | os.X_OK):
         return
-    if first is None:  # an existing folder refused as one not made: the line says to give another
-        raise _not_made(errno.EACCES, path, path)
     probe = Path(folder) / f"{PROBE_PREFIX}{secrets.token_hex(4)}"
     try:
         os.mkdir(probe)  # a link by that name is not followed: EEXIST
@@ -249,6 +256,29 @@ def check_dir(base, *parts) -> Path:
             first = named
     _can_make_in(deepest, asked, first)
     return path
+
+
+def _takes_files(folder: Path, path: Path) -> None:
+    """The NotMade a writer would meet creating a file in the existing `folder`, naming `path`: a
+    file of moebench's own name (PROBE_PREFIX) created (O_EXCL, O_NOFOLLOW: a link by that name is
+    not followed) and removed. os.access cannot say it: root may write in /proc by it, where no file
+    is made (ENOENT: TakesNoFiles); a folder not ours answers EACCES, as a user's /proc does."""
+    probe = Path(folder) / f"{PROBE_PREFIX}{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:  # the name is taken: the writer will say
+        return
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            err = TakesNoFiles(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+            err.first = str(path)
+            raise err from None
+        raise _not_made(e.errno or errno.EACCES, path, path) from None
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:  # removed meanwhile
+        pass
 
 
 def _parts_below(base, path) -> tuple[str, ...]:

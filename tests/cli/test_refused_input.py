@@ -26,7 +26,7 @@ from refusing_fs import REFUSALS, refusing
 
 from moebench import cli
 from moebench.results.synthetic import synthetic_run
-from moebench.results.writable import GIVE_OUT
+from moebench.results.writable import GIVE_OUT, NO_FILES
 
 CPU_TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "cpu_phases.json.gz"
 
@@ -90,12 +90,13 @@ def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(
     assert _tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("kind", ["read_only", "not_ours", "not_searchable"])
+@pytest.mark.parametrize("kind", list(REFUSALS))
 @pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune", "sweep"])
 def test_an_existing_out_that_takes_no_file_says_to_give_another(cmd, kind, run, tmp_path, capsys, monkeypatch):
-    """An --out that exists but takes no file (read-only, not ours; /root itself to a user): the same
-    line as a folder that cannot be made there, advice included (report and compare said only
-    'permission denied', sweep and tune likewise, where --out new below it said to give another)."""
+    """An --out that exists but takes no file (read-only, not ours; /root itself to a user; /proc,
+    where no file is made, to root as to a user): the same line as a folder that cannot be made
+    there, advice included (report and compare said only 'permission denied', sweep and tune
+    likewise, where --out new below it said to give another; /proc itself ended in a traceback)."""
     fs = refusing(monkeypatch, tmp_path / "fs", kind)
     argv = {
         "report": ["report", run],
@@ -109,7 +110,9 @@ def test_an_existing_out_that_takes_no_file_says_to_give_another(cmd, kind, run,
     rc, err = _main([*argv, "--out", fs], capsys)
     assert rc == 2
     tail = "; nothing was measured" if cmd == "sweep" else ""
-    assert _one_line(err) == f"moebench {cmd}: environment error: {asked}: {REFUSALS[kind][1]}; {GIVE_OUT}{tail}"
+    # /proc: no file is made in --out itself; trace makes a folder below it, and no folder is made either
+    cause = NO_FILES if kind.startswith("not_creatable") and cmd != "trace" else REFUSALS[kind][1]
+    assert _one_line(err) == f"moebench {cmd}: environment error: {asked}: {cause}; {GIVE_OUT}{tail}"
     assert _tree(tmp_path) == before
 
 
