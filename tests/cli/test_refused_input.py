@@ -58,6 +58,17 @@ def run(tmp_path) -> Path:
 SWEEP = ["sweep", "backend=local", "experts=torch", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny"]
 
 
+def _writer_argv(cmd: str, run, tmp_path) -> list:
+    """The command line of each command that writes below --out (given after it)."""
+    return {
+        "report": ["report", run],
+        "compare": ["compare", synthetic_run(tmp_path / "base"), run],
+        "trace": ["trace", "--plot", run],
+        "tune": ["tune", "--results", run],
+        "sweep": SWEEP,
+    }[cmd]
+
+
 @pytest.mark.parametrize("kind", REFUSALS)
 @pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune", "sweep"])
 @pytest.mark.parametrize("deeper", [False, True])
@@ -72,13 +83,7 @@ def test_an_out_the_file_system_will_not_make_is_one_line_and_exit_2(
     it names the folder asked for and, when it lies deeper, the first one that could not be made."""
     fs = refusing(monkeypatch, tmp_path / "fs", kind)
     out = fs / cmd / "deeper" if deeper else fs / cmd
-    argv = {
-        "report": ["report", run],
-        "compare": ["compare", synthetic_run(tmp_path / "base"), run],
-        "trace": ["trace", "--plot", run],
-        "tune": ["tune", "--results", run],
-        "sweep": SWEEP,
-    }[cmd]
+    argv = _writer_argv(cmd, run, tmp_path)
     asked = out / "abc" if cmd == "trace" else out  # trace: the PNGs' folder below --out, as the run's traces/abc
     before = _tree(tmp_path)
     rc, err = _main([*argv, "--out", out], capsys)
@@ -98,13 +103,7 @@ def test_an_existing_out_that_takes_no_file_says_to_give_another(cmd, kind, run,
     there, advice included (report and compare said only 'permission denied', sweep and tune
     likewise, where --out new below it said to give another; /proc itself ended in a traceback)."""
     fs = refusing(monkeypatch, tmp_path / "fs", kind)
-    argv = {
-        "report": ["report", run],
-        "compare": ["compare", synthetic_run(tmp_path / "base"), run],
-        "trace": ["trace", "--plot", run],
-        "tune": ["tune", "--results", run],
-        "sweep": SWEEP,
-    }[cmd]
+    argv = _writer_argv(cmd, run, tmp_path)
     asked = fs / "abc" if cmd == "trace" else fs  # trace: the PNGs' folder below --out
     before = _tree(tmp_path)
     rc, err = _main([*argv, "--out", fs], capsys)
