@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import errno
 import os
-import uuid
 from pathlib import Path
 from typing import Optional
 
-from moebench.util.safe_write import NotMade, TakesNoFiles, safe_dir  # safe_dir and check_dir raise NotMade
-
-# a writer's temp files (the store's, the probe's): never *.parquet, so no reader's glob
-# matches a torn one, and the next sweep's clean_temp removes a killed writer's leftover
-TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".tmp"
+# the temp files' names are the probe's too (moebench/util/probe.py); the store takes them from here
+from moebench.util.probe import TMP_PREFIX as TMP_PREFIX
+from moebench.util.probe import TMP_SUFFIX as TMP_SUFFIX
+from moebench.util.probe import NotMade, TakesNoFiles, open_probe  # safe_dir and check_dir raise NotMade
+from moebench.util.safe_write import safe_dir
 
 # errno -> the cause as the line states it; any other OSError is a defect and keeps its traceback
 CAUSES = {
@@ -39,8 +38,6 @@ NOT_CREATABLE = "cannot be created here: the file system makes no folders there,
 NO_FILES = "takes no files: the file system makes none there, as in /proc or /sys"  # TakesNoFiles
 GIVE_OUT = "give --out a folder you can write"
 ELSEWHERE = (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM)  # not a full disk: that one may be freed
-REFUSING = (errno.EROFS, errno.EACCES, errno.EPERM)  # an existing folder that takes no file: read-only, not ours
-PROBE_NAME = "probe-"  # after the store's temp prefix: no reader sees it, the next sweep removes a leftover
 
 
 def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> Optional[str]:
@@ -84,30 +81,18 @@ def probe(folder: os.PathLike | str) -> Path:
 
 
 def probe_in(folder: os.PathLike | str) -> Path:
-    """`probe` of a folder made already (safe_write.safe_dir): a file created in it and removed.
-    The file is created with O_EXCL and O_NOFOLLOW (a link planted under its name is never
-    followed), named like the store's temp files (readers skip those; a killed probe's
-    leftover is removed at the next sweep's start). A folder that takes no file (read-only, not
-    ours) is NotMade, as check_dir says of it: its line says to give --out another folder."""
+    """`probe` of a folder made already (safe_write.safe_dir): a probe file created in it, one byte
+    written and synced (a full disk refuses a block, not a name), and removed (probe.open_probe: a
+    link by its name is never followed; named like the store's temp files, so that a killed probe's
+    leftover in a run folder is removed by the next sweep's clean_temp). A folder that takes no file
+    (read-only, not ours, /proc) is NotMade, as check_dir says of it: its line says to give --out
+    another folder."""
     folder = Path(folder)
-    path = folder / f"{TMP_PREFIX}{PROBE_NAME}{uuid.uuid4().hex}{TMP_SUFFIX}"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:  # the folder refused, not the probe's own name
-        if e.errno in REFUSING:  # as check_dir words it (safe_write.NotMade): give --out another folder
-            raise NotMade(e.errno, os.strerror(e.errno), str(folder)) from e
-        if e.errno == errno.ENOENT and folder.is_dir():  # /proc, /sys: the folder is there, no file is made
-            raise TakesNoFiles(errno.ENOENT, os.strerror(errno.ENOENT), str(folder)) from e
-        raise with_path(e, folder, replace=True) from e
-    try:
-        os.write(fd, b"\0")  # a full disk refuses a block, not a name
-        os.fsync(fd)
-    except OSError as e:
-        raise with_path(e, folder, replace=True) from e
-    finally:
-        os.close(fd)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:  # a sweep holding the folder cleaned it as a leftover
-            pass
+    with open_probe(folder, folder) as fd:
+        if fd is not None:  # None: the name was taken, nothing learned (open_probe)
+            try:
+                os.write(fd, b"\0")
+                os.fsync(fd)
+            except OSError as e:
+                raise with_path(e, folder, replace=True) from e
     return folder

@@ -22,9 +22,10 @@ The rule, for every writer:
   output folder with it before reading its inputs, and makes the folder only once it has something
   to write, so that a refused command leaves no empty folder behind (`check_dir_below` /
   `safe_dir_below`: the same for a full path below `base`). Where os.access refuses, it asks mkdir
-  why with a probe folder of its own name (PROBE_PREFIX), removed at once if it is made; an output
-  folder that exists already is asked with a probe file of that name, made and removed (root may
-  write in /proc by os.access, where no file is made).
+  why with a probe folder of its own name, removed at once if it is made; an output folder that
+  exists already is asked with a probe file, made and removed, named like the store's temp files
+  (root may write in /proc by os.access, where no file is made). Both probes, their names and which
+  leftover the store's clean_temp removes: moebench/util/probe.py.
 
 A refusal is `UnsafePath` (also named `LinkRefused`), a ValueError: one line naming the path, and the CLI exits 2.
 Usable by any writer of a run folder (the store's rows and env files, the lock): give it
@@ -46,6 +47,12 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
+# the refusals live with the probes that raise them (probe.py); named here too, where importers find them
+from moebench.util.probe import NotCreatable as NotCreatable
+from moebench.util.probe import NotMade as NotMade
+from moebench.util.probe import TakesNoFiles as TakesNoFiles
+from moebench.util.probe import can_make_in, not_made
+
 
 class UnsafePath(ValueError):
     """A write that would go through a symbolic link, or into something that is not a regular
@@ -59,35 +66,6 @@ LinkRefused = UnsafePath  # the name report and trace writers use
 # list, private); from 3.14 they read every OSError so, as os.path.isdir() and os.path.exists() do,
 # EACCES included, which a folder the user may not search answers and a line must tell apart
 NO_SUCH = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
-
-
-class NotMade(OSError):
-    """A folder that could not be made (`safe_dir`), or would not be (`check_dir`), or an existing
-    one that takes no file (read-only, not ours): the refusal's errno, `filename` the folder asked
-    for, `first` the first folder on the way to it that could not be made (the one asked for, or a
-    missing parent of it; None: the one asked for, as in one rebuilt from its errno and path alone).
-    Both name the same two folders, so that every command's line says the same
-    (moebench/results/writable.py words it)."""
-
-    first: str | None = None
-
-
-class NotCreatable(NotMade, FileNotFoundError):
-    """A folder mkdir refused with ENOENT though its parent is there: a file system that makes no
-    folders there (/proc), or one removed under it. An environment error (its one line,
-    moebench/results/writable.py), where any other ENOENT, a file gone from under a reader, stays
-    what it was."""
-
-
-class TakesNoFiles(NotMade, FileNotFoundError):
-    """An existing folder in which a file cannot be created with ENOENT: a file system that makes
-    no files there (/proc, /sys). Named apart from NotCreatable, whose line speaks of folders."""
-
-
-def _not_made(code: int, asked, first) -> NotMade:
-    err = (NotCreatable if code == errno.ENOENT else NotMade)(code, os.strerror(code), str(asked))
-    err.first = str(first)
-    return err
 
 
 def _first_missing(path: Path) -> Path:
@@ -122,7 +100,7 @@ def _check_dir(path: Path, asked: Path, first: Path) -> None:
     except OSError as e:
         if e.errno is None:
             raise
-        raise _not_made(e.errno, asked, first) from None
+        raise not_made(e.errno, asked, first) from None
     if stat.S_ISLNK(st.st_mode):
         raise _refused(path)
     if not stat.S_ISDIR(st.st_mode):
@@ -145,7 +123,7 @@ def safe_dir(base, *parts) -> Path:
     except OSError as e:  # read-only, not ours; ENOENT (parents=True): a folder the system will not make
         if e.errno is None:
             raise
-        raise _not_made(e.errno, asked, _first_missing(path)) from e
+        raise not_made(e.errno, asked, _first_missing(path)) from e
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     first = Path(base)  # each folder below `base` as the user would name it
@@ -159,7 +137,7 @@ def safe_dir(base, *parts) -> Path:
         except OSError as e:
             if e.errno is None:
                 raise
-            raise _not_made(e.errno, asked, first) from e
+            raise not_made(e.errno, asked, first) from e
         _check_dir(path, asked, first)  # a link made in between is refused too
     return path
 
@@ -180,36 +158,6 @@ def _not_a_dir(path: Path) -> NotADirectoryError:
     return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
-PROBE_PREFIX = ".moebench-probe-"  # the folder check_dir's mkdir asks for: never one of the user's
-
-
-def _can_make_in(folder: Path, path: Path, first: Path | None) -> None:
-    """The NotMade `safe_dir` would meet making `first` in `folder` (None: a file is written in
-    `folder`, which is `path`), naming `path`: a read-only file system, or a folder not ours to
-    write. Where os.access says no, mkdir says why: EACCES, or ENOENT for a file system that makes
-    no folders (/proc, to a user: os.access refuses it before mkdir is asked). mkdir is asked for a
-    name of moebench's own in `folder` (the errno is the same for any name), never `first`, which
-    another process may make meanwhile; a probe folder that is made all the same (os.access was
-    wrong: CAP_DAC_OVERRIDE, NFS, ACLs) is removed at once, and the folder reported as writable."""
-    if os.statvfs(folder).f_flag & os.ST_RDONLY:
-        raise _not_made(errno.EROFS, path, first or path)
-    if first is None:  # an existing folder that is to take files: a file of our own says whether it does
-        return _takes_files(folder, path)
-    if os.access(folder, os.W_OK | os.X_OK):
-        return
-    probe = Path(folder) / f"{PROBE_PREFIX}{secrets.token_hex(4)}"
-    try:
-        os.mkdir(probe)  # a link by that name is not followed: EEXIST
-    except FileExistsError:  # the name is taken: mkdir did not say, safe_dir will
-        return
-    except OSError as e:
-        raise _not_made(e.errno or errno.EACCES, path, first) from None
-    try:
-        os.rmdir(probe)
-    except OSError:  # something was put in it meanwhile: it stays, no error of the user's folder
-        pass
-
-
 def _is_dir(path: Path, asked: Path, base: Path) -> bool:
     """Whether `path` (`base` or a folder above it) is a folder, as Path.is_dir() says; one that may
     not be looked at (EACCES: a folder above it the user may not search, /root to a user), where
@@ -222,7 +170,7 @@ def _is_dir(path: Path, asked: Path, base: Path) -> bool:
             return False
         if e.errno is None:
             raise
-        raise _not_made(e.errno, asked, _first_missing(base)) from None
+        raise not_made(e.errno, asked, _first_missing(base)) from None
 
 
 def check_dir(base, *parts) -> Path:
@@ -239,7 +187,7 @@ def check_dir(base, *parts) -> Path:
     if not _is_dir(path, asked, path):
         for above in path.parents:
             if _is_dir(above, asked, path):
-                _can_make_in(above, asked, _first_missing(path))
+                can_make_in(above, asked, _first_missing(path))
                 return asked
             if os.path.lexists(above):  # a file on the way
                 raise _not_a_dir(path)
@@ -254,31 +202,8 @@ def check_dir(base, *parts) -> Path:
             deepest = path
         elif first is None:
             first = named
-    _can_make_in(deepest, asked, first)
+    can_make_in(deepest, asked, first)
     return path
-
-
-def _takes_files(folder: Path, path: Path) -> None:
-    """The NotMade a writer would meet creating a file in the existing `folder`, naming `path`: a
-    file of moebench's own name (PROBE_PREFIX) created (O_EXCL, O_NOFOLLOW: a link by that name is
-    not followed) and removed. os.access cannot say it: root may write in /proc by it, where no file
-    is made (ENOENT: TakesNoFiles); a folder not ours answers EACCES, as a user's /proc does."""
-    probe = Path(folder) / f"{PROBE_PREFIX}{secrets.token_hex(4)}"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:  # the name is taken: the writer will say
-        return
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            err = TakesNoFiles(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-            err.first = str(path)
-            raise err from None
-        raise _not_made(e.errno or errno.EACCES, path, path) from None
-    os.close(fd)
-    try:
-        os.unlink(probe)
-    except OSError:  # removed meanwhile
-        pass
 
 
 def _parts_below(base, path) -> tuple[str, ...]:

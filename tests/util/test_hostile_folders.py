@@ -370,7 +370,7 @@ def test_check_dir_asks_mkdir_for_a_name_of_its_own_never_the_users(meanwhile, t
     probe folder of moebench's own name in the existing folder, never for the folder the user named:
     that one may be another process's, made meanwhile. A probe that is filled before it is removed
     (rmdir's ENOTEMPTY), or a name taken already (EEXIST), is no error of the user's folder."""
-    from moebench.util.safe_write import PROBE_PREFIX
+    from moebench.util.probe import PROBE_PREFIX
 
     real_access, real_mkdir, asked = os.access, os.mkdir, []
 
