@@ -225,3 +225,32 @@ def test_a_folder_not_made_rebuilt_from_its_errno_and_path_is_still_described():
         code = errno.ENOENT if cls is NotCreatable else errno.EACCES
         e = writable.with_path(cls(code, os.strerror(code), "/old"), "/new", replace=True)
         assert type(e) is cls and writable.describe(e) == f"/new: {cause}; {writable.GIVE_OUT}"
+
+
+@pytest.mark.parametrize("asker", ["check_dir", "probe_in"])
+def test_a_probe_file_a_kill_leaves_in_a_run_folder_is_removed_by_clean_temp(asker, tmp_path, monkeypatch):
+    """check_dir asks an existing folder with a probe file (report's check of `--out RUN`), and the
+    sweep's probe (writable.probe_in) with one of its own, each made and removed at once; a kill
+    between the two leaves it. check_dir's was `.moebench-probe-<hex>`, a name the store's clean_temp
+    did not know: both are one probe now (moebench/util/probe.py open_probe), named like the store's
+    temp files, so the next sweep's clean_temp removes the leftover, and no reader sees it meanwhile."""
+    from moebench.results.synthetic import synthetic_run
+    from moebench.util.safe_write import check_dir
+
+    run = synthetic_run(tmp_path / "run")
+    before, rows = sorted(p.name for p in run.iterdir()), len(RunStore(run).load())
+    real = os.unlink
+
+    def killed(path, *args, **kwargs):  # as a kill between the probe's open and its unlink
+        if Path(path).parent == run:
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", killed)
+    with pytest.raises(KeyboardInterrupt):
+        (check_dir if asker == "check_dir" else writable.probe_in)(run)
+    monkeypatch.setattr(os, "unlink", real)
+    (left,) = [p for p in run.iterdir() if p.name not in before]
+    assert left.is_file() and len(RunStore(run).load()) == rows  # the rows read as before
+    assert RunStore(run).clean_temp() == [left]
+    assert sorted(p.name for p in run.iterdir()) == before

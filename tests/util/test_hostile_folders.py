@@ -7,6 +7,7 @@ itself: folders, files, hard links and FIFOs."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from moebench.util.safe_write import (
     LinkRefused,
     NotCreatable,
     NotMade,
+    TakesNoFiles,
     check_dir,
     check_dir_below,
     refuse_links,
@@ -344,11 +346,49 @@ def test_check_dir_says_what_a_write_would_meet_and_makes_nothing(kind, tmp_path
             with pytest.raises(NotMade) as e:
                 fn(*args)
             assert e.value.errno == code and describe(e.value) == line, fn
-    if kind != "not_creatable_user":  # the base itself: a file written in it, no folder made
-        with pytest.raises(OSError) as e:
-            check_dir(fs)
-        assert e.value.errno == code and describe(e.value) == f"{fs}: {cause}; {GIVE_OUT}"
+    assert not list(fs.iterdir())  # the base itself, where a file is asked: the test below
+
+
+@pytest.mark.parametrize("kind", ["read_only", "not_ours", "not_searchable", "not_creatable", "not_creatable_user"])
+def test_an_existing_folder_that_takes_no_file_is_refused_by_check_dir_and_the_probe_alike(kind, tmp_path, monkeypatch):
+    """check_dir of an existing folder asks it with a probe file, as the sweep's probe (writable.probe_in)
+    does, through one probe (moebench/util/probe.py open_probe): a read-only one, one not ours, /root
+    itself to a user are NotMade; /proc, where no file is made (ENOENT, to root as to a user), is
+    TakesNoFiles. Each is one line naming the folder, the same from both, and nothing is made."""
+    from refusing_fs import REFUSALS, refusing
+
+    from moebench.results.writable import GIVE_OUT, NO_FILES, describe, probe_in
+
+    makes_none = kind.startswith("not_creatable")
+    code, cause = (errno.ENOENT, NO_FILES) if makes_none else REFUSALS[kind]
+    fs = refusing(monkeypatch, tmp_path / "fs", kind)
+    for fn in (check_dir, probe_in):
+        with pytest.raises(TakesNoFiles if makes_none else NotMade) as e:
+            fn(fs)
+        assert e.value.errno == code and describe(e.value) == f"{fs}: {cause}; {GIVE_OUT}", fn
     assert not list(fs.iterdir())
+
+
+@pytest.mark.parametrize("folder", ["/proc", "/sys"])
+def test_check_dir_of_a_real_folder_that_takes_no_file(folder):
+    """The real ones, not refusing_fs's stand-ins: /proc makes no file (its lookup answers ENOENT
+    before any permission is asked, to root as to a user), so check_dir and the probe say TakesNoFiles,
+    where os.access lets root write; /sys answers EACCES (or EROFS where it is mounted read-only)."""
+    from moebench.results.writable import GIVE_OUT, NO_FILES, describe, probe_in
+
+    if not os.path.ismount(folder):
+        pytest.skip(f"{folder} is not mounted here")
+    if folder == "/proc" and os.statvfs(folder).f_flag & os.ST_RDONLY:
+        pytest.skip("/proc is mounted read-only here: check_dir says so before it asks for a file")
+    for fn in (check_dir, probe_in):
+        with pytest.raises(NotMade) as e:
+            fn(folder)
+        line = describe(e.value)
+        if folder == "/proc":
+            assert isinstance(e.value, TakesNoFiles) and line == f"/proc: {NO_FILES}; {GIVE_OUT}", fn
+        else:
+            assert e.value.errno in (errno.EACCES, errno.EPERM, errno.EROFS), fn
+            assert line is not None and line.startswith("/sys: ") and line.endswith(GIVE_OUT), fn
 
 
 def test_check_dir_makes_nothing_where_mkdir_contradicts_os_access(tmp_path, monkeypatch):
@@ -370,6 +410,7 @@ def test_check_dir_asks_mkdir_for_a_name_of_its_own_never_the_users(meanwhile, t
     probe folder of moebench's own name in the existing folder, never for the folder the user named:
     that one may be another process's, made meanwhile. A probe that is filled before it is removed
     (rmdir's ENOTEMPTY), or a name taken already (EEXIST), is no error of the user's folder."""
+    from moebench.results.store import RunStore
     from moebench.util.probe import PROBE_PREFIX
 
     real_access, real_mkdir, asked = os.access, os.mkdir, []
@@ -386,6 +427,8 @@ def test_check_dir_asks_mkdir_for_a_name_of_its_own_never_the_users(meanwhile, t
     assert check_dir(tmp_path / "out") == tmp_path / "out"
     assert [p.parent for p in asked] == [tmp_path] and asked[0].name.startswith(PROBE_PREFIX)
     assert not (tmp_path / "out").exists()
+    if meanwhile == "filled":  # a probe folder something was put in is left: not the store's to empty
+        assert RunStore(tmp_path).clean_temp() == [] and (asked[0] / "landed").is_file()
 
 
 def test_safe_dir_says_a_folder_the_file_system_will_not_make_is_not_creatable():
