@@ -35,9 +35,11 @@ from moebench.results.sequence import SEQ_COLUMN, SEQ_FILE, next_seq
 from moebench.results.store_read import (
     CORRUPT_DIR,
     PAIR,
+    READ_ADVICE,  # noqa: F401 (re-exported)
     ROWS_DIR,
     SKIPPED_FILE,
     TornFile,
+    Unreadable,  # noqa: F401 (re-exported)
     by_precedence,
     check_readable,  # noqa: F401 (re-exported)
     check_run_path,  # noqa: F401 (re-exported)
@@ -52,6 +54,7 @@ from moebench.results.store_read import (
     read_env_file,
     read_frame,
     read_row_file,
+    reading,
     run_dir_of,  # noqa: F401 (re-exported)
     warn,
 )
@@ -330,7 +333,8 @@ class RunStore:
         if not path.is_file():
             return {}
         try:
-            data = json.loads(path.read_text())
+            with reading(path):
+                data = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"malformed env file {path}: {e}; fix or delete it") from e
         if not isinstance(data, dict):
@@ -339,7 +343,11 @@ class RunStore:
 
     def sweep_records(self) -> list[dict]:
         """Each invocation's sweep-<run_id>.json (the sweep, its cli_overrides), by file name."""
-        return [json.loads(p.read_text()) for p in sorted(self.dir.glob("sweep-*.json"))]
+        records = []
+        for p in sorted(self.dir.glob("sweep-*.json")):
+            with reading(p):
+                records.append(json.loads(p.read_text()))
+        return records
 
     def column_values(self, names: Iterable[str]) -> pd.DataFrame:
         """Only the columns `names` (those a file has) of every row file, torn and foreign files

@@ -37,6 +37,29 @@ class TornFile(ValueError):
         self.path, self.why = Path(path), why
 
 
+class Unreadable(OSError):
+    """An input the machine refused to read (a row file or fingerprint of mode 000, a failing disk),
+    naming the file (pyarrow's error names none): the environment's line names it and says to make
+    it readable, never to give --out (moebench/cli/main.py), which no write folder helps."""
+
+
+READ_ADVICE = "make it readable or pass a run you can read"  # what to do about an Unreadable
+
+
+@contextmanager
+def reading(path: str | Path) -> Iterator[None]:
+    """Turns an environment error (writable.CAUSES) of a read of the input `path` inside the block
+    into Unreadable naming `path`; any other OSError passes as it is."""
+    try:
+        yield
+    except Unreadable:
+        raise
+    except OSError as e:
+        if e.errno not in CAUSES:
+            raise
+        raise Unreadable(e.errno, os.strerror(e.errno), os.fspath(path)) from e
+
+
 A_RUN = "the folder `moebench sweep` wrote, the one holding rows/ and env.json"  # what a run argument takes
 # what to do about a file that holds no rows of moebench's, as its reader knows where it lies (`advice`):
 MOVE_OUT = "move it out of the run's rows/ folder"  # a file among a run's rows/ (RunStore's readers)
@@ -100,12 +123,13 @@ def warn(text: str) -> None:
 @contextmanager
 def _torn_if_unreadable(path: Path) -> Iterator[None]:
     """Turns a failed parquet read inside the block into TornFile; an environment error
-    (writable.CAUSES: the machine refused the read, not the file's fault) passes as it is."""
+    (writable.CAUSES: the machine refused the read, not the file's fault) is Unreadable naming it."""
     try:
-        yield
+        with reading(path):
+            yield
+    except Unreadable:
+        raise
     except OSError as e:
-        if e.errno in CAUSES:
-            raise
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, ...) for a torn file
         raise TornFile(path, f"cannot be read as parquet: {type(e).__name__}") from e
@@ -301,7 +325,8 @@ def read_env_file(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
+        with reading(path):
+            data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         warn(f"{path}: not a JSON fingerprint ({type(e).__name__}): passed over")
         return {}

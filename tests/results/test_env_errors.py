@@ -12,6 +12,9 @@ How each condition is made, so that the tests run in CI without root:
 - a read-only folder: chmod 0o555; where that does not bind (root), the immutable flag
   (chattr +i, EPERM even for root); skipped where neither binds (root without
   CAP_LINUX_IMMUTABLE).
+- a file of a run that cannot be read (a row file or env.json): chmod 0o000; where that does not
+  bind (root), its readers (pyarrow's parquet reads, Path.read_text) raise what pyarrow raises for
+  it (PermissionError, errno set, no file name).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from moebench import cli
 from moebench.results import writable
-from moebench.results.store import RunStore
+from moebench.results.store import READ_ADVICE, RunStore
+from moebench.results.synthetic import synthetic_run
 from tests.run.test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
@@ -254,3 +259,52 @@ def test_a_probe_file_a_kill_leaves_in_a_run_folder_is_removed_by_clean_temp(ask
     assert left.is_file() and len(RunStore(run).load()) == rows  # the rows read as before
     assert RunStore(run).clean_temp() == [left]
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.fixture
+def unreadable(monkeypatch):
+    """make(path): the file `path` unreadable to this process, as chmod 0o000 makes it for a user."""
+    refused: set[Path] = set()
+    real_file, real_frame, real_text = pq.ParquetFile, pd.read_parquet, Path.read_text
+
+    def refuse(path) -> None:
+        if isinstance(path, (str, os.PathLike)) and Path(path) in refused:  # as pyarrow words it: no file name
+            detail = f"Detail: [errno 13] {os.strerror(errno.EACCES)}"
+            raise PermissionError(errno.EACCES, f"Failed to open local file '{path}'. {detail}")
+
+    def make(path: Path) -> Path:
+        os.chmod(path, 0o000)
+        if os.access(path, os.R_OK):  # root: permissions do not bind; its readers refuse it instead
+            refused.add(path)
+            monkeypatch.setattr(pq, "ParquetFile", lambda p, *a, **k: refuse(p) or real_file(p, *a, **k))
+            monkeypatch.setattr(pd, "read_parquet", lambda p, *a, **k: refuse(p) or real_frame(p, *a, **k))
+            monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: refuse(p) or real_text(p, *a, **k))
+        return path
+
+    yield make
+    for path in refused:
+        os.chmod(path, 0o644)
+
+
+@pytest.mark.parametrize("cmd", ["report", "report_file", "compare", "tune", "env_json", "sweep"])
+def test_an_unreadable_file_of_a_run_is_named_and_not_answered_with_out(cmd, tmp_path, capsys, unreadable):
+    """A row file (or env.json) the user may not read: one line naming it and saying to make it
+    readable, exit 2, before any work; it said 'permission denied; give --out a folder you can write'
+    (pyarrow's error names no file; the CLI advised --out for every report's refusal), which no --out helps."""
+    run = synthetic_run(tmp_path / "run")
+    bad = unreadable(run / "env.json" if cmd == "env_json" else sorted((run / "rows").glob("*.parquet"))[-1])
+    argv = {
+        "report": ["report", run],
+        "report_file": ["report", bad],
+        "compare": ["compare", synthetic_run(tmp_path / "base"), run],
+        "tune": ["tune", "--results", run],
+        "env_json": ["report", run],
+        "sweep": ["sweep", *ONE, "--out", run],
+    }[cmd]
+    name = argv[0]
+    assert cli.main([str(a) for a in argv]) == 2
+    line = _one_line(capsys.readouterr().err)
+    advice = "make it readable; nothing was measured" if name == "sweep" else READ_ADVICE
+    assert line == f"moebench {name}: environment error: {bad}: permission denied; {advice}"
+    assert "--out" not in line
+    assert not (run / "report").exists()
