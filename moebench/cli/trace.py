@@ -50,7 +50,8 @@ def trace_args(args) -> int:
         return import_command(args.import_from)
     from moebench.report.trace_report import trace_command
     from moebench.results.store import check_readable
+    from moebench.traces.files import is_trace_file
 
-    if args.target is not None:
-        check_readable(args.target)  # a run that may not be looked at: its one line (no --out helps)
+    if args.target is not None:  # a run or trace file that may not be looked at: its one line (no --out helps)
+        check_readable(args.target, "a trace file" if is_trace_file(args.target) else "a run")
     return trace_command(args.target, args.plot, args.out, args.max_trace_mb)

@@ -93,16 +93,17 @@ def check_run_path(path: str | Path) -> Path:
     return path
 
 
-def check_readable(path: str | Path) -> bool:
+def check_readable(path: str | Path, what: str = "a run") -> bool:
     """Whether `path` exists (Path.exists()); ValueError, one line, for one that may not be looked
     at (EACCES: below a folder the user may not search, where Path.exists() raises), which no --out
-    helps: 'PATH: cannot be read (Permission denied): pass a run you can read'."""
+    helps: 'PATH: cannot be read (Permission denied): pass {what} you can read' (`what`: what the
+    command takes there, a run or, for `trace`, a trace file)."""
     try:
         os.stat(path)  # Path.exists() raises EACCES up to Python 3.13, reads it as False from 3.14
     except OSError as e:
         if e.errno in NO_SUCH:
             return False
-        raise ValueError(f"{path}: cannot be read ({e.strerror}): pass a run you can read") from None
+        raise ValueError(f"{path}: cannot be read ({e.strerror}): pass {what} you can read") from None
     return True
 
 

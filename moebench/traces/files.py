@@ -11,6 +11,7 @@ from moebench.traces.nsys import DEFAULT_MAX_TRACE_MB, nsys_processes, parse_nsy
 from moebench.traces.torch_trace import parse_torch_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
+READ_ADVICE = "make it readable or pass a trace file you can read"  # a trace file the user may not read
 
 
 def is_trace_file(path) -> bool:
@@ -22,6 +23,10 @@ def load_traces(path, max_mb: Optional[float] = DEFAULT_MAX_TRACE_MB) -> list:
     """Parsed `Trace`s of one file: one for a torch trace, one per process (rank) for nsys.
     ValueError for a file over `max_mb` MB (inflated; None: no limit) or unreadable."""
     path = Path(path)
+    try:
+        open(path, "rb").close()  # mode 000: said so, not as JSON or SQLite its reader cannot parse
+    except PermissionError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror}): {READ_ADVICE}") from None
     if path.name.endswith(".sqlite"):
         pids = nsys_processes(path, max_mb)
         if len(pids) <= 1:

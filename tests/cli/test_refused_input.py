@@ -11,11 +11,15 @@ moebench/report/document.py ReportDir).
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
 - a plain file given as a run is 'a file, not a run folder', not a torn row file;
+- a trace file that cannot be read (below a folder the user may not search, or of mode 000) says to
+  pass a trace file, not a run, one can read;
 - input refused is its one line alone: a report's notes (a committed run's, the same run on both
   sides of a comparison) come once the runs are read."""
 
 from __future__ import annotations
 
+import builtins
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -133,6 +137,35 @@ def test_a_run_below_a_folder_the_user_may_not_search_says_it_cannot_be_read(cmd
     assert rc == 2
     line = f"moebench {cmd}: error: {hidden}: cannot be read (Permission denied): pass a run you can read"
     assert _one_line(err) == line
+
+
+@pytest.mark.parametrize("name", [CPU_TRACE.name, "synthetic_nsys.sqlite"])
+@pytest.mark.parametrize("where", ["below_unsearchable", "mode_000"])
+def test_a_trace_file_that_cannot_be_read_speaks_of_a_trace_file(where, name, tmp_path, capsys, monkeypatch):
+    """`trace FILE` for a trace file one may not read says to pass a trace file one can read: below a
+    folder the user may not search it said 'pass a run you can read', of mode 000 'not a readable JSON
+    trace ([Errno 13] ...)' ('not a readable SQLite file (unable to open database file)')."""
+    given = tmp_path / name
+    shutil.copy(CPU_TRACE.parent / name, given)
+    if where == "below_unsearchable":
+        fs = refusing(monkeypatch, tmp_path / "fs", "not_searchable")
+        os.rename(given, fs / name)
+        given, tail = fs / name, "pass a trace file you can read"
+    else:
+        os.chmod(given, 0o000)
+        tail = "make it readable or pass a trace file you can read"
+        if os.access(given, os.R_OK):  # root: permissions do not bind; opening it is refused instead
+            real = open
+
+            def refused(path, *args, **kwargs):
+                if isinstance(path, (str, os.PathLike)) and Path(path) == given:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+                return real(path, *args, **kwargs)
+
+            monkeypatch.setattr(builtins, "open", refused)
+    rc, err = _main(["trace", given], capsys)
+    assert rc == 2
+    assert _one_line(err) == f"moebench trace: error: {given}: cannot be read (Permission denied): {tail}"
 
 
 def _foreign(folder: Path) -> Path:
