@@ -24,6 +24,7 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
 )
 from moebench.results import row as schema
 from moebench.results.store import (
+    SKIPPED_FILE,
     RunStore,
     check_run_path,
     find_runs,
@@ -47,7 +48,7 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     if check_run_path(path).is_file():
         return [path], run_dir_of(path)
     store = RunStore(path)
-    if store.row_files() or (store.rows_dir / "skipped.parquet").is_file():
+    if store.row_files() or (store.rows_dir / SKIPPED_FILE).is_file():
         return None, path
     files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
     if not files:
