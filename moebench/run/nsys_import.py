@@ -258,8 +258,10 @@ def resolve_nsys_rows(run_dir) -> dict:
     return counts
 
 
-def _run_dir_of(path: Path) -> Optional[Path]:
-    """The run directory (rows/ or env.json) `path` lies in, if any."""
+def _enclosing_run(path: Path) -> Optional[Path]:
+    """The nearest folder holding rows/ or env.json that `path` is or lies below (climbing its
+    parents: a capture deep in a run's traces/), None outside any run. Not store.run_dir_of, which
+    maps a run argument (a folder, a row file) to the run it stands for without climbing."""
     from moebench.results.store import ROWS_DIR  # pandas, pyarrow: only where a run is looked for
 
     for d in [path, *path.parents]:
@@ -292,7 +294,7 @@ def import_command(target) -> int:
     update the rows of the run(s) they belong to. Returns 0 when every capture was exported,
     1 when some failed (each says why); ValueError (exit 2) without captures or tools."""
     captures = find_captures(target)
-    runs = {r for r in (_run_dir_of(Path(target).resolve()),) if r is not None}
+    runs = {r for r in (_enclosing_run(Path(target).resolve()),) if r is not None}
     if not captures and not runs:
         raise ValueError(f"{target}: no .qdstrm, .qdstrm.xz or .nsys-rep under it, and not a run directory")
     failed = 0
@@ -304,7 +306,7 @@ def import_command(target) -> int:
         except (ValueError, subprocess.TimeoutExpired) as e:
             failed += 1
             print(f"{c}: not imported: {e}")
-        run = _run_dir_of(c.resolve())
+        run = _enclosing_run(c.resolve())
         if run is not None:
             runs.add(run)
     for run in sorted(runs):
