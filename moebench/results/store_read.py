@@ -4,6 +4,7 @@ among several rows of one (combination, tokens), fingerprint files."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -97,13 +98,18 @@ def check_readable(path: str | Path, what: str = "a run") -> bool:
     """Whether `path` exists (Path.exists()); ValueError, one line, for one that may not be looked
     at (EACCES: below a folder the user may not search, where Path.exists() raises), which no --out
     helps: 'PATH: cannot be read (Permission denied): pass {what} you can read' (`what`: what the
-    command takes there, a run or, for `trace`, a trace file)."""
+    command takes there, a run or, for `trace`, a trace file). So is a folder, or its rows/, that
+    may not be listed (mode 000, another user's 700), whose files would read as none or as a
+    refused write ('RUN/report: permission denied; give --out ...')."""
     try:
         os.stat(path)  # Path.exists() raises EACCES up to Python 3.13, reads it as False from 3.14
     except OSError as e:
         if e.errno in NO_SUCH:
             return False
         raise ValueError(f"{path}: cannot be read ({e.strerror}): pass {what} you can read") from None
+    for folder in (Path(path), Path(path) / ROWS_DIR):
+        if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK):
+            raise ValueError(f"{folder}: cannot be read ({os.strerror(errno.EACCES)}): pass {what} you can read")
     return True
 
 

@@ -11,6 +11,7 @@ moebench/report/document.py ReportDir).
 - a command refused for its input (a file given as a run, an axis value no row has, a folder of
   foreign parquet) leaves no empty report folder in the run or in an unrelated folder;
 - a plain file given as a run is 'a file, not a run folder', not a torn row file;
+- a run folder or its rows/ that may not be listed says it cannot be read, not to give --out;
 - a trace file that cannot be read (below a folder the user may not search, or of mode 000) says to
   pass a trace file, not a run, one can read;
 - input refused is its one line alone: a report's notes (a committed run's, the same run on both
@@ -136,6 +137,28 @@ def test_a_run_below_a_folder_the_user_may_not_search_says_it_cannot_be_read(cmd
     rc, err = _main(argv, capsys)
     assert rc == 2
     line = f"moebench {cmd}: error: {hidden}: cannot be read (Permission denied): pass a run you can read"
+    assert _one_line(err) == line
+
+
+@pytest.mark.parametrize("folder", ["run", "rows"])
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
+def test_a_run_folder_that_may_not_be_listed_says_it_cannot_be_read(cmd, folder, run, capsys, monkeypatch):
+    """A run folder, or its rows/, the user may not list (mode 000, another user's 700): one line
+    saying it cannot be read, exit 2; it said 'RUN/rows/skipped.parquet: permission denied; give --out
+    a folder you can write' (or RUN/report, RUN/traces), which no --out helps."""
+    shut = run / "rows" if folder == "rows" else run
+    access = os.access
+    # what chmod 0o000 does to a user (root lists any folder): os.access says no
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == shut else access(p, mode, **k))
+    argv = {
+        "report": ["report", run],
+        "compare": ["compare", run, run],
+        "trace": ["trace", run],
+        "tune": ["tune", "--results", run],
+    }[cmd]
+    rc, err = _main(argv, capsys)
+    assert rc == 2
+    line = f"moebench {cmd}: error: {shut}: cannot be read (Permission denied): pass a run you can read"
     assert _one_line(err) == line
 
 
