@@ -142,3 +142,60 @@ def test_the_triton_experts_ask_the_compute_capability_only_where_a_reason_needs
     monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
     combo = dict(STANDARD, experts="triton", device="cuda", quant="bf16")
     assert registry.entry("experts", "triton").supports(combo) is None
+
+
+def _no_machine(monkeypatch):
+    """Make asking the machine fail the test: DeepGEMM's import, CUDA's compute capability, the
+    Gluon version check (a GPU that would answer is faked visible)."""
+    import torch
+
+    from moebench.kernels.cards import experts
+    from moebench.kernels.experts import _deep_gemm
+
+    def asked(*args):
+        raise AssertionError("the machine was asked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", asked)
+    monkeypatch.setattr(_deep_gemm, "load", asked)
+    monkeypatch.setattr(experts, "gluon_runtime_unsupported", asked)
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        # DeepGEMM's rule, where the Triton side would ask the compute capability
+        ({"quant": "fp8_tensor"}, "DeepGEMM experts need quant=fp8_block"),
+        ({"quant": "bf16", "row_layout": "contiguous"}, "DeepGEMM experts need quant=fp8_block"),  # (TMA's SM90)
+        # the Triton side's rules, where DeepGEMM would be imported
+        ({"row_layout": "gathered", "contiguous_gemm": "gluon"}, "contiguous layout's rows"),
+        ({"row_layout": "contiguous", "hidden": 2880}, "multiples of 128 (hidden=2880)"),
+    ],
+)
+def test_a_rule_of_triton_or_deepgemm_decides_before_either_side_asks_the_machine(changes, says, monkeypatch):
+    """triton_or_deepgemm runs both sides: a rule of either decides before what the machine lacks
+    for either is asked (no DeepGEMM import, no CUDA started for a compute capability, no Gluon
+    version check), and the reason is the rule's."""
+    from moebench.kernels.entry import Rule
+
+    _no_machine(monkeypatch)
+    combo = {**STANDARD, "experts": "triton_or_deepgemm", "device": "cuda", **changes}
+    why = registry.entry("experts", "triton_or_deepgemm").supports(combo)
+    assert isinstance(why, Rule) and says in why, why
+
+
+def test_triton_or_deepgemm_asks_the_triton_side_s_machine_only_where_deepgemm_s_does_not_decide(monkeypatch):
+    """What the machine lacks for DeepGEMM (its library) is the reason; the Triton side's machine
+    is then not asked."""
+    from moebench.kernels.cards import experts
+    from moebench.kernels.entry import Rule
+    from moebench.kernels.experts import _deep_gemm
+
+    def asked(*args):
+        raise AssertionError("the Triton side's machine was asked")
+
+    monkeypatch.setattr(_deep_gemm, "load", lambda: (None, "deep_gemm not installed"))
+    monkeypatch.setattr(experts, "_triton_machine", asked)
+    combo = {**STANDARD, "experts": "triton_or_deepgemm", "device": "cuda"}
+    why = registry.entry("experts", "triton_or_deepgemm").supports(combo)
+    assert why == "deep_gemm not installed" and not isinstance(why, Rule)

@@ -150,6 +150,30 @@ def test_an_entrys_own_rule_is_a_rule_of_the_plan_and_a_plain_reason_the_machine
         plan.refuse_impossible([c])  # a skipped row
 
 
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["backend=local", "experts=triton_or_deepgemm"], "DeepGEMM experts need quant=fp8_block"),
+    ],
+    ids=["triton_or_deepgemm"],
+)
+def test_a_rule_decides_before_either_entry_asks_the_machine(overrides, says, monkeypatch):
+    """check (what plan, list and compare's never_runs ask) on a CUDA combination an entry's Rule
+    rules out: no entry asks the machine (the Triton side's fp8 dot would start CUDA in the
+    planning process for the GPU's compute capability), and the skip is the rule's."""
+    from moebench.kernels.experts import _deep_gemm
+
+    def asked(*args):
+        raise AssertionError("the machine was asked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", asked)
+    monkeypatch.setattr(_deep_gemm, "load", asked)
+    combo = to_combo(compose_config([*overrides, "quant=fp8_tensor", "model=tiny"]), device="cuda")
+    skip = validity.check(combo)
+    assert skip and skip.rule and says in skip.reason, skip
+
+
 CAPPED = ["backend=pplx", "experts=torch_batched", "reduction=finalize", "quant=bf16", "model=tiny"]
 
 

@@ -159,14 +159,28 @@ def triton_unsupported(combo: dict) -> Optional[str]:
     """Reason the Triton experts cannot run `combo`, or None (both layouts): the knobs' rules
     (a Rule: a quant, layout or shape they never run) before what the machine lacks, which is
     not asked where a rule decided (torch's import, CUDA's start, the Gluon version check)."""
-    device = str(combo.get("device", "cuda"))
-    quant = _quant_name(combo)
-    layout = combo.get("row_layout", "auto")
+    return triton_rule(combo) or triton_machine(combo)
+
+
+def triton_rule(combo: dict) -> Optional[str]:
+    """The first of the Triton experts' rules `combo` breaks (a Rule), or None; asks nothing of
+    the machine."""
+    _, quant, layout, gluon = _triton_choices(combo)
+    return first_reason(*_triton_rules(combo, quant, layout, gluon))
+
+
+def triton_machine(combo: dict) -> Optional[str]:
+    """The first thing this machine lacks for the Triton experts to run `combo`, or None: ask
+    it only where no rule decided (triton_rule)."""
+    device, quant, layout, gluon = _triton_choices(combo)
+    return first_reason(*_triton_machine(device, quant, layout, gluon))
+
+
+def _triton_choices(combo: dict) -> tuple[str, str, str, str]:
+    """(device, quant, row layout, the Gluon GEMM's reasons' prefix: '' where it is not chosen)."""
     gemm = combo.get("contiguous_gemm", "auto")
-    gluon = f"experts.contiguous_gemm={gemm}: " if gemm in GLUON_GEMMS else ""  # the Gluon GEMM's reasons
-    return first_reason(*_triton_rules(combo, quant, layout, gluon)) or first_reason(
-        *_triton_machine(device, quant, layout, gluon)
-    )
+    gluon = f"experts.contiguous_gemm={gemm}: " if gemm in GLUON_GEMMS else ""
+    return str(combo.get("device", "cuda")), _quant_name(combo), combo.get("row_layout", "auto"), gluon
 
 
 def _triton_rules(combo: dict, quant: str, layout: str, gluon: str) -> tuple[Optional[Rule], ...]:
@@ -292,4 +306,11 @@ class TritonOrDeepGemmCard(ExpertsCard):
 
     @classmethod
     def supports(cls, combo):
-        return first_reason(_deep_gemm.deepgemm_unsupported(combo), triton_unsupported(combo))
+        # it runs both: either side's rules before either side's machine, which is asked only
+        # where no rule decided (DeepGEMM's import, torch's, CUDA's compute capability)
+        return (
+            _deep_gemm.deepgemm_rule(combo)
+            or triton_rule(combo)
+            or _deep_gemm.deepgemm_machine(combo)
+            or triton_machine(combo)
+        )

@@ -72,9 +72,21 @@ def _quant_name(combo: dict) -> str:
 
 
 def deepgemm_unsupported(combo: dict) -> Optional[str]:
-    """Reason the DeepGEMM experts cannot run `combo` here, or None (both layouts)."""
-    if _quant_name(combo) != "fp8_block":  # a rule of the combination, before what this machine lacks
+    """Reason the DeepGEMM experts cannot run `combo` here, or None (both layouts): its rule
+    before what this machine lacks, which is not asked where the rule decided."""
+    return deepgemm_rule(combo) or deepgemm_machine(combo)
+
+
+def deepgemm_rule(combo: dict) -> Optional[Rule]:
+    """Why no machine runs `combo` on the DeepGEMM experts, or None: they run fp8_block only."""
+    if _quant_name(combo) != "fp8_block":
         return Rule("DeepGEMM experts need quant=fp8_block (fp8 with 128x128 weight / 1x128 activation scales)")
+    return None
+
+
+def deepgemm_machine(combo: dict) -> Optional[str]:
+    """What this machine lacks for the DeepGEMM experts, or None: the library (imported here), a
+    CUDA device, an SM90 GPU (torch imported, CUDA started for its compute capability)."""
     _, reason = load()
     if reason:
         return reason
