@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 
 from moebench.config.names import not_implemented
 from moebench.config.spec import Combo
-from moebench.kernels.entry import Rule, first_reason
+from moebench.kernels.entry import Rule
 
 # the batched backends whose rows per expert follow workload.fill (kernels' `rows_per_expert`)
 FILL_BACKENDS = ("local_batched", "naive_batched")
@@ -56,10 +56,14 @@ def check_with_tokens(combo: Combo, tokens: Iterable[int]) -> tuple[Optional[Ski
     why = _plan_rule(combo)
     if why:
         return Skip(why, rule=True), {}
-    # a plugin that raises: a plain reason saying so (the machine's: its code, not the plan)
-    said = first_reason(*(registry.ask(kind, name, "supports", combo) for kind, name, _ in entries))
-    if isinstance(said, Rule):
-        return Skip(str(said), rule=True), {}
+    # a plugin that raises: a plain reason saying so (the machine's: its code, not the plan). The
+    # experts are not asked where the backend's Rule decided (their machine: torch, CUDA's start)
+    said: Optional[str] = None
+    for kind, name, _ in entries:
+        why = registry.ask(kind, name, "supports", combo)
+        if isinstance(why, Rule):
+            return Skip(str(why), rule=True), {}
+        said = said or why
     why = _needs_cuda(combo) or said
     return (Skip(str(why), rule=False) if why else None), {t: s for t in tokens if (s := check_tokens(combo, t))}
 

@@ -154,8 +154,12 @@ def test_an_entrys_own_rule_is_a_rule_of_the_plan_and_a_plain_reason_the_machine
     "overrides, says",
     [
         (["backend=local", "experts=triton_or_deepgemm"], "DeepGEMM experts need quant=fp8_block"),
+        (
+            ["backend=deepep_ht", "backend.num_sms=23", "runner.world_size=2", "experts=triton"],
+            "DeepEP needs a positive even SM count",
+        ),
     ],
-    ids=["triton_or_deepgemm"],
+    ids=["triton_or_deepgemm", "backend"],
 )
 def test_a_rule_decides_before_either_entry_asks_the_machine(overrides, says, monkeypatch):
     """check (what plan, list and compare's never_runs ask) on a CUDA combination an entry's Rule
