@@ -1,7 +1,8 @@
 """Shared test setup.
 
 - Without CUDA, Triton kernels run through the interpreter (TRITON_INTERPRET=1),
-  set before anything imports them.
+  set before anything imports them; triton.language and moebench's kernel modules are imported
+  under it here, before a test that sets TRITON_INTERPRET=0 can import them first.
 - `--require deep_ep,deep_gemm` (or MOEBENCH_REQUIRE): the run promises those libraries, so a
   test marked `needs(...)` with only promised libraries fails instead of skipping, whatever the
   reason (no GPU, too few GPUs, wrong architecture, a missing library); a test that also needs
@@ -42,9 +43,23 @@ if _support_dir not in sys.path:
 os.environ["MOEBENCH_PLUGIN_MODULES"] = "fault_experts"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_support_dir, os.environ.get("PYTHONPATH", "")) if p)
 
-# @triton.jit reads TRITON_INTERPRET when a kernel module is imported: import them all now,
-# so that a harness-only test that sets TRITON_INTERPRET=0 (test_sweep_cpu.py) and happens
-# to import them first cannot leave them unrunnable for the tests after it in this process
+# @triton.jit reads TRITON_INTERPRET when a module defining kernels is imported, Triton's own
+# triton.language too (tl.zeros, tl.cdiv, ... are @jit functions): import them all now, so that a
+# harness-only test that sets TRITON_INTERPRET=0 (test_sweep_cpu.py, test_store.py) and happens to
+# import them first cannot leave them unrunnable for the tests after it in this process. The
+# registry imports cards only; a sweep run in the test's process imports triton for its version
+# (run/env.py's fingerprint), which left tl.zeros a JITFunction and the interpreted kernels of a
+# later test failing ("Cannot call @triton.jit'd outside of the scope of a kernel")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import importlib
+    import pkgutil
+
+    import triton.language  # noqa: F401 (imported for its @jit functions' mode, under the interpreter)
+
+    import moebench.kernels.triton as _triton_kernels
+
+    for _m in pkgutil.iter_modules(_triton_kernels.__path__, "moebench.kernels.triton."):
+        importlib.import_module(_m.name)
 from moebench.kernels import registry as _registry  # noqa: E402 (after TRITON_INTERPRET and the plugin environment are set)
 
 _registry.discover()
