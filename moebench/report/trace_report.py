@@ -40,7 +40,7 @@ from typing import Optional
 
 from moebench.report.mdsafe import md_code, md_text
 from moebench.report.trace_markdown import fmt_figure, to_markdown
-from moebench.results.store import ROWS_DIR, RunStore, not_a_run_file
+from moebench.results.store import RunStore, enclosing_run, is_run_dir, not_a_run_file
 from moebench.traces.files import TRACE_SUFFIXES, is_trace_file, load_traces
 from moebench.traces.matched import matched_overlap
 from moebench.traces.metrics import TraceSummary, summarize
@@ -50,12 +50,6 @@ from moebench.util.safe_write import check_dir_below, refuse_links, safe_dir_bel
 from moebench.util.words import counted
 
 
-def is_run_dir(path) -> bool:
-    """True for a run directory as `moebench sweep` writes it (rows/, env.json)."""
-    p = Path(path)
-    return (p / ROWS_DIR).is_dir() or (p / "env.json").is_file()
-
-
 def _row_trace_paths(run: Path) -> list:
     """The trace files a run's rows name (`trace_path`, `profiler_trace_path`: relative to
     the run), read through the store; unreadable row files are passed over."""
@@ -63,18 +57,10 @@ def _row_trace_paths(run: Path) -> list:
     return sorted({v for c in df.columns for v in df[c] if isinstance(v, str) and v})
 
 
-def _run_of(target: Path) -> Optional[Path]:
-    """The run directory `target` is or lies in (a trace file, a combination's folder, traces/)."""
-    for d in [target, *target.parents][:4]:
-        if d.is_dir() and is_run_dir(d):
-            return d
-    return None
-
-
 def combo_labels(target) -> dict:
     """{combo_key: label} from the rows of the run `target` is or lies in ({} for none); torn
     row files and rows without a label are passed over."""
-    run = _run_of(Path(target).absolute())
+    run = enclosing_run(target)  # a trace file, a combination's folder, traces/, the run
     df = RunStore(run).column_values(["combo_key", "label"]) if run is not None else None
     out: dict = {}
     if df is None or not {"combo_key", "label"} <= set(df.columns):

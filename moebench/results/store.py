@@ -34,6 +34,7 @@ from moebench.results.sequence import SEQ_COLUMN, SEQ_FILE, next_seq
 # the reading side (store_read.py), re-exported: readers outside results/ import them from here
 from moebench.results.store_read import (
     CORRUPT_DIR,
+    ENV_FILE,
     PAIR,
     READ_ADVICE,  # noqa: F401 (re-exported)
     ROWS_DIR,
@@ -43,9 +44,11 @@ from moebench.results.store_read import (
     by_precedence,
     check_readable,  # noqa: F401 (re-exported)
     check_run_path,  # noqa: F401 (re-exported)
+    enclosing_run,  # noqa: F401 (re-exported)
     find_runs,  # noqa: F401 (re-exported)
     invocation_files,  # noqa: F401 (re-exported)
     invocation_rows,  # noqa: F401 (re-exported)
+    is_run_dir,  # noqa: F401 (re-exported)
     latest,  # noqa: F401 (re-exported)
     load_files,  # noqa: F401 (re-exported)
     newest_last,
@@ -157,7 +160,7 @@ class RunStore:
     def refuse_links(self) -> None:
         """UnsafePath (exit 2) where rows/, envs/ or env.json is a link: checked before any work
         (each write checks its own path again)."""
-        for path in (self.rows_dir, self.envs_dir, self.dir / "env.json"):
+        for path in (self.rows_dir, self.envs_dir, self.dir / ENV_FILE):
             _no_link(path, self.dir, file=path.suffix == ".json")
 
     def clean_temp(self) -> list[Path]:
@@ -303,9 +306,9 @@ class RunStore:
         """This invocation's fingerprint as envs/<run_id>.json (its rows' run_id names it);
         env.json, which readers of a single fingerprint use, only where the run has none."""
         path = self.write_json(f"envs/{run_id}.json", {**info, "run_id": run_id})
-        first = self.dir / "env.json"
+        first = self.dir / ENV_FILE
         if first.is_symlink() or not first.exists():  # a link: refused by write_json
-            self.write_json("env.json", {**info, "run_id": run_id})
+            self.write_json(ENV_FILE, {**info, "run_id": run_id})
         return path
 
     # -- reading ---------------------------------------------------------------
@@ -329,7 +332,7 @@ class RunStore:
     def env(self) -> dict:
         """env.json, the first invocation's fingerprint ({} where there is none); ValueError
         naming it where it is not a JSON object."""
-        path = self.dir / "env.json"
+        path = self.dir / ENV_FILE
         if not path.is_file():
             return {}
         try:

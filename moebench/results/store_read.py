@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,10 @@ from moebench.util.safe_write import NO_SUCH
 from moebench.util.words import counted
 
 ROWS_DIR = "rows"  # a run's row files' folder, <run>/rows/ (RunStore.rows_dir)
+ENV_FILE = "env.json"  # a run's first fingerprint, <run>/env.json (RunStore.env)
+# how far below its run the tool writes a file: a profiler-timed combination's trace,
+# <run>/traces/profiler/<combo_key>/rank<r>_T<t>.json.gz (measure/capture.py), 4 folders down
+RUN_DEPTH = 4
 SKIPPED_FILE = "skipped.parquet"
 PAIR = ["combo_key", "tokens_per_rank"]
 CORRUPT_DIR = ".corrupt"  # under rows/: torn files set aside (no reader's rows/*.parquet glob looks inside)
@@ -120,6 +125,24 @@ def run_dir_of(path: str | Path) -> Path:
     if path.is_dir():
         return path
     return path.parent.parent if path.parent.name == ROWS_DIR else path.parent
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """Whether `path` is a run folder as `moebench sweep` writes it (one holding rows/ or env.json)."""
+    return (Path(path) / ROWS_DIR).is_dir() or (Path(path) / ENV_FILE).is_file()
+
+
+def enclosing_run(path: str | Path) -> Optional[Path]:
+    """The nearest run folder (is_run_dir) that `path` is or lies in, made absolute; None outside
+    any run. It climbs at most RUN_DEPTH folders: the deepest file the tool writes below its run is
+    a profiler trace, <run>/traces/profiler/<combo_key>/rank<r>_T<t>.json.gz (a torch trace,
+    <run>/traces/<combo_key>/..., and nsys's captures, <run>/traces/nsys/ranks_<pid>.<n>.*, lie 3
+    down), so a file outside any run is not claimed by some folder far above it that holds an
+    env.json. (A `trace.dir` of more than two folders puts torch traces deeper: `moebench trace RUN`
+    names them from the run.) Not run_dir_of, which maps a run argument (a folder, a row file) to
+    the run it stands for without climbing."""
+    path = Path(path).absolute()
+    return next((d for d in [path, *path.parents][: RUN_DEPTH + 1] if is_run_dir(d)), None)
 
 
 def warn(text: str) -> None:

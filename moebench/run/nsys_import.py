@@ -258,18 +258,6 @@ def resolve_nsys_rows(run_dir) -> dict:
     return counts
 
 
-def _enclosing_run(path: Path) -> Optional[Path]:
-    """The nearest folder holding rows/ or env.json that `path` is or lies below (climbing its
-    parents: a capture deep in a run's traces/), None outside any run. Not store.run_dir_of, which
-    maps a run argument (a folder, a row file) to the run it stands for without climbing."""
-    from moebench.results.store import ROWS_DIR  # pandas, pyarrow: only where a run is looked for
-
-    for d in [path, *path.parents]:
-        if (d / ROWS_DIR).is_dir() or (d / "env.json").is_file():
-            return d
-    return None
-
-
 def find_captures(target) -> list:
     """Raw captures and unexported reports under `target` (or `target` itself), one per stem:
     `.qdstrm` before `.qdstrm.xz`, a `.nsys-rep` only without either."""
@@ -293,8 +281,10 @@ def import_command(target) -> int:
     """`moebench trace --import DIR_OR_FILE`: export every capture found (one line each), then
     update the rows of the run(s) they belong to. Returns 0 when every capture was exported,
     1 when some failed (each says why); ValueError (exit 2) without captures or tools."""
+    from moebench.results.store import enclosing_run  # pandas, pyarrow: only where a run is looked for
+
     captures = find_captures(target)
-    runs = {r for r in (_enclosing_run(Path(target).resolve()),) if r is not None}
+    runs = {r for r in (enclosing_run(Path(target).resolve()),) if r is not None}
     if not captures and not runs:
         raise ValueError(f"{target}: no .qdstrm, .qdstrm.xz or .nsys-rep under it, and not a run directory")
     failed = 0
@@ -306,7 +296,7 @@ def import_command(target) -> int:
         except (ValueError, subprocess.TimeoutExpired) as e:
             failed += 1
             print(f"{c}: not imported: {e}")
-        run = _enclosing_run(c.resolve())
+        run = enclosing_run(c.resolve())
         if run is not None:
             runs.add(run)
     for run in sorted(runs):

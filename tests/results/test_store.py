@@ -16,7 +16,7 @@ import pytest
 
 from moebench import cli
 from moebench.results.lock import LOCK_FILE, LockHeld, RunLock
-from moebench.results.store import RunStore
+from moebench.results.store import RunStore, enclosing_run
 from tests.run.test_sweep_cpu import children
 
 QUICK = ["runner.reps=3", "runner.warmup=0", "runner.phase_reps=1", "runner.memory=false"]
@@ -51,6 +51,27 @@ def test_a_skip_never_hides_a_measurement_and_nothing_is_deleted(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_a_path_climbs_to_the_run_it_lies_in_as_deep_as_the_tool_writes_and_no_further(tmp_path, monkeypatch):
+    """enclosing_run: a profiler trace (<run>/traces/profiler/<combo_key>/, the deepest file the tool
+    writes below its run) and an nsys capture find their run; a path outside any run, or deeper below
+    one than the tool writes, finds none."""
+    run = tmp_path / "run"
+    (run / "rows").mkdir(parents=True)
+    deepest = run / "traces" / "profiler" / "k" / "rank0_T16.json.gz"
+    capture = run / "traces" / "nsys" / "ranks_7.1.qdstrm"
+    for f in (deepest, capture):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"")
+    assert (
+        enclosing_run(deepest) == enclosing_run(capture) == enclosing_run(deepest.parent) == enclosing_run(run) == run
+    )
+    monkeypatch.chdir(run / "traces")
+    assert enclosing_run("nsys/ranks_7.1.qdstrm") == run  # a relative path climbs from where it is
+    outside = tmp_path / "elsewhere" / "rank0_T16.json.gz"
+    outside.parent.mkdir()
+    assert enclosing_run(outside) is None and enclosing_run(deepest / "a" / "b") is None
+
+
 def test_torn_temp_files_are_invisible_and_cleaned_at_start(tmp_path, capsys):
     run = tmp_path / "run"
     assert cli.main(["sweep", *LOCAL, "workload.tokens_per_rank=[4]", "--out", str(run)]) == 0

@@ -96,6 +96,19 @@ def test_the_same_folder_with_its_traces_copied_back(tmp_path, capsys):
     assert "| 1 (critical) | 7871.8 | 0.0 | 0.399 | 0.399 |" in out
 
 
+def test_a_trace_file_as_deep_as_the_tool_writes_is_named_from_its_run(tmp_path, capsys):
+    """A profiler-timed combination's trace, <run>/traces/profiler/<combo_key>/, the deepest file the
+    tool writes below its run (results/store_read.py RUN_DEPTH), given alone: named by its row's label
+    (the climb to the run stopped a folder short of it)."""
+    run = _copy_run(TRACE_RUN, tmp_path / "run")
+    f = run / "traces" / "profiler" / TRITON_KEY / "rank0_T4096.json.gz"
+    f.parent.mkdir(parents=True)
+    shutil.copy(TRITON_RANKS[0], f)
+    rc, out, _ = _trace([f], capsys)
+    label = "allgather_rs/triton/experts/combine/bf16/deepseek_v3/ws2"
+    assert rc == 0 and f"### {label} — rank 0, 4096 tokens" in out
+
+
 def test_another_trace_dir_named_by_the_rows_is_read(tmp_path, capsys):
     """trace.dir=mytraces: no traces/ folder, but the rows say where the traces are."""
     run = tmp_path / "run"
