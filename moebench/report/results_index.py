@@ -53,7 +53,7 @@ from moebench.report import provenance
 from moebench.report.mdsafe import code_block, md_code, md_text, one_line, shell_join
 from moebench.report.table import md_escape
 from moebench.results.row import BAD_STATUSES, Status
-from moebench.results.store import ROWS_DIR, RunStore
+from moebench.results.store import ROWS_DIR, RunStore, is_run_dir
 from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 
@@ -186,7 +186,7 @@ def _commit(stored: list[str], named) -> str:
 
 
 def _is_run(d: Path) -> bool:
-    return (d / "env.json").is_file() or (d / ROWS_DIR).is_dir() or (d / "tune.json").is_file()
+    return is_run_dir(d) or (d / "tune.json").is_file()  # a tune's folder too
 
 
 def read_run(root: Path, d: Path, folder_meta: dict, rel_to_folder: str) -> Run:

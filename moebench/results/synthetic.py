@@ -21,7 +21,7 @@ import pandas as pd
 from moebench.config.spec import IDENTITY_COLUMNS, Combo
 from moebench.results import row as schema
 from moebench.results.row import SCHEMA_VERSION, Status
-from moebench.results.store import ROWS_DIR
+from moebench.results.store import ENV_FILE, ROWS_DIR
 from moebench.util.arg_errors import OneLineErrors
 from moebench.util.safe_write import replace_text
 
@@ -170,7 +170,7 @@ def write_run(run_dir: str | Path, df: pd.DataFrame, env: dict | None = None) ->
         name = hashlib.sha1(str(key).encode()).hexdigest()[:12]
         group.to_parquet(rows_dir / f"{name}.parquet", index=False)
     env = env if env is not None else default_env()
-    replace_text(run_dir / "env.json", json.dumps(env, indent=2))
+    replace_text(run_dir / ENV_FILE, json.dumps(env, indent=2))
     return run_dir
 
 
