@@ -52,14 +52,16 @@ from moebench.util.words import counted
 
 def _row_trace_paths(run: Path) -> list:
     """The trace files a run's rows name (`trace_path`, `profiler_trace_path`: relative to
-    the run), read through the store; unreadable row files are passed over."""
+    the run), read through the store; torn row files are passed over, one that may not be read
+    is Unreadable (exit 2, naming it)."""
     df = RunStore(run).column_values(["trace_path", "profiler_trace_path"])
     return sorted({v for c in df.columns for v in df[c] if isinstance(v, str) and v})
 
 
 def combo_labels(target) -> dict:
     """{combo_key: label} from the rows of the run `target` is or lies in ({} for none); torn
-    row files and rows without a label are passed over."""
+    row files and rows without a label are passed over, a row file that may not be read is
+    Unreadable (exit 2, naming it): its rows are not left unlabelled unsaid."""
     run = enclosing_run(target)  # a trace file, a combination's folder, traces/, the run
     df = RunStore(run).column_values(["combo_key", "label"]) if run is not None else None
     out: dict = {}

@@ -40,7 +40,7 @@ from moebench.results.store_read import (
     ROWS_DIR,
     SKIPPED_FILE,
     TornFile,
-    Unreadable,  # noqa: F401 (re-exported)
+    Unreadable,
     by_precedence,
     check_readable,  # noqa: F401 (re-exported)
     check_run_path,  # noqa: F401 (re-exported)
@@ -147,6 +147,19 @@ def _atomic_write(path: Path, write, root: Optional[Path] = None) -> None:
             os.unlink(tmp)
 
 
+def _unless_torn(path: Path, read):
+    """`read(path)`; None where the file cannot be read as parquet (torn, or not parquet: the next
+    sweep sets it aside and redoes its rows), Unreadable naming it where the machine refused the
+    read (store_read.reading: an environment error, not the file's fault)."""
+    try:
+        with reading(path):
+            return read(path)
+    except Unreadable:
+        raise
+    except Exception:  # noqa: BLE001 - pyarrow raises several types for a torn file
+        return None
+
+
 class RunStore:
     """A run directory: rows/*.parquet, envs/<run_id>.json, env.json, sweep-<run_id>.json."""
 
@@ -216,22 +229,31 @@ class RunStore:
     def update_rows(self, update) -> int:
         """Rewrite the measured row files in place, each through `update(table)` (a pyarrow
         Table in, a new Table or None for no change out), whole or not at all (atomic); the
-        number of files rewritten. A torn file is left to the next sweep. Call it holding the
-        run's lock, as every writer does (`moebench trace --import` takes it; a sweep holds it)."""
+        number of files rewritten. Every file is read before any is rewritten: one the machine
+        refuses to read raises Unreadable, naming it, with the run as it was (no half-updated
+        run); a torn file is left to the next sweep. Call it holding the run's lock, as every
+        writer does (`moebench trace --import` takes it; a sweep holds it)."""
         import pyarrow.parquet as pq
 
-        n = 0
+        changed = []
         for f in self.row_files():
-            try:
-                table = pq.read_table(f)
-            except Exception:  # noqa: BLE001 - pyarrow's errors for a torn file vary: it is redone
-                continue
-            new = update(table)
+            table = _unless_torn(f, pq.read_table)
+            new = update(table) if table is not None else None
             if new is not None:
                 refuse_undeclared(set(new.column_names) - set(table.column_names))
-                _atomic_write(f, lambda p, t=new: pq.write_table(t, p), self.dir)
-                n += 1
-        return n
+                changed.append((f, new))
+        for f, new in changed:
+            _atomic_write(f, lambda p, t=new: pq.write_table(t, p), self.dir)
+        return len(changed)
+
+    def refuse_unreadable(self) -> None:
+        """Unreadable (exit 2), naming it, where the machine refuses to read a row file (mode 000, a
+        failing disk): what rewrites a run's rows from work of its own (`trace --import`'s exports)
+        asks before it starts. A torn file passes (the next sweep redoes it)."""
+        import pyarrow.parquet as pq
+
+        for f in self.row_files():
+            _unless_torn(f, lambda p: pq.ParquetFile(p).schema_arrow)
 
     def write_skipped(self, rows: list[dict]) -> Optional[Path]:
         """Merge skipped rows into rows/skipped.parquet: a newer skip replaces an older skip of
@@ -354,17 +376,15 @@ class RunStore:
 
     def column_values(self, names: Iterable[str]) -> pd.DataFrame:
         """Only the columns `names` (those a file has) of every row file, torn and foreign files
-        passed over: a cheap read for a column or two (trace paths, labels, timestamps)."""
+        passed over: a cheap read for a column or two (trace paths, labels, timestamps). A file
+        the machine refuses to read raises Unreadable, naming it: its rows are not dropped unsaid."""
         import pyarrow.parquet as pq
 
-        frames = []
-        for f in self.row_files():
-            try:
-                cols = [c for c in names if c in pq.ParquetFile(f).schema_arrow.names]
-                frames.append(pq.read_table(f, columns=cols).to_pandas() if cols else pd.DataFrame())
-            except Exception:  # noqa: BLE001 (pyarrow raises several types for a torn file)
-                continue
-        frames = [f for f in frames if len(f.columns)]
+        def some(path: Path) -> pd.DataFrame:
+            cols = [c for c in names if c in pq.ParquetFile(path).schema_arrow.names]
+            return pq.read_table(path, columns=cols).to_pandas() if cols else pd.DataFrame()
+
+        frames = [df for f in self.row_files() if (df := _unless_torn(f, some)) is not None and len(df.columns)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(names))
 
     def stored(self) -> dict[str, dict[int, str]]:

@@ -280,13 +280,17 @@ def find_captures(target) -> list:
 def import_command(target) -> int:
     """`moebench trace --import DIR_OR_FILE`: export every capture found (one line each), then
     update the rows of the run(s) they belong to. Returns 0 when every capture was exported,
-    1 when some failed (each says why); ValueError (exit 2) without captures or tools."""
-    from moebench.results.store import enclosing_run  # pandas, pyarrow: only where a run is looked for
+    1 when some failed (each says why); ValueError (exit 2) without captures or tools; a row file
+    of those runs that may not be read is Unreadable (exit 2, naming it) before anything is done."""
+    from moebench.results.store import RunStore, enclosing_run  # pandas, pyarrow: only where a run is looked for
 
     captures = find_captures(target)
-    runs = {r for r in (enclosing_run(Path(target).resolve()),) if r is not None}
+    found = [enclosing_run(p.resolve()) for p in (Path(target), *captures)]
+    runs = {r for r in found if r is not None}
     if not captures and not runs:
         raise ValueError(f"{target}: no .qdstrm, .qdstrm.xz or .nsys-rep under it, and not a run directory")
+    for run in sorted(runs):
+        RunStore(run).refuse_unreadable()  # before any export: rows not read never name theirs
     failed = 0
     tools = host_tools() if captures else None
     for c in captures:
@@ -296,9 +300,6 @@ def import_command(target) -> int:
         except (ValueError, subprocess.TimeoutExpired) as e:
             failed += 1
             print(f"{c}: not imported: {e}")
-        run = enclosing_run(c.resolve())
-        if run is not None:
-            runs.add(run)
     for run in sorted(runs):
         from moebench.results.lock import RunLock
 

@@ -33,7 +33,7 @@ import pytest
 
 from moebench import cli
 from moebench.results import writable
-from moebench.results.store import READ_ADVICE, RunStore
+from moebench.results.store import READ_ADVICE, RunStore, Unreadable
 from moebench.results.synthetic import synthetic_run
 from tests.run.test_sweep_cpu import children
 
@@ -265,7 +265,7 @@ def test_a_probe_file_a_kill_leaves_in_a_run_folder_is_removed_by_clean_temp(ask
 def unreadable(monkeypatch):
     """make(path): the file `path` unreadable to this process, as chmod 0o000 makes it for a user."""
     refused: set[Path] = set()
-    real_file, real_frame, real_text = pq.ParquetFile, pd.read_parquet, Path.read_text
+    real_file, real_table, real_frame, real_text = pq.ParquetFile, pq.read_table, pd.read_parquet, Path.read_text
 
     def refuse(path) -> None:
         if isinstance(path, (str, os.PathLike)) and Path(path) in refused:  # as pyarrow words it: no file name
@@ -277,6 +277,7 @@ def unreadable(monkeypatch):
         if os.access(path, os.R_OK):  # root: permissions do not bind; its readers refuse it instead
             refused.add(path)
             monkeypatch.setattr(pq, "ParquetFile", lambda p, *a, **k: refuse(p) or real_file(p, *a, **k))
+            monkeypatch.setattr(pq, "read_table", lambda p, *a, **k: refuse(p) or real_table(p, *a, **k))
             monkeypatch.setattr(pd, "read_parquet", lambda p, *a, **k: refuse(p) or real_frame(p, *a, **k))
             monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: refuse(p) or real_text(p, *a, **k))
         return path
@@ -286,12 +287,49 @@ def unreadable(monkeypatch):
         os.chmod(path, 0o644)
 
 
-@pytest.mark.parametrize("cmd", ["report", "report_file", "compare", "tune", "env_json", "sweep"])
+def test_trace_import_rewrites_no_row_file_of_a_run_where_one_cannot_be_read(tmp_path, capsys, unreadable):
+    """Rows naming nsys captures, the second row file unreadable: the store rewrote the first and passed
+    over the second unsaid (a half-imported run, exit 0). Now the store reads every file before it rewrites
+    one (update_rows), and `trace --import` checks the run's files before it exports anything: exit 2,
+    the line naming the file, no row file changed."""
+    from moebench.run.nsys_import import resolve_nsys_rows
+    from moebench.traces.nsys import record_capture
+
+    run = tmp_path / "run"
+    (run / "rows").mkdir(parents=True)
+    for n, key in enumerate(("a", "b"), 1):
+        row = {"combo_key": key, "tokens_per_rank": 4, "status": "ok", "trace_path": "", "latency_us_median": 1.0}
+        pd.DataFrame([row]).to_parquet(run / "rows" / f"{key}-T4.parquet", index=False)
+        record_capture(run, 11, n, key, 4, 0, "torch.cuda.nvtx")
+    (run / "traces" / "nsys" / "ranks_11.1.sqlite").write_bytes(b"SQLite format 3\0")
+    (run / "traces" / "nsys" / "ranks_11.2.qdstrm").write_bytes(b"")  # a capture to export
+    before = {f: f.read_bytes() for f in sorted((run / "rows").glob("*.parquet"))}
+    bad = unreadable(run / "rows" / "b-T4.parquet")
+    with pytest.raises(Unreadable) as e:
+        resolve_nsys_rows(run)
+    assert e.value.filename == str(bad)
+    assert cli.main(["trace", "--import", str(run)]) == 2  # before it looks for the host tools, or exports
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"moebench trace: environment error: {bad}: permission denied; {READ_ADVICE}"
+    assert {f: f.read_bytes() for f in before} == before
+    assert not (run / "traces" / "nsys" / "ranks_11.2.nsys-rep").exists()
+
+
+@pytest.mark.parametrize(
+    "cmd", ["report", "report_file", "compare", "tune", "env_json", "sweep", "trace", "trace_import"]
+)
 def test_an_unreadable_file_of_a_run_is_named_and_not_answered_with_out(cmd, tmp_path, capsys, unreadable):
     """A row file (or env.json) the user may not read: one line naming it and saying to make it
     readable, exit 2, before any work; it said 'permission denied; give --out a folder you can write'
-    (pyarrow's error names no file; the CLI advised --out for every report's refusal), which no --out helps."""
+    (pyarrow's error names no file; the CLI advised --out for every report's refusal), which no --out helps.
+    `trace` read the run's labels, and `trace --import` rewrote its rows, passing over such a file
+    unsaid (its rows unlabelled, or left naming no export) as if it were torn."""
     run = synthetic_run(tmp_path / "run")
+    if cmd == "trace":  # a trace to name by the run's labels
+        (run / "traces" / "k").mkdir(parents=True)
+        shutil.copy(
+            ROOT / "tests" / "fixtures" / "traces" / "h200_deepep_ht_combine_rank0_T4096.json.gz", run / "traces" / "k"
+        )
     bad = unreadable(run / "env.json" if cmd == "env_json" else sorted((run / "rows").glob("*.parquet"))[-1])
     argv = {
         "report": ["report", run],
@@ -300,6 +338,8 @@ def test_an_unreadable_file_of_a_run_is_named_and_not_answered_with_out(cmd, tmp
         "tune": ["tune", "--results", run],
         "env_json": ["report", run],
         "sweep": ["sweep", *ONE, "--out", run],
+        "trace": ["trace", run],
+        "trace_import": ["trace", "--import", run],
     }[cmd]
     name = argv[0]
     assert cli.main([str(a) for a in argv]) == 2
