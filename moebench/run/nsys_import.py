@@ -280,7 +280,8 @@ def find_captures(target) -> list:
 def import_command(target) -> int:
     """`moebench trace --import DIR_OR_FILE`: export every capture found (one line each), then
     update the rows of the run(s) they belong to. Returns 0 when every capture was exported,
-    1 when some failed (each says why); ValueError (exit 2) without captures or tools; a row file
+    1 when some failed (each says why); ValueError (exit 2) without captures (none under the target and
+    no nsys-traced row in its run) or tools; a row file
     of those runs that may not be read is Unreadable (exit 2, naming it) before anything is done."""
     from moebench.results.store import RunStore, enclosing_run  # pandas, pyarrow: only where a run is looked for
 
@@ -308,6 +309,11 @@ def import_command(target) -> int:
             counts = resolve_nsys_rows(run)
         finally:
             lock.release()
+        if not captures and not any(counts.values()):  # nothing written: no row was nsys-traced
+            raise ValueError(
+                f"{run}: no Nsight Systems capture under it and none of its rows was traced with nsys: "
+                "nothing to import (sweep with trace.name=nsys to record one; `moebench trace RUN` reads torch traces)"
+            )
         print(
             f"{run}: rows with a report {counts['report']}, with a raw capture only {counts['raw']}, "
             f"without {counts['none']}"

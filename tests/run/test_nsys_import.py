@@ -205,3 +205,14 @@ def test_a_real_repeat_capture_export_holds_the_default_domain_ranges(capsys):
     assert 19_000 < trace.ranges[1].dur_us < 40_000  # the 20 ms sleep inside
     assert cli.main(["trace", str(path)]) == 0
     assert "no GPU activity in the trace" in capsys.readouterr().out
+
+
+def test_import_of_a_run_with_nothing_to_import_is_refused(tmp_path, capsys):
+    """A run none of whose rows was nsys-traced, with no capture under it: exit 2 saying so and what
+    to do (it printed 'rows with a report 0, ... without 0' and exit 0), its rows unchanged."""
+    run = _run_with_rows(tmp_path, [("a", 4), ("b", 4)])
+    before = {f.name: f.read_bytes() for f in (run / "rows").iterdir()}
+    assert cli.main(["trace", "--import", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "none of its rows was traced with nsys" in err and "trace.name=nsys" in err
+    assert {f.name: f.read_bytes() for f in (run / "rows").iterdir()} == before
