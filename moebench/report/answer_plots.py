@@ -3,86 +3,36 @@
 
 - ``plot_effects``: what each choice does (report/effects.py): ratio on a log axis with its
   interval, one row per axis value and token count (and interacting value);
-- ``plot_fastest``: latency vs tokens of the fastest few combinations and the baseline;
-- ``plot_phase_fastest``: where the time goes, for the fastest combination per size and its
-  nearest alternatives;
-  both a panel per workload where the run holds several (models, routings: combinations are
-  ranked only against those that saw the same tokens, as the fastest-per-size lines are);
+- ``plot_fastest``: latency vs tokens of the fastest few combinations and the baseline, a panel
+  per workload where the run holds several (models, routings: combinations are ranked only
+  against those that saw the same tokens, as the fastest-per-size lines are); where each size
+  ran one combination, ``plot_alone``: its latency vs tokens, a line per workload;
 - ``plot_memory``: the workspace vs tokens by reduction placement, the budget line where given.
 
-Whatever the number of rows, a figure stays legible at 900 px and within MAX_PX: past its
-budget it shows the rows that matter (largest effects, the fastest, the baseline) and its
-caption (the returned `Figure.left_out`) says how many it left out. On a CPU run each title
-says it is a pipeline check, not performance.
+Where the time goes (the phases) is report/phase_plot.py's; the frame they share (size, title,
+the PNG) report/answer_frame.py's. Whatever the number of rows, a figure stays legible at 900 px
+and within MAX_PX: past its budget it shows the rows that matter (largest effects, the fastest,
+the baseline) and its caption (the returned `Figure.left_out`) says how many it left out. On a
+CPU run each title says it is a pipeline check, not performance.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
-from moebench.report.columns import PHASE_COLUMNS, WORKLOAD_COLUMNS, combo_labels
+from moebench.report.answer_frame import MAX_PANELS, Figure, Labeller, finish, frame, tokens_log2, us_text
 from moebench.report.effects import BAND, FASTER, SLOWER, Effect, fmt_interval, fmt_ratio
 from moebench.report.plotgrid import LINESTYLES, plain_log
-from moebench.report.timeline import PHASE_COLORS
-from moebench.report.workloads import spread, workloads
-from moebench.util.pngfile import DPI, save_figure
+from moebench.report.workloads import spread, union_labels, workloads
 
-MAX_PX = (2000, 1800)  # width, height
-WIDTH_IN = 9.0  # ~990 px at moebench's dpi
 MAX_EFFECT_ROWS = 28
 MAX_SERIES = 6
-MAX_PHASE_ROWS = 4  # the fastest and its three nearest, per token count
-MAX_PANELS = 4
-CPU_PREFIX = "CPU pipeline check, not performance: "
 MIB = 2.0**20
-# names the rows of a figure, telling apart only what varies among them (report.columns.combo_labels)
-Labeller = Callable[[pd.DataFrame], pd.Series]
-PHASES = tuple(PHASE_COLUMNS)
-
-
-@dataclass(frozen=True)
-class Figure:
-    """A written figure: its file, its title (the Markdown image's alt text) and what it left out."""
-
-    path: Path
-    title: str
-    left_out: str = ""
-
-    def markdown(self) -> str:
-        tail = f" *{self.left_out}*" if self.left_out else ""
-        return f"![{self.title}]({self.path.name}){tail}"
-
-
-def _fig(height_in: float, ncols: int = 1, nrows: int = 1):
-    height_in = min(height_in, MAX_PX[1] / DPI - 0.05)
-    fig = MplFigure(figsize=(WIDTH_IN, height_in), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
-    return fig, axes
-
-
-def _save(fig: MplFigure, path, title: str, cpu: bool, left_out: str = "") -> Figure:
-    title = (CPU_PREFIX if cpu else "") + title
-    fig.suptitle(title, fontsize=10, wrap=True)
-    return Figure(save_figure(fig, path), title, left_out)
-
-
-def _tokens_axis(ax, tokens: list[int]) -> None:
-    """Tokens per rank on a log-2 axis, labelled with the run's own token counts."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(tokens, [str(t) for t in tokens])
-    ax.minorticks_off()
-    ax.set_xlabel("tokens per rank")
-
-
-def _us(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
 # -- what each choice does --------------------------------------------------------------------
@@ -124,7 +74,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     shown = ranked[:MAX_EFFECT_ROWS]
     order = {id(e): i for i, e in enumerate(effects)}
     shown.sort(key=lambda e: order[id(e)])  # the text's order: axis, value, tokens
-    fig, (ax,) = _fig(0.3 * len(shown) + 1.95)  # 0.35 in of it the legend's
+    fig, (ax,) = frame(0.3 * len(shown) + 1.95)  # 0.35 in of it the legend's
     y = np.arange(len(shown))[::-1]
     ratio = np.array([e.ratio for e in shown])
     lo, hi = np.array([e.lo for e in shown]), np.array([e.hi for e in shown])
@@ -152,7 +102,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     )
     left = len(effects) - len(shown)
     note = f"{left} smaller effects left out (all are in the text above)" if left else ""
-    return _save(fig, path, title, cpu, note)
+    return finish(fig, path, title, cpu, note)
 
 
 # -- the fastest combinations -----------------------------------------------------------------
@@ -176,7 +126,7 @@ def _latency_lines(ax, sub: pd.DataFrame, keys: list[str], names: dict, tokens: 
         st = styles[k] if styles else {"color": f"C{j}", "linestyle": "-"}
         ax.plot(s["tokens_per_rank"], s["latency_us_median"], marker="o", ms=3.5, label=names[k], **st)
         ax.fill_between(s["tokens_per_rank"], s["latency_us_p20"], s["latency_us_p80"], color=st["color"], alpha=0.15)
-    _tokens_axis(ax, tokens)
+    tokens_log2(ax, tokens)
     ax.set_yscale("log")
     plain_log(ax.yaxis)
     ax.set_ylabel("latency µs (median, p20–p80)")
@@ -193,7 +143,7 @@ def _fastest_at(ok: pd.DataFrame, label: Labeller, big: int) -> tuple[str, str]:
         if len(at) > 1
         else ""
     )
-    return f"{label(ok).loc[first.name]}, {_us(first['latency_us_median'])} µs", margin
+    return f"{label(ok).loc[first.name]}, {us_text(first['latency_us_median'])} µs", margin
 
 
 def _dots(ax, at: pd.DataFrame, names: dict, title: str) -> None:
@@ -209,12 +159,6 @@ def _dots(ax, at: pd.DataFrame, names: dict, title: str) -> None:
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def _union_labels(rows: pd.DataFrame) -> pd.Series:
-    """Labels of `rows` (several workloads' panels) naming the combination alike in every panel:
-    the columns that vary over all of them, less the workload's own."""
-    return combo_labels(rows, exclude=set(WORKLOAD_COLUMNS), within=rows, fallback="the one combination")
-
-
 def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
     """plot_fastest for a run of several workloads: a panel each (up to MAX_PANELS, spread over the
     models), its own fastest few and its own baseline (`baseline_of(rows)`), a combination named and
@@ -227,7 +171,7 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
         keys = fastest_keys(g, MAX_SERIES, base)
         picked.append((name, g, keys, base))
     union = pd.concat([g[g["combo_key"].isin(keys)] for _, g, keys, _ in picked])
-    labels = _union_labels(union)
+    labels = union_labels(union)
     label_of = labels.groupby(union["combo_key"], sort=False).first().astype(str).to_dict()
     every = sorted(set(label_of.values()))  # one style per label: 10 colours, then line styles
     style_of = {
@@ -237,7 +181,7 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
     def named(rows: pd.DataFrame) -> pd.Series:  # the Labeller of every panel: one name per combination
         return rows["combo_key"].map(lambda key: label_of.get(key, str(key)))
 
-    fig, axes = _fig(0.6 + 3.0 * len(shown), nrows=len(shown))
+    fig, axes = frame(0.6 + 3.0 * len(shown), nrows=len(shown))
     said, left = [], 0
     for ax, (name, g, keys, base) in zip(axes, picked, strict=True):
         sub = g[g["combo_key"].isin(keys)]
@@ -258,7 +202,7 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
         notes.append(f"{left} slower combinations left out (the tables below hold every one)")
     if len(groups) > len(shown):
         notes.append(f"{len(groups) - len(shown)} of {len(groups)} workloads not drawn (the tables below hold them)")
-    return _save(fig, path, title, cpu, "; ".join(notes))
+    return finish(fig, path, title, cpu, "; ".join(notes))
 
 
 def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
@@ -281,94 +225,17 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
     if baseline_key in names:
         names[baseline_key] += " (baseline)"
     if len(tokens) <= 3:  # a panel per token count: a dot per combination, fastest on top
-        fig, axes = _fig(0.9 + (0.3 * len(keys) + 0.7) * len(tokens), nrows=len(tokens))
+        fig, axes = frame(0.9 + (0.3 * len(keys) + 0.7) * len(tokens), nrows=len(tokens))
         for ax, t in zip(axes, tokens, strict=True):
             _dots(ax, sub[sub["tokens_per_rank"] == t], names, f"{t} tokens per rank")
     else:
-        fig, (ax,) = _fig(4.6)
+        fig, (ax,) = frame(4.6)
         _latency_lines(ax, sub, keys, names, tokens)
     big = max(tokens)
     title = "Fastest at {} tok: {}{}".format(big, *_fastest_at(ok, label, big))
     left = ok["combo_key"].nunique() - len(keys)
     note = f"{left} slower combinations left out (the tables below hold every one)" if left > 0 else ""
-    return _save(fig, path, title, cpu, note)
-
-
-# -- where the time goes ------------------------------------------------------------------------
-
-
-def _phase_panel(ax, at: pd.DataFrame, cols: list[str], label: Labeller, title: str) -> str:
-    """Stacked phases of the rows `at` (fastest first, at the top), a tick at each row's median
-    latency; returns the fastest's largest phase as `<phase> <n> % of the phases` ('' if none)."""
-    labels = label(at)
-    y = np.arange(len(at))[::-1]
-    left = np.zeros(len(at))
-    for c in cols:
-        v = at[c].fillna(0).to_numpy(dtype=float)
-        phase = c.removesuffix("_us")  # one colour a phase in every figure, the trace timelines' too
-        ax.barh(y, v, left=left, color=PHASE_COLORS[phase], label=phase.replace("_", " "), height=0.6)
-        left += v
-    ax.plot(at["latency_us_median"], y, "|", color="k", ms=14, mew=2, label="layer latency (median)")
-    ax.set_yticks(y, [str(labels.loc[i]) for i in at.index], fontsize=7.5)
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel("µs")
-    ax.grid(True, axis="x", alpha=0.3)
-    row = at.iloc[0]
-    total = sum(float(row[c]) for c in cols if row[c] == row[c])
-    big = max(cols, key=lambda c: float(row[c]) if row[c] == row[c] else -1)
-    if total <= 0:
-        return ""
-    return f"{big.removesuffix('_us').replace('_', ' ')} {100 * float(row[big]) / total:.0f} % of the phases"
-
-
-def _phase_legend(fig: MplFigure, axes) -> None:
-    """The phases' colours, once below the panels (every panel draws the same phases)."""
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
-
-
-def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False) -> Figure | None:
-    """Stacked phase times of the fastest combination at each token count and its nearest
-    alternatives (MAX_PHASE_ROWS), a panel per token count (at most MAX_PANELS, spread over
-    the range); a tick marks each row's median latency. A run of several workloads gets a panel
-    per workload instead (up to MAX_PANELS, spread over the models), each at its largest token count."""
-    cols = [c for c in PHASES if c in ok.columns and (pd.to_numeric(ok[c], errors="coerce") > 0).any()]
-    ok = ok[ok[cols].notna().any(axis=1)] if cols else ok.iloc[:0]
-    if ok.empty:
-        return None
-    groups = workloads(ok)
-    if len(groups) > 1:
-        shown = spread(groups, MAX_PANELS)
-        fig, axes = _fig(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(shown), nrows=len(shown))
-        ats = []
-        for name, g in shown:
-            big = int(g["tokens_per_rank"].max())
-            ats.append(
-                (name, big, g[g["tokens_per_rank"] == big].sort_values("latency_us_median").head(MAX_PHASE_ROWS))
-            )
-        named = _union_labels(pd.concat([at for *_, at in ats]))  # a combination named alike in every panel
-        said = []
-        for ax, (name, big, at) in zip(axes, ats, strict=True):
-            share = _phase_panel(
-                ax, at, cols, lambda d: named.loc[d.index], f"{name} at {big} tok: the fastest and its nearest"
-            )
-            said.append(f"{name}: {share or 'no phases'} ({named.loc[at.index[0]]}, {big} tok)")
-        _phase_legend(fig, axes)
-        left = len(groups) - len(shown)
-        note = f"{left} of {len(groups)} workloads not drawn (the tables below hold them)" if left else ""
-        return _save(fig, path, "Where the time goes, the fastest of each workload: " + "; ".join(said), cpu, note)
-    tokens = sorted(int(t) for t in ok["tokens_per_rank"].unique())
-    if len(tokens) > MAX_PANELS:
-        tokens = [tokens[i] for i in sorted(set(np.linspace(0, len(tokens) - 1, MAX_PANELS).round().astype(int)))]
-    fig, axes = _fig(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(tokens), nrows=len(tokens))
-    share, at = "", ok.iloc[:0]
-    for ax, t in zip(axes, tokens, strict=True):
-        at = ok[ok["tokens_per_rank"] == t].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
-        share = _phase_panel(ax, at, cols, label, f"{t} tokens per rank: the fastest and its nearest")
-    _phase_legend(fig, axes)
-    fastest = label(ok).loc[at.index[0]]  # named among all the rows
-    title = f"Where the time goes at {tokens[-1]} tok: {share} of the fastest ({fastest})"
-    return _save(fig, path, title, cpu)
+    return finish(fig, path, title, cpu, note)
 
 
 # -- memory --------------------------------------------------------------------------------------
@@ -377,7 +244,7 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
 def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool = False) -> Figure | None:
     """The workspace peak of one forward vs tokens, per reduction placement (`ws`: answers.workspace_stats):
     the median over its combinations and their range; the budget as a line where one is given."""
-    fig, (ax,) = _fig(4.2)
+    fig, (ax,) = frame(4.2)
     med = {}
     for j, (red, g) in enumerate(ws.groupby(level="reduction", sort=True)):
         s = g.droplevel("reduction")[["median", "min", "max"]] / MIB
@@ -388,7 +255,7 @@ def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool =
     if budget:
         ax.axhline(budget / MIB, color="C3", ls="--", lw=1, label=f"budget {budget / MIB:,.0f} MiB")
     tokens = sorted(int(t) for t in ws.index.get_level_values("tokens_per_rank").unique())
-    _tokens_axis(ax, tokens)
+    tokens_log2(ax, tokens)
     ax.set_yscale("log")
     ax.set_ylabel("workspace of one forward, MiB (median, range)")
     ax.grid(True, which="both", alpha=0.3)
@@ -402,4 +269,4 @@ def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool =
     else:
         ((r, v),) = at.items()
         title = f"Workspace at {big} tok: reduction={r} {v:,.0f} MiB (median)"
-    return _save(fig, path, title, cpu)
+    return finish(fig, path, title, cpu)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.report import answer_plots as ap
+from moebench.report.answer_frame import Figure
 from moebench.report.columns import (
     CHOICE_COLUMNS,
     COMBINATION_COLUMNS,
@@ -28,6 +29,7 @@ from moebench.report.columns import (
 from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
 from moebench.report.flags import CPU, GPU, figure_basis
 from moebench.report.fmt import fmt_frac, fmt_mib
+from moebench.report.phase_plot import plot_phase_fastest
 from moebench.report.run_tables import single_rank
 from moebench.results.row import Status
 
@@ -41,7 +43,7 @@ class Answers:
 
     lines: list[str]
     effects: list[Effect] = field(default_factory=list)
-    figures: list[ap.Figure] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
     cpu: bool = False
 
     def markdown(self) -> str:
@@ -198,9 +200,9 @@ def answers(
     quality notes to show (the first few; the rest stay in the report's section)."""
     ok, cpu = measured(df)
     effect_lines_, effects = effect_section(ok, cpu)
-    figures: list[ap.Figure] = []
+    figures: list[Figure] = []
 
-    def figure(made: ap.Figure | None) -> list[str]:
+    def figure(made: Figure | None) -> list[str]:
         if made is None:
             return []
         figures.append(made)
@@ -222,5 +224,5 @@ def answers(
     if quality:
         lines += ["## Read with care", *(f"- {q}" for q in quality)]
     if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
-        figure(ap.plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu))
+        figure(plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu))
     return Answers(lines, effects, figures, cpu)

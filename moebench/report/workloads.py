@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from moebench.report.columns import WORKLOAD_COLUMNS, fmt_series, shown_varying
+from moebench.report.columns import WORKLOAD_COLUMNS, combo_labels, fmt_series, shown_varying
 
 
 def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -39,3 +39,9 @@ def spread(groups: list[tuple[str, pd.DataFrame]], limit: int) -> list[tuple[str
         buckets.setdefault(g[0].split(" · ")[0], []).append(g)
     order = [b[i] for i in range(max(map(len, buckets.values()))) for b in buckets.values() if i < len(b)]
     return order[:limit]
+
+
+def union_labels(rows: pd.DataFrame) -> pd.Series:
+    """Labels of `rows` (several workloads' panels) naming the combination alike in every panel:
+    the columns that vary over all of them, less the workload's own."""
+    return combo_labels(rows, exclude=set(WORKLOAD_COLUMNS), within=rows, fallback="the one combination")

@@ -200,10 +200,10 @@ def test_each_workloads_panel_has_its_baseline_and_names_a_combination_alike(tmp
     ok = pd.DataFrame(rows)
     ok["status"] = "ok"
     drawn = {}
-    real_save = ap._save
+    real_save = ap.finish
     monkeypatch.setattr(
         ap,
-        "_save",
+        "finish",
         lambda fig, path, title, cpu, left_out="": (
             drawn.setdefault("fig", fig) and real_save(fig, path, title, cpu, left_out)
         ),
@@ -229,14 +229,14 @@ def test_a_phase_has_one_colour_in_every_phase_figure_whichever_phases_a_run_has
     with it draw experts, weight reduce and combine alike."""
     from matplotlib.colors import to_hex
 
-    from moebench.report import answer_plots as ap
+    from moebench.report import phase_plot
     from moebench.report.columns import combo_labels
     from moebench.report.timeline import PHASE_COLORS
 
     rng = np.random.default_rng(3)
     drawn = []
-    real_save = ap._save
-    monkeypatch.setattr(ap, "_save", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
+    real_save = phase_plot.finish
+    monkeypatch.setattr(phase_plot, "finish", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
     for with_dispatch in (False, True):
         rows = []
         for e in ("torch", "triton"):
@@ -247,7 +247,7 @@ def test_a_phase_has_one_colour_in_every_phase_figure_whichever_phases_a_run_has
                 | phases
             )
         ok = pd.DataFrame(rows).assign(status="ok")
-        assert ap.plot_phase_fastest(ok, combo_labels, tmp_path / f"phases{with_dispatch}.png") is not None
+        assert phase_plot.plot_phase_fastest(ok, combo_labels, tmp_path / f"phases{with_dispatch}.png") is not None
     for fig in drawn:
         handles, names = fig.axes[0].get_legend_handles_labels()
         colours = {

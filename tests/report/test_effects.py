@@ -120,8 +120,8 @@ def test_the_effects_figure_keys_its_colours_below_the_panel(tmp_path, monkeypat
     from moebench.report import answer_plots as ap
 
     drawn = []
-    real_save = ap._save
-    monkeypatch.setattr(ap, "_save", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
+    real_save = ap.finish
+    monkeypatch.setattr(ap, "finish", lambda fig, *a, **k: drawn.append(fig) or real_save(fig, *a, **k))
     effects = [
         fx.Effect("quant", "fp8_block", "bf16", 64, 1.30, 1.15, 1.48, 3),  # slower: red
         fx.Effect("experts", "triton", "torch", 64, 0.5, 0.45, 0.55, 3),  # faster: green
