@@ -239,22 +239,43 @@ def flags_of(row) -> list[str]:
 GPU, HOST, CPU = "gpu", "host", "cpu"
 
 
-def figure_basis(row) -> tuple[str, str]:
-    """(basis, why) of an ok row's latency: GPU time, host time (the host set the pace, the
-    layer syncs it, or an older eager row that was host-bound or may have been), or CPU time
-    (a pipeline check). Verdicts, fastest names and tuned tables rest on GPU time only."""
-    if str(row.get("device")) == "cpu":
-        return CPU, "CPU time: a pipeline check, no performance figure"
+# what would give GPU time where a GPU row's latency is host time, by its host_cause (docs/design.md, "Timing")
+GPU_TIME_ADVICE = {
+    "host": "the host paced the samples behind their hold: CUDA graphs time the GPU's work alone "
+    "(`runner.timing=graph`, or `auto` where the layer can be captured)",
+    "host-sync": "the forward waits on the GPU inside, which no hold helps: GPU time needs a forward without "
+    "that sync (`runner.timing=auto` then holds or captures it)",
+    **dict.fromkeys(
+        ("host-bound", "eager-decode", "gpu-idle"),
+        "the rows predate the hold before each sample: a run at today's code times the GPU "
+        "(`runner.timing=auto`, the default: CUDA graphs where the layer can be captured, held events elsewhere)",
+    ),
+}
+
+
+def host_cause(row) -> str:
+    """Why a GPU row's latency is host time: `host` (timing_mode host: the host set the pace),
+    a flag (`host-sync`; in rows from before each sample had its hold `host-bound`,
+    `eager-decode` or `gpu-idle`), or '' (GPU time). GPU_TIME_ADVICE says what would give GPU time."""
     if str(row.get("timing_mode")) == "host":
-        note = row.get("timing_note")
-        return HOST, "host time: " + (str(note) if isinstance(note, str) and note else "the host paced the samples")
+        return "host"
     tags = flags_of(row)
     # rows from before each sample had its hold: the old signs of a host-paced figure
     older = ("host-bound", "eager-decode", "gpu-idle") if not np.isfinite(float_of(row, "host_paced_samples")) else ()
-    for tag in ("host-sync", *older):
-        if tag in tags:
-            return HOST, "host time: " + FLAG_TEXT[tag]
-    return GPU, ""
+    return next((tag for tag in ("host-sync", *older) if tag in tags), "")
+
+
+def figure_basis(row) -> tuple[str, str]:
+    """(basis, why) of an ok row's latency: GPU time, host time (the host set the pace, the
+    layer syncs it, or an older eager row that was host-bound or may have been: host_cause), or
+    CPU time (a pipeline check). Verdicts, fastest names and tuned tables rest on GPU time only."""
+    if str(row.get("device")) == "cpu":
+        return CPU, "CPU time: a pipeline check, no performance figure"
+    cause = host_cause(row)
+    if cause == "host":
+        note = row.get("timing_note")
+        return HOST, "host time: " + (str(note) if isinstance(note, str) and note else "the host paced the samples")
+    return (HOST, "host time: " + FLAG_TEXT[cause]) if cause else (GPU, "")
 
 
 def row_flags(df: pd.DataFrame) -> pd.Series:
