@@ -33,8 +33,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from moebench.config.spec import knob_meta
-from moebench.report.columns import AXES, WORKLOAD_COLUMNS, label, records
+from moebench.report.columns import AXES, WORKLOAD_COLUMNS, combination, knobs_of, label, records
 from moebench.results.row import Status
 from moebench.util.words import counted
 
@@ -56,39 +55,6 @@ def ratio_interval(best_us, runner_us, draws: int = DRAWS, seed: int = 0, conf: 
     r = mb / ma
     lo, hi = np.quantile(r, [(1 - conf) / 2, 1 - (1 - conf) / 2])
     return float(lo), float(hi)
-
-
-def knobs_of(row) -> str:
-    """'carve24 sms16 gathered gemm=gluon': the overlap's SM carveout and every registered knob
-    (kernels/knobs.py, moebench.config.spec.knob_meta) off its default, each as its card's `tag`
-    formats it — the labels' own tags (deepep_ht's SM count always: its sweeps compare it); the
-    tags load_run read from the label where the run has no knob columns."""
-    meta = knob_meta()
-    names = [k for k in meta if k in row.index]
-    if not any(_present(row[k]) for k in [*names, "shared_sm_carveout"] if k in row.index):
-        return str(row.get("knobs", "") or "")
-    tags = []
-    if _present(row.get("shared_sm_carveout")) and int(row["shared_sm_carveout"]):
-        tags.append(f"carve{int(row['shared_sm_carveout'])}")
-    for k in names:
-        if not _present(row[k]):
-            continue
-        knob = meta[k]
-        v = knob.type(row[k])
-        if v != knob.default or (k == "num_sms" and row.get("backend") == "deepep_ht"):
-            tags.append(knob.label(v))
-    return " ".join(tags)
-
-
-def _present(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v is not pd.NA
-
-
-def combination(row) -> str:
-    """'local/triton red=experts ovl=none quant=bf16 sms16' (what a cell of the table names)."""
-    s = f"{row['backend']}/{row['experts']} red={row['reduction']} ovl={row['overlap']} quant={row['quant']}"
-    k = knobs_of(row)
-    return f"{s} {k}" if k else s
 
 
 def best_per_size(df: pd.DataFrame) -> pd.DataFrame:

@@ -8,10 +8,13 @@ test_vocabulary.py): a column takes part in a table because its declaration says
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from moebench.config.spec import IDENTITY_COLUMNS as SPEC_COLUMNS
+from moebench.config.spec import knob_meta
 from moebench.results import row as schema
 
 # names a combination in tables and plots, in display order; a table shows those that vary
@@ -220,3 +223,36 @@ def phase_sum(row) -> float:
     shared = num("shared_experts_us")
     nested = str(row.get("overlap")) in ("dispatch", "combine") and np.isfinite(num("dispatch_us"))
     return total + (shared if np.isfinite(shared) and not nested else 0.0)
+
+
+def knobs_of(row) -> str:
+    """'carve24 sms16 gathered gemm=gluon': the overlap's SM carveout and every registered knob
+    (kernels/knobs.py, moebench.config.spec.knob_meta) off its default, each as its card's `tag`
+    formats it — the labels' own tags (deepep_ht's SM count always: its sweeps compare it); the
+    tags load_run read from the label where the run has no knob columns."""
+    meta = knob_meta()
+    names = [k for k in meta if k in row.index]
+    if not any(_present(row[k]) for k in [*names, "shared_sm_carveout"] if k in row.index):
+        return str(row.get("knobs", "") or "")
+    tags = []
+    if _present(row.get("shared_sm_carveout")) and int(row["shared_sm_carveout"]):
+        tags.append(f"carve{int(row['shared_sm_carveout'])}")
+    for k in names:
+        if not _present(row[k]):
+            continue
+        knob = meta[k]
+        v = knob.type(row[k])
+        if v != knob.default or (k == "num_sms" and row.get("backend") == "deepep_ht"):
+            tags.append(knob.label(v))
+    return " ".join(tags)
+
+
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v is not pd.NA
+
+
+def combination(row) -> str:
+    """'local/triton red=experts ovl=none quant=bf16 sms16' (what a cell of the table names)."""
+    s = f"{row['backend']}/{row['experts']} red={row['reduction']} ovl={row['overlap']} quant={row['quant']}"
+    k = knobs_of(row)
+    return f"{s} {k}" if k else s
