@@ -238,6 +238,32 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
     return finish(fig, path, title, cpu, note)
 
 
+def plot_alone(ok: pd.DataFrame, path, cpu: bool = False) -> Figure | None:
+    """Where each workload ran one combination per size (nothing to rank): its median latency with
+    p20–p80 band vs tokens, a line per workload (up to MAX_SERIES, spread over the models)."""
+    if ok.empty:
+        return None
+    groups = workloads(ok)
+    shown = spread(groups, MAX_SERIES)
+    named = [(name or str(g["model"].iloc[0]), g.sort_values("tokens_per_rank")) for name, g in shown]
+    rows = pd.concat([g.assign(combo_key=name) for name, g in named])
+    tokens = sorted(int(t) for t in rows["tokens_per_rank"].unique())
+    fig, (ax,) = frame(3.6)
+    _latency_lines(ax, rows, [n for n, _ in named], {n: n for n, _ in named}, tokens)
+    said = [
+        f"{n} {us_text(g['latency_us_median'].iloc[0])} µs at {g['tokens_per_rank'].iloc[0]} tok"
+        + (
+            f" to {us_text(g['latency_us_median'].iloc[-1])} µs at {g['tokens_per_rank'].iloc[-1]} tok"
+            if len(g) > 1
+            else ""
+        )
+        for n, g in named
+    ]
+    left = len(groups) - len(shown)
+    note = f"{left} of {len(groups)} workloads not drawn (the tables below hold them)" if left else ""
+    return finish(fig, path, "Latency of the one combination per size: " + "; ".join(said), cpu, note)
+
+
 # -- memory --------------------------------------------------------------------------------------
 
 

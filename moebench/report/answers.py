@@ -2,14 +2,17 @@
 answers"). What each choice does (report/effects.py), the fastest combination per size, memory
 per reduction placement, the shared experts' overlap where something can overlap, and the data
 quality notes that change how to read them; then the figures that picture them
-(report/answer_plots.py). The notebook draws the same through `answers()`.
+(report/answer_plots.py). The notebook draws the same through `answers()`. Every section is
+there whatever the run: where it has no answer, one line says why and what would give one.
 
 Latency here is GPU time only: host-time rows are left out of the effects and the fastest (and
-named in the data-quality notes); a CPU run's figures are titled as a pipeline check.
+counted there, with why and what would give GPU time); memory is no timing, so the workspace
+reads them too. A CPU run's figures are titled as a pipeline check.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,19 +25,25 @@ from moebench.report.columns import (
     CHOICE_COLUMNS,
     COMBINATION_COLUMNS,
     PER_ROW_COLUMNS,
+    combination,
     combo_labels,
     fmt_series,
+    fmt_value,
     records,
 )
 from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
-from moebench.report.flags import CPU, GPU, figure_basis
-from moebench.report.fmt import fmt_frac, fmt_mib
+from moebench.report.flags import CPU, GPU, GPU_TIME_ADVICE, HOST, figure_basis, host_cause, paced_mark
+from moebench.report.fmt import fmt_frac, fmt_mib, fmt_us
+from moebench.report.mdsafe import md_text
 from moebench.report.phase_plot import plot_phase_fastest
 from moebench.report.run_tables import single_rank
+from moebench.report.workloads import workloads
 from moebench.results.row import Status
+from moebench.util.words import agree, counted
 
 # the axes whose values are choices a reader makes (the rest of the combination is the workload)
 CHOICES = CHOICE_COLUMNS
+MAX_WORKLOADS = 5  # workloads the one-combination latency names, a line each
 
 
 @dataclass
@@ -57,14 +66,42 @@ class Answers:
 
 
 def measured(df: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
-    """(the ok rows whose latency is GPU time — or, in a run of CPU rows only, CPU time —,
+    """(the ok rows whose latency is GPU time — or, in a run with none but CPU rows, CPU time —,
     whether they are CPU rows)."""
     ok = df[(df["status"] == Status.OK) & df["latency_us_median"].notna()]
     basis = [figure_basis(r)[0] for r in records(ok)]
-    gpu = ok[[b == GPU for b in basis]]
-    if len(gpu) or not len(ok):
-        return gpu, False
-    return ok[[b == CPU for b in basis]], True
+    gpu, cpu = ok[[b == GPU for b in basis]], ok[[b == CPU for b in basis]]
+    return (gpu, False) if len(gpu) or not len(cpu) else (cpu, True)
+
+
+def host_time(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(why, what would give GPU time: flags.GPU_TIME_ADVICE) of each ok GPU row whose latency is
+    host time, which no effect or fastest reads."""
+    ok = df[(df["status"] == Status.OK) & df["latency_us_median"].notna()]
+    out = []
+    for r in records(ok):
+        basis, why = figure_basis(r)
+        if basis == HOST:
+            out.append((why.removeprefix("host time: "), GPU_TIME_ADVICE[host_cause(r)]))
+    return out
+
+
+def host_text(host: list[tuple[str, str]]) -> str:
+    """'(why); what would give GPU time' of the host-time rows (`host_time`), each cause with its
+    count where they differ."""
+    causes = Counter(host).most_common()
+    if len(causes) == 1:
+        (why, advice), _ = causes[0]
+        return f"({md_text(why)}); {advice}"
+    return "— " + "; ".join(f"{n} ({md_text(why)}): {advice}" for (why, advice), n in causes)
+
+
+def memory_rows(df: pd.DataFrame, cpu: bool) -> pd.DataFrame:
+    """The ok rows the workspace answer reads: every GPU row, host-time ones too (a memory peak is
+    no timing), or on a CPU run (`cpu`) its CPU rows."""
+    ok = df[df["status"] == Status.OK]
+    on_cpu = ok["device"].astype(str).eq("cpu") if "device" in ok.columns else pd.Series(False, index=ok.index)
+    return ok[on_cpu == cpu]
 
 
 def pair_key(df: pd.DataFrame) -> list[str]:
@@ -83,12 +120,14 @@ def baseline_key(ok: pd.DataFrame) -> str | None:
     return str(rows.loc[rows["latency_us_median"].idxmin(), "combo_key"]) if len(rows) else None
 
 
-def effect_section(ok: pd.DataFrame, cpu: bool) -> tuple[list[str], list[Effect]]:
+def effect_section(ok: pd.DataFrame, cpu: bool, num_host: int = 0) -> tuple[list[str], list[Effect]]:
+    """What each choice does over `ok` (measured's rows), or one line why nothing is compared
+    (`num_host`: the host-time rows left out)."""
     axes = varying_axes(ok, CHOICES)
-    if not axes:
-        return [], []
-    effects = axis_effects(ok, axes, pair_key(ok))
     head = "## What each choice does" + (" (CPU: a pipeline check, not performance)" if cpu else "")
+    if not axes:
+        return [head, f"- nothing compared: {_no_effect(ok, cpu, num_host)}"], []
+    effects = axis_effects(ok, axes, pair_key(ok))
     how = (
         "Latency of each value ÷ its baseline's, over the pairs of rows that differ only in that axis, read "
         "`ratio × [low, high] (n pairs)`: the geometric mean, its 95 % interval (bootstrap over the pairs "
@@ -110,8 +149,69 @@ def effect_section(ok: pd.DataFrame, cpu: bool) -> tuple[list[str], list[Effect]
     return lines, effects
 
 
-def fastest_section(wins: list[str]) -> list[str]:
-    return ["## Fastest per size", *(f"- {w}" for w in wins)] if wins else []
+def _no_effect(ok: pd.DataFrame, cpu: bool, num_host: int) -> str:
+    if not len(ok):
+        return "no ok row is GPU time (*Fastest per size* says why)" if num_host else "no ok row has a latency"
+    kind = "CPU" if cpu else "GPU-time"
+    return (
+        f"every choice has one value in the {kind} rows ({md_text(combination(ok.iloc[0]))}); a run that sweeps "
+        "one (`reduction=experts,finalize`) shows what it does"
+    )
+
+
+def fastest_section(ok: pd.DataFrame, wins: list[str], host: list[tuple[str, str]], cpu: bool) -> list[str]:
+    """The fastest per workload and size (`wins`: summary.wins's lines), or one line why none: one
+    combination per size (its latency per size: alone_lines), CPU rows, host-time rows (`host`:
+    host_time; why and what would give GPU time), no ok row; host-time rows beside ranked ones
+    counted."""
+    lines = ["## Fastest per size"]
+    n = len(host)
+    if wins:
+        lines += [f"- {w}" for w in wins]
+    elif cpu:
+        num_cpu = len(ok)
+        lines.append(
+            f"- no fastest named: {counted(num_cpu, 'ok row')} {agree(num_cpu, 'is', 'are')} CPU time (pipeline "
+            "checks, not performance figures)"
+        )
+    elif len(ok):
+        lines += alone_lines(ok)
+    elif n:
+        every = "the one ok row is" if n == 1 else f"all {n} ok rows are"
+        return [*lines, f"- nothing ranked: {every} host time {host_text(host)}"]
+    else:
+        return [*lines, "- nothing ranked: no ok row has a latency (*Status and skip reasons* below says why)"]
+    if n:
+        lines.append(f"- not ranked: {counted(n, 'ok row')} {agree(n, 'is', 'are')} host time {host_text(host)}")
+    return lines
+
+
+def alone_lines(ok: pd.DataFrame) -> list[str]:
+    """Where each workload ran one combination per size, nothing to rank: its median (GPU time)
+    per size, the combination named once where every workload ran the same, a line per workload
+    beyond one (the first MAX_WORKLOADS; the rest counted)."""
+    groups = workloads(ok)
+    named = md_text(combination(ok.iloc[0]))
+    one = all(md_text(combination(r)) == named for _, r in ok.iterrows())  # Series: combination reads .index
+    lines = []
+    for name, g in groups[:MAX_WORKLOADS]:
+        rows = [r for _, r in g.sort_values("tokens_per_rank").iterrows()]
+        names = [md_text(combination(r)) for r in rows]
+        sizes = ", ".join(
+            f"{fmt_us(r['latency_us_median'])} µs at {fmt_value(r['tokens_per_rank'])} tok"
+            + (f" {paced_mark(r)}" if paced_mark(r) else "")
+            + (f" ({n})" if len(set(names)) > 1 else "")
+            for r, n in zip(rows, names, strict=True)
+        )
+        where = md_text(name or fmt_value(rows[0]["model"]))
+        if len(groups) == 1:  # the combination and the workload in one line
+            what = f": {named} on {where}" if one else f": {where}"
+            return [f"- one combination per size, nothing to rank{what} takes {sizes} (GPU time, median)"]
+        lines.append(f"{where}{'' if one or len(set(names)) > 1 else f' ({names[0]})'}: {sizes}")
+    head = "one combination per size, nothing to rank" + (f": {named}" if one else "")
+    more = [f"and {counted(len(groups) - MAX_WORKLOADS, 'more workload')} in *Latency of every combination* below"]
+    lines += more if len(groups) > MAX_WORKLOADS else []
+    return [f"- {head}; GPU time (median) per workload:", *(f"- {x}" for x in lines)]
 
 
 def workspace_stats(ok: pd.DataFrame) -> pd.DataFrame | None:
@@ -133,8 +233,12 @@ def memory_section(ok: pd.DataFrame, ws: pd.DataFrame | None) -> list[str]:
     """One line per reduction placement: the workspace of one forward at the largest token
     count (median over its combinations, and its range: `ws`, workspace_stats)
     and the largest device peak."""
+    head = "## Workspace per reduction placement"
     if ws is None:
-        return []
+        why = (
+            "no row is ok" if not len(ok) else "no ok row recorded a workspace peak (`runner.memory=true` measures one)"
+        )
+        return [head, f"- no workspace figure: {why}"]
     big = int(ws.index.get_level_values("tokens_per_rank").max())
     at = ws.xs(big, level="tokens_per_rank")
     device = (
@@ -142,14 +246,14 @@ def memory_section(ok: pd.DataFrame, ws: pd.DataFrame | None) -> list[str]:
         if "device_bytes_peak" in ok
         else pd.Series(dtype=float)
     )
-    lines = ["## Workspace per reduction placement"]
+    lines = [head]
     for red, s in at.iterrows():
         vs = [f"{s['median'] / at.loc[o, 'median']:.2f} × `{o}`" for o in at.index if o != red]
         dev = float(device.get(red, np.nan))
         peak = f"; device peak up to {_mib(dev)}" if np.isfinite(dev) else ""
         lines.append(
             f"- `reduction={red}` at {big} tok: workspace {_mib(s['median'])} (median of "
-            f"{int(s['combinations'])} combinations, {_mib(s['min'])}–{_mib(s['max'])})"
+            f"{counted(int(s['combinations']), 'combination')}, {_mib(s['min'])}–{_mib(s['max'])})"
             + (f", {', '.join(vs)}" if vs else "")
             + peak
         )
@@ -161,30 +265,37 @@ def _mib(nbytes: float) -> str:
     return f"{mib:,.0f} MiB" if mib >= 100 else fmt_mib(nbytes) + " MiB"
 
 
-def overlap_section(ok: pd.DataFrame) -> list[str]:
-    """The shared experts' hidden fraction where a backend communicates; else one line saying
-    why there is nothing to show."""
-    if "overlap" not in ok.columns:
-        return []
+def overlap_section(ok: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[str]:
+    """The shared experts' hidden fraction where a backend communicates, over `ok` (measured's
+    rows); else one line saying why there is nothing to show (`rows`: every ok row, host-time ones
+    too, which say whether any overlapped)."""
+    head = "## Shared experts hidden"
+    rows = ok if rows is None else rows
+    if "overlap" not in rows.columns:
+        return [head, "- nothing to show: the rows record no overlap"]
+    if not (rows["overlap"].fillna("none").astype(str) != "none").any():
+        return [head, "- no row overlapped the shared experts (overlap=none throughout)"]
     tried = ok[ok["overlap"].fillna("none").astype(str) != "none"]
     if not len(tried):
-        return ["## Shared experts hidden", "- no row overlapped the shared experts (overlap=none throughout)"]
+        return [head, "- nothing to show: every row that overlapped the shared experts is host time"]
     comm = tried[~single_rank(tried)]
     if not len(comm):
         names = ", ".join(sorted(set(tried["backend"].astype(str))))
         return [
-            "## Shared experts hidden",
+            head,
             f"- nothing to show: every row ran a single-rank backend ({names}), which has no communication "
             "to hide the shared experts behind",
         ]
-    lines = ["## Shared experts hidden"]
+    lines = [head]
     for (ovl, t), g in comm.groupby(["overlap", "tokens_per_rank"], sort=True):
         frac = g["overlap_fraction"].dropna()
         if len(frac):
             lines.append(
                 f"- `overlap={ovl}` at {int(t)} tok: hides {fmt_frac(float(frac.median()))} of the shared experts "
-                f"(median of {len(frac)} rows, {fmt_frac(float(frac.min()))}–{fmt_frac(float(frac.max()))})"
+                f"(median of {counted(len(frac), 'row')}, {fmt_frac(float(frac.min()))}–{fmt_frac(float(frac.max()))})"
             )
+    if len(lines) == 1:
+        lines.append("- nothing to show: no row that overlapped recorded the hidden fraction (`overlap_fraction`)")
     return lines
 
 
@@ -199,7 +310,8 @@ def answers(
     per combination and token count); `wins`: the fastest-per-size lines; `quality`: the data
     quality notes to show (the first few; the rest stay in the report's section)."""
     ok, cpu = measured(df)
-    effect_lines_, effects = effect_section(ok, cpu)
+    host = host_time(df)
+    effect_lines_, effects = effect_section(ok, cpu, len(host))
     figures: list[Figure] = []
 
     def figure(made: Figure | None) -> list[str]:
@@ -211,18 +323,18 @@ def answers(
     lines = [*effect_lines_]
     if out is not None and len(ok) and effects:
         lines += figure(ap.plot_effects(effects, out / "effects.png", cpu))
-    fastest = fastest_section(wins)
-    lines += fastest
-    if out is not None and len(ok) and fastest:
+    lines += fastest_section(ok, wins, host, cpu)
+    if out is not None and wins:
         lines += figure(ap.plot_fastest(ok, combo_labels, out / "latency.png", cpu, baseline_key))
-    ws = workspace_stats(ok)  # the workspace medians, once for the lines and the figure
-    memory = memory_section(ok, ws)
-    lines += memory
-    if out is not None and len(ok) and ws is not None:
+    elif out is not None and len(ok) and not cpu:  # one combination per size: its latency
+        lines += figure(ap.plot_alone(ok, out / "latency.png"))
+    mem = memory_rows(df, cpu)  # host-time rows too: a memory peak is no timing
+    ws = workspace_stats(mem)  # the workspace medians, once for the lines and the figure
+    lines += memory_section(mem, ws)
+    if out is not None and ws is not None:
         lines += figure(ap.plot_memory(ws, out / "workspace.png", budget, cpu=cpu))
-    lines += overlap_section(ok)
-    if quality:
-        lines += ["## Read with care", *(f"- {q}" for q in quality)]
+    lines += overlap_section(ok, mem)
+    lines += ["## Read with care", *(f"- {q}" for q in quality or ["no data-quality note: no row flagged"])]
     if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
         figure(plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu))
     return Answers(lines, effects, figures, cpu)

@@ -73,7 +73,9 @@ def run_summary(df: pd.DataFrame) -> str:
     """'run r1 (sweep s) · 21 rows · 7 combinations · 2026-01-01 … 2026-01-02'."""
     runs = ", ".join(sorted({md_text(r) for r in df["run_id"].dropna()})) or "?"
     sweeps = ", ".join(sorted({md_text(s) for s in df["sweep"].dropna()})) or "?"
-    text = f"run {runs} (sweep {sweeps}) · {len(df)} rows · {df['combo_key'].nunique()} combinations"
+    text = (
+        f"run {runs} (sweep {sweeps}) · {counted(len(df), 'row')} · {counted(df['combo_key'].nunique(), 'combination')}"
+    )
     stamps = df["timestamp"].dropna().astype(str)
     if len(stamps):
         text += f" · {md_text(stamps.min())} … {md_text(stamps.max())}"

@@ -98,6 +98,8 @@ def test_a_cpu_run_says_every_figure_is_a_pipeline_check(tmp_path):
     build_report(cpu_run(tmp_path / "run"), out)
     md = (out / "report.md").read_text()
     assert "## What each choice does (CPU: a pipeline check, not performance)" in md
+    fastest = md.partition("## Fastest per size\n\n")[2].partition("\n")[0]
+    assert fastest == "- no fastest named: 8 ok rows are CPU time (pipeline checks, not performance figures)"
     shown = figures(md, out)
     assert shown
     for alt, _ in shown:

@@ -1,0 +1,127 @@
+"""Every answer section of a run's report is there, with its answer or one line saying why there
+is none and what would give one (report/answers.py, docs/design.md "What a report answers"): a
+run whose every row is host time (the committed triton_vs_torch/events) says nothing is ranked and
+why, and still gives its workspace (memory is no timing); a run of one combination per size (a
+tuned tile file's) gives that combination's latency per size and its figure; counts agree with
+their noun ("median of 1 combination")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moebench.report.document import build_report
+from moebench.report.fmt import fmt_us
+from moebench.results.synthetic import make_row, samples_from, write_run
+
+SECTIONS = (
+    "## What each choice does",
+    "## Fastest per size",
+    "## Workspace per reduction placement",
+    "## Shared experts hidden",
+)
+IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+\.png)\)")
+
+
+def _answers(run: Path, out: Path) -> str:
+    """The report's answer part (above its folded tables), every section there."""
+    build_report(run, out)
+    head = (out / "report.md").read_text().partition("## Everything else")[0]
+    for section in SECTIONS:
+        assert section in head, f"no {section!r} in the answers:\n{head}"
+    return head
+
+
+def _section(head: str, name: str) -> list[str]:
+    """The bullets of one answer section."""
+    body = head.partition(name)[2].partition("\n## ")[0]
+    return [x for x in body.splitlines() if x.startswith("- ")]
+
+
+def _row(experts: str, reduction: str, tokens: int, median: float, rng, model: str = "tiny", held: bool = True):
+    """A GPU row timed with a hold before each sample (`held`: GPU time), or an older events row at a
+    decode size with neither the hold's count nor the host's enqueue (host time: eager-decode)."""
+    extra = dict(host_paced_samples=0.0) if held else dict(host_enqueue_us=np.nan)
+    s = samples_from(median, 0.01, 20, rng)
+    return make_row("local", experts, reduction, "none", "bf16", tokens, samples_us=s, model=model, **extra)
+
+
+def test_a_run_of_host_time_rows_says_why_nothing_is_ranked_and_keeps_its_workspace(tmp_path):
+    """Every ok row host time: the report lost its effects, its fastest and its workspace without a
+    word (the workspace read only GPU-time rows, though a peak is no timing)."""
+    rng = np.random.default_rng(0)
+    rows = [
+        _row(e, r, t, 100.0 + t, rng, held=False)
+        for e in ("torch", "triton")
+        for r in ("experts", "finalize")
+        for t in (16, 64)
+    ]
+    head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
+    (effects,) = _section(head, "## What each choice does")
+    assert effects.startswith("- nothing compared: no ok row is GPU time"), effects
+    (fastest,) = _section(head, "## Fastest per size")
+    assert fastest.startswith("- nothing ranked: all 8 ok rows are host time (events timing at ≤ 256 tokens"), fastest
+    assert "a run at today's code times the GPU (`runner.timing=auto`" in fastest, fastest
+    workspace = _section(head, "## Workspace per reduction placement")
+    assert [x.partition(" at ")[0] for x in workspace] == ["- `reduction=experts`", "- `reduction=finalize`"]
+    assert "(median of 2 combinations," in workspace[0], workspace
+    assert "![Workspace at 64 tok: " in head
+    assert "CPU pipeline check" not in head  # host time on a GPU is no CPU run
+    assert (tmp_path / "report" / "workspace.png").is_file()
+
+
+@pytest.mark.parametrize("models", [("qwen3",), ("mixtral", "qwen3")])
+def test_one_combination_per_size_gives_its_latency_per_size(tmp_path, models):
+    """One combination per workload and size (a tuned tile file's run): nothing to rank and no choice
+    of two values, and the report showed no latency above its folded tables."""
+    rng = np.random.default_rng(1)
+    rows = [
+        _row("triton", "experts", t, 50.0 + t * (i + 1), rng, model=m)
+        for i, m in enumerate(models)
+        for t in (16, 64, 256)
+    ]
+    df = pd.DataFrame(rows)
+    head = _answers(write_run(tmp_path / "run", df), tmp_path / "report")
+    (effects,) = _section(head, "## What each choice does")
+    assert effects.startswith("- nothing compared: every choice has one value"), effects
+    assert "local/triton red=experts ovl=none quant=bf16" in effects, effects
+    fastest = "\n".join(_section(head, "## Fastest per size"))
+    assert fastest.startswith("- one combination per size, nothing to rank"), fastest
+    for m in models:
+        said = ", ".join(
+            f"{fmt_us(r['latency_us_median'])} µs at {r['tokens_per_rank']} tok"
+            for _, r in df[df["model"] == m].iterrows()
+        )
+        assert said in fastest, (said, fastest)
+    shown = dict((name, alt) for alt, name in IMAGE.findall(head))
+    assert "latency.png" in shown and re.search(r"\d", shown["latency.png"]), shown
+    assert "Fastest" not in shown["latency.png"], shown["latency.png"]
+    (workspace,) = _section(head, "## Workspace per reduction placement")
+    assert f"(median of {len(models)} combination{'s' if len(models) > 1 else ''}," in workspace, workspace
+
+
+def test_host_time_rows_beside_gpu_rows_are_counted_apart_and_in_the_workspace(tmp_path):
+    """One model's rows GPU time, the other's host time (the committed fp8_decode_kernels): the
+    fastest names the one and counts the other, and the workspace reads both."""
+    rng = np.random.default_rng(2)
+    rows = [_row("triton", "experts", t, 80.0 + t, rng, model="mixtral") for t in (16, 64)]
+    rows += [_row("triton", "experts", t, 90.0 + t, rng, model="qwen3", held=False) for t in (16, 64)]
+    head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
+    fastest = _section(head, "## Fastest per size")
+    assert fastest[0].startswith("- one combination per size, nothing to rank"), fastest
+    assert "mixtral" in fastest[0] and "qwen3" not in fastest[0], fastest
+    assert fastest[-1].startswith("- not ranked: 2 ok rows are host time (events timing"), fastest
+    (workspace,) = _section(head, "## Workspace per reduction placement")
+    assert "(median of 2 combinations," in workspace, workspace
+
+
+def test_a_run_with_no_workspace_peak_says_so(tmp_path):
+    rng = np.random.default_rng(3)
+    rows = [_row(e, "experts", 64, 100.0, rng) | dict(workspace_bytes_peak=np.nan) for e in ("torch", "triton")]
+    head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
+    (workspace,) = _section(head, "## Workspace per reduction placement")
+    assert workspace.startswith("- no workspace figure: no ok row recorded a workspace peak"), workspace
