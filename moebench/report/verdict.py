@@ -117,12 +117,20 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     what = ", ".join(f"{n} {v}" for v, n in changed.items()) or f"no change beyond ×{cmp.threshold:g}"
     subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
     tail = f" — exit {code}" + (f": {'; '.join(why)}" if why else "")
-    if not len(ok) and counts[Verdict.CPU] and not counts[Verdict.HOST]:
+    if not len(cmp.comparable):
+        # nothing was measured on both sides: a bold "no change" would read as a pass
+        changes = f": {what}" if changed else ""
+        reason = why_nothing_matched(cmp)
+        said = "" if reason in why else f" — {reason}"
+        head = f"**No comparable rows ({subject}){changes}**{said}{tail}"
+    elif not len(ok) and counts[Verdict.CPU] and not counts[Verdict.HOST]:
         head = (
             f"**No verdict ({subject}): CPU figures are pipeline checks, not performance figures** — "
             f"{counted(counts[Verdict.CPU], 'row')} ok on both sides, compared in the table below "
             f"(`--cpu-verdict` asks for a verdict){tail}"
         )
+    elif not len(ok) and not changed:
+        head = f"**No verdict ({subject})** in {_judged_of(cmp)}{tail}"
     else:
         head = f"**Verdict ({subject}): {what}** in {_judged_of(cmp)}{tail}"
     lines = [head]

@@ -12,7 +12,7 @@ import pytest
 
 from moebench import cli
 from moebench.report.compare import compare_runs
-from moebench.report.verdict import exit_status
+from moebench.report.verdict import exit_status, verdict_lines
 from moebench.results.synthetic import default_env, make_row, make_rows, write_run
 
 NUM = re.compile(r"[+\u2212-]?\d+(?:\.\d+)?")
@@ -66,6 +66,51 @@ def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
     assert code == 1
     assert "no row matched" in err and "model (tiny vs other)" in err
     assert "only in base" in out.lower() or "rows only in base" in out
+
+
+def test_nothing_compared_headlines_no_comparable_rows_not_no_change(tmp_path, capsys):
+    """Runs that differ only in quant share no pair: the bold headline says nothing was compared
+    (a bold "no change" reads as a pass), then why, in the report and on the terminal alike."""
+
+    def rows(quant):
+        return pd.DataFrame(
+            [make_row("local", "torch", "experts", "none", quant, t, samples_us=np.full(20, 50.0)) for t in (16, 64)]
+        )
+
+    base, cand = _runs(tmp_path, rows("bf16"), rows("fp8_block"))
+    code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
+    assert code == 1
+    first = out.splitlines()[0]
+    assert first.startswith("**No comparable rows (cand vs base)** — exit 1: no row matched"), first
+    assert "the runs share no value of quant (bf16 vs fp8_block)" in first and "no change" not in first
+    assert (tmp_path / "r" / "report.md").read_text().splitlines()[2] == first
+    assert "exit 1: no row matched" in err
+    code, out, _ = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "none")
+    first = out.splitlines()[0]
+    assert code == 0 and first.startswith("**No comparable rows (cand vs base)** — no row matched:"), first
+    assert first.endswith("— exit 0")
+
+
+def test_rows_ok_on_one_side_only_headline_no_comparable_rows(tmp_path, capsys):
+    """Pairs matched, but none ok on both sides (here every candidate row failed): no comparable
+    rows, with the status changes the headline can still name."""
+    base = pd.DataFrame([make_row("local", "torch", "experts", "none", "bf16", 16, samples_us=np.full(20, 50.0))])
+    cand = pd.DataFrame([make_row("local", "torch", "experts", "none", "bf16", 16, status="failed", reason="boom")])
+    code, out, _ = _compare(capsys, *_runs(tmp_path, base, cand), "--out", str(tmp_path / "r"))
+    first = out.splitlines()[0]
+    assert code == 1 and first.startswith("**No comparable rows (cand vs base): 1 broken** — exit 1:"), first
+
+
+def test_pairs_no_verdict_may_rest_on_headline_no_verdict_not_no_change():
+    """Every pair ok on both sides but the candidate timed on the host: a 50 % slowdown no verdict
+    may rest on must not read as "no change"."""
+    cand = make_rows(scale=1.5, seed=1)
+    cand["timing_mode"] = "host"
+    cmp = compare_runs(make_rows(seed=0), cand)
+    code, why = exit_status(cmp)
+    first = verdict_lines(cmp, code, why)[0]
+    assert first.startswith("**No verdict (") and "no change" not in first, first
+    assert "in 0 of 12 rows ok on both sides (12 without a verdict: host time;" in first and first.endswith("exit 0")
 
 
 def test_broken_and_skipped_rows(tmp_path, capsys):
