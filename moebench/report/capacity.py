@@ -12,7 +12,9 @@ nothing. A line through two token counts fits them exactly whatever the memory d
 so the report says "2 points: exact by construction" there instead of a 0.0 % residual: only
 three or more sizes (or capped runs) test it. Where the experts switched row layouts across
 the sizes (the triton experts' `row_layout=auto`), the line goes through the points of the
-largest size's layout.
+largest size's layout. A combination without a GPU memory peak (a CPU run's rows have none) or
+with peaks at one token count has no line: it is left out, and counted under the table; a run
+with no line at all is refused (exit 2) before anything is written.
 
 The allocations are what the layer needs; a cap on the caching allocator (and a GPU that
 much smaller) also pays for the allocator's rounding and fragmentation over the timed work.
@@ -42,9 +44,11 @@ from moebench.results.row import Status
 from moebench.results.store import run_dir_of
 from moebench.util.pngfile import save_figure
 from moebench.util.safe_write import refuse_links, write_text
+from moebench.util.words import counted
 
 MIB = 2.0**20
 GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination
+PEAKS = ["workspace_bytes_peak", "device_bytes_peak"]  # what the lines go through: a GPU's, none on a CPU
 REDUCTION_STYLE = {"experts": "-", "finalize": "--"}
 
 
@@ -115,6 +119,7 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
                 line=_label(key) + segment,
                 points=len(g),
                 tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
+                peaks=int(g[PEAKS].notna().any(axis=1).sum()),
                 ws_intercept=ws.intercept if ws else np.nan,
                 ws_slope=ws.slope if ws else np.nan,
                 ws_resid=ws.max_residual if ws else np.nan,
@@ -131,6 +136,33 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
             )
         )
     return pd.DataFrame(out)
+
+
+def fitted_lines(cap: pd.DataFrame, df: pd.DataFrame, run: str) -> tuple[pd.DataFrame, str]:
+    """The lines of ``cap`` (capacity_frame's) that a fit went through, and a sentence saying how
+    many combinations were left out and why ("" when none): without a GPU memory peak (a CPU
+    run measures none) or with one at a single token count. ValueError, saying so, when none is
+    left to show."""
+    fitted = cap[cap["ws_slope"].notna() | cap["dev_slope"].notna()] if len(cap) else cap
+    bare = cap[cap["peaks"] == 0] if len(cap) else cap
+    num_one = len(cap) - len(fitted) - len(bare)
+    cpu = " (it ran on the CPU, which has none)" if (df["device"].astype(str) == "cpu").all() else ""
+    needs = "the capacity table fits a line through each combination's GPU memory peaks (workspace and device)"
+    if not len(fitted):
+        num_ok = int((df["status"] == Status.OK).sum())
+        if not len(cap) or len(bare) == len(cap):
+            raise ValueError(
+                f"{needs}; none of the {counted(num_ok, 'ok row')} of {run_dir_of(run)} has one{cpu}: "
+                "run the sweep on a GPU"
+            )
+        raise ValueError(
+            f"{needs}, measured at two or more token counts; {run_dir_of(run)} has peaks at one token count "
+            "only: sweep workload.tokens_per_rank over two or more sizes"
+        )
+    why = [f"{counted(len(bare), 'combination')} without a GPU memory peak{cpu}"] if len(bare) else []
+    if num_one:
+        why.append(f"{counted(num_one, 'combination')} with peaks at one token count (a line needs two)")
+    return fitted, ("Left out: " + "; ".join(why) + ".") if why else ""
 
 
 def _large_segment(g: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -389,6 +421,7 @@ def capacity_command(run: str, given: Budget | None, out: str | None = None) -> 
 
     budget = given.bytes if given else None
     df, env = load_run(run)
+    fitted_lines(capacity_frame(df), df, run)  # a run no line can be fit to (a CPU run's) refused before its budget
     gpu = None
     if given is None:
         budgets = sorted(
@@ -407,9 +440,9 @@ def capacity_command(run: str, given: Budget | None, out: str | None = None) -> 
                 f"--budget free needs the GPU's memory in {run_dir_of(run) / 'env.json'} (gpu_memory_bytes): "
                 "this run's fingerprint lacks it; give --budget BYTES"
             )
-    cap = capacity_frame(df, budget, gpu)
+    cap, left_out = fitted_lines(capacity_frame(df, budget, gpu), df, run)
     text_budget = f"{budget / 2**30:.1f} GiB" if budget is not None else f"the GPU's {float(gpu or 0) / 2**30:.0f} GiB"
-    body = capacity_markdown(cap, text_budget)
+    body = capacity_markdown(cap, text_budget) + (f"\n\n{left_out}" if left_out else "")
     root = run_dir_of(run)  # a row file's run, as `moebench report FILE` writes there (not rows/report/)
     dest = report_out(root, out)
     refuse_links(dest, ["capacity.md", "capacity.png"])  # before anything is written

@@ -142,6 +142,75 @@ def test_capacity_command_writes_the_report_and_refuses_what_it_cannot_do(tmp_pa
     assert "give --budget" in capsys.readouterr().err
 
 
+def _no_peak(experts, tokens, device="cuda"):
+    """ok rows of one combination without a GPU memory peak (a CPU run's)"""
+    return [
+        make_row(
+            "local",
+            experts,
+            "experts",
+            "none",
+            "bf16",
+            t,
+            samples_us=[50.0] * 5,
+            device=device,
+            workspace_bytes_peak=np.nan,
+            device_bytes_peak=np.nan,
+        )
+        for t in tokens
+    ]
+
+
+def test_a_cpu_run_is_refused_in_one_line_saying_it_has_no_gpu_memory_peak(tmp_path, capsys):
+    """A CPU run measures no GPU memory: one line saying what the table needs, exit 2, nothing
+    written (no table of nan), whatever --budget (a missing budget is not what to fix first)."""
+    run = write_run(tmp_path / "cpu", pd.DataFrame(_no_peak("torch", (16, 64), device="cpu")))
+    for budget in (["--budget", "16GiB"], ["--budget", "free"], []):
+        assert cli.main(["report", str(run), "--capacity", *budget]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1, out
+        assert "GPU memory peaks" in out.err and "none of the 2 ok rows" in out.err
+        assert "it ran on the CPU" in out.err and out.err.rstrip().endswith("run the sweep on a GPU")
+        assert not (run / "report").exists()
+
+
+def test_lines_without_a_peak_or_with_one_size_are_left_out_and_counted(tmp_path, capsys):
+    rows = pd.concat([_rows(), pd.DataFrame(_no_peak("torch", (16, 64)))], ignore_index=True)
+    one_size = pd.DataFrame(
+        [
+            make_row(
+                "local",
+                experts,
+                reduction,
+                "none",
+                "bf16",
+                TOKENS[0],
+                model="deepseek_v3",
+                simulate_ep=8,
+                samples_us=[100.0] * 5,
+                workspace_bytes_peak=a + b * TOKENS[0],
+                device_bytes_peak=a + b * TOKENS[0] + 10 * GIB,
+            )
+            for (experts, reduction), (a, b) in LINES.items()
+        ]
+    )
+    run = write_run(tmp_path / "run", rows)
+    assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "bf16 torch" not in out and "fp8_block triton" in out
+    left = "Left out: 1 combination without a GPU memory peak."
+    assert left in out and left in (run / "report" / "capacity.md").read_text()
+    run = write_run(tmp_path / "mixed", pd.concat([rows, one_size], ignore_index=True))
+    assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB"]) == 0
+    assert (
+        "Left out: 1 combination without a GPU memory peak; 4 combinations with peaks at one token count "
+        "(a line needs two)." in capsys.readouterr().out
+    )
+    run = write_run(tmp_path / "one", one_size)
+    assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB"]) == 2
+    assert "has peaks at one token count only" in capsys.readouterr().err and not (run / "report").exists()
+
+
 def test_a_row_file_given_writes_the_capacity_report_in_its_run_like_the_report(tmp_path, capsys):
     # one of a run's rows/*.parquet files: the run's report/ (as `moebench report FILE` writes), not rows/report/
     run = write_run(tmp_path / "run", _rows())
