@@ -223,6 +223,11 @@ def _tok(v) -> str:
     return "-" if not np.isfinite(v) else f"{int(v):,}"
 
 
+def _num(v: float, spec: str) -> str:
+    """`v` formatted by `spec`, or "-" where a line has no fit (no device peak, say): never nan."""
+    return f"{v:{spec}}" if np.isfinite(v) else "-"
+
+
 def _resid(resid: float, points: int) -> str:
     """The worst residual of a fit, or why it is none: two points always lie on their line."""
     if points < 2:
@@ -242,11 +247,11 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
         [
             md_text(r.line),
             md_text(r.reduction),
-            f"{r.ws_slope / 1024:.1f}",
-            f"{r.ws_intercept / MIB:.0f}",
+            _num(r.ws_slope / 1024, ".1f"),
+            _num(r.ws_intercept / MIB, ".0f"),
             _resid(r.ws_resid, r.ws_points),
-            f"{r.dev_slope / 1024:.1f}",
-            f"{r.dev_intercept / MIB:.0f}",
+            _num(r.dev_slope / 1024, ".1f"),
+            _num(r.dev_intercept / MIB, ".0f"),
             r.tokens_measured,
             _tok(r.max_tokens),
         ]
@@ -275,8 +280,8 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
         rr = [
             [
                 md_text(r.line),
-                f"{r.saving_per_token / 1024:.1f}",
-                f"{r.slope_ratio:.3f}",
+                _num(r.saving_per_token / 1024, ".1f"),
+                _num(r.slope_ratio, ".3f"),
                 _tok(r.finalize_tokens),
                 _tok(r.experts_tokens),
                 "-" if not np.isfinite(r.tokens_ratio) else f"{r.tokens_ratio:.2f}×",

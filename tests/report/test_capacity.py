@@ -353,3 +353,11 @@ def test_a_budget_that_is_no_size_is_refused_saying_what_is(tmp_path, capsys):
     err = _refused_budget("lots", tmp_path, capsys)
     assert "'lots' is not a size" in err and "GiB" in err and "or free" in err, err
     assert parse_budget("free").bytes is None and parse_budget("16GiB").bytes == 16 * 2**30
+
+
+def test_a_line_without_a_device_peak_prints_a_dash_not_nan():
+    from moebench.report.capacity import capacity_markdown
+
+    rows = _rows().assign(device_bytes_peak=np.nan)
+    text = capacity_markdown(capacity_frame(rows, 12 * GIB), "12 GiB")
+    assert "nan" not in text and "| - | - |" in text
