@@ -8,6 +8,7 @@ single ``.parquet`` file or a plain directory of parquet files.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
     phase_sum,
 )
 from moebench.results import row as schema
+from moebench.results.lock import describe, holder_now
 from moebench.results.store import (
     SKIPPED_FILE,
     RunStore,
@@ -31,7 +33,9 @@ from moebench.results.store import (
     latest,
     load_files,
     run_dir_of,
+    warn,
 )
+from moebench.util.words import counted
 
 # A row's identity: where it came from and which row it is (schema_version, run_id, sweep,
 # combo_key), the spec's columns (moebench/config/spec.py) and the token count
@@ -51,12 +55,24 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     if store.row_files() or (store.rows_dir / SKIPPED_FILE).is_file():
         return None, path
     files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+    if not files and (writer := being_written(path)):
+        raise ValueError(
+            f"no results in {path} yet: a sweep is writing it ({writer}) and has stored no row so far; "
+            "wait, then report again: each combination's rows are stored as it finishes"
+        )
     if not files:
         raise ValueError(
             f"no results in {path}: expected {store.rows_dir}/*.parquet (run a sweep "
             "first, e.g. `moebench sweep ...`, or point at its output directory)"
         )
     return files, path
+
+
+def being_written(path: str | Path) -> str:
+    """Who is writing the run ``path`` lies in: its lock's holder as `lock.describe` words it
+    (read without taking the lock: results/lock.py holder_now), or '' where no sweep holds it."""
+    holder = holder_now(run_dir_of(path))
+    return describe(holder) if holder and holder.get("pid") != os.getpid() else ""
 
 
 def read_env(run_dir: Path | None) -> dict:
@@ -90,6 +106,12 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     )
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
+    # asked after reading: a sweep that holds the run now held it while its rows were read
+    if writer := being_written(path):
+        warn(
+            f"{run_dir_of(path)} is still being written by a sweep ({writer}): read the "
+            f"{counted(len(df), 'row')} it had stored; report again once it finishes"
+        )
     env = read_env(run_dir)
     # the columns an older or newer schema lacks, added at once (one by one fragments the frame)
     missing: dict[str, object] = {c: np.nan for c in OPTIONAL_NUMERIC if c not in df.columns}

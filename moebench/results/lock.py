@@ -124,6 +124,22 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}: `{holder.get('command')}`"
 
 
+def holder_now(run_dir) -> dict:
+    """Who holds the run folder's lock now, read without taking it (a reader must not race a
+    sweep that is starting): the details its holder wrote, or {} where none holds it (no lock
+    file; an empty one, as release leaves it; one whose holder on this host is gone). A holder
+    on another host is taken at its word. Never opens a link or waits on a FIFO."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        holder = _read_fd(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else {}
+    finally:
+        os.close(fd)
+    return holder if isinstance(holder, dict) and holder.get("pid") and _holder_alive(holder) else {}
+
+
 def _open_lock(path: Path) -> int:
     """The lock file's descriptor, created with O_EXCL where new, never opened through a link
     (O_NOFOLLOW), and only a regular file with one name. UnsafePath otherwise."""

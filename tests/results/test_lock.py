@@ -195,3 +195,64 @@ def test_the_lock_token_is_honoured_only_where_its_holder_started_the_process(tm
         holder.kill()
         holder.wait()
     assert (run / JOBS_FILE).is_file()
+
+
+HOLDS = """
+import sys, time
+from moebench.results.lock import RunLock
+RunLock.acquire(sys.argv[1], command="moebench sweep --out r")
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_report_of_a_run_a_sweep_is_writing_names_the_sweep(tmp_path, capsys):
+    """A report of a run another process's sweep holds says so, read without taking the lock: with
+    no row stored yet, exit 2 naming the holder and to wait (not "run a sweep first"); with rows,
+    the report of those, and a line saying they are the rows stored so far. A holder killed with
+    -9 leaves its details in the lock file, but is no writer."""
+    from moebench.results.synthetic import make_rows, write_run
+
+    run, rep = tmp_path / "r", tmp_path / "rep"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = cli.main(["report", str(run), "--out", str(rep)])
+        err = _one_line_exit_2(
+            capsys,
+            code,
+            f"no results in {run} yet: a sweep is writing it (pid {holder.pid} on ",
+            "`moebench sweep --out r`",
+        )
+        assert "wait, then report again" in err and "run a sweep first" not in err and not rep.exists()
+        write_run(run, make_rows())
+        assert cli.main(["report", str(run), "--out", str(rep)]) == 0
+        err = capsys.readouterr().err
+        assert f"{run} is still being written by a sweep (pid {holder.pid} on " in err, err
+        assert f"read the {len(make_rows())} rows it had stored; report again once it finishes" in err
+        holder.kill()
+        holder.wait()
+        assert '"pid"' in (run / LOCK_FILE).read_text()  # the dead holder's details stay
+        assert cli.main(["report", str(run), "--out", str(rep)]) == 0
+        assert "being written" not in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_holder_is_read_without_taking_the_lock_or_following_a_link(tmp_path):
+    from moebench.results.lock import holder_now
+
+    run = tmp_path / "r"
+    with RunLock.acquire(run, command="mine") as lock:
+        assert holder_now(run)["token"] == lock.token
+        assert lock.fd is not None  # still held: reading it took nothing
+    assert holder_now(run) == {}  # released: the file emptied
+    other = tmp_path / "other"
+    with RunLock.acquire(other, command="theirs"):
+        (run / LOCK_FILE).unlink()
+        (run / LOCK_FILE).symlink_to(other / LOCK_FILE)
+        assert holder_now(run) == {}
+    assert holder_now(tmp_path / "none") == {}
