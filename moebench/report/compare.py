@@ -112,6 +112,12 @@ class Comparison:
     pairs: list = field(default_factory=list, repr=False)  # (baseline row, candidate row) per matched row
     cpu_verdict: bool = False  # CPU pairs were given verdicts (--cpu-verdict)
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The ratios a latency change is called past: ×threshold either way (fmt_change prints a
+        figure near one with the decimals that keep it on its side)."""
+        return (self.threshold, 1 / self.threshold)
+
     def counts(self) -> dict[str, int]:
         """Number of matched rows per verdict (all verdicts present, zeros included)."""
         vc = self.matched["verdict"].value_counts()

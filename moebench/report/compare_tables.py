@@ -121,7 +121,7 @@ def latency_pairs(cmp: Comparison, flags: pd.Series | None = None) -> Table:
         *([Column("SM MHz", _clock_cell, "r")] if clocked else []),
         Column(
             "change [95 % CI]",
-            lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100, 1 + r["ci_hi_pct"] / 100),
+            lambda r: fmt_change(r["ratio"], 1 + r["ci_lo_pct"] / 100, 1 + r["ci_hi_pct"] / 100, cmp.bounds),
             "r",
         ),
         Column("p", lambda r: "-" if not np.isfinite(r["p_value"]) else f"{r['p_value']:.2g}", "r"),

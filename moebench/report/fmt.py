@@ -3,6 +3,8 @@ MiB, fractions. Every table of report/ formats through these."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from moebench.report.stats import pct
@@ -71,20 +73,29 @@ def fmt_frac_interval(x: float, lo: float, hi: float) -> str:
 MINUS = "\u2212"
 
 
-def fmt_pct(x: float, signed: bool = True) -> str:
-    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen); NaN as '-'."""
+def fmt_pct(x: float, signed: bool = True, digits: int = 1) -> str:
+    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen; `digits` decimals); NaN as '-'."""
     if x is None or not np.isfinite(x):
         return "-"
-    text = f"{x:+.1f}" if signed else f"{x:.1f}"
+    text = f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
     return text.replace("-", MINUS)
 
 
-def fmt_change(ratio: float, lo: float = float("nan"), hi: float = float("nan")) -> str:
+def fmt_change(ratio: float, lo: float = float("nan"), hi: float = float("nan"), bounds: Sequence[float] = ()) -> str:
     """'−8.3 % [−8.6, −8.0]': the change and its 95 % interval in percent
-    (without an interval: '+16.9 %')."""
+    (without an interval: '+16.9 %'). `bounds` (ratios: a threshold and its inverse) add a
+    decimal, up to three, where a figure would read as a bound it is not: a ratio of 1.0496 is
+    '+4.96 %', not the '+5.0 %' of ×1.05 it lies under, so the label beside it reads true."""
     if ratio is None or not np.isfinite(ratio):
         return "-"
-    text = f"{fmt_pct(pct(ratio))} %"
-    if np.isfinite(lo) and np.isfinite(hi):
-        text += f" [{fmt_pct(pct(lo))}, {fmt_pct(pct(hi))}]"
+    interval = np.isfinite(lo) and np.isfinite(hi)
+    shown = [ratio, lo, hi] if interval else [ratio]
+    digits = 1
+    while digits < 3 and any(
+        x != b and fmt_pct(pct(x), digits=digits) == fmt_pct(pct(b), digits=digits) for x in shown for b in bounds
+    ):
+        digits += 1
+    text = f"{fmt_pct(pct(ratio), digits=digits)} %"
+    if interval:
+        text += f" [{fmt_pct(pct(lo), digits=digits)}, {fmt_pct(pct(hi), digits=digits)}]"
     return text

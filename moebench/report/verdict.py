@@ -75,14 +75,14 @@ def row_names(m: pd.DataFrame) -> pd.Series:
     return pair_names(shown).reindex(m.index).fillna("") if len(shown) else pair_names(m)
 
 
-def _change_line(verdict: Verdict, name: str, r: dict) -> str:
+def _change_line(verdict: Verdict, name: str, r: dict, bounds: tuple[float, float]) -> str:
     if verdict in (Verdict.BROKEN, Verdict.SKIPPED):
         why = f": {md_text(r['cand_reason'])}" if r.get("cand_reason") else ""
         return f"**{verdict}** {name}: ok → {md_text(r['cand_status'])}{why}"
     if verdict == Verdict.FIXED:
         return f"**fixed** {name}: {md_text(r['base_status'])} → ok"
     return (
-        f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'])} "
+        f"**{verdict}** {name}: {fmt_change(r['ratio'], r['ci_lo'], r['ci_hi'], bounds)} "
         f"({fmt_us_pair(r['base_latency_us_median'], r['cand_latency_us_median'])})"
     )
 
@@ -154,7 +154,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     )
     changed_rows = changed_rows.sort_values(["_o", "_d"], kind="stable")
     for i, r in changed_rows.head(LIMIT).iterrows():
-        lines.append("- " + _change_line(r["verdict"], names.loc[i], r.to_dict()))
+        lines.append("- " + _change_line(r["verdict"], names.loc[i], r.to_dict(), cmp.bounds))
     if len(changed_rows) > LIMIT:
         lines.append(f"- … and {counted(len(changed_rows) - LIMIT, 'more changed row')} (table below)")
     sig = m[(m["verdict"] == Verdict.SIMILAR) & m["significant"].astype(bool)]
@@ -170,7 +170,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
         if len(rows):
             rows = rows.assign(_d=-np.abs(np.log(rows["ratio"].astype(float)))).sort_values("_d", kind="stable")
             items = [
-                f"{names.loc[i]} {fmt_change(x['ratio'], x['ci_lo'], x['ci_hi'])}"
+                f"{names.loc[i]} {fmt_change(x['ratio'], x['ci_lo'], x['ci_hi'], cmp.bounds)}"
                 for i, x in rows.head(LIMIT).iterrows()
             ]
             more = f" (+{len(rows) - LIMIT} more)" if len(rows) > LIMIT else ""
@@ -180,7 +180,7 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
         lines.append(f"- no significant change: {counted(quiet, 'row')}")
     g, lo, hi = cmp.geomean()
     if np.isfinite(g):
-        lines.append(f"- geometric mean over {counted(len(ok), 'row')}: {fmt_change(g, lo, hi)}")
+        lines.append(f"- geometric mean over {counted(len(ok), 'row')}: {fmt_change(g, lo, hi, cmp.bounds)}")
     mem = memory_change_lines(cmp, names)
     if mem:
         lines += [f"- memory: {x}" for x in mem]
@@ -236,7 +236,7 @@ def clock_line(cmp: Comparison) -> str:
     if differ or survived:
         ratios = ratio[survives]
         names = row_names(cmp.matched)
-        scaled = [f"{names.loc[i]} {fmt_change(r)}" for i, r in ratios.head(LIMIT).items()]
+        scaled = [f"{names.loc[i]} {fmt_change(r, bounds=cmp.bounds)}" for i, r in ratios.head(LIMIT).items()]
         more = f" (+{len(ratios) - LIMIT} more)" if len(ratios) > LIMIT else ""
         at = f": {', '.join(scaled)}{more} at the baseline's clock" if scaled else ""
         parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound{at})")

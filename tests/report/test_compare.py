@@ -283,3 +283,40 @@ def test_a_comparison_report_builds_each_sides_rows_once(tmp_path, monkeypatch):
     report = build_report(cand, tmp_path / "r", base)
     assert "flags" in report.path.read_text()  # the pairs' table with its flags column
     assert sorted(calls) == ["base", "cand"]
+
+
+def test_a_change_near_the_threshold_prints_the_decimal_that_keeps_it_on_its_side():
+    """A ratio of 1.0496 under ×1.05 read '+5.0 % [+4.9, +5.0]' beside 'significant but under ×1.05';
+    near a bound a figure takes the decimals that tell it from the bound, elsewhere one."""
+    from moebench.report.fmt import fmt_change
+
+    bounds = (1.05, 1 / 1.05)
+    assert fmt_change(1.0496, 1.0494, 1.0499) == "+5.0 % [+4.9, +5.0]"  # without bounds, as before
+    assert fmt_change(1.0496, 1.0494, 1.0499, bounds) == "+4.96 % [+4.94, +4.99]"
+    assert fmt_change(0.952, bounds=bounds) == "\u22124.80 %"  # 1/1.05 is −4.76 %
+    assert fmt_change(1.04999, bounds=bounds) == "+4.999 %"
+    assert fmt_change(1.049999, bounds=bounds) == "+5.000 %"  # at most three decimals
+    assert fmt_change(1.05, bounds=bounds) == "+5.0 %"  # the bound itself
+    assert fmt_change(1.10, 1.09, 1.11, bounds) == "+10.0 % [+9.0, +11.0]"
+    rng = np.random.default_rng(0)
+
+    def rows(scale):
+        return pd.DataFrame(
+            [
+                make_row(
+                    "local",
+                    "torch",
+                    "experts",
+                    "none",
+                    "bf16",
+                    t,
+                    samples_us=100 * scale * np.exp(rng.normal(0, 5e-4, 20)),
+                )
+                for t in (16, 64, 256)
+            ]
+        )
+
+    cmp = compare_runs(rows(1.0), rows(1.0496))
+    lines = verdict_lines(cmp, *exit_status(cmp))
+    under = next(x for x in lines if x.startswith("- significant but under ×1.05: "))
+    assert "+5.0 %" not in under and "+4.9" in under, under
