@@ -8,15 +8,19 @@ environment error (a full disk, a read-only folder, `--out` naming a file: one l
 the path and the cause, moebench/results/writable.py). A sweep that meets one mid-run keeps its
 rows and exits 1 saying so (moebench/run/sweep.py). A comparison's command (`compare`, `report`,
 `ab`) that fails any other way (a defect, memory, a library's refusal) exits NO_RESULT, never 1: a CI
-gate must not read a crash as "slower".
+gate must not read a crash as "slower". A stdout whose reader has gone (`moebench compare ... | head`)
+discards the rest of the output: the command runs to its end and exits with its own status.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 import traceback
+from contextlib import contextmanager
+from typing import Iterator, TextIO, cast
 
 from moebench.cli.parser import parse_args
 
@@ -48,16 +52,73 @@ def _on_sigterm(signum, frame):
     raise _Terminated
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.cmd not in ("sweep", "run"):
-        return _main(args)
-    # SLURM's pre-emption, `timeout`, `docker stop`: a message and exit 143, the lock released
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
+class _Stdout:
+    """sys.stdout for one command: once its reader has gone (`| head`: BrokenPipeError), what is
+    written is discarded, so that the command runs to its end and returns its own status (compare's
+    verdict too: a CI gate piping it into head reads 0 or 1, not a traceback's). Anything else it
+    passes to the stream it wraps."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._discard()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._discard()
+
+    def _discard(self) -> None:
+        """docs.python.org, "Note on SIGPIPE": devnull in the closed pipe's place, so that the
+        interpreter's last flush of what the stream still holds does not raise again at exit."""
+        self.gone = True
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError):  # a stream of no file (a test's capture): nothing left to flush there
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def _closed_stdout_discards() -> Iterator[None]:
+    """The command's stdout a _Stdout, flushed before the status is returned (a pipe's output is
+    block-buffered: most of it is written here, or by the interpreter's exit, after main returns)."""
+    given = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(given))
     try:
-        return _main(args)
+        yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        sys.stdout.flush()
+        sys.stdout = given
+
+
+def main(argv=None) -> int:
+    with _closed_stdout_discards():  # --help's text included
+        args = parse_args(argv)
+        if args.cmd not in ("sweep", "run"):
+            return _main(args)
+        # SLURM's pre-emption, `timeout`, `docker stop`: a message and exit 143, the lock released
+        old = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            return _main(args)
+        finally:
+            signal.signal(signal.SIGTERM, old)
 
 
 def _main(args) -> int:
