@@ -27,11 +27,24 @@ from moebench.util.words import counted
 # variables that would point a worktree's moebench at this checkout's files
 LEAKED_ENV = ("MOEBENCH_CONF_DIR", "MOEBENCH_SWEEPS_DIR", "MOEBENCH_GIT_SHA", "MOEBENCH_RUNS")
 
+# the comparison's statuses (a revision's sweep with failed rows is no 1 of its own: its broken rows are)
+EXIT_STATUS = options.exit_status(
+    "0 the two runs compared (moebench compare) with no regression",
+    f"1 {options.REGRESSION}",
+    "2 bad input (a revision git does not know, overrides either revision's moebench refuses, no valid "
+    f"combination in either revision's plan, an unknown option) or {options.ENVIRONMENT}",
+    f"3 the comparison {options.NO_VERDICT}",
+    "130 interrupted (the measured combinations are stored: the same command resumes)",
+)
+
 
 def register(sub) -> None:
     """`ab` under the top level's subparsers."""
     ab = options.command(
-        sub, "ab", "measure two git revisions alternately, one combination at a time, then compare", options.EXIT_STATUS
+        sub,
+        "ab",
+        "measure two git revisions alternately, one combination at a time, then compare",
+        options.EPILOG + "\n\n" + EXIT_STATUS,
     )
     ab.add_argument("base_rev", metavar="BASE_REV")
     ab.add_argument("cand_rev", metavar="CAND_REV")

@@ -1,11 +1,12 @@
-"""What more than one command's grammar shares: the overrides' epilog, the exit statuses' epilogs,
-the comparison's options, and the two arguments the dispatcher reads by name (`overrides`,
-`--out`). Each command's module declares its own arguments with these (its `register`, beside its
-body); parser.py assembles them."""
+"""What more than one command's grammar shares: the overrides' epilog, the sweep's exit statuses and
+the clauses of a comparison's (each command's epilog states its own), the comparison's options, and
+the two arguments the dispatcher reads by name (`overrides`, `--out`). Each command's module
+declares its own arguments with these (its `register`, beside its body); parser.py assembles them."""
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 EPILOG = """overrides are Hydra-style: group=option (backend=local), key=value
 (workload.tokens_per_rank=[16,64]) and, in a sweep, comma lists (reduction=experts,finalize).
@@ -18,12 +19,21 @@ re-run to resume); 2 bad input before any work (an unknown option or value, an i
 combination, a world size this machine lacks, an unwritable --out); 130 interrupted; 143 terminated."""
 
 
-EXIT_STATUS = """exit status: 0 clean; 1 a row slower beyond the threshold, a broken row (was ok, now
-failed/incorrect/timeout/oom) or no row ok on both sides (--fail-on tunes which); 2 bad input (a
-missing run, an unknown schema version, an axis value no row has, an unknown option) or an environment
-error (a full disk, a read-only --out); 3 the comparison or report could not be produced (moebench or
-the machine failed: no verdict on the runs); 130 interrupted; 143 terminated (SIGTERM; sweep and run).
-A single run's report exits 0."""
+# what a comparison's statuses mean (report --baseline, compare, ab; docs/design.md "Exit status"):
+# each command's epilog (exit_status) says its own around them
+REGRESSION = (
+    "a row slower beyond the threshold, a broken row (was ok, now failed/incorrect/timeout/oom) or no row ok "
+    "on both sides (--fail-on tunes which)"
+)
+ENVIRONMENT = "an environment error (a full disk, a read-only --out)"
+NO_VERDICT = "could not be produced (moebench or the machine failed: no verdict on the runs)"
+
+
+def exit_status(*clauses: str) -> str:
+    """An epilog 'exit status: 0 ...; 1 ...; ...' of a command's own statuses, one clause each,
+    wrapped as the others are, a status never apart from the word after it."""
+    text = textwrap.fill("exit status: " + "; ".join(c.replace(" ", "\0", 1) for c in clauses) + ".", width=100)
+    return text.replace("\0", " ")
 
 
 def command(sub, name: str, help: str, epilog: str | None = None) -> argparse.ArgumentParser:

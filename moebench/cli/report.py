@@ -25,11 +25,28 @@ if TYPE_CHECKING:
 # for its arguments on every command, `list` and `env` included (tests/project/test_list_path.py)
 
 
+REPORT_EXIT = options.exit_status(
+    "0 the report written: a single run's (--capacity's too), or a comparison (--baseline A --candidate B) "
+    "with no regression",
+    f"1 a comparison with {options.REGRESSION}",
+    "2 bad input (a missing run, an unknown schema version, --capacity with no budget "
+    f"to take, an unknown option) or {options.ENVIRONMENT}",
+    f"3 the report {options.NO_VERDICT}",
+    "130 interrupted",
+)
+COMPARE_EXIT = options.exit_status(
+    "0 no regression (two CPU runs compare without a verdict unless --cpu-verdict)",
+    f"1 {options.REGRESSION}",
+    "2 bad input (a missing run, an unknown schema version, an --axis field no "
+    f"combination has or a value no row has, an unknown option) or {options.ENVIRONMENT}",
+    f"3 the comparison {options.NO_VERDICT}",
+    "130 interrupted",
+)
+
+
 def register(sub) -> None:
     """`report` and `compare` under the top level's subparsers."""
-    rp = options.command(
-        sub, "report", "markdown report + plots of a run, or a baseline comparison", options.EXIT_STATUS
-    )
+    rp = options.command(sub, "report", "markdown report + plots of a run, or a baseline comparison", REPORT_EXIT)
     rp.add_argument("run", nargs="?")
     rp.add_argument("--baseline")
     rp.add_argument("--candidate")
@@ -47,9 +64,7 @@ def register(sub) -> None:
         "one); default: the budget of the run's rows measured under runner.memory_budget",
     )
 
-    cp = options.command(
-        sub, "compare", "compare two runs, or one run along an axis; the verdict first", options.EXIT_STATUS
-    )
+    cp = options.command(sub, "compare", "compare two runs, or one run along an axis; the verdict first", COMPARE_EXIT)
     cp.add_argument("runs", nargs="+", metavar="RUN", help="BASE CAND, or one RUN with --axis")
     cp.add_argument(
         "--axis",

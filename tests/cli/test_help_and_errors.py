@@ -139,15 +139,39 @@ def _codes(text: str) -> set[int]:
     return {int(c) for c in re.findall(r"(?:exit status:|[;.])\s+(\d+) ", epilog)}
 
 
-# what each command returns (main.py maps ValueError and an environment error to 2, Ctrl-C to 130):
-# trace 1 is --import's failed capture; tune 1 a regression, an untuned size or --check-vllm's not-ok
-STATES = {"trace": {0, 1, 2, 130}, "tune": {0, 1, 2, 130}, "list": {0, 2, 130}, "env": {0, 2, 130}}
+# what each command returns (main.py maps ValueError and an environment error to 2, Ctrl-C to 130,
+# a comparison's command's failure to 3 and, in sweep and run, SIGTERM to 143): trace 1 is --import's
+# failed capture; tune 1 a regression, an untuned size or --check-vllm's not-ok
+COMPARING = {0, 1, 2, 3, 130}
+STATES = {
+    "sweep": {0, 1, 2, 130, 143},
+    "run": {0, 1, 2, 130, 143},
+    "list": {0, 2, 130},
+    "report": COMPARING,
+    "compare": COMPARING,
+    "ab": COMPARING,
+    "trace": {0, 1, 2, 130},
+    "tune": {0, 1, 2, 130},
+    "env": {0, 2, 130},
+}
+
+
+def test_every_command_has_its_statuses_here():
+    _, commands = parser.build_parser()
+    assert set(STATES) == set(commands)
 
 
 @pytest.mark.parametrize("cmd", sorted(STATES))
 def test_each_help_names_the_exit_codes_its_command_returns(cmd):
-    """trace, tune, list and env had no exit status in their --help, where sweep, compare and report had."""
+    """trace, tune, list and env had no exit status in their --help, where sweep, compare and report had;
+    compare's and ab's was report's, naming sweep's 143 and a single run's report."""
     assert _codes(_help(cmd)) == STATES[cmd], _help(cmd)
+
+
+@pytest.mark.parametrize("cmd", ["compare", "ab"])
+def test_compare_and_ab_help_say_nothing_of_report_or_sweep(cmd):
+    text = " ".join(_help(cmd).split())
+    assert "A single run's report" not in text and "sweep and run" not in text and "SIGTERM" not in text, text
 
 
 def test_every_command_help_has_an_exit_status():
