@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +30,7 @@ REPORT_EXIT = options.exit_status(
     "0 the report written: a single run's (--capacity's too), or a comparison (--baseline A --candidate B) "
     "with no regression",
     f"1 a comparison with {options.REGRESSION}",
-    "2 bad input (a missing run, an unknown schema version, --capacity with no budget "
+    "2 bad input (a missing run, both sides the same run, an unknown schema version, --capacity with no budget "
     f"to take, an unknown option) or {options.ENVIRONMENT}",
     f"3 the report {options.NO_VERDICT}",
     "130 interrupted",
@@ -37,7 +38,7 @@ REPORT_EXIT = options.exit_status(
 COMPARE_EXIT = options.exit_status(
     "0 no regression (two CPU runs compare without a verdict unless --cpu-verdict)",
     f"1 {options.REGRESSION}",
-    "2 bad input (a missing run, an unknown schema version, an --axis field no "
+    "2 bad input (a missing run, both sides the same run, an unknown schema version, an --axis field no "
     f"combination has or a value no row has, an unknown option) or {options.ENVIRONMENT}",
     f"3 the comparison {options.NO_VERDICT}",
     "130 interrupted",
@@ -107,17 +108,26 @@ def _fail_on(fail_on) -> tuple[str, ...]:
     return parse_fail_on(fail_on) if isinstance(fail_on, str) else tuple(fail_on)
 
 
-def _same_run(cmd: str, base, cand) -> None:
-    """Say so when both sides are one run: every pair is then identical, and a clean verdict
-    would read as a finding. Said once both are read and compared: input refused is its one line alone."""
-    from moebench.results.store import run_dir_of
+def _refuse_same_run(cmd: str, base: str, cand: str) -> None:
+    """Both sides one run (the same folder, however spelled: a trailing slash, a link, its rows/
+    folder, a row file twice): every pair is identical and the verdict clean, so that a typo in a CI
+    gate would pass; ValueError (exit 2) saying what to pass, before anything is read or written. Two
+    copies of a run (a folder copied, a run committed under results/) are two folders: compared,
+    as a copy resumed since differs (docs/design.md, "Exit status")."""
+    from moebench.results.store import ROWS_DIR
 
-    if base is not None and cand is not None and run_dir_of(base).resolve() == run_dir_of(cand).resolve():
-        print(
-            f"moebench {cmd}: both sides are the same run ({run_dir_of(cand)}): every pair is identical, "
-            "so the comparison says nothing",
-            file=sys.stderr,
+    def folder(given: str) -> Path:
+        path = Path(given)
+        return path.parent if path.name == ROWS_DIR and path.is_dir() else path  # RUN/rows stands for RUN
+
+    if os.path.samefile(folder(base), folder(cand)):
+        spelled = base if base == cand else f"{base} and {cand}"
+        instead = (
+            "`moebench compare BASE CAND` with two runs, or `moebench compare RUN --axis FIELD=A:B` within one"
+            if cmd == "compare"
+            else "`moebench report --baseline BASE --candidate CAND` with two runs, or `moebench report RUN` for one"
         )
+        raise ValueError(f"both sides are the same run ({spelled}), whose comparison says nothing: give {instead}")
 
 
 def _finish(doc, path: Path, fmt: str) -> int:
@@ -159,9 +169,10 @@ def report_command(
     for given in (candidate, baseline):  # each run there, before its report folder is checked
         if given is not None:
             check_run_path(given)
+    if baseline is not None:
+        _refuse_same_run("report", baseline, candidate)
     # the report folder checked before the runs are read, made once there is a report (exit 2 either way)
     rep = build_report(candidate, out, baseline, threshold, fmt, _fail_on(fail_on), cpu_verdict)
-    _same_run("report", baseline, candidate)
     return _finish(rep.doc, rep.path, fmt)
 
 
@@ -212,13 +223,13 @@ def compare_command(
     base, cand = runs
     check_run_path(base)  # both runs there, before the report folder is checked
     check_run_path(cand)
+    _refuse_same_run("compare", base, cand)
     place = report_dir(cand, out, f"vs-{run_dir_of(base).name}")
     place.check(output_names(fmt))  # nothing made until both runs are read and compared
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
     cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
     where = place.make()
-    _same_run("compare", base, cand)
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else run_names(Path(base), Path(cand))
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))

@@ -14,8 +14,8 @@ moebench/report/document.py ReportDir).
 - a run folder or its rows/ that may not be listed says it cannot be read, not to give --out;
 - a trace file that cannot be read (below a folder the user may not search, or of mode 000) says to
   pass a trace file, not a run, one can read;
-- input refused is its one line alone: a report's notes (a committed run's, the same run on both
-  sides of a comparison) come once the runs are read."""
+- input refused is its one line alone: a report's note (a committed run's) comes once the runs are
+  read, and one folder on both sides of a comparison is itself one line (tests/cli/test_same_run.py)."""
 
 from __future__ import annotations
 
@@ -245,8 +245,8 @@ def test_a_plain_file_given_as_a_run_is_one_line_saying_so(cmd, run, tmp_path, c
 
 @pytest.mark.parametrize("case", ["committed_folder", "same_empty_folder", "same_file", "same_missing"])
 def test_input_refused_before_a_note_is_its_one_line(case, tmp_path, monkeypatch, capsys):
-    """The notes a report may open with (a committed run's 'is committed: writing to ...', compare's
-    'both sides are the same run') come once the runs are read: input refused is one line alone."""
+    """The note a report may open with (a committed run's 'is committed: writing to ...') comes once the
+    runs are read: input refused is one line alone (the same folder on both sides is such input)."""
     monkeypatch.setenv("MOEBENCH_RUNS", str(tmp_path / "runs"))
     (tmp_path / "empty").mkdir()
     (tmp_path / "README.md").write_text("# not a run\n")

@@ -251,21 +251,6 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys):
     assert e.value.code == 2
 
 
-def test_a_run_compared_with_itself_says_so_and_still_reports(tmp_path, capsys):
-    run = str(write_run(tmp_path / "run", make_rows()))
-    code, out, err = _compare(capsys, run, run + "/", "--out", str(tmp_path / "r"))  # one folder, spelled twice
-    said = [ln for ln in err.splitlines() if "same run" in ln]
-    assert code == 0 and len(said) == 1
-    assert said[0].startswith("moebench compare: both sides are the same run") and "every pair is identical" in said[0]
-    assert out.startswith("**Verdict") and (tmp_path / "r" / "report.md").is_file()
-    code = cli.main(["report", "--baseline", run, "--candidate", run, "--out", str(tmp_path / "r2")])
-    assert code == 0 and "moebench report: both sides are the same run" in capsys.readouterr().err
-    # two different runs: no such line
-    other = str(write_run(tmp_path / "other", make_rows()))
-    _, _, err = _compare(capsys, run, other, "--out", str(tmp_path / "r3"))
-    assert "same run" not in err
-
-
 def test_a_comparison_report_builds_each_sides_rows_once(tmp_path, monkeypatch):
     """The pairs' flags, the latency table's and the flags' counts share one build of each side's
     rows (report/flags.py side_rows renames every pair's columns: a report built them six times)."""
