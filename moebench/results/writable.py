@@ -36,6 +36,9 @@ CAUSES = {
 # a folder not made (safe_write.NotMade): ENOENT's cause; and what to do where the place refused it
 NOT_CREATABLE = "cannot be created here: the file system makes no folders there, as in /proc or /sys"
 NO_FILES = "takes no files: the file system makes none there, as in /proc or /sys"  # TakesNoFiles
+# ELOOP of a link that leads back to itself (a read follows links: its ELOOP is always this one; a
+# write's, moebench's refusal to follow any link, is CAUSES' unless the link loops as well)
+LOOPS = "a symbolic link that loops (it leads back to itself, or round other links)"
 GIVE_OUT = "give --out a folder you can write"
 ELSEWHERE = (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM)  # not a full disk: that one may be freed
 
@@ -56,11 +59,22 @@ def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> O
         made = "" if first == exc.filename else f" ({first} could not be made)"
         return f"{exc.filename}: {cause}{made}" + (f"; {GIVE_OUT}" if exc.errno in ELSEWHERE else "")
     if isinstance(exc, OSError) and exc.errno in CAUSES:
-        cause = CAUSES[exc.errno]
+        cause = LOOPS if exc.errno == errno.ELOOP and _loops(exc.filename) else CAUSES[exc.errno]
     else:
         return None
     path = exc.filename if exc.filename is not None else where
     return f"{os.fsdecode(path)}: {cause}" if path is not None else cause
+
+
+def _loops(path) -> bool:
+    """Whether following the link `path` (a file name, or None: not known) never reaches a file."""
+    if path is None:
+        return False
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def with_path(exc: OSError, path: os.PathLike | str, replace: bool = False) -> OSError:
