@@ -46,9 +46,11 @@ def register(sub) -> None:
         "measure two git revisions alternately, one combination at a time, then compare",
         options.EPILOG + "\n\n" + EXIT_STATUS,
     )
-    ab.add_argument("base_rev", metavar="BASE_REV")
-    ab.add_argument("cand_rev", metavar="CAND_REV")
-    options.overrides(ab)
+    ab.add_argument("base_rev", metavar="BASE_REV", help="the baseline's git revision: a branch, tag or sha")
+    ab.add_argument("cand_rev", metavar="CAND_REV", help="the candidate's git revision")
+    options.overrides(
+        ab, "group=option, key=value or comma lists, as `moebench sweep` takes them (below), planned by each revision"
+    )
     ab.add_argument("--sweep", default="default", help="named sweep in the revisions' sweeps/ (default: %(default)s)")
     options.out(
         ab,

@@ -11,7 +11,12 @@ fatal); 2 an unknown option; 130 interrupted."""
 def register(sub) -> None:
     """`env` under the top level's subparsers."""
     ev = options.command(sub, "env", "this machine, its libraries and which entries are usable here", EXIT_STATUS)
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument(
+        "--json",
+        action="store_true",
+        help="instead: one JSON object, this machine's fingerprint as a run's env.json holds it (env), its "
+        "env_id and the entries usable here (entries)",
+    )
 
 
 def env_args(args) -> int:

@@ -15,8 +15,12 @@ value, a sweep file that is not there, a world size this machine lacks); 130 int
 def register(sub) -> None:
     """`list` under the top level's subparsers."""
     ls = options.command(sub, "list", "list the combinations a sweep would run, with validity", EXIT_STATUS)
-    options.overrides(ls)
-    ls.add_argument("--sweep", default="default")
+    options.overrides(
+        ls, "group=option, key=value or comma lists, as `moebench sweep` takes them; none: the default sweep's plan"
+    )
+    ls.add_argument(
+        "--sweep", default="default", help="named sweep in sweeps/ (or a path) whose plan to list; default: %(default)s"
+    )
     ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")
     ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")
     ls.add_argument(

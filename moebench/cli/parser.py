@@ -26,7 +26,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"moebench {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, help="the command (moebench CMD --help: its arguments)")
     for module in COMMAND_MODULES:
         module.register(sub)
     return p, dict(sub.choices)

@@ -48,9 +48,19 @@ COMPARE_EXIT = options.exit_status(
 def register(sub) -> None:
     """`report` and `compare` under the top level's subparsers."""
     rp = options.command(sub, "report", "markdown report + plots of a run, or a baseline comparison", REPORT_EXIT)
-    rp.add_argument("run", nargs="?")
-    rp.add_argument("--baseline")
-    rp.add_argument("--candidate")
+    rp.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="the run folder (or one of its row files) to report on; with --baseline, the candidate",
+    )
+    rp.add_argument(
+        "--baseline",
+        metavar="BASE",
+        help="a run to compare the candidate (RUN or --candidate) with: the report is then a comparison "
+        "and exits with its verdict",
+    )
+    rp.add_argument("--candidate", metavar="CAND", help="with --baseline: the run compared, instead of RUN")
     options.out(rp, "report directory (default: <run>/report)")
     options.compare_options(rp)
     rp.add_argument(

@@ -68,7 +68,13 @@ def add_arguments(p) -> None:
     g.add_argument("--slurm-partition", help="partition to submit to")
     g.add_argument("--slurm-time", type=int, default=60, metavar="MIN", help="time limit per job (default %(default)s)")
     g.add_argument("--slurm-nodes", type=int, default=1, help="nodes per job: a family's ranks split evenly over them")
-    g.add_argument("--slurm-cpus-per-task", type=int, default=None)
+    g.add_argument(
+        "--slurm-cpus-per-task",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU cores per task, one task a rank (submitit's cpus_per_task; default: the cluster's)",
+    )
     g.add_argument(
         "--slurm-cluster",
         default="slurm",

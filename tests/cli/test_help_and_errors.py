@@ -122,6 +122,20 @@ def _option_help(cmd: str, flag: str) -> str:
     return " ".join(text[start : start + 1 + end.start() if end else None].split())
 
 
+def test_every_argument_has_a_help_text():
+    """Options and positionals alike, of the top level and of every command (list --sweep, report's RUN,
+    --baseline and --candidate, ab's revisions and overrides, env --json, sweep --slurm-cpus-per-task
+    had none): --help says what each one is."""
+    top, commands = parser.build_parser()
+    bare = [
+        f"{name}: {'/'.join(a.option_strings) or a.metavar or a.dest}"
+        for name, p in [("moebench", top), *commands.items()]
+        for a in p._actions
+        if not (a.help or "").strip()
+    ]
+    assert not bare, f"arguments without a help text: {bare}"
+
+
 def test_each_budget_says_its_unit():
     """`tune --budget` is a fraction, `report --capacity --budget` bytes: each help says which, and
     that it is not the other."""
