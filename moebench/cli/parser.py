@@ -10,7 +10,7 @@ import sys
 from moebench import __version__
 from moebench.cli import ab, env, listing, report, sweep, trace, tune
 from moebench.cli.options import EPILOG
-from moebench.util.arg_errors import OneLineErrors  # the commands' parsers, one line per refusal
+from moebench.util.arg_errors import UNRECOGNIZED, OneLineErrors  # the commands' parsers, one line per refusal
 
 # in `moebench --help`'s order; a module may declare two commands (sweep.py: sweep and run; report.py:
 # report and compare), the module main.py's COMMANDS runs them from
@@ -47,5 +47,5 @@ def parse_args(argv):
             return args
     if rest:
         # the subcommand's own usage (its options), not the top level's list of subcommands
-        (commands.get(getattr(args, "cmd", None)) or parser).error(f"unrecognized arguments: {' '.join(rest)}")
+        (commands.get(getattr(args, "cmd", None)) or parser).error(UNRECOGNIZED + " ".join(rest))
     return args

@@ -17,6 +17,7 @@ import dataclasses
 
 import pandas as pd
 
+from moebench.config.names import did_you_mean
 from moebench.config.plugins import entry_knobs
 from moebench.config.spec import IDENTITY_FIELDS, Combo, from_row, knob_meta
 from moebench.report.columns import fmt_value
@@ -38,6 +39,7 @@ def parse_axis(text: str) -> Axis:
         raise ValueError(
             f"--axis {text!r}: {field!r} is neither an identity field of a combination "
             f"({', '.join(sorted(names))}) nor a knob ({', '.join(sorted(knob_meta()))})"
+            + did_you_mean(field, [*names, *knob_meta()])
         )
     return Axis(field.strip(), a.strip(), b.strip())
 

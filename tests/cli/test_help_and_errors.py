@@ -41,6 +41,36 @@ def test_an_argparse_error_is_one_line_naming_the_command_and_its_help(argv, cmd
     assert says in err
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["sweep", "--dryrun"], "unrecognized arguments: --dryrun; did you mean --dry-run?"),
+        (["list", "--swep=x"], "unrecognized arguments: --swep=x; did you mean --sweep?"),  # --x=value read as --x
+        (["report", "r", "--basline", "b"], "unrecognized arguments: --basline b; did you mean --baseline?"),
+        (
+            ["sweep", "--dryrun", "--otu", "x", "--zzzz"],
+            "did you mean --dry-run for --dryrun, --out for --otu?",  # each its own; --zzzz near none
+        ),
+        (["sweep", "--nope"], "unrecognized arguments: --nope (see"),  # near none: no suggestion
+    ],
+)
+def test_an_unknown_option_is_followed_by_the_nearest_of_the_commands_own(argv, says, capsys):
+    """Python 3.11's argparse has no suggest_on_error; config keys had a 'did you mean', options none."""
+    err = _refused(argv, capsys)
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_an_unknown_axis_field_is_followed_by_the_nearest_field_or_knob(tmp_path, capsys):
+    from moebench.results.synthetic import synthetic_run
+
+    run = str(synthetic_run(tmp_path / "run"))
+    for axis, near in (("quantt=bf16:fp8_block", "quant"), ("row_layot=a:b", "row_layout")):
+        assert cli.main(["compare", run, "--axis", axis]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.endswith(f"; did you mean {near}?\n"), err
+    assert not (tmp_path / "run" / "report").exists()
+
+
 def test_an_unknown_command_is_one_line_pointing_at_the_top_level_help(capsys):
     err = _refused(["nope"], capsys)
     assert err.count("\n") == 1 and err.startswith("moebench: error: argument cmd: invalid choice: 'nope'")
