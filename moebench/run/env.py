@@ -260,10 +260,9 @@ def _print_machine(info: dict) -> None:
         f"machine   {info['hostname']}  python {info['python']}  cpus {info['cpu_count']}  "
         f"torch threads per CPU rank {info['cpu_threads']}"
     )
-    print(
-        f"gpu       {info['gpu']} x{info['gpu_count']}"
-        + (f"  nccl {info.get('nccl')}" if info["gpu_count"] else "  (CPU ranks over gloo)")
-    )
+    gpus = info["gpu_count"]
+    where = f"{info['gpu']} x{gpus}  nccl {info.get('nccl')}" if gpus else "none (CPU ranks over gloo)"
+    print(f"gpu       {where}")
     print(f"torch     {info['torch']}  cuda {info['cuda']}  triton {info['triton']}")
     state = {True: f"dirty, diff {str(info.get('git_diff_sha256'))[:12]}", False: "clean", None: "state unknown"}
     print(
@@ -287,7 +286,9 @@ def _print_machine(info: dict) -> None:
         "torch.cuda.nvtx": "recorded by Nsight Systems 2024.2",
         "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)",
     }
-    print(f"  nvtx ranges   {api + ' (' + recorded.get(api, '') + ')' if api else 'none: no CUDA and no nvtx package'}")
+    # what nsys would make of them, said only where there is an nsys to ask
+    why = recorded.get(api, "") if ns.get("path") else "no nsys to record them"
+    print(f"  nvtx ranges   {api + ' (' + why + ')' if api else 'none: no CUDA and no nvtx package'}")
     print(flush=True)
 
 

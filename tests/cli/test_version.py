@@ -30,3 +30,17 @@ def test_version_flag_prints_the_version(capsys):
 def test_env_shows_the_version(capsys):
     assert cli.main(["env"]) == 0
     assert f"moebench  {__version__}\n" in capsys.readouterr().out
+
+
+def test_env_on_a_machine_without_gpu_or_nsys_says_so_plainly(capsys, monkeypatch):
+    """No 'cpu x0' for the GPU line, and no word on what Nsight Systems 2024.2 records where there is
+    no nsys at all."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nsys on it
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu       none (CPU ranks over gloo)" in out and " x0" not in out
+    nvtx = next(line for line in out.splitlines() if line.startswith("  nvtx ranges"))
+    assert "Nsight Systems 2024.2" not in nvtx, nvtx
