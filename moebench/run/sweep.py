@@ -23,6 +23,7 @@ from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
 from moebench.run.plan import plan, reason_groups, refuse_impossible, run_name
+from moebench.run.progress import Progress as _Progress  # the name tests/report import
 from moebench.util.safe_write import safe_dir
 from moebench.util.words import counted
 
@@ -47,46 +48,6 @@ class SweepCounts(Counter):
         if self.interrupted:
             return 130
         return 1 if any(self.get(s) for s in BAD_STATUSES) else 0
-
-
-class _Progress:
-    """tqdm bar over combinations with ETA (plain lines when not a terminal). Messages go
-    through tqdm.write so they never break the bar; wide-spread rows are counted and
-    summarised at the end (summary()), not printed one by one."""
-
-    def __init__(self, total: int):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="combo", dynamic_ncols=True, file=sys.stderr, disable=total == 0)
-        self.wide: list[tuple[float, str]] = []  # (p80/p20, 'label T=tokens') of each wide-spread row
-
-    def update(self, label: str, statuses: Counter, step: int = 1) -> None:
-        wide = f" wide_spread={len(self.wide)}" if self.wide else ""
-        self.bar.set_postfix_str(
-            f"{label} " + " ".join(f"{k}={v}" for k, v in sorted(statuses.items())) + wide, refresh=False
-        )
-        self.bar.update(step)
-
-    def write(self, text: str) -> None:
-        self.bar.write(text, file=sys.stderr)
-
-    def summary(self) -> str:
-        """'moebench: 3 rows with a wide spread (p80/p20 > 1.10), widest: <label> T=16 (1.31); ...' or ''."""
-        if not self.wide:
-            return ""
-        worst = sorted(self.wide, reverse=True)[:3]
-        shown = "; ".join(f"{where} ({spread:.2f})" for spread, where in worst)
-        return (
-            f"moebench: {counted(len(self.wide), 'row')} with a wide spread (p80/p20 > {NOISY_SPREAD:.2f}), widest: "
-            f"{shown}; more runner.reps or a quieter machine (the report flags them)"
-        )
-
-    def close(self, keep: bool = True) -> None:
-        """keep=False (an abort): the bar is cleared, not drawn again, so that the abort's one line
-        follows the last message (a terminal's bar line is overwritten; a pipe gets blanks)."""
-        if not keep:
-            self.bar.leave = False
-        self.bar.close()
 
 
 class Aborted(KeyboardInterrupt):

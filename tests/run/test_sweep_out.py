@@ -1,0 +1,52 @@
+"""The lines a sweep prints: progress off a terminal (a log file, a pipe) as plain lines at a
+modest rate, where tqdm's carriage-return redraws made one line of kilobytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from moebench.run.progress import LINE_EVERY_S, Progress
+
+CPU = ["runner.device=cpu"]
+QUICK = ["runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "workload.tokens_per_rank=[4]"]
+
+
+@pytest.fixture(autouse=True)
+def no_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def test_progress_off_a_terminal_is_a_line_now_and_then(capsys):
+    clock = [0.0]
+    progress = Progress(5, tty=False, clock=lambda: clock[0])
+    seen = Counter()
+    for i in range(5):
+        clock[0] += 4.0  # a combination every 4 s: a line at 12 s (after 10 s), then the last at 20 s
+        seen["ok"] += 1
+        progress.update(f"c{i}", seen)
+    progress.update("c4", seen, step=0)  # part of a combination (the rest follows): no line
+    progress.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert LINE_EVERY_S == 10.0
+    assert lines == [
+        "moebench: 3 of 5 combinations done (60 %) in 12 s, about 8 s left; last: c2 ok=3",
+        "moebench: 5 of 5 combinations done (100 %) in 20 s; last: c4 ok=5",
+    ]
+
+
+@pytest.mark.multiprocess
+def test_a_sweep_logged_to_a_file_has_no_carriage_return(tmp_path):
+    """stderr to a file: the bar's carriage-return redraws made one line of kilobytes there."""
+    log = tmp_path / "sweep.log"
+    two = ["backend=local", "experts=torch", "reduction=experts,finalize", "overlap=none", "quant=bf16", "model=tiny"]
+    argv = [sys.executable, "-m", "moebench", "sweep", *two, *CPU, *QUICK, "--out", str(tmp_path / "run")]
+    with open(log, "w") as f:
+        done = subprocess.run(argv, stderr=f, stdout=subprocess.DEVNULL, timeout=300)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text
+    assert "moebench: 2 of 2 combinations done (100 %) in " in text, text
