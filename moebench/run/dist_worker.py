@@ -198,8 +198,7 @@ def _plan(args, env: RankEnv, log):
     from moebench.results.lock import RunLock
     from moebench.results.store import RunStore
     from moebench.run import env as envmod
-    from moebench.run.plan import plan
-    from moebench.util.words import counted
+    from moebench.run.plan import plan, planned
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
     for note in sweep_data.get("notes", ()):  # e.g. a sweep file's model share left out
@@ -218,10 +217,7 @@ def _plan(args, env: RankEnv, log):
     eid, run_id = envmod.env_id(info), uuid.uuid4().hex[:10]
     meta = run_meta(run_id, sweep_data["name"], info, eid)
     skipped, work, already = plan_work(combos, store, args.redo, meta)
-    log(
-        f"moebench: {counted(len(combos), 'combination')}, {len(work)} to run on {env.world_size} ranks, "
-        f"{counted(len(skipped), 'skipped row')}, {counted(already, 'row')} already stored -> {args.out}"
-    )
+    log(f"moebench: {planned(combos, work, len(skipped), already, f' on {env.world_size} ranks')} -> {args.out}")
     store.write_env({**info, "env_id": eid}, run_id)
     store.write_json(
         f"sweep-{run_id}.json",
@@ -241,6 +237,7 @@ def main(argv=None) -> int:
 
     from moebench.results.row import BAD_STATUSES
     from moebench.results.store import RunStore
+    from moebench.util.words import counted
 
     args = _parser().parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)
@@ -293,7 +290,8 @@ def main(argv=None) -> int:
     df = RunStore(args.out).load()
     bad = df[df["combo_key"].isin(set(keys)) & df["status"].isin(BAD_STATUSES)] if len(df) else df
     lock.release()
-    log(f"moebench: done at {dt.datetime.now().isoformat(timespec='seconds')}; {len(bad)} rows not ok in {args.out}")
+    done = dt.datetime.now().isoformat(timespec="seconds")
+    log(f"moebench: done at {done}; {counted(len(bad), 'row')} not ok in {args.out}")
     # torchrun restarts a group that exits non-zero: with restarts, a group that ran everything
     # exits 0 (its last line says how many rows are not ok), else as `moebench sweep` does
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)

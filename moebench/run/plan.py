@@ -16,7 +16,7 @@ from moebench.config.paths import ADHOC
 from moebench.config.spec import Combination, Combo
 from moebench.config.sweeps import expand, load_sweep, parse_overrides, sweep_device
 from moebench.config.validity import check_with_tokens
-from moebench.util.words import agree
+from moebench.util.words import agree, counted
 
 
 def _ranks_available(device: str) -> int:
@@ -195,6 +195,32 @@ def refuse_impossible(combos: list[Combination]) -> None:
     rules = "; ".join(f"{n} with {text}" for n, text in groups)
     what = f"{len(reasons)} (combination, token count) pairs" if pairs else f"{len(combos)} combinations"
     raise ValueError(f"no machine can run any of these {what}, each breaks a rule: {rules}")
+
+
+def planned(combos: list[Combination], work: list, skipped_rows: int, already: int, where: str = "") -> str:
+    """The plan against the store, combinations and rows each counted in their own parentheses:
+    '1008 combinations (72 to run, 936 skipped), 2016 rows (144 to run, 1872 skipped)', 'already
+    stored' beside them where a resume finds some. A combination is to run where one of its rows is
+    (`work`: results/finished.py plan_work's), skipped where none of its token counts can run,
+    already stored where every one that can is; `where` follows the combinations' 'to run'
+    (' on 2 ranks')."""
+    num_skipped = sum(1 for c in combos if not c.runnable_tokens)
+    num_stored = len(combos) - len(work) - num_skipped
+    rows_to_run = sum(len(tokens) for _, tokens in work)
+
+    def parts(run: int, stored: int, skipped: int, at: str = "") -> str:
+        said = [f"{run} to run{at}"]
+        if stored:
+            said.append(f"{stored} already stored")
+        if skipped:
+            said.append(f"{skipped} skipped")
+        return ", ".join(said)
+
+    rows = rows_to_run + already + skipped_rows
+    return (
+        f"{counted(len(combos), 'combination')} ({parts(len(work), num_stored, num_skipped, where)}), "
+        f"{counted(rows, 'row')} ({parts(rows_to_run, already, skipped_rows)})"
+    )
 
 
 def reason_groups(reasons: list[str]) -> list[tuple[int, str]]:

@@ -22,7 +22,7 @@ from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
-from moebench.run.plan import plan, reason_groups, refuse_impossible, run_name
+from moebench.run.plan import plan, planned, reason_groups, refuse_impossible, run_name
 from moebench.run.progress import Progress as _Progress  # the name tests/report import
 from moebench.util.safe_write import safe_dir
 from moebench.util.words import counted
@@ -172,10 +172,7 @@ def execute(
         meta = run_meta(run_id, sweep_data["name"], info, eid)
         skipped, work, already = plan_work(combos, store, redo, meta)
         counts = SweepCounts({Status.SKIPPED: len(skipped)})
-        log(
-            f"moebench: {counted(len(combos), 'combination')}, {len(work)} to run, "
-            f"{counted(len(skipped), 'skipped row')}, {counted(already, 'row')} already stored -> {run_dir}"
-        )
+        log(f"moebench: {planned(combos, work, len(skipped), already)} -> {run_dir}")
         for note in sweep_data.get("notes", ()):  # e.g. a device section's model share left out
             log(f"moebench: {note}")
         for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs

@@ -353,7 +353,7 @@ def test_a_sweep_with_an_impossible_combination_runs_the_others(tmp_path, capsys
     argv = ["sweep", *one, "experts=torch,torch_batched", "workload.tokens_per_rank=[4]", "--out", str(tmp_path / "s")]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
-    assert "moebench: 2 combinations, 1 to run, 1 skipped row, 0 rows already stored" in err
+    assert "moebench: 2 combinations (1 to run, 1 skipped), 2 rows (1 to run, 1 skipped) -> " in err
     run = tmp_path / "s"
     assert err.splitlines()[-1] == f"moebench: next: moebench report {run}  (or moebench compare {run} OTHER_RUN)"
     df = RunStore(tmp_path / "s").load()
@@ -375,7 +375,7 @@ def test_nothing_ran_names_the_rule_apart_from_the_machine(tmp_path, capsys):
     assert "moebench: next:" not in err  # nothing measured: nothing to report
     assert cli.main(["run", *one, "experts=triton", "--out", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
-    assert "moebench: 1 combination, 0 to run, 2 skipped rows, 0 rows already stored" in err
+    assert "moebench: 1 combination (0 to run, 1 skipped), 2 rows (0 to run, 2 skipped) -> " in err
     assert "nothing ran: every combination was skipped on this machine (" in err
 
 

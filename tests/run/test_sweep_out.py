@@ -1,5 +1,6 @@
-"""The lines a sweep prints: progress off a terminal (a log file, a pipe) as plain lines at a
-modest rate, where tqdm's carriage-return redraws made one line of kilobytes."""
+"""The lines a sweep prints: the plan counted in combinations and in rows, each apart; progress
+off a terminal (a log file, a pipe) as plain lines at a modest rate, where tqdm's carriage-return
+redraws made one line of kilobytes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from moebench.run import plan as plan_mod
 from moebench.run.progress import LINE_EVERY_S, Progress
 
 CPU = ["runner.device=cpu"]
@@ -18,6 +20,28 @@ QUICK = ["runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "workload.to
 @pytest.fixture(autouse=True)
 def no_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def test_the_plan_is_counted_in_combinations_and_in_rows_apart():
+    """'1008 combinations, 72 to run, 1872 skipped rows' mixed the units: each has its parentheses."""
+    combos, _ = plan_mod.plan(
+        ["backend=local", "experts=torch,torch_batched", "reduction=experts", "overlap=none", "quant=bf16"]
+        + ["model=tiny", "workload.tokens_per_rank=[4,8]", *CPU]
+    )
+    runs, skipped = combos if not combos[0].reason else combos[::-1]
+    assert runs.runnable_tokens == [4, 8] and skipped.reason
+    said = plan_mod.planned(combos, [(runs, [4, 8])], 2, 0)
+    assert said == "2 combinations (1 to run, 1 skipped), 4 rows (2 to run, 2 skipped)"
+    said = plan_mod.planned(combos, [(runs, [8])], 2, 1)  # a resume: one token count stored
+    assert said == "2 combinations (1 to run, 1 skipped), 4 rows (1 to run, 1 already stored, 2 skipped)"
+    said = plan_mod.planned(combos, [], 2, 2)  # all stored
+    assert (
+        said == "2 combinations (0 to run, 1 already stored, 1 skipped), 4 rows (0 to run, 2 already stored, 2 skipped)"
+    )
+    assert (
+        plan_mod.planned([runs], [(runs, [4, 8])], 0, 0, " on 2 ranks")
+        == "1 combination (1 to run on 2 ranks), 2 rows (2 to run)"
+    )
 
 
 def test_progress_off_a_terminal_is_a_line_now_and_then(capsys):
@@ -50,3 +74,4 @@ def test_a_sweep_logged_to_a_file_has_no_carriage_return(tmp_path):
     assert done.returncode == 0, text
     assert "\r" not in text
     assert "moebench: 2 of 2 combinations done (100 %) in " in text, text
+    assert "moebench: 2 combinations (2 to run), 2 rows (2 to run) -> " in text, text
