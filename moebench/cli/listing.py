@@ -41,6 +41,7 @@ def register(sub) -> None:
 def list_command(args) -> int:
     from moebench.config import plugins
     from moebench.run.plan import plan, reason_groups
+    from moebench.util.words import counted
 
     if args.knobs:
         print("\n".join(plugins.knob_lines()))
@@ -62,10 +63,10 @@ def list_command(args) -> int:
             mark = "[rule] " if c.rule else ""
             print(f"skipped {c.label}{plugins.origin_tag(c)}  {mark}({c.reason}){_skipped_tokens(c, True)}")
     elif skipped:
-        print(f"\nskipped, by reason ({len(skipped)} combinations; --verbose lists each):")
+        print(f"\nskipped, by reason ({counted(len(skipped), 'combination')}; --verbose lists each):")
         for n, line in reason_groups([c.reason for c in skipped if c.reason]):
             print(f"  {n:4d}  {line}")
-    print(f"\n{len(valid)} valid, {len(combos) - len(valid)} skipped of {len(combos)} combinations")
+    print(f"\n{len(valid)} valid, {len(skipped)} skipped of {counted(len(combos), 'combination')}")
     lines = plugins.summary()
     if lines:
         print("\nplugins:\n" + "\n".join(f"  {line}" for line in lines))

@@ -1,6 +1,6 @@
 """The lines a sweep prints: the plan counted in combinations and in rows, each apart; progress
 off a terminal (a log file, a pipe) as plain lines at a modest rate, where tqdm's carriage-return
-redraws made one line of kilobytes."""
+redraws made one line of kilobytes; `list`'s counts at 1."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from moebench import cli
 from moebench.run import plan as plan_mod
 from moebench.run.progress import LINE_EVERY_S, Progress
 
@@ -42,6 +43,16 @@ def test_the_plan_is_counted_in_combinations_and_in_rows_apart():
         plan_mod.planned([runs], [(runs, [4, 8])], 0, 0, " on 2 ranks")
         == "1 combination (1 to run on 2 ranks), 2 rows (2 to run)"
     )
+
+
+def test_list_counts_one_combination_in_the_singular(capsys):
+    one = ["backend=local", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny", *CPU]
+    assert cli.main(["list", *one, "experts=torch"]) == 0
+    assert "\n1 valid, 0 skipped of 1 combination\n" in capsys.readouterr().out  # the plugins' lines follow
+    assert cli.main(["list", *one, "experts=torch_batched"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped, by reason (1 combination; --verbose lists each):" in out
+    assert "\n0 valid, 1 skipped of 1 combination\n" in out
 
 
 def test_progress_off_a_terminal_is_a_line_now_and_then(capsys):
