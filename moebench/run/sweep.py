@@ -211,18 +211,34 @@ def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) ->
             progress.wide.append((r["latency_us_p80"] / r["latency_us_p20"], f"{label} T={r['tokens_per_rank']}"))
 
 
+def _skip_of(c: Combination) -> tuple[bool, str]:
+    """(whether no machine runs it, why) of a combination none of whose token counts runs: its own
+    reason, or its token counts' (each distinct one once)."""
+    if c.reason and (c.rule or not c.ruled_out):
+        return c.rule, c.reason
+    by_token = c.token_rules if c.ruled_out else c.token_reasons
+    return c.ruled_out, "; ".join(dict.fromkeys(by_token.values()))
+
+
 def nothing_ran(combos: list[Combination]) -> str:
-    """The line a sweep that ran nothing ends with: every combination skipped, on this machine
-    (a library, GPUs, CUDA), and those that break a rule of the plan (or each token count does) named
-    apart (no machine runs them; where every one does, the sweep was refused: refuse_impossible)."""
-    rules = sum(1 for c in combos if c.ruled_out)
+    """What a sweep that ran nothing ends with: every combination skipped, on this machine (a
+    library, GPUs, CUDA) and, named apart, by a rule of the plan that no machine lifts (where every
+    one is, the sweep was refused: refuse_impossible); the combinations counted by reason, then
+    what to do."""
+    skips = [_skip_of(c) for c in combos]
+    machine = [why for rule, why in skips if not rule]
+    rules = [why for rule, why in skips if rule]
     where = " on this machine"
     if rules:
-        where = f": {len(combos) - rules} on this machine, {rules} by a rule of the plan that no machine lifts"
-    return (
-        f"moebench: nothing ran: every combination was skipped{where} "
-        "(`moebench list -v` with the same options says why)"
-    )
+        where = f": {len(machine)} on this machine, {len(rules)} by a rule of the plan that no machine lifts"
+    lines = [f"moebench: nothing ran: every combination was skipped{where}; combinations by reason:"]
+    lines += [f"  {n:4d}  {why}" for n, why in reason_groups(machine)]
+    lines += [f"  {n:4d}  [rule] {why}" for n, why in reason_groups(rules)]
+    todo = "run them on a machine that has what the reasons above ask for (`moebench env` shows what this one has)"
+    if rules:
+        todo += "; no machine runs the [rule] ones: change or drop those options"
+    lines.append(f"moebench: to measure them, {todo}; `moebench list -v` with the same options lists each combination")
+    return "\n".join(lines)
 
 
 def _run(

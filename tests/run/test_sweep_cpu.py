@@ -340,7 +340,8 @@ def test_a_plugins_own_rule_is_refused_and_its_plain_reason_skipped(marked, caps
         assert code == 2 and err.splitlines() == [f"moebench run: error: no machine can run this combination: {said}"]
         assert list(tmp_path.iterdir()) == []
         return
-    assert code == 0 and "nothing ran: every combination was skipped on this machine (" in err
+    assert code == 0 and "nothing ran: every combination was skipped on this machine; combinations by reason:" in err
+    assert f"     1  {said}" in err.splitlines()
     df = RunStore(tmp_path / "r").load()
     assert set(df.status) == {"skipped"} and set(df.reason) == {said}
 
@@ -369,14 +370,16 @@ def test_nothing_ran_names_the_rule_apart_from_the_machine(tmp_path, capsys):
     err = capsys.readouterr().err
     assert (
         "moebench: nothing ran: every combination was skipped: 1 on this machine, 1 by a rule of the plan "
-        "that no machine lifts (`moebench list -v` with the same options says why)"
+        "that no machine lifts; combinations by reason:"
     ) in err
+    assert "     1  [rule] layouts differ: " in err and "     1  Triton experts need a CUDA GPU" in err
+    assert "no machine runs the [rule] ones: change or drop those options" in err
     assert set(RunStore(tmp_path / "s").load().status) == {"skipped"}
     assert "moebench: next:" not in err  # nothing measured: nothing to report
     assert cli.main(["run", *one, "experts=triton", "--out", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert "moebench: 1 combination (0 to run, 1 skipped), 2 rows (0 to run, 2 skipped) -> " in err
-    assert "nothing ran: every combination was skipped on this machine (" in err
+    assert "nothing ran: every combination was skipped on this machine; combinations by reason:" in err
 
 
 def test_list_json(capsys):

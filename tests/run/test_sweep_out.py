@@ -1,6 +1,7 @@
 """The lines a sweep prints: the plan counted in combinations and in rows, each apart; progress
 off a terminal (a log file, a pipe) as plain lines at a modest rate, where tqdm's carriage-return
-redraws made one line of kilobytes; `list`'s counts at 1."""
+redraws made one line of kilobytes; a sweep that ran nothing saying why, by reason, and what to do;
+`list`'s counts at 1."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from moebench import cli
 from moebench.run import plan as plan_mod
 from moebench.run.progress import LINE_EVERY_S, Progress
+from moebench.run.sweep import nothing_ran
 
 CPU = ["runner.device=cpu"]
 QUICK = ["runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "workload.tokens_per_rank=[4]"]
@@ -43,6 +45,22 @@ def test_the_plan_is_counted_in_combinations_and_in_rows_apart():
         plan_mod.planned([runs], [(runs, [4, 8])], 0, 0, " on 2 ranks")
         == "1 combination (1 to run on 2 ranks), 2 rows (2 to run)"
     )
+
+
+def test_nothing_ran_counts_the_reasons_and_says_what_to_do():
+    """backend=tp experts=triton on a CPU: 4 combinations this machine skips (Triton), 14 a rule of
+    the plan does; the line said only the two counts, not why nor what to do."""
+    combos, _ = plan_mod.plan(["backend=tp", "experts=triton", "model=tiny", *CPU], "default")
+    lines = nothing_ran(combos).splitlines()
+    assert lines[0] == (
+        "moebench: nothing ran: every combination was skipped: 4 on this machine, 14 by a rule of the plan "
+        "that no machine lifts; combinations by reason:"
+    )
+    assert lines[1].startswith("     4  Triton experts need a CUDA GPU")
+    assert [line.split()[0] for line in lines[2:-1]] == ["6", "4", "4"] and all("[rule]" in ln for ln in lines[2:-1])
+    assert lines[-1].startswith("moebench: to measure them, run them on a machine that has what the reasons above")
+    assert "no machine runs the [rule] ones: change or drop those options" in lines[-1]
+    assert "`moebench list -v` with the same options" in lines[-1]
 
 
 def test_list_counts_one_combination_in_the_singular(capsys):
