@@ -15,7 +15,9 @@ def register(sub) -> None:
     )
     options.overrides(s, "group=option, key=value or comma lists (below); none: the embedded default sweep")
     s.add_argument("--sweep", default="default", help="named sweep in sweeps/ (or a path); default: %(default)s")
-    options.out(s, "run directory (default: runs/<sweep>[-<hash of overrides>])")
+    options.out(
+        s, "run directory: a new or empty folder, or a run to resume (default: runs/<sweep>[-<hash of overrides>])"
+    )
     s.add_argument(
         "--redo",
         default="none",
@@ -37,7 +39,7 @@ def register(sub) -> None:
         sub, "run", "run one combination and print its rows", options.EPILOG + "\n\n" + options.SWEEP_EXIT
     )
     options.overrides(r, "group=option or key=value, naming one combination (below)")
-    options.out(r, f"run directory (default: runs/{ADHOC}-<hash of the overrides>)")
+    options.out(r, f"run directory: a new or empty folder, or a run (default: runs/{ADHOC}-<hash of the overrides>)")
 
 
 def sweep_command(args) -> int:

@@ -1,7 +1,7 @@
-"""The lines a sweep prints: the plan counted in combinations and in rows, each apart; progress
-off a terminal (a log file, a pipe) as plain lines at a modest rate, where tqdm's carriage-return
-redraws made one line of kilobytes; a sweep that ran nothing saying why, by reason, and what to do;
-`list`'s counts at 1."""
+"""What a sweep's --out takes (docs/design.md, "The store": a new folder, an empty one or a run to
+resume; an existing folder holding anything else is refused before any work), and the lines a sweep
+prints: the plan counted in combinations and in rows, each apart; progress off a terminal as plain
+lines; a sweep that ran nothing saying why, by reason, and what to do; `list`'s counts at 1."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from moebench.run import plan as plan_mod
 from moebench.run.progress import LINE_EVERY_S, Progress
 from moebench.run.sweep import nothing_ran
 
+# Triton's experts on a CPU without the interpreter: a skipped row (this machine's), no rank starts
+SKIPPED_HERE = ["backend=local", "experts=triton", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny"]
 CPU = ["runner.device=cpu"]
 QUICK = ["runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "workload.tokens_per_rank=[4]"]
 
@@ -23,6 +25,41 @@ QUICK = ["runner.reps=1", "runner.warmup=0", "runner.phase_reps=1", "workload.to
 @pytest.fixture(autouse=True)
 def no_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def _tree(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("argv", [["sweep"], ["sweep", "--dry-run"], ["run"]], ids=["sweep", "dry-run", "run"])
+def test_an_out_holding_other_files_is_refused_before_any_work(argv, tmp_path, capsys):
+    """A checkout's root given as --out: it wrote rows/ and env.json among the checkout's files."""
+    clone = tmp_path / "clone"
+    (clone / ".git").mkdir(parents=True)
+    (clone / "README.md").write_text("mine\n")
+    before = _tree(clone)
+    assert cli.main([*argv, *SKIPPED_HERE, *CPU, "--out", str(clone)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"moebench {argv[0]}: error: {clone} is neither empty nor a moebench run (it holds .git, README.md; "
+        "a run holds rows/ and env.json): give --out a new or empty folder, or an existing run to resume"
+    ]
+    assert captured.out == "" and _tree(clone) == before
+
+
+def test_a_new_an_empty_and_an_existing_run_are_taken(tmp_path, capsys):
+    """A new folder, an empty one, one holding only a killed writer's temp file or a lock (a sweep
+    killed before it wrote), and a run (resumed) are all the sweep's to write."""
+    empty, leftover, locked = tmp_path / "empty", tmp_path / "leftover", tmp_path / "locked"
+    for folder in (empty, leftover, locked):
+        folder.mkdir()
+    (leftover / ".tmp-probe-0123abcd.tmp").write_text("")
+    (locked / ".lock").write_text("")
+    for out in (tmp_path / "new", empty, leftover, locked, empty):  # the last: the run made above, resumed
+        assert cli.main(["sweep", *SKIPPED_HERE, *CPU, "--out", str(out)]) == 0, capsys.readouterr().err
+        assert (out / "rows" / "skipped.parquet").is_file() and (out / "env.json").is_file()
+    assert not (leftover / ".tmp-probe-0123abcd.tmp").exists()  # removed before any work (clean_temp)
+    capsys.readouterr()
 
 
 def test_the_plan_is_counted_in_combinations_and_in_rows_apart():

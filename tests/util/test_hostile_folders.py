@@ -485,9 +485,10 @@ def test_writes_refuse_links_hard_links_and_fifos_and_leave_their_targets(tmp_pa
 
 def test_a_sweep_that_traces_refuses_a_symlinked_traces_folder_before_any_work(tmp_path, capsys):
     """trace=torch: the ranks would write their traces below RUN/traces; a link there stops the
-    sweep with one line and exit 2 before it locks, plans or measures anything."""
+    sweep with one line and exit 2 before it locks, plans or measures anything. RUN is a run (its
+    rows/): a folder holding only the link is no run, refused for that before the link is looked at."""
     run, victim = tmp_path / "run", _victim(tmp_path)
-    run.mkdir()
+    (run / "rows").mkdir(parents=True)
     (run / "traces").symlink_to(victim)
     rc, out, err = _main(
         [
@@ -510,4 +511,7 @@ def test_a_sweep_that_traces_refuses_a_symlinked_traces_folder_before_any_work(t
     )
     assert rc == 2
     _one_line_naming(err, run / "traces")
-    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and not (run / "rows").exists()
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and sorted(run.rglob("*")) == [
+        run / "rows",
+        run / "traces",
+    ]
