@@ -287,7 +287,7 @@ def _print_machine(info: dict) -> None:
         "nvtx package": "not recorded by Nsight Systems 2024.2: no capture range opens (no CUDA here)",
     }
     # what nsys would make of them, said only where there is an nsys to ask
-    why = recorded.get(api, "") if ns.get("path") else "no nsys to record them"
+    why = recorded.get(api or "", "") if ns.get("path") else "no nsys to record them"
     print(f"  nvtx ranges   {api + ' (' + why + ')' if api else 'none: no CUDA and no nvtx package'}")
     print(flush=True)
 

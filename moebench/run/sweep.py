@@ -25,7 +25,7 @@ from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, probe
 from moebench.results.writable import describe as environment_error
 from moebench.run import env as envmod
 from moebench.run.plan import plan, planned, reason_groups, refuse_impossible, run_name
-from moebench.run.progress import Progress as _Progress  # the name tests/report import
+from moebench.run.progress import Progress
 from moebench.util.safe_write import safe_dir
 from moebench.util.words import counted
 
@@ -226,7 +226,7 @@ def execute(
             lock.release()
 
 
-def _report(label: str, rows: list[dict], progress: "_Progress", quiet: bool) -> None:
+def _report(label: str, rows: list[dict], progress: Progress, quiet: bool) -> None:
     """Bad rows printed through the bar; wide-spread rows counted for the summary."""
     for r in rows:
         if r["status"] in BAD_STATUSES:
@@ -272,7 +272,7 @@ def _run(
     """Run the work here (one process group per family) or as SLURM jobs; count the rows."""
     from moebench.run.harness_time import HarnessTally
 
-    progress = _Progress(0 if quiet else len(work))
+    progress = Progress(0 if quiet else len(work))
     tally = HarnessTally()
 
     def on_finished(fin: Finished) -> None:

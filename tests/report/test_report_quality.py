@@ -9,7 +9,8 @@ from moebench import cli
 from moebench.report.document import write_report
 from moebench.report.flags import flags_of
 from moebench.results.synthetic import make_row, write_run
-from moebench.run.sweep import _Progress, reason_groups
+from moebench.run.progress import Progress
+from moebench.run.sweep import reason_groups
 
 
 def _row(tokens=64, spread=0.01, **kw):
@@ -104,7 +105,7 @@ def test_sweep_dry_run_lists_what_would_run(tmp_path, capsys):
 
 
 def test_wide_spreads_are_summarised_not_printed_one_by_one():
-    progress = _Progress(0)
+    progress = Progress(0)
     assert progress.summary() == ""
     progress.wide += [(1.3, "a T=16"), (2.0, "b T=64"), (1.2, "c T=4")]
     text = progress.summary()
