@@ -199,6 +199,7 @@ def _plan(args, env: RankEnv, log):
     from moebench.results.store import RunStore
     from moebench.run import env as envmod
     from moebench.run.plan import plan, planned
+    from moebench.run.sweep import refuse_foreign
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
     for note in sweep_data.get("notes", ()):  # e.g. a sweep file's model share left out
@@ -207,8 +208,9 @@ def _plan(args, env: RankEnv, log):
     for c in other:
         log(f"moebench: left out (runs {c.combo.world_size} ranks, this group has {env.world_size}): {c.label}")
     combos = [c for c in combos if c not in other]
-    lock = RunLock.acquire(args.out, wait=args.wait, log=log)
     store = RunStore(args.out)
+    refuse_foreign(store)  # as moebench sweep: not among a checkout's files (before the lock writes .lock)
+    lock = RunLock.acquire(args.out, wait=args.wait, log=log)
     if lock.fd is not None:
         store.clean_temp()
     else:  # working under a holder's lock: its temp files may be in flight

@@ -168,3 +168,20 @@ def test_the_worker_refuses_its_command_line_in_one_line():
         prog = "python -m moebench.dist_worker"
         assert res.stderr.startswith(f"{prog}: error: ") and res.stderr.endswith(f" (see {prog} --help)\n"), res.stderr
         assert res.stderr.count("\n") == 1 and "usage:" not in res.stderr and says in res.stderr, res.stderr
+
+
+def test_the_worker_refuses_an_out_holding_other_files(tmp_path, capsys, monkeypatch):
+    """torchrun's entry takes --out as `moebench sweep` does: a folder that is neither empty nor a run
+    (a checkout's root) is one line and exit 2, nothing written into it (no .lock, no rows/)."""
+    from moebench.run import dist_worker
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(key, value)
+    clone = tmp_path / "clone"
+    (clone / ".git").mkdir(parents=True)
+    (clone / "README.md").write_text("mine\n")
+    before = sorted(p.name for p in clone.iterdir())
+    assert dist_worker.main(["backend=local", "experts=torch", "model=tiny", "--out", str(clone)]) == 2
+    err = capsys.readouterr().err
+    assert "is neither empty nor a moebench run" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in clone.iterdir()) == before
