@@ -195,11 +195,11 @@ def _plan(args, env: RankEnv, log):
     """Rank 0: lock, clean, plan against the store, write what an invocation writes.
     Returns (lock, work, meta) or raises ValueError (bad input, a folder another sweep holds)."""
     from moebench.results.finished import plan_work, run_meta
+    from moebench.results.foreign import refuse_foreign
     from moebench.results.lock import RunLock
     from moebench.results.store import RunStore
     from moebench.run import env as envmod
     from moebench.run.plan import plan, planned
-    from moebench.run.sweep import refuse_foreign
 
     combos, sweep_data = plan(list(args.overrides), args.sweep, this_machine=False)
     for note in sweep_data.get("notes", ()):  # e.g. a sweep file's model share left out

@@ -3,7 +3,6 @@ rows as each combination ends, stop cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import uuid
@@ -16,13 +15,13 @@ from moebench.config.paths import default_runs_dir
 from moebench.config.plugins import problems as plugin_problems
 from moebench.config.spec import Combination
 from moebench.results.finished import plan_work, run_meta, write_finished
-from moebench.results.lock import JOBS_FILE, LOCK_FILE, RunLock
+from moebench.results.foreign import refuse_foreign
+from moebench.results.lock import RunLock
 from moebench.results.rank_result import Finished
 from moebench.results.row import BAD_STATUSES, Status
-from moebench.results.sequence import SEQ_FILE
 from moebench.results.store import RunStore, invocation_rows
-from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX, probe
 from moebench.results.writable import describe as environment_error
+from moebench.results.writable import probe
 from moebench.run import env as envmod
 from moebench.run.plan import plan, planned, reason_groups, refuse_impossible, run_name
 from moebench.run.progress import Progress
@@ -113,28 +112,6 @@ def dry_run_listing(work: list, combos: list, already: int) -> str:
     if already:
         lines.append(f"{counted(already, 'row')} already stored (--redo failed|all to re-run them)")
     return "\n".join(lines)
-
-
-def refuse_foreign(store: RunStore) -> None:
-    """ValueError (one line, exit 2, before any work) where the run folder exists and is neither
-    empty nor a run (a checkout's root, a home folder, runs/ itself): a sweep would put its rows/
-    and env.json among files that are not its own. A run holds one of the names a sweep writes
-    (rows/, envs/, env.json, sweep-*.json, .lock, .lock-jobs, .row-seq) and is resumed; a killed
-    writer's temp file (.tmp-*.tmp) is nobody else's (docs/design.md, "The store")."""
-    try:
-        names = sorted(os.listdir(store.dir))
-    except OSError:  # not there yet, a file, not ours to list: the probe says which, before any work
-        return
-    ours = {store.rows_dir.name, store.envs_dir.name, "env.json", LOCK_FILE, JOBS_FILE, SEQ_FILE}
-    if any(n in ours or (n.startswith("sweep-") and n.endswith(".json")) for n in names):
-        return
-    theirs = [n for n in names if not (n.startswith(TMP_PREFIX) and n.endswith(TMP_SUFFIX))]
-    if theirs:
-        held = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
-        raise ValueError(
-            f"{store.dir} is neither empty nor a moebench run (it holds {held}; a run holds rows/ and "
-            "env.json): give --out a new or empty folder, or an existing run to resume"
-        )
 
 
 def _trace_folders(combos: list[Combination]) -> set[Path]:
