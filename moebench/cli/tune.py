@@ -15,8 +15,9 @@ figures regress by more than X (nothing installed); --check-vllm: vLLM would not
 grid size decided by an entry more than 2x away, an entry with a field missing or foreign to vLLM's
 kernel, a file name vLLM never opens). 2 bad input before any work (an unknown option or value, a
 combination the tuner cannot search, a --budget outside (0, 1], a bad --max-regression, a FILE, DIR or
-RUN that is missing or does not read) or an environment error (an unwritable --out); 130 interrupted
-(the trials so far are kept: the same command resumes)."""
+RUN that is missing or does not read, --install or --install-from of tiles timed on the CPU or under
+Triton's interpreter: host time, nothing installed) or an environment error (an unwritable --out);
+130 interrupted (the trials so far are kept: the same command resumes)."""
 
 
 def register(sub) -> None:
@@ -94,6 +95,12 @@ def register(sub) -> None:
         "(0.02: 2 %%) at any size",
     )
     tu.add_argument(
+        "--allow-cpu-tiles",
+        action="store_true",
+        help="for moebench's own tests only: let --install / --install-from install tiles timed on the CPU "
+        "or under Triton's interpreter (host time, which no tuned table may rest on; refused without it)",
+    )
+    tu.add_argument(
         "--install-from",
         metavar="DIR",
         help="instead: install the config files of a finished tune's "
@@ -131,6 +138,9 @@ def tune_command(args) -> int:
         from moebench.tune import decision_files, files, install_check
 
         found = files.tuned_files(Path(args.install_from))
+        host = "" if args.allow_cpu_tiles else install_check.host_time(Path(args.install_from))
+        if host:
+            raise ValueError(f"--install-from {args.install_from}: {_host_refusal(host)}")
         refused = install_check.refusal(Path(args.install_from), max_regression)
         if refused is not None:
             print(f"moebench tune: {refused.line(Path(args.install_from))}", file=sys.stderr)
@@ -142,7 +152,7 @@ def tune_command(args) -> int:
 
     from moebench.config.paths import default_runs_dir
     from moebench.run.plan import run_name
-    from moebench.tune import files
+    from moebench.tune import files, install_check
     from moebench.tune.search import TuneArgs, tune
 
     targs = TuneArgs(
@@ -163,6 +173,8 @@ def tune_command(args) -> int:
         f"--reps={args.reps}",
     ]
     out = Path(args.out) if args.out else default_runs_dir() / run_name("tune", key)
+    if args.install and not args.allow_cpu_tiles:
+        _refuse_host_install(targs)  # before any work: a tune whose tiles could never be installed
     try:
         info, pruned, results, stats, wall = tune(targs, out)
     except KeyboardInterrupt:
@@ -191,6 +203,12 @@ def tune_command(args) -> int:
     dec, dec_check, dec_path = _decisions(args, targs, info, results, out, path, extra, max_regression)
     print(files.summary(results, len(pruned.kept)))
     print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
+    host = install_check.recorded_host_timing({"layer": info, "environment": extra["environment"]})
+    if host:
+        print(
+            f"timed {host}: every µs above is host time, not a GPU's: the tiles are for trying the tool, "
+            "not for a GPU (--install refuses them)"
+        )
     if path is None:
         print(
             f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
@@ -233,6 +251,25 @@ def tune_command(args) -> int:
 
         decision_files.install(path, files.install(path, print), print)
     return 0 if all(r.best is not None for r in results) else 1
+
+
+def _host_refusal(where: str) -> str:
+    return (
+        f"these tiles were timed {where}: host time, not a GPU's, and are not installed (a tuned table never "
+        "rests on host time: tune on a GPU without TRITON_INTERPRET)"
+    )
+
+
+def _refuse_host_install(targs) -> None:
+    """ValueError (exit 2, nothing written) for --install where the tiles would be timed on the host."""
+    from moebench.kernels.triton.common import interpreting
+    from moebench.tune.install_check import host_timing
+    from moebench.tune.search import resolve
+
+    c, _ = resolve(targs.overrides)
+    where = host_timing(c.combo["device"], interpreting())
+    if where:
+        raise ValueError(f"--install: {_host_refusal(where)}; drop --install to try the tool")
 
 
 def _max_regression(args):

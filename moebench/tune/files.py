@@ -47,16 +47,19 @@ KERNEL_NOTE = (
 
 
 def environment() -> dict:
-    """The device, library versions and commit a tune ran on (MOEBENCH_GIT_SHA names a copied tree's)."""
+    """The device, library versions and commit a tune ran on (MOEBENCH_GIT_SHA names a copied tree's),
+    and whether Triton's interpreter ran the kernels (host time: install_check.host_time refuses it)."""
     import torch
     import triton
 
+    from moebench.kernels.triton.common import interpreting
     from moebench.run.env import git_info
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {
         "device": dev,
         "device_name": tconfig.device_name(),
+        "triton_interpret": interpreting(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         **git_info(),

@@ -14,6 +14,14 @@ without either nothing is checked, as a fresh `--install` without `--max-regress
               against "current", the two timed interleaved
 
 A size regresses as regression.regressed and DecisionCheck.regressions decide for a fresh install.
+
+Before any figure, where the tiles were timed (`host_time`): a tune on the CPU, or under Triton's
+interpreter, timed the host (seconds a layer call), and a tuned table never rests on host time, so
+such a folder is refused whatever its figures (`--allow-cpu-tiles`, for moebench's own tests, lets
+it through). Its record: tune.json's and each provenance sidecar's "layer" (`device`, `timing`) and
+"environment" (`device`, `triton_interpret`), and the folder's env.json (`TRITON_INTERPRET`, for a
+tune.json written before it named the interpreter). A folder with no record at all (tuned files
+alone) says nothing either way: installed as before.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Optional
 from moebench.tune.decide import DecisionCheck
 from moebench.tune.decision_options import CURRENT
 from moebench.tune.decision_trials import timed_from_json
+from moebench.tune.files import PROVENANCE_SUFFIX
 from moebench.tune.regression import SizeCheck, regressed, size_line
 
 NAN = float("nan")
@@ -99,6 +108,44 @@ def own_threshold(detail: dict) -> Optional[float]:
     """The --max-regression the tune ran with (None: it ran no check)."""
     xs = [detail[k]["max_regression"] for k in ("regression_check", "decisions_check") if detail.get(k)]
     return min(xs) if xs else None
+
+
+def host_timing(device: str, interpreted: bool, gpu: str = "") -> str:
+    """Where a tune timed the host, in words ("on the CPU, under Triton's interpreter"); '' on a GPU
+    without the interpreter. `device`: the combination's ("cpu" | "cuda"), `gpu` its name."""
+    if device == "cuda" and not interpreted:
+        return ""
+    if device == "cuda":
+        return f"under Triton's interpreter (TRITON_INTERPRET=1) on {gpu or 'a GPU'}'s host"
+    return "on the CPU, under Triton's interpreter"
+
+
+def recorded_host_timing(record: dict, env: Optional[dict] = None) -> str:
+    """host_timing of what a tune recorded: `record` a tune.json or provenance sidecar ("layer",
+    "environment"), `env` the folder's env.json; '' where it records a GPU's timing, or nothing."""
+    layer, environment = record.get("layer") or {}, record.get("environment") or {}
+    on_cpu = layer.get("device") == "cpu" or layer.get("timing") == "host clock" or environment.get("device") == "cpu"
+    interpreted = (
+        environment.get("triton_interpret") is True or (env or {}).get("env", {}).get("TRITON_INTERPRET") == "1"
+    )
+    if not on_cpu and not interpreted:
+        return ""
+    return host_timing("cpu" if on_cpu else "cuda", interpreted, str(environment.get("device") or ""))
+
+
+def host_time(out_dir: Path) -> str:
+    """Where DIR's tiles were timed when that was the host (words for the refusal, with the file that
+    says so); '' for a GPU's timing, or a folder that records nothing (module doc)."""
+    out_dir = Path(out_dir)
+    env_path = out_dir / "env.json"
+    env = json.loads(env_path.read_text()) if env_path.is_file() else None
+    records = [out_dir / "tune.json"] + sorted((out_dir / "configs").glob("*" + PROVENANCE_SUFFIX))
+    for path in records:
+        if path.is_file():
+            where = recorded_host_timing(json.loads(path.read_text()), env)
+            if where:
+                return f"{where} ({path.relative_to(out_dir)} says so)"
+    return ""
 
 
 def refusal(out_dir: Path, max_regression: Optional[float]) -> Optional[Refusal]:

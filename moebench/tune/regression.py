@@ -114,6 +114,8 @@ class Check:
         timed = [s for s in self.sizes if math.isfinite(s.ratio) and not s.same]
         worst = max(timed, key=lambda s: s.ratio, default=None)
         tail = f"; worst {worst.ratio:.3f}x at {worst.tokens} tokens" if worst else ""
+        if self.timing == "host":  # the CPU, Triton's interpreter: a verdict on nothing a GPU runs
+            tail += "; host time (the interpreter's), not a GPU's"
         n, x = len(self.sizes), f"{self.max_regression:g} ({self.max_regression * 100:g} %)"
         if self.passed:
             return f"--max-regression {x}: passed at {counted(n, 'token count')} against the current configs{tail}"

@@ -58,8 +58,12 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     screen = [t for t in trials if t["phase"] == "screen"]
     assert len(screen) == 3 and all(t["us"] > 0 and t["rel_err"] <= 2e-2 for t in screen)
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "vs heuristic" in text and "vLLM routes every batch size to the nearest entry: 4: 1 and up" in text
+    # the interpreter's figures are host time, and the output says so under the table
+    assert "timed on the CPU, under Triton's interpreter: every µs above is host time, not a GPU's" in text
+    assert detail["environment"]["triton_interpret"] is True
     # resume: the same command times nothing again and picks the same tile
     n = len(trials)
     assert cli.main(argv) == 0

@@ -230,6 +230,7 @@ def test_tune_decisions_end_to_end_through_the_interpreter(tmp_path, monkeypatch
         "--max-regression",
         "50",  # the interpreter's times are the host's: the check runs, its verdict is not at stake
         "--install",
+        "--allow-cpu-tiles",  # the interpreter's tiles: host time, installed only to test the install
         "--out",
         str(out),
     ]
@@ -389,6 +390,9 @@ def _finished_tune(out, decisions_check=None):
 
     current = {"config": {**entry, "BLOCK_SIZE_N": 128}, "us": 10.0, "error": ""}
     detail = {
+        # timed on a GPU, as a table that may be installed was (test_tune_cpu.py: one from the CPU is refused)
+        "layer": {"device": "cuda"},
+        "environment": {"device": "NVIDIA H100 80GB HBM3", "triton_interpret": False},
         "results": [
             {"tokens": T, "rows": T, "best": entry, "best_us": 9.0, "baselines": {"current": current}} for T in (4, 16)
         ],

@@ -1,0 +1,109 @@
+"""A tune on the CPU (Triton's interpreter): its tiles are host time, so they are never installed
+(`--install` refused before any work, `--install-from` of a folder that records the CPU or the
+interpreter refused: one line, exit 2, nothing written; `--allow-cpu-tiles` is the tests' own way
+through)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moebench import cli
+from moebench.kernels.triton import config as tconfig
+
+ARGV = [
+    "tune",
+    "experts=triton",
+    "backend=local",
+    "model=tiny",
+    "quant=bf16",
+    "runner.device=cpu",
+    "workload.tokens_per_rank=[4]",
+    "--space",
+    "small",
+    "--reps",
+    "2",
+    "--final-reps",
+    "1",
+]
+ENTRY = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+H100 = {"device": "NVIDIA H100 80GB HBM3", "device_name": "NVIDIA_H100_80GB_HBM3", "triton_interpret": False}
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(tconfig, "CONFIG_DIR", tmp_path / "configs")
+    monkeypatch.setattr(tconfig, "PARTIAL_DIR", tmp_path / "configs" / "partial")
+    yield
+    tconfig._load_configs.cache_clear()
+
+
+def _tune_folder(out, layer: dict, environment: dict, env_json: dict | None = None) -> str:
+    """A finished tune's folder as the CLI writes it: the tiles, their provenance, tune.json."""
+    name = tconfig.config_file_name(8, 128, None, None, device=environment["device"])
+    (out / "configs").mkdir(parents=True)
+    (out / "configs" / name).write_text(json.dumps({"4": ENTRY}))
+    side = {"tuner": "moebench tune", "layer": layer, "environment": environment, "entries": {"4": {"us": 9.0}}}
+    (out / "configs" / (name[: -len(".json")] + ".provenance.json")).write_text(json.dumps(side))
+    result = {"tokens": 4, "rows": 4, "best": ENTRY, "best_us": 9.0, "baselines": {}}
+    (out / "tune.json").write_text(json.dumps({"layer": layer, "environment": environment, "results": [result]}))
+    if env_json is not None:
+        (out / "env.json").write_text(json.dumps(env_json))
+    return name
+
+
+@pytest.mark.parametrize(
+    "layer, environment, env_json, words",
+    [
+        (  # a tune on the CPU, as today's tune.json records it
+            {"device": "cpu", "timing": "host clock"},
+            {"device": "cpu", "device_name": "cpu", "triton_interpret": True},
+            None,
+            "these tiles were timed on the CPU, under Triton's interpreter (tune.json says so)",
+        ),
+        (  # the interpreter on a GPU machine, in a tune.json from before it named the interpreter
+            {"device": "cuda", "timing": "graph replays up to 256 tokens, events above"},
+            {"device": "NVIDIA H100 80GB HBM3", "device_name": "NVIDIA_H100_80GB_HBM3"},
+            {"env": {"TRITON_INTERPRET": "1"}},
+            "under Triton's interpreter (TRITON_INTERPRET=1) on NVIDIA H100 80GB HBM3's host",
+        ),
+    ],
+)
+def test_install_from_refuses_tiles_timed_on_the_host(tmp_path, capsys, layer, environment, env_json, words):
+    out = tmp_path / "tune"
+    name = _tune_folder(out, layer, environment, env_json)
+    assert cli.main(["tune", "--install-from", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"moebench tune: error: --install-from {out}: ") and words in line, line
+    assert "host time, not a GPU's, and are not installed" in line
+    assert not (tmp_path / "configs").exists()  # nothing written
+    # moebench's own tests may install them, saying so
+    assert cli.main(["tune", "--install-from", str(out), "--allow-cpu-tiles"]) == 0
+    assert json.loads((tmp_path / "configs" / "partial" / name).read_text()) == {"4": ENTRY}
+
+
+def test_install_from_installs_a_gpus_tiles(tmp_path):
+    out = tmp_path / "tune"
+    name = _tune_folder(out, {"device": "cuda", "timing": "graph replays up to 256 tokens, events above"}, H100)
+    assert cli.main(["tune", "--install-from", str(out)]) == 0
+    assert (tmp_path / "configs" / "partial" / name).is_file()
+
+
+def test_install_is_refused_on_the_cpu_before_any_work(tmp_path, monkeypatch, capsys):
+    from moebench.measure import layer
+
+    def build_layer(*args, **kwargs):
+        raise AssertionError("built a layer for a tune whose tiles could never be installed")
+
+    monkeypatch.setattr(layer, "build_layer", build_layer)
+    out = tmp_path / "tune"
+    assert cli.main(ARGV + ["--out", str(out), "--install"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "moebench tune: error: --install: these tiles were timed on the CPU, under Triton's interpreter: host time, "
+        "not a GPU's, and are not installed (a tuned table never rests on host time: tune on a GPU without "
+        "TRITON_INTERPRET); drop --install to try the tool"
+    )
+    assert not out.exists() and not (tmp_path / "configs").exists()
