@@ -17,7 +17,8 @@ kernel, a file name vLLM never opens). 2 bad input before any work (an unknown o
 combination the tuner cannot search, a --budget outside (0, 1], a bad --max-regression, a FILE, DIR or
 RUN that is missing or does not read, --install or --install-from of tiles timed on the CPU or under
 Triton's interpreter: host time, nothing installed) or an environment error (an unwritable --out);
-130 interrupted (the trials so far are kept: the same command resumes)."""
+130 interrupted (the trials finished so far are kept: the same command resumes, timing only the step cut
+short)."""
 
 
 def register(sub) -> None:
@@ -177,9 +178,11 @@ def tune_command(args) -> int:
         _refuse_host_install(targs)  # before any work: a tune whose tiles could never be installed
     try:
         info, pruned, results, stats, wall = tune(targs, out)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # its words (search.run_tokens): the step in flight, which is lost
+        lost = f" {e}" if str(e) else ""
         print(
-            f"moebench tune: interrupted; the trials so far are in {out / 'trials.jsonl'}: the same command resumes",
+            f"moebench tune: interrupted{lost}; the trials finished so far are kept in {out / 'trials.jsonl'}: "
+            "the same command resumes from them, timing only what is missing",
             file=sys.stderr,
         )
         return 130

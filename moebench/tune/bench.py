@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -49,6 +49,7 @@ class LayerBench:
         self.kept = range(0, self.ctx.num_local_experts) if self.ctx.simulate_ep > 1 else None
         self.flush = timing.L2Flusher(device) if device.type == "cuda" else None
         self.graph_max = c.combo["graph_max_tokens"]
+        self.tick: Callable[[int], None] = lambda n: None  # layer calls made (progress.Progress.tick)
 
     def at(self, T: int, salt: int = 7) -> "TokenBench":
         return TokenBench(self, T, salt)
@@ -133,6 +134,7 @@ class TokenBench:
         self.out.fill_(float("nan"))
         self.final.fill_(float("nan"))
         self.apply()
+        L.tick(1)
         L.kernel.pf.finalize(self.final, self.out, self.prepared, L.experts.finalize_weight_and_reduce())
         return rel_err(self.final, self.ref)
 
@@ -202,6 +204,19 @@ class TokenBench:
         L = self.layer
         warm_ms = 50.0 if self._warm else 5.0
         self._warm = False
-        return timing.time_interleaved(
-            fns, L.device, reps, L.warmup, flush=L.flush, graph=self.graph, warmup_ms=warm_ms
+        # the host clock calls its barrier between samples, outside the timed call: off the GPU the
+        # progress bar moves sample by sample there (seconds a call in the interpreter); on a GPU a
+        # barrier would change how samples are taken, so the calls count when the timing ends
+        host = L.device.type != "cuda"
+        out = timing.time_interleaved(
+            fns,
+            L.device,
+            reps,
+            L.warmup,
+            barrier=(lambda: L.tick(1)) if host else None,
+            flush=L.flush,
+            graph=self.graph,
+            warmup_ms=warm_ms,
         )
+        L.tick((L.warmup + (0 if host else reps)) * len(fns))
+        return out

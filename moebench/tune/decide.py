@@ -33,6 +33,7 @@ from moebench.measure.workload import make_routed, reference_expert_fn, routing_
 from moebench.tune.decision_options import CURRENT, DEEPGEMM, Option, decision_timing, options_of
 from moebench.tune.decision_trials import DecisionStore, Timed, open_store, timed_to_json
 from moebench.tune.trials import HOST_PACED_ERROR, retime_host_paced
+from moebench.util.words import counted
 
 NAN = float("nan")
 TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
@@ -167,6 +168,11 @@ def decide(
     stored host-paced: timed again whole (`_timed`)."""
     bench = bench or DecisionBench(c, device)
     plan = {T: options_of(c.combo, device, tiles.get(T)) for T in tokens}
+    n = sum(len(plan[T][0]) for T in tokens)
+    log(
+        f"tune decisions: {counted(n, 'option')} at {counted(len(tokens), 'token count')}, whole layers checked "
+        f"and timed, {counted(reps, 'sample')} each, interleaved per count; a line as each count ends"
+    )
     if store is not None:
         keys = [store.key(T, o, reps, bench.timing(T)) for T in tokens for o in plan[T][0]]
         reused = sum(store.get(k) is not None for k in keys)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Callable
 
+from moebench.tune.progress import Progress
 from moebench.tune.space import config_key
 from moebench.tune.trials import json_num, retime_host_paced
 from moebench.util.words import agree, counted
@@ -196,19 +197,38 @@ def measure(
         rows = rows_of(c.combo, layer.shape, T)  # what the look-up keys on (simulate_rank: M)
         s = SizeCheck(tokens=T, tuned=dict(entries[T]), current=baselines_of(dims, c.combo["quant"], rows)["current"])
         check.sizes.append(s)
-        if s.same:
-            log(f"tune check T={T}: the tuned config is the current one")
-            continue
-        tb = layer.at(T)
-        check.timing = check.timing or tb.timing
-        # host time is no figure, one busy moment no verdict: a host-paced pair is timed once more
-        timed = partial(tb.interleaved, [s.tuned, s.current], reps)
-        (tuned, cur), s.retimed = retime_host_paced(timed, ["tuned", "current"], f"tune check T={T}", log)
-        s.tuned_us, s.tuned_error, s.tuned_samples = tuned.us, tuned.error, list(tuned.samples)
-        s.current_us, s.current_error, s.current_samples = cur.us, cur.error, list(cur.samples)
-        s.ci_lo, s.ci_hi = interval(s.current_samples, s.tuned_samples)
-        log(f"tune check T={T}: tuned {_us(s.tuned_us)} µs, current {_us(s.current_us)} µs")
+    pairs = [s for s in check.sizes if not s.same]
+    calls = 2 * (1 + layer.warmup + reps)  # a pair: each checked, warmed up and sampled `reps` times
+    log(
+        f"tune check: the tuned entry against the current config at {counted(len(pairs), 'token count')}, "
+        f"{counted(reps, 'sample')} each, interleaved (about {counted(calls * len(pairs), 'layer call')})"
+    )
+    bar = Progress(calls * len(pairs), "tune check", log=log)
+    layer.tick = bar.tick
+    try:
+        for s in check.sizes:
+            if s.same:
+                bar.say(f"tune check T={s.tokens}: the tuned config is the current one")
+                continue
+            _time_pair(layer, s, reps, check, bar)
+    finally:
+        bar.close()
     return check
+
+
+def _time_pair(layer, s: SizeCheck, reps: int, check: Check, bar: Progress) -> None:
+    """One size's tuned and current configs timed interleaved (twice where the host paced them)."""
+    bar.stage(f"T={s.tokens}")
+    tb = layer.at(s.tokens)
+    check.timing = check.timing or tb.timing
+    # host time is no figure, one busy moment no verdict: a host-paced pair is timed once more
+    timed = partial(tb.interleaved, [s.tuned, s.current], reps)
+    with bar.work(2 * (1 + layer.warmup + reps)):
+        (tuned, cur), s.retimed = retime_host_paced(timed, ["tuned", "current"], f"tune check T={s.tokens}", bar.say)
+    s.tuned_us, s.tuned_error, s.tuned_samples = tuned.us, tuned.error, list(tuned.samples)
+    s.current_us, s.current_error, s.current_samples = cur.us, cur.error, list(cur.samples)
+    s.ci_lo, s.ci_hi = interval(s.current_samples, s.tuned_samples)
+    bar.say(f"tune check T={s.tokens}: tuned {_us(s.tuned_us)} µs, current {_us(s.current_us)} µs")
 
 
 def check_tune(args, results, max_regression: float, log: Callable[[str], None] = lambda s: None) -> Check:

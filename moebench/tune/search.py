@@ -11,8 +11,6 @@ the heuristic) compete, so tuning never makes a size slower. files.py writes the
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import math
 import sys
 import time
@@ -23,12 +21,15 @@ from typing import Callable, Optional
 import torch
 
 from moebench.kernels.experts.triton import CONTIGUOUS_QUANTS
+from moebench.kernels.triton.common import interpreting
 from moebench.kernels.triton.config import VLLM_BATCH_SIZES, config_block_shape, config_dtype
 from moebench.run import plan as planmod
 from moebench.tune import compile as tcompile
 from moebench.tune import files as tfiles
 from moebench.tune import strategy
 from moebench.tune.bench import baselines_of, dims_of, rows_of
+from moebench.tune.measurer import Measurer, group_key
+from moebench.tune.progress import Calls, Progress, host_line, plan_line
 from moebench.tune.space import SPACES, config_key, prune, shared_limit_of
 from moebench.tune.trials import Trial, TrialStore, open_store, trial_env
 
@@ -126,100 +127,6 @@ def _one_layer(overrides: list[str]):
     return c
 
 
-def _group(cfgs) -> str:
-    return hashlib.sha1(repr(sorted(config_key(c) for c in cfgs)).encode()).hexdigest()[:12]
-
-
-class Measurer:
-    """strategy's `measure`: stored trials first, then compile the rest in the pool and
-    time them one by one, storing each as it finishes. `bench` None: replay only
-    (every trial must be stored already)."""
-
-    def __init__(
-        self,
-        bench,
-        store: TrialStore,
-        layer: str,
-        T: int,
-        args: TuneArgs,
-        timing_mode: str,
-        pool: Optional[tcompile.Pool] = None,
-        target=None,
-        stats: Optional[tcompile.Stats] = None,
-        progress=None,
-        log: Callable[[str], None] = lambda s: None,
-    ):
-        self.bench, self.store, self.layer, self.T, self.args, self.log = bench, store, layer, T, args, log
-        self.timing, self.pool, self.target = timing_mode, pool, target
-        self.stats = stats if stats is not None else tcompile.Stats()
-        self.progress = progress
-        self.measured = 0  # trials timed in this process (not read back)
-
-    def _key(self, cfg: dict, phase: str, group: str = "") -> tuple:
-        reps = self.args.reps if phase == "screen" else self.args.final_reps
-        return (self.layer, self.T, config_key(cfg), phase, reps, self.timing, group)
-
-    def _stamp(self, t: Trial, phase: str, group: str = "") -> Trial:
-        t.layer, t.tokens, t.phase, t.group, t.timing = self.layer, self.T, phase, group, self.timing
-        t.reps = self.args.reps if phase == "screen" else self.args.final_reps
-        return t
-
-    def _missing(self, cfgs, phase, group=""):
-        return [c for c in cfgs if self.store.get(self._key(c, phase, group)) is None]
-
-    def _require_bench(self, missing):
-        if self.bench is None:
-            raise RuntimeError(f"{len(missing)} trials at {self.T} tokens are not stored (a GPU worker failed?)")
-
-    def precompile(self, cfgs) -> None:
-        if self.pool is None or not cfgs or not tcompile.available():
-            return
-        with tcompile.Recorder() as rec:
-            for c in cfgs:
-                try:
-                    self.bench.dry_run(c)
-                except Exception:  # noqa: BLE001 (the timed trial meets it again and records it)
-                    pass
-        torch.cuda.synchronize(self.bench.layer.device)
-        if not rec.jobs:
-            return
-        self.log(
-            f"tune T={self.T}: compiling {len(rec.jobs)} kernels of {len(cfgs)} configs "
-            f"on {self.pool.workers} processes"
-        )
-        st = self.pool.compile(list(rec.jobs.values()), self.target)
-        self.stats.add(st)
-        if st.errors:
-            self.log(f"tune T={self.T}: {len(st.errors)} kernels failed to compile, e.g. {st.errors[0]}")
-
-    def __call__(self, cfgs, phase: str):
-        if phase == "final":
-            return self._final(cfgs)
-        missing = self._missing(cfgs, "screen")
-        if missing:
-            self._require_bench(missing)
-            self.precompile(missing)
-            self.bench.rewarm()
-        for c in cfgs:
-            key = self._key(c, "screen")
-            if self.store.get(key) is None:
-                with tcompile.HitCounter(self.stats) if tcompile.available() else contextlib.nullcontext():
-                    t = self._stamp(self.bench.trial(c, self.args.reps), "screen")
-                self.store.add(t)
-                self.measured += 1
-            if self.progress is not None:
-                self.progress.update(1)
-        return [self.store.get(self._key(c, "screen")) for c in cfgs]
-
-    def _final(self, cfgs):
-        group = _group(cfgs)
-        if self._missing(cfgs, "final", group):
-            self._require_bench(cfgs)
-            for t in self.bench.interleaved(cfgs, self.args.final_reps):
-                self.store.add(self._stamp(t, "final", group))
-        return [self.store.get(self._key(c, "final", group)) for c in cfgs]
-
-
 def bm_prior(topk: int, num_experts: int, T: int) -> Callable[[tuple], float]:
     """Rung 0's order of tiles when it cannot afford them all: BLOCK_SIZE_M nearest the
     mean rows an expert gets (T * P / E, E all the model's experts: a rank's share of the
@@ -242,8 +149,6 @@ def run_tokens(
 ):
     """Tune `tokens` on `device` (replay: only read the store, as the GPU workers left it;
     `device` then only gives the shared-memory limit): (Pruned, [TokenResult], Stats)."""
-    from tqdm import tqdm
-
     from moebench.tune.bench import LayerBench
 
     dims = dims_of(c.combo)
@@ -270,106 +175,97 @@ def run_tokens(
         T: strategy.budget_of(args.budget, size, nbase[T]) if args.search == "halving" else size + nbase[T]
         for T in tokens
     }
-    bar = tqdm(
-        total=sum(budgets.values()),
-        desc=f"tune {c.combo['model']}",
-        position=position,
-        file=sys.stderr,
-        mininterval=2.0,
+    calls = Calls(layer.warmup if layer is not None else 1, args.reps, args.final_reps, args.finalists)
+    if not replay:
+        log(plan_line(c.combo["model"], dims, tokens, args.space, size, budgets, calls))
+    bar = Progress(
+        sum(calls.count(b) for b in budgets.values()),
+        f"tune {c.combo['model']}",
+        position,
         disable=replay,
-        dynamic_ncols=True,
+        log=log,
+        compiles=target is not None,
     )
+    log = bar.say  # the lines under the bar, not through it
+    if layer is not None:
+        layer.tick = bar.tick
     timing_mode = None
     results: list[TokenResult] = []
-    for T in tokens:
-        t0 = time.perf_counter()
-        if args.stop_at is not None and results:
-            per_t = results[-1].wall_s  # the last token count's time (the first ones may be stored)
-            if time.monotonic() + per_t > args.stop_at:
-                log(f"tune: the deadline stops it before {T} tokens (about {per_t:.0f} s a token count)")
-                break
-        tb = layer.at(T) if layer is not None else None
-        timing_mode = tb.timing if tb is not None else _stored_timing(store, c.key, T)
-        m = Measurer(tb, store, c.key, T, args, timing_mode, pool if target else None, target, stats, bar, log)
-        base = bases[T]
-        base_cfgs = [base["current"], base["heuristic"]]
-        if args.search == "exhaustive":
-            out = strategy.exhaustive(pruned.kept, m, base_cfgs, args.finalists)
-        else:
-            out = strategy.halving(
-                pruned.kept,
-                m,
-                budgets[T],
-                base_cfgs,
-                finalists=args.finalists,
-                prior=bm_prior(dims.topk, c.combo["num_experts"], rows[T]),
-            )
-        res = TokenResult(
-            tokens=T,
-            rows=rows[T],
-            best=out.best,
-            best_us=float("nan"),
-            num_timed=out.num_timed,
-            budget=budgets[T],
-            rungs=out.rungs,
-        )
-        trials: dict[tuple, Trial] = {}
-        for cfg in out.order:
-            t = m.store.get(m._key(cfg, "screen"))
-            assert t is not None, f"{cfg}: the search screened it, the store has no trial of it"
-            trials[config_key(t.config)] = t
-        for name, cfg in base.items():
-            res.baselines[name] = trials.get(config_key(cfg))
-        for t in trials.values():
-            if t.error:
-                kind = t.error.split(":")[0]
-                res.errors[kind] = res.errors.get(kind, 0) + 1
-        if out.best is not None:
-            group = _group(out.finalists) if len(out.finalists) > 1 else None
-            res.final = [m.store.get(m._key(f, "final", group)) for f in out.finalists] if group else []
-            # the winner must also pass on a second input; else the next finalist
-            ranked = sorted(out.finalists, key=lambda f: out.final_us[out.finalists.index(f)] if out.final_us else 0.0)
-            for cand in [out.best] + [f for f in ranked if f != out.best]:
-                rel, err = _recheck(layer, store, c.key, T, cand, timing_mode)
-                if not err:
-                    res.best, res.best_us, res.recheck_rel_err = cand, trials[config_key(cand)].us, rel
+    try:
+        for T in tokens:
+            t0 = time.perf_counter()
+            if args.stop_at is not None and results:
+                per_t = results[-1].wall_s  # the last token count's time (the first ones may be stored)
+                if time.monotonic() + per_t > args.stop_at:
+                    log(f"tune: the deadline stops it before {T} tokens (about {per_t:.0f} s a token count)")
                     break
-                log(f"tune T={T}: {cand} fails on a second input ({err}); next finalist")
-            else:
-                res.best = None
-        res.wall_s = time.perf_counter() - t0
-        results.append(res)
-        b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if out.best else "no config ran"
-        kept = len(pruned.kept)
-        log(f"tune T={T}: {res.num_timed} timed (the space's {kept}, the heuristic, installed tiles), best {b}")
-    bar.close()
+            tb = layer.at(T) if layer is not None else None
+            timing_mode = tb.timing if tb is not None else _stored_timing(store, c.key, T)
+            m = Measurer(
+                tb, store, c.key, T, args, timing_mode, pool if target else None, target, stats, bar, log, calls
+            )
+            with bar.work(calls.count(budgets[T])):  # the count's calls, as made: the total stays true
+                res = _search_count(m, layer, T, rows[T], bases[T], budgets[T], pruned, args, dims, c, log)
+            res.wall_s = time.perf_counter() - t0
+            results.append(res)
+            b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if res.best else "no config ran"
+            kept = len(pruned.kept)
+            log(f"tune T={T}: {res.num_timed} timed (the space's {kept}, the heuristic, installed tiles), best {b}")
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(bar.interrupted()) from None
+    finally:
+        bar.close()
     return pruned, results, stats
+
+
+def _search_count(m: Measurer, layer, T: int, rows: int, base: dict, budget: int, pruned, args, dims, c, log):
+    """One token count: the search (screening, finalists), then the winner on a second input."""
+    base_cfgs = [base["current"], base["heuristic"]]
+    if args.search == "exhaustive":
+        out = strategy.exhaustive(pruned.kept, m, base_cfgs, args.finalists)
+    else:
+        out = strategy.halving(
+            pruned.kept,
+            m,
+            budget,
+            base_cfgs,
+            finalists=args.finalists,
+            prior=bm_prior(dims.topk, c.combo["num_experts"], rows),
+        )
+    res = TokenResult(
+        tokens=T, rows=rows, best=out.best, best_us=math.nan, num_timed=out.num_timed, budget=budget, rungs=out.rungs
+    )
+    trials: dict[tuple, Trial] = {}
+    for cfg in out.order:
+        t = m.store.get(m._key(cfg, "screen"))
+        assert t is not None, f"{cfg}: the search screened it, the store has no trial of it"
+        trials[config_key(t.config)] = t
+    for name, cfg in base.items():
+        res.baselines[name] = trials.get(config_key(cfg))
+    for t in trials.values():
+        if t.error:
+            kind = t.error.split(":")[0]
+            res.errors[kind] = res.errors.get(kind, 0) + 1
+    if out.best is not None:
+        group = group_key(out.finalists) if len(out.finalists) > 1 else None
+        res.final = [m.store.get(m._key(f, "final", group)) for f in out.finalists] if group else []
+        # the winner must also pass on a second input; else the next finalist
+        ranked = sorted(out.finalists, key=lambda f: out.final_us[out.finalists.index(f)] if out.final_us else 0.0)
+        for cand in [out.best] + [f for f in ranked if f != out.best]:
+            rel, err = m.recheck(layer, cand)
+            if not err:
+                res.best, res.best_us, res.recheck_rel_err = cand, trials[config_key(cand)].us, rel
+                break
+            log(f"tune T={T}: {cand} fails on a second input ({err}); next finalist")
+        else:
+            res.best = None
+    return res
 
 
 def _stored_timing(store: TrialStore, layer: str, T: int) -> str:
     for t in store.select(layer, T):
         return t.timing
     raise RuntimeError(f"no stored trials at {T} tokens (a GPU worker failed?)")
-
-
-def _recheck(layer, store: TrialStore, key: str, T: int, cfg: dict, timing_mode: str) -> tuple[float, str]:
-    """(rel_err, error) of cfg on a second input (another routing draw), stored like a trial."""
-    k = (key, T, config_key(cfg), "recheck", 0, timing_mode, "")
-    t = store.get(k)
-    if t is None:
-        if layer is None:
-            raise RuntimeError(f"the winner's re-check at {T} tokens is not stored (a GPU worker failed?)")
-        tb = layer.at(T, salt=11)
-        tb.use(cfg)
-        t = Trial(config=dict(cfg), layer=key, tokens=T, phase="recheck", reps=0, timing=timing_mode)
-        try:
-            t.rel_err = tb.check()
-            if not t.rel_err <= layer.tol:
-                t.error = f"incorrect on a second input: rel_err {t.rel_err:.3g} > {layer.tol:g}"
-        except Exception as e:  # noqa: BLE001 (any failure of the second check is the trial's error)
-            t.error = f"{type(e).__name__}: {e}"[:200]
-        store.add(t)
-    return t.rel_err, t.error
 
 
 def _gpu_main(rank: int, overrides: list, shares: list, args: TuneArgs, out_dir: str, workers: int):
@@ -417,6 +313,9 @@ def tune(
         if len(names) > 1:  # one table from two GPU models, and a replay that finds only one's trials
             raise ValueError(f"the visible GPUs differ ({', '.join(sorted(names))}): tune on one model (--gpus 1)")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    host = host_line(device.type, interpreting(), args.space)  # the interpreter times the host
+    if host:
+        log(host)
     store = open_store(out_dir, device, args.resume, c.key, log)  # says which stored trials it passes over
     tfiles.write_env(out_dir)  # before any trial: an interrupted tune has its environment too
     t0 = time.perf_counter()

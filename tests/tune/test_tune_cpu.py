@@ -1,13 +1,16 @@
 """A tune on the CPU (Triton's interpreter): its tiles are host time, so they are never installed
 (`--install` refused before any work, `--install-from` of a folder that records the CPU or the
 interpreter refused: one line, exit 2, nothing written; `--allow-cpu-tiles` is the tests' own way
-through)."""
+through); and what a long interpreter tune shows while it runs: a bar over the layer calls of the
+whole job that moves sample by sample off the GPU, and an interrupt that says which step it lost.
+The end-to-end run (the plan, the finalists' stage, the bar's count) is test_tune.py's first test."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from moebench import cli
 from moebench.kernels.triton import config as tconfig
@@ -107,3 +110,57 @@ def test_install_is_refused_on_the_cpu_before_any_work(tmp_path, monkeypatch, ca
         "TRITON_INTERPRET); drop --install to try the tool"
     )
     assert not out.exists() and not (tmp_path / "configs").exists()
+
+
+def test_the_host_clock_moves_the_bar_between_samples_outside_the_timed_call():
+    """Off the GPU each sample ticks the bar before it starts (timing's barrier), the warm-up when the
+    timing ends: the finalists' interleaved minutes in the interpreter show as they go."""
+    from types import SimpleNamespace
+
+    from moebench.tune.bench import TokenBench
+
+    events: list[str] = []
+    layer = SimpleNamespace(device=torch.device("cpu"), warmup=1, flush=None, tick=lambda n: events.append(f"+{n}"))
+    tb = object.__new__(TokenBench)
+    tb.layer, tb.graph, tb._warm = layer, False, True
+    (a, b) = tb._time([lambda: events.append("a"), lambda: events.append("b")], 3)
+    assert len(a.us) == len(b.us) == 3
+    assert events == ["a", "b"] + ["+1", "a", "+1", "b"] * 3 + ["+2"]  # warm-up, samples, the warm-up's count
+
+
+def test_the_bar_counts_what_each_step_made_and_drops_what_it_did_not():
+    from moebench.tune.progress import Calls, Progress
+
+    calls = Calls(warmup=1, reps=2, final_reps=1, finalists=3)
+    assert (calls.screen(), calls.final(3), calls.final(1), calls.count(3)) == (4, 9, 0, 22)
+    lines: list[str] = []
+    bar = Progress(calls.count(3), "t", disable=True, log=lines.append)
+    with bar.work(calls.count(3)):
+        bar.drop(calls.screen())  # a trial read from the store
+        for _ in range(2):
+            with bar.work(calls.screen(), trial=True):
+                bar.tick(calls.screen())
+        with bar.work(calls.final(3)):
+            bar.tick(5)  # a finalist failed its check: fewer calls than planned
+        # the re-check never ran (no winner): the count's account drops it at its end
+    assert bar.n == bar.total == 13
+    bar.stage("T=4: 3 finalists again, 1 sample each, interleaved")
+    assert bar.interrupted() == "during T=4: 3 finalists again, 1 sample each, interleaved (timed again on resume)"
+
+
+def test_an_interrupt_says_which_step_it_cut_short(tmp_path, monkeypatch, capsys):
+    from moebench.tune import search
+
+    def cut(m, *args, **kwargs):
+        m.stage("3 finalists again, 1 sample each, interleaved")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "_search_count", cut)
+    out = tmp_path / "tune"
+    assert cli.main(ARGV + ["--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert (
+        "moebench tune: interrupted during T=4: 3 finalists again, 1 sample each, interleaved (timed again on "
+        f"resume); the trials finished so far are kept in {out / 'trials.jsonl'}: the same command resumes"
+    ) in err
+    assert "tune: Triton's interpreter on the CPU (TRITON_INTERPRET=1): every figure is host time" in err

@@ -731,7 +731,8 @@ def _layer_bench(script):
                 SimpleNamespace(us=us, error=e, samples=[us] * reps) for _, us, e in script.pair(["tuned", "current"])
             ]
 
-    return type("LayerBench", (), {"__init__": lambda self, c, d: None, "shape": SHAPE, "at": lambda self, T: At()})
+    attrs = {"__init__": lambda self, c, d: None, "shape": SHAPE, "warmup": 1, "at": lambda self, T: At()}
+    return type("LayerBench", (), attrs)
 
 
 @pytest.mark.parametrize(

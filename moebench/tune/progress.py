@@ -1,0 +1,168 @@
+"""A tune's progress on stderr: its plan up front, one bar over the whole job, an estimate after
+the first trials, and what an interrupt loses.
+
+The bar counts **layer calls** (one forward of the layer's experts), the unit every step of a tune
+shares: a screened config is its check against the reference, the warm-up and `--reps` samples; the
+finalists of a token count are each checked, warmed up and sampled `--final-reps` times, interleaved;
+the winner is re-checked on a second input. So the bar, and its ETA, cover the finalists' timing
+and the re-check as well as the search (a search bar that stood at 100 % for minutes while the
+finalists were timed is why). Off the GPU the bar moves sample by sample (bench.TokenBench._time);
+on a GPU a trial's calls count when it ends. Calls read back from the trial store, and those
+planned but not needed (a search that ran out of configs before its budget), leave the total.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from moebench.util.words import counted
+
+ESTIMATE_AFTER = 3  # trials timed in this process before the estimate line
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Layer calls of each step (bench.TokenBench): `warmup` calls before a timing's samples."""
+
+    warmup: int
+    reps: int
+    final_reps: int
+    finalists: int
+    RECHECK = 1  # the winner on a second input (a class constant, not a field)
+
+    def screen(self) -> int:
+        """One config screened: the check against the reference, the warm-up, `reps` samples."""
+        return 1 + self.warmup + self.reps
+
+    def final(self, n: int) -> int:
+        """n finalists timed again, interleaved (none for a lone finalist: it wins as screened)."""
+        return n * (1 + self.warmup + self.final_reps) if n > 1 else 0
+
+    def count(self, budget: int) -> int:
+        """A token count's plan: `budget` configs screened, its finalists, the re-check."""
+        return budget * self.screen() + self.final(min(self.finalists, budget)) + self.RECHECK
+
+
+def host_line(device_type: str, interpreted: bool, space: str) -> str:
+    """One line where the figures are host time (the CPU, or Triton's interpreter), else ''."""
+    if device_type == "cuda" and not interpreted:
+        return ""
+    where = "on the CPU" if device_type != "cuda" else "on the GPU's host"
+    hint = "" if space.startswith("small") else "; for a try-out: --space small 'workload.tokens_per_rank=[16]'"
+    return (
+        f"tune: Triton's interpreter {where} (TRITON_INTERPRET=1): every figure is host time, not a GPU's, "
+        f"seconds a layer call; the tiles say nothing about a GPU (--install refuses them){hint}"
+    )
+
+
+def plan_line(model: str, dims, tokens: list[int], space: str, kept: int, budgets: dict, calls: Calls) -> str:
+    """The tune's plan in one line: sizes, space, trials and layer calls."""
+    budget = sorted(set(budgets.values()))
+    screened = str(budget[0]) if len(budget) == 1 else f"{budget[0]}-{budget[-1]}"
+    total = sum(calls.count(b) for b in budgets.values())
+    return (
+        f"tune {model} (E={dims.num_experts}, N={dims.intermediate}, hidden={dims.hidden}, top-{dims.topk}): "
+        f"{counted(len(tokens), 'token count')} ({', '.join(map(str, tokens))}); --space {space}: "
+        f"{counted(kept, 'config')} after pruning; per count up to {screened} screened (baselines included) "
+        f"with {counted(calls.reps, 'sample')} each, {calls.finalists} finalists again with {calls.final_reps}, "
+        "interleaved, "
+        f"the winner re-checked: about {counted(total, 'layer call')} in all (the bar counts them)"
+    )
+
+
+class Progress:
+    """The bar over a tune's layer calls (tqdm on stderr) and the words an interrupt needs."""
+
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        position: int = 0,
+        disable: bool = False,
+        log: Callable[[str], None] = print,
+        compiles: bool = False,
+    ):
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit="call",
+            position=position,
+            file=sys.stderr,
+            mininterval=2.0,
+            disable=disable,
+            dynamic_ncols=True,
+        )
+        self._log, self.quiet, self.compiles = log, disable, compiles
+        self.stage_words = ""  # what runs now, in words (the bar's postfix; an interrupt's message)
+        self.timed: list[tuple[float, int]] = []  # (seconds, calls) of the first trials timed here
+        # the account, kept here: a disabled tqdm (a replay) counts nothing
+        self.n, self.total, self._dropped = 0, total, 0
+
+    def say(self, text: str) -> None:
+        """A line through the tune's log, the bar cleared first and drawn again under it."""
+        with type(self.bar).external_write_mode(file=sys.stderr):
+            self._log(text)
+
+    def tick(self, n: int = 1) -> None:
+        """`n` layer calls made."""
+        self.n += n
+        self.bar.update(n)
+
+    def drop(self, n: int) -> None:
+        """`n` planned calls that will not be made (read from the store, or not needed)."""
+        if n:
+            self._dropped += n
+            self.total -= n
+            self.bar.total = max(self.n, self.total)
+            self.bar.refresh()
+
+    def stage(self, words: str) -> None:
+        if words != self.stage_words:
+            self.stage_words = words
+            self.bar.set_postfix_str(words)
+
+    @contextlib.contextmanager
+    def work(self, planned: int, trial: bool = False):
+        """A step planned at `planned` calls: at its end the total takes the calls it made (ticked
+        inside it) and dropped instead of the plan; `trial`: a timed trial, which the estimate reads."""
+        n0, d0, t0 = self.n, self._dropped, time.perf_counter()
+        yield
+        done = self.n - n0
+        self.drop(planned - (self._dropped - d0) - done)  # negative: more calls than planned
+        if trial and done and len(self.timed) < ESTIMATE_AFTER:
+            self.timed.append((time.perf_counter() - t0, done))
+            if len(self.timed) == ESTIMATE_AFTER:
+                self._estimate()
+
+    def _estimate(self) -> None:
+        seconds, calls = (sum(x) for x in zip(*self.timed, strict=True))
+        left = max(0, self.total - self.n)
+        if self.quiet or not calls:
+            return
+        each = seconds / calls
+        more = "; compiling adds to it" if self.compiles else ""
+        self.say(
+            f"tune: {each:.3g} s a layer call over the first {len(self.timed)} trials: about "
+            f"{_duration(each * left)} for the {counted(left, 'call')} left (the bar's ETA follows it{more})"
+        )
+
+    def interrupted(self) -> str:
+        """What an interrupt now loses, in words ('' before any stage)."""
+        return f"during {self.stage_words} (timed again on resume)" if self.stage_words else ""
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
