@@ -220,7 +220,7 @@ def tune_command(args) -> int:
         return 1
     print(
         f"configs: {path} (provenance beside it, every trial in {out / 'trials.jsonl'}); use them with "
-        f"MOEBENCH_TRITON_CONFIG_DIR={path.parent} or --install"
+        f"MOEBENCH_TRITON_CONFIG_DIR={path.parent}{'' if host else ' or --install'}"
     )
     note = files.routing_note(path)
     if note:
