@@ -52,6 +52,12 @@ def _on_sigterm(signum, frame):
     raise _Terminated
 
 
+def _tune_sigterm(signum, frame):
+    from moebench.cli.options import Terminated
+
+    raise Terminated  # where Ctrl-C is caught: tune says what it keeps, then 143
+
+
 class _Stdout:
     """sys.stdout for one command: once its reader has gone (`| head`: BrokenPipeError), what is
     written is discarded, so that the command runs to its end and returns its own status (compare's
@@ -111,10 +117,10 @@ def _closed_stdout_discards() -> Iterator[None]:
 def main(argv=None) -> int:
     with _closed_stdout_discards():  # --help's text included
         args = parse_args(argv)
-        if args.cmd not in ("sweep", "run"):
+        if args.cmd not in ("sweep", "run", "tune"):
             return _main(args)
         # SLURM's pre-emption, `timeout`, `docker stop`: a message and exit 143, the lock released
-        old = signal.signal(signal.SIGTERM, _on_sigterm)
+        old = signal.signal(signal.SIGTERM, _tune_sigterm if args.cmd == "tune" else _on_sigterm)
         try:
             return _main(args)
         finally:
@@ -141,8 +147,11 @@ def _main(args) -> int:
     except KeyboardInterrupt as e:
         # a sweep's second Ctrl-C (moebench/run/sweep.py Aborted) says what became of the work; one line
         # for every command (a Ctrl-C while a plugin imports included)
-        print(f"moebench {args.cmd}: {str(e) or 'interrupted'}", file=sys.stderr)
-        return 130
+        from moebench.cli.options import stopped
+
+        word, code = stopped(e)  # tune's SIGTERM comes as Terminated, a KeyboardInterrupt (143)
+        print(f"moebench {args.cmd}: {str(e) or word}", file=sys.stderr)
+        return code
     except _Terminated:
         print(
             f"moebench {args.cmd}: terminated (SIGTERM); finished combinations are stored. Re-run the same "

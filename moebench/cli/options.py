@@ -84,3 +84,13 @@ def compare_options(p) -> None:
         help="what stdout gets: the verdict and table (md), the table (csv), everything (json); "
         "the report folder gets report.md and, for csv / json, the tables' files (default: md)",
     )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `kill`, SLURM's pre-emption) in `tune`, raised where Ctrl-C is: its handlers
+    say what is kept and what the step in flight loses, as on Ctrl-C, then exit 143, not 130."""
+
+
+def stopped(e: BaseException) -> tuple[str, int]:
+    """How a stop is worded and its exit status: SIGTERM's (Terminated) or Ctrl-C's."""
+    return ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)

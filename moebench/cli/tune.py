@@ -18,7 +18,7 @@ combination the tuner cannot search, a --budget outside (0, 1], a bad --max-regr
 RUN that is missing or does not read, --install or --install-from of tiles timed on the CPU or under
 Triton's interpreter: host time, nothing installed) or an environment error (an unwritable --out);
 130 interrupted (the trials finished so far are kept: the same command resumes, timing only the step cut
-short)."""
+short); 143 terminated (SIGTERM: `timeout`, `kill`), the same kept and said."""
 
 
 def register(sub) -> None:
@@ -180,12 +180,13 @@ def tune_command(args) -> int:
         info, pruned, results, stats, wall = tune(targs, out)
     except KeyboardInterrupt as e:  # its words (search.run_tokens): the step in flight, which is lost
         lost = f" {e}" if str(e) else ""
+        word, code = options.stopped(e)
         print(
-            f"moebench tune: interrupted{lost}; the trials finished so far are kept in {out / 'trials.jsonl'}: "
+            f"moebench tune: {word}{lost}; the trials finished so far are kept in {out / 'trials.jsonl'}: "
             "the same command resumes from them, timing only what is missing",
             file=sys.stderr,
         )
-        return 130
+        return code
     extra = {"wall_s": wall, "compile": asdict(stats), "environment": files.environment()}
     path = files.write(info, results, out, extra=extra)  # first: a check that crashes loses no table
     check = None
@@ -194,13 +195,14 @@ def tune_command(args) -> int:
 
         try:
             check = check_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            word, code = options.stopped(e)
             print(
-                f"moebench tune: interrupted during the --max-regression check; the table is in {path}, nothing "
+                f"moebench tune: {word} during the --max-regression check; the table is in {path}, nothing "
                 "installed: the same command re-runs the check",
                 file=sys.stderr,
             )
-            return 130
+            return code
         extra = {**extra, "regression_check": check.to_json()}
         path = files.write(info, results, out, extra=extra)
     dec, dec_check, dec_path = _decisions(args, targs, info, results, out, path, extra, max_regression)
@@ -307,9 +309,9 @@ def _decisions(args, targs, info, results, out, path, extra, max_regression):
 
     try:
         found, dec_check = decide.for_tune(targs, results, max_regression, lambda s: print(s, file=sys.stderr), out)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(
-            f"interrupted during --decisions; the tiles are in {path}, the decisions timed so far in "
+    except KeyboardInterrupt as e:
+        raise type(e)(
+            f"{options.stopped(e)[0]} during --decisions; the tiles are in {path}, the decisions timed so far in "
             f"{out / 'decisions.jsonl'}, nothing installed: the same command resumes"
         ) from None
     more = {"decisions": decision_files.to_json(found)}

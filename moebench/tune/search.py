@@ -211,8 +211,8 @@ def run_tokens(
             b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if res.best else "no config ran"
             kept = len(pruned.kept)
             log(f"tune T={T}: {res.num_timed} timed (the space's {kept}, the heuristic, installed tiles), best {b}")
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(bar.interrupted()) from None
+    except KeyboardInterrupt as e:  # its kind kept: a SIGTERM (cli's Terminated) exits 143, Ctrl-C 130
+        raise type(e)(bar.interrupted()) from None
     finally:
         bar.close()
     return pruned, results, stats

@@ -195,7 +195,7 @@ STATES = {
     "compare": COMPARING,
     "ab": COMPARING,
     "trace": {0, 1, 2, 130},
-    "tune": {0, 1, 2, 130},
+    "tune": {0, 1, 2, 130, 143},
     "env": {0, 2, 130},
 }
 

@@ -164,3 +164,27 @@ def test_an_interrupt_says_which_step_it_cut_short(tmp_path, monkeypatch, capsys
         f"resume); the trials finished so far are kept in {out / 'trials.jsonl'}: the same command resumes"
     ) in err
     assert "tune: Triton's interpreter on the CPU (TRITON_INTERPRET=1): every figure is host time" in err
+
+
+def test_sigterm_says_which_step_it_cut_short_and_exits_143(tmp_path, monkeypatch, capsys):
+    """`timeout` or `kill` (SIGTERM) ended tune with no word at all, where Ctrl-C said what was kept:
+    now the same line, as terminated, exit 143 (a real SIGTERM to this process, mid-count)."""
+    import os
+    import signal
+
+    from moebench.tune import search
+
+    def cut(m, *args, **kwargs):
+        m.stage("3 finalists again, 1 sample each, interleaved")
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler main installs raises here, where Ctrl-C would
+        raise AssertionError("SIGTERM did not stop the tune")
+
+    monkeypatch.setattr(search, "_search_count", cut)
+    out = tmp_path / "tune"
+    assert cli.main(ARGV + ["--out", str(out)]) == 143
+    err = capsys.readouterr().err
+    assert (
+        "moebench tune: terminated (SIGTERM) during T=4: 3 finalists again, 1 sample each, interleaved (timed "
+        f"again on resume); the trials finished so far are kept in {out / 'trials.jsonl'}"
+    ) in err
+    assert signal.getsignal(signal.SIGTERM) is not None and "Terminated" not in repr(signal.getsignal(signal.SIGTERM))
