@@ -1,6 +1,8 @@
 """Capacity: how many tokens per rank fit a memory budget, per reduction placement.
 
-For each combination (one line of rows over tokens per rank), a least-squares line
+For each combination (one line of rows over tokens per rank: the rows equal in every column that
+names a combination in the report's tables, `runner.memory_budget` aside; a line is named by what
+tells it from the others, what they all share is under the table), a least-squares line
 `peak = intercept + slope * tokens` through its measured ok rows, for the allocator peak of a
 forward (`workspace_bytes_peak`: what the layer allocates above what was allocated before
 it) and the device-level peak (`device_bytes_peak`: weights,
@@ -23,8 +25,8 @@ samples, phases and one forward, above the bytes allocated at their start), a th
 gives that limit. The reserved bytes are at least the allocated ones, so the true limit under
 a cap lies between the two lines: the reserved line is measured without a cap, where the
 allocator never hands cached blocks back, so it is the cautious end. Rows measured under
-`runner.memory_budget` are the confirmation: every ok at or below the allocations' limit,
-every oom above the reserved one.
+`runner.memory_budget` are the confirmation of their combination's line: every ok at or below
+the allocations' limit, every oom above the reserved one.
 """
 
 from __future__ import annotations
@@ -35,8 +37,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from moebench.report.columns import fmt_value
+from moebench.report.columns import (
+    COMBINATION_COLUMNS,
+    PER_ROW_COLUMNS,
+    WORKLOAD_COLUMNS,
+    combo_labels,
+    constant_caption,
+    fmt_series,
+)
 from moebench.report.document import report_out
 from moebench.report.mdsafe import md_text
 from moebench.report.table import md_table
@@ -47,7 +57,8 @@ from moebench.util.safe_write import refuse_links, write_text
 from moebench.util.words import counted
 
 MIB = 2.0**20
-GROUP = ["model", "simulate_ep", "quant", "experts", "reduction", "knobs"]  # a line: a combination
+CAP = "memory_budget"  # a capped row confirms the line of its combination measured without the cap
+PANEL = ("model", "simulate_ep")  # a figure's panel: the layer one rank holds
 PEAKS = ["workspace_bytes_peak", "device_bytes_peak"]  # what the lines go through: a GPU's, none on a CPU
 REDUCTION_STYLE = {"experts": "-", "finalize": "--"}
 
@@ -81,25 +92,48 @@ def max_tokens(fit: Fit | None, budget: float) -> float:
     return float(max(0, np.floor((budget - fit.intercept) / fit.slope)))
 
 
-def _label(key: tuple) -> str:
-    model, sim, quant, experts, reduction, knobs = key
-    sim_s = f" EP-{int(sim)} share" if sim and int(sim) > 1 else ""
-    return f"{model}{sim_s} {quant} {experts}" + (f" {knobs}" if knobs else "")
+def line_columns(df: pd.DataFrame) -> list[str]:
+    """The columns that tell one line from another: those that name a combination in the
+    report's tables (report.columns.COMBINATION_COLUMNS, less the per-row ones) that `df` has,
+    less the cap (a capped row is a confirmation of its combination's line)."""
+    return [c for c in COMBINATION_COLUMNS if c in df.columns and c not in PER_ROW_COLUMNS and c != CAP]
+
+
+def line_keys(df: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """Each row's values of ``columns`` as one tuple of texts (fmt_value's: 1.0 and 1, NaN and
+    None one each), the key that pairs a row with its line."""
+    texts = [fmt_series(df[c]) for c in columns]
+    return pd.Series(list(zip(*texts, strict=True)) if texts else [()] * len(df), index=df.index, dtype=object)
+
+
+def _split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ok rows measured without a cap (the lines' points) and the rows measured under one
+    (runner.memory_budget: the confirmation), knobs '' where a row has none."""
+    df = df.assign(knobs=df["knobs"].fillna("") if "knobs" in df else "")
+    cap = pd.to_numeric(df[CAP], errors="coerce").fillna(0) if CAP in df else pd.Series(0, index=df.index)
+    df[CAP] = cap
+    return df[(df["status"] == Status.OK) & (cap == 0)], df[cap > 0]
+
+
+def name_lines(cap: pd.DataFrame) -> pd.DataFrame:
+    """``cap`` with each line's label: what tells it from the other lines of ``cap`` (combo_labels:
+    only the columns that vary among them, the reduction aside: a column of its own), then the
+    row layout its points ran where the combination ran two ('triton quant=bf16 (contiguous rows)')."""
+    if not len(cap):
+        return cap
+    return cap.assign(line=combo_labels(cap, exclude=("reduction",)).to_numpy() + cap["segment"].to_numpy())
 
 
 def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: float | None = None) -> pd.DataFrame:
     """One row per combination: the two fits, the tokens that fit `budget` (bytes; workspace
     line) or, with budget None and `gpu_bytes`, the GPU's memory (device line), and the
-    confirmation rows measured under runner.memory_budget."""
-    df = df.copy()
-    df["knobs"] = df["knobs"].fillna("") if "knobs" in df else ""
-    if "memory_budget" not in df:
-        df["memory_budget"] = 0
-    df["memory_budget"] = pd.to_numeric(df["memory_budget"], errors="coerce").fillna(0)
-    sweep = df[(df["status"] == Status.OK) & (df["memory_budget"] == 0)]
-    capped = df[df["memory_budget"] > 0]
+    confirmation rows measured under runner.memory_budget, with the combination's columns
+    (line_columns), the same workload's lines together and the reductions of one beside each other."""
+    sweep, capped = _split(df)
+    cols = line_columns(sweep)
+    capped_by = dict(list(capped.groupby(line_keys(capped, cols), sort=False)))
     out = []
-    for key, g in sweep.groupby(GROUP, dropna=False, sort=True):
+    for key, g in sweep.groupby(line_keys(sweep, cols), sort=False):
         g, segment = _large_segment(g)
         ws = fit_line(g["tokens_per_rank"], g["workspace_bytes_peak"])
         dev = fit_line(g["tokens_per_rank"], g["device_bytes_peak"])
@@ -110,13 +144,10 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
         else:
             limit, basis = max_tokens(dev, gpu_bytes if gpu_bytes else float("nan")), "device"
             limit_res = float("nan")
-        conf = capped
-        for col, v in zip(GROUP, key, strict=True):
-            conf = conf[conf[col].map(fmt_value) == fmt_value(v)]
         out.append(
             dict(
-                zip(GROUP, key, strict=True),
-                line=_label(key) + segment,
+                g.iloc[0][cols].to_dict(),
+                segment=segment,
                 points=len(g),
                 tokens_measured=f"{int(g['tokens_per_rank'].min())}–{int(g['tokens_per_rank'].max())}",
                 peaks=int(g[PEAKS].notna().any(axis=1).sum()),
@@ -132,10 +163,15 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
                 res_intercept=res.intercept if res else np.nan,
                 res_slope=res.slope if res else np.nan,
                 max_tokens_reserved=limit_res,
-                confirmed=_confirmation(conf, limit, limit_res),
+                confirmed=_confirmation(capped_by.get(key, capped.iloc[:0]), limit, limit_res),
             )
         )
-    return pd.DataFrame(out)
+    if not out:
+        return pd.DataFrame(out)
+    workload = [c for c in cols if c in WORKLOAD_COLUMNS]
+    order = [*workload, *(c for c in cols if c not in workload and c != "reduction"), "reduction"]
+    cap = pd.DataFrame(out).sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
+    return name_lines(cap)
 
 
 def fitted_lines(cap: pd.DataFrame, df: pd.DataFrame, run: str) -> tuple[pd.DataFrame, str]:
@@ -162,7 +198,8 @@ def fitted_lines(cap: pd.DataFrame, df: pd.DataFrame, run: str) -> tuple[pd.Data
     why = [f"{counted(len(bare), 'combination')} without a GPU memory peak{cpu}"] if len(bare) else []
     if num_one:
         why.append(f"{counted(num_one, 'combination')} with peaks at one token count (a line needs two)")
-    return fitted, ("Left out: " + "; ".join(why) + ".") if why else ""
+    # named again among the lines shown: a column that varies only among those left out names none
+    return name_lines(fitted.reset_index(drop=True)), ("Left out: " + "; ".join(why) + ".") if why else ""
 
 
 def _large_segment(g: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -198,16 +235,20 @@ def _confirmation(conf: pd.DataFrame, limit: float, limit_reserved: float = floa
 
 def placement_ratios(cap: pd.DataFrame) -> pd.DataFrame:
     """For each combination measured with both reductions: bytes per token and tokens that fit,
-    reduction=experts over reduction=finalize."""
-    keys = [c for c in GROUP if c != "reduction"]
+    reduction=experts over reduction=finalize, of two lines equal in every other column of the
+    combination (line_columns)."""
+    if not len(cap):
+        return pd.DataFrame()
+    others = [c for c in line_columns(cap) if c != "reduction"]
     rows = []
-    for key, g in cap.groupby(keys, dropna=False, sort=True):
+    for _, g in cap.groupby(line_keys(cap, others), sort=False):
         by = g.set_index("reduction")
         if {"experts", "finalize"} <= set(by.index):
+            assert by.index.is_unique, "one line per combination and reduction"
             e, f = by.loc["experts"], by.loc["finalize"]
             rows.append(
                 dict(
-                    zip(keys, key, strict=True),
+                    g.iloc[0][others].to_dict(),
                     line=f.line,
                     saving_per_token=f.ws_slope - e.ws_slope,
                     slope_ratio=e.ws_slope / f.ws_slope if f.ws_slope else np.nan,
@@ -275,6 +316,8 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
         + ["confirmed (capped run)"]
     )
     text = md_table(head, rows, ["l", "l"] + ["r"] * (8 if reserved else 7) + ["l"])
+    const = constant_caption(cap)  # what every line shares: the labels name only what tells them apart
+    text += f"\n\nAll lines: {md_text(const)}." if const else ""
     ratios = placement_ratios(cap)
     if len(ratios):
         rr = [
@@ -305,30 +348,27 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
 
 def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, path) -> Path | None:
     """Workspace peak (GiB) vs tokens per rank, one panel per model / EP share, a line per
-    experts and placement (solid: reduce in the experts, dashed: in the finalize), the fit
-    dotted, the budget drawn, the capped runs marked (o ok, x oom)."""
-    ok = df[(df["status"] == Status.OK)].copy()
-    if "memory_budget" in ok:
-        ok = ok[pd.to_numeric(ok["memory_budget"], errors="coerce").fillna(0) == 0]
+    combination and placement (a colour per combination, named in the legend by what tells the
+    panels' lines apart; solid: reduce in the experts, dashed: in the finalize), the fit dotted,
+    the budget drawn, the capped runs marked (o ok, x oom) in their combination's colour."""
+    ok, capped = _split(df)
     if not len(ok) or not len(cap):
         return None
+    cols = line_columns(cap)
+    ok_by = dict(list(ok.groupby(line_keys(ok, cols), sort=False)))
+    capped_keys, keys = line_keys(capped, cols), line_keys(cap, cols)
+    # the legend names what tells a panel's lines apart: the panel's own columns are its title
+    names = combo_labels(cap, exclude=(*PANEL, "reduction"), fallback="")
+    colors = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(names))}
+    color_of = {key: colors[name] for key, name in zip(keys, names, strict=True)}
     panels = list(dict.fromkeys(zip(cap["model"], cap["simulate_ep"], strict=True)))
     fig = Figure(figsize=(5.6 * len(panels), 5.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=False))
-    colors: dict = {}
     for ax, (model, sim) in zip(axes, panels, strict=True):
-        sub = cap[(cap["model"] == model) & (cap["simulate_ep"] == sim)]
+        here = (cap["model"] == model) & (cap["simulate_ep"] == sim)
         tmax = 1.0
-        for r in sub.itertuples():
-            color = colors.setdefault((r.quant, r.experts), f"C{len(colors) % 10}")
-            g = ok[
-                (ok["model"] == model)
-                & (ok["simulate_ep"] == sim)
-                & (ok["quant"] == r.quant)
-                & (ok["experts"] == r.experts)
-                & (ok["reduction"] == r.reduction)
-                & (ok["knobs"].fillna("") == r.knobs)
-            ].sort_values("tokens_per_rank")
+        for r, key, name in zip(cap[here].itertuples(), keys[here], names[here], strict=True):
+            g = ok_by.get(key, ok.iloc[:0]).sort_values("tokens_per_rank")
             t = g["tokens_per_rank"].to_numpy(float)
             tmax = max(tmax, float(t.max()) if len(t) else 1.0)
             ax.plot(
@@ -336,27 +376,21 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
                 g["workspace_bytes_peak"] / 2**30,
                 marker="o",
                 ms=3,
-                color=color,
+                color=colors[name],
                 ls=REDUCTION_STYLE.get(r.reduction, "-"),
-                label=f"{r.quant} {r.experts}, reduce in {r.reduction}",
             )
             if np.isfinite(r.ws_slope):
                 xs = np.array([0.0, max(tmax, r.max_tokens if np.isfinite(r.max_tokens) else 0) * 1.05])
-                ax.plot(xs, (r.ws_intercept + r.ws_slope * xs) / 2**30, color=color, lw=0.6, ls=":")
-        capped = df[
-            (pd.to_numeric(df.get("memory_budget", 0), errors="coerce").fillna(0) > 0)
-            & (df["model"] == model)
-            & (df["simulate_ep"] == sim)
-        ]
-        for r in capped.itertuples():
-            color = colors.get((r.quant, r.experts), "black")
+                ax.plot(xs, (r.ws_intercept + r.ws_slope * xs) / 2**30, color=colors[name], lw=0.6, ls=":")
+        on_panel = (capped["model"] == model) & (capped["simulate_ep"] == sim)
+        for r, key in zip(capped[on_panel].itertuples(), capped_keys[on_panel], strict=True):
             ax.plot(
                 [r.tokens_per_rank],
                 [r.memory_budget / 2**30],
                 marker="o" if r.status == Status.OK else "x",
                 ms=7,
                 mfc="none",
-                color=color,
+                color=color_of.get(key, "black"),
                 ls="none",
             )
         if budget is not None:
@@ -372,8 +406,15 @@ def plot_capacity(df: pd.DataFrame, cap: pd.DataFrame, budget: float | None, pat
         sim_s = f", EP-{int(sim)} share" if sim and int(sim) > 1 else ""
         ax.set(title=f"{model}{sim_s}", xlabel="tokens per rank", ylabel="workspace peak (GiB)")
         ax.grid(True, alpha=0.3)
-        # below the panel: inside it, the legend hides the lines that cross the budget
+        # a colour per combination and a style per placement, each named once; below the panel:
+        # inside it, the legend hides the lines that cross the budget
+        shown = list(dict.fromkeys(n for n in names[here] if n))
+        handles = [Line2D([], [], color=colors[n], marker="o", ms=3, label=n) for n in shown] + [
+            Line2D([], [], color="black", ls=REDUCTION_STYLE.get(red, "-"), label=f"reduce in {red}")
+            for red in dict.fromkeys(cap.loc[here, "reduction"])
+        ]
         ax.legend(
+            handles=handles,
             fontsize=7,
             loc="upper center",
             bbox_to_anchor=(0.5, -0.16),

@@ -171,8 +171,6 @@ REPORT = "moebench/report"
 COLUMN_LIST_EXCEPTIONS = {
     ("moebench/report/plotgrid.py", "SPLIT_ORDER"): "the order in which a figure splits its rows into panels when "
     "it has too many series: a preference of the plots, not a set of columns sharing a role",
-    ("moebench/report/capacity.py", "GROUP"): "what one line of the capacity figure holds fixed: capacity's "
-    "own grouping (its fits compare the reductions within it), not a role of the columns",
     ("moebench/report/flags.py", "PACED"): "(count column, its denominator column, the family's name): the "
     "name shown to people, `trace`, happens to equal the trace field's",
     ("moebench/report/effects.py", "INTERACTION_ORDER"): "the order in which an effect whose pairs disagree "

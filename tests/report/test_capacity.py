@@ -197,7 +197,9 @@ def test_lines_without_a_peak_or_with_one_size_are_left_out_and_counted(tmp_path
     run = write_run(tmp_path / "run", rows)
     assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB"]) == 0
     out = capsys.readouterr().out
-    assert "nan" not in out and "bf16 torch" not in out and "fp8_block triton" in out
+    # the lines shown are named by what tells them apart; what they share, the caption under the table
+    assert "nan" not in out and "torch" not in out and "| triton | experts |" in out
+    assert "All lines: backend=local, overlap=none, quant=fp8_block, model=deepseek_v3" in out
     left = "Left out: 1 combination without a GPU memory peak."
     assert left in out and left in (run / "report" / "capacity.md").read_text()
     run = write_run(tmp_path / "mixed", pd.concat([rows, one_size], ignore_index=True))
@@ -361,3 +363,106 @@ def test_a_line_without_a_device_peak_prints_a_dash_not_nan():
     rows = _rows().assign(device_bytes_peak=np.nan)
     text = capacity_markdown(capacity_frame(rows, 12 * GIB), "12 GiB")
     assert "nan" not in text and "| - | - |" in text
+
+
+# (backend, overlap, reduction): (intercept, bytes per token) of the workspace peak, triton
+# fp8_block experts on DeepSeek-V3's EP-8 share: equal in everything but these three columns
+COMBOS = {
+    ("local", "none", "experts"): (48e6, 110_000.0),
+    ("local", "none", "finalize"): (48e6, 211_000.0),
+    ("deepep_ll", "none", "experts"): (300e6, 150_000.0),
+    ("deepep_ll", "none", "finalize"): (300e6, 290_000.0),
+    ("deepep_ll", "dispatch", "experts"): (400e6, 180_000.0),
+    ("deepep_ll", "dispatch", "finalize"): (400e6, 330_000.0),
+}
+
+
+def _combo_rows(lines=COMBOS, capped=()):
+    """ok rows at every size of TOKENS for each of ``lines``; ``capped``: (backend, overlap,
+    reduction, tokens, status) rows under a 12 GiB cap"""
+    rng = np.random.default_rng(2)
+    common = dict(model="deepseek_v3", simulate_ep=8)
+    rows = [
+        make_row(
+            backend,
+            "triton",
+            reduction,
+            overlap,
+            "fp8_block",
+            t,
+            samples_us=samples_from(100, 0.01, 5, rng),
+            workspace_bytes_peak=a + b * t,
+            device_bytes_peak=a + b * t + 10 * GIB,
+            **common,
+        )
+        for (backend, overlap, reduction), (a, b) in lines.items()
+        for t in TOKENS
+    ]
+    rows += [
+        make_row(
+            backend,
+            "triton",
+            reduction,
+            overlap,
+            "fp8_block",
+            t,
+            status=status,
+            memory_budget=12 * GIB,
+            samples_us=samples_from(100, 0.01, 5, rng) if status == "ok" else None,
+            **common,
+        )
+        for backend, overlap, reduction, t, status in capped
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_each_backend_and_overlap_is_a_line_of_its_own():
+    """Rows of two backends (or overlaps) with different peaks at the same token counts are two
+    lines, each with its own slope, intercept and limit, named by what tells them apart (a line
+    through both described no configuration: one of the embedded default's CPU runs pooled 18
+    combinations into 2)."""
+    cap = capacity_frame(_combo_rows(), 12 * GIB)
+    assert len(cap) == len(COMBOS)
+    by = cap.set_index(["backend", "overlap", "reduction"])
+    for key, (a, b) in COMBOS.items():
+        assert by.loc[key, "ws_slope"] == pytest.approx(b) and by.loc[key, "ws_intercept"] == pytest.approx(a)
+        assert by.loc[key, "ws_resid"] < 1e-9 and by.loc[key, "points"] == len(TOKENS)
+        assert by.loc[key, "max_tokens"] == pytest.approx((12 * GIB - a) / b, abs=1)
+    # the reduction has its column: the label names the backend and the overlap, what varies
+    assert by["line"].to_dict() == {
+        ("local", "none", "experts"): "local ovl=none",
+        ("local", "none", "finalize"): "local ovl=none",
+        ("deepep_ll", "none", "experts"): "deepep_ll ovl=none",
+        ("deepep_ll", "none", "finalize"): "deepep_ll ovl=none",
+        ("deepep_ll", "dispatch", "experts"): "deepep_ll ovl=dispatch",
+        ("deepep_ll", "dispatch", "finalize"): "deepep_ll ovl=dispatch",
+    }
+    # the two placements of one combination side by side
+    assert list(cap["reduction"]) == ["experts", "finalize"] * 3
+
+
+def test_a_placement_ratio_pairs_only_lines_equal_in_everything_but_the_reduction():
+    # one backend's experts line and another's finalize line are no pair
+    apart = {k: v for k, v in COMBOS.items() if k in {("local", "none", "experts"), ("deepep_ll", "none", "finalize")}}
+    assert placement_ratios(capacity_frame(_combo_rows(apart), 12 * GIB)).empty
+    ratios = placement_ratios(capacity_frame(_combo_rows(), 12 * GIB))
+    assert len(ratios) == 3
+    for r in ratios.itertuples():
+        (_, e), (_, f) = COMBOS[(r.backend, r.overlap, "experts")], COMBOS[(r.backend, r.overlap, "finalize")]
+        assert r.saving_per_token == pytest.approx(f - e) and r.slope_ratio == pytest.approx(e / f)
+
+
+def test_capped_rows_confirm_the_line_of_their_own_combination():
+    """The capped rows of one backend and overlap confirm that line only, not the other lines of
+    the same experts, reduction and quant."""
+    a, b = COMBOS[("deepep_ll", "dispatch", "finalize")]
+    limit = (12 * GIB - a) / b
+    capped = [
+        ("deepep_ll", "dispatch", "finalize", int(limit * 0.97), "ok"),
+        ("deepep_ll", "dispatch", "finalize", int(limit * 1.03), "oom"),
+    ]
+    cap = capacity_frame(_combo_rows(capped=capped), 12 * GIB)
+    (r,) = cap[cap["confirmed"] != ""].itertuples()
+    assert r.ws_slope == pytest.approx(b) and r.max_tokens == pytest.approx(limit, abs=1)
+    assert r.confirmed == f"ok at {int(limit * 0.97)}, oom at {int(limit * 1.03)}"
+    assert (r.backend, r.overlap, r.reduction) == ("deepep_ll", "dispatch", "finalize")
