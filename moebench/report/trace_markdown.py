@@ -1,5 +1,9 @@
 """Markdown of a trace summary (moebench trace): the phase, stream and overlap tables.
 
+The phase table reads as the layer ran: phases in the order they start, each phase's parts under
+it (`└`, the phase they are part of in their own column), and a legend line saying that the rows
+without a part-of add up to the layer, with a sample's CPU time and GPU span beside.
+
 A trace is a run folder's file: every name it holds (its source path, combinations, streams,
 notes) enters the Markdown escaped (moebench/report/mdsafe.py). A trace with nothing to overlap (no GPU
 activity, or no communication kernels: one rank) gets one line saying so instead of a table of
@@ -72,6 +76,33 @@ def no_overlap(s: TraceSummary) -> Optional[str]:
     return None
 
 
+PHASE_HEADER = "| phase | part of | cpu µs | gpu µs | ranges | kernels |"
+
+
+def phase_table(s: TraceSummary) -> list:
+    """The phase table's lines, in reading order (metrics: top-level phases as they start, each
+    followed by its parts, marked └ with the phase they are part of), then its one-line legend: which
+    rows add up to the layer, and the layer's figures to check them against."""
+    lines = [PHASE_HEADER, "|---|---|---:|---:|---:|---:|"]
+    for p in s.phases.values():
+        name = f"└ {md_text(p.name)}" if p.parent else md_text(p.name)
+        lines.append(
+            f"| {name} | {md_text(p.parent) if p.parent else '–'} | {fmt_figure(p.cpu_us)} | "
+            f"{fmt_figure(p.gpu_us)} | {p.num_ranges} | {p.num_kernels} |"
+        )
+    if not s.phases:
+        return lines
+    layer = [f"CPU {fmt_figure(s.layer_cpu_us)} µs"] if s.layer_cpu_us is not None else []
+    layer += [f"GPU span {fmt_figure(s.layer_us)} µs"] if s.layer_us is not None else []
+    per = (" — a sample: " if s.num_samples else " — the trace: ") + ", ".join(layer) if layer else ""
+    gpu = " (on the GPU, overlaps too)" if s.layer_us is not None else ""
+    return lines + [
+        "",
+        "rows in the order they start; └ part of X: inside X, its time counted in X's too; the rows "
+        f"without one follow one another and add up to the layer, gaps aside{gpu}{per}",
+    ]
+
+
 def combos_text(keys, labels: Optional[dict] = None) -> str:
     """The trace's combinations as Markdown: each by its row's label with the key beside it, or by
     the key alone where no row names it."""
@@ -93,12 +124,7 @@ def to_markdown(
     if not s.combos and folder_key:
         combos = f"{combos_text([folder_key], labels)}, by its folder (no `combo/` range in the trace)"
     lines = head + ["", f"format: {md_text(s.fmt)}; combos: {combos}; {samples}", ""]
-    lines += ["| phase | cpu µs | gpu µs | ranges | kernels |", "|---|---:|---:|---:|---:|"]
-    for p in s.phases.values():
-        lines.append(
-            f"| {md_text(p.name)} | {fmt_figure(p.cpu_us)} | {fmt_figure(p.gpu_us)} | "
-            f"{p.num_ranges} | {p.num_kernels} |"
-        )
+    lines += phase_table(s)
     if s.streams:
         lines += [
             "",

@@ -4,6 +4,9 @@ Definitions (all µs, per sample, then the median across samples):
 - phase `cpu_us`: summed duration of the phase's CPU ranges (inclusive of nested ones);
 - phase `gpu_us`: union busy time of the GPU activities launched inside any range of
   that phase (inclusive: `finalize` counts its `combine` and `weight_reduce` kernels);
+- phase `parent`: the phase whose range holds it (model.phase_tree: finalize holds weight_reduce
+  and combine; an overlapped dispatch or combine the shared experts); the phases without one
+  follow one another and add up to the layer, gaps aside; `summary.phases` in that reading order;
 - `shared_us`: union time of the shared-expert kernels (launched inside `shared_experts`);
 - `comm_us`: union time of the communication kernels (NCCL, DeepEP, pplx, symm-mem);
 - `overlap_us` = |shared ∩ comm| (the intersection);
@@ -64,7 +67,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from moebench.traces.model import ABLATION_PREFIXES, PHASES, Trace
+from moebench.traces.model import ABLATION_PREFIXES, PHASES, Trace, phase_tree
 
 METHOD_STRETCH = "stretch"  # window − comm alone, over shared alone (ablation samples in the trace)
 METHOD_INTERSECTION = "intersection"  # |shared ∩ comm| / |shared| (no ablation samples)
@@ -113,6 +116,9 @@ class PhaseStats:
     gpu_us: Optional[float]
     num_ranges: int  # per sample (median)
     num_kernels: int  # per sample (median)
+    # the phase whose range holds this one's (model.phase_tree), its time counted there too;
+    # None: a top-level phase, one of those that follow one another and add up to the layer
+    parent: Optional[str] = None
 
 
 @dataclass
@@ -143,6 +149,7 @@ class TraceSummary:
     intersection_fraction: Optional[float] = None  # the plain figure, always
     window_us: Optional[float] = None  # |shared ∪ comm|
     layer_us: Optional[float] = None  # a layer sample's GPU span (first kernel start to last end)
+    layer_cpu_us: Optional[float] = None  # a layer sample's range on the CPU (`sample/<i>`; None without)
     shared_alone_us: Optional[float] = None  # sample_shared/<i>
     comm_alone_us: Optional[float] = None  # sample_noshared/<i>
     comm_stretch: Optional[float] = None  # comm_us / comm_alone_us
@@ -360,8 +367,11 @@ def summarize(trace: Trace) -> TraceSummary:
         total = len(samples) + sum(num_ablation.values())
         notes.append(host_paced_note(paced, total))
 
+    # in reading order: top-level phases as they start, each followed by its parts
+    tree = phase_tree(r for _, _, rs in groups for r in rs)
+    parents = dict(tree)
     phases = {}
-    for ph in PHASES:
+    for ph in [name for name, _ in tree] + [p for p in PHASES if p not in parents]:
         vals = [f["phases"][ph] for f in per_sample]
         if not any(v["num_ranges"] or v["num_kernels"] for v in vals):
             continue
@@ -371,6 +381,7 @@ def summarize(trace: Trace) -> TraceSummary:
             gpu_us=_median(v["gpu_us"] for v in vals),
             num_ranges=int(statistics.median(v["num_ranges"] for v in vals)),
             num_kernels=int(statistics.median(v["num_kernels"] for v in vals)),
+            parent=parents.get(ph),
         )
     return TraceSummary(
         source=trace.source,
@@ -387,6 +398,7 @@ def summarize(trace: Trace) -> TraceSummary:
         intersection_fraction=intersection_fraction,
         window_us=window_us,
         layer_us=_median(f["layer_us"] for f in per_sample),
+        layer_cpu_us=_median(r.dur_us for _, r in samples),
         shared_alone_us=shared_alone,
         comm_alone_us=comm_alone,
         comm_stretch=_ratio(comm_us, comm_alone),

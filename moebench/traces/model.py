@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -159,6 +160,50 @@ class Trace:
         starts = [r.start_us for r in self.ranges] + [k.start_us for k in self.kernels]
         starts += [k.launch_us for k in self.kernels if k.launch_us is not None]
         return min(starts) if starts else 0.0
+
+
+def nesting(ranges: Iterable[Range]) -> list:
+    """(range, the innermost of `ranges` on its thread that holds it whole, or None) for each of
+    `ranges`, in order of start (at equal starts the longer first, as its parent). A range that only
+    partly overlaps another (an open send -> receive range closed late) is not inside it."""
+    out: list = []
+    open_: dict = {}  # thread -> ranges started and not known to have ended
+    for r in sorted(ranges, key=lambda r: (r.start_us, -r.end_us)):
+        stack = open_.setdefault(r.thread, [])
+        while stack and stack[-1].end_us < r.start_us:
+            stack.pop()
+        out.append((r, next((p for p in reversed(stack) if r.end_us <= p.end_us), None)))
+        stack.append(r)
+    return out
+
+
+def phase_tree(ranges: Iterable[Range]) -> list:
+    """[(phase, the phase it is part of or None)] of the phase ranges among `ranges`, in reading
+    order: the layer's top-level phases in the order they first start, each followed by its parts
+    (in the order they start, theirs after each). A phase is part of the phase whose range holds most
+    of its ranges (`nesting`; finalize holds weight_reduce and combine, an overlapped dispatch or
+    combine the shared experts); the top-level phases follow one another through the layer."""
+    votes: dict = {}
+    for r, p in nesting(r for r in ranges if r.name in PHASES):
+        votes.setdefault(r.name, Counter())[p.name if p is not None else None] += 1
+    parents = {name: c.most_common(1)[0][0] for name, c in votes.items()}  # votes keeps first-start order
+    for name in parents:  # a loop of parents (ranges that hold each other by turns) is cut
+        seen, p = {name}, parents[name]
+        while p is not None and p not in seen:
+            seen.add(p)
+            p = parents[p]
+        if p == name:
+            parents[name] = None
+    out: list = []
+
+    def add(parent) -> None:
+        for name in parents:
+            if parents[name] == parent:
+                out.append((name, parent))
+                add(name)
+
+    add(None)
+    return out
 
 
 def _enclosing(ranges: Iterable[Range], queries: list) -> dict:
