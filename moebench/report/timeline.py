@@ -1,5 +1,5 @@
-"""Timeline PNG of one trace: lanes for CPU threads (phase ranges), the phases projected
-on GPU time, and one per GPU stream (kernels).
+"""Timeline PNG of one trace: lanes for host threads (phase ranges; `host main thread (pid 5448)`),
+the phases projected on GPU time, and one per GPU stream (kernels; `GPU 0 stream 7`).
 
 Kernels are colored by the phase that launched them; communication kernels are
 hatched with a red edge, shared-expert kernels get a thick black edge. With
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.traces.metrics import intersect, length, union
-from moebench.traces.model import PHASES, Trace
+from moebench.traces.model import PHASES, Trace, lane_label, thread_label
 from moebench.util.pngfile import save_figure
 
 TOP_KERNELS = 5
@@ -182,7 +182,7 @@ def _lanes(ranges, kernels, t0: float, t1: float) -> list:
             )
             for r, d in placed
         ]
-        lanes.append((f"CPU {thread}", bars, rows))
+        lanes.append((thread_label(thread), bars, rows))
     spans = _gpu_phase_spans(kernels)
     if spans:
         rows = max(d for *_, d in spans) + 1
@@ -204,7 +204,7 @@ def _lanes(ranges, kernels, t0: float, t1: float) -> list:
                     text = short_name(k.name)
                     labelled.add(k.name)
             bars.append((k.start_us - t0, max(k.dur_us, 1e-3), color, edge, hatch, lw, text, 0))
-        lanes.append((f"GPU {lane}", bars, 1))
+        lanes.append((lane_label(lane), bars, 1))
     return lanes
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 from moebench.report.mdsafe import md_code, md_text
 from moebench.traces.metrics import METHOD_INTERSECTION, METHOD_STRETCH, TraceSummary
+from moebench.traces.model import lane_label
 
 
 def fmt_figure(v, digits: int = 1) -> str:
@@ -134,7 +135,7 @@ def to_markdown(
         for st in s.streams:
             ph = ", ".join(f"{md_text(k)} {v:.1f}" for k, v in sorted(st.phases.items(), key=lambda kv: -kv[1]))
             lines.append(
-                f"| {md_text(st.lane)} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
+                f"| {md_text(lane_label(st.lane))} | {st.num_kernels} | {st.busy_us:.1f} | {st.comm_us:.1f} | "
                 f"{st.shared_us:.1f} | {ph or '–'} |"
             )
     why = no_overlap(s)

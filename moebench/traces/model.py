@@ -63,7 +63,7 @@ class Range:
     name: str
     start_us: float
     end_us: float
-    thread: str  # "pid/tid" (torch) or the nsys globalTid
+    thread: str  # "pid/tid" (torch; nsys: from its globalTid); thread_label names it
 
     @property
     def dur_us(self) -> float:
@@ -102,6 +102,7 @@ class Kernel:
 
     @property
     def lane(self) -> str:
+        """The GPU lane as a key, "dev<d>/s<s>" (`lane_label` names it: 'GPU 0 stream 7')."""
         return f"dev{self.device}/s{self.stream}"
 
     @property
@@ -160,6 +161,23 @@ class Trace:
         starts = [r.start_us for r in self.ranges] + [k.start_us for k in self.kernels]
         starts += [k.launch_us for k in self.kernels if k.launch_us is not None]
         return min(starts) if starts else 0.0
+
+
+def thread_label(thread: str) -> str:
+    """A host thread (`Range.thread`, "pid/tid") as tables and figures name it: 'host main thread
+    (pid 5448)' where its id is the process's (Linux's main thread), else 'host thread 5460 (pid
+    5448)'; an id of another form as 'host thread <id>'."""
+    pid, _, tid = thread.partition("/")
+    if not (pid.isdigit() and tid.isdigit()):
+        return f"host thread {thread}"
+    return f"host main thread (pid {pid})" if pid == tid else f"host thread {tid} (pid {pid})"
+
+
+def lane_label(lane: str) -> str:
+    """A GPU lane (`Kernel.lane`, "dev<d>/s<s>") as tables and figures name it: 'GPU 0 stream 7';
+    a lane of another form as it is."""
+    m = re.fullmatch(r"dev(-?\d+)/s(-?\d+)", lane)
+    return f"GPU {m[1]} stream {m[2]}" if m else lane
 
 
 def nesting(ranges: Iterable[Range]) -> list:

@@ -32,7 +32,8 @@ Parse: `parse_nsys_sqlite(path)` reads the tables of `nsys export --type sqlite`
 - `CUPTI_ACTIVITY_KIND_RUNTIME` (start, end, correlationId, globalTid): the launch
   calls (runtime and driver API);
 - `StringIds` (id, value).
-globalTid / globalPid carry the process id in bits 24..47. It yields the same
+globalTid / globalPid carry the process id in bits 24..47, a globalTid the thread id in bits
+0..23: a thread is "pid/tid", as in torch traces. It yields the same
 `Trace` as the torch parser, so both share one metrics code path.
 """
 
@@ -180,6 +181,11 @@ def _pid(global_id) -> Optional[int]:
     return None if global_id is None else (int(global_id) >> 24) & 0xFFFFFF
 
 
+def _thread(global_tid) -> str:
+    """The "pid/tid" of an nsys globalTid (the thread id in bits 0..23), as torch traces name a thread."""
+    return str(global_tid) if global_tid is None else f"{_pid(global_tid)}/{int(global_tid) & 0xFFFFFF}"
+
+
 def check_size(path, max_mb: Optional[float]) -> None:
     """ValueError when file `path` is larger than `max_mb` MB (None: no limit)."""
     size = Path(path).stat().st_size
@@ -264,7 +270,7 @@ def _nvtx_ranges(con, strings: dict, pid: Optional[int], domain: str, notes: lis
             name = name[len(prefix) :]
         elif ours and (_pid(r["globalTid"]), r["domainId"]) not in legacy:
             continue
-        out.append(Range(name, r["start"] / 1e3, r["end"] / 1e3, str(r["globalTid"])))
+        out.append(Range(name, r["start"] / 1e3, r["end"] / 1e3, _thread(r["globalTid"])))
     return out
 
 
@@ -314,7 +320,7 @@ def parse_nsys_sqlite(
             for corr, gtid, start in con.execute(
                 "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME"
             ):
-                launches[(_pid(gtid), corr)] = by_corr[corr] = (str(gtid), start / 1e3)
+                launches[(_pid(gtid), corr)] = by_corr[corr] = (_thread(gtid), start / 1e3)
         missing = 0
         for name, kind, s, e, dev, stream, corr, kpid in _gpu_rows(con, strings, pid):
             if pid is not None and kpid is not None and kpid != pid:

@@ -115,3 +115,32 @@ def test_phase_tree_reads_nesting_per_thread_and_by_most_ranges():
     tree = phase_tree(turns)
     assert sorted(tree) == [("experts", "prepare"), ("prepare", None)]
     assert {name for name, _ in phase_tree(_r(p, i, i + 1) for i, p in enumerate(PHASES))} == set(PHASES)
+
+
+def test_lanes_are_named_for_what_they_are():
+    """`CPU 5448/5448` and `GPU dev0/s7` said nothing to a new reader: a host thread names itself and
+    its process (the main thread as such), a GPU lane its GPU and stream, in the figure and the
+    stream table alike; an nsys thread (a globalTid) reads as a torch trace's does."""
+    from moebench.report.timeline import _lanes, _select
+    from moebench.traces.files import load_traces
+
+    (cpu,) = load_traces(NAIVE_DISPATCH)
+    t0, t1, _, _, ranges, kernels = _select(cpu, None)
+    assert [name for name, _, _ in _lanes(ranges, kernels, t0, t1)][0] == "host main thread (pid 11472)"
+    (nsys,) = load_traces(FIX / "synthetic_nsys.sqlite")
+    t0, t1, _, _, ranges, kernels = _select(nsys, None)
+    names = [name for name, _, _ in _lanes(ranges, kernels, t0, t1)]
+    assert names[0] == "host thread 4243 (pid 4242)"  # the fixture's PID, TID (make_fixtures.py)
+    assert {"GPU 0 stream 7", "GPU 0 stream 20"} <= set(names)
+    md = to_markdown(summarize(load_traces(FIX / "synthetic_cuda.json")[0]))
+    assert "| GPU 0 stream 7 | 12 | 225.0 |" in md and "| GPU 0 stream 20 | 4 | 110.0 |" in md
+    assert "dev0/s" not in md
+
+
+def test_lane_labels():
+    from moebench.traces.model import lane_label, thread_label
+
+    assert thread_label("5448/5448") == "host main thread (pid 5448)"
+    assert thread_label("5448/5460") == "host thread 5460 (pid 5448)"
+    assert thread_label("71168954515") == "host thread 71168954515"  # another form: as it is
+    assert lane_label("dev1/s20") == "GPU 1 stream 20" and lane_label("odd") == "odd"
