@@ -1,8 +1,12 @@
-"""Timeline PNG of one trace: lanes for host threads (phase ranges; `host main thread (pid 5448)`),
-the phases projected on GPU time, and one per GPU stream (kernels; `GPU 0 stream 7`).
+"""Timeline PNG of one trace: lanes for host threads (phase ranges; `host main thread (pid 5448)`,
+a phase's parts drawn below it), gloo's collectives on their own threads (`gloo threads (pid 5448)`:
+on the CPU the host's dispatch and combine last until these have arrived), the phases projected on
+GPU time, and one per GPU stream in the order of their numbers (kernels; `GPU 0 stream 7`). The
+legend says what a phase holds (PHASE_LEGEND: prepare's local work comes before or after the
+dispatch by backend; naive quantizes after it).
 
-Kernels are colored by the phase that launched them; communication kernels are
-hatched with a red edge, shared-expert kernels get a thick black edge. With
+Kernels are colored by the phase that launched them; communication kernels (and gloo's
+collectives) are hatched with a red edge, shared-expert kernels get a thick black edge. With
 `sample/<i>` ranges the plot shows one sample (the one of median duration), so
 that the figure stays readable: its GPU span when it launched kernels (CPU ranges
 appear only where they overlap it), else its CPU range; the x axis is µs from the
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from moebench.traces.metrics import intersect, length, union
-from moebench.traces.model import PHASES, Trace, lane_label, thread_label
+from moebench.traces.model import HOST_COLLECTIVE_PREFIX, PHASES, Trace, lane_label, thread_label
 from moebench.util.pngfile import save_figure
 
 TOP_KERNELS = 5
@@ -36,6 +40,16 @@ PHASE_COLORS = {
     "shared_experts": "#fb8072",
     None: "#bbbbbb",
 }
+# what a phase holds, in the legend: the host's dispatch and combine last from the send to the data
+# received (a CPU run's gloo collectives run meanwhile on threads of their own), and prepare's local
+# work comes before or after the dispatch by backend (naive sends bf16 and quantizes on arrival)
+PHASE_LEGEND = {
+    "prepare": "prepare: quantize, local ids\n(before or after dispatch)",
+    "dispatch": "dispatch: send → received",
+    "finalize": "finalize: weight_reduce + combine",
+    "combine": "combine: send → received",
+}
+COMM_STYLE = ("red", "///", 1.0)  # edge, hatch, width: communication kernels and gloo collectives
 
 
 def _window(trace: Trace, sample: Optional[int]):
@@ -94,7 +108,7 @@ def _gpu_phase_spans(kernels) -> list:
 def _kernel_style(k) -> tuple:
     """(edge color, hatch, edge width): communication hatched red, shared experts thick black."""
     if k.comm:
-        return "red", "///", 1.0
+        return COMM_STYLE
     if k.shared:
         return "black", None, 1.5
     return "none", None, 0
@@ -152,8 +166,13 @@ def _select(trace: Trace, sample: Optional[int]):
     """(t0, t1, label, sample index, CPU ranges, kernels) of the plotted window (`_window`)."""
     t0, t1, label, idx = _window(trace, sample)
     inside = lambda a, b: b >= t0 and a <= t1
-    # CPU ranges only where they fall in the window (on GPUs the CPU usually runs ahead)
-    ranges = [r for r in trace.ranges if r.name in PHASES and inside(r.start_us, r.end_us)]
+    # CPU ranges only where they fall in the window (on GPUs the CPU usually runs ahead): the phases
+    # and the gloo collectives they wait for
+    ranges = [
+        r
+        for r in trace.ranges
+        if (r.name in PHASES or r.name.startswith(HOST_COLLECTIVE_PREFIX)) and inside(r.start_us, r.end_us)
+    ]
     kernels = [
         k
         for k in trace.kernels
@@ -165,8 +184,9 @@ def _select(trace: Trace, sample: Optional[int]):
 def _lanes(ranges, kernels, t0: float, t1: float) -> list:
     """(label, [(start, dur, color, edge, hatch, lw, text, depth)], rows) per lane, x relative to t0."""
     lanes = []
-    for thread in sorted({r.thread for r in ranges}):
-        placed = _depths([r for r in ranges if r.thread == thread])
+    phase_ranges = [r for r in ranges if r.name in PHASES]
+    for thread in sorted({r.thread for r in phase_ranges}):
+        placed = _depths([r for r in phase_ranges if r.thread == thread])
         rows = max(d for _, d in placed) + 1
         # clipped to the window
         bars = [
@@ -183,14 +203,16 @@ def _lanes(ranges, kernels, t0: float, t1: float) -> list:
             for r, d in placed
         ]
         lanes.append((thread_label(thread), bars, rows))
+    lanes += _collective_lanes([r for r in ranges if r.name.startswith(HOST_COLLECTIVE_PREFIX)], t0, t1)
     spans = _gpu_phase_spans(kernels)
     if spans:
         rows = max(d for *_, d in spans) + 1
         bars = [(s - t0, e - s, PHASE_COLORS[ph], "none", None, 0, ph, d) for ph, s, e, d in spans]
         lanes.append(("phases on GPU", bars, rows))
     top = _top_kernels(kernels)
-    for lane in sorted({k.lane for k in kernels}):
+    for dev, stream in sorted({(k.device, k.stream) for k in kernels}):  # as numbers: stream 7 before 20
         bars, labelled = [], set()
+        lane = f"dev{dev}/s{stream}"
         for k in kernels:
             if k.lane != lane:
                 continue
@@ -205,6 +227,33 @@ def _lanes(ranges, kernels, t0: float, t1: float) -> list:
                     labelled.add(k.name)
             bars.append((k.start_us - t0, max(k.dur_us, 1e-3), color, edge, hatch, lw, text, 0))
         lanes.append((lane_label(lane), bars, 1))
+    return lanes
+
+
+def _collective_lanes(ranges, t0: float, t1: float) -> list:
+    """One lane per process of the gloo collectives among `ranges` (`gloo:<op>`, on gloo's own
+    threads, one row each), drawn as communication and named by their op, clipped to the window."""
+    lanes = []
+    by_pid: dict = {}
+    for r in ranges:
+        by_pid.setdefault(r.thread.partition("/")[0], []).append(r)
+    for pid, rs in sorted(by_pid.items()):
+        rows = sorted({r.thread for r in rs})
+        edge, hatch, lw = COMM_STYLE
+        bars = [
+            (
+                max(r.start_us, t0) - t0,
+                min(r.end_us, t1) - max(r.start_us, t0),
+                "white",
+                edge,
+                hatch,
+                lw,
+                r.name[len(HOST_COLLECTIVE_PREFIX) :],
+                rows.index(r.thread),
+            )
+            for r in rs
+        ]
+        lanes.append((f"gloo threads (pid {pid})", bars, len(rows)))
     return lanes
 
 
@@ -229,7 +278,8 @@ def _draw(ax, lanes, span_us: float, overlap: list, t0: float, title: str, kerne
                     bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.5, "edgecolor": "none"},
                 )
             elif text and not name.startswith("GPU") and dur > span_us * 0.06:
-                ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=7)
+                box = {"facecolor": "white", "alpha": 0.8, "pad": 0.5, "edgecolor": "none"} if hatch else None
+                ax.text(start + dur / 2, yy + 0.5, text, ha="center", va="center", fontsize=7, bbox=box)
         has_gpu |= name.startswith("GPU")
         ticks.append(y + rows / 2)
         tick_labels.append(name)
@@ -256,15 +306,21 @@ def _draw(ax, lanes, span_us: float, overlap: list, t0: float, title: str, kerne
     ax.set_title(title, fontsize=9)
 
 
-def _legend(ax) -> None:
+def _legend(ax, lanes: list) -> None:
+    """The phases (with what each holds, PHASE_LEGEND) and the marks the drawn `lanes` use: communication
+    where a GPU or gloo lane is drawn, the shared-expert kernels and their overlap where a GPU one is."""
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=PHASE_COLORS[p], label=p) for p in PHASES]
-    handles += [
-        Patch(facecolor="white", edgecolor="red", hatch="///", label="communication"),
-        Patch(facecolor="white", edgecolor="black", linewidth=1.5, label="shared-expert kernel"),
-        Patch(facecolor="#e41a1c", alpha=0.15, label="shared ∩ comm"),
-    ]
+    names = [name for name, _, _ in lanes]
+    gpu = any(n.startswith("GPU") for n in names)
+    handles = [Patch(facecolor=PHASE_COLORS[p], label=PHASE_LEGEND.get(p, p)) for p in PHASES]
+    if gpu or any(n.startswith("gloo") for n in names):
+        handles.append(Patch(facecolor="white", edgecolor="red", hatch="///", label="communication"))
+    if gpu:
+        handles += [
+            Patch(facecolor="white", edgecolor="black", linewidth=1.5, label="shared-expert kernel"),
+            Patch(facecolor="#e41a1c", alpha=0.15, label="shared ∩ comm"),
+        ]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
 
 
@@ -300,7 +356,7 @@ def plot_timeline(trace: Trace, path, sample: Optional[int] = None, name: Option
     ax = fig.add_subplot(1, 1, 1)
     _draw(ax, lanes, t1 - t0, _overlap(kernels), t0, f"{name or Path(trace.source).name} — {label}")
     ax.set_xlabel("µs from window start")
-    _legend(ax)
+    _legend(ax, lanes)
     return save_figure(fig, path)
 
 
@@ -336,5 +392,5 @@ def plot_ranks(
     axes[-1].set_xlabel("µs from the earliest window start")
     if title:
         fig.suptitle(title, fontsize=10)
-    _legend(axes[0])
+    _legend(axes[0], [lane for lanes, _ in panels for lane in lanes])
     return save_figure(fig, path)

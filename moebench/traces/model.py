@@ -31,6 +31,9 @@ ABLATION_PREFIXES = {"noshared": "sample_noshared/", "shared": "sample_shared/"}
 # after a sample the host paced (the GPU passed its start before the host had enqueued it), an
 # empty range `host_paced/<the sample's range>` (torch_trace.capture): its kernels may hold launch gaps
 HOST_PACED_PREFIX = "host_paced/"
+# a gloo collective's record_function range (`gloo:broadcast`, `gloo:all_reduce`): gloo runs it on
+# threads of its own, so on the CPU the host's dispatch and combine ranges hold the wait for it
+HOST_COLLECTIVE_PREFIX = "gloo:"
 # trace=nsys: the worker's NVTX range around the timed work of one row, each one an nsys capture
 CAPTURE_RANGE = "timed"
 SHARED_PHASE = "shared_experts"

@@ -144,3 +144,51 @@ def test_lane_labels():
     assert thread_label("5448/5460") == "host thread 5460 (pid 5448)"
     assert thread_label("71168954515") == "host thread 71168954515"  # another form: as it is
     assert lane_label("dev1/s20") == "GPU 1 stream 20" and lane_label("odd") == "odd"
+
+
+def test_the_host_s_dispatch_is_drawn_with_the_gloo_collectives_it_waits_for():
+    """A CPU run drew prepare after a dispatch of milliseconds, and nothing said why: that is the
+    order the naive backend runs them in (it sends bf16 and makes the ids local on arrival), and the
+    dispatch lasts until gloo's broadcasts, on threads of their own, have arrived. The figure draws
+    those collectives in a lane below the host thread's, and the legend says what each phase holds."""
+    from matplotlib.figure import Figure
+
+    from moebench.report.timeline import _lanes, _legend, _select
+    from moebench.traces.files import load_traces
+
+    (trace,) = load_traces(NAIVE_DISPATCH)
+    t0, t1, _, _, ranges, kernels = _select(trace, None)
+    lanes = _lanes(ranges, kernels, t0, t1)
+    assert [(name, rows) for name, _, rows in lanes] == [
+        ("host main thread (pid 11472)", 2),  # the shared experts and finalize's parts below
+        ("gloo threads (pid 11472)", 2),  # one row per gloo thread
+    ]
+    host = sorted((b[0], b[1], b[6]) for b in lanes[0][1] if b[7] == 0)  # (start, dur, phase) at the top
+    assert [name for _, _, name in host] == ["dispatch", "prepare", "experts", "finalize"]
+    (dispatch_start, dispatch_dur, _), (prepare_start, _, _) = host[:2]
+    gloo = [(b[0], b[0] + b[1], b[6]) for b in lanes[1][1]]
+    broadcasts = [(a, b) for a, b, op in gloo if op == "broadcast"]
+    assert len(broadcasts) >= 2 and {op for *_, op in gloo} == {"broadcast", "all_reduce"}
+    # the broadcasts run inside the dispatch, and the dispatch ends once the last has: prepare follows
+    assert all(dispatch_start <= a and b <= dispatch_start + dispatch_dur for a, b in broadcasts)
+    assert max(b for _, b in broadcasts) <= prepare_start
+    fig = Figure()
+    ax = fig.add_subplot()
+    _legend(ax, lanes)
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert texts[:2] == ["prepare: quantize, local ids\n(before or after dispatch)", "dispatch: send → received"]
+    assert "finalize: weight_reduce + combine" in texts and "combine: send → received" in texts
+    # a CPU run has no kernels: no marks for them in its legend, only the gloo lane's communication
+    assert texts[-1] == "communication" and "shared-expert kernel" not in texts
+
+
+def test_gpu_streams_are_drawn_in_the_order_of_their_numbers():
+    """Streams came in the order of their names' letters (s17 above s7); the stream table had them as numbers."""
+    from moebench.report.timeline import _lanes, _select
+    from moebench.traces.files import load_traces
+
+    (trace,) = load_traces(FIX / "h200_allgather_rs_triton_combine_rank0_T4096.json.gz")
+    t0, t1, _, _, ranges, kernels = _select(trace, None)
+    gpu = [name for name, _, _ in _lanes(ranges, kernels, t0, t1) if name.startswith("GPU")]
+    assert gpu == ["GPU 0 stream 7", "GPU 0 stream 17"]
+    assert [st.lane for st in summarize(trace).streams] == ["dev0/s7", "dev0/s17"]
