@@ -180,18 +180,18 @@ def _no_result(args, e: Exception) -> int:
 def _environment_line(e: OSError, args) -> str | None:
     """The one line of an environment error (moebench/results/writable.py decides which OSErrors are
     one), with what to do; None for any other OSError (a defect: its traceback stays). An input that
-    cannot be read (store.Unreadable, naming it) says to make it readable, or, a link that loops, to
-    remove the link: no --out helps there."""
+    cannot be read (store.Unreadable, naming it) says to make it readable, or, a link that loops or
+    dangles, to remove the link (or restore its target): no --out helps there."""
     from moebench.results.store import READ_ADVICE, Unreadable
-    from moebench.results.writable import GIVE_OUT, LOOPS, describe
+    from moebench.results.writable import DANGLING, GIVE_OUT, LINK_ADVICE, LOOPS, describe
 
     out = getattr(args, "out", None)
     line = describe(e, out)
     if line is None:
         return None
     sweeping = args.cmd in ("sweep", "run")
-    if isinstance(e, Unreadable) and line.endswith(LOOPS):  # no file there to make readable
-        line = f"{line}; remove the link"
+    if isinstance(e, Unreadable) and (line.endswith(LOOPS) or f": {DANGLING} (" in line):  # no file to make readable
+        line = f"{line}; {LINK_ADVICE[e.errno or 0]}"
     elif isinstance(e, Unreadable):
         line = f"{line}; {'make it readable' if sweeping else READ_ADVICE}"  # a sweep's run is its --out
     elif args.cmd in ("report", "compare", "trace") and not out and not line.endswith(GIVE_OUT):

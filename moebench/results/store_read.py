@@ -66,6 +66,27 @@ def reading(path: str | Path) -> Iterator[None]:
         raise Unreadable(e.errno, os.strerror(e.errno), os.fspath(path)) from e
 
 
+def broken_link(path: str | Path) -> Optional[Unreadable]:
+    """Unreadable naming `path` where it is a symbolic link that leads to no file: ELOOP where it loops,
+    ENOENT where its target is missing (writable.describe words both, LINK_ADVICE says what to do);
+    None where it is no link or one that leads somewhere."""
+    if not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno in NO_SUCH:  # ENOTDIR: a target below a file, as missing as any
+            code = errno.ELOOP if e.errno == errno.ELOOP else errno.ENOENT
+            return Unreadable(code, os.strerror(code), os.fspath(path))
+    return None  # a link that leads somewhere (or one whose target may not be looked at: its reader says so)
+
+
+def refuse_broken_link(path: str | Path) -> None:
+    """Raises broken_link's Unreadable where `path` is a link that leads to no file."""
+    if (broken := broken_link(path)) is not None:
+        raise broken
+
+
 A_RUN = "the folder `moebench sweep` wrote, the one holding rows/ and env.json"  # what a run argument takes
 # what to do about a file that holds no rows of moebench's, as its reader knows where it lies (`advice`):
 MOVE_OUT = "move it out of the run's rows/ folder"  # a file among a run's rows/ (RunStore's readers)
@@ -105,7 +126,11 @@ def check_readable(path: str | Path, what: str = "a run") -> bool:
     helps: 'PATH: cannot be read (Permission denied): pass {what} you can read' (`what`: what the
     command takes there, a run or, for `trace`, a trace file). So is a folder, or its rows/, that
     may not be listed (mode 000, another user's 700), whose files would read as none or as a
-    refused write ('RUN/report: permission denied; give --out ...')."""
+    refused write ('RUN/report: permission denied; give --out ...'). A symbolic link on the way that
+    leads to no file (`ln -s run run`; one to a missing folder) is no missing path: Unreadable naming
+    the link (broken_link), whose line says it loops or dangles and to remove it."""
+    for part in [*reversed(Path(path).parents), Path(path)]:
+        refuse_broken_link(part)
     try:
         os.stat(path)  # Path.exists() raises EACCES up to Python 3.13, reads it as False from 3.14
     except OSError as e:

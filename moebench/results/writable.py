@@ -39,6 +39,9 @@ NO_FILES = "takes no files: the file system makes none there, as in /proc or /sy
 # ELOOP of a link that leads back to itself (a read follows links: its ELOOP is always this one; a
 # write's, moebench's refusal to follow any link, is CAUSES' unless the link loops as well)
 LOOPS = "a symbolic link that loops (it leads back to itself, or round other links)"
+# ENOENT of a link whose target is missing (dangling): the line names the target, then says what to do
+DANGLING = "a symbolic link to a missing file"
+LINK_ADVICE = {errno.ELOOP: "remove the link", errno.ENOENT: "restore the target or remove the link"}
 GIVE_OUT = "give --out a folder you can write"
 ELSEWHERE = (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM)  # not a full disk: that one may be freed
 
@@ -47,7 +50,9 @@ def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> O
     """'<path>: <cause>' for an environment error, None for any other exception. `where`
     stands in for the path when the error names none (pyarrow's and write()'s ENOSPC). A folder
     not made is '<folder asked for>: <cause> (<first folder not made> could not be made); give
-    --out ...' (read-only, not ours, /proc), the same whether safe_dir met it or check_dir foresaw it."""
+    --out ...' (read-only, not ours, /proc), the same whether safe_dir met it or check_dir foresaw it.
+    A link that loops (ELOOP) is LOOPS where following it never reaches a file, and one whose target is
+    missing (ENOENT) is DANGLING, naming the target: what to do about either is LINK_ADVICE's."""
     if isinstance(exc, NotMade):
         if isinstance(exc, TakesNoFiles):
             cause: Optional[str] = NO_FILES
@@ -60,6 +65,8 @@ def describe(exc: BaseException, where: Optional[os.PathLike | str] = None) -> O
         return f"{exc.filename}: {cause}{made}" + (f"; {GIVE_OUT}" if exc.errno in ELSEWHERE else "")
     if isinstance(exc, OSError) and exc.errno in CAUSES:
         cause = LOOPS if exc.errno == errno.ELOOP and _loops(exc.filename) else CAUSES[exc.errno]
+    elif isinstance(exc, OSError) and exc.errno == errno.ENOENT and (target := _dangles(exc.filename)):
+        cause = f"{DANGLING} ({target})"  # a missing file is no environment error; a link to one is
     else:
         return None
     path = exc.filename if exc.filename is not None else where
@@ -75,6 +82,19 @@ def _loops(path) -> bool:
     except OSError as e:
         return e.errno == errno.ELOOP
     return False
+
+
+def _dangles(path) -> Optional[str]:
+    """The target of the link `path` where it leads to no file (a missing one, or one below a file),
+    else None (not a link, or a link that leads somewhere, or `path` None)."""
+    if path is None or not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return os.fsdecode(os.readlink(path))
+    return None
 
 
 def with_path(exc: OSError, path: os.PathLike | str, replace: bool = False) -> OSError:
