@@ -35,6 +35,7 @@ from moebench.results.sequence import SEQ_COLUMN, SEQ_FILE, next_seq
 from moebench.results.store_read import (
     CORRUPT_DIR,
     ENV_FILE,
+    ENVS_DIR,
     PAIR,
     READ_ADVICE,  # noqa: F401 (re-exported)
     ROWS_DIR,
@@ -58,6 +59,8 @@ from moebench.results.store_read import (
     read_frame,
     read_row_file,
     reading,
+    refuse_broken_link,
+    refuse_broken_links,
     run_dir_of,  # noqa: F401 (re-exported)
     warn,
 )
@@ -166,13 +169,16 @@ class RunStore:
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
         self.rows_dir = self.dir / ROWS_DIR
-        self.envs_dir = self.dir / "envs"
+        self.envs_dir = self.dir / ENVS_DIR
         self._seq_synced = False  # this process has read the stored rows' largest write_seq
 
     # -- writing ---------------------------------------------------------------
     def refuse_links(self) -> None:
         """UnsafePath (exit 2) where rows/, envs/ or env.json is a link: checked before any work
-        (each write checks its own path again)."""
+        (each write checks its own path again). A link among the run's names that leads to no file (it
+        loops, or its target is missing) is Unreadable first, worded as what it is (refuse_broken_links):
+        a sweep would otherwise measure a dangling row file's rows again and set the link aside."""
+        refuse_broken_links(self.dir)
         for path in (self.rows_dir, self.envs_dir, self.dir / ENV_FILE):
             _no_link(path, self.dir, file=path.suffix == ".json")
 
@@ -279,7 +285,7 @@ class RunStore:
         """rows/skipped.parquet's rows (None without one; a torn one is set aside, saying so:
         its skips are the plan's, which every sweep writes again)."""
         path = self.rows_dir / SKIPPED_FILE
-        if not path.exists():
+        if not (path.exists() or path.is_symlink()):  # a link that leads nowhere: read_row_file names it
             return None
         try:
             return read_row_file(path)
@@ -288,11 +294,14 @@ class RunStore:
             return None
 
     def torn_files(self) -> list[TornFile]:
-        """The row files (skipped.parquet included) that cannot be read as parquet."""
+        """The row files (skipped.parquet included) that cannot be read as parquet. A link among the
+        run's names that leads to no file is none: Unreadable, before any is listed (refuse_broken_links;
+        a sweep's --dry-run asks this before it plans)."""
+        refuse_broken_links(self.dir)
         torn = []
         for p in [self.rows_dir / SKIPPED_FILE, *self.row_files()]:
             try:
-                if p.exists():
+                if p.exists() or p.is_symlink():  # a link that leads nowhere: Unreadable, never set aside
                     read_row_file(p)
             except TornFile as e:
                 torn.append(e)
@@ -335,7 +344,9 @@ class RunStore:
 
     # -- reading ---------------------------------------------------------------
     def row_files(self) -> list[Path]:
-        """The combinations' row files (a writer's leftover temp file is not one)."""
+        """The combinations' row files (a writer's leftover temp file is not one); Unreadable where
+        rows/ is a link that leads to no folder (store_read.broken_link), whose rows would read as none."""
+        refuse_broken_link(self.rows_dir)
         return sorted(
             p for p in self.rows_dir.glob("*.parquet") if p.name != SKIPPED_FILE and not p.name.startswith(".")
         )
@@ -347,14 +358,16 @@ class RunStore:
 
     def envs(self) -> dict[str, dict]:
         """run_id -> fingerprint of every envs/*.json (a file that is not a JSON object is
-        passed over with a warning naming it)."""
+        passed over with a warning naming it; Unreadable where envs/ is a link that leads to no folder)."""
+        refuse_broken_link(self.envs_dir)
         found = {p.stem: read_env_file(p) for p in sorted(self.envs_dir.glob("*.json")) if not p.name.startswith(".")}
         return {k: v for k, v in found.items() if v}
 
     def env(self) -> dict:
         """env.json, the first invocation's fingerprint ({} where there is none); ValueError
-        naming it where it is not a JSON object."""
+        naming it where it is not a JSON object; Unreadable where it is a link that leads to no file."""
         path = self.dir / ENV_FILE
+        refuse_broken_link(path)
         if not path.is_file():
             return {}
         try:
@@ -425,7 +438,7 @@ class RunStore:
         `required`: the columns without which a file is not a row file (ValueError); `skip`:
         columns not read at all (the report's loader leaves out lists it never reads)."""
         files = newest_last(self.row_files())
-        if (self.rows_dir / SKIPPED_FILE).exists():
+        if (self.rows_dir / SKIPPED_FILE).exists() or (self.rows_dir / SKIPPED_FILE).is_symlink():
             files = [self.rows_dir / SKIPPED_FILE, *files]
         df = read_frame(files, warn_torn=True, required=required, skip=skip)
         if df.empty:

@@ -27,6 +27,7 @@ from moebench.util.words import counted
 
 ROWS_DIR = "rows"  # a run's row files' folder, <run>/rows/ (RunStore.rows_dir)
 ENV_FILE = "env.json"  # a run's first fingerprint, <run>/env.json (RunStore.env)
+ENVS_DIR = "envs"  # each invocation's fingerprint, <run>/envs/<run_id>.json (RunStore.envs_dir)
 # how far below its run the tool writes a file: a profiler-timed combination's trace,
 # <run>/traces/profiler/<combo_key>/rank<r>_T<t>.json.gz (measure/capture.py), 4 folders down
 RUN_DEPTH = 4
@@ -61,6 +62,8 @@ def reading(path: str | Path) -> Iterator[None]:
     except Unreadable:
         raise
     except OSError as e:
+        if (broken := broken_link(path)) is not None:  # a dangling link's ENOENT: no torn file, no defect
+            raise broken from e
         if e.errno not in CAUSES:
             raise
         raise Unreadable(e.errno, os.strerror(e.errno), os.fspath(path)) from e
@@ -69,7 +72,8 @@ def reading(path: str | Path) -> Iterator[None]:
 def broken_link(path: str | Path) -> Optional[Unreadable]:
     """Unreadable naming `path` where it is a symbolic link that leads to no file: ELOOP where it loops,
     ENOENT where its target is missing (writable.describe words both, LINK_ADVICE says what to do);
-    None where it is no link or one that leads somewhere."""
+    None where it is no link or one that leads somewhere. A reader that took either for a missing file
+    would drop the rows or the fingerprint it stands for without a word."""
     if not os.path.islink(path):
         return None
     try:
@@ -85,6 +89,23 @@ def refuse_broken_link(path: str | Path) -> None:
     """Raises broken_link's Unreadable where `path` is a link that leads to no file."""
     if (broken := broken_link(path)) is not None:
         raise broken
+
+
+def refuse_broken_links(run_dir: str | Path) -> None:
+    """broken_link's Unreadable for the first link among a run's own names that leads to no file:
+    rows/, envs/, env.json, and the files in rows/ and envs/ (a writer's temp files aside): checked
+    before any work by every command given the run (check_readable) and by a sweep into it
+    (RunStore.refuse_links), so that no reader takes one for a missing file and no sweep measures its
+    rows again."""
+    run_dir = Path(run_dir)
+    for name in (ROWS_DIR, ENVS_DIR, ENV_FILE):
+        refuse_broken_link(run_dir / name)
+    for folder, suffix in ((run_dir / ROWS_DIR, ".parquet"), (run_dir / ENVS_DIR, ".json")):
+        with reading(folder):
+            names = sorted(os.listdir(folder)) if folder.is_dir() else []
+        for name in names:
+            if name.endswith(suffix) and not name.startswith("."):
+                refuse_broken_link(folder / name)
 
 
 A_RUN = "the folder `moebench sweep` wrote, the one holding rows/ and env.json"  # what a run argument takes
@@ -128,7 +149,8 @@ def check_readable(path: str | Path, what: str = "a run") -> bool:
     may not be listed (mode 000, another user's 700), whose files would read as none or as a
     refused write ('RUN/report: permission denied; give --out ...'). A symbolic link on the way that
     leads to no file (`ln -s run run`; one to a missing folder) is no missing path: Unreadable naming
-    the link (broken_link), whose line says it loops or dangles and to remove it."""
+    the link (broken_link), whose line says it loops or dangles and to remove it; so is one among a
+    run folder's own names (refuse_broken_links)."""
     for part in [*reversed(Path(path).parents), Path(path)]:
         refuse_broken_link(part)
     try:
@@ -140,6 +162,8 @@ def check_readable(path: str | Path, what: str = "a run") -> bool:
     for folder in (Path(path), Path(path) / ROWS_DIR):
         if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK):
             raise ValueError(f"{folder}: cannot be read ({os.strerror(errno.EACCES)}): pass {what} you can read")
+    if Path(path).is_dir():
+        refuse_broken_links(path)
     return True
 
 
@@ -376,7 +400,9 @@ def invocation_rows(rows_dir: Path, run_id: str, skip=(), required=("combo_key",
 
 
 def read_env_file(path: Path) -> dict:
-    """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object)."""
+    """A fingerprint file's object ({} where absent; {} and a warning where it is no JSON object;
+    Unreadable naming a link that leads to no file: broken_link)."""
+    refuse_broken_link(path)
     if not path.is_file():
         return {}
     try:

@@ -1,8 +1,11 @@
-"""A symbolic link that leads to no file given as the run or trace itself: it loops, or its target is
-missing. It was taken for a missing file: `ln -s run run; moebench report run` said "does not exist",
-`moebench trace` "no such file or directory". Now report, compare, trace and tune --results say in one
-line, exit 2, before any work, which link it is and what to do (moebench/results/store_read.py
-broken_link; writable.LOOPS, DANGLING, LINK_ADVICE)."""
+"""A symbolic link that leads to no file, given as the run or trace itself or standing among a run's own
+names (env.json, rows/, envs/, a row file, skipped.parquet): it loops, or its target is missing. Each was
+taken for a missing file: `ln -s run run; moebench report run` said "does not exist", `moebench trace`
+"no such file or directory"; a looping env.json read as no fingerprint, a looping rows/ as "no results",
+a dangling row file as a torn one (which the next sweep set aside, measuring its rows again). Now every
+command that reads a run (report, compare, trace, tune --results) and a sweep into it says in one line,
+exit 2, before any work, which link it is and what to do (moebench/results/store_read.py broken_link;
+writable.LOOPS, DANGLING, LINK_ADVICE)."""
 
 from __future__ import annotations
 
@@ -15,9 +18,29 @@ import pytest
 
 from moebench import cli
 from moebench.results import writable
+from moebench.results.store import RunStore
 from moebench.results.synthetic import synthetic_run
 
 LOOP_LINE = f": {writable.LOOPS}; remove the link"
+# one combination (the plan's rows are none of the synthetic run's: nothing is refused for that)
+SWEEP = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+    "runner.memory=false",
+]
+
+
+@pytest.fixture(autouse=True)
+def no_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +90,60 @@ def test_a_looping_link_given_as_the_run_is_named_as_the_loop(cmd, tmp_path, cap
     assert not (tmp_path / "other" / "report").exists() and not (tmp_path / "cmp").exists()
 
 
+NAMES = ["env.json", "rows", "envs", "rows/x.parquet", "rows/skipped.parquet", "envs/a.json"]
+
+
+def _break(run: Path, name: str, how: str) -> Path:
+    """The run's `name` made a link that loops (`how` loop) or leads to a missing file (dangling);
+    a folder or file it replaces is kept beside it (nothing of the run is lost by the test)."""
+    link = run / name
+    if link.exists():
+        link.rename(link.with_name(link.name + ".kept"))
+    link.symlink_to(link.name if how == "loop" else "missing" + link.suffix)
+    return link
+
+
+@pytest.mark.parametrize("how", ["loop", "dangling"])
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("cmd", ["report", "compare", "trace", "tune"])
+def test_a_broken_link_among_a_runs_names_is_refused_before_any_work(cmd, name, how, tmp_path, capsys, a_run):
+    shutil.copytree(a_run, tmp_path / "other")
+    run = tmp_path / "run"
+    shutil.copytree(a_run, run)
+    link = _break(run, name, how)
+    assert cli.main(_argv(cmd, run, tmp_path)) == 2
+    line = _one_line(capsys)
+    said = f"{link}{LOOP_LINE}" if how == "loop" else _dangling_line(link)
+    assert line == f"moebench {cmd}: environment error: {said}", line
+    assert not (run / "report").exists() and not (tmp_path / "cmp").exists() and not (tmp_path / "best").exists()
+
+
+@pytest.mark.parametrize("how", ["loop", "dangling"])
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_sweep_into_a_run_with_a_broken_link_refuses_and_keeps_its_rows(name, how, dry_run, tmp_path, capsys, a_run):
+    run = tmp_path / "run"
+    shutil.copytree(a_run, run)
+    link = _break(run, name, how)
+    before = _files(run)
+    assert cli.main(["sweep", *SWEEP, "--out", str(run), *(["--dry-run"] if dry_run else [])]) == 2
+    line = _one_line(capsys)
+    said = f"{link}{LOOP_LINE}" if how == "loop" else _dangling_line(link)
+    assert line == f"moebench sweep: environment error: {said}; nothing was measured", line
+    # nothing set aside, rewritten, removed or added but the lock a sweep takes
+    after = _files(run)
+    assert {k: v for k, v in after.items() if k != ".lock"} == before, (before, after)
+    assert link.is_symlink() and not (run / "rows" / ".corrupt").exists()
+
+
+def _files(run: Path) -> dict[str, object]:
+    """Each name below `run` -> a link's target, or a file's bytes (a folder: None)."""
+    return {
+        str(p.relative_to(run)): os.readlink(p) if p.is_symlink() else (p.read_bytes() if p.is_file() else None)
+        for p in run.rglob("*")
+    }
+
+
 def test_broken_link_tells_a_loop_from_a_missing_target_and_passes_a_good_link(tmp_path):
     from moebench.results.store_read import broken_link
 
@@ -84,3 +161,13 @@ def test_broken_link_tells_a_loop_from_a_missing_target_and_passes_a_good_link(t
         assert writable.describe(broken_link(link)) == f"{link}: {writable.DANGLING} ({os.readlink(link)})"
     # a missing file that is no link is no environment error (its reader says what it is)
     assert writable.describe(FileNotFoundError(errno.ENOENT, "x", str(tmp_path / "none"))) is None
+
+
+def test_a_row_file_linked_to_a_file_elsewhere_is_read(tmp_path, capsys, a_run):
+    run = tmp_path / "run"
+    shutil.copytree(a_run, run)
+    first = sorted((run / "rows").glob("*.parquet"))[0]
+    first.rename(tmp_path / first.name)
+    first.symlink_to(tmp_path / first.name)
+    assert len(RunStore(run).load()) == len(RunStore(a_run).load())
+    assert cli.main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
