@@ -5,6 +5,7 @@ is in options.py), and the parsing that lets overrides come before, between and 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from moebench import __version__
@@ -17,7 +18,7 @@ from moebench.util.arg_errors import UNRECOGNIZED, OneLineErrors  # the commands
 COMMAND_MODULES = (sweep, listing, report, ab, trace, tune, env)
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser() -> tuple[OneLineErrors, dict[str, argparse.ArgumentParser]]:
     """The parser and its subcommands' parsers by name."""
     p = OneLineErrors(
         prog="moebench",
@@ -36,10 +37,15 @@ def parse_args(argv):
     """argparse stops filling `overrides` at the first option, so `sweep a=1 --sweep x b=2`
     would refuse b=2: overrides may come before, between and after options."""
     parser, commands = build_parser()
-    if not (sys.argv[1:] if argv is None else argv):  # bare `moebench`: what it does and its commands
+    given = list(sys.argv[1:] if argv is None else argv)
+    if not given:  # bare `moebench`: what it does and its commands
         parser.print_help(sys.stderr)
         raise SystemExit(2)
-    args, rest = parser.parse_known_args(argv)
+    # an unknown option before the command is the top level's (`moebench --verison`): argparse said only
+    # that the command was missing, or named it in the command's line (the top level's take no value)
+    if stray := parser.unknown_options(list(itertools.takewhile(lambda a: a.startswith("-"), given))):
+        parser.error(UNRECOGNIZED + " ".join(stray))
+    args, rest = parser.parse_known_args(given)
     if rest and hasattr(args, "overrides"):
         stray = [a for a in rest if a.startswith("-") or "=" not in a]
         if not stray:
