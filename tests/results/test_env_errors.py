@@ -107,7 +107,9 @@ def test_out_naming_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, caps
     run.mkdir()
     assert cli.main(["report", str(run), "--out", str(f)]) == 2
     assert "moebench report: environment error:" in _one_line(capsys.readouterr().err)
-    assert cli.main(["compare", str(run), str(run), "--out", str(f)]) == 2
+    other = tmp_path / "another-run"  # two runs: one run on both sides is refused before --out is looked at
+    other.mkdir()
+    assert cli.main(["compare", str(run), str(other), "--out", str(f)]) == 2
     err = capsys.readouterr().err
     assert "moebench compare: environment error:" in err and f"{f}: not a directory" in err
     assert f.read_text() == "keep"
