@@ -8,6 +8,7 @@ import os
 from moebench.results.lock import JOBS_FILE, LOCK_FILE
 from moebench.results.sequence import SEQ_FILE
 from moebench.results.store import RunStore
+from moebench.results.store_read import refuse_broken_link
 from moebench.results.writable import TMP_PREFIX, TMP_SUFFIX
 
 
@@ -17,6 +18,7 @@ def refuse_foreign(store: RunStore) -> None:
     and env.json among files that are not its own. A run holds one of the names a sweep writes
     (rows/, envs/, env.json, sweep-*.json, .lock, .lock-jobs, .row-seq) and is resumed; a killed
     writer's temp file (.tmp-*.tmp) is nobody else's (docs/design.md, "The store")."""
+    refuse_broken_link(store.dir)  # a link that loops or dangles: said so (not "a file stands where a folder must be")
     try:
         names = sorted(os.listdir(store.dir))
     except OSError:  # not there yet, a file, not ours to list: the probe says which, before any work

@@ -284,7 +284,9 @@ def import_command(target) -> int:
     no nsys-traced row in its run) or tools; a row file
     of those runs that may not be read is Unreadable (exit 2, naming it) before anything is done."""
     from moebench.results.store import RunStore, enclosing_run  # pandas, pyarrow: only where a run is looked for
+    from moebench.results.store_read import refuse_broken_link
 
+    refuse_broken_link(target)  # a link that loops or dangles: said so, not "no such file or directory"
     captures = find_captures(target)
     found = [enclosing_run(p.resolve()) for p in (Path(target), *captures)]
     runs = {r for r in found if r is not None}

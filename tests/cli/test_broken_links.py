@@ -171,3 +171,20 @@ def test_a_row_file_linked_to_a_file_elsewhere_is_read(tmp_path, capsys, a_run):
     first.symlink_to(tmp_path / first.name)
     assert len(RunStore(run).load()) == len(RunStore(a_run).load())
     assert cli.main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+
+
+@pytest.mark.parametrize("kind", ["loops", "dangles"])
+@pytest.mark.parametrize(
+    "argv", [["sweep", *SWEEP, "--out"], ["sweep", "--dry-run", *SWEEP, "--out"], ["trace", "--import"]]
+)
+def test_a_broken_link_as_out_or_import_target_is_said_so(argv, kind, tmp_path, capsys):
+    """`--out` a link that loops said "not a directory (a file stands where a folder must be)", and
+    `trace --import` of one "no such file or directory": each now names the link and what to do,
+    exit 2, nothing made through it."""
+    link = tmp_path / "link"
+    os.symlink(link.name if kind == "loops" else "nowhere", link)
+    assert cli.main([*argv, str(link)]) == 2
+    line = _one_line(capsys)
+    want = LOOP_LINE if kind == "loops" else f": {writable.DANGLING} (nowhere); restore the target or remove the link"
+    assert f"{link}{want}" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"] and os.readlink(link) in ("link", "nowhere")
