@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
 from moebench.report.answer_frame import MAX_PANELS, Figure, Labeller, finish, frame, tokens_log2, us_text
-from moebench.report.effects import BAND, FASTER, SLOWER, Effect, fmt_interval, fmt_ratio
+from moebench.report.effects import BAND, FASTER, SLOWER, Effect, decimals, fmt_interval, fmt_ratio
 from moebench.report.plotgrid import LINESTYLES, plain_log
 from moebench.report.workloads import spread, union_labels, workloads
 
@@ -96,9 +96,10 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
     effect_legend(fig)
     top = ranked[0]
     where = f" with {top.by}={top.by_value}" if top.by else ""
+    d = decimals(top.lo, top.hi)  # as the text prints it
     title = (
-        f"What each choice does: {top.axis}={top.value} takes {fmt_ratio(top.ratio)} the latency of "
-        f"{top.baseline}{where} at {top.tokens} tok {fmt_interval(top.lo, top.hi)} (largest effect)"
+        f"What each choice does: {top.axis}={top.value} takes {fmt_ratio(top.ratio, d)} the latency of "
+        f"{top.baseline}{where} at {top.tokens} tok {fmt_interval(top.lo, top.hi, d)} (largest effect)"
     )
     left = len(effects) - len(shown)
     note = f"{left} smaller effects left out (all are in the text above)" if left else ""

@@ -132,7 +132,7 @@ def effect_section(ok: pd.DataFrame, cpu: bool, num_host: int = 0) -> tuple[list
         "Latency of each value ÷ its baseline's, over the pairs of rows that differ only in that axis, read "
         "`ratio × [low, high] (n pairs)`: the geometric mean, its 95 % interval (bootstrap over the pairs "
         "and each row's samples) and the pairs; **no difference** when the interval lies inside "
-        f"±{(BAND - 1) * 100:.0f} %, "
+        f"±{(BAND - 1) * 100:.0f} % ({1 / BAND:.3f} to {BAND:g}), "
         "**inconclusive** when it straddles that bound. Where the pairs disagree the effect is split by the "
         "axis that explains it. Baselines: finalize, overlap none, bf16, the torch experts, the local "
         "backend, default knobs where the run has them, else the most measured value."

@@ -23,6 +23,7 @@ import pandas as pd
 
 from moebench.report.columns import fmt_series, num_distinct
 from moebench.report.stats import resampled_medians
+from moebench.util.words import counted
 
 # an interval inside [1/BAND, BAND] is "no difference"; one that straddles a bound is
 # "inconclusive"; one beyond a bound is faster / slower (compare's threshold, 5 %)
@@ -226,15 +227,34 @@ def _split(df, p: _Pairs, whole: Effect, candidates: list[str], boot, point, mem
 # -- text -----------------------------------------------------------------------------------------
 
 
-def fmt_ratio(r: float) -> str:
-    """`0.69 ×` (two decimals; three significant figures below 0.1 and above 10)."""
+def decimals(*ends: float) -> int:
+    """The decimals (2, else 3, else 4) at which none of `ends` prints as a bound of the band it is
+    not (1/BAND prints 0.95, then 0.952), so the label follows from the printed interval:
+    [0.949, 0.954] straddles 1/BAND (inconclusive) but at two decimals reads [0.95, 0.95], as if
+    inside (compare's fmt_change does the same for its percentages)."""
+    bounds = (1 / BAND, BAND)
+    d = 2
+    while d < 4 and any(v != b and f"{v:.{d}f}" == f"{b:.{d}f}" for v in ends for b in bounds):
+        d += 1
+    return d
+
+
+def _number(v: float, d: int) -> str:
+    return f"{v:.{d}f}" if 0.1 <= v < 10 else f"{v:.3g}"
+
+
+def fmt_ratio(r: float, d: int = 2) -> str:
+    """`0.69 ×` (`d` decimals; three significant figures below 0.1 and above 10)."""
     if not math.isfinite(r):
         return "- ×"
-    return f"{r:.2f} ×" if 0.1 <= r < 10 else f"{r:.3g} ×"
+    return f"{_number(r, d)} ×"
 
 
-def fmt_interval(lo: float, hi: float) -> str:
-    return f"[{lo:.2f}, {hi:.2f}]" if 0.1 <= lo and hi < 10 else f"[{lo:.3g}, {hi:.3g}]"
+def fmt_interval(lo: float, hi: float, d: int | None = None) -> str:
+    """`[0.68, 0.70]`: `d` decimals, by default two or as many as the band's bounds ask
+    (`decimals`); three significant figures below 0.1 and above 10."""
+    d = decimals(lo, hi) if d is None else d
+    return f"[{_number(lo, d)}, {_number(hi, d)}]"
 
 
 def fmt_mib_delta(b: float) -> str:
@@ -245,7 +265,8 @@ def fmt_mib_delta(b: float) -> str:
 
 def _phrase(e: Effect) -> str:
     words = "" if e.verdict in (FASTER, SLOWER) else f", {e.verdict}"
-    return f"{fmt_ratio(e.ratio)} {fmt_interval(e.lo, e.hi)} ({e.pairs} pair{'s' * (e.pairs != 1)}{words})"
+    d = decimals(e.lo, e.hi)  # the interval's ends decide the label; the ratio printed alike
+    return f"{fmt_ratio(e.ratio, d)} {fmt_interval(e.lo, e.hi, d)} ({counted(e.pairs, 'pair')}{words})"
 
 
 def effect_lines(effects: list[Effect]) -> list[str]:

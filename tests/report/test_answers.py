@@ -21,7 +21,7 @@ from moebench.results.synthetic import make_row, samples_from, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ("default_sweep/h200x1_held", "weight_reduce_memory")
-RATIO = re.compile(r"\d+\.\d\d × \[\d+\.\d\d, \d+\.\d\d\] \(\d+ pairs?")
+RATIO = re.compile(r"\d+\.\d{2,4} × \[\d+\.\d{2,4}, \d+\.\d{2,4}\] \(\d+ pairs?")
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+\.png)\)")
 MAX_W, MAX_H = 2000, 1800
 

@@ -143,3 +143,33 @@ def test_the_effects_figure_keys_its_colours_below_the_panel(tmp_path, monkeypat
     }
     assert colours == {"faster": "C2", "slower": "C3", "no call": "0.45"}
     assert not legend.get_window_extent().overlaps(ax.get_window_extent())
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "printed"),
+    [(0.9457, 0.9517, "0.9487 × [0.9457, 0.9517] (3 pairs)"),  # below 1/1.05 = 0.95238: faster
+     (0.949, 0.954, "0.951 × [0.949, 0.954] (3 pairs, inconclusive)"),  # across it
+     (0.9527, 0.957, "0.955 × [0.953, 0.957] (3 pairs, no difference)"),  # inside
+     (1.005, 1.0549, "1.030 × [1.005, 1.055] (3 pairs, inconclusive)"),  # across 1.05
+     (0.68, 0.70, "0.69 × [0.68, 0.70] (3 pairs)")],  # far from both: two decimals
+)  # fmt: skip
+def test_an_interval_on_a_bound_prints_the_decimals_its_label_reads(lo, hi, printed):
+    """The committed H200 run printed `0.95 × [0.95, 0.95] (3 pairs)` for an interval of [0.9457,
+    0.9517], wholly below 1/1.05: at two decimals both ends read as the bound 0.95, which says
+    neither faster nor inconclusive. An end that prints as a bound gets a decimal more (up to four)."""
+    e = fx.Effect("reduction", "experts", "finalize", 128, math.sqrt(lo * hi), lo, hi, 3)
+    (line,) = fx.effect_lines([e])
+    assert line == f"- `reduction=experts` vs `finalize`: at 128 tok {printed}", line
+
+
+def test_the_printed_interval_gives_the_label_its_true_ends_give():
+    """Over intervals whose ends sweep both bounds of the band in steps of 0.0001, the label read
+    off the printed ends (parsed back) is the label of the true ends."""
+    grid = np.round(np.arange(0.94, 0.96, 0.0001), 4).tolist() + np.round(np.arange(1.04, 1.06, 0.0001), 4).tolist()
+    for lo in grid[::7]:
+        for hi in grid:
+            if hi < lo:
+                continue
+            text = fx.fmt_interval(lo, hi)
+            a, b = (float(x) for x in text.strip("[]").split(", "))
+            assert fx.classify(a, b) == fx.classify(lo, hi), (lo, hi, text)
