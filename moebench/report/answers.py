@@ -43,6 +43,7 @@ from moebench.util.words import agree, counted
 
 # the axes whose values are choices a reader makes (the rest of the combination is the workload)
 CHOICES = CHOICE_COLUMNS
+CPU_CAVEAT = " (CPU: a pipeline check, not performance)"  # a section's heading on a CPU run
 MAX_WORKLOADS = 5  # workloads the one-combination latency names, a line each
 
 
@@ -124,7 +125,7 @@ def effect_section(ok: pd.DataFrame, cpu: bool, num_host: int = 0) -> tuple[list
     """What each choice does over `ok` (measured's rows), or one line why nothing is compared
     (`num_host`: the host-time rows left out)."""
     axes = varying_axes(ok, CHOICES)
-    head = "## What each choice does" + (" (CPU: a pipeline check, not performance)" if cpu else "")
+    head = "## What each choice does" + (CPU_CAVEAT if cpu else "")
     if not axes:
         return [head, f"- nothing compared: {_no_effect(ok, cpu, num_host)}"], []
     effects = axis_effects(ok, axes, pair_key(ok))
@@ -265,11 +266,12 @@ def _mib(nbytes: float) -> str:
     return f"{mib:,.0f} MiB" if mib >= 100 else fmt_mib(nbytes) + " MiB"
 
 
-def overlap_section(ok: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[str]:
+def overlap_section(ok: pd.DataFrame, rows: pd.DataFrame | None = None, cpu: bool = False) -> list[str]:
     """The shared experts' hidden fraction where a backend communicates, over `ok` (measured's
     rows); else one line saying why there is nothing to show (`rows`: every ok row, host-time ones
-    too, which say whether any overlapped)."""
-    head = "## Shared experts hidden"
+    too, which say whether any overlapped). On a CPU run (`cpu`) the fractions are a pipeline check,
+    as the effects are, and the section says so."""
+    head = "## Shared experts hidden" + (CPU_CAVEAT if cpu else "")
     rows = ok if rows is None else rows
     if "overlap" not in rows.columns:
         return [head, "- nothing to show: the rows record no overlap"]
@@ -295,7 +297,9 @@ def overlap_section(ok: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[
                 f"(median of {counted(len(frac), 'row')}, {fmt_frac(float(frac.min()))}–{fmt_frac(float(frac.max()))})"
             )
     if len(lines) == 1:
-        lines.append("- nothing to show: no row that overlapped recorded the hidden fraction (`overlap_fraction`)")
+        return [head, "- nothing to show: no row that overlapped recorded the hidden fraction (`overlap_fraction`)"]
+    if cpu:  # above the figures, as the effects' explanation is
+        lines.insert(1, "CPU rows: a CPU run's overlap says nothing about a GPU's; these fractions check the pipeline.")
     return lines
 
 
@@ -333,7 +337,7 @@ def answers(
     lines += memory_section(mem, ws)
     if out is not None and ws is not None:
         lines += figure(ap.plot_memory(ws, out / "workspace.png", budget, cpu=cpu))
-    lines += overlap_section(ok, mem)
+    lines += overlap_section(ok, mem, cpu)
     lines += ["## Read with care", *(f"- {q}" for q in quality or ["no data-quality note: no row flagged"])]
     if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
         figure(plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu))

@@ -125,3 +125,24 @@ def test_a_run_with_no_workspace_peak_says_so(tmp_path):
     head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
     (workspace,) = _section(head, "## Workspace per reduction placement")
     assert workspace.startswith("- no workspace figure: no ok row recorded a workspace peak"), workspace
+
+
+def test_a_cpu_runs_overlap_is_a_pipeline_check(tmp_path):
+    """A CPU run's *Shared experts hidden* read 'hides 0% ... (median of 15 rows, 0%–100%)' under a
+    bare heading, like a finding, though *What each choice does* said CPU."""
+    from moebench.report.answers import answers
+    from moebench.report.load import load_run
+
+    rng = np.random.default_rng(5)
+    rows = [
+        make_row("allgather_rs", "torch", "experts", ovl, "bf16", t, samples_us=samples_from(100.0 + t, 0.01, 20, rng),
+                 world_size=2, device="cpu", overlap_fraction=0.0 if ovl != "none" else np.nan)
+        for ovl in ("none", "combine") for t in (16, 64)
+    ]  # fmt: skip
+    df, _ = load_run(write_run(tmp_path / "run", pd.DataFrame(rows)))
+    lines = answers(df, None, [], []).lines
+    heads = [x for x in lines if x.startswith("## ")]
+    assert "## Shared experts hidden (CPU: a pipeline check, not performance)" in heads, heads
+    body = "\n".join(lines).partition("## Shared experts hidden")[2].partition("\n## ")[0]
+    assert "a CPU run's overlap says nothing about a GPU's" in body, body
+    assert "`overlap=combine` at 16 tok: hides 0% of the shared experts (median of 1 row" in body, body
