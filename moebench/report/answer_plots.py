@@ -207,14 +207,17 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
 
 
 def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
-                 baseline_of: Callable[[pd.DataFrame], str | None] | None = None) -> Figure | None:  # fmt: skip
+                 baseline_of: Callable[[pd.DataFrame], str | None] | None = None,
+                 within: pd.DataFrame | None = None) -> Figure | None:  # fmt: skip
     """Median latency with p20–p80 whiskers of the fastest few combinations (and the baseline,
     `baseline_of(rows)`'s combo_key): a dot chart per token count where the run has at most three,
     else lines on log-log axes; a panel per workload where the run holds several (the fastest and
-    the baseline each workload's own)."""
+    the baseline each workload's own). Workloads are named by what varies `within` (the run's ok
+    rows, as the text names them; default `ok`): the one workload of GPU-time rows among others of
+    host time is named in the title."""
     if ok.empty:
         return None
-    groups = workloads(ok)
+    groups = workloads(ok, within)
     if len(groups) > 1:
         return _plot_fastest_per_workload(groups, path, baseline_of, cpu)
     baseline_key = baseline_of(ok) if baseline_of else None
@@ -233,18 +236,20 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
         fig, (ax,) = frame(4.6)
         _latency_lines(ax, sub, keys, names, tokens)
     big = max(tokens)
-    title = "Fastest at {} tok: {}{}".format(big, *_fastest_at(ok, label, big))
+    on = f" on {groups[0][0]}" if groups[0][0] else ""
+    title = "Fastest{} at {} tok: {}{}".format(on, big, *_fastest_at(ok, label, big))
     left = ok["combo_key"].nunique() - len(keys)
     note = f"{left} slower combinations left out (the tables below hold every one)" if left > 0 else ""
     return finish(fig, path, title, cpu, note)
 
 
-def plot_alone(ok: pd.DataFrame, path, cpu: bool = False) -> Figure | None:
+def plot_alone(ok: pd.DataFrame, path, cpu: bool = False, within: pd.DataFrame | None = None) -> Figure | None:
     """Where each workload ran one combination per size (nothing to rank): its median latency with
-    p20–p80 band vs tokens, a line per workload (up to MAX_SERIES, spread over the models)."""
+    p20–p80 band vs tokens, a line per workload (up to MAX_SERIES, spread over the models; named
+    by what varies `within`, as plot_fastest)."""
     if ok.empty:
         return None
-    groups = workloads(ok)
+    groups = workloads(ok, within)
     shown = spread(groups, MAX_SERIES)
     named = [(name or str(g["model"].iloc[0]), g.sort_values("tokens_per_rank")) for name, g in shown]
     rows = pd.concat([g.assign(combo_key=name) for name, g in named])

@@ -12,7 +12,6 @@ reads them too. A CPU run's figures are titled as a pipeline check.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,23 +27,20 @@ from moebench.report.columns import (
     combination,
     combo_labels,
     fmt_series,
-    fmt_value,
-    records,
 )
 from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
-from moebench.report.flags import CPU, GPU, GPU_TIME_ADVICE, HOST, figure_basis, host_cause, paced_mark
-from moebench.report.fmt import fmt_frac, fmt_mib, fmt_us
+from moebench.report.fastest import Timed, fastest_section, ranked
+from moebench.report.flags import CPU, GPU, HOST
+from moebench.report.fmt import fmt_frac, fmt_mib
 from moebench.report.mdsafe import md_text
 from moebench.report.phase_plot import plot_phase_fastest
 from moebench.report.run_tables import single_rank
-from moebench.report.workloads import workloads
 from moebench.results.row import Status
-from moebench.util.words import agree, counted
+from moebench.util.words import counted
 
 # the axes whose values are choices a reader makes (the rest of the combination is the workload)
 CHOICES = CHOICE_COLUMNS
 CPU_CAVEAT = " (CPU: a pipeline check, not performance)"  # a section's heading on a CPU run
-MAX_WORKLOADS = 5  # workloads the one-combination latency names, a line each
 
 
 @dataclass
@@ -66,35 +62,11 @@ class Answers:
         return "\n".join(out)
 
 
-def measured(df: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+def measured(timed: Timed) -> tuple[pd.DataFrame, bool]:
     """(the ok rows whose latency is GPU time — or, in a run with none but CPU rows, CPU time —,
     whether they are CPU rows)."""
-    ok = df[(df["status"] == Status.OK) & df["latency_us_median"].notna()]
-    basis = [figure_basis(r)[0] for r in records(ok)]
-    gpu, cpu = ok[[b == GPU for b in basis]], ok[[b == CPU for b in basis]]
+    gpu, cpu = timed.where(GPU), timed.where(CPU)
     return (gpu, False) if len(gpu) or not len(cpu) else (cpu, True)
-
-
-def host_time(df: pd.DataFrame) -> list[tuple[str, str]]:
-    """(why, what would give GPU time: flags.GPU_TIME_ADVICE) of each ok GPU row whose latency is
-    host time, which no effect or fastest reads."""
-    ok = df[(df["status"] == Status.OK) & df["latency_us_median"].notna()]
-    out = []
-    for r in records(ok):
-        basis, why = figure_basis(r)
-        if basis == HOST:
-            out.append((why.removeprefix("host time: "), GPU_TIME_ADVICE[host_cause(r)]))
-    return out
-
-
-def host_text(host: list[tuple[str, str]]) -> str:
-    """'(why); what would give GPU time' of the host-time rows (`host_time`), each cause with its
-    count where they differ."""
-    causes = Counter(host).most_common()
-    if len(causes) == 1:
-        (why, advice), _ = causes[0]
-        return f"({md_text(why)}); {advice}"
-    return "— " + "; ".join(f"{n} ({md_text(why)}): {advice}" for (why, advice), n in causes)
 
 
 def memory_rows(df: pd.DataFrame, cpu: bool) -> pd.DataFrame:
@@ -158,61 +130,6 @@ def _no_effect(ok: pd.DataFrame, cpu: bool, num_host: int) -> str:
         f"every choice has one value in the {kind} rows ({md_text(combination(ok.iloc[0]))}); a run that sweeps "
         "one (`reduction=experts,finalize`) shows what it does"
     )
-
-
-def fastest_section(ok: pd.DataFrame, wins: list[str], host: list[tuple[str, str]], cpu: bool) -> list[str]:
-    """The fastest per workload and size (`wins`: summary.wins's lines), or one line why none: one
-    combination per size (its latency per size: alone_lines), CPU rows, host-time rows (`host`:
-    host_time; why and what would give GPU time), no ok row; host-time rows beside ranked ones
-    counted."""
-    lines = ["## Fastest per size"]
-    n = len(host)
-    if wins:
-        lines += [f"- {w}" for w in wins]
-    elif cpu:
-        num_cpu = len(ok)
-        lines.append(
-            f"- no fastest named: {counted(num_cpu, 'ok row')} {agree(num_cpu, 'is', 'are')} CPU time (pipeline "
-            "checks, not performance figures)"
-        )
-    elif len(ok):
-        lines += alone_lines(ok)
-    elif n:
-        every = "the one ok row is" if n == 1 else f"all {n} ok rows are"
-        return [*lines, f"- nothing ranked: {every} host time {host_text(host)}"]
-    else:
-        return [*lines, "- nothing ranked: no ok row has a latency (*Status and skip reasons* below says why)"]
-    if n:
-        lines.append(f"- not ranked: {counted(n, 'ok row')} {agree(n, 'is', 'are')} host time {host_text(host)}")
-    return lines
-
-
-def alone_lines(ok: pd.DataFrame) -> list[str]:
-    """Where each workload ran one combination per size, nothing to rank: its median (GPU time)
-    per size, the combination named once where every workload ran the same, a line per workload
-    beyond one (the first MAX_WORKLOADS; the rest counted)."""
-    groups = workloads(ok)
-    named = md_text(combination(ok.iloc[0]))
-    one = all(md_text(combination(r)) == named for _, r in ok.iterrows())  # Series: combination reads .index
-    lines = []
-    for name, g in groups[:MAX_WORKLOADS]:
-        rows = [r for _, r in g.sort_values("tokens_per_rank").iterrows()]
-        names = [md_text(combination(r)) for r in rows]
-        sizes = ", ".join(
-            f"{fmt_us(r['latency_us_median'])} µs at {fmt_value(r['tokens_per_rank'])} tok"
-            + (f" {paced_mark(r)}" if paced_mark(r) else "")
-            + (f" ({n})" if len(set(names)) > 1 else "")
-            for r, n in zip(rows, names, strict=True)
-        )
-        where = md_text(name or fmt_value(rows[0]["model"]))
-        if len(groups) == 1:  # the combination and the workload in one line
-            what = f": {named} on {where}" if one else f": {where}"
-            return [f"- one combination per size, nothing to rank{what} takes {sizes} (GPU time, median)"]
-        lines.append(f"{where}{'' if one or len(set(names)) > 1 else f' ({names[0]})'}: {sizes}")
-    head = "one combination per size, nothing to rank" + (f": {named}" if one else "")
-    more = [f"and {counted(len(groups) - MAX_WORKLOADS, 'more workload')} in *Latency of every combination* below"]
-    lines += more if len(groups) > MAX_WORKLOADS else []
-    return [f"- {head}; GPU time (median) per workload:", *(f"- {x}" for x in lines)]
 
 
 def workspace_stats(ok: pd.DataFrame) -> pd.DataFrame | None:
@@ -306,16 +223,16 @@ def overlap_section(ok: pd.DataFrame, rows: pd.DataFrame | None = None, cpu: boo
 def answers(
     df: pd.DataFrame,
     out: Path | None,
-    wins: list[str],
     quality: list[str],
     budget: float | None = None,
 ) -> Answers:
     """The opening's lines and, with `out`, its figures written there. `df`: the run's rows (one
-    per combination and token count); `wins`: the fastest-per-size lines; `quality`: the data
-    quality notes to show (the first few; the rest stay in the report's section)."""
-    ok, cpu = measured(df)
-    host = host_time(df)
-    effect_lines_, effects = effect_section(ok, cpu, len(host))
+    per combination and token count); `quality`: the data quality notes to show (the first few;
+    the rest stay in the report's section)."""
+    timed = Timed.of(df)  # each row's basis, read once
+    ok, cpu = measured(timed)
+    wins = ranked(timed)
+    effect_lines_, effects = effect_section(ok, cpu, len(timed.where(HOST)))
     figures: list[Figure] = []
 
     def figure(made: Figure | None) -> list[str]:
@@ -327,11 +244,11 @@ def answers(
     lines = [*effect_lines_]
     if out is not None and len(ok) and effects:
         lines += figure(ap.plot_effects(effects, out / "effects.png", cpu))
-    lines += fastest_section(ok, wins, host, cpu)
+    lines += fastest_section(timed, wins)
     if out is not None and wins:
-        lines += figure(ap.plot_fastest(ok, combo_labels, out / "latency.png", cpu, baseline_key))
+        lines += figure(ap.plot_fastest(ok, combo_labels, out / "latency.png", cpu, baseline_key, within=timed.rows))
     elif out is not None and len(ok) and not cpu:  # one combination per size: its latency
-        lines += figure(ap.plot_alone(ok, out / "latency.png"))
+        lines += figure(ap.plot_alone(ok, out / "latency.png", within=timed.rows))
     mem = memory_rows(df, cpu)  # host-time rows too: a memory peak is no timing
     ws = workspace_stats(mem)  # the workspace medians, once for the lines and the figure
     lines += memory_section(mem, ws)
@@ -340,5 +257,5 @@ def answers(
     lines += overlap_section(ok, mem, cpu)
     lines += ["## Read with care", *(f"- {q}" for q in quality or ["no data-quality note: no row flagged"])]
     if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
-        figure(plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu))
+        figure(plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu, within=timed.rows))
     return Answers(lines, effects, figures, cpu)

@@ -224,7 +224,6 @@ def run_doc(
     fastest per size, memory, overlap, what to read with care, and their figures), then every
     table folded in a <details> block; PNGs written into ``out``."""
     from moebench.report.answers import answers
-    from moebench.report.summary import wins
 
     here, root = run_dir_of(run_dir), _results_root(run_dir_of(run_dir))
     # a run inside a results/ tree is named by its path there (ep_backends/deepep_ht), else its folder
@@ -240,7 +239,7 @@ def run_doc(
     rest += [f"{counted(len(cav), 'caveat file')} stored with the run"] if cav else []
     if rest:
         first.append(f"and {' and '.join(rest)} in *Data quality* below")
-    opening = answers(df, out, wins(df), first, budget)
+    opening = answers(df, out, first, budget)
     figures = {f.path.name: f for f in opening.figures}
     host = tables.host_table(df)
     clock = clock_table(df)

@@ -49,16 +49,20 @@ def _phase_legend(fig: MplFigure, axes) -> None:
     fig.legend(handles, names, loc="outside lower center", ncols=len(handles), fontsize=7.5, frameon=False)
 
 
-def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False) -> Figure | None:
+def plot_phase_fastest(
+    ok: pd.DataFrame, label: Labeller, path, cpu: bool = False, within: pd.DataFrame | None = None
+) -> Figure | None:
     """Stacked phase times of the fastest combination at each token count and its nearest
     alternatives (MAX_PHASE_ROWS), a panel per token count (at most MAX_PANELS, spread over
     the range); a tick marks each row's median latency. A run of several workloads gets a panel
-    per workload instead (up to MAX_PANELS, spread over the models), each at its largest token count."""
+    per workload instead (up to MAX_PANELS, spread over the models), each at its largest token count.
+    Workloads are named by what varies `within` (the run's ok rows, as the text names them; default
+    `ok`): the one workload of GPU-time rows among others of host time is named in the title."""
     cols = [c for c in PHASES if c in ok.columns and (pd.to_numeric(ok[c], errors="coerce") > 0).any()]
     ok = ok[ok[cols].notna().any(axis=1)] if cols else ok.iloc[:0]
     if ok.empty:
         return None
-    groups = workloads(ok)
+    groups = workloads(ok, within)
     if len(groups) > 1:
         shown = spread(groups, MAX_PANELS)
         fig, axes = frame(1.5 + (0.35 * MAX_PHASE_ROWS + 0.7) * len(shown), nrows=len(shown))
@@ -89,5 +93,6 @@ def plot_phase_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = Fals
         share = _phase_panel(ax, at, cols, label, f"{t} tokens per rank: the fastest and its nearest")
     _phase_legend(fig, axes)
     fastest = label(ok).loc[at.index[0]]  # named among all the rows
-    title = f"Where the time goes at {tokens[-1]} tok: {share} of the fastest ({fastest})"
+    on = f" on {groups[0][0]}" if groups[0][0] else ""
+    title = f"Where the time goes{on} at {tokens[-1]} tok: {share} of the fastest ({fastest})"
     return finish(fig, path, title, cpu)

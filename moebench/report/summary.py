@@ -21,24 +21,22 @@ from moebench.report.columns import (
     WORKLOAD_COLUMNS,
     combo_columns,
     constant_caption,
-    fmt_series,
     records,
 )
 from moebench.report.compare_tables import pair_names
+from moebench.report.fastest import Timed, ranked
 from moebench.report.flags import (
     CPU,
-    GPU,
     HOST,
     caveat_files,
     caveats_text,
     figure_basis,
     flag_summary,
-    latency_paced,
     paced_details,
     row_flags,
     run_notes,
 )
-from moebench.report.fmt import fmt_interval, fmt_mib, fmt_us
+from moebench.report.fmt import fmt_interval, fmt_mib
 from moebench.report.run_tables import md_value, value_cell
 from moebench.report.table import Column, Table, md_text
 from moebench.results.row import BAD_STATUSES, Status
@@ -61,38 +59,10 @@ def bases(ok: pd.DataFrame) -> pd.Series:
 
 
 def wins(df: pd.DataFrame, limit: int = TOP) -> list[str]:
-    """The largest margins of a fastest combination over the runner-up of its workload,
-    among the rows whose latency is GPU time (host and CPU time are never ranked)."""
-    ok = df
-    ok = ok[(ok["status"] == Status.OK) & ok["latency_us_median"].notna()]
-    ok = ok[[b == GPU for b, _ in bases(ok)]] if len(ok) else ok
-    if ok["combo_key"].nunique() < 2:
-        return []
-    names = pair_names(ok)
-    out = []
-    for _, g in ok.groupby([fmt_series(ok[c]) for c in _workloads(ok)], sort=False):
-        if len(g) < 2:
-            continue
-        g = g.sort_values("latency_us_median")
-        best, second = g.iloc[0], g.iloc[1]
-        margin = second["latency_us_median"] / best["latency_us_median"]
-        # a winner only where the two p20–p80 intervals are apart (compare's first condition)
-        apart = bool(best["latency_us_p80"] < second["latency_us_p20"])
-        other = names.loc[g.index[1]].split(" · ")[0]
-        times = f"{fmt_us(best['latency_us_median'])} vs {fmt_us(second['latency_us_median'])} µs"
-        text = (
-            f"{names.loc[g.index[0]]}: fastest, {margin:.2f}× ahead of {other} ({times})"
-            if apart
-            else f"{names.loc[g.index[0]]}: no clear fastest, {margin:.2f}× by median over {other} ({times}) "
-            "with their p20–p80 overlapping"
-        )
-        # a row with host-paced latency samples competes, but never silently
-        paced = [f"{who} {latency_paced(r)}" for who, r in (("the fastest", best), (other, second)) if latency_paced(r)]
-        if paced:
-            text += f"; host-paced latency samples: {', '.join(paced)}"
-        out.append((apart, margin, text))
-    out.sort(key=lambda x: (not x[0], -x[1]))  # the separable margins first, largest first
-    return [t for _, _, t in out[:limit]]
+    """The largest margins of a fastest combination over the runner-up of its workload, among the
+    rows whose latency is GPU time (host and CPU time are never ranked): report/fastest.py's
+    `ranked`, each line naming its workload where the run has several."""
+    return [w.text for w in ranked(Timed.of(df))[:limit]]
 
 
 def unranked_lines(df: pd.DataFrame) -> list[str]:

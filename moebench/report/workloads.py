@@ -9,13 +9,15 @@ import pandas as pd
 from moebench.report.columns import WORKLOAD_COLUMNS, combo_labels, fmt_series, shown_varying
 
 
-def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The run's workloads, [(name, rows)] in name order: the rows of each value of the varying
-    workload columns (model, world size, routing, ...), named by those values (the model bare, the
+def workloads(ok: pd.DataFrame, within: pd.DataFrame | None = None) -> list[tuple[str, pd.DataFrame]]:
+    """The run's workloads, [(name, rows)] in name order: the rows of each value of the workload
+    columns (model, world size, routing, ...) that vary within `within` (default `ok`: a figure of
+    the GPU-time rows names them as the run's text does), named by those values (the model bare, the
     others `column=value`, a digest by its first 8 characters, a missing value left out); one
     unnamed group where none varies."""
-    cols = shown_varying(ok, WORKLOAD_COLUMNS)  # less what the model names (a recording per model)
-    if not cols:
+    ref = ok if within is None else within
+    cols = shown_varying(ref, WORKLOAD_COLUMNS)  # less what the model names (a recording per model)
+    if not cols or not len(ok):
         return [("", ok)]
     texts = pd.DataFrame({c: fmt_series(ok[c]) for c in cols}, index=ok.index)
 
@@ -29,6 +31,14 @@ def workloads(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
     name = texts.apply(named, axis=1)
     return [(str(n), ok.loc[g.index]) for n, g in ok.groupby(name, sort=True)]
+
+
+def workload_names(rows: pd.DataFrame) -> pd.Series:
+    """Each row's workload name (`workloads`: what varies among `rows`), '' where `rows` hold one."""
+    out = pd.Series("", index=rows.index, dtype=object)
+    for name, g in workloads(rows):
+        out.loc[g.index] = name
+    return out
 
 
 def spread(groups: list[tuple[str, pd.DataFrame]], limit: int) -> list[tuple[str, pd.DataFrame]]:

@@ -106,15 +106,16 @@ def test_one_combination_per_size_gives_its_latency_per_size(tmp_path, models):
 
 def test_host_time_rows_beside_gpu_rows_are_counted_apart_and_in_the_workspace(tmp_path):
     """One model's rows GPU time, the other's host time (the committed fp8_decode_kernels): the
-    fastest names the one and counts the other, and the workspace reads both."""
+    fastest gives each model its line, the one's latency and the other's host time, and the
+    workspace reads both."""
     rng = np.random.default_rng(2)
     rows = [_row("triton", "experts", t, 80.0 + t, rng, model="mixtral") for t in (16, 64)]
     rows += [_row("triton", "experts", t, 90.0 + t, rng, model="qwen3", held=False) for t in (16, 64)]
     head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
     fastest = _section(head, "## Fastest per size")
-    assert fastest[0].startswith("- one combination per size, nothing to rank"), fastest
-    assert "mixtral" in fastest[0] and "qwen3" not in fastest[0], fastest
-    assert fastest[-1].startswith("- not ranked: 2 ok rows are host time (events timing"), fastest
+    assert fastest[0].startswith("- mixtral: one combination per size, nothing to rank"), fastest
+    assert "qwen3" not in fastest[0], fastest
+    assert fastest[-1].startswith("- qwen3: nothing ranked: all 2 ok rows are host time (events timing"), fastest
     (workspace,) = _section(head, "## Workspace per reduction placement")
     assert "(median of 2 combinations," in workspace, workspace
 
@@ -125,6 +126,52 @@ def test_a_run_with_no_workspace_peak_says_so(tmp_path):
     head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
     (workspace,) = _section(head, "## Workspace per reduction placement")
     assert workspace.startswith("- no workspace figure: no ok row recorded a workspace peak"), workspace
+
+
+@pytest.mark.parametrize("other", ["host time", "one combination"])
+def test_each_fastest_line_names_its_workload_and_a_workload_without_rivals_gets_its_line(tmp_path, other):
+    """Two models (the committed triton_vs_torch/profiler): mixtral's rows GPU time, torch against
+    triton; qwen3's all host time, or one combination per size. The fastest lines read
+    'triton · 64 tok: fastest, ...' with mixtral's figures and no model, and qwen3 had no line."""
+    rng = np.random.default_rng(4)
+    rows = [_row(e, "experts", t, (50.0 if e == "triton" else 90.0) + t, rng, model="mixtral")
+            for e in ("torch", "triton") for t in (16, 64)]  # fmt: skip
+    if other == "host time":
+        rows += [_row(e, "experts", t, 70.0 + t, rng, model="qwen3", held=False)
+                 for e in ("torch", "triton") for t in (16, 64)]  # fmt: skip
+    else:
+        rows += [_row("triton", "experts", t, 70.0 + t, rng, model="qwen3") for t in (16, 64)]
+    head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
+    fastest = _section(head, "## Fastest per size")
+    ranked = [x for x in fastest if "fastest, " in x]
+    assert len(ranked) == 2 and all(x.startswith("- mixtral · triton · ") for x in ranked), fastest
+    (qwen,) = [x for x in fastest if "qwen3" in x]
+    if other == "host time":
+        assert qwen.startswith("- qwen3: nothing ranked: all 4 ok rows are host time (events timing"), qwen
+        assert "a run at today's code times the GPU" in qwen, qwen
+    else:
+        said = "local/triton red=experts ovl=none quant=bf16 takes "
+        assert qwen.startswith(f"- qwen3: one combination per size, nothing to rank: {said}"), qwen
+        assert re.search(r"µs at 16 tok, .* µs at 64 tok \(GPU time, median\)$", qwen), qwen
+    shown = dict((name, alt) for alt, name in IMAGE.findall(head))
+    if other == "host time":  # the figure ranks mixtral's rows alone, and says so
+        assert shown["latency.png"].startswith("Fastest on mixtral at 64 tok: triton"), shown
+
+
+def test_the_committed_profiler_run_names_each_fastests_model():
+    """results/triton_vs_torch/profiler (qwen3_30b_a3b all host time, mixtral_8x7b ranked): its
+    fastest printed mixtral's figures without the model, and qwen3 had no line of its own."""
+    from moebench.report.answers import answers
+    from moebench.report.load import load_run
+
+    df, _ = load_run(Path(__file__).resolve().parents[2] / "results" / "triton_vs_torch" / "profiler")
+    fastest = _section("\n".join(answers(df, None, []).lines), "## Fastest per size")
+    assert fastest[0].startswith("- mixtral_8x7b · triton red=experts quant=bf16 · 64 tok: fastest, 1.38× ahead"), (
+        fastest
+    )
+    assert any(x.startswith("- mixtral_8x7b: not ranked: 5 ok rows are host time (GPU busy") for x in fastest), fastest
+    assert fastest[-1].startswith("- qwen3_30b_a3b: nothing ranked: all 24 ok rows are host time (GPU busy"), fastest
+    assert all(x.startswith(("- mixtral_8x7b", "- qwen3_30b_a3b")) for x in fastest), fastest
 
 
 def test_a_cpu_runs_overlap_is_a_pipeline_check(tmp_path):
@@ -140,7 +187,7 @@ def test_a_cpu_runs_overlap_is_a_pipeline_check(tmp_path):
         for ovl in ("none", "combine") for t in (16, 64)
     ]  # fmt: skip
     df, _ = load_run(write_run(tmp_path / "run", pd.DataFrame(rows)))
-    lines = answers(df, None, [], []).lines
+    lines = answers(df, None, []).lines
     heads = [x for x in lines if x.startswith("## ")]
     assert "## Shared experts hidden (CPU: a pipeline check, not performance)" in heads, heads
     body = "\n".join(lines).partition("## Shared experts hidden")[2].partition("\n## ")[0]
