@@ -29,6 +29,7 @@ from moebench.report.answer_frame import MAX_PANELS, Figure, Labeller, finish, f
 from moebench.report.effects import BAND, FASTER, SLOWER, Effect, decimals, fmt_interval, fmt_ratio
 from moebench.report.plotgrid import LINESTYLES, plain_log
 from moebench.report.workloads import spread, union_labels, workloads
+from moebench.util.words import counted
 
 MAX_EFFECT_ROWS = 28
 MAX_SERIES = 6
@@ -102,7 +103,7 @@ def plot_effects(effects: list[Effect], path, cpu: bool = False) -> Figure | Non
         f"{top.baseline}{where} at {top.tokens} tok {fmt_interval(top.lo, top.hi, d)} (largest effect)"
     )
     left = len(effects) - len(shown)
-    note = f"{left} smaller effects left out (all are in the text above)" if left else ""
+    note = f"{counted(left, 'smaller effect')} left out (all are in the text above)" if left else ""
     return finish(fig, path, title, cpu, note)
 
 
@@ -200,7 +201,7 @@ def _plot_fastest_per_workload(groups, path, baseline_of, cpu: bool) -> Figure:
     title = "Fastest at each workload's largest size: " + "; ".join(said)
     notes = []
     if left > 0:
-        notes.append(f"{left} slower combinations left out (the tables below hold every one)")
+        notes.append(f"{counted(left, 'slower combination')} left out (the tables below hold every one)")
     if len(groups) > len(shown):
         notes.append(f"{len(groups) - len(shown)} of {len(groups)} workloads not drawn (the tables below hold them)")
     return finish(fig, path, title, cpu, "; ".join(notes))
@@ -231,7 +232,7 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
     if len(tokens) <= 3:  # a panel per token count: a dot per combination, fastest on top
         fig, axes = frame(0.9 + (0.3 * len(keys) + 0.7) * len(tokens), nrows=len(tokens))
         for ax, t in zip(axes, tokens, strict=True):
-            _dots(ax, sub[sub["tokens_per_rank"] == t], names, f"{t} tokens per rank")
+            _dots(ax, sub[sub["tokens_per_rank"] == t], names, f"{counted(t, 'token')} per rank")
     else:
         fig, (ax,) = frame(4.6)
         _latency_lines(ax, sub, keys, names, tokens)
@@ -239,7 +240,7 @@ def plot_fastest(ok: pd.DataFrame, label: Labeller, path, cpu: bool = False,
     on = f" on {groups[0][0]}" if groups[0][0] else ""
     title = "Fastest{} at {} tok: {}{}".format(on, big, *_fastest_at(ok, label, big))
     left = ok["combo_key"].nunique() - len(keys)
-    note = f"{left} slower combinations left out (the tables below hold every one)" if left > 0 else ""
+    note = f"{counted(left, 'slower combination')} left out (the tables below hold every one)" if left > 0 else ""
     return finish(fig, path, title, cpu, note)
 
 
@@ -296,7 +297,7 @@ def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool =
     at = {r: float(s.loc[big]) for r, s in med.items() if big in s.index}
     if len(at) >= 2:
         lo_r, hi_r = min(at, key=lambda r: at[r]), max(at, key=lambda r: at[r])
-        versus = f"{fmt_ratio(at[lo_r] / at[hi_r])} of {hi_r}'s {at[hi_r]:,.0f} MiB"
+        versus = f"{fmt_ratio(at[lo_r] / at[hi_r])} the {at[hi_r]:,.0f} MiB of {hi_r}"
         title = f"Workspace at {big} tok: reduction={lo_r} {at[lo_r]:,.0f} MiB, {versus} (medians)"
     else:
         ((r, v),) = at.items()

@@ -330,7 +330,7 @@ def comparison_doc(
     called = (
         ", ".join(f"{counts[v]} {v}" for v in (Verdict.SLOWER, Verdict.FASTER) if counts[v]) or "none slower or faster"
     )
-    change_words = f"{called} of {len(cmp.judged)} rows, geometric mean {fmt_change(g, lo, hi)}"
+    change_words = f"{called} of {counted(len(cmp.judged), 'row')}, geometric mean {fmt_change(g, lo, hi, cmp.bounds)}"
     mem_counts = cmp.matched["mem_verdict"].astype(str).value_counts()
     larger, smaller = (int(mem_counts.get(k, 0)) for k in ("larger", "smaller"))
     mem_words = f"{larger} larger, {smaller} smaller beyond ×{cmp.threshold:g}"

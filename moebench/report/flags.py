@@ -127,8 +127,12 @@ def paced_counts(row) -> list[tuple[int, float, str]]:
     return out
 
 
-def _of(n: int, total: float) -> str:
-    return f"{n} of {int(total)}" if np.isfinite(total) else str(n)
+def _of(n: int, total: float, noun: str = "") -> str:
+    """'5 of 30' (the total unknown: '5'), with `noun` agreeing with the last number: '1 of 1 sample',
+    '1 sample'."""
+    last = int(total) if np.isfinite(total) else n
+    text = f"{n} of {last}" if np.isfinite(total) else str(n)
+    return f"{text} {agree(last, noun, noun + 's')}" if noun else text
 
 
 def paced_tag(row) -> str:
@@ -142,7 +146,7 @@ def paced_tag(row) -> str:
 
 def paced_text(row) -> str:
     """'latency: 5 of 30 samples host-paced, phases: 2 of 10 samples host-paced' ('' for none)."""
-    return ", ".join(f"{what}: {_of(n, total)} samples host-paced" for n, total, what in paced_counts(row))
+    return ", ".join(f"{what}: {_of(n, total, 'sample')} host-paced" for n, total, what in paced_counts(row))
 
 
 def clock_band(row) -> str:
@@ -160,7 +164,7 @@ def throttled_text(row) -> str:
     why = [f"SM {b} MHz" for b in [clock_band(row)] if b]
     if reasons := str(row.get("clock_reasons") or ""):
         why.append(md_text(reasons))
-    return f"{_of(int(n), _length(row, 'samples_us'))} samples throttled" + (f" ({'; '.join(why)})" if why else "")
+    return f"{_of(int(n), _length(row, 'samples_us'), 'sample')} throttled" + (f" ({'; '.join(why)})" if why else "")
 
 
 def latency_paced(row) -> str:

@@ -14,6 +14,7 @@ from moebench.report.answer_frame import MAX_PANELS, Figure, Labeller, finish, f
 from moebench.report.columns import PHASE_COLUMNS
 from moebench.report.timeline import PHASE_COLORS
 from moebench.report.workloads import spread, union_labels, workloads
+from moebench.util.words import counted
 
 MAX_PHASE_ROWS = 4  # the fastest and its three nearest, per token count
 PHASES = tuple(PHASE_COLUMNS)
@@ -90,7 +91,7 @@ def plot_phase_fastest(
     share, at = "", ok.iloc[:0]
     for ax, t in zip(axes, tokens, strict=True):
         at = ok[ok["tokens_per_rank"] == t].sort_values("latency_us_median").head(MAX_PHASE_ROWS)
-        share = _phase_panel(ax, at, cols, label, f"{t} tokens per rank: the fastest and its nearest")
+        share = _phase_panel(ax, at, cols, label, f"{counted(t, 'token')} per rank: the fastest and its nearest")
     _phase_legend(fig, axes)
     fastest = label(ok).loc[at.index[0]]  # named among all the rows
     on = f" on {groups[0][0]}" if groups[0][0] else ""

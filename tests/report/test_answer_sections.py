@@ -193,3 +193,39 @@ def test_a_cpu_runs_overlap_is_a_pipeline_check(tmp_path):
     body = "\n".join(lines).partition("## Shared experts hidden")[2].partition("\n## ")[0]
     assert "a CPU run's overlap says nothing about a GPU's" in body, body
     assert "`overlap=combine` at 16 tok: hides 0% of the shared experts (median of 1 row" in body, body
+
+
+def test_counts_in_the_figures_captions_and_titles_agree_with_their_noun(tmp_path):
+    """latency.png's caption read '1 slower combinations left out', effects.png's '1 smaller effects',
+    workspace.png's title '0.76 × of experts's 54 MiB', a paced row's note '1 samples host-paced'
+    where the samples' count is unknown, a comparison's caption '... of 1 rows'."""
+    from moebench.report import answer_plots as ap
+    from moebench.report.answers import workspace_stats
+    from moebench.report.columns import combo_labels
+    from moebench.report.effects import Effect
+    from moebench.report.flags import paced_text
+
+    rng = np.random.default_rng(6)
+    experts = ("torch", "triton", "torch_batched", "triton_batched", "deepgemm", "triton_or_deepgemm", "cutlass")
+    ok = pd.DataFrame([_row(e, "experts", 64, 100.0 + 10 * i, rng) for i, e in enumerate(experts)])
+    fastest = ap.plot_fastest(ok, combo_labels, tmp_path / "latency.png")
+    assert fastest is not None and fastest.left_out.startswith("1 slower combination left out ("), fastest
+    effects = [Effect("quant", "fp8", "bf16", 2**k, 0.5 + 0.01 * k, 0.4, 0.6, 2) for k in range(ap.MAX_EFFECT_ROWS + 1)]
+    drawn = ap.plot_effects(effects, tmp_path / "effects.png")
+    assert drawn is not None and drawn.left_out.startswith("1 smaller effect left out ("), drawn
+    mem = pd.DataFrame(
+        [
+            _row("triton", r, 256, 100.0, rng) | dict(workspace_bytes_peak=mib * 2**20)
+            for r, mib in (("experts", 54), ("finalize", 41))
+        ]
+    )
+    ws = workspace_stats(mem)
+    assert ws is not None
+    memory = ap.plot_memory(ws, tmp_path / "workspace.png")
+    assert memory is not None and "reduction=finalize 41 MiB, 0.76 × the 54 MiB of experts (medians)" in memory.title
+    assert paced_text({"host_paced_samples": 1.0}) == "latency: 1 sample host-paced"
+    base = write_run(tmp_path / "base", pd.DataFrame([_row("triton", "experts", 64, 100.0, rng)]))
+    cand = write_run(tmp_path / "cand", pd.DataFrame([_row("triton", "experts", 64, 150.0, rng)]))
+    build_report(cand, tmp_path / "cmp", baseline=base)
+    md = (tmp_path / "cmp" / "report.md").read_text()
+    assert "Latency change per row: 1 slower of 1 row, geometric mean" in md, md
