@@ -60,20 +60,20 @@ def ratio_interval(best_us, runner_us, draws: int = DRAWS, seed: int = 0, conf: 
 def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     """One row per setting x tokens_per_rank: the best ok combination, its median (µs),
     the runner-up's, the margin with its interval, and how many competed."""
-    from moebench.report.flags import GPU, figure_basis, paced_mark
+    from moebench.report.flags import GPU, figure_basis, gpu_time_advice, paced_mark
 
     ok = df[df["status"] == Status.OK]
     ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
     if ok.empty:
         raise ValueError("no ok rows in this run: nothing to rank (run `moebench report RUN` for the failures)")
-    basis = [figure_basis(r) for r in records(ok)]
+    rs = records(ok)
+    basis = [figure_basis(r) for r in rs]
     left_out = [why for b, why in basis if b != GPU]
+    advice = [gpu_time_advice(r) for r, (b, _) in zip(rs, basis, strict=True) if b != GPU]
     ok = ok[[b == GPU for b, _ in basis]]
     if ok.empty:
-        raise ValueError(
-            f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; "
-            "measure on a GPU with runner.timing=auto"
-        )
+        # the report's wording (flags.GPU_TIME_ADVICE) of what would give GPU time
+        raise ValueError(f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; {advice[0]}")
     setting = [c for c in SETTING if c in ok.columns]
     rows = []
     for key, g in ok.groupby(setting + ["tokens_per_rank"], sort=True, dropna=False):
@@ -108,6 +108,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     best = pd.DataFrame(rows)
     best.attrs["left_out"] = left_out  # why each ok row that did not compete was left out
+    best.attrs["advice"] = advice  # and what would give it GPU time (flags.gpu_time_advice)
     return best
 
 
@@ -252,6 +253,7 @@ def results_command(run: str, out: Optional[str]) -> int:
         print(f"\n{line}")
     if best.attrs.get("left_out"):
         why = best.attrs["left_out"]
-        print(f"\nnot ranked: {counted(len(why), 'ok row')} whose latency is no GPU time ({why[0]})")
+        tip = f"; {best.attrs['advice'][0]}" if best.attrs.get("advice") else ""
+        print(f"\nnot ranked: {counted(len(why), 'ok row')} whose latency is no GPU time ({why[0]}){tip}")
     print(f"\n{out_dir / 'best_per_size.json'}, {png}")
     return 0

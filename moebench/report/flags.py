@@ -255,6 +255,16 @@ GPU_TIME_ADVICE = {
         "(`runner.timing=auto`, the default: CUDA graphs where the layer can be captured, held events elsewhere)",
     ),
 }
+# what would give GPU time where a row ran on the CPU (a pipeline check)
+CPU_ADVICE = "a run on a GPU times one (`runner.device=auto`, the default, where the machine has one)"
+
+
+def gpu_time_advice(row) -> str:
+    """What would give GPU time where a row's latency is none: GPU_TIME_ADVICE by its host_cause,
+    or CPU_ADVICE for a CPU row ('' for a GPU-time row)."""
+    if str(row.get("device")) == "cpu":
+        return CPU_ADVICE
+    return GPU_TIME_ADVICE.get(host_cause(row), "")
 
 
 def host_cause(row) -> str:

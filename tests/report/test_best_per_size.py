@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 
 def test_results_margin_interval_on_a_synthetic_run(tmp_path):
@@ -122,3 +123,27 @@ def test_results_heatmap_cells_hold_their_text_and_print_the_interval_to_3_decim
         box = t.get_window_extent()
         assert box.width < cell_px[0] and box.height < cell_px[1], (t.get_text(), box, cell_px)
     assert all("[1.001, 1.006]" in t.get_text() for t in texts)
+
+
+def test_a_run_with_no_gpu_time_says_what_would_give_it_in_the_reports_words(tmp_path):
+    """`tune --results` on a run of host-time rows said 'measure on a GPU with runner.timing=auto',
+    its own wording beside the report's (flags.GPU_TIME_ADVICE), and the same words to a CPU run."""
+    from moebench.report.best_per_size import best_per_size
+    from moebench.report.flags import CPU_ADVICE, GPU_TIME_ADVICE
+    from moebench.results.synthetic import make_row
+
+    def rows(**extra):
+        return pd.DataFrame(
+            [
+                make_row("local", e, "experts", "none", "bf16", 16, samples_us=[100.0, 101.0], **extra)
+                for e in ("torch", "triton")
+            ]
+        )
+
+    # rows from before the hold at a decode size: host time (eager-decode)
+    with pytest.raises(ValueError, match="nothing to rank") as old:
+        best_per_size(rows(host_enqueue_us=np.nan))
+    assert str(old.value).endswith(f"nothing to rank; {GPU_TIME_ADVICE['eager-decode']}"), old.value
+    with pytest.raises(ValueError, match="nothing to rank") as cpu:
+        best_per_size(rows(device="cpu"))
+    assert str(cpu.value).endswith(f"nothing to rank; {CPU_ADVICE}"), cpu.value
