@@ -9,24 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from one_combination import ONE_TINY
 
 from moebench import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ("moebench", "kernels", "conf", "sweeps", "pyproject.toml")  # what a sweep needs of the checkout
-TINY = [
-    "backend=local",
-    "experts=torch",
-    "reduction=experts",
-    "overlap=none",
-    "quant=bf16",
-    "model=tiny",
-    "workload.tokens_per_rank=[4]",
-    "runner.reps=3",
-    "runner.warmup=0",
-    "runner.phase_reps=1",
-    "runner.device=cpu",
-]
+TINY = [*ONE_TINY, "runner.device=cpu"]
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from one_combination import ONE_TINY
 
 from moebench import cli
 from moebench.results import writable
@@ -23,19 +24,7 @@ from moebench.results.synthetic import synthetic_run
 
 LOOP_LINE = f": {writable.LOOPS}; remove the link"
 # one combination (the plan's rows are none of the synthetic run's: nothing is refused for that)
-SWEEP = [
-    "backend=local",
-    "experts=torch",
-    "reduction=experts",
-    "overlap=none",
-    "quant=bf16",
-    "model=tiny",
-    "workload.tokens_per_rank=[4]",
-    "runner.reps=3",
-    "runner.warmup=0",
-    "runner.phase_reps=1",
-    "runner.memory=false",
-]
+SWEEP = [*ONE_TINY, "runner.memory=false"]
 
 
 @pytest.fixture(autouse=True)

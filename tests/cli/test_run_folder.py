@@ -6,23 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from one_combination import ONE_TINY
 
 from moebench import cli
 from moebench.run.plan import run_name
 
-TINY = [
-    "backend=local",
-    "experts=torch",
-    "reduction=experts",
-    "overlap=none",
-    "quant=bf16",
-    "model=tiny",
-    "workload.tokens_per_rank=[4]",
-    "runner.reps=3",
-    "runner.warmup=0",
-    "runner.phase_reps=1",
-    "runner.device=cpu",
-]
+TINY = [*ONE_TINY, "runner.device=cpu"]
 
 
 @pytest.mark.multiprocess

@@ -14,6 +14,7 @@ import sys
 
 import pandas as pd
 import pytest
+from one_combination import ONE_TINY
 
 from moebench import cli
 from moebench.results.lock import JOBS_FILE, LOCK_FILE, TOKEN_ENV, LockHeld, RunLock, UnsafePath
@@ -21,19 +22,7 @@ from moebench.results.store import RunStore
 from moebench.run import dist_worker
 from tests.run.test_sweep_cpu import children
 
-LOCAL = [
-    "backend=local",
-    "experts=torch",
-    "reduction=experts",
-    "overlap=none",
-    "quant=bf16",
-    "model=tiny",
-    "workload.tokens_per_rank=[4]",
-    "runner.reps=3",
-    "runner.warmup=0",
-    "runner.phase_reps=1",
-    "runner.memory=false",
-]
+LOCAL = [*ONE_TINY, "runner.memory=false"]
 
 
 @pytest.fixture(autouse=True)

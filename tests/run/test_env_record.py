@@ -8,25 +8,14 @@ import json
 
 import pytest
 import torch
+from one_combination import ONE_TINY
 
 from moebench import __version__
 from moebench.config.device import cpu_threads
 from moebench.run.sweep import execute
 from moebench.run.worker import rank_device
 
-TINY = [
-    "backend=local",
-    "experts=torch",
-    "reduction=experts",
-    "overlap=none",
-    "quant=bf16",
-    "model=tiny",
-    "workload.tokens_per_rank=[4]",
-    "runner.reps=3",
-    "runner.warmup=0",
-    "runner.phase_reps=1",
-    "runner.device=cpu",
-]
+TINY = [*ONE_TINY, "runner.device=cpu"]
 
 
 @pytest.mark.multiprocess

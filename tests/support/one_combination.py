@@ -1,0 +1,16 @@
+"""The one combination many harness tests sweep on the CPU: the tiny model, local backend, torch experts,
+4 tokens, three timed samples, no warm-up. A test adds what it needs (`runner.device=cpu`,
+`runner.memory=false`, ...) after it."""
+
+ONE_TINY = [
+    "backend=local",
+    "experts=torch",
+    "reduction=experts",
+    "overlap=none",
+    "quant=bf16",
+    "model=tiny",
+    "workload.tokens_per_rank=[4]",
+    "runner.reps=3",
+    "runner.warmup=0",
+    "runner.phase_reps=1",
+]
