@@ -8,8 +8,8 @@ environment error (a full disk, a read-only folder, `--out` naming a file: one l
 the path and the cause, moebench/results/writable.py). A sweep that meets one mid-run keeps its
 rows and exits 1 saying so (moebench/run/sweep.py). A comparison's command (`compare`, `report`,
 `ab`) that fails any other way (a defect, memory, a library's refusal) exits NO_RESULT, never 1: a CI
-gate must not read a crash as "slower". A stdout whose reader has gone (`moebench compare ... | head`)
-discards the rest of the output: the command runs to its end and exits with its own status.
+gate must not read a crash as "slower". A stdout or stderr whose reader has gone (`moebench compare ... 2>&1 | head`)
+discards the rest of that output: the command runs to its end and exits with its own status.
 """
 
 from __future__ import annotations
@@ -102,20 +102,26 @@ class _Stdout:
 
 
 @contextmanager
-def _closed_stdout_discards() -> Iterator[None]:
-    """The command's stdout a _Stdout, flushed before the status is returned (a pipe's output is
-    block-buffered: most of it is written here, or by the interpreter's exit, after main returns)."""
-    given = sys.stdout
-    sys.stdout = cast(TextIO, _Stdout(given))
+def _closed_output_discards() -> Iterator[None]:
+    """The command's stdout and stderr each a _Stdout, flushed before the status is returned (a pipe's
+    output is block-buffered: most of it is written here, or by the interpreter's exit, after main
+    returns). stderr too: `moebench compare A B 2>&1 | head` closes it, and a warning or `_no_result`'s
+    own line printed there must not turn the command's status into Python's 1 ("slower")."""
+    given_out, given_err = sys.stdout, sys.stderr
+    sys.stdout = cast(TextIO, _Stdout(given_out))
+    sys.stderr = cast(TextIO, _Stdout(given_err))
     try:
         yield
     finally:
-        sys.stdout.flush()
-        sys.stdout = given
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            sys.stdout, sys.stderr = given_out, given_err
 
 
 def main(argv=None) -> int:
-    with _closed_stdout_discards():  # --help's text included
+    with _closed_output_discards():  # --help's text included
         args = parse_args(argv)
         if args.cmd not in ("sweep", "run", "tune"):
             return _main(args)

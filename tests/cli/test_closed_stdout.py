@@ -100,3 +100,24 @@ def test_output_after_the_reader_went_is_discarded_in_process(runs, tmp_path, ca
     assert sys.stdout is gone
     err = capsys.readouterr().err
     assert "Traceback" not in err and "exit 1: " in err
+
+
+@pytest.mark.multiprocess  # moebench in a subprocess, its stderr a pipe
+@pytest.mark.parametrize("both", [False, True])
+def test_a_closed_stderr_ends_a_clean_compare_with_0(both, runs, tmp_path):
+    """stderr's reader gone (`moebench compare A B 2>&1 | head`, or stderr alone a closed pipe): the
+    line saying where the report went met BrokenPipeError, `_no_result`'s own line failed too, and
+    Python exited 1, read by a CI gate as "slower". The clean comparison exits 0 all the same."""
+    base, same, _ = runs
+    out = tmp_path / "stdout.txt"
+    read, write = os.pipe()
+    os.close(read)  # closed before the command writes anything, whatever the timing
+    argv = ["compare", str(base), str(same), "--out", str(tmp_path / "rep")]
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moebench", *argv], cwd=ROOT, stdout=write if both else stdout, stderr=write
+        )
+        os.close(write)
+        rc = proc.wait(timeout=300)
+    assert rc == 0, out.read_text()
+    assert (tmp_path / "rep" / "report.md").is_file()
