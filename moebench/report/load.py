@@ -24,7 +24,7 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
     phase_sum,
 )
 from moebench.results import row as schema
-from moebench.results.lock import describe, holder_now
+from moebench.results.lock import elsewhere, holder_now, unverified, writer
 from moebench.results.store import (
     SKIPPED_FILE,
     RunStore,
@@ -55,24 +55,31 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     if store.row_files() or (store.rows_dir / SKIPPED_FILE).is_file():
         return None, path
     files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
-    if not files and (writer := being_written(path)):
+    who, sure = being_written(path) if not files else ("", False)
+    if who and sure:
         raise ValueError(
-            f"no results in {path} yet: a sweep is writing it ({writer}) and has stored no row so far; "
-            "wait, then report again: each combination's rows are stored as it finishes"
+            f"no results in {path} yet: {who} is writing it and has stored no row so far; "
+            "wait, then report again: its rows are stored as it goes"
         )
     if not files:
         raise ValueError(
             f"no results in {path}: expected {store.rows_dir}/*.parquet (run a sweep "
-            "first, e.g. `moebench sweep ...`, or point at its output directory)"
+            "first, e.g. `moebench sweep ...`, or point at its output directory)" + (f"; {who}" if who else "")
         )
     return files, path
 
 
-def being_written(path: str | Path) -> str:
-    """Who is writing the run ``path`` lies in: its lock's holder as `lock.describe` words it
-    (read without taking the lock: results/lock.py holder_now), or '' where no sweep holds it."""
+def being_written(path: str | Path) -> tuple[str, bool]:
+    """(who is writing the run ``path`` lies in, whether that is known): its lock's holder read
+    without taking the lock (results/lock.py holder_now). A live holder on this host is worded
+    as `lock.writer` does (True); one on another host, which cannot be checked from here, as
+    `lock.unverified` does (False: no reason on its own to wait); ('', False) where none holds it."""
     holder = holder_now(run_dir_of(path))
-    return describe(holder) if holder and holder.get("pid") != os.getpid() else ""
+    if not holder or (holder.get("pid") == os.getpid() and not elsewhere(holder)):
+        return "", False
+    if elsewhere(holder):
+        return unverified(holder, run_dir_of(path)), False
+    return writer(holder), True
 
 
 def read_env(run_dir: Path | None) -> dict:
@@ -107,11 +114,14 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
     # asked after reading: a sweep that holds the run now held it while its rows were read
-    if writer := being_written(path):
+    who, sure = being_written(path)
+    if who and sure:
         warn(
-            f"{run_dir_of(path)} is still being written by a sweep ({writer}): read the "
+            f"{run_dir_of(path)} is still being written by {who}: read the "
             f"{counted(len(df), 'row')} it had stored; report again once it finishes"
         )
+    elif who:
+        warn(f"{run_dir_of(path)}: read the {counted(len(df), 'row')} stored; {who}")
     env = read_env(run_dir)
     # the columns an older or newer schema lacks, added at once (one by one fragments the frame)
     missing: dict[str, object] = {c: np.nan for c in OPTIONAL_NUMERIC if c not in df.columns}

@@ -124,11 +124,34 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}: `{holder.get('command')}`"
 
 
+def elsewhere(holder: dict) -> bool:
+    """Whether the holder's details name another host: its pid cannot be checked from here."""
+    return bool(holder) and holder.get("host") != socket.gethostname()
+
+
+def writer(holder: dict) -> str:
+    """The holder as the writer of a run folder, worded from the command it recorded (a sweep,
+    `trace --import`, scripts/compact_rows: all take this lock)."""
+    return f"`{holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')})"
+
+
+def unverified(holder: dict, run_dir) -> str:
+    """A holder on another host, which this host cannot check (a run copied mid-sweep, a node
+    that died): what its lock says, and what to do if that has ended. No reason to wait."""
+    path = shlex.quote(str(Path(run_dir) / LOCK_FILE))
+    return (
+        f"its lock names pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')}, "
+        f"`{holder.get('command')}`); if that has ended, the lock is stale: the next moebench command that "
+        f"writes the folder takes it, or `: > {path}` clears it"
+    )
+
+
 def holder_now(run_dir) -> dict:
     """Who holds the run folder's lock now, read without taking it (a reader must not race a
     sweep that is starting): the details its holder wrote, or {} where none holds it (no lock
     file; an empty one, as release leaves it; one whose holder on this host is gone). A holder
-    on another host is taken at its word. Never opens a link or waits on a FIFO."""
+    on another host is returned as its details say (`elsewhere`): whether it lives cannot be
+    checked from here (`unverified` words it). Never opens a link or waits on a FIFO."""
     try:
         fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:

@@ -305,3 +305,16 @@ def test_a_change_near_the_threshold_prints_the_decimal_that_keeps_it_on_its_sid
     lines = verdict_lines(cmp, *exit_status(cmp))
     under = next(x for x in lines if x.startswith("- significant but under ×1.05: "))
     assert "+5.0 %" not in under and "+4.9" in under, under
+
+
+def test_a_run_copied_mid_sweep_from_another_host_compares_as_it_is(tmp_path, capsys):
+    """Its `.lock` names a holder on another host, which cannot be checked from here: the comparison
+    reads the rows there are and gives its verdict (0 for an identical copy), and says what the lock
+    names and that it may be stale, not that the run is "still being written"."""
+    base, cand = _runs(tmp_path, make_rows(seed=0), make_rows(seed=0))
+    lock = {"pid": 4242, "start": "1", "host": "far-node", "token": "t", "command": "moebench sweep --out c"}
+    (tmp_path / "cand" / ".lock").write_text(json.dumps({**lock, "since": "2024-01-01T00:00:00+00:00"}))
+    code, _, err = _compare(capsys, base, cand, "--out", str(tmp_path / "rep"))
+    assert code == 0, err
+    assert "its lock names pid 4242 on far-node" in err and "the lock is stale" in err, err
+    assert "being written" not in err

@@ -212,14 +212,14 @@ def test_a_report_of_a_run_a_sweep_is_writing_names_the_sweep(tmp_path, capsys):
         err = _one_line_exit_2(
             capsys,
             code,
-            f"no results in {run} yet: a sweep is writing it (pid {holder.pid} on ",
-            "`moebench sweep --out r`",
+            f"no results in {run} yet: `moebench sweep --out r` (pid {holder.pid} on ",
+            "is writing it and has stored no row so far",
         )
         assert "wait, then report again" in err and "run a sweep first" not in err and not rep.exists()
         write_run(run, make_rows())
         assert cli.main(["report", str(run), "--out", str(rep)]) == 0
         err = capsys.readouterr().err
-        assert f"{run} is still being written by a sweep (pid {holder.pid} on " in err, err
+        assert f"{run} is still being written by `moebench sweep --out r` (pid {holder.pid} on " in err, err
         assert f"read the {len(make_rows())} rows it had stored; report again once it finishes" in err
         holder.kill()
         holder.wait()
@@ -245,3 +245,56 @@ def test_the_holder_is_read_without_taking_the_lock_or_following_a_link(tmp_path
         (run / LOCK_FILE).symlink_to(other / LOCK_FILE)
         assert holder_now(run) == {}
     assert holder_now(tmp_path / "none") == {}
+
+
+def _lock_of_another_host(run) -> None:
+    """The lock file a holder on another node leaves (a run copied mid-sweep, a node that died):
+    its details, no flock held here."""
+    import json
+
+    run.mkdir(parents=True, exist_ok=True)
+    (run / LOCK_FILE).write_text(
+        json.dumps(
+            {
+                "pid": 4242,
+                "start": "123",
+                "host": "far-node-that-died",
+                "token": "t",
+                "command": "moebench trace --import x",
+                "since": "2024-01-01T00:00:00+00:00",
+            }
+        )
+    )
+
+
+def test_a_holder_on_another_host_is_worded_as_unverified(tmp_path):
+    """Its pid cannot be checked from here: holder_now returns it, and it is worded as what the lock
+    names, from its own command, and what to do if that has ended."""
+    from moebench.results.lock import elsewhere, holder_now, unverified
+
+    run = tmp_path / "r"
+    _lock_of_another_host(run)
+    holder = holder_now(run)
+    assert holder["host"] == "far-node-that-died" and elsewhere(holder)
+    line = unverified(holder, run)
+    assert "its lock names pid 4242 on far-node-that-died (since 2024-01-01T00:00:00+00:00, " in line
+    assert "`moebench trace --import x`); if that has ended, the lock is stale: " in line
+    assert str(run / LOCK_FILE) in line
+
+
+def test_a_report_of_a_run_whose_lock_names_another_host_does_not_wait_for_it(tmp_path, capsys):
+    """A stale lock from another host (a run copied mid-sweep, a node that died) said "still being
+    written, wait" forever: with no rows it is the usual "no results" (exit 2, what the lock names
+    said, never "wait"); with rows, the report of them (exit 0), a line saying what the lock names."""
+    from moebench.results.synthetic import make_rows, write_run
+
+    run, rep = tmp_path / "r", tmp_path / "rep"
+    _lock_of_another_host(run)
+    code = cli.main(["report", str(run), "--out", str(rep)])
+    err = _one_line_exit_2(capsys, code, f"no results in {run}: expected", "run a sweep first", "lock is stale")
+    assert "wait" not in err and "being written" not in err
+    write_run(run, make_rows())
+    assert cli.main(["report", str(run), "--out", str(rep)]) == 0
+    err = capsys.readouterr().err
+    assert f"read the {len(make_rows())} rows stored; its lock names pid 4242 on far-node-that-died" in err, err
+    assert "being written" not in err and (rep / "report.md").is_file()
