@@ -26,7 +26,14 @@ REGRESSION = (
     "a row slower beyond the threshold, a broken row (was ok, now failed/incorrect/timeout/oom) or no row ok "
     "on both sides (--fail-on tunes which)"
 )
-ENVIRONMENT = "an environment error (a full disk, a read-only --out)"
+ENVIRONMENT = (
+    "an environment error (a full disk, a read-only --out, an input that cannot be read, a link that loops or dangles)"
+)
+# a comparison whose shared rows are all host time (or CPU time, or GPU clocks apart): report/verdict.py
+NO_VERDICT_0 = (
+    '"No verdict" where the rows both runs share are all host time, CPU time (unless --cpu-verdict) or GPU clocks apart'
+)
+
 NO_VERDICT = "could not be produced (moebench or the machine failed: no verdict on the runs)"
 
 

@@ -28,18 +28,20 @@ if TYPE_CHECKING:
 
 REPORT_EXIT = options.exit_status(
     "0 the report written: a single run's (--capacity's too), or a comparison (--baseline A --candidate B) "
-    "with no regression",
+    f"with no regression or {options.NO_VERDICT_0}",
     f"1 a comparison with {options.REGRESSION}",
     "2 bad input (a missing run, both sides the same run, an unknown schema version, --capacity with no budget "
-    f"to take, an unknown option) or {options.ENVIRONMENT}",
+    "to take or on a run with no combination's GPU memory peaks at two token counts, a run a live process on "
+    f"this host is writing that has no row stored yet, an unknown option) or {options.ENVIRONMENT}",
     f"3 the report {options.NO_VERDICT}",
     "130 interrupted",
 )
 COMPARE_EXIT = options.exit_status(
-    "0 no regression (two CPU runs compare without a verdict unless --cpu-verdict)",
+    f"0 no regression, or {options.NO_VERDICT_0}",
     f"1 {options.REGRESSION}",
     "2 bad input (a missing run, both sides the same run, an unknown schema version, an --axis field no "
-    f"combination has or a value no row has, an unknown option) or {options.ENVIRONMENT}",
+    "combination has or a value no row has, a run a live process on this host is writing that has no row "
+    f"stored yet, an unknown option) or {options.ENVIRONMENT}",
     f"3 the comparison {options.NO_VERDICT}",
     "130 interrupted",
 )
