@@ -290,6 +290,25 @@ def _gpu_main(rank: int, overrides: list, shares: list, args: TuneArgs, out_dir:
             pool.close()
 
 
+def join_or_stop(ctx) -> None:
+    """Wait for the GPUs' processes (torch's ProcessContext). An interrupt here (Ctrl-C, or cli's
+    Terminated for a SIGTERM to this process alone) stops them before it goes on: else they would
+    keep timing while multiprocessing's exit waited for them."""
+    try:
+        while not ctx.join():
+            pass
+    except KeyboardInterrupt:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in ctx.processes:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        raise
+
+
 def split_tokens(tokens: list[int], num_gpus: int) -> list[list[int]]:
     """Each GPU's token counts: round robin from the largest (the large sizes take longest)."""
     order = sorted(tokens, reverse=True)
@@ -323,8 +342,10 @@ def tune(
     if cuda and ngpu > 1 and len(tokens) > 1:
         shares = split_tokens(tokens, ngpu)
         log(f"tune: {len(tokens)} token counts over {ngpu} GPUs")
-        torch.multiprocessing.spawn(
-            _gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=len(shares)
+        join_or_stop(
+            torch.multiprocessing.spawn(
+                _gpu_main, args=(args.overrides, shares, args, str(out_dir), workers), nprocs=len(shares), join=False
+            )
         )
         store.reload()
         pruned, results, stats = run_tokens(c, tokens, args, store, torch.device("cuda", 0), log, replay=True)

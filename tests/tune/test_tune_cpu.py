@@ -188,3 +188,32 @@ def test_sigterm_says_which_step_it_cut_short_and_exits_143(tmp_path, monkeypatc
         f"again on resume); the trials finished so far are kept in {out / 'trials.jsonl'}"
     ) in err
     assert signal.getsignal(signal.SIGTERM) is not None and "Terminated" not in repr(signal.getsignal(signal.SIGTERM))
+
+
+def test_an_interrupt_while_the_gpus_processes_run_stops_them_and_goes_on():
+    import multiprocessing
+    import signal
+    import time
+
+    from torch.multiprocessing.spawn import ProcessContext
+
+    from moebench.cli.options import Terminated
+    from moebench.tune.search import join_or_stop
+
+    procs = [multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    ctx = ProcessContext(procs, [""] * 2)
+    err = Terminated()
+
+    def join(timeout=None):  # a SIGTERM's Terminated while the parent waits
+        raise err
+
+    ctx.join = join  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    with pytest.raises(Terminated) as got:
+        join_or_stop(ctx)
+    assert got.value is err
+    assert [p.is_alive() for p in procs] == [False, False]
+    assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
+    assert time.monotonic() - t0 < 5
