@@ -25,6 +25,25 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+class Lines:
+    """Progress as plain lines, for stderr off a terminal: at most one in LINE_EVERY_S seconds, and
+    the last (sweep's Progress here, tune's bar). `clock`: seconds, for tests."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.start = self.last = clock()
+
+    def due(self, done: int, total: int) -> str:
+        """'(60 %) in 12 s, about 8 s left' when a line is due (the last: 'in 20 s', no time left), else ''."""
+        now = self.clock()
+        if not total or (now - self.last < LINE_EVERY_S and done < total):
+            return ""
+        self.last = now
+        elapsed = now - self.start
+        left = f", about {_duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
+        return f"({100 * min(done, total) // total} %) in {_duration(elapsed)}{left}"
+
+
 class Progress:
     """Combinations finished, with ETA. Messages go through write() so that they never break a
     bar; wide-spread rows are counted and summarised at the end (summary()), not printed one by
@@ -40,8 +59,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="combo", dynamic_ncols=True, file=sys.stderr, disable=total == 0)
-        self.clock = clock
-        self.start = self.last_line = clock()
+        self.lines = Lines(clock)
         self.done = 0
 
     def _postfix(self, label: str, statuses: Counter) -> str:
@@ -55,20 +73,12 @@ class Progress:
             self.bar.set_postfix_str(self._postfix(label, statuses), refresh=False)
             self.bar.update(step)
             return
-        now = self.clock()
-        if not self.total or not step or (now - self.last_line < LINE_EVERY_S and self.done < self.total):
-            return
-        self.last_line = now
-        elapsed = now - self.start
-        left = (
-            f", about {_duration(elapsed / self.done * (self.total - self.done))} left"
-            if self.done < self.total
-            else ""
-        )
-        self.write(
-            f"moebench: {self.done} of {counted(self.total, 'combination')} done "
-            f"({100 * self.done // self.total} %) in {_duration(elapsed)}{left}; last: {self._postfix(label, statuses)}"
-        )
+        so_far = self.lines.due(self.done, self.total) if step else ""
+        if so_far:
+            self.write(
+                f"moebench: {self.done} of {counted(self.total, 'combination')} done {so_far}; "
+                f"last: {self._postfix(label, statuses)}"
+            )
 
     def write(self, text: str) -> None:
         if self.bar is not None:

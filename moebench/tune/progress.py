@@ -9,6 +9,8 @@ and the re-check as well as the search (a search bar that stood at 100 % for min
 finalists were timed is why). Off the GPU the bar moves sample by sample (bench.TokenBench._time);
 on a GPU a trial's calls count when it ends. Calls read back from the trial store, and those
 planned but not needed (a search that ran out of configs before its budget), leave the total.
+Off a terminal (a log file, a pipe) the bar is plain lines at a modest rate, as a sweep's
+(run.progress.Lines): its carriage-return redraws would make one line of kilobytes in a file.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
+from moebench.run.progress import Lines
 from moebench.util.words import counted
 
 ESTIMATE_AFTER = 3  # trials timed in this process before the estimate line
@@ -75,7 +78,9 @@ def plan_line(model: str, dims, tokens: list[int], space: str, kept: int, budget
 
 
 class Progress:
-    """The bar over a tune's layer calls (tqdm on stderr) and the words an interrupt needs."""
+    """The bar over a tune's layer calls (tqdm on stderr; plain lines off a terminal) and the words
+    an interrupt needs. `tty`: whether to draw a bar (default: whether stderr is a terminal);
+    `clock`: seconds, for tests."""
 
     def __init__(
         self,
@@ -85,8 +90,14 @@ class Progress:
         disable: bool = False,
         log: Callable[[str], None] = print,
         compiles: bool = False,
+        tty: Optional[bool] = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         from tqdm import tqdm
+
+        tty = sys.stderr.isatty() if tty is None else tty
+        self.lines = None if tty or disable else Lines(clock)
+        self.desc, self._ended = desc, False  # _ended: the last line (all calls made) printed
 
         self.bar = tqdm(
             total=total,
@@ -95,7 +106,7 @@ class Progress:
             position=position,
             file=sys.stderr,
             mininterval=2.0,
-            disable=disable,
+            disable=disable or not tty,
             dynamic_ncols=True,
         )
         self._log, self.quiet, self.compiles = log, disable, compiles
@@ -113,6 +124,7 @@ class Progress:
         """`n` layer calls made."""
         self.n += n
         self.bar.update(n)
+        self._line()
 
     def drop(self, n: int) -> None:
         """`n` planned calls that will not be made (read from the store, or not needed)."""
@@ -121,6 +133,22 @@ class Progress:
             self.total -= n
             self.bar.total = max(self.n, self.total)
             self.bar.refresh()
+            self._line()
+
+    def _line(self) -> None:
+        """Off a terminal: a progress line when one is due (the last once, when every call is made)."""
+        end = self.n >= self.total
+        if self.lines is None or (end and self._ended):
+            return
+        so_far = self.lines.due(self.n, self.total)
+        self._ended = end and bool(so_far)
+        if so_far:
+            stage = f"; {self.stage_words}" if self.stage_words else ""
+            print(
+                f"{self.desc}: {self.n} of {counted(self.total, 'layer call')} {so_far}{stage}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def stage(self, words: str) -> None:
         if words != self.stage_words:

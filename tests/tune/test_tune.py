@@ -67,10 +67,11 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     assert detail["environment"]["triton_interpret"] is True
     err = captured.err
     assert "tune: Triton's interpreter on the CPU (TRITON_INTERPRET=1): every figure is host time" in err
-    # the plan, and one bar over the whole job: 3 configs screened (a check, a warm-up call, 2 samples
-    # each), the 3 finalists again (a check, a warm-up, 1 sample each), the winner re-checked
+    # the plan, and one bar over the whole job (its last line: stderr is no terminal here): 3 configs
+    # screened (a check, a warm-up call, 2 samples each), the 3 finalists again (a check, a warm-up,
+    # 1 sample each), the winner re-checked
     assert "per count up to 3 screened (baselines included) with 2 samples each" in err
-    assert "about 22 layer calls in all" in err and "22/22" in err
+    assert "about 22 layer calls in all" in err and ": 22 of 22 layer calls (100 %) in " in err  # off a terminal: lines
     assert "tune T=4: timing the 3 finalists again, 1 sample each, interleaved" in err
     assert " s a layer call over the first 3 trials: about " in err
     # resume: the same command times nothing again and picks the same tile

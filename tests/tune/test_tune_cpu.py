@@ -209,7 +209,7 @@ def test_an_interrupt_while_the_gpus_processes_run_stops_them_and_goes_on():
     def join(timeout=None):  # a SIGTERM's Terminated while the parent waits
         raise err
 
-    ctx.join = join  # type: ignore[method-assign]
+    ctx.join = join
     t0 = time.monotonic()
     with pytest.raises(Terminated) as got:
         join_or_stop(ctx)
@@ -217,3 +217,29 @@ def test_an_interrupt_while_the_gpus_processes_run_stops_them_and_goes_on():
     assert [p.is_alive() for p in procs] == [False, False]
     assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
     assert time.monotonic() - t0 < 5
+
+
+def test_the_bar_off_a_terminal_is_a_line_now_and_then(monkeypatch):
+    import io
+    import sys
+
+    from moebench.tune.progress import Progress
+
+    err = io.StringIO()  # stderr to a file: no terminal
+    monkeypatch.setattr(sys, "stderr", err)
+    clock = [0.0]
+    bar = Progress(50, "tune tiny", log=lambda s: None, clock=lambda: clock[0])
+    bar.stage("T=4: screening")
+    for _ in range(4):
+        clock[0] += 4.0  # 10 calls every 4 s: a line at 12 s (after 10 s)
+        bar.tick(10)
+    clock[0] += 1.0
+    bar.drop(10)  # the rest not needed: every call made, the last line
+    bar.tick(0)  # nothing more: no second last line
+    bar.close()
+    text = err.getvalue()
+    assert "\r" not in text
+    assert text.splitlines() == [
+        "tune tiny: 30 of 50 layer calls (60 %) in 12 s, about 8 s left; T=4: screening",
+        "tune tiny: 40 of 40 layer calls (100 %) in 17 s; T=4: screening",
+    ]
