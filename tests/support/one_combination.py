@@ -14,3 +14,21 @@ ONE_TINY = [
     "runner.warmup=0",
     "runner.phase_reps=1",
 ]
+
+# `moebench tune` on that layer with the Triton experts under the interpreter: the small space, two
+# samples a screened config, one a finalist (a test adds --out and what it checks)
+TINY_TUNE = [
+    "tune",
+    "experts=triton",
+    "backend=local",
+    "model=tiny",
+    "quant=bf16",
+    "runner.device=cpu",
+    "workload.tokens_per_rank=[4]",
+    "--space",
+    "small",
+    "--reps",
+    "2",
+    "--final-reps",
+    "1",
+]

@@ -11,25 +11,12 @@ import json
 
 import pytest
 import torch
+from one_combination import TINY_TUNE
 
 from moebench import cli
 from moebench.kernels.triton import config as tconfig
 
-ARGV = [
-    "tune",
-    "experts=triton",
-    "backend=local",
-    "model=tiny",
-    "quant=bf16",
-    "runner.device=cpu",
-    "workload.tokens_per_rank=[4]",
-    "--space",
-    "small",
-    "--reps",
-    "2",
-    "--final-reps",
-    "1",
-]
+ARGV = TINY_TUNE
 ENTRY = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
 H100 = {"device": "NVIDIA H100 80GB HBM3", "device_name": "NVIDIA_H100_80GB_HBM3", "triton_interpret": False}
 

@@ -9,6 +9,7 @@ import json
 import math
 
 import pytest
+from one_combination import TINY_TUNE
 
 from moebench import cli
 from moebench.kernels.triton import config as tconfig
@@ -27,21 +28,7 @@ def _entry(bm=16, bn=64, bk=128, g=1, w=4, s=3):
 # in the interpreter a tile this small runs ~3.4x the programs' work of the small space's
 # 64-wide ones (measured: 7.6 s against 1.5-2.2 s a call on the tiny layer at 4 tokens)
 SLOW = _entry(16, 32, 32)
-ARGV = [
-    "tune",
-    "experts=triton",
-    "backend=local",
-    "model=tiny",
-    "quant=bf16",
-    "runner.device=cpu",
-    "workload.tokens_per_rank=[4]",
-    "--space",
-    "small",
-    "--reps",
-    "2",
-    "--final-reps",
-    "1",
-]
+ARGV = TINY_TUNE
 
 
 def test_max_regression_decides_on_the_medians():
