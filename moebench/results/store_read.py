@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from moebench.results.migrate import check_versions, migrate
 from moebench.results.row import Status, columns
 from moebench.results.sequence import SEQ_COLUMN
-from moebench.results.writable import CAUSES
+from moebench.results.writable import CAUSES, link_fault
 from moebench.util.safe_write import NO_SUCH
 from moebench.util.words import counted
 
@@ -74,15 +74,8 @@ def broken_link(path: str | Path) -> Optional[Unreadable]:
     ENOENT where its target is missing (writable.describe words both, LINK_ADVICE says what to do);
     None where it is no link or one that leads somewhere. A reader that took either for a missing file
     would drop the rows or the fingerprint it stands for without a word."""
-    if not os.path.islink(path):
-        return None
-    try:
-        os.stat(path)
-    except OSError as e:
-        if e.errno in NO_SUCH:  # ENOTDIR: a target below a file, as missing as any
-            code = errno.ELOOP if e.errno == errno.ELOOP else errno.ENOENT
-            return Unreadable(code, os.strerror(code), os.fspath(path))
-    return None  # a link that leads somewhere (or one whose target may not be looked at: its reader says so)
+    code = link_fault(path)
+    return Unreadable(code, os.strerror(code), os.fspath(path)) if code is not None else None
 
 
 def refuse_broken_link(path: str | Path) -> None:

@@ -18,7 +18,7 @@ from typing import Optional
 from moebench.util.probe import TMP_PREFIX as TMP_PREFIX
 from moebench.util.probe import TMP_SUFFIX as TMP_SUFFIX
 from moebench.util.probe import NotMade, TakesNoFiles, open_probe  # safe_dir and check_dir raise NotMade
-from moebench.util.safe_write import safe_dir
+from moebench.util.safe_write import NO_SUCH, safe_dir
 
 # errno -> the cause as the line states it; any other OSError is a defect and keeps its traceback
 CAUSES = {
@@ -84,17 +84,24 @@ def _loops(path) -> bool:
     return False
 
 
-def _dangles(path) -> Optional[str]:
-    """The target of the link `path` where it leads to no file (a missing one, or one below a file),
-    else None (not a link, or a link that leads somewhere, or `path` None)."""
+def link_fault(path) -> Optional[int]:
+    """ELOOP where the link `path` loops, ENOENT where its target is missing (or lies below a file);
+    None where `path` is None, no link, or one that leads somewhere (or whose target may not be looked at:
+    its reader says so). The one test of a broken link: describe's wording and store_read.broken_link."""
     if path is None or not os.path.islink(path):
         return None
     try:
         os.stat(path)
     except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return os.fsdecode(os.readlink(path))
+        if e.errno in NO_SUCH:
+            return errno.ELOOP if e.errno == errno.ELOOP else errno.ENOENT
     return None
+
+
+def _dangles(path) -> Optional[str]:
+    """The target of the link `path` where it leads to no file (a missing one, or one below a file),
+    else None (not a link, or a link that leads somewhere, or `path` None)."""
+    return os.fsdecode(os.readlink(path)) if link_fault(path) == errno.ENOENT else None
 
 
 def with_path(exc: OSError, path: os.PathLike | str, replace: bool = False) -> OSError:
