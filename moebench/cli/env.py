@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from moebench.cli import options
 
-EXIT_STATUS = """exit status: 0 the machine described (a plugin that fails to import or hangs is said, not
-fatal); 2 an unknown option; 130 interrupted."""
+EXIT_STATUS = options.exit_status(
+    "0 the machine described (a plugin that fails to import or hangs is said, not fatal)",
+    "2 an unknown option",
+    options.FAILED,
+    "130 interrupted",
+)
 
 
 def register(sub) -> None:

@@ -7,9 +7,14 @@ import sys
 
 from moebench.cli import options
 
-EXIT_STATUS = """exit status: 0 the plan listed (--json and --knobs too), skipped combinations included, even
-when every one is skipped (each says why); 2 bad input (an unknown option, group option or key, a bad
-value, a sweep file that is not there, a world size this machine lacks); 130 interrupted."""
+EXIT_STATUS = options.exit_status(
+    "0 the plan listed (--json and --knobs too), skipped combinations included, even when every one is skipped "
+    "(each says why)",
+    "2 bad input (an unknown option, group option or key, a bad value, a sweep file that is not there, a world "
+    "size this machine lacks)",
+    options.FAILED,
+    "130 interrupted",
+)
 
 
 def register(sub) -> None:

@@ -6,10 +6,11 @@ Bad input (unknown option, malformed results, a world size the machine lacks)
 exits with code 2 and a message that says what to do, before any work starts; so does an
 environment error (a full disk, a read-only folder, `--out` naming a file: one line naming
 the path and the cause, moebench/results/writable.py). A sweep that meets one mid-run keeps its
-rows and exits 1 saying so (moebench/run/sweep.py). A comparison's command (`compare`, `report`,
-`ab`) that fails any other way (a defect, memory, a library's refusal) exits NO_RESULT, never 1: a CI
-gate must not read a crash as "slower". A stdout or stderr whose reader has gone (`moebench compare ... 2>&1 | head`)
-discards the rest of that output: the command runs to its end and exits with its own status.
+rows and exits 1 saying so (moebench/run/sweep.py). A command that fails any other way (a defect,
+memory, a library's refusal) exits NO_RESULT, never 1: a CI gate must not read a crash of moebench as
+a kernel's failure (sweep, run), "slower" (compare, report, ab) or a regression (tune). A stdout or
+stderr whose reader has gone (`moebench compare ... 2>&1 | head`) discards the rest of that output:
+the command runs to its end and exits with its own status.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Iterator, TextIO, cast
 
+from moebench.cli.options import NO_RESULT
 from moebench.cli.parser import parse_args
 
 # command -> (module of moebench.cli, its function of the parsed arguments)
@@ -38,9 +40,6 @@ COMMANDS = {
 }
 
 
-# the comparison could not be produced: the commands whose 1 means "slower" (or "broken") exit this
-# instead when they fail (docs/design.md, "Exit status"); their traceback stays on stderr
-NO_RESULT = 3
 COMPARING = ("report", "compare", "ab")
 
 
@@ -148,7 +147,7 @@ def _main(args) -> int:
             return _no_result(args, e)
         print(f"moebench {args.cmd}: environment error: {line}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 (any failure of a comparison is NO_RESULT, never 1; others re-raise)
+    except Exception as e:  # noqa: BLE001 (any other failure is moebench's or the machine's: NO_RESULT, never 1)
         return _no_result(args, e)
     except KeyboardInterrupt as e:
         # a sweep's second Ctrl-C (moebench/run/sweep.py Aborted) says what became of the work; one line
@@ -169,15 +168,18 @@ def _main(args) -> int:
 
 
 def _no_result(args, e: Exception) -> int:
-    """A comparison's command that failed: its traceback, one line saying no comparison was made,
-    NO_RESULT; any other command's failure re-raised (exit 1, Python's)."""
-    if args.cmd not in COMPARING:
-        raise e
+    """A command that failed in a way no other status names: its traceback, one line saying that
+    moebench or the machine failed (a comparison's command: that no comparison was made), NO_RESULT."""
     traceback.print_exception(e)
     first = (str(e).splitlines() or [""])[0]
+    if args.cmd in COMPARING:
+        what = "could not produce the comparison or report"
+        meaning = "no verdict on the runs, a failure of moebench or of the machine"
+    else:
+        what = "could not finish"
+        meaning = "a failure of moebench or of the machine, not of the measured kernels"
     print(
-        f"moebench {args.cmd}: could not produce the comparison or report ({type(e).__name__}: {first}); "
-        f"exit {NO_RESULT}: no verdict on the runs, a failure of moebench or of the machine (the traceback above)",
+        f"moebench {args.cmd}: {what} ({type(e).__name__}: {first}); exit {NO_RESULT}: {meaning} (the traceback above)",
         file=sys.stderr,
     )
     return NO_RESULT

@@ -17,7 +17,8 @@ SWEEP_EXIT = """exit status: 0 every row ok or skipped with a reason; 1 failed /
 rows, or an environment error (a full disk) stopped the sweep mid-way (finished rows are stored:
 re-run to resume); 2 bad input before any work (an unknown option or value, an impossible
 combination, a world size this machine lacks, an unwritable --out, an existing --out that is neither
-empty nor a run); 130 interrupted; 143 terminated."""
+empty nor a run); 3 moebench or the machine failed (a defect, memory: the traceback, then one line),
+not the measured kernels; 130 interrupted; 143 terminated."""
 
 
 # what a comparison's statuses mean (report --baseline, compare, ab; docs/design.md "Exit status"):
@@ -34,7 +35,14 @@ NO_VERDICT_0 = (
     '"No verdict" where the rows both runs share are all host time, CPU time (unless --cpu-verdict) or GPU clocks apart'
 )
 
+# moebench or the machine failed, not what was measured: every command exits this for a failure that
+# is neither bad input, an environment error nor a stop (moebench/cli/main.py; docs/design.md, "Exit
+# status"), the traceback kept on stderr; 1 stays the kernels' (failed rows) or the comparison's (slower)
+NO_RESULT = 3
+
 NO_VERDICT = "could not be produced (moebench or the machine failed: no verdict on the runs)"
+# NO_RESULT in the epilog of every command but the comparing ones (NO_VERDICT)
+FAILED = f"{NO_RESULT} moebench or the machine failed (a defect, memory: the traceback, then one line)"
 
 
 def exit_status(*clauses: str) -> str:

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from moebench.cli import options
 
-EXIT_STATUS = """exit status: 0 the traces read (a run folder's unreadable ones skipped, each said on stderr);
-with --import, every capture exported; 1 with --import, a capture that failed to export (its line says
-why); 2 bad input (no target, a path that is no trace file or run folder, a trace file that does not
-read or is over --max-trace-mb, a run folder none of whose traces reads, a link where a PNG would be
-written, --import with no capture, without Nsight Systems' host tools or into a run folder a sweep is
-writing, an unknown option) or an environment error (an unwritable --out); 130 interrupted."""
+EXIT_STATUS = options.exit_status(
+    "0 the traces read (a run folder's unreadable ones skipped, each said on stderr); with --import, every "
+    "capture exported",
+    "1 with --import, a capture that failed to export (its line says why)",
+    "2 bad input (no target, a path that is no trace file or run folder, a trace file that does not read or is "
+    "over --max-trace-mb, a run folder none of whose traces reads, a link where a PNG would be written, --import "
+    "with no capture, without Nsight Systems' host tools or into a run folder a sweep is writing, an unknown "
+    "option) or an environment error (an unwritable --out)",
+    f"{options.FAILED}, not the capture",
+    "130 interrupted",
+)
 
 
 def register(sub) -> None:

@@ -17,7 +17,8 @@ kernel, a file name vLLM never opens). 2 bad input before any work (an unknown o
 combination the tuner cannot search, a --budget outside (0, 1], a bad --max-regression, a FILE, DIR or
 RUN that is missing or does not read, --install or --install-from of tiles timed on the CPU or under
 Triton's interpreter: host time, nothing installed) or an environment error (an unwritable --out);
-130 interrupted (the trials finished so far are kept: the same command resumes, timing only the step cut
+3 moebench or the machine failed (a defect, memory: the traceback, then one line), no verdict on the
+tiles; 130 interrupted (the trials finished so far are kept: the same command resumes, timing only the step cut
 short); 143 terminated (SIGTERM: `timeout`, `kill`), the same kept and said."""
 
 

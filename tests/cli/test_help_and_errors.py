@@ -184,19 +184,19 @@ def _codes(text: str) -> set[int]:
 
 
 # what each command returns (main.py maps ValueError and an environment error to 2, Ctrl-C to 130,
-# a comparison's command's failure to 3 and, in sweep and run, SIGTERM to 143): trace 1 is --import's
-# failed capture; tune 1 a regression, an untuned size or --check-vllm's not-ok
+# any other failure (moebench's or the machine's) to 3 and, in sweep, run and tune, SIGTERM to 143):
+# trace 1 is --import's failed capture; tune 1 a regression, an untuned size or --check-vllm's not-ok
 COMPARING = {0, 1, 2, 3, 130}
 STATES = {
-    "sweep": {0, 1, 2, 130, 143},
-    "run": {0, 1, 2, 130, 143},
-    "list": {0, 2, 130},
+    "sweep": {0, 1, 2, 3, 130, 143},
+    "run": {0, 1, 2, 3, 130, 143},
+    "list": {0, 2, 3, 130},
     "report": COMPARING,
     "compare": COMPARING,
     "ab": COMPARING,
-    "trace": {0, 1, 2, 130},
-    "tune": {0, 1, 2, 130, 143},
-    "env": {0, 2, 130},
+    "trace": {0, 1, 2, 3, 130},
+    "tune": {0, 1, 2, 3, 130, 143},
+    "env": {0, 2, 3, 130},
 }
 
 
@@ -222,4 +222,4 @@ def test_every_command_help_has_an_exit_status():
     _, commands = parser.build_parser()
     for cmd in commands:
         text = _help(cmd)
-        assert "exit status:" in text and {0, 2, 130} <= _codes(text), cmd
+        assert "exit status:" in text and {0, 2, 3, 130} <= _codes(text), cmd
