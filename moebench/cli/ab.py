@@ -33,7 +33,7 @@ EXIT_STATUS = options.exit_status(
     f"1 {options.REGRESSION}",
     "2 bad input (a revision git does not know, overrides either revision's moebench refuses, no valid "
     f"combination in either revision's plan, an unknown option) or {options.ENVIRONMENT}",
-    f"3 the comparison {options.NO_VERDICT}",
+    f"3 the comparison {options.NO_VERDICT}, either revision's sweep or list exiting 3 included",
     "130 interrupted (the measured combinations are stored: the same command resumes)",
 )
 
@@ -126,11 +126,17 @@ def _moebench(tree: Path, sha: str, args: list[str], capture: bool = False) -> s
     )
     if done.returncode == 130:
         raise KeyboardInterrupt
+    err = (done.stderr or "").strip().splitlines()
     if done.returncode == 2:
-        err = (done.stderr or "").strip().splitlines()
         raise ValueError(
             f"{tree.name} ({sha[:10]}): moebench {args[0]} refused the input"
             + (f": {err[-1]}" if err else " (its message is above)")
+        )
+    if done.returncode == options.NO_RESULT:  # that revision's moebench or the machine failed: comparing
+        # what it left (rows missing, or no plan) would give a verdict on a crash, "broken" or "empty"
+        raise RuntimeError(
+            f"{tree.name} ({sha[:10]}): moebench {args[0]} failed (exit {options.NO_RESULT}, moebench or the machine)"
+            + (f": {err[-1]}" if err else "; its traceback is above")
         )
     return done
 

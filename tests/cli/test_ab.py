@@ -94,3 +94,20 @@ def test_ab_refuses_an_unknown_revision(two_commits, tmp_path, capsys):
     assert cli.main(["ab", base, "no-such-branch", *TINY, "--repo", str(repo), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "'no-such-branch' names no commit" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["sweep", "list"])
+def test_a_revision_whose_moebench_fails_stops_ab_as_no_result(command, tmp_path):
+    """A worktree's sweep or list that exits 3 (its moebench or the machine failed, not a kernel):
+    ab stops there, its own 3 (main.py), not a comparison of what the crash left ("broken", "empty": 1)
+    nor bad input (2)."""
+    from moebench.cli import ab
+
+    tree = tmp_path / "cand"
+    (tree / "moebench" / "cli").mkdir(parents=True)
+    (tree / "moebench" / "__init__.py").write_text("")
+    (tree / "moebench" / "cli" / "__init__.py").write_text("")
+    crash = "print('moebench sweep: failed (RuntimeError: a defect); exit 3: ...', file=sys.stderr)"
+    (tree / "moebench" / "cli" / "__main__.py").write_text(f"import sys\n{crash}\nsys.exit(3)\n")
+    with pytest.raises(RuntimeError, match=rf"cand \(0123456789\): moebench {command} failed \(exit 3, moebench or "):
+        ab._moebench(tree, "0123456789" * 4, [command], capture=command == "list")
