@@ -235,30 +235,42 @@ class RunStore:
     def update_rows(self, update) -> int:
         """Rewrite the measured row files in place, each through `update(table)` (a pyarrow
         Table in, a new Table or None for no change out), whole or not at all (atomic); the
-        number of files rewritten. Every file is read before any is rewritten: one the machine
-        refuses to read raises Unreadable, naming it, with the run as it was (no half-updated
-        run); a torn file is left to the next sweep. Call it holding the run's lock, as every
-        writer does (`moebench trace --import` takes it; a sweep holds it)."""
+        number of files rewritten. Every file is checked before any is rewritten (_refuse_unwritable):
+        one the machine refuses to read raises Unreadable, a link or no regular file UnsafePath,
+        naming it, with the run as it was (no half-updated run); a torn file is left to the next
+        sweep. Then each is read, updated and written before the next is read: one table in memory
+        at a time, however many rows the run holds (`trace --import` of a big run). Call it holding
+        the run's lock, as every writer does (`moebench trace --import` takes it; a sweep holds it)."""
         import pyarrow.parquet as pq
 
-        changed = []
-        for f in self.row_files():
+        files = self.row_files()
+        self._refuse_unwritable(files)
+        changed = 0
+        for f in files:
             table = _unless_torn(f, pq.read_table)
             new = update(table) if table is not None else None
             if new is not None:
                 refuse_undeclared(set(new.column_names) - set(table.column_names))
-                changed.append((f, new))
-        for f, new in changed:
-            _atomic_write(f, lambda p, t=new: pq.write_table(t, p), self.dir)
-        return len(changed)
+                _atomic_write(f, lambda p, t=new: pq.write_table(t, p), self.dir)
+                changed += 1
+            del table, new  # this file's tables gone before the next is read
+        return changed
 
     def refuse_unreadable(self) -> None:
         """Unreadable (exit 2), naming it, where the machine refuses to read a row file (mode 000, a
         failing disk): what rewrites a run's rows from work of its own (`trace --import`'s exports)
         asks before it starts. A torn file passes (the next sweep redoes it)."""
+        self._refuse_unwritable(self.row_files(), links=False)
+
+    def _refuse_unwritable(self, files: list[Path], links: bool = True) -> None:
+        """Unreadable where the machine refuses to read one of `files` (its footer: the schema), and,
+        with `links`, UnsafePath where one is a link or no regular file (_no_link), which its rewrite
+        would refuse: asked of every file before the first is rewritten."""
         import pyarrow.parquet as pq
 
-        for f in self.row_files():
+        for f in files:
+            if links:
+                _no_link(f, self.dir)
             _unless_torn(f, lambda p: pq.ParquetFile(p).schema_arrow)
 
     def write_skipped(self, rows: list[dict]) -> Optional[Path]:
