@@ -30,11 +30,11 @@ from moebench.report.columns import (
 )
 from moebench.report.effects import BAND, Effect, axis_effects, baseline_value, effect_lines, varying_axes
 from moebench.report.fastest import Timed, fastest_section, ranked
-from moebench.report.flags import CPU, GPU, HOST
 from moebench.report.fmt import fmt_frac, fmt_mib
 from moebench.report.mdsafe import md_text
 from moebench.report.phase_plot import plot_phase_fastest
 from moebench.report.run_tables import single_rank
+from moebench.report.time_basis import CPU, GPU, HOST
 from moebench.results.row import Status
 from moebench.util.words import counted
 

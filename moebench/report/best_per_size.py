@@ -1,6 +1,6 @@
 """`moebench tune --results RUN`: the fastest valid combination per model x tokens per
 rank of a results run, its margin over the runner-up with an interval. Only rows whose
-latency is GPU time compete (report/flags.py figure_basis): host-time rows (the host paced
+latency is GPU time compete (report/time_basis.py figure_basis): host-time rows (the host paced
 the samples) and CPU rows are left out, and the command says how many. A competing row some of
 whose samples the host paced (up to moebench.config.limits.HOST_PACED_MAX of them) is marked
 with the count (`‡ 5/30`) wherever it stands as best or runner-up, and the command names them.
@@ -60,7 +60,8 @@ def ratio_interval(best_us, runner_us, draws: int = DRAWS, seed: int = 0, conf: 
 def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     """One row per setting x tokens_per_rank: the best ok combination, its median (µs),
     the runner-up's, the margin with its interval, and how many competed."""
-    from moebench.report.flags import GPU, figure_basis, gpu_time_advice, paced_mark
+    from moebench.report.flags import paced_mark
+    from moebench.report.time_basis import GPU, figure_basis, gpu_time_advice
 
     ok = df[df["status"] == Status.OK]
     ok = ok[np.isfinite(ok["latency_us_median"].astype(float))]
@@ -72,7 +73,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
     advice = [gpu_time_advice(r) for r, (b, _) in zip(rs, basis, strict=True) if b != GPU]
     ok = ok[[b == GPU for b, _ in basis]]
     if ok.empty:
-        # the report's wording (flags.GPU_TIME_ADVICE) of what would give GPU time
+        # the report's wording (time_basis.GPU_TIME_ADVICE) of what would give GPU time
         raise ValueError(f"no ok row of this run is GPU time ({basis[0][1]}): nothing to rank; {advice[0]}")
     setting = [c for c in SETTING if c in ok.columns]
     rows = []
@@ -108,7 +109,7 @@ def best_per_size(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     best = pd.DataFrame(rows)
     best.attrs["left_out"] = left_out  # why each ok row that did not compete was left out
-    best.attrs["advice"] = advice  # and what would give it GPU time (flags.gpu_time_advice)
+    best.attrs["advice"] = advice  # and what would give it GPU time (time_basis.gpu_time_advice)
     return best
 
 

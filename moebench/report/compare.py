@@ -14,7 +14,7 @@ only when
    on ``samples_us`` gives p < ``alpha``;
 
 otherwise "~". A pair whose latency is no GPU time on one side gets no faster / slower
-verdict (report/flags.py figure_basis): "host" where a side is host time (the host paced its
+verdict (report/time_basis.py figure_basis): "host" where a side is host time (the host paced its
 samples, or an older eager row was host-bound), "cpu" where both are CPU rows, which are
 pipeline checks (``cpu_verdict=True``, `--cpu-verdict`, asks for the verdict anyway). The
 size of a change is the ratio with a 95 % bootstrap interval of the
@@ -241,7 +241,7 @@ def basis_verdict(verdict: Verdict, base: dict, cand: dict, cpu_verdict: bool = 
     latency verdict; other pairs keep it. ``base`` / ``cand``: row values (device included)."""
     if verdict not in (Verdict.SLOWER, Verdict.FASTER, Verdict.SIMILAR):
         return verdict, ""
-    from moebench.report.flags import CPU, HOST, figure_basis
+    from moebench.report.time_basis import CPU, HOST, figure_basis
 
     (bb, bw), (cb, cw) = figure_basis(base), figure_basis(cand)
     if HOST in (bb, cb):

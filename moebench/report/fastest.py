@@ -5,7 +5,7 @@ latency (nothing to rank); where its rows are host time, how many, why and what 
 time. No workload goes unsaid: where a run holds several (models, world sizes, routings), each
 line names its own by what varies among the run's rows (workloads.py), a host-time one included.
 
-Latency here is GPU time only (flags.figure_basis): host time is never ranked, and a CPU run
+Latency here is GPU time only (time_basis.figure_basis): host time is never ranked, and a CPU run
 names no fastest.
 """
 
@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from moebench.report.columns import WORKLOAD_COLUMNS, combination, fmt_series, fmt_value, records
-from moebench.report.flags import CPU, GPU, GPU_TIME_ADVICE, HOST, figure_basis, host_cause, latency_paced, paced_mark
+from moebench.report.flags import latency_paced, paced_mark
 from moebench.report.fmt import fmt_us
 from moebench.report.mdsafe import md_text
+from moebench.report.time_basis import CPU, GPU, GPU_TIME_ADVICE, HOST, figure_basis, host_cause
 from moebench.report.workloads import union_labels, workload_names
 from moebench.results.row import Status
 from moebench.util.words import agree, counted
@@ -41,7 +42,7 @@ class Win:
 
 @dataclass(frozen=True)
 class Timed:
-    """A run's ok rows with a latency and what each latency is (flags.figure_basis: GPU, HOST or
+    """A run's ok rows with a latency and what each latency is (time_basis.figure_basis: GPU, HOST or
     CPU), read once for the whole opening."""
 
     rows: pd.DataFrame
@@ -189,7 +190,7 @@ def alone_line(name: str, one: pd.DataFrame, every: bool, once: bool = False) ->
 
 
 def host_text(host: pd.DataFrame, said: set[str]) -> str:
-    """'(why); what would give GPU time' of host-time rows (flags.figure_basis's why, flags.
+    """'(why); what would give GPU time' of host-time rows (time_basis.figure_basis's why, time_basis.
     GPU_TIME_ADVICE), each cause with its count where they differ; an advice in `said` (given
     above) left out, and those given added to it."""
     causes = Counter(

@@ -98,7 +98,8 @@ def latency_table(df: pd.DataFrame) -> str:
     # Fastest per workload: the same model and world size see the same tokens; only GPU
     # time competes (a host-time cell is marked, never bold; a cell with host-paced samples
     # competes, marked with their count)
-    from moebench.report.flags import GPU, PACED_MARK_TEXT, figure_basis, paced_mark
+    from moebench.report.flags import PACED_MARK_TEXT, paced_mark
+    from moebench.report.time_basis import GPU, figure_basis
 
     ok = df[df["status"] == Status.OK]
     basis = {i: figure_basis(r)[0] for i, r in zip(ok.index, records(ok), strict=True)}
@@ -170,7 +171,7 @@ def host_table(df: pd.DataFrame) -> str:
     ok = df[(df["status"] == Status.OK) & df["host_enqueue_us"].notna()] if "host_enqueue_us" in df.columns else df[:0]
     if not len(ok):
         return ""
-    from moebench.report.flags import HOST, figure_basis
+    from moebench.report.time_basis import HOST, figure_basis
 
     host = {i for i, r in zip(ok.index, records(ok), strict=True) if figure_basis(r)[0] == HOST}
     tokens, cols, parts = grid(

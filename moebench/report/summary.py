@@ -25,20 +25,11 @@ from moebench.report.columns import (
 )
 from moebench.report.compare_tables import pair_names
 from moebench.report.fastest import Timed, ranked
-from moebench.report.flags import (
-    CPU,
-    HOST,
-    caveat_files,
-    caveats_text,
-    figure_basis,
-    flag_summary,
-    paced_details,
-    row_flags,
-    run_notes,
-)
+from moebench.report.flags import caveat_files, caveats_text, flag_summary, paced_details, row_flags, run_notes
 from moebench.report.fmt import fmt_interval, fmt_mib
 from moebench.report.run_tables import md_value, value_cell
 from moebench.report.table import Column, Table, md_text
+from moebench.report.time_basis import CPU, HOST, figure_basis
 from moebench.results.row import BAD_STATUSES, Status
 from moebench.util.words import agree, counted
 

@@ -21,9 +21,9 @@ from moebench.report.columns import COMBINATION_COLUMNS, PER_ROW_COLUMNS, fmt_va
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_us_pair, memory_change_lines, pair_names
 from moebench.report.envinfo import comparable_summary, environment_check
-from moebench.report.flags import CPU
 from moebench.report.fmt import fmt_change
 from moebench.report.table import md_text
+from moebench.report.time_basis import CPU
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 from moebench.util.words import counted
 

@@ -15,9 +15,9 @@ from moebench.config import compose, validity
 from moebench.kernels import registry
 from moebench.report.best_per_size import best_per_size
 from moebench.report.compare import compare_runs
-from moebench.report.flags import CPU, GPU, HOST, figure_basis
 from moebench.report.load import load_run
 from moebench.report.summary import reviewer_summary, wins
+from moebench.report.time_basis import CPU, GPU, HOST, figure_basis
 from moebench.results.synthetic import make_row, write_run
 
 

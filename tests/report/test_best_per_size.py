@@ -127,9 +127,9 @@ def test_results_heatmap_cells_hold_their_text_and_print_the_interval_to_3_decim
 
 def test_a_run_with_no_gpu_time_says_what_would_give_it_in_the_reports_words(tmp_path):
     """`tune --results` on a run of host-time rows said 'measure on a GPU with runner.timing=auto',
-    its own wording beside the report's (flags.GPU_TIME_ADVICE), and the same words to a CPU run."""
+    its own wording beside the report's (time_basis.GPU_TIME_ADVICE), and the same words to a CPU run."""
     from moebench.report.best_per_size import best_per_size
-    from moebench.report.flags import CPU_ADVICE, GPU_TIME_ADVICE
+    from moebench.report.time_basis import CPU_ADVICE, GPU_TIME_ADVICE
     from moebench.results.synthetic import make_row
 
     def rows(**extra):
