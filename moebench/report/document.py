@@ -26,7 +26,7 @@ from moebench.report.compare_tables import latency_pairs, memory_pairs, unmatche
 from moebench.report.envinfo import env_differences, env_summary, env_value  # noqa: F401  (report's names, kept for callers)
 from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, pair_rows, run_notes
 from moebench.report.fmt import fmt_change
-from moebench.report.load import load_run
+from moebench.report.load import load_run, writing
 from moebench.report.mdsafe import md_text
 from moebench.report.routing_table import routing_table
 from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
@@ -245,7 +245,9 @@ def run_doc(
     clock = clock_table(df)
     routing = routing_table(df)
     traces = tables.traces_table(df)
-    blocks = ([f"# moebench report: {name}"] if title else [f"## This run: {name}"]) + [
+    # a run a writer held while it was read: partial, said at the top (a comparison's report says it of its sides)
+    partial = [w.markdown() for w in [writing(df)] if w and title]
+    blocks = ([f"# moebench report: {name}", *partial] if title else [f"## This run: {name}"]) + [
         summary[0],
         f"Environment: {env_summary(env, df)}  \n{run_summary(df)}",
         opening.markdown(),
@@ -271,6 +273,7 @@ def run_doc(
     ]
     data = {
         "run": name,
+        "being_written": partial,
         "environment": env_summary(env, df),
         "summary": summary,
         "answers": opening.lines,
@@ -313,6 +316,7 @@ def comparison_doc(
         quality += [x for x in run_notes(df, env, name) if x not in quality]
     cav = caveats([run_dir_of(d) for d in run_dirs], _results_root(run_dir_of(run_dirs[0])))
     verdict = verdict_lines(cmp, code, why, quality + cav)
+    partial = [w.markdown(n) for df, n in zip(frames, names, strict=True) if (w := writing(df))]
     if cmp.axis is not None:
         title = (
             f"# moebench compare: {md_text(run_dir_of(run_dirs[0]).name)}, "
@@ -336,6 +340,7 @@ def comparison_doc(
     mem_words = f"{larger} larger, {smaller} smaller beyond ×{cmp.threshold:g}"
     blocks = [
         title,
+        *partial,
         "\n".join(verdict),
         envs_text,
         *_quality_section(quality, cav),
@@ -362,6 +367,7 @@ def comparison_doc(
     data = {
         "verdict": verdict_record(cmp, code, why),
         "verdict_lines": verdict,
+        "being_written": partial,
         "data_quality": quality,
         "comparison": lat,
         "memory": mem,

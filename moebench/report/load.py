@@ -9,6 +9,7 @@ single ``.parquet`` file or a plain directory of parquet files.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
     UNREAD_COLUMNS,
     phase_sum,
 )
+from moebench.report.mdsafe import md_code, md_text
 from moebench.results import row as schema
 from moebench.results.lock import elsewhere, holder_now, unverified, writer
 from moebench.results.store import (
@@ -69,17 +71,68 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
     return files, path
 
 
-def being_written(path: str | Path) -> tuple[str, bool]:
-    """(who is writing the run ``path`` lies in, whether that is known): its lock's holder read
-    without taking the lock (results/lock.py holder_now). A live holder on this host is worded
-    as `lock.writer` does (True); one on another host, which cannot be checked from here, as
-    `lock.unverified` does (False: no reason on its own to wait); ('', False) where none holds it."""
+def _holder(path: str | Path) -> dict:
+    """The lock's holder of the run ``path`` lies in, read without taking the lock (results/lock.py
+    holder_now); {} where none holds it, or where it is this process on this host."""
     holder = holder_now(run_dir_of(path))
-    if not holder or (holder.get("pid") == os.getpid() and not elsewhere(holder)):
+    return {} if not holder or (holder.get("pid") == os.getpid() and not elsewhere(holder)) else holder
+
+
+def being_written(path: str | Path) -> tuple[str, bool]:
+    """(who is writing the run ``path`` lies in, whether that is known): its lock's holder (_holder).
+    A live holder on this host is worded as `lock.writer` does (True); one on another host, which
+    cannot be checked from here, as `lock.unverified` does (False: no reason on its own to wait);
+    ('', False) where none holds it."""
+    holder = _holder(path)
+    if not holder:
         return "", False
     if elsewhere(holder):
         return unverified(holder, run_dir_of(path)), False
     return writer(holder), True
+
+
+WRITING = "being_written"  # the key of load_run's frame's attrs holding its Writing, where one held the run
+
+
+@dataclass(frozen=True)
+class Writing:
+    """The writer that held a run's lock when load_run had read its rows: a report of them is of a
+    partial run, and says so in its Markdown, not only on stderr. The lock's fields are the run
+    folder's text (escaped in ``markdown``)."""
+
+    command: str
+    pid: str
+    host: str
+    since: str
+    rows: int  # the rows read
+    verified: bool  # a live holder on this host; False: one on another host, not checkable from here
+
+    @classmethod
+    def of(cls, holder: dict, rows: int) -> Writing:
+        command, pid, host, since = (str(holder.get(k)) for k in ("command", "pid", "host", "since"))
+        return cls(command, pid, host, since, rows, verified=not elsewhere(holder))
+
+    def markdown(self, name: str = "") -> str:
+        """A quoted line for the top of a report: who was writing the run and how many rows were
+        read; ``name`` (Markdown) names the run where a report has two."""
+        who = f"{md_code(self.command)} (pid {md_text(self.pid)} on {md_text(self.host)} since {md_text(self.since)})"
+        side, rows = f" ({name})" if name else "", counted(self.rows, "row")
+        if self.verified:
+            return (
+                f"> **Partial run{side}**: the run was being written by {who} when this report was made: "
+                f"{rows} read; a report made once it finishes reads them all."
+            )
+        return (
+            f"> **Possibly partial{side}**: when this report was made, the run's lock named {who}, a writer "
+            f"on another host that cannot be checked from here: {rows} read, perhaps not all (a run copied "
+            "mid-sweep; or a stale lock, its writer ended)."
+        )
+
+
+def writing(df: pd.DataFrame) -> Writing | None:
+    """The writer that held the run while load_run read ``df`` (None: none did)."""
+    found = df.attrs.get(WRITING)
+    return found if isinstance(found, Writing) else None
 
 
 def read_env(run_dir: Path | None) -> dict:
@@ -114,14 +167,15 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if df.empty:
         raise ValueError(f"no rows in {path}: every parquet file is empty or torn; re-run the sweep")
     # asked after reading: a sweep that holds the run now held it while its rows were read
-    who, sure = being_written(path)
-    if who and sure:
+    holder = _holder(path)
+    if holder and not elsewhere(holder):
         warn(
-            f"{run_dir_of(path)} is still being written by {who}: read the "
+            f"{run_dir_of(path)} is still being written by {writer(holder)}: read the "
             f"{counted(len(df), 'row')} it had stored; report again once it finishes"
         )
-    elif who:
-        warn(f"{run_dir_of(path)}: read the {counted(len(df), 'row')} stored; {who}")
+    elif holder:
+        warn(f"{run_dir_of(path)}: read the {counted(len(df), 'row')} stored; {unverified(holder, run_dir_of(path))}")
+    held = Writing.of(holder, len(df)) if holder else None
     env = read_env(run_dir)
     # the columns an older or newer schema lacks, added at once (one by one fragments the frame)
     missing: dict[str, object] = {c: np.nan for c in OPTIONAL_NUMERIC if c not in df.columns}
@@ -148,6 +202,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     df = df.sort_values(order + ["combo_key", "tokens_per_rank"], na_position="last", kind="stable").reset_index(
         drop=True
     )
+    if held is not None:
+        df.attrs[WRITING] = held  # the report says so in its Markdown (document.py)
     return df, env
 
 

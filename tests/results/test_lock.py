@@ -199,8 +199,8 @@ time.sleep(120)
 def test_a_report_of_a_run_a_sweep_is_writing_names_the_sweep(tmp_path, capsys):
     """A report of a run another process's sweep holds says so, read without taking the lock: with
     no row stored yet, exit 2 naming the holder and to wait (not "run a sweep first"); with rows,
-    the report of those, and a line saying they are the rows stored so far. A holder killed with
-    -9 leaves its details in the lock file, but is no writer."""
+    the report of those, and a line saying they are the rows stored so far (on stderr and at the top of
+    report.md). A holder killed with -9 leaves its details in the lock file, but is no writer."""
     from moebench.results.synthetic import make_rows, write_run
 
     run, rep = tmp_path / "r", tmp_path / "rep"
@@ -221,11 +221,15 @@ def test_a_report_of_a_run_a_sweep_is_writing_names_the_sweep(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{run} is still being written by `moebench sweep --out r` (pid {holder.pid} on " in err, err
         assert f"read the {len(make_rows())} rows it had stored; report again once it finishes" in err
+        # and so does report.md, for whoever reads it later (a committed report)
+        said = f"being written by `moebench sweep --out r` (pid {holder.pid} on "
+        assert said in (rep / "report.md").read_text()
         holder.kill()
         holder.wait()
         assert '"pid"' in (run / LOCK_FILE).read_text()  # the dead holder's details stay
         assert cli.main(["report", str(run), "--out", str(rep)]) == 0
         assert "being written" not in capsys.readouterr().err
+        assert "being written" not in (rep / "report.md").read_text()
     finally:
         holder.kill()
         holder.wait()
