@@ -34,7 +34,11 @@ WORKLOAD = "workload"  # rows equal in every workload column saw the same tokens
 MODEL_SIZE = "model size"  # shown only where it varies within one model (the model's name tells it)
 PLACE = "place"  # where a row ran: what a comparison's pair shares and a figure's basis reads
 REQUIRED = "required"  # a row file lacking it is malformed (no table can be drawn without it)
+# how the runner measured, not what the layer is: the layer's allocations do not depend on it
+# (a capped row confirms the capacity line of its layer whatever these were: report/capacity.py)
+RUNNER = "runner"
 _AXIS, _COMBO, _WORK, _SIZE = (AXIS, REQUIRED), (COMBO,), (COMBO, WORKLOAD), (COMBO, MODEL_SIZE)
+_RUN = (COMBO, RUNNER)
 
 _NO_DEFAULT = dataclasses.MISSING
 
@@ -148,20 +152,18 @@ class Combo:
     )
     seed: int = _f(WorkloadConf.seed, roles=_WORK, tag="seed{}")
     # how it is measured
-    timing: str = _f(
-        RunnerConf.timing, roles=_COMBO, tag="{}", doc="requested timing: auto | events | graph | profiler"
-    )
+    timing: str = _f(RunnerConf.timing, roles=_RUN, tag="{}", doc="requested timing: auto | events | graph | profiler")
     graph_max_tokens: int = _f(
-        RunnerConf.graph_max_tokens, roles=_COMBO, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens"
+        RunnerConf.graph_max_tokens, roles=_RUN, tag="gmax{}", doc="timing=graph: CUDA graphs up to this many tokens"
     )
-    l2_flush: bool = _f(RunnerConf.l2_flush, roles=_COMBO, tag="noflush")
+    l2_flush: bool = _f(RunnerConf.l2_flush, roles=_RUN, tag="noflush")
     memory_budget: int = _f(
         int(RunnerConf.memory_budget),
-        roles=_COMBO,
+        roles=_RUN,
         tag="budget{}",
         doc="bytes the layer may allocate above the check's (0: no cap)",
     )
-    trace: str = _f(TraceConf.name, roles=_COMBO, tag="trace_{}", doc="none | nvtx | torch | nsys")
+    trace: str = _f(TraceConf.name, roles=_RUN, tag="trace_{}", doc="none | nvtx | torch | nsys")
     # the chosen entries' knobs, (name, value) sorted by name; each is identity and a column
     knobs: tuple = _f((), column=False)
     # settings that do not change what is measured, only how long and how often

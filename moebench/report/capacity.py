@@ -26,7 +26,10 @@ gives that limit. The reserved bytes are at least the allocated ones, so the tru
 a cap lies between the two lines: the reserved line is measured without a cap, where the
 allocator never hands cached blocks back, so it is the cautious end. Rows measured under
 `runner.memory_budget` are the confirmation of their combination's line: every ok at or below
-the allocations' limit, every oom above the reserved one.
+the allocations' limit, every oom above the reserved one. They confirm the line of the layer they
+ran: where none of its lines was measured with their runner settings (timing, L2 flush, traces:
+how the runner measured, not what the layer allocates), they confirm its lines measured with
+others, and a line under the table says so.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from matplotlib.lines import Line2D
 from moebench.report.columns import (
     COMBINATION_COLUMNS,
     PER_ROW_COLUMNS,
+    RUNNER_COLUMNS,
     WORKLOAD_COLUMNS,
     combo_labels,
     constant_caption,
     fmt_series,
+    fmt_value,
 )
 from moebench.report.document import report_out
 from moebench.report.mdsafe import md_text
@@ -106,6 +111,12 @@ def line_keys(df: pd.DataFrame, columns: list[str]) -> pd.Series:
     return pd.Series(list(zip(*texts, strict=True)) if texts else [()] * len(df), index=df.index, dtype=object)
 
 
+def _across(conf: pd.DataFrame, line: pd.Series, columns: list[str]) -> str:
+    """The runner columns (of ``columns``) in which the capped rows ``conf`` differ from the line's
+    points (one row of them, ``line``): 'l2_flush' ('' where they agree, or there are none)."""
+    return ", ".join(c for c in columns if len(conf) and set(fmt_series(conf[c])) != {fmt_value(line[c])})
+
+
 def _split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ok rows measured without a cap (the lines' points) and the rows measured under one
     (runner.memory_budget: the confirmation), knobs '' where a row has none."""
@@ -131,9 +142,16 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
     (line_columns), the same workload's lines together and the reductions of one beside each other."""
     sweep, capped = _split(df)
     cols = line_columns(sweep)
+    # capped rows confirm the line of the layer they ran: the one measured as they were, else the others
+    layer = [c for c in cols if c not in RUNNER_COLUMNS]
+    runner = [c for c in cols if c in RUNNER_COLUMNS]
     capped_by = dict(list(capped.groupby(line_keys(capped, cols), sort=False)))
+    capped_by_layer = dict(list(capped.groupby(line_keys(capped, layer), sort=False)))
     out = []
     for key, g in sweep.groupby(line_keys(sweep, cols), sort=False):
+        conf = capped_by.get(key)
+        if conf is None:
+            conf = capped_by_layer.get(tuple(k for c, k in zip(cols, key, strict=True) if c in layer), capped.iloc[:0])
         g, segment = _large_segment(g)
         ws = fit_line(g["tokens_per_rank"], g["workspace_bytes_peak"])
         dev = fit_line(g["tokens_per_rank"], g["device_bytes_peak"])
@@ -163,7 +181,8 @@ def capacity_frame(df: pd.DataFrame, budget: float | None = None, gpu_bytes: flo
                 res_intercept=res.intercept if res else np.nan,
                 res_slope=res.slope if res else np.nan,
                 max_tokens_reserved=limit_res,
-                confirmed=_confirmation(capped_by.get(key, capped.iloc[:0]), limit, limit_res),
+                confirmed=_confirmation(conf, limit, limit_res),
+                confirmed_across=_across(conf, g.iloc[0], runner),
             )
         )
     if not out:
@@ -318,6 +337,13 @@ def capacity_markdown(cap: pd.DataFrame, budget_text: str) -> str:
     text = md_table(head, rows, ["l", "l"] + ["r"] * (8 if reserved else 7) + ["l"])
     const = constant_caption(cap)  # what every line shares: the labels name only what tells them apart
     text += f"\n\nAll lines: {md_text(const)}." if const else ""
+    across = cap["confirmed_across"][cap["confirmed_across"] != ""] if "confirmed_across" in cap else []
+    if len(across):
+        cols = ", ".join(dict.fromkeys(c for cs in across for c in cs.split(", ")))
+        text += (
+            f"\n\n{counted(len(across), 'line')} confirmed by capped rows measured with other runner settings "
+            f"({md_text(cols)}) than the line's points: how the runner measured, not what the layer allocates."
+        )
     ratios = placement_ratios(cap)
     if len(ratios):
         rr = [

@@ -27,6 +27,8 @@ EXTRA_COMBO_COLUMNS = schema.having(schema.COMBO)
 COMBINATION_COLUMNS = COMBO_COLUMNS + EXTRA_COMBO_COLUMNS
 # a row's, not its combination's (graph timing runs events above graph_max_tokens)
 PER_ROW_COLUMNS = tuple(schema.having(schema.PER_ROW))
+# how the runner measured (timing, L2 flush, traces, the memory cap), not what the layer is
+RUNNER_COLUMNS = tuple(schema.having(schema.RUNNER))
 # the competing-workload key: rows equal in these saw the same tokens, so only they compete for
 # "fastest" (the report's bold cell, `moebench tune --results`); the axes and the quantization
 # are what competes (an `ok` fp8 row passed the reference check as a bf16 one did)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-from moebench.config.spec import AXIS, BARE, COMBO, MODEL_SIZE, PLACE, REQUIRED, WORKLOAD
+from moebench.config.spec import AXIS, BARE, COMBO, MODEL_SIZE, PLACE, REQUIRED, RUNNER, WORKLOAD
 from moebench.util.arg_errors import OneLineErrors
 
 SCHEMA_VERSION = 2  # of the stored rows; migrate.py upgrades older ones
@@ -94,7 +94,7 @@ DTYPES = ("str", "int", "float", "bool", "list")
 
 
 # a column's roles in the report (`Column.roles`): the identity's are on the spec's fields
-# (config/spec.py: AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED); these are the rest
+# (config/spec.py: AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED, RUNNER); these are the rest
 PER_ROW = "per-row"  # a row's, not its combination's (graph timing runs events above graph_max_tokens)
 ORIGIN = "origin"  # which row it is and where it came from: identity a table never shows
 # the report's tables that show a column (report/run_tables.py, summary.py, compare_tables.py)
@@ -104,7 +104,7 @@ OVERLAP_TABLE = "overlap table"  # the ablation's figures and the trace's
 PROVENANCE_TABLE = "provenance table"  # where a row came from (the provenance table)
 ROWS_TABLE = "rows table"  # what names a row beside its identity in the every-row tables
 ROOFLINE = "roofline"  # what the roofline table needs
-ROLES: tuple[str, ...] = (AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED, PER_ROW, ORIGIN)
+ROLES: tuple[str, ...] = (AXIS, COMBO, BARE, WORKLOAD, MODEL_SIZE, PLACE, REQUIRED, RUNNER, PER_ROW, ORIGIN)
 ROLES += (LATENCY_TABLE, MEMORY_TABLE, OVERLAP_TABLE, PROVENANCE_TABLE, ROWS_TABLE, ROOFLINE)
 
 
@@ -231,7 +231,7 @@ MEASURED: tuple[Column, ...] = (
         "latency",
         WORST,
         "the mode that ran: graph | events | profiler | cpu, or host where the host paced the samples",
-        (COMBO, PER_ROW, ROWS_TABLE, LATENCY_TABLE),
+        (COMBO, RUNNER, PER_ROW, ROWS_TABLE, LATENCY_TABLE),
         "timing",
     ),
     _c("latency_us_median", "float", "latency", SAMPLES, "median of samples_us (µs)", _LAT),
@@ -700,6 +700,8 @@ ROLE_DOCS = {
     MODEL_SIZE: "shown only where it varies within one model",
     PLACE: "where a row ran: what a compared pair shares and a figure's basis reads",
     REQUIRED: "a row file without it is malformed",
+    RUNNER: "how the runner measured, not what the layer is: the layer's allocations do not depend on it "
+    "(a capped row confirms the capacity line of its layer whatever these were)",
     PER_ROW: "a row's, not its combination's: left out of a combination's label and columns",
     ORIGIN: "which row it is and where it came from; never a table's column",
     LATENCY_TABLE: "each side's latency cell of a compared pair",

@@ -377,9 +377,10 @@ COMBOS = {
 }
 
 
-def _combo_rows(lines=COMBOS, capped=()):
+def _combo_rows(lines=COMBOS, capped=(), runner=None):
     """ok rows at every size of TOKENS for each of ``lines``; ``capped``: (backend, overlap,
-    reduction, tokens, status) rows under a 12 GiB cap"""
+    reduction, tokens, status) rows under a 12 GiB cap, measured with the runner settings
+    ``runner`` (e.g. {"l2_flush": False}) where given"""
     rng = np.random.default_rng(2)
     common = dict(model="deepseek_v3", simulate_ep=8)
     rows = [
@@ -410,6 +411,7 @@ def _combo_rows(lines=COMBOS, capped=()):
             memory_budget=12 * GIB,
             samples_us=samples_from(100, 0.01, 5, rng) if status == "ok" else None,
             **common,
+            **(runner or {}),
         )
         for backend, overlap, reduction, t, status in capped
     ]
@@ -466,3 +468,50 @@ def test_capped_rows_confirm_the_line_of_their_own_combination():
     assert r.ws_slope == pytest.approx(b) and r.max_tokens == pytest.approx(limit, abs=1)
     assert r.confirmed == f"ok at {int(limit * 0.97)}, oom at {int(limit * 1.03)}"
     assert (r.backend, r.overlap, r.reduction) == ("deepep_ll", "dispatch", "finalize")
+
+
+@pytest.mark.parametrize(
+    "runner", [{"l2_flush": False}, {"timing": "events"}, {"graph_max_tokens": 64}, {"trace": "nvtx"}]
+)
+def test_capped_rows_measured_with_other_runner_settings_still_confirm_their_layer_s_line(runner):
+    """How the runner measured (the runner role: timing, L2 flush, traces) is not what the layer
+    allocates: capped rows that differ from their line's points only there confirm that line (they
+    lost their cell without a word), and a line under the table says the confirmation crossed
+    runner settings, naming them. Capped rows of another layer still confirm nothing."""
+    from moebench.report.capacity import capacity_markdown
+
+    a, b = COMBOS[("deepep_ll", "dispatch", "finalize")]
+    limit = (12 * GIB - a) / b
+    capped = [
+        ("deepep_ll", "dispatch", "finalize", int(limit * 0.97), "ok"),
+        ("deepep_ll", "dispatch", "finalize", int(limit * 1.03), "oom"),
+    ]
+    cap = capacity_frame(_combo_rows(capped=capped, runner=runner), 12 * GIB)
+    (r,) = cap[cap["confirmed"] != ""].itertuples()
+    assert (r.backend, r.overlap, r.reduction) == ("deepep_ll", "dispatch", "finalize")
+    assert r.confirmed == f"ok at {int(limit * 0.97)}, oom at {int(limit * 1.03)}"
+    (col,) = runner
+    text = capacity_markdown(cap, "12 GiB")
+    note = next(line for line in text.splitlines() if "other runner settings" in line)
+    assert f"1 line confirmed by capped rows measured with other runner settings ({col}" in note, note
+    # the same capped rows with the line's own settings: no such line
+    assert "other runner settings" not in capacity_markdown(capacity_frame(_combo_rows(capped=capped), 12 * GIB), "")
+    # another layer's capped rows (another seed's tokens) confirm no line, whatever the runner did
+    other = capacity_frame(_combo_rows(capped=capped, runner={**runner, "seed": 7}), 12 * GIB)
+    assert (other["confirmed"] == "").all()
+
+
+def test_a_capped_row_with_the_line_s_own_runner_settings_is_preferred():
+    """Two lines of one layer measured with different runner settings each take the capped rows
+    measured as they were, not both sets."""
+    rows = _combo_rows({("local", "none", "finalize"): COMBOS[("local", "none", "finalize")]})
+    a, b = COMBOS[("local", "none", "finalize")]
+    limit = (12 * GIB - a) / b
+    events = _combo_rows({("local", "none", "finalize"): (a, b)}).assign(timing="events")
+    capped_auto = _combo_rows({}, capped=[("local", "none", "finalize", int(limit * 0.97), "ok")])
+    capped_events = _combo_rows(
+        {}, capped=[("local", "none", "finalize", int(limit * 1.03), "oom")], runner={"timing": "events"}
+    )
+    cap = capacity_frame(pd.concat([rows, events, capped_auto, capped_events], ignore_index=True), 12 * GIB)
+    by = cap.set_index("timing")["confirmed"].to_dict()
+    assert by == {"auto": f"ok at {int(limit * 0.97)}", "events": f"oom at {int(limit * 1.03)}"}, by
