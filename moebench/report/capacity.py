@@ -489,7 +489,7 @@ def capacity_command(run: str, given: Budget | None, out: str | None = None) -> 
     the budget the run's capped rows used, else an error (exit 2)."""
     import sys
 
-    from moebench.report.load import load_run
+    from moebench.report.load import load_run, writing
 
     budget = given.bytes if given else None
     df, env = load_run(run)
@@ -519,15 +519,17 @@ def capacity_command(run: str, given: Budget | None, out: str | None = None) -> 
     dest = report_out(root, out)
     refuse_links(dest, ["capacity.md", "capacity.png"])  # before anything is written
     png = plot_capacity(df, cap, budget, dest / "capacity.png")
+    partial = writing(df)  # a run a sweep was writing: said under the title, as report.md does
     doc = [
         f"# Capacity: {md_text(root.name)}",
+        partial.markdown() if partial else "",
         f"Budget: {text_budget} ({'workspace' if budget is not None else 'device'} line).",
         body,
         f"![peak memory vs tokens per rank]({png.name})" if png else "",
         __doc__.strip(),
     ]
     write_text(dest / "capacity.md", "\n\n".join(d for d in doc if d) + "\n")
-    print(doc[1] + (f" `--budget {given.text}` read as {budget:,.0f} bytes." if given and budget is not None else ""))
+    print(doc[2] + (f" `--budget {given.text}` read as {budget:,.0f} bytes." if given and budget is not None else ""))
     print(body)
     print(f"capacity report written to {dest / 'capacity.md'}", file=sys.stderr)
     return 0

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import socket
 
+import pandas as pd
+
 from moebench import cli
 from moebench.report import load
 from moebench.report.mdsafe import md_code
 from moebench.results.lock import LOCK_FILE
-from moebench.results.synthetic import make_rows, write_run
+from moebench.results.synthetic import make_row, make_rows, write_run
 
 COMMAND = "moebench sweep --out r"
 SINCE = "2024-01-01T00:00:00+00:00"
@@ -86,3 +88,18 @@ def test_a_comparison_names_the_side_being_written(tmp_path, monkeypatch, capsys
     top = _top((rep / "report.md").read_text(), 2)
     assert "Partial run (cand)" in top and "being written by" in top, top
     assert "(base)" not in top
+
+
+def test_capacity_md_of_a_run_being_written_says_so_too(tmp_path, monkeypatch, capsys):
+    """`report --capacity` writes capacity.md, a report of the same rows: partial, it says so."""
+    rows = pd.DataFrame(
+        [
+            make_row("local", "triton", "experts", "none", "bf16", t, samples_us=[50.0] * 5, device_bytes_peak=2e9 + t)
+            for t in (1024, 8192, 32768)
+        ]
+    )
+    run, rep = write_run(tmp_path / "run", rows), tmp_path / "rep"
+    _held_here(monkeypatch)
+    assert cli.main(["report", str(run), "--capacity", "--budget", "12GiB", "--out", str(rep)]) == 0
+    top = _top((rep / "capacity.md").read_text(), 2)
+    assert f"the run was being written by `{COMMAND}`" in top and f"{len(rows)} rows read" in top, top
