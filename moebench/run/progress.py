@@ -10,19 +10,9 @@ from collections import Counter
 from typing import Callable, Optional
 
 from moebench.config.limits import NOISY_SPREAD
-from moebench.util.words import counted
+from moebench.util.words import counted, duration
 
 LINE_EVERY_S = 10.0  # off a terminal: at most one progress line in this many seconds (and the last)
-
-
-def _duration(seconds: float) -> str:
-    """'8 s', '3 min 20 s', '2 h 05 min'."""
-    s = int(round(seconds))
-    if s < 100:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 class Lines:
@@ -40,8 +30,8 @@ class Lines:
             return ""
         self.last = now
         elapsed = now - self.start
-        left = f", about {_duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
-        return f"({100 * min(done, total) // total} %) in {_duration(elapsed)}{left}"
+        left = f", about {duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
+        return f"({100 * min(done, total) // total} %) in {duration(elapsed)}{left}"
 
 
 class Progress:

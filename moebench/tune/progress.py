@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from moebench.run.progress import Lines
-from moebench.util.words import counted
+from moebench.util.words import counted, duration
 
 ESTIMATE_AFTER = 3  # trials timed in this process before the estimate line
 
@@ -177,7 +177,7 @@ class Progress:
         more = "; compiling adds to it" if self.compiles else ""
         self.say(
             f"tune: {each:.3g} s a layer call over the first {len(self.timed)} trials: about "
-            f"{_duration(each * left)} for the {counted(left, 'call')} left (the bar's ETA follows it{more})"
+            f"{duration(each * left)} for the {counted(left, 'call')} left (the bar's ETA follows it{more})"
         )
 
     def interrupted(self) -> str:
@@ -186,11 +186,3 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -1,6 +1,7 @@
-"""Wording every room shares: a count with its noun ('1 row', '3 rows') and a word that agrees
+"""Wording every room shares: a count with its noun ('1 row', '3 rows'), a word that agrees
 with a count ('1 row runs', '3 rows run'), so that no line writes 'row(s)' or picks the
-form by hand. Imports nothing of moebench (util stands below every room)."""
+form by hand, and a duration ('3 min 20 s'), which a sweep's and a tune's progress both print.
+Imports nothing of moebench (util stands below every room)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,13 @@ def agree(n: int, one: str, many: str) -> str:
     """The form of a word that agrees with the count `n`: `one` for 1, else `many`
     (f"{counted(n, 'row')} {agree(n, 'runs', 'run')}" gives '1 row runs', '2 rows run')."""
     return one if n == 1 else many
+
+
+def duration(seconds: float) -> str:
+    """A span of `seconds` (s) in words, to the second below 100 s: '8 s', '3 min 20 s', '2 h 05 min'."""
+    s = int(round(seconds))
+    if s < 100:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"

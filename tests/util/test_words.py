@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moebench.util.words import agree, counted
+from moebench.util.words import agree, counted, duration
 
 
 def test_a_count_takes_its_noun_in_the_singular_only_for_one():
@@ -14,3 +14,19 @@ def test_a_count_takes_its_noun_in_the_singular_only_for_one():
 def test_a_word_agrees_with_its_count_in_the_singular_only_for_one():
     assert [agree(n, "runs", "run") for n in (0, 1, 2)] == ["run", "runs", "run"]
     assert [f"{counted(n, 'row')} {agree(n, 'is', 'are')}" for n in (1, 3)] == ["1 row is", "3 rows are"]
+
+
+def test_a_duration_reads_to_the_second_below_100_s_then_in_minutes_and_hours():
+    """The one duration a sweep's progress lines and a tune's estimate both print (they each had their
+    own: the tune's said '3 min' where the sweep's said '3 min 20 s')."""
+    spans = (0.4, 8, 99.4, 100, 200, 3599, 3600, 7505)
+    assert [duration(s) for s in spans] == [
+        "0 s",
+        "8 s",
+        "99 s",
+        "1 min 40 s",
+        "3 min 20 s",
+        "59 min 59 s",
+        "1 h 00 min",
+        "2 h 05 min",
+    ]
