@@ -138,11 +138,12 @@ def tune_command(args) -> int:
         return results_command(args.results, args.out)
     if args.install_from:
         from moebench.tune import decision_files, files, install_check
+        from moebench.tune.host_words import not_installed
 
         found = files.tuned_files(Path(args.install_from))
         host = "" if args.allow_cpu_tiles else install_check.host_time(Path(args.install_from))
         if host:
-            raise ValueError(f"--install-from {args.install_from}: {_host_refusal(host)}")
+            raise ValueError(f"--install-from {args.install_from}: {not_installed(host)}")
         refused = install_check.refusal(Path(args.install_from), max_regression)
         if refused is not None:
             print(f"moebench tune: {refused.line(Path(args.install_from))}", file=sys.stderr)
@@ -154,7 +155,7 @@ def tune_command(args) -> int:
 
     from moebench.config.paths import default_runs_dir
     from moebench.run.plan import run_name
-    from moebench.tune import files, install_check
+    from moebench.tune import files, host_words, install_check
     from moebench.tune.search import TuneArgs, tune
 
     targs = TuneArgs(
@@ -211,10 +212,7 @@ def tune_command(args) -> int:
     print(f"\nspace {args.space}: {pruned.summary()}; search {args.search}; {wall:.0f} s; {stats.summary()}")
     host = install_check.recorded_host_timing({"layer": info, "environment": extra["environment"]})
     if host:
-        print(
-            f"timed {host}: every µs above is host time, not a GPU's: the tiles are for trying the tool, "
-            "not for a GPU (--install refuses them)"
-        )
+        print(host_words.host_note(host))
     if path is None:
         print(
             f"no config ran correctly at any token count: nothing to write (the trials' errors: {out / 'tune.json'})",
@@ -259,23 +257,16 @@ def tune_command(args) -> int:
     return 0 if all(r.best is not None for r in results) else 1
 
 
-def _host_refusal(where: str) -> str:
-    return (
-        f"these tiles were timed {where}: host time, not a GPU's, and are not installed (a tuned table never "
-        "rests on host time: tune on a GPU without TRITON_INTERPRET)"
-    )
-
-
 def _refuse_host_install(targs) -> None:
     """ValueError (exit 2, nothing written) for --install where the tiles would be timed on the host."""
     from moebench.kernels.triton.common import interpreting
-    from moebench.tune.install_check import host_timing
+    from moebench.tune.host_words import host_timing, not_installed
     from moebench.tune.search import resolve
 
     c, _ = resolve(targs.overrides)
     where = host_timing(c.combo["device"], interpreting())
     if where:
-        raise ValueError(f"--install: {_host_refusal(where)}; drop --install to try the tool")
+        raise ValueError(f"--install: {not_installed(where)}; drop --install to try the tool")
 
 
 def _max_regression(args):

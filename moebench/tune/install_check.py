@@ -36,6 +36,7 @@ from moebench.tune.decide import DecisionCheck
 from moebench.tune.decision_options import CURRENT
 from moebench.tune.decision_trials import timed_from_json
 from moebench.tune.files import PROVENANCE_SUFFIX
+from moebench.tune.host_words import host_timing
 from moebench.tune.regression import SizeCheck, regressed, size_line
 
 NAN = float("nan")
@@ -108,16 +109,6 @@ def own_threshold(detail: dict) -> Optional[float]:
     """The --max-regression the tune ran with (None: it ran no check)."""
     xs = [detail[k]["max_regression"] for k in ("regression_check", "decisions_check") if detail.get(k)]
     return min(xs) if xs else None
-
-
-def host_timing(device: str, interpreted: bool, gpu: str = "") -> str:
-    """Where a tune timed the host, in words ("on the CPU, under Triton's interpreter"); '' on a GPU
-    without the interpreter. `device`: the combination's ("cpu" | "cuda"), `gpu` its name."""
-    if device == "cuda" and not interpreted:
-        return ""
-    if device == "cuda":
-        return f"under Triton's interpreter (TRITON_INTERPRET=1) on {gpu or 'a GPU'}'s host"
-    return "on the CPU, under Triton's interpreter"
 
 
 def recorded_host_timing(record: dict, env: Optional[dict] = None) -> str:

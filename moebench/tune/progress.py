@@ -50,18 +50,6 @@ class Calls:
         return budget * self.screen() + self.final(min(self.finalists, budget)) + self.RECHECK
 
 
-def host_line(device_type: str, interpreted: bool, space: str) -> str:
-    """One line where the figures are host time (the CPU, or Triton's interpreter), else ''."""
-    if device_type == "cuda" and not interpreted:
-        return ""
-    where = "on the CPU" if device_type != "cuda" else "on the GPU's host"
-    hint = "" if space.startswith("small") else "; for a try-out: --space small 'workload.tokens_per_rank=[16]'"
-    return (
-        f"tune: Triton's interpreter {where} (TRITON_INTERPRET=1): every figure is host time, not a GPU's, "
-        f"seconds a layer call; the tiles say nothing about a GPU (--install refuses them){hint}"
-    )
-
-
 def plan_line(model: str, dims, tokens: list[int], space: str, kept: int, budgets: dict, calls: Calls) -> str:
     """The tune's plan in one line: sizes, space, trials and layer calls."""
     budget = sorted(set(budgets.values()))

@@ -28,8 +28,9 @@ from moebench.tune import compile as tcompile
 from moebench.tune import files as tfiles
 from moebench.tune import strategy
 from moebench.tune.bench import baselines_of, dims_of, rows_of
+from moebench.tune.host_words import host_line
 from moebench.tune.measurer import Measurer, group_key
-from moebench.tune.progress import Calls, Progress, host_line, plan_line
+from moebench.tune.progress import Calls, Progress, plan_line
 from moebench.tune.space import SPACES, config_key, prune, shared_limit_of
 from moebench.tune.trials import Trial, TrialStore, open_store, trial_env
 
@@ -332,7 +333,8 @@ def tune(
         if len(names) > 1:  # one table from two GPU models, and a replay that finds only one's trials
             raise ValueError(f"the visible GPUs differ ({', '.join(sorted(names))}): tune on one model (--gpus 1)")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    host = host_line(device.type, interpreting(), args.space)  # the interpreter times the host
+    gpu = torch.cuda.get_device_name(device) if cuda else ""
+    host = host_line(device.type, interpreting(), args.space, gpu)  # the interpreter times the host
     if host:
         log(host)
     store = open_store(out_dir, device, args.resume, c.key, log)  # says which stored trials it passes over

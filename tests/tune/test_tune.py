@@ -66,7 +66,7 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     assert "or --install" not in text  # no use offered that would be refused
     assert detail["environment"]["triton_interpret"] is True
     err = captured.err
-    assert "tune: Triton's interpreter on the CPU (TRITON_INTERPRET=1): every figure is host time" in err
+    assert "tune: timed on the CPU, under Triton's interpreter: every figure is host time" in err
     # the plan, and one bar over the whole job (its last line: stderr is no terminal here): 3 configs
     # screened (a check, a warm-up call, 2 samples each), the 3 finalists again (a check, a warm-up,
     # 1 sample each), the winner re-checked

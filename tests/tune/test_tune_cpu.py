@@ -81,6 +81,25 @@ def test_install_from_installs_a_gpus_tiles(tmp_path):
     assert (tmp_path / "configs" / "partial" / name).is_file()
 
 
+@pytest.mark.parametrize("device, gpu", [("cpu", ""), ("cuda", "NVIDIA H100 80GB HBM3"), ("cuda", "")])
+def test_a_tune_says_where_it_timed_the_host_in_the_words_its_install_is_refused_with(device, gpu):
+    """One wording of where a tune timed the host: the line before its first trial, the note under its
+    table and the refusal of --install / --install-from (tune/host_words.py). The first said "Triton's
+    interpreter on the GPU's host" where the refusal said "under Triton's interpreter (TRITON_INTERPRET=1)
+    on NVIDIA H100 80GB HBM3's host"."""
+    from moebench.tune.host_words import host_line, host_note, host_timing, not_installed
+
+    where = host_timing(device, True, gpu)
+    assert where.startswith("on the CPU" if device == "cpu" else "under Triton's interpreter")
+    assert (gpu or "a GPU") in where or device == "cpu"
+    for line in (host_line(device, True, "vllm", gpu), host_note(where), not_installed(where)):
+        assert f"timed {where}: " in line and "host time, not a GPU's" in line, line
+    assert host_line(device, True, "vllm", gpu).endswith(
+        "; for a try-out: --space small 'workload.tokens_per_rank=[16]'"
+    )
+    assert host_line("cuda", False, "vllm", gpu) == host_timing("cuda", False, gpu) == ""  # a GPU's time
+
+
 def test_install_is_refused_on_the_cpu_before_any_work(tmp_path, monkeypatch, capsys):
     from moebench.measure import layer
 
@@ -150,7 +169,7 @@ def test_an_interrupt_says_which_step_it_cut_short(tmp_path, monkeypatch, capsys
         "moebench tune: interrupted during T=4: 3 finalists again, 1 sample each, interleaved (timed again on "
         f"resume); the trials finished so far are kept in {out / 'trials.jsonl'}: the same command resumes"
     ) in err
-    assert "tune: Triton's interpreter on the CPU (TRITON_INTERPRET=1): every figure is host time" in err
+    assert "tune: timed on the CPU, under Triton's interpreter: every figure is host time" in err
 
 
 def test_sigterm_says_which_step_it_cut_short_and_exits_143(tmp_path, monkeypatch, capsys):
