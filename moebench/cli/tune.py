@@ -16,7 +16,8 @@ grid size decided by an entry more than 2x away, an entry with a field missing o
 kernel, a file name vLLM never opens). 2 bad input before any work (an unknown option or value, a
 combination the tuner cannot search, a --budget outside (0, 1], a bad --max-regression, a FILE, DIR or
 RUN that is missing or does not read, --install or --install-from of tiles timed on the CPU or under
-Triton's interpreter: host time, nothing installed) or an environment error (an unwritable --out);
+Triton's interpreter: host time, nothing installed; --install-from of a DIR whose tune.json and provenance
+do not say where its tiles were timed) or an environment error (an unwritable --out);
 3 moebench or the machine failed (a defect, memory: the traceback, then one line), no verdict on the
 tiles; 130 interrupted (the trials finished so far are kept: the same command resumes, timing only the step cut
 short); 143 terminated (SIGTERM: `timeout`, `kill`), the same kept and said."""
@@ -100,13 +101,15 @@ def register(sub) -> None:
         "--allow-cpu-tiles",
         action="store_true",
         help="for moebench's own tests only: let --install / --install-from install tiles timed on the CPU "
-        "or under Triton's interpreter (host time, which no tuned table may rest on; refused without it)",
+        "or under Triton's interpreter, or a DIR that does not say where its tiles were timed (host time, "
+        "which no tuned table may rest on; refused without it)",
     )
     tu.add_argument(
         "--install-from",
         metavar="DIR",
         help="instead: install the config files of a finished tune's "
-        "output directory (DIR/configs/*.json with their sidecars), as --install would; with "
+        "output directory (DIR/configs/*.json with their sidecars), as --install would, once DIR/tune.json "
+        "or a sidecar says a GPU timed them (exit 2 for the host's time, or none said); with "
         "--max-regression X (else the tune's own, if it ran one) exit 1 without installing when DIR/tune.json's "
         "figures regress by more than X, tiles or decisions",
     )
@@ -138,12 +141,11 @@ def tune_command(args) -> int:
         return results_command(args.results, args.out)
     if args.install_from:
         from moebench.tune import decision_files, files, install_check
-        from moebench.tune.host_words import not_installed
 
         found = files.tuned_files(Path(args.install_from))
-        host = "" if args.allow_cpu_tiles else install_check.host_time(Path(args.install_from))
-        if host:
-            raise ValueError(f"--install-from {args.install_from}: {not_installed(host)}")
+        host = "" if args.allow_cpu_tiles else install_check.host_refusal(Path(args.install_from))
+        if host:  # timed on the host, or nothing says where
+            raise ValueError(f"--install-from {args.install_from}: {host}")
         refused = install_check.refusal(Path(args.install_from), max_regression)
         if refused is not None:
             print(f"moebench tune: {refused.line(Path(args.install_from))}", file=sys.stderr)

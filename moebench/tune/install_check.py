@@ -20,8 +20,10 @@ interpreter, timed the host (seconds a layer call), and a tuned table never rest
 such a folder is refused whatever its figures (`--allow-cpu-tiles`, for moebench's own tests, lets
 it through). Its record: tune.json's and each provenance sidecar's "layer" (`device`, `timing`) and
 "environment" (`device`, `triton_interpret`), and the folder's env.json (`TRITON_INTERPRET`, for a
-tune.json written before it named the interpreter). A folder with no record at all (tuned files
-alone) says nothing either way: installed as before.
+tune.json written before it named the interpreter). A folder where neither tune.json nor any
+sidecar says where its tiles were timed (tuned files alone, a sidecar of entries only) is refused
+too (`host_refusal`): nothing rules out host time, and a tuned table must not rest on it; a
+`moebench tune --out DIR` writes both records. `--allow-cpu-tiles` waives this as it waives the rest.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from moebench.tune.decide import DecisionCheck
 from moebench.tune.decision_options import CURRENT
 from moebench.tune.decision_trials import timed_from_json
 from moebench.tune.files import PROVENANCE_SUFFIX
-from moebench.tune.host_words import host_timing
+from moebench.tune.host_words import host_timing, not_installed
 from moebench.tune.regression import SizeCheck, regressed, size_line
 
 NAN = float("nan")
@@ -124,19 +126,46 @@ def recorded_host_timing(record: dict, env: Optional[dict] = None) -> str:
     return host_timing("cpu" if on_cpu else "cuda", interpreted, str(environment.get("device") or ""))
 
 
+def says_where(record: dict) -> bool:
+    """Whether a tune.json or provenance sidecar records where its tiles were timed: the layer's
+    device or timing, or the environment's device (a sidecar of entries alone does not)."""
+    layer, environment = record.get("layer") or {}, record.get("environment") or {}
+    return bool(layer.get("device") or layer.get("timing") or environment.get("device"))
+
+
+def _records(out_dir: Path) -> list[Path]:
+    """DIR's records of where its tiles were timed: tune.json and the provenance sidecars there are."""
+    found = [out_dir / "tune.json"] + sorted((out_dir / "configs").glob("*" + PROVENANCE_SUFFIX))
+    return [p for p in found if p.is_file()]
+
+
 def host_time(out_dir: Path) -> str:
     """Where DIR's tiles were timed when that was the host (words for the refusal, with the file that
-    says so); '' for a GPU's timing, or a folder that records nothing (module doc)."""
+    says so); '' for a GPU's timing, or a folder that records nothing (host_refusal refuses that)."""
     out_dir = Path(out_dir)
     env_path = out_dir / "env.json"
     env = json.loads(env_path.read_text()) if env_path.is_file() else None
-    records = [out_dir / "tune.json"] + sorted((out_dir / "configs").glob("*" + PROVENANCE_SUFFIX))
-    for path in records:
-        if path.is_file():
-            where = recorded_host_timing(json.loads(path.read_text()), env)
-            if where:
-                return f"{where} ({path.relative_to(out_dir)} says so)"
+    for path in _records(out_dir):
+        where = recorded_host_timing(json.loads(path.read_text()), env)
+        if where:
+            return f"{where} ({path.relative_to(out_dir)} says so)"
     return ""
+
+
+def host_refusal(out_dir: Path) -> str:
+    """Why DIR's tiles may not be installed for where they were timed (exit 2: the host, or nowhere
+    said), in one line; '' where tune.json or a sidecar records a GPU's timing."""
+    out_dir = Path(out_dir)
+    host = host_time(out_dir)
+    if host:
+        return not_installed(host)
+    if any(says_where(json.loads(p.read_text())) for p in _records(out_dir)):
+        return ""
+    return (
+        "nothing in it says where these tiles were timed (no tune.json or configs/*.provenance.json that "
+        "names the device), so they may be host time and are not installed: give the --out directory of a "
+        "`moebench tune` run on a GPU, which writes both"
+    )
 
 
 def refusal(out_dir: Path, max_regression: Optional[float]) -> Optional[Refusal]:
@@ -144,7 +173,7 @@ def refusal(out_dir: Path, max_regression: Optional[float]) -> Optional[Refusal]
     path = Path(out_dir) / "tune.json"
     if not path.is_file():
         if max_regression is None:
-            return None  # a folder of tuned files only: nothing to check, as before
+            return None  # provenance sidecars alone: no figures, as a fresh --install without the flag
         raise ValueError(f"--install-from {out_dir}: no {path}: --max-regression has no figures to decide on")
     detail = json.loads(path.read_text())
     x = max_regression if max_regression is not None else own_threshold(detail)

@@ -222,7 +222,10 @@ def test_install_keeps_a_partial_file_where_vllm_never_looks(tmp_path, monkeypat
     (tune_dir / "configs").mkdir(parents=True)
     other = tconfig.config_file_name(128, 768, None, None, device="NVIDIA H200")
     (tune_dir / "configs" / other).write_text(json.dumps({"256": _entry()}))
-    (tune_dir / "configs" / (other[:-5] + ".provenance.json")).write_text(json.dumps({"entries": {"256": {"us": 1.0}}}))
+    # its sidecar as a tune on a GPU writes it: where the tiles were timed (--install-from refuses a folder
+    # that does not say), and the entries' figures
+    side = {"layer": {"device": "cuda"}, "environment": {"device": "NVIDIA H200"}, "entries": {"256": {"us": 1.0}}}
+    (tune_dir / "configs" / (other[:-5] + ".provenance.json")).write_text(json.dumps(side))
     assert cli.main(["tune", "--install-from", str(tune_dir)]) == 0
     assert (part / other).is_file() and json.loads((part / (other[:-5] + ".provenance.json")).read_text())["entries"]
     assert cli.main(["tune", "--install-from", str(tmp_path / "nowhere")]) == 2

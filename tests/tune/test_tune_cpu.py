@@ -1,7 +1,7 @@
 """A tune on the CPU (Triton's interpreter): its tiles are host time, so they are never installed
 (`--install` refused before any work, `--install-from` of a folder that records the CPU or the
-interpreter refused: one line, exit 2, nothing written; `--allow-cpu-tiles` is the tests' own way
-through); and what a long interpreter tune shows while it runs: a bar over the layer calls of the
+interpreter, or records nowhere, refused: one line, exit 2, nothing written; `--allow-cpu-tiles` is
+the tests' own way through); and what a long interpreter tune shows while it runs: a bar over the layer calls of the
 whole job that moves sample by sample off the GPU, and an interrupt that says which step it lost.
 The end-to-end run (the plan, the finalists' stage, the bar's count) is test_tune.py's first test."""
 
@@ -77,6 +77,53 @@ def test_install_from_refuses_tiles_timed_on_the_host(tmp_path, capsys, layer, e
 def test_install_from_installs_a_gpus_tiles(tmp_path):
     out = tmp_path / "tune"
     name = _tune_folder(out, {"device": "cuda", "timing": "graph replays up to 256 tokens, events above"}, H100)
+    assert cli.main(["tune", "--install-from", str(out)]) == 0
+    assert (tmp_path / "configs" / "partial" / name).is_file()
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        "tiles",  # tuned files alone: nothing at all says where they were timed
+        "decisions",  # a decisions sidecar beside them, which records no device either
+        "entries",  # a provenance sidecar of entries only, and a tune.json of results only
+    ],
+)
+def test_install_from_refuses_a_folder_that_does_not_say_where_its_tiles_were_timed(tmp_path, capsys, keep):
+    """A folder of tuned files with no tune.json or provenance sidecar naming the device installed with
+    no check at all, so host-timed tiles could be: refused now (one line, exit 2, nothing written) with
+    what to give instead; --allow-cpu-tiles (tests only) lets it through as it lets host time."""
+    from moebench.kernels.triton import decisions as kdec
+
+    out = tmp_path / "tune"
+    name = _tune_folder(out, {"device": "cuda"}, H100)
+    side = out / "configs" / (name[: -len(".json")] + ".provenance.json")
+    if keep == "entries":
+        side.write_text(json.dumps({"entries": {"4": {"us": 9.0}}}))
+        (out / "tune.json").write_text(json.dumps({"results": json.loads((out / "tune.json").read_text())["results"]}))
+    else:
+        side.unlink()
+        (out / "tune.json").unlink()
+    if keep == "decisions":
+        decisions = {kdec.SCHEMA_KEY: 1, "deepgemm_min_tokens": None, "entries": {"4": {"row_layout": "gathered"}}}
+        (out / "configs" / kdec.decisions_name(name)).write_text(json.dumps(decisions))
+    assert cli.main(["tune", "--install-from", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"moebench tune: error: --install-from {out}: nothing in it says where these tiles were timed (no "
+        "tune.json or configs/*.provenance.json that names the device), so they may be host time and are not "
+        "installed: give the --out directory of a `moebench tune` run on a GPU, which writes both"
+    )
+    assert not (tmp_path / "configs").exists()  # nothing written
+    assert cli.main(["tune", "--install-from", str(out), "--allow-cpu-tiles"]) == 0
+    assert json.loads((tmp_path / "configs" / "partial" / name).read_text()) == {"4": ENTRY}
+
+
+def test_install_from_takes_a_gpus_provenance_sidecar_without_tune_json(tmp_path):
+    """The sidecar alone says where (its layer and environment): installed, no figures to check."""
+    out = tmp_path / "tune"
+    name = _tune_folder(out, {"device": "cuda", "timing": "graph replays up to 256 tokens, events above"}, H100)
+    (out / "tune.json").unlink()
     assert cli.main(["tune", "--install-from", str(out)]) == 0
     assert (tmp_path / "configs" / "partial" / name).is_file()
 

@@ -376,7 +376,7 @@ def test_an_interrupted_decisions_stage_resumes_without_timing_again(tmp_path):
 
 
 def _finished_tune(out, decisions_check=None):
-    """A finished tune's folder: tiles at 4 and 16 tokens, their decisions sidecar, and tune.json whose
+    """A finished tune's folder: tiles at 4 and 16 tokens, their provenance and decisions sidecars, and tune.json whose
     figures have the chosen option 1.2x slower than the layer's current run at 16 tokens."""
     tiles = tconfig.config_file_name(8, 128, "fp8_w8a8", [128, 128])
     entry = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
@@ -384,15 +384,16 @@ def _finished_tune(out, decisions_check=None):
     (out / "configs" / tiles).write_text(json.dumps({"4": entry, "16": entry}))
     side = {kdec.SCHEMA_KEY: 1, "deepgemm_min_tokens": None, "entries": {"16": {"row_layout": "contiguous"}}}
     (out / "configs" / kdec.decisions_name(tiles)).write_text(json.dumps(side))
+    # timed on a GPU, as a table that may be installed was (test_tune_cpu.py: one from the CPU is refused)
+    gpu = {"layer": {"device": "cuda"}, "environment": {"device": "NVIDIA H100 80GB HBM3", "triton_interpret": False}}
+    (out / "configs" / (tiles[: -len(".json")] + ".provenance.json")).write_text(json.dumps(gpu))
 
     def timed(option, us):
         return {"option": option, "us": us, "p20": us, "p80": us, "rel_err": 0.0, "error": "", "samples": [us]}
 
     current = {"config": {**entry, "BLOCK_SIZE_N": 128}, "us": 10.0, "error": ""}
     detail = {
-        # timed on a GPU, as a table that may be installed was (test_tune_cpu.py: one from the CPU is refused)
-        "layer": {"device": "cuda"},
-        "environment": {"device": "NVIDIA H100 80GB HBM3", "triton_interpret": False},
+        **gpu,
         "results": [
             {"tokens": T, "rows": T, "best": entry, "best_us": 9.0, "baselines": {"current": current}} for T in (4, 16)
         ],
@@ -484,10 +485,10 @@ def test_install_from_applies_max_regression_to_the_decisions(tmp_path, monkeypa
     assert "--max-regression 0.02 (the tune's own): not installed: decisions at 16 tokens" in err
     assert "1.050x, above 1.02x (tune.json decisions_check)" in err
     assert cli.main(["tune", "--install-from", str(again), "--max-regression", "0.1"]) == 0  # a looser X: passes
-    (again / "tune.json").unlink()  # tuned files only: nothing to decide on
+    (again / "tune.json").unlink()  # tuned files and their sidecars only: nothing to decide on
     assert cli.main(["tune", "--install-from", str(again), "--max-regression", "0.1"]) == 2
     assert f"no {again / 'tune.json'}: --max-regression has no figures" in capsys.readouterr().err
-    assert cli.main(["tune", "--install-from", str(again)]) == 0  # as before
+    assert cli.main(["tune", "--install-from", str(again)]) == 0  # the sidecar says a GPU timed them
 
 
 def test_the_decisions_check_keeps_why_it_retimed_once_not_in_each_option():
