@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+from one_combination import TINY_TUNE
 
 from moebench import cli
 from moebench.kernels.triton import config as tconfig
@@ -29,23 +30,7 @@ def _entry(bm=16, bn=64, bk=128, g=1, w=4, s=3):
 
 def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, monkeypatch, capsys):
     out = tmp_path / "tune"
-    argv = [
-        "tune",
-        "experts=triton",
-        "backend=local",
-        "model=tiny",
-        "quant=bf16",
-        "runner.device=cpu",
-        "workload.tokens_per_rank=[4]",
-        "--space",
-        "small",
-        "--reps",
-        "2",
-        "--final-reps",
-        "1",
-        "--out",
-        str(out),
-    ]
+    argv = TINY_TUNE + ["--out", str(out)]
     assert cli.main(argv) == 0
     name = tconfig.config_file_name(8, 128, None, None)
     best = json.loads((out / "configs" / name).read_text())
@@ -122,8 +107,7 @@ def test_a_tune_resumed_on_another_gpu_times_again_and_says_so(tmp_path, capsys)
     from moebench.tune.trials import Trial, TrialStore, trial_env
 
     out = tmp_path / "tune"
-    argv = ["tune", "experts=triton", "backend=local", "model=tiny", "quant=bf16", "runner.device=cpu"]
-    argv += ["workload.tokens_per_rank=[4]", "--space", "small", "--reps", "2", "--final-reps", "1", "--out", str(out)]
+    argv = TINY_TUNE + ["--out", str(out)]
     targs = search.TuneArgs(overrides=argv[1:7], space="small", reps=2, final_reps=1)
     c, _ = search.resolve(targs.overrides)
     dims = dims_of(c.combo)

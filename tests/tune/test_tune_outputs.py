@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from one_combination import TINY_TUNE
+
 from moebench import cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,19 +54,7 @@ def test_a_tune_folder_holds_its_environment_even_when_interrupted(tmp_path, mon
 
     monkeypatch.setattr(search, "run_tokens", interrupted)
     out = tmp_path / "tune"
-    argv = [
-        "tune",
-        "experts=triton",
-        "backend=local",
-        "model=tiny",
-        "quant=bf16",
-        "runner.device=cpu",
-        "workload.tokens_per_rank=[4]",
-        "--space",
-        "small",
-        "--out",
-        str(out),
-    ]
+    argv = TINY_TUNE + ["--out", str(out)]  # its samples never taken: interrupted at the first trial
     assert cli.main(argv) == 130
     env = json.loads((out / "env.json").read_text())
     assert env["gpu"] == "cpu" and env["env_id"] and "git_tree" in env and "git_dirty" in env
