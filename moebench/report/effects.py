@@ -258,8 +258,9 @@ def fmt_interval(lo: float, hi: float, d: int | None = None) -> str:
 
 
 def fmt_mib_delta(b: float) -> str:
+    """'+392 MiB', '−1.5 MiB'; a change that rounds to zero '+0.0 MiB', never '−0.0'."""
     mib = b / 2**20
-    sign = "−" if mib < 0 else "+"
+    sign = "−" if round(mib, 1) < 0 else "+"
     return f"{sign}{abs(mib):,.0f} MiB" if abs(mib) >= 10 else f"{sign}{abs(mib):.1f} MiB"
 
 

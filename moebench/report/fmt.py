@@ -74,9 +74,12 @@ MINUS = "\u2212"
 
 
 def fmt_pct(x: float, signed: bool = True, digits: int = 1) -> str:
-    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen; `digits` decimals); NaN as '-'."""
+    """A change in percent: '+12.1', '−8.3' (a minus sign, not a hyphen; `digits` decimals); NaN as '-'.
+    A figure that rounds to zero is '+0.0' ('0.0' unsigned), never '−0.0'."""
     if x is None or not np.isfinite(x):
         return "-"
+    if round(x, digits) == 0:
+        x = 0.0  # -0.04 rounds to -0.0: a sign without a figure
     text = f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
     return text.replace("-", MINUS)
 
@@ -85,14 +88,16 @@ def fmt_change(ratio: float, lo: float = float("nan"), hi: float = float("nan"),
     """'−8.3 % [−8.6, −8.0]': the change and its 95 % interval in percent
     (without an interval: '+16.9 %'). `bounds` (ratios: a threshold and its inverse) add a
     decimal, up to three, where a figure would read as a bound it is not: a ratio of 1.0496 is
-    '+4.96 %', not the '+5.0 %' of ×1.05 it lies under, so the label beside it reads true."""
+    '+4.96 %', not the '+5.0 %' of ×1.05 it lies under, so the label beside it reads true. Zero is
+    such a bound for an interval that excludes it: '−0.30 % [−0.41, −0.04]', not '[−0.4, +0.0]'."""
     if ratio is None or not np.isfinite(ratio):
         return "-"
     interval = np.isfinite(lo) and np.isfinite(hi)
     shown = [ratio, lo, hi] if interval else [ratio]
+    apart = tuple(bounds) + ((1.0,) if interval and (lo > 1 or hi < 1) else ())
     digits = 1
     while digits < 3 and any(
-        x != b and fmt_pct(pct(x), digits=digits) == fmt_pct(pct(b), digits=digits) for x in shown for b in bounds
+        x != b and fmt_pct(pct(x), digits=digits) == fmt_pct(pct(b), digits=digits) for x in shown for b in apart
     ):
         digits += 1
     text = f"{fmt_pct(pct(ratio), digits=digits)} %"
