@@ -63,7 +63,11 @@ def register(sub) -> None:
         "and exits with its verdict",
     )
     rp.add_argument("--candidate", metavar="CAND", help="with --baseline: the run compared, instead of RUN")
-    options.out(rp, "report directory (default: <run>/report)")
+    options.out(
+        rp,
+        "report directory (default: <run>/report; for a run committed under results/, "
+        "runs/reports/<its path under results/>/report, so that reading it changes no tracked file)",
+    )
     options.compare_options(rp)
     rp.add_argument(
         "--capacity", action="store_true", help="how many tokens per rank fit a memory budget, per reduction placement"
@@ -86,7 +90,12 @@ def register(sub) -> None:
         "(an axis such as reduction=finalize:experts, or a knob such as row_layout=gathered:contiguous); "
         "A is the baseline",
     )
-    options.out(cp, "report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B)")
+    options.out(
+        cp,
+        "report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B; for a run committed "
+        "under results/, runs/reports/<its path under results/>/report/vs-BASE or .../axis-FIELD-A-B, so "
+        "that comparing it changes no tracked file)",
+    )
     options.compare_options(cp)
 
 

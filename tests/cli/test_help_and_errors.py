@@ -223,3 +223,11 @@ def test_every_command_help_has_an_exit_status():
     for cmd in commands:
         text = _help(cmd)
         assert "exit status:" in text and {0, 2, 3, 130} <= _codes(text), cmd
+
+
+@pytest.mark.parametrize("cmd", ["report", "compare"])
+def test_report_and_compare_help_say_where_a_committed_runs_report_goes(cmd):
+    """`compare --help` gave CAND/report/vs-BASE as the default --out, but a run committed under results/
+    writes its reports to runs/reports/<path>/ (tune --help said so): the help says it too."""
+    text = _option_help(cmd, "--out")
+    assert "committed under results/" in text and "runs/reports/<its path under results/>/report" in text, text
