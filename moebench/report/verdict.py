@@ -25,7 +25,7 @@ from moebench.report.fmt import fmt_change
 from moebench.report.table import md_text
 from moebench.report.time_basis import CPU
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 LIMIT = 8  # changed rows named one a line; the rest counted
 
@@ -230,8 +230,13 @@ def clock_line(cmp: Comparison) -> str:
     survived = int(survives.sum())
     matched = int(check.str.startswith("clocks matched").sum())
     missing = int((check == NOT_RECORDED).sum())
+    # one wording whether a side lacks its clock in every pair or in some
+    unrecorded = (
+        f"{NOT_RECORDED} in {'all ' * (1 < missing == len(m))}{counted(missing, 'row')} "
+        "(no SM clock on a side: verdicts as before clocks were read)"
+    )
     if missing == len(m):
-        return f"clocks: {NOT_RECORDED} (a side's rows have no SM clock: verdicts as before clocks were read)"
+        return f"clocks: {unrecorded}"
     parts = [f"matched in {counted(matched, 'row')}"] if matched else []
     if differ or survived:
         ratios = ratio[survives]
@@ -239,9 +244,10 @@ def clock_line(cmp: Comparison) -> str:
         scaled = [f"{names.loc[i]} {fmt_change(r, bounds=cmp.bounds)}" for i, r in ratios.head(LIMIT).items()]
         more = f" (+{len(ratios) - LIMIT} more)" if len(ratios) > LIMIT else ""
         at = f": {', '.join(scaled)}{more} at the baseline's clock" if scaled else ""
-        parts.append(f"differ in {differ + survived} ({survived} kept their verdict normalised as compute-bound{at})")
+        kept = f"{survived} {agree(survived, 'kept its verdict', 'kept their verdicts')} normalised as compute-bound"
+        parts.append(f"differ in {counted(differ + survived, 'row')}" + (f" ({kept}{at})" if survived else ""))
     if missing:
-        parts.append(f"{NOT_RECORDED} in {missing}")
+        parts.append(unrecorded)
     return "clocks (median SM clock of each side): " + ", ".join(parts)
 
 

@@ -67,6 +67,24 @@ def test_a_side_without_clock_columns_keeps_todays_verdict_and_says_so():
     assert r["verdict"] == Verdict.SLOWER and r["clock_check"] == "clock not recorded"
     lines = verdict_lines(cmp, 1, [])
     assert sum("clock not recorded" in x for x in lines) == 1
+    assert "- clocks: clock not recorded in 1 row (no SM clock on a side: verdicts as before clocks were read)" in lines
+
+
+def test_clocks_missing_in_some_pairs_read_as_in_all_of_them():
+    """'clock not recorded in 4' beside the full sentence where every pair lacked one: one wording, counted."""
+    base = [_row(256, 1000.0, 1944.0, COMPUTE, 0), _row(1024, 1000.0, None, COMPUTE, 2)]
+    base += [_row(4096, 1000.0, None, COMPUTE, 4)]
+    cand = [_row(t, 1000.0, 1944.0, COMPUTE, i) for i, t in ((1, 256), (3, 1024), (5, 4096))]
+    (line,) = [x for x in verdict_lines(_compare(base, cand), 0, []) if x.startswith("- clocks")]
+    assert line == (
+        "- clocks (median SM clock of each side): matched in 1 row, clock not recorded in 2 rows "
+        "(no SM clock on a side: verdicts as before clocks were read)"
+    ), line
+    (line,) = [x for x in verdict_lines(_compare(base[1:], cand[1:]), 0, []) if x.startswith("- clocks")]
+    assert (
+        line
+        == "- clocks: clock not recorded in all 2 rows (no SM clock on a side: verdicts as before clocks were read)"
+    )
 
 
 def test_the_verdict_lists_clock_pairs_apart_and_says_whether_the_clocks_matched():
@@ -78,9 +96,8 @@ def test_the_verdict_lists_clock_pairs_apart_and_says_whether_the_clocks_matched
     assert len(apart) == 1 and "1 row —" in apart[0]
     clocks = [x for x in lines if x.startswith("- clocks")]
     assert clocks == [
-        "- clocks (median SM clock of each side): matched in 1 row, "
-        "differ in 1 (0 kept their verdict normalised as compute-bound)"
-    ]
+        "- clocks (median SM clock of each side): matched in 1 row, differ in 1 row"
+    ]  # no "0 kept their verdict ..." clause: a zero count says nothing
     # a clock pair carries no weight in the geometric mean: only the matched-clock row does
     assert len(cmp.judged) == 1
 
@@ -159,7 +176,8 @@ def test_a_normalised_pair_says_its_change_at_the_baselines_clock():
     assert np.isnan(m.loc[1024, "clock_ratio"]) and np.isnan(m.loc[16384, "clock_ratio"])
     (line,) = [x for x in verdict_lines(cmp, 1, []) if x.startswith("- clocks")]
     assert line.endswith(
-        "differ in 3 (1 kept their verdict normalised as compute-bound: tiny · 256 tok +11.1 % at the baseline's clock)"
+        "differ in 3 rows (1 kept its verdict normalised as compute-bound: tiny · 256 tok +11.1 % at the baseline's "
+        "clock)"
     ), line
     # the line reads which pairs kept their verdict from the data (a clock_ratio and no `clock differs`),
     # not from the note's words: notes worded otherwise give the same line
