@@ -124,27 +124,26 @@ def grid(n: int, ncols: int = 3, width: float = 4.6, height: float = 3.4, sharex
     return fig, list(axes[:n])
 
 
-def tick_labels(tokens, lo: float, hi: float, min_gap: float = 0.1) -> list[str]:
-    """The label of each tick at `tokens` (sorted) on a log axis from lo to hi: a token count
-    closer than min_gap of the axis to the last labelled one is left unlabelled (its tick
-    stays), so 1024, 2048 and 4096 on a 16-16384 axis do not print over each other; the
-    largest count is always labelled (the one before it yields)."""
+def tick_labels(tokens, lo: float, hi: float, min_gap: float = 0.1, num_lines: int = 3) -> list[str]:
+    """The label of each tick at `tokens` (sorted) on a log axis from lo to hi, every measured count
+    labelled: a count closer than min_gap of the axis to the last one labelled on the first line
+    drops to the next line it fits ('\n2048' under 1024 and 4096 on a 16-16384 axis), and where
+    none fits, to the line whose last label is farthest away (at most `num_lines` lines)."""
     span = math.log(hi / lo)
-    pos = [math.log(t / lo) / span for t in tokens]
-    shown: list[int] = []
-    for i, p in enumerate(pos):
-        if not shown or p - pos[shown[-1]] >= min_gap:
-            shown.append(i)
-    if shown[-1] != len(tokens) - 1:
-        while shown and pos[-1] - pos[shown[-1]] < min_gap:
-            shown.pop()
-        shown.append(len(tokens) - 1)
-    return [str(t) if i in shown else "" for i, t in enumerate(tokens)]
+    last = [-math.inf] * num_lines  # the position of the last label on each line
+    out = []
+    for t in tokens:
+        p = math.log(t / lo) / span
+        fits = [i for i, q in enumerate(last) if p - q >= min_gap]
+        line = fits[0] if fits else min(range(num_lines), key=lambda i: last[i])
+        last[line] = p
+        out.append("\n" * line + str(t))
+    return out
 
 
 def tokens_axis(ax, tokens) -> None:
-    """Log x axis of tokens per rank, ticked at the measured token counts (labelled where
-    they do not crowd each other: tick_labels)."""
+    """Log x axis of tokens per rank, ticked and labelled at every measured token count (a label that
+    would crowd its neighbour a line lower: tick_labels)."""
     ax.set_xscale("log")
     tokens = sorted({int(t) for t in tokens})
     # every panel the same range, with room for whiskers set side by side at a token count

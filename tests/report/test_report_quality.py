@@ -146,14 +146,16 @@ def test_the_summary_names_a_fastest_only_where_the_intervals_are_apart():
     assert summary[-1].endswith("1 note in the report's Data quality section; 1 of 4 ok rows flagged")
 
 
-def test_token_ticks_that_would_print_over_each_other_are_left_unlabelled():
-    """The report's latency axis (16 to 16384 tokens, log): 2048 sits between 1024 and 4096 too
-    close to print beside them (its tick stays, unlabelled); the largest count is always labelled,
-    and evenly spread counts all are."""
+def test_every_measured_token_count_is_labelled_crowded_ones_a_line_lower():
+    """The comparison's latency axis (16 to 16384 tokens, log) left 2048 unlabelled between 1024 and
+    4096: every measured count is labelled, one that would print over its neighbour a line lower."""
     from moebench.report.plotgrid import tick_labels
 
     t = [16, 256, 1024, 2048, 4096, 16384]
     pad = (16384 / 16) ** 0.06
-    assert tick_labels(t, 16 / pad, 16384 * pad) == ["16", "256", "1024", "", "4096", "16384"]
-    assert tick_labels([16, 8192, 16384], 16 / pad, 16384 * pad) == ["16", "", "16384"]
+    assert tick_labels(t, 16 / pad, 16384 * pad) == ["16", "256", "1024", "\n2048", "4096", "16384"]
+    assert tick_labels([16, 8192, 16384], 16 / pad, 16384 * pad) == ["16", "8192", "\n16384"]
     assert tick_labels([16, 32, 64, 128, 256], 12.0, 300.0) == ["16", "32", "64", "128", "256"]
+    dense = [2**i for i in range(4, 15)]  # 11 counts a factor of 2 apart
+    labels = tick_labels(dense, 16 / pad, 16384 * pad)
+    assert [x.strip() for x in labels] == [str(x) for x in dense] and max(x.count("\n") for x in labels) == 1
