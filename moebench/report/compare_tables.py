@@ -30,7 +30,17 @@ from moebench.report.table import Column, Table, md_text
 from moebench.results.row import Status, Verdict
 from moebench.util.words import counted
 
-MARKS = {Verdict.SLOWER: "+", Verdict.BROKEN: "+", Verdict.SKIPPED: "+", Verdict.FASTER: "-", Verdict.FIXED: "-"}
+# the table's first column: worse, better, or not measured on a side (skipped, cannot run: no verdict,
+# nothing broke; the exit status passes them); the caption's legend says each that the table holds
+MARKS = {
+    Verdict.SLOWER: "+",
+    Verdict.BROKEN: "+",
+    Verdict.FASTER: "-",
+    Verdict.FIXED: "-",
+    Verdict.SKIPPED: "·",
+    Verdict.CANNOT_RUN: "·",
+}
+NOT_MEASURED_MARK = "`·` skipped / cannot run (not measured on a side: no verdict)"
 
 
 def pair_order(m: pd.DataFrame) -> pd.DataFrame:
@@ -139,7 +149,8 @@ def latency_pairs(cmp: Comparison, flags: pd.Series | None = None) -> Table:
             f"the ratio past ×{cmp.threshold:g} and "
             f"(with ≥ 5 samples) a Mann-Whitney p below {cmp.alpha:g}; `~ (significant)`: a real change (its "
             "interval excludes 0, p below alpha) that is not called: under the threshold, or past it with the "
-            "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed.",
+            "p20–p80 intervals overlapping. `+` slower / broken, `-` faster / fixed"
+            + (f", {NOT_MEASURED_MARK}." if m["verdict"].isin([Verdict.SKIPPED, Verdict.CANNOT_RUN]).any() else "."),
             f"{PACED_MARK_TEXT}."
             if any(
                 mark_of(r[f"{s}_host_paced_samples"], r[f"{s}_num_samples"])
@@ -251,11 +262,10 @@ def memory_change_lines(cmp: Comparison, names: pd.Series, limit: int = 3) -> li
             items.append(f"{names.loc[i]} {fmt_pct(pct(row[col]))} % ({fmt_mib(b)} → {fmt_mib(c)} MiB)")
         more = f" (+{len(hit) - limit} more)" if len(hit) > limit else ""
         smaller = int((hit[col] < 1).sum())
-        out.append(
-            f"{what}: {counted(smaller, 'row')} smaller, {len(hit) - smaller} larger beyond ×{cmp.threshold:g} — "
-            + "; ".join(items)
-            + more
-        )
+        counts = [(n, word) for n, word in ((smaller, "smaller"), (len(hit) - smaller, "larger")) if n]
+        # '3 rows smaller, 1 larger', '1 row larger': the noun once, no zero count
+        sides = [f"{counted(n, 'row') if i == 0 else n} {word}" for i, (n, word) in enumerate(counts)]
+        out.append(f"{what}: {', '.join(sides)} beyond ×{cmp.threshold:g} — " + "; ".join(items) + more)
     return out
 
 

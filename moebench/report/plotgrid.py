@@ -211,9 +211,10 @@ def fit_titles(fig: Figure) -> None:
     """Wrap a panel title wider than its grid cell (a long combination name was cut at the
     figure's edge), and the figure's title wider than the figure (a comparison's run names)."""
     sup = getattr(fig, "_suptitle", None)
-    if sup is not None and sup.get_text() and "\n" not in sup.get_text():
+    if sup is not None and sup.get_text():  # each line of its own (a comparison's: what is not drawn)
+        width = 0.97 * fig.get_figwidth() * fig.dpi
         sup.set_text(
-            wrap_to_width(sup.get_text(), sup.get_fontproperties(), 0.97 * fig.get_figwidth() * fig.dpi, fig.dpi)
+            "\n".join(wrap_to_width(x, sup.get_fontproperties(), width, fig.dpi) for x in sup.get_text().split("\n"))
         )
     for ax in fig.axes:
         text, spec = ax.get_title(), ax.get_subplotspec()

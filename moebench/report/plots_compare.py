@@ -15,10 +15,11 @@ from matplotlib.lines import Line2D
 from moebench.report.columns import fmt_value, records
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import pair_order
-from moebench.report.fmt import fmt_change
+from moebench.report.fmt import MINUS, fmt_change
 from moebench.report.plotgrid import grid, legends, panels, save, tokens_axis, value_axis
 from moebench.report.stats import pct
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Status, Verdict
+from moebench.util.words import counted
 
 VERDICT_COLORS = {Verdict.SLOWER: "tab:red", Verdict.FASTER: "tab:green"}
 UNDER_COLORS = {True: "#f4a6a6", False: "#a6dba0"}  # significant under the threshold: slower / faster
@@ -52,9 +53,15 @@ def _no_verdict_label(verdicts) -> str:
 MEM_COLORS = {"larger": "tab:red", "smaller": "tab:green"}
 
 
+# not measured on a side, nothing broken: counted under the latency figure's title, never drawn (a row
+# of them crowded out the measured changes, and their label in red read as a failure)
+NOT_MEASURED = (Verdict.SKIPPED, Verdict.CANNOT_RUN)
+STATUS_COLORS = {Verdict.BROKEN: "tab:red", Verdict.FIXED: "tab:green"}  # named without a bar
+
+
 def _bars_frame(cmp: Comparison, what: str):
     """The rows a bar chart draws: `_r`, `_lo`, `_hi` (ratios) and `_color` per pair."""
-    m = cmp.matched[cmp.matched["verdict"] != Verdict.NEITHER_OK]
+    m = cmp.matched[~cmp.matched["verdict"].isin([Verdict.NEITHER_OK, *NOT_MEASURED])]
     if what == "workspace":
         m = m[np.isfinite(m["mem_ratio"].astype(float))]
         return m.assign(
@@ -63,9 +70,18 @@ def _bars_frame(cmp: Comparison, what: str):
     return m.assign(_r=m["ratio"], _lo=m["ci_lo"], _hi=m["ci_hi"], _color=[_bar_color(r) for r in records(m)])
 
 
+def not_drawn_line(cmp: Comparison) -> str:
+    """'not drawn: 26 rows skipped and 2 rows cannot run in cand (...)', '' without such rows."""
+    counts = cmp.counts()
+    parts = [f"{counted(counts[v], 'row')} {v}" for v in NOT_MEASURED if counts[v]]
+    if not parts:
+        return ""
+    return f"not drawn: {' and '.join(parts)} in {cmp.candidate_name} (no measurement there: no verdict)"
+
+
 def most_telling(m: pd.DataFrame, limit: int) -> pd.DataFrame:
     """The `limit` pairs a reader must see first: those with a verdict that changed (broken,
-    slower, skipped, faster, fixed, in that order), then the significant ones, then by the size of
+    slower, faster, fixed, in that order), then the significant ones, then by the size of
     the change (`_r`, a ratio)."""
     order = {v: i for i, v in enumerate(CHANGED_VERDICTS)}
     size = np.abs(np.log(pd.to_numeric(m["_r"], errors="coerce").astype(float).fillna(1.0).clip(lower=1e-9)))
@@ -77,21 +93,29 @@ def most_telling(m: pd.DataFrame, limit: int) -> pd.DataFrame:
     return m.loc[rank.sort_values(["_o", "_s", "_d"], kind="stable").index[:limit]]
 
 
+def bar_rows(cmp: Comparison, what: str = "latency") -> tuple[pd.DataFrame, int]:
+    """(the rows plot_comparison draws, in combination then token order; how many it could draw):
+    at most MAX_BARS, the changes called first, then by size (most_telling); never a row not
+    measured on a side (NOT_MEASURED)."""
+    m = _bars_frame(cmp, what)
+    total = len(m)
+    if total > MAX_BARS:
+        m = most_telling(m, MAX_BARS)
+    return pair_order(m), total
+
+
 def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None:
     """Horizontal bars of the change (%) per pair, a panel per model (and backend), rows in
     combination then token order, the value printed; the threshold dashed. ``what``:
     "latency" (the median's change with its 95 % interval; red slower / green faster past
     the threshold, pale where significant without a verdict, grey no change, lilac no verdict
-    possible: the clocks differ, host or CPU time; broken and
-    skipped rows named without a bar) or "workspace" (the allocator peak, deterministic:
-    red larger / green smaller past the threshold)."""
-    m = _bars_frame(cmp, what)
+    possible: the clocks differ, host or CPU time; broken and fixed rows named without a bar;
+    skipped and cannot-run rows, not measured on a side, not drawn but counted under the title) or
+    "workspace" (the allocator peak, deterministic: red larger / green smaller past the threshold).
+    Beyond MAX_BARS rows: the changes called, then by size, significant first."""
+    m, total = bar_rows(cmp, what)
     if not len(m) or (what == "workspace" and not np.isfinite(m["_r"].astype(float)).any()):
         return None
-    total = len(m)
-    if total > MAX_BARS:  # the rows that matter: the changes called first, then by size
-        m = most_telling(m, MAX_BARS)
-    m = pair_order(m)
     first = ("model", "backend") if total <= MAX_BARS else ()  # one panel for a selection
     p = panels(m.assign(_pair=np.arange(len(m))), series_key="_pair", max_series=10**6, first=first, fallback="")
     sizes = [len(g) for _, g in p.groups]
@@ -105,6 +129,7 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     )
     left, right = min(ends.min(), lo_t), max(ends.max(), hi_t)
     span = max(right - left, 1.0)
+    values: list = []  # the printed changes, kept inside their panels once laid out (fit_values)
     for ax, (title, g) in zip(axes, p.groups, strict=True):
         y = np.arange(len(g))
         names = [
@@ -112,25 +137,30 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
             for i, t in zip(g.index, g["tokens_per_rank"], strict=True)
         ]
         for yi, r in zip(y, records(g), strict=True):
-            if not np.isfinite(r["_r"]):
-                ax.text(0, yi, f"  {r['verdict']}: {r['cand_status']}", va="center", fontsize=8, color="tab:red")
+            if not np.isfinite(r["_r"]):  # broken or fixed: the status change named, without a bar
+                status = f"{r['verdict']} ({r['base_status']} → {r['cand_status']})"
+                color = STATUS_COLORS.get(r["verdict"], "dimgray")
+                values.append(ax.text(0.02 * span, yi, status, va="center", fontsize=8, color=color))
                 continue
             x = pct(r["_r"])
             ax.barh(yi, x, color=r["_color"], height=0.7)
             lo, hi = pct(r["_lo"]), pct(r["_hi"])
             if np.isfinite(lo):
                 ax.errorbar(x, yi, xerr=[[x - lo], [hi - x]], fmt="none", ecolor="black", elinewidth=1, capsize=2.5)
-            edge = max(x, hi) if x >= 0 else min(x, lo)
-            edge = x if not np.isfinite(edge) else edge
             text = fmt_change(r["_r"], r["_lo"], r["_hi"])
-            ax.text(
-                edge + (0.02 * span if x >= 0 else -0.02 * span),
-                yi,
-                text,
-                va="center",
-                ha="left" if x >= 0 else "right",
-                fontsize=7.5,
-                bbox=dict(facecolor="white", edgecolor="none", alpha=0.75, pad=0.4),
+            plus = not text.startswith(MINUS)  # the side of the sign printed ('+0.0 %' of −0.01 %: right)
+            edge = max(x, hi) if plus else min(x, lo)
+            edge = x if not np.isfinite(edge) else edge
+            values.append(
+                ax.text(
+                    edge + (0.02 * span if plus else -0.02 * span),
+                    yi,
+                    text,
+                    va="center",
+                    ha="left" if plus else "right",
+                    fontsize=7.5,
+                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.75, pad=0.4),
+                )
             )
         ax.axvline(0, color="black", lw=0.8)
         for xt in (lo_t, hi_t):
@@ -176,9 +206,42 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
         frameon=False,
         handler_map={tuple: HandlerTuple(ndivide=None)},
     )
-    shown = f" ({len(m)} of {total} rows: the changes called, then the largest)" if total > len(m) else ""
-    fig.suptitle(p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}{shown}"))
+    shown = (
+        f" ({len(m)} of {total} rows: the changes called, then by size, significant first)" if total > len(m) else ""
+    )
+    title = p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}{shown}")
+    under = not_drawn_line(cmp) if what == "latency" else ""
+    fig.suptitle(title + (f"\n{under}" if under else ""))
+    fit_values(fig, list(axes), values)
     return save(fig, path)
+
+
+MARGIN_PX = 10  # between a printed value and its panel's edge (at the figure's 100 dpi: its white box, a gap)
+
+
+def fit_values(fig: Figure, axes: list, texts: list, rounds: int = 4) -> None:
+    """Widen the panels' common x range until every printed value lies inside its panel: a label
+    beside a −22 % bar ran over the row names left of the axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not texts:
+        return
+    canvas = FigureCanvasAgg(fig)
+    for _ in range(rounds):
+        fig.draw_without_rendering()  # the constrained layout, as savefig will lay it out
+        renderer = canvas.get_renderer()
+        left_px = right_px = 0.0
+        for t in texts:
+            box, inside = t.get_window_extent(renderer), t.axes.get_window_extent(renderer)
+            left_px = max(left_px, inside.x0 + MARGIN_PX - box.x0)
+            right_px = max(right_px, box.x1 - (inside.x1 - MARGIN_PX))
+        if left_px <= 0 and right_px <= 0:
+            return
+        lo, hi = axes[0].get_xlim()
+        per_px = (hi - lo) / axes[0].get_window_extent(renderer).width
+        lo, hi = lo - 1.2 * left_px * per_px * (left_px > 0), hi + 1.2 * right_px * per_px * (right_px > 0)
+        for ax in axes:
+            ax.set_xlim(lo, hi)
 
 
 def plot_comparison_latency(cmp: Comparison, path) -> Path | None:

@@ -28,6 +28,10 @@ from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
 from moebench.util.words import agree, counted
 
 LIMIT = 8  # changed rows named one a line; the rest counted
+# what the headline counts and the bullets name one a line: the verdicts a measurement gives (slower,
+# faster) and a status changed by the candidate's own doing (broken, fixed); a skipped row has no
+# measurement on a side and is counted apart, one line per reason (skipped_lines)
+CALLED = tuple(v for v in CHANGED_VERDICTS if v != Verdict.SKIPPED)
 
 
 def why_nothing_matched(cmp: Comparison) -> str:
@@ -76,7 +80,7 @@ def row_names(m: pd.DataFrame) -> pd.Series:
 
 
 def _change_line(verdict: Verdict, name: str, r: dict, bounds: tuple[float, float]) -> str:
-    if verdict in (Verdict.BROKEN, Verdict.SKIPPED):
+    if verdict == Verdict.BROKEN:
         why = f": {md_text(r['cand_reason'])}" if r.get("cand_reason") else ""
         return f"**{verdict}** {name}: ok → {md_text(r['cand_status'])}{why}"
     if verdict == Verdict.FIXED:
@@ -113,13 +117,17 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     names = row_names(m)
     counts = cmp.counts()
     ok = cmp.judged
-    changed = {v: counts[v] for v in CHANGED_VERDICTS if counts[v]}
+    # the verdicts a measurement or a failure gives; a skipped row is counted apart (skipped_lines)
+    changed = {v: counts[v] for v in CALLED if counts[v]}
     what = ", ".join(f"{n} {v}" for v, n in changed.items()) or f"no change beyond ×{cmp.threshold:g}"
     subject = f"{cmp.candidate_name} vs {cmp.baseline_name}"
     tail = f" — exit {code}" + (f": {'; '.join(why)}" if why else "")
+    num_skipped = counts[Verdict.SKIPPED]
+    skipped = f"; {num_skipped} skipped in {cmp.candidate_name} (no verdict)" if num_skipped else ""
     if not len(cmp.comparable):
         # nothing was measured on both sides: a bold "no change" would read as a pass
-        changes = f": {what}" if changed else ""
+        status = ", ".join(f"{n} {v}" for v in CHANGED_VERDICTS if (n := counts[v]))
+        changes = f": {status}" if status else ""
         reason = why_nothing_matched(cmp)
         said = "" if reason in why else f" — {reason}"
         head = f"**No comparable rows ({subject}){changes}**{said}{tail}"
@@ -130,9 +138,9 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
             f"(`--cpu-verdict` asks for a verdict){tail}"
         )
     elif not len(ok) and not changed:
-        head = f"**No verdict ({subject})** in {_judged_of(cmp)}{tail}"
+        head = f"**No verdict ({subject})** in {_judged_of(cmp)}{skipped}{tail}"
     else:
-        head = f"**Verdict ({subject}): {what}** in {_judged_of(cmp)}{tail}"
+        head = f"**Verdict ({subject}): {what}** in {_judged_of(cmp)}{skipped}{tail}"
     lines = [head]
     for tag, what_kind in (
         (Verdict.HOST, "a side's latency is host time"),
@@ -147,8 +155,8 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
                 f"- no verdict ({what_kind}): {counted(len(apart), 'row')} — {shown}{more}; "
                 f"{md_text(apart['no_verdict_why'].iloc[0])}"
             )
-    changed_rows = m[m["verdict"].isin(CHANGED_VERDICTS)]
-    order = {v: i for i, v in enumerate(CHANGED_VERDICTS)}
+    changed_rows = m[m["verdict"].isin(CALLED)]
+    order = {v: i for i, v in enumerate(CALLED)}
     changed_rows = changed_rows.assign(
         _o=changed_rows["verdict"].map(order), _d=-np.abs(np.log(changed_rows["ratio"].astype(float).fillna(1.0)))
     )
@@ -192,10 +200,10 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
     if clocks := clock_line(cmp):
         lines.append("- " + clocks)
     if len(cmp.only_baseline) or len(cmp.only_candidate):
-        lines.append(
-            f"- unmatched: {counted(len(cmp.only_baseline), 'row')} only in {cmp.baseline_name}, "
-            f"{len(cmp.only_candidate)} only in {cmp.candidate_name} (listed below)"
-        )
+        sides = [(len(cmp.only_baseline), cmp.baseline_name), (len(cmp.only_candidate), cmp.candidate_name)]
+        only = [f"{counted(n, 'row')} only in {name}" for n, name in sides if n]
+        lines.append(f"- unmatched: {', '.join(only)} (listed below)")
+    lines += skipped_lines(cmp)
     never = m[m["verdict"] == Verdict.CANNOT_RUN]
     if len(never):
         lines.append(
@@ -208,6 +216,33 @@ def verdict_lines(cmp: Comparison, code: int, why: list[str], quality: Sequence[
         lines.append(f"- {counted(num_na, 'matched row')} ok on neither side")
     if quality:
         lines.append(f"- data quality: {counted(len(quality), 'note')} in the report's Data quality section")
+    return lines
+
+
+REASONS = 3  # skip reasons given a line each; the rest counted in one
+
+
+def skipped_lines(cmp: Comparison) -> list[str]:
+    """One bullet per distinct reason the candidate skipped rows ok in the baseline, with their count
+    (most rows first; the reason said once, where it was said per row it crowded out the measured
+    changes): no measurement on that side, so no verdict (the table marks them `·`)."""
+    s = cmp.matched[cmp.matched["verdict"] == Verdict.SKIPPED]
+    if not len(s):
+        return []
+    reasons = s["cand_reason"].fillna("").astype(str).value_counts(sort=True)
+    lines = []
+    for reason, n in reasons.head(REASONS).items():
+        why = md_text(reason) if reason else "no reason recorded"
+        lines.append(
+            f"- no verdict, skipped: {counted(int(n), 'row')} ok in {cmp.baseline_name} "
+            f"{agree(int(n), 'was', 'were')} skipped in {cmp.candidate_name} — {why}"
+        )
+    if len(reasons) > REASONS:
+        rest = reasons.iloc[REASONS:]
+        lines.append(
+            f"- no verdict, skipped: {counted(int(rest.sum()), 'more row')} for "
+            f"{counted(len(rest), 'other reason')} (the table below)"
+        )
     return lines
 
 

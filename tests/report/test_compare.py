@@ -153,7 +153,7 @@ def test_fail_on_tunes_what_exits_1(tmp_path, capsys):
     base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.0, 2e6))
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 0  # memory: reported, not fatal
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "memory")
-    assert code == 1 and "larger workspace" in err and "memory: workspace: 0 rows smaller, 2 larger" in out
+    assert code == 1 and "larger workspace" in err and "memory: workspace: 2 rows larger beyond ×1.05" in out
     base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.5, 1e6))
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 1
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "none")[0] == 0
