@@ -150,7 +150,9 @@ def tokens_axis(ax, tokens) -> None:
     pad = 1.5 if len(tokens) == 1 else (tokens[-1] / tokens[0]) ** 0.06
     lo, hi = tokens[0] / pad, tokens[-1] * pad
     if len(tokens) <= 16:
-        ax.set_xticks(tokens, tick_labels(tokens, lo, hi))
+        # two labels' centres a 5-digit label apart (10 pt digits, ~34 pt), as a fraction of the panel's width
+        width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+        ax.set_xticks(tokens, tick_labels(tokens, lo, hi, min_gap=min(0.2, 34 / max(width_pt, 1.0))))
         ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlim(lo, hi)
 

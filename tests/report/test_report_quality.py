@@ -159,3 +159,18 @@ def test_every_measured_token_count_is_labelled_crowded_ones_a_line_lower():
     dense = [2**i for i in range(4, 15)]  # 11 counts a factor of 2 apart
     labels = tick_labels(dense, 16 / pad, 16384 * pad)
     assert [x.strip() for x in labels] == [str(x) for x in dense] and max(x.count("\n") for x in labels) == 1
+
+
+def test_a_wide_panel_keeps_its_token_labels_on_one_line():
+    """A label drops a line only where its panel is too narrow to print it beside its neighbour."""
+    from matplotlib.figure import Figure
+
+    from moebench.report.plotgrid import tokens_axis
+
+    t = [16, 256, 1024, 2048, 4096, 16384]
+    wide = Figure(figsize=(9, 6)).subplots()
+    narrow = Figure(figsize=(14.4, 4)).subplots(1, 3)[0]
+    for ax in (wide, narrow):
+        tokens_axis(ax, t)
+    assert [x.get_text() for x in wide.get_xticklabels()] == [str(x) for x in t]
+    assert [x.get_text() for x in narrow.get_xticklabels()] == ["16", "256", "1024", "\n2048", "4096", "16384"]
