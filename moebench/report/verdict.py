@@ -267,10 +267,9 @@ def clock_line(cmp: Comparison) -> str:
     missing = int((check == NOT_RECORDED).sum())
     # one wording whether a side lacks its clock in every pair or in some
     unrecorded = (
-        f"{NOT_RECORDED} in {'all ' * (1 < missing == len(m))}{counted(missing, 'row')} "
-        "(no SM clock on a side: verdicts as before clocks were read)"
+        f"{NOT_RECORDED} in {counted(missing, 'row')} (no SM clock on a side: verdicts as before clocks were read)"
     )
-    if missing == len(m):
+    if missing and not (matched or differ or survived):  # nothing measured to say beside it
         return f"clocks: {unrecorded}"
     parts = [f"matched in {counted(matched, 'row')}"] if matched else []
     if differ or survived:
