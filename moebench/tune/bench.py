@@ -196,8 +196,8 @@ class TokenBench:
         t.host_paced = float(s.host_paced) if self.layer.device.type == "cuda" else float("nan")
         if s.host_paced:
             t.error = (
-                f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples started on the GPU before the "
-                "host had enqueued them, with the hold doubled twice: host time, not ranked"
+                f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples{s.paced_which()} started on the GPU "
+                "before the host had enqueued them, with the hold doubled twice: host time, not ranked"
             )
 
     def _time(self, fns, reps: int) -> list[timing.Samples]:

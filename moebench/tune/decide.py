@@ -147,7 +147,10 @@ class DecisionBench:
             for (t, _), s in zip(fns, samples, strict=True):
                 t.us, t.p20, t.p80, t.samples = s.median, s.p20, s.p80, [round(v, 3) for v in s.us]
                 if s.host_paced and self.device.type == "cuda":
-                    t.error = f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples: host time, not ranked"
+                    t.error = (
+                        f"{HOST_PACED_ERROR}: {s.host_paced} of {len(s.us)} samples{s.paced_which()}: "
+                        "host time, not ranked"
+                    )
         return out
 
 

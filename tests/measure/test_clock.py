@@ -201,8 +201,10 @@ def test_the_loop_stamps_right_outside_each_sample_grows_the_hold_and_retakes_th
     )[0]
     hold = int((1.25 * (120 + 40) + 20) * 1000)  # the start stamp's 40 µs of host time held too
     sleeps = [e for e in log if e[0] == "sleep"]
-    assert sleeps == [("sleep", hold)] * 6  # two passes, no doubling: nothing was host-paced
-    i = log.index(("fn",))
-    assert log[i - 2 : i + 2] == [("sleep", hold), ("stamp", 0, False), ("fn",), ("stamp", 0, True)]
+    # two passes, no doubling (nothing was host-paced), each of the untimed lead-in and 3 samples
+    assert sleeps == [("sleep", hold)] * 8
+    assert log[:2] == [("sleep", hold), ("fn",)]  # the lead-in: held, called, no stamp
+    i = log.index(("stamp", 0, False))
+    assert log[i - 1 : i + 3] == [("sleep", hold), ("stamp", 0, False), ("fn",), ("stamp", 0, True)]
     assert out.clock_mhz == [1900.0] * 3 and out.spans_ns[1] == (10, 15)
     assert not watch.throttled(out).any()

@@ -10,7 +10,9 @@ timing loop's logic against that model, not a figure of a real GPU (tests/gpu do
 - a forward that syncs the host inside is detected (its enqueue outlasts HOST_SYNCS_US),
   gets no hold, every sample is host-paced, and the row's timing mode says `host`;
 - a host that is sometimes slower than the hold makes the loop take the samples again
-  with a doubled hold.
+  with a doubled hold;
+- a host whose first call after a sync is slow (a cold start) paces no sample: an untimed
+  lead-in takes that call, and the first sample follows GPU work as every later one does.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ def test_held_samples_time_the_gpu_not_the_launches(stream):
     # the same loop with the hold forced off reads the host's launch time
     unheld = timing.time_samples(fn, CUDA, reps=10, warmup=2, hold_us=float("nan"))
     assert unheld.host_paced == 10 and unheld.median == pytest.approx(750.0, abs=5.0)
+    assert (
+        unheld.paced_at == list(range(10))
+        and unheld.paced_which() == f" (samples {', '.join(map(str, range(1, 10)))} and 10)"
+    )
+    assert held.paced_which() == "" and timing.Samples([1.0, 2.0], 1, [1]).paced_which() == " (sample 2)"
 
 
 class Flusher(timing.L2Flusher):
@@ -131,7 +138,7 @@ def test_with_a_flush_the_hold_is_flushes_and_still_covers_the_host(stream, monk
     assert s.host_paced == 0 and s.median == pytest.approx(300.0, abs=2.0)
     hold_us = 1.25 * 750.0 + 20.0
     per_sample = 1 + -(-hold_us // 60.0)  # the sample's own flush, then the hold's: 17
-    assert flush.launches == 1 + 20 + 10 * per_sample  # measuring once, then the samples
+    assert flush.launches == 1 + 20 + (1 + 10) * per_sample  # measuring once, then the lead-in and the samples
     assert not [c for c in spins if c < timing.PROBE_SPIN_US * CYCLES_PER_US]  # only the probe's spin
 
 
@@ -258,3 +265,31 @@ def test_paced_mode_thresholds():
     assert measure.paced_mode("events", 500.0, 6, 30) == "events"  # a fifth: still GPU time
     assert measure.paced_mode("events", 500.0, 7, 30) == "host"
     assert measure.paced_mode("profiler", 16_000.0, 0, 30) == "host"
+
+
+def test_the_first_sample_of_a_pass_follows_gpu_work_not_a_synced_idle_gpu(stream):
+    """A host whose first forward after a sync takes 6 × its usual enqueue (a cold start: on an H100 a
+    decisions tune's first option read host-paced in the first of 5 samples, twice in a row, the
+    hold doubled twice each time): the pass opens with an untimed lead-in (the last callable's
+    sample), so the cold call is not timed and the first sample, like every later one, starts
+    behind its predecessor's GPU work. Without the lead-in the first sample of every pass was
+    host-paced, the doubled holds (at most 4 × 1.25 ×) short of the cold call."""
+    normal = layer(stream)  # 300 µs of GPU work, 750 µs of host enqueue
+
+    def cold_after_sync():
+        stream.host += 5 * 750.0 if stream.synced else 0.0
+        stream.synced = False
+        normal()
+
+    stream.synced = False
+    plain_sync = stream.sync
+
+    def sync():
+        plain_sync()
+        stream.synced = True
+
+    stream.sync = sync
+    fns = [cold_after_sync, layer(stream, kernels=3)]
+    out = timing.time_interleaved(fns, CUDA, reps=5, warmup=1)
+    assert [s.host_paced for s in out] == [0, 0] and [s.paced_at for s in out] == [[], []]
+    assert out[0].median == pytest.approx(300.0, abs=2.0)
