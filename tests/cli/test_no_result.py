@@ -17,6 +17,7 @@ from PIL import Image
 from moebench import cli
 from moebench.cli.main import NO_RESULT
 from moebench.results.synthetic import synthetic_run
+from tests.support.one_combination import ONE_TINY
 
 
 @pytest.fixture
@@ -83,19 +84,7 @@ def test_a_defect_in_any_other_command_exits_no_result_with_its_traceback(cmd, m
 ROOT = Path(__file__).resolve().parents[2]
 # one single-rank CPU combination of the fault experts (tests/support/fault_experts.py, a plugin in
 # every process: conftest.py puts it in MOEBENCH_PLUGIN_MODULES); its fault is given per test
-ONE_FAULT = [
-    "backend=local",
-    "experts=fault",
-    "reduction=experts",
-    "overlap=none",
-    "quant=bf16",
-    "model=tiny",
-    "workload.tokens_per_rank=[4]",
-    "runner.reps=3",
-    "runner.warmup=0",
-    "runner.phase_reps=1",
-    "runner.memory=false",
-]
+ONE_FAULT = [x.replace("experts=torch", "experts=fault") for x in ONE_TINY] + ["runner.memory=false"]
 # the sweep's process with a defect in moebench's own code: storing a finished combination's rows raises
 DEFECT = textwrap.dedent(
     """
