@@ -305,6 +305,11 @@ class RunStore:
             warn(f"{e}: moved to {self.set_aside(path)}")
             return None
 
+    def skipped_keys(self) -> set[str]:
+        """The combo_keys of rows/skipped.parquet (none without one)."""
+        df = self._skipped_rows()
+        return set() if df is None else set(df["combo_key"])
+
     def torn_files(self) -> list[TornFile]:
         """The row files (skipped.parquet included) that cannot be read as parquet. A link among the
         run's names that leads to no file is none: Unreadable, before any is listed (refuse_broken_links;

@@ -23,6 +23,7 @@ from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
 from moebench.run import env as envmod
+from moebench.run import other_requests
 from moebench.run.plan import plan, planned, reason_groups, refuse_impossible, run_name
 from moebench.run.progress import Progress
 from moebench.util.safe_write import safe_dir
@@ -175,6 +176,9 @@ def execute(
         skipped, work, already = plan_work(combos, store, redo, meta)
         counts = SweepCounts({Status.SKIPPED: len(skipped)})
         log(f"moebench: {planned(combos, work, len(skipped), already)} -> {run_dir}")
+        mixed = other_requests.notice(store, combos, sweep_data["name"], cli_overrides, dry_run)
+        if mixed:  # extending a run is allowed, but said: its report and comparisons change
+            log(mixed)
         for note in sweep_data.get("notes", ()):  # e.g. a device section's model share left out
             log(f"moebench: {note}")
         for line in plugin_problems():  # docs/plugins.md: the rest of the sweep runs

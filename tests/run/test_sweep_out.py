@@ -141,3 +141,26 @@ def test_a_sweep_logged_to_a_file_has_no_carriage_return(tmp_path):
     assert "\r" not in text
     assert "moebench: 2 of 2 combinations done (100 %) in " in text, text
     assert "moebench: 2 combinations (2 to run), 2 rows (2 to run) -> " in text, text
+
+
+def test_a_run_given_to_another_request_says_it_adds_to_it(tmp_path, capsys):
+    """`--out runs/a reduction=finalize` on a run of reduction=experts went on quietly: the run
+    then held both and its report changed. Extending is allowed; it is said in one line, once the
+    request differs and adds combinations; the same request resumed says nothing."""
+    out = str(tmp_path / "a")
+    first = [o if o != "reduction=experts" else "reduction=finalize" for o in SKIPPED_HERE]
+    assert cli.main(["sweep", *first, *CPU, "--out", out]) == 0
+    assert "a separate --out" not in capsys.readouterr().err
+    for argv in (["sweep", "--dry-run"], ["sweep"]):
+        assert cli.main([*argv, *SKIPPED_HERE, *CPU, "--out", out]) == 0
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if "a separate --out" in line]
+        verb = "would add" if "--dry-run" in argv else "adds"
+        assert said == [
+            f"moebench: this sweep {verb} 1 combination to {out}, a run that holds rows of "
+            f"`{' '.join(first + CPU)}` (its report and comparisons will hold both); "
+            "a separate --out keeps them apart"
+        ], err
+    assert cli.main(["sweep", *SKIPPED_HERE, *CPU, "--out", out]) == 0  # nothing new: nothing said
+    assert cli.main(["sweep", *first, *CPU, "--out", out]) == 0  # the first request resumed
+    assert "a separate --out" not in capsys.readouterr().err
