@@ -16,9 +16,9 @@ Groups: backend experts reduction overlap model quant workload runner trace."""
 SWEEP_EXIT = """exit status: 0 every row ok or skipped with a reason; 1 failed / incorrect / timeout / oom
 rows, or an environment error (a full disk) stopped the sweep mid-way (finished rows are stored:
 re-run to resume); 2 bad input before any work (an unknown option or value, an impossible
-combination, a world size this machine lacks, an unwritable --out, an existing --out that is neither
-empty nor a run); 3 moebench or the machine failed (a defect, memory: the traceback, then one line),
-not the measured kernels; 130 interrupted; 143 terminated."""
+combination, a world size this machine lacks, CPU weights beyond its memory, an unwritable --out,
+an existing --out that is neither empty nor a run); 3 moebench or the machine failed (a defect,
+memory: the traceback, then one line), not the measured kernels; 130 interrupted; 143 terminated."""
 
 
 # what a comparison's statuses mean (report --baseline, compare, ab; docs/design.md "Exit status"):

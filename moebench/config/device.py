@@ -71,3 +71,19 @@ def cpu_threads() -> int:
             f"{CPU_THREADS}={raw!r}: give a positive integer, the torch threads of each CPU rank (unset: 1)"
         )
     return int(raw)
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this machine can give a new process without swapping (bytes): Linux's
+    MemAvailable, else the free physical pages; None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None

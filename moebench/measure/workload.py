@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from moebench.config.limits import REFERENCE_KEEP_BYTES
 from moebench.kernels import registry
 from moebench.kernels.interfaces import ExpertWeights, KernelContext, LayerShape, QuantSpec
 from moebench.kernels.modular import SharedExperts
@@ -112,7 +113,7 @@ def reference_expert_fn(shape: LayerShape, quant: QuantSpec, seed: int, device):
     """e -> fp32 (w13, w2) exactly as the layer stores them (dequantized fp8)."""
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     # keep every expert only while all of them fit in 2 GiB of fp32 (DeepSeek-V3 needs 45 GB)
-    keep = shape.num_experts * 3 * shape.hidden * shape.intermediate * 4 <= 2 * 2**30
+    keep = shape.num_experts * 3 * shape.hidden * shape.intermediate * 4 <= REFERENCE_KEEP_BYTES
 
     def fn(e: int):
         if e in cache:

@@ -22,8 +22,8 @@ from moebench.results.row import BAD_STATUSES, Status
 from moebench.results.store import RunStore, invocation_rows
 from moebench.results.writable import describe as environment_error
 from moebench.results.writable import probe
+from moebench.run import cpu_memory, other_requests
 from moebench.run import env as envmod
-from moebench.run import other_requests
 from moebench.run.plan import plan, planned, reason_groups, refuse_impossible, run_name
 from moebench.run.progress import Progress
 from moebench.util.safe_write import safe_dir
@@ -148,6 +148,8 @@ def execute(
         cli_overrides, sweep, oversubscribe=oversubscribe, this_machine=slurm is None or slurm.cluster != "slurm"
     )
     refuse_impossible(combos)  # every combination breaks a rule: one line, exit 2, nothing written
+    if slurm is None or slurm.cluster != "slurm":  # this machine's ranks: their weights must fit its memory
+        combos = cpu_memory.check(combos, cli_overrides)
     if slurm is not None:
         slurm.check(combos)
     run_dir = Path(out) if out else default_runs_dir() / run_name(sweep_data["name"], cli_overrides)
