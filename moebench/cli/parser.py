@@ -50,8 +50,34 @@ def parse_args(argv):
         stray = [a for a in rest if a.startswith("-") or "=" not in a]
         if not stray:
             args.overrides = list(args.overrides or []) + rest
-            return args
+            rest = []
+    if twice := repeated_key(getattr(args, "overrides", None) or []):
+        commands[args.cmd].error(twice)
     if rest:
         # the subcommand's own usage (its options), not the top level's list of subcommands
         (commands.get(getattr(args, "cmd", None)) or parser).error(UNRECOGNIZED + " ".join(rest))
     return args
+
+
+def repeated_key(overrides: list[str]) -> str:
+    """'' unless one key is given twice (`reduction=experts reduction=finalize`): Hydra keeps the
+    last and the first is dropped unsaid, where the user meant both; then the line saying what to
+    give instead. The values' comma list, each once ('experts,finalize'); a bracketed or quoted
+    value is kept whole."""
+    seen: dict[str, list[str]] = {}
+    for raw in overrides:
+        if "=" not in raw:
+            continue
+        key, value = raw.split("=", 1)
+        key = key.lstrip("+~")
+        if key not in seen:
+            seen[key] = [raw]
+            continue
+        values = [r.split("=", 1)[1] for r in (*seen[key], raw)]
+        whole = any(c in v for v in values for c in "[]()'\"{}")
+        both = ",".join(values if whole else dict.fromkeys(p for v in values for p in v.split(",")))
+        return (
+            f"{key} is given twice ({seen[key][0]} {raw}): the last would replace the first; "
+            f"give it once, {key}={both} for both"
+        )
+    return ""

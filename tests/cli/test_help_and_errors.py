@@ -60,6 +60,31 @@ def test_an_unknown_option_is_followed_by_the_nearest_of_the_commands_own(argv, 
     assert err.count("\n") == 1 and says in err, err
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["sweep", "--dry-run", "reduction=experts", "reduction=finalize"],
+            "reduction is given twice (reduction=experts reduction=finalize): the last would replace the first; "
+            "give it once, reduction=experts,finalize for both",
+        ),
+        (  # after an option too; a comma list's values each once
+            ["list", "quant=bf16,fp8_block", "--verbose", "quant=bf16"],
+            "quant is given twice (quant=bf16,fp8_block quant=bf16): the last would replace the first; "
+            "give it once, quant=bf16,fp8_block for both",
+        ),
+        (
+            ["run", "workload.tokens_per_rank=[4]", "+workload.tokens_per_rank=[8]"],
+            "give it once, workload.tokens_per_rank=[4],[8] for both",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused_saying_how_to_give_both(argv, says, capsys):
+    """`sweep reduction=experts reduction=finalize` ran finalize alone, where the user meant both."""
+    err = _refused(argv, capsys)
+    assert err.count("\n") == 1 and says in err, err
+
+
 def test_an_unknown_axis_field_is_followed_by_the_nearest_field_or_knob(tmp_path, capsys):
     from moebench.results.synthetic import synthetic_run
 
