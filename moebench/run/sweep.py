@@ -27,7 +27,7 @@ from moebench.run import env as envmod
 from moebench.run.plan import plan, planned, reason_groups, refuse_impossible, run_name
 from moebench.run.progress import Progress
 from moebench.util.safe_write import safe_dir
-from moebench.util.words import counted
+from moebench.util.words import agree, counted
 
 
 class SweepCounts(Counter):
@@ -103,8 +103,14 @@ class _Stop:
 def dry_run_listing(work: list, combos: list, already: int) -> str:
     """What `sweep --dry-run` prints: each combination to run with its token counts, then
     the skipped ones counted by reason."""
-    lines = [f"would run {counted(len(work), 'combination')}, {counted(sum(len(t) for _, t in work), 'row')}:"]
-    lines += [f"  {c.label}  tokens {', '.join(map(str, tokens))}" for c, tokens in work]
+    if work:
+        lines = [f"would run {counted(len(work), 'combination')}, {counted(sum(len(t) for _, t in work), 'row')}:"]
+        lines += [f"  {c.label}  tokens {', '.join(map(str, tokens))}" for c, tokens in work]
+    elif already:
+        lines = [f"would run nothing: {_all_stored(already)}"]
+        already = 0  # said
+    else:
+        lines = ["would run nothing: no combination can run here"]
     reasons = [c.reason for c in combos if c.reason]
     reasons += [why for c in combos if not c.reason for why in c.token_reasons.values()]
     if reasons:
@@ -113,6 +119,26 @@ def dry_run_listing(work: list, combos: list, already: int) -> str:
     if already:
         lines.append(f"{counted(already, 'row')} already stored (--redo failed|all to re-run them)")
     return "\n".join(lines)
+
+
+def _all_stored(already: int) -> str:
+    rows = "the 1 row that can run is" if already == 1 else f"all {already} rows that can run are"
+    return f"{rows} already stored (--redo failed|all to re-run them)"
+
+
+def summary_line(counts: "SweepCounts", already: int, nothing_to_do: bool, where: Path) -> str:
+    """The sweep's last count, in words: what this invocation wrote by status, what was stored
+    before it, or that there was nothing to do (every row that can run stored) or nothing written."""
+    if nothing_to_do and already:
+        return f"moebench: nothing to do: {_all_stored(already)}; results in {where}"
+    parts = [f"{n} {getattr(status, 'value', status)}" for status, n in sorted(counts.items()) if n]
+    wrote = (
+        f"this invocation wrote {counted(sum(counts.values()), 'row')} ({', '.join(parts)})"
+        if parts
+        else "this invocation wrote no row"
+    )
+    stored = f"; {counted(already, 'row')} {agree(already, 'was', 'were')} stored before it" if already else ""
+    return f"moebench: {wrote}{stored}; results in {where}"
 
 
 def _trace_folders(combos: list[Combination]) -> set[Path]:
@@ -304,9 +330,7 @@ def _run(
     line = tally.line()
     if line:
         log(line)
-    summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-    stored = f", {counted(already, 'row')} already stored" if already else ""
-    log(f"moebench: {summary} (this invocation{stored}); results in {store.dir}")
+    log(summary_line(counts, already, not work, store.dir))
     if counts[Status.OK] and not counts.env_error and not counts.interrupted and not counts.terminated:
         log(f"moebench: next: moebench report {store.dir}  (or moebench compare {store.dir} OTHER_RUN)")
     if counts.env_error:

@@ -596,4 +596,4 @@ def test_a_sweep_where_nothing_can_run_says_so_and_a_resumed_one_counts_what_was
     capsys.readouterr()
     execute(quick, None, str(tmp_path / "once"))  # resumed: nothing left to run
     err = capsys.readouterr().err
-    assert "(this invocation, 1 row already stored)" in err and "nothing ran" not in err
+    assert "moebench: nothing to do: the 1 row that can run is already stored" in err and "nothing ran" not in err

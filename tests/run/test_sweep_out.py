@@ -14,7 +14,7 @@ import pytest
 from moebench import cli
 from moebench.run import plan as plan_mod
 from moebench.run.progress import LINE_EVERY_S, Progress
-from moebench.run.sweep import nothing_ran
+from moebench.run.sweep import SweepCounts, dry_run_listing, nothing_ran, summary_line
 
 # Triton's experts on a CPU without the interpreter: a skipped row (this machine's), no rank starts
 SKIPPED_HERE = ["backend=local", "experts=triton", "reduction=experts", "overlap=none", "quant=bf16", "model=tiny"]
@@ -164,3 +164,27 @@ def test_a_run_given_to_another_request_says_it_adds_to_it(tmp_path, capsys):
     assert cli.main(["sweep", *SKIPPED_HERE, *CPU, "--out", out]) == 0  # nothing new: nothing said
     assert cli.main(["sweep", *first, *CPU, "--out", out]) == 0  # the first request resumed
     assert "a separate --out" not in capsys.readouterr().err
+
+
+def test_a_finished_or_stopped_sweep_says_what_happened_in_words(tmp_path):
+    """A dry run of a finished run printed 'would run 0 combinations, 0 rows:' (a colon before
+    nothing); a finished sweep re-run ended 'skipped=0 (this invocation, 2 rows already stored)', and
+    one stopped by SIGTERM before its first row 'skipped=0 (this invocation)'."""
+    combos, _ = plan_mod.plan([*SKIPPED_HERE[:1], "experts=torch", *SKIPPED_HERE[2:], *CPU, *QUICK])
+    assert dry_run_listing([], combos, 2) == (
+        "would run nothing: all 2 rows that can run are already stored (--redo failed|all to re-run them)"
+    )
+    assert dry_run_listing([], combos, 0) == "would run nothing: no combination can run here"
+    assert dry_run_listing([(combos[0], [4])], combos, 0).startswith("would run 1 combination, 1 row:\n  ")
+    done = summary_line(SweepCounts({"skipped": 0}), 2, True, tmp_path)
+    assert done == (
+        "moebench: nothing to do: all 2 rows that can run are already stored (--redo failed|all to re-run them); "
+        f"results in {tmp_path}"
+    )
+    stopped = summary_line(SweepCounts({"skipped": 0}), 0, False, tmp_path)
+    assert stopped == f"moebench: this invocation wrote no row; results in {tmp_path}"
+    some = summary_line(SweepCounts({"ok": 2, "failed": 1, "skipped": 0}), 1, False, tmp_path)
+    assert (
+        some
+        == f"moebench: this invocation wrote 3 rows (1 failed, 2 ok); 1 row was stored before it; results in {tmp_path}"
+    )
