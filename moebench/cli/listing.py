@@ -24,7 +24,10 @@ def register(sub) -> None:
         ls, "group=option, key=value or comma lists, as `moebench sweep` takes them; none: the default sweep's plan"
     )
     ls.add_argument(
-        "--sweep", default="default", help="named sweep in sweeps/ (or a path) whose plan to list; default: %(default)s"
+        "--sweep",
+        default="default",
+        help="the sweep whose plan to list: in sweeps/ by name (default) or file name (default.yaml), or a path "
+        "to a sweep file; default: %(default)s",
     )
     ls.add_argument("--json", action="store_true", help="one record per combination, each field of its spec a key")
     ls.add_argument("--knobs", action="store_true", help="instead: every knob the registered entries declare")

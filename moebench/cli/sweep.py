@@ -14,7 +14,12 @@ def register(sub) -> None:
         sub, "sweep", "run every valid combination of the given axes", options.EPILOG + "\n\n" + options.SWEEP_EXIT
     )
     options.overrides(s, "group=option, key=value or comma lists (below); none: the embedded default sweep")
-    s.add_argument("--sweep", default="default", help="named sweep in sweeps/ (or a path); default: %(default)s")
+    s.add_argument(
+        "--sweep",
+        default="default",
+        help="a sweep in sweeps/ by name (default) or file name (default.yaml), or a path to a sweep file; "
+        "default: %(default)s",
+    )
     options.out(
         s, "run directory: a new or empty folder, or a run to resume (default: runs/<sweep>[-<hash of overrides>])"
     )

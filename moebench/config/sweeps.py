@@ -15,6 +15,7 @@ from hydra.errors import HydraException
 from moebench.config import paths
 from moebench.config.compose import CHOICES
 from moebench.config.device import resolve_device
+from moebench.config.names import did_you_mean
 
 DEVICE_SECTIONS = ("cpu", "cuda")  # a sweep file's per-device overrides
 
@@ -25,9 +26,15 @@ def load_sweep(name_or_path: str) -> dict:
     p = Path(name_or_path)
     if not p.suffix:
         p = paths.sweeps_dir() / f"{name_or_path}.yaml"
+    elif not p.exists() and p.name == name_or_path and p.suffix in (".yaml", ".yml"):
+        p = paths.sweeps_dir() / name_or_path  # a named sweep's file name: default.yaml
     if not p.exists():
         valid = sorted(x.stem for x in paths.sweeps_dir().glob("*.yaml"))
-        raise ValueError(f"no sweep {name_or_path!r}; named sweeps: {', '.join(valid)}")
+        near = did_you_mean(Path(name_or_path).stem, valid)
+        raise ValueError(
+            f"no sweep {name_or_path!r}: give a sweep's name (default), its file name in sweeps/ (default.yaml) "
+            f"or a path to a sweep file; named sweeps: {', '.join(valid)}{near}"
+        )
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:

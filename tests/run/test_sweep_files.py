@@ -147,3 +147,22 @@ def test_ep_scaling_plans_world_sizes_4_and_8_and_refuses_them_without_the_gpus(
     # on CUDA this machine (no GPU, or fewer than 4) is refused before any work
     with pytest.raises(ValueError, match=r"runner.device=cuda but no CUDA GPU|needs \d+ GPUs"):
         plan.plan(["runner.device=cuda"], "ep_scaling")
+
+
+def test_a_named_sweep_is_taken_by_its_file_name_too_and_a_misspelled_one_is_named(capsys, tmp_path, monkeypatch):
+    """`list --sweep default.yaml` said `no sweep 'default.yaml'` where help said '(or a path)' and
+    `sweeps/default.yaml` worked."""
+    from moebench import cli
+
+    monkeypatch.chdir(tmp_path)  # no default.yaml here: the name is sweeps/'s
+    assert cli.main(["list", "--sweep", "default.yaml"]) == 0
+    by_file = capsys.readouterr().out
+    assert cli.main(["list", "--sweep", "default"]) == 0
+    assert capsys.readouterr().out == by_file
+    assert cli.main(["list", "--sweep", "defualt.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "moebench list: error: no sweep 'defualt.yaml': give a sweep's name (default), its file name in "
+        "sweeps/ (default.yaml) or a path to a sweep file; named sweeps: "
+    )
+    assert err.rstrip().endswith("; did you mean default?"), err
