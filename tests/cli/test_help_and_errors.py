@@ -256,3 +256,31 @@ def test_report_and_compare_help_say_where_a_committed_runs_report_goes(cmd):
     writes its reports to runs/reports/<path>/ (tune --help said so): the help says it too."""
     text = _option_help(cmd, "--out")
     assert "committed under results/" in text and "runs/reports/<its path under results/>/report" in text, text
+
+
+def test_run_help_speaks_of_its_one_combination_and_prints_a_readable_table():
+    """`run --help` spoke of "the sweep mid-way", and `run` printed a raw pandas frame (946.6485)."""
+    import pandas as pd
+
+    from moebench.cli.sweep import rows_table
+
+    text = _help("run")
+    assert "sweep" not in text[text.index("exit status:") :] and "more than one combination" in text
+    df = pd.DataFrame(
+        {
+            "tokens_per_rank": [64, 4],
+            "status": ["ok", "skipped"],
+            "latency_us_median": [946.6485, float("nan")],
+            "latency_us_p20": [940.04, float("nan")],
+            "latency_us_p80": [1001.96, float("nan")],
+            "rel_err": [0.0043871, float("nan")],
+            "reason": ["", "backend.max_tokens_per_rank=2 caps the buffers"],
+        }
+    )
+    assert rows_table(df).splitlines() == [
+        "tokens  status   median µs  p20 µs  p80 µs  rel err",
+        "     4  skipped          -       -       -        -",
+        "    64  ok           946.6   940.0  1002.0  4.4e-03",
+        "reasons:",
+        "  T=4: backend.max_tokens_per_rank=2 caps the buffers",
+    ]

@@ -408,7 +408,19 @@ def test_moebench_run_prints_its_rows(capsys, tmp_path):
         ]
     )
     out = capsys.readouterr().out
-    assert rc == 0 and "ok" in out and "latency_us_median" in out
+    assert rc == 0 and out.splitlines()[0].split() == [
+        "tokens",
+        "status",
+        "median",
+        "µs",
+        "p20",
+        "µs",
+        "p80",
+        "µs",
+        "rel",
+        "err",
+    ]
+    assert out.splitlines()[1].split()[:2] == ["8", "ok"]
 
 
 def test_stored_keeps_the_newest_row(tmp_path):
