@@ -210,7 +210,10 @@ def timing_mode(combo: Combo, tokens: int) -> str:
     """The timing that runs for `tokens` (docs/design.md, "Timing"): auto is CUDA-graph replays
     wherever the layer can be captured and the graph does the eager forward's work (at any
     size), held events elsewhere (auto_events); graph is replays at <= graph_max_tokens and
-    events above; events and profiler are themselves."""
+    events above; events and profiler are themselves. A CPU has no events: its rows are timed by
+    the host's monotonic clock whatever was asked (`cpu`)."""
+    if combo.device != "cuda":
+        return "cpu"
     if combo.timing == "auto":
         return "graph" if auto_events(combo) is None else "events"
     if combo.timing == "graph":

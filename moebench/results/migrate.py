@@ -7,6 +7,10 @@ again under the defaults schema 1 had (runner.timing=events), renamed keys spell
 today, on the device it ran on; the Combo so recovered must agree with every identity
 column the row stored, else the row keeps a key of its own (`v1-<old key>`), which
 pairs only with rows of the same old combination. Newer or unknown versions are refused.
+
+Rows of any version that ran on the CPU before its timing had a name of its own read
+`timing_mode` `events` (CHANGELOG 0.3): a CPU has no events, its host clock timed them, and
+they load as `cpu`, as newer CPU rows are stored.
 """
 
 from __future__ import annotations
@@ -108,11 +112,25 @@ def migrate_v1_row(row: dict) -> tuple[Combo | None, str]:
     return combo, ""
 
 
+def cpu_timing(df: pd.DataFrame) -> pd.DataFrame:
+    """CPU rows stored as timing_mode `events` (before the CPU's mode had its name) as `cpu`."""
+    if not {"device", "timing_mode"} <= set(df.columns):
+        return df
+    old = df["device"].astype(str).eq("cpu") & df["timing_mode"].astype(str).eq("events")
+    if not old.any():
+        return df
+    df = df.copy()
+    df.loc[old, "timing_mode"] = "cpu"
+    return df
+
+
 def migrate(df: pd.DataFrame, where: str = "results") -> pd.DataFrame:
-    """Rows of any known version as schema-2 rows (a frame of schema-2 rows comes back as is)."""
+    """Rows of any known version as schema-2 rows (a frame of schema-2 rows comes back as is, but
+    for cpu_timing)."""
     check_versions(df, where)
     if not len(df) or "schema_version" not in df.columns:
         return df
+    df = cpu_timing(df)
     old = pd.to_numeric(df["schema_version"]) == 1
     if not old.any():
         return df

@@ -96,7 +96,7 @@ def make_row(
     row.update(
         run_id="synthetic",
         sweep="synthetic",
-        timing_mode="events",
+        timing_mode="events" if combo.device == "cuda" else "cpu",  # a CPU has no events
         status=Status(status).value,
         reason=reason,
         gpu="cpu",

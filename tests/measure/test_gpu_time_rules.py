@@ -62,9 +62,10 @@ def test_auto_times_eager_forwards_where_a_graph_cannot_or_would_do_other_work(m
     monkeypatch.setattr(experts, "graph_capturable", True)
     b = _combo("backend=local", "experts=torch", "runner.memory_budget=1GiB")
     assert validity.timing_mode(b, 64) == "events" and "memory_budget" in validity.timing_note(b, 64)
-    # the CPU: the host clock, no note
+    # the CPU: the host clock (no events), no note, whatever runner.timing asked
     cpu = _combo("backend=local", "experts=torch", device="cpu")
-    assert validity.timing_mode(cpu, 64) == "events" and validity.timing_note(cpu, 64) == ""
+    assert validity.timing_mode(cpu, 64) == "cpu" and validity.timing_note(cpu, 64) == ""
+    assert validity.timing_mode(cpu.replace(timing="events"), 64) == "cpu"
 
 
 def test_graph_max_tokens_is_no_identity_under_auto():

@@ -78,7 +78,7 @@ def test_validity_rules_give_reasons(monkeypatch):
     assert validity.check_tokens(auto, 16) is None and validity.timing_mode(auto, 16) == "events"  # no capture
     assert validity.timing_mode(auto.replace(experts="triton"), 16) == "graph"
     assert validity.timing_mode(auto.replace(experts="triton"), 65536) == "graph"
-    assert validity.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "events"
+    assert validity.timing_mode(auto.replace(experts="triton", device="cpu"), 16) == "cpu"
     # a batched buffer's cap is the backend's (deepep_ll, pplx), per token count
     pplx = base.replace(
         backend="pplx",
