@@ -256,6 +256,7 @@ def answers(
         lines += figure(ap.plot_memory(ws, out / "workspace.png", budget, cpu=cpu))
     lines += overlap_section(ok, mem, cpu)
     lines += ["## Read with care", *(f"- {q}" for q in quality or ["no data-quality note: no row flagged"])]
-    if out is not None and len(ok):  # drawn here, shown with the phase table below the answers
+    # drawn here, shown with the phase table below the answers; on a CPU, left out (phase_plot.CPU_NO_FIGURE)
+    if out is not None and len(ok) and not cpu:
         figure(plot_phase_fastest(ok, combo_labels, out / "phases.png", cpu=cpu, within=timed.rows))
     return Answers(lines, effects, figures, cpu)

@@ -28,6 +28,7 @@ from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, 
 from moebench.report.fmt import fmt_change
 from moebench.report.load import load_run, writing
 from moebench.report.mdsafe import md_text
+from moebench.report.phase_plot import CPU_NO_FIGURE
 from moebench.report.routing_table import routing_table
 from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
 from moebench.report.table import Table, to_json
@@ -263,7 +264,7 @@ def run_doc(
             "Phase breakdown",
             "## Phase breakdown",
             tables.phase_table(df),
-            figures["phases.png"].markdown() if "phases.png" in figures else "",
+            figures["phases.png"].markdown() if "phases.png" in figures else CPU_NO_FIGURE if opening.cpu else "",
         ),
         details("Shared-expert overlap", "## Shared-expert overlap", tables.overlap_table(df)),
         details("Traces", "## Traces", traces) if traces else "",

@@ -17,6 +17,12 @@ from moebench.report.workloads import spread, union_labels, workloads
 from moebench.util.words import counted
 
 MAX_PHASE_ROWS = 4  # the fastest and its three nearest, per token count
+# a CPU run names no fastest, and its phases (forwards of their own, each on the host's clock)
+# need not add up to its latency: the figure is left out and the phase table stands alone
+CPU_NO_FIGURE = (
+    "_No phase figure: on a CPU no row is the fastest (CPU time is a pipeline check) and each phase is timed "
+    "in forwards of its own, so the phases need not add up to the latency; the table above lists every row's._"
+)
 PHASES = tuple(PHASE_COLUMNS)
 
 

@@ -107,6 +107,27 @@ def test_a_cpu_run_says_every_figure_is_a_pipeline_check(tmp_path):
     check_figures(out, md)
 
 
+def test_a_cpu_run_draws_no_fastest_phases_and_says_why(tmp_path):
+    """A CPU report said 'no fastest named' yet phases.png was titled 'the fastest of each workload',
+    its noise winner's phases adding up to 2.4 × its latency: on a CPU the figure is left out, and
+    the phase table says why."""
+    from moebench.report.phase_plot import CPU_NO_FIGURE
+
+    rng = np.random.default_rng(1)
+    rows = [
+        make_row("local", "torch", r, "none", "bf16", t, samples_us=samples_from(100.0 + t, 0.02, 10, rng),
+                 device="cpu", prepare_us=80.0, experts_us=160.0, combine_us=20.0)
+        for r in ("finalize", "experts") for t in (16, 64)
+    ]  # fmt: skip
+    out = tmp_path / "report"
+    build_report(write_run(tmp_path / "run", pd.DataFrame(rows)), out)
+    md = (out / "report.md").read_text()
+    assert "phases.png" not in md and not (out / "phases.png").exists()
+    table = md.partition("## Phase breakdown")[2].partition("</details>")[0]
+    assert CPU_NO_FIGURE in table and "no row is the fastest" in CPU_NO_FIGURE, table
+    check_figures(out, md)
+
+
 def big_run(path: Path, models: int, seed: int, scale: float = 1.0) -> Path:
     """A synthetic run of models x 24 combinations x 10 token counts (models=42: 10,080 rows)."""
     rng = np.random.default_rng(seed)
