@@ -294,12 +294,13 @@ def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool =
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", frameon=False)
     big = tokens[-1]
+    what = "Declared workspace (no peak measured)" if bool(ws["declared"].any()) else "Workspace"
     at = {r: float(s.loc[big]) for r, s in med.items() if big in s.index}
     if len(at) >= 2:
         lo_r, hi_r = min(at, key=lambda r: at[r]), max(at, key=lambda r: at[r])
         versus = f"{fmt_ratio(at[lo_r] / at[hi_r])} the {at[hi_r]:,.0f} MiB of {hi_r}"
-        title = f"Workspace at {big} tok: reduction={lo_r} {at[lo_r]:,.0f} MiB, {versus} (medians)"
+        title = f"{what} at {big} tok: reduction={lo_r} {at[lo_r]:,.0f} MiB, {versus} (medians)"
     else:
         ((r, v),) = at.items()
-        title = f"Workspace at {big} tok: reduction={r} {v:,.0f} MiB (median)"
+        title = f"{what} at {big} tok: reduction={r} {v:,.0f} MiB (median)"
     return finish(fig, path, title, cpu)

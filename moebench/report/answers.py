@@ -133,30 +133,43 @@ def _no_effect(ok: pd.DataFrame, cpu: bool, num_host: int) -> str:
 
 
 def workspace_stats(ok: pd.DataFrame) -> pd.DataFrame | None:
-    """The workspace peak of one forward (bytes) per (reduction, tokens_per_rank) over the rows
-    that recorded one: median, min, max and how many combinations; None where no row did. What
-    the memory lines (memory_section) and answer_plots.plot_memory both read."""
-    col = "workspace_bytes_peak"
-    if col not in ok.columns or "reduction" not in ok.columns:
+    """The workspace of one forward (bytes) per (reduction, tokens_per_rank) over the rows that
+    recorded one: median, min, max, how many combinations and whether it is `declared`. The
+    allocator peak where any row measured one, else (a CPU run: peaks are measured on CUDA only)
+    the kernels' declared workspace, as `compare`'s memory table falls back; None where no row has
+    either. What the memory lines (memory_section) and answer_plots.plot_memory both read."""
+    if "reduction" not in ok.columns:
         return None
-    ok = ok.assign(**{col: pd.to_numeric(ok[col], errors="coerce")})
-    ok = ok[ok[col] > 0]
-    if ok.empty:
-        return None
-    by = ok.groupby(["reduction", "tokens_per_rank"], sort=True)
-    return by[col].agg(["median", "min", "max"]).assign(combinations=by["combo_key"].nunique())
+    for col in ("workspace_bytes_peak", "workspace_bytes_analytic"):
+        if col not in ok.columns:
+            continue
+        rows = ok.assign(**{col: pd.to_numeric(ok[col], errors="coerce")})
+        rows = rows[rows[col] > 0]
+        if len(rows):
+            by = rows.groupby(["reduction", "tokens_per_rank"], sort=True)
+            stats = by[col].agg(["median", "min", "max"])
+            return stats.assign(combinations=by["combo_key"].nunique(), declared=col == "workspace_bytes_analytic")
+    return None
+
+
+def _no_peak(ok: pd.DataFrame) -> str:
+    """Why the run's ok rows measured no workspace peak."""
+    on_cpu = "device" in ok.columns and len(ok) and ok["device"].astype(str).eq("cpu").all()
+    return (
+        "workspace peaks are measured on CUDA only"
+        if on_cpu
+        else "no ok row recorded a workspace peak (`runner.memory=true` measures one)"
+    )
 
 
 def memory_section(ok: pd.DataFrame, ws: pd.DataFrame | None) -> list[str]:
     """One line per reduction placement: the workspace of one forward at the largest token
-    count (median over its combinations, and its range: `ws`, workspace_stats)
-    and the largest device peak."""
+    count (median over its combinations, and its range: `ws`, workspace_stats; the declared
+    workspace where no row measured a peak, said so) and the largest device peak."""
     head = "## Workspace per reduction placement"
     if ws is None:
-        why = (
-            "no row is ok" if not len(ok) else "no ok row recorded a workspace peak (`runner.memory=true` measures one)"
-        )
-        return [head, f"- no workspace figure: {why}"]
+        return [head, f"- no workspace figure: {'no row is ok' if not len(ok) else _no_peak(ok)}"]
+    declared = bool(ws["declared"].any())
     big = int(ws.index.get_level_values("tokens_per_rank").max())
     at = ws.xs(big, level="tokens_per_rank")
     device = (
@@ -165,12 +178,18 @@ def memory_section(ok: pd.DataFrame, ws: pd.DataFrame | None) -> list[str]:
         else pd.Series(dtype=float)
     )
     lines = [head]
+    if declared:
+        lines.append(
+            f"{_no_peak(ok)[0].upper()}{_no_peak(ok)[1:]}: the workspace below is the kernels' declared one "
+            "(`workspace_bytes_analytic`), as `compare` reads where no peak was measured."
+        )
+    what = "declared workspace" if declared else "workspace"
     for red, s in at.iterrows():
         vs = [f"{s['median'] / at.loc[o, 'median']:.2f} × `{o}`" for o in at.index if o != red]
         dev = float(device.get(red, np.nan))
         peak = f"; device peak up to {_mib(dev)}" if np.isfinite(dev) else ""
         lines.append(
-            f"- `reduction={red}` at {big} tok: workspace {_mib(s['median'])} (median of "
+            f"- `reduction={red}` at {big} tok: {what} {_mib(s['median'])} (median of "
             f"{counted(int(s['combinations']), 'combination')}, {_mib(s['min'])}–{_mib(s['max'])})"
             + (f", {', '.join(vs)}" if vs else "")
             + peak

@@ -122,10 +122,31 @@ def test_host_time_rows_beside_gpu_rows_are_counted_apart_and_in_the_workspace(t
 
 def test_a_run_with_no_workspace_peak_says_so(tmp_path):
     rng = np.random.default_rng(3)
-    rows = [_row(e, "experts", 64, 100.0, rng) | dict(workspace_bytes_peak=np.nan) for e in ("torch", "triton")]
+    none = dict(workspace_bytes_peak=np.nan, workspace_bytes_analytic=np.nan)
+    rows = [_row(e, "experts", 64, 100.0, rng) | none for e in ("torch", "triton")]
     head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
     (workspace,) = _section(head, "## Workspace per reduction placement")
     assert workspace.startswith("- no workspace figure: no ok row recorded a workspace peak"), workspace
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_without_a_peak_the_workspace_is_the_declared_one_as_compare_reads(tmp_path, device):
+    """A CPU run said 'no ok row recorded a workspace peak (`runner.memory=true` measures one)',
+    though runner.memory is true by default and peaks are measured on CUDA only, while `compare` of
+    the same run showed the workspace change from the declared column: both read the peak, else the
+    declared workspace, and the report says which and why."""
+    rng = np.random.default_rng(3)
+    rows = [
+        make_row("local", "torch", r, "none", "bf16", 64, samples_us=samples_from(100.0, 0.01, 20, rng),
+                 device=device, workspace_bytes_peak=np.nan, workspace_bytes_analytic=mib * 2**20)
+        for r, mib in (("experts", 8), ("finalize", 4))
+    ]  # fmt: skip
+    head = _answers(write_run(tmp_path / "run", pd.DataFrame(rows)), tmp_path / "report")
+    workspace = head.partition("## Workspace per reduction placement")[2].partition("\n## ")[0]
+    why = "Workspace peaks are measured on CUDA only" if device == "cpu" else "No ok row recorded a workspace peak"
+    assert why in workspace and "declared one (`workspace_bytes_analytic`)" in workspace, workspace
+    assert "- `reduction=finalize` at 64 tok: declared workspace 4.00 MiB (median of 1 combination" in workspace
+    assert "Declared workspace (no peak measured) at 64 tok: reduction=finalize 4 MiB" in head, head
 
 
 @pytest.mark.parametrize("other", ["host time", "one combination"])
