@@ -14,6 +14,7 @@ from typing import Optional
 import pandas as pd
 
 from moebench.report.mdsafe import md_text
+from moebench.util.words import counted
 
 ENV_FIELDS = [  # (label, keys tried in order; a key also matches the tail of a dotted key)
     ("GPU", ["gpu", "gpu_name", "gpu.name", "device_name", "gpus"]),
@@ -68,6 +69,18 @@ def _gpu_text(value, env: dict) -> str | None:
     if value and str(count).isdigit() and int(count) > 1:
         return f"{int(count)} × {value}"
     return None if value is None else str(value)
+
+
+def cpu_text(env: dict) -> str:
+    """A CPU machine as the environment line says it (its fingerprint's `gpu` is `cpu`), as
+    `moebench env` does: 'no GPU (CPU, 2 cores, 1 torch thread a rank)'."""
+    cores, threads = env_value(env, ["cpu_count"]), cpu_threads_setting(env) if env else None
+    said = ["CPU"]
+    if str(cores).isdigit():
+        said.append(counted(int(cores), "core"))
+    if threads is not None:
+        said.append(f"{counted(int(threads), 'torch thread')} a rank" if threads.isdigit() else f"threads {threads}")
+    return f"no GPU ({', '.join(said)})"
 
 
 def _smi_driver(env: dict) -> str | None:
@@ -145,6 +158,8 @@ def env_summary(env: dict, df: pd.DataFrame | None = None) -> str:
         if label in LIBRARIES:
             if env:  # without env.json, "not installed" would be a guess
                 parts.append(f"{label} {md_text(value) if value else 'not installed'}")
+        elif label == "GPU" and value == "cpu":
+            parts.append(md_text(cpu_text(env)))
         elif value is not None:
             parts.append(f"{label} {md_text(value)}")
     sha, dirty = env_commit(env)
@@ -220,7 +235,9 @@ def comparable_summary(env: dict) -> str:
     parts = []
     for label in ("GPU", "driver", "CUDA", "torch", "triton"):
         v = _gpu_names(env) if label == "GPU" else field_value(env, label)
-        if v is not None:
+        if label == "GPU" and v == "cpu":
+            parts.append("no GPU (CPU)")
+        elif v is not None:
             parts.append(md_text(v) if label == "GPU" else f"{label} {md_text(v)}")
     return ", ".join(parts)
 

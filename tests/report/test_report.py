@@ -528,3 +528,19 @@ def test_the_fastest_cell_is_bold_when_a_workload_column_is_empty(tmp_path):
     table = latency_table(df)
     assert table.count("**") == 2 * ok["tokens_per_rank"].nunique(), table
     assert "Bold is the fastest" in table
+
+
+def test_a_cpu_machine_is_said_to_have_no_gpu():
+    """A CPU run's environment line read 'GPU cpu' (its fingerprint's gpu field) and a comparison's
+    'environments: comparable (cpu, ...)': it says there is no GPU, with the cores and threads."""
+    from moebench.report.envinfo import comparable_summary, env_summary
+
+    env = {"gpu": "cpu", "gpu_count": 0, "cpu_count": 2, "cpu_threads": 1, "torch": "2.13.0+cpu"}
+    line = env_summary(env)
+    assert line.startswith("no GPU (CPU, 2 cores, 1 torch thread a rank) · torch 2.13.0+cpu"), line
+    assert "GPU cpu" not in line
+    assert comparable_summary(env) == "no GPU (CPU), torch 2.13.0+cpu"
+    rows = pd.DataFrame({"gpu": ["cpu"], "git_sha": ["0123456"]})
+    assert env_summary({}, rows).startswith("no GPU (CPU) · git 0123456"), env_summary({}, rows)
+    gpu = env_summary({"gpu": "NVIDIA H200", "gpu_count": 2})
+    assert gpu.startswith("GPU 2 × NVIDIA H200"), gpu
