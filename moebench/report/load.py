@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moebench.config.paths import ADHOC
 from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: re-exported for their users outside report/)
     COMBINATION_COLUMNS,
     LATENCY_COLUMNS,
@@ -24,7 +25,7 @@ from moebench.report.columns import (  # noqa: F401 (PHASE_COLUMNS, phase_sum: r
     UNREAD_COLUMNS,
     phase_sum,
 )
-from moebench.report.mdsafe import md_code, md_text
+from moebench.report.mdsafe import md_code, md_text, shell_join
 from moebench.results import row as schema
 from moebench.results.lock import elsewhere, holder_now, unverified, writer
 from moebench.results.store import (
@@ -63,12 +64,34 @@ def _source(path: Path) -> tuple[list[Path] | None, Path | None]:
             f"no results in {path} yet: {who} is writing it and has stored no row so far; "
             "wait, then report again: its rows are stored as it goes"
         )
+    stopped = _stopped_sweep(store) if not files else ""
+    if stopped:
+        raise ValueError(
+            f"no results in {path} yet: {stopped} and stopped (a SIGTERM, Ctrl-C or crash) before it stored "
+            f"any row; the same command resumes it" + (f"; {who}" if who else "")
+        )
     if not files:
         raise ValueError(
             f"no results in {path}: expected {store.rows_dir}/*.parquet (run a sweep "
             "first, e.g. `moebench sweep ...`, or point at its output directory)" + (f"; {who}" if who else "")
         )
     return files, path
+
+
+def _stopped_sweep(store: RunStore) -> str:
+    """'`moebench sweep --out RUN ...` started here' where a sweep recorded itself in `store`'s
+    folder (sweep-*.json, as it does before its first row), else ''."""
+    try:
+        records = [r for r in store.sweep_records() if isinstance(r, dict)]
+    except (OSError, ValueError):
+        return ""
+    if not records:
+        return ""
+    sweep, overrides = records[-1].get("sweep") or {}, records[-1].get("cli_overrides") or []
+    name = str(sweep.get("name") or "default") if isinstance(sweep, dict) else "default"
+    words = ["moebench", "sweep", *(["--sweep", name] if name not in ("default", ADHOC) else [])]
+    command = shell_join([*words, "--out", str(store.dir), *map(str, overrides)])
+    return f"{md_code(command)} started here"
 
 
 def _holder(path: str | Path) -> dict:

@@ -302,3 +302,24 @@ def test_a_report_of_a_run_whose_lock_names_another_host_does_not_wait_for_it(tm
     err = capsys.readouterr().err
     assert f"read the {len(make_rows())} rows stored; its lock names pid 4242 on far-node-that-died" in err, err
     assert "being written" not in err and (rep / "report.md").is_file()
+
+
+def test_a_report_of_a_sweep_stopped_before_its_first_row_says_rerunning_resumes(tmp_path, capsys):
+    """A sweep SIGTERMed before it stored a row leaves sweep-*.json and env.json, no rows: `report`
+    said "run a sweep first", as of an empty folder. It names the recorded command and that rerunning
+    it resumes (exit 2)."""
+    import json
+
+    run, rep = tmp_path / "r", tmp_path / "rep"
+    run.mkdir()
+    (run / "env.json").write_text(json.dumps({"gpu": "cpu"}))
+    record = {"cli_overrides": ["quant=bf16"], "run_id": "abc", "sweep": {"name": "routing", "overrides": {}}}
+    (run / "sweep-abc.json").write_text(json.dumps(record))
+    code = cli.main(["report", str(run), "--out", str(rep)])
+    err = _one_line_exit_2(
+        capsys,
+        code,
+        f"no results in {run} yet: `moebench sweep --sweep routing --out {run} quant=bf16` started here and stopped",
+        "before it stored any row; the same command resumes it",
+    )
+    assert "run a sweep first" not in err
