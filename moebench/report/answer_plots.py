@@ -27,6 +27,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from moebench.report.answer_frame import MAX_PANELS, Figure, Labeller, finish, frame, tokens_log2, us_text
 from moebench.report.effects import BAND, FASTER, SLOWER, Effect, decimals, fmt_interval, fmt_ratio
+from moebench.report.fmt import fmt_mib
 from moebench.report.plotgrid import LINESTYLES, plain_log
 from moebench.report.workloads import spread, union_labels, workloads
 from moebench.util.words import counted
@@ -274,6 +275,11 @@ def plot_alone(ok: pd.DataFrame, path, cpu: bool = False, within: pd.DataFrame |
 # -- memory --------------------------------------------------------------------------------------
 
 
+def _mib_text(mib: float) -> str:
+    """MiB as a title says it: 1,211 MiB or 54 MiB, below 1 MiB its digits (0.251 MiB, not 0 MiB)."""
+    return f"{mib:,.0f} MiB" if mib >= 1 else f"{fmt_mib(mib * MIB)} MiB"
+
+
 def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool = False) -> Figure | None:
     """The workspace peak of one forward vs tokens, per reduction placement (`ws`: answers.workspace_stats):
     the median over its combinations and their range; the budget as a line where one is given."""
@@ -298,9 +304,9 @@ def plot_memory(ws: pd.DataFrame, path, budget: float | None = None, cpu: bool =
     at = {r: float(s.loc[big]) for r, s in med.items() if big in s.index}
     if len(at) >= 2:
         lo_r, hi_r = min(at, key=lambda r: at[r]), max(at, key=lambda r: at[r])
-        versus = f"{fmt_ratio(at[lo_r] / at[hi_r])} the {at[hi_r]:,.0f} MiB of {hi_r}"
-        title = f"{what} at {big} tok: reduction={lo_r} {at[lo_r]:,.0f} MiB, {versus} (medians)"
+        versus = f"{fmt_ratio(at[lo_r] / at[hi_r])} the {_mib_text(at[hi_r])} of {hi_r}"
+        title = f"{what} at {big} tok: reduction={lo_r} {_mib_text(at[lo_r])}, {versus} (medians)"
     else:
         ((r, v),) = at.items()
-        title = f"{what} at {big} tok: reduction={r} {v:,.0f} MiB (median)"
+        title = f"{what} at {big} tok: reduction={r} {_mib_text(v)} (median)"
     return finish(fig, path, title, cpu)

@@ -147,6 +147,9 @@ def test_without_a_peak_the_workspace_is_the_declared_one_as_compare_reads(tmp_p
     assert why in workspace and "declared one (`workspace_bytes_analytic`)" in workspace, workspace
     assert "- `reduction=finalize` at 64 tok: declared workspace 4.00 MiB (median of 1 combination" in workspace
     assert "Declared workspace (no peak measured) at 64 tok: reduction=finalize 4 MiB" in head, head
+    small = [r | dict(workspace_bytes_analytic=r["workspace_bytes_analytic"] / 16) for r in rows]
+    head = _answers(write_run(tmp_path / "small", pd.DataFrame(small)), tmp_path / "small_report")
+    assert "reduction=finalize 0.250 MiB, 0.50 × the 0.500 MiB of experts (medians)" in head, head  # not '0 MiB'
 
 
 @pytest.mark.parametrize("other", ["host time", "one combination"])
