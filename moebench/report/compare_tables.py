@@ -265,6 +265,9 @@ def memory_change_lines(cmp: Comparison, names: pd.Series, limit: int = 3) -> li
         counts = [(n, word) for n, word in ((smaller, "smaller"), (len(hit) - smaller, "larger")) if n]
         # '3 rows smaller, 1 larger', '1 row larger': the noun once, no zero count
         sides = [f"{counted(n, 'row') if i == 0 else n} {word}" for i, (n, word) in enumerate(counts)]
+        peaks = [c for c in ("base_workspace_bytes_peak", "cand_workspace_bytes_peak") if c in hit.columns]
+        if b_col is None and not hit[peaks].notna().any().any():  # _ws's fallback, as the report says it
+            what = "declared workspace (no peak measured)"
         out.append(f"{what}: {', '.join(sides)} beyond ×{cmp.threshold:g} — " + "; ".join(items) + more)
     return out
 

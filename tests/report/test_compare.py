@@ -154,6 +154,14 @@ def test_fail_on_tunes_what_exits_1(tmp_path, capsys):
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 0  # memory: reported, not fatal
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "memory")
     assert code == 1 and "larger workspace" in err and "memory: workspace: 2 rows larger beyond ×1.05" in out
+    # no peak on either side (a CPU run: peaks are CUDA only): the declared workspace, said so
+    base, cand = _runs(
+        tmp_path,
+        rows(1.0, np.nan).assign(workspace_bytes_analytic=1e6),
+        rows(1.0, np.nan).assign(workspace_bytes_analytic=2e6),
+    )
+    out = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[1]
+    assert "memory: declared workspace (no peak measured): 2 rows larger beyond ×1.05" in out, out
     base, cand = _runs(tmp_path, rows(1.0, 1e6), rows(1.5, 1e6))
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"))[0] == 1
     assert _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "none")[0] == 0
