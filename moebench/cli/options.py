@@ -24,7 +24,7 @@ memory: the traceback, then one line), not the measured kernels; 130 interrupted
 # what a comparison's statuses mean (report --baseline, compare, ab; docs/design.md "Exit status"):
 # each command's epilog (exit_status) says its own around them
 REGRESSION = (
-    "a row slower beyond the threshold, a broken row (was ok, now failed/incorrect/timeout/oom) or no row ok "
+    "a row slower beyond the threshold, a broken row (was ok, now failed/incorrect/timeout/oom) or no paired row ok "
     "on both sides (--fail-on tunes which)"
 )
 ENVIRONMENT = (
@@ -83,7 +83,7 @@ def compare_options(p) -> None:
         "--fail-on",
         default="slower,broken,empty",
         help="what exits 1, a comma list of slower, broken, memory (workspace larger), missing "
-        "(a baseline row the candidate lacks), empty (no row ok on both sides), env (environments "
+        "(a baseline row the candidate lacks), empty (no paired row ok on both sides), env (environments "
         "not comparable), or none (default: %(default)s)",
     )
     p.add_argument(

@@ -2,7 +2,8 @@
 
 Both write the report (report.md + PNGs, with csv files or report.json as --format asks)
 and print it in that format. Exit status: 0 clean; 1 a row slower beyond the threshold,
-a broken row, or no row ok on both sides (what counts is --fail-on); bad input raises
+a broken row, or no paired row ok on both sides (what counts is --fail-on); bad input (runs no row
+of which pairs, report/overlap.py, among it) raises
 ValueError and a report folder that cannot be written OSError, before anything is written (the
 CLI exits 2 for both; the folder is checked before the runs are read and made only once there is
 a report to write, so a refused command leaves none behind); a single run's report exits 0.
@@ -30,7 +31,8 @@ REPORT_EXIT = options.exit_status(
     "0 the report written: a single run's (--capacity's too), or a comparison (--baseline A --candidate B) "
     f"with no regression or {options.NO_VERDICT_0}",
     f"1 a comparison with {options.REGRESSION}",
-    "2 bad input (a missing run, both sides the same run, an unknown schema version, --capacity with no budget "
+    "2 bad input (a missing run, both sides the same run, runs no row of which pairs, an unknown schema version, "
+    "--capacity with no budget "
     "to take or on a run with no combination's GPU memory peaks at two token counts, a run a live process on "
     f"this host is writing that has no row stored yet, an unknown option) or {options.ENVIRONMENT}",
     f"3 the report {options.NO_VERDICT}",
@@ -40,7 +42,8 @@ COMPARE_EXIT = options.exit_status(
     f"0 no regression, or {options.NO_VERDICT_0}",
     f"1 {options.REGRESSION}",
     "2 bad input (a missing run, both sides the same run, an unknown schema version, an --axis field no "
-    "combination has or a value no row has, a run a live process on this host is writing that has no row "
+    "combination has or a value no row has, runs or an axis no row of which pairs: the line says what to do, "
+    "a run a live process on this host is writing that has no row "
     f"stored yet, an unknown option) or {options.ENVIRONMENT}",
     f"3 the comparison {options.NO_VERDICT}",
     "130 interrupted",
@@ -88,11 +91,12 @@ def register(sub) -> None:
         metavar="FIELD=A:B",
         help="pair the rows of one run that differ only in FIELD "
         "(an axis such as reduction=finalize:experts, or a knob such as row_layout=gathered:contiguous); "
-        "A is the baseline",
+        "A is the baseline; with BASE CAND, BASE's rows with A against CAND's with B",
     )
     options.out(
         cp,
-        "report directory (default: CAND/report/vs-BASE, or RUN/report/axis-FIELD-A-B; for a run committed "
+        "report directory (default: CAND/report/vs-BASE (vs-BASE-axis-FIELD-A-B with --axis), or "
+        "RUN/report/axis-FIELD-A-B; for a run committed "
         "under results/, runs/reports/<its path under results/>/report/vs-BASE or .../axis-FIELD-A-B, so "
         "that comparing it changes no tracked file)",
     )
@@ -207,7 +211,8 @@ def compare_command(
     names: tuple[str, str] | None = None,
     cpu_verdict: bool = False,
 ) -> int:
-    """`moebench compare BASE CAND` or `moebench compare RUN --axis FIELD=A:B`; ``names``
+    """`moebench compare BASE CAND`, `moebench compare RUN --axis FIELD=A:B` (within one run) or
+    `moebench compare BASE CAND --axis FIELD=A:B` (BASE's rows with A against CAND's with B); ``names``
     replaces the runs' folder names in the report; ``cpu_verdict`` gives CPU pairs verdicts."""
     from moebench.report.compare import compare_runs
     from moebench.report.document import (
@@ -223,36 +228,51 @@ def compare_command(
 
     fmt = _check_format(fmt)
     fail = _fail_on(fail_on)
+    from moebench.report.overlap import require_pairs
+
+    ax = None
     if axis is not None:
-        if len(runs) != 1:
-            raise ValueError("--axis compares within one run: `moebench compare RUN --axis FIELD=A:B`")
         from moebench.report.axis import compare_axis, parse_axis
 
         ax = parse_axis(axis)
+    if ax is not None and len(runs) == 1:
         check_run_path(runs[0])  # the run there, before its report folder is checked
         place = report_dir(runs[0], out, f"axis-{ax.field}-{ax.a}-{ax.b}")
         place.check(output_names(fmt))  # nothing made until the run is read and its pairs found
         df, env = load_run(runs[0])
         cmp = compare_axis(df, ax, threshold, cpu_verdict=cpu_verdict)
+        require_pairs(cmp, df, df, runs[0], runs[0])
         cmp.base_env = cmp.cand_env = env
         where = place.make()
         cmp.baseline_name, cmp.candidate_name = md_text(cmp.baseline_name), md_text(cmp.candidate_name)
         doc = comparison_doc(cmp, where, [Path(runs[0])], fail, (df,), (env,))
         return _finish(doc, write(doc, where, fmt), fmt)
     if len(runs) != 2:
-        raise ValueError("`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B)")
+        raise ValueError(
+            "`moebench compare BASE CAND` takes two runs (or one with --axis FIELD=A:B: "
+            "`moebench compare RUN --axis FIELD=A:B` within one, `moebench compare BASE CAND --axis FIELD=A:B` "
+            "across two)"
+        )
     base, cand = runs
     check_run_path(base)  # both runs there, before the report folder is checked
     check_run_path(cand)
     _refuse_same_run("compare", base, cand)
-    place = report_dir(cand, out, f"vs-{run_dir_of(base).name}")
+    sub = f"vs-{run_dir_of(base).name}" + (f"-axis-{ax.field}-{ax.a}-{ax.b}" if ax else "")
+    place = report_dir(cand, out, sub)
     place.check(output_names(fmt))  # nothing made until both runs are read and compared
     base_df, base_env = load_run(base)
     cand_df, cand_env = load_run(cand)
-    cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
+    if ax is not None:  # BASE's rows with A against CAND's with B
+        cmp = compare_axis(base_df, ax, threshold, cpu_verdict=cpu_verdict, cand_df=cand_df)
+    else:
+        cmp = compare_runs(base_df, cand_df, threshold=threshold, cpu_verdict=cpu_verdict)
+    require_pairs(cmp, base_df, cand_df, base, cand)  # inputs that never meet: exit 2, nothing written
     where = place.make()
     cmp.base_env, cmp.cand_env = base_env, cand_env
     cmp.baseline_name, cmp.candidate_name = tuple(map(md_text, names)) if names else run_names(Path(base), Path(cand))
+    if ax is not None:  # the names say which value each run's rows hold: the field paired, in the title
+        cmp.baseline_name += " " + md_text(f"({ax.field}={ax.a})")
+        cmp.candidate_name += " " + md_text(f"({ax.field}={ax.b})")
     doc = comparison_doc(cmp, where, [Path(base), Path(cand)], fail, (base_df, cand_df), (base_env, cand_env))
     return _finish(doc, write(doc, where, fmt), fmt)
 

@@ -1,4 +1,6 @@
-"""Comparison along one axis within one run: `moebench compare RUN --axis reduction=finalize:experts`.
+"""Comparison along one axis within one run: `moebench compare RUN --axis reduction=finalize:experts`,
+or across two: `moebench compare BASE CAND --axis reduction=finalize:experts` pairs BASE's rows with
+reduction=finalize with CAND's with reduction=experts (a baseline run against a change's run).
 
 A row with FIELD=A pairs with the row of the same token count with FIELD=B whose
 combination (moebench.config.spec.from_row) is equal once FIELD is set to B on both: the key of
@@ -83,21 +85,18 @@ def _set(combo: Combo, field: str, value, dropped: set[str]) -> Combo:
     return combo
 
 
-def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series, pd.Series]:
-    """(rows with A, rows with B, their pairing keys): key = the combination with the axis
-    set to B (and the swapped entries' knobs dropped) and the token count."""
-    rows = prepared_rows(df)
-    a, b = _typed(axis.field, axis.a), _typed(axis.field, axis.b)
-    dropped = _dropped_knobs(axis.field, a, b)
+def _side(rows: pd.DataFrame, axis: Axis, value, text: str, dropped: set[str], run: str):
+    """(the rows of `rows` with FIELD=value, their pairing keys): the combination with the axis set to
+    B (the swapped entries' knobs dropped) and the token count; ValueError where none has it."""
+    b = _typed(axis.field, axis.b)
     combos = [from_row(r) for r in rows.to_dict("records")]
     values = [_value(c, axis.field) for c in combos]
-    present = {fmt_value(v) for v in values}
-    for v, text in ((a, axis.a), (b, axis.b)):
-        if not any(x == v for x in values):
-            raise ValueError(
-                f"--axis {axis}: no row has {axis.field}={text} (this run has "
-                f"{axis.field} = {', '.join(sorted(present)) or 'none'})"
-            )
+    if not any(x == value for x in values):
+        present = ", ".join(sorted({fmt_value(v) for v in values})) or "none"
+        raise ValueError(
+            f"--axis {axis}: no row {f'of {run} ' if run else ''}has {axis.field}={text} "
+            f"({run or 'this run'} has {axis.field} = {present})"
+        )
     keys = pd.Series(
         [
             f"{_set(c, axis.field, b, dropped).key}\x1f{fmt_value(t)}"
@@ -105,24 +104,40 @@ def axis_sides(df: pd.DataFrame, axis: Axis) -> tuple[pd.DataFrame, pd.DataFrame
         ],
         dtype=object,
     )
-    is_a = pd.Series([x == a for x in values])
-    is_b = pd.Series([x == b for x in values])
-    return (
-        rows[is_a].reset_index(drop=True),
-        rows[is_b].reset_index(drop=True),
-        keys[is_a].reset_index(drop=True),
-        keys[is_b].reset_index(drop=True),
-    )
+    mine = pd.Series([x == value for x in values])
+    return rows[mine].reset_index(drop=True), keys[mine].reset_index(drop=True)
+
+
+def axis_sides(
+    df: pd.DataFrame, axis: Axis, cand_df: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series, pd.Series]:
+    """(rows with A, rows with B, their pairing keys): key = the combination with the axis
+    set to B (and the swapped entries' knobs dropped) and the token count. With ``cand_df`` the
+    rows with A are ``df``'s (the baseline run's) and those with B ``cand_df``'s."""
+    a, b = _typed(axis.field, axis.a), _typed(axis.field, axis.b)
+    dropped = _dropped_knobs(axis.field, a, b)
+    rows = prepared_rows(df)
+    two = cand_df is not None
+    base, bk = _side(rows, axis, a, axis.a, dropped, "BASE" if two else "")
+    cand, ck = _side(prepared_rows(cand_df) if two else rows, axis, b, axis.b, dropped, "CAND" if two else "")
+    return base, cand, bk, ck
 
 
 def compare_axis(
-    df: pd.DataFrame, axis: Axis | str, threshold: float = 1.05, alpha: float = 0.05, cpu_verdict: bool = False
+    df: pd.DataFrame,
+    axis: Axis | str,
+    threshold: float = 1.05,
+    alpha: float = 0.05,
+    cpu_verdict: bool = False,
+    cand_df: pd.DataFrame | None = None,
 ) -> Comparison:
     """Pairs of rows of one run that differ only in ``axis`` (module doc), compared as
-    baseline (A) and candidate (B). The matched rows show their shared identity; a column
-    whose two values differ reads 'A→B' (the axis itself, a dropped knob)."""
+    baseline (A) and candidate (B); with ``cand_df``, ``df``'s rows with A (the baseline run)
+    against ``cand_df``'s with B (the candidate run), `Axis.across`. The matched rows show their
+    shared identity; a column whose two values differ reads 'A→B' (the axis itself, a dropped knob)."""
     axis = parse_axis(axis) if isinstance(axis, str) else axis
-    base, cand, bk, ck = axis_sides(df, axis)
+    axis = dataclasses.replace(axis, across=cand_df is not None)
+    base, cand, bk, ck = axis_sides(df, axis, cand_df)
     cmp = compare_pairs(base, cand, bk, ck, threshold, alpha, shown="cand", axis=axis, cpu_verdict=cpu_verdict)
     m = cmp.matched
     if len(m):
@@ -138,5 +153,6 @@ def compare_axis(
         from moebench.report.columns import combo_labels
 
         m["label"] = combo_labels(m).values
-    cmp.baseline_name, cmp.candidate_name = f"{axis.field}={axis.a}", f"{axis.field}={axis.b}"
+    if not axis.across:  # two runs: the caller names them (with their side's value)
+        cmp.baseline_name, cmp.candidate_name = f"{axis.field}={axis.a}", f"{axis.field}={axis.b}"
     return cmp

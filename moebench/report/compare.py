@@ -78,11 +78,13 @@ SIDE_COLUMNS = list(
 
 @dataclass
 class Axis:
-    """A comparison within one run along one field: `field` = a (baseline) vs b (candidate)."""
+    """A comparison along one field: `field` = a (baseline) vs b (candidate), within one run, or
+    ``across`` two: the baseline run's rows with a against the candidate run's with b."""
 
     field: str
     a: str
     b: str
+    across: bool = False
 
     def __str__(self) -> str:
         return f"{self.field}={self.a}:{self.b}"
@@ -111,6 +113,11 @@ class Comparison:
     candidate_name: str = "candidate"
     pairs: list = field(default_factory=list, repr=False)  # (baseline row, candidate row) per matched row
     cpu_verdict: bool = False  # CPU pairs were given verdicts (--cpu-verdict)
+
+    @property
+    def one_run(self) -> bool:
+        """Both sides rows of one run (an axis within it): one environment."""
+        return self.axis is not None and not self.axis.across
 
     @property
     def bounds(self) -> tuple[float, float]:

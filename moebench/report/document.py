@@ -28,6 +28,7 @@ from moebench.report.flags import flag_summary, pair_flags, pair_paced_details, 
 from moebench.report.fmt import fmt_change
 from moebench.report.load import load_run, writing
 from moebench.report.mdsafe import md_text
+from moebench.report.overlap import require_pairs
 from moebench.report.phase_plot import CPU_NO_FIGURE
 from moebench.report.routing_table import routing_table
 from moebench.report.summary import caveats, quality_lines, reviewer_summary, rows_table
@@ -312,13 +313,13 @@ def comparison_doc(
             frame_names(cmp.matched),
             details=pair_paced_details(pairs, (cmp.baseline_name, cmp.candidate_name)),
         )
-    names = [cmp.baseline_name, cmp.candidate_name] if cmp.axis is None else [""]
+    names = [""] if cmp.one_run else [cmp.baseline_name, cmp.candidate_name]
     for df, env, name in zip(frames, envs, names, strict=True):  # the pairs' flags hold the rows' own: provenance here
         quality += [x for x in run_notes(df, env, name) if x not in quality]
     cav = caveats([run_dir_of(d) for d in run_dirs], _results_root(run_dir_of(run_dirs[0])))
     verdict = verdict_lines(cmp, code, why, quality + cav)
     partial = [w.markdown(n) for df, n in zip(frames, names, strict=True) if (w := writing(df))]
-    if cmp.axis is not None:
+    if cmp.one_run and cmp.axis:
         title = (
             f"# moebench compare: {md_text(run_dir_of(run_dirs[0]).name)}, "
             f"{md_text(f'{cmp.axis.field} {cmp.axis.a} → {cmp.axis.b}')}"
@@ -433,6 +434,7 @@ def build_report(
         return Report(write(doc, out, fmt), df, env, None, doc)
     base_df, base_env = load_run(baseline)
     cmp = compare_runs(base_df, df, threshold=threshold, cpu_verdict=cpu_verdict)
+    require_pairs(cmp, base_df, df, str(baseline), str(run_dir))  # runs that never meet: exit 2
     cmp.base_env, cmp.cand_env = base_env, env
     cmp.baseline_name, cmp.candidate_name = run_names(Path(baseline), run_dir)
     out = place.make()  # the inputs read and compared: there is a report to write

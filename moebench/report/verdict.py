@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 
 from moebench.report.clock_verdict import NOT_RECORDED
-from moebench.report.columns import COMBINATION_COLUMNS, PER_ROW_COLUMNS, fmt_value
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import fmt_us_pair, memory_change_lines, pair_names
 from moebench.report.envinfo import comparable_summary, environment_check
 from moebench.report.fmt import fmt_change
+from moebench.report.overlap import disjoint_text, field_differences
 from moebench.report.table import md_text
 from moebench.report.time_basis import CPU
 from moebench.results.row import CHANGED_VERDICTS, NO_VERDICT, Verdict
@@ -51,17 +51,9 @@ def why_nothing_matched(cmp: Comparison) -> str:
         )
     if not len(b) or not len(c):
         return f"no row matched: the {'baseline' if not len(b) else 'candidate'} has no rows"
-    disjoint: list[str] = []
-    differ: list[str] = []
-    for col in [*COMBINATION_COLUMNS, "tokens_per_rank"]:
-        if col in PER_ROW_COLUMNS or col not in b.columns or col not in c.columns:
-            continue
-        vb, vc = set(b[col].map(fmt_value).map(md_text)), set(c[col].map(fmt_value).map(md_text))
-        if vb != vc:
-            text = f"{col} ({', '.join(sorted(vb))} vs {', '.join(sorted(vc))})"
-            (disjoint if not vb & vc else differ).append(text)
+    disjoint, differ = field_differences(b, c)
     if disjoint:
-        where = "; the runs share no value of " + ", ".join(disjoint[:3])
+        where = "; the runs share no value of " + disjoint_text(disjoint[:3])
     elif differ:
         where = "; the runs differ in " + ", ".join(differ[:4])
     else:
@@ -286,7 +278,7 @@ def clock_line(cmp: Comparison) -> str:
 
 
 def environment_line(cmp: Comparison) -> str:
-    if cmp.axis is not None:
+    if cmp.one_run:
         return "environments: one run, one environment"
     ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
     if ok:
@@ -297,7 +289,7 @@ def environment_line(cmp: Comparison) -> str:
 def verdict_record(cmp: Comparison, code: int, why: list[str]) -> dict:
     """The verdict as data (json output)."""
     g, lo, hi = cmp.geomean()
-    ok, diffs = environment_check(cmp.base_env, cmp.cand_env) if cmp.axis is None else (True, [])
+    ok, diffs = environment_check(cmp.base_env, cmp.cand_env) if not cmp.one_run else (True, [])
     names = row_names(cmp.matched)
     changed = cmp.matched[cmp.matched["verdict"].isin(CHANGED_VERDICTS)]
     return {
@@ -369,7 +361,7 @@ def exit_status(cmp: Comparison, fail_on=DEFAULT_FAIL_ON) -> tuple[int, list[str
         why.append(f"{counted(int((cmp.matched['mem_verdict'] == 'larger').sum()), 'row')} with a larger workspace")
     if "missing" in fail_on and len(cmp.only_baseline):
         why.append(f"{counted(len(cmp.only_baseline), 'baseline row')} missing from the candidate")
-    if "env" in fail_on and cmp.axis is None:
+    if "env" in fail_on and not cmp.one_run:
         ok, diffs = environment_check(cmp.base_env, cmp.cand_env)
         if not ok:
             why.append("environments not comparable: " + "; ".join(diffs))

@@ -54,7 +54,9 @@ def test_noise_the_size_of_the_rows_spread_is_not_flagged(tmp_path, capsys, seed
     assert not cmp.matched["verdict"].isin(["slower", "faster"]).any()
 
 
-def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
+def test_no_matched_row_is_bad_input_exit_2_and_says_why(tmp_path, capsys):
+    """Runs no row of which pairs were never compared: nothing regressed, so not the 1 a CI gate
+    reads as slower, but bad input (2) with one line saying what differs and what to do."""
     other = pd.DataFrame(
         [
             make_row("local", "torch", "experts", "none", "bf16", t, model="other", samples_us=np.full(20, 50.0))
@@ -63,30 +65,29 @@ def test_no_matched_row_exits_1_and_says_why(tmp_path, capsys):
     )
     base, cand = _runs(tmp_path, make_rows(), other)
     code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
-    assert code == 1
-    assert "no row matched" in err and "model (tiny vs other)" in err
-    assert "only in base" in out.lower() or "rows only in base" in out
+    assert code == 2 and not out and not (tmp_path / "r").exists()
+    assert "share no value of model only (model (tiny vs other))" in err, err
+    assert err.strip().endswith(f"compare them along it: moebench compare {base} {cand} --axis model=tiny:other"), err
 
 
-def test_nothing_compared_headlines_no_comparable_rows_not_no_change(tmp_path, capsys):
+def test_nothing_compared_headlines_no_comparable_rows_not_no_change():
     """Runs that differ only in quant share no pair: the bold headline says nothing was compared
-    (a bold "no change" reads as a pass), then why, in the report and on the terminal alike."""
+    (a bold "no change" reads as a pass), then why (the CLI refuses such runs, exit 2: the API's
+    verdict still says so)."""
 
     def rows(quant):
         return pd.DataFrame(
             [make_row("local", "torch", "experts", "none", quant, t, samples_us=np.full(20, 50.0)) for t in (16, 64)]
         )
 
-    base, cand = _runs(tmp_path, rows("bf16"), rows("fp8_block"))
-    code, out, err = _compare(capsys, base, cand, "--out", str(tmp_path / "r"))
-    assert code == 1
-    first = out.splitlines()[0]
-    assert first.startswith("**No comparable rows (cand vs base)** — exit 1: no row matched"), first
+    cmp = compare_runs(rows("bf16"), rows("fp8_block"))
+    cmp.baseline_name, cmp.candidate_name = "base", "cand"
+    code, why = exit_status(cmp)
+    first = verdict_lines(cmp, code, why)[0]
+    assert code == 1 and first.startswith("**No comparable rows (cand vs base)** — exit 1: no row matched"), first
     assert "the runs share no value of quant (bf16 vs fp8_block)" in first and "no change" not in first
-    assert (tmp_path / "r" / "report.md").read_text().splitlines()[2] == first
-    assert "exit 1: no row matched" in err
-    code, out, _ = _compare(capsys, base, cand, "--out", str(tmp_path / "r"), "--fail-on", "none")
-    first = out.splitlines()[0]
+    code, why = exit_status(cmp, ())
+    first = verdict_lines(cmp, code, why)[0]
     assert code == 0 and first.startswith("**No comparable rows (cand vs base)** — no row matched:"), first
     assert first.endswith("— exit 0")
 
@@ -253,7 +254,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys):
     code, _, err = _compare(capsys, good, "--axis", "reduction=finalize")
     assert code == 2 and "FIELD=A:B" in err
     code, _, err = _compare(capsys, good, good, "--axis", "reduction=finalize:experts")
-    assert code == 2 and "within one run" in err
+    assert code == 2 and "both sides are the same run" in err and "`moebench compare RUN --axis FIELD=A:B`" in err
+    code, _, err = _compare(capsys, good, good, good, "--axis", "reduction=finalize:experts")
+    assert code == 2 and "takes two runs" in err
     with pytest.raises(SystemExit) as e:  # argparse: an unknown option
         cli.main(["compare", good, good, "--colour"])
     assert e.value.code == 2
