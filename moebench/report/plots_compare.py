@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 
+from moebench.report.answer_frame import CPU_PREFIX
 from moebench.report.columns import fmt_value, records
 from moebench.report.compare import Comparison
 from moebench.report.compare_tables import pair_order
@@ -95,13 +96,64 @@ def most_telling(m: pd.DataFrame, limit: int) -> pd.DataFrame:
 
 def bar_rows(cmp: Comparison, what: str = "latency") -> tuple[pd.DataFrame, int]:
     """(the rows plot_comparison draws, in combination then token order; how many it could draw):
-    at most MAX_BARS, the changes called first, then by size (most_telling); never a row not
+    at most MAX_BARS, the changes called first, then by size (most_telling; a workspace figure by
+    size alone); never a row not
     measured on a side (NOT_MEASURED)."""
     m = _bars_frame(cmp, what)
     total = len(m)
-    if total > MAX_BARS:
-        m = most_telling(m, MAX_BARS)
+    if total > MAX_BARS:  # a workspace's bars by their own size, not the pairs' latency verdicts
+        ranked = m.assign(verdict=None, significant=False) if what == "workspace" else m
+        m = m.loc[most_telling(ranked, MAX_BARS).index]
     return pair_order(m), total
+
+
+def on_cpu(m: pd.DataFrame) -> bool:
+    """Whether every pair drawn ran on the CPU: its figures are a pipeline check, and its PNGs say
+    so first, as a single run's do (answer_frame.CPU_PREFIX)."""
+    return bool(len(m)) and "device" in m.columns and bool((m["device"].astype(str) == "cpu").all())
+
+
+def selection_words(m: pd.DataFrame, total: int, what: str = "latency") -> str:
+    """' (40 of 90 rows: the 2 changes called, then the largest; in combination order)': which rows
+    a figure beyond MAX_BARS kept (most_telling), as the drawn rows are, '' where it drew them all.
+    A CPU run calls nothing, so its bars are 'the largest changes', never 'the changes called'."""
+    if total <= len(m):
+        return ""
+    if what == "workspace":
+        return f" ({len(m)} of {total} rows: the largest changes; in combination order)"
+    called = int(m["verdict"].isin(CHANGED_VERDICTS).sum())
+    sig = int((~m["verdict"].isin(CHANGED_VERDICTS) & m["significant"].fillna(False).astype(bool)).sum())
+    rest = len(m) - called
+    parts = [f"the {counted(called, 'change')} called"] if called else []
+    if rest:
+        kept = "significant ones by size" if sig >= rest else "significant, then the largest" if sig else "largest"
+        parts.append(("then the " if called else "the ") + kept + ("" if called or sig else " changes"))
+    return f" ({len(m)} of {total} rows: {', '.join(parts)}; in combination order)"
+
+
+def legend_keys(m: pd.DataFrame, what: str) -> list[tuple[Any, str]]:
+    """The legend's entries for the colours the bars drawn use, and only those (a CPU run's lilac
+    bars alone had five entries, four of them colours no bar used)."""
+    used = set(m.loc[np.isfinite(m["_r"].astype(float)), "_color"])
+    bar = lambda color: Line2D([], [], color=color, lw=6)
+    if what == "workspace":
+        keys = [
+            (MEM_COLORS["larger"], "larger"),
+            (MEM_COLORS["smaller"], "smaller"),
+            (NO_CHANGE, "within the threshold"),
+        ]
+        return [(bar(c), label) for c, label in keys if c in used]
+    out: list[tuple[Any, str]] = [
+        (bar(VERDICT_COLORS[v]), str(v)) for v in (Verdict.SLOWER, Verdict.FASTER) if VERDICT_COLORS[v] in used
+    ]
+    under = tuple(bar(UNDER_COLORS[b]) for b in (True, False) if UNDER_COLORS[b] in used)
+    if under:
+        out.append((under, "significant, no verdict (under the threshold, or noisy)"))
+    if NO_CHANGE in used:
+        out.append((bar(NO_CHANGE), "no significant change"))
+    if NO_VERDICT_COLOR in used:
+        out.append((bar(NO_VERDICT_COLOR), _no_verdict_label(m.loc[m["_color"] == NO_VERDICT_COLOR, "verdict"])))
+    return out
 
 
 def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None:
@@ -112,7 +164,9 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
     possible: the clocks differ, host or CPU time; broken and fixed rows named without a bar;
     skipped and cannot-run rows, not measured on a side, not drawn but counted under the title) or
     "workspace" (the allocator peak, deterministic: red larger / green smaller past the threshold).
-    Beyond MAX_BARS rows: the changes called, then by size, significant first."""
+    Beyond MAX_BARS rows: the changes called, then by size, significant first, the title saying which
+    (selection_words); the legend lists the colours drawn (legend_keys); a CPU run's title says it is
+    a pipeline check (on_cpu)."""
     m, total = bar_rows(cmp, what)
     if not len(m) or (what == "workspace" and not np.isfinite(m["_r"].astype(float)).any()):
         return None
@@ -175,41 +229,26 @@ def plot_comparison(cmp: Comparison, path, what: str = "latency") -> Path | None
             f"change in the workspace's allocator peak, % ({cmp.candidate_name} vs "
             f"{cmp.baseline_name})\ndashed: the threshold ×{cmp.threshold:g}"
         )
-        keys: list[tuple[Any, str]] = [
-            (Line2D([], [], color=MEM_COLORS["larger"], lw=6), "larger"),
-            (Line2D([], [], color=MEM_COLORS["smaller"], lw=6), "smaller"),
-            (Line2D([], [], color=NO_CHANGE, lw=6), "within the threshold"),
-        ]
         heading = "Workspace change per row"
     else:
         axes[-1].set_xlabel(
             f"change in median latency, % ({cmp.candidate_name} vs {cmp.baseline_name})\n"
             f"whiskers: 95 % bootstrap interval; dashed: the threshold ×{cmp.threshold:g}"
         )
-        keys = [(Line2D([], [], color=VERDICT_COLORS[v], lw=6), str(v)) for v in (Verdict.SLOWER, Verdict.FASTER)]
-        keys += [
-            (
-                (Line2D([], [], color=UNDER_COLORS[True], lw=6), Line2D([], [], color=UNDER_COLORS[False], lw=6)),
-                "significant, no verdict (under the threshold, or noisy)",
-            ),
-            (Line2D([], [], color=NO_CHANGE, lw=6), "no significant change"),
-        ]
-        if m["verdict"].isin(NO_VERDICT).any():
-            keys.append((Line2D([], [], color=NO_VERDICT_COLOR, lw=6), _no_verdict_label(m["verdict"])))
         heading = "Latency change per row"
-    fig.legend(
-        [h for h, _ in keys],
-        [lab for _, lab in keys],
-        loc="outside lower center",
-        ncols=2,
-        fontsize=8,
-        frameon=False,
-        handler_map={tuple: HandlerTuple(ndivide=None)},
-    )
-    shown = (
-        f" ({len(m)} of {total} rows: the changes called, then by size, significant first)" if total > len(m) else ""
-    )
-    title = p.suptitle(f"{heading}: {cmp.candidate_name} vs {cmp.baseline_name}{shown}")
+    if keys := legend_keys(m, what):
+        fig.legend(
+            [h for h, _ in keys],
+            [lab for _, lab in keys],
+            loc="outside lower center",
+            ncols=2,
+            fontsize=8,
+            frameon=False,
+            handler_map={tuple: HandlerTuple(ndivide=None)},
+        )
+    shown = selection_words(m, total, what)
+    cpu = CPU_PREFIX if on_cpu(m) else ""
+    title = p.suptitle(f"{cpu}{heading}: {cmp.candidate_name} vs {cmp.baseline_name}{shown}")
     under = not_drawn_line(cmp) if what == "latency" else ""
     fig.suptitle(title + (f"\n{under}" if under else ""))
     fit_values(fig, list(axes), values)
@@ -301,5 +340,6 @@ def plot_comparison_latency(cmp: Comparison, path) -> Path | None:
     ]
     legends(fig, axes, p, keys)
     shown = f" ({len(p.groups)} of {total} panels: the largest changes)" if total > len(p.groups) else ""
-    fig.suptitle(p.suptitle(f"Latency — solid: {cmp.candidate_name}, dashed: {cmp.baseline_name}{shown}"))
+    cpu = CPU_PREFIX if on_cpu(m) else ""
+    fig.suptitle(p.suptitle(f"{cpu}Latency — solid: {cmp.candidate_name}, dashed: {cmp.baseline_name}{shown}"))
     return save(fig, path)

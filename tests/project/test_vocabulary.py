@@ -53,6 +53,7 @@ EXCEPTIONS = {
         "memory_verdict",
     ): "the workspace's verdict, its own vocabulary (larger | smaller | ~), no latency verdict",
     ("moebench/report/compare.py", "host", "<module>"): "the `host` column group of results/row.py",
+    ("moebench/report/plots_compare.py", "cpu", "on_cpu"): "a row's `device` (cpu | cuda), no verdict",
     ("moebench/report/effects.py", "faster", "<module>"): "an effect's direction (faster | slower | no "
     "difference | inconclusive), effects.py's own vocabulary, no verdict of a compared pair",
     ("moebench/report/effects.py", "slower", "<module>"): "an effect's direction, as `faster`",
