@@ -38,7 +38,7 @@ from moebench.kernels.triton import decisions as kdecisions
 from moebench.tune.trials import json_num
 from moebench.tune.vllm_check import covers_grid, describe_routes
 from moebench.util.safe_write import replace_text, safe_dir, safe_dir_below
-from moebench.util.words import counted
+from moebench.util.words import counted, latency
 
 KERNEL_NOTE = (
     "tiles of moebench's gathered fused-MoE Triton kernel (kernels/triton/gemm.py), not of vLLM's "
@@ -153,6 +153,8 @@ def write_detail(info: dict, results, out_dir: Path, extra: Optional[dict] = Non
                 "speedup_vs_heuristic": json_num(r.speedup("heuristic")),
                 "speedup_vs_current": json_num(r.speedup("current")),
                 "timed": r.num_timed,
+                "timed_in_space": r.space_timed,
+                "baselines_outside_space": r.outside,
                 "budget": r.budget,
                 "rungs": r.rungs,
                 "recheck_rel_err": json_num(r.recheck_rel_err),
@@ -246,25 +248,43 @@ def install(path: Path, log: Callable[[str], None]) -> Path:
     return dest
 
 
+def timed_words(r, space_size: int) -> str:
+    """How many distinct configs a token count timed, and what they were: '3 configs timed: 2 of the
+    space's 2 + 1 baseline outside it (current = heuristic)' (baselines that are one config count once)."""
+    words = f"{counted(r.num_timed, 'config')} timed: {r.space_timed} of the space's {space_size}"
+    if r.outside:
+        words += f" + {counted(len(r.outside), 'baseline')} outside it ({'; '.join(r.outside)})"
+    return words
+
+
 def summary(results, space_size: int) -> str:
-    """Markdown: per token count, the baselines' time, the best config and its speed-up."""
+    """Markdown: per token count, the baselines' time, the best config and its speed-up (times in the
+    unit that reads best, words.latency), and the configs timed: of the space, and baselines outside it."""
     lines = [
-        "| tokens | heuristic µs | current µs | best µs | vs heuristic | best config | timed / space (+ baselines) |",
+        "| tokens | heuristic | current | best | vs heuristic | best config | timed: of the space + baselines |",
         "|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in results:
         h, c = r.baselines.get("heuristic"), r.baselines.get("current")
-        hu = f"{h.us:.1f}" if h is not None and h.ok else "–"
-        cu = f"{c.us:.1f}" if c is not None and c.ok else "–"
+        hu = latency(h.us) if h is not None and h.ok else "–"
+        cu = latency(c.us) if c is not None and c.ok else "–"
+        timed = f"{r.space_timed} of {space_size} + {len(r.outside)}"
         if r.best is None:
-            lines.append(f"| {r.tokens} | {hu} | {cu} | – | – | none ran | {r.num_timed} / {space_size} |")
+            lines.append(f"| {r.tokens} | {hu} | {cu} | – | – | none ran | {timed} |")
             continue
         cfg = " ".join(
             f"{k.replace('BLOCK_SIZE_', 'B').replace('GROUP_SIZE_', 'G')}={r.best[k]}" for k in tconfig.CONFIG_KEYS
         )
         x = r.speedup()  # NaN where the heuristic did not run or its figure was host time
         vs = f"{x:.2f}x" if math.isfinite(x) else "–"
-        lines.append(f"| {r.tokens} | {hu} | {cu} | {r.best_us:.1f} | {vs} | {cfg} | {r.num_timed} / {space_size} |")
+        lines.append(f"| {r.tokens} | {hu} | {cu} | {latency(r.best_us)} | {vs} | {cfg} | {timed} |")
+    names = sorted({o for r in results for o in r.outside})
+    if names:  # which baselines the '+ N' counts
+        lines += [
+            "",
+            f"Baselines outside the space, timed beside it: {'; '.join(names)} (current: what the layer "
+            "runs today, installed tiles else the heuristic; '=': the same config, timed once).",
+        ]
     return "\n".join(lines + paced_lines(results))
 
 

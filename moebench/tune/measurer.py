@@ -70,8 +70,9 @@ class Measurer:
         return self.progress.work(planned, trial) if self.progress is not None else contextlib.nullcontext()
 
     def _drop(self, planned: int) -> None:
+        """`planned` calls a stored trial spares (read back, not timed)."""
         if self.progress is not None:
-            self.progress.drop(planned)
+            self.progress.reuse(planned)
 
     def stage(self, words: str) -> None:
         if self.progress is not None:

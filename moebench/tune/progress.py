@@ -7,8 +7,9 @@ finalists of a token count are each checked, warmed up and sampled `--final-reps
 the winner is re-checked on a second input. So the bar, and its ETA, cover the finalists' timing
 and the re-check as well as the search (a search bar that stood at 100 % for minutes while the
 finalists were timed is why). Off the GPU the bar moves sample by sample (bench.TokenBench._time);
-on a GPU a trial's calls count when it ends. Calls read back from the trial store, and those
-planned but not needed (a search that ran out of configs before its budget), leave the total.
+on a GPU a trial's calls count when it ends. Calls read back from the trial store (a resume) leave the
+total up front, as far as the store says (`Calls.reused`), and as read otherwise; those planned but not
+needed (a search that ran out of configs before its budget) leave it when a step ends.
 Off a terminal (a log file, a pipe) the bar is plain lines at a modest rate, as a sweep's
 (run.progress.Lines): its carriage-return redraws would make one line of kilobytes in a file.
 """
@@ -49,19 +50,34 @@ class Calls:
         """A token count's plan: `budget` configs screened, its finalists, the re-check."""
         return budget * self.screen() + self.final(min(self.finalists, budget)) + self.RECHECK
 
+    def reused(self, budget: int, screened: int, finals: int, rechecks: int) -> int:
+        """The calls of a token count's plan that stored trials (of its reps) spare: up to `budget`
+        screened configs, the finalists' timing when as many finals are stored, the re-check."""
+        n = min(self.finalists, budget)
+        final = self.final(n) if finals >= n else 0
+        return min(screened, budget) * self.screen() + final + (self.RECHECK if rechecks else 0)
 
-def plan_line(model: str, dims, tokens: list[int], space: str, kept: int, budgets: dict, calls: Calls) -> str:
-    """The tune's plan in one line: sizes, space, trials and layer calls."""
+
+def plan_line(
+    model: str, dims, tokens: list[int], space: str, kept: int, budgets: dict, calls: Calls, reused=(0, 0)
+) -> str:
+    """The tune's plan in one line: sizes, space, trials and layer calls; `reused`: (stored trials
+    a resume reads back, the layer calls they spare)."""
     budget = sorted(set(budgets.values()))
     screened = str(budget[0]) if len(budget) == 1 else f"{budget[0]}-{budget[-1]}"
     total = sum(calls.count(b) for b in budgets.values())
+    trials, spared = reused
+    left = f"{counted(total, 'layer call')} in all"
+    if trials:  # a resume: what the store spares, and what is left to time
+        todo = f"about {counted(total - spared, 'call')} to make" if spared < total else "nothing to time"
+        left += f", {spared} of them read back from {counted(trials, 'stored trial')} (--out's trials.jsonl): {todo}"
     return (
         f"tune {model} (E={dims.num_experts}, N={dims.intermediate}, hidden={dims.hidden}, top-{dims.topk}): "
         f"{counted(len(tokens), 'token count')} ({', '.join(map(str, tokens))}); --space {space}: "
         f"{counted(kept, 'config')} after pruning; per count up to {screened} screened (baselines included) "
         f"with {counted(calls.reps, 'sample')} each, {calls.finalists} finalists again with {calls.final_reps}, "
         "interleaved, "
-        f"the winner re-checked: about {counted(total, 'layer call')} in all (the bar counts them)"
+        f"the winner re-checked: about {left} (the bar counts them)"
     )
 
 
@@ -102,6 +118,7 @@ class Progress:
         self.timed: list[tuple[float, int]] = []  # (seconds, calls) of the first trials timed here
         # the account, kept here: a disabled tqdm (a replay) counts nothing
         self.n, self.total, self._dropped = 0, total, 0
+        self._credit = 0  # the step's calls that `total` already left out as stored (reuse spends them)
 
     def say(self, text: str) -> None:
         """A line through the tune's log, the bar cleared first and drawn again under it."""
@@ -122,6 +139,14 @@ class Progress:
             self.bar.total = max(self.n, self.total)
             self.bar.refresh()
             self._line()
+
+    def reuse(self, n: int) -> None:
+        """`n` planned calls read back from the store: out of the step's credit (left out of the total
+        up front), the rest dropped."""
+        spent = min(n, self._credit)
+        self._credit -= spent
+        self._dropped += spent
+        self.drop(n - spent)
 
     def _line(self) -> None:
         """Off a terminal: a progress line when one is due (the last once, when every call is made)."""
@@ -144,13 +169,20 @@ class Progress:
             self.bar.set_postfix_str(words)
 
     @contextlib.contextmanager
-    def work(self, planned: int, trial: bool = False):
+    def work(self, planned: int, trial: bool = False, credit: int = 0):
         """A step planned at `planned` calls: at its end the total takes the calls it made (ticked
-        inside it) and dropped instead of the plan; `trial`: a timed trial, which the estimate reads."""
+        inside it) and dropped instead of the plan; `trial`: a timed trial, which the estimate reads;
+        `credit`: the step's calls the total left out up front as stored (what reuse() did not spend
+        goes back on it)."""
         n0, d0, t0 = self.n, self._dropped, time.perf_counter()
+        if credit:
+            self._credit = credit
         yield
         done = self.n - n0
-        self.drop(planned - (self._dropped - d0) - done)  # negative: more calls than planned
+        unspent = self._credit if credit else 0
+        if credit:
+            self._credit = 0
+        self.drop(planned - (self._dropped - d0) - done - unspent)  # negative: more calls than planned
         if trial and done and len(self.timed) < ESTIMATE_AFTER:
             self.timed.append((time.perf_counter() - t0, done))
             if len(self.timed) == ESTIMATE_AFTER:

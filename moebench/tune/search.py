@@ -33,6 +33,7 @@ from moebench.tune.measurer import Measurer, group_key
 from moebench.tune.progress import Calls, Progress, plan_line
 from moebench.tune.space import SPACES, config_key, prune, shared_limit_of
 from moebench.tune.trials import Trial, TrialStore, open_store, trial_env
+from moebench.util.words import latency
 
 TOKENS_KEY = "workload.tokens_per_rank"
 
@@ -78,7 +79,9 @@ class TokenResult:
     best_us: float  # the winner's screening median (the baselines' are comparable)
     final: list = field(default_factory=list)  # finalists' interleaved trials
     baselines: dict = field(default_factory=dict)  # name -> Trial
-    num_timed: int = 0
+    num_timed: int = 0  # distinct configs screened, baselines included
+    space_timed: int = 0  # of them, configs of the pruned space
+    outside: list = field(default_factory=list)  # the baselines outside the space, one a config ('current = heuristic')
     budget: int = 0
     rungs: list = field(default_factory=list)
     recheck_rel_err: float = float("nan")  # the winner on a second input
@@ -177,10 +180,13 @@ def run_tokens(
         for T in tokens
     }
     calls = Calls(layer.warmup if layer is not None else 1, args.reps, args.final_reps, args.finalists)
+    stored = {T: stored_counts(store, c.key, T, args) for T in tokens}  # a resume's: read back, not timed
+    credit = {T: calls.reused(budgets[T], *stored[T]) for T in tokens}
+    reused = (sum(map(sum, stored.values())), sum(credit.values()))
     if not replay:
-        log(plan_line(c.combo["model"], dims, tokens, args.space, size, budgets, calls))
+        log(plan_line(c.combo["model"], dims, tokens, args.space, size, budgets, calls, reused))
     bar = Progress(
-        sum(calls.count(b) for b in budgets.values()),
+        sum(calls.count(b) for b in budgets.values()) - reused[1],
         f"tune {c.combo['model']}",
         position,
         disable=replay,
@@ -205,13 +211,12 @@ def run_tokens(
             m = Measurer(
                 tb, store, c.key, T, args, timing_mode, pool if target else None, target, stats, bar, log, calls
             )
-            with bar.work(calls.count(budgets[T])):  # the count's calls, as made: the total stays true
+            with bar.work(calls.count(budgets[T]), credit=credit[T]):  # the count's calls, as made
                 res = _search_count(m, layer, T, rows[T], bases[T], budgets[T], pruned, args, dims, c, log)
             res.wall_s = time.perf_counter() - t0
             results.append(res)
-            b = f"{res.best_us:.1f} µs, {res.speedup():.2f}x the heuristic" if res.best else "no config ran"
-            kept = len(pruned.kept)
-            log(f"tune T={T}: {res.num_timed} timed (the space's {kept}, the heuristic, installed tiles), best {b}")
+            b = f"{latency(res.best_us)}, {res.speedup():.2f}x the heuristic" if res.best else "no config ran"
+            log(f"tune T={T}: {tfiles.timed_words(res, len(pruned.kept))}; best {b}")
     except KeyboardInterrupt as e:  # its kind kept: a SIGTERM (cli's Terminated) exits 143, Ctrl-C 130
         raise type(e)(bar.interrupted()) from None
     finally:
@@ -241,8 +246,14 @@ def _search_count(m: Measurer, layer, T: int, rows: int, base: dict, budget: int
         t = m.store.get(m._key(cfg, "screen"))
         assert t is not None, f"{cfg}: the search screened it, the store has no trial of it"
         trials[config_key(t.config)] = t
+    space = {config_key(cfg) for cfg in pruned.kept}
+    res.space_timed = sum(k in space for k in trials)
+    outside: dict[tuple, list[str]] = {}  # a baseline that is a config of the space counts as the space's
     for name, cfg in base.items():
         res.baselines[name] = trials.get(config_key(cfg))
+        if config_key(cfg) not in space:
+            outside.setdefault(config_key(cfg), []).append(name)
+    res.outside = [" = ".join(names) for names in outside.values()]
     for t in trials.values():
         if t.error:
             kind = t.error.split(":")[0]
@@ -261,6 +272,17 @@ def _search_count(m: Measurer, layer, T: int, rows: int, base: dict, budget: int
         else:
             res.best = None
     return res
+
+
+def stored_counts(store: TrialStore, layer: str, T: int, args: TuneArgs) -> tuple[int, int, int]:
+    """The stored trials of `layer` at T tokens a resume reads back (of this tune's reps):
+    (screened, finals, re-checks)."""
+    reps = {"screen": args.reps, "final": args.final_reps, "recheck": 0}
+    n = dict.fromkeys(reps, 0)
+    for t in store.select(layer, T):
+        if reps.get(t.phase) == t.reps:
+            n[t.phase] += 1
+    return n["screen"], n["final"], n["recheck"]
 
 
 def _stored_timing(store: TrialStore, layer: str, T: int) -> str:

@@ -59,9 +59,15 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     assert "about 22 layer calls in all" in err and ": 22 of 22 layer calls (100 %) in " in err  # off a terminal: lines
     assert "tune T=4: timing the 3 finalists again, 1 sample each, interleaved" in err
     assert " s a layer call over the first 3 trials: about " in err
-    # resume: the same command times nothing again and picks the same tile
+    # the counts add up: the space's 2 and the heuristic, which is also the current config (timed once)
+    assert "tune T=4: 3 configs timed: 2 of the space's 2 + 1 baseline outside it (current = heuristic)" in err
+    assert "| 2 of 2 + 1 |" in text and "outside the space, timed beside it: current = heuristic" in text
+    assert (res["timed_in_space"], res["baselines_outside_space"]) == (2, ["current = heuristic"])
+    # resume: the same command times nothing again, picks the same tile, and says so up front
     n = len(trials)
     assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "22 of them read back from 7 stored trials (--out's trials.jsonl): nothing to time" in err, err
     assert len((out / "trials.jsonl").read_text().splitlines()) == n
     assert json.loads((out / "configs" / name).read_text()) == best
     # several GPUs: each stores its share's trials, the parent rebuilds the results from the

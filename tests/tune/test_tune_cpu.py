@@ -201,6 +201,39 @@ def test_the_bar_counts_what_each_step_made_and_drops_what_it_did_not():
     assert bar.interrupted() == "during T=4: 3 finalists again, 1 sample each, interleaved (timed again on resume)"
 
 
+def test_a_resume_takes_the_stored_trials_off_the_plan_up_front_and_keeps_the_account_true():
+    """A resumed tune printed its whole plan ('about 25 layer calls in all') and then finished in
+    seconds without a word: the plan now says how many stored trials it reads back, the calls they
+    spare and what is left; the bar starts at what is left, and a step that reads back fewer than the
+    store promised puts the rest back on the total."""
+    from types import SimpleNamespace
+
+    from moebench.tune.progress import Calls, Progress, plan_line
+
+    calls = Calls(warmup=1, reps=2, final_reps=1, finalists=3)
+    # 3 screened, 3 finals, 1 re-check stored: the whole count (22 calls); 2 screened alone: 8
+    assert calls.reused(3, 3, 3, 1) == calls.count(3) == 22 and calls.reused(3, 2, 0, 0) == 8
+    dims = SimpleNamespace(num_experts=8, intermediate=128, hidden=256, topk=2)
+    line = plan_line("tiny", dims, [4, 16], "small", 2, {4: 3, 16: 3}, calls, reused=(9, 30))
+    assert "about 44 layer calls in all, 30 of them read back from 9 stored trials" in line, line
+    assert line.endswith("about 14 calls to make (the bar counts them)"), line
+    whole = plan_line("tiny", dims, [4], "small", 2, {4: 3}, calls, reused=(7, 22))
+    assert "22 of them read back from 7 stored trials (--out's trials.jsonl): nothing to time" in whole
+    assert "read back" not in plan_line("tiny", dims, [4], "small", 2, {4: 3}, calls)
+    bar = Progress(calls.count(3) - 8, "t", disable=True, log=lambda s: None)
+    assert bar.total == 14
+    with bar.work(calls.count(3), credit=8):
+        bar.reuse(calls.screen())  # one stored trial read back: the plan had left it out already
+        assert bar.total == 14
+        for _ in range(2):  # the second stored trial was not (another path): timed
+            with bar.work(calls.screen(), trial=True):
+                bar.tick(calls.screen())
+        with bar.work(calls.final(3)):
+            bar.tick(calls.final(3))
+        bar.tick(1)  # the re-check
+    assert bar.n == bar.total == 18  # the unspent credit (4 calls) went back on the total
+
+
 def test_an_interrupt_says_which_step_it_cut_short(tmp_path, monkeypatch, capsys):
     from moebench.tune import search
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moebench.util.words import agree, counted, duration
+from moebench.util.words import agree, counted, duration, latency
 
 
 def test_a_count_takes_its_noun_in_the_singular_only_for_one():
@@ -29,4 +29,22 @@ def test_a_duration_reads_to_the_second_below_100_s_then_in_minutes_and_hours():
         "59 min 59 s",
         "1 h 00 min",
         "2 h 05 min",
+    ]
+
+
+def test_a_latency_reads_in_its_unit_to_three_significant_figures():
+    """A CPU tune's table read 'heuristic µs 1395315.0' (host time under Triton's interpreter, seconds
+    a call); a GPU's '45.7' in a µs column. Each now in the unit that reads best."""
+    figures = (0.01234, 4.567, 45.67, 412.3, 999.4, 999.6, 1234.5, 1395315.0, 45e6, float("nan"))
+    assert [latency(us) for us in figures] == [
+        "0.01 µs",
+        "4.57 µs",
+        "45.7 µs",
+        "412 µs",
+        "999 µs",
+        "1.00 ms",
+        "1.23 ms",
+        "1.40 s",
+        "45.0 s",
+        "–",
     ]
