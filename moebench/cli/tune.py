@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from moebench.cli import options
@@ -97,13 +98,10 @@ def register(sub) -> None:
         "--final-reps each; exit 1 without installing when it is slower by more than the fraction X "
         "(0.02: 2 %%) at any size",
     )
-    tu.add_argument(
-        "--allow-cpu-tiles",
-        action="store_true",
-        help="for moebench's own tests only: let --install / --install-from install tiles timed on the CPU "
-        "or under Triton's interpreter, or a DIR that does not say where its tiles were timed (host time, "
-        "which no tuned table may rest on; refused without it)",
-    )
+    # for moebench's own tests only, so out of --help (tests/cli/test_help_and_errors.py's HIDDEN): lets
+    # --install / --install-from install tiles timed on the CPU or under Triton's interpreter, or a DIR
+    # that does not say where its tiles were timed (host time, which no tuned table may rest on)
+    tu.add_argument("--allow-cpu-tiles", action="store_true", help=argparse.SUPPRESS)
     tu.add_argument(
         "--install-from",
         metavar="DIR",

@@ -59,9 +59,9 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def nearest_options(self, given: list[str]) -> str:
         """'; did you mean --dry-run?' for the unknown options among `given` (`--x=value` read as
-        `--x`) that are near one of this parser's, one suggestion each ('--a for --b, ...' for
-        several), or ''."""
-        known = [s for action in self._actions for s in action.option_strings]
+        `--x`) that are near one of this parser's shown in --help (none hidden from it), one suggestion
+        each ('--a for --b, ...' for several), or ''."""
+        known = [s for action in self._actions if action.help is not argparse.SUPPRESS for s in action.option_strings]
         near = [
             (name, match[0])
             for name in (arg.split("=", 1)[0] for arg in given if arg.startswith("-"))

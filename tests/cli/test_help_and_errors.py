@@ -3,6 +3,7 @@ and each command's --help stating its units and its exit statuses."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -177,18 +178,39 @@ def _option_help(cmd: str, flag: str) -> str:
     return " ".join(text[start : start + 1 + end.start() if end else None].split())
 
 
+# options for moebench's own tests, which no real use may pass: hidden from --help (argparse.SUPPRESS), a
+# comment beside each saying what it does; `tune --allow-cpu-tiles` installs host-time tiles
+HIDDEN = {("tune", "--allow-cpu-tiles")}
+
+
+def _arguments():
+    top, commands = parser.build_parser()
+    return [(name, a) for name, p in [("moebench", top), *commands.items()] for a in p._actions]
+
+
 def test_every_argument_has_a_help_text():
     """Options and positionals alike, of the top level and of every command (list --sweep, report's RUN,
     --baseline and --candidate, ab's revisions and overrides, env --json, sweep --slurm-cpus-per-task
-    had none): --help says what each one is."""
-    top, commands = parser.build_parser()
+    had none): --help says what each one is; the tests' own options (HIDDEN) are left out of it."""
     bare = [
         f"{name}: {'/'.join(a.option_strings) or a.metavar or a.dest}"
-        for name, p in [("moebench", top), *commands.items()]
-        for a in p._actions
-        if not (a.help or "").strip()
+        for name, a in _arguments()
+        if not (a.help or "").strip() or (a.help is argparse.SUPPRESS and (name, a.option_strings[0]) not in HIDDEN)
     ]
-    assert not bare, f"arguments without a help text: {bare}"
+    assert not bare, f"arguments without a help text (or hidden, and not a test-only option of HIDDEN): {bare}"
+
+
+def test_the_tests_own_options_are_out_of_help_and_of_its_suggestions(capsys):
+    """`tune --help` listed --allow-cpu-tiles ('for moebench's own tests only'): noise for a user, and
+    an invitation to install host-time tiles. It still works (the tests pass it), but neither --help
+    nor a 'did you mean' names it."""
+    hidden = {(name, a.option_strings[0]) for name, a in _arguments() if a.help is argparse.SUPPRESS}
+    assert hidden == HIDDEN
+    for cmd, flag in HIDDEN:
+        assert flag not in _help(cmd)
+        assert parser.build_parser()[1][cmd].parse_known_args([flag])[0].allow_cpu_tiles
+    err = _refused(["tune", "--alow-cpu-tiles"], capsys)
+    assert "did you mean" not in err, err
 
 
 def test_each_budget_says_its_unit():
