@@ -24,6 +24,7 @@ with `ph: "X"` complete events, `ts`/`dur` in µs;
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -77,7 +78,6 @@ def capture(
     after it, which model.py reads back, so that the trace says which of its samples hold
     the host's launch gaps. Returns the written path (a `.gz` suffix writes gzipped JSON).
     """
-    import contextlib
     import functools
 
     import torch
@@ -108,7 +108,7 @@ def capture(
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     outer = combo_range(combo_key) if combo_key is not None else contextlib.nullcontext()
-    with profile(activities=activities, record_shapes=False) as prof:
+    with quietly(profile(activities=activities, record_shapes=False)) as prof:
         with outer:
             for n, (mark, f, prefix) in enumerate(runs):
                 if n and cuda:  # an ablation family starts on an idle GPU, not beside the tail of the last one
@@ -139,6 +139,49 @@ def capture(
             else:
                 shutil.copyfileobj(src, out)
     return path
+
+
+# a note Kineto writes to stderr each time a profiler starts or stops ('USDT:2026-12-08 00:44:59
+# 9005:9005 SyncActivityProfilerHandler.cpp:52] profiler_start'), and its stage notes
+KINETO_NOTE = re.compile(r"(USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def kineto_notes_dropped():
+    """fd 2 into a temporary file for the block, then every line of it but Kineto's notes (KINETO_NOTE)
+    written to stderr: a warning or an error still shows. KINETO_LOG_LEVEL cannot drop the notes
+    alone: their level (USDT) ranks above ERROR, so a level that hides them hides the errors too."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                tmp.seek(0)
+                text = tmp.read().decode(errors="replace")
+                kept = "".join(line for line in text.splitlines(keepends=True) if not KINETO_NOTE.match(line))
+                if kept:
+                    sys.stderr.write(kept)
+                    sys.stderr.flush()
+    finally:
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def quietly(prof):
+    """`prof` (a torch.profiler.profile) entered and left without Kineto's notes on stderr (a line
+    each start and stop, in every traced row's output): only its start and stop are filtered, never
+    the traced work."""
+    with kineto_notes_dropped():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with kineto_notes_dropped():
+            prof.__exit__(None, None, None)
 
 
 def _read_capped(path: Path, max_mb: Optional[float]) -> bytes:

@@ -831,3 +831,38 @@ def test_capture_marks_the_samples_the_host_paced(tmp_path):
     assert "2 of 6 samples host-paced" in to_markdown(s)
     clean = summarize(parse_torch_trace(capture(lambda: x @ x, tmp_path / "u.json", samples=2, cuda=False)))
     assert clean.host_paced == [] and not any("host-paced" in n for n in clean.notes)
+
+
+# -- (h) Kineto's notes stay out of a sweep's output -----------------------------------------
+def test_kinetos_notes_are_dropped_and_every_other_line_of_fd_2_kept(capfd):
+    """What the profiler's start and stop write to fd 2: Kineto's 'USDT:... profiler_start' notes go,
+    a warning or an error written in the same window still shows."""
+    from moebench.traces.torch_trace import kineto_notes_dropped
+
+    with kineto_notes_dropped():
+        os.write(2, b"USDT:2026-12-08 00:44:59 9005:9005 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"ERROR:2026-12-08 00:44:59 9005:9005 CuptiActivityApi.cpp:1] a real failure\n")
+        os.write(2, b"STAGE:2026-12-08 00:44:59 9005:9005 SyncActivityProfilerHandler.cpp:51] Completed Stage\n")
+    err = capfd.readouterr().err
+    assert err == "ERROR:2026-12-08 00:44:59 9005:9005 CuptiActivityApi.cpp:1] a real failure\n", err
+
+
+@pytest.mark.multiprocess
+def test_a_trace_torch_sweep_prints_no_profiler_notes(tmp_path, monkeypatch, capfd):
+    """`moebench sweep trace=torch` printed two Kineto lines a row ('USDT:... SyncActivityProfilerHandler
+    .cpp:52] profiler_start', then profiler_stop) among its own, from the rank processes' stderr."""
+    from moebench.run.sweep import execute
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    overrides = ["backend=local", "experts=torch", "model=tiny", "quant=bf16", "overlap=none", "reduction=experts"]
+    run_dir, _ = execute(
+        overrides + ["trace=torch", "trace.samples=1", "workload.tokens_per_rank=[4]", "runner.reps=2"],
+        None,
+        str(tmp_path / "run"),
+        quiet=False,
+    )
+    assert list((Path(run_dir) / "traces").rglob("rank0_T4.json"))  # traced
+    out, err = capfd.readouterr()
+    assert "moebench: ok=1" in err, err
+    noted = [line for line in (out + err).splitlines() if "profiler_st" in line or ".cpp:" in line]
+    assert not noted, noted
