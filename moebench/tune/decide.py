@@ -33,7 +33,7 @@ from moebench.measure.workload import make_routed, reference_expert_fn, routing_
 from moebench.tune.decision_options import CURRENT, DEEPGEMM, Option, decision_timing, options_of
 from moebench.tune.decision_trials import DecisionStore, Timed, open_store, timed_to_json
 from moebench.tune.trials import HOST_PACED_ERROR, retime_host_paced
-from moebench.util.words import counted
+from moebench.util.words import counted, latency
 
 NAN = float("nan")
 TIMING_FAILED = "timing failed"  # a count whose timing raised (e.g. out of memory): not stored, timed again on resume
@@ -286,7 +286,7 @@ class DecisionCheck:
                 out.append(f"{T} tokens: the chosen {got.option} failed in the check ({got.error or 'no time'})")
             elif cur.ok and got.us > (1 + self.max_regression) * cur.us:
                 out.append(
-                    f"{T} tokens: chosen {got.option} {got.us:.1f} µs vs current {cur.us:.1f} µs = "
+                    f"{T} tokens: chosen {got.option} {latency(got.us)} vs current {latency(cur.us)} = "
                     f"{got.us / cur.us:.3f}x, above {1 + self.max_regression:g}x"
                 )
         return out
@@ -337,7 +337,7 @@ def check(
             out.retimed[r.tokens] = why
         got, cur = sorted(pair, key=lambda t: t.option == CURRENT)
         out.sizes.append((r.tokens, got, cur))
-        log(f"tune decisions check T={r.tokens}: {got.option} {got.us:.1f} µs, current {cur.us:.1f} µs")
+        log(f"tune decisions check T={r.tokens}: {got.option} {latency(got.us)}, current {latency(cur.us)}")
     return out
 
 

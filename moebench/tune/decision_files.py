@@ -25,6 +25,7 @@ from moebench.tune.decision_options import CURRENT
 from moebench.tune.decision_trials import timed_to_json
 from moebench.tune.trials import json_num
 from moebench.util.safe_write import replace_text, safe_dir
+from moebench.util.words import latency
 
 
 def _provenance(r: DecisionResult) -> dict:
@@ -114,9 +115,10 @@ def install(tiles_src: Path, tiles_dest: Path, log: Callable[[str], None]) -> Op
 
 
 def summary(results: list[DecisionResult]) -> str:
-    """Markdown: per token count what was chosen, what it beat and by how much."""
+    """Markdown: per token count what was chosen, what it beat and by how much (times in the unit that
+    reads best, words.latency)."""
     lines = [
-        "| tokens | timing | chosen | µs | vs current (today's constants) | runner-up | skipped |",
+        "| tokens | timing | chosen | time | vs current (today's constants) | runner-up | skipped |",
         "|---:|---|---|---:|---:|---|---|",
     ]
     for r in results:
@@ -128,11 +130,11 @@ def summary(results: list[DecisionResult]) -> str:
         cur = r.get(CURRENT)
         vs = "–"
         if cur is not None and cur.ok:
-            vs = f"{r.ratio(best.option, CURRENT):.2f}x (current ran {cur.ran or '?'}: {cur.us:.1f} µs)"
+            vs = f"{r.ratio(best.option, CURRENT):.2f}x (current ran {cur.ran or '?'}: {latency(cur.us)})"
         others = sorted((t for t in r.timed if t.ok and t.option not in (CURRENT, best.option)), key=lambda t: t.us)
-        up = f"{others[0].option} {others[0].us:.1f} µs ({others[0].us / best.us:.2f}x)" if others else "–"
+        up = f"{others[0].option} {latency(others[0].us)} ({others[0].us / best.us:.2f}x)" if others else "–"
         skip = "; ".join(f"{n}: {w[:60]}{'…' if len(w) > 60 else ''}" for n, w in r.not_run)  # (tune.json: whole)
-        lines.append(f"| {r.tokens} | {r.timing or '–'} | {best.option} | {best.us:.1f} | {vs} | {up} | {skip} |")
+        lines.append(f"| {r.tokens} | {r.timing or '–'} | {best.option} | {latency(best.us)} | {vs} | {up} | {skip} |")
     twice = [f"{r.tokens} tokens ({r.retimed})" for r in results if r.retimed]
     if twice:  # (the figures above are the second timing's)
         lines.append(f"\nTimed twice, the host having paced a sample the first time: {'; '.join(twice)}.")

@@ -32,7 +32,7 @@ def host_line(device: str, interpreted: bool, space: str, gpu: str = "") -> str:
 def host_note(where: str) -> str:
     """The line under such a tune's table (`where`: host_timing's words)."""
     return (
-        f"timed {where}: every µs above is host time, not a GPU's: the tiles are for trying the tool, "
+        f"timed {where}: every time above is host time, not a GPU's: the tiles are for trying the tool, "
         "not for a GPU (--install refuses them)"
     )
 

@@ -29,7 +29,7 @@ from typing import Callable
 from moebench.tune.progress import Progress
 from moebench.tune.space import config_key
 from moebench.tune.trials import json_num, retime_host_paced
-from moebench.util.words import agree, counted
+from moebench.util.words import agree, counted, latency
 
 NAN = float("nan")
 
@@ -124,8 +124,9 @@ class Check:
         return f"--max-regression {x}: {len(self.regressions)} of {counted(n, 'token count')} {regress}{tail}"
 
     def table(self) -> str:
-        """Markdown: per size the tuned and current medians, their ratio and its interval."""
-        rows = ["| tokens | tuned µs | current µs | tuned / current [95 % CI] | check |", "|---:|---:|---:|---:|---|"]
+        """Markdown: per size the tuned and current medians (in the unit that reads best, words.latency),
+        their ratio and its interval."""
+        rows = ["| tokens | tuned | current | tuned / current [95 % CI] | check |", "|---:|---:|---:|---:|---|"]
         for s in self.sizes:
             if s.same:
                 rows.append(f"| {s.tokens} | – | – | 1 (same config) | ok |")
@@ -137,7 +138,7 @@ class Check:
                 why = "timed twice: the first pair host-paced"
             verdict = "REGRESSED" if regressed(s, self.max_regression) else "ok"
             rows.append(
-                f"| {s.tokens} | {_us(s.tuned_us)} | {_us(s.current_us)} | {r} | {verdict}"
+                f"| {s.tokens} | {latency(s.tuned_us)} | {latency(s.current_us)} | {r} | {verdict}"
                 f"{' (' + why + ')' if why else ''} |"
             )
         return "\n".join(rows)
@@ -158,10 +159,6 @@ class Check:
         }
 
 
-def _us(v: float) -> str:
-    return f"{v:.1f}" if math.isfinite(v) else "–"
-
-
 def size_line(s: SizeCheck, x: float) -> str:
     """One size that regresses, in words (what a refusal prints)."""
     if s.tuned_error or not math.isfinite(s.tuned_us):
@@ -169,7 +166,7 @@ def size_line(s: SizeCheck, x: float) -> str:
         return f"{s.tokens} tokens: the tuned config failed in the check ({s.tuned_error or 'no time'}{twice})"
     ci = f" [95 % CI {s.ci_lo:.3f}, {s.ci_hi:.3f}]" if math.isfinite(s.ci_lo) else ""
     return (
-        f"{s.tokens} tokens: tuned {s.tuned_us:.1f} µs vs current {s.current_us:.1f} µs = {s.ratio:.3f}x{ci}, "
+        f"{s.tokens} tokens: tuned {latency(s.tuned_us)} vs current {latency(s.current_us)} = {s.ratio:.3f}x{ci}, "
         f"above {1 + x:g}x"
     )
 
@@ -228,7 +225,7 @@ def _time_pair(layer, s: SizeCheck, reps: int, check: Check, bar: Progress) -> N
     s.tuned_us, s.tuned_error, s.tuned_samples = tuned.us, tuned.error, list(tuned.samples)
     s.current_us, s.current_error, s.current_samples = cur.us, cur.error, list(cur.samples)
     s.ci_lo, s.ci_hi = interval(s.current_samples, s.tuned_samples)
-    bar.say(f"tune check T={s.tokens}: tuned {_us(s.tuned_us)} µs, current {_us(s.current_us)} µs")
+    bar.say(f"tune check T={s.tokens}: tuned {latency(s.tuned_us)}, current {latency(s.current_us)}")
 
 
 def check_tune(args, results, max_regression: float, log: Callable[[str], None] = lambda s: None) -> Check:

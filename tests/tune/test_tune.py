@@ -47,7 +47,7 @@ def test_tune_writes_a_vllm_config_the_experts_then_use_and_resumes(tmp_path, mo
     text = captured.out
     assert "vs heuristic" in text and "vLLM routes every batch size to the nearest entry: 4: 1 and up" in text
     # the interpreter's figures are host time: said up front and under the table
-    assert "timed on the CPU, under Triton's interpreter: every µs above is host time, not a GPU's" in text
+    assert "timed on the CPU, under Triton's interpreter: every time above is host time, not a GPU's" in text
     assert "or --install" not in text  # no use offered that would be refused
     assert detail["environment"]["triton_interpret"] is True
     err = captured.err

@@ -520,6 +520,29 @@ def test_the_decisions_check_keeps_why_it_retimed_once_not_in_each_option():
     assert check.regressions() == [f"16 tokens: the chosen contiguous/triton failed in the check ({failed.error})"]
 
 
+def test_the_decisions_table_and_check_write_times_in_the_unit_that_reads_best():
+    """A CPU decisions tune times seconds a call: the summary, the check's lines read '1.02 s', not
+    '1019265.2 µs' (words.latency); ratios keep their two or three decimals."""
+    from moebench.tune import decision_files
+    from moebench.tune.decide import DecisionCheck, DecisionResult
+    from moebench.tune.decision_trials import Timed
+
+    timed = [
+        Timed("current", us=1019265.2, rel_err=0.0, ran="gathered"),
+        Timed("gathered", us=812345.6, rel_err=0.0),
+        Timed("contiguous/triton", us=1395315.0, rel_err=0.0),
+    ]
+    r = DecisionResult(tokens=4, rows=8, timed=timed, best="gathered", best_overall="gathered")
+    table = decision_files.summary([r])
+    assert "| tokens | timing | chosen | time |" in table
+    row = "| 4 | – | gathered | 812 ms | 1.25x (current ran gathered: 1.02 s) | contiguous/triton 1.40 s (1.72x) |"
+    assert row in table, table
+    got, cur = Timed("gathered", us=1019265.2, rel_err=0.0), Timed("current", us=812345.6, rel_err=0.0)
+    assert DecisionCheck(0.1, [(4, got, cur)]).regressions() == [
+        "4 tokens: chosen gathered 1.02 s vs current 812 ms = 1.255x, above 1.1x"
+    ]
+
+
 def test_ctrl_c_in_the_decisions_stage_says_the_same_command_resumes(tmp_path, monkeypatch, capsys):
     from moebench.tune import compile as tcompile
     from moebench.tune import decide, search

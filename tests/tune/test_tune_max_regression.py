@@ -52,11 +52,24 @@ def test_max_regression_decides_on_the_medians():
     )
     assert not check.passed and [s.tokens for s in check.regressions] == [64]
     (line,) = check.lines()
-    assert line == "64 tokens: tuned 130.0 µs vs current 100.0 µs = 1.300x [95 % CI 1.210, 1.380], above 1.02x"
+    assert line == "64 tokens: tuned 130 µs vs current 100 µs = 1.300x [95 % CI 1.210, 1.380], above 1.02x"
     assert "1 of 3 token counts regresses; worst 1.300x at 64 tokens" in check.verdict()
     d = check.to_json()
     assert d["passed"] is False and [s["regressed"] for s in d["sizes"]] == [False, True, False]
     assert d["sizes"][2]["same"] and d["sizes"][0]["ci_lo"] is None  # NaN written as null
+
+
+def test_the_check_writes_times_in_the_unit_that_reads_best():
+    """A CPU tune's check times seconds a call: its table and lines read '1.02 s', not '1019265.2 µs'
+    (words.latency); the ratio and its interval keep their three decimals."""
+    a, b = _entry(), _entry(32, 64, 64)
+    slow = SizeCheck(tokens=4, tuned=a, current=b, tuned_us=1019265.2, current_us=812345.6, ci_lo=1.2, ci_hi=1.3)
+    check = Check(max_regression=0.02, reps=3, timing="host", sizes=[slow])
+    table = check.table()
+    assert "| tokens | tuned | current | tuned / current [95 % CI] | check |" in table
+    assert "| 4 | 1.02 s | 812 ms | 1.255 [1.200, 1.300] | REGRESSED |" in table, table
+    assert check.lines() == ["4 tokens: tuned 1.02 s vs current 812 ms = 1.255x [95 % CI 1.200, 1.300], above 1.02x"]
+    assert "µs" not in table
 
 
 @pytest.mark.parametrize("text", ["0", "0.02", "1.5"])
