@@ -6,7 +6,9 @@ Every file goes through moebench/util/safe_write.py: the report folder (``report
 before the runs are read and made once there is a report to write (no link below the run folder or
 --out; a refused command leaves no folder behind), the names a report writes are checked for links
 once, with the folder, before any work (``ReportDir.check``), and each file is opened without
-following one. Text read from the runs is escaped where it enters the Markdown
+following one. An earlier report's figures this one does not draw, which its report.md no longer
+links, are removed from the folder's top level (``drop_stale_figures``: regular files of the
+report's own figure names only). Text read from the runs is escaped where it enters the Markdown
 (moebench/report/mdsafe.py md_text).
 """
 
@@ -37,7 +39,14 @@ from moebench.report.verdict import exit_status, frame_names, verdict_lines, ver
 from moebench.results.row import Verdict
 from moebench.results.store import run_dir_of
 from moebench.results.writable import probe_in
-from moebench.util.safe_write import check_dir_below, refuse_links, replace_text, safe_dir_below, write_text
+from moebench.util.safe_write import (
+    check_dir_below,
+    refuse_links,
+    remove_files,
+    replace_text,
+    safe_dir_below,
+    write_text,
+)
 from moebench.util.words import counted
 
 FORMATS = ("md", "csv", "json")
@@ -55,6 +64,7 @@ class Doc:
     code: int = 0
     head: list[str] = field(default_factory=list)  # what stdout shows first in markdown
     stdout_md: str = ""  # what stdout shows in markdown, when not the head and the first table
+    figures: list[str] = field(default_factory=list)  # the PNGs it wrote into its folder, by name
 
     def markdown(self) -> str:
         return "\n\n".join(b for b in self.blocks if b) + "\n"
@@ -181,6 +191,7 @@ REPORT_FILES = (
     "comparison_latency.png",
     "comparison_workspace.png",
 )
+REPORT_FIGURES = tuple(n for n in REPORT_FILES if n.endswith(".png"))  # overlap.png: drawn by older reports
 TABLE_FILES = {
     "csv": ("rows.csv", "comparison.csv", "memory.csv", "only_baseline.csv", "only_candidate.csv"),
     "json": ("report.json",),
@@ -190,6 +201,15 @@ TABLE_FILES = {
 def output_names(fmt: str = "md") -> tuple[str, ...]:
     """The files a report in format ``fmt`` may write into its folder."""
     return REPORT_FILES + TABLE_FILES.get(fmt, ())
+
+
+def drop_stale_figures(out: Path, drawn) -> list[str]:
+    """Remove from ``out`` (its top level, nothing below) the figures of ``REPORT_FIGURES`` this
+    report did not draw (``drawn``: the names it wrote), an earlier report's that report.md no longer
+    links (a CPU run's report draws no phases.png); regular files only, never through a link
+    (safe_write.remove_files: a link at one of these names was refused before any work, ReportDir.check).
+    Any other file stays. Returns the names removed."""
+    return remove_files(out, [n for n in REPORT_FIGURES if n not in set(drawn)])
 
 
 def _image(path: Path | None, alt: str) -> str:
@@ -287,7 +307,7 @@ def run_doc(
         ["\n".join(summary), f"Environment: {env_summary(env, df)}", tables.status_table(df), tables.latency_table(df)]
     )
     head = [summary[0], *opening.lines]
-    return Doc(blocks, {"rows": rows}, data, 0, head, text)
+    return Doc(blocks, {"rows": rows}, data, 0, head, text, [f.path.name for f in opening.figures])
 
 
 def comparison_doc(
@@ -340,6 +360,12 @@ def comparison_doc(
     mem_counts = cmp.matched["mem_verdict"].astype(str).value_counts()
     larger, smaller = (int(mem_counts.get(k, 0)) for k in ("larger", "smaller"))
     mem_words = f"{larger} larger, {smaller} smaller beyond ×{cmp.threshold:g}"
+    moved = cmp.matched["mem_verdict"].isin(["larger", "smaller"]).any()
+    drawn = [
+        plots.plot_comparison(cmp, out / "comparison.png"),
+        plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
+        plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace") if moved else None,
+    ]
     blocks = [
         title,
         *partial,
@@ -348,19 +374,11 @@ def comparison_doc(
         *_quality_section(quality, cav),
         "## Latency",
         lat.markdown(),
-        _image(plots.plot_comparison(cmp, out / "comparison.png"), f"Latency change per row: {change_words}"),
-        _image(
-            plots.plot_comparison_latency(cmp, out / "comparison_latency.png"),
-            f"Latency of {cmp.baseline_name} and {cmp.candidate_name}: {change_words}",
-        ),
+        _image(drawn[0], f"Latency change per row: {change_words}"),
+        _image(drawn[1], f"Latency of {cmp.baseline_name} and {cmp.candidate_name}: {change_words}"),
         "## Memory",
         mem.markdown(),
-        _image(
-            plots.plot_comparison(cmp, out / "comparison_workspace.png", "workspace")
-            if (cmp.matched["mem_verdict"].isin(["larger", "smaller"])).any()
-            else None,
-            f"Workspace change per row: {mem_words}",
-        ),
+        _image(drawn[2], f"Workspace change per row: {mem_words}"),
         f"## Only in {cmp.baseline_name}",
         only_b.markdown(),
         f"## Only in {cmp.candidate_name}",
@@ -382,6 +400,7 @@ def comparison_doc(
         data,
         code,
         verdict,
+        figures=[p.name for p in drawn if p is not None],
     )
 
 
@@ -421,7 +440,8 @@ def build_report(
 ) -> Report:
     """Write report.md and its PNGs for ``run_dir``; with ``baseline`` (a run path) the
     comparison comes first and the run's own sections follow. ``out_dir`` defaults to
-    ``<run>/report``, checked first and made once the runs are read and compared."""
+    ``<run>/report``, checked first and made once the runs are read and compared; an earlier
+    report's figures that this one does not draw are removed from it (drop_stale_figures)."""
     from moebench.report.verdict import DEFAULT_FAIL_ON
 
     run_dir = Path(run_dir)
@@ -431,7 +451,9 @@ def build_report(
     if baseline is None:
         out = place.make()
         doc = run_doc(df, env, run_dir, out)
-        return Report(write(doc, out, fmt), df, env, None, doc)
+        path = write(doc, out, fmt)
+        drop_stale_figures(out, doc.figures)  # report.md links none of them now
+        return Report(path, df, env, None, doc)
     base_df, base_env = load_run(baseline)
     cmp = compare_runs(base_df, df, threshold=threshold, cpu_verdict=cpu_verdict)
     require_pairs(cmp, base_df, df, str(baseline), str(run_dir))  # runs that never meet: exit 2
@@ -448,7 +470,10 @@ def build_report(
     )
     own = run_doc(df, env, run_dir, out, title=False)
     doc.blocks += own.blocks
-    return Report(write(doc, out, fmt), df, env, cmp, doc)
+    doc.figures += own.figures
+    path = write(doc, out, fmt)
+    drop_stale_figures(out, doc.figures)
+    return Report(path, df, env, cmp, doc)
 
 
 def run_names(base: Path, cand: Path) -> tuple[str, str]:

@@ -18,6 +18,9 @@ The rule, for every writer:
   the temp file or nothing (moebench/results/writable.py makes it the CLI's one line);
 - `refuse_links(folder, names)` checks, before any work, that none of the files a command
   will write is a link, so that it stops before it has written anything;
+- `remove_files(folder, names)` removes files by name from the folder's top level (a report's
+  earlier figures): regular files of their own only, looked up in the folder opened once; a link
+  stays as it is (unlink never follows one);
 - `check_dir(base, *parts)` is `safe_dir` without making any of those folders: a command checks its
   output folder with it before reading its inputs, and makes the folder only once it has something
   to write, so that a refused command leaves no empty folder behind (`check_dir_below` /
@@ -35,6 +38,7 @@ the run folder as `base`.
     out = safe_dir(run, "report")                     # <run>/report, a real folder
     refuse_links(out, ["report.md", "latency.png"])   # before any work
     write_text(out / "report.md", text)
+    remove_files(out, ["phases.png"])                 # an earlier report's, if a regular file
 """
 
 from __future__ import annotations
@@ -239,6 +243,31 @@ def refuse_links(folder, names: Iterable[str]) -> None:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
             raise _refused(path, f"is a hard link of another file ({st.st_nlink} names)")
+
+
+def remove_files(folder, names: Iterable[str]) -> list[str]:
+    """Remove each `folder`/name (a name in `folder` itself, no path) that is a regular file of its own;
+    a link, a folder, a FIFO or a hard link of another file stays untouched, as a write refuses them
+    (a command that writes one of `names` refused it before any work: refuse_links). The folder is
+    opened once and each name looked up and removed in it: nothing is followed below it, and unlink
+    never follows a link. Returns the names removed; an OSError (EACCES, EROFS) names the file."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    removed = []
+    try:
+        for name in names:
+            assert os.sep not in name and name not in ("", ".", ".."), name  # the folder's own files only
+            try:
+                st = os.lstat(name, dir_fd=fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    os.unlink(name, dir_fd=fd)
+                    removed.append(name)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise _named(e, Path(folder) / name) from e
+    finally:
+        os.close(fd)
+    return removed
 
 
 def _check_target(path: Path) -> None:
