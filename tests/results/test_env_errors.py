@@ -192,7 +192,7 @@ def test_a_full_disk_mid_sweep_keeps_the_rows_says_how_to_resume_and_a_resume_co
     assert children() == []  # the ranks went with the sweep
     # the same command resumes: only the combination the disk refused runs, and the lock is free
     assert cli.main(["sweep", *two, "--out", str(run)]) == 0
-    assert "1 row already stored" in capsys.readouterr().err
+    assert "this invocation wrote 1 row (1 ok); 1 row was stored before it" in capsys.readouterr().err
     df = RunStore(run).load()
     assert len(df) == 2 and set(df["status"]) == {"ok"} and set(df["reduction"]) == {"experts", "finalize"}
 

@@ -42,4 +42,4 @@ def test_a_failed_folder_fsync_counts_the_rows_stored(tmp_path, capsys, monkeypa
     assert "input/output error" in line and "keeping the 4 measured rows it stored" in line, err
     assert len(RunStore(run).load()) == 4
     assert cli.main(["sweep", *two, "--out", str(run)]) == 0
-    assert "4 rows already stored" in capsys.readouterr().err
+    assert "nothing to do: all 4 rows that can run are already stored" in capsys.readouterr().err

@@ -242,7 +242,8 @@ def test_interrupted_sweep_resumes_without_redoing_anything(tmp_path):
     assert 1 <= len(first) < 8
     r2 = subprocess.run(args, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
     assert r2.returncode == 0, r2.stderr
-    assert f"{8 - len(first)} to run" in r2.stderr and f"{counted(len(first), 'row')} already stored" in r2.stderr
+    assert f"{8 - len(first)} to run" in r2.stderr and f"{len(first)} already stored" in r2.stderr
+    assert f"{counted(len(first), 'row')} {'was' if len(first) == 1 else 'were'} stored before it" in r2.stderr
     after = {f.name: f.stat().st_mtime_ns for f in rows.glob("*-T*.parquet")}
     assert len(after) == 8
     assert all(after[k] == v for k, v in first.items()), "a stored combination was redone"
