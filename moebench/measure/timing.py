@@ -237,13 +237,15 @@ def _held_samples(fns, device, reps: int, holds: list[int], barrier, flush, alig
     several = barrier is not None
     events: list[list[tuple]] = [[] for _ in fns]
     starts = [sample_start(barrier, flush, align, h) for h in holds]
-    if not several and fns:
-        # the lead-in, untimed: the last callable's sample, so that the first sample follows GPU work
-        # as every later one does (its predecessor's), not an idle GPU after the sync before the pass
-        # with only its own hold ahead, and the host's first call after that sync is not a timed one
-        # (a decisions tune's first option read host-paced in 1 sample of 5, the first, on an H100)
-        starts[-1]()
-        fns[-1]()
+    if not several:
+        # the lead-in, untimed: one round of every callable, each behind its hold, so that the first
+        # sample follows GPU work as every later one does (its predecessor's), not an idle GPU after the
+        # sync before the pass with only its own hold ahead, and no callable's first call after that
+        # sync is a timed one (a decisions tune's first option read host-paced in 1 sample of 5, the
+        # first, twice in a row on an H100)
+        for start, fn in zip(starts, fns, strict=True):
+            start()
+            fn()
     if probe is not None:
         probe.begin(reps * len(fns))
     for i in range(reps):

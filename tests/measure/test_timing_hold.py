@@ -267,13 +267,13 @@ def test_paced_mode_thresholds():
     assert measure.paced_mode("profiler", 16_000.0, 0, 30) == "host"
 
 
-def test_the_first_sample_of_a_pass_follows_gpu_work_not_a_synced_idle_gpu(stream):
-    """A host whose first forward after a sync takes 6 × its usual enqueue (a cold start: on an H100 a
+def test_the_first_sample_of_a_pass_follows_gpu_work_not_a_synced_idle_gpu(stream, monkeypatch):
+    """A callable whose first call after a sync takes 6 × its usual enqueue (a cold start: on an H100 a
     decisions tune's first option read host-paced in the first of 5 samples, twice in a row, the
-    hold doubled twice each time): the pass opens with an untimed lead-in (the last callable's
-    sample), so the cold call is not timed and the first sample, like every later one, starts
-    behind its predecessor's GPU work. Without the lead-in the first sample of every pass was
-    host-paced, the doubled holds (at most 4 × 1.25 ×) short of the cold call."""
+    hold doubled twice each time): the pass opens with an untimed lead-in, one round of every
+    callable behind its hold, so the cold call is not timed and the first sample, like every later
+    one, starts behind its predecessor's GPU work. One pass, no retake. Without the lead-in the first
+    sample of every pass was host-paced, the doubled holds (at most 4 × 1.25 ×) short of the cold call."""
     normal = layer(stream)  # 300 µs of GPU work, 750 µs of host enqueue
 
     def cold_after_sync():
@@ -289,7 +289,11 @@ def test_the_first_sample_of_a_pass_follows_gpu_work_not_a_synced_idle_gpu(strea
         stream.synced = True
 
     stream.sync = sync
+    passes = []
+    held = timing._held_samples
+    monkeypatch.setattr(timing, "_held_samples", lambda *a, **k: passes.append(1) or held(*a, **k))
     fns = [cold_after_sync, layer(stream, kernels=3)]
     out = timing.time_interleaved(fns, CUDA, reps=5, warmup=1)
+    assert passes == [1]  # no retake: the holds were enough once the cold call was the lead-in's
     assert [s.host_paced for s in out] == [0, 0] and [s.paced_at for s in out] == [[], []]
     assert out[0].median == pytest.approx(300.0, abs=2.0)
