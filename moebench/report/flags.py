@@ -219,7 +219,7 @@ def flags_of(row) -> list[str]:
     if np.isfinite(total) and np.isfinite(med) and med > 0 and total > 0:
         ratio = total / med
         if (mode == "graph" and abs(ratio - 1) > PHASE_GAP) or (
-            mode == "events" and not 1 / PHASE_FACTOR <= ratio <= PHASE_FACTOR
+            mode in ("events", "cpu") and not 1 / PHASE_FACTOR <= ratio <= PHASE_FACTOR
         ):
             out.append("phases≠latency")
     single = float_of(row, "world_size") == 1 or str(row.get("world_size")) == "1"

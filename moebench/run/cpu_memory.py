@@ -16,6 +16,7 @@ from moebench.config.sweeps import parse_overrides
 
 GIB = 2**30
 BF16_BYTES = 2
+FP8_TEMP_BYTES = 16  # the float32 temporaries of quantizing w13, per element (measured: reviewer, session 26)
 HEAD = "not enough memory"  # the reason's head: skip reasons are grouped by it (plan.reason_groups)
 
 
@@ -33,6 +34,9 @@ def need_bytes(combo: Combo) -> tuple[int, int]:
     per_expert = 3 * K * combo.intermediate_per_rank  # elements of w13 [2I, K] and w2 [K, I]
     stored = 1 if combo.quant.startswith("fp8") else BF16_BYTES
     routed = combo.num_experts // split.ep * per_expert * (BF16_BYTES + stored)
+    if stored == 1:  # fp8: the stacked w13 is quantized whole in float32 (kernels/quant.py: the float copy,
+        # its padded blocks, the quotient and its clamp live together), ~16 bytes an element at the peak
+        routed += combo.num_experts // split.ep * 2 * K * combo.intermediate_per_rank * FP8_TEMP_BYTES
     shared = combo.num_shared_experts * 3 * K * combo.shared_intermediate_per_rank * BF16_BYTES
     whole = combo.num_experts * 3 * K * combo.intermediate * 4
     reference = (whole if whole <= REFERENCE_KEEP_BYTES else 3 * K * combo.intermediate * 4) if combo.check else 0

@@ -37,6 +37,7 @@ def test_flags_of_rows():
     assert "phases≠latency" not in flags_of(_row(**ev))  # events: 100 µs of phases in 100 µs
     assert "phases≠latency" not in flags_of(_row(**{**ev, "experts_us": 120.0}))  # 1.7x: overlap may do that
     assert "phases≠latency" in flags_of(_row(**{**ev, "experts_us": 900.0}))  # 9.5x, as a CPU run beside other work
+    assert "phases≠latency" in flags_of(_row(**{**ev, "timing_mode": "cpu", "experts_us": 900.0}))  # a CPU row's mode
     idle = _row(
         timing_mode="profiler",
         prepare_us=5.0,
