@@ -30,7 +30,7 @@ LEAKED_ENV = ("MOEBENCH_CONF_DIR", "MOEBENCH_SWEEPS_DIR", "MOEBENCH_GIT_SHA", "M
 # the comparison's statuses (a revision's sweep with failed rows is no 1 of its own: its broken rows are)
 EXIT_STATUS = options.exit_status(
     "0 the two runs compared (moebench compare) with no regression",
-    f"1 {options.REGRESSION}",
+    f"1 {options.REGRESSION}, or no row of the two revisions pairs (their combinations differ)",
     "2 bad input (a revision git does not know, overrides either revision's moebench refuses, no valid "
     f"combination in either revision's plan, an unknown option) or {options.ENVIRONMENT}",
     f"3 the comparison {options.NO_VERDICT}, either revision's sweep or list exiting 3 included",
@@ -172,7 +172,6 @@ def default_out(base_sha: str, cand_sha: str, overrides: list[str]) -> Path:
 
 def ab_command(args) -> int:
     """CLI body (module doc); returns the comparison's exit status."""
-    from moebench.cli.report import compare_command
 
     repo = Path(getattr(args, "repo", None) or _git(Path.cwd(), "rev-parse", "--show-toplevel"))
     shas = {"base": resolve(repo, args.base_rev), "cand": resolve(repo, args.cand_rev)}
@@ -202,13 +201,26 @@ def ab_command(args) -> int:
                     remove(repo, tree)
                 except ValueError as e:  # leave it, say so
                     log(f"could not remove {tree}: {e}")
-    return compare_command(
-        [str(out / "base"), str(out / "cand")],
-        None,
-        str(out / "report"),
-        args.threshold,
-        args.format,
-        args.fail_on,
-        names=(args.base_rev, args.cand_rev),
-        cpu_verdict=args.cpu_verdict,
-    )
+    return _compared(args, out)
+
+
+def _compared(args, out: Path) -> int:
+    """compare_command on the two revisions' runs; 1 where their rows never pair (the measuring is done:
+    a broken comparison, not bad input), with the line saying why."""
+    from moebench.cli.report import compare_command
+    from moebench.report.overlap import NoPairs
+
+    try:
+        return compare_command(
+            [str(out / "base"), str(out / "cand")],
+            None,
+            str(out / "report"),
+            args.threshold,
+            args.format,
+            args.fail_on,
+            names=(args.base_rev, args.cand_rev),
+            cpu_verdict=args.cpu_verdict,
+        )
+    except NoPairs as e:
+        print(f"moebench ab: no row of {args.cand_rev} pairs with one of {args.base_rev}: {e}", file=sys.stderr)
+        return 1

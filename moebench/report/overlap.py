@@ -58,6 +58,11 @@ def along(base: pd.DataFrame, cand: pd.DataFrame) -> str | None:
         return None
 
 
+class NoPairs(ValueError):
+    """No candidate row has a baseline partner (require_pairs): bad input for compare and report, a
+    broken comparison for ab, whose revisions' rows were measured already."""
+
+
 def require_pairs(cmp: Comparison, base_df: pd.DataFrame, cand_df: pd.DataFrame, base: str, cand: str) -> None:
     """ValueError (exit 2) where no candidate row has a baseline partner: the inputs do not overlap,
     so nothing was compared and nothing regressed; the message says what to do (module doc)."""
@@ -65,7 +70,7 @@ def require_pairs(cmp: Comparison, base_df: pd.DataFrame, cand_df: pd.DataFrame,
         return
     if cmp.axis is not None:
         where = f" of {cand}" if cmp.axis.across else ""
-        raise ValueError(
+        raise NoPairs(
             f"--axis {cmp.axis}: no row{where} with {cmp.axis.field}={cmp.axis.b} agrees with one with "
             f"{cmp.axis.field}={cmp.axis.a} in every other identity field and token count: nothing to compare "
             "(pair along the one field the rows differ in)"
@@ -73,7 +78,7 @@ def require_pairs(cmp: Comparison, base_df: pd.DataFrame, cand_df: pd.DataFrame,
     command = f"moebench compare {shlex.quote(base)} {shlex.quote(cand)}"
     if axis := along(base_df, cand_df):
         field = axis.partition("=")[0]
-        raise ValueError(
+        raise NoPairs(
             f"no row of {cand} matches one of {base}: the runs share no value of {field} only "
             f"({disjoint_text(field_differences(base_df, cand_df)[0])}); compare them along it: "
             f"{command} --axis {shlex.quote(axis)}"
@@ -86,7 +91,7 @@ def require_pairs(cmp: Comparison, base_df: pd.DataFrame, cand_df: pd.DataFrame,
         if differ
         else "their identity columns agree, so the keys differ in a field the rows do not show"
     )
-    raise ValueError(
+    raise NoPairs(
         f"no row of {cand} matches one of {base}: {where}; compare runs of the same sweep, or pair rows "
         f"that differ in one field with {command} --axis FIELD=A:B"
     )

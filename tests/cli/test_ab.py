@@ -111,3 +111,23 @@ def test_a_revision_whose_moebench_fails_stops_ab_as_no_result(command, tmp_path
     (tree / "moebench" / "cli" / "__main__.py").write_text(f"import sys\n{crash}\nsys.exit(3)\n")
     with pytest.raises(RuntimeError, match=rf"cand \(0123456789\): moebench {command} failed \(exit 3, moebench or "):
         ab._moebench(tree, "0123456789" * 4, [command], capture=command == "list")
+
+
+def test_revisions_whose_rows_never_pair_are_a_broken_comparison_not_bad_input(monkeypatch, tmp_path, capsys):
+    """Both revisions were measured when their rows turn out not to pair (the candidate changed the
+    combination): ab exits 1 saying so, not 2, which promises nothing ran."""
+    import argparse
+
+    from moebench.cli import ab, report
+    from moebench.report.overlap import NoPairs
+
+    def no_pairs(*a, **k):
+        raise NoPairs("the runs share no value of reduction only (finalize vs experts)")
+
+    monkeypatch.setattr(report, "compare_command", no_pairs)
+    args = argparse.Namespace(
+        base_rev="HEAD~1", cand_rev="HEAD", threshold=1.05, format="md", fail_on="slower", cpu_verdict=False
+    )
+    assert ab._compared(args, tmp_path) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("moebench ab: no row of HEAD pairs with one of HEAD~1: the runs share no value")
