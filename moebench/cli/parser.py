@@ -73,6 +73,8 @@ def repeated_key(overrides: list[str]) -> str:
         if key not in seen:
             seen[key] = [raw]
             continue
+        if value == seen[key][0].split("=", 1)[1]:
+            continue  # the same value again: nothing is lost
         values = [r.split("=", 1)[1] for r in (*seen[key], raw)]
         whole = any(c in v for v in values for c in "[]()'\"{}")
         both = ",".join(values if whole else dict.fromkeys(p for v in values for p in v.split(",")))

@@ -86,6 +86,13 @@ def test_a_key_given_twice_is_refused_saying_how_to_give_both(argv, says, capsys
     assert err.count("\n") == 1 and says in err, err
 
 
+def test_a_key_given_twice_with_the_same_value_loses_nothing_and_runs():
+    from moebench.cli.parser import repeated_key
+
+    assert repeated_key(["model=tiny", "quant=bf16", "model=tiny"]) == ""
+    assert repeated_key(["model=tiny", "model=tiny", "model=mixtral_8x7b"]).startswith("model is given twice")
+
+
 def test_an_unknown_axis_field_is_followed_by_the_nearest_field_or_knob(tmp_path, capsys):
     from moebench.results.synthetic import synthetic_run
 
