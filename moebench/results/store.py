@@ -237,11 +237,12 @@ class RunStore:
         Table in, a new Table or None for no change out), whole or not at all (atomic); the
         number of files rewritten. Every file is checked before any is rewritten (_refuse_unwritable):
         one the machine refuses to read raises Unreadable, a link or no regular file UnsafePath,
-        naming it, with the run as it was; a torn file is left to the next sweep. What fails later (a
-        read error past a file's footer, `update` raising, an undeclared column) stops after the files
-        before it were rewritten, each whole: the same command, run again, finishes the rest. Then each is read, updated and written before the next is read: one table in memory
-        at a time, however many rows the run holds (`trace --import` of a big run). Call it holding
-        the run's lock, as every writer does (`moebench trace --import` takes it; a sweep holds it)."""
+        naming it, with the run as it was; a torn file is left to the next sweep. Then each is read,
+        updated and written before the next is read: one table in memory at a time, however many
+        rows the run holds (`trace --import` of a big run). What fails then (a read error past a
+        file's footer, `update` raising, an undeclared column) stops after the files before it were
+        rewritten, each whole: the same command, run again, finishes the rest. Call it holding the
+        run's lock, as every writer does (`moebench trace --import` takes it; a sweep holds it)."""
         import pyarrow.parquet as pq
 
         files = self.row_files()
